@@ -1,0 +1,833 @@
+"""Segment files: the append-only, rotating, checksummed log that is the store's truth.
+
+Layout of a segments directory (names are the segment's base position, 20 digits):
+
+    00000000000000000001.seg      sealed segment, plain
+    00000000000000000001.idx      its sidecar index (written once, when sealed)
+    00000000000000004001.seg.zst  sealed segment, zstd in independently decodable blocks
+    00000000000000009001.seg      the active segment (always the highest base, always plain)
+
+Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
+
+- A frame (one committed batch) is trusted only after its whole body is read and its CRC32
+  verifies. Damage anywhere a committed frame must be raises `JournalCorrupt` naming the
+  segment file and byte offset; the only exception is the unfinished tail of the active
+  segment, which is "not yet written" (a reader) or a torn write to cut off (recovery).
+- A bad frame at the active tail is told apart from damage in the middle by looking for any
+  valid frame after it (frames start with a magic, so the search is a `bytes.find`): a torn
+  write is always the last thing in the file, so if a valid later frame exists the bad one
+  was committed and is corrupt.
+- The active segment is preallocated with real zeros a few MiB ahead of the write offset, so
+  most `fdatasync` calls do not have to write the inode (measured: 0.16 ms vs 0.25 ms per
+  58 KB batch on this class of disk). An all-zero frame header is the end of the data.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+import msgspec
+import zstandard
+
+from .errors import JournalCorrupt, StoreIncompatible
+from .records import EventAppended, decode_frame_body
+
+__all__ = [
+    "COMPRESSED_SUFFIX",
+    "DEFAULT_SEGMENT_BYTES",
+    "FRAME_HEADER_SIZE",
+    "SEGMENT_HEADER_SIZE",
+    "SEGMENT_SUFFIX",
+    "SIDECAR_SUFFIX",
+    "FrameInfo",
+    "SegmentHeader",
+    "SegmentLog",
+    "SegmentReader",
+    "SegmentSummary",
+    "SegmentWriter",
+    "segment_name",
+]
+
+FORMAT_VERSION: Final = 1
+DEFAULT_SEGMENT_BYTES: Final = 64 << 20
+SEGMENT_SUFFIX: Final = ".seg"
+COMPRESSED_SUFFIX: Final = ".seg.zst"
+SIDECAR_SUFFIX: Final = ".idx"
+
+SEGMENT_MAGIC: Final = b"SJSEG\x00\r\n"
+FLAG_COMPRESSED: Final = 1
+# magic, version, flags, store id, base position, created_at_ms, crc32 of the preceding bytes
+_SEGMENT_HEADER: Final = struct.Struct(">8sHH16sQQI")
+SEGMENT_HEADER_SIZE: Final = 64
+
+FRAME_MAGIC: Final = b"SJFR"
+# magic, body length, crc32, first position, record count
+_FRAME_HEADER: Final = struct.Struct(">4sIIQI")
+FRAME_HEADER_SIZE: Final = _FRAME_HEADER.size
+_FRAME_ZERO: Final = bytes(FRAME_HEADER_SIZE)
+# The CRC covers body length, first position and count (header bytes 4..8 and 12..24) and body.
+_CRC_FIELDS: Final = struct.Struct(">IQI")
+MAX_FRAME_BODY: Final = 1 << 30
+
+BLOCK_MAGIC: Final = b"SJBK"
+# magic, uncompressed offset, uncompressed length, compressed length, crc32 of compressed bytes
+_BLOCK_HEADER: Final = struct.Struct(">4sQIII")
+BLOCK_TARGET_BYTES: Final = 1 << 20
+MAX_BLOCK_BYTES: Final = MAX_FRAME_BODY + FRAME_HEADER_SIZE
+
+SIDECAR_MAGIC: Final = b"SJIDX\x00\r\n"
+_SIDECAR_HEADER: Final = struct.Struct(">8sI")
+
+_READ_CHUNK: Final = 1 << 20
+_PREALLOCATE_BYTES: Final = 4 << 20
+_ZEROS: Final = bytes(1 << 20)
+
+
+def segment_name(base_position: int, *, compressed: bool = False) -> str:
+    """The file name of the segment whose first position is `base_position`."""
+    return f"{base_position:020d}{COMPRESSED_SUFFIX if compressed else SEGMENT_SUFFIX}"
+
+
+def _sidecar_name(base_position: int) -> str:
+    return f"{base_position:020d}{SIDECAR_SUFFIX}"
+
+
+def _fsync_dir(directory: str) -> None:
+    # A created, renamed or deleted file can vanish after a power cut unless its directory
+    # entry is synced too.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentHeader(NamedTuple):
+    """The fixed 64-byte header that opens every segment file."""
+
+    version: int
+    flags: int
+    store_id: bytes
+    base_position: int
+    created_at_ms: int
+
+    def encode(self) -> bytes:
+        head = _SEGMENT_HEADER.pack(
+            SEGMENT_MAGIC,
+            self.version,
+            self.flags,
+            self.store_id,
+            self.base_position,
+            self.created_at_ms,
+            0,
+        )[:-4]
+        crc = zlib.crc32(head)
+        return (head + struct.pack(">I", crc)).ljust(SEGMENT_HEADER_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, name: str) -> SegmentHeader:
+        if len(raw) < SEGMENT_HEADER_SIZE:
+            raise JournalCorrupt(name, 0, "segment header is truncated")
+        magic, version, flags, store_id, base, created, crc = _SEGMENT_HEADER.unpack_from(raw)
+        if magic != SEGMENT_MAGIC:
+            raise JournalCorrupt(name, 0, "not a segment file (bad magic)")
+        if zlib.crc32(raw[: _SEGMENT_HEADER.size - 4]) != crc:
+            raise JournalCorrupt(name, 0, "segment header checksum mismatch")
+        if version != FORMAT_VERSION:
+            raise StoreIncompatible(
+                f"segment {name} has format version {version}; this code reads version "
+                f"{FORMAT_VERSION}: upgrade session-journal to open this store"
+            )
+        return cls(version, flags, store_id, base, created)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    """Where one frame lies: segment base, byte offset (uncompressed), positions it holds."""
+
+    segment: int
+    offset: int
+    first_position: int
+    count: int
+    body_length: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.offset + FRAME_HEADER_SIZE + self.body_length
+
+    @property
+    def last_position(self) -> int:
+        return self.first_position + self.count - 1
+
+
+def encode_frame(body: bytes, first_position: int, count: int) -> bytes:
+    """Frame header + body, ready to write."""
+    if len(body) > MAX_FRAME_BODY:
+        raise ValueError(f"frame body of {len(body)} bytes exceeds the {MAX_FRAME_BODY} limit")
+    crc = zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(len(body), first_position, count)))
+    return _FRAME_HEADER.pack(FRAME_MAGIC, len(body), crc, first_position, count) + body
+
+
+class _Bad(Exception):
+    """Internal: the bytes at an offset are not a valid frame (why in args[0])."""
+
+
+def _check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None:
+    """Validate the frame at `buf[at:]`; return (body_length, first_position, count).
+
+    Returns None when the buffer ends before the frame does (incomplete), raises `_Bad`
+    when the bytes there are not a frame. An all-zero header is reported as `_Bad("zero")`.
+    """
+    if len(buf) - at < FRAME_HEADER_SIZE:
+        return None
+    magic, length, crc, first, count = _FRAME_HEADER.unpack_from(buf, at)
+    if magic != FRAME_MAGIC:
+        if bytes(buf[at : at + FRAME_HEADER_SIZE]) == _FRAME_ZERO:
+            raise _Bad("zero")
+        raise _Bad("bad frame magic")
+    if length > MAX_FRAME_BODY or count == 0:
+        raise _Bad("implausible frame header")
+    end = at + FRAME_HEADER_SIZE + length
+    if len(buf) < end:
+        return None
+    body = buf[at + FRAME_HEADER_SIZE : end]
+    if zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) != crc:
+        raise _Bad("frame checksum mismatch")
+    return length, first, count
+
+
+def _valid_frame_after(buf: bytes, start: int, after_position: int) -> bool:
+    """True when some valid frame holding positions above `after_position` starts in buf."""
+    at = buf.find(FRAME_MAGIC, start)
+    while at != -1:
+        try:
+            checked = _check_frame(buf, at)
+        except _Bad:
+            checked = None
+        if checked is not None and checked[1] > after_position:
+            return True
+        at = buf.find(FRAME_MAGIC, at + 1)
+    return False
+
+
+class SegmentSummary(msgspec.Struct, array_like=True):
+    """A sealed segment's sidecar index: frames, per-session ordinal runs, zstd blocks.
+
+    `sessions` maps an incarnation to one (first_ordinal, last_ordinal, frame_offset) entry
+    per frame holding that session's events, so a resume seeks straight to its frame.
+    `blocks` is empty for a plain segment; otherwise (uncompressed offset, uncompressed
+    length, file offset, compressed length) per zstd block.
+    """
+
+    format: int
+    base_position: int
+    last_position: int
+    data_end: int
+    frames: list[tuple[int, int, int]]
+    sessions: dict[int, list[tuple[int, int, int]]]
+    blocks: list[tuple[int, int, int, int]] = []
+
+    def frame_at_or_before(self, position: int) -> int:
+        """Offset of the frame that holds `position` (or the last one before it)."""
+        lo, hi = 0, len(self.frames)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.frames[mid][1] <= position:
+                lo = mid + 1
+            else:
+                hi = mid
+        return self.frames[lo - 1][0] if lo else SEGMENT_HEADER_SIZE
+
+
+_summary_encoder: Final = msgspec.msgpack.Encoder()
+_summary_decoder: Final = msgspec.msgpack.Decoder(SegmentSummary)
+
+
+def write_summary(directory: str, summary: SegmentSummary) -> None:
+    """Write a sidecar atomically (temp file, fsync, rename, fsync directory)."""
+    body = _summary_encoder.encode(summary)
+    final = os.path.join(directory, _sidecar_name(summary.base_position))
+    temporary = final + ".tmp"
+    with open(temporary, "wb") as out:
+        out.write(_SIDECAR_HEADER.pack(SIDECAR_MAGIC, zlib.crc32(body)))
+        out.write(body)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, final)
+    _fsync_dir(directory)
+
+
+def read_summary(directory: str, base_position: int) -> SegmentSummary | None:
+    """The sidecar of a sealed segment, or None when it is missing or does not verify."""
+    try:
+        with open(os.path.join(directory, _sidecar_name(base_position)), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if len(raw) < _SIDECAR_HEADER.size:
+        return None
+    magic, crc = _SIDECAR_HEADER.unpack_from(raw)
+    body = memoryview(raw)[_SIDECAR_HEADER.size :]
+    if magic != SIDECAR_MAGIC or zlib.crc32(body) != crc:
+        return None
+    try:
+        summary = _summary_decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return summary if summary.base_position == base_position else None
+
+
+class SegmentReader:
+    """Reads verified frames from one segment file, plain or compressed.
+
+    A reader holds the file open: a segment compressed or deleted while it reads keeps
+    reading the version it opened (POSIX unlink semantics).
+    """
+
+    def __init__(self, directory: str, base_position: int) -> None:
+        self.directory = directory
+        self.base_position = base_position
+        plain = os.path.join(directory, segment_name(base_position))
+        packed = os.path.join(directory, segment_name(base_position, compressed=True))
+        try:
+            self._fd = os.open(plain, os.O_RDONLY)
+            self.name = segment_name(base_position)
+        except FileNotFoundError:
+            self._fd = os.open(packed, os.O_RDONLY)
+            self.name = segment_name(base_position, compressed=True)
+        try:
+            raw = os.pread(self._fd, SEGMENT_HEADER_SIZE, 0)
+            self.header = SegmentHeader.decode(raw, self.name)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if self.header.base_position != base_position:
+            os.close(self._fd)
+            raise JournalCorrupt(self.name, 0, "segment header names another base position")
+        self.compressed = bool(self.header.flags & FLAG_COMPRESSED)
+        self._blocks: list[tuple[int, int, int, int]] | None = None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def file_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def frames(
+        self,
+        start_offset: int = SEGMENT_HEADER_SIZE,
+        *,
+        committed_end: int | None = None,
+        tail: bool = False,
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        """Yield (info, body) for each frame from `start_offset` (a frame boundary).
+
+        `committed_end`: frames before this offset are known committed, so any damage there
+        is corruption. `tail=True` marks the active segment: past `committed_end`, an
+        incomplete frame, zeros, or a bad frame with no valid frame after it end the
+        iteration quietly ("not yet written"). Everything else raises `JournalCorrupt`.
+        """
+        if self.compressed:
+            yield from self._compressed_frames(start_offset)
+        else:
+            yield from self._plain_frames(start_offset, committed_end, tail)
+
+    def _plain_frames(
+        self, start_offset: int, committed_end: int | None, tail: bool
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        buf = b""
+        buf_start = start_offset
+        at = 0
+        last_position = self.base_position - 1
+        eof = False
+        while True:
+            try:
+                checked = _check_frame(buf, at)
+            except _Bad as bad:
+                offset = buf_start + at
+                if self._unfinished_tail(offset, committed_end, tail, last_position):
+                    return
+                raise JournalCorrupt(self.name, offset, str(bad)) from None
+            if checked is None:
+                if eof:
+                    offset = buf_start + at
+                    if at == len(buf):
+                        if committed_end is not None and offset < committed_end:
+                            raise JournalCorrupt(self.name, offset, "segment ends early")
+                        return
+                    if self._unfinished_tail(offset, committed_end, tail, last_position):
+                        return
+                    raise JournalCorrupt(self.name, offset, "frame is cut short")
+                # Keep the unread part and read more; large frames get one exact read.
+                want = _READ_CHUNK
+                if len(buf) - at >= FRAME_HEADER_SIZE:
+                    length = _FRAME_HEADER.unpack_from(buf, at)[1]
+                    want = max(want, FRAME_HEADER_SIZE + length - (len(buf) - at))
+                more = os.pread(self._fd, want, buf_start + len(buf))
+                if len(more) < want:
+                    eof = True
+                buf = buf[at:] + more
+                buf_start += at
+                at = 0
+                continue
+            length, first, count = checked
+            info = FrameInfo(self.base_position, buf_start + at, first, count, length)
+            body_start = at + FRAME_HEADER_SIZE
+            last_position = first + count - 1
+            yield info, memoryview(buf)[body_start : body_start + length]
+            at = body_start + length
+
+    def _unfinished_tail(
+        self, offset: int, committed_end: int | None, tail: bool, last_position: int
+    ) -> bool:
+        """Whether bad bytes at `offset` are the not-yet-written tail rather than damage."""
+        if not tail or (committed_end is not None and offset < committed_end):
+            return False
+        return not self._data_after(offset, last_position)
+
+    def _data_after(self, offset: int, last_position: int) -> bool:
+        """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""
+        size = self.file_size()
+        rest = os.pread(self._fd, max(0, size - offset - 1), offset + 1)
+        return _valid_frame_after(rest, 0, last_position)
+
+    def block_table(self) -> list[tuple[int, int, int, int]]:
+        """(uncompressed offset, uncompressed length, file offset, compressed length)."""
+        if self._blocks is None:
+            summary = read_summary(self.directory, self.base_position)
+            if summary is not None and summary.blocks:
+                self._blocks = list(summary.blocks)
+            else:
+                self._blocks = self._scan_blocks()
+        return self._blocks
+
+    def _scan_blocks(self) -> list[tuple[int, int, int, int]]:
+        blocks = []
+        at = SEGMENT_HEADER_SIZE
+        size = self.file_size()
+        while at < size:
+            raw = os.pread(self._fd, _BLOCK_HEADER.size, at)
+            if len(raw) < _BLOCK_HEADER.size:
+                raise JournalCorrupt(self.name, at, "compressed block header is cut short")
+            magic, uoffset, ulength, clength, _crc = _BLOCK_HEADER.unpack(raw)
+            if magic != BLOCK_MAGIC:
+                raise JournalCorrupt(self.name, at, "bad compressed block magic")
+            blocks.append((uoffset, ulength, at, clength))
+            at += _BLOCK_HEADER.size + clength
+        return blocks
+
+    def _compressed_frames(self, start_offset: int) -> Iterator[tuple[FrameInfo, memoryview]]:
+        blocks = self.block_table()
+        lo, hi = 0, len(blocks)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if blocks[mid][0] <= start_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        decompressor = zstandard.ZstdDecompressor()
+        for uoffset, ulength, coffset, clength in blocks[max(lo - 1, 0) :]:
+            raw = os.pread(self._fd, _BLOCK_HEADER.size + clength, coffset)
+            if len(raw) != _BLOCK_HEADER.size + clength:
+                raise JournalCorrupt(self.name, coffset, "compressed block is cut short")
+            magic, u2, l2, c2, crc = _BLOCK_HEADER.unpack_from(raw)
+            payload = memoryview(raw)[_BLOCK_HEADER.size :]
+            if (magic, u2, l2, c2) != (BLOCK_MAGIC, uoffset, ulength, clength) or zlib.crc32(
+                payload
+            ) != crc:
+                raise JournalCorrupt(
+                    self.name, coffset, "compressed block header or checksum mismatch"
+                )
+            if ulength > MAX_BLOCK_BYTES:
+                raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
+            try:
+                block = decompressor.decompress(payload, max_output_size=ulength)
+            except zstandard.ZstdError as e:
+                raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
+            if len(block) != ulength:
+                raise JournalCorrupt(self.name, coffset, "compressed block has the wrong size")
+            at = 0
+            while at < ulength:
+                offset = uoffset + at
+                try:
+                    checked = _check_frame(block, at)
+                except _Bad as bad:
+                    raise JournalCorrupt(self.name, offset, str(bad)) from None
+                if checked is None:
+                    raise JournalCorrupt(self.name, offset, "frame is cut short in its block")
+                length, first, count = checked
+                body_start = at + FRAME_HEADER_SIZE
+                if offset >= start_offset:
+                    info = FrameInfo(self.base_position, offset, first, count, length)
+                    yield info, memoryview(block)[body_start : body_start + length]
+                at = body_start + length
+
+
+class SegmentWriter:
+    """The active segment: appends frames at the end and syncs them.
+
+    Not thread-safe and not process-safe by itself: the caller serialises writers (the
+    journal holds its cross-process write lock around every append).
+    """
+
+    def __init__(self, directory: str, base_position: int, *, sync: bool = True) -> None:
+        self.directory = directory
+        self.base_position = base_position
+        self.name = segment_name(base_position)
+        self.sync_enabled = sync
+        self._fd = os.open(os.path.join(directory, self.name), os.O_RDWR)
+        self.end_offset = SEGMENT_HEADER_SIZE
+        self.next_position = base_position
+        self.frame_count = 0
+        self._allocated = os.fstat(self._fd).st_size
+
+    @classmethod
+    def create(
+        cls, directory: str, store_id: bytes, base_position: int, *, sync: bool = True
+    ) -> SegmentWriter:
+        """Create a new, empty active segment (file and directory entry synced)."""
+        header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
+        path = os.path.join(directory, segment_name(base_position))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, header.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(directory)
+        return cls(directory, base_position, sync=sync)
+
+    def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
+        """Find the committed frames, cut off a torn tail, and position for appends.
+
+        Returns every valid frame in the segment. Damage followed by valid frames raises
+        `JournalCorrupt` (committed data must never be cut off).
+        """
+        with SegmentReader(self.directory, self.base_position) as reader:
+            if store_id is not None and reader.header.store_id != store_id:
+                raise StoreIncompatible(
+                    f"segment {self.name} belongs to another store; "
+                    "do not mix segment files of different stores"
+                )
+            frames = [info for info, _ in reader.frames(tail=True)]
+        end = frames[-1].end_offset if frames else SEGMENT_HEADER_SIZE
+        self.end_offset = end
+        self.next_position = frames[-1].last_position + 1 if frames else self.base_position
+        self.frame_count = len(frames)
+        size = os.fstat(self._fd).st_size
+        if size > end:
+            tail = os.pread(self._fd, size - end, end)
+            if tail.strip(b"\0"):
+                # A torn write: clear it so no later reader mistakes it for data.
+                os.ftruncate(self._fd, end)
+                os.fsync(self._fd)
+                self._allocated = end
+            else:
+                self._allocated = size
+        return frames
+
+    def append(self, body: bytes, first_position: int, count: int) -> FrameInfo:
+        """Write one frame at the end; durable after `sync()` (or now if sync is on)."""
+        if first_position != self.next_position:
+            raise ValueError(
+                f"frame starts at position {first_position}, expected {self.next_position}"
+            )
+        frame = encode_frame(body, first_position, count)
+        offset = self.end_offset
+        end = offset + len(frame)
+        if end > self._allocated:
+            self._preallocate(end)
+        written = os.pwrite(self._fd, frame, offset)
+        if written != len(frame):
+            raise OSError(f"short write to {self.name}: {written} of {len(frame)} bytes")
+        self.end_offset = end
+        self.next_position = first_position + count
+        self.frame_count += 1
+        if self.sync_enabled:
+            os.fdatasync(self._fd)
+        return FrameInfo(self.base_position, offset, first_position, count, len(body))
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def _preallocate(self, needed: int) -> None:
+        target = needed + _PREALLOCATE_BYTES
+        at = self._allocated
+        while at < target:
+            n = min(len(_ZEROS), target - at)
+            os.pwrite(self._fd, _ZEROS[:n], at)
+            at += n
+        self._allocated = target
+
+    def finish(self) -> None:
+        """Cut the preallocated zeros and sync: the segment is about to be sealed."""
+        os.ftruncate(self._fd, self.end_offset)
+        os.fsync(self._fd)
+        self._allocated = self.end_offset
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def summarize_segment(directory: str, base_position: int) -> SegmentSummary:
+    """Scan a sealed segment and build its sidecar index (verifying every frame)."""
+    frames: list[tuple[int, int, int]] = []
+    sessions: dict[int, list[tuple[int, int, int]]] = {}
+    last_position = base_position - 1
+    data_end = SEGMENT_HEADER_SIZE
+    with SegmentReader(directory, base_position) as reader:
+        for info, body in reader.frames():
+            frames.append((info.offset, info.first_position, info.count))
+            last_position = info.last_position
+            data_end = info.end_offset
+            try:
+                records = decode_frame_body(body)
+            except msgspec.DecodeError as e:
+                raise JournalCorrupt(reader.name, info.offset, f"undecodable frame: {e}") from None
+            seen: dict[int, tuple[int, int]] = {}
+            for record in records:
+                if type(record) is EventAppended:
+                    run = seen.get(record.incarnation)
+                    if run is None:
+                        seen[record.incarnation] = (record.ordinal, record.ordinal)
+                    else:
+                        seen[record.incarnation] = (run[0], record.ordinal)
+            for incarnation, (first, last) in seen.items():
+                sessions.setdefault(incarnation, []).append((first, last, info.offset))
+        blocks = reader.block_table() if reader.compressed else []
+    return SegmentSummary(
+        FORMAT_VERSION, base_position, last_position, data_end, frames, sessions, blocks
+    )
+
+
+def compress_segment(
+    directory: str, base_position: int, *, level: int = 3
+) -> list[tuple[int, int, int, int]]:
+    """Write `<base>.seg.zst` beside a sealed plain segment; return its block table.
+
+    Blocks hold whole frames (about 1 MiB, or one larger frame), each an independent zstd
+    frame behind a checksummed block header, so a read decompresses only its blocks.
+    The plain file is left in place; the caller removes it after the sidecar is written.
+    """
+    blocks: list[tuple[int, int, int, int]] = []
+    final = os.path.join(directory, segment_name(base_position, compressed=True))
+    temporary = final + ".tmp"
+    compressor = zstandard.ZstdCompressor(level=level)
+    with SegmentReader(directory, base_position) as reader, open(temporary, "wb") as out:
+        header = reader.header._replace(flags=reader.header.flags | FLAG_COMPRESSED)
+        out.write(header.encode())
+        file_offset = SEGMENT_HEADER_SIZE
+        pending: list[bytes] = []
+        pending_start = SEGMENT_HEADER_SIZE
+        pending_size = 0
+
+        def flush() -> None:
+            nonlocal file_offset, pending, pending_size
+            raw = b"".join(pending)
+            packed = compressor.compress(raw)
+            out.write(
+                _BLOCK_HEADER.pack(
+                    BLOCK_MAGIC, pending_start, len(raw), len(packed), zlib.crc32(packed)
+                )
+            )
+            out.write(packed)
+            blocks.append((pending_start, len(raw), file_offset, len(packed)))
+            file_offset += _BLOCK_HEADER.size + len(packed)
+            pending = []
+            pending_size = 0
+
+        for info, body in reader.frames():
+            if pending and pending_size + FRAME_HEADER_SIZE + info.body_length > BLOCK_TARGET_BYTES:
+                flush()
+            if not pending:
+                pending_start = info.offset
+            pending.append(encode_frame(bytes(body), info.first_position, info.count))
+            pending_size += FRAME_HEADER_SIZE + info.body_length
+        if pending:
+            flush()
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, final)
+    _fsync_dir(directory)
+    return blocks
+
+
+@dataclass
+class _Segment:
+    base_position: int
+    compressed: bool
+
+
+class SegmentLog:
+    """The segments directory: ordered segments, the active writer, rotation and sealing.
+
+    Positions are store-wide and dense: each frame's first position is the previous frame's
+    last position + 1, across segment boundaries.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        store_id: bytes,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        sync: bool = True,
+        compress_sealed: bool = False,
+    ) -> None:
+        if segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        self.directory = directory
+        self.store_id = store_id
+        self.segment_bytes = segment_bytes
+        self.sync = sync
+        self.compress_sealed = compress_sealed
+        self._writer: SegmentWriter | None = None
+
+    # -- discovery ---------------------------------------------------------------------
+
+    def segments(self) -> list[_Segment]:
+        """Every segment in base order (a base present in both forms counts once)."""
+        found: dict[int, bool] = {}
+        for name in os.listdir(self.directory):
+            if name.endswith(COMPRESSED_SUFFIX) and name[:20].isdigit() and len(name) == 28:
+                found[int(name[:20])] = True
+            elif name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit() and len(name) == 24:
+                found.setdefault(int(name[:20]), False)
+        return [_Segment(base, found[base]) for base in sorted(found)]
+
+    def bases(self) -> list[int]:
+        return [s.base_position for s in self.segments()]
+
+    # -- writing -----------------------------------------------------------------------
+
+    def open_writer(self) -> list[FrameInfo]:
+        """Open (or create) the active segment, recover its tail, finish interrupted seals.
+
+        Returns the frames of the active segment (the part a crash may have left unindexed).
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        segments = self.segments()
+        for s in segments:
+            plain = os.path.join(self.directory, segment_name(s.base_position))
+            if s.compressed and os.path.exists(plain):
+                # The .zst is renamed into place only when complete: the plain copy is spare.
+                os.unlink(plain)
+                _fsync_dir(self.directory)
+        for name in os.listdir(self.directory):
+            if name.endswith(".tmp"):
+                os.unlink(os.path.join(self.directory, name))
+        if not segments:
+            self._writer = SegmentWriter.create(self.directory, self.store_id, 1, sync=self.sync)
+            return []
+        for s in segments[:-1]:
+            if read_summary(self.directory, s.base_position) is None:
+                write_summary(self.directory, summarize_segment(self.directory, s.base_position))
+        active = segments[-1]
+        if active.compressed:
+            # Sealed and compressed, but the next segment was never created: start it.
+            summary = read_summary(self.directory, active.base_position) or summarize_segment(
+                self.directory, active.base_position
+            )
+            self._writer = SegmentWriter.create(
+                self.directory, self.store_id, summary.last_position + 1, sync=self.sync
+            )
+            return []
+        self._writer = SegmentWriter(self.directory, active.base_position, sync=self.sync)
+        return self._writer.recover(self.store_id)
+
+    @property
+    def writer(self) -> SegmentWriter:
+        if self._writer is None:
+            raise RuntimeError("the segment log is not open for writing; call open_writer()")
+        return self._writer
+
+    @property
+    def next_position(self) -> int:
+        return self.writer.next_position
+
+    def append(self, body: bytes, count: int) -> FrameInfo:
+        """Append one frame of `count` records, rotating first if the segment is full."""
+        writer = self.writer
+        if (
+            writer.frame_count
+            and writer.end_offset + FRAME_HEADER_SIZE + len(body) > self.segment_bytes
+        ):
+            self.rotate()
+            writer = self.writer
+        return writer.append(body, writer.next_position, count)
+
+    def rotate(self) -> int:
+        """Seal the active segment and start a new one; returns the sealed segment's base."""
+        writer = self.writer
+        sealed = writer.base_position
+        writer.finish()
+        next_position = writer.next_position
+        writer.close()
+        self._writer = SegmentWriter.create(
+            self.directory, self.store_id, next_position, sync=self.sync
+        )
+        self.seal(sealed)
+        return sealed
+
+    def seal(self, base_position: int) -> SegmentSummary:
+        """Write the sidecar of a sealed segment (compressing it first if configured)."""
+        summary = summarize_segment(self.directory, base_position)
+        if self.compress_sealed:
+            summary.blocks = compress_segment(self.directory, base_position)
+        write_summary(self.directory, summary)
+        if self.compress_sealed:
+            os.unlink(os.path.join(self.directory, segment_name(base_position)))
+            _fsync_dir(self.directory)
+        return summary
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- reading -----------------------------------------------------------------------
+
+    def summary(self, base_position: int) -> SegmentSummary | None:
+        return read_summary(self.directory, base_position)
+
+    def frames(
+        self, from_position: int = 1, *, bases: Sequence[int] | None = None
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        """Every frame holding positions >= `from_position`, in order, across segments.
+
+        The highest segment is read as the active one (its unfinished tail ends the
+        iteration); every other segment must verify completely.
+        """
+        all_bases = list(bases) if bases is not None else self.bases()
+        start = 0
+        for i, base in enumerate(all_bases):
+            if base <= from_position:
+                start = i
+        for i in range(start, len(all_bases)):
+            base = all_bases[i]
+            active = i == len(all_bases) - 1
+            offset = SEGMENT_HEADER_SIZE
+            if not active and base <= from_position:
+                summary = read_summary(self.directory, base)
+                if summary is not None:
+                    offset = summary.frame_at_or_before(from_position)
+            with SegmentReader(self.directory, base) as reader:
+                for info, body in reader.frames(offset, tail=active):
+                    if info.last_position >= from_position:
+                        yield info, body

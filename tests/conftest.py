@@ -1,0 +1,46 @@
+"""Shared pytest configuration: hypothesis profiles and a seeded random fixture."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# `ci` (the default) is derandomized and bounded so the default run stays within minutes;
+# `deep` is for long local runs: HYPOTHESIS_PROFILE=deep python -m pytest
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=60,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "deep",
+    max_examples=2000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> Iterator[random.Random]:
+    """A seeded Random; the seed is printed when the test fails so it can be replayed."""
+    seed = int(os.environ.get("TEST_SEED", random.randrange(1 << 32)))
+    yield random.Random(seed)
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print(f"\n[rng] seed={seed} (re-run with TEST_SEED={seed})")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep

@@ -1,0 +1,218 @@
+"""Segment log: round trips across rotation and reopening, torn tails, corruption."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from journal import JournalCorrupt
+from journal.records import (
+    EventAppended,
+    Record,
+    SessionCreated,
+    StateChanged,
+    decode_frame_body,
+    encode_frame_body,
+)
+from journal.segments import (
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    SegmentLog,
+    SegmentReader,
+    read_summary,
+    segment_name,
+)
+
+STORE_ID = b"S" * 16
+
+records_st = st.one_of(
+    st.builds(
+        EventAppended,
+        incarnation=st.integers(1, 1 << 40),
+        ordinal=st.integers(1, 1 << 40),
+        timestamp_ms=st.integers(0, 1 << 50),
+        type=st.text(max_size=12),
+        data=st.binary(max_size=700),
+        request_id=st.none() | st.text(max_size=8),
+    ),
+    st.builds(
+        SessionCreated,
+        session_id=st.text(min_size=1, max_size=20),
+        created_at_ms=st.integers(0, 1 << 50),
+        mode=st.text(max_size=5),
+        tags=st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+    ),
+    st.builds(StateChanged, st.integers(1, 1000), st.integers(0, 5), st.integers(0, 1 << 40)),
+)
+frames_st = st.lists(st.lists(records_st, min_size=1, max_size=6), min_size=1, max_size=40)
+
+
+def read_all(log: SegmentLog) -> list[list[Record]]:
+    return [decode_frame_body(body) for _, body in log.frames()]
+
+
+def make_log(path: Path, **kwargs: object) -> SegmentLog:
+    log = SegmentLog(str(path), STORE_ID, segment_bytes=4096, **kwargs)  # type: ignore[arg-type]
+    log.open_writer()
+    return log
+
+
+@given(frames=frames_st, reopen_at=st.sets(st.integers(0, 39)), compress=st.booleans())
+def test_frames_read_back_identical_across_rotation_and_reopen(
+    tmp_path_factory: pytest.TempPathFactory,
+    frames: list[list[Record]],
+    reopen_at: set[int],
+    compress: bool,
+) -> None:
+    directory = tmp_path_factory.mktemp("log")
+    log = make_log(directory, compress_sealed=compress, sync=False)
+    positions = []
+    for i, records in enumerate(frames):
+        info = log.append(encode_frame_body(records), len(records))
+        positions.append((info.first_position, info.count))
+        if i in reopen_at:
+            log.close()
+            log = make_log(directory, compress_sealed=compress, sync=False)
+    assert read_all(log) == frames
+    # dense store-wide positions from 1, across segment boundaries
+    expected = 1
+    for first, count in positions:
+        assert first == expected
+        expected += count
+    assert log.next_position == expected
+    log.close()
+    # reading from a middle position starts at the frame holding it
+    log = make_log(directory, compress_sealed=compress, sync=False)
+    middle = positions[len(positions) // 2][0]
+    firsts = [info.first_position for info, _ in log.frames(middle)]
+    assert firsts == [p for p, _ in positions if p >= middle]
+    log.close()
+
+
+def write_frames(directory: Path, n: int, size: int = 150) -> tuple[SegmentLog, list[bytes]]:
+    log = SegmentLog(str(directory), STORE_ID, segment_bytes=1 << 20)
+    log.open_writer()
+    bodies = []
+    for i in range(n):
+        body = encode_frame_body([EventAppended(1, i + 1, 0, "m", bytes([i % 251]) * size)])
+        log.append(body, 1)
+        bodies.append(body)
+    return log, bodies
+
+
+def test_torn_tail_at_every_offset_of_last_two_frames_recovers_prefix(tmp_path: Path) -> None:
+    origin = tmp_path / "origin"
+    log, bodies = write_frames(origin, 6)
+    ends = [info.end_offset for info, _ in log.frames()]
+    log.close()
+    seg = origin / segment_name(1)
+    data = seg.read_bytes()[: ends[-1]]
+    start = ends[-3]
+    for cut in range(start, ends[-1] + 1):
+        for filler in (b"", b"\0", b"\xa5"):
+            case = tmp_path / "case"
+            case.mkdir()
+            # the cut: everything up to `cut`, then nothing, zeros, or garbage
+            (case / segment_name(1)).write_bytes(data[:cut] + filler * (ends[-1] + 50 - cut))
+            log = SegmentLog(str(case), STORE_ID)
+            recovered = log.open_writer()
+            kept = [e for e in ends if e <= cut]
+            assert [i.end_offset for i in recovered] == kept, (cut, filler)
+            assert [bytes(b) for _, b in log.frames()] == bodies[: len(kept)]
+            # appends continue densely after the recovered prefix
+            info = log.append(bodies[0], 1)
+            assert info.first_position == len(kept) + 1
+            assert info.offset == (kept[-1] if kept else SEGMENT_HEADER_SIZE)
+            log.close()
+            for name in os.listdir(case):
+                os.unlink(case / name)
+            case.rmdir()
+
+
+def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 1 << bit
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_flipped_bit_in_sealed_segment_raises_corrupt_with_name_and_offset(
+    tmp_path: Path, compress: bool, rng: random.Random
+) -> None:
+    log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=8192, compress_sealed=compress)
+    log.open_writer()
+    for i in range(80):
+        log.append(encode_frame_body([EventAppended(1, i + 1, 0, "m", os.urandom(300))]), 1)
+    log.close()
+    sealed = log.segments()[0]
+    assert read_summary(str(tmp_path), sealed.base_position) is not None
+    path = tmp_path / segment_name(sealed.base_position, compressed=compress)
+    assert path.exists() and (sealed.compressed == compress)
+    size = path.stat().st_size
+    for _ in range(12):
+        original = path.read_bytes()
+        offset = rng.randrange(SEGMENT_HEADER_SIZE, size)
+        flip_bit(path, offset, rng.randrange(8))
+        with pytest.raises(JournalCorrupt) as caught:
+            list(SegmentLog(str(tmp_path), STORE_ID).frames())
+        assert caught.value.segment == path.name
+        assert caught.value.offset <= offset or compress
+        assert path.name in str(caught.value)
+        path.write_bytes(original)
+    # undamaged again: reads fine
+    assert len(list(SegmentLog(str(tmp_path), STORE_ID).frames())) == 80
+
+
+def test_flipped_bit_in_middle_of_active_segment_is_corruption_not_a_torn_tail(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    log, bodies = write_frames(tmp_path, 20)
+    infos = [info for info, _ in log.frames()]
+    log.close()
+    seg = tmp_path / segment_name(1)
+    original = seg.read_bytes()
+    for target in (infos[0], infos[7], infos[-2]):
+        # header fields (length included) and body: all must be detected
+        for offset in (target.offset + 5, target.offset + 14, target.end_offset - 3):
+            flip_bit(seg, offset, rng.randrange(8))
+            with pytest.raises(JournalCorrupt) as caught:
+                list(SegmentLog(str(tmp_path), STORE_ID).frames())
+            assert caught.value.segment == seg.name
+            assert caught.value.offset == target.offset
+            with pytest.raises(JournalCorrupt):
+                SegmentLog(str(tmp_path), STORE_ID).open_writer()
+            seg.write_bytes(original)
+    # recovery never truncated anything while refusing to open
+    log = SegmentLog(str(tmp_path), STORE_ID)
+    assert len(log.open_writer()) == 20
+    log.close()
+
+
+def test_reader_at_active_tail_sees_only_whole_frames(tmp_path: Path) -> None:
+    log, bodies = write_frames(tmp_path, 3)
+    seg = tmp_path / segment_name(1)
+    end = log.writer.end_offset
+    # a half-written frame after the committed ones is "not yet written" to a reader
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(b"SJFR" + (1000).to_bytes(4, "big") + b"\x01" * 30)
+    with SegmentReader(str(tmp_path), 1) as reader:
+        assert [bytes(b) for _, b in reader.frames(tail=True)] == bodies
+        # ... but corruption when the caller knows it was committed
+        with pytest.raises(JournalCorrupt):
+            list(reader.frames(committed_end=end + FRAME_HEADER_SIZE + 1, tail=True))
+    log.close()
+
+
+def test_other_store_segments_are_refused(tmp_path: Path) -> None:
+    log, _ = write_frames(tmp_path, 2)
+    log.close()
+    from journal import StoreIncompatible
+
+    with pytest.raises(StoreIncompatible):
+        SegmentLog(str(tmp_path), b"T" * 16).open_writer()
