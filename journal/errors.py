@@ -24,11 +24,22 @@ __all__ = [
     "CursorForeign",
     "CursorFuture",
     "CursorMalformed",
+    "IdempotencyKeyReused",
+    "IllegalTransition",
+    "InvalidArgument",
     "InvalidPageToken",
+    "JournalClosed",
     "JournalCorrupt",
     "JournalError",
     "KeyRingError",
+    "OrdinalConflict",
+    "OutcomeUnknown",
+    "ReadOnlyStore",
+    "SessionExists",
+    "SessionNotFound",
+    "SessionNotWritable",
     "StoreIncompatible",
+    "StoreNotFound",
     "TokenError",
 ]
 
@@ -59,3 +70,86 @@ class StoreIncompatible(JournalError):
 
     code = "STORE_INCOMPATIBLE"
     status = "FAILED_PRECONDITION"
+
+
+class InvalidArgument(JournalError):
+    """The call's arguments are wrong (type, size, range); nothing was read or written."""
+
+    code = "INVALID_ARGUMENT"
+    status = "INVALID_ARGUMENT"
+
+
+class SessionExists(JournalError):
+    """`create_session` named a session that already exists (in any state)."""
+
+    code = "SESSION_EXISTS"
+    status = "ALREADY_EXISTS"
+
+
+class SessionNotFound(JournalError):
+    """No session by that id exists (never created, or evicted)."""
+
+    code = "SESSION_NOT_FOUND"
+    status = "NOT_FOUND"
+
+
+class IllegalTransition(JournalError):
+    """The lifecycle transition is not allowed from the session's current state."""
+
+    code = "ILLEGAL_TRANSITION"
+    status = "FAILED_PRECONDITION"
+
+
+class SessionNotWritable(JournalError):
+    """Appends are refused: the session is suspended (resume it) or terminal."""
+
+    code = "SESSION_NOT_WRITABLE"
+    status = "FAILED_PRECONDITION"
+
+
+class OrdinalConflict(JournalError):
+    """`expected_last_ordinal` did not match the session's last ordinal; nothing written."""
+
+    code = "ORDINAL_CONFLICT"
+    status = "ABORTED"
+
+    def __init__(self, message: str, *, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message)
+
+
+class IdempotencyKeyReused(JournalError):
+    """An idempotency key was used again with different events; nothing written."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+    status = "FAILED_PRECONDITION"
+
+
+class ReadOnlyStore(JournalError):
+    """A write was attempted on a journal opened with `readonly=True`."""
+
+    code = "READ_ONLY"
+    status = "FAILED_PRECONDITION"
+
+
+class StoreNotFound(JournalError):
+    """The path holds no store and `create=False` was given."""
+
+    code = "STORE_NOT_FOUND"
+    status = "NOT_FOUND"
+
+
+class JournalClosed(JournalError):
+    """The journal was closed by this process; open it again to continue."""
+
+    code = "JOURNAL_CLOSED"
+    status = "FAILED_PRECONDITION"
+
+
+class OutcomeUnknown(JournalError):
+    """A turn was started and never settled, and its owner process is gone: whether its
+    effects happened is unknown."""
+
+    code = "WATCH_OUTCOME_UNKNOWN"
+    status = "UNKNOWN"

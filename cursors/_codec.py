@@ -1,0 +1,271 @@
+"""The token format: encoding, signing, validating and decoding cursors and page tokens.
+
+A token is 44 bytes, big-endian, sent as 59 characters of unpadded base64url:
+
+    offset  size  field
+    0       1     format version (1)
+    1       1     kind (TokenKind)
+    2       2     key id of the signing key
+    4       8     scope digest (store, session, incarnation, purpose; see scope_digest)
+    12      8     position (u64)
+    20      8     ordinal (u64)
+    28      16    tag: HMAC-SHA256(key, DOMAIN + bytes[0:28]), first 16 bytes
+
+Only the canonical spelling is accepted: the last character carries two unused bits, and a
+token whose text differs from the re-encoding of its bytes was altered.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from ._errors import CursorForeign, CursorMalformed, InvalidPageToken, KeyRingError, TokenError
+from ._keyring import KeyRing
+
+__all__ = ["DOMAIN", "TOKEN_LENGTH", "Claims", "TokenCodec", "TokenKind", "scope_digest"]
+
+FORMAT_VERSION = 1
+DOMAIN = b"session-journal/token/v1\x00"
+"""Prefix of every signed message, so a tag can never be valid for another use of a key."""
+
+_SCOPE_DOMAIN = b"session-journal/scope/v1\x00"
+_HEADER = struct.Struct(">BBH8sQQ")
+_TAG_BYTES = 16
+_SCOPE_BYTES = 8
+_TOKEN_BYTES = _HEADER.size + _TAG_BYTES
+TOKEN_LENGTH = 59
+"""Length in characters of every token's text form."""
+_U64_MAX = 2**64 - 1
+_LENGTH_PREFIX = struct.Struct(">Q")
+_ALPHABET = re.compile(r"[A-Za-z0-9_-]+")
+
+assert _TOKEN_BYTES == 44 and (_TOKEN_BYTES * 8 + 5) // 6 == TOKEN_LENGTH
+
+
+class TokenKind(IntEnum):
+    """What a token resumes; a token is only accepted where its kind is expected."""
+
+    SESSION = 1
+    """A session-watch cursor: a position in one session's event stream."""
+    LIFECYCLE = 2
+    """A lifecycle-feed cursor: a position in the store's session lifecycle feed."""
+    PAGE = 3
+    """A listing page token: where the next page of a listing starts."""
+
+
+_KINDS_BY_BYTE: dict[int, TokenKind] = {kind.value: kind for kind in TokenKind}
+_NOUNS = {
+    TokenKind.SESSION: "session cursor",
+    TokenKind.LIFECYCLE: "lifecycle cursor",
+    TokenKind.PAGE: "page token",
+}
+_REMEDIES = {
+    TokenKind.SESSION: (
+        "pass a cursor returned by this session's watch, or omit it to start from the beginning"
+    ),
+    TokenKind.LIFECYCLE: (
+        "pass a cursor returned by this store's lifecycle feed, "
+        "or omit it to start from the beginning"
+    ),
+    TokenKind.PAGE: (
+        "pass the page token returned with the previous page of the same listing, "
+        "or omit it to start from the first page"
+    ),
+}
+_FOREIGN_SCOPES = {
+    TokenKind.SESSION: "another store, session or session incarnation",
+    TokenKind.LIFECYCLE: "another store",
+    TokenKind.PAGE: "another store or listing",
+}
+
+
+def scope_digest(
+    store_id: bytes, session_id: str = "", incarnation: int = 0, purpose: str = ""
+) -> bytes:
+    """The 8-byte scope a token is bound to: a digest of store, session, incarnation, purpose.
+
+    Fields are length-prefixed, so ("ab", "c") and ("a", "bc") give different scopes. A
+    session deleted and re-created under the same id gets a new incarnation, and so a new
+    scope that rejects the old session's cursors.
+    """
+    if not 0 <= incarnation <= _U64_MAX:
+        raise ValueError(f"incarnation must be in 0..2**64-1, got {incarnation}")
+    digest = hashlib.sha256(_SCOPE_DOMAIN)
+    for field in (
+        bytes(store_id),
+        session_id.encode("utf-8", "surrogatepass"),
+        _LENGTH_PREFIX.pack(incarnation),
+        purpose.encode("utf-8", "surrogatepass"),
+    ):
+        digest.update(_LENGTH_PREFIX.pack(len(field)))
+        digest.update(field)
+    return digest.digest()[:_SCOPE_BYTES]
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """What a verified token says: its kind, signing key, scope, position and ordinal."""
+
+    kind: TokenKind
+    key_id: int
+    scope: bytes
+    position: int
+    ordinal: int
+
+
+class _MacState(NamedTuple):
+    # Keyed HMAC objects already fed DOMAIN; each token copies one instead of re-keying,
+    # which roughly halves the cost of signing and verifying.
+    generation: int
+    active_key_id: int
+    active_mac: hmac.HMAC
+    macs: dict[int, hmac.HMAC]
+
+
+class TokenCodec:
+    """Encodes and decodes tokens signed with the keys of a `KeyRing`.
+
+    The codec follows the ring: after `rotate()` new tokens are signed by the new key, and
+    after `retire()` tokens of the retired key are foreign. Safe to share between threads.
+    """
+
+    __slots__ = ("_keyring", "_state")
+
+    def __init__(self, keyring: KeyRing) -> None:
+        self._keyring = keyring
+        self._state = self._build_state()
+
+    @property
+    def keyring(self) -> KeyRing:
+        """The ring whose keys sign and verify tokens."""
+        return self._keyring
+
+    def encode(self, kind: TokenKind, scope: bytes, position: int, ordinal: int = 0) -> str:
+        """A token of `kind` for `scope` carrying `position` and `ordinal`, signed by the
+        ring's active key. ValueError if scope is not 8 bytes or a value is not a u64."""
+        if kind not in _KINDS_BY_BYTE:
+            raise ValueError(f"kind must be a TokenKind, got {kind!r}")
+        _check_scope(scope)
+        _check_u64("position", position)
+        _check_u64("ordinal", ordinal)
+        state = self._current_state()
+        body = _HEADER.pack(FORMAT_VERSION, kind, state.active_key_id, scope, position, ordinal)
+        mac = state.active_mac.copy()
+        mac.update(body)
+        # 44 bytes encode to 59 characters and one "=" of padding, which is dropped.
+        return base64.urlsafe_b64encode(body + mac.digest()[:_TAG_BYTES])[:-1].decode("ascii")
+
+    def decode(self, token: object, kind: TokenKind, scope: bytes) -> Claims:
+        """The claims of `token` if it is an authentic token of `kind` for `scope`.
+
+        Checks, in order: well formed (str, canonical base64url, 44 bytes), known version and
+        kind, the expected kind (else CursorMalformed); a known key and a verifying tag, the
+        expected scope (else CursorForeign). For kind PAGE every failure is InvalidPageToken.
+        Whether the position is still in range is the caller's to check.
+        """
+        expected = _KINDS_BY_BYTE.get(kind)
+        if expected is None:
+            raise ValueError(f"kind must be a TokenKind, got {kind!r}")
+        _check_scope(scope)
+        noun = _NOUNS[expected]
+        if not isinstance(token, str):
+            raise _malformed(expected, f"the {noun} must be a str, not {type(token).__name__}")
+        if len(token) != TOKEN_LENGTH:
+            raise _malformed(
+                expected,
+                f"the {noun} is {len(token)} characters long, not {TOKEN_LENGTH} "
+                f"(it was truncated, extended or is not a {noun})",
+            )
+        if _ALPHABET.fullmatch(token) is None:
+            raise _malformed(expected, f"the {noun} has characters outside the base64url alphabet")
+        raw = base64.urlsafe_b64decode(token + "=")
+        if base64.urlsafe_b64encode(raw)[:-1].decode("ascii") != token:
+            raise _malformed(expected, f"the {noun} is not spelled canonically (it was altered)")
+
+        version, kind_byte, key_id, token_scope, position, ordinal = _HEADER.unpack_from(raw)
+        if version != FORMAT_VERSION:
+            raise _malformed(
+                expected,
+                f"the {noun} has format version {version}, which this release does not know "
+                f"(it was altered or comes from a newer release)",
+            )
+        actual = _KINDS_BY_BYTE.get(kind_byte)
+        if actual is None:
+            raise _malformed(expected, f"the {noun} has unknown kind {kind_byte}")
+        if actual is not expected:
+            raise _malformed(expected, f"this is a {_NOUNS[actual]}, not a {noun}")
+
+        state = self._current_state()
+        mac_template = state.macs.get(key_id)
+        if mac_template is None:
+            raise _foreign(
+                expected,
+                f"the {noun} is signed by a key this store does not have "
+                f"(it comes from another store, or its key was retired)",
+            )
+        mac = mac_template.copy()
+        mac.update(raw[: _HEADER.size])
+        if not hmac.compare_digest(mac.digest()[:_TAG_BYTES], raw[_HEADER.size :]):
+            raise _foreign(
+                expected,
+                f"the {noun}'s signature does not verify (it comes from another store "
+                f"or was altered)",
+            )
+        if token_scope != scope:
+            raise _foreign(expected, f"the {noun} belongs to {_FOREIGN_SCOPES[expected]}")
+        return Claims(actual, key_id, token_scope, position, ordinal)
+
+    def _current_state(self) -> _MacState:
+        state = self._state
+        if state.generation != self._keyring.generation:
+            state = self._build_state()
+            # Assigned whole: a racing thread at worst builds the same state twice.
+            self._state = state
+        return state
+
+    def _build_state(self) -> _MacState:
+        ring = self._keyring
+        while True:
+            # Read the generation first: the state built below is then at least that new,
+            # and a change made meanwhile is picked up on the next call.
+            generation = ring.generation
+            active_key_id = ring.active_key_id
+            try:
+                macs = {
+                    key_id: hmac.new(ring.secret(key_id), DOMAIN, hashlib.sha256)
+                    for key_id in ring.key_ids
+                }
+                active_mac = macs.get(active_key_id) or hmac.new(
+                    ring.secret(active_key_id), DOMAIN, hashlib.sha256
+                )
+            except KeyRingError:
+                # Another thread rotated and retired between our reads; read again.
+                continue
+            return _MacState(generation, active_key_id, active_mac, macs)
+
+
+def _check_scope(scope: bytes) -> None:
+    if not isinstance(scope, bytes) or len(scope) != _SCOPE_BYTES:
+        raise ValueError(f"scope must be {_SCOPE_BYTES} bytes from scope_digest(), got {scope!r}")
+
+
+def _check_u64(name: str, value: int) -> None:
+    if not isinstance(value, int) or not 0 <= value <= _U64_MAX:
+        raise ValueError(f"{name} must be an int in 0..2**64-1, got {value!r}")
+
+
+def _malformed(kind: TokenKind, reason: str) -> TokenError:
+    message = f"{reason}; {_REMEDIES[kind]}"
+    return InvalidPageToken(message) if kind is TokenKind.PAGE else CursorMalformed(message)
+
+
+def _foreign(kind: TokenKind, reason: str) -> TokenError:
+    message = f"{reason}; {_REMEDIES[kind]}"
+    return InvalidPageToken(message) if kind is TokenKind.PAGE else CursorForeign(message)

@@ -1,0 +1,247 @@
+"""The public data types: what callers pass in and get back.
+
+Plain immutable values (msgspec Structs, enums); none of them exposes LMDB or segment
+details, so another storage engine can return the same types.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "AppendResult",
+    "Event",
+    "EventIn",
+    "LifecycleEvent",
+    "LifecycleEventType",
+    "Page",
+    "RetentionPolicy",
+    "SessionMetadata",
+    "SessionPage",
+    "SessionState",
+    "Snapshot",
+]
+
+
+class SessionState(enum.Enum):
+    """Where a session is in its lifecycle. RESOLVED, EXPIRED and CANCELLED are terminal."""
+
+    OPEN = "open"
+    SUSPENDED = "suspended"
+    RESOLVED = "resolved"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    @property
+    def wire(self) -> int:
+        """The integer written in `StateChanged` records."""
+        return _STATE_WIRE[self]
+
+    @classmethod
+    def from_wire(cls, value: int) -> SessionState:
+        return _WIRE_STATE[value]
+
+
+_TERMINAL = frozenset({SessionState.RESOLVED, SessionState.EXPIRED, SessionState.CANCELLED})
+_STATE_WIRE = {state: i for i, state in enumerate(SessionState, start=1)}
+_WIRE_STATE = {i: state for state, i in _STATE_WIRE.items()}
+
+
+class LifecycleEventType(enum.Enum):
+    """What happened to a session, as reported by `watch_sessions`."""
+
+    CREATED = "created"
+    SUSPENDED = "suspended"
+    RESUMED = "resumed"
+    RESOLVED = "resolved"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    EVICTED = "evicted"
+
+
+class EventIn(msgspec.Struct, frozen=True):
+    """An event to append: a type name, opaque payload bytes, optional request id."""
+
+    type: str
+    data: bytes
+    request_id: str | None = None
+
+
+class Event:
+    """One retained event of a session, as read back.
+
+    `cursor` is computed on first access (an HMAC per event would dominate replay cost);
+    resuming from it yields the events after this one.
+    """
+
+    __slots__ = (
+        "_cursor",
+        "_signer",
+        "data",
+        "ordinal",
+        "position",
+        "request_id",
+        "session_id",
+        "timestamp_ms",
+        "type",
+    )
+
+    session_id: str
+    ordinal: int
+    type: str
+    data: bytes
+    request_id: str | None
+    timestamp_ms: int
+    position: int
+
+    def __init__(
+        self,
+        session_id: str,
+        ordinal: int,
+        type: str,
+        data: bytes,
+        request_id: str | None,
+        timestamp_ms: int,
+        position: int,
+        signer: Callable[[int, int], str] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.ordinal = ordinal
+        self.type = type
+        self.data = data
+        self.request_id = request_id
+        self.timestamp_ms = timestamp_ms
+        self.position = position
+        self._signer = signer
+        self._cursor: str | None = None
+
+    @property
+    def cursor(self) -> str:
+        if self._cursor is None:
+            if self._signer is None:
+                raise ValueError("this event was not read from a journal and has no cursor")
+            self._cursor = self._signer(self.position, self.ordinal)
+        return self._cursor
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.session_id,
+            self.ordinal,
+            self.type,
+            self.data,
+            self.request_id,
+            self.timestamp_ms,
+            self.position,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.session_id, self.ordinal, self.position))
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(session_id={self.session_id!r}, ordinal={self.ordinal}, "
+            f"type={self.type!r}, data=<{len(self.data)} bytes>, "
+            f"request_id={self.request_id!r}, timestamp_ms={self.timestamp_ms}, "
+            f"position={self.position})"
+        )
+
+
+class Page(msgspec.Struct, frozen=True):
+    """One bounded page of a session's events.
+
+    `next_cursor` resumes after the last event of the page (it equals the cursor passed in
+    when the page is empty, or None when that was None and the session has no events).
+    `has_more` is True when retained events follow the page right now.
+    """
+
+    events: list[Event]
+    next_cursor: str | None
+    has_more: bool
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """What an append committed: the ordinals it took and a cursor after the last one.
+
+    `deduplicated` is True when an idempotency key matched an earlier append: nothing was
+    written and the original result is returned.
+    """
+
+    session_id: str
+    first_ordinal: int
+    last_ordinal: int
+    cursor: str
+    deduplicated: bool = False
+
+
+class SessionMetadata(msgspec.Struct, frozen=True):
+    """A session's registry entry. The retained events are `[first_ordinal, last_ordinal]`
+    (empty when `last_ordinal < first_ordinal`)."""
+
+    session_id: str
+    state: SessionState
+    mode: str
+    context_id: str | None
+    extension_keys: tuple[str, ...]
+    tags: dict[str, str]
+    created_at_ms: int
+    started_at_ms: int
+    ended_at_ms: int | None
+    first_ordinal: int
+    last_ordinal: int
+    owner: str | None = None
+    incarnation: int = 0
+    ttl_ms: int | None = None
+    max_suspend_ms: int = 0
+    suspended_at_ms: int | None = None
+    expires_at_ms: int | None = None
+
+
+class SessionPage(msgspec.Struct, frozen=True):
+    """One page of `list_sessions_page`; `next_page_token` is "" on the last page."""
+
+    sessions: list[SessionMetadata]
+    next_page_token: str
+
+
+class LifecycleEvent(msgspec.Struct, frozen=True):
+    """A lifecycle change (or, in the startup snapshot, a CREATED per existing session).
+
+    `session` is the metadata right after the change. Resuming `watch_sessions` from
+    `cursor` yields the changes after this one.
+    """
+
+    event_type: LifecycleEventType
+    session: SessionMetadata
+    cursor: str
+    observed_at_ms: int
+
+
+class RetentionPolicy(msgspec.Struct, frozen=True):
+    """Store-wide history windows and session eviction (sessions may override windows)."""
+
+    max_history_bytes: int | None = 320 << 20
+    max_history_age_ms: int | None = None
+    session_retention_ms: int | None = None
+    session_retention_from: str = "ended"
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """A snapshot standing for events up to `ordinal`; resume after it from `cursor`."""
+
+    session_id: str
+    ordinal: int
+    data: bytes
+    cursor: str
