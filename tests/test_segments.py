@@ -171,7 +171,7 @@ def test_flipped_bit_in_sealed_segment_raises_corrupt_with_name_and_offset(
 def test_flipped_bit_in_middle_of_active_segment_is_corruption_not_a_torn_tail(
     tmp_path: Path, rng: random.Random
 ) -> None:
-    log, bodies = write_frames(tmp_path, 20)
+    log, _ = write_frames(tmp_path, 20)
     infos = [info for info, _ in log.frames()]
     log.close()
     seg = tmp_path / segment_name(1)
