@@ -9,25 +9,79 @@ from .errors import CursorExpired as CursorExpired
 from .errors import CursorForeign as CursorForeign
 from .errors import CursorFuture as CursorFuture
 from .errors import CursorMalformed as CursorMalformed
+from .errors import IdempotencyKeyReused as IdempotencyKeyReused
+from .errors import IllegalTransition as IllegalTransition
+from .errors import InvalidArgument as InvalidArgument
 from .errors import InvalidPageToken as InvalidPageToken
+from .errors import JournalClosed as JournalClosed
 from .errors import JournalCorrupt as JournalCorrupt
 from .errors import JournalError as JournalError
 from .errors import KeyRingError as KeyRingError
+from .errors import OrdinalConflict as OrdinalConflict
+from .errors import OutcomeUnknown as OutcomeUnknown
+from .errors import ReadOnlyStore as ReadOnlyStore
+from .errors import SessionExists as SessionExists
+from .errors import SessionNotFound as SessionNotFound
+from .errors import SessionNotWritable as SessionNotWritable
 from .errors import StoreIncompatible as StoreIncompatible
+from .errors import StoreNotFound as StoreNotFound
 from .errors import TokenError as TokenError
+from .models import AppendResult as AppendResult
+from .models import Event as Event
+from .models import EventIn as EventIn
+from .models import LifecycleEvent as LifecycleEvent
+from .models import LifecycleEventType as LifecycleEventType
+from .models import Page as Page
+from .models import RetentionPolicy as RetentionPolicy
+from .models import SessionMetadata as SessionMetadata
+from .models import SessionPage as SessionPage
+from .models import SessionState as SessionState
+from .models import Snapshot as Snapshot
+from .store import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
+from .store import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
+from .store import MAX_EVENT_BYTES as MAX_EVENT_BYTES
+from .store import MAX_PAGE_SIZE as MAX_PAGE_SIZE
+from .store import Journal as Journal
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_PAGE_BYTES",
+    "MAX_BATCH_EVENTS",
+    "MAX_EVENT_BYTES",
+    "MAX_PAGE_SIZE",
+    "AppendResult",
     "CursorExpired",
     "CursorForeign",
     "CursorFuture",
     "CursorMalformed",
+    "Event",
+    "EventIn",
+    "IdempotencyKeyReused",
+    "IllegalTransition",
+    "InvalidArgument",
     "InvalidPageToken",
+    "Journal",
+    "JournalClosed",
     "JournalCorrupt",
     "JournalError",
     "KeyRingError",
+    "LifecycleEvent",
+    "LifecycleEventType",
+    "OrdinalConflict",
+    "OutcomeUnknown",
+    "Page",
+    "ReadOnlyStore",
+    "RetentionPolicy",
+    "SessionExists",
+    "SessionMetadata",
+    "SessionNotFound",
+    "SessionNotWritable",
+    "SessionPage",
+    "SessionState",
+    "Snapshot",
     "StoreIncompatible",
+    "StoreNotFound",
     "TokenError",
     "__version__",
 ]

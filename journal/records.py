@@ -18,6 +18,7 @@ import msgspec
 __all__ = [
     "EventAppended",
     "HistoryTrimmed",
+    "IdempotencyKeyUsed",
     "Record",
     "SessionCreated",
     "SessionEvicted",
@@ -91,8 +92,26 @@ class SessionEvicted(_RecordBase, tag=6, frozen=True):
     at_ms: int
 
 
+class IdempotencyKeyUsed(_RecordBase, tag=7, frozen=True):
+    """An append made under an idempotency key: which ordinals it took, and a digest of
+    its events so a retry with other events is told apart from a true retry."""
+
+    incarnation: int
+    key: str
+    first_ordinal: int
+    last_ordinal: int
+    digest: bytes
+    last_position: int = 0
+
+
 Record = (
-    SessionCreated | EventAppended | StateChanged | SnapshotTaken | HistoryTrimmed | SessionEvicted
+    SessionCreated
+    | EventAppended
+    | StateChanged
+    | SnapshotTaken
+    | HistoryTrimmed
+    | SessionEvicted
+    | IdempotencyKeyUsed
 )
 
 # Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.

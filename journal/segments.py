@@ -85,6 +85,7 @@ SIDECAR_MAGIC: Final = b"SJIDX\x00\r\n"
 _SIDECAR_HEADER: Final = struct.Struct(">8sI")
 
 _READ_CHUNK: Final = 1 << 20
+_DECOMPRESSOR: Final = zstandard.ZstdDecompressor()
 _PREALLOCATE_BYTES: Final = 4 << 20
 _ZEROS: Final = bytes(1 << 20)
 
@@ -312,6 +313,12 @@ class SegmentReader:
             raise JournalCorrupt(self.name, 0, "segment header names another base position")
         self.compressed = bool(self.header.flags & FLAG_COMPRESSED)
         self._blocks: list[tuple[int, int, int, int]] | None = None
+        # Set when `frames(tail=True)` stopped at a torn (non-zero, invalid) tail.
+        self.torn_at: int | None = None
+        # read_frame's cache: one chunk of the plain file or one decompressed block.
+        self._chunk = b""
+        self._chunk_start = 0
+        self._last_end = -1
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -360,6 +367,8 @@ class SegmentReader:
             except _Bad as bad:
                 offset = buf_start + at
                 if self._unfinished_tail(offset, committed_end, tail, last_position):
+                    if str(bad) != "zero":
+                        self.torn_at = offset
                     return
                 raise JournalCorrupt(self.name, offset, str(bad)) from None
             if checked is None:
@@ -370,6 +379,7 @@ class SegmentReader:
                             raise JournalCorrupt(self.name, offset, "segment ends early")
                         return
                     if self._unfinished_tail(offset, committed_end, tail, last_position):
+                        self.torn_at = offset
                         return
                     raise JournalCorrupt(self.name, offset, "frame is cut short")
                 # Keep the unread part and read more; large frames get one exact read.
@@ -390,6 +400,69 @@ class SegmentReader:
             last_position = first + count - 1
             yield info, memoryview(buf)[body_start : body_start + length]
             at = body_start + length
+
+    def read_frame(self, offset: int) -> tuple[FrameInfo, memoryview]:
+        """The committed frame at `offset`; any damage there raises `JournalCorrupt`.
+
+        Sequential calls (each at the end of the previous frame) read ahead in 1 MiB
+        chunks; a jump reads 64 KiB (or the frame's exact size when larger).
+        """
+        checked = None
+        for fresh in (False, True):
+            # A cached chunk may predate frames written since (it read ahead into the
+            # zeros of the active tail): any doubt is settled by reading afresh.
+            at = offset - self._chunk_start
+            if fresh or not (
+                at >= 0 and offset + FRAME_HEADER_SIZE <= self._chunk_start + len(self._chunk)
+            ):
+                self._fill(offset, FRAME_HEADER_SIZE)
+                at = offset - self._chunk_start
+            try:
+                checked = _check_frame(self._chunk, at)
+                if checked is None:
+                    length = _FRAME_HEADER.unpack_from(self._chunk, at)[1]
+                    self._fill(offset, FRAME_HEADER_SIZE + length)
+                    at = offset - self._chunk_start
+                    checked = _check_frame(self._chunk, at)
+            except (_Bad, struct.error) as bad:
+                if fresh:
+                    raise JournalCorrupt(self.name, offset, str(bad)) from None
+                continue
+            if checked is not None:
+                break
+        if checked is None:
+            raise JournalCorrupt(self.name, offset, "frame is cut short")
+        length, first, count = checked
+        self._last_end = offset + FRAME_HEADER_SIZE + length
+        body_start = at + FRAME_HEADER_SIZE
+        info = FrameInfo(self.base_position, offset, first, count, length)
+        return info, memoryview(self._chunk)[body_start : body_start + length]
+
+    def _fill(self, offset: int, needed: int) -> None:
+        if self.compressed:
+            block = self._block_containing(offset)
+            if block is None:
+                raise JournalCorrupt(self.name, offset, "no compressed block holds this offset")
+            self._chunk = self._decompress(*block)
+            self._chunk_start = block[0]
+            return
+        size = _READ_CHUNK if offset == self._last_end else 64 << 10
+        self._chunk = os.pread(self._fd, max(size, needed), offset)
+        self._chunk_start = offset
+
+    def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
+        blocks = self.block_table()
+        lo, hi = 0, len(blocks)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if blocks[mid][0] <= offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == 0:
+            return None
+        block = blocks[lo - 1]
+        return block if offset < block[0] + block[1] else None
 
     def _unfinished_tail(
         self, offset: int, committed_end: int | None, tail: bool, last_position: int
@@ -430,6 +503,27 @@ class SegmentReader:
             at += _BLOCK_HEADER.size + clength
         return blocks
 
+    def _decompress(self, uoffset: int, ulength: int, coffset: int, clength: int) -> bytes:
+        raw = os.pread(self._fd, _BLOCK_HEADER.size + clength, coffset)
+        if len(raw) != _BLOCK_HEADER.size + clength:
+            raise JournalCorrupt(self.name, coffset, "compressed block is cut short")
+        magic, u2, l2, c2, crc = _BLOCK_HEADER.unpack_from(raw)
+        payload = memoryview(raw)[_BLOCK_HEADER.size :]
+        if (magic, u2, l2, c2) != (BLOCK_MAGIC, uoffset, ulength, clength) or zlib.crc32(
+            payload
+        ) != crc:
+            raise JournalCorrupt(self.name, coffset, "compressed block header or checksum mismatch")
+        if ulength > MAX_BLOCK_BYTES:
+            raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
+        try:
+            # The output cap keeps a damaged or hostile block from expanding without bound.
+            block = _DECOMPRESSOR.decompress(payload, max_output_size=ulength)
+        except zstandard.ZstdError as e:
+            raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
+        if len(block) != ulength:
+            raise JournalCorrupt(self.name, coffset, "compressed block has the wrong size")
+        return block
+
     def _compressed_frames(self, start_offset: int) -> Iterator[tuple[FrameInfo, memoryview]]:
         blocks = self.block_table()
         lo, hi = 0, len(blocks)
@@ -439,27 +533,8 @@ class SegmentReader:
                 lo = mid + 1
             else:
                 hi = mid
-        decompressor = zstandard.ZstdDecompressor()
         for uoffset, ulength, coffset, clength in blocks[max(lo - 1, 0) :]:
-            raw = os.pread(self._fd, _BLOCK_HEADER.size + clength, coffset)
-            if len(raw) != _BLOCK_HEADER.size + clength:
-                raise JournalCorrupt(self.name, coffset, "compressed block is cut short")
-            magic, u2, l2, c2, crc = _BLOCK_HEADER.unpack_from(raw)
-            payload = memoryview(raw)[_BLOCK_HEADER.size :]
-            if (magic, u2, l2, c2) != (BLOCK_MAGIC, uoffset, ulength, clength) or zlib.crc32(
-                payload
-            ) != crc:
-                raise JournalCorrupt(
-                    self.name, coffset, "compressed block header or checksum mismatch"
-                )
-            if ulength > MAX_BLOCK_BYTES:
-                raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
-            try:
-                block = decompressor.decompress(payload, max_output_size=ulength)
-            except zstandard.ZstdError as e:
-                raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
-            if len(block) != ulength:
-                raise JournalCorrupt(self.name, coffset, "compressed block has the wrong size")
+            block = self._decompress(uoffset, ulength, coffset, clength)
             at = 0
             while at < ulength:
                 offset = uoffset + at
@@ -540,6 +615,24 @@ class SegmentWriter:
                 self._allocated = size
         return frames
 
+    def attach(self, end_offset: int, next_position: int) -> None:
+        """Continue after the committed frames ending at `end_offset` (known from the view).
+
+        Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
+        are cut off (the caller holds the write lock, so nobody is writing them now).
+        """
+        self.end_offset = end_offset
+        self.next_position = next_position
+        self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
+        size = os.fstat(self._fd).st_size
+        self._allocated = size
+        if size > end_offset:
+            probe = os.pread(self._fd, FRAME_HEADER_SIZE, end_offset)
+            if probe.strip(b"\0"):
+                os.ftruncate(self._fd, end_offset)
+                os.fsync(self._fd)
+                self._allocated = end_offset
+
     def append(self, body: bytes, first_position: int, count: int) -> FrameInfo:
         """Write one frame at the end; durable after `sync()` (or now if sync is on)."""
         if first_position != self.next_position:
@@ -566,7 +659,8 @@ class SegmentWriter:
 
     def _preallocate(self, needed: int) -> None:
         target = needed + _PREALLOCATE_BYTES
-        at = self._allocated
+        # Never below the real size: another process may have written up to it.
+        at = max(self._allocated, os.fstat(self._fd).st_size, self.end_offset)
         while at < target:
             n = min(len(_ZEROS), target - at)
             os.pwrite(self._fd, _ZEROS[:n], at)

@@ -1,0 +1,1332 @@
+"""The `Journal`: opening a store, the commit protocol, and the write operations.
+
+Commit protocol (SPEC.md "Commit protocol"): appends and lifecycle changes are queued;
+one thread at a time leads a group commit. The leader opens the LMDB write transaction
+(which also serialises writers across processes), indexes any committed frames the view
+has not seen (another process's, or a crashed writer's), cuts off a torn tail, validates
+every queued request against the current state, writes all their records as ONE frame,
+syncs it once, projects the frame into the view, commits the transaction, and only then
+acknowledges the callers. A crash anywhere before the segment sync loses nothing that was
+acknowledged; a crash after it leaves a frame the next writer indexes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any, Final, Literal
+
+import lmdb
+import msgspec
+
+from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
+
+from .errors import (
+    CursorExpired,
+    CursorFuture,
+    IdempotencyKeyReused,
+    IllegalTransition,
+    InvalidArgument,
+    InvalidPageToken,
+    JournalClosed,
+    JournalCorrupt,
+    JournalError,
+    OrdinalConflict,
+    ReadOnlyStore,
+    SessionExists,
+    SessionNotFound,
+    SessionNotWritable,
+    StoreIncompatible,
+    StoreNotFound,
+)
+from .index import FeedEntry, Head, Projection, SessionRow, View
+from .models import (
+    AppendResult,
+    Event,
+    EventIn,
+    LifecycleEvent,
+    LifecycleEventType,
+    Page,
+    RetentionPolicy,
+    SessionMetadata,
+    SessionPage,
+    SessionState,
+)
+from .records import (
+    EventAppended,
+    IdempotencyKeyUsed,
+    Record,
+    SessionCreated,
+    StateChanged,
+    decode_frame_body,
+    encode_frame_body,
+)
+from .segments import (
+    DEFAULT_SEGMENT_BYTES,
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    SegmentLog,
+    SegmentReader,
+    SegmentWriter,
+    read_summary,
+    segment_name,
+)
+
+__all__ = [
+    "DEFAULT_PAGE_BYTES",
+    "MAX_BATCH_EVENTS",
+    "MAX_EVENT_BYTES",
+    "MAX_PAGE_SIZE",
+    "Journal",
+]
+
+MAX_EVENT_BYTES: Final = 8 << 20
+MAX_BATCH_EVENTS: Final = 10_000
+MAX_BATCH_BYTES: Final = 64 << 20
+MAX_NAME_LENGTH: Final = 256
+DEFAULT_PAGE_BYTES: Final = 1 << 20
+DEFAULT_PAGE_SIZE: Final = 100
+MAX_PAGE_SIZE: Final = 1000
+STORE_FORMAT: Final = 1
+
+_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
+_digest_encoder: Final = msgspec.msgpack.Encoder()
+
+Durability = Literal["fsync", "os"]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _check_name(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not value or len(value.encode()) > MAX_NAME_LENGTH or not _NAME_RE.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} {value!r} is invalid: use 1 to {MAX_NAME_LENGTH} bytes of UTF-8 "
+            "without control characters"
+        )
+    return value
+
+
+def _metadata(row: SessionRow) -> SessionMetadata:
+    return SessionMetadata(
+        session_id=row.session_id,
+        state=row.session_state,
+        mode=row.mode,
+        context_id=row.context_id,
+        extension_keys=tuple(sorted(row.extensions)),
+        tags=dict(row.tags),
+        created_at_ms=row.created_at_ms,
+        started_at_ms=row.created_at_ms,
+        ended_at_ms=row.ended_at_ms,
+        first_ordinal=row.first_ordinal,
+        last_ordinal=row.last_ordinal,
+        owner=None,
+        incarnation=row.incarnation,
+        ttl_ms=row.ttl_ms,
+        max_suspend_ms=row.max_suspend_ms,
+        suspended_at_ms=row.suspended_at_ms,
+        expires_at_ms=row.deadline(),
+    )
+
+
+# -- requests of the commit queue ------------------------------------------------------
+
+
+class _Request:
+    __slots__ = ("args", "done", "error", "op", "result")
+
+    def __init__(self, op: str, args: tuple[Any, ...]) -> None:
+        self.op = op
+        self.args = args
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Pending:
+    """The planner's view of one session while a batch is being validated."""
+
+    __slots__ = ("incarnation", "last_ordinal", "row", "state")
+
+    def __init__(self, row: SessionRow) -> None:
+        self.row = row
+        self.incarnation = row.incarnation
+        self.state = row.session_state
+        self.last_ordinal = row.last_ordinal
+
+
+_ALLOWED: Final = {
+    "suspend": ({SessionState.OPEN}, SessionState.SUSPENDED),
+    "resume": ({SessionState.SUSPENDED}, SessionState.OPEN),
+    "resolve": ({SessionState.OPEN, SessionState.SUSPENDED}, SessionState.RESOLVED),
+    "cancel": ({SessionState.OPEN, SessionState.SUSPENDED}, SessionState.CANCELLED),
+}
+
+
+class _Notifier:
+    """Wakes followers: at once for commits in this process, by a short adaptive poll of
+    the committed head in LMDB for commits made by other processes."""
+
+    MIN_POLL: Final = 0.0005
+    MAX_POLL: Final = 0.004
+
+    def __init__(self, read_head: Any) -> None:
+        self._cv = threading.Condition()
+        self._local = 0
+        self._read_head = read_head
+        self._async: dict[int, tuple[Any, Any]] = {}
+
+    def publish(self, next_position: int) -> None:
+        with self._cv:
+            if next_position > self._local:
+                self._local = next_position
+            self._cv.notify_all()
+            waiters = list(self._async.values())
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed; its watcher is gone
+                loop.call_soon_threadsafe(event.set)
+
+    def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
+        """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
+        delay = self.MIN_POLL
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if stop is not None and stop.is_set():
+                return False
+            with self._cv:
+                if self._local > seen:
+                    return True
+                self._cv.wait(delay)
+                if self._local > seen:
+                    return True
+            if self._read_head() > seen:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            delay = min(delay * 1.5, self.MAX_POLL)
+
+    async def await_change(self, seen: int) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        key = id(event)
+        with self._cv:
+            self._async[key] = (loop, event)
+        try:
+            delay = self.MIN_POLL
+            while True:
+                if self._local > seen or self._read_head() > seen:
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), delay)
+                event.clear()
+                delay = min(delay * 1.5, self.MAX_POLL)
+        finally:
+            with self._cv:
+                self._async.pop(key, None)
+
+
+class Journal:
+    """An open session journal on an embedded local store (segment files + LMDB view).
+
+    Thread-safe: any number of threads may append, read and watch; concurrent appends share
+    one frame and one fsync (group commit). Several processes may open the same store.
+    """
+
+    def __init__(self) -> None:  # use Journal.open()
+        raise TypeError("use Journal.open(path, ...) to open a journal")
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        durability: Durability = "fsync",
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        retention: RetentionPolicy | None = None,
+        compress_sealed: bool = False,
+        key_ring: KeyRing | None = None,
+    ) -> Journal:
+        """Open (or create) the store at `path`.
+
+        `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
+        to the OS; survives a process crash, not a power cut.
+        """
+        if durability not in ("fsync", "os"):
+            raise InvalidArgument(f"durability must be 'fsync' or 'os', got {durability!r}")
+        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
+            raise InvalidArgument("segment_bytes must be an int of at least 4096")
+        self = object.__new__(cls)
+        self._init(
+            os.fspath(path),
+            create=create,
+            readonly=readonly,
+            durability=durability,
+            segment_bytes=segment_bytes,
+            retention=retention or RetentionPolicy(),
+            compress_sealed=compress_sealed,
+            key_ring=key_ring,
+        )
+        return self
+
+    def _init(
+        self,
+        path: str,
+        *,
+        create: bool,
+        readonly: bool,
+        durability: Durability,
+        segment_bytes: int,
+        retention: RetentionPolicy,
+        compress_sealed: bool,
+        key_ring: KeyRing | None,
+    ) -> None:
+        self.path = path
+        self.readonly = readonly
+        self.durability = durability
+        self.retention = retention
+        self._closed = False
+        self._pid = os.getpid()
+        store_file = os.path.join(path, "store.json")
+        if not os.path.exists(store_file):
+            if readonly or not create:
+                raise StoreNotFound(
+                    f"no journal store at {path!r}: create it with `journal init` or "
+                    "Journal.open(path, create=True)"
+                )
+            self._create_store(path)
+        self.store_id = self._load_store_id(store_file)
+        if key_ring is None:
+            key_ring = KeyRing.from_environment()
+        if key_ring is None:
+            key_ring = KeyRing.load_or_create(os.path.join(path, "keys"))
+        self._codec = TokenCodec(key_ring)
+        self._lifecycle_scope = scope_digest(self.store_id, purpose="lifecycle")
+        self._view = View(os.path.join(path, "index"), readonly=readonly)
+        self._log = SegmentLog(
+            os.path.join(path, "segments"),
+            self.store_id,
+            segment_bytes=segment_bytes,
+            sync=durability == "fsync",
+            compress_sealed=compress_sealed,
+        )
+        self._queue: list[_Request] = []
+        self._cv = threading.Condition()
+        self._leading = False
+        self._notifier = _Notifier(self._committed_next_position)
+        if not readonly:
+            with self._cv:
+                self._leading = True
+            try:
+                self._run_commit([])
+            finally:
+                with self._cv:
+                    self._leading = False
+
+    @staticmethod
+    def _create_store(path: str) -> None:
+        os.makedirs(os.path.join(path, "segments"), exist_ok=True)
+        os.makedirs(os.path.join(path, "index"), exist_ok=True)
+        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
+        document = json.dumps({"format": STORE_FORMAT, "store_id": os.urandom(16).hex()})
+        final = os.path.join(path, "store.json")
+        temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(temporary, "w") as f:
+            f.write(document)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            # link() fails if another process created the store first: theirs wins.
+            os.link(temporary, final)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _load_store_id(store_file: str) -> bytes:
+        try:
+            with open(store_file) as f:
+                document = json.load(f)
+            if document.get("format") != STORE_FORMAT:
+                raise StoreIncompatible(
+                    f"{store_file} has store format {document.get('format')!r}; this code "
+                    f"reads format {STORE_FORMAT}: upgrade session-journal"
+                )
+            store_id = bytes.fromhex(document["store_id"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreIncompatible(
+                f"{store_file} is unreadable or damaged ({e}); restore it from a backup"
+            ) from None
+        if len(store_id) != 16:
+            raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
+        return store_id
+
+    def close(self) -> None:
+        """Close the journal; pending watches end. Idempotent."""
+        if self._closed:
+            return
+        with self._cv:
+            while self._leading:
+                self._cv.wait()
+            self._closed = True
+        self._notifier.publish(1 << 63)
+        self._log.close()
+        self._view.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+        if os.getpid() != self._pid:
+            raise JournalClosed(
+                "this journal was opened in a parent process; a forked child must call "
+                "Journal.open() itself (LMDB handles do not survive fork)"
+            )
+
+    def _committed_next_position(self) -> int:
+        if self._closed:
+            return 1 << 63
+        with self._view.env.begin() as txn:
+            head = self._view.head(txn)
+        return 1 if head is None else head.next_position
+
+    # -- the commit path -------------------------------------------------------------------
+
+    def _submit(self, op: str, *args: Any) -> Any:
+        if self.readonly:
+            raise ReadOnlyStore(
+                "this journal was opened with readonly=True; open it writable to change it"
+            )
+        self._check_open()
+        request = _Request(op, args)
+        with self._cv:
+            self._queue.append(request)
+            while not request.done and self._leading:
+                self._cv.wait()
+            if request.done:
+                batch: list[_Request] = []
+            else:
+                self._leading = True
+                batch, self._queue = self._queue, []
+        if batch:
+            try:
+                self._run_commit(batch)
+            finally:
+                with self._cv:
+                    self._leading = False
+                    for r in batch:
+                        r.done = True
+                    self._cv.notify_all()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def _run_commit(self, batch: list[_Request]) -> None:
+        try:
+            for attempt in range(8):
+                try:
+                    self._commit(batch)
+                    return
+                except lmdb.MapFullError:
+                    if attempt == 7:
+                        raise
+                    info = self._view.env.info()
+                    self._view.env.set_mapsize(info["map_size"] * 2)
+        except BaseException as e:
+            # Nothing of this batch was committed: no caller may see a result.
+            for r in batch:
+                r.result = None
+                r.error = e
+            if not batch:
+                raise
+
+    def _commit(self, batch: list[_Request]) -> None:
+        view = self._view
+        log = self._log
+        with view.env.begin(write=True) as txn:
+            head = self._catch_up(txn)
+            now = _now_ms()
+            planner = _Planner(self, txn, head.next_position, now)
+            for request in batch:
+                request.error = None
+                request.result = None
+                try:
+                    planner.plan(request)
+                except JournalError as e:
+                    request.error = e
+            projection = Projection(view, txn, head)
+            if planner.records:
+                writer = log.writer
+                before = (writer.base_position, writer.end_offset, writer.next_position)
+                try:
+                    info = log.append(encode_frame_body(planner.records), len(planner.records))
+                    projection.apply(info, planner.records)
+                    projection.flush()
+                except BaseException:
+                    self._undo_append(before)
+                    raise
+            planner.finish(projection)
+        if planner.records:
+            self._notifier.publish(projection.head.next_position)
+
+    def _undo_append(self, before: tuple[int, int, int]) -> None:
+        # The frame never became visible (the view did not commit): cut it off again so it
+        # is not indexed later as if it had been acknowledged.
+        base, end_offset, next_position = before
+        writer = self._log.writer
+        if writer.base_position == base:
+            writer.attach(end_offset, next_position)
+
+    def _catch_up(self, txn: lmdb.Transaction) -> Head:
+        """Index committed frames the view has not seen; position the writer after them."""
+        view = self._view
+        log = self._log
+        head = view.head(txn)
+        if head is None:
+            stored = txn.get(b"store", db=view.meta)
+            if stored is not None and bytes(stored) != self.store_id:
+                raise StoreIncompatible("the index belongs to another store; delete index/")
+            txn.put(b"store", self.store_id, db=view.meta)
+            bases = log.bases()
+            if not bases:
+                os.makedirs(log.directory, exist_ok=True)
+                SegmentWriter.create(log.directory, self.store_id, 1).close()
+                bases = [1]
+            head = Head(bases[0], SEGMENT_HEADER_SIZE, bases[0], 0)
+        boot = _boot_id()
+        if txn.get(b"boot", db=view.meta) != boot.encode():
+            txn.put(b"boot", boot.encode(), db=view.meta)
+        writer = log._writer
+        if (
+            writer is not None
+            and writer.base_position == head.segment
+            and writer.end_offset == head.end_offset
+            and writer.next_position == head.next_position
+            and not self._unindexed_data(head)
+        ):
+            return head
+        projection = Projection(view, txn, head)
+        bases = [b for b in log.bases() if b >= head.segment]
+        if not bases:
+            raise JournalCorrupt(
+                segment_name(head.segment), 0, "the active segment indexed by the view is missing"
+            )
+        for i, base in enumerate(bases):
+            last = i == len(bases) - 1
+            start = head.end_offset if base == head.segment else SEGMENT_HEADER_SIZE
+            if base != head.segment:
+                if base != projection.head.next_position:
+                    raise JournalCorrupt(
+                        segment_name(base),
+                        0,
+                        f"segment starts at position {base}, expected "
+                        f"{projection.head.next_position}",
+                    )
+                projection.head.segment = base
+                projection.head.end_offset = SEGMENT_HEADER_SIZE
+            with SegmentReader(log.directory, base) as reader:
+                for info, body in reader.frames(start, tail=last):
+                    if info.first_position != projection.head.next_position:
+                        raise JournalCorrupt(
+                            reader.name,
+                            info.offset,
+                            f"frame starts at position {info.first_position}, expected "
+                            f"{projection.head.next_position}",
+                        )
+                    projection.apply(info, decode_frame_body(body))
+            if not last and read_summary(log.directory, base) is None:
+                log.seal(base)
+        projection.flush()
+        head = projection.head
+        if writer is None or writer.base_position != head.segment:
+            if writer is not None:
+                writer.close()
+            log._writer = writer = SegmentWriter(
+                log.directory, head.segment, sync=self.durability == "fsync"
+            )
+        writer.attach(head.end_offset, head.next_position)
+        return head
+
+    def _unindexed_data(self, head: Head) -> bool:
+        # Another process may have committed a frame (or crashed after writing one) or
+        # started a new segment since this writer last wrote.
+        writer = self._log.writer
+        probe = os.pread(writer._fd, FRAME_HEADER_SIZE, head.end_offset)
+        if probe.strip(b"\0"):
+            return True
+        return os.path.exists(os.path.join(self._log.directory, segment_name(head.next_position)))
+
+    # -- sessions: writes ------------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str,
+        mode: str = "",
+        context_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        extensions: Mapping[str, bytes] | None = None,
+        ttl_ms: int | None = None,
+        max_suspend_ms: int = 0,
+        *,
+        max_history_bytes: int | None = None,
+        max_history_age_ms: int | None = None,
+    ) -> SessionMetadata:
+        """Create an OPEN session; `SessionExists` if the id is taken."""
+        _check_name("session_id", session_id)
+        if not isinstance(mode, str) or len(mode) > MAX_NAME_LENGTH:
+            raise InvalidArgument("mode must be a str of at most 256 characters")
+        if context_id is not None and not isinstance(context_id, str):
+            raise InvalidArgument("context_id must be a str or None")
+        tag_map = dict(tags or {})
+        for k, v in tag_map.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise InvalidArgument("tags must map str to str")
+        ext_map = dict(extensions or {})
+        for ext_key, ext_value in ext_map.items():
+            if not isinstance(ext_key, str) or not isinstance(ext_value, bytes):
+                raise InvalidArgument("extensions must map str to bytes")
+        for name, value in (("ttl_ms", ttl_ms), ("max_history_bytes", max_history_bytes)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise InvalidArgument(f"{name} must be a positive int or None")
+        if max_history_age_ms is not None and (
+            not isinstance(max_history_age_ms, int) or max_history_age_ms <= 0
+        ):
+            raise InvalidArgument("max_history_age_ms must be a positive int or None")
+        if not isinstance(max_suspend_ms, int) or max_suspend_ms < 0:
+            raise InvalidArgument("max_suspend_ms must be an int >= 0 (0 = 7 days)")
+        record = SessionCreated(
+            session_id=session_id,
+            created_at_ms=0,
+            mode=mode,
+            context_id=context_id,
+            tags=tag_map,
+            extensions=ext_map,
+            ttl_ms=ttl_ms,
+            max_suspend_ms=max_suspend_ms,
+            max_history_bytes=max_history_bytes,
+            max_history_age_ms=max_history_age_ms,
+        )
+        result: SessionMetadata = self._submit("create", record)
+        return result
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[EventIn],
+        expected_last_ordinal: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        """Append events to an OPEN session; returns after they are committed."""
+        if not isinstance(session_id, str):
+            raise InvalidArgument("session_id must be a str")
+        if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
+            raise InvalidArgument("events must be a list of EventIn")
+        if not events:
+            raise InvalidArgument("events is empty: pass at least one EventIn")
+        if len(events) > MAX_BATCH_EVENTS:
+            raise InvalidArgument(
+                f"{len(events)} events in one append; the limit is {MAX_BATCH_EVENTS}: split it"
+            )
+        total = 0
+        for i, event in enumerate(events):
+            if not isinstance(event, EventIn):
+                raise InvalidArgument(f"events[{i}] is a {type(event).__name__}, not an EventIn")
+            if not isinstance(event.data, bytes):
+                raise InvalidArgument(
+                    f"events[{i}].data is a {type(event.data).__name__}; it must be bytes "
+                    "(encode text or JSON first)"
+                )
+            if len(event.data) > MAX_EVENT_BYTES:
+                raise InvalidArgument(
+                    f"events[{i}].data is {len(event.data)} bytes; the limit is "
+                    f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
+                    "and append a reference"
+                )
+            _check_name(f"events[{i}].type", event.type)
+            if event.request_id is not None and not isinstance(event.request_id, str):
+                raise InvalidArgument(f"events[{i}].request_id must be a str or None")
+            total += len(event.data)
+        if total > MAX_BATCH_BYTES:
+            raise InvalidArgument(
+                f"one append of {total} bytes exceeds {MAX_BATCH_BYTES} bytes: split it"
+            )
+        if expected_last_ordinal is not None and (
+            not isinstance(expected_last_ordinal, int) or expected_last_ordinal < 0
+        ):
+            raise InvalidArgument("expected_last_ordinal must be an int >= 0 or None")
+        digest = b""
+        if idempotency_key is not None:
+            _check_name("idempotency_key", idempotency_key)
+            digest = hashlib.sha256(
+                _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
+            ).digest()
+        result: AppendResult = self._submit(
+            "append", session_id, list(events), expected_last_ordinal, idempotency_key, digest
+        )
+        return result
+
+    def suspend_session(self, session_id: str) -> SessionMetadata:
+        """OPEN -> SUSPENDED (appends are refused until resumed)."""
+        return self._transition("suspend", session_id)
+
+    def resume_session(self, session_id: str) -> SessionMetadata:
+        """SUSPENDED -> OPEN."""
+        return self._transition("resume", session_id)
+
+    def resolve_session(self, session_id: str) -> SessionMetadata:
+        """OPEN or SUSPENDED -> RESOLVED (terminal)."""
+        return self._transition("resolve", session_id)
+
+    def cancel_session(self, session_id: str) -> SessionMetadata:
+        """OPEN or SUSPENDED -> CANCELLED; an already terminal session is returned as is."""
+        return self._transition("cancel", session_id)
+
+    def _transition(self, op: str, session_id: str) -> SessionMetadata:
+        _check_name("session_id", session_id)
+        result: SessionMetadata = self._submit("transition", op, session_id)
+        return result
+
+    def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
+        """Expire sessions past their TTL or suspension cap; returns what it expired."""
+        if now_ms is not None and not isinstance(now_ms, int):
+            raise InvalidArgument("now_ms must be an int (ms since the epoch) or None")
+        result: list[SessionMetadata] = self._submit("expire", now_ms)
+        return result
+
+    # -- sessions: reads -------------------------------------------------------------------
+
+    def get_session(self, session_id: str) -> SessionMetadata:
+        """The session's metadata; `SessionNotFound` if it does not exist."""
+        self._check_open()
+        with self._view.env.begin() as txn:
+            return _metadata(self._row(txn, session_id))
+
+    def _row(self, txn: lmdb.Transaction, session_id: str) -> SessionRow:
+        if not isinstance(session_id, str):
+            raise InvalidArgument("session_id must be a str")
+        row = self._view.row(txn, session_id)
+        if row is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: check the id with "
+                "`journal sessions list`"
+            )
+        return row
+
+    def list_sessions_page(
+        self,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        page_token: str | None = None,
+        state: SessionState | None = None,
+    ) -> SessionPage:
+        """One page of sessions in session-id order; pass `next_page_token` for the next."""
+        self._check_open()
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
+        if state is not None and not isinstance(state, SessionState):
+            raise InvalidArgument("state must be a SessionState or None")
+        page_size = min(page_size, MAX_PAGE_SIZE)
+        scope = scope_digest(self.store_id, purpose="list:" + (state.value if state else "*"))
+        view = self._view
+        sessions: list[SessionMetadata] = []
+        with view.env.begin() as txn:
+            cursor = txn.cursor(db=view.sessions)
+            after: bytes | None = None
+            if page_token:
+                claims = self._codec.decode(page_token, TokenKind.PAGE, scope)
+                last_id = view.session_id_of(txn, claims.position)
+                if last_id is None:
+                    raise InvalidPageToken(
+                        "this page token does not match this store's sessions (stale or "
+                        "from a restored copy): start again without a token"
+                    )
+                after = last_id.encode()
+            elif page_token is not None and page_token != "":
+                raise InvalidPageToken("page_token must be a str")
+            positioned = cursor.set_range(after) if after is not None else cursor.first()
+            if positioned and after is not None and cursor.key() == after:
+                positioned = cursor.next()
+            last_row: SessionRow | None = None
+            more = False
+            while positioned:
+                row = view.decode_row(cursor.value())
+                if state is None or row.session_state is state:
+                    if len(sessions) == page_size:
+                        more = True
+                        break
+                    sessions.append(_metadata(row))
+                    last_row = row
+                positioned = cursor.next()
+        token = ""
+        if more and last_row is not None:
+            token = self._codec.encode(TokenKind.PAGE, scope, last_row.incarnation)
+        return SessionPage(sessions, token)
+
+    def list_sessions(
+        self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> Iterator[SessionMetadata]:
+        """Every session (optionally in one state), lazily, page by page."""
+        token: str | None = None
+        while True:
+            page = self.list_sessions_page(page_size=page_size, page_token=token, state=state)
+            yield from page.sessions
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    # -- events: reads ---------------------------------------------------------------------
+
+    def _scope(self, row: SessionRow) -> bytes:
+        return scope_digest(self.store_id, row.session_id, row.incarnation)
+
+    def _after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
+        if cursor is None:
+            return row.first_ordinal - 1
+        claims = self._codec.decode(cursor, TokenKind.SESSION, self._scope(row))
+        after = claims.ordinal
+        if after > row.last_ordinal:
+            raise CursorFuture(
+                f"the cursor points at ordinal {after} but session {row.session_id!r} ends at "
+                f"{row.last_ordinal} (was the store restored from an older copy?): resume "
+                "from a cursor this store issued, or from the start",
+                head_ordinal=row.last_ordinal,
+            )
+        if after < row.first_ordinal - 1:
+            raise self._expired(row, after)
+        return after
+
+    def _expired(self, row: SessionRow, after: int) -> CursorExpired:
+        resume = self._codec.encode(TokenKind.SESSION, self._scope(row), 0, row.first_ordinal - 1)
+        return CursorExpired(
+            f"events {after + 1}..{row.first_ordinal - 1} of session {row.session_id!r} are "
+            f"no longer retained (rotated or compacted away); the earliest retained ordinal "
+            f"is {row.first_ordinal}: resume from the error's resume_cursor to accept the gap, "
+            "or rebuild from a snapshot",
+            earliest_ordinal=row.first_ordinal,
+            resume_cursor=resume,
+        )
+
+    def _read_events(
+        self, txn: lmdb.Transaction, row: SessionRow, after: int, max_bytes: int
+    ) -> tuple[list[Event], bool]:
+        """Events after ordinal `after` up to about `max_bytes`, and whether more follow."""
+        start = after + 1
+        last = row.last_ordinal
+        if start > last:
+            return [], False
+        incarnation = row.incarnation
+        session_id = row.session_id
+        signer = partial(self._codec.encode, TokenKind.SESSION, self._scope(row))
+        events: list[Event] = []
+        size = 0
+        expected = start
+        readers: dict[int, SegmentReader] = {}
+        directory = self._log.directory
+        full = False
+        try:
+            for _, segment, offset in self._view.iter_frame_locations(txn, incarnation, start):
+                reader = readers.get(segment)
+                if reader is None:
+                    reader = readers[segment] = SegmentReader(directory, segment)
+                info, body = reader.read_frame(offset)
+                try:
+                    records = decode_frame_body(body)
+                except msgspec.DecodeError as e:
+                    raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
+                position = info.first_position
+                for record in records:
+                    if (
+                        type(record) is EventAppended
+                        and record.incarnation == incarnation
+                        and record.ordinal >= expected
+                    ):
+                        if record.ordinal != expected:
+                            raise JournalCorrupt(
+                                reader.name,
+                                offset,
+                                f"session {session_id!r} skips from ordinal {expected - 1} "
+                                f"to {record.ordinal}",
+                            )
+                        data = record.data
+                        if events and size + len(data) > max_bytes:
+                            full = True
+                            break
+                        events.append(
+                            Event(
+                                session_id,
+                                record.ordinal,
+                                record.type,
+                                data,
+                                record.request_id,
+                                record.timestamp_ms,
+                                position,
+                                signer,
+                            )
+                        )
+                        size += len(data)
+                        expected += 1
+                        if expected > last:
+                            break
+                    position += 1
+                if full or expected > last:
+                    break
+        finally:
+            for reader in readers.values():
+                reader.close()
+        if not full and expected <= last:
+            raise JournalCorrupt(
+                segment_name(0),
+                0,
+                f"the index of session {session_id!r} has no frame for ordinal {expected}",
+            )
+        return events, expected <= last
+
+    def read(
+        self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
+    ) -> Page:
+        """One bounded page of retained events after `cursor` (from the start if None).
+
+        The page holds events while their data totals at most `max_bytes`, and always at
+        least one event if any follows, so one oversized event gets through whole.
+        """
+        self._check_open()
+        if not isinstance(max_bytes, int) or max_bytes < 1:
+            raise InvalidArgument("max_bytes must be an int >= 1")
+        with self._view.env.begin() as txn:
+            row = self._row(txn, session_id)
+            after = self._after_ordinal(row, cursor)
+            events, has_more = self._read_events(txn, row, after, max_bytes)
+        next_cursor = events[-1].cursor if events else cursor
+        return Page(events, next_cursor, has_more)
+
+    def replay(
+        self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
+    ) -> Iterator[Event]:
+        """Every retained event after `cursor`, page by page (what is committed now)."""
+        self._check_open()
+        with self._view.env.begin() as txn:
+            row = self._row(txn, session_id)
+            after = self._after_ordinal(row, cursor)
+        return self._follow(row, after, stop=None, live=False, max_bytes=max_bytes)
+
+    def watch(
+        self,
+        session_id: str,
+        cursor: str | None = None,
+        stop: threading.Event | None = None,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> Iterator[Event]:
+        """Replay the retained events after `cursor`, then follow new ones live.
+
+        Ends by itself when the session is terminal and every event was delivered, or
+        promptly after `stop` is set. Cursor errors are raised here, before iteration.
+        """
+        self._check_open()
+        with self._view.env.begin() as txn:
+            row = self._row(txn, session_id)
+            after = self._after_ordinal(row, cursor)
+        return self._follow(row, after, stop=stop, live=True, max_bytes=max_bytes)
+
+    def _page_after(
+        self, row: SessionRow, after: int, max_bytes: int
+    ) -> tuple[list[Event], bool, bool, int]:
+        """(events, has_more, terminal, committed next position) in one read snapshot."""
+        with self._view.env.begin() as txn:
+            head = self._view.head(txn)
+            current = self._view.row(txn, row.session_id)
+            if current is None or current.incarnation != row.incarnation:
+                raise SessionNotFound(
+                    f"session {row.session_id!r} was evicted while being read; its "
+                    "remaining history is gone"
+                )
+            if after < current.first_ordinal - 1:
+                raise self._expired(current, after)
+            events, has_more = self._read_events(txn, current, after, max_bytes)
+            terminal = current.session_state.terminal
+        return events, has_more, terminal, 1 if head is None else head.next_position
+
+    def _follow(
+        self,
+        row: SessionRow,
+        after: int,
+        *,
+        stop: threading.Event | None,
+        live: bool,
+        max_bytes: int,
+    ) -> Iterator[Event]:
+        while not self._closed:
+            if stop is not None and stop.is_set():
+                return
+            events, has_more, terminal, seen = self._page_after(row, after, max_bytes)
+            if events:
+                after = events[-1].ordinal
+                yield from events
+            if has_more:
+                continue
+            if not live or terminal:
+                if not events or not live:
+                    return
+                continue
+            if not events:
+                self._notifier.wait(seen, stop)
+
+    async def awatch(
+        self,
+        session_id: str,
+        cursor: str | None = None,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> AsyncIterator[Event]:
+        """The asyncio twin of `watch`; cancel the task (or break) to stop."""
+        self._check_open()
+        with self._view.env.begin() as txn:
+            row = self._row(txn, session_id)
+            after = self._after_ordinal(row, cursor)
+        while not self._closed:
+            events, has_more, terminal, seen = self._page_after(row, after, max_bytes)
+            if events:
+                after = events[-1].ordinal
+                for event in events:
+                    yield event
+            if has_more:
+                continue
+            if terminal:
+                if not events:
+                    return
+                continue
+            if not events:
+                await self._notifier.await_change(seen)
+
+    # -- lifecycle feed --------------------------------------------------------------------
+
+    def _lifecycle_after(self, cursor: str | None) -> tuple[int, bool]:
+        """(feed position to resume after, whether to emit the startup snapshot)."""
+        if cursor is None:
+            return 0, True
+        claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._lifecycle_scope)
+        head = self._committed_next_position() - 1
+        if claims.position > head:
+            raise CursorFuture(
+                f"the lifecycle cursor points at position {claims.position} but this store "
+                f"ends at {head}: watch from a cursor this store issued, or without one",
+                head_ordinal=head,
+            )
+        return claims.position, False
+
+    def _lifecycle_event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
+        return LifecycleEvent(
+            event_type=LifecycleEventType(entry.event_type),
+            session=_metadata(entry.row),
+            cursor=self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, position),
+            observed_at_ms=entry.at_ms,
+        )
+
+    def _snapshot(self) -> Iterator[LifecycleEvent | int]:
+        """One CREATED per session, all from one read snapshot; finally its position."""
+        view = self._view
+        with view.env.begin() as txn:
+            head = view.head(txn)
+            point = 0 if head is None else head.next_position - 1
+            cursor_text = self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, point)
+            now = _now_ms()
+            for _, raw in txn.cursor(db=view.sessions):
+                yield LifecycleEvent(
+                    LifecycleEventType.CREATED, _metadata(view.decode_row(raw)), cursor_text, now
+                )
+        yield point
+
+    def _feed_after(self, after: int, limit: int = 256) -> tuple[list[LifecycleEvent], int, int]:
+        """Feed entries after `after` (at most `limit`), the new `after`, the head."""
+        view = self._view
+        events: list[LifecycleEvent] = []
+        with view.env.begin() as txn:
+            head = view.head(txn)
+            cursor = txn.cursor(db=view.feed)
+            positioned = cursor.set_range((after + 1).to_bytes(8, "big"))
+            while positioned and len(events) < limit:
+                position = int.from_bytes(cursor.key(), "big")
+                events.append(self._lifecycle_event(view.decode_feed(cursor.value()), position))
+                after = position
+                positioned = cursor.next()
+        return events, after, 1 if head is None else head.next_position
+
+    def watch_sessions(
+        self, cursor: str | None = None, stop: threading.Event | None = None
+    ) -> Iterator[LifecycleEvent]:
+        """Lifecycle events: with no cursor, one CREATED per existing session first; then
+        live changes. Resuming from an event's cursor yields the changes after it."""
+        self._check_open()
+        after, snapshot = self._lifecycle_after(cursor)
+        return self._watch_sessions(after, snapshot, stop)
+
+    def _watch_sessions(
+        self, after: int, snapshot: bool, stop: threading.Event | None
+    ) -> Iterator[LifecycleEvent]:
+        if snapshot:
+            for item in self._snapshot():
+                if isinstance(item, int):
+                    after = item
+                else:
+                    yield item
+        while not self._closed:
+            if stop is not None and stop.is_set():
+                return
+            events, after, seen = self._feed_after(after)
+            yield from events
+            if not events:
+                self._notifier.wait(seen, stop)
+
+    async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
+        """The asyncio twin of `watch_sessions`."""
+        self._check_open()
+        after, snapshot = self._lifecycle_after(cursor)
+        if snapshot:
+            for item in self._snapshot():
+                if isinstance(item, int):
+                    after = item
+                else:
+                    yield item
+        while not self._closed:
+            events, after, seen = self._feed_after(after)
+            for event in events:
+                yield event
+            if not events:
+                await self._notifier.await_change(seen)
+
+
+class _Planner:
+    """Validates one batch of requests against the state inside the write transaction and
+    turns them into records, in order, as if they were applied one by one."""
+
+    def __init__(self, journal: Journal, txn: lmdb.Transaction, next_position: int, now: int):
+        self.journal = journal
+        self.txn = txn
+        self.view = journal._view
+        self.next_position = next_position
+        self.now = now
+        self.records: list[Record] = []
+        self.sessions: dict[str, _Pending | None] = {}
+        self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
+        self._finishers: list[tuple[_Request, Any]] = []
+
+    def _emit(self, record: Record) -> int:
+        self.records.append(record)
+        position = self.next_position
+        self.next_position += 1
+        return position
+
+    def _pending(self, session_id: str) -> _Pending | None:
+        if session_id not in self.sessions:
+            row = self.view.row(self.txn, session_id)
+            self.sessions[session_id] = None if row is None else _Pending(row)
+        return self.sessions[session_id]
+
+    def _existing(self, session_id: str) -> _Pending:
+        pending = self._pending(session_id)
+        if pending is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: create it first "
+                "(Journal.create_session or `journal sessions list` to check the id)"
+            )
+        return pending
+
+    def plan(self, request: _Request) -> None:
+        getattr(self, "_plan_" + request.op)(request, *request.args)
+
+    def _plan_create(self, request: _Request, record: SessionCreated) -> None:
+        if self._pending(record.session_id) is not None:
+            raise SessionExists(
+                f"session {record.session_id!r} already exists: pick another id, or use "
+                "get_session to inspect it"
+            )
+        record = msgspec.structs.replace(record, created_at_ms=self.now)
+        position = self._emit(record)
+        row = SessionRow(
+            session_id=record.session_id,
+            incarnation=position,
+            state=SessionState.OPEN.wire,
+            mode=record.mode,
+            context_id=record.context_id,
+            tags=record.tags,
+            extensions=record.extensions,
+            created_at_ms=record.created_at_ms,
+            ended_at_ms=None,
+            first_ordinal=1,
+            last_ordinal=0,
+            ttl_ms=record.ttl_ms,
+            max_suspend_ms=record.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=position,
+        )
+        self.sessions[record.session_id] = _Pending(row)
+        self._finishers.append((request, ("feed", position)))
+
+    def _plan_append(
+        self,
+        request: _Request,
+        session_id: str,
+        events: list[EventIn],
+        expected_last_ordinal: int | None,
+        idempotency_key: str | None,
+        digest: bytes,
+    ) -> None:
+        pending = self._existing(session_id)
+        incarnation = pending.incarnation
+        scope = self.journal._scope(pending.row)
+        if idempotency_key is not None:
+            used = self.idem.get((incarnation, idempotency_key))
+            if used is None:
+                entry = self.view.idem_entry(self.txn, incarnation, idempotency_key)
+                if entry is not None:
+                    used = IdempotencyKeyUsed(
+                        incarnation,
+                        idempotency_key,
+                        entry.first_ordinal,
+                        entry.last_ordinal,
+                        entry.digest,
+                        entry.last_position,
+                    )
+            if used is not None:
+                if used.digest != digest:
+                    raise IdempotencyKeyReused(
+                        f"idempotency key {idempotency_key!r} was already used on session "
+                        f"{session_id!r} with different events: use a new key for new events"
+                    )
+                request.result = AppendResult(
+                    session_id,
+                    used.first_ordinal,
+                    used.last_ordinal,
+                    self.journal._codec.encode(
+                        TokenKind.SESSION, scope, used.last_position, used.last_ordinal
+                    ),
+                    deduplicated=True,
+                )
+                return
+        if pending.state is not SessionState.OPEN:
+            hint = (
+                "resume it first"
+                if pending.state is SessionState.SUSPENDED
+                else "it has ended; create a new session"
+            )
+            raise SessionNotWritable(f"session {session_id!r} is {pending.state.value}: {hint}")
+        if expected_last_ordinal is not None and expected_last_ordinal != pending.last_ordinal:
+            raise OrdinalConflict(
+                f"session {session_id!r} ends at ordinal {pending.last_ordinal}, not "
+                f"{expected_last_ordinal}: read the new events and retry",
+                expected=expected_last_ordinal,
+                actual=pending.last_ordinal,
+            )
+        first = pending.last_ordinal + 1
+        ordinal = first
+        position = 0
+        for event in events:
+            position = self._emit(
+                EventAppended(
+                    incarnation, ordinal, self.now, event.type, event.data, event.request_id
+                )
+            )
+            ordinal += 1
+        last = ordinal - 1
+        pending.last_ordinal = last
+        if idempotency_key is not None:
+            used = IdempotencyKeyUsed(incarnation, idempotency_key, first, last, digest, position)
+            self.idem[(incarnation, idempotency_key)] = used
+            self._emit(used)
+        request.result = AppendResult(
+            session_id,
+            first,
+            last,
+            self.journal._codec.encode(TokenKind.SESSION, scope, position, last),
+        )
+
+    def _plan_transition(self, request: _Request, op: str, session_id: str) -> None:
+        pending = self._existing(session_id)
+        allowed, target = _ALLOWED[op]
+        if pending.state not in allowed:
+            if op == "cancel" and pending.state.terminal:
+                self._finishers.append((request, ("row", session_id)))
+                return
+            raise IllegalTransition(
+                f"cannot {op} session {session_id!r}: it is {pending.state.value} "
+                f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
+            )
+        position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
+        pending.state = target
+        self._finishers.append((request, ("feed", position)))
+
+    def _plan_expire(self, request: _Request, now_ms: int | None) -> None:
+        now = self.now if now_ms is None else now_ms
+        view = self.view
+        positions = []
+        cursor = self.txn.cursor(db=view.deadlines)
+        positioned = cursor.first()
+        while positioned:
+            due, incarnation = (
+                int.from_bytes(cursor.key()[:8], "big"),
+                int.from_bytes(cursor.key()[8:], "big"),
+            )
+            if due > now:
+                break
+            positioned = cursor.next()
+            row = view.row_by_incarnation(self.txn, incarnation)
+            if row is None:
+                continue
+            pending = self._pending(row.session_id)
+            if pending is None or pending.incarnation != incarnation or pending.state.terminal:
+                continue
+            position = self._emit(
+                StateChanged(incarnation, SessionState.EXPIRED.wire, self.now, "deadline")
+            )
+            pending.state = SessionState.EXPIRED
+            positions.append(position)
+        self._finishers.append((request, ("feeds", positions)))
+
+    def _feed_metadata(self, position: int) -> SessionMetadata:
+        raw = self.txn.get(position.to_bytes(8, "big"), db=self.view.feed)
+        assert raw is not None, "a planned lifecycle record has no feed entry"
+        return _metadata(self.view.decode_feed(bytes(raw)).row)
+
+    def finish(self, projection: Projection) -> None:
+        """Fill in results that need the projected rows (metadata after each change)."""
+        txn = self.txn
+        for request, (kind, value) in self._finishers:
+            if request.error is not None:
+                continue
+            if kind == "feed":
+                request.result = self._feed_metadata(value)
+            elif kind == "feeds":
+                request.result = [self._feed_metadata(p) for p in value]
+            else:
+                request.result = _metadata(self.journal._row(txn, value))
