@@ -7,7 +7,7 @@ from typing import Final
 from journal.records import EventAppended, Record, decode_frame_body, encode_frame_body
 from journal.segments import SegmentLog
 
-from .events import BASE_TIMESTAMP_MS, EVENT_TYPE, Dataset
+from .events import BASE_TIMESTAMP_MS, EVENT_TYPE, SESSION, Dataset
 from .timing import Measurement, store_files, time_batches, time_read
 
 STORE_ID: Final = b"B" * 16
@@ -53,6 +53,35 @@ def segment_log_scan(directory: str, data: Dataset) -> Measurement:
         count = 0
         for _info, body in log.frames():
             for _record in decode_frame_body(body):
+                count += 1
+        return count
+
+    return time_read(data.count, read_all)
+
+
+def journal_append(directory: str, data: Dataset) -> Measurement:
+    """The public API: `Journal.append` of each batch, durable (fsync) before it returns."""
+    from journal import EventIn, Journal
+
+    with Journal.open(directory, segment_bytes=SEGMENT_BYTES) as j:
+        j.create_session(SESSION)
+
+        def write_batch(first_seq: int, bodies: list[bytes]) -> None:
+            j.append(SESSION, [EventIn(EVENT_TYPE, body) for body in bodies])
+
+        measurement = time_batches(data, write_batch)
+        measurement.files = store_files(directory)
+    return measurement
+
+
+def journal_replay(directory: str, data: Dataset) -> Measurement:
+    """The public API: `Journal.replay` of the whole session into decoded `Event`s."""
+    from journal import Journal
+
+    def read_all() -> int:
+        with Journal.open(directory) as j:
+            count = 0
+            for _event in j.replay(SESSION):
                 count += 1
         return count
 

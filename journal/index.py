@@ -273,23 +273,30 @@ class Projection:
         view = self.view
         indexed: set[int] = set()
         position = info.first_position
+        current = -1
+        row: SessionRow | None = None
         for record in records:
-            kind = type(record)
-            if kind is EventAppended:
-                assert isinstance(record, EventAppended)
-                row = self.row(record.incarnation)
+            if isinstance(record, EventAppended):
+                # Frames are mostly runs of one session's events: look its row up once.
+                if record.incarnation != current:
+                    current = record.incarnation
+                    row = self.row(current)
                 if row is not None and record.ordinal == row.last_ordinal + 1:
                     row.last_ordinal = record.ordinal
                     row.last_event_position = position
                     row.retained_bytes += len(record.data)
-                    if record.incarnation not in indexed:
-                        indexed.add(record.incarnation)
+                    if current not in indexed:
+                        indexed.add(current)
                         txn.put(
-                            U64X2.pack(record.incarnation, record.ordinal),
+                            U64X2.pack(current, record.ordinal),
                             U64X2.pack(info.segment, info.offset),
                             db=view.events,
                         )
-            elif kind is SessionCreated:
+                position += 1
+                continue
+            current = -1
+            kind = record.__class__
+            if kind is SessionCreated:
                 assert isinstance(record, SessionCreated)
                 row = SessionRow(
                     session_id=record.session_id,

@@ -75,53 +75,29 @@ class EventIn(msgspec.Struct, frozen=True):
     request_id: str | None = None
 
 
-class Event:
+class Event(
+    msgspec.Struct, array_like=True, tag_field="record_kind", tag=2, gc=False, weakref=False
+):
     """One retained event of a session, as read back.
 
-    `cursor` is computed on first access (an HMAC per event would dominate replay cost);
-    resuming from it yields the events after this one.
+    Treat it as read-only. `cursor` is computed on first access (an HMAC per event would
+    dominate replay cost); resuming from it yields the events after this one.
+
+    Implementation note: reads decode a frame's event records straight into this type
+    (its leading fields mirror the on-disk `EventAppended` record), which is what makes
+    replay fast; `session_id` and `position` are filled in by the reader.
     """
 
-    __slots__ = (
-        "_cursor",
-        "_signer",
-        "data",
-        "ordinal",
-        "position",
-        "request_id",
-        "session_id",
-        "timestamp_ms",
-        "type",
-    )
-
-    session_id: str
+    _incarnation: int
     ordinal: int
+    timestamp_ms: int
     type: str
     data: bytes
-    request_id: str | None
-    timestamp_ms: int
-    position: int
-
-    def __init__(
-        self,
-        session_id: str,
-        ordinal: int,
-        type: str,
-        data: bytes,
-        request_id: str | None,
-        timestamp_ms: int,
-        position: int,
-        signer: Callable[[int, int], str] | None = None,
-    ) -> None:
-        self.session_id = session_id
-        self.ordinal = ordinal
-        self.type = type
-        self.data = data
-        self.request_id = request_id
-        self.timestamp_ms = timestamp_ms
-        self.position = position
-        self._signer = signer
-        self._cursor: str | None = None
+    request_id: str | None = None
+    session_id: str = ""
+    position: int = 0
+    _signer: Callable[[int, int], str] | None = None
+    _cursor: str | None = None
 
     @property
     def cursor(self) -> str:

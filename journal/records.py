@@ -15,6 +15,8 @@ from typing import Final
 
 import msgspec
 
+from .models import Event
+
 __all__ = [
     "EventAppended",
     "HistoryTrimmed",
@@ -25,6 +27,7 @@ __all__ = [
     "SnapshotTaken",
     "StateChanged",
     "decode_frame_body",
+    "decode_frame_for_read",
     "encode_frame_body",
 ]
 
@@ -117,11 +120,41 @@ Record = (
 # Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.
 _encoder: Final = msgspec.msgpack.Encoder()
 _body_decoder: Final = msgspec.msgpack.Decoder(list[Record])
+# Readers decode event records straight into the public `Event` (same leading layout as
+# `EventAppended`): one C-level pass instead of a record plus a Python object per event.
+_read_decoder: Final = msgspec.msgpack.Decoder(
+    list[
+        SessionCreated
+        | Event
+        | StateChanged
+        | SnapshotTaken
+        | HistoryTrimmed
+        | SessionEvicted
+        | IdempotencyKeyUsed
+    ]
+)
 
 
 def encode_frame_body(records: list[Record]) -> bytes:
     """Encode the records of one frame as a single msgpack array."""
     return _encoder.encode(records)
+
+
+ReadRecord = (
+    SessionCreated
+    | Event
+    | StateChanged
+    | SnapshotTaken
+    | HistoryTrimmed
+    | SessionEvicted
+    | IdempotencyKeyUsed
+)
+
+
+def decode_frame_for_read(body: bytes | memoryview) -> list[ReadRecord]:
+    """Decode one frame body with event records as `Event`s (for the read path)."""
+    result: list[ReadRecord] = _read_decoder.decode(body)
+    return result
 
 
 def decode_frame_body(body: bytes | memoryview) -> list[Record]:

@@ -569,6 +569,11 @@ class SegmentWriter:
         self.next_position = base_position
         self.frame_count = 0
         self._allocated = os.fstat(self._fd).st_size
+        # The sidecar, built as frames are appended so sealing needs no rescan. None when
+        # this writer did not see every frame of the segment (then sealing scans it).
+        self._summary: tuple[list[tuple[int, int, int]], dict[int, list[tuple[int, int, int]]]]
+        self._summary_valid = False
+        self._summary = ([], {})
 
     @classmethod
     def create(
@@ -584,7 +589,9 @@ class SegmentWriter:
         finally:
             os.close(fd)
         _fsync_dir(directory)
-        return cls(directory, base_position, sync=sync)
+        writer = cls(directory, base_position, sync=sync)
+        writer._summary_valid = True
+        return writer
 
     def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
         """Find the committed frames, cut off a torn tail, and position for appends.
@@ -621,6 +628,8 @@ class SegmentWriter:
         Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
         are cut off (the caller holds the write lock, so nobody is writing them now).
         """
+        if (end_offset, next_position) != (self.end_offset, self.next_position):
+            self._summary_valid = False
         self.end_offset = end_offset
         self.next_position = next_position
         self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
@@ -633,8 +642,18 @@ class SegmentWriter:
                 os.fsync(self._fd)
                 self._allocated = end_offset
 
-    def append(self, body: bytes, first_position: int, count: int) -> FrameInfo:
-        """Write one frame at the end; durable after `sync()` (or now if sync is on)."""
+    def append(
+        self,
+        body: bytes,
+        first_position: int,
+        count: int,
+        runs: dict[int, tuple[int, int]] | None = None,
+    ) -> FrameInfo:
+        """Write one frame at the end; durable after `sync()` (or now if sync is on).
+
+        `runs` (incarnation -> first and last ordinal of its events in this frame) feeds the
+        sidecar kept in memory; without it the segment is rescanned when sealed.
+        """
         if first_position != self.next_position:
             raise ValueError(
                 f"frame starts at position {first_position}, expected {self.next_position}"
@@ -650,9 +669,30 @@ class SegmentWriter:
         self.end_offset = end
         self.next_position = first_position + count
         self.frame_count += 1
+        if runs is None:
+            self._summary_valid = False
+        elif self._summary_valid:
+            frames, sessions = self._summary
+            frames.append((offset, first_position, count))
+            for incarnation, (first, last) in runs.items():
+                sessions.setdefault(incarnation, []).append((first, last, offset))
         if self.sync_enabled:
             os.fdatasync(self._fd)
         return FrameInfo(self.base_position, offset, first_position, count, len(body))
+
+    def summary(self) -> SegmentSummary | None:
+        """The sidecar of this segment as written so far, if this writer saw every frame."""
+        if not self._summary_valid:
+            return None
+        frames, sessions = self._summary
+        return SegmentSummary(
+            FORMAT_VERSION,
+            self.base_position,
+            self.next_position - 1,
+            self.end_offset,
+            list(frames),
+            {k: list(v) for k, v in sessions.items()},
+        )
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
@@ -855,7 +895,9 @@ class SegmentLog:
     def next_position(self) -> int:
         return self.writer.next_position
 
-    def append(self, body: bytes, count: int) -> FrameInfo:
+    def append(
+        self, body: bytes, count: int, runs: dict[int, tuple[int, int]] | None = None
+    ) -> FrameInfo:
         """Append one frame of `count` records, rotating first if the segment is full."""
         writer = self.writer
         if (
@@ -864,7 +906,7 @@ class SegmentLog:
         ):
             self.rotate()
             writer = self.writer
-        return writer.append(body, writer.next_position, count)
+        return writer.append(body, writer.next_position, count, runs)
 
     def rotate(self) -> int:
         """Seal the active segment and start a new one; returns the sealed segment's base."""
@@ -872,16 +914,20 @@ class SegmentLog:
         sealed = writer.base_position
         writer.finish()
         next_position = writer.next_position
+        known = writer.summary()
         writer.close()
         self._writer = SegmentWriter.create(
             self.directory, self.store_id, next_position, sync=self.sync
         )
-        self.seal(sealed)
+        self.seal(sealed, known)
         return sealed
 
-    def seal(self, base_position: int) -> SegmentSummary:
-        """Write the sidecar of a sealed segment (compressing it first if configured)."""
-        summary = summarize_segment(self.directory, base_position)
+    def seal(self, base_position: int, known: SegmentSummary | None = None) -> SegmentSummary:
+        """Write the sidecar of a sealed segment (compressing it first if configured).
+
+        `known` is the writer's in-memory summary; without it the segment is scanned.
+        """
+        summary = known if known is not None else summarize_segment(self.directory, base_position)
         if self.compress_sealed:
             summary.blocks = compress_segment(self.directory, base_position)
         write_summary(self.directory, summary)

@@ -66,6 +66,7 @@ from .records import (
     SessionCreated,
     StateChanged,
     decode_frame_body,
+    decode_frame_for_read,
     encode_frame_body,
 )
 from .segments import (
@@ -106,12 +107,16 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _boot_id() -> str:
+def _read_boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
     except OSError:
         return ""
+
+
+# Constant for the life of the process: read once.
+_BOOT_ID: Final = _read_boot_id().encode()
 
 
 def _check_name(what: str, value: object) -> str:
@@ -333,6 +338,8 @@ class Journal:
             sync=durability == "fsync",
             compress_sealed=compress_sealed,
         )
+        # Event type names already validated: a deliberate, bounded cache (types repeat).
+        self._checked_types: set[str] = set()
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._leading = False
@@ -493,7 +500,9 @@ class Journal:
                 writer = log.writer
                 before = (writer.base_position, writer.end_offset, writer.next_position)
                 try:
-                    info = log.append(encode_frame_body(planner.records), len(planner.records))
+                    info = log.append(
+                        encode_frame_body(planner.records), len(planner.records), planner.runs
+                    )
                     projection.apply(info, planner.records)
                     projection.flush()
                 except BaseException:
@@ -524,12 +533,13 @@ class Journal:
             bases = log.bases()
             if not bases:
                 os.makedirs(log.directory, exist_ok=True)
-                SegmentWriter.create(log.directory, self.store_id, 1).close()
+                log._writer = SegmentWriter.create(
+                    log.directory, self.store_id, 1, sync=self.durability == "fsync"
+                )
                 bases = [1]
             head = Head(bases[0], SEGMENT_HEADER_SIZE, bases[0], 0)
-        boot = _boot_id()
-        if txn.get(b"boot", db=view.meta) != boot.encode():
-            txn.put(b"boot", boot.encode(), db=view.meta)
+        if txn.get(b"boot", db=view.meta) != _BOOT_ID:
+            txn.put(b"boot", _BOOT_ID, db=view.meta)
         writer = log._writer
         if (
             writer is not None
@@ -661,25 +671,22 @@ class Journal:
             raise InvalidArgument(
                 f"{len(events)} events in one append; the limit is {MAX_BATCH_EVENTS}: split it"
             )
+        # Fast path: one cheap pass; anything unusual goes through the precise checks.
         total = 0
-        for i, event in enumerate(events):
-            if not isinstance(event, EventIn):
-                raise InvalidArgument(f"events[{i}] is a {type(event).__name__}, not an EventIn")
-            if not isinstance(event.data, bytes):
-                raise InvalidArgument(
-                    f"events[{i}].data is a {type(event.data).__name__}; it must be bytes "
-                    "(encode text or JSON first)"
-                )
-            if len(event.data) > MAX_EVENT_BYTES:
-                raise InvalidArgument(
-                    f"events[{i}].data is {len(event.data)} bytes; the limit is "
-                    f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
-                    "and append a reference"
-                )
-            _check_name(f"events[{i}].type", event.type)
-            if event.request_id is not None and not isinstance(event.request_id, str):
-                raise InvalidArgument(f"events[{i}].request_id must be a str or None")
+        checked = self._checked_types
+        for event in events:
+            if (
+                event.__class__ is not EventIn
+                or event.data.__class__ is not bytes
+                or event.type not in checked
+                or (event.request_id is not None and event.request_id.__class__ is not str)
+            ):
+                total = self._check_events(events)
+                break
             total += len(event.data)
+        else:
+            if total > MAX_EVENT_BYTES:
+                self._check_events(events)
         if total > MAX_BATCH_BYTES:
             raise InvalidArgument(
                 f"one append of {total} bytes exceeds {MAX_BATCH_BYTES} bytes: split it"
@@ -698,6 +705,32 @@ class Journal:
             "append", session_id, list(events), expected_last_ordinal, idempotency_key, digest
         )
         return result
+
+    def _check_events(self, events: Sequence[EventIn]) -> int:
+        """Validate every event precisely (raising the first problem); total data bytes."""
+        total = 0
+        for i, event in enumerate(events):
+            if not isinstance(event, EventIn):
+                raise InvalidArgument(f"events[{i}] is a {type(event).__name__}, not an EventIn")
+            if not isinstance(event.data, bytes):
+                raise InvalidArgument(
+                    f"events[{i}].data is a {type(event.data).__name__}; it must be bytes "
+                    "(encode text or JSON first)"
+                )
+            if len(event.data) > MAX_EVENT_BYTES:
+                raise InvalidArgument(
+                    f"events[{i}].data is {len(event.data)} bytes; the limit is "
+                    f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
+                    "and append a reference"
+                )
+            if event.type not in self._checked_types:
+                _check_name(f"events[{i}].type", event.type)
+                if len(self._checked_types) < 4096:
+                    self._checked_types.add(event.type)
+            if event.request_id is not None and not isinstance(event.request_id, str):
+                raise InvalidArgument(f"events[{i}].request_id must be a str or None")
+            total += len(event.data)
+        return total
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
         """OPEN -> SUSPENDED (appends are refused until resumed)."""
@@ -840,7 +873,12 @@ class Journal:
         )
 
     def _read_events(
-        self, txn: lmdb.Transaction, row: SessionRow, after: int, max_bytes: int
+        self,
+        txn: lmdb.Transaction,
+        row: SessionRow,
+        after: int,
+        max_bytes: int,
+        readers: dict[int, SegmentReader] | None = None,
     ) -> tuple[list[Event], bool]:
         """Events after ordinal `after` up to about `max_bytes`, and whether more follow."""
         start = after + 1
@@ -853,9 +891,13 @@ class Journal:
         events: list[Event] = []
         size = 0
         expected = start
-        readers: dict[int, SegmentReader] = {}
+        # A follower passes its own readers so read-ahead chunks survive across pages.
+        owned = readers is None
+        if readers is None:
+            readers = {}
         directory = self._log.directory
         full = False
+        append = events.append
         try:
             for _, segment, offset in self._view.iter_frame_locations(txn, incarnation, start):
                 reader = readers.get(segment)
@@ -863,49 +905,41 @@ class Journal:
                     reader = readers[segment] = SegmentReader(directory, segment)
                 info, body = reader.read_frame(offset)
                 try:
-                    records = decode_frame_body(body)
+                    records = decode_frame_for_read(body)
                 except msgspec.DecodeError as e:
                     raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
                 position = info.first_position
+                # The hot loop of every read: kept flat, no calls but the list append.
                 for record in records:
-                    if (
-                        type(record) is EventAppended
-                        and record.incarnation == incarnation
-                        and record.ordinal >= expected
-                    ):
-                        if record.ordinal != expected:
-                            raise JournalCorrupt(
-                                reader.name,
-                                offset,
-                                f"session {session_id!r} skips from ordinal {expected - 1} "
-                                f"to {record.ordinal}",
-                            )
-                        data = record.data
-                        if events and size + len(data) > max_bytes:
-                            full = True
-                            break
-                        events.append(
-                            Event(
-                                session_id,
-                                record.ordinal,
-                                record.type,
-                                data,
-                                record.request_id,
-                                record.timestamp_ms,
-                                position,
-                                signer,
-                            )
-                        )
-                        size += len(data)
-                        expected += 1
-                        if expected > last:
-                            break
+                    if record.__class__ is Event and record._incarnation == incarnation:
+                        ordinal = record.ordinal
+                        if ordinal >= expected:
+                            if ordinal != expected:
+                                raise JournalCorrupt(
+                                    reader.name,
+                                    offset,
+                                    f"session {session_id!r} skips from ordinal "
+                                    f"{expected - 1} to {ordinal}",
+                                )
+                            length = len(record.data)
+                            if events and size + length > max_bytes:
+                                full = True
+                                break
+                            record.session_id = session_id
+                            record.position = position
+                            record._signer = signer
+                            append(record)
+                            size += length
+                            expected += 1
+                            if expected > last:
+                                break
                     position += 1
                 if full or expected > last:
                     break
         finally:
-            for reader in readers.values():
-                reader.close()
+            if owned:
+                for reader in readers.values():
+                    reader.close()
         if not full and expected <= last:
             raise JournalCorrupt(
                 segment_name(0),
@@ -961,7 +995,7 @@ class Journal:
         return self._follow(row, after, stop=stop, live=True, max_bytes=max_bytes)
 
     def _page_after(
-        self, row: SessionRow, after: int, max_bytes: int
+        self, row: SessionRow, after: int, max_bytes: int, readers: dict[int, SegmentReader]
     ) -> tuple[list[Event], bool, bool, int]:
         """(events, has_more, terminal, committed next position) in one read snapshot."""
         with self._view.env.begin() as txn:
@@ -974,7 +1008,7 @@ class Journal:
                 )
             if after < current.first_ordinal - 1:
                 raise self._expired(current, after)
-            events, has_more = self._read_events(txn, current, after, max_bytes)
+            events, has_more = self._read_events(txn, current, after, max_bytes, readers)
             terminal = current.session_state.terminal
         return events, has_more, terminal, 1 if head is None else head.next_position
 
@@ -987,21 +1021,26 @@ class Journal:
         live: bool,
         max_bytes: int,
     ) -> Iterator[Event]:
-        while not self._closed:
-            if stop is not None and stop.is_set():
-                return
-            events, has_more, terminal, seen = self._page_after(row, after, max_bytes)
-            if events:
-                after = events[-1].ordinal
-                yield from events
-            if has_more:
-                continue
-            if not live or terminal:
-                if not events or not live:
+        readers: dict[int, SegmentReader] = {}
+        try:
+            while not self._closed:
+                if stop is not None and stop.is_set():
                     return
-                continue
-            if not events:
-                self._notifier.wait(seen, stop)
+                events, has_more, terminal, seen = self._page_after(row, after, max_bytes, readers)
+                if events:
+                    after = events[-1].ordinal
+                    yield from events
+                if has_more:
+                    continue
+                if not live or terminal:
+                    if not events or not live:
+                        return
+                    continue
+                if not events:
+                    self._notifier.wait(seen, stop)
+        finally:
+            for reader in readers.values():
+                reader.close()
 
     async def awatch(
         self,
@@ -1014,20 +1053,25 @@ class Journal:
         with self._view.env.begin() as txn:
             row = self._row(txn, session_id)
             after = self._after_ordinal(row, cursor)
-        while not self._closed:
-            events, has_more, terminal, seen = self._page_after(row, after, max_bytes)
-            if events:
-                after = events[-1].ordinal
-                for event in events:
-                    yield event
-            if has_more:
-                continue
-            if terminal:
+        readers: dict[int, SegmentReader] = {}
+        try:
+            while not self._closed:
+                events, has_more, terminal, seen = self._page_after(row, after, max_bytes, readers)
+                if events:
+                    after = events[-1].ordinal
+                    for event in events:
+                        yield event
+                if has_more:
+                    continue
+                if terminal:
+                    if not events:
+                        return
+                    continue
                 if not events:
-                    return
-                continue
-            if not events:
-                await self._notifier.await_change(seen)
+                    await self._notifier.await_change(seen)
+        finally:
+            for reader in readers.values():
+                reader.close()
 
     # -- lifecycle feed --------------------------------------------------------------------
 
@@ -1139,6 +1183,8 @@ class _Planner:
         self.records: list[Record] = []
         self.sessions: dict[str, _Pending | None] = {}
         self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
+        # incarnation -> (first, last) ordinal of its events in this frame, for the sidecar.
+        self.runs: dict[int, tuple[int, int]] = {}
         self._finishers: list[tuple[_Request, Any]] = []
 
     def _emit(self, record: Record) -> int:
@@ -1249,15 +1295,18 @@ class _Planner:
                 actual=pending.last_ordinal,
             )
         first = pending.last_ordinal + 1
-        ordinal = first
-        position = 0
-        for event in events:
-            position = self._emit(
-                EventAppended(
-                    incarnation, ordinal, self.now, event.type, event.data, event.request_id
-                )
-            )
-            ordinal += 1
+        now = self.now
+        self.records.extend(
+            [
+                EventAppended(incarnation, first + i, now, e.type, e.data, e.request_id)
+                for i, e in enumerate(events)
+            ]
+        )
+        self.next_position += len(events)
+        position = self.next_position - 1
+        ordinal = first + len(events)
+        run = self.runs.get(incarnation)
+        self.runs[incarnation] = (run[0] if run else first, ordinal - 1)
         last = ordinal - 1
         pending.last_ordinal = last
         if idempotency_key is not None:

@@ -216,3 +216,28 @@ def test_other_store_segments_are_refused(tmp_path: Path) -> None:
 
     with pytest.raises(StoreIncompatible):
         SegmentLog(str(tmp_path), b"T" * 16).open_writer()
+
+
+def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
+    from journal.segments import summarize_segment
+
+    log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=16384)
+    log.open_writer()  # a fresh store: the writer sees every frame it will seal
+    ordinals = {1: 0, 2: 0, 3: 0}
+    for i in range(60):
+        incarnations = [1 + (i % 3)] if i % 4 else [1, 2]
+        records: list[Record] = []
+        runs = {}
+        for inc in incarnations:
+            first = ordinals[inc] + 1
+            for _ in range(1 + i % 3):
+                ordinals[inc] += 1
+                records.append(EventAppended(inc, ordinals[inc], 0, "m", os.urandom(200)))
+            runs[inc] = (first, ordinals[inc])
+        log.append(encode_frame_body(records), len(records), runs)
+    sealed = log.segments()[:-1]
+    assert len(sealed) >= 2
+    for segment in sealed:
+        written = read_summary(str(tmp_path), segment.base_position)
+        assert written == summarize_segment(str(tmp_path), segment.base_position)
+    log.close()
