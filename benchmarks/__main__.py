@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import report
+from . import latency, report
 from .events import make_dataset
 from .workloads import ROWS, plan
 
@@ -36,6 +36,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dir",
         metavar="PATH",
         help="make the temporary stores under PATH (default: the system temp directory)",
+    )
+    parser.add_argument(
+        "--resume-events",
+        type=_positive,
+        default=1_000_000,
+        help="size of the session for the resume-from-the-middle row (default 1000000)",
+    )
+    parser.add_argument(
+        "--no-latency",
+        action="store_true",
+        help="skip the concurrency and latency rows",
     )
     parser.add_argument(
         "--only",
@@ -75,8 +86,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if usage:
             print()
             print("\n".join(usage))
+        extras: list[latency.Extra] = []
+        if not args.no_latency and not args.only:
+            extra_dir = os.path.join(root, "latency")
+            os.makedirs(extra_dir)
+            extras = latency.run(extra_dir, args.resume_events)
+            print()
+            print("\n".join(latency.table(extras)))
         if args.json:
-            report.write_json(args.json, results)
+            report.write_json(args.json, results, extras)
             print(f"\nwrote {args.json}")
     finally:
         shutil.rmtree(root)

@@ -193,7 +193,19 @@ def json_rows(results: Sequence[Result]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_json(path: str, results: Sequence[Result]) -> None:
+def write_json(path: str, results: Sequence[Result], extras: Sequence[Any] = ()) -> None:
+    rows = json_rows(results)
+    for extra in extras:
+        rows.append(
+            {
+                "name": extra.name,
+                "kind": "latency" if extra.unit.startswith("ms") else "throughput",
+                "value": extra.value,
+                "unit": extra.unit,
+                "ratios": {extra.baseline: extra.ratio} if extra.ratio is not None else {},
+                "latency_ms": extra.detail or None,
+            }
+        )
     with open(path, "w") as out:
-        json.dump(json_rows(results), out, indent=2)
+        json.dump(rows, out, indent=2)
         out.write("\n")

@@ -156,11 +156,12 @@ def _metadata(row: SessionRow) -> SessionMetadata:
 
 
 class _Request:
-    __slots__ = ("args", "done", "error", "op", "result")
+    __slots__ = ("args", "done", "error", "op", "result", "wake")
 
     def __init__(self, op: str, args: tuple[Any, ...]) -> None:
         self.op = op
         self.args = args
+        self.wake: threading.Event | None = None
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -340,6 +341,7 @@ class Journal:
         )
         # Event type names already validated: a deliberate, bounded cache (types repeat).
         self._checked_types: set[str] = set()
+        self._scopes: dict[tuple[str, int], bytes] = {}
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._leading = False
@@ -440,24 +442,36 @@ class Journal:
             )
         self._check_open()
         request = _Request(op, args)
+        # Leader/follower group commit: the first queued request leads; the others sleep
+        # on their own event (no thundering herd) until their batch is done, or until the
+        # finishing leader hands leadership to the oldest waiting request.
         with self._cv:
             self._queue.append(request)
-            while not request.done and self._leading:
-                self._cv.wait()
-            if request.done:
-                batch: list[_Request] = []
-            else:
+            lead = not self._leading
+            if lead:
                 self._leading = True
+            else:
+                request.wake = threading.Event()
+        if request.wake is not None:
+            request.wake.wait()
+        if not request.done:
+            with self._cv:
                 batch, self._queue = self._queue, []
-        if batch:
             try:
                 self._run_commit(batch)
             finally:
                 with self._cv:
-                    self._leading = False
                     for r in batch:
                         r.done = True
-                    self._cv.notify_all()
+                    successor = self._queue[0] if self._queue else None
+                    if successor is None:
+                        self._leading = False
+                        self._cv.notify_all()
+                for r in batch:
+                    if r.wake is not None and r is not request:
+                        r.wake.set()
+                if successor is not None and successor.wake is not None:
+                    successor.wake.set()
         if request.error is not None:
             raise request.error
         return request.result
@@ -598,6 +612,10 @@ class Journal:
         probe = os.pread(writer._fd, FRAME_HEADER_SIZE, head.end_offset)
         if probe.strip(b"\0"):
             return True
+        if len(probe) == FRAME_HEADER_SIZE:
+            # Preallocated zeros follow our last frame: nobody appended, and nobody sealed
+            # this segment (sealing truncates the zeros first).
+            return False
         return os.path.exists(os.path.join(self._log.directory, segment_name(head.next_position)))
 
     # -- sessions: writes ------------------------------------------------------------------
@@ -843,7 +861,14 @@ class Journal:
     # -- events: reads ---------------------------------------------------------------------
 
     def _scope(self, row: SessionRow) -> bytes:
-        return scope_digest(self.store_id, row.session_id, row.incarnation)
+        key = (row.session_id, row.incarnation)
+        scope = self._scopes.get(key)
+        if scope is None:
+            # A deliberate, bounded cache: one SHA-256 per session, not per append.
+            if len(self._scopes) >= 65536:
+                self._scopes.clear()
+            scope = self._scopes[key] = scope_digest(self.store_id, row.session_id, row.incarnation)
+        return scope
 
     def _after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
         if cursor is None:
