@@ -13,10 +13,12 @@ acknowledged; a crash after it leaves a frame the next writer indexes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -331,6 +333,8 @@ class Journal:
             key_ring = KeyRing.load_or_create(os.path.join(path, "keys"))
         self._codec = TokenCodec(key_ring)
         self._lifecycle_scope = scope_digest(self.store_id, purpose="lifecycle")
+        if not readonly:
+            self._discard_view_after_reboot(path)
         self._view = View(os.path.join(path, "index"), readonly=readonly)
         self._log = SegmentLog(
             os.path.join(path, "segments"),
@@ -354,6 +358,47 @@ class Journal:
             finally:
                 with self._cv:
                     self._leading = False
+
+    @staticmethod
+    def _discard_view_after_reboot(path: str) -> None:
+        """Drop the LMDB view if the machine restarted since a writer last used it.
+
+        LMDB's own fsync is off (the view is derived), so after a power cut its file may be
+        torn. A writer records the boot id in `view-boot`; a different boot id means the
+        view is not trusted: it is moved aside and rebuilt from the segments, which were
+        synced. Runs under `locks/open.lock` so concurrent openers do it once.
+        """
+        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
+        marker = os.path.join(path, "view-boot")
+        lock_fd = os.open(os.path.join(path, "locks", "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                with open(marker, "rb") as f:
+                    recorded = f.read().strip()
+            except FileNotFoundError:
+                recorded = None
+            if recorded == _BOOT_ID:
+                return
+            index = os.path.join(path, "index")
+            if recorded is not None and os.path.isdir(index):
+                stale = f"{index}.stale-{os.getpid()}"
+                os.rename(index, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            os.makedirs(index, exist_ok=True)
+            temporary = f"{marker}.{os.getpid()}.tmp"
+            with open(temporary, "wb") as f:
+                f.write(_BOOT_ID)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, marker)
+            directory_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(directory_fd)
+            finally:
+                os.close(directory_fd)
+        finally:
+            os.close(lock_fd)
 
     @staticmethod
     def _create_store(path: str) -> None:
