@@ -1,17 +1,66 @@
-"""Entry point of the `journal` command: global options and the command group."""
+"""Entry point of the `journal` command: global options, error handling and the event
+commands (`init`, `append`, `read`, `watch`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from collections.abc import Sequence
+from contextlib import suppress
+from typing import Any
 
 import click
 
 import journal
 
+from .demo import demo
+from .output import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    CommandFailed,
+    Output,
+    Settings,
+    event_record,
+    event_text,
+    pass_settings,
+    silence_stdout,
+    stop_when_reader_leaves,
+)
+from .sessions import sessions
+
 FORMATS = ("text", "json", "quiet")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class JournalGroup(click.Group):
+    """The root group: turns library errors, a closed pipe and Ctrl+C into one-line
+    messages and exit statuses instead of tracebacks."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (journal.JournalError, CommandFailed) as error:
+            settings = ctx.find_object(Settings)
+            output = settings.output if settings is not None else Output("text")
+            ctx.exit(output.error(error))
+        except BrokenPipeError:
+            # The reader went away (`journal watch ... | head`): that is a normal end.
+            silence_stdout()
+            ctx.exit(0)
+        except KeyboardInterrupt:
+            ctx.exit(EXIT_INTERRUPTED)
+        except OSError as error:
+            # e.g. a --store path that cannot be created: the library lets these through
+            settings = ctx.find_object(Settings)
+            output = settings.output if settings is not None else Output("text")
+            ctx.exit(output.error(CommandFailed(str(error), code="OS_ERROR")))
+
+
+@click.group(
+    cls=JournalGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=EXIT_CODES_HELP,
+)
 @click.version_option(journal.__version__, "-V", "--version", prog_name="journal")
 @click.option(
     "--store",
@@ -26,9 +75,210 @@ FORMATS = ("text", "json", "quiet")
     type=click.Choice(FORMATS),
     default="text",
     show_default=True,
-    help="Output: human text, NDJSON (one object per line), or nothing.",
+    help="Output: human text, NDJSON (one object per line), or nothing (errors still go "
+    "to stderr).",
 )
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:
     """Event-sourced session journal: append, replay, watch and discover agent sessions."""
-    ctx.obj = {"store": store, "format": output_format}
+    ctx.obj = Settings(store=store, output=Output(output_format))
+
+
+session_option = click.option(
+    "-s", "--session", "session_id", required=True, metavar="ID", help="Session id."
+)
+cursor_option = click.option(
+    "--cursor",
+    metavar="CURSOR",
+    default=None,
+    help="Resume after the event this cursor belongs to (exclusive); default: the start.",
+)
+
+
+@main.command()
+@pass_settings
+def init(settings: Settings) -> None:
+    """Create the store (if it does not exist yet) and print its path."""
+    path = os.path.abspath(settings.store)
+    created = False
+    try:
+        journal.Journal.open(path, create=False).close()
+    except journal.StoreNotFound:
+        journal.Journal.open(path, create=True).close()
+        created = True
+    settings.output.emit({"store": path, "created": created}, path)
+
+
+@main.command()
+@session_option
+@click.option("--create", is_flag=True, help="Create the session if it does not exist.")
+@click.option(
+    "--type",
+    "event_type",
+    default="message",
+    show_default=True,
+    help="Event type for DATA arguments and stdin lines that do not name one.",
+)
+@click.option("--request-id", default=None, help="Request id for events that do not name one.")
+@click.option(
+    "--expected-last",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Append only if the session's last ordinal is N (optimistic concurrency).",
+)
+@click.option(
+    "--idempotency-key",
+    default=None,
+    metavar="KEY",
+    help="Appending the same events again with this key writes nothing.",
+)
+@click.argument("data", nargs=-1)
+@pass_settings
+def append(
+    settings: Settings,
+    session_id: str,
+    create: bool,
+    event_type: str,
+    request_id: str | None,
+    expected_last: int | None,
+    idempotency_key: str | None,
+    data: tuple[str, ...],
+) -> None:
+    """Append events to a session, all in one batch.
+
+    Each DATA argument is one event (its UTF-8 bytes). Without DATA, stdin is read as
+    NDJSON: a line that is an object with a "data" key and no keys besides "type", "data"
+    and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
+    other JSON value compactly re-serialized); any other JSON line is stored as it is,
+    with type --type.
+    """
+    if data:
+        events = [
+            journal.EventIn(event_type, arg.encode("utf-8", "surrogateescape"), request_id)
+            for arg in data
+        ]
+    else:
+        stdin = click.get_binary_stream("stdin")
+        events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
+    if not events:
+        raise journal.InvalidArgument(
+            "nothing to append: pass DATA arguments or NDJSON lines on stdin"
+        )
+    with settings.open() as store:
+        if create:
+            with suppress(journal.SessionExists):
+                store.create_session(session_id)
+        result = store.append(
+            session_id,
+            events,
+            expected_last_ordinal=expected_last,
+            idempotency_key=idempotency_key,
+        )
+    record = {
+        "session_id": result.session_id,
+        "first_ordinal": result.first_ordinal,
+        "last_ordinal": result.last_ordinal,
+        "cursor": result.cursor,
+        "deduplicated": result.deduplicated,
+    }
+    span = f"#{result.first_ordinal}"
+    if result.last_ordinal != result.first_ordinal:
+        span += f"..#{result.last_ordinal}"
+    note = " (deduplicated: already appended with this key)" if result.deduplicated else ""
+    settings.output.emit(
+        record, f"appended {result.session_id} {span}{note} cursor={result.cursor}"
+    )
+
+
+_ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
+
+
+def events_from_ndjson(
+    lines: Sequence[bytes], default_type: str, default_request_id: str | None
+) -> list[journal.EventIn]:
+    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped."""
+    events = []
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+        except ValueError as e:
+            raise journal.InvalidArgument(
+                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
+            ) from None
+        if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
+            payload = value["data"]
+            if not isinstance(payload, str):
+                payload = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+            try:
+                body = payload.encode("utf-8")
+            except UnicodeEncodeError:
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
+                ) from None
+            event_type = value.get("type", default_type)
+            request = value.get("request_id", default_request_id)
+            if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
+                raise journal.InvalidArgument(
+                    f'stdin line {number}: "type" and "request_id" must be strings'
+                )
+            events.append(journal.EventIn(event_type, body, request))
+        else:
+            events.append(journal.EventIn(default_type, line, default_request_id))
+    return events
+
+
+@main.command()
+@session_option
+@cursor_option
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=journal.DEFAULT_PAGE_BYTES,
+    show_default=True,
+    help="Page size in payload bytes (one larger event still comes whole).",
+)
+@pass_settings
+def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int) -> None:
+    """Print one page of a session's events, then where to continue."""
+    output = settings.output
+    with settings.open() as store:
+        page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
+        for event in page.events:
+            output.emit(event_record(event), event_text(event))
+    if page.next_cursor is None:
+        trailer = "-- no events"
+    else:
+        more = " (more events follow: pass it as --cursor)" if page.has_more else ""
+        trailer = f"-- next cursor: {page.next_cursor}{more}"
+    output.emit({"next_cursor": page.next_cursor, "has_more": page.has_more}, trailer)
+
+
+@main.command()
+@session_option
+@cursor_option
+@pass_settings
+def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
+    """Replay a session's events, then follow new ones live.
+
+    Ends by itself once the session is resolved, expired or cancelled and every event was
+    printed; Ctrl+C stops earlier (exit status 130).
+    """
+    output = settings.output
+    reader_gone = threading.Event()
+    stop_when_reader_leaves(reader_gone)
+    with settings.open() as store:
+        for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
+            output.emit(event_record(event), event_text(event))
+        if reader_gone.is_set():
+            raise BrokenPipeError  # ends quietly with status 0, like a failed write
+        if not output.json:
+            state = store.get_session(session_id).state.value
+            output.emit({}, f"-- session {session_id} is {state}: watch ended")
+
+
+main.add_command(sessions)
+main.add_command(demo)

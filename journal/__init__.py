@@ -25,6 +25,7 @@ from .errors import SessionNotFound as SessionNotFound
 from .errors import SessionNotWritable as SessionNotWritable
 from .errors import StoreIncompatible as StoreIncompatible
 from .errors import StoreNotFound as StoreNotFound
+from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
 from .models import AppendResult as AppendResult
 from .models import Event as Event
@@ -82,6 +83,7 @@ __all__ = [
     "Snapshot",
     "StoreIncompatible",
     "StoreNotFound",
+    "StoreUnavailable",
     "TokenError",
     "__version__",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "SessionNotWritable",
     "StoreIncompatible",
     "StoreNotFound",
+    "StoreUnavailable",
     "TokenError",
 ]
 
@@ -131,6 +132,14 @@ class ReadOnlyStore(JournalError):
 
     code = "READ_ONLY"
     status = "FAILED_PRECONDITION"
+
+
+class StoreUnavailable(JournalError):
+    """The store's files cannot be opened or created (permissions, a file in the way, a
+    missing parent directory); `errno` says why."""
+
+    code = "STORE_UNAVAILABLE"
+    status = "UNAVAILABLE"
 
 
 class StoreNotFound(JournalError):

@@ -146,15 +146,23 @@ class View:
             lock=True,
             subdir=True,
         )
-        with self.env.begin(write=not readonly) as txn:
-            create = not readonly
-            self.meta = self.env.open_db(b"meta", txn=txn, create=create)
-            self.sessions = self.env.open_db(b"sessions", txn=txn, create=create)
-            self.incarnations = self.env.open_db(b"incarnations", txn=txn, create=create)
-            self.events = self.env.open_db(b"events", txn=txn, create=create)
-            self.idem = self.env.open_db(b"idem", txn=txn, create=create)
-            self.feed = self.env.open_db(b"feed", txn=txn, create=create)
-            self.deadlines = self.env.open_db(b"deadlines", txn=txn, create=create)
+        names = (b"meta", b"sessions", b"incarnations", b"events", b"idem", b"feed", b"deadlines")
+        if readonly:
+            # Handles opened inside a read transaction die with it: let LMDB open them in
+            # its own (committed) transaction instead.
+            handles = [self.env.open_db(name, create=False) for name in names]
+        else:
+            with self.env.begin(write=True) as txn:
+                handles = [self.env.open_db(name, txn=txn, create=True) for name in names]
+        (
+            self.meta,
+            self.sessions,
+            self.incarnations,
+            self.events,
+            self.idem,
+            self.feed,
+            self.deadlines,
+        ) = handles
 
     def close(self) -> None:
         self.env.close()

@@ -582,12 +582,19 @@ class SegmentWriter:
         """Create a new, empty active segment (file and directory entry synced)."""
         header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
         path = os.path.join(directory, segment_name(base_position))
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        # Born complete: the header is written and synced under a temporary name, then
+        # renamed, so a crash never leaves a segment without its header.
+        temporary = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, header.encode())
             os.fsync(fd)
         finally:
             os.close(fd)
+        if os.path.exists(path):
+            os.unlink(temporary)
+            raise FileExistsError(f"segment {segment_name(base_position)} already exists")
+        os.rename(temporary, path)
         _fsync_dir(directory)
         writer = cls(directory, base_position, sync=sync)
         writer._summary_valid = True
@@ -848,6 +855,18 @@ class SegmentLog:
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
 
+    def discard_unborn_tail(self) -> None:
+        """Delete a newest plain segment shorter than its header: a creation interrupted
+        by a crash (stores written before segments were born by rename). Caller holds the
+        write lock."""
+        segments = self.segments()
+        if not segments or segments[-1].compressed:
+            return
+        path = os.path.join(self.directory, segment_name(segments[-1].base_position))
+        if os.path.getsize(path) < SEGMENT_HEADER_SIZE:
+            os.unlink(path)
+            _fsync_dir(self.directory)
+
     # -- writing -----------------------------------------------------------------------
 
     def open_writer(self) -> list[FrameInfo]:
@@ -866,6 +885,8 @@ class SegmentLog:
         for name in os.listdir(self.directory):
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(self.directory, name))
+        self.discard_unborn_tail()
+        segments = self.segments()
         if not segments:
             self._writer = SegmentWriter.create(self.directory, self.store_id, 1, sync=self.sync)
             return []

@@ -47,6 +47,7 @@ from .errors import (
     SessionNotWritable,
     StoreIncompatible,
     StoreNotFound,
+    StoreUnavailable,
 )
 from .index import FeedEntry, Head, Projection, SessionRow, View
 from .models import (
@@ -288,16 +289,27 @@ class Journal:
         if not isinstance(segment_bytes, int) or segment_bytes < 4096:
             raise InvalidArgument("segment_bytes must be an int of at least 4096")
         self = object.__new__(cls)
-        self._init(
-            os.fspath(path),
-            create=create,
-            readonly=readonly,
-            durability=durability,
-            segment_bytes=segment_bytes,
-            retention=retention or RetentionPolicy(),
-            compress_sealed=compress_sealed,
-            key_ring=key_ring,
-        )
+        try:
+            self._init(
+                os.fspath(path),
+                create=create,
+                readonly=readonly,
+                durability=durability,
+                segment_bytes=segment_bytes,
+                retention=retention or RetentionPolicy(),
+                compress_sealed=compress_sealed,
+                key_ring=key_ring,
+            )
+        except OSError as e:
+            raise StoreUnavailable(
+                f"cannot open the store at {os.fspath(path)!r}: {e.strerror or e}; check the "
+                "path and its permissions"
+            ) from e
+        except lmdb.Error as e:
+            raise StoreUnavailable(
+                f"cannot open the index of the store at {os.fspath(path)!r}: {e}; a store "
+                "that was never opened for writing cannot be opened read-only"
+            ) from e
         return self
 
     def _init(
@@ -608,6 +620,7 @@ class Journal:
             and not self._unindexed_data(head)
         ):
             return head
+        log.discard_unborn_tail()
         projection = Projection(view, txn, head)
         bases = [b for b in log.bases() if b >= head.segment]
         if not bases:

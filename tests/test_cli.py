@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
-from click.testing import CliRunner
+import pytest
+from click.testing import CliRunner, Result
 
 import journal
 from cli.main import main
@@ -36,3 +45,369 @@ def test_console_script_is_installed() -> None:
         check=False,
     )
     assert result.returncode == 0 and journal.__version__ in result.stdout
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "cli"]
+
+
+def invoke(store: Path, *args: str, fmt: str = "json", stdin: bytes | None = None) -> Result:
+    """Run the command in-process; a library error must never escape as an exception."""
+    result = CliRunner().invoke(main, ["--store", str(store), "--format", fmt, *args], input=stdin)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def records(result: Result) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+def run_cli(
+    *args: str, timeout: float = 20, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run the command as a real process."""
+    result = subprocess.run(
+        [*CLI, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    result = invoke(path, "init")
+    assert result.exit_code == 0, result.output
+    assert records(result) == [{"store": str(path), "created": True}]
+    return path
+
+
+def assert_one_line_error(result: Result, exit_code: int, code: str) -> None:
+    assert result.exit_code == exit_code, result.output
+    assert result.stderr.startswith("journal: error: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "Traceback" not in result.output
+    (error,) = records(result)
+    assert error["error"]["code"] == code
+    assert error["error"]["message"] in result.stderr
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def test_help_documents_exit_statuses() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "Exit status" in result.output
+    for status in ("3 ", "4 ", "5 ", "6 ", "7 ", "130"):
+        assert f"  {status}" in result.output
+
+
+def test_init_append_read_round_trip_in_json(store: Path) -> None:
+    again = invoke(store, "init")
+    assert records(again) == [{"store": str(store), "created": False}]
+    # "\udcff" is how a non-UTF-8 argv byte arrives: it is stored as that byte
+    appended = invoke(store, "append", "-s", "s1", "--create", "hello", "wörld", "\udcff")
+    assert appended.exit_code == 0, appended.output
+    (result,) = records(appended)
+    assert result["session_id"] == "s1"
+    assert (result["first_ordinal"], result["last_ordinal"]) == (1, 3)
+    assert result["deduplicated"] is False and result["cursor"]
+
+    *events, trailer = records(invoke(store, "read", "-s", "s1"))
+    assert [e["ordinal"] for e in events] == [1, 2, 3]
+    assert all(e["session_id"] == "s1" and e["type"] == "message" for e in events)
+    assert all(isinstance(e["cursor"], str) and e["cursor"] for e in events)
+    assert len({e["cursor"] for e in events}) == 3
+    assert [e["data"] for e in events[:2]] == ["hello", "wörld"]
+    assert "data_encoding" not in events[0]
+    assert events[2]["data_encoding"] == "base64"
+    assert base64.b64decode(events[2]["data"]) == b"\xff"
+    assert trailer == {"next_cursor": events[-1]["cursor"], "has_more": False}
+    assert trailer["next_cursor"] == result["cursor"]
+
+    text = invoke(store, "read", "-s", "s1", fmt="text")
+    assert text.stdout.splitlines()[:2] == ["#1 message hello", "#2 message wörld"]
+
+
+def test_append_from_stdin_ndjson(store: Path) -> None:
+    lines = [
+        {"type": "note", "data": "plain text", "request_id": "r1"},
+        {"type": "rpc", "data": {"jsonrpc": "2.0", "id": 7, "result": [1, 2]}},
+        {"jsonrpc": "2.0", "method": "session/update"},  # not an envelope: stored as is
+        "just a string",
+    ]
+    stdin = "\n".join(json.dumps(line, indent=None) for line in lines) + "\n\n"
+    appended = invoke(store, "append", "-s", "s", "--create", "--type", "msg", stdin=stdin.encode())
+    assert appended.exit_code == 0, appended.output
+    assert records(appended)[0]["last_ordinal"] == 4
+
+    *events, _ = records(invoke(store, "read", "-s", "s"))
+    assert [(e["type"], e["data"], e["request_id"]) for e in events] == [
+        ("note", "plain text", "r1"),
+        ("rpc", '{"jsonrpc":"2.0","id":7,"result":[1,2]}', None),
+        ("msg", '{"jsonrpc": "2.0", "method": "session/update"}', None),
+        ("msg", '"just a string"', None),
+    ]
+
+
+def test_resume_from_a_cursor_is_exclusive(store: Path) -> None:
+    invoke(store, "append", "-s", "s", "--create", *(f"e{i}" for i in range(1, 6)))
+    # page by page: every page resumes right after the previous one
+    seen: list[int] = []
+    cursor: str | None = None
+    while True:
+        args = ["read", "-s", "s", "--max-bytes", "2"] + (["--cursor", cursor] if cursor else [])
+        *events, trailer = records(invoke(store, *args))
+        seen += [e["ordinal"] for e in events]
+        cursor = trailer["next_cursor"]
+        if not trailer["has_more"]:
+            break
+    assert seen == [1, 2, 3, 4, 5]
+
+    *events, _ = records(invoke(store, "read", "-s", "s"))
+    second = events[1]["cursor"]
+    *after, trailer = records(invoke(store, "read", "-s", "s", "--cursor", second))
+    assert [e["data"] for e in after] == ["e3", "e4", "e5"]
+    last = invoke(store, "read", "-s", "s", "--cursor", events[-1]["cursor"])
+    assert records(last) == [{"next_cursor": events[-1]["cursor"], "has_more": False}]
+
+    invoke(store, "sessions", "resolve", "s")
+    watched = records(invoke(store, "watch", "-s", "s", "--cursor", second))
+    assert [e["ordinal"] for e in watched] == [3, 4, 5]
+
+
+def test_append_expected_last_and_idempotency_key(store: Path) -> None:
+    invoke(store, "append", "-s", "s", "--create", "a", "b")
+    conflict = invoke(store, "append", "-s", "s", "--expected-last", "1", "c")
+    assert_one_line_error(conflict, 5, "ORDINAL_CONFLICT")
+    ok = invoke(store, "append", "-s", "s", "--expected-last", "2", "c")
+    assert records(ok)[0]["last_ordinal"] == 3
+
+    first = records(invoke(store, "append", "-s", "s", "--idempotency-key", "k", "d"))[0]
+    again = records(invoke(store, "append", "-s", "s", "--idempotency-key", "k", "d"))[0]
+    assert again == {**first, "deduplicated": True}
+    assert records(invoke(store, "read", "-s", "s"))[-2]["ordinal"] == 4
+
+
+def test_sessions_create_list_show_and_transitions(store: Path) -> None:
+    created = invoke(store, "sessions", "create", "a", "--mode", "review", "--tag", "team=ops")
+    assert created.exit_code == 0, created.output
+    invoke(store, "sessions", "create", "b", "--ttl-ms", "60000")
+    invoke(store, "append", "-s", "c", "--create", "x")
+
+    listed = records(invoke(store, "sessions", "list"))
+    assert [s["session_id"] for s in listed] == ["a", "b", "c"]
+    assert set(listed[0]) == set(journal.SessionMetadata.__struct_fields__)
+    assert listed[0]["state"] == "open" and listed[0]["mode"] == "review"
+    assert listed[0]["tags"] == {"team": "ops"} and listed[0]["extension_keys"] == []
+    assert listed[1]["ttl_ms"] == 60000 and listed[2]["last_ordinal"] == 1
+
+    *page, trailer = records(invoke(store, "sessions", "list", "--page-size", "2"))
+    assert [s["session_id"] for s in page] == ["a", "b"] and trailer["next_page_token"]
+    token = trailer["next_page_token"]
+    *rest, trailer = records(invoke(store, "sessions", "list", "--page-token", token))
+    assert [s["session_id"] for s in rest] == ["c"] and trailer == {"next_page_token": ""}
+    everything = invoke(store, "sessions", "list", "--page-size", "1", "--all")
+    assert [s["session_id"] for s in records(everything)] == ["a", "b", "c"]
+
+    (shown,) = records(invoke(store, "sessions", "show", "a"))
+    assert shown == listed[0]
+    assert "team=ops" in invoke(store, "sessions", "show", "a", fmt="text").stdout
+
+    for command, session_id, state in [
+        ("suspend", "b", "suspended"),
+        ("resume", "b", "open"),
+        ("resolve", "a", "resolved"),
+        ("cancel", "b", "cancelled"),
+    ]:
+        (meta,) = records(invoke(store, "sessions", command, session_id))
+        assert meta["state"] == state
+    resolved = records(invoke(store, "sessions", "list", "--state", "resolved"))
+    assert [s["session_id"] for s in resolved] == ["a"]
+    text = invoke(store, "sessions", "list", fmt="text").stdout.splitlines()
+    assert text[0].split()[:2] == ["a", "resolved"] and "cancelled" in text[1]
+
+
+def test_errors_print_one_line_and_exit_by_family(store: Path, tmp_path: Path) -> None:
+    invoke(store, "append", "-s", "s", "--create", "a", "b", "c")
+    assert_one_line_error(invoke(store, "read", "-s", "nope"), 3, "SESSION_NOT_FOUND")
+    assert_one_line_error(invoke(store, "sessions", "show", "nope"), 3, "SESSION_NOT_FOUND")
+    missing = invoke(tmp_path / "no-store", "sessions", "list")
+    assert_one_line_error(missing, 3, "STORE_NOT_FOUND")
+    malformed = invoke(store, "read", "-s", "s", "--cursor", "not-a-cursor")
+    assert_one_line_error(malformed, 4, "CURSOR_MALFORMED")
+    bad_token = invoke(store, "sessions", "list", "--page-token", "x" * 20)
+    assert_one_line_error(bad_token, 4, "INVALID_PAGE_TOKEN")
+    bad_stdin = invoke(store, "append", "-s", "s", stdin=b'{"data": "ok"}\nnot json\n')
+    assert_one_line_error(bad_stdin, 4, "INVALID_ARGUMENT")
+    assert "line 2" in bad_stdin.stderr
+    illegal = invoke(store, "sessions", "resume", "s")
+    assert_one_line_error(illegal, 5, "ILLEGAL_TRANSITION")
+    assert_one_line_error(invoke(store, "sessions", "create", "s"), 5, "SESSION_EXISTS")
+
+    # a copy of the store taken earlier has fewer events than a cursor issued later
+    invoke(store, "sessions", "create", "t")
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    (appended,) = records(invoke(store, "append", "-s", "t", "later"))
+    future = invoke(copy, "read", "-s", "t", "--cursor", appended["cursor"])
+    assert_one_line_error(future, 6, "CURSOR_FUTURE")
+
+    text = invoke(store, "read", "-s", "nope", fmt="text")
+    assert text.exit_code == 3 and text.stdout == ""
+    assert text.stderr.startswith("journal: error: no session 'nope'")
+    (tmp_path / "a-file").write_text("")
+    unusable = invoke(tmp_path / "a-file" / "store", "init")  # the OS refuses the path
+    assert_one_line_error(unusable, 7, "STORE_UNAVAILABLE")
+    usage = invoke(store, "sessions", "create", "x", "--tag", "novalue")
+    assert usage.exit_code == 2 and "KEY=VALUE" in usage.stderr
+
+
+def test_watch_of_a_resolved_session_ends_by_itself(store: Path) -> None:
+    invoke(store, "append", "-s", "s", "--create", "a", "b")
+    invoke(store, "sessions", "resolve", "s")
+    result = run_cli("--store", str(store), "watch", "-s", "s")
+    assert result.stdout.splitlines() == [
+        "#1 message a",
+        "#2 message b",
+        "-- session s is resolved: watch ended",
+    ]
+
+
+def test_watch_piped_into_head_exits_cleanly(store: Path) -> None:
+    # more output than a pipe buffers, so the watch really writes into a closed pipe
+    lines = "".join(json.dumps({"data": f"{i:05d}" + "x" * 100}) + "\n" for i in range(3000))
+    invoke(store, "append", "-s", "big", "--create", stdin=lines.encode())
+    invoke(store, "sessions", "resolve", "big")
+    for fmt in ("json", "text"):
+        command = " ".join(
+            shlex.quote(part) for part in [*CLI, "--store", str(store), "--format", fmt]
+        )
+        result = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {command} watch -s big | head -n 1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == ""
+        assert len(result.stdout.splitlines()) == 1 and "00000" in result.stdout
+
+
+def test_following_an_open_session_ends_when_head_is_done(store: Path) -> None:
+    # no further event will come: the watch must notice the reader left, not wait forever
+    invoke(store, "append", "-s", "open", "--create", "a", "b")
+    command = " ".join(shlex.quote(part) for part in [*CLI, "--store", str(store)])
+    for args in ("watch -s open", "sessions watch"):
+        result = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {command} {args} | head -n 1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == "" and len(result.stdout.splitlines()) == 1
+
+
+def test_ctrl_c_during_watch_exits_130_without_a_traceback(store: Path) -> None:
+    invoke(store, "append", "-s", "s", "--create", "first")
+    for args in (["watch", "-s", "s"], ["sessions", "watch"]):
+        process = subprocess.Popen(
+            [*CLI, "--store", str(store), *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        first = process.stdout.readline()  # it is following now
+        assert first.strip()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=10)
+        assert process.returncode == 130, stderr
+        assert stderr == ""
+
+
+def test_demo_runs_live_and_resumes_exactly() -> None:
+    started = time.monotonic()
+    result = run_cli("demo", timeout=60)
+    assert time.monotonic() - started < 30
+    assert result.stderr == ""
+    out = result.stdout
+    for marker in (
+        "[lifecycle] created review-1",
+        "[lifecycle] suspended chat-2",
+        "[lifecycle] resumed chat-2",
+        "[lifecycle] resolved review-1",
+        "[lifecycle] cancelled plan-3",
+        "[watch review-1] #1 message {",
+        "[watch review-1] saved the cursor of #3",
+        "[resume review-1] #4 message",
+        "[resume review-1] got #4..#5 (2 events): exactly the events after #3",
+        "exclusive resume OK",
+        "[demo] done in",
+    ):
+        assert marker in out, marker
+    assert "[resume review-1] #3" not in out
+    assert out.splitlines()[-1].startswith("[demo] done in")
+    temporary = re.search(r"\[demo\] store (\S+) \(temporary", out)
+    assert temporary is not None and not os.path.exists(temporary.group(1))
+
+
+def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
+    path = tmp_path / "demo-store"
+    result = CliRunner().invoke(
+        main,
+        ["--format", "json", "demo", "--store", str(path), "--sessions", "2", "--events", "4"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = records(result)
+    assert {line["source"] for line in lines} == {
+        "demo",
+        "runtime",
+        "lifecycle",
+        "watch",
+        "resume",
+    }
+    watched = [line for line in lines if line["source"] == "watch" and "ordinal" in line]
+    assert [line["ordinal"] for line in watched] == [1, 2, 3, 4]
+    assert all(line["cursor"] for line in watched)
+    (verdict,) = [line for line in lines if line.get("exclusive")]
+    assert verdict["saved_ordinal"] == 2 and verdict["resumed_ordinals"] == [3, 4]
+    summary = lines[-1]
+    assert summary["source"] == "demo" and summary["outcomes"] == {"cancelled": 1, "resolved": 1}
+    states = {s["session_id"]: s["state"] for s in records(invoke(path, "sessions", "list"))}
+    assert states == {"review-1": "resolved", "chat-2": "cancelled"}
+
+
+def test_readme_command_line_example_runs(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Command line", 1)[1]
+    block = [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    assert block[0].startswith("export JOURNAL_STORE=") and "journal demo" in block[-1]
+    env = {
+        **os.environ,
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+        "TMPDIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + "\n".join(block)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    assert "exclusive resume OK" in result.stdout

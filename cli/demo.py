@@ -1,0 +1,400 @@
+"""`journal demo`: an agent runtime in a child process writes sessions while this process
+follows them live, then resumes from a saved cursor and checks the resume is exact.
+
+Threads here: one follows the lifecycle feed, one watches the first session, two relay the
+child's stdout (its step reports) and stderr. Each ends through a stop event or when its
+stream ends; the main thread supervises the child and raises what any thread hit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import click
+
+import journal
+
+from .output import (
+    CommandFailed,
+    Output,
+    Settings,
+    event_record,
+    lifecycle_record,
+    lifecycle_text,
+    pass_settings,
+    preview,
+)
+
+RUNTIME_TIMEOUT = 25.0  # seconds; the default run takes about 5
+_MODES = ("review", "chat", "plan")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TERMINAL = frozenset(
+    {
+        journal.LifecycleEventType.RESOLVED,
+        journal.LifecycleEventType.CANCELLED,
+        journal.LifecycleEventType.EXPIRED,
+        journal.LifecycleEventType.EVICTED,
+    }
+)
+
+
+@click.command()
+@click.option(
+    "--store",
+    "store_path",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Run on this store (kept afterwards) instead of a temporary one (removed). The "
+    "global --store is not used: the demo writes only where asked.",
+)
+@click.option(
+    "--sessions",
+    "session_count",
+    type=click.IntRange(1, 10),
+    default=3,
+    show_default=True,
+    help="Sessions the runtime creates.",
+)
+@click.option(
+    "--events",
+    "event_count",
+    type=click.IntRange(2, 100),
+    default=5,
+    show_default=True,
+    help="Messages per session.",
+)
+@pass_settings
+def demo(settings: Settings, store_path: str | None, session_count: int, event_count: int) -> None:
+    """Watch an agent runtime (a child process) write sessions, live.
+
+    The runtime creates sessions, appends JSON-RPC-like messages, suspends and resumes
+    one, resolves some and cancels one. This process follows the lifecycle feed and the
+    first session as it happens, saves the cursor of an event in the middle, and at the
+    end resumes from it to show it gets exactly the events after that one.
+    """
+    temporary = store_path is None
+    path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
+    path = os.path.abspath(path)
+    try:
+        with journal.Journal.open(path, create=True) as store:
+            Demo(store, path, settings.output, session_count, event_count, temporary).run()
+    finally:
+        if temporary:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Demo:
+    """One run of the demo against an open store."""
+
+    def __init__(
+        self,
+        store: journal.Journal,
+        path: str,
+        output: Output,
+        session_count: int,
+        event_count: int,
+        temporary: bool,
+    ) -> None:
+        self.store = store
+        self.path = path
+        self.output = output
+        self.event_count = event_count
+        self.temporary = temporary
+        self.names = self._session_names(session_count)
+        self.target = self.names[0]
+        self.middle = (event_count + 1) // 2
+        # about 4 s of appends whatever the sizes, but never slower than 4 per second
+        self.delay = min(0.25, max(0.005, 4.0 / (session_count * (event_count + 1))))
+        self.stop = threading.Event()
+        self.target_created = threading.Event()
+        self.all_ended = threading.Event()
+        self.ended: dict[str, str] = {}
+        self.lifecycle_seen = 0
+        self.watched: list[journal.Event] = []
+        self.saved: tuple[int, str] | None = None
+        self.runtime_events = 0
+        self.runtime_stderr: list[str] = []
+        self.failures: list[BaseException] = []
+        self.threads: list[threading.Thread] = []
+
+    def _session_names(self, count: int) -> list[str]:
+        names = [f"{_MODES[i % len(_MODES)]}-{i + 1}" for i in range(count)]
+        # a kept store may hold an earlier run's sessions: make this run's ids new
+        for name in names:
+            try:
+                self.store.get_session(name)
+            except journal.SessionNotFound:
+                continue
+            suffix = os.urandom(2).hex()
+            return [f"{name}-{suffix}" for name in names]
+        return names
+
+    # -- printing --------------------------------------------------------------------------
+
+    def say(self, source: str, record: dict[str, Any], text: str, *, session: bool = False) -> None:
+        """One line: `[source] text`, or `[source session] text` for one session's lines."""
+        label = f"{source} {self.target}" if session else source
+        if session:
+            record = {"session_id": self.target, **record}
+        self.output.emit({"source": source, **record}, f"[{label}] {text}")
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _start(self, name: str, target: Callable[..., None], *args: Any) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                target(*args)
+            except BaseException as error:  # handed to the main thread, which raises it
+                self.failures.append(error)
+                self.stop.set()
+
+        thread = threading.Thread(target=guarded, name=f"demo-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return thread
+
+    def _follow_lifecycle(self) -> None:
+        for event in self.store.watch_sessions(stop=self.stop):
+            session_id = event.session.session_id
+            if session_id not in self.names:
+                continue  # a kept store's older sessions
+            self.lifecycle_seen += 1
+            self.say("lifecycle", lifecycle_record(event), lifecycle_text(event))
+            if event.event_type is journal.LifecycleEventType.CREATED:
+                if session_id == self.target:
+                    self.target_created.set()
+            elif event.event_type in _TERMINAL:
+                self.ended[session_id] = event.event_type.value
+                if len(self.ended) == len(self.names):
+                    self.all_ended.set()
+
+    def _watch_target(self) -> None:
+        source = "watch"
+        while not self.target_created.wait(0.05):
+            if self.stop.is_set():
+                return
+        self.say(source, {"following": True}, "following live", session=True)
+        for event in self.store.watch(self.target, stop=self.stop):
+            self.watched.append(event)
+            text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
+            self.say(source, event_record(event), text, session=True)
+            if event.ordinal == self.middle:
+                self.saved = (event.ordinal, event.cursor)
+                self.say(
+                    source,
+                    {"saved_ordinal": event.ordinal, "cursor": event.cursor},
+                    f"saved the cursor of #{event.ordinal} to resume from later",
+                    session=True,
+                )
+        if not self.stop.is_set():
+            state = self.store.get_session(self.target).state.value
+            self.say(
+                source,
+                {"state": state, "ended": True},
+                f"{self.target} is {state}: the watch ended by itself after the last event",
+                session=True,
+            )
+
+    def _relay_runtime(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                step = json.loads(line)
+            except ValueError:
+                self.say("runtime", {"message": line.rstrip()}, line.rstrip())
+                continue
+            action, session_id = step.get("action"), step.get("session_id")
+            if action == "created":
+                text = f"created {session_id} (mode={step.get('mode')})"
+            elif action == "appended":
+                text = f"{session_id} <- #{step.get('ordinal')} {step.get('summary')}"
+            elif action == "done":
+                self.runtime_events = int(step.get("events", 0))
+                text = f"finished: {self.runtime_events} events appended"
+            else:
+                text = f"{action} {session_id}"
+            self.say("runtime", step, text)
+
+    def _collect_stderr(self, stream: IO[str]) -> None:
+        self.runtime_stderr.extend(line.rstrip() for line in stream)
+
+    def _raise_failures(self) -> None:
+        if self.output.broken:
+            raise BrokenPipeError  # the reader of our output is gone: end quietly
+        if self.failures:
+            raise self.failures[0]
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.monotonic()
+        kind = "temporary, removed at the end" if self.temporary else "kept"
+        self.say(
+            "demo", {"store": self.path, "temporary": self.temporary}, f"store {self.path} ({kind})"
+        )
+        self._start("lifecycle", self._follow_lifecycle)
+        self._start("watch", self._watch_target)
+        command = [
+            sys.executable,
+            "-m",
+            "cli.demo_runtime",
+            self.path,
+            "--events",
+            str(self.event_count),
+            "--delay",
+            f"{self.delay:.4f}",
+            *self.names,
+        ]
+        pythonpath = os.environ.get("PYTHONPATH")
+        env = {
+            **os.environ,
+            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + pythonpath if pythonpath else ""),
+        }
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            self.say(
+                "demo",
+                {"runtime_pid": process.pid, "sessions": self.names},
+                f"runtime started as child process {process.pid}: sessions "
+                f"{', '.join(self.names)}, {self.event_count} messages each",
+            )
+            assert process.stdout is not None and process.stderr is not None
+            relay = self._start("runtime", self._relay_runtime, process.stdout)
+            errors = self._start("runtime-stderr", self._collect_stderr, process.stderr)
+            self._supervise(process, started)
+            relay.join(5)
+            errors.join(5)
+            self._raise_failures()
+            if process.returncode != 0:
+                detail = self.runtime_stderr[-1] if self.runtime_stderr else "no message"
+                raise CommandFailed(
+                    f"the demo runtime (child process) exited with status "
+                    f"{process.returncode}: {detail}"
+                )
+            self._wait_for_observers()
+            self._resume()
+            self._summary(time.monotonic() - started)
+        finally:
+            self.stop.set()
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            for thread in self.threads:
+                thread.join(2)
+
+    def _supervise(self, process: subprocess.Popen[str], started: float) -> None:
+        while process.poll() is None:
+            self._raise_failures()
+            if time.monotonic() - started > RUNTIME_TIMEOUT:
+                raise CommandFailed(
+                    f"the demo runtime did not finish within {RUNTIME_TIMEOUT:.0f} s; stopped it"
+                )
+            time.sleep(0.05)
+
+    def _wait_for_observers(self) -> None:
+        """The runtime is done: the watch ends by itself (its session is resolved) and the
+        lifecycle feed delivers the last changes within moments."""
+        watch = next(t for t in self.threads if t.name == "demo-watch")
+        watch.join(5)
+        self._raise_failures()
+        if watch.is_alive():
+            raise CommandFailed(
+                f"the watch of {self.target} did not end after the session was resolved"
+            )
+        if not self.all_ended.wait(5):
+            self._raise_failures()
+            missing = sorted(set(self.names) - set(self.ended))
+            raise CommandFailed(f"the lifecycle feed never reported the end of {missing}")
+        self.stop.set()
+        lifecycle = next(t for t in self.threads if t.name == "demo-lifecycle")
+        lifecycle.join(5)
+        self._raise_failures()
+
+    def _resume(self) -> None:
+        source = "resume"
+        if self.saved is None:
+            raise CommandFailed(f"the watch of {self.target} never reached #{self.middle}")
+        saved_ordinal, cursor = self.saved
+        meta = self.store.get_session(self.target)
+        live = [event.ordinal for event in self.watched]
+        if live != list(range(meta.first_ordinal, meta.last_ordinal + 1)):
+            raise CommandFailed(
+                f"the live watch of {self.target} delivered ordinals {live}, not "
+                f"#{meta.first_ordinal}..#{meta.last_ordinal} once each"
+            )
+        self.say(
+            source,
+            {"saved_ordinal": saved_ordinal, "cursor": cursor},
+            f"replaying from the cursor saved at #{saved_ordinal}",
+            session=True,
+        )
+        resumed = list(self.store.replay(self.target, cursor=cursor))
+        for event in resumed:
+            text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
+            self.say(source, event_record(event), text, session=True)
+        got = [(event.ordinal, event.data) for event in resumed]
+        after = [(event.ordinal, event.data) for event in self.watched]
+        expected = [item for item in after if item[0] > saved_ordinal]
+        if got != expected:
+            raise CommandFailed(
+                f"resuming {self.target} after #{saved_ordinal} gave ordinals "
+                f"{[ordinal for ordinal, _ in got]}, expected {[o for o, _ in expected]}"
+            )
+        span = f"#{got[0][0]}..#{got[-1][0]}" if got else "nothing"
+        self.say(
+            source,
+            {
+                "saved_ordinal": saved_ordinal,
+                "resumed_ordinals": [ordinal for ordinal, _ in got],
+                "exclusive": True,
+            },
+            f"got {span} ({_events(len(got))}): exactly the events after #{saved_ordinal}, "
+            f"in order, none missing, none repeated (exclusive resume OK)",
+            session=True,
+        )
+
+    def _summary(self, elapsed: float) -> None:
+        outcomes = sorted(self.ended.values())
+        counts = ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(outcomes)))
+        where = "temporary store removed" if self.temporary else f"store kept at {self.path}"
+        record = {
+            "elapsed_s": round(elapsed, 2),
+            "sessions": len(self.names),
+            "outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
+            "events_appended": self.runtime_events,
+            "lifecycle_events": self.lifecycle_seen,
+            "watched_events": len(self.watched),
+            "store": self.path,
+            "temporary": self.temporary,
+        }
+        self.say(
+            "demo",
+            record,
+            f"done in {elapsed:.1f} s: {len(self.names)} sessions ({counts}), "
+            f"{self.runtime_events} events appended by the runtime, {self.lifecycle_seen} "
+            f"lifecycle events and {len(self.watched)} events of {self.target} followed "
+            f"live; {where}",
+        )
+
+
+def _events(count: int) -> str:
+    return "1 event" if count == 1 else f"{count} events"

@@ -1,0 +1,148 @@
+"""The agent runtime that `journal demo` starts as a child process.
+
+    python -m cli.demo_runtime STORE --events N --delay SECONDS NAME [NAME ...]
+
+It creates the named sessions, appends JSON-RPC-like messages to them round-robin with a
+short pause after each append (so the demo visibly happens live), suspends and resumes
+one session, resolves the others as their turn completes and cancels the last one midway.
+It reports each step as one JSON line on stdout; the parent renders them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import journal
+
+_PROMPTS = {
+    "review": "Review the diff of PR #42 and list the risky changes",
+    "chat": "Summarize yesterday's incident for the on-call channel",
+    "plan": "Plan the migration of the billing service to v2",
+}
+_UPDATES: tuple[dict[str, Any], ...] = (
+    {"update": "plan", "entries": ["read the code", "check the tests", "write the summary"]},
+    {"update": "tool_call", "id": "call-1", "title": "read_file src/app.py", "status": "pending"},
+    {"update": "tool_call_update", "id": "call-1", "status": "completed"},
+    {"update": "agent_message_chunk", "text": "Two risky changes: the retry loop and the cache."},
+)
+
+
+def report(action: str, **fields: Any) -> None:
+    print(json.dumps({"action": action, **fields}), flush=True)
+
+
+def mode_of(session_id: str) -> str:
+    mode = session_id.split("-", 1)[0]
+    return mode if mode in _PROMPTS else "review"
+
+
+def conversation(session_id: str, count: int) -> list[tuple[str, dict[str, Any]]]:
+    """`count` messages of one turn: a prompt, updates, and (last) the turn's result."""
+    prompt: dict[str, Any] = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "session/prompt",
+        "params": {"prompt": _PROMPTS[mode_of(session_id)]},
+    }
+    messages: list[tuple[str, dict[str, Any]]] = [("session/prompt", prompt)]
+    updates = itertools.cycle(_UPDATES)
+    for _ in range(count - 2):
+        update = next(updates)
+        message = {"jsonrpc": "2.0", "method": "session/update", "params": update}
+        messages.append((f"session/update {update['update']}", message))
+    result = {"jsonrpc": "2.0", "id": 1, "result": {"stopReason": "end_turn"}}
+    messages.append(("result end_turn", result))
+    return messages[:count]
+
+
+class Runtime:
+    """Plays the sessions' script against the journal."""
+
+    def __init__(
+        self, store: journal.Journal, names: Sequence[str], events: int, delay: float
+    ) -> None:
+        self.store = store
+        self.names = list(names)
+        self.delay = delay
+        self.scripts = {name: conversation(name, events) for name in self.names}
+        self.sent = dict.fromkeys(self.names, 0)
+        # the first session is the one the parent watches: it is never suspended, and
+        # with several sessions the last one is cancelled before its turn completes
+        self.to_suspend = self.names[1] if len(self.names) > 1 else None
+        self.to_cancel = self.names[-1] if len(self.names) > 1 else None
+        if self.to_cancel is not None:
+            del self.scripts[self.to_cancel][max(1, events - 1) :]
+
+    def run(self) -> None:
+        for name in self.names:
+            mode = mode_of(name)
+            self.store.create_session(name, mode=mode, tags={"demo": "true", "agent": mode})
+            report("created", session_id=name, mode=mode)
+            time.sleep(self.delay)
+        active = list(self.names)
+        suspended: str | None = None
+        for tick in itertools.count():
+            if tick == 1 and self.to_suspend is not None and self.to_suspend in active:
+                suspended = self.to_suspend
+                self.store.suspend_session(suspended)
+                report("suspended", session_id=suspended)
+            elif tick == 3 and suspended is not None:
+                self.store.resume_session(suspended)
+                report("resumed", session_id=suspended)
+                suspended = None
+            for name in list(active):
+                if name != suspended:
+                    self.step(name)
+                if self.sent[name] == len(self.scripts[name]):
+                    self.finish(name)
+                    active.remove(name)
+            if not active:
+                break
+        report("done", events=sum(self.sent.values()))
+
+    def step(self, name: str) -> None:
+        summary, message = self.scripts[name][self.sent[name]]
+        body = json.dumps(message, separators=(",", ":")).encode()
+        event = journal.EventIn("message", body, request_id=f"{name}/turn-1")
+        result = self.store.append(name, [event])
+        self.sent[name] += 1
+        report("appended", session_id=name, ordinal=result.last_ordinal, summary=summary)
+        time.sleep(self.delay)
+
+    def finish(self, name: str) -> None:
+        if name == self.to_cancel:
+            self.store.cancel_session(name)
+            report("cancelled", session_id=name)
+        else:
+            self.store.resolve_session(name)
+            report("resolved", session_id=name)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cli.demo_runtime")
+    parser.add_argument("store")
+    parser.add_argument("names", nargs="+")
+    parser.add_argument("--events", type=int, default=5)
+    parser.add_argument("--delay", type=float, default=0.25)
+    args = parser.parse_args(argv)
+    try:
+        with journal.Journal.open(args.store, create=False) as store:
+            Runtime(store, args.names, max(2, args.events), args.delay).run()
+    except KeyboardInterrupt:
+        return 130  # the parent was interrupted too and reports it
+    except journal.JournalError as error:
+        print(f"demo runtime: {error.code}: {error.message}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0  # the parent is gone
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

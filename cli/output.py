@@ -1,0 +1,256 @@
+"""How the `journal` command prints: NDJSON or human lines, errors and exit statuses.
+
+Every printed line is flushed at once, so `watch` streams through pipes, and output is
+serialised by a lock, so the demo's threads never interleave half lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import select
+import stat
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import click
+import msgspec
+
+import journal
+
+__all__ = [
+    "EXIT_CODES_HELP",
+    "EXIT_INTERRUPTED",
+    "CommandFailed",
+    "Output",
+    "Settings",
+    "event_record",
+    "event_text",
+    "exit_status",
+    "lifecycle_record",
+    "lifecycle_text",
+    "pass_settings",
+    "preview",
+    "session_record",
+    "session_text",
+    "silence_stdout",
+    "stop_when_reader_leaves",
+]
+
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_INVALID = 4
+EXIT_PRECONDITION = 5
+EXIT_OUT_OF_RANGE = 6
+EXIT_OTHER = 7
+EXIT_INTERRUPTED = 130
+
+# Exit statuses group the errors by how a script should react, the way `status` does.
+_STATUS_EXIT = {
+    "NOT_FOUND": EXIT_NOT_FOUND,
+    "INVALID_ARGUMENT": EXIT_INVALID,
+    "FAILED_PRECONDITION": EXIT_PRECONDITION,
+    "ABORTED": EXIT_PRECONDITION,
+    "ALREADY_EXISTS": EXIT_PRECONDITION,
+    "OUT_OF_RANGE": EXIT_OUT_OF_RANGE,
+}
+
+# `\b` keeps click from re-wrapping the table.
+EXIT_CODES_HELP = f"""\b
+Errors print one line, `journal: error: MESSAGE`, on stderr (with --format json also
+{{"error": {{"code", "status", "message"}}}} on stdout).
+
+\b
+Exit status:
+  0    success (also when the reader of the output went away, e.g. `| head`)
+  {EXIT_USAGE}    usage error: unknown option, missing or malformed argument
+  {EXIT_NOT_FOUND}    not found: no such session or store
+  {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token
+  {EXIT_PRECONDITION}    failed precondition: illegal transition, session exists, session
+       not writable, ordinal conflict, expired cursor
+  {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
+  {EXIT_OTHER}    data loss, corruption or any other error
+  {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
+"""
+
+
+class CommandFailed(Exception):
+    """A failure of the command itself (not of the library), reported like a JournalError."""
+
+    status: ClassVar[str] = "INTERNAL"
+
+    def __init__(self, message: str, code: str = "COMMAND_FAILED") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def exit_status(error: journal.JournalError | CommandFailed) -> int:
+    """The exit status of an error family (see EXIT_CODES_HELP)."""
+    return _STATUS_EXIT.get(error.status, EXIT_OTHER)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone, so the flush at interpreter exit
+    does not fail again (the recipe of the Python docs, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # not a real file (e.g. under click's CliRunner): nothing to protect
+
+
+def stop_when_reader_leaves(stop: threading.Event) -> None:
+    """Set `stop` when the reader of a piped stdout goes away (`| head` is done), so a
+    follower blocked waiting for new events ends now instead of at its next write."""
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return
+
+    def wait() -> None:
+        poller = select.poll()
+        poller.register(fd, 0)  # POLLERR (no reader left) is reported whatever the mask
+        while not stop.is_set():
+            if poller.poll(250):
+                stop.set()
+
+    threading.Thread(target=wait, name="stdout-reader", daemon=True).start()
+
+
+class Output:
+    """Prints records in the chosen format: `json` (NDJSON), `text` (human) or `quiet`."""
+
+    def __init__(self, output_format: str) -> None:
+        self.format = output_format
+        self.broken = False
+        self._lock = threading.Lock()
+
+    @property
+    def json(self) -> bool:
+        return self.format == "json"
+
+    def emit(self, record: Mapping[str, Any], text: str | None) -> None:
+        """Print `record` as one JSON line, or `text` as one line (nothing if None)."""
+        if self.format == "quiet" or self.broken:
+            return
+        if self.json:
+            line: str | None = json.dumps(record, separators=(",", ":"))
+        else:
+            line = text
+        if line is None:
+            return
+        with self._lock:
+            try:
+                click.echo(line)  # click.echo flushes: watch output streams
+            except BrokenPipeError:
+                self.broken = True
+                silence_stdout()
+                raise
+
+    def error(self, error: journal.JournalError | CommandFailed) -> int:
+        """Report an error (one stderr line; a JSON object on stdout too in json format)
+        and return its exit status."""
+        with self._lock:
+            click.echo(f"journal: error: {error.message}", err=True)
+            if self.json and not self.broken:
+                record = {
+                    "error": {"code": error.code, "status": error.status, "message": error.message}
+                }
+                try:
+                    click.echo(json.dumps(record, separators=(",", ":")))
+                except BrokenPipeError:
+                    self.broken = True
+                    silence_stdout()
+        return exit_status(error)
+
+
+@dataclass
+class Settings:
+    """The global options, shared with every command through the click context."""
+
+    store: str
+    output: Output = field(repr=False)
+
+    def open(self) -> journal.Journal:
+        """Open the existing store (`StoreNotFound` tells the user to run `journal init`)."""
+        # readonly=True would suit the read-only commands, but it is broken in the library
+        # (LMDB database handles opened in a read transaction); see the CLI's report.
+        return journal.Journal.open(self.store, create=False)
+
+
+pass_settings = click.make_pass_decorator(Settings)
+
+
+# -- records (json) and lines (text) -------------------------------------------------------
+
+
+def preview(data: bytes, limit: int = 100) -> str:
+    """A one-line, printable rendering of payload bytes, cut at `limit` characters."""
+    text = data.decode("utf-8", "backslashreplace")
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def event_record(event: journal.Event) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "session_id": event.session_id,
+        "ordinal": event.ordinal,
+        "type": event.type,
+    }
+    try:
+        record["data"] = event.data.decode("utf-8")
+    except UnicodeDecodeError:
+        record["data"] = base64.b64encode(event.data).decode("ascii")
+        record["data_encoding"] = "base64"
+    record["request_id"] = event.request_id
+    record["timestamp_ms"] = event.timestamp_ms
+    record["cursor"] = event.cursor
+    return record
+
+
+def event_text(event: journal.Event, limit: int = 100) -> str:
+    request = f" [{event.request_id}]" if event.request_id else ""
+    return f"#{event.ordinal} {event.type}{request} {preview(event.data, limit)}"
+
+
+def session_record(meta: journal.SessionMetadata) -> dict[str, Any]:
+    """Every field of the metadata; enums as their string values, tuples as lists."""
+    record: dict[str, Any] = msgspec.to_builtins(meta)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
+
+
+def session_text(meta: journal.SessionMetadata) -> str:
+    count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
+    events = f"{count} events" if count != 1 else "1 event"
+    if count:
+        events += f" (#{meta.first_ordinal}..#{meta.last_ordinal})"
+    parts = [f"{meta.session_id:<16}", f"{meta.state.value:<9}", events]
+    if meta.mode:
+        parts.append(f"mode={meta.mode}")
+    if meta.tags:
+        parts.append("tags=" + ",".join(f"{k}={v}" for k, v in sorted(meta.tags.items())))
+    return "  ".join(parts)
+
+
+def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:
+    return {
+        "event_type": event.event_type.value,
+        "session": session_record(event.session),
+        "cursor": event.cursor,
+        "observed_at_ms": event.observed_at_ms,
+    }
+
+
+def lifecycle_text(event: journal.LifecycleEvent) -> str:
+    meta = event.session
+    mode = f" (mode={meta.mode})" if meta.mode else ""
+    return f"{event.event_type.value} {meta.session_id}{mode} state={meta.state.value}"

@@ -1,0 +1,189 @@
+"""`journal sessions ...`: create, list, show, watch and change the lifecycle of sessions."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import click
+
+import journal
+
+from .output import (
+    Settings,
+    lifecycle_record,
+    lifecycle_text,
+    pass_settings,
+    session_record,
+    session_text,
+    stop_when_reader_leaves,
+)
+
+STATES = tuple(state.value for state in journal.SessionState)
+
+
+@click.group()
+def sessions() -> None:
+    """Discover sessions and change their lifecycle."""
+
+
+def _parse_tags(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    tags = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        tags[key] = value
+    return tags
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option("--mode", default="", help="Free-form mode (e.g. review, chat).")
+@click.option("--context-id", default=None, help="Id of the context the session belongs to.")
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_parse_tags,
+    help="A tag; repeat for more.",
+)
+@click.option(
+    "--ttl-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Expire the session N ms after it starts.",
+)
+@pass_settings
+def create(
+    settings: Settings,
+    session_id: str,
+    mode: str,
+    context_id: str | None,
+    tags: dict[str, str],
+    ttl_ms: int | None,
+) -> None:
+    """Create an open session."""
+    with settings.open() as store:
+        meta = store.create_session(
+            session_id, mode=mode, context_id=context_id, tags=tags, ttl_ms=ttl_ms
+        )
+    settings.output.emit(session_record(meta), session_text(meta))
+
+
+@sessions.command("list")
+@click.option("--state", type=click.Choice(STATES), default=None, help="Only sessions in it.")
+@click.option(
+    "--page-size",
+    type=click.IntRange(1, journal.MAX_PAGE_SIZE),
+    default=None,
+    metavar="N",
+    help="Print one page of N sessions (and the token of the next page).",
+)
+@click.option("--page-token", default=None, metavar="TOKEN", help="Print the page it names.")
+@click.option(
+    "--all",
+    "all_pages",
+    is_flag=True,
+    help="Every session, even with --page-size/--page-token (the default without them).",
+)
+@pass_settings
+def list_(
+    settings: Settings,
+    state: str | None,
+    page_size: int | None,
+    page_token: str | None,
+    all_pages: bool,
+) -> None:
+    """List sessions in id order, one per line."""
+    output = settings.output
+    state_filter = journal.SessionState(state) if state else None
+    one_page = not all_pages and (page_size is not None or page_token is not None)
+    with settings.open() as store:
+        token = page_token
+        while True:
+            page = store.list_sessions_page(
+                page_size=page_size or 100, page_token=token, state=state_filter
+            )
+            for meta in page.sessions:
+                output.emit(session_record(meta), session_text(meta))
+            token = page.next_page_token
+            if one_page or not token:
+                break
+    if one_page:
+        text = f"-- next page: --page-token {token}" if token else "-- last page"
+        output.emit({"next_page_token": token}, text)
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@pass_settings
+def show(settings: Settings, session_id: str) -> None:
+    """Print every field of a session's metadata."""
+    with settings.open() as store:
+        meta = store.get_session(session_id)
+    record = session_record(meta)
+    width = max(len(key) for key in record)
+    text = "\n".join(f"{key:<{width}}  {_text_value(value)}" for key, value in record.items())
+    settings.output.emit(record, text)
+
+
+def _text_value(value: object) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+@sessions.command("watch")
+@click.option(
+    "--cursor",
+    metavar="CURSOR",
+    default=None,
+    help="Resume after this lifecycle event; default: one `created` per existing session "
+    "first, then live changes.",
+)
+@pass_settings
+def watch_sessions(settings: Settings, cursor: str | None) -> None:
+    """Follow lifecycle changes of all sessions until Ctrl+C."""
+    output = settings.output
+    reader_gone = threading.Event()
+    stop_when_reader_leaves(reader_gone)
+    with settings.open() as store:
+        for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
+            output.emit(lifecycle_record(event), lifecycle_text(event))
+    if reader_gone.is_set():
+        raise BrokenPipeError  # ends quietly with status 0, like a failed write
+
+
+def _transition_command(
+    name: str, pick: Callable[[journal.Journal], Callable[[str], journal.SessionMetadata]]
+) -> click.Command:
+    @pass_settings
+    def command(settings: Settings, session_id: str) -> None:
+        with settings.open() as store:
+            meta = pick(store)(session_id)
+        settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
+
+    helps = {
+        "resolve": "Resolve a session (terminal): its watchers end after the last event.",
+        "cancel": "Cancel a session (terminal); an ended session is left as it is.",
+        "suspend": "Suspend an open session: appends are refused until it is resumed.",
+        "resume": "Resume a suspended session.",
+    }
+    command.__doc__ = helps[name]
+    decorated = click.argument("session_id", metavar="ID")(command)
+    return click.command(name)(decorated)
+
+
+sessions.add_command(_transition_command("resolve", lambda store: store.resolve_session))
+sessions.add_command(_transition_command("cancel", lambda store: store.cancel_session))
+sessions.add_command(_transition_command("suspend", lambda store: store.suspend_session))
+sessions.add_command(_transition_command("resume", lambda store: store.resume_session))

@@ -1,0 +1,332 @@
+"""Stateful model test: the journal must agree with a plain dict-of-lists model after every
+step (creates, appends with and without optimistic concurrency and idempotency keys,
+lifecycle transitions, bounded reads resumed from earlier cursors, listings, reopen)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from journal import (
+    EventIn,
+    IdempotencyKeyReused,
+    IllegalTransition,
+    Journal,
+    OrdinalConflict,
+    SessionExists,
+    SessionNotFound,
+    SessionNotWritable,
+    SessionState,
+)
+
+SESSION_IDS = ("s-a", "s-b", "s-c", "s-d", "s-e")
+SEGMENT_BYTES = 16 << 10
+EIGHT_DAYS_MS = 8 * 24 * 3600 * 1000
+DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+
+Stored = tuple[str, bytes, str | None]
+"""An event as the model keeps it: type, data, request_id."""
+
+
+def open_journal(path: Path) -> Journal:
+    return Journal.open(path, create=True, durability="os", segment_bytes=SEGMENT_BYTES)
+
+
+def page_length(sizes: list[int], max_bytes: int) -> int:
+    total = 0
+    for count, size in enumerate(sizes):
+        if count > 0 and total + size > max_bytes:
+            return count
+        total += size
+    return len(sizes)
+
+
+def transition(state: SessionState, op: str) -> SessionState | None:
+    """The state after `op`, or None when the transition is illegal. Cancel of a terminal
+    session is not illegal: it leaves the session as it is."""
+    if op == "suspend":
+        return SessionState.SUSPENDED if state is SessionState.OPEN else None
+    if op == "resume":
+        return SessionState.OPEN if state is SessionState.SUSPENDED else None
+    if state.terminal:
+        return state if op == "cancel" else None
+    return SessionState.RESOLVED if op == "resolve" else SessionState.CANCELLED
+
+
+class JournalModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp(prefix="journal-model-"))
+        self.path = self.directory / "store"
+        self.j = open_journal(self.path)
+        self.events: dict[str, list[Stored]] = {}
+        self.states: dict[str, SessionState] = {}
+        # (session, key) -> (events, first_ordinal, last_ordinal). Forgotten on reopen and
+        # keys are never reused after it, so the model does not depend on whether an
+        # engine keeps idempotency keys across a restart.
+        self.keys: dict[tuple[str, str], tuple[list[EventIn], int, int]] = {}
+        # Cursors seen so far, per session: (ordinal of the event it resumes after, cursor).
+        self.cursors: dict[str, list[tuple[int, str]]] = {}
+        self.counter = 0
+
+    def teardown(self) -> None:
+        try:
+            self.j.close()
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def writable(self) -> list[str]:
+        return sorted(s for s, state in self.states.items() if state is SessionState.OPEN)
+
+    def make_events(self, sizes: list[int], with_request_id: bool) -> list[EventIn]:
+        batch = []
+        for size in sizes:
+            self.counter += 1
+            data = f"{self.counter}:".encode() + bytes([self.counter % 251]) * size
+            request_id = f"r{self.counter}" if with_request_id else None
+            batch.append(EventIn(type=f"t{size % 3}", data=data, request_id=request_id))
+        return batch
+
+    def commit(self, session_id: str, batch: list[EventIn], result: Any) -> None:
+        before = len(self.events[session_id])
+        assert (result.session_id, result.first_ordinal, result.last_ordinal) == (
+            session_id,
+            before + 1,
+            before + len(batch),
+        )
+        assert not result.deduplicated
+        self.events[session_id].extend((e.type, e.data, e.request_id) for e in batch)
+        self.cursors[session_id].append((result.last_ordinal, result.cursor))
+
+    def remember(self, session_id: str, ordinal: int, cursor: str) -> None:
+        seen = self.cursors[session_id]
+        if len(seen) < 200:
+            seen.append((ordinal, cursor))
+
+    # -- rules -----------------------------------------------------------------------------
+
+    @initialize(session_ids=st.sets(st.sampled_from(SESSION_IDS), min_size=1, max_size=4))
+    def create_first_sessions(self, session_ids: set[str]) -> None:
+        for session_id in sorted(session_ids):
+            self.create_session(session_id, "review")
+
+    @rule(session_id=st.sampled_from(SESSION_IDS), mode=st.sampled_from(["", "review", "x"]))
+    def create_session(self, session_id: str, mode: str) -> None:
+        if session_id in self.states:
+            with pytest.raises(SessionExists):
+                self.j.create_session(session_id, mode=mode)
+            return
+        meta = self.j.create_session(session_id, mode=mode, tags={"id": session_id})
+        assert (meta.session_id, meta.state, meta.mode) == (session_id, SessionState.OPEN, mode)
+        assert (meta.first_ordinal, meta.last_ordinal) == (1, 0)
+        self.states[session_id] = SessionState.OPEN
+        self.events[session_id] = []
+        self.cursors[session_id] = []
+
+    @rule(
+        data=st.data(),
+        sizes=st.lists(st.sampled_from([0, 1, 30, 500, 3000, 9000]), min_size=1, max_size=8),
+        expectation=st.sampled_from(["none", "none", "right", "wrong"]),
+        wrong_by=st.sampled_from([-2, -1, 1, 3]),
+        with_request_id=st.booleans(),
+    )
+    def append(
+        self,
+        data: st.DataObject,
+        sizes: list[int],
+        expectation: str,
+        wrong_by: int,
+        with_request_id: bool,
+    ) -> None:
+        # Mostly sessions that exist (and are writable), sometimes any name at all.
+        session_id = data.draw(
+            st.sampled_from(self.writable() or sorted(self.states))
+            | st.sampled_from(sorted(self.states))
+            | st.sampled_from(SESSION_IDS),
+            label="session",
+        )
+        batch = self.make_events(sizes, with_request_id)
+        if session_id not in self.states:
+            with pytest.raises(SessionNotFound):
+                self.j.append(session_id, batch)
+            return
+        if self.states[session_id] is not SessionState.OPEN:
+            with pytest.raises(SessionNotWritable):
+                self.j.append(session_id, batch)
+            return
+        last = len(self.events[session_id])
+        if expectation == "none":
+            self.commit(session_id, batch, self.j.append(session_id, batch))
+        elif expectation == "right":
+            result = self.j.append(session_id, batch, expected_last_ordinal=last)
+            self.commit(session_id, batch, result)
+        else:
+            expected = max(0, last + wrong_by)
+            if expected == last:
+                expected = last + 1
+            with pytest.raises(OrdinalConflict):
+                self.j.append(session_id, batch, expected_last_ordinal=expected)
+
+    @precondition(lambda self: bool(self.writable()))
+    @rule(data=st.data(), sizes=st.lists(st.sampled_from([0, 7, 800]), min_size=1, max_size=3))
+    def append_with_idempotency_key(self, data: st.DataObject, sizes: list[int]) -> None:
+        session_id = data.draw(st.sampled_from(self.writable()), label="session")
+        known = sorted(key for (s, key) in self.keys if s == session_id)
+        choice = "new"
+        if known:
+            choice = data.draw(st.sampled_from(["new", "same", "different"]), label="use")
+        if choice == "new":
+            self.counter += 1
+            key = f"key-{self.counter}"
+            batch = self.make_events(sizes, with_request_id=False)
+            result = self.j.append(session_id, batch, idempotency_key=key)
+            self.commit(session_id, batch, result)
+            self.keys[(session_id, key)] = (batch, result.first_ordinal, result.last_ordinal)
+            return
+        key = data.draw(st.sampled_from(known), label="key")
+        original, first, last = self.keys[(session_id, key)]
+        if choice == "same":
+            result = self.j.append(session_id, list(original), idempotency_key=key)
+            assert result.deduplicated
+            assert (result.first_ordinal, result.last_ordinal) == (first, last)
+        else:
+            with pytest.raises(IdempotencyKeyReused):
+                self.j.append(session_id, self.make_events(sizes, False), idempotency_key=key)
+
+    @rule(data=st.data(), op=st.sampled_from(["suspend", "resume", "resolve", "cancel"]))
+    def change_state(self, data: st.DataObject, op: str) -> None:
+        session_id = data.draw(
+            st.sampled_from(sorted(self.states)) | st.sampled_from(SESSION_IDS), label="session"
+        )
+        method = getattr(self.j, f"{op}_session")
+        if session_id not in self.states:
+            with pytest.raises(SessionNotFound):
+                method(session_id)
+            return
+        after = transition(self.states[session_id], op)
+        if after is None:
+            with pytest.raises(IllegalTransition):
+                method(session_id)
+            return
+        meta = method(session_id)
+        assert meta.state is after
+        self.states[session_id] = after
+
+    @rule()
+    def expire_long_suspended(self) -> None:
+        # No session has a ttl, so only SUSPENDED ones (default limit 7 days) are due.
+        expired = self.j.expire_due(now_ms=int(time.time() * 1000) + EIGHT_DAYS_MS)
+        due = sorted(s for s, state in self.states.items() if state is SessionState.SUSPENDED)
+        assert sorted(m.session_id for m in expired) == due
+        assert all(m.state is SessionState.EXPIRED for m in expired)
+        for session_id in due:
+            self.states[session_id] = SessionState.EXPIRED
+
+    @precondition(lambda self: bool(self.states))
+    @rule(data=st.data(), max_bytes=st.sampled_from([1, 40, 600, 3500, 10_000, 40_000]))
+    def read_page(self, data: st.DataObject, max_bytes: int) -> None:
+        session_id = data.draw(st.sampled_from(sorted(self.states)), label="session")
+        start, cursor = data.draw(
+            st.sampled_from([(0, None), *self.cursors[session_id]]), label="from"
+        )
+        page = self.j.read(session_id, cursor=cursor, max_bytes=max_bytes)
+        stored = self.events[session_id]
+        count = page_length([len(e[1]) for e in stored[start:]], max_bytes)
+        assert [(e.type, e.data, e.request_id) for e in page.events] == stored[
+            start : start + count
+        ]
+        assert [e.ordinal for e in page.events] == list(range(start + 1, start + count + 1))
+        assert all(e.session_id == session_id for e in page.events)
+        assert page.has_more == (start + count < len(stored))
+        if page.events:
+            assert page.next_cursor is not None
+            self.remember(session_id, start + count, page.next_cursor)
+            middle = page.events[len(page.events) // 2]
+            self.remember(session_id, middle.ordinal, middle.cursor)
+        else:
+            assert page.next_cursor == cursor
+
+    @precondition(lambda self: bool(self.states))
+    @rule(data=st.data())
+    def replay_from_seen_cursor(self, data: st.DataObject) -> None:
+        session_id = data.draw(st.sampled_from(sorted(self.states)), label="session")
+        start, cursor = data.draw(
+            st.sampled_from([(0, None), *self.cursors[session_id]]), label="from"
+        )
+        replayed = [
+            (e.ordinal, e.type, e.data, e.request_id)
+            for e in self.j.replay(session_id, cursor=cursor)
+        ]
+        stored = self.events[session_id]
+        assert replayed == [(n, *stored[n - 1]) for n in range(start + 1, len(stored) + 1)]
+
+    @rule(
+        page_size=st.integers(1, 6),
+        state=st.one_of(st.none(), st.sampled_from(list(SessionState))),
+    )
+    def list_sessions(self, page_size: int, state: SessionState | None) -> None:
+        listed = []
+        token = None
+        for _ in range(len(SESSION_IDS) + 2):
+            page = self.j.list_sessions_page(page_size=page_size, page_token=token, state=state)
+            assert len(page.sessions) <= page_size
+            listed.extend((m.session_id, m.state, m.last_ordinal) for m in page.sessions)
+            token = page.next_page_token
+            if token == "":
+                break
+        assert token == "", "listing did not end"
+        expected = [
+            (s, self.states[s], len(self.events[s]))
+            for s in sorted(self.states)
+            if state is None or self.states[s] is state
+        ]
+        assert listed == expected
+        lazily = [m.session_id for m in self.j.list_sessions(state=state, page_size=page_size)]
+        assert lazily == [s for s, _, _ in expected]
+        whole = self.j.list_sessions_page(state=state)  # default size: one page
+        assert [m.session_id for m in whole.sessions] == [s for s, _, _ in expected]
+        assert whole.next_page_token == ""
+
+    @rule()
+    def close_and_reopen(self) -> None:
+        self.j.close()
+        self.j = open_journal(self.path)
+        self.keys.clear()
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def metadata_matches_model(self) -> None:
+        for session_id, state in self.states.items():
+            meta = self.j.get_session(session_id)
+            assert meta.state is state, (session_id, meta.state, state)
+            assert (meta.first_ordinal, meta.last_ordinal) == (
+                1,
+                len(self.events[session_id]),
+            ), session_id
+            assert (meta.ended_at_ms is not None) == state.terminal, (session_id, meta)
+            assert (meta.suspended_at_ms is not None) or state is not SessionState.SUSPENDED
+
+
+JournalModel.TestCase.settings = settings(
+    max_examples=400 if DEEP else 40,
+    stateful_step_count=60 if DEEP else 30,
+)
+TestJournalModel = JournalModel.TestCase
