@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from contextlib import suppress
@@ -159,7 +160,7 @@ def append(
             for arg in data
         ]
     else:
-        stdin = click.get_binary_stream("stdin")
+        stdin = getattr(sys.stdin, "buffer", sys.stdin)
         events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
     if not events:
         raise journal.InvalidArgument(
