@@ -75,6 +75,16 @@ class EventIn(msgspec.Struct, frozen=True):
     request_id: str | None = None
 
 
+class _ReadContext:
+    """What every event of one read shares: its session id and how to sign its cursor."""
+
+    __slots__ = ("session_id", "signer")
+
+    def __init__(self, session_id: str, signer: Callable[[int, int], str]) -> None:
+        self.session_id = session_id
+        self.signer = signer
+
+
 class Event(
     msgspec.Struct, array_like=True, tag_field="record_kind", tag=2, gc=False, weakref=False
 ):
@@ -85,7 +95,7 @@ class Event(
 
     Implementation note: reads decode a frame's event records straight into this type
     (its leading fields mirror the on-disk `EventAppended` record), which is what makes
-    replay fast; `session_id` and `position` are filled in by the reader.
+    replay fast; the reader attaches one shared context (session id, cursor signer).
     """
 
     _incarnation: int
@@ -94,17 +104,20 @@ class Event(
     type: str
     data: bytes
     request_id: str | None = None
-    session_id: str = ""
     position: int = 0
-    _signer: Callable[[int, int], str] | None = None
+    _context: _ReadContext | None = None
     _cursor: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        return "" if self._context is None else self._context.session_id
 
     @property
     def cursor(self) -> str:
         if self._cursor is None:
-            if self._signer is None:
+            if self._context is None:
                 raise ValueError("this event was not read from a journal and has no cursor")
-            self._cursor = self._signer(self.position, self.ordinal)
+            self._cursor = self._context.signer(self.position, self.ordinal)
         return self._cursor
 
     def _key(self) -> tuple[Any, ...]:

@@ -52,7 +52,11 @@ class SessionCreated(_RecordBase, tag=1, frozen=True):
 
 
 class EventAppended(_RecordBase, tag=2, frozen=True):
-    """One accepted event of a session; `ordinal` is dense per incarnation from 1."""
+    """One accepted event of a session; `ordinal` is dense per incarnation from 1.
+
+    `position` repeats the record's own store position (implied by its frame) so a reader
+    decodes it instead of computing it per event, and `verify` can cross-check it.
+    """
 
     incarnation: int
     ordinal: int
@@ -60,6 +64,7 @@ class EventAppended(_RecordBase, tag=2, frozen=True):
     type: str
     data: bytes
     request_id: str | None = None
+    position: int = 0
 
 
 class StateChanged(_RecordBase, tag=3, frozen=True):

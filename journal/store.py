@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import lmdb
 import msgspec
@@ -61,6 +62,7 @@ from .models import (
     SessionMetadata,
     SessionPage,
     SessionState,
+    _ReadContext,
 )
 from .records import (
     EventAppended,
@@ -970,7 +972,9 @@ class Journal:
             return [], False
         incarnation = row.incarnation
         session_id = row.session_id
-        signer = partial(self._codec.encode, TokenKind.SESSION, self._scope(row))
+        context = _ReadContext(
+            session_id, partial(self._codec.encode, TokenKind.SESSION, self._scope(row))
+        )
         events: list[Event] = []
         size = 0
         expected = start
@@ -992,7 +996,39 @@ class Journal:
                 except msgspec.DecodeError as e:
                     raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
                 position = info.first_position
-                # The hot loop of every read: kept flat, no calls but the list append.
+                count = len(records)
+                first_record = records[0]
+                last_record = records[-1]
+                if (
+                    first_record.__class__ is Event
+                    and last_record.__class__ is Event
+                    and first_record._incarnation == incarnation
+                    and last_record._incarnation == incarnation
+                    and first_record.ordinal == expected
+                    and last_record.ordinal == expected + count - 1
+                    and last_record.ordinal <= last
+                    and size + info.body_length <= max_bytes
+                ):
+                    # The common frame: one batch of this session's next events (dense
+                    # ordinals leave no room for other records between first and last),
+                    # and it fits the page whole (the body length bounds the data).
+                    batch = cast("list[Event]", records)
+                    if first_record.position == position:
+                        for event in batch:
+                            event._context = context
+                            size += len(event.data)
+                    else:  # written before records carried their position
+                        for event in batch:
+                            event._context = context
+                            event.position = position
+                            size += len(event.data)
+                            position += 1
+                    events.extend(batch)
+                    expected += count
+                    if expected > last:
+                        break
+                    continue
+                # The general case, one record at a time: kept flat, no calls in the loop.
                 for record in records:
                     if record.__class__ is Event and record._incarnation == incarnation:
                         ordinal = record.ordinal
@@ -1008,9 +1044,8 @@ class Journal:
                             if events and size + length > max_bytes:
                                 full = True
                                 break
-                            record.session_id = session_id
                             record.position = position
-                            record._signer = signer
+                            record._context = context
                             append(record)
                             size += length
                             expected += 1
@@ -1104,6 +1139,20 @@ class Journal:
         live: bool,
         max_bytes: int,
     ) -> Iterator[Event]:
+        # Pages are flattened by itertools.chain (in C): no generator frame per event.
+        return itertools.chain.from_iterable(
+            self._follow_pages(row, after, stop=stop, live=live, max_bytes=max_bytes)
+        )
+
+    def _follow_pages(
+        self,
+        row: SessionRow,
+        after: int,
+        *,
+        stop: threading.Event | None,
+        live: bool,
+        max_bytes: int,
+    ) -> Iterator[list[Event]]:
         readers: dict[int, SegmentReader] = {}
         try:
             while not self._closed:
@@ -1112,7 +1161,7 @@ class Journal:
                 events, has_more, terminal, seen = self._page_after(row, after, max_bytes, readers)
                 if events:
                     after = events[-1].ordinal
-                    yield from events
+                    yield events
                 if has_more:
                     continue
                 if not live or terminal:
@@ -1379,9 +1428,10 @@ class _Planner:
             )
         first = pending.last_ordinal + 1
         now = self.now
+        base = self.next_position
         self.records.extend(
             [
-                EventAppended(incarnation, first + i, now, e.type, e.data, e.request_id)
+                EventAppended(incarnation, first + i, now, e.type, e.data, e.request_id, base + i)
                 for i, e in enumerate(events)
             ]
         )
