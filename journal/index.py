@@ -19,7 +19,7 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import lmdb
@@ -276,14 +276,52 @@ class Projection:
             self._old_deadlines[incarnation] = row.deadline()
         return row
 
-    def apply(self, info: FrameInfo, records: list[Record]) -> None:
+    def apply(
+        self,
+        info: FrameInfo,
+        records: list[Record],
+        runs: Sequence[tuple[int, int, int, int, int]] = (),
+    ) -> None:
+        """Project one committed frame. `runs` (from the writer that planned the frame) are
+        (start index, count, incarnation, first ordinal, data bytes) of consecutive event
+        records of one session, applied in O(1) each; without runs (catch-up, rebuild)
+        every record is applied one by one, with the same result."""
+        indexed: set[int] = set()
+        at = 0
+        for start, count, incarnation, first_ordinal, data_bytes in runs:
+            if start > at:
+                self._apply_records(info, records, at, start, indexed)
+            row = self.row(incarnation)
+            if row is not None and first_ordinal == row.last_ordinal + 1:
+                row.last_ordinal = first_ordinal + count - 1
+                row.last_event_position = info.first_position + start + count - 1
+                row.retained_bytes += data_bytes
+                if incarnation not in indexed:
+                    indexed.add(incarnation)
+                    self.txn.put(
+                        U64X2.pack(incarnation, first_ordinal),
+                        U64X2.pack(info.segment, info.offset),
+                        db=self.view.events,
+                    )
+            else:
+                self._apply_records(info, records, start, start + count, indexed)
+            at = start + count
+        if at < len(records):
+            self._apply_records(info, records, at, len(records), indexed)
+        self.head.next_position = info.first_position + info.count
+        self.head.segment = info.segment
+        self.head.end_offset = info.end_offset
+
+    def _apply_records(
+        self, info: FrameInfo, records: list[Record], lo: int, hi: int, indexed: set[int]
+    ) -> None:
         txn = self.txn
         view = self.view
-        indexed: set[int] = set()
-        position = info.first_position
+        position = info.first_position + lo
         current = -1
         row: SessionRow | None = None
-        for record in records:
+        for index in range(lo, hi):
+            record = records[index]
             if isinstance(record, EventAppended):
                 # Frames are mostly runs of one session's events: look its row up once.
                 if record.incarnation != current:
@@ -384,9 +422,6 @@ class Projection:
                     txn.delete(row.session_id.encode(), db=view.sessions)
                     self._feed(position, LifecycleEventType.EVICTED, record.at_ms, row)
             position += 1
-        self.head.next_position = info.first_position + info.count
-        self.head.segment = info.segment
-        self.head.end_offset = info.end_offset
 
     def _feed(self, position: int, event: LifecycleEventType, at_ms: int, row: SessionRow) -> None:
         # The row is encoded now: later records in this frame must not change this entry.

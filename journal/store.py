@@ -576,7 +576,7 @@ class Journal:
                     info = log.append(
                         encode_frame_body(planner.records), len(planner.records), planner.runs
                     )
-                    projection.apply(info, planner.records)
+                    projection.apply(info, planner.records, planner.event_runs)
                     projection.flush()
                 except BaseException:
                     self._undo_append(before)
@@ -1317,6 +1317,8 @@ class _Planner:
         self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
         # incarnation -> (first, last) ordinal of its events in this frame, for the sidecar.
         self.runs: dict[int, tuple[int, int]] = {}
+        # (start index, count, incarnation, first ordinal, data bytes) per append.
+        self.event_runs: list[tuple[int, int, int, int, int]] = []
         self._finishers: list[tuple[_Request, Any]] = []
 
     def _emit(self, record: Record) -> int:
@@ -1429,6 +1431,9 @@ class _Planner:
         first = pending.last_ordinal + 1
         now = self.now
         base = self.next_position
+        self.event_runs.append(
+            (len(self.records), len(events), incarnation, first, sum(len(e.data) for e in events))
+        )
         self.records.extend(
             [
                 EventAppended(incarnation, first + i, now, e.type, e.data, e.request_id, base + i)
