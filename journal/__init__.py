@@ -34,6 +34,7 @@ from .models import LifecycleEvent as LifecycleEvent
 from .models import LifecycleEventType as LifecycleEventType
 from .models import Page as Page
 from .models import RetentionPolicy as RetentionPolicy
+from .models import RetentionReport as RetentionReport
 from .models import SessionMetadata as SessionMetadata
 from .models import SessionPage as SessionPage
 from .models import SessionState as SessionState
@@ -74,6 +75,7 @@ __all__ = [
     "Page",
     "ReadOnlyStore",
     "RetentionPolicy",
+    "RetentionReport",
     "SessionExists",
     "SessionMetadata",
     "SessionNotFound",

@@ -10,10 +10,14 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
     meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer
     sessions     session id (utf-8) -> SessionRow
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
-    events       u64 incarnation + u64 first ordinal in a frame -> u64 segment, u64 offset
+    events       u64 incarnation + u64 first ordinal in a frame -> u64 segment, u64 offset,
+                 u64 session bytes appended before the frame, u64 frame time (ms)
     idem         u64 incarnation + key (utf-8) -> IdemEntry
     feed         u64 position of a lifecycle record -> FeedEntry
     deadlines    u64 due ms + u64 incarnation -> b""  (TTL and suspension caps)
+    pins         u64 position -> u64 incarnation: non-event records that must survive
+                 compaction (a live session's creation, last transition, snapshot, trim
+                 and idempotency records)
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ _INITIAL_MAP_SIZE: Final = 1 << 36
 
 U64: Final = struct.Struct(">Q")
 U64X2: Final = struct.Struct(">QQ")
+# events value: segment, frame offset, session bytes appended before the frame, frame time
+LOCATION: Final = struct.Struct(">QQQQ")
 
 
 class SessionRow(msgspec.Struct, array_like=True):
@@ -79,6 +85,10 @@ class SessionRow(msgspec.Struct, array_like=True):
     snapshot_position: int = 0
     max_history_bytes: int | None = None
     max_history_age_ms: int | None = None
+    appended_bytes: int = 0
+    trim_position: int = 0
+    snapshot_segment: int = 0
+    snapshot_offset: int = 0
 
     @property
     def session_state(self) -> SessionState:
@@ -120,6 +130,7 @@ class IdemEntry(msgspec.Struct, array_like=True):
     last_ordinal: int
     digest: bytes
     last_position: int = 0
+    position: int = 0
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -146,7 +157,16 @@ class View:
             lock=True,
             subdir=True,
         )
-        names = (b"meta", b"sessions", b"incarnations", b"events", b"idem", b"feed", b"deadlines")
+        names = (
+            b"meta",
+            b"sessions",
+            b"incarnations",
+            b"events",
+            b"idem",
+            b"feed",
+            b"deadlines",
+            b"pins",
+        )
         if readonly:
             # Handles opened inside a read transaction die with it: let LMDB open them in
             # its own (committed) transaction instead.
@@ -162,6 +182,7 @@ class View:
             self.idem,
             self.feed,
             self.deadlines,
+            self.pins,
         ) = handles
 
     def close(self) -> None:
@@ -176,6 +197,7 @@ class View:
             self.idem,
             self.feed,
             self.deadlines,
+            self.pins,
         ]
 
     # -- reads (any transaction) ---------------------------------------------------------
@@ -229,7 +251,7 @@ class View:
             if key[:8] != prefix:
                 return
             _, first_ordinal = U64X2.unpack(key)
-            segment, offset = U64X2.unpack(cursor.value())
+            segment, offset, _, _ = LOCATION.unpack(cursor.value())
             yield first_ordinal, segment, offset
             if not cursor.next():
                 return
@@ -255,7 +277,9 @@ class Projection:
     """Applies committed frames to the view inside one write transaction.
 
     Rows touched by a frame are cached and written back by `flush()`; the same instance may
-    apply many frames (catch-up) before flushing.
+    apply many frames (catch-up, rebuild) before flushing. The projection tolerates a log
+    whose dead records were compacted away: a session's first surviving event starts its
+    retained range, and trim or snapshot records raise `first_ordinal` whenever they come.
     """
 
     def __init__(self, view: View, txn: lmdb.Transaction, head: Head) -> None:
@@ -293,16 +317,13 @@ class Projection:
                 self._apply_records(info, records, at, start, indexed)
             row = self.row(incarnation)
             if row is not None and first_ordinal == row.last_ordinal + 1:
-                row.last_ordinal = first_ordinal + count - 1
-                row.last_event_position = info.first_position + start + count - 1
-                row.retained_bytes += data_bytes
                 if incarnation not in indexed:
                     indexed.add(incarnation)
-                    self.txn.put(
-                        U64X2.pack(incarnation, first_ordinal),
-                        U64X2.pack(info.segment, info.offset),
-                        db=self.view.events,
-                    )
+                    self._index_frame(row, first_ordinal, info, records[start])
+                row.last_ordinal = first_ordinal + count - 1
+                row.last_event_position = info.first_position + start + count - 1
+                row.appended_bytes += data_bytes
+                row.retained_bytes += data_bytes
             else:
                 self._apply_records(info, records, start, start + count, indexed)
             at = start + count
@@ -311,6 +332,14 @@ class Projection:
         self.head.next_position = info.first_position + info.count
         self.head.segment = info.segment
         self.head.end_offset = info.end_offset
+
+    def _index_frame(self, row: SessionRow, ordinal: int, info: FrameInfo, record: Record) -> None:
+        timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0
+        self.txn.put(
+            U64X2.pack(row.incarnation, ordinal),
+            LOCATION.pack(info.segment, info.offset, row.appended_bytes, timestamp),
+            db=self.view.events,
+        )
 
     def _apply_records(
         self, info: FrameInfo, records: list[Record], lo: int, hi: int, indexed: set[int]
@@ -327,23 +356,22 @@ class Projection:
                 if record.incarnation != current:
                     current = record.incarnation
                     row = self.row(current)
-                if row is not None and record.ordinal == row.last_ordinal + 1:
-                    row.last_ordinal = record.ordinal
-                    row.last_event_position = position
-                    row.retained_bytes += len(record.data)
+                if row is not None and record.ordinal > row.last_ordinal:
+                    if record.ordinal != row.last_ordinal + 1:
+                        # Only a compacted log has gaps: what came before is not retained.
+                        row.first_ordinal = max(row.first_ordinal, record.ordinal)
+                        self._trim(row)
                     if current not in indexed:
                         indexed.add(current)
-                        txn.put(
-                            U64X2.pack(current, record.ordinal),
-                            U64X2.pack(info.segment, info.offset),
-                            db=view.events,
-                        )
+                        self._index_frame(row, record.ordinal, info, record)
+                    row.last_ordinal = record.ordinal
+                    row.last_event_position = position
+                    row.appended_bytes += len(record.data)
+                    row.retained_bytes += len(record.data)
                 position += 1
                 continue
             current = -1
-            kind = record.__class__
-            if kind is SessionCreated:
-                assert isinstance(record, SessionCreated)
+            if isinstance(record, SessionCreated):
                 row = SessionRow(
                     session_id=record.session_id,
                     incarnation=position,
@@ -366,18 +394,18 @@ class Projection:
                 self.rows[position] = row
                 self._old_deadlines[position] = None
                 txn.put(U64.pack(position), record.session_id.encode(), db=view.incarnations)
+                self._pin(position, position)
                 self._feed(position, LifecycleEventType.CREATED, record.created_at_ms, row)
-            elif kind is StateChanged:
-                assert isinstance(record, StateChanged)
+            elif isinstance(record, StateChanged):
                 row = self.row(record.incarnation)
                 if row is not None:
                     state = SessionState.from_wire(record.state)
                     row.state = record.state
+                    if row.lifecycle_position != row.incarnation:
+                        self._unpin(row.lifecycle_position)
                     row.lifecycle_position = position
-                    if state is SessionState.SUSPENDED:
-                        row.suspended_at_ms = record.at_ms
-                    else:
-                        row.suspended_at_ms = None
+                    self._pin(position, row.incarnation)
+                    row.suspended_at_ms = record.at_ms if state is SessionState.SUSPENDED else None
                     if state.terminal:
                         row.ended_at_ms = record.at_ms
                     event = (
@@ -386,42 +414,132 @@ class Projection:
                         else _TRANSITION_EVENTS[state]
                     )
                     self._feed(position, event, record.at_ms, row)
-            elif kind is IdempotencyKeyUsed:
-                assert isinstance(record, IdempotencyKeyUsed)
-                txn.put(
-                    U64.pack(record.incarnation) + record.key.encode(),
-                    _encoder.encode(
-                        IdemEntry(
-                            record.first_ordinal,
-                            record.last_ordinal,
-                            record.digest,
-                            record.last_position,
-                        )
-                    ),
-                    db=view.idem,
-                )
-            elif kind is HistoryTrimmed:
-                assert isinstance(record, HistoryTrimmed)
-                row = self.row(record.incarnation)
-                if row is not None and record.first_ordinal > row.first_ordinal:
-                    row.first_ordinal = record.first_ordinal
-            elif kind is SnapshotTaken:
-                assert isinstance(record, SnapshotTaken)
+            elif isinstance(record, IdempotencyKeyUsed):
                 row = self.row(record.incarnation)
                 if row is not None:
+                    txn.put(
+                        U64.pack(record.incarnation) + record.key.encode(),
+                        _encoder.encode(
+                            IdemEntry(
+                                record.first_ordinal,
+                                record.last_ordinal,
+                                record.digest,
+                                record.last_position,
+                                position,
+                            )
+                        ),
+                        db=view.idem,
+                    )
+                    self._pin(position, record.incarnation)
+            elif isinstance(record, HistoryTrimmed):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    if row.trim_position:
+                        self._unpin(row.trim_position)
+                    row.trim_position = position
+                    self._pin(position, row.incarnation)
+                    row.last_ordinal = max(row.last_ordinal, record.first_ordinal - 1)
+                    if record.first_ordinal > row.first_ordinal:
+                        row.first_ordinal = record.first_ordinal
+                        self._trim(row)
+            elif isinstance(record, SnapshotTaken):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    if row.snapshot_position:
+                        self._unpin(row.snapshot_position)
                     row.snapshot_ordinal = record.through_ordinal
                     row.snapshot_position = position
+                    row.snapshot_segment = info.segment
+                    row.snapshot_offset = info.offset
+                    self._pin(position, row.incarnation)
+                    row.last_ordinal = max(row.last_ordinal, record.through_ordinal)
                     if record.through_ordinal + 1 > row.first_ordinal:
                         row.first_ordinal = record.through_ordinal + 1
-            elif kind is SessionEvicted:
-                assert isinstance(record, SessionEvicted)
+                        self._trim(row)
+            elif isinstance(record, SessionEvicted):
                 row = self.row(record.incarnation)
                 if row is not None:
                     del self.rows[record.incarnation]
                     self._evicted[record.incarnation] = row
-                    txn.delete(row.session_id.encode(), db=view.sessions)
+                    self._drop_session(row)
                     self._feed(position, LifecycleEventType.EVICTED, record.at_ms, row)
             position += 1
+
+    def _pin(self, position: int, incarnation: int) -> None:
+        self.txn.put(U64.pack(position), U64.pack(incarnation), db=self.view.pins)
+
+    def _unpin(self, position: int) -> None:
+        self.txn.delete(U64.pack(position), db=self.view.pins)
+
+    def _trim(self, row: SessionRow) -> None:
+        """Drop what fell below `first_ordinal`: index entries of frames wholly below it
+        and idempotency keys of appends wholly below it."""
+        txn = self.txn
+        view = self.view
+        prefix = U64.pack(row.incarnation)
+        cursor = txn.cursor(db=view.events)
+        below: list[tuple[bytes, int]] = []  # entries of frames starting at or below first
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                key = bytes(cursor.key())
+                if U64X2.unpack(key)[1] > row.first_ordinal:
+                    break
+                below.append((key, LOCATION.unpack(cursor.value())[2]))
+                if not cursor.next():
+                    break
+        everything = row.last_ordinal < row.first_ordinal
+        # The last frame starting at or below first_ordinal still holds it (unless nothing
+        # is retained at all): every earlier frame is wholly below it.
+        doomed = below if everything else below[:-1]
+        for key, _ in doomed:
+            txn.delete(key, db=view.events)
+        if everything:
+            row.retained_bytes = 0
+        elif below:
+            row.retained_bytes = max(0, row.appended_bytes - below[-1][1])
+        cursor = txn.cursor(db=view.idem)
+        stale: list[tuple[bytes, int]] = []
+        if cursor.set_range(prefix):
+            while cursor.key()[:8] == prefix:
+                entry = _idem_decoder.decode(cursor.value())
+                if entry.last_ordinal < row.first_ordinal:
+                    stale.append((bytes(cursor.key()), entry.position))
+                if not cursor.next():
+                    break
+        for key, position in stale:
+            txn.delete(key, db=view.idem)
+            if position:
+                self._unpin(position)
+
+    def _drop_session(self, row: SessionRow) -> None:
+        """An evicted session: remove its row, index entries, keys and pins (its
+        incarnation -> id entry stays, so old page tokens still resolve)."""
+        txn = self.txn
+        view = self.view
+        txn.delete(row.session_id.encode(), db=view.sessions)
+        prefix = U64.pack(row.incarnation)
+        for db in (view.events, view.idem):
+            cursor = txn.cursor(db=db)
+            keys: list[bytes] = []
+            if cursor.set_range(prefix):
+                while cursor.key()[:8] == prefix:
+                    keys.append(bytes(cursor.key()))
+                    if db is view.idem:
+                        position = _idem_decoder.decode(cursor.value()).position
+                        if position:
+                            self._unpin(position)
+                    if not cursor.next():
+                        break
+            for key in keys:
+                txn.delete(key, db=db)
+        for position in (
+            row.incarnation,
+            row.lifecycle_position,
+            row.snapshot_position,
+            row.trim_position,
+        ):
+            if position:
+                self._unpin(position)
 
     def _feed(self, position: int, event: LifecycleEventType, at_ms: int, row: SessionRow) -> None:
         # The row is encoded now: later records in this frame must not change this entry.

@@ -20,6 +20,7 @@ __all__ = [
     "LifecycleEventType",
     "Page",
     "RetentionPolicy",
+    "RetentionReport",
     "SessionMetadata",
     "SessionPage",
     "SessionState",
@@ -225,6 +226,15 @@ class RetentionPolicy(msgspec.Struct, frozen=True):
     max_history_age_ms: int | None = None
     session_retention_ms: int | None = None
     session_retention_from: str = "ended"
+
+
+class RetentionReport(msgspec.Struct, frozen=True):
+    """What one `apply_retention` pass did."""
+
+    trimmed_sessions: list[str]
+    evicted_sessions: list[str]
+    deleted_segments: list[str]
+    reclaimed_bytes: int
 
 
 class Snapshot(msgspec.Struct, frozen=True):

@@ -50,7 +50,7 @@ from .errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from .index import FeedEntry, Head, Projection, SessionRow, View
+from .index import LOCATION, U64, U64X2, FeedEntry, Head, Projection, SessionRow, View
 from .models import (
     AppendResult,
     Event,
@@ -59,16 +59,21 @@ from .models import (
     LifecycleEventType,
     Page,
     RetentionPolicy,
+    RetentionReport,
     SessionMetadata,
     SessionPage,
     SessionState,
+    Snapshot,
     _ReadContext,
 )
 from .records import (
     EventAppended,
+    HistoryTrimmed,
     IdempotencyKeyUsed,
     Record,
     SessionCreated,
+    SessionEvicted,
+    SnapshotTaken,
     StateChanged,
     decode_frame_body,
     decode_frame_for_read,
@@ -838,6 +843,57 @@ class Journal:
         result: list[SessionMetadata] = self._submit("expire", now_ms)
         return result
 
+    def compact_session(self, session_id: str, through_ordinal: int, snapshot: bytes) -> Snapshot:
+        """Store `snapshot` as standing for every event up to `through_ordinal` and drop
+        those events: the retained range then starts at `through_ordinal + 1`. Ordinals of
+        the events kept do not change. Works on terminal sessions too."""
+        _check_name("session_id", session_id)
+        if not isinstance(through_ordinal, int) or through_ordinal < 1:
+            raise InvalidArgument("through_ordinal must be an int >= 1")
+        if not isinstance(snapshot, bytes):
+            raise InvalidArgument("snapshot must be bytes (encode it first)")
+        if len(snapshot) > MAX_BATCH_BYTES:
+            raise InvalidArgument(f"a snapshot is limited to {MAX_BATCH_BYTES} bytes")
+        result: Snapshot = self._submit("compact_session", session_id, through_ordinal, snapshot)
+        return result
+
+    def snapshot(self, session_id: str) -> Snapshot | None:
+        """The session's latest snapshot (with a cursor to resume after it), or None."""
+        self._check_open()
+        with self._view.env.begin() as txn:
+            row = self._row(txn, session_id)
+        if not row.snapshot_position:
+            return None
+        with SegmentReader(self._log.directory, row.snapshot_segment) as reader:
+            info, body = reader.read_frame(row.snapshot_offset)
+            position = info.first_position
+            for record in decode_frame_body(body):
+                if (
+                    isinstance(record, SnapshotTaken)
+                    and record.incarnation == row.incarnation
+                    and record.through_ordinal == row.snapshot_ordinal
+                ):
+                    return Snapshot(
+                        row.session_id,
+                        record.through_ordinal,
+                        record.data,
+                        self._codec.encode(
+                            TokenKind.SESSION, self._scope(row), position, record.through_ordinal
+                        ),
+                    )
+                position += 1
+        raise JournalCorrupt(
+            reader.name, row.snapshot_offset, f"the snapshot of {session_id!r} is missing"
+        )
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Apply the history windows and session retention, then delete segments that hold
+        nothing live. Also runs by itself whenever the writer starts a new segment."""
+        if now_ms is not None and not isinstance(now_ms, int):
+            raise InvalidArgument("now_ms must be an int (ms since the epoch) or None")
+        report: RetentionReport = self._submit("retention", now_ms)
+        return report
+
     # -- sessions: reads -------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionMetadata:
@@ -1302,6 +1358,52 @@ class Journal:
                 await self._notifier.await_change(seen)
 
 
+_ABSENT: Final = object()
+
+
+def _window_start(
+    txn: lmdb.Transaction, view: View, row: SessionRow, policy: RetentionPolicy, now: int
+) -> int:
+    """The first ordinal the session's history windows keep (frame granularity: a window
+    never cuts a batch, and the newest frame is kept whatever its size)."""
+    limit_bytes = row.max_history_bytes or policy.max_history_bytes
+    limit_age = row.max_history_age_ms or policy.max_history_age_ms
+    over_bytes = limit_bytes is not None and row.retained_bytes > limit_bytes
+    if not over_bytes and limit_age is None:
+        return row.first_ordinal
+    new_first = row.first_ordinal
+    prefix = U64.pack(row.incarnation)
+    cursor = txn.cursor(db=view.events)
+    if not cursor.set_range(prefix):
+        return new_first
+    frames: list[tuple[int, int, int]] = []  # first ordinal, bytes before, time
+    while cursor.key()[:8] == prefix:
+        _, first_in_frame = U64X2.unpack(cursor.key())
+        _, _, bytes_before, timestamp = LOCATION.unpack(cursor.value())
+        frames.append((first_in_frame, bytes_before, timestamp))
+        if not cursor.next():
+            break
+    if not frames:
+        return new_first
+    if over_bytes and limit_bytes is not None:
+        for first_in_frame, bytes_before, _ in frames:
+            if row.appended_bytes - bytes_before <= limit_bytes:
+                new_first = max(new_first, first_in_frame)
+                break
+        else:
+            new_first = max(new_first, frames[-1][0])
+    if limit_age is not None:
+        horizon = now - limit_age
+        if frames[-1][2] < horizon:
+            new_first = max(new_first, row.last_ordinal + 1)
+        else:
+            for first_in_frame, _, timestamp in frames:
+                if timestamp >= horizon:
+                    new_first = max(new_first, first_in_frame)
+                    break
+    return new_first
+
+
 class _Planner:
     """Validates one batch of requests against the state inside the write transaction and
     turns them into records, in order, as if they were applied one by one."""
@@ -1473,6 +1575,59 @@ class _Planner:
         pending.state = target
         self._finishers.append((request, ("feed", position)))
 
+    def _plan_compact_session(
+        self, request: _Request, session_id: str, through_ordinal: int, data: bytes
+    ) -> None:
+        pending = self._existing(session_id)
+        row = pending.row
+        if through_ordinal > pending.last_ordinal:
+            raise InvalidArgument(
+                f"session {session_id!r} ends at ordinal {pending.last_ordinal}; a snapshot "
+                f"cannot stand for events up to {through_ordinal}"
+            )
+        if through_ordinal < row.snapshot_ordinal:
+            raise InvalidArgument(
+                f"session {session_id!r} already has a snapshot through ordinal "
+                f"{row.snapshot_ordinal}; a new one must reach at least that far"
+            )
+        position = self._emit(SnapshotTaken(pending.incarnation, through_ordinal, self.now, data))
+        request.result = Snapshot(
+            session_id,
+            through_ordinal,
+            data,
+            self.journal._codec.encode(
+                TokenKind.SESSION, self.journal._scope(row), position, through_ordinal
+            ),
+        )
+
+    def _plan_retention(self, request: _Request, now_ms: int | None) -> None:
+        now = self.now if now_ms is None else now_ms
+        policy = self.journal.retention
+        view = self.view
+        trimmed: list[str] = []
+        evicted: list[str] = []
+        for _, raw in self.txn.cursor(db=view.sessions):
+            row = view.decode_row(bytes(raw))
+            if self.sessions.get(row.session_id, _ABSENT) is not _ABSENT:
+                continue  # changed earlier in this batch: left for the next pass
+            state = row.session_state
+            if state.terminal and policy.session_retention_ms is not None:
+                since = (
+                    row.created_at_ms
+                    if policy.session_retention_from == "started"
+                    else (row.ended_at_ms or row.created_at_ms)
+                )
+                if since + policy.session_retention_ms <= now:
+                    self._emit(SessionEvicted(row.incarnation, self.now))
+                    self.sessions[row.session_id] = None
+                    evicted.append(row.session_id)
+                    continue
+            new_first = _window_start(self.txn, view, row, policy, now)
+            if new_first > row.first_ordinal:
+                self._emit(HistoryTrimmed(row.incarnation, new_first, self.now))
+                trimmed.append(row.session_id)
+        self._finishers.append((request, ("retention", (trimmed, evicted))))
+
     def _plan_expire(self, request: _Request, now_ms: int | None) -> None:
         now = self.now if now_ms is None else now_ms
         view = self.view
@@ -1515,5 +1670,8 @@ class _Planner:
                 request.result = self._feed_metadata(value)
             elif kind == "feeds":
                 request.result = [self._feed_metadata(p) for p in value]
+            elif kind == "retention":
+                trimmed, evicted = value
+                request.result = RetentionReport(trimmed, evicted, [], 0)
             else:
                 request.result = _metadata(self.journal._row(txn, value))
