@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from journal import EventIn, Journal
+from journal import EventIn, Journal, RetentionPolicy
 
 from .events import EVENT_BYTES, make_events
 from .timing import percentile
@@ -92,7 +92,9 @@ def resume_latency(directory: str, events: int, bodies: list[bytes]) -> dict[str
     """Build one session of `events` events; time read(cursor in the middle) -> first event."""
     batch = 1000
     cursors = []
-    with Journal.open(os.path.join(directory, "resume"), durability="os") as j:
+    # No history window: the whole session stays retained for the measurement.
+    unbounded = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(os.path.join(directory, "resume"), durability="os", retention=unbounded) as j:
         j.create_session("big")
         for first in range(0, events, batch):
             n = min(batch, events - first)
@@ -102,7 +104,7 @@ def resume_latency(directory: str, events: int, bodies: list[bytes]) -> dict[str
             if events // 3 <= result.last_ordinal <= 2 * events // 3:
                 cursors.append(result.cursor)
     samples: list[int] = []
-    with Journal.open(os.path.join(directory, "resume")) as j:
+    with Journal.open(os.path.join(directory, "resume"), retention=unbounded) as j:
         for cursor in cursors[:: max(1, len(cursors) // 200)]:
             start = time.perf_counter_ns()
             page = j.read("big", cursor=cursor, max_bytes=1)

@@ -17,7 +17,9 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
     deadlines    u64 due ms + u64 incarnation -> b""  (TTL and suspension caps)
     pins         u64 position -> u64 incarnation: non-event records that must survive
                  compaction (a live session's creation, last transition, snapshot, trim
-                 and idempotency records)
+                 and idempotency records; an eviction record while its session's
+                 creation record may still exist)
+    tombstones   u64 incarnation -> u64 position of its eviction record
 """
 
 from __future__ import annotations
@@ -166,6 +168,7 @@ class View:
             b"feed",
             b"deadlines",
             b"pins",
+            b"tombstones",
         )
         if readonly:
             # Handles opened inside a read transaction die with it: let LMDB open them in
@@ -183,6 +186,7 @@ class View:
             self.feed,
             self.deadlines,
             self.pins,
+            self.tombstones,
         ) = handles
 
     def close(self) -> None:
@@ -198,6 +202,7 @@ class View:
             self.feed,
             self.deadlines,
             self.pins,
+            self.tombstones,
         ]
 
     # -- reads (any transaction) ---------------------------------------------------------
@@ -463,6 +468,10 @@ class Projection:
                     self._evicted[record.incarnation] = row
                     self._drop_session(row)
                     self._feed(position, LifecycleEventType.EVICTED, record.at_ms, row)
+                    # Kept while the creation record may survive somewhere: a rebuild must
+                    # not bring the session back.
+                    self._pin(position, record.incarnation)
+                    txn.put(U64.pack(record.incarnation), U64.pack(position), db=view.tombstones)
             position += 1
 
     def _pin(self, position: int, incarnation: int) -> None:

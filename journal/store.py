@@ -79,12 +79,14 @@ from .records import (
     decode_frame_for_read,
     encode_frame_body,
 )
+from .retention import dead_segments, delete_segment_files, forget_segments
 from .segments import (
     DEFAULT_SEGMENT_BYTES,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SegmentLog,
     SegmentReader,
+    SegmentSummary,
     SegmentWriter,
     read_summary,
     segment_name,
@@ -365,6 +367,9 @@ class Journal:
         # Event type names already validated: a deliberate, bounded cache (types repeat).
         self._checked_types: set[str] = set()
         self._scopes: dict[tuple[str, int], bytes] = {}
+        # Sidecars of sealed segments, read once (they never change once written).
+        self._summaries: dict[int, SegmentSummary] = {}
+        self._retention_due = False
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._leading = False
@@ -523,6 +528,9 @@ class Journal:
                 batch, self._queue = self._queue, []
             try:
                 self._run_commit(batch)
+                if self._retention_due:
+                    self._retention_due = False
+                    self._run_commit([_Request("retention", (None,))])
             finally:
                 with self._cv:
                     for r in batch:
@@ -581,12 +589,20 @@ class Journal:
                     info = log.append(
                         encode_frame_body(planner.records), len(planner.records), planner.runs
                     )
+                    if info.segment != before[0]:
+                        # A segment was sealed: the moment to let retention reclaim space.
+                        self._retention_due = True
                     projection.apply(info, planner.records, planner.event_runs)
                     projection.flush()
                 except BaseException:
                     self._undo_append(before)
                     raise
             planner.finish(projection)
+        if planner.doomed:
+            freed = delete_segment_files(log, planner.doomed)
+            for request in batch:
+                if isinstance(request.result, RetentionReport):
+                    request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
         if planner.records:
             self._notifier.publish(projection.head.next_position)
 
@@ -638,7 +654,10 @@ class Journal:
             last = i == len(bases) - 1
             start = head.end_offset if base == head.segment else SEGMENT_HEADER_SIZE
             if base != head.segment:
-                if base != projection.head.next_position:
+                # Retention deletes dead segments, so a rebuild may find gaps between
+                # sealed ones; positions never go backwards, and the active segment
+                # always continues its predecessor.
+                if base < projection.head.next_position:
                     raise JournalCorrupt(
                         segment_name(base),
                         0,
@@ -647,14 +666,15 @@ class Journal:
                     )
                 projection.head.segment = base
                 projection.head.end_offset = SEGMENT_HEADER_SIZE
+                projection.head.next_position = base
             with SegmentReader(log.directory, base) as reader:
                 for info, body in reader.frames(start, tail=last):
-                    if info.first_position != projection.head.next_position:
+                    expected = projection.head.next_position
+                    if info.first_position < expected or (last and info.first_position != expected):
                         raise JournalCorrupt(
                             reader.name,
                             info.offset,
-                            f"frame starts at position {info.first_position}, expected "
-                            f"{projection.head.next_position}",
+                            f"frame starts at position {info.first_position}, expected {expected}",
                         )
                     projection.apply(info, decode_frame_body(body))
             if not last and read_summary(log.directory, base) is None:
@@ -1133,10 +1153,16 @@ class Journal:
         self._check_open()
         if not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidArgument("max_bytes must be an int >= 1")
-        with self._view.env.begin() as txn:
-            row = self._row(txn, session_id)
-            after = self._after_ordinal(row, cursor)
-            events, has_more = self._read_events(txn, row, after, max_bytes)
+        for attempt in range(3):
+            try:
+                with self._view.env.begin() as txn:
+                    row = self._row(txn, session_id)
+                    after = self._after_ordinal(row, cursor)
+                    events, has_more = self._read_events(txn, row, after, max_bytes)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
 
@@ -1172,6 +1198,19 @@ class Journal:
         self, row: SessionRow, after: int, max_bytes: int, readers: dict[int, SegmentReader]
     ) -> tuple[list[Event], bool, bool, int]:
         """(events, has_more, terminal, committed next position) in one read snapshot."""
+        for attempt in range(3):
+            try:
+                return self._page_after_once(row, after, max_bytes, readers)
+            except FileNotFoundError:
+                # Retention deleted a segment this snapshot still pointed at: a newer
+                # snapshot either no longer needs it or says the history expired.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _page_after_once(
+        self, row: SessionRow, after: int, max_bytes: int, readers: dict[int, SegmentReader]
+    ) -> tuple[list[Event], bool, bool, int]:
         with self._view.env.begin() as txn:
             head = self._view.head(txn)
             current = self._view.row(txn, row.session_id)
@@ -1421,6 +1460,8 @@ class _Planner:
         self.runs: dict[int, tuple[int, int]] = {}
         # (start index, count, incarnation, first ordinal, data bytes) per append.
         self.event_runs: list[tuple[int, int, int, int, int]] = []
+        # Segments the view forgot in this transaction: deleted once it commits.
+        self.doomed: list[int] = []
         self._finishers: list[tuple[_Request, Any]] = []
 
     def _emit(self, record: Record) -> int:
@@ -1672,6 +1713,13 @@ class _Planner:
                 request.result = [self._feed_metadata(p) for p in value]
             elif kind == "retention":
                 trimmed, evicted = value
-                request.result = RetentionReport(trimmed, evicted, [], 0)
+                dead = dead_segments(txn, self.view, self.journal._log, self.journal._summaries)
+                forget_segments(txn, self.view, dead)
+                for summary in dead:
+                    self.journal._summaries.pop(summary.base_position, None)
+                self.doomed.extend(summary.base_position for summary in dead)
+                request.result = RetentionReport(
+                    trimmed, evicted, [segment_name(s.base_position) for s in dead], 0
+                )
             else:
                 request.result = _metadata(self.journal._row(txn, value))
