@@ -44,6 +44,8 @@ from .store import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
 from .store import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from .store import MAX_PAGE_SIZE as MAX_PAGE_SIZE
 from .store import Journal as Journal
+from .verify import VerifyProblem as VerifyProblem
+from .verify import VerifyReport as VerifyReport
 
 __version__ = "0.1.0"
 
@@ -87,5 +89,7 @@ __all__ = [
     "StoreNotFound",
     "StoreUnavailable",
     "TokenError",
+    "VerifyProblem",
+    "VerifyReport",
     "__version__",
 ]

@@ -22,7 +22,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any, Final, Literal, cast
 
@@ -90,6 +90,15 @@ from .segments import (
     SegmentWriter,
     read_summary,
     segment_name,
+    summarize_segment,
+    write_summary,
+)
+from .verify import (
+    VerifyReport,
+    check_log,
+    compare_views,
+    project_log,
+    rebuild_into_temporary,
 )
 
 __all__ = [
@@ -914,6 +923,35 @@ class Journal:
         report: RetentionReport = self._submit("retention", now_ms)
         return report
 
+    def verify(
+        self, fix: bool = False, progress: Callable[[int, int], None] | None = None
+    ) -> VerifyReport:
+        """Check every frame checksum, every sidecar, and the view against the log.
+
+        `fix=False` only reports (problems name the segment and byte offset). `fix=True`
+        rewrites bad sidecars and rebuilds the LMDB view from the segments; damaged frames
+        themselves cannot be repaired (restore the segment from a backup).
+        `progress(done_bytes, total_bytes)` is called as segments are checked.
+        """
+        self._check_open()
+        if fix and self.readonly:
+            raise ReadOnlyStore("verify(fix=True) needs a writable journal")
+        if fix:
+            report: VerifyReport = self._submit("verify_fix", progress)
+            return report
+        with self._view.env.begin() as txn:
+            head = self._view.head(txn)
+        problems, frames, records, _ = check_log(self._log, head, progress)
+        if not any(p.segment != "index" for p in problems):
+            rebuilt, directory = rebuild_into_temporary(self._log)
+            try:
+                with self._view.env.begin() as txn, rebuilt.env.begin() as rebuilt_txn:
+                    problems += compare_views(self._view, txn, rebuilt, rebuilt_txn)
+            finally:
+                rebuilt.close()
+                shutil.rmtree(directory, ignore_errors=True)
+        return VerifyReport(len(self._log.bases()), frames, records, problems)
+
     # -- sessions: reads -------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionMetadata:
@@ -1615,6 +1653,26 @@ class _Planner:
         position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
         pending.state = target
         self._finishers.append((request, ("feed", position)))
+
+    def _plan_verify_fix(
+        self, request: _Request, progress: Callable[[int, int], None] | None
+    ) -> None:
+        journal = self.journal
+        view = self.view
+        head = view.head(self.txn)
+        problems, frames, records, bad_sidecars = check_log(journal._log, head, progress)
+        for base in bad_sidecars:
+            write_summary(journal._log.directory, summarize_segment(journal._log.directory, base))
+        for db in view.all_dbs():
+            self.txn.drop(db, delete=False)
+        self.txn.put(b"store", journal.store_id, db=view.meta)
+        self.txn.put(b"boot", _BOOT_ID, db=view.meta)
+        project_log(journal._log, view, self.txn)
+        journal._summaries.clear()
+        fixed = all(p.segment == "index" or p.segment.endswith(".idx") for p in problems)
+        request.result = VerifyReport(
+            len(journal._log.bases()), frames, records, problems, fixed=fixed
+        )
 
     def _plan_compact_session(
         self, request: _Request, session_id: str, through_ordinal: int, data: bytes
