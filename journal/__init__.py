@@ -5,6 +5,7 @@ The public API is what this module exports; every other module is private.
 
 from __future__ import annotations
 
+from .compaction import CompactionReport as CompactionReport
 from .errors import CursorExpired as CursorExpired
 from .errors import CursorForeign as CursorForeign
 from .errors import CursorFuture as CursorFuture
@@ -55,6 +56,7 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "MAX_PAGE_SIZE",
     "AppendResult",
+    "CompactionReport",
     "CursorExpired",
     "CursorForeign",
     "CursorFuture",

@@ -28,7 +28,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -62,6 +62,7 @@ SIDECAR_SUFFIX: Final = ".idx"
 
 SEGMENT_MAGIC: Final = b"SJSEG\x00\r\n"
 FLAG_COMPRESSED: Final = 1
+FLAG_COMPACTED: Final = 2  # some frames were dropped: block ranges have gaps
 # magic, version, flags, store id, base position, created_at_ms, crc32 of the preceding bytes
 _SEGMENT_HEADER: Final = struct.Struct(">8sHH16sQQI")
 SEGMENT_HEADER_SIZE: Final = 64
@@ -82,6 +83,11 @@ BLOCK_TARGET_BYTES: Final = 1 << 20
 MAX_BLOCK_BYTES: Final = MAX_FRAME_BODY + FRAME_HEADER_SIZE
 
 SIDECAR_MAGIC: Final = b"SJIDX\x00\r\n"
+FOOTER_MAGIC: Final = b"SJBT"
+# footer: magic, table length, crc32 of the table; then the table (msgpack list of blocks);
+# then the trailer: u64 file offset of the footer
+_FOOTER_HEADER: Final = struct.Struct(">4sII")
+_FOOTER_TRAILER: Final = struct.Struct(">Q")
 _SIDECAR_HEADER: Final = struct.Struct(">8sI")
 
 _READ_CHUNK: Final = 1 << 20
@@ -479,14 +485,37 @@ class SegmentReader:
         return _valid_frame_after(rest, 0, last_position)
 
     def block_table(self) -> list[tuple[int, int, int, int]]:
-        """(uncompressed offset, uncompressed length, file offset, compressed length)."""
+        """(uncompressed offset, uncompressed length, file offset, compressed length).
+
+        Read from the file's own footer (so it always matches this very file), or by
+        walking the block headers when there is no valid footer."""
         if self._blocks is None:
-            summary = read_summary(self.directory, self.base_position)
-            if summary is not None and summary.blocks:
-                self._blocks = list(summary.blocks)
-            else:
+            self._blocks = self._footer_blocks()
+            if self._blocks is None:
                 self._blocks = self._scan_blocks()
         return self._blocks
+
+    def _footer_blocks(self) -> list[tuple[int, int, int, int]] | None:
+        size = self.file_size()
+        if size < SEGMENT_HEADER_SIZE + _FOOTER_HEADER.size + _FOOTER_TRAILER.size:
+            return None
+        (footer_at,) = _FOOTER_TRAILER.unpack(
+            os.pread(self._fd, _FOOTER_TRAILER.size, size - _FOOTER_TRAILER.size)
+        )
+        if not SEGMENT_HEADER_SIZE <= footer_at < size:
+            return None
+        raw = os.pread(self._fd, size - _FOOTER_TRAILER.size - footer_at, footer_at)
+        if len(raw) < _FOOTER_HEADER.size:
+            return None
+        magic, length, crc = _FOOTER_HEADER.unpack_from(raw)
+        table = raw[_FOOTER_HEADER.size :]
+        if magic != FOOTER_MAGIC or len(table) != length or zlib.crc32(table) != crc:
+            return None
+        try:
+            blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
+        except msgspec.DecodeError:
+            return None
+        return blocks
 
     def _scan_blocks(self) -> list[tuple[int, int, int, int]]:
         blocks = []
@@ -497,6 +526,8 @@ class SegmentReader:
             if len(raw) < _BLOCK_HEADER.size:
                 raise JournalCorrupt(self.name, at, "compressed block header is cut short")
             magic, uoffset, ulength, clength, _crc = _BLOCK_HEADER.unpack(raw)
+            if magic == FOOTER_MAGIC:
+                break
             if magic != BLOCK_MAGIC:
                 raise JournalCorrupt(self.name, at, "bad compressed block magic")
             blocks.append((uoffset, ulength, at, clength))
@@ -758,24 +789,38 @@ def summarize_segment(directory: str, base_position: int) -> SegmentSummary:
 
 
 def compress_segment(
-    directory: str, base_position: int, *, level: int = 3
-) -> list[tuple[int, int, int, int]]:
-    """Write `<base>.seg.zst` beside a sealed plain segment; return its block table.
+    directory: str,
+    base_position: int,
+    *,
+    level: int = 3,
+    keep: Callable[[FrameInfo], bool] | None = None,
+    publish: bool = True,
+) -> tuple[str, SegmentSummary]:
+    """Write a compressed copy of a sealed segment; returns its path and its sidecar.
 
-    Blocks hold whole frames (about 1 MiB, or one larger frame), each an independent zstd
-    frame behind a checksummed block header, so a read decompresses only its blocks.
-    The plain file is left in place; the caller removes it after the sidecar is written.
+    Blocks hold whole frames that are contiguous in the original (about 1 MiB of them, or
+    one larger frame), each an independent zstd frame behind a checksummed block header,
+    so a read decompresses only its blocks. Frames keep their original (uncompressed)
+    offsets, so every index entry stays valid. `keep` selects the frames to copy (the
+    others are dropped: compaction); a dropped frame leaves a gap no block covers. A footer
+    holds the block table. With `publish`, the copy is renamed to `<base>.seg.zst` (the
+    plain file is left for the caller to remove); otherwise the temporary path is returned.
     """
     blocks: list[tuple[int, int, int, int]] = []
+    frames: list[tuple[int, int, int]] = []
+    sessions: dict[int, list[tuple[int, int, int]]] = {}
     final = os.path.join(directory, segment_name(base_position, compressed=True))
-    temporary = final + ".tmp"
+    temporary = f"{final}.{os.getpid()}.tmp"
     compressor = zstandard.ZstdCompressor(level=level)
+    data_end = SEGMENT_HEADER_SIZE
+    last_position = base_position - 1
     with SegmentReader(directory, base_position) as reader, open(temporary, "wb") as out:
-        header = reader.header._replace(flags=reader.header.flags | FLAG_COMPRESSED)
-        out.write(header.encode())
+        flags = reader.header.flags | FLAG_COMPRESSED | (FLAG_COMPACTED if keep else 0)
+        out.write(reader.header._replace(flags=flags).encode())
         file_offset = SEGMENT_HEADER_SIZE
         pending: list[bytes] = []
         pending_start = SEGMENT_HEADER_SIZE
+        pending_end = SEGMENT_HEADER_SIZE
         pending_size = 0
 
         def flush() -> None:
@@ -794,19 +839,53 @@ def compress_segment(
             pending_size = 0
 
         for info, body in reader.frames():
-            if pending and pending_size + FRAME_HEADER_SIZE + info.body_length > BLOCK_TARGET_BYTES:
+            if keep is not None and not keep(info):
+                continue
+            size = FRAME_HEADER_SIZE + info.body_length
+            if pending and (pending_size + size > BLOCK_TARGET_BYTES or info.offset != pending_end):
                 flush()
             if not pending:
                 pending_start = info.offset
             pending.append(encode_frame(bytes(body), info.first_position, info.count))
-            pending_size += FRAME_HEADER_SIZE + info.body_length
+            pending_size += size
+            pending_end = info.end_offset
+            frames.append((info.offset, info.first_position, info.count))
+            data_end = info.end_offset
+            last_position = info.last_position
+            for incarnation, run in _event_runs(reader.name, info, body).items():
+                sessions.setdefault(incarnation, []).append((run[0], run[1], info.offset))
         if pending:
             flush()
+        table = _summary_encoder.encode(blocks)
+        footer_at = file_offset
+        out.write(_FOOTER_HEADER.pack(FOOTER_MAGIC, len(table), zlib.crc32(table)))
+        out.write(table)
+        out.write(_FOOTER_TRAILER.pack(footer_at))
         out.flush()
         os.fsync(out.fileno())
+    summary = SegmentSummary(
+        FORMAT_VERSION, base_position, last_position, data_end, frames, sessions, blocks
+    )
+    if not publish:
+        return temporary, summary
     os.replace(temporary, final)
     _fsync_dir(directory)
-    return blocks
+    return final, summary
+
+
+def _event_runs(name: str, info: FrameInfo, body: memoryview) -> dict[int, tuple[int, int]]:
+    try:
+        records = decode_frame_body(body)
+    except msgspec.DecodeError as e:
+        raise JournalCorrupt(name, info.offset, f"undecodable frame: {e}") from None
+    seen: dict[int, tuple[int, int]] = {}
+    for record in records:
+        if type(record) is EventAppended:
+            run = seen.get(record.incarnation)
+            seen[record.incarnation] = (
+                (record.ordinal, record.ordinal) if run is None else (run[0], record.ordinal)
+            )
+    return seen
 
 
 @dataclass
@@ -950,7 +1029,8 @@ class SegmentLog:
         """
         summary = known if known is not None else summarize_segment(self.directory, base_position)
         if self.compress_sealed:
-            summary.blocks = compress_segment(self.directory, base_position)
+            _, compressed = compress_segment(self.directory, base_position)
+            summary.blocks = compressed.blocks
         write_summary(self.directory, summary)
         if self.compress_sealed:
             os.unlink(os.path.join(self.directory, segment_name(base_position)))

@@ -31,6 +31,14 @@ import msgspec
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
 
+from .compaction import (
+    DEFAULT_DEAD_SHARE,
+    CompactionReport,
+    file_identity,
+    live_frames,
+    rewrite,
+    swap_segment,
+)
 from .errors import (
     CursorExpired,
     CursorFuture,
@@ -122,6 +130,17 @@ _NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
 _digest_encoder: Final = msgspec.msgpack.Encoder()
 
 Durability = Literal["fsync", "os"]
+
+
+def _sealed_bytes(log: SegmentLog) -> int:
+    """Bytes of the sealed segments and their sidecars (the active one is preallocated)."""
+    total = 0
+    active = segment_name(log.bases()[-1]) if log.bases() else ""
+    for name in os.listdir(log.directory):
+        if name != active and not name.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(log.directory, name))
+    return total
 
 
 def _now_ms() -> int:
@@ -952,6 +971,56 @@ class Journal:
                 shutil.rmtree(directory, ignore_errors=True)
         return VerifyReport(len(self._log.bases()), frames, records, problems)
 
+    def compact(
+        self,
+        dead_share: float = DEFAULT_DEAD_SHARE,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> CompactionReport:
+        """Reclaim space: delete sealed segments that hold nothing live, and rewrite (zstd,
+        block-wise) those whose dead share is at least `dead_share`, or that are not yet
+        compressed, copying only live frames. Positions, ordinals and cursors are unchanged.
+        Writers and readers keep working meanwhile. `progress(done, total)` counts segments.
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStore("compact() needs a writable journal")
+        if not isinstance(dead_share, (int, float)) or not 0.0 <= dead_share <= 1.0:
+            raise InvalidArgument("dead_share must be a number between 0 and 1")
+        started = time.perf_counter()
+        directory = self._log.directory
+        bytes_before = _sealed_bytes(self._log)
+        retention: RetentionReport = self._submit("retention", None)
+        deleted = list(retention.deleted_segments)
+        rewritten: list[str] = []
+        copied = 0
+        bases = self._log.bases()[:-1]
+        for done, base in enumerate(bases, start=1):
+            source = file_identity(directory, base)
+            summary = read_summary(directory, base)
+            if source is None or summary is None:
+                continue
+            with self._view.env.begin() as txn:
+                live, live_bytes, total = live_frames(txn, self._view, summary)
+            compressed = source[0].endswith(".zst")
+            if live and compressed and total - live_bytes < dead_share * total:
+                continue
+            if not live:
+                continue  # dead: the retention pass above deletes those
+            temporary, new_summary = rewrite(directory, base, live)
+            if self._submit("swap", base, temporary, new_summary, source, summary.last_position):
+                rewritten.append(segment_name(base, compressed=True))
+                copied += live_bytes
+            if progress is not None:
+                progress(done, len(bases))
+        return CompactionReport(
+            rewritten,
+            deleted,
+            bytes_before,
+            _sealed_bytes(self._log),
+            copied,
+            time.perf_counter() - started,
+        )
+
     # -- sessions: reads -------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionMetadata:
@@ -1198,7 +1267,7 @@ class Journal:
                     after = self._after_ordinal(row, cursor)
                     events, has_more = self._read_events(txn, row, after, max_bytes)
                 break
-            except FileNotFoundError:
+            except (FileNotFoundError, JournalCorrupt):
                 if attempt == 2:
                     raise
         next_cursor = events[-1].cursor if events else cursor
@@ -1239,9 +1308,13 @@ class Journal:
         for attempt in range(3):
             try:
                 return self._page_after_once(row, after, max_bytes, readers)
-            except FileNotFoundError:
-                # Retention deleted a segment this snapshot still pointed at: a newer
-                # snapshot either no longer needs it or says the history expired.
+            except (FileNotFoundError, JournalCorrupt):
+                # Retention deleted (or compaction dropped) a frame this snapshot still
+                # pointed at: a newer snapshot either no longer needs it or says the
+                # history expired. Real damage fails again and is raised.
+                for reader in readers.values():
+                    reader.close()
+                readers.clear()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -1673,6 +1746,28 @@ class _Planner:
         request.result = VerifyReport(
             len(journal._log.bases()), frames, records, problems, fixed=fixed
         )
+
+    def _plan_swap(
+        self,
+        request: _Request,
+        base: int,
+        temporary: str,
+        summary: SegmentSummary,
+        source: tuple[str, int, int],
+        original_last_position: int,
+    ) -> None:
+        journal = self.journal
+        request.result = swap_segment(
+            self.txn,
+            self.view,
+            journal._log.directory,
+            base,
+            temporary,
+            summary,
+            source,
+            original_last_position,
+        )
+        journal._summaries.pop(base, None)
 
     def _plan_compact_session(
         self, request: _Request, session_id: str, through_ordinal: int, data: bytes
