@@ -24,6 +24,7 @@ Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import time
@@ -103,6 +104,16 @@ def segment_name(base_position: int, *, compressed: bool = False) -> str:
 
 def _sidecar_name(base_position: int) -> str:
     return f"{base_position:020d}{SIDECAR_SUFFIX}"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _fsync_dir(directory: str) -> None:
@@ -324,6 +335,7 @@ class SegmentReader:
         # read_frame's cache: one chunk of the plain file or one decompressed block.
         self._chunk = b""
         self._chunk_start = 0
+        self._trusted_end = 0
         self._last_end = -1
 
     def close(self) -> None:
@@ -407,35 +419,43 @@ class SegmentReader:
             yield info, memoryview(buf)[body_start : body_start + length]
             at = body_start + length
 
-    def read_frame(self, offset: int) -> tuple[FrameInfo, memoryview]:
+    def read_frame(
+        self, offset: int, committed_end: int | None = None
+    ) -> tuple[FrameInfo, memoryview]:
         """The committed frame at `offset`; any damage there raises `JournalCorrupt`.
 
-        Sequential calls (each at the end of the previous frame) read ahead in 1 MiB
-        chunks; a jump reads 64 KiB (or the frame's exact size when larger).
+        `committed_end` (for the active segment) is where committed data ends now: bytes
+        read ahead past it are not trusted later, because the frame there may still be cut
+        off and rewritten. Sequential calls (each at the end of the previous frame) read
+        ahead in 1 MiB chunks; a jump reads 64 KiB (or the frame's exact size).
         """
         checked = None
+        at = 0
         for fresh in (False, True):
-            # A cached chunk may predate frames written since (it read ahead into the
-            # zeros of the active tail): any doubt is settled by reading afresh.
             at = offset - self._chunk_start
-            if fresh or not (
-                at >= 0 and offset + FRAME_HEADER_SIZE <= self._chunk_start + len(self._chunk)
-            ):
-                self._fill(offset, FRAME_HEADER_SIZE)
+            if fresh or not (at >= 0 and offset + FRAME_HEADER_SIZE <= self._trusted_end):
+                self._fill(offset, FRAME_HEADER_SIZE, committed_end)
                 at = offset - self._chunk_start
             try:
                 checked = _check_frame(self._chunk, at)
                 if checked is None:
                     length = _FRAME_HEADER.unpack_from(self._chunk, at)[1]
-                    self._fill(offset, FRAME_HEADER_SIZE + length)
+                    self._fill(offset, FRAME_HEADER_SIZE + length, committed_end)
                     at = offset - self._chunk_start
                     checked = _check_frame(self._chunk, at)
             except (_Bad, struct.error) as bad:
                 if fresh:
                     raise JournalCorrupt(self.name, offset, str(bad)) from None
                 continue
-            if checked is not None:
-                break
+            if checked is None:
+                if fresh:
+                    break
+                continue
+            if offset + FRAME_HEADER_SIZE + checked[0] > self._trusted_end and not fresh:
+                # Cached bytes read before this frame was committed: read it again.
+                checked = None
+                continue
+            break
         if checked is None:
             raise JournalCorrupt(self.name, offset, "frame is cut short")
         length, first, count = checked
@@ -444,17 +464,20 @@ class SegmentReader:
         info = FrameInfo(self.base_position, offset, first, count, length)
         return info, memoryview(self._chunk)[body_start : body_start + length]
 
-    def _fill(self, offset: int, needed: int) -> None:
+    def _fill(self, offset: int, needed: int, committed_end: int | None = None) -> None:
         if self.compressed:
             block = self._block_containing(offset)
             if block is None:
                 raise JournalCorrupt(self.name, offset, "no compressed block holds this offset")
             self._chunk = self._decompress(*block)
             self._chunk_start = block[0]
+            self._trusted_end = block[0] + len(self._chunk)
             return
         size = _READ_CHUNK if offset == self._last_end else 64 << 10
         self._chunk = os.pread(self._fd, max(size, needed), offset)
         self._chunk_start = offset
+        end = offset + len(self._chunk)
+        self._trusted_end = end if committed_end is None else min(end, committed_end)
 
     def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
         blocks = self.block_table()
@@ -933,6 +956,30 @@ class SegmentLog:
 
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
+
+    def finish_interrupted(self) -> None:
+        """Clean up after a writer that crashed mid-seal or mid-write (caller holds the
+        write lock): delete temporary files of processes that are gone, a plain segment
+        beside its complete `.zst` (a `.zst` is only renamed into place once complete),
+        and write missing sidecars of sealed segments."""
+        for name in os.listdir(self.directory):
+            if not name.endswith(".tmp"):
+                continue
+            parts = name.split(".")
+            pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+            if pid is not None and _process_alive(pid):
+                continue  # a live writer (e.g. a compaction) is still producing it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self.directory, name))
+        segments = self.segments()
+        for s in segments:
+            plain = os.path.join(self.directory, segment_name(s.base_position))
+            if s.compressed and os.path.exists(plain):
+                os.unlink(plain)
+        for s in segments[:-1]:
+            if read_summary(self.directory, s.base_position) is None:
+                write_summary(self.directory, summarize_segment(self.directory, s.base_position))
+        _fsync_dir(self.directory)
 
     def discard_unborn_tail(self) -> None:
         """Delete a newest plain segment shorter than its header: a creation interrupted

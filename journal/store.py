@@ -48,7 +48,6 @@ from .errors import (
     InvalidPageToken,
     JournalClosed,
     JournalCorrupt,
-    JournalError,
     OrdinalConflict,
     ReadOnlyStore,
     SessionExists,
@@ -398,6 +397,7 @@ class Journal:
         # Sidecars of sealed segments, read once (they never change once written).
         self._summaries: dict[int, SegmentSummary] = {}
         self._retention_due = False
+        self._finished_interrupted = False
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._leading = False
@@ -598,22 +598,20 @@ class Journal:
     def _commit(self, batch: list[_Request]) -> None:
         view = self._view
         log = self._log
-        with view.env.begin(write=True) as txn:
-            head = self._catch_up(txn)
-            now = _now_ms()
-            planner = _Planner(self, txn, head.next_position, now)
-            for request in batch:
-                request.error = None
-                request.result = None
-                try:
+        before: tuple[int, int, int] | None = None
+        try:
+            with view.env.begin(write=True) as txn:
+                head = self._catch_up(txn)
+                now = _now_ms()
+                planner = _Planner(self, txn, head.next_position, now)
+                for request in batch:
+                    request.error = None
+                    request.result = None
                     planner.plan(request)
-                except JournalError as e:
-                    request.error = e
-            projection = Projection(view, txn, head)
-            if planner.records:
-                writer = log.writer
-                before = (writer.base_position, writer.end_offset, writer.next_position)
-                try:
+                projection = Projection(view, txn, head)
+                if planner.records:
+                    writer = log.writer
+                    before = (writer.base_position, writer.end_offset, writer.next_position)
                     info = log.append(
                         encode_frame_body(planner.records), len(planner.records), planner.runs
                     )
@@ -622,10 +620,12 @@ class Journal:
                         self._retention_due = True
                     projection.apply(info, planner.records, planner.event_runs)
                     projection.flush()
-                except BaseException:
-                    self._undo_append(before)
-                    raise
-            planner.finish(projection)
+                planner.finish(projection)
+            # The transaction committed: from here on the frame is acknowledged.
+        except BaseException:
+            if before is not None:
+                self._undo_append(before)
+            raise
         if planner.doomed:
             freed = delete_segment_files(log, planner.doomed)
             for request in batch:
@@ -635,12 +635,15 @@ class Journal:
             self._notifier.publish(projection.head.next_position)
 
     def _undo_append(self, before: tuple[int, int, int]) -> None:
-        # The frame never became visible (the view did not commit): cut it off again so it
-        # is not indexed later as if it had been acknowledged.
+        """Cut off a frame whose view update failed (the transaction did not commit), so no
+        later catch-up publishes what no caller was told succeeded. If the append started a
+        new segment, that segment keeps only its header (the sealed one is complete)."""
         base, end_offset, next_position = before
         writer = self._log.writer
         if writer.base_position == base:
             writer.attach(end_offset, next_position)
+        else:
+            writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
 
     def _catch_up(self, txn: lmdb.Transaction) -> Head:
         """Index committed frames the view has not seen; position the writer after them."""
@@ -672,6 +675,9 @@ class Journal:
         ):
             return head
         log.discard_unborn_tail()
+        if not self._finished_interrupted:
+            log.finish_interrupted()
+            self._finished_interrupted = True
         projection = Projection(view, txn, head)
         bases = [b for b in log.bases() if b >= head.segment]
         if not bases:
@@ -792,8 +798,7 @@ class Journal:
         idempotency_key: str | None = None,
     ) -> AppendResult:
         """Append events to an OPEN session; returns after they are committed."""
-        if not isinstance(session_id, str):
-            raise InvalidArgument("session_id must be a str")
+        _check_name("session_id", session_id)
         if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
             raise InvalidArgument("events must be a list of EventIn")
         if not events:
@@ -1030,8 +1035,7 @@ class Journal:
             return _metadata(self._row(txn, session_id))
 
     def _row(self, txn: lmdb.Transaction, session_id: str) -> SessionRow:
-        if not isinstance(session_id, str):
-            raise InvalidArgument("session_id must be a str")
+        _check_name("session_id", session_id)
         row = self._view.row(txn, session_id)
         if row is None:
             raise SessionNotFound(
@@ -1168,12 +1172,16 @@ class Journal:
         directory = self._log.directory
         full = False
         append = events.append
+        head = self._view.head(txn)
+        head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
         try:
             for _, segment, offset in self._view.iter_frame_locations(txn, incarnation, start):
                 reader = readers.get(segment)
                 if reader is None:
                     reader = readers[segment] = SegmentReader(directory, segment)
-                info, body = reader.read_frame(offset)
+                info, body = reader.read_frame(
+                    offset, head_end if segment == head_segment else None
+                )
                 try:
                     records = decode_frame_for_read(body)
                 except msgspec.DecodeError as e:
@@ -1436,17 +1444,24 @@ class Journal:
         )
 
     def _snapshot(self) -> Iterator[LifecycleEvent | int]:
-        """One CREATED per session, all from one read snapshot; finally its position."""
+        """One CREATED per session, all from one read snapshot; finally its position.
+
+        The rows are copied out of the read transaction before anything is yielded, so a
+        slow or abandoned consumer never pins an LMDB reader slot (memory: the registry's
+        encoded size)."""
         view = self._view
         with view.env.begin() as txn:
             head = view.head(txn)
             point = 0 if head is None else head.next_position - 1
-            cursor_text = self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, point)
-            now = _now_ms()
-            for _, raw in txn.cursor(db=view.sessions):
-                yield LifecycleEvent(
-                    LifecycleEventType.CREATED, _metadata(view.decode_row(raw)), cursor_text, now
-                )
+            raws = [bytes(raw) for _, raw in txn.cursor(db=view.sessions)]
+        cursor_text = self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, point)
+        now = _now_ms()
+        for raw in raws:
+            if self._closed:
+                return
+            yield LifecycleEvent(
+                LifecycleEventType.CREATED, _metadata(view.decode_row(raw)), cursor_text, now
+            )
         yield point
 
     def _feed_after(self, after: int, limit: int = 256) -> tuple[list[LifecycleEvent], int, int]:
@@ -1597,7 +1612,25 @@ class _Planner:
         return pending
 
     def plan(self, request: _Request) -> None:
-        getattr(self, "_plan_" + request.op)(request, *request.args)
+        """Plan one request; its failure (of any kind) is its own and leaves no trace."""
+        mark = (
+            len(self.records),
+            self.next_position,
+            len(self.event_runs),
+            len(self._finishers),
+            dict(self.runs),
+        )
+        try:
+            getattr(self, "_plan_" + request.op)(request, *request.args)
+        except Exception as e:
+            records, next_position, event_runs, finishers, runs = mark
+            del self.records[records:]
+            self.next_position = next_position
+            del self.event_runs[event_runs:]
+            del self._finishers[finishers:]
+            self.runs = runs
+            request.result = None
+            request.error = e
 
     def _plan_create(self, request: _Request, record: SessionCreated) -> None:
         if self._pending(record.session_id) is not None:
@@ -1839,6 +1872,8 @@ class _Planner:
             row = view.row_by_incarnation(self.txn, incarnation)
             if row is None:
                 continue
+            if row.session_id in self.sessions:
+                continue  # changed earlier in this batch: its stored deadline is stale
             pending = self._pending(row.session_id)
             if pending is None or pending.incarnation != incarnation or pending.state.terminal:
                 continue

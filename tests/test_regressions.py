@@ -206,27 +206,36 @@ def test_empty_session_id_raises_a_journal_error(tmp_path: Path) -> None:
                 call()
 
 
-def test_one_bad_request_does_not_fail_its_batch_mates(tmp_path: Path) -> None:
-    """Only `JournalError`s raised while planning fail just their own request.
+def test_one_bad_request_does_not_fail_its_batch_mates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any error raised while planning one request fails just that request.
 
-    A valid append and an append to session "" are planned in the same group commit. The
-    second raises `lmdb.BadValsizeError` from the planner, which `_commit` does not catch
-    per request: the whole batch fails, so the valid append of an unrelated caller is
-    rejected with an LMDB error it has nothing to do with.
+    A valid append and a lifecycle change whose planning raises a non-`JournalError`
+    (standing in for an unexpected LMDB error) are planned in the same group commit. The
+    planner used to catch only `JournalError` per request: the whole batch failed, so the
+    valid append of an unrelated caller was rejected with an error it had nothing to do with.
     """
+    from journal import store as store_module
+
+    def broken(self: Any, request: Any, op: str, session_id: str) -> None:
+        raise lmdb.BadValsizeError("mdb_get: MDB_BAD_VALSIZE")
+
     with Journal.open(tmp_path) as j:
         j.create_session("good")
+        monkeypatch.setattr(store_module._Planner, "_plan_transition", broken)
         good, bad = _one_batch(
             tmp_path,
             j,
             [
                 lambda: j.append("good", [EventIn("t", b"ok")]),
-                lambda: j.append("", [EventIn("t", b"x")]),
+                lambda: j.suspend_session("good"),
             ],
         )
         assert not isinstance(good, BaseException), good
         assert good.first_ordinal == 1
-        assert isinstance(bad, JournalError)
+        assert isinstance(bad, lmdb.BadValsizeError)
+        assert [e.data for e in j.replay("good")] == [b"ok"]
 
 
 def test_opening_writer_finishes_an_interrupted_seal(tmp_path: Path) -> None:
