@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -29,7 +30,7 @@ from typing import Any, Final, Literal, cast
 import lmdb
 import msgspec
 
-from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
+from cursors import KeyRing, KeyRingError, TokenCodec, TokenKind, scope_digest
 
 from .compaction import (
     DEFAULT_DEAD_SHARE,
@@ -378,12 +379,19 @@ class Journal:
         if key_ring is None:
             key_ring = KeyRing.from_environment()
         if key_ring is None:
-            key_ring = KeyRing.load_or_create(os.path.join(path, "keys"))
+            keys = os.path.join(path, "keys")
+            if readonly:
+                try:
+                    key_ring = KeyRing.load(keys)
+                except KeyRingError as e:
+                    raise KeyRingError(
+                        f"{e.message}; a read-only reader needs the store's cursor key: give "
+                        f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
+                    ) from e
+            else:
+                key_ring = KeyRing.load_or_create(keys)
         self._codec = TokenCodec(key_ring)
         self._lifecycle_scope = scope_digest(self.store_id, purpose="lifecycle")
-        if not readonly:
-            self._discard_view_after_reboot(path)
-        self._view = View(os.path.join(path, "index"), readonly=readonly)
         self._log = SegmentLog(
             os.path.join(path, "segments"),
             self.store_id,
@@ -391,6 +399,26 @@ class Journal:
             sync=durability == "fsync",
             compress_sealed=compress_sealed,
         )
+        # Read-only on a store whose LMDB files this process cannot lock (no write access):
+        # a private view outside the store, built from the segments and kept up to date by
+        # scanning the active segment's tail. Nothing in the store is created or locked.
+        self._private_dir: str | None = None
+        self._private_lock = threading.Lock()
+        if not readonly:
+            self._discard_view_after_reboot(path)
+            self._view = View(os.path.join(path, "index"))
+        else:
+            try:
+                self._view = View(os.path.join(path, "index"), readonly=True)
+            except lmdb.Error:
+                self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
+                try:
+                    self._view = View(self._private_dir)
+                    with self._view.env.begin(write=True) as txn:
+                        project_log(self._log, self._view, txn)
+                except BaseException:
+                    shutil.rmtree(self._private_dir, ignore_errors=True)
+                    raise
         # Event type names already validated: a deliberate, bounded cache (types repeat).
         self._checked_types: set[str] = set()
         self._scopes: dict[tuple[str, int], bytes] = {}
@@ -506,7 +534,10 @@ class Journal:
             self._closed = True
         self._notifier.publish(1 << 63)
         self._log.close()
-        self._view.close()
+        with self._private_lock:
+            self._view.close()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
 
     def __enter__(self) -> Journal:
         return self
@@ -522,13 +553,57 @@ class Journal:
                 "this journal was opened in a parent process; a forked child must call "
                 "Journal.open() itself (LMDB handles do not survive fork)"
             )
+        if self._private_dir is not None:
+            self._refresh_private_view()
 
     def _committed_next_position(self) -> int:
         if self._closed:
             return 1 << 63
+        if self._private_dir is not None:
+            self._refresh_private_view()
         with self._view.env.begin() as txn:
             head = self._view.head(txn)
         return 1 if head is None else head.next_position
+
+    def _refresh_private_view(self) -> None:
+        """Project frames the writer committed since (read-only private view only)."""
+        with self._private_lock:
+            if self._closed:
+                return
+            view = self._view
+            with view.env.begin() as txn:
+                head = view.head(txn)
+            if head is None or not self._log_moved(head):
+                return
+            with view.env.begin(write=True) as txn:
+                projection = Projection(view, txn, head)
+                bases = [b for b in self._log.bases() if b >= head.segment]
+                for i, base in enumerate(bases):
+                    last = i == len(bases) - 1
+                    start = head.end_offset if base == head.segment else SEGMENT_HEADER_SIZE
+                    if base != head.segment:
+                        projection.head.segment = base
+                        projection.head.end_offset = SEGMENT_HEADER_SIZE
+                        projection.head.next_position = max(projection.head.next_position, base)
+                    with SegmentReader(self._log.directory, base) as reader:
+                        for info, body in reader.frames(start, tail=last):
+                            projection.apply(info, decode_frame_body(body))
+                projection.flush()
+
+    def _log_moved(self, head: Head) -> bool:
+        """Whether the log has frames or segments past `head` (a 24-byte probe)."""
+        path = os.path.join(self._log.directory, segment_name(head.segment))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return True  # sealed and compressed since: a newer segment exists
+        try:
+            probe = os.pread(fd, FRAME_HEADER_SIZE, head.end_offset)
+        finally:
+            os.close(fd)
+        if probe.strip(b"\0"):
+            return True
+        return os.path.exists(os.path.join(self._log.directory, segment_name(head.next_position)))
 
     # -- the commit path -------------------------------------------------------------------
 
