@@ -16,6 +16,7 @@ import click
 import journal
 
 from .demo import demo
+from .maintenance import compact, stats, verify
 from .output import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -246,7 +247,7 @@ def events_from_ndjson(
 def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int) -> None:
     """Print one page of a session's events, then where to continue."""
     output = settings.output
-    with settings.open() as store:
+    with settings.open(write=False) as store:
         page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
         for event in page.events:
             output.emit(event_record(event), event_text(event))
@@ -271,7 +272,7 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
-    with settings.open() as store:
+    with settings.open(write=False) as store:
         for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
             output.emit(event_record(event), event_text(event))
         if reader_gone.is_set():
@@ -283,3 +284,6 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
 
 main.add_command(sessions)
 main.add_command(demo)
+main.add_command(compact)
+main.add_command(verify)
+main.add_command(stats)

@@ -180,11 +180,13 @@ class Settings:
     store: str
     output: Output = field(repr=False)
 
-    def open(self) -> journal.Journal:
-        """Open the existing store (`StoreNotFound` tells the user to run `journal init`)."""
-        # readonly=True would suit the read-only commands, but it is broken in the library
-        # (LMDB database handles opened in a read transaction); see the CLI's report.
-        return journal.Journal.open(self.store, create=False)
+    def open(self, write: bool = True) -> journal.Journal:
+        """Open the existing store (`StoreNotFound` tells the user to run `journal init`).
+
+        Commands that only read open it read-only when this user cannot write it."""
+        index = os.path.join(self.store, "index")
+        readonly = not write and os.path.isdir(index) and not os.access(index, os.W_OK)
+        return journal.Journal.open(self.store, create=False, readonly=readonly)
 
 
 pass_settings = click.make_pass_decorator(Settings)

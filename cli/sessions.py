@@ -103,7 +103,7 @@ def list_(
     output = settings.output
     state_filter = journal.SessionState(state) if state else None
     one_page = not all_pages and (page_size is not None or page_token is not None)
-    with settings.open() as store:
+    with settings.open(write=False) as store:
         token = page_token
         while True:
             page = store.list_sessions_page(
@@ -124,7 +124,7 @@ def list_(
 @pass_settings
 def show(settings: Settings, session_id: str) -> None:
     """Print every field of a session's metadata."""
-    with settings.open() as store:
+    with settings.open(write=False) as store:
         meta = store.get_session(session_id)
     record = session_record(meta)
     width = max(len(key) for key in record)
@@ -156,7 +156,7 @@ def watch_sessions(settings: Settings, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
-    with settings.open() as store:
+    with settings.open(write=False) as store:
         for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
             output.emit(lifecycle_record(event), lifecycle_text(event))
     if reader_gone.is_set():

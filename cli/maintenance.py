@@ -1,0 +1,124 @@
+"""`journal compact`, `journal verify` and `journal stats`: long-running store maintenance,
+with a progress bar on a terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import click
+
+from .output import CommandFailed, Settings, pass_settings
+
+
+@contextmanager
+def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A click progress bar on stderr when it is a terminal; a no-op otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    bar = click.progressbar(length=1, label=label, file=sys.stderr)
+    state = {"done": 0}
+
+    def update(done: int, total: int) -> None:
+        bar.length = max(total, 1)
+        bar.update(done - state["done"])
+        state["done"] = done
+
+    with bar:
+        yield update
+
+
+@click.command()
+@click.option(
+    "--dead-share",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.5,
+    show_default=True,
+    help="Rewrite a sealed segment when at least this share of it is dead.",
+)
+@pass_settings
+def compact(settings: Settings, dead_share: float) -> None:
+    """Reclaim space: apply retention, delete dead segments, rewrite mostly dead ones.
+
+    Positions, ordinals and cursors do not change; writers and watchers may keep running.
+    """
+    output = settings.output
+    with settings.open() as store, _progress("compacting", output.format == "text") as bar:
+        report = store.compact(dead_share=dead_share, progress=bar)
+    record = {
+        "segments_rewritten": report.segments_rewritten,
+        "segments_deleted": report.segments_deleted,
+        "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after,
+        "live_bytes_copied": report.live_bytes_copied,
+        "seconds": round(report.seconds, 3),
+    }
+    text = (
+        f"compacted: {len(report.segments_rewritten)} segments rewritten, "
+        f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
+        f"{report.bytes_after:,} in {report.seconds:.2f} s"
+    )
+    output.emit(record, text)
+
+
+@click.command()
+@click.option("--fix", is_flag=True, help="Rewrite bad sidecars and rebuild the index.")
+@pass_settings
+def verify(settings: Settings, fix: bool) -> None:
+    """Check every frame checksum, every sidecar and the index against the log.
+
+    Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
+    """
+    output = settings.output
+    with settings.open() as store, _progress("verifying", output.format == "text") as bar:
+        report = store.verify(fix=fix, progress=bar)
+    for problem in report.problems:
+        output.emit(
+            {"segment": problem.segment, "offset": problem.offset, "problem": problem.what},
+            f"{problem.segment} @ {problem.offset}: {problem.what}",
+        )
+    output.emit(
+        {
+            "ok": report.ok,
+            "fixed": report.fixed,
+            "segments": report.segments,
+            "frames": report.frames,
+            "records": report.records,
+            "problems": len(report.problems),
+        },
+        f"verify: {report.segments} segments, {report.frames} frames, {report.records} "
+        f"records, {len(report.problems)} problems"
+        + (" (repaired)" if report.fixed and report.problems else ""),
+    )
+    if not report.ok:
+        raise CommandFailed(
+            f"{len(report.problems)} problems in the store: restore damaged segments from "
+            "a backup; `journal verify --fix` rebuilds sidecars and the index",
+            code="VERIFY_FAILED",
+        )
+
+
+@click.command()
+@pass_settings
+def stats(settings: Settings) -> None:
+    """Sizes of the store: sessions by state, segments and bytes on disk."""
+    output = settings.output
+    with settings.open(write=False) as store:
+        counts: dict[str, int] = {}
+        for meta in store.list_sessions(page_size=1000):
+            counts[meta.state.value] = counts.get(meta.state.value, 0) + 1
+    segments_dir = os.path.join(settings.store, "segments")
+    names = sorted(os.listdir(segments_dir))
+    segment_files = [n for n in names if n.endswith((".seg", ".seg.zst"))]
+    size = sum(os.path.getsize(os.path.join(segments_dir, n)) for n in names)
+    record = {"sessions": counts, "segments": len(segment_files), "segment_bytes": size}
+    states = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+    output.emit(
+        record, f"sessions: {states}; segments: {len(segment_files)} ({size:,} bytes on disk)"
+    )
+
+
+__all__ = ["compact", "stats", "verify"]
