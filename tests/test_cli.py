@@ -411,3 +411,39 @@ def test_readme_command_line_example_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
     assert "exclusive resume OK" in result.stdout
+
+
+def test_compact_verify_and_stats(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    with journal.Journal.open(path, segment_bytes=4096, durability="os") as j:
+        j.create_session("s")
+        for i in range(40):
+            j.append("s", [journal.EventIn("m", b"%03d" % i * 40)])
+        j.compact_session("s", 30, b"snapshot")
+    result = invoke(path, "compact")
+    assert result.exit_code == 0, result.output
+    (report,) = records(result)
+    assert report["segments_rewritten"] or report["segments_deleted"]
+    assert report["bytes_after"] < report["bytes_before"]
+    result = invoke(path, "verify")
+    assert result.exit_code == 0, result.output
+    assert records(result)[-1]["ok"] is True
+    result = invoke(path, "stats")
+    assert records(result) == [
+        {
+            "sessions": {"open": 1},
+            "segments": records(result)[0]["segments"],
+            "segment_bytes": records(result)[0]["segment_bytes"],
+        }
+    ]
+    # damage: one flipped bit in the active segment's first frame
+    segments = path / "segments"
+    active = sorted(p for p in segments.iterdir() if p.name.endswith(".seg"))[-1]
+    raw = bytearray(active.read_bytes())
+    raw[64 + 30] ^= 1
+    active.write_bytes(bytes(raw))
+    result = invoke(path, "verify")
+    assert result.exit_code == 7, result.output
+    problem = records(result)[0]
+    assert problem["segment"] == active.name and problem["offset"] == 64
+    assert "journal: error:" in result.stderr
