@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_latency and not args.only:
             extra_dir = os.path.join(root, "latency")
             os.makedirs(extra_dir)
-            extras = latency.run(extra_dir, args.resume_events)
+            extras = latency.run(extra_dir, args.resume_events, args.events)
             print()
             print("\n".join(latency.table(extras)))
         if args.json:

@@ -173,7 +173,77 @@ def follow_cross_process(directory: str, samples: int) -> dict[str, float]:
     return _ms(latencies)
 
 
-def run(directory: str, resume_events: int, threads: int = 16) -> list[Extra]:
+def _replay_rate(j: Journal, sessions: list[str]) -> float:
+    start = time.perf_counter()
+    count = 0
+    for session in sessions:
+        for _event in j.replay(session):
+            count += 1
+    return count / (time.perf_counter() - start)
+
+
+def compaction_rows(directory: str, events: int) -> list[Extra]:
+    """Compression and compaction on the benchmark events: throughput (MB/s of live data
+    copied), bytes before/after, zstd ratio, replay from plain vs compressed segments."""
+    bodies = make_events(1000)
+    sessions = [f"c{i}" for i in range(4)]
+    path = os.path.join(directory, "compaction")
+    unbounded = RetentionPolicy(max_history_bytes=None)
+    rows: list[Extra] = []
+    with Journal.open(path, durability="os", segment_bytes=8 << 20, retention=unbounded) as j:
+        for session in sessions:
+            j.create_session(session)
+        for first in range(0, events, 100):
+            session = sessions[(first // 100) % len(sessions)]
+            j.append(session, [EventIn("message", bodies[(first + i) % 1000]) for i in range(100)])
+        plain_rate = _replay_rate(j, sessions)
+        # Nothing dead yet: compaction only compresses (the zstd ratio of these events).
+        packed = j.compact(dead_share=1.0)
+        compressed_rate = _replay_rate(j, sessions)
+        rows.append(
+            Extra(
+                "zstd ratio of sealed segments (plain/compressed)",
+                packed.bytes_before / max(packed.bytes_after, 1),
+                "x",
+                detail={},
+            )
+        )
+        rows.append(
+            Extra(
+                "compaction throughput (live data copied)",
+                packed.live_bytes_copied / packed.seconds / 1e6,
+                "MB/s",
+            )
+        )
+        rows.append(Extra("replay from plain segments", plain_rate, "events/s"))
+        rows.append(
+            Extra(
+                "replay from compressed segments",
+                compressed_rate,
+                "events/s",
+                "replay from plain segments",
+                compressed_rate / plain_rate,
+            )
+        )
+        # Half of every session folded into a snapshot: compaction drops the dead half.
+        for session in sessions:
+            last = j.get_session(session).last_ordinal
+            j.compact_session(session, last // 2, b"snapshot")
+        halved = j.compact(dead_share=0.3)
+        rows.append(
+            Extra(
+                f"bytes on disk before -> after compaction ({halved.bytes_before:,} -> "
+                f"{halved.bytes_after:,})",
+                halved.bytes_after / max(halved.bytes_before, 1),
+                "x",
+            )
+        )
+    return rows
+
+
+def run(
+    directory: str, resume_events: int, compaction_events: int = 200_000, threads: int = 16
+) -> list[Extra]:
     bodies = make_events(256)
     assert all(len(b) == EVENT_BYTES for b in bodies)
     rows: list[Extra] = []
@@ -204,6 +274,7 @@ def run(directory: str, resume_events: int, threads: int = 16) -> list[Extra]:
     rows.append(Extra("follow latency, same process", local["p50"], "ms p50", "", None, local))
     remote = follow_cross_process(directory, 300)
     rows.append(Extra("follow latency, other process", remote["p50"], "ms p50", "", None, remote))
+    rows += compaction_rows(directory, compaction_events)
     return rows
 
 
@@ -211,7 +282,7 @@ def table(rows: list[Extra]) -> list[str]:
     out = ["[concurrency and latency]"]
     width = max(len(r.name) for r in rows)
     for r in rows:
-        value = f"{r.value:,.0f}" if r.unit == "events/s" else f"{r.value:.3f}"
+        value = f"{r.value:,.0f}" if r.unit in ("events/s", "MB/s") else f"{r.value:.3f}"
         line = f"{r.name.ljust(width)}  {value:>12} {r.unit}"
         if r.ratio is not None:
             line += f"  {r.ratio:.2f}x {r.baseline}"
