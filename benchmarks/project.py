@@ -36,7 +36,10 @@ def segment_log_append(directory: str, data: Dataset) -> Measurement:
                 )
                 for i, body in enumerate(bodies)
             ]
-            log.append(encode_frame_body(records), len(records))
+            # The ordinal run lets the sidecar be built as frames are appended (as the
+            # journal does), so sealing a segment needs no rescan.
+            runs = {INCARNATION: (first_seq, first_seq + len(bodies) - 1)}
+            log.append(encode_frame_body(records), len(records), runs)
 
         measurement = time_batches(data, write_batch)
         measurement.files = store_files(directory)
