@@ -388,6 +388,11 @@ class SegmentReader:
                     if str(bad) != "zero":
                         self.torn_at = offset
                     return
+                if tail and self._written_meanwhile(offset):
+                    # A concurrent writer finished this frame after our chunk was read
+                    # (and then wrote more): read on from here.
+                    yield from self._plain_frames(offset, committed_end, tail)
+                    return
                 raise JournalCorrupt(self.name, offset, str(bad)) from None
             if checked is None:
                 if eof:
@@ -398,6 +403,9 @@ class SegmentReader:
                         return
                     if self._unfinished_tail(offset, committed_end, tail, last_position):
                         self.torn_at = offset
+                        return
+                    if tail and self._written_meanwhile(offset):
+                        yield from self._plain_frames(offset, committed_end, tail)
                         return
                     raise JournalCorrupt(self.name, offset, "frame is cut short")
                 # Keep the unread part and read more; large frames get one exact read.
@@ -500,6 +508,22 @@ class SegmentReader:
         if not tail or (committed_end is not None and offset < committed_end):
             return False
         return not self._data_after(offset, last_position)
+
+    def _written_meanwhile(self, offset: int) -> bool:
+        """Whether a valid frame is at `offset` now. Called after a valid frame was found
+        beyond it: one writer writes frames in order, so if the later one is visible and
+        this one still is not valid, this one is damaged, not unfinished."""
+        header = os.pread(self._fd, FRAME_HEADER_SIZE, offset)
+        if len(header) < FRAME_HEADER_SIZE or header[:4] != FRAME_MAGIC:
+            return False
+        length = _FRAME_HEADER.unpack(header)[1]
+        if length > MAX_FRAME_BODY:
+            return False
+        raw = header + os.pread(self._fd, length, offset + FRAME_HEADER_SIZE)
+        try:
+            return _check_frame(raw, 0) is not None
+        except _Bad:
+            return False
 
     def _data_after(self, offset: int, last_position: int) -> bool:
         """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""

@@ -1842,17 +1842,23 @@ class _Planner:
         view = self.view
         head = view.head(self.txn)
         problems, frames, records, bad_sidecars = check_log(journal._log, head, progress)
+        damaged = {p.segment for p in problems if p.segment.endswith((".seg", ".seg.zst"))}
         for base in bad_sidecars:
+            if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:
+                continue
             write_summary(journal._log.directory, summarize_segment(journal._log.directory, base))
-        for db in view.all_dbs():
-            self.txn.drop(db, delete=False)
-        self.txn.put(b"store", journal.store_id, db=view.meta)
-        self.txn.put(b"boot", _BOOT_ID, db=view.meta)
-        project_log(journal._log, view, self.txn)
-        journal._summaries.clear()
-        fixed = all(p.segment == "index" or p.segment.endswith(".idx") for p in problems)
+        if not damaged:
+            # Only derived data was wrong: rebuild the view from the (intact) log.
+            for db in view.all_dbs():
+                self.txn.drop(db, delete=False)
+            self.txn.put(b"store", journal.store_id, db=view.meta)
+            self.txn.put(b"boot", _BOOT_ID, db=view.meta)
+            project_log(journal._log, view, self.txn)
+            journal._summaries.clear()
+        # With damaged frames the view is left as it is: it still points readers at the
+        # damage (JournalCorrupt), where a rebuild would make the lost events look trimmed.
         request.result = VerifyReport(
-            len(journal._log.bases()), frames, records, problems, fixed=fixed
+            len(journal._log.bases()), frames, records, problems, fixed=not damaged
         )
 
     def _plan_swap(
