@@ -15,6 +15,7 @@ block for it and retries with a fresh snapshot, which then says the history expi
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Final
 
@@ -24,6 +25,7 @@ import msgspec
 from .index import U64, View
 from .segments import (
     FrameInfo,
+    SegmentLog,
     SegmentSummary,
     _fsync_dir,
     compress_segment,
@@ -102,7 +104,7 @@ def file_identity(directory: str, base: int) -> tuple[str, int, int] | None:
 def swap_segment(
     txn: lmdb.Transaction,
     view: View,
-    directory: str,
+    log: SegmentLog,
     base: int,
     temporary: str,
     summary: SegmentSummary,
@@ -112,16 +114,20 @@ def swap_segment(
     """Put a compacted copy in place of its source (caller holds the writer lock).
 
     Returns False (and discards the copy) when the source changed since it was read."""
-    if file_identity(directory, base) != source:
-        os.unlink(temporary)
-        return False
-    final = os.path.join(directory, segment_name(base, compressed=True))
-    os.replace(temporary, final)
-    plain = os.path.join(directory, segment_name(base))
-    if source[0] == segment_name(base):
-        os.unlink(plain)
-    _fsync_dir(directory)
-    write_summary(directory, summary)
+    directory = log.directory
+    with log.files_lock():
+        if file_identity(directory, base) != source:
+            # Deleted (dead) or replaced by another writer since it was read.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            return False
+        final = os.path.join(directory, segment_name(base, compressed=True))
+        os.replace(temporary, final)
+        if source[0] == segment_name(base):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, segment_name(base)))
+        _fsync_dir(directory)
+        write_summary(directory, summary)
     # Eviction tombstones whose creation record was dropped: the eviction record need
     # no longer survive, since nothing can resurrect the session.
     kept = summary.frames

@@ -59,7 +59,10 @@ def dead_segments(
     """Sealed segments holding nothing live (the active segment is never dead)."""
     dead = []
     for base in log.bases()[:-1]:
-        summary = _summary(log, base, cache)
+        try:
+            summary = _summary(log, base, cache)
+        except FileNotFoundError:
+            continue  # deleted meanwhile by another writer's retention pass
         if _pinned(txn, view, base, summary.last_position):
             continue
         live = False
@@ -91,6 +94,11 @@ def forget_segments(txn: lmdb.Transaction, view: View, dead: list[SegmentSummary
 
 def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:
     """Delete the files of forgotten segments; returns the bytes freed."""
+    with log.files_lock():
+        return _delete(log, bases)
+
+
+def _delete(log: SegmentLog, bases: list[int]) -> int:
     freed = 0
     for base in bases:
         for name in (

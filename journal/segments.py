@@ -25,6 +25,7 @@ Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import struct
 import time
@@ -980,6 +981,19 @@ class SegmentLog:
 
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
+
+    @contextlib.contextmanager
+    def files_lock(self) -> Iterator[None]:
+        """Serialises replacing and deleting sealed segment files across processes.
+
+        Deletion happens after the writer's transaction commits (outside the LMDB lock),
+        a compaction swap under it: this flock keeps the two from interleaving."""
+        fd = os.open(os.path.join(self.directory, ".files.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def finish_interrupted(self) -> None:
         """Clean up after a writer that crashed mid-seal or mid-write (caller holds the

@@ -1086,7 +1086,10 @@ class Journal:
                 continue
             if not live:
                 continue  # dead: the retention pass above deletes those
-            temporary, new_summary = rewrite(directory, base, live)
+            try:
+                temporary, new_summary = rewrite(directory, base, live)
+            except FileNotFoundError:
+                continue  # deleted meanwhile by another writer's retention pass
             if self._submit("swap", base, temporary, new_summary, source, summary.last_position):
                 rewritten.append(segment_name(base, compressed=True))
                 copied += live_bytes
@@ -1874,7 +1877,7 @@ class _Planner:
         request.result = swap_segment(
             self.txn,
             self.view,
-            journal._log.directory,
+            journal._log,
             base,
             temporary,
             summary,

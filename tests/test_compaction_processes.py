@@ -1,0 +1,292 @@
+"""Readers in other processes while history leaves and segments are deleted or rewritten.
+
+A reader process follows one session (a watch, or repeated replays) while this process
+appends, takes snapshots (`compact_session`), applies retention (trims and evictions, so
+sealed segments get deleted) and compacts, and a compactor process runs `compact()` and
+`apply_retention()` in a loop (segments rewritten under the reader's feet). The reader is
+also frozen (SIGSTOP) while the history it still needs is dropped, so it must meet
+`CursorExpired`. Whatever happens, every event it receives is the right one (payloads are
+derived from ordinals), in strictly increasing dense order between restarts from a
+`resume_cursor`, and it ends only by completion after the session is resolved.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from _procs_retention import Child, payload
+
+import journal.store
+from journal import EventIn, Journal, RetentionPolicy
+
+SEGMENT_BYTES = 16 << 10
+POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=3600_000)
+WINDOW_BYTES = 40_000  # the watched session's own history window
+
+
+def check_reader_output(lines: list[str], last_ordinal: int) -> tuple[int, int]:
+    """Check a reader's lines; returns (events received, CursorExpired met)."""
+    assert lines[0] == "ready", lines[:3]
+    assert lines[-1] == "done", lines[-3:]
+    previous = 0
+    # A read from no cursor starts at whatever is retained then; after `expired E`, the
+    # next event is at least E.
+    floor, restarted = 1, True
+    received = expired = 0
+    for line in lines[1:-1]:
+        word, number, *rest = line.split()
+        if word == "expired":
+            earliest = int(number)
+            assert earliest > previous + 1, f"expired although {previous + 1} was next: {line}"
+            floor, restarted = earliest, True
+            expired += 1
+            continue
+        assert word == "ev", line
+        ordinal = int(number)
+        assert rest == ["OK"], f"wrong payload for ordinal {ordinal}"
+        if restarted:
+            assert ordinal >= floor and ordinal > previous, (line, previous, floor)
+        else:
+            assert ordinal == previous + 1, f"after {previous} came {ordinal}: gap or duplicate"
+        previous, restarted = ordinal, False
+        received += 1
+    assert previous == last_ordinal, f"the reader ended at {previous}, not {last_ordinal}"
+    return received, expired
+
+
+def append(j: Journal, session_id: str, rng: random.Random, count: int) -> None:
+    first = j.get_session(session_id).last_ordinal + 1
+    batch = [
+        EventIn(type="m", data=payload(session_id, first + i, rng.choice([40, 300, 1500])))
+        for i in range(count)
+    ]
+    result = j.append(session_id, batch)
+    assert result.first_ordinal == first
+
+
+@pytest.mark.parametrize("mode", ["watch", "replay"])
+@pytest.mark.parametrize("rounds", [400, pytest.param(4000, marks=pytest.mark.slow)])
+def test_reader_gets_only_correct_events_while_history_is_trimmed_and_compacted(
+    tmp_path: Path, rng: random.Random, mode: str, rounds: int
+) -> None:
+    store = tmp_path / "store"
+    budget = rng.choice([1, 2000, 1 << 20])
+    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES, retention=POLICY) as j:
+        j.create_session("s", max_history_bytes=WINDOW_BYTES)
+        append(j, "s", rng, 5)
+        reader = Child("reader", str(store), "s", mode, str(budget), str(rng.randrange(1 << 30)))
+        compactor = Child("compactor", str(store), str(SEGMENT_BYTES), str(rng.randrange(1 << 30)))
+        try:
+            assert reader.next_line() == "ready"
+            assert compactor.next_line() == "ready"
+            noise = 0
+            deleted = 0
+            freezes = 0
+            j.create_session(f"noise-{noise}")
+            for round_no in range(rounds):
+                append(j, "s", rng, rng.randint(1, 8))
+                append(j, f"noise-{noise}", rng, rng.randint(1, 4))
+                action = rng.random()
+                if action < 0.08:
+                    meta = j.get_session("s")
+                    snapshot = j.snapshot("s")
+                    low = max(meta.first_ordinal - 1, snapshot.ordinal if snapshot else 1, 1)
+                    through = rng.randint(low, meta.last_ordinal)
+                    j.compact_session("s", through, f"through {through}".encode())
+                elif action < 0.16:
+                    # The noise session ends and is evicted: its segments die.
+                    ended = j.resolve_session(f"noise-{noise}").ended_at_ms
+                    assert ended is not None
+                    report = j.apply_retention(now_ms=ended + 3600_000)
+                    assert report.evicted_sessions == [f"noise-{noise}"]
+                    deleted += len(report.deleted_segments)
+                    noise += 1
+                    j.create_session(f"noise-{noise}")
+                elif action < 0.2:
+                    deleted += len(j.compact(dead_share=rng.random()).segments_deleted)
+                elif action < 0.23 or round_no == rounds // 2:
+                    # Freeze the reader, move the session on, and drop everything it has
+                    # not read yet: when it thaws, its next page must be CursorExpired.
+                    reader.signal(signal.SIGSTOP)
+                    try:
+                        append(j, "s", rng, 20)
+                        j.compact_session("s", j.get_session("s").last_ordinal, b"all")
+                    finally:
+                        reader.signal(signal.SIGCONT)
+                    freezes += 1
+                if rng.random() < 0.1:
+                    time.sleep(rng.uniform(0.0, 0.01))
+            append(j, "s", rng, 3)  # the end of the session is retained
+            last = j.get_session("s").last_ordinal
+            j.resolve_session("s")
+            code = reader.wait(120)
+            assert code == 0, reader.err()
+            assert compactor.proc.poll() is None, f"the compactor died: {compactor.err()}"
+            compactor.send("stop")
+            assert compactor.wait(60) == 0, compactor.err()
+        finally:
+            reader.kill()
+            compactor.kill()
+        received, expired = check_reader_output(reader.seen, last)
+        assert expired >= 1 and freezes >= 1, "the reader never met CursorExpired"
+        assert received > 0
+        word, rewrote, _, also_deleted = compactor.seen[-1].split()
+        assert word == "rewrote" and int(rewrote) > 0, compactor.seen[-1]
+        assert deleted + int(also_deleted) > 0, "no segment was ever deleted"
+        # The store itself agrees: the retained range reads back whole and verifies.
+        meta = j.get_session("s")
+        events = list(j.replay("s"))
+        assert [e.ordinal for e in events] == list(range(meta.first_ordinal, last + 1))
+        assert all(e.data == payload("s", e.ordinal, len(e.data)) for e in events)
+        report = j.verify()
+        assert report.ok, report.problems
+
+
+def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_to_rewrite(
+    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # compact() decides what to rewrite from a read snapshot, without the writer lock; a
+    # retention pass in another process may delete that segment before it is read. Here
+    # the other process runs exactly then (from the point where compact() has computed a
+    # segment's live frames).
+    store = tmp_path / "store"
+    day = 24 * 3600 * 1000
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
+    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+        j.create_session("x")
+        for _ in range(30):
+            append(j, "x", rng, 2)
+        ended = j.resolve_session("x").ended_at_ms
+        assert ended is not None
+        j.create_session("keep")
+        for _ in range(10):
+            append(j, "keep", rng, 2)
+        segments = sorted((store / "segments").glob("*.seg"))
+        assert len(segments) >= 4
+        expected = [(e.ordinal, e.data) for e in j.replay("keep")]
+        original = journal.store.live_frames
+        outputs: list[str] = []
+
+        def live_frames_then_evict(*args: object) -> object:
+            result = original(*args)  # type: ignore[arg-type]
+            if not outputs:
+                other = Child("retention", str(store), str(ended + day), str(day))
+                assert other.wait(60) == 0, other.err()
+                outputs.extend(other.seen)
+            return result
+
+        monkeypatch.setattr(journal.store, "live_frames", live_frames_then_evict)
+        report = j.compact()
+        monkeypatch.undo()
+        assert outputs and outputs[0].startswith("evicted x deleted "), outputs
+        assert int(outputs[0].split()[-1]) >= 1
+        assert not (store / "segments" / segments[0].name).exists()
+        assert segments[0].name + ".zst" not in report.segments_rewritten
+        assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
+        assert j.verify().ok
+
+
+def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_collide(
+    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compactor process copied a live segment; then this process's retention pass
+    # finds the segment dead, commits, and deletes its files (after the commit, outside
+    # the writer lock) exactly while the compactor swaps its copy into place. Neither
+    # process may fail, and the dead segment must not come back.
+    store = tmp_path / "store"
+    day = 24 * 3600 * 1000
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
+    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+        j.create_session("x")
+        for _ in range(30):
+            append(j, "x", rng, 2)
+        ended = j.resolve_session("x").ended_at_ms
+        assert ended is not None
+        j.create_session("keep")
+        for _ in range(10):
+            append(j, "keep", rng, 2)
+        first = sorted((store / "segments").glob("*.seg"))[0].name
+        expected = [(e.ordinal, e.data) for e in j.replay("keep")]
+        compactor = Child("compact_interleaved", str(store))
+        try:
+            assert compactor.next_line() == "ready", compactor.err()
+            compactor.send("go")
+            assert compactor.next_line() == "rewritten", compactor.err()
+            original = journal.store.delete_segment_files
+
+            def delete_during_the_swap(*args: object) -> object:
+                compactor.send("go")  # it swaps now (we no longer hold the writer lock)
+                assert compactor.next_line() == "replaced", compactor.err()
+                # The swap holds the segment-files lock until it is done: let it finish;
+                # the deletion then waits for that lock instead of interleaving.
+                compactor.send("go")
+                return original(*args)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(journal.store, "delete_segment_files", delete_during_the_swap)
+            report = j.apply_retention(now_ms=ended + day)
+            monkeypatch.undo()
+            assert report.evicted_sessions == ["x"]
+            assert first in report.deleted_segments
+            code = compactor.wait(60)
+        finally:
+            compactor.kill()
+        assert code == 0, compactor.err()
+        assert compactor.seen[-1].startswith("rewrote ")
+        base = first.split(".")[0]
+        assert sorted(p.name for p in (store / "segments").glob(base + ".*")) == []
+        assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
+        report = j.verify()
+        assert report.ok, report.problems
+    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+        assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
+
+
+def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwhile(
+    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process's retention pass committed (the view forgot a dead segment) and deletes
+    # its files after the commit; another process's retention pass, under the writer
+    # lock, listed that segment just before and reads its sidecar just after.
+    store = tmp_path / "store"
+    day = 24 * 3600 * 1000
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
+    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+        j.create_session("x")
+        for _ in range(30):
+            append(j, "x", rng, 2)
+        ended = j.resolve_session("x").ended_at_ms
+        assert ended is not None
+        j.create_session("keep")
+        for _ in range(10):
+            append(j, "keep", rng, 2)
+        expected = [(e.ordinal, e.data) for e in j.replay("keep")]
+        other = Child("retention_paused", str(store))
+        try:
+            assert other.next_line() == "ready", other.err()
+            original = journal.store.delete_segment_files
+
+            def delete_while_the_other_pass_runs(*args: object) -> object:
+                other.send("go")
+                assert other.next_line() == "listed", other.err()
+                try:
+                    return original(*args)  # type: ignore[arg-type]
+                finally:
+                    other.send("go")
+
+            monkeypatch.setattr(
+                journal.store, "delete_segment_files", delete_while_the_other_pass_runs
+            )
+            report = j.apply_retention(now_ms=ended + day)
+            monkeypatch.undo()
+            assert report.evicted_sessions == ["x"] and report.deleted_segments
+            code = other.wait(60)
+        finally:
+            other.kill()
+        assert code == 0, other.err()
+        assert other.seen[-1].startswith("deleted ")
+        assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
+        assert j.verify().ok
