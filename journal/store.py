@@ -1067,7 +1067,6 @@ class Journal:
         if not isinstance(dead_share, (int, float)) or not 0.0 <= dead_share <= 1.0:
             raise InvalidArgument("dead_share must be a number between 0 and 1")
         started = time.perf_counter()
-        directory = self._log.directory
         bytes_before = _sealed_bytes(self._log)
         retention: RetentionReport = self._submit("retention", None)
         deleted = list(retention.deleted_segments)
@@ -1075,26 +1074,11 @@ class Journal:
         copied = 0
         bases = self._log.bases()[:-1]
         for done, base in enumerate(bases, start=1):
-            source = file_identity(directory, base)
-            summary = read_summary(directory, base)
-            if source is None or summary is None:
-                continue
-            with self._view.env.begin() as txn:
-                live, live_bytes, total = live_frames(txn, self._view, summary)
-            compressed = source[0].endswith(".zst")
-            if live and compressed and total - live_bytes < dead_share * total:
-                continue
-            if not live:
-                continue  # dead: the retention pass above deletes those
             try:
-                temporary, new_summary = rewrite(directory, base, live)
-            except FileNotFoundError:
-                continue  # deleted meanwhile by another writer's retention pass
-            if self._submit("swap", base, temporary, new_summary, source, summary.last_position):
-                rewritten.append(segment_name(base, compressed=True))
-                copied += live_bytes
-            if progress is not None:
-                progress(done, len(bases))
+                copied += self._compact_segment(base, dead_share, rewritten)
+            finally:
+                if progress is not None:
+                    progress(done, len(bases))
         return CompactionReport(
             rewritten,
             deleted,
@@ -1103,6 +1087,34 @@ class Journal:
             copied,
             time.perf_counter() - started,
         )
+
+    def _compact_segment(self, base: int, dead_share: float, rewritten: list[str]) -> int:
+        """Rewrite one sealed segment if it is worth it; returns the live bytes copied."""
+        directory = self._log.directory
+        source = file_identity(directory, base)
+        summary = read_summary(directory, base)
+        if source is None or summary is None:
+            return 0
+        with self._view.env.begin() as txn:
+            live, live_bytes, total = live_frames(txn, self._view, summary)
+        compressed = source[0].endswith(".zst")
+        if not live:
+            return 0  # dead: the retention pass deletes those
+        if compressed and total - live_bytes < dead_share * total:
+            return 0
+        try:
+            temporary, new_summary = rewrite(directory, base, live)
+        except FileNotFoundError:
+            return 0  # deleted meanwhile by another writer's retention pass
+        if compressed and os.path.getsize(temporary) > source[2]:
+            # Kept frames that were not contiguous compress in separate blocks; when that
+            # costs more than the dead frames it drops, keep the old file.
+            os.unlink(temporary)
+            return 0
+        if self._submit("swap", base, temporary, new_summary, source, summary.last_position):
+            rewritten.append(segment_name(base, compressed=True))
+            return live_bytes
+        return 0
 
     # -- sessions: reads -------------------------------------------------------------------
 

@@ -8,6 +8,10 @@ also frozen (SIGSTOP) while the history it still needs is dropped, so it must me
 `CursorExpired`. Whatever happens, every event it receives is the right one (payloads are
 derived from ordinals), in strictly increasing dense order between restarts from a
 `resume_cursor`, and it ends only by completion after the session is resolved.
+
+The last tests pin down, deterministically, interleavings that test found by chance: a
+segment deleted by another process's retention pass while `compact()` is about to rewrite
+it, while it swaps its copy into place, or while another retention pass reads its sidecar.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
 """Stateful model test: the journal must agree with a plain dict-of-lists model after every
 step (creates, appends with and without optimistic concurrency and idempotency keys,
-lifecycle transitions, bounded reads resumed from earlier cursors, listings, reopen)."""
+lifecycle transitions, bounded reads resumed from earlier cursors, listings, snapshots
+that drop a prefix, retention that trims history and evicts terminal sessions, compaction,
+reopen and a view rebuilt from the segments).
+
+Segments are small, so rotation (and the retention pass it triggers) happens all the time.
+After every step, every cursor seen so far must give exactly what the model says: the events
+after it, `CursorExpired` (below the retained range), `CursorForeign` (a cursor of an evicted
+incarnation whose id was created again) or `SessionNotFound` (its session is gone)."""
 
 from __future__ import annotations
 
@@ -23,11 +30,16 @@ from hypothesis.stateful import (
 )
 
 from journal import (
+    CompactionReport,
+    CursorExpired,
+    CursorForeign,
     EventIn,
     IdempotencyKeyReused,
     IllegalTransition,
+    InvalidArgument,
     Journal,
     OrdinalConflict,
+    RetentionPolicy,
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
@@ -35,8 +47,17 @@ from journal import (
 )
 
 SESSION_IDS = ("s-a", "s-b", "s-c", "s-d", "s-e")
-SEGMENT_BYTES = 16 << 10
-EIGHT_DAYS_MS = 8 * 24 * 3600 * 1000
+SEGMENT_BYTES = 8 << 10
+DAY_MS = 24 * 3600 * 1000
+EIGHT_DAYS_MS = 8 * DAY_MS
+LONG_AGE_MS = 10 * DAY_MS
+# Windows and eviction never trigger at the real time (the automatic pass at every seal), and
+# always do at `now + 2 days` (the apply_retention rule), so the model knows what happens.
+POLICY = RetentionPolicy(
+    max_history_bytes=None, max_history_age_ms=DAY_MS, session_retention_ms=DAY_MS
+)
+CURSORS_KEPT = 1000  # per session incarnation (a bound that a default run never reaches)
+FOREIGN_KEPT = 1000  # per id: cursors of evicted incarnations
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
 
 Stored = tuple[str, bytes, str | None]
@@ -44,7 +65,13 @@ Stored = tuple[str, bytes, str | None]
 
 
 def open_journal(path: Path) -> Journal:
-    return Journal.open(path, create=True, durability="os", segment_bytes=SEGMENT_BYTES)
+    return Journal.open(
+        path, create=True, durability="os", segment_bytes=SEGMENT_BYTES, retention=POLICY
+    )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def page_length(sizes: list[int], max_bytes: int) -> int:
@@ -74,7 +101,12 @@ class JournalModel(RuleBasedStateMachine):
         self.directory = Path(tempfile.mkdtemp(prefix="journal-model-"))
         self.path = self.directory / "store"
         self.j = open_journal(self.path)
+        # Every event a session ever had (ordinal n at index n - 1); it retains
+        # [first[s], len(events[s])].
         self.events: dict[str, list[Stored]] = {}
+        self.first: dict[str, int] = {}
+        self.snapshots: dict[str, tuple[int, bytes] | None] = {}
+        self.long_history: dict[str, bool] = {}  # created with a 10-day age window
         self.states: dict[str, SessionState] = {}
         # (session, key) -> (events, first_ordinal, last_ordinal). Forgotten on reopen and
         # keys are never reused after it, so the model does not depend on whether an
@@ -82,6 +114,8 @@ class JournalModel(RuleBasedStateMachine):
         self.keys: dict[tuple[str, str], tuple[list[EventIn], int, int]] = {}
         # Cursors seen so far, per session: (ordinal of the event it resumes after, cursor).
         self.cursors: dict[str, list[tuple[int, str]]] = {}
+        # Cursors of evicted incarnations, per id (kept after the id is created again).
+        self.foreign: dict[str, list[str]] = {}
         self.counter = 0
 
     def teardown(self) -> None:
@@ -91,6 +125,9 @@ class JournalModel(RuleBasedStateMachine):
             shutil.rmtree(self.directory, ignore_errors=True)
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def existing(self) -> st.SearchStrategy[str]:
+        return st.sampled_from(sorted(self.states)) if self.states else st.nothing()
 
     def writable(self) -> list[str]:
         return sorted(s for s, state in self.states.items() if state is SessionState.OPEN)
@@ -113,31 +150,109 @@ class JournalModel(RuleBasedStateMachine):
         )
         assert not result.deduplicated
         self.events[session_id].extend((e.type, e.data, e.request_id) for e in batch)
-        self.cursors[session_id].append((result.last_ordinal, result.cursor))
+        self.remember(session_id, result.last_ordinal, result.cursor)
 
     def remember(self, session_id: str, ordinal: int, cursor: str) -> None:
         seen = self.cursors[session_id]
-        if len(seen) < 200:
-            seen.append((ordinal, cursor))
+        seen.append((ordinal, cursor))
+        if len(seen) > CURSORS_KEPT:
+            del seen[CURSORS_KEPT // 2]  # keep the oldest half and the newest ones
+
+    def last(self, session_id: str) -> int:
+        return len(self.events[session_id])
+
+    def trim(self, session_id: str, new_first: int) -> None:
+        """The retained range now starts at `new_first` (if that is higher)."""
+        self.first[session_id] = max(self.first[session_id], new_first)
+        first = self.first[session_id]
+        for (s, key), (batch, key_first, key_last) in list(self.keys.items()):
+            if s != session_id or key_first >= first:
+                continue
+            if key_last < first:
+                # Its append was trimmed away: the key is forgotten (a retry appends again).
+                self.keys[(s, key)] = (batch, 0, 0)
+            else:
+                del self.keys[(s, key)]  # partly retained: not specified, not used
+
+    def evict(self, session_id: str) -> None:
+        del self.states[session_id]
+        foreign = self.foreign.setdefault(session_id, [])
+        foreign.extend(cursor for _, cursor in self.cursors.pop(session_id))
+        del foreign[:-FOREIGN_KEPT]
+        for s, key in list(self.keys):
+            if s == session_id:
+                del self.keys[(s, key)]
+
+    def expected_after(self, session_id: str, cursor_ordinal: int | None) -> int | None:
+        """The ordinal a read from this cursor resumes after, or None if it expired."""
+        first = self.first[session_id]
+        if cursor_ordinal is None:
+            return first - 1
+        return None if cursor_ordinal < first - 1 else cursor_ordinal
+
+    def check_cursor(self, session_id: str, cursor_ordinal: int, cursor: str) -> None:
+        after = self.expected_after(session_id, cursor_ordinal)
+        if after is None:
+            with pytest.raises(CursorExpired) as info:
+                self.j.read(session_id, cursor=cursor)
+            assert info.value.earliest_ordinal == self.first[session_id]
+            assert info.value.resume_cursor is not None
+            after, cursor = self.first[session_id] - 1, info.value.resume_cursor
+        page = self.j.read(session_id, cursor=cursor, max_bytes=1 << 30)
+        stored = self.events[session_id]
+        got = [(e.ordinal, e.type, e.data, e.request_id) for e in page.events]
+        assert got == [(n, *stored[n - 1]) for n in range(after + 1, len(stored) + 1)], (
+            session_id,
+            cursor_ordinal,
+        )
 
     # -- rules -----------------------------------------------------------------------------
 
-    @initialize(session_ids=st.sets(st.sampled_from(SESSION_IDS), min_size=1, max_size=4))
-    def create_first_sessions(self, session_ids: set[str]) -> None:
+    @initialize(
+        session_ids=st.sets(st.sampled_from(SESSION_IDS), min_size=1, max_size=4),
+        long_history=st.booleans(),
+    )
+    def create_first_sessions(self, session_ids: set[str], long_history: bool) -> None:
         for session_id in sorted(session_ids):
-            self.create_session(session_id, "review")
+            self.create(session_id, "review", long_history and session_id == min(session_ids))
+            # A few segments' worth of history from the start, so rotation, retention at
+            # every seal, snapshots and compaction have something to work on.
+            for _ in range(3):
+                batch = self.make_events([2500, 2500], with_request_id=False)
+                self.commit(session_id, batch, self.j.append(session_id, batch))
 
-    @rule(session_id=st.sampled_from(SESSION_IDS), mode=st.sampled_from(["", "review", "x"]))
-    def create_session(self, session_id: str, mode: str) -> None:
+    @rule(
+        data=st.data(),
+        mode=st.sampled_from(["", "review", "x"]),
+        long_history=st.booleans(),
+    )
+    def create_session(self, data: st.DataObject, mode: str, long_history: bool) -> None:
+        # Often an id that was evicted: its new incarnation must not see the old one.
+        evicted = sorted(s for s in self.foreign if s not in self.states)
+        session_id = data.draw(
+            (st.sampled_from(evicted) if evicted else st.nothing()) | st.sampled_from(SESSION_IDS),
+            label="session",
+        )
+        self.create(session_id, mode, long_history)
+
+    def create(self, session_id: str, mode: str, long_history: bool) -> None:
         if session_id in self.states:
             with pytest.raises(SessionExists):
                 self.j.create_session(session_id, mode=mode)
             return
-        meta = self.j.create_session(session_id, mode=mode, tags={"id": session_id})
+        meta = self.j.create_session(
+            session_id,
+            mode=mode,
+            tags={"id": session_id},
+            max_history_age_ms=LONG_AGE_MS if long_history else None,
+        )
         assert (meta.session_id, meta.state, meta.mode) == (session_id, SessionState.OPEN, mode)
         assert (meta.first_ordinal, meta.last_ordinal) == (1, 0)
         self.states[session_id] = SessionState.OPEN
         self.events[session_id] = []
+        self.first[session_id] = 1
+        self.snapshots[session_id] = None
+        self.long_history[session_id] = long_history
         self.cursors[session_id] = []
 
     @rule(
@@ -157,8 +272,8 @@ class JournalModel(RuleBasedStateMachine):
     ) -> None:
         # Mostly sessions that exist (and are writable), sometimes any name at all.
         session_id = data.draw(
-            st.sampled_from(self.writable() or sorted(self.states))
-            | st.sampled_from(sorted(self.states))
+            (st.sampled_from(self.writable()) if self.writable() else self.existing())
+            | self.existing()
             | st.sampled_from(SESSION_IDS),
             label="session",
         )
@@ -202,6 +317,12 @@ class JournalModel(RuleBasedStateMachine):
             return
         key = data.draw(st.sampled_from(known), label="key")
         original, first, last = self.keys[(session_id, key)]
+        if first == 0:  # forgotten with its trimmed append: any use appends anew
+            batch = list(original) if choice == "same" else self.make_events(sizes, False)
+            result = self.j.append(session_id, batch, idempotency_key=key)
+            self.commit(session_id, batch, result)
+            self.keys[(session_id, key)] = (batch, result.first_ordinal, result.last_ordinal)
+            return
         if choice == "same":
             result = self.j.append(session_id, list(original), idempotency_key=key)
             assert result.deduplicated
@@ -212,9 +333,7 @@ class JournalModel(RuleBasedStateMachine):
 
     @rule(data=st.data(), op=st.sampled_from(["suspend", "resume", "resolve", "cancel"]))
     def change_state(self, data: st.DataObject, op: str) -> None:
-        session_id = data.draw(
-            st.sampled_from(sorted(self.states)) | st.sampled_from(SESSION_IDS), label="session"
-        )
+        session_id = data.draw(self.existing() | st.sampled_from(SESSION_IDS), label="session")
         method = getattr(self.j, f"{op}_session")
         if session_id not in self.states:
             with pytest.raises(SessionNotFound):
@@ -246,6 +365,12 @@ class JournalModel(RuleBasedStateMachine):
         start, cursor = data.draw(
             st.sampled_from([(0, None), *self.cursors[session_id]]), label="from"
         )
+        if cursor is None:
+            start = self.first[session_id] - 1
+        if self.expected_after(session_id, start) is None:
+            with pytest.raises(CursorExpired):
+                self.j.read(session_id, cursor=cursor, max_bytes=max_bytes)
+            return
         page = self.j.read(session_id, cursor=cursor, max_bytes=max_bytes)
         stored = self.events[session_id]
         count = page_length([len(e[1]) for e in stored[start:]], max_bytes)
@@ -270,9 +395,15 @@ class JournalModel(RuleBasedStateMachine):
         start, cursor = data.draw(
             st.sampled_from([(0, None), *self.cursors[session_id]]), label="from"
         )
+        if cursor is None:
+            start = self.first[session_id] - 1
+        if self.expected_after(session_id, start) is None:
+            with pytest.raises(CursorExpired):
+                self.j.replay(session_id, cursor=cursor)
+            return
         replayed = [
             (e.ordinal, e.type, e.data, e.request_id)
-            for e in self.j.replay(session_id, cursor=cursor)
+            for e in self.j.replay(session_id, cursor=cursor, max_bytes=5000)
         ]
         stored = self.events[session_id]
         assert replayed == [(n, *stored[n - 1]) for n in range(start + 1, len(stored) + 1)]
@@ -304,9 +435,86 @@ class JournalModel(RuleBasedStateMachine):
         assert [m.session_id for m in whole.sessions] == [s for s, _, _ in expected]
         assert whole.next_page_token == ""
 
+    @rule(
+        data=st.data(),
+        snapshot=st.binary(max_size=40),
+        where=st.sampled_from(
+            ["last", "middle", "middle", "snapshot", "below_snapshot", "beyond", "zero"]
+        ),
+    )
+    def compact_session(self, data: st.DataObject, snapshot: bytes, where: str) -> None:
+        session_id = data.draw(self.existing() | st.sampled_from(SESSION_IDS), label="session")
+        if session_id not in self.states:
+            with pytest.raises(SessionNotFound):
+                self.j.compact_session(session_id, 1, snapshot)
+            return
+        last = self.last(session_id)
+        previous = self.snapshots[session_id]
+        through = {
+            "last": last,
+            "middle": (last + 1) // 2,
+            "snapshot": previous[0] if previous else last,
+            "below_snapshot": previous[0] - 1 if previous else last - 1,
+            "beyond": last + 1,
+            "zero": 0,
+        }[where]
+        if through < 1 or through > last or (previous and through < previous[0]):
+            with pytest.raises(InvalidArgument):
+                self.j.compact_session(session_id, through, snapshot)
+            return
+        result = self.j.compact_session(session_id, through, snapshot)
+        assert (result.session_id, result.ordinal, result.data) == (session_id, through, snapshot)
+        self.snapshots[session_id] = (through, snapshot)
+        self.trim(session_id, through + 1)
+        self.remember(session_id, through, result.cursor)
+
+    @rule(when=st.sampled_from(["now", "in two days"]))
+    def apply_retention(self, when: str) -> None:
+        if when == "now":
+            report = self.j.apply_retention()
+            assert (report.trimmed_sessions, report.evicted_sessions) == ([], [])
+            return
+        report = self.j.apply_retention(now_ms=now_ms() + 2 * DAY_MS)
+        evicted = sorted(s for s, state in self.states.items() if state.terminal)
+        trimmed = sorted(
+            s
+            for s, state in self.states.items()
+            if not state.terminal and not self.long_history[s] and self.first[s] <= self.last(s)
+        )
+        assert sorted(report.evicted_sessions) == evicted
+        assert sorted(report.trimmed_sessions) == trimmed
+        for session_id in evicted:
+            self.evict(session_id)
+        for session_id in trimmed:
+            self.trim(session_id, self.last(session_id) + 1)
+
+    @precondition(lambda self: bool(self.states))
+    @rule(data=st.data())
+    def end_a_session_and_evict(self, data: st.DataObject) -> None:
+        # Eviction needs a terminal session; make one rather than wait for it.
+        session_id = data.draw(self.existing(), label="session")
+        if not self.states[session_id].terminal:
+            assert self.j.cancel_session(session_id).state is SessionState.CANCELLED
+            self.states[session_id] = SessionState.CANCELLED
+        self.apply_retention("in two days")
+
+    @rule(dead_share=st.sampled_from([0.0, 0.5, 1.0]))
+    def compact(self, dead_share: float) -> None:
+        report = self.j.compact(dead_share=dead_share)
+        assert isinstance(report, CompactionReport)
+        for name in report.segments_rewritten:
+            assert name.endswith(".seg.zst"), report
+
     @rule()
     def close_and_reopen(self) -> None:
         self.j.close()
+        self.j = open_journal(self.path)
+        self.keys.clear()
+
+    @rule()
+    def close_and_rebuild_the_view(self) -> None:
+        self.j.close()
+        shutil.rmtree(self.path / "index")
         self.j = open_journal(self.path)
         self.keys.clear()
 
@@ -318,11 +526,42 @@ class JournalModel(RuleBasedStateMachine):
             meta = self.j.get_session(session_id)
             assert meta.state is state, (session_id, meta.state, state)
             assert (meta.first_ordinal, meta.last_ordinal) == (
-                1,
-                len(self.events[session_id]),
+                self.first[session_id],
+                self.last(session_id),
             ), session_id
             assert (meta.ended_at_ms is not None) == state.terminal, (session_id, meta)
             assert (meta.suspended_at_ms is not None) or state is not SessionState.SUSPENDED
+        for session_id in set(SESSION_IDS) - set(self.states):
+            with pytest.raises(SessionNotFound):
+                self.j.get_session(session_id)
+
+    @invariant()
+    def snapshots_match_model(self) -> None:
+        for session_id in self.states:
+            got = self.j.snapshot(session_id)
+            expected = self.snapshots[session_id]
+            if expected is None:
+                assert got is None, session_id
+            else:
+                assert got is not None, session_id
+                assert (got.session_id, got.ordinal, got.data) == (session_id, *expected)
+
+    @invariant()
+    def every_seen_cursor_gives_what_the_model_says(self) -> None:
+        for session_id in self.states:
+            for cursor_ordinal, cursor in self.cursors[session_id]:
+                self.check_cursor(session_id, cursor_ordinal, cursor)
+            snapshot = self.j.snapshot(session_id)
+            if snapshot is not None:
+                self.check_cursor(session_id, snapshot.ordinal, snapshot.cursor)
+        for session_id, cursors in self.foreign.items():
+            for cursor in cursors:
+                if session_id in self.states:
+                    with pytest.raises(CursorForeign):
+                        self.j.read(session_id, cursor=cursor)
+                else:
+                    with pytest.raises(SessionNotFound):
+                        self.j.read(session_id, cursor=cursor)
 
 
 JournalModel.TestCase.settings = settings(

@@ -1,0 +1,398 @@
+"""Helper processes for tests/test_compaction_processes.py and tests/test_readonly.py
+(run as `python tests/_procs_retention.py COMMAND ...`).
+
+    reader STORE SESSION MODE MAX_BYTES SEED
+        Print `ready`, then follow SESSION from the start (MODE `watch`: one watch; MODE
+        `replay`: repeated replays from the last cursor until the session is terminal and
+        drained), printing `ev ORDINAL OK|BAD` per event. On `CursorExpired` print
+        `expired EARLIEST` and go on from its `resume_cursor`. Print `done` and exit 0 when
+        the session is resolved and drained; anything else is a traceback and exit 1.
+    compactor STORE SEGMENT_BYTES SEED
+        Print `ready`, then run `compact()` (random dead_share) and `apply_retention()` in a
+        loop until a line arrives on stdin; print `rewrote N deleted M` and exit 0.
+    compact_interleaved STORE
+        Print `ready`, wait for a line, run `compact(dead_share=0.0)` pausing twice on the
+        first segment it rewrites: after writing the copy (`rewritten`, then wait for a
+        line) and right after renaming it into place (`replaced`, then wait for a line);
+        print `rewrote NAME,...` and exit 0.
+    retention_paused STORE
+        Print `ready`, wait for a line, then run `apply_retention()`, pausing (`listed`,
+        then wait for a line) when it first reads a sealed segment's sidecar; print
+        `deleted N` and exit 0.
+    retention STORE NOW_MS SESSION_RETENTION_MS
+        Open the store with that session retention, run `apply_retention(now_ms=NOW_MS)`, print
+        `evicted ID,ID deleted N` and exit 0.
+    ro_watch STORE SESSION
+        Drop to uid/gid 65534, open the store read-only, print `sessions ID,ID,...`, then
+        `ready`, then watch SESSION printing `ev ORDINAL DIGEST`; `done` when it ends.
+    ro_watch_paused STORE SESSION
+        As `ro_watch`, but the first time the reader scans the active segment's tail after
+        `ready` it prints `paused` right after reading a chunk of it and waits for a line on
+        stdin before using that chunk (a reader descheduled at the worst moment).
+    ro_read STORE
+        Drop to uid/gid 65534, open read-only, and print `session ID STATE FIRST LAST DIGEST`
+        for every session (DIGEST over all its retained events); after closing, print
+        `left behind [NAME, ...]` (temporary directories it created and did not remove),
+        then `done`.
+    ro_open STORE
+        Drop to uid/gid 65534 and try to open read-only; print `opened` or `error CLASS CODE`.
+
+Payloads are derived from the ordinal (`payload`), so a reader recognises a wrong event.
+Everything is imported before privileges are dropped: site-packages may be unreadable to
+the unprivileged user. `Child` is the parent's side: it starts a command and collects its
+output lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import lmdb  # noqa: E402
+import lmdb._envid  # noqa: E402, F401
+import msgspec  # noqa: E402, F401
+import zstandard  # noqa: E402, F401
+
+import journal  # noqa: E402
+import journal.store  # noqa: E402
+from journal import CursorExpired, Journal  # noqa: E402
+
+NOBODY = 65534
+START_S = 60.0  # generous: interpreter start and imports on a loaded 2-core box
+
+
+class Child:
+    """A command of this file in a subprocess; stdout lines are collected by a thread."""
+
+    def __init__(self, *args: str, env: Mapping[str, str] | None = None) -> None:
+        environment = dict(os.environ if env is None else env)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT), environment.get("PYTHONPATH")])
+        )
+        environment["PYTHONDONTWRITEBYTECODE"] = "1"
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, *args],
+            cwd="/",
+            env=environment,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.stderr: list[str] = []
+        self.seen: list[str] = []
+        self.pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put)),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr.append)),
+        ]
+        for pump in self.pumps:
+            pump.daemon = True
+            pump.start()
+
+    @staticmethod
+    def _pump(stream: object, sink: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            sink(line)  # type: ignore[operator]
+
+    def next_line(self, timeout: float = START_S) -> str:
+        """The next line printed (without its newline); AssertionError after `timeout`."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            self.kill()
+            raise AssertionError(f"child printed nothing for {timeout}s: {self.err()}") from None
+        self.seen.append(line.rstrip("\n"))
+        return self.seen[-1]
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        """Exit status (after every output line was collected); kills it after `timeout`."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"child still running after {timeout}s: {self.err()}") from None
+        for pump in self.pumps:
+            pump.join(10)
+        while not self.lines.empty():
+            self.seen.append(self.lines.get_nowait().rstrip("\n"))
+        return code
+
+    def err(self) -> str:
+        return "".join(self.stderr)[-4000:]
+
+
+def payload(session_id: str, ordinal: int, size: int) -> bytes:
+    """The one payload event `ordinal` of `session_id` may carry (given its size)."""
+    prefix = f"{session_id}:{ordinal}:".encode()
+    return prefix + random.Random(prefix).randbytes(max(0, size - len(prefix)))
+
+
+def payload_ok(session_id: str, ordinal: int, data: bytes) -> bool:
+    return data == payload(session_id, ordinal, len(data))
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def drop_privileges() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def reader(store: str, session_id: str, mode: str, max_bytes: str, seed: str) -> None:
+    rng = random.Random(int(seed))
+    budget = int(max_bytes)
+    with Journal.open(store, create=False, durability="os") as j:
+        emit("ready")
+        cursor: str | None = None
+        while True:
+            try:
+                if mode == "watch":
+                    for event in j.watch(session_id, cursor=cursor, max_bytes=budget):
+                        ok = payload_ok(session_id, event.ordinal, event.data)
+                        emit(f"ev {event.ordinal} {'OK' if ok else 'BAD'}")
+                        cursor = event.cursor
+                        if rng.random() < 0.02:
+                            time.sleep(rng.uniform(0.001, 0.02))  # a slow observer
+                    break
+                terminal = j.get_session(session_id).state.terminal
+                delivered = False
+                for event in j.replay(session_id, cursor=cursor, max_bytes=budget):
+                    ok = payload_ok(session_id, event.ordinal, event.data)
+                    emit(f"ev {event.ordinal} {'OK' if ok else 'BAD'}")
+                    cursor = event.cursor
+                    delivered = True
+                    if rng.random() < 0.02:
+                        time.sleep(rng.uniform(0.001, 0.02))
+                if terminal and not delivered:
+                    break
+                if not delivered:
+                    time.sleep(0.005)
+            except CursorExpired as e:
+                emit(f"expired {e.earliest_ordinal}")
+                cursor = e.resume_cursor
+        emit("done")
+
+
+def compactor(store: str, segment_bytes: str, seed: str) -> None:
+    rng = random.Random(int(seed))
+    finished = threading.Event()
+
+    def wait_for_line() -> None:
+        sys.stdin.readline()
+        finished.set()
+
+    threading.Thread(target=wait_for_line, daemon=True).start()
+    rewrote = deleted = 0
+    with Journal.open(store, create=False, durability="os", segment_bytes=int(segment_bytes)) as j:
+        emit("ready")
+        while not finished.is_set():
+            report = j.compact(dead_share=rng.choice([0.0, 0.3, 0.5, 0.9]))
+            rewrote += len(report.segments_rewritten)
+            deleted += len(report.segments_deleted)
+            deleted += len(j.apply_retention().deleted_segments)
+            time.sleep(rng.uniform(0.0, 0.02))
+    emit(f"rewrote {rewrote} deleted {deleted}")
+
+
+class _PausingReplace:
+    """`os` for journal.compaction whose `replace` pauses once after renaming."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def replace(self, source: str, destination: str) -> None:
+        os.replace(source, destination)
+        if not getattr(self, "done", False):
+            self.done = True
+            emit("replaced")
+            sys.stdin.readline()
+
+
+def compact_interleaved(store: str) -> None:
+    import journal.compaction
+
+    original_rewrite = journal.store.rewrite
+    paused: list[int] = []
+
+    def rewrite(directory: str, base: int, live: set[int]) -> object:
+        result = original_rewrite(directory, base, live)
+        if not paused:
+            paused.append(base)
+            emit("rewritten")
+            sys.stdin.readline()
+        return result
+
+    journal.store.rewrite = rewrite  # type: ignore[assignment]
+    journal.compaction.os = _PausingReplace()  # type: ignore[assignment]
+    with Journal.open(store, create=False, durability="os") as j:
+        emit("ready")
+        sys.stdin.readline()
+        report = j.compact(dead_share=0.0)
+    emit("rewrote " + ",".join(report.segments_rewritten))
+
+
+def retention_paused(store: str) -> None:
+    import journal.retention
+
+    original = journal.retention.read_summary
+    paused: list[int] = []
+
+    def read_summary(directory: str, base: int) -> object:
+        if not paused:
+            paused.append(base)
+            emit("listed")
+            sys.stdin.readline()
+        return original(directory, base)
+
+    journal.retention.read_summary = read_summary  # type: ignore[assignment]
+    with Journal.open(store, create=False, durability="os") as j:
+        emit("ready")
+        sys.stdin.readline()
+        report = j.apply_retention()
+    emit(f"deleted {len(report.deleted_segments)}")
+
+
+def retention(store: str, now_ms: str, session_retention_ms: str) -> None:
+    policy = journal.RetentionPolicy(
+        max_history_bytes=None, session_retention_ms=int(session_retention_ms)
+    )
+    with Journal.open(store, create=False, durability="os", retention=policy) as j:
+        report = j.apply_retention(now_ms=int(now_ms))
+    emit(f"evicted {','.join(report.evicted_sessions)} deleted {len(report.deleted_segments)}")
+
+
+def ro_watch(store: str, session_id: str) -> None:
+    drop_privileges()
+    with Journal.open(store, create=False, readonly=True) as j:
+        emit("sessions " + ",".join(m.session_id for m in j.list_sessions()))
+        emit("ready")
+        for event in j.watch(session_id):
+            emit(f"ev {event.ordinal} {digest(event.data)}")
+    emit("done")
+
+
+class _PausingOs:
+    """`os` for journal.segments, whose `pread` inside a tail scan pauses once when armed."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        data = os.pread(fd, length, offset)
+        if self.armed and sys._getframe(1).f_code.co_name == "_plain_frames":
+            self.armed = False
+
+            emit("paused")
+            sys.stdin.readline()
+        return data
+
+
+def ro_watch_paused(store: str, session_id: str) -> None:
+    import journal.segments
+
+    pausing = _PausingOs()
+    journal.segments.os = pausing  # type: ignore[assignment]
+    drop_privileges()
+    with Journal.open(store, create=False, readonly=True) as j:
+        emit("ready")
+        pausing.armed = True
+        for event in j.watch(session_id):
+            emit(f"ev {event.ordinal} {digest(event.data)}")
+    emit("done")
+
+
+def _private_dirs() -> set[str]:
+    """Temporary directories this user owns (where a read-only journal builds its view)."""
+    directory = tempfile.gettempdir()
+    found = set()
+    for name in os.listdir(directory):
+        with contextlib.suppress(OSError):
+            if os.stat(os.path.join(directory, name)).st_uid == os.getuid():
+                found.add(name)
+    return found
+
+
+def ro_read(store: str) -> None:
+    drop_privileges()
+    before = _private_dirs()
+    _read_all(store)
+    emit(f"left behind {sorted(_private_dirs() - before)}")
+    emit("done")
+
+
+def _read_all(store: str) -> None:
+    with Journal.open(store, create=False, readonly=True) as j:
+        for meta in j.list_sessions():
+            whole = hashlib.sha256()
+            for event in j.replay(meta.session_id):
+                whole.update(f"{event.ordinal}:{event.position}:".encode() + event.data)
+            emit(
+                f"session {meta.session_id} {meta.state.value} {meta.first_ordinal} "
+                f"{meta.last_ordinal} {whole.hexdigest()[:16]}"
+            )
+
+
+def ro_open(store: str) -> None:
+    drop_privileges()
+    try:
+        Journal.open(store, create=False, readonly=True).close()
+    except journal.JournalError as e:
+        emit(f"error {type(e).__name__} {e.code}")
+        return
+    emit("opened")
+
+
+COMMANDS = {
+    "reader": reader,
+    "compactor": compactor,
+    "retention": retention,
+    "retention_paused": retention_paused,
+    "compact_interleaved": compact_interleaved,
+    "ro_watch": ro_watch,
+    "ro_watch_paused": ro_watch_paused,
+    "ro_read": ro_read,
+    "ro_open": ro_open,
+}
+
+if __name__ == "__main__":
+    COMMANDS[sys.argv[1]](*sys.argv[2:])

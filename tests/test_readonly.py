@@ -1,0 +1,312 @@
+"""Read-only journals: a reader that may read the store but not write it lists, reads and
+watches it (following the writer across rotation, trims and compaction) and never creates
+or changes anything in it; it needs the cursor key; writes raise `ReadOnlyStore`.
+
+The unprivileged reader is a real process that drops to uid/gid 65534 after importing
+everything (tests run as root in CI); the store is made world-readable and not writable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _procs_retention import NOBODY, Child, payload
+
+from journal import (
+    EventIn,
+    Journal,
+    KeyRingError,
+    ReadOnlyStore,
+    RetentionPolicy,
+    SessionState,
+)
+
+KEY = "6b" * 32  # 32 bytes, hex
+SEGMENT_BYTES = 16 << 10
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path lives under a 0700 directory)."""
+    directory = Path(tempfile.mkdtemp(prefix="journal-readonly-test-"))
+    directory.chmod(0o755)
+    # Files the writer creates later (new segments, sidecars) are readable by others, as
+    # in a deployment that shares a store with readers, whatever umask the run inherited.
+    umask = os.umask(0o022)
+    try:
+        yield directory
+    finally:
+        os.umask(umask)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def shared_key(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The cursor key as the writer (this process) and the reader see it."""
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", KEY)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    return {**os.environ, "JOURNAL_CURSOR_KEY": KEY}
+
+
+def make_readable_only(store: Path) -> None:
+    """World-readable, writable by its owner (root) only."""
+    for directory, _, files in os.walk(store):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+
+
+def tree(store: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Every path under the store: (size, mtime_ns, uid, mode)."""
+    found = {}
+    for directory, dirs, files in os.walk(store):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            found[os.path.relpath(path, store)] = (
+                0 if stat.S_ISDIR(st.st_mode) else st.st_size,
+                st.st_mtime_ns,
+                st.st_uid,
+                st.st_mode,
+            )
+    return found
+
+
+def append(j: Journal, session_id: str, count: int, size: int = 700) -> list[bytes]:
+    first = j.get_session(session_id).last_ordinal + 1
+    data = [payload(session_id, first + i, size) for i in range(count)]
+    j.append(session_id, [EventIn(type="m", data=d) for d in data])
+    return data
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("compress_sealed", [False, True])
+def test_unprivileged_reader_watches_while_the_writer_appends_and_changes_nothing(
+    public_dir: Path, shared_key: dict[str, str], compress_sealed: bool
+) -> None:
+    assert os.geteuid() == 0, "this test drops a child process to uid 65534: run it as root"
+    store = public_dir / "store"
+    expected: list[bytes] = []
+    with Journal.open(
+        store, durability="fsync", segment_bytes=SEGMENT_BYTES, compress_sealed=compress_sealed
+    ) as j:
+        for session_id in ("a", "b", "c"):
+            j.create_session(session_id)
+        expected += append(j, "a", 10)
+        append(j, "b", 3)
+        assert not (store / "keys").exists()  # the key is external
+        make_readable_only(store)
+        reader = Child("ro_watch", str(store), "a", env=shared_key)
+        try:
+            assert reader.next_line() == "sessions a,b,c", reader.err()
+            assert reader.next_line() == "ready"
+            # Enough to rotate several segments while the reader follows.
+            for round_no in range(40):
+                expected += append(j, "a", 1 + round_no % 5)
+                if round_no % 10 == 0:
+                    append(j, "c", 2)
+            j.resolve_session("a")
+            code = reader.wait(60)
+        finally:
+            reader.kill()
+        assert code == 0, reader.err()
+        names = os.listdir(store / "segments")
+        assert len([n for n in names if n.endswith((".seg", ".seg.zst"))]) > 3
+        assert any(n.endswith(".seg.zst") for n in names) is compress_sealed
+    lines = reader.seen[2:]
+    assert lines[-1] == "done", lines[-3:]
+    assert lines[:-1] == [f"ev {n} {digest(d)}" for n, d in enumerate(expected, start=1)]
+    files = tree(store)
+    assert [p for p, (_, _, uid, _) in files.items() if uid == NOBODY] == []
+
+    # With the writer stopped, another read-only run leaves every file as it was.
+    before = tree(store)
+    reader = Child("ro_read", str(store), env=shared_key)
+    code = reader.wait(60)
+    assert code == 0, reader.err()
+    assert reader.seen[-2:] == ["left behind []", "done"]
+    assert [line.split()[1:5] for line in reader.seen[:-2]] == [
+        ["a", "resolved", "1", str(len(expected))],
+        ["b", "open", "1", "3"],
+        ["c", "open", "1", "8"],
+    ]
+    assert tree(store) == before
+
+
+def test_reader_paused_between_reading_the_tail_and_using_it_sees_no_corruption(
+    public_dir: Path, shared_key: dict[str, str]
+) -> None:
+    # The reader reads a chunk of the active segment (new frames, then zeros not yet
+    # written), is descheduled, and meanwhile the writer appends more frames after them.
+    # The zeros it read are "not yet written", not damage in front of valid frames.
+    store = public_dir / "store"
+    expected: list[bytes] = []
+    with Journal.open(store, durability="os", segment_bytes=1 << 20) as j:
+        j.create_session("a")
+        expected += append(j, "a", 3)
+        make_readable_only(store)
+        reader = Child("ro_watch_paused", str(store), "a", env=shared_key)
+        try:
+            assert reader.next_line() == "ready", reader.err()
+            expected += append(j, "a", 2)
+            while (line := reader.next_line()) != "paused":
+                assert line.startswith("ev "), (line, reader.err())
+            expected += append(j, "a", 2)
+            expected += append(j, "a", 2)
+            reader.send("go")
+            expected += append(j, "a", 2)
+            j.resolve_session("a")
+            code = reader.wait(60)
+        finally:
+            reader.kill()
+    assert code == 0, reader.err()
+    lines = [line for line in reader.seen[1:] if line != "paused"]
+    assert lines == [*(f"ev {n} {digest(d)}" for n, d in enumerate(expected, start=1)), "done"]
+
+
+def test_unprivileged_reader_follows_trims_evictions_and_compaction(
+    public_dir: Path, shared_key: dict[str, str]
+) -> None:
+    store = public_dir / "store"
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1000)
+    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES, retention=policy) as j:
+        j.create_session("kept")
+        j.create_session("trimmed")
+        j.create_session("evicted")
+        for _ in range(20):
+            append(j, "kept", 2, 300)
+            append(j, "trimmed", 2, 300)
+            append(j, "evicted", 2, 300)
+        make_readable_only(store)
+        # The reader builds its private view now, then the writer changes the store.
+        reader = Child("ro_watch", str(store), "kept", env=shared_key)
+        try:
+            assert reader.next_line() == "sessions evicted,kept,trimmed", reader.err()
+            assert reader.next_line() == "ready"
+            j.compact_session("trimmed", 30, b"thirty")
+            ended = j.resolve_session("evicted").ended_at_ms
+            assert ended is not None
+            assert j.apply_retention(now_ms=ended + 1000).evicted_sessions == ["evicted"]
+            j.compact()
+            for _ in range(10):
+                append(j, "kept", 2, 300)
+                append(j, "trimmed", 2, 300)
+            j.resolve_session("kept")
+            code = reader.wait(60)
+        finally:
+            reader.kill()
+        assert code == 0, reader.err()
+        assert reader.seen[-1] == "done"
+        assert [line.split()[1] for line in reader.seen[2:-1]] == [str(n) for n in range(1, 61)]
+        expected = []
+        for meta in j.list_sessions():
+            whole = hashlib.sha256()
+            for event in j.replay(meta.session_id):
+                whole.update(f"{event.ordinal}:{event.position}:".encode() + event.data)
+            expected.append(
+                f"session {meta.session_id} {meta.state.value} {meta.first_ordinal} "
+                f"{meta.last_ordinal} {whole.hexdigest()[:16]}"
+            )
+    make_readable_only(store)
+    reader = Child("ro_read", str(store), env=shared_key)
+    assert reader.wait(60) == 0, reader.err()
+    assert reader.seen == [*expected, "left behind []", "done"]
+    assert expected[1].split()[1:5] == ["trimmed", "open", "31", "60"]
+
+
+def test_readonly_open_without_a_readable_key_raises_key_ring_error(
+    public_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY", raising=False)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    store = public_dir / "store"
+    with Journal.open(store, durability="os") as j:  # the key ring goes to STORE/keys (0600)
+        j.create_session("s")
+    make_readable_only(store)
+    os.chmod(store / "keys", 0o600)
+    before = tree(store)
+    # An unprivileged reader cannot read STORE/keys and has no JOURNAL_CURSOR_KEY.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOURNAL_CURSOR_KEY")}
+    reader = Child("ro_open", str(store), env=env)
+    assert reader.wait(60) == 0, reader.err()
+    assert reader.seen == ["error KeyRingError KEYRING_INVALID"]
+    # Given the key through the environment, the same reader opens the store.
+    with_key = Child("ro_open", str(store), env={**env, "JOURNAL_CURSOR_KEY": KEY})
+    assert with_key.wait(60) == 0, with_key.err()
+    assert with_key.seen == ["opened"]
+    assert tree(store) == before
+    # Or given read access to STORE/keys.
+    os.chmod(store / "keys", 0o644)
+    readable = Child("ro_open", str(store), env=env)
+    assert readable.wait(60) == 0, readable.err()
+    assert readable.seen == ["opened"]
+
+
+def test_readonly_open_of_a_store_with_an_external_key_needs_that_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "store"
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", KEY)
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        cursor = j.append("s", [EventIn(type="m", data=b"x")]).cursor
+    assert not (store / "keys").exists()
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY")
+    with pytest.raises(KeyRingError) as info:
+        Journal.open(store, readonly=True)
+    assert info.value.code == "KEYRING_INVALID"
+    assert "JOURNAL_CURSOR_KEY" in str(info.value)
+    assert not (store / "keys").exists()
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", KEY)
+    with Journal.open(store, readonly=True) as j:
+        assert j.read("s", cursor=cursor).events == []
+
+
+def test_every_write_on_a_readonly_journal_raises_read_only_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        j.create_session("t")
+        j.append("s", [EventIn(type="m", data=b"one"), EventIn(type="m", data=b"two")])
+    before = tree(store)
+    with Journal.open(store, readonly=True) as j:
+        writes = [
+            lambda: j.create_session("new"),
+            lambda: j.append("s", [EventIn(type="m", data=b"x")]),
+            lambda: j.suspend_session("s"),
+            lambda: j.resume_session("s"),
+            lambda: j.resolve_session("s"),
+            lambda: j.cancel_session("s"),
+            lambda: j.expire_due(now_ms=1 << 50),
+            lambda: j.compact_session("s", 1, b"snap"),
+            lambda: j.apply_retention(now_ms=1 << 50),
+            lambda: j.compact(),
+            lambda: j.verify(fix=True),
+        ]
+        for write in writes:
+            with pytest.raises(ReadOnlyStore) as info:
+                write()
+            assert (info.value.code, info.value.status) == ("READ_ONLY", "FAILED_PRECONDITION")
+        # Reads still work and nothing changed.
+        assert [e.data for e in j.replay("s")] == [b"one", b"two"]
+        assert j.get_session("s").state is SessionState.OPEN
+        assert [m.session_id for m in j.list_sessions()] == ["s", "t"]
+        assert j.snapshot("s") is None
+        assert j.verify().ok
+    after = tree(store)
+    # The shared view's LMDB lock file may record a reader; the log and the rest may not move.
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    assert [p for p in changed if not p.startswith("index")] == [], changed
+    with Journal.open(store) as j:
+        assert j.get_session("s").last_ordinal == 2
+        assert j.snapshot("s") is None

@@ -1,0 +1,1216 @@
+"""Retention, snapshots, compaction and verification: one test per rule.
+
+History windows (bytes, age, per-session overrides) work at append-batch granularity and
+only ever move `first_ordinal` up; session retention evicts terminal sessions (EVICTED in
+the lifecycle feed, the id reusable, old cursors foreign); `compact_session` trades a prefix
+for a snapshot; a cursor below the retained range raises `CursorExpired` (never a silent
+jump); `compact()` reclaims dead bytes without changing anything a reader can observe; and
+`verify()` names damage by segment and frame offset, and `verify(fix=True)` rebuilds the
+view so the store reads exactly as before.
+
+Payloads are derived from (session, ordinal), so every event read back checks itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from journal import (
+    CompactionReport,
+    CursorExpired,
+    CursorForeign,
+    Event,
+    EventIn,
+    InvalidArgument,
+    Journal,
+    JournalCorrupt,
+    JournalError,
+    LifecycleEventType,
+    RetentionPolicy,
+    RetentionReport,
+    SessionNotFound,
+    SessionState,
+    Snapshot,
+)
+
+BIG_SEGMENTS = 1 << 20  # no rotation, so no automatic retention pass unless a test wants one
+SMALL_SEGMENTS = 8192
+NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
+DAY_MS = 24 * 3600 * 1000
+WAIT_S = 15.0
+FRAME_HEADER = struct.Struct(">4sIIQI")  # magic, body length, crc32, first position, count
+SEGMENT_HEADER_SIZE = 64
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def payload(session_id: str, ordinal: int, size: int = 40) -> bytes:
+    """Exactly `size` bytes (at least the prefix) that only (session, ordinal) produce;
+    incompressible, like real payloads, so compression does not hide dead bytes."""
+    prefix = f"{session_id}:{ordinal}:".encode()
+    return prefix + random.Random(prefix).randbytes(max(0, size - len(prefix)))
+
+
+def open_store(
+    path: Path,
+    retention: RetentionPolicy = NO_WINDOWS,
+    segment_bytes: int = BIG_SEGMENTS,
+    **options: Any,
+) -> Journal:
+    return Journal.open(
+        path, durability="os", segment_bytes=segment_bytes, retention=retention, **options
+    )
+
+
+def append_batch(j: Journal, session_id: str, sizes: list[int]) -> tuple[int, int]:
+    """Append one batch of events of `sizes` bytes; returns its (first, last) ordinal."""
+    first = j.get_session(session_id).last_ordinal + 1
+    batch = [EventIn(type="m", data=payload(session_id, first + i, s)) for i, s in enumerate(sizes)]
+    result = j.append(session_id, batch)
+    assert (result.first_ordinal, result.last_ordinal) == (first, first + len(sizes) - 1)
+    return result.first_ordinal, result.last_ordinal
+
+
+def check_event(event: Event, session_id: str) -> None:
+    assert event.session_id == session_id
+    assert event.data == payload(session_id, event.ordinal, len(event.data)), event
+
+
+def retained(j: Journal, session_id: str) -> list[int]:
+    """The ordinals a full replay yields (every payload checked)."""
+    events = list(j.replay(session_id))
+    for event in events:
+        check_event(event, session_id)
+    return [e.ordinal for e in events]
+
+
+def assert_range(j: Journal, session_id: str, first: int, last: int) -> None:
+    meta = j.get_session(session_id)
+    assert (meta.first_ordinal, meta.last_ordinal) == (first, last), meta
+    assert retained(j, session_id) == list(range(first, last + 1))
+
+
+def bytes_window_first(batches: list[tuple[int, int, int]], limit: int) -> int:
+    """First ordinal the bytes rule keeps: the longest run of newest whole batches whose
+    data fits in `limit`, and always the newest batch. `batches` is (first, last, bytes)."""
+    keep = len(batches) - 1
+    total = batches[keep][2]
+    while keep > 0 and total + batches[keep - 1][2] <= limit:
+        keep -= 1
+        total += batches[keep][2]
+    return batches[keep][0]
+
+
+def segment_files(path: Path) -> list[str]:
+    """Names of the segment files (plain and compressed), in position order."""
+    return sorted(
+        name for name in os.listdir(path / "segments") if name.endswith((".seg", ".seg.zst"))
+    )
+
+
+def frame_offsets(segment: Path) -> list[int]:
+    """Byte offsets of the frames of a plain segment file."""
+    data = segment.read_bytes()
+    offsets = []
+    at = SEGMENT_HEADER_SIZE
+    while at + FRAME_HEADER.size <= len(data):
+        magic, length, _, _, _ = FRAME_HEADER.unpack_from(data, at)
+        if magic != b"SJFR":
+            break
+        offsets.append(at)
+        at += FRAME_HEADER.size + length
+    return offsets
+
+
+def flip_bit(file: Path, offset: int, bit: int = 3) -> None:
+    with open(file, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ (1 << bit)]))
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    """What a read-like call gives: its value, or the error class with its telling fields."""
+    try:
+        return ("ok", call())
+    except CursorExpired as e:
+        return ("CursorExpired", e.earliest_ordinal, e.code, e.status)
+    except JournalError as e:
+        return (type(e).__name__, e.code, e.status)
+
+
+def event_view(events: list[Event]) -> list[tuple[Any, ...]]:
+    return [
+        (e.session_id, e.ordinal, e.type, e.data, e.request_id, e.timestamp_ms, e.position)
+        for e in events
+    ]
+
+
+def first_of(iterator: Iterator[Any], timeout: float = WAIT_S) -> Any:
+    """next(iterator) in a thread, failing the test instead of hanging."""
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(("value", next(iterator)))
+        except BaseException as e:
+            box.append(("error", e))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert box, f"nothing arrived within {timeout}s"
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+# -- history windows: bytes --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limit", "batches", "expected_first"),
+    [
+        # (sizes of each batch's events), oldest first
+        (1000, [[300, 100], [500], [200, 200], [50], [400]], 4),  # 400+50+400 fits, +500 not
+        (849, [[300, 100], [500], [200, 200], [50], [400]], 6),  # 850 is one byte too many
+        (1350, [[300, 100], [500], [200, 200], [50], [400]], 3),  # exactly at the limit stays
+        (1749, [[300, 100], [500], [200, 200], [50], [400]], 3),
+        (1750, [[300, 100], [500], [200, 200], [50], [400]], 1),
+        (100, [[300], [200], [700, 700]], 3),  # the newest batch stays even if alone too big
+        (5000, [[300], [200], [700, 700]], 1),  # within the limit: nothing leaves
+    ],
+)
+def test_bytes_window_drops_oldest_whole_batches_until_within_limit(
+    store: Path, limit: int, batches: list[list[int]], expected_first: int
+) -> None:
+    with open_store(store, RetentionPolicy(max_history_bytes=limit)) as j:
+        j.create_session("s")
+        ranges = [append_batch(j, "s", sizes) for sizes in batches]
+        model = [(f, la, sum(sizes)) for (f, la), sizes in zip(ranges, batches, strict=True)]
+        assert bytes_window_first(model, limit) == expected_first  # the test's own model
+        last = ranges[-1][1]
+        report = j.apply_retention()
+        assert isinstance(report, RetentionReport)
+        assert report.trimmed_sessions == (["s"] if expected_first > 1 else [])
+        assert report.evicted_sessions == []
+        assert_range(j, "s", expected_first, last)
+        # A second pass finds nothing more to do.
+        assert j.apply_retention().trimmed_sessions == []
+        assert_range(j, "s", expected_first, last)
+
+
+@given(
+    limit=st.integers(50, 3000),
+    steps=st.lists(
+        st.one_of(
+            st.lists(st.sampled_from([1, 40, 150, 600, 1200]), min_size=1, max_size=4),
+            st.just("apply"),
+        ),
+        min_size=1,
+        max_size=14,
+    ),
+)
+def test_bytes_window_matches_the_batch_model_across_appends_and_passes(
+    tmp_path_factory: pytest.TempPathFactory, limit: int, steps: list[Any]
+) -> None:
+    store = tmp_path_factory.mktemp("bytes") / "store"
+    batches: list[tuple[int, int, int]] = []
+    first = 1
+    with open_store(store, RetentionPolicy(max_history_bytes=limit)) as j:
+        j.create_session("s")
+        for step in steps:
+            if step == "apply":
+                report = j.apply_retention()
+                if batches:
+                    new_first = max(first, bytes_window_first(batches, limit))
+                    assert report.trimmed_sessions == (["s"] if new_first > first else [])
+                    first = new_first
+                last = batches[-1][1] if batches else 0
+                assert_range(j, "s", first, last)
+            else:
+                f, la = append_batch(j, "s", step)
+                batches.append((f, la, sum(step)))
+
+
+def test_per_session_bytes_override_beats_the_store_window(store: Path) -> None:
+    with open_store(store, RetentionPolicy(max_history_bytes=1000)) as j:
+        j.create_session("default")
+        j.create_session("wider", max_history_bytes=2500)
+        j.create_session("narrower", max_history_bytes=300)
+        for _ in range(6):
+            for session_id in ("default", "wider", "narrower"):
+                append_batch(j, session_id, [200, 200])
+        report = j.apply_retention()
+        assert sorted(report.trimmed_sessions) == ["default", "narrower"]
+        assert_range(j, "default", 9, 12)  # two batches of 400
+        assert_range(j, "wider", 1, 12)  # all six (2400 bytes) fit its own window
+        assert_range(j, "narrower", 11, 12)  # the newest batch alone (400 > 300)
+        for session_id in ("default", "wider", "narrower"):
+            append_batch(j, session_id, [200, 200])
+        j.apply_retention()
+        assert_range(j, "default", 11, 14)
+        assert_range(j, "wider", 3, 14)
+        assert_range(j, "narrower", 13, 14)
+
+
+def test_history_window_trims_by_itself_when_a_segment_is_sealed(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=2000)
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        for _ in range(120):
+            append_batch(j, "s", [500])
+            # Disk use stays bounded without anyone calling apply_retention.
+            assert len(segment_files(store)) <= 4, segment_files(store)
+        meta = j.get_session("s")
+        assert meta.last_ordinal == 120
+        # Trimmed at the last seal (and only whole batches): at most one segment's worth
+        # of appends behind the window of 4 batches.
+        assert 100 < meta.first_ordinal <= 117, meta
+        assert retained(j, "s") == list(range(meta.first_ordinal, 121))
+
+
+# -- history windows: age ----------------------------------------------------------------------
+
+
+def _timed_batches(j: Journal, session_id: str, count: int) -> list[tuple[int, int, int]]:
+    """`count` batches committed in distinct milliseconds: (first, last, commit time)."""
+    batches = []
+    for _ in range(count):
+        first, last = append_batch(j, session_id, [30, 30])
+        stamp = j.read(session_id, cursor=None, max_bytes=1 << 30).events[-1].timestamp_ms
+        batches.append((first, last, stamp))
+        time.sleep(0.003)
+    stamps = [stamp for _, _, stamp in batches]
+    assert stamps == sorted(set(stamps)), "batches must commit in distinct milliseconds"
+    return batches
+
+
+@pytest.mark.parametrize("keep_from", [0, 1, 3, 4])
+def test_age_window_drops_batches_committed_before_the_horizon(store: Path, keep_from: int) -> None:
+    age = 60_000
+    with open_store(store, RetentionPolicy(max_history_bytes=None, max_history_age_ms=age)) as j:
+        j.create_session("s")
+        batches = _timed_batches(j, "s", 5)
+        # The horizon is exactly the commit time of the batch that stays: "older" is strict.
+        now = batches[keep_from][2] + age
+        report = j.apply_retention(now_ms=now)
+        first = batches[keep_from][0]
+        assert report.trimmed_sessions == (["s"] if first > 1 else [])
+        assert_range(j, "s", first, 10)
+        # One millisecond later that batch is older than the horizon too.
+        j.apply_retention(now_ms=now + 1)
+        next_first = batches[keep_from + 1][0] if keep_from + 1 < len(batches) else 11
+        assert_range(j, "s", next_first, 10)
+
+
+def test_age_window_with_every_batch_older_keeps_nothing(store: Path) -> None:
+    age = 1000
+    with open_store(store, RetentionPolicy(max_history_bytes=None, max_history_age_ms=age)) as j:
+        j.create_session("s")
+        batches = _timed_batches(j, "s", 3)
+        middle = j.read("s", max_bytes=1).events[0]  # the cursor of ordinal 1
+        last_cursor = list(j.replay("s"))[-1].cursor
+        report = j.apply_retention(now_ms=batches[-1][2] + age + 1)
+        assert report.trimmed_sessions == ["s"]
+        meta = j.get_session("s")
+        assert (meta.first_ordinal, meta.last_ordinal) == (7, 6)
+        assert j.read("s").events == []
+        assert list(j.replay("s")) == []
+        # The newest cursor is still exactly at the end; an older one has expired.
+        assert j.read("s", cursor=last_cursor).events == []
+        with pytest.raises(CursorExpired) as info:
+            j.read("s", cursor=middle.cursor)
+        assert info.value.earliest_ordinal == 7
+        # Ordinals never restart: the next append continues after 6.
+        assert append_batch(j, "s", [10]) == (7, 7)
+        assert [e.ordinal for e in j.read("s", cursor=last_cursor).events] == [7]
+
+
+def test_per_session_age_override(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, max_history_age_ms=1000)
+    with open_store(store, policy) as j:
+        j.create_session("default")
+        j.create_session("longer", max_history_age_ms=10 * DAY_MS)
+        j.create_session("shorter", max_history_age_ms=10)
+        for session_id in ("default", "longer", "shorter"):
+            append_batch(j, session_id, [20, 20])
+        stamp = j.read("shorter").events[-1].timestamp_ms
+        report = j.apply_retention(now_ms=stamp + 500)  # only "shorter" is past its window
+        assert report.trimmed_sessions == ["shorter"]
+        assert_range(j, "default", 1, 2)
+        assert_range(j, "shorter", 3, 2)
+        report = j.apply_retention(now_ms=stamp + 5 * DAY_MS)
+        assert report.trimmed_sessions == ["default"]
+        assert_range(j, "default", 3, 2)
+        assert_range(j, "longer", 1, 2)
+
+
+def test_windows_never_change_ordinals_and_only_move_first_ordinal_up(store: Path) -> None:
+    with open_store(store, RetentionPolicy(max_history_bytes=500)) as j:
+        j.create_session("s")
+        cursors = {}
+        for _ in range(5):
+            append_batch(j, "s", [100, 100])
+        for event in j.replay("s"):
+            cursors[event.ordinal] = event.cursor
+        j.apply_retention()  # two batches of 200 fit in 500, three do not
+        events = list(j.replay("s"))
+        assert [e.ordinal for e in events] == [7, 8, 9, 10]
+        positions = {e.ordinal: e.position for e in events}
+        # A wider window later cannot bring history back.
+    with open_store(store, RetentionPolicy(max_history_bytes=10_000)) as j:
+        j.apply_retention()
+        events = list(j.replay("s"))
+        assert [(e.ordinal, e.position) for e in events] == sorted(positions.items())
+        assert [e.cursor for e in events] == [cursors[n] for n in range(7, 11)]
+        assert_range(j, "s", 7, 10)
+
+
+# -- session retention (eviction) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("end", ["resolve", "cancel", "expire"])
+def test_terminal_session_is_evicted_retention_after_it_ended(store: Path, end: str) -> None:
+    retention_ms = 5000
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=retention_ms)
+    with open_store(store, policy) as j:
+        j.create_session("done", ttl_ms=1 if end == "expire" else None)
+        j.create_session("open")
+        j.create_session("paused")
+        for session_id in ("done", "open", "paused"):
+            append_batch(j, session_id, [10, 10])
+        j.suspend_session("paused")
+        time.sleep(0.005)
+        if end == "expire":
+            j.expire_due()
+        else:
+            getattr(j, f"{end}_session")("done")
+        ended = j.get_session("done").ended_at_ms
+        assert ended is not None
+        assert j.get_session("done").state.terminal
+        report = j.apply_retention(now_ms=ended + retention_ms - 1)
+        assert report.evicted_sessions == []
+        j.get_session("done")
+        report = j.apply_retention(now_ms=ended + retention_ms)  # the boundary is inclusive
+        assert report.evicted_sessions == ["done"]
+        with pytest.raises(SessionNotFound):
+            j.get_session("done")
+        with pytest.raises(SessionNotFound):
+            j.read("done")
+        with pytest.raises(SessionNotFound):
+            j.snapshot("done")
+        assert [m.session_id for m in j.list_sessions()] == ["open", "paused"]
+        # Non-terminal sessions are never evicted, however late it is.
+        assert j.apply_retention(now_ms=ended + 1000 * DAY_MS).evicted_sessions == []
+        assert_range(j, "open", 1, 2)
+        assert_range(j, "paused", 1, 2)
+        j.close()
+    with open_store(store, policy) as j, pytest.raises(SessionNotFound):
+        j.get_session("done")
+
+
+def test_session_retention_from_started_counts_from_creation(store: Path) -> None:
+    retention_ms = 5000
+    for measured_from, evicted in (("ended", False), ("started", True)):
+        path = store.with_name(f"store-{measured_from}")
+        policy = RetentionPolicy(
+            max_history_bytes=None,
+            session_retention_ms=retention_ms,
+            session_retention_from=measured_from,
+        )
+        with open_store(path, policy) as j:
+            j.create_session("s")
+            time.sleep(0.01)
+            meta = j.resolve_session("s")
+            assert meta.ended_at_ms is not None and meta.ended_at_ms > meta.created_at_ms
+            now = meta.created_at_ms + retention_ms  # due from creation, not yet from end
+            assert j.apply_retention(now_ms=now - 1).evicted_sessions == []
+            report = j.apply_retention(now_ms=now)
+            assert report.evicted_sessions == (["s"] if evicted else []), measured_from
+            if not evicted:
+                report = j.apply_retention(now_ms=meta.ended_at_ms + retention_ms)
+                assert report.evicted_sessions == ["s"]
+
+
+def test_eviction_is_an_evicted_event_in_watch_sessions(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with open_store(store, policy) as j:
+        j.create_session("a")
+        j.create_session("b")
+        append_batch(j, "a", [10])
+        resolved = j.resolve_session("a")
+        stop = threading.Event()
+        feed = j.watch_sessions(stop=stop)
+        try:
+            snapshot = [first_of(feed), first_of(feed)]
+            assert [(e.event_type, e.session.session_id) for e in snapshot] == [
+                (LifecycleEventType.CREATED, "a"),
+                (LifecycleEventType.CREATED, "b"),
+            ]
+            report = j.apply_retention(now_ms=resolved.ended_at_ms + 10)
+            assert report.evicted_sessions == ["a"]
+            evicted = first_of(feed)
+            assert evicted.event_type is LifecycleEventType.EVICTED
+            assert evicted.session.session_id == "a"
+            assert evicted.session.state is SessionState.RESOLVED
+            assert evicted.session.incarnation == resolved.incarnation
+            # Resuming after the EVICTED event: the next change is the id's new incarnation.
+            again = j.watch_sessions(cursor=evicted.cursor, stop=stop)
+            j.create_session("a")
+            created = first_of(again)
+            assert created.event_type is LifecycleEventType.CREATED
+            assert created.session.session_id == "a"
+            assert created.session.incarnation != resolved.incarnation
+        finally:
+            stop.set()
+        # A fresh watcher's snapshot no longer shows the evicted incarnation.
+        fresh = j.watch_sessions(stop=stop)
+        stop.clear()
+        try:
+            first = [first_of(fresh), first_of(fresh)]
+        finally:
+            stop.set()
+        assert [(e.session.session_id, e.session.state) for e in first] == [
+            ("a", SessionState.OPEN),
+            ("b", SessionState.OPEN),
+        ]
+
+
+def test_evicted_id_can_be_created_again_and_old_cursors_are_foreign(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with open_store(store, policy) as j:
+        j.create_session("s")
+        append_batch(j, "s", [10, 10, 10])
+        old_cursor = list(j.replay("s"))[1].cursor
+        old_snapshot = j.compact_session("s", 1, b"old")
+        ended = j.resolve_session("s").ended_at_ms
+        assert j.apply_retention(now_ms=ended + 10).evicted_sessions == ["s"]
+        with pytest.raises(SessionNotFound):
+            j.read("s", cursor=old_cursor)
+        meta = j.create_session("s")
+        assert (meta.state, meta.first_ordinal, meta.last_ordinal) == (SessionState.OPEN, 1, 0)
+        assert j.snapshot("s") is None
+        assert j.read("s").events == []
+        assert append_batch(j, "s", [10]) == (1, 1)
+        assert retained(j, "s") == [1]
+        for cursor in (old_cursor, old_snapshot.cursor):
+            with pytest.raises(CursorForeign):
+                j.read("s", cursor=cursor)
+            with pytest.raises(CursorForeign):
+                j.replay("s", cursor=cursor)
+            with pytest.raises(CursorForeign):
+                j.watch("s", cursor=cursor)
+        j.close()
+    with open_store(store, policy) as j:
+        with pytest.raises(CursorForeign):
+            j.read("s", cursor=old_cursor)
+        assert retained(j, "s") == [1]
+
+
+# -- snapshots (compact_session) -----------------------------------------------------------------
+
+
+def test_compact_session_drops_the_prefix_and_keeps_a_snapshot(store: Path) -> None:
+    with open_store(store) as j:
+        j.create_session("s")
+        j.create_session("other")
+        for sizes in ([10, 10, 10], [10, 10], [10, 10, 10, 10], [10]):
+            append_batch(j, "s", sizes)
+            append_batch(j, "other", sizes)
+        assert j.snapshot("s") is None
+        before = {e.ordinal: e for e in j.replay("s")}
+        snap = j.compact_session("s", 4, b"state through 4")  # inside the second batch
+        assert isinstance(snap, Snapshot)
+        assert (snap.session_id, snap.ordinal, snap.data) == ("s", 4, b"state through 4")
+        assert j.snapshot("s") == snap
+        assert_range(j, "s", 5, 10)
+        assert_range(j, "other", 1, 10)  # other sessions are untouched
+        # Kept events are the same events: ordinals, positions and cursors unchanged.
+        assert event_view(list(j.replay("s"))) == event_view([before[n] for n in range(5, 11)])
+        assert [e.cursor for e in j.replay("s")] == [before[n].cursor for n in range(5, 11)]
+        j.resolve_session("s")
+        for read in (
+            lambda c: j.read("s", cursor=c, max_bytes=1 << 30).events,
+            lambda c: list(j.replay("s", cursor=c)),
+            lambda c: list(j.watch("s", cursor=c)),  # resolved: ends after draining
+        ):
+            assert [e.ordinal for e in read(snap.cursor)] == list(range(5, 11))
+            assert [e.ordinal for e in read(before[4].cursor)] == list(range(5, 11))
+            assert [e.ordinal for e in read(before[7].cursor)] == list(range(8, 11))
+
+
+def test_compact_session_errors(store: Path) -> None:
+    with open_store(store) as j:
+        j.create_session("s")
+        j.create_session("empty")
+        append_batch(j, "s", [10] * 6)
+        with pytest.raises(InvalidArgument):
+            j.compact_session("s", 7, b"beyond the head")
+        with pytest.raises(InvalidArgument):
+            j.compact_session("empty", 1, b"nothing to stand for")
+        with pytest.raises(InvalidArgument):
+            j.compact_session("s", 0, b"zero")
+        with pytest.raises(SessionNotFound):
+            j.compact_session("missing", 1, b"")
+        assert j.snapshot("s") is None
+        assert_range(j, "s", 1, 6)
+        first = j.compact_session("s", 4, b"four")
+        with pytest.raises(InvalidArgument):
+            j.compact_session("s", 3, b"older than the snapshot")
+        assert j.snapshot("s") == first
+        assert_range(j, "s", 5, 6)
+        same = j.compact_session("s", 4, b"four again")  # as far as the last one is allowed
+        assert (same.ordinal, same.data) == (4, b"four again")
+        later = j.compact_session("s", 6, b"everything")
+        assert j.snapshot("s") == later
+        assert_range(j, "s", 7, 6)
+        assert [e.ordinal for e in j.read("s", cursor=later.cursor).events] == []
+        assert append_batch(j, "s", [10]) == (7, 7)
+        assert [e.ordinal for e in j.read("s", cursor=later.cursor).events] == [7]
+        j.close()
+    with open_store(store) as j:
+        assert j.snapshot("s") == later
+        assert_range(j, "s", 7, 7)
+
+
+def test_compact_session_works_on_terminal_sessions_and_survives_reopen(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        for _ in range(30):
+            append_batch(j, "s", [300])
+        j.cancel_session("s")
+        snap = j.compact_session("s", 25, b"s25")
+        assert_range(j, "s", 26, 30)
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        assert j.snapshot("s") == snap
+        assert_range(j, "s", 26, 30)
+        assert [e.ordinal for e in j.watch("s", cursor=snap.cursor)] == list(range(26, 31))
+
+
+def test_idempotency_keys_are_remembered_while_their_append_is_retained(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        batches = {}
+        for i in range(1, 41):
+            key = f"k{i}"
+            batch = [
+                EventIn(type="m", data=payload("s", 2 * i - 1, 300)),
+                EventIn(type="m", data=payload("s", 2 * i, 300)),
+            ]
+            result = j.append("s", batch, idempotency_key=key)
+            assert (result.first_ordinal, result.last_ordinal) == (2 * i - 1, 2 * i)
+            batches[key] = batch
+        j.compact_session("s", 40, b"first twenty appends")
+        j.compact()
+
+        def retry(key: str) -> tuple[int, int, bool]:
+            result = j.append("s", batches[key], idempotency_key=key)
+            return result.first_ordinal, result.last_ordinal, result.deduplicated
+
+        # Retained appends are still recognised, through compaction and a rebuilt view.
+        assert retry("k21") == (41, 42, True)
+        assert retry("k40") == (79, 80, True)
+        j.close()
+    shutil.rmtree(store / "index")
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        assert retry("k30") == (59, 60, True)
+        assert j.get_session("s").last_ordinal == 80
+        # A key whose append was trimmed away is forgotten: the retry appends again.
+        assert retry("k3") == (81, 82, False)
+        assert j.get_session("s").last_ordinal == 82
+
+
+# -- expired cursors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["read", "replay", "watch", "awatch"])
+@pytest.mark.parametrize("trim", ["compact_session", "bytes_window", "age_window"])
+def test_cursor_below_the_retained_range_raises_cursor_expired(
+    store: Path, api: str, trim: str
+) -> None:
+    policy = RetentionPolicy(
+        max_history_bytes=100 if trim == "bytes_window" else None,
+        max_history_age_ms=1000 if trim == "age_window" else None,
+    )
+    with open_store(store, policy) as j:
+        j.create_session("s")
+        for _ in range(4):
+            append_batch(j, "s", [40, 40])
+            time.sleep(0.003)
+        cursors = {e.ordinal: e.cursor for e in j.replay("s")}
+        if trim == "compact_session":
+            j.compact_session("s", 6, b"six")
+        elif trim == "bytes_window":
+            j.apply_retention()
+        else:
+            stamp = j.read("s", cursor=cursors[6]).events[0].timestamp_ms
+            j.apply_retention(now_ms=stamp + 1000)
+        assert j.get_session("s").first_ordinal == 7
+        j.resolve_session("s")
+
+        def run(cursor: str | None) -> list[int]:
+            if api == "read":
+                return [e.ordinal for e in j.read("s", cursor=cursor).events]
+            if api == "replay":
+                return [e.ordinal for e in j.replay("s", cursor=cursor)]
+            if api == "watch":
+                return [e.ordinal for e in j.watch("s", cursor=cursor)]
+
+            async def collect() -> list[int]:
+                return [e.ordinal async for e in j.awatch("s", cursor=cursor)]
+
+            return asyncio.run(collect())
+
+        for below in (1, 2, 5):
+            with pytest.raises(CursorExpired) as info:
+                run(cursors[below])
+            error = info.value
+            assert (error.code, error.status) == ("CURSOR_EXPIRED", "FAILED_PRECONDITION")
+            assert error.earliest_ordinal == 7
+            assert error.resume_cursor is not None
+            assert run(error.resume_cursor) == [7, 8]
+        assert run(cursors[6]) == [7, 8]  # just below first_ordinal is still exact
+        assert run(cursors[7]) == [8]
+        assert run(None) == [7, 8]
+
+
+@pytest.mark.parametrize("trim", ["compact_session", "bytes_window", "age_window"])
+def test_paused_watcher_whose_history_is_trimmed_gets_cursor_expired(
+    store: Path, trim: str
+) -> None:
+    policy = RetentionPolicy(
+        max_history_bytes=250 if trim == "bytes_window" else None,
+        max_history_age_ms=1000 if trim == "age_window" else None,
+    )
+    with open_store(store, policy) as j:
+        j.create_session("s")
+        for _ in range(10):
+            append_batch(j, "s", [100])
+            time.sleep(0.002)
+        stop = threading.Event()
+        watcher = j.watch("s", stop=stop, max_bytes=1)  # one event per page
+        seen = [first_of(watcher), first_of(watcher)]
+        assert [e.ordinal for e in seen] == [1, 2]
+        # The watcher pauses here while its history leaves.
+        if trim == "compact_session":
+            j.compact_session("s", 8, b"eight")
+        elif trim == "bytes_window":
+            j.apply_retention()  # keeps 9 and 10
+        else:
+            stamp = j.read("s", cursor=seen[1].cursor, max_bytes=1 << 30).events[6].timestamp_ms
+            j.apply_retention(now_ms=stamp + 1000)  # keeps 9 and 10
+        assert j.get_session("s").first_ordinal == 9
+        try:
+            with pytest.raises(CursorExpired) as info:
+                while True:
+                    event = first_of(watcher)
+                    # Anything it still delivers must be the next event, never a jump.
+                    assert event.ordinal == seen[-1].ordinal + 1, "watcher skipped events"
+                    seen.append(event)
+        finally:
+            stop.set()
+        assert info.value.earliest_ordinal == 9
+        assert info.value.resume_cursor is not None
+        j.resolve_session("s")
+        rest = [e.ordinal for e in j.watch("s", cursor=info.value.resume_cursor)]
+        assert rest == [9, 10]
+
+
+def test_watchers_keep_correct_while_other_threads_append_trim_and_compact(
+    store: Path, rng: random.Random
+) -> None:
+    # In one process: appenders, a thread trimming (snapshots, windows) and compacting, and
+    # watchers that restart from resume_cursor on CursorExpired. Every event a watcher
+    # gets is the right one, in dense order between restarts.
+    policy = RetentionPolicy(max_history_bytes=20_000)
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        j.create_session("noise")
+        done = threading.Event()
+        errors: list[BaseException] = []
+        logs: list[list[tuple[str, int]]] = [[], []]
+
+        def watcher(log: list[tuple[str, int]], budget: int, pause: float) -> None:
+            cursor = None
+            try:
+                while True:
+                    try:
+                        for event in j.watch("s", cursor=cursor, max_bytes=budget):
+                            check_event(event, "s")
+                            log.append(("ev", event.ordinal))
+                            cursor = event.cursor
+                            time.sleep(pause)  # a slow observer falls behind the trims
+                        return
+                    except CursorExpired as e:
+                        log.append(("expired", e.earliest_ordinal))
+                        cursor = e.resume_cursor
+            except BaseException as e:
+                errors.append(e)
+
+        def trimmer(seed: int) -> None:
+            local = random.Random(seed)
+            try:
+                while not done.is_set():
+                    action = local.random()
+                    if action < 0.3:
+                        meta = j.get_session("s")
+                        snap = j.snapshot("s")
+                        low = max(meta.first_ordinal - 1, snap.ordinal if snap else 1, 1)
+                        if meta.last_ordinal >= low:
+                            through = local.randint(low, meta.last_ordinal)
+                            j.compact_session("s", through, b"snap")
+                    elif action < 0.6:
+                        j.apply_retention()
+                    else:
+                        j.compact(dead_share=local.random())
+                    time.sleep(local.uniform(0, 0.005))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [
+            threading.Thread(target=watcher, args=(logs[0], 1, 0.002)),
+            threading.Thread(target=watcher, args=(logs[1], 1 << 20, 0.0)),
+            threading.Thread(target=trimmer, args=(rng.randrange(1 << 30),)),
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(300):
+                append_batch(j, "s", [rng.choice([50, 400, 1500])] * rng.randint(1, 4))
+                append_batch(j, "noise", [300])
+        finally:
+            done.set()
+            threads[2].join(WAIT_S)
+            append_batch(j, "s", [10])  # the end of the session is retained
+            last = j.get_session("s").last_ordinal
+            j.resolve_session("s")
+            for thread in threads[:2]:
+                thread.join(WAIT_S)
+        assert not any(t.is_alive() for t in threads), "a thread did not finish"
+        assert errors == []
+        for log in logs:
+            previous, floor = 0, 1
+            for kind, ordinal in log:
+                if kind == "expired":
+                    assert ordinal > previous + 1
+                    floor = ordinal
+                elif floor:
+                    assert ordinal >= floor and ordinal > previous, (ordinal, previous, floor)
+                    previous, floor = ordinal, 0
+                else:
+                    assert ordinal == previous + 1, f"after {previous} came {ordinal}"
+                    previous = ordinal
+            assert previous == last
+        assert any(kind == "expired" for kind, _ in logs[0]), "the slow watcher kept up"
+        assert j.verify().ok
+
+
+# -- segments holding nothing live are deleted ---------------------------------------------------
+
+
+def _fill(j: Journal, session_id: str, count: int, size: int = 400) -> None:
+    for _ in range(count):
+        append_batch(j, session_id, [size])
+
+
+def _sealed_bytes(store: Path) -> int:
+    """Bytes of sealed segments and their sidecars (what CompactionReport counts)."""
+    active = segment_files(store)[-1]
+    return sum(size for name, size in _sizes(store).items() if name != active)
+
+
+def _sizes(store: Path) -> dict[str, int]:
+    directory = store / "segments"
+    return {name: (directory / name).stat().st_size for name in os.listdir(directory)}
+
+
+@pytest.mark.parametrize("how", ["evict", "compact_session", "age_window"])
+def test_segments_holding_nothing_live_are_deleted(store: Path, how: str) -> None:
+    policy = RetentionPolicy(
+        max_history_bytes=None,
+        session_retention_ms=1 if how == "evict" else None,
+        max_history_age_ms=1000 if how == "age_window" else None,
+    )
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("old")
+        _fill(j, "old", 80)  # several segments of nothing but "old"
+        old_newest = j.read("old", cursor=None, max_bytes=1 << 30).events[-1].timestamp_ms
+        time.sleep(0.005)
+        j.create_session("keep")
+        _fill(j, "keep", 20)
+        before = segment_files(store)
+        sizes = _sizes(store)
+        assert len(before) >= 6, before
+        if how == "evict":
+            ended = j.resolve_session("old").ended_at_ms
+            report = j.apply_retention(now_ms=ended + 10)
+            assert report.evicted_sessions == ["old"]
+        elif how == "compact_session":
+            j.compact_session("old", 80, b"all of it")
+            report = j.apply_retention()
+        else:
+            # Every batch of "old" is older than the horizon, every one of "keep" is not.
+            report = j.apply_retention(now_ms=old_newest + 1001)
+            assert "old" in report.trimmed_sessions
+            assert_range(j, "old", 81, 80)
+        after = segment_files(store)
+        deleted = report.deleted_segments
+        # Sealed segments of nothing but "old" go (the one holding its creation record may
+        # stay while the session lives); the active segment never does.
+        assert len(deleted) >= len(before) - 4, (deleted, before)
+        assert before[-1] not in deleted
+        for name in deleted:
+            assert name not in after
+            assert not (store / "segments" / name.replace(".seg", ".idx")).exists()
+        assert sorted(set(before) - set(deleted)) == after
+        freed = sum(sizes[name] + sizes.get(name.split(".")[0] + ".idx", 0) for name in deleted)
+        assert report.reclaimed_bytes == freed
+        assert_range(j, "keep", 1, 20)
+        if how != "evict":
+            assert j.get_session("old").last_ordinal == 80
+        assert j.verify().ok
+        # Nothing more to delete on a second pass.
+        assert j.apply_retention().deleted_segments == []
+        expected = _observe(j, [])
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        assert _observe(j, []) == expected
+        assert segment_files(store) == after
+    # A view rebuilt from a log with holes where dead segments were reads the same.
+    shutil.rmtree(store / "index")
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        assert _observe(j, []) == expected
+        assert j.verify().ok
+        assert append_batch(j, "keep", [10]) == (21, 21)
+
+
+def _segment_of_each_ordinal(store: Path, events: list[Event]) -> dict[int, str]:
+    bases = sorted(int(name[:20]) for name in segment_files(store))
+    names = {int(name[:20]): name for name in segment_files(store)}
+    found = {}
+    for event in events:
+        base = max(b for b in bases if b <= event.position)
+        found[event.ordinal] = names[base]
+    return found
+
+
+@pytest.mark.parametrize("keep_its_last_event", [True, False])
+def test_a_segment_is_deleted_exactly_when_its_last_retained_event_leaves(
+    store: Path, keep_its_last_event: bool
+) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        _fill(j, "s", 60)
+        where = _segment_of_each_ordinal(store, list(j.replay("s")))
+        second = sorted(set(where.values()))[1]  # sealed, and not the creation's segment
+        last_in_second = max(n for n, name in where.items() if name == second)
+        through = last_in_second - 1 if keep_its_last_event else last_in_second
+        j.compact_session("s", through, b"snap")
+        report = j.apply_retention()
+        assert (second in report.deleted_segments) is not keep_its_last_event, report
+        assert (second in segment_files(store)) is keep_its_last_event
+        assert_range(j, "s", through + 1, 60)
+        j.compact()
+        assert_range(j, "s", through + 1, 60)
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        assert_range(j, "s", through + 1, 60)
+
+
+# -- compact() ---------------------------------------------------------------------------------
+
+
+def _observe(j: Journal, cursors: list[tuple[str, str]]) -> dict[str, Any]:
+    """Everything a reader can observe: sessions, events (every field and cursor),
+    snapshots, and what each given cursor yields (or which error)."""
+    sessions = list(j.list_sessions())
+    return {
+        "sessions": sessions,
+        "events": {
+            m.session_id: [(*v, e.cursor) for v, e in zip(*_events(j, m.session_id), strict=True)]
+            for m in sessions
+        },
+        "snapshots": {m.session_id: j.snapshot(m.session_id) for m in sessions},
+        "cursors": [
+            outcome(lambda s=s, c=c: event_view(j.read(s, cursor=c, max_bytes=1 << 30).events))
+            for s, c in cursors
+        ],
+    }
+
+
+def _events(j: Journal, session_id: str) -> tuple[list[tuple[Any, ...]], list[Event]]:
+    events = list(j.replay(session_id, max_bytes=3000))
+    for event in events:
+        check_event(event, session_id)
+    return event_view(events), events
+
+
+def _busy_store(store: Path, policy: RetentionPolicy) -> tuple[Journal, list[tuple[str, str]]]:
+    """A store with interleaved sessions, a snapshot, a trimmed session, an evicted one,
+    a re-created id; plus cursors of every kind of outcome."""
+    j = open_store(store, policy, segment_bytes=SMALL_SEGMENTS)
+    for session_id in ("a", "b", "c", "gone"):
+        j.create_session(session_id)
+    for i in range(60):
+        for session_id, size in (("a", 300), ("b", 200), ("c", 50), ("gone", 250)):
+            append_batch(j, session_id, [size] * (1 + i % 3))
+    cursors = [(s, e.cursor) for s in ("a", "b", "c", "gone") for e in list(j.replay(s))[::17]]
+    j.compact_session("a", j.get_session("a").last_ordinal - 5, b"snapshot of a")
+    j.resolve_session("gone")
+    return j, cursors
+
+
+def test_compact_keeps_every_retained_event_and_reclaims_dead_bytes(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=DAY_MS)
+    j, cursors = _busy_store(store, policy)
+    try:
+        ended = j.get_session("gone").ended_at_ms
+        assert j.apply_retention(now_ms=ended + DAY_MS).evicted_sessions == ["gone"]
+        j.create_session("gone")  # a new incarnation: the old cursors are foreign
+        append_batch(j, "gone", [10])
+        cursors += [(s, e.cursor) for s in ("a", "b", "c", "gone") for e in j.replay(s)][::5]
+        expected = _observe(j, cursors)
+        assert {o[0] for o in expected["cursors"]} >= {"ok", "CursorExpired", "CursorForeign"}
+        on_disk = _sealed_bytes(store)
+        report = j.compact()
+        assert isinstance(report, CompactionReport)
+        assert report.bytes_before == on_disk
+        assert report.bytes_after < report.bytes_before / 2, report
+        assert report.live_bytes_copied > 0
+        assert report.seconds >= 0
+        assert report.segments_rewritten, report
+        names = segment_files(store)
+        for name in report.segments_rewritten:
+            assert name.endswith(".seg.zst") and name in names
+        # Every sealed segment is now compressed; the active one stays plain.
+        assert [n for n in names if not n.endswith(".seg.zst")] == [names[-1]]
+        assert report.bytes_after == _sealed_bytes(store)
+        assert _observe(j, cursors) == expected
+        # The journal keeps working: appends, reads, a second compaction with nothing new.
+        append_batch(j, "b", [10])
+        expected = _observe(j, cursors)
+        again = j.compact()
+        assert again.segments_rewritten == [] and again.segments_deleted == []
+        assert _observe(j, cursors) == expected
+        assert j.verify().ok
+    finally:
+        j.close()
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        assert _observe(j, cursors) == expected
+    shutil.rmtree(store / "index")
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        # A view rebuilt from the compacted segments reads the same.
+        assert _observe(j, cursors) == expected
+
+
+def test_compact_deletes_segments_that_hold_nothing_live(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("old")
+        _fill(j, "old", 80)
+        j.create_session("keep")
+        _fill(j, "keep", 30)
+        j.compact_session("old", 80, b"done")
+        before = segment_files(store)
+        report = j.compact()
+        assert len(report.segments_deleted) >= len(before) - 5, (report, before)
+        after = segment_files(store)
+        assert not set(report.segments_deleted) & set(after)
+        assert len(after) == len(before) - len(report.segments_deleted)
+        assert_range(j, "keep", 1, 30)
+        assert_range(j, "old", 81, 80)
+
+
+@pytest.mark.parametrize("dead_share", [0.0, 0.5, 1.0])
+def test_compact_rewrites_only_segments_dead_enough_once_compressed(
+    store: Path, dead_share: float
+) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS, compress_sealed=True) as j:
+        j.create_session("a")
+        j.create_session("b")
+        for _ in range(40):
+            append_batch(j, "a", [300])
+            append_batch(j, "b", [300])
+        names = segment_files(store)
+        assert all(n.endswith(".seg.zst") for n in names[:-1]), names
+        # Nothing is dead yet and everything sealed is compressed: dead_share=1.0 and 0.5
+        # rewrite nothing, 0.0 rewrites everything sealed.
+        report = j.compact(dead_share=dead_share)
+        assert len(report.segments_rewritten) == (len(names) - 1 if dead_share == 0.0 else 0)
+        j.compact_session("a", 40, b"a")  # about half of every segment is now dead
+        expected = _observe(j, [])
+        report = j.compact(dead_share=dead_share)
+        rewritten = len(report.segments_rewritten)
+        if dead_share == 1.0:
+            assert rewritten == 0
+        else:
+            assert rewritten >= len(names) - 3, report
+            assert report.bytes_after < report.bytes_before
+        assert _observe(j, []) == expected
+        with pytest.raises(InvalidArgument):
+            j.compact(dead_share=1.5)
+
+
+def test_compact_progress_counts_segments_up_to_the_total(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("a")
+        j.create_session("b")
+        for _ in range(40):
+            append_batch(j, "a", [300])
+            append_batch(j, "b", [300])
+        sealed = len(segment_files(store)) - 1
+        for round_no in range(2):  # everything rewritten, then nothing to do
+            calls: list[tuple[int, int]] = []
+            j.compact(progress=lambda done, total, calls=calls: calls.append((done, total)))
+            assert calls, f"round {round_no}: progress was never called"
+            assert [total for _, total in calls] == [sealed] * len(calls)
+            assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+            assert calls[-1] == (sealed, sealed), (round_no, calls)
+
+
+# -- verify --------------------------------------------------------------------------------------
+
+
+def test_verify_is_ok_on_a_healthy_store(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=DAY_MS)
+    j, _ = _busy_store(store, policy)
+    try:
+        calls: list[tuple[int, int]] = []
+        report = j.verify(progress=lambda done, total: calls.append((done, total)))
+        assert report.ok and report.problems == [], report
+        assert report.segments == len(segment_files(store))
+        assert report.frames > 0 and report.records >= report.frames
+        assert calls and calls[-1][0] == calls[-1][1]
+        j.apply_retention(now_ms=j.get_session("gone").ended_at_ms + DAY_MS)
+        j.compact()
+        report = j.verify()
+        assert report.ok and report.problems == [], report
+        assert report.segments == len(segment_files(store))
+    finally:
+        j.close()
+
+
+@pytest.mark.parametrize("where", ["body", "header"])
+def test_verify_names_the_segment_and_frame_offset_of_a_flipped_bit(
+    store: Path, where: str
+) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        _fill(j, "s", 60)
+        j.create_session("t")
+        append_batch(j, "t", [10, 10])  # in the active segment, far from the damage
+        sealed = segment_files(store)[1]
+        offsets = frame_offsets(store / "segments" / sealed)
+        assert len(offsets) >= 5
+        target = offsets[len(offsets) // 2]
+        # In the header: the first-position field (covered by the checksum).
+        flip_bit(store / "segments" / sealed, target + (40 if where == "body" else 14))
+        report = j.verify()
+        assert not report.ok
+        assert [(p.segment, p.offset) for p in report.problems] == [(sealed, target)], (
+            report.problems
+        )
+        # A reader that needs that frame fails loudly, naming the same place.
+        with pytest.raises(JournalCorrupt) as info:
+            list(j.replay("s"))
+        assert (info.value.segment, info.value.offset) == (sealed, target)
+        sessions = list(j.list_sessions())
+        assert_range(j, "t", 1, 2)
+        # fix=True cannot repair a damaged frame: it reports it, and leaves the store
+        # readable and writable where it is not damaged.
+        fixed = j.verify(fix=True)
+        assert not fixed.ok
+        assert (sealed, target) in [(p.segment, p.offset) for p in fixed.problems]
+        assert list(j.list_sessions()) == sessions
+        assert_range(j, "t", 1, 2)
+        assert append_batch(j, "t", [10]) == (3, 3)
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        assert_range(j, "t", 1, 3)
+
+
+def test_verify_names_a_damaged_compressed_segment(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS, compress_sealed=True) as j:
+        j.create_session("s")
+        _fill(j, "s", 60)
+        sealed = segment_files(store)[1]
+        assert sealed.endswith(".seg.zst")
+        path = store / "segments" / sealed
+        flip_bit(path, path.stat().st_size // 3)
+        report = j.verify()
+        assert not report.ok
+        assert sealed in {p.segment for p in report.problems}, report.problems
+        with pytest.raises(JournalCorrupt) as info:
+            list(j.replay("s"))
+        assert info.value.segment == sealed
+
+
+def test_verify_fix_rewrites_a_missing_sidecar(store: Path) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        _fill(j, "s", 40)
+        sealed = segment_files(store)[1]
+        sidecar = store / "segments" / sealed.replace(".seg", ".idx")
+        content = sidecar.read_bytes()
+        sidecar.unlink()
+        report = j.verify()
+        assert not report.ok
+        assert [p.segment for p in report.problems] == [sidecar.name], report.problems
+        fixed = j.verify(fix=True)
+        assert fixed.ok and fixed.fixed
+        assert sidecar.read_bytes() == content
+        assert j.verify().ok and j.verify().problems == []
+        assert_range(j, "s", 1, 40)
+
+
+def test_verify_fix_rebuilds_a_deleted_view_that_reads_exactly_as_before(store: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=DAY_MS)
+    j, cursors = _busy_store(store, policy)
+    try:
+        j.apply_retention(now_ms=j.get_session("gone").ended_at_ms + DAY_MS)
+        j.create_session("gone")
+        append_batch(j, "gone", [10, 10])
+        j.create_session("trimmed", max_history_bytes=500)
+        for _ in range(5):
+            append_batch(j, "trimmed", [200])
+        j.apply_retention()
+        j.compact()
+        append_batch(j, "b", [10])
+        cursors += [(s, e.cursor) for s in ("a", "b", "gone", "trimmed") for e in j.replay(s)]
+        expected = _observe(j, cursors)
+        kinds = {o[0] for o in expected["cursors"]}
+        assert kinds >= {"ok", "CursorExpired", "CursorForeign"}, kinds
+    finally:
+        j.close()
+    shutil.rmtree(store / "index")
+    os.unlink(store / "view-boot")
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        report = j.verify(fix=True)
+        assert report.ok, report
+        assert _observe(j, cursors) == expected
+        assert j.verify().ok
+        # Still writable where it was, with ordinals continuing.
+        last = j.get_session("b").last_ordinal
+        assert append_batch(j, "b", [10]) == (last + 1, last + 1)
+    with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
+        observed = _observe(j, cursors)
+        assert observed["snapshots"] == expected["snapshots"]
+        assert observed["sessions"][0] == expected["sessions"][0]
