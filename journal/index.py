@@ -177,6 +177,7 @@ class View:
         else:
             with self.env.begin(write=True) as txn:
                 handles = [self.env.open_db(name, txn=txn, create=True) for name in names]
+        self._handles = handles
         (
             self.meta,
             self.sessions,
@@ -193,17 +194,7 @@ class View:
         self.env.close()
 
     def all_dbs(self) -> list[lmdb._Database]:
-        return [
-            self.meta,
-            self.sessions,
-            self.incarnations,
-            self.events,
-            self.idem,
-            self.feed,
-            self.deadlines,
-            self.pins,
-            self.tombstones,
-        ]
+        return list(self._handles)
 
     # -- reads (any transaction) ---------------------------------------------------------
 

@@ -158,6 +158,8 @@ class SegmentHeader(NamedTuple):
             raise JournalCorrupt(name, 0, "not a segment file (bad magic)")
         if zlib.crc32(raw[: _SEGMENT_HEADER.size - 4]) != crc:
             raise JournalCorrupt(name, 0, "segment header checksum mismatch")
+        if raw[_SEGMENT_HEADER.size : SEGMENT_HEADER_SIZE].strip(b"\0"):
+            raise JournalCorrupt(name, _SEGMENT_HEADER.size, "segment header padding is damaged")
         if version != FORMAT_VERSION:
             raise StoreIncompatible(
                 f"segment {name} has format version {version}; this code reads version "
@@ -533,53 +535,29 @@ class SegmentReader:
         return _valid_frame_after(rest, 0, last_position)
 
     def block_table(self) -> list[tuple[int, int, int, int]]:
-        """(uncompressed offset, uncompressed length, file offset, compressed length).
-
-        Read from the file's own footer (so it always matches this very file), or by
-        walking the block headers when there is no valid footer."""
+        """(uncompressed offset, uncompressed length, file offset, compressed length),
+        from the file's own footer (so it always matches this very file)."""
         if self._blocks is None:
             self._blocks = self._footer_blocks()
-            if self._blocks is None:
-                self._blocks = self._scan_blocks()
         return self._blocks
 
-    def _footer_blocks(self) -> list[tuple[int, int, int, int]] | None:
+    def _footer_blocks(self) -> list[tuple[int, int, int, int]]:
         size = self.file_size()
-        if size < SEGMENT_HEADER_SIZE + _FOOTER_HEADER.size + _FOOTER_TRAILER.size:
-            return None
-        (footer_at,) = _FOOTER_TRAILER.unpack(
-            os.pread(self._fd, _FOOTER_TRAILER.size, size - _FOOTER_TRAILER.size)
-        )
-        if not SEGMENT_HEADER_SIZE <= footer_at < size:
-            return None
-        raw = os.pread(self._fd, size - _FOOTER_TRAILER.size - footer_at, footer_at)
-        if len(raw) < _FOOTER_HEADER.size:
-            return None
+        trailer_at = size - _FOOTER_TRAILER.size
+        if trailer_at < SEGMENT_HEADER_SIZE + _FOOTER_HEADER.size:
+            raise JournalCorrupt(self.name, max(trailer_at, 0), "block table footer is missing")
+        (footer_at,) = _FOOTER_TRAILER.unpack(os.pread(self._fd, _FOOTER_TRAILER.size, trailer_at))
+        if not SEGMENT_HEADER_SIZE <= footer_at <= trailer_at - _FOOTER_HEADER.size:
+            raise JournalCorrupt(self.name, trailer_at, "block table footer offset is damaged")
+        raw = os.pread(self._fd, trailer_at - footer_at, footer_at)
         magic, length, crc = _FOOTER_HEADER.unpack_from(raw)
         table = raw[_FOOTER_HEADER.size :]
         if magic != FOOTER_MAGIC or len(table) != length or zlib.crc32(table) != crc:
-            return None
+            raise JournalCorrupt(self.name, footer_at, "block table footer does not verify")
         try:
             blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
         except msgspec.DecodeError:
-            return None
-        return blocks
-
-    def _scan_blocks(self) -> list[tuple[int, int, int, int]]:
-        blocks = []
-        at = SEGMENT_HEADER_SIZE
-        size = self.file_size()
-        while at < size:
-            raw = os.pread(self._fd, _BLOCK_HEADER.size, at)
-            if len(raw) < _BLOCK_HEADER.size:
-                raise JournalCorrupt(self.name, at, "compressed block header is cut short")
-            magic, uoffset, ulength, clength, _crc = _BLOCK_HEADER.unpack(raw)
-            if magic == FOOTER_MAGIC:
-                break
-            if magic != BLOCK_MAGIC:
-                raise JournalCorrupt(self.name, at, "bad compressed block magic")
-            blocks.append((uoffset, ulength, at, clength))
-            at += _BLOCK_HEADER.size + clength
+            raise JournalCorrupt(self.name, footer_at, "block table is undecodable") from None
         return blocks
 
     def _decompress(self, uoffset: int, ulength: int, coffset: int, clength: int) -> bytes:

@@ -106,6 +106,7 @@ from .verify import (
     check_log,
     compare_views,
     project_log,
+    project_segments,
     rebuild_into_temporary,
 )
 
@@ -577,17 +578,7 @@ class Journal:
                 return
             with view.env.begin(write=True) as txn:
                 projection = Projection(view, txn, head)
-                bases = [b for b in self._log.bases() if b >= head.segment]
-                for i, base in enumerate(bases):
-                    last = i == len(bases) - 1
-                    start = head.end_offset if base == head.segment else SEGMENT_HEADER_SIZE
-                    if base != head.segment:
-                        projection.head.segment = base
-                        projection.head.end_offset = SEGMENT_HEADER_SIZE
-                        projection.head.next_position = max(projection.head.next_position, base)
-                    with SegmentReader(self._log.directory, base) as reader:
-                        for info, body in reader.frames(start, tail=last):
-                            projection.apply(info, decode_frame_body(body))
+                project_segments(self._log, projection)
                 projection.flush()
 
     def _log_moved(self, head: Head) -> bool:
@@ -754,39 +745,8 @@ class Journal:
             log.finish_interrupted()
             self._finished_interrupted = True
         projection = Projection(view, txn, head)
-        bases = [b for b in log.bases() if b >= head.segment]
-        if not bases:
-            raise JournalCorrupt(
-                segment_name(head.segment), 0, "the active segment indexed by the view is missing"
-            )
-        for i, base in enumerate(bases):
-            last = i == len(bases) - 1
-            start = head.end_offset if base == head.segment else SEGMENT_HEADER_SIZE
-            if base != head.segment:
-                # Retention deletes dead segments, so a rebuild may find gaps between
-                # sealed ones; positions never go backwards, and the active segment
-                # always continues its predecessor.
-                if base < projection.head.next_position:
-                    raise JournalCorrupt(
-                        segment_name(base),
-                        0,
-                        f"segment starts at position {base}, expected "
-                        f"{projection.head.next_position}",
-                    )
-                projection.head.segment = base
-                projection.head.end_offset = SEGMENT_HEADER_SIZE
-                projection.head.next_position = base
-            with SegmentReader(log.directory, base) as reader:
-                for info, body in reader.frames(start, tail=last):
-                    expected = projection.head.next_position
-                    if info.first_position < expected or (last and info.first_position != expected):
-                        raise JournalCorrupt(
-                            reader.name,
-                            info.offset,
-                            f"frame starts at position {info.first_position}, expected {expected}",
-                        )
-                    projection.apply(info, decode_frame_body(body))
-            if not last and read_summary(log.directory, base) is None:
+        for base in project_segments(log, projection):
+            if read_summary(log.directory, base) is None:
                 log.seal(base)
         projection.flush()
         head = projection.head
@@ -1375,11 +1335,15 @@ class Journal:
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
     ) -> Iterator[Event]:
         """Every retained event after `cursor`, page by page (what is committed now)."""
+        row, after = self._start(session_id, cursor)
+        return self._follow(row, after, stop=None, live=False, max_bytes=max_bytes)
+
+    def _start(self, session_id: str, cursor: str | None) -> tuple[SessionRow, int]:
+        """The session and the ordinal to read after; cursor errors are raised here."""
         self._check_open()
         with self._view.env.begin() as txn:
             row = self._row(txn, session_id)
-            after = self._after_ordinal(row, cursor)
-        return self._follow(row, after, stop=None, live=False, max_bytes=max_bytes)
+            return row, self._after_ordinal(row, cursor)
 
     def watch(
         self,
@@ -1393,10 +1357,7 @@ class Journal:
         Ends by itself when the session is terminal and every event was delivered, or
         promptly after `stop` is set. Cursor errors are raised here, before iteration.
         """
-        self._check_open()
-        with self._view.env.begin() as txn:
-            row = self._row(txn, session_id)
-            after = self._after_ordinal(row, cursor)
+        row, after = self._start(session_id, cursor)
         return self._follow(row, after, stop=stop, live=True, max_bytes=max_bytes)
 
     def _page_after(
@@ -1485,10 +1446,7 @@ class Journal:
         max_bytes: int = DEFAULT_PAGE_BYTES,
     ) -> AsyncIterator[Event]:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
-        self._check_open()
-        with self._view.env.begin() as txn:
-            row = self._row(txn, session_id)
-            after = self._after_ordinal(row, cursor)
+        row, after = self._start(session_id, cursor)
         readers: dict[int, SegmentReader] = {}
         try:
             while not self._closed:

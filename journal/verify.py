@@ -133,19 +133,54 @@ def check_log(
     return problems, frames, records, bad_sidecars
 
 
+def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
+    """Apply every frame after `projection.head` (across segments) to the projection.
+
+    The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
+    never go backwards; sealed segments may have gaps (retention deletes dead segments,
+    compaction drops dead frames), the active segment is dense. Returns the bases of the
+    sealed segments visited (a writer checks their sidecars). Does not flush.
+    """
+    head = projection.head
+    bases = [b for b in log.bases() if b >= head.segment]
+    if not bases:
+        raise JournalCorrupt(
+            f"{head.segment:020d}.seg", 0, "the active segment indexed by the view is missing"
+        )
+    start_segment, start_offset = head.segment, head.end_offset
+    for i, base in enumerate(bases):
+        last = i == len(bases) - 1
+        if base != start_segment:
+            if base < head.next_position:
+                raise JournalCorrupt(
+                    f"{base:020d}.seg",
+                    0,
+                    f"segment starts at position {base}, expected {head.next_position}",
+                )
+            head.segment = base
+            head.end_offset = SEGMENT_HEADER_SIZE
+            head.next_position = base
+        start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
+        with SegmentReader(log.directory, base) as reader:
+            for info, body in reader.frames(start, tail=last):
+                expected = head.next_position
+                if info.first_position < expected or (last and info.first_position != expected):
+                    raise JournalCorrupt(
+                        reader.name,
+                        info.offset,
+                        f"frame starts at position {info.first_position}, expected {expected}",
+                    )
+                projection.apply(info, decode_frame_body(body))
+    return bases[:-1]
+
+
 def project_log(log: SegmentLog, view: View, txn: lmdb.Transaction) -> Head:
     """Project every segment into an empty view (a rebuild); returns the head."""
     bases = log.bases()
-    head = Head(bases[0] if bases else 1, SEGMENT_HEADER_SIZE, bases[0] if bases else 1, 0)
-    projection = Projection(view, txn, head)
-    for i, base in enumerate(bases):
-        last = i == len(bases) - 1
-        projection.head.segment = base
-        projection.head.end_offset = SEGMENT_HEADER_SIZE
-        projection.head.next_position = max(projection.head.next_position, base)
-        with SegmentReader(log.directory, base) as reader:
-            for info, body in reader.frames(tail=last):
-                projection.apply(info, decode_frame_body(body))
+    first = bases[0] if bases else 1
+    projection = Projection(view, txn, Head(first, SEGMENT_HEADER_SIZE, first, 0))
+    if bases:
+        project_segments(log, projection)
     projection.flush()
     return projection.head
 
