@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from journal.records import EventAppended, Record, decode_frame_body, encode_frame_body
-from journal.segments import SegmentLog
+from journal.segments import FrameDigest, SegmentLog
 
 from .events import BASE_TIMESTAMP_MS, EVENT_TYPE, SESSION, Dataset
 from .timing import Measurement, store_files, time_batches, time_read
@@ -36,10 +36,14 @@ def segment_log_append(directory: str, data: Dataset) -> Measurement:
                 )
                 for i, body in enumerate(bodies)
             ]
-            # The ordinal run lets the sidecar be built as frames are appended (as the
-            # journal does), so sealing a segment needs no rescan.
-            runs = {INCARNATION: (first_seq, first_seq + len(bodies) - 1)}
-            log.append(encode_frame_body(records), len(records), runs)
+            # The digest lets the sidecar be built as frames are appended (as the journal
+            # does), so sealing a segment needs no rescan.
+            digest = FrameDigest(
+                {INCARNATION: (first_seq, first_seq + len(bodies) - 1)},
+                [(0, INCARNATION, first_seq, len(bodies), len(bodies) * len(bodies[0]), 0)],
+                [],
+            )
+            log.append(encode_frame_body(records), len(records), digest)
 
         measurement = time_batches(data, write_batch)
         measurement.files = store_files(directory)

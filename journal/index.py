@@ -41,8 +41,9 @@ from .records import (
     SessionEvicted,
     SnapshotTaken,
     StateChanged,
+    decode_record,
 )
-from .segments import FrameInfo
+from .segments import FrameInfo, SegmentSummary
 
 __all__ = [
     "DEFAULT_MAX_SUSPEND_MS",
@@ -328,6 +329,45 @@ class Projection:
         self.head.next_position = info.first_position + info.count
         self.head.segment = info.segment
         self.head.end_offset = info.end_offset
+
+    def apply_summary(self, summary: SegmentSummary) -> None:
+        """Project a sealed segment from its (format 2) sidecar alone, in position order:
+        the same view as applying its frames, without reading the segment."""
+        segment = summary.base_position
+        items: list[tuple[int, int, int]] = [
+            (run[0], 0, i) for i, run in enumerate(summary.event_runs)
+        ]
+        items += [(other[0], 1, i) for i, other in enumerate(summary.others)]
+        items.sort()
+        indexed: set[tuple[int, int]] = set()
+        for position, kind, i in items:
+            if kind == 1:
+                _, frame_offset, encoded = summary.others[i]
+                info = FrameInfo(segment, frame_offset, position, 1, 0)
+                self._apply_records(info, [decode_record(encoded)], 0, 1, set())
+                continue
+            _, incarnation, first, count, frame_offset, size, at = summary.event_runs[i]
+            row = self.row(incarnation)
+            if row is None or first + count - 1 <= row.last_ordinal:
+                continue
+            if first != row.last_ordinal + 1:
+                # Only a compacted log has gaps: what came before is not retained.
+                row.first_ordinal = max(row.first_ordinal, first)
+                self._trim(row)
+            if (frame_offset, incarnation) not in indexed:
+                indexed.add((frame_offset, incarnation))
+                self.txn.put(
+                    U64X2.pack(incarnation, first),
+                    LOCATION.pack(segment, frame_offset, row.appended_bytes, at),
+                    db=self.view.events,
+                )
+            row.last_ordinal = first + count - 1
+            row.last_event_position = position + count - 1
+            row.appended_bytes += size
+            row.retained_bytes += size
+        self.head.segment = segment
+        self.head.end_offset = summary.data_end
+        self.head.next_position = max(self.head.next_position, summary.last_position + 1)
 
     def _index_frame(self, row: SessionRow, ordinal: int, info: FrameInfo, record: Record) -> None:
         timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0

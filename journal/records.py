@@ -28,6 +28,7 @@ __all__ = [
     "StateChanged",
     "decode_frame_body",
     "decode_frame_for_read",
+    "decode_record",
     "encode_frame_body",
 ]
 
@@ -159,6 +160,15 @@ ReadRecord = (
 def decode_frame_for_read(body: bytes | memoryview) -> list[ReadRecord]:
     """Decode one frame body with event records as `Event`s (for the read path)."""
     result: list[ReadRecord] = _read_decoder.decode(body)
+    return result
+
+
+_record_decoder: Final = msgspec.msgpack.Decoder(Record)
+
+
+def decode_record(raw: bytes) -> Record:
+    """Decode one record (as kept in a sidecar)."""
+    result: Record = _record_decoder.decode(raw)
     return result
 
 

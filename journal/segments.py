@@ -38,7 +38,7 @@ import msgspec
 import zstandard
 
 from .errors import JournalCorrupt, StoreIncompatible
-from .records import EventAppended, decode_frame_body
+from .records import EventAppended, Record, SnapshotTaken, decode_frame_body
 
 __all__ = [
     "COMPRESSED_SUFFIX",
@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION: Final = 1
+SUMMARY_FORMAT: Final = 2
 DEFAULT_SEGMENT_BYTES: Final = 64 << 20
 SEGMENT_SUFFIX: Final = ".seg"
 COMPRESSED_SUFFIX: Final = ".seg.zst"
@@ -237,13 +238,67 @@ def _valid_frame_after(buf: bytes, start: int, after_position: int) -> bool:
     return False
 
 
+class FrameDigest(NamedTuple):
+    """What a frame holds, for its segment's sidecar: per-session ordinal ranges, runs of
+    consecutive events of one session (index in the frame, incarnation, first ordinal,
+    count, data bytes, time) and the other records (index, encoded record)."""
+
+    sessions: dict[int, tuple[int, int]]
+    event_runs: list[tuple[int, int, int, int, int, int]]
+    others: list[tuple[int, bytes]]
+
+
+_digest_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def encode_other(record: Record) -> bytes:
+    """A non-event record as the sidecar keeps it (a snapshot without its data)."""
+    if isinstance(record, SnapshotTaken):
+        record = msgspec.structs.replace(record, data=b"")
+    return _digest_encoder.encode(record)
+
+
+def digest_records(records: Sequence[Record]) -> FrameDigest:
+    sessions: dict[int, tuple[int, int]] = {}
+    runs: list[tuple[int, int, int, int, int, int]] = []
+    others: list[tuple[int, bytes]] = []
+    for index, record in enumerate(records):
+        if type(record) is EventAppended:
+            assert isinstance(record, EventAppended)
+            seen = sessions.get(record.incarnation)
+            sessions[record.incarnation] = (seen[0] if seen else record.ordinal, record.ordinal)
+            if runs:
+                start, incarnation, first, count, size, at = runs[-1]
+                if (
+                    start + count == index
+                    and incarnation == record.incarnation
+                    and first + count == record.ordinal
+                ):
+                    runs[-1] = (start, incarnation, first, count + 1, size + len(record.data), at)
+                    continue
+            runs.append(
+                (
+                    index,
+                    record.incarnation,
+                    record.ordinal,
+                    1,
+                    len(record.data),
+                    record.timestamp_ms,
+                )
+            )
+        else:
+            others.append((index, encode_other(record)))
+    return FrameDigest(sessions, runs, others)
+
+
 class SegmentSummary(msgspec.Struct, array_like=True):
     """A sealed segment's sidecar index: frames, per-session ordinal runs, zstd blocks.
 
     `sessions` maps an incarnation to one (first_ordinal, last_ordinal, frame_offset) entry
     per frame holding that session's events, so a resume seeks straight to its frame.
     `blocks` is empty for a plain segment; otherwise (uncompressed offset, uncompressed
-    length, file offset, compressed length) per zstd block.
+    length, file offset, compressed length) per zstd block. Format 2 adds `event_runs` and
+    `others`, from which a read-only reader projects the segment without reading it.
     """
 
     format: int
@@ -253,6 +308,11 @@ class SegmentSummary(msgspec.Struct, array_like=True):
     frames: list[tuple[int, int, int]]
     sessions: dict[int, list[tuple[int, int, int]]]
     blocks: list[tuple[int, int, int, int]] = []
+    # Format 2: enough to project the segment into a view without reading it. Event runs
+    # are (position, incarnation, first ordinal, count, frame offset, data bytes, time);
+    # other records are (position, frame offset, msgpack record; snapshot data left out).
+    event_runs: list[tuple[int, int, int, int, int, int, int]] = []
+    others: list[tuple[int, int, bytes]] = []
 
     def frame_at_or_before(self, position: int) -> int:
         """Offset of the frame that holds `position` (or the last one before it)."""
@@ -609,6 +669,40 @@ class SegmentReader:
                 at = body_start + length
 
 
+class _SummaryBuilder:
+    """Accumulates a segment's sidecar frame by frame."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[int, int, int]] = []
+        self.sessions: dict[int, list[tuple[int, int, int]]] = {}
+        self.event_runs: list[tuple[int, int, int, int, int, int, int]] = []
+        self.others: list[tuple[int, int, bytes]] = []
+
+    def add(self, offset: int, first_position: int, count: int, digest: FrameDigest) -> None:
+        self.frames.append((offset, first_position, count))
+        for incarnation, (first, last) in digest.sessions.items():
+            self.sessions.setdefault(incarnation, []).append((first, last, offset))
+        for index, incarnation, first, n, size, at in digest.event_runs:
+            self.event_runs.append(
+                (first_position + index, incarnation, first, n, offset, size, at)
+            )
+        for index, encoded in digest.others:
+            self.others.append((first_position + index, offset, encoded))
+
+    def build(self, base: int, last_position: int, data_end: int) -> SegmentSummary:
+        return SegmentSummary(
+            SUMMARY_FORMAT,
+            base,
+            last_position,
+            data_end,
+            list(self.frames),
+            {k: list(v) for k, v in self.sessions.items()},
+            [],
+            list(self.event_runs),
+            list(self.others),
+        )
+
+
 class SegmentWriter:
     """The active segment: appends frames at the end and syncs them.
 
@@ -628,9 +722,8 @@ class SegmentWriter:
         self._allocated = os.fstat(self._fd).st_size
         # The sidecar, built as frames are appended so sealing needs no rescan. None when
         # this writer did not see every frame of the segment (then sealing scans it).
-        self._summary: tuple[list[tuple[int, int, int]], dict[int, list[tuple[int, int, int]]]]
         self._summary_valid = False
-        self._summary = ([], {})
+        self._summary = _SummaryBuilder()
 
     @classmethod
     def create(
@@ -711,12 +804,12 @@ class SegmentWriter:
         body: bytes,
         first_position: int,
         count: int,
-        runs: dict[int, tuple[int, int]] | None = None,
+        digest: FrameDigest | None = None,
     ) -> FrameInfo:
         """Write one frame at the end; durable after `sync()` (or now if sync is on).
 
-        `runs` (incarnation -> first and last ordinal of its events in this frame) feeds the
-        sidecar kept in memory; without it the segment is rescanned when sealed.
+        `digest` (what the frame holds) feeds the sidecar kept in memory; without it the
+        segment is rescanned when sealed.
         """
         if first_position != self.next_position:
             raise ValueError(
@@ -733,13 +826,10 @@ class SegmentWriter:
         self.end_offset = end
         self.next_position = first_position + count
         self.frame_count += 1
-        if runs is None:
+        if digest is None:
             self._summary_valid = False
         elif self._summary_valid:
-            frames, sessions = self._summary
-            frames.append((offset, first_position, count))
-            for incarnation, (first, last) in runs.items():
-                sessions.setdefault(incarnation, []).append((first, last, offset))
+            self._summary.add(offset, first_position, count, digest)
         if self.sync_enabled:
             os.fdatasync(self._fd)
         return FrameInfo(self.base_position, offset, first_position, count, len(body))
@@ -748,15 +838,7 @@ class SegmentWriter:
         """The sidecar of this segment as written so far, if this writer saw every frame."""
         if not self._summary_valid:
             return None
-        frames, sessions = self._summary
-        return SegmentSummary(
-            FORMAT_VERSION,
-            self.base_position,
-            self.next_position - 1,
-            self.end_offset,
-            list(frames),
-            {k: list(v) for k, v in sessions.items()},
-        )
+        return self._summary.build(self.base_position, self.next_position - 1, self.end_offset)
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
@@ -785,33 +867,20 @@ class SegmentWriter:
 
 def summarize_segment(directory: str, base_position: int) -> SegmentSummary:
     """Scan a sealed segment and build its sidecar index (verifying every frame)."""
-    frames: list[tuple[int, int, int]] = []
-    sessions: dict[int, list[tuple[int, int, int]]] = {}
+    builder = _SummaryBuilder()
     last_position = base_position - 1
     data_end = SEGMENT_HEADER_SIZE
     with SegmentReader(directory, base_position) as reader:
         for info, body in reader.frames():
-            frames.append((info.offset, info.first_position, info.count))
+            builder.add(
+                info.offset, info.first_position, info.count, _digest(reader.name, info, body)
+            )
             last_position = info.last_position
             data_end = info.end_offset
-            try:
-                records = decode_frame_body(body)
-            except msgspec.DecodeError as e:
-                raise JournalCorrupt(reader.name, info.offset, f"undecodable frame: {e}") from None
-            seen: dict[int, tuple[int, int]] = {}
-            for record in records:
-                if type(record) is EventAppended:
-                    run = seen.get(record.incarnation)
-                    if run is None:
-                        seen[record.incarnation] = (record.ordinal, record.ordinal)
-                    else:
-                        seen[record.incarnation] = (run[0], record.ordinal)
-            for incarnation, (first, last) in seen.items():
-                sessions.setdefault(incarnation, []).append((first, last, info.offset))
         blocks = reader.block_table() if reader.compressed else []
-    return SegmentSummary(
-        FORMAT_VERSION, base_position, last_position, data_end, frames, sessions, blocks
-    )
+    summary = builder.build(base_position, last_position, data_end)
+    summary.blocks = blocks
+    return summary
 
 
 def compress_segment(
@@ -833,8 +902,7 @@ def compress_segment(
     plain file is left for the caller to remove); otherwise the temporary path is returned.
     """
     blocks: list[tuple[int, int, int, int]] = []
-    frames: list[tuple[int, int, int]] = []
-    sessions: dict[int, list[tuple[int, int, int]]] = {}
+    builder = _SummaryBuilder()
     final = os.path.join(directory, segment_name(base_position, compressed=True))
     temporary = f"{final}.{os.getpid()}.tmp"
     compressor = zstandard.ZstdCompressor(level=level)
@@ -875,11 +943,11 @@ def compress_segment(
             pending.append(encode_frame(bytes(body), info.first_position, info.count))
             pending_size += size
             pending_end = info.end_offset
-            frames.append((info.offset, info.first_position, info.count))
+            builder.add(
+                info.offset, info.first_position, info.count, _digest(reader.name, info, body)
+            )
             data_end = info.end_offset
             last_position = info.last_position
-            for incarnation, run in _event_runs(reader.name, info, body).items():
-                sessions.setdefault(incarnation, []).append((run[0], run[1], info.offset))
         if pending:
             flush()
         table = _summary_encoder.encode(blocks)
@@ -889,9 +957,8 @@ def compress_segment(
         out.write(_FOOTER_TRAILER.pack(footer_at))
         out.flush()
         os.fsync(out.fileno())
-    summary = SegmentSummary(
-        FORMAT_VERSION, base_position, last_position, data_end, frames, sessions, blocks
-    )
+    summary = builder.build(base_position, last_position, data_end)
+    summary.blocks = blocks
     if not publish:
         return temporary, summary
     os.replace(temporary, final)
@@ -899,19 +966,12 @@ def compress_segment(
     return final, summary
 
 
-def _event_runs(name: str, info: FrameInfo, body: memoryview) -> dict[int, tuple[int, int]]:
+def _digest(name: str, info: FrameInfo, body: memoryview) -> FrameDigest:
     try:
         records = decode_frame_body(body)
     except msgspec.DecodeError as e:
         raise JournalCorrupt(name, info.offset, f"undecodable frame: {e}") from None
-    seen: dict[int, tuple[int, int]] = {}
-    for record in records:
-        if type(record) is EventAppended:
-            run = seen.get(record.incarnation)
-            seen[record.incarnation] = (
-                (record.ordinal, record.ordinal) if run is None else (run[0], record.ordinal)
-            )
-    return seen
+    return digest_records(records)
 
 
 @dataclass
@@ -1058,9 +1118,7 @@ class SegmentLog:
     def next_position(self) -> int:
         return self.writer.next_position
 
-    def append(
-        self, body: bytes, count: int, runs: dict[int, tuple[int, int]] | None = None
-    ) -> FrameInfo:
+    def append(self, body: bytes, count: int, digest: FrameDigest | None = None) -> FrameInfo:
         """Append one frame of `count` records, rotating first if the segment is full."""
         writer = self.writer
         if (
@@ -1069,7 +1127,7 @@ class SegmentLog:
         ):
             self.rotate()
             writer = self.writer
-        return writer.append(body, writer.next_position, count, runs)
+        return writer.append(body, writer.next_position, count, digest)
 
     def rotate(self) -> int:
         """Seal the active segment and start a new one; returns the sealed segment's base."""

@@ -92,10 +92,12 @@ from .segments import (
     DEFAULT_SEGMENT_BYTES,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
+    FrameDigest,
     SegmentLog,
     SegmentReader,
     SegmentSummary,
     SegmentWriter,
+    encode_other,
     read_summary,
     segment_name,
     summarize_segment,
@@ -679,7 +681,7 @@ class Journal:
                     writer = log.writer
                     before = (writer.base_position, writer.end_offset, writer.next_position)
                     info = log.append(
-                        encode_frame_body(planner.records), len(planner.records), planner.runs
+                        encode_frame_body(planner.records), len(planner.records), planner.digest()
                     )
                     if info.segment != before[0]:
                         # A segment was sealed: the moment to let retention reclaim space.
@@ -727,8 +729,14 @@ class Journal:
                 log._writer = SegmentWriter.create(
                     log.directory, self.store_id, 1, sync=self.durability == "fsync"
                 )
-                bases = [1]
-            head = Head(bases[0], SEGMENT_HEADER_SIZE, bases[0], 0)
+                head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
+            else:
+                # No view yet (new, deleted, or discarded after a reboot): rebuild it from
+                # the sidecars of sealed segments and a scan of the rest.
+                log.discard_unborn_tail()
+                log.finish_interrupted()
+                self._finished_interrupted = True
+                head = project_log(log, view, txn)
         if txn.get(b"boot", db=view.meta) != _BOOT_ID:
             txn.put(b"boot", _BOOT_ID, db=view.meta)
         writer = log._writer
@@ -1634,11 +1642,15 @@ class _Planner:
         self.runs: dict[int, tuple[int, int]] = {}
         # (start index, count, incarnation, first ordinal, data bytes) per append.
         self.event_runs: list[tuple[int, int, int, int, int]] = []
+        # (index in the frame, record) of every record that is not an event.
+        self.others: list[tuple[int, Record]] = []
         # Segments the view forgot in this transaction: deleted once it commits.
         self.doomed: list[int] = []
         self._finishers: list[tuple[_Request, Any]] = []
 
     def _emit(self, record: Record) -> int:
+        """Add a non-event record (events go in whole runs, in `_plan_append`)."""
+        self.others.append((len(self.records), record))
         self.records.append(record)
         position = self.next_position
         self.next_position += 1
@@ -1667,15 +1679,17 @@ class _Planner:
             len(self.event_runs),
             len(self._finishers),
             dict(self.runs),
+            len(self.others),
         )
         try:
             getattr(self, "_plan_" + request.op)(request, *request.args)
         except Exception as e:
-            records, next_position, event_runs, finishers, runs = mark
+            records, next_position, event_runs, finishers, runs, others = mark
             del self.records[records:]
             self.next_position = next_position
             del self.event_runs[event_runs:]
             del self._finishers[finishers:]
+            del self.others[others:]
             self.runs = runs
             request.result = None
             request.error = e
@@ -1937,6 +1951,23 @@ class _Planner:
             pending.state = SessionState.EXPIRED
             positions.append(position)
         self._finishers.append((request, ("feeds", positions)))
+
+    def digest(self) -> FrameDigest:
+        """What the planned frame holds, for the sidecar (the same as a rescan finds)."""
+        runs: list[tuple[int, int, int, int, int, int]] = []
+        for start, count, incarnation, first, size in self.event_runs:
+            if runs:
+                p_start, p_incarnation, p_first, p_count, p_size, at = runs[-1]
+                if (
+                    p_start + p_count == start
+                    and p_incarnation == incarnation
+                    and p_first + p_count == first
+                ):
+                    runs[-1] = (p_start, incarnation, p_first, p_count + count, p_size + size, at)
+                    continue
+            runs.append((start, incarnation, first, count, size, self.now))
+        others = [(index, encode_other(record)) for index, record in self.others]
+        return FrameDigest(dict(self.runs), runs, others)
 
     def _feed_metadata(self, position: int) -> SessionMetadata:
         raw = self.txn.get(position.to_bytes(8, "big"), db=self.view.feed)

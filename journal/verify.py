@@ -20,6 +20,7 @@ from .index import LOCATION, Head, Projection, View
 from .records import EventAppended, decode_frame_body
 from .segments import (
     SEGMENT_HEADER_SIZE,
+    SUMMARY_FORMAT,
     SegmentLog,
     SegmentReader,
     read_summary,
@@ -174,11 +175,29 @@ def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
     return bases[:-1]
 
 
-def project_log(log: SegmentLog, view: View, txn: lmdb.Transaction) -> Head:
-    """Project every segment into an empty view (a rebuild); returns the head."""
+def project_log(
+    log: SegmentLog, view: View, txn: lmdb.Transaction, *, use_sidecars: bool = True
+) -> Head:
+    """Project the whole log into an empty view (a rebuild); returns the head.
+
+    With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
+    are projected from it without being read; the rest, and the active segment, are read.
+    """
     bases = log.bases()
     first = bases[0] if bases else 1
     projection = Projection(view, txn, Head(first, SEGMENT_HEADER_SIZE, first, 0))
+    if use_sidecars:
+        for base in bases[:-1]:
+            summary = read_summary(log.directory, base)
+            if summary is None or summary.format < SUMMARY_FORMAT:
+                break
+            projection.apply_summary(summary)
+            projection.head.segment = base
+        else:
+            if bases and projection.head.segment != bases[-1]:
+                projection.head.segment = bases[-1]
+                projection.head.end_offset = SEGMENT_HEADER_SIZE
+                projection.head.next_position = max(projection.head.next_position, bases[-1])
     if bases:
         project_segments(log, projection)
     projection.flush()
@@ -260,7 +279,7 @@ def rebuild_into_temporary(log: SegmentLog) -> tuple[View, str]:
     try:
         view = View(directory)
         with view.env.begin(write=True) as txn:
-            project_log(log, view, txn)
+            project_log(log, view, txn, use_sidecars=False)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

@@ -222,7 +222,7 @@ def test_other_store_segments_are_refused(tmp_path: Path) -> None:
 
 
 def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
-    from journal.segments import summarize_segment
+    from journal.segments import digest_records, summarize_segment
 
     log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=16384)
     log.open_writer()  # a fresh store: the writer sees every frame it will seal
@@ -237,7 +237,9 @@ def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
                 ordinals[inc] += 1
                 records.append(EventAppended(inc, ordinals[inc], 0, "m", os.urandom(200)))
             runs[inc] = (first, ordinals[inc])
-        log.append(encode_frame_body(records), len(records), runs)
+        digest = digest_records(records)
+        assert digest.sessions == runs
+        log.append(encode_frame_body(records), len(records), digest)
     sealed = log.segments()[:-1]
     assert len(sealed) >= 2
     for segment in sealed:
