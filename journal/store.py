@@ -249,9 +249,9 @@ class _Notifier:
                 self._local = next_position
             self._cv.notify_all()
             waiters = list(self._async.values())
-        for loop, event in waiters:
+        for loop, waiter in waiters:
             with contextlib.suppress(RuntimeError):  # that loop closed; its watcher is gone
-                loop.call_soon_threadsafe(event.set)
+                loop.call_soon_threadsafe(_wake, waiter)
 
     def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
         """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
@@ -273,25 +273,35 @@ class _Notifier:
             delay = min(delay * 1.5, self.MAX_POLL)
 
     async def await_change(self, seen: int) -> None:
+        """The asyncio twin of `wait` (without `stop`: cancel the task instead).
+
+        Waits on a plain future woken by `publish` or by a timer: unlike
+        `asyncio.wait_for`, awaiting a future never swallows a cancellation that races
+        with the wake-up (seen under load with Python 3.11)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-        key = id(event)
-        with self._cv:
-            self._async[key] = (loop, event)
-        try:
-            delay = self.MIN_POLL
-            while True:
-                if self._local > seen or self._read_head() > seen:
-                    return
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), delay)
-                event.clear()
-                delay = min(delay * 1.5, self.MAX_POLL)
-        finally:
+        delay = self.MIN_POLL
+        while True:
+            if self._local > seen or self._read_head() > seen:
+                return
+            waiter = loop.create_future()
+            key = id(waiter)
             with self._cv:
-                self._async.pop(key, None)
+                self._async[key] = (loop, waiter)
+            timer = loop.call_later(delay, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                with self._cv:
+                    self._async.pop(key, None)
+            delay = min(delay * 1.5, self.MAX_POLL)
+
+
+def _wake(waiter: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class Journal:

@@ -18,7 +18,7 @@ def _busy_store(path: Path, rng: random.Random) -> None:
             j.create_session(name, ttl_ms=10**9)
         for i in range(160):
             name = "abcd"[rng.randrange(4)]
-            if (name == "d" and i >= 100) or (name == "b" and 40 <= i < 60):
+            if (name == "d" and i >= 100) or (name == "b" and 40 < i <= 60):
                 name = "a"
             key = f"k{i}" if i % 5 == 0 else None
             events = [EventIn("m", rng.randbytes(rng.randrange(10, 300)), f"r{i}")]
