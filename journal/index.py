@@ -287,6 +287,12 @@ class Projection:
         self._old_deadlines: dict[int, int | None] = {}
         self._evicted: dict[int, SessionRow] = {}
 
+    def adopt(self, row: SessionRow) -> None:
+        """Use a row read from this very transaction instead of reading it again."""
+        if row.incarnation not in self.rows:
+            self.rows[row.incarnation] = row
+            self._old_deadlines[row.incarnation] = row.deadline()
+
     def row(self, incarnation: int) -> SessionRow | None:
         row = self.rows.get(incarnation)
         if row is None:

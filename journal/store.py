@@ -439,6 +439,7 @@ class Journal:
         self._summaries: dict[int, SegmentSummary] = {}
         self._retention_due = False
         self._finished_interrupted = False
+        self._boot_recorded = False
         self._queue: list[_Request] = []
         self._cv = threading.Condition()
         self._leading = False
@@ -687,6 +688,12 @@ class Journal:
                     request.result = None
                     planner.plan(request)
                 projection = Projection(view, txn, head)
+                # Rows the planner read in this transaction are the ones the projection
+                # would read again: hand them over.
+                if not any(request.op == "verify_fix" for request in batch):
+                    for pending in planner.sessions.values():
+                        if pending is not None and pending.incarnation < head.next_position:
+                            projection.adopt(pending.row)
                 if planner.records:
                     writer = log.writer
                     before = (writer.base_position, writer.end_offset, writer.next_position)
@@ -747,8 +754,10 @@ class Journal:
                 log.finish_interrupted()
                 self._finished_interrupted = True
                 head = project_log(log, view, txn)
-        if txn.get(b"boot", db=view.meta) != _BOOT_ID:
-            txn.put(b"boot", _BOOT_ID, db=view.meta)
+        if not self._boot_recorded:
+            if txn.get(b"boot", db=view.meta) != _BOOT_ID:
+                txn.put(b"boot", _BOOT_ID, db=view.meta)
+            self._boot_recorded = True
         writer = log._writer
         if (
             writer is not None
