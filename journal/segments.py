@@ -24,6 +24,7 @@ Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import os
@@ -106,6 +107,11 @@ def segment_name(base_position: int, *, compressed: bool = False) -> str:
 
 def _sidecar_name(base_position: int) -> str:
     return f"{base_position:020d}{SIDECAR_SUFFIX}"
+
+
+def _block_index(blocks: Sequence[tuple[int, int, int, int]], offset: int) -> int:
+    """Index of the last block starting at or before `offset` (-1 if none)."""
+    return bisect.bisect_right(blocks, offset, key=lambda block: block[0]) - 1
 
 
 def _process_alive(pid: int) -> bool:
@@ -316,14 +322,8 @@ class SegmentSummary(msgspec.Struct, array_like=True):
 
     def frame_at_or_before(self, position: int) -> int:
         """Offset of the frame that holds `position` (or the last one before it)."""
-        lo, hi = 0, len(self.frames)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.frames[mid][1] <= position:
-                lo = mid + 1
-            else:
-                hi = mid
-        return self.frames[lo - 1][0] if lo else SEGMENT_HEADER_SIZE
+        at = bisect.bisect_right(self.frames, position, key=lambda frame: frame[1])
+        return self.frames[at - 1][0] if at else SEGMENT_HEADER_SIZE
 
 
 _summary_encoder: Final = msgspec.msgpack.Encoder()
@@ -552,16 +552,10 @@ class SegmentReader:
 
     def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
         blocks = self.block_table()
-        lo, hi = 0, len(blocks)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if blocks[mid][0] <= offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == 0:
+        at = _block_index(blocks, offset)
+        if at < 0:
             return None
-        block = blocks[lo - 1]
+        block = blocks[at]
         return block if offset < block[0] + block[1] else None
 
     def _unfinished_tail(
@@ -643,14 +637,9 @@ class SegmentReader:
 
     def _compressed_frames(self, start_offset: int) -> Iterator[tuple[FrameInfo, memoryview]]:
         blocks = self.block_table()
-        lo, hi = 0, len(blocks)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if blocks[mid][0] <= start_offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        for uoffset, ulength, coffset, clength in blocks[max(lo - 1, 0) :]:
+        for uoffset, ulength, coffset, clength in blocks[
+            max(_block_index(blocks, start_offset), 0) :
+        ]:
             block = self._decompress(uoffset, ulength, coffset, clength)
             at = 0
             while at < ulength:
@@ -1057,6 +1046,28 @@ class SegmentLog:
                 write_summary(self.directory, summarize_segment(self.directory, s.base_position))
         _fsync_dir(self.directory)
 
+    def moved_past(self, segment: int, end_offset: int, next_position: int, fd: int = -1) -> bool:
+        """Whether frames or segments exist past `end_offset` of `segment` (a 24-byte probe
+        of that segment, through `fd` when the caller has it open)."""
+        own = fd < 0
+        if own:
+            try:
+                fd = os.open(os.path.join(self.directory, segment_name(segment)), os.O_RDONLY)
+            except FileNotFoundError:
+                return True  # sealed and compressed since: a newer segment exists
+        try:
+            probe = os.pread(fd, FRAME_HEADER_SIZE, end_offset)
+        finally:
+            if own:
+                os.close(fd)
+        if probe.strip(b"\0"):
+            return True
+        if len(probe) == FRAME_HEADER_SIZE:
+            # Preallocated zeros follow: nobody appended, and nobody sealed this segment
+            # (sealing truncates the zeros first).
+            return False
+        return os.path.exists(os.path.join(self.directory, segment_name(next_position)))
+
     def discard_unborn_tail(self) -> None:
         """Delete a newest plain segment shorter than its header: a creation interrupted
         by a crash (stores written before segments were born by rename). Caller holds the
@@ -1077,24 +1088,12 @@ class SegmentLog:
         Returns the frames of the active segment (the part a crash may have left unindexed).
         """
         os.makedirs(self.directory, exist_ok=True)
-        segments = self.segments()
-        for s in segments:
-            plain = os.path.join(self.directory, segment_name(s.base_position))
-            if s.compressed and os.path.exists(plain):
-                # The .zst is renamed into place only when complete: the plain copy is spare.
-                os.unlink(plain)
-                _fsync_dir(self.directory)
-        for name in os.listdir(self.directory):
-            if name.endswith(".tmp"):
-                os.unlink(os.path.join(self.directory, name))
         self.discard_unborn_tail()
+        self.finish_interrupted()
         segments = self.segments()
         if not segments:
             self._writer = SegmentWriter.create(self.directory, self.store_id, 1, sync=self.sync)
             return []
-        for s in segments[:-1]:
-            if read_summary(self.directory, s.base_position) is None:
-                write_summary(self.directory, summarize_segment(self.directory, s.base_position))
         active = segments[-1]
         if active.compressed:
             # Sealed and compressed, but the next segment was never created: start it.

@@ -90,7 +90,6 @@ from .records import (
 from .retention import dead_segments, delete_segment_files, forget_segments
 from .segments import (
     DEFAULT_SEGMENT_BYTES,
-    FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     FrameDigest,
     SegmentLog,
@@ -587,27 +586,14 @@ class Journal:
             view = self._view
             with view.env.begin() as txn:
                 head = view.head(txn)
-            if head is None or not self._log_moved(head):
+            if head is None or not self._log.moved_past(
+                head.segment, head.end_offset, head.next_position
+            ):
                 return
             with view.env.begin(write=True) as txn:
                 projection = Projection(view, txn, head)
                 project_segments(self._log, projection)
                 projection.flush()
-
-    def _log_moved(self, head: Head) -> bool:
-        """Whether the log has frames or segments past `head` (a 24-byte probe)."""
-        path = os.path.join(self._log.directory, segment_name(head.segment))
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return True  # sealed and compressed since: a newer segment exists
-        try:
-            probe = os.pread(fd, FRAME_HEADER_SIZE, head.end_offset)
-        finally:
-            os.close(fd)
-        if probe.strip(b"\0"):
-            return True
-        return os.path.exists(os.path.join(self._log.directory, segment_name(head.next_position)))
 
     # -- the commit path -------------------------------------------------------------------
 
@@ -764,7 +750,9 @@ class Journal:
             and writer.base_position == head.segment
             and writer.end_offset == head.end_offset
             and writer.next_position == head.next_position
-            and not self._unindexed_data(head)
+            # another process committed (or crashed after writing) a frame, or started
+            # a new segment, since this writer last wrote
+            and not log.moved_past(head.segment, head.end_offset, head.next_position, writer._fd)
         ):
             return head
         log.discard_unborn_tail()
@@ -785,19 +773,6 @@ class Journal:
             )
         writer.attach(head.end_offset, head.next_position)
         return head
-
-    def _unindexed_data(self, head: Head) -> bool:
-        # Another process may have committed a frame (or crashed after writing one) or
-        # started a new segment since this writer last wrote.
-        writer = self._log.writer
-        probe = os.pread(writer._fd, FRAME_HEADER_SIZE, head.end_offset)
-        if probe.strip(b"\0"):
-            return True
-        if len(probe) == FRAME_HEADER_SIZE:
-            # Preallocated zeros follow our last frame: nobody appended, and nobody sealed
-            # this segment (sealing truncates the zeros first).
-            return False
-        return os.path.exists(os.path.join(self._log.directory, segment_name(head.next_position)))
 
     # -- sessions: writes ------------------------------------------------------------------
 
