@@ -93,6 +93,29 @@ class SessionRow(msgspec.Struct, array_like=True):
     snapshot_segment: int = 0
     snapshot_offset: int = 0
 
+    @classmethod
+    def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:
+        """The row of a session just created by `record` (at position `incarnation`)."""
+        return cls(
+            session_id=record.session_id,
+            incarnation=incarnation,
+            state=SessionState.OPEN.wire,
+            mode=record.mode,
+            context_id=record.context_id,
+            tags=dict(record.tags),
+            extensions=dict(record.extensions),
+            created_at_ms=record.created_at_ms,
+            ended_at_ms=None,
+            first_ordinal=1,
+            last_ordinal=0,
+            ttl_ms=record.ttl_ms,
+            max_suspend_ms=record.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=incarnation,
+            max_history_bytes=record.max_history_bytes,
+            max_history_age_ms=record.max_history_age_ms,
+        )
+
     @property
     def session_state(self) -> SessionState:
         return SessionState.from_wire(self.state)
@@ -318,17 +341,21 @@ class Projection:
         for start, count, incarnation, first_ordinal, data_bytes in runs:
             if start > at:
                 self._apply_records(info, records, at, start, indexed)
-            row = self.row(incarnation)
-            if row is not None and first_ordinal == row.last_ordinal + 1:
-                if incarnation not in indexed:
-                    indexed.add(incarnation)
-                    self._index_frame(row, first_ordinal, info, records[start])
-                row.last_ordinal = first_ordinal + count - 1
-                row.last_event_position = info.first_position + start + count - 1
-                row.appended_bytes += data_bytes
-                row.retained_bytes += data_bytes
-            else:
+            record = records[start]
+            timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0
+            if not self._apply_run(
+                incarnation,
+                first_ordinal,
+                count,
+                info.first_position + start,
+                data_bytes,
+                info.segment,
+                info.offset,
+                timestamp,
+                incarnation not in indexed,
+            ):
                 self._apply_records(info, records, start, start + count, indexed)
+            indexed.add(incarnation)
             at = start + count
         if at < len(records):
             self._apply_records(info, records, at, len(records), indexed)
@@ -353,27 +380,57 @@ class Projection:
                 self._apply_records(info, [decode_record(encoded)], 0, 1, set())
                 continue
             _, incarnation, first, count, frame_offset, size, at = summary.event_runs[i]
-            row = self.row(incarnation)
-            if row is None or first + count - 1 <= row.last_ordinal:
-                continue
-            if first != row.last_ordinal + 1:
-                # Only a compacted log has gaps: what came before is not retained.
-                row.first_ordinal = max(row.first_ordinal, first)
-                self._trim(row)
-            if (frame_offset, incarnation) not in indexed:
-                indexed.add((frame_offset, incarnation))
-                self.txn.put(
-                    U64X2.pack(incarnation, first),
-                    LOCATION.pack(segment, frame_offset, row.appended_bytes, at),
-                    db=self.view.events,
-                )
-            row.last_ordinal = first + count - 1
-            row.last_event_position = position + count - 1
-            row.appended_bytes += size
-            row.retained_bytes += size
+            self._apply_run(
+                incarnation,
+                first,
+                count,
+                position,
+                size,
+                segment,
+                frame_offset,
+                at,
+                (frame_offset, incarnation) not in indexed,
+            )
+            indexed.add((frame_offset, incarnation))
         self.head.segment = segment
         self.head.end_offset = summary.data_end
         self.head.next_position = max(self.head.next_position, summary.last_position + 1)
+
+    def _apply_run(
+        self,
+        incarnation: int,
+        first: int,
+        count: int,
+        position: int,
+        size: int,
+        segment: int,
+        frame_offset: int,
+        timestamp: int,
+        first_in_frame: bool,
+    ) -> bool:
+        """Apply `count` consecutive events of one session from ordinal `first` (stored at
+        `position` on). Returns False only for a run that overlaps what the row already has
+        (the caller then goes record by record)."""
+        row = self.row(incarnation)
+        if row is None or first + count - 1 <= row.last_ordinal:
+            return True  # an evicted session's, or already applied
+        if first <= row.last_ordinal:
+            return False
+        if first != row.last_ordinal + 1:
+            # Only a compacted log has gaps: what came before is not retained.
+            row.first_ordinal = max(row.first_ordinal, first)
+            self._trim(row)
+        if first_in_frame:
+            self.txn.put(
+                U64X2.pack(incarnation, first),
+                LOCATION.pack(segment, frame_offset, row.appended_bytes, timestamp),
+                db=self.view.events,
+            )
+        row.last_ordinal = first + count - 1
+        row.last_event_position = position + count - 1
+        row.appended_bytes += size
+        row.retained_bytes += size
+        return True
 
     def _index_frame(self, row: SessionRow, ordinal: int, info: FrameInfo, record: Record) -> None:
         timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0
@@ -414,25 +471,7 @@ class Projection:
                 continue
             current = -1
             if isinstance(record, SessionCreated):
-                row = SessionRow(
-                    session_id=record.session_id,
-                    incarnation=position,
-                    state=SessionState.OPEN.wire,
-                    mode=record.mode,
-                    context_id=record.context_id,
-                    tags=dict(record.tags),
-                    extensions=dict(record.extensions),
-                    created_at_ms=record.created_at_ms,
-                    ended_at_ms=None,
-                    first_ordinal=1,
-                    last_ordinal=0,
-                    ttl_ms=record.ttl_ms,
-                    max_suspend_ms=record.max_suspend_ms,
-                    suspended_at_ms=None,
-                    lifecycle_position=position,
-                    max_history_bytes=record.max_history_bytes,
-                    max_history_age_ms=record.max_history_age_ms,
-                )
+                row = SessionRow.created(record, position)
                 self.rows[position] = row
                 self._old_deadlines[position] = None
                 txn.put(U64.pack(position), record.session_id.encode(), db=view.incarnations)

@@ -123,29 +123,8 @@ Record = (
     | IdempotencyKeyUsed
 )
 
-# Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.
-_encoder: Final = msgspec.msgpack.Encoder()
-_body_decoder: Final = msgspec.msgpack.Decoder(list[Record])
-# Readers decode event records straight into the public `Event` (same leading layout as
-# `EventAppended`): one C-level pass instead of a record plus a Python object per event.
-_read_decoder: Final = msgspec.msgpack.Decoder(
-    list[
-        SessionCreated
-        | Event
-        | StateChanged
-        | SnapshotTaken
-        | HistoryTrimmed
-        | SessionEvicted
-        | IdempotencyKeyUsed
-    ]
-)
-
-
-def encode_frame_body(records: list[Record]) -> bytes:
-    """Encode the records of one frame as a single msgpack array."""
-    return _encoder.encode(records)
-
-
+# What readers decode: event records straight into the public `Event` (same leading layout
+# as `EventAppended`), one C-level pass instead of a record plus a Python object per event.
 ReadRecord = (
     SessionCreated
     | Event
@@ -155,6 +134,16 @@ ReadRecord = (
     | SessionEvicted
     | IdempotencyKeyUsed
 )
+
+# Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.
+_encoder: Final = msgspec.msgpack.Encoder()
+_body_decoder: Final = msgspec.msgpack.Decoder(list[Record])
+_read_decoder: Final = msgspec.msgpack.Decoder(list[ReadRecord])
+
+
+def encode_frame_body(records: list[Record]) -> bytes:
+    """Encode the records of one frame as a single msgpack array."""
+    return _encoder.encode(records)
 
 
 def decode_frame_for_read(body: bytes | memoryview) -> list[ReadRecord]:

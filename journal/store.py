@@ -1320,16 +1320,8 @@ class Journal:
         self._check_open()
         if not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidArgument("max_bytes must be an int >= 1")
-        for attempt in range(3):
-            try:
-                with self._view.env.begin() as txn:
-                    row = self._row(txn, session_id)
-                    after = self._after_ordinal(row, cursor)
-                    events, has_more = self._read_events(txn, row, after, max_bytes)
-                break
-            except (FileNotFoundError, JournalCorrupt):
-                if attempt == 2:
-                    raise
+        row, after = self._start(session_id, cursor)
+        events, has_more, _, _ = self._page_after(row, after, max_bytes, {})
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
 
@@ -1696,23 +1688,7 @@ class _Planner:
             )
         record = msgspec.structs.replace(record, created_at_ms=self.now)
         position = self._emit(record)
-        row = SessionRow(
-            session_id=record.session_id,
-            incarnation=position,
-            state=SessionState.OPEN.wire,
-            mode=record.mode,
-            context_id=record.context_id,
-            tags=record.tags,
-            extensions=record.extensions,
-            created_at_ms=record.created_at_ms,
-            ended_at_ms=None,
-            first_ordinal=1,
-            last_ordinal=0,
-            ttl_ms=record.ttl_ms,
-            max_suspend_ms=record.max_suspend_ms,
-            suspended_at_ms=None,
-            lifecycle_position=position,
-        )
+        row = SessionRow.created(record, position)
         self.sessions[record.session_id] = _Pending(row)
         self._finishers.append((request, ("feed", position)))
 
