@@ -49,6 +49,7 @@ __all__ = [
     "SEGMENT_SUFFIX",
     "SIDECAR_SUFFIX",
     "FrameInfo",
+    "ReaderCache",
     "SegmentHeader",
     "SegmentLog",
     "SegmentReader",
@@ -415,6 +416,10 @@ class SegmentReader:
     def file_size(self) -> int:
         return os.fstat(self._fd).st_size
 
+    def unlinked(self) -> bool:
+        """Whether the file this reader holds was deleted or replaced (compaction) since."""
+        return os.fstat(self._fd).st_nlink == 0
+
     def frames(
         self,
         start_offset: int = SEGMENT_HEADER_SIZE,
@@ -658,6 +663,54 @@ class SegmentReader:
                 at = body_start + length
 
 
+class ReaderCache:
+    """The segment readers one reader of pages keeps open: a single `read()`, or a
+    follower across all its pages (so read-ahead survives from page to page).
+
+    Context-managed: leaving it closes every reader. A page is bracketed by
+    `begin_page()`, which drops readers whose file was deleted or replaced meanwhile
+    (retention, compaction: their disk space is freed), and `end_page()`, which closes
+    the readers that page did not use (segments behind the reader's position)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._readers: dict[int, SegmentReader] = {}
+        self._used: set[int] = set()
+
+    def __enter__(self) -> ReaderCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    def get(self, segment: int) -> SegmentReader:
+        """The open reader of `segment` (opened now if needed)."""
+        self._used.add(segment)
+        reader = self._readers.get(segment)
+        if reader is None:
+            reader = self._readers[segment] = SegmentReader(self.directory, segment)
+        return reader
+
+    def begin_page(self) -> None:
+        self._used.clear()
+        for segment, reader in list(self._readers.items()):
+            if reader.unlinked():
+                reader.close()
+                del self._readers[segment]
+
+    def end_page(self) -> None:
+        for segment in [s for s in self._readers if s not in self._used]:
+            self._readers.pop(segment).close()
+
+    def close(self) -> None:
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
+
+
 class _SummaryBuilder:
     """Accumulates a segment's sidecar frame by frame."""
 
@@ -699,11 +752,19 @@ class SegmentWriter:
     journal holds its cross-process write lock around every append).
     """
 
-    def __init__(self, directory: str, base_position: int, *, sync: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str,
+        base_position: int,
+        *,
+        sync: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
         self.directory = directory
         self.base_position = base_position
         self.name = segment_name(base_position)
         self.sync_enabled = sync
+        self.segment_bytes = segment_bytes
         self._fd = os.open(os.path.join(directory, self.name), os.O_RDWR)
         self.end_offset = SEGMENT_HEADER_SIZE
         self.next_position = base_position
@@ -716,7 +777,13 @@ class SegmentWriter:
 
     @classmethod
     def create(
-        cls, directory: str, store_id: bytes, base_position: int, *, sync: bool = True
+        cls,
+        directory: str,
+        store_id: bytes,
+        base_position: int,
+        *,
+        sync: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     ) -> SegmentWriter:
         """Create a new, empty active segment (file and directory entry synced)."""
         header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
@@ -735,7 +802,7 @@ class SegmentWriter:
             raise FileExistsError(f"segment {segment_name(base_position)} already exists")
         os.rename(temporary, path)
         _fsync_dir(directory)
-        writer = cls(directory, base_position, sync=sync)
+        writer = cls(directory, base_position, sync=sync, segment_bytes=segment_bytes)
         writer._summary_valid = True
         return writer
 
@@ -832,8 +899,13 @@ class SegmentWriter:
     def sync(self) -> None:
         os.fdatasync(self._fd)
 
+    def fileno(self) -> int:
+        return self._fd
+
     def _preallocate(self, needed: int) -> None:
-        target = needed + _PREALLOCATE_BYTES
+        # Never past what the segment may still hold: a small-segment store must not carry
+        # megabytes of zeros per active segment (a frame larger than the rest still fits).
+        target = max(needed, min(needed + _PREALLOCATE_BYTES, self.segment_bytes))
         # Never below the real size: another process may have written up to it.
         at = max(self._allocated, os.fstat(self._fd).st_size, self.end_offset)
         while at < target:
@@ -1092,7 +1164,9 @@ class SegmentLog:
         self.finish_interrupted()
         segments = self.segments()
         if not segments:
-            self._writer = SegmentWriter.create(self.directory, self.store_id, 1, sync=self.sync)
+            self._writer = SegmentWriter.create(
+                self.directory, self.store_id, 1, sync=self.sync, segment_bytes=self.segment_bytes
+            )
             return []
         active = segments[-1]
         if active.compressed:
@@ -1101,11 +1175,49 @@ class SegmentLog:
                 self.directory, active.base_position
             )
             self._writer = SegmentWriter.create(
-                self.directory, self.store_id, summary.last_position + 1, sync=self.sync
+                self.directory,
+                self.store_id,
+                summary.last_position + 1,
+                sync=self.sync,
+                segment_bytes=self.segment_bytes,
             )
             return []
-        self._writer = SegmentWriter(self.directory, active.base_position, sync=self.sync)
+        self._writer = SegmentWriter(
+            self.directory, active.base_position, sync=self.sync, segment_bytes=self.segment_bytes
+        )
         return self._writer.recover(self.store_id)
+
+    def start_first_segment(self) -> None:
+        """Create the first segment of an empty log (caller holds the write lock)."""
+        os.makedirs(self.directory, exist_ok=True)
+        self.close()
+        self._writer = SegmentWriter.create(
+            self.directory, self.store_id, 1, sync=self.sync, segment_bytes=self.segment_bytes
+        )
+
+    def writer_at(self, segment: int, end_offset: int, next_position: int) -> bool:
+        """Whether this process's writer sits exactly at the given end of the log and
+        nobody (another process, a crashed writer) wrote or rotated past it since."""
+        writer = self._writer
+        return (
+            writer is not None
+            and writer.base_position == segment
+            and writer.end_offset == end_offset
+            and writer.next_position == next_position
+            and not self.moved_past(segment, end_offset, next_position, writer.fileno())
+        )
+
+    def attach_writer(self, segment: int, end_offset: int, next_position: int) -> None:
+        """Position the writer after the committed frames ending at `end_offset` of
+        `segment` (known from the view), opening that segment if it is not the open one."""
+        writer = self._writer
+        if writer is None or writer.base_position != segment:
+            if writer is not None:
+                writer.close()
+            self._writer = writer = SegmentWriter(
+                self.directory, segment, sync=self.sync, segment_bytes=self.segment_bytes
+            )
+        writer.attach(end_offset, next_position)
 
     @property
     def writer(self) -> SegmentWriter:
@@ -1137,7 +1249,11 @@ class SegmentLog:
         known = writer.summary()
         writer.close()
         self._writer = SegmentWriter.create(
-            self.directory, self.store_id, next_position, sync=self.sync
+            self.directory,
+            self.store_id,
+            next_position,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
         )
         self.seal(sealed, known)
         return sealed

@@ -92,10 +92,10 @@ from .segments import (
     DEFAULT_SEGMENT_BYTES,
     SEGMENT_HEADER_SIZE,
     FrameDigest,
+    ReaderCache,
     SegmentLog,
     SegmentReader,
     SegmentSummary,
-    SegmentWriter,
     encode_other,
     read_summary,
     segment_name,
@@ -728,10 +728,7 @@ class Journal:
             txn.put(b"store", self.store_id, db=view.meta)
             bases = log.bases()
             if not bases:
-                os.makedirs(log.directory, exist_ok=True)
-                log._writer = SegmentWriter.create(
-                    log.directory, self.store_id, 1, sync=self.durability == "fsync"
-                )
+                log.start_first_segment()
                 head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
             else:
                 # No view yet (new, deleted, or discarded after a reboot): rebuild it from
@@ -744,16 +741,7 @@ class Journal:
             if txn.get(b"boot", db=view.meta) != _BOOT_ID:
                 txn.put(b"boot", _BOOT_ID, db=view.meta)
             self._boot_recorded = True
-        writer = log._writer
-        if (
-            writer is not None
-            and writer.base_position == head.segment
-            and writer.end_offset == head.end_offset
-            and writer.next_position == head.next_position
-            # another process committed (or crashed after writing) a frame, or started
-            # a new segment, since this writer last wrote
-            and not log.moved_past(head.segment, head.end_offset, head.next_position, writer._fd)
-        ):
+        if log.writer_at(head.segment, head.end_offset, head.next_position):
             return head
         log.discard_unborn_tail()
         if not self._finished_interrupted:
@@ -765,13 +753,7 @@ class Journal:
                 log.seal(base)
         projection.flush()
         head = projection.head
-        if writer is None or writer.base_position != head.segment:
-            if writer is not None:
-                writer.close()
-            log._writer = writer = SegmentWriter(
-                log.directory, head.segment, sync=self.durability == "fsync"
-            )
-        writer.attach(head.end_offset, head.next_position)
+        log.attach_writer(head.segment, head.end_offset, head.next_position)
         return head
 
     # -- sessions: writes ------------------------------------------------------------------
@@ -1202,7 +1184,7 @@ class Journal:
         row: SessionRow,
         after: int,
         max_bytes: int,
-        readers: dict[int, SegmentReader] | None = None,
+        readers: ReaderCache,
     ) -> tuple[list[Event], bool]:
         """Events after ordinal `after` up to about `max_bytes`, and whether more follow."""
         start = after + 1
@@ -1217,93 +1199,82 @@ class Journal:
         events: list[Event] = []
         size = 0
         expected = start
-        # A follower passes its own readers so read-ahead chunks survive across pages.
-        owned = readers is None
-        if readers is None:
-            readers = {}
-        directory = self._log.directory
         full = False
         append = events.append
         head = self._view.head(txn)
         head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
-        try:
-            for _, segment, offset in self._view.iter_frame_locations(txn, incarnation, start):
-                reader = readers.get(segment)
-                if reader is None:
-                    reader = readers[segment] = SegmentReader(directory, segment)
-                info, body = reader.read_frame(
-                    offset, head_end if segment == head_segment else None
-                )
-                try:
-                    records = decode_frame_for_read(body)
-                except msgspec.DecodeError as e:
-                    raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
-                position = info.first_position
-                count = len(records)
-                first_record = records[0]
-                last_record = records[-1]
-                if (
-                    first_record.__class__ is Event
-                    and last_record.__class__ is Event
-                    and first_record._incarnation == incarnation
-                    and last_record._incarnation == incarnation
-                    and first_record.ordinal == expected
-                    and last_record.ordinal == expected + count - 1
-                    and last_record.ordinal <= last
-                    and size + info.body_length <= max_bytes
-                ):
-                    # The common frame: one batch of this session's next events (dense
-                    # ordinals leave no room for other records between first and last),
-                    # and it fits the page whole (the body length bounds the data).
-                    batch = cast("list[Event]", records)
-                    if first_record.position == position:
-                        for event in batch:
-                            event._context = context
-                            size += len(event.data)
-                    else:  # written before records carried their position
-                        for event in batch:
-                            event._context = context
-                            event.position = position
-                            size += len(event.data)
-                            position += 1
-                    events.extend(batch)
-                    expected += count
-                    if expected > last:
-                        break
-                    continue
-                # The general case, one record at a time: kept flat, no calls in the loop.
-                for record in records:
-                    if record.__class__ is Event and record._incarnation == incarnation:
-                        ordinal = record.ordinal
-                        if ordinal >= expected:
-                            if ordinal != expected:
-                                raise JournalCorrupt(
-                                    reader.name,
-                                    offset,
-                                    f"session {session_id!r} skips from ordinal "
-                                    f"{expected - 1} to {ordinal}",
-                                )
-                            length = len(record.data)
-                            if events and size + length > max_bytes:
-                                full = True
-                                break
-                            record.position = position
-                            record._context = context
-                            append(record)
-                            size += length
-                            expected += 1
-                            if expected > last:
-                                break
-                    position += 1
-                if full or expected > last:
+        reader: SegmentReader | None = None
+        for _, segment, offset in self._view.iter_frame_locations(txn, incarnation, start):
+            reader = readers.get(segment)
+            info, body = reader.read_frame(offset, head_end if segment == head_segment else None)
+            try:
+                records = decode_frame_for_read(body)
+            except msgspec.DecodeError as e:
+                raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
+            position = info.first_position
+            count = len(records)
+            first_record = records[0]
+            last_record = records[-1]
+            if (
+                first_record.__class__ is Event
+                and last_record.__class__ is Event
+                and first_record._incarnation == incarnation
+                and last_record._incarnation == incarnation
+                and first_record.ordinal == expected
+                and last_record.ordinal == expected + count - 1
+                and last_record.ordinal <= last
+                and size + info.body_length <= max_bytes
+            ):
+                # The common frame: one batch of this session's next events (dense
+                # ordinals leave no room for other records between first and last),
+                # and it fits the page whole (the body length bounds the data).
+                batch = cast("list[Event]", records)
+                if first_record.position == position:
+                    for event in batch:
+                        event._context = context
+                        size += len(event.data)
+                else:  # written before records carried their position
+                    for event in batch:
+                        event._context = context
+                        event.position = position
+                        size += len(event.data)
+                        position += 1
+                events.extend(batch)
+                expected += count
+                if expected > last:
                     break
-        finally:
-            if owned:
-                for reader in readers.values():
-                    reader.close()
+                continue
+            # The general case, one record at a time: kept flat, no calls in the loop.
+            for record in records:
+                if record.__class__ is Event and record._incarnation == incarnation:
+                    ordinal = record.ordinal
+                    if ordinal >= expected:
+                        if ordinal != expected:
+                            raise JournalCorrupt(
+                                reader.name,
+                                offset,
+                                f"session {session_id!r} skips from ordinal "
+                                f"{expected - 1} to {ordinal}",
+                            )
+                        length = len(record.data)
+                        if events and size + length > max_bytes:
+                            full = True
+                            break
+                        record.position = position
+                        record._context = context
+                        append(record)
+                        size += length
+                        expected += 1
+                        if expected > last:
+                            break
+                position += 1
+            if full or expected > last:
+                break
         if not full and expected <= last:
+            # The view points past what the segments hold: name the last segment read
+            # (or the active one) so the message leads to a real file.
             raise JournalCorrupt(
-                segment_name(0),
+                reader.name if reader is not None else segment_name(head_segment),
                 0,
                 f"the index of session {session_id!r} has no frame for ordinal {expected}",
             )
@@ -1321,7 +1292,8 @@ class Journal:
         if not isinstance(max_bytes, int) or max_bytes < 1:
             raise InvalidArgument("max_bytes must be an int >= 1")
         row, after = self._start(session_id, cursor)
-        events, has_more, _, _ = self._page_after(row, after, max_bytes, {})
+        with ReaderCache(self._log.directory) as readers:
+            events, has_more, _, _ = self._page_after(row, after, max_bytes, readers)
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
 
@@ -1355,25 +1327,27 @@ class Journal:
         return self._follow(row, after, stop=stop, live=True, max_bytes=max_bytes)
 
     def _page_after(
-        self, row: SessionRow, after: int, max_bytes: int, readers: dict[int, SegmentReader]
+        self, row: SessionRow, after: int, max_bytes: int, readers: ReaderCache
     ) -> tuple[list[Event], bool, bool, int]:
         """(events, has_more, terminal, committed next position) in one read snapshot."""
         for attempt in range(3):
+            readers.begin_page()
             try:
-                return self._page_after_once(row, after, max_bytes, readers)
+                page = self._page_after_once(row, after, max_bytes, readers)
             except (FileNotFoundError, JournalCorrupt):
                 # Retention deleted (or compaction dropped) a frame this snapshot still
                 # pointed at: a newer snapshot either no longer needs it or says the
                 # history expired. Real damage fails again and is raised.
-                for reader in readers.values():
-                    reader.close()
-                readers.clear()
+                readers.close()
                 if attempt == 2:
                     raise
+                continue
+            readers.end_page()
+            return page
         raise AssertionError("unreachable")
 
     def _page_after_once(
-        self, row: SessionRow, after: int, max_bytes: int, readers: dict[int, SegmentReader]
+        self, row: SessionRow, after: int, max_bytes: int, readers: ReaderCache
     ) -> tuple[list[Event], bool, bool, int]:
         with self._view.env.begin() as txn:
             head = self._view.head(txn)
@@ -1412,8 +1386,7 @@ class Journal:
         live: bool,
         max_bytes: int,
     ) -> Iterator[list[Event]]:
-        readers: dict[int, SegmentReader] = {}
-        try:
+        with ReaderCache(self._log.directory) as readers:
             while not self._closed:
                 if stop is not None and stop.is_set():
                     return
@@ -1429,9 +1402,6 @@ class Journal:
                     continue
                 if not events:
                     self._notifier.wait(seen, stop)
-        finally:
-            for reader in readers.values():
-                reader.close()
 
     async def awatch(
         self,
@@ -1441,8 +1411,7 @@ class Journal:
     ) -> AsyncIterator[Event]:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
         row, after = self._start(session_id, cursor)
-        readers: dict[int, SegmentReader] = {}
-        try:
+        with ReaderCache(self._log.directory) as readers:
             while not self._closed:
                 events, has_more, terminal, seen = self._page_after(row, after, max_bytes, readers)
                 if events:
@@ -1457,9 +1426,6 @@ class Journal:
                     continue
                 if not events:
                     await self._notifier.await_change(seen)
-        finally:
-            for reader in readers.values():
-                reader.close()
 
     # -- lifecycle feed --------------------------------------------------------------------
 
