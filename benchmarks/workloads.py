@@ -27,12 +27,10 @@ ROWS: Final = (
     Row("sqlite-full append", "append", "sqlite", baselines.sqlite_append),
     Row("lmdb append", "append", "lmdb", baselines.lmdb_append),
     Row("jsonl append", "append", "jsonl", baselines.jsonl_append),
-    Row("segment-log append", "append", "segment-log", project.segment_log_append),
     Row("journal append (public API)", "append", "journal", project.journal_append),
     Row("sqlite read", "read", "sqlite", baselines.sqlite_read),
     Row("lmdb read (cursor)", "read", "lmdb", baselines.lmdb_read),
     Row("jsonl read (lines)", "read", "jsonl", baselines.jsonl_read),
-    Row("segment-log scan (decoded records)", "read", "segment-log", project.segment_log_scan),
     Row("journal replay (decoded Event)", "read", "journal", project.journal_replay),
 )
 

@@ -3,7 +3,6 @@ with a progress bar on a terminal."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -107,17 +106,17 @@ def stats(settings: Settings) -> None:
     """Sizes of the store: sessions by state, segments and bytes on disk."""
     output = settings.output
     with settings.open(write=False) as store:
-        counts: dict[str, int] = {}
-        for meta in store.list_sessions(page_size=1000):
-            counts[meta.state.value] = counts.get(meta.state.value, 0) + 1
-    segments_dir = os.path.join(settings.store, "segments")
-    names = sorted(os.listdir(segments_dir))
-    segment_files = [n for n in names if n.endswith((".seg", ".seg.zst"))]
-    size = sum(os.path.getsize(os.path.join(segments_dir, n)) for n in names)
-    record = {"sessions": counts, "segments": len(segment_files), "segment_bytes": size}
+        found = store.stats()
+    counts = found.sessions
+    record = {
+        "sessions": counts,
+        "segments": found.segments,
+        "segment_bytes": found.segment_bytes,
+    }
     states = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
     output.emit(
-        record, f"sessions: {states}; segments: {len(segment_files)} ({size:,} bytes on disk)"
+        record,
+        f"sessions: {states}; segments: {found.segments} ({found.segment_bytes:,} bytes on disk)",
     )
 
 

@@ -41,6 +41,18 @@ class JournalError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take other constructor arguments (offsets, ordinals): rebuild from
+        # the message and the instance's attributes instead of calling __init__ again.
+        return (_restore, (type(self), self.args, self.__dict__))
+
+
+def _restore(cls: type[JournalError], args: tuple[Any, ...], state: dict[str, Any]) -> JournalError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class TokenError(JournalError):
     """A cursor or page token supplied by the caller cannot be used.

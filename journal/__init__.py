@@ -5,7 +5,10 @@ The public API is what this module exports; every other module is private.
 
 from __future__ import annotations
 
-from .compaction import CompactionReport as CompactionReport
+from .arguments import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
+from .arguments import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
+from .arguments import MAX_EVENT_BYTES as MAX_EVENT_BYTES
+from .arguments import MAX_PAGE_SIZE as MAX_PAGE_SIZE
 from .errors import CursorExpired as CursorExpired
 from .errors import CursorForeign as CursorForeign
 from .errors import CursorFuture as CursorFuture
@@ -28,7 +31,9 @@ from .errors import StoreIncompatible as StoreIncompatible
 from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
+from .facade import Journal as Journal
 from .models import AppendResult as AppendResult
+from .models import CompactionReport as CompactionReport
 from .models import Event as Event
 from .models import EventIn as EventIn
 from .models import LifecycleEvent as LifecycleEvent
@@ -40,13 +45,9 @@ from .models import SessionMetadata as SessionMetadata
 from .models import SessionPage as SessionPage
 from .models import SessionState as SessionState
 from .models import Snapshot as Snapshot
-from .store import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
-from .store import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
-from .store import MAX_EVENT_BYTES as MAX_EVENT_BYTES
-from .store import MAX_PAGE_SIZE as MAX_PAGE_SIZE
-from .store import Journal as Journal
-from .verify import VerifyProblem as VerifyProblem
-from .verify import VerifyReport as VerifyReport
+from .models import StoreStats as StoreStats
+from .models import VerifyProblem as VerifyProblem
+from .models import VerifyReport as VerifyReport
 
 __version__ = "0.1.0"
 
@@ -89,9 +90,18 @@ __all__ = [
     "Snapshot",
     "StoreIncompatible",
     "StoreNotFound",
+    "StoreStats",
     "StoreUnavailable",
     "TokenError",
     "VerifyProblem",
     "VerifyReport",
     "__version__",
 ]
+
+# Public classes report the module users import them from (pickle, repr, docs), as trio
+# does; the cursor errors keep theirs (`cursors` is a public package of its own).
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("journal."):
+        _obj.__module__ = "journal"
+del _name, _obj

@@ -14,6 +14,7 @@ import msgspec
 
 __all__ = [
     "AppendResult",
+    "CompactionReport",
     "Event",
     "EventIn",
     "LifecycleEvent",
@@ -25,6 +26,9 @@ __all__ = [
     "SessionPage",
     "SessionState",
     "Snapshot",
+    "StoreStats",
+    "VerifyProblem",
+    "VerifyReport",
 ]
 
 
@@ -76,8 +80,11 @@ class EventIn(msgspec.Struct, frozen=True):
     request_id: str | None = None
 
 
-class _ReadContext:
-    """What every event of one read shares: its session id and how to sign its cursor."""
+class ReadContext:
+    """What every event of one read shares: its session id and how to sign its cursor.
+
+    Made by the facade (which owns cursor signing) and attached by an engine's reader to
+    the events it decodes (`bind_events`): engines never see cursor strings."""
 
     __slots__ = ("session_id", "signer")
 
@@ -106,7 +113,7 @@ class Event(
     data: bytes
     request_id: str | None = None
     position: int = 0
-    _context: _ReadContext | None = None
+    _context: ReadContext | None = None
     _cursor: str | None = None
 
     @property
@@ -147,6 +154,36 @@ class Event(
             f"request_id={self.request_id!r}, timestamp_ms={self.timestamp_ms}, "
             f"position={self.position})"
         )
+
+
+def bind_events(events: list[Event], context: ReadContext, position: int = 0) -> int:
+    """Attach `context` to freshly decoded events; returns their data bytes.
+
+    With `position`, the events are numbered from it (frames written before records
+    carried their own position)."""
+    size = 0
+    if position:
+        for event in events:
+            event._context = context
+            event.position = position
+            position += 1
+            size += len(event.data)
+    else:
+        for event in events:
+            event._context = context
+            size += len(event.data)
+    return size
+
+
+def bind_event(event: Event, context: ReadContext, position: int) -> None:
+    """Attach `context` to one decoded event stored at `position`."""
+    event._context = context
+    event.position = position
+
+
+def event_incarnation(event: Event) -> int:
+    """The incarnation of the session a decoded event belongs to."""
+    return event._incarnation
 
 
 class Page(msgspec.Struct, frozen=True):
@@ -244,3 +281,49 @@ class Snapshot(msgspec.Struct, frozen=True):
     ordinal: int
     data: bytes
     cursor: str
+
+
+class CompactionReport(msgspec.Struct, frozen=True):
+    """What `compact()` did: segments rewritten and deleted, bytes on disk before and after,
+    live bytes copied (uncompressed) and the seconds it took."""
+
+    segments_rewritten: list[str]
+    segments_deleted: list[str]
+    bytes_before: int
+    bytes_after: int
+    live_bytes_copied: int
+    seconds: float
+
+
+class VerifyProblem(msgspec.Struct, frozen=True):
+    """One problem: where (segment file name, or "index"), the byte offset, and what."""
+
+    segment: str
+    offset: int
+    what: str
+
+
+class VerifyReport(msgspec.Struct, frozen=True):
+    """What `verify` checked and found. `ok` is True when nothing is wrong (or, with
+    `fix=True`, when everything found was repaired)."""
+
+    segments: int
+    frames: int
+    records: int
+    problems: list[VerifyProblem]
+    fixed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems or self.fixed
+
+
+class StoreStats(msgspec.Struct, frozen=True):
+    """Sizes of a store (`Journal.stats()`): sessions by state (state value -> count), the
+    number of segments, the bytes of the log's files (segments and their indexes), and
+    the next store position (how many records were ever committed, plus one)."""
+
+    sessions: dict[str, int]
+    segments: int
+    segment_bytes: int
+    next_position: int

@@ -69,8 +69,8 @@ import msgspec  # noqa: E402, F401
 import zstandard  # noqa: E402, F401
 
 import journal  # noqa: E402
-import journal.store  # noqa: E402
 from journal import CursorExpired, Journal  # noqa: E402
+from journal._local.files import FAULT_POINTS, FileOps  # noqa: E402
 
 NOBODY = 65534
 START_S = 60.0  # generous: interpreter start and imports on a loaded 2-core box
@@ -231,37 +231,24 @@ def compactor(store: str, segment_bytes: str, seed: str) -> None:
     emit(f"rewrote {rewrote} deleted {deleted}")
 
 
-class _PausingReplace:
-    """`os` for journal.compaction whose `replace` pauses once after renaming."""
+class PauseAt(FileOps):
+    """Fault points that pause once each: at the first hit of a point in `labels` (while
+    `armed`), print its label and wait for a line on stdin."""
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(os, name)
+    def __init__(self, labels: Mapping[str, str], *, armed: bool = True) -> None:
+        assert set(labels) <= set(FAULT_POINTS), labels
+        self.labels = dict(labels)
+        self.armed = armed
 
-    def replace(self, source: str, destination: str) -> None:
-        os.replace(source, destination)
-        if not getattr(self, "done", False):
-            self.done = True
-            emit("replaced")
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name in self.labels:
+            emit(self.labels.pop(name))
             sys.stdin.readline()
 
 
 def compact_interleaved(store: str) -> None:
-    import journal.compaction
-
-    original_rewrite = journal.store.rewrite
-    paused: list[int] = []
-
-    def rewrite(directory: str, base: int, live: set[int]) -> object:
-        result = original_rewrite(directory, base, live)
-        if not paused:
-            paused.append(base)
-            emit("rewritten")
-            sys.stdin.readline()
-        return result
-
-    journal.store.rewrite = rewrite  # type: ignore[assignment]
-    journal.compaction.os = _PausingReplace()  # type: ignore[assignment]
-    with Journal.open(store, create=False, durability="os") as j:
+    pauses = PauseAt({"compaction.rewritten": "rewritten", "compaction.replaced": "replaced"})
+    with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
         emit("ready")
         sys.stdin.readline()
         report = j.compact(dead_share=0.0)
@@ -269,20 +256,8 @@ def compact_interleaved(store: str) -> None:
 
 
 def retention_paused(store: str) -> None:
-    import journal.retention
-
-    original = journal.retention.read_summary
-    paused: list[int] = []
-
-    def read_summary(directory: str, base: int) -> object:
-        if not paused:
-            paused.append(base)
-            emit("listed")
-            sys.stdin.readline()
-        return original(directory, base)
-
-    journal.retention.read_summary = read_summary  # type: ignore[assignment]
-    with Journal.open(store, create=False, durability="os") as j:
+    pauses = PauseAt({"retention.read_sidecar": "listed"})
+    with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
         emit("ready")
         sys.stdin.readline()
         report = j.apply_retention()
@@ -308,32 +283,10 @@ def ro_watch(store: str, session_id: str) -> None:
     emit("done")
 
 
-class _PausingOs:
-    """`os` for journal.segments, whose `pread` inside a tail scan pauses once when armed."""
-
-    def __init__(self) -> None:
-        self.armed = False
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(os, name)
-
-    def pread(self, fd: int, length: int, offset: int) -> bytes:
-        data = os.pread(fd, length, offset)
-        if self.armed and sys._getframe(1).f_code.co_name == "_plain_frames":
-            self.armed = False
-
-            emit("paused")
-            sys.stdin.readline()
-        return data
-
-
 def ro_watch_paused(store: str, session_id: str) -> None:
-    import journal.segments
-
-    pausing = _PausingOs()
-    journal.segments.os = pausing  # type: ignore[assignment]
+    pausing = PauseAt({"segments.tail_read": "paused"}, armed=False)
     drop_privileges()
-    with Journal.open(store, create=False, readonly=True) as j:
+    with Journal.open(store, create=False, readonly=True, file_ops=pausing) as j:
         emit("ready")
         pausing.armed = True
         for event in j.watch(session_id):

@@ -19,15 +19,34 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from _procs_retention import Child, payload
 
-import journal.store
 from journal import EventIn, Journal, RetentionPolicy
+from journal._local.files import FAULT_POINTS, FileOps
 
 SEGMENT_BYTES = 16 << 10
+
+
+class Hooks(FileOps):
+    """Fault points that run a test's function the first time they are reached."""
+
+    def __init__(self) -> None:
+        self.once: dict[str, Callable[[], None]] = {}
+
+    def at(self, name: str, action: Callable[[], None]) -> None:
+        assert name in FAULT_POINTS, name
+        self.once[name] = action
+
+    def point(self, name: str, detail: object = None) -> None:
+        action = self.once.pop(name, None)
+        if action is not None:
+            action()
+
+
 POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=3600_000)
 WINDOW_BYTES = 40_000  # the watched session's own history window
 
@@ -151,7 +170,7 @@ def test_reader_gets_only_correct_events_while_history_is_trimmed_and_compacted(
 
 
 def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_to_rewrite(
-    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, rng: random.Random
 ) -> None:
     # compact() decides what to rewrite from a read snapshot, without the writer lock; a
     # retention pass in another process may delete that segment before it is read. Here
@@ -160,7 +179,10 @@ def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_t
     store = tmp_path / "store"
     day = 24 * 3600 * 1000
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
-    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+    hooks = Hooks()
+    with Journal.open(
+        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
+    ) as j:
         j.create_session("x")
         for _ in range(30):
             append(j, "x", rng, 2)
@@ -172,20 +194,15 @@ def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_t
         segments = sorted((store / "segments").glob("*.seg"))
         assert len(segments) >= 4
         expected = [(e.ordinal, e.data) for e in j.replay("keep")]
-        original = journal.store.live_frames
         outputs: list[str] = []
 
-        def live_frames_then_evict(*args: object) -> object:
-            result = original(*args)  # type: ignore[arg-type]
-            if not outputs:
-                other = Child("retention", str(store), str(ended + day), str(day))
-                assert other.wait(60) == 0, other.err()
-                outputs.extend(other.seen)
-            return result
+        def evict_from_another_process() -> None:
+            other = Child("retention", str(store), str(ended + day), str(day))
+            assert other.wait(60) == 0, other.err()
+            outputs.extend(other.seen)
 
-        monkeypatch.setattr(journal.store, "live_frames", live_frames_then_evict)
+        hooks.at("compaction.live_frames", evict_from_another_process)
         report = j.compact()
-        monkeypatch.undo()
         assert outputs and outputs[0].startswith("evicted x deleted "), outputs
         assert int(outputs[0].split()[-1]) >= 1
         assert not (store / "segments" / segments[0].name).exists()
@@ -195,7 +212,7 @@ def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_t
 
 
 def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_collide(
-    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, rng: random.Random
 ) -> None:
     # A compactor process copied a live segment; then this process's retention pass
     # finds the segment dead, commits, and deletes its files (after the commit, outside
@@ -204,7 +221,10 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
     store = tmp_path / "store"
     day = 24 * 3600 * 1000
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
-    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+    hooks = Hooks()
+    with Journal.open(
+        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
+    ) as j:
         j.create_session("x")
         for _ in range(30):
             append(j, "x", rng, 2)
@@ -220,19 +240,16 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
             assert compactor.next_line() == "ready", compactor.err()
             compactor.send("go")
             assert compactor.next_line() == "rewritten", compactor.err()
-            original = journal.store.delete_segment_files
 
-            def delete_during_the_swap(*args: object) -> object:
+            def delete_during_the_swap() -> None:
                 compactor.send("go")  # it swaps now (we no longer hold the writer lock)
                 assert compactor.next_line() == "replaced", compactor.err()
                 # The swap holds the segment-files lock until it is done: let it finish;
                 # the deletion then waits for that lock instead of interleaving.
                 compactor.send("go")
-                return original(*args)  # type: ignore[arg-type]
 
-            monkeypatch.setattr(journal.store, "delete_segment_files", delete_during_the_swap)
+            hooks.at("retention.delete", delete_during_the_swap)
             report = j.apply_retention(now_ms=ended + day)
-            monkeypatch.undo()
             assert report.evicted_sessions == ["x"]
             assert first in report.deleted_segments
             code = compactor.wait(60)
@@ -250,7 +267,7 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
 
 
 def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwhile(
-    tmp_path: Path, rng: random.Random, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, rng: random.Random
 ) -> None:
     # This process's retention pass committed (the view forgot a dead segment) and deletes
     # its files after the commit; another process's retention pass, under the writer
@@ -258,7 +275,10 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
     store = tmp_path / "store"
     day = 24 * 3600 * 1000
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
-    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+    hooks = Hooks()
+    with Journal.open(
+        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
+    ) as j:
         j.create_session("x")
         for _ in range(30):
             append(j, "x", rng, 2)
@@ -271,21 +291,14 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
         other = Child("retention_paused", str(store))
         try:
             assert other.next_line() == "ready", other.err()
-            original = journal.store.delete_segment_files
 
-            def delete_while_the_other_pass_runs(*args: object) -> object:
+            def let_the_other_pass_list() -> None:
                 other.send("go")
                 assert other.next_line() == "listed", other.err()
-                try:
-                    return original(*args)  # type: ignore[arg-type]
-                finally:
-                    other.send("go")
 
-            monkeypatch.setattr(
-                journal.store, "delete_segment_files", delete_while_the_other_pass_runs
-            )
+            hooks.at("retention.delete", let_the_other_pass_list)
+            hooks.at("retention.deleted", lambda: other.send("go"))
             report = j.apply_retention(now_ms=ended + day)
-            monkeypatch.undo()
             assert report.evicted_sessions == ["x"] and report.deleted_segments
             code = other.wait(60)
         finally:

@@ -1,7 +1,8 @@
 """Regression tests for bugs found in review (each one fails on the code it was written for).
 
 Failure injection is limited to what a real system can raise at that point (an LMDB
-`MapFullError` or an `OSError` while the view is updated); group commits are made
+`MapFullError` or an `OSError` while the view is updated) and goes through the local
+engine's named fault points (`journal._local.files.FileOps`); group commits are made
 deterministic by holding the LMDB writer lock from a real child process.
 """
 
@@ -22,29 +23,41 @@ import lmdb
 import pytest
 
 from journal import EventIn, Journal, JournalError, SessionState
-from journal import index as index_module
-from journal.segments import SegmentLog, segment_name
+from journal._local.files import FAULT_POINTS, FileOps
+from journal._local.frames import segment_name
+from journal._local.log import SegmentLog
+from journal.engine import Transition
 
 SEGMENTS = "segments"
 
 
-def _inject_flush_failure(
-    monkeypatch: pytest.MonkeyPatch, error: BaseException, before: Callable[[], None] | None = None
-) -> None:
-    """Make the next `Projection.flush` (the view update after the frame is written and
-    synced) fail once with `error`, after running `before`."""
-    original = index_module.Projection.flush
-    state = {"failed": False}
+class Faults(FileOps):
+    """Fault points armed by the tests: `fail_flush` makes the next view update (after the
+    frame is written and synced) fail once; `fail_plan` makes planning the operations it
+    matches raise; `counts` counts every point reached."""
 
-    def flush(self: index_module.Projection) -> None:
-        if not state["failed"]:
-            state["failed"] = True
-            if before is not None:
-                before()
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.flush_error: BaseException | None = None
+        self.before_flush_error: Callable[[], None] | None = None
+        self.plan_error: tuple[type, BaseException] | None = None
+
+    def point(self, name: str, detail: object = None) -> None:
+        assert name in FAULT_POINTS, name
+        self.counts[name] = self.counts.get(name, 0) + 1
+        if name == "commit.view_flush" and self.flush_error is not None:
+            error, self.flush_error = self.flush_error, None
+            if self.before_flush_error is not None:
+                self.before_flush_error()
             raise error
-        original(self)
+        if name == "plan.operation" and self.plan_error is not None:
+            kind, error = self.plan_error
+            if isinstance(detail, kind):
+                raise error
 
-    monkeypatch.setattr(index_module.Projection, "flush", flush)
+    def fail_flush(self, error: BaseException, before: Callable[[], None] | None = None) -> None:
+        self.before_flush_error = before
+        self.flush_error = error
 
 
 @contextlib.contextmanager
@@ -82,7 +95,9 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.001)
 
 
-def _one_batch(store: Path, j: Journal, calls: list[Callable[[], Any]]) -> list[Any]:
+def _one_batch(
+    store: Path, j: Journal, faults: Faults, calls: list[Callable[[], Any]]
+) -> list[Any]:
     """Run `calls` from threads so that they are planned as ONE group commit, in order.
 
     A first (dummy) request leads and blocks on the writer lock held by a child process;
@@ -99,25 +114,26 @@ def _one_batch(store: Path, j: Journal, calls: list[Callable[[], Any]]) -> list[
     j.create_session("__lead__")
     threads = []
     with _writer_lock_held(store):
+        queued = faults.counts.get("commit.queued", 0)
+        taken = faults.counts.get("commit.batch_taken", 0)
         lead = threading.Thread(
             target=run, args=(0, lambda: j.append("__lead__", [EventIn("t", b"x")]))
         )
         lead.start()
         threads.append(lead)
-        _wait_for(lambda: j._leading and not j._queue)  # the leader took its batch
+        # The leader took its batch (and now waits for the writer lock).
+        _wait_for(lambda: faults.counts.get("commit.batch_taken", 0) == taken + 1)
         for i, call in enumerate(calls, start=1):
             t = threading.Thread(target=run, args=(i, call))
             t.start()
             threads.append(t)
-            _wait_for(lambda i=i: len(j._queue) == i)
+            _wait_for(lambda i=i: faults.counts.get("commit.queued", 0) == queued + 1 + i)
     for t in threads:
         t.join(10)
     return results[1:]
 
 
-def test_failed_commit_after_rotation_is_not_published_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_commit_after_rotation_is_not_published_twice(tmp_path: Path) -> None:
     """A frame whose view update fails is cut off again only if no rotation happened.
 
     The append rotates (the 3 KB event does not fit the 4 KiB segment), writes and syncs its
@@ -126,10 +142,11 @@ def test_failed_commit_after_rotation_is_not_published_twice(
     it up (as if it had been committed) and then plans the same request again: the event
     is stored twice (ordinals 2 and 3) and the caller is told ordinal 3.
     """
-    with Journal.open(tmp_path, segment_bytes=4096) as j:
+    faults = Faults()
+    with Journal.open(tmp_path, segment_bytes=4096, file_ops=faults) as j:
         j.create_session("s")
         j.append("s", [EventIn("t", b"a" * 3000)])
-        _inject_flush_failure(monkeypatch, lmdb.MapFullError("injected"))
+        faults.fail_flush(lmdb.MapFullError("injected"))
         result = j.append("s", [EventIn("t", b"b" * 3000)])
         data = [e.data[:1] for e in j.replay("s")]
         assert (result.first_ordinal, result.last_ordinal) == (2, 2)
@@ -137,9 +154,7 @@ def test_failed_commit_after_rotation_is_not_published_twice(
         assert j.get_session("s").last_ordinal == 2
 
 
-def test_watcher_readahead_never_returns_a_cut_off_frame(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_watcher_readahead_never_returns_a_cut_off_frame(tmp_path: Path) -> None:
     """A follower's read-ahead chunk can hold a frame that was later cut off.
 
     A watcher reads its first page while an append's frame is written and synced but its
@@ -149,7 +164,8 @@ def test_watcher_readahead_never_returns_a_cut_off_frame(
     `read_frame` trusts the cached bytes (their CRC is valid) and delivers the FAILED
     append's event instead of the committed one.
     """
-    with Journal.open(tmp_path) as j:
+    faults = Faults()
+    with Journal.open(tmp_path, file_ops=faults) as j:
         j.create_session("s")
         j.append("s", [EventIn("t", b"first")])
         watch = j.watch("s")
@@ -160,7 +176,7 @@ def test_watcher_readahead_never_returns_a_cut_off_frame(
             reader.start()
             reader.join(5)
 
-        _inject_flush_failure(monkeypatch, OSError(28, "No space left on device"), read_first_page)
+        faults.fail_flush(OSError(28, "No space left on device"), read_first_page)
         with pytest.raises(OSError):
             j.append("s", [EventIn("t", b"FAILED")])
         j.append("s", [EventIn("t", b"committed")])
@@ -178,12 +194,13 @@ def test_expire_due_in_a_batch_after_resume_keeps_the_resumed_session(tmp_path: 
     the `deadlines` table and sees `s` as OPEN (not terminal), so it expires the session
     the caller had just resumed.
     """
-    with Journal.open(tmp_path) as j:
+    faults = Faults()
+    with Journal.open(tmp_path, file_ops=faults) as j:
         j.create_session("s", max_suspend_ms=1000)
         j.suspend_session("s")
         later = int(time.time() * 1000) + 3_600_000
         resumed, expired = _one_batch(
-            tmp_path, j, [lambda: j.resume_session("s"), lambda: j.expire_due(later)]
+            tmp_path, j, faults, [lambda: j.resume_session("s"), lambda: j.expire_due(later)]
         )
         assert not isinstance(resumed, BaseException), resumed
         assert expired == []
@@ -206,9 +223,7 @@ def test_empty_session_id_raises_a_journal_error(tmp_path: Path) -> None:
                 call()
 
 
-def test_one_bad_request_does_not_fail_its_batch_mates(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_one_bad_request_does_not_fail_its_batch_mates(tmp_path: Path) -> None:
     """Any error raised while planning one request fails just that request.
 
     A valid append and a lifecycle change whose planning raises a non-`JournalError`
@@ -216,17 +231,14 @@ def test_one_bad_request_does_not_fail_its_batch_mates(
     planner used to catch only `JournalError` per request: the whole batch failed, so the
     valid append of an unrelated caller was rejected with an error it had nothing to do with.
     """
-    from journal import store as store_module
-
-    def broken(self: Any, request: Any, op: str, session_id: str) -> None:
-        raise lmdb.BadValsizeError("mdb_get: MDB_BAD_VALSIZE")
-
-    with Journal.open(tmp_path) as j:
+    faults = Faults()
+    with Journal.open(tmp_path, file_ops=faults) as j:
         j.create_session("good")
-        monkeypatch.setattr(store_module._Planner, "_plan_transition", broken)
+        faults.plan_error = (Transition, lmdb.BadValsizeError("mdb_get: MDB_BAD_VALSIZE"))
         good, bad = _one_batch(
             tmp_path,
             j,
+            faults,
             [
                 lambda: j.append("good", [EventIn("t", b"ok")]),
                 lambda: j.suspend_session("good"),

@@ -11,6 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from journal import JournalCorrupt
+from journal._local.frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, segment_name
+from journal._local.log import SegmentLog
+from journal._local.segments import SegmentReader
+from journal._local.sidecar import read_summary
 from journal.records import (
     EventAppended,
     Record,
@@ -18,14 +22,6 @@ from journal.records import (
     StateChanged,
     decode_frame_body,
     encode_frame_body,
-)
-from journal.segments import (
-    FRAME_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE,
-    SegmentLog,
-    SegmentReader,
-    read_summary,
-    segment_name,
 )
 
 STORE_ID = b"S" * 16
@@ -222,7 +218,8 @@ def test_other_store_segments_are_refused(tmp_path: Path) -> None:
 
 
 def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
-    from journal.segments import digest_records, summarize_segment
+    from journal._local.segments import summarize_segment
+    from journal._local.sidecar import digest_records
 
     log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=16384)
     log.open_writer()  # a fresh store: the writer sees every frame it will seal

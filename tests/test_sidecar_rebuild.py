@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 from journal import EventIn, Journal, RetentionPolicy
-from journal.segments import SUMMARY_FORMAT, SegmentLog, read_summary
+from journal._local.log import SegmentLog
+from journal._local.sidecar import SUMMARY_FORMAT, read_summary
 
 
 def _busy_store(path: Path, rng: random.Random) -> None:

@@ -15,44 +15,19 @@ from typing import Final
 import lmdb
 import msgspec
 
-from .errors import JournalCorrupt
-from .index import LOCATION, Head, Projection, View
-from .records import EventAppended, decode_frame_body
-from .segments import (
-    SEGMENT_HEADER_SIZE,
-    SUMMARY_FORMAT,
-    SegmentLog,
-    SegmentReader,
-    read_summary,
-    summarize_segment,
-)
+from ..errors import JournalCorrupt
+from ..models import VerifyProblem
+from ..records import EventAppended, decode_frame_body
+from .frames import sidecar_name
+from .log import SegmentLog
+from .projector import project_log
+from .segments import SegmentReader, summarize_segment
+from .sidecar import read_summary
+from .view import Head, View
 
-__all__ = ["VerifyProblem", "VerifyReport", "check_log", "compare_views", "project_log"]
+__all__ = ["check_log", "compare_views", "rebuild_into_temporary"]
 
 Progress = Callable[[int, int], None]
-
-
-class VerifyProblem(msgspec.Struct, frozen=True):
-    """One problem: where (segment file name, or "index"), the byte offset, and what."""
-
-    segment: str
-    offset: int
-    what: str
-
-
-class VerifyReport(msgspec.Struct, frozen=True):
-    """What `verify` checked and found. `ok` is True when nothing is wrong (or, with
-    `fix=True`, when everything found was repaired)."""
-
-    segments: int
-    frames: int
-    records: int
-    problems: list[VerifyProblem]
-    fixed: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems or self.fixed
 
 
 def check_log(
@@ -68,7 +43,7 @@ def check_log(
     bases = log.bases()
     sizes = {}
     for base in bases:
-        with SegmentReader(log.directory, base) as reader:
+        with SegmentReader(log.directory, base, log.ops) as reader:
             sizes[base] = reader.file_size()
     total = sum(sizes.values())
     done = 0
@@ -76,7 +51,7 @@ def check_log(
         active = i == len(bases) - 1
         committed_end = head.end_offset if head is not None and head.segment == base else None
         try:
-            with SegmentReader(log.directory, base) as reader:
+            with SegmentReader(log.directory, base, log.ops) as reader:
                 for info, body in reader.frames(committed_end=committed_end, tail=active):
                     frames += 1
                     try:
@@ -112,11 +87,11 @@ def check_log(
         if not active:
             written = read_summary(log.directory, base)
             if written is None:
-                problems.append(VerifyProblem(f"{base:020d}.idx", 0, "sidecar missing or bad"))
+                problems.append(VerifyProblem(sidecar_name(base), 0, "sidecar missing or bad"))
                 bad_sidecars.append(base)
             else:
                 try:
-                    rescanned = summarize_segment(log.directory, base)
+                    rescanned = summarize_segment(log.directory, base, log.ops)
                 except JournalCorrupt:
                     rescanned = None
                 if rescanned is not None:
@@ -124,7 +99,7 @@ def check_log(
                     if rescanned != written:
                         problems.append(
                             VerifyProblem(
-                                f"{base:020d}.idx", 0, "sidecar disagrees with its segment"
+                                sidecar_name(base), 0, "sidecar disagrees with its segment"
                             )
                         )
                         bad_sidecars.append(base)
@@ -132,76 +107,6 @@ def check_log(
         if progress is not None:
             progress(done, total)
     return problems, frames, records, bad_sidecars
-
-
-def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
-    """Apply every frame after `projection.head` (across segments) to the projection.
-
-    The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
-    never go backwards; sealed segments may have gaps (retention deletes dead segments,
-    compaction drops dead frames), the active segment is dense. Returns the bases of the
-    sealed segments visited (a writer checks their sidecars). Does not flush.
-    """
-    head = projection.head
-    bases = [b for b in log.bases() if b >= head.segment]
-    if not bases:
-        raise JournalCorrupt(
-            f"{head.segment:020d}.seg", 0, "the active segment indexed by the view is missing"
-        )
-    start_segment, start_offset = head.segment, head.end_offset
-    for i, base in enumerate(bases):
-        last = i == len(bases) - 1
-        if base != start_segment:
-            if base < head.next_position:
-                raise JournalCorrupt(
-                    f"{base:020d}.seg",
-                    0,
-                    f"segment starts at position {base}, expected {head.next_position}",
-                )
-            head.segment = base
-            head.end_offset = SEGMENT_HEADER_SIZE
-            head.next_position = base
-        start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
-        with SegmentReader(log.directory, base) as reader:
-            for info, body in reader.frames(start, tail=last):
-                expected = head.next_position
-                if info.first_position < expected or (last and info.first_position != expected):
-                    raise JournalCorrupt(
-                        reader.name,
-                        info.offset,
-                        f"frame starts at position {info.first_position}, expected {expected}",
-                    )
-                projection.apply(info, decode_frame_body(body))
-    return bases[:-1]
-
-
-def project_log(
-    log: SegmentLog, view: View, txn: lmdb.Transaction, *, use_sidecars: bool = True
-) -> Head:
-    """Project the whole log into an empty view (a rebuild); returns the head.
-
-    With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
-    are projected from it without being read; the rest, and the active segment, are read.
-    """
-    bases = log.bases()
-    first = bases[0] if bases else 1
-    projection = Projection(view, txn, Head(first, SEGMENT_HEADER_SIZE, first, 0))
-    if use_sidecars:
-        for base in bases[:-1]:
-            summary = read_summary(log.directory, base)
-            if summary is None or summary.format < SUMMARY_FORMAT:
-                break
-            projection.apply_summary(summary)
-            projection.head.segment = base
-        else:
-            if bases and projection.head.segment != bases[-1]:
-                projection.head.segment = bases[-1]
-                projection.head.end_offset = SEGMENT_HEADER_SIZE
-                projection.head.next_position = max(projection.head.next_position, bases[-1])
-    if bases:
-        project_segments(log, projection)
-    projection.flush()
-    return projection.head
 
 
 _COMPARED_ROW_FIELDS: Final = (
@@ -230,24 +135,18 @@ def compare_views(
     rebuild of a retention-trimmed log cannot know, like byte counters, are not compared)."""
     problems: list[VerifyProblem] = []
 
-    def rows(v: View, t: lmdb.Transaction) -> dict[bytes, tuple[object, ...]]:
-        out = {}
-        for key, raw in t.cursor(db=v.sessions):
-            row = v.decode_row(bytes(raw))
-            out[bytes(key)] = tuple(getattr(row, f) for f in _COMPARED_ROW_FIELDS)
-        return out
+    def rows(v: View, t: lmdb.Transaction) -> dict[str, tuple[object, ...]]:
+        return {
+            row.session_id: tuple(getattr(row, f) for f in _COMPARED_ROW_FIELDS)
+            for row in v.rows(t)
+        }
 
     live, fresh = rows(view, txn), rows(rebuilt, rebuilt_txn)
     for key in sorted(live.keys() | fresh.keys()):
         if live.get(key) != fresh.get(key):
-            problems.append(
-                VerifyProblem("index", 0, f"session {key.decode()!r} differs from the log")
-            )
+            problems.append(VerifyProblem("index", 0, f"session {key!r} differs from the log"))
 
-    def locations(v: View, t: lmdb.Transaction) -> dict[bytes, tuple[int, int]]:
-        return {bytes(k): LOCATION.unpack(val)[:2] for k, val in t.cursor(db=v.events)}
-
-    live_locations, fresh_locations = locations(view, txn), locations(rebuilt, rebuilt_txn)
+    live_locations, fresh_locations = view.all_locations(txn), rebuilt.all_locations(rebuilt_txn)
     if live_locations != fresh_locations:
         missing = len(fresh_locations.keys() - live_locations.keys())
         extra = len(live_locations.keys() - fresh_locations.keys())
@@ -278,7 +177,7 @@ def rebuild_into_temporary(log: SegmentLog) -> tuple[View, str]:
     directory = tempfile.mkdtemp(prefix="journal-verify-")
     try:
         view = View(directory)
-        with view.env.begin(write=True) as txn:
+        with view.begin(write=True) as txn:
             project_log(log, view, txn, use_sidecars=False)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)

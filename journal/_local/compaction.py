@@ -1,0 +1,197 @@
+"""Compaction: rewriting sealed segments without their dead frames, zstd-compressed.
+
+A frame is live when any record in it is: an event of a live session at or above its
+first retained ordinal, or a pinned record (see `index`). Liveness only ever goes from
+live to dead, so the rewrite can be computed from a read snapshot without the writer lock:
+a frame dead then is dead forever, and a frame copied while live that dies meanwhile is
+merely reclaimed later. Only the swap (rename into place, new sidecar, forgetting
+tombstones whose creation record went away) happens under the writer lock, after checking
+that the source file is still the one that was read.
+
+Kept frames keep their positions, ordinals and uncompressed offsets, so the view's
+locations stay valid. A reader whose snapshot still points at a dropped frame finds no
+block for it and retries with a fresh snapshot, which then says the history expired.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import lmdb
+
+from ..engine import ApplyRetention, Operation, Progress
+from ..models import CompactionReport
+from .files import fsync_dir
+from .frames import FrameInfo, segment_name
+from .log import SegmentLog
+from .segments import compress_segment
+from .sidecar import SegmentSummary, read_summary, write_summary
+from .view import View
+
+__all__ = ["DEFAULT_DEAD_SHARE", "SwapSegment", "compact_store", "live_frames", "swap_segment"]
+
+DEFAULT_DEAD_SHARE: Final = 0.5
+
+Submit = Callable[[Operation[Any]], Any]
+
+
+class SwapSegment(Operation[bool], frozen=True):
+    """Put a compacted copy (`temporary`) in place of sealed segment `base`, if the file
+    there is still `source` (name, inode, size); planned under the writer lock."""
+
+    base: int
+    temporary: str
+    summary: SegmentSummary
+    source: tuple[str, int, int]
+    original_last_position: int
+
+
+def live_frames(
+    txn: lmdb.Transaction, view: View, summary: SegmentSummary
+) -> tuple[set[int], int, int]:
+    """(offsets of live frames, live bytes, total bytes) of a sealed segment."""
+    frames = summary.frames
+    ends = [offset for offset, _, _ in frames[1:]] + [summary.data_end]
+    live: set[int] = set()
+    for incarnation, runs in summary.sessions.items():
+        row = view.row_by_incarnation(txn, incarnation)
+        if row is None:
+            continue
+        for _, last_ordinal, offset in runs:
+            if last_ordinal >= row.first_ordinal:
+                live.add(offset)
+    for offset, first_position, count in frames:
+        if offset in live:
+            continue
+        if any(view.pins_between(txn, first_position, first_position + count - 1)):
+            live.add(offset)
+    total = live_bytes = 0
+    for (offset, _, _), end in zip(frames, ends, strict=True):
+        total += end - offset
+        if offset in live:
+            live_bytes += end - offset
+    return live, live_bytes, total
+
+
+def _file_identity(directory: str, base: int) -> tuple[str, int, int] | None:
+    """(name, inode, size) of the file currently holding a segment, or None."""
+    for compressed in (False, True):
+        name = segment_name(base, compressed=compressed)
+        try:
+            st = os.stat(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue
+        return name, st.st_ino, st.st_size
+    return None
+
+
+def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapSegment) -> bool:
+    """Put a compacted copy in place of its source (caller holds the writer lock).
+
+    Returns False (and discards the copy) when the source changed since it was read."""
+    directory = log.directory
+    base = swap.base
+    with log.files_lock():
+        if _file_identity(directory, base) != swap.source:
+            # Deleted (dead) or replaced by another writer since it was read.
+            with contextlib.suppress(FileNotFoundError):
+                log.ops.unlink(swap.temporary)
+            return False
+        final = os.path.join(directory, segment_name(base, compressed=True))
+        log.ops.replace(swap.temporary, final)
+        log.ops.point("compaction.replaced", base)
+        if swap.source[0] == segment_name(base):
+            with contextlib.suppress(FileNotFoundError):
+                log.ops.unlink(os.path.join(directory, segment_name(base)))
+        fsync_dir(directory, log.ops)
+        write_summary(directory, swap.summary, log.ops)
+    # Eviction tombstones whose creation record was dropped: the eviction record need
+    # no longer survive, since nothing can resurrect the session.
+    kept = swap.summary.frames
+    for incarnation, position in view.tombstones_between(txn, base, swap.original_last_position):
+        if not any(first <= incarnation < first + count for _, first, count in kept):
+            view.forget_tombstone(txn, incarnation, position)
+    return True
+
+
+def sealed_bytes(log: SegmentLog) -> int:
+    """Bytes of the sealed segments and their sidecars (the active one is preallocated)."""
+    total = 0
+    bases = log.bases()
+    active = segment_name(bases[-1]) if bases else ""
+    for name in os.listdir(log.directory):
+        if name != active and not name.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                total += os.path.getsize(os.path.join(log.directory, name))
+    return total
+
+
+def compact_store(
+    log: SegmentLog, view: View, submit: Submit, dead_share: float, progress: Progress | None
+) -> CompactionReport:
+    """Run a retention pass, then rewrite every sealed segment worth it (see module doc)."""
+    started = time.perf_counter()
+    bytes_before = sealed_bytes(log)
+    retention = submit(ApplyRetention(None))
+    deleted = list(retention.deleted_segments)
+    rewritten: list[str] = []
+    copied = 0
+    bases = log.bases()[:-1]
+    for done, base in enumerate(bases, start=1):
+        try:
+            copied += _compact_segment(log, view, submit, base, dead_share, rewritten)
+        finally:
+            if progress is not None:
+                progress(done, len(bases))
+    return CompactionReport(
+        rewritten, deleted, bytes_before, sealed_bytes(log), copied, time.perf_counter() - started
+    )
+
+
+def _compact_segment(
+    log: SegmentLog,
+    view: View,
+    submit: Submit,
+    base: int,
+    dead_share: float,
+    rewritten: list[str],
+) -> int:
+    """Rewrite one sealed segment if it is worth it; returns the live bytes copied."""
+    directory = log.directory
+    source = _file_identity(directory, base)
+    summary = read_summary(directory, base)
+    if source is None or summary is None:
+        return 0
+    with view.begin() as txn:
+        live, live_bytes, total = live_frames(txn, view, summary)
+    log.ops.point("compaction.live_frames", base)
+    compressed = source[0].endswith(".zst")
+    if not live:
+        return 0  # dead: the retention pass deletes those
+    if compressed and total - live_bytes < dead_share * total:
+        return 0
+
+    def keep(info: FrameInfo) -> bool:
+        return info.offset in live
+
+    try:
+        temporary, new_summary = compress_segment(
+            directory, base, keep=keep, publish=False, ops=log.ops
+        )
+    except FileNotFoundError:
+        return 0  # deleted meanwhile by another writer's retention pass
+    log.ops.point("compaction.rewritten", base)
+    if compressed and os.path.getsize(temporary) > source[2]:
+        # Kept frames that were not contiguous compress in separate blocks; when that
+        # costs more than the dead frames it drops, keep the old file.
+        os.unlink(temporary)
+        return 0
+    swap = SwapSegment(base, temporary, new_summary, source, summary.last_position)
+    if submit(swap):
+        rewritten.append(segment_name(base, compressed=True))
+        return live_bytes
+    return 0

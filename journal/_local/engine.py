@@ -1,0 +1,633 @@
+"""The local engine: a store on disk (segment files + an LMDB view).
+
+Bootstrap (creating or opening a store, its id, the cursor key ring, discarding a view
+that a reboot may have torn, a private view for read-only readers that cannot lock the
+store), the commit protocol, catch-up, reads and maintenance.
+
+Commit protocol (SPEC.md "Commit protocol"): operations are queued; one thread at a time
+leads a group commit. The leader opens the LMDB write transaction (which also serialises
+writers across processes), indexes any committed frames the view has not seen (another
+process's, or a crashed writer's), cuts off a torn tail, plans every queued operation
+against the current state, writes all their records as ONE frame, syncs it once, projects
+the frame into the view, commits the transaction, and only then acknowledges the callers.
+A crash anywhere before the segment sync loses nothing that was acknowledged; a crash
+after it leaves a frame the next writer indexes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Final, Literal, TypeVar
+
+import lmdb
+import msgspec
+
+from cursors import KeyRing, KeyRingError
+
+from ..engine import (
+    ApplyRetention,
+    EventsPage,
+    Operation,
+    PageReaders,
+    Progress,
+    StoredSnapshot,
+)
+from ..errors import (
+    JournalClosed,
+    JournalCorrupt,
+    StoreIncompatible,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from ..follow import Notifier
+from ..models import (
+    CompactionReport,
+    ReadContext,
+    RetentionPolicy,
+    RetentionReport,
+    SessionState,
+    StoreStats,
+    VerifyReport,
+)
+from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
+from ..sessions import FeedEntry, SessionRow
+from .compaction import compact_store
+from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir, write_atomic
+from .frames import COMPRESSED_SUFFIX, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .log import SegmentLog
+from .planner import Planner, Request
+from .projector import Projection, project_log, project_segments
+from .reader import ReaderCache, read_page
+from .retention import delete_segment_files
+from .segments import SegmentReader
+from .sidecar import SegmentSummary, read_summary
+from .verify import check_log, compare_views, rebuild_into_temporary
+from .view import Head, View
+
+__all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine"]
+
+STORE_FORMAT: Final = 1
+ResultT = TypeVar("ResultT")
+Durability = Literal["fsync", "os"]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _read_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+# Constant for the life of the process: read once.
+BOOT_ID: Final = _read_boot_id().encode()
+
+
+class LocalEngine:
+    """The segment-and-LMDB engine of one open store (see the module docstring).
+
+    Thread-safe; several processes may open the same store. Use `LocalEngine.open`.
+    """
+
+    store_id: bytes
+    key_ring: KeyRing
+    readonly: bool
+    location: str
+    waiter: Notifier
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        create: bool,
+        readonly: bool,
+        durability: Durability,
+        segment_bytes: int,
+        retention: RetentionPolicy,
+        compress_sealed: bool,
+        key_ring: KeyRing | None,
+        file_ops: FileOps | None = None,
+    ) -> LocalEngine:
+        self = object.__new__(cls)
+        try:
+            self._init(
+                path,
+                create=create,
+                readonly=readonly,
+                durability=durability,
+                segment_bytes=segment_bytes,
+                retention=retention,
+                compress_sealed=compress_sealed,
+                key_ring=key_ring,
+                ops=file_ops or DEFAULT_FILE_OPS,
+            )
+        except OSError as e:
+            raise StoreUnavailable(
+                f"cannot open the store at {path!r}: {e.strerror or e}; check the "
+                "path and its permissions"
+            ) from e
+        except lmdb.Error as e:
+            raise StoreUnavailable(
+                f"cannot open the index of the store at {path!r}: {e}; a store "
+                "that was never opened for writing cannot be opened read-only"
+            ) from e
+        return self
+
+    def _init(
+        self,
+        path: str,
+        *,
+        create: bool,
+        readonly: bool,
+        durability: Durability,
+        segment_bytes: int,
+        retention: RetentionPolicy,
+        compress_sealed: bool,
+        key_ring: KeyRing | None,
+        ops: FileOps,
+    ) -> None:
+        self.location = path
+        self.readonly = readonly
+        self.retention = retention
+        self._ops = ops
+        self._closed = False
+        self._pid = os.getpid()
+        store_file = os.path.join(path, "store.json")
+        if not os.path.exists(store_file):
+            if readonly or not create:
+                raise StoreNotFound(
+                    f"no journal store at {path!r}: create it with `journal init` or "
+                    "Journal.open(path, create=True)"
+                )
+            self._create_store(path)
+        self.store_id = self._load_store_id(store_file)
+        self.key_ring = self._key_ring(path, key_ring, readonly)
+        self._log = SegmentLog(
+            os.path.join(path, "segments"),
+            self.store_id,
+            segment_bytes=segment_bytes,
+            sync=durability == "fsync",
+            compress_sealed=compress_sealed,
+            ops=ops,
+        )
+        # Read-only on a store whose LMDB files this process cannot lock (no write access):
+        # a private view outside the store, built from the segments and kept up to date by
+        # scanning the active segment's tail. Nothing in the store is created or locked.
+        self._private_dir: str | None = None
+        self._private_lock = threading.Lock()
+        if not readonly:
+            self._discard_view_after_reboot(path)
+            self._view = View(os.path.join(path, "index"))
+        else:
+            try:
+                self._view = View(os.path.join(path, "index"), readonly=True)
+            except lmdb.Error:
+                self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
+                try:
+                    self._view = View(self._private_dir)
+                    with self._view.begin(write=True) as txn:
+                        project_log(self._log, self._view, txn)
+                except BaseException:
+                    shutil.rmtree(self._private_dir, ignore_errors=True)
+                    raise
+        # Sidecars of sealed segments, read once (they never change once written).
+        self._summaries: dict[int, SegmentSummary] = {}
+        self._retention_due = False
+        self._finished_interrupted = False
+        self._boot_recorded = False
+        self._queue: list[Request] = []
+        self._cv = threading.Condition()
+        self._leading = False
+        self.waiter = Notifier(self.head)
+        if not readonly:
+            with self._cv:
+                self._leading = True
+            try:
+                self._run_commit([])
+            finally:
+                with self._cv:
+                    self._leading = False
+
+    @staticmethod
+    def _key_ring(path: str, given: KeyRing | None, readonly: bool) -> KeyRing:
+        """The cursor key ring: given, from the environment, or the store's `keys` file
+        (created by a writer; a read-only reader never creates it)."""
+        key_ring = given or KeyRing.from_environment()
+        if key_ring is not None:
+            return key_ring
+        keys = os.path.join(path, "keys")
+        if not readonly:
+            return KeyRing.load_or_create(keys)
+        try:
+            return KeyRing.load(keys)
+        except KeyRingError as e:
+            raise KeyRingError(
+                f"{e.message}; a read-only reader needs the store's cursor key: give "
+                f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
+            ) from e
+
+    @staticmethod
+    def _discard_view_after_reboot(path: str) -> None:
+        """Drop the LMDB view if the machine restarted since a writer last used it.
+
+        LMDB's own fsync is off (the view is derived), so after a power cut its file may be
+        torn. A writer records the boot id in `view-boot`; a different boot id means the
+        view is not trusted: it is moved aside and rebuilt from the segments, which were
+        synced. Runs under `locks/open.lock` so concurrent openers do it once.
+        """
+        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
+        marker = os.path.join(path, "view-boot")
+        lock_fd = os.open(os.path.join(path, "locks", "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                with open(marker, "rb") as f:
+                    recorded = f.read().strip()
+            except FileNotFoundError:
+                recorded = None
+            if recorded == BOOT_ID:
+                return
+            index = os.path.join(path, "index")
+            if recorded is not None and os.path.isdir(index):
+                stale = f"{index}.stale-{os.getpid()}"
+                os.rename(index, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            os.makedirs(index, exist_ok=True)
+            write_atomic(marker, BOOT_ID)
+        finally:
+            os.close(lock_fd)
+
+    @staticmethod
+    def _create_store(path: str) -> None:
+        os.makedirs(os.path.join(path, "segments"), exist_ok=True)
+        os.makedirs(os.path.join(path, "index"), exist_ok=True)
+        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
+        document = json.dumps({"format": STORE_FORMAT, "store_id": os.urandom(16).hex()})
+        final = os.path.join(path, "store.json")
+        temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(temporary, "w") as f:
+            f.write(document)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            # link() fails if another process created the store first: theirs wins.
+            os.link(temporary, final)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(temporary)
+        fsync_dir(path)
+
+    @staticmethod
+    def _load_store_id(store_file: str) -> bytes:
+        try:
+            with open(store_file) as f:
+                document = json.load(f)
+            if document.get("format") != STORE_FORMAT:
+                raise StoreIncompatible(
+                    f"{store_file} has store format {document.get('format')!r}; this code "
+                    f"reads format {STORE_FORMAT}: upgrade session-journal"
+                )
+            store_id = bytes.fromhex(document["store_id"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreIncompatible(
+                f"{store_file} is unreadable or damaged ({e}); restore it from a backup"
+            ) from None
+        if len(store_id) != 16:
+            raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
+        return store_id
+
+    def close(self) -> None:
+        """Close the engine; pending waits end. Idempotent."""
+        with self._cv:
+            if self._closed:
+                return
+            while self._leading:
+                self._cv.wait()
+            self._closed = True
+        self.waiter.publish(1 << 63)
+        self._log.close()
+        with self._private_lock:
+            self._view.close()
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+
+    def check_usable(self) -> None:
+        if self._closed:
+            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+        if os.getpid() != self._pid:
+            raise JournalClosed(
+                "this journal was opened in a parent process; a forked child must call "
+                "Journal.open() itself (LMDB handles do not survive fork)"
+            )
+        if self._private_dir is not None:
+            self._refresh_private_view()
+
+    def head(self) -> int:
+        if self._closed:
+            return 1 << 63
+        if self._private_dir is not None:
+            self._refresh_private_view()
+        with self._view.begin() as txn:
+            head = self._view.head(txn)
+        return 1 if head is None else head.next_position
+
+    def _refresh_private_view(self) -> None:
+        """Project frames the writer committed since (read-only private view only)."""
+        with self._private_lock:
+            if self._closed:
+                return
+            view = self._view
+            with view.begin() as txn:
+                head = view.head(txn)
+            if head is None or not self._log.moved_past(
+                head.segment, head.end_offset, head.next_position
+            ):
+                return
+            with view.begin(write=True) as txn:
+                projection = Projection(view, txn, head, self._ops)
+                project_segments(self._log, projection)
+                projection.flush()
+
+    # -- the commit path -------------------------------------------------------------------
+
+    def submit(self, operation: Operation[ResultT]) -> ResultT:
+        """Commit `operation` with whatever else is queued (group commit); its result."""
+        self.check_usable()
+        request = Request(operation)
+        # Leader/follower group commit: the first queued request leads; the others sleep
+        # on their own event (no thundering herd) until their batch is done, or until the
+        # finishing leader hands leadership to the oldest waiting request.
+        with self._cv:
+            if self._closed:
+                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            self._queue.append(request)
+            self._ops.point("commit.queued", len(self._queue))
+            lead = not self._leading
+            if lead:
+                self._leading = True
+            else:
+                request.wake = threading.Event()
+        if request.wake is not None:
+            request.wake.wait()
+        if not request.done:
+            self._lead(request)
+        if request.error is not None:
+            raise request.error
+        result: ResultT = request.result
+        return result
+
+    def _lead(self, request: Request) -> None:
+        with self._cv:
+            batch, self._queue = self._queue, []
+        self._ops.point("commit.batch_taken", len(batch))
+        woken = False
+        try:
+            self._run_commit(batch)
+            # The batch's callers go first; a retention pass due after a seal follows.
+            self._wake(batch, request)
+            woken = True
+            if self._retention_due:
+                self._retention_due = False
+                self._run_commit([Request(ApplyRetention(None))])
+        finally:
+            if not woken:
+                self._wake(batch, request)
+            with self._cv:
+                successor = self._queue[0] if self._queue else None
+                if successor is None:
+                    self._leading = False
+                    self._cv.notify_all()
+            if successor is not None and successor.wake is not None:
+                successor.wake.set()
+
+    def _wake(self, batch: list[Request], leader: Request) -> None:
+        with self._cv:
+            for r in batch:
+                r.done = True
+        for r in batch:
+            if r.wake is not None and r is not leader:
+                r.wake.set()
+
+    def _run_commit(self, batch: list[Request]) -> None:
+        try:
+            for attempt in range(8):
+                try:
+                    self._commit(batch)
+                    return
+                except lmdb.MapFullError:
+                    if attempt == 7:
+                        raise
+                    self._view.grow()
+        except BaseException as e:
+            # Nothing of this batch was committed: no caller may see a result.
+            for r in batch:
+                r.result = None
+                r.error = e
+            if not batch:
+                raise
+
+    def _commit(self, batch: list[Request]) -> None:
+        view = self._view
+        log = self._log
+        before: tuple[int, int, int] | None = None
+        try:
+            with view.begin(write=True) as txn:
+                head = self._catch_up(txn)
+                planner = Planner(
+                    txn,
+                    view,
+                    log,
+                    self._summaries,
+                    self.retention,
+                    (self.store_id, BOOT_ID),
+                    head.next_position,
+                    _now_ms(),
+                )
+                for request in batch:
+                    planner.plan(request)
+                projection = Projection(view, txn, head, self._ops)
+                # Rows the planner read in this transaction are the ones the projection
+                # would read again: hand them over.
+                for row in planner.rows_read():
+                    projection.adopt(row)
+                if planner.records:
+                    before = log.writer_end()
+                    info = log.append(
+                        encode_frame_body(planner.records), len(planner.records), planner.digest()
+                    )
+                    if info.segment != before[0]:
+                        # A segment was sealed: the moment to let retention reclaim space.
+                        self._retention_due = True
+                    projection.apply(info, planner.records, planner.event_runs)
+                    projection.flush()
+                planner.finish()
+            # The transaction committed: from here on the frame is acknowledged.
+        except BaseException:
+            if before is not None:
+                log.undo_append(before)
+            raise
+        if planner.doomed:
+            freed = delete_segment_files(log, planner.doomed)
+            for request in batch:
+                if isinstance(request.result, RetentionReport):
+                    request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
+        if planner.records:
+            self.waiter.publish(projection.head.next_position)
+
+    def _catch_up(self, txn: lmdb.Transaction) -> Head:
+        """Index committed frames the view has not seen; position the writer after them."""
+        view = self._view
+        log = self._log
+        head = view.head(txn)
+        if head is None:
+            stored = view.store_id(txn)
+            if stored is not None and stored != self.store_id:
+                raise StoreIncompatible("the index belongs to another store; delete index/")
+            view.put_store_id(txn, self.store_id)
+            if not log.bases():
+                log.start_first_segment()
+                head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
+            else:
+                # No view yet (new, deleted, or discarded after a reboot): rebuild it from
+                # the sidecars of sealed segments and a scan of the rest.
+                log.discard_unborn_tail()
+                log.finish_interrupted()
+                self._finished_interrupted = True
+                head = project_log(log, view, txn)
+        if not self._boot_recorded:
+            if view.boot_id(txn) != BOOT_ID:
+                view.put_boot_id(txn, BOOT_ID)
+            self._boot_recorded = True
+        if log.writer_at(head.segment, head.end_offset, head.next_position):
+            return head
+        log.discard_unborn_tail()
+        if not self._finished_interrupted:
+            log.finish_interrupted()
+            self._finished_interrupted = True
+        projection = Projection(view, txn, head, self._ops)
+        for base in project_segments(log, projection):
+            if read_summary(log.directory, base) is None:
+                log.seal(base)
+        projection.flush()
+        head = projection.head
+        log.attach_writer(head.segment, head.end_offset, head.next_position)
+        return head
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> SessionRow | None:
+        with self._view.begin() as txn:
+            return self._view.row(txn, session_id)
+
+    def session_id_of(self, incarnation: int) -> str | None:
+        with self._view.begin() as txn:
+            return self._view.session_id_of(txn, incarnation)
+
+    def sessions(
+        self, after_id: str | None, state: SessionState | None, limit: int
+    ) -> tuple[list[SessionRow], bool]:
+        rows: list[SessionRow] = []
+        with self._view.begin() as txn:
+            for row in self._view.rows(txn, after_id):
+                if state is None or row.session_state is state:
+                    if len(rows) == limit:
+                        return rows, True
+                    rows.append(row)
+        return rows, False
+
+    def registry(self) -> tuple[int, list[SessionRow]]:
+        view = self._view
+        with view.begin() as txn:
+            head = view.head(txn)
+            point = 0 if head is None else head.next_position - 1
+            raws = view.encoded_rows(txn)
+        return point, [view.decode_row(raw) for raw in raws]
+
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
+        with self._view.begin() as txn:
+            head = self._view.head(txn)
+            entries = self._view.feed_after(txn, after_position, limit)
+        return entries, 1 if head is None else head.next_position
+
+    def readers(self) -> PageReaders:
+        return ReaderCache(self._log.directory, self._ops)
+
+    def read(
+        self,
+        session_id: str,
+        incarnation: int,
+        after_ordinal: int,
+        max_bytes: int,
+        context: ReadContext,
+        readers: PageReaders,
+    ) -> EventsPage:
+        assert isinstance(readers, ReaderCache), "readers come from LocalEngine.readers()"
+        return read_page(
+            self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers
+        )
+
+    def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
+        with SegmentReader(self._log.directory, row.snapshot_segment, self._ops) as reader:
+            info, body = reader.read_frame(row.snapshot_offset)
+            position = info.first_position
+            for record in decode_frame_body(body):
+                if (
+                    isinstance(record, SnapshotTaken)
+                    and record.incarnation == row.incarnation
+                    and record.through_ordinal == row.snapshot_ordinal
+                ):
+                    return StoredSnapshot(position, record.through_ordinal, record.data)
+                position += 1
+        raise JournalCorrupt(
+            reader.name, row.snapshot_offset, f"the snapshot of {row.session_id!r} is missing"
+        )
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def verify(self, progress: Progress | None) -> VerifyReport:
+        with self._view.begin() as txn:
+            head = self._view.head(txn)
+        problems, frames, records, _ = check_log(self._log, head, progress)
+        if not any(p.segment != "index" for p in problems):
+            rebuilt, directory = rebuild_into_temporary(self._log)
+            try:
+                with self._view.begin() as txn, rebuilt.begin() as rebuilt_txn:
+                    problems += compare_views(self._view, txn, rebuilt, rebuilt_txn)
+            finally:
+                rebuilt.close()
+                shutil.rmtree(directory, ignore_errors=True)
+        return VerifyReport(len(self._log.bases()), frames, records, problems)
+
+    def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
+        return compact_store(self._log, self._view, self.submit, dead_share, progress)
+
+    def stats(self) -> StoreStats:
+        counts: dict[str, int] = {}
+        with self._view.begin() as txn:
+            for row in self._view.rows(txn):
+                state = row.session_state.value
+                counts[state] = counts.get(state, 0) + 1
+            head = self._view.head(txn)
+        segments = 0
+        size = 0
+        for name in os.listdir(self._log.directory):
+            if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
+                segments += 1
+            with contextlib.suppress(FileNotFoundError):
+                size += os.path.getsize(os.path.join(self._log.directory, name))
+        return StoreStats(
+            dict(sorted(counts.items())), segments, size, 1 if head is None else head.next_position
+        )

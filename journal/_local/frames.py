@@ -1,0 +1,204 @@
+"""Segment file formats: the segment header, frames (one committed batch each), and the
+zstd block and footer layout of compressed segments. Pure encoding and checking; reading
+and writing files is `segments`. Byte formats are in SPEC.md ("Segment files").
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from ..errors import JournalCorrupt, StoreIncompatible
+
+__all__ = [
+    "BLOCK_HEADER",
+    "BLOCK_MAGIC",
+    "BLOCK_TARGET_BYTES",
+    "COMPRESSED_SUFFIX",
+    "DEFAULT_SEGMENT_BYTES",
+    "FLAG_COMPACTED",
+    "FLAG_COMPRESSED",
+    "FOOTER_HEADER",
+    "FOOTER_MAGIC",
+    "FOOTER_TRAILER",
+    "FORMAT_VERSION",
+    "FRAME_HEADER",
+    "FRAME_HEADER_SIZE",
+    "FRAME_MAGIC",
+    "MAX_BLOCK_BYTES",
+    "MAX_FRAME_BODY",
+    "SEGMENT_HEADER_SIZE",
+    "SEGMENT_SUFFIX",
+    "SIDECAR_SUFFIX",
+    "BadFrame",
+    "FrameInfo",
+    "SegmentHeader",
+    "block_index",
+    "check_frame",
+    "encode_frame",
+    "segment_name",
+    "sidecar_name",
+    "valid_frame_after",
+]
+
+FORMAT_VERSION: Final = 1
+DEFAULT_SEGMENT_BYTES: Final = 64 << 20
+SEGMENT_SUFFIX: Final = ".seg"
+COMPRESSED_SUFFIX: Final = ".seg.zst"
+SIDECAR_SUFFIX: Final = ".idx"
+
+SEGMENT_MAGIC: Final = b"SJSEG\x00\r\n"
+FLAG_COMPRESSED: Final = 1
+FLAG_COMPACTED: Final = 2  # some frames were dropped: block ranges have gaps
+# magic, version, flags, store id, base position, created_at_ms, crc32 of the preceding bytes
+_SEGMENT_HEADER: Final = struct.Struct(">8sHH16sQQI")
+SEGMENT_HEADER_SIZE: Final = 64
+
+FRAME_MAGIC: Final = b"SJFR"
+# magic, body length, crc32, first position, record count
+FRAME_HEADER: Final = struct.Struct(">4sIIQI")
+FRAME_HEADER_SIZE: Final = FRAME_HEADER.size
+_FRAME_ZERO: Final = bytes(FRAME_HEADER_SIZE)
+# The CRC covers body length, first position and count (header bytes 4..8 and 12..24) and body.
+_CRC_FIELDS: Final = struct.Struct(">IQI")
+MAX_FRAME_BODY: Final = 1 << 30
+
+BLOCK_MAGIC: Final = b"SJBK"
+# magic, uncompressed offset, uncompressed length, compressed length, crc32 of compressed bytes
+BLOCK_HEADER: Final = struct.Struct(">4sQIII")
+BLOCK_TARGET_BYTES: Final = 1 << 20
+MAX_BLOCK_BYTES: Final = MAX_FRAME_BODY + FRAME_HEADER_SIZE
+
+FOOTER_MAGIC: Final = b"SJBT"
+# footer: magic, table length, crc32 of the table; then the table (msgpack list of blocks);
+# then the trailer: u64 file offset of the footer
+FOOTER_HEADER: Final = struct.Struct(">4sII")
+FOOTER_TRAILER: Final = struct.Struct(">Q")
+
+
+def segment_name(base_position: int, *, compressed: bool = False) -> str:
+    """The file name of the segment whose first position is `base_position`."""
+    return f"{base_position:020d}{COMPRESSED_SUFFIX if compressed else SEGMENT_SUFFIX}"
+
+
+def sidecar_name(base_position: int) -> str:
+    return f"{base_position:020d}{SIDECAR_SUFFIX}"
+
+
+def block_index(blocks: Sequence[tuple[int, int, int, int]], offset: int) -> int:
+    """Index of the last block starting at or before `offset` (-1 if none)."""
+    return bisect.bisect_right(blocks, offset, key=lambda block: block[0]) - 1
+
+
+class SegmentHeader(NamedTuple):
+    """The fixed 64-byte header that opens every segment file."""
+
+    version: int
+    flags: int
+    store_id: bytes
+    base_position: int
+    created_at_ms: int
+
+    def encode(self) -> bytes:
+        head = _SEGMENT_HEADER.pack(
+            SEGMENT_MAGIC,
+            self.version,
+            self.flags,
+            self.store_id,
+            self.base_position,
+            self.created_at_ms,
+            0,
+        )[:-4]
+        crc = zlib.crc32(head)
+        return (head + struct.pack(">I", crc)).ljust(SEGMENT_HEADER_SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, raw: bytes, name: str) -> SegmentHeader:
+        if len(raw) < SEGMENT_HEADER_SIZE:
+            raise JournalCorrupt(name, 0, "segment header is truncated")
+        magic, version, flags, store_id, base, created, crc = _SEGMENT_HEADER.unpack_from(raw)
+        if magic != SEGMENT_MAGIC:
+            raise JournalCorrupt(name, 0, "not a segment file (bad magic)")
+        if zlib.crc32(raw[: _SEGMENT_HEADER.size - 4]) != crc:
+            raise JournalCorrupt(name, 0, "segment header checksum mismatch")
+        if raw[_SEGMENT_HEADER.size : SEGMENT_HEADER_SIZE].strip(b"\0"):
+            raise JournalCorrupt(name, _SEGMENT_HEADER.size, "segment header padding is damaged")
+        if version != FORMAT_VERSION:
+            raise StoreIncompatible(
+                f"segment {name} has format version {version}; this code reads version "
+                f"{FORMAT_VERSION}: upgrade session-journal to open this store"
+            )
+        return cls(version, flags, store_id, base, created)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    """Where one frame lies: segment base, byte offset (uncompressed), positions it holds."""
+
+    segment: int
+    offset: int
+    first_position: int
+    count: int
+    body_length: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.offset + FRAME_HEADER_SIZE + self.body_length
+
+    @property
+    def last_position(self) -> int:
+        return self.first_position + self.count - 1
+
+
+def encode_frame(body: bytes, first_position: int, count: int) -> bytes:
+    """Frame header + body, ready to write."""
+    if len(body) > MAX_FRAME_BODY:
+        raise ValueError(f"frame body of {len(body)} bytes exceeds the {MAX_FRAME_BODY} limit")
+    crc = zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(len(body), first_position, count)))
+    return FRAME_HEADER.pack(FRAME_MAGIC, len(body), crc, first_position, count) + body
+
+
+class BadFrame(Exception):
+    """Internal: the bytes at an offset are not a valid frame (why in args[0])."""
+
+
+def check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None:
+    """Validate the frame at `buf[at:]`; return (body_length, first_position, count).
+
+    Returns None when the buffer ends before the frame does (incomplete), raises `BadFrame`
+    when the bytes there are not a frame. An all-zero header is reported as `BadFrame("zero")`.
+    """
+    if len(buf) - at < FRAME_HEADER_SIZE:
+        return None
+    magic, length, crc, first, count = FRAME_HEADER.unpack_from(buf, at)
+    if magic != FRAME_MAGIC:
+        if bytes(buf[at : at + FRAME_HEADER_SIZE]) == _FRAME_ZERO:
+            raise BadFrame("zero")
+        raise BadFrame("bad frame magic")
+    if length > MAX_FRAME_BODY or count == 0:
+        raise BadFrame("implausible frame header")
+    end = at + FRAME_HEADER_SIZE + length
+    if len(buf) < end:
+        return None
+    body = buf[at + FRAME_HEADER_SIZE : end]
+    if zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) != crc:
+        raise BadFrame("frame checksum mismatch")
+    return length, first, count
+
+
+def valid_frame_after(buf: bytes, start: int, after_position: int) -> bool:
+    """True when some valid frame holding positions above `after_position` starts in buf."""
+    at = buf.find(FRAME_MAGIC, start)
+    while at != -1:
+        try:
+            checked = check_frame(buf, at)
+        except BadFrame:
+            checked = None
+        if checked is not None and checked[1] > after_position:
+            return True
+        at = buf.find(FRAME_MAGIC, at + 1)
+    return False

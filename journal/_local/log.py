@@ -1,0 +1,356 @@
+"""The segments directory: ordered segments, the active writer, rotation, sealing and
+recovery of interrupted work. Positions are store-wide and dense across segments."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir
+from .frames import (
+    COMPRESSED_SUFFIX,
+    DEFAULT_SEGMENT_BYTES,
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_SUFFIX,
+    FrameInfo,
+    segment_name,
+)
+from .segments import SegmentReader, SegmentWriter, compress_segment, summarize_segment
+from .sidecar import FrameDigest, SegmentSummary, read_summary, write_summary
+
+__all__ = ["SegmentLog"]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class _Segment:
+    base_position: int
+    compressed: bool
+
+
+class SegmentLog:
+    """The segments directory: ordered segments, the active writer, rotation and sealing.
+
+    Positions are store-wide and dense: each frame's first position is the previous frame's
+    last position + 1, across segment boundaries.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        store_id: bytes,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        sync: bool = True,
+        compress_sealed: bool = False,
+        ops: FileOps = DEFAULT_FILE_OPS,
+    ) -> None:
+        if segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+        self.directory = directory
+        self.store_id = store_id
+        self.segment_bytes = segment_bytes
+        self.sync = sync
+        self.compress_sealed = compress_sealed
+        self.ops = ops
+        self._writer: SegmentWriter | None = None
+
+    # -- discovery ---------------------------------------------------------------------
+
+    def segments(self) -> list[_Segment]:
+        """Every segment in base order (a base present in both forms counts once)."""
+        found: dict[int, bool] = {}
+        for name in os.listdir(self.directory):
+            if name.endswith(COMPRESSED_SUFFIX) and name[:20].isdigit() and len(name) == 28:
+                found[int(name[:20])] = True
+            elif name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit() and len(name) == 24:
+                found.setdefault(int(name[:20]), False)
+        return [_Segment(base, found[base]) for base in sorted(found)]
+
+    def bases(self) -> list[int]:
+        return [s.base_position for s in self.segments()]
+
+    @contextlib.contextmanager
+    def files_lock(self) -> Iterator[None]:
+        """Serialises replacing and deleting sealed segment files across processes.
+
+        Deletion happens after the writer's transaction commits (outside the LMDB lock),
+        a compaction swap under it: this flock keeps the two from interleaving."""
+        fd = os.open(os.path.join(self.directory, ".files.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def finish_interrupted(self) -> None:
+        """Clean up after a writer that crashed mid-seal or mid-write (caller holds the
+        write lock): delete temporary files of processes that are gone, a plain segment
+        beside its complete `.zst` (a `.zst` is only renamed into place once complete),
+        and write missing sidecars of sealed segments."""
+        for name in os.listdir(self.directory):
+            if not name.endswith(".tmp"):
+                continue
+            parts = name.split(".")
+            pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+            if pid is not None and process_alive(pid):
+                continue  # a live writer (e.g. a compaction) is still producing it
+            with contextlib.suppress(FileNotFoundError):
+                self.ops.unlink(os.path.join(self.directory, name))
+        segments = self.segments()
+        for s in segments:
+            plain = os.path.join(self.directory, segment_name(s.base_position))
+            if s.compressed and os.path.exists(plain):
+                self.ops.unlink(plain)
+        for s in segments[:-1]:
+            if read_summary(self.directory, s.base_position) is None:
+                write_summary(
+                    self.directory,
+                    summarize_segment(self.directory, s.base_position, self.ops),
+                    self.ops,
+                )
+        fsync_dir(self.directory, self.ops)
+
+    def moved_past(self, segment: int, end_offset: int, next_position: int, fd: int = -1) -> bool:
+        """Whether frames or segments exist past `end_offset` of `segment` (a 24-byte probe
+        of that segment, through `fd` when the caller has it open)."""
+        own = fd < 0
+        if own:
+            try:
+                fd = os.open(os.path.join(self.directory, segment_name(segment)), os.O_RDONLY)
+            except FileNotFoundError:
+                return True  # sealed and compressed since: a newer segment exists
+        try:
+            probe = self.ops.pread(fd, FRAME_HEADER_SIZE, end_offset)
+        finally:
+            if own:
+                os.close(fd)
+        if probe.strip(b"\0"):
+            return True
+        if len(probe) == FRAME_HEADER_SIZE:
+            # Preallocated zeros follow: nobody appended, and nobody sealed this segment
+            # (sealing truncates the zeros first).
+            return False
+        return os.path.exists(os.path.join(self.directory, segment_name(next_position)))
+
+    def discard_unborn_tail(self) -> None:
+        """Delete a newest plain segment shorter than its header: a creation interrupted
+        by a crash (stores written before segments were born by rename). Caller holds the
+        write lock."""
+        segments = self.segments()
+        if not segments or segments[-1].compressed:
+            return
+        path = os.path.join(self.directory, segment_name(segments[-1].base_position))
+        if os.path.getsize(path) < SEGMENT_HEADER_SIZE:
+            self.ops.unlink(path)
+            fsync_dir(self.directory, self.ops)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def open_writer(self) -> list[FrameInfo]:
+        """Open (or create) the active segment, recover its tail, finish interrupted seals.
+
+        Returns the frames of the active segment (the part a crash may have left unindexed).
+        """
+        os.makedirs(self.directory, exist_ok=True)
+        self.discard_unborn_tail()
+        self.finish_interrupted()
+        segments = self.segments()
+        if not segments:
+            self._writer = SegmentWriter.create(
+                self.directory,
+                self.store_id,
+                1,
+                sync=self.sync,
+                segment_bytes=self.segment_bytes,
+                ops=self.ops,
+            )
+            return []
+        active = segments[-1]
+        if active.compressed:
+            # Sealed and compressed, but the next segment was never created: start it.
+            summary = read_summary(self.directory, active.base_position) or summarize_segment(
+                self.directory, active.base_position, self.ops
+            )
+            self._writer = SegmentWriter.create(
+                self.directory,
+                self.store_id,
+                summary.last_position + 1,
+                sync=self.sync,
+                segment_bytes=self.segment_bytes,
+                ops=self.ops,
+            )
+            return []
+        self._writer = SegmentWriter(
+            self.directory,
+            active.base_position,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
+            ops=self.ops,
+        )
+        return self._writer.recover(self.store_id)
+
+    def start_first_segment(self) -> None:
+        """Create the first segment of an empty log (caller holds the write lock)."""
+        os.makedirs(self.directory, exist_ok=True)
+        self.close()
+        self._writer = SegmentWriter.create(
+            self.directory,
+            self.store_id,
+            1,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
+            ops=self.ops,
+        )
+
+    def writer_at(self, segment: int, end_offset: int, next_position: int) -> bool:
+        """Whether this process's writer sits exactly at the given end of the log and
+        nobody (another process, a crashed writer) wrote or rotated past it since."""
+        writer = self._writer
+        return (
+            writer is not None
+            and writer.base_position == segment
+            and writer.end_offset == end_offset
+            and writer.next_position == next_position
+            and not self.moved_past(segment, end_offset, next_position, writer.fileno())
+        )
+
+    def attach_writer(self, segment: int, end_offset: int, next_position: int) -> None:
+        """Position the writer after the committed frames ending at `end_offset` of
+        `segment` (known from the view), opening that segment if it is not the open one."""
+        writer = self._writer
+        if writer is None or writer.base_position != segment:
+            if writer is not None:
+                writer.close()
+            self._writer = writer = SegmentWriter(
+                self.directory,
+                segment,
+                sync=self.sync,
+                segment_bytes=self.segment_bytes,
+                ops=self.ops,
+            )
+        writer.attach(end_offset, next_position)
+
+    def writer_end(self) -> tuple[int, int, int]:
+        """(segment, end offset, next position) of the writer: where an append starts."""
+        writer = self.writer
+        return writer.base_position, writer.end_offset, writer.next_position
+
+    def undo_append(self, before: tuple[int, int, int]) -> None:
+        """Cut off a frame whose view update failed (the transaction did not commit), so no
+        later catch-up publishes what no caller was told succeeded. If the append started a
+        new segment, that segment keeps only its header (the sealed one is complete)."""
+        base, end_offset, next_position = before
+        writer = self.writer
+        if writer.base_position == base:
+            writer.attach(end_offset, next_position)
+        else:
+            writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+
+    @property
+    def writer(self) -> SegmentWriter:
+        if self._writer is None:
+            raise RuntimeError("the segment log is not open for writing; call open_writer()")
+        return self._writer
+
+    @property
+    def next_position(self) -> int:
+        return self.writer.next_position
+
+    def append(self, body: bytes, count: int, digest: FrameDigest | None = None) -> FrameInfo:
+        """Append one frame of `count` records, rotating first if the segment is full."""
+        writer = self.writer
+        if (
+            writer.frame_count
+            and writer.end_offset + FRAME_HEADER_SIZE + len(body) > self.segment_bytes
+        ):
+            self.rotate()
+            writer = self.writer
+        return writer.append(body, writer.next_position, count, digest)
+
+    def rotate(self) -> int:
+        """Seal the active segment and start a new one; returns the sealed segment's base."""
+        writer = self.writer
+        sealed = writer.base_position
+        writer.finish()
+        next_position = writer.next_position
+        known = writer.summary()
+        writer.close()
+        self._writer = SegmentWriter.create(
+            self.directory,
+            self.store_id,
+            next_position,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
+            ops=self.ops,
+        )
+        self.seal(sealed, known)
+        return sealed
+
+    def seal(self, base_position: int, known: SegmentSummary | None = None) -> SegmentSummary:
+        """Write the sidecar of a sealed segment (compressing it first if configured).
+
+        `known` is the writer's in-memory summary; without it the segment is scanned.
+        """
+        summary = (
+            known
+            if known is not None
+            else summarize_segment(self.directory, base_position, self.ops)
+        )
+        if self.compress_sealed:
+            _, compressed = compress_segment(self.directory, base_position, ops=self.ops)
+            summary.blocks = compressed.blocks
+        write_summary(self.directory, summary, self.ops)
+        if self.compress_sealed:
+            self.ops.unlink(os.path.join(self.directory, segment_name(base_position)))
+            fsync_dir(self.directory, self.ops)
+        return summary
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- reading -----------------------------------------------------------------------
+
+    def summary(self, base_position: int) -> SegmentSummary | None:
+        return read_summary(self.directory, base_position)
+
+    def frames(
+        self, from_position: int = 1, *, bases: Sequence[int] | None = None
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        """Every frame holding positions >= `from_position`, in order, across segments.
+
+        The highest segment is read as the active one (its unfinished tail ends the
+        iteration); every other segment must verify completely.
+        """
+        all_bases = list(bases) if bases is not None else self.bases()
+        start = 0
+        for i, base in enumerate(all_bases):
+            if base <= from_position:
+                start = i
+        for i in range(start, len(all_bases)):
+            base = all_bases[i]
+            active = i == len(all_bases) - 1
+            offset = SEGMENT_HEADER_SIZE
+            if not active and base <= from_position:
+                summary = read_summary(self.directory, base)
+                if summary is not None:
+                    offset = summary.frame_at_or_before(from_position)
+            with SegmentReader(self.directory, base, self.ops) as reader:
+                for info, body in reader.frames(offset, tail=active):
+                    if info.last_position >= from_position:
+                        yield info, body

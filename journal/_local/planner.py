@@ -1,0 +1,444 @@
+"""The planner: validates one batch of operations against the view inside the writer's
+transaction and turns them into the records of one frame, in order, as if they were
+applied one by one. One method per operation type; a failure while planning one
+operation fails that operation alone and leaves no trace in the frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import lmdb
+import msgspec
+
+from ..engine import (
+    Append,
+    Appended,
+    ApplyRetention,
+    CompactSession,
+    CreateSession,
+    Expire,
+    Operation,
+    SnapshotRef,
+    Transition,
+    VerifyFix,
+)
+from ..errors import (
+    IdempotencyKeyReused,
+    IllegalTransition,
+    InvalidArgument,
+    OrdinalConflict,
+    SessionExists,
+    SessionNotFound,
+    SessionNotWritable,
+)
+from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyReport
+from ..records import (
+    EventAppended,
+    HistoryTrimmed,
+    IdempotencyKeyUsed,
+    Record,
+    SessionCreated,
+    SessionEvicted,
+    SnapshotTaken,
+    StateChanged,
+)
+from ..sessions import TRANSITIONS, SessionRow
+from .compaction import SwapSegment, swap_segment
+from .frames import segment_name
+from .log import SegmentLog
+from .projector import project_log
+from .retention import dead_segments, forget_segments, window_start
+from .segments import summarize_segment
+from .sidecar import EventRun, FrameDigest, SegmentSummary, add_run, encode_other, write_summary
+from .verify import check_log
+from .view import View
+
+__all__ = ["Planner", "Request"]
+
+_ABSENT: Final = object()
+
+
+class Request:
+    """One operation waiting in the commit queue, and what became of it."""
+
+    __slots__ = ("done", "error", "operation", "result", "wake")
+
+    def __init__(self, operation: Operation[Any]) -> None:
+        self.operation = operation
+        self.wake: Any = None  # a threading.Event while it waits for a leader
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Pending:
+    """The planner's view of one session while a batch is being validated."""
+
+    __slots__ = ("incarnation", "last_ordinal", "row", "state")
+
+    def __init__(self, row: SessionRow) -> None:
+        self.row = row
+        self.incarnation = row.incarnation
+        self.state = row.session_state
+        self.last_ordinal = row.last_ordinal
+
+
+class Planner:
+    """Plans one batch (see the module docstring); `finish` fills in results that need
+    the projected rows, `doomed` lists segments to delete once the transaction commits."""
+
+    def __init__(
+        self,
+        txn: lmdb.Transaction,
+        view: View,
+        log: SegmentLog,
+        summaries: dict[int, SegmentSummary],
+        policy: RetentionPolicy,
+        identity: tuple[bytes, bytes],
+        next_position: int,
+        now: int,
+    ) -> None:
+        self.txn = txn
+        self.view = view
+        self.log = log
+        self.summaries = summaries
+        self.policy = policy
+        self.store_id, self.boot_id = identity
+        self.first_position = next_position
+        self.next_position = next_position
+        self.now = now
+        self.records: list[Record] = []
+        self.sessions: dict[str, _Pending | None] = {}
+        self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
+        # The frame's event runs (coalesced) and its other records (index, record).
+        self.event_runs: list[EventRun] = []
+        self.others: list[tuple[int, Record]] = []
+        # Segments the view forgot in this transaction: deleted once it commits.
+        self.doomed: list[int] = []
+        self.rebuilt = False
+        self._finishers: list[tuple[Request, Callable[[], object]]] = []
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _emit(self, record: Record) -> int:
+        """Add a non-event record (events go in whole runs, in `_append`)."""
+        self.others.append((len(self.records), record))
+        self.records.append(record)
+        position = self.next_position
+        self.next_position += 1
+        return position
+
+    def _pending(self, session_id: str) -> _Pending | None:
+        if session_id not in self.sessions:
+            row = self.view.row(self.txn, session_id)
+            self.sessions[session_id] = None if row is None else _Pending(row)
+        return self.sessions[session_id]
+
+    def _existing(self, session_id: str) -> _Pending:
+        pending = self._pending(session_id)
+        if pending is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: create it first "
+                "(Journal.create_session or `journal sessions list` to check the id)"
+            )
+        return pending
+
+    def rows_read(self) -> list[SessionRow]:
+        """Rows of existing sessions read in this transaction (the projection adopts them
+        instead of reading them again)."""
+        if self.rebuilt:
+            return []  # the view was rebuilt under them
+        return [
+            pending.row
+            for pending in self.sessions.values()
+            if pending is not None and pending.incarnation < self.first_position
+        ]
+
+    def plan(self, request: Request) -> None:
+        """Plan one request; its failure (of any kind) is its own and leaves no trace."""
+        runs = self.event_runs
+        last_run = (runs[-1].count, runs[-1].data_bytes) if runs else (0, 0)
+        mark = (
+            len(self.records),
+            self.next_position,
+            len(runs),
+            len(self._finishers),
+            len(self.others),
+        )
+        request.error = None
+        request.result = None
+        try:
+            self.log.ops.point("plan.operation", request.operation)
+            self._dispatch(request, request.operation)
+        except Exception as e:
+            records, next_position, run_count, finishers, others = mark
+            del self.records[records:]
+            self.next_position = next_position
+            # add_run may have merged into the last run: put it back as it was.
+            del runs[run_count:]
+            if runs:
+                runs[-1].count, runs[-1].data_bytes = last_run
+            del self._finishers[finishers:]
+            del self.others[others:]
+            request.result = None
+            request.error = e
+
+    def _dispatch(self, request: Request, operation: Operation[Any]) -> None:
+        match operation:
+            case Append():
+                self._append(request, operation)
+            case CreateSession():
+                self._create(request, operation)
+            case Transition():
+                self._transition(request, operation)
+            case Expire():
+                self._expire(request, operation)
+            case CompactSession():
+                self._compact_session(request, operation)
+            case ApplyRetention():
+                self._retention(request, operation)
+            case VerifyFix():
+                self._verify_fix(request, operation)
+            case SwapSegment():
+                request.result = swap_segment(self.txn, self.view, self.log, operation)
+                self.summaries.pop(operation.base, None)
+            case _:
+                raise TypeError(f"the local engine cannot plan {type(operation).__name__}")
+
+    # -- one method per operation ----------------------------------------------------------
+
+    def _create(self, request: Request, op: CreateSession) -> None:
+        if self._pending(op.session_id) is not None:
+            raise SessionExists(
+                f"session {op.session_id!r} already exists: pick another id, or use "
+                "get_session to inspect it"
+            )
+        record = SessionCreated(
+            session_id=op.session_id,
+            created_at_ms=self.now,
+            mode=op.mode,
+            context_id=op.context_id,
+            tags=op.tags,
+            extensions=op.extensions,
+            ttl_ms=op.ttl_ms,
+            max_suspend_ms=op.max_suspend_ms,
+            max_history_bytes=op.max_history_bytes,
+            max_history_age_ms=op.max_history_age_ms,
+        )
+        position = self._emit(record)
+        self.sessions[op.session_id] = _Pending(SessionRow.created(record, position))
+        self._finishers.append((request, lambda: self._feed_row(position)))
+
+    def _append(self, request: Request, op: Append) -> None:
+        session_id = op.session_id
+        pending = self._existing(session_id)
+        incarnation = pending.incarnation
+        key = op.idempotency_key
+        if key is not None:
+            used = self.idem.get((incarnation, key))
+            if used is None:
+                entry = self.view.idem_entry(self.txn, incarnation, key)
+                if entry is not None:
+                    used = IdempotencyKeyUsed(
+                        incarnation,
+                        key,
+                        entry.first_ordinal,
+                        entry.last_ordinal,
+                        entry.digest,
+                        entry.last_position,
+                    )
+            if used is not None:
+                if used.digest != op.digest:
+                    raise IdempotencyKeyReused(
+                        f"idempotency key {key!r} was already used on session "
+                        f"{session_id!r} with different events: use a new key for new events"
+                    )
+                request.result = Appended(
+                    incarnation,
+                    used.first_ordinal,
+                    used.last_ordinal,
+                    used.last_position,
+                    deduplicated=True,
+                )
+                return
+        if pending.state is not SessionState.OPEN:
+            hint = (
+                "resume it first"
+                if pending.state is SessionState.SUSPENDED
+                else "it has ended; create a new session"
+            )
+            raise SessionNotWritable(f"session {session_id!r} is {pending.state.value}: {hint}")
+        expected = op.expected_last_ordinal
+        if expected is not None and expected != pending.last_ordinal:
+            raise OrdinalConflict(
+                f"session {session_id!r} ends at ordinal {pending.last_ordinal}, not "
+                f"{expected}: read the new events and retry",
+                expected=expected,
+                actual=pending.last_ordinal,
+            )
+        events = op.events
+        first = pending.last_ordinal + 1
+        now = self.now
+        base = self.next_position
+        add_run(
+            self.event_runs,
+            EventRun(
+                len(self.records),
+                incarnation,
+                first,
+                len(events),
+                sum(len(e.data) for e in events),
+                now,
+            ),
+        )
+        self.records.extend(
+            [
+                EventAppended(incarnation, first + i, now, e.type, e.data, e.request_id, base + i)
+                for i, e in enumerate(events)
+            ]
+        )
+        self.next_position += len(events)
+        position = self.next_position - 1
+        last = first + len(events) - 1
+        pending.last_ordinal = last
+        if key is not None:
+            used = IdempotencyKeyUsed(incarnation, key, first, last, op.digest, position)
+            self.idem[(incarnation, key)] = used
+            self._emit(used)
+        request.result = Appended(incarnation, first, last, position)
+
+    def _transition(self, request: Request, op: Transition) -> None:
+        pending = self._existing(op.session_id)
+        allowed, target = TRANSITIONS[op.kind]
+        if pending.state not in allowed:
+            if op.kind == "cancel" and pending.state.terminal:
+                session_id = op.session_id
+                self._finishers.append((request, lambda: self._current_row(session_id)))
+                return
+            raise IllegalTransition(
+                f"cannot {op.kind} session {op.session_id!r}: it is {pending.state.value} "
+                f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
+            )
+        position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
+        pending.state = target
+        self._finishers.append((request, lambda: self._feed_row(position)))
+
+    def _expire(self, request: Request, op: Expire) -> None:
+        now = self.now if op.now_ms is None else op.now_ms
+        positions: list[int] = []
+        for incarnation in self.view.due(self.txn, now):
+            row = self.view.row_by_incarnation(self.txn, incarnation)
+            if row is None:
+                continue
+            if row.session_id in self.sessions:
+                continue  # changed earlier in this batch: its stored deadline is stale
+            pending = self._pending(row.session_id)
+            if pending is None or pending.incarnation != incarnation or pending.state.terminal:
+                continue
+            position = self._emit(
+                StateChanged(incarnation, SessionState.EXPIRED.wire, self.now, "deadline")
+            )
+            pending.state = SessionState.EXPIRED
+            positions.append(position)
+        self._finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
+
+    def _compact_session(self, request: Request, op: CompactSession) -> None:
+        pending = self._existing(op.session_id)
+        row = pending.row
+        through = op.through_ordinal
+        if through > pending.last_ordinal:
+            raise InvalidArgument(
+                f"session {op.session_id!r} ends at ordinal {pending.last_ordinal}; a snapshot "
+                f"cannot stand for events up to {through}"
+            )
+        if through < row.snapshot_ordinal:
+            raise InvalidArgument(
+                f"session {op.session_id!r} already has a snapshot through ordinal "
+                f"{row.snapshot_ordinal}; a new one must reach at least that far"
+            )
+        position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
+        request.result = SnapshotRef(pending.incarnation, through, position)
+
+    def _retention(self, request: Request, op: ApplyRetention) -> None:
+        now = self.now if op.now_ms is None else op.now_ms
+        policy = self.policy
+        trimmed: list[str] = []
+        evicted: list[str] = []
+        for row in list(self.view.rows(self.txn)):
+            if self.sessions.get(row.session_id, _ABSENT) is not _ABSENT:
+                continue  # changed earlier in this batch: left for the next pass
+            if row.session_state.terminal and policy.session_retention_ms is not None:
+                since = (
+                    row.created_at_ms
+                    if policy.session_retention_from == "started"
+                    else (row.ended_at_ms or row.created_at_ms)
+                )
+                if since + policy.session_retention_ms <= now:
+                    self._emit(SessionEvicted(row.incarnation, self.now))
+                    self.sessions[row.session_id] = None
+                    evicted.append(row.session_id)
+                    continue
+            new_first = window_start(self.txn, self.view, row, policy, now)
+            if new_first > row.first_ordinal:
+                self._emit(HistoryTrimmed(row.incarnation, new_first, self.now))
+                trimmed.append(row.session_id)
+        self._finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
+
+    def _verify_fix(self, request: Request, op: VerifyFix) -> None:
+        log = self.log
+        view = self.view
+        problems, frames, records, bad_sidecars = check_log(log, view.head(self.txn), op.progress)
+        damaged = {p.segment for p in problems if p.segment.endswith((".seg", ".seg.zst"))}
+        for base in bad_sidecars:
+            if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:
+                continue
+            write_summary(log.directory, summarize_segment(log.directory, base, log.ops), log.ops)
+        if not damaged:
+            # Only derived data was wrong: rebuild the view from the (intact) log.
+            view.clear(self.txn)
+            view.put_store_id(self.txn, self.store_id)
+            view.put_boot_id(self.txn, self.boot_id)
+            project_log(log, view, self.txn)
+            self.summaries.clear()
+            self.rebuilt = True
+        # With damaged frames the view is left as it is: it still points readers at the
+        # damage (JournalCorrupt), where a rebuild would make the lost events look trimmed.
+        request.result = VerifyReport(
+            len(log.bases()), frames, records, problems, fixed=not damaged
+        )
+
+    # -- after projection ------------------------------------------------------------------
+
+    def digest(self) -> FrameDigest:
+        """What the planned frame holds, for the sidecar (the same as a rescan finds)."""
+        return FrameDigest(
+            [msgspec.structs.replace(run) for run in self.event_runs],
+            [(index, encode_other(record)) for index, record in self.others],
+        )
+
+    def _feed_row(self, position: int) -> SessionRow:
+        entry = self.view.feed_entry(self.txn, position)
+        assert entry is not None, "a planned lifecycle record has no feed entry"
+        return entry.row
+
+    def _current_row(self, session_id: str) -> SessionRow:
+        row = self.view.row(self.txn, session_id)
+        if row is None:
+            raise SessionNotFound(f"no session {session_id!r} in this store")
+        return row
+
+    def _reclaim(self, trimmed: list[str], evicted: list[str]) -> RetentionReport:
+        dead = dead_segments(self.txn, self.view, self.log, self.summaries)
+        forget_segments(self.txn, self.view, dead)
+        for summary in dead:
+            self.summaries.pop(summary.base_position, None)
+        self.doomed.extend(summary.base_position for summary in dead)
+        return RetentionReport(trimmed, evicted, [segment_name(s.base_position) for s in dead], 0)
+
+    def finish(self) -> None:
+        """Fill in results that need the projected rows (after the projection flushed)."""
+        for request, result in self._finishers:
+            if request.error is None:
+                request.result = result()

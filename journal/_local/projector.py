@@ -1,0 +1,432 @@
+"""The projector: applies committed frames (or a sealed segment's sidecar) to the LMDB
+view, in one write transaction. One apply path serves a writer's commit, its catch-up
+with frames it has not indexed (another process's, or a crashed writer's), a rebuild of
+the whole view, and a read-only reader's refresh of its private view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lmdb
+
+from ..errors import JournalCorrupt
+from ..models import LifecycleEventType, SessionState
+from ..records import (
+    EventAppended,
+    HistoryTrimmed,
+    IdempotencyKeyUsed,
+    Record,
+    SessionCreated,
+    SessionEvicted,
+    SnapshotTaken,
+    StateChanged,
+    decode_frame_body,
+    decode_record,
+)
+from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
+from .files import DEFAULT_FILE_OPS, FileOps
+from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
+from .log import SegmentLog
+from .segments import SegmentReader
+from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
+from .view import Head, IdemEntry, View
+
+__all__ = ["Projection", "project_log", "project_segments"]
+
+
+class Projection:
+    """Applies committed frames to the view inside one write transaction.
+
+    Rows touched by a frame are cached and written back by `flush()`; the same instance may
+    apply many frames (catch-up, rebuild) before flushing. The projection tolerates a log
+    whose dead records were compacted away: a session's first surviving event starts its
+    retained range, and trim or snapshot records raise `first_ordinal` whenever they come.
+    """
+
+    def __init__(
+        self, view: View, txn: lmdb.Transaction, head: Head, ops: FileOps = DEFAULT_FILE_OPS
+    ) -> None:
+        self.view = view
+        self._ops = ops
+        self.txn = txn
+        self.head = head
+        self.rows: dict[int, SessionRow] = {}
+        self._old_deadlines: dict[int, int | None] = {}
+        self._evicted: dict[int, SessionRow] = {}
+
+    def adopt(self, row: SessionRow) -> None:
+        """Use a row read from this very transaction instead of reading it again."""
+        if row.incarnation not in self.rows:
+            self.rows[row.incarnation] = row
+            self._old_deadlines[row.incarnation] = row.deadline()
+
+    def row(self, incarnation: int) -> SessionRow | None:
+        row = self.rows.get(incarnation)
+        if row is None:
+            row = self.view.row_by_incarnation(self.txn, incarnation)
+            if row is None:
+                return None
+            self.rows[incarnation] = row
+            self._old_deadlines[incarnation] = row.deadline()
+        return row
+
+    def apply(self, info: FrameInfo, records: list[Record], runs: Sequence[EventRun] = ()) -> None:
+        """Project one committed frame. `runs` (from the writer that planned the frame) are
+        its runs of consecutive events of one session, applied in O(1) each; without runs
+        (catch-up, rebuild) every record is applied one by one, with the same result."""
+        indexed: set[int] = set()
+        at = 0
+        for run in runs:
+            start = run.start
+            incarnation = run.incarnation
+            if start > at:
+                self._apply_records(info, records, at, start, indexed)
+            if not self._apply_run(
+                incarnation,
+                run.first_ordinal,
+                run.count,
+                info.first_position + start,
+                run.data_bytes,
+                info.segment,
+                info.offset,
+                run.time_ms,
+                incarnation not in indexed,
+            ):
+                self._apply_records(info, records, start, start + run.count, indexed)
+            indexed.add(incarnation)
+            at = start + run.count
+        if at < len(records):
+            self._apply_records(info, records, at, len(records), indexed)
+        self.head.next_position = info.first_position + info.count
+        self.head.segment = info.segment
+        self.head.end_offset = info.end_offset
+
+    def apply_summary(self, summary: SegmentSummary) -> None:
+        """Project a sealed segment from its (format 2) sidecar alone, in position order:
+        the same view as applying its frames, without reading the segment."""
+        segment = summary.base_position
+        items: list[tuple[int, int, int]] = [
+            (run.position, 0, i) for i, run in enumerate(summary.event_runs)
+        ]
+        items += [(other.position, 1, i) for i, other in enumerate(summary.others)]
+        items.sort()
+        indexed: set[tuple[int, int]] = set()
+        for position, kind, i in items:
+            if kind == 1:
+                other = summary.others[i]
+                info = FrameInfo(segment, other.frame_offset, position, 1, 0)
+                self._apply_records(info, [decode_record(other.encoded)], 0, 1, set())
+                continue
+            run = summary.event_runs[i]
+            self._apply_run(
+                run.incarnation,
+                run.first_ordinal,
+                run.count,
+                position,
+                run.data_bytes,
+                segment,
+                run.frame_offset,
+                run.time_ms,
+                (run.frame_offset, run.incarnation) not in indexed,
+            )
+            indexed.add((run.frame_offset, run.incarnation))
+        self.head.segment = segment
+        self.head.end_offset = summary.data_end
+        self.head.next_position = max(self.head.next_position, summary.last_position + 1)
+
+    def _apply_run(
+        self,
+        incarnation: int,
+        first: int,
+        count: int,
+        position: int,
+        size: int,
+        segment: int,
+        frame_offset: int,
+        timestamp: int,
+        first_in_frame: bool,
+    ) -> bool:
+        """Apply `count` consecutive events of one session from ordinal `first` (stored at
+        `position` on). Returns False only for a run that overlaps what the row already has
+        (the caller then goes record by record)."""
+        row = self.row(incarnation)
+        if row is None or first + count - 1 <= row.last_ordinal:
+            return True  # an evicted session's, or already applied
+        if first <= row.last_ordinal:
+            return False
+        if first != row.last_ordinal + 1:
+            # Only a compacted log has gaps: what came before is not retained.
+            row.first_ordinal = max(row.first_ordinal, first)
+            self._trim(row)
+        if first_in_frame:
+            self.view.put_location(
+                self.txn, incarnation, first, segment, frame_offset, row.appended_bytes, timestamp
+            )
+        row.last_ordinal = first + count - 1
+        row.last_event_position = position + count - 1
+        row.appended_bytes += size
+        row.retained_bytes += size
+        return True
+
+    def _index_frame(self, row: SessionRow, ordinal: int, info: FrameInfo, record: Record) -> None:
+        timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0
+        self.view.put_location(
+            self.txn,
+            row.incarnation,
+            ordinal,
+            info.segment,
+            info.offset,
+            row.appended_bytes,
+            timestamp,
+        )
+
+    def _apply_records(
+        self, info: FrameInfo, records: list[Record], lo: int, hi: int, indexed: set[int]
+    ) -> None:
+        txn = self.txn
+        view = self.view
+        position = info.first_position + lo
+        current = -1
+        row: SessionRow | None = None
+        for index in range(lo, hi):
+            record = records[index]
+            if isinstance(record, EventAppended):
+                # Frames are mostly runs of one session's events: look its row up once.
+                if record.incarnation != current:
+                    current = record.incarnation
+                    row = self.row(current)
+                if row is not None and record.ordinal > row.last_ordinal:
+                    if record.ordinal != row.last_ordinal + 1:
+                        # Only a compacted log has gaps: what came before is not retained.
+                        row.first_ordinal = max(row.first_ordinal, record.ordinal)
+                        self._trim(row)
+                    if current not in indexed:
+                        indexed.add(current)
+                        self._index_frame(row, record.ordinal, info, record)
+                    row.last_ordinal = record.ordinal
+                    row.last_event_position = position
+                    row.appended_bytes += len(record.data)
+                    row.retained_bytes += len(record.data)
+                position += 1
+                continue
+            current = -1
+            if isinstance(record, SessionCreated):
+                row = SessionRow.created(record, position)
+                self.rows[position] = row
+                self._old_deadlines[position] = None
+                view.put_incarnation(txn, position, record.session_id)
+                self._pin(position, position)
+                self._feed(position, LifecycleEventType.CREATED, record.created_at_ms, row)
+            elif isinstance(record, StateChanged):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    state = SessionState.from_wire(record.state)
+                    row.state = record.state
+                    if row.lifecycle_position != row.incarnation:
+                        self._unpin(row.lifecycle_position)
+                    row.lifecycle_position = position
+                    self._pin(position, row.incarnation)
+                    row.suspended_at_ms = record.at_ms if state is SessionState.SUSPENDED else None
+                    if state.terminal:
+                        row.ended_at_ms = record.at_ms
+                    self._feed(position, lifecycle_event_of(state), record.at_ms, row)
+            elif isinstance(record, IdempotencyKeyUsed):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    view.put_idem(
+                        txn,
+                        record.incarnation,
+                        record.key,
+                        IdemEntry(
+                            record.first_ordinal,
+                            record.last_ordinal,
+                            record.digest,
+                            record.last_position,
+                            position,
+                        ),
+                    )
+                    self._pin(position, record.incarnation)
+            elif isinstance(record, HistoryTrimmed):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    if row.trim_position:
+                        self._unpin(row.trim_position)
+                    row.trim_position = position
+                    self._pin(position, row.incarnation)
+                    row.last_ordinal = max(row.last_ordinal, record.first_ordinal - 1)
+                    if record.first_ordinal > row.first_ordinal:
+                        row.first_ordinal = record.first_ordinal
+                        self._trim(row)
+            elif isinstance(record, SnapshotTaken):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    if row.snapshot_position:
+                        self._unpin(row.snapshot_position)
+                    row.snapshot_ordinal = record.through_ordinal
+                    row.snapshot_position = position
+                    row.snapshot_segment = info.segment
+                    row.snapshot_offset = info.offset
+                    self._pin(position, row.incarnation)
+                    row.last_ordinal = max(row.last_ordinal, record.through_ordinal)
+                    if record.through_ordinal + 1 > row.first_ordinal:
+                        row.first_ordinal = record.through_ordinal + 1
+                        self._trim(row)
+            elif isinstance(record, SessionEvicted):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    del self.rows[record.incarnation]
+                    self._evicted[record.incarnation] = row
+                    self._drop_session(row)
+                    self._feed(position, LifecycleEventType.EVICTED, record.at_ms, row)
+                    # Kept while the creation record may survive somewhere: a rebuild must
+                    # not bring the session back.
+                    self._pin(position, record.incarnation)
+                    view.put_tombstone(txn, record.incarnation, position)
+            position += 1
+
+    def _pin(self, position: int, incarnation: int) -> None:
+        self.view.pin(self.txn, position, incarnation)
+
+    def _unpin(self, position: int) -> None:
+        self.view.unpin(self.txn, position)
+
+    def _trim(self, row: SessionRow) -> None:
+        """Drop what fell below `first_ordinal`: index entries of frames wholly below it
+        and idempotency keys of appends wholly below it."""
+        txn = self.txn
+        view = self.view
+        # Entries of frames starting at or below first_ordinal.
+        below = view.locations(txn, row.incarnation, up_to_ordinal=row.first_ordinal)
+        everything = row.last_ordinal < row.first_ordinal
+        # The last frame starting at or below first_ordinal still holds it (unless nothing
+        # is retained at all): every earlier frame is wholly below it.
+        doomed = below if everything else below[:-1]
+        for location in doomed:
+            view.delete_location(txn, row.incarnation, location.first_ordinal)
+        if everything:
+            row.retained_bytes = 0
+        elif below:
+            row.retained_bytes = max(0, row.appended_bytes - below[-1].bytes_before)
+        for key, entry in view.idem_entries(txn, row.incarnation):
+            if entry.last_ordinal < row.first_ordinal:
+                view.delete_idem(txn, row.incarnation, key)
+                if entry.position:
+                    self._unpin(entry.position)
+
+    def _drop_session(self, row: SessionRow) -> None:
+        """An evicted session: remove its row, index entries, keys and pins (its
+        incarnation -> id entry stays, so old page tokens still resolve)."""
+        txn = self.txn
+        view = self.view
+        view.delete_row(txn, row.session_id)
+        for location in view.locations(txn, row.incarnation):
+            view.delete_location(txn, row.incarnation, location.first_ordinal)
+        for key, entry in view.idem_entries(txn, row.incarnation):
+            view.delete_idem(txn, row.incarnation, key)
+            if entry.position:
+                self._unpin(entry.position)
+        for position in (
+            row.incarnation,
+            row.lifecycle_position,
+            row.snapshot_position,
+            row.trim_position,
+        ):
+            if position:
+                self._unpin(position)
+
+    def _feed(self, position: int, event: LifecycleEventType, at_ms: int, row: SessionRow) -> None:
+        # The row is encoded now: later records in this frame must not change this entry.
+        self.view.put_feed(self.txn, position, FeedEntry(event.value, at_ms, row))
+        self.head.lifecycle_position = position
+
+    def flush(self) -> None:
+        self._ops.point("commit.view_flush")
+        txn = self.txn
+        view = self.view
+        for incarnation in self._evicted:
+            old = self._old_deadlines.get(incarnation)
+            if old is not None:
+                view.delete_deadline(txn, old, incarnation)
+        for incarnation, row in self.rows.items():
+            view.put_row(txn, row)
+            old = self._old_deadlines.get(incarnation)
+            new = row.deadline()
+            if old != new:
+                if old is not None:
+                    view.delete_deadline(txn, old, incarnation)
+                if new is not None:
+                    view.put_deadline(txn, new, incarnation)
+            self._old_deadlines[incarnation] = new
+        self._evicted.clear()
+        view.put_head(txn, self.head)
+
+
+def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
+    """Apply every frame after `projection.head` (across segments) to the projection.
+
+    The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
+    never go backwards; sealed segments may have gaps (retention deletes dead segments,
+    compaction drops dead frames), the active segment is dense. Returns the bases of the
+    sealed segments visited (a writer checks their sidecars). Does not flush.
+    """
+    head = projection.head
+    bases = [b for b in log.bases() if b >= head.segment]
+    if not bases:
+        raise JournalCorrupt(
+            segment_name(head.segment), 0, "the active segment indexed by the view is missing"
+        )
+    start_segment, start_offset = head.segment, head.end_offset
+    for i, base in enumerate(bases):
+        last = i == len(bases) - 1
+        if base != start_segment:
+            if base < head.next_position:
+                raise JournalCorrupt(
+                    segment_name(base),
+                    0,
+                    f"segment starts at position {base}, expected {head.next_position}",
+                )
+            head.segment = base
+            head.end_offset = SEGMENT_HEADER_SIZE
+            head.next_position = base
+        start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
+        with SegmentReader(log.directory, base, log.ops) as reader:
+            for info, body in reader.frames(start, tail=last):
+                expected = head.next_position
+                if info.first_position < expected or (last and info.first_position != expected):
+                    raise JournalCorrupt(
+                        reader.name,
+                        info.offset,
+                        f"frame starts at position {info.first_position}, expected {expected}",
+                    )
+                projection.apply(info, decode_frame_body(body))
+    return bases[:-1]
+
+
+def project_log(
+    log: SegmentLog, view: View, txn: lmdb.Transaction, *, use_sidecars: bool = True
+) -> Head:
+    """Project the whole log into an empty view (a rebuild); returns the head.
+
+    With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
+    are projected from it without being read; the rest, and the active segment, are read.
+    """
+    bases = log.bases()
+    first = bases[0] if bases else 1
+    projection = Projection(view, txn, Head(first, SEGMENT_HEADER_SIZE, first, 0), log.ops)
+    if use_sidecars:
+        for base in bases[:-1]:
+            summary = read_summary(log.directory, base)
+            if summary is None or summary.format < SUMMARY_FORMAT:
+                break
+            projection.apply_summary(summary)
+            projection.head.segment = base
+        else:
+            if bases and projection.head.segment != bases[-1]:
+                projection.head.segment = bases[-1]
+                projection.head.end_offset = SEGMENT_HEADER_SIZE
+                projection.head.next_position = max(projection.head.next_position, bases[-1])
+    if bases:
+        project_segments(log, projection)
+    projection.flush()
+    return projection.head

@@ -1,0 +1,216 @@
+"""The page reader: a session's events after an ordinal, by the page rule, straight from
+the segment frames the view points at; and the context-managed cache of the segment
+readers one reader of pages keeps open.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import lmdb
+import msgspec
+
+from ..engine import EventsPage
+from ..errors import JournalCorrupt
+from ..models import Event, ReadContext, bind_event, bind_events, event_incarnation
+from ..records import decode_frame_for_read
+from ..sessions import SessionRow
+from .files import DEFAULT_FILE_OPS, FileOps
+from .frames import segment_name
+from .segments import SegmentReader
+from .view import View
+
+__all__ = ["ReaderCache", "read_page"]
+
+
+class ReaderCache:
+    """The segment readers one reader of pages keeps open: a single `read()`, or a
+    follower across all its pages (so read-ahead survives from page to page).
+
+    Context-managed: leaving it closes every reader. A page is bracketed by
+    `begin_page()`, which drops readers whose file was deleted or replaced meanwhile
+    (retention, compaction: their disk space is freed at once), and `end_page()`, which
+    closes the readers that page did not use (segments behind the reader's position), so
+    a follower at the head holds the active segment only."""
+
+    def __init__(self, directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
+        self.directory = directory
+        self._ops = ops
+        self._readers: dict[int, SegmentReader] = {}
+        self._used: set[int] = set()
+
+    def __enter__(self) -> ReaderCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self._readers)
+
+    def get(self, segment: int) -> SegmentReader:
+        """The open reader of `segment` (opened now if needed)."""
+        self._used.add(segment)
+        reader = self._readers.get(segment)
+        if reader is None:
+            reader = self._readers[segment] = SegmentReader(self.directory, segment, self._ops)
+        return reader
+
+    def begin_page(self) -> None:
+        self._used.clear()
+        for segment, reader in list(self._readers.items()):
+            if reader.unlinked():
+                reader.close()
+                del self._readers[segment]
+
+    def end_page(self) -> None:
+        for segment in [s for s in self._readers if s not in self._used]:
+            self._readers.pop(segment).close()
+
+    def close(self) -> None:
+        readers, self._readers = self._readers, {}
+        for reader in readers.values():
+            reader.close()
+
+
+def read_page(
+    view: View,
+    session_id: str,
+    incarnation: int,
+    after: int,
+    max_bytes: int,
+    context: ReadContext,
+    readers: ReaderCache,
+) -> EventsPage:
+    """One page in one read snapshot (see `Engine.read`), retried on a fresh snapshot when
+    retention deleted (or compaction dropped) a frame the snapshot still pointed at: the
+    newer snapshot either no longer needs it or says the history expired. Real damage
+    fails again and is raised."""
+    for attempt in range(3):
+        readers.begin_page()
+        try:
+            with view.begin() as txn:
+                page = _page_once(
+                    txn, view, session_id, incarnation, after, max_bytes, context, readers
+                )
+        except (FileNotFoundError, JournalCorrupt):
+            readers.close()
+            if attempt == 2:
+                raise
+            continue
+        readers.end_page()
+        return page
+    raise AssertionError("unreachable")
+
+
+def _page_once(
+    txn: lmdb.Transaction,
+    view: View,
+    session_id: str,
+    incarnation: int,
+    after: int,
+    max_bytes: int,
+    context: ReadContext,
+    readers: ReaderCache,
+) -> EventsPage:
+    head = view.head(txn)
+    next_position = 1 if head is None else head.next_position
+    row = view.row(txn, session_id)
+    if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
+        return EventsPage([], False, row, next_position)
+    events, has_more = _read_events(txn, view, row, after, max_bytes, context, readers)
+    return EventsPage(events, has_more, row, next_position)
+
+
+def _read_events(
+    txn: lmdb.Transaction,
+    view: View,
+    row: SessionRow,
+    after: int,
+    max_bytes: int,
+    context: ReadContext,
+    readers: ReaderCache,
+) -> tuple[list[Event], bool]:
+    """Events after ordinal `after` up to about `max_bytes`, and whether more follow."""
+    start = after + 1
+    last = row.last_ordinal
+    if start > last:
+        return [], False
+    incarnation = row.incarnation
+    session_id = row.session_id
+    events: list[Event] = []
+    size = 0
+    expected = start
+    full = False
+    append = events.append
+    head = view.head(txn)
+    head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
+    reader: SegmentReader | None = None
+    for _, segment, offset in view.iter_frame_locations(txn, incarnation, start):
+        reader = readers.get(segment)
+        info, body = reader.read_frame(offset, head_end if segment == head_segment else None)
+        try:
+            records = decode_frame_for_read(body)
+        except msgspec.DecodeError as e:
+            raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
+        position = info.first_position
+        count = len(records)
+        first_record = records[0]
+        last_record = records[-1]
+        if (
+            first_record.__class__ is Event
+            and last_record.__class__ is Event
+            and event_incarnation(first_record) == incarnation
+            and event_incarnation(last_record) == incarnation
+            and first_record.ordinal == expected
+            and last_record.ordinal == expected + count - 1
+            and last_record.ordinal <= last
+            and size + info.body_length <= max_bytes
+        ):
+            # The common frame: one batch of this session's next events (dense ordinals
+            # leave no room for other records between first and last), and it fits the
+            # page whole (the body length bounds the data).
+            batch = cast("list[Event]", records)
+            # Frames written before records carried their position are numbered here.
+            size += bind_events(
+                batch, context, 0 if first_record.position == position else position
+            )
+            events.extend(batch)
+            expected += count
+            if expected > last:
+                break
+            continue
+        # The general case, one record at a time: kept flat.
+        for record in records:
+            if record.__class__ is Event and event_incarnation(record) == incarnation:
+                ordinal = record.ordinal
+                if ordinal >= expected:
+                    if ordinal != expected:
+                        raise JournalCorrupt(
+                            reader.name,
+                            offset,
+                            f"session {session_id!r} skips from ordinal "
+                            f"{expected - 1} to {ordinal}",
+                        )
+                    length = len(record.data)
+                    if events and size + length > max_bytes:
+                        full = True
+                        break
+                    bind_event(record, context, position)
+                    append(record)
+                    size += length
+                    expected += 1
+                    if expected > last:
+                        break
+            position += 1
+        if full or expected > last:
+            break
+    if not full and expected <= last:
+        # The view points past what the segments hold: name the last segment read (or the
+        # active one) so the message leads to a real file.
+        raise JournalCorrupt(
+            reader.name if reader is not None else segment_name(head_segment),
+            0,
+            f"the index of session {session_id!r} has no frame for ordinal {expected}",
+        )
+    return events, expected <= last

@@ -1,0 +1,676 @@
+"""Segment files: the append-only, rotating, checksummed log that is the store's truth.
+
+Layout of a segments directory (names are the segment's base position, 20 digits):
+
+    00000000000000000001.seg      sealed segment, plain
+    00000000000000000001.idx      its sidecar index (written once, when sealed)
+    00000000000000004001.seg.zst  sealed segment, zstd in independently decodable blocks
+    00000000000000009001.seg      the active segment (always the highest base, always plain)
+
+Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
+
+- A frame (one committed batch) is trusted only after its whole body is read and its CRC32
+  verifies. Damage anywhere a committed frame must be raises `JournalCorrupt` naming the
+  segment file and byte offset; the only exception is the unfinished tail of the active
+  segment, which is "not yet written" (a reader) or a torn write to cut off (recovery).
+- A bad frame at the active tail is told apart from damage in the middle by looking for any
+  valid frame after it (frames start with a magic, so the search is a `bytes.find`): a torn
+  write is always the last thing in the file, so if a valid later frame exists the bad one
+  was committed and is corrupt.
+- The active segment is preallocated with real zeros a few MiB ahead of the write offset, so
+  most `fdatasync` calls do not have to write the inode (measured: 0.16 ms vs 0.25 ms per
+  58 KB batch on this class of disk). An all-zero frame header is the end of the data.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Final
+
+import msgspec
+import zstandard
+
+from ..errors import JournalCorrupt, StoreIncompatible
+from ..records import decode_frame_body
+from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir
+from .frames import (
+    BLOCK_HEADER,
+    BLOCK_MAGIC,
+    BLOCK_TARGET_BYTES,
+    DEFAULT_SEGMENT_BYTES,
+    FLAG_COMPACTED,
+    FLAG_COMPRESSED,
+    FOOTER_HEADER,
+    FOOTER_MAGIC,
+    FOOTER_TRAILER,
+    FORMAT_VERSION,
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    FRAME_MAGIC,
+    MAX_BLOCK_BYTES,
+    MAX_FRAME_BODY,
+    SEGMENT_HEADER_SIZE,
+    BadFrame,
+    FrameInfo,
+    SegmentHeader,
+    block_index,
+    check_frame,
+    encode_frame,
+    segment_name,
+    valid_frame_after,
+)
+from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder, digest_records
+
+__all__ = [
+    "SegmentReader",
+    "SegmentWriter",
+    "compress_segment",
+    "summarize_segment",
+]
+
+_READ_CHUNK: Final = 1 << 20
+_DECOMPRESSOR: Final = zstandard.ZstdDecompressor()
+_PREALLOCATE_BYTES: Final = 4 << 20
+_ZEROS: Final = bytes(1 << 20)
+_block_table_encoder: Final = msgspec.msgpack.Encoder()
+
+
+class SegmentReader:
+    """Reads verified frames from one segment file, plain or compressed.
+
+    A reader holds the file open: a segment compressed or deleted while it reads keeps
+    reading the version it opened (POSIX unlink semantics).
+    """
+
+    def __init__(self, directory: str, base_position: int, ops: FileOps = DEFAULT_FILE_OPS) -> None:
+        self.directory = directory
+        self.base_position = base_position
+        self._ops = ops
+        plain = os.path.join(directory, segment_name(base_position))
+        packed = os.path.join(directory, segment_name(base_position, compressed=True))
+        try:
+            self._fd = os.open(plain, os.O_RDONLY)
+            self.name = segment_name(base_position)
+        except FileNotFoundError:
+            self._fd = os.open(packed, os.O_RDONLY)
+            self.name = segment_name(base_position, compressed=True)
+        try:
+            raw = self._ops.pread(self._fd, SEGMENT_HEADER_SIZE, 0)
+            self.header = SegmentHeader.decode(raw, self.name)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        if self.header.base_position != base_position:
+            os.close(self._fd)
+            raise JournalCorrupt(self.name, 0, "segment header names another base position")
+        self.compressed = bool(self.header.flags & FLAG_COMPRESSED)
+        self._blocks: list[tuple[int, int, int, int]] | None = None
+        # Set when `frames(tail=True)` stopped at a torn (non-zero, invalid) tail.
+        self.torn_at: int | None = None
+        # read_frame's cache: one chunk of the plain file or one decompressed block.
+        self._chunk = b""
+        self._chunk_start = 0
+        self._trusted_end = 0
+        self._last_end = -1
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> SegmentReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def file_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def unlinked(self) -> bool:
+        """Whether the file this reader holds was deleted or replaced (compaction) since."""
+        return os.fstat(self._fd).st_nlink == 0
+
+    def frames(
+        self,
+        start_offset: int = SEGMENT_HEADER_SIZE,
+        *,
+        committed_end: int | None = None,
+        tail: bool = False,
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        """Yield (info, body) for each frame from `start_offset` (a frame boundary).
+
+        `committed_end`: frames before this offset are known committed, so any damage there
+        is corruption. `tail=True` marks the active segment: past `committed_end`, an
+        incomplete frame, zeros, or a bad frame with no valid frame after it end the
+        iteration quietly ("not yet written"). Everything else raises `JournalCorrupt`.
+        """
+        if self.compressed:
+            yield from self._compressed_frames(start_offset)
+        else:
+            yield from self._plain_frames(start_offset, committed_end, tail)
+
+    def _plain_frames(
+        self, start_offset: int, committed_end: int | None, tail: bool
+    ) -> Iterator[tuple[FrameInfo, memoryview]]:
+        buf = b""
+        buf_start = start_offset
+        at = 0
+        last_position = self.base_position - 1
+        eof = False
+        while True:
+            try:
+                checked = check_frame(buf, at)
+            except BadFrame as bad:
+                offset = buf_start + at
+                if self._unfinished_tail(offset, committed_end, tail, last_position):
+                    if str(bad) != "zero":
+                        self.torn_at = offset
+                    return
+                if tail and self._written_meanwhile(offset):
+                    # A concurrent writer finished this frame after our chunk was read
+                    # (and then wrote more): read on from here.
+                    yield from self._plain_frames(offset, committed_end, tail)
+                    return
+                raise JournalCorrupt(self.name, offset, str(bad)) from None
+            if checked is None:
+                if eof:
+                    offset = buf_start + at
+                    if at == len(buf):
+                        if committed_end is not None and offset < committed_end:
+                            raise JournalCorrupt(self.name, offset, "segment ends early")
+                        return
+                    if self._unfinished_tail(offset, committed_end, tail, last_position):
+                        self.torn_at = offset
+                        return
+                    if tail and self._written_meanwhile(offset):
+                        yield from self._plain_frames(offset, committed_end, tail)
+                        return
+                    raise JournalCorrupt(self.name, offset, "frame is cut short")
+                # Keep the unread part and read more; large frames get one exact read.
+                want = _READ_CHUNK
+                if len(buf) - at >= FRAME_HEADER_SIZE:
+                    length = FRAME_HEADER.unpack_from(buf, at)[1]
+                    want = max(want, FRAME_HEADER_SIZE + length - (len(buf) - at))
+                more = self._ops.pread(self._fd, want, buf_start + len(buf))
+                self._ops.point("segments.tail_read" if tail else "segments.read")
+                if len(more) < want:
+                    eof = True
+                buf = buf[at:] + more
+                buf_start += at
+                at = 0
+                continue
+            length, first, count = checked
+            info = FrameInfo(self.base_position, buf_start + at, first, count, length)
+            body_start = at + FRAME_HEADER_SIZE
+            last_position = first + count - 1
+            yield info, memoryview(buf)[body_start : body_start + length]
+            at = body_start + length
+
+    def read_frame(
+        self, offset: int, committed_end: int | None = None
+    ) -> tuple[FrameInfo, memoryview]:
+        """The committed frame at `offset`; any damage there raises `JournalCorrupt`.
+
+        `committed_end` (for the active segment) is where committed data ends now: bytes
+        read ahead past it are not trusted later, because the frame there may still be cut
+        off and rewritten. Sequential calls (each at the end of the previous frame) read
+        ahead in 1 MiB chunks; a jump reads 64 KiB (or the frame's exact size).
+        """
+        checked = None
+        at = 0
+        for fresh in (False, True):
+            at = offset - self._chunk_start
+            if fresh or not (at >= 0 and offset + FRAME_HEADER_SIZE <= self._trusted_end):
+                self._fill(offset, FRAME_HEADER_SIZE, committed_end)
+                at = offset - self._chunk_start
+            try:
+                checked = check_frame(self._chunk, at)
+                if checked is None:
+                    length = FRAME_HEADER.unpack_from(self._chunk, at)[1]
+                    self._fill(offset, FRAME_HEADER_SIZE + length, committed_end)
+                    at = offset - self._chunk_start
+                    checked = check_frame(self._chunk, at)
+            except (BadFrame, struct.error) as bad:
+                if fresh:
+                    raise JournalCorrupt(self.name, offset, str(bad)) from None
+                continue
+            if checked is None:
+                if fresh:
+                    break
+                continue
+            if offset + FRAME_HEADER_SIZE + checked[0] > self._trusted_end and not fresh:
+                # Cached bytes read before this frame was committed: read it again.
+                checked = None
+                continue
+            break
+        if checked is None:
+            raise JournalCorrupt(self.name, offset, "frame is cut short")
+        length, first, count = checked
+        self._last_end = offset + FRAME_HEADER_SIZE + length
+        body_start = at + FRAME_HEADER_SIZE
+        info = FrameInfo(self.base_position, offset, first, count, length)
+        return info, memoryview(self._chunk)[body_start : body_start + length]
+
+    def _fill(self, offset: int, needed: int, committed_end: int | None = None) -> None:
+        if self.compressed:
+            block = self._block_containing(offset)
+            if block is None:
+                raise JournalCorrupt(self.name, offset, "no compressed block holds this offset")
+            self._chunk = self._decompress(*block)
+            self._chunk_start = block[0]
+            self._trusted_end = block[0] + len(self._chunk)
+            return
+        size = _READ_CHUNK if offset == self._last_end else 64 << 10
+        self._chunk = self._ops.pread(self._fd, max(size, needed), offset)
+        self._chunk_start = offset
+        end = offset + len(self._chunk)
+        self._trusted_end = end if committed_end is None else min(end, committed_end)
+
+    def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
+        blocks = self.block_table()
+        at = block_index(blocks, offset)
+        if at < 0:
+            return None
+        block = blocks[at]
+        return block if offset < block[0] + block[1] else None
+
+    def _unfinished_tail(
+        self, offset: int, committed_end: int | None, tail: bool, last_position: int
+    ) -> bool:
+        """Whether bad bytes at `offset` are the not-yet-written tail rather than damage."""
+        if not tail or (committed_end is not None and offset < committed_end):
+            return False
+        return not self._data_after(offset, last_position)
+
+    def _written_meanwhile(self, offset: int) -> bool:
+        """Whether a valid frame is at `offset` now. Called after a valid frame was found
+        beyond it: one writer writes frames in order, so if the later one is visible and
+        this one still is not valid, this one is damaged, not unfinished."""
+        header = self._ops.pread(self._fd, FRAME_HEADER_SIZE, offset)
+        if len(header) < FRAME_HEADER_SIZE or header[:4] != FRAME_MAGIC:
+            return False
+        length = FRAME_HEADER.unpack(header)[1]
+        if length > MAX_FRAME_BODY:
+            return False
+        raw = header + self._ops.pread(self._fd, length, offset + FRAME_HEADER_SIZE)
+        try:
+            return check_frame(raw, 0) is not None
+        except BadFrame:
+            return False
+
+    def _data_after(self, offset: int, last_position: int) -> bool:
+        """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""
+        size = self.file_size()
+        rest = self._ops.pread(self._fd, max(0, size - offset - 1), offset + 1)
+        return valid_frame_after(rest, 0, last_position)
+
+    def block_table(self) -> list[tuple[int, int, int, int]]:
+        """(uncompressed offset, uncompressed length, file offset, compressed length),
+        from the file's own footer (so it always matches this very file)."""
+        if self._blocks is None:
+            self._blocks = self._footer_blocks()
+        return self._blocks
+
+    def _footer_blocks(self) -> list[tuple[int, int, int, int]]:
+        size = self.file_size()
+        trailer_at = size - FOOTER_TRAILER.size
+        if trailer_at < SEGMENT_HEADER_SIZE + FOOTER_HEADER.size:
+            raise JournalCorrupt(self.name, max(trailer_at, 0), "block table footer is missing")
+        trailer = self._ops.pread(self._fd, FOOTER_TRAILER.size, trailer_at)
+        (footer_at,) = FOOTER_TRAILER.unpack(trailer)
+        if not SEGMENT_HEADER_SIZE <= footer_at <= trailer_at - FOOTER_HEADER.size:
+            raise JournalCorrupt(self.name, trailer_at, "block table footer offset is damaged")
+        raw = self._ops.pread(self._fd, trailer_at - footer_at, footer_at)
+        magic, length, crc = FOOTER_HEADER.unpack_from(raw)
+        table = raw[FOOTER_HEADER.size :]
+        if magic != FOOTER_MAGIC or len(table) != length or zlib.crc32(table) != crc:
+            raise JournalCorrupt(self.name, footer_at, "block table footer does not verify")
+        try:
+            blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
+        except msgspec.DecodeError:
+            raise JournalCorrupt(self.name, footer_at, "block table is undecodable") from None
+        return blocks
+
+    def _decompress(self, uoffset: int, ulength: int, coffset: int, clength: int) -> bytes:
+        raw = self._ops.pread(self._fd, BLOCK_HEADER.size + clength, coffset)
+        if len(raw) != BLOCK_HEADER.size + clength:
+            raise JournalCorrupt(self.name, coffset, "compressed block is cut short")
+        magic, u2, l2, c2, crc = BLOCK_HEADER.unpack_from(raw)
+        payload = memoryview(raw)[BLOCK_HEADER.size :]
+        if (magic, u2, l2, c2) != (BLOCK_MAGIC, uoffset, ulength, clength) or zlib.crc32(
+            payload
+        ) != crc:
+            raise JournalCorrupt(self.name, coffset, "compressed block header or checksum mismatch")
+        if ulength > MAX_BLOCK_BYTES:
+            raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
+        try:
+            # The output cap keeps a damaged or hostile block from expanding without bound.
+            block = _DECOMPRESSOR.decompress(payload, max_output_size=ulength)
+        except zstandard.ZstdError as e:
+            raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
+        if len(block) != ulength:
+            raise JournalCorrupt(self.name, coffset, "compressed block has the wrong size")
+        return block
+
+    def _compressed_frames(self, start_offset: int) -> Iterator[tuple[FrameInfo, memoryview]]:
+        blocks = self.block_table()
+        for uoffset, ulength, coffset, clength in blocks[
+            max(block_index(blocks, start_offset), 0) :
+        ]:
+            block = self._decompress(uoffset, ulength, coffset, clength)
+            at = 0
+            while at < ulength:
+                offset = uoffset + at
+                try:
+                    checked = check_frame(block, at)
+                except BadFrame as bad:
+                    raise JournalCorrupt(self.name, offset, str(bad)) from None
+                if checked is None:
+                    raise JournalCorrupt(self.name, offset, "frame is cut short in its block")
+                length, first, count = checked
+                body_start = at + FRAME_HEADER_SIZE
+                if offset >= start_offset:
+                    info = FrameInfo(self.base_position, offset, first, count, length)
+                    yield info, memoryview(block)[body_start : body_start + length]
+                at = body_start + length
+
+
+class SegmentWriter:
+    """The active segment: appends frames at the end and syncs them.
+
+    Not thread-safe and not process-safe by itself: the caller serialises writers (the
+    journal holds its cross-process write lock around every append).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        base_position: int,
+        *,
+        sync: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        ops: FileOps = DEFAULT_FILE_OPS,
+    ) -> None:
+        self.directory = directory
+        self.base_position = base_position
+        self._ops = ops
+        self.name = segment_name(base_position)
+        self.sync_enabled = sync
+        self.segment_bytes = segment_bytes
+        self._fd = os.open(os.path.join(directory, self.name), os.O_RDWR)
+        self.end_offset = SEGMENT_HEADER_SIZE
+        self.next_position = base_position
+        self.frame_count = 0
+        self._allocated = os.fstat(self._fd).st_size
+        # The sidecar, built as frames are appended so sealing needs no rescan. None when
+        # this writer did not see every frame of the segment (then sealing scans it).
+        self._summary_valid = False
+        self._summary = SummaryBuilder()
+
+    @classmethod
+    def create(
+        cls,
+        directory: str,
+        store_id: bytes,
+        base_position: int,
+        *,
+        sync: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        ops: FileOps = DEFAULT_FILE_OPS,
+    ) -> SegmentWriter:
+        """Create a new, empty active segment (file and directory entry synced)."""
+        header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
+        path = os.path.join(directory, segment_name(base_position))
+        # Born complete: the header is written and synced under a temporary name, then
+        # renamed, so a crash never leaves a segment without its header.
+        temporary = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, header.encode())
+            ops.fsync(fd)
+        finally:
+            os.close(fd)
+        if os.path.exists(path):
+            ops.unlink(temporary)
+            raise FileExistsError(f"segment {segment_name(base_position)} already exists")
+        ops.rename(temporary, path)
+        fsync_dir(directory, ops)
+        writer = cls(directory, base_position, sync=sync, segment_bytes=segment_bytes, ops=ops)
+        writer._summary_valid = True
+        return writer
+
+    def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
+        """Find the committed frames, cut off a torn tail, and position for appends.
+
+        Returns every valid frame in the segment. Damage followed by valid frames raises
+        `JournalCorrupt` (committed data must never be cut off).
+        """
+        with SegmentReader(self.directory, self.base_position, self._ops) as reader:
+            if store_id is not None and reader.header.store_id != store_id:
+                raise StoreIncompatible(
+                    f"segment {self.name} belongs to another store; "
+                    "do not mix segment files of different stores"
+                )
+            frames = [info for info, _ in reader.frames(tail=True)]
+        end = frames[-1].end_offset if frames else SEGMENT_HEADER_SIZE
+        self.end_offset = end
+        self.next_position = frames[-1].last_position + 1 if frames else self.base_position
+        self.frame_count = len(frames)
+        size = os.fstat(self._fd).st_size
+        if size > end:
+            tail = self._ops.pread(self._fd, size - end, end)
+            if tail.strip(b"\0"):
+                # A torn write: clear it so no later reader mistakes it for data.
+                self._ops.ftruncate(self._fd, end)
+                self._ops.fsync(self._fd)
+                self._allocated = end
+            else:
+                self._allocated = size
+        return frames
+
+    def attach(self, end_offset: int, next_position: int) -> None:
+        """Continue after the committed frames ending at `end_offset` (known from the view).
+
+        Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
+        are cut off (the caller holds the write lock, so nobody is writing them now).
+        """
+        if (end_offset, next_position) != (self.end_offset, self.next_position):
+            self._summary_valid = False
+        self.end_offset = end_offset
+        self.next_position = next_position
+        self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
+        size = os.fstat(self._fd).st_size
+        self._allocated = size
+        if size > end_offset:
+            probe = self._ops.pread(self._fd, FRAME_HEADER_SIZE, end_offset)
+            if probe.strip(b"\0"):
+                self._ops.ftruncate(self._fd, end_offset)
+                self._ops.fsync(self._fd)
+                self._allocated = end_offset
+
+    def append(
+        self,
+        body: bytes,
+        first_position: int,
+        count: int,
+        digest: FrameDigest | None = None,
+    ) -> FrameInfo:
+        """Write one frame at the end; durable after `sync()` (or now if sync is on).
+
+        `digest` (what the frame holds) feeds the sidecar kept in memory; without it the
+        segment is rescanned when sealed.
+        """
+        if first_position != self.next_position:
+            raise ValueError(
+                f"frame starts at position {first_position}, expected {self.next_position}"
+            )
+        frame = encode_frame(body, first_position, count)
+        offset = self.end_offset
+        end = offset + len(frame)
+        if end > self._allocated:
+            self._preallocate(end)
+        written = self._ops.pwrite(self._fd, frame, offset)
+        if written != len(frame):
+            raise OSError(f"short write to {self.name}: {written} of {len(frame)} bytes")
+        self.end_offset = end
+        self.next_position = first_position + count
+        self.frame_count += 1
+        if digest is None:
+            self._summary_valid = False
+        elif self._summary_valid:
+            self._summary.add(offset, first_position, count, digest)
+        if self.sync_enabled:
+            self._ops.fdatasync(self._fd)
+        return FrameInfo(self.base_position, offset, first_position, count, len(body))
+
+    def summary(self) -> SegmentSummary | None:
+        """The sidecar of this segment as written so far, if this writer saw every frame."""
+        if not self._summary_valid:
+            return None
+        return self._summary.build(self.base_position, self.next_position - 1, self.end_offset)
+
+    def sync(self) -> None:
+        self._ops.fdatasync(self._fd)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def _preallocate(self, needed: int) -> None:
+        # Never past what the segment may still hold: a small-segment store must not carry
+        # megabytes of zeros per active segment (a frame larger than the rest still fits).
+        target = max(needed, min(needed + _PREALLOCATE_BYTES, self.segment_bytes))
+        # Never below the real size: another process may have written up to it.
+        at = max(self._allocated, os.fstat(self._fd).st_size, self.end_offset)
+        while at < target:
+            n = min(len(_ZEROS), target - at)
+            self._ops.pwrite(self._fd, _ZEROS[:n], at)
+            at += n
+        self._allocated = target
+
+    def finish(self) -> None:
+        """Cut the preallocated zeros and sync: the segment is about to be sealed."""
+        self._ops.ftruncate(self._fd, self.end_offset)
+        self._ops.fsync(self._fd)
+        self._allocated = self.end_offset
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def summarize_segment(
+    directory: str, base_position: int, ops: FileOps = DEFAULT_FILE_OPS
+) -> SegmentSummary:
+    """Scan a sealed segment and build its sidecar index (verifying every frame)."""
+    builder = SummaryBuilder()
+    last_position = base_position - 1
+    data_end = SEGMENT_HEADER_SIZE
+    with SegmentReader(directory, base_position, ops) as reader:
+        for info, body in reader.frames():
+            builder.add(
+                info.offset, info.first_position, info.count, _digest(reader.name, info, body)
+            )
+            last_position = info.last_position
+            data_end = info.end_offset
+        blocks = reader.block_table() if reader.compressed else []
+    summary = builder.build(base_position, last_position, data_end)
+    summary.blocks = blocks
+    return summary
+
+
+def compress_segment(
+    directory: str,
+    base_position: int,
+    *,
+    level: int = 3,
+    keep: Callable[[FrameInfo], bool] | None = None,
+    publish: bool = True,
+    ops: FileOps = DEFAULT_FILE_OPS,
+) -> tuple[str, SegmentSummary]:
+    """Write a compressed copy of a sealed segment; returns its path and its sidecar.
+
+    Blocks hold whole frames that are contiguous in the original (about 1 MiB of them, or
+    one larger frame), each an independent zstd frame behind a checksummed block header,
+    so a read decompresses only its blocks. Frames keep their original (uncompressed)
+    offsets, so every index entry stays valid. `keep` selects the frames to copy (the
+    others are dropped: compaction); a dropped frame leaves a gap no block covers. A footer
+    holds the block table. With `publish`, the copy is renamed to `<base>.seg.zst` (the
+    plain file is left for the caller to remove); otherwise the temporary path is returned.
+    """
+    blocks: list[tuple[int, int, int, int]] = []
+    builder = SummaryBuilder()
+    final = os.path.join(directory, segment_name(base_position, compressed=True))
+    temporary = f"{final}.{os.getpid()}.tmp"
+    compressor = zstandard.ZstdCompressor(level=level)
+    data_end = SEGMENT_HEADER_SIZE
+    last_position = base_position - 1
+    with SegmentReader(directory, base_position, ops) as reader, open(temporary, "wb") as out:
+        flags = reader.header.flags | FLAG_COMPRESSED | (FLAG_COMPACTED if keep else 0)
+        out.write(reader.header._replace(flags=flags).encode())
+        file_offset = SEGMENT_HEADER_SIZE
+        pending: list[bytes] = []
+        pending_start = SEGMENT_HEADER_SIZE
+        pending_end = SEGMENT_HEADER_SIZE
+        pending_size = 0
+
+        def flush() -> None:
+            nonlocal file_offset, pending, pending_size
+            raw = b"".join(pending)
+            packed = compressor.compress(raw)
+            out.write(
+                BLOCK_HEADER.pack(
+                    BLOCK_MAGIC, pending_start, len(raw), len(packed), zlib.crc32(packed)
+                )
+            )
+            out.write(packed)
+            blocks.append((pending_start, len(raw), file_offset, len(packed)))
+            file_offset += BLOCK_HEADER.size + len(packed)
+            pending = []
+            pending_size = 0
+
+        for info, body in reader.frames():
+            if keep is not None and not keep(info):
+                continue
+            size = FRAME_HEADER_SIZE + info.body_length
+            if pending and (pending_size + size > BLOCK_TARGET_BYTES or info.offset != pending_end):
+                flush()
+            if not pending:
+                pending_start = info.offset
+            pending.append(encode_frame(bytes(body), info.first_position, info.count))
+            pending_size += size
+            pending_end = info.end_offset
+            builder.add(
+                info.offset, info.first_position, info.count, _digest(reader.name, info, body)
+            )
+            data_end = info.end_offset
+            last_position = info.last_position
+        if pending:
+            flush()
+        table = _block_table_encoder.encode(blocks)
+        footer_at = file_offset
+        out.write(FOOTER_HEADER.pack(FOOTER_MAGIC, len(table), zlib.crc32(table)))
+        out.write(table)
+        out.write(FOOTER_TRAILER.pack(footer_at))
+        out.flush()
+        ops.fsync(out.fileno())
+    summary = builder.build(base_position, last_position, data_end)
+    summary.blocks = blocks
+    if not publish:
+        return temporary, summary
+    ops.replace(temporary, final)
+    fsync_dir(directory, ops)
+    return final, summary
+
+
+def _digest(name: str, info: FrameInfo, body: memoryview) -> FrameDigest:
+    try:
+        records = decode_frame_body(body)
+    except msgspec.DecodeError as e:
+        raise JournalCorrupt(name, info.offset, f"undecodable frame: {e}") from None
+    return digest_records(records)

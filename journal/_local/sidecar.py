@@ -1,0 +1,237 @@
+"""Sidecars: the immutable index written beside each sealed segment (frames, per-session
+ordinal ranges, event runs and the other records), so sealed segments are found, and a
+view rebuilt, without reading them. Also the one run coalescer: consecutive events of one
+session are described as one `EventRun` everywhere (planner, frame digest, sidecar).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from ..records import EventAppended, Record, SnapshotTaken
+from .files import DEFAULT_FILE_OPS, FileOps, write_atomic
+from .frames import SEGMENT_HEADER_SIZE, sidecar_name
+
+__all__ = [
+    "SUMMARY_FORMAT",
+    "EventRun",
+    "FrameDigest",
+    "SegmentSummary",
+    "SidecarRecord",
+    "SidecarRun",
+    "SummaryBuilder",
+    "add_run",
+    "digest_records",
+    "encode_other",
+    "read_summary",
+    "write_summary",
+]
+
+SUMMARY_FORMAT: Final = 2
+SIDECAR_MAGIC: Final = b"SJIDX\x00\r\n"
+_SIDECAR_HEADER: Final = struct.Struct(">8sI")
+
+
+class EventRun(msgspec.Struct, array_like=True, gc=False):
+    """Consecutive events of one session in one frame: from record `start` (index in the
+    frame) on, `count` events with ordinals from `first_ordinal`, `data_bytes` of data."""
+
+    start: int
+    incarnation: int
+    first_ordinal: int
+    count: int
+    data_bytes: int
+    time_ms: int
+
+
+def add_run(runs: list[EventRun], run: EventRun) -> None:
+    """Append `run`, merged into the previous run when it simply continues it (the one
+    run coalescer: the planner and a rescan of a frame describe it the same way)."""
+    if runs:
+        last = runs[-1]
+        if (
+            last.start + last.count == run.start
+            and last.incarnation == run.incarnation
+            and last.first_ordinal + last.count == run.first_ordinal
+        ):
+            last.count += run.count
+            last.data_bytes += run.data_bytes
+            return
+    runs.append(run)
+
+
+class FrameDigest(msgspec.Struct, gc=False):
+    """What a frame holds, for its segment's sidecar: its event runs and the other
+    records (index in the frame, encoded record)."""
+
+    event_runs: list[EventRun]
+    others: list[tuple[int, bytes]]
+
+    @property
+    def sessions(self) -> dict[int, tuple[int, int]]:
+        """incarnation -> (first, last) ordinal of its events in the frame."""
+        ranges: dict[int, tuple[int, int]] = {}
+        for run in self.event_runs:
+            seen = ranges.get(run.incarnation)
+            last = run.first_ordinal + run.count - 1
+            ranges[run.incarnation] = (seen[0] if seen else run.first_ordinal, last)
+        return ranges
+
+
+_digest_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def encode_other(record: Record) -> bytes:
+    """A non-event record as the sidecar keeps it (a snapshot without its data)."""
+    if isinstance(record, SnapshotTaken):
+        record = msgspec.structs.replace(record, data=b"")
+    return _digest_encoder.encode(record)
+
+
+def digest_records(records: Sequence[Record]) -> FrameDigest:
+    """The digest of a frame's decoded records (what the planner computes as it plans)."""
+    runs: list[EventRun] = []
+    others: list[tuple[int, bytes]] = []
+    for index, record in enumerate(records):
+        if isinstance(record, EventAppended):
+            add_run(
+                runs,
+                EventRun(
+                    index,
+                    record.incarnation,
+                    record.ordinal,
+                    1,
+                    len(record.data),
+                    record.timestamp_ms,
+                ),
+            )
+        else:
+            others.append((index, encode_other(record)))
+    return FrameDigest(runs, others)
+
+
+class SidecarRun(msgspec.Struct, array_like=True, gc=False):
+    """An `EventRun` as a sidecar keeps it: by store position and frame offset."""
+
+    position: int
+    incarnation: int
+    first_ordinal: int
+    count: int
+    frame_offset: int
+    data_bytes: int
+    time_ms: int
+
+
+class SidecarRecord(msgspec.Struct, array_like=True, gc=False):
+    """A non-event record as a sidecar keeps it (msgpack; a snapshot without its data)."""
+
+    position: int
+    frame_offset: int
+    encoded: bytes
+
+
+class SegmentSummary(msgspec.Struct, array_like=True):
+    """A sealed segment's sidecar index: frames, per-session ordinal runs, zstd blocks.
+
+    `sessions` maps an incarnation to one (first_ordinal, last_ordinal, frame_offset) entry
+    per frame holding that session's events, so a resume seeks straight to its frame.
+    `blocks` is empty for a plain segment; otherwise (uncompressed offset, uncompressed
+    length, file offset, compressed length) per zstd block. Format 2 adds `event_runs` and
+    `others`, from which a read-only reader projects the segment without reading it.
+    """
+
+    format: int
+    base_position: int
+    last_position: int
+    data_end: int
+    frames: list[tuple[int, int, int]]
+    sessions: dict[int, list[tuple[int, int, int]]]
+    blocks: list[tuple[int, int, int, int]] = []
+    # Format 2: enough to project the segment into a view without reading it.
+    event_runs: list[SidecarRun] = []
+    others: list[SidecarRecord] = []
+
+    def frame_at_or_before(self, position: int) -> int:
+        """Offset of the frame that holds `position` (or the last one before it)."""
+        at = bisect.bisect_right(self.frames, position, key=lambda frame: frame[1])
+        return self.frames[at - 1][0] if at else SEGMENT_HEADER_SIZE
+
+
+_summary_encoder: Final = msgspec.msgpack.Encoder()
+_summary_decoder: Final = msgspec.msgpack.Decoder(SegmentSummary)
+
+
+def write_summary(directory: str, summary: SegmentSummary, ops: FileOps = DEFAULT_FILE_OPS) -> None:
+    """Write a sidecar atomically (temp file, fsync, rename, fsync directory)."""
+    body = _summary_encoder.encode(summary)
+    path = os.path.join(directory, sidecar_name(summary.base_position))
+    write_atomic(path, _SIDECAR_HEADER.pack(SIDECAR_MAGIC, zlib.crc32(body)) + body, ops)
+
+
+def read_summary(directory: str, base_position: int) -> SegmentSummary | None:
+    """The sidecar of a sealed segment, or None when it is missing or does not verify."""
+    try:
+        with open(os.path.join(directory, sidecar_name(base_position)), "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    if len(raw) < _SIDECAR_HEADER.size:
+        return None
+    magic, crc = _SIDECAR_HEADER.unpack_from(raw)
+    body = memoryview(raw)[_SIDECAR_HEADER.size :]
+    if magic != SIDECAR_MAGIC or zlib.crc32(body) != crc:
+        return None
+    try:
+        summary = _summary_decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return summary if summary.base_position == base_position else None
+
+
+class SummaryBuilder:
+    """Accumulates a segment's sidecar frame by frame."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[int, int, int]] = []
+        self.sessions: dict[int, list[tuple[int, int, int]]] = {}
+        self.event_runs: list[SidecarRun] = []
+        self.others: list[SidecarRecord] = []
+
+    def add(self, offset: int, first_position: int, count: int, digest: FrameDigest) -> None:
+        self.frames.append((offset, first_position, count))
+        for incarnation, (first, last) in digest.sessions.items():
+            self.sessions.setdefault(incarnation, []).append((first, last, offset))
+        for run in digest.event_runs:
+            self.event_runs.append(
+                SidecarRun(
+                    first_position + run.start,
+                    run.incarnation,
+                    run.first_ordinal,
+                    run.count,
+                    offset,
+                    run.data_bytes,
+                    run.time_ms,
+                )
+            )
+        for index, encoded in digest.others:
+            self.others.append(SidecarRecord(first_position + index, offset, encoded))
+
+    def build(self, base: int, last_position: int, data_end: int) -> SegmentSummary:
+        return SegmentSummary(
+            SUMMARY_FORMAT,
+            base,
+            last_position,
+            data_end,
+            list(self.frames),
+            {k: list(v) for k, v in self.sessions.items()},
+            [],
+            list(self.event_runs),
+            list(self.others),
+        )

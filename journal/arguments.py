@@ -1,0 +1,195 @@
+"""Argument checks and limits: every argument is checked here, before an operation is
+built, so a bad call fails alone with `InvalidArgument` and never reaches an engine."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import msgspec
+
+from .engine import Append, CreateSession
+from .errors import InvalidArgument
+from .models import EventIn
+
+__all__ = [
+    "DEFAULT_PAGE_BYTES",
+    "DEFAULT_PAGE_SIZE",
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_EVENTS",
+    "MAX_EVENT_BYTES",
+    "MAX_NAME_LENGTH",
+    "MAX_PAGE_SIZE",
+    "EventChecker",
+    "check_create",
+    "check_name",
+    "check_now",
+    "check_snapshot",
+]
+
+MAX_EVENT_BYTES: Final = 8 << 20
+MAX_BATCH_EVENTS: Final = 10_000
+MAX_BATCH_BYTES: Final = 64 << 20
+MAX_NAME_LENGTH: Final = 256
+DEFAULT_PAGE_BYTES: Final = 1 << 20
+DEFAULT_PAGE_SIZE: Final = 100
+MAX_PAGE_SIZE: Final = 1000
+
+_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
+_digest_encoder: Final = msgspec.msgpack.Encoder()
+
+
+def check_name(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not value or len(value.encode()) > MAX_NAME_LENGTH or not _NAME_RE.fullmatch(value):
+        raise InvalidArgument(
+            f"{what} {value!r} is invalid: use 1 to {MAX_NAME_LENGTH} bytes of UTF-8 "
+            "without control characters"
+        )
+    return value
+
+
+def check_now(now_ms: object) -> int | None:
+    if now_ms is not None and not isinstance(now_ms, int):
+        raise InvalidArgument("now_ms must be an int (ms since the epoch) or None")
+    return now_ms
+
+
+def check_create(
+    session_id: str,
+    mode: str,
+    context_id: str | None,
+    tags: Mapping[str, str] | None,
+    extensions: Mapping[str, bytes] | None,
+    ttl_ms: int | None,
+    max_suspend_ms: int,
+    max_history_bytes: int | None,
+    max_history_age_ms: int | None,
+) -> CreateSession:
+    check_name("session_id", session_id)
+    if not isinstance(mode, str) or len(mode) > MAX_NAME_LENGTH:
+        raise InvalidArgument("mode must be a str of at most 256 characters")
+    if context_id is not None and not isinstance(context_id, str):
+        raise InvalidArgument("context_id must be a str or None")
+    tag_map = dict(tags or {})
+    for k, v in tag_map.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgument("tags must map str to str")
+    ext_map = dict(extensions or {})
+    for ext_key, ext_value in ext_map.items():
+        if not isinstance(ext_key, str) or not isinstance(ext_value, bytes):
+            raise InvalidArgument("extensions must map str to bytes")
+    for name, value in (("ttl_ms", ttl_ms), ("max_history_bytes", max_history_bytes)):
+        if value is not None and (not isinstance(value, int) or value <= 0):
+            raise InvalidArgument(f"{name} must be a positive int or None")
+    if max_history_age_ms is not None and (
+        not isinstance(max_history_age_ms, int) or max_history_age_ms <= 0
+    ):
+        raise InvalidArgument("max_history_age_ms must be a positive int or None")
+    if not isinstance(max_suspend_ms, int) or max_suspend_ms < 0:
+        raise InvalidArgument("max_suspend_ms must be an int >= 0 (0 = 7 days)")
+    return CreateSession(
+        session_id=session_id,
+        mode=mode,
+        context_id=context_id,
+        tags=tag_map,
+        extensions=ext_map,
+        ttl_ms=ttl_ms,
+        max_suspend_ms=max_suspend_ms,
+        max_history_bytes=max_history_bytes,
+        max_history_age_ms=max_history_age_ms,
+    )
+
+
+def check_snapshot(through_ordinal: object, snapshot: object) -> None:
+    if not isinstance(through_ordinal, int) or through_ordinal < 1:
+        raise InvalidArgument("through_ordinal must be an int >= 1")
+    if not isinstance(snapshot, bytes):
+        raise InvalidArgument("snapshot must be bytes (encode it first)")
+    if len(snapshot) > MAX_BATCH_BYTES:
+        raise InvalidArgument(f"a snapshot is limited to {MAX_BATCH_BYTES} bytes")
+
+
+class EventChecker:
+    """Checks appends. Event type names already validated are remembered: a deliberate,
+    bounded cache (types repeat), so the common append costs one cheap pass."""
+
+    def __init__(self) -> None:
+        self._checked_types: set[str] = set()
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[EventIn],
+        expected_last_ordinal: int | None,
+        idempotency_key: str | None,
+    ) -> Append:
+        check_name("session_id", session_id)
+        if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
+            raise InvalidArgument("events must be a list of EventIn")
+        if not events:
+            raise InvalidArgument("events is empty: pass at least one EventIn")
+        if len(events) > MAX_BATCH_EVENTS:
+            raise InvalidArgument(
+                f"{len(events)} events in one append; the limit is {MAX_BATCH_EVENTS}: split it"
+            )
+        # Fast path: one cheap pass; anything unusual goes through the precise checks.
+        total = 0
+        checked = self._checked_types
+        for event in events:
+            if (
+                event.__class__ is not EventIn
+                or event.data.__class__ is not bytes
+                or event.type not in checked
+                or (event.request_id is not None and event.request_id.__class__ is not str)
+            ):
+                total = self._check_events(events)
+                break
+            total += len(event.data)
+        else:
+            if total > MAX_EVENT_BYTES:
+                self._check_events(events)
+        if total > MAX_BATCH_BYTES:
+            raise InvalidArgument(
+                f"one append of {total} bytes exceeds {MAX_BATCH_BYTES} bytes: split it"
+            )
+        if expected_last_ordinal is not None and (
+            not isinstance(expected_last_ordinal, int) or expected_last_ordinal < 0
+        ):
+            raise InvalidArgument("expected_last_ordinal must be an int >= 0 or None")
+        digest = b""
+        if idempotency_key is not None:
+            check_name("idempotency_key", idempotency_key)
+            digest = hashlib.sha256(
+                _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
+            ).digest()
+        return Append(session_id, list(events), expected_last_ordinal, idempotency_key, digest)
+
+    def _check_events(self, events: Sequence[EventIn]) -> int:
+        """Validate every event precisely (raising the first problem); total data bytes."""
+        total = 0
+        for i, event in enumerate(events):
+            if not isinstance(event, EventIn):
+                raise InvalidArgument(f"events[{i}] is a {type(event).__name__}, not an EventIn")
+            if not isinstance(event.data, bytes):
+                raise InvalidArgument(
+                    f"events[{i}].data is a {type(event.data).__name__}; it must be bytes "
+                    "(encode text or JSON first)"
+                )
+            if len(event.data) > MAX_EVENT_BYTES:
+                raise InvalidArgument(
+                    f"events[{i}].data is {len(event.data)} bytes; the limit is "
+                    f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
+                    "and append a reference"
+                )
+            if event.type not in self._checked_types:
+                check_name(f"events[{i}].type", event.type)
+                if len(self._checked_types) < 4096:
+                    self._checked_types.add(event.type)
+            if event.request_id is not None and not isinstance(event.request_id, str):
+                raise InvalidArgument(f"events[{i}].request_id must be a str or None")
+            total += len(event.data)
+        return total

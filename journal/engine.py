@@ -1,0 +1,226 @@
+"""The engine seam: the typed operations the facade submits, the rows and pages an engine
+returns, and the `Engine` protocol a storage engine implements.
+
+Engines deal in positions, ordinals, incarnations and records; they never see cursor
+strings or page tokens (the facade signs and checks those) and never raise cursor errors
+(the facade decides future/expired from the rows they return). Each operation commits
+atomically on its own: in a batch of operations, one that fails leaves no trace and does
+not affect the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+import msgspec
+
+from cursors import KeyRing
+
+from .models import (
+    CompactionReport,
+    Event,
+    EventIn,
+    ReadContext,
+    RetentionReport,
+    SessionState,
+    StoreStats,
+    VerifyReport,
+)
+from .sessions import FeedEntry, SessionRow, TransitionKind
+
+if TYPE_CHECKING:
+    from .follow import Notifier
+
+__all__ = [
+    "Append",
+    "Appended",
+    "ApplyRetention",
+    "CompactSession",
+    "CreateSession",
+    "Engine",
+    "EventsPage",
+    "Expire",
+    "Operation",
+    "PageReaders",
+    "Progress",
+    "SnapshotRef",
+    "StoredSnapshot",
+    "Transition",
+    "VerifyFix",
+]
+
+ResultT = TypeVar("ResultT")
+ResultT_co = TypeVar("ResultT_co", covariant=True)
+Progress = Callable[[int, int], None]
+
+
+class Operation(msgspec.Struct, Generic[ResultT], frozen=True):
+    """Base of every operation; `ResultT` is what `Engine.submit` returns for it."""
+
+
+# -- results -----------------------------------------------------------------------------
+
+
+class Appended(msgspec.Struct, frozen=True):
+    """What an append took: ordinals, the position of its last event, and whether an
+    idempotency key matched an earlier append (then nothing was written)."""
+
+    incarnation: int
+    first_ordinal: int
+    last_ordinal: int
+    last_position: int
+    deduplicated: bool = False
+
+
+class SnapshotRef(msgspec.Struct, frozen=True):
+    """A snapshot just stored: where its record lies (`position`) and what it covers."""
+
+    incarnation: int
+    through_ordinal: int
+    position: int
+
+
+class StoredSnapshot(msgspec.Struct, frozen=True):
+    """A session's latest snapshot as stored: its record's position, coverage and data."""
+
+    position: int
+    through_ordinal: int
+    data: bytes
+
+
+class EventsPage(msgspec.Struct):
+    """One page read in one consistent snapshot of the store.
+
+    `row` is the session's row in that snapshot (None when it no longer exists). When the
+    row is None, another incarnation, or starts above `after_ordinal + 1`, `events` is
+    empty: the facade tells the caller (evicted, expired). `head` is the committed next
+    position, to wait on when the page is empty."""
+
+    events: list[Event]
+    has_more: bool
+    row: SessionRow | None
+    head: int
+
+
+# -- operations --------------------------------------------------------------------------
+
+
+class CreateSession(Operation[SessionRow], frozen=True):
+    session_id: str
+    mode: str
+    context_id: str | None
+    tags: dict[str, str]
+    extensions: dict[str, bytes]
+    ttl_ms: int | None
+    max_suspend_ms: int
+    max_history_bytes: int | None
+    max_history_age_ms: int | None
+
+
+class Append(Operation[Appended], frozen=True):
+    """Append `events` to an OPEN session. `digest` identifies the events for an
+    idempotency key (a retry with other events is refused)."""
+
+    session_id: str
+    events: list[EventIn]
+    expected_last_ordinal: int | None = None
+    idempotency_key: str | None = None
+    digest: bytes = b""
+
+
+class Transition(Operation[SessionRow], frozen=True):
+    """A lifecycle transition (`sessions.TRANSITIONS`); cancelling a terminal session
+    returns it unchanged."""
+
+    session_id: str
+    kind: TransitionKind
+
+
+class Expire(Operation[list[SessionRow]], frozen=True):
+    """Expire every session whose deadline is at or before `now_ms` (None: now)."""
+
+    now_ms: int | None = None
+
+
+class CompactSession(Operation[SnapshotRef], frozen=True):
+    session_id: str
+    through_ordinal: int
+    data: bytes
+
+
+class ApplyRetention(Operation[RetentionReport], frozen=True):
+    now_ms: int | None = None
+
+
+class VerifyFix(Operation[VerifyReport], frozen=True):
+    """Check the store and repair what is derived (engine-specific)."""
+
+    progress: Any = None  # Progress | None (a callable is not a msgspec field type)
+
+
+class PageReaders(AbstractContextManager["PageReaders"], Protocol):
+    """Engine-specific state one reader keeps across pages (open files, read-ahead)."""
+
+    def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    """What a storage engine provides to the `Journal` facade."""
+
+    store_id: bytes
+    key_ring: KeyRing
+    readonly: bool
+    location: str
+    waiter: Notifier
+
+    def check_usable(self) -> None:
+        """Raise `JournalClosed` when closed or inherited across fork()."""
+
+    def submit(self, operation: Operation[ResultT]) -> ResultT:
+        """Commit one operation (batched with concurrent ones); its result or its error."""
+
+    def head(self) -> int:
+        """The committed next position (what followers wait to pass)."""
+
+    def session(self, session_id: str) -> SessionRow | None: ...
+
+    def session_id_of(self, incarnation: int) -> str | None:
+        """The id a session incarnation had (kept after eviction, for page tokens)."""
+
+    def sessions(
+        self, after_id: str | None, state: SessionState | None, limit: int
+    ) -> tuple[list[SessionRow], bool]:
+        """Up to `limit` rows in session-id order after `after_id`, and whether more follow."""
+
+    def registry(self) -> tuple[int, list[SessionRow]]:
+        """Every row and the last lifecycle position, from one consistent snapshot."""
+
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
+        """Lifecycle entries after `after_position` (at most `limit`) and the head."""
+
+    def readers(self) -> PageReaders: ...
+
+    def read(
+        self,
+        session_id: str,
+        incarnation: int,
+        after_ordinal: int,
+        max_bytes: int,
+        context: ReadContext,
+        readers: PageReaders,
+    ) -> EventsPage:
+        """Events after `after_ordinal` by the page rule (about `max_bytes` of data, and
+        at least one event if any follows), with `context` attached to each."""
+
+    def snapshot(self, row: SessionRow) -> StoredSnapshot | None: ...
+
+    def verify(self, progress: Progress | None) -> VerifyReport:
+        """Check everything, change nothing (`VerifyFix` repairs)."""
+
+    def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport: ...
+
+    def stats(self) -> StoreStats: ...
+
+    def close(self) -> None: ...

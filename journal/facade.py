@@ -1,0 +1,623 @@
+"""The `Journal`: the public facade over a storage engine.
+
+The facade checks arguments, signs and checks cursors and page tokens (scope digests,
+future and expired decisions), applies the page rule's results, turns engine rows into
+public models, and runs the follow loops. Engines (`journal._local` for a store on disk)
+deal only in positions, ordinals, incarnations and records (see `journal.engine`), so
+every engine gets this behaviour once and identically.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from functools import partial
+from itertools import chain
+from typing import Literal, TypeVar
+
+from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
+
+from .arguments import (
+    DEFAULT_PAGE_BYTES,
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    EventChecker,
+    check_create,
+    check_name,
+    check_now,
+    check_snapshot,
+)
+from .engine import (
+    ApplyRetention,
+    CompactSession,
+    Engine,
+    Expire,
+    Operation,
+    PageReaders,
+    Progress,
+    Transition,
+    VerifyFix,
+)
+from .errors import (
+    CursorExpired,
+    CursorFuture,
+    InvalidArgument,
+    InvalidPageToken,
+    JournalClosed,
+    ReadOnlyStore,
+    SessionNotFound,
+)
+from .follow import EventPager, LifecyclePager, afollow, follow
+from .models import (
+    AppendResult,
+    CompactionReport,
+    Event,
+    EventIn,
+    LifecycleEvent,
+    LifecycleEventType,
+    Page,
+    ReadContext,
+    RetentionPolicy,
+    RetentionReport,
+    SessionMetadata,
+    SessionPage,
+    SessionState,
+    Snapshot,
+    StoreStats,
+    VerifyReport,
+)
+from .sessions import FeedEntry, SessionRow, TransitionKind, metadata
+
+__all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
+
+DEFAULT_DEAD_SHARE = 0.5
+DEFAULT_SEGMENT_BYTES = 64 << 20
+
+Durability = Literal["fsync", "os"]
+ResultT = TypeVar("ResultT")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Journal:
+    """An open session journal.
+
+    Thread-safe: any number of threads may append, read and watch; concurrent appends share
+    one commit (group commit). Several processes may open the same store.
+    """
+
+    path: str
+    readonly: bool
+    store_id: bytes
+    _engine: Engine
+    _closed: bool
+    _codec: TokenCodec
+    _lifecycle_scope: bytes
+    _events: EventChecker
+    _scopes: dict[tuple[str, int], bytes]
+
+    def __init__(self) -> None:  # use Journal.open()
+        raise TypeError("use Journal.open(path, ...) to open a journal")
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        readonly: bool = False,
+        durability: Durability = "fsync",
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        retention: RetentionPolicy | None = None,
+        compress_sealed: bool = False,
+        key_ring: KeyRing | None = None,
+        file_ops: object | None = None,
+    ) -> Journal:
+        """Open (or create) the store at `path` on the embedded local engine.
+
+        `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
+        to the OS; survives a process crash, not a power cut. `file_ops` is the local
+        engine's fault-point seam for tests (a `journal._local.files.FileOps`).
+        """
+        if durability not in ("fsync", "os"):
+            raise InvalidArgument(f"durability must be 'fsync' or 'os', got {durability!r}")
+        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
+            raise InvalidArgument("segment_bytes must be an int of at least 4096")
+        if retention is not None and not isinstance(retention, RetentionPolicy):
+            raise InvalidArgument("retention must be a RetentionPolicy or None")
+        from ._local import open_local
+
+        engine = open_local(
+            os.fspath(path),
+            create=create,
+            readonly=readonly,
+            durability=durability,
+            segment_bytes=segment_bytes,
+            retention=retention or RetentionPolicy(),
+            compress_sealed=compress_sealed,
+            key_ring=key_ring,
+            file_ops=file_ops,
+        )
+        return cls.over(engine)
+
+    @classmethod
+    def over(cls, engine: Engine) -> Journal:
+        """A journal over an engine that is already open (for engine authors and tests)."""
+        self = object.__new__(cls)
+        self._engine = engine
+        self.path = engine.location
+        self.readonly = engine.readonly
+        self.store_id = engine.store_id
+        self._closed = False
+        self._codec = TokenCodec(engine.key_ring)
+        self._lifecycle_scope = scope_digest(engine.store_id, purpose="lifecycle")
+        self._events = EventChecker()
+        self._scopes = {}
+        return self
+
+    def close(self) -> None:
+        """Close the journal; pending watches end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._engine.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+        self._engine.check_usable()
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _submit(self, operation: Operation[ResultT]) -> ResultT:
+        if self.readonly:
+            raise ReadOnlyStore(
+                "this journal was opened with readonly=True; open it writable to change it"
+            )
+        self._check_open()
+        return self._engine.submit(operation)
+
+    # -- sessions: writes ------------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str,
+        mode: str = "",
+        context_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        extensions: Mapping[str, bytes] | None = None,
+        ttl_ms: int | None = None,
+        max_suspend_ms: int = 0,
+        *,
+        max_history_bytes: int | None = None,
+        max_history_age_ms: int | None = None,
+    ) -> SessionMetadata:
+        """Create an OPEN session; `SessionExists` if the id is taken."""
+        operation = check_create(
+            session_id,
+            mode,
+            context_id,
+            tags,
+            extensions,
+            ttl_ms,
+            max_suspend_ms,
+            max_history_bytes,
+            max_history_age_ms,
+        )
+        return metadata(self._submit(operation))
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[EventIn],
+        expected_last_ordinal: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        """Append events to an OPEN session; returns after they are committed."""
+        operation = self._events.append(session_id, events, expected_last_ordinal, idempotency_key)
+        appended = self._submit(operation)
+        return AppendResult(
+            session_id,
+            appended.first_ordinal,
+            appended.last_ordinal,
+            self._codec.encode(
+                TokenKind.SESSION,
+                self._scope(session_id, appended.incarnation),
+                appended.last_position,
+                appended.last_ordinal,
+            ),
+            deduplicated=appended.deduplicated,
+        )
+
+    def suspend_session(self, session_id: str) -> SessionMetadata:
+        """OPEN -> SUSPENDED (appends are refused until resumed)."""
+        return self._transition("suspend", session_id)
+
+    def resume_session(self, session_id: str) -> SessionMetadata:
+        """SUSPENDED -> OPEN."""
+        return self._transition("resume", session_id)
+
+    def resolve_session(self, session_id: str) -> SessionMetadata:
+        """OPEN or SUSPENDED -> RESOLVED (terminal)."""
+        return self._transition("resolve", session_id)
+
+    def cancel_session(self, session_id: str) -> SessionMetadata:
+        """OPEN or SUSPENDED -> CANCELLED; an already terminal session is returned as is."""
+        return self._transition("cancel", session_id)
+
+    def _transition(self, kind: TransitionKind, session_id: str) -> SessionMetadata:
+        check_name("session_id", session_id)
+        return metadata(self._submit(Transition(session_id, kind)))
+
+    def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
+        """Expire sessions past their TTL or suspension cap; returns what it expired."""
+        rows = self._submit(Expire(check_now(now_ms)))
+        return [metadata(row) for row in rows]
+
+    def compact_session(self, session_id: str, through_ordinal: int, snapshot: bytes) -> Snapshot:
+        """Store `snapshot` as standing for every event up to `through_ordinal` and drop
+        those events: the retained range then starts at `through_ordinal + 1`. Ordinals of
+        the events kept do not change. Works on terminal sessions too."""
+        check_name("session_id", session_id)
+        check_snapshot(through_ordinal, snapshot)
+        ref = self._submit(CompactSession(session_id, through_ordinal, snapshot))
+        return Snapshot(
+            session_id,
+            ref.through_ordinal,
+            snapshot,
+            self._codec.encode(
+                TokenKind.SESSION,
+                self._scope(session_id, ref.incarnation),
+                ref.position,
+                ref.through_ordinal,
+            ),
+        )
+
+    def snapshot(self, session_id: str) -> Snapshot | None:
+        """The session's latest snapshot (with a cursor to resume after it), or None."""
+        row = self._row(session_id)
+        if not row.snapshot_position:
+            return None
+        stored = self._engine.snapshot(row)
+        if stored is None:
+            return None
+        return Snapshot(
+            row.session_id,
+            stored.through_ordinal,
+            stored.data,
+            self._codec.encode(
+                TokenKind.SESSION,
+                self._scope(row.session_id, row.incarnation),
+                stored.position,
+                stored.through_ordinal,
+            ),
+        )
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Apply the history windows and session retention, then delete segments that hold
+        nothing live. Also runs by itself whenever the writer starts a new segment."""
+        return self._submit(ApplyRetention(check_now(now_ms)))
+
+    def verify(self, fix: bool = False, progress: Progress | None = None) -> VerifyReport:
+        """Check every frame checksum, every sidecar, and the view against the log.
+
+        `fix=False` only reports (problems name the segment and byte offset). `fix=True`
+        rewrites bad sidecars and rebuilds the derived view; damaged frames themselves
+        cannot be repaired (restore the segment from a backup).
+        `progress(done_bytes, total_bytes)` is called as segments are checked.
+        """
+        self._check_open()
+        if fix and self.readonly:
+            raise ReadOnlyStore("verify(fix=True) needs a writable journal")
+        if fix:
+            return self._submit(VerifyFix(progress))
+        return self._engine.verify(progress)
+
+    def compact(
+        self, dead_share: float = DEFAULT_DEAD_SHARE, progress: Progress | None = None
+    ) -> CompactionReport:
+        """Reclaim space: delete sealed segments that hold nothing live, and rewrite (zstd,
+        block-wise) those whose dead share is at least `dead_share`, or that are not yet
+        compressed, copying only live frames. Positions, ordinals and cursors are unchanged.
+        Writers and readers keep working meanwhile. `progress(done, total)` counts segments.
+        """
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStore("compact() needs a writable journal")
+        if not isinstance(dead_share, (int, float)) or not 0.0 <= dead_share <= 1.0:
+            raise InvalidArgument("dead_share must be a number between 0 and 1")
+        return self._engine.compact(float(dead_share), progress)
+
+    def stats(self) -> StoreStats:
+        """Sizes of the store: sessions by state, segment files, bytes on disk."""
+        self._check_open()
+        return self._engine.stats()
+
+    # -- sessions: reads -------------------------------------------------------------------
+
+    def get_session(self, session_id: str) -> SessionMetadata:
+        """The session's metadata; `SessionNotFound` if it does not exist."""
+        return metadata(self._row(session_id))
+
+    def _row(self, session_id: str) -> SessionRow:
+        self._check_open()
+        check_name("session_id", session_id)
+        row = self._engine.session(session_id)
+        if row is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: check the id with "
+                "`journal sessions list`"
+            )
+        return row
+
+    def list_sessions_page(
+        self,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        page_token: str | None = None,
+        state: SessionState | None = None,
+    ) -> SessionPage:
+        """One page of sessions in session-id order; pass `next_page_token` for the next."""
+        self._check_open()
+        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+            raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
+        if state is not None and not isinstance(state, SessionState):
+            raise InvalidArgument("state must be a SessionState or None")
+        page_size = min(page_size, MAX_PAGE_SIZE)
+        scope = scope_digest(self.store_id, purpose="list:" + (state.value if state else "*"))
+        after: str | None = None
+        if page_token:
+            claims = self._codec.decode(page_token, TokenKind.PAGE, scope)
+            after = self._engine.session_id_of(claims.position)
+            if after is None:
+                raise InvalidPageToken(
+                    "this page token does not match this store's sessions (stale or "
+                    "from a restored copy): start again without a token"
+                )
+        elif page_token is not None and page_token != "":
+            raise InvalidPageToken("page_token must be a str")
+        rows, more = self._engine.sessions(after, state, page_size)
+        token = ""
+        if more and rows:
+            token = self._codec.encode(TokenKind.PAGE, scope, rows[-1].incarnation)
+        return SessionPage([metadata(row) for row in rows], token)
+
+    def list_sessions(
+        self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
+    ) -> Iterator[SessionMetadata]:
+        """Every session (optionally in one state), lazily, page by page."""
+        token: str | None = None
+        while True:
+            page = self.list_sessions_page(page_size=page_size, page_token=token, state=state)
+            yield from page.sessions
+            if not page.next_page_token:
+                return
+            token = page.next_page_token
+
+    # -- events: reads ---------------------------------------------------------------------
+
+    def _scope(self, session_id: str, incarnation: int) -> bytes:
+        key = (session_id, incarnation)
+        scope = self._scopes.get(key)
+        if scope is None:
+            # A deliberate, bounded cache: one SHA-256 per session, not per append.
+            if len(self._scopes) >= 65536:
+                self._scopes.clear()
+            scope = self._scopes[key] = scope_digest(self.store_id, session_id, incarnation)
+        return scope
+
+    def _after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
+        if cursor is None:
+            return row.first_ordinal - 1
+        claims = self._codec.decode(
+            cursor, TokenKind.SESSION, self._scope(row.session_id, row.incarnation)
+        )
+        after = claims.ordinal
+        if after > row.last_ordinal:
+            raise CursorFuture(
+                f"the cursor points at ordinal {after} but session {row.session_id!r} ends at "
+                f"{row.last_ordinal} (was the store restored from an older copy?): resume "
+                "from a cursor this store issued, or from the start",
+                head_ordinal=row.last_ordinal,
+            )
+        if after < row.first_ordinal - 1:
+            raise self._expired(row, after)
+        return after
+
+    def _expired(self, row: SessionRow, after: int) -> CursorExpired:
+        resume = self._codec.encode(
+            TokenKind.SESSION,
+            self._scope(row.session_id, row.incarnation),
+            0,
+            row.first_ordinal - 1,
+        )
+        return CursorExpired(
+            f"events {after + 1}..{row.first_ordinal - 1} of session {row.session_id!r} are "
+            f"no longer retained (rotated or compacted away); the earliest retained ordinal "
+            f"is {row.first_ordinal}: resume from the error's resume_cursor to accept the gap, "
+            "or rebuild from a snapshot",
+            earliest_ordinal=row.first_ordinal,
+            resume_cursor=resume,
+        )
+
+    def _start(self, session_id: str, cursor: str | None) -> tuple[SessionRow, int]:
+        """The session and the ordinal to read after; cursor errors are raised here."""
+        row = self._row(session_id)
+        return row, self._after_ordinal(row, cursor)
+
+    def _context(self, row: SessionRow) -> ReadContext:
+        scope = self._scope(row.session_id, row.incarnation)
+        return ReadContext(row.session_id, partial(self._codec.encode, TokenKind.SESSION, scope))
+
+    def _page(
+        self,
+        row: SessionRow,
+        context: ReadContext,
+        max_bytes: int,
+        readers: PageReaders,
+        after: int,
+    ) -> tuple[list[Event], bool, bool, int]:
+        """(events, has_more, terminal, committed next position) after ordinal `after`."""
+        page = self._engine.read(
+            row.session_id, row.incarnation, after, max_bytes, context, readers
+        )
+        current = page.row
+        if current is None or current.incarnation != row.incarnation:
+            raise SessionNotFound(
+                f"session {row.session_id!r} was evicted while being read; its "
+                "remaining history is gone"
+            )
+        if after < current.first_ordinal - 1:
+            raise self._expired(current, after)
+        return page.events, page.has_more, current.session_state.terminal, page.head
+
+    def read(
+        self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
+    ) -> Page:
+        """One bounded page of retained events after `cursor` (from the start if None).
+
+        The page holds events while their data totals at most `max_bytes`, and always at
+        least one event if any follows, so one oversized event gets through whole.
+        """
+        self._check_open()
+        _check_max_bytes(max_bytes)
+        row, after = self._start(session_id, cursor)
+        with self._engine.readers() as readers:
+            events, has_more, _, _ = self._page(row, self._context(row), max_bytes, readers, after)
+        next_cursor = events[-1].cursor if events else cursor
+        return Page(events, next_cursor, has_more)
+
+    def replay(
+        self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
+    ) -> Iterator[Event]:
+        """Every retained event after `cursor`, page by page (what is committed now)."""
+        _check_max_bytes(max_bytes)
+        row, after = self._start(session_id, cursor)
+        return chain.from_iterable(self._follow(row, after, None, False, max_bytes))
+
+    def watch(
+        self,
+        session_id: str,
+        cursor: str | None = None,
+        stop: threading.Event | None = None,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> Iterator[Event]:
+        """Replay the retained events after `cursor`, then follow new ones live.
+
+        Ends by itself when the session is terminal and every event was delivered, or
+        promptly after `stop` is set. Cursor errors are raised here, before iteration.
+        """
+        _check_max_bytes(max_bytes)
+        row, after = self._start(session_id, cursor)
+        # Pages are flattened by itertools.chain (in C): no generator frame per event.
+        return chain.from_iterable(self._follow(row, after, stop, True, max_bytes))
+
+    def _follow(
+        self,
+        row: SessionRow,
+        after: int,
+        stop: threading.Event | None,
+        live: bool,
+        max_bytes: int,
+    ) -> Iterator[list[Event]]:
+        with self._engine.readers() as readers:
+            page = partial(self._page, row, self._context(row), max_bytes, readers)
+            yield from follow(
+                EventPager(page, after, live), self._engine.waiter, stop, self._is_closed
+            )
+
+    async def awatch(
+        self,
+        session_id: str,
+        cursor: str | None = None,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> AsyncIterator[Event]:
+        """The asyncio twin of `watch`; cancel the task (or break) to stop."""
+        _check_max_bytes(max_bytes)
+        row, after = self._start(session_id, cursor)
+        with self._engine.readers() as readers:
+            page = partial(self._page, row, self._context(row), max_bytes, readers)
+            async for event in afollow(
+                EventPager(page, after, True), self._engine.waiter, self._is_closed
+            ):
+                yield event
+
+    # -- lifecycle feed --------------------------------------------------------------------
+
+    def _lifecycle_pager(self, cursor: str | None) -> LifecyclePager:
+        """Where to resume the lifecycle feed; cursor errors are raised here."""
+        self._check_open()
+        if cursor is None:
+            return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
+        claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._lifecycle_scope)
+        head = self._engine.head() - 1
+        if claims.position > head:
+            raise CursorFuture(
+                f"the lifecycle cursor points at position {claims.position} but this store "
+                f"ends at {head}: watch from a cursor this store issued, or without one",
+                head_ordinal=head,
+            )
+        return LifecyclePager(self._feed_after, claims.position, None)
+
+    def _lifecycle_cursor(self, position: int) -> str:
+        return self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, position)
+
+    def _startup_snapshot(self) -> tuple[list[LifecycleEvent], int]:
+        """One CREATED per session, all from one consistent snapshot, and its position.
+
+        The rows are copied out of the engine before anything is delivered, so a slow or
+        abandoned consumer pins nothing (memory: the registry's size)."""
+        point, rows = self._engine.registry()
+        cursor = self._lifecycle_cursor(point)
+        now = _now_ms()
+        events = [
+            LifecycleEvent(LifecycleEventType.CREATED, metadata(row), cursor, now) for row in rows
+        ]
+        return events, point
+
+    def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
+        """Feed entries after `after` (a bounded batch), the new `after`, the head."""
+        entries, head = self._engine.feed(after, 256)
+        events = [self._lifecycle_event(entry, position) for position, entry in entries]
+        return events, entries[-1][0] if entries else after, head
+
+    def _lifecycle_event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
+        return LifecycleEvent(
+            event_type=LifecycleEventType(entry.event_type),
+            session=metadata(entry.row),
+            cursor=self._lifecycle_cursor(position),
+            observed_at_ms=entry.at_ms,
+        )
+
+    def watch_sessions(
+        self, cursor: str | None = None, stop: threading.Event | None = None
+    ) -> Iterator[LifecycleEvent]:
+        """Lifecycle events: with no cursor, one CREATED per existing session first; then
+        live changes. Resuming from an event's cursor yields the changes after it."""
+        pager = self._lifecycle_pager(cursor)
+        return chain.from_iterable(follow(pager, self._engine.waiter, stop, self._is_closed))
+
+    async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
+        """The asyncio twin of `watch_sessions`."""
+        pager = self._lifecycle_pager(cursor)
+        async for event in afollow(pager, self._engine.waiter, self._is_closed):
+            yield event
+
+
+def _check_max_bytes(max_bytes: object) -> None:
+    if not isinstance(max_bytes, int) or max_bytes < 1:
+        raise InvalidArgument("max_bytes must be an int >= 1")

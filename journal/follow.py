@@ -1,0 +1,187 @@
+"""Following: the one shared waiter per journal and the one follow loop behind `replay`,
+`watch`, `awatch`, `watch_sessions` and `awatch_sessions`.
+
+A follow loop is a *pager* (one page step: what to deliver now, and whether to wait for
+the head to move or to stop) driven either synchronously (`follow`) or by asyncio
+(`afollow`); the two drivers share every decision the pager makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Final, Protocol, TypeVar
+
+from .models import Event, LifecycleEvent
+
+__all__ = ["EventPager", "LifecyclePager", "Notifier", "afollow", "follow"]
+
+ItemT = TypeVar("ItemT")
+
+
+class Notifier:
+    """The one shared waiter per journal: wakes followers at once for commits in this
+    process (`publish`), and by a short adaptive poll of the engine's committed head
+    (`read_head`, microseconds per check) for commits made by other processes."""
+
+    MIN_POLL: Final = 0.0005
+    MAX_POLL: Final = 0.004
+
+    def __init__(self, read_head: Callable[[], int]) -> None:
+        self._cv = threading.Condition()
+        self._local = 0
+        self._read_head = read_head
+        self._async: dict[int, tuple[Any, Any]] = {}
+
+    def publish(self, next_position: int) -> None:
+        with self._cv:
+            if next_position > self._local:
+                self._local = next_position
+            self._cv.notify_all()
+            waiters = list(self._async.values())
+        for loop, waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop closed; its watcher is gone
+                loop.call_soon_threadsafe(_wake, waiter)
+
+    def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
+        """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
+        delay = self.MIN_POLL
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if stop is not None and stop.is_set():
+                return False
+            with self._cv:
+                if self._local > seen:
+                    return True
+                self._cv.wait(delay)
+                if self._local > seen:
+                    return True
+            if self._read_head() > seen:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            delay = min(delay * 1.5, self.MAX_POLL)
+
+    async def await_change(self, seen: int) -> None:
+        """The asyncio twin of `wait` (without `stop`: cancel the task instead).
+
+        Waits on a plain future woken by `publish` or by a timer: unlike
+        `asyncio.wait_for`, awaiting a future never swallows a cancellation that races
+        with the wake-up (seen under load with Python 3.11)."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        delay = self.MIN_POLL
+        while True:
+            if self._local > seen or self._read_head() > seen:
+                return
+            waiter = loop.create_future()
+            key = id(waiter)
+            with self._cv:
+                self._async[key] = (loop, waiter)
+            timer = loop.call_later(delay, _wake, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                with self._cv:
+                    self._async.pop(key, None)
+            delay = min(delay * 1.5, self.MAX_POLL)
+
+
+def _wake(waiter: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Pager(Protocol[ItemT]):
+    """One page step: (items to deliver, the committed head to wait past before the next
+    step or None to step again at once, whether the follow is over)."""
+
+    def step(self) -> tuple[list[ItemT], int | None, bool]: ...
+
+
+# (events, has_more, terminal, committed next position) after an ordinal, one snapshot
+EventPage = tuple[list[Event], bool, bool, int]
+
+
+class EventPager:
+    """A session's events after an ordinal: pages while more are retained; then, when
+    `live`, waits for new ones until the session is terminal and drained."""
+
+    def __init__(self, read_page: Callable[[int], EventPage], after: int, live: bool) -> None:
+        self._read_page = read_page
+        self.after = after
+        self._live = live
+
+    def step(self) -> tuple[list[Event], int | None, bool]:
+        events, has_more, terminal, seen = self._read_page(self.after)
+        if events:
+            self.after = events[-1].ordinal
+        if has_more:
+            return events, None, False
+        if not self._live:
+            return events, None, True
+        if terminal:
+            # One more page after the last events: a terminal session ends drained.
+            return events, None, not events
+        return events, None if events else seen, False
+
+
+class LifecyclePager:
+    """Lifecycle changes after a feed position, after an optional startup snapshot (one
+    CREATED per session, all from one read snapshot)."""
+
+    def __init__(
+        self,
+        read_feed: Callable[[int], tuple[list[LifecycleEvent], int, int]],
+        after: int,
+        snapshot: Callable[[], tuple[list[LifecycleEvent], int]] | None,
+    ) -> None:
+        self._read_feed = read_feed
+        self.after = after
+        self._snapshot = snapshot
+
+    def step(self) -> tuple[list[LifecycleEvent], int | None, bool]:
+        if self._snapshot is not None:
+            events, self.after = self._snapshot()
+            self._snapshot = None
+            return events, None, False
+        events, self.after, seen = self._read_feed(self.after)
+        return events, None if events else seen, False
+
+
+def follow(
+    pager: Pager[ItemT],
+    waiter: Notifier,
+    stop: threading.Event | None,
+    closed: Callable[[], bool],
+) -> Iterator[list[ItemT]]:
+    """Drive `pager` synchronously: pages as they come; ends when the pager is done,
+    `stop` is set, or the journal is closed."""
+    while not closed():
+        if stop is not None and stop.is_set():
+            return
+        items, wait_past, done = pager.step()
+        if items:
+            yield items
+        if done:
+            return
+        if wait_past is not None:
+            waiter.wait(wait_past, stop)
+
+
+async def afollow(
+    pager: Pager[ItemT], waiter: Notifier, closed: Callable[[], bool]
+) -> AsyncIterator[ItemT]:
+    """Drive `pager` from asyncio (cancel the task to stop); items one by one."""
+    while not closed():
+        items, wait_past, done = pager.step()
+        for item in items:
+            yield item
+        if done:
+            return
+        if wait_past is not None:
+            await waiter.await_change(wait_past)

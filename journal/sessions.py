@@ -1,0 +1,155 @@
+"""Engine-neutral session semantics: the registry row every engine keeps, lifecycle rules
+(allowed transitions, deadlines), the lifecycle event a change reports, and the public
+metadata a row turns into.
+
+Every engine stores a `SessionRow` per session and a `FeedEntry` per lifecycle change;
+what those mean is decided here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+import msgspec
+
+from .models import LifecycleEventType, SessionMetadata, SessionState
+from .records import SessionCreated
+
+__all__ = [
+    "DEFAULT_MAX_SUSPEND_MS",
+    "TRANSITIONS",
+    "FeedEntry",
+    "SessionRow",
+    "TransitionKind",
+    "lifecycle_event_of",
+    "metadata",
+]
+
+DEFAULT_MAX_SUSPEND_MS: Final = 7 * 24 * 3600 * 1000
+
+TransitionKind = Literal["suspend", "resume", "resolve", "cancel"]
+
+# What each transition is allowed from, and the state it leads to.
+TRANSITIONS: Final[dict[str, tuple[frozenset[SessionState], SessionState]]] = {
+    "suspend": (frozenset({SessionState.OPEN}), SessionState.SUSPENDED),
+    "resume": (frozenset({SessionState.SUSPENDED}), SessionState.OPEN),
+    "resolve": (frozenset({SessionState.OPEN, SessionState.SUSPENDED}), SessionState.RESOLVED),
+    "cancel": (frozenset({SessionState.OPEN, SessionState.SUSPENDED}), SessionState.CANCELLED),
+}
+
+_STATE_EVENTS: Final = {
+    SessionState.OPEN: LifecycleEventType.RESUMED,
+    SessionState.SUSPENDED: LifecycleEventType.SUSPENDED,
+    SessionState.RESOLVED: LifecycleEventType.RESOLVED,
+    SessionState.EXPIRED: LifecycleEventType.EXPIRED,
+    SessionState.CANCELLED: LifecycleEventType.CANCELLED,
+}
+
+
+def lifecycle_event_of(state: SessionState) -> LifecycleEventType:
+    """The lifecycle event a transition into `state` reports."""
+    return _STATE_EVENTS[state]
+
+
+class SessionRow(msgspec.Struct, array_like=True):
+    """A session's registry entry (mutable while an engine projects records into it).
+
+    `incarnation` is the store position of the session's creation: a session re-created
+    under the same id is another incarnation, and nothing of the old one applies to it.
+    """
+
+    session_id: str
+    incarnation: int
+    state: int
+    mode: str
+    context_id: str | None
+    tags: dict[str, str]
+    extensions: dict[str, bytes]
+    created_at_ms: int
+    ended_at_ms: int | None
+    first_ordinal: int
+    last_ordinal: int
+    ttl_ms: int | None
+    max_suspend_ms: int
+    suspended_at_ms: int | None
+    lifecycle_position: int
+    last_event_position: int = 0
+    retained_bytes: int = 0
+    snapshot_ordinal: int = 0
+    snapshot_position: int = 0
+    max_history_bytes: int | None = None
+    max_history_age_ms: int | None = None
+    appended_bytes: int = 0
+    trim_position: int = 0
+    snapshot_segment: int = 0
+    snapshot_offset: int = 0
+
+    @classmethod
+    def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:
+        """The row of a session just created by `record` (at position `incarnation`)."""
+        return cls(
+            session_id=record.session_id,
+            incarnation=incarnation,
+            state=SessionState.OPEN.wire,
+            mode=record.mode,
+            context_id=record.context_id,
+            tags=dict(record.tags),
+            extensions=dict(record.extensions),
+            created_at_ms=record.created_at_ms,
+            ended_at_ms=None,
+            first_ordinal=1,
+            last_ordinal=0,
+            ttl_ms=record.ttl_ms,
+            max_suspend_ms=record.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=incarnation,
+            max_history_bytes=record.max_history_bytes,
+            max_history_age_ms=record.max_history_age_ms,
+        )
+
+    @property
+    def session_state(self) -> SessionState:
+        return SessionState.from_wire(self.state)
+
+    def deadline(self) -> int | None:
+        """When the session must expire (its TTL or its suspension cap), or None."""
+        state = self.session_state
+        if state.terminal:
+            return None
+        due: list[int] = []
+        if self.ttl_ms is not None:
+            due.append(self.created_at_ms + self.ttl_ms)
+        if state is SessionState.SUSPENDED and self.suspended_at_ms is not None:
+            due.append(self.suspended_at_ms + (self.max_suspend_ms or DEFAULT_MAX_SUSPEND_MS))
+        return min(due) if due else None
+
+
+class FeedEntry(msgspec.Struct, array_like=True):
+    """One lifecycle-feed entry: what happened and the session's row right after."""
+
+    event_type: str
+    at_ms: int
+    row: SessionRow
+
+
+def metadata(row: SessionRow) -> SessionMetadata:
+    """The public metadata of a registry row."""
+    return SessionMetadata(
+        session_id=row.session_id,
+        state=row.session_state,
+        mode=row.mode,
+        context_id=row.context_id,
+        extension_keys=tuple(sorted(row.extensions)),
+        tags=dict(row.tags),
+        created_at_ms=row.created_at_ms,
+        started_at_ms=row.created_at_ms,
+        ended_at_ms=row.ended_at_ms,
+        first_ordinal=row.first_ordinal,
+        last_ordinal=row.last_ordinal,
+        owner=None,
+        incarnation=row.incarnation,
+        ttl_ms=row.ttl_ms,
+        max_suspend_ms=row.max_suspend_ms,
+        suspended_at_ms=row.suspended_at_ms,
+        expires_at_ms=row.deadline(),
+    )

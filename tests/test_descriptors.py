@@ -1,0 +1,435 @@
+"""File descriptors: reads, replays, watches and open/close cycles release what they open.
+
+Leaks are found by listing /proc/self/fd (and `readlink` of each entry: a file that was
+deleted while still open reads back as "<path> (deleted)"). Only the public API is used.
+Counts are compared with a small slack (other threads of the test process may open and
+close descriptors meanwhile); descriptors pointing into the test's store are counted
+exactly where that is meaningful.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import CursorExpired, EventIn, Journal, RetentionPolicy
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not os.path.isdir("/proc/self/fd"),
+    reason="needs /proc/self/fd",
+)
+
+SMALL_SEGMENT = 16 << 10
+SLACK = 2  # descriptors other threads of the test process may hold at any moment
+DELETED = " (deleted)"
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def open_fds(collect: bool = True) -> dict[int, str]:
+    """Every open descriptor of this process and what it points at (after a gc pass)."""
+    if collect:
+        gc.collect()
+    fds: dict[int, str] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    return fds
+
+
+def fd_count() -> int:
+    return len(open_fds())
+
+
+def under(fds: dict[int, str], directory: Path) -> list[str]:
+    """Targets of descriptors that point into `directory` (deleted files included)."""
+    prefix = os.path.realpath(directory) + os.sep
+    return sorted(target for target in fds.values() if target.startswith(prefix))
+
+
+def deleted_under(fds: dict[int, str], directory: Path) -> list[str]:
+    return [target for target in under(fds, directory) if target.endswith(DELETED)]
+
+
+def describe(targets: list[str]) -> str:
+    """'N: name x count, ...' for an assertion message (file names only)."""
+    counts = Counter(os.path.basename(target) for target in targets)
+    common = ", ".join(f"{name} x{n}" for name, n in counts.most_common(3))
+    return f"{len(targets)} ({common}{', ...' if len(counts) > 3 else ''})"
+
+
+def segments_dir(store: Path) -> Path:
+    return store / "segments"
+
+
+def open_small(store: Path, **kwargs: Any) -> Journal:
+    return Journal.open(store, segment_bytes=SMALL_SEGMENT, durability="os", **kwargs)
+
+
+def payload(i: int, size: int = 200) -> bytes:
+    head = b"event %06d " % i
+    return head + b"x" * (size - len(head))
+
+
+def fill(j: Journal, session: str, batches: int, per_batch: int = 3) -> list[str]:
+    """Append `batches` batches; returns the cursor after each batch."""
+    cursors = []
+    ordinal = 0
+    for _ in range(batches):
+        events = [EventIn(type="e", data=payload(ordinal + k + 1)) for k in range(per_batch)]
+        result = j.append(session, events)
+        ordinal = result.last_ordinal
+        cursors.append(result.cursor)
+    return cursors
+
+
+def segment_files(store: Path) -> list[str]:
+    return sorted(n for n in os.listdir(segments_dir(store)) if ".seg" in n)
+
+
+def abandon(iterator: Iterator[object]) -> None:
+    """Drop an iterator the way a caller who stops early does: close() if it has one."""
+    close: Callable[[], None] | None = getattr(iterator, "close", None)
+    if close is not None:
+        close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the watcher")
+        time.sleep(0.0005)
+
+
+class Watcher:
+    """`watch()` in a thread, recording ordinals (and any error) as they arrive."""
+
+    def __init__(self, j: Journal, session: str, max_bytes: int = 4096) -> None:
+        self.stop = threading.Event()
+        self.ordinals: list[int] = []
+        self.errors: list[BaseException] = []
+        self._iterator = j.watch(session, stop=self.stop, max_bytes=max_bytes)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._iterator:
+                self.ordinals.append(event.ordinal)
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+        finally:
+            self._iterator = iter(())  # drop the generator (and its readers) in this thread
+
+    def caught_up(self, last_ordinal: int) -> None:
+        wait_until(lambda: bool(self.errors) or (self.ordinals[-1:] or [0])[0] >= last_ordinal)
+        if self.errors:
+            raise self.errors[0]
+
+    def finish(self) -> None:
+        self.stop.set()
+        self._thread.join(timeout=5)
+        assert not self._thread.is_alive(), "watch() did not end after stop was set"
+
+
+def dense(ordinals: list[int], first: int, last: int) -> None:
+    if ordinals != list(range(first, last + 1)):
+        gaps = sorted(set(range(first, last + 1)) - set(ordinals))[:10]
+        dupes = len(ordinals) - len(set(ordinals))
+        raise AssertionError(
+            f"watcher saw {len(ordinals)} events, expected {first}..{last}: "
+            f"first missing {gaps}, {dupes} duplicates"
+        )
+
+
+# -- 1. read() -----------------------------------------------------------------------------
+
+
+def test_read_pages_do_not_leak_descriptors(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    before_open = fd_count()
+    j = open_small(store)
+    j.create_session("s")
+    cursors: list[str | None] = [None, *fill(j, "s", batches=200)]
+    assert len(segment_files(store)) >= 6, "the session should span many segments"
+
+    j.read("s", cursor=cursors[len(cursors) // 2], max_bytes=4096)
+    baseline = fd_count()
+    pages = 0
+    for i in range(300):
+        cursor = cursors[(i * 37) % len(cursors)]
+        # small pages touch one or two segments, large ones several
+        page = j.read("s", cursor=cursor, max_bytes=2048 if i % 3 else 48 << 10)
+        pages += bool(page.events)
+    assert pages >= 290
+    fds = open_fds()
+    assert len(fds) <= baseline + SLACK, (
+        f"300 read() calls left {len(fds) - baseline} more descriptors open; under segments/: "
+        f"{describe(under(fds, segments_dir(store)))}"
+    )
+
+    j.close()
+    fds = open_fds()
+    assert under(fds, store) == [], f"still open after close(): {describe(under(fds, store))}"
+    assert len(fds) <= before_open + SLACK, (
+        f"{len(fds)} descriptors after close(), {before_open} before open()"
+    )
+
+
+# -- 2. replay() ---------------------------------------------------------------------------
+
+
+def test_replays_full_and_abandoned_do_not_leak_descriptors(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_small(store) as j:
+        j.create_session("s")
+        cursors: list[str | None] = [None, *fill(j, "s", batches=150)]
+        total = 450
+        # warm up both paths once, then measure
+        assert len(list(j.replay("s", max_bytes=4096))) == total
+        first = j.replay("s", cursor=cursors[10])
+        next(first)
+        abandon(first)
+        del first
+        baseline = fd_count()
+
+        for i in range(30):
+            cursor = cursors[(i * 11) % len(cursors)]
+            skipped = 0 if cursor is None else 3 * ((i * 11) % len(cursors))
+            events = list(j.replay("s", cursor=cursor, max_bytes=2048 if i % 2 else 1 << 20))
+            assert len(events) == total - skipped
+        after_full = fd_count()
+        assert after_full <= baseline + SLACK, (
+            f"30 full replays left {after_full - baseline} more descriptors open"
+        )
+
+        for i in range(100):
+            iterator = j.replay("s", cursor=cursors[(i * 7) % (len(cursors) - 1)], max_bytes=2048)
+            next(iterator)
+            if i % 2:
+                abandon(iterator)
+            del iterator
+        after_abandoned = fd_count()
+        assert after_abandoned <= baseline + SLACK, (
+            f"100 abandoned replays left {after_abandoned - baseline} more descriptors open; "
+            f"under segments/: {describe(under(open_fds(), segments_dir(store)))}"
+        )
+
+
+# -- 3. watch() ----------------------------------------------------------------------------
+
+
+def test_abandoned_and_stopped_watches_release_descriptors(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_small(store) as j:
+        j.create_session("s")  # stays open: a watch never ends by itself
+        cursors = fill(j, "s", batches=150)
+        warm = j.watch("s", cursor=cursors[0])
+        next(warm)
+        abandon(warm)
+        del warm
+        baseline = fd_count()
+
+        for i in range(100):
+            cursor = cursors[(i * 13) % (len(cursors) - 2)]  # at least 6 events follow
+            iterator = j.watch("s", cursor=cursor, max_bytes=1024 if i % 2 else 1 << 20)
+            for _ in range(4):
+                next(iterator)
+            if i % 2 == 0:
+                abandon(iterator)
+            del iterator
+        after = fd_count()
+        assert after <= baseline + SLACK, (
+            f"100 abandoned watches left {after - baseline} more descriptors open; "
+            f"under segments/: {describe(under(open_fds(), segments_dir(store)))}"
+        )
+
+        # a watch from the start, followed live in a thread, ended by its stop event
+        before_thread = fd_count()
+        watcher = Watcher(j, "s")
+        watcher.caught_up(450)
+        last = 450
+        for i in range(40):
+            last = j.append("s", [EventIn(type="live", data=payload(i))]).last_ordinal
+        watcher.caught_up(last)
+        watcher.finish()
+        dense(watcher.ordinals, 1, last)
+        del watcher
+        after_stop = fd_count()
+        assert after_stop <= before_thread + SLACK, (
+            f"a stopped watch left {after_stop - before_thread} more descriptors open; "
+            f"under segments/: {describe(under(open_fds(), segments_dir(store)))}"
+        )
+
+
+# -- 4. open/close -------------------------------------------------------------------------
+
+
+def test_open_close_cycles_return_to_baseline(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    baseline = fd_count()
+    worst: tuple[int, int, list[str]] = (0, 0, [])  # (extra fds, cycle, store fds)
+    for cycle in range(50):
+        j = open_small(store)
+        try:
+            if cycle == 0:
+                j.create_session("s")
+            first = j.append("s", [EventIn(type="e", data=payload(cycle))])
+            for _ in range(9):
+                j.append("s", [EventIn(type="e", data=payload(cycle))])
+            page = j.read("s", cursor=first.cursor, max_bytes=4096)
+            assert page.events[0].ordinal == first.last_ordinal + 1
+            j.read("s", max_bytes=4096)  # from the first event: an old segment
+            assert len(list(j.replay("s", cursor=first.cursor))) == 9
+            iterator = j.watch("s", cursor=first.cursor)
+            next(iterator)
+            del iterator
+        finally:
+            j.close()
+        fds = open_fds()
+        extra = len(fds) - baseline
+        if extra > worst[0]:
+            worst = (extra, cycle, under(fds, store))
+    assert len(segment_files(store)) >= 3, "the cycles should rotate segments"
+    fds = open_fds()
+    assert under(fds, store) == [], (
+        f"store files open after the last close(): {describe(under(fds, store))}"
+    )
+    assert len(fds) <= baseline + SLACK, (
+        f"50 open/close cycles: {len(fds) - baseline} more descriptors than before "
+        f"(worst after cycle {worst[1]}: +{worst[0]}, {describe(worst[2])})"
+    )
+
+
+# -- 5. a live watcher and retention -------------------------------------------------------
+
+
+def test_live_watcher_does_not_pin_deleted_segments(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    policy = RetentionPolicy(max_history_bytes=32 << 10)
+    appends = 2000
+    with open_small(store, retention=policy) as j:
+        j.create_session("s")
+        watcher = Watcher(j, "s")
+        peak_deleted: list[str] = []
+        peak_segments: list[str] = []
+        try:
+            last = 0
+            for i in range(appends):
+                last = j.append("s", [EventIn(type="tick", data=payload(i + 1))]).last_ordinal
+                if i % 10 == 9:
+                    # keep the watcher caught up: retention never trims what it has not read
+                    watcher.caught_up(last)
+                    fds = open_fds(collect=False)  # the watcher's readers are alive anyway
+                    held, gone = under(fds, segments_dir(store)), deleted_under(fds, store)
+                    if len(gone) > len(peak_deleted):
+                        peak_deleted = gone
+                    if len(held) > len(peak_segments):
+                        peak_segments = held
+        finally:
+            watcher.finish()
+        assert not watcher.errors, watcher.errors
+        dense(watcher.ordinals, 1, last)
+        assert last == appends
+        # retention really ran: the store holds a few segments, not all of them
+        assert len(segment_files(store)) <= 6, segment_files(store)
+        assert j.get_session("s").first_ordinal > 1
+        assert len(peak_deleted) <= 2, (
+            f"a caught-up watcher kept {len(peak_deleted)} deleted segment files open "
+            f"(disk space never reclaimed): {describe(peak_deleted)}"
+        )
+        assert len(peak_segments) <= 4, (
+            f"{len(peak_segments)} descriptors open under segments/ while the watcher was "
+            f"caught up: {describe(peak_segments)}"
+        )
+    assert under(open_fds(), store) == []
+
+
+# -- 6. a watcher mid-way through history and compaction -----------------------------------
+
+
+def test_watcher_releases_segments_that_compaction_replaced(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with open_small(store) as j:
+        j.create_session("s")
+        j.create_session("filler")
+        for i in range(300):
+            j.append("s", [EventIn(type="e", data=payload(i + 1))])
+            j.append("filler", [EventIn(type="f", data=payload(i + 1))])
+        assert len(segment_files(store)) >= 8
+
+        max_bytes = 1024  # at most 6 events of 200 bytes per page
+        iterator = j.watch("s", max_bytes=max_bytes)
+        seen = [next(iterator).ordinal for _ in range(150)]  # mid-way through history
+        before = under(open_fds(), segments_dir(store))
+
+        # most of what lies behind the watcher becomes dead, then compaction rewrites (zstd)
+        # or deletes every sealed segment: the plain files the watcher read are unlinked
+        j.compact_session("filler", through_ordinal=300, snapshot=b"filler state")
+        j.compact_session("s", through_ordinal=100, snapshot=b"s state")
+        report = j.compact()
+        assert report.segments_rewritten or report.segments_deleted, report
+        stale = deleted_under(open_fds(), store)
+
+        # the watcher reads its next page (at least one: more events than a page holds)
+        seen += [next(iterator).ordinal for _ in range(max_bytes // 200 + 2)]
+        fds = open_fds()
+        gone = deleted_under(fds, store)
+        assert gone == [], (
+            f"after its next page the watcher still holds {len(gone)} deleted segment "
+            f"files (before that page: {len(stale)}; segments/ fds before compaction: "
+            f"{len(before)}): {describe(gone)}"
+        )
+        held = under(fds, segments_dir(store))
+        assert len(held) <= 4, f"segments/ descriptors after the next page: {describe(held)}"
+
+        # the watch carries on live without a gap, then ends with the session
+        for i in range(300, 350):
+            j.append("s", [EventIn(type="e", data=payload(i + 1))])
+        j.resolve_session("s")
+        try:
+            seen += [event.ordinal for event in iterator]
+        except CursorExpired as exc:  # the watcher is never behind: history is kept
+            raise AssertionError(f"the watcher lost history it had not read: {exc}") from exc
+        dense(seen, 1, 350)
+        del iterator
+        assert deleted_under(open_fds(), store) == []
+    assert under(open_fds(), store) == []
+
+
+# -- 7. preallocation ----------------------------------------------------------------------
+
+
+def test_small_segments_are_not_preallocated_past_segment_bytes(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    frame_slack = 1024  # more than one frame of the small batches below
+    with open_small(store) as j:
+        j.create_session("s")
+        for i in range(5):
+            j.append("s", [EventIn(type="small", data=b"event %d" % i)])
+        sizes = {n: os.stat(segments_dir(store) / n).st_size for n in segment_files(store)}
+        assert len(sizes) == 1, sizes
+        assert all(size <= SMALL_SEGMENT + frame_slack for size in sizes.values()), (
+            f"segment files larger than segment_bytes={SMALL_SEGMENT}: {sizes}"
+        )
+
+        # and after rotations: the sealed ones and the new active one
+        for i in range(200):
+            j.append("s", [EventIn(type="small", data=payload(i, size=300))])
+        sizes = {n: os.stat(segments_dir(store) / n).st_size for n in segment_files(store)}
+        assert len(sizes) >= 3, sizes
+        too_big = {n: s for n, s in sizes.items() if s > SMALL_SEGMENT + frame_slack}
+        assert too_big == {}, f"segment files larger than segment_bytes={SMALL_SEGMENT}"
