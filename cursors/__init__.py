@@ -49,3 +49,10 @@ __all__ = [
     "TokenKind",
     "scope_digest",
 ]
+
+# Public classes report the package users import them from (pickle, repr, docs).
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("cursors."):
+        _obj.__module__ = "cursors"
+del _name, _obj

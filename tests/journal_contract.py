@@ -1,10 +1,11 @@
 """The journal contract: behaviour every storage engine behind `journal.Journal` must show.
 
-`JournalContract` is a reusable base: a test module subclasses it (named `Test...` so pytest
-collects it) and implements `make_journal(path, **kw)`, which opens (creating if needed) the
-store at `path` and accepts the keyword arguments of `Journal.open` (`durability`,
-`segment_bytes`, ...). `copy_store(src, dst)` copies a closed store, for the restore-from-an-
-older-copy case; override it when the engine's stores are not plain directories.
+`JournalContract` is a reusable base that runs against every engine in `engines.ENGINES`
+(the `engine` fixture is parametrised by engine factory). A test module subclasses it
+(named `Test...` so pytest collects it) and sets `options`, the keyword arguments of
+`Journal.open` its configuration uses (`durability`, `segment_bytes`, ...); `make_journal(path,
+**kw)` opens (creating if needed) the store at `path` on the engine under test, and
+`copy_store(src, dst)` copies a closed store, for the restore-from-an-older-copy case.
 
 Tests use only the public API; one test per rule, named after the rule.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator
@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from engines import ENGINES, EngineFactory
 
 import journal
 from journal import (
@@ -225,15 +226,23 @@ def listing(pages: Iterable[SessionPage]) -> list[str]:
 
 
 class JournalContract:
-    """Contract tests for `Journal`; subclass as `Test<Engine>` and implement the hooks."""
+    """Contract tests for `Journal`, run once per engine; subclass as `Test<Configuration>`
+    and set `options`."""
+
+    options: dict[str, Any] = {}  # noqa: RUF012 (read-only per subclass)
+    engine: EngineFactory
+
+    @pytest.fixture(autouse=True, params=sorted(ENGINES), ids=str)
+    def _engine(self, request: pytest.FixtureRequest) -> None:
+        self.engine = ENGINES[request.param]
 
     def make_journal(self, path: Path, **kw: Any) -> Journal:
         """Open (creating when missing) the store at `path` with `Journal.open` keywords."""
-        raise NotImplementedError
+        return self.engine.open(path, **{**self.options, **kw})
 
     def copy_store(self, src: Path, dst: Path) -> None:
         """Copy a closed store, as a backup/restore would."""
-        shutil.copytree(src, dst)
+        self.engine.copy_store(src, dst)
 
     @pytest.fixture
     def store_path(self, tmp_path: Path) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engines import ENGINES, EngineFactory
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -64,10 +65,8 @@ Stored = tuple[str, bytes, str | None]
 """An event as the model keeps it: type, data, request_id."""
 
 
-def open_journal(path: Path) -> Journal:
-    return Journal.open(
-        path, create=True, durability="os", segment_bytes=SEGMENT_BYTES, retention=POLICY
-    )
+def open_journal(factory: EngineFactory, path: Path) -> Journal:
+    return factory.open(path, durability="os", segment_bytes=SEGMENT_BYTES, retention=POLICY)
 
 
 def now_ms() -> int:
@@ -96,11 +95,15 @@ def transition(state: SessionState, op: str) -> SessionState | None:
 
 
 class JournalModel(RuleBasedStateMachine):
+    """The model machine; one subclass per engine (`factory`) is collected below."""
+
+    factory: EngineFactory
+
     def __init__(self) -> None:
         super().__init__()
         self.directory = Path(tempfile.mkdtemp(prefix="journal-model-"))
         self.path = self.directory / "store"
-        self.j = open_journal(self.path)
+        self.j = open_journal(self.factory, self.path)
         # Every event a session ever had (ordinal n at index n - 1); it retains
         # [first[s], len(events[s])].
         self.events: dict[str, list[Stored]] = {}
@@ -508,14 +511,14 @@ class JournalModel(RuleBasedStateMachine):
     @rule()
     def close_and_reopen(self) -> None:
         self.j.close()
-        self.j = open_journal(self.path)
+        self.j = open_journal(self.factory, self.path)
         self.keys.clear()
 
     @rule()
     def close_and_rebuild_the_view(self) -> None:
         self.j.close()
-        shutil.rmtree(self.path / "index")
-        self.j = open_journal(self.path)
+        self.factory.discard_derived_state(self.path)
+        self.j = open_journal(self.factory, self.path)
         self.keys.clear()
 
     # -- invariants ------------------------------------------------------------------------
@@ -564,8 +567,10 @@ class JournalModel(RuleBasedStateMachine):
                         self.j.read(session_id, cursor=cursor)
 
 
-JournalModel.TestCase.settings = settings(
-    max_examples=400 if DEEP else 40,
-    stateful_step_count=60 if DEEP else 30,
-)
-TestJournalModel = JournalModel.TestCase
+for _name, _factory in sorted(ENGINES.items()):
+    _machine = type(f"JournalModel_{_name}", (JournalModel,), {"factory": _factory})
+    _machine.TestCase.settings = settings(
+        max_examples=400 if DEEP else 40,
+        stateful_step_count=60 if DEEP else 30,
+    )
+    globals()[f"TestJournalModel_{_name}"] = _machine.TestCase

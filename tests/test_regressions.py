@@ -26,7 +26,7 @@ from journal import EventIn, Journal, JournalError, SessionState
 from journal._local.files import FAULT_POINTS, FileOps
 from journal._local.frames import segment_name
 from journal._local.log import SegmentLog
-from journal.engine import Transition
+from journal.engine import ApplyRetention, Transition
 
 SEGMENTS = "segments"
 
@@ -299,3 +299,46 @@ def test_watch_sessions_ends_cleanly_when_closed_during_its_snapshot(tmp_path: P
     except JournalError:
         rest = []
     assert rest in ([], ["b", "c"])
+
+
+def test_retention_after_a_sealing_batch_runs_after_its_callers_are_woken(
+    tmp_path: Path,
+) -> None:
+    """The retention pass that a seal makes due ran inside the leader's turn *before* the
+    leader woke the other callers of the sealing batch: an unrelated append waited for a
+    whole retention pass (every session row, every sealed sidecar) to get its answer."""
+    answered: list[str] = []
+    seen_when_retention_started: list[list[str]] = []
+
+    class RetentionWatch(Faults):
+        def point(self, name: str, detail: object = None) -> None:
+            super().point(name, detail)
+            if name == "plan.operation" and isinstance(detail, ApplyRetention):
+                # Give a woken batch-mate a moment to return (it was woken, or it was not).
+                deadline = time.monotonic() + 2
+                while "b" not in answered and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                seen_when_retention_started.append(list(answered))
+
+    def append(session_id: str, data: bytes) -> Any:
+        result = j.append(session_id, [EventIn("t", data)])
+        answered.append(session_id)
+        return result
+
+    faults = RetentionWatch()
+    with Journal.open(tmp_path, segment_bytes=4096, durability="os", file_ops=faults) as j:
+        j.create_session("a")
+        j.create_session("b")
+        j.append("a", [EventIn("t", b"a" * 3000)])
+        sealing, small = _one_batch(
+            tmp_path,
+            j,
+            faults,
+            [lambda: append("a", b"b" * 3000), lambda: append("b", b"small")],
+        )
+        assert not isinstance(sealing, BaseException) and not isinstance(small, BaseException)
+        assert (sealing.first_ordinal, small.first_ordinal) == (2, 1)
+        assert j.stats().segments == 2  # the batch sealed the first segment
+    # The automatic pass ran once, after the batch-mate ("b") had its answer; the leader
+    # ("a") itself runs the pass, so it answers after it.
+    assert seen_when_retention_started == [["b"]]

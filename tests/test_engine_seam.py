@@ -1,0 +1,130 @@
+"""The facade over the engine seam: public names, errors that cross process boundaries,
+store statistics, the local engine's fault points, and damage reports that name files."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import journal
+from journal import (
+    CursorExpired,
+    CursorFuture,
+    EventIn,
+    Journal,
+    JournalCorrupt,
+    JournalError,
+    OrdinalConflict,
+    SessionState,
+)
+from journal._local.files import FAULT_POINTS
+from journal._local.view import View
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _instance(cls: type[JournalError]) -> JournalError:
+    if cls is JournalCorrupt:
+        return JournalCorrupt("00000000000000000001.seg", 4096, "frame checksum mismatch")
+    if cls is OrdinalConflict:
+        return OrdinalConflict("ends at 3, not 2", expected=2, actual=3)
+    if cls is CursorFuture:
+        return CursorFuture("past the head", head_ordinal=7)
+    if cls is CursorExpired:
+        return CursorExpired("expired", earliest_ordinal=5, resume_cursor="AQ")
+    return cls(f"a {cls.__name__}")
+
+
+ERRORS = sorted(
+    (obj for obj in vars(journal).values() if isinstance(obj, type)),
+    key=lambda cls: cls.__name__,
+)
+ERRORS = [cls for cls in ERRORS if issubclass(cls, JournalError)]
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda cls: cls.__name__)
+def test_every_error_survives_pickling(cls: type[JournalError]) -> None:
+    error = _instance(cls)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert str(copy) == str(error)
+    assert (copy.code, copy.status) == (error.code, error.status)
+    assert vars(copy) == vars(error)
+
+
+def test_public_classes_report_the_package_they_are_imported_from() -> None:
+    for name in journal.__all__:
+        obj = getattr(journal, name)
+        if not isinstance(obj, type):
+            continue
+        # Classes of the `cursors` package (the error root and the token errors) report
+        # that public package; everything defined in journal reports `journal`.
+        assert obj.__module__ in ("journal", "cursors"), (name, obj.__module__)
+        assert getattr(sys.modules[obj.__module__], name) is obj
+        if not issubclass(obj, JournalError) or obj.__module__ == "journal":
+            assert obj.__module__ == "journal", name
+
+
+def test_stats_counts_sessions_segments_and_bytes(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os", segment_bytes=4096) as j:
+        empty = j.stats()
+        assert empty.sessions == {} and empty.segments == 1
+        for name in ("a", "b", "c"):
+            j.create_session(name)
+        for _ in range(6):
+            j.append("a", [EventIn("m", b"x" * 1000)])
+        j.resolve_session("b")
+        stats = j.stats()
+        segment_files = [
+            p for p in (tmp_path / "segments").iterdir() if p.name.endswith((".seg", ".seg.zst"))
+        ]
+        all_bytes = sum(p.stat().st_size for p in (tmp_path / "segments").iterdir())
+    assert stats.sessions == {"open": 2, "resolved": 1}
+    assert stats.segments == len(segment_files) > 1
+    assert stats.segment_bytes == all_bytes
+    # 3 creations + 6 events + 1 transition, positions from 1.
+    assert stats.next_position == 1 + 3 + 6 + 1
+
+
+def test_every_fault_point_is_declared_and_reached_from_the_code() -> None:
+    used: set[str] = set()
+    for path in (ROOT / "journal" / "_local").glob("*.py"):
+        source = path.read_text()
+        used |= set(re.findall(r'\.point\(\s*"([a-z_.]+)"', source))
+        # Points named by a conditional expression.
+        used |= set(re.findall(r'\.point\(\s*"([a-z_.]+)" if', source))
+        used |= set(re.findall(r'else "([a-z_.]+)"\)', source))
+    assert used == set(FAULT_POINTS)
+
+
+def test_a_view_that_lost_its_event_index_is_reported_with_a_real_segment(
+    tmp_path: Path,
+) -> None:
+    with Journal.open(tmp_path, durability="os", segment_bytes=4096) as j:
+        j.create_session("s")
+        for _ in range(8):
+            j.append("s", [EventIn("m", b"y" * 700)])
+        incarnation = j.get_session("s").incarnation
+    view = View(str(tmp_path / "index"))
+    try:
+        with view.begin(write=True) as txn:
+            locations = view.locations(txn, incarnation)
+            assert len(locations) == 8
+            for location in locations[4:]:  # the last frames: the index ends early
+                view.delete_location(txn, incarnation, location.first_ordinal)
+    finally:
+        view.close()
+    with Journal.open(tmp_path, durability="os", segment_bytes=4096) as j:
+        with pytest.raises(JournalCorrupt) as raised:
+            list(j.replay("s"))
+        assert (tmp_path / "segments" / raised.value.segment).exists(), raised.value
+        assert "no frame for ordinal 5" in str(raised.value)
+        assert j.get_session("s").state is SessionState.OPEN
+        report = j.verify()
+        assert not report.ok and any(p.segment == "index" for p in report.problems)
+        assert j.verify(fix=True).ok
+        assert [e.ordinal for e in j.replay("s")] == list(range(1, 9))
