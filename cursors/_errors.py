@@ -7,8 +7,6 @@ Every class carries a stable `code` (for logs, metrics and wire protocols) and a
 (a gRPC-style category), and every message says what the caller should do next.
 """
 
-from __future__ import annotations
-
 from typing import Any, ClassVar
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -157,7 +157,7 @@ class ApplyRetention(Operation[RetentionReport], frozen=True):
 class VerifyFix(Operation[VerifyReport], frozen=True):
     """Check the store and repair what is derived (engine-specific)."""
 
-    progress: Any = None  # Progress | None (a callable is not a msgspec field type)
+    progress: Progress | None = None
 
 
 class PageReaders(AbstractContextManager["PageReaders"], Protocol):

@@ -6,8 +6,6 @@ of the dependency graph) and are re-exported here, so `except journal.JournalErr
 every error the distribution raises.
 """
 
-from __future__ import annotations
-
 from cursors import (
     CursorExpired,
     CursorForeign,

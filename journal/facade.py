@@ -7,8 +7,6 @@ deal only in positions, ordinals, incarnations and records (see `journal.engine`
 every engine gets this behaviour once and identically.
 """
 
-from __future__ import annotations
-
 import os
 import threading
 import time
@@ -19,6 +17,7 @@ from typing import Literal, TypeVar
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
 
+from ._local.files import FileOps
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
@@ -117,8 +116,8 @@ class Journal:
         retention: RetentionPolicy | None = None,
         compress_sealed: bool = False,
         key_ring: KeyRing | None = None,
-        file_ops: object | None = None,
-    ) -> Journal:
+        file_ops: FileOps | None = None,
+    ) -> "Journal":
         """Open (or create) the store at `path` on the embedded local engine.
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
@@ -147,7 +146,7 @@ class Journal:
         return cls.over(engine)
 
     @classmethod
-    def over(cls, engine: Engine) -> Journal:
+    def over(cls, engine: Engine) -> "Journal":
         """A journal over an engine that is already open (for engine authors and tests)."""
         self = object.__new__(cls)
         self._engine = engine
@@ -168,7 +167,7 @@ class Journal:
         self._closed = True
         self._engine.close()
 
-    def __enter__(self) -> Journal:
+    def __enter__(self) -> "Journal":
         return self
 
     def __exit__(self, *exc: object) -> None:

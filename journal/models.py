@@ -4,8 +4,6 @@ Plain immutable values (msgspec Structs, enums); none of them exposes LMDB or se
 details, so another storage engine can return the same types.
 """
 
-from __future__ import annotations
-
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +49,7 @@ class SessionState(enum.Enum):
         return _STATE_WIRE[self]
 
     @classmethod
-    def from_wire(cls, value: int) -> SessionState:
+    def from_wire(cls, value: int) -> "SessionState":
         return _WIRE_STATE[value]
 
 

@@ -30,7 +30,7 @@ DEFAULT_MAX_SUSPEND_MS: Final = 7 * 24 * 3600 * 1000
 TransitionKind = Literal["suspend", "resume", "resolve", "cancel"]
 
 # What each transition is allowed from, and the state it leads to.
-TRANSITIONS: Final[dict[str, tuple[frozenset[SessionState], SessionState]]] = {
+TRANSITIONS: Final[dict[TransitionKind, tuple[frozenset[SessionState], SessionState]]] = {
     "suspend": (frozenset({SessionState.OPEN}), SessionState.SUSPENDED),
     "resume": (frozenset({SessionState.SUSPENDED}), SessionState.OPEN),
     "resolve": (frozenset({SessionState.OPEN, SessionState.SUSPENDED}), SessionState.RESOLVED),

@@ -433,3 +433,45 @@ def test_small_segments_are_not_preallocated_past_segment_bytes(tmp_path: Path) 
         assert len(sizes) >= 3, sizes
         too_big = {n: s for n, s in sizes.items() if s > SMALL_SEGMENT + frame_slack}
         assert too_big == {}, f"segment files larger than segment_bytes={SMALL_SEGMENT}"
+
+
+def test_closing_the_journal_releases_watchers_that_are_not_being_advanced(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    j = Journal.open(store, segment_bytes=SMALL_SEGMENT, durability="os")
+    j.create_session("s")
+    for _ in range(40):
+        j.append("s", [EventIn("m", b"z" * 1000)])
+    # Held, advanced once, never finished: each holds the segment of its position.
+    watchers = [j.watch("s", max_bytes=1000) for _ in range(20)]
+    for watcher in watchers:
+        assert next(watcher).ordinal == 1
+    assert len(under(open_fds(), store)) >= 20
+    j.close()
+    assert under(open_fds(), store) == []
+    # Advancing one after the close ends it (no error from closed files, no reopen).
+    rest = list(watchers[0])
+    assert [e.ordinal for e in rest] == sorted(e.ordinal for e in rest)
+    assert under(open_fds(), store) == []
+
+
+def test_a_failed_open_releases_everything_and_fails_the_same_way_again(
+    tmp_path: Path,
+) -> None:
+    from journal import JournalCorrupt
+
+    store = tmp_path / "store"
+    with Journal.open(store, segment_bytes=SMALL_SEGMENT, durability="os") as j:
+        j.create_session("s")
+        for _ in range(40):
+            j.append("s", [EventIn("m", b"z" * 1000)])
+    active = sorted((store / "segments").glob("*.seg"))[-1]
+    active.unlink()  # the segment the view says is active is gone
+    before = fd_count()
+    for _ in range(3):
+        with pytest.raises(JournalCorrupt) as raised:
+            Journal.open(store, segment_bytes=SMALL_SEGMENT, durability="os")
+        assert raised.value.segment == active.name
+    assert under(open_fds(), store) == []
+    assert fd_count() <= before + SLACK

@@ -128,3 +128,65 @@ def test_a_view_that_lost_its_event_index_is_reported_with_a_real_segment(
         assert not report.ok and any(p.segment == "index" for p in report.problems)
         assert j.verify(fix=True).ok
         assert [e.ordinal for e in j.replay("s")] == list(range(1, 9))
+
+
+def test_annotations_of_public_classes_resolve_under_their_public_module() -> None:
+    import typing
+
+    import msgspec
+
+    import cursors
+
+    for package in (journal, cursors):
+        for name in package.__all__:
+            obj = getattr(package, name)
+            if not isinstance(obj, type):
+                continue
+            typing.get_type_hints(obj)
+            if issubclass(obj, msgspec.Struct):
+                msgspec.inspect.type_info(obj)
+    typing.get_type_hints(Journal.open)
+    # A decoder built after import (as a user's would be) works for the read types.
+    decoder = msgspec.msgpack.Decoder(journal.Page)
+    page = decoder.decode(msgspec.msgpack.encode(journal.Page([], None, False)))
+    assert page == journal.Page([], None, False)
+
+
+def test_a_failure_to_delete_dead_segments_does_not_fail_the_committed_pass(
+    tmp_path: Path,
+) -> None:
+    from journal import RetentionPolicy
+    from journal._local.files import FileOps
+
+    class DeleteFails(FileOps):
+        armed = False
+
+        def point(self, name: str, detail: object = None) -> None:
+            if self.armed and name == "retention.delete":
+                raise OSError(5, "Input/output error")
+
+    ops = DeleteFails()
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(
+        tmp_path, durability="os", segment_bytes=4096, retention=policy, file_ops=ops
+    ) as j:
+        j.create_session("gone")
+        for _ in range(8):
+            j.append("gone", [EventIn("m", b"g" * 1500)])
+        ended = j.resolve_session("gone").ended_at_ms
+        assert ended is not None
+        j.create_session("kept")
+        ops.armed = True
+        report = j.apply_retention(now_ms=ended + 10)
+        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+        assert report.reclaimed_bytes == 0
+        leftover = [
+            name for name in report.deleted_segments if (tmp_path / "segments" / name).exists()
+        ]
+        assert leftover == report.deleted_segments  # not deleted: the I/O error
+        ops.armed = False
+        again = j.apply_retention(now_ms=ended + 10)
+        assert set(again.deleted_segments) >= set(leftover) and again.reclaimed_bytes > 0
+        assert not [n for n in leftover if (tmp_path / "segments" / n).exists()]
+        assert j.get_session("kept").state is SessionState.OPEN
+        assert j.verify().ok

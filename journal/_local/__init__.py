@@ -22,7 +22,7 @@ def open_local(
     retention: RetentionPolicy,
     compress_sealed: bool,
     key_ring: KeyRing | None,
-    file_ops: object | None,
+    file_ops: FileOps | None,
 ) -> LocalEngine:
     """Open the store at `path` on the local engine (`Journal.open` calls this)."""
     if file_ops is not None and not isinstance(file_ops, FileOps):

@@ -18,8 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final, Protocol, TypeVar
 
 import lmdb
 
@@ -36,7 +35,13 @@ __all__ = ["DEFAULT_DEAD_SHARE", "SwapSegment", "compact_store", "live_frames", 
 
 DEFAULT_DEAD_SHARE: Final = 0.5
 
-Submit = Callable[[Operation[Any]], Any]
+ResultT = TypeVar("ResultT")
+
+
+class Submit(Protocol):
+    """The engine's `submit`: commits one operation, returns its result."""
+
+    def __call__(self, operation: Operation[ResultT], /) -> ResultT: ...
 
 
 class SwapSegment(Operation[bool], frozen=True):

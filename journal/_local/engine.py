@@ -19,11 +19,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -74,6 +76,7 @@ from .view import Head, View
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine"]
 
 STORE_FORMAT: Final = 1
+_log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
@@ -105,6 +108,7 @@ class LocalEngine:
     readonly: bool
     location: str
     waiter: Notifier
+    _readers: weakref.WeakSet[ReaderCache]
 
     @classmethod
     def open(
@@ -121,6 +125,8 @@ class LocalEngine:
         file_ops: FileOps | None = None,
     ) -> LocalEngine:
         self = object.__new__(cls)
+        self._closed = True  # until _init has opened everything
+        self._readers = weakref.WeakSet()
         try:
             self._init(
                 path,
@@ -133,16 +139,19 @@ class LocalEngine:
                 key_ring=key_ring,
                 ops=file_ops or DEFAULT_FILE_OPS,
             )
-        except OSError as e:
-            raise StoreUnavailable(
-                f"cannot open the store at {path!r}: {e.strerror or e}; check the "
-                "path and its permissions"
-            ) from e
-        except lmdb.Error as e:
-            raise StoreUnavailable(
-                f"cannot open the index of the store at {path!r}: {e}; a store "
-                "that was never opened for writing cannot be opened read-only"
-            ) from e
+        except BaseException as e:
+            self._release()  # nothing opened so far may outlive the failed open
+            if isinstance(e, OSError):
+                raise StoreUnavailable(
+                    f"cannot open the store at {path!r}: {e.strerror or e}; check the "
+                    "path and its permissions"
+                ) from e
+            if isinstance(e, lmdb.Error):
+                raise StoreUnavailable(
+                    f"cannot open the index of the store at {path!r}: {e}; a store "
+                    "that was never opened for writing cannot be opened read-only"
+                ) from e
+            raise
         return self
 
     def _init(
@@ -162,8 +171,8 @@ class LocalEngine:
         self.readonly = readonly
         self.retention = retention
         self._ops = ops
-        self._closed = False
         self._pid = os.getpid()
+        self._private_lock = threading.Lock()
         store_file = os.path.join(path, "store.json")
         if not os.path.exists(store_file):
             if readonly or not create:
@@ -186,7 +195,6 @@ class LocalEngine:
         # a private view outside the store, built from the segments and kept up to date by
         # scanning the active segment's tail. Nothing in the store is created or locked.
         self._private_dir: str | None = None
-        self._private_lock = threading.Lock()
         if not readonly:
             self._discard_view_after_reboot(path)
             self._view = View(os.path.join(path, "index"))
@@ -211,6 +219,7 @@ class LocalEngine:
         self._cv = threading.Condition()
         self._leading = False
         self.waiter = Notifier(self.head)
+        self._closed = False
         if not readonly:
             with self._cv:
                 self._leading = True
@@ -318,11 +327,24 @@ class LocalEngine:
                 self._cv.wait()
             self._closed = True
         self.waiter.publish(1 << 63)
-        self._log.close()
-        with self._private_lock:
-            self._view.close()
-        if self._private_dir is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
+        # Followers that are not being advanced still hold segment files: release them
+        # (a page in flight finishes first; see ReaderCache).
+        for readers in list(self._readers):
+            readers.close()
+        self._release()
+
+    def _release(self) -> None:
+        """Close the files and environments opened so far (close, or a failed open)."""
+        log = getattr(self, "_log", None)
+        if log is not None:
+            log.close()
+        view = getattr(self, "_view", None)
+        if view is not None:
+            with self._private_lock:
+                view.close()
+        private = getattr(self, "_private_dir", None)
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
     def check_usable(self) -> None:
         if self._closed:
@@ -374,7 +396,12 @@ class LocalEngine:
             if self._closed:
                 raise JournalClosed("this journal is closed; open it again with Journal.open()")
             self._queue.append(request)
-            self._ops.point("commit.queued", len(self._queue))
+            try:
+                # Called with the queue locked: nobody can have taken the request yet.
+                self._ops.point("commit.queued", len(self._queue))
+            except BaseException:
+                self._queue.pop()
+                raise
             lead = not self._leading
             if lead:
                 self._leading = True
@@ -392,10 +419,9 @@ class LocalEngine:
     def _lead(self, request: Request) -> None:
         with self._cv:
             batch, self._queue = self._queue, []
-        self._ops.point("commit.batch_taken", len(batch))
         woken = False
         try:
-            self._run_commit(batch)
+            self._run_commit(batch, taken=True)
             # The batch's callers go first; a retention pass due after a seal follows.
             self._wake(batch, request)
             woken = True
@@ -421,8 +447,10 @@ class LocalEngine:
             if r.wake is not None and r is not leader:
                 r.wake.set()
 
-    def _run_commit(self, batch: list[Request]) -> None:
+    def _run_commit(self, batch: list[Request], *, taken: bool = False) -> None:
         try:
+            if taken:
+                self._ops.point("commit.batch_taken", len(batch))
             for attempt in range(8):
                 try:
                     self._commit(batch)
@@ -472,6 +500,7 @@ class LocalEngine:
                         # A segment was sealed: the moment to let retention reclaim space.
                         self._retention_due = True
                     projection.apply(info, planner.records, planner.event_runs)
+                    self._ops.point("commit.view_flush")
                     projection.flush()
                 planner.finish()
             # The transaction committed: from here on the frame is acknowledged.
@@ -480,7 +509,14 @@ class LocalEngine:
                 log.undo_append(before)
             raise
         if planner.doomed:
-            freed = delete_segment_files(log, planner.doomed)
+            try:
+                freed = delete_segment_files(log, planner.doomed)
+            except OSError as e:
+                # The batch committed: its callers must not see a failure (a retry would
+                # duplicate). The view forgot these segments; the next retention pass
+                # finds their files dead again and deletes them.
+                _log.warning("could not delete dead segments %s: %s", planner.doomed, e)
+                freed = 0
             for request in batch:
                 if isinstance(request.result, RetentionReport):
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
@@ -563,7 +599,9 @@ class LocalEngine:
         return entries, 1 if head is None else head.next_position
 
     def readers(self) -> PageReaders:
-        return ReaderCache(self._log.directory, self._ops)
+        readers = ReaderCache(self._log.directory, self._ops)
+        self._readers.add(readers)
+        return readers
 
     def read(
         self,
@@ -574,7 +612,8 @@ class LocalEngine:
         context: ReadContext,
         readers: PageReaders,
     ) -> EventsPage:
-        assert isinstance(readers, ReaderCache), "readers come from LocalEngine.readers()"
+        if not isinstance(readers, ReaderCache):
+            raise TypeError("readers must come from this engine's readers()")
         return read_page(
             self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers
         )

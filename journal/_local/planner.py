@@ -119,6 +119,9 @@ class Planner:
         self.doomed: list[int] = []
         self.rebuilt = False
         self._finishers: list[tuple[Request, Callable[[], object]]] = []
+        # How to take back what planning an operation changed in the planner's state
+        # (sessions, their pending state, idempotency keys), for a failed operation.
+        self._undo: list[Callable[[], None]] = []
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -145,6 +148,48 @@ class Planner:
             )
         return pending
 
+    def _set_session(self, session_id: str, pending: _Pending | None) -> None:
+        previous = self.sessions.get(session_id, _ABSENT)
+
+        def undo() -> None:
+            if previous is _ABSENT:
+                self.sessions.pop(session_id, None)
+            else:
+                self.sessions[session_id] = previous  # type: ignore[assignment]
+
+        self._undo.append(undo)
+        self.sessions[session_id] = pending
+
+    def _set_state(self, pending: _Pending, state: SessionState) -> None:
+        previous = pending.state
+
+        def undo() -> None:
+            pending.state = previous
+
+        self._undo.append(undo)
+        pending.state = state
+
+    def _set_last_ordinal(self, pending: _Pending, last_ordinal: int) -> None:
+        previous = pending.last_ordinal
+
+        def undo() -> None:
+            pending.last_ordinal = previous
+
+        self._undo.append(undo)
+        pending.last_ordinal = last_ordinal
+
+    def _remember_key(self, key: tuple[int, str], used: IdempotencyKeyUsed) -> None:
+        previous = self.idem.get(key)
+
+        def undo() -> None:
+            if previous is None:
+                self.idem.pop(key, None)
+            else:
+                self.idem[key] = previous
+
+        self._undo.append(undo)
+        self.idem[key] = used
+
     def rows_read(self) -> list[SessionRow]:
         """Rows of existing sessions read in this transaction (the projection adopts them
         instead of reading them again)."""
@@ -166,6 +211,7 @@ class Planner:
             len(runs),
             len(self._finishers),
             len(self.others),
+            len(self._undo),
         )
         request.error = None
         request.result = None
@@ -173,7 +219,9 @@ class Planner:
             self.log.ops.point("plan.operation", request.operation)
             self._dispatch(request, request.operation)
         except Exception as e:
-            records, next_position, run_count, finishers, others = mark
+            records, next_position, run_count, finishers, others, undo = mark
+            while len(self._undo) > undo:
+                self._undo.pop()()
             del self.records[records:]
             self.next_position = next_position
             # add_run may have merged into the last run: put it back as it was.
@@ -228,7 +276,7 @@ class Planner:
             max_history_age_ms=op.max_history_age_ms,
         )
         position = self._emit(record)
-        self.sessions[op.session_id] = _Pending(SessionRow.created(record, position))
+        self._set_session(op.session_id, _Pending(SessionRow.created(record, position)))
         self._finishers.append((request, lambda: self._feed_row(position)))
 
     def _append(self, request: Request, op: Append) -> None:
@@ -302,10 +350,10 @@ class Planner:
         self.next_position += len(events)
         position = self.next_position - 1
         last = first + len(events) - 1
-        pending.last_ordinal = last
+        self._set_last_ordinal(pending, last)
         if key is not None:
             used = IdempotencyKeyUsed(incarnation, key, first, last, op.digest, position)
-            self.idem[(incarnation, key)] = used
+            self._remember_key((incarnation, key), used)
             self._emit(used)
         request.result = Appended(incarnation, first, last, position)
 
@@ -322,7 +370,7 @@ class Planner:
                 f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
             )
         position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
-        pending.state = target
+        self._set_state(pending, target)
         self._finishers.append((request, lambda: self._feed_row(position)))
 
     def _expire(self, request: Request, op: Expire) -> None:
@@ -340,7 +388,7 @@ class Planner:
             position = self._emit(
                 StateChanged(incarnation, SessionState.EXPIRED.wire, self.now, "deadline")
             )
-            pending.state = SessionState.EXPIRED
+            self._set_state(pending, SessionState.EXPIRED)
             positions.append(position)
         self._finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
 
@@ -377,7 +425,7 @@ class Planner:
                 )
                 if since + policy.session_retention_ms <= now:
                     self._emit(SessionEvicted(row.incarnation, self.now))
-                    self.sessions[row.session_id] = None
+                    self._set_session(row.session_id, None)
                     evicted.append(row.session_id)
                     continue
             new_first = window_start(self.txn, self.view, row, policy, now)

@@ -5,6 +5,7 @@ readers one reader of pages keeps open.
 
 from __future__ import annotations
 
+import threading
 from typing import cast
 
 import lmdb
@@ -30,11 +31,17 @@ class ReaderCache:
     Context-managed: leaving it closes every reader. A page is bracketed by
     `begin_page()`, which drops readers whose file was deleted or replaced meanwhile
     (retention, compaction: their disk space is freed at once), and `end_page()`, which
-    closes the readers that page did not use (segments behind the reader's position), so
-    a follower at the head holds the active segment only."""
+    closes the readers that page did not use (segments behind the reader's position); an
+    empty page (a follower at the head, waiting) keeps what it has, so a follower at the
+    head holds the active segment only, and keeps its read-ahead.
+
+    `lock` is held for a whole page: `close()` from another thread (the journal closing
+    under a follower that is not being advanced) waits for a page in flight instead of
+    closing files under it."""
 
     def __init__(self, directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
         self.directory = directory
+        self.lock = threading.Lock()
         self._ops = ops
         self._readers: dict[int, SegmentReader] = {}
         self._used: set[int] = set()
@@ -64,10 +71,17 @@ class ReaderCache:
                 del self._readers[segment]
 
     def end_page(self) -> None:
+        if not self._used:
+            return  # nothing read: the position did not move
         for segment in [s for s in self._readers if s not in self._used]:
             self._readers.pop(segment).close()
 
     def close(self) -> None:
+        with self.lock:
+            self.drop_all()
+
+    def drop_all(self) -> None:
+        """Close every reader (the caller holds `lock`)."""
         readers, self._readers = self._readers, {}
         for reader in readers.values():
             reader.close()
@@ -86,20 +100,21 @@ def read_page(
     retention deleted (or compaction dropped) a frame the snapshot still pointed at: the
     newer snapshot either no longer needs it or says the history expired. Real damage
     fails again and is raised."""
-    for attempt in range(3):
-        readers.begin_page()
-        try:
-            with view.begin() as txn:
-                page = _page_once(
-                    txn, view, session_id, incarnation, after, max_bytes, context, readers
-                )
-        except (FileNotFoundError, JournalCorrupt):
-            readers.close()
-            if attempt == 2:
-                raise
-            continue
-        readers.end_page()
-        return page
+    with readers.lock:
+        for attempt in range(3):
+            readers.begin_page()
+            try:
+                with view.begin() as txn:
+                    page = _page_once(
+                        txn, view, session_id, incarnation, after, max_bytes, context, readers
+                    )
+            except (FileNotFoundError, JournalCorrupt):
+                readers.drop_all()
+                if attempt == 2:
+                    raise
+                continue
+            readers.end_page()
+            return page
     raise AssertionError("unreachable")
 
 

@@ -175,11 +175,14 @@ def compare_views(
 def rebuild_into_temporary(log: SegmentLog) -> tuple[View, str]:
     """A view rebuilt from the log in a temporary directory (caller closes and removes)."""
     directory = tempfile.mkdtemp(prefix="journal-verify-")
+    view: View | None = None
     try:
         view = View(directory)
         with view.begin(write=True) as txn:
             project_log(log, view, txn, use_sidecars=False)
     except BaseException:
+        if view is not None:
+            view.close()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return view, directory
