@@ -13,11 +13,18 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import chain
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
 
-from ._local.files import FileOps
+from ._local import (
+    DEFAULT_DEAD_SHARE,
+    DEFAULT_SEGMENT_BYTES,
+    Durability,
+    FileOps,
+    LocalOptions,
+    open_local,
+)
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
@@ -71,10 +78,6 @@ from .sessions import FeedEntry, SessionRow, TransitionKind, metadata
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
-DEFAULT_DEAD_SHARE = 0.5
-DEFAULT_SEGMENT_BYTES = 64 << 20
-
-Durability = Literal["fsync", "os"]
 ResultT = TypeVar("ResultT")
 
 
@@ -130,10 +133,7 @@ class Journal:
             raise InvalidArgument("segment_bytes must be an int of at least 4096")
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidArgument("retention must be a RetentionPolicy or None")
-        from ._local import open_local
-
-        engine = open_local(
-            os.fspath(path),
+        options = LocalOptions(
             create=create,
             readonly=readonly,
             durability=durability,
@@ -143,6 +143,7 @@ class Journal:
             key_ring=key_ring,
             file_ops=file_ops,
         )
+        engine = open_local(os.fspath(path), options)
         return cls.over(engine)
 
     @classmethod

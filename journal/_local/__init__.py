@@ -3,40 +3,25 @@ the public API is `journal.Journal`)."""
 
 from __future__ import annotations
 
-from cursors import KeyRing
-
-from ..models import RetentionPolicy
-from .engine import Durability, LocalEngine
+from ..errors import InvalidArgument
+from .compaction import DEFAULT_DEAD_SHARE
+from .engine import Durability, LocalEngine, LocalOptions
 from .files import FileOps
+from .frames import DEFAULT_SEGMENT_BYTES
 
-__all__ = ["FileOps", "LocalEngine", "open_local"]
+__all__ = [
+    "DEFAULT_DEAD_SHARE",
+    "DEFAULT_SEGMENT_BYTES",
+    "Durability",
+    "FileOps",
+    "LocalEngine",
+    "LocalOptions",
+    "open_local",
+]
 
 
-def open_local(
-    path: str,
-    *,
-    create: bool,
-    readonly: bool,
-    durability: Durability,
-    segment_bytes: int,
-    retention: RetentionPolicy,
-    compress_sealed: bool,
-    key_ring: KeyRing | None,
-    file_ops: FileOps | None,
-) -> LocalEngine:
+def open_local(path: str, options: LocalOptions) -> LocalEngine:
     """Open the store at `path` on the local engine (`Journal.open` calls this)."""
-    if file_ops is not None and not isinstance(file_ops, FileOps):
-        from ..errors import InvalidArgument
-
+    if options.file_ops is not None and not isinstance(options.file_ops, FileOps):
         raise InvalidArgument("file_ops must be a journal._local.files.FileOps (a test seam)")
-    return LocalEngine.open(
-        path,
-        create=create,
-        readonly=readonly,
-        durability=durability,
-        segment_bytes=segment_bytes,
-        retention=retention,
-        compress_sealed=compress_sealed,
-        key_ring=key_ring,
-        file_ops=file_ops,
-    )
+    return LocalEngine.open(path, options)

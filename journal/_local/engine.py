@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -62,7 +63,7 @@ from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir, write_atomic
-from .frames import COMPRESSED_SUFFIX, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 from .log import SegmentLog
 from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
@@ -73,7 +74,7 @@ from .sidecar import SegmentSummary, read_summary
 from .verify import check_log, compare_views, rebuild_into_temporary
 from .view import Head, View
 
-__all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine"]
+__all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
 STORE_FORMAT: Final = 1
 _log: Final = logging.getLogger("journal")
@@ -97,6 +98,20 @@ def _read_boot_id() -> str:
 BOOT_ID: Final = _read_boot_id().encode()
 
 
+@dataclass(frozen=True, slots=True)
+class LocalOptions:
+    """How to open a local store (the keywords of `Journal.open`, SPEC section 7)."""
+
+    create: bool = True
+    readonly: bool = False
+    durability: Durability = "fsync"
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    compress_sealed: bool = False
+    key_ring: KeyRing | None = None
+    file_ops: FileOps | None = None
+
+
 class LocalEngine:
     """The segment-and-LMDB engine of one open store (see the module docstring).
 
@@ -111,34 +126,12 @@ class LocalEngine:
     _readers: weakref.WeakSet[ReaderCache]
 
     @classmethod
-    def open(
-        cls,
-        path: str,
-        *,
-        create: bool,
-        readonly: bool,
-        durability: Durability,
-        segment_bytes: int,
-        retention: RetentionPolicy,
-        compress_sealed: bool,
-        key_ring: KeyRing | None,
-        file_ops: FileOps | None = None,
-    ) -> LocalEngine:
+    def open(cls, path: str, options: LocalOptions) -> LocalEngine:
         self = object.__new__(cls)
         self._closed = True  # until _init has opened everything
         self._readers = weakref.WeakSet()
         try:
-            self._init(
-                path,
-                create=create,
-                readonly=readonly,
-                durability=durability,
-                segment_bytes=segment_bytes,
-                retention=retention,
-                compress_sealed=compress_sealed,
-                key_ring=key_ring,
-                ops=file_ops or DEFAULT_FILE_OPS,
-            )
+            self._init(path, options)
         except BaseException as e:
             self._release()  # nothing opened so far may outlive the failed open
             if isinstance(e, OSError):
@@ -154,41 +147,31 @@ class LocalEngine:
             raise
         return self
 
-    def _init(
-        self,
-        path: str,
-        *,
-        create: bool,
-        readonly: bool,
-        durability: Durability,
-        segment_bytes: int,
-        retention: RetentionPolicy,
-        compress_sealed: bool,
-        key_ring: KeyRing | None,
-        ops: FileOps,
-    ) -> None:
+    def _init(self, path: str, options: LocalOptions) -> None:
+        readonly = options.readonly
+        ops = options.file_ops or DEFAULT_FILE_OPS
         self.location = path
         self.readonly = readonly
-        self.retention = retention
+        self.retention = options.retention
         self._ops = ops
         self._pid = os.getpid()
         self._private_lock = threading.Lock()
         store_file = os.path.join(path, "store.json")
         if not os.path.exists(store_file):
-            if readonly or not create:
+            if readonly or not options.create:
                 raise StoreNotFound(
                     f"no journal store at {path!r}: create it with `journal init` or "
                     "Journal.open(path, create=True)"
                 )
             self._create_store(path)
         self.store_id = self._load_store_id(store_file)
-        self.key_ring = self._key_ring(path, key_ring, readonly)
+        self.key_ring = self._key_ring(path, options.key_ring, readonly)
         self._log = SegmentLog(
             os.path.join(path, "segments"),
             self.store_id,
-            segment_bytes=segment_bytes,
-            sync=durability == "fsync",
-            compress_sealed=compress_sealed,
+            segment_bytes=options.segment_bytes,
+            sync=options.durability == "fsync",
+            compress_sealed=options.compress_sealed,
             ops=ops,
         )
         # Read-only on a store whose LMDB files this process cannot lock (no write access):
