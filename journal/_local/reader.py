@@ -19,7 +19,7 @@ from ..sessions import SessionRow
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import segment_name
 from .segments import SegmentReader
-from .view import View
+from .view import Head, View
 
 __all__ = ["ReaderCache", "read_page"]
 
@@ -63,10 +63,13 @@ class ReaderCache:
             reader = self._readers[segment] = SegmentReader(self.directory, segment, self._ops)
         return reader
 
-    def begin_page(self) -> None:
+    def begin_page(self, active_segment: int) -> None:
+        """Start a page; `active_segment` is the log's active segment in the page's
+        snapshot. Only sealed segments are deleted or replaced, so only their readers are
+        checked (an fstat each: a follower at the head makes no system call here)."""
         self._used.clear()
         for segment, reader in list(self._readers.items()):
-            if reader.unlinked():
+            if segment != active_segment and reader.unlinked():
                 reader.close()
                 del self._readers[segment]
 
@@ -102,11 +105,12 @@ def read_page(
     fails again and is raised."""
     with readers.lock:
         for attempt in range(3):
-            readers.begin_page()
             try:
                 with view.begin() as txn:
+                    head = view.head(txn)
+                    readers.begin_page(0 if head is None else head.segment)
                     page = _page_once(
-                        txn, view, session_id, incarnation, after, max_bytes, context, readers
+                        txn, view, head, session_id, incarnation, after, max_bytes, context, readers
                     )
             except (FileNotFoundError, JournalCorrupt):
                 readers.drop_all()
@@ -121,6 +125,7 @@ def read_page(
 def _page_once(
     txn: lmdb.Transaction,
     view: View,
+    head: Head | None,
     session_id: str,
     incarnation: int,
     after: int,
@@ -128,18 +133,18 @@ def _page_once(
     context: ReadContext,
     readers: ReaderCache,
 ) -> EventsPage:
-    head = view.head(txn)
     next_position = 1 if head is None else head.next_position
     row = view.row(txn, session_id)
     if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
         return EventsPage([], False, row, next_position)
-    events, has_more = _read_events(txn, view, row, after, max_bytes, context, readers)
+    events, has_more = _read_events(txn, view, head, row, after, max_bytes, context, readers)
     return EventsPage(events, has_more, row, next_position)
 
 
 def _read_events(
     txn: lmdb.Transaction,
     view: View,
+    head: Head | None,
     row: SessionRow,
     after: int,
     max_bytes: int,
@@ -158,7 +163,6 @@ def _read_events(
     expected = start
     full = False
     append = events.append
-    head = view.head(txn)
     head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
     reader: SegmentReader | None = None
     for _, segment, offset in view.iter_frame_locations(txn, incarnation, start):
