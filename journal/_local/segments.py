@@ -266,6 +266,10 @@ class SegmentReader:
             self._trusted_end = block[0] + len(self._chunk)
             return
         size = _READ_CHUNK if offset == self._last_end else 64 << 10
+        if committed_end is not None:
+            # Bytes past the committed end would not be trusted anyway: a follower at the
+            # head reads what was just committed, not a megabyte of preallocated zeros.
+            size = min(size, committed_end - offset)
         self._chunk = self._ops.pread(self._fd, max(size, needed), offset)
         self._chunk_start = offset
         end = offset + len(self._chunk)
