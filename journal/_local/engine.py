@@ -405,22 +405,28 @@ class LocalEngine:
         woken = False
         try:
             self._run_commit(batch, taken=True)
-            # The batch's callers go first; a retention pass due after a seal follows.
-            self._wake(batch, request)
-            woken = True
             if self._retention_due:
+                # The batch's callers go first; the retention pass a seal made due
+                # follows in this (still leading) thread.
+                self._wake(batch, request)
+                woken = True
                 self._retention_due = False
                 self._run_commit([Request(ApplyRetention(None))])
         finally:
-            if not woken:
-                self._wake(batch, request)
+            # The usual order: pick the successor while the batch is marked done, then
+            # wake everyone (the successor first of all, so the next commit starts while
+            # the woken callers return).
             with self._cv:
+                for r in batch:
+                    r.done = True
                 successor = self._queue[0] if self._queue else None
                 if successor is None:
                     self._leading = False
                     self._cv.notify_all()
             if successor is not None and successor.wake is not None:
                 successor.wake.set()
+            if not woken:
+                self._wake(batch, request)
 
     def _wake(self, batch: list[Request], leader: Request) -> None:
         with self._cv:
