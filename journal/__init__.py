@@ -23,6 +23,7 @@ from .errors import JournalError as JournalError
 from .errors import KeyRingError as KeyRingError
 from .errors import OrdinalConflict as OrdinalConflict
 from .errors import OutcomeUnknown as OutcomeUnknown
+from .errors import OwnerBusy as OwnerBusy
 from .errors import ReadOnlyStore as ReadOnlyStore
 from .errors import SessionExists as SessionExists
 from .errors import SessionNotFound as SessionNotFound
@@ -38,6 +39,7 @@ from .models import Event as Event
 from .models import EventIn as EventIn
 from .models import LifecycleEvent as LifecycleEvent
 from .models import LifecycleEventType as LifecycleEventType
+from .models import OwnerInfo as OwnerInfo
 from .models import Page as Page
 from .models import RetentionPolicy as RetentionPolicy
 from .models import RetentionReport as RetentionReport
@@ -48,6 +50,7 @@ from .models import Snapshot as Snapshot
 from .models import StoreStats as StoreStats
 from .models import VerifyProblem as VerifyProblem
 from .models import VerifyReport as VerifyReport
+from .turns import Owner as Owner
 
 __version__ = "0.1.0"
 
@@ -77,6 +80,9 @@ __all__ = [
     "LifecycleEventType",
     "OrdinalConflict",
     "OutcomeUnknown",
+    "Owner",
+    "OwnerBusy",
+    "OwnerInfo",
     "Page",
     "ReadOnlyStore",
     "RetentionPolicy",

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .follow import Notifier
 
 __all__ = [
+    "AcquireLease",
     "Append",
     "Appended",
     "ApplyRetention",
@@ -42,9 +43,11 @@ __all__ = [
     "Engine",
     "EventsPage",
     "Expire",
+    "Lease",
     "Operation",
     "PageReaders",
     "Progress",
+    "ReleaseLease",
     "SnapshotRef",
     "StoredSnapshot",
     "Transition",
@@ -160,6 +163,34 @@ class VerifyFix(Operation[VerifyReport], frozen=True):
     progress: Progress | None = None
 
 
+class AcquireLease(Operation[SessionRow], frozen=True):
+    """Record that the process identified here took the session's owner lease (the
+    engine holds the exclusive lock first); the new generation is the row's plus one."""
+
+    session_id: str
+    pid: int
+    start_time: int
+    host: str
+    boot_id: str
+
+
+class ReleaseLease(Operation[SessionRow], frozen=True):
+    """Record the release of lease `generation` (nothing when it is no longer current)."""
+
+    session_id: str
+    generation: int
+
+
+class Lease(Protocol):
+    """An engine's hold on a session's owner lease (exclusive until released)."""
+
+    session_id: str
+    generation: int
+
+    def release(self) -> None:
+        """Record the release and let the lease go (idempotent)."""
+
+
 class PageReaders(AbstractContextManager["PageReaders"], Protocol):
     """Engine-specific state one reader keeps across pages (open files, read-ahead)."""
 
@@ -215,6 +246,13 @@ class Engine(Protocol):
         at least one event if any follows), with `context` attached to each."""
 
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None: ...
+
+    def acquire(self, session_id: str, wait_s: float) -> Lease:
+        """Take the session's owner lease for this process, waiting up to `wait_s` for a
+        live holder to let go (`OwnerBusy` after that)."""
+
+    def owner_alive(self, row: SessionRow) -> bool | None:
+        """Whether the owner the row records is alive (None: cannot tell from here)."""
 
     def verify(self, progress: Progress | None) -> VerifyReport:
         """Check everything, change nothing (`VerifyFix` repairs)."""

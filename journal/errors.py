@@ -32,6 +32,7 @@ __all__ = [
     "KeyRingError",
     "OrdinalConflict",
     "OutcomeUnknown",
+    "OwnerBusy",
     "ReadOnlyStore",
     "SessionExists",
     "SessionNotFound",
@@ -152,6 +153,18 @@ class JournalClosed(JournalError):
 
     code = "JOURNAL_CLOSED"
     status = "FAILED_PRECONDITION"
+
+
+class OwnerBusy(JournalError):
+    """`own()` found the session's owner lease held by a live process (after waiting up
+    to `wait_s`); `pid` is that owner's process id (0 when it is not known yet)."""
+
+    code = "OWNER_BUSY"
+    status = "FAILED_PRECONDITION"
+
+    def __init__(self, message: str, *, pid: int) -> None:
+        self.pid = pid
+        super().__init__(message)
 
 
 class OutcomeUnknown(JournalError):

@@ -74,7 +74,8 @@ from .models import (
     StoreStats,
     VerifyReport,
 )
-from .sessions import FeedEntry, SessionRow, TransitionKind, metadata
+from .sessions import FeedEntry, SessionRow, TransitionKind, metadata, recorded_owner
+from .turns import Owner
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
@@ -217,7 +218,7 @@ class Journal:
             max_history_bytes,
             max_history_age_ms,
         )
-        return metadata(self._submit(operation))
+        return self._metadata(self._submit(operation))
 
     def append(
         self,
@@ -260,12 +261,12 @@ class Journal:
 
     def _transition(self, kind: TransitionKind, session_id: str) -> SessionMetadata:
         check_name("session_id", session_id)
-        return metadata(self._submit(Transition(session_id, kind)))
+        return self._metadata(self._submit(Transition(session_id, kind)))
 
     def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
         """Expire sessions past their TTL or suspension cap; returns what it expired."""
         rows = self._submit(Expire(check_now(now_ms)))
-        return [metadata(row) for row in rows]
+        return [self._metadata(row) for row in rows]
 
     def compact_session(self, session_id: str, through_ordinal: int, snapshot: bytes) -> Snapshot:
         """Store `snapshot` as standing for every event up to `through_ordinal` and drop
@@ -348,11 +349,39 @@ class Journal:
         self._check_open()
         return self._engine.stats()
 
+    # -- owners ----------------------------------------------------------------------------
+
+    def own(self, session_id: str, wait_s: float = 0.0) -> Owner:
+        """Take the session's owner lease (exclusive; one per session across processes):
+        `with j.own(session_id) as owner: ...`. Waits up to `wait_s` seconds for a live
+        owner to let go, then raises `OwnerBusy` (with that owner's pid). Plain `append()`
+        works with or without a lease."""
+        check_name("session_id", session_id)
+        if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or wait_s < 0:
+            raise InvalidArgument("wait_s must be a number of seconds >= 0")
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStore("own() needs a writable journal")
+        lease = self._engine.acquire(session_id, float(wait_s))
+        row = self._engine.session(session_id)
+        info = None if row is None else recorded_owner(row)
+        if info is None or info.generation != lease.generation:
+            lease.release()
+            raise SessionNotFound(f"session {session_id!r} was evicted while being owned")
+        return Owner(lease, info)
+
+    def _metadata(self, row: SessionRow) -> SessionMetadata:
+        """Public metadata with the owner only while it is alive (uncertain is alive)."""
+        owner = recorded_owner(row)
+        if owner is not None and self._engine.owner_alive(row) is False:
+            owner = None
+        return metadata(row, owner)
+
     # -- sessions: reads -------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionMetadata:
         """The session's metadata; `SessionNotFound` if it does not exist."""
-        return metadata(self._row(session_id))
+        return self._metadata(self._row(session_id))
 
     def _row(self, session_id: str) -> SessionRow:
         self._check_open()
@@ -394,7 +423,7 @@ class Journal:
         token = ""
         if more and rows:
             token = self._codec.encode(TokenKind.PAGE, scope, rows[-1].incarnation)
-        return SessionPage([metadata(row) for row in rows], token)
+        return SessionPage([self._metadata(row) for row in rows], token)
 
     def list_sessions(
         self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
@@ -585,7 +614,8 @@ class Journal:
         cursor = self._lifecycle_cursor(point)
         now = _now_ms()
         events = [
-            LifecycleEvent(LifecycleEventType.CREATED, metadata(row), cursor, now) for row in rows
+            LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
+            for row in rows
         ]
         return events, point
 
@@ -598,7 +628,7 @@ class Journal:
     def _lifecycle_event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
         return LifecycleEvent(
             event_type=LifecycleEventType(entry.event_type),
-            session=metadata(entry.row),
+            session=self._metadata(entry.row),
             cursor=self._lifecycle_cursor(position),
             observed_at_ms=entry.at_ms,
         )

@@ -17,6 +17,7 @@ __all__ = [
     "EventIn",
     "LifecycleEvent",
     "LifecycleEventType",
+    "OwnerInfo",
     "Page",
     "RetentionPolicy",
     "RetentionReport",
@@ -211,6 +212,18 @@ class AppendResult(msgspec.Struct, frozen=True):
     deduplicated: bool = False
 
 
+class OwnerInfo(msgspec.Struct, frozen=True):
+    """The process holding a session's owner lease: its pid, its start time (clock ticks
+    after boot, so a reused pid is told apart; 0 where unknown), host name, the lease
+    generation (one more per lease of the session) and when it took the lease."""
+
+    pid: int
+    start_time: int
+    host: str
+    generation: int
+    since_ms: int
+
+
 class SessionMetadata(msgspec.Struct, frozen=True):
     """A session's registry entry. The retained events are `[first_ordinal, last_ordinal]`
     (empty when `last_ordinal < first_ordinal`)."""
@@ -226,7 +239,7 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     ended_at_ms: int | None
     first_ordinal: int
     last_ordinal: int
-    owner: str | None = None
+    owner: OwnerInfo | None = None
     incarnation: int = 0
     ttl_ms: int | None = None
     max_suspend_ms: int = 0

@@ -21,6 +21,8 @@ __all__ = [
     "EventAppended",
     "HistoryTrimmed",
     "IdempotencyKeyUsed",
+    "OwnerAcquired",
+    "OwnerReleased",
     "Record",
     "SessionCreated",
     "SessionEvicted",
@@ -113,6 +115,29 @@ class IdempotencyKeyUsed(_RecordBase, tag=7, frozen=True):
     last_position: int = 0
 
 
+class OwnerAcquired(_RecordBase, tag=8, frozen=True):
+    """A process took the session's owner lease (a store record: no ordinal, never
+    delivered to watchers). `generation` increases by one per lease of the session;
+    `start_time` is the process start time in clock ticks after boot (Linux
+    `/proc/<pid>/stat` field 22, 0 where unknown), so a reused pid is not the owner."""
+
+    incarnation: int
+    generation: int
+    pid: int
+    start_time: int
+    host: str
+    boot_id: str
+    at_ms: int
+
+
+class OwnerReleased(_RecordBase, tag=9, frozen=True):
+    """The owner of lease `generation` released it."""
+
+    incarnation: int
+    generation: int
+    at_ms: int
+
+
 Record = (
     SessionCreated
     | EventAppended
@@ -121,6 +146,8 @@ Record = (
     | HistoryTrimmed
     | SessionEvicted
     | IdempotencyKeyUsed
+    | OwnerAcquired
+    | OwnerReleased
 )
 
 # What readers decode: event records straight into the public `Event` (same leading layout
@@ -133,6 +160,8 @@ ReadRecord = (
     | HistoryTrimmed
     | SessionEvicted
     | IdempotencyKeyUsed
+    | OwnerAcquired
+    | OwnerReleased
 )
 
 # Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.

@@ -12,7 +12,7 @@ from typing import Final, Literal
 
 import msgspec
 
-from .models import LifecycleEventType, SessionMetadata, SessionState
+from .models import LifecycleEventType, OwnerInfo, SessionMetadata, SessionState
 from .records import SessionCreated
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "TransitionKind",
     "lifecycle_event_of",
     "metadata",
+    "recorded_owner",
 ]
 
 DEFAULT_MAX_SUSPEND_MS: Final = 7 * 24 * 3600 * 1000
@@ -83,6 +84,15 @@ class SessionRow(msgspec.Struct, array_like=True):
     trim_position: int = 0
     snapshot_segment: int = 0
     snapshot_offset: int = 0
+    # The owner lease: the last generation issued, and the holder's identity while a
+    # lease is recorded (pid 0: none). A recorded holder may have died: see `metadata`.
+    owner_generation: int = 0
+    owner_pid: int = 0
+    owner_start_time: int = 0
+    owner_host: str = ""
+    owner_boot_id: str = ""
+    owner_since_ms: int = 0
+    owner_position: int = 0
 
     @classmethod
     def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:
@@ -132,8 +142,21 @@ class FeedEntry(msgspec.Struct, array_like=True):
     row: SessionRow
 
 
-def metadata(row: SessionRow) -> SessionMetadata:
-    """The public metadata of a registry row."""
+def recorded_owner(row: SessionRow) -> OwnerInfo | None:
+    """The owner the row records (it may have died since: engines tell)."""
+    if not row.owner_pid:
+        return None
+    return OwnerInfo(
+        row.owner_pid,
+        row.owner_start_time,
+        row.owner_host,
+        row.owner_generation,
+        row.owner_since_ms,
+    )
+
+
+def metadata(row: SessionRow, owner: OwnerInfo | None = None) -> SessionMetadata:
+    """The public metadata of a registry row (`owner`: the live owner, if any)."""
     return SessionMetadata(
         session_id=row.session_id,
         state=row.session_state,
@@ -146,7 +169,7 @@ def metadata(row: SessionRow) -> SessionMetadata:
         ended_at_ms=row.ended_at_ms,
         first_ordinal=row.first_ordinal,
         last_ordinal=row.last_ordinal,
-        owner=None,
+        owner=owner,
         incarnation=row.incarnation,
         ttl_ms=row.ttl_ms,
         max_suspend_ms=row.max_suspend_ms,

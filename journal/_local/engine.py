@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -37,6 +38,7 @@ from cursors import KeyRing, KeyRingError
 from ..engine import (
     ApplyRetention,
     EventsPage,
+    Lease,
     Operation,
     PageReaders,
     Progress,
@@ -45,6 +47,8 @@ from ..engine import (
 from ..errors import (
     JournalClosed,
     JournalCorrupt,
+    ReadOnlyStore,
+    SessionNotFound,
     StoreIncompatible,
     StoreNotFound,
     StoreUnavailable,
@@ -64,6 +68,7 @@ from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir, write_atomic
 from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
@@ -151,6 +156,7 @@ class LocalEngine:
         readonly = options.readonly
         ops = options.file_ops or DEFAULT_FILE_OPS
         self.location = path
+        self._host = socket.gethostname()
         self.readonly = readonly
         self.retention = options.retention
         self._ops = ops
@@ -622,6 +628,31 @@ class LocalEngine:
         raise JournalCorrupt(
             reader.name, row.snapshot_offset, f"the snapshot of {row.session_id!r} is missing"
         )
+
+    # -- owner leases ----------------------------------------------------------------------
+
+    def acquire(self, session_id: str, wait_s: float) -> Lease:
+        self.check_usable()
+        if self.readonly:
+            raise ReadOnlyStore("own() needs a writable journal")
+        row = self.session(session_id)
+        if row is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: create it before owning it"
+            )
+        path = lock_path(self.location, session_id)
+        fd = take_lock(path, wait_s)
+        if fd is None:
+            raise busy(session_id, path, wait_s)
+        try:
+            updated = self.submit(acquire_operation(session_id, BOOT_ID.decode()))
+        except BaseException:
+            os.close(fd)
+            raise
+        return LocalLease(self.submit, session_id, updated.owner_generation, fd)
+
+    def owner_alive(self, row: SessionRow) -> bool | None:
+        return owner_alive(row, self._host, BOOT_ID.decode())
 
     # -- maintenance -----------------------------------------------------------------------
 

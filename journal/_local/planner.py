@@ -13,6 +13,7 @@ import lmdb
 import msgspec
 
 from ..engine import (
+    AcquireLease,
     Append,
     Appended,
     ApplyRetention,
@@ -20,6 +21,7 @@ from ..engine import (
     CreateSession,
     Expire,
     Operation,
+    ReleaseLease,
     SnapshotRef,
     Transition,
     VerifyFix,
@@ -38,6 +40,8 @@ from ..records import (
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
+    OwnerAcquired,
+    OwnerReleased,
     Record,
     SessionCreated,
     SessionEvicted,
@@ -112,6 +116,8 @@ class Planner:
         self.records: list[Record] = []
         self.sessions: dict[str, _Pending | None] = {}
         self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
+        # Lease generations planned in this batch, per incarnation.
+        self.generations: dict[int, int] = {}
         # The frame's event runs (coalesced) and its other records (index, record).
         self.event_runs: list[EventRun] = []
         self.others: list[tuple[int, Record]] = []
@@ -249,6 +255,10 @@ class Planner:
                 self._retention(request, operation)
             case VerifyFix():
                 self._verify_fix(request, operation)
+            case AcquireLease():
+                self._acquire(request, operation)
+            case ReleaseLease():
+                self._release(request, operation)
             case SwapSegment():
                 request.result = swap_segment(self.txn, self.view, self.log, operation)
                 self.summaries.pop(operation.base, None)
@@ -408,6 +418,52 @@ class Planner:
             )
         position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
+
+    def _acquire(self, request: Request, op: AcquireLease) -> None:
+        pending = self._existing(op.session_id)
+        if pending.state.terminal:
+            raise SessionNotWritable(
+                f"session {op.session_id!r} is {pending.state.value}: an ended session "
+                "has no owner; create a new session"
+            )
+        generation = self._next_generation(pending)
+        self._emit(
+            OwnerAcquired(
+                pending.incarnation,
+                generation,
+                op.pid,
+                op.start_time,
+                op.host,
+                op.boot_id,
+                self.now,
+            )
+        )
+        session_id = op.session_id
+        self._finishers.append((request, lambda: self._current_row(session_id)))
+
+    def _release(self, request: Request, op: ReleaseLease) -> None:
+        pending = self._pending(op.session_id)
+        if pending is not None and pending.row.owner_generation == op.generation:
+            if pending.row.owner_pid:
+                self._emit(OwnerReleased(pending.incarnation, op.generation, self.now))
+            session_id = op.session_id
+            self._finishers.append((request, lambda: self._current_row(session_id)))
+
+    def _next_generation(self, pending: _Pending) -> int:
+        """One more than the last generation, counting leases planned in this batch."""
+        key = pending.incarnation
+        planned = self.generations.get(key, pending.row.owner_generation)
+        previous = self.generations.get(key)
+
+        def undo() -> None:
+            if previous is None:
+                self.generations.pop(key, None)
+            else:
+                self.generations[key] = previous
+
+        self._undo.append(undo)
+        self.generations[key] = planned + 1
+        return planned + 1
 
     def _retention(self, request: Request, op: ApplyRetention) -> None:
         now = self.now if op.now_ms is None else op.now_ms

@@ -16,6 +16,8 @@ from ..records import (
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
+    OwnerAcquired,
+    OwnerReleased,
     Record,
     SessionCreated,
     SessionEvicted,
@@ -272,6 +274,27 @@ class Projection:
                     if record.through_ordinal + 1 > row.first_ordinal:
                         row.first_ordinal = record.through_ordinal + 1
                         self._trim(row)
+            elif isinstance(record, OwnerAcquired):
+                row = self.row(record.incarnation)
+                if row is not None:
+                    self._owner_record(row, position)
+                    row.owner_generation = max(row.owner_generation, record.generation)
+                    row.owner_pid = record.pid
+                    row.owner_start_time = record.start_time
+                    row.owner_host = record.host
+                    row.owner_boot_id = record.boot_id
+                    row.owner_since_ms = record.at_ms
+            elif isinstance(record, OwnerReleased):
+                row = self.row(record.incarnation)
+                # >=: after compaction the release may be all that is left of a lease.
+                if row is not None and record.generation >= row.owner_generation:
+                    self._owner_record(row, position)
+                    row.owner_generation = record.generation
+                    row.owner_pid = 0
+                    row.owner_start_time = 0
+                    row.owner_host = ""
+                    row.owner_boot_id = ""
+                    row.owner_since_ms = 0
             elif isinstance(record, SessionEvicted):
                 row = self.row(record.incarnation)
                 if row is not None:
@@ -284,6 +307,13 @@ class Projection:
                     self._pin(position, record.incarnation)
                     view.put_tombstone(txn, record.incarnation, position)
             position += 1
+
+    def _owner_record(self, row: SessionRow, position: int) -> None:
+        """The latest owner record is pinned (a rebuild must know the generation)."""
+        if row.owner_position:
+            self._unpin(row.owner_position)
+        row.owner_position = position
+        self._pin(position, row.incarnation)
 
     def _pin(self, position: int, incarnation: int) -> None:
         self.view.pin(self.txn, position, incarnation)
@@ -331,6 +361,7 @@ class Projection:
             row.lifecycle_position,
             row.snapshot_position,
             row.trim_position,
+            row.owner_position,
         ):
             if position:
                 self._unpin(position)

@@ -125,6 +125,9 @@ _COMPARED_ROW_FIELDS: Final = (
     "suspended_at_ms",
     "snapshot_ordinal",
     "snapshot_position",
+    "owner_generation",
+    "owner_pid",
+    "owner_start_time",
 )
 
 

@@ -1,0 +1,175 @@
+"""Owner leases of the local engine: an exclusive `flock` per session under `locks/`
+(released by the kernel when the owning process dies), and the owner's identity (pid,
+process start time, host, boot id) recorded in the log, so anyone can tell a live owner
+from a dead one, and a reused pid from its first holder.
+
+Start times come from `/proc/<pid>/stat` (field 22, clock ticks after boot) on Linux;
+where `/proc` is missing the start time is 0 and liveness falls back to "the pid exists"
+(a reused pid then counts as alive: uncertain is alive).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Final
+
+from ..engine import AcquireLease, ReleaseLease
+from ..errors import JournalClosed, OwnerBusy
+from ..sessions import SessionRow
+
+__all__ = [
+    "LocalLease",
+    "acquire_operation",
+    "busy",
+    "holder_pid",
+    "identity",
+    "lock_path",
+    "owner_alive",
+    "process_start_time",
+    "take_lock",
+]
+
+_POLL_S: Final = 0.01
+
+
+def process_start_time(pid: int) -> int:
+    """The start time of process `pid` in clock ticks after boot; 0 when unknown, -1 when
+    no such process exists."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return -1 if os.path.isdir("/proc/self") else _exists(pid)
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])  # field 22 overall
+    except (IndexError, ValueError):
+        return 0
+
+
+def _exists(pid: int) -> int:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return -1
+    except PermissionError:
+        return 0
+    return 0
+
+
+def owner_alive(row: SessionRow, host: str, boot_id: str) -> bool | None:
+    """Whether the owner the row records is alive (None: on another host, cannot tell)."""
+    if not row.owner_pid:
+        return False
+    if row.owner_host != host:
+        return None
+    if row.owner_boot_id != boot_id:
+        return False  # this machine restarted since: that process is gone
+    started = process_start_time(row.owner_pid)
+    if started < 0:
+        return False
+    if started == 0 or row.owner_start_time == 0:
+        return True  # the pid exists and nothing more can be told: uncertain is alive
+    return started == row.owner_start_time
+
+
+def lock_path(store: str, session_id: str) -> str:
+    digest = hashlib.sha256(session_id.encode()).hexdigest()[:32]
+    return os.path.join(store, "locks", f"owner-{digest}.lock")
+
+
+def take_lock(path: str, wait_s: float) -> int | None:
+    """An fd holding an exclusive flock on `path`, or None if it stayed busy `wait_s`.
+
+    The holder writes its identity into the file (`<pid> <start time> <host>\n`), so a
+    process that finds the lock busy can name the holder before its record commits."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid, start_time, host = identity()
+            line = f"{pid} {start_time} {host}\n".encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, line, 0)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(_POLL_S)
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+class LocalLease:
+    """This process's hold on a session's owner lease (see the module docstring):
+    `submit` records the release, the fd holds the lock until then."""
+
+    def __init__(
+        self,
+        submit: Callable[[ReleaseLease], object],
+        session_id: str,
+        generation: int,
+        fd: int,
+    ) -> None:
+        self.session_id = session_id
+        self.generation = generation
+        self._submit = submit
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            self._submit(ReleaseLease(self.session_id, self.generation))
+        except JournalClosed:
+            pass  # the journal closed first: the lock goes with the fd, no record
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def identity(pid: int | None = None) -> tuple[int, int, str]:
+    """(pid, start time, host) of this process."""
+    pid = os.getpid() if pid is None else pid
+    return pid, max(process_start_time(pid), 0), socket.gethostname()
+
+
+def holder_pid(path: str) -> int:
+    """The pid the lock file names (0 while the holder has not written it yet)."""
+    for _ in range(50):
+        try:
+            with open(path, "rb") as f:
+                fields = f.read(512).split()
+        except FileNotFoundError:
+            return 0
+        if fields and fields[0].isdigit():
+            return int(fields[0])
+        time.sleep(_POLL_S)  # taken a moment ago: the holder writes its line right away
+    return 0
+
+
+def busy(session_id: str, path: str, wait_s: float) -> OwnerBusy:
+    pid = holder_pid(path)
+    held = f"pid {pid}" if pid else "another process"
+    return OwnerBusy(
+        f"session {session_id!r} is owned by {held} (waited {wait_s:g} s): wait for it to "
+        "finish, or pass a longer wait_s",
+        pid=pid,
+    )
+
+
+def acquire_operation(session_id: str, boot_id: str) -> AcquireLease:
+    pid, start_time, host = identity()
+    return AcquireLease(session_id, pid, start_time, host, boot_id)

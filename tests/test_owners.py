@@ -1,0 +1,219 @@
+"""Owner leases: one live owner per session across threads and processes, recorded in the
+log (pid, process start time, host, generation), freed when the owner process dies."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from journal import (
+    EventIn,
+    InvalidArgument,
+    Journal,
+    OwnerBusy,
+    ReadOnlyStore,
+    RetentionPolicy,
+    SessionNotFound,
+    SessionNotWritable,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_OWNER = """
+import sys
+from journal import Journal, OwnerBusy
+with Journal.open(sys.argv[1], durability="os") as j:
+    sys.stdout.write("opened\\n"); sys.stdout.flush()
+    sys.stdin.readline()  # start together
+    try:
+        owner = j.own("s")
+    except OwnerBusy as e:
+        print(f"busy {e.pid}", flush=True)
+        sys.exit(0)
+    print(f"won {owner.generation}", flush=True)
+    sys.stdin.readline()  # hold until told (or killed)
+    owner.release()
+    print("released", flush=True)
+"""
+
+
+def _child(store: Path) -> subprocess.Popen[str]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "opened"
+    return proc
+
+
+def _send(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    return proc.stdout.readline().strip()
+
+
+def test_own_records_the_owner_and_leaving_releases_it(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        assert j.get_session("s").owner is None
+        with j.own("s") as owner:
+            meta = j.get_session("s")
+            assert meta.owner is not None
+            assert (meta.owner.pid, meta.owner.generation) == (os.getpid(), 1)
+            assert meta.owner.host == socket.gethostname()
+            assert owner.generation == 1 and owner.info == meta.owner
+            # Plain appends work while owned (and without a lease: below).
+            j.append("s", [EventIn("m", b"owned")])
+        assert j.get_session("s").owner is None
+        j.append("s", [EventIn("m", b"free")])
+        with j.own("s") as again:
+            assert again.generation == 2
+        assert [e.data for e in j.replay("s")] == [b"owned", b"free"]  # no events added
+        assert j.get_session("s").last_ordinal == 2
+
+
+def test_a_second_own_is_busy_until_the_first_lets_go(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        with pytest.raises(OwnerBusy) as busy:
+            j.own("s")
+        assert busy.value.pid == os.getpid()
+        assert (busy.value.code, busy.value.status) == ("OWNER_BUSY", "FAILED_PRECONDITION")
+        threading.Timer(0.2, owner.release).start()
+        started = time.monotonic()
+        with j.own("s", wait_s=5) as second:
+            assert time.monotonic() - started >= 0.15
+            assert second.generation == 2
+        with pytest.raises(InvalidArgument):
+            j.own("s", wait_s=-1)
+
+
+def test_two_processes_racing_for_own_exactly_one_wins(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    first, second = _child(store), _child(store)
+    try:
+        _send(first)
+        _send(second)
+        answers = {first: _line(first), second: _line(second)}
+        winners = [proc for proc, answer in answers.items() if answer == "won 1"]
+        assert len(winners) == 1, answers
+        (winner,) = winners
+        (loser,) = [proc for proc in answers if proc is not winner]
+        assert answers[loser] == f"busy {winner.pid}", answers
+        _send(winner)
+        assert _line(winner) == "released"
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait(10)
+    with Journal.open(store, durability="os") as j:
+        assert j.get_session("s").owner is None
+        with j.own("s") as owner:
+            assert owner.generation == 2
+
+
+def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    owner = _child(store)
+    try:
+        _send(owner)
+        assert _line(owner) == "won 1"
+        with Journal.open(store, durability="os") as j:
+            meta = j.get_session("s")
+            assert meta.owner is not None and meta.owner.pid == owner.pid
+            with pytest.raises(OwnerBusy):
+                j.own("s")
+            owner.send_signal(signal.SIGKILL)
+            owner.wait(10)
+            assert j.get_session("s").owner is None  # recorded, but that process is gone
+            with j.own("s") as successor:
+                assert successor.generation == 2
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
+def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
+    from journal._local import LocalEngine, LocalOptions
+    from journal._local.engine import BOOT_ID
+    from journal._local.leases import process_start_time
+    from journal.engine import AcquireLease
+
+    engine = LocalEngine.open(str(tmp_path), LocalOptions(durability="os"))
+    with Journal.over(engine) as j:
+        j.create_session("s")
+        # A lease record whose pid is alive (this process) but with another start time:
+        # the process that took it is gone and its pid was reused.
+        started = process_start_time(os.getpid())
+        host = socket.gethostname()
+        engine.submit(AcquireLease("s", os.getpid(), started + 1, host, BOOT_ID.decode()))
+        assert j.get_session("s").owner is None
+        # The same pid with its real start time is the owner.
+        engine.submit(AcquireLease("s", os.getpid(), started, host, BOOT_ID.decode()))
+        owner = j.get_session("s").owner
+        assert owner is not None and owner.generation == 2
+        # A record from before a reboot is never a live owner.
+        engine.submit(AcquireLease("s", os.getpid(), started, host, "another-boot"))
+        assert j.get_session("s").owner is None
+        # Another host cannot be checked from here: uncertain counts as alive.
+        engine.submit(AcquireLease("s", 1, 1, host + "-elsewhere", BOOT_ID.decode()))
+        assert j.get_session("s").owner is not None
+
+
+def test_owner_generations_survive_reopen_rebuild_and_compaction(tmp_path: Path) -> None:
+    policy = RetentionPolicy(max_history_bytes=4000)
+    options = {"durability": "os", "segment_bytes": 4096, "retention": policy}
+    with Journal.open(tmp_path, **options) as j:  # type: ignore[arg-type]
+        j.create_session("s")
+        for _ in range(3):
+            with j.own("s"):
+                pass
+        for _ in range(40):  # the owner records' segments hold nothing else live
+            j.append("s", [EventIn("m", b"p" * 900)])
+        j.compact(dead_share=0.0)
+        assert j.verify().ok
+    shutil.rmtree(tmp_path / "index")
+    os.unlink(tmp_path / "view-boot")
+    with Journal.open(tmp_path, **options) as j:  # type: ignore[arg-type]
+        assert j.verify().ok
+        with j.own("s") as owner:
+            assert owner.generation == 4
+
+
+def test_own_refuses_unknown_ended_and_read_only_sessions(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        with pytest.raises(SessionNotFound):
+            j.own("nobody")
+        j.create_session("done")
+        j.resolve_session("done")
+        with pytest.raises(SessionNotWritable):
+            j.own("done")
+        assert j.get_session("done").owner is None
+    with Journal.open(tmp_path, readonly=True) as reader, pytest.raises(ReadOnlyStore):
+        reader.own("done")
