@@ -13,6 +13,7 @@ import msgspec
 from .engine import Append, CreateSession
 from .errors import InvalidArgument
 from .models import EventIn
+from .records import TURN_EVENT_TYPES
 
 __all__ = [
     "DEFAULT_PAGE_BYTES",
@@ -184,6 +185,11 @@ class EventChecker:
                     f"events[{i}].data is {len(event.data)} bytes; the limit is "
                     f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
                     "and append a reference"
+                )
+            if event.type in TURN_EVENT_TYPES:
+                raise InvalidArgument(
+                    f"events[{i}].type {event.type!r} is reserved for turns: use "
+                    "`with journal.own(id) as owner, owner.turn(request_id) as turn`"
                 )
             if event.type not in self._checked_types:
                 check_name(f"events[{i}].type", event.type)

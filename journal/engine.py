@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AcquireLease",
     "Append",
+    "AppendTurnEvent",
     "Appended",
     "ApplyRetention",
     "CompactSession",
@@ -179,6 +180,17 @@ class ReleaseLease(Operation[SessionRow], frozen=True):
 
     session_id: str
     generation: int
+
+
+class AppendTurnEvent(Operation[Appended], frozen=True):
+    """Append a turn event (`turn_started` or `turn_result`) for `request_id`, on behalf
+    of the owner holding lease `generation` (refused with `OwnerBusy` otherwise)."""
+
+    session_id: str
+    generation: int
+    type: str
+    request_id: str
+    data: bytes
 
 
 class Lease(Protocol):

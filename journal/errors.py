@@ -168,8 +168,15 @@ class OwnerBusy(JournalError):
 
 
 class OutcomeUnknown(JournalError):
-    """A turn was started and never settled, and its owner process is gone: whether its
-    effects happened is unknown."""
+    """A turn was started and never settled, and its owner process is gone (or the
+    session ended first): whether its effects happened is unknown. `request_id` names the
+    turn; `cursor` is that of the last event delivered (resume from it after recovery;
+    None when nothing was delivered and the watch started without a cursor)."""
 
     code = "WATCH_OUTCOME_UNKNOWN"
     status = "UNKNOWN"
+
+    def __init__(self, message: str, *, request_id: str, cursor: str | None) -> None:
+        self.request_id = request_id
+        self.cursor = cursor
+        super().__init__(message)

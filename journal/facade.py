@@ -36,6 +36,7 @@ from .arguments import (
     check_snapshot,
 )
 from .engine import (
+    AppendTurnEvent,
     ApplyRetention,
     CompactSession,
     Engine,
@@ -52,6 +53,7 @@ from .errors import (
     InvalidArgument,
     InvalidPageToken,
     JournalClosed,
+    OutcomeUnknown,
     ReadOnlyStore,
     SessionNotFound,
 )
@@ -74,8 +76,9 @@ from .models import (
     StoreStats,
     VerifyReport,
 )
+from .records import TURN_RESULT
 from .sessions import FeedEntry, SessionRow, TransitionKind, metadata, recorded_owner
-from .turns import Owner
+from .turns import OUTCOME_UNKNOWN_RESULT, Owner, TurnWriter, result_data
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
@@ -363,12 +366,40 @@ class Journal:
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
         lease = self._engine.acquire(session_id, float(wait_s))
-        row = self._engine.session(session_id)
-        info = None if row is None else recorded_owner(row)
-        if info is None or info.generation != lease.generation:
+        try:
+            row = self._engine.session(session_id)
+            info = None if row is None else recorded_owner(row)
+            if row is None or info is None or info.generation != lease.generation:
+                raise SessionNotFound(f"session {session_id!r} was evicted while being owned")
+            writer = TurnWriter(
+                partial(self._turn_event, session_id, lease.generation),
+                partial(self.append, session_id),
+            )
+            if row.turn_request_id is not None:
+                # The turn's owner is gone (we hold the lease now) and never settled it.
+                writer.turn_event(
+                    TURN_RESULT, row.turn_request_id, result_data(OUTCOME_UNKNOWN_RESULT)
+                )
+        except BaseException:
             lease.release()
-            raise SessionNotFound(f"session {session_id!r} was evicted while being owned")
-        return Owner(lease, info)
+            raise
+        return Owner(lease, info, writer)
+
+    def _turn_event(
+        self, session_id: str, generation: int, kind: str, request_id: str, data: bytes
+    ) -> AppendResult:
+        appended = self._submit(AppendTurnEvent(session_id, generation, kind, request_id, data))
+        return AppendResult(
+            session_id,
+            appended.first_ordinal,
+            appended.last_ordinal,
+            self._codec.encode(
+                TokenKind.SESSION,
+                self._scope(session_id, appended.incarnation),
+                appended.last_position,
+                appended.last_ordinal,
+            ),
+        )
 
     def _metadata(self, row: SessionRow) -> SessionMetadata:
         """Public metadata with the owner only while it is alive (uncertain is alive)."""
@@ -499,8 +530,8 @@ class Journal:
         max_bytes: int,
         readers: PageReaders,
         after: int,
-    ) -> tuple[list[Event], bool, bool, int]:
-        """(events, has_more, terminal, committed next position) after ordinal `after`."""
+    ) -> tuple[list[Event], bool, bool, int, SessionRow]:
+        """(events, has_more, terminal, committed next position, row) after `after`."""
         page = self._engine.read(
             row.session_id, row.incarnation, after, max_bytes, context, readers
         )
@@ -512,7 +543,45 @@ class Journal:
             )
         if after < current.first_ordinal - 1:
             raise self._expired(current, after)
-        return page.events, page.has_more, current.session_state.terminal, page.head
+        return page.events, page.has_more, current.session_state.terminal, page.head, current
+
+    def _unsettled(
+        self, start_cursor: str | None, row: SessionRow, terminal: bool, last: Event | None
+    ) -> None:
+        """A live follower delivered everything and the last turn is unsettled: raise
+        `OutcomeUnknown` if the session ended, or if the turn's owner is gone (checked
+        twice, so an owner just taking over is not mistaken for a dead one; a check that
+        cannot tell counts as alive)."""
+        request_id = row.turn_request_id
+        if request_id is None:
+            return
+        cursor = last.cursor if last is not None else start_cursor
+        if terminal:
+            raise OutcomeUnknown(
+                f"session {row.session_id!r} ended while turn {request_id!r} was unsettled: "
+                "whether the prompt executed is unknown",
+                request_id=request_id,
+                cursor=cursor,
+            )
+        if self._engine.owner_alive(row) is not False:
+            return
+        time.sleep(0.005)
+        again = self._engine.session(row.session_id)
+        if (
+            again is None
+            or again.incarnation != row.incarnation
+            or again.turn_request_id != request_id
+            or again.last_ordinal != row.last_ordinal
+            or self._engine.owner_alive(again) is not False
+        ):
+            return  # something moved (or the owner lives): the next page tells
+        raise OutcomeUnknown(
+            f"the owner of session {row.session_id!r} ended without settling turn "
+            f"{request_id!r}: the prompt may have executed; a new owner records it as "
+            "failed, resume from this error's cursor to see that result",
+            request_id=request_id,
+            cursor=cursor,
+        )
 
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
@@ -526,7 +595,9 @@ class Journal:
         _check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
-            events, has_more, _, _ = self._page(row, self._context(row), max_bytes, readers, after)
+            events, has_more, _, _, _ = self._page(
+                row, self._context(row), max_bytes, readers, after
+            )
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
 
@@ -536,7 +607,7 @@ class Journal:
         """Every retained event after `cursor`, page by page (what is committed now)."""
         _check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
-        return chain.from_iterable(self._follow(row, after, None, False, max_bytes))
+        return chain.from_iterable(self._follow(row, after, None, False, max_bytes, cursor))
 
     def watch(
         self,
@@ -553,7 +624,7 @@ class Journal:
         _check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         # Pages are flattened by itertools.chain (in C): no generator frame per event.
-        return chain.from_iterable(self._follow(row, after, stop, True, max_bytes))
+        return chain.from_iterable(self._follow(row, after, stop, True, max_bytes, cursor))
 
     def _follow(
         self,
@@ -562,12 +633,12 @@ class Journal:
         stop: threading.Event | None,
         live: bool,
         max_bytes: int,
+        cursor: str | None,
     ) -> Iterator[list[Event]]:
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
-            yield from follow(
-                EventPager(page, after, live), self._engine.waiter, stop, self._is_closed
-            )
+            pager = EventPager(page, after, live, partial(self._unsettled, cursor))
+            yield from follow(pager, self._engine.waiter, stop, self._is_closed)
 
     async def awatch(
         self,
@@ -580,9 +651,8 @@ class Journal:
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
-            async for event in afollow(
-                EventPager(page, after, True), self._engine.waiter, self._is_closed
-            ):
+            pager = EventPager(page, after, True, partial(self._unsettled, cursor))
+            async for event in afollow(pager, self._engine.waiter, self._is_closed):
                 yield event
 
     # -- lifecycle feed --------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final, Protocol, TypeVar
 
 from .models import Event, LifecycleEvent
+from .sessions import SessionRow
 
 __all__ = ["EventPager", "LifecyclePager", "Notifier", "afollow", "follow"]
 
@@ -64,7 +65,7 @@ class Notifier:
                 return False
             delay = min(delay * 1.5, self.MAX_POLL)
 
-    async def await_change(self, seen: int) -> None:
+    async def await_change(self, seen: int, timeout: float | None = None) -> None:
         """The asyncio twin of `wait` (without `stop`: cancel the task instead).
 
         Waits on a plain future woken by `publish` or by a timer: unlike
@@ -74,8 +75,11 @@ class Notifier:
 
         loop = asyncio.get_running_loop()
         delay = self.MIN_POLL
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._local > seen or self._read_head() > seen:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
                 return
             waiter = loop.create_future()
             key = id(waiter)
@@ -98,36 +102,68 @@ def _wake(waiter: Any) -> None:
 
 class Pager(Protocol[ItemT]):
     """One page step: (items to deliver, the committed head to wait past before the next
-    step or None to step again at once, whether the follow is over)."""
+    step or None to step again at once, whether the follow is over). `wait_timeout` is
+    the longest such a wait may last (None: until the head moves)."""
+
+    wait_timeout: float | None
 
     def step(self) -> tuple[list[ItemT], int | None, bool]: ...
 
 
-# (events, has_more, terminal, committed next position) after an ordinal, one snapshot
-EventPage = tuple[list[Event], bool, bool, int]
+# (events, has_more, terminal, committed next position, the session's row) after an
+# ordinal, from one snapshot
+EventPage = tuple[list[Event], bool, bool, int, SessionRow]
+
+# Called when a live follower has delivered everything and the session's last turn is
+# unsettled: (row, terminal, last event delivered or None) -> raises `OutcomeUnknown`
+# when the outcome is unknown, returns when the turn's owner is alive (or may be).
+UnsettledCheck = Callable[[SessionRow, bool, Event | None], None]
+
+# While a turn is open, how often a waiting follower checks that its owner is alive.
+OWNER_CHECK_S: Final = 0.1
 
 
 class EventPager:
     """A session's events after an ordinal: pages while more are retained; then, when
-    `live`, waits for new ones until the session is terminal and drained."""
+    `live`, waits for new ones until the session is terminal and drained. A live pager
+    with `unsettled` never ends normally while the session's last turn is unsettled: it
+    raises `OutcomeUnknown` once that turn's owner is gone or the session ended."""
 
-    def __init__(self, read_page: Callable[[int], EventPage], after: int, live: bool) -> None:
+    def __init__(
+        self,
+        read_page: Callable[[int], EventPage],
+        after: int,
+        live: bool,
+        unsettled: UnsettledCheck | None = None,
+    ) -> None:
         self._read_page = read_page
         self.after = after
         self._live = live
+        self._unsettled = unsettled
+        self.last: Event | None = None
+        self.wait_timeout: float | None = None
 
     def step(self) -> tuple[list[Event], int | None, bool]:
-        events, has_more, terminal, seen = self._read_page(self.after)
+        events, has_more, terminal, seen, row = self._read_page(self.after)
+        self.wait_timeout = None
         if events:
             self.after = events[-1].ordinal
+            self.last = events[-1]
         if has_more:
             return events, None, False
         if not self._live:
             return events, None, True
+        if events:
+            # One more page after the last events: a session ends (or a turn is judged)
+            # only once drained.
+            return events, None, False
+        if self._unsettled is not None and row.turn_request_id is not None:
+            self._unsettled(row, terminal, self.last)
+            # Its owner is alive (or may be): wait for it, checking again now and then.
+            self.wait_timeout = OWNER_CHECK_S
         if terminal:
-            # One more page after the last events: a terminal session ends drained.
-            return events, None, not events
-        return events, None if events else seen, False
+            return [], None, True
+        return [], seen, False
 
 
 class LifecyclePager:
@@ -143,6 +179,7 @@ class LifecyclePager:
         self._read_feed = read_feed
         self.after = after
         self._snapshot = snapshot
+        self.wait_timeout: float | None = None
 
     def step(self) -> tuple[list[LifecycleEvent], int | None, bool]:
         if self._snapshot is not None:
@@ -170,7 +207,7 @@ def follow(
         if done:
             return
         if wait_past is not None:
-            waiter.wait(wait_past, stop)
+            waiter.wait(wait_past, stop, pager.wait_timeout)
 
 
 async def afollow(
@@ -184,4 +221,4 @@ async def afollow(
         if done:
             return
         if wait_past is not None:
-            await waiter.await_change(wait_past)
+            await waiter.await_change(wait_past, pager.wait_timeout)

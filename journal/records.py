@@ -18,6 +18,9 @@ import msgspec
 from .models import Event
 
 __all__ = [
+    "TURN_EVENT_TYPES",
+    "TURN_RESULT",
+    "TURN_STARTED",
     "EventAppended",
     "HistoryTrimmed",
     "IdempotencyKeyUsed",
@@ -33,6 +36,12 @@ __all__ = [
     "decode_record",
     "encode_frame_body",
 ]
+
+
+# Event types the journal writes itself (turns); `append()` refuses them.
+TURN_STARTED: Final = "turn_started"
+TURN_RESULT: Final = "turn_result"
+TURN_EVENT_TYPES: Final = frozenset({TURN_STARTED, TURN_RESULT})
 
 
 class _RecordBase(msgspec.Struct, array_like=True, frozen=True, tag_field="record_kind"):

@@ -1,16 +1,108 @@
-"""Owners: the exclusive lease a runtime process holds on a session while it runs the
-session's prompts. Engine-neutral: the engine takes, checks and releases the lease
-(`Engine.acquire`, `Engine.owner_alive`); this layer is what callers hold.
+"""Owners and turns: the exclusive lease a runtime process holds on a session, and the
+turns it runs under it (`turn_started` ... `turn_result`). Engine-neutral: the engine
+takes, checks and releases the lease (`Engine.acquire`, `Engine.owner_alive`) and commits
+turn events (`AppendTurnEvent`); this layer is what callers hold.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from .engine import Lease
-from .models import OwnerInfo
+from .errors import InvalidArgument
+from .models import AppendResult, EventIn, OwnerInfo
+from .records import TURN_RESULT, TURN_STARTED
 
-__all__ = ["Owner"]
+__all__ = ["OUTCOME_UNKNOWN_RESULT", "Owner", "Turn", "TurnWriter", "result_data"]
+
+# The result the next owner records for a turn whose owner died before settling it.
+OUTCOME_UNKNOWN_RESULT: dict[str, object] = {
+    "status": "failed",
+    "error": {
+        "code": "WATCH_OUTCOME_UNKNOWN",
+        "message": "the previous owner ended without recording a settled result; the "
+        "prompt may have executed",
+    },
+}
+
+
+def result_data(result: dict[str, object]) -> bytes:
+    return json.dumps(result, separators=(",", ":")).encode()
+
+
+class TurnWriter:
+    """How an owner writes (given by the facade): turn events under its lease, and plain
+    appends of the turn's events."""
+
+    def __init__(
+        self,
+        turn_event: Callable[[str, str, bytes], AppendResult],
+        append: Callable[[Sequence[EventIn]], AppendResult],
+    ) -> None:
+        self.turn_event = turn_event
+        self.append = append
+
+
+class Turn:
+    """One turn of an owner: a context manager (see `Owner.turn`)."""
+
+    def __init__(self, owner: Owner, request_id: str, writer: TurnWriter) -> None:
+        self.owner = owner
+        self.request_id = request_id
+        self._writer = writer
+        self._cancelled = False
+        self.started: AppendResult | None = None
+        self.result: AppendResult | None = None
+
+    def __enter__(self) -> Turn:
+        try:
+            self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
+        except BaseException:
+            self.owner.turn_ended(self)
+            raise
+        return self
+
+    def append(self, events: Sequence[EventIn]) -> AppendResult:
+        """Append events of this turn (their request id becomes the turn's)."""
+        if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
+            raise InvalidArgument("events must be a list of EventIn")
+        tagged = [
+            EventIn(e.type, e.data, self.request_id) if isinstance(e, EventIn) else e
+            for e in events
+        ]
+        return self._writer.append(tagged)
+
+    def cancel(self) -> None:
+        """Record the turn as cancelled when the block ends (unless it raises)."""
+        self._cancelled = True
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if error is not None:
+                code = getattr(error, "code", None)
+                outcome: dict[str, object] = {
+                    "status": "failed",
+                    "error": {
+                        "code": code if isinstance(code, str) else type(error).__name__,
+                        "message": str(error),
+                    },
+                }
+            elif self._cancelled:
+                outcome = {"status": "cancelled"}
+            else:
+                outcome = {"status": "completed"}
+            self.result = self._writer.turn_event(
+                TURN_RESULT, self.request_id, result_data(outcome)
+            )
+        finally:
+            self.owner.turn_ended(self)
 
 
 class Owner:
@@ -18,15 +110,36 @@ class Owner:
 
     While it is held, `own()` of the same session anywhere raises `OwnerBusy`; leaving
     the block (or `release()`) records the release. If the process dies, the lease is
-    free again at once (the local engine's lock dies with the process) and the session's
-    metadata stops reporting it.
+    free again at once (the local engine's lock dies with the process), the session's
+    metadata stops reporting it, and an unsettled turn of it is settled by the next owner
+    as failed with WATCH_OUTCOME_UNKNOWN.
     """
 
-    def __init__(self, lease: Lease, info: OwnerInfo) -> None:
+    def __init__(self, lease: Lease, info: OwnerInfo, writer: TurnWriter) -> None:
         self._lease = lease
+        self._writer = writer
+        self._turn: Turn | None = None
         self.session_id = lease.session_id
         self.generation = lease.generation
         self.info = info
+
+    def turn(self, request_id: str) -> Turn:
+        """`with owner.turn(request_id) as turn:` appends `turn_started`; `turn.append`
+        appends the turn's events; leaving the block appends `turn_result`: completed,
+        cancelled (after `turn.cancel()`), or failed with the exception's code and message
+        (the exception propagates). One turn at a time per owner."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgument("request_id must be a non-empty str")
+        if self._turn is not None:
+            raise InvalidArgument(
+                f"turn {self._turn.request_id!r} is still open: one turn at a time per owner"
+            )
+        self._turn = Turn(self, request_id, self._writer)
+        return self._turn
+
+    def turn_ended(self, turn: Turn) -> None:
+        if self._turn is turn:
+            self._turn = None
 
     def release(self) -> None:
         """Record the release and let the lease go; idempotent."""

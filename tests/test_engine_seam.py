@@ -36,6 +36,8 @@ def _instance(cls: type[JournalError]) -> JournalError:
         return CursorFuture("past the head", head_ordinal=7)
     if cls is CursorExpired:
         return CursorExpired("expired", earliest_ordinal=5, resume_cursor="AQ")
+    if cls is journal.OutcomeUnknown:
+        return journal.OutcomeUnknown("owner died", request_id="r1", cursor="AQ")
     if cls is journal.OwnerBusy:
         return journal.OwnerBusy("owned by pid 42", pid=42)
     return cls(f"a {cls.__name__}")

@@ -16,6 +16,7 @@ from ..engine import (
     AcquireLease,
     Append,
     Appended,
+    AppendTurnEvent,
     ApplyRetention,
     CompactSession,
     CreateSession,
@@ -31,6 +32,7 @@ from ..errors import (
     IllegalTransition,
     InvalidArgument,
     OrdinalConflict,
+    OwnerBusy,
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
@@ -121,6 +123,7 @@ class Planner:
         # The frame's event runs (coalesced) and its other records (index, record).
         self.event_runs: list[EventRun] = []
         self.others: list[tuple[int, Record]] = []
+        self.loose_events: list[tuple[int, int, int]] = []
         # Segments the view forgot in this transaction: deleted once it commits.
         self.doomed: list[int] = []
         self.rebuilt = False
@@ -218,6 +221,7 @@ class Planner:
             len(self._finishers),
             len(self.others),
             len(self._undo),
+            len(self.loose_events),
         )
         request.error = None
         request.result = None
@@ -225,7 +229,8 @@ class Planner:
             self.log.ops.point("plan.operation", request.operation)
             self._dispatch(request, request.operation)
         except Exception as e:
-            records, next_position, run_count, finishers, others, undo = mark
+            records, next_position, run_count, finishers, others, undo, loose = mark
+            del self.loose_events[loose:]
             while len(self._undo) > undo:
                 self._undo.pop()()
             del self.records[records:]
@@ -255,6 +260,8 @@ class Planner:
                 self._retention(request, operation)
             case VerifyFix():
                 self._verify_fix(request, operation)
+            case AppendTurnEvent():
+                self._turn_event(request, operation)
             case AcquireLease():
                 self._acquire(request, operation)
             case ReleaseLease():
@@ -419,6 +426,33 @@ class Planner:
         position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
+    def _turn_event(self, request: Request, op: AppendTurnEvent) -> None:
+        pending = self._existing(op.session_id)
+        row = pending.row
+        planned = self.generations.get(pending.incarnation, row.owner_generation)
+        if planned != op.generation or not row.owner_pid:
+            raise OwnerBusy(
+                f"the owner lease (generation {op.generation}) of session {op.session_id!r} "
+                "is no longer held by this owner: take it again with own()",
+                pid=row.owner_pid,
+            )
+        if pending.state is not SessionState.OPEN:
+            raise SessionNotWritable(
+                f"session {op.session_id!r} is {pending.state.value}: the turn cannot be recorded"
+            )
+        ordinal = pending.last_ordinal + 1
+        position = self.next_position
+        record = EventAppended(
+            pending.incarnation, ordinal, self.now, op.type, op.data, op.request_id, position
+        )
+        # Never part of a run: every projection (commit, catch-up, sidecar) sees its type.
+        self.others.append((len(self.records), record))
+        self.records.append(record)
+        self.loose_events.append((len(self.records) - 1, pending.incarnation, ordinal))
+        self.next_position += 1
+        self._set_last_ordinal(pending, ordinal)
+        request.result = Appended(pending.incarnation, ordinal, ordinal, position)
+
     def _acquire(self, request: Request, op: AcquireLease) -> None:
         pending = self._existing(op.session_id)
         if pending.state.terminal:
@@ -520,6 +554,7 @@ class Planner:
         return FrameDigest(
             [msgspec.structs.replace(run) for run in self.event_runs],
             [(index, encode_other(record)) for index, record in self.others],
+            list(self.loose_events),
         )
 
     def _feed_row(self, position: int) -> SessionRow:

@@ -13,6 +13,8 @@ import lmdb
 from ..errors import JournalCorrupt
 from ..models import LifecycleEventType, SessionState
 from ..records import (
+    TURN_EVENT_TYPES,
+    TURN_STARTED,
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
@@ -113,12 +115,15 @@ class Projection:
         ]
         items += [(other.position, 1, i) for i, other in enumerate(summary.others)]
         items.sort()
-        indexed: set[tuple[int, int]] = set()
+        # Per frame: the sessions whose first event in it was indexed already (a turn
+        # event among the other records may come first).
+        indexed: dict[int, set[int]] = {}
         for position, kind, i in items:
             if kind == 1:
                 other = summary.others[i]
                 info = FrameInfo(segment, other.frame_offset, position, 1, 0)
-                self._apply_records(info, [decode_record(other.encoded)], 0, 1, set())
+                seen = indexed.setdefault(other.frame_offset, set())
+                self._apply_records(info, [decode_record(other.encoded)], 0, 1, seen)
                 continue
             run = summary.event_runs[i]
             self._apply_run(
@@ -130,9 +135,9 @@ class Projection:
                 segment,
                 run.frame_offset,
                 run.time_ms,
-                (run.frame_offset, run.incarnation) not in indexed,
+                run.incarnation not in indexed.setdefault(run.frame_offset, set()),
             )
-            indexed.add((run.frame_offset, run.incarnation))
+            indexed[run.frame_offset].add(run.incarnation)
         self.head.segment = segment
         self.head.end_offset = summary.data_end
         self.head.next_position = max(self.head.next_position, summary.last_position + 1)
@@ -210,6 +215,8 @@ class Projection:
                     row.last_event_position = position
                     row.appended_bytes += len(record.data)
                     row.retained_bytes += len(record.data)
+                    if record.type in TURN_EVENT_TYPES:
+                        self._turn_event(row, record)
                 position += 1
                 continue
             current = -1
@@ -307,6 +314,16 @@ class Projection:
                     self._pin(position, record.incarnation)
                     view.put_tombstone(txn, record.incarnation, position)
             position += 1
+
+    @staticmethod
+    def _turn_event(row: SessionRow, record: EventAppended) -> None:
+        """Turn events are never in runs (sidecar.is_loose_event): every path sees them."""
+        if record.type == TURN_STARTED:
+            row.turn_request_id = record.request_id
+            row.turn_ordinal = record.ordinal
+        elif record.request_id == row.turn_request_id:
+            row.turn_request_id = None
+            row.turn_ordinal = 0
 
     def _owner_record(self, row: SessionRow, position: int) -> None:
         """The latest owner record is pinned (a rebuild must know the generation)."""

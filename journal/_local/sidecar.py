@@ -15,7 +15,7 @@ from typing import Final
 
 import msgspec
 
-from ..records import EventAppended, Record, SnapshotTaken
+from ..records import TURN_EVENT_TYPES, EventAppended, Record, SnapshotTaken
 from .files import DEFAULT_FILE_OPS, FileOps, write_atomic
 from .frames import SEGMENT_HEADER_SIZE, sidecar_name
 
@@ -68,20 +68,28 @@ def add_run(runs: list[EventRun], run: EventRun) -> None:
 
 
 class FrameDigest(msgspec.Struct, gc=False):
-    """What a frame holds, for its segment's sidecar: its event runs and the other
-    records (index in the frame, encoded record)."""
+    """What a frame holds, for its segment's sidecar: its event runs, the other records
+    (index in the frame, encoded record), and of those the events that are never part of
+    a run (turn events, kept out so every projection sees their type: index, incarnation,
+    ordinal), which still count as the session's events in the frame."""
 
     event_runs: list[EventRun]
     others: list[tuple[int, bytes]]
+    loose_events: list[tuple[int, int, int]] = []
 
     @property
     def sessions(self) -> dict[int, tuple[int, int]]:
         """incarnation -> (first, last) ordinal of its events in the frame."""
+        spans = [(r.start, r.incarnation, r.first_ordinal, r.count) for r in self.event_runs]
+        spans += [
+            (index, incarnation, ordinal, 1) for index, incarnation, ordinal in self.loose_events
+        ]
+        if self.loose_events:
+            spans.sort()
         ranges: dict[int, tuple[int, int]] = {}
-        for run in self.event_runs:
-            seen = ranges.get(run.incarnation)
-            last = run.first_ordinal + run.count - 1
-            ranges[run.incarnation] = (seen[0] if seen else run.first_ordinal, last)
+        for _, incarnation, first, count in spans:
+            seen = ranges.get(incarnation)
+            ranges[incarnation] = (seen[0] if seen else first, first + count - 1)
         return ranges
 
 
@@ -99,8 +107,12 @@ def digest_records(records: Sequence[Record]) -> FrameDigest:
     """The digest of a frame's decoded records (what the planner computes as it plans)."""
     runs: list[EventRun] = []
     others: list[tuple[int, bytes]] = []
+    loose: list[tuple[int, int, int]] = []
     for index, record in enumerate(records):
-        if isinstance(record, EventAppended):
+        if isinstance(record, EventAppended) and record.type in TURN_EVENT_TYPES:
+            others.append((index, encode_other(record)))
+            loose.append((index, record.incarnation, record.ordinal))
+        elif isinstance(record, EventAppended):
             add_run(
                 runs,
                 EventRun(
@@ -114,7 +126,7 @@ def digest_records(records: Sequence[Record]) -> FrameDigest:
             )
         else:
             others.append((index, encode_other(record)))
-    return FrameDigest(runs, others)
+    return FrameDigest(runs, others, loose)
 
 
 class SidecarRun(msgspec.Struct, array_like=True, gc=False):
