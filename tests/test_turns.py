@@ -1,0 +1,238 @@
+"""Turns: settled outcomes, reserved event types, and outcome-unknown detection when a
+turn's owner dies (a real process, SIGKILL) or the session ends mid-turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import (
+    EventIn,
+    InvalidArgument,
+    Journal,
+    OutcomeUnknown,
+    OwnerBusy,
+    SessionNotWritable,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+UNKNOWN = {
+    "status": "failed",
+    "error": {
+        "code": "WATCH_OUTCOME_UNKNOWN",
+        "message": "the previous owner ended without recording a settled result; the "
+        "prompt may have executed",
+    },
+}
+
+_MID_TURN = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="fsync") as j:
+    owner = j.own("s")
+    turn = owner.turn("r-killed").__enter__()
+    turn.append([EventIn("message", b'{"step": 1}')])
+    print("mid-turn", flush=True)
+    sys.stdin.readline()  # killed here
+"""
+
+
+def _kinds(j: Journal, session_id: str, cursor: str | None = None) -> list[tuple[Any, ...]]:
+    return [(e.type, e.request_id, json.loads(e.data)) for e in j.replay(session_id, cursor)]
+
+
+def test_turns_record_completed_cancelled_and_failed_outcomes(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("r1") as turn:
+                appended = turn.append([EventIn("message", b'{"text": "hi"}')])
+                assert appended.first_ordinal == 2
+            with owner.turn("r2") as turn:
+                turn.cancel()
+            with pytest.raises(OwnerBusy), owner.turn("r3"):
+                raise OwnerBusy("the tool was busy", pid=7)
+            with pytest.raises(ValueError), owner.turn("r4"):
+                raise ValueError("bad input")
+        assert _kinds(j, "s") == [
+            ("turn_started", "r1", {}),
+            ("message", "r1", {"text": "hi"}),
+            ("turn_result", "r1", {"status": "completed"}),
+            ("turn_started", "r2", {}),
+            ("turn_result", "r2", {"status": "cancelled"}),
+            ("turn_started", "r3", {}),
+            (
+                "turn_result",
+                "r3",
+                {
+                    "status": "failed",
+                    "error": {"code": "OWNER_BUSY", "message": "the tool was busy"},
+                },
+            ),
+            ("turn_started", "r4", {}),
+            (
+                "turn_result",
+                "r4",
+                {"status": "failed", "error": {"code": "ValueError", "message": "bad input"}},
+            ),
+        ]
+        # Every turn event is a session event with an ordinal and a cursor.
+        events = list(j.replay("s"))
+        assert [e.ordinal for e in events] == list(range(1, 10))
+        assert all(e.cursor for e in events)
+
+
+def test_turn_types_are_reserved_and_one_turn_at_a_time(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        for kind in ("turn_started", "turn_result"):
+            with pytest.raises(InvalidArgument, match="reserved for turns"):
+                j.append("s", [EventIn(kind, b'{"status": "completed"}')])
+        # A message whose payload imitates a turn record is a message.
+        j.append("s", [EventIn("message", b'{"type": "turn_result"}')])
+        with (
+            j.own("s") as owner,
+            owner.turn("r1"),
+            pytest.raises(InvalidArgument, match="one turn at a time"),
+        ):
+            owner.turn("r2")
+        assert [e.type for e in j.replay("s")] == ["message", "turn_started", "turn_result"]
+
+
+def test_a_session_resolved_mid_turn_ends_its_watchers_with_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        turn = owner.turn("r1").__enter__()
+        seen: list[str] = []
+        errors: list[OutcomeUnknown] = []
+
+        def watch() -> None:
+            try:
+                for event in j.watch("s"):
+                    seen.append(event.cursor)
+            except OutcomeUnknown as e:
+                errors.append(e)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        time.sleep(0.2)
+        assert not errors  # its owner is alive: the stream just waits
+        j.resolve_session("s")
+        watcher.join(10)
+        assert not watcher.is_alive()
+        assert len(errors) == 1 and errors[0].request_id == "r1"
+        assert errors[0].cursor == seen[-1]
+        with pytest.raises(SessionNotWritable):
+            turn.__exit__(None, None, None)
+        owner.release()
+
+
+def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("message", b'{"before": true}')])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MID_TURN, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        with Journal.open(store) as j:
+            delivered: list[Any] = []
+            errors: list[OutcomeUnknown] = []
+
+            def watch() -> None:
+                try:
+                    for event in j.watch("s"):
+                        delivered.append(event)
+                except OutcomeUnknown as e:
+                    errors.append(e)
+
+            watcher = threading.Thread(target=watch)  # started before the kill
+            watcher.start()
+            deadline = time.monotonic() + 10
+            while len(delivered) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            assert not errors and watcher.is_alive()  # the owner lives: it waits
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            watcher.join(10)
+            assert not watcher.is_alive()
+            assert len(errors) == 1, errors
+            error = errors[0]
+            assert error.request_id == "r-killed" and error.code == "WATCH_OUTCOME_UNKNOWN"
+            assert [e.type for e in delivered] == ["message", "turn_started", "message"]
+            assert error.cursor == delivered[-1].cursor
+            # The next owner records the unknown outcome before own() returns.
+            with j.own("s") as owner, owner.turn("r-next") as turn:
+                turn.append([EventIn("message", b'{"after": true}')])
+            assert _kinds(j, "s", error.cursor) == [
+                ("turn_result", "r-killed", UNKNOWN),
+                ("turn_started", "r-next", {}),
+                ("message", "r-next", {"after": True}),
+                ("turn_result", "r-next", {"status": "completed"}),
+            ]
+            # No other result is ever invented: owning again adds nothing.
+            before = j.get_session("s").last_ordinal
+            with j.own("s"):
+                pass
+            assert j.get_session("s").last_ordinal == before
+            assert j.verify().ok
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+_DIES_MID_TURN = """
+import os, sys
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], durability="os", segment_bytes=4096)
+turn = j.own("s").turn("r1").__enter__()
+for _ in range(12):  # the turn_started record ends up in a sealed segment
+    turn.append([EventIn("message", b"m" * 700)])
+os._exit(0)  # dies with the turn open: no result, no release
+"""
+
+
+def test_an_unsettled_turn_survives_a_rebuild_of_the_view(tmp_path: Path) -> None:
+    options: dict[str, Any] = {"durability": "os", "segment_bytes": 4096}
+    with Journal.open(tmp_path, **options) as j:
+        j.create_session("s")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    subprocess.run([sys.executable, "-c", _DIES_MID_TURN, str(tmp_path)], env=env, check=True)
+    assert len(list((tmp_path / "segments").glob("*.idx"))) >= 2
+    shutil.rmtree(tmp_path / "index")
+    os.unlink(tmp_path / "view-boot")
+    with Journal.open(tmp_path, **options) as j:  # rebuilt from sidecars + active segment
+        assert j.verify().ok
+        with pytest.raises(OutcomeUnknown) as unknown:
+            list(j.watch("s"))
+        assert unknown.value.request_id == "r1"
+        with j.own("s"):
+            pass
+        last = list(j.replay("s"))[-1]
+        assert (last.type, last.request_id, json.loads(last.data)) == ("turn_result", "r1", UNKNOWN)
+        assert j.verify().ok
