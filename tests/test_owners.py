@@ -217,3 +217,23 @@ def test_own_refuses_unknown_ended_and_read_only_sessions(tmp_path: Path) -> Non
         assert j.get_session("done").owner is None
     with Journal.open(tmp_path, readonly=True) as reader, pytest.raises(ReadOnlyStore):
         reader.own("done")
+
+
+def test_closing_the_journal_releases_leases_still_held(tmp_path: Path) -> None:
+    j = Journal.open(tmp_path, durability="os")
+    j.create_session("s")
+    kept = j.own("s")  # never released by the caller
+    j.close()
+    with Journal.open(tmp_path, durability="os") as again:
+        assert again.get_session("s").owner is None  # the release was recorded
+        with again.own("s") as owner:  # and the lock let go
+            assert owner.generation == kept.generation + 1
+    locks = [name for name in os.listdir("/proc/self/fd") if _points_into(name, tmp_path)]
+    assert locks == []
+
+
+def _points_into(fd: str, directory: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory))
+    except OSError:
+        return False

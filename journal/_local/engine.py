@@ -47,6 +47,7 @@ from ..engine import (
 from ..errors import (
     JournalClosed,
     JournalCorrupt,
+    JournalError,
     ReadOnlyStore,
     SessionNotFound,
     StoreIncompatible,
@@ -129,12 +130,14 @@ class LocalEngine:
     location: str
     waiter: Notifier
     _readers: weakref.WeakSet[ReaderCache]
+    _leases: set[LocalLease]
 
     @classmethod
     def open(cls, path: str, options: LocalOptions) -> LocalEngine:
         self = object.__new__(cls)
         self._closed = True  # until _init has opened everything
         self._readers = weakref.WeakSet()
+        self._leases = set()
         try:
             self._init(path, options)
         except BaseException as e:
@@ -308,7 +311,11 @@ class LocalEngine:
         return store_id
 
     def close(self) -> None:
-        """Close the engine; pending waits end. Idempotent."""
+        """Close the engine; pending waits end; leases still held are released (and the
+        release recorded, when the store can still be written). Idempotent."""
+        for lease in list(self._leases):
+            with contextlib.suppress(JournalError, OSError, lmdb.Error):
+                lease.release()
         with self._cv:
             if self._closed:
                 return
@@ -649,7 +656,11 @@ class LocalEngine:
         except BaseException:
             os.close(fd)
             raise
-        return LocalLease(self.submit, session_id, updated.owner_generation, fd)
+        lease = LocalLease(
+            self.submit, session_id, updated.owner_generation, fd, self._leases.discard
+        )
+        self._leases.add(lease)
+        return lease
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         return owner_alive(row, self._host, BOOT_ID.decode())

@@ -114,7 +114,8 @@ def take_lock(path: str, wait_s: float) -> int | None:
 
 class LocalLease:
     """This process's hold on a session's owner lease (see the module docstring):
-    `submit` records the release, the fd holds the lock until then."""
+    `submit` records the release, the fd holds the lock until then, `forget` tells the
+    engine (which releases what is still held when it closes)."""
 
     def __init__(
         self,
@@ -122,22 +123,25 @@ class LocalLease:
         session_id: str,
         generation: int,
         fd: int,
+        forget: Callable[[LocalLease], None],
     ) -> None:
         self.session_id = session_id
         self.generation = generation
         self._submit = submit
         self._fd = fd
+        self._forget = forget
 
     def release(self) -> None:
         if self._fd < 0:
             return
+        fd, self._fd = self._fd, -1
         try:
             self._submit(ReleaseLease(self.session_id, self.generation))
         except JournalClosed:
             pass  # the journal closed first: the lock goes with the fd, no record
         finally:
-            os.close(self._fd)
-            self._fd = -1
+            os.close(fd)
+            self._forget(self)
 
 
 def identity(pid: int | None = None) -> tuple[int, int, str]:
