@@ -93,9 +93,10 @@ class SessionRow(msgspec.Struct, array_like=True):
     owner_boot_id: str = ""
     owner_since_ms: int = 0
     owner_position: int = 0
-    # The last turn while it is unsettled: its request id and the ordinal it started at.
+    # The last turn while it is unsettled: its request id and the position of its
+    # `turn_started` event (pinned meanwhile, so a rebuild after compaction knows it).
     turn_request_id: str | None = None
-    turn_ordinal: int = 0
+    turn_position: int = 0
 
     @classmethod
     def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:

@@ -11,6 +11,7 @@ incarnation whose id was created again) or `SessionNotFound` (its session is gon
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -40,6 +41,8 @@ from journal import (
     InvalidArgument,
     Journal,
     OrdinalConflict,
+    Owner,
+    OwnerBusy,
     RetentionPolicy,
     SessionExists,
     SessionNotFound,
@@ -60,6 +63,18 @@ POLICY = RetentionPolicy(
 CURSORS_KEPT = 1000  # per session incarnation (a bound that a default run never reaches)
 FOREIGN_KEPT = 1000  # per id: cursors of evicted incarnations
 DEEP = os.environ.get("HYPOTHESIS_PROFILE") == "deep"
+
+UNKNOWN_RESULT = json.dumps(
+    {
+        "status": "failed",
+        "error": {
+            "code": "WATCH_OUTCOME_UNKNOWN",
+            "message": "the previous owner ended without recording a settled result; the "
+            "prompt may have executed",
+        },
+    },
+    separators=(",", ":"),
+).encode()
 
 Stored = tuple[str, bytes, str | None]
 """An event as the model keeps it: type, data, request_id."""
@@ -120,6 +135,12 @@ class JournalModel(RuleBasedStateMachine):
         # Cursors of evicted incarnations, per id (kept after the id is created again).
         self.foreign: dict[str, list[str]] = {}
         self.counter = 0
+        # Owners held by this process, the live turn of each, the request id of the last
+        # unsettled turn per session (kept when its owner goes), lease generations.
+        self.owners: dict[str, Owner] = {}
+        self.turns: dict[str, Any] = {}
+        self.open_turn: dict[str, str] = {}
+        self.generation: dict[str, int] = {}
 
     def teardown(self) -> None:
         try:
@@ -178,6 +199,11 @@ class JournalModel(RuleBasedStateMachine):
                 del self.keys[(s, key)]  # partly retained: not specified, not used
 
     def evict(self, session_id: str) -> None:
+        owner = self.owners.pop(session_id, None)
+        if owner is not None:
+            owner.release()  # lets the lock go; there is no session to record it on
+        self.turns.pop(session_id, None)
+        self.open_turn.pop(session_id, None)
         del self.states[session_id]
         foreign = self.foreign.setdefault(session_id, [])
         foreign.extend(cursor for _, cursor in self.cursors.pop(session_id))
@@ -214,8 +240,9 @@ class JournalModel(RuleBasedStateMachine):
     @initialize(
         session_ids=st.sets(st.sampled_from(SESSION_IDS), min_size=1, max_size=4),
         long_history=st.booleans(),
+        owned=st.booleans(),
     )
-    def create_first_sessions(self, session_ids: set[str], long_history: bool) -> None:
+    def create_first_sessions(self, session_ids: set[str], long_history: bool, owned: bool) -> None:
         for session_id in sorted(session_ids):
             self.create(session_id, "review", long_history and session_id == min(session_ids))
             # A few segments' worth of history from the start, so rotation, retention at
@@ -223,6 +250,21 @@ class JournalModel(RuleBasedStateMachine):
             for _ in range(3):
                 batch = self.make_events([2500, 2500], with_request_id=False)
                 self.commit(session_id, batch, self.j.append(session_id, batch))
+        if owned:
+            # Often a turn is under way from the start, so turn steps have work to do.
+            first = min(session_ids)
+            owner = self.j.own(first)
+            self.generation[first] += 1
+            self.owners[first] = owner
+            self.counter += 1
+            request_id = f"turn-{self.counter}"
+            turn = owner.turn(request_id)
+            started = turn.__enter__().started
+            assert started is not None
+            self.events[first].append(("turn_started", b"{}", request_id))
+            self.remember(first, started.last_ordinal, started.cursor)
+            self.turns[first] = turn
+            self.open_turn[first] = request_id
 
     @rule(
         data=st.data(),
@@ -257,6 +299,7 @@ class JournalModel(RuleBasedStateMachine):
         self.snapshots[session_id] = None
         self.long_history[session_id] = long_history
         self.cursors[session_id] = []
+        self.generation[session_id] = 0
 
     @rule(
         data=st.data(),
@@ -508,15 +551,113 @@ class JournalModel(RuleBasedStateMachine):
         for name in report.segments_rewritten:
             assert name.endswith(".seg.zst"), report
 
+    # -- owners and turns ------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.states))
+    @rule(data=st.data())
+    def own(self, data: st.DataObject) -> None:
+        session_id = data.draw(self.existing(), label="session")
+        state = self.states[session_id]
+        if session_id in self.owners:
+            with pytest.raises(OwnerBusy):
+                self.j.own(session_id)
+            return
+        if state.terminal:
+            with pytest.raises(SessionNotWritable):
+                self.j.own(session_id)
+            return
+        if session_id in self.open_turn and state is not SessionState.OPEN:
+            # The unknown outcome cannot be recorded on a suspended session: own() fails
+            # (after taking and releasing a lease generation).
+            with pytest.raises(SessionNotWritable):
+                self.j.own(session_id)
+            self.generation[session_id] += 1
+            return
+        owner = self.j.own(session_id)
+        self.generation[session_id] += 1
+        assert owner.generation == self.generation[session_id]
+        request_id = self.open_turn.pop(session_id, None)
+        if request_id is not None:  # its owner is gone: recorded as failed, outcome unknown
+            self.events[session_id].append(("turn_result", UNKNOWN_RESULT, request_id))
+        self.owners[session_id] = owner
+
+    @precondition(lambda self: bool(self.owners))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        session_id = data.draw(st.sampled_from(sorted(self.owners)), label="owned")
+        self.owners.pop(session_id).release()
+        self.turns.pop(session_id, None)  # an open turn stays unsettled
+
+    @precondition(lambda self: any(s not in self.turns for s in self.owners))
+    @rule(data=st.data())
+    def start_turn(self, data: st.DataObject) -> None:
+        idle = sorted(s for s in self.owners if s not in self.turns)
+        session_id = data.draw(st.sampled_from(idle), label="owned")
+        self.counter += 1
+        request_id = f"turn-{self.counter}"
+        turn = self.owners[session_id].turn(request_id)
+        if self.states[session_id] is not SessionState.OPEN:
+            with pytest.raises(SessionNotWritable):
+                turn.__enter__()
+            return
+        started = turn.__enter__()
+        assert started.started is not None
+        self.events[session_id].append(("turn_started", b"{}", request_id))
+        self.remember(session_id, started.started.last_ordinal, started.started.cursor)
+        self.turns[session_id] = turn
+        self.open_turn[session_id] = request_id
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data(), sizes=st.lists(st.sampled_from([0, 7, 800]), min_size=1, max_size=3))
+    def append_in_turn(self, data: st.DataObject, sizes: list[int]) -> None:
+        session_id = data.draw(st.sampled_from(sorted(self.turns)), label="turn")
+        turn = self.turns[session_id]
+        batch = self.make_events(sizes, with_request_id=False)
+        if self.states[session_id] is not SessionState.OPEN:
+            with pytest.raises(SessionNotWritable):
+                turn.append(batch)
+            return
+        result = turn.append(batch)
+        tagged = [EventIn(e.type, e.data, turn.request_id) for e in batch]
+        self.commit(session_id, tagged, result)
+
+    @precondition(lambda self: bool(self.turns))
+    @rule(data=st.data(), outcome=st.sampled_from(["completed", "cancelled", "failed"]))
+    def end_turn(self, data: st.DataObject, outcome: str) -> None:
+        session_id = data.draw(st.sampled_from(sorted(self.turns)), label="turn")
+        turn = self.turns.pop(session_id)
+        if outcome == "cancelled":
+            turn.cancel()
+        error = InvalidArgument("the tool failed") if outcome == "failed" else None
+        if self.states[session_id] is not SessionState.OPEN:
+            with pytest.raises(SessionNotWritable):
+                turn.__exit__(None if error is None else type(error), error, None)
+            return  # unsettled: the next owner records the unknown outcome
+        turn.__exit__(None if error is None else type(error), error, None)
+        result: dict[str, Any] = {"status": outcome}
+        if error is not None:
+            result["error"] = {"code": "INVALID_ARGUMENT", "message": "the tool failed"}
+        self.events[session_id].append(
+            ("turn_result", json.dumps(result, separators=(",", ":")).encode(), turn.request_id)
+        )
+        del self.open_turn[session_id]
+
+    def _forget_owners(self) -> None:
+        """Closing the journal released every lease (open turns stay unsettled)."""
+        self.owners.clear()
+        self.turns.clear()
+
     @rule()
     def close_and_reopen(self) -> None:
         self.j.close()
+        self._forget_owners()
         self.j = open_journal(self.factory, self.path)
         self.keys.clear()
 
     @rule()
     def close_and_rebuild_the_view(self) -> None:
         self.j.close()
+        self._forget_owners()
         self.factory.discard_derived_state(self.path)
         self.j = open_journal(self.factory, self.path)
         self.keys.clear()
@@ -533,6 +674,11 @@ class JournalModel(RuleBasedStateMachine):
                 self.last(session_id),
             ), session_id
             assert (meta.ended_at_ms is not None) == state.terminal, (session_id, meta)
+            if session_id in self.owners:
+                assert meta.owner is not None and meta.owner.pid == os.getpid(), meta
+                assert meta.owner.generation == self.generation[session_id]
+            else:
+                assert meta.owner is None, meta
             assert (meta.suspended_at_ms is not None) or state is not SessionState.SUSPENDED
         for session_id in set(SESSION_IDS) - set(self.states):
             with pytest.raises(SessionNotFound):

@@ -216,7 +216,7 @@ class Projection:
                     row.appended_bytes += len(record.data)
                     row.retained_bytes += len(record.data)
                     if record.type in TURN_EVENT_TYPES:
-                        self._turn_event(row, record)
+                        self._turn_event(row, record, position)
                 position += 1
                 continue
             current = -1
@@ -315,15 +315,20 @@ class Projection:
                     view.put_tombstone(txn, record.incarnation, position)
             position += 1
 
-    @staticmethod
-    def _turn_event(row: SessionRow, record: EventAppended) -> None:
-        """Turn events are never in runs (sidecar.is_loose_event): every path sees them."""
+    def _turn_event(self, row: SessionRow, record: EventAppended, position: int) -> None:
+        """Turn events are never in runs (see `sidecar.FrameDigest`): every path sees
+        them. The `turn_started` of an unsettled turn is pinned."""
         if record.type == TURN_STARTED:
+            if row.turn_position:
+                self._unpin(row.turn_position)
             row.turn_request_id = record.request_id
-            row.turn_ordinal = record.ordinal
+            row.turn_position = position
+            self._pin(position, row.incarnation)
         elif record.request_id == row.turn_request_id:
+            if row.turn_position:
+                self._unpin(row.turn_position)
             row.turn_request_id = None
-            row.turn_ordinal = 0
+            row.turn_position = 0
 
     def _owner_record(self, row: SessionRow, position: int) -> None:
         """The latest owner record is pinned (a rebuild must know the generation)."""
@@ -379,6 +384,7 @@ class Projection:
             row.snapshot_position,
             row.trim_position,
             row.owner_position,
+            row.turn_position,
         ):
             if position:
                 self._unpin(position)

@@ -128,6 +128,7 @@ _COMPARED_ROW_FIELDS: Final = (
     "owner_generation",
     "owner_pid",
     "owner_start_time",
+    "turn_request_id",
 )
 
 
