@@ -33,6 +33,7 @@ from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
 from .facade import Journal as Journal
+from .follow import Stream as Stream
 from .models import AppendResult as AppendResult
 from .models import CompactionReport as CompactionReport
 from .models import Event as Event
@@ -98,6 +99,7 @@ __all__ = [
     "StoreNotFound",
     "StoreStats",
     "StoreUnavailable",
+    "Stream",
     "TokenError",
     "VerifyProblem",
     "VerifyReport",

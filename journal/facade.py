@@ -10,9 +10,8 @@ every engine gets this behaviour once and identically.
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import chain
 from typing import TypeVar
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
@@ -57,7 +56,7 @@ from .errors import (
     ReadOnlyStore,
     SessionNotFound,
 )
-from .follow import EventPager, LifecyclePager, afollow, follow
+from .follow import EventPager, LifecyclePager, Stream, afollow, follow
 from .models import (
     AppendResult,
     CompactionReport,
@@ -603,11 +602,11 @@ class Journal:
 
     def replay(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
-    ) -> Iterator[Event]:
+    ) -> Stream[Event]:
         """Every retained event after `cursor`, page by page (what is committed now)."""
         _check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
-        return chain.from_iterable(self._follow(row, after, None, False, max_bytes, cursor))
+        return Stream(self._follow(row, after, None, False, max_bytes, cursor))
 
     def watch(
         self,
@@ -615,7 +614,7 @@ class Journal:
         cursor: str | None = None,
         stop: threading.Event | None = None,
         max_bytes: int = DEFAULT_PAGE_BYTES,
-    ) -> Iterator[Event]:
+    ) -> Stream[Event]:
         """Replay the retained events after `cursor`, then follow new ones live.
 
         Ends by itself when the session is terminal and every event was delivered, or
@@ -623,8 +622,8 @@ class Journal:
         """
         _check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
-        # Pages are flattened by itertools.chain (in C): no generator frame per event.
-        return chain.from_iterable(self._follow(row, after, stop, True, max_bytes, cursor))
+        # The stream flattens pages with itertools.chain (in C): no frame per event.
+        return Stream(self._follow(row, after, stop, True, max_bytes, cursor))
 
     def _follow(
         self,
@@ -634,7 +633,7 @@ class Journal:
         live: bool,
         max_bytes: int,
         cursor: str | None,
-    ) -> Iterator[list[Event]]:
+    ) -> Generator[list[Event], None, None]:
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
             pager = EventPager(page, after, live, partial(self._unsettled, cursor))
@@ -705,11 +704,11 @@ class Journal:
 
     def watch_sessions(
         self, cursor: str | None = None, stop: threading.Event | None = None
-    ) -> Iterator[LifecycleEvent]:
+    ) -> Stream[LifecycleEvent]:
         """Lifecycle events: with no cursor, one CREATED per existing session first; then
         live changes. Resuming from an event's cursor yields the changes after it."""
         pager = self._lifecycle_pager(cursor)
-        return chain.from_iterable(follow(pager, self._engine.waiter, stop, self._is_closed))
+        return Stream(follow(pager, self._engine.waiter, stop, self._is_closed))
 
     async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions`."""

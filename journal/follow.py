@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Final, Protocol, TypeVar
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from itertools import chain
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
 
-__all__ = ["EventPager", "LifecyclePager", "Notifier", "afollow", "follow"]
+__all__ = ["EventPager", "LifecyclePager", "Notifier", "Stream", "afollow", "follow"]
 
 ItemT = TypeVar("ItemT")
 
@@ -190,12 +191,41 @@ class LifecyclePager:
         return events, None if events else seen, False
 
 
+class Stream(Generic[ItemT]):
+    """What `replay`, `watch` and `watch_sessions` return: an iterator of items that can
+    be closed (or used as a context manager) to stop following at once and release what
+    it holds. Iterating it in a `for` loop runs at C speed (pages are flattened by
+    `itertools.chain`)."""
+
+    __slots__ = ("_items", "_pages")
+
+    def __init__(self, pages: Generator[list[ItemT], None, None]) -> None:
+        self._pages = pages
+        self._items = chain.from_iterable(pages)
+
+    def __iter__(self) -> Iterator[ItemT]:
+        return self._items
+
+    def __next__(self) -> ItemT:
+        return next(self._items)
+
+    def close(self) -> None:
+        """Stop: the next `next()` raises StopIteration; files and waits are released."""
+        self._pages.close()
+
+    def __enter__(self) -> Stream[ItemT]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def follow(
     pager: Pager[ItemT],
     waiter: Notifier,
     stop: threading.Event | None,
     closed: Callable[[], bool],
-) -> Iterator[list[ItemT]]:
+) -> Generator[list[ItemT], None, None]:
     """Drive `pager` synchronously: pages as they come; ends when the pager is done,
     `stop` is set, or the journal is closed."""
     while not closed():

@@ -6,6 +6,7 @@ details, so another storage engine can return the same types.
 
 import enum
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -143,6 +144,24 @@ class Event(
             return NotImplemented
         return self._key() == other._key()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The read context signs cursors with the store's key: a pickled event carries its
+        # session id and its cursor instead (computed now), never key material.
+        return (
+            _unpickle_event,
+            (
+                self._incarnation,
+                self.ordinal,
+                self.timestamp_ms,
+                self.type,
+                self.data,
+                self.request_id,
+                self.position,
+                self.session_id,
+                self.cursor if self._context is not None or self._cursor else None,
+            ),
+        )
+
     def __hash__(self) -> int:
         return hash((self.session_id, self.ordinal, self.position))
 
@@ -153,6 +172,29 @@ class Event(
             f"request_id={self.request_id!r}, timestamp_ms={self.timestamp_ms}, "
             f"position={self.position})"
         )
+
+
+def _sent_cursor(cursor: str | None, position: int, ordinal: int) -> str:
+    if cursor is None:
+        raise ValueError("this event was not read from a journal and has no cursor")
+    return cursor
+
+
+def _unpickle_event(
+    incarnation: int,
+    ordinal: int,
+    timestamp_ms: int,
+    type: str,
+    data: bytes,
+    request_id: str | None,
+    position: int,
+    session_id: str,
+    cursor: str | None,
+) -> Event:
+    event = Event(incarnation, ordinal, timestamp_ms, type, data, request_id, position)
+    event._context = ReadContext(session_id, partial(_sent_cursor, cursor))
+    event._cursor = cursor
+    return event
 
 
 def bind_events(events: list[Event], context: ReadContext, position: int = 0) -> int:

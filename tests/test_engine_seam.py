@@ -194,3 +194,33 @@ def test_a_failure_to_delete_dead_segments_does_not_fail_the_committed_pass(
         assert not [n for n in leftover if (tmp_path / "segments" / n).exists()]
         assert j.get_session("kept").state is SessionState.OPEN
         assert j.verify().ok
+
+
+def test_events_and_pages_pickle_with_their_cursors(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"one", "r1"), EventIn("m", b"two")])
+        page = j.read("s")
+        copy = pickle.loads(pickle.dumps(page))
+        assert copy == page
+        assert [e.cursor for e in copy.events] == [e.cursor for e in page.events]
+        assert copy.events[0].session_id == "s" and copy.events[0].request_id == "r1"
+        # A cursor that travelled in a pickle resumes as well as the original.
+        resumed = list(j.replay("s", cursor=copy.events[0].cursor))
+        assert [e.data for e in resumed] == [b"two"]
+        # No key material travels: only the cursor strings.
+        assert b"HMAC" not in pickle.dumps(page)
+
+
+def test_streams_close_at_once_and_work_as_context_managers(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"x")])
+        stream = j.watch("s")
+        assert next(stream).data == b"x"
+        stream.close()  # a live watch at the head: ends without waiting
+        with pytest.raises(StopIteration):
+            next(stream)
+        with j.watch_sessions() as feed:
+            assert next(feed).session.session_id == "s"
+        assert [e.ordinal for e in j.replay("s")] == [1]
