@@ -186,7 +186,7 @@ class Demo:
         for event in self.store.watch(self.target, stop=self.stop):
             self.watched.append(event)
             text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
-            self.say(source, event_record(event), text, session=True)
+            self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
             if event.ordinal == self.middle:
                 self.saved = (event.ordinal, event.cursor)
                 self.say(
@@ -350,7 +350,7 @@ class Demo:
         resumed = list(self.store.replay(self.target, cursor=cursor))
         for event in resumed:
             text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
-            self.say(source, event_record(event), text, session=True)
+            self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
         got = [(event.ordinal, event.data) for event in resumed]
         after = [(event.ordinal, event.data) for event in self.watched]
         expected = [item for item in after if item[0] > saved_ordinal]

@@ -23,6 +23,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    event_quiet,
     event_record,
     event_text,
     pass_settings,
@@ -250,7 +251,7 @@ def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int
     with settings.open(write=False) as store:
         page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
         for event in page.events:
-            output.emit(event_record(event), event_text(event))
+            output.emit(event_record(event), event_text(event), event_quiet(event))
     if page.next_cursor is None:
         trailer = "-- no events"
     else:
@@ -274,7 +275,7 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     stop_when_reader_leaves(reader_gone)
     with settings.open(write=False) as store:
         for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
-            output.emit(event_record(event), event_text(event))
+            output.emit(event_record(event), event_text(event), event_quiet(event))
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write
         if not output.json:

@@ -22,13 +22,17 @@ import click
 import msgspec
 
 import journal
+from journal import TURN_RESULT, TURN_STARTED
 
 __all__ = [
     "EXIT_CODES_HELP",
     "EXIT_INTERRUPTED",
+    "EXIT_OUTCOME_UNKNOWN",
     "CommandFailed",
     "Output",
     "Settings",
+    "embedded",
+    "event_quiet",
     "event_record",
     "event_text",
     "exit_status",
@@ -48,6 +52,7 @@ EXIT_INVALID = 4
 EXIT_PRECONDITION = 5
 EXIT_OUT_OF_RANGE = 6
 EXIT_OTHER = 7
+EXIT_OUTCOME_UNKNOWN = 8
 EXIT_INTERRUPTED = 130
 
 # Exit statuses group the errors by how a script should react, the way `status` does.
@@ -58,6 +63,7 @@ _STATUS_EXIT = {
     "ABORTED": EXIT_PRECONDITION,
     "ALREADY_EXISTS": EXIT_PRECONDITION,
     "OUT_OF_RANGE": EXIT_OUT_OF_RANGE,
+    "UNKNOWN": EXIT_OUTCOME_UNKNOWN,
 }
 
 # `\b` keeps click from re-wrapping the table.
@@ -75,6 +81,8 @@ Exit status:
        not writable, ordinal conflict, expired cursor
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
   {EXIT_OTHER}    data loss, corruption or any other error
+  {EXIT_OUTCOME_UNKNOWN}    outcome unknown: a watched turn's owner died before settling it (or
+       the session ended mid-turn); resume from the error's cursor after recovery
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
 """
 
@@ -138,12 +146,15 @@ class Output:
     def json(self) -> bool:
         return self.format == "json"
 
-    def emit(self, record: Mapping[str, Any], text: str | None) -> None:
-        """Print `record` as one JSON line, or `text` as one line (nothing if None)."""
-        if self.format == "quiet" or self.broken:
+    def emit(self, record: Mapping[str, Any], text: str | None, quiet: str | None = None) -> None:
+        """Print `record` as one JSON line, `text` as one line (nothing if None), or in
+        quiet format `quiet` (nothing if None)."""
+        if self.broken:
             return
         if self.json:
             line: str | None = json.dumps(record, separators=(",", ":"))
+        elif self.format == "quiet":
+            line = quiet
         else:
             line = text
         if line is None:
@@ -202,26 +213,49 @@ def preview(data: bytes, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def event_record(event: journal.Event) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "session_id": event.session_id,
-        "ordinal": event.ordinal,
-        "type": event.type,
-    }
+def embedded(data: bytes) -> Any:
+    """Event data as NDJSON carries it: JSON data embedded as JSON, anything else as
+    `{"base64": "..."}`."""
     try:
-        record["data"] = event.data.decode("utf-8")
-    except UnicodeDecodeError:
-        record["data"] = base64.b64encode(event.data).decode("ascii")
-        record["data_encoding"] = "base64"
-    record["request_id"] = event.request_id
-    record["timestamp_ms"] = event.timestamp_ms
-    record["cursor"] = event.cursor
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def event_record(event: journal.Event) -> dict[str, Any]:
+    """An event in the watch contract's kinds: `message` (and any other type) with
+    `message`, `turn_started`, and `turn_result` with `result`; all with `cursor` and
+    `requestId`."""
+    record: dict[str, Any] = {
+        "type": event.type,
+        "cursor": event.cursor,
+        "requestId": event.request_id,
+    }
+    if event.type == TURN_RESULT:
+        record["result"] = embedded(event.data)
+    elif event.type != TURN_STARTED:
+        record["message"] = embedded(event.data)
     return record
 
 
 def event_text(event: journal.Event, limit: int = 100) -> str:
     request = f" [{event.request_id}]" if event.request_id else ""
+    if event.type == TURN_STARTED:
+        return f"#{event.ordinal} turn_started{request} cursor={event.cursor}"
+    if event.type == TURN_RESULT:
+        result = embedded(event.data)
+        status = result.get("status", "?") if isinstance(result, dict) else "?"
+        error = result.get("error") if isinstance(result, dict) else None
+        detail = f" {error.get('code')}: {error.get('message')}" if isinstance(error, dict) else ""
+        return f"#{event.ordinal} turn_result{request} {status}{detail} cursor={event.cursor}"
     return f"#{event.ordinal} {event.type}{request} {preview(event.data, limit)}"
+
+
+def event_quiet(event: journal.Event) -> str | None:
+    """Quiet format: the text of messages only."""
+    if event.type in (TURN_STARTED, TURN_RESULT):
+        return None
+    return event.data.decode("utf-8", "replace")
 
 
 def session_record(meta: journal.SessionMetadata) -> dict[str, Any]:

@@ -51,6 +51,8 @@ from .models import Snapshot as Snapshot
 from .models import StoreStats as StoreStats
 from .models import VerifyProblem as VerifyProblem
 from .models import VerifyReport as VerifyReport
+from .records import TURN_RESULT as TURN_RESULT
+from .records import TURN_STARTED as TURN_STARTED
 from .turns import Owner as Owner
 
 __version__ = "0.1.0"
@@ -60,6 +62,8 @@ __all__ = [
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
     "MAX_PAGE_SIZE",
+    "TURN_RESULT",
+    "TURN_STARTED",
     "AppendResult",
     "CompactionReport",
     "CursorExpired",

@@ -99,11 +99,19 @@ def assert_one_line_error(result: Result, exit_code: int, code: str) -> None:
 # -- commands ---------------------------------------------------------------------------------
 
 
+def _text(record: dict[str, Any]) -> str:
+    """The text of a message record (its data travels as base64 when it is not JSON)."""
+    message = record["message"]
+    if isinstance(message, dict) and set(message) == {"base64"}:
+        return base64.b64decode(message["base64"]).decode()
+    return json.dumps(message)
+
+
 def test_help_documents_exit_statuses() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0
     assert "Exit status" in result.output
-    for status in ("3 ", "4 ", "5 ", "6 ", "7 ", "130"):
+    for status in ("3 ", "4 ", "5 ", "6 ", "7 ", "8 ", "130"):
         assert f"  {status}" in result.output
 
 
@@ -119,14 +127,17 @@ def test_init_append_read_round_trip_in_json(store: Path) -> None:
     assert result["deduplicated"] is False and result["cursor"]
 
     *events, trailer = records(invoke(store, "read", "-s", "s1"))
-    assert [e["ordinal"] for e in events] == [1, 2, 3]
-    assert all(e["session_id"] == "s1" and e["type"] == "message" for e in events)
+    assert len(events) == 3
+    assert all(set(e) == {"type", "cursor", "requestId", "message"} for e in events)
+    assert all(e["type"] == "message" and e["requestId"] is None for e in events)
     assert all(isinstance(e["cursor"], str) and e["cursor"] for e in events)
     assert len({e["cursor"] for e in events}) == 3
-    assert [e["data"] for e in events[:2]] == ["hello", "wörld"]
-    assert "data_encoding" not in events[0]
-    assert events[2]["data_encoding"] == "base64"
-    assert base64.b64decode(events[2]["data"]) == b"\xff"
+    # Data that is not JSON travels as base64 (text included); JSON data is embedded.
+    assert [base64.b64decode(e["message"]["base64"]) for e in events] == [
+        b"hello",
+        "wörld".encode(),
+        b"\xff",
+    ]
     assert trailer == {"next_cursor": events[-1]["cursor"], "has_more": False}
     assert trailer["next_cursor"] == result["cursor"]
 
@@ -147,11 +158,11 @@ def test_append_from_stdin_ndjson(store: Path) -> None:
     assert records(appended)[0]["last_ordinal"] == 4
 
     *events, _ = records(invoke(store, "read", "-s", "s"))
-    assert [(e["type"], e["data"], e["request_id"]) for e in events] == [
-        ("note", "plain text", "r1"),
-        ("rpc", '{"jsonrpc":"2.0","id":7,"result":[1,2]}', None),
-        ("msg", '{"jsonrpc": "2.0", "method": "session/update"}', None),
-        ("msg", '"just a string"', None),
+    assert [(e["type"], e["message"], e["requestId"]) for e in events] == [
+        ("note", {"base64": base64.b64encode(b"plain text").decode()}, "r1"),
+        ("rpc", {"jsonrpc": "2.0", "id": 7, "result": [1, 2]}, None),
+        ("msg", {"jsonrpc": "2.0", "method": "session/update"}, None),
+        ("msg", "just a string", None),
     ]
 
 
@@ -163,22 +174,22 @@ def test_resume_from_a_cursor_is_exclusive(store: Path) -> None:
     while True:
         args = ["read", "-s", "s", "--max-bytes", "2"] + (["--cursor", cursor] if cursor else [])
         *events, trailer = records(invoke(store, *args))
-        seen += [e["ordinal"] for e in events]
+        seen += [_text(e) for e in events]
         cursor = trailer["next_cursor"]
         if not trailer["has_more"]:
             break
-    assert seen == [1, 2, 3, 4, 5]
+    assert seen == ["e1", "e2", "e3", "e4", "e5"]
 
     *events, _ = records(invoke(store, "read", "-s", "s"))
     second = events[1]["cursor"]
     *after, trailer = records(invoke(store, "read", "-s", "s", "--cursor", second))
-    assert [e["data"] for e in after] == ["e3", "e4", "e5"]
+    assert [_text(e) for e in after] == ["e3", "e4", "e5"]
     last = invoke(store, "read", "-s", "s", "--cursor", events[-1]["cursor"])
     assert records(last) == [{"next_cursor": events[-1]["cursor"], "has_more": False}]
 
     invoke(store, "sessions", "resolve", "s")
     watched = records(invoke(store, "watch", "-s", "s", "--cursor", second))
-    assert [e["ordinal"] for e in watched] == [3, 4, 5]
+    assert [_text(e) for e in watched] == ["e3", "e4", "e5"]
 
 
 def test_append_expected_last_and_idempotency_key(store: Path) -> None:
@@ -191,7 +202,8 @@ def test_append_expected_last_and_idempotency_key(store: Path) -> None:
     first = records(invoke(store, "append", "-s", "s", "--idempotency-key", "k", "d"))[0]
     again = records(invoke(store, "append", "-s", "s", "--idempotency-key", "k", "d"))[0]
     assert again == {**first, "deduplicated": True}
-    assert records(invoke(store, "read", "-s", "s"))[-2]["ordinal"] == 4
+    *events, _ = records(invoke(store, "read", "-s", "s"))
+    assert [_text(e) for e in events] == ["a", "b", "c", "d"]
 
 
 def test_sessions_create_list_show_and_transitions(store: Path) -> None:
@@ -298,7 +310,9 @@ def test_watch_piped_into_head_exits_cleanly(store: Path) -> None:
         )
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
-        assert len(result.stdout.splitlines()) == 1 and "00000" in result.stdout
+        (line,) = result.stdout.splitlines()
+        shown = _text(json.loads(line)) if fmt == "json" else line
+        assert "00000" in shown
 
 
 def test_following_an_open_session_ends_when_head_is_done(store: Path) -> None:
@@ -447,3 +461,64 @@ def test_compact_verify_and_stats(tmp_path: Path) -> None:
     problem = records(result)[0]
     assert problem["segment"] == active.name and problem["offset"] == 64
     assert "journal: error:" in result.stderr
+
+
+def _turns_store(store: Path) -> None:
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("r1") as turn:
+                turn.append([journal.EventIn("message", b'{"text": "hi"}')])
+                turn.append([journal.EventIn("message", b"plain \xff")])
+            with owner.turn("r2") as turn:
+                turn.cancel()
+        j.resolve_session("s")  # settled: its watch ends by itself
+        j.create_session("t")
+        owner = j.own("t")
+        owner.turn("r3").__enter__()
+        j.resolve_session("t")  # ends mid-turn: its watchers end with an unknown outcome
+        owner.release()
+
+
+def test_watch_ndjson_has_the_three_kinds_through_a_real_process(store: Path) -> None:
+    _turns_store(store)
+    result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "s")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [{k: v for k, v in line.items() if k != "cursor"} for line in lines] == [
+        {"type": "turn_started", "requestId": "r1"},
+        {"type": "message", "requestId": "r1", "message": {"text": "hi"}},
+        {
+            "type": "message",
+            "requestId": "r1",
+            "message": {"base64": base64.b64encode(b"plain \xff").decode()},
+        },
+        {"type": "turn_result", "requestId": "r1", "result": {"status": "completed"}},
+        {"type": "turn_started", "requestId": "r2"},
+        {"type": "turn_result", "requestId": "r2", "result": {"status": "cancelled"}},
+    ]
+    assert all(line["cursor"] for line in lines)
+    # Resuming from a turn_result's cursor gives what followed it.
+    after = run_cli(
+        "--store", str(store), "--format", "json", "read", "-s", "s", "--cursor", lines[3]["cursor"]
+    )
+    assert [json.loads(line).get("type") for line in after.stdout.splitlines()] == [
+        "turn_started",
+        "turn_result",
+        None,  # the trailer
+    ]
+    text = run_cli("--store", str(store), "--format", "text", "watch", "-s", "s").stdout
+    rows = text.splitlines()
+    assert rows[0] == f"#1 turn_started [r1] cursor={lines[0]['cursor']}"
+    assert rows[3] == f"#4 turn_result [r1] completed cursor={lines[3]['cursor']}"
+    quiet = run_cli("--store", str(store), "--format", "quiet", "watch", "-s", "s").stdout
+    assert quiet.splitlines() == ['{"text": "hi"}', "plain \ufffd"]
+
+
+def test_a_watch_whose_turn_outcome_is_unknown_exits_with_its_own_status(store: Path) -> None:
+    _turns_store(store)
+    result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "t", check=False)
+    assert result.returncode == 8, result.stderr
+    *events, error = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [e["type"] for e in events] == ["turn_started"]
+    assert error["error"]["code"] == "WATCH_OUTCOME_UNKNOWN"
+    assert result.stderr.startswith("journal: error: ") and "r3" in result.stderr
