@@ -28,10 +28,10 @@ from .output import (
     Output,
     Settings,
     event_record,
+    event_text,
     lifecycle_record,
     lifecycle_text,
     pass_settings,
-    preview,
 )
 
 RUNTIME_TIMEOUT = 25.0  # seconds; the default run takes about 5
@@ -76,10 +76,12 @@ _TERMINAL = frozenset(
 def demo(settings: Settings, store_path: str | None, session_count: int, event_count: int) -> None:
     """Watch an agent runtime (a child process) write sessions, live.
 
-    The runtime creates sessions, appends JSON-RPC-like messages, suspends and resumes
-    one, resolves some and cancels one. This process follows the lifecycle feed and the
-    first session as it happens, saves the cursor of an event in the middle, and at the
-    end resumes from it to show it gets exactly the events after that one.
+    The runtime creates sessions, owns each and runs a turn of JSON-RPC-like messages in
+    it, suspends and resumes one, completes and resolves some, cancels one. This process
+    follows the lifecycle feed and the first session as it happens, saves the cursor of
+    an event in the middle, and at the end resumes from it to show it gets exactly the
+    events after that one. Last, a second runtime is killed mid-turn: its watcher gets
+    WATCH_OUTCOME_UNKNOWN and a new owner records the turn as failed.
     """
     temporary = store_path is None
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
@@ -122,9 +124,20 @@ class Demo:
         self.watched: list[journal.Event] = []
         self.saved: tuple[int, str] | None = None
         self.runtime_events = 0
+        self.unknown_outcome: str | None = None
+        self.crash_name = self._crash_name()
         self.runtime_stderr: list[str] = []
         self.failures: list[BaseException] = []
         self.threads: list[threading.Thread] = []
+
+    def _crash_name(self) -> str:
+        name = f"crash-{len(self.names) + 1}"
+        while True:
+            try:
+                self.store.get_session(name)
+            except journal.SessionNotFound:
+                return name
+            name = f"crash-{len(self.names) + 1}-{os.urandom(2).hex()}"
 
     def _session_names(self, count: int) -> list[str]:
         names = [f"{_MODES[i % len(_MODES)]}-{i + 1}" for i in range(count)]
@@ -185,7 +198,7 @@ class Demo:
         self.say(source, {"following": True}, "following live", session=True)
         for event in self.store.watch(self.target, stop=self.stop):
             self.watched.append(event)
-            text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
+            text = event_text(event, 90)
             self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
             if event.ordinal == self.middle:
                 self.saved = (event.ordinal, event.cursor)
@@ -216,6 +229,12 @@ class Demo:
                 text = f"created {session_id} (mode={step.get('mode')})"
             elif action == "appended":
                 text = f"{session_id} <- #{step.get('ordinal')} {step.get('summary')}"
+            elif action == "turn_started":
+                text = (
+                    f"{session_id}: owned by pid {step.get('pid')}, turn {step.get('request_id')}"
+                )
+            elif action == "turn_result":
+                text = f"{session_id}: turn {step.get('request_id')} {step.get('status')}"
             elif action == "done":
                 self.runtime_events = int(step.get("events", 0))
                 text = f"finished: {self.runtime_events} events appended"
@@ -288,6 +307,7 @@ class Demo:
                 )
             self._wait_for_observers()
             self._resume()
+            self._owner_dies_mid_turn(env)
             self._summary(time.monotonic() - started)
         finally:
             self.stop.set()
@@ -349,7 +369,7 @@ class Demo:
         )
         resumed = list(self.store.replay(self.target, cursor=cursor))
         for event in resumed:
-            text = f"#{event.ordinal} {event.type} {preview(event.data, 90)}"
+            text = event_text(event, 90)
             self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
         got = [(event.ordinal, event.data) for event in resumed]
         after = [(event.ordinal, event.data) for event in self.watched]
@@ -372,6 +392,78 @@ class Demo:
             session=True,
         )
 
+    def _owner_dies_mid_turn(self, env: dict[str, str]) -> None:
+        """A second runtime owns a session, starts a turn and is killed mid-turn: its
+        watcher gets WATCH_OUTCOME_UNKNOWN, a new owner records the turn as failed, and
+        resuming from the error's cursor shows exactly that result."""
+        source = "crash"
+        name = self.crash_name
+        command = [sys.executable, "-m", "cli.demo_runtime", self.path, "--hang", name]
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        try:
+            assert child.stdout is not None
+            step = json.loads(child.stdout.readline() or "{}")
+            if step.get("action") != "mid-turn":
+                raise CommandFailed(f"the runtime owning {name} did not start its turn")
+            self.say(
+                source,
+                {"session_id": name, "owner_pid": child.pid, "request_id": step["request_id"]},
+                f"runtime {child.pid} owns {name} and is mid-turn {step['request_id']}",
+            )
+            delivered: list[journal.Event] = []
+            outcome: list[journal.OutcomeUnknown] = []
+
+            def watch() -> None:
+                try:
+                    for event in self.store.watch(name):
+                        delivered.append(event)
+                except journal.OutcomeUnknown as error:
+                    outcome.append(error)
+
+            watcher = threading.Thread(target=watch, name="demo-crash-watch", daemon=True)
+            watcher.start()
+            deadline = time.monotonic() + 5
+            while len(delivered) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            child.kill()
+            child.wait(5)
+            self.say(source, {"killed": child.pid}, f"killed runtime {child.pid} (SIGKILL)")
+            watcher.join(5)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(5)
+        if not outcome:
+            raise CommandFailed(f"the watch of {name} did not report the unknown outcome")
+        error = outcome[0]
+        self.say(
+            source,
+            {"error": error.code, "request_id": error.request_id, "cursor": error.cursor},
+            f"watch of {name}: {error.code} for turn {error.request_id} after "
+            f"{_events(len(delivered))}",
+        )
+        with self.store.own(name) as owner:
+            self.say(
+                source,
+                {"session_id": name, "owner_generation": owner.generation},
+                f"a new owner (this process) took {name}: it records the turn as failed",
+            )
+        self.store.resolve_session(name)
+        resumed = list(self.store.replay(name, cursor=error.cursor))
+        for event in resumed:
+            self.say(source, {"session_id": name, **event_record(event)}, event_text(event, 90))
+        first = resumed[0] if resumed else None
+        if first is None or first.type != journal.TURN_RESULT:
+            raise CommandFailed(f"resuming {name} from the error's cursor gave no turn result")
+        self.unknown_outcome = json.loads(first.data).get("error", {}).get("code")
+
     def _summary(self, elapsed: float) -> None:
         outcomes = sorted(self.ended.values())
         counts = ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(outcomes)))
@@ -383,6 +475,7 @@ class Demo:
             "events_appended": self.runtime_events,
             "lifecycle_events": self.lifecycle_seen,
             "watched_events": len(self.watched),
+            "unknown_outcome": self.unknown_outcome,
             "store": self.path,
             "temporary": self.temporary,
         }

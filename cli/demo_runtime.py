@@ -2,10 +2,14 @@
 
     python -m cli.demo_runtime STORE --events N --delay SECONDS NAME [NAME ...]
 
-It creates the named sessions, appends JSON-RPC-like messages to them round-robin with a
-short pause after each append (so the demo visibly happens live), suspends and resumes
-one session, resolves the others as their turn completes and cancels the last one midway.
-It reports each step as one JSON line on stdout; the parent renders them.
+    python -m cli.demo_runtime STORE --hang NAME
+
+It creates the named sessions, owns each and runs one turn in it: JSON-RPC-like messages,
+round-robin with a short pause after each append (so the demo visibly happens live). It
+suspends and resumes one session, completes the turn and resolves the others, and
+cancels the last one's turn and the session midway. With `--hang` it creates NAME, starts
+a turn, appends one message, reports `mid-turn` and waits to be killed (an owner dying
+mid-turn). It reports each step as one JSON line on stdout; the parent renders them.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ class Runtime:
         self.delay = delay
         self.scripts = {name: conversation(name, events) for name in self.names}
         self.sent = dict.fromkeys(self.names, 0)
+        self.owners: dict[str, journal.Owner] = {}
+        self.turns: dict[str, journal.Turn] = {}
         # the first session is the one the parent watches: it is never suspended, and
         # with several sessions the last one is cancelled before its turn completes
         self.to_suspend = self.names[1] if len(self.names) > 1 else None
@@ -84,6 +90,10 @@ class Runtime:
             mode = mode_of(name)
             self.store.create_session(name, mode=mode, tags={"demo": "true", "agent": mode})
             report("created", session_id=name, mode=mode)
+            owner = self.owners[name] = self.store.own(name)
+            request_id = f"{name}/turn-1"
+            self.turns[name] = owner.turn(request_id).__enter__()
+            report("turn_started", session_id=name, request_id=request_id, pid=owner.info.pid)
             time.sleep(self.delay)
         active = list(self.names)
         suspended: str | None = None
@@ -109,13 +119,19 @@ class Runtime:
     def step(self, name: str) -> None:
         summary, message = self.scripts[name][self.sent[name]]
         body = json.dumps(message, separators=(",", ":")).encode()
-        event = journal.EventIn("message", body, request_id=f"{name}/turn-1")
-        result = self.store.append(name, [event])
+        result = self.turns[name].append([journal.EventIn("message", body)])
         self.sent[name] += 1
         report("appended", session_id=name, ordinal=result.last_ordinal, summary=summary)
         time.sleep(self.delay)
 
     def finish(self, name: str) -> None:
+        turn = self.turns.pop(name)
+        if name == self.to_cancel:
+            turn.cancel()
+        turn.__exit__(None, None, None)
+        status = "cancelled" if name == self.to_cancel else "completed"
+        report("turn_result", session_id=name, request_id=turn.request_id, status=status)
+        self.owners.pop(name).release()
         if name == self.to_cancel:
             self.store.cancel_session(name)
             report("cancelled", session_id=name)
@@ -124,16 +140,32 @@ class Runtime:
             report("resolved", session_id=name)
 
 
+def hang_mid_turn(store: journal.Journal, name: str) -> None:
+    """Own `name`, start a turn, append one message, then wait to be killed."""
+    store.create_session(name, mode="plan", tags={"demo": "true", "agent": "plan"})
+    owner = store.own(name)
+    turn = owner.turn(f"{name}/turn-1").__enter__()
+    prompt = {"jsonrpc": "2.0", "id": 1, "method": "session/prompt"}
+    prompt["params"] = {"prompt": _PROMPTS["plan"]}
+    turn.append([journal.EventIn("message", json.dumps(prompt).encode())])
+    report("mid-turn", session_id=name, request_id=turn.request_id, pid=owner.info.pid)
+    time.sleep(3600)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cli.demo_runtime")
     parser.add_argument("store")
-    parser.add_argument("names", nargs="+")
+    parser.add_argument("names", nargs="*")
+    parser.add_argument("--hang", metavar="NAME", default=None)
     parser.add_argument("--events", type=int, default=5)
     parser.add_argument("--delay", type=float, default=0.25)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         with journal.Journal.open(args.store, create=False) as store:
-            Runtime(store, args.names, max(2, args.events), args.delay).run()
+            if args.hang is not None:
+                hang_mid_turn(store, args.hang)
+            else:
+                Runtime(store, args.names, max(2, args.events), args.delay).run()
     except KeyboardInterrupt:
         return 130  # the parent was interrupted too and reports it
     except journal.JournalError as error:

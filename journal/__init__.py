@@ -54,6 +54,7 @@ from .models import VerifyReport as VerifyReport
 from .records import TURN_RESULT as TURN_RESULT
 from .records import TURN_STARTED as TURN_STARTED
 from .turns import Owner as Owner
+from .turns import Turn as Turn
 
 __version__ = "0.1.0"
 
@@ -105,6 +106,7 @@ __all__ = [
     "StoreUnavailable",
     "Stream",
     "TokenError",
+    "Turn",
     "VerifyProblem",
     "VerifyReport",
     "__version__",

@@ -363,11 +363,17 @@ def test_demo_runs_live_and_resumes_exactly() -> None:
         "[lifecycle] resumed chat-2",
         "[lifecycle] resolved review-1",
         "[lifecycle] cancelled plan-3",
-        "[watch review-1] #1 message {",
+        "[watch review-1] #1 turn_started [review-1/turn-1] cursor=",
+        "[watch review-1] #2 message [review-1/turn-1] {",
+        "[watch review-1] #7 turn_result [review-1/turn-1] completed cursor=",
         "[watch review-1] saved the cursor of #3",
         "[resume review-1] #4 message",
-        "[resume review-1] got #4..#5 (2 events): exactly the events after #3",
+        "[resume review-1] got #4..#7 (4 events): exactly the events after #3",
         "exclusive resume OK",
+        "[runtime] plan-3: turn plan-3/turn-1 cancelled",
+        "[crash] killed runtime",
+        "[crash] watch of crash-4: WATCH_OUTCOME_UNKNOWN for turn crash-4/turn-1",
+        "[crash] #3 turn_result [crash-4/turn-1] failed WATCH_OUTCOME_UNKNOWN",
         "[demo] done in",
     ):
         assert marker in out, marker
@@ -391,16 +397,30 @@ def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
         "lifecycle",
         "watch",
         "resume",
+        "crash",
     }
     watched = [line for line in lines if line["source"] == "watch" and "ordinal" in line]
-    assert [line["ordinal"] for line in watched] == [1, 2, 3, 4]
+    # One turn: turn_started, the 4 messages, turn_result.
+    assert [line["ordinal"] for line in watched] == [1, 2, 3, 4, 5, 6]
+    assert [line["type"] for line in watched] == ["turn_started", *["message"] * 4, "turn_result"]
+    assert watched[-1]["result"] == {"status": "completed"}
     assert all(line["cursor"] for line in watched)
     (verdict,) = [line for line in lines if line.get("exclusive")]
-    assert verdict["saved_ordinal"] == 2 and verdict["resumed_ordinals"] == [3, 4]
+    assert verdict["saved_ordinal"] == 2 and verdict["resumed_ordinals"] == [3, 4, 5, 6]
+    turns = {
+        line["session_id"]: line["status"] for line in lines if line.get("action") == "turn_result"
+    }
+    assert turns == {"review-1": "completed", "chat-2": "cancelled"}
+    crash = [line for line in lines if line["source"] == "crash"]
+    (unknown,) = [line for line in crash if line.get("error")]
+    assert unknown["error"] == "WATCH_OUTCOME_UNKNOWN" and unknown["cursor"]
+    (recorded,) = [line for line in crash if line.get("type") == "turn_result"]
+    assert recorded["result"]["error"]["code"] == "WATCH_OUTCOME_UNKNOWN"
     summary = lines[-1]
     assert summary["source"] == "demo" and summary["outcomes"] == {"cancelled": 1, "resolved": 1}
+    assert summary["unknown_outcome"] == "WATCH_OUTCOME_UNKNOWN"
     states = {s["session_id"]: s["state"] for s in records(invoke(path, "sessions", "list"))}
-    assert states == {"review-1": "resolved", "chat-2": "cancelled"}
+    assert states == {"review-1": "resolved", "chat-2": "cancelled", "crash-3": "resolved"}
 
 
 def test_readme_command_line_example_runs(tmp_path: Path) -> None:
