@@ -170,11 +170,20 @@ class Output:
     def error(self, error: journal.JournalError | CommandFailed) -> int:
         """Report an error (one stderr line; a JSON object on stdout too in json format)
         and return its exit status."""
+        resume: dict[str, Any] = {}
+        if isinstance(error, journal.OutcomeUnknown):
+            resume = {"request_id": error.request_id, "cursor": error.cursor}
         with self._lock:
-            click.echo(f"journal: error: {error.message}", err=True)
+            hint = f" (resume with --cursor {error.cursor})" if resume.get("cursor") else ""
+            click.echo(f"journal: error: {error.message}{hint}", err=True)
             if self.json and not self.broken:
                 record = {
-                    "error": {"code": error.code, "status": error.status, "message": error.message}
+                    "error": {
+                        "code": error.code,
+                        "status": error.status,
+                        "message": error.message,
+                        **resume,
+                    }
                 }
                 try:
                     click.echo(json.dumps(record, separators=(",", ":")))
@@ -217,9 +226,15 @@ def embedded(data: bytes) -> Any:
     """Event data as NDJSON carries it: JSON data embedded as JSON, anything else as
     `{"base64": "..."}`."""
     try:
-        return json.loads(data)
+        # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
+        # no NaN or Infinity (not JSON: the line would not parse).
+        return json.loads(data.decode("utf-8"), parse_constant=_not_json)
     except (ValueError, UnicodeDecodeError):
         return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def event_record(event: journal.Event) -> dict[str, Any]:

@@ -176,17 +176,21 @@ class AcquireLease(Operation[SessionRow], frozen=True):
 
 
 class ReleaseLease(Operation[SessionRow], frozen=True):
-    """Record the release of lease `generation` (nothing when it is no longer current)."""
+    """Record the release of lease `generation` of session incarnation `incarnation`
+    (nothing when it is no longer current)."""
 
     session_id: str
+    incarnation: int
     generation: int
 
 
 class AppendTurnEvent(Operation[Appended], frozen=True):
     """Append a turn event (`turn_started` or `turn_result`) for `request_id`, on behalf
-    of the owner holding lease `generation` (refused with `OwnerBusy` otherwise)."""
+    of the owner holding lease `generation` of incarnation `incarnation` (refused with
+    `OwnerBusy` otherwise: a released, replaced or re-created session's lease)."""
 
     session_id: str
+    incarnation: int
     generation: int
     type: str
     request_id: str
@@ -197,6 +201,7 @@ class Lease(Protocol):
     """An engine's hold on a session's owner lease (exclusive until released)."""
 
     session_id: str
+    incarnation: int
     generation: int
 
     def release(self) -> None:

@@ -368,10 +368,15 @@ class Journal:
         try:
             row = self._engine.session(session_id)
             info = None if row is None else recorded_owner(row)
-            if row is None or info is None or info.generation != lease.generation:
+            if (
+                row is None
+                or info is None
+                or row.incarnation != lease.incarnation
+                or info.generation != lease.generation
+            ):
                 raise SessionNotFound(f"session {session_id!r} was evicted while being owned")
             writer = TurnWriter(
-                partial(self._turn_event, session_id, lease.generation),
+                partial(self._turn_event, session_id, lease.incarnation, lease.generation),
                 partial(self.append, session_id),
             )
             if row.turn_request_id is not None:
@@ -385,9 +390,17 @@ class Journal:
         return Owner(lease, info, writer)
 
     def _turn_event(
-        self, session_id: str, generation: int, kind: str, request_id: str, data: bytes
+        self,
+        session_id: str,
+        incarnation: int,
+        generation: int,
+        kind: str,
+        request_id: str,
+        data: bytes,
     ) -> AppendResult:
-        appended = self._submit(AppendTurnEvent(session_id, generation, kind, request_id, data))
+        appended = self._submit(
+            AppendTurnEvent(session_id, incarnation, generation, kind, request_id, data)
+        )
         return AppendResult(
             session_id,
             appended.first_ordinal,

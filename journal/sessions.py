@@ -93,8 +93,8 @@ class SessionRow(msgspec.Struct, array_like=True):
     owner_boot_id: str = ""
     owner_since_ms: int = 0
     owner_position: int = 0
-    # The last turn while it is unsettled: its request id and the position of its
-    # `turn_started` event (pinned meanwhile, so a rebuild after compaction knows it).
+    # The last turn's request id while it is unsettled, and the position of the latest
+    # turn event (pinned, so a rebuild after retention or compaction knows the state).
     turn_request_id: str | None = None
     turn_position: int = 0
 

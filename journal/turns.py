@@ -7,6 +7,7 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -119,6 +120,7 @@ class Owner:
         self._lease = lease
         self._writer = writer
         self._turn: Turn | None = None
+        self._lock = threading.Lock()
         self.session_id = lease.session_id
         self.generation = lease.generation
         self.info = info
@@ -130,16 +132,18 @@ class Owner:
         (the exception propagates). One turn at a time per owner."""
         if not isinstance(request_id, str) or not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
-        if self._turn is not None:
-            raise InvalidArgument(
-                f"turn {self._turn.request_id!r} is still open: one turn at a time per owner"
-            )
-        self._turn = Turn(self, request_id, self._writer)
-        return self._turn
+        with self._lock:
+            if self._turn is not None:
+                raise InvalidArgument(
+                    f"turn {self._turn.request_id!r} is still open: one turn at a time per owner"
+                )
+            self._turn = turn = Turn(self, request_id, self._writer)
+        return turn
 
     def turn_ended(self, turn: Turn) -> None:
-        if self._turn is turn:
-            self._turn = None
+        with self._lock:
+            if self._turn is turn:
+                self._turn = None
 
     def release(self) -> None:
         """Record the release and let the lease go; idempotent."""

@@ -542,3 +542,31 @@ def test_a_watch_whose_turn_outcome_is_unknown_exits_with_its_own_status(store: 
     assert [e["type"] for e in events] == ["turn_started"]
     assert error["error"]["code"] == "WATCH_OUTCOME_UNKNOWN"
     assert result.stderr.startswith("journal: error: ") and "r3" in result.stderr
+
+
+def test_event_data_that_is_not_strict_json_travels_as_base64(store: Path) -> None:
+    for data in (
+        b"NaN",
+        b"Infinity",
+        b'{"a": NaN}',
+        "\ufeff{}".encode(),
+        '{"a":"é"}'.encode("utf-16"),
+    ):
+        with journal.Journal.open(store, durability="os") as j:
+            if "raw" not in [m.session_id for m in j.list_sessions()]:
+                j.create_session("raw")
+            j.append("raw", [journal.EventIn("message", data)])
+    *events, _ = records(invoke(store, "read", "-s", "raw"))
+    for event in events:
+        assert set(event["message"]) == {"base64"}, event
+        json.loads(json.dumps(event))  # every line is valid JSON
+
+
+def test_an_unknown_outcome_error_carries_the_resume_cursor(store: Path) -> None:
+    _turns_store(store)
+    result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "t", check=False)
+    assert result.returncode == 8
+    *events, error = [json.loads(line) for line in result.stdout.splitlines()]
+    assert error["error"]["request_id"] == "r3"
+    assert error["error"]["cursor"] == events[-1]["cursor"]
+    assert f"(resume with --cursor {events[-1]['cursor']})" in result.stderr

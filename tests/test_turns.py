@@ -236,3 +236,123 @@ def test_an_unsettled_turn_survives_a_rebuild_of_the_view(tmp_path: Path) -> Non
         last = list(j.replay("s"))[-1]
         assert (last.type, last.request_id, json.loads(last.data)) == ("turn_result", "r1", UNKNOWN)
         assert j.verify().ok
+
+
+def test_a_settled_turn_stays_settled_after_retention_and_a_rebuild(tmp_path: Path) -> None:
+    """Only `turn_started` was pinned while a turn was open; once settled, retention could
+    delete the segment of its result but keep the one of its start (live for another
+    reason): a rebuild then saw an unsettled turn, verify() reported the view as differing
+    from the log, and the next own() invented a failed result for a completed turn."""
+    big = b'{"x":"' + b"y" * 3000 + b'"}'
+    options: dict[str, Any] = {"durability": "os", "segment_bytes": 8192}
+    with Journal.open(tmp_path, **options) as j:
+        j.create_session("s")
+        with j.own("s") as owner, owner.turn("r1") as turn:
+            for _ in range(6):
+                turn.append([EventIn("message", big)])
+        for _ in range(3):
+            j.append("s", [EventIn("message", big)])
+        j.compact_session("s", j.get_session("s").last_ordinal, b"snap")
+        assert j.apply_retention().deleted_segments
+        report = j.verify()
+        assert report.ok, report.problems
+    shutil.rmtree(tmp_path / "index")
+    os.unlink(tmp_path / "view-boot")
+    with Journal.open(tmp_path, **options) as j:
+        before = j.get_session("s").last_ordinal
+        with j.own("s"):
+            pass
+        assert j.get_session("s").last_ordinal == before  # nothing invented
+        assert j.verify().ok
+
+
+def test_an_owner_of_an_evicted_session_cannot_write_into_its_successor(tmp_path: Path) -> None:
+    from journal import RetentionPolicy
+
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(tmp_path, durability="os", retention=policy) as j:
+        j.create_session("s")
+        stale = j.own("s")
+        ended = j.resolve_session("s").ended_at_ms
+        assert ended is not None
+        assert j.apply_retention(now_ms=ended + 10).evicted_sessions == ["s"]
+        j.create_session("s")  # a new incarnation under the same id
+        stale.release()
+        with j.own("s") as fresh:
+            assert fresh.generation == 1  # generations start again per incarnation
+            with pytest.raises(OwnerBusy), stale.turn("stale"):
+                pass
+            with fresh.turn("ok"):
+                pass
+        assert [(e.type, e.request_id) for e in j.replay("s")] == [
+            ("turn_started", "ok"),
+            ("turn_result", "ok"),
+        ]
+
+
+def test_a_forked_child_does_not_keep_a_dead_owners_lease(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    script = """
+import os, sys, time
+from journal import Journal
+j = Journal.open(sys.argv[1], durability="os")
+owner = j.own("s")
+owner.turn("r1").__enter__()
+child = os.fork()
+if child == 0:
+    time.sleep(30)  # outlives its parent
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.readline()
+"""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert owner.stdout is not None
+    grandchild = int(owner.stdout.readline())
+    try:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        with Journal.open(store, durability="os") as j, j.own("s", wait_s=5) as successor:
+            assert successor.generation == 2
+            last = list(j.replay("s"))[-1]
+            assert (last.type, json.loads(last.data)) == ("turn_result", UNKNOWN)
+    finally:
+        owner.kill()
+        owner.wait(10)
+        os.kill(grandchild, signal.SIGKILL)
+
+
+def test_one_turn_at_a_time_holds_across_threads(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            for attempt in range(50):
+                got: list[object] = []
+                barrier = threading.Barrier(2)
+
+                def take(name: str, got: list[object] = got, barrier: Any = barrier) -> None:
+                    barrier.wait()
+                    try:
+                        got.append(owner.turn(name))
+                    except InvalidArgument as e:
+                        got.append(e)
+
+                threads = [
+                    threading.Thread(target=take, args=(f"t{attempt}-{i}",)) for i in range(2)
+                ]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+                turns = [g for g in got if not isinstance(g, InvalidArgument)]
+                assert len(turns) == 1, got
+                owner.turn_ended(turns[0])  # type: ignore[arg-type]

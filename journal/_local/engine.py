@@ -657,7 +657,12 @@ class LocalEngine:
             os.close(fd)
             raise
         lease = LocalLease(
-            self.submit, session_id, updated.owner_generation, fd, self._leases.discard
+            self.submit,
+            session_id,
+            updated.incarnation,
+            updated.owner_generation,
+            fd,
+            self._leases.discard,
         )
         self._leases.add(lease)
         return lease

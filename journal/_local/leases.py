@@ -15,6 +15,7 @@ import hashlib
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from typing import Final
 
@@ -112,6 +113,21 @@ def take_lock(path: str, wait_s: float) -> int | None:
             raise
 
 
+# Every lease this process holds (a deliberate module-level registry): a forked child
+# closes its copies of their lock fds at once, so the lock dies with the owner process
+# and not with the last of its children (flock belongs to the shared open file).
+_HELD: Final[weakref.WeakSet[LocalLease]] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for lease in list(_HELD):
+        lease.forget_inherited()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
 class LocalLease:
     """This process's hold on a session's owner lease (see the module docstring):
     `submit` records the release, the fd holds the lock until then, `forget` tells the
@@ -121,26 +137,36 @@ class LocalLease:
         self,
         submit: Callable[[ReleaseLease], object],
         session_id: str,
+        incarnation: int,
         generation: int,
         fd: int,
         forget: Callable[[LocalLease], None],
     ) -> None:
         self.session_id = session_id
+        self.incarnation = incarnation
         self.generation = generation
         self._submit = submit
         self._fd = fd
         self._forget = forget
+        _HELD.add(self)
+
+    def forget_inherited(self) -> None:
+        """In a forked child: close this copy of the lock fd; the lease is the parent's."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def release(self) -> None:
         if self._fd < 0:
             return
         fd, self._fd = self._fd, -1
         try:
-            self._submit(ReleaseLease(self.session_id, self.generation))
+            self._submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
         except JournalClosed:
             pass  # the journal closed first: the lock goes with the fd, no record
         finally:
             os.close(fd)
+            _HELD.discard(self)
             self._forget(self)
 
 

@@ -430,7 +430,7 @@ class Planner:
         pending = self._existing(op.session_id)
         row = pending.row
         planned = self.generations.get(pending.incarnation, row.owner_generation)
-        if planned != op.generation or not row.owner_pid:
+        if pending.incarnation != op.incarnation or planned != op.generation or not row.owner_pid:
             raise OwnerBusy(
                 f"the owner lease (generation {op.generation}) of session {op.session_id!r} "
                 "is no longer held by this owner: take it again with own()",
@@ -477,7 +477,11 @@ class Planner:
 
     def _release(self, request: Request, op: ReleaseLease) -> None:
         pending = self._pending(op.session_id)
-        if pending is not None and pending.row.owner_generation == op.generation:
+        if (
+            pending is not None
+            and pending.incarnation == op.incarnation
+            and pending.row.owner_generation == op.generation
+        ):
             if pending.row.owner_pid:
                 self._emit(OwnerReleased(pending.incarnation, op.generation, self.now))
             session_id = op.session_id

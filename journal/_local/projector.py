@@ -317,18 +317,17 @@ class Projection:
 
     def _turn_event(self, row: SessionRow, record: EventAppended, position: int) -> None:
         """Turn events are never in runs (see `sidecar.FrameDigest`): every path sees
-        them. The `turn_started` of an unsettled turn is pinned."""
+        them. The latest turn event of a session is pinned, like its latest owner record:
+        a rebuild after retention or compaction then knows whether its last turn settled
+        (a lone `turn_started` without its result would make one up)."""
+        if row.turn_position:
+            self._unpin(row.turn_position)
+        row.turn_position = position
+        self._pin(position, row.incarnation)
         if record.type == TURN_STARTED:
-            if row.turn_position:
-                self._unpin(row.turn_position)
             row.turn_request_id = record.request_id
-            row.turn_position = position
-            self._pin(position, row.incarnation)
         elif record.request_id == row.turn_request_id:
-            if row.turn_position:
-                self._unpin(row.turn_position)
             row.turn_request_id = None
-            row.turn_position = 0
 
     def _owner_record(self, row: SessionRow, position: int) -> None:
         """The latest owner record is pinned (a rebuild must know the generation)."""
