@@ -89,7 +89,8 @@ def _now_ms() -> int:
 
 
 class Journal:
-    """An open session journal.
+    """An open session journal: `Journal.open(path)` (the embedded local store) or
+    `Journal.over(engine)`; a context manager, closed by `close()`.
 
     Thread-safe: any number of threads may append, read and watch; concurrent appends share
     one commit (group commit). Several processes may open the same store.
@@ -105,8 +106,13 @@ class Journal:
     _events: EventChecker
     _scopes: dict[tuple[str, int], bytes]
 
-    def __init__(self) -> None:  # use Journal.open()
+    def __init__(self) -> None:
+        """Not for direct use: open a journal with `Journal.open(path, ...)`."""
         raise TypeError("use Journal.open(path, ...) to open a journal")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("read-only" if self.readonly else "writable")
+        return f"Journal({self.path!r}, {state})"
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -731,5 +737,5 @@ class Journal:
 
 
 def _check_max_bytes(max_bytes: object) -> None:
-    if not isinstance(max_bytes, int) or max_bytes < 1:
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
         raise InvalidArgument("max_bytes must be an int >= 1")

@@ -224,3 +224,18 @@ def test_streams_close_at_once_and_work_as_context_managers(tmp_path: Path) -> N
         with j.watch_sessions() as feed:
             assert next(feed).session.session_id == "s"
         assert [e.ordinal for e in j.replay("s")] == [1]
+
+
+def test_journal_says_how_to_open_it_and_what_it_is(tmp_path: Path) -> None:
+    from journal import InvalidArgument
+
+    with pytest.raises(TypeError, match=r"Journal\.open"):
+        Journal()
+    assert "Journal.open" in (Journal.__doc__ or "")
+    j = Journal.open(tmp_path, durability="os")
+    assert repr(j) == f"Journal({str(tmp_path)!r}, writable)"
+    j.create_session("s")
+    with pytest.raises(InvalidArgument):
+        j.read("s", max_bytes=True)
+    j.close()
+    assert repr(j).endswith("closed)")
