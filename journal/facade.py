@@ -35,6 +35,7 @@ from .arguments import (
     check_snapshot,
 )
 from .engine import (
+    Appended,
     AppendTurnEvent,
     ApplyRetention,
     CompactSession,
@@ -196,8 +197,9 @@ class Journal:
             raise ReadOnlyStore(
                 "this journal was opened with readonly=True; open it writable to change it"
             )
-        self._check_open()
-        return self._engine.submit(operation)
+        if self._closed:
+            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+        return self._engine.submit(operation)  # the engine checks the rest (fork, ...)
 
     # -- sessions: writes ------------------------------------------------------------------
 
@@ -237,19 +239,23 @@ class Journal:
     ) -> AppendResult:
         """Append events to an OPEN session; returns after they are committed."""
         operation = self._events.append(session_id, events, expected_last_ordinal, idempotency_key)
-        appended = self._submit(operation)
+        return self._append_result(session_id, self._submit(operation))
+
+    def _append_result(self, session_id: str, appended: Appended) -> AppendResult:
         return AppendResult(
             session_id,
             appended.first_ordinal,
             appended.last_ordinal,
-            self._codec.encode(
-                TokenKind.SESSION,
-                self._scope(session_id, appended.incarnation),
-                appended.last_position,
-                appended.last_ordinal,
+            self._cursor(
+                session_id, appended.incarnation, appended.last_position, appended.last_ordinal
             ),
             deduplicated=appended.deduplicated,
         )
+
+    def _cursor(self, session_id: str, incarnation: int, position: int, ordinal: int) -> str:
+        """The session cursor that resumes after `ordinal` (stored at `position`)."""
+        scope = self._scope(session_id, incarnation)
+        return self._codec.encode(TokenKind.SESSION, scope, position, ordinal)
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
         """OPEN -> SUSPENDED (appends are refused until resumed)."""
@@ -287,12 +293,7 @@ class Journal:
             session_id,
             ref.through_ordinal,
             snapshot,
-            self._codec.encode(
-                TokenKind.SESSION,
-                self._scope(session_id, ref.incarnation),
-                ref.position,
-                ref.through_ordinal,
-            ),
+            self._cursor(session_id, ref.incarnation, ref.position, ref.through_ordinal),
         )
 
     def snapshot(self, session_id: str) -> Snapshot | None:
@@ -307,12 +308,7 @@ class Journal:
             row.session_id,
             stored.through_ordinal,
             stored.data,
-            self._codec.encode(
-                TokenKind.SESSION,
-                self._scope(row.session_id, row.incarnation),
-                stored.position,
-                stored.through_ordinal,
-            ),
+            self._cursor(row.session_id, row.incarnation, stored.position, stored.through_ordinal),
         )
 
     # -- maintenance -----------------------------------------------------------------------
@@ -404,20 +400,8 @@ class Journal:
         request_id: str,
         data: bytes,
     ) -> AppendResult:
-        appended = self._submit(
-            AppendTurnEvent(session_id, incarnation, generation, kind, request_id, data)
-        )
-        return AppendResult(
-            session_id,
-            appended.first_ordinal,
-            appended.last_ordinal,
-            self._codec.encode(
-                TokenKind.SESSION,
-                self._scope(session_id, appended.incarnation),
-                appended.last_position,
-                appended.last_ordinal,
-            ),
-        )
+        operation = AppendTurnEvent(session_id, incarnation, generation, kind, request_id, data)
+        return self._append_result(session_id, self._submit(operation))
 
     def _metadata(self, row: SessionRow) -> SessionMetadata:
         """Public metadata with the owner only while it is alive (uncertain is alive)."""
@@ -517,12 +501,7 @@ class Journal:
         return after
 
     def _expired(self, row: SessionRow, after: int) -> CursorExpired:
-        resume = self._codec.encode(
-            TokenKind.SESSION,
-            self._scope(row.session_id, row.incarnation),
-            0,
-            row.first_ordinal - 1,
-        )
+        resume = self._cursor(row.session_id, row.incarnation, 0, row.first_ordinal - 1)
         return CursorExpired(
             f"events {after + 1}..{row.first_ordinal - 1} of session {row.session_id!r} are "
             f"no longer retained (rotated or compacted away); the earliest retained ordinal "
@@ -609,9 +588,8 @@ class Journal:
         The page holds events while their data totals at most `max_bytes`, and always at
         least one event if any follows, so one oversized event gets through whole.
         """
-        self._check_open()
         _check_max_bytes(max_bytes)
-        row, after = self._start(session_id, cursor)
+        row, after = self._start(session_id, cursor)  # checks the journal is open
         with self._engine.readers() as readers:
             events, has_more, _, _, _ = self._page(
                 row, self._context(row), max_bytes, readers, after

@@ -47,6 +47,13 @@ with Journal.open(sys.argv[1], durability="fsync") as j:
 """
 
 
+def _child_env() -> dict[str, str]:
+    """The environment of a child Python process that imports this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def _kinds(j: Journal, session_id: str, cursor: str | None = None) -> list[tuple[Any, ...]]:
     return [(e.type, e.request_id, json.loads(e.data)) for e in j.replay(session_id, cursor)]
 
@@ -147,8 +154,7 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
     with Journal.open(store) as j:
         j.create_session("s")
         j.append("s", [EventIn("message", b'{"before": true}')])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = _child_env()
     child = subprocess.Popen(
         [sys.executable, "-c", _MID_TURN, str(store)],
         stdin=subprocess.PIPE,
@@ -220,8 +226,7 @@ def test_an_unsettled_turn_survives_a_rebuild_of_the_view(tmp_path: Path) -> Non
     options: dict[str, Any] = {"durability": "os", "segment_bytes": 4096}
     with Journal.open(tmp_path, **options) as j:
         j.create_session("s")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = _child_env()
     subprocess.run([sys.executable, "-c", _DIES_MID_TURN, str(tmp_path)], env=env, check=True)
     assert len(list((tmp_path / "segments").glob("*.idx"))) >= 2
     shutil.rmtree(tmp_path / "index")
@@ -307,8 +312,7 @@ if child == 0:
 print(child, flush=True)
 sys.stdin.readline()
 """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = _child_env()
     owner = subprocess.Popen(
         [sys.executable, "-c", script, str(store)],
         stdin=subprocess.PIPE,

@@ -170,14 +170,7 @@ class SegmentLog:
         self.finish_interrupted()
         segments = self.segments()
         if not segments:
-            self._writer = SegmentWriter.create(
-                self.directory,
-                self.store_id,
-                1,
-                sync=self.sync,
-                segment_bytes=self.segment_bytes,
-                ops=self.ops,
-            )
+            self._writer = self._create_segment(1)
             return []
         active = segments[-1]
         if active.compressed:
@@ -185,36 +178,16 @@ class SegmentLog:
             summary = read_summary(self.directory, active.base_position) or summarize_segment(
                 self.directory, active.base_position, self.ops
             )
-            self._writer = SegmentWriter.create(
-                self.directory,
-                self.store_id,
-                summary.last_position + 1,
-                sync=self.sync,
-                segment_bytes=self.segment_bytes,
-                ops=self.ops,
-            )
+            self._writer = self._create_segment(summary.last_position + 1)
             return []
-        self._writer = SegmentWriter(
-            self.directory,
-            active.base_position,
-            sync=self.sync,
-            segment_bytes=self.segment_bytes,
-            ops=self.ops,
-        )
+        self._writer = self._open_segment(active.base_position)
         return self._writer.recover(self.store_id)
 
     def start_first_segment(self) -> None:
         """Create the first segment of an empty log (caller holds the write lock)."""
         os.makedirs(self.directory, exist_ok=True)
         self.close()
-        self._writer = SegmentWriter.create(
-            self.directory,
-            self.store_id,
-            1,
-            sync=self.sync,
-            segment_bytes=self.segment_bytes,
-            ops=self.ops,
-        )
+        self._writer = self._create_segment(1)
 
     def writer_at(self, segment: int, end_offset: int, next_position: int) -> bool:
         """Whether this process's writer sits exactly at the given end of the log and
@@ -235,13 +208,7 @@ class SegmentLog:
         if writer is None or writer.base_position != segment:
             if writer is not None:
                 writer.close()
-            self._writer = writer = SegmentWriter(
-                self.directory,
-                segment,
-                sync=self.sync,
-                segment_bytes=self.segment_bytes,
-                ops=self.ops,
-            )
+            self._writer = writer = self._open_segment(segment)
         writer.attach(end_offset, next_position)
 
     def writer_end(self) -> tuple[int, int, int]:
@@ -259,6 +226,25 @@ class SegmentLog:
             writer.attach(end_offset, next_position)
         else:
             writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+
+    def _create_segment(self, base_position: int) -> SegmentWriter:
+        return SegmentWriter.create(
+            self.directory,
+            self.store_id,
+            base_position,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
+            ops=self.ops,
+        )
+
+    def _open_segment(self, base_position: int) -> SegmentWriter:
+        return SegmentWriter(
+            self.directory,
+            base_position,
+            sync=self.sync,
+            segment_bytes=self.segment_bytes,
+            ops=self.ops,
+        )
 
     @property
     def writer(self) -> SegmentWriter:
@@ -289,14 +275,7 @@ class SegmentLog:
         next_position = writer.next_position
         known = writer.summary()
         writer.close()
-        self._writer = SegmentWriter.create(
-            self.directory,
-            self.store_id,
-            next_position,
-            sync=self.sync,
-            segment_bytes=self.segment_bytes,
-            ops=self.ops,
-        )
+        self._writer = self._create_segment(next_position)
         self.seal(sealed, known)
         return sealed
 
