@@ -5,14 +5,18 @@ The public API is what this module exports; every other module is private.
 
 from __future__ import annotations
 
+from .archive import ARCHIVE_REASONS as ARCHIVE_REASONS
+from .archive import ArchiveLimits as ArchiveLimits
 from .arguments import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
 from .arguments import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
 from .arguments import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from .arguments import MAX_PAGE_SIZE as MAX_PAGE_SIZE
+from .errors import ArchiveInvalid as ArchiveInvalid
 from .errors import CursorExpired as CursorExpired
 from .errors import CursorForeign as CursorForeign
 from .errors import CursorFuture as CursorFuture
 from .errors import CursorMalformed as CursorMalformed
+from .errors import ExportIncomplete as ExportIncomplete
 from .errors import IdempotencyKeyReused as IdempotencyKeyReused
 from .errors import IllegalTransition as IllegalTransition
 from .errors import InvalidArgument as InvalidArgument
@@ -38,6 +42,10 @@ from .models import AppendResult as AppendResult
 from .models import CompactionReport as CompactionReport
 from .models import Event as Event
 from .models import EventIn as EventIn
+from .models import ExportReport as ExportReport
+from .models import ImportedFrom as ImportedFrom
+from .models import ImportedSession as ImportedSession
+from .models import ImportReport as ImportReport
 from .models import LifecycleEvent as LifecycleEvent
 from .models import LifecycleEventType as LifecycleEventType
 from .models import OwnerInfo as OwnerInfo
@@ -59,6 +67,7 @@ from .turns import Turn as Turn
 __version__ = "0.1.0"
 
 __all__ = [
+    "ARCHIVE_REASONS",
     "DEFAULT_PAGE_BYTES",
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
@@ -66,6 +75,8 @@ __all__ = [
     "TURN_RESULT",
     "TURN_STARTED",
     "AppendResult",
+    "ArchiveInvalid",
+    "ArchiveLimits",
     "CompactionReport",
     "CursorExpired",
     "CursorForeign",
@@ -73,8 +84,13 @@ __all__ = [
     "CursorMalformed",
     "Event",
     "EventIn",
+    "ExportIncomplete",
+    "ExportReport",
     "IdempotencyKeyReused",
     "IllegalTransition",
+    "ImportReport",
+    "ImportedFrom",
+    "ImportedSession",
     "InvalidArgument",
     "InvalidPageToken",
     "Journal",

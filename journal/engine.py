@@ -31,25 +31,31 @@ from .models import (
 from .sessions import FeedEntry, SessionRow, TransitionKind
 
 if TYPE_CHECKING:
+    from .archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
     from .follow import Notifier
 
 __all__ = [
+    "AbortImport",
     "AcquireLease",
     "Append",
     "AppendTurnEvent",
     "Appended",
     "ApplyRetention",
+    "CommitImport",
     "CompactSession",
     "CreateSession",
     "Engine",
     "EventsPage",
     "Expire",
+    "ImportTarget",
     "Lease",
     "Operation",
     "PageReaders",
     "Progress",
     "ReleaseLease",
     "SnapshotRef",
+    "StageEvents",
+    "StageSession",
     "StoredSnapshot",
     "Transition",
     "VerifyFix",
@@ -195,6 +201,49 @@ class AppendTurnEvent(Operation[Appended], frozen=True):
     type: str
     request_id: str
     data: bytes
+
+
+class StageSession(Operation[SessionRow], frozen=True):
+    """Begin importing one session of an archive: an invisible row (no id a caller can
+    name, no lifecycle entry, no deadline or retention) with the archive's metadata, its
+    snapshot and its retained range's start. The importing process is recorded so an
+    import it never finished can be rolled back once it is gone (engine-specific)."""
+
+    session: ArchiveSession
+    snapshot: ArchiveSnapshot | None
+    source_store: str
+    exported_at_ms: int
+
+
+class StageEvents(Operation[int], frozen=True):
+    """Append archived events (ordinals, times and request ids as given, continuing
+    the staged row densely) to staged incarnation `incarnation`; the new last ordinal."""
+
+    incarnation: int
+    events: list[ArchiveEvent]
+
+
+class ImportTarget(msgspec.Struct, frozen=True):
+    """A staged incarnation, the id it takes, and its lifecycle state (wire value) since
+    `state_at_ms` (ignored for OPEN)."""
+
+    incarnation: int
+    session_id: str
+    state: int
+    state_at_ms: int
+
+
+class CommitImport(Operation[list[SessionRow]], frozen=True):
+    """Make every staged session of one import visible at once, or none: `SessionExists`
+    when an id is taken."""
+
+    targets: list[ImportTarget]
+
+
+class AbortImport(Operation[int], frozen=True):
+    """Roll back staged incarnations (those still staged); how many were rolled back."""
+
+    incarnations: list[int]
 
 
 class Lease(Protocol):

@@ -18,10 +18,12 @@ from cursors import (
 )
 
 __all__ = [
+    "ArchiveInvalid",
     "CursorExpired",
     "CursorForeign",
     "CursorFuture",
     "CursorMalformed",
+    "ExportIncomplete",
     "IdempotencyKeyReused",
     "IllegalTransition",
     "InvalidArgument",
@@ -180,3 +182,31 @@ class OutcomeUnknown(JournalError):
         self.request_id = request_id
         self.cursor = cursor
         super().__init__(message)
+
+
+class ArchiveInvalid(JournalError):
+    """An archive given to `import_sessions` cannot be imported; nothing was written.
+
+    `reason` says why, one of `ARCHIVE_REASONS` (SPEC.md, "Archives"); `offset` is the
+    byte offset in the archive file where the problem was found (0 when it concerns the
+    whole archive)."""
+
+    code = "ARCHIVE_INVALID"
+    status = "INVALID_ARGUMENT"
+
+    def __init__(self, reason: str, detail: str, *, offset: int = 0) -> None:
+        self.reason = reason
+        self.detail = detail
+        self.offset = offset
+        super().__init__(
+            f"invalid archive ({reason}) at byte {offset}: {detail}; nothing was imported"
+        )
+
+
+class ExportIncomplete(JournalError):
+    """A session lost history it was being exported with (evicted, trimmed by retention
+    or compacted while the export read it); nothing was left at the destination path.
+    Export again: the new export starts from what is retained then."""
+
+    code = "EXPORT_INCOMPLETE"
+    status = "ABORTED"

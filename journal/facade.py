@@ -10,9 +10,9 @@ every engine gets this behaviour once and identically.
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import TypeVar
+from typing import IO, TypeVar
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
 
@@ -24,6 +24,7 @@ from ._local import (
     LocalOptions,
     open_local,
 )
+from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
@@ -63,6 +64,8 @@ from .models import (
     CompactionReport,
     Event,
     EventIn,
+    ExportReport,
+    ImportReport,
     LifecycleEvent,
     LifecycleEventType,
     Page,
@@ -78,6 +81,7 @@ from .models import (
 )
 from .records import TURN_RESULT
 from .sessions import FeedEntry, SessionRow, TransitionKind, metadata, recorded_owner
+from .transfer import export_sessions, import_sessions
 from .turns import OUTCOME_UNKNOWN_RESULT, Owner, TurnWriter, result_data
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
@@ -352,6 +356,39 @@ class Journal:
         """Sizes of the store: sessions by state, segment files, bytes on disk."""
         self._check_open()
         return self._engine.stats()
+
+    # -- archives --------------------------------------------------------------------------
+
+    def export_sessions(
+        self,
+        session_ids: Iterable[str] | None,
+        dest: str | os.PathLike[str] | IO[bytes],
+        progress: Progress | None = None,
+    ) -> ExportReport:
+        """Write the sessions (None: every session) to a portable archive at `dest` (a
+        path: written to a temporary file and renamed, so a failed export leaves nothing;
+        or a binary file object). Each session is exported exactly up to the head it had
+        when its export began, while writers keep appending. `progress(done, total)`
+        counts events. The format is in SPEC.md ("Archives")."""
+        self._check_open()
+        return export_sessions(self._engine, session_ids, dest, progress)
+
+    def import_sessions(
+        self,
+        src: str | os.PathLike[str] | IO[bytes],
+        rename: Mapping[str, str] | None = None,
+        progress: Progress | None = None,
+        limits: ArchiveLimits | None = None,
+    ) -> ImportReport:
+        """Import every session of the archive at `src` (a path or a binary file object),
+        or none: the archive is checked whole first (`ArchiveInvalid` with a `reason`),
+        then its sessions become visible together. `rename` maps archive ids to new ids;
+        an id that exists raises `SessionExists`. Imported sessions are new incarnations:
+        ordinals, types, timestamps, request ids, snapshot and state are kept, cursors of
+        the source store are foreign here. `progress(done, total)` counts archive bytes
+        over two passes; `limits` raises the caps on what a reader accepts."""
+        self._check_open()
+        return import_sessions(self._engine, src, rename, progress, limits)
 
     # -- owners ----------------------------------------------------------------------------
 

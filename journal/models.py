@@ -16,6 +16,10 @@ __all__ = [
     "CompactionReport",
     "Event",
     "EventIn",
+    "ExportReport",
+    "ImportReport",
+    "ImportedFrom",
+    "ImportedSession",
     "LifecycleEvent",
     "LifecycleEventType",
     "OwnerInfo",
@@ -266,6 +270,14 @@ class OwnerInfo(msgspec.Struct, frozen=True):
     since_ms: int
 
 
+class ImportedFrom(msgspec.Struct, frozen=True):
+    """Where an imported session's history came from: the source store's id (hex) and
+    when the archive was exported (ms since the epoch)."""
+
+    store_id: str
+    exported_at_ms: int
+
+
 class SessionMetadata(msgspec.Struct, frozen=True):
     """A session's registry entry. The retained events are `[first_ordinal, last_ordinal]`
     (empty when `last_ordinal < first_ordinal`)."""
@@ -287,6 +299,7 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     max_suspend_ms: int = 0
     suspended_at_ms: int | None = None
     expires_at_ms: int | None = None
+    imported_from: ImportedFrom | None = None
 
 
 class SessionPage(msgspec.Struct, frozen=True):
@@ -380,3 +393,33 @@ class StoreStats(msgspec.Struct, frozen=True):
     segments: int
     segment_bytes: int
     next_position: int
+
+
+class ExportReport(msgspec.Struct, frozen=True):
+    """What `export_sessions` wrote: the sessions (in archive order) with their event
+    counts, the totals, the archive's size and the SHA-256 its footer carries (hex)."""
+
+    sessions: dict[str, int]
+    events: int
+    archive_bytes: int
+    content_bytes: int
+    sha256: str
+    path: str | None = None
+
+
+class ImportedSession(msgspec.Struct, frozen=True):
+    """One session an import created: its id in the archive, its id here, its events."""
+
+    source_id: str
+    session_id: str
+    events: int
+
+
+class ImportReport(msgspec.Struct, frozen=True):
+    """What `import_sessions` committed (every session of the archive, or it raised)."""
+
+    sessions: list[ImportedSession]
+    events: int
+    archive_bytes: int
+    source_store_id: str
+    exported_at_ms: int

@@ -29,6 +29,8 @@ __all__ = [
     "Record",
     "SessionCreated",
     "SessionEvicted",
+    "SessionImported",
+    "SessionStaged",
     "SnapshotTaken",
     "StateChanged",
     "decode_frame_body",
@@ -147,6 +149,43 @@ class OwnerReleased(_RecordBase, tag=9, frozen=True):
     at_ms: int
 
 
+class SessionStaged(_RecordBase, tag=10, frozen=True):
+    """An imported session being written: invisible (no id a caller can name, no
+    lifecycle entry, no deadline, no retention) until `SessionImported` names it. Its
+    incarnation is this record's position. `pid`, `start_time`, `host` and `boot_id`
+    identify the importing process: a staged session whose importer died is evicted by
+    the next writer that opens the store. `turn_request_id` and the source fields come
+    from the archive."""
+
+    staging_id: str
+    session_id: str
+    created_at_ms: int
+    mode: str
+    context_id: str | None
+    tags: dict[str, str]
+    extensions: dict[str, bytes]
+    ttl_ms: int | None
+    max_suspend_ms: int
+    max_history_bytes: int | None
+    max_history_age_ms: int | None
+    source_store: str
+    exported_at_ms: int
+    pid: int
+    start_time: int
+    host: str
+    boot_id: str
+    turn_request_id: str | None = None
+
+
+class SessionImported(_RecordBase, tag=11, frozen=True):
+    """A staged session becomes visible under `session_id` (the commit of an import: one
+    frame holds the `SessionImported` of every session of the archive)."""
+
+    incarnation: int
+    session_id: str
+    at_ms: int
+
+
 Record = (
     SessionCreated
     | EventAppended
@@ -157,6 +196,8 @@ Record = (
     | IdempotencyKeyUsed
     | OwnerAcquired
     | OwnerReleased
+    | SessionStaged
+    | SessionImported
 )
 
 # What readers decode: event records straight into the public `Event` (same leading layout
@@ -171,6 +212,8 @@ ReadRecord = (
     | IdempotencyKeyUsed
     | OwnerAcquired
     | OwnerReleased
+    | SessionStaged
+    | SessionImported
 )
 
 # Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.

@@ -12,8 +12,8 @@ from typing import Final, Literal
 
 import msgspec
 
-from .models import LifecycleEventType, OwnerInfo, SessionMetadata, SessionState
-from .records import SessionCreated
+from .models import ImportedFrom, LifecycleEventType, OwnerInfo, SessionMetadata, SessionState
+from .records import SessionCreated, SessionStaged
 
 __all__ = [
     "DEFAULT_MAX_SUSPEND_MS",
@@ -97,6 +97,13 @@ class SessionRow(msgspec.Struct, array_like=True):
     # turn event (pinned, so a rebuild after retention or compaction knows the state).
     turn_request_id: str | None = None
     turn_position: int = 0
+    # Imports: a staged row is invisible until its `SessionImported` record (pinned at
+    # `name_position`) names it; `imported_store` (hex, "" if never imported) and
+    # `imported_exported_at_ms` say where the history came from.
+    staged: bool = False
+    name_position: int = 0
+    imported_store: str = ""
+    imported_exported_at_ms: int = 0
 
     @classmethod
     def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:
@@ -121,6 +128,38 @@ class SessionRow(msgspec.Struct, array_like=True):
             max_history_age_ms=record.max_history_age_ms,
         )
 
+    @classmethod
+    def staged_from(cls, record: SessionStaged, incarnation: int) -> SessionRow:
+        """The invisible row of an imported session being written; the importing
+        process is recorded as its owner until the import commits."""
+        return cls(
+            session_id=record.staging_id,
+            incarnation=incarnation,
+            state=SessionState.OPEN.wire,
+            mode=record.mode,
+            context_id=record.context_id,
+            tags=dict(record.tags),
+            extensions=dict(record.extensions),
+            created_at_ms=record.created_at_ms,
+            ended_at_ms=None,
+            first_ordinal=1,
+            last_ordinal=0,
+            ttl_ms=record.ttl_ms,
+            max_suspend_ms=record.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=incarnation,
+            max_history_bytes=record.max_history_bytes,
+            max_history_age_ms=record.max_history_age_ms,
+            owner_pid=record.pid,
+            owner_start_time=record.start_time,
+            owner_host=record.host,
+            owner_boot_id=record.boot_id,
+            turn_request_id=record.turn_request_id,
+            staged=True,
+            imported_store=record.source_store,
+            imported_exported_at_ms=record.exported_at_ms,
+        )
+
     @property
     def session_state(self) -> SessionState:
         return SessionState.from_wire(self.state)
@@ -128,7 +167,7 @@ class SessionRow(msgspec.Struct, array_like=True):
     def deadline(self) -> int | None:
         """When the session must expire (its TTL or its suspension cap), or None."""
         state = self.session_state
-        if state.terminal:
+        if state.terminal or self.staged:
             return None
         due: list[int] = []
         if self.ttl_ms is not None:
@@ -179,4 +218,9 @@ def metadata(row: SessionRow, owner: OwnerInfo | None = None) -> SessionMetadata
         max_suspend_ms=row.max_suspend_ms,
         suspended_at_ms=row.suspended_at_ms,
         expires_at_ms=row.deadline(),
+        imported_from=(
+            ImportedFrom(row.imported_store, row.imported_exported_at_ms)
+            if row.imported_store
+            else None
+        ),
     )

@@ -36,6 +36,7 @@ import msgspec
 from cursors import KeyRing, KeyRingError
 
 from ..engine import (
+    AbortImport,
     ApplyRetention,
     EventsPage,
     Lease,
@@ -220,6 +221,17 @@ class LocalEngine:
             finally:
                 with self._cv:
                     self._leading = False
+            self._roll_back_abandoned_imports()
+
+    def _roll_back_abandoned_imports(self) -> None:
+        """Roll back imports whose importing process is gone (killed before its commit):
+        their staged sessions never became visible, and now never will."""
+        with self._view.begin() as txn:
+            staged = self._view.staged_rows(txn)
+        boot_id = BOOT_ID.decode()
+        dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
+        if dead:
+            self.submit(AbortImport(dead))
 
     @staticmethod
     def _key_ring(path: str, given: KeyRing | None, readonly: bool) -> KeyRing:

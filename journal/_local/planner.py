@@ -13,17 +13,21 @@ import lmdb
 import msgspec
 
 from ..engine import (
+    AbortImport,
     AcquireLease,
     Append,
     Appended,
     AppendTurnEvent,
     ApplyRetention,
+    CommitImport,
     CompactSession,
     CreateSession,
     Expire,
     Operation,
     ReleaseLease,
     SnapshotRef,
+    StageEvents,
+    StageSession,
     Transition,
     VerifyFix,
 )
@@ -39,6 +43,7 @@ from ..errors import (
 )
 from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyReport
 from ..records import (
+    TURN_EVENT_TYPES,
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
@@ -47,12 +52,15 @@ from ..records import (
     Record,
     SessionCreated,
     SessionEvicted,
+    SessionImported,
+    SessionStaged,
     SnapshotTaken,
     StateChanged,
 )
 from ..sessions import TRANSITIONS, SessionRow
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
+from .leases import identity
 from .log import SegmentLog
 from .projector import project_log
 from .retention import dead_segments, forget_segments, window_start
@@ -266,6 +274,14 @@ class Planner:
                 self._acquire(request, operation)
             case ReleaseLease():
                 self._release(request, operation)
+            case StageSession():
+                self._stage(request, operation)
+            case StageEvents():
+                self._stage_events(request, operation)
+            case CommitImport():
+                self._commit_import(request, operation)
+            case AbortImport():
+                self._abort_import(request, operation)
             case SwapSegment():
                 request.result = swap_segment(self.txn, self.view, self.log, operation)
                 self.summaries.pop(operation.base, None)
@@ -502,6 +518,129 @@ class Planner:
         self._undo.append(undo)
         self.generations[key] = planned + 1
         return planned + 1
+
+    # -- imports (see `SessionStaged`) -------------------------------------------------
+
+    def _stage(self, request: Request, op: StageSession) -> None:
+        meta = op.session
+        position = self.next_position
+        staging_id = f"\x00import\x00{position}"
+        pid, start_time, host = identity()
+        record = SessionStaged(
+            staging_id=staging_id,
+            session_id=meta.session_id,
+            created_at_ms=meta.created_at_ms,
+            mode=meta.mode,
+            context_id=meta.context_id,
+            tags=meta.tags,
+            extensions=meta.extensions,
+            ttl_ms=meta.ttl_ms,
+            max_suspend_ms=meta.max_suspend_ms,
+            max_history_bytes=meta.max_history_bytes,
+            max_history_age_ms=meta.max_history_age_ms,
+            source_store=op.source_store,
+            exported_at_ms=op.exported_at_ms,
+            pid=pid,
+            start_time=start_time,
+            host=host,
+            boot_id=self.boot_id.decode(),
+            turn_request_id=meta.turn_request_id,
+        )
+        self._emit(record)
+        row = SessionRow.staged_from(record, position)
+        through = 0
+        if op.snapshot is not None:
+            through = op.snapshot.through_ordinal
+            self._emit(SnapshotTaken(position, through, self.now, op.snapshot.data))
+        if meta.first_ordinal > through + 1:
+            self._emit(HistoryTrimmed(position, meta.first_ordinal, self.now))
+        row.last_ordinal = meta.first_ordinal - 1
+        self._set_session(staging_id, _Pending(row))
+        self._finishers.append((request, lambda: self._current_row(staging_id)))
+
+    def _staged(self, incarnation: int) -> tuple[str, _Pending]:
+        staging_id = self.view.session_id_of(self.txn, incarnation)
+        pending = None if staging_id is None else self._pending(staging_id)
+        if staging_id is None or pending is None or not pending.row.staged:
+            raise SessionNotFound(f"no import in progress at incarnation {incarnation}")
+        return staging_id, pending
+
+    def _stage_events(self, request: Request, op: StageEvents) -> None:
+        _, pending = self._staged(op.incarnation)
+        incarnation = pending.incarnation
+        expected = pending.last_ordinal + 1
+        position = self.next_position
+        for event in op.events:
+            if event.ordinal != expected:
+                raise InvalidArgument(
+                    f"imported event ordinal {event.ordinal} where {expected} was due"
+                )
+            record = EventAppended(
+                incarnation,
+                event.ordinal,
+                event.timestamp_ms,
+                event.type,
+                event.data,
+                event.request_id,
+                position,
+            )
+            index = len(self.records)
+            if event.type in TURN_EVENT_TYPES:
+                # Never part of a run (as in `_turn_event`).
+                self.others.append((index, record))
+                self.loose_events.append((index, incarnation, event.ordinal))
+            else:
+                add_run(
+                    self.event_runs,
+                    EventRun(
+                        index, incarnation, event.ordinal, 1, len(event.data), event.timestamp_ms
+                    ),
+                )
+            self.records.append(record)
+            position += 1
+            expected += 1
+        self.next_position = position
+        self._set_last_ordinal(pending, expected - 1)
+        request.result = expected - 1
+
+    def _commit_import(self, request: Request, op: CommitImport) -> None:
+        chosen: set[str] = set()
+        staged: list[tuple[str, _Pending]] = []
+        for target in op.targets:
+            if target.session_id in chosen or self._pending(target.session_id) is not None:
+                raise SessionExists(
+                    f"session {target.session_id!r} already exists: import it under "
+                    "another id (rename=, or `journal import --as NEW_ID`)"
+                )
+            chosen.add(target.session_id)
+            staged.append(self._staged(target.incarnation))
+        for target, (staging_id, pending) in zip(op.targets, staged, strict=True):
+            self._emit(SessionImported(target.incarnation, target.session_id, self.now))
+            state = SessionState.from_wire(target.state)
+            if state is not SessionState.OPEN:
+                self._emit(StateChanged(target.incarnation, target.state, target.state_at_ms))
+            # The same (unchanged) row: the projection may adopt it, and renames it.
+            visible = _Pending(pending.row)
+            visible.last_ordinal = pending.last_ordinal
+            visible.state = state
+            self._set_session(staging_id, None)
+            self._set_session(target.session_id, visible)
+        ids = [target.session_id for target in op.targets]
+        self._finishers.append((request, lambda: [self._current_row(i) for i in ids]))
+
+    def _abort_import(self, request: Request, op: AbortImport) -> None:
+        count = 0
+        for incarnation in op.incarnations:
+            staging_id = self.view.session_id_of(self.txn, incarnation)
+            pending = None if staging_id is None else self._pending(staging_id)
+            if staging_id is None or pending is None or not pending.row.staged:
+                continue
+            if pending.incarnation != incarnation:
+                continue
+            self._emit(SessionEvicted(incarnation, self.now))
+            self._set_session(staging_id, None)
+            count += 1
+        request.result = count
 
     def _retention(self, request: Request, op: ApplyRetention) -> None:
         now = self.now if op.now_ms is None else op.now_ms

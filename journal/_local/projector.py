@@ -23,6 +23,8 @@ from ..records import (
     Record,
     SessionCreated,
     SessionEvicted,
+    SessionImported,
+    SessionStaged,
     SnapshotTaken,
     StateChanged,
     decode_frame_body,
@@ -227,6 +229,26 @@ class Projection:
                 view.put_incarnation(txn, position, record.session_id)
                 self._pin(position, position)
                 self._feed(position, LifecycleEventType.CREATED, record.created_at_ms, row)
+            elif isinstance(record, SessionStaged):
+                row = SessionRow.staged_from(record, position)
+                self.rows[position] = row
+                self._old_deadlines[position] = None
+                view.put_incarnation(txn, position, record.staging_id)
+                self._pin(position, position)
+            elif isinstance(record, SessionImported):
+                row = self.row(record.incarnation)
+                if row is not None and row.staged:
+                    view.delete_row(txn, row.session_id)
+                    view.put_incarnation(txn, row.incarnation, record.session_id)
+                    row.session_id = record.session_id
+                    row.staged = False
+                    row.owner_pid = 0
+                    row.owner_start_time = 0
+                    row.owner_host = ""
+                    row.owner_boot_id = ""
+                    row.name_position = position
+                    self._pin(position, row.incarnation)
+                    self._feed(position, LifecycleEventType.CREATED, record.at_ms, row)
             elif isinstance(record, StateChanged):
                 row = self.row(record.incarnation)
                 if row is not None:
@@ -384,11 +406,14 @@ class Projection:
             row.trim_position,
             row.owner_position,
             row.turn_position,
+            row.name_position,
         ):
             if position:
                 self._unpin(position)
 
     def _feed(self, position: int, event: LifecycleEventType, at_ms: int, row: SessionRow) -> None:
+        if row.staged:
+            return  # an import being written has no lifecycle yet
         # The row is encoded now: later records in this frame must not change this entry.
         self.view.put_feed(self.txn, position, FeedEntry(event.value, at_ms, row))
         self.head.lifecycle_position = position

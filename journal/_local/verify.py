@@ -129,6 +129,10 @@ _COMPARED_ROW_FIELDS: Final = (
     "owner_pid",
     "owner_start_time",
     "turn_request_id",
+    "staged",
+    "name_position",
+    "imported_store",
+    "imported_exported_at_ms",
 )
 
 
@@ -142,7 +146,7 @@ def compare_views(
     def rows(v: View, t: lmdb.Transaction) -> dict[str, tuple[object, ...]]:
         return {
             row.session_id: tuple(getattr(row, f) for f in _COMPARED_ROW_FIELDS)
-            for row in v.rows(t)
+            for row in v.rows(t, staged=True)
         }
 
     live, fresh = rows(view, txn), rows(rebuilt, rebuilt_txn)

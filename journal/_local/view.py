@@ -8,7 +8,7 @@ pass transactions (`View.begin`) and get rows, entries and numbers back.
 Named databases (keys big-endian so LMDB's byte order is numeric order):
 
     meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer
-    sessions     session id (utf-8) -> SessionRow
+    sessions     session id (utf-8) -> SessionRow (staged imports: NUL-prefixed ids)
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
     events       u64 incarnation + u64 first ordinal in a frame -> u64 segment, u64 offset,
                  u64 session bytes appended before the frame, u64 frame time (ms)
@@ -36,6 +36,8 @@ from ..sessions import FeedEntry, SessionRow
 __all__ = ["Head", "IdemEntry", "Location", "View"]
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
+# Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
+_STAGED_END: Final = b"\x01"
 
 _U64: Final = struct.Struct(">Q")
 _U64X2: Final = struct.Struct(">QQ")
@@ -181,10 +183,16 @@ class View:
     def delete_row(self, txn: lmdb.Transaction, session_id: str) -> None:
         txn.delete(session_id.encode(), db=self._sessions)
 
-    def rows(self, txn: lmdb.Transaction, after_id: str | None = None) -> Iterator[SessionRow]:
-        """Rows in session-id order, after `after_id` when given."""
+    def rows(
+        self, txn: lmdb.Transaction, after_id: str | None = None, *, staged: bool = False
+    ) -> Iterator[SessionRow]:
+        """Rows in session-id order, after `after_id` when given. Staged imports (ids
+        starting with NUL, which no caller can name, so they sort first) are skipped
+        unless `staged`."""
         cursor = txn.cursor(db=self._sessions)
         after = None if after_id is None else after_id.encode()
+        if after is None and not staged:
+            after = _STAGED_END
         positioned = cursor.set_range(after) if after is not None else cursor.first()
         if positioned and after is not None and cursor.key() == after:
             positioned = cursor.next()
@@ -192,9 +200,22 @@ class View:
             yield _row_decoder.decode(cursor.value())
             positioned = cursor.next()
 
+    def staged_rows(self, txn: lmdb.Transaction) -> list[SessionRow]:
+        """The rows of staged imports (see `rows`)."""
+        rows: list[SessionRow] = []
+        cursor = txn.cursor(db=self._sessions)
+        positioned = cursor.first()
+        while positioned and bytes(cursor.key()) < _STAGED_END:
+            rows.append(_row_decoder.decode(cursor.value()))
+            positioned = cursor.next()
+        return rows
+
     def encoded_rows(self, txn: lmdb.Transaction) -> list[bytes]:
-        """Every row, still encoded (copied out of the transaction; see `decode_row`)."""
-        return [bytes(raw) for _, raw in txn.cursor(db=self._sessions)]
+        """Every visible row, still encoded (copied out of the transaction; see
+        `decode_row`)."""
+        return [
+            bytes(raw) for key, raw in txn.cursor(db=self._sessions) if bytes(key) >= _STAGED_END
+        ]
 
     @staticmethod
     def decode_row(raw: bytes) -> SessionRow:

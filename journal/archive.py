@@ -1,0 +1,574 @@
+"""The portable archive format: records, the streaming writer, and the checking reader.
+
+An archive is a sequence of independent zstd frames whose concatenated content is a
+sequence of records, each a big-endian u32 length and a msgpack-encoded tagged record:
+one `ArchiveHeader`, then per session an `ArchiveSession`, its `ArchiveSnapshot` if it has
+one, and `ArchiveEvents` batches in ordinal order, then one `ArchiveFooter` holding the
+counts and the SHA-256 of the content before it. The byte layout is in SPEC.md
+("Archives"). Engine-neutral: the facade's export and import drive it.
+
+Reading is defensive: archives may come from strangers. Every size is bounded before it
+is allocated (`ArchiveLimits`), and every problem is an `ArchiveInvalid` with a `reason`
+from `ARCHIVE_REASONS`, never another exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Iterator
+from typing import IO, Final, cast
+
+import msgspec
+import zstandard
+
+from .arguments import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_EVENT_BYTES, MAX_NAME_LENGTH
+from .errors import ArchiveInvalid
+from .models import SessionState
+
+__all__ = [
+    "ARCHIVE_FORMAT",
+    "ARCHIVE_REASONS",
+    "ARCHIVE_VERSION",
+    "ArchiveEvent",
+    "ArchiveEvents",
+    "ArchiveFooter",
+    "ArchiveHeader",
+    "ArchiveLimits",
+    "ArchiveReader",
+    "ArchiveSession",
+    "ArchiveSnapshot",
+    "ArchiveWriter",
+    "SessionSection",
+    "event_batches",
+]
+
+ARCHIVE_FORMAT: Final = "session-journal-archive"
+ARCHIVE_VERSION: Final = 1
+
+# Why an archive was refused (`ArchiveInvalid.reason`).
+ARCHIVE_REASONS: Final = frozenset(
+    {
+        "not_an_archive",  # not zstd, or no archive header first
+        "unsupported_version",  # a format version this code cannot read
+        "truncated",  # ends before its footer
+        "corrupt",  # zstd or msgpack damage, a record of the wrong shape
+        "checksum_mismatch",  # the footer's SHA-256 is not that of the content
+        "count_mismatch",  # header or footer counts differ from what the archive holds
+        "out_of_order",  # records out of place, ordinals not dense and increasing
+        "duplicate_session",  # a session id twice
+        "invalid_field",  # a value no store could hold (bad id, state, ordinal range)
+        "too_large",  # a field, record or the whole content over its limit
+        "changed",  # the file changed between the check and the import
+    }
+)
+
+_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+_LENGTH: Final = struct.Struct(">I")
+_FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
+_BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
+_BATCH_EVENTS: Final = 1000
+_COMPRESSION_LEVEL: Final = 3
+_REQUEST_ID_BYTES: Final = 64 << 10
+_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
+
+
+class ArchiveLimits(msgspec.Struct, frozen=True):
+    """What a reader accepts. `max_content_bytes` caps the total decompressed content
+    (a decompression bomb stops there); `max_window_bytes` caps the zstd window (the
+    memory one frame may need); `max_record_bytes` caps one record (the largest is a
+    snapshot of up to 64 MiB). Raise them with `import_sessions(..., limits=...)` or
+    `journal import --max-bytes`."""
+
+    max_content_bytes: int = 16 << 30
+    max_window_bytes: int = 1 << 23
+    max_record_bytes: int = MAX_BATCH_BYTES + (1 << 20)
+
+
+class _ArchiveRecord(msgspec.Struct, array_like=True, frozen=True, tag_field="kind"):
+    """Shared encoding: an integer tag first, then the fields in order."""
+
+
+class ArchiveHeader(_ArchiveRecord, tag=1, frozen=True):
+    format: str
+    version: int
+    library_version: str
+    exported_at_ms: int
+    store_id: str
+    session_count: int
+
+
+class ArchiveSession(_ArchiveRecord, tag=2, frozen=True):
+    """A session's metadata; its retained events are `[first_ordinal, last_ordinal]`
+    (all of them follow, in order), `turn_request_id` an unsettled turn's request id."""
+
+    session_id: str
+    mode: str
+    context_id: str | None
+    tags: dict[str, str]
+    extensions: dict[str, bytes]
+    state: str
+    created_at_ms: int
+    suspended_at_ms: int | None
+    ended_at_ms: int | None
+    first_ordinal: int
+    last_ordinal: int
+    ttl_ms: int | None
+    max_suspend_ms: int
+    max_history_bytes: int | None
+    max_history_age_ms: int | None
+    turn_request_id: str | None
+
+
+class ArchiveSnapshot(_ArchiveRecord, tag=3, frozen=True):
+    through_ordinal: int
+    data: bytes
+
+
+class ArchiveEvent(msgspec.Struct, array_like=True, frozen=True):
+    ordinal: int
+    type: str
+    timestamp_ms: int
+    request_id: str | None
+    data: bytes
+
+
+class ArchiveEvents(_ArchiveRecord, tag=4, frozen=True):
+    events: list[ArchiveEvent]
+
+
+class ArchiveFooter(_ArchiveRecord, tag=5, frozen=True):
+    """Per-session event counts in archive order, totals, and the SHA-256 of every
+    content byte before this record's length prefix."""
+
+    sessions: list[tuple[str, int]]
+    session_count: int
+    event_count: int
+    sha256: bytes
+
+
+_Record = ArchiveHeader | ArchiveSession | ArchiveSnapshot | ArchiveEvents | ArchiveFooter
+_encoder: Final = msgspec.msgpack.Encoder()
+_decoder: Final = msgspec.msgpack.Decoder(_Record)
+
+
+class ArchiveWriter:
+    """Writes records to a binary file, one independent zstd frame per ~1 MiB of
+    content; `finish` writes the footer and flushes the last frame."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self._out = out
+        self._compressor = zstandard.ZstdCompressor(level=_COMPRESSION_LEVEL, write_checksum=True)
+        self._pending = bytearray()
+        self._hash = hashlib.sha256()
+        self.content_bytes = 0
+        self.archive_bytes = 0
+        self._sessions: list[tuple[str, int]] = []
+        self._events = 0
+
+    def header(self, header: ArchiveHeader) -> None:
+        self._write(header)
+
+    def session(self, session: ArchiveSession, snapshot: ArchiveSnapshot | None) -> None:
+        self._sessions.append((session.session_id, 0))
+        self._write(session)
+        if snapshot is not None:
+            self._write(snapshot)
+
+    def events(self, events: list[ArchiveEvent]) -> None:
+        session_id, count = self._sessions[-1]
+        self._sessions[-1] = (session_id, count + len(events))
+        self._events += len(events)
+        self._write(ArchiveEvents(events))
+
+    def finish(self) -> tuple[int, str]:
+        """Write the footer; (event count, SHA-256 hex of the content before it)."""
+        digest = self._hash.digest()
+        footer = ArchiveFooter(self._sessions, len(self._sessions), self._events, digest)
+        body = _encoder.encode(footer)
+        self._pending += _LENGTH.pack(len(body)) + body
+        self.content_bytes += _LENGTH.size + len(body)
+        self._flush()
+        return self._events, digest.hex()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(self._sessions)
+
+    def _write(self, record: _Record) -> None:
+        body = _encoder.encode(record)
+        prefix = _LENGTH.pack(len(body))
+        self._hash.update(prefix)
+        self._hash.update(body)
+        self._pending += prefix
+        self._pending += body
+        self.content_bytes += len(prefix) + len(body)
+        if len(self._pending) >= _FRAME_CONTENT:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            frame = self._compressor.compress(bytes(self._pending))
+            self._out.write(frame)
+            self.archive_bytes += len(frame)
+            self._pending.clear()
+
+
+def event_batches(events: Iterator[ArchiveEvent]) -> Iterator[list[ArchiveEvent]]:
+    """Group events into batches of about 1 MiB of data (at most 1,000 events)."""
+    batch: list[ArchiveEvent] = []
+    size = 0
+    for event in events:
+        batch.append(event)
+        size += len(event.data)
+        if size >= _BATCH_BYTES or len(batch) >= _BATCH_EVENTS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+class SessionSection(msgspec.Struct):
+    """One session as the reader hands it out: metadata, snapshot, and a batch iterator
+    that must be consumed before the next section is asked for."""
+
+    session: ArchiveSession
+    snapshot: ArchiveSnapshot | None
+    batches: Iterator[list[ArchiveEvent]]
+
+
+class _Counting:
+    """Wraps the source file: counts the compressed bytes read (and may copy them)."""
+
+    def __init__(self, source: IO[bytes], copy: IO[bytes] | None) -> None:
+        self._source = source
+        self._copy = copy
+        self.read_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._source.read(size)
+        self.read_bytes += len(data)
+        if self._copy is not None:
+            self._copy.write(data)
+        return data
+
+
+class ArchiveReader:
+    """Reads and checks an archive in one streaming pass (see `ArchiveLimits`).
+
+    `sections()` yields the header's sessions in order; reading through to the end (the
+    generator's normal exit) has checked the footer, the counts and the checksum. Any
+    problem raises `ArchiveInvalid` at the point it is found, with the content offset.
+    """
+
+    def __init__(
+        self, source: IO[bytes], limits: ArchiveLimits, copy: IO[bytes] | None = None
+    ) -> None:
+        self._limits = limits
+        self._raw = _Counting(source, copy)
+        magic = self._raw.read(4)
+        if magic != _ZSTD_MAGIC:
+            raise ArchiveInvalid(
+                "not_an_archive",
+                "the file does not start with a zstd frame (not a session-journal archive)",
+            )
+        self._magic = magic
+        decompressor = zstandard.ZstdDecompressor(max_window_size=limits.max_window_bytes)
+        self._stream = decompressor.stream_reader(
+            cast(IO[bytes], _Prefixed(magic, self._raw)), read_across_frames=True, closefd=False
+        )
+        self._offset = 0
+        self._hash = hashlib.sha256()
+        self.header: ArchiveHeader = self._read_header()
+        self.counts: list[tuple[str, int]] = []
+        self.events = 0
+        self.footer: ArchiveFooter | None = None
+
+    @property
+    def archive_bytes(self) -> int:
+        return self._raw.read_bytes
+
+    @property
+    def content_bytes(self) -> int:
+        return self._offset
+
+    # -- records -----------------------------------------------------------------------
+
+    def _read_exact(self, size: int) -> bytes:
+        chunks: list[bytes] = []
+        wanted = size
+        while wanted:
+            try:
+                chunk = self._stream.read(wanted)
+            except zstandard.ZstdError as e:
+                reason = "too_large" if "memory" in str(e) or "window" in str(e) else "corrupt"
+                raise ArchiveInvalid(reason, f"zstd: {e}", offset=self._offset) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            wanted -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) < size:
+            raise ArchiveInvalid(
+                "truncated", "the archive ends before its footer", offset=self._offset
+            )
+        return data
+
+    def _next(self, *, hashed: bool = True) -> tuple[_Record, int]:
+        at = self._offset
+        limits = self._limits
+        prefix = self._read_exact(_LENGTH.size)
+        (size,) = _LENGTH.unpack(prefix)
+        if size > limits.max_record_bytes:
+            raise ArchiveInvalid(
+                "too_large",
+                f"a record of {size} bytes exceeds the limit of {limits.max_record_bytes}",
+                offset=at,
+            )
+        if at + _LENGTH.size + size > limits.max_content_bytes:
+            raise ArchiveInvalid(
+                "too_large",
+                f"the content exceeds the limit of {limits.max_content_bytes} bytes "
+                "(raise it with limits=ArchiveLimits(max_content_bytes=...) or --max-bytes)",
+                offset=at,
+            )
+        body = self._read_exact(size)
+        self._offset = at + _LENGTH.size + size
+        try:
+            record = _decoder.decode(body)
+        except msgspec.DecodeError as e:
+            raise ArchiveInvalid("corrupt", f"a record does not decode: {e}", offset=at) from None
+        if hashed and not isinstance(record, ArchiveFooter):
+            self._hash.update(prefix)
+            self._hash.update(body)
+        return record, at
+
+    def _read_header(self) -> ArchiveHeader:
+        try:
+            record, at = self._next()
+        except ArchiveInvalid as e:
+            if e.reason == "corrupt" and e.offset == 0:
+                raise ArchiveInvalid("not_an_archive", e.detail) from None
+            raise
+        if not isinstance(record, ArchiveHeader) or record.format != ARCHIVE_FORMAT:
+            raise ArchiveInvalid("not_an_archive", "the first record is not an archive header")
+        if record.version != ARCHIVE_VERSION:
+            raise ArchiveInvalid(
+                "unsupported_version",
+                f"archive format version {record.version}; this library reads version "
+                f"{ARCHIVE_VERSION}: import it with the library version that wrote it "
+                f"({record.library_version!r}) or a newer one",
+            )
+        if record.session_count < 0:
+            raise ArchiveInvalid("invalid_field", "a negative session count", offset=at)
+        return record
+
+    # -- sections ----------------------------------------------------------------------
+
+    def sections(self) -> Iterator[SessionSection]:
+        seen: set[str] = set()
+        record, at = self._next()
+        while not isinstance(record, ArchiveFooter):
+            if not isinstance(record, ArchiveSession):
+                raise ArchiveInvalid(
+                    "out_of_order", f"a {type(record).__name__} outside a session", offset=at
+                )
+            _check_session(record, at)
+            if record.session_id in seen:
+                raise ArchiveInvalid(
+                    "duplicate_session", f"session {record.session_id!r} twice", offset=at
+                )
+            seen.add(record.session_id)
+            snapshot: ArchiveSnapshot | None = None
+            following, next_at = self._next()
+            if isinstance(following, ArchiveSnapshot):
+                snapshot = following
+                _check_snapshot(record, snapshot, next_at)
+                following, next_at = self._next()
+            box: list[tuple[_Record, int]] = [(following, next_at)]
+            section = SessionSection(record, snapshot, self._events(record, box))
+            yield section
+            for _ in section.batches:  # the consumer may stop early: drain (and check)
+                pass
+            record, at = box[0]
+        self._finish(record, at)
+
+    def _events(
+        self, session: ArchiveSession, box: list[tuple[_Record, int]]
+    ) -> Iterator[list[ArchiveEvent]]:
+        expected = session.first_ordinal
+        count = 0
+        record, at = box[0]
+        while isinstance(record, ArchiveEvents):
+            events = record.events
+            if not events or len(events) > MAX_BATCH_EVENTS:
+                raise ArchiveInvalid(
+                    "invalid_field",
+                    f"an event batch of {len(events)} events (1 to {MAX_BATCH_EVENTS})",
+                    offset=at,
+                )
+            for event in events:
+                if event.ordinal != expected:
+                    raise ArchiveInvalid(
+                        "out_of_order",
+                        f"session {session.session_id!r}: event ordinal {event.ordinal} where "
+                        f"{expected} was due",
+                        offset=at,
+                    )
+                _check_event(event, at)
+                expected += 1
+            if expected - 1 > session.last_ordinal:
+                raise ArchiveInvalid(
+                    "count_mismatch",
+                    f"session {session.session_id!r} has events after its last ordinal "
+                    f"{session.last_ordinal}",
+                    offset=at,
+                )
+            count += len(events)
+            yield events
+            record, at = self._next()
+            box[0] = (record, at)
+        if expected - 1 != session.last_ordinal:
+            raise ArchiveInvalid(
+                "count_mismatch",
+                f"session {session.session_id!r} ends at ordinal {expected - 1}, its "
+                f"metadata says {session.last_ordinal}",
+                offset=at,
+            )
+        if isinstance(record, ArchiveSnapshot):
+            raise ArchiveInvalid("out_of_order", "a snapshot after events", offset=at)
+        self.counts.append((session.session_id, count))
+        self.events += count
+
+    def _finish(self, footer: _Record, at: int) -> None:
+        assert isinstance(footer, ArchiveFooter)
+        if self._hash.digest() != footer.sha256:
+            raise ArchiveInvalid(
+                "checksum_mismatch",
+                "the content's SHA-256 is not the one the footer records",
+                offset=at,
+            )
+        if (
+            footer.sessions != self.counts
+            or footer.session_count != len(self.counts)
+            or self.header.session_count != len(self.counts)
+            or footer.event_count != self.events
+        ):
+            raise ArchiveInvalid(
+                "count_mismatch",
+                f"the archive holds {len(self.counts)} sessions and {self.events} events; "
+                f"its header says {self.header.session_count} sessions, its footer "
+                f"{footer.session_count} sessions and {footer.event_count} events",
+                offset=at,
+            )
+        trailing = self._read_trailing()
+        if trailing:
+            raise ArchiveInvalid("corrupt", "bytes after the footer", offset=self._offset)
+        self.footer = footer
+
+    def _read_trailing(self) -> bool:
+        try:
+            return bool(self._stream.read(1))
+        except zstandard.ZstdError:
+            return True
+
+    @property
+    def sha256(self) -> str:
+        return "" if self.footer is None else self.footer.sha256.hex()
+
+
+class _Prefixed:
+    """A file that reads `prefix` first (the magic already consumed), then `rest`."""
+
+    def __init__(self, prefix: bytes, rest: _Counting) -> None:
+        self._prefix = prefix
+        self._rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if self._prefix:
+            head, self._prefix = self._prefix, b""
+            if size < 0:
+                return head + self._rest.read()
+            if size <= len(head):
+                head, self._prefix = head[:size], head[size:]
+                return head
+            return head + self._rest.read(size - len(head))
+        return self._rest.read(size)
+
+
+# -- field checks ----------------------------------------------------------------------
+
+
+def _name_ok(value: str) -> bool:
+    return (
+        bool(value) and len(value.encode()) <= MAX_NAME_LENGTH and bool(_NAME_RE.fullmatch(value))
+    )
+
+
+def _check_session(session: ArchiveSession, at: int) -> None:
+    problem = ""
+    if not _name_ok(session.session_id):
+        problem = f"session id {session.session_id[:80]!r} is not a valid id"
+    elif len(session.mode) > MAX_NAME_LENGTH:
+        problem = "mode is longer than 256 characters"
+    elif session.state not in {s.value for s in SessionState}:
+        problem = f"unknown state {session.state[:40]!r}"
+    elif session.first_ordinal < 1 or session.last_ordinal < session.first_ordinal - 1:
+        problem = f"retained range [{session.first_ordinal}, {session.last_ordinal}] is not a range"
+    elif session.last_ordinal >= 1 << 62 or session.created_at_ms < 0:
+        problem = "an ordinal or time out of range"
+    elif (
+        any(
+            v is not None and not 0 < v < 1 << 62
+            for v in (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
+        )
+        or not 0 <= session.max_suspend_ms < 1 << 62
+    ):
+        problem = "a retention or deadline setting out of range"
+    elif session.turn_request_id is not None and (
+        len(session.turn_request_id.encode()) > _REQUEST_ID_BYTES
+    ):
+        problem = "the unsettled turn's request id is too long"
+    for name, value in (
+        ("suspended_at_ms", session.suspended_at_ms),
+        ("ended_at_ms", session.ended_at_ms),
+    ):
+        if value is not None and not 0 <= value < 1 << 62:
+            problem = problem or f"{name} out of range"
+    if problem:
+        raise ArchiveInvalid(
+            "invalid_field", f"session {session.session_id[:80]!r}: {problem}", offset=at
+        )
+
+
+def _check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) -> None:
+    if len(snapshot.data) > MAX_BATCH_BYTES:
+        raise ArchiveInvalid("too_large", "a snapshot over 64 MiB", offset=at)
+    if not 1 <= snapshot.through_ordinal < session.first_ordinal:
+        raise ArchiveInvalid(
+            "invalid_field",
+            f"session {session.session_id!r}: a snapshot through ordinal "
+            f"{snapshot.through_ordinal} must lie below the retained range "
+            f"(first ordinal {session.first_ordinal})",
+            offset=at,
+        )
+
+
+def _check_event(event: ArchiveEvent, at: int) -> None:
+    if len(event.data) > MAX_EVENT_BYTES:
+        raise ArchiveInvalid(
+            "too_large", f"event {event.ordinal} is over {MAX_EVENT_BYTES} bytes", offset=at
+        )
+    if not _name_ok(event.type):
+        raise ArchiveInvalid(
+            "invalid_field", f"event {event.ordinal} has an invalid type", offset=at
+        )
+    if event.request_id is not None and len(event.request_id.encode()) > _REQUEST_ID_BYTES:
+        raise ArchiveInvalid(
+            "too_large", f"event {event.ordinal} has a request id over 64 KiB", offset=at
+        )
+    if not 0 <= event.timestamp_ms < 1 << 62:
+        raise ArchiveInvalid(
+            "invalid_field", f"event {event.ordinal} has a timestamp out of range", offset=at
+        )

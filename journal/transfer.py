@@ -1,0 +1,414 @@
+"""Export and import of sessions as portable archives (`archive`), over any engine.
+
+Export reads each session through the engine's bounded pages up to the head it had when
+its export began, and streams the archive to a temporary file renamed into place. Import
+checks the whole archive first (one streaming pass that writes nothing), then stages
+every session through the engine and commits them in one operation; a failure stages
+nothing visible and rolls the staged sessions back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import IO, Any
+
+from .archive import (
+    ARCHIVE_FORMAT,
+    ARCHIVE_VERSION,
+    ArchiveEvent,
+    ArchiveHeader,
+    ArchiveLimits,
+    ArchiveReader,
+    ArchiveSession,
+    ArchiveSnapshot,
+    ArchiveWriter,
+    event_batches,
+)
+from .arguments import DEFAULT_PAGE_BYTES, check_name
+from .engine import (
+    AbortImport,
+    CommitImport,
+    Engine,
+    ImportTarget,
+    StageEvents,
+    StageSession,
+)
+from .errors import (
+    ArchiveInvalid,
+    ExportIncomplete,
+    InvalidArgument,
+    ReadOnlyStore,
+    SessionExists,
+    SessionNotFound,
+)
+from .models import (
+    ExportReport,
+    ImportedSession,
+    ImportReport,
+    ReadContext,
+    SessionState,
+)
+from .sessions import SessionRow
+
+__all__ = ["export_sessions", "import_sessions"]
+
+Progress = Callable[[int, int], None]
+Destination = str | os.PathLike[str] | IO[bytes]
+
+# Events handed to the engine per staging operation (one commit each).
+_STAGE_BYTES = 4 << 20
+_STAGE_EVENTS = 10_000
+
+
+def _no_cursor(position: int, ordinal: int) -> str:
+    return ""  # export never asks an event for its cursor
+
+
+# -- export ----------------------------------------------------------------------------
+
+
+def export_sessions(
+    engine: Engine,
+    session_ids: Iterable[str] | None,
+    dest: Destination,
+    progress: Progress | None,
+) -> ExportReport:
+    rows = _rows_to_export(engine, session_ids)
+    if isinstance(dest, (str, os.PathLike)):
+        path = os.fspath(dest)
+        if os.path.isdir(path):
+            raise InvalidArgument(f"{path!r} is a directory: give a file path for the archive")
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, temporary = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                report = _write_archive(engine, rows, out, progress)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+        _sync_directory(directory)
+        return ExportReport(
+            report.sessions,
+            report.events,
+            report.archive_bytes,
+            report.content_bytes,
+            report.sha256,
+            path,
+        )
+    if not hasattr(dest, "write"):
+        raise InvalidArgument("dest must be a path or a binary file object opened for writing")
+    return _write_archive(engine, rows, dest, progress)
+
+
+def _sync_directory(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _rows_to_export(engine: Engine, session_ids: Iterable[str] | None) -> list[SessionRow]:
+    if session_ids is None:
+        _, rows = engine.registry()
+        return sorted(rows, key=lambda row: row.session_id)
+    if isinstance(session_ids, (str, bytes)):
+        raise InvalidArgument("session_ids must be a list of ids (or None for every session)")
+    ids = list(session_ids)
+    if len(set(ids)) != len(ids):
+        raise InvalidArgument("session_ids names a session twice")
+    result: list[SessionRow] = []
+    for session_id in ids:
+        check_name("session_id", session_id)
+        row = engine.session(session_id)
+        if row is None:
+            raise SessionNotFound(
+                f"no session {session_id!r} in this store: nothing was exported "
+                "(`journal sessions list` shows the ids)"
+            )
+        result.append(row)
+    return result
+
+
+def _write_archive(
+    engine: Engine, rows: list[SessionRow], out: IO[bytes], progress: Progress | None
+) -> ExportReport:
+    from . import __version__
+
+    writer = ArchiveWriter(out)
+    writer.header(
+        ArchiveHeader(
+            ARCHIVE_FORMAT,
+            ARCHIVE_VERSION,
+            __version__,
+            int(time.time() * 1000),
+            engine.store_id.hex(),
+            len(rows),
+        )
+    )
+    total = sum(max(0, row.last_ordinal - row.first_ordinal + 1) for row in rows)
+    done = 0
+    with engine.readers() as readers:
+        for row in rows:
+            snapshot = engine.snapshot(row) if row.snapshot_ordinal else None
+            writer.session(
+                _archived_session(row),
+                None
+                if snapshot is None
+                else ArchiveSnapshot(snapshot.through_ordinal, snapshot.data),
+            )
+            for batch in event_batches(_session_events(engine, row, readers)):
+                writer.events(batch)
+                done += len(batch)
+                if progress is not None:
+                    progress(done, total)
+    events, sha256 = writer.finish()
+    return ExportReport(writer.counts, events, writer.archive_bytes, writer.content_bytes, sha256)
+
+
+def _archived_session(row: SessionRow) -> ArchiveSession:
+    state = row.session_state
+    return ArchiveSession(
+        session_id=row.session_id,
+        mode=row.mode,
+        context_id=row.context_id,
+        tags=dict(row.tags),
+        extensions=dict(row.extensions),
+        state=state.value,
+        created_at_ms=row.created_at_ms,
+        suspended_at_ms=row.suspended_at_ms if state is SessionState.SUSPENDED else None,
+        ended_at_ms=row.ended_at_ms if state.terminal else None,
+        first_ordinal=row.first_ordinal,
+        last_ordinal=max(row.last_ordinal, row.first_ordinal - 1),
+        ttl_ms=row.ttl_ms,
+        max_suspend_ms=row.max_suspend_ms,
+        max_history_bytes=row.max_history_bytes,
+        max_history_age_ms=row.max_history_age_ms,
+        turn_request_id=row.turn_request_id,
+    )
+
+
+def _session_events(engine: Engine, row: SessionRow, readers: Any) -> Iterator[ArchiveEvent]:
+    """The row's retained events, exactly up to its `last_ordinal`."""
+    context = ReadContext(row.session_id, _no_cursor)
+    after = row.first_ordinal - 1
+    while after < row.last_ordinal:
+        page = engine.read(
+            row.session_id, row.incarnation, after, DEFAULT_PAGE_BYTES, context, readers
+        )
+        if page.row is None or page.row.incarnation != row.incarnation:
+            raise ExportIncomplete(
+                f"session {row.session_id!r} was evicted while it was exported; export again"
+            )
+        if not page.events:
+            raise ExportIncomplete(
+                f"session {row.session_id!r} lost events after ordinal {after} while it was "
+                "exported (retention or compaction); export again"
+            )
+        for event in page.events:
+            if event.ordinal > row.last_ordinal:
+                return
+            yield ArchiveEvent(
+                event.ordinal, event.type, event.timestamp_ms, event.request_id, event.data
+            )
+            after = event.ordinal
+
+
+# -- import ----------------------------------------------------------------------------
+
+
+def import_sessions(
+    engine: Engine,
+    src: Destination,
+    rename: Mapping[str, str] | None,
+    progress: Progress | None,
+    limits: ArchiveLimits | None,
+) -> ImportReport:
+    if engine.readonly:
+        raise ReadOnlyStore("import_sessions needs a writable journal")
+    limits = limits or ArchiveLimits()
+    if not isinstance(limits, ArchiveLimits):
+        raise InvalidArgument("limits must be an ArchiveLimits")
+    renames = _check_rename(rename)
+    with contextlib.ExitStack() as stack:
+        source = _open_source(src, stack)
+        spool: IO[bytes] | None = None
+        start = 0
+        if _seekable(source):
+            start = source.tell()
+        else:
+            spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
+        size = _size(source, start)
+        checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
+        header, counts, sha256, archive_bytes = checked
+        sources = [session_id for session_id, _ in counts]
+        unknown = sorted(set(renames) - set(sources))
+        if unknown:
+            raise InvalidArgument(
+                f"rename names sessions the archive does not hold: {unknown[:5]!r}"
+            )
+        targets = [renames.get(session_id, session_id) for session_id in sources]
+        if len(set(targets)) != len(targets):
+            raise InvalidArgument("rename gives two sessions the same id")
+        for target in targets:
+            if engine.session(target) is not None:
+                raise SessionExists(
+                    f"session {target!r} already exists in this store: import it under "
+                    "another id (rename=, or `journal import --as NEW_ID`)"
+                )
+        if spool is not None:
+            spool.seek(0)
+            second: IO[bytes] = spool
+        else:
+            source.seek(start)
+            second = source
+        halves = _Halves(progress, archive_bytes, 1)
+        rows = _stage_and_commit(engine, second, limits, header, targets, sha256, halves)
+    imported = [
+        ImportedSession(source_id, row.session_id, count)
+        for (source_id, count), row in zip(counts, rows, strict=True)
+    ]
+    return ImportReport(
+        imported,
+        sum(count for _, count in counts),
+        archive_bytes,
+        header.store_id,
+        header.exported_at_ms,
+    )
+
+
+def _check_rename(rename: Mapping[str, str] | None) -> dict[str, str]:
+    if rename is None:
+        return {}
+    if not isinstance(rename, Mapping):
+        raise InvalidArgument("rename must map archive session ids to new ids")
+    result: dict[str, str] = {}
+    for old, new in rename.items():
+        check_name("rename key", old)
+        result[old] = check_name("rename value", new)
+    return result
+
+
+def _open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
+    if isinstance(src, (str, os.PathLike)):
+        path = os.fspath(src)
+        try:
+            return stack.enter_context(open(path, "rb"))
+        except FileNotFoundError:
+            raise InvalidArgument(f"no archive at {path!r}") from None
+        except IsADirectoryError:
+            raise InvalidArgument(f"{path!r} is a directory, not an archive") from None
+    if not hasattr(src, "read"):
+        raise InvalidArgument("src must be a path or a binary file object opened for reading")
+    return src
+
+
+def _seekable(source: IO[bytes]) -> bool:
+    try:
+        return bool(source.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _size(source: IO[bytes], start: int) -> int:
+    """The archive's size when the source is a regular file (0 when unknown)."""
+    try:
+        return max(0, os.fstat(source.fileno()).st_size - start)
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class _Halves:
+    """Import progress in archive bytes: the check pass is the first half of `2 * size`
+    (`size` 0 while unknown, reading a stream), the write pass the second."""
+
+    def __init__(self, progress: Progress | None, size: int, half: int) -> None:
+        self._progress = progress
+        self._size = size
+        self._half = half
+
+    def __call__(self, done: int) -> None:
+        if self._progress is not None:
+            self._progress(self._half * self._size + done, 2 * self._size)
+
+    def finished(self) -> None:
+        if self._progress is not None:
+            self._progress(2 * self._size, 2 * self._size)
+
+
+def _check_archive(
+    source: IO[bytes], limits: ArchiveLimits, spool: IO[bytes] | None, progress: _Halves
+) -> tuple[ArchiveHeader, list[tuple[str, int]], str, int]:
+    """The first pass: read everything, check everything, write nothing."""
+    reader = ArchiveReader(source, limits, copy=spool)
+    for section in reader.sections():
+        for _ in section.batches:
+            progress(reader.archive_bytes)
+    return reader.header, reader.counts, reader.sha256, reader.archive_bytes
+
+
+def _stage_and_commit(
+    engine: Engine,
+    source: IO[bytes],
+    limits: ArchiveLimits,
+    header: ArchiveHeader,
+    targets: list[str],
+    sha256: str,
+    progress: _Halves,
+) -> list[SessionRow]:
+    """The second pass: stage every session, then commit them all in one operation."""
+    reader = ArchiveReader(source, limits)
+    if reader.header != header:
+        raise ArchiveInvalid("changed", "the archive changed while it was imported")
+    staged: list[int] = []
+    plan: list[ImportTarget] = []
+    try:
+        for index, section in enumerate(reader.sections()):
+            meta = section.session
+            if index >= len(targets):
+                raise ArchiveInvalid("changed", "the archive changed while it was imported")
+            row = engine.submit(
+                StageSession(meta, section.snapshot, header.store_id, header.exported_at_ms)
+            )
+            staged.append(row.incarnation)
+            pending: list[ArchiveEvent] = []
+            size = 0
+            for batch in section.batches:
+                pending.extend(batch)
+                size += sum(len(event.data) for event in batch)
+                if size >= _STAGE_BYTES or len(pending) >= _STAGE_EVENTS:
+                    engine.submit(StageEvents(row.incarnation, pending))
+                    pending, size = [], 0
+                    progress(reader.archive_bytes)
+            if pending:
+                engine.submit(StageEvents(row.incarnation, pending))
+                progress(reader.archive_bytes)
+            plan.append(ImportTarget(row.incarnation, targets[index], *_state_of(meta)))
+        if reader.sha256 != sha256 or len(plan) != len(targets):
+            raise ArchiveInvalid("changed", "the archive changed while it was imported")
+        rows = engine.submit(CommitImport(plan))
+    except BaseException:
+        if staged:
+            with contextlib.suppress(Exception):
+                engine.submit(AbortImport(staged))
+        raise
+    progress.finished()
+    return rows
+
+
+def _state_of(meta: ArchiveSession) -> tuple[int, int]:
+    state = SessionState(meta.state)
+    if state is SessionState.SUSPENDED:
+        return state.wire, meta.suspended_at_ms or meta.created_at_ms
+    if state.terminal:
+        return state.wire, meta.ended_at_ms or meta.created_at_ms
+    return state.wire, 0
