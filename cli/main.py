@@ -15,6 +15,7 @@ import click
 
 import journal
 
+from .archives import export, import_
 from .demo import demo
 from .maintenance import compact, stats, verify
 from .output import (
@@ -288,3 +289,5 @@ main.add_command(demo)
 main.add_command(compact)
 main.add_command(verify)
 main.add_command(stats)
+main.add_command(export)
+main.add_command(import_)

@@ -1,5 +1,5 @@
 """`journal compact`, `journal verify` and `journal stats`: long-running store maintenance,
-with a progress bar on a terminal."""
+with a progress bar on a terminal (`progress_bar`, shared with export and import)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .output import CommandFailed, Settings, pass_settings
 
 
 @contextmanager
-def _progress(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+def progress_bar(label: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
     """A click progress bar on stderr when it is a terminal; a no-op otherwise."""
     if not enabled or not sys.stderr.isatty():
         yield None
@@ -45,7 +45,7 @@ def compact(settings: Settings, dead_share: float) -> None:
     Positions, ordinals and cursors do not change; writers and watchers may keep running.
     """
     output = settings.output
-    with settings.open() as store, _progress("compacting", output.format == "text") as bar:
+    with settings.open() as store, progress_bar("compacting", output.format == "text") as bar:
         report = store.compact(dead_share=dead_share, progress=bar)
     record = {
         "segments_rewritten": report.segments_rewritten,
@@ -72,7 +72,7 @@ def verify(settings: Settings, fix: bool) -> None:
     Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
     """
     output = settings.output
-    with settings.open() as store, _progress("verifying", output.format == "text") as bar:
+    with settings.open() as store, progress_bar("verifying", output.format == "text") as bar:
         report = store.verify(fix=fix, progress=bar)
     for problem in report.problems:
         output.emit(

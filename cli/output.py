@@ -173,6 +173,8 @@ class Output:
         resume: dict[str, Any] = {}
         if isinstance(error, journal.OutcomeUnknown):
             resume = {"request_id": error.request_id, "cursor": error.cursor}
+        elif isinstance(error, journal.ArchiveInvalid):
+            resume = {"reason": error.reason, "offset": error.offset}
         with self._lock:
             hint = f" (resume with --cursor {error.cursor})" if resume.get("cursor") else ""
             click.echo(f"journal: error: {error.message}{hint}", err=True)

@@ -66,6 +66,12 @@ ARCHIVE_REASONS: Final = frozenset(
 
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 _LENGTH: Final = struct.Struct(">I")
+# The end marker: a zstd skippable frame (magic, size 16) holding b"SJAREND\0" and the
+# archive's length before it, so a file cut anywhere (even inside the last frame's zstd
+# checksum, which decoders do not insist on) is told from a whole one.
+_END: Final = struct.Struct("<II8sQ")
+_END_MAGIC: Final = 0x184D2A5E
+_END_MARK: Final = b"SJAREND\x00"
 _FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
 _BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
 _BATCH_EVENTS: Final = 1000
@@ -190,6 +196,8 @@ class ArchiveWriter:
         self._pending += _LENGTH.pack(len(body)) + body
         self.content_bytes += _LENGTH.size + len(body)
         self._flush()
+        self._out.write(_END.pack(_END_MAGIC, 16, _END_MARK, self.archive_bytes))
+        self.archive_bytes += _END.size
         return self._events, digest.hex()
 
     @property
@@ -245,10 +253,12 @@ class _Counting:
         self._source = source
         self._copy = copy
         self.read_bytes = 0
+        self.tail = b""  # the last bytes read (the end marker, at the end)
 
     def read(self, size: int = -1) -> bytes:
         data = self._source.read(size)
         self.read_bytes += len(data)
+        self.tail = (self.tail + data[-_END.size :])[-_END.size :]
         if self._copy is not None:
             self._copy.write(data)
         return data
@@ -348,7 +358,7 @@ class ArchiveReader:
         try:
             record, at = self._next()
         except ArchiveInvalid as e:
-            if e.reason == "corrupt" and e.offset == 0:
+            if e.reason == "corrupt" or e.detail.startswith("a record of"):
                 raise ArchiveInvalid("not_an_archive", e.detail) from None
             raise
         if not isinstance(record, ArchiveHeader) or record.format != ARCHIVE_FORMAT:
@@ -465,6 +475,16 @@ class ArchiveReader:
         trailing = self._read_trailing()
         if trailing:
             raise ArchiveInvalid("corrupt", "bytes after the footer", offset=self._offset)
+        while self._raw.read(1 << 16):
+            pass
+        expected = _END.pack(_END_MAGIC, 16, _END_MARK, self._raw.read_bytes - _END.size)
+        if self._raw.tail != expected:
+            raise ArchiveInvalid(
+                "truncated",
+                "the archive's end marker is missing or wrong: the file was cut short "
+                "(or has bytes after its end)",
+                offset=self._offset,
+            )
         self.footer = footer
 
     def _read_trailing(self) -> bool:

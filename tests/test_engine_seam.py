@@ -40,6 +40,8 @@ def _instance(cls: type[JournalError]) -> JournalError:
         return journal.OutcomeUnknown("owner died", request_id="r1", cursor="AQ")
     if cls is journal.OwnerBusy:
         return journal.OwnerBusy("owned by pid 42", pid=42)
+    if cls is journal.ArchiveInvalid:
+        return journal.ArchiveInvalid("truncated", "ends early", offset=12)
     return cls(f"a {cls.__name__}")
 
 

@@ -1,0 +1,255 @@
+"""`journal export` and `journal import`: sessions to and from portable archives."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+import click
+
+import journal
+from journal.archive import ArchiveLimits, ArchiveReader
+
+from .maintenance import progress_bar
+from .output import CommandFailed, Output, Settings, embedded, pass_settings
+
+
+@click.command("export")
+@click.option(
+    "-s",
+    "--session",
+    "session_ids",
+    multiple=True,
+    metavar="ID",
+    help="A session to export (repeat for several).",
+)
+@click.option("--all", "export_all", is_flag=True, help="Export every session of the store.")
+@click.option(
+    "-o",
+    "--output",
+    "dest",
+    required=True,
+    metavar="FILE",
+    help="Archive file to write (`-` for stdout). Written to a temporary file and renamed.",
+)
+@click.option(
+    "--format",
+    "archive_format",
+    type=click.Choice(["archive", "ndjson"]),
+    default="archive",
+    show_default=True,
+    help="`archive`: the binary form `journal import` reads; `ndjson`: one JSON object "
+    "per record, for people and other tools.",
+)
+@pass_settings
+def export(
+    settings: Settings,
+    session_ids: tuple[str, ...],
+    export_all: bool,
+    dest: str,
+    archive_format: str,
+) -> None:
+    """Write sessions to a portable archive (zstd, checksummed; format in SPEC.md).
+
+    Each session is exported up to the events it had when its export began; writers may
+    keep appending meanwhile.
+    """
+    if bool(session_ids) == export_all:
+        raise click.UsageError("name the sessions with -s ID (repeatable) or pass --all")
+    ids = None if export_all else list(session_ids)
+    output = settings.output
+    if dest == "-" and archive_format == "archive" and sys.stdout.isatty():
+        raise click.UsageError(
+            "refusing to write a binary archive to a terminal: use -o FILE, or pipe it"
+        )
+    with settings.open(write=False) as store:
+        if archive_format == "ndjson":
+            report = _export_ndjson(store, ids, dest, output)
+        elif dest == "-":
+            with progress_bar("exporting", output.format == "text") as bar:
+                report = store.export_sessions(ids, sys.stdout.buffer, progress=bar)
+            sys.stdout.buffer.flush()
+        else:
+            with progress_bar("exporting", output.format == "text") as bar:
+                report = store.export_sessions(ids, dest, progress=bar)
+    if dest == "-":
+        return  # stdout carries the archive itself
+    output.emit(
+        {
+            "path": dest,
+            "sessions": len(report.sessions),
+            "events": report.events,
+            "archive_bytes": report.archive_bytes,
+            "sha256": report.sha256,
+        },
+        f"exported {len(report.sessions)} sessions, {report.events} events to {dest} "
+        f"({report.archive_bytes:,} bytes, sha256 {report.sha256[:16]}...)",
+    )
+
+
+def _export_ndjson(
+    store: journal.Journal, ids: list[str] | None, dest: str, output: Output
+) -> journal.ExportReport:
+    """The readable form: the binary archive, read back as one JSON object per record."""
+    with tempfile.TemporaryFile(prefix="journal-export-") as binary:
+        with progress_bar("exporting", output.format == "text" and dest != "-") as bar:
+            report = store.export_sessions(ids, binary, progress=bar)
+        binary.seek(0)
+        if dest == "-":
+            _write_ndjson(binary, sys.stdout)
+            return report
+        directory = os.path.dirname(os.path.abspath(dest))
+        fd, temporary = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                _write_ndjson(binary, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
+    return report
+
+
+def _write_ndjson(binary: IO[bytes], out: IO[str]) -> None:
+    for record in _ndjson_records(binary):
+        out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n")
+
+
+def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
+    reader = ArchiveReader(binary, ArchiveLimits())
+    header = reader.header
+    yield {
+        "record": "header",
+        "format": header.format,
+        "version": header.version,
+        "library_version": header.library_version,
+        "exported_at_ms": header.exported_at_ms,
+        "store_id": header.store_id,
+        "session_count": header.session_count,
+    }
+    for section in reader.sections():
+        meta = section.session
+        yield {
+            "record": "session",
+            "session_id": meta.session_id,
+            "mode": meta.mode,
+            "context_id": meta.context_id,
+            "tags": meta.tags,
+            "extensions": {k: embedded(v) for k, v in meta.extensions.items()},
+            "state": meta.state,
+            "created_at_ms": meta.created_at_ms,
+            "suspended_at_ms": meta.suspended_at_ms,
+            "ended_at_ms": meta.ended_at_ms,
+            "first_ordinal": meta.first_ordinal,
+            "last_ordinal": meta.last_ordinal,
+            "ttl_ms": meta.ttl_ms,
+            "max_suspend_ms": meta.max_suspend_ms,
+            "max_history_bytes": meta.max_history_bytes,
+            "max_history_age_ms": meta.max_history_age_ms,
+            "turn_request_id": meta.turn_request_id,
+        }
+        if section.snapshot is not None:
+            yield {
+                "record": "snapshot",
+                "session_id": meta.session_id,
+                "through_ordinal": section.snapshot.through_ordinal,
+                "data": embedded(section.snapshot.data),
+            }
+        for batch in section.batches:
+            for event in batch:
+                yield {
+                    "record": "event",
+                    "session_id": meta.session_id,
+                    "ordinal": event.ordinal,
+                    "type": event.type,
+                    "timestamp_ms": event.timestamp_ms,
+                    "request_id": event.request_id,
+                    "data": embedded(event.data),
+                }
+    yield {
+        "record": "footer",
+        "sessions": dict(reader.counts),
+        "session_count": len(reader.counts),
+        "event_count": reader.events,
+        "sha256": reader.sha256,
+    }
+
+
+@click.command("import")
+@click.argument("archive", metavar="FILE")
+@click.option(
+    "--as",
+    "new_id",
+    default=None,
+    metavar="NEW_ID",
+    help="Import a one-session archive under this id instead of its own.",
+)
+@click.option(
+    "--max-bytes",
+    type=click.IntRange(min=1),
+    default=ArchiveLimits().max_content_bytes,
+    show_default=True,
+    help="Refuse archives whose decompressed content is larger (decompression bombs).",
+)
+@pass_settings
+def import_(settings: Settings, archive: str, new_id: str | None, max_bytes: int) -> None:
+    """Import every session of an archive (FILE, or `-` for stdin), or none.
+
+    The archive is checked whole before anything is written (exit 4 with a reason when
+    it is invalid); its sessions then appear together, as new sessions of this store.
+    """
+    output = settings.output
+    limits = ArchiveLimits(max_content_bytes=max_bytes)
+    with contextlib.ExitStack() as stack:
+        if archive == "-":
+            spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
+            shutil.copyfileobj(sys.stdin.buffer, spool)
+            spool.seek(0)
+            source: IO[bytes] = spool
+        else:
+            try:
+                source = stack.enter_context(open(archive, "rb"))
+            except OSError as e:
+                raise CommandFailed(
+                    f"cannot read the archive {archive!r}: {e.strerror or e}", code="OS_ERROR"
+                ) from None
+        rename = None
+        if new_id is not None:
+            rename = {_only_session(source, limits): new_id}
+            source.seek(0)
+        with settings.open() as store, progress_bar("importing", output.format == "text") as bar:
+            report = store.import_sessions(source, rename=rename, progress=bar, limits=limits)
+    for item in report.sessions:
+        output.emit(
+            {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
+            f"imported {item.source_id} as {item.session_id} ({item.events} events)",
+        )
+    output.emit(
+        {
+            "sessions": len(report.sessions),
+            "events": report.events,
+            "source_store_id": report.source_store_id,
+        },
+        f"imported {len(report.sessions)} sessions, {report.events} events from store "
+        f"{report.source_store_id}",
+    )
+
+
+def _only_session(source: IO[bytes], limits: ArchiveLimits) -> str:
+    reader = ArchiveReader(source, limits)
+    if reader.header.session_count != 1:
+        raise click.UsageError(
+            f"--as needs a one-session archive; this one holds {reader.header.session_count}"
+        )
+    for section in reader.sections():
+        return section.session.session_id
+    raise journal.ArchiveInvalid("count_mismatch", "the archive holds no session")
