@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import latency, report
+from . import archives, latency, report
 from .events import make_dataset
 from .workloads import ROWS, plan
 
@@ -44,6 +44,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="size of the session for the resume-from-the-middle row (default 1000000)",
     )
     parser.add_argument(
+        "--archive-mib",
+        type=int,
+        default=256,
+        help="size of the session whose export's peak RSS is measured (0: skip; default 256)",
+    )
+    parser.add_argument(
         "--no-latency",
         action="store_true",
         help="skip the concurrency and latency rows",
@@ -61,6 +67,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only == ["archive"]:
+        return _archives_only(args)
     selected = plan(args.only)
     if not selected.reported:
         print(f"no row matches {args.only}", file=sys.stderr)
@@ -91,11 +99,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra_dir = os.path.join(root, "latency")
             os.makedirs(extra_dir)
             extras = latency.run(extra_dir, args.resume_events, args.events)
+            extras += archives.rows(extra_dir, args.events, args.archive_mib)
             print()
             print("\n".join(latency.table(extras)))
         if args.json:
             report.write_json(args.json, results, extras)
             print(f"\nwrote {args.json}")
+    finally:
+        shutil.rmtree(root)
+    return 0
+
+
+def _archives_only(args: argparse.Namespace) -> int:
+    """`--only archive`: just the export and import rows."""
+    root = tempfile.mkdtemp(prefix="journal-bench-", dir=args.dir)
+    try:
+        extras = archives.rows(root, args.events, args.archive_mib)
+        print("\n".join(latency.table(extras)))
+        if args.json:
+            report.write_json(args.json, [], extras)
     finally:
         shutil.rmtree(root)
     return 0

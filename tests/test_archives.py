@@ -758,7 +758,7 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
             present = [n for n in names if n in {m.session_id for m in j.list_sessions()}]
             assert present in ([], names), present
             assert j.verify().problems == []
-            assert [m.session_id for m in j.list_sessions()][0] == "bystander"
+            assert next(iter(j.list_sessions())).session_id == "bystander"
             if present:
                 outcomes["all"] += 1
             else:
