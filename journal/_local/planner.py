@@ -570,6 +570,8 @@ class Planner:
         incarnation = pending.incarnation
         expected = pending.last_ordinal + 1
         position = self.next_position
+        records = self.records
+        run: EventRun | None = None  # the run being built (runs break at turn events)
         for event in op.events:
             if event.ordinal != expected:
                 raise InvalidArgument(
@@ -577,28 +579,32 @@ class Planner:
                 )
             record = EventAppended(
                 incarnation,
-                event.ordinal,
+                expected,
                 event.timestamp_ms,
                 event.type,
                 event.data,
                 event.request_id,
                 position,
             )
-            index = len(self.records)
             if event.type in TURN_EVENT_TYPES:
                 # Never part of a run (as in `_turn_event`).
-                self.others.append((index, record))
-                self.loose_events.append((index, incarnation, event.ordinal))
-            else:
-                add_run(
-                    self.event_runs,
-                    EventRun(
-                        index, incarnation, event.ordinal, 1, len(event.data), event.timestamp_ms
-                    ),
+                if run is not None:
+                    add_run(self.event_runs, run)
+                    run = None
+                self.others.append((len(records), record))
+                self.loose_events.append((len(records), incarnation, expected))
+            elif run is None:
+                run = EventRun(
+                    len(records), incarnation, expected, 1, len(event.data), event.timestamp_ms
                 )
-            self.records.append(record)
+            else:
+                run.count += 1
+                run.data_bytes += len(event.data)
+            records.append(record)
             position += 1
             expected += 1
+        if run is not None:
+            add_run(self.event_runs, run)
         self.next_position = position
         self._set_last_ordinal(pending, expected - 1)
         request.result = expected - 1
