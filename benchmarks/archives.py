@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from journal import EventIn, Journal
+from journal import EventIn, Journal, RetentionPolicy
 
 from .events import make_events
 from .latency import Extra
@@ -74,12 +74,13 @@ def current():
                 return int(line.split()[1]) / 1024
     return peak()
 with Journal.open(sys.argv[1], readonly=True) as j:
+    assert j.get_session("big").first_ordinal == 1, "the session was trimmed"
     j.get_session("big")
     base = current()
     start = time.perf_counter()
     report = j.export_sessions(["big"], sys.argv[2])
     seconds = time.perf_counter() - start
-print(base, peak(), seconds, report.events)
+print(base, peak(), seconds, report.events, report.content_bytes)
 """
 
 
@@ -88,7 +89,8 @@ def export_rss(directory: str, mib: int) -> Extra:
     bodies = make_events(1000)
     path = os.path.join(directory, "rss-store")
     events = (mib << 20) // len(bodies[0])
-    with Journal.open(path, create=True, durability="os") as j:
+    unbounded = RetentionPolicy(max_history_bytes=None)  # the whole session is kept
+    with Journal.open(path, create=True, durability="os", retention=unbounded) as j:
         j.create_session("big")
         for _ in range(0, events, 1000):
             j.append("big", [EventIn("message", bodies[i % 1000]) for i in range(1000)])
@@ -104,10 +106,12 @@ def export_rss(directory: str, mib: int) -> Extra:
         env=env,
     ).stdout.split()
     base, peak, seconds = float(out[0]), float(out[1]), float(out[2])
+    exported, content = int(out[3]), int(out[4])
     os.unlink(archive)
     return Extra(
-        f"peak RSS exporting one {mib:,} MiB session (child, above its {base:.0f} MiB "
-        f"baseline; export took {seconds:.1f} s)",
+        f"peak RSS exporting one {mib:,} MiB session ({exported:,} events, "
+        f"{content / 2**20:,.0f} MiB of content; child, above its {base:.0f} MiB baseline; "
+        f"{seconds:.1f} s)",
         peak - base,
         "MiB",
     )
