@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import click
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
+from journal.transfer import create_temporary
 
 from .maintenance import progress_bar
 from .output import CommandFailed, Output, Settings, embedded, pass_settings
@@ -105,7 +105,7 @@ def _export_ndjson(
             _write_ndjson(binary, sys.stdout)
             return report
         directory = os.path.dirname(os.path.abspath(dest))
-        fd, temporary = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
+        fd, temporary = create_temporary(directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 _write_ndjson(binary, out)
@@ -125,7 +125,9 @@ def _write_ndjson(binary: IO[bytes], out: IO[str]) -> None:
 
 
 def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
-    reader = ArchiveReader(binary, ArchiveLimits())
+    # Our own archive, just written: no limit of the import side applies.
+    limits = ArchiveLimits(max_content_bytes=1 << 62, max_record_bytes=1 << 40)
+    reader = ArchiveReader(binary, limits)
     header = reader.header
     yield {
         "record": "header",
@@ -200,21 +202,27 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     show_default=True,
     help="Refuse archives whose decompressed content is larger (decompression bombs).",
 )
+@click.option(
+    "--max-record-bytes",
+    type=click.IntRange(min=1),
+    default=ArchiveLimits().max_record_bytes,
+    show_default=True,
+    help="Refuse records larger than this (the largest legitimate one is a 64 MiB snapshot).",
+)
 @pass_settings
-def import_(settings: Settings, archive: str, new_id: str | None, max_bytes: int) -> None:
+def import_(
+    settings: Settings, archive: str, new_id: str | None, max_bytes: int, max_record_bytes: int
+) -> None:
     """Import every session of an archive (FILE, or `-` for stdin), or none.
 
     The archive is checked whole before anything is written (exit 4 with a reason when
     it is invalid); its sessions then appear together, as new sessions of this store.
     """
     output = settings.output
-    limits = ArchiveLimits(max_content_bytes=max_bytes)
+    limits = ArchiveLimits(max_content_bytes=max_bytes, max_record_bytes=max_record_bytes)
     with contextlib.ExitStack() as stack:
         if archive == "-":
-            spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
-            shutil.copyfileobj(sys.stdin.buffer, spool)
-            spool.seek(0)
-            source: IO[bytes] = spool
+            source: IO[bytes] = sys.stdin.buffer
         else:
             try:
                 source = stack.enter_context(open(archive, "rb"))
@@ -224,6 +232,10 @@ def import_(settings: Settings, archive: str, new_id: str | None, max_bytes: int
                 ) from None
         rename = None
         if new_id is not None:
+            if not source.seekable():  # a pipe: keep a copy to read it twice
+                spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
+                _copy_bounded(source, spool, limits)
+                source = spool
             rename = {_only_session(source, limits): new_id}
             source.seek(0)
         with settings.open() as store, progress_bar("importing", output.format == "text") as bar:
@@ -242,6 +254,24 @@ def import_(settings: Settings, archive: str, new_id: str | None, max_bytes: int
         f"imported {len(report.sessions)} sessions, {report.events} events from store "
         f"{report.source_store_id}",
     )
+
+
+def _copy_bounded(source: IO[bytes], spool: IO[bytes], limits: ArchiveLimits) -> None:
+    """Copy a stream, refused at once when it is not zstd, and as soon as it is longer
+    than an archive within `limits` can be."""
+    first = source.read(4)
+    if first != b"\x28\xb5\x2f\xfd":
+        raise journal.ArchiveInvalid("not_an_archive", "the input does not start with a zstd frame")
+    spool.write(first)
+    copied = len(first)
+    while chunk := source.read(1 << 20):
+        copied += len(chunk)
+        if copied > limits.max_archive_bytes:
+            raise journal.ArchiveInvalid(
+                "too_large", f"the input is over {limits.max_archive_bytes} bytes"
+            )
+        spool.write(chunk)
+    spool.seek(0)
 
 
 def _only_session(source: IO[bytes], limits: ArchiveLimits) -> str:

@@ -18,19 +18,28 @@ import hashlib
 import re
 import struct
 from collections.abc import Iterator
-from typing import IO, Final, cast
+from typing import IO, Annotated, Final, cast
 
 import msgspec
 import zstandard
 
-from .arguments import MAX_BATCH_BYTES, MAX_BATCH_EVENTS, MAX_EVENT_BYTES, MAX_NAME_LENGTH
-from .errors import ArchiveInvalid
+from .arguments import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
+    MAX_EVENT_BYTES,
+    MAX_METADATA_BYTES,
+    MAX_NAME_LENGTH,
+    MAX_SETTING,
+)
+from .errors import ArchiveInvalid, InvalidArgument
 from .models import SessionState
+from .records import TURN_EVENT_TYPES, TURN_STARTED
 
 __all__ = [
     "ARCHIVE_FORMAT",
     "ARCHIVE_REASONS",
     "ARCHIVE_VERSION",
+    "ArchiveCounts",
     "ArchiveEvent",
     "ArchiveEvents",
     "ArchiveFooter",
@@ -76,9 +85,8 @@ _FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
 _BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
 _BATCH_EVENTS: Final = 1000
 _COMPRESSION_LEVEL: Final = 3
-_REQUEST_ID_BYTES: Final = 64 << 10
-_MAX_VALUE: Final = 1 << 62  # times, ordinals and settings stay below
 _NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
+_STORE_ID: Final = re.compile(r"[0-9a-f]{32}")
 
 
 class ArchiveLimits(msgspec.Struct, frozen=True):
@@ -92,17 +100,38 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
     max_window_bytes: int = 1 << 23
     max_record_bytes: int = MAX_BATCH_BYTES + (1 << 20)
 
+    def __post_init__(self) -> None:
+        for name in ("max_content_bytes", "max_window_bytes", "max_record_bytes"):
+            value = getattr(self, name)
+            if value.__class__ is not int or value < 1:
+                raise InvalidArgument(f"ArchiveLimits.{name} must be a positive int")
+
+    @property
+    def max_archive_bytes(self) -> int:
+        """The most compressed bytes an archive of `max_content_bytes` can need (zstd
+        adds at most a few bytes per 128 KiB block and per frame): anything longer is
+        padding (skippable or empty frames) and refused."""
+        return self.max_content_bytes + self.max_content_bytes // 64 + (1 << 20)
+
 
 class _ArchiveRecord(msgspec.Struct, array_like=True, frozen=True, tag_field="kind"):
     """Shared encoding: an integer tag first, then the fields in order."""
 
 
+# Decoded sizes are bounded before anything is allocated (msgspec checks a container's
+# length before decoding its items), so one record never costs much more than its bytes.
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
+_Short = Annotated[str, msgspec.Meta(max_length=64)]
+_Text = Annotated[str, msgspec.Meta(max_length=MAX_METADATA_BYTES)]
+_Entries = 10_000  # tags, extensions, events per record, counts per record
+
+
 class ArchiveHeader(_ArchiveRecord, tag=1, frozen=True):
-    format: str
+    format: _Short
     version: int
-    library_version: str
+    library_version: _Short
     exported_at_ms: int
-    store_id: str
+    store_id: _Short
     session_count: int
 
 
@@ -110,12 +139,12 @@ class ArchiveSession(_ArchiveRecord, tag=2, frozen=True):
     """A session's metadata; its retained events are `[first_ordinal, last_ordinal]`
     (all of them follow, in order), `turn_request_id` an unsettled turn's request id."""
 
-    session_id: str
-    mode: str
-    context_id: str | None
-    tags: dict[str, str]
-    extensions: dict[str, bytes]
-    state: str
+    session_id: _Name
+    mode: _Name
+    context_id: _Text | None
+    tags: Annotated[dict[_Text, _Text], msgspec.Meta(max_length=_Entries)]
+    extensions: Annotated[dict[_Text, bytes], msgspec.Meta(max_length=_Entries)]
+    state: _Short
     created_at_ms: int
     suspended_at_ms: int | None
     ended_at_ms: int | None
@@ -125,7 +154,7 @@ class ArchiveSession(_ArchiveRecord, tag=2, frozen=True):
     max_suspend_ms: int
     max_history_bytes: int | None
     max_history_age_ms: int | None
-    turn_request_id: str | None
+    turn_request_id: _Text | None
 
 
 class ArchiveSnapshot(_ArchiveRecord, tag=3, frozen=True):
@@ -135,27 +164,34 @@ class ArchiveSnapshot(_ArchiveRecord, tag=3, frozen=True):
 
 class ArchiveEvent(msgspec.Struct, array_like=True, frozen=True):
     ordinal: int
-    type: str
+    type: _Name
     timestamp_ms: int
-    request_id: str | None
+    request_id: _Text | None
     data: bytes
 
 
 class ArchiveEvents(_ArchiveRecord, tag=4, frozen=True):
-    events: list[ArchiveEvent]
+    events: Annotated[list[ArchiveEvent], msgspec.Meta(max_length=_Entries)]
+
+
+class ArchiveCounts(_ArchiveRecord, tag=6, frozen=True):
+    """Per-session event counts, in archive order (up to 10,000 sessions per record)."""
+
+    sessions: Annotated[list[tuple[_Name, int]], msgspec.Meta(max_length=_Entries)]
 
 
 class ArchiveFooter(_ArchiveRecord, tag=5, frozen=True):
-    """Per-session event counts in archive order, totals, and the SHA-256 of every
-    content byte before this record's length prefix."""
+    """Totals, and the SHA-256 of every content byte before this record's length prefix
+    (the `ArchiveCounts` records included)."""
 
-    sessions: list[tuple[str, int]]
     session_count: int
     event_count: int
     sha256: bytes
 
 
-_Record = ArchiveHeader | ArchiveSession | ArchiveSnapshot | ArchiveEvents | ArchiveFooter
+_Record = (
+    ArchiveHeader | ArchiveSession | ArchiveSnapshot | ArchiveEvents | ArchiveCounts | ArchiveFooter
+)
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(_Record)
 
@@ -191,8 +227,10 @@ class ArchiveWriter:
 
     def finish(self) -> tuple[int, str]:
         """Write the footer; (event count, SHA-256 hex of the content before it)."""
+        for i in range(0, len(self._sessions), _Entries):
+            self._write(ArchiveCounts(self._sessions[i : i + _Entries]))
         digest = self._hash.digest()
-        footer = ArchiveFooter(self._sessions, len(self._sessions), self._events, digest)
+        footer = ArchiveFooter(len(self._sessions), self._events, digest)
         body = _encoder.encode(footer)
         self._pending += _LENGTH.pack(len(body)) + body
         self.content_bytes += _LENGTH.size + len(body)
@@ -250,14 +288,22 @@ class SessionSection(msgspec.Struct):
 class _Counting:
     """Wraps the source file: counts the compressed bytes read (and may copy them)."""
 
-    def __init__(self, source: IO[bytes], copy: IO[bytes] | None) -> None:
+    def __init__(self, source: IO[bytes], copy: IO[bytes] | None, limit: int) -> None:
         self._source = source
         self._copy = copy
+        self._limit = limit
+        self.over_limit = False  # stopped at `limit` (reads then see the end)
         self.read_bytes = 0
         self.tail = b""  # the last bytes read (the end marker, at the end)
 
     def read(self, size: int = -1) -> bytes:
-        data = self._source.read(size)
+        if self.over_limit:
+            return b""
+        room = self._limit - self.read_bytes
+        data = self._source.read(room + 1 if size < 0 or size > room else size)
+        if len(data) > room:
+            self.over_limit = True
+            return b""
         self.read_bytes += len(data)
         self.tail = (self.tail + data[-_END.size :])[-_END.size :]
         if self._copy is not None:
@@ -277,7 +323,7 @@ class ArchiveReader:
         self, source: IO[bytes], limits: ArchiveLimits, copy: IO[bytes] | None = None
     ) -> None:
         self._limits = limits
-        self._raw = _Counting(source, copy)
+        self._raw = _Counting(source, copy, limits.max_archive_bytes)
         magic = self._raw.read(4)
         if magic != _ZSTD_MAGIC:
             raise ArchiveInvalid(
@@ -321,11 +367,21 @@ class ArchiveReader:
             chunks.append(chunk)
             wanted -= len(chunk)
         data = b"".join(chunks)
+        self._check_size()
         if len(data) < size:
             raise ArchiveInvalid(
                 "truncated", "the archive ends before its footer", offset=self._offset
             )
         return data
+
+    def _check_size(self) -> None:
+        if self._raw.over_limit:
+            raise ArchiveInvalid(
+                "too_large",
+                f"the archive is over {self._limits.max_archive_bytes} bytes, more than "
+                f"{self._limits.max_content_bytes} bytes of content can take",
+                offset=self._offset,
+            )
 
     def _next(self, *, hashed: bool = True) -> tuple[_Record, int]:
         at = self._offset
@@ -349,6 +405,9 @@ class ArchiveReader:
         self._offset = at + _LENGTH.size + size
         try:
             record = _decoder.decode(body)
+        except msgspec.ValidationError as e:
+            reason = "too_large" if "length <=" in str(e) else "corrupt"
+            raise ArchiveInvalid(reason, f"a record has the wrong shape: {e}", offset=at) from None
         except msgspec.DecodeError as e:
             raise ArchiveInvalid("corrupt", f"a record does not decode: {e}", offset=at) from None
         if hashed and not isinstance(record, ArchiveFooter):
@@ -372,8 +431,14 @@ class ArchiveReader:
                 f"{ARCHIVE_VERSION}: import it with the library version that wrote it "
                 f"({record.library_version!r}) or a newer one",
             )
-        if record.session_count < 0:
-            raise ArchiveInvalid("invalid_field", "a negative session count", offset=at)
+        if not 0 <= record.session_count < MAX_SETTING:
+            raise ArchiveInvalid("invalid_field", "a session count out of range", offset=at)
+        if not 0 <= record.exported_at_ms < MAX_SETTING:
+            raise ArchiveInvalid("invalid_field", "an export time out of range", offset=at)
+        if not _STORE_ID.fullmatch(record.store_id):
+            raise ArchiveInvalid(
+                "invalid_field", "the source store id is not 32 hex digits", offset=at
+            )
         return record
 
     # -- sections ----------------------------------------------------------------------
@@ -381,7 +446,7 @@ class ArchiveReader:
     def sections(self) -> Iterator[SessionSection]:
         seen: set[str] = set()
         record, at = self._next()
-        while not isinstance(record, ArchiveFooter):
+        while not isinstance(record, (ArchiveFooter, ArchiveCounts)):
             if not isinstance(record, ArchiveSession):
                 raise ArchiveInvalid(
                     "out_of_order", f"a {type(record).__name__} outside a session", offset=at
@@ -404,6 +469,27 @@ class ArchiveReader:
             for _ in section.batches:  # the consumer may stop early: drain (and check)
                 pass
             record, at = box[0]
+        compared = 0
+        while isinstance(record, ArchiveCounts):
+            chunk = record.sessions
+            if [tuple(item) for item in chunk] != self.counts[compared : compared + len(chunk)]:
+                raise ArchiveInvalid(
+                    "count_mismatch",
+                    "the footer's per-session counts differ from the sessions' events",
+                    offset=at,
+                )
+            compared += len(chunk)
+            record, at = self._next()
+        if compared != len(self.counts):
+            raise ArchiveInvalid(
+                "count_mismatch",
+                f"the footer counts {compared} sessions; the archive holds {len(self.counts)}",
+                offset=at,
+            )
+        if not isinstance(record, ArchiveFooter):
+            raise ArchiveInvalid(
+                "out_of_order", f"a {type(record).__name__} after the counts", offset=at
+            )
         self._finish(record, at)
 
     def _events(
@@ -411,6 +497,7 @@ class ArchiveReader:
     ) -> Iterator[list[ArchiveEvent]]:
         expected = session.first_ordinal
         count = 0
+        turn = session.turn_request_id  # the unsettled turn, as the events leave it
         record, at = box[0]
         while isinstance(record, ArchiveEvents):
             events = record.events
@@ -429,17 +516,20 @@ class ArchiveReader:
                         f"{expected} was due",
                         offset=at,
                     )
-                request_id = event.request_id
                 if (
                     event.type not in known
                     or len(event.data) > MAX_EVENT_BYTES
-                    or (request_id is not None and len(request_id) > _REQUEST_ID_BYTES // 4)
-                    or not 0 <= event.timestamp_ms < _MAX_VALUE
+                    or not 0 <= event.timestamp_ms < MAX_SETTING
                 ):
                     # The precise checks (the fast ones above let only sure cases through).
                     _check_event(event, at)
                     if len(known) < 4096:
                         known.add(event.type)
+                if event.type in TURN_EVENT_TYPES:  # as the projection follows turns
+                    if event.type == TURN_STARTED:
+                        turn = event.request_id
+                    elif event.request_id == turn:
+                        turn = None
                 expected += 1
             if expected - 1 > session.last_ordinal:
                 raise ArchiveInvalid(
@@ -461,6 +551,13 @@ class ArchiveReader:
             )
         if isinstance(record, ArchiveSnapshot):
             raise ArchiveInvalid("out_of_order", "a snapshot after events", offset=at)
+        if turn != session.turn_request_id:
+            raise ArchiveInvalid(
+                "invalid_field",
+                f"session {session.session_id!r}: its unsettled turn is "
+                f"{session.turn_request_id!r}, its turn events leave {turn!r}",
+                offset=at,
+            )
         self.counts.append((session.session_id, count))
         self.events += count
 
@@ -473,8 +570,7 @@ class ArchiveReader:
                 offset=at,
             )
         if (
-            footer.sessions != self.counts
-            or footer.session_count != len(self.counts)
+            footer.session_count != len(self.counts)
             or self.header.session_count != len(self.counts)
             or footer.event_count != self.events
         ):
@@ -490,6 +586,7 @@ class ArchiveReader:
             raise ArchiveInvalid("corrupt", "bytes after the footer", offset=self._offset)
         while self._raw.read(1 << 16):
             pass
+        self._check_size()
         expected = _END.pack(_END_MAGIC, 16, _END_MARK, self._raw.read_bytes - _END.size)
         if self._raw.tail != expected:
             raise ArchiveInvalid(
@@ -539,40 +636,43 @@ def _name_ok(value: str) -> bool:
     )
 
 
-def _check_session(session: ArchiveSession, at: int) -> None:
-    problem = ""
+def _in_range(value: int | None, low: int = 0) -> bool:
+    return value is None or low <= value < MAX_SETTING
+
+
+def _session_problem(session: ArchiveSession) -> str:
+    state = {s.value: s for s in SessionState}.get(session.state)
     if not _name_ok(session.session_id):
-        problem = f"session id {session.session_id[:80]!r} is not a valid id"
-    elif len(session.mode) > MAX_NAME_LENGTH:
-        problem = "mode is longer than 256 characters"
-    elif session.state not in {s.value for s in SessionState}:
-        problem = f"unknown state {session.state[:40]!r}"
-    elif session.first_ordinal < 1 or session.last_ordinal < session.first_ordinal - 1:
-        problem = f"retained range [{session.first_ordinal}, {session.last_ordinal}] is not a range"
-    elif session.last_ordinal >= 1 << 62 or session.created_at_ms < 0:
-        problem = "an ordinal or time out of range"
-    elif (
-        any(
-            v is not None and not 0 < v < 1 << 62
-            for v in (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
-        )
-        or not 0 <= session.max_suspend_ms < 1 << 62
-    ):
-        problem = "a retention or deadline setting out of range"
-    elif session.turn_request_id is not None and (
-        len(session.turn_request_id.encode()) > _REQUEST_ID_BYTES
-    ):
-        problem = "the unsettled turn's request id is too long"
-    for name, value in (
-        ("suspended_at_ms", session.suspended_at_ms),
-        ("ended_at_ms", session.ended_at_ms),
-    ):
-        if value is not None and not 0 <= value < 1 << 62:
-            problem = problem or f"{name} out of range"
+        return "not a valid session id (1 to 256 bytes of UTF-8 without control characters)"
+    if state is None:
+        return f"unknown state {session.state!r}"
+    if session.first_ordinal < 1 or session.last_ordinal < session.first_ordinal - 1:
+        return f"retained range [{session.first_ordinal}, {session.last_ordinal}] is not a range"
+    if not (_in_range(session.last_ordinal) and _in_range(session.created_at_ms)):
+        return "an ordinal or time out of range"
+    times = (session.suspended_at_ms, session.ended_at_ms)
+    if not all(_in_range(t) for t in times):
+        return "a lifecycle time out of range"
+    if (state is SessionState.SUSPENDED) != (session.suspended_at_ms is not None):
+        return "suspended_at_ms must be set exactly when the session is suspended"
+    if state.terminal != (session.ended_at_ms is not None):
+        return "ended_at_ms must be set exactly when the session has ended"
+    settings = (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
+    if not all(_in_range(v, 1) for v in settings) or not _in_range(session.max_suspend_ms):
+        return "a retention or deadline setting out of range"
+    size = len(session.mode.encode()) + len((session.context_id or "").encode())
+    size += sum(len(k.encode()) + len(v.encode()) for k, v in session.tags.items())
+    size += sum(len(k.encode()) + len(v) for k, v in session.extensions.items())
+    if size > MAX_METADATA_BYTES:
+        return f"its metadata is over {MAX_METADATA_BYTES} bytes"
+    return ""
+
+
+def _check_session(session: ArchiveSession, at: int) -> None:
+    problem = _session_problem(session)
     if problem:
-        raise ArchiveInvalid(
-            "invalid_field", f"session {session.session_id[:80]!r}: {problem}", offset=at
-        )
+        reason = "too_large" if "over" in problem else "invalid_field"
+        raise ArchiveInvalid(reason, f"session {session.session_id[:80]!r}: {problem}", offset=at)
 
 
 def _check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) -> None:
@@ -597,11 +697,7 @@ def _check_event(event: ArchiveEvent, at: int) -> None:
         raise ArchiveInvalid(
             "invalid_field", f"event {event.ordinal} has an invalid type", offset=at
         )
-    if event.request_id is not None and len(event.request_id.encode()) > _REQUEST_ID_BYTES:
-        raise ArchiveInvalid(
-            "too_large", f"event {event.ordinal} has a request id over 64 KiB", offset=at
-        )
-    if not 0 <= event.timestamp_ms < _MAX_VALUE:
+    if not 0 <= event.timestamp_ms < MAX_SETTING:
         raise ArchiveInvalid(
             "invalid_field", f"event {event.ordinal} has a timestamp out of range", offset=at
         )

@@ -21,8 +21,11 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
+    "MAX_METADATA_BYTES",
     "MAX_NAME_LENGTH",
     "MAX_PAGE_SIZE",
+    "MAX_REQUEST_ID_BYTES",
+    "MAX_SETTING",
     "EventChecker",
     "check_create",
     "check_name",
@@ -34,6 +37,12 @@ MAX_EVENT_BYTES: Final = 8 << 20
 MAX_BATCH_EVENTS: Final = 10_000
 MAX_BATCH_BYTES: Final = 64 << 20
 MAX_NAME_LENGTH: Final = 256
+# mode, context id, tags and extensions of one session, together (UTF-8 and bytes)
+MAX_METADATA_BYTES: Final = 1 << 20
+MAX_METADATA_ENTRIES: Final = 10_000  # tags, and extensions, per session
+MAX_REQUEST_ID_BYTES: Final = 64 << 10
+# times, TTLs, suspension caps and history limits stay below this (ms, bytes)
+MAX_SETTING: Final = 1 << 62
 DEFAULT_PAGE_BYTES: Final = 1 << 20
 DEFAULT_PAGE_SIZE: Final = 100
 MAX_PAGE_SIZE: Final = 1000
@@ -83,15 +92,25 @@ def check_create(
     for ext_key, ext_value in ext_map.items():
         if not isinstance(ext_key, str) or not isinstance(ext_value, bytes):
             raise InvalidArgument("extensions must map str to bytes")
-    for name, value in (("ttl_ms", ttl_ms), ("max_history_bytes", max_history_bytes)):
-        if value is not None and (not isinstance(value, int) or value <= 0):
-            raise InvalidArgument(f"{name} must be a positive int or None")
-    if max_history_age_ms is not None and (
-        not isinstance(max_history_age_ms, int) or max_history_age_ms <= 0
+    for name, value in (
+        ("ttl_ms", ttl_ms),
+        ("max_history_bytes", max_history_bytes),
+        ("max_history_age_ms", max_history_age_ms),
     ):
-        raise InvalidArgument("max_history_age_ms must be a positive int or None")
-    if not isinstance(max_suspend_ms, int) or max_suspend_ms < 0:
-        raise InvalidArgument("max_suspend_ms must be an int >= 0 (0 = 7 days)")
+        if value is not None and (value.__class__ is not int or not 0 < value < MAX_SETTING):
+            raise InvalidArgument(f"{name} must be a positive int below 2**62, or None")
+    if max_suspend_ms.__class__ is not int or not 0 <= max_suspend_ms < MAX_SETTING:
+        raise InvalidArgument("max_suspend_ms must be an int >= 0 below 2**62 (0 = 7 days)")
+    if len(tag_map) > MAX_METADATA_ENTRIES or len(ext_map) > MAX_METADATA_ENTRIES:
+        raise InvalidArgument(f"at most {MAX_METADATA_ENTRIES} tags and as many extensions")
+    size = len(mode.encode()) + len((context_id or "").encode())
+    size += sum(len(k.encode()) + len(v.encode()) for k, v in tag_map.items())
+    size += sum(len(k.encode()) + len(v) for k, v in ext_map.items())
+    if size > MAX_METADATA_BYTES:
+        raise InvalidArgument(
+            f"mode, context_id, tags and extensions come to {size} bytes; the limit is "
+            f"{MAX_METADATA_BYTES}: keep large data in events"
+        )
     return CreateSession(
         session_id=session_id,
         mode=mode,
@@ -145,7 +164,13 @@ class EventChecker:
                 event.__class__ is not EventIn
                 or event.data.__class__ is not bytes
                 or event.type not in checked
-                or (event.request_id is not None and event.request_id.__class__ is not str)
+                or (
+                    event.request_id is not None
+                    and (
+                        event.request_id.__class__ is not str
+                        or len(event.request_id) > MAX_REQUEST_ID_BYTES // 4
+                    )
+                )
             ):
                 total = self._check_events(events)
                 break
@@ -197,5 +222,11 @@ class EventChecker:
                     self._checked_types.add(event.type)
             if event.request_id is not None and not isinstance(event.request_id, str):
                 raise InvalidArgument(f"events[{i}].request_id must be a str or None")
+            if event.request_id is not None and (
+                len(event.request_id.encode()) > MAX_REQUEST_ID_BYTES
+            ):
+                raise InvalidArgument(
+                    f"events[{i}].request_id is over {MAX_REQUEST_ID_BYTES} bytes"
+                )
             total += len(event.data)
         return total

@@ -188,8 +188,8 @@ class ArchiveInvalid(JournalError):
     """An archive given to `import_sessions` cannot be imported; nothing was written.
 
     `reason` says why, one of `ARCHIVE_REASONS` (SPEC.md, "Archives"); `offset` is the
-    byte offset in the archive file where the problem was found (0 when it concerns the
-    whole archive)."""
+    position in the archive's decompressed content where the problem was found (0 when
+    it concerns the whole archive)."""
 
     code = "ARCHIVE_INVALID"
     status = "INVALID_ARGUMENT"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -36,11 +37,13 @@ from .engine import (
     ImportTarget,
     StageEvents,
     StageSession,
+    StoredSnapshot,
 )
 from .errors import (
     ArchiveInvalid,
     ExportIncomplete,
     InvalidArgument,
+    JournalCorrupt,
     ReadOnlyStore,
     SessionExists,
     SessionNotFound,
@@ -54,7 +57,7 @@ from .models import (
 )
 from .sessions import SessionRow
 
-__all__ = ["export_sessions", "import_sessions"]
+__all__ = ["create_temporary", "export_sessions", "import_sessions"]
 
 Progress = Callable[[int, int], None]
 Destination = str | os.PathLike[str] | IO[bytes]
@@ -83,7 +86,7 @@ def export_sessions(
         if os.path.isdir(path):
             raise InvalidArgument(f"{path!r} is a directory: give a file path for the archive")
         directory = os.path.dirname(os.path.abspath(path))
-        fd, temporary = tempfile.mkstemp(prefix=".export-", suffix=".tmp", dir=directory)
+        fd, temporary = create_temporary(directory)
         try:
             with os.fdopen(fd, "wb") as out:
                 report = _write_archive(engine, rows, out, progress)
@@ -106,6 +109,17 @@ def export_sessions(
     if not hasattr(dest, "write"):
         raise InvalidArgument("dest must be a path or a binary file object opened for writing")
     return _write_archive(engine, rows, dest, progress)
+
+
+def create_temporary(directory: str) -> tuple[int, str]:
+    """A new file for an archive being written (mode 0666 less the umask, like any file
+    the user creates; renamed into place when complete)."""
+    while True:
+        name = os.path.join(directory, f".export-{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+        except FileExistsError:
+            continue
 
 
 def _sync_directory(directory: str) -> None:
@@ -158,8 +172,10 @@ def _write_archive(
     total = sum(max(0, row.last_ordinal - row.first_ordinal + 1) for row in rows)
     done = 0
     with engine.readers() as readers:
-        for row in rows:
-            snapshot = engine.snapshot(row) if row.snapshot_ordinal else None
+        for listed in rows:
+            # Each session's export begins here: its head now is where it ends.
+            row = _current(engine, listed)
+            snapshot = _snapshot(engine, row)
             writer.session(
                 _archived_session(row),
                 None
@@ -173,6 +189,30 @@ def _write_archive(
                     progress(done, total)
     events, sha256 = writer.finish()
     return ExportReport(writer.counts, events, writer.archive_bytes, writer.content_bytes, sha256)
+
+
+def _current(engine: Engine, listed: SessionRow) -> SessionRow:
+    row = engine.session(listed.session_id)
+    if row is None or row.incarnation != listed.incarnation:
+        raise ExportIncomplete(
+            f"session {listed.session_id!r} was evicted while the export ran; export again"
+        )
+    return row
+
+
+def _snapshot(engine: Engine, row: SessionRow) -> StoredSnapshot | None:
+    if not row.snapshot_ordinal:
+        return None
+    try:
+        return engine.snapshot(row)
+    except JournalCorrupt:
+        now = engine.session(row.session_id)
+        if now is None or now.snapshot_position != row.snapshot_position:
+            # Compacted away meanwhile by a newer snapshot: not damage.
+            raise ExportIncomplete(
+                f"session {row.session_id!r} was compacted while it was exported; export again"
+            ) from None
+        raise
 
 
 def _archived_session(row: SessionRow) -> ArchiveSession:
@@ -383,12 +423,15 @@ def _stage_and_commit(
             pending: list[ArchiveEvent] = []
             size = 0
             for batch in section.batches:
-                pending.extend(batch)
-                size += sum(len(event.data) for event in batch)
-                if size >= _STAGE_BYTES or len(pending) >= _STAGE_EVENTS:
-                    engine.submit(StageEvents(row.incarnation, pending))
-                    pending, size = [], 0
-                    progress(reader.archive_bytes)
+                for event in batch:
+                    if pending and (
+                        size + len(event.data) > _STAGE_BYTES or len(pending) == _STAGE_EVENTS
+                    ):
+                        engine.submit(StageEvents(row.incarnation, pending))
+                        pending, size = [], 0
+                        progress(reader.archive_bytes)
+                    pending.append(event)
+                    size += len(event.data)
             if pending:
                 engine.submit(StageEvents(row.incarnation, pending))
                 progress(reader.archive_bytes)

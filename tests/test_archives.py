@@ -44,6 +44,7 @@ from journal import (
 from journal._local.view import View
 from journal.archive import (
     ARCHIVE_FORMAT,
+    ArchiveCounts,
     ArchiveEvent,
     ArchiveEvents,
     ArchiveFooter,
@@ -146,6 +147,7 @@ def _craft(
     header: ArchiveHeader | None = None,
     footer: Callable[[ArchiveFooter], ArchiveFooter] | None = None,
     extra: list[Any] | None = None,
+    counts_override: list[tuple[str, int]] | None = None,
 ) -> bytes:
     """A hand-made archive (correct unless told otherwise)."""
     records: list[Any] = [
@@ -160,12 +162,13 @@ def _craft(
             records.append(ArchiveEvents(events))
         counts.append((session.session_id, len(events)))
     records += extra or []
+    records.append(ArchiveCounts(counts_override if counts_override is not None else counts))
     encoder = msgspec.msgpack.Encoder()
     digest = hashlib.sha256()
     for record in records:
         body = encoder.encode(record)
         digest.update(len(body).to_bytes(4, "big") + body)
-    made = ArchiveFooter(counts, len(counts), sum(c for _, c in counts), digest.digest())
+    made = ArchiveFooter(len(counts), sum(c for _, c in counts), digest.digest())
     records.append(footer(made) if footer else made)
     return _encode(records)
 
@@ -532,7 +535,7 @@ def _cases() -> dict[str, tuple[bytes, str, ArchiveLimits]]:
         ),
         "oversized session id": (
             _craft([(_session("x" * 300, 1, 0), None, [])]),
-            "invalid_field",
+            "too_large",
             default,
         ),
         "unknown state": (
@@ -565,6 +568,78 @@ def _cases() -> dict[str, tuple[bytes, str, ArchiveLimits]]:
         "bytes after the end": (good + b"\x00", "corrupt", default),
         "no end marker": (good[:-24], "truncated", default),
         "cut inside the end marker": (good[:-3], "truncated", default),
+        "per-session counts": (
+            _craft([(_session("s", 1, 3), None, _events(1, 3))], counts_override=[("s", 2)]),
+            "count_mismatch",
+            default,
+        ),
+        "store id not hex": (
+            _craft([], header=ArchiveHeader(ARCHIVE_FORMAT, 1, "t", 1, "x" * 32, 0)),
+            "invalid_field",
+            default,
+        ),
+        "oversized store id": (
+            _craft([], header=ArchiveHeader(ARCHIVE_FORMAT, 1, "t", 1, "0" * 10_000, 0)),
+            "too_large",
+            default,
+        ),
+        "export time out of range": (
+            _craft([], header=ArchiveHeader(ARCHIVE_FORMAT, 1, "t", -5, "00" * 16, 0)),
+            "invalid_field",
+            default,
+        ),
+        "creation time out of range": (
+            _craft([(_session("s", 1, 0, created_at_ms=2**62, ttl_ms=5), None, [])]),
+            "invalid_field",
+            default,
+        ),
+        "suspended without its time": (
+            _craft([(_session("s", 1, 0, state="suspended"), None, [])]),
+            "invalid_field",
+            default,
+        ),
+        "ended without its time": (
+            _craft([(_session("s", 1, 0, state="cancelled"), None, [])]),
+            "invalid_field",
+            default,
+        ),
+        "unsettled turn the events contradict": (
+            _craft(
+                [
+                    (
+                        _session("s", 1, 1, turn_request_id="X"),
+                        None,
+                        [ArchiveEvent(1, "turn_started", 5, "Y", b"{}")],
+                    )
+                ]
+            ),
+            "invalid_field",
+            default,
+        ),
+        "an event batch over 10,000 events": (
+            _craft([(_session("s", 1, 10_001), None, _events(1, 10_001, b""))]),
+            "too_large",
+            default,
+        ),
+        "tags over 10,000 entries": (
+            _craft([(_session("s", 1, 0, tags={str(i): "" for i in range(10_001)}), None, [])]),
+            "too_large",
+            default,
+        ),
+        "metadata over 1 MiB": (
+            _craft([(_session("s", 1, 0, context_id="c" * (1 << 20), mode="m"), None, [])]),
+            "too_large",
+            default,
+        ),
+        "padding of skippable frames": (
+            good[:-24]
+            + (struct.pack("<II", 0x184D2A50, 1 << 16) + bytes(1 << 16)) * 40
+            + struct.pack(
+                "<II8sQ", 0x184D2A5E, 16, b"SJAREND\x00", len(good) - 24 + 40 * ((1 << 16) + 8)
+            ),
+            "too_large",
+            ArchiveLimits(max_content_bytes=1000),
+        ),
         "bad record": (
             _encode([ArchiveHeader(ARCHIVE_FORMAT, 1, "t", 1, "00" * 16, 1), [99, "what"]]),
             "corrupt",
@@ -827,3 +902,76 @@ def test_cli_export_import_and_ndjson(tmp_path: Path) -> None:
     with Journal.open(other, readonly=True) as j:
         assert sorted(m.session_id for m in j.list_sessions()) == ["renamed", "two"]
     shutil.rmtree(tmp_path / "a")
+
+
+def test_export_takes_each_session_as_it_is_when_its_turn_comes(tmp_path: Path) -> None:
+    """A newer snapshot (and compaction dropping the old one) between the listing and a
+    session's turn in the export: the export uses the newer one instead of failing."""
+    with Journal.open(tmp_path / "a", create=True, segment_bytes=1 << 14) as j:
+        for name in ("a", "b"):
+            j.create_session(name)
+            for _ in range(20):
+                j.append(name, [EventIn("message", os.urandom(500)) for _ in range(10)])
+        j.compact_session("b", 50, b"old")
+        compacted: list[int] = []
+
+        def progress(done: int, total: int) -> None:
+            if not compacted:  # while "a" is being exported
+                compacted.append(j.compact_session("b", 150, b"new").ordinal)
+                j.compact(dead_share=0.0)
+
+        buffer = io.BytesIO()
+        j.export_sessions(None, buffer, progress=progress)
+        sections = _sections(buffer.getvalue())
+        b_meta, b_snapshot, b_events = sections[1]
+        assert compacted == [150]
+        assert b_snapshot == {"through_ordinal": 150, "data": b"new"}
+        assert [e["ordinal"] for e in b_events] == list(range(151, 201))
+        assert b_meta["first_ordinal"] == 151
+
+
+def test_what_the_store_accepts_the_archive_carries(tmp_path: Path) -> None:
+    """Limits agree: a session at every limit of the store round-trips; past them the
+    store refuses it already (so no export makes an archive that import refuses)."""
+    big = 2**62 - 1
+    with (
+        Journal.open(tmp_path / "a", create=True) as a,
+        Journal.open(tmp_path / "b", create=True) as b,
+    ):
+        a.create_session(
+            "edge",
+            context_id="c" * ((1 << 20) - 10),
+            tags={"k": "v"},
+            ttl_ms=big,
+            max_suspend_ms=big,
+            max_history_age_ms=big,
+            max_history_bytes=big,
+        )
+        a.append("edge", [EventIn("message", b"x", request_id="r" * (64 << 10))])
+        a.append("edge", [EventIn("message", bytes(journal.MAX_EVENT_BYTES))])
+        b.import_sessions(io.BytesIO(_export(a)))
+        assert _history(b, "edge") == _history(a, "edge")
+        assert _meta(b, "edge") == _meta(a, "edge")
+        for bad in (
+            {"ttl_ms": 2**62},
+            {"max_suspend_ms": 2**62},
+            {"max_history_age_ms": 2**70},
+            {"ttl_ms": True},
+            {"context_id": "c" * ((1 << 20) + 1)},
+            {"tags": {str(i): "" for i in range(10_001)}},
+        ):
+            with pytest.raises(journal.InvalidArgument):
+                a.create_session("over", **bad)
+        with pytest.raises(journal.InvalidArgument):
+            a.append("edge", [EventIn("message", b"x", request_id="r" * ((64 << 10) + 1))])
+
+
+def test_an_exported_archive_gets_the_usual_file_mode(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        with Journal.open(tmp_path / "a", create=True) as j:
+            j.create_session("s")
+            j.export_sessions(None, tmp_path / "s.sja")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "s.sja").stat().st_mode & 0o777 == 0o644
