@@ -8,7 +8,6 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
-from contextlib import suppress
 from typing import Any
 
 import click
@@ -170,14 +169,12 @@ def append(
             "nothing to append: pass DATA arguments or NDJSON lines on stdin"
         )
     with settings.open() as store:
-        if create:
-            with suppress(journal.SessionExists):
-                store.create_session(session_id)
         result = store.append(
             session_id,
             events,
             expected_last_ordinal=expected_last,
             idempotency_key=idempotency_key,
+            create=create,
         )
     record = {
         "session_id": result.session_id,

@@ -72,7 +72,10 @@ def verify(settings: Settings, fix: bool) -> None:
     Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
     """
     output = settings.output
-    with settings.open() as store, progress_bar("verifying", output.format == "text") as bar:
+    with (
+        settings.open(write=fix) as store,
+        progress_bar("verifying", output.format == "text") as bar,
+    ):
         report = store.verify(fix=fix, progress=bar)
     for problem in report.problems:
         output.emit(

@@ -205,10 +205,10 @@ class Settings:
     def open(self, write: bool = True) -> journal.Journal:
         """Open the existing store (`StoreNotFound` tells the user to run `journal init`).
 
-        Commands that only read open it read-only when this user cannot write it."""
-        index = os.path.join(self.store, "index")
-        readonly = not write and os.path.isdir(index) and not os.access(index, os.W_OK)
-        return journal.Journal.open(self.store, create=False, readonly=readonly)
+        Commands that only read open it read-only, always: they change no file of the
+        store (LMDB's reader table aside), create no key file, repair nothing, and never
+        wait for a writer."""
+        return journal.Journal.open(self.store, create=False, readonly=not write)
 
 
 pass_settings = click.make_pass_decorator(Settings)

@@ -146,6 +146,7 @@ class EventChecker:
         events: Sequence[EventIn],
         expected_last_ordinal: int | None,
         idempotency_key: str | None,
+        create: CreateSession | None = None,
     ) -> Append:
         check_name("session_id", session_id)
         if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
@@ -192,7 +193,9 @@ class EventChecker:
             digest = hashlib.sha256(
                 _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
             ).digest()
-        return Append(session_id, list(events), expected_last_ordinal, idempotency_key, digest)
+        return Append(
+            session_id, list(events), expected_last_ordinal, idempotency_key, digest, create
+        )
 
     def _check_events(self, events: Sequence[EventIn]) -> int:
         """Validate every event precisely (raising the first problem); total data bytes."""

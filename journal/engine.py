@@ -131,13 +131,15 @@ class CreateSession(Operation[SessionRow], frozen=True):
 
 class Append(Operation[Appended], frozen=True):
     """Append `events` to an OPEN session. `digest` identifies the events for an
-    idempotency key (a retry with other events is refused)."""
+    idempotency key (a retry with other events is refused). With `create`, a session
+    that does not exist is created by it first, in the same commit (both or neither)."""
 
     session_id: str
     events: list[EventIn]
     expected_last_ordinal: int | None = None
     idempotency_key: str | None = None
     digest: bytes = b""
+    create: CreateSession | None = None
 
 
 class Transition(Operation[SessionRow], frozen=True):

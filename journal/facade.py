@@ -240,9 +240,20 @@ class Journal:
         events: Sequence[EventIn],
         expected_last_ordinal: int | None = None,
         idempotency_key: str | None = None,
+        *,
+        create: bool = False,
     ) -> AppendResult:
-        """Append events to an OPEN session; returns after they are committed."""
-        operation = self._events.append(session_id, events, expected_last_ordinal, idempotency_key)
+        """Append events to an OPEN session; returns after they are committed. With
+        `create=True` a missing session is created (open, default settings) by the same
+        commit: if the append is refused, no session was created either."""
+        creation = None
+        if create:
+            if not isinstance(create, bool):
+                raise InvalidArgument("create must be a bool")
+            creation = check_create(session_id, "", None, None, None, None, 0, None, None)
+        operation = self._events.append(
+            session_id, events, expected_last_ordinal, idempotency_key, creation
+        )
         return self._append_result(session_id, self._submit(operation))
 
     def _append_result(self, session_id: str, appended: Appended) -> AppendResult:

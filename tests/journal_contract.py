@@ -463,13 +463,30 @@ class JournalContract:
         expired = j.expire_due(now_ms=start + SEVEN_DAYS_MS)
         assert [m.session_id for m in expired] == ["s1"]
 
-    def test_expire_due_without_now_uses_the_current_time(self, j: Journal) -> None:
-        j.create_session("due", ttl_ms=1)
+    def test_a_ttl_fires_by_itself(self, j: Journal) -> None:
+        """Nobody calls expire_due: the journal expires the session on time, and a
+        session past its deadline takes no append even before that."""
+        j.create_session("due", ttl_ms=300)
         j.create_session("later", ttl_ms=10 * 60_000)
-        time.sleep(0.02)
-        expired = j.expire_due()
-        assert [(m.session_id, m.state) for m in expired] == [("due", SessionState.EXPIRED)]
+        deadline = time.monotonic() + 5
+        while j.get_session("due").state is SessionState.OPEN and time.monotonic() < deadline:
+            time.sleep(0.01)
+        meta = j.get_session("due")
+        assert meta.state is SessionState.EXPIRED
+        assert meta.ended_at_ms is not None and meta.ended_at_ms >= meta.created_at_ms + 300
+        assert meta.ended_at_ms - (meta.created_at_ms + 300) < 2000, "it fired late"
+        assert j.expire_due() == [], "already expired: nothing left for an explicit pass"
         assert j.get_session("later").state is SessionState.OPEN
+        with pytest.raises(SessionNotWritable):
+            j.append("due", [EventIn("message", b"too late")])
+
+    def test_a_session_past_its_deadline_takes_no_append(self, j: Journal) -> None:
+        j.create_session("due", ttl_ms=1)
+        time.sleep(0.01)
+        # Whether or not the expiry thread ran yet: the append's own commit expires it.
+        with pytest.raises(SessionNotWritable):
+            j.append("due", [EventIn("message", b"too late")])
+        assert j.get_session("due").state is SessionState.EXPIRED
 
     def test_expire_due_ignores_resumed_and_terminal_sessions(self, j: Journal) -> None:
         j.create_session("resumed", max_suspend_ms=100)
@@ -1309,12 +1326,12 @@ class JournalContract:
     def _live_actions(self, j: Journal, tag: str) -> list[tuple[LifecycleEventType, str]]:
         """Do one of each lifecycle change; return what watch_sessions should report."""
         d, e = f"d{tag}", f"e{tag}"
-        meta = j.create_session(d, ttl_ms=1)
+        meta = j.create_session(d, ttl_ms=600_000)
         j.suspend_session("a")
         j.resume_session("a")
         j.create_session(e)
         j.cancel_session(e)
-        j.expire_due(now_ms=meta.created_at_ms + 1)
+        j.expire_due(now_ms=meta.created_at_ms + 600_000)
         return [
             (LifecycleEventType.CREATED, d),
             (LifecycleEventType.SUSPENDED, "a"),

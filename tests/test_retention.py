@@ -396,7 +396,7 @@ def test_terminal_session_is_evicted_retention_after_it_ended(store: Path, end: 
     retention_ms = 5000
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=retention_ms)
     with open_store(store, policy) as j:
-        j.create_session("done", ttl_ms=1 if end == "expire" else None)
+        j.create_session("done", ttl_ms=600_000 if end == "expire" else None)
         j.create_session("open")
         j.create_session("paused")
         for session_id in ("done", "open", "paused"):
@@ -404,7 +404,7 @@ def test_terminal_session_is_evicted_retention_after_it_ended(store: Path, end: 
         j.suspend_session("paused")
         time.sleep(0.005)
         if end == "expire":
-            j.expire_due()
+            j.expire_due(now_ms=j.get_session("done").created_at_ms + 600_000)
         else:
             getattr(j, f"{end}_session")("done")
         ended = j.get_session("done").ended_at_ms

@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -39,6 +40,7 @@ from ..engine import (
     AbortImport,
     ApplyRetention,
     EventsPage,
+    Expire,
     Lease,
     Operation,
     PageReaders,
@@ -68,6 +70,7 @@ from ..models import (
 from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
+from .expiry import ExpiryTimer
 from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir, write_atomic
 from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
@@ -212,6 +215,7 @@ class LocalEngine:
         self._cv = threading.Condition()
         self._leading = False
         self.waiter = Notifier(self.head)
+        self._expiry: ExpiryTimer | None = None
         self._closed = False
         if not readonly:
             with self._cv:
@@ -222,6 +226,12 @@ class LocalEngine:
                 with self._cv:
                     self._leading = False
             self._roll_back_abandoned_imports()
+            self._expiry = ExpiryTimer(self._next_deadline, partial(self.submit, Expire()))
+
+    def _next_deadline(self) -> int | None:
+        self.check_usable()
+        with self._view.begin() as txn:
+            return self._view.next_deadline(txn)
 
     def _roll_back_abandoned_imports(self) -> None:
         """Roll back imports whose importing process is gone (killed before its commit):
@@ -328,6 +338,9 @@ class LocalEngine:
         for lease in list(self._leases):
             with contextlib.suppress(JournalError, OSError, lmdb.Error):
                 lease.release()
+        expiry = getattr(self, "_expiry", None)
+        if expiry is not None and os.getpid() == self._pid:
+            expiry.stop()
         with self._cv:
             if self._closed:
                 return
@@ -498,6 +511,8 @@ class LocalEngine:
                     head.next_position,
                     _now_ms(),
                 )
+                if batch:
+                    planner.expire_due()
                 for request in batch:
                     planner.plan(request)
                 projection = Projection(view, txn, head, self._ops)
@@ -536,6 +551,9 @@ class LocalEngine:
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
         if planner.records:
             self.waiter.publish(projection.head.next_position)
+            due = projection.nearest_new_deadline
+            if due is not None and self._expiry is not None:
+                self._expiry.nearer(due)
 
     def _catch_up(self, txn: lmdb.Transaction) -> Head:
         """Index committed frames the view has not seen; position the writer after them."""

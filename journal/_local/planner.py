@@ -291,6 +291,10 @@ class Planner:
     # -- one method per operation ----------------------------------------------------------
 
     def _create(self, request: Request, op: CreateSession) -> None:
+        position = self._create_session(op)
+        self._finishers.append((request, lambda: self._feed_row(position)))
+
+    def _create_session(self, op: CreateSession) -> int:
         if self._pending(op.session_id) is not None:
             raise SessionExists(
                 f"session {op.session_id!r} already exists: pick another id, or use "
@@ -310,10 +314,13 @@ class Planner:
         )
         position = self._emit(record)
         self._set_session(op.session_id, _Pending(SessionRow.created(record, position)))
-        self._finishers.append((request, lambda: self._feed_row(position)))
+        return position
 
     def _append(self, request: Request, op: Append) -> None:
         session_id = op.session_id
+        if op.create is not None and self._pending(session_id) is None:
+            # Created with its first append, in this operation: both or neither.
+            self._create_session(op.create)
         pending = self._existing(session_id)
         incarnation = pending.incarnation
         key = op.idempotency_key
@@ -406,8 +413,16 @@ class Planner:
         self._set_state(pending, target)
         self._finishers.append((request, lambda: self._feed_row(position)))
 
+    def expire_due(self) -> None:
+        """Expire what is due now, before the batch's requests are planned: a session
+        past its deadline takes no append even before an expiry pass ran."""
+        self._expire_rows(self.now)
+
     def _expire(self, request: Request, op: Expire) -> None:
-        now = self.now if op.now_ms is None else op.now_ms
+        positions = self._expire_rows(self.now if op.now_ms is None else op.now_ms)
+        self._finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
+
+    def _expire_rows(self, now: int) -> list[int]:
         positions: list[int] = []
         for incarnation in self.view.due(self.txn, now):
             row = self.view.row_by_incarnation(self.txn, incarnation)
@@ -423,7 +438,7 @@ class Planner:
             )
             self._set_state(pending, SessionState.EXPIRED)
             positions.append(position)
-        self._finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
+        return positions
 
     def _compact_session(self, request: Request, op: CompactSession) -> None:
         pending = self._existing(op.session_id)

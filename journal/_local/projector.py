@@ -60,6 +60,7 @@ class Projection:
         self.rows: dict[int, SessionRow] = {}
         self._old_deadlines: dict[int, int | None] = {}
         self._evicted: dict[int, SessionRow] = {}
+        self.nearest_new_deadline: int | None = None  # of the deadlines flushed
 
     def adopt(self, row: SessionRow) -> None:
         """Use a row read from this very transaction instead of reading it again."""
@@ -435,6 +436,8 @@ class Projection:
                     view.delete_deadline(txn, old, incarnation)
                 if new is not None:
                     view.put_deadline(txn, new, incarnation)
+                    if self.nearest_new_deadline is None or new < self.nearest_new_deadline:
+                        self.nearest_new_deadline = new
             self._old_deadlines[incarnation] = new
         self._evicted.clear()
         view.put_head(txn, self.head)

@@ -363,6 +363,14 @@ class View:
     def delete_deadline(self, txn: lmdb.Transaction, due_ms: int, incarnation: int) -> None:
         txn.delete(_U64X2.pack(due_ms, incarnation), db=self._deadlines)
 
+    def next_deadline(self, txn: lmdb.Transaction) -> int | None:
+        """The nearest deadline (ms), or None."""
+        cursor = txn.cursor(db=self._deadlines)
+        if not cursor.first():
+            return None
+        due_ms, _ = _U64X2.unpack(cursor.key())
+        return int(due_ms)
+
     def due(self, txn: lmdb.Transaction, now_ms: int) -> list[int]:
         """Incarnations whose deadline is at or before `now_ms`, earliest first."""
         cursor = txn.cursor(db=self._deadlines)
