@@ -20,6 +20,7 @@ from .maintenance import compact, stats, verify
 from .output import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
+    EXIT_USAGE,
     CommandFailed,
     Output,
     Settings,
@@ -36,8 +37,30 @@ FORMATS = ("text", "json", "quiet")
 
 
 class JournalGroup(click.Group):
-    """The root group: turns library errors, a closed pipe and Ctrl+C into one-line
-    messages and exit statuses instead of tracebacks."""
+    """The root group: turns library errors, usage errors, a closed pipe and Ctrl+C into
+    one-line messages and exit statuses instead of tracebacks (and, with `--format json`,
+    an error object on stdout for every one of them)."""
+
+    def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        argv = _global_format_first(argv)
+        try:
+            result = super().main(argv, standalone_mode=False, **extra)
+            # Without standalone mode click returns the status ctx.exit() was given.
+            sys.exit(result if isinstance(result, int) else 0)
+        except click.UsageError as error:
+            output = Output("json" if _wants_json(argv) else "text")
+            if error.ctx is not None and not output.json:
+                click.echo(error.ctx.get_usage(), err=True)
+            failure = CommandFailed(error.format_message(), code="USAGE", status="INVALID_ARGUMENT")
+            sys.exit(output.error(failure, exit_code=EXIT_USAGE))
+        except click.exceptions.Exit as done:
+            sys.exit(done.exit_code)
+        except click.Abort:
+            sys.exit(EXIT_INTERRUPTED)
+        except click.ClickException as error:
+            error.show()
+            sys.exit(error.exit_code)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -67,7 +90,7 @@ class JournalGroup(click.Group):
 @click.version_option(journal.__version__, "-V", "--version", prog_name="journal")
 @click.option(
     "--store",
-    type=click.Path(file_okay=False),
+    metavar="PATH",
     default=lambda: os.environ.get("JOURNAL_STORE", ".journal"),
     show_default="$JOURNAL_STORE or ./.journal",
     help="Store directory.",
@@ -85,6 +108,47 @@ class JournalGroup(click.Group):
 def main(ctx: click.Context, store: str, output_format: str) -> None:
     """Event-sourced session journal: append, replay, watch and discover agent sessions."""
     ctx.obj = Settings(store=store, output=Output(output_format))
+
+
+def _wants_json(argv: list[str]) -> bool:
+    for i, arg in enumerate(argv):
+        if arg == "--format=json" or (arg == "--format" and argv[i + 1 : i + 2] == ["json"]):
+            return True
+    return False
+
+
+def _global_format_first(argv: list[str]) -> list[str]:
+    """`journal read -s x --format json` means `journal --format json read -s x`: the
+    global options (`--store`, and `--format` with a global choice) may come after the
+    command; they move to the front (`export` has its own `--format` and `demo` its own
+    `--store`: those stay)."""
+    # Commands with an option of the same name keep theirs.
+    own_store = "demo" in argv
+    own_format = "export" in argv
+    out: list[str] = []
+    moved: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out += argv[i:]
+            break
+        global_format = not own_format and (
+            arg == "--format" and argv[i + 1 : i + 2] and argv[i + 1] in FORMATS
+        )
+        if global_format or (not own_store and arg == "--store" and i + 1 < len(argv)):
+            moved += argv[i : i + 2]
+            i += 2
+            continue
+        if (not own_format and arg.startswith("--format=") and arg.split("=", 1)[1] in FORMATS) or (
+            not own_store and arg.startswith("--store=")
+        ):
+            moved.append(arg)
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return moved + out
 
 
 session_option = click.option(

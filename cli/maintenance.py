@@ -91,16 +91,26 @@ def verify(settings: Settings, fix: bool) -> None:
             "records": report.records,
             "problems": len(report.problems),
         },
-        f"verify: {report.segments} segments, {report.frames} frames, {report.records} "
-        f"records, {len(report.problems)} problems"
+        f"verify: {_count(report.segments, 'segment')}, {_count(report.frames, 'frame')}, "
+        f"{_count(report.records, 'record')}, {_count(len(report.problems), 'problem')}"
         + (" (repaired)" if report.fixed and report.problems else ""),
     )
     if not report.ok:
-        raise CommandFailed(
-            f"{len(report.problems)} problems in the store: restore damaged segments from "
-            "a backup; `journal verify --fix` rebuilds sidecars and the index",
-            code="VERIFY_FAILED",
+        advice = (
+            "they remain after --fix: restore the damaged segments from a backup"
+            if fix
+            else "`journal verify --fix` rebuilds sidecars and the index; restore damaged "
+            "segments from a backup"
         )
+        raise CommandFailed(
+            f"{_count(len(report.problems), 'problem')} in the store: {advice}",
+            code="VERIFY_FAILED",
+            status="DATA_LOSS",
+        )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 @click.command()

@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Final
 
 import click
 import msgspec
@@ -28,10 +28,13 @@ __all__ = [
     "EXIT_CODES_HELP",
     "EXIT_INTERRUPTED",
     "EXIT_OUTCOME_UNKNOWN",
+    "EXIT_USAGE",
     "CommandFailed",
     "Output",
     "Settings",
+    "cli_message",
     "embedded",
+    "error_fields",
     "event_quiet",
     "event_record",
     "event_text",
@@ -90,12 +93,13 @@ Exit status:
 class CommandFailed(Exception):
     """A failure of the command itself (not of the library), reported like a JournalError."""
 
-    status: ClassVar[str] = "INTERNAL"
-
-    def __init__(self, message: str, code: str = "COMMAND_FAILED") -> None:
+    def __init__(
+        self, message: str, code: str = "COMMAND_FAILED", status: str = "INTERNAL"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.status = status
 
 
 def exit_status(error: journal.JournalError | CommandFailed) -> int:
@@ -167,24 +171,24 @@ class Output:
                 silence_stdout()
                 raise
 
-    def error(self, error: journal.JournalError | CommandFailed) -> int:
-        """Report an error (one stderr line; a JSON object on stdout too in json format)
-        and return its exit status."""
-        resume: dict[str, Any] = {}
-        if isinstance(error, journal.OutcomeUnknown):
-            resume = {"request_id": error.request_id, "cursor": error.cursor}
-        elif isinstance(error, journal.ArchiveInvalid):
-            resume = {"reason": error.reason, "offset": error.offset}
+    def error(
+        self, error: journal.JournalError | CommandFailed, exit_code: int | None = None
+    ) -> int:
+        """Report an error (one stderr line; a JSON object on stdout too in json format:
+        code, status, message and the error's own fields) and return its exit status."""
+        fields = error_fields(error)
+        message = cli_message(error.message)
         with self._lock:
-            hint = f" (resume with --cursor {error.cursor})" if resume.get("cursor") else ""
-            click.echo(f"journal: error: {error.message}{hint}", err=True)
+            cursor = fields.get("cursor") or fields.get("resume_cursor")
+            hint = f" (resume with --cursor {cursor})" if cursor else ""
+            click.echo(f"journal: error: {message}{hint}", err=True)
             if self.json and not self.broken:
                 record = {
                     "error": {
                         "code": error.code,
                         "status": error.status,
-                        "message": error.message,
-                        **resume,
+                        "message": message,
+                        **fields,
                     }
                 }
                 try:
@@ -192,7 +196,40 @@ class Output:
                 except BrokenPipeError:
                     self.broken = True
                     silence_stdout()
-        return exit_status(error)
+        return exit_status(error) if exit_code is None else exit_code
+
+
+def error_fields(error: journal.JournalError | CommandFailed) -> dict[str, Any]:
+    """The error's own fields (`earliest_ordinal`, `resume_cursor`, `head_ordinal`, `pid`,
+    `expected`, `actual`, `reason`, `segment`, `offset`, `request_id`, `cursor`, ...)."""
+    return {
+        key: value
+        for key, value in vars(error).items()
+        if not key.startswith("_")
+        and key not in ("message", "code", "status")
+        and isinstance(value, (str, int, float, bool, type(None)))
+    }
+
+
+# Library messages name Python calls; the CLI names its commands instead.
+_CLI_HINTS: Final = (
+    (
+        "create it first (Journal.create_session or `journal sessions list` to check the id)",
+        "create it first with `journal sessions create ID` or `journal append --create` "
+        "(`journal sessions list` shows the ids)",
+    ),
+    ("use get_session to inspect it", "`journal sessions show ID` shows it"),
+    ("`journal init` or Journal.open(path, create=True)", "`journal init`"),
+    ("(rename=, or `journal import --as NEW_ID`)", "(`journal import --as NEW_ID`)"),
+    ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
+    ("create it before owning it", "create it first with `journal sessions create ID`"),
+)
+
+
+def cli_message(message: str) -> str:
+    for python, command in _CLI_HINTS:
+        message = message.replace(python, command)
+    return message
 
 
 @dataclass

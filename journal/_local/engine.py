@@ -170,6 +170,8 @@ class LocalEngine:
         self._pid = os.getpid()
         self._private_lock = threading.Lock()
         store_file = os.path.join(path, "store.json")
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
         if not os.path.exists(store_file):
             if readonly or not options.create:
                 raise StoreNotFound(

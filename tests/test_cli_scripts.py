@@ -1,0 +1,222 @@
+"""The command line as scripts and users meet it, through real processes: read commands
+write nothing, TTLs fire by themselves, `append --create` is atomic, and every error
+family has a JSON error object with its fields (SPEC.md section 13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from journal import EventIn, Journal, RetentionPolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("JOURNAL_STORE", None)
+    return env
+
+
+def _cli(store: Path | str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli", "--store", str(store), *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"error"')]
+    assert lines, (done.stdout, done.stderr)
+    error: dict[str, Any] = json.loads(lines[-1])["error"]
+    return error
+
+
+def _files(store: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every file of the store: size, mtime (ns) and contents (LMDB's reader table aside)."""
+    return {
+        str(p.relative_to(store)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes())
+        for p in sorted(store.rglob("*"))
+        if p.is_file() and p.name != "lock.mdb"
+    }
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    with Journal.open(path, create=True, segment_bytes=1 << 14) as j:
+        j.create_session("s")
+        for i in range(40):
+            j.append("s", [EventIn("message", b'{"n": %d}' % i + b" " * 400)])
+        j.create_session("done")
+        j.append("done", [EventIn("message", b"1")])
+        j.resolve_session("done")
+    return path
+
+
+# -- 1. read commands write nothing ------------------------------------------------------
+
+
+def test_read_commands_leave_the_store_unchanged(store: Path, tmp_path: Path) -> None:
+    before = _files(store)
+    time.sleep(0.02)  # an mtime change would show
+    commands: list[tuple[str, ...]] = [
+        ("read", "-s", "s"),
+        ("--format", "json", "read", "-s", "s", "--max-bytes", "100"),
+        ("watch", "-s", "done"),
+        ("sessions", "list"),
+        ("sessions", "show", "s"),
+        ("stats",),
+        ("verify",),
+        ("export", "--all", "-o", str(tmp_path / "out.sja")),
+    ]
+    for command in commands:
+        done = _cli(store, *command)
+        assert done.returncode == 0, (command, done.stderr)
+    assert _files(store) == before
+
+
+def test_a_read_never_recreates_a_missing_key_file(store: Path) -> None:
+    (store / "keys").unlink()
+    done = _cli(store, "read", "-s", "s")
+    assert done.returncode != 0
+    assert not (store / "keys").exists(), "a reader made up a new key: every cursor is foreign"
+
+
+def test_verify_reports_a_missing_sidecar_and_only_fix_rebuilds_it(store: Path) -> None:
+    sidecars = sorted((store / "segments").glob("*.idx"))
+    assert sidecars, "the fixture should have sealed segments"
+    sidecars[0].unlink()
+    done = _cli(store, "--format", "json", "verify")
+    assert done.returncode == 7
+    problems = [json.loads(line) for line in done.stdout.splitlines() if '"problem"' in line]
+    assert any(p["segment"] == sidecars[0].name for p in problems), done.stdout
+    assert _error(done)["code"] == "VERIFY_FAILED"
+    assert not sidecars[0].exists()
+    fixed = _cli(store, "verify", "--fix")
+    assert fixed.returncode == 0, fixed.stderr
+    assert sidecars[0].exists()
+    assert "0 problems" in _cli(store, "verify").stdout
+
+
+# -- 2. TTLs fire ------------------------------------------------------------------------
+
+_WRITER = """
+import sys, time
+from journal import Journal
+with Journal.open(sys.argv[1]) as j:
+    j.create_session("short", ttl_ms=400)
+    time.sleep(1.5)  # nobody calls expire_due
+"""
+
+
+def test_a_ttl_fires_with_nothing_but_the_writer_open(store: Path) -> None:
+    subprocess.run([sys.executable, "-c", _WRITER, str(store)], env=_env(), check=True)
+    shown = _cli(store, "--format", "json", "sessions", "show", "short")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "expired"
+    late = _cli(store, "append", "-s", "short", "too late")
+    assert late.returncode == 5 and "expired" in late.stderr
+
+
+def test_a_session_past_its_ttl_takes_no_append_from_the_cli(store: Path) -> None:
+    assert _cli(store, "sessions", "create", "brief", "--ttl-ms", "1").returncode == 0
+    time.sleep(0.01)
+    late = _cli(store, "--format", "json", "append", "-s", "brief", "too late")
+    assert late.returncode == 5
+    assert _error(late)["code"] == "SESSION_NOT_WRITABLE"
+
+
+# -- 3. append --create is atomic ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--expected-last", "5", "data"),
+        ("--type", "", "data"),
+        ("--idempotency-key", "", "data"),
+        ("--type", "turn_started", "data"),
+    ],
+)
+def test_a_rejected_append_create_leaves_no_session(store: Path, args: tuple[str, ...]) -> None:
+    done = _cli(store, "append", "-s", "fresh", "--create", *args)
+    assert done.returncode in (4, 5), done.stderr
+    assert _cli(store, "sessions", "show", "fresh").returncode == 3
+    ok = _cli(store, "append", "-s", "fresh", "--create", "data")
+    assert ok.returncode == 0, ok.stderr
+
+
+# -- 4. errors a script can use ------------------------------------------------------------
+
+
+def test_usage_errors_are_json_objects_too(store: Path) -> None:
+    done = _cli(store, "--format", "json", "read")
+    assert done.returncode == 2
+    error = _error(done)
+    assert error["code"] == "USAGE" and "--session" in error["message"]
+    after = _cli(store, "read", "--format", "json")  # the global option after the command
+    assert after.returncode == 2 and _error(after)["code"] == "USAGE"
+
+
+def test_a_store_path_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("not a store")
+    done = _cli(path, "--format", "json", "sessions", "list")
+    assert done.returncode == 7
+    assert _error(done)["code"] == "STORE_UNAVAILABLE"
+    missing = _cli(tmp_path / "nowhere", "--format", "json", "sessions", "list")
+    assert missing.returncode == 3
+    assert _error(missing)["code"] == "STORE_NOT_FOUND"
+    assert "journal init" in missing.stderr and "Journal.open" not in missing.stderr
+
+
+def test_messages_name_cli_commands(store: Path) -> None:
+    done = _cli(store, "append", "-s", "missing", "data")
+    assert done.returncode == 3
+    assert "journal sessions create" in done.stderr
+    assert "Journal." not in done.stderr
+    again = _cli(store, "sessions", "create", "s")
+    assert again.returncode == 5 and "journal sessions show" in again.stderr
+
+
+def test_expired_and_future_cursors_carry_their_fields(tmp_path: Path) -> None:
+    path = tmp_path / "store"
+    old_copy = tmp_path / "old"
+    policy = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(path, create=True, retention=policy) as j:
+        j.create_session("s")
+        first = j.append("s", [EventIn("message", b"1")] * 5).cursor
+        shutil.copytree(path, old_copy, ignore=shutil.ignore_patterns("lock.mdb"))
+        ahead = j.append("s", [EventIn("message", b"2")] * 5).cursor
+        j.compact_session("s", 8, b"snapshot")
+    expired = _cli(path, "--format", "json", "read", "-s", "s", "--cursor", first)
+    assert expired.returncode == 5
+    error = _error(expired)
+    assert error["code"] == "CURSOR_EXPIRED"
+    assert error["earliest_ordinal"] == 9 and error["resume_cursor"]
+    assert f"(resume with --cursor {error['resume_cursor']})" in expired.stderr
+    future = _cli(old_copy, "--format", "json", "read", "-s", "s", "--cursor", ahead)
+    assert future.returncode == 6
+    error = _error(future)
+    assert error["code"] == "CURSOR_FUTURE" and error["head_ordinal"] == 5
+
+
+def test_an_ordinal_conflict_carries_expected_and_actual(store: Path) -> None:
+    done = _cli(store, "--format", "json", "append", "-s", "s", "--expected-last", "3", "x")
+    assert done.returncode == 5
+    error = _error(done)
+    assert (error["code"], error["expected"], error["actual"]) == ("ORDINAL_CONFLICT", 3, 40)
