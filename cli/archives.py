@@ -17,7 +17,7 @@ from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import create_temporary
 
 from .maintenance import progress_bar
-from .output import CommandFailed, Output, Settings, embedded, pass_settings
+from .output import CommandFailed, Output, Settings, embedded, pass_settings, silence_stdout
 
 
 @click.command("export")
@@ -47,6 +47,7 @@ from .output import CommandFailed, Output, Settings, embedded, pass_settings
     help="`archive`: the binary form `journal import` reads; `ndjson`: one JSON object "
     "per record, for people and other tools.",
 )
+@click.option("--force", is_flag=True, help="Replace FILE if it exists.")
 @pass_settings
 def export(
     settings: Settings,
@@ -54,43 +55,64 @@ def export(
     export_all: bool,
     dest: str,
     archive_format: str,
+    force: bool,
 ) -> None:
     """Write sessions to a portable archive (zstd, checksummed; format in SPEC.md).
 
     Each session is exported up to the events it had when its export began; writers may
-    keep appending meanwhile.
+    keep appending meanwhile. An existing FILE is kept unless --force.
     """
-    if bool(session_ids) == export_all:
-        raise click.UsageError("name the sessions with -s ID (repeatable) or pass --all")
+    if session_ids and export_all:
+        raise click.UsageError("pass -s ID (repeatable) or --all, not both")
+    if not session_ids and not export_all:
+        raise click.UsageError("name the sessions with -s ID (repeatable), or pass --all")
     ids = None if export_all else list(session_ids)
     output = settings.output
     if dest == "-" and archive_format == "archive" and sys.stdout.isatty():
         raise click.UsageError(
             "refusing to write a binary archive to a terminal: use -o FILE, or pipe it"
         )
-    with settings.open(write=False) as store:
-        if archive_format == "ndjson":
-            report = _export_ndjson(store, ids, dest, output)
-        elif dest == "-":
-            with progress_bar("exporting", output.format == "text") as bar:
-                report = store.export_sessions(ids, sys.stdout.buffer, progress=bar)
-            sys.stdout.buffer.flush()
-        else:
-            with progress_bar("exporting", output.format == "text") as bar:
-                report = store.export_sessions(ids, dest, progress=bar)
+    if dest != "-" and not force and os.path.isfile(dest):
+        raise CommandFailed(
+            f"{dest!r} exists: pass --force to replace it", "FILE_EXISTS", "ALREADY_EXISTS"
+        )
+    try:
+        with settings.open(write=False) as store:
+            if archive_format == "ndjson":
+                report = _export_ndjson(store, ids, dest, output)
+            elif dest == "-":
+                with progress_bar("exporting", output.format == "text") as bar:
+                    report = store.export_sessions(ids, sys.stdout.buffer, progress=bar)
+                sys.stdout.buffer.flush()
+            else:
+                with progress_bar("exporting", output.format == "text") as bar:
+                    report = store.export_sessions(ids, dest, progress=bar)
+    except BrokenPipeError:
+        # Unlike `watch | head`, a reader that leaves early got a useless half archive.
+        silence_stdout()
+        raise CommandFailed(
+            "the reader of stdout went away before the archive was complete",
+            "BROKEN_PIPE",
+        ) from None
     if dest == "-":
         return  # stdout carries the archive itself
+    size = os.path.getsize(dest) if os.path.isfile(dest) else report.archive_bytes
     output.emit(
         {
             "path": dest,
             "sessions": len(report.sessions),
             "events": report.events,
-            "archive_bytes": report.archive_bytes,
-            "sha256": report.sha256,
+            "bytes": size,
+            "content_sha256": report.sha256,
         },
-        f"exported {len(report.sessions)} sessions, {report.events} events to {dest} "
-        f"({report.archive_bytes:,} bytes, sha256 {report.sha256[:16]}...)",
+        f"exported {_count(len(report.sessions), 'session')}, "
+        f"{_count(report.events, 'event')} to {dest} ({size:,} bytes; content sha256 "
+        f"{report.sha256[:16]}...)",
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _export_ndjson(
@@ -104,14 +126,19 @@ def _export_ndjson(
         if dest == "-":
             _write_ndjson(binary, sys.stdout)
             return report
-        directory = os.path.dirname(os.path.abspath(dest))
+        target = os.path.realpath(dest)
+        if os.path.exists(target) and not os.path.isfile(target):  # a device or a pipe
+            with open(target, "w", encoding="utf-8") as stream:
+                _write_ndjson(binary, stream)
+            return report
+        directory = os.path.dirname(target)
         fd, temporary = create_temporary(directory)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 _write_ndjson(binary, out)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(temporary, dest)
+            os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
@@ -196,6 +223,13 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     help="Import a one-session archive under this id instead of its own.",
 )
 @click.option(
+    "--rename",
+    "renames",
+    multiple=True,
+    metavar="OLD=NEW",
+    help="Import session OLD of the archive as NEW (repeatable).",
+)
+@click.option(
     "--max-bytes",
     type=click.IntRange(min=1),
     default=ArchiveLimits().max_content_bytes,
@@ -211,7 +245,12 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @pass_settings
 def import_(
-    settings: Settings, archive: str, new_id: str | None, max_bytes: int, max_record_bytes: int
+    settings: Settings,
+    archive: str,
+    new_id: str | None,
+    renames: tuple[str, ...],
+    max_bytes: int,
+    max_record_bytes: int,
 ) -> None:
     """Import every session of an archive (FILE, or `-` for stdin), or none.
 
@@ -220,17 +259,25 @@ def import_(
     """
     output = settings.output
     limits = ArchiveLimits(max_content_bytes=max_bytes, max_record_bytes=max_record_bytes)
+    rename: dict[str, str] | None = None
+    if renames:
+        if new_id is not None:
+            raise click.UsageError("pass --as NEW_ID or --rename OLD=NEW, not both")
+        rename = {}
+        for item in renames:
+            old, sep, new = item.partition("=")
+            if not sep or not old or not new:
+                raise click.UsageError(f"--rename {item!r} is not OLD=NEW")
+            rename[old] = new
     with contextlib.ExitStack() as stack:
         if archive == "-":
+            if sys.stdin.isatty():
+                raise click.UsageError(
+                    "refusing to read an archive from a terminal: give FILE, or pipe it in"
+                )
             source: IO[bytes] = sys.stdin.buffer
         else:
-            try:
-                source = stack.enter_context(open(archive, "rb"))
-            except OSError as e:
-                raise CommandFailed(
-                    f"cannot read the archive {archive!r}: {e.strerror or e}", code="OS_ERROR"
-                ) from None
-        rename = None
+            source = _open_archive(archive, stack)
         if new_id is not None:
             if not source.seekable():  # a pipe: keep a copy to read it twice
                 spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
@@ -238,12 +285,23 @@ def import_(
                 source = spool
             rename = {_only_session(source, limits): new_id}
             source.seek(0)
-        with settings.open() as store, progress_bar("importing", output.format == "text") as bar:
-            report = store.import_sessions(source, rename=rename, progress=bar, limits=limits)
+        try:
+            with (
+                settings.open() as store,
+                progress_bar("importing", output.format == "text") as bar,
+            ):
+                report = store.import_sessions(source, rename=rename, progress=bar, limits=limits)
+        except KeyboardInterrupt:
+            click.echo(
+                "journal: interrupted: nothing was imported (`journal compact` reclaims "
+                "what was staged)",
+                err=True,
+            )
+            raise
     for item in report.sessions:
         output.emit(
             {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
-            f"imported {item.source_id} as {item.session_id} ({item.events} events)",
+            f"imported {item.source_id} as {item.session_id} ({_count(item.events, 'event')})",
         )
     output.emit(
         {
@@ -251,9 +309,25 @@ def import_(
             "events": report.events,
             "source_store_id": report.source_store_id,
         },
-        f"imported {len(report.sessions)} sessions, {report.events} events from store "
+        f"imported {_count(len(report.sessions), 'session')}, "
+        f"{_count(report.events, 'event')} from store "
         f"{report.source_store_id}",
     )
+
+
+def _open_archive(path: str, stack: contextlib.ExitStack) -> IO[bytes]:
+    try:
+        return stack.enter_context(open(path, "rb"))
+    except FileNotFoundError:
+        raise CommandFailed(f"no archive at {path!r}", "ARCHIVE_NOT_FOUND", "NOT_FOUND") from None
+    except IsADirectoryError:
+        raise CommandFailed(
+            f"{path!r} is a directory: give the archive file", "USAGE", "INVALID_ARGUMENT"
+        ) from None
+    except OSError as e:
+        raise CommandFailed(
+            f"cannot read the archive {path!r}: {e.strerror or e}", "OS_ERROR"
+        ) from None
 
 
 def _copy_bounded(source: IO[bytes], spool: IO[bytes], limits: ArchiveLimits) -> None:

@@ -221,6 +221,10 @@ _CLI_HINTS: Final = (
     ("use get_session to inspect it", "`journal sessions show ID` shows it"),
     ("`journal init` or Journal.open(path, create=True)", "`journal init`"),
     ("(rename=, or `journal import --as NEW_ID`)", "(`journal import --as NEW_ID`)"),
+    (
+        "(rename=, or `journal import --as NEW_ID` / `--rename OLD=NEW`)",
+        "(`journal import --rename OLD=NEW`, or `--as NEW_ID` for a one-session archive)",
+    ),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("create it before owning it", "create it first with `journal sessions create ID`"),
 )

@@ -326,16 +326,21 @@ class ArchiveReader:
         self._raw = _Counting(source, copy, limits.max_archive_bytes)
         magic = self._raw.read(4)
         if magic != _ZSTD_MAGIC:
-            raise ArchiveInvalid(
-                "not_an_archive",
-                "the file does not start with a zstd frame (not a session-journal archive)",
-            )
+            detail = "the file does not start with a zstd frame (not a session-journal archive)"
+            if magic.lstrip()[:1] == b"{":
+                detail = (
+                    "this looks like the readable NDJSON form (`journal export --format "
+                    "ndjson`), which is for people and tools: import an archive written "
+                    "in the default format"
+                )
+            raise ArchiveInvalid("not_an_archive", detail)
         self._magic = magic
         decompressor = zstandard.ZstdDecompressor(max_window_size=limits.max_window_bytes)
         self._stream = decompressor.stream_reader(
             cast(IO[bytes], _Prefixed(magic, self._raw)), read_across_frames=True, closefd=False
         )
         self._offset = 0
+        self._first_length = 0
         self._hash = hashlib.sha256()
         self._types: set[str] = set()  # event types already checked (bounded)
         self.header: ArchiveHeader = self._read_header()
@@ -388,6 +393,8 @@ class ArchiveReader:
         limits = self._limits
         prefix = self._read_exact(_LENGTH.size)
         (size,) = _LENGTH.unpack(prefix)
+        if at == 0:
+            self._first_length = size
         if size > limits.max_record_bytes:
             raise ArchiveInvalid(
                 "too_large",
@@ -419,7 +426,12 @@ class ArchiveReader:
         try:
             record, at = self._next()
         except ArchiveInvalid as e:
-            if e.reason == "corrupt" or e.detail.startswith("a record of"):
+            # Another kind of zstd file: its first bytes are no archive header.
+            other = e.detail.startswith("a record does not decode") or (
+                e.detail.startswith("a record of")
+                and self._first_length > ArchiveLimits().max_record_bytes
+            )
+            if other:
                 raise ArchiveInvalid("not_an_archive", e.detail) from None
             raise
         if not isinstance(record, ArchiveHeader) or record.format != ARCHIVE_FORMAT:

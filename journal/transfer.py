@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
+
+import msgspec
 
 from .archive import (
     ARCHIVE_FORMAT,
@@ -82,11 +85,22 @@ def export_sessions(
 ) -> ExportReport:
     rows = _rows_to_export(engine, session_ids)
     if isinstance(dest, (str, os.PathLike)):
-        path = os.fspath(dest)
+        given = os.fspath(dest)
+        path = os.path.realpath(given)  # a symlink: write its target
         if os.path.isdir(path):
-            raise InvalidArgument(f"{path!r} is a directory: give a file path for the archive")
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, temporary = create_temporary(directory)
+            raise InvalidArgument(f"{given!r} is a directory: give a file path for the archive")
+        if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            # A device or a pipe (/dev/null, a FIFO): write through it, nothing to rename.
+            with open(path, "wb") as stream:
+                report = _write_archive(engine, rows, stream, progress)
+            return msgspec.structs.replace(report, path=given)
+        directory = os.path.dirname(path)
+        try:
+            fd, temporary = create_temporary(directory)
+        except OSError as e:
+            raise InvalidArgument(
+                f"cannot write the archive {given!r}: {e.strerror or e} (in {directory!r})"
+            ) from None
         try:
             with os.fdopen(fd, "wb") as out:
                 report = _write_archive(engine, rows, out, progress)
@@ -104,7 +118,7 @@ def export_sessions(
             report.archive_bytes,
             report.content_bytes,
             report.sha256,
-            path,
+            given,
         )
     if not hasattr(dest, "write"):
         raise InvalidArgument("dest must be a path or a binary file object opened for writing")
@@ -138,8 +152,9 @@ def _rows_to_export(engine: Engine, session_ids: Iterable[str] | None) -> list[S
     if isinstance(session_ids, (str, bytes)):
         raise InvalidArgument("session_ids must be a list of ids (or None for every session)")
     ids = list(session_ids)
-    if len(set(ids)) != len(ids):
-        raise InvalidArgument("session_ids names a session twice")
+    twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
+    if twice:
+        raise InvalidArgument(f"sessions named twice: {', '.join(map(repr, twice[:5]))}")
     result: list[SessionRow] = []
     for session_id in ids:
         check_name("session_id", session_id)
@@ -299,12 +314,14 @@ def import_sessions(
         targets = [renames.get(session_id, session_id) for session_id in sources]
         if len(set(targets)) != len(targets):
             raise InvalidArgument("rename gives two sessions the same id")
-        for target in targets:
-            if engine.session(target) is not None:
-                raise SessionExists(
-                    f"session {target!r} already exists in this store: import it under "
-                    "another id (rename=, or `journal import --as NEW_ID`)"
-                )
+        taken = [target for target in targets if engine.session(target) is not None]
+        if taken:
+            names = ", ".join(map(repr, taken[:10])) + (" ..." if len(taken) > 10 else "")
+            raise SessionExists(
+                f"{len(taken)} of the archive's sessions exist in this store already "
+                f"({names}): import them under other ids (rename=, or `journal import "
+                "--as NEW_ID` / `--rename OLD=NEW`)"
+            )
         if spool is not None:
             spool.seek(0)
             second: IO[bytes] = spool
@@ -333,8 +350,8 @@ def _check_rename(rename: Mapping[str, str] | None) -> dict[str, str]:
         raise InvalidArgument("rename must map archive session ids to new ids")
     result: dict[str, str] = {}
     for old, new in rename.items():
-        check_name("rename key", old)
-        result[old] = check_name("rename value", new)
+        check_name("the session id to rename", old)
+        result[old] = check_name(f"the new id for {old!r}", new)
     return result
 
 

@@ -892,7 +892,7 @@ def test_cli_export_import_and_ndjson(tmp_path: Path) -> None:
     assert imported.returncode == 0, imported.stderr
     assert json.loads(imported.stdout.splitlines()[0])["session_id"] == "renamed"
     again = _cli("--store", other, "import", archive, "--as", "renamed")
-    assert again.returncode == 5 and b"already exists" in again.stderr
+    assert again.returncode == 5 and b"exist in this store already" in again.stderr
     bad = _cli("--store", other, "--format", "json", "import", "-", stdin=b"garbage")
     assert bad.returncode == 4
     assert json.loads(bad.stdout)["error"]["reason"] == "not_an_archive"
@@ -975,3 +975,50 @@ def test_an_exported_archive_gets_the_usual_file_mode(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "s.sja").stat().st_mode & 0o777 == 0o644
+
+
+def test_cli_export_keeps_files_and_writes_through_pipes(tmp_path: Path) -> None:
+    store, other = str(tmp_path / "a"), str(tmp_path / "b")
+    with Journal.open(store, create=True) as j:
+        for name in ("one", "two"):
+            j.create_session(name)
+            j.append(name, [EventIn("message", b"1")])
+    archive = str(tmp_path / "all.sja")
+    assert _cli("--store", store, "export", "--all", "-o", archive).returncode == 0
+    before = Path(archive).read_bytes()
+    kept = _cli("--store", store, "--format", "json", "export", "-s", "one", "-o", archive)
+    assert kept.returncode == 5 and json.loads(kept.stdout)["error"]["code"] == "FILE_EXISTS"
+    assert Path(archive).read_bytes() == before
+    assert _cli("--store", store, "export", "-s", "one", "-o", archive, "--force").returncode == 0
+    assert Path(archive).read_bytes() != before
+    # A FIFO is written through, not replaced by a file.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE)
+    assert _cli("--store", store, "export", "--all", "-o", str(fifo)).returncode == 0
+    piped, _ = reader.communicate(timeout=30)
+    assert fifo.is_fifo() and _sections(piped)[-1] == [("one", 1), ("two", 1)]
+    # Several sessions renamed at once; every taken id named in one error.
+    assert _cli("--store", other, "init").returncode == 0
+    assert _cli("--store", other, "import", str(tmp_path / "all.sja")).returncode == 0
+    clash = _cli("--store", other, "import", str(fifo.with_name("all.sja")))
+    assert clash.returncode == 5 and b"'one'" in clash.stderr
+    Path(archive).write_bytes(piped)
+    clash = _cli("--store", other, "import", archive)
+    assert clash.returncode == 5 and b"('one')" in clash.stderr and b"--rename" in clash.stderr
+    assert _cli("--store", other, "import", archive, "--rename", "one=1b").returncode == 0
+    clash = _cli("--store", other, "import", archive)
+    assert clash.returncode == 5 and b"('one', 'two')" in clash.stderr
+    renamed = _cli("--store", other, "import", archive, "--rename", "one=1c", "--rename", "two=2c")
+    assert renamed.returncode == 0, renamed.stderr
+    missing = _cli("--store", other, "import", str(tmp_path / "nope.sja"))
+    assert missing.returncode == 3
+    ndjson = tmp_path / "all.ndjson"
+    assert (
+        _cli(
+            "--store", store, "export", "--all", "--format", "ndjson", "-o", str(ndjson)
+        ).returncode
+        == 0
+    )
+    refused = _cli("--store", other, "import", str(ndjson))
+    assert refused.returncode == 4 and b"NDJSON form" in refused.stderr

@@ -342,3 +342,27 @@ def test_retention_after_a_sealing_batch_runs_after_its_callers_are_woken(
     # The automatic pass ran once, after the batch-mate ("b") had its answer; the leader
     # ("a") itself runs the pass, so it answers after it.
     assert seen_when_retention_started == [["b"]]
+
+
+def test_verify_while_a_writer_appends_reports_nothing(tmp_path: Path) -> None:
+    """verify() compares one snapshot of the view with the log as of that snapshot's
+    head: frames committed meanwhile (rotating segments, an import staging sessions)
+    are not differences. It used to report the session rows, the event index and the
+    head as differing from the log."""
+    with Journal.open(tmp_path / "s", create=True, segment_bytes=1 << 14) as j:
+        j.create_session("w")
+        stop = threading.Event()
+
+        def write() -> None:
+            while not stop.is_set():
+                j.append("w", [EventIn("message", b"x" * 300)] * 20)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            reports = [j.verify() for _ in range(15)]
+        finally:
+            stop.set()
+            writer.join()
+        assert [p for r in reports for p in r.problems] == []
+        assert j.get_session("w").last_ordinal > 100

@@ -705,17 +705,19 @@ class LocalEngine:
     # -- maintenance -----------------------------------------------------------------------
 
     def verify(self, progress: Progress | None) -> VerifyReport:
+        # One snapshot of the view throughout, compared with the log as of its head:
+        # writers that go on meanwhile are not differences.
         with self._view.begin() as txn:
             head = self._view.head(txn)
-        problems, frames, records, _ = check_log(self._log, head, progress)
-        if not any(p.segment != "index" for p in problems):
-            rebuilt, directory = rebuild_into_temporary(self._log)
-            try:
-                with self._view.begin() as txn, rebuilt.begin() as rebuilt_txn:
-                    problems += compare_views(self._view, txn, rebuilt, rebuilt_txn)
-            finally:
-                rebuilt.close()
-                shutil.rmtree(directory, ignore_errors=True)
+            problems, frames, records, _ = check_log(self._log, head, progress)
+            if not any(p.segment != "index" for p in problems):
+                rebuilt, directory = rebuild_into_temporary(self._log, head)
+                try:
+                    with rebuilt.begin() as rebuilt_txn:
+                        problems += compare_views(self._view, txn, rebuilt, rebuilt_txn)
+                finally:
+                    rebuilt.close()
+                    shutil.rmtree(directory, ignore_errors=True)
         return VerifyReport(len(self._log.bases()), frames, records, problems)
 
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:

@@ -443,8 +443,11 @@ class Projection:
         view.put_head(txn, self.head)
 
 
-def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
-    """Apply every frame after `projection.head` (across segments) to the projection.
+def project_segments(
+    log: SegmentLog, projection: Projection, until: Head | None = None
+) -> list[int]:
+    """Apply every frame after `projection.head` (across segments) to the projection;
+    with `until`, only the frames before its next position (a view as of that head).
 
     The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
     never go backwards; sealed segments may have gaps (retention deletes dead segments,
@@ -460,6 +463,8 @@ def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
     start_segment, start_offset = head.segment, head.end_offset
     for i, base in enumerate(bases):
         last = i == len(bases) - 1
+        if until is not None and base != start_segment and base >= until.next_position:
+            break
         if base != start_segment:
             if base < head.next_position:
                 raise JournalCorrupt(
@@ -473,6 +478,8 @@ def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
         start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
         with SegmentReader(log.directory, base, log.ops) as reader:
             for info, body in reader.frames(start, tail=last):
+                if until is not None and info.first_position >= until.next_position:
+                    break
                 expected = head.next_position
                 if info.first_position < expected or (last and info.first_position != expected):
                     raise JournalCorrupt(
@@ -485,9 +492,15 @@ def project_segments(log: SegmentLog, projection: Projection) -> list[int]:
 
 
 def project_log(
-    log: SegmentLog, view: View, txn: lmdb.Transaction, *, use_sidecars: bool = True
+    log: SegmentLog,
+    view: View,
+    txn: lmdb.Transaction,
+    *,
+    use_sidecars: bool = True,
+    until: Head | None = None,
 ) -> Head:
-    """Project the whole log into an empty view (a rebuild); returns the head.
+    """Project the whole log into an empty view (a rebuild); returns the head. With
+    `until` (and without sidecars), the log as it was at that head.
 
     With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
     are projected from it without being read; the rest, and the active segment, are read.
@@ -508,6 +521,6 @@ def project_log(
                 projection.head.end_offset = SEGMENT_HEADER_SIZE
                 projection.head.next_position = max(projection.head.next_position, bases[-1])
     if bases:
-        project_segments(log, projection)
+        project_segments(log, projection, until)
     projection.flush()
     return projection.head

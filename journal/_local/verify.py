@@ -48,7 +48,9 @@ def check_log(
     total = sum(sizes.values())
     done = 0
     for i, base in enumerate(bases):
-        active = i == len(bases) - 1
+        # Active as of `head` (a writer may have sealed it since, its sidecar not yet
+        # written): only segments sealed before the snapshot must have their sidecar.
+        active = i == len(bases) - 1 or (head is not None and base >= head.segment)
         committed_end = head.end_offset if head is not None and head.segment == base else None
         try:
             with SegmentReader(log.directory, base, log.ops) as reader:
@@ -180,14 +182,15 @@ def compare_views(
     return problems
 
 
-def rebuild_into_temporary(log: SegmentLog) -> tuple[View, str]:
-    """A view rebuilt from the log in a temporary directory (caller closes and removes)."""
+def rebuild_into_temporary(log: SegmentLog, until: Head | None = None) -> tuple[View, str]:
+    """A view rebuilt from the log in a temporary directory (caller closes and removes);
+    with `until`, of the log as it was at that head (writers may have gone on)."""
     directory = tempfile.mkdtemp(prefix="journal-verify-")
     view: View | None = None
     try:
         view = View(directory)
         with view.begin(write=True) as txn:
-            project_log(log, view, txn, use_sidecars=False)
+            project_log(log, view, txn, use_sidecars=False, until=until)
     except BaseException:
         if view is not None:
             view.close()
