@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ import journal
 
 from .archives import export, import_
 from .demo import demo
-from .maintenance import compact, stats, verify
+from .maintenance import compact, cursor_key, stats, verify
 from .output import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -29,9 +28,9 @@ from .output import (
     event_text,
     pass_settings,
     silence_stdout,
-    stop_when_reader_leaves,
 )
 from .sessions import sessions
+from .watching import watch_events
 
 FORMATS = ("text", "json", "quiet")
 
@@ -330,19 +329,10 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     """Replay a session's events, then follow new ones live.
 
     Ends by itself once the session is resolved, expired or cancelled and every event was
-    printed; Ctrl+C stops earlier (exit status 130).
+    printed; Ctrl+C, SIGTERM or SIGHUP stop earlier (exit status 130, 143, 129). With
+    --format json the last line says how it ended: {"end": STATE or "stopped"}.
     """
-    output = settings.output
-    reader_gone = threading.Event()
-    stop_when_reader_leaves(reader_gone)
-    with settings.open(write=False) as store:
-        for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
-            output.emit(event_record(event), event_text(event), event_quiet(event))
-        if reader_gone.is_set():
-            raise BrokenPipeError  # ends quietly with status 0, like a failed write
-        if not output.json:
-            state = store.get_session(session_id).state.value
-            output.emit({}, f"-- session {session_id} is {state}: watch ended")
+    watch_events(settings, session_id, cursor)
 
 
 main.add_command(sessions)
@@ -352,3 +342,4 @@ main.add_command(verify)
 main.add_command(stats)
 main.add_command(export)
 main.add_command(import_)
+main.add_command(cursor_key)

@@ -3,11 +3,15 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
+
+import journal
+from cursors import KeyRing
 
 from .output import CommandFailed, Settings, pass_settings
 
@@ -134,3 +138,21 @@ def stats(settings: Settings) -> None:
 
 
 __all__ = ["compact", "stats", "verify"]
+
+
+@click.command("cursor-key")
+@pass_settings
+def cursor_key(settings: Settings) -> None:
+    """Print the store's cursor keys as JOURNAL_CURSOR_KEY takes them (ID:HEX,...).
+
+    Give them to a reader that cannot read the store's key file (another user): with
+    JOURNAL_CURSOR_KEY set to this text it verifies the writer's cursors, and the cursors
+    it prints resume for the writer too. It is a secret: anyone with it can make cursors.
+    """
+    path = os.path.join(settings.store, "keys")
+    if not os.path.exists(os.path.join(settings.store, "store.json")):
+        raise journal.StoreNotFound(
+            f"no journal store at {settings.store!r}: create it with `journal init`"
+        )
+    ring = KeyRing.load(path)
+    settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())

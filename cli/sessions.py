@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import click
@@ -11,13 +10,11 @@ import journal
 
 from .output import (
     Settings,
-    lifecycle_record,
-    lifecycle_text,
     pass_settings,
     session_record,
     session_text,
-    stop_when_reader_leaves,
 )
+from .watching import watch_events, watch_lifecycle
 
 STATES = tuple(state.value for state in journal.SessionState)
 
@@ -144,23 +141,29 @@ def _text_value(value: object) -> str:
 
 @sessions.command("watch")
 @click.option(
+    "-s",
+    "--session",
+    "session_id",
+    metavar="ID",
+    default=None,
+    help="Watch this session's events (as `journal watch -s ID`) instead of the lifecycle "
+    "of all sessions.",
+)
+@click.option(
     "--cursor",
     metavar="CURSOR",
     default=None,
-    help="Resume after this lifecycle event; default: one `created` per existing session "
-    "first, then live changes.",
+    help="Resume after this event (with -s) or lifecycle event; default: the start (with "
+    "-s), or one `created` per existing session first, then live changes.",
 )
 @pass_settings
-def watch_sessions(settings: Settings, cursor: str | None) -> None:
-    """Follow lifecycle changes of all sessions until Ctrl+C."""
-    output = settings.output
-    reader_gone = threading.Event()
-    stop_when_reader_leaves(reader_gone)
-    with settings.open(write=False) as store:
-        for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
-            output.emit(lifecycle_record(event), lifecycle_text(event))
-    if reader_gone.is_set():
-        raise BrokenPipeError  # ends quietly with status 0, like a failed write
+def watch_sessions(settings: Settings, session_id: str | None, cursor: str | None) -> None:
+    """Follow lifecycle changes of all sessions until Ctrl+C (or, with -s, one session's
+    events until it ends)."""
+    if session_id is not None:
+        watch_events(settings, session_id, cursor)
+    else:
+        watch_lifecycle(settings, cursor)
 
 
 def _transition_command(

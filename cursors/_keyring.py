@@ -109,10 +109,11 @@ class KeyRing:
         """The external-key ring configured by `JOURNAL_CURSOR_KEY(_FILE)`, or None if unset.
 
         `JOURNAL_CURSOR_KEY` holds the secret as hex or base64url text (text made only of
-        an even number of hex digits is read as hex). `JOURNAL_CURSOR_KEY_FILE` names a file
-        holding the secret in one of those encodings, or as raw bytes when the file is not
-        printable ASCII text. Setting both is an error, so a deployment never silently uses
-        a key other than the one intended.
+        an even number of hex digits is read as hex), or a store's own keys as `shared()`
+        prints them (`ID:HEX[,ID:HEX...]`: `journal cursor-key`). `JOURNAL_CURSOR_KEY_FILE`
+        names a file holding the secret in one of those encodings, or as raw bytes when the
+        file is not printable ASCII text. Setting both is an error, so a deployment never
+        silently uses a key other than the one intended.
         """
         env = os.environ if environ is None else environ
         text = env.get(KEY_ENV)
@@ -124,6 +125,8 @@ class KeyRing:
                 f"both {KEY_ENV} and {KEY_FILE_ENV} are set; set only one of them "
                 f"so it is clear which cursor key is used"
             )
+        if text is not None and _SHARED_TEXT.fullmatch(text.strip()):
+            return cls.from_shared(text)
         if text is not None:
             secret = _parse_secret_text(text, source=f"${KEY_ENV}")
         else:
@@ -137,6 +140,24 @@ class KeyRing:
                 f"`python -c 'import secrets; print(secrets.token_hex(32))'`)"
             )
         return cls.from_secret(secret)
+
+    @classmethod
+    def from_shared(cls, text: str) -> KeyRing:
+        """A ring from `shared()` text (`ID:HEX[,ID:HEX...]`, the active key first): a
+        store's own keys, given to a reader that cannot read its key file, so the reader
+        verifies the writer's cursors and signs with the same key ids."""
+        keys: dict[int, bytes] = {}
+        for item in text.strip().split(","):
+            key_id, _, encoded = item.partition(":")
+            keys[int(key_id)] = bytes.fromhex(encoded)
+        for value in keys.values():
+            _check_secret(value)
+        return cls(keys, int(text.strip().split(":", 1)[0]))
+
+    def shared(self) -> str:
+        """The ring as `JOURNAL_CURSOR_KEY` takes it: `ID:HEX` per key, the active first."""
+        order = [self._active, *(k for k in self._keys if k != self._active)]
+        return ",".join(f"{k}:{self._keys[k].secret.hex()}" for k in order)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> KeyRing:
@@ -456,6 +477,9 @@ def _decode_b64url(text: str) -> bytes | None:
         return base64.urlsafe_b64decode(unpadded + "=" * (-len(unpadded) % 4))
     except (binascii.Error, ValueError):
         return None
+
+
+_SHARED_TEXT = re.compile(r"\d{1,5}:(?:[0-9a-fA-F]{2})+(?:,\d{1,5}:(?:[0-9a-fA-F]{2})+)*")
 
 
 def _parse_secret_text(text: str, *, source: str) -> bytes:

@@ -188,8 +188,9 @@ def test_resume_from_a_cursor_is_exclusive(store: Path) -> None:
     assert records(last) == [{"next_cursor": events[-1]["cursor"], "has_more": False}]
 
     invoke(store, "sessions", "resolve", "s")
-    watched = records(invoke(store, "watch", "-s", "s", "--cursor", second))
+    *watched, end = records(invoke(store, "watch", "-s", "s", "--cursor", second))
     assert [_text(e) for e in watched] == ["e3", "e4", "e5"]
+    assert end == {"end": "resolved"}
 
 
 def test_append_expected_last_and_idempotency_key(store: Path) -> None:
@@ -503,7 +504,8 @@ def _turns_store(store: Path) -> None:
 def test_watch_ndjson_has_the_three_kinds_through_a_real_process(store: Path) -> None:
     _turns_store(store)
     result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "s")
-    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    *lines, end = [json.loads(line) for line in result.stdout.splitlines()]
+    assert end == {"end": "resolved"}
     assert [{k: v for k, v in line.items() if k != "cursor"} for line in lines] == [
         {"type": "turn_started", "requestId": "r1"},
         {"type": "message", "requestId": "r1", "message": {"text": "hi"}},

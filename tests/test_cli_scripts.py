@@ -220,3 +220,115 @@ def test_an_ordinal_conflict_carries_expected_and_actual(store: Path) -> None:
     assert done.returncode == 5
     error = _error(done)
     assert (error["code"], error["expected"], error["actual"]) == ("ORDINAL_CONFLICT", 3, 40)
+
+
+# -- 5. watching -----------------------------------------------------------------------------
+
+
+def _watch_until_signal(store: Path, signum: int, *args: str) -> tuple[int, list[dict[str, Any]]]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "--format", "json", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    assert child.stdout is not None
+    first = child.stdout.readline()  # replay has begun: the watch is running
+    assert first, child.stderr.read() if child.stderr else ""
+    child.send_signal(signum)
+    rest, _ = child.communicate(timeout=30)
+    lines = [json.loads(line) for line in [first, *rest.splitlines()] if line.strip()]
+    return child.returncode, lines
+
+
+@pytest.mark.parametrize(("signum", "status"), [(15, 143), (1, 129), (2, 130)])
+def test_a_signal_ends_a_watch_with_its_status_and_an_end_object(
+    store: Path, signum: int, status: int
+) -> None:
+    code, lines = _watch_until_signal(store, signum, "sessions", "watch", "-s", "s")
+    assert code == status
+    assert lines[0]["type"] == "message" and lines[-1] == {"end": "stopped"}
+    code, lines = _watch_until_signal(store, signum, "sessions", "watch")
+    assert code == status
+    assert lines[0]["event_type"] == "created" and lines[-1] == {"end": "stopped"}
+
+
+def test_a_watch_of_an_ended_session_says_how_it_ended(store: Path) -> None:
+    for command in (("watch", "-s", "done"), ("sessions", "watch", "-s", "done")):
+        done = _cli(store, "--format", "json", *command)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [line.get("type") for line in lines[:-1]] == ["message"]
+        assert lines[-1] == {"end": "resolved"}
+
+
+# -- 6. the cursor key for other users --------------------------------------------------------
+
+
+def test_a_reader_given_the_stores_key_verifies_the_writers_cursors(store: Path) -> None:
+    appended = _cli(store, "--format", "json", "append", "-s", "s", "late")
+    cursor = json.loads(appended.stdout)["cursor"]
+    key = _cli(store, "cursor-key").stdout.strip()
+    env = {**_env(), "JOURNAL_CURSOR_KEY": key}
+    for name in ("keys",):
+        (store / name).chmod(0o000)  # as if this user could not read it
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "--store",
+                str(store),
+                "--format",
+                "json",
+                "read",
+                "-s",
+                "s",
+                "--cursor",
+                cursor,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+    finally:
+        (store / "keys").chmod(0o600)
+    assert done.returncode == 0, done.stderr
+    trailer = json.loads(done.stdout.splitlines()[-1])
+    assert trailer["next_cursor"] is None or trailer["has_more"] is False
+    # The reader's own cursors resume for the writer too.
+    replay = subprocess.run(
+        [sys.executable, "-m", "cli", "--store", str(store), "--format", "json", "read", "-s", "s"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    first = json.loads(replay.stdout.splitlines()[0])["cursor"]
+    resumed = _cli(store, "--format", "json", "read", "-s", "s", "--cursor", first)
+    assert resumed.returncode == 0, resumed.stderr
+    other = {**_env(), "JOURNAL_CURSOR_KEY": "ab" * 32}
+    foreign = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "--store",
+            str(store),
+            "--format",
+            "json",
+            "read",
+            "-s",
+            "s",
+            "--cursor",
+            cursor,
+        ],
+        capture_output=True,
+        text=True,
+        env=other,
+        check=False,
+    )
+    assert foreign.returncode == 4 and _error(foreign)["code"] == "CURSOR_FOREIGN"

@@ -1,0 +1,97 @@
+"""Watching from the command line: `journal watch -s ID`, `journal sessions watch [-s ID]`.
+
+A watch ends by itself when its session ends (every event printed), and on Ctrl+C,
+SIGTERM or SIGHUP (exit 130, 143, 129), closing the journal first so nothing is left
+behind. With `--format json` the last line says how it ended: `{"end": "resolved" |
+"cancelled" | "expired" | "stopped"}` (nothing when the reader of stdout went away).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from types import FrameType
+
+import click
+
+from .output import (
+    EXIT_INTERRUPTED,
+    Output,
+    Settings,
+    event_quiet,
+    event_record,
+    event_text,
+    lifecycle_record,
+    lifecycle_text,
+    stop_when_reader_leaves,
+)
+
+__all__ = ["watch_events", "watch_lifecycle"]
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP arrived (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise _Signalled(signum)
+
+
+@contextmanager
+def _ending_on_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread (an embedding caller's)
+        return
+    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _stopped(output: Output, code: int) -> None:
+    if output.json and not output.broken:
+        with suppress(BrokenPipeError):
+            output.emit({"end": "stopped"}, None)
+    raise click.exceptions.Exit(code)
+
+
+def watch_events(settings: Settings, session_id: str, cursor: str | None) -> None:
+    output = settings.output
+    reader_gone = threading.Event()
+    stop_when_reader_leaves(reader_gone)
+    try:
+        with _ending_on_signals(), settings.open(write=False) as store:
+            for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
+                output.emit(event_record(event), event_text(event), event_quiet(event))
+            if reader_gone.is_set():
+                raise BrokenPipeError  # ends quietly with status 0, like a failed write
+            state = store.get_session(session_id).state.value
+    except KeyboardInterrupt:
+        _stopped(output, EXIT_INTERRUPTED)
+    except _Signalled as e:
+        _stopped(output, 128 + e.signum)
+    output.emit({"end": state}, f"-- session {session_id} is {state}: watch ended")
+
+
+def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
+    output = settings.output
+    reader_gone = threading.Event()
+    stop_when_reader_leaves(reader_gone)
+    try:
+        with _ending_on_signals(), settings.open(write=False) as store:
+            for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
+                output.emit(lifecycle_record(event), lifecycle_text(event))
+    except KeyboardInterrupt:
+        _stopped(output, EXIT_INTERRUPTED)
+    except _Signalled as e:
+        _stopped(output, 128 + e.signum)
+    if reader_gone.is_set():
+        raise BrokenPipeError  # ends quietly with status 0, like a failed write
