@@ -157,7 +157,7 @@ cursor_option = click.option(
     "--cursor",
     metavar="CURSOR",
     default=None,
-    help="Resume after the event this cursor belongs to (exclusive); default: the start.",
+    help='Resume after the event this cursor belongs to (exclusive); default (or ""): the start.',
 )
 
 
@@ -225,6 +225,12 @@ def append(
             for arg in data
         ]
     else:
+        if sys.stdin.isatty():
+            click.echo(
+                "journal: reading NDJSON events from the terminal, one per line; end with "
+                "Ctrl+D (or pass DATA arguments)",
+                err=True,
+            )
         stdin = getattr(sys.stdin, "buffer", sys.stdin)
         events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
     if not events:
@@ -310,7 +316,7 @@ def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int
     """Print one page of a session's events, then where to continue."""
     output = settings.output
     with settings.open(write=False) as store:
-        page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
+        page = store.read(session_id, cursor=cursor or None, max_bytes=max_bytes)
         for event in page.events:
             output.emit(event_record(event), event_text(event), event_quiet(event))
     if page.next_cursor is None:
@@ -332,7 +338,7 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     printed; Ctrl+C, SIGTERM or SIGHUP stop earlier (exit status 130, 143, 129). With
     --format json the last line says how it ended: {"end": STATE or "stopped"}.
     """
-    watch_events(settings, session_id, cursor)
+    watch_events(settings, session_id, cursor or None)
 
 
 main.add_command(sessions)

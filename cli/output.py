@@ -14,6 +14,7 @@ import select
 import stat
 import sys
 import threading
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -33,6 +34,7 @@ __all__ = [
     "Output",
     "Settings",
     "cli_message",
+    "display_width",
     "embedded",
     "error_fields",
     "event_quiet",
@@ -322,12 +324,20 @@ def session_record(meta: journal.SessionMetadata) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
 
 
-def session_text(meta: journal.SessionMetadata) -> str:
+def display_width(text: str) -> int:
+    """Terminal columns of `text` (East Asian wide and full-width characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
+    """One listing line; ids are padded to `id_width` columns (a longer id is printed
+    whole, so nothing is hidden)."""
     count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
     events = f"{count} events" if count != 1 else "1 event"
     if count:
         events += f" (#{meta.first_ordinal}..#{meta.last_ordinal})"
-    parts = [f"{meta.session_id:<16}", f"{meta.state.value:<9}", events]
+    padding = " " * max(0, id_width - display_width(meta.session_id))
+    parts = [meta.session_id + padding, f"{meta.state.value:<9}", events]
     if meta.mode:
         parts.append(f"mode={meta.mode}")
     if meta.tags:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import click
@@ -10,6 +11,7 @@ import journal
 
 from .output import (
     Settings,
+    display_width,
     pass_settings,
     session_record,
     session_text,
@@ -100,17 +102,24 @@ def list_(
     output = settings.output
     state_filter = journal.SessionState(state) if state else None
     one_page = not all_pages and (page_size is not None or page_token is not None)
+    listed = 0
     with settings.open(write=False) as store:
         token = page_token
         while True:
             page = store.list_sessions_page(
                 page_size=page_size or 100, page_token=token, state=state_filter
             )
+            # Ids padded to the page's widest (up to 48 columns; longer ones print whole).
+            width = min(48, max((display_width(m.session_id) for m in page.sessions), default=0))
             for meta in page.sessions:
-                output.emit(session_record(meta), session_text(meta))
+                output.emit(session_record(meta), session_text(meta, max(width, 8)))
+            listed += len(page.sessions)
             token = page.next_page_token
             if one_page or not token:
                 break
+    if not listed and output.format == "text" and sys.stdout.isatty():
+        which = f" in state {state}" if state else ""
+        click.echo(f"-- no sessions{which}")
     if one_page:
         text = f"-- next page: --page-token {token}" if token else "-- last page"
         output.emit({"next_page_token": token}, text)
@@ -161,9 +170,9 @@ def watch_sessions(settings: Settings, session_id: str | None, cursor: str | Non
     """Follow lifecycle changes of all sessions until Ctrl+C (or, with -s, one session's
     events until it ends)."""
     if session_id is not None:
-        watch_events(settings, session_id, cursor)
+        watch_events(settings, session_id, cursor or None)
     else:
-        watch_lifecycle(settings, cursor)
+        watch_lifecycle(settings, cursor or None)
 
 
 def _transition_command(

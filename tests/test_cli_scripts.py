@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from journal import EventIn, Journal, RetentionPolicy
+from cli.output import display_width
+from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -332,3 +333,69 @@ def test_a_reader_given_the_stores_key_verifies_the_writers_cursors(store: Path)
         check=False,
     )
     assert foreign.returncode == 4 and _error(foreign)["code"] == "CURSOR_FOREIGN"
+
+
+# -- 7. rough edges ---------------------------------------------------------------------------
+
+
+def test_an_empty_cursor_means_the_start(store: Path) -> None:
+    done = _cli(store, "--format", "json", "read", "-s", "done", "--cursor", "")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["type"] == "message"
+
+
+def test_opening_a_store_twice_in_one_process_says_so(tmp_path: Path) -> None:
+    with Journal.open(tmp_path / "s", create=True):
+        with pytest.raises(StoreUnavailable) as caught:
+            Journal.open(tmp_path / "s")
+        assert "open already" in str(caught.value) and "read-only" not in str(caught.value)
+
+
+def test_listing_aligns_wide_ids(store: Path) -> None:
+    assert _cli(store, "sessions", "create", "日本語のセッション").returncode == 0
+    lines = _cli(store, "sessions", "list").stdout.splitlines()
+    columns = {
+        display_width(line[: line.index(" open ")]) if " open " in line else None
+        for line in lines
+        if " open " in line
+    }
+    assert len(columns) == 1, lines
+
+
+def _on_a_terminal(store: Path, *args: str) -> tuple[int, str]:
+    """Run with stdin and stdout on a pseudo-terminal; (status, what it printed)."""
+    import pty
+
+    main_fd, child_fd = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), *args],
+        stdin=child_fd,
+        stdout=child_fd,
+        stderr=child_fd,
+        env=_env(),
+    )
+    os.close(child_fd)
+    out = b""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+        if b"Ctrl+D" in out:
+            os.write(main_fd, b"\x04")  # end of input
+    code = child.wait(timeout=20)
+    os.close(main_fd)
+    return code, out.decode(errors="replace")
+
+
+def test_terminals_get_hints(store: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    assert _cli(empty, "init").returncode == 0
+    code, out = _on_a_terminal(empty, "sessions", "list")
+    assert code == 0 and "no sessions" in out
+    code, out = _on_a_terminal(store, "append", "-s", "s")
+    assert "Ctrl+D" in out and code == 4  # nothing typed: nothing to append

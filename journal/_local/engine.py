@@ -151,6 +151,12 @@ class LocalEngine:
                     f"cannot open the store at {path!r}: {e.strerror or e}; check the "
                     "path and its permissions"
                 ) from e
+            if isinstance(e, lmdb.Error) and "already open" in str(e):
+                raise StoreUnavailable(
+                    f"this process has the store at {path!r} open already (another "
+                    "Journal, or one inherited across fork()): use that journal, or close "
+                    "it before opening the store again"
+                ) from e
             if isinstance(e, lmdb.Error):
                 raise StoreUnavailable(
                     f"cannot open the index of the store at {path!r}: {e}; a store "
