@@ -3,7 +3,8 @@
 A watch ends by itself when its session ends (every event printed), and on Ctrl+C,
 SIGTERM or SIGHUP (exit 130, 143, 129), closing the journal first so nothing is left
 behind. With `--format json` the last line says how it ended: `{"end": "resolved" |
-"cancelled" | "expired" | "stopped"}` (nothing when the reader of stdout went away).
+"cancelled" | "expired"}`, or `{"end": "stopped", "cursor": LAST}` (nothing when the
+reader of stdout went away); in text a stopped watch says on stderr which cursor resumes.
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ def _ending_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _stopped(output: Output, code: int) -> None:
+def _stopped(output: Output, code: int, cursor: str | None) -> None:
+    """End a watch that was stopped: say where to resume (JSON: the end object carries
+    the last cursor; text: a line on stderr) and exit with `code`."""
     if output.json and not output.broken:
         with suppress(BrokenPipeError):
-            output.emit({"end": "stopped"}, None)
+            output.emit({"end": "stopped", "cursor": cursor}, None)
+    elif cursor is not None and output.format == "text":
+        click.echo(f"-- stopped; resume with --cursor {cursor}", err=True)
     raise click.exceptions.Exit(code)
 
 
@@ -67,17 +72,19 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
+    last = cursor
     try:
         with _ending_on_signals(), settings.open(write=False) as store:
             for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
                 output.emit(event_record(event), event_text(event), event_quiet(event))
+                last = event.cursor
             if reader_gone.is_set():
                 raise BrokenPipeError  # ends quietly with status 0, like a failed write
             state = store.get_session(session_id).state.value
     except KeyboardInterrupt:
-        _stopped(output, EXIT_INTERRUPTED)
+        _stopped(output, EXIT_INTERRUPTED, last)
     except _Signalled as e:
-        _stopped(output, 128 + e.signum)
+        _stopped(output, 128 + e.signum, last)
     output.emit({"end": state}, f"-- session {session_id} is {state}: watch ended")
 
 
@@ -85,13 +92,15 @@ def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
+    last = cursor
     try:
         with _ending_on_signals(), settings.open(write=False) as store:
             for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
                 output.emit(lifecycle_record(event), lifecycle_text(event))
+                last = event.cursor
     except KeyboardInterrupt:
-        _stopped(output, EXIT_INTERRUPTED)
+        _stopped(output, EXIT_INTERRUPTED, last)
     except _Signalled as e:
-        _stopped(output, 128 + e.signum)
+        _stopped(output, 128 + e.signum, last)
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly with status 0, like a failed write

@@ -249,10 +249,12 @@ def test_a_signal_ends_a_watch_with_its_status_and_an_end_object(
 ) -> None:
     code, lines = _watch_until_signal(store, signum, "sessions", "watch", "-s", "s")
     assert code == status
-    assert lines[0]["type"] == "message" and lines[-1] == {"end": "stopped"}
+    assert lines[0]["type"] == "message"
+    assert lines[-1] == {"end": "stopped", "cursor": lines[-2]["cursor"]}
     code, lines = _watch_until_signal(store, signum, "sessions", "watch")
     assert code == status
-    assert lines[0]["event_type"] == "created" and lines[-1] == {"end": "stopped"}
+    assert lines[0]["event_type"] == "created"
+    assert lines[-1] == {"end": "stopped", "cursor": lines[-2]["cursor"]}
 
 
 def test_a_watch_of_an_ended_session_says_how_it_ended(store: Path) -> None:

@@ -260,7 +260,14 @@ class LocalEngine:
             return key_ring
         keys = os.path.join(path, "keys")
         if not readonly:
-            return KeyRing.load_or_create(keys)
+            try:
+                return KeyRing.load_or_create(keys)
+            except PermissionError:
+                raise KeyRingError(
+                    f"cannot read the cursor key file {keys}: permission denied; write as a "
+                    "user who can read it, or give this one the store's keys in "
+                    "JOURNAL_CURSOR_KEY (`journal cursor-key` prints them)"
+                ) from None
         try:
             return KeyRing.load(keys)
         except KeyRingError as e:
