@@ -480,6 +480,17 @@ class JournalContract:
         with pytest.raises(SessionNotWritable):
             j.append("due", [EventIn("message", b"too late")])
 
+    def test_a_suspension_cap_fires_by_itself(self, j: Journal) -> None:
+        j.create_session("paused", max_suspend_ms=300)
+        j.suspend_session("paused")
+        deadline = time.monotonic() + 5
+        while j.get_session("paused").state is SessionState.SUSPENDED:
+            assert time.monotonic() < deadline, "the suspension cap never fired"
+            time.sleep(0.01)
+        assert j.get_session("paused").state is SessionState.EXPIRED
+        with pytest.raises(IllegalTransition):
+            j.resume_session("paused")
+
     def test_a_session_past_its_deadline_takes_no_append(self, j: Journal) -> None:
         j.create_session("due", ttl_ms=1)
         time.sleep(0.01)

@@ -401,3 +401,37 @@ def test_terminals_get_hints(store: Path, tmp_path: Path) -> None:
     assert code == 0 and "no sessions" in out
     code, out = _on_a_terminal(store, "append", "-s", "s")
     assert "Ctrl+D" in out and code == 4  # nothing typed: nothing to append
+
+
+def test_a_signalled_watch_leaves_no_private_view_behind(store: Path, tmp_path: Path) -> None:
+    """A reader that cannot use the store's index builds a private view in a temporary
+    directory (here: the index is gone); SIGTERM must not leave it behind."""
+    shutil.rmtree(store / "index")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "--store",
+            str(store),
+            "--format",
+            "json",
+            "watch",
+            "-s",
+            "s",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**_env(), "TMPDIR": str(scratch)},
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline()
+    assert list(scratch.iterdir()), "the reader should be using a private view"
+    child.send_signal(15)
+    child.communicate(timeout=30)
+    assert child.returncode == 143
+    assert list(scratch.iterdir()) == []
+    assert not (store / "index").exists(), "a read command wrote the store"
