@@ -63,8 +63,11 @@ def _stopped(output: Output, code: int, cursor: str | None) -> None:
     if output.json and not output.broken:
         with suppress(BrokenPipeError):
             output.emit({"end": "stopped", "cursor": cursor}, None)
-    elif cursor is not None and output.format == "text":
-        click.echo(f"-- stopped; resume with --cursor {cursor}", err=True)
+    elif output.format == "text":
+        # `cursor` is that of the last event whose printing completed: resuming from it
+        # never skips one (an event printed just as the signal came may come again).
+        hint = f"resume with --cursor {cursor}" if cursor else "start again without --cursor"
+        click.echo(f"-- stopped; {hint}", err=True)
     raise click.exceptions.Exit(code)
 
 
