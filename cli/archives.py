@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
@@ -14,7 +15,7 @@ import click
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
-from journal.transfer import create_temporary
+from journal.transfer import write_file
 
 from .maintenance import progress_bar
 from .output import CommandFailed, Output, Settings, embedded, pass_settings, silence_stdout
@@ -126,23 +127,14 @@ def _export_ndjson(
         if dest == "-":
             _write_ndjson(binary, sys.stdout)
             return report
-        target = os.path.realpath(dest)
-        if os.path.exists(target) and not os.path.isfile(target):  # a device or a pipe
-            with open(target, "w", encoding="utf-8") as stream:
-                _write_ndjson(binary, stream)
-            return report
-        directory = os.path.dirname(target)
-        fd, temporary = create_temporary(directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                _write_ndjson(binary, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
+
+        def write(out: IO[bytes]) -> None:
+            text = io.TextIOWrapper(out, encoding="utf-8")
+            _write_ndjson(binary, text)
+            text.flush()
+            text.detach()  # the file stays open: write_file syncs and closes it
+
+        write_file(dest, write)
     return report
 
 

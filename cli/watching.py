@@ -71,23 +71,37 @@ def _stopped(output: Output, code: int, cursor: str | None) -> None:
     raise click.exceptions.Exit(code)
 
 
+class _Last:
+    """The cursor of the last event whose printing completed."""
+
+    cursor: str | None = None
+
+
+@contextmanager
+def _watching(output: Output, cursor: str | None) -> Iterator[_Last]:
+    """Signals end the watch (after the journal closed, in the body) with their status."""
+    last = _Last()
+    last.cursor = cursor
+    try:
+        with _ending_on_signals():
+            yield last
+    except KeyboardInterrupt:
+        _stopped(output, EXIT_INTERRUPTED, last.cursor)
+    except _Signalled as e:
+        _stopped(output, 128 + e.signum, last.cursor)
+
+
 def watch_events(settings: Settings, session_id: str, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
-    last = cursor
-    try:
-        with _ending_on_signals(), settings.open(write=False) as store:
-            for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
-                output.emit(event_record(event), event_text(event), event_quiet(event))
-                last = event.cursor
-            if reader_gone.is_set():
-                raise BrokenPipeError  # ends quietly with status 0, like a failed write
-            state = store.get_session(session_id).state.value
-    except KeyboardInterrupt:
-        _stopped(output, EXIT_INTERRUPTED, last)
-    except _Signalled as e:
-        _stopped(output, 128 + e.signum, last)
+    with _watching(output, cursor) as last, settings.open(write=False) as store:
+        for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
+            output.emit(event_record(event), event_text(event), event_quiet(event))
+            last.cursor = event.cursor
+        if reader_gone.is_set():
+            raise BrokenPipeError  # ends quietly with status 0, like a failed write
+        state = store.get_session(session_id).state.value
     output.emit({"end": state}, f"-- session {session_id} is {state}: watch ended")
 
 
@@ -95,15 +109,9 @@ def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
     stop_when_reader_leaves(reader_gone)
-    last = cursor
-    try:
-        with _ending_on_signals(), settings.open(write=False) as store:
-            for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
-                output.emit(lifecycle_record(event), lifecycle_text(event))
-                last = event.cursor
-    except KeyboardInterrupt:
-        _stopped(output, EXIT_INTERRUPTED, last)
-    except _Signalled as e:
-        _stopped(output, 128 + e.signum, last)
+    with _watching(output, cursor) as last, settings.open(write=False) as store:
+        for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
+            output.emit(lifecycle_record(event), lifecycle_text(event))
+            last.cursor = event.cursor
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly with status 0, like a failed write

@@ -132,24 +132,20 @@ class SessionRow(msgspec.Struct, array_like=True):
     def staged_from(cls, record: SessionStaged, incarnation: int) -> SessionRow:
         """The invisible row of an imported session being written; the importing
         process is recorded as its owner until the import commits."""
-        return cls(
-            session_id=record.staging_id,
-            incarnation=incarnation,
-            state=SessionState.OPEN.wire,
-            mode=record.mode,
-            context_id=record.context_id,
-            tags=dict(record.tags),
-            extensions=dict(record.extensions),
-            created_at_ms=record.created_at_ms,
-            ended_at_ms=None,
-            first_ordinal=1,
-            last_ordinal=0,
-            ttl_ms=record.ttl_ms,
-            max_suspend_ms=record.max_suspend_ms,
-            suspended_at_ms=None,
-            lifecycle_position=incarnation,
-            max_history_bytes=record.max_history_bytes,
-            max_history_age_ms=record.max_history_age_ms,
+        created = SessionCreated(
+            record.staging_id,
+            record.created_at_ms,
+            record.mode,
+            record.context_id,
+            record.tags,
+            record.extensions,
+            record.ttl_ms,
+            record.max_suspend_ms,
+            record.max_history_bytes,
+            record.max_history_age_ms,
+        )
+        return msgspec.structs.replace(
+            cls.created(created, incarnation),
             owner_pid=record.pid,
             owner_start_time=record.start_time,
             owner_host=record.host,

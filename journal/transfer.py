@@ -16,7 +16,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import msgspec
 
@@ -60,7 +60,9 @@ from .models import (
 )
 from .sessions import SessionRow
 
-__all__ = ["create_temporary", "export_sessions", "import_sessions"]
+__all__ = ["export_sessions", "import_sessions", "write_file"]
+
+T = TypeVar("T")
 
 Progress = Callable[[int, int], None]
 Destination = str | os.PathLike[str] | IO[bytes]
@@ -86,48 +88,45 @@ def export_sessions(
     rows = _rows_to_export(engine, session_ids)
     if isinstance(dest, (str, os.PathLike)):
         given = os.fspath(dest)
-        path = os.path.realpath(given)  # a symlink: write its target
-        if os.path.isdir(path):
-            raise InvalidArgument(f"{given!r} is a directory: give a file path for the archive")
-        if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-            # A device or a pipe (/dev/null, a FIFO): write through it, nothing to rename.
-            with open(path, "wb") as stream:
-                report = _write_archive(engine, rows, stream, progress)
-            return msgspec.structs.replace(report, path=given)
-        directory = os.path.dirname(path)
-        try:
-            fd, temporary = create_temporary(directory)
-        except OSError as e:
-            raise InvalidArgument(
-                f"cannot write the archive {given!r}: {e.strerror or e} (in {directory!r})"
-            ) from None
-        try:
-            with os.fdopen(fd, "wb") as out:
-                report = _write_archive(engine, rows, out, progress)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
-        _sync_directory(directory)
-        return ExportReport(
-            report.sessions,
-            report.events,
-            report.archive_bytes,
-            report.content_bytes,
-            report.sha256,
-            given,
-        )
+        report = write_file(given, lambda out: _write_archive(engine, rows, out, progress))
+        return msgspec.structs.replace(report, path=given)
     if not hasattr(dest, "write"):
         raise InvalidArgument("dest must be a path or a binary file object opened for writing")
     return _write_archive(engine, rows, dest, progress)
 
 
-def create_temporary(directory: str) -> tuple[int, str]:
-    """A new file for an archive being written (mode 0666 less the umask, like any file
-    the user creates; renamed into place when complete)."""
+def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
+    """Write a file made by `write(stream)` at `given`, all of it or nothing: into a
+    temporary file beside it (mode 0666 less the umask), fsynced and renamed over it.
+    A symlink is followed; a device or a FIFO is written through, not replaced."""
+    path = os.path.realpath(given)
+    if os.path.isdir(path):
+        raise InvalidArgument(f"{given!r} is a directory: give a file path")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        with open(path, "wb") as stream:
+            return write(stream)
+    directory = os.path.dirname(path)
+    try:
+        fd, temporary = _create_temporary(directory)
+    except OSError as e:
+        raise InvalidArgument(
+            f"cannot write {given!r}: {e.strerror or e} (in {directory!r})"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            result = write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _sync_directory(directory)
+    return result
+
+
+def _create_temporary(directory: str) -> tuple[int, str]:
     while True:
         name = os.path.join(directory, f".export-{secrets.token_hex(8)}.tmp")
         try:
