@@ -89,6 +89,8 @@ def export(
                 with progress_bar("exporting", output.format == "text") as bar:
                     report = store.export_sessions(ids, dest, progress=bar)
     except BrokenPipeError:
+        if archive_format == "ndjson":
+            raise  # the readable form: `| head` is a normal way to end (exit 0)
         # Unlike `watch | head`, a reader that leaves early got a useless half archive.
         silence_stdout()
         raise CommandFailed(

@@ -482,12 +482,16 @@ class Demo:
         self.say(
             "demo",
             record,
-            f"done in {elapsed:.1f} s: {len(self.names)} sessions ({counts}), "
-            f"{self.runtime_events} events appended by the runtime, {self.lifecycle_seen} "
-            f"lifecycle events and {len(self.watched)} events of {self.target} followed "
-            f"live; {where}",
+            f"done in {elapsed:.1f} s: {_count(len(self.names), 'session')} ({counts}), "
+            f"{_count(self.runtime_events, 'event')} appended by the runtime, "
+            f"{_count(self.lifecycle_seen, 'lifecycle event')} and "
+            f"{_count(len(self.watched), 'event')} of {self.target} followed live; {where}",
         )
 
 
 def _events(count: int) -> str:
     return "1 event" if count == 1 else f"{count} events"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")

@@ -116,14 +116,29 @@ def _wants_json(argv: list[str]) -> bool:
     return False
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """The command word: the first argument that is not a global option or its value."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--store", "--format"):
+            i += 2
+        elif arg.startswith("-"):
+            i += 1
+        else:
+            return arg
+    return None
+
+
 def _global_format_first(argv: list[str]) -> list[str]:
     """`journal read -s x --format json` means `journal --format json read -s x`: the
     global options (`--store`, and `--format` with a global choice) may come after the
     command; they move to the front (`export` has its own `--format` and `demo` its own
     `--store`: those stay)."""
     # Commands with an option of the same name keep theirs.
-    own_store = "demo" in argv
-    own_format = "export" in argv
+    command = _command_of(argv)
+    own_store = command == "demo"
+    own_format = command == "export"
     out: list[str] = []
     moved: list[str] = []
     i = 0
