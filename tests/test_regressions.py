@@ -366,3 +366,52 @@ def test_verify_while_a_writer_appends_reports_nothing(tmp_path: Path) -> None:
             writer.join()
         assert [p for r in reports for p in r.problems] == []
         assert j.get_session("w").last_ordinal > 100
+
+
+def test_a_journal_dropped_without_close_is_freed(tmp_path: Path) -> None:
+    """The expiry thread holds its engine weakly: a forgotten journal does not keep the
+    store open in this process (it used to: reopening said "open already")."""
+    import gc
+
+    def use() -> None:
+        j = Journal.open(tmp_path / "s", create=True)
+        j.create_session("x", ttl_ms=600_000)
+
+    use()
+    gc.collect()
+    with Journal.open(tmp_path / "s") as j:
+        assert j.get_session("x").state is SessionState.OPEN
+
+
+_CRASH_BEFORE_INDEXING = """
+import os, sys
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+class Crash(FileOps):
+    armed = False
+
+    def point(self, name, detail=None):
+        if name == "commit.view_flush" and self.armed:
+            os._exit(9)
+
+ops = Crash()
+j = Journal.open(sys.argv[1], create=True, file_ops=ops)
+j.create_session("w")
+j.append("w", [EventIn("message", b"first")])
+ops.armed = True
+j.append("w", [EventIn("message", b"committed, not indexed")])
+"""
+
+
+def test_a_read_only_reader_sees_what_a_crashed_writer_committed(tmp_path: Path) -> None:
+    """The frame is on disk (fsynced) but the writer died before indexing it: a reader
+    opening read-only must not see less than was committed (it uses a private view)."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "s"
+    done = subprocess.run([sys.executable, "-c", _CRASH_BEFORE_INDEXING, str(store)], check=False)
+    assert done.returncode == 9
+    with Journal.open(store, readonly=True) as j:
+        assert [e.data for e in j.replay("w")] == [b"first", b"committed, not indexed"]

@@ -28,7 +28,6 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -81,7 +80,7 @@ from .reader import ReaderCache, read_page
 from .retention import delete_segment_files
 from .segments import SegmentReader
 from .sidecar import SegmentSummary, read_summary
-from .verify import check_log, compare_views, rebuild_into_temporary
+from .verify import verify_store
 from .view import Head, View
 
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
@@ -205,6 +204,11 @@ class LocalEngine:
         else:
             try:
                 self._view = View(os.path.join(path, "index"), readonly=True)
+                if self._shared_view_is_stale():
+                    # Behind the log (a writer crashed before indexing its last frames) or
+                    # from before a reboot: a reader must not see less than was committed.
+                    self._view.close()
+                    raise lmdb.Error("the store's view is stale")
             except lmdb.Error:
                 self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
                 try:
@@ -234,12 +238,17 @@ class LocalEngine:
                 with self._cv:
                     self._leading = False
             self._roll_back_abandoned_imports()
-            self._expiry = ExpiryTimer(self._next_deadline, partial(self.submit, Expire()))
+            self._expiry = ExpiryTimer(self)
 
-    def _next_deadline(self) -> int | None:
+    def next_deadline(self) -> int | None:
+        """The nearest session deadline (for the expiry timer)."""
         self.check_usable()
         with self._view.begin() as txn:
             return self._view.next_deadline(txn)
+
+    def expire_now(self) -> None:
+        """Expire what is due (for the expiry timer)."""
+        self.submit(Expire())
 
     def _roll_back_abandoned_imports(self) -> None:
         """Roll back imports whose importing process is gone (killed before its commit):
@@ -250,6 +259,14 @@ class LocalEngine:
         dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
         if dead:
             self.submit(AbortImport(dead))
+
+    def _shared_view_is_stale(self) -> bool:
+        with self._view.begin() as txn:
+            head = self._view.head(txn)
+            boot = self._view.boot_id(txn)
+        if head is None or boot != BOOT_ID:
+            return True
+        return self._log.moved_past(head.segment, head.end_offset, head.next_position)
 
     @staticmethod
     def _key_ring(path: str, given: KeyRing | None, readonly: bool) -> KeyRing:
@@ -353,8 +370,14 @@ class LocalEngine:
         for lease in list(self._leases):
             with contextlib.suppress(JournalError, OSError, lmdb.Error):
                 lease.release()
+        if os.getpid() != self._pid:
+            # A forked child: the parent's threads (a leader, the expiry timer) are not
+            # here, and the condition's lock may have been held at fork: touch neither.
+            self._closed = True
+            self._release()
+            return
         expiry = getattr(self, "_expiry", None)
-        if expiry is not None and os.getpid() == self._pid:
+        if expiry is not None:
             expiry.stop()
         with self._cv:
             if self._closed:
@@ -526,7 +549,8 @@ class LocalEngine:
                     head.next_position,
                     _now_ms(),
                 )
-                if batch:
+                if batch and not any(isinstance(r.operation, Expire) for r in batch):
+                    # (An explicit expiry in the batch does it, and reports what it did.)
                     planner.expire_due()
                 for request in batch:
                     planner.plan(request)
@@ -718,20 +742,7 @@ class LocalEngine:
     # -- maintenance -----------------------------------------------------------------------
 
     def verify(self, progress: Progress | None) -> VerifyReport:
-        # One snapshot of the view throughout, compared with the log as of its head:
-        # writers that go on meanwhile are not differences.
-        with self._view.begin() as txn:
-            head = self._view.head(txn)
-            problems, frames, records, _ = check_log(self._log, head, progress)
-            if not any(p.segment != "index" for p in problems):
-                rebuilt, directory = rebuild_into_temporary(self._log, head)
-                try:
-                    with rebuilt.begin() as rebuilt_txn:
-                        problems += compare_views(self._view, txn, rebuilt, rebuilt_txn)
-                finally:
-                    rebuilt.close()
-                    shutil.rmtree(directory, ignore_errors=True)
-        return VerifyReport(len(self._log.bases()), frames, records, problems)
+        return verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
 
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         return compact_store(self._log, self._view, self.submit, dead_share, progress)

@@ -10,10 +10,11 @@ seconds, so deadlines that other processes' writers set are kept too.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
-from typing import Final
+import weakref
+from typing import Final, Protocol
 
 from ..errors import JournalClosed
 
@@ -23,18 +24,23 @@ _log = logging.getLogger("journal")
 _POLL_S: Final = 30.0
 
 
+class _Expiring(Protocol):
+    def next_deadline(self) -> int | None: ...
+
+    def expire_now(self) -> None: ...
+
+
 class ExpiryTimer:
     """The thread (see the module docstring); `nearer` tells it of a new deadline,
-    `stop` ends it."""
+    `stop` ends it. It holds its engine weakly: a journal dropped without `close()` is
+    still freed (and the thread ends)."""
 
-    def __init__(
-        self,
-        next_deadline: Callable[[], int | None],
-        expire: Callable[[], object],
-        poll_s: float = _POLL_S,
-    ) -> None:
-        self._next_deadline = next_deadline
-        self._expire = expire
+    def __init__(self, engine: _Expiring, poll_s: float = _POLL_S) -> None:
+        self._engine = weakref.ref(engine)
+        # Held while the thread uses the store, and by fork() (see `_pause_for_fork`):
+        # a child never inherits the store's LMDB environment mid-transaction.
+        self.busy = threading.Lock()
+        _TIMERS.add(self)
         self._poll_s = poll_s
         self._cv = threading.Condition()
         self._stopped = False
@@ -51,32 +57,66 @@ class ExpiryTimer:
                 self._cv.notify()
 
     def stop(self) -> None:
+        """End the thread (without waiting for it: a pass in flight ends on its own)."""
         with self._cv:
             self._stopped = True
             self._cv.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
+        stuck: int | None = None  # a deadline an expiry pass did not remove
         while True:
             with self._cv:
                 if self._stopped:
                     return
                 self._changed = False
+            engine = self._engine()
+            if engine is None:
+                return
             try:
-                due = self._next_deadline()
-                now = int(time.time() * 1000)
-                if due is not None and due <= now:
-                    self._expire()
-                    continue
+                with self.busy:
+                    due = engine.next_deadline()
+                    now = int(time.time() * 1000)
+                    if due is not None and due <= now and due != stuck:
+                        engine.expire_now()
+                        after = engine.next_deadline()
+                        stuck = due if after == due else None
+                        continue
             except JournalClosed:
                 return
             except Exception:  # logged, retried at the next poll: expiry must not die
                 _log.exception("the expiry pass failed; retrying in %.0f s", self._poll_s)
                 due, now = None, 0
+            finally:
+                del engine  # held only while it is used
+            if due is not None and due <= now:
+                due = None  # stuck (nothing to expire there): poll instead of spinning
             timeout = self._poll_s if due is None else min(self._poll_s, (due - now) / 1000)
             with self._cv:
                 self._target = due
                 if not self._stopped and not self._changed:
                     self._cv.wait(timeout)
                 self._target = None
+
+
+# Every timer of this process (a deliberate module-level registry, as for leases): fork()
+# waits until none is using its store, so the child's copy of the environment is idle.
+_TIMERS: Final[weakref.WeakSet[ExpiryTimer]] = weakref.WeakSet()
+_PAUSED: list[ExpiryTimer] = []
+
+
+def _pause_for_fork() -> None:
+    for timer in list(_TIMERS):
+        timer.busy.acquire()
+        _PAUSED.append(timer)
+
+
+def _resume_after_fork() -> None:
+    while _PAUSED:
+        _PAUSED.pop().busy.release()
+
+
+os.register_at_fork(
+    before=_pause_for_fork,
+    after_in_parent=_resume_after_fork,
+    after_in_child=_resume_after_fork,
+)

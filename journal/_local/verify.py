@@ -7,6 +7,8 @@ store); `verify(fix=True)` rewrites bad sidecars and rebuilds the view in place.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -16,16 +18,16 @@ import lmdb
 import msgspec
 
 from ..errors import JournalCorrupt
-from ..models import VerifyProblem
+from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
-from .frames import sidecar_name
+from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX, sidecar_name
 from .log import SegmentLog
 from .projector import project_log
 from .segments import SegmentReader, summarize_segment
 from .sidecar import read_summary
 from .view import Head, View
 
-__all__ = ["check_log", "compare_views", "rebuild_into_temporary"]
+__all__ = ["check_log", "compare_views", "rebuild_into_temporary", "verify_store"]
 
 Progress = Callable[[int, int], None]
 
@@ -197,3 +199,59 @@ def rebuild_into_temporary(log: SegmentLog, until: Head | None = None) -> tuple[
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return view, directory
+
+
+def verify_store(
+    log: SegmentLog, view: View, *, lock: bool, progress: Progress | None
+) -> VerifyReport:
+    """Check everything, change nothing: frames, sidecars, and the view against a view
+    rebuilt from the log.
+
+    One snapshot of the view throughout, compared with the log as of its head: writers
+    that go on meanwhile are not differences. Retention or compaction deleting or
+    rewriting segments meanwhile is not damage either: a run that saw the segment files
+    change is repeated (the last time under the segment-files lock, with `lock`, which
+    holds them still)."""
+    for attempt in range(4):
+        last = attempt == 3
+        before = _segment_files(log)
+        with contextlib.ExitStack() as stack:
+            if last and lock:
+                stack.enter_context(log.files_lock())
+            try:
+                report = _verify_once(log, view, progress)
+            except (FileNotFoundError, JournalCorrupt):
+                if last or _segment_files(log) == before:
+                    raise
+                continue
+        if last or report.ok or _segment_files(log) == before:
+            return report
+    raise AssertionError("unreachable")
+
+
+def _segment_files(log: SegmentLog) -> list[tuple[str, int, int]]:
+    """(name, inode, compressed size) of every segment file: what retention and
+    compaction change."""
+    found = []
+    for name in sorted(os.listdir(log.directory)):
+        if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(os.path.join(log.directory, name))
+                size = st.st_size if name.endswith(COMPRESSED_SUFFIX) else 0
+                found.append((name, st.st_ino, size))
+    return found
+
+
+def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> VerifyReport:
+    with view.begin() as txn:
+        head = view.head(txn)
+        problems, frames, records, _ = check_log(log, head, progress)
+        if not any(p.segment != "index" for p in problems):
+            rebuilt, directory = rebuild_into_temporary(log, head)
+            try:
+                with rebuilt.begin() as rebuilt_txn:
+                    problems += compare_views(view, txn, rebuilt, rebuilt_txn)
+            finally:
+                rebuilt.close()
+                shutil.rmtree(directory, ignore_errors=True)
+    return VerifyReport(len(log.bases()), frames, records, problems)
