@@ -22,7 +22,7 @@ from typing import Any
 import lmdb
 import pytest
 
-from journal import EventIn, Journal, JournalError, SessionState
+from journal import EventIn, Journal, JournalError, RetentionPolicy, SessionState
 from journal._local.files import FAULT_POINTS, FileOps
 from journal._local.frames import segment_name
 from journal._local.log import SegmentLog
@@ -415,3 +415,26 @@ def test_a_read_only_reader_sees_what_a_crashed_writer_committed(tmp_path: Path)
     assert done.returncode == 9
     with Journal.open(store, readonly=True) as j:
         assert [e.data for e in j.replay("w")] == [b"first", b"committed, not indexed"]
+
+
+def test_verify_while_retention_deletes_segments_reports_nothing(tmp_path: Path) -> None:
+    """Retention deleting segments (and trimming) while verify() reads used to be reported
+    as damage, or escape as a raw FileNotFoundError."""
+    policy = RetentionPolicy(max_history_bytes=16 << 10)
+    with Journal.open(tmp_path / "s", create=True, segment_bytes=1 << 13, retention=policy) as j:
+        j.create_session("w")
+        stop = threading.Event()
+
+        def write() -> None:
+            while not stop.is_set():
+                j.append("w", [EventIn("message", b"x" * 200)] * 5)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            reports = [j.verify() for _ in range(10)]
+        finally:
+            stop.set()
+            writer.join()
+        assert [p for r in reports for p in r.problems] == []
+        assert j.get_session("w").first_ordinal > 1, "retention should have trimmed"

@@ -84,12 +84,17 @@ class SegmentLog:
         return [s.base_position for s in self.segments()]
 
     @contextlib.contextmanager
-    def files_lock(self) -> Iterator[None]:
+    def files_lock(self, *, readonly: bool = False) -> Iterator[None]:
         """Serialises replacing and deleting sealed segment files across processes.
 
         Deletion happens after the writer's transaction commits (outside the LMDB lock),
-        a compaction swap under it: this flock keeps the two from interleaving."""
-        fd = os.open(os.path.join(self.directory, ".files.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        a compaction swap under it: this flock keeps the two from interleaving. `readonly`
+        takes it through a read-only descriptor of the existing file (a reader that must
+        create nothing; flock needs no write access)."""
+        path = os.path.join(self.directory, ".files.lock")
+        fd = (
+            os.open(path, os.O_RDONLY) if readonly else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -210,14 +210,17 @@ def verify_store(
     One snapshot of the view throughout, compared with the log as of its head: writers
     that go on meanwhile are not differences. Retention or compaction deleting or
     rewriting segments meanwhile is not damage either: a run that saw the segment files
-    change is repeated (the last time under the segment-files lock, with `lock`, which
-    holds them still)."""
+    change is repeated (the last time under the segment-files lock, which holds them
+    still; a read-only reader takes it through a read-only descriptor, or runs without
+    it when it cannot open the lock file)."""
     for attempt in range(4):
         last = attempt == 3
         before = _segment_files(log)
         with contextlib.ExitStack() as stack:
-            if last and lock:
-                stack.enter_context(log.files_lock())
+            if last:
+                # (A reader that may not even open the lock file runs unlocked.)
+                with contextlib.suppress(OSError):
+                    stack.enter_context(log.files_lock(readonly=not lock))
             try:
                 report = _verify_once(log, view, progress)
             except (FileNotFoundError, JournalCorrupt):
