@@ -47,6 +47,9 @@ class JournalGroup(click.Group):
             result = super().main(argv, standalone_mode=False, **extra)
             # Without standalone mode click returns the status ctx.exit() was given.
             sys.exit(result if isinstance(result, int) else 0)
+        except _NO_ARGS_IS_HELP as error:
+            click.echo(error.format_message(), err=True)  # the help, not an error line
+            sys.exit(EXIT_USAGE)
         except click.UsageError as error:
             output = Output("json" if _wants_json(argv) else "text")
             if error.ctx is not None and not output.json:
@@ -109,7 +112,13 @@ def main(ctx: click.Context, store: str, output_format: str) -> None:
     ctx.obj = Settings(store=store, output=Output(output_format))
 
 
+# click 8.2 raises this for a bare group (older versions print the help and exit).
+_NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _wants_json(argv: list[str]) -> bool:
+    if "--" in argv:
+        argv = argv[: argv.index("--")]  # what follows is data, not options
     for i, arg in enumerate(argv):
         if arg == "--format=json" or (arg == "--format" and argv[i + 1 : i + 2] == ["json"]):
             return True

@@ -150,9 +150,13 @@ def cursor_key(settings: Settings) -> None:
     it prints resume for the writer too. It is a secret: anyone with it can make cursors.
     """
     path = os.path.join(settings.store, "keys")
+    if os.path.exists(settings.store) and not os.path.isdir(settings.store):
+        raise journal.StoreUnavailable(f"{settings.store!r} is a file, not a store directory")
     if not os.path.exists(os.path.join(settings.store, "store.json")):
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `journal init`"
         )
-    ring = KeyRing.load(path)
+    # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is set
+    # (it replaces the key file), else the key file.
+    ring = KeyRing.from_environment() or KeyRing.load(path)
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())

@@ -325,8 +325,14 @@ def session_record(meta: journal.SessionMetadata) -> dict[str, Any]:
 
 
 def display_width(text: str) -> int:
-    """Terminal columns of `text` (East Asian wide and full-width characters take two)."""
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+    """Terminal columns of `text`: East Asian wide and full-width characters take two,
+    combining marks and zero-width characters (format controls, ZWJ) none."""
+    width = 0
+    for ch in text:
+        if unicodedata.combining(ch) or unicodedata.category(ch) == "Cf":
+            continue
+        width += 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+    return width
 
 
 def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:

@@ -131,6 +131,9 @@ class KeyRing:
             secret = _parse_secret_text(text, source=f"${KEY_ENV}")
         else:
             assert file_name is not None
+            shared = _shared_text_in(file_name)
+            if shared is not None:
+                return cls.from_shared(shared)
             secret = _read_secret_file(file_name)
         if len(secret) < _MIN_SECRET_BYTES:
             source = f"${KEY_ENV}" if text is not None else f"the file named by ${KEY_FILE_ENV}"
@@ -149,6 +152,8 @@ class KeyRing:
         keys: dict[int, bytes] = {}
         for item in text.strip().split(","):
             key_id, _, encoded = item.partition(":")
+            if int(key_id) in keys:
+                raise KeyRingError(f"key id {key_id} appears twice in the shared key text")
             keys[int(key_id)] = bytes.fromhex(encoded)
         for value in keys.values():
             _check_secret(value)
@@ -493,6 +498,15 @@ def _parse_secret_text(text: str, *, source: str) -> bytes:
             f"encode the secret as hex (e.g. `secrets.token_hex(32)`) or base64url"
         )
     return secret
+
+
+def _shared_text_in(file_name: str) -> str | None:
+    """The file's text when it holds `KeyRing.shared()` text, else None."""
+    try:
+        text = Path(file_name).read_bytes().decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None  # reported (or read as raw bytes) by _read_secret_file
+    return text if _SHARED_TEXT.fullmatch(text) else None
 
 
 def _read_secret_file(file_name: str) -> bytes:

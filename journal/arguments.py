@@ -54,7 +54,11 @@ _digest_encoder: Final = msgspec.msgpack.Encoder()
 def check_name(what: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
-    if not value or len(value.encode()) > MAX_NAME_LENGTH or not _NAME_RE.fullmatch(value):
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:  # lone surrogates (e.g. undecodable command-line bytes)
+        size = MAX_NAME_LENGTH + 1
+    if not value or size > MAX_NAME_LENGTH or not _NAME_RE.fullmatch(value):
         raise InvalidArgument(
             f"{what} {value!r} is invalid: use 1 to {MAX_NAME_LENGTH} bytes of UTF-8 "
             "without control characters"
