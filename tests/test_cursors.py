@@ -610,3 +610,20 @@ def test_public_surface() -> None:
         59,
     )
     assert [kind.value for kind in TokenKind] == [1, 2, 3]
+
+
+def test_shared_key_text_round_trips_and_is_read_from_the_environment(tmp_path: Path) -> None:
+    ring = KeyRing.generate()
+    ring.rotate()
+    text = ring.shared()
+    again = KeyRing.from_shared(text)
+    assert again.active_key_id == ring.active_key_id
+    assert {k: again.secret(k) for k in again.key_ids} == {k: ring.secret(k) for k in ring.key_ids}
+    assert KeyRing.from_environment({"JOURNAL_CURSOR_KEY": text}).shared() == text  # type: ignore[union-attr]
+    key_file = tmp_path / "key"
+    key_file.write_text(text + "\n")
+    from_file = KeyRing.from_environment({"JOURNAL_CURSOR_KEY_FILE": str(key_file)})
+    assert from_file is not None and from_file.shared() == text
+    first = text.split(",")[0]
+    with pytest.raises(KeyRingError):
+        KeyRing.from_shared(f"{first},{first}")
