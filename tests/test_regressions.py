@@ -494,3 +494,26 @@ def test_bad_arguments_fail_alone_while_appends_share_their_batches(tmp_path: Pa
         assert failures == []
         assert refused[0] > 100
         assert all(j.get_session(f"w{i}").last_ordinal >= 50 for i in range(8))
+
+
+def test_a_changed_store_id_is_refused_by_writers_and_reported_by_verify(tmp_path: Path) -> None:
+    """Issue 11, item 3: store.json's id edited (or another store's store.json copied in)
+    left the store writable and verify() clean, though every segment header names the
+    old id."""
+    import json
+
+    from journal import StoreIncompatible
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("message", b"1")])
+    meta = json.loads((store / "store.json").read_text())
+    key = next(k for k, v in meta.items() if isinstance(v, str) and len(v) == 32)
+    meta[key] = "ab" * 16
+    (store / "store.json").write_text(json.dumps(meta))
+    with pytest.raises(StoreIncompatible, match="another store"):
+        Journal.open(store)
+    with Journal.open(store, readonly=True) as j:
+        problems = j.verify().problems
+    assert problems and all("another store" in p.what for p in problems)

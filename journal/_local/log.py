@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ..errors import StoreIncompatible
 from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir
 from .frames import (
     COMPRESSED_SUFFIX,
@@ -243,6 +244,16 @@ class SegmentLog:
         )
 
     def _open_segment(self, base_position: int) -> SegmentWriter:
+        """Open an existing segment for appending; one of another store is refused (a
+        writer never appends to a segment whose header names another store id)."""
+        with SegmentReader(self.directory, base_position, self.ops) as reader:
+            if reader.header.store_id != self.store_id:
+                raise StoreIncompatible(
+                    f"segment {reader.name} belongs to another store (its header names "
+                    f"store {reader.header.store_id.hex()}, store.json "
+                    f"{self.store_id.hex()}): do not mix segment files or store.json of "
+                    "different stores"
+                )
         return SegmentWriter(
             self.directory,
             base_position,

@@ -47,6 +47,15 @@ def check_log(
     for base in bases:
         with SegmentReader(log.directory, base, log.ops) as reader:
             sizes[base] = reader.file_size()
+            if reader.header.store_id != log.store_id:
+                problems.append(
+                    VerifyProblem(
+                        reader.name,
+                        0,
+                        f"belongs to another store (its header names store "
+                        f"{reader.header.store_id.hex()}, store.json {log.store_id.hex()})",
+                    )
+                )
     total = sum(sizes.values())
     done = 0
     for i, base in enumerate(bases):
