@@ -517,3 +517,30 @@ def test_a_changed_store_id_is_refused_by_writers_and_reported_by_verify(tmp_pat
     with Journal.open(store, readonly=True) as j:
         problems = j.verify().problems
     assert problems and all("another store" in p.what for p in problems)
+
+
+def test_a_writer_refuses_to_append_after_a_hole_in_the_active_segment(tmp_path: Path) -> None:
+    """Issue 11, item 3: committed frames cut off the active segment while index/ stays.
+    A writer used to attach and acknowledge appends after the hole, which no rebuild could
+    recover; it refuses now, and says the way out."""
+    import shutil
+
+    from journal import JournalCorrupt
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        for i in range(5):
+            j.append("s", [EventIn("message", b"event %d" % i)])
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    with open(active, "r+b") as f:
+        f.truncate(os.path.getsize(active) // 2 if os.path.getsize(active) < 4096 else 200)
+    with pytest.raises(JournalCorrupt, match="index"):
+        Journal.open(store)
+    shutil.move(str(store / "index"), str(tmp_path / "index.old"))
+    with Journal.open(store) as j:  # rebuilt from what the log still holds
+        kept = [e.data for e in j.replay("s")] if j.list_sessions_page().sessions else []
+        j.create_session("after")
+        j.append("after", [EventIn("message", b"fine")])
+        assert all(d.startswith(b"event") for d in kept)
+        assert j.verify().problems == []

@@ -483,12 +483,23 @@ class SegmentWriter:
         Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
         are cut off (the caller holds the write lock, so nobody is writing them now).
         """
+        size = os.fstat(self._fd).st_size
+        if size < end_offset:
+            # Committed frames the view indexes are gone (the file was cut): appending
+            # after the hole would acknowledge events a rebuild could never recover.
+            raise JournalCorrupt(
+                self.name,
+                size,
+                f"the index records committed frames up to byte {end_offset}, but the "
+                f"segment ends at byte {size}: frames were cut off; move index/ aside and "
+                "open the store again to rebuild the index from what the log still holds "
+                "(the events that were in the cut-off frames are lost)",
+            )
         if (end_offset, next_position) != (self.end_offset, self.next_position):
             self._summary_valid = False
         self.end_offset = end_offset
         self.next_position = next_position
         self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
-        size = os.fstat(self._fd).st_size
         self._allocated = size
         if size > end_offset:
             probe = self._ops.pread(self._fd, FRAME_HEADER_SIZE, end_offset)
