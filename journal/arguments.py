@@ -12,7 +12,7 @@ import msgspec
 
 from .engine import Append, CreateSession
 from .errors import InvalidArgument
-from .models import EventIn
+from .models import EventIn, RetentionPolicy
 from .records import TURN_EVENT_TYPES
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "check_create",
     "check_name",
     "check_now",
+    "check_retention",
     "check_snapshot",
 ]
 
@@ -126,6 +127,21 @@ def check_create(
         max_history_bytes=max_history_bytes,
         max_history_age_ms=max_history_age_ms,
     )
+
+
+def check_retention(policy: RetentionPolicy) -> None:
+    """A store's retention policy, checked when the journal opens (the field named)."""
+    for name in ("max_history_bytes", "max_history_age_ms", "session_retention_ms"):
+        value = getattr(policy, name)
+        if value is not None and (value.__class__ is not int or not 0 < value < MAX_SETTING):
+            raise InvalidArgument(
+                f"RetentionPolicy.{name} must be a positive int below 2**62, or None; got {value!r}"
+            )
+    if policy.session_retention_from not in ("ended", "started"):
+        raise InvalidArgument(
+            "RetentionPolicy.session_retention_from must be 'ended' or 'started'; "
+            f"got {policy.session_retention_from!r}"
+        )
 
 
 def check_snapshot(through_ordinal: object, snapshot: object) -> None:

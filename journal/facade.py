@@ -33,6 +33,7 @@ from .arguments import (
     check_create,
     check_name,
     check_now,
+    check_retention,
     check_snapshot,
 )
 from .engine import (
@@ -147,6 +148,12 @@ class Journal:
             raise InvalidArgument("segment_bytes must be an int of at least 4096")
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidArgument("retention must be a RetentionPolicy or None")
+        if retention is not None:
+            check_retention(retention)
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidArgument(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        if "\0" in os.fspath(path):
+            raise InvalidArgument("path contains a NUL character")
         options = LocalOptions(
             create=create,
             readonly=readonly,

@@ -544,3 +544,31 @@ def test_a_writer_refuses_to_append_after_a_hole_in_the_active_segment(tmp_path:
         j.append("after", [EventIn("message", b"fine")])
         assert all(d.startswith(b"event") for d in kept)
         assert j.verify().problems == []
+
+
+@pytest.mark.parametrize("path", [None, 5, "a\0b"], ids=["none", "int", "nul"])
+def test_a_bad_store_path_is_an_invalid_argument(path: object) -> None:
+    from journal import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        Journal.open(path, create=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_history_bytes": -1},
+        {"max_history_bytes": "64M"},
+        {"max_history_age_ms": 0},
+        {"session_retention_ms": True},
+        {"session_retention_from": "bogus"},
+    ],
+)
+def test_a_bad_retention_policy_is_refused_at_open_naming_the_field(
+    tmp_path: Path, fields: dict[str, object]
+) -> None:
+    from journal import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match=next(iter(fields))):
+        Journal.open(tmp_path / "s", create=True, retention=RetentionPolicy(**fields))  # type: ignore[arg-type]
+    assert not (tmp_path / "s").exists(), "nothing is created for a refused policy"
