@@ -18,7 +18,15 @@ from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import write_file
 
 from .maintenance import progress_bar
-from .output import CommandFailed, Output, Settings, embedded, pass_settings, silence_stdout
+from .output import (
+    CommandFailed,
+    Output,
+    Settings,
+    embedded,
+    pass_settings,
+    plural,
+    silence_stdout,
+)
 
 
 @click.command("export")
@@ -108,14 +116,10 @@ def export(
             "bytes": size,
             "content_sha256": report.sha256,
         },
-        f"exported {_count(len(report.sessions), 'session')}, "
-        f"{_count(report.events, 'event')} to {dest} ({size:,} bytes; content sha256 "
+        f"exported {plural(len(report.sessions), 'session')}, "
+        f"{plural(report.events, 'event')} to {dest} ({size:,} bytes; content sha256 "
         f"{report.sha256[:16]}...)",
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _export_ndjson(
@@ -295,7 +299,7 @@ def import_(
     for item in report.sessions:
         output.emit(
             {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
-            f"imported {item.source_id} as {item.session_id} ({_count(item.events, 'event')})",
+            f"imported {item.source_id} as {item.session_id} ({plural(item.events, 'event')})",
         )
     output.emit(
         {
@@ -303,8 +307,8 @@ def import_(
             "events": report.events,
             "source_store_id": report.source_store_id,
         },
-        f"imported {_count(len(report.sessions), 'session')}, "
-        f"{_count(report.events, 'event')} from store "
+        f"imported {plural(len(report.sessions), 'session')}, "
+        f"{plural(report.events, 'event')} from store "
         f"{report.source_store_id}",
     )
 

@@ -32,6 +32,7 @@ from .output import (
     lifecycle_record,
     lifecycle_text,
     pass_settings,
+    plural,
 )
 
 RUNTIME_TIMEOUT = 25.0  # seconds; the default run takes about 5
@@ -482,16 +483,12 @@ class Demo:
         self.say(
             "demo",
             record,
-            f"done in {elapsed:.1f} s: {_count(len(self.names), 'session')} ({counts}), "
-            f"{_count(self.runtime_events, 'event')} appended by the runtime, "
-            f"{_count(self.lifecycle_seen, 'lifecycle event')} and "
-            f"{_count(len(self.watched), 'event')} of {self.target} followed live; {where}",
+            f"done in {elapsed:.1f} s: {plural(len(self.names), 'session')} ({counts}), "
+            f"{plural(self.runtime_events, 'event')} appended by the runtime, "
+            f"{plural(self.lifecycle_seen, 'lifecycle event')} and "
+            f"{plural(len(self.watched), 'event')} of {self.target} followed live; {where}",
         )
 
 
 def _events(count: int) -> str:
     return "1 event" if count == 1 else f"{count} events"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")

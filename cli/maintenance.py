@@ -13,7 +13,7 @@ import click
 import journal
 from cursors import KeyRing
 
-from .output import CommandFailed, Settings, pass_settings
+from .output import CommandFailed, Settings, pass_settings, plural
 
 
 @contextmanager
@@ -95,8 +95,8 @@ def verify(settings: Settings, fix: bool) -> None:
             "records": report.records,
             "problems": len(report.problems),
         },
-        f"verify: {_count(report.segments, 'segment')}, {_count(report.frames, 'frame')}, "
-        f"{_count(report.records, 'record')}, {_count(len(report.problems), 'problem')}"
+        f"verify: {plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
+        f"{plural(report.records, 'record')}, {plural(len(report.problems), 'problem')}"
         + (" (repaired)" if report.fixed and report.problems else ""),
     )
     if not report.ok:
@@ -107,14 +107,10 @@ def verify(settings: Settings, fix: bool) -> None:
             "segments from a backup"
         )
         raise CommandFailed(
-            f"{_count(len(report.problems), 'problem')} in the store: {advice}",
+            f"{plural(len(report.problems), 'problem')} in the store: {advice}",
             code="VERIFY_FAILED",
             status="DATA_LOSS",
         )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 @click.command()

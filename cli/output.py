@@ -44,6 +44,7 @@ __all__ = [
     "lifecycle_record",
     "lifecycle_text",
     "pass_settings",
+    "plural",
     "preview",
     "session_record",
     "session_text",
@@ -322,6 +323,11 @@ def session_record(meta: journal.SessionMetadata) -> dict[str, Any]:
     """Every field of the metadata; enums as their string values, tuples as lists."""
     record: dict[str, Any] = msgspec.to_builtins(meta)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 session`, `2 sessions`."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def display_width(text: str) -> int:

@@ -30,6 +30,8 @@ from .arguments import (
     MAX_METADATA_BYTES,
     MAX_NAME_LENGTH,
     MAX_SETTING,
+    metadata_bytes,
+    name_ok,
 )
 from .errors import ArchiveInvalid, InvalidArgument
 from .models import SessionState
@@ -85,7 +87,6 @@ _FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
 _BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
 _BATCH_EVENTS: Final = 1000
 _COMPRESSION_LEVEL: Final = 3
-_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
 _STORE_ID: Final = re.compile(r"[0-9a-f]{32}")
 
 
@@ -642,19 +643,13 @@ class _Prefixed:
 # -- field checks ----------------------------------------------------------------------
 
 
-def _name_ok(value: str) -> bool:
-    return (
-        bool(value) and len(value.encode()) <= MAX_NAME_LENGTH and bool(_NAME_RE.fullmatch(value))
-    )
-
-
 def _in_range(value: int | None, low: int = 0) -> bool:
     return value is None or low <= value < MAX_SETTING
 
 
 def _session_problem(session: ArchiveSession) -> str:
     state = {s.value: s for s in SessionState}.get(session.state)
-    if not _name_ok(session.session_id):
+    if not name_ok(session.session_id):
         return "not a valid session id (1 to 256 bytes of UTF-8 without control characters)"
     if state is None:
         return f"unknown state {session.state!r}"
@@ -672,9 +667,7 @@ def _session_problem(session: ArchiveSession) -> str:
     settings = (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
     if not all(_in_range(v, 1) for v in settings) or not _in_range(session.max_suspend_ms):
         return "a retention or deadline setting out of range"
-    size = len(session.mode.encode()) + len((session.context_id or "").encode())
-    size += sum(len(k.encode()) + len(v.encode()) for k, v in session.tags.items())
-    size += sum(len(k.encode()) + len(v) for k, v in session.extensions.items())
+    size = metadata_bytes(session.mode, session.context_id, session.tags, session.extensions)
     if size > MAX_METADATA_BYTES:
         return f"its metadata is over {MAX_METADATA_BYTES} bytes"
     return ""
@@ -705,7 +698,7 @@ def _check_event(event: ArchiveEvent, at: int) -> None:
         raise ArchiveInvalid(
             "too_large", f"event {event.ordinal} is over {MAX_EVENT_BYTES} bytes", offset=at
         )
-    if not _name_ok(event.type):
+    if not name_ok(event.type):
         raise ArchiveInvalid(
             "invalid_field", f"event {event.ordinal} has an invalid type", offset=at
         )

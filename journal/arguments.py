@@ -32,6 +32,8 @@ __all__ = [
     "check_now",
     "check_retention",
     "check_snapshot",
+    "metadata_bytes",
+    "name_ok",
 ]
 
 MAX_EVENT_BYTES: Final = 8 << 20
@@ -52,14 +54,28 @@ _NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
 _digest_encoder: Final = msgspec.msgpack.Encoder()
 
 
-def check_name(what: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+def name_ok(value: str) -> bool:
+    """The rule for ids, types and keys: 1 to 256 bytes of UTF-8, no control characters."""
     try:
         size = len(value.encode())
     except UnicodeEncodeError:  # lone surrogates (e.g. undecodable command-line bytes)
-        size = MAX_NAME_LENGTH + 1
-    if not value or size > MAX_NAME_LENGTH or not _NAME_RE.fullmatch(value):
+        return False
+    return 0 < size <= MAX_NAME_LENGTH and _NAME_RE.fullmatch(value) is not None
+
+
+def metadata_bytes(
+    mode: str, context_id: str | None, tags: Mapping[str, str], extensions: Mapping[str, bytes]
+) -> int:
+    """What counts against `MAX_METADATA_BYTES` (UTF-8 and bytes)."""
+    size = len(mode.encode()) + len((context_id or "").encode())
+    size += sum(len(k.encode()) + len(v.encode()) for k, v in tags.items())
+    return size + sum(len(k.encode()) + len(v) for k, v in extensions.items())
+
+
+def check_name(what: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not name_ok(value):
         raise InvalidArgument(
             f"{what} {value!r} is invalid: use 1 to {MAX_NAME_LENGTH} bytes of UTF-8 "
             "without control characters"
@@ -108,9 +124,7 @@ def check_create(
         raise InvalidArgument("max_suspend_ms must be an int >= 0 below 2**62 (0 = 7 days)")
     if len(tag_map) > MAX_METADATA_ENTRIES or len(ext_map) > MAX_METADATA_ENTRIES:
         raise InvalidArgument(f"at most {MAX_METADATA_ENTRIES} tags and as many extensions")
-    size = len(mode.encode()) + len((context_id or "").encode())
-    size += sum(len(k.encode()) + len(v.encode()) for k, v in tag_map.items())
-    size += sum(len(k.encode()) + len(v) for k, v in ext_map.items())
+    size = metadata_bytes(mode, context_id, tag_map, ext_map)
     if size > MAX_METADATA_BYTES:
         raise InvalidArgument(
             f"mode, context_id, tags and extensions come to {size} bytes; the limit is "
