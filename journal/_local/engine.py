@@ -91,6 +91,12 @@ ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
 
+def _store_wide(error: Exception) -> bool:
+    """An error of the store itself (its files, its view), not of what one request
+    carried: every request of the batch would meet it again."""
+    return isinstance(error, (OSError, lmdb.Error, JournalError))
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -525,6 +531,13 @@ class LocalEngine:
                         raise
                     self._view.grow()
         except BaseException as e:
+            if isinstance(e, Exception) and len(batch) > 1 and not _store_wide(e):
+                # Something one request carried failed after planning (encoding its
+                # records, projecting them): nothing was committed, so commit each
+                # request alone and let the failure stay with the one that causes it.
+                for r in batch:
+                    self._run_commit([r])
+                return
             # Nothing of this batch was committed: no caller may see a result.
             for r in batch:
                 r.result = None
