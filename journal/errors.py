@@ -136,11 +136,16 @@ class ReadOnlyStore(JournalError):
 
 
 class StoreUnavailable(JournalError):
-    """The store's files cannot be opened or created (permissions, a file in the way, a
-    missing parent directory); `errno` says why."""
+    """The store's files cannot be opened, created, written, synced or read (permissions,
+    a file in the way, a full disk, an I/O error). `errno` is the OS error number when an
+    OS call failed (None otherwise). A write that raises it was not committed."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class StoreNotFound(JournalError):

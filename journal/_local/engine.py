@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -27,8 +28,9 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar, cast
 
 import lmdb
 import msgspec
@@ -95,6 +97,37 @@ def _store_wide(error: Exception) -> bool:
     """An error of the store itself (its files, its view), not of what one request
     carried: every request of the batch would meet it again."""
     return isinstance(error, (OSError, lmdb.Error, JournalError))
+
+
+def _unavailable(error: OSError, *, writing: bool = True) -> StoreUnavailable:
+    """The error a caller sees when the store's disk refused an operation."""
+    what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+    unavailable = StoreUnavailable(
+        f"the store's files could not be {'written' if writing else 'read'}: {what}; "
+        + ("nothing of this call was committed, and " if writing else "")
+        + "the store is usable again once the cause is fixed (free space, replace the "
+        "disk); retry then",
+        errno=error.errno,
+    )
+    unavailable.__cause__ = error
+    return unavailable
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _reads_disk(method: _Method) -> _Method:
+    """An engine method that reads the store's files: an OS error becomes
+    `StoreUnavailable` (a failed commit is converted where the batch fails)."""
+
+    @functools.wraps(method)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except OSError as e:
+            raise _unavailable(e, writing=False) from e
+
+    return cast(_Method, guarded)
 
 
 def _now_ms() -> int:
@@ -411,6 +444,7 @@ class LocalEngine:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
 
+    @_reads_disk
     def check_usable(self) -> None:
         if self._closed:
             raise JournalClosed("this journal is closed; open it again with Journal.open()")
@@ -422,6 +456,7 @@ class LocalEngine:
         if self._private_dir is not None:
             self._refresh_private_view()
 
+    @_reads_disk
     def head(self) -> int:
         if self._closed:
             return 1 << 63
@@ -539,11 +574,17 @@ class LocalEngine:
                     self._run_commit([r])
                 return
             # Nothing of this batch was committed: no caller may see a result.
+            error = e
+            if isinstance(e, OSError):
+                error = _unavailable(e)
+                # Work the failure interrupted (a seal, a rename) is finished by the next
+                # catch-up, as after a crash.
+                self._finished_interrupted = False
             for r in batch:
                 r.result = None
-                r.error = e
+                r.error = error
             if not batch:
-                raise
+                raise error from e
 
     def _commit(self, batch: list[Request]) -> None:
         view = self._view
@@ -612,6 +653,8 @@ class LocalEngine:
         view = self._view
         log = self._log
         head = view.head(txn)
+        if head is not None:
+            log.cut_pending_frames((head.segment, head.end_offset, head.next_position))
         if head is None:
             stored = view.store_id(txn)
             if stored is not None and stored != self.store_id:
@@ -687,6 +730,7 @@ class LocalEngine:
         self._readers.add(readers)
         return readers
 
+    @_reads_disk
     def read(
         self,
         session_id: str,
@@ -702,6 +746,7 @@ class LocalEngine:
             self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers
         )
 
+    @_reads_disk
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
         with SegmentReader(self._log.directory, row.snapshot_segment, self._ops) as reader:
             info, body = reader.read_frame(row.snapshot_offset)
@@ -754,12 +799,15 @@ class LocalEngine:
 
     # -- maintenance -----------------------------------------------------------------------
 
+    @_reads_disk
     def verify(self, progress: Progress | None) -> VerifyReport:
         return verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
 
+    @_reads_disk
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         return compact_store(self._log, self._view, self.submit, dead_share, progress)
 
+    @_reads_disk
     def stats(self) -> StoreStats:
         counts: dict[str, int] = {}
         with self._view.begin() as txn:

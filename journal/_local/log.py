@@ -68,6 +68,9 @@ class SegmentLog:
         self.compress_sealed = compress_sealed
         self.ops = ops
         self._writer: SegmentWriter | None = None
+        # Where the log ended before an append whose frame could not be cut off again
+        # (the undo's own write or sync failed): cut there before anything else happens.
+        self._cut_pending: tuple[int, int, int] | None = None
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -223,15 +226,55 @@ class SegmentLog:
         return writer.base_position, writer.end_offset, writer.next_position
 
     def undo_append(self, before: tuple[int, int, int]) -> None:
-        """Cut off a frame whose view update failed (the transaction did not commit), so no
-        later catch-up publishes what no caller was told succeeded. If the append started a
-        new segment, that segment keeps only its header (the sealed one is complete)."""
+        """Cut off a frame whose sync or view update failed (the transaction did not
+        commit), so no later catch-up publishes what no caller was told succeeded. If the
+        append started a new segment, that segment keeps only its header (the sealed one is
+        complete). If the cut itself fails (the disk still refuses), the writer is dropped
+        and the cut is owed: `cut_pending_frames` makes it before the next commit."""
         base, end_offset, next_position = before
-        writer = self.writer
-        if writer.base_position == base:
-            writer.attach(end_offset, next_position)
-        else:
-            writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+        writer = self._writer
+        try:
+            if writer is None:
+                pass  # the append failed while rotating, before any frame was written
+            elif writer.base_position == base:
+                writer.attach(end_offset, next_position)
+            else:
+                writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+        except OSError:
+            self._cut_pending = before
+            self.close()
+            raise
+
+    def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
+        """Make a cut `undo_append` owes (caller holds the write lock, before catch-up).
+
+        `head` is the view's (segment, end offset, next position). If it is still where
+        the log ended before the failed append, everything after that point is a frame no
+        caller was told succeeded: the segment is cut back and segments started after it
+        are deleted. (If another writer indexed past it meanwhile, that writer published
+        the frame, as after a crash between sync and view update: nothing is left to cut.)
+        A segment the failed append started keeps its header, as `undo_append` leaves it.
+        Raises `OSError` while the disk still refuses; then no commit may proceed."""
+        if self._cut_pending is None:
+            return
+        base, end_offset, _ = self._cut_pending
+        if head == self._cut_pending:
+            for later in self.bases():
+                if later >= base:
+                    self._cut_back(later, end_offset if later == base else SEGMENT_HEADER_SIZE)
+        self._cut_pending = None
+
+    def _cut_back(self, base_position: int, end_offset: int) -> None:
+        try:
+            fd = os.open(os.path.join(self.directory, segment_name(base_position)), os.O_RDWR)
+        except FileNotFoundError:
+            return  # sealed and compressed by the failed append's rotation: complete
+        try:
+            if os.fstat(fd).st_size > end_offset:
+                self.ops.ftruncate(fd, end_offset)
+                self.ops.fsync(fd)
+        finally:
+            os.close(fd)
 
     def _create_segment(self, base_position: int) -> SegmentWriter:
         return SegmentWriter.create(
@@ -291,6 +334,9 @@ class SegmentLog:
         next_position = writer.next_position
         known = writer.summary()
         writer.close()
+        # If the next segment cannot be created, no writer is open: the next commit's
+        # catch-up re-attaches to the segment the view names.
+        self._writer = None
         self._writer = self._create_segment(next_position)
         self.seal(sealed, known)
         return sealed

@@ -20,7 +20,7 @@ import msgspec
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
-from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX, sidecar_name
+from .frames import COMPRESSED_SUFFIX, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, sidecar_name
 from .log import SegmentLog
 from .projector import project_log
 from .segments import SegmentReader, summarize_segment
@@ -182,10 +182,7 @@ def compare_views(
     if (
         live_head is None
         or fresh_head is None
-        or (
-            (live_head.segment, live_head.end_offset, live_head.next_position)
-            != (fresh_head.segment, fresh_head.end_offset, fresh_head.next_position)
-        )
+        or not (_same_end(live_head, fresh_head) or _same_end(fresh_head, live_head))
     ):
         problems.append(
             VerifyProblem("index", 0, f"head {live_head} but the log ends {fresh_head}")
@@ -267,3 +264,14 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
                 rebuilt.close()
                 shutil.rmtree(directory, ignore_errors=True)
     return VerifyReport(len(log.bases()), frames, records, problems)
+
+
+def _same_end(a: Head, b: Head) -> bool:
+    """Whether two heads name the same end of the log: equal, or `a` at the start of an
+    empty active segment that begins where `b`'s segment ends (a rotation whose first
+    frame was refused leaves such a segment; a rebuild stops before it)."""
+    if a.next_position != b.next_position:
+        return False
+    if (a.segment, a.end_offset) == (b.segment, b.end_offset):
+        return True
+    return a.segment == a.next_position and a.end_offset == SEGMENT_HEADER_SIZE

@@ -1,0 +1,209 @@
+"""A simulated disk for the I/O fault and power-cut tests, through the `FileOps` seam.
+
+`SimulatedDisk` performs every operation on the real files and keeps, beside them, what a
+power cut would leave: each file's content as of its last successful sync (by inode) and
+each directory's entries as of its last sync. Faults make chosen operations fail with an
+OS error; a failed sync behaves as Linux does: the data written since the last sync is
+dropped from what can ever reach the disk (its pages are marked clean), so it is lost
+unless it is written again. `power_cut()` rewrites the store's files to what the disk
+holds: unsynced directory entries vanish, files go back to their synced content (plus,
+at random, part of what was written after it, as a disk may persist some pages), and the
+view (`index/`) is dropped, as a reboot discards it.
+"""
+
+from __future__ import annotations
+
+import errno as errnos
+import os
+import random
+import shutil
+import stat
+from dataclasses import dataclass, field
+
+from journal._local.files import FileOps
+
+__all__ = ["SimulatedDisk"]
+
+
+@dataclass
+class _File:
+    synced: bytes = b""
+    unsynced: list[tuple[int, int]] = field(default_factory=list)
+    lost: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _minus(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[int, int]]:
+    kept = []
+    for a, b in ranges:
+        if b <= start or a >= end:
+            kept.append((a, b))
+            continue
+        if a < start:
+            kept.append((a, start))
+        if b > end:
+            kept.append((end, b))
+    return kept
+
+
+def _path_of(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+class SimulatedDisk(FileOps):
+    """File operations on the real files that also track what has been synced."""
+
+    def __init__(self, root: str, rng: random.Random) -> None:
+        self.root = root
+        self.rng = rng
+        self.calls = 0
+        self.cut_at: int | None = None  # the call at which the power goes
+        self.dead = False
+        # operation name -> (errno, how many more calls fail)
+        self.faults: dict[str, tuple[int, int]] = {}
+        self.refused: list[str] = []  # paths whose unlink failed
+        self._files: dict[int, _File] = {}
+        self._listings: dict[str, dict[str, int]] = {}
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Take everything under the root as on disk (the starting point of a test)."""
+        self._files.clear()
+        self._listings.clear()
+        for directory, dirs, files in os.walk(self.root):
+            self._listings[directory] = {
+                name: os.lstat(os.path.join(directory, name)).st_ino for name in dirs + files
+            }
+            for name in files:
+                path = os.path.join(directory, name)
+                with open(path, "rb") as f:
+                    self._files[os.fstat(f.fileno()).st_ino] = _File(f.read())
+
+    def fail(self, operation: str, errno: int, times: int = 1) -> None:
+        self.faults[operation] = (errno, times)
+
+    # -- the seam --------------------------------------------------------------------------
+
+    def _enter(self, operation: str) -> None:
+        self.calls += 1
+        if self.cut_at is not None and self.calls >= self.cut_at:
+            self.dead = True
+        if self.dead:
+            raise OSError(errnos.EIO, "the power is off")
+        fault = self.faults.get(operation)
+        if fault is not None and fault[1] > 0:
+            self.faults[operation] = (fault[0], fault[1] - 1)
+            raise OSError(fault[0], os.strerror(fault[0]))
+
+    def _file(self, fd: int) -> _File:
+        return self._files.setdefault(os.fstat(fd).st_ino, _File())
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        self._enter("pread")
+        return super().pread(fd, length, offset)
+
+    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+        self._enter("pwrite")
+        written = super().pwrite(fd, data, offset)
+        tracked = self._file(fd)
+        tracked.unsynced.append((offset, offset + written))
+        tracked.lost = _minus(tracked.lost, offset, offset + written)
+        return written
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        self._enter("ftruncate")
+        super().ftruncate(fd, length)
+        tracked = self._file(fd)
+        tracked.lost = _minus(tracked.lost, length, 1 << 62)
+        tracked.unsynced.append((length, length))
+
+    def fsync(self, fd: int) -> None:
+        self._sync(fd, "fsync")
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync(fd, "fdatasync")
+
+    def _sync(self, fd: int, operation: str) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            self._enter(operation)
+            directory = _path_of(fd)
+            self._listings[directory] = {
+                name: os.lstat(os.path.join(directory, name)).st_ino
+                for name in os.listdir(directory)
+            }
+            return
+        tracked = self._file(fd)
+        try:
+            self._enter(operation)
+        except OSError:
+            if not self.dead:
+                # Linux after a failed writeback: the pages are clean, the data is not on
+                # disk, and no later sync writes it.
+                tracked.lost.extend(r for r in tracked.unsynced if r[1] > r[0])
+                tracked.unsynced.clear()
+            raise
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            content = bytearray(f.read())
+        for start, end in tracked.lost:
+            if start >= len(content):
+                continue
+            old = tracked.synced[start:end].ljust(end - start, b"\0")
+            content[start:end] = old[: len(content[start:end])]
+        tracked.synced = bytes(content)
+        tracked.unsynced.clear()
+
+    def replace(self, source: str, destination: str) -> None:
+        self._enter("replace")
+        super().replace(source, destination)
+
+    def rename(self, source: str, destination: str) -> None:
+        self._enter("rename")
+        super().rename(source, destination)
+
+    def unlink(self, path: str) -> None:
+        try:
+            self._enter("unlink")
+        except OSError:
+            self.refused.append(path)
+            raise
+        super().unlink(path)
+
+    # -- the power cut ---------------------------------------------------------------------
+
+    def power_cut(self) -> None:
+        """Leave only what the disk holds (call after the journal was abandoned)."""
+        self.dead = True
+        shutil.rmtree(os.path.join(self.root, "index"), ignore_errors=True)
+        for directory in sorted(self._listings, key=len):
+            if not os.path.isdir(directory) or os.path.basename(directory) == "index":
+                continue
+            listing = self._listings[directory]
+            for name in os.listdir(directory):
+                path = os.path.join(directory, name)
+                if name not in listing and name != "index":
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+            for name, inode in listing.items():
+                path = os.path.join(directory, name)
+                tracked = self._files.get(inode)
+                if path in self._listings or name == "index" or os.path.isdir(path):
+                    continue  # a directory: handled as its own listing
+                self._restore(path, inode, tracked)
+
+    def _restore(self, path: str, inode: int, tracked: _File | None) -> None:
+        content = tracked.synced if tracked is not None else b""
+        try:
+            current_stat = os.lstat(path)
+        except FileNotFoundError:
+            current_stat = None
+        if current_stat is not None and current_stat.st_ino == inode and tracked is not None:
+            with open(path, "rb") as f:
+                current = f.read()
+            if not tracked.lost and current[: len(content)] == content:
+                # Some pages written after the last sync may have reached the disk.
+                extra = current[len(content) :]
+                content += extra[: self.rng.randrange(len(extra) + 1)] if extra else b""
+        with open(path, "wb") as f:
+            f.write(content)
