@@ -80,7 +80,7 @@ from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .retention import delete_segment_files
-from .segments import SegmentReader
+from .segments import SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
 from .verify import verify_store
 from .view import Head, View
@@ -751,7 +751,7 @@ class LocalEngine:
         with SegmentReader(self._log.directory, row.snapshot_segment, self._ops) as reader:
             info, body = reader.read_frame(row.snapshot_offset)
             position = info.first_position
-            for record in decode_frame_body(body):
+            for record in frame_records(reader.name, info, body, decode_frame_body):
                 if (
                     isinstance(record, SnapshotTaken)
                     and record.incarnation == row.incarnation

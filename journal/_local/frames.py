@@ -184,21 +184,45 @@ def check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None
     end = at + FRAME_HEADER_SIZE + length
     if len(buf) < end:
         return None
-    body = buf[at + FRAME_HEADER_SIZE : end]
-    if zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) != crc:
+    if not _crc_matches(buf, at, length, first, count, crc):
         raise BadFrame("frame checksum mismatch")
     return length, first, count
 
 
+def _crc_matches(
+    buf: bytes | memoryview, at: int, length: int, first: int, count: int, crc: int
+) -> bool:
+    # A view, not a slice: checking a frame never copies its body.
+    body = memoryview(buf)[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + length]
+    return zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) == crc
+
+
+# How many body bytes `valid_frame_after` checksums at most, per byte of its buffer (plus
+# a constant): frame-like bytes whose claimed bodies overlap would otherwise make the
+# search quadratic (a 4 MiB tail of such bytes took minutes).
+_SEARCH_CRC_BUDGET_PER_BYTE: Final = 8
+_SEARCH_CRC_BUDGET_BASE: Final = 64 << 20
+
+
 def valid_frame_after(buf: bytes, start: int, after_position: int) -> bool:
-    """True when some valid frame holding positions above `after_position` starts in buf."""
+    """True when some valid frame holding positions above `after_position` starts in buf.
+
+    Also True when the bytes hold so many frame-like candidates that checking them all
+    would exceed a checksum budget linear in the buffer: such bytes are damage, never a
+    torn write (which is one unfinished frame followed by zeros), so the caller reports
+    corruption instead of cutting them off.
+    """
+    budget = _SEARCH_CRC_BUDGET_BASE + _SEARCH_CRC_BUDGET_PER_BYTE * len(buf)
     at = buf.find(FRAME_MAGIC, start)
     while at != -1:
-        try:
-            checked = check_frame(buf, at)
-        except BadFrame:
-            checked = None
-        if checked is not None and checked[1] > after_position:
-            return True
+        if len(buf) - at >= FRAME_HEADER_SIZE:
+            _, length, crc, first, count = FRAME_HEADER.unpack_from(buf, at)
+            end = at + FRAME_HEADER_SIZE + length
+            if first > after_position and count and length <= MAX_FRAME_BODY and end <= len(buf):
+                budget -= length
+                if budget < 0:
+                    return True
+                if _crc_matches(buf, at, length, first, count, crc):
+                    return True
         at = buf.find(FRAME_MAGIC, at + 1)
     return False

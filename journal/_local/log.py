@@ -217,6 +217,14 @@ class SegmentLog:
         if writer is None or writer.base_position != segment:
             if writer is not None:
                 writer.close()
+                self._writer = None
+            plain = os.path.join(self.directory, segment_name(segment))
+            packed = os.path.join(self.directory, segment_name(segment, compressed=True))
+            if not os.path.exists(plain) and os.path.exists(packed):
+                # The head ends a sealed, compressed segment whose successor was never
+                # born (or was discarded unborn): start it, as `open_writer` does.
+                self._writer = self._create_segment(next_position)
+                return
             self._writer = writer = self._open_segment(segment)
         writer.attach(end_offset, next_position)
 

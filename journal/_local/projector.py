@@ -34,7 +34,7 @@ from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
-from .segments import SegmentReader
+from .segments import SegmentReader, frame_records
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
 from .view import Head, IdemEntry, View
 
@@ -487,7 +487,7 @@ def project_segments(
                         info.offset,
                         f"frame starts at position {info.first_position}, expected {expected}",
                     )
-                projection.apply(info, decode_frame_body(body))
+                projection.apply(info, frame_records(reader.name, info, body, decode_frame_body))
     return bases[:-1]
 
 

@@ -9,7 +9,6 @@ import threading
 from typing import cast
 
 import lmdb
-import msgspec
 
 from ..engine import EventsPage
 from ..errors import JournalCorrupt
@@ -18,7 +17,7 @@ from ..records import decode_frame_for_read
 from ..sessions import SessionRow
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import segment_name
-from .segments import SegmentReader
+from .segments import SegmentReader, frame_records
 from .view import Head, View
 
 __all__ = ["ReaderCache", "read_page"]
@@ -168,10 +167,7 @@ def _read_events(
     for _, segment, offset in view.iter_frame_locations(txn, incarnation, start):
         reader = readers.get(segment)
         info, body = reader.read_frame(offset, head_end if segment == head_segment else None)
-        try:
-            records = decode_frame_for_read(body)
-        except msgspec.DecodeError as e:
-            raise JournalCorrupt(reader.name, offset, f"undecodable frame: {e}") from None
+        records = frame_records(reader.name, info, body, decode_frame_for_read)
         position = info.first_position
         count = len(records)
         first_record = records[0]

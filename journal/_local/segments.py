@@ -29,7 +29,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Final
+from typing import Final, TypeVar
 
 import msgspec
 import zstandard
@@ -69,6 +69,7 @@ __all__ = [
     "SegmentReader",
     "SegmentWriter",
     "compress_segment",
+    "frame_records",
     "summarize_segment",
 ]
 
@@ -191,12 +192,15 @@ class SegmentReader:
                         yield from self._plain_frames(offset, committed_end, tail)
                         return
                     raise JournalCorrupt(self.name, offset, "frame is cut short")
-                # Keep the unread part and read more; large frames get one exact read.
+                # Keep the unread part and read more; large frames get one exact read,
+                # never past what the file holds (a damaged length must not allocate it).
                 want = _READ_CHUNK
+                read_at = buf_start + len(buf)
                 if len(buf) - at >= FRAME_HEADER_SIZE:
                     length = FRAME_HEADER.unpack_from(buf, at)[1]
                     want = max(want, FRAME_HEADER_SIZE + length - (len(buf) - at))
-                more = self._ops.pread(self._fd, want, buf_start + len(buf))
+                    want = min(want, max(_READ_CHUNK, self.file_size() - read_at))
+                more = self._ops.pread(self._fd, want, read_at)
                 self._ops.point("segments.tail_read" if tail else "segments.read")
                 if len(more) < want:
                     eof = True
@@ -270,7 +274,10 @@ class SegmentReader:
             # Bytes past the committed end would not be trusted anyway: a follower at the
             # head reads what was just committed, not a megabyte of preallocated zeros.
             size = min(size, committed_end - offset)
-        self._chunk = self._ops.pread(self._fd, max(size, needed), offset)
+        if needed > size:
+            # Never past what the file holds: a damaged length must not allocate it.
+            needed = min(needed, max(self.file_size() - offset, 0))
+        self._chunk = self._ops.pread(self._fd, max(size, needed, 0), offset)
         self._chunk_start = offset
         end = offset + len(self._chunk)
         self._trusted_end = end if committed_end is None else min(end, committed_end)
@@ -299,7 +306,7 @@ class SegmentReader:
         if len(header) < FRAME_HEADER_SIZE or header[:4] != FRAME_MAGIC:
             return False
         length = FRAME_HEADER.unpack(header)[1]
-        if length > MAX_FRAME_BODY:
+        if length > min(MAX_FRAME_BODY, self.file_size() - offset - FRAME_HEADER_SIZE):
             return False
         raw = header + self._ops.pread(self._fd, length, offset + FRAME_HEADER_SIZE)
         try:
@@ -338,6 +345,9 @@ class SegmentReader:
             blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
         except msgspec.DecodeError:
             raise JournalCorrupt(self.name, footer_at, "block table is undecodable") from None
+        problem = _block_table_problem(blocks, footer_at)
+        if problem:
+            raise JournalCorrupt(self.name, footer_at, f"block table is damaged: {problem}")
         return blocks
 
     def _decompress(self, uoffset: int, ulength: int, coffset: int, clength: int) -> bytes:
@@ -353,8 +363,7 @@ class SegmentReader:
         if ulength > MAX_BLOCK_BYTES:
             raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
         try:
-            # The output cap keeps a damaged or hostile block from expanding without bound.
-            block = _DECOMPRESSOR.decompress(payload, max_output_size=ulength)
+            block = _decompress_block(payload, ulength)
         except zstandard.ZstdError as e:
             raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
         if len(block) != ulength:
@@ -382,6 +391,45 @@ class SegmentReader:
                     info = FrameInfo(self.base_position, offset, first, count, length)
                     yield info, memoryview(block)[body_start : body_start + length]
                 at = body_start + length
+
+
+def _block_table_problem(blocks: list[tuple[int, int, int, int]], footer_at: int) -> str:
+    """What is wrong with a decoded block table ("" if nothing): every block must lie
+    between the header and the footer, in file order, and cover increasing, disjoint
+    uncompressed ranges of at most `MAX_BLOCK_BYTES`, so no read trusts a length the file
+    cannot hold."""
+    uncompressed_end = SEGMENT_HEADER_SIZE
+    file_end = SEGMENT_HEADER_SIZE
+    for uoffset, ulength, coffset, clength in blocks:
+        if uoffset < uncompressed_end or not 0 < ulength <= MAX_BLOCK_BYTES:
+            return f"uncompressed range {uoffset}+{ulength} is out of order or implausible"
+        if coffset < file_end or clength < 0 or coffset + BLOCK_HEADER.size + clength > footer_at:
+            return f"block at byte {coffset} ({clength} bytes) lies outside the block area"
+        uncompressed_end = uoffset + ulength
+        file_end = coffset + BLOCK_HEADER.size + clength
+    return ""
+
+
+# Blocks up to this size are decompressed in one call, whose output buffer is allocated
+# up front at the block's claimed size; larger ones (a single large frame) are streamed,
+# so a damaged block claiming a huge size fails before that much memory is taken.
+_ONE_SHOT_BLOCK_BYTES: Final = 2 * BLOCK_TARGET_BYTES
+
+
+def _decompress_block(payload: memoryview, ulength: int) -> bytes:
+    """The block's bytes: at most `ulength + 1` of them (the caller checks the size)."""
+    if ulength <= _ONE_SHOT_BLOCK_BYTES:
+        return _DECOMPRESSOR.decompress(payload, max_output_size=ulength)
+    parts: list[bytes] = []
+    produced = 0
+    with _DECOMPRESSOR.stream_reader(payload) as stream:
+        while produced <= ulength:
+            part = stream.read(min(_READ_CHUNK, ulength + 1 - produced))
+            if not part:
+                break
+            parts.append(part)
+            produced += len(part)
+    return b"".join(parts)
 
 
 class SegmentWriter:
@@ -683,9 +731,34 @@ def compress_segment(
     return final, summary
 
 
-def _digest(name: str, info: FrameInfo, body: memoryview) -> FrameDigest:
+RecordT = TypeVar("RecordT")
+
+
+def frame_records(
+    name: str,
+    info: FrameInfo,
+    body: memoryview,
+    decode: Callable[[memoryview], list[RecordT]],
+) -> list[RecordT]:
+    """The records of a frame whose checksum verified, decoded by `decode`.
+
+    `JournalCorrupt` (segment `name`, the frame's offset) when the body does not decode
+    or does not hold the `count` records its header claims: every reader of frame bodies
+    decodes through here, so a checksummed but malformed body never escapes as a decoder
+    error or as positions without records.
+    """
     try:
-        records = decode_frame_body(body)
+        records = decode(body)
     except msgspec.DecodeError as e:
         raise JournalCorrupt(name, info.offset, f"undecodable frame: {e}") from None
-    return digest_records(records)
+    if len(records) != info.count:
+        raise JournalCorrupt(
+            name,
+            info.offset,
+            f"frame header says {info.count} records, its body holds {len(records)}",
+        )
+    return records
+
+
+def _digest(name: str, info: FrameInfo, body: memoryview) -> FrameDigest:
+    return digest_records(frame_records(name, info, body, decode_frame_body))

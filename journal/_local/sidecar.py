@@ -15,9 +15,9 @@ from typing import Final
 
 import msgspec
 
-from ..records import TURN_EVENT_TYPES, EventAppended, Record, SnapshotTaken
+from ..records import TURN_EVENT_TYPES, EventAppended, Record, SnapshotTaken, decode_record
 from .files import DEFAULT_FILE_OPS, FileOps, write_atomic
-from .frames import SEGMENT_HEADER_SIZE, sidecar_name
+from .frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, sidecar_name
 
 __all__ = [
     "SUMMARY_FORMAT",
@@ -204,7 +204,74 @@ def read_summary(directory: str, base_position: int) -> SegmentSummary | None:
         summary = _summary_decoder.decode(body)
     except msgspec.DecodeError:
         return None
-    return summary if summary.base_position == base_position else None
+    return summary if _plausible(summary, base_position) else None
+
+
+# Positions, ordinals, incarnations, sizes and times a sidecar may hold are below this, so
+# sums of them stay within the view's u64 fields.
+_SIDECAR_LIMIT: Final = 1 << 63
+
+
+def _plausible(summary: SegmentSummary, base_position: int) -> bool:
+    """Whether a checksummed sidecar is consistent in itself: its frames lie in order
+    inside the segment and every run and record points at one of them, within its
+    positions. Projecting it then cannot fail on a value; whether it matches its segment
+    is `verify`'s question (a consistent forgery is only caught there)."""
+    limit = _SIDECAR_LIMIT
+    last = summary.last_position
+    if not (
+        1 <= summary.format <= SUMMARY_FORMAT
+        and summary.base_position == base_position
+        and 1 <= base_position <= last + 1 < limit
+        and SEGMENT_HEADER_SIZE <= summary.data_end < limit
+    ):
+        return False
+    frames: dict[int, tuple[int, int]] = {}
+    previous_end = SEGMENT_HEADER_SIZE
+    next_position = base_position
+    for offset, first, count in summary.frames:
+        if not (
+            offset >= previous_end
+            and offset + FRAME_HEADER_SIZE <= summary.data_end
+            and next_position <= first
+            and count >= 1
+            and first + count - 1 <= last
+        ):
+            return False
+        frames[offset] = (first, first + count)
+        previous_end = offset + FRAME_HEADER_SIZE
+        next_position = first + count
+    for incarnation, spans in summary.sessions.items():
+        if not 1 <= incarnation < limit:
+            return False
+        for first_ordinal, last_ordinal, offset in spans:
+            if not (1 <= first_ordinal <= last_ordinal < limit and offset in frames):
+                return False
+    for block in summary.blocks:
+        if not all(0 <= value < limit for value in block):
+            return False
+    for run in summary.event_runs:
+        span = frames.get(run.frame_offset)
+        if not (
+            span is not None
+            and span[0] <= run.position
+            and run.count >= 1
+            and run.position + run.count <= span[1]
+            and 1 <= run.incarnation < limit
+            and 1 <= run.first_ordinal < limit - run.count
+            and 0 <= run.data_bytes < limit
+            and 0 <= run.time_ms < limit
+        ):
+            return False
+    for other in summary.others:
+        span = frames.get(other.frame_offset)
+        if span is None or not span[0] <= other.position < span[1]:
+            return False
+        try:
+            decode_record(other.encoded)
+        except msgspec.DecodeError:
+            return False
+    return True
 
 
 class SummaryBuilder:

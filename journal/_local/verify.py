@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Final
 
 import lmdb
-import msgspec
 
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
@@ -23,7 +22,7 @@ from ..records import EventAppended, decode_frame_body
 from .frames import COMPRESSED_SUFFIX, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, sidecar_name
 from .log import SegmentLog
 from .projector import project_log
-from .segments import SegmentReader, summarize_segment
+from .segments import SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary
 from .view import Head, View
 
@@ -68,11 +67,9 @@ def check_log(
                 for info, body in reader.frames(committed_end=committed_end, tail=active):
                     frames += 1
                     try:
-                        decoded = decode_frame_body(body)
-                    except msgspec.DecodeError as e:
-                        problems.append(
-                            VerifyProblem(reader.name, info.offset, f"undecodable frame: {e}")
-                        )
+                        decoded = frame_records(reader.name, info, body, decode_frame_body)
+                    except JournalCorrupt as e:
+                        problems.append(VerifyProblem(e.segment, e.offset, e.detail))
                         continue
                     records += len(decoded)
                     position = info.first_position
