@@ -440,6 +440,8 @@ def check_store_path(path: object) -> str:
         raise InvalidArgument(f"path: {e}") from None
     if not isinstance(given, str):
         raise InvalidArgument("path must name the store as a str, not bytes")
+    if not given:
+        raise InvalidArgument('path is empty: name the store\'s directory (".": this one)')
     if "\0" in given:
         raise InvalidArgument("path contains a NUL character")
     try:

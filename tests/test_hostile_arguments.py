@@ -228,7 +228,7 @@ class Bystander(threading.Thread):
                 self.failures.append(e)
                 return
             self.appended += 1
-            time.sleep(0.001)
+            time.sleep(0.002)
 
 
 @dataclass
@@ -265,7 +265,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
         j.create_session("ended")
         j.resolve_session("ended")
         j.create_session("owned")
-        j.create_session("bystander")
+        # its history trimmed as it goes (and dead segments deleted): verify stays quick
+        j.create_session("bystander", max_history_bytes=1 << 12)
         lifecycle = next(iter(j.watch_sessions())).cursor
         token = j.list_sessions_page(page_size=1).next_page_token
         archive = tmp_path / "open.jnl"
@@ -582,11 +583,13 @@ def _attempt(env: Env, name: str, given: dict[str, Any]) -> None:
     for timer in timers:
         timer.start()
     returned = False
+    before = set(os.listdir())
     try:
         _call(env, name, kwargs)
         returned = True
     except InvalidArgument:
-        pass
+        if name == "Journal.open":
+            assert set(os.listdir()) == before, f"{name}(**{kwargs!r}) was refused late"
     except target.allowed:
         pass
     except JournalError as e:
@@ -630,7 +633,7 @@ def test_hostile_arguments_raise_only_documented_errors(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TARGETS))
-@settings(max_examples=400)
+@settings(max_examples=200)
 @given(data=st.data())
 def test_hostile_arguments_raise_only_documented_errors_deep(
     env: Env, name: str, data: st.DataObject
@@ -653,6 +656,7 @@ def _calls(j: Journal, tmp: Path) -> dict[str, Callable[[], object]]:
         "open-pathlike-bytes": lambda: Journal.open(_FsPath(b"store")),
         "open-pathlike-int": lambda: Journal.open(_FsPath(5)),
         "open-surrogate-path": lambda: Journal.open(str(tmp / "a\udc80")),
+        "open-empty-path": lambda: Journal.open(""),  # created a store in the cwd, then failed
         "open-key-ring": lambda: Journal.open(tmp / "k", key_ring=5),  # type: ignore[arg-type]
         "over-not-an-engine": lambda: Journal.over(None),  # type: ignore[arg-type]
         "mode-surrogate": lambda: j.create_session("m", mode="a\udc80"),
@@ -710,8 +714,11 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Journal]:
 
 @pytest.mark.parametrize("label", sorted(_calls(None, Path()).keys()))  # type: ignore[arg-type]
 def test_a_hostile_argument_is_refused_with_invalid_argument(
-    shared: Journal, tmp_path: Path, label: str
+    shared: Journal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, label: str
 ) -> None:
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     try:
         result = _calls(shared, tmp_path)[label]()
     except InvalidArgument:
@@ -723,6 +730,7 @@ def test_a_hostile_argument_is_refused_with_invalid_argument(
             result.release()
         raise AssertionError(f"accepted: {result!r:.80}")
     assert not (tmp_path / "a\udc80").exists(), "a refused store path creates nothing"
+    assert list(cwd.iterdir()) == [], "a refused call creates nothing"
     shared.append("s", [EventIn("t", b"y")])
 
 
