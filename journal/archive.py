@@ -105,9 +105,9 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         for name, most, bound in (
-            ("max_content_bytes", MAX_SETTING - 1, "below 2**62"),
+            ("max_content_bytes", MAX_SETTING, "of at most 2**62"),
             ("max_window_bytes", _MAX_WINDOW_BYTES, "of at most 2**31 (zstd's largest window)"),
-            ("max_record_bytes", MAX_SETTING - 1, "below 2**62"),
+            ("max_record_bytes", MAX_SETTING, "of at most 2**62"),
         ):
             value = getattr(self, name)
             if value.__class__ is not int or not 0 < value <= most:
