@@ -31,6 +31,7 @@ from .arguments import (
     MAX_NAME_LENGTH,
     MAX_SETTING,
     metadata_bytes,
+    mode_ok,
     name_ok,
 )
 from .errors import ArchiveInvalid, InvalidArgument
@@ -88,6 +89,7 @@ _BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
 _BATCH_EVENTS: Final = 1000
 _COMPRESSION_LEVEL: Final = 3
 _STORE_ID: Final = re.compile(r"[0-9a-f]{32}")
+_MAX_WINDOW_BYTES: Final = 1 << 31
 
 
 class ArchiveLimits(msgspec.Struct, frozen=True):
@@ -102,10 +104,16 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
     max_record_bytes: int = MAX_BATCH_BYTES + (1 << 20)
 
     def __post_init__(self) -> None:
-        for name in ("max_content_bytes", "max_window_bytes", "max_record_bytes"):
+        for name, most, bound in (
+            ("max_content_bytes", MAX_SETTING, "of at most 2**62"),
+            ("max_window_bytes", _MAX_WINDOW_BYTES, "of at most 2**31 (zstd's largest window)"),
+            ("max_record_bytes", MAX_SETTING, "of at most 2**62"),
+        ):
             value = getattr(self, name)
-            if value.__class__ is not int or value < 1:
-                raise InvalidArgument(f"ArchiveLimits.{name} must be a positive int")
+            if value.__class__ is not int or not 0 < value <= most:
+                raise InvalidArgument(
+                    f"ArchiveLimits.{name} must be a positive int {bound}, got {value!r}"
+                )
 
     @property
     def max_archive_bytes(self) -> int:
@@ -653,6 +661,8 @@ def _session_problem(session: ArchiveSession) -> str:
         return "not a valid session id (1 to 256 bytes of UTF-8 without control characters)"
     if state is None:
         return f"unknown state {session.state!r}"
+    if not mode_ok(session.mode):
+        return "not a valid mode (at most 256 bytes of UTF-8 without control characters)"
     if session.first_ordinal < 1 or session.last_ordinal < session.first_ordinal - 1:
         return f"retained range [{session.first_ordinal}, {session.last_ordinal}] is not a range"
     if not (_in_range(session.last_ordinal) and _in_range(session.created_at_ms)):

@@ -4,15 +4,20 @@ built, so a bad call fails alone with `InvalidArgument` and never reaches an eng
 from __future__ import annotations
 
 import hashlib
+import math
+import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, TypeVar
 
 import msgspec
 
+from cursors import KeyRing
+
 from .engine import Append, CreateSession
 from .errors import InvalidArgument
-from .models import EventIn, RetentionPolicy
+from .follow import Notifier
+from .models import EventIn, RetentionPolicy, SessionState
 from .records import TURN_EVENT_TYPES
 
 __all__ = [
@@ -25,14 +30,28 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_PAGE_SIZE",
     "MAX_REQUEST_ID_BYTES",
+    "MAX_SEGMENT_BYTES",
     "MAX_SETTING",
     "EventChecker",
+    "check_callback",
     "check_create",
+    "check_engine",
+    "check_flag",
+    "check_int",
+    "check_listing",
+    "check_max_bytes",
+    "check_mode",
     "check_name",
     "check_now",
+    "check_request_id",
     "check_retention",
+    "check_seconds",
     "check_snapshot",
+    "check_stop",
+    "check_store_path",
+    "check_text",
     "metadata_bytes",
+    "mode_ok",
     "name_ok",
 ]
 
@@ -46,21 +65,42 @@ MAX_METADATA_ENTRIES: Final = 10_000  # tags, and extensions, per session
 MAX_REQUEST_ID_BYTES: Final = 64 << 10
 # times, TTLs, suspension caps and history limits stay below this (ms, bytes)
 MAX_SETTING: Final = 1 << 62
+_U64_END: Final = 1 << 64
+# Segment files stay far below the offsets the formats can address.
+MAX_SEGMENT_BYTES: Final = 1 << 40
 DEFAULT_PAGE_BYTES: Final = 1 << 20
 DEFAULT_PAGE_SIZE: Final = 100
 MAX_PAGE_SIZE: Final = 1000
 
-_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f]+")
+# Control characters are Unicode's (category Cc): C0, DEL and C1.
+_NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f-\x9f]+")
+_MODE_RE: Final = re.compile(r"[^\x00-\x1f\x7f-\x9f]*")
 _digest_encoder: Final = msgspec.msgpack.Encoder()
+_NAME_RULE: Final = f"1 to {MAX_NAME_LENGTH} bytes of UTF-8 without control characters"
+
+CallbackT = TypeVar("CallbackT", bound=Callable[..., object])
+
+
+def _utf8_size(value: str) -> int | None:
+    """The UTF-8 length of `value`, or None when it has no UTF-8 form (lone surrogates,
+    e.g. from undecodable command-line bytes)."""
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError:
+        return None
 
 
 def name_ok(value: str) -> bool:
     """The rule for ids, types and keys: 1 to 256 bytes of UTF-8, no control characters."""
-    try:
-        size = len(value.encode())
-    except UnicodeEncodeError:  # lone surrogates (e.g. undecodable command-line bytes)
-        return False
-    return 0 < size <= MAX_NAME_LENGTH and _NAME_RE.fullmatch(value) is not None
+    size = _utf8_size(value)
+    return size is not None and 0 < size <= MAX_NAME_LENGTH and bool(_NAME_RE.fullmatch(value))
+
+
+def mode_ok(value: str) -> bool:
+    """The rule for modes: at most 256 bytes of UTF-8 (empty allowed), no control
+    characters."""
+    size = _utf8_size(value)
+    return size is not None and size <= MAX_NAME_LENGTH and bool(_MODE_RE.fullmatch(value))
 
 
 def metadata_bytes(
@@ -72,21 +112,102 @@ def metadata_bytes(
     return size + sum(len(k.encode()) + len(v) for k, v in extensions.items())
 
 
-def check_name(what: str, value: object) -> str:
+def _shown(value: str) -> str:
+    return repr(value if len(value) <= 80 else value[:80] + "...")
+
+
+def _plain_str(what: str, value: object) -> str:
+    """`value` as a plain str: a str subclass (a `StrEnum` member, ...) is copied, so
+    neither its overridden methods nor its class reach the checks or the encoder."""
+    if value.__class__ is str:
+        return value
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
-    if not name_ok(value):
+    return str.__str__(value)
+
+
+def _plain_bytes(what: str, value: object) -> bytes:
+    """`value` as plain bytes (a bytes subclass is copied through the buffer protocol)."""
+    if value.__class__ is bytes:
+        return value
+    if not isinstance(value, bytes):
         raise InvalidArgument(
-            f"{what} {value!r} is invalid: use 1 to {MAX_NAME_LENGTH} bytes of UTF-8 "
+            f"{what} is a {type(value).__name__}; it must be bytes (encode text or JSON first)"
+        )
+    return bytes(memoryview(value))
+
+
+def check_name(what: str, value: object) -> str:
+    """A plain str that follows the name rule (`name_ok`), or `InvalidArgument`."""
+    value = _plain_str(what, value)
+    if not name_ok(value):
+        raise InvalidArgument(f"{what} {_shown(value)} is invalid: use {_NAME_RULE}")
+    return value
+
+
+def check_mode(value: object) -> str:
+    value = _plain_str("mode", value)
+    if not mode_ok(value):
+        raise InvalidArgument(
+            f"mode {_shown(value)} is invalid: use at most {MAX_NAME_LENGTH} bytes of UTF-8 "
             "without control characters"
         )
     return value
 
 
+def check_text(what: str, value: object) -> str:
+    """A plain str with a UTF-8 form (what the log stores), or `InvalidArgument`."""
+    value = _plain_str(what, value)
+    if _utf8_size(value) is None:
+        raise InvalidArgument(
+            f"{what} {_shown(value)} is not valid Unicode (lone surrogates): decode bytes "
+            "with a UTF-8 codec before passing them"
+        )
+    return value
+
+
+def check_int(what: str, value: object, low: int, high: int = MAX_SETTING) -> int:
+    """An int (not a bool) with `low <= value < high`."""
+    if type(value) is int and low <= value < high:
+        return value
+    bound = {MAX_SETTING: "2**62", _U64_END: "2**64"}.get(high, str(high))
+    raise InvalidArgument(f"{what} must be an int >= {low} below {bound}, got {value!r}")
+
+
+def check_flag(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def check_callback(what: str, value: CallbackT | None) -> CallbackT | None:
+    if value is not None and not callable(value):
+        raise InvalidArgument(f"{what} must be a callable or None, got {type(value).__name__}")
+    return value
+
+
+def check_request_id(what: str, value: object) -> str:
+    """A request id: a str with a UTF-8 form of at most 64 KiB."""
+    value = check_text(what, value)
+    if len(value.encode()) > MAX_REQUEST_ID_BYTES:
+        raise InvalidArgument(f"{what} is over {MAX_REQUEST_ID_BYTES} bytes")
+    return value
+
+
+def check_seconds(what: str, value: object) -> float:
+    """A finite number of seconds >= 0 (an int or a float, not a bool)."""
+    if type(value) is int and 0 <= value < MAX_SETTING:
+        return float(value)
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+        return value
+    raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+
+
 def check_now(now_ms: object) -> int | None:
-    if now_ms is not None and not isinstance(now_ms, int):
-        raise InvalidArgument("now_ms must be an int (ms since the epoch) or None")
-    return now_ms
+    if now_ms is None:
+        return None
+    # only compared with deadlines, never stored: any u64 will do (2**62 and up: "never")
+    return check_int("now_ms (ms since the epoch)", now_ms, 0, _U64_END)
 
 
 def check_create(
@@ -100,30 +221,25 @@ def check_create(
     max_history_bytes: int | None,
     max_history_age_ms: int | None,
 ) -> CreateSession:
-    check_name("session_id", session_id)
-    if not isinstance(mode, str) or len(mode) > MAX_NAME_LENGTH:
-        raise InvalidArgument("mode must be a str of at most 256 characters")
-    if context_id is not None and not isinstance(context_id, str):
-        raise InvalidArgument("context_id must be a str or None")
-    tag_map = dict(tags or {})
-    for k, v in tag_map.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            raise InvalidArgument("tags must map str to str")
-    ext_map = dict(extensions or {})
-    for ext_key, ext_value in ext_map.items():
-        if not isinstance(ext_key, str) or not isinstance(ext_value, bytes):
-            raise InvalidArgument("extensions must map str to bytes")
+    session_id = check_name("session_id", session_id)
+    mode = check_mode(mode)
+    if context_id is not None:
+        context_id = check_text("context_id", context_id)
+    tag_map = _mapping("tags", tags, "str", str)
+    ext_map = _mapping("extensions", extensions, "bytes", bytes)
     for name, value in (
         ("ttl_ms", ttl_ms),
         ("max_history_bytes", max_history_bytes),
         ("max_history_age_ms", max_history_age_ms),
     ):
-        if value is not None and (value.__class__ is not int or not 0 < value < MAX_SETTING):
-            raise InvalidArgument(f"{name} must be a positive int below 2**62, or None")
-    if max_suspend_ms.__class__ is not int or not 0 <= max_suspend_ms < MAX_SETTING:
-        raise InvalidArgument("max_suspend_ms must be an int >= 0 below 2**62 (0 = 7 days)")
-    if len(tag_map) > MAX_METADATA_ENTRIES or len(ext_map) > MAX_METADATA_ENTRIES:
-        raise InvalidArgument(f"at most {MAX_METADATA_ENTRIES} tags and as many extensions")
+        if value is not None and (type(value) is not int or not 0 < value < MAX_SETTING):
+            raise InvalidArgument(
+                f"{name} must be a positive int below 2**62, or None; got {value!r}"
+            )
+    if type(max_suspend_ms) is not int or not 0 <= max_suspend_ms < MAX_SETTING:
+        raise InvalidArgument(
+            f"max_suspend_ms must be an int >= 0 below 2**62 (0 = 7 days); got {max_suspend_ms!r}"
+        )
     size = metadata_bytes(mode, context_id, tag_map, ext_map)
     if size > MAX_METADATA_BYTES:
         raise InvalidArgument(
@@ -143,6 +259,33 @@ def check_create(
     )
 
 
+ValueT = TypeVar("ValueT", str, bytes)
+
+
+def _mapping(what: str, value: object, noun: str, value_type: type[ValueT]) -> dict[str, ValueT]:
+    """`value` (None or a mapping of str keys to `value_type`) as a dict, every key and
+    str value with a UTF-8 form."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{what} must be a mapping of str to {noun} (or None)")
+    given = dict(value)
+    if len(given) > MAX_METADATA_ENTRIES:
+        raise InvalidArgument(f"at most {MAX_METADATA_ENTRIES} {what} per session")
+    result: dict[str, ValueT] = {}
+    for key, item in given.items():
+        if not isinstance(key, str) or not isinstance(item, value_type):
+            raise InvalidArgument(
+                f"{what} must map str to {noun}; got {type(key).__name__} -> {type(item).__name__}"
+            )
+        key = check_text(f"a key of {what}", key)
+        if isinstance(item, str):
+            result[key] = check_text(f"the value of {what}[{_shown(key)}]", item)
+        else:
+            result[key] = _plain_bytes(f"the value of {what}[{_shown(key)}]", item)
+    return result
+
+
 def check_retention(policy: RetentionPolicy) -> None:
     """A store's retention policy, checked when the journal opens (the field named)."""
     for name in ("max_history_bytes", "max_history_age_ms", "session_retention_ms"):
@@ -158,13 +301,13 @@ def check_retention(policy: RetentionPolicy) -> None:
         )
 
 
-def check_snapshot(through_ordinal: object, snapshot: object) -> None:
-    if not isinstance(through_ordinal, int) or through_ordinal < 1:
-        raise InvalidArgument("through_ordinal must be an int >= 1")
-    if not isinstance(snapshot, bytes):
-        raise InvalidArgument("snapshot must be bytes (encode it first)")
-    if len(snapshot) > MAX_BATCH_BYTES:
+def check_snapshot(through_ordinal: object, snapshot: object) -> tuple[int, bytes]:
+    """(through_ordinal, snapshot) checked, the snapshot as plain bytes."""
+    ordinal = check_int("through_ordinal", through_ordinal, 1)
+    data = _plain_bytes("snapshot", snapshot)
+    if len(data) > MAX_BATCH_BYTES:
         raise InvalidArgument(f"a snapshot is limited to {MAX_BATCH_BYTES} bytes")
+    return ordinal, data
 
 
 class EventChecker:
@@ -182,9 +325,10 @@ class EventChecker:
         idempotency_key: str | None,
         create: CreateSession | None = None,
     ) -> Append:
-        check_name("session_id", session_id)
+        session_id = check_name("session_id", session_id)
         if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
             raise InvalidArgument("events must be a list of EventIn")
+        events = list(events)  # what is checked is what is written
         if not events:
             raise InvalidArgument("events is empty: pass at least one EventIn")
         if len(events) > MAX_BATCH_EVENTS:
@@ -198,16 +342,19 @@ class EventChecker:
             if (
                 event.__class__ is not EventIn
                 or event.data.__class__ is not bytes
+                or event.type.__class__ is not str
                 or event.type not in checked
                 or (
                     event.request_id is not None
                     and (
                         event.request_id.__class__ is not str
-                        or len(event.request_id) > MAX_REQUEST_ID_BYTES // 4
+                        # ASCII (an O(1) flag) has a UTF-8 form of its own length
+                        or not event.request_id.isascii()
+                        or len(event.request_id) > MAX_REQUEST_ID_BYTES
                     )
                 )
             ):
-                total = self._check_events(events)
+                total, events = self._check_events(events)
                 break
             total += len(event.data)
         else:
@@ -217,53 +364,137 @@ class EventChecker:
             raise InvalidArgument(
                 f"one append of {total} bytes exceeds {MAX_BATCH_BYTES} bytes: split it"
             )
-        if expected_last_ordinal is not None and (
-            not isinstance(expected_last_ordinal, int) or expected_last_ordinal < 0
-        ):
-            raise InvalidArgument("expected_last_ordinal must be an int >= 0 or None")
+        if expected_last_ordinal is not None:
+            check_int("expected_last_ordinal (or None)", expected_last_ordinal, 0)
         digest = b""
         if idempotency_key is not None:
-            check_name("idempotency_key", idempotency_key)
+            idempotency_key = check_name("idempotency_key", idempotency_key)
             digest = hashlib.sha256(
                 _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
             ).digest()
-        return Append(
-            session_id, list(events), expected_last_ordinal, idempotency_key, digest, create
-        )
+        return Append(session_id, events, expected_last_ordinal, idempotency_key, digest, create)
 
-    def _check_events(self, events: Sequence[EventIn]) -> int:
-        """Validate every event precisely (raising the first problem); total data bytes."""
+    def _check_events(self, events: list[EventIn]) -> tuple[int, list[EventIn]]:
+        """Validate every event precisely (raising the first problem): the total data
+        bytes, and the events as plain `EventIn`s of plain str and bytes."""
         total = 0
+        plain: list[EventIn] = []
         for i, event in enumerate(events):
             if not isinstance(event, EventIn):
                 raise InvalidArgument(f"events[{i}] is a {type(event).__name__}, not an EventIn")
-            if not isinstance(event.data, bytes):
+            data = _plain_bytes(f"events[{i}].data", event.data)
+            if len(data) > MAX_EVENT_BYTES:
                 raise InvalidArgument(
-                    f"events[{i}].data is a {type(event.data).__name__}; it must be bytes "
-                    "(encode text or JSON first)"
-                )
-            if len(event.data) > MAX_EVENT_BYTES:
-                raise InvalidArgument(
-                    f"events[{i}].data is {len(event.data)} bytes; the limit is "
+                    f"events[{i}].data is {len(data)} bytes; the limit is "
                     f"{MAX_EVENT_BYTES} bytes per event: store large payloads elsewhere "
                     "and append a reference"
                 )
-            if event.type in TURN_EVENT_TYPES:
-                raise InvalidArgument(
-                    f"events[{i}].type {event.type!r} is reserved for turns: use "
-                    "`with journal.own(id) as owner, owner.turn(request_id) as turn`"
-                )
-            if event.type not in self._checked_types:
-                check_name(f"events[{i}].type", event.type)
+            event_type = event.type
+            if event_type.__class__ is not str or event_type not in self._checked_types:
+                event_type = check_name(f"events[{i}].type", event_type)
+                if event_type in TURN_EVENT_TYPES:
+                    raise InvalidArgument(
+                        f"events[{i}].type {event_type!r} is reserved for turns: use "
+                        "`with journal.own(id) as owner, owner.turn(request_id) as turn`"
+                    )
                 if len(self._checked_types) < 4096:
-                    self._checked_types.add(event.type)
-            if event.request_id is not None and not isinstance(event.request_id, str):
-                raise InvalidArgument(f"events[{i}].request_id must be a str or None")
-            if event.request_id is not None and (
-                len(event.request_id.encode()) > MAX_REQUEST_ID_BYTES
+                    self._checked_types.add(event_type)
+            request_id = event.request_id
+            if request_id is not None:
+                request_id = check_request_id(f"events[{i}].request_id", request_id)
+            if (
+                event.__class__ is not EventIn
+                or data is not event.data
+                or event_type is not event.type
+                or request_id is not event.request_id
             ):
-                raise InvalidArgument(
-                    f"events[{i}].request_id is over {MAX_REQUEST_ID_BYTES} bytes"
-                )
-            total += len(event.data)
-        return total
+                event = EventIn(event_type, data, request_id)
+            plain.append(event)
+            total += len(data)
+        return total, plain
+
+
+def check_listing(page_size: object, state: object) -> int:
+    """The page size to use (clamped to `MAX_PAGE_SIZE`), or `InvalidArgument`."""
+    if type(page_size) is not int or page_size < 1:
+        raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
+    if state is not None and not isinstance(state, SessionState):
+        raise InvalidArgument(f"state must be a SessionState or None, got {state!r}")
+    return min(page_size, MAX_PAGE_SIZE)
+
+
+def check_stop(stop: object) -> None:
+    if stop is not None and not callable(getattr(stop, "is_set", None)):
+        raise InvalidArgument(
+            f"stop must be a threading.Event (or None), got {type(stop).__name__}"
+        )
+
+
+def check_store_path(path: object) -> str:
+    """The store's path as a str the local engine can use, or `InvalidArgument`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgument(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    try:
+        given = os.fspath(path)
+    except TypeError as e:  # a PathLike whose __fspath__ returns neither str nor bytes
+        raise InvalidArgument(f"path: {e}") from None
+    if not isinstance(given, str):
+        raise InvalidArgument("path must name the store as a str, not bytes")
+    if not given:
+        raise InvalidArgument('path is empty: name the store\'s directory (".": this one)')
+    if "\0" in given:
+        raise InvalidArgument("path contains a NUL character")
+    try:
+        given.encode()
+    except UnicodeEncodeError:
+        # The LMDB view opens its files by a UTF-8 path.
+        raise InvalidArgument(
+            f"path {given!r} has no UTF-8 form (it names undecodable bytes): give the "
+            "store a directory whose path is valid UTF-8"
+        ) from None
+    return given
+
+
+# What `Journal.over` needs of an engine before it uses it (see `journal.engine.Engine`).
+_ENGINE_METHODS = (
+    "check_usable",
+    "submit",
+    "head",
+    "session",
+    "session_id_of",
+    "sessions",
+    "registry",
+    "feed",
+    "readers",
+    "read",
+    "snapshot",
+    "acquire",
+    "owner_alive",
+    "verify",
+    "compact",
+    "stats",
+    "close",
+)
+
+
+def check_engine(engine: object) -> None:
+    missing = [name for name in _ENGINE_METHODS if not callable(getattr(engine, name, None))]
+    if missing:
+        raise InvalidArgument(
+            f"engine must implement journal.engine.Engine; a {type(engine).__name__} lacks "
+            f"{', '.join(missing)}"
+        )
+    for name, kind in (
+        ("store_id", bytes),
+        ("key_ring", KeyRing),
+        ("readonly", bool),
+        ("location", str),
+        ("waiter", Notifier),
+    ):
+        if not isinstance(getattr(engine, name, None), kind):
+            raise InvalidArgument(f"engine.{name} must be a {kind.__name__}")
+
+
+def check_max_bytes(max_bytes: object) -> None:
+    if type(max_bytes) is not int or max_bytes < 1:
+        raise InvalidArgument(f"max_bytes must be an int >= 1, got {max_bytes!r}")

@@ -28,13 +28,22 @@ from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
-    MAX_PAGE_SIZE,
+    MAX_SEGMENT_BYTES,
     EventChecker,
+    check_callback,
     check_create,
+    check_engine,
+    check_flag,
+    check_int,
+    check_listing,
+    check_max_bytes,
     check_name,
     check_now,
     check_retention,
+    check_seconds,
     check_snapshot,
+    check_stop,
+    check_store_path,
 )
 from .engine import (
     Appended,
@@ -142,18 +151,22 @@ class Journal:
         to the OS; survives a process crash, not a power cut. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
-        if durability not in ("fsync", "os"):
+        store_path = check_store_path(path)
+        for name, flag in (
+            ("create", create),
+            ("readonly", readonly),
+            ("compress_sealed", compress_sealed),
+        ):
+            check_flag(name, flag)
+        if not isinstance(durability, str) or durability not in ("fsync", "os"):
             raise InvalidArgument(f"durability must be 'fsync' or 'os', got {durability!r}")
-        if not isinstance(segment_bytes, int) or segment_bytes < 4096:
-            raise InvalidArgument("segment_bytes must be an int of at least 4096")
+        check_int("segment_bytes", segment_bytes, 4096, MAX_SEGMENT_BYTES)
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidArgument("retention must be a RetentionPolicy or None")
         if retention is not None:
             check_retention(retention)
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidArgument(f"path must be a str or os.PathLike, not {type(path).__name__}")
-        if "\0" in os.fspath(path):
-            raise InvalidArgument("path contains a NUL character")
+        if key_ring is not None and not isinstance(key_ring, KeyRing):
+            raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
         options = LocalOptions(
             create=create,
             readonly=readonly,
@@ -164,12 +177,13 @@ class Journal:
             key_ring=key_ring,
             file_ops=file_ops,
         )
-        engine = open_local(os.fspath(path), options)
+        engine = open_local(store_path, options)
         return cls.over(engine)
 
     @classmethod
     def over(cls, engine: Engine) -> "Journal":
         """A journal over an engine that is already open (for engine authors and tests)."""
+        check_engine(engine)
         self = object.__new__(cls)
         self._engine = engine
         self.path = engine.location
@@ -254,9 +268,7 @@ class Journal:
         `create=True` a missing session is created (open, default settings) by the same
         commit: if the append is refused, no session was created either."""
         creation = None
-        if create:
-            if not isinstance(create, bool):
-                raise InvalidArgument("create must be a bool")
+        if check_flag("create", create):
             creation = check_create(session_id, "", None, None, None, None, 0, None, None)
         operation = self._events.append(
             session_id, events, expected_last_ordinal, idempotency_key, creation
@@ -296,7 +308,7 @@ class Journal:
         return self._transition("cancel", session_id)
 
     def _transition(self, kind: TransitionKind, session_id: str) -> SessionMetadata:
-        check_name("session_id", session_id)
+        session_id = check_name("session_id", session_id)
         return self._metadata(self._submit(Transition(session_id, kind)))
 
     def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
@@ -308,8 +320,8 @@ class Journal:
         """Store `snapshot` as standing for every event up to `through_ordinal` and drop
         those events: the retained range then starts at `through_ordinal + 1`. Ordinals of
         the events kept do not change. Works on terminal sessions too."""
-        check_name("session_id", session_id)
-        check_snapshot(through_ordinal, snapshot)
+        session_id = check_name("session_id", session_id)
+        through_ordinal, snapshot = check_snapshot(through_ordinal, snapshot)
         ref = self._submit(CompactSession(session_id, through_ordinal, snapshot))
         return Snapshot(
             session_id,
@@ -348,6 +360,8 @@ class Journal:
         cannot be repaired (restore the segment from a backup).
         `progress(done_bytes, total_bytes)` is called as segments are checked.
         """
+        check_flag("fix", fix)
+        check_callback("progress", progress)
         self._check_open()
         if fix and self.readonly:
             raise ReadOnlyStore("verify(fix=True) needs a writable journal")
@@ -363,11 +377,18 @@ class Journal:
         compressed, copying only live frames. Positions, ordinals and cursors are unchanged.
         Writers and readers keep working meanwhile. `progress(done, total)` counts segments.
         """
+        if (
+            not isinstance(dead_share, (int, float))
+            or isinstance(dead_share, bool)
+            or not 0.0 <= dead_share <= 1.0
+        ):
+            raise InvalidArgument(
+                f"dead_share must be a number between 0 and 1, got {dead_share!r}"
+            )
+        check_callback("progress", progress)
         self._check_open()
         if self.readonly:
             raise ReadOnlyStore("compact() needs a writable journal")
-        if not isinstance(dead_share, (int, float)) or not 0.0 <= dead_share <= 1.0:
-            raise InvalidArgument("dead_share must be a number between 0 and 1")
         return self._engine.compact(float(dead_share), progress)
 
     def stats(self) -> StoreStats:
@@ -388,6 +409,7 @@ class Journal:
         or a binary file object). Each session is exported exactly up to the head it had
         when its export began, while writers keep appending. `progress(done, total)`
         counts events. The format is in SPEC.md ("Archives")."""
+        check_callback("progress", progress)
         self._check_open()
         return export_sessions(self._engine, session_ids, dest, progress)
 
@@ -405,6 +427,7 @@ class Journal:
         ordinals, types, timestamps, request ids, snapshot and state are kept, cursors of
         the source store are foreign here. `progress(done, total)` counts archive bytes
         over two passes; `limits` raises the caps on what a reader accepts."""
+        check_callback("progress", progress)
         self._check_open()
         return import_sessions(self._engine, src, rename, progress, limits)
 
@@ -415,13 +438,12 @@ class Journal:
         `with j.own(session_id) as owner: ...`. Waits up to `wait_s` seconds for a live
         owner to let go, then raises `OwnerBusy` (with that owner's pid). Plain `append()`
         works with or without a lease."""
-        check_name("session_id", session_id)
-        if not isinstance(wait_s, (int, float)) or isinstance(wait_s, bool) or wait_s < 0:
-            raise InvalidArgument("wait_s must be a number of seconds >= 0")
+        session_id = check_name("session_id", session_id)
+        wait = check_seconds("wait_s", wait_s)
         self._check_open()
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
-        lease = self._engine.acquire(session_id, float(wait_s))
+        lease = self._engine.acquire(session_id, wait)
         try:
             row = self._engine.session(session_id)
             info = None if row is None else recorded_owner(row)
@@ -473,7 +495,7 @@ class Journal:
 
     def _row(self, session_id: str) -> SessionRow:
         self._check_open()
-        check_name("session_id", session_id)
+        session_id = check_name("session_id", session_id)
         row = self._engine.session(session_id)
         if row is None:
             raise SessionNotFound(
@@ -490,11 +512,7 @@ class Journal:
     ) -> SessionPage:
         """One page of sessions in session-id order; pass `next_page_token` for the next."""
         self._check_open()
-        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
-            raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
-        if state is not None and not isinstance(state, SessionState):
-            raise InvalidArgument("state must be a SessionState or None")
-        page_size = min(page_size, MAX_PAGE_SIZE)
+        page_size = check_listing(page_size, state)
         scope = scope_digest(self.store_id, purpose="list:" + (state.value if state else "*"))
         after: str | None = None
         if page_token:
@@ -517,6 +535,12 @@ class Journal:
         self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
     ) -> Iterator[SessionMetadata]:
         """Every session (optionally in one state), lazily, page by page."""
+        check_listing(page_size, state)  # now, not at the first next()
+        return self._list_sessions(state, page_size)
+
+    def _list_sessions(
+        self, state: SessionState | None, page_size: int
+    ) -> Generator[SessionMetadata, None, None]:
         token: str | None = None
         while True:
             page = self.list_sessions_page(page_size=page_size, page_token=token, state=state)
@@ -643,7 +667,7 @@ class Journal:
         The page holds events while their data totals at most `max_bytes`, and always at
         least one event if any follows, so one oversized event gets through whole.
         """
-        _check_max_bytes(max_bytes)
+        check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)  # checks the journal is open
         with self._engine.readers() as readers:
             events, has_more, _, _, _ = self._page(
@@ -656,7 +680,7 @@ class Journal:
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
     ) -> Stream[Event]:
         """Every retained event after `cursor`, page by page (what is committed now)."""
-        _check_max_bytes(max_bytes)
+        check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         return Stream(self._follow(row, after, None, False, max_bytes, cursor))
 
@@ -672,7 +696,8 @@ class Journal:
         Ends by itself when the session is terminal and every event was delivered, or
         promptly after `stop` is set. Cursor errors are raised here, before iteration.
         """
-        _check_max_bytes(max_bytes)
+        check_stop(stop)
+        check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         # The stream flattens pages with itertools.chain (in C): no frame per event.
         return Stream(self._follow(row, after, stop, True, max_bytes, cursor))
@@ -698,7 +723,7 @@ class Journal:
         max_bytes: int = DEFAULT_PAGE_BYTES,
     ) -> AsyncIterator[Event]:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
-        _check_max_bytes(max_bytes)
+        check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
@@ -759,6 +784,7 @@ class Journal:
     ) -> Stream[LifecycleEvent]:
         """Lifecycle events: with no cursor, one CREATED per existing session first; then
         live changes. Resuming from an event's cursor yields the changes after it."""
+        check_stop(stop)
         pager = self._lifecycle_pager(cursor)
         return Stream(follow(pager, self._engine.waiter, stop, self._is_closed))
 
@@ -767,8 +793,3 @@ class Journal:
         pager = self._lifecycle_pager(cursor)
         async for event in afollow(pager, self._engine.waiter, self._is_closed):
             yield event
-
-
-def _check_max_bytes(max_bytes: object) -> None:
-    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
-        raise InvalidArgument("max_bytes must be an int >= 1")

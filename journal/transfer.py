@@ -10,6 +10,7 @@ nothing visible and rolls the staged sessions back.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import stat
@@ -85,14 +86,28 @@ def export_sessions(
     dest: Destination,
     progress: Progress | None,
 ) -> ExportReport:
-    rows = _rows_to_export(engine, session_ids)
     if isinstance(dest, (str, os.PathLike)):
-        given = os.fspath(dest)
+        given = _user_path("dest", dest)
+        rows = _rows_to_export(engine, session_ids)
         report = write_file(given, lambda out: _write_archive(engine, rows, out, progress))
         return msgspec.structs.replace(report, path=given)
-    if not hasattr(dest, "write"):
+    if not callable(getattr(dest, "write", None)) or isinstance(dest, io.TextIOBase):
         raise InvalidArgument("dest must be a path or a binary file object opened for writing")
+    rows = _rows_to_export(engine, session_ids)
     return _write_archive(engine, rows, dest, progress)
+
+
+def _user_path(what: str, path: str | os.PathLike[str]) -> str:
+    """A caller's file path as a str, or `InvalidArgument`."""
+    try:
+        given = os.fspath(path)
+    except TypeError as e:  # a PathLike whose __fspath__ returns neither str nor bytes
+        raise InvalidArgument(f"{what}: {e}") from None
+    if not isinstance(given, str):
+        raise InvalidArgument(f"{what} must be a str path, not bytes")
+    if "\0" in given:
+        raise InvalidArgument(f"{what} contains a NUL character")
+    return given
 
 
 def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
@@ -102,10 +117,20 @@ def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
     path = os.path.realpath(given)
     if os.path.isdir(path):
         raise InvalidArgument(f"{given!r} is a directory: give a file path")
-    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-        with open(path, "wb") as stream:
-            return write(stream)
     directory = os.path.dirname(path)
+    try:
+        kind = os.stat(path).st_mode
+    except FileNotFoundError:
+        kind = stat.S_IFREG
+    except OSError as e:  # too long, a loop, permissions of a parent
+        raise InvalidArgument(f"cannot write {given!r}: {e.strerror or e}") from None
+    if not stat.S_ISREG(kind):
+        try:  # only the open: errors of the writes themselves are the caller's to see
+            stream = open(path, "wb")  # noqa: SIM115 (closed by the `with` below)
+        except OSError as e:
+            raise InvalidArgument(f"cannot write {given!r}: {e.strerror or e}") from None
+        with stream:
+            return write(stream)
     try:
         fd, temporary = _create_temporary(directory)
     except OSError as e:
@@ -117,7 +142,10 @@ def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
             result = write(out)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(temporary, path)
+        try:
+            os.replace(temporary, path)
+        except OSError as e:  # the name itself (too long, ...): nothing was written
+            raise InvalidArgument(f"cannot write {given!r}: {e.strerror or e}") from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
@@ -148,15 +176,14 @@ def _rows_to_export(engine: Engine, session_ids: Iterable[str] | None) -> list[S
     if session_ids is None:
         _, rows = engine.registry()
         return sorted(rows, key=lambda row: row.session_id)
-    if isinstance(session_ids, (str, bytes)):
+    if isinstance(session_ids, (str, bytes)) or not isinstance(session_ids, Iterable):
         raise InvalidArgument("session_ids must be a list of ids (or None for every session)")
-    ids = list(session_ids)
+    ids = [check_name("session_id", session_id) for session_id in session_ids]
     twice = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) != len(ids) else []
     if twice:
         raise InvalidArgument(f"sessions named twice: {', '.join(map(repr, twice[:5]))}")
     result: list[SessionRow] = []
     for session_id in ids:
-        check_name("session_id", session_id)
         row = engine.session(session_id)
         if row is None:
             raise SessionNotFound(
@@ -289,9 +316,10 @@ def import_sessions(
 ) -> ImportReport:
     if engine.readonly:
         raise ReadOnlyStore("import_sessions needs a writable journal")
-    limits = limits or ArchiveLimits()
+    if limits is None:
+        limits = ArchiveLimits()
     if not isinstance(limits, ArchiveLimits):
-        raise InvalidArgument("limits must be an ArchiveLimits")
+        raise InvalidArgument("limits must be an ArchiveLimits or None")
     renames = _check_rename(rename)
     with contextlib.ExitStack() as stack:
         source = _open_source(src, stack)
@@ -349,21 +377,23 @@ def _check_rename(rename: Mapping[str, str] | None) -> dict[str, str]:
         raise InvalidArgument("rename must map archive session ids to new ids")
     result: dict[str, str] = {}
     for old, new in rename.items():
-        check_name("the session id to rename", old)
+        old = check_name("the session id to rename", old)
         result[old] = check_name(f"the new id for {old!r}", new)
     return result
 
 
 def _open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
     if isinstance(src, (str, os.PathLike)):
-        path = os.fspath(src)
+        path = _user_path("src", src)
         try:
             return stack.enter_context(open(path, "rb"))
         except FileNotFoundError:
             raise InvalidArgument(f"no archive at {path!r}") from None
         except IsADirectoryError:
             raise InvalidArgument(f"{path!r} is a directory, not an archive") from None
-    if not hasattr(src, "read"):
+        except OSError as e:  # permissions, a name too long, ...
+            raise InvalidArgument(f"cannot read {path!r}: {e.strerror or e}") from None
+    if not callable(getattr(src, "read", None)) or isinstance(src, io.TextIOBase):
         raise InvalidArgument("src must be a path or a binary file object opened for reading")
     return src
 

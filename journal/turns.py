@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from .arguments import MAX_REQUEST_ID_BYTES
+from .arguments import check_request_id
 from .engine import Lease
 from .errors import InvalidArgument
 from .models import AppendResult, EventIn, OwnerInfo
@@ -131,10 +131,9 @@ class Owner:
         appends the turn's events; leaving the block appends `turn_result`: completed,
         cancelled (after `turn.cancel()`), or failed with the exception's code and message
         (the exception propagates). One turn at a time per owner."""
-        if not isinstance(request_id, str) or not request_id:
+        request_id = check_request_id("request_id", request_id)
+        if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
-        if len(request_id.encode()) > MAX_REQUEST_ID_BYTES:
-            raise InvalidArgument(f"request_id is over {MAX_REQUEST_ID_BYTES} bytes")
         with self._lock:
             if self._turn is not None:
                 raise InvalidArgument(
