@@ -185,16 +185,35 @@ cursor_option = click.option(
 )
 
 
+def _octal_mode(value: str | None) -> int | None:
+    if value is None:
+        return None
+    digits = value.removeprefix("0o")
+    if not digits or not digits.isdigit() or "8" in digits or "9" in digits:
+        raise click.BadParameter(f"{value!r} is not an octal mode such as 0600 or 0640")
+    return int(digits, 8)
+
+
 @main.command()
+@click.option(
+    "--file-mode",
+    "file_mode",
+    metavar="OCTAL",
+    default=None,
+    help="Permissions of the files the store creates (default 0600 for a new store; "
+    "directories get x where it has r: 0640 -> 0750). Given for an existing store, it "
+    "applies to files created from then on.",
+)
 @pass_settings
-def init(settings: Settings) -> None:
+def init(settings: Settings, file_mode: str | None) -> None:
     """Create the store (if it does not exist yet) and print its path."""
     path = os.path.abspath(settings.store)
+    mode = _octal_mode(file_mode)
     created = False
     try:
-        journal.Journal.open(path, create=False).close()
+        journal.Journal.open(path, create=False, file_mode=mode).close()
     except journal.StoreNotFound:
-        journal.Journal.open(path, create=True).close()
+        journal.Journal.open(path, create=True, file_mode=mode).close()
         created = True
     settings.output.emit({"store": path, "created": created}, path)
 

@@ -6,9 +6,9 @@ that signed it, a scope digest (store, session, session incarnation) and a posit
 treat it as opaque; the journal decodes it with `TokenCodec.decode`, which rejects anything
 altered, issued by another store or key ring, bound to another session or incarnation, or of
 another kind, each with a distinct error (`CursorMalformed`, `CursorForeign`,
-`InvalidPageToken`). Keys live in a `KeyRing`: a 0600 file in the store that supports
-rotation and retirement, or an external key shared by replicas (`JOURNAL_CURSOR_KEY` or
-`JOURNAL_CURSOR_KEY_FILE`).
+`InvalidPageToken`). Keys live in a `KeyRing`: a checksummed file in the store (0600 unless
+the store is shared with a group) that supports rotation and retirement, or an external
+key shared by replicas (`JOURNAL_CURSOR_KEY` or `JOURNAL_CURSOR_KEY_FILE`).
 
 This package sits at the bottom of the dependency graph and owns `JournalError`, the root of
 every error the distribution raises.

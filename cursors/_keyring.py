@@ -2,9 +2,11 @@
 
 A ring holds ordered keys (key id, a u16, -> secret). One key is active and signs new
 tokens; every key in the ring verifies. Local keys (ids 1..0x7FFF) are generated and kept in
-a 0600 JSON file in the store. External keys (ids 0x8000..0xFFFF) come from the deployment
-(environment variable or file) so that replicas sharing a secret accept each other's
-tokens; their id is derived from the secret so every replica computes the same one.
+a JSON file in the store (mode 0600 unless the store is shared), with a SHA-256 checksum so
+a damaged file is reported instead of silently verifying nothing. External keys (ids
+0x8000..0xFFFF) come from the deployment (environment variable or file) so that replicas
+sharing a secret accept each other's tokens; their id is derived from the secret so every
+replica computes the same one.
 
 Secrets never appear in `repr()` or in error messages.
 """
@@ -37,6 +39,8 @@ KEY_FILE_ENV = "JOURNAL_CURSOR_KEY_FILE"
 """Environment variable naming a file that holds an external key (hex, base64url or raw)."""
 
 _FILE_FORMAT = 1
+_FILE_MODE = 0o600
+_CHECKSUM_DOMAIN = b"session-journal/keys/v1\x00"
 _LOCAL_SECRET_BYTES = 32
 _MIN_SECRET_BYTES = 16
 _MAX_LOCAL_ID = 0x7FFF
@@ -183,19 +187,22 @@ class KeyRing:
         return cls._from_document(data, file_path)
 
     @classmethod
-    def load_or_create(cls, path: str | os.PathLike[str]) -> KeyRing:
+    def load_or_create(cls, path: str | os.PathLike[str], *, mode: int = _FILE_MODE) -> KeyRing:
         """Load the ring at `path`, or create, save and return a new one if there is none.
 
         Safe when processes race: the new file appears complete and only if none exists,
         and the loser of a race loads the winner's ring, so all end up with the same keys.
-        An existing but invalid file raises KeyRingError; it is never overwritten.
+        An existing but invalid file raises KeyRingError; it is never overwritten. A new
+        file gets exactly `mode` (0600 by default; a store shared with a group passes its
+        own mode, e.g. 0o640, so the group's readers can verify cursors).
         """
+        _check_mode(mode)
         file_path = Path(path)
         if file_path.exists():
             return cls.load(file_path)
         ring = cls.generate()
         try:
-            created = ring._create_exclusive(file_path)
+            created = ring._create_exclusive(file_path, mode)
         except OSError as exc:
             raise KeyRingError(
                 f"cannot create key ring file {file_path} ({exc.strerror}); "
@@ -205,15 +212,17 @@ class KeyRing:
             return ring
         return cls._load_winner(file_path)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the ring to `path` atomically with mode 0600, replacing any existing file.
+    def save(self, path: str | os.PathLike[str], *, mode: int = _FILE_MODE) -> None:
+        """Write the ring to `path` atomically with `mode` (0600 by default), replacing any
+        existing file (one written before key files had a checksum gets one).
 
         Readers see either the old file or the new one, and the new one survives a crash
         once this returns.
         """
+        _check_mode(mode)
         file_path = Path(path)
         try:
-            temp_path = self._write_temp(file_path)
+            temp_path = self._write_temp(file_path, mode)
             try:
                 os.replace(temp_path, file_path)
             except BaseException:
@@ -311,7 +320,7 @@ class KeyRing:
         )
 
     def _document(self) -> bytes:
-        document = {
+        document: dict[str, Any] = {
             "format": _FILE_FORMAT,
             "active": self._active,
             "keys": [
@@ -323,6 +332,7 @@ class KeyRing:
                 for key_id, key in self._keys.items()
             ],
         }
+        document["sha256"] = _checksum(document)
         return (json.dumps(document, indent=2) + "\n").encode("ascii")
 
     @classmethod
@@ -339,6 +349,16 @@ class KeyRing:
             raise invalid("it is not JSON") from None
         if not isinstance(document, dict):
             raise invalid("it is not a JSON object")
+        # Files written before the checksum have none; they are read as they are (and
+        # get one when next saved).
+        recorded = document.pop("sha256", None)
+        if recorded is not None and recorded != _checksum(document):
+            raise KeyRingError(
+                f"key ring file {path} is damaged: its sha256 does not match its keys (a "
+                "changed byte would otherwise make every cursor foreign); restore it from "
+                "a backup, or delete it to start a new key ring (outstanding cursors then "
+                "become foreign)"
+            )
         if document.get("format") != _FILE_FORMAT:
             raise invalid(f"unsupported format {document.get('format')!r} (expected 1)")
         entries = document.get("keys")
@@ -370,13 +390,14 @@ class KeyRing:
         ring._generation = 0
         return ring
 
-    def _write_temp(self, path: Path) -> Path:
+    def _write_temp(self, path: Path, mode: int) -> Path:
         temp_path = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         try:
             # The umask can only clear bits, but an inherited ACL or odd filesystem might
-            # not; the file holds secrets, so pin the mode explicitly.
-            os.fchmod(fd, 0o600)
+            # not, and a shared store's mode may have more than the umask lets through:
+            # the file holds secrets, so pin the mode explicitly.
+            os.fchmod(fd, mode)
             data = self._document()
             view = memoryview(data)
             while view:
@@ -390,9 +411,9 @@ class KeyRing:
         os.close(fd)
         return temp_path
 
-    def _create_exclusive(self, path: Path) -> bool:
+    def _create_exclusive(self, path: Path, mode: int) -> bool:
         """Publish this ring at `path` only if nothing is there; False if another won."""
-        temp_path = self._write_temp(path)
+        temp_path = self._write_temp(path, mode)
         try:
             # link() fails if the target exists and makes the complete file appear at once,
             # which O_EXCL on the target alone cannot (a racer could read it half written).
@@ -402,21 +423,21 @@ class KeyRing:
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
                 raise
-            return self._create_in_place(path)
+            return self._create_in_place(path, mode)
         finally:
             _unlink_quietly(temp_path)
         _fsync_directory(path.parent)
         return True
 
-    def _create_in_place(self, path: Path) -> bool:
+    def _create_in_place(self, path: Path, mode: int) -> bool:
         # Fallback for filesystems without hard links: losers may briefly see a partial
         # file, which _load_winner waits out.
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         except FileExistsError:
             return False
         try:
-            os.fchmod(fd, 0o600)
+            os.fchmod(fd, mode)
             view = memoryview(self._document())
             while view:
                 written = os.write(fd, view)
@@ -443,6 +464,27 @@ def external_key_id(secret: bytes) -> int:
     """The key id of an external secret: 0x8000 | the first 15 bits of a SHA-256 digest."""
     digest = hashlib.sha256(_KEY_ID_DOMAIN + secret).digest()
     return _EXTERNAL_ID_BIT | (int.from_bytes(digest[:2], "big") >> 1)
+
+
+def _checksum(document: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the key file's fields in a canonical JSON form: independent of
+    indentation and key order, so only a changed value fails it."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(_CHECKSUM_DOMAIN + canonical.encode("utf-8")).hexdigest()
+
+
+def _check_mode(mode: object) -> None:
+    if (
+        isinstance(mode, bool)
+        or not isinstance(mode, int)
+        or not 0 <= mode <= 0o777
+        or mode & 0o711 != 0o600
+    ):
+        raise KeyRingError(
+            f"key file mode {mode!r} is not a file mode that lets the owner read and write "
+            "and has no execute bits; pass e.g. 0o600 (or 0o640 for a store shared with a "
+            "group)"
+        )
 
 
 def _check_key_id(key_id: int) -> None:

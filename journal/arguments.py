@@ -36,6 +36,7 @@ __all__ = [
     "check_callback",
     "check_create",
     "check_engine",
+    "check_file_mode",
     "check_flag",
     "check_int",
     "check_listing",
@@ -50,6 +51,7 @@ __all__ = [
     "check_stop",
     "check_store_path",
     "check_text",
+    "file_mode_problem",
     "metadata_bytes",
     "mode_ok",
     "name_ok",
@@ -299,6 +301,35 @@ def check_retention(policy: RetentionPolicy) -> None:
             "RetentionPolicy.session_retention_from must be 'ended' or 'started'; "
             f"got {policy.session_retention_from!r}"
         )
+
+
+def file_mode_problem(value: object) -> str | None:
+    """Why `value` cannot be a store's file mode (None when it can): an int of
+    permission bits (no file type, setuid, sticky or execute bits) that lets the owner
+    read and write."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an int such as 0o600 or 0o640, not {type(value).__name__}"
+    if not 0 <= value <= 0o777:
+        return f"{value!r} has bits outside 0o777"
+    if value & 0o111:
+        return (
+            f"{value:#o} has execute bits: give the mode of the files (e.g. 0o640); "
+            "directories get a search bit wherever the mode has a read bit (0o750)"
+        )
+    if value & 0o600 != 0o600:
+        return f"{value:#o} does not let the owner read and write (add 0o600)"
+    return None
+
+
+def check_file_mode(file_mode: object) -> int | None:
+    """`Journal.open(file_mode=...)`: None (the store's recorded mode, 0o600 for a new
+    store) or a valid file mode."""
+    if file_mode is None:
+        return None
+    problem = file_mode_problem(file_mode)
+    if problem is not None or not isinstance(file_mode, int):
+        raise InvalidArgument(f"file_mode {problem}")
+    return file_mode
 
 
 def check_snapshot(through_ordinal: object, snapshot: object) -> tuple[int, bytes]:

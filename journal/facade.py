@@ -33,6 +33,7 @@ from .arguments import (
     check_callback,
     check_create,
     check_engine,
+    check_file_mode,
     check_flag,
     check_int,
     check_listing,
@@ -144,11 +145,16 @@ class Journal:
         compress_sealed: bool = False,
         key_ring: KeyRing | None = None,
         file_ops: FileOps | None = None,
+        file_mode: int | None = None,
     ) -> "Journal":
         """Open (or create) the store at `path` on the embedded local engine.
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
-        to the OS; survives a process crash, not a power cut. `file_ops` is the local
+        to the OS; survives a process crash, not a power cut. `file_mode`: the permission
+        bits of every file the store creates (directories get a search bit wherever it
+        has a read bit); None keeps the store's recorded mode, 0o600 for a new store
+        (private). Given for an existing store, it is recorded there and applies to files
+        created from then on; existing files keep their mode. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
         store_path = check_store_path(path)
@@ -167,6 +173,12 @@ class Journal:
             check_retention(retention)
         if key_ring is not None and not isinstance(key_ring, KeyRing):
             raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
+        file_mode = check_file_mode(file_mode)
+        if file_mode is not None and readonly:
+            raise InvalidArgument(
+                "file_mode is for journals that write (a read-only journal creates nothing "
+                "in the store): open it without readonly=True to set the store's file mode"
+            )
         options = LocalOptions(
             create=create,
             readonly=readonly,
@@ -176,6 +188,7 @@ class Journal:
             compress_sealed=compress_sealed,
             key_ring=key_ring,
             file_ops=file_ops,
+            file_mode=file_mode,
         )
         engine = open_local(store_path, options)
         return cls.over(engine)

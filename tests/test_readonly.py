@@ -37,8 +37,9 @@ def public_dir() -> Iterator[Path]:
     """A directory every user can reach (pytest's tmp_path lives under a 0700 directory)."""
     directory = Path(tempfile.mkdtemp(prefix="journal-readonly-test-"))
     directory.chmod(0o755)
-    # Files the writer creates later (new segments, sidecars) are readable by others, as
-    # in a deployment that shares a store with readers, whatever umask the run inherited.
+    # The stores that readers follow are created with file_mode=0o644, so files the
+    # writer creates later (new segments, sidecars) are readable by others, as in a
+    # deployment that shares a store with readers; the umask is set for the rest.
     umask = os.umask(0o022)
     try:
         yield directory
@@ -98,7 +99,11 @@ def test_unprivileged_reader_watches_while_the_writer_appends_and_changes_nothin
     store = public_dir / "store"
     expected: list[bytes] = []
     with Journal.open(
-        store, durability="fsync", segment_bytes=SEGMENT_BYTES, compress_sealed=compress_sealed
+        store,
+        durability="fsync",
+        segment_bytes=SEGMENT_BYTES,
+        compress_sealed=compress_sealed,
+        file_mode=0o644,
     ) as j:
         for session_id in ("a", "b", "c"):
             j.create_session(session_id)
@@ -151,7 +156,7 @@ def test_reader_paused_between_reading_the_tail_and_using_it_sees_no_corruption(
     # The zeros it read are "not yet written", not damage in front of valid frames.
     store = public_dir / "store"
     expected: list[bytes] = []
-    with Journal.open(store, durability="os", segment_bytes=1 << 20) as j:
+    with Journal.open(store, durability="os", segment_bytes=1 << 20, file_mode=0o644) as j:
         j.create_session("a")
         expected += append(j, "a", 3)
         make_readable_only(store)
@@ -179,7 +184,9 @@ def test_unprivileged_reader_follows_trims_evictions_and_compaction(
 ) -> None:
     store = public_dir / "store"
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1000)
-    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES, retention=policy) as j:
+    with Journal.open(
+        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=policy, file_mode=0o644
+    ) as j:
         j.create_session("kept")
         j.create_session("trimmed")
         j.create_session("evicted")

@@ -113,7 +113,7 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
             with contextlib.suppress(FileNotFoundError):
                 log.ops.unlink(os.path.join(directory, segment_name(base)))
         fsync_dir(directory, log.ops)
-        write_summary(directory, swap.summary, log.ops)
+        write_summary(directory, swap.summary, log.ops, log.permissions)
     # Eviction tombstones whose creation record was dropped: the eviction record need
     # no longer survive, since nothing can resurrect the session.
     kept = swap.summary.frames
@@ -185,7 +185,7 @@ def _compact_segment(
 
     try:
         temporary, new_summary = compress_segment(
-            directory, base, keep=keep, publish=False, ops=log.ops
+            directory, base, keep=keep, publish=False, ops=log.ops, permissions=log.permissions
         )
     except FileNotFoundError:
         return 0  # deleted meanwhile by another writer's retention pass

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
-import json
 import logging
 import os
 import shutil
@@ -72,7 +71,7 @@ from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .expiry import ExpiryTimer
-from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir, write_atomic
+from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions, write_atomic
 from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
@@ -82,12 +81,12 @@ from .reader import ReaderCache, read_page
 from .retention import delete_segment_files
 from .segments import SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
+from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store
 from .view import Head, View
 
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
-STORE_FORMAT: Final = 1
 _log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
@@ -158,6 +157,7 @@ class LocalOptions:
     compress_sealed: bool = False
     key_ring: KeyRing | None = None
     file_ops: FileOps | None = None
+    file_mode: int | None = None  # None: the store's recorded mode (0o600 for a new one)
 
 
 class LocalEngine:
@@ -184,6 +184,13 @@ class LocalEngine:
             self._init(path, options)
         except BaseException as e:
             self._release()  # nothing opened so far may outlive the failed open
+            if isinstance(e, PermissionError):
+                raise StoreUnavailable(
+                    f"cannot open the store at {path!r}: {e.strerror or e}; a store is "
+                    "private to the user who created it: to share one, create it with a "
+                    "group file mode (file_mode=0o640, `journal init --file-mode 0640`) "
+                    "and give it to the readers' group (chgrp)"
+                ) from e
             if isinstance(e, OSError):
                 raise StoreUnavailable(
                     f"cannot open the store at {path!r}: {e.strerror or e}; check the "
@@ -216,15 +223,24 @@ class LocalEngine:
         store_file = os.path.join(path, "store.json")
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
-        if not os.path.exists(store_file):
+        try:
+            os.stat(store_file)  # a private store of another user: PermissionError
+            exists = True
+        except FileNotFoundError:
+            exists = False
+        if not exists:
             if readonly or not options.create:
                 raise StoreNotFound(
                     f"no journal store at {path!r}: create it with `journal init` or "
                     "Journal.open(path, create=True)"
                 )
-            self._create_store(path)
-        self.store_id = self._load_store_id(store_file)
-        self.key_ring = self._key_ring(path, options.key_ring, readonly)
+            create_store(path, Permissions(options.file_mode or DEFAULT_FILE_MODE))
+        store = load_store(store_file)
+        if not readonly and options.file_mode not in (None, store.file_mode):
+            store = record_file_mode(store_file, store, options.file_mode, ops)
+        self.store_id = store.store_id
+        self.permissions = permissions = Permissions(store.file_mode)
+        self.key_ring = self._key_ring(path, options.key_ring, readonly, permissions)
         self._log = SegmentLog(
             os.path.join(path, "segments"),
             self.store_id,
@@ -232,14 +248,15 @@ class LocalEngine:
             sync=options.durability == "fsync",
             compress_sealed=options.compress_sealed,
             ops=ops,
+            permissions=permissions,
         )
         # Read-only on a store whose LMDB files this process cannot lock (no write access):
         # a private view outside the store, built from the segments and kept up to date by
         # scanning the active segment's tail. Nothing in the store is created or locked.
         self._private_dir: str | None = None
         if not readonly:
-            self._discard_view_after_reboot(path)
-            self._view = View(os.path.join(path, "index"))
+            self._discard_view_after_reboot(path, permissions)
+            self._view = View(os.path.join(path, "index"), permissions=permissions)
         else:
             try:
                 self._view = View(os.path.join(path, "index"), readonly=True)
@@ -308,7 +325,9 @@ class LocalEngine:
         return self._log.moved_past(head.segment, head.end_offset, head.next_position)
 
     @staticmethod
-    def _key_ring(path: str, given: KeyRing | None, readonly: bool) -> KeyRing:
+    def _key_ring(
+        path: str, given: KeyRing | None, readonly: bool, permissions: Permissions
+    ) -> KeyRing:
         """The cursor key ring: given, from the environment, or the store's `keys` file
         (created by a writer; a read-only reader never creates it)."""
         key_ring = given or KeyRing.from_environment()
@@ -317,7 +336,7 @@ class LocalEngine:
         keys = os.path.join(path, "keys")
         if not readonly:
             try:
-                return KeyRing.load_or_create(keys)
+                return KeyRing.load_or_create(keys, mode=permissions.file)
             except PermissionError:
                 raise KeyRingError(
                     f"cannot read the cursor key file {keys}: permission denied; write as a "
@@ -333,7 +352,7 @@ class LocalEngine:
             ) from e
 
     @staticmethod
-    def _discard_view_after_reboot(path: str) -> None:
+    def _discard_view_after_reboot(path: str, permissions: Permissions) -> None:
         """Drop the LMDB view if the machine restarted since a writer last used it.
 
         LMDB's own fsync is off (the view is derived), so after a power cut its file may be
@@ -341,9 +360,9 @@ class LocalEngine:
         view is not trusted: it is moved aside and rebuilt from the segments, which were
         synced. Runs under `locks/open.lock` so concurrent openers do it once.
         """
-        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
+        permissions.make_dirs(os.path.join(path, "locks"))
         marker = os.path.join(path, "view-boot")
-        lock_fd = os.open(os.path.join(path, "locks", "open.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = permissions.open_or_create(os.path.join(path, "locks", "open.lock"), os.O_RDWR)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             try:
@@ -358,50 +377,10 @@ class LocalEngine:
                 stale = f"{index}.stale-{os.getpid()}"
                 os.rename(index, stale)
                 shutil.rmtree(stale, ignore_errors=True)
-            os.makedirs(index, exist_ok=True)
-            write_atomic(marker, BOOT_ID)
+            permissions.make_dirs(index)
+            write_atomic(marker, BOOT_ID, permissions=permissions)
         finally:
             os.close(lock_fd)
-
-    @staticmethod
-    def _create_store(path: str) -> None:
-        os.makedirs(os.path.join(path, "segments"), exist_ok=True)
-        os.makedirs(os.path.join(path, "index"), exist_ok=True)
-        os.makedirs(os.path.join(path, "locks"), exist_ok=True)
-        document = json.dumps({"format": STORE_FORMAT, "store_id": os.urandom(16).hex()})
-        final = os.path.join(path, "store.json")
-        temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with open(temporary, "w") as f:
-            f.write(document)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            # link() fails if another process created the store first: theirs wins.
-            os.link(temporary, final)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(temporary)
-        fsync_dir(path)
-
-    @staticmethod
-    def _load_store_id(store_file: str) -> bytes:
-        try:
-            with open(store_file) as f:
-                document = json.load(f)
-            if document.get("format") != STORE_FORMAT:
-                raise StoreIncompatible(
-                    f"{store_file} has store format {document.get('format')!r}; this code "
-                    f"reads format {STORE_FORMAT}: upgrade session-journal"
-                )
-            store_id = bytes.fromhex(document["store_id"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StoreIncompatible(
-                f"{store_file} is unreadable or damaged ({e}); restore it from a backup"
-            ) from None
-        if len(store_id) != 16:
-            raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
-        return store_id
 
     def close(self) -> None:
         """Close the engine; pending waits end; leases still held are released (and the
@@ -775,7 +754,7 @@ class LocalEngine:
                 f"no session {session_id!r} in this store: create it before owning it"
             )
         path = lock_path(self.location, session_id)
-        fd = take_lock(path, wait_s)
+        fd = take_lock(path, wait_s, self.permissions)
         if fd is None:
             raise busy(session_id, path, wait_s)
         try:

@@ -10,9 +10,23 @@ moving code keeps the seam armed, unlike patching a module global by name.
 from __future__ import annotations
 
 import os
+import stat
+from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DEFAULT_FILE_OPS", "FAULT_POINTS", "FileOps", "fsync_dir", "write_atomic"]
+__all__ = [
+    "DEFAULT_FILE_MODE",
+    "DEFAULT_FILE_OPS",
+    "DEFAULT_PERMISSIONS",
+    "FAULT_POINTS",
+    "FileOps",
+    "Permissions",
+    "fsync_dir",
+    "write_atomic",
+]
+
+# What a store creates unless told otherwise: owner-only (SPEC.md "Private files").
+DEFAULT_FILE_MODE: Final = 0o600
 
 # Name -> where it fires (SPEC.md "Fault points" lists the same).
 FAULT_POINTS: Final = {
@@ -65,6 +79,72 @@ class FileOps:
 DEFAULT_FILE_OPS: Final = FileOps()
 
 
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """The permission bits of everything a store creates: files get `file` exactly (the
+    umask does not narrow it, so every process writing a store creates what the store
+    says), directories `directory`. Existing files and directories are never changed."""
+
+    file: int = DEFAULT_FILE_MODE
+
+    @property
+    def directory(self) -> int:
+        """The file mode plus a search (x) bit wherever it has a read bit: 0o640 -> 0o750."""
+        return self.file | (self.file & 0o444) >> 2
+
+    def create_file(self, path: str, flags: int) -> int:
+        """Open `path` with `flags | O_CREAT` and give it the file mode. Only for files the
+        caller owns by name (temporary files, or with O_EXCL)."""
+        fd = os.open(path, flags | os.O_CREAT, self.file)
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != self.file:
+                os.fchmod(fd, self.file)  # the umask narrowed it
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def open_or_create(self, path: str, flags: int) -> int:
+        """Open `path`, creating it with the file mode when missing (lock files): an
+        existing file keeps its mode."""
+        while True:
+            try:
+                return self.create_file(path, flags | os.O_EXCL)
+            except FileExistsError:
+                pass
+            try:
+                return os.open(path, flags)
+            except FileNotFoundError:
+                continue  # deleted between the two opens: create it after all
+
+    def make_dirs(self, path: str) -> None:
+        """Create the directory `path` with the directory mode; an existing one keeps its
+        mode. Missing parents (above a store) are made as `mkdir -p` makes them (the
+        umask's mode). A setgid bit inherited from the parent is kept, so new directories
+        of a group-shared store stay in its group."""
+        try:
+            os.mkdir(path, self.directory)
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            try:
+                os.mkdir(path, self.directory)
+            except FileExistsError:
+                return
+        mode = os.stat(path).st_mode
+        if stat.S_IMODE(mode) & 0o777 != self.directory:
+            os.chmod(path, self.directory | (mode & stat.S_ISGID))
+
+    def fix_created(self, path: str) -> None:
+        """Give a file that a library created (LMDB's) the file mode."""
+        if stat.S_IMODE(os.stat(path).st_mode) != self.file:
+            os.chmod(path, self.file)
+
+
+DEFAULT_PERMISSIONS: Final = Permissions()
+
+
 def fsync_dir(directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
     """Sync a directory: a created, renamed or deleted file can vanish after a power cut
     unless its directory entry is synced too."""
@@ -76,12 +156,16 @@ def fsync_dir(directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
 
 
 def write_atomic(
-    path: str, data: bytes, ops: FileOps = DEFAULT_FILE_OPS, *, mode: int = 0o644
+    path: str,
+    data: bytes,
+    ops: FileOps = DEFAULT_FILE_OPS,
+    permissions: Permissions = DEFAULT_PERMISSIONS,
 ) -> None:
     """Write `data` to `path` so a crash leaves the old file or the new one, never a mix:
-    a temporary file (named after this process), fsync, rename, fsync of the directory."""
+    a temporary file (named after this process), fsync, rename, fsync of the directory.
+    The new file has the file mode of `permissions`."""
     temporary = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
     try:
         view = memoryview(data)
         while view:

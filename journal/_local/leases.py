@@ -22,6 +22,7 @@ from typing import Final
 from ..engine import AcquireLease, ReleaseLease
 from ..errors import JournalClosed, OwnerBusy
 from ..sessions import SessionRow
+from .files import Permissions
 
 __all__ = [
     "LocalLease",
@@ -87,13 +88,13 @@ def lock_path(store: str, session_id: str) -> str:
     return os.path.join(store, "locks", f"owner-{digest}.lock")
 
 
-def take_lock(path: str, wait_s: float) -> int | None:
+def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
     """An fd holding an exclusive flock on `path`, or None if it stayed busy `wait_s`.
 
     The holder writes its identity into the file (`<pid> <start time> <host>\n`), so a
     process that finds the lock busy can name the holder before its record commits."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    permissions.make_dirs(os.path.dirname(path))
+    fd = permissions.open_or_create(path, os.O_RDWR)
     deadline = time.monotonic() + wait_s
     while True:
         try:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import StoreIncompatible
-from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir
+from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
 from .frames import (
     COMPRESSED_SUFFIX,
     DEFAULT_SEGMENT_BYTES,
@@ -58,6 +58,7 @@ class SegmentLog:
         sync: bool = True,
         compress_sealed: bool = False,
         ops: FileOps = DEFAULT_FILE_OPS,
+        permissions: Permissions = DEFAULT_PERMISSIONS,
     ) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
@@ -67,6 +68,7 @@ class SegmentLog:
         self.sync = sync
         self.compress_sealed = compress_sealed
         self.ops = ops
+        self.permissions = permissions
         self._writer: SegmentWriter | None = None
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
@@ -97,7 +99,9 @@ class SegmentLog:
         create nothing; flock needs no write access)."""
         path = os.path.join(self.directory, ".files.lock")
         fd = (
-            os.open(path, os.O_RDONLY) if readonly else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            os.open(path, os.O_RDONLY)
+            if readonly
+            else self.permissions.open_or_create(path, os.O_RDWR)
         )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -130,6 +134,7 @@ class SegmentLog:
                     self.directory,
                     summarize_segment(self.directory, s.base_position, self.ops),
                     self.ops,
+                    self.permissions,
                 )
         fsync_dir(self.directory, self.ops)
 
@@ -174,7 +179,7 @@ class SegmentLog:
 
         Returns the frames of the active segment (the part a crash may have left unindexed).
         """
-        os.makedirs(self.directory, exist_ok=True)
+        self.permissions.make_dirs(self.directory)
         self.discard_unborn_tail()
         self.finish_interrupted()
         segments = self.segments()
@@ -194,7 +199,7 @@ class SegmentLog:
 
     def start_first_segment(self) -> None:
         """Create the first segment of an empty log (caller holds the write lock)."""
-        os.makedirs(self.directory, exist_ok=True)
+        self.permissions.make_dirs(self.directory)
         self.close()
         self._writer = self._create_segment(1)
 
@@ -292,6 +297,7 @@ class SegmentLog:
             sync=self.sync,
             segment_bytes=self.segment_bytes,
             ops=self.ops,
+            permissions=self.permissions,
         )
 
     def _open_segment(self, base_position: int) -> SegmentWriter:
@@ -360,9 +366,11 @@ class SegmentLog:
             else summarize_segment(self.directory, base_position, self.ops)
         )
         if self.compress_sealed:
-            _, compressed = compress_segment(self.directory, base_position, ops=self.ops)
+            _, compressed = compress_segment(
+                self.directory, base_position, ops=self.ops, permissions=self.permissions
+            )
             summary.blocks = compressed.blocks
-        write_summary(self.directory, summary, self.ops)
+        write_summary(self.directory, summary, self.ops, self.permissions)
         if self.compress_sealed:
             self.ops.unlink(os.path.join(self.directory, segment_name(base_position)))
             fsync_dir(self.directory, self.ops)

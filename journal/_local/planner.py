@@ -696,7 +696,8 @@ class Planner:
         for base in bad_sidecars:
             if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:
                 continue
-            write_summary(log.directory, summarize_segment(log.directory, base, log.ops), log.ops)
+            summary = summarize_segment(log.directory, base, log.ops)
+            write_summary(log.directory, summary, log.ops, log.permissions)
         if not damaged:
             # Only derived data was wrong: rebuild the view from the (intact) log.
             view.clear(self.txn)

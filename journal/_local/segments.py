@@ -36,7 +36,7 @@ import zstandard
 
 from ..errors import JournalCorrupt, StoreIncompatible
 from ..records import decode_frame_body
-from .files import DEFAULT_FILE_OPS, FileOps, fsync_dir
+from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
 from .frames import (
     BLOCK_HEADER,
     BLOCK_MAGIC,
@@ -474,6 +474,7 @@ class SegmentWriter:
         sync: bool = True,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         ops: FileOps = DEFAULT_FILE_OPS,
+        permissions: Permissions = DEFAULT_PERMISSIONS,
     ) -> SegmentWriter:
         """Create a new, empty active segment (file and directory entry synced)."""
         header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
@@ -481,7 +482,7 @@ class SegmentWriter:
         # Born complete: the header is written and synced under a temporary name, then
         # renamed, so a crash never leaves a segment without its header.
         temporary = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = permissions.create_file(temporary, os.O_RDWR | os.O_TRUNC)
         try:
             os.write(fd, header.encode())
             ops.fsync(fd)
@@ -655,6 +656,7 @@ def compress_segment(
     keep: Callable[[FrameInfo], bool] | None = None,
     publish: bool = True,
     ops: FileOps = DEFAULT_FILE_OPS,
+    permissions: Permissions = DEFAULT_PERMISSIONS,
 ) -> tuple[str, SegmentSummary]:
     """Write a compressed copy of a sealed segment; returns its path and its sidecar.
 
@@ -673,7 +675,10 @@ def compress_segment(
     compressor = zstandard.ZstdCompressor(level=level)
     data_end = SEGMENT_HEADER_SIZE
     last_position = base_position - 1
-    with SegmentReader(directory, base_position, ops) as reader, open(temporary, "wb") as out:
+    with (
+        SegmentReader(directory, base_position, ops) as reader,
+        os.fdopen(permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as out,
+    ):
         flags = reader.header.flags | FLAG_COMPRESSED | (FLAG_COMPACTED if keep else 0)
         out.write(reader.header._replace(flags=flags).encode())
         file_offset = SEGMENT_HEADER_SIZE

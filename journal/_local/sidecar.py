@@ -16,7 +16,7 @@ from typing import Final
 import msgspec
 
 from ..records import TURN_EVENT_TYPES, EventAppended, Record, SnapshotTaken, decode_record
-from .files import DEFAULT_FILE_OPS, FileOps, write_atomic
+from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, write_atomic
 from .frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, sidecar_name
 
 __all__ = [
@@ -180,11 +180,18 @@ _summary_encoder: Final = msgspec.msgpack.Encoder()
 _summary_decoder: Final = msgspec.msgpack.Decoder(SegmentSummary)
 
 
-def write_summary(directory: str, summary: SegmentSummary, ops: FileOps = DEFAULT_FILE_OPS) -> None:
+def write_summary(
+    directory: str,
+    summary: SegmentSummary,
+    ops: FileOps = DEFAULT_FILE_OPS,
+    permissions: Permissions = DEFAULT_PERMISSIONS,
+) -> None:
     """Write a sidecar atomically (temp file, fsync, rename, fsync directory)."""
     body = _summary_encoder.encode(summary)
     path = os.path.join(directory, sidecar_name(summary.base_position))
-    write_atomic(path, _SIDECAR_HEADER.pack(SIDECAR_MAGIC, zlib.crc32(body)) + body, ops)
+    write_atomic(
+        path, _SIDECAR_HEADER.pack(SIDECAR_MAGIC, zlib.crc32(body)) + body, ops, permissions
+    )
 
 
 def read_summary(directory: str, base_position: int) -> SegmentSummary | None:

@@ -24,6 +24,8 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
 
 from __future__ import annotations
 
+import contextlib
+import os
 import struct
 from collections.abc import Iterator
 from typing import Final, NamedTuple
@@ -32,6 +34,7 @@ import lmdb
 import msgspec
 
 from ..sessions import FeedEntry, SessionRow
+from .files import DEFAULT_PERMISSIONS, Permissions
 
 __all__ = ["Head", "IdemEntry", "Location", "View"]
 
@@ -97,10 +100,21 @@ _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
 class View:
     """The LMDB environment and its named databases."""
 
-    def __init__(self, path: str, *, readonly: bool = False) -> None:
+    def __init__(
+        self, path: str, *, readonly: bool = False, permissions: Permissions = DEFAULT_PERMISSIONS
+    ) -> None:
         self.readonly = readonly
+        created: list[str] = []
+        if not readonly:
+            permissions.make_dirs(path)
+            created = [
+                file
+                for file in (os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb"))
+                if not os.path.exists(file)
+            ]
         self.env = lmdb.open(
             path,
+            mode=permissions.file,
             map_size=_INITIAL_MAP_SIZE,
             max_dbs=16,
             max_readers=1024,
@@ -111,6 +125,10 @@ class View:
             lock=True,
             subdir=True,
         )
+        for file in created:
+            # LMDB creates its files with the mode less the umask: give them the mode.
+            with contextlib.suppress(FileNotFoundError):
+                permissions.fix_created(file)
         if readonly:
             # Handles opened inside a read transaction die with it: let LMDB open them in
             # its own (committed) transaction instead.

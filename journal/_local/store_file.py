@@ -1,0 +1,111 @@
+"""`store.json`: the store's identity and the file mode of what the store creates.
+
+    {"format": 1, "store_id": "<32 hex digits>", "file_mode": "0600"}
+
+`file_mode` (octal text) was added later: a store.json without it (a store created before)
+takes the mode its own permission bits show, which is the mode (the umask) its files were
+created with, so such a store goes on as it was set up until a writer records a mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass
+from typing import Final
+
+from ..arguments import file_mode_problem
+from ..errors import StoreIncompatible
+from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, write_atomic
+
+__all__ = ["STORE_FORMAT", "StoreFile", "create_store", "load_store", "record_file_mode"]
+
+STORE_FORMAT: Final = 1
+_OCTAL: Final = re.compile(r"[0-7]{3,4}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFile:
+    """What `store.json` says: the store id and the file mode (recorded or derived)."""
+
+    store_id: bytes
+    file_mode: int
+    recorded: bool  # False: derived from the permission bits of an older store.json
+
+
+def _document(store_id: bytes, file_mode: int) -> bytes:
+    return json.dumps(
+        {"format": STORE_FORMAT, "store_id": store_id.hex(), "file_mode": f"{file_mode:04o}"}
+    ).encode()
+
+
+def create_store(path: str, permissions: Permissions) -> None:
+    """Create the store's directories and publish a new `store.json` (with `link()`, so
+    two processes creating the store race safely: the first one's file wins)."""
+    permissions.make_dirs(path)
+    for name in ("segments", "index", "locks"):
+        permissions.make_dirs(os.path.join(path, name))
+    final = os.path.join(path, "store.json")
+    temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(_document(os.urandom(16), permissions.file))
+            f.flush()
+            os.fsync(f.fileno())
+        # link() fails if another process created the store first: theirs wins.
+        os.link(temporary, final)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(temporary)
+    fsync_dir(path)
+
+
+def load_store(store_file: str) -> StoreFile:
+    """Read `store.json`; `StoreIncompatible` when it is damaged or of another format."""
+
+    def damaged(reason: object) -> StoreIncompatible:
+        return StoreIncompatible(
+            f"{store_file} is unreadable or damaged ({reason}); restore it from a backup"
+        )
+
+    try:
+        with open(store_file, "rb") as f:
+            document = json.loads(f.read())
+            own_mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        if not isinstance(document, dict):
+            raise damaged("not a JSON object")
+        if document.get("format") != STORE_FORMAT:
+            raise StoreIncompatible(
+                f"{store_file} has store format {document.get('format')!r}; this code "
+                f"reads format {STORE_FORMAT}: upgrade session-journal"
+            )
+        store_id = bytes.fromhex(document["store_id"])
+    except PermissionError:
+        raise  # not damage: the caller reports the store as unavailable
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise damaged(e) from None
+    if len(store_id) != 16:
+        raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
+    text = document.get("file_mode")
+    if text is None:
+        # Written before modes were recorded: its files were made with the umask, as was
+        # store.json itself; keep making them so (readers set up for that keep working).
+        return StoreFile(store_id, (own_mode & 0o666) | 0o600, recorded=False)
+    value = int(text, 8) if isinstance(text, str) and _OCTAL.fullmatch(text) else None
+    if value is None or file_mode_problem(value) is not None:
+        raise damaged(f'file_mode {text!r} is not a file mode such as "0600"')
+    return StoreFile(store_id, value, recorded=True)
+
+
+def record_file_mode(
+    store_file: str, store: StoreFile, file_mode: int, ops: FileOps = DEFAULT_FILE_OPS
+) -> StoreFile:
+    """Record a new file mode in `store.json` (replaced atomically, and given that mode):
+    files created from now on get it; existing files keep theirs."""
+    write_atomic(store_file, _document(store.store_id, file_mode), ops, Permissions(file_mode))
+    return StoreFile(store.store_id, file_mode, recorded=True)

@@ -1,0 +1,375 @@
+"""Private by default (issue 11, item 6): every file and directory a store creates has the
+store's file mode (0600, directories 0700, unless the store was created or opened with
+`file_mode=`), whatever the umask; the mode is recorded in store.json; older stores keep
+the mode they were set up with; a store shared with a group per the documented recipe is
+readable by that group's reader (a real process as another user); the key ring file has
+a checksum, so a damaged one is reported instead of making every cursor foreign.
+
+The tests run as root: modes are checked with os.stat, and the "other user" is a child
+process that drops to uid/gid 65534.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _procs_retention import NOBODY, Child
+from click.testing import CliRunner
+
+from cli.main import main
+from cursors import KeyRing
+from journal import (
+    EventIn,
+    InvalidArgument,
+    Journal,
+    KeyRingError,
+    RetentionPolicy,
+    StoreIncompatible,
+)
+
+
+def directory_mode(file_mode: int) -> int:
+    return file_mode | (file_mode & 0o444) >> 2
+
+
+def modes(store: Path) -> dict[str, int]:
+    """Every path of the store (the store itself as "."): its permission bits."""
+    found = {".": stat.S_IMODE(store.stat().st_mode)}
+    for directory, dirs, files in os.walk(store):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            found[os.path.relpath(path, store)] = stat.S_IMODE(os.lstat(path).st_mode)
+    return found
+
+
+def wrong_modes(store: Path, file_mode: int) -> dict[str, str]:
+    """Paths whose mode is not the store's (files) or its directory mode (directories)."""
+    wrong = {}
+    for relative, mode in modes(store).items():
+        is_dir = (store / relative).is_dir()
+        expected = directory_mode(file_mode) if is_dir else file_mode
+        if mode != expected:
+            wrong[relative] = f"{mode:04o} (expected {expected:04o})"
+    return wrong
+
+
+@pytest.fixture
+def umask() -> Iterator[object]:
+    """Restore the process umask after a test that sets it."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield None
+    os.umask(old)
+
+
+def _append(j: Journal, session_id: str, count: int, size: int = 400) -> None:
+    for _ in range(count):
+        j.append(session_id, [EventIn(type="m", data=b"x" * size)])
+
+
+@pytest.mark.parametrize("file_mode", [None, 0o640])
+@pytest.mark.parametrize("process_umask", [0o022, 0o000])
+def test_every_file_and_directory_of_a_store_gets_the_store_mode_whatever_the_umask(
+    tmp_path: Path, umask: object, process_umask: int, file_mode: int | None
+) -> None:
+    os.umask(process_umask)
+    store = tmp_path / "store"
+    archive = tmp_path / "all.sja"
+    policy = RetentionPolicy(session_retention_ms=1)
+    chosen = {} if file_mode is None else {"file_mode": file_mode}
+    with Journal.open(store, segment_bytes=4096, retention=policy, **chosen) as j:
+        j.create_session("a")
+        _append(j, "a", 25)  # rotates: sealed segments and their sidecars
+        with j.own("a") as owner, owner.turn("r1") as turn:  # a lease lock file
+            turn.append([EventIn(type="m", data=b"in a turn")])
+        j.compact_session("a", 10, b"snapshot")
+        j.create_session("gone")
+        _append(j, "gone", 12)
+        ended = j.resolve_session("gone").ended_at_ms
+        assert ended is not None
+        report = j.apply_retention(now_ms=ended + 1000)  # evicts, deletes dead segments
+        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+        j.compact()  # compacted copies (.seg.zst) swapped in
+        j.export_sessions(["a"], archive)
+        j.import_sessions(archive, rename={"a": "a-copy"})  # staged, then committed
+        j.create_session("short", ttl_ms=1)
+        assert [m.session_id for m in j.expire_due(now_ms=ended + 10**9)] == ["short"]
+    # Later opens without file_mode follow the recorded mode: compressed seals, and the
+    # sidecar verify(fix=True) rewrites.
+    with Journal.open(store, segment_bytes=4096, compress_sealed=True) as j:
+        _append(j, "a", 15)
+        sidecar = sorted((store / "segments").glob("*.idx"))[-1]
+        sidecar.unlink()
+        report = j.verify(fix=True)
+        assert report.problems and report.fixed  # reported the missing sidecar, wrote it
+        assert sidecar.exists()
+    # A view from before a reboot is moved aside and rebuilt (new LMDB files).
+    (store / "view-boot").write_bytes(b"another boot")
+    os.chmod(store / "view-boot", 0o600 if file_mode is None else file_mode)
+    with Journal.open(store) as j:
+        assert j.verify().ok
+        assert [m.session_id for m in j.list_sessions()] == ["a", "a-copy", "short"]
+    names = set(modes(store))
+    for expected in (
+        "keys",
+        "store.json",
+        "view-boot",
+        "index/data.mdb",
+        "index/lock.mdb",
+        "locks/open.lock",
+        "segments/.files.lock",
+    ):
+        assert expected in names
+    assert any(n.startswith("locks/owner-") for n in names)
+    assert any(n.endswith(".seg.zst") for n in names)
+    assert any(n.endswith(".idx") for n in names)
+    assert not any(n.endswith(".tmp") for n in names)
+    assert wrong_modes(store, 0o600 if file_mode is None else file_mode) == {}
+    recorded = json.loads((store / "store.json").read_text())["file_mode"]
+    assert recorded == ("0600" if file_mode is None else "0640")
+
+
+def test_file_mode_is_validated_before_anything_is_created(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    for bad in ("0640", 416.0, True, object(), -1, 0o1640, 2**70, 0o400, 0o200, 0o700):
+        with pytest.raises(InvalidArgument) as info:
+            Journal.open(store, file_mode=bad)  # type: ignore[arg-type]
+        assert "file_mode" in str(info.value)
+        assert not store.exists()
+    with pytest.raises(InvalidArgument, match="execute bits"):
+        Journal.open(store, file_mode=0o750)
+    with pytest.raises(InvalidArgument, match="owner read and write"):
+        Journal.open(store, file_mode=0o440)
+    with Journal.open(store):
+        pass
+    with pytest.raises(InvalidArgument, match="read-only"):
+        Journal.open(store, readonly=True, file_mode=0o600)
+
+
+def test_a_store_from_before_recorded_modes_keeps_its_mode_until_one_is_given(
+    tmp_path: Path, umask: object
+) -> None:
+    # An older store: store.json without file_mode, files made under umask 022.
+    store = tmp_path / "store"
+    with Journal.open(store, segment_bytes=4096) as j:
+        j.create_session("s")
+        _append(j, "s", 3)
+    document = json.loads((store / "store.json").read_text())
+    document.pop("file_mode", None)
+    (store / "store.json").write_text(json.dumps(document))
+    for directory, _, files in os.walk(store):
+        os.chmod(directory, 0o755)
+        for name in files:
+            os.chmod(os.path.join(directory, name), 0o644)
+    before = modes(store)
+    # Opened under a strict umask: new files still get the mode the store was made with
+    # (readers set up for it keep working), and nothing existing is changed.
+    os.umask(0o077)
+    with Journal.open(store, segment_bytes=4096) as j:
+        _append(j, "s", 12)  # new segments and sidecars
+    after = modes(store)
+    assert {p: m for p, m in after.items() if p in before} == before
+    assert len(after) > len(before)
+    assert wrong_modes(store, 0o644) == {}
+    assert "file_mode" not in json.loads((store / "store.json").read_text())
+    # Given a mode, the store records it (store.json replaced with that mode); files made
+    # from then on get it; files made before keep theirs.
+    with Journal.open(store, segment_bytes=4096, file_mode=0o600) as j:
+        _append(j, "s", 12)
+    final = modes(store)
+    assert final["store.json"] == 0o600
+    assert json.loads((store / "store.json").read_text())["file_mode"] == "0600"
+    new = {p: m for p, m in final.items() if p not in after}
+    assert new and set(new.values()) == {0o600}, new
+    assert {p: m for p, m in final.items() if p in after and p != "store.json"} == {
+        p: m for p, m in after.items() if p != "store.json"
+    }
+
+
+def test_a_damaged_file_mode_in_store_json_is_reported(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    Journal.open(store).close()
+    document = json.loads((store / "store.json").read_text())
+    for bad in ("0750", "rw-------", 384, "06000"):
+        document["file_mode"] = bad
+        (store / "store.json").write_text(json.dumps(document))
+        with pytest.raises(StoreIncompatible, match="file_mode"):
+            Journal.open(store)
+
+
+def test_cli_init_takes_the_file_mode(tmp_path: Path, umask: object) -> None:
+    os.umask(0o022)
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    runner = CliRunner()
+    result = runner.invoke(main, ["--store", str(private), "init"])
+    assert result.exit_code == 0, result.output
+    assert wrong_modes(private, 0o600) == {}
+    result = runner.invoke(main, ["--store", str(shared), "init", "--file-mode", "0640"])
+    assert result.exit_code == 0, result.output
+    assert wrong_modes(shared, 0o640) == {}
+    result = runner.invoke(main, ["--store", str(shared), "append", "-s", "x", "--create", "1"])
+    assert result.exit_code == 0, result.output
+    assert wrong_modes(shared, 0o640) == {}
+    for bad, code in (("abc", 2), ("0680", 2), ("0750", 4), ("0400", 4)):
+        result = runner.invoke(
+            main, ["--store", str(tmp_path / "other"), "init", "--file-mode", bad]
+        )
+        assert result.exit_code == code, (bad, result.output)
+        assert "Traceback" not in result.output
+        assert not (tmp_path / "other").exists()
+    # Given for an existing store: recorded for files made from then on.
+    result = runner.invoke(main, ["--store", str(private), "init", "--file-mode", "0640"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((private / "store.json").read_text())["file_mode"] == "0640"
+
+
+# -- a store and another user ------------------------------------------------------------
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path lives under a 0700 one)."""
+    directory = Path(tempfile.mkdtemp(prefix="journal-modes-test-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _without_external_key() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("JOURNAL_CURSOR_KEY")}
+
+
+def test_another_user_cannot_open_a_private_store(
+    public_dir: Path, monkeypatch: pytest.MonkeyPatch, umask: object
+) -> None:
+    assert os.geteuid() == 0, "this test runs a child as uid 65534: run it as root"
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY", raising=False)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    os.umask(0o022)
+    store = public_dir / "store"
+    with Journal.open(store) as j:
+        j.create_session("secret")
+        j.append("secret", [EventIn(type="m", data=b"agent conversation")])
+    reader = Child("ro_open", str(store), env=_without_external_key())
+    assert reader.wait(60) == 0, reader.err()
+    assert reader.seen == ["error StoreUnavailable STORE_UNAVAILABLE"]
+
+
+def test_a_store_shared_with_a_group_by_the_documented_recipe_is_readable_by_it(
+    public_dir: Path, monkeypatch: pytest.MonkeyPatch, umask: object
+) -> None:
+    assert os.geteuid() == 0, "this test runs a child as uid 65534: run it as root"
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY", raising=False)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    os.umask(0o077)  # a strict umask does not narrow the store's mode
+    # The recipe (SPEC.md "Private files"): the store directory belongs to the readers'
+    # group with the setgid bit, then the store is created with a group file mode.
+    store = public_dir / "store"
+    store.mkdir()
+    os.chown(store, 0, NOBODY)
+    os.chmod(store, 0o2750)
+    with Journal.open(store, segment_bytes=4096, file_mode=0o640) as j:
+        j.create_session("shared")
+        _append(j, "shared", 20)  # several segments, sidecars, the key file
+        last = j.get_session("shared").last_ordinal
+    for directory, dirs, files in os.walk(store):
+        for name in [*dirs, *files, "."]:
+            st = os.lstat(os.path.join(directory, name))
+            assert st.st_gid == NOBODY, (directory, name)
+            if stat.S_ISDIR(st.st_mode):
+                assert stat.S_IMODE(st.st_mode) == 0o2750, (directory, name)
+            else:
+                assert stat.S_IMODE(st.st_mode) == 0o640, (directory, name)
+    # The group's reader reads the key file and every segment; it cannot write the LMDB
+    # lock file, so it builds a private view (removed when it closes).
+    reader = Child("ro_read", str(store), env=_without_external_key())
+    assert reader.wait(60) == 0, reader.err()
+    assert reader.seen[0].startswith(f"session shared open 1 {last} ")
+    assert reader.seen[1:] == ["left behind []", "done"]
+
+
+# -- the key ring file -------------------------------------------------------------------
+
+
+def test_a_flipped_bit_anywhere_in_the_key_file_is_reported_or_harmless(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    ring = KeyRing.generate()
+    ring.rotate()
+    ring.save(path)
+    data = path.read_bytes()
+    secrets = {key_id: ring.secret(key_id) for key_id in ring.key_ids}
+    damaged = tried = 0
+    for index in range(len(data)):
+        for bit in {0, index % 8}:
+            tried += 1
+            flipped = bytearray(data)
+            flipped[index] ^= 1 << bit
+            path.write_bytes(bytes(flipped))
+            try:
+                loaded = KeyRing.load(path)
+            except KeyRingError:
+                damaged += 1
+                continue
+            # Only a flip that changed no key may load (e.g. in the checksum's name).
+            assert loaded.active_key_id == ring.active_key_id, (index, bit)
+            assert {k: loaded.secret(k) for k in loaded.key_ids} == secrets, (index, bit)
+    assert damaged > tried * 0.9
+
+
+def test_a_damaged_key_file_raises_key_ring_error_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY", raising=False)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    store = tmp_path / "store"
+    Journal.open(store).close()
+    keys = store / "keys"
+    document = json.loads(keys.read_text())
+    secret = document["keys"][0]["secret"]
+    # One character of the secret changed: still valid base64url of 32 bytes.
+    document["keys"][0]["secret"] = ("B" if secret[0] != "B" else "C") + secret[1:]
+    keys.write_text(json.dumps(document))
+    for readonly in (False, True):
+        with pytest.raises(KeyRingError) as info:
+            Journal.open(store, readonly=readonly)
+        assert "damaged" in str(info.value) and "backup" in str(info.value)
+    # A shared key in JOURNAL_CURSOR_KEY replaces the store's ring: still works.
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", "6b" * 32)
+    with Journal.open(store) as j:
+        j.create_session("s")
+
+
+def test_a_key_file_without_a_checksum_is_read_and_gets_one_when_saved(
+    tmp_path: Path, umask: object
+) -> None:
+    path = tmp_path / "keys"
+    ring = KeyRing.generate()
+    ring.save(path)
+    document = json.loads(path.read_text())
+    assert "sha256" in document
+    del document["sha256"]
+    path.write_text(json.dumps(document))  # as written before the checksum
+    loaded = KeyRing.load(path)
+    assert loaded.secret(1) == ring.secret(1)
+    loaded.rotate()
+    os.umask(0o022)
+    loaded.save(path, mode=0o640)
+    assert "sha256" in json.loads(path.read_text())
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert KeyRing.load(path).key_ids == (1, 2)
+    created = tmp_path / "created"
+    KeyRing.load_or_create(created, mode=0o660)
+    assert stat.S_IMODE(created.stat().st_mode) == 0o660
+    for bad in (0o700, 0o400, True, "0600"):
+        with pytest.raises(KeyRingError):
+            KeyRing.load_or_create(tmp_path / "never", mode=bad)  # type: ignore[arg-type]
+        assert not (tmp_path / "never").exists()
