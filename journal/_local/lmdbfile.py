@@ -36,8 +36,8 @@ the main and every named database reachable from the current meta page: every pa
 number, kind and bounds, every node's bounds, keys in strictly increasing order within the
 bounds their parent gives, leaves all at the recorded depth, overflow runs inside the
 file, no page reached twice, page and entry counts equal to the database's record, free
-pages inside the file and not in use; and `check_entry` on every entry of the named
-databases (the view checks its own checksums there).
+pages inside the file and not in use; and a check of the caller's on every entry of
+the named databases it names (the view checks its own checksums there).
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-__all__ = ["check_data_file"]
+__all__ = ["EntryCheck", "EntryChecks", "check_data_file"]
 
+# (database name, key, value) -> a problem or None
 EntryCheck = Callable[[bytes, bytes, bytes], "str | None"]
+# database name -> how to check its entries (None: not at all)
+EntryChecks = Callable[[bytes], "EntryCheck | None"]
 
 _MAGIC: Final = 0xBEEFC0DE
 _DATA_VERSION: Final = 1
@@ -101,15 +104,19 @@ class _Damage(Exception):
     """A check failed (internal: `check_data_file` returns the message)."""
 
 
-def check_data_file(path: str, check_entry: EntryCheck | None = None) -> str | None:
+def check_data_file(
+    path: str, entry_checks: EntryChecks | None = None, keep: dict[bytes, bytes] | None = None
+) -> str | None:
     """What is wrong with the LMDB data file at `path` (None: nothing the checks see).
 
-    `check_entry(database name, key, value)` is called for every entry of every named
-    database and returns a problem or None. The file is read, never mapped, and may be
-    in use: the check runs on the snapshot of the current meta page, and a problem only
-    counts when the meta pages did not change meanwhile (a commit during the check may
-    have reused pages it read); a file that changes under every attempt is taken as it
-    is. A missing file is a problem."""
+    `entry_checks(database name)` gives the check to call on every entry of that named
+    database (`check(name, key, value)`, returning a problem or None), or None. With
+    `keep`, the entries of the database named `b"meta"` are put there.
+
+    The file is read, never mapped, and may be in use: the check runs on the snapshot of
+    the current meta page, and a problem only counts when the meta pages did not change
+    meanwhile (a commit during the check may have reused pages it read); a file that
+    changes under every attempt is taken as it is. A missing file is a problem."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -118,7 +125,10 @@ def check_data_file(path: str, check_entry: EntryCheck | None = None) -> str | N
         for _ in range(_ATTEMPTS):
             before = _raw_metas(fd)
             try:
-                _Checker(fd, check_entry).run()
+                checker = _Checker(fd, entry_checks, b"meta" if keep is not None else None)
+                checker.run()
+                if keep is not None:
+                    keep.update(checker.kept)
                 return None
             except _Damage as e:
                 if _raw_metas(fd) == before:
@@ -137,9 +147,11 @@ def _raw_metas(fd: int) -> bytes:
 
 
 class _Checker:
-    def __init__(self, fd: int, check_entry: EntryCheck | None) -> None:
+    def __init__(self, fd: int, entry_checks: EntryChecks | None, keep: bytes | None) -> None:
         self._fd = fd
-        self._check_entry = check_entry
+        self._entry_checks = entry_checks
+        self._keep = keep
+        self.kept: dict[bytes, bytes] = {}
         self._visited: set[int] = set()
         self._page_size = 0
         self._last_page = 0
@@ -219,7 +231,7 @@ class _Checker:
         record: _Record,
         free_page: Callable[[int], None] | None,
         named: list[tuple[bytes, _Record]] | None = None,
-        name: bytes | None = None,
+        name: bytes = b"",
     ) -> None:
         """Check one B-tree (see the module docstring for what is checked)."""
         if record.root == _NO_PAGE:
@@ -227,6 +239,8 @@ class _Checker:
                 raise _Damage(f"database {label}: empty, but its record counts pages")
             return
         counts = [0, 0, 0, 0]  # branch pages, leaf pages, overflow pages, entries
+        check = self._entry_checks(name) if self._entry_checks is not None and name else None
+        kept = self.kept if name is not None and name == self._keep else None
         integer_keys = free_page is not None
         # (page, level, lower key bound or None, upper key bound or None)
         stack: list[tuple[int, int, bytes | None, bytes | None]] = [(record.root, 1, None, None)]
@@ -265,24 +279,25 @@ class _Checker:
                     raise _Damage(f"{where}: node {index} has a key of {key_size} bytes")
                 key = raw[at + 8 : key_end]
                 if not (branch and index == 0):
-                    if not key:
+                    if integer_keys:
+                        if key_size != 8:
+                            raise _Damage(f"{where}: a free-list key of {key_size} bytes")
+                        # (Native little-endian integers: reversed, bytes order is theirs.)
+                        order = key[::-1]
+                    elif key_size:
+                        order = key
+                    else:
                         raise _Damage(f"{where}: node {index} has an empty key")
                     if previous is not None and (
-                        _before(key, previous, integer_keys)
-                        if inclusive
-                        else not _before(previous, key, integer_keys)
+                        order < previous if inclusive else order <= previous
                     ):
                         raise _Damage(f"{where}: keys out of order at node {index}")
-                    if high is not None and not _before(key, high, integer_keys):
+                    if high is not None and order >= high:
                         raise _Damage(f"{where}: node {index} is beyond its parent's bound")
-                    if integer_keys and key_size != 8:
-                        raise _Damage(
-                            f"{where}: node {index} has a free-list key of {key_size} bytes"
-                        )
-                    previous = key
+                    previous = order
                     inclusive = False
                 if branch:
-                    keys.append(key)
+                    keys.append(key[::-1] if integer_keys else key)
                     children.append(lo | hi << 16 | node_flags << 32)
                     continue
                 data_size = lo | hi << 16
@@ -304,10 +319,13 @@ class _Checker:
                     named.append((key, _Record(*_DB.unpack_from(value, 0))))
                 elif node_flags & _SUBDATA:
                     raise _Damage(f"{where}: node {index} has flags {node_flags:#x}")
-                elif self._check_entry is not None and name is not None:
-                    problem = self._check_entry(name, key, value)
-                    if problem is not None:
-                        raise _Damage(f"{where}: {problem}")
+                else:
+                    if check is not None:
+                        problem = check(name, key, value)
+                        if problem is not None:
+                            raise _Damage(f"{where}: {problem}")
+                    if kept is not None:
+                        kept[key] = value
             for index, child in enumerate(children):
                 child_low = low if index == 0 else keys[index]
                 child_high = keys[index + 1] if index + 1 < len(children) else high
@@ -339,9 +357,3 @@ class _Checker:
             raise _Damage(f"{where}: a free list of {len(value)} bytes says {count} pages")
         for page in struct.unpack_from(f"<{count}Q", value, 8):
             free_page(page)
-
-
-def _before(first: bytes, second: bytes, integer_keys: bool) -> bool:
-    if integer_keys:
-        return int.from_bytes(first, "little") < int.from_bytes(second, "little")
-    return first < second
