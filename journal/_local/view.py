@@ -378,6 +378,7 @@ class View:
         self._page_size = int(self.env.stat()["psize"])
         self._data = os.path.join(path, "data.mdb")
         self._identity = file_identity(path)
+        self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
 
     def begin(self, *, write: bool = False) -> _Transaction:
         """A transaction (a context manager yielding the LMDB transaction); a write
@@ -390,16 +391,19 @@ class View:
             if not (write and self._repair):
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
             self._replace()
-        elif write:
-            self.check_file()
+        else:
+            self.check_file(refresh=write)
         return self.env.begin(write=write)
 
-    def check_file(self) -> None:
-        """Before a write transaction (and each poll of the head): the data file must
-        still be the one opened (not replaced by a process that found it damaged) and hold
-        every page LMDB recorded (a file cut short while open would kill the process with
-        SIGBUS when a page past its end is touched)."""
-        needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
+    def check_file(self, *, refresh: bool = True) -> None:
+        """Before every transaction: the data file must still be the one opened (not
+        replaced by a process that found it damaged) and hold every page LMDB recorded
+        (a file cut short while open kills the process with SIGBUS when a page past its
+        end is touched). The size LMDB recorded is read again with `refresh` (writes, and
+        the head polls); reads compare with the last one read, which only grows."""
+        if refresh:
+            self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
+        needed = self._needed
         try:
             st = os.stat(self._data)
         except FileNotFoundError:
