@@ -47,7 +47,7 @@ import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-__all__ = ["EntryCheck", "EntryChecks", "check_data_file"]
+__all__ = ["EntryCheck", "EntryChecks", "check_data_file", "pages_in_use"]
 
 # (database name, key, value) -> a problem or None
 EntryCheck = Callable[[bytes, bytes, bytes], "str | None"]
@@ -138,6 +138,21 @@ def check_data_file(
         os.close(fd)
 
 
+def pages_in_use(path: str) -> set[int]:
+    """The pages the current meta page reaches (for tests and diagnostics; empty when
+    the file fails its checks)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        checker = _Checker(fd, None, None)
+        try:
+            checker.run()
+        except _Damage:
+            return set()
+        return checker.visited
+    finally:
+        os.close(fd)
+
+
 def _raw_metas(fd: int) -> bytes:
     first = os.pread(fd, _META_SIZE, 0)
     page_size = _DB.unpack_from(first, 16 + 24)[0] if len(first) == _META_SIZE else 0
@@ -152,7 +167,7 @@ class _Checker:
         self._entry_checks = entry_checks
         self._keep = keep
         self.kept: dict[bytes, bytes] = {}
-        self._visited: set[int] = set()
+        self.visited: set[int] = set()
         self._page_size = 0
         self._last_page = 0
 
@@ -180,7 +195,7 @@ class _Checker:
         for page in free_pages:
             if not 2 <= page <= meta.last_page:
                 raise _Damage(f"the free list names page {page}, outside the file")
-            if page in self._visited:
+            if page in self.visited:
                 raise _Damage(f"the free list names page {page}, which is in use")
 
     def _metas(self) -> _Meta:
@@ -221,9 +236,9 @@ class _Checker:
     def _claim(self, page: int, what: str) -> None:
         if not 2 <= page <= self._last_page:
             raise _Damage(f"{what} points at page {page}, outside pages 2..{self._last_page}")
-        if page in self._visited:
+        if page in self.visited:
             raise _Damage(f"{what} points at page {page}, which is reached twice")
-        self._visited.add(page)
+        self.visited.add(page)
 
     def _tree(
         self,
