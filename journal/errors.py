@@ -51,7 +51,8 @@ class JournalCorrupt(JournalError):
 
     Raised where a reader meets damage it must not skip: anywhere except the unfinished tail
     of the active segment, which is "not yet written" rather than corrupt. `segment` is the
-    file name and `offset` the byte offset (in the uncompressed segment) of the damage.
+    file name and `offset` the byte offset (in the uncompressed segment) of the damage, or
+    `index` (offset 0) for the LMDB view, which `verify(fix=True)` rebuilds from the log.
     """
 
     code = "JOURNAL_CORRUPT"
@@ -61,6 +62,10 @@ class JournalCorrupt(JournalError):
         self.segment = segment
         self.offset = offset
         self.detail = detail
+        if segment == "index":
+            # The view is derived from the log: its damage is repaired, not restored.
+            super().__init__(f"corrupt journal view (index/): {detail}")
+            return
         super().__init__(
             f"corrupt journal data in segment {segment} at byte offset {offset}: {detail}; "
             "run `journal verify` to list all damage, and restore the segment from a backup"

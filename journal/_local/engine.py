@@ -46,6 +46,7 @@ from ..engine import (
     PageReaders,
     Progress,
     StoredSnapshot,
+    VerifyFix,
 )
 from ..errors import (
     JournalClosed,
@@ -83,7 +84,7 @@ from .segments import SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store
-from .view import Head, View
+from .view import Head, View, ViewDamaged, file_identity, inspect_view, replace_view
 
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
@@ -254,18 +255,27 @@ class LocalEngine:
         # a private view outside the store, built from the segments and kept up to date by
         # scanning the active segment's tail. Nothing in the store is created or locked.
         self._private_dir: str | None = None
+        index = os.path.join(path, "index")
         if not readonly:
             self._discard_view_after_reboot(path, permissions)
-            self._view = View(os.path.join(path, "index"), permissions=permissions)
+            self._view = self._open_checked_view(index, permissions)
         else:
             try:
-                self._view = View(os.path.join(path, "index"), readonly=True)
-                if self._shared_view_is_stale():
+                # A damaged view (the file check; SPEC "a damaged view") is never mapped.
+                damage = inspect_view(index)
+                if damage is not None:
+                    raise ViewDamaged(damage)
+                self._view = View(index, readonly=True)
+                try:
+                    stale = self._shared_view_is_stale()
+                except JournalCorrupt:
+                    stale = True  # a head that fails its checks
+                if stale:
                     # Behind the log (a writer crashed before indexing its last frames) or
                     # from before a reboot: a reader must not see less than was committed.
                     self._view.close()
-                    raise lmdb.Error("the store's view is stale")
-            except lmdb.Error:
+                    raise ViewDamaged("the store's view is stale")
+            except (lmdb.Error, ViewDamaged):
                 self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
                 try:
                     self._view = View(self._private_dir)
@@ -315,6 +325,18 @@ class LocalEngine:
         dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
         if dead:
             self.submit(AbortImport(dead))
+
+    @staticmethod
+    def _open_checked_view(index: str, permissions: Permissions) -> View:
+        """The store's view for a writer. A view that fails the file check (SPEC "a damaged
+        view") is replaced by an empty one first, which the first commit rebuilds from the
+        log."""
+        identity = file_identity(index)
+        damage = inspect_view(index)
+        if damage is not None:
+            _log.warning("the view %s is damaged (%s): rebuilding it from the log", index, damage)
+            replace_view(index, None, identity, permissions)
+        return View(index, permissions=permissions)
 
     def _shared_view_is_stale(self) -> bool:
         with self._view.begin() as txn:
@@ -441,6 +463,9 @@ class LocalEngine:
             return 1 << 63
         if self._private_dir is not None:
             self._refresh_private_view()
+        else:
+            # Every watcher's poll: a view replaced or cut short is seen here.
+            self._view.check_file()
         with self._view.begin() as txn:
             head = self._view.head(txn)
         return 1 if head is None else head.next_position
@@ -467,6 +492,8 @@ class LocalEngine:
     def submit(self, operation: Operation[ResultT]) -> ResultT:
         """Commit `operation` with whatever else is queued (group commit); its result."""
         self.check_usable()
+        if isinstance(operation, VerifyFix) and self._view.inspect() is not None:
+            self._view.repair()  # the commit replaces the damaged view (SPEC section 9)
         request = Request(operation)
         # Leader/follower group commit: the first queued request leads; the others sleep
         # on their own event (no thundering herd) until their batch is done, or until the

@@ -66,7 +66,7 @@ from .projector import project_log
 from .retention import dead_segments, forget_segments, window_start
 from .segments import summarize_segment
 from .sidecar import EventRun, FrameDigest, SegmentSummary, add_run, encode_other, write_summary
-from .verify import check_log
+from .verify import check_log, view_problem
 from .view import View
 
 __all__ = ["Planner", "Request"]
@@ -692,6 +692,10 @@ class Planner:
         log = self.log
         view = self.view
         problems, frames, records, bad_sidecars = check_log(log, view.head(self.txn), op.progress)
+        if view.replaced_because is not None:
+            # The commit that carries this fix replaced a damaged view (and rebuilt it).
+            problems.insert(0, view_problem(view.replaced_because))
+            view.replaced_because = None
         damaged = {p.segment for p in problems if p.segment.endswith((".seg", ".seg.zst"))}
         for base in bad_sidecars:
             if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:

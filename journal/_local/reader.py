@@ -5,6 +5,7 @@ readers one reader of pages keeps open.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import cast
 
@@ -18,7 +19,7 @@ from ..sessions import SessionRow
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import segment_name
 from .segments import SegmentReader, frame_records
-from .view import Head, View
+from .view import Head, View, corrupt
 
 __all__ = ["ReaderCache", "read_page"]
 
@@ -111,7 +112,17 @@ def read_page(
                     page = _page_once(
                         txn, view, head, session_id, incarnation, after, max_bytes, context, readers
                     )
-            except (FileNotFoundError, JournalCorrupt):
+            except FileNotFoundError as e:
+                readers.drop_all()
+                if attempt == 2:
+                    # Not a race with retention or compaction (three fresh snapshots
+                    # still point at it): the index names a segment the log lacks.
+                    raise corrupt(
+                        f"the events index of session {session_id!r} points at "
+                        f"{os.path.basename(e.filename or '?')}, which does not exist"
+                    ) from None
+                continue
+            except JournalCorrupt:
                 readers.drop_all()
                 if attempt == 2:
                     raise
@@ -164,7 +175,7 @@ def _read_events(
     append = events.append
     head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
     reader: SegmentReader | None = None
-    for _, segment, offset in view.iter_frame_locations(txn, incarnation, start):
+    for first_ordinal, segment, offset in view.iter_frame_locations(txn, incarnation, start):
         reader = readers.get(segment)
         info, body = reader.read_frame(offset, head_end if segment == head_segment else None)
         records = frame_records(reader.name, info, body, decode_frame_for_read)
@@ -178,6 +189,7 @@ def _read_events(
             and event_incarnation(first_record) == incarnation
             and event_incarnation(last_record) == incarnation
             and first_record.ordinal == expected
+            and first_record.ordinal == first_ordinal
             and last_record.ordinal == expected + count - 1
             and last_record.ordinal <= last
             and size + info.body_length <= max_bytes
@@ -196,9 +208,15 @@ def _read_events(
                 break
             continue
         # The general case, one record at a time: kept flat.
+        indexed = first_ordinal
         for record in records:
             if record.__class__ is Event and event_incarnation(record) == incarnation:
                 ordinal = record.ordinal
+                if indexed:
+                    # The index entry must name the frame's first event of the session.
+                    if ordinal != indexed:
+                        raise _misplaced(session_id, indexed, reader.name, offset)
+                    indexed = 0
                 if ordinal >= expected:
                     if ordinal != expected:
                         raise JournalCorrupt(
@@ -218,6 +236,8 @@ def _read_events(
                     if expected > last:
                         break
             position += 1
+        if indexed:
+            raise _misplaced(session_id, indexed, reader.name, offset)
         if full or expected > last:
             break
     if not full and expected <= last:
@@ -229,3 +249,10 @@ def _read_events(
             f"the index of session {session_id!r} has no frame for ordinal {expected}",
         )
     return events, expected <= last
+
+
+def _misplaced(session_id: str, ordinal: int, segment: str, offset: int) -> JournalCorrupt:
+    return corrupt(
+        f"the events index of session {session_id!r} places ordinal {ordinal} in the "
+        f"frame at {segment}:{offset}, which does not begin the session's events there"
+    )

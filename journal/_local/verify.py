@@ -26,7 +26,7 @@ from .segments import SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary
 from .view import Head, View
 
-__all__ = ["check_log", "compare_views", "rebuild_into_temporary", "verify_store"]
+__all__ = ["check_log", "compare_views", "rebuild_into_temporary", "verify_store", "view_problem"]
 
 Progress = Callable[[int, int], None]
 
@@ -249,17 +249,29 @@ def _segment_files(log: SegmentLog) -> list[tuple[str, int, int]]:
 
 
 def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> VerifyReport:
-    with view.begin() as txn:
-        head = view.head(txn)
-        problems, frames, records, _ = check_log(log, head, progress)
-        if not any(p.segment != "index" for p in problems):
-            rebuilt, directory = rebuild_into_temporary(log, head)
-            try:
-                with rebuilt.begin() as rebuilt_txn:
-                    problems += compare_views(view, txn, rebuilt, rebuilt_txn)
-            finally:
-                rebuilt.close()
-                shutil.rmtree(directory, ignore_errors=True)
+    # The view's file is checked before LMDB reads it (a damaged one could crash it); a
+    # damaged view is reported, and the log is still checked in full.
+    damage = view.inspect()
+    if damage is None:
+        try:
+            with view.begin() as txn:
+                head = view.head(txn)
+                problems, frames, records, _ = check_log(log, head, progress)
+                if not any(p.segment != "index" for p in problems):
+                    rebuilt, directory = rebuild_into_temporary(log, head)
+                    try:
+                        with rebuilt.begin() as rebuilt_txn:
+                            problems += compare_views(view, txn, rebuilt, rebuilt_txn)
+                    finally:
+                        rebuilt.close()
+                        shutil.rmtree(directory, ignore_errors=True)
+            return VerifyReport(len(log.bases()), frames, records, problems)
+        except JournalCorrupt as e:
+            if e.segment != "index":
+                raise
+            damage = e.detail
+    problems, frames, records, _ = check_log(log, None, progress)
+    problems.insert(0, view_problem(damage))
     return VerifyReport(len(log.bases()), frames, records, problems)
 
 
@@ -272,3 +284,8 @@ def _same_end(a: Head, b: Head) -> bool:
     if (a.segment, a.end_offset) == (b.segment, b.end_offset):
         return True
     return a.segment == a.next_position and a.end_offset == SEGMENT_HEADER_SIZE
+
+
+def view_problem(damage: str) -> VerifyProblem:
+    """How a damaged view is reported."""
+    return VerifyProblem("index", 0, f"the view is damaged ({damage}); verify --fix rebuilds it")

@@ -20,23 +20,51 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
                  and idempotency records; an eviction record while its session's
                  creation record may still exist)
     tombstones   u64 incarnation -> u64 position of its eviction record
+
+Every value ends with a CRC32 of the entry's key and the rest of the value (big-endian),
+checked on every read: a damaged entry is `JournalCorrupt` naming `index`, never a wrong
+answer. `meta` also holds b"format" (`VIEW_FORMAT`): a view of another format is rebuilt.
+LMDB errors that mean damage, and checks that fail, become `JournalCorrupt` here, in one
+place (`View.begin` and the value codec), so the engine above sees only journal errors.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import struct
+import threading
+import time
+import zlib
 from collections.abc import Iterator
-from typing import Final, NamedTuple
+from types import TracebackType
+from typing import Final, NamedTuple, TypeVar
 
 import lmdb
 import msgspec
 
+from ..errors import JournalCorrupt
 from ..sessions import FeedEntry, SessionRow
 from .files import DEFAULT_PERMISSIONS, Permissions
+from .lmdbfile import EntryCheck, check_data_file
 
-__all__ = ["Head", "IdemEntry", "Location", "View"]
+__all__ = [
+    "VIEW_FORMAT",
+    "Head",
+    "IdemEntry",
+    "Location",
+    "View",
+    "ViewDamaged",
+    "corrupt",
+    "file_identity",
+    "inspect_view",
+    "replace_view",
+]
+
+# 2: every value carries a CRC32 of its key and value.
+VIEW_FORMAT: Final = 2
+_FORMAT_KEY: Final = b"format"
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
@@ -95,15 +123,238 @@ _row_decoder: Final = msgspec.msgpack.Decoder(SessionRow)
 _head_decoder: Final = msgspec.msgpack.Decoder(Head)
 _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
+_CRC: Final = struct.Struct(">I")
+_U64_CRC: Final = struct.Struct(">QI")
+_LOCATION_CRC: Final = struct.Struct(">QQQQI")
+T = TypeVar("T")
+# What LMDB hands back for keys and values.
+Raw = bytes | memoryview
+
+# LMDB errors that mean the file is damaged (not a full map, a busy reader table, ...).
+_DAMAGE_ERRORS: Final = (
+    lmdb.CorruptedError,
+    lmdb.PageNotFoundError,
+    lmdb.InvalidError,
+    lmdb.VersionMismatchError,
+    lmdb.PanicError,
+)
+_WAY_OUT: Final = (
+    "the view is derived from the log: `journal verify --fix` (Journal.verify(fix=True)) "
+    "rebuilds it, and so does the next writable open"
+)
+
+
+class ViewDamaged(Exception):
+    """The view's file failed its checks before it was opened (internal: the engine
+    replaces the view, or a read-only reader builds a private one)."""
+
+
+def corrupt(detail: str) -> JournalCorrupt:
+    """The error every damaged-view finding becomes (segment `index`)."""
+    return JournalCorrupt("index", 0, f"{detail}; {_WAY_OUT}")
+
+
+def _seal(key: bytes, payload: bytes) -> bytes:
+    return payload + _CRC.pack(zlib.crc32(payload, zlib.crc32(key)))
+
+
+def _unseal(key: Raw, raw: Raw, db: str) -> memoryview:
+    """The payload of a stored value, after checking its CRC against the key."""
+    view = memoryview(raw)
+    if (
+        len(view) < 4
+        or zlib.crc32(view[:-4], zlib.crc32(key)) != _CRC.unpack_from(view, len(view) - 4)[0]
+    ):
+        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} fails its checksum")
+    return view[:-4]
+
+
+def _decoded(decoder: msgspec.msgpack.Decoder[T], key: Raw, raw: Raw, db: str) -> T:
+    payload = _unseal(key, raw, db)
+    try:
+        return decoder.decode(payload)
+    except msgspec.DecodeError as e:
+        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} does not decode ({e})") from None
+
+
+def _text(key: Raw, raw: Raw, db: str) -> str:
+    try:
+        return bytes(_unseal(key, raw, db)).decode()
+    except UnicodeDecodeError:
+        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} is not UTF-8") from None
+
+
+def _u64(key: Raw, raw: Raw, db: str) -> int:
+    payload = _unseal(key, raw, db)
+    if len(payload) != 8:
+        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} has {len(payload)} bytes, not 8")
+    return int(_U64.unpack(payload)[0])
+
+
+def _key_pair(key: Raw, db: str) -> tuple[int, int]:
+    if len(key) != 16:
+        raise corrupt(f"a {db} key of {len(key)} bytes")
+    first, second = _U64X2.unpack(key)
+    return int(first), int(second)
+
+
+def _key_u64(key: Raw, db: str) -> int:
+    if len(key) != 8:
+        raise corrupt(f"a {db} key of {len(key)} bytes")
+    return int(_U64.unpack(key)[0])
+
+
+def _location(key: Raw, raw: Raw) -> tuple[int, int, int, int]:
+    """(segment, offset, bytes before, time) of an events entry."""
+    if len(raw) != _LOCATION_CRC.size:
+        raise corrupt(f"an events entry of {len(raw)} bytes")
+    segment, offset, before, time_ms, crc = _LOCATION_CRC.unpack(raw)
+    if zlib.crc32(memoryview(raw)[:-4], zlib.crc32(key)) != crc:
+        raise corrupt(f"the events entry {bytes(key)!r} fails its checksum")
+    return segment, offset, before, time_ms
+
+
+def _check_entry(name: bytes, key: bytes, value: bytes) -> str | None:
+    """The file check's look at one entry of a named database: its CRC."""
+    if zlib.crc32(value[:-4], zlib.crc32(key)) != int.from_bytes(value[-4:]) or len(value) < 4:
+        return f"the {name.decode(errors='replace')} entry {key[:40]!r} fails its checksum"
+    return None
+
+
+def _entry_check(name: bytes) -> EntryCheck | None:
+    # The events index (one entry per frame and session: most of the view) is left to
+    # the reads: each entry's checksum is checked when it is read, and an entry the
+    # damage moved elsewhere leaves a gap the reader reports (JournalCorrupt).
+    return None if name == b"events" else _check_entry
+
+
+def inspect_view(path: str) -> str | None:
+    """What is wrong with the view's file at `path` (a directory), before LMDB maps it:
+    the structure checks of `lmdbfile`, every entry's CRC, and the format (None: it may
+    be opened; a missing or empty file is a new view, not damage)."""
+    data = os.path.join(path, "data.mdb")
+    try:
+        if os.path.getsize(data) == 0:
+            return None
+    except FileNotFoundError:
+        return None
+    meta: dict[bytes, bytes] = {}
+    try:
+        problem = check_data_file(data, _entry_check, meta)
+    except OSError:
+        return None  # unreadable here: LMDB cannot open it either, and says so
+    if problem is not None:
+        return problem
+    recorded = meta.get(_FORMAT_KEY, b"")[:-4]
+    if meta and recorded != str(VIEW_FORMAT).encode():
+        return f"it has view format {recorded!r}, this code writes {VIEW_FORMAT}"
+    return None
+
+
+def replace_view(
+    path: str,
+    env: lmdb.Environment | None,
+    identity: tuple[int, int] | None,
+    permissions: Permissions = DEFAULT_PERMISSIONS,
+) -> None:
+    """Replace the view directory `path` by an empty one (a damaged view: the next commit
+    rebuilds it from the log). Done under the old view's writer lock when LMDB can still
+    take it (`env`, or an environment opened here without touching its trees), so no
+    writer commits through the old view meanwhile; writers that still have it open see
+    the new file at their next commit (`View.begin`). When `identity` (device, inode of
+    the damaged data file) no longer names the file there, another process replaced it
+    already and nothing is done."""
+    opened: lmdb.Environment | None = None
+    txn: lmdb.Transaction | None = None
+    try:
+        data = os.path.join(path, "data.mdb")
+        if env is None:
+            opened = env = lmdb.open(path, max_dbs=16, map_size=_INITIAL_MAP_SIZE, subdir=True)
+        # (Beginning reads the two meta pages from the map: not from a file cut shorter.)
+        if os.path.getsize(data) >= 2 * int(env.stat()["psize"]):
+            txn = env.begin(write=True)
+    except (lmdb.Error, OSError):
+        txn = None  # a file LMDB cannot even open: nobody can be committing through it
+    try:
+        if identity is not None and file_identity(path) != identity:
+            return
+        aside = f"{path}.damaged-{os.getpid()}-{time.time_ns()}"
+        os.rename(path, aside)
+        permissions.make_dirs(path)
+    finally:
+        if txn is not None:
+            txn.abort()
+        if opened is not None:
+            opened.close()
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the view's data file in the directory `path` (None: none)."""
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class _Transaction:
+    """`View.begin()`: an LMDB transaction whose damage errors become `JournalCorrupt`."""
+
+    __slots__ = ("_txn", "_view", "_write")
+
+    def __init__(self, view: View, write: bool) -> None:
+        self._view = view
+        self._write = write
+        self._txn: lmdb.Transaction | None = None
+
+    def __enter__(self) -> lmdb.Transaction:
+        self._txn = self._view.open_transaction(self._write)
+        return self._txn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._txn is not None
+        try:
+            self._txn.__exit__(exc_type, exc, tb)
+        except _DAMAGE_ERRORS as e:
+            raise self._view.damaged(f"LMDB reports {e}") from e
+        if isinstance(exc, _DAMAGE_ERRORS):
+            raise self._view.damaged(f"LMDB reports {exc}") from exc
 
 
 class View:
-    """The LMDB environment and its named databases."""
+    """The LMDB environment and its named databases.
+
+    `damage` is set once LMDB reported damage or the file no longer holds what LMDB
+    recorded (truncated, or replaced by a process that found it damaged): from then on
+    no transaction touches the file (`JournalCorrupt`), except that a writable view asked
+    to `repair()` replaces it by an empty one at its next write transaction, which the
+    engine's catch-up then rebuilds from the log."""
 
     def __init__(
         self, path: str, *, readonly: bool = False, permissions: Permissions = DEFAULT_PERMISSIONS
     ) -> None:
+        self.path = path
+        self._permissions = permissions
         self.readonly = readonly
+        self.damage: str | None = None
+        self.replaced_because: str | None = None
+        self._repair = False
+        self._lock = threading.Lock()
+        # Environments replaced by a repair: transactions other threads still hold on
+        # them stay valid until the view closes.
+        self._retired: list[lmdb.Environment] = []
+        self._open_environment()
+
+    def _open_environment(self) -> None:
+        readonly = self.readonly
+        path = self.path
+        permissions = self._permissions
         created: list[str] = []
         if not readonly:
             permissions.make_dirs(path)
@@ -148,11 +399,73 @@ class View:
             self._pins,
             self._tombstones,
         ) = handles
+        self._page_size = int(self.env.stat()["psize"])
+        self._data = os.path.join(path, "data.mdb")
+        self._identity = file_identity(path)
+        self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
 
-    def begin(self, *, write: bool = False) -> lmdb.Transaction:
-        """A transaction (a context manager); a write transaction is the store's
-        cross-process writer lock."""
+    def begin(self, *, write: bool = False) -> _Transaction:
+        """A transaction (a context manager yielding the LMDB transaction); a write
+        transaction is the store's cross-process writer lock. Damage LMDB reports in it
+        is raised as `JournalCorrupt`."""
+        return _Transaction(self, write)
+
+    def open_transaction(self, write: bool) -> lmdb.Transaction:
+        if self.damage is not None:
+            if not (write and self._repair):
+                raise corrupt(f"the view {self.path} is damaged ({self.damage})")
+            self._replace()
+        else:
+            self.check_file(refresh=write)
         return self.env.begin(write=write)
+
+    def check_file(self, *, refresh: bool = True) -> None:
+        """Before every transaction: the data file must still be the one opened (not
+        replaced by a process that found it damaged) and hold every page LMDB recorded
+        (a file cut short while open kills the process with SIGBUS when a page past its
+        end is touched). The size LMDB recorded is read again with `refresh` (writes, and
+        the head polls); reads compare with the last one read, which only grows."""
+        if refresh:
+            self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
+        needed = self._needed
+        try:
+            st = os.stat(self._data)
+        except FileNotFoundError:
+            raise self.damaged("its data file was removed") from None
+        if (st.st_dev, st.st_ino) != self._identity:
+            raise self.damaged(
+                "another process found it damaged and replaced it; open the journal again"
+            )
+        if st.st_size < needed:
+            raise self.damaged(f"its data file was cut to {st.st_size} of {needed} bytes")
+
+    def damaged(self, detail: str) -> JournalCorrupt:
+        """Record damage found while open (no transaction touches the file from now on)."""
+        if self.damage is None:
+            self.damage = detail
+        return corrupt(f"the view {self.path} is damaged ({detail})")
+
+    def inspect(self) -> str | None:
+        """Check the file as `inspect_view` does (`verify`); damage found is recorded."""
+        if self.damage is not None:
+            return self.damage
+        problem = inspect_view(self.path)
+        if problem is not None:
+            self.damage = problem
+        return problem
+
+    def repair(self) -> None:
+        """Let the next write transaction replace a damaged view by an empty one."""
+        self._repair = True
+
+    def _replace(self) -> None:
+        # Only the commit leader begins write transactions on the shared view, so no
+        # other write transaction of this process runs on the old environment.
+        with self._lock:
+            replace_view(self.path, self.env, self._identity, self._permissions)
+            self._retired.append(self.env)
+            self.replaced_because, self.damage, self._repair = self.damage, None, False
+            self._open_environment()
 
     def grow(self) -> None:
         """Double the map size (after `lmdb.MapFullError`)."""
@@ -160,6 +473,8 @@ class View:
 
     def close(self) -> None:
         self.env.close()
+        for env in self._retired:
+            env.close()
 
     def clear(self, txn: lmdb.Transaction) -> None:
         """Empty every database (before a rebuild)."""
@@ -170,33 +485,47 @@ class View:
 
     def head(self, txn: lmdb.Transaction) -> Head | None:
         raw = txn.get(b"head", db=self._meta)
-        return None if raw is None else _head_decoder.decode(raw)
+        return None if raw is None else _decoded(_head_decoder, b"head", raw, "meta")
 
     def put_head(self, txn: lmdb.Transaction, head: Head) -> None:
-        txn.put(b"head", _encoder.encode(head), db=self._meta)
+        txn.put(b"head", _seal(b"head", _encoder.encode(head)), db=self._meta)
 
     def store_id(self, txn: lmdb.Transaction) -> bytes | None:
         raw = txn.get(b"store", db=self._meta)
-        return None if raw is None else bytes(raw)
+        return None if raw is None else bytes(_unseal(b"store", raw, "meta"))
 
     def put_store_id(self, txn: lmdb.Transaction, store_id: bytes) -> None:
-        txn.put(b"store", store_id, db=self._meta)
+        """The store's id, and the view's format (both written when a view is begun)."""
+        txn.put(b"store", _seal(b"store", store_id), db=self._meta)
+        txn.put(_FORMAT_KEY, _seal(_FORMAT_KEY, str(VIEW_FORMAT).encode()), db=self._meta)
 
     def boot_id(self, txn: lmdb.Transaction) -> bytes | None:
         raw = txn.get(b"boot", db=self._meta)
-        return None if raw is None else bytes(raw)
+        return None if raw is None else bytes(_unseal(b"boot", raw, "meta"))
 
     def put_boot_id(self, txn: lmdb.Transaction, boot_id: bytes) -> None:
-        txn.put(b"boot", boot_id, db=self._meta)
+        txn.put(b"boot", _seal(b"boot", boot_id), db=self._meta)
 
     # -- sessions --------------------------------------------------------------------------
 
     def row(self, txn: lmdb.Transaction, session_id: str) -> SessionRow | None:
-        raw = txn.get(session_id.encode(), db=self._sessions)
-        return None if raw is None else _row_decoder.decode(raw)
+        """The session's row. Checked against its key and the `incarnations` entry of its
+        incarnation, so a damaged row is `JournalCorrupt`, not another session's."""
+        key = session_id.encode()
+        raw = txn.get(key, db=self._sessions)
+        if raw is None:
+            return None
+        row = _decoded(_row_decoder, key, raw, "sessions")
+        if row.session_id != session_id or self.session_id_of(txn, row.incarnation) != session_id:
+            raise corrupt(
+                f"the row of session {session_id!r} names session {row.session_id!r}, "
+                f"incarnation {row.incarnation}, which the incarnations index does not"
+            )
+        return row
 
     def put_row(self, txn: lmdb.Transaction, row: SessionRow) -> None:
-        txn.put(row.session_id.encode(), _encoder.encode(row), db=self._sessions)
+        key = row.session_id.encode()
+        txn.put(key, _seal(key, _encoder.encode(row)), db=self._sessions)
 
     def delete_row(self, txn: lmdb.Transaction, session_id: str) -> None:
         txn.delete(session_id.encode(), db=self._sessions)
@@ -215,8 +544,15 @@ class View:
         if positioned and after is not None and cursor.key() == after:
             positioned = cursor.next()
         while positioned:
-            yield _row_decoder.decode(cursor.value())
+            yield self._listed_row(cursor.key(), cursor.value())
             positioned = cursor.next()
+
+    @staticmethod
+    def _listed_row(key: Raw, raw: Raw) -> SessionRow:
+        row = _decoded(_row_decoder, key, raw, "sessions")
+        if row.session_id.encode() != bytes(key):
+            raise corrupt(f"the row under {key[:40]!r} names session {row.session_id!r}")
+        return row
 
     def staged_rows(self, txn: lmdb.Transaction) -> list[SessionRow]:
         """The rows of staged imports (see `rows`)."""
@@ -224,27 +560,31 @@ class View:
         cursor = txn.cursor(db=self._sessions)
         positioned = cursor.first()
         while positioned and bytes(cursor.key()) < _STAGED_END:
-            rows.append(_row_decoder.decode(cursor.value()))
+            rows.append(self._listed_row(cursor.key(), cursor.value()))
             positioned = cursor.next()
         return rows
 
-    def encoded_rows(self, txn: lmdb.Transaction) -> list[bytes]:
-        """Every visible row, still encoded (copied out of the transaction; see
-        `decode_row`)."""
+    def encoded_rows(self, txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
+        """Every visible row, still encoded, with its key (copied out of the transaction;
+        see `decode_row`)."""
         return [
-            bytes(raw) for key, raw in txn.cursor(db=self._sessions) if bytes(key) >= _STAGED_END
+            (bytes(key), bytes(raw))
+            for key, raw in txn.cursor(db=self._sessions)
+            if bytes(key) >= _STAGED_END
         ]
 
-    @staticmethod
-    def decode_row(raw: bytes) -> SessionRow:
-        return _row_decoder.decode(raw)
+    @classmethod
+    def decode_row(cls, encoded: tuple[bytes, bytes]) -> SessionRow:
+        return cls._listed_row(*encoded)
 
     def session_id_of(self, txn: lmdb.Transaction, incarnation: int) -> str | None:
-        raw = txn.get(_U64.pack(incarnation), db=self._incarnations)
-        return None if raw is None else bytes(raw).decode()
+        key = _U64.pack(incarnation)
+        raw = txn.get(key, db=self._incarnations)
+        return None if raw is None else _text(key, raw, "incarnations")
 
     def put_incarnation(self, txn: lmdb.Transaction, incarnation: int, session_id: str) -> None:
-        txn.put(_U64.pack(incarnation), session_id.encode(), db=self._incarnations)
+        key = _U64.pack(incarnation)
+        txn.put(key, _seal(key, session_id.encode()), db=self._incarnations)
 
     def row_by_incarnation(self, txn: lmdb.Transaction, incarnation: int) -> SessionRow | None:
         session_id = self.session_id_of(txn, incarnation)
@@ -265,11 +605,9 @@ class View:
         bytes_before: int,
         time_ms: int,
     ) -> None:
-        txn.put(
-            _U64X2.pack(incarnation, first_ordinal),
-            _LOCATION.pack(segment, offset, bytes_before, time_ms),
-            db=self._events,
-        )
+        key = _U64X2.pack(incarnation, first_ordinal)
+        value = _LOCATION.pack(segment, offset, bytes_before, time_ms)
+        txn.put(key, value + _CRC.pack(zlib.crc32(value, zlib.crc32(key))), db=self._events)
 
     def delete_location(self, txn: lmdb.Transaction, incarnation: int, first_ordinal: int) -> None:
         txn.delete(_U64X2.pack(incarnation, first_ordinal), db=self._events)
@@ -285,10 +623,11 @@ class View:
         if not cursor.set_range(prefix):
             return found
         while cursor.key()[:8] == prefix:
-            _, first_ordinal = _U64X2.unpack(cursor.key())
+            key = cursor.key()
+            _, first_ordinal = _key_pair(key, "events")
             if up_to_ordinal is not None and first_ordinal > up_to_ordinal:
                 break
-            found.append(Location(first_ordinal, *_LOCATION.unpack(cursor.value())))
+            found.append(Location(first_ordinal, *_location(key, cursor.value())))
             if not cursor.next():
                 break
         return found
@@ -315,8 +654,8 @@ class View:
             key = cursor.key()
             if key[:8] != prefix:
                 return
-            _, first_ordinal = _U64X2.unpack(key)
-            segment, offset, _, _ = _LOCATION.unpack(cursor.value())
+            _, first_ordinal = _key_pair(key, "events")
+            segment, offset, _, _ = _location(key, cursor.value())
             yield first_ordinal, segment, offset
             if not cursor.next():
                 return
@@ -324,18 +663,20 @@ class View:
     def all_locations(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:
         """(incarnation, first ordinal) -> (segment, offset) of every frame location."""
         return {
-            _U64X2.unpack(key): _LOCATION.unpack(value)[:2]
+            _key_pair(key, "events"): _location(key, value)[:2]
             for key, value in txn.cursor(db=self._events)
         }
 
     # -- idempotency keys ------------------------------------------------------------------
 
     def idem_entry(self, txn: lmdb.Transaction, incarnation: int, key: str) -> IdemEntry | None:
-        raw = txn.get(_U64.pack(incarnation) + key.encode(), db=self._idem)
-        return None if raw is None else _idem_decoder.decode(raw)
+        stored = _U64.pack(incarnation) + key.encode()
+        raw = txn.get(stored, db=self._idem)
+        return None if raw is None else _decoded(_idem_decoder, stored, raw, "idem")
 
     def put_idem(self, txn: lmdb.Transaction, incarnation: int, key: str, entry: IdemEntry) -> None:
-        txn.put(_U64.pack(incarnation) + key.encode(), _encoder.encode(entry), db=self._idem)
+        stored = _U64.pack(incarnation) + key.encode()
+        txn.put(stored, _seal(stored, _encoder.encode(entry)), db=self._idem)
 
     def idem_entries(self, txn: lmdb.Transaction, incarnation: int) -> list[tuple[str, IdemEntry]]:
         prefix = _U64.pack(incarnation)
@@ -343,8 +684,13 @@ class View:
         found: list[tuple[str, IdemEntry]] = []
         if cursor.set_range(prefix):
             while cursor.key()[:8] == prefix:
-                key = bytes(cursor.key()[8:]).decode()
-                found.append((key, _idem_decoder.decode(cursor.value())))
+                stored = cursor.key()
+                entry = _decoded(_idem_decoder, stored, cursor.value(), "idem")
+                try:
+                    key = bytes(stored[8:]).decode()
+                except UnicodeDecodeError:
+                    raise corrupt(f"the idem key {stored[:40]!r} is not UTF-8") from None
+                found.append((key, entry))
                 if not cursor.next():
                     break
         return found
@@ -355,11 +701,13 @@ class View:
     # -- lifecycle feed --------------------------------------------------------------------
 
     def put_feed(self, txn: lmdb.Transaction, position: int, entry: FeedEntry) -> None:
-        txn.put(_U64.pack(position), _encoder.encode(entry), db=self._feed)
+        key = _U64.pack(position)
+        txn.put(key, _seal(key, _encoder.encode(entry)), db=self._feed)
 
     def feed_entry(self, txn: lmdb.Transaction, position: int) -> FeedEntry | None:
-        raw = txn.get(_U64.pack(position), db=self._feed)
-        return None if raw is None else _feed_decoder.decode(raw)
+        key = _U64.pack(position)
+        raw = txn.get(key, db=self._feed)
+        return None if raw is None else _decoded(_feed_decoder, key, raw, "feed")
 
     def feed_after(
         self, txn: lmdb.Transaction, after_position: int, limit: int
@@ -368,15 +716,17 @@ class View:
         found: list[tuple[int, FeedEntry]] = []
         positioned = cursor.set_range(_U64.pack(after_position + 1))
         while positioned and len(found) < limit:
-            (position,) = _U64.unpack(cursor.key())
-            found.append((position, _feed_decoder.decode(cursor.value())))
+            key = cursor.key()
+            position = _key_u64(key, "feed")
+            found.append((position, _decoded(_feed_decoder, key, cursor.value(), "feed")))
             positioned = cursor.next()
         return found
 
     # -- deadlines -------------------------------------------------------------------------
 
     def put_deadline(self, txn: lmdb.Transaction, due_ms: int, incarnation: int) -> None:
-        txn.put(_U64X2.pack(due_ms, incarnation), b"", db=self._deadlines)
+        key = _U64X2.pack(due_ms, incarnation)
+        txn.put(key, _seal(key, b""), db=self._deadlines)
 
     def delete_deadline(self, txn: lmdb.Transaction, due_ms: int, incarnation: int) -> None:
         txn.delete(_U64X2.pack(due_ms, incarnation), db=self._deadlines)
@@ -386,8 +736,9 @@ class View:
         cursor = txn.cursor(db=self._deadlines)
         if not cursor.first():
             return None
-        due_ms, _ = _U64X2.unpack(cursor.key())
-        return int(due_ms)
+        key = cursor.key()
+        _unseal(key, cursor.value(), "deadlines")
+        return _key_pair(key, "deadlines")[0]
 
     def due(self, txn: lmdb.Transaction, now_ms: int) -> list[int]:
         """Incarnations whose deadline is at or before `now_ms`, earliest first."""
@@ -395,9 +746,11 @@ class View:
         found: list[int] = []
         positioned = cursor.first()
         while positioned:
-            due_ms, incarnation = _U64X2.unpack(cursor.key())
+            key = cursor.key()
+            due_ms, incarnation = _key_pair(key, "deadlines")
             if due_ms > now_ms:
                 break
+            _unseal(key, cursor.value(), "deadlines")
             found.append(incarnation)
             positioned = cursor.next()
         return found
@@ -405,7 +758,8 @@ class View:
     # -- pins and tombstones ---------------------------------------------------------------
 
     def pin(self, txn: lmdb.Transaction, position: int, incarnation: int) -> None:
-        txn.put(_U64.pack(position), _U64.pack(incarnation), db=self._pins)
+        key = _U64.pack(position)
+        txn.put(key, _seal(key, _U64.pack(incarnation)), db=self._pins)
 
     def unpin(self, txn: lmdb.Transaction, position: int) -> None:
         txn.delete(_U64.pack(position), db=self._pins)
@@ -417,19 +771,22 @@ class View:
         cursor = txn.cursor(db=self._pins)
         positioned = cursor.set_range(_U64.pack(first_position))
         while positioned:
-            (position,) = _U64.unpack(cursor.key())
+            key = cursor.key()
+            position = _key_u64(key, "pins")
             if position > last_position:
                 return
-            yield position, _U64.unpack(cursor.value())[0]
+            yield position, _u64(key, cursor.value(), "pins")
             positioned = cursor.next()
 
     def tombstone(self, txn: lmdb.Transaction, incarnation: int) -> int | None:
         """The position of an evicted incarnation's eviction record, if still kept."""
-        raw = txn.get(_U64.pack(incarnation), db=self._tombstones)
-        return None if raw is None else _U64.unpack(raw)[0]
+        key = _U64.pack(incarnation)
+        raw = txn.get(key, db=self._tombstones)
+        return None if raw is None else _u64(key, raw, "tombstones")
 
     def put_tombstone(self, txn: lmdb.Transaction, incarnation: int, position: int) -> None:
-        txn.put(_U64.pack(incarnation), _U64.pack(position), db=self._tombstones)
+        key = _U64.pack(incarnation)
+        txn.put(key, _seal(key, _U64.pack(position)), db=self._tombstones)
 
     def tombstones_between(
         self, txn: lmdb.Transaction, first_incarnation: int, last_incarnation: int
@@ -439,10 +796,11 @@ class View:
         found: list[tuple[int, int]] = []
         positioned = cursor.set_range(_U64.pack(first_incarnation))
         while positioned:
-            (incarnation,) = _U64.unpack(cursor.key())
+            key = cursor.key()
+            incarnation = _key_u64(key, "tombstones")
             if incarnation > last_incarnation:
                 break
-            found.append((incarnation, _U64.unpack(cursor.value())[0]))
+            found.append((incarnation, _u64(key, cursor.value(), "tombstones")))
             positioned = cursor.next()
         return found
 

@@ -1,0 +1,374 @@
+"""Checking an LMDB data file without mapping it: what the view must pass before LMDB may
+touch it (SPEC.md "Failure handling: a damaged view").
+
+LMDB trusts its file. A page of zeros or garbage makes it fail an assertion (the process
+aborts), return MDB_CORRUPTED, or copy a value from past the end of its page; a file
+shorter than its meta page records makes the kernel kill the process with SIGBUS as soon
+as a page past the end is touched. So before the view is opened, the file is read here
+with `pread` (never mapped: a short file is a short read, not a signal) and every page
+LMDB can reach from its current meta page is checked.
+
+Layout relied on: the data file version 1 of LMDB 0.9.x (the version py-lmdb 1.x-3.x
+bundles; 0.9.36 when this was written), 64-bit little-endian builds:
+
+    page header (16 bytes)  u64 page number, u16 pad, u16 flags, u16 lower, u16 upper
+                            (an overflow page has a u32 page count at offset 12)
+    page flags              BRANCH 0x01, LEAF 0x02, OVERFLOW 0x04, META 0x08
+    meta pages 0 and 1      after the header: u32 magic 0xBEEFC0DE, u32 version 1,
+                            u64 address, u64 map size, the free and the main database
+                            records, u64 last used page, u64 transaction id; LMDB uses
+                            the meta page with the larger transaction id (page 0 on a tie)
+    database record (48)    u32 pad (the page size, in the free database's record),
+                            u16 flags, u16 depth, u64 branch pages, u64 leaf pages,
+                            u64 overflow pages, u64 entries, u64 root page (2^64-1: empty)
+    node                    u16 lo, u16 hi, u16 flags, u16 key size, key, data; at the
+                            page offsets in the u16 array after the header. A leaf node's
+                            data size is lo | hi << 16; a branch node's child page is
+                            lo | hi << 16 | flags << 32. Leaf flag BIGDATA 0x01: the data
+                            is the u64 first page of an overflow run holding the value;
+                            SUBDATA 0x02: a named database's record (in the main database)
+    free database           integer keys (transaction ids); values: u64 count, then that
+                            many u64 page numbers
+
+Checked: both meta pages (flag, page number, magic, version, page size, map size), that
+the file holds every page up to the last used one (the SIGBUS guard), and for the free,
+the main and every named database reachable from the current meta page: every page's
+number, kind and bounds, every node's bounds, keys in strictly increasing order within the
+bounds their parent gives, leaves all at the recorded depth, overflow runs inside the
+file, no page reached twice, page and entry counts equal to the database's record, free
+pages inside the file and not in use; and a check of the caller's on every entry of
+the named databases it names (the view checks its own checksums there).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Final, NamedTuple
+
+__all__ = ["EntryCheck", "EntryChecks", "check_data_file", "pages_in_use"]
+
+# (database name, key, value) -> a problem or None
+EntryCheck = Callable[[bytes, bytes, bytes], "str | None"]
+# database name -> how to check its entries (None: not at all)
+EntryChecks = Callable[[bytes], "EntryCheck | None"]
+
+_MAGIC: Final = 0xBEEFC0DE
+_DATA_VERSION: Final = 1
+_HEADER: Final = struct.Struct("<QHHHH")
+_META: Final = struct.Struct("<IIQQ")
+_DB: Final = struct.Struct("<IHHQQQQQ")
+_TAIL: Final = struct.Struct("<QQ")
+_NODE: Final = struct.Struct("<HHHH")
+_U64: Final = struct.Struct("<Q")
+_U32: Final = struct.Struct("<I")
+_HEADER_SIZE: Final = 16
+_DB_SIZE: Final = 48
+_META_SIZE: Final = 16 + 24 + 2 * _DB_SIZE + 16
+_NO_PAGE: Final = (1 << 64) - 1
+_BRANCH: Final = 0x01
+_LEAF: Final = 0x02
+_OVERFLOW: Final = 0x04
+_META_PAGE: Final = 0x08
+_BIGDATA: Final = 0x01
+_SUBDATA: Final = 0x02
+_INTEGER_KEY: Final = 0x08
+_MAX_KEY: Final = 511
+_MAX_MAP: Final = 1 << 46
+# A busy writer changes the meta pages under a check: it is repeated on a new snapshot.
+_ATTEMPTS: Final = 4
+
+
+class _Record(NamedTuple):
+    pad: int
+    flags: int
+    depth: int
+    branch_pages: int
+    leaf_pages: int
+    overflow_pages: int
+    entries: int
+    root: int
+
+
+class _Meta(NamedTuple):
+    page_size: int
+    map_size: int
+    free: _Record
+    main: _Record
+    last_page: int
+    txnid: int
+
+
+class _Damage(Exception):
+    """A check failed (internal: `check_data_file` returns the message)."""
+
+
+def check_data_file(
+    path: str, entry_checks: EntryChecks | None = None, keep: dict[bytes, bytes] | None = None
+) -> str | None:
+    """What is wrong with the LMDB data file at `path` (None: nothing the checks see).
+
+    `entry_checks(database name)` gives the check to call on every entry of that named
+    database (`check(name, key, value)`, returning a problem or None), or None. With
+    `keep`, the entries of the database named `b"meta"` are put there.
+
+    The file is read, never mapped, and may be in use: the check runs on the snapshot of
+    the current meta page, and a problem only counts when the meta pages did not change
+    meanwhile (a commit during the check may have reused pages it read); a file that
+    changes under every attempt is taken as it is. A missing file is a problem."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return f"{path} is missing"
+    try:
+        for _ in range(_ATTEMPTS):
+            before = _raw_metas(fd)
+            try:
+                checker = _Checker(fd, entry_checks, b"meta" if keep is not None else None)
+                checker.run()
+                if keep is not None:
+                    keep.update(checker.kept)
+                return None
+            except _Damage as e:
+                if _raw_metas(fd) == before:
+                    return str(e)
+        return None
+    finally:
+        os.close(fd)
+
+
+def pages_in_use(path: str) -> set[int]:
+    """The pages the current meta page reaches (for tests and diagnostics; empty when
+    the file fails its checks)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        checker = _Checker(fd, None, None)
+        try:
+            checker.run()
+        except _Damage:
+            return set()
+        return checker.visited
+    finally:
+        os.close(fd)
+
+
+def _raw_metas(fd: int) -> bytes:
+    first = os.pread(fd, _META_SIZE, 0)
+    page_size = _DB.unpack_from(first, 16 + 24)[0] if len(first) == _META_SIZE else 0
+    if not 512 <= page_size <= 65536:
+        return first
+    return first + os.pread(fd, _META_SIZE, page_size)
+
+
+class _Checker:
+    def __init__(self, fd: int, entry_checks: EntryChecks | None, keep: bytes | None) -> None:
+        self._fd = fd
+        self._entry_checks = entry_checks
+        self._keep = keep
+        self.kept: dict[bytes, bytes] = {}
+        self.visited: set[int] = set()
+        self._page_size = 0
+        self._last_page = 0
+
+    def run(self) -> None:
+        meta = self._metas()
+        self._page_size = meta.page_size
+        self._last_page = meta.last_page
+        size = os.fstat(self._fd).st_size
+        needed = (meta.last_page + 1) * meta.page_size
+        if size < needed:
+            raise _Damage(
+                f"the file is {size} bytes, shorter than the {needed} bytes its meta page "
+                f"records (pages 0..{meta.last_page} of {meta.page_size} bytes)"
+            )
+        if meta.free.flags != _INTEGER_KEY or meta.main.flags != 0:
+            raise _Damage("the meta page's database flags are not LMDB's")
+        free_pages: list[int] = []
+        self._tree("free", meta.free, free_pages.append)
+        named: list[tuple[bytes, _Record]] = []
+        self._tree("main", meta.main, None, named)
+        for name, record in named:
+            if record.flags != 0:
+                raise _Damage(f"database {name!r} has flags {record.flags:#x}")
+            self._tree(name.decode(errors="replace"), record, None, None, name)
+        for page in free_pages:
+            if not 2 <= page <= meta.last_page:
+                raise _Damage(f"the free list names page {page}, outside the file")
+            if page in self.visited:
+                raise _Damage(f"the free list names page {page}, which is in use")
+
+    def _metas(self) -> _Meta:
+        metas: list[_Meta] = []
+        page_size = 0
+        for number in (0, 1):
+            raw = os.pread(self._fd, _META_SIZE, number * page_size)
+            if len(raw) < _META_SIZE:
+                raise _Damage(f"meta page {number} is cut short")
+            pgno, _, flags, _, _ = _HEADER.unpack_from(raw, 0)
+            magic, version, _, map_size = _META.unpack_from(raw, 16)
+            free = _Record(*_DB.unpack_from(raw, 16 + 24))
+            main = _Record(*_DB.unpack_from(raw, 16 + 24 + _DB_SIZE))
+            last_page, txnid = _TAIL.unpack_from(raw, 16 + 24 + 2 * _DB_SIZE)
+            if pgno != number or flags != _META_PAGE or magic != _MAGIC:
+                raise _Damage(f"page {number} is not an LMDB meta page")
+            if version != _DATA_VERSION:
+                raise _Damage(f"meta page {number} has data version {version}")
+            if number == 0:
+                page_size = free.pad
+                if page_size & (page_size - 1) or not 512 <= page_size <= 65536:
+                    raise _Damage(f"meta page 0 records a page size of {page_size}")
+            elif free.pad != page_size:
+                raise _Damage("the meta pages record different page sizes")
+            if last_page < 1 or (last_page + 1) * page_size > map_size or map_size > _MAX_MAP:
+                raise _Damage(
+                    f"meta page {number} records {last_page + 1} pages in a map of {map_size} bytes"
+                )
+            metas.append(_Meta(page_size, map_size, free, main, last_page, txnid))
+        return metas[1] if metas[0].txnid < metas[1].txnid else metas[0]
+
+    def _read(self, page: int, count: int = 1) -> bytes:
+        raw = os.pread(self._fd, count * self._page_size, page * self._page_size)
+        if len(raw) < count * self._page_size:
+            raise _Damage(f"page {page} lies past the end of the file")
+        return raw
+
+    def _claim(self, page: int, what: str) -> None:
+        if not 2 <= page <= self._last_page:
+            raise _Damage(f"{what} points at page {page}, outside pages 2..{self._last_page}")
+        if page in self.visited:
+            raise _Damage(f"{what} points at page {page}, which is reached twice")
+        self.visited.add(page)
+
+    def _tree(
+        self,
+        label: str,
+        record: _Record,
+        free_page: Callable[[int], None] | None,
+        named: list[tuple[bytes, _Record]] | None = None,
+        name: bytes = b"",
+    ) -> None:
+        """Check one B-tree (see the module docstring for what is checked)."""
+        if record.root == _NO_PAGE:
+            if record.depth or record.entries or record.branch_pages or record.leaf_pages:
+                raise _Damage(f"database {label}: empty, but its record counts pages")
+            return
+        counts = [0, 0, 0, 0]  # branch pages, leaf pages, overflow pages, entries
+        check = self._entry_checks(name) if self._entry_checks is not None and name else None
+        kept = self.kept if name is not None and name == self._keep else None
+        integer_keys = free_page is not None
+        # (page, level, lower key bound or None, upper key bound or None)
+        stack: list[tuple[int, int, bytes | None, bytes | None]] = [(record.root, 1, None, None)]
+        while stack:
+            page, level, low, high = stack.pop()
+            where = f"database {label}, page {page}"
+            self._claim(page, f"database {label}")
+            raw = self._read(page)
+            pgno, _, flags, lower, upper = _HEADER.unpack_from(raw, 0)
+            page_size = self._page_size
+            if pgno != page:
+                raise _Damage(f"{where} says it is page {pgno}")
+            if flags not in (_BRANCH, _LEAF):
+                raise _Damage(f"{where} has page flags {flags:#x}")
+            if lower < _HEADER_SIZE or lower & 1 or lower > upper or upper > page_size:
+                raise _Damage(f"{where} has bounds {lower}..{upper}")
+            count = (lower - _HEADER_SIZE) >> 1
+            if count == 0 or (flags == _BRANCH and count < (1 if integer_keys else 2)):
+                raise _Damage(f"{where} holds {count} nodes")
+            branch = flags == _BRANCH
+            if branch != (level < record.depth):
+                kind = "branch" if branch else "leaf"
+                raise _Damage(f"{where}: a {kind} at level {level} of {record.depth}")
+            counts[0 if branch else 1] += 1
+            pointers = struct.unpack_from(f"<{count}H", raw, _HEADER_SIZE)
+            previous = low
+            inclusive = True  # the first key may equal the bound its parent gives
+            keys: list[bytes] = []
+            children: list[int] = []
+            for index, at in enumerate(pointers):
+                if at < upper or at & 1 or at + 8 > page_size:
+                    raise _Damage(f"{where}: node {index} lies outside the page")
+                lo, hi, node_flags, key_size = _NODE.unpack_from(raw, at)
+                key_end = at + 8 + key_size
+                if key_size > _MAX_KEY or key_end > page_size:
+                    raise _Damage(f"{where}: node {index} has a key of {key_size} bytes")
+                key = raw[at + 8 : key_end]
+                if not (branch and index == 0):
+                    if integer_keys:
+                        if key_size != 8:
+                            raise _Damage(f"{where}: a free-list key of {key_size} bytes")
+                        # (Native little-endian integers: reversed, bytes order is theirs.)
+                        order = key[::-1]
+                    elif key_size:
+                        order = key
+                    else:
+                        raise _Damage(f"{where}: node {index} has an empty key")
+                    if previous is not None and (
+                        order < previous if inclusive else order <= previous
+                    ):
+                        raise _Damage(f"{where}: keys out of order at node {index}")
+                    if high is not None and order >= high:
+                        raise _Damage(f"{where}: node {index} is beyond its parent's bound")
+                    previous = order
+                    inclusive = False
+                if branch:
+                    keys.append(key[::-1] if integer_keys else key)
+                    children.append(lo | hi << 16 | node_flags << 32)
+                    continue
+                data_size = lo | hi << 16
+                counts[3] += 1
+                if node_flags & _BIGDATA:
+                    if node_flags != _BIGDATA or key_end + 8 > page_size:
+                        raise _Damage(f"{where}: node {index} has flags {node_flags:#x}")
+                    value = self._overflow(_U64.unpack_from(raw, key_end)[0], data_size, where)
+                    counts[2] += (_HEADER_SIZE - 1 + data_size) // page_size + 1
+                elif key_end + data_size > page_size:
+                    raise _Damage(f"{where}: node {index} has data past the end of the page")
+                else:
+                    value = raw[key_end : key_end + data_size]
+                if free_page is not None:
+                    self._free_list(value, free_page, where)
+                elif named is not None:
+                    if node_flags != _SUBDATA or data_size != _DB_SIZE:
+                        raise _Damage(f"{where}: {key!r} is not a named database")
+                    named.append((key, _Record(*_DB.unpack_from(value, 0))))
+                elif node_flags & _SUBDATA:
+                    raise _Damage(f"{where}: node {index} has flags {node_flags:#x}")
+                else:
+                    if check is not None:
+                        problem = check(name, key, value)
+                        if problem is not None:
+                            raise _Damage(f"{where}: {problem}")
+                    if kept is not None:
+                        kept[key] = value
+            for index, child in enumerate(children):
+                child_low = low if index == 0 else keys[index]
+                child_high = keys[index + 1] if index + 1 < len(children) else high
+                stack.append((child, level + 1, child_low, child_high))
+        expected = [record.branch_pages, record.leaf_pages, record.overflow_pages, record.entries]
+        if counts != expected:
+            raise _Damage(
+                f"database {label} has (branch, leaf, overflow pages, entries) {tuple(counts)}, "
+                f"its record says {tuple(expected)}"
+            )
+
+    def _overflow(self, first: int, data_size: int, where: str) -> bytes:
+        pages = (_HEADER_SIZE - 1 + data_size) // self._page_size + 1
+        self._claim(first, where)
+        head = self._read(first)
+        pgno, _, flags, _, _ = _HEADER.unpack_from(head, 0)
+        if pgno != first or flags != _OVERFLOW or _U32.unpack_from(head, 12)[0] != pages:
+            raise _Damage(f"{where}: page {first} is not the overflow run its node needs")
+        for page in range(first + 1, first + pages):
+            self._claim(page, where)
+        raw = head if pages == 1 else head + self._read(first + 1, pages - 1)
+        return raw[_HEADER_SIZE : _HEADER_SIZE + data_size]
+
+    def _free_list(self, value: bytes, free_page: Callable[[int], None], where: str) -> None:
+        if len(value) < 8 or len(value) % 8:
+            raise _Damage(f"{where}: a free list of {len(value)} bytes")
+        count = _U64.unpack_from(value, 0)[0]
+        if len(value) != 8 * (count + 1):
+            raise _Damage(f"{where}: a free list of {len(value)} bytes says {count} pages")
+        for page in struct.unpack_from(f"<{count}Q", value, 8):
+            free_page(page)

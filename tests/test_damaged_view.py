@@ -1,0 +1,196 @@
+"""A damaged LMDB view (`STORE/index/data.mdb`): zeroed pages, garbage, bit flips and
+truncation give `JournalCorrupt` naming the view, or the right answer after the view is
+rebuilt; never a raw exception, a wrong answer or a crash (SPEC "Failure handling: a
+damaged view").
+
+The damage trials run in a child process (`_damage_trials.py`): LMDB kills a process
+that maps a damaged file (SIGBUS, a failed assertion), and that must fail the test, not
+pytest. Heavier sweeps are behind the `slow` marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from journal import EventIn, Journal, JournalCorrupt
+
+TRIALS = os.path.join(os.path.dirname(__file__), "_damage_trials.py")
+ALLOWED = {"correct", "reported", "JournalCorrupt"}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    store = tmp_path_factory.mktemp("pristine") / "s"
+    subprocess.run([sys.executable, TRIALS, "build", str(store)], check=True)
+    return store
+
+
+def _run(*args: str) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, TRIALS, *args], capture_output=True, text=True, timeout=600
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    finished = [line for line in lines if "results" in line]
+    assert done.returncode == 0, (
+        f"the child died (status {done.returncode}) after {lines[-1:] if lines else 'nothing'}:"
+        f"\n{done.stderr[-2000:]}"
+    )
+    return finished
+
+
+def _check(trials: list[dict[str, object]], fixed_correct: bool) -> None:
+    assert trials
+    for trial in trials:
+        results = trial["results"]
+        assert isinstance(results, dict)
+        bad = {name: outcome for name, outcome in results.items() if outcome not in ALLOWED}
+        assert not bad, f"{trial['damage']}: {bad}"
+        if fixed_correct and "fix" in results:
+            after = {n: o for n, o in results.items() if n.startswith("fixed") and o != "correct"}
+            assert results["fix"] == "correct" and not after, f"{trial['damage']}: {after}"
+
+
+def _trials(pristine: Path, tmp_path: Path, mode: str, readonly: bool, count: int) -> None:
+    seed = os.environ.get("TEST_SEED", "11")
+    trials = _run(
+        "trials", str(pristine), str(tmp_path), mode, "1" if readonly else "0", seed, str(count)
+    )
+    _check(trials, fixed_correct=True)
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "readonly"])
+@pytest.mark.parametrize("mode", ["zero", "garbage", "flip", "truncate"])
+def test_a_damaged_view_is_journal_corrupt_or_rebuilt_never_a_crash(
+    pristine: Path, tmp_path: Path, mode: str, readonly: bool
+) -> None:
+    """Every public read (and, writable, append, create, verify and verify(fix=True))
+    on a store whose view was damaged while it was closed. Used to: SIGBUS on every
+    truncation, an LMDB assertion (abort) on some zeroed pages, raw CorruptedError,
+    DecodeError, struct.error, FileNotFoundError; some flips made sessions vanish."""
+    _trials(pristine, tmp_path, mode, readonly, 6 if mode == "flip" else 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "readonly"])
+@pytest.mark.parametrize("mode", ["zero", "garbage", "flip", "truncate"])
+def test_a_damaged_view_sweep(pristine: Path, tmp_path: Path, mode: str, readonly: bool) -> None:
+    _trials(pristine, tmp_path, mode, readonly, 80)
+
+
+@pytest.mark.parametrize("mode", ["zero", "garbage", "truncate"])
+def test_a_view_damaged_while_open_is_reported_and_repaired(
+    pristine: Path, tmp_path: Path, mode: str
+) -> None:
+    """Damage under an open writable journal: verify() reports the view (a VerifyProblem,
+    not an exception), every call raises JournalCorrupt, verify(fix=True) rebuilds it in
+    place and then everything reads as before."""
+    store = tmp_path / "s"
+    shutil.copytree(pristine, store)
+    [trial] = _run("while-open", str(store), mode)
+    results = trial["results"]
+    assert isinstance(results, dict)
+    assert results["verify"] == "reported", results
+    _check([trial], fixed_correct=True)
+    assert results["fixed append"] == "correct"
+
+
+def _seal(key: bytes, payload: bytes) -> bytes:
+    """A view value with a valid checksum (SPEC section 7.2): damage no checksum sees."""
+    return payload + struct.pack(">I", zlib.crc32(payload, zlib.crc32(key)))
+
+
+def _rewrite(store: Path, db: bytes, key: bytes, payload: bytes) -> None:
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, _seal(key, payload), db=env.open_db(db, txn=txn))
+    finally:
+        env.close()
+
+
+def _two_sessions(store: Path) -> None:
+    with Journal.open(store) as j:
+        j.create_session("a")
+        j.create_session("b")
+        j.append("a", [EventIn("m", b"a1")])
+        j.append("b", [EventIn("m", b"b1")])
+
+
+def test_an_index_entry_naming_a_missing_segment_is_journal_corrupt(tmp_path: Path) -> None:
+    """Used to escape as a raw FileNotFoundError after the reader's retries."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    _rewrite(store, b"events", struct.pack(">QQ", 1, 1), struct.pack(">QQQQ", 99999, 64, 0, 0))
+    with Journal.open(store, readonly=True) as j, pytest.raises(JournalCorrupt) as caught:
+        j.read("a")
+    assert caught.value.segment == "index"
+    assert "does not exist" in caught.value.detail
+
+
+def test_an_index_entry_naming_another_sessions_frame_is_journal_corrupt(tmp_path: Path) -> None:
+    """The entry of a's first event, pointed at b's frame (checksum intact): the reader
+    must not answer with b's events or an empty page."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
+    with env.begin() as txn:
+        events = env.open_db(b"events", txn=txn, create=False)
+        b_location = txn.get(struct.pack(">QQ", 2, 1), db=events)
+    env.close()
+    _rewrite(store, b"events", struct.pack(">QQ", 1, 1), b_location[:32])
+    with Journal.open(store, readonly=True) as j, pytest.raises(JournalCorrupt) as caught:
+        j.replay("a").__next__()
+    assert caught.value.segment == "index"
+
+
+def test_a_row_whose_incarnation_the_index_does_not_know_is_journal_corrupt(
+    tmp_path: Path,
+) -> None:
+    """A row that decodes and passes its checksum but names an incarnation the
+    `incarnations` database does not map back to it."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
+    with env.begin() as txn:
+        raw = txn.get(b"b", db=env.open_db(b"sessions", txn=txn, create=False))
+    env.close()
+    import msgspec
+
+    row = msgspec.msgpack.decode(raw[:-4])
+    row[1] = 1  # b's row claims a's incarnation
+    _rewrite(store, b"sessions", b"b", msgspec.msgpack.encode(row))
+    with Journal.open(store, readonly=True) as j, pytest.raises(JournalCorrupt) as caught:
+        j.get_session("b")
+    assert caught.value.segment == "index"
+    assert "incarnation" in caught.value.detail
+
+
+def test_a_view_written_before_checksums_is_rebuilt(tmp_path: Path) -> None:
+    """A view of format 1 (values without checksums, no `format` entry: what earlier
+    code wrote) is rebuilt by a writer and read through a private view by a reader, never
+    taken for damage an answer can come from."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
+    with env.begin(write=True) as txn:
+        for name in (b"meta", b"sessions", b"incarnations", b"events", b"pins", b"feed"):
+            db = env.open_db(name, txn=txn)
+            for key, value in list(txn.cursor(db=db)):
+                txn.put(key, value[:-4], db=db)
+        txn.delete(b"format", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Journal.open(store, readonly=True) as j:
+        assert [e.data for e in j.replay("a")] == [b"a1"]
+    with Journal.open(store) as j:
+        assert [e.data for e in j.replay("b")] == [b"b1"]
+        assert j.verify().ok
