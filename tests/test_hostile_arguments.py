@@ -383,6 +383,8 @@ TARGETS: dict[str, Target] = {
             "compress_sealed": lambda env: st.booleans(),
             "key_ring": lambda env: st.none(),
             "file_ops": lambda env: st.none(),
+            # (A mode with readonly=True is refused: good values keep the recorded one.)
+            "file_mode": lambda env: st.none(),
         },
     ),
     "Journal.over": Target(good={"engine": lambda env: st.just(_ENGINE)}),

@@ -94,9 +94,11 @@ Durability = Literal["fsync", "os"]
 
 
 def _store_wide(error: Exception) -> bool:
-    """An error of the store itself (its files, its view), not of what one request
-    carried: every request of the batch would meet it again."""
-    return isinstance(error, (OSError, lmdb.Error, JournalError))
+    """An error of the store itself (its disk, LMDB, its identity), not of what one
+    request carried: every request of the batch would meet it again. (`JournalCorrupt`
+    is not one: decoding what a request wrote into the view raises it too; real damage
+    fails each request's own commit again.)"""
+    return isinstance(error, (OSError, lmdb.Error, StoreUnavailable, StoreIncompatible))
 
 
 def _unavailable(error: OSError, *, writing: bool = True) -> StoreUnavailable:
@@ -280,6 +282,7 @@ class LocalEngine:
                 try:
                     self._view = View(self._private_dir)
                     with self._view.begin(write=True) as txn:
+                        self._view.put_store_id(txn, self.store_id)
                         project_log(self._log, self._view, txn)
                 except BaseException:
                     shutil.rmtree(self._private_dir, ignore_errors=True)
