@@ -613,14 +613,52 @@ def test_a_writer_refuses_to_append_after_a_hole_in_the_active_segment(tmp_path:
     (active,) = sorted((store / "segments").glob("*.seg"))
     with open(active, "r+b") as f:
         f.truncate(os.path.getsize(active) // 2 if os.path.getsize(active) < 4096 else 200)
-    with pytest.raises(JournalCorrupt, match="index"):
-        Journal.open(store)
-    shutil.move(str(store / "index"), str(tmp_path / "index.old"))
-    with Journal.open(store) as j:  # rebuilt from what the log still holds
+    with Journal.open(store) as j:  # opens, so that verify --fix can accept the loss
+        with pytest.raises(JournalCorrupt, match="verify --fix"):
+            j.append("s", [EventIn("message", b"after the hole")])
+        with pytest.raises(JournalCorrupt, match="verify --fix"):
+            j.create_session("after")
+    shutil.copytree(store, tmp_path / "moved")
+    shutil.move(str(tmp_path / "moved" / "index"), str(tmp_path / "index.old"))
+    with Journal.open(tmp_path / "moved") as j:  # rebuilt from what the log still holds
         kept = [e.data for e in j.replay("s")] if j.list_sessions_page().sessions else []
         j.create_session("after")
         j.append("after", [EventIn("message", b"fine")])
         assert all(d.startswith(b"event") for d in kept)
+        assert j.verify().problems == []
+
+
+def test_verify_fix_accepts_frames_cut_off_the_log_and_counts_the_dropped_events(
+    tmp_path: Path,
+) -> None:
+    """Issue 11, item 3: `verify --fix` accepts a hole explicitly and says how many events
+    it drops; then the store takes writes again, and a reopen finds it clean."""
+    from journal import JournalCorrupt
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        j.create_session("t")
+        for i in range(5):
+            j.append("s", [EventIn("message", b"event %d" % i)])
+        j.append("t", [EventIn("message", b"t %d" % i) for i in range(3)])
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    end = len(active.read_bytes().rstrip(b"\0"))
+    with open(active, "r+b") as f:
+        f.truncate(end - 10)  # the last frame (t's three events) is cut short
+    with Journal.open(store) as j:
+        with pytest.raises(JournalCorrupt, match="verify --fix"):
+            j.append("s", [EventIn("message", b"refused")])
+        assert j.verify().problems  # reported, not fixed
+        report = j.verify(fix=True)
+        assert report.fixed
+        assert "3 event(s) of 1 session(s) are dropped" in report.problems[0].what
+        assert [e.data for e in j.replay("s")] == [b"event %d" % i for i in range(5)]
+        assert list(j.replay("t")) == []
+        j.append("t", [EventIn("message", b"again")])
+        assert j.verify().problems == []
+    with Journal.open(store) as j:
+        assert [(e.ordinal, e.data) for e in j.replay("t")] == [(1, b"again")]
         assert j.verify().problems == []
 
 

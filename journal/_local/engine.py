@@ -80,7 +80,7 @@ from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .retention import delete_segment_files
-from .segments import SegmentReader, frame_records
+from .segments import LogHole, SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store
@@ -303,6 +303,10 @@ class LocalEngine:
                 self._leading = True
             try:
                 self._run_commit([])
+            except LogHole as e:
+                # Opened anyway, so `verify(fix=True)` can accept the loss: until then
+                # every write fails with this error, and reads of the lost frames too.
+                _log.warning("%s", e)
             finally:
                 with self._cv:
                     self._leading = False
@@ -601,7 +605,20 @@ class LocalEngine:
         before: tuple[int, int, int] | None = None
         try:
             with view.begin(write=True) as txn:
-                head = self._catch_up(txn)
+                try:
+                    head = self._catch_up(txn)
+                    hole = None
+                except LogHole as e:
+                    # Only a verify(fix=True) goes on: it accepts the loss.
+                    viewed, hole = view.head(txn), e
+                    fixes = [r for r in batch if isinstance(r.operation, VerifyFix)]
+                    if viewed is None or not fixes:
+                        raise
+                    head = viewed
+                    for r in batch:
+                        if r not in fixes:
+                            r.error = e
+                    batch = fixes
                 planner = Planner(
                     txn,
                     view,
@@ -612,7 +629,9 @@ class LocalEngine:
                     head.next_position,
                     _now_ms(),
                 )
-                if batch and not any(isinstance(r.operation, Expire) for r in batch):
+                planner.hole = hole
+                explicit = any(isinstance(r.operation, Expire) for r in batch)
+                if hole is None and batch and not explicit:
                     # (An explicit expiry in the batch does it, and reports what it did.)
                     planner.expire_due()
                 for request in batch:

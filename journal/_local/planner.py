@@ -41,7 +41,7 @@ from ..errors import (
     SessionNotFound,
     SessionNotWritable,
 )
-from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyReport
+from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyProblem, VerifyReport
 from ..records import (
     TURN_EVENT_TYPES,
     EventAppended,
@@ -64,7 +64,7 @@ from .leases import identity
 from .log import SegmentLog
 from .projector import project_log
 from .retention import dead_segments, forget_segments, window_start
-from .segments import summarize_segment
+from .segments import LogHole, summarize_segment
 from .sidecar import EventRun, FrameDigest, SegmentSummary, add_run, encode_other, write_summary
 from .verify import check_log, view_problem
 from .view import View
@@ -135,6 +135,8 @@ class Planner:
         # Segments the view forgot in this transaction: deleted once it commits.
         self.doomed: list[int] = []
         self.rebuilt = False
+        # Frames cut off the active segment that a fix in this batch accepts the loss of.
+        self.hole: LogHole | None = None
         self._finishers: list[tuple[Request, Callable[[], object]]] = []
         # How to take back what planning an operation changed in the planner's state
         # (sessions, their pending state, idempotency keys), for a failed operation.
@@ -691,7 +693,10 @@ class Planner:
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
         log = self.log
         view = self.view
-        problems, frames, records, bad_sidecars = check_log(log, view.head(self.txn), op.progress)
+        hole = self.hole
+        # (With a hole, the view's head lies past the log's end: check the log as it is.)
+        head = None if hole is not None else view.head(self.txn)
+        problems, frames, records, bad_sidecars = check_log(log, head, op.progress)
         if view.replaced_because is not None:
             # The commit that carries this fix replaced a damaged view (and rebuilt it).
             problems.insert(0, view_problem(view.replaced_because))
@@ -704,12 +709,27 @@ class Planner:
             write_summary(log.directory, summary, log.ops, log.permissions)
         if not damaged:
             # Only derived data was wrong: rebuild the view from the (intact) log.
+            before = {row.incarnation: row.last_ordinal for row in view.rows(self.txn)}
             view.clear(self.txn)
             view.put_store_id(self.txn, self.store_id)
             view.put_boot_id(self.txn, self.boot_id)
             project_log(log, view, self.txn)
             self.summaries.clear()
             self.rebuilt = True
+            if hole is not None:
+                after = {row.incarnation: row.last_ordinal for row in view.rows(self.txn)}
+                lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}
+                problems.insert(
+                    0,
+                    VerifyProblem(
+                        hole.segment,
+                        hole.offset,
+                        f"committed frames from byte {hole.offset} to {hole.end_offset} were "
+                        f"cut off: the loss is accepted, {sum(lost.values())} event(s) of "
+                        f"{len(lost)} session(s) are dropped (sessions created there are "
+                        "gone)",
+                    ),
+                )
         # With damaged frames the view is left as it is: it still points readers at the
         # damage (JournalCorrupt), where a rebuild would make the lost events look trimmed.
         request.result = VerifyReport(

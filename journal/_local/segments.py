@@ -66,6 +66,7 @@ from .frames import (
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder, digest_records
 
 __all__ = [
+    "LogHole",
     "SegmentReader",
     "SegmentWriter",
     "compress_segment",
@@ -78,6 +79,23 @@ _DECOMPRESSOR: Final = zstandard.ZstdDecompressor()
 _PREALLOCATE_BYTES: Final = 4 << 20
 _ZEROS: Final = bytes(1 << 20)
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
+
+
+class LogHole(JournalCorrupt):
+    """Committed frames the view indexes were cut off the end of the active segment: no
+    writer may append after the hole (a rebuild could never recover those appends);
+    `verify(fix=True)` accepts the loss."""
+
+    def __init__(self, segment: str, size: int, end_offset: int) -> None:
+        super().__init__(
+            segment,
+            size,
+            f"the index records committed frames up to byte {end_offset}, but the segment "
+            f"ends at byte {size}: frames were cut off; the store refuses writes until "
+            "`journal verify --fix` accepts the loss (it rebuilds the index from what the "
+            "log still holds and reports how many events are dropped)",
+        )
+        self.end_offset = end_offset
 
 
 class SegmentReader:
@@ -536,14 +554,7 @@ class SegmentWriter:
         if size < end_offset:
             # Committed frames the view indexes are gone (the file was cut): appending
             # after the hole would acknowledge events a rebuild could never recover.
-            raise JournalCorrupt(
-                self.name,
-                size,
-                f"the index records committed frames up to byte {end_offset}, but the "
-                f"segment ends at byte {size}: frames were cut off; move index/ aside and "
-                "open the store again to rebuild the index from what the log still holds "
-                "(the events that were in the cut-off frames are lost)",
-            )
+            raise LogHole(self.name, size, end_offset)
         if (end_offset, next_position) != (self.end_offset, self.next_position):
             self._summary_valid = False
         self.end_offset = end_offset
