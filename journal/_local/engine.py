@@ -426,6 +426,10 @@ class LocalEngine:
         expiry = getattr(self, "_expiry", None)
         if expiry is not None:
             expiry.stop()
+            # A pass in flight finishes before the environment goes (it would meet a
+            # closed one); bounded, in case close() runs where that pass waits.
+            if expiry.busy.acquire(timeout=5):
+                expiry.busy.release()
         with self._cv:
             if self._closed:
                 return
