@@ -17,7 +17,6 @@ after it leaves a frame the next writer indexes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -34,7 +33,7 @@ from typing import Any, Final, Literal, TypeVar, cast
 import lmdb
 import msgspec
 
-from cursors import KeyRing, KeyRingError
+from cursors import KeyRing
 
 from ..engine import (
     AbortImport,
@@ -72,10 +71,11 @@ from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .expiry import ExpiryTimer
-from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions, write_atomic
+from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
 from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
+from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
@@ -84,7 +84,7 @@ from .segments import LogHole, SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store
-from .view import Head, View, ViewDamaged, file_identity, inspect_view, replace_view
+from .view import Head, View, ViewDamaged, inspect_view
 
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
@@ -243,7 +243,7 @@ class LocalEngine:
             store = record_file_mode(store_file, store, options.file_mode, ops)
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
-        self.key_ring = self._key_ring(path, options.key_ring, readonly, permissions)
+        self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)
         self._log = SegmentLog(
             os.path.join(path, "segments"),
             self.store_id,
@@ -259,8 +259,8 @@ class LocalEngine:
         self._private_dir: str | None = None
         index = os.path.join(path, "index")
         if not readonly:
-            self._discard_view_after_reboot(path, permissions)
-            self._view = self._open_checked_view(index, permissions)
+            discard_view_after_reboot(path, permissions, BOOT_ID)
+            self._view = open_checked_view(index, permissions)
         else:
             try:
                 # A damaged view (the file check; SPEC "a damaged view") is never mapped.
@@ -333,18 +333,6 @@ class LocalEngine:
         if dead:
             self.submit(AbortImport(dead))
 
-    @staticmethod
-    def _open_checked_view(index: str, permissions: Permissions) -> View:
-        """The store's view for a writer. A view that fails the file check (SPEC "a damaged
-        view") is replaced by an empty one first, which the first commit rebuilds from the
-        log."""
-        identity = file_identity(index)
-        damage = inspect_view(index)
-        if damage is not None:
-            _log.warning("the view %s is damaged (%s): rebuilding it from the log", index, damage)
-            replace_view(index, None, identity, permissions)
-        return View(index, permissions=permissions)
-
     def _shared_view_is_stale(self) -> bool:
         with self._view.begin() as txn:
             head = self._view.head(txn)
@@ -352,64 +340,6 @@ class LocalEngine:
         if head is None or boot != BOOT_ID:
             return True
         return self._log.moved_past(head.segment, head.end_offset, head.next_position)
-
-    @staticmethod
-    def _key_ring(
-        path: str, given: KeyRing | None, readonly: bool, permissions: Permissions
-    ) -> KeyRing:
-        """The cursor key ring: given, from the environment, or the store's `keys` file
-        (created by a writer; a read-only reader never creates it)."""
-        key_ring = given or KeyRing.from_environment()
-        if key_ring is not None:
-            return key_ring
-        keys = os.path.join(path, "keys")
-        if not readonly:
-            try:
-                return KeyRing.load_or_create(keys, mode=permissions.file)
-            except PermissionError:
-                raise KeyRingError(
-                    f"cannot read the cursor key file {keys}: permission denied; write as a "
-                    "user who can read it, or give this one the store's keys in "
-                    "JOURNAL_CURSOR_KEY (`journal cursor-key` prints them)"
-                ) from None
-        try:
-            return KeyRing.load(keys)
-        except KeyRingError as e:
-            raise KeyRingError(
-                f"{e.message}; a read-only reader needs the store's cursor key: give "
-                f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
-            ) from e
-
-    @staticmethod
-    def _discard_view_after_reboot(path: str, permissions: Permissions) -> None:
-        """Drop the LMDB view if the machine restarted since a writer last used it.
-
-        LMDB's own fsync is off (the view is derived), so after a power cut its file may be
-        torn. A writer records the boot id in `view-boot`; a different boot id means the
-        view is not trusted: it is moved aside and rebuilt from the segments, which were
-        synced. Runs under `locks/open.lock` so concurrent openers do it once.
-        """
-        permissions.make_dirs(os.path.join(path, "locks"))
-        marker = os.path.join(path, "view-boot")
-        lock_fd = permissions.open_or_create(os.path.join(path, "locks", "open.lock"), os.O_RDWR)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            try:
-                with open(marker, "rb") as f:
-                    recorded = f.read().strip()
-            except FileNotFoundError:
-                recorded = None
-            if recorded == BOOT_ID:
-                return
-            index = os.path.join(path, "index")
-            if recorded is not None and os.path.isdir(index):
-                stale = f"{index}.stale-{os.getpid()}"
-                os.rename(index, stale)
-                shutil.rmtree(stale, ignore_errors=True)
-            permissions.make_dirs(index)
-            write_atomic(marker, BOOT_ID, permissions=permissions)
-        finally:
-            os.close(lock_fd)
 
     def close(self) -> None:
         """Close the engine; pending waits end; leases still held are released (and the

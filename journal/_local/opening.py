@@ -1,0 +1,90 @@
+"""What opening a store prepares besides `store.json`: the cursor key ring, and the view,
+checked against a reboot (LMDB's own sync is off) and against damage before it is mapped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+from typing import Final
+
+from cursors import KeyRing, KeyRingError
+
+from .files import Permissions, write_atomic
+from .view import View, file_identity, inspect_view, replace_view
+
+__all__ = ["discard_view_after_reboot", "key_ring_for", "open_checked_view"]
+
+_log: Final = logging.getLogger("journal")
+
+
+def open_checked_view(index: str, permissions: Permissions) -> View:
+    """The store's view for a writer. A view that fails the file check (SPEC "a damaged
+    view") is replaced by an empty one first, which the first commit rebuilds from the
+    log."""
+    identity = file_identity(index)
+    damage = inspect_view(index)
+    if damage is not None:
+        _log.warning("the view %s is damaged (%s): rebuilding it from the log", index, damage)
+        replace_view(index, None, identity, permissions)
+    return View(index, permissions=permissions)
+
+
+def key_ring_for(
+    path: str, given: KeyRing | None, readonly: bool, permissions: Permissions
+) -> KeyRing:
+    """The cursor key ring: given, from the environment, or the store's `keys` file
+    (created by a writer; a read-only reader never creates it)."""
+    key_ring = given or KeyRing.from_environment()
+    if key_ring is not None:
+        return key_ring
+    keys = os.path.join(path, "keys")
+    if not readonly:
+        try:
+            return KeyRing.load_or_create(keys, mode=permissions.file)
+        except PermissionError:
+            raise KeyRingError(
+                f"cannot read the cursor key file {keys}: permission denied; write as a "
+                "user who can read it, or give this one the store's keys in "
+                "JOURNAL_CURSOR_KEY (`journal cursor-key` prints them)"
+            ) from None
+    try:
+        return KeyRing.load(keys)
+    except KeyRingError as e:
+        raise KeyRingError(
+            f"{e.message}; a read-only reader needs the store's cursor key: give "
+            f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
+        ) from e
+
+
+def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> None:
+    """Drop the LMDB view if the machine restarted since a writer last used it.
+
+    LMDB's own fsync is off (the view is derived), so after a power cut its file may be
+    torn. A writer records the boot id in `view-boot`; a different boot id means the
+    view is not trusted: it is moved aside and rebuilt from the segments, which were
+    synced. Runs under `locks/open.lock` so concurrent openers do it once.
+    """
+    permissions.make_dirs(os.path.join(path, "locks"))
+    marker = os.path.join(path, "view-boot")
+    lock_fd = permissions.open_or_create(os.path.join(path, "locks", "open.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            with open(marker, "rb") as f:
+                recorded = f.read().strip()
+        except FileNotFoundError:
+            recorded = None
+        if recorded == boot_id:
+            return
+        index = os.path.join(path, "index")
+        if recorded is not None and os.path.isdir(index):
+            stale = f"{index}.stale-{os.getpid()}"
+            os.rename(index, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        permissions.make_dirs(index)
+        write_atomic(marker, boot_id, permissions=permissions)
+    finally:
+        os.close(lock_fd)
