@@ -702,3 +702,39 @@ def test_closing_right_after_opening_does_not_race_the_expiry_timer(
         for _ in range(150):
             Journal.open(tmp_path / "s").close()
     assert [r.getMessage() for r in caplog.records] == []
+
+
+_CONCURRENT_COMPRESSED_REPLAYS = """
+import sys, threading, time
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], segment_bytes=1 << 16, compress_sealed=True, durability="os")
+j.create_session("a")
+for i in range(400):
+    j.append("a", [EventIn("m", (b"%d-" % i) * 200)] * 5)
+want = [e.data for e in j.replay("a")]
+bad = []
+def replay():
+    end = time.time() + 2
+    while time.time() < end:
+        if [e.data for e in j.replay("a")] != want:
+            bad.append(1)
+threads = [threading.Thread(target=replay) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+j.close()
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_threads_replaying_compressed_segments_at_once_do_not_crash(tmp_path: Path) -> None:
+    """One zstd decompression context was shared by every thread; python-zstandard
+    releases the GIL while decompressing, so 8 threads replaying compressed segments
+    crashed the process (SIGSEGV within a second). Each thread has its own context now."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CONCURRENT_COMPRESSED_REPLAYS, str(tmp_path / "s")],
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -75,7 +76,16 @@ __all__ = [
 ]
 
 _READ_CHUNK: Final = 1 << 20
-_DECOMPRESSOR: Final = zstandard.ZstdDecompressor()
+# One decompression context per thread: python-zstandard does not allow one instance to
+# be used by several threads at once (it releases the GIL while it works).
+_DECOMPRESSORS: Final = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_DECOMPRESSORS, "d", None)
+    if decompressor is None:
+        decompressor = _DECOMPRESSORS.d = zstandard.ZstdDecompressor()
+    return decompressor
 _PREALLOCATE_BYTES: Final = 4 << 20
 _ZEROS: Final = bytes(1 << 20)
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
@@ -437,10 +447,10 @@ _ONE_SHOT_BLOCK_BYTES: Final = 2 * BLOCK_TARGET_BYTES
 def _decompress_block(payload: memoryview, ulength: int) -> bytes:
     """The block's bytes: at most `ulength + 1` of them (the caller checks the size)."""
     if ulength <= _ONE_SHOT_BLOCK_BYTES:
-        return _DECOMPRESSOR.decompress(payload, max_output_size=ulength)
+        return _decompressor().decompress(payload, max_output_size=ulength)
     parts: list[bytes] = []
     produced = 0
-    with _DECOMPRESSOR.stream_reader(payload) as stream:
+    with _decompressor().stream_reader(payload) as stream:
         while produced <= ulength:
             part = stream.read(min(_READ_CHUNK, ulength + 1 - produced))
             if not part:
