@@ -60,6 +60,9 @@ class SimulatedDisk(FileOps):
         self.dead = False
         # operation name -> (errno, how many more calls fail)
         self.faults: dict[str, tuple[int, int]] = {}
+        # (operation, errno) faults that strike in this order: each at the next call of
+        # its operation once the ones before it struck
+        self.sequence: list[tuple[str, int]] = []
         self.refused: list[str] = []  # paths whose unlink failed
         self._files: dict[int, _File] = {}
         self._listings: dict[str, dict[str, int]] = {}
@@ -90,6 +93,9 @@ class SimulatedDisk(FileOps):
             self.dead = True
         if self.dead:
             raise OSError(errnos.EIO, "the power is off")
+        if self.sequence and self.sequence[0][0] == operation:
+            code = self.sequence.pop(0)[1]
+            raise OSError(code, os.strerror(code))
         fault = self.faults.get(operation)
         if fault is not None and fault[1] > 0:
             self.faults[operation] = (fault[0], fault[1] - 1)

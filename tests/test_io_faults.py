@@ -183,6 +183,42 @@ def test_a_refused_frame_that_cannot_be_cut_back_is_cut_before_the_next_commit(
         _check(j, acked)
 
 
+def test_an_owed_cut_is_made_when_the_failed_append_had_moved_the_head_to_a_new_segment(
+    tmp_path: Path,
+) -> None:
+    """An append rotates and its sync fails (the new segment is cut back to its header;
+    the view's head stays at the end of the old one). The next append's catch-up moves
+    the head to the start of the new segment inside its transaction, its sync fails and
+    so does the cut's probe: the cut is owed. Its transaction aborted, so the view names
+    the same place as the end of the old segment: the owed cut used to be skipped as if
+    another writer had indexed the frame, and the refused append became visible (and,
+    after a power cut, a hole of zeros made the store unopenable)."""
+    path = tmp_path / "s"
+    disk = SimulatedDisk(str(path), random.Random(5))
+    acked: dict[str, list[bytes]] = {s: [] for s in SESSIONS}
+    with _open(path, disk) as j:
+        for s in SESSIONS:
+            j.create_session(s)
+        disk.settle()
+        n = 0
+        while 8192 - len(_active(path).read_bytes().rstrip(b"\0")) >= 24 + 600:
+            data = b"acked-%d" % n + b"x" * 400
+            n += 1
+            j.append("a", [EventIn("m", data)])
+            acked["a"].append(data)
+        for sequence in (["fdatasync"], ["fdatasync", "pread"]):
+            disk.sequence = [(operation, errno.EIO) for operation in sequence]
+            with pytest.raises(StoreUnavailable):
+                j.append("a", [EventIn("m", b"REFUSED" + b"x" * 500)])
+            assert disk.sequence == []
+        j.append("a", [EventIn("m", b"acked-after")])
+        acked["a"].append(b"acked-after")
+        _check(j, acked)
+        disk.power_cut()
+    with Journal.open(path) as j:
+        _check(j, acked)
+
+
 def _active(path: Path) -> Path:
     return max((path / "segments").glob("*.seg"))
 
@@ -229,15 +265,8 @@ def _power_cut_round(path: Path, seed: int) -> None:
             j.close()
     disk.power_cut()
     with Journal.open(path, retention=retention) as j:
-        for s in SESSIONS:
-            events = list(j.replay(s))
-            assert events, "a session lost its creation"
-            first = events[0].ordinal
-            assert [e.ordinal for e in events] == list(range(first, first + len(events)))
-            assert [e.data for e in events] == acked[s][first - 1 :], (seed, s)
-            if retention.max_history_bytes is None:
-                assert first == 1
-        assert j.verify().problems == []
+        assert sorted(s.session_id for s in j.list_sessions()) == list(SESSIONS)
+        _check(j, acked, trimmed=retention.max_history_bytes is not None)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -738,3 +738,32 @@ def test_threads_replaying_compressed_segments_at_once_do_not_crash(tmp_path: Pa
         timeout=120,
     )
     assert done.returncode == 0, (done.returncode, done.stderr.decode()[-2000:])
+
+
+def test_frames_cut_off_while_a_writer_has_the_store_open_are_refused_too(
+    tmp_path: Path,
+) -> None:
+    """Issue 11, item 3, with the journal open: the writer's own position check (a probe
+    after its end) read nothing where the cut file ended and took that for "nothing new",
+    so the next append was acknowledged after a run of zeros and the store became
+    unreadable. A file shorter than the writer's end is a hole now, as at open."""
+    from journal import JournalCorrupt
+
+    store = tmp_path / "s"
+    with Journal.open(store) as j:
+        j.create_session("a")
+        for n in range(20):
+            j.append("a", [EventIn("m", b"%d" % n * 40)])
+        (active,) = sorted((store / "segments").glob("*.seg"))
+        end = len(active.read_bytes().rstrip(b"\0"))
+        os.truncate(active, end - 300)
+        with pytest.raises(JournalCorrupt, match="verify --fix"):
+            j.append("a", [EventIn("m", b"after the hole")])
+        report = j.verify(fix=True)
+        assert report.fixed and "dropped" in report.problems[0].what
+        kept = [e.data for e in j.replay("a")]
+        assert kept == [b"%d" % n * 40 for n in range(len(kept))]
+        j.append("a", [EventIn("m", b"after the fix")])
+    with Journal.open(store) as j:
+        assert [e.data for e in j.replay("a")][-1] == b"after the fix"
+        assert j.verify().problems == []

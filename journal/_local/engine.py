@@ -101,14 +101,20 @@ def _store_wide(error: Exception) -> bool:
     return isinstance(error, (OSError, lmdb.Error, StoreUnavailable, StoreIncompatible))
 
 
-def _unavailable(error: OSError, *, writing: bool = True) -> StoreUnavailable:
+_FAILED: Final = {
+    "commit": "could not be written: {}; nothing of this call was committed",
+    "read": "could not be read: {}",
+    "maintenance": "could not be read or written: {}; what this call finished stays done "
+    "(`journal verify` reports the state)",
+}
+
+
+def _unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     """The error a caller sees when the store's disk refused an operation."""
     what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
     unavailable = StoreUnavailable(
-        f"the store's files could not be {'written' if writing else 'read'}: {what}; "
-        + ("nothing of this call was committed, and " if writing else "")
-        + "the store is usable again once the cause is fixed (free space, replace the "
-        "disk); retry then",
+        f"the store's files {_FAILED[during].format(what)}; the store is usable again "
+        "once the cause is fixed (free space, replace the disk): retry then",
         errno=error.errno,
     )
     unavailable.__cause__ = error
@@ -118,18 +124,24 @@ def _unavailable(error: OSError, *, writing: bool = True) -> StoreUnavailable:
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
-def _reads_disk(method: _Method) -> _Method:
-    """An engine method that reads the store's files: an OS error becomes
-    `StoreUnavailable` (a failed commit is converted where the batch fails)."""
+def _disk_errors(during: str) -> Callable[[_Method], _Method]:
+    """An engine method that uses the store's files outside a commit (a failed commit is
+    converted where its batch fails): an OS error becomes `StoreUnavailable`."""
 
-    @functools.wraps(method)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except OSError as e:
-            raise _unavailable(e, writing=False) from e
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except OSError as e:
+                raise _unavailable(e, during) from e
 
-    return cast(_Method, guarded)
+        return cast(_Method, guarded)
+
+    return decorate
+
+
+_reads_disk: Final = _disk_errors("read")
 
 
 def _now_ms() -> int:
@@ -765,7 +777,7 @@ class LocalEngine:
     def verify(self, progress: Progress | None) -> VerifyReport:
         return verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
 
-    @_reads_disk
+    @_disk_errors("maintenance")
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         return compact_store(self._log, self._view, self.submit, dead_share, progress)
 

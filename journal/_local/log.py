@@ -149,10 +149,13 @@ class SegmentLog:
                 return True  # sealed and compressed since: a newer segment exists
         try:
             probe = self.ops.pread(fd, FRAME_HEADER_SIZE, end_offset)
+            # A file ending before `end_offset` lost committed frames (cut while open):
+            # "moved", so the caller re-attaches, which refuses the hole.
+            cut = len(probe) < FRAME_HEADER_SIZE and os.fstat(fd).st_size < end_offset
         finally:
             if own:
                 os.close(fd)
-        if probe.strip(b"\0"):
+        if probe.strip(b"\0") or cut:
             return True
         if len(probe) == FRAME_HEADER_SIZE:
             # Preallocated zeros follow: nobody appended, and nobody sealed this segment
@@ -261,20 +264,21 @@ class SegmentLog:
     def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
         """Make a cut `undo_append` owes (caller holds the write lock, before catch-up).
 
-        `head` is the view's (segment, end offset, next position). If it is still where
-        the log ended before the failed append, everything after that point is a frame no
-        caller was told succeeded: the segment is cut back and segments started after it
-        are deleted. (If another writer indexed past it meanwhile, that writer published
-        the frame, as after a crash between sync and view update: nothing is left to cut.)
-        A segment the failed append started keeps its header, as `undo_append` leaves it.
-        Raises `OSError` while the disk still refuses; then no commit may proceed."""
+        `head` is the view's (segment, end offset, next position). If its next position
+        is still the one before the failed append, nobody committed since, and everything
+        past the head is a frame no caller was told succeeded: the head's segment is cut
+        back to the head and segments after it to their header (the head may name the end
+        of a segment or the start of the next one: the same place in the log). If another
+        writer committed meanwhile, it indexed the frame, as after a crash between sync and
+        view update: nothing is left to cut. Raises `OSError` while the disk still
+        refuses; then no commit may proceed."""
         if self._cut_pending is None:
             return
-        base, end_offset, _ = self._cut_pending
-        if head == self._cut_pending:
-            for later in self.bases():
-                if later >= base:
-                    self._cut_back(later, end_offset if later == base else SEGMENT_HEADER_SIZE)
+        segment, end_offset, next_position = head
+        if next_position == self._cut_pending[2]:
+            for base in self.bases():
+                if base >= segment:
+                    self._cut_back(base, end_offset if base == segment else SEGMENT_HEADER_SIZE)
         self._cut_pending = None
 
     def _cut_back(self, base_position: int, end_offset: int) -> None:
@@ -348,9 +352,8 @@ class SegmentLog:
         next_position = writer.next_position
         known = writer.summary()
         writer.close()
-        # If the next segment cannot be created, no writer is open: the next commit's
-        # catch-up re-attaches to the segment the view names.
-        self._writer = None
+        self._writer = None  # (if the next segment cannot be created, none is open: the
+        # next commit's catch-up re-attaches to the segment the view names)
         self._writer = self._create_segment(next_position)
         self.seal(sealed, known)
         return sealed

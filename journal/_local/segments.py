@@ -86,6 +86,8 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     if decompressor is None:
         decompressor = _DECOMPRESSORS.d = zstandard.ZstdDecompressor()
     return decompressor
+
+
 _PREALLOCATE_BYTES: Final = 4 << 20
 _ZEROS: Final = bytes(1 << 20)
 _block_table_encoder: Final = msgspec.msgpack.Encoder()

@@ -137,6 +137,7 @@ _DAMAGE_ERRORS: Final = (
     lmdb.InvalidError,
     lmdb.VersionMismatchError,
     lmdb.PanicError,
+    lmdb.BadTxnError,  # (a transaction an earlier damage error left unusable)
 )
 _WAY_OUT: Final = (
     "the view is derived from the log: `journal verify --fix` (Journal.verify(fix=True)) "
