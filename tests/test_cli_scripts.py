@@ -231,13 +231,17 @@ def _watch_until_signal(store: Path, signum: int, *args: str) -> tuple[int, list
         [sys.executable, "-m", "cli", "--store", str(store), "--format", "json", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
         env=_env(),
     )
     assert child.stdout is not None
-    first = child.stdout.readline()  # replay has begun: the watch is running
-    assert first, child.stderr.read() if child.stderr else ""
-    child.send_signal(signum)
+    # The first line, read byte by byte from the pipe: a buffered readline would keep the
+    # lines after it, which communicate() (reading the pipe itself) never sees.
+    first = b""
+    while not first.endswith(b"\n"):
+        byte = os.read(child.stdout.fileno(), 1)
+        assert byte, child.stderr.read() if child.stderr else ""
+        first += byte
+    child.send_signal(signum)  # replay has begun: the watch is running
     rest, _ = child.communicate(timeout=30)
     lines = [json.loads(line) for line in [first, *rest.splitlines()] if line.strip()]
     return child.returncode, lines

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,38 @@ def test_a_power_cut_loses_nothing_acknowledged(tmp_path: Path, seed: int) -> No
 @pytest.mark.parametrize("seed", range(12, 300))
 def test_a_power_cut_loses_nothing_acknowledged_many(tmp_path: Path, seed: int) -> None:
     _power_cut_round(tmp_path / "s", seed)
+
+
+@pytest.mark.parametrize("operation", ["replace", "fsync"])
+def test_a_compaction_swap_that_fails_after_its_rename_leaves_no_stale_sidecar(
+    tmp_path: Path, operation: str
+) -> None:
+    """The compacted copy replaced the segment, then writing its sidecar failed: the old
+    sidecar (of the segment before compaction) used to stay, disagreeing with the segment
+    even after a view rebuild. It is deleted before the swap now, and the next commit
+    writes the missing one."""
+
+    class SwapFails(SimulatedDisk):
+        def point(self, name: str, detail: object = None) -> None:
+            if name == "compaction.replaced":
+                self.sequence = [(operation, errno.ENOSPC)]
+
+    path = tmp_path / "s"
+    disk = SwapFails(str(path), random.Random(2))
+    with _open(path, disk) as j:
+        j.create_session("keep")
+        j.create_session("drop")
+        for n in range(60):
+            j.append("keep" if n % 3 == 0 else "drop", [EventIn("m", b"%d:" % n + b"x" * 300)])
+        j.cancel_session("drop")
+        j.compact_session("drop", 40, b"")
+        with pytest.raises(StoreUnavailable):
+            j.compact()
+        assert disk.sequence == []
+        j.append("keep", [EventIn("m", b"after")])
+        assert len(list(j.replay("keep"))) == 21
+        assert j.verify().problems == []
+    shutil.rmtree(path / "index")
+    with Journal.open(path) as j:
+        assert len(list(j.replay("keep"))) == 21
+        assert j.verify().problems == []

@@ -25,7 +25,7 @@ import lmdb
 from ..engine import ApplyRetention, Operation, Progress
 from ..models import CompactionReport
 from .files import fsync_dir
-from .frames import FrameInfo, segment_name
+from .frames import FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import compress_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
@@ -107,6 +107,10 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
                 log.ops.unlink(swap.temporary)
             return False
         final = os.path.join(directory, segment_name(base, compressed=True))
+        # The old sidecar goes first: if the new one cannot be written after the swap, the
+        # sidecar is missing (readers scan, the next catch-up writes it), never stale.
+        with contextlib.suppress(FileNotFoundError):
+            log.ops.unlink(os.path.join(directory, sidecar_name(base)))
         log.ops.replace(swap.temporary, final)
         log.ops.point("compaction.replaced", base)
         if swap.source[0] == segment_name(base):

@@ -470,8 +470,14 @@ class LocalEngine:
             request.wake.wait()
         if not request.done:
             self._lead(request)
-        if request.error is not None:
-            raise request.error
+        error = request.error
+        if isinstance(error, OSError):
+            # Failed alone while it was planned (a compaction swap, a fix writing a
+            # sidecar): what it interrupted is finished by the next catch-up.
+            self._finished_interrupted = False
+            raise _unavailable(error) from error
+        if error is not None:
+            raise error
         result: ResultT = request.result
         return result
 
@@ -648,6 +654,12 @@ class LocalEngine:
             if view.boot_id(txn) != BOOT_ID:
                 view.put_boot_id(txn, BOOT_ID)
             self._boot_recorded = True
+        if not self._finished_interrupted and log.writer_at(
+            head.segment, head.end_offset, head.next_position
+        ):
+            # (After a failure: what it interrupted is finished even at the same place.)
+            log.finish_interrupted()
+            self._finished_interrupted = True
         if log.writer_at(head.segment, head.end_offset, head.next_position):
             return head
         log.discard_unborn_tail()
