@@ -60,7 +60,7 @@ def _reads(j: Journal) -> dict[str, Callable[[], Any]]:
 
     def lifecycle() -> list[str]:
         stop = threading.Event()
-        timer = threading.Timer(0.05, stop.set)
+        timer = threading.Timer(0.3, stop.set)  # (a loaded machine needs time)
         timer.start()
         try:
             return sorted(e.session.session_id for e in j.watch_sessions(stop=stop))

@@ -767,3 +767,29 @@ def test_frames_cut_off_while_a_writer_has_the_store_open_are_refused_too(
     with Journal.open(store) as j:
         assert [e.data for e in j.replay("a")][-1] == b"after the fix"
         assert j.verify().problems == []
+
+
+def test_read_only_verify_reports_a_damaged_view_and_cut_off_frames(tmp_path: Path) -> None:
+    """A read-only journal (as `journal verify` opens one) that falls back to a private
+    view because the store's view is damaged, or indexes frames cut off the log, used to
+    report nothing: its private view agrees with the log."""
+    import random
+    import shutil
+
+    store = tmp_path / "s"
+    with Journal.open(store) as j:
+        j.create_session("a")
+        for i in range(5):
+            j.append("a", [EventIn("m", b"x%d" % i)])
+    shutil.copytree(store, tmp_path / "damaged")
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    end = len(active.read_bytes().rstrip(b"\0"))
+    os.truncate(active, end - 10)
+    with Journal.open(store, readonly=True) as r:
+        (problem,) = r.verify().problems
+        assert problem.segment == active.name and "cut off" in problem.what
+    with open(tmp_path / "damaged" / "index" / "data.mdb", "r+b") as f:
+        f.write(random.Random(1).randbytes(8192))
+    with Journal.open(tmp_path / "damaged", readonly=True) as r:
+        (problem,) = r.verify().problems
+        assert problem.segment == "index" and "damaged" in problem.what

@@ -17,7 +17,6 @@ after it leaves a frame the next writer indexes.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import shutil
@@ -26,9 +25,8 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar, cast
+from typing import Final, Literal, TypeVar
 
 import lmdb
 import msgspec
@@ -65,14 +63,22 @@ from ..models import (
     RetentionReport,
     SessionState,
     StoreStats,
+    VerifyProblem,
     VerifyReport,
 )
 from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .expiry import ExpiryTimer
+from .failures import disk_errors, os_error_of, reads_disk, store_wide, unavailable
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
-from .frames import COMPRESSED_SUFFIX, DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .frames import (
+    COMPRESSED_SUFFIX,
+    DEFAULT_SEGMENT_BYTES,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_SUFFIX,
+    segment_name,
+)
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
@@ -83,7 +89,7 @@ from .retention import delete_segment_files
 from .segments import LogHole, SegmentReader, frame_records
 from .sidecar import SegmentSummary, read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
-from .verify import verify_store
+from .verify import verify_store, view_problem
 from .view import Head, View, ViewDamaged, inspect_view
 
 __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
@@ -91,57 +97,6 @@ __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 _log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
-
-
-def _store_wide(error: Exception) -> bool:
-    """An error of the store itself (its disk, LMDB, its identity), not of what one
-    request carried: every request of the batch would meet it again. (`JournalCorrupt`
-    is not one: decoding what a request wrote into the view raises it too; real damage
-    fails each request's own commit again.)"""
-    return isinstance(error, (OSError, lmdb.Error, StoreUnavailable, StoreIncompatible))
-
-
-_FAILED: Final = {
-    "commit": "could not be written: {}; nothing of this call was committed",
-    "read": "could not be read: {}",
-    "maintenance": "could not be read or written: {}; what this call finished stays done "
-    "(`journal verify` reports the state)",
-}
-
-
-def _unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
-    """The error a caller sees when the store's disk refused an operation."""
-    what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
-    unavailable = StoreUnavailable(
-        f"the store's files {_FAILED[during].format(what)}; the store is usable again "
-        "once the cause is fixed (free space, replace the disk): retry then",
-        errno=error.errno,
-    )
-    unavailable.__cause__ = error
-    return unavailable
-
-
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _disk_errors(during: str) -> Callable[[_Method], _Method]:
-    """An engine method that uses the store's files outside a commit (a failed commit is
-    converted where its batch fails): an OS error becomes `StoreUnavailable`."""
-
-    def decorate(method: _Method) -> _Method:
-        @functools.wraps(method)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(*args, **kwargs)
-            except OSError as e:
-                raise _unavailable(e, during) from e
-
-        return cast(_Method, guarded)
-
-    return decorate
-
-
-_reads_disk: Final = _disk_errors("read")
 
 
 def _now_ms() -> int:
@@ -269,6 +224,9 @@ class LocalEngine:
         # a private view outside the store, built from the segments and kept up to date by
         # scanning the active segment's tail. Nothing in the store is created or locked.
         self._private_dir: str | None = None
+        # Why a read-only journal does not use the store's view, when that is damage
+        # (`verify` reports it: the private view it uses instead is rebuilt from the log).
+        self._shared_damage: VerifyProblem | None = None
         index = os.path.join(path, "index")
         if not readonly:
             discard_view_after_reboot(path, permissions, BOOT_ID)
@@ -278,11 +236,13 @@ class LocalEngine:
                 # A damaged view (the file check; SPEC "a damaged view") is never mapped.
                 damage = inspect_view(index)
                 if damage is not None:
+                    self._shared_damage = view_problem(damage)
                     raise ViewDamaged(damage)
                 self._view = View(index, readonly=True)
                 try:
                     stale = self._shared_view_is_stale()
-                except JournalCorrupt:
+                except JournalCorrupt as e:
+                    self._shared_damage = view_problem(e.detail)
                     stale = True  # a head that fails its checks
                 if stale:
                     # Behind the log (a writer crashed before indexing its last frames) or
@@ -290,6 +250,7 @@ class LocalEngine:
                     self._view.close()
                     raise ViewDamaged("the store's view is stale")
             except (lmdb.Error, ViewDamaged):
+                # (An LMDB error here is no access, or no view yet: not damage.)
                 self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
                 try:
                     self._view = View(self._private_dir)
@@ -315,10 +276,10 @@ class LocalEngine:
                 self._leading = True
             try:
                 self._run_commit([])
-            except LogHole as e:
+            except LogHole:
                 # Opened anyway, so `verify(fix=True)` can accept the loss: until then
                 # every write fails with this error, and reads of the lost frames too.
-                _log.warning("%s", e)
+                pass
             finally:
                 with self._cv:
                     self._leading = False
@@ -351,6 +312,18 @@ class LocalEngine:
             boot = self._view.boot_id(txn)
         if head is None or boot != BOOT_ID:
             return True
+        with contextlib.suppress(FileNotFoundError):
+            name = segment_name(head.segment)
+            size = os.path.getsize(os.path.join(self._log.directory, name))
+            if size < head.end_offset:
+                self._shared_damage = VerifyProblem(
+                    name,
+                    size,
+                    f"the store's view indexes committed frames up to byte {head.end_offset}"
+                    f", but the segment ends at byte {size}: frames were cut off; "
+                    "`journal verify --fix` (writable) accepts the loss",
+                )
+                return True
         return self._log.moved_past(head.segment, head.end_offset, head.next_position)
 
     def close(self) -> None:
@@ -398,7 +371,7 @@ class LocalEngine:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
 
-    @_reads_disk
+    @reads_disk
     def check_usable(self) -> None:
         if self._closed:
             raise JournalClosed("this journal is closed; open it again with Journal.open()")
@@ -410,7 +383,7 @@ class LocalEngine:
         if self._private_dir is not None:
             self._refresh_private_view()
 
-    @_reads_disk
+    @reads_disk
     def head(self) -> int:
         if self._closed:
             return 1 << 63
@@ -475,7 +448,7 @@ class LocalEngine:
             # Failed alone while it was planned (a compaction swap, a fix writing a
             # sidecar): what it interrupted is finished by the next catch-up.
             self._finished_interrupted = False
-            raise _unavailable(error) from error
+            raise unavailable(error) from error
         if error is not None:
             raise error
         result: ResultT = request.result
@@ -531,7 +504,7 @@ class LocalEngine:
                         raise
                     self._view.grow()
         except BaseException as e:
-            if isinstance(e, Exception) and len(batch) > 1 and not _store_wide(e):
+            if isinstance(e, Exception) and len(batch) > 1 and not store_wide(e):
                 # Something one request carried failed after planning (encoding its
                 # records, projecting them): nothing was committed, so commit each
                 # request alone and let the failure stay with the one that causes it.
@@ -540,8 +513,10 @@ class LocalEngine:
                 return
             # Nothing of this batch was committed: no caller may see a result.
             error = e
+            if isinstance(e, lmdb.Error):
+                e = os_error_of(e) or e  # the view's disk is full (or fails)
             if isinstance(e, OSError):
-                error = _unavailable(e)
+                error = unavailable(e)
                 # Work the failure interrupted (a seal, a rename) is finished by the next
                 # catch-up, as after a crash.
                 self._finished_interrupted = False
@@ -716,7 +691,7 @@ class LocalEngine:
         self._readers.add(readers)
         return readers
 
-    @_reads_disk
+    @reads_disk
     def read(
         self,
         session_id: str,
@@ -732,7 +707,7 @@ class LocalEngine:
             self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers
         )
 
-    @_reads_disk
+    @reads_disk
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
         with SegmentReader(self._log.directory, row.snapshot_segment, self._ops) as reader:
             info, body = reader.read_frame(row.snapshot_offset)
@@ -785,15 +760,18 @@ class LocalEngine:
 
     # -- maintenance -----------------------------------------------------------------------
 
-    @_reads_disk
+    @reads_disk
     def verify(self, progress: Progress | None) -> VerifyReport:
-        return verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
+        report = verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
+        if self._shared_damage is None:
+            return report
+        return msgspec.structs.replace(report, problems=[self._shared_damage, *report.problems])
 
-    @_disk_errors("maintenance")
+    @disk_errors("maintenance")
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         return compact_store(self._log, self._view, self.submit, dead_share, progress)
 
-    @_reads_disk
+    @reads_disk
     def stats(self) -> StoreStats:
         counts: dict[str, int] = {}
         with self._view.begin() as txn:

@@ -1,0 +1,78 @@
+"""How the local engine reports failures of the store's files and its view: which
+errors belong to the store rather than to one request, and the `StoreUnavailable` a
+caller sees when the disk refused an operation (SPEC section 14.4)."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, Final, TypeVar, cast
+
+import lmdb
+
+from ..errors import StoreIncompatible, StoreUnavailable
+
+__all__ = ["disk_errors", "os_error_of", "reads_disk", "store_wide", "unavailable"]
+
+
+def store_wide(error: Exception) -> bool:
+    """An error of the store itself (its disk, LMDB, its identity), not of what one
+    request carried: every request of the batch would meet it again. (`JournalCorrupt`
+    is not one: decoding what a request wrote into the view raises it too; real damage
+    fails each request's own commit again.)"""
+    return isinstance(error, (OSError, lmdb.Error, StoreUnavailable, StoreIncompatible))
+
+
+_FAILED: Final = {
+    "commit": "could not be written: {}; nothing of this call was committed",
+    "read": "could not be read: {}",
+    "maintenance": "could not be read or written: {}; what this call finished stays done "
+    "(`journal verify` reports the state)",
+}
+
+
+def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
+    """The error a caller sees when the store's disk refused an operation."""
+    what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+    refused = StoreUnavailable(
+        f"the store's files {_FAILED[during].format(what)}; the store is usable again "
+        "once the cause is fixed (free space, replace the disk): retry then",
+        errno=error.errno,
+    )
+    refused.__cause__ = error
+    return refused
+
+
+def os_error_of(error: lmdb.Error) -> OSError | None:
+    """The OS error an LMDB error reports as text ("mdb_txn_commit: No space left on
+    device"), if it is one."""
+    text = str(error)
+    for number in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+        if os.strerror(number) in text:
+            return OSError(number, f"{os.strerror(number)} (the view, index/: {text})")
+    return None
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def disk_errors(during: str) -> Callable[[_Method], _Method]:
+    """An engine method that uses the store's files outside a commit (a failed commit is
+    converted where its batch fails): an OS error becomes `StoreUnavailable`."""
+
+    def decorate(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except OSError as e:
+                raise unavailable(e, during) from e
+
+        return cast(_Method, guarded)
+
+    return decorate
+
+
+reads_disk: Final = disk_errors("read")
