@@ -310,7 +310,13 @@ def file_mode_problem(value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return f"must be an int such as 0o600 or 0o640, not {type(value).__name__}"
     if not 0 <= value <= 0o777:
-        return f"{value!r} has bits outside 0o777"
+        digits = str(value)
+        hint = (
+            f" (did you mean 0o{digits}? a mode is octal)"
+            if set(digits) <= set("01234567") and int(digits, 8) <= 0o777
+            else ""
+        )
+        return f"{value:#o} has bits outside 0o777{hint}"
     if value & 0o111:
         return (
             f"{value:#o} has execute bits: give the mode of the files (e.g. 0o640); "

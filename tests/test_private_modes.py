@@ -373,3 +373,11 @@ def test_a_key_file_without_a_checksum_is_read_and_gets_one_when_saved(
         with pytest.raises(KeyRingError):
             KeyRing.load_or_create(tmp_path / "never", mode=bad)  # type: ignore[arg-type]
         assert not (tmp_path / "never").exists()
+
+
+def test_a_decimal_file_mode_is_refused_with_the_octal_one_suggested(tmp_path: Path) -> None:
+    """`file_mode=640` (decimal, 0o1200) used to be refused as "640 has bits outside
+    0o777", with no hint that a mode is octal."""
+    with pytest.raises(InvalidArgument, match=r"0o1200 .*did you mean 0o640\?"):
+        Journal.open(tmp_path / "s", file_mode=640)
+    assert not (tmp_path / "s").exists()
