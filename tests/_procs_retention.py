@@ -36,6 +36,8 @@
         then `done`.
     ro_open STORE
         Drop to uid/gid 65534 and try to open read-only; print `opened` or `error CLASS CODE`.
+    rw_open STORE
+        The same, writable; the error line adds the errno and the message.
 
 Payloads are derived from the ordinal (`payload`), so a reader recognises a wrong event.
 Everything is imported before privileges are dropped: site-packages may be unreadable to
@@ -335,6 +337,16 @@ def ro_open(store: str) -> None:
     emit("opened")
 
 
+def rw_open(store: str) -> None:
+    drop_privileges()
+    try:
+        Journal.open(store, create=False).close()
+    except journal.JournalError as e:
+        emit(f"error {type(e).__name__} {e.code} {getattr(e, 'errno', None)} {e}")
+        return
+    emit("opened")
+
+
 COMMANDS = {
     "reader": reader,
     "compactor": compactor,
@@ -345,6 +357,7 @@ COMMANDS = {
     "ro_watch_paused": ro_watch_paused,
     "ro_read": ro_read,
     "ro_open": ro_open,
+    "rw_open": rw_open,
 }
 
 if __name__ == "__main__":

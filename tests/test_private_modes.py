@@ -295,6 +295,12 @@ def test_a_store_shared_with_a_group_by_the_documented_recipe_is_readable_by_it(
     assert reader.wait(60) == 0, reader.err()
     assert reader.seen[0].startswith(f"session shared open 1 {last} ")
     assert reader.seen[1:] == ["left behind []", "done"]
+    # Writing is refused with advice for a reader, not the advice to share the store.
+    writer = Child("rw_open", str(store), env=_without_external_key())
+    assert writer.wait(60) == 0, writer.err()
+    (line,) = writer.seen
+    assert line.startswith("error StoreUnavailable STORE_UNAVAILABLE 13 "), line
+    assert "readonly=True" in line and "chgrp" not in line, line
 
 
 # -- the key ring file -------------------------------------------------------------------

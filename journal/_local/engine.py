@@ -99,6 +99,11 @@ ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
 
+def _readable(path: str) -> bool:
+    """Whether this process may read the store (its store.json) at `path`."""
+    return os.access(os.path.join(path, "store.json"), os.R_OK)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -154,17 +159,26 @@ class LocalEngine:
             self._init(path, options)
         except BaseException as e:
             self._release()  # nothing opened so far may outlive the failed open
+            if isinstance(e, PermissionError) and not options.readonly and _readable(path):
+                raise StoreUnavailable(
+                    f"cannot write the store at {path!r}: {e.strerror or e}; this user may "
+                    "read it (a group-shared store is read-only for its readers): open it "
+                    "with readonly=True (the CLI's read commands do)",
+                    errno=e.errno,
+                ) from e
             if isinstance(e, PermissionError):
                 raise StoreUnavailable(
                     f"cannot open the store at {path!r}: {e.strerror or e}; a store is "
                     "private to the user who created it: to share one, create it with a "
                     "group file mode (file_mode=0o640, `journal init --file-mode 0640`) "
-                    "and give it to the readers' group (chgrp)"
+                    "and give it to the readers' group (chgrp)",
+                    errno=e.errno,
                 ) from e
             if isinstance(e, OSError):
                 raise StoreUnavailable(
                     f"cannot open the store at {path!r}: {e.strerror or e}; check the "
-                    "path and its permissions"
+                    "path and its permissions",
+                    errno=e.errno,
                 ) from e
             if isinstance(e, lmdb.Error) and "already open" in str(e):
                 raise StoreUnavailable(
@@ -512,11 +526,10 @@ class LocalEngine:
                     self._run_commit([r])
                 return
             # Nothing of this batch was committed: no caller may see a result.
-            error = e
-            if isinstance(e, lmdb.Error):
-                e = os_error_of(e) or e  # the view's disk is full (or fails)
-            if isinstance(e, OSError):
-                error = unavailable(e)
+            error: BaseException = e
+            os_error = os_error_of(e) if isinstance(e, lmdb.Error) else e  # (the view's disk)
+            if isinstance(os_error, OSError):
+                error = unavailable(os_error)
                 # Work the failure interrupted (a seal, a rename) is finished by the next
                 # catch-up, as after a crash.
                 self._finished_interrupted = False
@@ -524,6 +537,8 @@ class LocalEngine:
                 r.result = None
                 r.error = error
             if not batch:
+                if error is e:
+                    raise
                 raise error from e
 
     def _commit(self, batch: list[Request]) -> None:
