@@ -353,8 +353,15 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
     if meta.mode:
         parts.append(f"mode={meta.mode}")
     if meta.tags:
-        parts.append("tags=" + ",".join(f"{k}={v}" for k, v in sorted(meta.tags.items())))
+        shown = (f"{_shown(k)}={_shown(v)}" for k, v in sorted(meta.tags.items()))
+        parts.append("tags=" + ",".join(shown))
     return "  ".join(parts)
+
+
+def _shown(text: str) -> str:
+    """A tag as one line: control characters (a newline would fake a listing row) are
+    escaped as in Python string literals."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:

@@ -574,3 +574,13 @@ def test_an_unknown_outcome_error_carries_the_resume_cursor(store: Path) -> None
     assert error["error"]["request_id"] == "r3"
     assert error["error"]["cursor"] == events[-1]["cursor"]
     assert f"(resume with --cursor {events[-1]['cursor']})" in result.stderr
+
+
+def test_a_tag_with_a_newline_cannot_fake_a_listing_row(store: Path) -> None:
+    """Text listings printed tag values raw: a newline in one made a fake session row."""
+    with journal.Journal.open(store) as j:
+        j.create_session("a", tags={"k": "v\nfake-session  open  9 events"})
+    result = invoke(store, "sessions", "list", fmt="text")
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.stdout.splitlines() if line.strip()]
+    assert row.startswith("a ") and "tags=k=v\\nfake-session" in row
