@@ -19,6 +19,7 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,16 @@ def _payload(session: str, n: int, rng: random.Random) -> bytes:
 
 def _open(path: Path, disk: SimulatedDisk, **options: object) -> Journal:
     return Journal.open(path, segment_bytes=8192, file_ops=disk, **options)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _started(path: Path, disk: SimulatedDisk, **options: object) -> Iterator[Journal]:
+    """A journal on the simulated disk with SESSIONS created, taken as on disk."""
+    with _open(path, disk, **options) as j:
+        for s in SESSIONS:
+            j.create_session(s)
+        disk.settle()
+        yield j
 
 
 def _check(j: Journal, acked: dict[str, list[bytes]], *, trimmed: bool = False) -> None:
@@ -74,10 +85,7 @@ def test_a_fault_fails_the_call_and_the_store_recovers_without_restart(
     failures = 0
     # Retention trims and deletes segments, so unlink and the sealing renames are used.
     retention = RetentionPolicy(max_history_bytes=30_000)
-    with _open(path, disk, compress_sealed=times > 1, retention=retention) as j:
-        for s in SESSIONS:
-            j.create_session(s)
-        disk.settle()
+    with _started(path, disk, compress_sealed=times > 1, retention=retention) as j:
         n = 0
         for _round in range(6):
             # A fault strikes every round, at a different moment (mid-rotation too).
@@ -125,10 +133,7 @@ def test_a_failed_sync_is_never_retried_as_if_it_had_succeeded(tmp_path: Path) -
     path = tmp_path / "s"
     disk = SimulatedDisk(str(path), rng)
     acked: dict[str, list[bytes]] = {s: [] for s in SESSIONS}
-    with _open(path, disk) as j:
-        for s in SESSIONS:
-            j.create_session(s)
-        disk.settle()
+    with _started(path, disk) as j:
         refused = 0
         for n in range(40):
             if n % 10 == 5:
@@ -157,10 +162,7 @@ def test_a_refused_frame_that_cannot_be_cut_back_is_cut_before_the_next_commit(
     path = tmp_path / "s"
     disk = SimulatedDisk(str(path), rng)
     acked: dict[str, list[bytes]] = {s: [] for s in SESSIONS}
-    with _open(path, disk) as j:
-        for s in SESSIONS:
-            j.create_session(s)
-        disk.settle()
+    with _started(path, disk) as j:
         n = 0
         for _ in range(3):
             while True:
@@ -199,10 +201,7 @@ def test_an_owed_cut_is_made_when_the_failed_append_had_moved_the_head_to_a_new_
     path = tmp_path / "s"
     disk = SimulatedDisk(str(path), random.Random(5))
     acked: dict[str, list[bytes]] = {s: [] for s in SESSIONS}
-    with _open(path, disk) as j:
-        for s in SESSIONS:
-            j.create_session(s)
-        disk.settle()
+    with _started(path, disk) as j:
         n = 0
         while 8192 - len(_active(path).read_bytes().rstrip(b"\0")) >= 24 + 600:
             data = b"acked-%d" % n + b"x" * 400

@@ -99,9 +99,21 @@ ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
 
-def _readable(path: str) -> bool:
-    """Whether this process may read the store (its store.json) at `path`."""
-    return os.access(os.path.join(path, "store.json"), os.R_OK)
+def _open_advice(error: OSError, path: str, readonly: bool) -> str:
+    """What to do when opening the store at `path` failed with `error`."""
+    if not isinstance(error, PermissionError):
+        return "check the path and its permissions"
+    if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
+        return (
+            "this user may read the store but not write it (a group-shared store is "
+            "read-only for its readers): open it with readonly=True (the CLI's read "
+            "commands do)"
+        )
+    return (
+        "a store is private to the user who created it: to share one, create it with a "
+        "group file mode (file_mode=0o640, `journal init --file-mode 0640`) and give it "
+        "to the readers' group (chgrp)"
+    )
 
 
 def _now_ms() -> int:
@@ -159,25 +171,10 @@ class LocalEngine:
             self._init(path, options)
         except BaseException as e:
             self._release()  # nothing opened so far may outlive the failed open
-            if isinstance(e, PermissionError) and not options.readonly and _readable(path):
-                raise StoreUnavailable(
-                    f"cannot write the store at {path!r}: {e.strerror or e}; this user may "
-                    "read it (a group-shared store is read-only for its readers): open it "
-                    "with readonly=True (the CLI's read commands do)",
-                    errno=e.errno,
-                ) from e
-            if isinstance(e, PermissionError):
-                raise StoreUnavailable(
-                    f"cannot open the store at {path!r}: {e.strerror or e}; a store is "
-                    "private to the user who created it: to share one, create it with a "
-                    "group file mode (file_mode=0o640, `journal init --file-mode 0640`) "
-                    "and give it to the readers' group (chgrp)",
-                    errno=e.errno,
-                ) from e
             if isinstance(e, OSError):
                 raise StoreUnavailable(
-                    f"cannot open the store at {path!r}: {e.strerror or e}; check the "
-                    "path and its permissions",
+                    f"cannot open the store at {path!r}: {e.strerror or e}; "
+                    + _open_advice(e, path, options.readonly),
                     errno=e.errno,
                 ) from e
             if isinstance(e, lmdb.Error) and "already open" in str(e):
