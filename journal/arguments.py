@@ -44,6 +44,7 @@ __all__ = [
     "check_mode",
     "check_name",
     "check_now",
+    "check_open_options",
     "check_request_id",
     "check_retention",
     "check_seconds",
@@ -535,3 +536,38 @@ def check_engine(engine: object) -> None:
 def check_max_bytes(max_bytes: object) -> None:
     if type(max_bytes) is not int or max_bytes < 1:
         raise InvalidArgument(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+
+
+def check_open_options(
+    create: object,
+    readonly: object,
+    durability: object,
+    segment_bytes: object,
+    retention: object,
+    compress_sealed: object,
+    key_ring: object,
+    file_mode: object,
+) -> int | None:
+    """The keywords of `Journal.open` (the path is `check_store_path`'s); the file mode."""
+    for name, flag in (
+        ("create", create),
+        ("readonly", readonly),
+        ("compress_sealed", compress_sealed),
+    ):
+        check_flag(name, flag)
+    if not isinstance(durability, str) or durability not in ("fsync", "os"):
+        raise InvalidArgument(f"durability must be 'fsync' or 'os', got {durability!r}")
+    check_int("segment_bytes", segment_bytes, 4096, MAX_SEGMENT_BYTES)
+    if retention is not None and not isinstance(retention, RetentionPolicy):
+        raise InvalidArgument("retention must be a RetentionPolicy or None")
+    if retention is not None:
+        check_retention(retention)
+    if key_ring is not None and not isinstance(key_ring, KeyRing):
+        raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
+    mode = check_file_mode(file_mode)
+    if mode is not None and readonly:
+        raise InvalidArgument(
+            "file_mode is for journals that write (a read-only journal creates nothing "
+            "in the store): open it without readonly=True to set the store's file mode"
+        )
+    return mode

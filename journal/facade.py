@@ -28,19 +28,16 @@ from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
-    MAX_SEGMENT_BYTES,
     EventChecker,
     check_callback,
     check_create,
     check_engine,
-    check_file_mode,
     check_flag,
-    check_int,
     check_listing,
     check_max_bytes,
     check_name,
     check_now,
-    check_retention,
+    check_open_options,
     check_seconds,
     check_snapshot,
     check_stop,
@@ -158,27 +155,16 @@ class Journal:
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
         store_path = check_store_path(path)
-        for name, flag in (
-            ("create", create),
-            ("readonly", readonly),
-            ("compress_sealed", compress_sealed),
-        ):
-            check_flag(name, flag)
-        if not isinstance(durability, str) or durability not in ("fsync", "os"):
-            raise InvalidArgument(f"durability must be 'fsync' or 'os', got {durability!r}")
-        check_int("segment_bytes", segment_bytes, 4096, MAX_SEGMENT_BYTES)
-        if retention is not None and not isinstance(retention, RetentionPolicy):
-            raise InvalidArgument("retention must be a RetentionPolicy or None")
-        if retention is not None:
-            check_retention(retention)
-        if key_ring is not None and not isinstance(key_ring, KeyRing):
-            raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
-        file_mode = check_file_mode(file_mode)
-        if file_mode is not None and readonly:
-            raise InvalidArgument(
-                "file_mode is for journals that write (a read-only journal creates nothing "
-                "in the store): open it without readonly=True to set the store's file mode"
-            )
+        file_mode = check_open_options(
+            create,
+            readonly,
+            durability,
+            segment_bytes,
+            retention,
+            compress_sealed,
+            key_ring,
+            file_mode,
+        )
         options = LocalOptions(
             create=create,
             readonly=readonly,

@@ -70,7 +70,7 @@ from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
 from .compaction import compact_store
 from .expiry import ExpiryTimer
-from .failures import disk_errors, os_error_of, reads_disk, store_wide, unavailable
+from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
 from .frames import (
     COMPRESSED_SUFFIX,
@@ -97,23 +97,6 @@ __all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
 _log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
-
-
-def _open_advice(error: OSError, path: str, readonly: bool) -> str:
-    """What to do when opening the store at `path` failed with `error`."""
-    if not isinstance(error, PermissionError):
-        return "check the path and its permissions"
-    if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
-        return (
-            "this user may read the store but not write it (a group-shared store is "
-            "read-only for its readers): open it with readonly=True (the CLI's read "
-            "commands do)"
-        )
-    return (
-        "a store is private to the user who created it: to share one, create it with a "
-        "group file mode (file_mode=0o640, `journal init --file-mode 0640`) and give it "
-        "to the readers' group (chgrp)"
-    )
 
 
 def _now_ms() -> int:
@@ -174,7 +157,7 @@ class LocalEngine:
             if isinstance(e, OSError):
                 raise StoreUnavailable(
                     f"cannot open the store at {path!r}: {e.strerror or e}; "
-                    + _open_advice(e, path, options.readonly),
+                    + open_advice(e, path, options.readonly),
                     errno=e.errno,
                 ) from e
             if isinstance(e, lmdb.Error) and "already open" in str(e):

@@ -14,7 +14,7 @@ import lmdb
 
 from ..errors import StoreIncompatible, StoreUnavailable
 
-__all__ = ["disk_errors", "os_error_of", "reads_disk", "store_wide", "unavailable"]
+__all__ = ["disk_errors", "open_advice", "os_error_of", "reads_disk", "store_wide", "unavailable"]
 
 
 def store_wide(error: Exception) -> bool:
@@ -76,3 +76,20 @@ def disk_errors(during: str) -> Callable[[_Method], _Method]:
 
 
 reads_disk: Final = disk_errors("read")
+
+
+def open_advice(error: OSError, path: str, readonly: bool) -> str:
+    """What to do when opening the store at `path` failed with `error`."""
+    if not isinstance(error, PermissionError):
+        return "check the path and its permissions"
+    if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
+        return (
+            "this user may read the store but not write it (a group-shared store is "
+            "read-only for its readers): open it with readonly=True (the CLI's read "
+            "commands do)"
+        )
+    return (
+        "a store is private to the user who created it: to share one, create it with a "
+        "group file mode (file_mode=0o640, `journal init --file-mode 0640`) and give it "
+        "to the readers' group (chgrp)"
+    )

@@ -47,7 +47,7 @@ import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-__all__ = ["EntryCheck", "EntryChecks", "check_data_file", "pages_in_use"]
+__all__ = ["EntryCheck", "EntryChecks", "check_data_file", "file_identity", "pages_in_use"]
 
 # (database name, key, value) -> a problem or None
 EntryCheck = Callable[[bytes, bytes, bytes], "str | None"]
@@ -372,3 +372,12 @@ class _Checker:
             raise _Damage(f"{where}: a free list of {len(value)} bytes says {count} pages")
         for page in struct.unpack_from(f"<{count}Q", value, 8):
             free_page(page)
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the view's data file in the directory `path` (None: none)."""
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino

@@ -13,7 +13,8 @@ from typing import Final
 from cursors import KeyRing, KeyRingError
 
 from .files import Permissions, write_atomic
-from .view import View, file_identity, inspect_view, replace_view
+from .lmdbfile import file_identity
+from .view import View, inspect_view, replace_view
 
 __all__ = ["discard_view_after_reboot", "key_ring_for", "open_checked_view"]
 

@@ -47,7 +47,7 @@ import msgspec
 from ..errors import JournalCorrupt
 from ..sessions import FeedEntry, SessionRow
 from .files import DEFAULT_PERMISSIONS, Permissions
-from .lmdbfile import EntryCheck, check_data_file
+from .lmdbfile import EntryCheck, check_data_file, file_identity
 
 __all__ = [
     "VIEW_FORMAT",
@@ -57,7 +57,6 @@ __all__ = [
     "View",
     "ViewDamaged",
     "corrupt",
-    "file_identity",
     "inspect_view",
     "replace_view",
 ]
@@ -288,15 +287,6 @@ def replace_view(
         if opened is not None:
             opened.close()
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def file_identity(path: str) -> tuple[int, int] | None:
-    """(device, inode) of the view's data file in the directory `path` (None: none)."""
-    try:
-        st = os.stat(os.path.join(path, "data.mdb"))
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 class _Transaction:
