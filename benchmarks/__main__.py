@@ -10,9 +10,9 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import archives, latency, report
-from .events import make_dataset
-from .workloads import ROWS, plan
+from . import archives, latency, report, targets
+from .events import Dataset, make_dataset
+from .workloads import ROWS, Plan, plan
 
 
 def _positive(text: str) -> int:
@@ -55,6 +55,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="skip the concurrency and latency rows",
     )
     parser.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run everything N times, one run after the other (so baselines and the "
+        "journal alternate), and report the median of each target over the N runs",
+    )
+    parser.add_argument(
         "--only",
         metavar="SUBSTR",
         action="append",
@@ -74,40 +82,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no row matches {args.only}", file=sys.stderr)
         return 2
     data = make_dataset(args.events, args.batch)
+    runs: list[targets.Run] = []
+    for number in range(1, args.repeat + 1):
+        if args.repeat > 1:
+            print(f"\n=== run {number} of {args.repeat} ===", flush=True)
+        runs.append(_run(args, selected, data))
+        print()
+        print("\n".join(targets.table(runs[-1:])))
+    if args.repeat > 1:
+        print()
+        print("\n".join(targets.table(runs)))
+    if args.json:
+        last = runs[-1]
+        report.write_json(args.json, last.results, last.extras)
+        print(f"\nwrote {args.json} (the last run)")
+    return 0
+
+
+def _run(args: argparse.Namespace, selected: Plan, data: Dataset) -> targets.Run:
+    """One run of every selected row (each in a fresh temporary directory)."""
     root = tempfile.mkdtemp(prefix="journal-bench-", dir=args.dir)
+    run = targets.Run()
     try:
         for line in report.header(data, args.batch, root):
             print(line, flush=True)
-        results: list[report.Result] = []
         for row, reported in selected.in_order():
             directory = os.path.join(root, row.store)
             os.makedirs(directory, exist_ok=True)
             gc.collect()
             measurement = row.run(directory, data)
             if reported:
-                results.append(report.Result(row, measurement))
+                run.results.append(report.Result(row, measurement))
             else:
                 print(f"(setup, not reported: {row.name})", flush=True)
         print()
-        print("\n".join(report.table(results, args.batch)))
-        usage = report.disk_usage(results, data)
+        print("\n".join(report.table(run.results, args.batch)))
+        usage = report.disk_usage(run.results, data)
         if usage:
             print()
             print("\n".join(usage))
-        extras: list[latency.Extra] = []
         if not args.no_latency and not args.only:
             extra_dir = os.path.join(root, "latency")
             os.makedirs(extra_dir)
-            extras = latency.run(extra_dir, args.resume_events, args.events)
-            extras += archives.rows(extra_dir, args.events, args.archive_mib)
+            run.extras = latency.run(extra_dir, args.resume_events, args.events)
+            run.extras += archives.rows(extra_dir, args.events, args.archive_mib)
             print()
-            print("\n".join(latency.table(extras)))
-        if args.json:
-            report.write_json(args.json, results, extras)
-            print(f"\nwrote {args.json}")
+            print("\n".join(latency.table(run.extras)))
     finally:
         shutil.rmtree(root)
-    return 0
+    return run
 
 
 def _archives_only(args: argparse.Namespace) -> int:
