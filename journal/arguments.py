@@ -410,7 +410,9 @@ class EventChecker:
             digest = hashlib.sha256(
                 _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
             ).digest()
-        return Append(session_id, events, expected_last_ordinal, idempotency_key, digest, create)
+        return Append(
+            session_id, events, expected_last_ordinal, idempotency_key, digest, create, total
+        )
 
     def _check_events(self, events: list[EventIn]) -> tuple[int, list[EventIn]]:
         """Validate every event precisely (raising the first problem): the total data

@@ -132,7 +132,8 @@ class CreateSession(Operation[SessionRow], frozen=True):
 class Append(Operation[Appended], frozen=True):
     """Append `events` to an OPEN session. `digest` identifies the events for an
     idempotency key (a retry with other events is refused). With `create`, a session
-    that does not exist is created by it first, in the same commit (both or neither)."""
+    that does not exist is created by it first, in the same commit (both or neither).
+    `data_bytes`, when not 0, is the sum of the events' data lengths."""
 
     session_id: str
     events: list[EventIn]
@@ -140,6 +141,8 @@ class Append(Operation[Appended], frozen=True):
     idempotency_key: str | None = None
     digest: bytes = b""
     create: CreateSession | None = None
+    # The events' data bytes when the caller counted them (0: the engine counts them).
+    data_bytes: int = 0
 
 
 class Transition(Operation[SessionRow], frozen=True):

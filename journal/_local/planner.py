@@ -81,7 +81,7 @@ class Request:
 
     def __init__(self, operation: Operation[Any]) -> None:
         self.operation = operation
-        self.wake: Any = None  # a threading.Event while it waits for a leader
+        self.wake: Any = None  # a held raw lock while it waits for a leader (released to wake)
         self.done = False
         self.result: Any = None
         self.error: BaseException | None = None
@@ -369,6 +369,7 @@ class Planner:
                 actual=pending.last_ordinal,
             )
         events = op.events
+        count = len(events)
         first = pending.last_ordinal + 1
         now = self.now
         base = self.next_position
@@ -378,8 +379,8 @@ class Planner:
                 len(self.records),
                 incarnation,
                 first,
-                len(events),
-                sum(len(e.data) for e in events),
+                count,
+                op.data_bytes or sum(len(e.data) for e in events),
                 now,
             ),
         )
