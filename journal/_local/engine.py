@@ -35,6 +35,7 @@ from cursors import KeyRing
 
 from ..engine import (
     AbortImport,
+    Append,
     ApplyRetention,
     EventsPage,
     Expire,
@@ -66,8 +67,9 @@ from ..models import (
     VerifyProblem,
     VerifyReport,
 )
-from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
+from ..records import IdempotencyKeyUsed, SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
+from .commit_queue import CommitQueue
 from .compaction import compact_store
 from .expiry import ExpiryTimer
 from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
@@ -114,11 +116,8 @@ def _read_boot_id() -> str:
 # Constant for the life of the process: read once.
 BOOT_ID: Final = _read_boot_id().encode()
 
-# Group commit: how long a leader waits for the callers of the previous batch to come
-# back with their next request (all of it only while they keep coming, one step at a
-# time), so that one fsync carries them all (SPEC section 7.1).
-GATHER_S: Final = 0.0002
-GATHER_STEP_S: Final = 0.0001
+# At most this many rows of recently appended sessions are kept between batches.
+_KNOWN_ROWS: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,26 +264,19 @@ class LocalEngine:
         self._retention_due = False
         self._finished_interrupted = False
         self._boot_recorded = False
-        self._queue: list[Request] = []
-        self._cv = threading.Condition()
-        self._leading = False
-        self._gathering = False
-        self._last_batch = 0  # requests in the previous batch (how many to gather)
+        self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
+        # Rows the last batch of appends wrote, and the (next write transaction id, next
+        # position, environment) they are valid for (see `_known_rows`).
+        self._rows: dict[str, SessionRow] = {}
+        self._rows_valid_for: tuple[int, int, int] = (0, 0, 0)
         self.waiter = Notifier(self.head)
         self._expiry: ExpiryTimer | None = None
         self._closed = False
         if not readonly:
-            with self._cv:
-                self._leading = True
-            try:
+            with self._commits.leading(), contextlib.suppress(LogHole):
+                # (Opened anyway, so `verify(fix=True)` can accept the loss: until then
+                # every write fails with this error, and reads of the lost frames too.)
                 self._run_commit([])
-            except LogHole:
-                # Opened anyway, so `verify(fix=True)` can accept the loss: until then
-                # every write fails with this error, and reads of the lost frames too.
-                pass
-            finally:
-                with self._cv:
-                    self._leading = False
             self._roll_back_abandoned_imports()
             self._expiry = ExpiryTimer(self)
 
@@ -347,12 +339,9 @@ class LocalEngine:
             # closed one); bounded, in case close() runs where that pass waits.
             if expiry.busy.acquire(timeout=5):
                 expiry.busy.release()
-        with self._cv:
-            if self._closed:
-                return
-            while self._leading:
-                self._cv.wait()
-            self._closed = True
+        if not self._commits.close():
+            return
+        self._closed = True
         self.waiter.publish(1 << 63)
         # Followers that are not being advanced still hold segment files: release them
         # (a page in flight finishes first; see ReaderCache).
@@ -423,32 +412,7 @@ class LocalEngine:
         if isinstance(operation, VerifyFix) and self._view.inspect() is not None:
             self._view.repair()  # the commit replaces the damaged view (SPEC section 9)
         request = Request(operation)
-        # Leader/follower group commit: the first queued request leads; the others sleep
-        # on their own raw lock (no thundering herd, and the cheapest wake-up there is)
-        # until their batch is done, or until the finishing leader hands leadership to
-        # the oldest waiting request.
-        with self._cv:
-            if self._closed:
-                raise JournalClosed("this journal is closed; open it again with Journal.open()")
-            self._queue.append(request)
-            try:
-                # Called with the queue locked: nobody can have taken the request yet.
-                self._ops.point("commit.queued", len(self._queue))
-            except BaseException:
-                self._queue.pop()
-                raise
-            lead = not self._leading
-            if lead:
-                self._leading = True
-            else:
-                request.wake = wake = threading.Lock()
-                wake.acquire()
-                if self._gathering:
-                    self._cv.notify()
-        if request.wake is not None:
-            request.wake.acquire()
-        if not request.done:
-            self._lead(request)
+        self._commits.submit(request)
         error = request.error
         if isinstance(error, OSError):
             # Failed alone while it was planned (a compaction swap, a fix writing a
@@ -460,65 +424,14 @@ class LocalEngine:
         result: ResultT = request.result
         return result
 
-    def _lead(self, request: Request) -> None:
-        with self._cv:
-            batch, self._queue = self._queue, []
-            if self._last_batch > len(batch):
-                self._gather(batch)
-        self._last_batch = len(batch)
-        woken = False
-        try:
-            self._run_commit(batch, taken=True)
-            if self._retention_due:
-                # The batch's callers go first; the retention pass a seal made due
-                # follows in this (still leading) thread.
-                self._wake(batch, request)
-                woken = True
-                self._retention_due = False
-                self._run_commit([Request(ApplyRetention(None))])
-        finally:
-            # The usual order: pick the successor while the batch is marked done, then
-            # wake everyone (the successor first of all, so the next commit starts while
-            # the woken callers return).
-            with self._cv:
-                for r in batch:
-                    r.done = True
-                successor = self._queue[0] if self._queue else None
-                if successor is None:
-                    self._leading = False
-                    self._cv.notify_all()
-            if successor is not None and successor.wake is not None:
-                successor.wake.release()
-            if not woken:
-                self._wake(batch, request)
+    def _follow_up(self) -> Request | None:
+        """After a batch: the retention pass a seal made due, if any."""
+        if not self._retention_due:
+            return None
+        self._retention_due = False
+        return Request(ApplyRetention(None))
 
-    def _gather(self, batch: list[Request]) -> None:
-        """Wait briefly for stragglers (the caller holds `_cv`): the callers the previous
-        batch woke are on their way back with their next request, and one fsync can
-        carry them all. Stops when a short wait brings nobody, or after `GATHER_S`."""
-        deadline = time.monotonic() + GATHER_S
-        self._gathering = True
-        try:
-            while len(batch) < self._last_batch:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._cv.wait(min(remaining, GATHER_STEP_S)):
-                    break
-                batch += self._queue
-                self._queue = []
-        finally:
-            self._gathering = False
-        batch += self._queue
-        self._queue = []
-
-    def _wake(self, batch: list[Request], leader: Request) -> None:
-        with self._cv:
-            for r in batch:
-                r.done = True
-        for r in batch:
-            if r.wake is not None and r is not leader:
-                r.wake.release()
-
-    def _run_commit(self, batch: list[Request], *, taken: bool = False) -> None:
+    def _run_commit(self, batch: list[Request], taken: bool = False) -> None:
         try:
             if taken:
                 self._ops.point("commit.batch_taken", len(batch))
@@ -585,6 +498,7 @@ class LocalEngine:
                     _now_ms(),
                 )
                 planner.hole = hole
+                planner.known_rows = self._known_rows(txn, head)
                 explicit = any(isinstance(r.operation, Expire) for r in batch)
                 if hole is None and batch and not explicit:
                     # (An explicit expiry in the batch does it, and reports what it did.)
@@ -608,11 +522,14 @@ class LocalEngine:
                     self._ops.point("commit.view_flush")
                     projection.flush()
                 planner.finish()
+                transaction_id = txn.id()
             # The transaction committed: from here on the frame is acknowledged.
         except BaseException:
+            self._rows.clear()
             if before is not None:
                 log.undo_append(before)
             raise
+        self._remember_rows(batch, planner, projection, transaction_id)
         if planner.doomed:
             try:
                 freed = delete_segment_files(log, planner.doomed)
@@ -630,6 +547,36 @@ class LocalEngine:
             due = projection.nearest_new_deadline
             if due is not None and self._expiry is not None:
                 self._expiry.nearer(due)
+
+    def _known_rows(self, txn: lmdb.Transaction, head: Head) -> dict[str, SessionRow]:
+        """The rows this writer's last batch wrote, if nothing committed since (in any
+        process: LMDB numbers write transactions) and the view is the same file; else
+        none. A batch of appends then reads no row from LMDB."""
+        rows = self._rows
+        if rows and self._rows_valid_for != (txn.id(), head.next_position, id(self._view.env)):
+            rows.clear()
+        return rows
+
+    def _remember_rows(
+        self, batch: list[Request], planner: Planner, projection: Projection, txn_id: int
+    ) -> None:
+        """Keep the rows a committed batch of plain appends wrote (see `_known_rows`).
+        Any other operation, or a frame with records other than events and idempotency
+        keys (a creation, an expiry), forgets them: only appends are known to change
+        nothing but what the projection wrote."""
+        rows = self._rows
+        if (
+            not planner.records
+            or planner.rebuilt
+            or len(rows) > _KNOWN_ROWS
+            or any(type(r.operation) is not Append for r in batch)
+            or any(type(record) is not IdempotencyKeyUsed for _, record in planner.others)
+        ):
+            rows.clear()
+            return
+        for row in projection.rows.values():
+            rows[row.session_id] = row
+        self._rows_valid_for = (txn_id + 1, projection.head.next_position, id(self._view.env))
 
     def _catch_up(self, txn: lmdb.Transaction) -> Head:
         """Index committed frames the view has not seen; position the writer after them."""

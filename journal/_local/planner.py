@@ -137,6 +137,8 @@ class Planner:
         self.rebuilt = False
         # Frames cut off the active segment that a fix in this batch accepts the loss of.
         self.hole: LogHole | None = None
+        # Rows known to be what the view holds (the writer's last batch): not read again.
+        self.known_rows: dict[str, SessionRow] = {}
         self._finishers: list[tuple[Request, Callable[[], object]]] = []
         # How to take back what planning an operation changed in the planner's state
         # (sessions, their pending state, idempotency keys), for a failed operation.
@@ -154,7 +156,9 @@ class Planner:
 
     def _pending(self, session_id: str) -> _Pending | None:
         if session_id not in self.sessions:
-            row = self.view.row(self.txn, session_id)
+            row = self.known_rows.get(session_id)
+            if row is None:
+                row = self.view.row(self.txn, session_id)
             self.sessions[session_id] = None if row is None else _Pending(row)
         return self.sessions[session_id]
 
