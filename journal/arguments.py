@@ -348,12 +348,17 @@ def check_snapshot(through_ordinal: object, snapshot: object) -> tuple[int, byte
     return ordinal, data
 
 
+# How many validated session ids an `EventChecker` remembers (appends repeat them).
+_CHECKED_IDS: Final = 4096
+
+
 class EventChecker:
     """Checks appends. Event type names already validated are remembered: a deliberate,
     bounded cache (types repeat), so the common append costs one cheap pass."""
 
     def __init__(self) -> None:
         self._checked_types: set[str] = set()
+        self._checked_ids: set[str] = set()  # session ids already validated (bounded)
 
     def append(
         self,
@@ -363,7 +368,11 @@ class EventChecker:
         idempotency_key: str | None,
         create: CreateSession | None = None,
     ) -> Append:
-        session_id = check_name("session_id", session_id)
+        if session_id.__class__ is not str or session_id not in self._checked_ids:
+            session_id = check_name("session_id", session_id)
+            if len(self._checked_ids) >= _CHECKED_IDS:
+                self._checked_ids.clear()
+            self._checked_ids.add(session_id)
         if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
             raise InvalidArgument("events must be a list of EventIn")
         events = list(events)  # what is checked is what is written
