@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from journal import EventIn, Journal, JournalError, RetentionPolicy
+from journal import EventIn, Journal, JournalError, RetentionPolicy, SessionState
 from journal._local.lmdbfile import pages_in_use
 
 SESSIONS = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -69,6 +69,13 @@ def _reads(j: Journal) -> dict[str, Callable[[], Any]]:
 
     calls: dict[str, Callable[[], Any]] = {
         "list": lambda: [s.session_id for s in j.list_sessions()],
+        # Filtered listings read the state index (the `states` database), page by page.
+        "list open": lambda: [
+            s.session_id for s in j.list_sessions(state=SessionState.OPEN, page_size=2)
+        ],
+        "list resolved": lambda: [
+            s.session_id for s in j.list_sessions(state=SessionState.RESOLVED)
+        ],
         "pages": listing_pages,
         "lifecycle": lifecycle,
         "stats": lambda: j.stats().sessions,

@@ -639,12 +639,18 @@ class LocalEngine:
         self, after_id: str | None, state: SessionState | None, limit: int
     ) -> tuple[list[SessionRow], bool]:
         rows: list[SessionRow] = []
-        with self._view.begin() as txn:
-            for row in self._view.rows(txn, after_id):
-                if state is None or row.session_state is state:
-                    if len(rows) == limit:
-                        return rows, True
-                    rows.append(row)
+        view = self._view
+        with view.begin() as txn:
+            # A state filter reads its state's index, not every row (SPEC 7.7).
+            found = (
+                view.rows(txn, after_id)
+                if state is None
+                else view.states.rows(txn, state.wire, after_id)
+            )
+            for row in found:
+                if len(rows) == limit:
+                    return rows, True
+                rows.append(row)
         return rows, False
 
     def registry(self) -> tuple[int, list[SessionRow]]:

@@ -60,6 +60,8 @@ class Projection:
         self.rows: dict[int, SessionRow] = {}
         self._old_deadlines: dict[int, int | None] = {}
         self._evicted: dict[int, SessionRow] = {}
+        # The state index entry (state, session id) each loaded row has in the view.
+        self._listed: dict[int, tuple[int, str]] = {}
         self.nearest_new_deadline: int | None = None  # of the deadlines flushed
 
     def adopt(self, row: SessionRow) -> None:
@@ -67,6 +69,7 @@ class Projection:
         if row.incarnation not in self.rows:
             self.rows[row.incarnation] = row
             self._old_deadlines[row.incarnation] = row.deadline()
+            self._loaded(row)
 
     def row(self, incarnation: int) -> SessionRow | None:
         row = self.rows.get(incarnation)
@@ -76,7 +79,12 @@ class Projection:
                 return None
             self.rows[incarnation] = row
             self._old_deadlines[incarnation] = row.deadline()
+            self._loaded(row)
         return row
+
+    def _loaded(self, row: SessionRow) -> None:
+        if not row.staged:
+            self._listed[row.incarnation] = (row.state, row.session_id)
 
     def apply(self, info: FrameInfo, records: list[Record], runs: Sequence[EventRun] = ()) -> None:
         """Project one committed frame. `runs` (from the writer that planned the frame) are
@@ -423,12 +431,28 @@ class Projection:
         self._ops.point("commit.view_flush")
         txn = self.txn
         view = self.view
+        states = view.states
         for incarnation in self._evicted:
             old = self._old_deadlines.get(incarnation)
             if old is not None:
                 view.delete_deadline(txn, old, incarnation)
+            gone = self._listed.pop(incarnation, None)
+            if gone is not None:
+                states.delete(txn, *gone)
         for incarnation, row in self.rows.items():
             view.put_row(txn, row)
+            # The state index changes with the row, in this transaction (a state change,
+            # a new session, an import's rename).
+            was = self._listed.get(incarnation)
+            listed = None if row.staged else (row.state, row.session_id)
+            if listed != was:
+                if was is not None:
+                    states.delete(txn, *was)
+                if listed is None:
+                    del self._listed[incarnation]
+                else:
+                    states.put(txn, *listed, incarnation)
+                    self._listed[incarnation] = listed
             old = self._old_deadlines.get(incarnation)
             new = row.deadline()
             if old != new:

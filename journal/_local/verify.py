@@ -149,8 +149,9 @@ _COMPARED_ROW_FIELDS: Final = (
 def compare_views(
     view: View, txn: lmdb.Transaction, rebuilt: View, rebuilt_txn: lmdb.Transaction
 ) -> list[VerifyProblem]:
-    """What the live view says differently from a view rebuilt from the log (fields that a
-    rebuild of a retention-trimmed log cannot know, like byte counters, are not compared)."""
+    """What the live view says differently from a view rebuilt from the log: rows, the
+    events index, the state index and the head (fields that a rebuild of a
+    retention-trimmed log cannot know, like byte counters, are not compared)."""
     problems: list[VerifyProblem] = []
 
     def rows(v: View, t: lmdb.Transaction) -> dict[str, tuple[object, ...]]:
@@ -173,6 +174,17 @@ def compare_views(
                 "index",
                 0,
                 f"event index differs from the log ({missing} missing, {extra} extra or moved)",
+            )
+        )
+    live_states, fresh_states = view.states.entries(txn), rebuilt.states.entries(rebuilt_txn)
+    if live_states != fresh_states:
+        missing = len(fresh_states.keys() - live_states.keys())
+        extra = sum(live_states.get(key) != fresh_states.get(key) for key in live_states)
+        problems.append(
+            VerifyProblem(
+                "index",
+                0,
+                f"state index differs from the log ({missing} missing, {extra} extra or stale)",
             )
         )
     live_head, fresh_head = view.head(txn), rebuilt.head(rebuilt_txn)

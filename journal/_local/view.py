@@ -2,8 +2,9 @@
 
 Nothing here is the truth: every entry is derived from records in the segments by the
 projector. LMDB's own fsync is off because the view can always be rebuilt; the segment
-fsync is the commit point. Every key layout and prefix scan lives in this module; callers
-pass transactions (`View.begin`) and get rows, entries and numbers back.
+fsync is the commit point. Every key layout and prefix scan lives in this module, except
+the state index's (`state_index`); callers pass transactions (`View.begin`) and get rows,
+entries and numbers back. The value codec is `view_codec`.
 
 Named databases (keys big-endian so LMDB's byte order is numeric order):
 
@@ -20,6 +21,7 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
                  and idempotency records; an eviction record while its session's
                  creation record may still exist)
     tombstones   u64 incarnation -> u64 position of its eviction record
+    states       u8 state + session id -> u64 incarnation (`state_index`, `View.states`)
 
 Every value ends with a CRC32 of the entry's key and the rest of the value (big-endian),
 checked on every read: a damaged entry is `JournalCorrupt` naming `index`, never a wrong
@@ -39,7 +41,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Final, NamedTuple, TypeVar
+from typing import Final, NamedTuple
 
 import lmdb
 import msgspec
@@ -48,6 +50,24 @@ from ..errors import JournalCorrupt
 from ..sessions import FeedEntry, SessionRow
 from .files import DEFAULT_PERMISSIONS, Permissions
 from .lmdbfile import EntryCheck, check_data_file, file_identity
+from .state_index import StateIndex
+from .view_codec import (
+    CRC,
+    U64,
+    U64X2,
+    Raw,
+    corrupt,
+    decoded,
+    encoder,
+    key_pair,
+    key_u64,
+    listed_row,
+    row_decoder,
+    seal,
+    text_value,
+    u64_value,
+    unseal,
+)
 
 __all__ = [
     "VIEW_FORMAT",
@@ -61,16 +81,15 @@ __all__ = [
     "replace_view",
 ]
 
-# 2: every value carries a CRC32 of its key and value.
-VIEW_FORMAT: Final = 2
+# 2: every value carries a CRC32 of its key and value. 3: the `states` index (a view of
+# format 2 lacks it, and code of format 2 would not maintain it: either rebuilds).
+VIEW_FORMAT: Final = 3
 _FORMAT_KEY: Final = b"format"
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
 _STAGED_END: Final = b"\x01"
 
-_U64: Final = struct.Struct(">Q")
-_U64X2: Final = struct.Struct(">QQ")
 # events value: segment, frame offset, session bytes appended before the frame, frame time
 _LOCATION: Final = struct.Struct(">QQQQ")
 _NAMES: Final = (
@@ -83,6 +102,7 @@ _NAMES: Final = (
     b"deadlines",
     b"pins",
     b"tombstones",
+    b"states",
 )
 
 
@@ -117,17 +137,11 @@ class Location(NamedTuple):
     time_ms: int
 
 
-_encoder: Final = msgspec.msgpack.Encoder()
-_row_decoder: Final = msgspec.msgpack.Decoder(SessionRow)
 _head_decoder: Final = msgspec.msgpack.Decoder(Head)
 _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
-_CRC: Final = struct.Struct(">I")
 _U64_CRC: Final = struct.Struct(">QI")
 _LOCATION_CRC: Final = struct.Struct(">QQQQI")
-T = TypeVar("T")
-# What LMDB hands back for keys and values.
-Raw = bytes | memoryview
 
 # LMDB errors that mean the file is damaged (not a full map, a busy reader table, ...).
 _DAMAGE_ERRORS: Final = (
@@ -138,70 +152,11 @@ _DAMAGE_ERRORS: Final = (
     lmdb.PanicError,
     lmdb.BadTxnError,  # (a transaction an earlier damage error left unusable)
 )
-_WAY_OUT: Final = (
-    "the view is derived from the log: `journal verify --fix` (Journal.verify(fix=True)) "
-    "rebuilds it, and so does the next writable open"
-)
 
 
 class ViewDamaged(Exception):
     """The view's file failed its checks before it was opened (internal: the engine
     replaces the view, or a read-only reader builds a private one)."""
-
-
-def corrupt(detail: str) -> JournalCorrupt:
-    """The error every damaged-view finding becomes (segment `index`)."""
-    return JournalCorrupt("index", 0, f"{detail}; {_WAY_OUT}")
-
-
-def _seal(key: bytes, payload: bytes) -> bytes:
-    return payload + _CRC.pack(zlib.crc32(payload, zlib.crc32(key)))
-
-
-def _unseal(key: Raw, raw: Raw, db: str) -> memoryview:
-    """The payload of a stored value, after checking its CRC against the key."""
-    view = memoryview(raw)
-    if (
-        len(view) < 4
-        or zlib.crc32(view[:-4], zlib.crc32(key)) != _CRC.unpack_from(view, len(view) - 4)[0]
-    ):
-        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} fails its checksum")
-    return view[:-4]
-
-
-def _decoded(decoder: msgspec.msgpack.Decoder[T], key: Raw, raw: Raw, db: str) -> T:
-    payload = _unseal(key, raw, db)
-    try:
-        return decoder.decode(payload)
-    except msgspec.DecodeError as e:
-        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} does not decode ({e})") from None
-
-
-def _text(key: Raw, raw: Raw, db: str) -> str:
-    try:
-        return bytes(_unseal(key, raw, db)).decode()
-    except UnicodeDecodeError:
-        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} is not UTF-8") from None
-
-
-def _u64(key: Raw, raw: Raw, db: str) -> int:
-    payload = _unseal(key, raw, db)
-    if len(payload) != 8:
-        raise corrupt(f"the {db} entry {bytes(key)[:40]!r} has {len(payload)} bytes, not 8")
-    return int(_U64.unpack(payload)[0])
-
-
-def _key_pair(key: Raw, db: str) -> tuple[int, int]:
-    if len(key) != 16:
-        raise corrupt(f"a {db} key of {len(key)} bytes")
-    first, second = _U64X2.unpack(key)
-    return int(first), int(second)
-
-
-def _key_u64(key: Raw, db: str) -> int:
-    if len(key) != 8:
-        raise corrupt(f"a {db} key of {len(key)} bytes")
-    return int(_U64.unpack(key)[0])
 
 
 def _location(key: Raw, raw: Raw) -> tuple[int, int, int, int]:
@@ -389,7 +344,9 @@ class View:
             self._deadlines,
             self._pins,
             self._tombstones,
+            states,
         ) = handles
+        self.states = StateIndex(states, self._sessions)
         self._page_size = int(self.env.stat()["psize"])
         self._data = os.path.join(path, "data.mdb")
         self._identity = file_identity(path)
@@ -476,26 +433,26 @@ class View:
 
     def head(self, txn: lmdb.Transaction) -> Head | None:
         raw = txn.get(b"head", db=self._meta)
-        return None if raw is None else _decoded(_head_decoder, b"head", raw, "meta")
+        return None if raw is None else decoded(_head_decoder, b"head", raw, "meta")
 
     def put_head(self, txn: lmdb.Transaction, head: Head) -> None:
-        txn.put(b"head", _seal(b"head", _encoder.encode(head)), db=self._meta)
+        txn.put(b"head", seal(b"head", encoder.encode(head)), db=self._meta)
 
     def store_id(self, txn: lmdb.Transaction) -> bytes | None:
         raw = txn.get(b"store", db=self._meta)
-        return None if raw is None else bytes(_unseal(b"store", raw, "meta"))
+        return None if raw is None else bytes(unseal(b"store", raw, "meta"))
 
     def put_store_id(self, txn: lmdb.Transaction, store_id: bytes) -> None:
         """The store's id, and the view's format (both written when a view is begun)."""
-        txn.put(b"store", _seal(b"store", store_id), db=self._meta)
-        txn.put(_FORMAT_KEY, _seal(_FORMAT_KEY, str(VIEW_FORMAT).encode()), db=self._meta)
+        txn.put(b"store", seal(b"store", store_id), db=self._meta)
+        txn.put(_FORMAT_KEY, seal(_FORMAT_KEY, str(VIEW_FORMAT).encode()), db=self._meta)
 
     def boot_id(self, txn: lmdb.Transaction) -> bytes | None:
         raw = txn.get(b"boot", db=self._meta)
-        return None if raw is None else bytes(_unseal(b"boot", raw, "meta"))
+        return None if raw is None else bytes(unseal(b"boot", raw, "meta"))
 
     def put_boot_id(self, txn: lmdb.Transaction, boot_id: bytes) -> None:
-        txn.put(b"boot", _seal(b"boot", boot_id), db=self._meta)
+        txn.put(b"boot", seal(b"boot", boot_id), db=self._meta)
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -506,7 +463,7 @@ class View:
         raw = txn.get(key, db=self._sessions)
         if raw is None:
             return None
-        row = _decoded(_row_decoder, key, raw, "sessions")
+        row = decoded(row_decoder, key, raw, "sessions")
         if row.session_id != session_id or self.session_id_of(txn, row.incarnation) != session_id:
             raise corrupt(
                 f"the row of session {session_id!r} names session {row.session_id!r}, "
@@ -516,7 +473,7 @@ class View:
 
     def put_row(self, txn: lmdb.Transaction, row: SessionRow) -> None:
         key = row.session_id.encode()
-        txn.put(key, _seal(key, _encoder.encode(row)), db=self._sessions)
+        txn.put(key, seal(key, encoder.encode(row)), db=self._sessions)
 
     def delete_row(self, txn: lmdb.Transaction, session_id: str) -> None:
         txn.delete(session_id.encode(), db=self._sessions)
@@ -535,15 +492,8 @@ class View:
         if positioned and after is not None and cursor.key() == after:
             positioned = cursor.next()
         while positioned:
-            yield self._listed_row(cursor.key(), cursor.value())
+            yield listed_row(cursor.key(), cursor.value())
             positioned = cursor.next()
-
-    @staticmethod
-    def _listed_row(key: Raw, raw: Raw) -> SessionRow:
-        row = _decoded(_row_decoder, key, raw, "sessions")
-        if row.session_id.encode() != bytes(key):
-            raise corrupt(f"the row under {key[:40]!r} names session {row.session_id!r}")
-        return row
 
     def staged_rows(self, txn: lmdb.Transaction) -> list[SessionRow]:
         """The rows of staged imports (see `rows`)."""
@@ -551,7 +501,7 @@ class View:
         cursor = txn.cursor(db=self._sessions)
         positioned = cursor.first()
         while positioned and bytes(cursor.key()) < _STAGED_END:
-            rows.append(self._listed_row(cursor.key(), cursor.value()))
+            rows.append(listed_row(cursor.key(), cursor.value()))
             positioned = cursor.next()
         return rows
 
@@ -566,16 +516,16 @@ class View:
 
     @classmethod
     def decode_row(cls, encoded: tuple[bytes, bytes]) -> SessionRow:
-        return cls._listed_row(*encoded)
+        return listed_row(*encoded)
 
     def session_id_of(self, txn: lmdb.Transaction, incarnation: int) -> str | None:
-        key = _U64.pack(incarnation)
+        key = U64.pack(incarnation)
         raw = txn.get(key, db=self._incarnations)
-        return None if raw is None else _text(key, raw, "incarnations")
+        return None if raw is None else text_value(key, raw, "incarnations")
 
     def put_incarnation(self, txn: lmdb.Transaction, incarnation: int, session_id: str) -> None:
-        key = _U64.pack(incarnation)
-        txn.put(key, _seal(key, session_id.encode()), db=self._incarnations)
+        key = U64.pack(incarnation)
+        txn.put(key, seal(key, session_id.encode()), db=self._incarnations)
 
     def row_by_incarnation(self, txn: lmdb.Transaction, incarnation: int) -> SessionRow | None:
         session_id = self.session_id_of(txn, incarnation)
@@ -596,26 +546,26 @@ class View:
         bytes_before: int,
         time_ms: int,
     ) -> None:
-        key = _U64X2.pack(incarnation, first_ordinal)
+        key = U64X2.pack(incarnation, first_ordinal)
         value = _LOCATION.pack(segment, offset, bytes_before, time_ms)
-        txn.put(key, value + _CRC.pack(zlib.crc32(value, zlib.crc32(key))), db=self._events)
+        txn.put(key, value + CRC.pack(zlib.crc32(value, zlib.crc32(key))), db=self._events)
 
     def delete_location(self, txn: lmdb.Transaction, incarnation: int, first_ordinal: int) -> None:
-        txn.delete(_U64X2.pack(incarnation, first_ordinal), db=self._events)
+        txn.delete(U64X2.pack(incarnation, first_ordinal), db=self._events)
 
     def locations(
         self, txn: lmdb.Transaction, incarnation: int, *, up_to_ordinal: int | None = None
     ) -> list[Location]:
         """The session's frame locations in ordinal order (those whose frame starts at or
         below `up_to_ordinal`, when given)."""
-        prefix = _U64.pack(incarnation)
+        prefix = U64.pack(incarnation)
         cursor = txn.cursor(db=self._events)
         found: list[Location] = []
         if not cursor.set_range(prefix):
             return found
         while cursor.key()[:8] == prefix:
             key = cursor.key()
-            _, first_ordinal = _key_pair(key, "events")
+            _, first_ordinal = key_pair(key, "events")
             if up_to_ordinal is not None and first_ordinal > up_to_ordinal:
                 break
             found.append(Location(first_ordinal, *_location(key, cursor.value())))
@@ -629,8 +579,8 @@ class View:
         """(first ordinal, segment, offset) of each frame holding the session's events,
         starting with the frame that holds `from_ordinal`, in ordinal order."""
         cursor = txn.cursor(db=self._events)
-        prefix = _U64.pack(incarnation)
-        target = _U64X2.pack(incarnation, from_ordinal)
+        prefix = U64.pack(incarnation)
+        target = U64X2.pack(incarnation, from_ordinal)
         if cursor.set_range(target):
             if cursor.key() != target:
                 # The frame holding from_ordinal starts before it: step back to it.
@@ -645,7 +595,7 @@ class View:
             key = cursor.key()
             if key[:8] != prefix:
                 return
-            _, first_ordinal = _key_pair(key, "events")
+            _, first_ordinal = key_pair(key, "events")
             segment, offset, _, _ = _location(key, cursor.value())
             yield first_ordinal, segment, offset
             if not cursor.next():
@@ -654,29 +604,29 @@ class View:
     def all_locations(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:
         """(incarnation, first ordinal) -> (segment, offset) of every frame location."""
         return {
-            _key_pair(key, "events"): _location(key, value)[:2]
+            key_pair(key, "events"): _location(key, value)[:2]
             for key, value in txn.cursor(db=self._events)
         }
 
     # -- idempotency keys ------------------------------------------------------------------
 
     def idem_entry(self, txn: lmdb.Transaction, incarnation: int, key: str) -> IdemEntry | None:
-        stored = _U64.pack(incarnation) + key.encode()
+        stored = U64.pack(incarnation) + key.encode()
         raw = txn.get(stored, db=self._idem)
-        return None if raw is None else _decoded(_idem_decoder, stored, raw, "idem")
+        return None if raw is None else decoded(_idem_decoder, stored, raw, "idem")
 
     def put_idem(self, txn: lmdb.Transaction, incarnation: int, key: str, entry: IdemEntry) -> None:
-        stored = _U64.pack(incarnation) + key.encode()
-        txn.put(stored, _seal(stored, _encoder.encode(entry)), db=self._idem)
+        stored = U64.pack(incarnation) + key.encode()
+        txn.put(stored, seal(stored, encoder.encode(entry)), db=self._idem)
 
     def idem_entries(self, txn: lmdb.Transaction, incarnation: int) -> list[tuple[str, IdemEntry]]:
-        prefix = _U64.pack(incarnation)
+        prefix = U64.pack(incarnation)
         cursor = txn.cursor(db=self._idem)
         found: list[tuple[str, IdemEntry]] = []
         if cursor.set_range(prefix):
             while cursor.key()[:8] == prefix:
                 stored = cursor.key()
-                entry = _decoded(_idem_decoder, stored, cursor.value(), "idem")
+                entry = decoded(_idem_decoder, stored, cursor.value(), "idem")
                 try:
                     key = bytes(stored[8:]).decode()
                 except UnicodeDecodeError:
@@ -687,40 +637,40 @@ class View:
         return found
 
     def delete_idem(self, txn: lmdb.Transaction, incarnation: int, key: str) -> None:
-        txn.delete(_U64.pack(incarnation) + key.encode(), db=self._idem)
+        txn.delete(U64.pack(incarnation) + key.encode(), db=self._idem)
 
     # -- lifecycle feed --------------------------------------------------------------------
 
     def put_feed(self, txn: lmdb.Transaction, position: int, entry: FeedEntry) -> None:
-        key = _U64.pack(position)
-        txn.put(key, _seal(key, _encoder.encode(entry)), db=self._feed)
+        key = U64.pack(position)
+        txn.put(key, seal(key, encoder.encode(entry)), db=self._feed)
 
     def feed_entry(self, txn: lmdb.Transaction, position: int) -> FeedEntry | None:
-        key = _U64.pack(position)
+        key = U64.pack(position)
         raw = txn.get(key, db=self._feed)
-        return None if raw is None else _decoded(_feed_decoder, key, raw, "feed")
+        return None if raw is None else decoded(_feed_decoder, key, raw, "feed")
 
     def feed_after(
         self, txn: lmdb.Transaction, after_position: int, limit: int
     ) -> list[tuple[int, FeedEntry]]:
         cursor = txn.cursor(db=self._feed)
         found: list[tuple[int, FeedEntry]] = []
-        positioned = cursor.set_range(_U64.pack(after_position + 1))
+        positioned = cursor.set_range(U64.pack(after_position + 1))
         while positioned and len(found) < limit:
             key = cursor.key()
-            position = _key_u64(key, "feed")
-            found.append((position, _decoded(_feed_decoder, key, cursor.value(), "feed")))
+            position = key_u64(key, "feed")
+            found.append((position, decoded(_feed_decoder, key, cursor.value(), "feed")))
             positioned = cursor.next()
         return found
 
     # -- deadlines -------------------------------------------------------------------------
 
     def put_deadline(self, txn: lmdb.Transaction, due_ms: int, incarnation: int) -> None:
-        key = _U64X2.pack(due_ms, incarnation)
-        txn.put(key, _seal(key, b""), db=self._deadlines)
+        key = U64X2.pack(due_ms, incarnation)
+        txn.put(key, seal(key, b""), db=self._deadlines)
 
     def delete_deadline(self, txn: lmdb.Transaction, due_ms: int, incarnation: int) -> None:
-        txn.delete(_U64X2.pack(due_ms, incarnation), db=self._deadlines)
+        txn.delete(U64X2.pack(due_ms, incarnation), db=self._deadlines)
 
     def next_deadline(self, txn: lmdb.Transaction) -> int | None:
         """The nearest deadline (ms), or None."""
@@ -728,8 +678,8 @@ class View:
         if not cursor.first():
             return None
         key = cursor.key()
-        _unseal(key, cursor.value(), "deadlines")
-        return _key_pair(key, "deadlines")[0]
+        unseal(key, cursor.value(), "deadlines")
+        return key_pair(key, "deadlines")[0]
 
     def due(self, txn: lmdb.Transaction, now_ms: int) -> list[int]:
         """Incarnations whose deadline is at or before `now_ms`, earliest first."""
@@ -738,10 +688,10 @@ class View:
         positioned = cursor.first()
         while positioned:
             key = cursor.key()
-            due_ms, incarnation = _key_pair(key, "deadlines")
+            due_ms, incarnation = key_pair(key, "deadlines")
             if due_ms > now_ms:
                 break
-            _unseal(key, cursor.value(), "deadlines")
+            unseal(key, cursor.value(), "deadlines")
             found.append(incarnation)
             positioned = cursor.next()
         return found
@@ -749,35 +699,35 @@ class View:
     # -- pins and tombstones ---------------------------------------------------------------
 
     def pin(self, txn: lmdb.Transaction, position: int, incarnation: int) -> None:
-        key = _U64.pack(position)
-        txn.put(key, _seal(key, _U64.pack(incarnation)), db=self._pins)
+        key = U64.pack(position)
+        txn.put(key, seal(key, U64.pack(incarnation)), db=self._pins)
 
     def unpin(self, txn: lmdb.Transaction, position: int) -> None:
-        txn.delete(_U64.pack(position), db=self._pins)
+        txn.delete(U64.pack(position), db=self._pins)
 
     def pins_between(
         self, txn: lmdb.Transaction, first_position: int, last_position: int
     ) -> Iterator[tuple[int, int]]:
         """(position, incarnation) of the pinned records in the position range."""
         cursor = txn.cursor(db=self._pins)
-        positioned = cursor.set_range(_U64.pack(first_position))
+        positioned = cursor.set_range(U64.pack(first_position))
         while positioned:
             key = cursor.key()
-            position = _key_u64(key, "pins")
+            position = key_u64(key, "pins")
             if position > last_position:
                 return
-            yield position, _u64(key, cursor.value(), "pins")
+            yield position, u64_value(key, cursor.value(), "pins")
             positioned = cursor.next()
 
     def tombstone(self, txn: lmdb.Transaction, incarnation: int) -> int | None:
         """The position of an evicted incarnation's eviction record, if still kept."""
-        key = _U64.pack(incarnation)
+        key = U64.pack(incarnation)
         raw = txn.get(key, db=self._tombstones)
-        return None if raw is None else _u64(key, raw, "tombstones")
+        return None if raw is None else u64_value(key, raw, "tombstones")
 
     def put_tombstone(self, txn: lmdb.Transaction, incarnation: int, position: int) -> None:
-        key = _U64.pack(incarnation)
-        txn.put(key, _seal(key, _U64.pack(position)), db=self._tombstones)
+        key = U64.pack(incarnation)
+        txn.put(key, seal(key, U64.pack(position)), db=self._tombstones)
 
     def tombstones_between(
         self, txn: lmdb.Transaction, first_incarnation: int, last_incarnation: int
@@ -785,17 +735,17 @@ class View:
         """(incarnation, eviction position) of tombstones of incarnations in the range."""
         cursor = txn.cursor(db=self._tombstones)
         found: list[tuple[int, int]] = []
-        positioned = cursor.set_range(_U64.pack(first_incarnation))
+        positioned = cursor.set_range(U64.pack(first_incarnation))
         while positioned:
             key = cursor.key()
-            incarnation = _key_u64(key, "tombstones")
+            incarnation = key_u64(key, "tombstones")
             if incarnation > last_incarnation:
                 break
-            found.append((incarnation, _u64(key, cursor.value(), "tombstones")))
+            found.append((incarnation, u64_value(key, cursor.value(), "tombstones")))
             positioned = cursor.next()
         return found
 
     def forget_tombstone(self, txn: lmdb.Transaction, incarnation: int, position: int) -> None:
         """Drop a tombstone and the pin of its eviction record."""
-        txn.delete(_U64.pack(incarnation), db=self._tombstones)
+        txn.delete(U64.pack(incarnation), db=self._tombstones)
         self.unpin(txn, position)
