@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import archives, latency, report, targets
+from . import archives, latency, listing, report, targets
 from .events import Dataset, make_dataset
 from .workloads import ROWS, Plan, plan
 
@@ -48,6 +48,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=256,
         help="size of the session whose export's peak RSS is measured (0: skip; default 256)",
+    )
+    parser.add_argument(
+        "--listing-sessions",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="sessions in the store of the filtered-listing row (0: skip; default 100000)",
     )
     parser.add_argument(
         "--no-latency",
@@ -126,6 +133,8 @@ def _run(args: argparse.Namespace, selected: Plan, data: Dataset) -> targets.Run
             os.makedirs(extra_dir)
             run.extras = latency.run(extra_dir, args.resume_events, args.events)
             run.extras += archives.rows(extra_dir, args.events, args.archive_mib)
+            if args.listing_sessions:
+                run.extras += listing.rows(extra_dir, args.listing_sessions)
             print()
             print("\n".join(latency.table(run.extras)))
     finally:
