@@ -67,10 +67,10 @@ class SegmentWriter:
         self.frame_count = 0
         # The file's size as last seen (at least the data end): past it lie no zeros.
         self._allocated = os.fstat(self._fd).st_size
-        # A segment small enough for one inline step is preallocated whole by its first
-        # append; a larger one's zeros are the filler's, up to `_asked`.
+        # A segment small enough for one inline step is preallocated whole at birth; a
+        # larger one's zeros after its first `INLINE_BYTES` are the filler's.
         self._filler = filler if segment_bytes > INLINE_BYTES else None
-        self._asked = 0
+        self._asked = self._allocated  # (zeros already there count as asked for)
         # The sidecar, built as frames are appended so sealing needs no rescan. None when
         # this writer did not see every frame of the segment (then sealing scans it).
         self._summary_valid = False
@@ -89,7 +89,9 @@ class SegmentWriter:
         permissions: Permissions = DEFAULT_PERMISSIONS,
         filler: ZeroFiller | None = None,
     ) -> SegmentWriter:
-        """Create a new, empty active segment (file and directory entry synced)."""
+        """Create a new, empty active segment (file and directory entry synced), born with
+        its first zeros: the whole segment, or `INLINE_BYTES` (the filler adds more once
+        the frames have used a step of them)."""
         header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
         path = os.path.join(directory, segment_name(base_position))
         # Born complete: the header is written and synced under a temporary name, then
@@ -98,6 +100,10 @@ class SegmentWriter:
         fd = permissions.create_file(temporary, os.O_RDWR | os.O_TRUNC)
         try:
             os.write(fd, header.encode())
+            born = min(segment_bytes, INLINE_BYTES)
+            while os.fstat(fd).st_size < born:
+                size = os.fstat(fd).st_size
+                os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
             ops.fsync(fd)
         finally:
             os.close(fd)
@@ -115,7 +121,6 @@ class SegmentWriter:
             filler=filler,
         )
         writer._summary_valid = True
-        writer._ask_filler()
         return writer
 
     def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
@@ -145,6 +150,7 @@ class SegmentWriter:
                 self._allocated = end
             else:
                 self._allocated = size
+        self._asked = self._allocated
         self._ask_filler()
         return frames
 
@@ -171,7 +177,7 @@ class SegmentWriter:
                 self._ops.ftruncate(self._fd, end_offset)
                 self._ops.fsync(self._fd)
                 self._allocated = end_offset
-        self._asked = 0
+        self._asked = self._allocated
         self._ask_filler()
 
     def append(

@@ -43,8 +43,9 @@ __all__ = [
 _log = logging.getLogger("journal")
 
 # How far ahead of the writer's end the filler keeps zeros, and in what steps (each step
-# holds the extension lock while it is written and synced).
-AHEAD_BYTES: Final = 8 << 20
+# holds the extension lock while it is written and synced). Not further: a reader at the
+# active tail reads every zero after the last frame (to tell a torn tail from damage).
+AHEAD_BYTES: Final = 4 << 20
 STEP_BYTES: Final = 1 << 20
 # What a writer preallocates itself when it runs out of zeros and no filler is working;
 # a segment of at most this size is preallocated whole by its first append, no filler.
