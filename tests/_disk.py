@@ -9,16 +9,26 @@ unless it is written again. `power_cut()` rewrites the store's files to what the
 holds: unsynced directory entries vanish, files go back to their synced content (plus,
 at random, part of what was written after it, as a disk may persist some pages), and the
 view (`index/`) is dropped, as a reboot discards it.
+
+A synced write (`pwrite_synced`, RWF_DSYNC) is a `pwrite` then a sync of that range only
+(the file's size included); it fails as either does. The zero-filler's steps
+(`fill_zeros`) are their own operation, "fill", so faults aimed at the writer's writes and
+syncs never strike the background thread instead. Operations are serialised by a lock:
+the zero-filler calls in from its own thread.
 """
 
 from __future__ import annotations
 
 import errno as errnos
+import functools
 import os
 import random
 import shutil
 import stat
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 from journal._local.files import FileOps
 
@@ -45,6 +55,18 @@ def _minus(ranges: list[tuple[int, int]], start: int, end: int) -> list[tuple[in
     return kept
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _locked(method: _Method) -> _Method:
+    @functools.wraps(method)
+    def locked(self: SimulatedDisk, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, locked)
+
+
 def _path_of(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
@@ -66,9 +88,11 @@ class SimulatedDisk(FileOps):
         self.refused: list[str] = []  # paths whose unlink failed
         self._files: dict[int, _File] = {}
         self._listings: dict[str, dict[str, int]] = {}
+        self._lock = threading.RLock()
 
     # -- setup -----------------------------------------------------------------------------
 
+    @_locked
     def settle(self) -> None:
         """Take everything under the root as on disk (the starting point of a test)."""
         self._files.clear()
@@ -104,10 +128,12 @@ class SimulatedDisk(FileOps):
     def _file(self, fd: int) -> _File:
         return self._files.setdefault(os.fstat(fd).st_ino, _File())
 
+    @_locked
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         self._enter("pread")
         return super().pread(fd, length, offset)
 
+    @_locked
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         self._enter("pwrite")
         written = super().pwrite(fd, data, offset)
@@ -116,6 +142,7 @@ class SimulatedDisk(FileOps):
         tracked.lost = _minus(tracked.lost, offset, offset + written)
         return written
 
+    @_locked
     def ftruncate(self, fd: int, length: int) -> None:
         self._enter("ftruncate")
         super().ftruncate(fd, length)
@@ -123,12 +150,51 @@ class SimulatedDisk(FileOps):
         tracked.lost = _minus(tracked.lost, length, 1 << 62)
         tracked.unsynced.append((length, length))
 
+    @_locked
+    def pwrite_synced(self, fd: int, data: bytes, offset: int) -> int:
+        written = self.pwrite(fd, data, offset)
+        self._sync_range(fd, offset, offset + written, "fdatasync")
+        return written
+
+    @_locked
+    def fill_zeros(self, fd: int, offset: int, length: int, *, sync: bool) -> None:
+        self._enter("fill")
+        data = bytes(length)
+        written = 0
+        while written < length:
+            written += os.pwrite(fd, data[written:], offset + written)
+        tracked = self._file(fd)
+        tracked.unsynced.append((offset, offset + length))
+        tracked.lost = _minus(tracked.lost, offset, offset + length)
+        if sync:
+            self._sync_range(fd, offset, offset + length, "fill")
+
+    def _sync_range(self, fd: int, start: int, end: int, operation: str) -> None:
+        """Sync of the range [start, end) and of the file's size (RWF_DSYNC)."""
+        tracked = self._file(fd)
+        try:
+            self._enter(operation)
+        except OSError:
+            if not self.dead:
+                tracked.lost.append((start, end))
+                tracked.unsynced = _minus(tracked.unsynced, start, end)
+            raise
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            f.seek(start)
+            written = f.read(end - start)
+            size = os.fstat(f.fileno()).st_size
+        content = bytearray(tracked.synced[:size].ljust(size, b"\0"))
+        content[start : start + len(written)] = written
+        tracked.synced = bytes(content)
+        tracked.unsynced = _minus(tracked.unsynced, start, end)
+
     def fsync(self, fd: int) -> None:
         self._sync(fd, "fsync")
 
     def fdatasync(self, fd: int) -> None:
         self._sync(fd, "fdatasync")
 
+    @_locked
     def _sync(self, fd: int, operation: str) -> None:
         if stat.S_ISDIR(os.fstat(fd).st_mode):
             self._enter(operation)
@@ -158,14 +224,17 @@ class SimulatedDisk(FileOps):
         tracked.synced = bytes(content)
         tracked.unsynced.clear()
 
+    @_locked
     def replace(self, source: str, destination: str) -> None:
         self._enter("replace")
         super().replace(source, destination)
 
+    @_locked
     def rename(self, source: str, destination: str) -> None:
         self._enter("rename")
         super().rename(source, destination)
 
+    @_locked
     def unlink(self, path: str) -> None:
         try:
             self._enter("unlink")
@@ -176,6 +245,7 @@ class SimulatedDisk(FileOps):
 
     # -- the power cut ---------------------------------------------------------------------
 
+    @_locked
     def power_cut(self) -> None:
         """Leave only what the disk holds (call after the journal was abandoned)."""
         self.dead = True

@@ -42,7 +42,14 @@ FAULT_POINTS: Final = {
     "compaction.live_frames": "compaction computed a segment's live frames (no lock held)",
     "compaction.rewritten": "compaction wrote its copy (before the swap under the lock)",
     "compaction.replaced": "the swap renamed the copy into place (segment files lock held)",
+    "zerofill.step": "the zero-filler holds a segment's extension lock; its step comes next",
+    "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
 }
+
+# What `fill_zeros` writes from (read-only, shared).
+_ZEROS: Final = bytes(1 << 20)
+# 0 where the platform has no RWF_DSYNC: `pwrite_synced` then writes and `fdatasync`s.
+_RWF_DSYNC: Final[int] = getattr(os, "RWF_DSYNC", 0)
 
 
 class FileOps:
@@ -56,6 +63,24 @@ class FileOps:
 
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         return os.pwrite(fd, data, offset)
+
+    def pwrite_synced(self, fd: int, data: bytes, offset: int) -> int:
+        """Write `data` at `offset` and make that range durable (with the file size it
+        needs) in one call: `pwrite` then a sync of that range only (`RWF_DSYNC`). A
+        failure counts as a failed sync: what was written may never reach the disk."""
+        return _pwrite_synced(fd, data, offset)
+
+    def fill_zeros(self, fd: int, offset: int, length: int, *, sync: bool) -> None:
+        """Write `length` zero bytes at `offset` (the zero-filler's step), and make that
+        range durable when `sync`."""
+        view = memoryview(_ZEROS)
+        end = offset + length
+        while offset < end:
+            chunk = view[: min(len(view), end - offset)]
+            if sync:
+                offset += _pwrite_synced(fd, chunk, offset)
+            else:
+                offset += os.pwrite(fd, chunk, offset)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -77,6 +102,14 @@ class FileOps:
 
 
 DEFAULT_FILE_OPS: Final = FileOps()
+
+
+def _pwrite_synced(fd: int, data: bytes | memoryview, offset: int) -> int:
+    if not _RWF_DSYNC:
+        written = os.pwrite(fd, data, offset)
+        os.fdatasync(fd)
+        return written
+    return os.pwritev(fd, [data], offset, _RWF_DSYNC)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,10 @@ from .frames import (
     FrameInfo,
     segment_name,
 )
-from .segments import SegmentReader, SegmentWriter, compress_segment, summarize_segment
+from .segments import SegmentReader, compress_segment, summarize_segment
 from .sidecar import FrameDigest, SegmentSummary, read_summary, write_summary
+from .writer import SegmentWriter
+from .zerofill import ZeroFiller
 
 __all__ = ["SegmentLog"]
 
@@ -70,6 +72,8 @@ class SegmentLog:
         self.ops = ops
         self.permissions = permissions
         self._writer: SegmentWriter | None = None
+        # Writes the active segment's zeros ahead of the writer (a thread only while asked).
+        self._filler = ZeroFiller(ops, sync=sync)
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
         self._cut_pending: tuple[int, int, int] | None = None
@@ -302,6 +306,7 @@ class SegmentLog:
             segment_bytes=self.segment_bytes,
             ops=self.ops,
             permissions=self.permissions,
+            filler=self._filler,
         )
 
     def _open_segment(self, base_position: int) -> SegmentWriter:
@@ -321,6 +326,7 @@ class SegmentLog:
             sync=self.sync,
             segment_bytes=self.segment_bytes,
             ops=self.ops,
+            filler=self._filler,
         )
 
     @property
@@ -348,13 +354,19 @@ class SegmentLog:
         """Seal the active segment and start a new one; returns the sealed segment's base."""
         writer = self.writer
         sealed = writer.base_position
-        writer.finish()
         next_position = writer.next_position
         known = writer.summary()
-        writer.close()
-        self._writer = None  # (if the next segment cannot be created, none is open: the
-        # next commit's catch-up re-attaches to the segment the view names)
-        self._writer = self._create_segment(next_position)
+        try:
+            # No filler may grow the segment again between the cut and the next segment's
+            # birth (after it, fillers see that it is sealed).
+            with writer.extension_locked():
+                writer.finish()
+                self._writer = None  # (if the next segment cannot be created, none is
+                # open: the next commit's catch-up re-attaches to the segment the view names)
+                self._writer = self._create_segment(next_position)
+        finally:
+            if self._writer is not writer:
+                writer.close()
         self.seal(sealed, known)
         return sealed
 
@@ -380,9 +392,11 @@ class SegmentLog:
         return summary
 
     def close(self) -> None:
+        """Close the writer and end the zero-filler's thread (the next writer restarts it)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._filler.stop()
 
     # -- reading -----------------------------------------------------------------------
 

@@ -17,9 +17,8 @@ Byte formats are in SPEC.md ("Segment files"). The rules this module enforces:
   valid frame after it (frames start with a magic, so the search is a `bytes.find`): a torn
   write is always the last thing in the file, so if a valid later frame exists the bad one
   was committed and is corrupt.
-- The active segment is preallocated with real zeros a few MiB ahead of the write offset, so
-  most `fdatasync` calls do not have to write the inode (measured: 0.16 ms vs 0.25 ms per
-  58 KB batch on this class of disk). An all-zero frame header is the end of the data.
+- An all-zero frame header is the end of the data (the active segment is preallocated with
+  zeros ahead of its last frame; `writer.py` writes them).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from __future__ import annotations
 import os
 import struct
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
@@ -35,20 +33,18 @@ from typing import Final, TypeVar
 import msgspec
 import zstandard
 
-from ..errors import JournalCorrupt, StoreIncompatible
+from ..errors import JournalCorrupt
 from ..records import decode_frame_body
 from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
 from .frames import (
     BLOCK_HEADER,
     BLOCK_MAGIC,
     BLOCK_TARGET_BYTES,
-    DEFAULT_SEGMENT_BYTES,
     FLAG_COMPACTED,
     FLAG_COMPRESSED,
     FOOTER_HEADER,
     FOOTER_MAGIC,
     FOOTER_TRAILER,
-    FORMAT_VERSION,
     FRAME_HEADER,
     FRAME_HEADER_SIZE,
     FRAME_MAGIC,
@@ -69,7 +65,6 @@ from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder, digest_records
 __all__ = [
     "LogHole",
     "SegmentReader",
-    "SegmentWriter",
     "compress_segment",
     "frame_records",
     "summarize_segment",
@@ -88,8 +83,6 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return decompressor
 
 
-_PREALLOCATE_BYTES: Final = 4 << 20
-_ZEROS: Final = bytes(1 << 20)
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -460,195 +453,6 @@ def _decompress_block(payload: memoryview, ulength: int) -> bytes:
             parts.append(part)
             produced += len(part)
     return b"".join(parts)
-
-
-class SegmentWriter:
-    """The active segment: appends frames at the end and syncs them.
-
-    Not thread-safe and not process-safe by itself: the caller serialises writers (the
-    journal holds its cross-process write lock around every append).
-    """
-
-    def __init__(
-        self,
-        directory: str,
-        base_position: int,
-        *,
-        sync: bool = True,
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        ops: FileOps = DEFAULT_FILE_OPS,
-    ) -> None:
-        self.directory = directory
-        self.base_position = base_position
-        self._ops = ops
-        self.name = segment_name(base_position)
-        self.sync_enabled = sync
-        self.segment_bytes = segment_bytes
-        self._fd = os.open(os.path.join(directory, self.name), os.O_RDWR)
-        self.end_offset = SEGMENT_HEADER_SIZE
-        self.next_position = base_position
-        self.frame_count = 0
-        self._allocated = os.fstat(self._fd).st_size
-        # The sidecar, built as frames are appended so sealing needs no rescan. None when
-        # this writer did not see every frame of the segment (then sealing scans it).
-        self._summary_valid = False
-        self._summary = SummaryBuilder()
-
-    @classmethod
-    def create(
-        cls,
-        directory: str,
-        store_id: bytes,
-        base_position: int,
-        *,
-        sync: bool = True,
-        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-        ops: FileOps = DEFAULT_FILE_OPS,
-        permissions: Permissions = DEFAULT_PERMISSIONS,
-    ) -> SegmentWriter:
-        """Create a new, empty active segment (file and directory entry synced)."""
-        header = SegmentHeader(FORMAT_VERSION, 0, store_id, base_position, int(time.time() * 1000))
-        path = os.path.join(directory, segment_name(base_position))
-        # Born complete: the header is written and synced under a temporary name, then
-        # renamed, so a crash never leaves a segment without its header.
-        temporary = f"{path}.{os.getpid()}.tmp"
-        fd = permissions.create_file(temporary, os.O_RDWR | os.O_TRUNC)
-        try:
-            os.write(fd, header.encode())
-            ops.fsync(fd)
-        finally:
-            os.close(fd)
-        if os.path.exists(path):
-            ops.unlink(temporary)
-            raise FileExistsError(f"segment {segment_name(base_position)} already exists")
-        ops.rename(temporary, path)
-        fsync_dir(directory, ops)
-        writer = cls(directory, base_position, sync=sync, segment_bytes=segment_bytes, ops=ops)
-        writer._summary_valid = True
-        return writer
-
-    def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
-        """Find the committed frames, cut off a torn tail, and position for appends.
-
-        Returns every valid frame in the segment. Damage followed by valid frames raises
-        `JournalCorrupt` (committed data must never be cut off).
-        """
-        with SegmentReader(self.directory, self.base_position, self._ops) as reader:
-            if store_id is not None and reader.header.store_id != store_id:
-                raise StoreIncompatible(
-                    f"segment {self.name} belongs to another store; "
-                    "do not mix segment files of different stores"
-                )
-            frames = [info for info, _ in reader.frames(tail=True)]
-        end = frames[-1].end_offset if frames else SEGMENT_HEADER_SIZE
-        self.end_offset = end
-        self.next_position = frames[-1].last_position + 1 if frames else self.base_position
-        self.frame_count = len(frames)
-        size = os.fstat(self._fd).st_size
-        if size > end:
-            tail = self._ops.pread(self._fd, size - end, end)
-            if tail.strip(b"\0"):
-                # A torn write: clear it so no later reader mistakes it for data.
-                self._ops.ftruncate(self._fd, end)
-                self._ops.fsync(self._fd)
-                self._allocated = end
-            else:
-                self._allocated = size
-        return frames
-
-    def attach(self, end_offset: int, next_position: int) -> None:
-        """Continue after the committed frames ending at `end_offset` (known from the view).
-
-        Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
-        are cut off (the caller holds the write lock, so nobody is writing them now).
-        """
-        size = os.fstat(self._fd).st_size
-        if size < end_offset:
-            # Committed frames the view indexes are gone (the file was cut): appending
-            # after the hole would acknowledge events a rebuild could never recover.
-            raise LogHole(self.name, size, end_offset)
-        if (end_offset, next_position) != (self.end_offset, self.next_position):
-            self._summary_valid = False
-        self.end_offset = end_offset
-        self.next_position = next_position
-        self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
-        self._allocated = size
-        if size > end_offset:
-            probe = self._ops.pread(self._fd, FRAME_HEADER_SIZE, end_offset)
-            if probe.strip(b"\0"):
-                self._ops.ftruncate(self._fd, end_offset)
-                self._ops.fsync(self._fd)
-                self._allocated = end_offset
-
-    def append(
-        self,
-        body: bytes,
-        first_position: int,
-        count: int,
-        digest: FrameDigest | None = None,
-    ) -> FrameInfo:
-        """Write one frame at the end; durable after `sync()` (or now if sync is on).
-
-        `digest` (what the frame holds) feeds the sidecar kept in memory; without it the
-        segment is rescanned when sealed.
-        """
-        if first_position != self.next_position:
-            raise ValueError(
-                f"frame starts at position {first_position}, expected {self.next_position}"
-            )
-        frame = encode_frame(body, first_position, count)
-        offset = self.end_offset
-        end = offset + len(frame)
-        if end > self._allocated:
-            self._preallocate(end)
-        written = self._ops.pwrite(self._fd, frame, offset)
-        if written != len(frame):
-            raise OSError(f"short write to {self.name}: {written} of {len(frame)} bytes")
-        self.end_offset = end
-        self.next_position = first_position + count
-        self.frame_count += 1
-        if digest is None:
-            self._summary_valid = False
-        elif self._summary_valid:
-            self._summary.add(offset, first_position, count, digest)
-        if self.sync_enabled:
-            self._ops.fdatasync(self._fd)
-        return FrameInfo(self.base_position, offset, first_position, count, len(body))
-
-    def summary(self) -> SegmentSummary | None:
-        """The sidecar of this segment as written so far, if this writer saw every frame."""
-        if not self._summary_valid:
-            return None
-        return self._summary.build(self.base_position, self.next_position - 1, self.end_offset)
-
-    def sync(self) -> None:
-        self._ops.fdatasync(self._fd)
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def _preallocate(self, needed: int) -> None:
-        # Never past what the segment may still hold: a small-segment store must not carry
-        # megabytes of zeros per active segment (a frame larger than the rest still fits).
-        target = max(needed, min(needed + _PREALLOCATE_BYTES, self.segment_bytes))
-        # Never below the real size: another process may have written up to it.
-        at = max(self._allocated, os.fstat(self._fd).st_size, self.end_offset)
-        while at < target:
-            n = min(len(_ZEROS), target - at)
-            self._ops.pwrite(self._fd, _ZEROS[:n], at)
-            at += n
-        self._allocated = target
-
-    def finish(self) -> None:
-        """Cut the preallocated zeros and sync: the segment is about to be sealed."""
-        self._ops.ftruncate(self._fd, self.end_offset)
-        self._ops.fsync(self._fd)
-        self._allocated = self.end_offset
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 def summarize_segment(
