@@ -428,3 +428,12 @@ def test_two_writer_processes_with_fillers_rotate_without_zeros_on_sealed_segmen
             ]
         assert j.verify().problems == []
     assert STEP_BYTES < AHEAD_BYTES  # (the premise of "a step at a time")
+
+
+def test_a_new_store_verifies_clean_before_its_first_write(tmp_path: Path) -> None:
+    # Its first segment is born with zeros after the header: the view must still record
+    # where the log ends (it did only by accident while segments were born 64 bytes long).
+    with Journal.open(tmp_path / "s") as j:
+        assert j.verify().problems == []
+        j.create_session("a")
+        assert j.verify().problems == []

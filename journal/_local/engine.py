@@ -593,6 +593,7 @@ class LocalEngine:
             if not log.bases():
                 log.start_first_segment()
                 head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
+                view.put_head(txn, head)  # a new store's view says where its log ends
             else:
                 # No view yet (new, deleted, or discarded after a reboot): rebuild it from
                 # the sidecars of sealed segments and a scan of the rest.
