@@ -8,7 +8,9 @@ session per thread, and then `threads` threads append single events (one `append
 appends share fsyncs (group commit), which keeps a million of them to minutes. RSS is
 read from /proc/self/status (VmRSS) after a fresh open (sessions created, nothing
 appended) and after every tenth of the appends; the row is the last reading minus the
-first (the detail also has RssAnon, which leaves out mapped files such as the view).
+first. The detail also has RssAnon (the heap and stacks: RSS without mapped files) and
+the resident pages of the view's LMDB map at the end, which are page cache the kernel
+reclaims, and grow with the view, not with what the writer holds.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ _SEGMENT_BYTES = 4 << 20
 _WINDOW_BYTES = 16 << 20  # per session: 16 sessions keep 256 MiB of about 620 MB
 
 _WRITER_CHILD = """
-import gc, json, os, resource, sys, threading, time
+import gc, json, os, re, resource, sys, threading, time
 from journal import EventIn, Journal, RetentionPolicy
 from benchmarks.events import make_events
 
@@ -38,6 +40,18 @@ def status_mib(field):
 
 def rss_mib():
     return status_mib("VmRSS")
+
+def view_rss_mib():
+    # Resident pages of the view's LMDB map: file-backed page cache, not the heap.
+    total, in_view = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if re.match(r"[0-9a-f]+-[0-9a-f]+$", fields[0]):
+                in_view = fields[-1].endswith("data.mdb")
+            elif in_view and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total / 1024
 
 path, appends, threads, segment_bytes, window = sys.argv[1], *map(int, sys.argv[2:6])
 bodies = make_events(1000)
@@ -70,11 +84,12 @@ with Journal.open(path, segment_bytes=segment_bytes, retention=policy) as j:
         done = target
         steps.append((done, time.perf_counter() - start, rss_mib(), status_mib("RssAnon")))
     seconds = time.perf_counter() - start
+    view = view_rss_mib()
     stats = j.stats()
     first = min(int(name[:20]) for name in os.listdir(os.path.join(path, "segments"))
                 if name.endswith(".seg"))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"fresh": fresh, "fresh_anon": fresh_anon, "steps": steps,
+print(json.dumps({"fresh": fresh, "fresh_anon": fresh_anon, "view": view, "steps": steps,
                   "seconds": seconds, "peak": peak, "segments": stats.segments,
                   "first_position": first}))
 """
@@ -97,6 +112,7 @@ class WriterReadings:
 
     fresh_mib: float
     fresh_anon_mib: float
+    view_mib: float
     steps: list[tuple[int, float, float, float]]
     seconds: float
     peak_mib: float
@@ -122,6 +138,7 @@ def writer_rss(directory: str, appends: int, threads: int) -> WriterReadings:
     return WriterReadings(
         float(raw["fresh"]),
         float(raw["fresh_anon"]),
+        float(raw["view"]),
         [(int(n), float(at), float(rss), float(anon)) for n, at, rss, anon in raw["steps"]],
         float(raw["seconds"]),
         float(raw["peak"]),
@@ -139,6 +156,7 @@ def rows(directory: str, appends: int = 1_000_000, threads: int = 16) -> list[Ex
         "fresh_open_rss_mib": fresh,
         "final_rss_mib": final,
         "anon_above_fresh_mib": readings.steps[-1][3] - readings.fresh_anon_mib,
+        "view_map_rss_mib": readings.view_mib,
         "peak_rss_mib": readings.peak_mib,
         "appends": float(appends),
         "threads": float(threads),

@@ -6,6 +6,8 @@ eviction record whose session's creation record survives elsewhere) lies in its 
 range, and every session with events in it (from the sidecar) is evicted or has trimmed
 them all. Dead segments are forgotten by the view in the writer's transaction and their
 files deleted after it commits; a reader still holding one open keeps reading it.
+Between passes the writer keeps a small entry per sealed segment (`SummaryCache`), within
+a byte budget, not its sidecar.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class SummaryCache:
     never change, except by a compaction swap, which `pop`s its entry).
 
     It keeps a `SegmentLiveness` per segment, not the sidecar (a sidecar costs about
-    0.5 KB of memory per frame), and at most `budget_bytes` of them: a segment that does
+    0.3 to 0.5 KB of memory per frame), and at most `budget_bytes` of them: a segment that does
     not fit is read from its sidecar again by every pass and not kept, so a writer's
     memory does not grow with the store. Entries leave when their segment is dead (the
     oldest segments die first, which frees room for newer ones)."""
