@@ -87,9 +87,9 @@ from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
-from .retention import delete_segment_files
+from .retention import SummaryCache, delete_segment_files
 from .segments import LogHole, SegmentReader, frame_records
-from .sidecar import SegmentSummary, read_summary
+from .sidecar import read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store, view_problem
 from .view import Head, View, ViewDamaged, inspect_view
@@ -259,8 +259,8 @@ class LocalEngine:
                 except BaseException:
                     shutil.rmtree(self._private_dir, ignore_errors=True)
                     raise
-        # Sidecars of sealed segments, read once (they never change once written).
-        self._summaries: dict[int, SegmentSummary] = {}
+        # What retention needs of sealed segments' sidecars, within a byte budget.
+        self._summaries = SummaryCache()
         self._retention_due = False
         self._finished_interrupted = False
         self._boot_recorded = False

@@ -63,9 +63,9 @@ from .frames import segment_name
 from .leases import identity
 from .log import SegmentLog
 from .projector import project_log
-from .retention import dead_segments, forget_segments, window_start
+from .retention import SummaryCache, dead_segments, forget_segments, window_start
 from .segments import LogHole, summarize_segment
-from .sidecar import EventRun, FrameDigest, SegmentSummary, add_run, encode_other, write_summary
+from .sidecar import EventRun, FrameDigest, add_run, encode_other, write_summary
 from .verify import check_log, view_problem
 from .view import View
 
@@ -108,7 +108,7 @@ class Planner:
         txn: lmdb.Transaction,
         view: View,
         log: SegmentLog,
-        summaries: dict[int, SegmentSummary],
+        summaries: SummaryCache,
         policy: RetentionPolicy,
         identity: tuple[bytes, bytes],
         next_position: int,

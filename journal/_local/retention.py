@@ -6,11 +6,15 @@ eviction record whose session's creation record survives elsewhere) lies in its 
 range, and every session with events in it (from the sidecar) is evicted or has trimmed
 them all. Dead segments are forgotten by the view in the writer's transaction and their
 files deleted after it commits; a reader still holding one open keeps reading it.
+Between passes the writer keeps a small entry per sealed segment (`SummaryCache`), within
+a byte budget, not its sidecar.
 """
 
 from __future__ import annotations
 
 import os
+from array import array
+from typing import Final, NamedTuple
 
 import lmdb
 
@@ -23,7 +27,15 @@ from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary
 from .view import View
 
-__all__ = ["dead_segments", "delete_segment_files", "forget_segments", "window_start"]
+__all__ = [
+    "DEFAULT_SUMMARY_BUDGET",
+    "SegmentLiveness",
+    "SummaryCache",
+    "dead_segments",
+    "delete_segment_files",
+    "forget_segments",
+    "window_start",
+]
 
 
 def window_start(
@@ -59,15 +71,90 @@ def window_start(
     return new_first
 
 
-def _summary(log: SegmentLog, base: int, cache: dict[int, SegmentSummary]) -> SegmentSummary:
-    summary = cache.get(base)
-    if summary is None:
-        log.ops.point("retention.read_sidecar", base)
-        summary = read_summary(log.directory, base) or summarize_segment(
-            log.directory, base, log.ops
+class SegmentLiveness(NamedTuple):
+    """What a retention pass needs of a sealed segment: its position range and, per
+    session with events in it, the last ordinal it holds there (`incarnations[i]` holds
+    events up to `last_ordinals[i]`; 16 bytes a session, as sidecar values are below
+    2^63)."""
+
+    base_position: int
+    last_position: int
+    incarnations: array[int]
+    last_ordinals: array[int]
+
+    @classmethod
+    def of(cls, summary: SegmentSummary) -> SegmentLiveness:
+        return cls(
+            summary.base_position,
+            summary.last_position,
+            array("Q", summary.sessions),
+            array("Q", [max(last for _, last, _ in runs) for runs in summary.sessions.values()]),
         )
-        cache[base] = summary
-    return summary
+
+    @property
+    def cost(self) -> int:
+        """The bytes the entry is charged in a `SummaryCache` (an estimate that does not
+        depend on the interpreter: 16 bytes a session plus a fixed share for the
+        objects)."""
+        return _ENTRY_BYTES + 16 * len(self.incarnations)
+
+
+# The tuple, two ints, two array headers and a dict slot, rounded up.
+_ENTRY_BYTES: Final = 384
+# 4 MiB: about 10,000 single-session segments, or 260,000 (segment, session) pairs.
+DEFAULT_SUMMARY_BUDGET: Final = 4 << 20
+
+
+class SummaryCache:
+    """Retention's deliberate cache of sealed segments between passes (sealed segments
+    never change, except by a compaction swap, which `pop`s its entry).
+
+    It keeps a `SegmentLiveness` per segment, not the sidecar (a sidecar costs about
+    0.3 to 0.5 KB of memory per frame), and at most `budget_bytes` of them: a segment that does
+    not fit is read from its sidecar again by every pass and not kept, so a writer's
+    memory does not grow with the store. Entries leave when their segment is dead (the
+    oldest segments die first, which frees room for newer ones)."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_SUMMARY_BUDGET) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: dict[int, SegmentLiveness] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cached_bytes(self) -> int:
+        """What the kept entries are charged (at most `budget_bytes`)."""
+        return self._bytes
+
+    def get(self, log: SegmentLog, base: int) -> SegmentLiveness:
+        """The segment's liveness, from the cache or else from its sidecar (or, when the
+        sidecar is missing or bad, a scan of the segment): FileNotFoundError when the
+        segment was deleted meanwhile."""
+        entry = self._entries.get(base)
+        if entry is None:
+            log.ops.point("retention.read_sidecar", base)
+            summary = read_summary(log.directory, base) or summarize_segment(
+                log.directory, base, log.ops
+            )
+            entry = SegmentLiveness.of(summary)
+            if self._bytes + entry.cost <= self.budget_bytes:
+                self._entries[base] = entry
+                self._bytes += entry.cost
+        return entry
+
+    def pop(self, base: int, default: None = None) -> SegmentLiveness | None:
+        """Forget a segment (dead, or replaced by a compaction swap)."""
+        entry = self._entries.pop(base, default)
+        if entry is not None:
+            self._bytes -= entry.cost
+        return entry
+
+    def clear(self) -> None:
+        """Forget every segment (the view was rebuilt)."""
+        self._entries.clear()
+        self._bytes = 0
 
 
 def _pinned(txn: lmdb.Transaction, view: View, first: int, last: int) -> bool:
@@ -80,29 +167,31 @@ def _pinned(txn: lmdb.Transaction, view: View, first: int, last: int) -> bool:
 
 
 def dead_segments(
-    txn: lmdb.Transaction, view: View, log: SegmentLog, cache: dict[int, SegmentSummary]
-) -> list[SegmentSummary]:
+    txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache
+) -> list[SegmentLiveness]:
     """Sealed segments holding nothing live (the active segment is never dead)."""
     dead = []
     for base in log.bases()[:-1]:
         try:
-            summary = _summary(log, base, cache)
+            segment = cache.get(log, base)
         except FileNotFoundError:
             continue  # deleted meanwhile by another writer's retention pass
-        if _pinned(txn, view, base, summary.last_position):
+        if _pinned(txn, view, base, segment.last_position):
             continue
         live = False
-        for incarnation, runs in summary.sessions.items():
+        for incarnation, last_ordinal in zip(
+            segment.incarnations, segment.last_ordinals, strict=True
+        ):
             row = view.row_by_incarnation(txn, incarnation)
-            if row is not None and max(last for _, last, _ in runs) >= row.first_ordinal:
+            if row is not None and last_ordinal >= row.first_ordinal:
                 live = True
                 break
         if not live:
-            dead.append(summary)
+            dead.append(segment)
     return dead
 
 
-def forget_segments(txn: lmdb.Transaction, view: View, dead: list[SegmentSummary]) -> None:
+def forget_segments(txn: lmdb.Transaction, view: View, dead: list[SegmentLiveness]) -> None:
     """Drop view state that only existed for records in `dead`: eviction tombstones whose
     creation record goes with them (and their pins)."""
     for summary in dead:
