@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import archives, latency, listing, report, targets
+from . import archives, latency, listing, memory, report, targets
 from .events import Dataset, make_dataset
 from .workloads import ROWS, Plan, plan
 
@@ -55,6 +55,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=100_000,
         metavar="N",
         help="sessions in the store of the filtered-listing row (0: skip; default 100000)",
+    )
+    parser.add_argument(
+        "--rss-appends",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="single durable appends made by the writer whose RSS is measured (0: skip; "
+        "default 1000000, several minutes)",
     )
     parser.add_argument(
         "--no-latency",
@@ -135,6 +143,8 @@ def _run(args: argparse.Namespace, selected: Plan, data: Dataset) -> targets.Run
             run.extras += archives.rows(extra_dir, args.events, args.archive_mib)
             if args.listing_sessions:
                 run.extras += listing.rows(extra_dir, args.listing_sessions)
+            if args.rss_appends:
+                run.extras += memory.rows(extra_dir, args.rss_appends)
             print()
             print("\n".join(latency.table(run.extras)))
     finally:
