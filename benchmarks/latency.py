@@ -278,6 +278,13 @@ def run(
     return rows
 
 
+def _detail(key: str, value: float) -> str:
+    """One detail of a row: latency percentiles in ms, other values as they are named."""
+    if key in ("p50", "p99", "max"):
+        return f"{key} {value:.3f} ms"
+    return f"{key} {value:,.3f}".rstrip("0").rstrip(".")
+
+
 def table(rows: list[Extra]) -> list[str]:
     out = ["[concurrency and latency]"]
     width = max(len(r.name) for r in rows)
@@ -287,6 +294,6 @@ def table(rows: list[Extra]) -> list[str]:
         if r.ratio is not None:
             line += f"  {r.ratio:.2f}x {r.baseline}"
         if r.detail:
-            line += "  (" + ", ".join(f"{k} {v:.3f} ms" for k, v in r.detail.items()) + ")"
+            line += "  (" + ", ".join(_detail(k, v) for k, v in r.detail.items()) + ")"
         out.append(line)
     return out
