@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from journal import (
@@ -1214,3 +1214,45 @@ def test_verify_fix_rebuilds_a_deleted_view_that_reads_exactly_as_before(store: 
         observed = _observe(j, cursors)
         assert observed["snapshots"] == expected["snapshots"]
         assert observed["sessions"][0] == expected["sessions"][0]
+
+
+@given(
+    batches=st.lists(st.integers(1, 6), min_size=1, max_size=40),
+    # Sizes and limits in steps of 50, so a frame often ends exactly at the limit.
+    sizes=st.lists(st.sampled_from([0, 50, 100, 150]), min_size=1, max_size=8),
+    limit=st.integers(1, 60).map(lambda n: n * 50),
+    passes=st.lists(st.integers(0, 39), max_size=4),
+)
+@example(batches=[1, 1, 1], sizes=[100], limit=200, passes=[2])  # a frame ends at the limit
+@example(batches=[2, 1, 3, 1], sizes=[50, 0, 100], limit=150, passes=[1, 3])
+@settings(max_examples=60, deadline=None)
+def test_a_byte_window_keeps_exactly_the_frames_a_linear_scan_keeps(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[int],
+    sizes: list[int],
+    limit: int,
+    passes: list[int],
+) -> None:
+    # The window's frame is found by a binary search over the index; the reference is
+    # the rule itself: the oldest frame with at most `limit` bytes from it to the end,
+    # else the newest frame; a pass never moves the first retained ordinal back.
+    store = tmp_path_factory.mktemp("window")
+    frames: list[tuple[int, int]] = []  # (first ordinal, bytes before)
+    appended = 0
+    expected_first = 1
+    with open_store(store, RetentionPolicy(max_history_bytes=limit)) as j:
+        j.create_session("s")
+        ordinal = 1
+        for i, count in enumerate(batches):
+            bodies = [b"x" * sizes[(i + k) % len(sizes)] for k in range(count)]
+            frames.append((ordinal, appended))
+            j.append("s", [EventIn("e", body) for body in bodies])
+            ordinal += count
+            appended += sum(map(len, bodies))
+            if i in passes:
+                retained = appended - max((b for f, b in frames if f <= expected_first), default=0)
+                if retained > limit:
+                    keep = next((f for f, b in frames if appended - b <= limit), frames[-1][0])
+                    expected_first = max(expected_first, keep)
+                j.apply_retention()
+                assert j.get_session("s").first_ordinal == expected_first

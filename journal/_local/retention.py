@@ -25,7 +25,7 @@ from .frames import segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary
-from .view import View
+from .view import Location, View
 
 __all__ = [
     "DEFAULT_SUMMARY_BUDGET",
@@ -49,17 +49,15 @@ def window_start(
     if not over_bytes and limit_age is None:
         return row.first_ordinal
     new_first = row.first_ordinal
-    frames = view.locations(txn, row.incarnation)
-    if not frames:
-        return new_first
     if over_bytes and limit_bytes is not None:
-        for frame in frames:
-            if row.appended_bytes - frame.bytes_before <= limit_bytes:
-                new_first = max(new_first, frame.first_ordinal)
-                break
-        else:
-            new_first = max(new_first, frames[-1].first_ordinal)
+        newest = _first_frame_within(txn, view, row, row.appended_bytes - limit_bytes)
+        if newest is None:
+            return new_first  # no frames
+        new_first = max(new_first, newest.first_ordinal)
     if limit_age is not None:
+        frames = view.locations(txn, row.incarnation)
+        if not frames:
+            return new_first
         horizon = now - limit_age
         if frames[-1].time_ms < horizon:
             new_first = max(new_first, row.last_ordinal + 1)
@@ -69,6 +67,29 @@ def window_start(
                     new_first = max(new_first, frame.first_ordinal)
                     break
     return new_first
+
+
+def _first_frame_within(
+    txn: lmdb.Transaction, view: View, row: SessionRow, bytes_before: int
+) -> Location | None:
+    """The session's first frame with at least `bytes_before` appended before it (the
+    oldest frame a byte window keeps), else its newest frame; None when it has no frames.
+
+    A binary search over ordinals, one index seek per step: the bytes before a frame
+    grow with its ordinal (a linear scan read every retained frame of the session on
+    every retention pass)."""
+    lo, hi = row.first_ordinal, row.last_ordinal
+    if hi < lo:
+        return view.frame_holding(txn, row.incarnation, hi)
+    found: Location | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        frame = view.frame_holding(txn, row.incarnation, mid)
+        if frame is not None and frame.bytes_before >= bytes_before:
+            found, hi = frame, frame.first_ordinal - 1
+        else:
+            lo = mid + 1
+    return found or view.frame_holding(txn, row.incarnation, row.last_ordinal)
 
 
 class SegmentLiveness(NamedTuple):

@@ -573,6 +573,24 @@ class View:
                 break
         return found
 
+    def frame_holding(
+        self, txn: lmdb.Transaction, incarnation: int, ordinal: int
+    ) -> Location | None:
+        """The location of the session's last frame starting at or below `ordinal` (one
+        seek), or None when none does."""
+        cursor = txn.cursor(db=self._events)
+        target = U64X2.pack(incarnation, ordinal)
+        if cursor.set_range(target):
+            if cursor.key() != target and not cursor.prev():
+                return None
+        elif not cursor.last():
+            return None
+        key = cursor.key()
+        if key[:8] != U64.pack(incarnation):
+            return None
+        _, first_ordinal = key_pair(key, "events")
+        return Location(first_ordinal, *_location(key, cursor.value()))
+
     def iter_frame_locations(
         self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
     ) -> Iterator[tuple[int, int, int]]:
