@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import tracemalloc
 import types
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,26 @@ def test_segments_beyond_the_budget_are_read_again_with_the_same_outcome(
     assert len(deleted) >= 16, deleted  # segment files and sidecars, by passes and by itself
     assert reported[1], reported  # the snapshot of "c" let the explicit pass delete some
     assert kept > 2 and kept_two <= 2 and kept_none == 0
+
+
+def test_the_active_segments_index_costs_little_per_frame(tmp_path: Path) -> None:
+    # The writer indexes its active segment in memory as frames are appended (sealing then
+    # writes the sidecar without a rescan): a segment of small frames holds a hundred
+    # thousand of them, so each costs flat integers, not tuples and structs (~500 bytes
+    # a frame before).
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        j.create_session("s")
+        for _ in range(500):
+            j.append("s", [EventIn("e", b"x" * 100)])
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot()
+            for _ in range(5000):
+                j.append("s", [EventIn("e", b"x" * 100)])
+            gc.collect()
+            after = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert kept / 5000 < 250, f"{kept / 5000:.0f} bytes kept per frame"
