@@ -55,7 +55,6 @@ from ..errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from ..follow import Notifier
 from ..models import (
     CompactionReport,
     ReadContext,
@@ -68,6 +67,7 @@ from ..models import (
 )
 from ..records import SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
+from ..waiter import Notifier
 from .compaction import compact_store
 from .expiry import ExpiryTimer
 from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
@@ -79,6 +79,7 @@ from .frames import (
     SEGMENT_SUFFIX,
     segment_name,
 )
+from .inotify import DirectoryChanges
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
@@ -262,7 +263,7 @@ class LocalEngine:
         self._queue: list[Request] = []
         self._cv = threading.Condition()
         self._leading = False
-        self.waiter = Notifier(self.head)
+        self.waiter = Notifier(self.head, self._changes)
         self._expiry: ExpiryTimer | None = None
         self._closed = False
         if not readonly:
@@ -279,6 +280,13 @@ class LocalEngine:
                     self._leading = False
             self._roll_back_abandoned_imports()
             self._expiry = ExpiryTimer(self)
+
+    def _changes(self) -> DirectoryChanges | None:
+        """What the waiter thread sleeps on (module `inotify`): the view's directory, where
+        every commit ends, or the segments a private view projects itself."""
+        if self._private_dir is None:
+            return DirectoryChanges.open([os.path.join(self.location, "index")])
+        return DirectoryChanges.open([self._log.directory])
 
     def next_deadline(self) -> int | None:
         """The nearest session deadline (for the expiry timer)."""
@@ -346,6 +354,7 @@ class LocalEngine:
                 self._cv.wait()
             self._closed = True
         self.waiter.publish(1 << 63)
+        self.waiter.close()  # its thread reads no head from now on
         # Followers that are not being advanced still hold segment files: release them
         # (a page in flight finishes first; see ReaderCache).
         for readers in list(self._readers):
