@@ -108,6 +108,7 @@ class Notifier:
             epoch = self._epoch
             self._enter(stop)
             try:
+                self._start()
                 while True:
                     if self._head > seen or self._epoch != epoch:
                         return True
@@ -144,9 +145,11 @@ class Notifier:
                 self._async.setdefault(loop, set()).add(waiter)
                 self._enter(None)
             timer = None
-            if deadline is not None:
-                timer = loop.call_at(loop.time() + deadline - time.monotonic(), _wake, waiter)
             try:
+                with self._cv:
+                    self._start()
+                if deadline is not None:
+                    timer = loop.call_at(loop.time() + deadline - time.monotonic(), _wake, waiter)
                 await waiter
             finally:
                 if timer is not None:
@@ -165,7 +168,7 @@ class Notifier:
                 return
 
     def _enter(self, stop: Any) -> None:
-        """A follower starts waiting (under the condition): start the thread if need be."""
+        """A follower starts waiting (under the condition)."""
         self._waiting += 1
         if stop is not None:
             entry = self._stops.setdefault(id(stop), [stop, 0])
@@ -173,6 +176,10 @@ class Notifier:
             if entry[1] == 1 and self._source is not None:
                 self._source.interrupt()  # check stops from now on, not after a long wait
         self._wanted.set()
+
+    def _start(self) -> None:
+        """Start the thread if none runs (under the condition; last, so a signal that
+        interrupts `start` leaves every count right)."""
         if self._thread is None and not self._closed:
             self._thread = threading.Thread(target=self._run, name="journal-waiter", daemon=True)
             self._thread.start()
@@ -200,8 +207,12 @@ class Notifier:
         self._nap.set()
         if source is not None:
             source.interrupt()
+        with self.busy:
+            pass  # a head read in flight ends before the engine closes what it reads
         if thread is not None and thread is not threading.current_thread():
-            thread.join(5)
+            # (Not started: a signal interrupted `start`; it ends at its first step.)
+            with contextlib.suppress(RuntimeError):
+                thread.join(5)
 
     def _run(self) -> None:
         source: ChangeSource | None = None

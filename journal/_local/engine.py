@@ -354,12 +354,14 @@ class LocalEngine:
                 self._cv.wait()
             self._closed = True
         self.waiter.publish(1 << 63)
-        self.waiter.close()  # its thread reads no head from now on
-        # Followers that are not being advanced still hold segment files: release them
-        # (a page in flight finishes first; see ReaderCache).
-        for readers in list(self._readers):
-            readers.close()
-        self._release()
+        try:
+            self.waiter.close()  # its thread reads no head from now on
+        finally:
+            # Followers that are not being advanced still hold segment files: release
+            # them (a page in flight finishes first; see ReaderCache).
+            for readers in list(self._readers):
+                readers.close()
+            self._release()
 
     def _release(self) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""
