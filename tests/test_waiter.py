@@ -81,16 +81,18 @@ def waiter_threads() -> list[threading.Thread]:
 
 
 class Watchers:
-    """Watcher threads (`for event in j.watch(session, stop=stop)`), ended and joined
-    when the test ends."""
+    """Watcher threads (`for event in j.watch(session, stop=stop)`), ended (their stops
+    set, their journals closed) and joined when the test ends."""
 
     def __init__(self) -> None:
         self.threads: list[tuple[threading.Thread, threading.Event | None]] = []
+        self.journals: list[Journal] = []
 
     def start(
         self, j: Journal, sessions: list[str], stop: threading.Event | None
     ) -> list[tuple[str, int]]:
         delivered: list[tuple[str, int]] = []
+        self.journals.append(j)
 
         def follow(session: str) -> None:
             for event in j.watch(session, stop=stop):
@@ -110,6 +112,8 @@ class Watchers:
         for _, stop in self.threads:
             if stop is not None:
                 stop.set()
+        for j in self.journals:
+            j.close()
         for thread, _ in self.threads:
             thread.join(WAIT_S)
 
