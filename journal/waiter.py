@@ -97,7 +97,7 @@ class Notifier:
             loops = self._async_snapshot()
         _wake_loops(loops)
 
-    def wait(self, seen: int, stop: Any = None, timeout: float | None = None) -> bool:
+    def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
         """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
@@ -218,14 +218,27 @@ class Notifier:
         source: ChangeSource | None = None
         try:
             if self._changes is not None:
-                source = self._changes()
+                try:
+                    source = self._changes()
+                except OSError:
+                    source = None  # poll instead
             with self._cv:
                 self._source = source
             # First look after the watch exists: what was committed before it is not
             # reported.
             self._changed = True
-            while self._step(source):
-                pass
+            while True:
+                try:
+                    if not self._step(source):
+                        return
+                except OSError:
+                    if source is None:
+                        raise
+                    # The change source failed (only its wait raises): poll from now on.
+                    with self._cv:
+                        self._source = None
+                    source.close()
+                    source = None
         finally:
             with self._cv:
                 if self._source is source:
@@ -257,7 +270,8 @@ class Notifier:
             self._changed = True
             return True
         now = time.monotonic()
-        if self._changed or now - self._last_look >= SAFETY_POLL_S:
+        # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
+        if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
             self._look(stops)
         else:
