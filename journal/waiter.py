@@ -32,6 +32,8 @@ FAST_WINDOW_S: Final = 0.05
 # with one) and the head read regardless of events (a safety net for a missed event).
 STOP_CHECK_S: Final = 0.05
 SAFETY_POLL_S: Final = 1.0
+# After a commit of this process, how long the thread waits before it reads the head.
+DEFER_S: Final = 0.001
 # How long the thread stays after the last follower stopped waiting (a follower that
 # delivers a page and waits again must not start a thread per page).
 LINGER_S: Final = 1.0
@@ -71,6 +73,7 @@ class Notifier:
         self._waiting = 0  # followers waiting now (sync and asyncio)
         self._polls = 0  # head reads by the waiter thread (tests count them)
         self._last_move = 0.0
+        self._last_publish = 0.0
         self._last_look = 0.0
         # Whether the change source reported something (or none: poll every time).
         self._changed = True
@@ -92,7 +95,7 @@ class Notifier:
         with self._cv:
             if next_position > self._head:
                 self._head = next_position
-            self._last_move = time.monotonic()
+            self._last_move = self._last_publish = time.monotonic()
             self._cv.notify_all()
             loops = self._async_snapshot()
         _wake_loops(loops)
@@ -270,6 +273,12 @@ class Notifier:
             self._changed = True
             return True
         now = time.monotonic()
+        if source is not None and self._changed and now - self._last_publish < DEFER_S:
+            # Most likely this process's own commit, whose followers were just woken: read
+            # after they had the interpreter (measured: reading at once added 0.2 ms to the
+            # in-process p50); a commit of another process is seen DEFER_S later at most.
+            self._nap.wait(DEFER_S)
+            now = time.monotonic()
         # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
