@@ -121,15 +121,17 @@ def silence_stdout() -> None:
         pass  # not a real file (e.g. under click's CliRunner): nothing to protect
 
 
-def stop_when_reader_leaves(stop: threading.Event) -> None:
+def stop_when_reader_leaves(stop: threading.Event) -> threading.Event | None:
     """Set `stop` when the reader of a piped stdout goes away (`| head` is done), so a
-    follower blocked waiting for new events ends now instead of at its next write."""
+    follower blocked waiting for new events ends now instead of at its next write.
+    Returns `stop`, or None when stdout is no pipe (nothing will set it: a follower
+    given no stop event is not woken to check it)."""
     try:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return
+            return None
     except (OSError, ValueError, io.UnsupportedOperation):
-        return
+        return None
 
     def wait() -> None:
         poller = select.poll()
@@ -139,6 +141,7 @@ def stop_when_reader_leaves(stop: threading.Event) -> None:
                 stop.set()
 
     threading.Thread(target=wait, name="stdout-reader", daemon=True).start()
+    return stop
 
 
 class Output:

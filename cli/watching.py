@@ -94,9 +94,9 @@ def _watching(output: Output, cursor: str | None) -> Iterator[_Last]:
 def watch_events(settings: Settings, session_id: str, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
-    stop_when_reader_leaves(reader_gone)
+    stop = stop_when_reader_leaves(reader_gone)
     with _watching(output, cursor) as last, settings.open(write=False) as store:
-        for event in store.watch(session_id, cursor=cursor, stop=reader_gone):
+        for event in store.watch(session_id, cursor=cursor, stop=stop):
             output.emit(event_record(event), event_text(event), event_quiet(event))
             last.cursor = event.cursor
         if reader_gone.is_set():
@@ -108,9 +108,9 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
 def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
-    stop_when_reader_leaves(reader_gone)
+    stop = stop_when_reader_leaves(reader_gone)
     with _watching(output, cursor) as last, settings.open(write=False) as store:
-        for event in store.watch_sessions(cursor=cursor, stop=reader_gone):
+        for event in store.watch_sessions(cursor=cursor, stop=stop):
             output.emit(lifecycle_record(event), lifecycle_text(event))
             last.cursor = event.cursor
     if reader_gone.is_set():

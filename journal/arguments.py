@@ -16,9 +16,9 @@ from cursors import KeyRing
 
 from .engine import Append, CreateSession
 from .errors import InvalidArgument
-from .follow import Notifier
 from .models import EventIn, RetentionPolicy, SessionState
 from .records import TURN_EVENT_TYPES
+from .waiter import Notifier
 
 __all__ = [
     "DEFAULT_PAGE_BYTES",

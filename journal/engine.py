@@ -32,7 +32,7 @@ from .sessions import FeedEntry, SessionRow, TransitionKind
 
 if TYPE_CHECKING:
     from .archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
-    from .follow import Notifier
+    from .waiter import Notifier
 
 __all__ = [
     "AbortImport",

@@ -1,5 +1,6 @@
-"""Following: the one shared waiter per journal and the one follow loop behind `replay`,
-`watch`, `awatch`, `watch_sessions` and `awatch_sessions`.
+"""Following: the one follow loop behind `replay`, `watch`, `awatch`, `watch_sessions`
+and `awatch_sessions` (every follower of a journal waits on its one shared waiter,
+`waiter.Notifier`).
 
 A follow loop is a *pager* (one page step: what to deliver now, and whether to wait for
 the head to move or to stop) driven either synchronously (`follow`) or by asyncio
@@ -8,97 +9,18 @@ the head to move or to stop) driven either synchronously (`follow`) or by asynci
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
+from .waiter import Notifier
 
-__all__ = ["EventPager", "LifecyclePager", "Notifier", "Stream", "afollow", "follow"]
+__all__ = ["EventPager", "LifecyclePager", "Stream", "afollow", "follow"]
 
 ItemT = TypeVar("ItemT")
-
-
-class Notifier:
-    """The one shared waiter per journal: wakes followers at once for commits in this
-    process (`publish`), and by a short adaptive poll of the engine's committed head
-    (`read_head`, microseconds per check) for commits made by other processes."""
-
-    MIN_POLL: Final = 0.0005
-    MAX_POLL: Final = 0.004
-
-    def __init__(self, read_head: Callable[[], int]) -> None:
-        self._cv = threading.Condition()
-        self._local = 0
-        self._read_head = read_head
-        self._async: dict[int, tuple[Any, Any]] = {}
-
-    def publish(self, next_position: int) -> None:
-        with self._cv:
-            if next_position > self._local:
-                self._local = next_position
-            self._cv.notify_all()
-            waiters = list(self._async.values())
-        for loop, waiter in waiters:
-            with contextlib.suppress(RuntimeError):  # that loop closed; its watcher is gone
-                loop.call_soon_threadsafe(_wake, waiter)
-
-    def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
-        """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
-        delay = self.MIN_POLL
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if stop is not None and stop.is_set():
-                return False
-            with self._cv:
-                if self._local > seen:
-                    return True
-                self._cv.wait(delay)
-                if self._local > seen:
-                    return True
-            if self._read_head() > seen:
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            delay = min(delay * 1.5, self.MAX_POLL)
-
-    async def await_change(self, seen: int, timeout: float | None = None) -> None:
-        """The asyncio twin of `wait` (without `stop`: cancel the task instead).
-
-        Waits on a plain future woken by `publish` or by a timer: unlike
-        `asyncio.wait_for`, awaiting a future never swallows a cancellation that races
-        with the wake-up (seen under load with Python 3.11)."""
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        delay = self.MIN_POLL
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._local > seen or self._read_head() > seen:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            waiter = loop.create_future()
-            key = id(waiter)
-            with self._cv:
-                self._async[key] = (loop, waiter)
-            timer = loop.call_later(delay, _wake, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                with self._cv:
-                    self._async.pop(key, None)
-            delay = min(delay * 1.5, self.MAX_POLL)
-
-
-def _wake(waiter: Any) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 class Pager(Protocol[ItemT]):

@@ -56,7 +56,6 @@ from ..errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from ..follow import Notifier
 from ..models import (
     CompactionReport,
     ReadContext,
@@ -69,6 +68,7 @@ from ..models import (
 )
 from ..records import IdempotencyKeyUsed, SnapshotTaken, decode_frame_body, encode_frame_body
 from ..sessions import FeedEntry, SessionRow
+from ..waiter import Notifier
 from .commit_queue import CommitQueue
 from .compaction import compact_store
 from .expiry import ExpiryTimer
@@ -81,6 +81,7 @@ from .frames import (
     SEGMENT_SUFFIX,
     segment_name,
 )
+from .inotify import DirectoryChanges
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
@@ -269,7 +270,7 @@ class LocalEngine:
         # position, environment) they are valid for (see `_known_rows`).
         self._rows: dict[str, SessionRow] = {}
         self._rows_valid_for: tuple[int, int, int] = (0, 0, 0)
-        self.waiter = Notifier(self.head)
+        self.waiter = Notifier(self.head, self._changes)
         self._expiry: ExpiryTimer | None = None
         self._closed = False
         if not readonly:
@@ -279,6 +280,13 @@ class LocalEngine:
                 self._run_commit([])
             self._roll_back_abandoned_imports()
             self._expiry = ExpiryTimer(self)
+
+    def _changes(self) -> DirectoryChanges | None:
+        """What the waiter thread sleeps on (module `inotify`): the view's directory, where
+        every commit ends, or the segments a private view projects itself."""
+        if self._private_dir is None:
+            return DirectoryChanges.open([os.path.join(self.location, "index")])
+        return DirectoryChanges.open([self._log.directory])
 
     def next_deadline(self) -> int | None:
         """The nearest session deadline (for the expiry timer)."""
@@ -343,11 +351,14 @@ class LocalEngine:
             return
         self._closed = True
         self.waiter.publish(1 << 63)
-        # Followers that are not being advanced still hold segment files: release them
-        # (a page in flight finishes first; see ReaderCache).
-        for readers in list(self._readers):
-            readers.close()
-        self._release()
+        try:
+            self.waiter.close()  # its thread reads no head from now on
+        finally:
+            # Followers that are not being advanced still hold segment files: release
+            # them (a page in flight finishes first; see ReaderCache).
+            for readers in list(self._readers):
+                readers.close()
+            self._release()
 
     def _release(self) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""

@@ -1,0 +1,129 @@
+"""Idle cost of following: CPU used by one process while many watchers wait on sessions
+nobody writes to (SPEC 7.6: one shared waiter per journal, so the cost is one loop,
+not one per watcher).
+
+The value is the whole process's CPU time (user + system, `time.process_time`) over the
+measured seconds, as a % of one core, nothing subtracted. The detail holds the numbers
+comparable with the waiter before it was shared (every watcher polled the head every
+4 ms: 50 idle watcher threads used about 30-50% of a core): 50 and 1,000 threads with
+and without a `stop` event, 1,000 asyncio tasks, the same 1,000 threads on the polling
+fallback (no inotify), and how often the waiter thread read the head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from journal import Journal
+from journal._local.engine import LocalEngine, LocalOptions
+
+from .latency import Extra
+
+__all__ = ["rows"]
+
+WATCHERS = 1000
+SETTLE_S = 1.0  # after the watchers started: replay done, every one waiting
+MEASURE_S = 3.0
+
+
+def _cpu_percent(seconds: float) -> float:
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    return 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+
+
+def _head_reads(j: Journal) -> int:
+    # The waiter's own count (private: a benchmark may look inside).
+    return int(getattr(j._engine.waiter, "_polls", 0))
+
+
+def _threads(j: Journal, count: int, stop: threading.Event | None) -> tuple[float, float]:
+    """CPU % and head reads/s while `count` watcher threads wait (each its own session)."""
+    done = threading.Event()
+    ending = stop or done
+
+    def follow(session: str) -> None:
+        for _event in j.watch(session, stop=ending):
+            pass
+
+    threads = [
+        threading.Thread(target=follow, args=(f"idle-{i}",), daemon=True) for i in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(SETTLE_S)
+    reads = _head_reads(j)
+    wall = time.monotonic()
+    percent = _cpu_percent(MEASURE_S)
+    rate = (_head_reads(j) - reads) / (time.monotonic() - wall)
+    ending.set()
+    for thread in threads:
+        thread.join(10)
+    return percent, rate
+
+
+def _tasks(j: Journal, count: int) -> float:
+    """CPU % while `count` asyncio tasks wait in `awatch` on one event loop."""
+
+    async def measure() -> float:
+        async def follow(session: str) -> None:
+            async for _event in j.awatch(session):
+                pass
+
+        tasks = [asyncio.create_task(follow(f"idle-{i}")) for i in range(count)]
+        await asyncio.sleep(SETTLE_S)
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.sleep(MEASURE_S)
+        percent = 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return percent
+
+    return asyncio.run(measure())
+
+
+def _polling(path: str) -> Journal:
+    """The store through an engine whose waiter has no change source: it polls."""
+    engine = LocalEngine.open(path, LocalOptions(durability="os"))
+    notifier: Callable[..., object] = type(engine.waiter)
+    engine.waiter = notifier(engine.head)  # type: ignore[assignment]
+    return Journal.over(engine)
+
+
+def rows(directory: str) -> list[Extra]:
+    path = os.path.join(directory, "idle")
+    with Journal.open(path, create=True, durability="os") as j:
+        for i in range(WATCHERS):
+            j.create_session(f"idle-{i}")
+        main, reads = _threads(j, WATCHERS, None)
+        shared_stop, stop_reads = _threads(j, WATCHERS, threading.Event())
+        fifty, _ = _threads(j, 50, threading.Event())
+        tasks = _tasks(j, WATCHERS)
+    with _polling(path) as j:
+        polling, poll_reads = _threads(j, WATCHERS, None)
+    detail = {
+        "1000 threads, no stop (% core)": main,
+        "1000 threads, one shared stop (% core)": shared_stop,
+        "50 threads, one shared stop (% core)": fifty,
+        "1000 asyncio tasks (% core)": tasks,
+        "1000 threads, polling fallback (% core)": polling,
+        "head reads/s, no stop": reads,
+        "head reads/s, with stop": stop_reads,
+        "head reads/s, polling fallback": poll_reads,
+    }
+    return [Extra("1,000 idle watchers, CPU", main, "% of one core", detail=detail)]
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        for row in rows(scratch):
+            print(f"{row.name}: {row.value:.2f} {row.unit}")
+            for name, value in row.detail.items():
+                print(f"  {name}: {value:.2f}")

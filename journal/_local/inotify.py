@@ -1,0 +1,151 @@
+"""Change notification for the shared waiter (Linux): an inotify watch on the directory
+whose files a commit writes last, so the waiter thread sleeps until another process
+commits instead of polling the head.
+
+A commit of the local engine ends with LMDB writing the view's meta page (`pwrite` on
+`index/data.mdb`; the view is not opened with `writemap`, so every write is a write
+call that inotify reports). inotify queues the event after the write returns, so a head
+read made after the event was read sees the commit; a write made after a head read queues
+another event. A read-only journal with a private view projects the segments itself, so
+it watches `segments/` (frame writes, new segments) instead.
+
+Standard library only (`ctypes` for `inotify_init1` and `inotify_add_watch`); `open`
+returns None where inotify is missing or refused (not Linux, no descriptors or watches
+left), and the waiter polls instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import select
+import struct
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+__all__ = ["MISSING_POLL_S", "DirectoryChanges"]
+
+# How often the head is read while a watched directory is missing.
+MISSING_POLL_S: Final = 0.002
+
+_IN_MODIFY: Final = 0x002
+_IN_MOVED_TO: Final = 0x080
+_IN_CREATE: Final = 0x100
+_IN_DELETE: Final = 0x200
+_IN_DELETE_SELF: Final = 0x400
+_IN_MOVE_SELF: Final = 0x800
+_IN_IGNORED: Final = 0x8000
+_IN_NONBLOCK: Final = os.O_NONBLOCK
+_IN_CLOEXEC: Final = os.O_CLOEXEC
+# Writes, and files or directories appearing, going or being replaced. Not IN_ACCESS,
+# IN_OPEN or IN_CLOSE_*: followers' own reads must not wake the waiter.
+_MASK: Final = _IN_MODIFY | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF | _IN_MOVE_SELF
+_EVENT: Final = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1.argtypes = [ctypes.c_int]
+        libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC: Final = _libc()  # loaded once (a deliberate cache: the C library of this process)
+
+
+class DirectoryChanges:
+    """An inotify descriptor watching `directories`, and an eventfd to interrupt a wait.
+
+    `wait(timeout)` returns True when something may have changed (an event was read, or
+    a watch is missing: look at the head again), False after `timeout`. `interrupt()`
+    (any thread) ends a wait now; `close()` releases both descriptors."""
+
+    def __init__(self, libc: ctypes.CDLL, fd: int, wake: int, directories: Sequence[str]):
+        self._libc = libc
+        self._fd = fd
+        self._wake = wake
+        self._directories = [os.fsencode(d) for d in directories]
+        self._watches: dict[int, bytes] = {}
+        self._poller = select.poll()
+        self._poller.register(fd, select.POLLIN)
+        self._poller.register(wake, select.POLLIN)
+        self._exhausted = False  # the last add_watch failed for want of watches (ENOSPC)
+        self.closed = False
+
+    @classmethod
+    def open(cls, directories: Sequence[str]) -> DirectoryChanges | None:
+        """Watch `directories` (None: no inotify here, or no instance or watch left)."""
+        libc = _LIBC
+        if libc is None:
+            return None
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            return None
+        try:
+            wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except (OSError, AttributeError):
+            os.close(fd)
+            return None
+        changes = cls(libc, fd, wake, directories)
+        if not changes._rewatch() and changes._exhausted:
+            changes.close()
+            return None
+        return changes
+
+    def _rewatch(self) -> bool:
+        """Add the watches that are missing; whether every directory is watched."""
+        watched = set(self._watches.values())
+        for directory in self._directories:
+            if directory in watched:
+                continue
+            wd = self._libc.inotify_add_watch(self._fd, directory, _MASK)
+            if wd < 0:
+                self._exhausted = ctypes.get_errno() == errno.ENOSPC
+                return False
+            self._watches[wd] = directory
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        watched = self._rewatch()
+        if not watched:
+            # A directory was replaced (and is not back yet) or cannot be watched: poll.
+            timeout = min(timeout, MISSING_POLL_S)
+        ready = self._poller.poll(max(0, round(timeout * 1000)))
+        if ready:
+            self._drain()
+        return bool(ready) or not watched
+
+    def _drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self._wake)
+        while True:
+            try:
+                data = os.read(self._fd, 65536)
+            except BlockingIOError:
+                return
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                if mask & _IN_IGNORED:
+                    # The directory went (renamed or deleted): watch the path again.
+                    self._watches.pop(wd, None)
+
+    def interrupt(self) -> None:
+        with contextlib.suppress(OSError):
+            os.eventfd_write(self._wake, 1)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        os.close(self._fd)
+        os.close(self._wake)

@@ -1,0 +1,309 @@
+"""The one shared waiter per journal (SPEC 7.6): however many followers wait, one thread
+reads the committed head for all of them; it ends when the journal closes, survives a
+fork in the parent and leaves nothing behind in the child.
+
+Head reads are counted through the engine seam (`Journal.over` an engine whose waiter
+reads the head through a counter), never by patching module globals; nothing here
+asserts a duration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from journal import Journal, JournalClosed
+from journal._local.engine import LocalEngine, LocalOptions
+
+WAIT_S = 30.0  # a bound for liveness only: a broken waiter hangs instead of failing
+WATCHERS = 150
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+
+class CountingHead:
+    """The engine's `head`, counting which threads call it."""
+
+    def __init__(self, head: Callable[[], int]) -> None:
+        self._head = head
+        self._lock = threading.Lock()
+        self.callers: Counter[str] = Counter()
+
+    def __call__(self) -> int:
+        with self._lock:
+            self.callers[threading.current_thread().name] += 1
+        return self._head()
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return sum(self.callers.values())
+
+
+def counted(path: Path, inotify: bool) -> tuple[Journal, CountingHead]:
+    """A journal whose waiter reads the head through a counter (polling, or sleeping on
+    the local engine's change source)."""
+    engine = LocalEngine.open(str(path), LocalOptions(durability="os"))
+    head = CountingHead(engine.head)
+    notifier = type(engine.waiter)
+    engine.waiter = notifier(head, engine._changes) if inotify else notifier(head)
+    return Journal.over(engine), head
+
+
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+def waiting(j: Journal, head: CountingHead | None = None) -> int:
+    """How many followers wait now. (A waiter without that count, one where every
+    follower polls for itself: how many followers read the head, so the test fails on
+    what it asserts instead of on a missing attribute.)"""
+    count = getattr(j._engine.waiter, "_waiting", None)  # type: ignore[attr-defined]
+    if count is None and head is not None:
+        return sum(1 for name in list(head.callers) if name.startswith("watch-"))
+    return int(count)
+
+
+def waiter_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "journal-waiter"]
+
+
+class Watchers:
+    """Watcher threads (`for event in j.watch(session, stop=stop)`), ended (their stops
+    set, their journals closed) and joined when the test ends."""
+
+    def __init__(self) -> None:
+        self.threads: list[tuple[threading.Thread, threading.Event | None]] = []
+        self.journals: list[Journal] = []
+
+    def start(
+        self, j: Journal, sessions: list[str], stop: threading.Event | None
+    ) -> list[tuple[str, int]]:
+        delivered: list[tuple[str, int]] = []
+        self.journals.append(j)
+
+        def follow(session: str) -> None:
+            for event in j.watch(session, stop=stop):
+                delivered.append((session, event.ordinal))
+
+        for session in sessions:
+            thread = threading.Thread(target=follow, args=(session,), name=f"watch-{session}")
+            thread.daemon = True
+            thread.start()
+            self.threads.append((thread, stop))
+        return delivered
+
+    def alive(self) -> int:
+        return sum(thread.is_alive() for thread, _ in self.threads)
+
+    def end(self) -> None:
+        for _, stop in self.threads:
+            if stop is not None:
+                stop.set()
+        for j in self.journals:
+            j.close()
+        for thread, _ in self.threads:
+            thread.join(WAIT_S)
+
+
+@pytest.fixture
+def watchers() -> Iterator[Watchers]:
+    started = Watchers()
+    yield started
+    started.end()
+
+
+APPEND_ELSEWHERE = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    for session in sys.argv[2:]:
+        j.append(session, [EventIn("remote", b"x")])
+"""
+
+
+def append_in_another_process(path: Path, *sessions: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run(
+        [sys.executable, "-c", APPEND_ELSEWHERE, str(path), *sessions],
+        check=True,
+        env=env,
+        timeout=WAIT_S,
+    )
+
+
+@pytest.mark.parametrize("inotify", [False, True], ids=["poll", "inotify"])
+def test_idle_watchers_do_not_each_poll_the_head(
+    tmp_path: Path, inotify: bool, watchers: Watchers
+) -> None:
+    j, head = counted(tmp_path / "s", inotify)
+    with j:
+        sessions = [f"s{i}" for i in range(WATCHERS)]
+        for session in sessions:
+            j.create_session(session)
+        stop = threading.Event()
+        watchers.start(j, sessions, stop)
+        until(lambda: waiting(j, head) == WATCHERS, "every watcher to wait")
+        before = head.calls
+        # Another process commits: every watcher wakes, and the head is still read by
+        # the one waiter thread, however many watchers there are.
+        append_in_another_process(tmp_path / "s", sessions[0])
+        until(lambda: head.calls > before, "a head read after the remote commit")
+        callers = set(head.callers)
+        assert callers <= {"journal-waiter", threading.current_thread().name}, (
+            f"{len(callers)} threads read the head: {sorted(callers)[:5]}..."
+        )
+        assert len(waiter_threads()) == 1
+        stop.set()
+
+
+def test_watchers_are_woken_by_another_process_without_inotify(
+    tmp_path: Path, watchers: Watchers
+) -> None:
+    j, _ = counted(tmp_path / "s", inotify=False)
+    with j:
+        sessions = [f"s{i}" for i in range(20)]
+        for session in sessions:
+            j.create_session(session)
+        stop = threading.Event()
+        delivered = watchers.start(j, sessions, stop)
+        until(lambda: waiting(j) == len(sessions), "every watcher to wait")
+        append_in_another_process(tmp_path / "s", *sessions)
+        until(lambda: len(delivered) == len(sessions), "every watcher to see its event")
+        assert sorted(delivered) == sorted((session, 1) for session in sessions)
+        stop.set()
+
+
+def test_closing_the_journal_ends_its_waiter_thread_and_every_watcher(
+    tmp_path: Path, watchers: Watchers
+) -> None:
+    assert waiter_threads() == []
+    j = Journal.open(tmp_path / "s", durability="os")
+    sessions = [f"s{i}" for i in range(WATCHERS)]
+    for session in sessions:
+        j.create_session(session)
+    watchers.start(j, sessions, None)
+    until(lambda: waiting(j) == WATCHERS, "every watcher to wait")
+    assert len(waiter_threads()) == 1, "one waiter thread for all the watchers"
+    j.close()
+    assert waiter_threads() == [], "close() leaves no waiter thread behind"
+    until(lambda: watchers.alive() == 0, "every watcher to end after close()")
+    assert waiting(j) == 0
+
+
+def test_stopped_watchers_end_and_the_waiter_goes_idle(tmp_path: Path, watchers: Watchers) -> None:
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        sessions = [f"s{i}" for i in range(40)]
+        for session in sessions:
+            j.create_session(session)
+        shared = threading.Event()
+        own = [threading.Event() for _ in range(10)]
+        watchers.start(j, sessions[:30], shared)
+        for session, stop in zip(sessions[30:], own, strict=True):
+            watchers.start(j, [session], stop)
+        until(lambda: waiting(j) == 40, "every watcher to wait")
+        shared.set()
+        until(lambda: waiting(j) == 10, "the 30 watchers sharing a stop to end")
+        for stop in own:
+            stop.set()
+        until(lambda: waiting(j) == 0, "the watchers with their own stop to end")
+        assert j._engine.waiter._stops == {}  # type: ignore[attr-defined]
+        # Still a working waiter: a new watcher sees a commit from another process.
+        stop = threading.Event()
+        delivered = watchers.start(j, ["s0"], stop)
+        until(lambda: waiting(j) == 1, "the new watcher to wait")
+        append_in_another_process(tmp_path / "s", "s0")
+        until(lambda: len(delivered) == 1, "the new watcher to see the remote commit")
+        stop.set()
+
+
+def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path: Path) -> None:
+    j, head = counted(tmp_path / "s", inotify=True)
+    with j:
+        sessions = [f"s{i}" for i in range(WATCHERS)]
+        for session in sessions:
+            j.create_session(session)
+
+        async def main() -> list[tuple[str, int]]:
+            delivered: list[tuple[str, int]] = []
+
+            async def follow(session: str) -> None:
+                async for event in j.awatch(session):
+                    delivered.append((session, event.ordinal))
+
+            tasks = [asyncio.create_task(follow(session)) for session in sessions]
+            while waiting(j) < WATCHERS:
+                await asyncio.sleep(0.005)
+            await asyncio.to_thread(append_in_another_process, tmp_path / "s", *sessions[:3])
+            while len(delivered) < 3:
+                await asyncio.sleep(0.005)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return delivered
+
+        delivered = asyncio.run(asyncio.wait_for(main(), WAIT_S))
+        assert sorted(delivered) == [(session, 1) for session in sorted(sessions[:3])]
+        assert set(head.callers) <= {"journal-waiter", threading.current_thread().name}
+        assert waiting(j) == 0
+        assert j._engine.waiter._async == {}  # type: ignore[attr-defined]
+
+
+def inherited_inotify_descriptors() -> list[str]:
+    targets = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            continue
+    return [target for target in targets if "inotify" in target]
+
+
+def child_status(j: Journal) -> int:
+    """In a forked child: 0 when the inherited journal refuses to follow and the
+    waiter's inotify descriptor was closed."""
+    try:
+        next(iter(j.watch("s0")))
+    except JournalClosed:
+        pass
+    else:
+        return 2
+    return 3 if inherited_inotify_descriptors() else 0
+
+
+def test_fork_with_watchers_waiting_keeps_the_parent_following(
+    tmp_path: Path, watchers: Watchers
+) -> None:
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        sessions = [f"s{i}" for i in range(20)]
+        for session in sessions:
+            j.create_session(session)
+        stop = threading.Event()
+        delivered = watchers.start(j, sessions, stop)
+        until(lambda: waiting(j) == len(sessions), "every watcher to wait")
+        assert inherited_inotify_descriptors(), "the waiter sleeps on inotify"
+        for _ in range(5):
+            child = os.fork()
+            if child == 0:  # the child: report, never return into pytest
+                status = 4
+                try:
+                    status = child_status(j)
+                finally:
+                    os._exit(status)
+            _, status = os.waitpid(child, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+        append_in_another_process(tmp_path / "s", *sessions)
+        until(lambda: len(delivered) == len(sessions), "the parent's watchers to go on")
+        stop.set()
