@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import archives, latency, listing, memory, report, targets
+from . import archives, idle, latency, listing, memory, report, targets
 from .events import Dataset, make_dataset
 from .workloads import ROWS, Plan, plan
 
@@ -141,6 +141,7 @@ def _run(args: argparse.Namespace, selected: Plan, data: Dataset) -> targets.Run
             os.makedirs(extra_dir)
             run.extras = latency.run(extra_dir, args.resume_events, args.events)
             run.extras += archives.rows(extra_dir, args.events, args.archive_mib)
+            run.extras += idle.rows(extra_dir)
             if args.listing_sessions:
                 run.extras += listing.rows(extra_dir, args.listing_sessions)
             if args.rss_appends:
