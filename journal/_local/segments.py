@@ -143,7 +143,11 @@ class SegmentReader:
         # Set when `frames(tail=True)` stopped at a torn (non-zero, invalid) tail.
         self.torn_at: int | None = None
         # read_frame's cache: one chunk of the plain file or one decompressed block.
-        self._chunk = b""
+        self._chunk: bytes | memoryview = b""
+        # The chunk buffer of a plain file, reused from chunk to chunk (a fresh megabyte
+        # per chunk, allocated and freed a hundred times a second, cost a quarter of a
+        # replay); see `_fill`.
+        self._buffer: bytearray | None = None
         self._chunk_start = 0
         self._trusted_end = 0
         self._last_end = -1
@@ -254,6 +258,9 @@ class SegmentReader:
         read ahead past it are not trusted later, because the frame there may still be cut
         off and rewritten. Sequential calls (each at the end of the previous frame) read
         ahead in 1 MiB chunks; a jump reads 64 KiB (or the frame's exact size).
+
+        The body is a view of the reader's chunk buffer, valid until the next read on
+        this reader: decode it (or copy it) before reading on.
         """
         checked = None
         at = 0
@@ -307,9 +314,20 @@ class SegmentReader:
         if needed > size:
             # Never past what the file holds: a damaged length must not allocate it.
             needed = min(needed, max(self.file_size() - offset, 0))
-        self._chunk = self._ops.pread(self._fd, max(size, needed, 0), offset)
+        want = max(size, needed, 0)
+        if want > _READ_CHUNK:
+            buffer = bytearray(want)  # one large frame: not kept for the next chunk
+        elif self._buffer is not None:
+            # Reused: the body `read_frame` returned last is a view of this buffer, which
+            # is why its bytes are only valid until the next read on this reader.
+            buffer = self._buffer
+        else:
+            buffer = self._buffer = bytearray(_READ_CHUNK)
+        window = memoryview(buffer)[:want]
+        got = self._ops.pread_into(self._fd, window, offset)
+        self._chunk = window[:got]
         self._chunk_start = offset
-        end = offset + len(self._chunk)
+        end = offset + got
         self._trusted_end = end if committed_end is None else min(end, committed_end)
 
     def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
@@ -347,8 +365,27 @@ class SegmentReader:
     def _data_after(self, offset: int, last_position: int) -> bool:
         """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""
         size = self.file_size()
+        if self._zeros_after(offset + 1, size):
+            # The usual end of the active segment: its preallocated zeros. Comparing them
+            # takes microseconds a megabyte; the search below took milliseconds (at every
+            # open of a writer: catching up stops there).
+            return False
         rest = self._ops.pread(self._fd, max(0, size - offset - 1), offset + 1)
         return valid_frame_after(rest, 0, last_position)
+
+    def _zeros_after(self, offset: int, size: int) -> bool:
+        """Whether the file holds only zero bytes from `offset` to `size`."""
+        buffer = bytearray(min(_READ_CHUNK, max(size - offset, 0)))
+        while offset < size:
+            window = memoryview(buffer)[: min(len(buffer), size - offset)]
+            got = self._ops.pread_into(self._fd, window, offset)
+            if got == 0:
+                return True  # the file shrank meanwhile: nothing more after
+            # (bytearray == bytes is a memcmp; comparing memoryviews is not.)
+            if (buffer if got == len(buffer) else buffer[:got]) != _ZEROS[:got]:
+                return False
+            offset += got
+        return True
 
     def block_table(self) -> list[tuple[int, int, int, int]]:
         """(uncompressed offset, uncompressed length, file offset, compressed length),

@@ -625,9 +625,10 @@ class View:
 
     def iter_frame_locations(
         self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
-    ) -> Iterator[tuple[int, int, int]]:
-        """(first ordinal, segment, offset) of each frame holding the session's events,
-        starting with the frame that holds `from_ordinal`, in ordinal order."""
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """(first ordinal, segment, offset, bytes before) of each frame holding the
+        session's events, starting with the frame that holds `from_ordinal`, in ordinal
+        order; bytes before: the data bytes of the session's events in earlier frames."""
         cursor = txn.cursor(db=self._events)
         prefix = _U64.pack(incarnation)
         target = _U64X2.pack(incarnation, from_ordinal)
@@ -646,8 +647,8 @@ class View:
             if key[:8] != prefix:
                 return
             _, first_ordinal = _key_pair(key, "events")
-            segment, offset, _, _ = _location(key, cursor.value())
-            yield first_ordinal, segment, offset
+            segment, offset, before, _ = _location(key, cursor.value())
+            yield first_ordinal, segment, offset, before
             if not cursor.next():
                 return
 
