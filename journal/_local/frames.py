@@ -6,13 +6,30 @@ and writing files is `segments`. Byte formats are in SPEC.md ("Segment files").
 from __future__ import annotations
 
 import bisect
+import importlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from ..errors import JournalCorrupt, StoreIncompatible
+
+
+def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
+    """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the optional
+    `isal` package is installed (SPEC.md 3: measured 60x faster on frame bodies, about a
+    tenth of a replay's time), else `zlib.crc32`. Same values, so no format change."""
+    try:
+        module = importlib.import_module("isal.isal_zlib")
+    except ImportError:
+        return zlib.crc32
+    crc32: Callable[[bytes | memoryview, int], int] = module.crc32
+    return crc32 if crc32(b"SJFR", 1) == zlib.crc32(b"SJFR", 1) else zlib.crc32
+
+
+# Checks frame bodies on the read path (`check_frame`); everything else uses zlib.
+frame_crc32: Final = _fast_crc32()
 
 __all__ = [
     "BLOCK_HEADER",
@@ -40,6 +57,7 @@ __all__ = [
     "block_index",
     "check_frame",
     "encode_frame",
+    "frame_crc32",
     "segment_name",
     "sidecar_name",
     "valid_frame_after",
@@ -194,7 +212,7 @@ def _crc_matches(
 ) -> bool:
     # A view, not a slice: checking a frame never copies its body.
     body = memoryview(buf)[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + length]
-    return zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) == crc
+    return frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first, count), 0)) == crc
 
 
 # How many body bytes `valid_frame_after` checksums at most, per byte of its buffer (plus
