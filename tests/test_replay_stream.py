@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import sys
 import threading
 import tracemalloc
 import zlib
 from pathlib import Path
 
+import lmdb
 import pytest
 
-from journal import CursorExpired, EventIn, Journal, RetentionPolicy
+from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
 from journal._local import frames
 from journal._local.files import FileOps
 
@@ -239,3 +241,73 @@ def test_frame_crc32_agrees_with_zlib(rng: random.Random) -> None:
         data = rng.randbytes(size)
         start = rng.randrange(1 << 32)
         assert frames.frame_crc32(memoryview(data), start) == zlib.crc32(data, start)
+
+
+def _events_entries(store: Path) -> dict[bytes, bytes]:
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
+    try:
+        with env.begin() as txn:
+            return dict(txn.cursor(db=env.open_db(b"events", txn=txn, create=False)))
+    finally:
+        env.close()
+
+
+def _put_entry(store: Path, key: bytes, value: bytes) -> None:
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, value, db=env.open_db(b"events", txn=txn))
+    finally:
+        env.close()
+
+
+def _sealed(key: bytes, payload: bytes) -> bytes:
+    return payload + struct.pack(">I", zlib.crc32(payload, zlib.crc32(key)))
+
+
+def _three_frames(store: Path) -> list[int]:
+    sizes = [300] * 10 + [500] * 10 + [700] * 10
+    with Journal.open(store) as j:
+        j.create_session("s")
+        for first in (1, 11, 21):
+            j.append(
+                "s", [EventIn("t", payload(o, sizes[o - 1])) for o in range(first, first + 10)]
+            )
+    return sizes
+
+
+def test_implausible_byte_counts_in_the_index_fall_back_to_counting(tmp_path: Path) -> None:
+    # The second frame's entry (checksum intact) claims a running total larger than the
+    # third's: both frames' counts are implausible, so the reader counts their events,
+    # and the pages are still those of the rule.
+    sizes = _three_frames(tmp_path)
+    key = struct.pack(">QQ", 1, 11)
+    segment, offset, _, time_ms = struct.unpack(">QQQQ", _events_entries(tmp_path)[key][:32])
+    _put_entry(tmp_path, key, _sealed(key, struct.pack(">QQQQ", segment, offset, 1 << 40, time_ms)))
+    with Journal.open(tmp_path, readonly=True) as j:
+        for max_bytes in (1, 2000, 4000, 9000, 1 << 20):
+            pages = []
+            cursor = None
+            while True:
+                page = j.read("s", cursor=cursor, max_bytes=max_bytes)
+                pages.append(len(page.events))
+                cursor = page.next_cursor
+                if not page.has_more:
+                    break
+            assert pages == greedy_pages(sizes, max_bytes), max_bytes
+
+
+def test_a_damaged_index_entry_after_the_page_fails_only_the_page_that_reaches_it(
+    tmp_path: Path,
+) -> None:
+    # The reader looks one index entry ahead (for byte counts): damage found there is
+    # raised only when a page gets to that frame.
+    _three_frames(tmp_path)
+    key = struct.pack(">QQ", 1, 21)
+    value = _events_entries(tmp_path)[key]
+    _put_entry(tmp_path, key, value[:-4] + bytes(a ^ 0xFF for a in value[-4:]))
+    with Journal.open(tmp_path, readonly=True) as j:
+        page = j.read("s", max_bytes=7000)  # ends inside the second frame
+        assert [e.ordinal for e in page.events] == list(range(1, 19))
+        with pytest.raises(JournalCorrupt):
+            j.read("s", cursor=page.next_cursor)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from typing import cast
 
 import lmdb
@@ -206,14 +207,19 @@ def _read_events(
     head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
     reader: SegmentReader | None = None
     locations = view.iter_frame_locations(txn, incarnation, start)
-    entry = next(locations, None)
+    entry = _next_entry(locations)
     while entry is not None:
+        if isinstance(entry, JournalCorrupt):
+            raise entry
         first_ordinal, segment, offset, before = entry
-        entry = next(locations, None)
+        entry = _next_entry(locations)
         # The data bytes of the session's events in this frame, from the index: the next
         # entry's running total (or the row's) minus this one's. Checked against the
         # body length below; an index without them (or damaged) makes it implausible.
-        frame_bytes = (row.appended_bytes if entry is None else entry[3]) - before
+        if entry is None:
+            frame_bytes = row.appended_bytes - before
+        else:
+            frame_bytes = -1 if isinstance(entry, JournalCorrupt) else entry[3] - before
         reader = readers.get(segment)
         skip = 0
         if carried is not None and carried[:4] == (segment, offset, first_ordinal, start):
@@ -306,6 +312,18 @@ def _read_events(
             f"the index of session {session_id!r} has no frame for ordinal {expected}",
         )
     return events, expected <= last
+
+
+def _next_entry(
+    locations: Iterator[tuple[int, int, int, int]],
+) -> tuple[int, int, int, int] | JournalCorrupt | None:
+    """The next index entry, or the damage found reading it: the reader looks one entry
+    ahead (for the byte counts), but raises damage only when it reaches that entry, so a
+    page that ends before it is still read as before."""
+    try:
+        return next(locations, None)
+    except JournalCorrupt as damage:
+        return damage
 
 
 def _misplaced(session_id: str, ordinal: int, segment: str, offset: int) -> JournalCorrupt:
