@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -59,7 +58,9 @@ from .frames import (
     FrameInfo,
     SegmentHeader,
     block_index,
+    block_table_problem,
     check_frame,
+    decompress_block,
     encode_frame,
     segment_name,
     valid_frame_after,
@@ -76,18 +77,6 @@ __all__ = [
 ]
 
 _READ_CHUNK: Final = 1 << 20
-# One decompression context per thread: python-zstandard does not allow one instance to
-# be used by several threads at once (it releases the GIL while it works).
-_DECOMPRESSORS: Final = threading.local()
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    decompressor: zstandard.ZstdDecompressor | None = getattr(_DECOMPRESSORS, "d", None)
-    if decompressor is None:
-        decompressor = _DECOMPRESSORS.d = zstandard.ZstdDecompressor()
-    return decompressor
-
-
 _PREALLOCATE_BYTES: Final = 4 << 20
 _ZEROS: Final = bytes(1 << 20)
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
@@ -412,7 +401,7 @@ class SegmentReader:
             blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
         except msgspec.DecodeError:
             raise JournalCorrupt(self.name, footer_at, "block table is undecodable") from None
-        problem = _block_table_problem(blocks, footer_at)
+        problem = block_table_problem(blocks, footer_at)
         if problem:
             raise JournalCorrupt(self.name, footer_at, f"block table is damaged: {problem}")
         return blocks
@@ -430,7 +419,7 @@ class SegmentReader:
         if ulength > MAX_BLOCK_BYTES:
             raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
         try:
-            block = _decompress_block(payload, ulength)
+            block = decompress_block(payload, ulength)
         except zstandard.ZstdError as e:
             raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
         if len(block) != ulength:
@@ -458,45 +447,6 @@ class SegmentReader:
                     info = FrameInfo(self.base_position, offset, first, count, length)
                     yield info, memoryview(block)[body_start : body_start + length]
                 at = body_start + length
-
-
-def _block_table_problem(blocks: list[tuple[int, int, int, int]], footer_at: int) -> str:
-    """What is wrong with a decoded block table ("" if nothing): every block must lie
-    between the header and the footer, in file order, and cover increasing, disjoint
-    uncompressed ranges of at most `MAX_BLOCK_BYTES`, so no read trusts a length the file
-    cannot hold."""
-    uncompressed_end = SEGMENT_HEADER_SIZE
-    file_end = SEGMENT_HEADER_SIZE
-    for uoffset, ulength, coffset, clength in blocks:
-        if uoffset < uncompressed_end or not 0 < ulength <= MAX_BLOCK_BYTES:
-            return f"uncompressed range {uoffset}+{ulength} is out of order or implausible"
-        if coffset < file_end or clength < 0 or coffset + BLOCK_HEADER.size + clength > footer_at:
-            return f"block at byte {coffset} ({clength} bytes) lies outside the block area"
-        uncompressed_end = uoffset + ulength
-        file_end = coffset + BLOCK_HEADER.size + clength
-    return ""
-
-
-# Blocks up to this size are decompressed in one call, whose output buffer is allocated
-# up front at the block's claimed size; larger ones (a single large frame) are streamed,
-# so a damaged block claiming a huge size fails before that much memory is taken.
-_ONE_SHOT_BLOCK_BYTES: Final = 2 * BLOCK_TARGET_BYTES
-
-
-def _decompress_block(payload: memoryview, ulength: int) -> bytes:
-    """The block's bytes: at most `ulength + 1` of them (the caller checks the size)."""
-    if ulength <= _ONE_SHOT_BLOCK_BYTES:
-        return _decompressor().decompress(payload, max_output_size=ulength)
-    parts: list[bytes] = []
-    produced = 0
-    with _decompressor().stream_reader(payload) as stream:
-        while produced <= ulength:
-            part = stream.read(min(_READ_CHUNK, ulength + 1 - produced))
-            if not part:
-                break
-            parts.append(part)
-            produced += len(part)
-    return b"".join(parts)
 
 
 class SegmentWriter:
