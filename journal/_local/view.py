@@ -626,9 +626,8 @@ class View:
     def iter_frame_locations(
         self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
     ) -> Iterator[tuple[int, int, int, int]]:
-        """(first ordinal, segment, offset, bytes before) of each frame holding the
-        session's events, starting with the frame that holds `from_ordinal`, in ordinal
-        order; bytes before: the data bytes of the session's events in earlier frames."""
+        """(first ordinal, segment, offset, the session's data bytes in earlier frames) of
+        each frame holding its events, from the frame holding `from_ordinal` on, in order."""
         cursor = txn.cursor(db=self._events)
         prefix = _U64.pack(incarnation)
         target = _U64X2.pack(incarnation, from_ordinal)
