@@ -61,6 +61,18 @@ class FileOps:
     def pread(self, fd: int, length: int, offset: int) -> bytes:
         return os.pread(fd, length, offset)
 
+    def pread_into(self, fd: int, buffer: bytearray | memoryview, offset: int) -> int:
+        """Read up to `len(buffer)` bytes at `offset` into `buffer`; returns how many.
+
+        The read path's chunk read (one reused buffer instead of a fresh object per
+        chunk). A subclass that overrides `pread` gets its `pread` called here too, so a
+        test's faults and checks on reads stay armed without overriding this as well."""
+        if type(self).pread is not FileOps.pread:
+            data = self.pread(fd, len(buffer), offset)
+            buffer[: len(data)] = data
+            return len(data)
+        return os.preadv(fd, (buffer,), offset)
+
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 

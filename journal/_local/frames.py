@@ -1,18 +1,39 @@
 """Segment file formats: the segment header, frames (one committed batch each), and the
-zstd block and footer layout of compressed segments. Pure encoding and checking; reading
-and writing files is `segments`. Byte formats are in SPEC.md ("Segment files").
+zstd block and footer layout of compressed segments. Pure encoding, decoding (a zstd
+block, the frame check's CRC32) and checking; reading and writing files is `segments`.
+Byte formats are in SPEC.md ("Segment files").
 """
 
 from __future__ import annotations
 
 import bisect
+import importlib
 import struct
+import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
+import zstandard
+
 from ..errors import JournalCorrupt, StoreIncompatible
+
+
+def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
+    """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the optional
+    `isal` package is installed (SPEC.md 3: measured 60x faster on frame bodies, about a
+    tenth of a replay's time), else `zlib.crc32`. Same values, so no format change."""
+    try:
+        module = importlib.import_module("isal.isal_zlib")
+    except ImportError:
+        return zlib.crc32
+    crc32: Callable[[bytes | memoryview, int], int] = module.crc32
+    return crc32 if crc32(b"SJFR", 1) == zlib.crc32(b"SJFR", 1) else zlib.crc32
+
+
+# Checks frame bodies on the read path (`check_frame`); everything else uses zlib.
+frame_crc32: Final = _fast_crc32()
 
 __all__ = [
     "BLOCK_HEADER",
@@ -38,8 +59,11 @@ __all__ = [
     "FrameInfo",
     "SegmentHeader",
     "block_index",
+    "block_table_problem",
     "check_frame",
+    "decompress_block",
     "encode_frame",
+    "frame_crc32",
     "segment_name",
     "sidecar_name",
     "valid_frame_after",
@@ -80,6 +104,40 @@ FOOTER_HEADER: Final = struct.Struct(">4sII")
 FOOTER_TRAILER: Final = struct.Struct(">Q")
 
 
+# One decompression context per thread: python-zstandard does not allow one instance to
+# be used by several threads at once (it releases the GIL while it works).
+_DECOMPRESSORS: Final = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_DECOMPRESSORS, "d", None)
+    if decompressor is None:
+        decompressor = _DECOMPRESSORS.d = zstandard.ZstdDecompressor()
+    return decompressor
+
+
+# Blocks up to this size are decompressed in one call, whose output buffer is allocated
+# up front at the block's claimed size; larger ones (a single large frame) are streamed,
+# so a damaged block claiming a huge size fails before that much memory is taken.
+_ONE_SHOT_BLOCK_BYTES: Final = 2 * BLOCK_TARGET_BYTES
+
+
+def decompress_block(payload: memoryview, ulength: int) -> bytes:
+    """The block's bytes: at most `ulength + 1` of them (the caller checks the size)."""
+    if ulength <= _ONE_SHOT_BLOCK_BYTES:
+        return _decompressor().decompress(payload, max_output_size=ulength)
+    parts: list[bytes] = []
+    produced = 0
+    with _decompressor().stream_reader(payload) as stream:
+        while produced <= ulength:
+            part = stream.read(min(BLOCK_TARGET_BYTES, ulength + 1 - produced))
+            if not part:
+                break
+            parts.append(part)
+            produced += len(part)
+    return b"".join(parts)
+
+
 def segment_name(base_position: int, *, compressed: bool = False) -> str:
     """The file name of the segment whose first position is `base_position`."""
     return f"{base_position:020d}{COMPRESSED_SUFFIX if compressed else SEGMENT_SUFFIX}"
@@ -92,6 +150,23 @@ def sidecar_name(base_position: int) -> str:
 def block_index(blocks: Sequence[tuple[int, int, int, int]], offset: int) -> int:
     """Index of the last block starting at or before `offset` (-1 if none)."""
     return bisect.bisect_right(blocks, offset, key=lambda block: block[0]) - 1
+
+
+def block_table_problem(blocks: list[tuple[int, int, int, int]], footer_at: int) -> str:
+    """What is wrong with a decoded block table ("" if nothing): every block must lie
+    between the header and the footer, in file order, and cover increasing, disjoint
+    uncompressed ranges of at most `MAX_BLOCK_BYTES`, so no read trusts a length the file
+    cannot hold."""
+    uncompressed_end = SEGMENT_HEADER_SIZE
+    file_end = SEGMENT_HEADER_SIZE
+    for uoffset, ulength, coffset, clength in blocks:
+        if uoffset < uncompressed_end or not 0 < ulength <= MAX_BLOCK_BYTES:
+            return f"uncompressed range {uoffset}+{ulength} is out of order or implausible"
+        if coffset < file_end or clength < 0 or coffset + BLOCK_HEADER.size + clength > footer_at:
+            return f"block at byte {coffset} ({clength} bytes) lies outside the block area"
+        uncompressed_end = uoffset + ulength
+        file_end = coffset + BLOCK_HEADER.size + clength
+    return ""
 
 
 class SegmentHeader(NamedTuple):
@@ -194,7 +269,7 @@ def _crc_matches(
 ) -> bool:
     # A view, not a slice: checking a frame never copies its body.
     body = memoryview(buf)[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + length]
-    return zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(length, first, count))) == crc
+    return frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first, count), 0)) == crc
 
 
 # How many body bytes `valid_frame_after` checksums at most, per byte of its buffer (plus

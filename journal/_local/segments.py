@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import struct
-import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Final, TypeVar
@@ -55,7 +54,9 @@ from .frames import (
     FrameInfo,
     SegmentHeader,
     block_index,
+    block_table_problem,
     check_frame,
+    decompress_block,
     encode_frame,
     segment_name,
     valid_frame_after,
@@ -71,18 +72,7 @@ __all__ = [
 ]
 
 _READ_CHUNK: Final = 1 << 20
-# One decompression context per thread: python-zstandard does not allow one instance to
-# be used by several threads at once (it releases the GIL while it works).
-_DECOMPRESSORS: Final = threading.local()
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    decompressor: zstandard.ZstdDecompressor | None = getattr(_DECOMPRESSORS, "d", None)
-    if decompressor is None:
-        decompressor = _DECOMPRESSORS.d = zstandard.ZstdDecompressor()
-    return decompressor
-
-
+_ZEROS: Final = bytes(_READ_CHUNK)  # what the zeros after the active segment's data look like
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -136,7 +126,11 @@ class SegmentReader:
         # Set when `frames(tail=True)` stopped at a torn (non-zero, invalid) tail.
         self.torn_at: int | None = None
         # read_frame's cache: one chunk of the plain file or one decompressed block.
-        self._chunk = b""
+        self._chunk: bytes | memoryview = b""
+        # The chunk buffer of a plain file, reused from chunk to chunk (a fresh megabyte
+        # per chunk, allocated and freed a hundred times a second, cost a quarter of a
+        # replay); see `_fill`.
+        self._buffer: bytearray | None = None
         self._chunk_start = 0
         self._trusted_end = 0
         self._last_end = -1
@@ -247,6 +241,9 @@ class SegmentReader:
         read ahead past it are not trusted later, because the frame there may still be cut
         off and rewritten. Sequential calls (each at the end of the previous frame) read
         ahead in 1 MiB chunks; a jump reads 64 KiB (or the frame's exact size).
+
+        The body is a view of the reader's chunk buffer, valid until the next read on
+        this reader: decode it (or copy it) before reading on.
         """
         checked = None
         at = 0
@@ -300,9 +297,20 @@ class SegmentReader:
         if needed > size:
             # Never past what the file holds: a damaged length must not allocate it.
             needed = min(needed, max(self.file_size() - offset, 0))
-        self._chunk = self._ops.pread(self._fd, max(size, needed, 0), offset)
+        want = max(size, needed, 0)
+        if want > _READ_CHUNK:
+            buffer = bytearray(want)  # one large frame: not kept for the next chunk
+        elif self._buffer is not None:
+            # Reused: the body `read_frame` returned last is a view of this buffer, which
+            # is why its bytes are only valid until the next read on this reader.
+            buffer = self._buffer
+        else:
+            buffer = self._buffer = bytearray(_READ_CHUNK)
+        window = memoryview(buffer)[:want]
+        got = self._ops.pread_into(self._fd, window, offset)
+        self._chunk = window[:got]
         self._chunk_start = offset
-        end = offset + len(self._chunk)
+        end = offset + got
         self._trusted_end = end if committed_end is None else min(end, committed_end)
 
     def _block_containing(self, offset: int) -> tuple[int, int, int, int] | None:
@@ -340,8 +348,27 @@ class SegmentReader:
     def _data_after(self, offset: int, last_position: int) -> bool:
         """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""
         size = self.file_size()
+        if self._zeros_after(offset + 1, size):
+            # The usual end of the active segment: its preallocated zeros. Comparing them
+            # takes microseconds a megabyte; the search below took milliseconds (at every
+            # open of a writer: catching up stops there).
+            return False
         rest = self._ops.pread(self._fd, max(0, size - offset - 1), offset + 1)
         return valid_frame_after(rest, 0, last_position)
+
+    def _zeros_after(self, offset: int, size: int) -> bool:
+        """Whether the file holds only zero bytes from `offset` to `size`."""
+        buffer = bytearray(min(_READ_CHUNK, max(size - offset, 0)))
+        while offset < size:
+            window = memoryview(buffer)[: min(len(buffer), size - offset)]
+            got = self._ops.pread_into(self._fd, window, offset)
+            if got == 0:
+                return True  # the file shrank meanwhile: nothing more after
+            # (bytearray == bytes is a memcmp; comparing memoryviews is not.)
+            if (buffer if got == len(buffer) else buffer[:got]) != _ZEROS[:got]:
+                return False
+            offset += got
+        return True
 
     def block_table(self) -> list[tuple[int, int, int, int]]:
         """(uncompressed offset, uncompressed length, file offset, compressed length),
@@ -368,7 +395,7 @@ class SegmentReader:
             blocks = msgspec.msgpack.decode(table, type=list[tuple[int, int, int, int]])
         except msgspec.DecodeError:
             raise JournalCorrupt(self.name, footer_at, "block table is undecodable") from None
-        problem = _block_table_problem(blocks, footer_at)
+        problem = block_table_problem(blocks, footer_at)
         if problem:
             raise JournalCorrupt(self.name, footer_at, f"block table is damaged: {problem}")
         return blocks
@@ -386,7 +413,7 @@ class SegmentReader:
         if ulength > MAX_BLOCK_BYTES:
             raise JournalCorrupt(self.name, coffset, "compressed block claims to be huge")
         try:
-            block = _decompress_block(payload, ulength)
+            block = decompress_block(payload, ulength)
         except zstandard.ZstdError as e:
             raise JournalCorrupt(self.name, coffset, f"zstd: {e}") from None
         if len(block) != ulength:
@@ -414,45 +441,6 @@ class SegmentReader:
                     info = FrameInfo(self.base_position, offset, first, count, length)
                     yield info, memoryview(block)[body_start : body_start + length]
                 at = body_start + length
-
-
-def _block_table_problem(blocks: list[tuple[int, int, int, int]], footer_at: int) -> str:
-    """What is wrong with a decoded block table ("" if nothing): every block must lie
-    between the header and the footer, in file order, and cover increasing, disjoint
-    uncompressed ranges of at most `MAX_BLOCK_BYTES`, so no read trusts a length the file
-    cannot hold."""
-    uncompressed_end = SEGMENT_HEADER_SIZE
-    file_end = SEGMENT_HEADER_SIZE
-    for uoffset, ulength, coffset, clength in blocks:
-        if uoffset < uncompressed_end or not 0 < ulength <= MAX_BLOCK_BYTES:
-            return f"uncompressed range {uoffset}+{ulength} is out of order or implausible"
-        if coffset < file_end or clength < 0 or coffset + BLOCK_HEADER.size + clength > footer_at:
-            return f"block at byte {coffset} ({clength} bytes) lies outside the block area"
-        uncompressed_end = uoffset + ulength
-        file_end = coffset + BLOCK_HEADER.size + clength
-    return ""
-
-
-# Blocks up to this size are decompressed in one call, whose output buffer is allocated
-# up front at the block's claimed size; larger ones (a single large frame) are streamed,
-# so a damaged block claiming a huge size fails before that much memory is taken.
-_ONE_SHOT_BLOCK_BYTES: Final = 2 * BLOCK_TARGET_BYTES
-
-
-def _decompress_block(payload: memoryview, ulength: int) -> bytes:
-    """The block's bytes: at most `ulength + 1` of them (the caller checks the size)."""
-    if ulength <= _ONE_SHOT_BLOCK_BYTES:
-        return _decompressor().decompress(payload, max_output_size=ulength)
-    parts: list[bytes] = []
-    produced = 0
-    with _decompressor().stream_reader(payload) as stream:
-        while produced <= ulength:
-            part = stream.read(min(_READ_CHUNK, ulength + 1 - produced))
-            if not part:
-                break
-            parts.append(part)
-            produced += len(part)
-    return b"".join(parts)
 
 
 def summarize_segment(

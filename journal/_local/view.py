@@ -593,9 +593,9 @@ class View:
 
     def iter_frame_locations(
         self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
-    ) -> Iterator[tuple[int, int, int]]:
-        """(first ordinal, segment, offset) of each frame holding the session's events,
-        starting with the frame that holds `from_ordinal`, in ordinal order."""
+    ) -> Iterator[tuple[int, int, int, int]]:
+        """(first ordinal, segment, offset, the session's data bytes in earlier frames) of
+        each frame holding its events, from the frame holding `from_ordinal` on, in order."""
         cursor = txn.cursor(db=self._events)
         prefix = U64.pack(incarnation)
         target = U64X2.pack(incarnation, from_ordinal)
@@ -614,8 +614,8 @@ class View:
             if key[:8] != prefix:
                 return
             _, first_ordinal = key_pair(key, "events")
-            segment, offset, _, _ = _location(key, cursor.value())
-            yield first_ordinal, segment, offset
+            segment, offset, before, _ = _location(key, cursor.value())
+            yield first_ordinal, segment, offset, before
             if not cursor.next():
                 return
 

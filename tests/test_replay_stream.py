@@ -1,0 +1,313 @@
+"""The streaming read path (SPEC.md 7.5): pages by the byte rule without counting each
+event, a page that ends inside a frame handing the frame to the next page, chunk reads
+into one reused buffer (still through `FileOps`), bounded memory, and reads that race
+appends, retention and compaction."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import sys
+import threading
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
+from journal._local import frames
+from journal._local.files import FileOps
+
+NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
+
+
+class CountingReads(FileOps):
+    """Counts the bytes read through `pread` (which `pread_into` calls for a subclass)."""
+
+    def __init__(self) -> None:
+        self.bytes_read = 0
+        self.calls = 0
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        data = super().pread(fd, length, offset)
+        self.bytes_read += len(data)
+        self.calls += 1
+        return data
+
+
+def payload(ordinal: int, size: int) -> bytes:
+    prefix = f"{ordinal}:".encode()
+    return prefix + random.Random(ordinal).randbytes(max(0, size - len(prefix)))
+
+
+def greedy_pages(sizes: list[int], max_bytes: int) -> list[int]:
+    """How many events each page holds by the rule: as many as fit, at least one."""
+    pages: list[int] = []
+    at = 0
+    while at < len(sizes):
+        total, count = sizes[at], 1
+        while at + count < len(sizes) and total + sizes[at + count] <= max_bytes:
+            total += sizes[at + count]
+            count += 1
+        pages.append(count)
+        at += count
+    return pages
+
+
+def segment_bytes_on_disk(path: Path) -> int:
+    folder = path / "segments"
+    return sum(os.path.getsize(folder / n) for n in os.listdir(folder) if ".seg" in n)
+
+
+def test_pages_follow_the_byte_rule_exactly_with_counts_from_the_index(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    # Batches of random sizes: the page rule (as many events as fit, at least one) must
+    # give the same pages whether a frame's bytes come from the index or from len().
+    sizes: list[int] = []
+    with Journal.open(tmp_path, segment_bytes=1 << 16, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        for _ in range(60):
+            batch = [rng.randrange(1, 3000) for _ in range(rng.randrange(1, 40))]
+            first = len(sizes) + 1
+            j.append("s", [EventIn("t", payload(first + i, n)) for i, n in enumerate(batch)])
+            sizes += batch
+        for max_bytes in (1, 700, 5000, rng.randrange(1, 60_000), 1 << 20):
+            pages: list[int] = []
+            cursor = None
+            ordinals: list[int] = []
+            while True:
+                page = j.read("s", cursor=cursor, max_bytes=max_bytes)
+                if not page.events:
+                    break
+                pages.append(len(page.events))
+                ordinals += [e.ordinal for e in page.events]
+                assert all(e.data == payload(e.ordinal, len(e.data)) for e in page.events)
+                cursor = page.next_cursor
+                if not page.has_more:
+                    break
+            assert ordinals == list(range(1, len(sizes) + 1))
+            assert pages == greedy_pages(sizes, max_bytes), max_bytes
+
+
+def test_pages_ending_inside_frames_continue_where_they_stopped(tmp_path: Path) -> None:
+    # Frames of 100 events (about 52 KB) and pages of 20 KB: every page ends inside a
+    # frame, and the next page goes on with that frame's records (kept decoded from the
+    # page before). Every event comes once, in order, and the log is read about once:
+    # the reused chunk buffer never makes a page read its chunk again.
+    with Journal.open(tmp_path, segment_bytes=1 << 20, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        for batch in range(40):
+            first = batch * 100 + 1
+            j.append("s", [EventIn("t", payload(first + i, 500)) for i in range(100)])
+    on_disk = segment_bytes_on_disk(tmp_path)
+    reads = CountingReads()
+    with Journal.open(tmp_path, file_ops=reads, retention=NO_WINDOWS) as j:
+        reads.bytes_read = 0
+        events = list(j.replay("s", max_bytes=20_000))
+    assert [e.ordinal for e in events] == list(range(1, 4001))
+    assert all(e.data == payload(e.ordinal, 500) for e in events)
+    assert reads.bytes_read <= on_disk * 1.2, (reads.bytes_read, on_disk)
+
+
+def test_chunk_reads_go_through_an_overridden_pread(tmp_path: Path) -> None:
+    # The reused chunk buffer is filled by FileOps.pread_into: a test's FileOps that only
+    # overrides pread (faults, checks on read sizes) still sees every chunk read.
+    with Journal.open(tmp_path) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("t", payload(i, 300)) for i in range(1, 51)])
+    reads = CountingReads()
+    with Journal.open(tmp_path, file_ops=reads) as j:
+        reads.calls = 0
+        assert len(list(j.replay("s"))) == 50
+    assert reads.calls >= 1
+
+
+def test_pread_into_reads_like_pread(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 10)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for ops in (FileOps(), CountingReads()):
+            buffer = bytearray(b"\xff" * 300)
+            got = ops.pread_into(fd, memoryview(buffer)[:100], 2500)
+            assert got == 60
+            assert buffer[:60] == bytes(range(196, 256))
+            assert buffer[60:] == b"\xff" * 240  # nothing past what was read is touched
+    finally:
+        os.close(fd)
+
+
+def test_replaying_a_large_session_holds_about_a_page(tmp_path: Path) -> None:
+    # 12 MiB of events, pages of 128 KiB: what a replay holds at its peak (page, chunk
+    # buffer, the frame a page ended inside) must not grow with the session.
+    with Journal.open(tmp_path, segment_bytes=4 << 20, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        for batch in range(120):
+            first = batch * 200 + 1
+            j.append("s", [EventIn("t", payload(first + i, 512)) for i in range(200)])
+    with Journal.open(tmp_path, retention=NO_WINDOWS) as j:
+        tracemalloc.start()
+        try:
+            count = 0
+            for event in j.replay("s", max_bytes=128 << 10):
+                count += 1
+                assert event.ordinal == count
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert count == 24_000
+    assert peak < 4 << 20, peak  # 12 MiB replayed; a page, a chunk and a frame held
+
+
+def test_paging_while_appending_returns_only_committed_whole_events(tmp_path: Path) -> None:
+    # The active segment is read while a writer appends (and preallocates zeros ahead):
+    # every page holds exactly the next committed events, never bytes past the commit.
+    with Journal.open(tmp_path, segment_bytes=1 << 20, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                for batch in range(150):
+                    first = batch * 20 + 1
+                    j.append("s", [EventIn("t", payload(first + i, 700)) for i in range(20)])
+            finally:
+                done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        seen = 0
+        cursor = None
+        try:
+            while not (done.is_set() and seen == 3000):
+                page = j.read("s", cursor=cursor, max_bytes=rng_bytes(seen))
+                for event in page.events:
+                    seen += 1
+                    assert event.ordinal == seen
+                    assert event.data == payload(seen, 700)
+                cursor = page.next_cursor
+        finally:
+            writer.join()
+        assert seen == 3000
+
+
+def rng_bytes(seen: int) -> int:
+    return (1, 3000, 40_000, 1 << 20)[seen % 4]
+
+
+@pytest.mark.parametrize("how", ["retention", "compaction"])
+def test_a_follower_paging_inside_frames_survives_retention_and_compaction(
+    tmp_path: Path, how: str
+) -> None:
+    # A replay whose pages end inside frames pauses while the segment it reads is
+    # deleted (retention) or rewritten (compaction): it delivers the next events
+    # correctly or raises CursorExpired, never a skipped or stale event.
+    with Journal.open(tmp_path, segment_bytes=1 << 16, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        for batch in range(30):
+            first = batch * 25 + 1
+            j.append("s", [EventIn("t", payload(first + i, 400)) for i in range(25)])
+        stream = j.replay("s", max_bytes=3000)
+        seen = [next(stream) for _ in range(10)]
+        assert [e.ordinal for e in seen] == list(range(1, 11))
+        if how == "retention":
+            j.compact_session("s", 400, b"snapshot")  # trims the history below 401
+            j.apply_retention()
+        else:
+            j.compact_session("s", 40, b"snapshot")
+            j.compact()
+        try:
+            for event in stream:
+                assert event.ordinal == seen[-1].ordinal + 1, "skipped or repeated"
+                assert event.data == payload(event.ordinal, 400)
+                seen.append(event)
+            assert seen[-1].ordinal == 750
+        except CursorExpired as expired:
+            assert expired.earliest_ordinal > seen[-1].ordinal
+        stream.close()
+
+
+def test_frame_crc32_falls_back_to_zlib_without_isal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "isal.isal_zlib", None)  # import raises ImportError
+    assert frames._fast_crc32() is zlib.crc32
+
+
+def test_frame_crc32_agrees_with_zlib(rng: random.Random) -> None:
+    for size in (0, 1, 7, 580, 1 << 16, (1 << 20) + 3):
+        data = rng.randbytes(size)
+        start = rng.randrange(1 << 32)
+        assert frames.frame_crc32(memoryview(data), start) == zlib.crc32(data, start)
+
+
+def _events_entries(store: Path) -> dict[bytes, bytes]:
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
+    try:
+        with env.begin() as txn:
+            return dict(txn.cursor(db=env.open_db(b"events", txn=txn, create=False)))
+    finally:
+        env.close()
+
+
+def _put_entry(store: Path, key: bytes, value: bytes) -> None:
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(key, value, db=env.open_db(b"events", txn=txn))
+    finally:
+        env.close()
+
+
+def _sealed(key: bytes, payload: bytes) -> bytes:
+    return payload + struct.pack(">I", zlib.crc32(payload, zlib.crc32(key)))
+
+
+def _three_frames(store: Path) -> list[int]:
+    sizes = [300] * 10 + [500] * 10 + [700] * 10
+    with Journal.open(store) as j:
+        j.create_session("s")
+        for first in (1, 11, 21):
+            j.append(
+                "s", [EventIn("t", payload(o, sizes[o - 1])) for o in range(first, first + 10)]
+            )
+    return sizes
+
+
+def test_implausible_byte_counts_in_the_index_fall_back_to_counting(tmp_path: Path) -> None:
+    # The second frame's entry (checksum intact) claims a running total larger than the
+    # third's: both frames' counts are implausible, so the reader counts their events,
+    # and the pages are still those of the rule.
+    sizes = _three_frames(tmp_path)
+    key = struct.pack(">QQ", 1, 11)
+    segment, offset, _, time_ms = struct.unpack(">QQQQ", _events_entries(tmp_path)[key][:32])
+    _put_entry(tmp_path, key, _sealed(key, struct.pack(">QQQQ", segment, offset, 1 << 40, time_ms)))
+    with Journal.open(tmp_path, readonly=True) as j:
+        for max_bytes in (1, 2000, 4000, 9000, 1 << 20):
+            pages = []
+            cursor = None
+            while True:
+                page = j.read("s", cursor=cursor, max_bytes=max_bytes)
+                pages.append(len(page.events))
+                cursor = page.next_cursor
+                if not page.has_more:
+                    break
+            assert pages == greedy_pages(sizes, max_bytes), max_bytes
+
+
+def test_a_damaged_index_entry_after_the_page_fails_only_the_page_that_reaches_it(
+    tmp_path: Path,
+) -> None:
+    # The reader looks one index entry ahead (for byte counts): damage found there is
+    # raised only when a page gets to that frame.
+    _three_frames(tmp_path)
+    key = struct.pack(">QQ", 1, 21)
+    value = _events_entries(tmp_path)[key]
+    _put_entry(tmp_path, key, value[:-4] + bytes(a ^ 0xFF for a in value[-4:]))
+    with Journal.open(tmp_path, readonly=True) as j:
+        page = j.read("s", max_bytes=7000)  # ends inside the second frame
+        assert [e.ordinal for e in page.events] == list(range(1, 19))
+        with pytest.raises(JournalCorrupt):
+            j.read("s", cursor=page.next_cursor)
