@@ -122,22 +122,23 @@ def _shown(value: str) -> str:
 def _plain_str(what: str, value: object) -> str:
     """`value` as a plain str: a str subclass (a `StrEnum` member, ...) is copied, so
     neither its overridden methods nor its class reach the checks or the encoder."""
-    if value.__class__ is str:
+    if type(value) is str:
         return value
-    if not isinstance(value, str):
+    # (The type itself, not `isinstance`: an object can claim any `__class__`.)
+    if not issubclass(type(value), str):
         raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
     return str.__str__(value)
 
 
 def _plain_bytes(what: str, value: object) -> bytes:
     """`value` as plain bytes (a bytes subclass is copied through the buffer protocol)."""
-    if value.__class__ is bytes:
+    if type(value) is bytes:
         return value
-    if not isinstance(value, bytes):
+    if not issubclass(type(value), bytes):
         raise InvalidArgument(
             f"{what} is a {type(value).__name__}; it must be bytes (encode text or JSON first)"
         )
-    return bytes(memoryview(value))
+    return bytes(memoryview(value))  # type: ignore[arg-type]
 
 
 def check_name(what: str, value: object) -> str:
@@ -293,7 +294,7 @@ def check_retention(policy: RetentionPolicy) -> None:
     """A store's retention policy, checked when the journal opens (the field named)."""
     for name in ("max_history_bytes", "max_history_age_ms", "session_retention_ms"):
         value = getattr(policy, name)
-        if value is not None and (value.__class__ is not int or not 0 < value < MAX_SETTING):
+        if value is not None and (type(value) is not int or not 0 < value < MAX_SETTING):
             raise InvalidArgument(
                 f"RetentionPolicy.{name} must be a positive int below 2**62, or None; got {value!r}"
             )
@@ -368,7 +369,7 @@ class EventChecker:
         idempotency_key: str | None,
         create: CreateSession | None = None,
     ) -> Append:
-        if session_id.__class__ is not str or session_id not in self._checked_ids:
+        if type(session_id) is not str or session_id not in self._checked_ids:
             session_id = check_name("session_id", session_id)
             if len(self._checked_ids) >= _CHECKED_IDS:
                 self._checked_ids.clear()
@@ -387,14 +388,14 @@ class EventChecker:
         checked = self._checked_types
         for event in events:
             if (
-                event.__class__ is not EventIn
-                or event.data.__class__ is not bytes
-                or event.type.__class__ is not str
+                type(event) is not EventIn
+                or type(event.data) is not bytes
+                or type(event.type) is not str
                 or event.type not in checked
                 or (
                     event.request_id is not None
                     and (
-                        event.request_id.__class__ is not str
+                        type(event.request_id) is not str
                         # ASCII (an O(1) flag) has a UTF-8 form of its own length
                         or not event.request_id.isascii()
                         or len(event.request_id) > MAX_REQUEST_ID_BYTES
@@ -439,7 +440,7 @@ class EventChecker:
                     "and append a reference"
                 )
             event_type = event.type
-            if event_type.__class__ is not str or event_type not in self._checked_types:
+            if type(event_type) is not str or event_type not in self._checked_types:
                 event_type = check_name(f"events[{i}].type", event_type)
                 if event_type in TURN_EVENT_TYPES:
                     raise InvalidArgument(
@@ -452,7 +453,7 @@ class EventChecker:
             if request_id is not None:
                 request_id = check_request_id(f"events[{i}].request_id", request_id)
             if (
-                event.__class__ is not EventIn
+                type(event) is not EventIn
                 or data is not event.data
                 or event_type is not event.type
                 or request_id is not event.request_id

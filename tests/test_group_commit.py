@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from journal import EventIn, Journal, OrdinalConflict, SessionNotWritable
+from journal import EventIn, InvalidArgument, Journal, OrdinalConflict, SessionNotWritable
 from journal._local.files import FileOps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,3 +136,172 @@ def test_gathered_batches_give_each_caller_its_own_dense_result(tmp_path: Path) 
     every = sorted(r for rs in results.values() for r in rs)
     assert len(every) == threads * per_thread
     assert sum(ops.sizes) == threads * per_thread + threads + 1
+
+
+_INTERRUPTED_FOLLOWER = """
+import os, signal, sys, tempfile, threading
+sys.path.insert(0, sys.argv[1])
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+go, queued, interrupted = threading.Event(), threading.Event(), threading.Event()
+
+
+class Pause(FileOps):
+    # The leader (a worker thread) waits, batch taken, until the main thread has queued
+    # behind it and been interrupted there: the main thread is next in line.
+    def point(self, name, detail=None):
+        main = threading.current_thread() is threading.main_thread()
+        if name == "commit.queued" and main and go.is_set():
+            queued.set()
+        if name == "commit.batch_taken" and go.is_set() and not main and not interrupted.is_set():
+            queued.wait(10)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            interrupted.wait(10)
+
+
+j = Journal.open(tempfile.mkdtemp() + "/s", durability="os", file_ops=Pause())
+j.create_session("s")
+go.set()
+leader = threading.Thread(target=lambda: j.append("s", [EventIn("t", b"leader")]))
+leader.start()
+while not queued.is_set():
+    try:
+        j.append("s", [EventIn("t", b"main")])
+    except KeyboardInterrupt:
+        break
+interrupted.set()
+leader.join(10)
+done = threading.Event()
+after = [EventIn("t", b"after")]
+threading.Thread(target=lambda: (j.append("s", after), done.set()), daemon=True).start()
+print("ok" if done.wait(10) else "HANG", [e.data.decode() for e in j.replay("s")])
+os._exit(0)
+"""
+
+
+def test_ctrl_c_in_the_caller_next_in_line_leaves_the_queue_working() -> None:
+    # The finishing leader hands leadership to the oldest waiting request; when its
+    # caller was interrupted meanwhile, nobody led again and every writer hung.
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_FOLLOWER, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert out.startswith("ok"), out
+    assert "'after'" in out and "'leader'" in out
+
+
+_INTERRUPTED = """
+import os, signal, sys, tempfile, threading, time
+sys.path.insert(0, sys.argv[1])
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+where = sys.argv[2]
+fired = threading.Event()
+
+
+def inside(frame, name, module):
+    while frame is not None:
+        if frame.f_code.co_name == name and frame.f_globals.get("__name__", "").endswith(module):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def handler(sig, frame):
+    # Ctrl-C, delivered exactly where the commit queue waits.
+    if fired.is_set():
+        return
+    if where == "gather" and inside(frame, "_gather", "commit_queue"):
+        fired.set()
+        raise KeyboardInterrupt
+    waiting = inside(frame, "submit", "commit_queue")
+    if where == "follower" and armed.is_set() and waiting is frame:
+        fired.set()
+        raise KeyboardInterrupt
+
+
+class NextInLine(FileOps):
+    # The main thread's request queued first behind a running batch: it is the one the
+    # finishing leader will hand leadership to.
+    def point(self, name, detail=None):
+        if name == "commit.queued" and threading.current_thread() is threading.main_thread():
+            if detail == 1:
+                armed.set()
+            else:
+                armed.clear()
+
+
+armed = threading.Event()
+signal.signal(signal.SIGALRM, handler)
+j = Journal.open(tempfile.mkdtemp() + "/s", durability="os", file_ops=NextInLine())
+for i in range(13):
+    j.create_session(f"s{i}")
+progress = [0] * 12
+stop = threading.Event()
+
+
+def worker(i):
+    while not stop.is_set():
+        j.append(f"s{i}", [EventIn("t", b"x")])
+        progress[i] += 1
+
+
+for i in range(12):
+    threading.Thread(target=worker, args=(i,), daemon=True).start()
+signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
+start = time.monotonic()
+try:
+    while not fired.is_set() and time.monotonic() - start < 30:
+        j.append("s12", [EventIn("t", b"main")])
+except KeyboardInterrupt:
+    pass
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+before = sum(progress)
+done = threading.Event()
+after = [EventIn("t", b"after")]
+threading.Thread(target=lambda: (j.append("s12", after), done.set()), daemon=True).start()
+ok = done.wait(20)
+time.sleep(0.5)
+print("fired" if fired.is_set() else "not-fired", "ok" if ok else "HANG", sum(progress) > before)
+stop.set()
+os._exit(0)
+"""
+
+
+def test_ctrl_c_while_the_leader_gathers_leaves_the_queue_working() -> None:
+    # A KeyboardInterrupt in the leader while it gathers stragglers once left the queue
+    # with nobody leading: every writer hung.
+    out = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, str(ROOT), "gather"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
+    assert out[:1] == ["fired"], out
+    assert out[1:] == ["ok", "True"], out
+
+
+def test_an_object_posing_as_a_str_is_not_a_session_id(tmp_path: Path) -> None:
+    # Validated session ids are remembered; an object whose `__class__` says str and which
+    # equals a remembered id must still be refused (before the first use and after).
+    class PosingAsStr:
+        __class__ = str  # type: ignore[assignment]
+
+        def __hash__(self) -> int:
+            return hash("s")
+
+        def __eq__(self, other: object) -> bool:
+            return other == "s"
+
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        j.create_session("s")
+        with pytest.raises(InvalidArgument):
+            j.append(PosingAsStr(), [EventIn("e", b"x")])  # type: ignore[arg-type]
+        j.append("s", [EventIn("e", b"x")])
+        with pytest.raises(InvalidArgument):
+            j.append(PosingAsStr(), [EventIn("e", b"y")])  # type: ignore[arg-type]
+        assert [e.data for e in j.replay("s")] == [b"x"]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from journal import EventIn, Journal, RetentionPolicy
+from journal._local import sidecar
 
 SEGMENT_BYTES = 65536
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
@@ -154,5 +155,11 @@ def test_the_active_segments_index_costs_little_per_frame(tmp_path: Path) -> Non
             after = tracemalloc.take_snapshot()
         finally:
             tracemalloc.stop()
-    kept = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    assert kept / 5000 < 250, f"{kept / 5000:.0f} bytes kept per frame"
+    # Only what the index's own module allocated: other allocations of the process (the
+    # view's buffers, caches of earlier tests) are not the index's.
+    only = [tracemalloc.Filter(True, sidecar.__file__)]
+    kept = sum(
+        stat.size_diff
+        for stat in after.filter_traces(only).compare_to(before.filter_traces(only), "filename")
+    )
+    assert kept / 5000 < 200, f"{kept / 5000:.0f} bytes kept per frame"

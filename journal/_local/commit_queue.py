@@ -51,6 +51,7 @@ class CommitQueue:
         self._leading = False
         self._gathering = False
         self._last_batch = 0  # requests in the previous batch (how many to gather)
+        self._handed: Request | None = None  # the successor a finishing leader woke
         self.closed = False
 
     def submit(self, request: Request) -> None:
@@ -73,7 +74,11 @@ class CommitQueue:
                 if self._gathering:
                     self._cv.notify()
         if request.wake is not None:
-            request.wake.acquire()
+            try:
+                request.wake.acquire()
+            except BaseException:
+                self._abandon(request)  # (KeyboardInterrupt in a waiting thread)
+                raise
         if not request.done:
             self._lead(request)
 
@@ -99,14 +104,38 @@ class CommitQueue:
             self.closed = True
             return True
 
-    def _lead(self, request: Request) -> None:
+    def _abandon(self, request: Request) -> None:
+        """A waiting caller gave up (interrupted): take its request out of the queue, and
+        pass leadership on if it was just handed to it, so nobody waits for it."""
         with self._cv:
-            batch, self._queue = self._queue, []
-            if self._last_batch > len(batch):
-                self._gather(batch)
-        self._last_batch = len(batch)
+            if request in self._queue:
+                self._queue.remove(request)
+            if self._handed is not request:
+                return
+            successor = self._handed = self._queue[0] if self._queue else None
+            if successor is None:
+                self._leading = False
+                self._cv.notify_all()
+        if successor is not None and successor.wake is not None:
+            successor.wake.release()
+
+    def _lead(self, request: Request) -> None:
+        batch = [request]
         woken = False
         try:
+            with self._cv:
+                self._handed = None
+                batch, self._queue = self._queue, []
+                if self._last_batch > len(batch):
+                    try:
+                        self._gather(batch)
+                    except BaseException:
+                        # Interrupted while gathering (KeyboardInterrupt): the others go
+                        # back to the front of the queue for the next leader.
+                        self._queue[:0] = [r for r in batch if r is not request]
+                        batch = [request]
+                        raise
+            self._last_batch = len(batch)
             self._commit(batch, True)
             follow_up = self._follow_up()
             if follow_up is not None:
@@ -122,7 +151,7 @@ class CommitQueue:
             with self._cv:
                 for r in batch:
                     r.done = True
-                successor = self._queue[0] if self._queue else None
+                successor = self._handed = self._queue[0] if self._queue else None
                 if successor is None:
                     self._leading = False
                     self._cv.notify_all()
