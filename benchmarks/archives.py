@@ -66,6 +66,12 @@ _EXPORT_CHILD = """
 import os, resource, sys, time
 from journal import Journal
 def peak():
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across exec from the forking parent,
+    # so a benchmark parent with a large RSS inflated this child's peak.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 def current():
     with open("/proc/self/status") as f:

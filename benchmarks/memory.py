@@ -88,7 +88,7 @@ with Journal.open(path, segment_bytes=segment_bytes, retention=policy) as j:
     stats = j.stats()
     first = min(int(name[:20]) for name in os.listdir(os.path.join(path, "segments"))
                 if name.endswith(".seg"))
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+peak = status_mib("VmHWM")  # (ru_maxrss carries the forking parent's peak across exec)
 print(json.dumps({"fresh": fresh, "fresh_anon": fresh_anon, "view": view, "steps": steps,
                   "seconds": seconds, "peak": peak, "segments": stats.segments,
                   "first_position": first}))
