@@ -18,9 +18,10 @@ import contextlib
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any, Final, Protocol
+
+from .forking import ForkPause
 
 __all__ = ["ChangeSource", "Notifier"]
 
@@ -351,35 +352,14 @@ def _wake_loops(loops: list[tuple[Any, list[Any]]]) -> None:
             loop.call_soon_threadsafe(_wake_all, futures)
 
 
-# Every notifier of this process (a deliberate module-level registry, as for the expiry
-# timers): fork() waits until no waiter thread reads its store, so the child's copy of
-# the environment is idle; the child closes its copies of the change sources' files.
-_NOTIFIERS: Final[weakref.WeakSet[Notifier]] = weakref.WeakSet()
-_PAUSED: list[Notifier] = []
+def _close_source_in_child(notifier: Notifier) -> None:
+    source = notifier._source  # the parent's thread is not here: nobody else uses it
+    if source is not None:
+        with contextlib.suppress(OSError):
+            source.close()
 
 
-def _pause_for_fork() -> None:
-    for notifier in list(_NOTIFIERS):
-        notifier.busy.acquire()
-        _PAUSED.append(notifier)
-
-
-def _resume_in_parent() -> None:
-    while _PAUSED:
-        _PAUSED.pop().busy.release()
-
-
-def _resume_in_child() -> None:
-    for notifier in _PAUSED:
-        source = notifier._source  # the parent's thread is not here: nobody else uses it
-        if source is not None:
-            with contextlib.suppress(OSError):
-                source.close()
-    _resume_in_parent()
-
-
-os.register_at_fork(
-    before=_pause_for_fork,
-    after_in_parent=_resume_in_parent,
-    after_in_child=_resume_in_child,
-)
+# Every notifier of this process: fork() waits until no waiter thread reads its store, so
+# the child's copy of the environment is idle; the child closes its copies of the change
+# sources' files.
+_NOTIFIERS: Final[ForkPause[Notifier]] = ForkPause(_close_source_in_child)

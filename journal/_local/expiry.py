@@ -10,13 +10,13 @@ seconds, so deadlines that other processes' writers set are kept too.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
 from typing import Final, Protocol
 
 from ..errors import JournalClosed
+from ..forking import ForkPause
 
 __all__ = ["ExpiryTimer"]
 
@@ -98,25 +98,6 @@ class ExpiryTimer:
                 self._target = None
 
 
-# Every timer of this process (a deliberate module-level registry, as for leases): fork()
-# waits until none is using its store, so the child's copy of the environment is idle.
-_TIMERS: Final[weakref.WeakSet[ExpiryTimer]] = weakref.WeakSet()
-_PAUSED: list[ExpiryTimer] = []
-
-
-def _pause_for_fork() -> None:
-    for timer in list(_TIMERS):
-        timer.busy.acquire()
-        _PAUSED.append(timer)
-
-
-def _resume_after_fork() -> None:
-    while _PAUSED:
-        _PAUSED.pop().busy.release()
-
-
-os.register_at_fork(
-    before=_pause_for_fork,
-    after_in_parent=_resume_after_fork,
-    after_in_child=_resume_after_fork,
-)
+# Every timer of this process: fork() waits until none is using its store, so the child's
+# copy of the environment is idle.
+_TIMERS: Final[ForkPause[ExpiryTimer]] = ForkPause()

@@ -25,10 +25,10 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Final
 
+from ..forking import ForkPause
 from .files import FileOps
 from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX, segment_name
 
@@ -179,25 +179,5 @@ def _newer_segment_exists(directory: str, base_position: int) -> bool:
     return False
 
 
-# Every filler of this process (a deliberate module-level registry, as for the expiry
-# timers): fork() waits until none has a segment open.
-_FILLERS: Final[weakref.WeakSet[ZeroFiller]] = weakref.WeakSet()
-_PAUSED: list[ZeroFiller] = []
-
-
-def _pause_for_fork() -> None:
-    for filler in list(_FILLERS):
-        filler.busy.acquire()
-        _PAUSED.append(filler)
-
-
-def _resume_after_fork() -> None:
-    while _PAUSED:
-        _PAUSED.pop().busy.release()
-
-
-os.register_at_fork(
-    before=_pause_for_fork,
-    after_in_parent=_resume_after_fork,
-    after_in_child=_resume_after_fork,
-)
+# Every filler of this process: fork() waits until none has a segment open.
+_FILLERS: Final[ForkPause[ZeroFiller]] = ForkPause()
