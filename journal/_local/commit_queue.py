@@ -112,12 +112,8 @@ class CommitQueue:
                 self._queue.remove(request)
             if self._handed is not request:
                 return
-            successor = self._handed = self._queue[0] if self._queue else None
-            if successor is None:
-                self._leading = False
-                self._cv.notify_all()
-        if successor is not None and successor.wake is not None:
-            successor.wake.release()
+            successor = self._pick_successor()
+        _hand_over(successor)
 
     def _lead(self, request: Request) -> None:
         batch = [request]
@@ -151,14 +147,19 @@ class CommitQueue:
             with self._cv:
                 for r in batch:
                     r.done = True
-                successor = self._handed = self._queue[0] if self._queue else None
-                if successor is None:
-                    self._leading = False
-                    self._cv.notify_all()
-            if successor is not None and successor.wake is not None:
-                successor.wake.release()
+                successor = self._pick_successor()
+            _hand_over(successor)
             if not woken:
                 self._wake(batch, request)
+
+    def _pick_successor(self) -> Request | None:
+        """The oldest waiting request, which leads next (the caller holds `_cv`); with
+        none, leadership ends here."""
+        successor = self._handed = self._queue[0] if self._queue else None
+        if successor is None:
+            self._leading = False
+            self._cv.notify_all()
+        return successor
 
     def _gather(self, batch: list[Request]) -> None:
         """Wait briefly for stragglers (the caller holds `_cv`). Stops when a short wait
@@ -184,3 +185,9 @@ class CommitQueue:
         for r in batch:
             if r.wake is not None and r is not leader:
                 r.wake.release()
+
+
+def _hand_over(successor: Request | None) -> None:
+    """Wake the request picked to lead next (outside the queue's lock)."""
+    if successor is not None and successor.wake is not None:
+        successor.wake.release()
