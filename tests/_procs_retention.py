@@ -177,9 +177,26 @@ def drop_privileges() -> None:
     os.setuid(NOBODY)
 
 
+def _freeze_on_sigusr1(store: str) -> None:
+    """SIGUSR1 freezes this process's main thread until `STORE.freeze` is removed: a slow
+    reader, frozen between bytecodes. (SIGSTOP froze it anywhere, also inside LMDB while
+    it held the reader table's lock, which then blocked every process of the store.)"""
+    flag = Path(store + ".freeze")
+
+    def freeze(signum: int, frame: object) -> None:
+        ack = Path(store + ".frozen")
+        ack.touch()
+        while flag.exists():
+            time.sleep(0.001)
+        ack.unlink(missing_ok=True)  # (a nested freeze may have removed it)
+
+    signal.signal(signal.SIGUSR1, freeze)
+
+
 def reader(store: str, session_id: str, mode: str, max_bytes: str, seed: str) -> None:
     rng = random.Random(int(seed))
     budget = int(max_bytes)
+    _freeze_on_sigusr1(store)
     with Journal.open(store, create=False, durability="os") as j:
         emit("ready")
         cursor: str | None = None

@@ -4,10 +4,11 @@ A reader process follows one session (a watch, or repeated replays) while this p
 appends, takes snapshots (`compact_session`), applies retention (trims and evictions, so
 sealed segments get deleted) and compacts, and a compactor process runs `compact()` and
 `apply_retention()` in a loop (segments rewritten under the reader's feet). The reader is
-also frozen (SIGSTOP) while the history it still needs is dropped, so it must meet
-`CursorExpired`. Whatever happens, every event it receives is the right one (payloads are
-derived from ordinals), in strictly increasing dense order between restarts from a
-`resume_cursor`, and it ends only by completion after the session is resolved.
+also frozen (on SIGUSR1 it stops itself between bytecodes) while the history it still
+needs is dropped, so it must meet `CursorExpired`. Whatever happens, every event it
+receives is the right one (payloads are derived from ordinals), in strictly increasing
+dense order between restarts from a `resume_cursor`, and it ends only by completion after
+the session is resolved.
 
 The last tests pin down, deterministically, interleavings that test found by chance: a
 segment deleted by another process's retention pass while `compact()` is about to rewrite
@@ -91,6 +92,24 @@ def append(j: Journal, session_id: str, rng: random.Random, count: int) -> None:
     assert result.first_ordinal == first
 
 
+def freeze_reader(store: Path) -> None:
+    # The reader freezes itself on SIGUSR1 while this file exists (between bytecodes: a
+    # SIGSTOP could land inside LMDB while it held the reader table's lock, and then every
+    # process of the store hung on that lock).
+    Path(f"{store}.freeze").touch()
+
+
+def wait_until_frozen(store: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not Path(f"{store}.frozen").exists():
+        assert time.monotonic() < deadline, "the reader did not freeze"
+        time.sleep(0.001)
+
+
+def thaw_reader(store: Path) -> None:
+    Path(f"{store}.freeze").unlink()
+
+
 @pytest.mark.parametrize("mode", ["watch", "replay"])
 @pytest.mark.parametrize("rounds", [400, pytest.param(4000, marks=pytest.mark.slow)])
 def test_reader_gets_only_correct_events_while_history_is_trimmed_and_compacted(
@@ -134,12 +153,14 @@ def test_reader_gets_only_correct_events_while_history_is_trimmed_and_compacted(
                 elif action < 0.23 or round_no == rounds // 2:
                     # Freeze the reader, move the session on, and drop everything it has
                     # not read yet: when it thaws, its next page must be CursorExpired.
-                    reader.signal(signal.SIGSTOP)
+                    freeze_reader(store)
+                    reader.signal(signal.SIGUSR1)
                     try:
+                        wait_until_frozen(store)
                         append(j, "s", rng, 20)
                         j.compact_session("s", j.get_session("s").last_ordinal, b"all")
                     finally:
-                        reader.signal(signal.SIGCONT)
+                        thaw_reader(store)
                     freezes += 1
                 if rng.random() < 0.1:
                     time.sleep(rng.uniform(0.0, 0.01))
