@@ -349,17 +349,25 @@ def check_snapshot(through_ordinal: object, snapshot: object) -> tuple[int, byte
     return ordinal, data
 
 
-# How many validated session ids an `EventChecker` remembers (appends repeat them).
-_CHECKED_IDS: Final = 4096
+# How many validated names of each kind an `EventChecker` remembers.
+_REMEMBERED: Final = 4096
+
+
+def _remember(names: set[str], name: str) -> None:
+    """Add a validated name to a bounded set of them (a full set starts over)."""
+    if len(names) >= _REMEMBERED:
+        names.clear()
+    names.add(name)
 
 
 class EventChecker:
-    """Checks appends. Event type names already validated are remembered: a deliberate,
-    bounded cache (types repeat), so the common append costs one cheap pass."""
+    """Checks appends. Session ids and event type names already validated are remembered
+    (a deliberate, bounded cache: they repeat), so the common append costs one cheap
+    pass."""
 
     def __init__(self) -> None:
         self._checked_types: set[str] = set()
-        self._checked_ids: set[str] = set()  # session ids already validated (bounded)
+        self._checked_ids: set[str] = set()
 
     def append(
         self,
@@ -371,9 +379,7 @@ class EventChecker:
     ) -> Append:
         if type(session_id) is not str or session_id not in self._checked_ids:
             session_id = check_name("session_id", session_id)
-            if len(self._checked_ids) >= _CHECKED_IDS:
-                self._checked_ids.clear()
-            self._checked_ids.add(session_id)
+            _remember(self._checked_ids, session_id)
         if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
             raise InvalidArgument("events must be a list of EventIn")
         events = list(events)  # what is checked is what is written
@@ -447,8 +453,7 @@ class EventChecker:
                         f"events[{i}].type {event_type!r} is reserved for turns: use "
                         "`with journal.own(id) as owner, owner.turn(request_id) as turn`"
                     )
-                if len(self._checked_types) < 4096:
-                    self._checked_types.add(event_type)
+                _remember(self._checked_types, event_type)
             request_id = event.request_id
             if request_id is not None:
                 request_id = check_request_id(f"events[{i}].request_id", request_id)
