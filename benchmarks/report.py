@@ -83,8 +83,9 @@ def header(data: Dataset, batch: int, directory: str) -> list[str]:
 
 
 def _frame_crc() -> str:
-    """Which CRC32 checks frames on reads: ISA-L when the optional `isal` package is
-    installed (SPEC.md 3), else zlib; it moves the replay row by a third."""
+    """Which CRC32 sums frame bodies: ISA-L when the `isal` package is installed (a
+    dependency where it has wheels: SPEC.md 1), else zlib; it moves the replay row by a
+    third."""
     if importlib.util.find_spec("isal") is None:
         return "zlib"
     return f"ISA-L (isal {importlib.metadata.version('isal')})"

@@ -311,3 +311,16 @@ def test_a_damaged_index_entry_after_the_page_fails_only_the_page_that_reaches_i
         assert [e.ordinal for e in page.events] == list(range(1, 19))
         with pytest.raises(JournalCorrupt):
             j.read("s", cursor=page.next_cursor)
+
+
+def test_written_frame_crc_is_zlibs_over_length_position_count_and_body(
+    rng: random.Random,
+) -> None:
+    # The format (SPEC.md 3.2): whichever CRC32 implementation wrote it, a frame's CRC is
+    # zlib.crc32 of (body length, first position, count) then the body.
+    body = rng.randbytes(58_000)
+    frame = frames.encode_frame(body, 12_345, 100)
+    magic, length, crc, first, count = frames.FRAME_HEADER.unpack_from(frame)
+    assert (magic, length, first, count) == (frames.FRAME_MAGIC, len(body), 12_345, 100)
+    assert crc == zlib.crc32(body, zlib.crc32(struct.pack(">IQI", len(body), 12_345, 100)))
+    assert frame[frames.FRAME_HEADER_SIZE :] == body

@@ -21,9 +21,10 @@ from ..errors import JournalCorrupt, StoreIncompatible
 
 
 def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
-    """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the optional
-    `isal` package is installed (SPEC.md 3: measured 60x faster on frame bodies, about a
-    tenth of a replay's time), else `zlib.crc32`. Same values, so no format change."""
+    """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the `isal`
+    package is installed (a dependency where it has wheels; SPEC.md 1 and 3: measured 15-60x
+    faster on frame bodies, about a tenth of a replay's time), else `zlib.crc32`. Same
+    values, so no format change."""
     try:
         module = importlib.import_module("isal.isal_zlib")
     except ImportError:
@@ -32,7 +33,8 @@ def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
     return crc32 if crc32(b"SJFR", 1) == zlib.crc32(b"SJFR", 1) else zlib.crc32
 
 
-# Checks frame bodies on the read path (`check_frame`); everything else uses zlib.
+# Frame bodies, when written (`encode_frame`) and checked (`check_frame`); everything else
+# (headers, blocks, sidecars, view values: small inputs) uses zlib.
 frame_crc32: Final = _fast_crc32()
 
 __all__ = [
@@ -233,7 +235,7 @@ def encode_frame(body: bytes, first_position: int, count: int) -> bytes:
     """Frame header + body, ready to write."""
     if len(body) > MAX_FRAME_BODY:
         raise ValueError(f"frame body of {len(body)} bytes exceeds the {MAX_FRAME_BODY} limit")
-    crc = zlib.crc32(body, zlib.crc32(_CRC_FIELDS.pack(len(body), first_position, count)))
+    crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(len(body), first_position, count), 0))
     return FRAME_HEADER.pack(FRAME_MAGIC, len(body), crc, first_position, count) + body
 
 
