@@ -337,8 +337,14 @@ class LocalEngine:
         if os.getpid() != self._pid:
             # A forked child: the parent's threads (a leader, the expiry timer) are not
             # here, and the condition's lock may have been held at fork: touch neither.
+            # Nor the inherited LMDB environments: closing one waits for the operations a
+            # parent thread had in flight at fork, which never end here (py-lmdb waits
+            # for them, forever); they stay open, unused, until the child exits. The
+            # private view of a read-only journal is the parent's: it stays too.
             self._closed = True
-            self._release()
+            log = getattr(self, "_log", None)
+            if log is not None:
+                log.close()
             return
         expiry = getattr(self, "_expiry", None)
         if expiry is not None:
