@@ -4,7 +4,8 @@ hanging and without taking anything from the parent (SPEC 7, "Across fork()").
 Closing an inherited LMDB environment waits for the operations the parent's threads had
 in flight when it forked, which never finish in the child; so the child's close leaves the
 environments alone. Each round forks while the parent's threads commit and read, so some
-fork lands inside an LMDB call (before the fix, 21 children of 30 hung in close()).
+fork lands inside an LMDB call (before the fix, 21 children of 30 hung in close()); fork()
+waits for transactions in flight, so the child can also open the store again itself.
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ def _wait_child(pid: int) -> int | None:
     return None
 
 
-def _fork_and_close(j: Journal) -> int | None:
+def _fork_and_close(j: Journal, reopen: Path | None = None) -> int | None:
+    """Fork; the child closes its copy of `j` (and, with `reopen`, then opens the store
+    there itself and appends one event to session "s")."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
             j.close()
             j.close()  # (idempotent)
+            if reopen is not None:
+                with Journal.open(reopen, durability="os") as own:
+                    own.append("s", [EventIn("child", str(os.getpid()).encode())])
             code = 0
         finally:
             os._exit(code)
@@ -78,9 +84,9 @@ def test_a_child_closes_its_copy_while_the_parent_commits_and_reads(tmp_path: Pa
         t.start()
     try:
         codes = []
-        for _ in range(ROUNDS):
+        for n in range(ROUNDS):
             time.sleep(0.02)
-            codes.append(_fork_and_close(j))
+            codes.append(_fork_and_close(j, reopen=tmp_path / "store" if n % 2 else None))
     finally:
         stop.set()
         for t in threads:
@@ -91,6 +97,7 @@ def test_a_child_closes_its_copy_while_the_parent_commits_and_reads(tmp_path: Pa
     j.append("s", [EventIn("m", b"last")])
     ordinals = [e.ordinal for e in j.replay("s")]
     assert ordinals == list(range(1, len(ordinals) + 1))
+    assert len([e for e in j.replay("s") if e.type == "child"]) == ROUNDS // 2
     j.close()
     with Journal.open(tmp_path / "store") as again:
         assert [e.ordinal for e in again.replay("s")] == ordinals

@@ -85,7 +85,7 @@ from .inotify import DirectoryChanges
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
-from .planner import Planner, Request
+from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
@@ -263,6 +263,9 @@ class LocalEngine:
         # What retention needs of sealed segments' sidecars, within a byte budget.
         self._summaries = SummaryCache()
         self._retention_due = False
+        # This process's first pass after a seal reads every row (the policy may have
+        # changed since the last open); once one succeeded, later ones are narrow.
+        self._first_sweep: Request | None = None
         self._finished_interrupted = False
         self._boot_recorded = False
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
@@ -337,14 +340,10 @@ class LocalEngine:
         if os.getpid() != self._pid:
             # A forked child: the parent's threads (a leader, the expiry timer) are not
             # here, and the condition's lock may have been held at fork: touch neither.
-            # Nor the inherited LMDB environments: closing one waits for the operations a
-            # parent thread had in flight at fork, which never end here (py-lmdb waits
-            # for them, forever); they stay open, unused, until the child exits. The
-            # private view of a read-only journal is the parent's: it stays too.
+            # (fork() waited for LMDB operations in flight, so the environments close.)
+            # The private view of a read-only journal is the parent's: it stays.
             self._closed = True
-            log = getattr(self, "_log", None)
-            if log is not None:
-                log.close()
+            self._release(remove_private=False)
             return
         expiry = getattr(self, "_expiry", None)
         if expiry is not None:
@@ -366,17 +365,20 @@ class LocalEngine:
                 readers.close()
             self._release()
 
-    def _release(self) -> None:
+    def _release(self, *, remove_private: bool = True) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""
         log = getattr(self, "_log", None)
         if log is not None:
             log.close()
         view = getattr(self, "_view", None)
         if view is not None:
-            with self._private_lock:
-                view.close()
+            if remove_private:
+                with self._private_lock:
+                    view.close()
+            else:
+                view.close()  # (a forked child: the lock may have been held at fork)
         private = getattr(self, "_private_dir", None)
-        if private is not None:
+        if private is not None and remove_private:
             shutil.rmtree(private, ignore_errors=True)
 
     @reads_disk
@@ -442,11 +444,16 @@ class LocalEngine:
         return result
 
     def _follow_up(self) -> Request | None:
-        """After a batch: the retention pass a seal made due, if any."""
+        """After a batch: the retention pass a seal made due, if any (SPEC 8, "What a
+        pass reads")."""
         if not self._retention_due:
             return None
         self._retention_due = False
-        return Request(ApplyRetention(None))
+        sweep = self._first_sweep
+        if sweep is not None and sweep.error is None and sweep.result is not None:
+            return Request(SealRetention(None))
+        self._first_sweep = Request(ApplyRetention(None))
+        return self._first_sweep
 
     def _run_commit(self, batch: list[Request], taken: bool = False) -> None:
         try:

@@ -37,6 +37,7 @@ FAULT_POINTS: Final = {
     "segments.read": "a scan of a sealed plain segment read its next chunk (before use)",
     "segments.tail_read": "a scan of the active segment read its next chunk (before use)",
     "retention.read_sidecar": "a retention pass reads a sealed segment's sidecar",
+    "retention.rows": "a retention pass chose the session rows it reads (detail: how many)",
     "retention.delete": "a committed retention pass is about to delete dead segments' files",
     "retention.deleted": "a committed retention pass deleted dead segments' files",
     "compaction.live_frames": "compaction computed a segment's live frames (no lock held)",

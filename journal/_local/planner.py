@@ -69,9 +69,15 @@ from .sidecar import EventRun, FrameDigest, add_run, encode_other, write_summary
 from .verify import check_log, view_problem
 from .view import View
 
-__all__ = ["Planner", "Request"]
+__all__ = ["Planner", "Request", "SealRetention"]
 
 _ABSENT: Final = object()
+
+
+class SealRetention(ApplyRetention, frozen=True):
+    """The retention pass a seal makes due (the local engine's own, never submitted by the
+    facade): without time rules in the policy it reads only the rows that can have changed
+    since the last pass (SPEC 8, "What a pass reads")."""
 
 
 class Request:
@@ -675,7 +681,17 @@ class Planner:
         policy = self.policy
         trimmed: list[str] = []
         evicted: list[str] = []
-        for row in list(self.view.rows(self.txn)):
+        sealed = self.log.bases()[:-1]
+        narrow = (
+            type(op) is SealRetention
+            and policy.session_retention_ms is None
+            and policy.max_history_age_ms is None
+        )
+        rows = self._retention_candidates(sealed) if narrow else list(self.view.rows(self.txn))
+        self.log.ops.point("retention.rows", len(rows))
+        if sealed:
+            self.view.retention.cover_through(self.txn, sealed[-1])
+        for row in rows:
             if self.sessions.get(row.session_id, _ABSENT) is not _ABSENT:
                 continue  # changed earlier in this batch: left for the next pass
             if row.session_state.terminal and policy.session_retention_ms is not None:
@@ -694,6 +710,31 @@ class Planner:
                 self._emit(HistoryTrimmed(row.incarnation, new_first, self.now))
                 trimmed.append(row.session_id)
         self._finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
+
+    def _retention_candidates(self, sealed: list[int]) -> list[SessionRow]:
+        """The rows a pass after a seal must look at when only byte windows and the
+        sessions' own age windows apply: sessions with events in a segment sealed since
+        the last committed pass (only an append grows a session's bytes), and sessions
+        with an age window of their own (SPEC 8, "What a pass reads"). In session-id
+        order, as a full pass."""
+        txn = self.txn
+        view = self.view
+        covered = view.retention.covered_through(txn)
+        incarnations: set[int] = set(view.retention.aged(txn))
+        for base in sealed:
+            if base <= covered:
+                continue
+            try:
+                incarnations.update(self.summaries.get(self.log, base).incarnations)
+            except FileNotFoundError:
+                continue  # deleted meanwhile by another writer's retention pass
+        rows = []
+        for incarnation in incarnations:
+            row = view.row_by_incarnation(txn, incarnation)
+            if row is not None and not row.staged:
+                rows.append(row)
+        rows.sort(key=lambda row: row.session_id)
+        return rows
 
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
         log = self.log

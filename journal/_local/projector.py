@@ -236,6 +236,8 @@ class Projection:
                 self.rows[position] = row
                 self._old_deadlines[position] = None
                 view.put_incarnation(txn, position, record.session_id)
+                if row.max_history_age_ms is not None:
+                    view.retention.add_aged(txn, position)
                 self._pin(position, position)
                 self._feed(position, LifecycleEventType.CREATED, record.created_at_ms, row)
             elif isinstance(record, SessionStaged):
@@ -243,6 +245,8 @@ class Projection:
                 self.rows[position] = row
                 self._old_deadlines[position] = None
                 view.put_incarnation(txn, position, record.staging_id)
+                if row.max_history_age_ms is not None:
+                    view.retention.add_aged(txn, position)
                 self._pin(position, position)
             elif isinstance(record, SessionImported):
                 row = self.row(record.incarnation)
@@ -402,6 +406,7 @@ class Projection:
         txn = self.txn
         view = self.view
         view.delete_row(txn, row.session_id)
+        view.retention.drop_aged(txn, row.incarnation)
         for location in view.locations(txn, row.incarnation):
             view.delete_location(txn, row.incarnation, location.first_ordinal)
         for key, entry in view.idem_entries(txn, row.incarnation):

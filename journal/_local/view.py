@@ -22,6 +22,8 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
                  creation record may still exist)
     tombstones   u64 incarnation -> u64 position of its eviction record
     states       u8 state + session id -> u64 incarnation (`state_index`, `View.states`)
+    aged         u64 incarnation -> b"": sessions with an age window of their own; with
+                 meta b"retained" (`retention_index`, `View.retention`)
 
 Every value ends with a CRC32 of the entry's key and the rest of the value (big-endian),
 checked on every read: a damaged entry is `JournalCorrupt` naming `index`, never a wrong
@@ -47,9 +49,11 @@ import lmdb
 import msgspec
 
 from ..errors import JournalCorrupt
+from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .files import DEFAULT_PERMISSIONS, Permissions
 from .lmdbfile import EntryCheck, check_data_file, file_identity
+from .retention_index import RetentionIndex
 from .state_index import StateIndex
 from .view_codec import (
     CRC,
@@ -82,8 +86,9 @@ __all__ = [
 ]
 
 # 2: every value carries a CRC32 of its key and value. 3: the `states` index (a view of
-# format 2 lacks it, and code of format 2 would not maintain it: either rebuilds).
-VIEW_FORMAT: Final = 3
+# format 2 lacks it, and code of format 2 would not maintain it: either rebuilds). 4: the
+# retention index (`aged`, meta b"retained").
+VIEW_FORMAT: Final = 4
 _FORMAT_KEY: Final = b"format"
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
@@ -103,6 +108,7 @@ _NAMES: Final = (
     b"pins",
     b"tombstones",
     b"states",
+    b"aged",
 )
 
 
@@ -255,7 +261,12 @@ class _Transaction:
         self._txn: lmdb.Transaction | None = None
 
     def __enter__(self) -> lmdb.Transaction:
-        self._txn = self._view.open_transaction(self._write)
+        TRANSACTIONS.enter()  # (fork() waits for transactions in flight: `forking`)
+        try:
+            self._txn = self._view.open_transaction(self._write)
+        except BaseException:
+            TRANSACTIONS.leave()
+            raise
         return self._txn
 
     def __exit__(
@@ -269,6 +280,8 @@ class _Transaction:
             self._txn.__exit__(exc_type, exc, tb)
         except _DAMAGE_ERRORS as e:
             raise self._view.damaged(f"LMDB reports {e}") from e
+        finally:
+            TRANSACTIONS.leave()
         if isinstance(exc, _DAMAGE_ERRORS):
             raise self._view.damaged(f"LMDB reports {exc}") from exc
 
@@ -345,8 +358,10 @@ class View:
             self._pins,
             self._tombstones,
             states,
+            aged,
         ) = handles
         self.states = StateIndex(states, self._sessions)
+        self.retention = RetentionIndex(aged, self._meta)
         self._page_size = int(self.env.stat()["psize"])
         self._data = os.path.join(path, "data.mdb")
         self._identity = file_identity(path)
@@ -417,7 +432,11 @@ class View:
 
     def grow(self) -> None:
         """Double the map size (after `lmdb.MapFullError`)."""
-        self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        TRANSACTIONS.enter()
+        try:
+            self.env.set_mapsize(self.env.info()["map_size"] * 2)
+        finally:
+            TRANSACTIONS.leave()
 
     def close(self) -> None:
         self.env.close()
