@@ -36,6 +36,9 @@ class ForkGate:
         self._inside = 0
         self._closed = False
         self._local = threading.local()
+        # In a forked child: whether the forking thread was inside (a callback that
+        # forked): the child's copies then hold a transaction of the parent's.
+        self.held_at_fork = False
         os.register_at_fork(
             before=self._pause, after_in_parent=self._resume, after_in_child=self._child
         )
@@ -80,6 +83,7 @@ class ForkGate:
         self._cv = threading.Condition(threading.Lock())
         self._inside = self._mine()
         self._closed = False
+        self.held_at_fork = bool(self._inside)
 
 
 TRANSACTIONS: Final = ForkGate()

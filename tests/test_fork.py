@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from journal import EventIn, Journal
+from journal import EventIn, Journal, StoreUnavailable
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
@@ -124,3 +126,83 @@ def test_a_child_leaves_the_parents_private_view_of_a_read_only_journal(
     assert [e.data for e in reader.replay("s")] == [b"one", b"two"]
     reader.close()
     assert not private[0].exists(), "the parent's close removes its private view"
+
+
+_READERS = """
+import sys, lmdb
+env = lmdb.open(sys.argv[1], readonly=True, max_dbs=16)
+print(env.readers())
+"""
+
+
+def test_the_parents_reader_slots_survive_a_childs_close(tmp_path: Path) -> None:
+    """LMDB frees, in the shared reader table, the slots of the transactions a closing
+    copy of an environment holds. The parent's reads after a child closed its copy must
+    still be registered there (or a writer may reuse the pages they read)."""
+    store = tmp_path / "store"
+    j = Journal.open(store, durability="os")
+    j.create_session("s")
+    j.append("s", [EventIn("m", b"x")])
+    for _ in range(3):
+        j.read("s", cursor=None, max_bytes=1 << 16)
+    assert _fork_and_close(j) == 0
+    listed: list[str] = []
+
+    def during_verify(done: int, total: int) -> None:  # (inside verify's read transaction)
+        if not listed:
+            out = subprocess.run(
+                [sys.executable, "-c", _READERS, str(store / "index")],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            listed.append(out)
+
+    assert j.verify(progress=during_verify).ok
+    assert listed, "verify reported no progress"
+    pids = [line.split()[0] for line in listed[0].splitlines()[1:] if line.strip()]
+    assert str(os.getpid()) in pids, f"the parent's read is not in the reader table: {pids}"
+    j.close()
+
+
+def test_a_fork_from_inside_a_transaction_leaves_the_parents_transaction_registered(
+    tmp_path: Path,
+) -> None:
+    """A callback that forks while the journal is inside a read transaction (verify's
+    progress): the child's close leaves its copies of the environments alone, so the
+    parent's transaction keeps its reader slot; opening the store again in that child is
+    refused with an error saying why."""
+    store = tmp_path / "store"
+    j = Journal.open(store, durability="os")
+    j.create_session("s")
+    j.append("s", [EventIn("m", b"x")])
+    seen: list[object] = []
+
+    def fork_inside(done: int, total: int) -> None:
+        if seen:
+            return
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                j.close()
+                try:
+                    Journal.open(store, durability="os").close()
+                    code = 2  # (it must be refused here)
+                except StoreUnavailable as e:
+                    code = 0 if "inherited across fork()" in str(e) else 3
+            finally:
+                os._exit(code)
+        seen.append(_wait_child(pid))
+        out = subprocess.run(
+            [sys.executable, "-c", _READERS, str(store / "index")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        seen.append([line.split()[0] for line in out.splitlines()[1:] if line.strip()])
+
+    assert j.verify(progress=fork_inside).ok
+    assert seen[0] == 0, "the child failed (2: reopened, 3: another error)"
+    assert str(os.getpid()) in seen[1], "the child's close freed the parent's reader slot"
+    j.close()

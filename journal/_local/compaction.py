@@ -177,6 +177,7 @@ def _compact_segment(
         return 0
     with view.begin() as txn:
         live, live_bytes, total = live_frames(txn, view, summary)
+    del txn  # (no read transaction object outlives its transaction: SPEC 7)
     log.ops.point("compaction.live_frames", base)
     compressed = source[0].endswith(".zst")
     if not live:

@@ -56,6 +56,7 @@ from ..errors import (
     StoreNotFound,
     StoreUnavailable,
 )
+from ..forking import TRANSACTIONS
 from ..models import (
     CompactionReport,
     ReadContext,
@@ -306,6 +307,7 @@ class LocalEngine:
         their staged sessions never became visible, and now never will."""
         with self._view.begin() as txn:
             staged = self._view.staged_rows(txn)
+        del txn  # (no read transaction object outlives its transaction: SPEC 7)
         boot_id = BOOT_ID.decode()
         dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
         if dead:
@@ -340,10 +342,15 @@ class LocalEngine:
         if os.getpid() != self._pid:
             # A forked child: the parent's threads (a leader, the expiry timer) are not
             # here, and the condition's lock may have been held at fork: touch neither.
-            # (fork() waited for LMDB operations in flight, so the environments close.)
-            # The private view of a read-only journal is the parent's: it stays.
+            # fork() waited for LMDB transactions in flight, so the environments close
+            # (unless the fork came from inside one: closing would free its reader slot,
+            # which is the parent's). The private view of a read-only journal is the
+            # parent's: it stays.
             self._closed = True
-            self._release(remove_private=False)
+            if TRANSACTIONS.held_at_fork:
+                self._log.close()
+            else:
+                self._release(remove_private=False)
             return
         expiry = getattr(self, "_expiry", None)
         if expiry is not None:

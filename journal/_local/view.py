@@ -328,6 +328,9 @@ class View:
             map_size=_INITIAL_MAP_SIZE,
             max_dbs=16,
             max_readers=1024,
+            # No cached read transaction (SPEC 7, "Across fork()"): a forked child's close
+            # would free its reader slot, which the parent's copy then reuses unregistered.
+            max_spare_txns=0,
             sync=False,
             metasync=False,
             readahead=False,
