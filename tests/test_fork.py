@@ -135,6 +135,17 @@ print(env.readers())
 """
 
 
+def _reader_pids(store: Path) -> list[str]:
+    """The pids in the store's LMDB reader table, as another process lists them."""
+    out = subprocess.run(
+        [sys.executable, "-c", _READERS, str(store / "index")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [line.split()[0] for line in out.splitlines()[1:] if line.strip()]
+
+
 def test_the_parents_reader_slots_survive_a_childs_close(tmp_path: Path) -> None:
     """LMDB frees, in the shared reader table, the slots of the transactions a closing
     copy of an environment holds. The parent's reads after a child closed its copy must
@@ -150,18 +161,11 @@ def test_the_parents_reader_slots_survive_a_childs_close(tmp_path: Path) -> None
 
     def during_verify(done: int, total: int) -> None:  # (inside verify's read transaction)
         if not listed:
-            out = subprocess.run(
-                [sys.executable, "-c", _READERS, str(store / "index")],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            listed.append(out)
+            listed.extend(_reader_pids(store))
 
     assert j.verify(progress=during_verify).ok
     assert listed, "verify reported no progress"
-    pids = [line.split()[0] for line in listed[0].splitlines()[1:] if line.strip()]
-    assert str(os.getpid()) in pids, f"the parent's read is not in the reader table: {pids}"
+    assert str(os.getpid()) in listed, f"the parent's read is not in the reader table: {listed}"
     j.close()
 
 
@@ -194,13 +198,7 @@ def test_a_fork_from_inside_a_transaction_leaves_the_parents_transaction_registe
             finally:
                 os._exit(code)
         seen.append(_wait_child(pid))
-        out = subprocess.run(
-            [sys.executable, "-c", _READERS, str(store / "index")],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        seen.append([line.split()[0] for line in out.splitlines()[1:] if line.strip()])
+        seen.append(_reader_pids(store))
 
     assert j.verify(progress=fork_inside).ok
     assert seen[0] == 0, "the child failed (2: reopened, 3: another error)"
