@@ -437,3 +437,33 @@ def test_a_new_store_verifies_clean_before_its_first_write(tmp_path: Path) -> No
         assert j.verify().problems == []
         j.create_session("a")
         assert j.verify().problems == []
+
+
+def test_a_filler_that_keeps_failing_warns_once_until_it_works_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    ops = Recorder()
+    ops.fill_error = errno.ENOSPC
+    caplog.set_level(logging.DEBUG, logger="journal")
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "could not zero-fill" in r.getMessage()]
+
+    with Journal.open(store, segment_bytes=BIG_SEGMENT, file_ops=ops) as j:
+        j.create_session("s")
+        n = 0
+        deadline = time.monotonic() + 60
+        while len(failures()) < 3:  # the filler retried twice after resting
+            assert time.monotonic() < deadline, "the filler did not retry"
+            j.append("s", batch("s", n))
+            n += 1
+        levels = [r.levelno for r in failures()]
+        assert levels[0] == logging.WARNING
+        assert set(levels[1:]) == {logging.DEBUG}, "a repeated failure warned again"
+        ops.fill_error = None
+        while not any("works again" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the filler never recovered"
+            j.append("s", batch("s", n))
+            n += 1
+        assert len(list(j.replay("s"))) == n * len(batch("s", 0))

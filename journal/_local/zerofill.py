@@ -81,6 +81,7 @@ class ZeroFiller:
         self._request: tuple[str, int, int] | None = None  # directory, base, end offset
         self._thread: threading.Thread | None = None
         self._resting_until = 0.0
+        self._failure: str | None = None  # the last failure logged, until a step works
         # Held while a step has the segment open: fork() waits for it, so a child never
         # inherits a filler's descriptor (or its lock).
         self.busy = threading.Lock()
@@ -130,18 +131,35 @@ class ZeroFiller:
             try:
                 more = self._step(*request)
             except Exception as e:  # logged, and writers preallocate inline meanwhile
-                _log.warning(
-                    "could not zero-fill segment %s ahead of the writer (%s); appends "
-                    "preallocate it themselves for the next %.0f s",
-                    segment_name(request[1]),
-                    e,
-                    RETRY_S,
-                )
+                self._failed(request[1], e)
                 self._resting_until = time.monotonic() + RETRY_S
                 more = False
+            else:
+                if self._failure is not None:
+                    self._failure = None
+                    _log.info("zero-filling segments ahead of the writer works again")
             with self._cv:
                 if not more and self._request is request:
                     self._request = None
+
+    def _failed(self, base_position: int, error: Exception) -> None:
+        """Log a failed step: a warning the first time, then (the same failure, retried
+        every `RETRY_S`: a full disk stays full) at debug level until a step works."""
+        failure = f"{type(error).__name__}: {error}"
+        repeated = failure == self._failure
+        self._failure = failure
+        _log.log(
+            logging.DEBUG if repeated else logging.WARNING,
+            "could not zero-fill segment %s ahead of the writer (%s); appends preallocate "
+            "it themselves for the next %.0f s%s",
+            segment_name(base_position),
+            error,
+            RETRY_S,
+            ""
+            if repeated
+            else " (the filler retries; the same failure is logged at debug "
+            "level until it works again)",
+        )
 
     def _step(self, directory: str, base_position: int, end_offset: int) -> bool:
         """Write one step of zeros at the end of the segment; False once nothing is left."""
