@@ -69,6 +69,11 @@ def check_listings(j: Journal, model: dict[str, SessionState]) -> None:
         assert [m.session_id for m in j.list_sessions(state=state, page_size=2)] == [
             s for s, _ in wanted
         ]
+    # stats() counts from the index's keys: the same counts the model has.
+    counts: dict[str, int] = {}
+    for state in model.values():
+        counts[state.value] = counts.get(state.value, 0) + 1
+    assert j.stats().sessions == counts
 
 
 class StateIndexModel(RuleBasedStateMachine):

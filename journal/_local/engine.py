@@ -786,11 +786,8 @@ class LocalEngine:
 
     @reads_disk
     def stats(self) -> StoreStats:
-        counts: dict[str, int] = {}
         with self._view.begin() as txn:
-            for row in self._view.rows(txn):
-                state = row.session_state.value
-                counts[state] = counts.get(state, 0) + 1
+            counts = self._view.states.counts(txn)  # (the index's keys, not the rows)
             head = self._view.head(txn)
         segments = 0
         size = 0

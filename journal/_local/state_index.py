@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import lmdb
 
+from ..models import SessionState
 from ..sessions import SessionRow
 from .view_codec import U64, corrupt, listed_row, seal, u64_value
 
@@ -81,6 +82,22 @@ class StateIndex:
                 )
             yield row
             positioned = cursor.next()
+
+    def counts(self, txn: lmdb.Transaction) -> dict[str, int]:
+        """How many sessions each state has (its value -> count, states with none left
+        out), from the keys alone: no row is read (`stats`)."""
+        by_wire: dict[int, int] = {}
+        for key in txn.cursor(db=self._db).iternext(keys=True, values=False):
+            if not key:
+                raise corrupt("an empty states key")
+            by_wire[key[0]] = by_wire.get(key[0], 0) + 1
+        found: dict[str, int] = {}
+        for wire, count in sorted(by_wire.items()):
+            try:
+                found[SessionState.from_wire(wire).value] = count
+            except KeyError:
+                raise corrupt(f"states entries of state {wire}, which does not exist") from None
+        return found
 
     def entries(self, txn: lmdb.Transaction) -> dict[tuple[int, bytes], int]:
         """(state, session id bytes) -> incarnation of every entry (for `verify`)."""
