@@ -90,7 +90,7 @@ from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
-from .segments import LogHole, SegmentReader, frame_records
+from .segments import KnownZeros, LogHole, SegmentReader, frame_records
 from .sidecar import read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
 from .verify import verify_store, view_problem
@@ -264,6 +264,9 @@ class LocalEngine:
         # What retention needs of sealed segments' sidecars, within a byte budget.
         self._summaries = SummaryCache()
         self._retention_due = False
+        # What this writer's catch-ups found zero at the active segment's end (it compares
+        # only what was added since: `segments.KnownZeros`).
+        self._known_zeros = KnownZeros()
         # This process's first pass after a seal reads every row (the policy may have
         # changed since the last open); once one succeeded, later ones are narrow.
         self._first_sweep: Request | None = None
@@ -649,7 +652,7 @@ class LocalEngine:
             log.finish_interrupted()
             self._finished_interrupted = True
         projection = Projection(view, txn, head, self._ops)
-        for base in project_segments(log, projection):
+        for base in project_segments(log, projection, known_zeros=self._known_zeros):
             if read_summary(log.directory, base) is None:
                 log.seal(base)
         projection.flush()

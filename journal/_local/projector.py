@@ -34,7 +34,7 @@ from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
-from .segments import SegmentReader, frame_records
+from .segments import KnownZeros, SegmentReader, frame_records
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
 from .view import Head, IdemEntry, View
 
@@ -473,10 +473,14 @@ class Projection:
 
 
 def project_segments(
-    log: SegmentLog, projection: Projection, until: Head | None = None
+    log: SegmentLog,
+    projection: Projection,
+    until: Head | None = None,
+    known_zeros: KnownZeros | None = None,
 ) -> list[int]:
     """Apply every frame after `projection.head` (across segments) to the projection;
-    with `until`, only the frames before its next position (a view as of that head).
+    with `until`, only the frames before its next position (a view as of that head);
+    `known_zeros` only from the holder of the write lock (`segments.KnownZeros`).
 
     The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
     never go backwards; sealed segments may have gaps (retention deletes dead segments,
@@ -505,7 +509,8 @@ def project_segments(
             head.end_offset = SEGMENT_HEADER_SIZE
             head.next_position = base
         start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
-        with SegmentReader(log.directory, base, log.ops) as reader:
+        zeros = known_zeros if last else None
+        with SegmentReader(log.directory, base, log.ops, zeros) as reader:
             for info, body in reader.frames(start, tail=last):
                 if until is not None and info.first_position >= until.next_position:
                     break
