@@ -190,7 +190,7 @@ def test_unsubscribing_from_inside_the_listener_stops_at_that_event(j: Journal) 
     assert got == [1, 2, 3]
     assert sub.closed and sub.error is None
     assert sub.cursor is not None
-    assert [e.ordinal for e in j.replay("s", cursor=sub.cursor)][0] == 4
+    assert next(e.ordinal for e in j.replay("s", cursor=sub.cursor)) == 4
     sub.close()  # idempotent from outside too
 
 
@@ -242,7 +242,7 @@ def test_a_raising_listener_ends_only_its_own_subscription(j: Journal) -> None:
     assert bad.ordinals == [1]
     # The event it raised on was not delivered: resuming from its cursor starts there.
     assert sub_bad.cursor == bad.events[0].cursor
-    assert [e.ordinal for e in j.replay("s", cursor=sub_bad.cursor)][0] == 2
+    assert next(e.ordinal for e in j.replay("s", cursor=sub_bad.cursor)) == 2
     assert not sub_good.closed
     sub_good.close()
 
