@@ -59,7 +59,7 @@ def test_a_checkpoint_changes_no_ordinal_range_or_cursor(j: Journal) -> None:
     assert j.snapshot("s") is None  # a checkpoint is not the session's snapshot
     # Its cursor resumes after it; older cursors still resume exactly.
     assert [e.ordinal for e in j.replay("s", cursor=checkpoint.cursor)] == [7, 8, 9, 10]
-    assert [e.ordinal for e in j.replay("s", cursor=before[1].cursor)][0] == 3
+    assert next(e.ordinal for e in j.replay("s", cursor=before[1].cursor)) == 3
     result = j.append("s", [EventIn(type="n", data=b"next")])
     assert result.first_ordinal == 11
     stored = j.checkpoint("s")
@@ -99,7 +99,7 @@ def test_a_checkpoint_below_the_retained_range_is_refused(j: Journal) -> None:
     with pytest.raises(InvalidArgument, match="could never be used"):
         j.checkpoint_session("s", 3, b"x")
     stored = j.checkpoint_session("s", 5, b"at the snapshot")  # the range's start: usable
-    assert [e.ordinal for e in j.replay("s", cursor=stored.cursor)][0] == 6
+    assert next(e.ordinal for e in j.replay("s", cursor=stored.cursor)) == 6
 
 
 def test_history_leaving_below_a_checkpoint_removes_it(j: Journal) -> None:
@@ -129,7 +129,7 @@ def test_checkpoints_survive_reopen_rebuild_and_verify(engine: EngineFactory, st
     with engine.open(store, durability="os", segment_bytes=16 << 10) as j:
         stored = j.checkpoint("s")
         assert stored is not None and (stored.ordinal, stored.data) == (30, b"thirty")
-        assert [e.ordinal for e in j.replay("s", cursor=stored.cursor)][0] == 31
+        assert next(e.ordinal for e in j.replay("s", cursor=stored.cursor)) == 31
         assert j.verify().ok
         j.compact(dead_share=0.0)  # rewrites every sealed segment: the record is kept
         stored = j.checkpoint("s")

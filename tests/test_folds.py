@@ -163,26 +163,28 @@ def test_fold_state_is_the_reducer_over_every_event(
 def test_set_merges_the_changed_keys(
     engine_name: str, partials: list[dict[str, Any]], snapshot_at: int
 ) -> None:
-    with tempfile.TemporaryDirectory() as root:
-        with ENGINES[engine_name].open(Path(root) / "store", durability="os") as j:
-            j.create_session("s")
-            fold = j.fold("s", None, {}, codec=JsonCodec(dict[str, Any]))
-            expected: dict[str, Any] = {}
-            for index, partial in enumerate(partials):
-                changed = {k: v for k, v in partial.items() if expected.get(k, object()) != v}
-                before = j.get_session("s").last_ordinal
-                fold.set(partial)
-                expected.update(partial)
-                after = j.get_session("s").last_ordinal
-                assert after == before + (1 if changed else 0)
-                if changed:
-                    (event,) = list(j.replay("s"))[-1:]
-                    assert event.type == STATE_CHANGED
-                    assert json.loads(event.data) == changed  # only the keys that changed
-                assert fold.state == expected
-                if index == snapshot_at:
-                    fold.snapshot()
-            assert j.fold("s", None, {}).state == expected
+    with (
+        tempfile.TemporaryDirectory() as root,
+        ENGINES[engine_name].open(Path(root) / "store", durability="os") as j,
+    ):
+        j.create_session("s")
+        fold = j.fold("s", None, {}, codec=JsonCodec(dict[str, Any]))
+        expected: dict[str, Any] = {}
+        for index, partial in enumerate(partials):
+            changed = {k: v for k, v in partial.items() if expected.get(k, object()) != v}
+            before = j.get_session("s").last_ordinal
+            fold.set(partial)
+            expected.update(partial)
+            after = j.get_session("s").last_ordinal
+            assert after == before + (1 if changed else 0)
+            if changed:
+                (event,) = list(j.replay("s"))[-1:]
+                assert event.type == STATE_CHANGED
+                assert json.loads(event.data) == changed  # only the keys that changed
+            assert fold.state == expected
+            if index == snapshot_at:
+                fold.snapshot()
+        assert j.fold("s", None, {}).state == expected
 
 
 def test_set_needs_a_json_fold_of_a_dict_state(j: Journal) -> None:
