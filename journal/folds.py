@@ -78,6 +78,14 @@ _json_object: Final = msgspec.json.Decoder(dict[str, Any])
 _json_encoder: Final = msgspec.json.Encoder()
 
 
+def _encodable(version: int | str) -> bool:
+    try:
+        _envelope_encoder.encode(version)
+    except (OverflowError, ValueError):  # a huge int, a lone surrogate
+        return False
+    return True
+
+
 def _envelope(data: bytes) -> _Envelope | None:
     """The fold envelope in snapshot data (None: not a fold's)."""
     try:
@@ -182,8 +190,10 @@ class Fold(Generic[StateT]):
                 "codec must have encode(state) -> bytes and decode(bytes) -> state methods "
                 "(journal.JsonCodec, for example)"
             )
-        if type(version) not in (int, str):
-            raise InvalidArgument(f"version must be an int or a str, got {version!r}")
+        if type(version) not in (int, str) or not _encodable(version):
+            raise InvalidArgument(
+                f"version must be an int (below 2^63 in size) or a str (of UTF-8), got {version!r}"
+            )
         if type(follow) is not bool:
             raise InvalidArgument(f"follow must be a bool, got {follow!r}")
         if snapshot_every is not None and (type(snapshot_every) is not int or snapshot_every < 1):
@@ -382,6 +392,8 @@ class Fold(Generic[StateT]):
         Updates from threads of this process are queued and applied in the order they
         were called. `fn` may be called several times: keep it free of side effects.
         """
+        if not callable(fn):
+            raise InvalidArgument(f"fn must be a callable, got {type(fn).__name__}")
         limit = self._tries if tries is None else tries
         if type(limit) is not int or limit < 1:
             raise InvalidArgument(f"tries must be an int >= 1, got {tries!r}")
@@ -433,8 +445,10 @@ class Fold(Generic[StateT]):
                 return []
             try:
                 data = _json_encoder.encode(changed)
-            except (TypeError, msgspec.EncodeError) as error:
-                raise InvalidArgument(f"set() values must be JSON-encodable: {error}") from error
+            except (TypeError, ValueError, msgspec.EncodeError) as error:
+                raise InvalidArgument(
+                    f"set() takes str keys and JSON-encodable values (UTF-8 text): {error}"
+                ) from error
             return [EventIn(type=STATE_CHANGED, data=data)]
 
         self.update(change)
@@ -461,7 +475,17 @@ class Fold(Generic[StateT]):
         return stored
 
     def _encoded(self) -> bytes:
-        state = self._codec.encode(self._state)
+        try:
+            state = self._codec.encode(self._state)
+        except Exception as error:
+            raise InvalidArgument(
+                f"the state of {self!r} does not encode with its codec ({error}): give "
+                "fold() a codec that can store it"
+            ) from error
+        if type(state) is not bytes:
+            raise InvalidArgument(
+                f"the codec of {self!r} encoded the state as a {type(state).__name__}, not bytes"
+            )
         return _envelope_encoder.encode(_Envelope(_MAGIC, self.version, state))
 
     def _due(self) -> bool:

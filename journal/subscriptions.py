@@ -134,6 +134,12 @@ class Subscription(Generic[ItemT]):
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the subscription has ended and released what it held (True), or
         `timeout` seconds passed (False)."""
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout >= 0 or timeout == float("inf")
+        ):
+            raise InvalidArgument(
+                f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
+            )
         return self._ended.wait(timeout)
 
     def __enter__(self) -> Subscription[ItemT]:
