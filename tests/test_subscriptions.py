@@ -6,6 +6,7 @@ journal was closed. Run against every engine in `engines.ENGINES`."""
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -13,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from engines import ENGINES, EngineFactory
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from journal import (
     CursorExpired,
@@ -26,6 +29,7 @@ from journal import (
     LifecycleEventType,
     OutcomeUnknown,
     SessionNotFound,
+    Subscription,
 )
 
 WAIT_S = 10.0
@@ -459,3 +463,81 @@ def test_a_listener_may_subscribe_append_and_close_the_journal(
     assert closed.wait(WAIT_S)
     assert sub.wait(WAIT_S)
     until(lambda: not delivery_threads())
+
+
+# -- property: any mix of appends, subscribes, unsubscribes and restarts ------------------
+
+SUB_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 5)),
+        st.tuples(st.just("subscribe"), st.integers(0, 100)),
+        st.tuples(st.just("close"), st.integers(0, 100)),
+        st.tuples(st.just("reopen"), st.just(0)),
+    ),
+    max_size=20,
+)
+
+
+class Chain:
+    """One listener's deliveries across the subscriptions that resume each other."""
+
+    def __init__(self, start_after: int) -> None:
+        self.start_after = start_after
+        self.ordinals: list[int] = []
+        self.sub: Subscription[Event] | None = None
+
+    def __call__(self, event: Event) -> None:
+        self.ordinals.append(event.ordinal)
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+@settings(max_examples=25)
+@given(ops=SUB_OPS)
+def test_any_mix_of_subscribes_unsubscribes_and_restarts_delivers_each_event_once(
+    engine_name: str, ops: list[tuple[str, int]]
+) -> None:
+    engine = ENGINES[engine_name]
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "store"
+        j = engine.open(path, durability="os")
+        try:
+            j.create_session("s")
+            last = 0
+            cursors: list[tuple[int, str | None]] = [(0, None)]
+            chains: list[Chain] = []
+            for op, arg in ops:
+                if op == "append":
+                    result = j.append("s", numbered(last + 1, arg))
+                    last = result.last_ordinal
+                    cursors.append((last, result.cursor))
+                elif op == "subscribe":
+                    after, cursor = cursors[arg % len(cursors)]
+                    chain = Chain(after)
+                    chain.sub = j.subscribe("s", chain, cursor=cursor)
+                    chains.append(chain)
+                elif op == "close" and chains:
+                    chain = chains[arg % len(chains)]
+                    assert chain.sub is not None
+                    chain.sub.close()
+                elif op == "reopen":
+                    j.close()
+                    j = engine.open(path, durability="os")
+                    for chain in chains:  # resume every chain that was still open
+                        assert chain.sub is not None and chain.sub.closed
+                        assert chain.sub.wait(WAIT_S) and chain.sub.error is None
+                        chain.sub = j.subscribe("s", chain, cursor=chain.sub.cursor)
+            for chain in chains:
+                assert chain.sub is not None
+                if not chain.sub.closed:
+                    until(lambda c=chain: (c.ordinals or [c.start_after])[-1] >= last)
+                    chain.sub.close()
+                assert chain.sub.wait(WAIT_S)
+                got = chain.ordinals
+                # In order, no gap, no duplicate, from right after where it started.
+                assert got == list(range(chain.start_after + 1, chain.start_after + 1 + len(got)))
+                end = got[-1] if got else chain.start_after
+                following = [e.ordinal for e in j.replay("s", cursor=chain.sub.cursor)]
+                assert following == list(range(end + 1, last + 1))
+        finally:
+            j.close()
+        assert not delivery_threads()
