@@ -779,13 +779,11 @@ class Journal:
         tries: int = DEFAULT_TRIES,
         on_error: ErrorHandler | None = None,
     ) -> Fold[StateT]:
-        """The session's state: `apply(state, event) -> state` (a pure reducer) folded
-        over its events from `initial`, restored from its newest snapshot or checkpoint
-        of this `version` and the events after it (`CursorExpired` when the events it
-        needs are gone). `codec` stores the state in snapshots (default: JSON; a JSON
-        fold merges `state_changed` events into a dict state itself, see `Fold.set`).
-        `follow=True` keeps it current (errors to `on_error`); `snapshot_every=N` writes
-        a checkpoint every N events; `tries` bounds `update`'s retries. See `Fold`."""
+        """The session's state: the pure reducer `apply(state, event) -> state` over its
+        events from `initial`, restored from its newest snapshot or checkpoint of this
+        `version` (`CursorExpired` if the events it needs are gone). `codec` stores the
+        state (default JSON, which merges `state_changed` events: `Fold.set`); `follow`,
+        `snapshot_every`, `tries`, `on_error`: see `Fold` and SPEC section 7.11."""
         session_id = check_name("session_id", session_id)
         self._check_open()
         return Fold(
