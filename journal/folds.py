@@ -225,6 +225,9 @@ class Fold(Generic[StateT]):
         self._subscription: Subscription[Event] | None = None
         with self._lock:
             self._load()
+            due = self._due()
+        if due:
+            self._auto_checkpoint()  # restored from far behind: the next fold starts here
         if follow:
             self._subscription = journal.subscribe(
                 session_id, self._deliver, cursor=self.cursor, on_error=on_error

@@ -234,6 +234,33 @@ def test_snapshot_every_writes_checkpoints_by_itself(j: Journal) -> None:
     assert counting.calls == 5
 
 
+def test_snapshot_every_checkpoints_a_fold_restored_from_far_behind(j: Journal) -> None:
+    j.create_session("s")
+    j.append("s", value_events(list(range(30))))
+    j.fold("s", chain, [0, 0], snapshot_every=10)
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 30
+    j.append("s", value_events([1]))
+    j.fold("s", chain, [0, 0], snapshot_every=10)  # one event behind: no new checkpoint
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 30
+
+
+def test_an_imported_session_folds_from_its_events_without_the_checkpoint(
+    j: Journal, tmp_path: Path
+) -> None:
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3]))
+    j.fold("s", chain, [0, 0]).snapshot()
+    archive = tmp_path / "s.sja"
+    j.export_sessions(["s"], archive)
+    j.import_sessions(archive, rename={"s": "copy"})
+    assert j.checkpoint("copy") is None  # checkpoints are not exported
+    counting = Counting()
+    assert j.fold("copy", counting, [0, 0]).state == model([1, 2, 3])
+    assert counting.calls == 3
+
+
 def test_compacting_drops_history_and_the_next_fold_starts_from_the_snapshot(
     j: Journal,
 ) -> None:
