@@ -276,15 +276,18 @@ class Fold(Generic[StateT]):
             meta = journal.get_session(self.session_id)
             found: list[tuple[Snapshot, StateT]] = []
             foreign = ""
-            for stored in (journal.checkpoint(self.session_id), journal.snapshot(self.session_id)):
+            for kind, stored in (
+                ("checkpoint", journal.checkpoint(self.session_id)),
+                ("snapshot", journal.snapshot(self.session_id)),
+            ):
                 if stored is None:
                     continue
                 envelope = _envelope(stored.data)
                 if envelope is None or envelope.version != self.version:
                     foreign = (
-                        "its snapshot is not a fold's"
+                        f"its {kind} is not a fold's"
                         if envelope is None
-                        else f"its snapshot is of version {envelope.version!r}"
+                        else f"its {kind} is of version {envelope.version!r}"
                     )
                     continue
                 found.append((stored, self._decode(envelope.state, stored.ordinal)))
