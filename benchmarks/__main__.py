@@ -10,7 +10,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from . import archives, idle, latency, listing, memory, report, targets
+from . import archives, folds, idle, latency, listing, memory, report, targets
 from .events import Dataset, make_dataset
 from .workloads import ROWS, Plan, plan
 
@@ -65,6 +65,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "default 1000000, several minutes)",
     )
     parser.add_argument(
+        "--fold-events",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="events of the session whose fold is restored from a checkpoint and from "
+        "scratch (0: skip the fold rows; default 1000000; `--only fold` runs just them)",
+    )
+    parser.add_argument(
         "--no-latency",
         action="store_true",
         help="skip the concurrency and latency rows",
@@ -92,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.only == ["archive"]:
         return _archives_only(args)
+    if args.only == ["fold"]:
+        return _folds_only(args)
     selected = plan(args.only)
     if not selected.reported:
         print(f"no row matches {args.only}", file=sys.stderr)
@@ -146,6 +156,8 @@ def _run(args: argparse.Namespace, selected: Plan, data: Dataset) -> targets.Run
                 run.extras += listing.rows(extra_dir, args.listing_sessions)
             if args.rss_appends:
                 run.extras += memory.rows(extra_dir, args.rss_appends)
+            if args.fold_events:
+                run.extras += folds.rows(extra_dir, args.fold_events)
             print()
             print("\n".join(latency.table(run.extras)))
     finally:
@@ -158,6 +170,19 @@ def _archives_only(args: argparse.Namespace) -> int:
     root = tempfile.mkdtemp(prefix="journal-bench-", dir=args.dir)
     try:
         extras = archives.rows(root, args.events, args.archive_mib)
+        print("\n".join(latency.table(extras)))
+        if args.json:
+            report.write_json(args.json, [], extras)
+    finally:
+        shutil.rmtree(root)
+    return 0
+
+
+def _folds_only(args: argparse.Namespace) -> int:
+    """`--only fold`: just the fold rows (restore, update round trips)."""
+    root = tempfile.mkdtemp(prefix="journal-bench-", dir=args.dir)
+    try:
+        extras = folds.rows(root, args.fold_events or 1_000_000)
         print("\n".join(latency.table(extras)))
         if args.json:
             report.write_json(args.json, [], extras)

@@ -23,6 +23,7 @@ import click
 
 import journal
 
+from .demo_restart import Restart
 from .output import (
     CommandFailed,
     Output,
@@ -81,8 +82,10 @@ def demo(settings: Settings, store_path: str | None, session_count: int, event_c
     it, suspends and resumes one, completes and resolves some, cancels one. This process
     follows the lifecycle feed and the first session as it happens, saves the cursor of
     an event in the middle, and at the end resumes from it to show it gets exactly the
-    events after that one. Last, a second runtime is killed mid-turn: its watcher gets
-    WATCH_OUTCOME_UNKNOWN and a new owner records the turn as failed.
+    events after that one. Then a second runtime is killed mid-turn: its watcher gets
+    WATCH_OUTCOME_UNKNOWN and a new owner records the turn as failed. Last, a supervisor
+    runtime is killed and restarted: one fold() restores its state and its subscription
+    resumes from the cursor saved in it, so each task is handled exactly once.
     """
     temporary = store_path is None
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
@@ -115,8 +118,8 @@ class Demo:
         self.names = self._session_names(session_count)
         self.target = self.names[0]
         self.middle = (event_count + 1) // 2
-        # about 4 s of appends whatever the sizes, but never slower than 4 per second
-        self.delay = min(0.25, max(0.005, 4.0 / (session_count * (event_count + 1))))
+        # about 2.5 s of appends whatever the sizes, but never slower than 5 per second
+        self.delay = min(0.2, max(0.005, 2.5 / (session_count * (event_count + 1))))
         self.stop = threading.Event()
         self.target_created = threading.Event()
         self.all_ended = threading.Event()
@@ -126,6 +129,7 @@ class Demo:
         self.saved: tuple[int, str] | None = None
         self.runtime_events = 0
         self.unknown_outcome: str | None = None
+        self.restart_tasks = 0
         self.crash_name = self._crash_name()
         self.runtime_stderr: list[str] = []
         self.failures: list[BaseException] = []
@@ -286,7 +290,9 @@ class Demo:
             text=True,
             env=env,
         )
+        restart = Restart(self.store, self.path, env, self.say)
         try:
+            restart.begin()
             self.say(
                 "demo",
                 {"runtime_pid": process.pid, "sessions": self.names},
@@ -309,9 +315,11 @@ class Demo:
             self._wait_for_observers()
             self._resume()
             self._owner_dies_mid_turn(env)
+            self.restart_tasks = restart.run()
             self._summary(time.monotonic() - started)
         finally:
             self.stop.set()
+            restart.close()
             if process.poll() is None:
                 process.terminate()
                 try:
@@ -477,6 +485,7 @@ class Demo:
             "lifecycle_events": self.lifecycle_seen,
             "watched_events": len(self.watched),
             "unknown_outcome": self.unknown_outcome,
+            "restart_tasks": self.restart_tasks,
             "store": self.path,
             "temporary": self.temporary,
         }
@@ -486,7 +495,8 @@ class Demo:
             f"done in {elapsed:.1f} s: {plural(len(self.names), 'session')} ({counts}), "
             f"{plural(self.runtime_events, 'event')} appended by the runtime, "
             f"{plural(self.lifecycle_seen, 'lifecycle event')} and "
-            f"{plural(len(self.watched), 'event')} of {self.target} followed live; {where}",
+            f"{plural(len(self.watched), 'event')} of {self.target} followed live, "
+            f"{plural(self.restart_tasks, 'task')} handled once each across a restart; {where}",
         )
 
 

@@ -4,12 +4,18 @@
 
     python -m cli.demo_runtime STORE --hang NAME
 
+    python -m cli.demo_runtime STORE --supervise TASKS STATE
+
 It creates the named sessions, owns each and runs one turn in it: JSON-RPC-like messages,
 round-robin with a short pause after each append (so the demo visibly happens live). It
 suspends and resumes one session, completes the turn and resolves the others, and
 cancels the last one's turn and the session midway. With `--hang` it creates NAME, starts
 a turn, appends one message, reports `mid-turn` and waits to be killed (an owner dying
-mid-turn). It reports each step as one JSON line on stdout; the parent renders them.
+mid-turn). With `--supervise` it is a supervisor that survives restarts: one `fold()`
+of its STATE session restores the tasks it handled and the cursor of the last one, and
+its subscription to TASKS resumes after that cursor; each task handled is one atomic
+`update()` (the task and its cursor together). It ends when TASKS ends. It reports each
+step as one JSON line on stdout; the parent renders them.
 """
 
 from __future__ import annotations
@@ -152,11 +158,45 @@ def hang_mid_turn(store: journal.Journal, name: str) -> None:
     time.sleep(3600)
 
 
+def _handled(state: dict[str, Any], event: journal.Event) -> dict[str, Any]:
+    """The supervisor's reducer: each `handled` event adds its task and cursor."""
+    handled = json.loads(event.data)
+    return {"tasks": [*state["tasks"], handled["task"]], "cursor": handled["cursor"]}
+
+
+def supervise(store: journal.Journal, tasks: str, state_session: str) -> None:
+    """Restore, resume, handle each task once (see the module docstring)."""
+    fold = store.fold(state_session, _handled, {"tasks": [], "cursor": None}, snapshot_every=2)
+    checkpoint = store.checkpoint(state_session)
+    report(
+        "restored",
+        session_id=state_session,
+        ordinal=fold.ordinal,
+        checkpoint=checkpoint.ordinal if checkpoint is not None else 0,
+        tasks=fold.state["tasks"],
+    )
+    failures: list[BaseException] = []
+
+    def on_task(event: journal.Event) -> None:
+        task = json.loads(event.data)["task"]
+        record = json.dumps({"task": task, "cursor": event.cursor}).encode()
+        fold.update(lambda state: [journal.EventIn("handled", record)])
+        report("handled", session_id=tasks, task=task, ordinal=event.ordinal)
+
+    subscription = store.subscribe(
+        tasks, on_task, cursor=fold.state["cursor"], on_error=failures.append
+    )
+    subscription.wait()  # until TASKS ends (or this process is killed)
+    if failures:
+        raise failures[0]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cli.demo_runtime")
     parser.add_argument("store")
     parser.add_argument("names", nargs="*")
     parser.add_argument("--hang", metavar="NAME", default=None)
+    parser.add_argument("--supervise", nargs=2, metavar=("TASKS", "STATE"), default=None)
     parser.add_argument("--events", type=int, default=5)
     parser.add_argument("--delay", type=float, default=0.25)
     args = parser.parse_intermixed_args(argv)
@@ -164,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with journal.Journal.open(args.store, create=False) as store:
             if args.hang is not None:
                 hang_mid_turn(store, args.hang)
+            elif args.supervise is not None:
+                supervise(store, *args.supervise)
             else:
                 Runtime(store, args.names, max(2, args.events), args.delay).run()
     except KeyboardInterrupt:

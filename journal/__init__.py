@@ -37,6 +37,10 @@ from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
 from .facade import Journal as Journal
+from .folds import STATE_CHANGED as STATE_CHANGED
+from .folds import Codec as Codec
+from .folds import Fold as Fold
+from .folds import JsonCodec as JsonCodec
 from .follow import Stream as Stream
 from .models import AppendResult as AppendResult
 from .models import CompactionReport as CompactionReport
@@ -61,6 +65,7 @@ from .models import VerifyProblem as VerifyProblem
 from .models import VerifyReport as VerifyReport
 from .records import TURN_RESULT as TURN_RESULT
 from .records import TURN_STARTED as TURN_STARTED
+from .subscriptions import Subscription as Subscription
 from .turns import Owner as Owner
 from .turns import Turn as Turn
 
@@ -72,11 +77,13 @@ __all__ = [
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
     "MAX_PAGE_SIZE",
+    "STATE_CHANGED",
     "TURN_RESULT",
     "TURN_STARTED",
     "AppendResult",
     "ArchiveInvalid",
     "ArchiveLimits",
+    "Codec",
     "CompactionReport",
     "CursorExpired",
     "CursorForeign",
@@ -86,6 +93,7 @@ __all__ = [
     "EventIn",
     "ExportIncomplete",
     "ExportReport",
+    "Fold",
     "IdempotencyKeyReused",
     "IllegalTransition",
     "ImportReport",
@@ -97,6 +105,7 @@ __all__ = [
     "JournalClosed",
     "JournalCorrupt",
     "JournalError",
+    "JsonCodec",
     "KeyRingError",
     "LifecycleEvent",
     "LifecycleEventType",
@@ -121,6 +130,7 @@ __all__ = [
     "StoreStats",
     "StoreUnavailable",
     "Stream",
+    "Subscription",
     "TokenError",
     "Turn",
     "VerifyProblem",

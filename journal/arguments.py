@@ -35,6 +35,7 @@ __all__ = [
     "EventChecker",
     "check_callback",
     "check_create",
+    "check_dead_share",
     "check_engine",
     "check_file_mode",
     "check_flag",
@@ -523,6 +524,7 @@ _ENGINE_METHODS = (
     "readers",
     "read",
     "snapshot",
+    "checkpoint",
     "acquire",
     "owner_alive",
     "verify",
@@ -548,6 +550,16 @@ def check_engine(engine: object) -> None:
     ):
         if not isinstance(getattr(engine, name, None), kind):
             raise InvalidArgument(f"engine.{name} must be a {kind.__name__}")
+
+
+def check_dead_share(dead_share: object) -> float:
+    if (
+        not isinstance(dead_share, (int, float))
+        or isinstance(dead_share, bool)
+        or not 0.0 <= dead_share <= 1.0
+    ):
+        raise InvalidArgument(f"dead_share must be a number between 0 and 1, got {dead_share!r}")
+    return float(dead_share)
 
 
 def check_max_bytes(max_bytes: object) -> None:

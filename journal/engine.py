@@ -41,6 +41,7 @@ __all__ = [
     "AppendTurnEvent",
     "Appended",
     "ApplyRetention",
+    "Checkpoint",
     "CommitImport",
     "CompactSession",
     "CreateSession",
@@ -160,6 +161,17 @@ class Expire(Operation[list[SessionRow]], frozen=True):
 
 
 class CompactSession(Operation[SnapshotRef], frozen=True):
+    session_id: str
+    through_ordinal: int
+    data: bytes
+
+
+class Checkpoint(Operation[SnapshotRef], frozen=True):
+    """Store `data` as the session's checkpoint through `through_ordinal` (replacing an
+    earlier one), keeping every event: no ordinal, retained range or cursor changes.
+    Refused (`InvalidArgument`) past the last ordinal, below the current checkpoint, or
+    below the retained range (the events after it would be missing)."""
+
     session_id: str
     through_ordinal: int
     data: bytes
@@ -317,6 +329,9 @@ class Engine(Protocol):
         at least one event if any follows), with `context` attached to each."""
 
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None: ...
+
+    def checkpoint(self, row: SessionRow) -> StoredSnapshot | None:
+        """The session's latest checkpoint (`row.checkpoint_position` names it)."""
 
     def acquire(self, session_id: str, wait_s: float) -> Lease:
         """Take the session's owner lease for this process, waiting up to `wait_s` for a

@@ -9,8 +9,15 @@ every engine gets this behaviour once and identically.
 
 import os
 import threading
-import time
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from functools import partial
 from typing import IO, TypeVar
 
@@ -31,6 +38,7 @@ from .arguments import (
     EventChecker,
     check_callback,
     check_create,
+    check_dead_share,
     check_engine,
     check_flag,
     check_listing,
@@ -47,6 +55,7 @@ from .engine import (
     Appended,
     AppendTurnEvent,
     ApplyRetention,
+    Checkpoint,
     CompactSession,
     Engine,
     Expire,
@@ -59,14 +68,16 @@ from .engine import (
 from .errors import (
     CursorExpired,
     CursorFuture,
-    InvalidArgument,
     InvalidPageToken,
     JournalClosed,
-    OutcomeUnknown,
+    JournalCorrupt,
     ReadOnlyStore,
     SessionNotFound,
+    StoreUnavailable,
 )
-from .follow import EventPager, LifecyclePager, Stream, afollow, follow
+from .folds import DEFAULT_TRIES, Codec, Fold
+from .follow import EventPager, Stream, afollow, follow
+from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
     CompactionReport,
@@ -75,7 +86,6 @@ from .models import (
     ExportReport,
     ImportReport,
     LifecycleEvent,
-    LifecycleEventType,
     Page,
     ReadContext,
     RetentionPolicy,
@@ -87,18 +97,15 @@ from .models import (
     StoreStats,
     VerifyReport,
 )
-from .records import TURN_RESULT
-from .sessions import FeedEntry, SessionRow, TransitionKind, metadata, recorded_owner
+from .sessions import SessionRow, TransitionKind, metadata, recorded_owner
+from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
-from .turns import OUTCOME_UNKNOWN_RESULT, Owner, TurnWriter, result_data
+from .turns import Owner, TurnWriter, check_unsettled, take_over
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
 ResultT = TypeVar("ResultT")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+StateT = TypeVar("StateT")
 
 
 class Journal:
@@ -115,7 +122,8 @@ class Journal:
     _engine: Engine
     _closed: bool
     _codec: TokenCodec
-    _lifecycle_scope: bytes
+    _lifecycle: LifecycleFeed
+    _deliveries: Deliveries
     _events: EventChecker
     _scopes: dict[tuple[str, int], bytes]
 
@@ -190,7 +198,8 @@ class Journal:
         self.store_id = engine.store_id
         self._closed = False
         self._codec = TokenCodec(engine.key_ring)
-        self._lifecycle_scope = scope_digest(engine.store_id, purpose="lifecycle")
+        self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
+        self._deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
         self._scopes = {}
         return self
@@ -200,6 +209,7 @@ class Journal:
         if self._closed:
             return
         self._closed = True
+        self._deliveries.close()  # joins the delivery thread before the engine closes
         self._engine.close()
 
     def __enter__(self) -> "Journal":
@@ -344,6 +354,38 @@ class Journal:
             self._cursor(row.session_id, row.incarnation, stored.position, stored.through_ordinal),
         )
 
+    def checkpoint_session(
+        self, session_id: str, through_ordinal: int, checkpoint: bytes
+    ) -> Snapshot:
+        """Store `checkpoint` as standing for every event up to `through_ordinal`, keeping
+        them all: unlike `compact_session`, no ordinal, retained range or cursor changes.
+        It replaces the session's earlier checkpoint (it must reach at least as far)."""
+        session_id = check_name("session_id", session_id)
+        through_ordinal, checkpoint = check_snapshot(through_ordinal, checkpoint)
+        ref = self._submit(Checkpoint(session_id, through_ordinal, checkpoint))
+        cursor = self._cursor(session_id, ref.incarnation, ref.position, ref.through_ordinal)
+        return Snapshot(session_id, ref.through_ordinal, checkpoint, cursor)
+
+    def checkpoint(self, session_id: str) -> Snapshot | None:
+        """The session's latest checkpoint (with a cursor to resume after it), or None
+        (none taken, or history below it left the retained range since)."""
+        row = self._row(session_id)
+        try:
+            stored = self._engine.checkpoint(row)
+        except (JournalCorrupt, StoreUnavailable):
+            # Replaced by a newer one whose writer deleted its file meanwhile? Only then
+            # look again (real damage raises again).
+            if self._engine.session(session_id) == row:
+                raise
+            row = self._row(session_id)
+            stored = self._engine.checkpoint(row)
+        if stored is None:
+            return None
+        cursor = self._cursor(
+            row.session_id, row.incarnation, stored.position, stored.through_ordinal
+        )
+        return Snapshot(row.session_id, stored.through_ordinal, stored.data, cursor)
+
     # -- maintenance -----------------------------------------------------------------------
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
@@ -376,19 +418,12 @@ class Journal:
         compressed, copying only live frames. Positions, ordinals and cursors are unchanged.
         Writers and readers keep working meanwhile. `progress(done, total)` counts segments.
         """
-        if (
-            not isinstance(dead_share, (int, float))
-            or isinstance(dead_share, bool)
-            or not 0.0 <= dead_share <= 1.0
-        ):
-            raise InvalidArgument(
-                f"dead_share must be a number between 0 and 1, got {dead_share!r}"
-            )
+        dead_share = check_dead_share(dead_share)
         check_callback("progress", progress)
         self._check_open()
         if self.readonly:
             raise ReadOnlyStore("compact() needs a writable journal")
-        return self._engine.compact(float(dead_share), progress)
+        return self._engine.compact(dead_share, progress)
 
     def stats(self) -> StoreStats:
         """Sizes of the store: sessions by state, segment files, bytes on disk."""
@@ -443,29 +478,9 @@ class Journal:
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
         lease = self._engine.acquire(session_id, wait)
-        try:
-            row = self._engine.session(session_id)
-            info = None if row is None else recorded_owner(row)
-            if (
-                row is None
-                or info is None
-                or row.incarnation != lease.incarnation
-                or info.generation != lease.generation
-            ):
-                raise SessionNotFound(f"session {session_id!r} was evicted while being owned")
-            writer = TurnWriter(
-                partial(self._turn_event, session_id, lease.incarnation, lease.generation),
-                partial(self.append, session_id),
-            )
-            if row.turn_request_id is not None:
-                # The turn's owner is gone (we hold the lease now) and never settled it.
-                writer.turn_event(
-                    TURN_RESULT, row.turn_request_id, result_data(OUTCOME_UNKNOWN_RESULT)
-                )
-        except BaseException:
-            lease.release()
-            raise
-        return Owner(lease, info, writer)
+        turn_event = partial(self._turn_event, session_id, lease.incarnation, lease.generation)
+        writer = TurnWriter(turn_event, partial(self.append, session_id))
+        return take_over(self._engine, lease, writer)
 
     def _turn_event(
         self,
@@ -620,44 +635,6 @@ class Journal:
             raise self._expired(current, after)
         return page.events, page.has_more, current.session_state.terminal, page.head, current
 
-    def _unsettled(
-        self, start_cursor: str | None, row: SessionRow, terminal: bool, last: Event | None
-    ) -> None:
-        """A live follower delivered everything and the last turn is unsettled: raise
-        `OutcomeUnknown` if the session ended, or if the turn's owner is gone (checked
-        twice, so an owner just taking over is not mistaken for a dead one; a check that
-        cannot tell counts as alive)."""
-        request_id = row.turn_request_id
-        if request_id is None:
-            return
-        cursor = last.cursor if last is not None else start_cursor
-        if terminal:
-            raise OutcomeUnknown(
-                f"session {row.session_id!r} ended while turn {request_id!r} was unsettled: "
-                "whether the prompt executed is unknown",
-                request_id=request_id,
-                cursor=cursor,
-            )
-        if self._engine.owner_alive(row) is not False:
-            return
-        time.sleep(0.005)
-        again = self._engine.session(row.session_id)
-        if (
-            again is None
-            or again.incarnation != row.incarnation
-            or again.turn_request_id != request_id
-            or again.last_ordinal != row.last_ordinal
-            or self._engine.owner_alive(again) is not False
-        ):
-            return  # something moved (or the owner lives): the next page tells
-        raise OutcomeUnknown(
-            f"the owner of session {row.session_id!r} ended without settling turn "
-            f"{request_id!r}: the prompt may have executed; a new owner records it as "
-            "failed, resume from this error's cursor to see that result",
-            request_id=request_id,
-            cursor=cursor,
-        )
-
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
     ) -> Page:
@@ -712,7 +689,7 @@ class Journal:
     ) -> Generator[list[Event], None, None]:
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
-            pager = EventPager(page, after, live, partial(self._unsettled, cursor))
+            pager = EventPager(page, after, live, partial(check_unsettled, self._engine, cursor))
             yield from follow(pager, self._engine.waiter, stop, self._is_closed)
 
     async def awatch(
@@ -726,57 +703,11 @@ class Journal:
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._context(row), max_bytes, readers)
-            pager = EventPager(page, after, True, partial(self._unsettled, cursor))
+            pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
             async for event in afollow(pager, self._engine.waiter, self._is_closed):
                 yield event
 
     # -- lifecycle feed --------------------------------------------------------------------
-
-    def _lifecycle_pager(self, cursor: str | None) -> LifecyclePager:
-        """Where to resume the lifecycle feed; cursor errors are raised here."""
-        self._check_open()
-        if cursor is None:
-            return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
-        claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._lifecycle_scope)
-        head = self._engine.head() - 1
-        if claims.position > head:
-            raise CursorFuture(
-                f"the lifecycle cursor points at position {claims.position} but this store "
-                f"ends at {head}: watch from a cursor this store issued, or without one",
-                head_ordinal=head,
-            )
-        return LifecyclePager(self._feed_after, claims.position, None)
-
-    def _lifecycle_cursor(self, position: int) -> str:
-        return self._codec.encode(TokenKind.LIFECYCLE, self._lifecycle_scope, position)
-
-    def _startup_snapshot(self) -> tuple[list[LifecycleEvent], int]:
-        """One CREATED per session, all from one consistent snapshot, and its position.
-
-        The rows are copied out of the engine before anything is delivered, so a slow or
-        abandoned consumer pins nothing (memory: the registry's size)."""
-        point, rows = self._engine.registry()
-        cursor = self._lifecycle_cursor(point)
-        now = _now_ms()
-        events = [
-            LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
-            for row in rows
-        ]
-        return events, point
-
-    def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
-        """Feed entries after `after` (a bounded batch), the new `after`, the head."""
-        entries, head = self._engine.feed(after, 256)
-        events = [self._lifecycle_event(entry, position) for position, entry in entries]
-        return events, entries[-1][0] if entries else after, head
-
-    def _lifecycle_event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
-        return LifecycleEvent(
-            event_type=LifecycleEventType(entry.event_type),
-            session=self._metadata(entry.row),
-            cursor=self._lifecycle_cursor(position),
-            observed_at_ms=entry.at_ms,
-        )
 
     def watch_sessions(
         self, cursor: str | None = None, stop: threading.Event | None = None
@@ -784,11 +715,86 @@ class Journal:
         """Lifecycle events: with no cursor, one CREATED per existing session first; then
         live changes. Resuming from an event's cursor yields the changes after it."""
         check_stop(stop)
-        pager = self._lifecycle_pager(cursor)
+        self._check_open()
+        pager = self._lifecycle.pager(cursor)
         return Stream(follow(pager, self._engine.waiter, stop, self._is_closed))
 
     async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions`."""
-        pager = self._lifecycle_pager(cursor)
+        self._check_open()
+        pager = self._lifecycle.pager(cursor)
         async for event in afollow(pager, self._engine.waiter, self._is_closed):
             yield event
+
+    # -- subscriptions and folds -----------------------------------------------------------
+
+    def subscribe(
+        self,
+        session_id: str,
+        listener: Callable[[Event], object],
+        cursor: str | None = None,
+        on_error: ErrorHandler | None = None,
+        *,
+        max_bytes: int = DEFAULT_PAGE_BYTES,
+    ) -> Subscription[Event]:
+        """Call `listener(event)` for every event after `cursor`, in order, exactly once,
+        replay first and then live, on this journal's one delivery thread (however many
+        subscriptions); `sub()` unsubscribes. See `Subscription` for the guarantees.
+        Errors that end it go to `on_error` (default: logged); cursor errors raise here."""
+        check_listener(listener)
+        check_callback("on_error", on_error)
+        check_max_bytes(max_bytes)
+        row, after = self._start(session_id, cursor)
+        readers = self._engine.readers()
+        page = partial(self._page, row, self._context(row), max_bytes, readers)
+        pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
+        return self._deliveries.add(
+            row.session_id, pager, listener, on_error, cursor, readers.close
+        )
+
+    def subscribe_sessions(
+        self,
+        listener: Callable[[LifecycleEvent], object],
+        cursor: str | None = None,
+        on_error: ErrorHandler | None = None,
+    ) -> Subscription[LifecycleEvent]:
+        """`subscribe` over `watch_sessions`: lifecycle events (with no cursor, one
+        CREATED per existing session first), on the delivery thread."""
+        check_listener(listener)
+        check_callback("on_error", on_error)
+        self._check_open()
+        pager = self._lifecycle.pager(cursor)
+        return self._deliveries.add(None, pager, listener, on_error, cursor, lambda: None)
+
+    def fold(
+        self,
+        session_id: str,
+        apply: Callable[[StateT, Event], StateT] | None,
+        initial: StateT,
+        *,
+        codec: Codec[StateT] | None = None,
+        version: int | str = 0,
+        follow: bool = False,
+        snapshot_every: int | None = None,
+        tries: int = DEFAULT_TRIES,
+        on_error: ErrorHandler | None = None,
+    ) -> Fold[StateT]:
+        """The session's state: the pure reducer `apply(state, event) -> state` over its
+        events from `initial`, restored from its newest snapshot or checkpoint of this
+        `version` (`CursorExpired` if the events it needs are gone). `codec` stores the
+        state (default JSON, which merges `state_changed` events: `Fold.set`); `follow`,
+        `snapshot_every`, `tries`, `on_error`: see `Fold` and SPEC section 7.11."""
+        session_id = check_name("session_id", session_id)
+        self._check_open()
+        return Fold(
+            self,
+            session_id,
+            apply,
+            initial,
+            codec,
+            version,
+            follow,
+            snapshot_every,
+            tries,
+            on_error,
+        )

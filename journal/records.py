@@ -21,6 +21,7 @@ __all__ = [
     "TURN_EVENT_TYPES",
     "TURN_RESULT",
     "TURN_STARTED",
+    "CheckpointTaken",
     "EventAppended",
     "HistoryTrimmed",
     "IdempotencyKeyUsed",
@@ -186,6 +187,17 @@ class SessionImported(_RecordBase, tag=11, frozen=True):
     at_ms: int
 
 
+class CheckpointTaken(_RecordBase, tag=12, frozen=True):
+    """A checkpoint: data standing for the session's events up to and including
+    `through_ordinal`, which stay retained (unlike a `SnapshotTaken`'s). It takes a
+    position and no ordinal; readers never deliver it."""
+
+    incarnation: int
+    through_ordinal: int
+    at_ms: int
+    data: bytes
+
+
 Record = (
     SessionCreated
     | EventAppended
@@ -198,6 +210,7 @@ Record = (
     | OwnerReleased
     | SessionStaged
     | SessionImported
+    | CheckpointTaken
 )
 
 # What readers decode: event records straight into the public `Event` (same leading layout
@@ -214,6 +227,7 @@ ReadRecord = (
     | OwnerReleased
     | SessionStaged
     | SessionImported
+    | CheckpointTaken
 )
 
 # Built once: msgspec encoders/decoders are reusable and cheap to call, costly to build.

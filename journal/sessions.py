@@ -104,6 +104,12 @@ class SessionRow(msgspec.Struct, array_like=True):
     name_position: int = 0
     imported_store: str = ""
     imported_exported_at_ms: int = 0
+    # The latest checkpoint (a `CheckpointTaken`, pinned): what it covers and where its
+    # record lies. Cleared once history below it leaves (it could never be used again).
+    checkpoint_ordinal: int = 0
+    checkpoint_position: int = 0
+    checkpoint_segment: int = 0
+    checkpoint_offset: int = 0
 
     @classmethod
     def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:

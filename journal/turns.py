@@ -8,16 +8,26 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from .arguments import check_request_id
-from .engine import Lease
-from .errors import InvalidArgument
-from .models import AppendResult, EventIn, OwnerInfo
+from .engine import Engine, Lease
+from .errors import InvalidArgument, OutcomeUnknown, SessionNotFound
+from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
+from .sessions import SessionRow, recorded_owner
 
-__all__ = ["OUTCOME_UNKNOWN_RESULT", "Owner", "Turn", "TurnWriter", "result_data"]
+__all__ = [
+    "OUTCOME_UNKNOWN_RESULT",
+    "Owner",
+    "Turn",
+    "TurnWriter",
+    "check_unsettled",
+    "result_data",
+    "take_over",
+]
 
 # The result the next owner records for a turn whose owner died before settling it.
 OUTCOME_UNKNOWN_RESULT: dict[str, object] = {
@@ -32,6 +42,68 @@ OUTCOME_UNKNOWN_RESULT: dict[str, object] = {
 
 def result_data(result: dict[str, object]) -> bytes:
     return json.dumps(result, separators=(",", ":")).encode()
+
+
+def check_unsettled(
+    engine: Engine, start_cursor: str | None, row: SessionRow, terminal: bool, last: Event | None
+) -> None:
+    """A live follower delivered everything and the last turn is unsettled: raise
+    `OutcomeUnknown` if the session ended, or if the turn's owner is gone (checked
+    twice, so an owner just taking over is not mistaken for a dead one; a check that
+    cannot tell counts as alive)."""
+    request_id = row.turn_request_id
+    if request_id is None:
+        return
+    cursor = last.cursor if last is not None else start_cursor
+    if terminal:
+        raise OutcomeUnknown(
+            f"session {row.session_id!r} ended while turn {request_id!r} was unsettled: "
+            "whether the prompt executed is unknown",
+            request_id=request_id,
+            cursor=cursor,
+        )
+    if engine.owner_alive(row) is not False:
+        return
+    time.sleep(0.005)
+    again = engine.session(row.session_id)
+    if (
+        again is None
+        or again.incarnation != row.incarnation
+        or again.turn_request_id != request_id
+        or again.last_ordinal != row.last_ordinal
+        or engine.owner_alive(again) is not False
+    ):
+        return  # something moved (or the owner lives): the next page tells
+    raise OutcomeUnknown(
+        f"the owner of session {row.session_id!r} ended without settling turn "
+        f"{request_id!r}: the prompt may have executed; a new owner records it as "
+        "failed, resume from this error's cursor to see that result",
+        request_id=request_id,
+        cursor=cursor,
+    )
+
+
+def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
+    """The `Owner` of a lease just acquired: checks that the session is still the one
+    leased, and records as failed (WATCH_OUTCOME_UNKNOWN) a turn its previous owner left
+    unsettled. The lease is released if that fails."""
+    try:
+        row = engine.session(lease.session_id)
+        info = None if row is None else recorded_owner(row)
+        if (
+            row is None
+            or info is None
+            or row.incarnation != lease.incarnation
+            or info.generation != lease.generation
+        ):
+            raise SessionNotFound(f"session {lease.session_id!r} was evicted while being owned")
+        if row.turn_request_id is not None:
+            # The turn's owner is gone (we hold the lease now) and never settled it.
+            writer.turn_event(TURN_RESULT, row.turn_request_id, result_data(OUTCOME_UNKNOWN_RESULT))
+    except BaseException:
+        lease.release()
+        raise
+    return Owner(lease, info, writer)
 
 
 class TurnWriter:

@@ -101,15 +101,41 @@ class Notifier:
             loops = self._async_snapshot()
         _wake_loops(loops)
 
-    def wait(self, seen: int, stop: threading.Event | None, timeout: float | None = None) -> bool:
-        """Block until the head passes `seen` (True), `stop` is set or `timeout` ends."""
+    def recheck(self) -> None:
+        """Wake every waiter to look again now (`wait` returns True): something besides
+        the head changed for one of them (a subscription was added to the delivery thread,
+        or the journal is closing it)."""
+        with self._cv:
+            self._epoch += 1
+            self._cv.notify_all()
+            loops = self._async_snapshot()
+        _wake_loops(loops)
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by `recheck` (and when the thread could not read the head)."""
+        return self._epoch
+
+    def wait(
+        self,
+        seen: int,
+        stop: threading.Event | None,
+        timeout: float | None = None,
+        epoch: int | None = None,
+    ) -> bool:
+        """Block until the head passes `seen` (True), `stop` is set or `timeout` ends.
+        With `epoch` (read before deciding to wait), a `recheck` since then also returns
+        True, so a wake-up that came before the wait began is not lost."""
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             if self._head > seen:
                 return True
-            epoch = self._epoch
+            if epoch is None:
+                epoch = self._epoch
+            elif epoch != self._epoch:
+                return True
             self._enter(stop)
             try:
                 self._start()

@@ -377,6 +377,10 @@ def test_demo_runs_live_and_resumes_exactly() -> None:
         "[crash] killed runtime",
         "[crash] watch of crash-4: WATCH_OUTCOME_UNKNOWN for turn crash-4/turn-1",
         "[crash] #3 turn_result [crash-4/turn-1] failed WATCH_OUTCOME_UNKNOWN",
+        "[restart] killed supervisor runtime",
+        "one fold() of supervisor restored tasks 1, 2, 3 at #3",
+        "handled task 4 (event #4)",
+        "each handled once across the restart",
         "[demo] done in",
     ):
         assert marker in out, marker
@@ -401,6 +405,7 @@ def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
         "watch",
         "resume",
         "crash",
+        "restart",
     }
     watched = [line for line in lines if line["source"] == "watch" and "ordinal" in line]
     # One turn: turn_started, the 4 messages, turn_result.
@@ -422,8 +427,22 @@ def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
     summary = lines[-1]
     assert summary["source"] == "demo" and summary["outcomes"] == {"cancelled": 1, "resolved": 1}
     assert summary["unknown_outcome"] == "WATCH_OUTCOME_UNKNOWN"
+    assert summary["restart_tasks"] == 6
+    restart = [line for line in lines if line["source"] == "restart"]
+    handled = [line["task"] for line in restart if "task" in line]
+    assert handled == [1, 2, 3, 4, 5, 6]  # each once, across the restart
+    (restored,) = [line for line in restart if "restored_tasks" in line]
+    assert restored["restored_tasks"] == [1, 2, 3] and restored["checkpoint"] == 2
+    (verdict,) = [line for line in restart if line.get("exactly_once")]
+    assert verdict["handled"] == [1, 2, 3, 4, 5, 6]
     states = {s["session_id"]: s["state"] for s in records(invoke(path, "sessions", "list"))}
-    assert states == {"review-1": "resolved", "chat-2": "cancelled", "crash-3": "resolved"}
+    assert states == {
+        "review-1": "resolved",
+        "chat-2": "cancelled",
+        "crash-3": "resolved",
+        "tasks": "resolved",
+        "supervisor": "open",
+    }
 
 
 def test_readme_command_line_example_runs(tmp_path: Path) -> None:

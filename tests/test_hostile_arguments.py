@@ -37,6 +37,7 @@ from journal import (
     CursorMalformed,
     EventIn,
     ExportIncomplete,
+    Fold,
     IdempotencyKeyReused,
     IllegalTransition,
     InvalidArgument,
@@ -44,6 +45,7 @@ from journal import (
     Journal,
     JournalClosed,
     JournalError,
+    JsonCodec,
     KeyRingError,
     LifecycleEventType,
     OrdinalConflict,
@@ -58,6 +60,7 @@ from journal import (
     StoreNotFound,
     StoreUnavailable,
     Stream,
+    Subscription,
     Turn,
 )
 
@@ -308,6 +311,24 @@ def _ignore_progress(done: int, total: int) -> None:
     pass
 
 
+def _ignore(item: object) -> None:
+    pass
+
+
+def _same(state: object, event: object) -> object:
+    return state
+
+
+_FN = st.sampled_from(
+    [
+        lambda state: [],
+        lambda state: None,
+        lambda state: [EventIn("message", b"x")],
+        lambda state: ([EventIn("message", b"y")], "result"),
+    ]
+)
+
+
 GOOD: dict[str, Strategy] = {
     "session_id": lambda env: _SESSION_ID,
     "mode": lambda env: st.sampled_from(["", "chat", "r\xe9vision"]),
@@ -351,6 +372,20 @@ GOOD: dict[str, Strategy] = {
     "max_content_bytes": lambda env: st.integers(1, 1 << 62),
     "max_window_bytes": lambda env: st.integers(1, 1 << 31),
     "max_record_bytes": lambda env: st.integers(1, 1 << 62),
+    "checkpoint": lambda env: st.binary(max_size=16),
+    "listener": lambda env: st.just(_ignore),
+    "on_error": lambda env: st.one_of(st.none(), st.just(_ignore)),
+    "apply": lambda env: st.one_of(st.none(), st.just(_same)),
+    "initial": lambda env: st.one_of(st.just({}), st.integers(), st.none()),
+    "codec": lambda env: st.one_of(st.none(), st.builds(JsonCodec)),
+    "version": lambda env: st.one_of(st.integers(0, 3), _NAME),
+    "follow": lambda env: st.booleans(),
+    "snapshot_every": lambda env: st.one_of(st.none(), st.integers(1, 5)),
+    "tries": lambda env: st.integers(1, 20),
+    "fn": lambda env: _FN,
+    "partial": lambda env: st.dictionaries(_NAME, st.one_of(st.integers(), _NAME), max_size=2),
+    "compact": lambda env: st.booleans(),
+    "timeout": lambda env: st.one_of(st.none(), st.floats(0, 0.01)),
 }
 
 
@@ -436,9 +471,30 @@ TARGETS: dict[str, Target] = {
     "Turn.append": Target(writes=True),
     "Turn.cancel": Target(writes=True),
     "Stream.close": Target(),
+    "Journal.checkpoint_session": Target((SessionNotFound,), writes=True),
+    "Journal.checkpoint": Target((SessionNotFound,)),
+    "Journal.subscribe": Target(_READ_ERRORS),
+    "Journal.subscribe_sessions": Target(
+        _CURSOR_ERRORS, good={"cursor": lambda env: st.sampled_from([None, env.lifecycle_cursor])}
+    ),
+    "Journal.fold": Target((SessionNotFound, CursorExpired)),
+    "Fold.refresh": Target(),
+    "Fold.update": Target((OrdinalConflict,), writes=True),
+    "Fold.set": Target((OrdinalConflict,), writes=True),
+    "Fold.snapshot": Target(writes=True),
+    "Fold.close": Target(),
+    "Subscription.close": Target(),
+    "Subscription.wait": Target(),
     "ArchiveLimits": Target(),
 }
-_CLASSES = {"Journal": Journal, "Owner": Owner, "Turn": Turn, "Stream": Stream}
+_CLASSES = {
+    "Journal": Journal,
+    "Owner": Owner,
+    "Turn": Turn,
+    "Stream": Stream,
+    "Fold": Fold,
+    "Subscription": Subscription,
+}
 
 
 def _public_methods(cls: type) -> list[str]:
@@ -524,6 +580,14 @@ def _call(env: Env, name: str, kwargs: dict[str, Any]) -> None:
     elif name.startswith("Owner."):
         with j.own("owned") as owner:
             _consume(name, kwargs, getattr(owner, name.split(".")[1])(**kwargs))
+    elif name.startswith("Fold."):
+        with j.fold("open", None, {}, version="hostile") as fold:
+            getattr(fold, name.split(".")[1])(**kwargs)
+    elif name.startswith("Subscription."):
+        with j.subscribe("open", _ignore) as sub:
+            if name == "Subscription.wait":
+                sub.close()  # (a subscription to an open session would never end)
+            getattr(sub, name.split(".")[1])(**kwargs)
     elif name.startswith("Turn."):
         with j.own("owned") as owner, owner.turn("the-turn") as turn:
             getattr(turn, name.split(".")[1])(**kwargs)
@@ -553,6 +617,11 @@ def _consume(name: str, kwargs: dict[str, Any], result: Any) -> None:
         list(result)
     elif isinstance(result, Owner):
         result.release()
+    elif isinstance(result, Subscription):
+        result.close()
+        assert result.wait(10)
+    elif isinstance(result, Fold):
+        result.close()
     elif isinstance(result, Turn):
         with result:
             pass

@@ -1,8 +1,8 @@
 """Stateful model test: the journal must agree with a plain dict-of-lists model after every
 step (creates, appends with and without optimistic concurrency and idempotency keys,
 lifecycle transitions, bounded reads resumed from earlier cursors, listings, snapshots
-that drop a prefix, retention that trims history and evicts terminal sessions, compaction,
-reopen and a view rebuilt from the segments).
+that drop a prefix, checkpoints that keep it, retention that trims history and evicts
+terminal sessions, compaction, reopen and a view rebuilt from the segments).
 
 Segments are small, so rotation (and the retention pass it triggers) happens all the time.
 After every step, every cursor seen so far must give exactly what the model says: the events
@@ -124,6 +124,8 @@ class JournalModel(RuleBasedStateMachine):
         self.events: dict[str, list[Stored]] = {}
         self.first: dict[str, int] = {}
         self.snapshots: dict[str, tuple[int, bytes] | None] = {}
+        # The latest checkpoint: it goes once history below it leaves (see `trim`).
+        self.checkpoints: dict[str, tuple[int, bytes] | None] = {}
         self.long_history: dict[str, bool] = {}  # created with a 10-day age window
         self.states: dict[str, SessionState] = {}
         # (session, key) -> (events, first_ordinal, last_ordinal). Forgotten on reopen and
@@ -189,6 +191,9 @@ class JournalModel(RuleBasedStateMachine):
         """The retained range now starts at `new_first` (if that is higher)."""
         self.first[session_id] = max(self.first[session_id], new_first)
         first = self.first[session_id]
+        checkpoint = self.checkpoints[session_id]
+        if checkpoint is not None and checkpoint[0] < first - 1:
+            self.checkpoints[session_id] = None  # it could never be used again
         for (s, key), (batch, key_first, key_last) in list(self.keys.items()):
             if s != session_id or key_first >= first:
                 continue
@@ -205,6 +210,7 @@ class JournalModel(RuleBasedStateMachine):
         self.turns.pop(session_id, None)
         self.open_turn.pop(session_id, None)
         del self.states[session_id]
+        self.checkpoints.pop(session_id, None)
         foreign = self.foreign.setdefault(session_id, [])
         foreign.extend(cursor for _, cursor in self.cursors.pop(session_id))
         del foreign[:-FOREIGN_KEPT]
@@ -297,6 +303,7 @@ class JournalModel(RuleBasedStateMachine):
         self.events[session_id] = []
         self.first[session_id] = 1
         self.snapshots[session_id] = None
+        self.checkpoints[session_id] = None
         self.long_history[session_id] = long_history
         self.cursors[session_id] = []
         self.generation[session_id] = 0
@@ -514,6 +521,45 @@ class JournalModel(RuleBasedStateMachine):
         self.trim(session_id, through + 1)
         self.remember(session_id, through, result.cursor)
 
+    @rule(
+        data=st.data(),
+        checkpoint=st.binary(max_size=40),
+        where=st.sampled_from(
+            ["last", "last", "middle", "current", "below_current", "below_range", "beyond", "zero"]
+        ),
+    )
+    def checkpoint_session(self, data: st.DataObject, checkpoint: bytes, where: str) -> None:
+        session_id = data.draw(self.existing() | st.sampled_from(SESSION_IDS), label="session")
+        if session_id not in self.states:
+            with pytest.raises(SessionNotFound):
+                self.j.checkpoint_session(session_id, 1, checkpoint)
+            return
+        last = self.last(session_id)
+        first = self.first[session_id]
+        previous = self.checkpoints[session_id]
+        through = {
+            "last": last,
+            "middle": (last + 1) // 2,
+            "current": previous[0] if previous else last,
+            "below_current": previous[0] - 1 if previous else last - 1,
+            "below_range": first - 2,
+            "beyond": last + 1,
+            "zero": 0,
+        }[where]
+        if (
+            through < 1
+            or through > last
+            or through < first - 1
+            or (previous is not None and through < previous[0])
+        ):
+            with pytest.raises(InvalidArgument):
+                self.j.checkpoint_session(session_id, through, checkpoint)
+            return
+        result = self.j.checkpoint_session(session_id, through, checkpoint)
+        assert (result.session_id, result.ordinal, result.data) == (session_id, through, checkpoint)
+        self.checkpoints[session_id] = (through, checkpoint)  # nothing else changes
+        self.remember(session_id, through, result.cursor)
+
     @rule(when=st.sampled_from(["now", "in two days"]))
     def apply_retention(self, when: str) -> None:
         if when == "now":
@@ -694,6 +740,18 @@ class JournalModel(RuleBasedStateMachine):
             else:
                 assert got is not None, session_id
                 assert (got.session_id, got.ordinal, got.data) == (session_id, *expected)
+
+    @invariant()
+    def checkpoints_match_model(self) -> None:
+        for session_id in self.states:
+            got = self.j.checkpoint(session_id)
+            expected = self.checkpoints[session_id]
+            if expected is None:
+                assert got is None, session_id
+            else:
+                assert got is not None, session_id
+                assert (got.session_id, got.ordinal, got.data) == (session_id, *expected)
+                self.check_cursor(session_id, got.ordinal, got.cursor)
 
     @invariant()
     def every_seen_cursor_gives_what_the_model_says(self) -> None:

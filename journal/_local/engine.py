@@ -67,7 +67,13 @@ from ..models import (
     VerifyProblem,
     VerifyReport,
 )
-from ..records import IdempotencyKeyUsed, SnapshotTaken, decode_frame_body, encode_frame_body
+from ..records import (
+    CheckpointTaken,
+    IdempotencyKeyUsed,
+    SnapshotTaken,
+    decode_frame_body,
+    encode_frame_body,
+)
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .commit_queue import CommitQueue
@@ -725,20 +731,36 @@ class LocalEngine:
 
     @reads_disk
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
-        with SegmentReader(self._log.directory, row.snapshot_segment, self._ops) as reader:
-            info, body = reader.read_frame(row.snapshot_offset)
+        return self._stored(row, SnapshotTaken, row.snapshot_segment, row.snapshot_offset)
+
+    @reads_disk
+    def checkpoint(self, row: SessionRow) -> StoredSnapshot | None:
+        if not row.checkpoint_position:
+            return None
+        return self._stored(row, CheckpointTaken, row.checkpoint_segment, row.checkpoint_offset)
+
+    def _stored(
+        self,
+        row: SessionRow,
+        kind: type[SnapshotTaken | CheckpointTaken],
+        segment: int,
+        offset: int,
+    ) -> StoredSnapshot:
+        """The snapshot or checkpoint record the row names, from its frame."""
+        through = row.snapshot_ordinal if kind is SnapshotTaken else row.checkpoint_ordinal
+        with SegmentReader(self._log.directory, segment, self._ops) as reader:
+            info, body = reader.read_frame(offset)
             position = info.first_position
             for record in frame_records(reader.name, info, body, decode_frame_body):
                 if (
-                    isinstance(record, SnapshotTaken)
+                    isinstance(record, kind)
                     and record.incarnation == row.incarnation
-                    and record.through_ordinal == row.snapshot_ordinal
+                    and record.through_ordinal == through
                 ):
                     return StoredSnapshot(position, record.through_ordinal, record.data)
                 position += 1
-        raise JournalCorrupt(
-            reader.name, row.snapshot_offset, f"the snapshot of {row.session_id!r} is missing"
-        )
+        what = "snapshot" if kind is SnapshotTaken else "checkpoint"
+        raise JournalCorrupt(reader.name, offset, f"the {what} of {row.session_id!r} is missing")
 
     # -- owner leases ----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from ..engine import (
     Appended,
     AppendTurnEvent,
     ApplyRetention,
+    Checkpoint,
     CommitImport,
     CompactSession,
     CreateSession,
@@ -44,6 +45,7 @@ from ..errors import (
 from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyProblem, VerifyReport
 from ..records import (
     TURN_EVENT_TYPES,
+    CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
@@ -276,6 +278,8 @@ class Planner:
                 self._expire(request, operation)
             case CompactSession():
                 self._compact_session(request, operation)
+            case Checkpoint():
+                self._checkpoint(request, operation)
             case ApplyRetention():
                 self._retention(request, operation)
             case VerifyFix():
@@ -468,6 +472,29 @@ class Planner:
                 f"{row.snapshot_ordinal}; a new one must reach at least that far"
             )
         position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
+        request.result = SnapshotRef(pending.incarnation, through, position)
+
+    def _checkpoint(self, request: Request, op: Checkpoint) -> None:
+        pending = self._existing(op.session_id)
+        row = pending.row
+        through = op.through_ordinal
+        if through > pending.last_ordinal:
+            raise InvalidArgument(
+                f"session {op.session_id!r} ends at ordinal {pending.last_ordinal}; a "
+                f"checkpoint cannot stand for events up to {through}"
+            )
+        if through < row.checkpoint_ordinal:
+            raise InvalidArgument(
+                f"session {op.session_id!r} already has a checkpoint through ordinal "
+                f"{row.checkpoint_ordinal}; a new one must reach at least that far"
+            )
+        if through < row.first_ordinal - 1:
+            raise InvalidArgument(
+                f"session {op.session_id!r} retains events from ordinal {row.first_ordinal} "
+                f"on; a checkpoint through {through} could never be used (the events after "
+                "it are gone)"
+            )
+        position = self._emit(CheckpointTaken(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
     def _turn_event(self, request: Request, op: AppendTurnEvent) -> None:

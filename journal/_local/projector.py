@@ -15,6 +15,7 @@ from ..models import LifecycleEventType, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
     TURN_STARTED,
+    CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
     IdempotencyKeyUsed,
@@ -316,6 +317,21 @@ class Projection:
                     if record.through_ordinal + 1 > row.first_ordinal:
                         row.first_ordinal = record.through_ordinal + 1
                         self._trim(row)
+            elif isinstance(record, CheckpointTaken):
+                row = self.row(record.incarnation)
+                # (A rebuild may meet one that history left behind: it stays unused.)
+                if (
+                    row is not None
+                    and record.through_ordinal >= row.checkpoint_ordinal
+                    and record.through_ordinal >= row.first_ordinal - 1
+                ):
+                    if row.checkpoint_position:
+                        self._unpin(row.checkpoint_position)
+                    row.checkpoint_ordinal = record.through_ordinal
+                    row.checkpoint_position = position
+                    row.checkpoint_segment = info.segment
+                    row.checkpoint_offset = info.offset
+                    self._pin(position, row.incarnation)
             elif isinstance(record, OwnerAcquired):
                 row = self.row(record.incarnation)
                 if row is not None:
@@ -394,6 +410,11 @@ class Projection:
             row.retained_bytes = 0
         elif below:
             row.retained_bytes = max(0, row.appended_bytes - below[-1].bytes_before)
+        if row.checkpoint_position and row.checkpoint_ordinal < row.first_ordinal - 1:
+            # The events after it are gone: it can never be used again.
+            self._unpin(row.checkpoint_position)
+            row.checkpoint_ordinal = row.checkpoint_position = 0
+            row.checkpoint_segment = row.checkpoint_offset = 0
         for key, entry in view.idem_entries(txn, row.incarnation):
             if entry.last_ordinal < row.first_ordinal:
                 view.delete_idem(txn, row.incarnation, key)
@@ -421,6 +442,7 @@ class Projection:
             row.owner_position,
             row.turn_position,
             row.name_position,
+            row.checkpoint_position,
         ):
             if position:
                 self._unpin(position)

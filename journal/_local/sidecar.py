@@ -16,7 +16,14 @@ from typing import Final
 
 import msgspec
 
-from ..records import TURN_EVENT_TYPES, EventAppended, Record, SnapshotTaken, decode_record
+from ..records import (
+    TURN_EVENT_TYPES,
+    CheckpointTaken,
+    EventAppended,
+    Record,
+    SnapshotTaken,
+    decode_record,
+)
 from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, write_atomic
 from .frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, sidecar_name
 
@@ -98,8 +105,9 @@ _digest_encoder: Final = msgspec.msgpack.Encoder()
 
 
 def encode_other(record: Record) -> bytes:
-    """A non-event record as the sidecar keeps it (a snapshot without its data)."""
-    if isinstance(record, SnapshotTaken):
+    """A non-event record as the sidecar keeps it (a snapshot or checkpoint without its
+    data)."""
+    if isinstance(record, (SnapshotTaken, CheckpointTaken)):
         record = msgspec.structs.replace(record, data=b"")
     return _digest_encoder.encode(record)
 

@@ -143,6 +143,8 @@ _COMPARED_ROW_FIELDS: Final = (
     "name_position",
     "imported_store",
     "imported_exported_at_ms",
+    "checkpoint_ordinal",
+    "checkpoint_position",
 )
 
 

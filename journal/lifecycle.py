@@ -1,0 +1,85 @@
+"""The lifecycle feed's cursor decisions: where a lifecycle follow resumes (its cursor
+checked against the store's head), the startup snapshot (one CREATED per session, from
+one consistent snapshot), and lifecycle events built from the engine's feed entries.
+
+The facade owns one `LifecycleFeed` and drives its pagers with the follow loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cursors import TokenCodec, TokenKind, scope_digest
+
+from .engine import Engine
+from .errors import CursorFuture
+from .follow import LifecyclePager
+from .models import LifecycleEvent, LifecycleEventType, SessionMetadata
+from .sessions import FeedEntry, SessionRow
+
+__all__ = ["LifecycleFeed"]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LifecycleFeed:
+    """Lifecycle pagers over one engine; `metadata` turns a row into public metadata."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        codec: TokenCodec,
+        metadata: Callable[[SessionRow], SessionMetadata],
+    ) -> None:
+        self._engine = engine
+        self._codec = codec
+        self._metadata = metadata
+        self._scope = scope_digest(engine.store_id, purpose="lifecycle")
+
+    def pager(self, cursor: str | None) -> LifecyclePager:
+        """Where to resume the lifecycle feed; cursor errors are raised here."""
+        if cursor is None:
+            return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
+        claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._scope)
+        head = self._engine.head() - 1
+        if claims.position > head:
+            raise CursorFuture(
+                f"the lifecycle cursor points at position {claims.position} but this store "
+                f"ends at {head}: watch from a cursor this store issued, or without one",
+                head_ordinal=head,
+            )
+        return LifecyclePager(self._feed_after, claims.position, None)
+
+    def _cursor(self, position: int) -> str:
+        return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position)
+
+    def _startup_snapshot(self) -> tuple[list[LifecycleEvent], int]:
+        """One CREATED per session, all from one consistent snapshot, and its position.
+
+        The rows are copied out of the engine before anything is delivered, so a slow or
+        abandoned consumer pins nothing (memory: the registry's size)."""
+        point, rows = self._engine.registry()
+        cursor = self._cursor(point)
+        now = _now_ms()
+        events = [
+            LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
+            for row in rows
+        ]
+        return events, point
+
+    def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
+        """Feed entries after `after` (a bounded batch), the new `after`, the head."""
+        entries, head = self._engine.feed(after, 256)
+        events = [self._event(entry, position) for position, entry in entries]
+        return events, entries[-1][0] if entries else after, head
+
+    def _event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
+        return LifecycleEvent(
+            event_type=LifecycleEventType(entry.event_type),
+            session=self._metadata(entry.row),
+            cursor=self._cursor(position),
+            observed_at_ms=entry.at_ms,
+        )

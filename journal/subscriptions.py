@@ -1,0 +1,298 @@
+"""In-process subscriptions: listeners called with a session's events (or the lifecycle
+feed's changes), replay first and then live, on one delivery thread per journal however
+many subscriptions it has (`Deliveries`), which sleeps on the journal's shared waiter.
+
+A subscription is a pager (`follow.Pager`, the same page step `watch` and
+`watch_sessions` use) and a listener. The delivery thread steps every subscription's
+pager in turn, calls its listener once per item in order, and when no pager has anything
+more waits on the shared waiter for the committed head to move (or for a pager's own
+timeout: the owner check of an unsettled turn). SPEC section 7.10 states the guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Final, Generic, Protocol, TypeVar
+
+from .errors import InvalidArgument, JournalClosed
+from .follow import Pager
+from .waiter import Notifier
+
+__all__ = ["Deliveries", "ErrorHandler", "Subscription", "check_listener"]
+
+_log: Final = logging.getLogger("journal")
+
+
+class _HasCursor(Protocol):
+    @property
+    def cursor(self) -> str: ...
+
+
+ItemT = TypeVar("ItemT", bound=_HasCursor)
+ErrorHandler = Callable[[BaseException], object]
+
+
+def check_listener(listener: object) -> None:
+    if not callable(listener):
+        raise InvalidArgument(f"listener must be a callable, got {type(listener).__name__}")
+
+
+def _log_error(subscription: Subscription[ItemT], error: BaseException) -> None:
+    _log.error("%r ended by an error: %s", subscription, error, exc_info=error)
+
+
+class Subscription(Generic[ItemT]):
+    """A listener called with every item after a cursor, in order, exactly once, on the
+    journal's delivery thread: what `Journal.subscribe` and `Journal.subscribe_sessions`
+    return.
+
+    `sub()` or `sub.close()` unsubscribes (idempotent). Called from another thread it
+    waits for a listener call of this subscription in progress to return, so no call
+    starts after it returns; called from inside the listener it returns at once and no
+    further item is delivered. `cursor` is the cursor of the last item whose listener
+    call returned (the cursor subscribed from before any): subscribe again from it after
+    a restart and the next item is the one after it. A listener that raises ends its own
+    subscription (the item it raised on is not counted as delivered) and the error goes
+    to `on_error`, as do the errors that end the follow itself (`CursorExpired`,
+    `OutcomeUnknown`, `SessionNotFound`, ...). A subscription to a session ends by itself,
+    with no error, once the session is terminal and every event was delivered.
+    """
+
+    __slots__ = (
+        "_call_lock",
+        "_closed",
+        "_ended",
+        "_error",
+        "_last",
+        "_listener",
+        "_on_error",
+        "_pager",
+        "_release",
+        "_start_cursor",
+        "_wake",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        session_id: str | None,
+        pager: Pager[ItemT],
+        listener: Callable[[ItemT], object],
+        on_error: ErrorHandler | None,
+        cursor: str | None,
+        release: Callable[[], None],
+        wake: Callable[[], None],
+    ) -> None:
+        self.session_id = session_id
+        self._wake = wake
+        self._pager = pager
+        self._listener = listener
+        self._on_error = on_error
+        self._start_cursor = cursor
+        self._release = release
+        self._last: ItemT | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self._ended = threading.Event()
+        # Held by the delivery thread while it calls the listener (see `close`).
+        self._call_lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        what = "the lifecycle feed" if self.session_id is None else repr(self.session_id)
+        state = "ended" if self._ended.is_set() else "closed" if self._closed else "active"
+        return f"<Subscription to {what}, {state}>"
+
+    @property
+    def cursor(self) -> str | None:
+        """The cursor of the last item delivered (None: none yet, subscribed without)."""
+        last = self._last
+        return self._start_cursor if last is None else last.cursor
+
+    @property
+    def closed(self) -> bool:
+        """Whether it was closed, or ended (by an error or at the session's end)."""
+        return self._closed
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that ended it (None: still active, closed, or the session ended)."""
+        return self._error
+
+    def close(self) -> None:
+        """Unsubscribe (idempotent; see the class docstring)."""
+        first = not self._closed
+        self._closed = True
+        with self._call_lock:
+            pass  # a listener call in progress on the delivery thread returns first
+        if first:
+            self._wake()  # the thread releases what it holds now, not at the next commit
+
+    __call__ = close
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the subscription has ended and released what it held (True), or
+        `timeout` seconds passed (False)."""
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout >= 0 or timeout == float("inf")
+        ):
+            raise InvalidArgument(
+                f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
+            )
+        return self._ended.wait(timeout)
+
+    def __enter__(self) -> Subscription[ItemT]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- on the delivery thread ------------------------------------------------------------
+
+    def _step(self) -> tuple[bool, int | None, float | None]:
+        """One page step: (still active, head to wait past or None to step again at once,
+        the longest such a wait may last)."""
+        if self._closed:
+            return False, None, None
+        try:
+            items, wait_past, done = self._pager.step()
+        except Exception as error:
+            self._fail(error)
+            return False, None, None
+        for item in items:
+            with self._call_lock:
+                if self._closed:
+                    return False, None, None
+                try:
+                    self._listener(item)
+                except Exception as error:
+                    self._fail(error)
+                    return False, None, None
+                self._last = item
+        if done:
+            self._closed = True
+            return False, None, None
+        return True, wait_past, self._pager.wait_timeout
+
+    def _fail(self, error: Exception) -> None:
+        self._closed = True
+        self._error = error
+        handler = self._on_error
+        try:
+            if handler is None:
+                _log_error(self, error)
+            else:
+                handler(error)
+        except Exception as failure:  # the handler's own error: logged, never raised
+            _log.exception("on_error of %r raised %s", self, failure)
+
+    def _finish(self) -> None:
+        """Release what the pager holds and report the end (once, on the thread)."""
+        self._closed = True
+        try:
+            self._release()
+        except Exception:  # the journal may be closing under it: nothing to release then
+            _log.debug("releasing %r failed", self, exc_info=True)
+        self._ended.set()
+
+
+class Deliveries:
+    """The delivery thread of one journal and its subscriptions. The thread starts with
+    the first subscription, ends when none is left, and is joined by `close`."""
+
+    def __init__(self, waiter: Notifier) -> None:
+        self._waiter = waiter
+        self._lock = threading.Lock()
+        self._subscriptions: list[Subscription[_HasCursor]] = []
+        self._thread: threading.Thread | None = None
+        self._closing = False
+
+    def add(
+        self,
+        session_id: str | None,
+        pager: Pager[ItemT],
+        listener: Callable[[ItemT], object],
+        on_error: ErrorHandler | None,
+        cursor: str | None,
+        release: Callable[[], None],
+    ) -> Subscription[ItemT]:
+        """Start delivering `pager`'s items to `listener` (`release` is called once when
+        the subscription ends, on the delivery thread)."""
+        subscription = Subscription(
+            session_id, pager, listener, on_error, cursor, release, self._waiter.recheck
+        )
+        with self._lock:
+            if self._closing:
+                release()
+                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            self._subscriptions.append(subscription)  # type: ignore[arg-type]
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="journal-deliveries", daemon=True
+                )
+                self._thread.start()
+        self._waiter.recheck()  # the thread may be waiting for the head: replay now
+        return subscription
+
+    def count(self) -> int:
+        """Subscriptions not yet ended."""
+        with self._lock:
+            return len(self._subscriptions)
+
+    def close(self) -> None:
+        """End every subscription (no error is reported) and join the thread."""
+        with self._lock:
+            self._closing = True
+            thread = self._thread
+        self._waiter.recheck()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closing:
+                        return
+                    if not self._subscriptions:
+                        # Under the lock that `add` takes: a subscription added from now
+                        # on starts a new thread.
+                        self._thread = None
+                        return
+                    subscriptions = list(self._subscriptions)
+                # Read before stepping: a subscription added or closed from now on makes
+                # the wait below return at once.
+                epoch = self._waiter.epoch
+                again = False
+                wait_past: int | None = None
+                timeout: float | None = None
+                for subscription in subscriptions:
+                    if self._closing:
+                        return
+                    active, seen, limit = subscription._step()
+                    if not active:
+                        self._remove(subscription)
+                        continue
+                    if seen is None:
+                        again = True
+                        continue
+                    wait_past = seen if wait_past is None else min(wait_past, seen)
+                    if limit is not None:
+                        timeout = limit if timeout is None else min(timeout, limit)
+                if again or wait_past is None:
+                    continue
+                self._waiter.wait(wait_past, None, timeout, epoch)
+        finally:
+            with self._lock:
+                remaining: list[Subscription[_HasCursor]] = []
+                if self._closing:
+                    remaining, self._subscriptions = self._subscriptions, []
+                    self._thread = None
+            for subscription in remaining:
+                subscription._finish()
+
+    def _remove(self, subscription: Subscription[_HasCursor]) -> None:
+        with self._lock:
+            self._subscriptions.remove(subscription)
+        subscription._finish()

@@ -1,0 +1,516 @@
+"""Folds (`Journal.fold`): the state equals the reducer applied to every event, from the
+start or from a snapshot or checkpoint; `update` is an atomic read-modify-write (4 real
+processes incrementing one counter lose nothing); updates of one process's threads are
+applied in order; a reopen restores identical state; a changed reducer version refolds
+(or says the history it needs is gone). Run against every engine in `engines.ENGINES`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engines import ENGINES, EngineFactory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from journal import (
+    STATE_CHANGED,
+    CursorExpired,
+    Event,
+    EventIn,
+    InvalidArgument,
+    Journal,
+    JsonCodec,
+    OrdinalConflict,
+    ReadOnlyStore,
+)
+
+HERE = Path(__file__).resolve().parent
+WAIT_S = 10.0
+MODULUS = 1_000_003
+
+
+@pytest.fixture(params=sorted(ENGINES), ids=str)
+def engine(request: pytest.FixtureRequest) -> EngineFactory:
+    return ENGINES[request.param]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def j(engine: EngineFactory, store: Path) -> Iterator[Journal]:
+    with engine.open(store, durability="os") as journal:
+        yield journal
+
+
+def chain(state: list[int], event: Event) -> list[int]:
+    """An order-sensitive reducer: [events seen, a hash chain of their values]."""
+    if event.type != "v":
+        return state
+    return [state[0] + 1, (state[1] * 31 + int(event.data)) % MODULUS]
+
+
+def model(values: list[int]) -> list[int]:
+    state = [0, 0]
+    for value in values:
+        state = [state[0] + 1, (state[1] * 31 + value) % MODULUS]
+    return state
+
+
+def value_events(values: list[int]) -> list[EventIn]:
+    return [EventIn(type="v", data=b"%d" % value) for value in values]
+
+
+class Counting:
+    """A reducer that counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, state: list[int], event: Event) -> list[int]:
+        self.calls += 1
+        return chain(state, event)
+
+
+# -- the state is the reducer over every event --------------------------------------------
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.lists(st.integers(0, 10**6), min_size=1, max_size=4)),
+        st.tuples(st.just("update"), st.integers(0, 10**6)),
+        st.tuples(st.just("checkpoint"), st.none()),
+        st.tuples(st.just("compact"), st.none()),
+        st.tuples(st.just("refresh"), st.none()),
+        st.tuples(st.just("refold"), st.none()),
+        st.tuples(st.just("reopen"), st.none()),
+        st.tuples(st.just("other"), st.none()),  # an event the reducer ignores
+    ),
+    max_size=25,
+)
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+@settings(max_examples=40)
+@given(ops=OPS)
+def test_fold_state_is_the_reducer_over_every_event(
+    engine_name: str, ops: list[tuple[str, Any]]
+) -> None:
+    engine = ENGINES[engine_name]
+    with tempfile.TemporaryDirectory() as root:
+        path = Path(root) / "store"
+        j = engine.open(path, durability="os")
+        try:
+            j.create_session("s")
+            values: list[int] = []
+            fold = j.fold("s", chain, [0, 0])
+            for op, arg in ops:
+                if op == "append":
+                    j.append("s", value_events(arg))
+                    values += arg
+                elif op == "update":
+                    fold.update(lambda state, v=arg: value_events([v]))
+                    values.append(arg)
+                    assert fold.state == model(values)
+                elif op == "checkpoint":
+                    fold.refresh()
+                    stored = fold.snapshot()
+                    assert stored is None or stored.ordinal == fold.ordinal
+                elif op == "compact":
+                    fold.refresh()
+                    fold.snapshot(compact=True)
+                elif op == "refresh":
+                    assert fold.refresh() == model(values)
+                elif op == "refold":
+                    fold = j.fold("s", chain, [0, 0])
+                elif op == "reopen":
+                    j.close()
+                    j = engine.open(path, durability="os")
+                    fold = j.fold("s", chain, [0, 0])
+                elif op == "other":
+                    j.append("s", [EventIn(type="note", data=b"ignored")])
+                fresh = j.fold("s", chain, [0, 0])
+                assert fresh.state == model(values)
+                assert fresh.ordinal == j.get_session("s").last_ordinal
+            assert fold.refresh() == model(values)
+        finally:
+            j.close()
+
+
+@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+@settings(max_examples=30)
+@given(
+    partials=st.lists(
+        st.dictionaries(
+            st.sampled_from(["phase", "owner", "step", "rules"]),
+            st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none()),
+            max_size=3,
+        ),
+        max_size=12,
+    ),
+    snapshot_at=st.integers(0, 12),
+)
+def test_set_merges_the_changed_keys(
+    engine_name: str, partials: list[dict[str, Any]], snapshot_at: int
+) -> None:
+    with (
+        tempfile.TemporaryDirectory() as root,
+        ENGINES[engine_name].open(Path(root) / "store", durability="os") as j,
+    ):
+        j.create_session("s")
+        fold = j.fold("s", None, {}, codec=JsonCodec(dict[str, Any]))
+        expected: dict[str, Any] = {}
+        for index, partial in enumerate(partials):
+            changed = {k: v for k, v in partial.items() if expected.get(k, object()) != v}
+            before = j.get_session("s").last_ordinal
+            fold.set(partial)
+            expected.update(partial)
+            after = j.get_session("s").last_ordinal
+            assert after == before + (1 if changed else 0)
+            if changed:
+                (event,) = list(j.replay("s"))[-1:]
+                assert event.type == STATE_CHANGED
+                assert json.loads(event.data) == changed  # only the keys that changed
+            assert fold.state == expected
+            if index == snapshot_at:
+                fold.snapshot()
+        assert j.fold("s", None, {}).state == expected
+
+
+def test_set_needs_a_json_fold_of_a_dict_state(j: Journal) -> None:
+    j.create_session("s")
+
+    class Raw:
+        def encode(self, state: int) -> bytes:
+            return b"%d" % state
+
+        def decode(self, data: bytes) -> int:
+            return int(data)
+
+    with pytest.raises(InvalidArgument, match="JSON codec"):
+        j.fold("s", lambda s, e: s, 0, codec=Raw()).set({"a": 1})
+    with pytest.raises(InvalidArgument, match="dict state"):
+        j.fold("s", lambda s, e: s, 0).set({"a": 1})
+    with pytest.raises(InvalidArgument, match="JSON-encodable"):
+        j.fold("s", None, {}).set({"a": object()})
+    assert j.get_session("s").last_ordinal == 0
+
+
+def test_a_fold_from_a_checkpoint_applies_only_the_events_after_it(j: Journal) -> None:
+    j.create_session("s")
+    values = list(range(100))
+    j.append("s", value_events(values[:90]))
+    first = j.fold("s", chain, [0, 0])
+    assert first.snapshot() is not None
+    j.append("s", value_events(values[90:]))
+    counting = Counting()
+    restored = j.fold("s", counting, [0, 0])
+    assert restored.state == model(values)
+    assert counting.calls == 10
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 90
+    assert j.get_session("s").first_ordinal == 1  # nothing was dropped
+
+
+def test_snapshot_every_writes_checkpoints_by_itself(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", chain, [0, 0], snapshot_every=10)
+    for value in range(25):
+        fold.update(lambda state, v=value: value_events([v]))
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 20
+    counting = Counting()
+    assert j.fold("s", counting, [0, 0]).state == model(list(range(25)))
+    assert counting.calls == 5
+
+
+def test_snapshot_every_checkpoints_a_fold_restored_from_far_behind(j: Journal) -> None:
+    j.create_session("s")
+    j.append("s", value_events(list(range(30))))
+    j.fold("s", chain, [0, 0], snapshot_every=10)
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 30
+    j.append("s", value_events([1]))
+    j.fold("s", chain, [0, 0], snapshot_every=10)  # one event behind: no new checkpoint
+    checkpoint = j.checkpoint("s")
+    assert checkpoint is not None and checkpoint.ordinal == 30
+
+
+def test_an_imported_session_folds_from_its_events_without_the_checkpoint(
+    j: Journal, tmp_path: Path
+) -> None:
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3]))
+    j.fold("s", chain, [0, 0]).snapshot()
+    archive = tmp_path / "s.sja"
+    j.export_sessions(["s"], archive)
+    j.import_sessions(archive, rename={"s": "copy"})
+    assert j.checkpoint("copy") is None  # checkpoints are not exported
+    counting = Counting()
+    assert j.fold("copy", counting, [0, 0]).state == model([1, 2, 3])
+    assert counting.calls == 3
+
+
+def test_compacting_drops_history_and_the_next_fold_starts_from_the_snapshot(
+    j: Journal,
+) -> None:
+    j.create_session("s")
+    j.append("s", value_events(list(range(50))))
+    fold = j.fold("s", chain, [0, 0])
+    snapshot = fold.snapshot(compact=True)
+    assert snapshot is not None and snapshot.ordinal == 50
+    assert j.get_session("s").first_ordinal == 51
+    j.append("s", value_events([7]))
+    counting = Counting()
+    assert j.fold("s", counting, [0, 0]).state == model([*range(50), 7])
+    assert counting.calls == 1
+    # The old fold's cursor points into history that is gone: refresh starts again from
+    # the snapshot.
+    assert fold.refresh() == model([*range(50), 7])
+
+
+def test_reopen_restores_identical_state(engine: EngineFactory, store: Path) -> None:
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+        fold = j.fold("s", None, {}, snapshot_every=3)
+        for step in range(10):
+            fold.set({"step": step, f"k{step % 3}": step})
+        state, ordinal, cursor = fold.state, fold.ordinal, fold.cursor
+    with engine.open(store, durability="os") as j:
+        again = j.fold("s", None, {})
+        assert (again.state, again.ordinal, again.cursor) == (state, ordinal, cursor)
+        checkpoint = j.checkpoint("s")
+        assert checkpoint is not None and checkpoint.ordinal == 9
+    engine.discard_derived_state(store)
+    with engine.open(store, durability="os") as j:
+        again = j.fold("s", None, {})
+        assert (again.state, again.ordinal, again.cursor) == (state, ordinal, cursor)
+
+
+def test_a_changed_reducer_version_refolds_from_the_events(j: Journal) -> None:
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3, 4]))
+    v1 = j.fold("s", lambda s, e: s + int(e.data), 0, version=1)
+    assert v1.state == 10
+    v1.snapshot()
+    counting = Counting()
+    v2 = j.fold("s", counting, [0, 0], version="2")
+    assert v2.state == model([1, 2, 3, 4]) and counting.calls == 4  # not from v1's state
+    v2.snapshot()  # its checkpoint replaces v1's
+    again = j.fold("s", lambda s, e: s + int(e.data), 0, version=1)
+    assert again.state == 10  # v1 now refolds too (the checkpoint is of version "2")
+    # Once the history is compacted away under one version, the other cannot refold.
+    v2.snapshot(compact=True)
+    with pytest.raises(CursorExpired, match="version '2'") as raised:
+        j.fold("s", lambda s, e: s + int(e.data), 0, version=1)
+    assert raised.value.earliest_ordinal == 5
+    assert j.fold("s", chain, [0, 0], version="2").state == model([1, 2, 3, 4])
+
+
+def test_a_snapshot_that_is_not_a_folds_cannot_stand_for_lost_history(j: Journal) -> None:
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3]))
+    j.compact_session("s", 2, b"someone else's bytes")
+    with pytest.raises(CursorExpired, match="not a fold's"):
+        j.fold("s", chain, [0, 0])
+
+
+def test_update_returns_its_result_and_retries_on_a_conflict(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", chain, [0, 0])
+    seen: list[list[int]] = []
+    j.append("s", value_events([5]))  # the fold has not seen it: the first try conflicts
+
+    def add(state: list[int]) -> tuple[list[EventIn], str]:
+        seen.append(state)
+        return value_events([6]), "added"
+
+    assert fold.update(add) == "added"
+    assert seen == [[0, 0], model([5])]  # called again on the refreshed state
+    assert fold.state == model([5, 6]) and fold.ordinal == 2
+    assert fold.update(lambda state: []) is None  # nothing to append: nothing written
+    assert fold.update(lambda state: ([], state[0])) == 2
+    assert j.get_session("s").last_ordinal == 2
+
+
+def test_update_gives_up_after_its_tries(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", chain, [0, 0])
+    calls = 0
+
+    def always_beaten(state: list[int]) -> list[EventIn]:
+        nonlocal calls
+        calls += 1
+        j.append("s", value_events([0]))  # another writer gets there first, every time
+        return value_events([1])
+
+    with pytest.raises(OrdinalConflict, match="3 times"):
+        fold.update(always_beaten, tries=3)
+    assert calls == 3
+    assert [e.data for e in j.replay("s")] == [b"0", b"0", b"0"]
+
+
+def test_update_refuses_bad_results_and_nested_updates(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", chain, [0, 0])
+    with pytest.raises(InvalidArgument, match="must return"):
+        fold.update(lambda state: "not events")
+    with pytest.raises(InvalidArgument, match="inside an update"):
+        fold.update(lambda state: fold.update(lambda inner: []))
+    with pytest.raises(InvalidArgument):
+        fold.update(lambda state: [], tries=0)
+    fold.update(lambda state: value_events([1]))  # the turnstile is free again
+    assert fold.state == model([1])
+
+
+def test_updates_of_one_process_are_applied_in_the_order_they_were_called(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", chain, [0, 0])
+    holding = threading.Event()
+    release = threading.Event()
+
+    def first(state: list[int]) -> list[EventIn]:
+        holding.set()
+        release.wait(WAIT_S)
+        return value_events([0])
+
+    threads = [threading.Thread(target=fold.update, args=(first,))]
+    threads[0].start()
+    assert holding.wait(WAIT_S)
+    for n in range(1, 6):
+        thread = threading.Thread(target=fold.update, args=(lambda state, n=n: value_events([n]),))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.1)  # queued behind the previous one
+    release.set()
+    for thread in threads:
+        thread.join(WAIT_S)
+    assert [int(e.data) for e in j.replay("s")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_threads_updating_one_fold_lose_nothing(j: Journal) -> None:
+    j.create_session("s")
+    fold = j.fold("s", lambda s, e: s + 1, 0)
+    other = j.fold("s", lambda s, e: s + 1, 0)  # a second fold: real conflicts
+
+    def work(target: Any) -> None:
+        for _ in range(50):
+            target.update(lambda state: [EventIn(type="inc", data=b"%d" % (state + 1))])
+
+    threads = [threading.Thread(target=work, args=(f,)) for f in (fold, other, fold, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert fold.refresh() == 200 == other.refresh()
+    assert [int(e.data) for e in j.replay("s")] == list(range(1, 201))
+
+
+def test_follow_keeps_the_fold_current(j: Journal) -> None:
+    j.create_session("s")
+    with j.fold("s", chain, [0, 0], follow=True) as fold:
+        j.append("s", value_events([1, 2]))
+        deadline = time.monotonic() + WAIT_S
+        while fold.ordinal < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        assert fold.state == model([1, 2])
+        fold.update(lambda state: value_events([3]))  # its own events are folded once
+        j.append("s", value_events([4]))
+        while fold.ordinal < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        time.sleep(0.05)
+        assert fold.state == model([1, 2, 3, 4])
+    j.append("s", value_events([5]))
+    time.sleep(0.05)
+    assert fold.ordinal == 4  # closed: no longer following
+
+
+def test_a_read_only_journal_folds_but_does_not_write(engine: EngineFactory, store: Path) -> None:
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+        j.append("s", value_events([1, 2]))
+    with engine.open(store, readonly=True) as reader:
+        fold = reader.fold("s", chain, [0, 0])
+        assert fold.state == model([1, 2])
+        with pytest.raises(ReadOnlyStore):
+            fold.update(lambda state: value_events([3]))
+        with pytest.raises(ReadOnlyStore):
+            fold.snapshot()
+        with pytest.raises(InvalidArgument, match="writable"):
+            reader.fold("s", chain, [0, 0], snapshot_every=5)
+
+
+def test_bad_fold_arguments(j: Journal) -> None:
+    j.create_session("s")
+    for kwargs in (
+        {"version": 1.5},
+        {"version": True},
+        {"follow": 1},
+        {"snapshot_every": 0},
+        {"tries": 0},
+        {"codec": object()},
+    ):
+        with pytest.raises(InvalidArgument):
+            j.fold("s", chain, [0, 0], **kwargs)
+    with pytest.raises(InvalidArgument):
+        j.fold("s", "not callable", [0, 0])  # type: ignore[arg-type]
+
+
+def test_four_processes_incrementing_one_counter_reach_exactly_1000(
+    engine: EngineFactory, store: Path
+) -> None:
+    if engine.name != "local":
+        pytest.skip("the helper processes open the local engine")
+    with engine.open(store, durability="os") as j:
+        j.create_session("counter")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "_procs_folds.py"),
+                "counter",
+                str(store),
+                "counter",
+                "250",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        calls = 0
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            assert proc.returncode == 0
+            calls += int(out.split()[-1])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    with engine.open(store, durability="os") as j:
+        fold = j.fold("counter", lambda s, e: s + 1, 0)
+        assert fold.state == 1000
+        # Every increment saw the one before it: values 1..1000, none lost or repeated.
+        assert [json.loads(e.data) for e in j.replay("counter")] == list(range(1, 1001))
+    assert calls >= 1000
