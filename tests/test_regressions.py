@@ -793,3 +793,37 @@ def test_read_only_verify_reports_a_damaged_view_and_cut_off_frames(tmp_path: Pa
     with Journal.open(tmp_path / "damaged", readonly=True) as r:
         (problem,) = r.verify().problems
         assert problem.segment == "index" and "damaged" in problem.what
+
+
+def test_a_frame_claiming_positions_past_2_63_is_damage_not_an_overflow(tmp_path: Path) -> None:
+    """A sealed segment whose frame header claims a first position of 2^63 with a matching
+    checksum (the hostile-files fuzzer found it): verify reported OverflowError from the
+    sidecar rebuild; the frame is an implausible header, reported as damage."""
+    import struct
+    import zlib
+
+    from journal._local.frames import FRAME_HEADER, FRAME_MAGIC, SEGMENT_HEADER_SIZE
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", segment_bytes=4096) as j:
+        j.create_session("s")
+        for n in range(12):
+            j.append("s", [EventIn("m", bytes([65 + n]) * 600)])
+    segments = store / "segments"
+    first = segments / segment_name(1)
+    raw = bytearray(first.read_bytes())
+    at = SEGMENT_HEADER_SIZE
+    magic, length, _, _, count = FRAME_HEADER.unpack_from(raw, at)
+    assert magic == FRAME_MAGIC
+    body = bytes(raw[at + FRAME_HEADER.size : at + FRAME_HEADER.size + length])
+    forged = 1 << 63
+    crc = zlib.crc32(body, zlib.crc32(struct.pack(">IQI", length, forged, count)))
+    FRAME_HEADER.pack_into(raw, at, FRAME_MAGIC, length, crc, forged, count)
+    first.write_bytes(bytes(raw))
+    (segments / (segment_name(1)[: -len(".seg")] + ".idx")).unlink()  # rebuilt from the file
+    try:  # (opening rebuilds the missing sidecar, which meets the frame)
+        with Journal.open(store, durability="os") as j:
+            details = [p.what for p in j.verify().problems]
+    except journal.JournalCorrupt as e:
+        details = [str(e)]
+    assert any("implausible frame header" in d for d in details), details

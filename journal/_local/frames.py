@@ -256,7 +256,7 @@ def check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None
         if bytes(buf[at : at + FRAME_HEADER_SIZE]) == _FRAME_ZERO:
             raise BadFrame("zero")
         raise BadFrame("bad frame magic")
-    if length > MAX_FRAME_BODY or count == 0:
+    if length > MAX_FRAME_BODY or count == 0 or first + count > _POSITION_LIMIT:
         raise BadFrame("implausible frame header")
     end = at + FRAME_HEADER_SIZE + length
     if len(buf) < end:
@@ -264,6 +264,11 @@ def check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None
     if not _crc_matches(buf, at, length, first, count, crc):
         raise BadFrame("frame checksum mismatch")
     return length, first, count
+
+
+# Positions stay below 2^63 (the sidecar and the view keep them as signed 64-bit values):
+# a frame claiming more is damage, whatever its checksum says.
+_POSITION_LIMIT: Final = 1 << 63
 
 
 def _crc_matches(
