@@ -71,7 +71,6 @@ from ..records import (
     CheckpointTaken,
     IdempotencyKeyUsed,
     SnapshotTaken,
-    decode_frame_body,
     encode_frame_body,
 )
 from ..sessions import FeedEntry, SessionRow
@@ -89,6 +88,7 @@ from .frames import (
     segment_name,
 )
 from .inotify import DirectoryChanges
+from .known_rows import KnownRows
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
@@ -96,9 +96,10 @@ from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
-from .segments import KnownZeros, LogHole, SegmentReader, frame_records
+from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
+from .stored import stored_record
 from .verify import verify_store, view_problem
 from .view import Head, View, ViewDamaged, inspect_view
 
@@ -125,7 +126,6 @@ def _read_boot_id() -> str:
 BOOT_ID: Final = _read_boot_id().encode()
 
 # At most this many rows of recently appended sessions are kept between batches.
-_KNOWN_ROWS: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,10 +279,8 @@ class LocalEngine:
         self._finished_interrupted = False
         self._boot_recorded = False
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
-        # Rows the last batch of appends wrote, and the (next write transaction id, next
-        # position, environment) they are valid for (see `_known_rows`).
-        self._rows: dict[str, SessionRow] = {}
-        self._rows_valid_for: tuple[int, int, int] = (0, 0, 0)
+        # Rows the last batch of appends wrote (`known_rows`).
+        self._rows = KnownRows()
         self.waiter = Notifier(self.head, self._changes)
         self._expiry: ExpiryTimer | None = None
         self._closed = False
@@ -538,7 +536,9 @@ class LocalEngine:
                     _now_ms(),
                 )
                 planner.hole = hole
-                planner.known_rows = self._known_rows(txn, head)
+                planner.known_rows = self._rows.valid(
+                    txn.id(), head.next_position, id(self._view.env)
+                )
                 explicit = any(isinstance(r.operation, Expire) for r in batch)
                 if hole is None and batch and not explicit:
                     # (An explicit expiry in the batch does it, and reports what it did.)
@@ -565,7 +565,7 @@ class LocalEngine:
                 transaction_id = txn.id()
             # The transaction committed: from here on the frame is acknowledged.
         except BaseException:
-            self._rows.clear()
+            self._rows.forget()
             if before is not None:
                 log.undo_append(before)
             raise
@@ -588,35 +588,24 @@ class LocalEngine:
             if due is not None and self._expiry is not None:
                 self._expiry.nearer(due)
 
-    def _known_rows(self, txn: lmdb.Transaction, head: Head) -> dict[str, SessionRow]:
-        """The rows this writer's last batch wrote, if nothing committed since (in any
-        process: LMDB numbers write transactions) and the view is the same file; else
-        none. A batch of appends then reads no row from LMDB."""
-        rows = self._rows
-        if rows and self._rows_valid_for != (txn.id(), head.next_position, id(self._view.env)):
-            rows.clear()
-        return rows
-
     def _remember_rows(
         self, batch: list[Request], planner: Planner, projection: Projection, txn_id: int
     ) -> None:
-        """Keep the rows a committed batch of plain appends wrote (see `_known_rows`).
-        Any other operation, or a frame with records other than events and idempotency
-        keys (a creation, an expiry), forgets them: only appends are known to change
-        nothing but what the projection wrote."""
-        rows = self._rows
+        """Keep the rows a committed batch of plain appends wrote (`KnownRows`). Any other
+        operation, or a frame with records other than events and idempotency keys (a
+        creation, an expiry), forgets them: only appends are known to change nothing but
+        what the projection wrote."""
         if (
             not planner.records
             or planner.rebuilt
-            or len(rows) > _KNOWN_ROWS
             or any(type(r.operation) is not Append for r in batch)
             or any(type(record) is not IdempotencyKeyUsed for _, record in planner.others)
         ):
-            rows.clear()
+            self._rows.forget()
             return
-        for row in projection.rows.values():
-            rows[row.session_id] = row
-        self._rows_valid_for = (txn_id + 1, projection.head.next_position, id(self._view.env))
+        self._rows.keep(
+            projection.rows.values(), txn_id, projection.head.next_position, id(self._view.env)
+        )
 
     def _catch_up(self, txn: lmdb.Transaction) -> Head:
         """Index committed frames the view has not seen; position the writer after them."""
@@ -731,36 +720,13 @@ class LocalEngine:
 
     @reads_disk
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
-        return self._stored(row, SnapshotTaken, row.snapshot_segment, row.snapshot_offset)
+        return stored_record(self._log, row, SnapshotTaken)
 
     @reads_disk
     def checkpoint(self, row: SessionRow) -> StoredSnapshot | None:
         if not row.checkpoint_position:
             return None
-        return self._stored(row, CheckpointTaken, row.checkpoint_segment, row.checkpoint_offset)
-
-    def _stored(
-        self,
-        row: SessionRow,
-        kind: type[SnapshotTaken | CheckpointTaken],
-        segment: int,
-        offset: int,
-    ) -> StoredSnapshot:
-        """The snapshot or checkpoint record the row names, from its frame."""
-        through = row.snapshot_ordinal if kind is SnapshotTaken else row.checkpoint_ordinal
-        with SegmentReader(self._log.directory, segment, self._ops) as reader:
-            info, body = reader.read_frame(offset)
-            position = info.first_position
-            for record in frame_records(reader.name, info, body, decode_frame_body):
-                if (
-                    isinstance(record, kind)
-                    and record.incarnation == row.incarnation
-                    and record.through_ordinal == through
-                ):
-                    return StoredSnapshot(position, record.through_ordinal, record.data)
-                position += 1
-        what = "snapshot" if kind is SnapshotTaken else "checkpoint"
-        raise JournalCorrupt(reader.name, offset, f"the {what} of {row.session_id!r} is missing")
+        return stored_record(self._log, row, CheckpointTaken)
 
     # -- owner leases ----------------------------------------------------------------------
 

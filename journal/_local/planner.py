@@ -42,7 +42,7 @@ from ..errors import (
     SessionNotFound,
     SessionNotWritable,
 )
-from ..models import RetentionPolicy, RetentionReport, SessionState, VerifyProblem, VerifyReport
+from ..models import RetentionPolicy, RetentionReport, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
     CheckpointTaken,
@@ -64,11 +64,10 @@ from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import identity
 from .log import SegmentLog
-from .projector import project_log
-from .retention import SummaryCache, dead_segments, forget_segments, window_start
-from .segments import LogHole, summarize_segment
-from .sidecar import EventRun, FrameDigest, add_run, encode_other, write_summary
-from .verify import check_log, view_problem
+from .retention import SummaryCache, candidate_rows, dead_segments, forget_segments, window_start
+from .segments import LogHole
+from .sidecar import EventRun, FrameDigest, add_run, encode_other
+from .verify import fix_store
 from .view import View
 
 __all__ = ["Planner", "Request", "SealRetention"]
@@ -714,7 +713,11 @@ class Planner:
             and policy.session_retention_ms is None
             and policy.max_history_age_ms is None
         )
-        rows = self._retention_candidates(sealed) if narrow else list(self.view.rows(self.txn))
+        rows = (
+            candidate_rows(self.txn, self.view, self.log, self.summaries, sealed)
+            if narrow
+            else list(self.view.rows(self.txn))
+        )
         self.log.ops.point("retention.rows", len(rows))
         if sealed:
             self.view.retention.cover_through(self.txn, sealed[-1])
@@ -738,76 +741,14 @@ class Planner:
                 trimmed.append(row.session_id)
         self._finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
 
-    def _retention_candidates(self, sealed: list[int]) -> list[SessionRow]:
-        """The rows a pass after a seal must look at when only byte windows and the
-        sessions' own age windows apply: sessions with events in a segment sealed since
-        the last committed pass (only an append grows a session's bytes), and sessions
-        with an age window of their own (SPEC 8, "What a pass reads"). In session-id
-        order, as a full pass."""
-        txn = self.txn
-        view = self.view
-        covered = view.retention.covered_through(txn)
-        incarnations: set[int] = set(view.retention.aged(txn))
-        for base in sealed:
-            if base <= covered:
-                continue
-            try:
-                incarnations.update(self.summaries.get(self.log, base).incarnations)
-            except FileNotFoundError:
-                continue  # deleted meanwhile by another writer's retention pass
-        rows = []
-        for incarnation in incarnations:
-            row = view.row_by_incarnation(txn, incarnation)
-            if row is not None and not row.staged:
-                rows.append(row)
-        rows.sort(key=lambda row: row.session_id)
-        return rows
-
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
-        log = self.log
-        view = self.view
-        hole = self.hole
-        # (With a hole, the view's head lies past the log's end: check the log as it is.)
-        head = None if hole is not None else view.head(self.txn)
-        problems, frames, records, bad_sidecars = check_log(log, head, op.progress)
-        if view.replaced_because is not None:
-            # The commit that carries this fix replaced a damaged view (and rebuilt it).
-            problems.insert(0, view_problem(view.replaced_because))
-            view.replaced_because = None
-        damaged = {p.segment for p in problems if p.segment.endswith((".seg", ".seg.zst"))}
-        for base in bad_sidecars:
-            if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:
-                continue
-            summary = summarize_segment(log.directory, base, log.ops)
-            write_summary(log.directory, summary, log.ops, log.permissions)
-        if not damaged:
-            # Only derived data was wrong: rebuild the view from the (intact) log.
-            before = {row.incarnation: row.last_ordinal for row in view.rows(self.txn)}
-            view.clear(self.txn)
-            view.put_store_id(self.txn, self.store_id)
-            view.put_boot_id(self.txn, self.boot_id)
-            project_log(log, view, self.txn)
+        report, rebuilt = fix_store(
+            self.log, self.view, self.txn, (self.store_id, self.boot_id), self.hole, op.progress
+        )
+        if rebuilt:
             self.summaries.clear()
             self.rebuilt = True
-            if hole is not None:
-                after = {row.incarnation: row.last_ordinal for row in view.rows(self.txn)}
-                lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}
-                problems.insert(
-                    0,
-                    VerifyProblem(
-                        hole.segment,
-                        hole.offset,
-                        f"committed frames from byte {hole.offset} to {hole.end_offset} were "
-                        f"cut off: the loss is accepted, {sum(lost.values())} event(s) of "
-                        f"{len(lost)} session(s) are dropped (sessions created there are "
-                        "gone)",
-                    ),
-                )
-        # With damaged frames the view is left as it is: it still points readers at the
-        # damage (JournalCorrupt), where a rebuild would make the lost events look trimmed.
-        request.result = VerifyReport(
-            len(log.bases()), frames, records, problems, fixed=not damaged
-        )
+        request.result = report
 
     # -- after projection ------------------------------------------------------------------
 

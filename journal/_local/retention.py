@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_SUMMARY_BUDGET",
     "SegmentLiveness",
     "SummaryCache",
+    "candidate_rows",
     "dead_segments",
     "delete_segment_files",
     "forget_segments",
@@ -243,3 +244,29 @@ def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:
             fsync_dir(log.directory, log.ops)
     log.ops.point("retention.deleted", bases)
     return freed
+
+
+def candidate_rows(
+    txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache, sealed: list[int]
+) -> list[SessionRow]:
+    """The rows a pass after a seal must look at when only byte windows and the sessions'
+    own age windows apply: sessions with events in a segment of `sealed` newer than the
+    last committed pass covered (only an append grows a session's bytes), and sessions
+    with an age window of their own (SPEC 8, "What a pass reads"). In session-id order,
+    as a full pass."""
+    covered = view.retention.covered_through(txn)
+    incarnations: set[int] = set(view.retention.aged(txn))
+    for base in sealed:
+        if base <= covered:
+            continue
+        try:
+            incarnations.update(cache.get(log, base).incarnations)
+        except FileNotFoundError:
+            continue  # deleted meanwhile by another writer's retention pass
+    rows = []
+    for incarnation in incarnations:
+        row = view.row_by_incarnation(txn, incarnation)
+        if row is not None and not row.staged:
+            rows.append(row)
+    rows.sort(key=lambda row: row.session_id)
+    return rows

@@ -19,14 +19,27 @@ import lmdb
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
-from .frames import COMPRESSED_SUFFIX, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, sidecar_name
+from .frames import (
+    COMPRESSED_SUFFIX,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_SUFFIX,
+    segment_name,
+    sidecar_name,
+)
 from .log import SegmentLog
 from .projector import project_log
-from .segments import SegmentReader, frame_records, summarize_segment
-from .sidecar import read_summary
+from .segments import LogHole, SegmentReader, frame_records, summarize_segment
+from .sidecar import read_summary, write_summary
 from .view import Head, View
 
-__all__ = ["check_log", "compare_views", "rebuild_into_temporary", "verify_store", "view_problem"]
+__all__ = [
+    "check_log",
+    "compare_views",
+    "fix_store",
+    "rebuild_into_temporary",
+    "verify_store",
+    "view_problem",
+]
 
 Progress = Callable[[int, int], None]
 
@@ -303,3 +316,54 @@ def _same_end(a: Head, b: Head) -> bool:
 def view_problem(damage: str) -> VerifyProblem:
     """How a damaged view is reported."""
     return VerifyProblem("index", 0, f"the view is damaged ({damage}); verify --fix rebuilds it")
+
+
+def fix_store(
+    log: SegmentLog,
+    view: View,
+    txn: lmdb.Transaction,
+    ids: tuple[bytes, bytes],
+    hole: LogHole | None,
+    progress: Progress | None,
+) -> tuple[VerifyReport, bool]:
+    """`verify(fix=True)` in the writer's transaction `txn` (`ids`: the store id and this
+    boot's id): check the log, rewrite bad sidecars of intact segments, and rebuild the
+    view when only derived data was wrong. The report, and whether the view was rebuilt.
+    With damaged frames the view is left as it is: it still points readers at the damage
+    (`JournalCorrupt`), where a rebuild would make the lost events look trimmed."""
+    store_id, boot_id = ids
+    # (With a hole, the view's head lies past the log's end: check the log as it is.)
+    head = None if hole is not None else view.head(txn)
+    problems, frames, records, bad_sidecars = check_log(log, head, progress)
+    if view.replaced_because is not None:
+        # The commit that carries this fix replaced a damaged view (and rebuilt it).
+        problems.insert(0, view_problem(view.replaced_because))
+        view.replaced_because = None
+    damaged = {p.segment for p in problems if p.segment.endswith((".seg", ".seg.zst"))}
+    for base in bad_sidecars:
+        if segment_name(base) in damaged or segment_name(base, compressed=True) in damaged:
+            continue
+        summary = summarize_segment(log.directory, base, log.ops)
+        write_summary(log.directory, summary, log.ops, log.permissions)
+    if damaged:
+        return VerifyReport(len(log.bases()), frames, records, problems, fixed=False), False
+    # Only derived data was wrong: rebuild the view from the (intact) log.
+    before = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
+    view.clear(txn)
+    view.put_store_id(txn, store_id)
+    view.put_boot_id(txn, boot_id)
+    project_log(log, view, txn)
+    if hole is not None:
+        after = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
+        lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}
+        problems.insert(
+            0,
+            VerifyProblem(
+                hole.segment,
+                hole.offset,
+                f"committed frames from byte {hole.offset} to {hole.end_offset} were "
+                f"cut off: the loss is accepted, {sum(lost.values())} event(s) of "
+                f"{len(lost)} session(s) are dropped (sessions created there are gone)",
+            ),
+        )
+    return VerifyReport(len(log.bases()), frames, records, problems, fixed=True), True
