@@ -36,6 +36,7 @@ from .errors import StoreIncompatible as StoreIncompatible
 from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
+from .errors import Unsupported as Unsupported
 from .facade import Journal as Journal
 from .follow import Stream as Stream
 from .models import AppendResult as AppendResult
@@ -123,6 +124,7 @@ __all__ = [
     "Stream",
     "TokenError",
     "Turn",
+    "Unsupported",
     "VerifyProblem",
     "VerifyReport",
     "__version__",

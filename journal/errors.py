@@ -43,6 +43,7 @@ __all__ = [
     "StoreNotFound",
     "StoreUnavailable",
     "TokenError",
+    "Unsupported",
 ]
 
 
@@ -151,6 +152,15 @@ class StoreUnavailable(JournalError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class Unsupported(JournalError):
+    """The store's engine cannot do what was asked (for example verifying files on a
+    `nats://` store, whose files belong to the NATS server); the message names the
+    limitation and the nearest thing that works. Nothing was changed."""
+
+    code = "UNSUPPORTED"
+    status = "UNIMPLEMENTED"
 
 
 class StoreNotFound(JournalError):

@@ -88,6 +88,7 @@ from .models import (
     VerifyReport,
 )
 from .records import TURN_RESULT
+from .remote import is_remote, open_remote
 from .sessions import FeedEntry, SessionRow, TransitionKind, metadata, recorded_owner
 from .transfer import export_sessions, import_sessions
 from .turns import OUTCOME_UNKNOWN_RESULT, Owner, TurnWriter, result_data
@@ -143,8 +144,12 @@ class Journal:
         key_ring: KeyRing | None = None,
         file_ops: FileOps | None = None,
         file_mode: int | None = None,
+        store: str | None = None,
+        replicas: int = 1,
     ) -> "Journal":
-        """Open (or create) the store at `path` on the embedded local engine.
+        """Open (or create) the store at `path` on the embedded local engine (or, for a
+        `nats://host:4222[,host2:4222]` URL, the store `store` on NATS JetStream, created
+        with `replicas`: SPEC 16).
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
         to the OS; survives a process crash, not a power cut. `file_mode`: the permission
@@ -154,6 +159,11 @@ class Journal:
         created from then on; existing files keep their mode. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
+        if is_remote(path):  # a nats:// URL: SPEC 16
+            given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
+            return cls.over(
+                open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
+            )
         store_path = check_store_path(path)
         file_mode = check_open_options(
             create,
