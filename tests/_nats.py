@@ -106,8 +106,9 @@ class NatsServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"nats-server {self.name} exited: {self.log.read_text()}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), 0.2
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
             ):
                 return
             time.sleep(0.02)

@@ -1,19 +1,9 @@
-"""Writes of the JetStream engine: each operation planned against a session's row and
-committed as one atomic batch ending with the new row, with a compare-and-set on the row
-subject (SPEC 16). A stale row (another writer committed first) is read again and the
-operation planned again; a lost reply is settled by looking for the commit's write token.
-
-Coroutines on the connection's loop; writers of one session in this process take turns
-(a per-session lock), so they do not compete for the compare-and-set among themselves.
-"""
+"""Writes of the JetStream engine: one planning method per operation (committed by the
+loop in `commit.py`), and the history windows, eviction and expiry passes (SPEC 16)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
-import weakref
-from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
@@ -46,284 +36,29 @@ from ..errors import (
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
-    StoreUnavailable,
     Unsupported,
 )
-from ..models import LifecycleEventType, RetentionPolicy, RetentionReport, SessionState
+from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..records import TURN_STARTED
-from ..sessions import TRANSITIONS, FeedEntry, SessionRow, lifecycle_event_of
-from .client import ApiError, BatchMessage, Unavailable
-from .layout import (
-    ENCODER,
-    Marker,
-    StoredEvent,
-    StoredFeed,
-    StoredSnapshot,
-    Subjects,
-    resolve,
-)
-from .reads import RowState, StoreReader
+from ..sessions import TRANSITIONS, SessionRow
+from .client import BatchMessage
+from .commit import Committer, Plan, done, rel, resolved
+from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
+from .reads import RowState
 
 __all__ = ["MAX_APPEND_EVENTS", "Writer"]
 
 # JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
 # also writes its row, and may write a creation record and an idempotency marker.
 MAX_APPEND_EVENTS: Final = 997
-# How long a write keeps trying across a lost connection or a leader election.
-WRITE_S: Final = 30.0
-_WRONG_LAST_SEQUENCE: Final = 10071
-_TOO_LARGE: Final = frozenset({10054, 10199})
-_TOKEN: Final = "Journal-Write"
-
-Owner = Callable[[SessionRow], Awaitable[bool | None]]
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class _Plan:
-    """What one planned commit writes (`messages`, the row last; none: nothing to write),
-    and how its result follows from the sequence its row got."""
-
-    __slots__ = ("messages", "result", "row")
-
-    def __init__(
-        self,
-        messages: list[BatchMessage],
-        row: SessionRow | None,
-        result: Callable[[int], Any],
-    ) -> None:
-        self.messages = messages
-        self.row = row
-        self.result = result
-
-
-def _done(value: Any) -> _Plan:
-    return _Plan([], None, lambda _seq: value)
-
-
-def _resolved(row: SessionRow, seq: int) -> SessionRow:
-    return resolve(msgspec.structs.replace(row), seq)
-
-
-def _rel(index: int, count: int) -> int:
-    """The relative position of message `index` of a batch of `count` (row last)."""
-    return -(count - 1 - index)
-
-
-class Writer:
-    """Plans and commits operations (see the module docstring)."""
-
-    def __init__(
-        self,
-        reader: StoreReader,
-        policy: RetentionPolicy,
-        owner_alive: Owner,
-        committed: Callable[[int, SessionRow | None], None],
-    ) -> None:
-        self.reader = reader
-        self.conn = reader.conn
-        self.subjects = reader.subjects
-        self.policy = policy
-        self._owner_alive = owner_alive
-        self._committed = committed
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        # Rows this engine committed last, per session: the next write starts from them
-        # (a compare-and-set failure means they are stale: read again).
-        self._rows: dict[str, RowState] = {}
-
-    # -- the commit loop -------------------------------------------------------------------
-
-    def _lock(self, session_id: str) -> asyncio.Lock:
-        lock = self._locks.get(session_id)
-        if lock is None:
-            lock = self._locks[session_id] = asyncio.Lock()
-        return lock
-
-    async def _state(self, session_id: str, fresh: bool) -> RowState:
-        if not fresh:
-            cached = self._rows.get(session_id)
-            if cached is not None:
-                return cached
-        return await self.reader.row(session_id)
-
-    async def write(
-        self,
-        session_id: str,
-        plan: Callable[[RowState, int], Awaitable[_Plan]],
-        expire_first: bool = True,
-    ) -> Any:
-        """Plan and commit one operation on one session, again on a stale row."""
-        lock = self._lock(session_id)
-        async with lock:
-            fresh = False
-            deadline = time.monotonic() + WRITE_S
-            while True:
-                state = await self._state(session_id, fresh)
-                now = _now_ms()
-                row = state.row
-                if expire_first and row is not None:
-                    due = row.deadline()
-                    if due is not None and due <= now:
-                        # Past its deadline: expired first, whatever is asked (as every
-                        # commit of the local engine expires what is due).
-                        expired = self._state_change(state, SessionState.EXPIRED, now)
-                        if await self._commit(session_id, state, expired) is None:
-                            fresh = True
-                        else:
-                            fresh = False
-                        continue
-                planned = await plan(state, now)
-                if not planned.messages:
-                    return planned.result(0)
-                seq = await self._commit(session_id, state, planned)
-                if seq is None:
-                    fresh = True
-                    if time.monotonic() > deadline:
-                        raise StoreUnavailable(
-                            f"session {session_id!r} kept changing under this write for "
-                            f"{WRITE_S:g} s: retry"
-                        )
-                    continue
-                return planned.result(seq)
-
-    async def _commit(self, session_id: str, state: RowState, plan: _Plan) -> int | None:
-        """Publish the plan's batch with the compare-and-set on the row subject; the row's
-        sequence, or None when the row was stale (nothing written)."""
-        token = uuid.uuid4().hex
-        messages = self._stamped(state, plan.messages, token)
-        deadline = time.monotonic() + WRITE_S
-        uncertain = False
-        seq: int | None
-        while True:
-            try:
-                seq = await self.conn.publish_batch(messages)
-            except ApiError as e:
-                if e.err_code == _WRONG_LAST_SEQUENCE:
-                    if uncertain:
-                        seq = await self._settle(state, messages, token)
-                        if seq is not None:
-                            break
-                    self._rows.pop(session_id, None)
-                    return None
-                if e.err_code in _TOO_LARGE:
-                    raise InvalidArgument(
-                        f"JetStream refused this write to session {session_id!r}: "
-                        f"{e.description} (a message is limited by the stream's max_msg_size "
-                        "and the server's max_payload, a batch to 1,000 messages): write "
-                        "less at once"
-                    ) from None
-                if e.code == 503 or e.err_code in (10008, 10077, 10201):
-                    uncertain = True  # no leader yet (or a batch cut by a failover)
-                else:
-                    raise StoreUnavailable(
-                        f"JetStream refused the write to session {session_id!r}: "
-                        f"{e.description} (error {e.err_code})"
-                    ) from None
-            except Unavailable:
-                uncertain = True
-            if uncertain:
-                # The batch may have been stored without its reply reaching us.
-                seq = await self._settle(state, messages, token)
-                if seq is not None:
-                    break
-                if time.monotonic() > deadline:
-                    raise StoreUnavailable(
-                        f"no reply from JetStream for {WRITE_S:g} s writing to session "
-                        f"{session_id!r}; the write was not committed: check the servers "
-                        "and retry (with an idempotency key to make the retry safe)"
-                    )
-                await asyncio.sleep(0.1)
-                continue
-            break
-        assert seq is not None
-        self.reader.saw(seq)
-        if plan.row is None:
-            self._rows.pop(session_id, None)
-            new_state = RowState(None, seq, state.token)
-        else:
-            new_state = RowState(_resolved(plan.row, seq), seq, state.token)
-            if len(self._rows) >= 4096:
-                self._rows.clear()
-            self._rows[session_id] = new_state
-        self._committed(seq, new_state.row)
-        return seq
-
-    def _stamped(
-        self, state: RowState, messages: list[BatchMessage], token: str
-    ) -> list[BatchMessage]:
-        """The batch with the row's compare-and-set and the write token on every message
-        of the session's own subjects but its events after the first."""
-        session_prefix = self.subjects.session_wide(state.token)[:-1]
-        stamped: list[BatchMessage] = []
-        first_event = True
-        last = len(messages) - 1
-        for index, (subject, payload, headers) in enumerate(messages):
-            headers = dict(headers)
-            is_event = subject.endswith(".ev")
-            if subject.startswith(session_prefix) and (not is_event or first_event):
-                headers[_TOKEN] = token
-            if is_event:
-                first_event = False
-            if index == last:
-                headers["Nats-Expected-Last-Subject-Sequence"] = str(state.seq)
-                headers["Nats-Rollup"] = "sub"
-            stamped.append((subject, payload, headers))
-        return stamped
-
-    async def _settle(
-        self, state: RowState, messages: list[BatchMessage], token: str
-    ) -> int | None:
-        """Whether a batch whose reply was lost was stored: the first message on the
-        session's subjects after the compare-and-set value is the commit that won it; the
-        row's sequence if that is ours, else None."""
-        try:
-            first = await self.conn.msg_get(
-                {"seq": state.seq + 1, "next_by_subj": self.subjects.session_wide(state.token)}
-            )
-        except (ApiError, *Unavailable):
-            return None
-        if first is None or first.headers.get(_TOKEN) != token:
-            return None
-        session_prefix = self.subjects.session_wide(state.token)[:-1]
-        index = next(
-            i for i, (subject, _, _) in enumerate(messages) if subject.startswith(session_prefix)
-        )
-        return first.seq - index + len(messages) - 1
-
-    # -- batch pieces ----------------------------------------------------------------------
-
-    def _row_message(self, state: RowState, row: SessionRow | None) -> BatchMessage:
-        payload = b"" if row is None else ENCODER.encode(row)
-        return (self.subjects.row(state.token), payload, {})
-
-    def _feed_message(
-        self, state: RowState, event: LifecycleEventType, now: int, row: SessionRow, anchor: int
-    ) -> BatchMessage:
-        entry = FeedEntry(event.value, now, row)
-        return (
-            self.subjects.lifecycle(state.token),
-            ENCODER.encode(StoredFeed(entry, anchor)),
-            {},
-        )
-
-    def _state_change(self, state: RowState, target: SessionState, now: int) -> _Plan:
-        assert state.row is not None
-        row = msgspec.structs.replace(
-            state.row,
-            state=target.wire,
-            lifecycle_position=-1,
-            suspended_at_ms=now if target is SessionState.SUSPENDED else None,
-            ended_at_ms=now if target.terminal else state.row.ended_at_ms,
-        )
-        messages = [
-            self._feed_message(state, lifecycle_event_of(target), now, row, 1),
-            self._row_message(state, row),
-        ]
-        return _Plan(messages, row, lambda seq: _resolved(row, seq))
-
-    # -- operations ------------------------------------------------------------------------
+class Writer(Committer):
+    """Plans each operation (see the module docstring)."""
 
     async def submit(self, operation: Operation[Any]) -> Any:
         match operation:
@@ -356,7 +91,7 @@ class Writer:
                 raise TypeError(f"the JetStream engine cannot plan {type(operation).__name__}")
 
     def _new_row(self, op: CreateSession, now: int, index: int, count: int) -> SessionRow:
-        position = _rel(index, count)
+        position = rel(index, count)
         return SessionRow(
             session_id=op.session_id,
             incarnation=position,
@@ -384,15 +119,15 @@ class Writer:
         )
 
     async def _create(self, op: CreateSession) -> SessionRow:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             if state.row is not None:
                 raise self._exists(op.session_id)
             row = self._new_row(op, now, 0, 2)
             messages = [
-                self._feed_message(state, LifecycleEventType.CREATED, now, row, 1),
-                self._row_message(state, row),
+                self.feed_message(state, LifecycleEventType.CREATED, now, row, 1),
+                self.row_message(state, row),
             ]
-            return _Plan(messages, row, lambda seq: _resolved(row, seq))
+            return Plan(messages, row, lambda seq: resolved(row, seq))
 
         return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
 
@@ -406,7 +141,7 @@ class Writer:
                 "into several appends (with expected_last_ordinal to keep them in order)"
             )
 
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             creating = row is None
             if row is None and op.create is None:
@@ -431,7 +166,7 @@ class Writer:
                                 f"{session_id!r} with different events: use a new key for "
                                 "new events"
                             )
-                        return _done(
+                        return done(
                             Appended(
                                 row.incarnation,
                                 marker.first_ordinal,
@@ -463,7 +198,7 @@ class Writer:
             messages: list[BatchMessage] = []
             if creating:
                 messages.append(
-                    self._feed_message(state, LifecycleEventType.CREATED, now, row, total - 1)
+                    self.feed_message(state, LifecycleEventType.CREATED, now, row, total - 1)
                 )
             first = row.last_ordinal + 1
             before = row.appended_bytes
@@ -492,11 +227,11 @@ class Writer:
                     first,
                     last,
                     op.digest,
-                    _rel(last_index, total),
+                    rel(last_index, total),
                     total - 1 - len(messages),
                 )
                 if creating:
-                    marker.incarnation = _rel(0, total)
+                    marker.incarnation = rel(0, total)
                 messages.append(
                     (
                         self.subjects.marker(state.token, key),
@@ -507,17 +242,17 @@ class Writer:
             new = msgspec.structs.replace(
                 row,
                 last_ordinal=last,
-                last_event_position=_rel(last_index, total),
+                last_event_position=rel(last_index, total),
                 retained_bytes=row.retained_bytes + data_bytes,
                 appended_bytes=row.appended_bytes + data_bytes,
             )
-            messages.append(self._row_message(state, new))
+            messages.append(self.row_message(state, new))
 
             def result(seq: int) -> Appended:
-                resolved = _resolved(new, seq)
-                return Appended(resolved.incarnation, first, last, resolved.last_event_position)
+                final = resolved(new, seq)
+                return Appended(final.incarnation, first, last, final.last_event_position)
 
-            return _Plan(messages, new, result)
+            return Plan(messages, new, result)
 
         appended: Appended = await self.write(session_id, plan)
         if not appended.deduplicated:
@@ -535,7 +270,7 @@ class Writer:
             await self._trim_to_window(session_id, _now_ms())
 
     async def _transition(self, op: Transition) -> SessionRow:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None:
                 raise SessionNotFound(
@@ -546,12 +281,12 @@ class Writer:
             current = row.session_state
             if current not in allowed:
                 if op.kind == "cancel" and current.terminal:
-                    return _done(row)
+                    return done(row)
                 raise IllegalTransition(
                     f"cannot {op.kind} session {op.session_id!r}: it is {current.value} "
                     f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
                 )
-            return self._state_change(state, target, now)
+            return self.state_change(state, target, now)
 
         return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
 
@@ -564,14 +299,14 @@ class Writer:
             if due is None or due > when:
                 continue
 
-            async def plan(state: RowState, now: int, incarnation: int = row.incarnation) -> _Plan:
+            async def plan(state: RowState, now: int, incarnation: int = row.incarnation) -> Plan:
                 current = state.row
                 if current is None or current.incarnation != incarnation:
-                    return _done(None)
+                    return done(None)
                 deadline = current.deadline()
                 if deadline is None or deadline > when:
-                    return _done(None)
-                return self._state_change(state, SessionState.EXPIRED, now)
+                    return done(None)
+                return self.state_change(state, SessionState.EXPIRED, now)
 
             result = await self.write(row.session_id, plan, expire_first=False)
             if result is not None:
@@ -582,7 +317,7 @@ class Writer:
         through = op.through_ordinal
         cut: list[int] = []
 
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None:
                 raise SessionNotFound(
@@ -615,12 +350,12 @@ class Writer:
                     ENCODER.encode(snapshot),
                     {"Nats-Rollup": "sub"},
                 ),
-                self._row_message(state, new),
+                self.row_message(state, new),
             ]
-            return _Plan(
+            return Plan(
                 messages,
                 new,
-                lambda seq: SnapshotRef(_resolved(new, seq).incarnation, through, seq - 1),
+                lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
             )
 
         ref: SnapshotRef = await self.write(op.session_id, plan)
@@ -649,17 +384,17 @@ class Writer:
     async def _trim_to_window(self, session_id: str, now: int) -> bool:
         cut: list[int] = []
 
-        async def plan(state: RowState, _now: int) -> _Plan:
+        async def plan(state: RowState, _now: int) -> Plan:
             row = state.row
             if row is None:
-                return _done(False)
+                return done(False)
             first = await self._window_start(row, state.token, now)
             if first <= row.first_ordinal:
-                return _done(False)
+                return done(False)
             retained, keep_from = await self._cut_at(row, state.token, first)
             cut[:] = [keep_from]
             new = msgspec.structs.replace(row, first_ordinal=first, retained_bytes=retained)
-            return _Plan([self._row_message(state, new)], new, lambda _seq: True)
+            return Plan([self.row_message(state, new)], new, lambda _seq: True)
 
         trimmed: bool = await self.write(session_id, plan, expire_first=False)
         if trimmed and cut and cut[0]:
@@ -718,17 +453,17 @@ class Writer:
         return RetentionReport(trimmed, evicted, [], 0)
 
     async def _evict(self, session_id: str, incarnation: int) -> bool:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None or row.incarnation != incarnation:
-                return _done(False)
+                return done(False)
             messages = [
-                self._feed_message(state, LifecycleEventType.EVICTED, now, row, 1),
-                self._row_message(state, None),
+                self.feed_message(state, LifecycleEventType.EVICTED, now, row, 1),
+                self.row_message(state, None),
             ]
-            return _Plan(messages, None, lambda _seq: True)
+            return Plan(messages, None, lambda _seq: True)
 
-        lock = self._lock(session_id)
+        lock = self.lock(session_id)
         evicted: bool = await self.write(session_id, plan, expire_first=False)
         if evicted:
             async with lock:
@@ -742,7 +477,7 @@ class Writer:
         return evicted
 
     async def _turn_event(self, op: AppendTurnEvent) -> Appended:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None:
                 raise SessionNotFound(f"no session {op.session_id!r} in this store")
@@ -784,33 +519,33 @@ class Writer:
             )
             messages = [
                 (self.subjects.events(state.token), ENCODER.encode(stored), {}),
-                self._row_message(state, new),
+                self.row_message(state, new),
             ]
-            return _Plan(
+            return Plan(
                 messages,
                 new,
-                lambda seq: Appended(_resolved(new, seq).incarnation, ordinal, ordinal, seq - 1),
+                lambda seq: Appended(resolved(new, seq).incarnation, ordinal, ordinal, seq - 1),
             )
 
         return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
 
     async def _acquire(self, op: AcquireLease) -> SessionRow:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None:
                 raise SessionNotFound(
                     f"no session {op.session_id!r} in this store: create it before owning it"
-                )
-            if row.session_state.terminal:
-                raise SessionNotWritable(
-                    f"session {op.session_id!r} is {row.session_state.value}: an ended "
-                    "session has no owner; create a new session"
                 )
             if row.owner_pid and await self._owner_alive(row) is not False:
                 raise OwnerBusy(
                     f"session {op.session_id!r} is owned by pid {row.owner_pid} on "
                     f"{row.owner_host}: wait for it to finish, or pass a longer wait_s",
                     pid=row.owner_pid,
+                )
+            if row.session_state.terminal:
+                raise SessionNotWritable(
+                    f"session {op.session_id!r} is {row.session_state.value}: an ended "
+                    "session has no owner; create a new session"
                 )
             new = msgspec.structs.replace(
                 row,
@@ -822,12 +557,12 @@ class Writer:
                 owner_since_ms=now,
                 owner_position=0,
             )
-            return _Plan([self._row_message(state, new)], new, lambda seq: _resolved(new, seq))
+            return Plan([self.row_message(state, new)], new, lambda seq: resolved(new, seq))
 
         return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
 
     async def _release(self, op: ReleaseLease) -> SessionRow | None:
-        async def plan(state: RowState, now: int) -> _Plan:
+        async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if (
                 row is None
@@ -835,7 +570,7 @@ class Writer:
                 or row.owner_generation != op.generation
                 or not row.owner_pid
             ):
-                return _done(row)
+                return done(row)
             new = msgspec.structs.replace(
                 row,
                 owner_pid=0,
@@ -844,6 +579,6 @@ class Writer:
                 owner_boot_id="",
                 owner_since_ms=0,
             )
-            return _Plan([self._row_message(state, new)], new, lambda seq: _resolved(new, seq))
+            return Plan([self.row_message(state, new)], new, lambda seq: resolved(new, seq))
 
         return await self.write(op.session_id, plan, expire_first=False)  # type: ignore[no-any-return]
