@@ -182,6 +182,9 @@ class NatsCluster:
             server.start()
         wait_for_jetstream([s.url for s in self.servers])
 
+    def wait_ready(self) -> None:
+        wait_for_jetstream([s.url for s in self.servers])
+
     def server_named(self, name: str) -> NatsServer:
         return next(s for s in self.servers if s.name == name)
 
@@ -230,3 +233,79 @@ def stop_shared() -> None:
     for root in _roots:
         shutil.rmtree(root, ignore_errors=True)
     _roots.clear()
+
+
+class CuttingProxy:
+    """A TCP proxy in front of one server that can lose a reply: once armed, it forwards
+    the client's next atomic batch commit to the server, then drops the connection before
+    anything the server sends back reaches the client (a lost ack). The client reconnects
+    through it; later connections are forwarded whole."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import threading
+
+        self.upstream_port = upstream_port
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = int(self._listener.getsockname()[1])
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self._sockets += [client, upstream]
+            pair = (client, upstream)
+            threading.Thread(target=self._pump, args=(*pair, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if not to_server and self.cut.is_set():
+                    break  # what the server answers the cut batch never arrives
+                commit = to_server and self.armed.is_set() and b"Nats-Batch-Commit" in data
+                if commit:
+                    self.armed.clear()
+                    self.cut.set()
+                sink.sendall(data)
+                if commit:
+                    time.sleep(0.2)  # the server stores the batch and answers into nothing
+                    break
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    s.close()
+            if to_server and self.cut.is_set():
+                self.cut.clear()  # the next connection is whole
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()

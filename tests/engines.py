@@ -11,6 +11,7 @@ Capabilities:
                    copy case: CursorFuture)
     "segments"     segment sizes and durability modes mean something (the configuration
                    with small segments runs it again)
+    "import"       `import_sessions` (archives: tests/test_archives.py)
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class LocalEngineFactory:
     """The embedded local engine: a directory of segment files and an LMDB view."""
 
     name: str = "local"
-    supports: frozenset[str] = frozenset({"copy_store", "segments"})
+    supports: frozenset[str] = frozenset({"copy_store", "segments", "import"})
     marks: tuple[pytest.MarkDecorator, ...] = ()
 
     def open(self, path: Path, **options: Any) -> Journal:

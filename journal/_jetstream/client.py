@@ -96,15 +96,18 @@ class Connection:
             return None  # reconnects are handled; failed requests raise on their own
 
         try:
-            return await nats.connect(
-                servers=servers,
-                connect_timeout=connect_s,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.2,
-                allow_reconnect=True,
-                error_cb=quiet,
-                disconnected_cb=None,
-                name="session-journal",
+            # (nats-py retries a first connect as long as reconnects: bounded here.)
+            return await asyncio.wait_for(
+                nats.connect(
+                    servers=servers,
+                    connect_timeout=min(connect_s, 2.0),
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,
+                    allow_reconnect=True,
+                    error_cb=quiet,
+                    name="session-journal",
+                ),
+                connect_s,
             )
         except Exception as e:
             raise StoreUnavailable(

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
+from nats.errors import MaxPayloadError
 
 from ..errors import (
     InvalidArgument,
@@ -190,6 +191,12 @@ class Committer:
                         f"JetStream refused the write to session {session_id!r}: "
                         f"{e.description} (error {e.err_code})"
                     ) from None
+            except MaxPayloadError:
+                raise InvalidArgument(
+                    f"a message of this write to session {session_id!r} is larger than the "
+                    "NATS server's max_payload: raise max_payload in the server's "
+                    "configuration (SPEC 16), or write smaller events"
+                ) from None
             except Unavailable:
                 uncertain = True
             if uncertain:

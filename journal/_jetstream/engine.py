@@ -23,7 +23,15 @@ import msgspec
 
 from cursors import KeyRing, KeyRingError
 
-from ..engine import AcquireLease, EventsPage, Lease, Operation, ReleaseLease, StoredSnapshot
+from ..engine import (
+    AcquireLease,
+    EventsPage,
+    Lease,
+    Operation,
+    ReleaseLease,
+    StoredSnapshot,
+    VerifyFix,
+)
 from ..engine import Progress as ProgressCallback
 from ..errors import (
     JournalClosed,
@@ -362,6 +370,10 @@ class JetStreamEngine:
             raise ReadOnlyStore(
                 "this journal was opened with readonly=True; open it writable to change it"
             )
+        if isinstance(operation, VerifyFix):
+            # Nothing is derived from the stream: the check is the repair's whole work.
+            fixed: T = self._run(self._verify(operation.progress))
+            return fixed
         result: T = self._run(self.writer.submit(operation))
         return result
 
