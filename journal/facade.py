@@ -159,7 +159,7 @@ class Journal:
         created from then on; existing files keep their mode. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
-        if is_remote(path):  # a nats:// URL: SPEC 16
+        if is_remote(path, store, replicas):  # a nats:// URL: SPEC 16
             given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
             return cls.over(
                 open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)

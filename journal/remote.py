@@ -12,8 +12,16 @@ from .errors import InvalidArgument
 __all__ = ["is_remote", "open_remote"]
 
 
-def is_remote(path: object) -> TypeGuard[str]:
-    return isinstance(path, str) and path.startswith("nats://")
+def is_remote(path: object, store: object = None, replicas: object = 1) -> TypeGuard[str]:
+    """Whether `path` is a `nats://` URL; `store` and `replicas` are only for those."""
+    if isinstance(path, str) and path.startswith("nats://"):
+        return True
+    if store is not None or type(replicas) is not int or replicas != 1:
+        raise InvalidArgument(
+            f"store= and replicas= are for nats:// stores (got store={store!r}, "
+            f"replicas={replicas!r}): a local store is named by its path alone"
+        )
+    return False
 
 
 def open_remote(

@@ -52,6 +52,12 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _transient(error: ApiError) -> bool:
+    """A refusal that passes once the stream has a leader again (or a batch cut short by a
+    failover: 10077, 10201)."""
+    return error.code >= 500 or error.err_code in (10008, 10077, 10201)
+
+
 class Plan:
     """What one planned commit writes (`messages`, the row last; none: nothing to write),
     and how its result follows from the sequence its row got."""
@@ -130,21 +136,28 @@ class Committer:
             fresh = False
             deadline = time.monotonic() + WRITE_S
             while True:
-                state = await self._state(session_id, fresh)
-                now = _now_ms()
-                row = state.row
-                if expire_first and row is not None:
-                    due = row.deadline()
+                try:
+                    state = await self._state(session_id, fresh)
+                    now = _now_ms()
+                    row = state.row
+                    due = None if row is None or not expire_first else row.deadline()
                     if due is not None and due <= now:
                         # Past its deadline: expired first, whatever is asked (as every
                         # commit of the local engine expires what is due).
                         expired = self.state_change(state, SessionState.EXPIRED, now)
-                        if await self.commit(session_id, state, expired) is None:
-                            fresh = True
-                        else:
-                            fresh = False
+                        fresh = await self.commit(session_id, state, expired) is None
                         continue
-                planned = await plan(state, now)
+                    planned = await plan(state, now)
+                except (ApiError, *Unavailable) as e:
+                    # No leader for a moment (an election), or the connection is away:
+                    # nothing was written yet, so the attempt starts again.
+                    if isinstance(e, ApiError) and not _transient(e):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                    fresh = True
+                    continue
                 if not planned.messages:
                     return planned.result(0)
                 seq = await self.commit(session_id, state, planned)
@@ -184,7 +197,7 @@ class Committer:
                         "and the server's max_payload, a batch to 1,000 messages): write "
                         "less at once"
                     ) from None
-                if e.code == 503 or e.err_code in (10008, 10077, 10201):
+                if _transient(e):
                     uncertain = True  # no leader yet (or a batch cut by a failover)
                 else:
                     raise StoreUnavailable(
