@@ -361,3 +361,51 @@ def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) ->
             f"{resumes}"
         )
     cluster.wait_ready()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    store = f"{url}/{store_name(tmp_path)}"
+
+    def run(*args: str) -> tuple[int, list[dict[str, object]]]:
+        result = CliRunner().invoke(main, ["--store", store, "--format", "json", *args])
+        assert "Traceback" not in result.output, result.output
+        lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        return result.exit_code, lines
+
+    assert run("read", "-s", "s")[0] == 3  # no store yet: not found
+    assert run("init") == (0, [{"store": store, "created": True}])
+    assert run("init") == (0, [{"store": store, "created": False}])
+    code, (appended,) = run("append", "-s", "s", "--create", "a", "b")
+    assert code == 0 and (appended["first_ordinal"], appended["last_ordinal"]) == (1, 2)
+    code, lines = run("read", "-s", "s")
+    assert code == 0 and [e["message"] for e in lines[:-1]] == [
+        {"base64": "YQ=="},
+        {"base64": "Yg=="},
+    ]
+    code, listed = run("sessions", "list")
+    assert code == 0 and [s["session_id"] for s in listed] == ["s"]
+    assert run("sessions", "resolve", "s")[1][0]["state"] == "resolved"
+    code, watched = run("watch", "-s", "s")
+    # A resolved session's watch ends by itself, after its events.
+    assert code == 0 and len(watched) == 3 and watched[-1] == {"end": "resolved"}
+    code, stats = run("stats")
+    assert code == 0 and stats[0]["sessions"] == {"resolved": 1}
+    code, verified = run("verify")
+    assert code == 0 and verified[-1]["ok"] is True and verified[-1]["records"] == 2
+    archive = tmp_path / "s.sja"
+    assert run("export", "--all", "-o", str(archive))[0] == 0 and archive.stat().st_size > 0
+    code, refused = run("import", "--as", "copy", str(archive))
+    assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+    code, refused = run("cursor-key")
+    assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+    code, refused = run("init", "--file-mode", "640")
+    assert code == 4 and refused[0]["error"]["code"] == "USAGE"
