@@ -147,9 +147,8 @@ class Journal:
         store: str | None = None,
         replicas: int = 1,
     ) -> "Journal":
-        """Open (or create) the store at `path` on the embedded local engine (or, for a
-        `nats://host:4222[,host2:4222]` URL, the store `store` on NATS JetStream, created
-        with `replicas`: SPEC 16).
+        """Open (or create) the store at `path` on the embedded local engine (a `nats://`
+        URL: the store `store` on NATS JetStream, created with `replicas`; SPEC 16).
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
         to the OS; survives a process crash, not a power cut. `file_mode`: the permission
@@ -161,9 +160,8 @@ class Journal:
         """
         if is_remote(path, store, replicas):  # a nats:// URL: SPEC 16
             given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
-            return cls.over(
-                open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
-            )
+            engine = open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
+            return cls.over(engine)
         store_path = check_store_path(path)
         file_mode = check_open_options(
             create,
@@ -186,8 +184,7 @@ class Journal:
             file_ops=file_ops,
             file_mode=file_mode,
         )
-        engine = open_local(store_path, options)
-        return cls.over(engine)
+        return cls.over(open_local(store_path, options))
 
     @classmethod
     def over(cls, engine: Engine) -> "Journal":

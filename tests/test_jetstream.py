@@ -409,3 +409,80 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
     code, refused = run("init", "--file-mode", "640")
     assert code == 4 and refused[0]["error"]["code"] == "USAGE"
+
+
+# -- owners: a dead owner on another host is told by its lapsed heartbeat --------------------
+
+_OWNER_ELSEWHERE = """
+import socket, sys, time
+socket.gethostname = lambda: "another-host"  # the owner runs on another machine
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], store=sys.argv[2])
+turn = j.own("s").turn("r-remote").__enter__()
+turn.append([EventIn("message", b'{"working": true}')])
+print("mid-turn", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
+    url: str, tmp_path: Path
+) -> None:
+    """No flock across machines: a lease is held by its heartbeat (SPEC 16.5)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from journal import OutcomeUnknown, OwnerBusy
+
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_ELSEWHERE, url, name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        with Journal.open(url, store=name) as j:
+            time.sleep(2.5)  # beyond any grace of a fresh lease: only its beats keep it
+            with pytest.raises(OwnerBusy) as busy:
+                j.own("s")
+            assert busy.value.pid == child.pid
+            meta = j.get_session("s")
+            assert meta.owner is not None and meta.owner.pid == child.pid
+            errors: list[OutcomeUnknown] = []
+
+            def watch() -> None:
+                try:
+                    for _ in j.watch("s"):
+                        pass
+                except OutcomeUnknown as e:
+                    errors.append(e)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            time.sleep(0.5)
+            assert watcher.is_alive() and not errors  # the owner beats: the watch waits
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            killed = time.monotonic()
+            watcher.join(30)
+            assert not watcher.is_alive() and len(errors) == 1
+            assert errors[0].request_id == "r-remote"
+            lapsed_s = time.monotonic() - killed
+            assert lapsed_s < 15
+            assert j.get_session("s").owner is None
+            with j.own("s"):
+                pass
+            kinds = [(e.type, e.request_id) for e in j.replay("s")]
+            assert kinds[-1] == ("turn_result", "r-remote")
+            print(f"\nthe remote owner was judged dead {lapsed_s:.1f} s after its kill")
+    finally:
+        child.kill()
+        child.wait(10)
