@@ -486,3 +486,41 @@ def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
     finally:
         child.kill()
         child.wait(10)
+
+
+def test_an_event_deleted_from_the_stream_is_reported_never_skipped(
+    url: str, tmp_path: Path
+) -> None:
+    """The nearest honest check of the server's data: an ordinal gap (SPEC 16.5)."""
+    import asyncio
+    import json
+
+    import nats
+
+    from journal import JournalCorrupt
+
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+        j.create_session("fine")
+        j.append("s", events(6))
+        j.append("fine", events(2))
+        position = list(j.replay("s"))[2].position
+
+        async def delete() -> None:
+            nc = await nats.connect(url)
+            try:
+                body = json.dumps({"seq": position, "no_erase": True}).encode()
+                await nc.request(f"$JS.API.STREAM.MSG.DELETE.JOURNAL_{name}", body, timeout=5)
+            finally:
+                await nc.close()
+
+        asyncio.run(delete())
+        report = j.verify()
+        assert not report.ok
+        assert [(p.segment, p.offset) for p in report.problems] == [("session 's'", 3)]
+        # Reading never skips the hole: the events before it come, then the error.
+        assert [e.ordinal for e in j.read("s", max_bytes=1).events] == [1]
+        with pytest.raises(JournalCorrupt):
+            list(j.replay("s"))
+        assert [e.data for e in j.replay("fine")] == [b"e0", b"e1"]

@@ -63,7 +63,7 @@ from .layout import (
     Meta,
     Subjects,
 )
-from .reads import Moved, StoreReader
+from .reads import FRESH_S, Moved, StoreReader
 from .writes import Writer
 
 __all__ = ["JetStreamEngine", "JetStreamOptions"]
@@ -462,7 +462,9 @@ class JetStreamEngine:
     async def _read(
         self, session_id: str, incarnation: int, after: int, max_bytes: int, context: ReadContext
     ) -> EventsPage:
-        for attempt in range(200):
+        deadline = time.monotonic() + FRESH_S
+        attempt = 0
+        while True:
             head = await self.reader.head()
             state = await self.reader.row(session_id)
             row = state.row
@@ -470,24 +472,34 @@ class JetStreamEngine:
                 return EventsPage([], False, row, head)
             if after >= row.last_ordinal:
                 return EventsPage([], False, row, max(head, state.seq + 1))
-            start = await self.reader.seq_of(row, state.token, after + 1)
+            # A replica that lags answers direct gets without the newest events: after
+            # two tries the page is read through the leader.
+            leader = attempt >= 2
             try:
+                start = await self.reader.seq_of(row, state.token, after + 1)
                 if start is None:
                     raise Moved(after + 1, after + 1)
                 events, more, _ = await self.reader.events(
-                    row, state.token, start, after, max_bytes, context
+                    row, state.token, start, after, max_bytes, context, leader
                 )
-            except Moved:
+            except Moved as moved:
                 # Trimmed meanwhile (the next row says so), or a replica not there yet.
+                attempt += 1
+                if time.monotonic() > deadline:
+                    if leader and moved.gap:
+                        raise JournalCorrupt(
+                            self.subjects.events(state.token),
+                            after,
+                            f"the events of session {session_id!r} after ordinal {after} do "
+                            f"not follow its row ({moved}; the offset is the ordinal)",
+                        ) from None
+                    raise StoreUnavailable(
+                        f"the events of session {session_id!r} after ordinal {after} stayed "
+                        f"unreadable for {FRESH_S:g} s ({moved}): check the cluster"
+                    ) from None
                 await asyncio.sleep(0 if attempt < 3 else 0.005)
                 continue
             return EventsPage(events, more, row, max(head, state.seq + 1))
-        raise JournalCorrupt(
-            self.subjects.events(Subjects.token(session_id)),
-            after,
-            f"the events of session {session_id!r} after ordinal {after} do not follow its "
-            "row (a gap in the stream; the offset is the ordinal)",
-        )
 
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
         stored = self._run(self.reader.snapshot(row.snapshot_position))
@@ -612,9 +624,15 @@ class JetStreamEngine:
                     page, more, next_seq = await self.reader.events(
                         row, token, start, after, 4 << 20, context
                     )
-                except Moved as e:
-                    problems.append(VerifyProblem(f"session {row.session_id!r}", after + 1, str(e)))
-                    break
+                except Moved:
+                    try:  # through the leader: a replica that lags is no damage
+                        page, more, next_seq = await self.reader.events(
+                            row, token, start, after, 4 << 20, context, True
+                        )
+                    except Moved as e:
+                        where = f"session {row.session_id!r}"
+                        problems.append(VerifyProblem(where, e.expected, str(e)))
+                        break
                 events += len(page)
                 after = page[-1].ordinal if page else after
                 if progress is not None:
