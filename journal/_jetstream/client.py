@@ -189,21 +189,6 @@ class Connection:
                 await sub.unsubscribe()
         return found, end
 
-    async def get(self, body: dict[str, Any]) -> Found | None:
-        """One message by a direct get (`seq`, `last_by_subj`, `next_by_subj`), or None."""
-        reply = await self.nc.request(
-            f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(body).encode(), timeout=REQUEST_S
-        )
-        headers = dict(reply.headers or {})
-        status = headers.get("Status")
-        if status == "404":
-            return None
-        if status == "503":
-            raise NoRespondersError
-        if status is not None:
-            raise ApiError(int(status), 0, headers.get("Description", "direct get failed"))
-        return _found(reply, headers)
-
     async def msg_get(self, body: dict[str, Any]) -> Found | None:
         """One message read through the stream leader (`seq`, `last_by_subj`, or `seq` with
         `next_by_subj`), or None: unlike a direct get, never answered by a lagging replica."""

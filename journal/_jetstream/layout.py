@@ -30,7 +30,15 @@ from ..errors import InvalidArgument
 from ..sessions import FeedEntry, SessionRow
 
 __all__ = [
+    "ENCODER",
+    "EVENT_DECODER",
+    "FEED_DECODER",
     "FORMAT",
+    "HEARTBEAT_DECODER",
+    "MARKER_DECODER",
+    "META_DECODER",
+    "ROW_DECODER",
+    "SNAPSHOT_DECODER",
     "Heartbeat",
     "Marker",
     "Meta",
@@ -126,10 +134,6 @@ def _decode_token(token: str) -> str | None:
         return bytes.fromhex(token).decode()
     except (ValueError, UnicodeDecodeError):
         return None
-
-
-def session_of_token(token: str) -> str | None:
-    return _decode_token(token)
 
 
 def resolve(row: SessionRow, anchor: int) -> SessionRow:

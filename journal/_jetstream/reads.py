@@ -30,10 +30,9 @@ from .layout import (
     StoredSnapshot,
     Subjects,
     resolve,
-    session_of_token,
 )
 
-__all__ = ["RowState", "StoreReader"]
+__all__ = ["FRESH_S", "Moved", "RowState", "StoreReader"]
 
 # A batched direct get returns at most this many messages (and multi_last subjects).
 BATCH: Final = 1000
@@ -234,7 +233,7 @@ class StoreReader:
                     return events, False, 0
                 stored = EVENT_DECODER.decode(message.data)
                 if stored.ordinal != expected:
-                    raise _Moved(stored.ordinal, expected)
+                    raise Moved(stored.ordinal, expected)
                 size = len(stored.data)
                 if events and total + size > max_bytes:
                     return events, True, message.seq
@@ -252,7 +251,7 @@ class StoreReader:
                 expected += 1
             seq = found[-1].seq + 1
         if expected <= row.last_ordinal:
-            raise _Moved(expected, expected)  # the end is missing (not stored here yet)
+            raise Moved(expected, expected)  # the end is missing (not stored here yet)
         return events, False, 0
 
     async def marker(self, token: str, key: str) -> tuple[Marker, int] | None:
@@ -282,7 +281,7 @@ class StoreReader:
             )
 
 
-class _Moved(Exception):
+class Moved(Exception):
     """The events read do not continue where the row says (trimmed or lagging meanwhile;
     `gap`: an ordinal is missing before later ones, which no lag explains)."""
 
@@ -290,9 +289,6 @@ class _Moved(Exception):
         super().__init__(f"ordinal {got} where {expected} was due")
         self.expected = expected
         self.gap = got > expected
-
-
-Moved = _Moved
 
 
 def decode_row(message: Found) -> SessionRow | None:
@@ -313,7 +309,3 @@ def decode_feed(message: Found) -> FeedEntry:
     stored = FEED_DECODER.decode(message.data)
     resolve(stored.entry.row, message.seq + stored.anchor)
     return stored.entry
-
-
-def token_session(token: str) -> str | None:
-    return session_of_token(token)
