@@ -524,3 +524,37 @@ def test_an_event_deleted_from_the_stream_is_reported_never_skipped(
         with pytest.raises(JournalCorrupt):
             list(j.replay("s"))
         assert [e.data for e in j.replay("fine")] == [b"e0", b"e1"]
+
+
+def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
+    url: str, tmp_path: Path
+) -> None:
+    import asyncio
+
+    import nats
+
+    from cursors import KeyRing
+    from journal import StoreIncompatible
+
+    name = store_name(tmp_path)
+    ring = KeyRing.generate()
+    with Journal.open(url, store=name, key_ring=ring) as j:
+        j.create_session("s")
+        cursor = j.append("s", events(2)).cursor
+    with pytest.raises(StoreIncompatible, match="key_ring"):
+        Journal.open(url, store=name)
+    with Journal.open(url, store=name, key_ring=KeyRing.from_shared(ring.shared())) as j:
+        assert j.read("s", cursor=cursor).events == []
+
+    async def stream_bytes() -> bytes:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            message = await js.get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+            return message.data or b""
+        finally:
+            await nc.close()
+
+    secret = ring.secret(ring.active_key_id)
+    assert secret not in asyncio.run(stream_bytes())
+    assert ring.shared().encode() not in asyncio.run(stream_bytes())

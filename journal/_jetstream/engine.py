@@ -266,8 +266,11 @@ class JetStreamEngine:
                     f"the journal store {options.store!r} was never initialised: open it "
                     "writable once"
                 )
-            shared = options.key_ring or KeyRing.from_environment() or KeyRing.generate()
-            record = Meta(FORMAT, secrets.token_bytes(16), shared.shared(), _now_ms())
+            # A key of the store's own lives in the stream; a key the deployment passes
+            # (key_ring=, JOURNAL_CURSOR_KEY) is never written there.
+            given = options.key_ring or KeyRing.from_environment()
+            shared = "" if given is not None else KeyRing.generate().shared()
+            record = Meta(FORMAT, secrets.token_bytes(16), shared, _now_ms())
             with contextlib.suppress(ApiError):  # another process initialised it first
                 await self.conn.publish(
                     self.subjects.meta,
@@ -324,6 +327,8 @@ class JetStreamEngine:
         if given is not None:
             return given
         try:
+            if not meta.shared_key:
+                raise KeyRingError("no key in the store")
             return KeyRing.from_shared(meta.shared_key)
         except KeyRingError:
             raise StoreIncompatible(
