@@ -52,6 +52,7 @@ def servers(root: Path, count: int) -> Iterator[str]:
     ports = [_free_port() for _ in range(count)]
     routes = [_free_port() for _ in range(count)]
     processes: list[subprocess.Popen[bytes]] = []
+    root.mkdir(parents=True, exist_ok=True)
     try:
         for i in range(count):
             lines = [

@@ -96,7 +96,11 @@ class JetStreamOptions:
 
 
 class _Readers:
-    """Page readers hold nothing on this engine (no files)."""
+    """What one reader keeps across pages: where its last page ended (incarnation ->
+    (ordinal, sequence)), so the next page starts there without a search."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, tuple[int, int]] = {}
 
     def __enter__(self) -> _Readers:
         return self
@@ -459,29 +463,44 @@ class JetStreamEngine:
         context: ReadContext,
         readers: Any,
     ) -> EventsPage:
+        ends = readers.ends if isinstance(readers, _Readers) else {}
         page: EventsPage = self._run(
-            self._read(session_id, incarnation, after_ordinal, max_bytes, context)
+            self._read(session_id, incarnation, after_ordinal, max_bytes, context, ends)
         )
+        if page.events:
+            ends[incarnation] = (page.events[-1].ordinal, page.events[-1].position)
         return page
 
     async def _read(
-        self, session_id: str, incarnation: int, after: int, max_bytes: int, context: ReadContext
+        self,
+        session_id: str,
+        incarnation: int,
+        after: int,
+        max_bytes: int,
+        context: ReadContext,
+        ends: dict[int, tuple[int, int]],
     ) -> EventsPage:
         deadline = time.monotonic() + FRESH_S
         attempt = 0
         while True:
-            head = await self.reader.head()
             state = await self.reader.row(session_id)
+            # Every commit up to `known` is in the row just read (through the leader):
+            # the head to wait past, without asking the stream for it.
+            head = max(self.reader.known, state.seq) + 1
             row = state.row
             if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
                 return EventsPage([], False, row, head)
             if after >= row.last_ordinal:
-                return EventsPage([], False, row, max(head, state.seq + 1))
+                return EventsPage([], False, row, head)
             # A replica that lags answers direct gets without the newest events: after
             # two tries the page is read through the leader.
             leader = attempt >= 2
             try:
-                start = await self.reader.seq_of(row, state.token, after + 1)
+                end = ends.get(incarnation)
+                if end is not None and end[0] == after and attempt == 0:
+                    start: int | None = end[1] + 1  # the next event lies above the last
+                else:
+                    start = await self.reader.seq_of(row, state.token, after + 1)
                 if start is None:
                     raise Moved(after + 1, after + 1)
                 events, more, _ = await self.reader.events(
@@ -504,7 +523,7 @@ class JetStreamEngine:
                     ) from None
                 await asyncio.sleep(0 if attempt < 3 else 0.005)
                 continue
-            return EventsPage(events, more, row, max(head, state.seq + 1))
+            return EventsPage(events, more, row, head)
 
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
         stored = self._run(self.reader.snapshot(row.snapshot_position))
