@@ -558,3 +558,33 @@ def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
     secret = ring.secret(ring.active_key_id)
     assert secret not in asyncio.run(stream_bytes())
     assert ring.shared().encode() not in asyncio.run(stream_bytes())
+
+
+@pytest.mark.cluster
+def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--engine", "jetstream"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    out = result.stdout
+    for marker in (
+        "[cluster] killed NATS server",
+        "the leader of the store's stream",
+        "[resume review-1] got #4..#7 (4 events): exactly the events after #3",
+        "exclusive resume OK",
+        "[crash] watch of crash-4: WATCH_OUTCOME_UNKNOWN for turn crash-4/turn-1",
+        "the watchers carried on: every event followed once, in order",
+    ):
+        assert marker in out, marker

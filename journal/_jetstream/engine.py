@@ -238,7 +238,15 @@ class JetStreamEngine:
         self._closed = False
         self._leases: set[JetStreamLease] = set()
         self.reader = StoreReader(conn, self.subjects)
-        meta = conn.call(self._bootstrap(options))
+        try:
+            meta = conn.call(self._bootstrap(options))
+        except Unavailable as e:
+            raise StoreUnavailable(
+                f"the NATS servers did not answer while opening store {options.store!r} "
+                f"({type(e).__name__}; a new cluster may still be electing its leader): retry"
+            ) from None
+        except ApiError as e:
+            raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
         self.store_id = meta.store_id
         self.key_ring = self._key_ring(options, meta)
         self.waiter = Notifier(self.head, lambda: _RowChanges(self))
