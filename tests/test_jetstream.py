@@ -300,7 +300,8 @@ def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) ->
                     for event in j.watch(session_id, cursor=cursor, stop=watching):
                         seen[session_id].append(event)
                         cursor = event.cursor
-                except StoreUnavailable:
+                except StoreUnavailable as error:
+                    print(f"\nwatcher of {session_id}: {error}")
                     resumes[session_id] += 1  # resume from the last cursor
                     time.sleep(0.1)
 

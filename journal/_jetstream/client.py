@@ -32,6 +32,9 @@ T = TypeVar("T")
 # How long one request waits for its reply. A leader election in an R3 cluster was
 # measured at about 6 s (SPEC 16): writers retry across it (see `writes.py`).
 REQUEST_S: Final = 5.0
+# How long a batch waits for its ack before the writer settles what became of it (short:
+# an ack lost in a failover is found out sooner; a late ack is settled just the same).
+ACK_S: Final = 2.0
 # Status headers that end a batched direct get.
 _END_STATUSES: Final = frozenset({"204", "404", "408", "413"})
 
@@ -222,7 +225,7 @@ class Connection:
                 await self.nc.publish(
                     subject, payload, reply=inbox if index == last else "", headers=batch_headers
                 )
-            reply = await sub.next_msg(timeout=REQUEST_S)
+            reply = await sub.next_msg(timeout=ACK_S)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

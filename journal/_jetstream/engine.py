@@ -16,6 +16,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -77,6 +78,8 @@ HEARTBEAT_S: Final = 1.0
 # How often the expiry timer reads every row's deadline (deadlines set by other
 # processes are kept within this).
 EXPIRY_SCAN_S: Final = 30.0
+# How long a read is asked again while the servers do not answer.
+READ_RETRY_S: Final = 30.0
 _STREAM_PREFIX: Final = "JOURNAL_"
 # The server's cap on one message (the server's max_payload must allow it too).
 MAX_MSG_BYTES: Final = 9 << 20
@@ -375,6 +378,19 @@ class JetStreamEngine:
         except ApiError as e:
             raise StoreUnavailable(f"JetStream refused a request: {e}") from None
 
+    def _ask(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """A read, asked again for a while when the servers do not answer (a leader
+        election takes seconds): readers and watchers ride it out."""
+        deadline = time.monotonic() + READ_RETRY_S
+        while True:
+            try:
+                result: T = self._run(make())
+                return result
+            except StoreUnavailable:
+                if self._closed or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
     def _committed(self, seq: int, row: SessionRow | None) -> None:
         self.waiter.publish(seq + 1)
         if row is not None and self._expiry_wake is not None:
@@ -397,23 +413,25 @@ class JetStreamEngine:
     def head(self) -> int:
         if self._closed:
             return 1 << 63
-        head: int = self._run(self.reader.head())
+        head: int = self._ask(self.reader.head)
         return head
 
     # -- reads -----------------------------------------------------------------------------
 
     def session(self, session_id: str) -> SessionRow | None:
-        state = self._run(self.reader.row(session_id))
-        return state.row  # type: ignore[no-any-return]
+        state = self._ask(lambda: self.reader.row(session_id))
+        return state.row
 
     def session_id_of(self, incarnation: int) -> str | None:
-        found: str | None = self._run(self.reader.session_id_of(incarnation))
+        found: str | None = self._ask(lambda: self.reader.session_id_of(incarnation))
         return found
 
     def sessions(
         self, after_id: str | None, state: SessionState | None, limit: int
     ) -> tuple[list[SessionRow], bool]:
-        result: tuple[list[SessionRow], bool] = self._run(self._sessions(after_id, state, limit))
+        result: tuple[list[SessionRow], bool] = self._ask(
+            lambda: self._sessions(after_id, state, limit)
+        )
         return result
 
     async def _sessions(
@@ -440,7 +458,7 @@ class JetStreamEngine:
         return rows, False
 
     def registry(self) -> tuple[int, list[SessionRow]]:
-        result: tuple[int, list[SessionRow]] = self._run(self._registry())
+        result: tuple[int, list[SessionRow]] = self._ask(self._registry)
         return result
 
     async def _registry(self) -> tuple[int, list[SessionRow]]:
@@ -450,8 +468,8 @@ class JetStreamEngine:
         return point, await self.reader.all_rows()
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
-        result: tuple[list[tuple[int, FeedEntry]], int] = self._run(
-            self._feed(after_position, limit)
+        result: tuple[list[tuple[int, FeedEntry]], int] = self._ask(
+            lambda: self._feed(after_position, limit)
         )
         return result
 
@@ -472,8 +490,8 @@ class JetStreamEngine:
         readers: Any,
     ) -> EventsPage:
         ends = readers.ends if isinstance(readers, _Readers) else {}
-        page: EventsPage = self._run(
-            self._read(session_id, incarnation, after_ordinal, max_bytes, context, ends)
+        page: EventsPage = self._ask(
+            lambda: self._read(session_id, incarnation, after_ordinal, max_bytes, context, ends)
         )
         if page.events:
             ends[incarnation] = (page.events[-1].ordinal, page.events[-1].position)
@@ -534,7 +552,7 @@ class JetStreamEngine:
             return EventsPage(events, more, row, head)
 
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
-        stored = self._run(self.reader.snapshot(row.snapshot_position))
+        stored = self._ask(lambda: self.reader.snapshot(row.snapshot_position))
         if stored is None:
             return None
         return StoredSnapshot(row.snapshot_position, stored.through_ordinal, stored.data)
@@ -578,7 +596,7 @@ class JetStreamEngine:
     def owner_alive(self, row: SessionRow) -> bool | None:
         if not row.owner_pid:
             return False
-        alive: bool | None = self._run(self._owner_alive(row))
+        alive: bool | None = self._ask(lambda: self._owner_alive(row))
         return alive
 
     async def _owner_alive(self, row: SessionRow) -> bool | None:
@@ -678,7 +696,7 @@ class JetStreamEngine:
         return CompactionReport([], [], 0, 0, 0, 0.0)
 
     def stats(self) -> StoreStats:
-        result: StoreStats = self._run(self._stats())
+        result: StoreStats = self._ask(self._stats)
         return result
 
     async def _stats(self) -> StoreStats:
