@@ -143,8 +143,9 @@ class ReadOnlyStore(JournalError):
 
 class StoreUnavailable(JournalError):
     """The store's files cannot be opened, created, written, synced or read (permissions,
-    a file in the way, a full disk, an I/O error). `errno` is the OS error number when an
-    OS call failed (None otherwise). A write that raises it was not committed."""
+    a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
+    answer. `errno` is the OS error number when an OS call failed (None otherwise). A
+    write that raises it was not committed."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"
@@ -155,9 +156,9 @@ class StoreUnavailable(JournalError):
 
 
 class Unsupported(JournalError):
-    """The store's engine cannot do what was asked (for example verifying files on a
-    `nats://` store, whose files belong to the NATS server); the message names the
-    limitation and the nearest thing that works. Nothing was changed."""
+    """The store's engine cannot do what was asked (for example importing an archive into
+    a `nats://` store); the message names the limitation and the nearest thing that
+    works. Nothing was changed."""
 
     code = "UNSUPPORTED"
     status = "UNIMPLEMENTED"
