@@ -145,7 +145,8 @@ class StoreUnavailable(JournalError):
     """The store's files cannot be opened, created, written, synced or read (permissions,
     a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
     answer. `errno` is the OS error number when an OS call failed (None otherwise). A
-    write that raises it was not committed."""
+    write that raises it was not committed, except on a `nats://` store whose replies
+    stopped mid-write (SPEC 16.3: retry it with an idempotency key)."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"

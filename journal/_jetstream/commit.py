@@ -220,8 +220,9 @@ class Committer:
                 if time.monotonic() > deadline:
                     raise StoreUnavailable(
                         f"no reply from JetStream for {WRITE_S:g} s writing to session "
-                        f"{session_id!r}; the write was not committed: check the servers "
-                        "and retry (with an idempotency key to make the retry safe)"
+                        f"{session_id!r}; the write is not known to have committed (a batch "
+                        "still in flight may yet commit): check the servers and retry with "
+                        "an idempotency key, which makes the retry safe"
                     )
                 await asyncio.sleep(0.1)
                 continue
