@@ -102,12 +102,12 @@ class Committer:
         self.conn = reader.conn
         self.subjects = reader.subjects
         self.policy = policy
-        self._owner_alive = owner_alive
+        self.owner_alive = owner_alive
         self._committed = committed
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Rows this engine committed last, per session: the next write starts from them
         # (a compare-and-set failure means they are stale: read again).
-        self._rows: dict[str, RowState] = {}
+        self.last_rows: dict[str, RowState] = {}
 
     # -- the commit loop -------------------------------------------------------------------
 
@@ -119,7 +119,7 @@ class Committer:
 
     async def _state(self, session_id: str, fresh: bool) -> RowState:
         if not fresh:
-            cached = self._rows.get(session_id)
+            cached = self.last_rows.get(session_id)
             if cached is not None:
                 return cached
         return await self.reader.row(session_id)
@@ -188,7 +188,7 @@ class Committer:
                         seq = await self._settle(state, messages, token)
                         if seq is not None:
                             break
-                    self._rows.pop(session_id, None)
+                    self.last_rows.pop(session_id, None)
                     return None
                 if e.err_code in _TOO_LARGE:
                     raise InvalidArgument(
@@ -230,13 +230,13 @@ class Committer:
         assert seq is not None
         self.reader.saw(seq)
         if plan.row is None:
-            self._rows.pop(session_id, None)
+            self.last_rows.pop(session_id, None)
             new_state = RowState(None, seq, state.token)
         else:
             new_state = RowState(resolved(plan.row, seq), seq, state.token)
-            if len(self._rows) >= 4096:
-                self._rows.clear()
-            self._rows[session_id] = new_state
+            if len(self.last_rows) >= 4096:
+                self.last_rows.clear()
+            self.last_rows[session_id] = new_state
         self._committed(seq, new_state.row)
         return seq
 

@@ -261,7 +261,7 @@ class Writer(Committer):
 
     async def _keep_window(self, session_id: str) -> None:
         """The byte window, kept as the writer goes (the age window needs a pass)."""
-        state = self._rows.get(session_id)
+        state = self.last_rows.get(session_id)
         if state is None or state.row is None:
             return
         row = state.row
@@ -473,7 +473,7 @@ class Writer(Committer):
                     # created again since has its row above it and is kept.
                     token = Subjects.token(session_id)
                     await self.reader.purge(self.subjects.session_all(token), tombstone.seq + 1)
-                self._rows.pop(session_id, None)
+                self.last_rows.pop(session_id, None)
         return evicted
 
     async def _turn_event(self, op: AppendTurnEvent) -> Appended:
@@ -536,7 +536,7 @@ class Writer(Committer):
                 raise SessionNotFound(
                     f"no session {op.session_id!r} in this store: create it before owning it"
                 )
-            if row.owner_pid and await self._owner_alive(row) is not False:
+            if row.owner_pid and await self.owner_alive(row) is not False:
                 raise OwnerBusy(
                     f"session {op.session_id!r} is owned by pid {row.owner_pid} on "
                     f"{row.owner_host}: wait for it to finish, or pass a longer wait_s",
