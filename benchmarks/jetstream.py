@@ -76,7 +76,7 @@ def servers(root: Path, count: int) -> Iterator[str]:
     finally:
         for process in processes:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(process.pid, signal.SIGKILL)  # throwaway data: no graceful stop
         for process in processes:
             process.wait(15)
 

@@ -127,9 +127,10 @@ class Cluster:
         return process.pid
 
     def close(self) -> None:
+        # The store is temporary: no graceful shutdown (seconds of it), a kill by pid.
         for process in self.processes.values():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGTERM)
+                os.kill(process.pid, signal.SIGKILL)
         for process in self.processes.values():
             try:
                 process.wait(10)

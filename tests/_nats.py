@@ -135,7 +135,9 @@ class NatsServer:
                 process.wait(10)
 
     def stop(self) -> None:
-        self.kill(signal.SIGTERM)
+        """At the end: the data is thrown away, so no graceful shutdown (which takes
+        seconds with many streams)."""
+        self.kill(signal.SIGKILL)
 
 
 def wait_for_jetstream(urls: list[str], timeout: float = 30.0) -> None:

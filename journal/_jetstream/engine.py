@@ -508,6 +508,7 @@ class JetStreamEngine:
     ) -> EventsPage:
         deadline = time.monotonic() + FRESH_S
         attempt = 0
+        gap_under = -1  # the row sequence a leader read last found a gap under
         while True:
             state = await self.reader.row(session_id)
             # Every commit up to `known` is in the row just read (through the leader):
@@ -533,9 +534,14 @@ class JetStreamEngine:
                     row, state.token, start, after, max_bytes, context, leader
                 )
             except Moved as moved:
-                # Trimmed meanwhile (the next row says so), or a replica not there yet.
+                # Trimmed meanwhile (the next row says so), or a replica not there yet. An
+                # ordinal missing in the leader's events twice under the same row is
+                # neither: the stream lost an event.
                 attempt += 1
-                if time.monotonic() > deadline:
+                lost = leader and moved.gap and gap_under == state.seq
+                if leader and moved.gap:
+                    gap_under = state.seq
+                if lost or time.monotonic() > deadline:
                     if leader and moved.gap:
                         raise JournalCorrupt(
                             self.subjects.events(state.token),
