@@ -74,8 +74,23 @@ _TERMINAL = frozenset(
     show_default=True,
     help="Messages per session.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "jetstream"]),
+    default="local",
+    show_default=True,
+    help="`jetstream`: start a 3-node NATS JetStream cluster from the installed nats-server "
+    "(removed at the end), run the demo on a replicas=3 store there, and kill the stream's "
+    "leader midway.",
+)
 @pass_settings
-def demo(settings: Settings, store_path: str | None, session_count: int, event_count: int) -> None:
+def demo(
+    settings: Settings,
+    store_path: str | None,
+    session_count: int,
+    event_count: int,
+    engine: str,
+) -> None:
     """Watch an agent runtime (a child process) write sessions, live.
 
     The runtime creates sessions, owns each and runs a turn of JSON-RPC-like messages in
@@ -87,6 +102,22 @@ def demo(settings: Settings, store_path: str | None, session_count: int, event_c
     runtime is killed and restarted: one fold() restores its state and its subscription
     resumes from the cursor saved in it, so each task is handled exactly once.
     """
+    if engine == "jetstream":
+        if store_path is not None:
+            raise CommandFailed(
+                "--store and --engine jetstream: the jetstream demo makes its own cluster",
+                code="USAGE",
+                status="INVALID_ARGUMENT",
+            )
+        from .demo_cluster import Cluster
+
+        with Cluster() as cluster:
+            url = f"{cluster.url}/demo"
+            with journal.Journal.open(url, create=True, replicas=3) as store:
+                runner = Demo(store, url, settings.output, session_count, event_count, True)
+                runner.cluster = cluster
+                runner.run()
+        return
     temporary = store_path is None
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
     path = os.path.abspath(path)
@@ -134,6 +165,10 @@ class Demo:
         self.runtime_stderr: list[str] = []
         self.failures: list[BaseException] = []
         self.threads: list[threading.Thread] = []
+        # The jetstream demo's cluster (`demo_cluster.Cluster`): a node is killed midway.
+        self.cluster: Any = None
+        self.killed: str | None = None
+        self.resumed_after_loss = 0
 
     def _crash_name(self) -> str:
         name = f"crash-{len(self.names) + 1}"
@@ -181,19 +216,43 @@ class Demo:
         return thread
 
     def _follow_lifecycle(self) -> None:
-        for event in self.store.watch_sessions(stop=self.stop):
-            session_id = event.session.session_id
-            if session_id not in self.names:
-                continue  # a kept store's older sessions
-            self.lifecycle_seen += 1
-            self.say("lifecycle", lifecycle_record(event), lifecycle_text(event))
-            if event.event_type is journal.LifecycleEventType.CREATED:
-                if session_id == self.target:
-                    self.target_created.set()
-            elif event.event_type in _TERMINAL:
-                self.ended[session_id] = event.event_type.value
-                if len(self.ended) == len(self.names):
-                    self.all_ended.set()
+        cursor: str | None = None
+        while True:
+            try:
+                for event in self.store.watch_sessions(cursor=cursor, stop=self.stop):
+                    cursor = event.cursor
+                    self._lifecycle_event(event)
+                return
+            except journal.StoreUnavailable as error:
+                cursor = self._carry_on("lifecycle", error, cursor)
+
+    def _carry_on(
+        self, source: str, error: journal.StoreUnavailable, cursor: str | None
+    ) -> str | None:
+        """A watcher lost its server: it resumes from its last cursor (nothing missed)."""
+        if cursor is None or self.stop.is_set():
+            raise error
+        self.resumed_after_loss += 1
+        self.say(
+            source,
+            {"resumed": True, "cursor": cursor},
+            f"{error.message}: resuming from its last cursor",
+        )
+        return cursor
+
+    def _lifecycle_event(self, event: journal.LifecycleEvent) -> None:
+        session_id = event.session.session_id
+        if session_id not in self.names:
+            return  # a kept store's older sessions
+        self.lifecycle_seen += 1
+        self.say("lifecycle", lifecycle_record(event), lifecycle_text(event))
+        if event.event_type is journal.LifecycleEventType.CREATED:
+            if session_id == self.target:
+                self.target_created.set()
+        elif event.event_type in _TERMINAL:
+            self.ended[session_id] = event.event_type.value
+            if len(self.ended) == len(self.names):
+                self.all_ended.set()
 
     def _watch_target(self) -> None:
         source = "watch"
@@ -201,18 +260,15 @@ class Demo:
             if self.stop.is_set():
                 return
         self.say(source, {"following": True}, "following live", session=True)
-        for event in self.store.watch(self.target, stop=self.stop):
-            self.watched.append(event)
-            text = event_text(event, 90)
-            self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
-            if event.ordinal == self.middle:
-                self.saved = (event.ordinal, event.cursor)
-                self.say(
-                    source,
-                    {"saved_ordinal": event.ordinal, "cursor": event.cursor},
-                    f"saved the cursor of #{event.ordinal} to resume from later",
-                    session=True,
-                )
+        cursor: str | None = None
+        while True:
+            try:
+                for event in self.store.watch(self.target, cursor=cursor, stop=self.stop):
+                    cursor = event.cursor
+                    self._watched_event(event)
+                break
+            except journal.StoreUnavailable as error:
+                cursor = self._carry_on(source, error, cursor)
         if not self.stop.is_set():
             state = self.store.get_session(self.target).state.value
             self.say(
@@ -221,6 +277,35 @@ class Demo:
                 f"{self.target} is {state}: the watch ended by itself after the last event",
                 session=True,
             )
+
+    def _watched_event(self, event: journal.Event) -> None:
+        source = "watch"
+        self.watched.append(event)
+        text = event_text(event, 90)
+        self.say(source, {"ordinal": event.ordinal, **event_record(event)}, text, session=True)
+        if event.ordinal == self.middle:
+            self.saved = (event.ordinal, event.cursor)
+            self.say(
+                source,
+                {"saved_ordinal": event.ordinal, "cursor": event.cursor},
+                f"saved the cursor of #{event.ordinal} to resume from later",
+                session=True,
+            )
+        if self.cluster is not None and self.killed is None and event.ordinal >= 2:
+            self._kill_leader()
+
+    def _kill_leader(self) -> None:
+        """Midway, SIGKILL the server leading the store's stream (the jetstream demo)."""
+        store = self.path.rsplit("/", 1)[-1]
+        name = self.cluster.stream_leader(store)
+        pid = self.cluster.kill(name)
+        self.killed = name
+        self.say(
+            "cluster",
+            {"killed": name, "pid": pid, "stream_leader": True},
+            f"killed NATS server {name} (pid {pid}), the leader of the store's stream, while "
+            "the runtime appends and the watchers follow",
+        )
 
     def _relay_runtime(self, stream: IO[str]) -> None:
         for line in stream:
@@ -488,6 +573,7 @@ class Demo:
             "restart_tasks": self.restart_tasks,
             "store": self.path,
             "temporary": self.temporary,
+            "killed_server": self.killed,
         }
         self.say(
             "demo",
@@ -498,6 +584,14 @@ class Demo:
             f"{plural(len(self.watched), 'event')} of {self.target} followed live, "
             f"{plural(self.restart_tasks, 'task')} handled once each across a restart; {where}",
         )
+        if self.killed is not None:
+            self.say(
+                "cluster",
+                {"killed": self.killed, "watcher_resumes": self.resumed_after_loss},
+                f"with NATS server {self.killed} killed midway the watchers carried on: every "
+                f"event followed once, in order ({plural(self.resumed_after_loss, 'resume')} "
+                "from a cursor); the cluster is stopped and removed",
+            )
 
 
 def _events(count: int) -> str:

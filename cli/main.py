@@ -26,6 +26,7 @@ from .output import (
     event_quiet,
     event_record,
     event_text,
+    is_nats,
     pass_settings,
     silence_stdout,
 )
@@ -95,7 +96,7 @@ class JournalGroup(click.Group):
     metavar="PATH",
     default=lambda: os.environ.get("JOURNAL_STORE", ".journal"),
     show_default="$JOURNAL_STORE or ./.journal",
-    help="Store directory.",
+    help="Store directory, or nats://HOST:PORT[,HOST:PORT]/NAME for a store on NATS JetStream.",
 )
 @click.option(
     "--format",
@@ -207,8 +208,23 @@ def _octal_mode(value: str | None) -> int | None:
 @pass_settings
 def init(settings: Settings, file_mode: str | None) -> None:
     """Create the store (if it does not exist yet) and print its path."""
-    path = os.path.abspath(settings.store)
     mode = _octal_mode(file_mode)
+    if is_nats(settings.store):
+        if mode is not None:
+            raise CommandFailed(
+                "--file-mode is for stores on disk: a nats:// store's files are the server's",
+                code="USAGE",
+                status="INVALID_ARGUMENT",
+            )
+        created = False
+        try:
+            journal.Journal.open(settings.store, create=False).close()
+        except journal.StoreNotFound:
+            journal.Journal.open(settings.store, create=True).close()
+            created = True
+        settings.output.emit({"store": settings.store, "created": created}, settings.store)
+        return
+    path = os.path.abspath(settings.store)
     created = False
     try:
         journal.Journal.open(path, create=False, file_mode=mode).close()

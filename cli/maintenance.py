@@ -13,7 +13,7 @@ import click
 import journal
 from cursors import KeyRing
 
-from .output import CommandFailed, Settings, pass_settings, plural
+from .output import CommandFailed, Settings, is_nats, pass_settings, plural
 
 
 @contextmanager
@@ -145,6 +145,12 @@ def cursor_key(settings: Settings) -> None:
     JOURNAL_CURSOR_KEY set to this text it verifies the writer's cursors, and the cursors
     it prints resume for the writer too. It is a secret: anyone with it can make cursors.
     """
+    if is_nats(settings.store):
+        raise journal.Unsupported(
+            "a nats:// store keeps its cursor key in the stream: every journal that opens "
+            "it signs and verifies with it, so there is nothing to hand over (a deployment "
+            "that passes its own key sets JOURNAL_CURSOR_KEY everywhere)"
+        )
     path = os.path.join(settings.store, "keys")
     if os.path.exists(settings.store) and not os.path.isdir(settings.store):
         raise journal.StoreUnavailable(f"{settings.store!r} is a file, not a store directory")

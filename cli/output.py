@@ -41,6 +41,7 @@ __all__ = [
     "event_record",
     "event_text",
     "exit_status",
+    "is_nats",
     "lifecycle_record",
     "lifecycle_text",
     "pass_settings",
@@ -240,6 +241,11 @@ def cli_message(message: str) -> str:
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
     return message
+
+
+def is_nats(store: str) -> bool:
+    """Whether `--store` names a store on NATS JetStream (`nats://...`)."""
+    return store.startswith("nats://")
 
 
 @dataclass

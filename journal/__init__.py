@@ -36,6 +36,7 @@ from .errors import StoreIncompatible as StoreIncompatible
 from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
+from .errors import Unsupported as Unsupported
 from .facade import Journal as Journal
 from .folds import STATE_CHANGED as STATE_CHANGED
 from .folds import Codec as Codec
@@ -133,6 +134,7 @@ __all__ = [
     "Subscription",
     "TokenError",
     "Turn",
+    "Unsupported",
     "VerifyProblem",
     "VerifyReport",
     "__version__",

@@ -43,6 +43,7 @@ __all__ = [
     "StoreNotFound",
     "StoreUnavailable",
     "TokenError",
+    "Unsupported",
 ]
 
 
@@ -142,8 +143,10 @@ class ReadOnlyStore(JournalError):
 
 class StoreUnavailable(JournalError):
     """The store's files cannot be opened, created, written, synced or read (permissions,
-    a file in the way, a full disk, an I/O error). `errno` is the OS error number when an
-    OS call failed (None otherwise). A write that raises it was not committed."""
+    a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
+    answer. `errno` is the OS error number when an OS call failed (None otherwise). A
+    write that raises it was not committed, except on a `nats://` store whose replies
+    stopped mid-write (SPEC 16.3: retry it with an idempotency key)."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"
@@ -151,6 +154,15 @@ class StoreUnavailable(JournalError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class Unsupported(JournalError):
+    """The store's engine cannot do what was asked (for example importing an archive into
+    a `nats://` store); the message names the limitation and the nearest thing that
+    works. Nothing was changed."""
+
+    code = "UNSUPPORTED"
+    status = "UNIMPLEMENTED"
 
 
 class StoreNotFound(JournalError):

@@ -97,6 +97,7 @@ from .models import (
     StoreStats,
     VerifyReport,
 )
+from .remote import is_remote, open_remote
 from .sessions import SessionRow, TransitionKind, metadata, recorded_owner
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
@@ -151,8 +152,11 @@ class Journal:
         key_ring: KeyRing | None = None,
         file_ops: FileOps | None = None,
         file_mode: int | None = None,
+        store: str | None = None,
+        replicas: int = 1,
     ) -> "Journal":
-        """Open (or create) the store at `path` on the embedded local engine.
+        """Open (or create) the store at `path` on the embedded local engine (a `nats://`
+        URL: the store `store` on NATS JetStream, created with `replicas`; SPEC 16).
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
         to the OS; survives a process crash, not a power cut. `file_mode`: the permission
@@ -162,6 +166,10 @@ class Journal:
         created from then on; existing files keep their mode. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
+        if is_remote(path, store, replicas):  # a nats:// URL: SPEC 16
+            given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
+            engine = open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
+            return cls.over(engine)
         store_path = check_store_path(path)
         file_mode = check_open_options(
             create,
@@ -184,8 +192,7 @@ class Journal:
             file_ops=file_ops,
             file_mode=file_mode,
         )
-        engine = open_local(store_path, options)
-        return cls.over(engine)
+        return cls.over(open_local(store_path, options))
 
     @classmethod
     def over(cls, engine: Engine) -> "Journal":

@@ -35,6 +35,9 @@ DEFAULT_TRIES: Final = 16
 # Backoff between tries after a conflict: uniform in [0, min(cap, base * 2**try)].
 _BACKOFF_BASE_S: Final = 0.0005
 _BACKOFF_CAP_S: Final = 0.02
+# How long an update waits for reads to show what the session is known to hold.
+_CATCH_UP_S: Final = 5.0
+_CATCH_UP_STEP_S: Final = 0.001
 
 _log: Final = logging.getLogger("journal")
 
@@ -387,6 +390,17 @@ class Fold(Generic[StateT]):
 
     # -- writing ---------------------------------------------------------------------------
 
+    def _refresh_through(self, ordinal: int) -> None:
+        """Refresh until the fold reached `ordinal`, which the session is known to hold
+        (an append's or a conflict's answer): an engine whose reads may lag its commits
+        for a moment (a JetStream replica) would otherwise hand `fn` the same stale state
+        again. Bounded: after `_CATCH_UP_S` the fold goes on from where it got."""
+        self.refresh()
+        deadline = time.monotonic() + _CATCH_UP_S
+        while self._ordinal < ordinal and time.monotonic() < deadline:
+            time.sleep(_CATCH_UP_STEP_S)
+            self.refresh()
+
     def update(self, fn: Callable[[StateT], object], *, tries: int | None = None) -> Any:
         """Atomic read-modify-write: `fn(state)` returns the events to append (a list of
         `EventIn`; [] or None for none) or a tuple `(events, result)`. They are appended
@@ -412,15 +426,17 @@ class Fold(Generic[StateT]):
                 if not events:
                     return result
                 try:
-                    self._journal.append(self.session_id, events, expected_last_ordinal=ordinal)
+                    appended = self._journal.append(
+                        self.session_id, events, expected_last_ordinal=ordinal
+                    )
                 except OrdinalConflict as error:
                     conflict = error
                     if attempt + 1 < limit:
                         cap = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * (1 << min(attempt, 16)))
                         time.sleep(random.uniform(0, cap))
-                    self.refresh()
+                    self._refresh_through(error.actual)
                     continue
-                self.refresh()
+                self._refresh_through(appended.last_ordinal)
                 return result
         assert conflict is not None
         raise OrdinalConflict(

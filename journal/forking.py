@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
@@ -29,12 +30,18 @@ __all__ = ["TRANSACTIONS", "ForkGate", "ForkPause", "Pausable"]
 class ForkGate:
     """A section threads enter and leave (nesting within a thread counts once), which
     `fork()` waits to be empty of other threads. The forking thread may be inside itself
-    (a callback that forks): it is not waited for."""
+    (a callback that forks): it is not waited for.
+
+    No lock is taken on the way in or out, so a KeyboardInterrupt landing there cannot
+    leave one held: a thread puts its id in a set (one atomic operation under the GIL)
+    and then looks whether a fork is under way (if so it steps out and waits); the forking
+    side first marks the fork, then waits for the set to hold no other live thread. An
+    entry an interrupt left behind is dropped by that thread's next leave, or when the
+    thread is gone; a fork waits for it `_WAIT_S` at most."""
 
     def __init__(self) -> None:
-        self._cv = threading.Condition(threading.Lock())
-        self._inside = 0
-        self._closed = False
+        self._inside: set[int] = set()
+        self._forking = False
         self._local = threading.local()
         # In a forked child: whether the forking thread was inside (a callback that
         # forked): the child's copies then hold a transaction of the parent's.
@@ -47,43 +54,48 @@ class ForkGate:
         local = self._local
         depth: int = getattr(local, "depth", 0)
         if not depth:
-            with self._cv:
-                while self._closed:
-                    self._cv.wait()
-                self._inside += 1
+            me = threading.get_ident()
+            while True:
+                self._inside.add(me)
+                if not self._forking:
+                    break
+                self._inside.discard(me)
+                while self._forking:
+                    time.sleep(_STEP_S)
         local.depth = depth + 1
 
     def leave(self) -> None:
         local = self._local
-        local.depth -= 1
+        local.depth = max(getattr(local, "depth", 1) - 1, 0)
         if not local.depth:
-            with self._cv:
-                self._inside -= 1
-                if self._closed:
-                    self._cv.notify_all()
-
-    def _mine(self) -> int:
-        return 1 if getattr(self._local, "depth", 0) else 0
+            self._inside.discard(threading.get_ident())
 
     def _pause(self) -> None:
-        # Held across the fork, so the child's copy of the condition is not mid-use.
-        self._cv.acquire()
-        self._closed = True
-        mine = self._mine()
-        while self._inside > mine:
-            self._cv.wait()
+        self._forking = True
+        me = threading.get_ident()
+        deadline = time.monotonic() + _WAIT_S
+        while time.monotonic() < deadline:
+            others = self._inside - {me}
+            if not others:
+                return
+            alive = {thread.ident for thread in threading.enumerate()}
+            self._inside -= others - alive  # (threads that ended inside: interrupted)
+            time.sleep(_STEP_S)
 
     def _resume(self) -> None:
-        self._closed = False
-        self._cv.notify_all()
-        self._cv.release()
+        self._forking = False
 
     def _child(self) -> None:
         # The other threads are gone: only this one can be inside.
-        self._cv = threading.Condition(threading.Lock())
-        self._inside = self._mine()
-        self._closed = False
-        self.held_at_fork = bool(self._inside)
+        me = threading.get_ident()
+        self.held_at_fork = bool(getattr(self._local, "depth", 0))
+        self._inside = {me} if self.held_at_fork else set()
+        self._forking = False
+
+
+# A fork waits this long at most for another thread to leave, polling every step.
+_WAIT_S: Final = 30.0
+_STEP_S: Final = 0.0002
 
 
 TRANSACTIONS: Final = ForkGate()

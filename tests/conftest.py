@@ -39,6 +39,15 @@ def rng(request: pytest.FixtureRequest) -> Iterator[random.Random]:
         print(f"\n[rng] seed={seed} (re-run with TEST_SEED={seed})")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _nats_servers() -> Iterator[None]:
+    """The NATS servers the JetStream engine's tests started (lazily) stop at the end."""
+    yield
+    from _nats import stop_shared
+
+    stop_shared()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     rep = yield

@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from engines import ENGINES, EngineFactory
+from engines import ENGINES, EngineFactory, engine_params
 
 import journal
 from journal import (
@@ -232,9 +232,14 @@ class JournalContract:
     options: dict[str, Any] = {}  # noqa: RUF012 (read-only per subclass)
     engine: EngineFactory
 
-    @pytest.fixture(autouse=True, params=sorted(ENGINES), ids=str)
+    @pytest.fixture(autouse=True, params=engine_params())
     def _engine(self, request: pytest.FixtureRequest) -> None:
         self.engine = ENGINES[request.param]
+
+    def requires(self, capability: str) -> None:
+        """Skip a test whose engine says it cannot do `capability` (`engines.py`)."""
+        if capability not in self.engine.supports:
+            pytest.skip(f"the {self.engine.name} engine does not support {capability!r}")
 
     def make_journal(self, path: Path, **kw: Any) -> Journal:
         """Open (creating when missing) the store at `path` with `Journal.open` keywords."""
@@ -920,6 +925,7 @@ class JournalContract:
     def test_cursor_beyond_session_head_raises_cursor_future(
         self, tmp_path: Path, api: str
     ) -> None:
+        self.requires("copy_store")
         original = tmp_path / "store"
         backup = tmp_path / "backup"
         with self.make_journal(original) as j:

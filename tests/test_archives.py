@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import pytest
 import zstandard
-from engines import ENGINES, EngineFactory
+from engines import ENGINES, EngineFactory, engine_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,7 +57,8 @@ from journal.archive import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(params=sorted(ENGINES))
+# Engines that import (the JetStream engine exports only: tests/test_jetstream.py).
+@pytest.fixture(params=engine_params("import"))
 def factory(request: pytest.FixtureRequest) -> EngineFactory:
     return ENGINES[request.param]
 

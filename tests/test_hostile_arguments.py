@@ -420,6 +420,9 @@ TARGETS: dict[str, Target] = {
             "file_ops": lambda env: st.none(),
             # (A mode with readonly=True is refused: good values keep the recorded one.)
             "file_mode": lambda env: st.none(),
+            # (A local path: store= and replicas= name stores on NATS, tests/test_jetstream.py.)
+            "store": lambda env: st.none(),
+            "replicas": lambda env: st.just(1),
         },
     ),
     "Journal.over": Target(good={"engine": lambda env: st.just(_ENGINE)}),

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+from engines import ENGINES, engine_params
 from journal_contract import JournalContract
 
 
@@ -16,3 +18,8 @@ class TestEmbeddedJournalSmallSegments(JournalContract):
     """16 KiB segments, so most tests cross segment rotation; durability "fsync"."""
 
     options = {"durability": "fsync", "segment_bytes": 16 << 10}  # noqa: RUF012
+
+    # Only engines with segments: on the others this configuration repeats the first.
+    @pytest.fixture(autouse=True, params=engine_params("segments"))
+    def _engine(self, request: pytest.FixtureRequest) -> None:
+        self.engine = ENGINES[request.param]

@@ -777,4 +777,5 @@ for _name, _factory in sorted(ENGINES.items()):
         max_examples=400 if DEEP else 40,
         stateful_step_count=60 if DEEP else 30,
     )
+    _machine.TestCase.pytestmark = list(_factory.marks)
     globals()[f"TestJournalModel_{_name}"] = _machine.TestCase

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from engines import ENGINES, EngineFactory
+from engines import ENGINES, EngineFactory, engine_params
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,7 +35,7 @@ from journal import (
 WAIT_S = 10.0
 
 
-@pytest.fixture(params=sorted(ENGINES), ids=str)
+@pytest.fixture(params=engine_params())
 def engine(request: pytest.FixtureRequest) -> EngineFactory:
     return ENGINES[request.param]
 
@@ -490,7 +490,7 @@ class Chain:
         self.ordinals.append(event.ordinal)
 
 
-@pytest.mark.parametrize("engine_name", sorted(ENGINES))
+@pytest.mark.parametrize("engine_name", engine_params())
 @settings(max_examples=25)
 @given(ops=SUB_OPS)
 def test_any_mix_of_subscribes_unsubscribes_and_restarts_delivers_each_event_once(

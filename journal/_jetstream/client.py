@@ -1,0 +1,275 @@
+"""The NATS connection of one journal: a nats-py client on its own event-loop thread, and
+the few JetStream requests the engine makes (stream API calls, direct gets, atomic batch
+publishes) written against the wire protocol, since nats-py 2.16 has only the header
+names of atomic batches and no batched direct get.
+
+Synchronous callers run coroutines on the loop with `call`; nothing here blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Coroutine
+from typing import Any, Final, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError, NoRespondersError, NoServersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from ..errors import StoreUnavailable
+
+__all__ = ["ApiError", "BatchMessage", "Connection", "Found", "Unavailable"]
+
+T = TypeVar("T")
+
+# How long one request waits for its reply. A leader election in an R3 cluster was
+# measured at about 6 s (SPEC 16): writers retry across it (see `writes.py`).
+REQUEST_S: Final = 5.0
+# How long a batch waits for its ack before the writer settles what became of it (short:
+# an ack lost in a failover is found out sooner; a late ack is settled just the same).
+ACK_S: Final = 2.0
+# Status headers that end a batched direct get.
+_END_STATUSES: Final = frozenset({"204", "404", "408", "413"})
+
+# (subject, payload, headers) of one message of an atomic batch.
+BatchMessage = tuple[str, bytes, dict[str, str]]
+
+# Errors of the connection itself (not of a request's content): the server may or may not
+# have acted on what was sent.
+Unavailable: Final = (
+    NatsTimeout,
+    NoRespondersError,
+    ConnectionClosedError,
+    NoServersError,
+    asyncio.TimeoutError,
+)
+
+
+class ApiError(Exception):
+    """A JetStream API error reply (`err_code` is JetStream's, e.g. 10071 for a wrong last
+    sequence)."""
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"{description} (JetStream error {err_code})")
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+class Found:
+    """One stored message as a direct get returns it."""
+
+    __slots__ = ("data", "headers", "seq", "subject")
+
+    def __init__(self, subject: str, seq: int, data: bytes, headers: dict[str, str]) -> None:
+        self.subject = subject
+        self.seq = seq
+        self.data = data
+        self.headers = headers
+
+
+class Connection:
+    """A nats-py client running on a private event-loop thread (see the module docstring)."""
+
+    def __init__(self, servers: list[str], stream: str, connect_s: float = 5.0) -> None:
+        self.stream = stream
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="journal-nats", daemon=True)
+        self._thread.start()
+        self.nc: Client
+        try:
+            self.nc = self.call(self._connect(servers, connect_s), connect_s + 5)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _connect(self, servers: list[str], connect_s: float) -> Client:
+        async def quiet(error: Exception) -> None:
+            return None  # reconnects are handled; failed requests raise on their own
+
+        try:
+            # (nats-py retries a first connect as long as reconnects: bounded here.)
+            return await asyncio.wait_for(
+                nats.connect(
+                    servers=servers,
+                    connect_timeout=min(connect_s, 2.0),
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.2,
+                    allow_reconnect=True,
+                    error_cb=quiet,
+                    name="session-journal",
+                ),
+                connect_s,
+            )
+        except Exception as e:
+            raise StoreUnavailable(
+                f"cannot connect to NATS at {', '.join(servers)}: {type(e).__name__} {e}; "
+                "check the URL and that the servers run with JetStream enabled"
+            ) from None
+
+    def on_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the connection's loop and wait for its result."""
+        if self.on_loop():
+            coro.close()
+            raise RuntimeError("a synchronous journal call from the journal's own loop")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        if not self.loop.is_running():
+            return
+        with contextlib.suppress(Exception):
+            self.call(self.nc.close(), 5)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if not self.on_loop():
+            self._thread.join(5)
+        if not self.loop.is_running():
+            self.loop.close()
+
+    # -- requests (on the loop) ------------------------------------------------------------
+
+    async def api(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A JetStream API request; its JSON reply (ApiError when it is an error)."""
+        payload = b"" if body is None else json.dumps(body).encode()
+        reply = await self.nc.request(subject, payload, timeout=REQUEST_S)
+        if reply.headers and reply.headers.get("Status") == "503":
+            raise NoRespondersError
+        result: dict[str, Any] = json.loads(reply.data) if reply.data else {}
+        error = result.get("error")
+        if error:
+            raise ApiError(
+                int(error.get("code", 0)),
+                int(error.get("err_code", 0)),
+                str(error.get("description", "")),
+            )
+        return result
+
+    async def direct(self, body: dict[str, Any]) -> tuple[list[Found], dict[str, str]]:
+        """A batched direct get (`batch` or `multi_last` in `body`): the messages and the
+        headers of the end-of-batch marker (empty when nothing matched)."""
+        inbox = self.nc.new_inbox()
+        found: list[Found] = []
+        done: asyncio.Future[dict[str, str]] = self.loop.create_future()
+
+        async def collect(msg: Msg) -> None:
+            headers = dict(msg.headers or {})
+            status = headers.get("Status")
+            if status is not None:
+                if status in _END_STATUSES and not done.done():
+                    done.set_result(headers if status == "204" else {})
+                return
+            found.append(_found(msg, headers))
+
+        sub = await self.nc.subscribe(inbox, cb=collect)
+        try:
+            await self.nc.publish(
+                f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(body).encode(), reply=inbox
+            )
+            end = await asyncio.wait_for(done, REQUEST_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return found, end
+
+    async def msg_get(self, body: dict[str, Any]) -> Found | None:
+        """One message read through the stream leader (`seq`, `last_by_subj`, or `seq` with
+        `next_by_subj`), or None: unlike a direct get, never answered by a lagging replica."""
+        try:
+            reply = await self.api(f"$JS.API.STREAM.MSG.GET.{self.stream}", body)
+        except ApiError as e:
+            if e.err_code == 10037:  # no message found
+                return None
+            raise
+        message = reply["message"]
+        headers = _parse_headers(base64.b64decode(message["hdrs"])) if message.get("hdrs") else {}
+        data = base64.b64decode(message["data"]) if message.get("data") else b""
+        return Found(message["subject"], int(message["seq"]), data, headers)
+
+    async def publish_batch(self, messages: list[BatchMessage]) -> int:
+        """Publish `messages` as one atomic batch; the stream sequence of the last one
+        (ApiError when the server refused the batch, nothing of it stored)."""
+        batch_id = uuid.uuid4().hex
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox, max_msgs=1)
+        try:
+            last = len(messages) - 1
+            for index, (subject, payload, headers) in enumerate(messages):
+                batch_headers = {
+                    "Nats-Batch-Id": batch_id,
+                    "Nats-Batch-Sequence": str(index + 1),
+                    **headers,
+                }
+                if index == last:
+                    batch_headers["Nats-Batch-Commit"] = "1"
+                await self.nc.publish(
+                    subject, payload, reply=inbox if index == last else "", headers=batch_headers
+                )
+            reply = await sub.next_msg(timeout=ACK_S)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if reply.headers and reply.headers.get("Status") == "503":
+            raise NoRespondersError
+        ack: dict[str, Any] = json.loads(reply.data)
+        error = ack.get("error")
+        if error:
+            raise ApiError(
+                int(error.get("code", 0)),
+                int(error.get("err_code", 0)),
+                str(error.get("description", "")),
+            )
+        return int(ack["seq"])
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+        """Publish one message to the stream and wait for its ack; its sequence."""
+        reply = await self.nc.request(subject, payload, timeout=REQUEST_S, headers=headers)
+        if reply.headers and reply.headers.get("Status") == "503":
+            raise NoRespondersError
+        ack: dict[str, Any] = json.loads(reply.data)
+        error = ack.get("error")
+        if error:
+            raise ApiError(
+                int(error.get("code", 0)),
+                int(error.get("err_code", 0)),
+                str(error.get("description", "")),
+            )
+        return int(ack["seq"])
+
+
+def _parse_headers(block: bytes) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for line in block.decode(errors="replace").split("\r\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip()] = value.strip()
+    return headers
+
+
+def _found(msg: Msg, headers: dict[str, str]) -> Found:
+    return Found(
+        headers.get("Nats-Subject", msg.subject),
+        int(headers.get("Nats-Sequence", "0")),
+        msg.data,
+        headers,
+    )

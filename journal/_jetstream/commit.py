@@ -1,0 +1,314 @@
+"""The JetStream engine's commit loop: an operation is planned against a session's row
+and committed as one atomic batch ending with the new row, with a compare-and-set on the
+row subject (SPEC 16). A stale row (another writer committed first) is read again and the
+operation planned again; a lost reply is settled by looking for the commit's write token.
+
+Coroutines on the connection's loop; writers of one session in this process take turns
+(a per-session lock), so they do not compete for the compare-and-set among themselves.
+The operations themselves are planned in `writes.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+from nats.errors import MaxPayloadError
+
+from ..errors import (
+    InvalidArgument,
+    StoreUnavailable,
+)
+from ..models import LifecycleEventType, RetentionPolicy, SessionState
+from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
+from .client import ApiError, BatchMessage, Unavailable
+from .layout import (
+    ENCODER,
+    StoredFeed,
+    resolve,
+)
+from .reads import RowState, StoreReader
+
+__all__ = ["Committer", "Plan", "done", "rel", "resolved"]
+
+# JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
+# also writes its row, and may write a creation record and an idempotency marker.
+MAX_APPEND_EVENTS: Final = 997
+# How long a write keeps trying across a lost connection or a leader election.
+WRITE_S: Final = 30.0
+_WRONG_LAST_SEQUENCE: Final = 10071
+_TOO_LARGE: Final = frozenset({10054, 10199})
+_TOKEN: Final = "Journal-Write"
+
+Owner = Callable[[SessionRow], Awaitable[bool | None]]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _transient(error: ApiError) -> bool:
+    """A refusal that passes once the stream has a leader again (or a batch cut short by a
+    failover: 10077, 10201)."""
+    return error.code >= 500 or error.err_code in (10008, 10077, 10201)
+
+
+class Plan:
+    """What one planned commit writes (`messages`, the row last; none: nothing to write),
+    and how its result follows from the sequence its row got."""
+
+    __slots__ = ("messages", "result", "row")
+
+    def __init__(
+        self,
+        messages: list[BatchMessage],
+        row: SessionRow | None,
+        result: Callable[[int], Any],
+    ) -> None:
+        self.messages = messages
+        self.row = row
+        self.result = result
+
+
+def done(value: Any) -> Plan:
+    return Plan([], None, lambda _seq: value)
+
+
+def resolved(row: SessionRow, seq: int) -> SessionRow:
+    return resolve(msgspec.structs.replace(row), seq)
+
+
+def rel(index: int, count: int) -> int:
+    """The relative position of message `index` of a batch of `count` (row last)."""
+    return -(count - 1 - index)
+
+
+class Committer:
+    """Commits planned operations (see the module docstring)."""
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        policy: RetentionPolicy,
+        owner_alive: Owner,
+        committed: Callable[[int, SessionRow | None], None],
+    ) -> None:
+        self.reader = reader
+        self.conn = reader.conn
+        self.subjects = reader.subjects
+        self.policy = policy
+        self.owner_alive = owner_alive
+        self._committed = committed
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Rows this engine committed last, per session: the next write starts from them
+        # (a compare-and-set failure means they are stale: read again).
+        self.last_rows: dict[str, RowState] = {}
+
+    # -- the commit loop -------------------------------------------------------------------
+
+    def lock(self, session_id: str) -> asyncio.Lock:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
+
+    async def _state(self, session_id: str, fresh: bool) -> RowState:
+        if not fresh:
+            cached = self.last_rows.get(session_id)
+            if cached is not None:
+                return cached
+        return await self.reader.row(session_id)
+
+    async def write(
+        self,
+        session_id: str,
+        plan: Callable[[RowState, int], Awaitable[Plan]],
+        expire_first: bool = True,
+    ) -> Any:
+        """Plan and commit one operation on one session, again on a stale row."""
+        lock = self.lock(session_id)
+        async with lock:
+            fresh = False
+            deadline = time.monotonic() + WRITE_S
+            while True:
+                try:
+                    state = await self._state(session_id, fresh)
+                    now = _now_ms()
+                    row = state.row
+                    due = None if row is None or not expire_first else row.deadline()
+                    if due is not None and due <= now:
+                        # Past its deadline: expired first, whatever is asked (as every
+                        # commit of the local engine expires what is due).
+                        expired = self.state_change(state, SessionState.EXPIRED, now)
+                        fresh = await self.commit(session_id, state, expired) is None
+                        continue
+                    planned = await plan(state, now)
+                except (ApiError, *Unavailable) as e:
+                    # No leader for a moment (an election), or the connection is away:
+                    # nothing was written yet, so the attempt starts again.
+                    if isinstance(e, ApiError) and not _transient(e):
+                        raise
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                    fresh = True
+                    continue
+                if not planned.messages:
+                    return planned.result(0)
+                seq = await self.commit(session_id, state, planned)
+                if seq is None:
+                    fresh = True
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable(
+                            f"session {session_id!r} kept changing under this write for "
+                            f"{WRITE_S:g} s: retry"
+                        )
+                    continue
+                return planned.result(seq)
+
+    async def commit(self, session_id: str, state: RowState, plan: Plan) -> int | None:
+        """Publish the plan's batch with the compare-and-set on the row subject; the row's
+        sequence, or None when the row was stale (nothing written)."""
+        token = uuid.uuid4().hex
+        messages = self._stamped(state, plan.messages, token)
+        deadline = time.monotonic() + WRITE_S
+        uncertain = False
+        seq: int | None
+        while True:
+            try:
+                seq = await self.conn.publish_batch(messages)
+            except ApiError as e:
+                if e.err_code == _WRONG_LAST_SEQUENCE:
+                    if uncertain:
+                        seq = await self._settle(state, messages, token)
+                        if seq is not None:
+                            break
+                    self.last_rows.pop(session_id, None)
+                    return None
+                if e.err_code in _TOO_LARGE:
+                    raise InvalidArgument(
+                        f"JetStream refused this write to session {session_id!r}: "
+                        f"{e.description} (a message is limited by the stream's max_msg_size "
+                        "and the server's max_payload, a batch to 1,000 messages): write "
+                        "less at once"
+                    ) from None
+                if _transient(e):
+                    uncertain = True  # no leader yet (or a batch cut by a failover)
+                else:
+                    raise StoreUnavailable(
+                        f"JetStream refused the write to session {session_id!r}: "
+                        f"{e.description} (error {e.err_code})"
+                    ) from None
+            except MaxPayloadError:
+                raise InvalidArgument(
+                    f"a message of this write to session {session_id!r} is larger than the "
+                    "NATS server's max_payload: raise max_payload in the server's "
+                    "configuration (SPEC 16), or write smaller events"
+                ) from None
+            except Unavailable:
+                uncertain = True
+            if uncertain:
+                # The batch may have been stored without its reply reaching us.
+                seq = await self._settle(state, messages, token)
+                if seq is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(
+                        f"no reply from JetStream for {WRITE_S:g} s writing to session "
+                        f"{session_id!r}; the write is not known to have committed (a batch "
+                        "still in flight may yet commit): check the servers and retry with "
+                        "an idempotency key, which makes the retry safe"
+                    )
+                await asyncio.sleep(0.1)
+                continue
+            break
+        assert seq is not None
+        self.reader.saw(seq)
+        if plan.row is None:
+            self.last_rows.pop(session_id, None)
+            new_state = RowState(None, seq, state.token)
+        else:
+            new_state = RowState(resolved(plan.row, seq), seq, state.token)
+            if len(self.last_rows) >= 4096:
+                self.last_rows.clear()
+            self.last_rows[session_id] = new_state
+        self._committed(seq, new_state.row)
+        return seq
+
+    def _stamped(
+        self, state: RowState, messages: list[BatchMessage], token: str
+    ) -> list[BatchMessage]:
+        """The batch with the row's compare-and-set and the write token on every message
+        of the session's own subjects but its events after the first."""
+        session_prefix = self.subjects.session_wide(state.token)[:-1]
+        stamped: list[BatchMessage] = []
+        first_event = True
+        last = len(messages) - 1
+        for index, (subject, payload, headers) in enumerate(messages):
+            headers = dict(headers)
+            is_event = subject.endswith(".ev")
+            if subject.startswith(session_prefix) and (not is_event or first_event):
+                headers[_TOKEN] = token
+            if is_event:
+                first_event = False
+            if index == last:
+                headers["Nats-Expected-Last-Subject-Sequence"] = str(state.seq)
+                headers["Nats-Rollup"] = "sub"
+            stamped.append((subject, payload, headers))
+        return stamped
+
+    async def _settle(
+        self, state: RowState, messages: list[BatchMessage], token: str
+    ) -> int | None:
+        """Whether a batch whose reply was lost was stored: the first message on the
+        session's subjects after the compare-and-set value is the commit that won it; the
+        row's sequence if that is ours, else None."""
+        try:
+            first = await self.conn.msg_get(
+                {"seq": state.seq + 1, "next_by_subj": self.subjects.session_wide(state.token)}
+            )
+        except (ApiError, *Unavailable):
+            return None
+        if first is None or first.headers.get(_TOKEN) != token:
+            return None
+        session_prefix = self.subjects.session_wide(state.token)[:-1]
+        index = next(
+            i for i, (subject, _, _) in enumerate(messages) if subject.startswith(session_prefix)
+        )
+        return first.seq - index + len(messages) - 1
+
+    # -- batch pieces ----------------------------------------------------------------------
+
+    def row_message(self, state: RowState, row: SessionRow | None) -> BatchMessage:
+        payload = b"" if row is None else ENCODER.encode(row)
+        return (self.subjects.row(state.token), payload, {})
+
+    def feed_message(
+        self, state: RowState, event: LifecycleEventType, now: int, row: SessionRow, anchor: int
+    ) -> BatchMessage:
+        entry = FeedEntry(event.value, now, row)
+        return (
+            self.subjects.lifecycle(state.token),
+            ENCODER.encode(StoredFeed(entry, anchor)),
+            {},
+        )
+
+    def state_change(self, state: RowState, target: SessionState, now: int) -> Plan:
+        assert state.row is not None
+        row = msgspec.structs.replace(
+            state.row,
+            state=target.wire,
+            lifecycle_position=-1,
+            suspended_at_ms=now if target is SessionState.SUSPENDED else None,
+            ended_at_ms=now if target.terminal else state.row.ended_at_ms,
+        )
+        messages = [
+            self.feed_message(state, lifecycle_event_of(target), now, row, 1),
+            self.row_message(state, row),
+        ]
+        return Plan(messages, row, lambda seq: resolved(row, seq))

@@ -1,0 +1,747 @@
+"""The JetStream engine: a journal stored in one NATS JetStream stream (SPEC 16).
+
+A synchronous facade over an asyncio client: the connection runs its own event-loop
+thread (`client.Connection`), and every `Engine` method runs its coroutine there, so the
+journal's sync and async APIs both work. Reads are in `reads.py`, writes in `writes.py`;
+this module opens the store, keeps the owner leases and their heartbeats, the expiry
+timer, and the change source that wakes the shared waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from cursors import KeyRing, KeyRingError
+
+from ..engine import (
+    AcquireLease,
+    EventsPage,
+    Lease,
+    Operation,
+    ReleaseLease,
+    StoredSnapshot,
+    VerifyFix,
+)
+from ..engine import Progress as ProgressCallback
+from ..errors import (
+    JournalClosed,
+    JournalCorrupt,
+    OwnerBusy,
+    ReadOnlyStore,
+    StoreIncompatible,
+    StoreNotFound,
+    StoreUnavailable,
+)
+from ..models import (
+    CompactionReport,
+    ReadContext,
+    RetentionPolicy,
+    SessionState,
+    StoreStats,
+    VerifyProblem,
+    VerifyReport,
+)
+from ..sessions import FeedEntry, SessionRow
+from ..waiter import Notifier
+from .client import ApiError, Connection, Unavailable
+from .layout import (
+    ENCODER,
+    FORMAT,
+    HEARTBEAT_DECODER,
+    META_DECODER,
+    Heartbeat,
+    Meta,
+    Subjects,
+)
+from .reads import FRESH_S, Moved, StoreReader
+from .writes import Writer
+
+__all__ = ["JetStreamEngine", "JetStreamOptions"]
+
+T = TypeVar("T")
+
+# An owner lease whose heartbeat is older than this is a dead owner (there is no flock
+# across machines); the holder beats every HEARTBEAT_S.
+LEASE_S: Final = 10.0
+HEARTBEAT_S: Final = 1.0
+# How often the expiry timer reads every row's deadline (deadlines set by other
+# processes are kept within this).
+EXPIRY_SCAN_S: Final = 30.0
+# How long a read is asked again while the servers do not answer.
+READ_RETRY_S: Final = 30.0
+_STREAM_PREFIX: Final = "JOURNAL_"
+# The server's cap on one message (the server's max_payload must allow it too).
+MAX_MSG_BYTES: Final = 9 << 20
+
+
+@dataclass
+class JetStreamOptions:
+    """How to open a store on JetStream (the keywords of `Journal.open`)."""
+
+    servers: list[str]
+    store: str
+    replicas: int = 1
+    create: bool = True
+    readonly: bool = False
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    key_ring: KeyRing | None = None
+
+
+class _Readers:
+    """What one reader keeps across pages: where its last page ended (incarnation ->
+    (ordinal, sequence)), so the next page starts there without a search."""
+
+    def __init__(self) -> None:
+        self.ends: dict[int, tuple[int, int]] = {}
+
+    def __enter__(self) -> _Readers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _RowChanges:
+    """The waiter's change source: a core subscription to every session's row subject
+    (every commit writes a row). A message may arrive a moment before the stream has
+    stored it, so for a short while after one the waiter is told to look again."""
+
+    _RECHECK_S: Final = 0.05
+
+    def __init__(self, engine: JetStreamEngine) -> None:
+        self._event = threading.Event()
+        self._recheck_until = 0.0
+        self._conn = engine.conn
+
+        async def on_row(_msg: Any) -> None:
+            self._event.set()
+
+        self._sub = self._conn.call(self._conn.nc.subscribe(engine.subjects.rows, cb=on_row))
+
+    def wait(self, timeout: float) -> bool:
+        now = time.monotonic()
+        if now < self._recheck_until:
+            self._event.wait(min(timeout, 0.002))
+            self._event.clear()
+            return True
+        fired = self._event.wait(timeout)
+        if fired:
+            self._event.clear()
+            self._recheck_until = time.monotonic() + self._RECHECK_S
+        return fired
+
+    def interrupt(self) -> None:
+        self._event.set()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.call(self._sub.unsubscribe(), 5)
+
+
+class JetStreamLease:
+    """This process's hold on a session's owner lease: recorded in the session's row, kept
+    alive by a heartbeat message every `HEARTBEAT_S`."""
+
+    def __init__(
+        self, engine: JetStreamEngine, session_id: str, incarnation: int, generation: int
+    ) -> None:
+        self.session_id = session_id
+        self.incarnation = incarnation
+        self.generation = generation
+        self._engine = engine
+        self._beat: asyncio.Task[None] | None = None
+        self._released = False
+
+    def start(self) -> None:
+        self._beat = self._engine.conn.call(self._start())
+
+    async def _start(self) -> asyncio.Task[None]:
+        await self._engine.beat(self)
+        return asyncio.get_running_loop().create_task(self._beating())
+
+    async def _beating(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            with contextlib.suppress(ApiError, *Unavailable):
+                await self._engine.beat(self)
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        engine = self._engine
+        beat = self._beat
+        try:
+            if beat is not None and not engine.conn.loop.is_closed():
+                engine.conn.loop.call_soon_threadsafe(beat.cancel)
+            engine.submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
+        except JournalClosed:
+            pass  # closing: the heartbeat stops and the lease lapses
+        finally:
+            engine.forget(self)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> int:
+    from .._local.leases import process_start_time
+
+    return process_start_time(pid)
+
+
+class JetStreamEngine:
+    """The engine (see the module docstring). Use `JetStreamEngine.open`."""
+
+    store_id: bytes
+    key_ring: KeyRing
+    readonly: bool
+    location: str
+    waiter: Notifier
+
+    @classmethod
+    def open(cls, options: JetStreamOptions) -> JetStreamEngine:
+        stream = _STREAM_PREFIX + options.store
+        conn = Connection(options.servers, stream)
+        try:
+            return cls(conn, options)
+        except BaseException:
+            conn.close()
+            raise
+
+    def __init__(self, conn: Connection, options: JetStreamOptions) -> None:
+        self.conn = conn
+        self.subjects = Subjects(options.store)
+        self.readonly = options.readonly
+        self.replicas = options.replicas
+        self.location = f"nats://{','.join(s.removeprefix('nats://') for s in options.servers)}"
+        self.location += f"/{options.store}"
+        self._pid = os.getpid()
+        self._host = socket.gethostname()
+        self._boot = _boot_id()
+        self._closed = False
+        self._leases: set[JetStreamLease] = set()
+        self.reader = StoreReader(conn, self.subjects)
+        try:
+            meta = conn.call(self._bootstrap(options))
+        except Unavailable as e:
+            raise StoreUnavailable(
+                f"the NATS servers did not answer while opening store {options.store!r} "
+                f"({type(e).__name__}; a new cluster may still be electing its leader): retry"
+            ) from None
+        except ApiError as e:
+            raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
+        self.store_id = meta.store_id
+        self.key_ring = self._key_ring(options, meta)
+        self.waiter = Notifier(self.head, lambda: _RowChanges(self))
+        self.writer = Writer(self.reader, options.retention, self._owner_alive, self._committed)
+        self._expiry_wake: asyncio.Event | None = None
+        self._expiry: asyncio.Task[None] | None = None
+        if not self.readonly:
+            self._expiry = conn.call(self._start_expiry())
+
+    # -- opening ---------------------------------------------------------------------------
+
+    async def _bootstrap(self, options: JetStreamOptions) -> Meta:
+        stream = self.conn.stream
+        try:
+            await self.conn.api(f"$JS.API.STREAM.INFO.{stream}")
+        except ApiError as e:
+            if e.err_code != 10059:  # stream not found
+                raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
+            if not options.create or options.readonly:
+                raise StoreNotFound(
+                    f"no journal store {options.store!r} on this NATS cluster (stream "
+                    f"{stream}): open it with create=True to create it"
+                ) from None
+            await self._create_stream(options)
+        meta = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
+        if meta is None:
+            if options.readonly:
+                raise StoreNotFound(
+                    f"the journal store {options.store!r} was never initialised: open it "
+                    "writable once"
+                )
+            # A key of the store's own lives in the stream; a key the deployment passes
+            # (key_ring=, JOURNAL_CURSOR_KEY) is never written there.
+            given = options.key_ring or KeyRing.from_environment()
+            shared = "" if given is not None else KeyRing.generate().shared()
+            record = Meta(FORMAT, secrets.token_bytes(16), shared, _now_ms())
+            with contextlib.suppress(ApiError):  # another process initialised it first
+                await self.conn.publish(
+                    self.subjects.meta,
+                    ENCODER.encode(record),
+                    {"Nats-Expected-Last-Subject-Sequence": "0"},
+                )
+            meta = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
+            if meta is None:
+                raise StoreUnavailable(f"the store {options.store!r} has no identity record")
+        try:
+            decoded = META_DECODER.decode(meta.data)
+        except msgspec.DecodeError:
+            raise StoreIncompatible(
+                f"stream {stream} holds a subject {self.subjects.meta} that is not a journal "
+                "store's identity: use another store name"
+            ) from None
+        if decoded.format != FORMAT:
+            raise StoreIncompatible(
+                f"the journal store {options.store!r} has format {decoded.format}; this "
+                f"version reads format {FORMAT}: upgrade session-journal"
+            )
+        self.reader.saw(meta.seq)
+        return decoded
+
+    async def _create_stream(self, options: JetStreamOptions) -> None:
+        config = {
+            "name": self.conn.stream,
+            "subjects": [self.subjects.all],
+            "storage": "file",
+            "retention": "limits",
+            "num_replicas": options.replicas,
+            "allow_direct": True,
+            "allow_atomic": True,
+            "allow_rollup_hdrs": True,
+            "deny_delete": False,
+            "deny_purge": False,
+            "max_msg_size": MAX_MSG_BYTES,
+            "discard": "new",
+            "duplicate_window": 120_000_000_000,
+        }
+        try:
+            await self.conn.api(f"$JS.API.STREAM.CREATE.{self.conn.stream}", config)
+        except ApiError as e:
+            if e.err_code == 10058:  # created by another process meanwhile
+                return
+            raise StoreUnavailable(
+                f"cannot create stream {self.conn.stream}: {e.description} (is JetStream "
+                f"enabled, and are there {options.replicas} servers for replicas="
+                f"{options.replicas}?)"
+            ) from None
+
+    def _key_ring(self, options: JetStreamOptions, meta: Meta) -> KeyRing:
+        given = options.key_ring or KeyRing.from_environment()
+        if given is not None:
+            return given
+        try:
+            if not meta.shared_key:
+                raise KeyRingError("no key in the store")
+            return KeyRing.from_shared(meta.shared_key)
+        except KeyRingError:
+            raise StoreIncompatible(
+                f"the journal store {options.store!r} keeps no usable cursor key: pass "
+                "key_ring= (or set JOURNAL_CURSOR_KEY) with the key its replicas share"
+            ) from None
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def check_usable(self) -> None:
+        if self._closed:
+            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+        if os.getpid() != self._pid:
+            raise JournalClosed(
+                "this journal was opened in a parent process; a forked child must call "
+                "Journal.open() itself (the NATS connection's thread does not survive fork)"
+            )
+
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        try:
+            self.check_usable()
+        except BaseException:
+            coro.close()
+            raise
+        try:
+            return self.conn.call(coro, timeout)
+        except Unavailable as e:
+            raise StoreUnavailable(
+                f"the NATS servers did not answer ({type(e).__name__}): check that they run "
+                "and that this host reaches them"
+            ) from None
+        except ApiError as e:
+            raise StoreUnavailable(f"JetStream refused a request: {e}") from None
+
+    def _ask(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """A read, asked again for a while when the servers do not answer (a leader
+        election takes seconds): readers and watchers ride it out."""
+        deadline = time.monotonic() + READ_RETRY_S
+        while True:
+            try:
+                result: T = self._run(make())
+                return result
+            except StoreUnavailable:
+                if self._closed or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def _committed(self, seq: int, row: SessionRow | None) -> None:
+        self.waiter.publish(seq + 1)
+        if row is not None and self._expiry_wake is not None:
+            due = row.deadline()
+            if due is not None:
+                self._expiry_wake.set()
+
+    def submit(self, operation: Operation[T]) -> T:
+        if self.readonly:
+            raise ReadOnlyStore(
+                "this journal was opened with readonly=True; open it writable to change it"
+            )
+        if isinstance(operation, VerifyFix):
+            # Nothing is derived from the stream: the check is the repair's whole work.
+            fixed: T = self._run(self._verify(operation.progress))
+            return fixed
+        result: T = self._run(self.writer.submit(operation))
+        return result
+
+    def head(self) -> int:
+        if self._closed:
+            return 1 << 63
+        head: int = self._ask(self.reader.head)
+        return head
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> SessionRow | None:
+        state = self._ask(lambda: self.reader.row(session_id))
+        return state.row
+
+    def session_id_of(self, incarnation: int) -> str | None:
+        found: str | None = self._ask(lambda: self.reader.session_id_of(incarnation))
+        return found
+
+    def sessions(
+        self, after_id: str | None, state: SessionState | None, limit: int
+    ) -> tuple[list[SessionRow], bool]:
+        result: tuple[list[SessionRow], bool] = self._ask(
+            lambda: self._sessions(after_id, state, limit)
+        )
+        return result
+
+    async def _sessions(
+        self, after_id: str | None, state: SessionState | None, limit: int
+    ) -> tuple[list[SessionRow], bool]:
+        # No ordered index of subjects: every session's token is listed (O(sessions) per
+        # page, SPEC 16), then rows are fetched in order until the page is full.
+        tokens = await self.reader.tokens()
+        if after_id is not None:
+            after = Subjects.token(after_id)
+            tokens = [t for t in tokens if t > after]
+        rows: list[SessionRow] = []
+        chunk = limit + 1 if state is None else max(limit + 1, 256)
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start : start + chunk]
+            found = await self.reader.rows_of(part)
+            for token in part:
+                row = found.get(token, (None, 0))[0]
+                if row is None or (state is not None and row.session_state is not state):
+                    continue
+                if len(rows) == limit:
+                    return rows, True
+                rows.append(row)
+        return rows, False
+
+    def registry(self) -> tuple[int, list[SessionRow]]:
+        result: tuple[int, list[SessionRow]] = self._ask(self._registry)
+        return result
+
+    async def _registry(self) -> tuple[int, list[SessionRow]]:
+        # The feed position first, the rows after: a change in between is in both the
+        # rows and the feed after the point (seen twice, never missed).
+        point = await self.reader.last_feed_position()
+        return point, await self.reader.all_rows()
+
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
+        result: tuple[list[tuple[int, FeedEntry]], int] = self._ask(
+            lambda: self._feed(after_position, limit)
+        )
+        return result
+
+    async def _feed(self, after: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
+        head = await self.reader.head()
+        return await self.reader.feed(after, limit), head
+
+    def readers(self) -> _Readers:
+        return _Readers()
+
+    def read(
+        self,
+        session_id: str,
+        incarnation: int,
+        after_ordinal: int,
+        max_bytes: int,
+        context: ReadContext,
+        readers: Any,
+    ) -> EventsPage:
+        ends = readers.ends if isinstance(readers, _Readers) else {}
+        page: EventsPage = self._ask(
+            lambda: self._read(session_id, incarnation, after_ordinal, max_bytes, context, ends)
+        )
+        if page.events:
+            ends[incarnation] = (page.events[-1].ordinal, page.events[-1].position)
+        return page
+
+    async def _read(
+        self,
+        session_id: str,
+        incarnation: int,
+        after: int,
+        max_bytes: int,
+        context: ReadContext,
+        ends: dict[int, tuple[int, int]],
+    ) -> EventsPage:
+        deadline = time.monotonic() + FRESH_S
+        attempt = 0
+        gap_under = -1  # the row sequence a leader read last found a gap under
+        while True:
+            state = await self.reader.row(session_id)
+            # Every commit up to `known` is in the row just read (through the leader):
+            # the head to wait past, without asking the stream for it.
+            head = max(self.reader.known, state.seq) + 1
+            row = state.row
+            if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
+                return EventsPage([], False, row, head)
+            if after >= row.last_ordinal:
+                return EventsPage([], False, row, head)
+            # A replica that lags answers direct gets without the newest events: after
+            # two tries the page is read through the leader.
+            leader = attempt >= 2
+            try:
+                end = ends.get(incarnation)
+                if end is not None and end[0] == after and attempt == 0:
+                    start: int | None = end[1] + 1  # the next event lies above the last
+                else:
+                    start = await self.reader.seq_of(row, state.token, after + 1)
+                if start is None:
+                    raise Moved(after + 1, after + 1)
+                events, more, _ = await self.reader.events(
+                    row, state.token, start, after, max_bytes, context, leader
+                )
+            except Moved as moved:
+                # Trimmed meanwhile (the next row says so), or a replica not there yet. An
+                # ordinal missing in the leader's events twice under the same row is
+                # neither: the stream lost an event.
+                attempt += 1
+                lost = leader and moved.gap and gap_under == state.seq
+                if leader and moved.gap:
+                    gap_under = state.seq
+                if lost or time.monotonic() > deadline:
+                    if leader and moved.gap:
+                        raise JournalCorrupt(
+                            self.subjects.events(state.token),
+                            after,
+                            f"the events of session {session_id!r} after ordinal {after} do "
+                            f"not follow its row ({moved}; the offset is the ordinal)",
+                        ) from None
+                    raise StoreUnavailable(
+                        f"the events of session {session_id!r} after ordinal {after} stayed "
+                        f"unreadable for {FRESH_S:g} s ({moved}): check the cluster"
+                    ) from None
+                await asyncio.sleep(0 if attempt < 3 else 0.005)
+                continue
+            return EventsPage(events, more, row, head)
+
+    def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
+        stored = self._ask(lambda: self.reader.snapshot(row.snapshot_position))
+        if stored is None:
+            return None
+        return StoredSnapshot(row.snapshot_position, stored.through_ordinal, stored.data)
+
+    def checkpoint(self, row: SessionRow) -> StoredSnapshot | None:
+        if not row.checkpoint_position:
+            return None
+        stored = self._ask(lambda: self.reader.snapshot(row.checkpoint_position, ".ck"))
+        if stored is None or stored.through_ordinal != row.checkpoint_ordinal:
+            raise JournalCorrupt(
+                "stream",
+                row.checkpoint_position,
+                f"the checkpoint of {row.session_id!r} is missing",
+            )
+        return StoredSnapshot(row.checkpoint_position, stored.through_ordinal, stored.data)
+
+    # -- owners ----------------------------------------------------------------------------
+
+    def acquire(self, session_id: str, wait_s: float) -> Lease:
+        self.check_usable()
+        if self.readonly:
+            raise ReadOnlyStore("own() needs a writable journal")
+        deadline = time.monotonic() + wait_s
+        pid = os.getpid()
+        operation = AcquireLease(session_id, pid, max(_start_time(pid), 0), self._host, self._boot)
+        while True:
+            try:
+                row = self.submit(operation)
+                break
+            except OwnerBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+        lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
+        self._leases.add(lease)
+        try:
+            lease.start()
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    async def beat(self, lease: JetStreamLease) -> None:
+        beat = Heartbeat(lease.incarnation, lease.generation, os.getpid(), self._host, _now_ms())
+        token = Subjects.token(lease.session_id)
+        await self.conn.publish(
+            self.subjects.heartbeat(token), ENCODER.encode(beat), {"Nats-Rollup": "sub"}
+        )
+
+    def forget(self, lease: JetStreamLease) -> None:
+        self._leases.discard(lease)
+
+    def owner_alive(self, row: SessionRow) -> bool | None:
+        if not row.owner_pid:
+            return False
+        alive: bool | None = self._ask(lambda: self._owner_alive(row))
+        return alive
+
+    async def _owner_alive(self, row: SessionRow) -> bool | None:
+        if not row.owner_pid:
+            return False
+        if row.owner_host == self._host and row.owner_boot_id == self._boot and self._boot:
+            started = _start_time(row.owner_pid)
+            if started < 0:
+                return False
+            if started and row.owner_start_time and started != row.owner_start_time:
+                return False  # the pid was reused
+            if started and row.owner_start_time:
+                return True
+        # Another host (or no /proc): the lease's heartbeat tells.
+        token = Subjects.token(row.session_id)
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.heartbeat(token)})
+        now = _now_ms()
+        if message is not None:
+            beat = HEARTBEAT_DECODER.decode(message.data)
+            if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
+                return now - beat.at_ms < LEASE_S * 1000
+        return now - row.owner_since_ms < LEASE_S * 1000
+
+    # -- expiry ----------------------------------------------------------------------------
+
+    async def _start_expiry(self) -> asyncio.Task[None]:
+        self._expiry_wake = asyncio.Event()
+        return asyncio.get_running_loop().create_task(self._expiring())
+
+    async def _expiring(self) -> None:
+        assert self._expiry_wake is not None
+        wake = self._expiry_wake
+        while not self._closed:
+            try:
+                rows = await self.reader.all_rows()
+                dues = [d for row in rows if (d := row.deadline()) is not None]
+                nearest = min(dues) if dues else None
+                wait = EXPIRY_SCAN_S
+                if nearest is not None:
+                    wait = min(wait, max(0.0, (nearest - _now_ms()) / 1000))
+                if wait > 0:
+                    wake.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(wake.wait(), wait)
+                    if wake.is_set():
+                        continue  # a new deadline: read them again
+                await self.writer.expire(None)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1.0)  # the servers are away: try again later
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def verify(self, progress: ProgressCallback | None) -> VerifyReport:
+        report: VerifyReport = self._run(self._verify(progress))
+        return report
+
+    async def _verify(self, progress: ProgressCallback | None) -> VerifyReport:
+        """The nearest honest check: every session's retained events are dense and end
+        where its row says (the server checks its own files)."""
+        rows = await self.reader.all_rows()
+        problems: list[VerifyProblem] = []
+        events = 0
+        total = sum(max(0, r.last_ordinal - r.first_ordinal + 1) for r in rows)
+        context = ReadContext("", lambda position, ordinal: "")
+        for row in rows:
+            token = Subjects.token(row.session_id)
+            after = row.first_ordinal - 1
+            if after >= row.last_ordinal:
+                continue
+            start = await self.reader.seq_of(row, token, after + 1)
+            while start is not None and after < row.last_ordinal:
+                try:
+                    page, more, next_seq = await self.reader.events(
+                        row, token, start, after, 4 << 20, context
+                    )
+                except Moved:
+                    try:  # through the leader: a replica that lags is no damage
+                        page, more, next_seq = await self.reader.events(
+                            row, token, start, after, 4 << 20, context, True
+                        )
+                    except Moved as e:
+                        where = f"session {row.session_id!r}"
+                        problems.append(VerifyProblem(where, e.expected, str(e)))
+                        break
+                events += len(page)
+                after = page[-1].ordinal if page else after
+                if progress is not None:
+                    progress(events, total)
+                start = next_seq if more else None
+        return VerifyReport(0, len(rows), events, problems)
+
+    def compact(self, dead_share: float, progress: ProgressCallback | None) -> CompactionReport:
+        self.check_usable()
+        # The server compacts its own message blocks; there is nothing for a client to do.
+        return CompactionReport([], [], 0, 0, 0, 0.0)
+
+    def stats(self) -> StoreStats:
+        result: StoreStats = self._ask(self._stats)
+        return result
+
+    async def _stats(self) -> StoreStats:
+        counts: dict[str, int] = {}
+        for row in await self.reader.all_rows():
+            counts[row.session_state.value] = counts.get(row.session_state.value, 0) + 1
+        info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
+        state = info["state"]
+        return StoreStats(counts, 0, int(state.get("bytes", 0)), int(state["last_seq"]) + 1)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
+        for lease in list(self._leases):
+            with contextlib.suppress(Exception):
+                lease.release()
+        self._closed = True
+        self.waiter.close()
+        if self._expiry is not None:
+            task = self._expiry
+            with contextlib.suppress(Exception):
+                self.conn.loop.call_soon_threadsafe(task.cancel)
+        self.conn.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,218 @@
+"""The JetStream engine's subject layout and the records its messages carry (SPEC 16).
+
+One stream per store (`JOURNAL_<store>`, subjects `j.<store>.>`). Session ids are hex
+encoded into one subject token (hex keeps byte order, so sorted subjects are sorted ids).
+
+    j.<store>.meta               the store's identity (id, format, shared cursor key)
+    j.<store>.lc.<id>            lifecycle feed entries of the session (kept for good)
+    j.<store>.s.<id>.row         the session's registry row (rolled up: one message)
+    j.<store>.s.<id>.ev          its events, one message each
+    j.<store>.s.<id>.sn          its latest snapshot (rolled up)
+    j.<store>.s.<id>.ck          its latest checkpoint (rolled up)
+    j.<store>.s.<id>.hb          the owner lease's heartbeat (rolled up)
+    j.<store>.s.<id>.ik.<key>    one insert-only marker per idempotency key
+
+Every commit of a session is one atomic batch ending with its new row, published with a
+compare-and-set on the row subject: the row subject's sequence serialises the session.
+Positions inside a batch are not known before it commits, so records refer to messages of
+their own batch relatively: a stored position below zero means "that many messages before
+the batch's row" (`resolve`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+import msgspec
+
+from ..errors import InvalidArgument
+from ..sessions import FeedEntry, SessionRow
+
+__all__ = [
+    "ENCODER",
+    "EVENT_DECODER",
+    "FEED_DECODER",
+    "FORMAT",
+    "HEARTBEAT_DECODER",
+    "MARKER_DECODER",
+    "META_DECODER",
+    "ROW_DECODER",
+    "SNAPSHOT_DECODER",
+    "Heartbeat",
+    "Marker",
+    "Meta",
+    "StoredEvent",
+    "StoredFeed",
+    "StoredSnapshot",
+    "Subjects",
+    "check_store_name",
+    "resolve",
+]
+
+FORMAT: Final = 1
+_STORE_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+# SessionRow fields that hold store positions (resolved after a batch commits).
+_POSITIONS: Final = (
+    "incarnation",
+    "lifecycle_position",
+    "last_event_position",
+    "snapshot_position",
+    "trim_position",
+    "owner_position",
+    "turn_position",
+    "name_position",
+    "checkpoint_position",
+)
+
+
+def check_store_name(store: object) -> str:
+    if not isinstance(store, str) or not _STORE_RE.fullmatch(store):
+        raise InvalidArgument(
+            f"store must name the journal's stream: 1 to 64 letters, digits, '-' or '_', "
+            f"got {store!r} (for example Journal.open('nats://host:4222', store='agents'))"
+        )
+    return store
+
+
+class Subjects:
+    """The subjects of one store."""
+
+    def __init__(self, store: str) -> None:
+        root = f"j.{store}"
+        self.root = root
+        self.all = f"{root}.>"
+        self.meta = f"{root}.meta"
+        self.feed = f"{root}.lc.*"
+        self.rows = f"{root}.s.*.row"
+        self._feed_prefix = f"{root}.lc."
+        self._session_prefix = f"{root}.s."
+
+    @staticmethod
+    def token(session_id: str) -> str:
+        return session_id.encode().hex()
+
+    def lifecycle(self, token: str) -> str:
+        return self._feed_prefix + token
+
+    def row(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.row"
+
+    def events(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.ev"
+
+    def snapshot(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.sn"
+
+    def checkpoint(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.ck"
+
+    def heartbeat(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.hb"
+
+    def marker(self, token: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:40]
+        return f"{self._session_prefix}{token}.ik.{digest}"
+
+    def session_wide(self, token: str) -> str:
+        """Every subject of the session but its idempotency markers."""
+        return f"{self._session_prefix}{token}.*"
+
+    def session_all(self, token: str) -> str:
+        return f"{self._session_prefix}{token}.>"
+
+    def session_of_feed(self, subject: str) -> str | None:
+        if not subject.startswith(self._feed_prefix):
+            return None
+        return _decode_token(subject[len(self._feed_prefix) :])
+
+    def token_of_row(self, subject: str) -> str | None:
+        if not (subject.startswith(self._session_prefix) and subject.endswith(".row")):
+            return None
+        return subject[len(self._session_prefix) : -len(".row")]
+
+
+def _decode_token(token: str) -> str | None:
+    try:
+        return bytes.fromhex(token).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def resolve(row: SessionRow, anchor: int) -> SessionRow:
+    """Turn the row's relative positions into stream sequences; `anchor` is the sequence
+    of the batch's row message."""
+    for name in _POSITIONS:
+        value = getattr(row, name)
+        if value < 0:
+            setattr(row, name, anchor + value)
+    return row
+
+
+class StoredEvent(msgspec.Struct, array_like=True):
+    """An event message: the event, and where its append began (`batch_first`, the data
+    bytes the session had appended before that append and before this event). Its
+    incarnation is the row's: a session's events lie above its creation's sequence."""
+
+    ordinal: int
+    timestamp_ms: int
+    type: str
+    data: bytes
+    request_id: str | None
+    batch_first: int
+    batch_bytes_before: int
+    bytes_before: int
+
+
+class StoredFeed(msgspec.Struct, array_like=True):
+    """A lifecycle feed message; the row's relative positions count from the message
+    `anchor` places after this one (the batch's row)."""
+
+    entry: FeedEntry
+    anchor: int
+
+
+class Marker(msgspec.Struct, array_like=True):
+    """An idempotency marker: what the keyed append took (positions relative as above)."""
+
+    incarnation: int
+    key: str
+    first_ordinal: int
+    last_ordinal: int
+    digest: bytes
+    last_position: int
+    anchor: int
+
+
+class StoredSnapshot(msgspec.Struct, array_like=True):
+    incarnation: int
+    through_ordinal: int
+    at_ms: int
+    data: bytes
+
+
+class Meta(msgspec.Struct, array_like=True):
+    format: int
+    store_id: bytes
+    shared_key: str
+    created_at_ms: int
+
+
+class Heartbeat(msgspec.Struct, array_like=True):
+    incarnation: int
+    generation: int
+    pid: int
+    host: str
+    at_ms: int
+
+
+ENCODER: Final = msgspec.msgpack.Encoder()
+ROW_DECODER: Final = msgspec.msgpack.Decoder(SessionRow)
+EVENT_DECODER: Final = msgspec.msgpack.Decoder(StoredEvent)
+FEED_DECODER: Final = msgspec.msgpack.Decoder(StoredFeed)
+MARKER_DECODER: Final = msgspec.msgpack.Decoder(Marker)
+SNAPSHOT_DECODER: Final = msgspec.msgpack.Decoder(StoredSnapshot)
+META_DECODER: Final = msgspec.msgpack.Decoder(Meta)
+HEARTBEAT_DECODER: Final = msgspec.msgpack.Decoder(Heartbeat)

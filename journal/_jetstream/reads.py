@@ -1,0 +1,312 @@
+"""Reads of the JetStream engine (coroutines on the connection's loop): rows, listings,
+the lifecycle feed, event pages by the page rule, and an event's sequence by ordinal.
+
+Direct gets may be answered by any replica of an R3 stream, and a replica may lag: every
+read that must see what this engine already saw committed (`known`, the highest sequence
+it learned of) checks the responder's last sequence and asks again until it is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any, Final
+
+import msgspec
+
+from ..errors import JournalCorrupt, StoreUnavailable
+from ..models import Event, ReadContext, bind_event
+from ..sessions import FeedEntry, SessionRow
+from .client import ApiError, Connection, Found
+from .layout import (
+    EVENT_DECODER,
+    FEED_DECODER,
+    MARKER_DECODER,
+    ROW_DECODER,
+    SNAPSHOT_DECODER,
+    Marker,
+    StoredEvent,
+    StoredSnapshot,
+    Subjects,
+    resolve,
+)
+
+__all__ = ["FRESH_S", "Moved", "RowState", "StoreReader"]
+
+# A batched direct get returns at most this many messages (and multi_last subjects).
+BATCH: Final = 1000
+# How long a read waits for a lagging replica before it gives up.
+FRESH_S: Final = 10.0
+# Per-message overhead allowed for in a byte-bounded direct get (subject, headers).
+_OVERHEAD: Final = 512
+
+
+class RowState:
+    """A session's row as stored (None: absent or evicted) and its row subject's last
+    sequence (the compare-and-set value of the next commit; 0 when the subject is empty)."""
+
+    __slots__ = ("row", "seq", "token")
+
+    def __init__(self, row: SessionRow | None, seq: int, token: str) -> None:
+        self.row = row
+        self.seq = seq
+        self.token = token
+
+
+class StoreReader:
+    """The reads (see the module docstring)."""
+
+    def __init__(self, conn: Connection, subjects: Subjects) -> None:
+        self.conn = conn
+        self.subjects = subjects
+        self.known = 0  # the highest stream sequence known committed
+
+    def saw(self, seq: int) -> None:
+        if seq > self.known:
+            self.known = seq
+
+    async def _fresh(self, body: dict[str, Any]) -> list[Found]:
+        """A multi_last direct get answered by a replica that has everything known (the
+        store's meta subject is asked for too, so there is always an answer that says how
+        far the responder is)."""
+        body = {**body, "multi_last": [*body["multi_last"], self.subjects.meta]}
+        body["batch"] = len(body["multi_last"])
+        deadline = time.monotonic() + FRESH_S
+        while True:
+            found, end = await self.conn.direct(body)
+            upto = int(end.get("Nats-UpTo-Sequence", "0") or 0)
+            if upto >= self.known:
+                self.saw(upto)
+                return [m for m in found if m.subject != self.subjects.meta]
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(
+                    f"the stream's replicas stayed behind sequence {self.known} for "
+                    f"{FRESH_S:g} s: check the cluster's health"
+                )
+            await asyncio.sleep(0.002)
+
+    async def head(self) -> int:
+        """The committed next position (the stream's last sequence plus one)."""
+        info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
+        last = int(info["state"]["last_seq"])
+        self.saw(last)
+        return last + 1
+
+    # -- rows ------------------------------------------------------------------------------
+
+    async def row(self, session_id: str) -> RowState:
+        token = Subjects.token(session_id)
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.row(token)})
+        if message is None:
+            return RowState(None, 0, token)
+        self.saw(message.seq)
+        return RowState(decode_row(message), message.seq, token)
+
+    async def rows_of(self, tokens: list[str]) -> dict[str, tuple[SessionRow | None, int]]:
+        """The rows of sessions by token (absent ones left out), in chunks."""
+        result: dict[str, tuple[SessionRow | None, int]] = {}
+        for start in range(0, len(tokens), BATCH):
+            chunk = [self.subjects.row(t) for t in tokens[start : start + BATCH]]
+            found = await self._fresh({"multi_last": chunk})
+            for message in found:
+                token = self.subjects.token_of_row(message.subject)
+                if token is not None:
+                    result[token] = (decode_row(message), message.seq)
+        return result
+
+    async def tokens(self) -> list[str]:
+        """Every session token with a row subject, sorted (= session-id order)."""
+        tokens: list[str] = []
+        offset = 0
+        while True:
+            info = await self.conn.api(
+                f"$JS.API.STREAM.INFO.{self.conn.stream}",
+                {"subjects_filter": self.subjects.rows, "offset": offset},
+            )
+            subjects = info["state"].get("subjects") or {}
+            for subject in subjects:
+                token = self.subjects.token_of_row(subject)
+                if token is not None:
+                    tokens.append(token)
+            offset += len(subjects)
+            total = int(info.get("total", 0))
+            if not subjects or offset >= total:
+                break
+        tokens.sort()
+        return tokens
+
+    async def all_rows(self) -> list[SessionRow]:
+        tokens = await self.tokens()
+        rows = await self.rows_of(tokens)
+        return [row for t in tokens if (row := rows.get(t, (None, 0))[0]) is not None]
+
+    async def session_id_of(self, incarnation: int) -> str | None:
+        message = await self.conn.msg_get({"seq": incarnation})
+        if message is None:
+            return None
+        return self.subjects.session_of_feed(message.subject)
+
+    # -- the lifecycle feed ----------------------------------------------------------------
+
+    async def feed(self, after: int, limit: int) -> list[tuple[int, FeedEntry]]:
+        # Through the leader, one entry a request: lifecycle changes are few, and a
+        # replica that lags would make a watcher wait for the next change.
+        entries: list[tuple[int, FeedEntry]] = []
+        seq = after + 1
+        while len(entries) < limit:
+            message = await self.conn.msg_get({"seq": seq, "next_by_subj": self.subjects.feed})
+            if message is None:
+                break
+            entries.append((message.seq, decode_feed(message)))
+            seq = message.seq + 1
+        return entries
+
+    async def last_feed_position(self) -> int:
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.feed})
+        return 0 if message is None else message.seq
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def first_event_at(self, token: str, seq: int) -> tuple[int, StoredEvent] | None:
+        message = await self.conn.msg_get({"seq": seq, "next_by_subj": self.subjects.events(token)})
+        if message is None:
+            return None
+        return message.seq, EVENT_DECODER.decode(message.data)
+
+    async def seq_where(self, row: SessionRow, token: str, reached: Any) -> int | None:
+        """The sequence of the session's first retained event for which `reached(event)`
+        holds (a predicate that stays true once true), by bisection over sequences: one
+        direct get a step. None when no retained event satisfies it."""
+        lo, hi = row.incarnation, row.last_event_position
+        found: int | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            probe = await self.first_event_at(token, mid)
+            if probe is None or probe[0] > hi:
+                hi = mid - 1
+                continue
+            seq, event = probe
+            if reached(event):
+                found, hi = seq, mid - 1
+            else:
+                lo = seq + 1
+        return found
+
+    async def seq_of(self, row: SessionRow, token: str, ordinal: int) -> int | None:
+        if ordinal == row.last_ordinal:
+            return row.last_event_position
+        return await self.seq_where(row, token, lambda e: e.ordinal >= ordinal)
+
+    async def events(
+        self,
+        row: SessionRow,
+        token: str,
+        start_seq: int,
+        after: int,
+        max_bytes: int,
+        context: ReadContext,
+        leader: bool = False,
+    ) -> tuple[list[Event], bool, int]:
+        """Events after ordinal `after` from sequence `start_seq` by the page rule; whether
+        more follow, and the sequence of the first event not taken (0: none). With
+        `leader`, one leader get an event (when the replicas lag)."""
+        subject = self.subjects.events(token)
+        events: list[Event] = []
+        total = 0
+        seq = start_seq
+        expected = after + 1
+        end = row.last_event_position
+        while seq <= end:
+            if leader:
+                one = await self.conn.msg_get({"seq": seq, "next_by_subj": subject})
+                found = [] if one is None else [one]
+            else:
+                budget = max(max_bytes - total, 1) + BATCH * _OVERHEAD
+                found, _ = await self.conn.direct(
+                    {"seq": seq, "next_by_subj": subject, "batch": BATCH, "max_bytes": budget}
+                )
+            if not found:
+                break
+            for message in found:
+                if message.seq > end:
+                    return events, False, 0
+                stored = EVENT_DECODER.decode(message.data)
+                if stored.ordinal != expected:
+                    raise Moved(stored.ordinal, expected)
+                size = len(stored.data)
+                if events and total + size > max_bytes:
+                    return events, True, message.seq
+                event = Event(
+                    row.incarnation,
+                    stored.ordinal,
+                    stored.timestamp_ms,
+                    stored.type,
+                    stored.data,
+                    stored.request_id,
+                )
+                bind_event(event, context, message.seq)
+                events.append(event)
+                total += size
+                expected += 1
+            seq = found[-1].seq + 1
+        if expected <= row.last_ordinal:
+            raise Moved(expected, expected)  # the end is missing (not stored here yet)
+        return events, False, 0
+
+    async def marker(self, token: str, key: str) -> tuple[Marker, int] | None:
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.marker(token, key)})
+        if message is None:
+            return None
+        marker = MARKER_DECODER.decode(message.data)
+        anchor = message.seq + marker.anchor
+        if marker.incarnation < 0:
+            marker.incarnation += anchor
+        if marker.last_position < 0:
+            marker.last_position += anchor
+        return marker, message.seq
+
+    async def snapshot(self, position: int, suffix: str = ".sn") -> StoredSnapshot | None:
+        """The snapshot (or, with `suffix=".ck"`, checkpoint) message at `position`."""
+        message = await self.conn.msg_get({"seq": position})
+        if message is None or not message.subject.endswith(suffix):
+            return None
+        return SNAPSHOT_DECODER.decode(message.data)
+
+    async def purge(self, subject: str, keep_from: int) -> None:
+        """Delete the messages on `subject` (wildcards allowed) below sequence `keep_from`
+        (idempotent)."""
+        with contextlib.suppress(ApiError):  # nothing to purge, or purged meanwhile
+            await self.conn.api(
+                f"$JS.API.STREAM.PURGE.{self.conn.stream}", {"filter": subject, "seq": keep_from}
+            )
+
+
+class Moved(Exception):
+    """The events read do not continue where the row says (trimmed or lagging meanwhile;
+    `gap`: an ordinal is missing before later ones, which no lag explains)."""
+
+    def __init__(self, got: int, expected: int) -> None:
+        super().__init__(f"ordinal {got} where {expected} was due")
+        self.expected = expected
+        self.gap = got > expected
+
+
+def decode_row(message: Found) -> SessionRow | None:
+    """The row a row message holds (None for an eviction's tombstone)."""
+    if not message.data:
+        return None
+    try:
+        return resolve(ROW_DECODER.decode(message.data), message.seq)
+    except msgspec.DecodeError:
+        raise JournalCorrupt(
+            message.subject,
+            message.seq,
+            f"the row message at stream sequence {message.seq} does not decode",
+        ) from None
+
+
+def decode_feed(message: Found) -> FeedEntry:
+    stored = FEED_DECODER.decode(message.data)
+    resolve(stored.entry.row, message.seq + stored.anchor)
+    return stored.entry

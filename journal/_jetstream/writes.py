@@ -1,0 +1,643 @@
+"""Writes of the JetStream engine: one planning method per operation (committed by the
+loop in `commit.py`), and the history windows, eviction and expiry passes (SPEC 16)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+import msgspec
+
+from ..engine import (
+    AbortImport,
+    AcquireLease,
+    Append,
+    Appended,
+    AppendTurnEvent,
+    ApplyRetention,
+    Checkpoint,
+    CommitImport,
+    CompactSession,
+    CreateSession,
+    Expire,
+    Operation,
+    ReleaseLease,
+    SnapshotRef,
+    StageEvents,
+    StageSession,
+    Transition,
+    VerifyFix,
+)
+from ..errors import (
+    IdempotencyKeyReused,
+    IllegalTransition,
+    InvalidArgument,
+    OrdinalConflict,
+    OwnerBusy,
+    SessionExists,
+    SessionNotFound,
+    SessionNotWritable,
+    Unsupported,
+)
+from ..models import LifecycleEventType, RetentionReport, SessionState
+from ..records import TURN_STARTED
+from ..sessions import TRANSITIONS, SessionRow
+from .client import BatchMessage
+from .commit import Committer, Plan, done, rel, resolved
+from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
+from .reads import RowState
+
+__all__ = ["MAX_APPEND_EVENTS", "Writer"]
+
+# JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
+# also writes its row, and may write a creation record and an idempotency marker.
+MAX_APPEND_EVENTS: Final = 997
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Writer(Committer):
+    """Plans each operation (see the module docstring)."""
+
+    async def submit(self, operation: Operation[Any]) -> Any:
+        match operation:
+            case Append():
+                return await self._append(operation)
+            case CreateSession():
+                return await self._create(operation)
+            case Transition():
+                return await self._transition(operation)
+            case Expire():
+                return await self.expire(operation.now_ms)
+            case CompactSession():
+                return await self._compact(operation)
+            case Checkpoint():
+                return await self._checkpoint(operation)
+            case ApplyRetention():
+                return await self.retain(operation.now_ms)
+            case AppendTurnEvent():
+                return await self._turn_event(operation)
+            case AcquireLease():
+                return await self._acquire(operation)
+            case ReleaseLease():
+                return await self._release(operation)
+            case StageSession() | StageEvents() | CommitImport() | AbortImport():
+                raise Unsupported(
+                    "import_sessions is not available on a nats:// store: import the "
+                    "archive into a local store, or replay its events with append()"
+                )
+            case VerifyFix():
+                raise AssertionError("the engine answers VerifyFix itself")
+            case _:
+                raise TypeError(f"the JetStream engine cannot plan {type(operation).__name__}")
+
+    def _new_row(self, op: CreateSession, now: int, index: int, count: int) -> SessionRow:
+        position = rel(index, count)
+        return SessionRow(
+            session_id=op.session_id,
+            incarnation=position,
+            state=SessionState.OPEN.wire,
+            mode=op.mode,
+            context_id=op.context_id,
+            tags=dict(op.tags),
+            extensions=dict(op.extensions),
+            created_at_ms=now,
+            ended_at_ms=None,
+            first_ordinal=1,
+            last_ordinal=0,
+            ttl_ms=op.ttl_ms,
+            max_suspend_ms=op.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=position,
+            max_history_bytes=op.max_history_bytes,
+            max_history_age_ms=op.max_history_age_ms,
+        )
+
+    def _exists(self, session_id: str) -> SessionExists:
+        return SessionExists(
+            f"session {session_id!r} already exists: pick another id, or use "
+            "get_session to inspect it"
+        )
+
+    async def _create(self, op: CreateSession) -> SessionRow:
+        async def plan(state: RowState, now: int) -> Plan:
+            if state.row is not None:
+                raise self._exists(op.session_id)
+            row = self._new_row(op, now, 0, 2)
+            messages = [
+                self.feed_message(state, LifecycleEventType.CREATED, now, row, 1),
+                self.row_message(state, row),
+            ]
+            return Plan(messages, row, lambda seq: resolved(row, seq))
+
+        return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
+
+    async def _append(self, op: Append) -> Appended:
+        session_id = op.session_id
+        count = len(op.events)
+        if count > MAX_APPEND_EVENTS:
+            raise InvalidArgument(
+                f"an append to a nats:// store takes at most {MAX_APPEND_EVENTS} events "
+                f"(JetStream's atomic batch holds 1,000 messages), got {count}: split it "
+                "into several appends (with expected_last_ordinal to keep them in order)"
+            )
+
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            creating = row is None
+            if row is None and op.create is None:
+                raise SessionNotFound(
+                    f"no session {session_id!r} in this store: create it first "
+                    "(Journal.create_session or `journal sessions list` to check the id)"
+                )
+            key = op.idempotency_key
+            marker_seq = 0
+            if key is not None:
+                found = await self.reader.marker(state.token, key)
+                if found is not None:
+                    marker, marker_seq = found
+                    if (
+                        row is not None
+                        and marker.incarnation == row.incarnation
+                        and marker.last_ordinal >= row.first_ordinal
+                    ):
+                        if marker.digest != op.digest:
+                            raise IdempotencyKeyReused(
+                                f"idempotency key {key!r} was already used on session "
+                                f"{session_id!r} with different events: use a new key for "
+                                "new events"
+                            )
+                        return done(
+                            Appended(
+                                row.incarnation,
+                                marker.first_ordinal,
+                                marker.last_ordinal,
+                                marker.last_position,
+                                deduplicated=True,
+                            )
+                        )
+            total = (1 if creating else 0) + count + (1 if key is not None else 0) + 1
+            if row is None:
+                assert op.create is not None
+                row = self._new_row(op.create, now, 0, total)
+            state_now = row.session_state
+            if state_now is not SessionState.OPEN:
+                hint = (
+                    "resume it first"
+                    if state_now is SessionState.SUSPENDED
+                    else "it has ended; create a new session"
+                )
+                raise SessionNotWritable(f"session {session_id!r} is {state_now.value}: {hint}")
+            expected = op.expected_last_ordinal
+            if expected is not None and expected != row.last_ordinal:
+                raise OrdinalConflict(
+                    f"session {session_id!r} ends at ordinal {row.last_ordinal}, not "
+                    f"{expected}: read the new events and retry",
+                    expected=expected,
+                    actual=row.last_ordinal,
+                )
+            messages: list[BatchMessage] = []
+            if creating:
+                messages.append(
+                    self.feed_message(state, LifecycleEventType.CREATED, now, row, total - 1)
+                )
+            first = row.last_ordinal + 1
+            before = row.appended_bytes
+            subject = self.subjects.events(state.token)
+            running = before
+            for offset, event in enumerate(op.events):
+                stored = StoredEvent(
+                    first + offset,
+                    now,
+                    event.type,
+                    event.data,
+                    event.request_id,
+                    first,
+                    before,
+                    running,
+                )
+                running += len(event.data)
+                messages.append((subject, ENCODER.encode(stored), {}))
+            last = first + count - 1
+            last_index = len(messages) - 1
+            data_bytes = running - before
+            if key is not None:
+                marker = Marker(
+                    row.incarnation,
+                    key,
+                    first,
+                    last,
+                    op.digest,
+                    rel(last_index, total),
+                    total - 1 - len(messages),
+                )
+                if creating:
+                    marker.incarnation = rel(0, total)
+                messages.append(
+                    (
+                        self.subjects.marker(state.token, key),
+                        ENCODER.encode(marker),
+                        {"Nats-Expected-Last-Subject-Sequence": str(marker_seq)},
+                    )
+                )
+            new = msgspec.structs.replace(
+                row,
+                last_ordinal=last,
+                last_event_position=rel(last_index, total),
+                retained_bytes=row.retained_bytes + data_bytes,
+                appended_bytes=row.appended_bytes + data_bytes,
+            )
+            messages.append(self.row_message(state, new))
+
+            def result(seq: int) -> Appended:
+                final = resolved(new, seq)
+                return Appended(final.incarnation, first, last, final.last_event_position)
+
+            return Plan(messages, new, result)
+
+        appended: Appended = await self.write(session_id, plan)
+        if not appended.deduplicated:
+            await self._keep_window(session_id)
+        return appended
+
+    async def _keep_window(self, session_id: str) -> None:
+        """The byte window, kept as the writer goes (the age window needs a pass)."""
+        state = self.last_rows.get(session_id)
+        if state is None or state.row is None:
+            return
+        row = state.row
+        limit = row.max_history_bytes or self.policy.max_history_bytes
+        if limit is not None and row.retained_bytes > limit:
+            await self._trim_to_window(session_id, _now_ms())
+
+    async def _transition(self, op: Transition) -> SessionRow:
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None:
+                raise SessionNotFound(
+                    f"no session {op.session_id!r} in this store: create it first "
+                    "(Journal.create_session or `journal sessions list` to check the id)"
+                )
+            allowed, target = TRANSITIONS[op.kind]
+            current = row.session_state
+            if current not in allowed:
+                if op.kind == "cancel" and current.terminal:
+                    return done(row)
+                raise IllegalTransition(
+                    f"cannot {op.kind} session {op.session_id!r}: it is {current.value} "
+                    f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
+                )
+            return self.state_change(state, target, now)
+
+        return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
+
+    async def expire(self, now_ms: int | None) -> list[SessionRow]:
+        """Expire every session due at `now_ms` (a scan of every row: SPEC 16)."""
+        when = _now_ms() if now_ms is None else now_ms
+        expired: list[SessionRow] = []
+        for row in await self.reader.all_rows():
+            due = row.deadline()
+            if due is None or due > when:
+                continue
+
+            async def plan(state: RowState, now: int, incarnation: int = row.incarnation) -> Plan:
+                current = state.row
+                if current is None or current.incarnation != incarnation:
+                    return done(None)
+                deadline = current.deadline()
+                if deadline is None or deadline > when:
+                    return done(None)
+                return self.state_change(state, SessionState.EXPIRED, now)
+
+            result = await self.write(row.session_id, plan, expire_first=False)
+            if result is not None:
+                expired.append(result)
+        return expired
+
+    async def _compact(self, op: CompactSession) -> SnapshotRef:
+        through = op.through_ordinal
+        cut: list[int] = []
+
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None:
+                raise SessionNotFound(
+                    f"no session {op.session_id!r} in this store: create it first"
+                )
+            if through > row.last_ordinal:
+                raise InvalidArgument(
+                    f"session {op.session_id!r} ends at ordinal {row.last_ordinal}; a snapshot "
+                    f"cannot stand for events up to {through}"
+                )
+            if through < row.snapshot_ordinal:
+                raise InvalidArgument(
+                    f"session {op.session_id!r} already has a snapshot through ordinal "
+                    f"{row.snapshot_ordinal}; a new one must reach at least that far"
+                )
+            first = max(row.first_ordinal, through + 1)
+            retained, keep_from = await self._cut_at(row, state.token, first)
+            cut[:] = [keep_from]
+            snapshot = StoredSnapshot(row.incarnation, through, now, op.data)
+            new = _without_dead_checkpoint(
+                msgspec.structs.replace(
+                    row,
+                    snapshot_ordinal=through,
+                    snapshot_position=-1,
+                    first_ordinal=first,
+                    retained_bytes=retained,
+                )
+            )
+            messages = [
+                (
+                    self.subjects.snapshot(state.token),
+                    ENCODER.encode(snapshot),
+                    {"Nats-Rollup": "sub"},
+                ),
+                self.row_message(state, new),
+            ]
+            return Plan(
+                messages,
+                new,
+                lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
+            )
+
+        ref: SnapshotRef = await self.write(op.session_id, plan)
+        token = Subjects.token(op.session_id)
+        # Not atomic with the commit (JetStream purges are their own request): readers
+        # never read below the row's first ordinal, and the purge is idempotent.
+        if cut and cut[0]:
+            await self.reader.purge(self.subjects.events(token), cut[0])
+        return ref
+
+    async def _checkpoint(self, op: Checkpoint) -> SnapshotRef:
+        through = op.through_ordinal
+
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None:
+                raise SessionNotFound(
+                    f"no session {op.session_id!r} in this store: create it first"
+                )
+            if through > row.last_ordinal:
+                raise InvalidArgument(
+                    f"session {op.session_id!r} ends at ordinal {row.last_ordinal}; a "
+                    f"checkpoint cannot stand for events up to {through}"
+                )
+            if through < row.checkpoint_ordinal:
+                raise InvalidArgument(
+                    f"session {op.session_id!r} already has a checkpoint through ordinal "
+                    f"{row.checkpoint_ordinal}; a new one must reach at least that far"
+                )
+            if through < row.first_ordinal - 1:
+                raise InvalidArgument(
+                    f"session {op.session_id!r} retains events from ordinal "
+                    f"{row.first_ordinal} on; a checkpoint through {through} could never be "
+                    "used (the events after it are gone)"
+                )
+            checkpoint = StoredSnapshot(row.incarnation, through, now, op.data)
+            new = msgspec.structs.replace(row, checkpoint_ordinal=through, checkpoint_position=-1)
+            messages = [
+                (
+                    self.subjects.checkpoint(state.token),
+                    ENCODER.encode(checkpoint),
+                    {"Nats-Rollup": "sub"},
+                ),
+                self.row_message(state, new),
+            ]
+            return Plan(
+                messages,
+                new,
+                lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
+            )
+
+        ref: SnapshotRef = await self.write(op.session_id, plan)
+        return ref
+
+    async def _cut_at(self, row: SessionRow, token: str, first: int) -> tuple[int, int]:
+        """(retained bytes, sequence to purge the events below) for a history starting at
+        ordinal `first`."""
+        if first > row.last_ordinal:
+            return 0, row.last_event_position + 1
+        if first <= row.first_ordinal:
+            return row.retained_bytes, 0
+        seq = await self.reader.seq_of(row, token, first)
+        if seq is None:
+            return row.retained_bytes, 0
+        probe = await self.reader.first_event_at(token, seq)
+        if probe is None:
+            return row.retained_bytes, 0
+        return row.appended_bytes - probe[1].bytes_before, seq
+
+    async def _trim_to_window(self, session_id: str, now: int) -> bool:
+        cut: list[int] = []
+
+        async def plan(state: RowState, _now: int) -> Plan:
+            row = state.row
+            if row is None:
+                return done(False)
+            first = await self._window_start(row, state.token, now)
+            if first <= row.first_ordinal:
+                return done(False)
+            retained, keep_from = await self._cut_at(row, state.token, first)
+            cut[:] = [keep_from]
+            new = _without_dead_checkpoint(
+                msgspec.structs.replace(row, first_ordinal=first, retained_bytes=retained)
+            )
+            return Plan([self.row_message(state, new)], new, lambda _seq: True)
+
+        trimmed: bool = await self.write(session_id, plan, expire_first=False)
+        if trimmed and cut and cut[0]:
+            await self.reader.purge(self.subjects.events(Subjects.token(session_id)), cut[0])
+        return trimmed
+
+    async def _window_start(self, row: SessionRow, token: str, now: int) -> int:
+        """The first ordinal the history windows keep (an append is never cut, and the
+        newest one is kept whatever its size), as the local engine's `window_start`."""
+        limit_bytes = row.max_history_bytes or self.policy.max_history_bytes
+        limit_age = row.max_history_age_ms or self.policy.max_history_age_ms
+        over_bytes = limit_bytes is not None and row.retained_bytes > limit_bytes
+        new_first = row.first_ordinal
+        if row.last_ordinal < row.first_ordinal:
+            return new_first
+        if over_bytes and limit_bytes is not None:
+            floor = row.appended_bytes - limit_bytes
+            seq = await self.reader.seq_where(row, token, lambda e: e.batch_bytes_before >= floor)
+            if seq is None:
+                seq = row.last_event_position  # the newest append is kept
+            probe = await self.reader.first_event_at(token, seq)
+            if probe is not None:
+                new_first = max(new_first, probe[1].batch_first)
+        if limit_age is not None:
+            horizon = now - limit_age
+            newest = await self.reader.first_event_at(token, row.last_event_position)
+            if newest is not None and newest[1].timestamp_ms < horizon:
+                new_first = max(new_first, row.last_ordinal + 1)
+            else:
+                seq = await self.reader.seq_where(row, token, lambda e: e.timestamp_ms >= horizon)
+                if seq is not None:
+                    probe = await self.reader.first_event_at(token, seq)
+                    if probe is not None:
+                        new_first = max(new_first, probe[1].batch_first)
+        return new_first
+
+    async def retain(self, now_ms: int | None) -> RetentionReport:
+        """History windows and session retention over every session (a scan: SPEC 16)."""
+        now = _now_ms() if now_ms is None else now_ms
+        policy = self.policy
+        trimmed: list[str] = []
+        evicted: list[str] = []
+        for row in await self.reader.all_rows():
+            if row.session_state.terminal and policy.session_retention_ms is not None:
+                since = (
+                    row.created_at_ms
+                    if policy.session_retention_from == "started"
+                    else (row.ended_at_ms or row.created_at_ms)
+                )
+                if since + policy.session_retention_ms <= now:
+                    if await self._evict(row.session_id, row.incarnation):
+                        evicted.append(row.session_id)
+                    continue
+            if await self._trim_to_window(row.session_id, now):
+                trimmed.append(row.session_id)
+        return RetentionReport(trimmed, evicted, [], 0)
+
+    async def _evict(self, session_id: str, incarnation: int) -> bool:
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None or row.incarnation != incarnation:
+                return done(False)
+            messages = [
+                self.feed_message(state, LifecycleEventType.EVICTED, now, row, 1),
+                self.row_message(state, None),
+            ]
+            return Plan(messages, None, lambda _seq: True)
+
+        lock = self.lock(session_id)
+        evicted: bool = await self.write(session_id, plan, expire_first=False)
+        if evicted:
+            async with lock:
+                tombstone = await self.reader.row(session_id)
+                if tombstone.row is None and tombstone.seq:
+                    # Everything of the old incarnation, the tombstone included: a session
+                    # created again since has its row above it and is kept.
+                    token = Subjects.token(session_id)
+                    await self.reader.purge(self.subjects.session_all(token), tombstone.seq + 1)
+                self.last_rows.pop(session_id, None)
+        return evicted
+
+    async def _turn_event(self, op: AppendTurnEvent) -> Appended:
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None:
+                raise SessionNotFound(f"no session {op.session_id!r} in this store")
+            if (
+                row.incarnation != op.incarnation
+                or row.owner_generation != op.generation
+                or not row.owner_pid
+            ):
+                raise OwnerBusy(
+                    f"the owner lease (generation {op.generation}) of session "
+                    f"{op.session_id!r} is no longer held by this owner: take it again "
+                    "with own()",
+                    pid=row.owner_pid,
+                )
+            if row.session_state is not SessionState.OPEN:
+                raise SessionNotWritable(
+                    f"session {op.session_id!r} is {row.session_state.value}: the turn "
+                    "cannot be recorded"
+                )
+            ordinal = row.last_ordinal + 1
+            before = row.appended_bytes
+            stored = StoredEvent(
+                ordinal, now, op.type, op.data, op.request_id, ordinal, before, before
+            )
+            if op.type == TURN_STARTED:
+                turn: str | None = op.request_id
+            elif op.request_id == row.turn_request_id:
+                turn = None
+            else:
+                turn = row.turn_request_id
+            new = msgspec.structs.replace(
+                row,
+                last_ordinal=ordinal,
+                last_event_position=-1,
+                retained_bytes=row.retained_bytes + len(op.data),
+                appended_bytes=before + len(op.data),
+                turn_request_id=turn,
+                turn_position=-1,
+            )
+            messages = [
+                (self.subjects.events(state.token), ENCODER.encode(stored), {}),
+                self.row_message(state, new),
+            ]
+            return Plan(
+                messages,
+                new,
+                lambda seq: Appended(resolved(new, seq).incarnation, ordinal, ordinal, seq - 1),
+            )
+
+        return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
+
+    async def _acquire(self, op: AcquireLease) -> SessionRow:
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if row is None:
+                raise SessionNotFound(
+                    f"no session {op.session_id!r} in this store: create it before owning it"
+                )
+            if row.owner_pid and await self.owner_alive(row) is not False:
+                raise OwnerBusy(
+                    f"session {op.session_id!r} is owned by pid {row.owner_pid} on "
+                    f"{row.owner_host}: wait for it to finish, or pass a longer wait_s",
+                    pid=row.owner_pid,
+                )
+            if row.session_state.terminal:
+                raise SessionNotWritable(
+                    f"session {op.session_id!r} is {row.session_state.value}: an ended "
+                    "session has no owner; create a new session"
+                )
+            new = msgspec.structs.replace(
+                row,
+                owner_generation=row.owner_generation + 1,
+                owner_pid=op.pid,
+                owner_start_time=op.start_time,
+                owner_host=op.host,
+                owner_boot_id=op.boot_id,
+                owner_since_ms=now,
+                owner_position=0,
+            )
+            return Plan([self.row_message(state, new)], new, lambda seq: resolved(new, seq))
+
+        return await self.write(op.session_id, plan)  # type: ignore[no-any-return]
+
+    async def _release(self, op: ReleaseLease) -> SessionRow | None:
+        async def plan(state: RowState, now: int) -> Plan:
+            row = state.row
+            if (
+                row is None
+                or row.incarnation != op.incarnation
+                or row.owner_generation != op.generation
+                or not row.owner_pid
+            ):
+                return done(row)
+            new = msgspec.structs.replace(
+                row,
+                owner_pid=0,
+                owner_start_time=0,
+                owner_host="",
+                owner_boot_id="",
+                owner_since_ms=0,
+            )
+            return Plan([self.row_message(state, new)], new, lambda seq: resolved(new, seq))
+
+        return await self.write(op.session_id, plan, expire_first=False)  # type: ignore[no-any-return]
+
+
+def _without_dead_checkpoint(row: SessionRow) -> SessionRow:
+    """The row without its checkpoint once history below it left (the events after it
+    are gone: it can never be used again), as the local engine's projection does."""
+    if row.checkpoint_position and row.checkpoint_ordinal < row.first_ordinal - 1:
+        row.checkpoint_ordinal = row.checkpoint_position = 0
+    return row

