@@ -24,6 +24,7 @@ __all__ = [
     "lifecycle_event_of",
     "metadata",
     "recorded_owner",
+    "stored_state_problem",
 ]
 
 DEFAULT_MAX_SUSPEND_MS: Final = 7 * 24 * 3600 * 1000
@@ -226,3 +227,29 @@ def metadata(row: SessionRow, owner: OwnerInfo | None = None) -> SessionMetadata
             else None
         ),
     )
+
+
+def stored_state_problem(
+    kind: Literal["snapshot", "checkpoint"], row: SessionRow, last_ordinal: int, through: int
+) -> str | None:
+    """Why a snapshot or checkpoint of `row`'s session through ordinal `through` is
+    refused (`InvalidArgument`), or None; `last_ordinal` is the session's last ordinal as
+    the engine sees it now. The same rules on every engine."""
+    current = row.snapshot_ordinal if kind == "snapshot" else row.checkpoint_ordinal
+    if through > last_ordinal:
+        return (
+            f"session {row.session_id!r} ends at ordinal {last_ordinal}; a {kind} cannot "
+            f"stand for events up to {through}"
+        )
+    if through < current:
+        return (
+            f"session {row.session_id!r} already has a {kind} through ordinal {current}; a "
+            "new one must reach at least that far"
+        )
+    if kind == "checkpoint" and through < row.first_ordinal - 1:
+        return (
+            f"session {row.session_id!r} retains events from ordinal {row.first_ordinal} on; "
+            f"a checkpoint through {through} could never be used (the events after it are "
+            "gone)"
+        )
+    return None

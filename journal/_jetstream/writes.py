@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..records import TURN_STARTED
-from ..sessions import TRANSITIONS, SessionRow
+from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from .client import BatchMessage
 from .commit import Committer, Plan, done, rel, resolved
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
@@ -326,16 +326,9 @@ class Writer(Committer):
                 raise SessionNotFound(
                     f"no session {op.session_id!r} in this store: create it first"
                 )
-            if through > row.last_ordinal:
-                raise InvalidArgument(
-                    f"session {op.session_id!r} ends at ordinal {row.last_ordinal}; a snapshot "
-                    f"cannot stand for events up to {through}"
-                )
-            if through < row.snapshot_ordinal:
-                raise InvalidArgument(
-                    f"session {op.session_id!r} already has a snapshot through ordinal "
-                    f"{row.snapshot_ordinal}; a new one must reach at least that far"
-                )
+            problem = stored_state_problem("snapshot", row, row.last_ordinal, through)
+            if problem is not None:
+                raise InvalidArgument(problem)
             first = max(row.first_ordinal, through + 1)
             retained, keep_from = await self._cut_at(row, state.token, first)
             cut[:] = [keep_from]
@@ -380,22 +373,9 @@ class Writer(Committer):
                 raise SessionNotFound(
                     f"no session {op.session_id!r} in this store: create it first"
                 )
-            if through > row.last_ordinal:
-                raise InvalidArgument(
-                    f"session {op.session_id!r} ends at ordinal {row.last_ordinal}; a "
-                    f"checkpoint cannot stand for events up to {through}"
-                )
-            if through < row.checkpoint_ordinal:
-                raise InvalidArgument(
-                    f"session {op.session_id!r} already has a checkpoint through ordinal "
-                    f"{row.checkpoint_ordinal}; a new one must reach at least that far"
-                )
-            if through < row.first_ordinal - 1:
-                raise InvalidArgument(
-                    f"session {op.session_id!r} retains events from ordinal "
-                    f"{row.first_ordinal} on; a checkpoint through {through} could never be "
-                    "used (the events after it are gone)"
-                )
+            problem = stored_state_problem("checkpoint", row, row.last_ordinal, through)
+            if problem is not None:
+                raise InvalidArgument(problem)
             checkpoint = StoredSnapshot(row.incarnation, through, now, op.data)
             new = msgspec.structs.replace(row, checkpoint_ordinal=through, checkpoint_position=-1)
             messages = [

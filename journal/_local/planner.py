@@ -59,7 +59,7 @@ from ..records import (
     SnapshotTaken,
     StateChanged,
 )
-from ..sessions import TRANSITIONS, SessionRow
+from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import identity
@@ -458,41 +458,19 @@ class Planner:
 
     def _compact_session(self, request: Request, op: CompactSession) -> None:
         pending = self._existing(op.session_id)
-        row = pending.row
         through = op.through_ordinal
-        if through > pending.last_ordinal:
-            raise InvalidArgument(
-                f"session {op.session_id!r} ends at ordinal {pending.last_ordinal}; a snapshot "
-                f"cannot stand for events up to {through}"
-            )
-        if through < row.snapshot_ordinal:
-            raise InvalidArgument(
-                f"session {op.session_id!r} already has a snapshot through ordinal "
-                f"{row.snapshot_ordinal}; a new one must reach at least that far"
-            )
+        problem = stored_state_problem("snapshot", pending.row, pending.last_ordinal, through)
+        if problem is not None:
+            raise InvalidArgument(problem)
         position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
     def _checkpoint(self, request: Request, op: Checkpoint) -> None:
         pending = self._existing(op.session_id)
-        row = pending.row
         through = op.through_ordinal
-        if through > pending.last_ordinal:
-            raise InvalidArgument(
-                f"session {op.session_id!r} ends at ordinal {pending.last_ordinal}; a "
-                f"checkpoint cannot stand for events up to {through}"
-            )
-        if through < row.checkpoint_ordinal:
-            raise InvalidArgument(
-                f"session {op.session_id!r} already has a checkpoint through ordinal "
-                f"{row.checkpoint_ordinal}; a new one must reach at least that far"
-            )
-        if through < row.first_ordinal - 1:
-            raise InvalidArgument(
-                f"session {op.session_id!r} retains events from ordinal {row.first_ordinal} "
-                f"on; a checkpoint through {through} could never be used (the events after "
-                "it are gone)"
-            )
+        problem = stored_state_problem("checkpoint", pending.row, pending.last_ordinal, through)
+        if problem is not None:
+            raise InvalidArgument(problem)
         position = self._emit(CheckpointTaken(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
