@@ -43,9 +43,11 @@ class ForkGate:
         self._inside: set[int] = set()
         self._forking = False
         self._local = threading.local()
-        # In a forked child: whether the forking thread was inside (a callback that
-        # forked): the child's copies then hold a transaction of the parent's.
+        # In a forked child: whether a thread was inside at the fork (the forking one, in
+        # a callback; or another that outlasted the wait): the child's copies then hold a
+        # transaction of the parent's.
         self.held_at_fork = False
+        self._timed_out = False
         os.register_at_fork(
             before=self._pause, after_in_parent=self._resume, after_in_child=self._child
         )
@@ -72,6 +74,7 @@ class ForkGate:
 
     def _pause(self) -> None:
         self._forking = True
+        self._timed_out = False
         me = threading.get_ident()
         deadline = time.monotonic() + _WAIT_S
         while time.monotonic() < deadline:
@@ -81,6 +84,8 @@ class ForkGate:
             alive = {thread.ident for thread in threading.enumerate()}
             self._inside -= others - alive  # (threads that ended inside: interrupted)
             time.sleep(_STEP_S)
+        # Still inside (a verify of a large store): the child must not close its copies.
+        self._timed_out = bool(self._inside - {me})
 
     def _resume(self) -> None:
         self._forking = False
@@ -88,8 +93,9 @@ class ForkGate:
     def _child(self) -> None:
         # The other threads are gone: only this one can be inside.
         me = threading.get_ident()
-        self.held_at_fork = bool(getattr(self._local, "depth", 0))
-        self._inside = {me} if self.held_at_fork else set()
+        mine = bool(getattr(self._local, "depth", 0))
+        self.held_at_fork = mine or self._timed_out
+        self._inside = {me} if mine else set()
         self._forking = False
 
 

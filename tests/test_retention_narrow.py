@@ -12,8 +12,11 @@ than the narrow passes would once the active segment is sealed.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import struct
+import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -187,3 +190,33 @@ def test_a_view_without_the_aged_index_is_rebuilt_with_it(tmp_path: Path) -> Non
         _seal(j)
         assert probe.passes and max(probe.passes) <= 2
         assert j.get_session("aged").first_ordinal == 3
+
+
+_OTHER_POLICY = """
+import sys
+from journal import EventIn, Journal, RetentionPolicy
+from test_retention_narrow import SEGMENT, _seal
+policy = RetentionPolicy(max_history_bytes=1 << 30)
+with Journal.open(sys.argv[1], durability="os", segment_bytes=SEGMENT, retention=policy) as j:
+    j.create_session("S")
+    for _ in range(10):
+        j.append("S", [EventIn("m", b"s" * 3000)])
+    for _ in range(4):
+        _seal(j)  # its passes, under its own (wider) window, cover these segments
+"""
+
+
+def test_passes_under_another_processs_policy_do_not_count_as_this_ones(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "store"
+    env = dict(os.environ)
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.getcwd(), env.get("PYTHONPATH")]))
+    with _open(store, Probe()) as j:  # an 8 KiB window
+        for _ in range(3):
+            _seal(j)  # (this process's first sweep is behind it)
+        subprocess.run([sys.executable, "-c", _OTHER_POLICY, str(store)], check=True, env=env)
+        _seal(j)
+        assert j.get_session("S").first_ordinal > 1, "S was never checked against 8 KiB"
+        assert j.apply_retention().trimmed_sessions == []

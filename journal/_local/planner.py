@@ -64,7 +64,14 @@ from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import identity
 from .log import SegmentLog
-from .retention import SummaryCache, candidate_rows, dead_segments, forget_segments, window_start
+from .retention import (
+    SummaryCache,
+    candidate_rows,
+    dead_segments,
+    forget_segments,
+    policy_mark,
+    window_start,
+)
 from .segments import LogHole
 from .sidecar import EventRun, FrameDigest, add_run, encode_other
 from .verify import fix_store
@@ -691,17 +698,20 @@ class Planner:
             and policy.session_retention_ms is None
             and policy.max_history_age_ms is None
         )
+        mark = policy_mark(policy)
         rows = (
-            candidate_rows(self.txn, self.view, self.log, self.summaries, sealed)
+            candidate_rows(self.txn, self.view, self.log, self.summaries, sealed, mark)
             if narrow
             else list(self.view.rows(self.txn))
         )
         self.log.ops.point("retention.rows", len(rows))
-        if sealed:
-            self.view.retention.cover_through(self.txn, sealed[-1])
+        skipped = False
         for row in rows:
             if self.sessions.get(row.session_id, _ABSENT) is not _ABSENT:
-                continue  # changed earlier in this batch: left for the next pass
+                # Changed earlier in this batch (an expiry): left for the next pass, which
+                # must then look at these segments again.
+                skipped = True
+                continue
             if row.session_state.terminal and policy.session_retention_ms is not None:
                 since = (
                     row.created_at_ms
@@ -717,6 +727,8 @@ class Planner:
             if new_first > row.first_ordinal:
                 self._emit(HistoryTrimmed(row.incarnation, new_first, self.now))
                 trimmed.append(row.session_id)
+        if sealed and not skipped:
+            self.view.retention.cover_through(self.txn, sealed[-1], mark)
         self._finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
 
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:

@@ -13,10 +13,12 @@ a byte budget, not its sidecar.
 from __future__ import annotations
 
 import os
+import zlib
 from array import array
 from typing import Final, NamedTuple
 
 import lmdb
+import msgspec
 
 from ..models import RetentionPolicy
 from ..sessions import SessionRow
@@ -246,15 +248,26 @@ def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:
     return freed
 
 
+def policy_mark(policy: RetentionPolicy) -> int:
+    """A number naming the windows a pass applied (the `retained` mark carries it): a pass
+    under another policy (another process's) did not check what this one would."""
+    return zlib.crc32(msgspec.msgpack.encode(policy))
+
+
 def candidate_rows(
-    txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache, sealed: list[int]
+    txn: lmdb.Transaction,
+    view: View,
+    log: SegmentLog,
+    cache: SummaryCache,
+    sealed: list[int],
+    mark: int,
 ) -> list[SessionRow]:
     """The rows a pass after a seal must look at when only byte windows and the sessions'
     own age windows apply: sessions with events in a segment of `sealed` newer than the
     last committed pass covered (only an append grows a session's bytes), and sessions
     with an age window of their own (SPEC 8, "What a pass reads"). In session-id order,
     as a full pass."""
-    covered = view.retention.covered_through(txn)
+    covered = view.retention.covered_through(txn, mark)
     incarnations: set[int] = set(view.retention.aged(txn))
     for base in sealed:
         if base <= covered:

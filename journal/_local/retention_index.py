@@ -3,8 +3,9 @@ read the rows of a few sessions instead of every row (SPEC 8, "What a pass reads
 
     aged     u64 incarnation -> b"" + CRC32   sessions created with an age window of
                                               their own (`max_history_age_ms`)
-    meta     b"retained" -> u64 + CRC32       the base of the newest sealed segment the
-                                              last committed retention pass covered
+    meta     b"retained" -> u64, u64 + CRC32  the base of the newest sealed segment the
+                                              last committed retention pass covered, and
+                                              the mark of the policy it applied
 
 A session's retained bytes grow only by appending, and an append lands in the active
 segment: so a byte window can only be newly exceeded by a session with events in a segment
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import lmdb
 
-from .view_codec import U64, key_u64, seal, u64_value
+from .view_codec import U64, U64X2, corrupt, key_u64, seal, unseal
 
 __all__ = ["RetentionIndex"]
 
@@ -49,10 +50,17 @@ class RetentionIndex:
         cursor = txn.cursor(db=self._aged)
         return [key_u64(key, "aged") for key in cursor.iternext(keys=True, values=False)]
 
-    def covered_through(self, txn: lmdb.Transaction) -> int:
-        """The newest sealed segment's base the last pass covered (0: none)."""
+    def covered_through(self, txn: lmdb.Transaction, mark: int) -> int:
+        """The newest sealed segment's base the last pass covered under the policy `mark`
+        names (0: none, or a pass under another policy)."""
         raw = txn.get(_COVERED_KEY, db=self._meta)
-        return 0 if raw is None else u64_value(_COVERED_KEY, raw, "meta")
+        if raw is None:
+            return 0
+        payload = unseal(_COVERED_KEY, raw, "meta")
+        if len(payload) != U64X2.size:
+            raise corrupt(f"the meta entry {_COVERED_KEY!r} has {len(payload)} bytes, not 16")
+        base, covered_mark = U64X2.unpack(payload)
+        return int(base) if covered_mark == mark else 0
 
-    def cover_through(self, txn: lmdb.Transaction, base: int) -> None:
-        txn.put(_COVERED_KEY, seal(_COVERED_KEY, U64.pack(base)), db=self._meta)
+    def cover_through(self, txn: lmdb.Transaction, base: int, mark: int) -> None:
+        txn.put(_COVERED_KEY, seal(_COVERED_KEY, U64X2.pack(base, mark)), db=self._meta)
