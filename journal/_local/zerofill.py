@@ -82,6 +82,7 @@ class ZeroFiller:
         self._thread: threading.Thread | None = None
         self._resting_until = 0.0
         self._failure: str | None = None  # the last failure logged, until a step works
+        self._wrote = False  # whether the last step wrote zeros
         # Held while a step has the segment open: fork() waits for it, so a child never
         # inherits a filler's descriptor (or its lock).
         self.busy = threading.Lock()
@@ -135,7 +136,8 @@ class ZeroFiller:
                 self._resting_until = time.monotonic() + RETRY_S
                 more = False
             else:
-                if self._failure is not None:
+                if self._failure is not None and self._wrote:
+                    # (Only a step that wrote zeros: one with nothing to do proves nothing.)
                     self._failure = None
                     _log.info("zero-filling segments ahead of the writer works again")
             with self._cv:
@@ -162,7 +164,9 @@ class ZeroFiller:
         )
 
     def _step(self, directory: str, base_position: int, end_offset: int) -> bool:
-        """Write one step of zeros at the end of the segment; False once nothing is left."""
+        """Write one step of zeros at the end of the segment; False once nothing is left
+        (`_wrote` says whether it wrote any)."""
+        self._wrote = False
         with self.busy:
             try:
                 fd = os.open(os.path.join(directory, segment_name(base_position)), os.O_WRONLY)
@@ -179,6 +183,7 @@ class ZeroFiller:
                     length = min(STEP_BYTES, end_offset - size)
                     self._ops.point("zerofill.step", (segment_name(base_position), size, length))
                     self._ops.fill_zeros(fd, size, length, sync=self._sync)
+                    self._wrote = True
             finally:
                 os.close(fd)
         self._ops.point("zerofill.filled", (segment_name(base_position), size + length))
