@@ -23,7 +23,8 @@ CHILD_TIMEOUT = 30.0  # seconds a supervisor may live before it is killed
 
 
 def fresh_name(store: journal.Journal, base: str) -> str:
-    """`base`, or `base-XXXX` when a kept store already has a session by that name."""
+    """`base`, or `base-` and four random hex digits when a kept store already has a
+    session by that name."""
     name = base
     while True:
         try:
