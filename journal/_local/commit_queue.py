@@ -9,6 +9,13 @@ A leader whose previous batch was larger than what it found waits briefly for st
 the callers that batch woke are on their way back with their next request, and one fsync
 can carry them all (SPEC section 7.1). It waits only while they keep coming, one short step
 at a time, and never longer than `GATHER_S`; a lone caller never waits.
+
+A KeyboardInterrupt can land between any two bytecodes of the thread that gets it, and the
+leader may be that thread. So the queue's mutex is a raw lock (`with` on it cannot be split
+from its release, as a Condition's Python-level methods can), the leader gathers on a raw
+lock of its own with the mutex released, and a request that a leader took but did not get
+to commit goes back to the front of the queue for the next leader instead of being woken
+without a result.
 """
 
 from __future__ import annotations
@@ -46,7 +53,10 @@ class CommitQueue:
         self._commit = commit
         self._follow_up = follow_up
         self._ops = ops
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)  # (only `close` waits on it)
+        self._arrival = threading.Lock()  # held while no request arrived during a gather
+        self._arrival.acquire()
         self._queue: list[Request] = []
         self._leading = False
         self._gathering = False
@@ -56,7 +66,8 @@ class CommitQueue:
 
     def submit(self, request: Request) -> None:
         """Queue `request` and return once it was committed (or failed: `request.error`)."""
-        with self._cv:
+        wake = None
+        with self._lock:
             if self.closed:
                 raise JournalClosed("this journal is closed; open it again with Journal.open()")
             self._queue.append(request)
@@ -71,11 +82,11 @@ class CommitQueue:
             else:
                 request.wake = wake = threading.Lock()
                 wake.acquire()
-                if self._gathering:
-                    self._cv.notify()
-        if request.wake is not None:
+                if self._gathering and self._arrival.locked():
+                    self._arrival.release()
+        if wake is not None:
             try:
-                request.wake.acquire()
+                wake.acquire()
             except BaseException:
                 self._abandon(request)  # (KeyboardInterrupt in a waiting thread)
                 raise
@@ -85,12 +96,12 @@ class CommitQueue:
     @contextlib.contextmanager
     def leading(self) -> Iterator[None]:
         """Hold leadership (no batch runs meanwhile): the commit made while opening."""
-        with self._cv:
+        with self._lock:
             self._leading = True
         try:
             yield
         finally:
-            with self._cv:
+            with self._lock:
                 self._leading = False
                 self._cv.notify_all()
 
@@ -107,7 +118,7 @@ class CommitQueue:
     def _abandon(self, request: Request) -> None:
         """A waiting caller gave up (interrupted): take its request out of the queue, and
         pass leadership on if it was just handed to it, so nobody waits for it."""
-        with self._cv:
+        with self._lock:
             if request in self._queue:
                 self._queue.remove(request)
             if self._handed is not request:
@@ -119,18 +130,12 @@ class CommitQueue:
         batch = [request]
         woken = False
         try:
-            with self._cv:
+            with self._lock:
                 self._handed = None
                 batch, self._queue = self._queue, []
-                if self._last_batch > len(batch):
-                    try:
-                        self._gather(batch)
-                    except BaseException:
-                        # Interrupted while gathering (KeyboardInterrupt): the others go
-                        # back to the front of the queue for the next leader.
-                        self._queue[:0] = [r for r in batch if r is not request]
-                        batch = [request]
-                        raise
+                gather = self._gathering = self._last_batch > len(batch)
+            if gather:
+                self._gather(batch)
             self._last_batch = len(batch)
             self._commit(batch, True)
             follow_up = self._follow_up()
@@ -143,8 +148,15 @@ class CommitQueue:
         finally:
             # The usual order: pick the successor while the batch is marked done, then
             # wake everyone (the successor first of all, so the next commit starts while
-            # the woken callers return).
-            with self._cv:
+            # the woken callers return). Requests this leader was interrupted before
+            # committing (every committed one has a result or an error) go back to the
+            # front of the queue: the next leader commits them.
+            with self._lock:
+                if not woken:
+                    left = [r for r in batch if r is not request and _uncommitted(r)]
+                    if left:
+                        batch = [r for r in batch if r not in left]
+                        self._queue[:0] = left
                 for r in batch:
                     r.done = True
                 successor = self._pick_successor()
@@ -162,32 +174,45 @@ class CommitQueue:
         return successor
 
     def _gather(self, batch: list[Request]) -> None:
-        """Wait briefly for stragglers (the caller holds `_cv`). Stops when a short wait
-        brings nobody, when the previous batch's size is reached, or after `GATHER_S`."""
+        """Wait briefly for stragglers (`_gathering` set, the mutex not held; arrivals
+        release `_arrival`). Stops when a short wait brings nobody, when the previous
+        batch's size is reached, or after `GATHER_S`."""
         deadline = time.monotonic() + GATHER_S
-        self._gathering = True
         try:
-            while len(batch) < self._last_batch:
+            while True:
+                with self._lock:
+                    taken, self._queue = self._queue, []
+                    batch += taken
+                if len(batch) >= self._last_batch:
+                    return
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._cv.wait(min(remaining, GATHER_STEP_S)):
-                    break
-                batch += self._queue
-                self._queue = []
+                if remaining <= 0 or not self._arrival.acquire(True, min(remaining, GATHER_STEP_S)):
+                    return
         finally:
-            self._gathering = False
-        batch += self._queue
-        self._queue = []
+            with self._lock:
+                self._gathering = False
+                self._arrival.acquire(False)  # (held again: no arrival pending)
+                taken, self._queue = self._queue, []
+                batch += taken
 
     def _wake(self, batch: list[Request], leader: Request) -> None:
-        with self._cv:
+        with self._lock:
             for r in batch:
                 r.done = True
         for r in batch:
-            if r.wake is not None and r is not leader:
-                r.wake.release()
+            wake, r.wake = r.wake, None  # (so that waking twice wakes nobody twice)
+            if wake is not None and r is not leader:
+                wake.release()
+
+
+def _uncommitted(request: Request) -> bool:
+    return request.result is None and request.error is None
 
 
 def _hand_over(successor: Request | None) -> None:
     """Wake the request picked to lead next (outside the queue's lock)."""
-    if successor is not None and successor.wake is not None:
-        successor.wake.release()
+    if successor is None:
+        return
+    wake, successor.wake = successor.wake, None
+    if wake is not None:
+        wake.release()
