@@ -41,6 +41,9 @@ def build(store: str) -> None:
         for round_ in range(12):
             for session in SESSIONS:
                 j.append(session, [EventIn("m", f"{session}-{round_}".encode() * 20)])
+        for round_ in range(120):
+            # (Enough frames that the view keeps alpha's in a tree of their own, not inline.)
+            j.append("alpha", [EventIn("m", f"alpha-long-{round_}".encode())])
         j.append("beta", [EventIn("m", b"keyed")], idempotency_key="k1")
         j.compact_session("gamma", 3, b"snapshot")
         j.resolve_session("delta")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from _view_entries import read_locations, replace_location, sealed_location
 
 from journal import EventIn, Journal, JournalCorrupt
 
@@ -130,7 +131,8 @@ def test_an_index_entry_naming_a_missing_segment_is_journal_corrupt(tmp_path: Pa
     """Used to escape as a raw FileNotFoundError after the reader's retries."""
     store = tmp_path / "s"
     _two_sessions(store)
-    _rewrite(store, b"events", struct.pack(">QQ", 1, 1), struct.pack(">QQQQ", 99999, 64, 0, 0))
+    payload = struct.pack(">QQQQQ", 1, 99999, 64, 0, 0)
+    replace_location(store, 1, 1, sealed_location(1, payload))
     with Journal.open(store, readonly=True) as j, pytest.raises(JournalCorrupt) as caught:
         j.read("a")
     assert caught.value.segment == "index"
@@ -142,12 +144,8 @@ def test_an_index_entry_naming_another_sessions_frame_is_journal_corrupt(tmp_pat
     must not answer with b's events or an empty page."""
     store = tmp_path / "s"
     _two_sessions(store)
-    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
-    with env.begin() as txn:
-        events = env.open_db(b"events", txn=txn, create=False)
-        b_location = txn.get(struct.pack(">QQ", 2, 1), db=events)
-    env.close()
-    _rewrite(store, b"events", struct.pack(">QQ", 1, 1), b_location[:32])
+    b_location = read_locations(store)[2, 1]
+    replace_location(store, 1, 1, sealed_location(1, b_location[:40]))
     with Journal.open(store, readonly=True) as j, pytest.raises(JournalCorrupt) as caught:
         j.replay("a").__next__()
     assert caught.value.segment == "index"
@@ -183,10 +181,17 @@ def test_a_view_written_before_checksums_is_rebuilt(tmp_path: Path) -> None:
     _two_sessions(store)
     env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
     with env.begin(write=True) as txn:
-        for name in (b"meta", b"sessions", b"incarnations", b"events", b"pins", b"feed"):
+        for name in (b"meta", b"sessions", b"incarnations", b"pins", b"feed"):
             db = env.open_db(name, txn=txn)
             for key, value in list(txn.cursor(db=db)):
                 txn.put(key, value[:-4], db=db)
+        # (Then, the events index was keyed by incarnation and first ordinal.)
+        events = env.open_db(b"events", txn=txn)
+        entries = list(txn.cursor(db=events))
+        txn.drop(events)
+        events = env.open_db(b"events", txn=txn)
+        for key, value in entries:
+            txn.put(key + value[:8], value[8:-4], db=events)
         txn.delete(b"format", db=env.open_db(b"meta", txn=txn))
     env.close()
     with Journal.open(store, readonly=True) as j:

@@ -14,8 +14,8 @@ import tracemalloc
 import zlib
 from pathlib import Path
 
-import lmdb
 import pytest
+from _view_entries import read_locations, replace_location, sealed_location
 
 from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
 from journal._local import frames
@@ -243,28 +243,6 @@ def test_frame_crc32_agrees_with_zlib(rng: random.Random) -> None:
         assert frames.frame_crc32(memoryview(data), start) == zlib.crc32(data, start)
 
 
-def _events_entries(store: Path) -> dict[bytes, bytes]:
-    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=True)
-    try:
-        with env.begin() as txn:
-            return dict(txn.cursor(db=env.open_db(b"events", txn=txn, create=False)))
-    finally:
-        env.close()
-
-
-def _put_entry(store: Path, key: bytes, value: bytes) -> None:
-    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
-    try:
-        with env.begin(write=True) as txn:
-            txn.put(key, value, db=env.open_db(b"events", txn=txn))
-    finally:
-        env.close()
-
-
-def _sealed(key: bytes, payload: bytes) -> bytes:
-    return payload + struct.pack(">I", zlib.crc32(payload, zlib.crc32(key)))
-
-
 def _three_frames(store: Path) -> list[int]:
     sizes = [300] * 10 + [500] * 10 + [700] * 10
     with Journal.open(store) as j:
@@ -281,9 +259,10 @@ def test_implausible_byte_counts_in_the_index_fall_back_to_counting(tmp_path: Pa
     # third's: both frames' counts are implausible, so the reader counts their events,
     # and the pages are still those of the rule.
     sizes = _three_frames(tmp_path)
-    key = struct.pack(">QQ", 1, 11)
-    segment, offset, _, time_ms = struct.unpack(">QQQQ", _events_entries(tmp_path)[key][:32])
-    _put_entry(tmp_path, key, _sealed(key, struct.pack(">QQQQ", segment, offset, 1 << 40, time_ms)))
+    stored = read_locations(tmp_path)[1, 11]
+    segment, offset, _, time_ms = struct.unpack(">QQQQ", stored[8:40])
+    payload = struct.pack(">QQQQQ", 11, segment, offset, 1 << 40, time_ms)
+    replace_location(tmp_path, 1, 11, sealed_location(1, payload))
     with Journal.open(tmp_path, readonly=True) as j:
         for max_bytes in (1, 2000, 4000, 9000, 1 << 20):
             pages = []
@@ -303,9 +282,8 @@ def test_a_damaged_index_entry_after_the_page_fails_only_the_page_that_reaches_i
     # The reader looks one index entry ahead (for byte counts): damage found there is
     # raised only when a page gets to that frame.
     _three_frames(tmp_path)
-    key = struct.pack(">QQ", 1, 21)
-    value = _events_entries(tmp_path)[key]
-    _put_entry(tmp_path, key, value[:-4] + bytes(a ^ 0xFF for a in value[-4:]))
+    value = read_locations(tmp_path)[1, 21]
+    replace_location(tmp_path, 1, 21, value[:-4] + bytes(a ^ 0xFF for a in value[-4:]))
     with Journal.open(tmp_path, readonly=True) as j:
         page = j.read("s", max_bytes=7000)  # ends inside the second frame
         assert [e.ordinal for e in page.events] == list(range(1, 19))

@@ -27,6 +27,18 @@ bundles; 0.9.36 when this was written), 64-bit little-endian builds:
                             lo | hi << 16 | flags << 32. Leaf flag BIGDATA 0x01: the data
                             is the u64 first page of an overflow run holding the value;
                             SUBDATA 0x02: a named database's record (in the main database)
+    dup-sorted database     flags DUPSORT 0x04 | DUPFIXED 0x10 (the only kind checked): a
+                            leaf node with flag DUPDATA 0x04 holds its key's values (all of
+                            one size, the "ksize") as a sub-page in its data: a page header
+                            (flags LEAF | LEAF2 0x20 | SUBP 0x40, maybe DIRTY 0x10; pad: the
+                            ksize) and the values packed after it in order; with DUPDATA |
+                            SUBDATA, a database record (flags DUPFIXED, pad: the ksize) of a
+                            tree of its own, whose branch pages are as above and whose
+                            leaves (flags LEAF | LEAF2) pack the values after the header;
+                            without a flag, the key's one value. In a LEAF2 page, the value
+                            count is (lower - 16) / 2 and upper - lower is the free space.
+                            The database's record counts the values (entries) and the pages
+                            of the trees of its keys too (pages: not exactly, see _tree)
     free database           integer keys (transaction ids); values: u64 count, then that
                             many u64 page numbers
 
@@ -36,8 +48,9 @@ the main and every named database reachable from the current meta page: every pa
 number, kind and bounds, every node's bounds, keys in strictly increasing order within the
 bounds their parent gives, leaves all at the recorded depth, overflow runs inside the
 file, no page reached twice, page and entry counts equal to the database's record, free
-pages inside the file and not in use; and a check of the caller's on every entry of
-the named databases it names (the view checks its own checksums there).
+pages inside the file and not in use, and the values of dup-sorted databases (their
+sub-pages and trees) likewise; and a check of the caller's on every entry (every value of
+a dup-sorted one) of the named databases it names (the view checks its checksums there).
 """
 
 from __future__ import annotations
@@ -73,7 +86,13 @@ _OVERFLOW: Final = 0x04
 _META_PAGE: Final = 0x08
 _BIGDATA: Final = 0x01
 _SUBDATA: Final = 0x02
+_DUPDATA: Final = 0x04
 _INTEGER_KEY: Final = 0x08
+_DUP_FIXED: Final = 0x10
+_DUP_SORTED: Final = 0x04 | _DUP_FIXED  # (database flags DUPSORT | DUPFIXED)
+_LEAF2: Final = 0x20
+_SUB_PAGE: Final = 0x40
+_DIRTY: Final = 0x10
 _MAX_KEY: Final = 511
 _MAX_MAP: Final = 1 << 46
 # A busy writer changes the meta pages under a check: it is repeated on a new snapshot.
@@ -189,7 +208,7 @@ class _Checker:
         named: list[tuple[bytes, _Record]] = []
         self._tree("main", meta.main, None, named)
         for name, record in named:
-            if record.flags != 0:
+            if record.flags not in (0, _DUP_SORTED) or record.pad:
                 raise _Damage(f"database {name!r} has flags {record.flags:#x}")
             self._tree(name.decode(errors="replace"), record, None, None, name)
         for page in free_pages:
@@ -247,12 +266,16 @@ class _Checker:
         free_page: Callable[[int], None] | None,
         named: list[tuple[bytes, _Record]] | None = None,
         name: bytes = b"",
-    ) -> None:
-        """Check one B-tree (see the module docstring for what is checked)."""
+        owner: bytes | None = None,
+    ) -> list[int]:
+        """Check one B-tree (see the module docstring for what is checked); its (branch,
+        leaf, overflow pages, entries). `owner`: the tree holds the values of that key of
+        a dup-sorted database (its leaves are LEAF2 pages of `record.pad`-byte values)."""
         if record.root == _NO_PAGE:
             if record.depth or record.entries or record.branch_pages or record.leaf_pages:
                 raise _Damage(f"database {label}: empty, but its record counts pages")
-            return
+            return [0, 0, 0, 0]
+        dups = record.flags == _DUP_SORTED
         counts = [0, 0, 0, 0]  # branch pages, leaf pages, overflow pages, entries
         check = self._entry_checks(name) if self._entry_checks is not None and name else None
         kept = self.kept if name is not None and name == self._keep else None
@@ -268,11 +291,21 @@ class _Checker:
             page_size = self._page_size
             if pgno != page:
                 raise _Damage(f"{where} says it is page {pgno}")
-            if flags not in (_BRANCH, _LEAF):
+            leaf = _LEAF | _LEAF2 if owner is not None else _LEAF
+            if flags not in (_BRANCH, leaf):
                 raise _Damage(f"{where} has page flags {flags:#x}")
             if lower < _HEADER_SIZE or lower & 1 or lower > upper or upper > page_size:
                 raise _Damage(f"{where} has bounds {lower}..{upper}")
             count = (lower - _HEADER_SIZE) >> 1
+            if flags == _LEAF | _LEAF2 and owner is not None:
+                level_ok = level == record.depth
+                if not level_ok or count == 0:
+                    raise _Damage(f"{where}: a leaf of {count} values at level {level}")
+                counts[1] += 1
+                counts[3] += count
+                values = _packed(raw, record.pad, count, page_size, where)
+                self._values(values, low, high, name, owner, check, where)
+                continue
             if count == 0 or (flags == _BRANCH and count < (1 if integer_keys else 2)):
                 raise _Damage(f"{where} holds {count} nodes")
             branch = flags == _BRANCH
@@ -317,6 +350,19 @@ class _Checker:
                     continue
                 data_size = lo | hi << 16
                 counts[3] += 1
+                if dups and node_flags & _DUPDATA:
+                    if key_end + data_size > page_size:
+                        raise _Damage(f"{where}: node {index} has data past the end of the page")
+                    found = self._duplicates(
+                        raw[key_end : key_end + data_size], node_flags, label, name, key, where
+                    )
+                    counts = [a + b for a, b in zip(counts, found, strict=True)]
+                    counts[3] -= 1
+                    continue
+                if (dups and node_flags) or (named is None and node_flags not in (0, _BIGDATA)):
+                    # (LMDB takes a DUPDATA flag in a database not dup-sorted for a
+                    # sub-page, and a BIGDATA value in one that is for a value.)
+                    raise _Damage(f"{where}: node {index} has flags {node_flags:#x}")
                 if node_flags & _BIGDATA:
                     if node_flags != _BIGDATA or key_end + 8 > page_size:
                         raise _Damage(f"{where}: node {index} has flags {node_flags:#x}")
@@ -346,11 +392,70 @@ class _Checker:
                 child_high = keys[index + 1] if index + 1 < len(children) else high
                 stack.append((child, level + 1, child_low, child_high))
         expected = [record.branch_pages, record.leaf_pages, record.overflow_pages, record.entries]
+        if dups:
+            # LMDB does not take a key's values tree's pages off the database's record
+            # when it deletes the key's last value (its page counts are statistics it
+            # never reads back): only the values are counted there.
+            expected[:3] = counts[:3]
         if counts != expected:
             raise _Damage(
                 f"database {label} has (branch, leaf, overflow pages, entries) {tuple(counts)}, "
                 f"its record says {tuple(expected)}"
             )
+        return counts
+
+    def _duplicates(
+        self, data: bytes, node_flags: int, label: str, name: bytes, key: bytes, where: str
+    ) -> list[int]:
+        """Check the values of `key` in a dup-sorted database (a sub-page or a tree of
+        their own, `data` being the node's data); their (pages..., entries)."""
+        check = self._entry_checks(name) if self._entry_checks is not None else None
+        if node_flags == _DUPDATA:
+            if len(data) < _HEADER_SIZE:
+                raise _Damage(f"{where}: the values of {key!r} are cut short")
+            _, ksize, flags, lower, upper = _HEADER.unpack_from(data, 0)
+            if flags & ~_DIRTY != _LEAF | _LEAF2 | _SUB_PAGE:
+                raise _Damage(f"{where}: the values of {key!r} have page flags {flags:#x}")
+            if lower < _HEADER_SIZE or lower & 1 or lower > upper or upper > len(data):
+                raise _Damage(f"{where}: the values of {key!r} have bounds {lower}..{upper}")
+            count = (lower - _HEADER_SIZE) >> 1
+            if count == 0:
+                raise _Damage(f"{where}: {key!r} has an empty sub-page")
+            values = _packed(data, ksize, count, len(data), f"{where}, values of {key!r}")
+            self._values(values, None, None, name, key, check, where)
+            return [0, 0, 0, count]
+        if node_flags != _DUPDATA | _SUBDATA or len(data) != _DB_SIZE:
+            raise _Damage(f"{where}: the values of {key!r} have flags {node_flags:#x}")
+        record = _Record(*_DB.unpack_from(data, 0))
+        if record.flags != _DUP_FIXED or record.root == _NO_PAGE:
+            raise _Damage(
+                f"{where}: the values of {key!r} have a record of flags {record.flags:#x}"
+            )
+        return self._tree(f"{label} (values of {key!r})", record, None, None, name, key)
+
+    def _values(
+        self,
+        values: list[bytes],
+        low: bytes | None,
+        high: bytes | None,
+        name: bytes,
+        key: bytes,
+        check: EntryCheck | None,
+        where: str,
+    ) -> None:
+        """Values of one key, in order and within the bounds (the first may equal `low`),
+        each passing the caller's check."""
+        previous = low
+        for index, value in enumerate(values):
+            if previous is not None and (value < previous if index == 0 else value <= previous):
+                raise _Damage(f"{where}: values out of order at {index}")
+            if high is not None and value >= high:
+                raise _Damage(f"{where}: value {index} is beyond its parent's bound")
+            previous = value
+            if check is not None:
+                problem = check(name, key, value)
+                if problem is not None:
+                    raise _Damage(f"{where}: {problem}")
 
     def _overflow(self, first: int, data_size: int, where: str) -> bytes:
         pages = (_HEADER_SIZE - 1 + data_size) // self._page_size + 1
@@ -372,6 +477,15 @@ class _Checker:
             raise _Damage(f"{where}: a free list of {len(value)} bytes says {count} pages")
         for page in struct.unpack_from(f"<{count}Q", value, 8):
             free_page(page)
+
+
+def _packed(raw: bytes, ksize: int, count: int, size: int, where: str) -> list[bytes]:
+    """The `count` values of `ksize` bytes packed after the header of a LEAF2 page of
+    `size` bytes (whose free space its header's bounds give)."""
+    _, _, _, lower, upper = _HEADER.unpack_from(raw, 0)
+    if not 1 <= ksize <= _MAX_KEY or upper - lower != size - _HEADER_SIZE - count * ksize:
+        raise _Damage(f"{where}: {count} values of {ksize} bytes do not fill it as it says")
+    return [raw[at : at + ksize] for at in range(_HEADER_SIZE, _HEADER_SIZE + count * ksize, ksize)]
 
 
 def file_identity(path: str) -> tuple[int, int] | None:

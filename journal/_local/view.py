@@ -11,8 +11,12 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
     meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer
     sessions     session id (utf-8) -> SessionRow (staged imports: NUL-prefixed ids)
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
-    events       u64 incarnation + u64 first ordinal in a frame -> u64 segment, u64 offset,
-                 u64 session bytes appended before the frame, u64 frame time (ms)
+    events       u64 incarnation -> sorted duplicates of fixed size, one per frame holding
+                 the session's events: u64 first ordinal in the frame, u64 segment,
+                 u64 offset, u64 session bytes appended before the frame, u64 frame time
+                 (ms). Dup-sorted and appended with MDB_APPENDDUP: a session's entries
+                 arrive in ordinal order, so its pages fill (keyed by incarnation and
+                 ordinal, sessions appending in turn split every page in half)
     idem         u64 incarnation + key (utf-8) -> IdemEntry
     feed         u64 position of a lifecycle record -> FeedEntry
     deadlines    u64 due ms + u64 incarnation -> b""  (TTL and suspension caps)
@@ -25,7 +29,8 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
     aged         u64 incarnation -> b"": sessions with an age window of their own; with
                  meta b"retained" (`retention_index`, `View.retention`)
 
-Every value ends with a CRC32 of the entry's key and the rest of the value (big-endian),
+Every value (and every duplicate of `events`) ends with a CRC32 of the entry's key and the
+rest of the value (big-endian),
 checked on every read: a damaged entry is `JournalCorrupt` naming `index`, never a wrong
 answer. `meta` also holds b"format" (`VIEW_FORMAT`): a view of another format is rebuilt.
 LMDB errors that mean damage, and checks that fail, become `JournalCorrupt` here, in one
@@ -87,16 +92,19 @@ __all__ = [
 
 # 2: every value carries a CRC32 of its key and value. 3: the `states` index (a view of
 # format 2 lacks it, and code of format 2 would not maintain it: either rebuilds). 4: the
-# retention index (`aged`, meta b"retained").
-VIEW_FORMAT: Final = 4
+# retention index (`aged`, meta b"retained"). 5: `events` keyed by incarnation alone, its
+# entries dup-sorted (a view of format 4 has none).
+VIEW_FORMAT: Final = 5
 _FORMAT_KEY: Final = b"format"
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
 _STAGED_END: Final = b"\x01"
 
-# events value: segment, frame offset, session bytes appended before the frame, frame time
-_LOCATION: Final = struct.Struct(">QQQQ")
+# events duplicate: first ordinal, segment, frame offset, session bytes appended before the
+# frame, frame time (then the CRC)
+_LOCATION: Final = struct.Struct(">QQQQQ")
+_EVENTS: Final = b"events"
 _NAMES: Final = (
     b"meta",
     b"sessions",
@@ -147,7 +155,7 @@ _head_decoder: Final = msgspec.msgpack.Decoder(Head)
 _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
 _U64_CRC: Final = struct.Struct(">QI")
-_LOCATION_CRC: Final = struct.Struct(">QQQQI")
+_LOCATION_CRC: Final = struct.Struct(">QQQQQI")
 
 # LMDB errors that mean the file is damaged (not a full map, a busy reader table, ...).
 _DAMAGE_ERRORS: Final = (
@@ -160,19 +168,43 @@ _DAMAGE_ERRORS: Final = (
 )
 
 
+def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None) -> lmdb._Database:
+    """A named database (created when `txn`, a write transaction, is given)."""
+    dup = name == _EVENTS
+    return env.open_db(name, txn=txn, create=txn is not None, dupsort=dup, dupfixed=dup)
+
+
 class ViewDamaged(Exception):
     """The view's file failed its checks before it was opened (internal: the engine
     replaces the view, or a read-only reader builds a private one)."""
 
 
-def _location(key: Raw, raw: Raw) -> tuple[int, int, int, int]:
-    """(segment, offset, bytes before, time) of an events entry."""
-    if len(raw) != _LOCATION_CRC.size:
-        raise corrupt(f"an events entry of {len(raw)} bytes")
-    segment, offset, before, time_ms, crc = _LOCATION_CRC.unpack(raw)
+def _location(key: Raw, raw: Raw) -> tuple[int, int, int, int, int]:
+    """(first ordinal, segment, offset, bytes before, time) of an events duplicate."""
+    if len(key) != 8 or len(raw) != _LOCATION_CRC.size:
+        raise corrupt(f"an events entry of {len(key)}+{len(raw)} bytes")
+    first_ordinal, segment, offset, before, time_ms, crc = _LOCATION_CRC.unpack(raw)
     if zlib.crc32(memoryview(raw)[:-4], zlib.crc32(key)) != crc:
-        raise corrupt(f"the events entry {bytes(key)!r} fails its checksum")
-    return segment, offset, before, time_ms
+        raise corrupt(f"the events entry {bytes(key)!r}/{first_ordinal} fails its checksum")
+    return first_ordinal, segment, offset, before, time_ms
+
+
+def _events_cursor(
+    txn: lmdb.Transaction, db: lmdb._Database, incarnation: int, ordinal: int
+) -> lmdb.Cursor | None:
+    """A cursor on the session's last events duplicate whose frame starts at or below
+    `ordinal` (one seek), or None when there is none."""
+    cursor = txn.cursor(db=db)
+    key = U64.pack(incarnation)
+    target = U64.pack(ordinal)
+    if cursor.set_range_dup(key, target):
+        if cursor.value()[:8] != target and not cursor.prev_dup():
+            return None
+        return cursor
+    if not cursor.set_key(key):
+        return None
+    cursor.last_dup()
+    return cursor
 
 
 def _check_entry(name: bytes, key: bytes, value: bytes) -> str | None:
@@ -186,7 +218,7 @@ def _entry_check(name: bytes) -> EntryCheck | None:
     # The events index (one entry per frame and session: most of the view) is left to
     # the reads: each entry's checksum is checked when it is read, and an entry the
     # damage moved elsewhere leaves a gap the reader reports (JournalCorrupt).
-    return None if name == b"events" else _check_entry
+    return None if name == _EVENTS else _check_entry
 
 
 def inspect_view(path: str) -> str | None:
@@ -345,10 +377,10 @@ class View:
         if readonly:
             # Handles opened inside a read transaction die with it: let LMDB open them in
             # its own (committed) transaction instead.
-            handles = [self.env.open_db(name, create=False) for name in _NAMES]
+            handles = [_open_db(self.env, name, None) for name in _NAMES]
         else:
             with self.env.begin(write=True) as txn:
-                handles = [self.env.open_db(name, txn=txn, create=True) for name in _NAMES]
+                handles = [_open_db(self.env, name, txn) for name in _NAMES]
         self._handles = handles
         (
             self._meta,
@@ -568,31 +600,38 @@ class View:
         bytes_before: int,
         time_ms: int,
     ) -> None:
-        key = U64X2.pack(incarnation, first_ordinal)
-        value = _LOCATION.pack(segment, offset, bytes_before, time_ms)
-        txn.put(key, value + CRC.pack(zlib.crc32(value, zlib.crc32(key))), db=self._events)
+        """Record where the frame holding the session's events from `first_ordinal` on
+        starts (replacing what was recorded for that frame)."""
+        key = U64.pack(incarnation)
+        value = _LOCATION.pack(first_ordinal, segment, offset, bytes_before, time_ms)
+        value += CRC.pack(zlib.crc32(value, zlib.crc32(key)))
+        if txn.put(key, value, db=self._events, append=True):
+            return  # (the usual case: the session's next frame)
+        # Not the session's newest frame (a compaction moving one, a rebuild): in place.
+        self.delete_location(txn, incarnation, first_ordinal)
+        txn.put(key, value, db=self._events)
 
     def delete_location(self, txn: lmdb.Transaction, incarnation: int, first_ordinal: int) -> None:
-        txn.delete(U64X2.pack(incarnation, first_ordinal), db=self._events)
+        cursor = txn.cursor(db=self._events)
+        target = U64.pack(first_ordinal)
+        if cursor.set_range_dup(U64.pack(incarnation), target) and cursor.value()[:8] == target:
+            cursor.delete()
 
     def locations(
         self, txn: lmdb.Transaction, incarnation: int, *, up_to_ordinal: int | None = None
     ) -> list[Location]:
         """The session's frame locations in ordinal order (those whose frame starts at or
         below `up_to_ordinal`, when given)."""
-        prefix = U64.pack(incarnation)
+        key = U64.pack(incarnation)
         cursor = txn.cursor(db=self._events)
         found: list[Location] = []
-        if not cursor.set_range(prefix):
+        if not cursor.set_key(key):
             return found
-        while cursor.key()[:8] == prefix:
-            key = cursor.key()
-            _, first_ordinal = key_pair(key, "events")
-            if up_to_ordinal is not None and first_ordinal > up_to_ordinal:
+        for raw in cursor.iternext_dup():
+            location = Location(*_location(key, raw))
+            if up_to_ordinal is not None and location.first_ordinal > up_to_ordinal:
                 break
-            found.append(Location(first_ordinal, *_location(key, cursor.value())))
-            if not cursor.next():
-                break
+            found.append(location)
         return found
 
     def frame_holding(
@@ -600,53 +639,34 @@ class View:
     ) -> Location | None:
         """The location of the session's last frame starting at or below `ordinal` (one
         seek), or None when none does."""
-        cursor = txn.cursor(db=self._events)
-        target = U64X2.pack(incarnation, ordinal)
-        if cursor.set_range(target):
-            if cursor.key() != target and not cursor.prev():
-                return None
-        elif not cursor.last():
+        cursor = _events_cursor(txn, self._events, incarnation, ordinal)
+        if cursor is None:
             return None
-        key = cursor.key()
-        if key[:8] != U64.pack(incarnation):
-            return None
-        _, first_ordinal = key_pair(key, "events")
-        return Location(first_ordinal, *_location(key, cursor.value()))
+        return Location(*_location(cursor.key(), cursor.value()))
 
     def iter_frame_locations(
         self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
     ) -> Iterator[tuple[int, int, int, int]]:
         """(first ordinal, segment, offset, the session's data bytes in earlier frames) of
         each frame holding its events, from the frame holding `from_ordinal` on, in order."""
-        cursor = txn.cursor(db=self._events)
-        prefix = U64.pack(incarnation)
-        target = U64X2.pack(incarnation, from_ordinal)
-        if cursor.set_range(target):
-            if cursor.key() != target:
-                # The frame holding from_ordinal starts before it: step back to it.
-                if cursor.prev():
-                    if cursor.key()[:8] != prefix:
-                        cursor.next()
-                else:
-                    cursor.first()
-        elif not cursor.last():
-            return
-        while True:
-            key = cursor.key()
-            if key[:8] != prefix:
+        key = U64.pack(incarnation)
+        cursor = _events_cursor(txn, self._events, incarnation, from_ordinal)
+        if cursor is None:
+            # Every frame starts after from_ordinal (or there is none): from the first.
+            cursor = txn.cursor(db=self._events)
+            if not cursor.set_key(key):
                 return
-            _, first_ordinal = key_pair(key, "events")
-            segment, offset, before, _ = _location(key, cursor.value())
+        for raw in cursor.iternext_dup(keys=False, values=True):
+            first_ordinal, segment, offset, before, _ = _location(key, raw)
             yield first_ordinal, segment, offset, before
-            if not cursor.next():
-                return
 
     def all_locations(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:
         """(incarnation, first ordinal) -> (segment, offset) of every frame location."""
-        return {
-            key_pair(key, "events"): _location(key, value)[:2]
-            for key, value in txn.cursor(db=self._events)
-        }
+        found: dict[tuple[int, int], tuple[int, int]] = {}
+        for key, raw in txn.cursor(db=self._events):
+            first_ordinal, segment, offset, _, _ = _location(key, raw)
+            found[key_u64(key, "events"), first_ordinal] = segment, offset
+        return found
 
     # -- idempotency keys ------------------------------------------------------------------
 
