@@ -118,10 +118,10 @@ def test_a_view_that_lost_its_event_index_is_reported_with_a_real_segment(
     view = View(str(tmp_path / "index"))
     try:
         with view.begin(write=True) as txn:
-            locations = view.locations(txn, incarnation)
+            locations = view.events.locations(txn, incarnation)
             assert len(locations) == 8
             for location in locations[4:]:  # the last frames: the index ends early
-                view.delete_location(txn, incarnation, location.first_ordinal)
+                view.events.delete(txn, incarnation, location.first_ordinal)
     finally:
         view.close()
     with Journal.open(tmp_path, durability="os", segment_bytes=4096) as j:

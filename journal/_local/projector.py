@@ -179,7 +179,7 @@ class Projection:
             row.first_ordinal = max(row.first_ordinal, first)
             self._trim(row)
         if first_in_frame:
-            self.view.put_location(
+            self.view.events.put(
                 self.txn, incarnation, first, segment, frame_offset, row.appended_bytes, timestamp
             )
         row.last_ordinal = first + count - 1
@@ -190,7 +190,7 @@ class Projection:
 
     def _index_frame(self, row: SessionRow, ordinal: int, info: FrameInfo, record: Record) -> None:
         timestamp = record.timestamp_ms if isinstance(record, EventAppended) else 0
-        self.view.put_location(
+        self.view.events.put(
             self.txn,
             row.incarnation,
             ordinal,
@@ -399,13 +399,13 @@ class Projection:
         txn = self.txn
         view = self.view
         # Entries of frames starting at or below first_ordinal.
-        below = view.locations(txn, row.incarnation, up_to_ordinal=row.first_ordinal)
+        below = view.events.locations(txn, row.incarnation, up_to_ordinal=row.first_ordinal)
         everything = row.last_ordinal < row.first_ordinal
         # The last frame starting at or below first_ordinal still holds it (unless nothing
         # is retained at all): every earlier frame is wholly below it.
         doomed = below if everything else below[:-1]
         for location in doomed:
-            view.delete_location(txn, row.incarnation, location.first_ordinal)
+            view.events.delete(txn, row.incarnation, location.first_ordinal)
         if everything:
             row.retained_bytes = 0
         elif below:
@@ -428,8 +428,8 @@ class Projection:
         view = self.view
         view.delete_row(txn, row.session_id)
         view.retention.drop_aged(txn, row.incarnation)
-        for location in view.locations(txn, row.incarnation):
-            view.delete_location(txn, row.incarnation, location.first_ordinal)
+        for location in view.events.locations(txn, row.incarnation):
+            view.events.delete(txn, row.incarnation, location.first_ordinal)
         for key, entry in view.idem_entries(txn, row.incarnation):
             view.delete_idem(txn, row.incarnation, key)
             if entry.position:

@@ -206,7 +206,7 @@ def _read_events(
     append = events.append
     head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
     reader: SegmentReader | None = None
-    locations = view.iter_frame_locations(txn, incarnation, start)
+    locations = view.events.frames_from(txn, incarnation, start)
     entry = _next_entry(locations)
     while entry is not None:
         if isinstance(entry, JournalCorrupt):

@@ -22,12 +22,13 @@ import msgspec
 
 from ..models import RetentionPolicy
 from ..sessions import SessionRow
+from .events_index import Location
 from .files import fsync_dir
 from .frames import segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary
-from .view import Location, View
+from .view import View
 
 __all__ = [
     "DEFAULT_SUMMARY_BUDGET",
@@ -58,7 +59,7 @@ def window_start(
             return new_first  # no frames
         new_first = max(new_first, newest.first_ordinal)
     if limit_age is not None:
-        frames = view.locations(txn, row.incarnation)
+        frames = view.events.locations(txn, row.incarnation)
         if not frames:
             return new_first
         horizon = now - limit_age
@@ -83,16 +84,16 @@ def _first_frame_within(
     every retention pass)."""
     lo, hi = row.first_ordinal, row.last_ordinal
     if hi < lo:
-        return view.frame_holding(txn, row.incarnation, hi)
+        return view.events.frame_holding(txn, row.incarnation, hi)
     found: Location | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
-        frame = view.frame_holding(txn, row.incarnation, mid)
+        frame = view.events.frame_holding(txn, row.incarnation, mid)
         if frame is not None and frame.bytes_before >= bytes_before:
             found, hi = frame, frame.first_ordinal - 1
         else:
             lo = mid + 1
-    return found or view.frame_holding(txn, row.incarnation, row.last_ordinal)
+    return found or view.events.frame_holding(txn, row.incarnation, row.last_ordinal)
 
 
 class SegmentLiveness(NamedTuple):

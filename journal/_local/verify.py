@@ -180,7 +180,10 @@ def compare_views(
         if live.get(key) != fresh.get(key):
             problems.append(VerifyProblem("index", 0, f"session {key!r} differs from the log"))
 
-    live_locations, fresh_locations = view.all_locations(txn), rebuilt.all_locations(rebuilt_txn)
+    live_locations, fresh_locations = (
+        view.events.everything(txn),
+        rebuilt.events.everything(rebuilt_txn),
+    )
     if live_locations != fresh_locations:
         missing = len(fresh_locations.keys() - live_locations.keys())
         extra = len(live_locations.keys() - fresh_locations.keys())

@@ -3,7 +3,8 @@
 Nothing here is the truth: every entry is derived from records in the segments by the
 projector. LMDB's own fsync is off because the view can always be rebuilt; the segment
 fsync is the commit point. Every key layout and prefix scan lives in this module, except
-the state index's (`state_index`); callers pass transactions (`View.begin`) and get rows,
+those of the indexes with modules of their own (`events_index`, `state_index`,
+`retention_index`); callers pass transactions (`View.begin`) and get rows,
 entries and numbers back. The value codec is `view_codec`.
 
 Named databases (keys big-endian so LMDB's byte order is numeric order):
@@ -11,12 +12,8 @@ Named databases (keys big-endian so LMDB's byte order is numeric order):
     meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer
     sessions     session id (utf-8) -> SessionRow (staged imports: NUL-prefixed ids)
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
-    events       u64 incarnation -> sorted duplicates of fixed size, one per frame holding
-                 the session's events: u64 first ordinal in the frame, u64 segment,
-                 u64 offset, u64 session bytes appended before the frame, u64 frame time
-                 (ms). Dup-sorted and appended with MDB_APPENDDUP: a session's entries
-                 arrive in ordinal order, so its pages fill (keyed by incarnation and
-                 ordinal, sessions appending in turn split every page in half)
+    events       u64 incarnation -> sorted duplicates, one per frame holding the session's
+                 events: where the frame starts (`events_index`, `View.events`)
     idem         u64 incarnation + key (utf-8) -> IdemEntry
     feed         u64 position of a lifecycle record -> FeedEntry
     deadlines    u64 due ms + u64 incarnation -> b""  (TTL and suspension caps)
@@ -48,7 +45,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Final, NamedTuple
+from typing import Final
 
 import lmdb
 import msgspec
@@ -56,15 +53,14 @@ import msgspec
 from ..errors import JournalCorrupt
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
+from .events_index import EventsIndex, Location
 from .files import DEFAULT_PERMISSIONS, Permissions
 from .lmdbfile import EntryCheck, check_data_file, file_identity
 from .retention_index import RetentionIndex
 from .state_index import StateIndex
 from .view_codec import (
-    CRC,
     U64,
     U64X2,
-    Raw,
     corrupt,
     decoded,
     encoder,
@@ -101,9 +97,6 @@ _INITIAL_MAP_SIZE: Final = 1 << 36
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
 _STAGED_END: Final = b"\x01"
 
-# events duplicate: first ordinal, segment, frame offset, session bytes appended before the
-# frame, frame time (then the CRC)
-_LOCATION: Final = struct.Struct(">QQQQQ")
 _EVENTS: Final = b"events"
 _NAMES: Final = (
     b"meta",
@@ -141,21 +134,11 @@ class IdemEntry(msgspec.Struct, array_like=True):
     position: int = 0
 
 
-class Location(NamedTuple):
-    """Where the frame holding a run of a session's events starts."""
-
-    first_ordinal: int
-    segment: int
-    offset: int
-    bytes_before: int
-    time_ms: int
-
-
 _head_decoder: Final = msgspec.msgpack.Decoder(Head)
 _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
 _U64_CRC: Final = struct.Struct(">QI")
-_LOCATION_CRC: Final = struct.Struct(">QQQQQI")
+
 
 # LMDB errors that mean the file is damaged (not a full map, a busy reader table, ...).
 _DAMAGE_ERRORS: Final = (
@@ -177,34 +160,6 @@ def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None) -
 class ViewDamaged(Exception):
     """The view's file failed its checks before it was opened (internal: the engine
     replaces the view, or a read-only reader builds a private one)."""
-
-
-def _location(key: Raw, raw: Raw) -> tuple[int, int, int, int, int]:
-    """(first ordinal, segment, offset, bytes before, time) of an events duplicate."""
-    if len(key) != 8 or len(raw) != _LOCATION_CRC.size:
-        raise corrupt(f"an events entry of {len(key)}+{len(raw)} bytes")
-    first_ordinal, segment, offset, before, time_ms, crc = _LOCATION_CRC.unpack(raw)
-    if zlib.crc32(memoryview(raw)[:-4], zlib.crc32(key)) != crc:
-        raise corrupt(f"the events entry {bytes(key)!r}/{first_ordinal} fails its checksum")
-    return first_ordinal, segment, offset, before, time_ms
-
-
-def _events_cursor(
-    txn: lmdb.Transaction, db: lmdb._Database, incarnation: int, ordinal: int
-) -> lmdb.Cursor | None:
-    """A cursor on the session's last events duplicate whose frame starts at or below
-    `ordinal` (one seek), or None when there is none."""
-    cursor = txn.cursor(db=db)
-    key = U64.pack(incarnation)
-    target = U64.pack(ordinal)
-    if cursor.set_range_dup(key, target):
-        if cursor.value()[:8] != target and not cursor.prev_dup():
-            return None
-        return cursor
-    if not cursor.set_key(key):
-        return None
-    cursor.last_dup()
-    return cursor
 
 
 def _check_entry(name: bytes, key: bytes, value: bytes) -> str | None:
@@ -395,6 +350,7 @@ class View:
             states,
             aged,
         ) = handles
+        self.events = EventsIndex(self._events)
         self.states = StateIndex(states, self._sessions)
         self.retention = RetentionIndex(aged, self._meta)
         self._page_size = int(self.env.stat()["psize"])
@@ -589,84 +545,6 @@ class View:
         return row if row is not None and row.incarnation == incarnation else None
 
     # -- event locations -------------------------------------------------------------------
-
-    def put_location(
-        self,
-        txn: lmdb.Transaction,
-        incarnation: int,
-        first_ordinal: int,
-        segment: int,
-        offset: int,
-        bytes_before: int,
-        time_ms: int,
-    ) -> None:
-        """Record where the frame holding the session's events from `first_ordinal` on
-        starts (replacing what was recorded for that frame)."""
-        key = U64.pack(incarnation)
-        value = _LOCATION.pack(first_ordinal, segment, offset, bytes_before, time_ms)
-        value += CRC.pack(zlib.crc32(value, zlib.crc32(key)))
-        if txn.put(key, value, db=self._events, append=True):
-            return  # (the usual case: the session's next frame)
-        # Not the session's newest frame (a compaction moving one, a rebuild): in place.
-        self.delete_location(txn, incarnation, first_ordinal)
-        txn.put(key, value, db=self._events)
-
-    def delete_location(self, txn: lmdb.Transaction, incarnation: int, first_ordinal: int) -> None:
-        cursor = txn.cursor(db=self._events)
-        target = U64.pack(first_ordinal)
-        if cursor.set_range_dup(U64.pack(incarnation), target) and cursor.value()[:8] == target:
-            cursor.delete()
-
-    def locations(
-        self, txn: lmdb.Transaction, incarnation: int, *, up_to_ordinal: int | None = None
-    ) -> list[Location]:
-        """The session's frame locations in ordinal order (those whose frame starts at or
-        below `up_to_ordinal`, when given)."""
-        key = U64.pack(incarnation)
-        cursor = txn.cursor(db=self._events)
-        found: list[Location] = []
-        if not cursor.set_key(key):
-            return found
-        for raw in cursor.iternext_dup():
-            location = Location(*_location(key, raw))
-            if up_to_ordinal is not None and location.first_ordinal > up_to_ordinal:
-                break
-            found.append(location)
-        return found
-
-    def frame_holding(
-        self, txn: lmdb.Transaction, incarnation: int, ordinal: int
-    ) -> Location | None:
-        """The location of the session's last frame starting at or below `ordinal` (one
-        seek), or None when none does."""
-        cursor = _events_cursor(txn, self._events, incarnation, ordinal)
-        if cursor is None:
-            return None
-        return Location(*_location(cursor.key(), cursor.value()))
-
-    def iter_frame_locations(
-        self, txn: lmdb.Transaction, incarnation: int, from_ordinal: int
-    ) -> Iterator[tuple[int, int, int, int]]:
-        """(first ordinal, segment, offset, the session's data bytes in earlier frames) of
-        each frame holding its events, from the frame holding `from_ordinal` on, in order."""
-        key = U64.pack(incarnation)
-        cursor = _events_cursor(txn, self._events, incarnation, from_ordinal)
-        if cursor is None:
-            # Every frame starts after from_ordinal (or there is none): from the first.
-            cursor = txn.cursor(db=self._events)
-            if not cursor.set_key(key):
-                return
-        for raw in cursor.iternext_dup(keys=False, values=True):
-            first_ordinal, segment, offset, before, _ = _location(key, raw)
-            yield first_ordinal, segment, offset, before
-
-    def all_locations(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:
-        """(incarnation, first ordinal) -> (segment, offset) of every frame location."""
-        found: dict[tuple[int, int], tuple[int, int]] = {}
-        for key, raw in txn.cursor(db=self._events):
-            first_ordinal, segment, offset, _, _ = _location(key, raw)
-            found[key_u64(key, "events"), first_ordinal] = segment, offset
-        return found
 
     # -- idempotency keys ------------------------------------------------------------------
 
