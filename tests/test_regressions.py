@@ -827,3 +827,43 @@ def test_a_frame_claiming_positions_past_2_63_is_damage_not_an_overflow(tmp_path
     except journal.JournalCorrupt as e:
         details = [str(e)]
     assert any("implausible frame header" in d for d in details), details
+
+
+@pytest.mark.parametrize("value", [-1, -(1 << 63)])
+def test_a_record_with_a_number_out_of_range_is_damage_not_a_struct_error(
+    tmp_path: Path, value: int
+) -> None:
+    """A checksummed frame whose event record holds a negative time
+    (msgpack has signed integers; the slow hostile-files fuzzer found it): rebuilding the
+    view from it raised a raw `struct.error` from the index; it is damage naming the
+    segment."""
+    import msgspec
+
+    from journal._local.frames import FRAME_HEADER, SEGMENT_HEADER_SIZE, encode_frame
+    from journal.records import decode_frame_body, encode_frame_body
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"x")])
+    segment = store / "segments" / segment_name(1)
+    raw = bytearray(segment.read_bytes())
+    at = SEGMENT_HEADER_SIZE
+    while True:  # the last frame: the append's
+        _, length, _, first, count = FRAME_HEADER.unpack_from(raw, at)
+        following = at + FRAME_HEADER.size + length
+        if not any(raw[following : following + FRAME_HEADER.size]):
+            break
+        at = following
+    body = bytes(raw[at + FRAME_HEADER.size : following])
+    [record] = decode_frame_body(body)
+    forged = encode_frame(
+        encode_frame_body([msgspec.structs.replace(record, timestamp_ms=value)]), first, count
+    )
+    raw[at : at + len(forged)] = forged
+    raw[at + len(forged) : following] = bytes(max(0, following - at - len(forged)))
+    segment.write_bytes(bytes(raw))
+    shutil.rmtree(store / "index")  # (opening rebuilds the view from the log)
+    with pytest.raises(journal.JournalCorrupt) as caught, Journal.open(store) as j:
+        j.replay("s").__next__()
+    assert caught.value.segment == segment_name(1), caught.value

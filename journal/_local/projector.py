@@ -6,6 +6,7 @@ the whole view, and a read-only reader's refresh of its private view.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import lmdb
@@ -543,7 +544,15 @@ def project_segments(
                         info.offset,
                         f"frame starts at position {info.first_position}, expected {expected}",
                     )
-                projection.apply(info, frame_records(reader.name, info, body, decode_frame_body))
+                records = frame_records(reader.name, info, body, decode_frame_body)
+                try:
+                    projection.apply(info, records)
+                except (struct.error, OverflowError):
+                    # A checksummed record holding a number no view key can (a negative
+                    # ordinal or incarnation, one past 2^64): damage, not a crash.
+                    raise JournalCorrupt(
+                        reader.name, info.offset, "a record holds a number out of range"
+                    ) from None
     return bases[:-1]
 
 
