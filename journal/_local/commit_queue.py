@@ -54,7 +54,7 @@ class CommitQueue:
         self._follow_up = follow_up
         self._ops = ops
         self._lock = threading.Lock()
-        self._cv = threading.Condition(self._lock)  # (only `close` waits on it)
+        self._closers: list[threading.Lock] = []  # held locks of `close` calls waiting
         self._arrival = threading.Lock()  # held while no request arrived during a gather
         self._arrival.acquire()
         self._queue: list[Request] = []
@@ -103,17 +103,29 @@ class CommitQueue:
         finally:
             with self._lock:
                 self._leading = False
-                self._cv.notify_all()
+                self._release_closers()
 
     def close(self) -> bool:
-        """Wait for a batch in flight, then refuse new requests; False if closed already."""
-        with self._cv:
-            if self.closed:
-                return False
-            while self._leading:
-                self._cv.wait()
-            self.closed = True
-            return True
+        """Wait for a batch in flight, then refuse new requests; False if closed already.
+        (It waits on a raw lock of its own, as followers do: `Condition.wait` is not safe
+        against a KeyboardInterrupt.)"""
+        while True:
+            with self._lock:
+                if self.closed:
+                    return False
+                if not self._leading:
+                    self.closed = True
+                    return True
+                waiter = threading.Lock()
+                waiter.acquire()
+                self._closers.append(waiter)
+            waiter.acquire()  # released when leadership ends; then look again
+
+    def _release_closers(self) -> None:
+        """Wake the `close` calls waiting (the caller holds the mutex)."""
+        closers, self._closers = self._closers, []
+        for waiter in closers:
+            waiter.release()
 
     def _abandon(self, request: Request) -> None:
         """A waiting caller gave up (interrupted): take its request out of the queue, and
@@ -165,12 +177,12 @@ class CommitQueue:
                 self._wake(batch, request)
 
     def _pick_successor(self) -> Request | None:
-        """The oldest waiting request, which leads next (the caller holds `_cv`); with
-        none, leadership ends here."""
+        """The oldest waiting request, which leads next (the caller holds the mutex);
+        with none, leadership ends here."""
         successor = self._handed = self._queue[0] if self._queue else None
         if successor is None:
             self._leading = False
-            self._cv.notify_all()
+            self._release_closers()
         return successor
 
     def _gather(self, batch: list[Request]) -> None:
