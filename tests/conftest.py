@@ -1,13 +1,19 @@
-"""Shared pytest configuration: hypothesis profiles and a seeded random fixture."""
+"""Shared pytest configuration: hypothesis profiles, a seeded random fixture, and the
+`engine` / `store` / `j` fixtures of the tests that run on every engine (a module that
+defines fixtures of these names uses its own)."""
 
 from __future__ import annotations
 
 import os
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from engines import ENGINES, EngineFactory, engine_params
 from hypothesis import HealthCheck, settings
+
+from journal import Journal
 
 # `ci` (the default) is derandomized and bounded so the default run stays within minutes;
 # `deep` is for long local runs: HYPOTHESIS_PROFILE=deep python -m pytest
@@ -37,6 +43,24 @@ def rng(request: pytest.FixtureRequest) -> Iterator[random.Random]:
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         print(f"\n[rng] seed={seed} (re-run with TEST_SEED={seed})")
+
+
+@pytest.fixture(params=engine_params())
+def engine(request: pytest.FixtureRequest) -> EngineFactory:
+    """Each engine in turn (the JetStream one marked as engine_params says)."""
+    return ENGINES[request.param]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def j(engine: EngineFactory, store: Path) -> Iterator[Journal]:
+    """A journal on `store`, durability "os", on each engine."""
+    with engine.open(store, durability="os") as journal:
+        yield journal
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,11 +5,10 @@ once history below it has left. Run against every engine in `engines.ENGINES`.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engines import ENGINES, EngineFactory
+from engines import EngineFactory
 
 from journal import (
     CursorExpired,
@@ -20,22 +19,6 @@ from journal import (
     RetentionPolicy,
     SessionNotFound,
 )
-
-
-@pytest.fixture(params=sorted(ENGINES), ids=str)
-def engine(request: pytest.FixtureRequest) -> EngineFactory:
-    return ENGINES[request.param]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def j(engine: EngineFactory, store: Path) -> Iterator[Journal]:
-    with engine.open(store, durability="os") as journal:
-        yield journal
 
 
 def fill(j: Journal, session_id: str, count: int, size: int = 10) -> None:

@@ -12,7 +12,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +35,6 @@ from journal import (
 HERE = Path(__file__).resolve().parent
 WAIT_S = 10.0
 MODULUS = 1_000_003
-
-
-@pytest.fixture(params=engine_params())
-def engine(request: pytest.FixtureRequest) -> EngineFactory:
-    return ENGINES[request.param]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def j(engine: EngineFactory, store: Path) -> Iterator[Journal]:
-    with engine.open(store, durability="os") as journal:
-        yield journal
 
 
 def chain(state: list[int], event: Event) -> list[int]:

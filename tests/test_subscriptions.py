@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,22 +33,6 @@ from journal import (
 )
 
 WAIT_S = 10.0
-
-
-@pytest.fixture(params=engine_params())
-def engine(request: pytest.FixtureRequest) -> EngineFactory:
-    return ENGINES[request.param]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def j(engine: EngineFactory, store: Path) -> Iterator[Journal]:
-    with engine.open(store, durability="os") as journal:
-        yield journal
 
 
 def delivery_threads() -> list[threading.Thread]:
