@@ -28,7 +28,6 @@ from ._local import (
     DEFAULT_SEGMENT_BYTES,
     Durability,
     FileOps,
-    LocalOptions,
     open_local,
 )
 from .archive import ArchiveLimits
@@ -45,11 +44,9 @@ from .arguments import (
     check_max_bytes,
     check_name,
     check_now,
-    check_open_options,
     check_seconds,
     check_snapshot,
     check_stop,
-    check_store_path,
 )
 from .engine import (
     Appended,
@@ -166,33 +163,12 @@ class Journal:
         created from then on; existing files keep their mode. `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
+        given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
         if is_remote(path, store, replicas):  # a nats:// URL: SPEC 16
-            given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
             engine = open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
-            return cls.over(engine)
-        store_path = check_store_path(path)
-        file_mode = check_open_options(
-            create,
-            readonly,
-            durability,
-            segment_bytes,
-            retention,
-            compress_sealed,
-            key_ring,
-            file_mode,
-        )
-        options = LocalOptions(
-            create=create,
-            readonly=readonly,
-            durability=durability,
-            segment_bytes=segment_bytes,
-            retention=retention or RetentionPolicy(),
-            compress_sealed=compress_sealed,
-            key_ring=key_ring,
-            file_ops=file_ops,
-            file_mode=file_mode,
-        )
-        return cls.over(open_local(store_path, options))
+        else:
+            engine = open_local(path, given, key_ring, file_ops, file_mode)
+        return cls.over(engine)
 
     @classmethod
     def over(cls, engine: Engine) -> "Journal":
