@@ -342,18 +342,8 @@ class Writer(Committer):
                     retained_bytes=retained,
                 )
             )
-            messages = [
-                (
-                    self.subjects.snapshot(state.token),
-                    ENCODER.encode(snapshot),
-                    {"Nats-Rollup": "sub"},
-                ),
-                self.row_message(state, new),
-            ]
-            return Plan(
-                messages,
-                new,
-                lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
+            return self._stored_state_plan(
+                state, self.subjects.snapshot(state.token), snapshot, new
             )
 
         ref: SnapshotRef = await self.write(op.session_id, plan)
@@ -378,22 +368,28 @@ class Writer(Committer):
                 raise InvalidArgument(problem)
             checkpoint = StoredSnapshot(row.incarnation, through, now, op.data)
             new = msgspec.structs.replace(row, checkpoint_ordinal=through, checkpoint_position=-1)
-            messages = [
-                (
-                    self.subjects.checkpoint(state.token),
-                    ENCODER.encode(checkpoint),
-                    {"Nats-Rollup": "sub"},
-                ),
-                self.row_message(state, new),
-            ]
-            return Plan(
-                messages,
-                new,
-                lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
+            return self._stored_state_plan(
+                state, self.subjects.checkpoint(state.token), checkpoint, new
             )
 
         ref: SnapshotRef = await self.write(op.session_id, plan)
         return ref
+
+    def _stored_state_plan(
+        self, state: RowState, subject: str, stored: StoredSnapshot, new: SessionRow
+    ) -> Plan:
+        """A snapshot or checkpoint: its rolled-up subject (only the newest message kept)
+        and the session's row in one batch; its result names the row's sequence."""
+        messages = [
+            (subject, ENCODER.encode(stored), {"Nats-Rollup": "sub"}),
+            self.row_message(state, new),
+        ]
+        through = stored.through_ordinal
+        return Plan(
+            messages,
+            new,
+            lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
+        )
 
     async def _cut_at(self, row: SessionRow, token: str, first: int) -> tuple[int, int]:
         """(retained bytes, sequence to purge the events below) for a history starting at
