@@ -7,7 +7,7 @@ operation fails that operation alone and leaves no trace in the frame.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import lmdb
 import msgspec
@@ -464,21 +464,25 @@ class Planner:
         return positions
 
     def _compact_session(self, request: Request, op: CompactSession) -> None:
-        pending = self._existing(op.session_id)
-        through = op.through_ordinal
-        problem = stored_state_problem("snapshot", pending.row, pending.last_ordinal, through)
-        if problem is not None:
-            raise InvalidArgument(problem)
-        position = self._emit(SnapshotTaken(pending.incarnation, through, self.now, op.data))
-        request.result = SnapshotRef(pending.incarnation, through, position)
+        self._stored_state(request, "snapshot", SnapshotTaken, op)
 
     def _checkpoint(self, request: Request, op: Checkpoint) -> None:
+        self._stored_state(request, "checkpoint", CheckpointTaken, op)
+
+    def _stored_state(
+        self,
+        request: Request,
+        what: Literal["snapshot", "checkpoint"],
+        record: type[SnapshotTaken] | type[CheckpointTaken],
+        op: CompactSession | Checkpoint,
+    ) -> None:
+        """A snapshot or a checkpoint of the session's state through an ordinal."""
         pending = self._existing(op.session_id)
         through = op.through_ordinal
-        problem = stored_state_problem("checkpoint", pending.row, pending.last_ordinal, through)
+        problem = stored_state_problem(what, pending.row, pending.last_ordinal, through)
         if problem is not None:
             raise InvalidArgument(problem)
-        position = self._emit(CheckpointTaken(pending.incarnation, through, self.now, op.data))
+        position = self._emit(record(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
     def _turn_event(self, request: Request, op: AppendTurnEvent) -> None:
