@@ -99,7 +99,8 @@ def test_every_file_and_directory_of_a_store_gets_the_store_mode_whatever_the_um
         j.compact()  # compacted copies (.seg.zst) swapped in
         j.export_sessions(["a"], archive)
         j.import_sessions(archive, rename={"a": "a-copy"})  # staged, then committed
-        j.create_session("short", ttl_ms=1)
+        # (A day's ttl: the expiry thread must not expire it first.)
+        j.create_session("short", ttl_ms=86_400_000)
         assert [m.session_id for m in j.expire_due(now_ms=ended + 10**9)] == ["short"]
     # Later opens without file_mode follow the recorded mode: compressed seals, and the
     # sidecar verify(fix=True) rewrites.

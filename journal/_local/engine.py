@@ -445,7 +445,8 @@ class LocalEngine:
         if isinstance(operation, VerifyFix) and self._view.inspect() is not None:
             self._view.repair()  # the commit replaces the damaged view (SPEC section 9)
         request = Request(operation)
-        self._commits.submit(request)
+        # (A fix runs the caller's progress callback: in the caller's thread.)
+        self._commits.submit(request, here=isinstance(operation, VerifyFix))
         error = request.error
         if isinstance(error, OSError):
             # Failed alone while it was planned (a compaction swap, a fix writing a
