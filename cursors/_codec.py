@@ -18,6 +18,7 @@ token whose text differs from the re-encoding of its bytes was altered.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import re
@@ -45,6 +46,7 @@ TOKEN_LENGTH = 59
 _U64_MAX = 2**64 - 1
 _LENGTH_PREFIX = struct.Struct(">Q")
 _ALPHABET = re.compile(r"[A-Za-z0-9_-]+")
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 assert _TOKEN_BYTES == 44 and (_TOKEN_BYTES * 8 + 5) // 6 == TOKEN_LENGTH
 
@@ -160,7 +162,9 @@ class TokenCodec:
         mac = state.active_mac.copy()
         mac.update(body)
         # 44 bytes encode to 59 characters and one "=" of padding, which is dropped.
-        return base64.urlsafe_b64encode(body + mac.digest()[:_TAG_BYTES])[:-1].decode("ascii")
+        # (`base64.urlsafe_b64encode`, without its two Python-level calls: one per append.)
+        encoded = binascii.b2a_base64(body + mac.digest()[:_TAG_BYTES], newline=False)
+        return encoded[:-1].translate(_URLSAFE).decode("ascii")
 
     def decode(self, token: object, kind: TokenKind, scope: bytes) -> Claims:
         """The claims of `token` if it is an authentic token of `kind` for `scope`.

@@ -247,12 +247,9 @@ def seal_frame(frame: bytearray, first_position: int, count: int) -> None:
     length = len(frame) - FRAME_HEADER_SIZE
     if length > MAX_FRAME_BODY:
         raise ValueError(f"frame body of {length} bytes exceeds the {MAX_FRAME_BODY} limit")
-    with memoryview(frame) as view:
-        body = view[FRAME_HEADER_SIZE:]
-        try:
-            crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first_position, count), 0))
-        finally:
-            body.release()
+    # (The view is released at once: the writer's next encode resizes the buffer.)
+    with memoryview(frame)[FRAME_HEADER_SIZE:] as body:
+        crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first_position, count), 0))
     FRAME_HEADER.pack_into(frame, 0, FRAME_MAGIC, length, crc, first_position, count)
 
 
