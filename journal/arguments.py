@@ -396,7 +396,7 @@ class EventChecker:
         for event in events:
             if (
                 type(event) is not EventIn
-                or type(event.data) is not bytes
+                or type(data := event.data) is not bytes
                 or type(event.type) is not str
                 or event.type not in checked
                 or (
@@ -411,7 +411,7 @@ class EventChecker:
             ):
                 total, events = self._check_events(events)
                 break
-            total += len(event.data)
+            total += len(data)
         else:
             if total > MAX_EVENT_BYTES:
                 self._check_events(events)

@@ -38,6 +38,7 @@ __all__ = [
     "decode_frame_for_read",
     "decode_record",
     "encode_frame_body",
+    "encode_frame_body_into",
 ]
 
 
@@ -239,6 +240,12 @@ _read_decoder: Final = msgspec.msgpack.Decoder(list[ReadRecord])
 def encode_frame_body(records: list[Record]) -> bytes:
     """Encode the records of one frame as a single msgpack array."""
     return _encoder.encode(records)
+
+
+def encode_frame_body_into(records: list[Record], buffer: bytearray, offset: int) -> None:
+    """Encode the records of one frame (the same bytes as `encode_frame_body`) into
+    `buffer` from `offset` on; the buffer then ends where the body does."""
+    _encoder.encode_into(records, buffer, offset)
 
 
 def decode_frame_for_read(body: bytes | memoryview) -> list[ReadRecord]:

@@ -97,6 +97,10 @@ class Notifier:
             if next_position > self._head:
                 self._head = next_position
             self._last_move = self._last_publish = time.monotonic()
+            if not self._waiting:
+                # Every follower counts itself here, under this lock, before it sleeps
+                # (`_enter`): none waits, so there is nobody to wake (the usual commit).
+                return
             self._cv.notify_all()
             loops = self._async_snapshot()
         _wake_loops(loops)

@@ -71,7 +71,6 @@ from ..records import (
     CheckpointTaken,
     IdempotencyKeyUsed,
     SnapshotTaken,
-    encode_frame_body,
 )
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
@@ -553,9 +552,7 @@ class LocalEngine:
                     projection.adopt(row)
                 if planner.records:
                     before = log.writer_end()
-                    info = log.append(
-                        encode_frame_body(planner.records), len(planner.records), planner.digest()
-                    )
+                    info = log.append_records(planner.records, planner.digest())
                     if info.segment != before[0]:
                         # A segment was sealed: the moment to let retention reclaim space.
                         self._retention_due = True

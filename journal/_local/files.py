@@ -74,10 +74,10 @@ class FileOps:
             return len(data)
         return os.preadv(fd, (buffer,), offset)
 
-    def pwrite(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | bytearray, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
-    def pwrite_synced(self, fd: int, data: bytes, offset: int) -> int:
+    def pwrite_synced(self, fd: int, data: bytes | bytearray, offset: int) -> int:
         """Write `data` at `offset` and make that range durable (with the file size it
         needs) in one call: `pwrite` then a sync of that range only (`RWF_DSYNC`). A
         failure counts as a failed sync: what was written may never reach the disk."""
@@ -117,7 +117,7 @@ class FileOps:
 DEFAULT_FILE_OPS: Final = FileOps()
 
 
-def _pwrite_synced(fd: int, data: bytes | memoryview, offset: int) -> int:
+def _pwrite_synced(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
     if not _RWF_DSYNC:
         written = os.pwrite(fd, data, offset)
         os.fdatasync(fd)

@@ -66,6 +66,7 @@ __all__ = [
     "decompress_block",
     "encode_frame",
     "frame_crc32",
+    "seal_frame",
     "segment_name",
     "sidecar_name",
     "valid_frame_after",
@@ -237,6 +238,19 @@ def encode_frame(body: bytes, first_position: int, count: int) -> bytes:
         raise ValueError(f"frame body of {len(body)} bytes exceeds the {MAX_FRAME_BODY} limit")
     crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(len(body), first_position, count), 0))
     return FRAME_HEADER.pack(FRAME_MAGIC, len(body), crc, first_position, count) + body
+
+
+def seal_frame(frame: bytearray, first_position: int, count: int) -> None:
+    """Fill in the header of the frame in `frame`: its body follows `FRAME_HEADER_SIZE`
+    bytes of room (the writer encodes records straight after them, so the body is never
+    copied to put a header in front of it)."""
+    length = len(frame) - FRAME_HEADER_SIZE
+    if length > MAX_FRAME_BODY:
+        raise ValueError(f"frame body of {length} bytes exceeds the {MAX_FRAME_BODY} limit")
+    # (The view is released at once: the writer's next encode resizes the buffer.)
+    with memoryview(frame)[FRAME_HEADER_SIZE:] as body:
+        crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first_position, count), 0))
+    FRAME_HEADER.pack_into(frame, 0, FRAME_MAGIC, length, crc, first_position, count)
 
 
 class BadFrame(Exception):

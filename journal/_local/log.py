@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import StoreIncompatible
+from ..records import Record, encode_frame_body_into
 from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
 from .frames import (
     COMPRESSED_SUFFIX,
@@ -26,6 +27,9 @@ from .writer import SegmentWriter
 from .zerofill import ZeroFiller
 
 __all__ = ["SegmentLog"]
+
+# A frame buffer up to this size is reused by the next append (the common batch fits).
+_REUSED_FRAME_BYTES = 4 << 20
 
 
 def process_alive(pid: int) -> bool:
@@ -74,6 +78,8 @@ class SegmentLog:
         self._writer: SegmentWriter | None = None
         # Writes the active segment's zeros ahead of the writer (a thread only while asked).
         self._filler = ZeroFiller(ops, sync=sync)
+        # The buffer `append_records` encodes frames into, kept between appends.
+        self._frame = bytearray()
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
         self._cut_pending: tuple[int, int, int] | None = None
@@ -341,14 +347,27 @@ class SegmentLog:
 
     def append(self, body: bytes, count: int, digest: FrameDigest | None = None) -> FrameInfo:
         """Append one frame of `count` records, rotating first if the segment is full."""
+        frame = bytearray(FRAME_HEADER_SIZE)
+        frame += body
+        return self._append_frame(frame, count, digest)
+
+    def append_records(self, records: list[Record], digest: FrameDigest | None = None) -> FrameInfo:
+        """`append` of the frame holding `records`, encoded straight into a buffer this
+        log reuses (after room for the frame header): no body object, no copy of it."""
+        frame = self._frame
+        self._frame = bytearray()  # (while in use: a failure never leaves it half-written)
+        encode_frame_body_into(records, frame, FRAME_HEADER_SIZE)
+        info = self._append_frame(frame, len(records), digest)
+        if len(frame) <= _REUSED_FRAME_BYTES:
+            self._frame = frame  # a larger one is not kept: its memory goes back
+        return info
+
+    def _append_frame(self, frame: bytearray, count: int, digest: FrameDigest | None) -> FrameInfo:
         writer = self.writer
-        if (
-            writer.frame_count
-            and writer.end_offset + FRAME_HEADER_SIZE + len(body) > self.segment_bytes
-        ):
+        if writer.frame_count and writer.end_offset + len(frame) > self.segment_bytes:
             self.rotate()
             writer = self.writer
-        return writer.append(body, writer.next_position, count, digest)
+        return writer.append_frame(frame, writer.next_position, count, digest)
 
     def rotate(self) -> int:
         """Seal the active segment and start a new one; returns the sealed segment's base."""

@@ -88,13 +88,21 @@ class FrameDigest(msgspec.Struct, gc=False):
     @property
     def sessions(self) -> dict[int, tuple[int, int]]:
         """incarnation -> (first, last) ordinal of its events in the frame."""
+        ranges: dict[int, tuple[int, int]] = {}
+        if not self.loose_events:
+            # (The common frame, once per commit: its runs are in frame order already.)
+            for run in self.event_runs:
+                seen = ranges.get(run.incarnation)
+                ranges[run.incarnation] = (
+                    seen[0] if seen else run.first_ordinal,
+                    run.first_ordinal + run.count - 1,
+                )
+            return ranges
         spans = [(r.start, r.incarnation, r.first_ordinal, r.count) for r in self.event_runs]
         spans += [
             (index, incarnation, ordinal, 1) for index, incarnation, ordinal in self.loose_events
         ]
-        if self.loose_events:
-            spans.sort()
-        ranges: dict[int, tuple[int, int]] = {}
+        spans.sort()
         for _, incarnation, first, count in spans:
             seen = ranges.get(incarnation)
             ranges[incarnation] = (seen[0] if seen else first, first + count - 1)

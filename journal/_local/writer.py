@@ -24,7 +24,7 @@ from .frames import (
     SEGMENT_HEADER_SIZE,
     FrameInfo,
     SegmentHeader,
-    encode_frame,
+    seal_frame,
     segment_name,
 )
 from .segments import LogHole, SegmentReader
@@ -192,11 +192,24 @@ class SegmentWriter:
         `digest` (what the frame holds) feeds the sidecar kept in memory; without it the
         segment is rescanned when sealed.
         """
+        frame = bytearray(FRAME_HEADER_SIZE)
+        frame += body
+        return self.append_frame(frame, first_position, count, digest)
+
+    def append_frame(
+        self,
+        frame: bytearray,
+        first_position: int,
+        count: int,
+        digest: FrameDigest | None = None,
+    ) -> FrameInfo:
+        """`append` of a frame whose body already follows `FRAME_HEADER_SIZE` bytes of
+        room in `frame` (the header is filled in there: `seal_frame`)."""
         if first_position != self.next_position:
             raise ValueError(
                 f"frame starts at position {first_position}, expected {self.next_position}"
             )
-        frame = encode_frame(body, first_position, count)
+        seal_frame(frame, first_position, count)
         offset = self.end_offset
         end = offset + len(frame)
         # The real size, not `_allocated`: a filler may have grown the file, and another
@@ -219,7 +232,9 @@ class SegmentWriter:
         elif self._summary_valid:
             self._summary.add(offset, first_position, count, digest)
         self._ask_filler()
-        return FrameInfo(self.base_position, offset, first_position, count, len(body))
+        return FrameInfo(
+            self.base_position, offset, first_position, count, len(frame) - FRAME_HEADER_SIZE
+        )
 
     def summary(self) -> SegmentSummary | None:
         """The sidecar of this segment as written so far, if this writer saw every frame."""
@@ -233,7 +248,7 @@ class SegmentWriter:
     def fileno(self) -> int:
         return self._fd
 
-    def _write(self, frame: bytes, offset: int) -> int:
+    def _write(self, frame: bytearray, offset: int) -> int:
         """Write (and, with sync on, make durable) one frame. A failed synced write is a
         failed sync: the caller cuts the frame off and a later append writes it afresh."""
         if self.sync_enabled:
