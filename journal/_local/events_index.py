@@ -148,8 +148,16 @@ class EventsIndex:
             cursor = txn.cursor(db=self._db)
             if not cursor.set_key(key):
                 return
+        # `_location` inline, with the key's CRC computed once (a replay reads every entry)
+        key_crc = zlib.crc32(key)
+        unpack = _LOCATION_CRC.unpack
+        size = _LOCATION_CRC.size
         for raw in cursor.iternext_dup(keys=False, values=True):
-            first_ordinal, segment, offset, before, _ = _location(key, raw)
+            if len(raw) != size:
+                _location(key, raw)  # raises
+            first_ordinal, segment, offset, before, _, crc = unpack(raw)
+            if zlib.crc32(raw[:-4], key_crc) != crc:
+                _location(key, raw)  # raises
             yield first_ordinal, segment, offset, before
 
     def everything(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:

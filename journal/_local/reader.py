@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Iterator
-from typing import cast
+from itertools import accumulate
+from operator import attrgetter
+from typing import Final
 
 import lmdb
 
@@ -25,22 +28,26 @@ from ..models import (
 from ..records import ReadRecord, decode_frame_for_read
 from ..sessions import SessionRow
 from .files import DEFAULT_FILE_OPS, FileOps
-from .frames import FrameInfo, segment_name
-from .segments import SegmentReader, frame_records
+from .frames import segment_name
+from .segments import SegmentReader
 from .view import Head, View, corrupt
 
 __all__ = ["ReaderCache", "read_page"]
 
+_DATA: Final = attrgetter("data")
+
 
 # The frame a page ended inside (a page ends inside a frame whenever the next event does
 # not fit): segment, offset and first ordinal of its index entry, the ordinal the next
-# page starts at, the frame and its decoded records, and the index of the first record
-# the page did not deliver. The next page reuses it when its snapshot's index names the
-# same frame and it starts at that ordinal: frames are immutable where the index points
-# (retention deletes, compaction copies frames to the same offsets), so the same entry
-# means the same records, and re-reading them would only repeat the checks. Measured:
-# with 1 MiB pages of 100-event frames, one frame in ten was decoded twice.
-Carried = tuple[int, int, int, int, FrameInfo, list[ReadRecord], int]
+# page starts at, the frame's first position and body length, its decoded records, the
+# index of the first record the page did not deliver, and the data bytes of the records
+# from there on (-1: not known).
+# The next page reuses it when its snapshot's index names the same frame and it starts at
+# that ordinal: frames are immutable where the index points (retention deletes,
+# compaction copies frames to the same offsets), so the same entry means the same
+# records, and re-reading them would only repeat the checks. Measured: with 1 MiB pages
+# of 100-event frames, one frame in ten was decoded twice.
+Carried = tuple[int, int, int, int, int, int, list[ReadRecord], int, int]
 
 
 class ReaderCache:
@@ -206,13 +213,19 @@ def _read_events(
     append = events.append
     head_segment, head_end = (head.segment, head.end_offset) if head else (0, 0)
     reader: SegmentReader | None = None
+    reader_segment = -1
     locations = view.events.frames_from(txn, incarnation, start)
     entry = _next_entry(locations)
     while entry is not None:
         if isinstance(entry, JournalCorrupt):
             raise entry
         first_ordinal, segment, offset, before = entry
-        entry = _next_entry(locations)
+        # The reader looks one entry ahead (for the byte counts), but raises damage only
+        # when it reaches that entry, so a page that ends before it is still read.
+        try:
+            entry = next(locations, None)
+        except JournalCorrupt as damage:
+            entry = damage
         # The data bytes of the session's events in this frame, from the index: the next
         # entry's running total (or the row's) minus this one's. Checked against the
         # body length below; an index without them (or damaged) makes it implausible.
@@ -220,53 +233,80 @@ def _read_events(
             frame_bytes = row.appended_bytes - before
         else:
             frame_bytes = -1 if isinstance(entry, JournalCorrupt) else entry[3] - before
-        reader = readers.get(segment)
-        skip = 0
+        if segment != reader_segment or reader is None:
+            reader = readers.get(segment)
+            reader_segment = segment
         if carried is not None and carried[:4] == (segment, offset, first_ordinal, start):
             # The frame the last page ended inside: its records were decoded and checked
             # then (the index entry named this frame), and its undelivered tail is reused.
-            info, records, skip = carried[4:]
+            first_position, body_length, records, skip, run_bytes = carried[4:]
             carried = None
         else:
-            info, body = reader.read_frame(offset, head_end if segment == head_segment else None)
-            records = frame_records(reader.name, info, body, decode_frame_for_read)
-        position = info.first_position
-        count = len(records)
-        first_record = records[0]
+            first_position, body_length, records = reader.read_records(
+                offset, head_end if segment == head_segment else None, decode_frame_for_read
+            )
+            skip = 0
+            run_bytes = frame_bytes if 0 <= frame_bytes <= body_length else -1
+        # The run: the records from `skip` on (all of them, but in a carried frame).
+        position = first_position + skip
+        count = len(records) - skip
+        first_record = records[skip]
         last_record = records[-1]
-        known = 0 <= frame_bytes <= info.body_length
         if (
-            not skip
-            and first_record.__class__ is Event
+            first_record.__class__ is Event
             and last_record.__class__ is Event
             and event_incarnation(first_record) == incarnation
             and event_incarnation(last_record) == incarnation
             and first_record.ordinal == expected
-            and first_record.ordinal == first_ordinal
+            and (skip or first_record.ordinal == first_ordinal)
             and last_record.ordinal == expected + count - 1
             and last_record.ordinal <= last
-            and size + (frame_bytes if known else info.body_length) <= max_bytes
         ):
             # The common frame: one batch of this session's next events (dense ordinals
-            # leave no room for other records between first and last), and it fits the
-            # page whole (the body length bounds the data when the index has no count).
-            batch = cast("list[Event]", records)
+            # leave no room for other records between first and last), taken whole when
+            # it fits the page (the body length bounds the data when the index has no
+            # count), else as many events as fit, found without a Python step per event.
+            run: list[Event] = records[skip:] if skip else records  # type: ignore[assignment]
             # Frames written before records carried their position are numbered here.
             renumber = 0 if first_record.position == position else position
-            if known:
-                attach_context(batch, context, renumber)
-                size += frame_bytes
+            if run_bytes >= 0 and size + run_bytes <= max_bytes:
+                attach_context(run, context, renumber)
+                size += run_bytes
+            elif run_bytes < 0 and size + body_length <= max_bytes:
+                size += bind_events(run, context, renumber)
             else:
-                size += bind_events(batch, context, renumber)
-            events.extend(batch)
+                # ends[k]: the page's bytes with the run's first k events
+                ends = list(accumulate(map(len, map(_DATA, run)), initial=size))
+                fit = max(bisect_right(ends, max_bytes) - 1, 0 if events else 1)
+                if fit < count:
+                    # The next page starts inside this frame: keep its undelivered
+                    # records instead of reading and decoding it again.
+                    full = True
+                    readers.carry(
+                        (
+                            segment,
+                            offset,
+                            first_ordinal,
+                            expected + fit,
+                            first_position,
+                            body_length,
+                            records,
+                            skip + fit,
+                            ends[-1] - ends[fit],
+                        )
+                    )
+                    run = run[:fit]
+                attach_context(run, context, renumber)
+                size = ends[fit]
+                count = fit
+            events.extend(run)
             expected += count
-            if expected > last:
+            if full or expected > last:
                 break
             continue
         # The general case, one record at a time: kept flat.
         indexed = 0 if skip else first_ordinal
-        position += skip
-        for index in range(skip, count):
+        for index in range(skip, len(records)):
             record = records[index]
             if record.__class__ is Event and event_incarnation(record) == incarnation:
                 ordinal = record.ordinal
@@ -289,7 +329,17 @@ def _read_events(
                         # The next page starts here: keep the frame's undelivered records
                         # (one frame at most) instead of reading and decoding it again.
                         readers.carry(
-                            (segment, offset, first_ordinal, expected, info, records, index)
+                            (
+                                segment,
+                                offset,
+                                first_ordinal,
+                                expected,
+                                first_position,
+                                body_length,
+                                records,
+                                index,
+                                -1,
+                            )
                         )
                         break
                     bind_event(record, context, position)

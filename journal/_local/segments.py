@@ -307,6 +307,36 @@ class SegmentReader:
         info = FrameInfo(self.base_position, offset, first, count, length)
         return info, memoryview(self._chunk)[body_start : body_start + length]
 
+    def read_records(
+        self,
+        offset: int,
+        committed_end: int | None,
+        decode: Callable[[memoryview], list[RecordT]],
+    ) -> tuple[int, int, list[RecordT]]:
+        """(first position, body length, records) of the committed frame at `offset`:
+        `read_frame` and `frame_records` in one call, for the page reader (one call per
+        frame of a replay). The usual case, a frame wholly inside the trusted bytes of the
+        chunk read before, is checked (`check_frame`: header, CRC) and decoded here; any
+        other (a frame past the chunk, damage, stale bytes) goes through `read_frame`."""
+        at = offset - self._chunk_start
+        chunk = self._chunk
+        if at >= 0 and offset + FRAME_HEADER_SIZE <= self._trusted_end:
+            try:
+                checked = check_frame(chunk, at)
+            except (BadFrame, struct.error):
+                checked = None  # `read_frame` reads it again before calling it damage
+            if checked is not None:
+                length, first, count = checked
+                end = offset + FRAME_HEADER_SIZE + length
+                if end <= self._trusted_end:
+                    self._last_end = end
+                    start = at + FRAME_HEADER_SIZE
+                    body = memoryview(chunk)[start : start + length]
+                    return first, length, _records(self.name, offset, count, body, decode)
+        info, body = self.read_frame(offset, committed_end)
+        records = _records(self.name, offset, info.count, body, decode)
+        return info.first_position, info.body_length, records
+
     def _fill(self, offset: int, needed: int, committed_end: int | None = None) -> None:
         if self.compressed:
             block = self._block_containing(offset)
@@ -606,15 +636,24 @@ def frame_records(
     decodes through here, so a checksummed but malformed body never escapes as a decoder
     error or as positions without records.
     """
+    return _records(name, info.offset, info.count, body, decode)
+
+
+def _records(
+    name: str,
+    offset: int,
+    count: int,
+    body: memoryview,
+    decode: Callable[[memoryview], list[RecordT]],
+) -> list[RecordT]:
+    """`frame_records` of the frame at `offset` claiming `count` records."""
     try:
         records = decode(body)
     except msgspec.DecodeError as e:
-        raise JournalCorrupt(name, info.offset, f"undecodable frame: {e}") from None
-    if len(records) != info.count:
+        raise JournalCorrupt(name, offset, f"undecodable frame: {e}") from None
+    if len(records) != count:
         raise JournalCorrupt(
-            name,
-            info.offset,
-            f"frame header says {info.count} records, its body holds {len(records)}",
+            name, offset, f"frame header says {count} records, its body holds {len(records)}"
         )
     return records
 
