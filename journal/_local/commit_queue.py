@@ -10,27 +10,26 @@ the callers that batch woke are on their way back with their next request, and o
 can carry them all (SPEC section 7.1). It waits only while they keep coming, one short step
 at a time, and never longer than `GATHER_S`; a lone caller never waits.
 
-A KeyboardInterrupt (any exception a signal handler raises) lands between two bytecodes of
-the main thread, and only there. So the main thread never enters the queue: it hands its
-request to a committer thread of the queue, which submits it as any thread does, and waits
-on a raw lock of its own (`_Committer`); interrupted there, it gives up waiting, and its
-request is either withdrawn (not yet handed on) or committed without it. A caller may
-submit `here` instead (in its own thread: an operation that runs a callback of the
-caller's in the commit). For such callers the queue's mutex is a raw lock (`with` on it
-cannot be split from its release, as a Condition's Python-level methods can), the leader
-gathers on a raw lock of its own with the mutex released, a waiting caller interrupted
-gives up its place, and a request that a leader took but did not get to commit goes back
-to the front of the queue for the next leader instead of being woken without a result.
+A KeyboardInterrupt lands between two bytecodes of the main thread, and only there. So while
+the main thread is in the queue (waiting, leading, committing) Ctrl-C is held: SIGINT's
+handler is swapped for one that notes the signal, and the handler it replaced runs once the
+request is done (`_holding_sigint`); a second Ctrl-C meanwhile runs it at once. A caller may
+submit `here` instead, unheld (an operation that runs a callback of the caller's in the
+commit). For such callers the queue's mutex is a raw lock (`with` on it cannot be split
+from its release, as a Condition's Python-level methods can), the leader gathers on a raw
+lock of its own with the mutex released, a waiting caller interrupted gives up its place,
+and a request that a leader took but did not get to commit goes back to the front of the
+queue for the next leader instead of being woken without a result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
-import weakref
-from collections import deque
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Final
 
 from ..errors import JournalClosed
@@ -69,19 +68,15 @@ class CommitQueue:
         self._gathering = False
         self._last_batch = 0  # requests in the previous batch (how many to gather)
         self._handed: Request | None = None  # the successor a finishing leader woke
-        self._committer = _Committer(self._submit)
-        # (The committer holds the queue weakly: a journal dropped without close() is
-        # freed, and its committer thread ends.)
-        weakref.finalize(self, self._committer.stop).atexit = False
         self.closed = False
 
     def submit(self, request: Request, *, here: bool = False) -> None:
         """Queue `request` and return once it was committed (or failed: `request.error`).
-        From the main thread (unless `here`) the committer thread submits it."""
+        From the main thread (unless `here`) Ctrl-C is held meanwhile."""
         if here or threading.get_ident() != threading.main_thread().ident:
             self._submit(request)
         else:
-            self._committer.submit(request)
+            _holding_sigint(self._submit, request)
 
     def _submit(self, request: Request) -> None:
         wake = None
@@ -133,7 +128,6 @@ class CommitQueue:
                     return False
                 if not self._leading:
                     self.closed = True
-                    self._committer.stop()
                     return True
                 waiter = threading.Lock()
                 waiter.acquire()
@@ -236,84 +230,44 @@ class CommitQueue:
                 wake.release()
 
 
-class _Committer:
-    """The thread that submits the main thread's requests, so that no signal handler's
-    exception lands inside the queue or a commit. Started at the first such request; ends
-    when the queue closes or is gone. The main thread waits on a raw lock of its own."""
+def _holding_sigint(submit: Callable[[Request], None], request: Request) -> None:
+    """`submit(request)` in the main thread with SIGINT's handler held back: a Ctrl-C
+    meanwhile runs the replaced handler once the request is done (committed or failed),
+    so its KeyboardInterrupt never lands inside the queue or a commit; a second one runs
+    it at once (a way out of a wait that does not end). A handler not set from Python
+    (None) cannot be put back, and an ignored signal needs no holding: the request then
+    goes unheld."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or previous == signal.SIG_IGN:
+        submit(request)
+        return
+    held: list[tuple[int, FrameType | None]] = []
 
-    def __init__(self, submit: Callable[[Request], None]) -> None:
-        self._submit = weakref.WeakMethod(submit)
-        self._lock = threading.Lock()
-        self._pending: deque[_Handoff] = deque()
-        self._go = threading.Lock()  # released when there is work (or a stop)
-        self._go.acquire()
-        self._thread: threading.Thread | None = None
-        self._stopping = False
+    def hold(signum: int, frame: FrameType | None) -> None:
+        held.append((signum, frame))
+        if len(held) == 2:
+            signal.signal(signal.SIGINT, previous)
+            _run_handler(previous, signum, frame)
 
-    def submit(self, request: Request) -> None:
-        item = _Handoff(request)
-        try:
-            with self._lock:
-                self._pending.append(item)
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(
-                        target=self._run, name="journal-committer", daemon=True
-                    )
-                    self._thread.start()
-                if self._go.locked():
-                    self._go.release()
-            item.done.acquire()
-        except BaseException:
-            # Interrupted: a request not handed on yet is withdrawn; one the committer has
-            # is committed (or fails) without its caller, who sees the interrupt.
-            with self._lock, contextlib.suppress(ValueError):
-                self._pending.remove(item)
-            raise
-        if item.raised is not None:
-            raise item.raised
-
-    def stop(self) -> None:
-        """Let the thread end once nothing is pending (a request handed on meanwhile
-        meets the closed queue)."""
-        with self._lock:
-            self._stopping = True
-            if self._go.locked():
-                self._go.release()
-
-    def _run(self) -> None:
-        while True:
-            self._go.acquire()
-            while True:
-                with self._lock:
-                    if not self._pending:
-                        if self._stopping:
-                            if self._go.locked():
-                                self._go.release()  # (another committer, if any, ends too)
-                            return
-                        break
-                    item = self._pending.popleft()
-                submit = self._submit()
-                try:
-                    if submit is None:
-                        raise JournalClosed("this journal is closed (it was dropped)")
-                    submit(item.request)
-                except BaseException as e:  # (JournalClosed, a fault point's error)
-                    item.raised = e
-                finally:
-                    del submit  # (held only while it is used)
-                item.done.release()
+    try:
+        signal.signal(signal.SIGINT, hold)
+    except ValueError:  # (not the main interpreter)
+        submit(request)
+        return
+    try:
+        submit(request)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if len(held) == 1:
+            _run_handler(previous, *held[0])
 
 
-class _Handoff:
-    """A request on its way from the main thread to the committer."""
-
-    __slots__ = ("done", "raised", "request")
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.raised: BaseException | None = None
-        self.done = threading.Lock()  # held until the committer is done with it
-        self.done.acquire()
+def _run_handler(handler: object, signum: int, frame: FrameType | None) -> None:
+    """Do what a signal's `handler` (as `signal.getsignal` gives it) does."""
+    if callable(handler):
+        handler(signum, frame)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(signum)  # (restored first: the default action)
 
 
 def _uncommitted(request: Request) -> bool:
