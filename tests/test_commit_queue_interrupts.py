@@ -11,11 +11,16 @@ per append of the main thread."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from journal import EventIn, Journal, Unsupported
+from journal._local.files import FileOps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -331,3 +336,98 @@ def test_ctrl_c_while_close_waits_leaves_a_journal_that_closes(seed: int) -> Non
     ).stdout.split()
     assert out[:1] in (["closed"], ["interrupted"]), out
     assert out[1:3] == ["closed-again", "4"], out
+
+
+class _RaiseAt(FileOps):
+    """Raises `signum` (once) in the main thread at the named fault point."""
+
+    def __init__(self, point: str, signum: int, times: int = 1) -> None:
+        self.where, self.signum, self.left = point, signum, 0
+        self.times = times
+
+    def arm(self) -> None:
+        self.left = self.times
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == self.where and self.left:
+            self.left -= 1
+            signal.raise_signal(self.signum)
+
+
+@pytest.fixture
+def sigint_counter() -> Iterator[list[int]]:
+    calls: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        yield calls
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_two_ctrl_c_inside_a_commit_run_the_handler_twice(
+    tmp_path: Path, sigint_counter: list[int]
+) -> None:
+    # Held, the second Ctrl-C puts the handler back and runs it for both (asyncio's
+    # handler, say, cancels on the first and raises on the second): none is dropped.
+    handler = signal.getsignal(signal.SIGINT)
+    ops = _RaiseAt("commit.view_flush", signal.SIGINT, times=2)
+    with Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        ops.arm()
+        j.append("s", [EventIn("t", b"x")])
+        assert sigint_counter == [signal.SIGINT, signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is handler
+        assert [e.data for e in j.replay("s")] == [b"x"]
+
+
+def test_a_failure_inside_the_queue_puts_the_sigint_handler_back(
+    tmp_path: Path, sigint_counter: list[int]
+) -> None:
+    # Another signal's handler raises in the queue (at a fault point): the append fails,
+    # and the SIGINT handler is the caller's again (a swapped one left in place swallowed
+    # every later first Ctrl-C).
+    class Stop(Exception):
+        pass
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stop
+
+    handler = signal.getsignal(signal.SIGINT)
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        ops = _RaiseAt("commit.queued", signal.SIGUSR1)
+        with Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j:
+            j.create_session("s")
+            ops.arm()
+            with pytest.raises(Stop):
+                j.append("s", [EventIn("t", b"lost")])
+            assert signal.getsignal(signal.SIGINT) is handler
+            j.append("s", [EventIn("t", b"kept")])
+            assert [e.data for e in j.replay("s")] == [b"kept"]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_write_from_a_signal_handler_mid_write_is_refused_not_a_hang(tmp_path: Path) -> None:
+    # A SIGUSR1 handler that appends while the main thread leads a commit of the same
+    # journal would wait for a batch only that thread can finish.
+    refused: list[BaseException] = []
+    ops = _RaiseAt("commit.batch_taken", signal.SIGUSR1)
+
+    def usr1(signum: int, frame: object) -> None:
+        try:
+            j.append("s", [EventIn("t", b"from the handler")])
+        except Unsupported as e:
+            refused.append(e)
+
+    previous = signal.signal(signal.SIGUSR1, usr1)
+    try:
+        with Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j:
+            j.create_session("s")
+            ops.arm()
+            j.append("s", [EventIn("t", b"outer")])
+            assert len(refused) == 1 and "signal handler" in str(refused[0])
+            assert [e.data for e in j.replay("s")] == [b"outer"]
+            j.append("s", [EventIn("t", b"after")])  # (the main thread is out again)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -24,6 +24,7 @@ queue for the next leader instead of being woken without a result.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # (signal's C module: no stubs)
 import contextlib
 import signal
 import threading
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Final
 
-from ..errors import JournalClosed
+from ..errors import JournalClosed, Unsupported
 from .files import FileOps
 from .planner import Request
 
@@ -68,15 +69,31 @@ class CommitQueue:
         self._gathering = False
         self._last_batch = 0  # requests in the previous batch (how many to gather)
         self._handed: Request | None = None  # the successor a finishing leader woke
+        self._main_inside = False  # the main thread is in `submit`
         self.closed = False
 
     def submit(self, request: Request, *, here: bool = False) -> None:
         """Queue `request` and return once it was committed (or failed: `request.error`).
         From the main thread (unless `here`) Ctrl-C is held meanwhile."""
-        if here or threading.get_ident() != threading.main_thread().ident:
+        if threading.get_ident() != threading.main_thread().ident:
             self._submit(request)
-        else:
-            _holding_sigint(self._submit, request)
+            return
+        if self._main_inside:
+            # A signal handler's write while the main thread is in the queue: it would
+            # wait for a batch only that thread can finish.
+            raise Unsupported(
+                "a write from a signal handler while the main thread is already writing "
+                "to this journal would wait for itself: set a flag in the handler and "
+                "write after it returns, or write from another thread"
+            )
+        try:
+            self._main_inside = True
+            if here:
+                self._submit(request)
+            else:
+                _holding_sigint(self._submit, request)
+        finally:
+            self._main_inside = False
 
     def _submit(self, request: Request) -> None:
         wake = None
@@ -231,43 +248,48 @@ class CommitQueue:
 
 
 def _holding_sigint(submit: Callable[[Request], None], request: Request) -> None:
-    """`submit(request)` in the main thread with SIGINT's handler held back: a Ctrl-C
+    """`submit(request)` in the main thread with SIGINT's handler held back: each Ctrl-C
     meanwhile runs the replaced handler once the request is done (committed or failed),
-    so its KeyboardInterrupt never lands inside the queue or a commit; a second one runs
-    it at once (a way out of a wait that does not end). A handler not set from Python
-    (None) cannot be put back, and an ignored signal needs no holding: the request then
-    goes unheld."""
-    previous = signal.getsignal(signal.SIGINT)
+    so its KeyboardInterrupt never lands inside the queue or a commit; a second one puts
+    the handler back and runs it for both at once (a way out of a wait that does not
+    end). A handler not set from Python (None) cannot be put back, and an ignored signal
+    needs no holding: the request then goes unheld. The handler is swapped with
+    `_signal.signal`, whose C code runs no Python (`signal.signal`'s wrapper does, where
+    another signal's handler could raise between the swap and the `try`)."""
+    previous = _signal.getsignal(signal.SIGINT)
     if previous is None or previous == signal.SIG_IGN:
         submit(request)
         return
     held: list[tuple[int, FrameType | None]] = []
+    ran = [0]  # how many of `held` the handler ran for
 
     def hold(signum: int, frame: FrameType | None) -> None:
-        held.append((signum, frame))
+        held.append((signum, None))  # (not the frame: it is kept until the request ends)
         if len(held) == 2:
-            signal.signal(signal.SIGINT, previous)
-            _run_handler(previous, signum, frame)
+            _signal.signal(signal.SIGINT, previous)
+            _run_held(previous, held, ran)
 
     try:
-        signal.signal(signal.SIGINT, hold)
-    except ValueError:  # (not the main interpreter)
-        submit(request)
-        return
-    try:
+        _signal.signal(signal.SIGINT, hold)
         submit(request)
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if len(held) == 1:
-            _run_handler(previous, *held[0])
+        try:
+            if not ran[0]:
+                _signal.signal(signal.SIGINT, previous)
+        finally:
+            _run_held(previous, held, ran)
 
 
-def _run_handler(handler: object, signum: int, frame: FrameType | None) -> None:
-    """Do what a signal's `handler` (as `signal.getsignal` gives it) does."""
-    if callable(handler):
-        handler(signum, frame)
-    elif handler == signal.SIG_DFL:
-        signal.raise_signal(signum)  # (restored first: the default action)
+def _run_held(handler: object, held: list[tuple[int, FrameType | None]], ran: list[int]) -> None:
+    """Do what a signal's `handler` (as `getsignal` gives it) does, once for each held
+    signal it has not been run for yet (it is in place again)."""
+    while ran[0] < len(held):
+        signum, frame = held[ran[0]]
+        ran[0] += 1
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            signal.raise_signal(signum)  # (the default action)
 
 
 def _uncommitted(request: Request) -> bool:
