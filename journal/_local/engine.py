@@ -444,7 +444,7 @@ class LocalEngine:
         if isinstance(operation, VerifyFix) and self._view.inspect() is not None:
             self._view.repair()  # the commit replaces the damaged view (SPEC section 9)
         request = Request(operation)
-        # (A fix runs the caller's progress callback: in the caller's thread.)
+        # (A fix runs the caller's progress callback inside its commit: left interruptible.)
         self._commits.submit(request, here=isinstance(operation, VerifyFix))
         error = request.error
         if isinstance(error, OSError):
