@@ -236,7 +236,7 @@ def encode_frame(body: bytes, first_position: int, count: int) -> bytes:
     """Frame header + body, ready to write."""
     if len(body) > MAX_FRAME_BODY:
         raise ValueError(f"frame body of {len(body)} bytes exceeds the {MAX_FRAME_BODY} limit")
-    crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(len(body), first_position, count), 0))
+    crc = _frame_crc(body, len(body), first_position, count)
     return FRAME_HEADER.pack(FRAME_MAGIC, len(body), crc, first_position, count) + body
 
 
@@ -249,7 +249,7 @@ def seal_frame(frame: bytearray, first_position: int, count: int) -> None:
         raise ValueError(f"frame body of {length} bytes exceeds the {MAX_FRAME_BODY} limit")
     # (The view is released at once: the writer's next encode resizes the buffer.)
     with memoryview(frame)[FRAME_HEADER_SIZE:] as body:
-        crc = frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first_position, count), 0))
+        crc = _frame_crc(body, length, first_position, count)
     FRAME_HEADER.pack_into(frame, 0, FRAME_MAGIC, length, crc, first_position, count)
 
 
@@ -275,9 +275,7 @@ def check_frame(buf: bytes | memoryview, at: int) -> tuple[int, int, int] | None
     end = at + FRAME_HEADER_SIZE + length
     if len(buf) < end:
         return None
-    # `_crc_matches` inline (a call per frame of a replay): a view, never a copy, of the body
-    body = memoryview(buf)[at + FRAME_HEADER_SIZE : end]
-    if frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first, count), 0)) != crc:
+    if not _crc_matches(buf, at, length, first, count, crc):
         raise BadFrame("frame checksum mismatch")
     return length, first, count
 
@@ -292,7 +290,12 @@ def _crc_matches(
 ) -> bool:
     # A view, not a slice: checking a frame never copies its body.
     body = memoryview(buf)[at + FRAME_HEADER_SIZE : at + FRAME_HEADER_SIZE + length]
-    return frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first, count), 0)) == crc
+    return _frame_crc(body, length, first, count) == crc
+
+
+def _frame_crc(body: bytes | memoryview, length: int, first: int, count: int) -> int:
+    """A frame's CRC32: over its length, first position and count fields, then its body."""
+    return frame_crc32(body, frame_crc32(_CRC_FIELDS.pack(length, first, count), 0))
 
 
 # How many body bytes `valid_frame_after` checksums at most, per byte of its buffer (plus
