@@ -867,3 +867,53 @@ def test_a_record_with_a_number_out_of_range_is_damage_not_a_struct_error(
     with pytest.raises(journal.JournalCorrupt) as caught, Journal.open(store) as j:
         j.replay("s").__next__()
     assert caught.value.segment == segment_name(1), caught.value
+
+
+@pytest.mark.parametrize(
+    ("forge", "expected"),
+    [
+        ({"ordinal": -1}, "has ordinal -1 (ordinals start at 1)"),
+        ({"ordinal": 0}, "has ordinal 0 (ordinals start at 1)"),
+        ({"ordinal": 1}, "which already reached 1"),  # the second event repeats the first
+        ({"incarnation": 1 << 40}, "which no earlier record created"),
+    ],
+)
+def test_verify_names_a_checksummed_event_the_index_passes_over(
+    tmp_path: Path, forge: dict[str, int], expected: str
+) -> None:
+    """A checksummed event record whose ordinal does not move its session on, or whose
+    session does not exist yet, is passed over by the projector (the session just reads
+    without it): `verify()` names its frame instead of reporting nothing."""
+    import msgspec
+
+    from journal._local.frames import FRAME_HEADER, SEGMENT_HEADER_SIZE, encode_frame
+    from journal.records import decode_frame_body, encode_frame_body
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"x")])
+        j.append("s", [EventIn("m", b"y")])
+        assert j.verify().ok
+    segment = store / "segments" / segment_name(1)
+    raw = bytearray(segment.read_bytes())
+    at = SEGMENT_HEADER_SIZE
+    while True:  # the last frame: the second append's
+        _, length, _, first, count = FRAME_HEADER.unpack_from(raw, at)
+        following = at + FRAME_HEADER.size + length
+        if not any(raw[following : following + FRAME_HEADER.size]):
+            break
+        at = following
+    [record] = decode_frame_body(bytes(raw[at + FRAME_HEADER.size : following]))
+    forged = encode_frame(
+        encode_frame_body([msgspec.structs.replace(record, **forge)]), first, count
+    )
+    raw[at : at + len(forged)] = forged
+    raw[at + len(forged) : following] = bytes(max(0, following - at - len(forged)))
+    segment.write_bytes(bytes(raw))
+    shutil.rmtree(store / "index")  # (opening rebuilds the view from the log)
+    with Journal.open(store) as j:
+        assert [e.data for e in j.replay("s")] == [b"x"]  # passed over, as the index does
+        problems = j.verify().problems
+    assert [(p.segment, p.offset) for p in problems] == [(segment_name(1), at)], problems
+    assert expected in problems[0].what, problems

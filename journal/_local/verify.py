@@ -54,6 +54,10 @@ def check_log(
     problems: list[VerifyProblem] = []
     frames = records = 0
     bad_sidecars: list[int] = []
+    # incarnation -> the last event ordinal its records reached, in log order: checksummed
+    # event records the projector would pass over (an ordinal that does not move on, or a
+    # session that does not exist yet) are problems, not silently skipped.
+    reached: dict[int, int] = {}
     bases = log.bases()
     sizes = {}
     for base in bases:
@@ -87,19 +91,10 @@ def check_log(
                     records += len(decoded)
                     position = info.first_position
                     for record in decoded:
-                        if (
-                            isinstance(record, EventAppended)
-                            and record.position
-                            and record.position != position
-                        ):
-                            problems.append(
-                                VerifyProblem(
-                                    reader.name,
-                                    info.offset,
-                                    f"event record says position {record.position}, "
-                                    f"its frame places it at {position}",
-                                )
-                            )
+                        if isinstance(record, EventAppended):
+                            what = _event_problem(record, position, reached)
+                            if what is not None:
+                                problems.append(VerifyProblem(reader.name, info.offset, what))
                         position += 1
         except JournalCorrupt as e:
             problems.append(VerifyProblem(e.segment, e.offset, e.detail))
@@ -130,6 +125,34 @@ def check_log(
         if progress is not None:
             progress(done, total)
     return problems, frames, records, bad_sidecars
+
+
+def _event_problem(record: EventAppended, position: int, reached: dict[int, int]) -> str | None:
+    """What is wrong with an event record stored at `position` (None: nothing), given the
+    ordinals its session's earlier records `reached` (updated). A session's incarnation is
+    the position of the record that created it, so it comes before its events; ordinals
+    start at 1 and only grow (retention and compaction leave gaps, never steps back)."""
+    if record.position and record.position != position:
+        return f"event record says position {record.position}, its frame places it at {position}"
+    incarnation, ordinal = record.incarnation, record.ordinal
+    if not 0 < incarnation < position:
+        return (
+            f"event record at position {position} names session incarnation {incarnation}, "
+            "which no earlier record created: the index passes over it"
+        )
+    if ordinal < 1:
+        return (
+            f"event record at position {position} has ordinal {ordinal} (ordinals start "
+            "at 1): the index passes over it"
+        )
+    last = reached.get(incarnation, 0)
+    if ordinal <= last:
+        return (
+            f"event record at position {position} has ordinal {ordinal} of incarnation "
+            f"{incarnation}, which already reached {last}: the index passes over it"
+        )
+    reached[incarnation] = ordinal
+    return None
 
 
 _COMPARED_ROW_FIELDS: Final = (
