@@ -281,7 +281,9 @@ def _holding_signals(submit: Callable[[Request], None], request: Request) -> Non
     (`signal.signal`'s wrapper does). A handler not yet swapped may still raise between
     two swaps (the request is then not made), and one put back between two put-backs:
     either way every handler still swapped is put back (`_release`, which puts back
-    again) and every held one runs."""
+    again) and every held one runs. (Python code cannot make the step from the last
+    put-back to the held handlers atomic: a second signal whose handler is back and
+    raises just then skips them; SPEC 7.1.)"""
     handlers = list(map(_signal.getsignal, _SIGNALS))
     if handlers != _scan[0]:
         _rescan(handlers)
