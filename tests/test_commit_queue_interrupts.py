@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (signal's C module: no stubs)
 import contextlib
+import dis
 import inspect
 import os
 import signal
@@ -479,14 +480,14 @@ class _RaiseAt(FileOps):
 def _in_the_queue() -> bool:
     """Whether the caller runs inside the commit queue or a commit (a frame of either is
     on its stack)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if (module.endswith("commit_queue") and frame.f_code.co_name in _QUEUE) or (
             module.endswith("_local.engine") and frame.f_code.co_name in _COMMIT
         ):
             return True
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return False
 
 
@@ -827,6 +828,16 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
     source, first = inspect.getsourcelines(commit)
     begin = next(first + i for i, line in enumerate(source) if "view.begin(write=True)" in line)
     last = next(first + i for i, line in enumerate(source) if "transaction_id = txn.id()" in line)
+    # The `with`'s exit after its last line (then its exception path), in order: the
+    # LMDB commit is its call.
+    code = list(dis.get_instructions(commit))
+    end = max(i for i, ins in enumerate(code) if ins.positions and ins.positions.lineno == last)
+    exit = []
+    for ins in code[end + 1 :]:
+        if not ins.positions or ins.positions.lineno != begin:
+            break
+        exit.append(ins.opname)
+    call = next(i for i, name in enumerate(exit) if name.startswith("CALL")) + 1
     after = [False]
     target = [0]
     fired: list[int] = []
@@ -857,7 +868,8 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
     ):
         j.create_session("s")
         appended = []
-        for n in range(1, 20):
+        # Right after the commit first, then before it; past the exit, nothing fires.
+        for n in [*range(call + 1, call + 8), *range(1, call + 1)]:
             after[0], target[0], count[0] = False, n, 0
             data = f"{n}".encode()
             appended.append(data)
@@ -867,7 +879,8 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
             except _Boom:
                 assert fired[-1:] == [n]
             else:
-                break
+                assert n > call and fired[-1:] != [n]
             assert [e.data for e in j.replay("s")] == appended
-        assert len(fired) >= 6, fired  # (three arguments, the call, its result, the jump)
+        assert sorted(fired) == list(range(1, max(fired) + 1)), (fired, exit)
+        assert max(fired) > call, (fired, exit)  # (signals after the commit, too)
         assert j.verify().ok
