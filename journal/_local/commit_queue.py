@@ -16,12 +16,12 @@ the queue (waiting, leading, committing) every handler that is Python code is he
 swapped for one that notes the signal, and the handlers it replaced run once the request
 is done (`_holding_signals`); a second one of a signal held meanwhile runs them at once.
 A caller may submit `here` instead, unheld (an operation that runs a callback of the
-caller's in the commit), and the second signal interrupts. For such callers the queue's
-mutex is a raw lock (`with` on it cannot be split from its release, as a Condition's
-Python-level methods can), the leader gathers on a raw lock of its own with the mutex
-released, a waiting caller interrupted gives up its place, and a request that a leader
-took but did not get to commit goes back to the front of the queue for the next leader
-instead of being woken without a result.
+caller's in the commit). For such callers, and for handlers a second signal runs at
+once, the queue's mutex is a raw lock (`with` on it cannot be split from its release, as
+a Condition's Python-level methods can), the leader gathers on a raw lock of its own with
+the mutex released, a waiting caller interrupted gives up its place, and a request that a
+leader took but did not get to commit goes back to the front of the queue for the next
+leader instead of being woken without a result.
 """
 
 from __future__ import annotations
