@@ -10,16 +10,18 @@ the callers that batch woke are on their way back with their next request, and o
 can carry them all (SPEC section 7.1). It waits only while they keep coming, one short step
 at a time, and never longer than `GATHER_S`; a lone caller never waits.
 
-A KeyboardInterrupt lands between two bytecodes of the main thread, and only there. So while
-the main thread is in the queue (waiting, leading, committing) Ctrl-C is held: SIGINT's
-handler is swapped for one that notes the signal, and the handler it replaced runs once the
-request is done (`_holding_sigint`); a second Ctrl-C meanwhile runs it at once. A caller may
-submit `here` instead, unheld (an operation that runs a callback of the caller's in the
-commit). For such callers the queue's mutex is a raw lock (`with` on it cannot be split
-from its release, as a Condition's Python-level methods can), the leader gathers on a raw
-lock of its own with the mutex released, a waiting caller interrupted gives up its place,
-and a request that a leader took but did not get to commit goes back to the front of the
-queue for the next leader instead of being woken without a result.
+A signal handler's exception (KeyboardInterrupt, or a SIGTERM handler's SystemExit) lands
+between two bytecodes of the main thread, and only there. So while the main thread is in
+the queue (waiting, leading, committing) every handler that is Python code is held: it is
+swapped for one that notes the signal, and the handlers it replaced run once the request
+is done (`_holding_signals`); a second one of a signal held meanwhile runs them at once.
+A caller may submit `here` instead, unheld (an operation that runs a callback of the
+caller's in the commit). For such callers, and for handlers a second signal runs at
+once, the queue's mutex is a raw lock (`with` on it cannot be split from its release, as
+a Condition's Python-level methods can), the leader gathers on a raw lock of its own with
+the mutex released, a waiting caller interrupted gives up its place, and a request that a
+leader took but did not get to commit goes back to the front of the queue for the next
+leader instead of being woken without a result.
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ __all__ = ["GATHER_S", "GATHER_STEP_S", "CommitQueue"]
 
 GATHER_S: Final = 0.0002
 GATHER_STEP_S: Final = 0.0001
+
+_Handler = Callable[[int, FrameType | None], object]
+# Every signal a Python handler can be set for (not SIGKILL or SIGSTOP), as ints.
+_SIGNALS: Final = tuple(
+    sorted(
+        int(signum)
+        for signum in signal.valid_signals()
+        if signum not in {getattr(signal, name, None) for name in ("SIGKILL", "SIGSTOP")}
+    )
+)
+# The last scan (`_holding_signals`; only the main thread scans): the handler of each of
+# `_SIGNALS`, then each signal whose handler is Python code with its place among them.
+_scan: tuple[list[object], tuple[tuple[int, int], ...]] = ([], ())
 
 
 class CommitQueue:
@@ -74,7 +89,7 @@ class CommitQueue:
 
     def submit(self, request: Request, *, here: bool = False) -> None:
         """Queue `request` and return once it was committed (or failed: `request.error`).
-        From the main thread (unless `here`) Ctrl-C is held meanwhile."""
+        From the main thread (unless `here`) signal handlers are held meanwhile."""
         if threading.get_ident() != threading.main_thread().ident:
             self._submit(request)
             return
@@ -86,12 +101,17 @@ class CommitQueue:
                 "to this journal would wait for itself: set a flag in the handler and "
                 "write after it returns, or write from another thread"
             )
+        if here:
+            self._submit_main(request)
+        else:
+            # (Held handlers run after `_submit_main` returns: the main thread is out of
+            # the queue then, and they may write.)
+            _holding_signals(self._submit_main, request)
+
+    def _submit_main(self, request: Request) -> None:
         try:
             self._main_inside = True
-            if here:
-                self._submit(request)
-            else:
-                _holding_sigint(self._submit, request)
+            self._submit(request)
         finally:
             self._main_inside = False
 
@@ -247,49 +267,106 @@ class CommitQueue:
                 wake.release()
 
 
-def _holding_sigint(submit: Callable[[Request], None], request: Request) -> None:
-    """`submit(request)` in the main thread with SIGINT's handler held back: each Ctrl-C
-    meanwhile runs the replaced handler once the request is done (committed or failed),
-    so its KeyboardInterrupt never lands inside the queue or a commit; a second one puts
-    the handler back and runs it for both at once (a way out of a wait that does not
-    end). A handler not set from Python (None) cannot be put back, and an ignored signal
-    needs no holding: the request then goes unheld. The handler is swapped with
-    `_signal.signal`, whose C code runs no Python (`signal.signal`'s wrapper does, where
-    another signal's handler could raise between the swap and the `try`)."""
-    previous = _signal.getsignal(signal.SIGINT)
-    if previous is None or previous == signal.SIG_IGN:
+def _holding_signals(submit: Callable[[Request], None], request: Request) -> None:
+    """`submit(request)` in the main thread with every Python signal handler held back:
+    each signal that comes meanwhile runs the handler it replaced once the request is done
+    (committed or failed), in the order they came, so no handler's exception lands inside
+    the queue or a commit. A second one of a signal already held puts every handler back
+    and runs what is held at once (a way out of a wait that does not end: Ctrl-C twice).
+    Handlers that are not Python code (None: not set from Python; SIG_DFL, SIG_IGN) are
+    left alone. Only the main thread sets handlers, so the scan made here stays true for
+    the request, except where a held handler run early sets one.
+
+    Swapped with `_signal.signal`, whose C code runs no Python after the swap
+    (`signal.signal`'s wrapper does). A handler not yet swapped may still raise between
+    two swaps (the request is then not made), and one put back between two put-backs:
+    either way every handler still swapped is put back (`_release`, which puts back
+    again) and every held one runs. (Python code cannot make the step from the last
+    put-back to the held handlers atomic: a second signal whose handler is back and
+    raises just then skips them; SPEC 7.1.)"""
+    handlers = list(map(_signal.getsignal, _SIGNALS))
+    if handlers != _scan[0]:
+        _rescan(handlers)
+    swapped = _scan[1]
+    if not swapped:
         submit(request)
         return
-    held: list[tuple[int, FrameType | None]] = []
-    ran = [0]  # how many of `held` the handler ran for
+    held: list[int] = []  # the signals held and not run yet, as they came
 
     def hold(signum: int, frame: FrameType | None) -> None:
-        held.append((signum, None))  # (not the frame: it is kept until the request ends)
-        if len(held) == 2:
-            _signal.signal(signal.SIGINT, previous)
-            _run_held(previous, held, ran)
+        again = signum in held
+        held.append(signum)  # (not the frame: it would be kept until the request ends)
+        if again:
+            # (`hold` is the handler in place: named so, the closure would hold itself,
+            # a reference cycle for the collector at each request.)
+            _release(swapped, handlers, _signal.getsignal(signum), held)
 
     try:
-        _signal.signal(signal.SIGINT, hold)
+        for signum, _ in swapped:
+            _signal.signal(signum, hold)
         submit(request)
     finally:
+        back = False
         try:
-            if not ran[0]:
-                _signal.signal(signal.SIGINT, previous)
+            for signum, at in swapped:
+                if _signal.getsignal(signum) is hold:
+                    _signal.signal(signum, handlers[at])
+            back = True
         finally:
-            _run_held(previous, held, ran)
+            if held or not back:
+                _release(swapped, handlers, hold, held)
 
 
-def _run_held(handler: object, held: list[tuple[int, FrameType | None]], ran: list[int]) -> None:
-    """Do what a signal's `handler` (as `getsignal` gives it) does, once for each held
-    signal it has not been run for yet (it is in place again)."""
-    while ran[0] < len(held):
-        signum, frame = held[ran[0]]
-        ran[0] += 1
-        if callable(handler):
-            handler(signum, frame)
-        elif handler == signal.SIG_DFL:
-            signal.raise_signal(signum)  # (the default action)
+def _rescan(handlers: list[object]) -> None:
+    """Note which of `handlers` (one for each of `_SIGNALS`) are Python code."""
+    global _scan
+    _scan = (
+        handlers,
+        tuple((_SIGNALS[at], at) for at, handler in enumerate(handlers) if callable(handler)),
+    )
+
+
+def _release(
+    swapped: tuple[tuple[int, int], ...],
+    handlers: list[object],
+    hold: _Handler,
+    held: list[int],
+) -> None:
+    """Put back every handler still swapped for `hold`, then run the held signals. (Put
+    back twice: one put back can raise before the rest are; each step is in the
+    `finally` of the one before.)"""
+    try:
+        _put_back(swapped, handlers, hold)
+    finally:
+        try:
+            _put_back(swapped, handlers, hold)
+        finally:
+            _run_held(swapped, handlers, held)
+
+
+def _put_back(swapped: tuple[tuple[int, int], ...], handlers: list[object], hold: _Handler) -> None:
+    for signum, at in swapped:
+        if _signal.getsignal(signum) is hold:
+            _signal.signal(signum, handlers[at])
+
+
+def _run_held(
+    swapped: tuple[tuple[int, int], ...], handlers: list[object], held: list[int]
+) -> None:
+    """Run each held signal's handler (put back by now) once, in the order they came;
+    when one raises, the others still run (as they would unheld: CPython runs the other
+    pending handlers at its next check), and the last exception raised propagates."""
+    while held:
+        signum = held.pop(0)
+        handler = handlers[next(at for s, at in swapped if s == signum)]
+        try:
+            if callable(handler):
+                handler(signum, None)
+            else:  # (SIG_DFL or SIG_IGN: held only if it compared equal to a callable)
+                _signal.raise_signal(signum)
+        except BaseException:
+            _run_held(swapped, handlers, held)
+            raise
 
 
 def _uncommitted(request: Request) -> bool:
