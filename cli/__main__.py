@@ -1,5 +1,5 @@
 """`python -m cli`: the `journal` command without the console script."""
 
-from cli.main import main
+from cli import run
 
-main(prog_name="journal")
+run(prog_name="journal")

@@ -3,10 +3,13 @@ commands (`init`, `append`, `read`, `watch`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import click
@@ -291,19 +294,67 @@ def append(
                 err=True,
             )
         stdin = getattr(sys.stdin, "buffer", sys.stdin)
-        events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
+        try:
+            events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
+        except KeyboardInterrupt:
+            click.echo("journal: interrupted while reading stdin: nothing was appended", err=True)
+            raise
     if not events:
         raise journal.InvalidArgument(
             "nothing to append: pass DATA arguments or NDJSON lines on stdin"
         )
     with settings.open() as store:
-        result = store.append(
-            session_id,
-            events,
-            expected_last_ordinal=expected_last,
-            idempotency_key=idempotency_key,
-            create=create,
+        try:
+            with _ctrl_c_noted() as noted:
+                result = store.append(
+                    session_id,
+                    events,
+                    expected_last_ordinal=expected_last,
+                    idempotency_key=idempotency_key,
+                    create=create,
+                )
+        except KeyboardInterrupt:
+            click.echo(
+                "journal: interrupted by a second Ctrl+C while the events were being "
+                "committed: whether they were appended is not known (read the session; "
+                "--idempotency-key makes a retry safe)",
+                err=True,
+            )
+            raise
+        _emit_appended(settings, result)
+    if noted:
+        click.echo(
+            "journal: Ctrl+C came while the events were being committed; they were "
+            "appended (above)",
+            err=True,
         )
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[list[int]]:
+    """While the events are committed, a first Ctrl+C is noted (the list gets an item)
+    instead of interrupting: the command then reports what was committed, rather than
+    exiting 130 with the events appended and nothing said (a retry would append them
+    again). A second Ctrl+C interrupts: whether the events were committed is then not
+    known (`--idempotency-key` makes a retry safe)."""
+    noted: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append(signum)
+        if len(noted) > 1:
+            raise KeyboardInterrupt
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # (a background job: no Ctrl+C)
+        yield noted
+        return
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
     record = {
         "session_id": result.session_id,
         "first_ordinal": result.first_ordinal,
@@ -395,7 +446,9 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
 
     Ends by itself once the session is resolved, expired or cancelled and every event was
     printed; Ctrl+C, SIGTERM or SIGHUP stop earlier (exit status 130, 143, 129). With
-    --format json the last line says how it ended: {"end": STATE or "stopped"}.
+    --format json the last line says how it ended: {"end": STATE or "stopped"}. A session
+    past its --ttl-ms is expired by a writer (a process with the store open for writing,
+    any write command, or `journal sessions expire`), not by the watch itself.
     """
     watch_events(settings, session_id, cursor or None)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import select
 import stat
@@ -283,13 +284,22 @@ def embedded(data: bytes) -> Any:
     try:
         # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
         # no NaN or Infinity (not JSON: the line would not parse).
-        return json.loads(data.decode("utf-8"), parse_constant=_not_json)
+        return json.loads(data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError):
         return {"base64": base64.b64encode(data).decode("ascii")}
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; one too large for a float (1e999) would be printed as
+    Infinity, which is not JSON: such data goes out as base64 instead."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
 
 
 def event_record(event: journal.Event) -> dict[str, Any]:
@@ -309,7 +319,7 @@ def event_record(event: journal.Event) -> dict[str, Any]:
 
 
 def event_text(event: journal.Event, limit: int = 100) -> str:
-    request = f" [{event.request_id}]" if event.request_id else ""
+    request = f" [{shown(event.request_id)}]" if event.request_id else ""
     if event.type == TURN_STARTED:
         return f"#{event.ordinal} turn_started{request} cursor={event.cursor}"
     if event.type == TURN_RESULT:
@@ -317,7 +327,8 @@ def event_text(event: journal.Event, limit: int = 100) -> str:
         status = result.get("status", "?") if isinstance(result, dict) else "?"
         error = result.get("error") if isinstance(result, dict) else None
         detail = f" {error.get('code')}: {error.get('message')}" if isinstance(error, dict) else ""
-        return f"#{event.ordinal} turn_result{request} {status}{detail} cursor={event.cursor}"
+        line = f"{status}{detail}"
+        return f"#{event.ordinal} turn_result{request} {shown(line)} cursor={event.cursor}"
     return f"#{event.ordinal} {event.type}{request} {preview(event.data, limit)}"
 
 
@@ -360,16 +371,17 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
     padding = " " * max(0, id_width - display_width(meta.session_id))
     parts = [meta.session_id + padding, f"{meta.state.value:<9}", events]
     if meta.mode:
-        parts.append(f"mode={meta.mode}")
+        parts.append(f"mode={shown(meta.mode)}")
     if meta.tags:
-        shown = (f"{_shown(k)}={_shown(v)}" for k, v in sorted(meta.tags.items()))
-        parts.append("tags=" + ",".join(shown))
+        pairs = (f"{shown(k)}={shown(v)}" for k, v in sorted(meta.tags.items()))
+        parts.append("tags=" + ",".join(pairs))
     return "  ".join(parts)
 
 
-def _shown(text: str) -> str:
-    """A tag as one line: control characters (a newline would fake a listing row) are
-    escaped as in Python string literals."""
+def shown(text: str) -> str:
+    """Text of the store (a tag, a request id, a context id) as one line: control
+    characters (a newline would fake a listing row or a field) are escaped as in Python
+    string literals."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
@@ -384,5 +396,5 @@ def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:
 
 def lifecycle_text(event: journal.LifecycleEvent) -> str:
     meta = event.session
-    mode = f" (mode={meta.mode})" if meta.mode else ""
+    mode = f" (mode={shown(meta.mode)})" if meta.mode else ""
     return f"{event.event_type.value} {meta.session_id}{mode} state={meta.state.value}"

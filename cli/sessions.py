@@ -15,6 +15,7 @@ from .output import (
     pass_settings,
     session_record,
     session_text,
+    shown,
 )
 from .watching import watch_events, watch_lifecycle
 
@@ -139,13 +140,15 @@ def show(settings: Settings, session_id: str) -> None:
 
 
 def _text_value(value: object) -> str:
+    """A field as one line (control characters escaped: a newline in a context id or a
+    tag would fake a field)."""
     if value is None or value == "":
         return "-"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        return ", ".join(f"{shown(str(k))}={shown(str(v))}" for k, v in value.items()) or "-"
     if isinstance(value, list):
-        return ", ".join(str(v) for v in value) or "-"
-    return str(value)
+        return ", ".join(shown(str(v)) for v in value) or "-"
+    return shown(str(value))
 
 
 @sessions.command("watch")
@@ -199,3 +202,22 @@ sessions.add_command(_transition_command("resolve", lambda store: store.resolve_
 sessions.add_command(_transition_command("cancel", lambda store: store.cancel_session))
 sessions.add_command(_transition_command("suspend", lambda store: store.suspend_session))
 sessions.add_command(_transition_command("resume", lambda store: store.resume_session))
+
+
+@sessions.command("expire")
+@pass_settings
+def expire(settings: Settings) -> None:
+    """Expire the sessions past their deadline (--ttl-ms, a suspension's cap) now.
+
+    A process that keeps the store open for writing expires them by itself, and so does
+    every write command; read commands never do (their watches of such a session go on
+    until one of those runs). Prints one line per session this command expired (opening
+    the store for writing may already have expired some: they are not listed), then, in
+    text, that nothing is left past its deadline.
+    """
+    with settings.open() as store:
+        expired = store.expire_due()
+    for meta in expired:
+        settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
+    if settings.output.format == "text":
+        click.echo("no session is past its deadline now")

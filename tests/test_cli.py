@@ -603,3 +603,92 @@ def test_a_tag_with_a_newline_cannot_fake_a_listing_row(store: Path) -> None:
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.stdout.splitlines() if line.strip()]
     assert row.startswith("a ") and "tags=k=v\\nfake-session" in row
+
+
+def test_ctrl_c_during_a_large_append_never_hides_a_commit(tmp_path: Path) -> None:
+    """Ctrl+C at any moment of `journal append` (reading stdin, committing, after): the
+    events the session holds afterwards are exactly those the command reported (a
+    committed batch with no result printed would be appended again by a script that
+    retries on a non-zero status), and no run shows a traceback. The first run, not
+    interrupted, measures how long the command takes; the others are interrupted across
+    that time."""
+    store = tmp_path / "store"
+    assert run_cli("--store", str(store), "init").returncode == 0
+    lines = tmp_path / "events.ndjson"
+    lines.write_text("".join(json.dumps({"data": "z" * 7000}) + "\n" for _ in range(9000)))
+    command = [*CLI, "--store", str(store), "--format", "json", "append", "-s", "big", "--create"]
+
+    def reported(delay: float | None) -> tuple[int, str, int]:
+        with lines.open("rb") as stdin:
+            process = subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # (Ctrl+C's action, even when this test runs where SIGINT is ignored)
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
+            if delay is not None:
+                time.sleep(delay)
+                process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        last = json.loads(out)["last_ordinal"] if out.strip() else 0
+        return last, err.decode(), process.returncode
+
+    start = time.monotonic()
+    last, _, status = reported(None)
+    took = time.monotonic() - start
+    assert (status, last) == (0, 9000)
+    notes = []
+    for fraction in (0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0):
+        before = last
+        now, err, status = reported(took * fraction)
+        assert "Traceback" not in err, err
+        if now:
+            last = now
+            assert now == before + 9000
+        shown = invoke(store, "sessions", "show", "big")
+        assert records(shown)[0]["last_ordinal"] == last, (fraction, status, err)
+        notes.append(err.strip())
+    assert any("nothing was appended" in note or "were appended" in note for note in notes)
+
+
+def test_json_output_stays_json_for_numbers_beyond_a_float(store: Path) -> None:
+    """1e999 parses as infinity, which `json.dumps` would print as `Infinity` (not JSON):
+    such data goes out as base64, like any other data that is not JSON."""
+    data = [b'{"big":1e999}', b'{"n":-1e400}', b'{"ok":1.5}']
+    invoke(store, "append", "-s", "t", "--create", *(d.decode() for d in data))
+    lines = invoke(store, "read", "-s", "t").stdout.splitlines()[:3]
+    messages = [
+        json.loads(line, parse_constant=lambda c: pytest.fail(c))["message"] for line in lines
+    ]
+    assert messages[2] == {"ok": 1.5}
+    assert [base64.b64decode(m["base64"]) for m in messages[:2]] == data[:2]
+
+
+def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Path) -> None:
+    fake = "c\nstate            resolved"
+    invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
+    shown = invoke(store, "sessions", "show", "s", fmt="text").stdout
+    assert [line for line in shown.splitlines() if line.startswith("state")] == [
+        "state            open"
+    ]
+    assert "c\\nstate" in shown and "a=b\\nc" in shown
+    invoke(store, "append", "-s", "s", "--request-id", "r1\n#999 message FAKE", "x")
+    read = invoke(store, "read", "-s", "s", fmt="text").stdout
+    assert not any(line.startswith("#999") for line in read.splitlines()), read
+    assert "[r1\\n#999 message FAKE]" in read
+
+
+def test_sessions_expire_expires_what_is_past_its_deadline(store: Path) -> None:
+    """Read commands never expire a session; `journal sessions expire` does (as any
+    write command does), so a watch of it can end."""
+    invoke(store, "sessions", "create", "t", "--ttl-ms", "1")
+    time.sleep(0.05)
+    assert records(invoke(store, "sessions", "show", "t"))[0]["state"] == "open"
+    result = invoke(store, "sessions", "expire", fmt="text")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == "no session is past its deadline now"
+    assert records(invoke(store, "sessions", "show", "t"))[0]["state"] == "expired"
+    assert [r["end"] for r in records(invoke(store, "watch", "-s", "t"))] == ["expired"]
