@@ -283,7 +283,8 @@ def embedded(data: bytes) -> Any:
     `{"base64": "..."}`."""
     try:
         # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
-        # no NaN or Infinity (not JSON: the line would not parse).
+        # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
+        # line printed would not parse).
         return json.loads(data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError):
         return {"base64": base64.b64encode(data).decode("ascii")}
