@@ -235,6 +235,16 @@ _CLI_HINTS: Final = (
     ),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("create it before owning it", "create it first with `journal sessions create ID`"),
+    (
+        "open it with readonly=True (the CLI's read commands do)",
+        "read commands (`journal read`, `journal watch`, `journal sessions list`) work; "
+        "writes need a user who may write it",
+    ),
+    (
+        "use `with journal.own(id) as owner, owner.turn(request_id) as turn`",
+        "turns are recorded by a runtime through the library (`journal.own`, "
+        "`owner.turn`); the CLI appends other types",
+    ),
 )
 
 

@@ -684,11 +684,37 @@ def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Pa
 def test_sessions_expire_expires_what_is_past_its_deadline(store: Path) -> None:
     """Read commands never expire a session; `journal sessions expire` does (as any
     write command does), so a watch of it can end."""
-    invoke(store, "sessions", "create", "t", "--ttl-ms", "1")
-    time.sleep(0.05)
+    # (Long enough for the creating command to close before the deadline: its own
+    # journal would expire the session otherwise.)
+    (created,) = records(invoke(store, "sessions", "create", "t", "--ttl-ms", "1000"))
+    time.sleep(max(0.0, created["expires_at_ms"] / 1000 - time.time()) + 0.05)
     assert records(invoke(store, "sessions", "show", "t"))[0]["state"] == "open"
     result = invoke(store, "sessions", "expire", fmt="text")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == "no session is past its deadline now"
     assert records(invoke(store, "sessions", "show", "t"))[0]["state"] == "expired"
     assert [r["end"] for r in records(invoke(store, "watch", "-s", "t"))] == ["expired"]
+
+
+def test_messages_name_cli_commands_not_python_calls(store: Path) -> None:
+    result = invoke(store, "append", "-s", "t", "--create", "--type", "turn_result", "{}")
+    assert result.exit_code == 4, result.output
+    assert "owner.turn" in result.stderr and "with journal.own(id)" not in result.stderr
+    assert "the CLI appends other types" in result.stderr
+
+
+def test_open_advice_for_a_store_that_cannot_be_created_names_the_directory(
+    tmp_path: Path,
+) -> None:
+    """Creating a store under a directory the user may not write: the advice is about
+    that directory, not about sharing an existing store."""
+    from journal._local.failures import open_advice
+
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    denied = PermissionError(13, "Permission denied")
+    advice = open_advice(denied, str(parent / "a" / "store"), readonly=False)
+    assert repr(str(parent / "a")) in advice and repr(str(parent)) in advice, advice
+    assert "private" not in advice
+    (parent / "store").mkdir()  # an existing store directory: the sharing advice stays
+    assert "private" in open_advice(denied, str(parent / "store"), readonly=False)

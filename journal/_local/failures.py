@@ -82,6 +82,18 @@ def open_advice(error: OSError, path: str, readonly: bool) -> str:
     """What to do when opening the store at `path` failed with `error`."""
     if not isinstance(error, PermissionError):
         return "check the path and its permissions"
+    missing = path
+    while missing and not os.path.lexists(missing):
+        parent = os.path.dirname(missing.rstrip(os.sep)) or "."
+        if parent == missing:
+            break
+        if os.path.lexists(parent):
+            # No store here yet: creating it (or a directory on the way) was refused.
+            return (
+                f"this user may not create {missing!r} in {parent!r}: create the store "
+                "in a directory it may write, or let it write that one"
+            )
+        missing = parent
     if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
         return (
             "this user may read the store but not write it (a group-shared store is "
