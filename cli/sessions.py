@@ -58,6 +58,21 @@ def _parse_tags(
     metavar="N",
     help="Expire the session N ms after it starts.",
 )
+@click.option(
+    "--max-history-bytes",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Keep at most about N bytes of its newest events (the oldest batches leave "
+    "first). Default: the store's window, 320 MiB.",
+)
+@click.option(
+    "--max-history-age-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Drop its events N ms after they were appended. Default: the store's (none).",
+)
 @pass_settings
 def create(
     settings: Settings,
@@ -66,11 +81,19 @@ def create(
     context_id: str | None,
     tags: dict[str, str],
     ttl_ms: int | None,
+    max_history_bytes: int | None,
+    max_history_age_ms: int | None,
 ) -> None:
     """Create an open session."""
     with settings.open() as store:
         meta = store.create_session(
-            session_id, mode=mode, context_id=context_id, tags=tags, ttl_ms=ttl_ms
+            session_id,
+            mode=mode,
+            context_id=context_id,
+            tags=tags,
+            ttl_ms=ttl_ms,
+            max_history_bytes=max_history_bytes,
+            max_history_age_ms=max_history_age_ms,
         )
     settings.output.emit(session_record(meta), session_text(meta))
 

@@ -718,3 +718,13 @@ def test_open_advice_for_a_store_that_cannot_be_created_names_the_directory(
     assert "private" not in advice
     (parent / "store").mkdir()  # an existing store directory: the sharing advice stays
     assert "private" in open_advice(denied, str(parent / "store"), readonly=False)
+
+
+def test_sessions_create_sets_the_session_history_window(store: Path) -> None:
+    invoke(store, "sessions", "create", "w", "--max-history-bytes", "100")
+    for i in range(5):
+        invoke(store, "append", "-s", "w", f"event {i} " + "x" * 80)
+    assert invoke(store, "compact").exit_code == 0  # (applies retention)
+    (shown,) = records(invoke(store, "sessions", "show", "w"))
+    assert (shown["first_ordinal"], shown["last_ordinal"]) == (5, 5)
+    assert invoke(store, "sessions", "create", "v", "--max-history-age-ms", "0").exit_code == 2
