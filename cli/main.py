@@ -313,6 +313,7 @@ def append(
                     idempotency_key=idempotency_key,
                     create=create,
                 )
+                _emit_appended(settings, result)  # (before a Ctrl+C may interrupt again)
         except KeyboardInterrupt:
             click.echo(
                 "journal: interrupted by a second Ctrl+C while the events were being "
@@ -321,7 +322,6 @@ def append(
                 err=True,
             )
             raise
-        _emit_appended(settings, result)
     if noted:
         click.echo(
             "journal: Ctrl+C came while the events were being committed; they were "
@@ -374,6 +374,10 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
 _ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
 
 
+def _not_a_json_number(constant: str) -> object:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def events_from_ndjson(
     lines: Sequence[bytes], default_type: str, default_request_id: str | None
 ) -> list[journal.EventIn]:
@@ -384,7 +388,7 @@ def events_from_ndjson(
         if not line:
             continue
         try:
-            value = json.loads(line)
+            value = json.loads(line, parse_constant=_not_a_json_number)
         except ValueError as e:
             raise journal.InvalidArgument(
                 f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
@@ -392,7 +396,16 @@ def events_from_ndjson(
         if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
             payload = value["data"]
             if not isinstance(payload, str):
-                payload = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+                try:
+                    payload = json.dumps(
+                        payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                    )
+                except ValueError:  # (a number beyond a float: it would be Infinity)
+                    raise journal.InvalidArgument(
+                        f"stdin line {number}: data holds a number beyond a float's range, "
+                        "which cannot be written back exactly: pass the data as a JSON "
+                        "string, or the line without the envelope (stored as it is)"
+                    ) from None
             try:
                 body = payload.encode("utf-8")
             except UnicodeEncodeError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
 import click
@@ -234,12 +235,20 @@ def expire(settings: Settings) -> None:
 
     A process that keeps the store open for writing expires them by itself, and so does
     every write command; read commands never do (their watches of such a session go on
-    until one of those runs). Prints one line per session this command expired (opening
-    the store for writing may already have expired some: they are not listed), then, in
-    text, that nothing is left past its deadline.
+    until one of those runs). Prints one line per session expired while the command ran
+    (by its own pass, or by the store's timer as it opened the store), then, in text,
+    that nothing is left past its deadline.
     """
+    start_ms = int(time.time() * 1000)
     with settings.open() as store:
-        expired = store.expire_due()
+        store.expire_due()
+        # (The timer of the journal just opened may have expired them first: what ended
+        # since the command started is what it expired.)
+        expired = [
+            meta
+            for meta in store.list_sessions(state=journal.SessionState.EXPIRED)
+            if meta.ended_at_ms is not None and meta.ended_at_ms >= start_ms
+        ]
     for meta in expired:
         settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
     if settings.output.format == "text":

@@ -884,3 +884,119 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
         assert sorted(fired) == list(range(1, max(fired) + 1)), (fired, exit)
         assert max(fired) > call, (fired, exit)  # (signals after the commit, too)
         assert j.verify().ok
+
+
+# -- review (h-review): defects of the holding ------------------------------------------
+
+
+def test_a_held_handler_that_installs_another_is_followed_by_the_next_signal(
+    tmp_path: Path,
+) -> None:
+    # The common "first Ctrl-C: stop gracefully, second: force" handler installs the
+    # forcing one when it runs. Unheld, two Ctrl-C run graceful then force; held, both
+    # ran the handler read at the start of the request (graceful twice): the program's
+    # own way out was swallowed. A held signal must run the handler in place when it runs.
+    calls: list[str] = []
+
+    def force(signum: int, frame: object) -> None:
+        calls.append("force")
+
+    def graceful(signum: int, frame: object) -> None:
+        calls.append("graceful")
+        signal.signal(signal.SIGINT, force)
+
+    with _handlers({signal.SIGINT: graceful}):  # (unheld: what a program expects)
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    assert calls == ["graceful", "force"]
+    calls.clear()
+    ops = _RaiseAt("commit.view_flush", signal.SIGINT, signal.SIGINT)
+    with (
+        _handlers({signal.SIGINT: graceful}),
+        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        ops.arm()
+        j.append("s", [EventIn("t", b"x")])
+        assert calls == ["graceful", "force"]
+
+
+def test_a_held_handler_that_ignores_another_signal_is_obeyed_by_that_signal(
+    tmp_path: Path,
+) -> None:
+    # SIGUSR1's handler sets SIGUSR2 to SIG_IGN (a shutdown handler that ignores what
+    # comes next); SIGUSR1 then SIGUSR2 came inside the commit. The held SIGUSR2 still
+    # ran its old handler, which is no longer installed.
+    calls: list[str] = []
+
+    def usr1(signum: int, frame: object) -> None:
+        calls.append("usr1")
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+    def usr2(signum: int, frame: object) -> None:
+        calls.append("usr2")
+
+    ops = _RaiseAt("commit.view_flush", signal.SIGUSR1, signal.SIGUSR2)
+    with (
+        _handlers({signal.SIGUSR1: usr1, signal.SIGUSR2: usr2}),
+        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        ops.arm()
+        j.append("s", [EventIn("t", b"x")])
+        assert calls == ["usr1"]
+
+
+def _sa_flags(signum: int) -> int:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    action = ctypes.create_string_buffer(256)  # (struct sigaction, x86-64 glibc layout)
+    assert libc.sigaction(signum, None, action) == 0
+    return int.from_bytes(action.raw[136:140], sys.byteorder)
+
+
+def test_a_child_forked_while_the_main_thread_is_in_the_queue_has_its_handlers(
+    tmp_path: Path,
+) -> None:
+    # Another thread forks while the main thread is in the queue (the fork gate waits
+    # only for LMDB transactions): the child inherited `hold` as its SIGTERM handler, so
+    # a SIGTERM to the child was noted and never run (its handler exits 42).
+    import threading
+    import time
+
+    children: list[int] = []
+
+    class ForkAt(FileOps):
+        armed = False
+
+        def point(self, name: str, detail: object = None) -> None:
+            if name == "commit.queued" and self.armed:
+                self.armed = False
+
+                def fork() -> None:
+                    pid = os.fork()
+                    if pid == 0:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        time.sleep(0.5)
+                        os._exit(0)
+                    children.append(pid)
+
+                thread = threading.Thread(target=fork)
+                thread.start()
+                thread.join()
+
+    def term(signum: int, frame: object) -> None:
+        os._exit(42)
+
+    ops = ForkAt()
+    with (
+        _handlers({signal.SIGTERM: term}),
+        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        ops.armed = True
+        j.append("s", [EventIn("t", b"x")])
+    (child,) = children
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 42

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # (signal's C module: no stubs)
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -301,7 +302,9 @@ def _holding_signals(submit: Callable[[Request], None], request: Request) -> Non
             # a reference cycle for the collector at each request.)
             _release(swapped, handlers, _signal.getsignal(signum), held)
 
+    holding = (swapped, handlers, hold)
     try:
+        _in_flight.append(holding)  # (for a child forked meanwhile: `_forked`)
         for signum, _ in swapped:
             _signal.signal(signum, hold)
         submit(request)
@@ -313,8 +316,27 @@ def _holding_signals(submit: Callable[[Request], None], request: Request) -> Non
                     _signal.signal(signum, handlers[at])
             back = True
         finally:
+            if _in_flight and _in_flight[-1] is holding:
+                _in_flight.pop()
             if held or not back:
                 _release(swapped, handlers, hold, held)
+
+
+# The holdings of requests the main thread is making (one; two while a handler run early
+# by a second signal writes).
+_in_flight: list[tuple[tuple[tuple[int, int], ...], list[object], _Handler]] = []
+
+
+def _forked() -> None:
+    """In a child forked while the main thread was in the queue (by another thread): put
+    back the handlers it held. The signals held were the parent's, and the child has no
+    request of the main thread's to wait for."""
+    while _in_flight:
+        swapped, handlers, hold = _in_flight.pop()
+        _put_back(swapped, handlers, hold)
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _rescan(handlers: list[object]) -> None:
@@ -341,7 +363,7 @@ def _release(
         try:
             _put_back(swapped, handlers, hold)
         finally:
-            _run_held(swapped, handlers, held)
+            _run_held(held)
 
 
 def _put_back(swapped: tuple[tuple[int, int], ...], handlers: list[object], hold: _Handler) -> None:
@@ -350,22 +372,22 @@ def _put_back(swapped: tuple[tuple[int, int], ...], handlers: list[object], hold
             _signal.signal(signum, handlers[at])
 
 
-def _run_held(
-    swapped: tuple[tuple[int, int], ...], handlers: list[object], held: list[int]
-) -> None:
-    """Run each held signal's handler (put back by now) once, in the order they came;
-    when one raises, the others still run (as they would unheld: CPython runs the other
-    pending handlers at its next check), and the last exception raised propagates."""
+def _run_held(held: list[int]) -> None:
+    """Run each held signal once, in the order they came, with the handler in place when
+    it runs (put back by now), as unheld signals are: a handler run before may have
+    installed another for it, or ignored it. When one raises, the others still run (as
+    they would unheld: CPython runs the other pending handlers at its next check), and
+    the last exception raised propagates."""
     while held:
         signum = held.pop(0)
-        handler = handlers[next(at for s, at in swapped if s == signum)]
+        handler = _signal.getsignal(signum)
         try:
             if callable(handler):
                 handler(signum, None)
-            else:  # (SIG_DFL or SIG_IGN: held only if it compared equal to a callable)
-                _signal.raise_signal(signum)
+            elif handler == signal.SIG_DFL:
+                _signal.raise_signal(signum)  # (the default action)
         except BaseException:
-            _run_held(swapped, handlers, held)
+            _run_held(held)
             raise
 
 
