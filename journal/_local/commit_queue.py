@@ -322,8 +322,8 @@ def _holding_signals(submit: Callable[[Request], None], request: Request) -> Non
                 _release(swapped, handlers, hold, held)
 
 
-# The holdings of requests the main thread is making (one; two while a handler run early
-# by a second signal writes).
+# The holding of the request the main thread is making (at most one: a held handler that
+# writes runs after its request's holding was taken off).
 _in_flight: list[tuple[tuple[tuple[int, int], ...], list[object], _Handler]] = []
 
 
