@@ -516,6 +516,16 @@ def _handlers(handlers: dict[int, Any]) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def _armed(path: Path, ops: _RaiseAt, handlers: dict[int, Any]) -> Iterator[Journal]:
+    """A journal at `path` with one session "s", `handlers` set and `ops` armed: its
+    signals come at the next commit."""
+    with _handlers(handlers), Journal.open(path, durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        ops.arm()
+        yield j
+
+
 @pytest.fixture
 def sigint_counter() -> Iterator[list[int]]:
     calls: list[int] = []
@@ -530,9 +540,7 @@ def test_two_ctrl_c_inside_a_commit_run_the_handler_twice(
     # handler, say, cancels on the first and raises on the second): none is dropped.
     handler = signal.getsignal(signal.SIGINT)
     ops = _RaiseAt("commit.view_flush", signal.SIGINT, signal.SIGINT)
-    with Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j:
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {}) as j:
         j.append("s", [EventIn("t", b"x")])
         assert sigint_counter == [signal.SIGINT, signal.SIGINT]
         assert signal.getsignal(signal.SIGINT) is handler
@@ -551,12 +559,7 @@ def test_signals_of_two_kinds_run_their_handlers_after_the_request_as_they_came(
         calls.append((signum, back, _in_the_queue()))
 
     ops = _RaiseAt("commit.batch_taken", signal.SIGUSR2, signal.SIGUSR1)
-    with (
-        _handlers({signal.SIGUSR1: note, signal.SIGUSR2: note}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGUSR1: note, signal.SIGUSR2: note}) as j:
         j.append("s", [EventIn("t", b"x")])
         assert calls == [(signal.SIGUSR2, True, False), (signal.SIGUSR1, True, False)]
         assert [e.data for e in j.replay("s")] == [b"x"]
@@ -580,12 +583,7 @@ def test_a_second_signal_of_a_held_kind_runs_what_is_held_at_once(tmp_path: Path
         calls.append(("ran", signum, _in_the_queue()))
 
     ops = Log("commit.view_flush", signal.SIGUSR2, signal.SIGUSR1, signal.SIGUSR1)
-    with (
-        _handlers({signal.SIGUSR1: note, signal.SIGUSR2: note}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGUSR1: note, signal.SIGUSR2: note}) as j:
         j.append("s", [EventIn("t", b"x")])
         sent = [("sent", signum, True) for signum in ops.signums]
         assert calls == [*sent, *[("ran", signum, True) for signum in ops.signums]]
@@ -682,12 +680,7 @@ def test_a_raising_handler_inside_the_queue_raises_once_the_append_is_done(
         raise _Boom
 
     ops = _RaiseAt("commit.queued", signal.SIGUSR1)
-    with (
-        _handlers({signal.SIGUSR1: stop}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGUSR1: stop}) as j:
         with pytest.raises(_Boom):
             j.append("s", [EventIn("t", b"held")])
         assert signal.getsignal(signal.SIGUSR1) is stop
@@ -708,12 +701,7 @@ def test_a_write_from_a_held_handler_is_made_after_the_request(tmp_path: Path) -
         except Unsupported as e:
             refused.append(e)
 
-    with (
-        _handlers({signal.SIGUSR1: usr1}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGUSR1: usr1}) as j:
         j.append("s", [EventIn("t", b"outer")])
         assert not refused
         assert [e.data for e in j.replay("s")] == [b"outer", b"from the handler"]
@@ -911,12 +899,7 @@ def test_a_held_handler_that_installs_another_is_followed_by_the_next_signal(
     assert calls == ["graceful", "force"]
     calls.clear()
     ops = _RaiseAt("commit.view_flush", signal.SIGINT, signal.SIGINT)
-    with (
-        _handlers({signal.SIGINT: graceful}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGINT: graceful}) as j:
         j.append("s", [EventIn("t", b"x")])
         assert calls == ["graceful", "force"]
 
@@ -937,12 +920,7 @@ def test_a_held_handler_that_ignores_another_signal_is_obeyed_by_that_signal(
         calls.append("usr2")
 
     ops = _RaiseAt("commit.view_flush", signal.SIGUSR1, signal.SIGUSR2)
-    with (
-        _handlers({signal.SIGUSR1: usr1, signal.SIGUSR2: usr2}),
-        Journal.open(tmp_path / "s", durability="os", file_ops=ops) as j,
-    ):
-        j.create_session("s")
-        ops.arm()
+    with _armed(tmp_path / "s", ops, {signal.SIGUSR1: usr1, signal.SIGUSR2: usr2}) as j:
         j.append("s", [EventIn("t", b"x")])
         assert calls == ["usr1"]
 
