@@ -21,6 +21,8 @@ from .output import (
 from .watching import watch_events, watch_lifecycle
 
 STATES = tuple(state.value for state in journal.SessionState)
+# (The window of a store the CLI opens: the library's default policy.)
+_DEFAULT_WINDOW_MIB = (journal.RetentionPolicy().max_history_bytes or 0) >> 20
 
 
 @click.group()
@@ -65,7 +67,7 @@ def _parse_tags(
     default=None,
     metavar="N",
     help="Keep at most about N bytes of its newest events (the oldest batches leave "
-    "first). Default: the store's window, 320 MiB.",
+    f"first). Default: the store's window, {_DEFAULT_WINDOW_MIB} MiB.",
 )
 @click.option(
     "--max-history-age-ms",
