@@ -82,18 +82,16 @@ def open_advice(error: OSError, path: str, readonly: bool) -> str:
     """What to do when opening the store at `path` failed with `error`."""
     if not isinstance(error, PermissionError):
         return "check the path and its permissions"
-    missing = path
-    while missing and not os.path.lexists(missing):
-        parent = os.path.dirname(missing.rstrip(os.sep)) or "."
-        if parent == missing:
-            break
-        if os.path.lexists(parent):
-            # No store here yet: creating it (or a directory on the way) was refused.
-            return (
-                f"this user may not create {missing!r} in {parent!r}: create the store "
-                "in a directory it may write, or let it write that one"
-            )
-        missing = parent
+    missing = os.path.abspath(path)
+    if not os.path.lexists(missing):
+        # No store here yet: creating it (or a directory on the way) was refused.
+        parent = os.path.dirname(missing)
+        while not os.path.lexists(parent):  # (ends at the root at the latest)
+            missing, parent = parent, os.path.dirname(parent)
+        return (
+            f"this user may not create {missing!r} in {parent!r}: create the store in a "
+            "directory it may write, or let it write that one"
+        )
     if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
         return (
             "this user may read the store but not write it (a group-shared store is "
