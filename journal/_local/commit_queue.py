@@ -311,9 +311,7 @@ def _holding_signals(submit: Callable[[Request], None], request: Request) -> Non
     finally:
         back = False
         try:
-            for signum, at in swapped:
-                if _signal.getsignal(signum) is hold:
-                    _signal.signal(signum, handlers[at])
+            _put_back(swapped, handlers, hold)
             back = True
         finally:
             if _in_flight and _in_flight[-1] is holding:
