@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -767,24 +768,29 @@ def test_an_envelope_with_a_number_beyond_a_float_is_refused_not_stored_as_infin
         assert [e.data for e in j.replay("t")] == [b'{"n": 1e999}']
 
 
-def test_ctrl_c_right_after_the_commit_still_prints_the_result(
-    store: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> None:
     """`_ctrl_c_noted` puts Ctrl+C's handler back as soon as `store.append` returns, before
     the result is printed: a Ctrl+C in that window ends the command with exit 130 and
     nothing printed although the events were appended (SPEC 13: no committed batch may
-    end so; a script that retries on a non-zero status appends them again)."""
+    end so; a script that retries on a non-zero status appends them again). The Ctrl+C
+    is raised by a trace function as the printing starts."""
     import cli.main as cli_main
 
-    emit = cli_main._emit_appended
+    target = cli_main._emit_appended.__code__
+    fired: list[bool] = []
 
-    def ctrl_c_first(*args: Any) -> None:
-        signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
-        emit(*args)
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is target and not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
 
-    monkeypatch.setattr(cli_main, "_emit_appended", ctrl_c_first)
     with _sigint(signal.default_int_handler):
-        result = invoke(store, "append", "-s", "t", "--create", "x")
+        sys.setprofile(tracer)
+        try:
+            result = invoke(store, "append", "-s", "t", "--create", "x")
+        finally:
+            sys.setprofile(None)
+    assert fired
     assert records(invoke(store, "sessions", "show", "t"))[0]["last_ordinal"] == 1
     assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
 

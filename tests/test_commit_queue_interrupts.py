@@ -591,20 +591,16 @@ def test_a_second_signal_of_a_held_kind_runs_what_is_held_at_once(tmp_path: Path
         assert [e.data for e in j.replay("s")] == [b"x"]
 
 
-def test_handlers_that_are_not_python_code_are_left_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # SIG_IGN, SIG_DFL and None (a handler not set from Python: shown here by a
-    # `getsignal` that reports None for SIGHUP) stay in place during the request; a
-    # Python handler (SIGWINCH's) is swapped.
+def test_handlers_that_are_not_python_code_are_left_alone(tmp_path: Path) -> None:
+    # SIG_IGN and SIG_DFL stay in place during the request; Python handlers (SIGHUP's,
+    # SIGWINCH's) are swapped.
     seen: dict[int, object] = {}
-    getsignal = _signal.getsignal
 
     class Look(FileOps):
         def point(self, name: str, detail: object = None) -> None:
             if name == "commit.batch_taken":
                 for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGWINCH):
-                    seen[signum] = getsignal(signum)
+                    seen[signum] = _signal.getsignal(signum)
 
     def python(signum: int, frame: object) -> None:
         pass
@@ -623,18 +619,48 @@ def test_handlers_that_are_not_python_code_are_left_alone(
         Journal.open(tmp_path / "s", durability="os", file_ops=Look()) as j,
     ):
         j.create_session("s")
-        monkeypatch.setattr(
-            _signal,
-            "getsignal",
-            lambda signum: None if signum == signal.SIGHUP else getsignal(signum),
-        )
         j.append("s", [EventIn("t", b"x")])
-        monkeypatch.undo()
         assert seen[signal.SIGUSR1] == signal.SIG_IGN
         assert seen[signal.SIGUSR2] == signal.SIG_DFL
-        assert seen[signal.SIGHUP] is hup
+        assert seen[signal.SIGHUP] is not hup  # (held)
         assert seen[signal.SIGWINCH] is not python  # (held)
+        assert signal.getsignal(signal.SIGHUP) is hup
         assert signal.getsignal(signal.SIGWINCH) is python
+
+
+_NOT_FROM_PYTHON = """
+import _signal, signal, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+seen = []
+
+class Look(FileOps):
+    def point(self, name, detail=None):
+        if name == "commit.batch_taken":
+            seen.append(_signal.getsignal(signal.SIGSEGV))
+
+before = signal.getsignal(signal.SIGSEGV)
+with Journal.open(tempfile.mkdtemp(), durability="os", file_ops=Look()) as j:
+    j.create_session("s")
+    j.append("s", [EventIn("t", b"x")])
+print(repr(before), repr(seen[-1]), repr(signal.getsignal(signal.SIGSEGV)))
+"""
+
+
+def test_a_handler_not_set_from_python_is_left_alone() -> None:
+    # A handler that C code installed before Python's signal module started (here
+    # faulthandler's SIGSEGV handler, with -X faulthandler) reads as None in Python:
+    # putting anything back would replace the C handler, so it is never swapped.
+    out = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", _NOT_FROM_PYTHON, str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
+    assert out == ["None", "None", "None"], out
 
 
 def test_a_failure_inside_the_queue_puts_every_handler_back(
