@@ -412,9 +412,8 @@ class LocalEngine:
             return 1 << 63
         if self._private_dir is not None:
             self._refresh_private_view()
-        else:
-            # Every watcher's poll: a view replaced or cut short is seen here.
-            self._view.check_file()
+        # (Every watcher's poll: a view replaced or cut short is seen as the transaction
+        # begins.)
         with self._view.begin() as txn:
             head = self._view.head(txn)
         return 1 if head is None else head.next_position

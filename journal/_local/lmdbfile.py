@@ -43,8 +43,8 @@ bundles; 0.9.36 when this was written), 64-bit little-endian builds:
                             many u64 page numbers
 
 Checked: both meta pages (flag, page number, magic, version, page size, map size), that
-the file holds every page up to the last used one (the SIGBUS guard), and for the free,
-the main and every named database reachable from the current meta page: every page's
+the file holds every page up to the last used one but free ones (the SIGBUS guard), and
+for the free, the main and every named database reachable from the current meta page: every page's
 number, kind and bounds, every node's bounds, keys in strictly increasing order within the
 bounds their parent gives, leaves all at the recorded depth, overflow runs inside the
 file, no page reached twice, page and entry counts equal to the database's record, free
@@ -195,12 +195,6 @@ class _Checker:
         self._page_size = meta.page_size
         self._last_page = meta.last_page
         size = os.fstat(self._fd).st_size
-        needed = (meta.last_page + 1) * meta.page_size
-        if size < needed:
-            raise _Damage(
-                f"the file is {size} bytes, shorter than the {needed} bytes its meta page "
-                f"records (pages 0..{meta.last_page} of {meta.page_size} bytes)"
-            )
         if meta.free.flags != _INTEGER_KEY or meta.main.flags != 0:
             raise _Damage("the meta page's database flags are not LMDB's")
         free_pages: list[int] = []
@@ -216,6 +210,20 @@ class _Checker:
                 raise _Damage(f"the free list names page {page}, outside the file")
             if page in self.visited:
                 raise _Damage(f"the free list names page {page}, which is in use")
+        # The file may end before the last used page, but only on free pages: LMDB does
+        # not write a page freed by the transaction that allocated it (a "loose" page), so
+        # a sound file can be a few free pages short. A page in use past the end fails the
+        # walk above (a short read), where LMDB would die of SIGBUS.
+        whole = size // meta.page_size  # (pages wholly inside the file)
+        if whole <= meta.last_page:
+            past = {page for page in free_pages if page >= whole}
+            if len(past) != meta.last_page + 1 - whole:
+                needed = (meta.last_page + 1) * meta.page_size
+                raise _Damage(
+                    f"the file is {size} bytes, shorter than the {needed} bytes its meta "
+                    f"page records (pages 0..{meta.last_page} of {meta.page_size} bytes), "
+                    "and not only free pages lie past its end"
+                )
 
     def _metas(self) -> _Meta:
         metas: list[_Meta] = []

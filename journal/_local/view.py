@@ -353,10 +353,9 @@ class View:
         self.events = EventsIndex(self._events)
         self.states = StateIndex(states, self._sessions)
         self.retention = RetentionIndex(aged, self._meta)
-        self._page_size = int(self.env.stat()["psize"])
         self._data = os.path.join(path, "data.mdb")
         self._identity = file_identity(path)
-        self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
+        self._size = os.stat(self._data).st_size  # (the largest seen: it never shrinks)
 
     def begin(self, *, write: bool = False) -> _Transaction:
         """A transaction (a context manager yielding the LMDB transaction); a write
@@ -370,18 +369,17 @@ class View:
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
             self._replace()
         else:
-            self.check_file(refresh=write)
+            self.check_file()
         return self.env.begin(write=write)
 
-    def check_file(self, *, refresh: bool = True) -> None:
+    def check_file(self) -> None:
         """Before every transaction: the data file must still be the one opened (not
-        replaced by a process that found it damaged) and hold every page LMDB recorded
-        (a file cut short while open kills the process with SIGBUS when a page past its
-        end is touched). The size LMDB recorded is read again with `refresh` (writes, and
-        the head polls); reads compare with the last one read, which only grows."""
-        if refresh:
-            self._needed = (int(self.env.info()["last_pgno"]) + 1) * self._page_size
-        needed = self._needed
+        replaced by a process that found it damaged) and no shorter than this process
+        last saw it: LMDB never shortens its file, and one cut while open kills the
+        process with SIGBUS when a page past its end is touched. (Not against the pages
+        LMDB records: a sound file may end a few free pages before its last used page,
+        pages LMDB freed in the transaction that allocated them and never wrote; the
+        check at open, `lmdbfile`, tells those from pages in use.)"""
         try:
             st = os.stat(self._data)
         except FileNotFoundError:
@@ -390,8 +388,9 @@ class View:
             raise self.damaged(
                 "another process found it damaged and replaced it; open the journal again"
             )
-        if st.st_size < needed:
-            raise self.damaged(f"its data file was cut to {st.st_size} of {needed} bytes")
+        if st.st_size < self._size:
+            raise self.damaged(f"its data file was cut to {st.st_size} of {self._size} bytes")
+        self._size = st.st_size
 
     def damaged(self, detail: str) -> JournalCorrupt:
         """Record damage found while open (no transaction touches the file from now on)."""
