@@ -17,6 +17,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 from typing import Any
@@ -266,3 +267,35 @@ def test_a_view_cut_inside_pages_in_use_is_damage(tmp_path: Path) -> None:
     with open(data, "r+b") as f:
         f.truncate(used * 4096 + 100)  # (the last page in use, cut short)
     assert "past the end" in (inspect_view(str(store / "index")) or "")
+
+
+def test_threads_checking_the_view_while_it_grows_see_no_cut(tmp_path: Path) -> None:
+    """The check before each transaction reads the size last seen, then the file's: the
+    other order let a thread whose `stat` predates another thread's commits compare it
+    with the size those commits had already recorded, and call the growing file cut
+    (JournalCorrupt in the expiry timer, then in every call of the journal)."""
+    failures: list[BaseException] = []
+    done = threading.Event()
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        j.create_session("reader")
+
+        def read() -> None:
+            try:
+                while not done.is_set():
+                    j.get_session("reader")
+            except BaseException as e:  # (reported by the main thread)
+                failures.append(e)
+
+        readers = [threading.Thread(target=read) for _ in range(3)]
+        for thread in readers:
+            thread.start()
+        try:
+            for i in range(3000):
+                j.create_session(f"s{i}", tags={"pad": "x" * 200})
+                if failures:
+                    break
+        finally:
+            done.set()
+            for thread in readers:
+                thread.join()
+    assert not failures, failures[0]

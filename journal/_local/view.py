@@ -380,6 +380,7 @@ class View:
         LMDB records: a sound file may end a few free pages before its last used page,
         pages LMDB freed in the transaction that allocated them and never wrote; the
         check at open, `lmdbfile`, tells those from pages in use.)"""
+        seen = self._size  # (read before the stat: another thread may raise it meanwhile)
         try:
             st = os.stat(self._data)
         except FileNotFoundError:
@@ -388,9 +389,10 @@ class View:
             raise self.damaged(
                 "another process found it damaged and replaced it; open the journal again"
             )
-        if st.st_size < self._size:
-            raise self.damaged(f"its data file was cut to {st.st_size} of {self._size} bytes")
-        self._size = st.st_size
+        if st.st_size < seen:
+            raise self.damaged(f"its data file was cut to {st.st_size} of {seen} bytes")
+        if st.st_size > self._size:
+            self._size = st.st_size
 
     def damaged(self, detail: str) -> JournalCorrupt:
         """Record damage found while open (no transaction touches the file from now on)."""
