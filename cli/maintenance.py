@@ -4,6 +4,7 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -137,13 +138,24 @@ __all__ = ["compact", "stats", "verify"]
 
 
 @click.command("cursor-key")
+@click.option(
+    "--new",
+    "new",
+    is_flag=True,
+    help="Create the store's key file when it is missing (every cursor issued so far "
+    "becomes foreign), then print its keys.",
+)
 @pass_settings
-def cursor_key(settings: Settings) -> None:
+def cursor_key(settings: Settings, new: bool) -> None:
     """Print the store's cursor keys as JOURNAL_CURSOR_KEY takes them (ID:HEX,...).
 
     Give them to a reader that cannot read the store's key file (another user): with
     JOURNAL_CURSOR_KEY set to this text it verifies the writer's cursors, and the cursors
     it prints resume for the writer too. It is a secret: anyone with it can make cursors.
+
+    A store that holds records refuses writes while its key file is missing (a new key
+    would make every saved cursor foreign without a word): restore the file, or start a
+    new key ring on purpose with --new.
     """
     if is_nats(settings.store):
         raise journal.Unsupported(
@@ -154,11 +166,22 @@ def cursor_key(settings: Settings) -> None:
     path = os.path.join(settings.store, "keys")
     if os.path.exists(settings.store) and not os.path.isdir(settings.store):
         raise journal.StoreUnavailable(f"{settings.store!r} is a file, not a store directory")
-    if not os.path.exists(os.path.join(settings.store, "store.json")):
+    store_file = os.path.join(settings.store, "store.json")
+    if not os.path.exists(store_file):
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `journal init`"
         )
-    # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is set
-    # (it replaces the key file), else the key file.
-    ring = KeyRing.from_environment() or KeyRing.load(path)
+    if new:
+        if os.path.exists(path):
+            raise journal.InvalidArgument(
+                f"{path} exists: --new only replaces a missing key file (to start over "
+                "anyway, move it aside first; every cursor issued so far becomes foreign)"
+            )
+        # With the store's file mode (store.json has it), as the store would make it.
+        mode = stat.S_IMODE(os.stat(store_file).st_mode)
+        ring = KeyRing.load_or_create(path, mode=mode)
+    else:
+        # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
+        # set (it replaces the key file), else the key file.
+        ring = KeyRing.from_environment() or KeyRing.load(path)
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())

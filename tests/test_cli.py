@@ -802,3 +802,22 @@ def _sigint(handler: Any) -> Any:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_lost_key_file_is_not_replaced_by_a_write(store: Path) -> None:
+    """A write command on a store whose `keys` file was lost (a restore, an rsync with
+    excludes) made a new key ring without a word: every cursor saved so far then failed
+    as foreign. Now writes refuse while the store holds records, and `cursor-key --new`
+    starts a new ring on purpose."""
+    saved = records(invoke(store, "append", "-s", "a", "--create", "one"))[0]["cursor"]
+    (store / "keys").unlink()
+    refused = invoke(store, "append", "-s", "a", "two")
+    assert_one_line_error(refused, 5, "KEYRING_INVALID")
+    assert "journal cursor-key --new" in refused.stderr
+    assert not (store / "keys").exists()
+    assert invoke(store, "cursor-key", "--new").exit_code == 0
+    assert (store / "keys").stat().st_mode & 0o777 == 0o600
+    assert invoke(store, "cursor-key", "--new").exit_code == 4  # (it exists now)
+    assert invoke(store, "append", "-s", "a", "two").exit_code == 0
+    foreign = invoke(store, "read", "-s", "a", "--cursor", saved)
+    assert_one_line_error(foreign, 4, "CURSOR_FOREIGN")

@@ -23,7 +23,7 @@ import lmdb
 import pytest
 
 import journal
-from journal import EventIn, Journal, JournalError, RetentionPolicy, SessionState
+from journal import EventIn, Journal, JournalError, KeyRingError, RetentionPolicy, SessionState
 from journal._local.files import FAULT_POINTS, FileOps
 from journal._local.frames import segment_name
 from journal._local.log import SegmentLog
@@ -917,3 +917,37 @@ def test_verify_names_a_checksummed_event_the_index_passes_over(
         problems = j.verify().problems
     assert [(p.segment, p.offset) for p in problems] == [(segment_name(1), at)], problems
     assert expected in problems[0].what, problems
+
+
+def test_a_writer_does_not_replace_a_lost_key_file(tmp_path: Path) -> None:
+    """A writable open of a store that holds records but no `keys` file made a new ring
+    silently (every cursor issued before became foreign): now it refuses, naming the
+    ways out; a store that never committed anything still gets its first ring."""
+    store = tmp_path / "s"
+    with Journal.open(store) as j:
+        pass  # (created, nothing committed: no segment yet)
+    (store / "keys").unlink()
+    with Journal.open(store) as j:  # (a fresh store may make its ring)
+        cursor = j.append("a", [EventIn("m", b"1")], create=True).cursor
+    ring = (store / "keys").read_bytes()
+    (store / "keys").unlink()
+    with pytest.raises(KeyRingError, match="cursor-key --new"):
+        Journal.open(store)
+    assert not (store / "keys").exists()
+    (store / "keys").write_bytes(ring)  # (restored from a backup)
+    with Journal.open(store) as j:
+        assert [e.data for e in j.replay("a")] == [b"1"]
+        assert list(j.replay("a", cursor=cursor)) == []
+
+
+def test_a_store_written_with_an_external_key_needs_it_to_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "s"
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", "00" * 32)
+    with Journal.open(store) as j:
+        j.append("a", [EventIn("m", b"1")], create=True)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY")
+    with pytest.raises(KeyRingError, match="JOURNAL_CURSOR_KEY"):
+        Journal.open(store)
+    assert not (store / "keys").exists()

@@ -13,6 +13,7 @@ from typing import Final
 from cursors import KeyRing, KeyRingError
 
 from .files import Permissions, write_atomic
+from .frames import COMPRESSED_SUFFIX, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 from .lmdbfile import file_identity
 from .view import View, inspect_view, replace_view
 
@@ -43,6 +44,18 @@ def key_ring_for(
         return key_ring
     keys = os.path.join(path, "keys")
     if not readonly:
+        if not os.path.exists(keys) and _holds_records(path):
+            # Cursors were issued with a key this store no longer has (the file was lost,
+            # or the store was written with an external key): a new ring would make
+            # every one of them foreign without a word.
+            raise KeyRingError(
+                f"the store {path!r} holds records but no cursor key file ({keys}): the "
+                "cursors issued so far were signed with a key it no longer has (the file "
+                "was lost, or the store was written with JOURNAL_CURSOR_KEY). Restore the "
+                "file from a backup, or set JOURNAL_CURSOR_KEY to the key the store was "
+                "written with; to start a new key ring on purpose, which makes every "
+                "cursor issued so far foreign, run `journal cursor-key --new`"
+            )
         try:
             return KeyRing.load_or_create(keys, mode=permissions.file)
         except PermissionError:
@@ -58,6 +71,23 @@ def key_ring_for(
             f"{e.message}; a read-only reader needs the store's cursor key: give "
             f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
         ) from e
+
+
+def _holds_records(path: str) -> bool:
+    """Whether the store's log holds a record (a store without one never issued a
+    cursor): a segment with a frame, or more than one segment."""
+    directory = os.path.join(path, "segments")
+    try:
+        names = [
+            n for n in os.listdir(directory) if n.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX))
+        ]
+    except FileNotFoundError:
+        return False
+    if len(names) != 1 or not names[0].endswith(SEGMENT_SUFFIX):
+        return bool(names)
+    with open(os.path.join(directory, names[0]), "rb") as segment:
+        segment.seek(SEGMENT_HEADER_SIZE)
+        return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
 
 
 def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> None:
