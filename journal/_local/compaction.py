@@ -31,7 +31,14 @@ from .segments import compress_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
 from .view import View
 
-__all__ = ["DEFAULT_DEAD_SHARE", "SwapSegment", "compact_store", "live_frames", "swap_segment"]
+__all__ = [
+    "DEFAULT_DEAD_SHARE",
+    "SwapSegment",
+    "compact_store",
+    "live_frames",
+    "swap_segment",
+    "unpin_segments",
+]
 
 DEFAULT_DEAD_SHARE: Final = 0.5
 
@@ -161,6 +168,17 @@ def compact_store(
     )
 
 
+def unpin_segments(log: SegmentLog, view: View, submit: Submit, bases: list[int]) -> int:
+    """Rewrite the sealed segments `bases` without their dead frames, so that the creation
+    records of evicted sessions in them go and their eviction records, which alone keep
+    newer segments, may go too (the next retention pass deletes those segments: SPEC 8,
+    "Eviction records"). Returns the live bytes copied."""
+    copied = 0
+    for base in bases:
+        copied += _compact_segment(log, view, submit, base, 0.0, [], unpin=True)
+    return copied
+
+
 def _compact_segment(
     log: SegmentLog,
     view: View,
@@ -168,8 +186,10 @@ def _compact_segment(
     base: int,
     dead_share: float,
     rewritten: list[str],
+    unpin: bool = False,
 ) -> int:
-    """Rewrite one sealed segment if it is worth it; returns the live bytes copied."""
+    """Rewrite one sealed segment if it is worth it; returns the live bytes copied.
+    (`unpin`: only to drop dead frames, so never a compressed one without any.)"""
     directory = log.directory
     source = _file_identity(directory, base)
     summary = read_summary(directory, base)
@@ -182,7 +202,7 @@ def _compact_segment(
     compressed = source[0].endswith(".zst")
     if not live:
         return 0  # dead: the retention pass deletes those
-    if compressed and total - live_bytes < dead_share * total:
+    if compressed and (total - live_bytes < dead_share * total or (unpin and live_bytes == total)):
         return 0
 
     def keep(info: FrameInfo) -> bool:

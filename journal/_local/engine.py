@@ -75,7 +75,7 @@ from ..records import (
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .commit_queue import CommitQueue
-from .compaction import compact_store
+from .compaction import compact_store, unpin_segments
 from .expiry import ExpiryTimer
 from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
@@ -282,6 +282,9 @@ class LocalEngine:
         self._rows = KnownRows()
         self.waiter = Notifier(self.head, self._changes)
         self._expiry: ExpiryTimer | None = None
+        # Segments to compact so that eviction records may go (`maintain`).
+        self._unpin: set[int] = set()
+        self._unpin_lock = threading.Lock()
         self._closed = False
         if not readonly:
             with self._commits.leading(), contextlib.suppress(LogHole):
@@ -307,6 +310,19 @@ class LocalEngine:
     def expire_now(self) -> None:
         """Expire what is due (for the expiry timer)."""
         self.submit(Expire())
+
+    def maintain(self) -> None:
+        """The maintenance commits asked for (the expiry thread runs it, `ExpiryTimer.poke`):
+        compact the sealed segments whose evicted sessions' eviction records alone keep
+        newer segments, then a retention pass deletes what that freed (SPEC 8, "Eviction
+        records")."""
+        with self._unpin_lock:
+            asked, self._unpin = self._unpin, set()
+        sealed = set(self._log.bases()[:-1])
+        bases = sorted(asked & sealed)
+        if bases:
+            unpin_segments(self._log, self._view, self.submit, bases)
+            self.submit(SealRetention(None))
 
     def _roll_back_abandoned_imports(self) -> None:
         """Roll back imports whose importing process is gone (killed before its commit):
@@ -579,6 +595,11 @@ class LocalEngine:
             for request in batch:
                 if isinstance(request.result, RetentionReport):
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
+        if planner.unpin:
+            with self._unpin_lock:
+                self._unpin |= planner.unpin
+            if self._expiry is not None:
+                self._expiry.poke()
         if planner.records:
             self.waiter.publish(projection.head.next_position)
             due = projection.nearest_new_deadline

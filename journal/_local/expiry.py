@@ -1,5 +1,7 @@
 """Expiry on time: while a writable journal is open, one daemon thread sleeps until the
-nearest session deadline (TTL or suspension cap) and submits an expiry pass then.
+nearest session deadline (TTL or suspension cap) and submits an expiry pass then. The
+same thread does the maintenance a commit asks for (`poke`: the engine's `maintain`),
+work that must not hold up the caller whose commit found it due.
 
 Every commit batch also expires what is due before planning its requests (the planner's
 `expire_due`), so a session past its deadline never takes an append, whether or not this
@@ -29,6 +31,8 @@ class _Expiring(Protocol):
 
     def expire_now(self) -> None: ...
 
+    def maintain(self) -> None: ...
+
 
 class ExpiryTimer:
     """The thread (see the module docstring); `nearer` tells it of a new deadline,
@@ -45,6 +49,7 @@ class ExpiryTimer:
         self._cv = threading.Condition()
         self._stopped = False
         self._changed = False
+        self._work = False  # maintenance asked for (`poke`)
         self._target: int | None = None
         self._thread = threading.Thread(target=self._run, name="journal-expiry", daemon=True)
         self._thread.start()
@@ -55,6 +60,12 @@ class ExpiryTimer:
             if self._target is None or due_ms < self._target:
                 self._changed = True
                 self._cv.notify()
+
+    def poke(self) -> None:
+        """Maintenance is due: run the engine's `maintain` soon."""
+        with self._cv:
+            self._work = self._changed = True
+            self._cv.notify()
 
     def stop(self) -> None:
         """End the thread (without waiting for it: a pass in flight ends on its own)."""
@@ -69,11 +80,14 @@ class ExpiryTimer:
                 if self._stopped:
                     return
                 self._changed = False
+                work, self._work = self._work, False
             engine = self._engine()
             if engine is None:
                 return
             try:
                 with self.busy:
+                    if work:
+                        engine.maintain()
                     due = engine.next_deadline()
                     now = int(time.time() * 1000)
                     if due is not None and due <= now and due != stuck:
@@ -84,7 +98,9 @@ class ExpiryTimer:
             except JournalClosed:
                 return
             except Exception:  # logged, retried at the next poll: expiry must not die
-                _log.exception("the expiry pass failed; retrying in %.0f s", self._poll_s)
+                _log.exception(
+                    "the expiry or maintenance pass failed; retrying in %.0f s", self._poll_s
+                )
                 due, now = None, 0
             finally:
                 del engine  # held only while it is used

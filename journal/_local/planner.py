@@ -6,6 +6,7 @@ operation fails that operation alone and leaves no trace in the frame.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any, Final, Literal
 
@@ -115,7 +116,8 @@ class _Pending:
 
 class Planner:
     """Plans one batch (see the module docstring); `finish` fills in results that need
-    the projected rows, `doomed` lists segments to delete once the transaction commits."""
+    the projected rows, `doomed` lists segments to delete once the transaction commits,
+    `unpin` segments to compact afterwards (`compaction.unpin_segments`)."""
 
     def __init__(
         self,
@@ -148,6 +150,8 @@ class Planner:
         self.loose_events: list[tuple[int, int, int]] = []
         # Segments the view forgot in this transaction: deleted once it commits.
         self.doomed: list[int] = []
+        # Sealed segments whose compaction would let eviction records go (`_reclaim`).
+        self.unpin: set[int] = set()
         self.rebuilt = False
         # Frames cut off the active segment that a fix in this batch accepts the loss of.
         self.hole: LogHole | None = None
@@ -766,7 +770,14 @@ class Planner:
         return row
 
     def _reclaim(self, trimmed: list[str], evicted: list[str]) -> RetentionReport:
-        dead = dead_segments(self.txn, self.view, self.log, self.summaries)
+        held: list[int] = []
+        dead = dead_segments(self.txn, self.view, self.log, self.summaries, held)
+        if held:
+            # Segments kept only by eviction records of sessions created in older
+            # segments: compacting those drops the creation records, and then the
+            # eviction records may go (SPEC 8, "Eviction records").
+            bases = self.log.bases()
+            self.unpin.update(bases[bisect_right(bases, position) - 1] for position in held)
         forget_segments(self.txn, self.view, dead)
         for summary in dead:
             self.summaries.pop(summary.base_position, None)

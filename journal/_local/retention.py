@@ -182,26 +182,38 @@ class SummaryCache:
         self._bytes = 0
 
 
-def _pinned(txn: lmdb.Transaction, view: View, first: int, last: int) -> bool:
+def _pins(txn: lmdb.Transaction, view: View, first: int, last: int) -> tuple[bool, list[int]]:
+    """(whether a pinned record in the position range must stay, and the creation
+    positions of the evicted sessions whose eviction records there stay only while their
+    creation record, in an older segment, may still exist). An eviction pin dies with its
+    creation record, so one whose creation record is in the same segment is not a pin."""
+    held: list[int] = []
     for position, incarnation in view.pins_between(txn, first, last):
-        tomb = view.tombstone(txn, incarnation)
-        same_segment = first <= incarnation <= last
-        if not (tomb == position and same_segment):
-            return True  # an eviction pin dies with its creation record; others keep it
-    return False
+        if view.tombstone(txn, incarnation) != position:
+            return True, []
+        if not first <= incarnation <= last:
+            held.append(incarnation)
+    return False, held
 
 
 def dead_segments(
-    txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache
+    txn: lmdb.Transaction,
+    view: View,
+    log: SegmentLog,
+    cache: SummaryCache,
+    held: list[int] | None = None,
 ) -> list[SegmentLiveness]:
-    """Sealed segments holding nothing live (the active segment is never dead)."""
+    """Sealed segments holding nothing live (the active segment is never dead). With
+    `held`, the creation positions are added there of evicted sessions whose eviction
+    records alone keep a segment (`unpin_segments` frees it)."""
     dead = []
     for base in log.bases()[:-1]:
         try:
             segment = cache.get(log, base)
         except FileNotFoundError:
             continue  # deleted meanwhile by another writer's retention pass
-        if _pinned(txn, view, base, segment.last_position):
+        pinned, creations = _pins(txn, view, base, segment.last_position)
+        if pinned:
             continue
         live = False
         for incarnation, last_ordinal in zip(
@@ -211,8 +223,13 @@ def dead_segments(
             if row is not None and last_ordinal >= row.first_ordinal:
                 live = True
                 break
-        if not live:
-            dead.append(segment)
+        if live:
+            continue
+        if creations:
+            if held is not None:
+                held.extend(creations)
+            continue
+        dead.append(segment)
     return dead
 
 
