@@ -685,6 +685,10 @@ class View:
         return found
 
     def forget_tombstone(self, txn: lmdb.Transaction, incarnation: int, position: int) -> None:
-        """Drop a tombstone and the pin of its eviction record."""
-        txn.delete(U64.pack(incarnation), db=self._tombstones)
+        """Drop a tombstone, the pin of its eviction record and the incarnation's id: its
+        creation record is gone, so a rebuilt view would not have them either (a page
+        token naming it is stale then)."""
+        key = U64.pack(incarnation)
+        txn.delete(key, db=self._tombstones)
+        txn.delete(key, db=self._incarnations)
         self.unpin(txn, position)
