@@ -31,10 +31,10 @@ StateT = TypeVar("StateT")
 
 # The event `Fold.set` appends; a JSON fold merges it into a dict state by itself.
 STATE_CHANGED: Final = "state_changed"
-DEFAULT_TRIES: Final = 16
+DEFAULT_TRIES: Final = 64
 # Backoff between tries after a conflict: uniform in [0, min(cap, base * 2**try)].
 _BACKOFF_BASE_S: Final = 0.0005
-_BACKOFF_CAP_S: Final = 0.02
+_BACKOFF_CAP_S: Final = 0.05
 # How long an update waits for reads to show what the session is known to hold.
 _CATCH_UP_S: Final = 5.0
 _CATCH_UP_STEP_S: Final = 0.001

@@ -1,9 +1,11 @@
 """Helper process for tests/test_folds.py (run as `python tests/_procs_folds.py ...`).
 
-counter STORE SESSION COUNT
+counter STORE SESSION COUNT [TRIES|default [DURABILITY]]
     Open the store, print `ready`, wait for a line on stdin, then increment the
     session's counter COUNT times through `Fold.update` (each update appends one
-    event carrying the new value), print `done TRIES` (the fn calls it took), exit 0.
+    event carrying the new value; with TRIES tries, 1,000 unless given, or the fold's
+    default with `default`; durability "os" unless given), print `done CALLS` (the fn
+    calls it took), exit 0.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ def count(state: int, event: Event) -> int:
     return state + 1 if event.type == "incremented" else state
 
 
-def counter(store: str, session_id: str, times: str) -> None:
-    with Journal.open(store, durability="os") as j:
+def counter(
+    store: str, session_id: str, times: str, tries: str = "1000", durability: str = "os"
+) -> None:
+    with Journal.open(store, durability=durability) as j:  # type: ignore[arg-type]
         fold = j.fold(session_id, count, 0)
         print("ready", flush=True)
         sys.stdin.readline()
@@ -37,7 +41,7 @@ def counter(store: str, session_id: str, times: str) -> None:
             return [EventIn(type="incremented", data=json.dumps(value).encode())], value
 
         for _ in range(int(times)):
-            fold.update(increment, tries=1000)
+            fold.update(increment, tries=None if tries == "default" else int(tries))
         print(f"done {calls}", flush=True)
 
 
