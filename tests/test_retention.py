@@ -1320,3 +1320,38 @@ def test_the_view_forgets_evicted_sessions_once_their_records_are_gone(store: Pa
     finally:
         env.close()
     assert kept <= remaining + 200, (kept, remaining)
+
+
+def test_a_creation_record_sharing_its_frame_with_a_live_one_does_not_loop(
+    store: Path,
+) -> None:
+    """Sessions created in one batch share a frame: while one of them lives, the frame
+    and the others' creation records stay, and so do their eviction records (SPEC 8,
+    "Eviction records"). The compaction the retention pass asks for finds nothing to
+    drop there; it must then not run another pass (which would ask again, forever)."""
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    events = [EventIn("message", b"x" * 220) for _ in range(3)]
+    with open_store(store, policy, segment_bytes=64 << 10) as j:
+        barrier = threading.Barrier(8)
+
+        def create(name: str) -> None:
+            barrier.wait()
+            j.create_session(name)
+
+        threads = [threading.Thread(target=create, args=(f"b{i}",)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for i in range(1, 8):
+            j.resolve_session(f"b{i}")
+        for i in range(1500):
+            j.create_session(f"s{i}")
+            j.append(f"s{i}", events)
+            j.resolve_session(f"s{i}")
+        assert len(segment_files(store)) <= 8
+        time.sleep(0.3)
+        busy = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - busy < 0.2  # (no pass after pass in the background)
+        assert j.get_session("b0").state is SessionState.OPEN

@@ -172,11 +172,12 @@ def unpin_segments(log: SegmentLog, view: View, submit: Submit, bases: list[int]
     """Rewrite the sealed segments `bases` without their dead frames, so that the creation
     records of evicted sessions in them go and their eviction records, which alone keep
     newer segments, may go too (the next retention pass deletes those segments: SPEC 8,
-    "Eviction records"). Returns the live bytes copied."""
-    copied = 0
+    "Eviction records"). Returns how many were rewritten (none when no dead frame was
+    left to drop: a creation record sharing its frame with a live record)."""
+    rewritten: list[str] = []
     for base in bases:
-        copied += _compact_segment(log, view, submit, base, 0.0, [], unpin=True)
-    return copied
+        _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
+    return len(rewritten)
 
 
 def _compact_segment(

@@ -320,8 +320,9 @@ class LocalEngine:
             asked, self._unpin = self._unpin, set()
         sealed = set(self._log.bases()[:-1])
         bases = sorted(asked & sealed)
-        if bases:
-            unpin_segments(self._log, self._view, self.submit, bases)
+        # (Only after a rewrite: a pass that finds the same segments held again asks
+        # again, and this must not turn into a loop of passes.)
+        if bases and unpin_segments(self._log, self._view, self.submit, bases):
             self.submit(SealRetention(None))
 
     def _roll_back_abandoned_imports(self) -> None:
