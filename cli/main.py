@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -279,7 +279,8 @@ def append(
     NDJSON: a line that is an object with a "data" key and no keys besides "type", "data"
     and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
     other JSON value compactly re-serialized); any other JSON line is stored as it is,
-    with type --type.
+    with type --type. One append takes at most 10,000 events and 64 MiB of data: stdin
+    is refused (nothing appended) as soon as it holds more.
     """
     if data:
         events = [
@@ -295,7 +296,7 @@ def append(
             )
         stdin = getattr(sys.stdin, "buffer", sys.stdin)
         try:
-            events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
+            events = events_from_ndjson(stdin, event_type, request_id)
         except KeyboardInterrupt:
             click.echo("journal: interrupted while reading stdin: nothing was appended", err=True)
             raise
@@ -372,6 +373,10 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
 
 
 _ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
+# No line of one event is longer: its data is at most MAX_EVENT_BYTES, each byte of which
+# JSON writes in at most 6 (`\u0001`), and 1 MiB covers the keys, the type and the
+# request id (at most 64 KiB, escaped too).
+MAX_LINE_BYTES = 6 * journal.MAX_EVENT_BYTES + (1 << 20)
 
 
 def _not_a_json_number(constant: str) -> object:
@@ -379,49 +384,90 @@ def _not_a_json_number(constant: str) -> object:
 
 
 def events_from_ndjson(
-    lines: Sequence[bytes], default_type: str, default_request_id: str | None
+    stream: IO[bytes], default_type: str, default_request_id: str | None
 ) -> list[journal.EventIn]:
-    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped."""
-    events = []
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line, parse_constant=_not_a_json_number)
-        except ValueError as e:
+    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped.
+
+    The stream is read a line at a time and refused (`InvalidArgument`, nothing read
+    further) as soon as it holds more events or bytes than one append takes, or a line
+    longer than any event's can be: memory stays bounded by the limits whatever the
+    input."""
+    events: list[journal.EventIn] = []
+    total = 0
+    number = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             raise journal.InvalidArgument(
-                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
-            ) from None
-        if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
-            payload = value["data"]
-            if not isinstance(payload, str):
-                try:
-                    payload = json.dumps(
-                        payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-                    )
-                except ValueError:  # (a number beyond a float: it would be Infinity)
-                    raise journal.InvalidArgument(
-                        f"stdin line {number}: data holds a number beyond a float's range, "
-                        "which cannot be written back exactly: pass the data as a JSON "
-                        "string, or the line without the envelope (stored as it is)"
-                    ) from None
-            try:
-                body = payload.encode("utf-8")
-            except UnicodeEncodeError:
+                f"stdin line {number + 1} is over {MAX_LINE_BYTES} bytes, longer than the "
+                f"line of any event (its data is at most {journal.MAX_EVENT_BYTES} bytes): "
+                "store large payloads elsewhere and append a reference"
+            )
+        for line in raw.splitlines():
+            number += 1
+            line = line.strip()
+            if not line:
+                continue
+            if len(events) == journal.MAX_BATCH_EVENTS:
                 raise journal.InvalidArgument(
-                    f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
-                ) from None
-            event_type = value.get("type", default_type)
-            request = value.get("request_id", default_request_id)
-            if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
-                raise journal.InvalidArgument(
-                    f'stdin line {number}: "type" and "request_id" must be strings'
+                    f"over {journal.MAX_BATCH_EVENTS} events in one append (stdin line "
+                    f"{number} is event {journal.MAX_BATCH_EVENTS + 1}); the limit is "
+                    f"{journal.MAX_BATCH_EVENTS}: split it"
                 )
-            events.append(journal.EventIn(event_type, body, request))
-        else:
-            events.append(journal.EventIn(default_type, line, default_request_id))
+            event = _event_of_line(line, number, default_type, default_request_id)
+            if len(event.data) > journal.MAX_EVENT_BYTES:
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: the event's data is {len(event.data)} bytes; the "
+                    f"limit is {journal.MAX_EVENT_BYTES} bytes per event: store large "
+                    "payloads elsewhere and append a reference"
+                )
+            total += len(event.data)
+            if total > journal.MAX_BATCH_BYTES:
+                raise journal.InvalidArgument(
+                    f"over {journal.MAX_BATCH_BYTES} bytes of event data in one append "
+                    f"(reached at stdin line {number}); the limit is "
+                    f"{journal.MAX_BATCH_BYTES}: split it"
+                )
+            events.append(event)
     return events
+
+
+def _event_of_line(
+    line: bytes, number: int, default_type: str, default_request_id: str | None
+) -> journal.EventIn:
+    """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
+    try:
+        value = json.loads(line, parse_constant=_not_a_json_number)
+    except ValueError as e:
+        raise journal.InvalidArgument(
+            f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
+        ) from None
+    if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
+        payload = value["data"]
+        if not isinstance(payload, str):
+            try:
+                payload = json.dumps(
+                    payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                )
+            except ValueError:  # (a number beyond a float: it would be Infinity)
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: data holds a number beyond a float's range, "
+                    "which cannot be written back exactly: pass the data as a JSON "
+                    "string, or the line without the envelope (stored as it is)"
+                ) from None
+        try:
+            body = payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise journal.InvalidArgument(
+                f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
+            ) from None
+        event_type = value.get("type", default_type)
+        request = value.get("request_id", default_request_id)
+        if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
+            raise journal.InvalidArgument(
+                f'stdin line {number}: "type" and "request_id" must be strings'
+            )
+        return journal.EventIn(event_type, body, request)
+    return journal.EventIn(default_type, line, default_request_id)
 
 
 @main.command()

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -802,3 +803,56 @@ def _sigint(handler: Any) -> Any:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize(
+    ("unit", "total", "says"),
+    [
+        (b'{"a":1}\n', 8 << 20, "over 10000 events in one append (stdin line 10001 is event"),
+        (b'"' + b"x" * (1 << 20) + b'"\n', 160 << 20, "over 67108864 bytes of event data"),
+        (b"x" * (1 << 20), 160 << 20, "stdin line 1 is over"),  # one line that never ends
+    ],
+    ids=["events", "bytes", "line"],
+)
+def test_append_stops_reading_stdin_at_the_batch_limits(
+    store: Path, unit: bytes, total: int, says: str
+) -> None:
+    """`journal append` reads stdin a line at a time and refuses it as soon as it holds
+    event 10,001, more than 64 MiB of data, or a line longer than any event's (49 MiB):
+    of a longer stream it takes little more than the limit (the 10,001 lines of the
+    first case are 80 KB), its memory stays near the limits, and nothing is appended
+    (before: all of stdin was read and parsed first)."""
+    assert invoke(store, "sessions", "create", "s").exit_code == 0
+    process = subprocess.Popen(
+        [*CLI, "--store", str(store), "append", "-s", "s"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stderr is not None
+    written = 0
+
+    def feed() -> None:
+        nonlocal written
+        try:
+            while written < total:
+                process.stdin.write(unit)  # type: ignore[union-attr]
+                written += len(unit)
+            process.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, ValueError):
+            pass  # the command stopped reading: what it took is `written` at most
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    _, wait_status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(wait_status)
+    feeder.join(timeout=30)
+    err = process.stderr.read().decode()
+    process.stdout.close()  # type: ignore[union-attr]
+    process.stderr.close()
+    assert process.returncode == 4, err
+    assert written < min(total // 2, 100 << 20), written
+    assert usage.ru_maxrss * 1024 < 300 << 20, usage.ru_maxrss  # (Linux: KiB)
+    assert err.startswith("journal: error: ") and says in err and "Traceback" not in err, err
+    assert records(invoke(store, "sessions", "show", "s"))[0]["last_ordinal"] == 0
