@@ -25,6 +25,7 @@ from .output import (
     embedded,
     pass_settings,
     plural,
+    require_stream,
     silence_stdout,
 )
 
@@ -77,6 +78,8 @@ def export(
         raise click.UsageError("name the sessions with -s ID (repeatable), or pass --all")
     ids = None if export_all else list(session_ids)
     output = settings.output
+    if dest == "-":
+        require_stream("stdout", "pass -o FILE, or give the command a stdout to write to")
     if dest == "-" and archive_format == "archive" and sys.stdout.isatty():
         raise click.UsageError(
             "refusing to write a binary archive to a terminal: use -o FILE, or pipe it"
@@ -269,6 +272,7 @@ def import_(
             rename[old] = new
     with contextlib.ExitStack() as stack:
         if archive == "-":
+            require_stream("stdin", "give the archive FILE, or pipe the archive in")
             if sys.stdin.isatty():
                 raise click.UsageError(
                     "refusing to read an archive from a terminal: give FILE, or pipe it in"

@@ -31,6 +31,7 @@ from .output import (
     event_text,
     is_nats,
     pass_settings,
+    require_stream,
     silence_stdout,
 )
 from .sessions import sessions
@@ -288,6 +289,7 @@ def append(
             for arg in data
         ]
     else:
+        require_stream("stdin", "pass DATA arguments, or NDJSON lines on stdin")
         if sys.stdin.isatty():
             click.echo(
                 "journal: reading NDJSON events from the terminal, one per line; end with "

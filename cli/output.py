@@ -48,6 +48,7 @@ __all__ = [
     "pass_settings",
     "plural",
     "preview",
+    "require_stream",
     "session_record",
     "session_text",
     "silence_stdout",
@@ -84,7 +85,8 @@ Exit status:
   0    success (also when the reader of the output went away, e.g. `| head`)
   {EXIT_USAGE}    usage error: unknown option, missing or malformed argument
   {EXIT_NOT_FOUND}    not found: no such session or store
-  {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token
+  {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token,
+       a closed stdin or stdout the command needs
   {EXIT_PRECONDITION}    failed precondition: illegal transition, session exists, session
        not writable, ordinal conflict, expired cursor
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
@@ -112,6 +114,15 @@ def exit_status(error: journal.JournalError | CommandFailed) -> int:
     return _STATUS_EXIT.get(error.status, EXIT_OTHER)
 
 
+def require_stream(name: str, advice: str) -> None:
+    """Refuse to run when stdin or stdout (`name`) is closed (`<&-`, `>&-`: Python sets
+    `sys.stdin`/`sys.stdout` to None): INVALID_ARGUMENT (exit 4) with `advice`."""
+    if getattr(sys, name) is None:
+        raise CommandFailed(
+            f"{name} is closed: {advice}", f"{name.upper()}_CLOSED", "INVALID_ARGUMENT"
+        )
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null once its reader is gone, so the flush at interpreter exit
     does not fail again (the recipe of the Python docs, "Note on SIGPIPE")."""
@@ -132,8 +143,8 @@ def stop_when_reader_leaves(stop: threading.Event) -> threading.Event | None:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return None
-    except (OSError, ValueError, io.UnsupportedOperation):
-        return None
+    except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
+        return None  # (AttributeError: stdout is closed, None; what is printed is dropped)
 
     def wait() -> None:
         poller = select.poll()

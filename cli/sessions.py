@@ -144,7 +144,7 @@ def list_(
             token = page.next_page_token
             if one_page or not token:
                 break
-    if not listed and output.format == "text" and sys.stdout.isatty():
+    if not listed and output.format == "text" and sys.stdout and sys.stdout.isatty():
         which = f" in state {state}" if state else ""
         click.echo(f"-- no sessions{which}")
     if one_page:

@@ -856,3 +856,41 @@ def test_append_stops_reading_stdin_at_the_batch_limits(
     assert usage.ru_maxrss * 1024 < 300 << 20, usage.ru_maxrss  # (Linux: KiB)
     assert err.startswith("journal: error: ") and says in err and "Traceback" not in err, err
     assert records(invoke(store, "sessions", "show", "s"))[0]["last_ordinal"] == 0
+
+
+def test_a_closed_stdin_or_stdout_is_an_error_line_not_a_traceback(
+    store: Path, tmp_path: Path
+) -> None:
+    """`<&-` and `>&-` leave Python's sys.stdin / sys.stdout None: the commands that read
+    stdin or write an archive to stdout say so (exit 4); those that only print drop what
+    they print, as on a closed stdout of any other command."""
+    assert invoke(store, "append", "-s", "a", "--create", "x").exit_code == 0
+    assert invoke(store, "sessions", "resolve", "a").exit_code == 0
+    empty = tmp_path / "empty"
+    assert invoke(empty, "init").exit_code == 0
+    cases = [
+        (0, (store, "append", "-s", "a"), 4, "stdin is closed: pass DATA arguments"),
+        (0, (store, "import", "-"), 4, "stdin is closed: give the archive FILE"),
+        (1, (store, "export", "--all", "-o", "-"), 4, "stdout is closed: pass -o FILE"),
+        (1, (store, "export", "--all", "--format", "ndjson", "-o", "-"), 4, "stdout is closed"),
+        (1, (empty, "sessions", "list"), 0, ""),
+        (1, (store, "watch", "-s", "a"), 0, ""),
+    ]
+    for fd, (path, *args), status, says in cases:
+        done = subprocess.run(
+            [*CLI, "--store", str(path), *args],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            preexec_fn=lambda fd=fd: os.close(fd),  # type: ignore[misc]
+            check=False,
+        )
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.returncode == status, (args, done.stderr)
+        if says:
+            assert done.stderr.startswith(f"journal: error: {says}"), (args, done.stderr)
+            assert done.stderr.count("\n") == 1, done.stderr
+    assert records(invoke(store, "sessions", "show", "a"))[0]["last_ordinal"] == 1
