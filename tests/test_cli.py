@@ -894,3 +894,15 @@ def test_a_closed_stdin_or_stdout_is_an_error_line_not_a_traceback(
             assert done.stderr.startswith(f"journal: error: {says}"), (args, done.stderr)
             assert done.stderr.count("\n") == 1, done.stderr
     assert records(invoke(store, "sessions", "show", "a"))[0]["last_ordinal"] == 1
+
+
+def test_help_says_what_the_quiet_format_prints(store: Path) -> None:
+    """SPEC 11: quiet prints the data of read's and watch's events; other commands print
+    nothing. The help said quiet prints nothing at all."""
+    shown = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    assert "or quiet: the data of each event `read` and `watch` print" in shown, shown
+    assert "nothing from other commands (errors still go to stderr)" in shown
+    appended = invoke(store, "append", "-s", "a", "--create", "hello", "world", fmt="quiet")
+    assert appended.exit_code == 0 and appended.stdout == ""
+    assert invoke(store, "read", "-s", "a", fmt="quiet").stdout == "hello\nworld\n"
+    assert invoke(store, "sessions", "list", fmt="quiet").stdout == ""
