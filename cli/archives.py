@@ -269,6 +269,12 @@ def import_(
             old, sep, new = item.partition("=")
             if not sep or not old or not new:
                 raise click.UsageError(f"--rename {item!r} is not OLD=NEW")
+            if old in rename:
+                # (as a NEW id given twice is: the library refuses that rename)
+                raise journal.InvalidArgument(
+                    f"--rename names session {old!r} twice ({old}={rename[old]} and "
+                    f"{item}): give each OLD once"
+                )
             rename[old] = new
     with contextlib.ExitStack() as stack:
         if archive == "-":

@@ -906,3 +906,23 @@ def test_help_says_what_the_quiet_format_prints(store: Path) -> None:
     assert appended.exit_code == 0 and appended.stdout == ""
     assert invoke(store, "read", "-s", "a", fmt="quiet").stdout == "hello\nworld\n"
     assert invoke(store, "sessions", "list", fmt="quiet").stdout == ""
+
+
+def test_import_refuses_an_old_id_renamed_twice_as_a_new_id_given_twice(
+    store: Path, tmp_path: Path
+) -> None:
+    """`--rename x=q1 --rename x=q2` took the last silently; `--rename x=q --rename y=q`
+    is refused (INVALID_ARGUMENT, exit 4): the same OLD twice is refused the same way,
+    and nothing is imported."""
+    for name in ("x", "y"):
+        assert invoke(store, "append", "-s", name, "--create", "1").exit_code == 0
+    archive = tmp_path / "xy.sja"
+    assert invoke(store, "export", "--all", "-o", str(archive)).exit_code == 0
+    other = tmp_path / "other"
+    assert invoke(other, "init").exit_code == 0
+    same_new = invoke(other, "import", str(archive), "--rename", "x=q", "--rename", "y=q")
+    assert_one_line_error(same_new, 4, "INVALID_ARGUMENT")
+    same_old = invoke(other, "import", str(archive), "--rename", "x=q1", "--rename", "x=q2")
+    assert_one_line_error(same_old, 4, "INVALID_ARGUMENT")
+    assert "--rename names session 'x' twice (x=q1 and x=q2)" in same_old.stderr
+    assert records(invoke(other, "sessions", "list")) == []
