@@ -76,6 +76,10 @@ def export(
         raise click.UsageError("pass -s ID (repeatable) or --all, not both")
     if not session_ids and not export_all:
         raise click.UsageError("name the sessions with -s ID (repeatable), or pass --all")
+    if not dest:
+        raise click.BadParameter(
+            "'' names no file: give a FILE, or - for stdout", param_hint="'-o' / '--output'"
+        )
     ids = None if export_all else list(session_ids)
     output = settings.output
     if dest == "-":
@@ -232,14 +236,14 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     default=ArchiveLimits().max_content_bytes,
     show_default=True,
     help="Refuse archives whose decompressed content is larger (decompression bombs).",
 )
 @click.option(
     "--max-record-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     default=ArchiveLimits().max_record_bytes,
     show_default=True,
     help="Refuse records larger than this (the largest legitimate one is a 64 MiB snapshot).",

@@ -20,6 +20,7 @@ from .archives import export, import_
 from .demo import demo
 from .maintenance import compact, cursor_key, stats, verify
 from .output import (
+    BELOW_2_62,
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -252,7 +253,7 @@ def init(settings: Settings, file_mode: str | None) -> None:
 @click.option("--request-id", default=None, help="Request id for events that do not name one.")
 @click.option(
     "--expected-last",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, BELOW_2_62),
     default=None,
     metavar="N",
     help="Append only if the session's last ordinal is N (optimistic concurrency).",

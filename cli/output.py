@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import select
 import stat
 import sys
@@ -27,6 +28,7 @@ import journal
 from journal import TURN_RESULT, TURN_STARTED
 
 __all__ = [
+    "BELOW_2_62",
     "EXIT_CODES_HELP",
     "EXIT_INTERRUPTED",
     "EXIT_OUTCOME_UNKNOWN",
@@ -259,10 +261,31 @@ _CLI_HINTS: Final = (
 )
 
 
+# Library messages that open with a parameter's name: the CLI's name for it instead
+# (anchored at the start, so a value quoted later in a message is never touched).
+_CLI_SUBJECTS: Final = (
+    (re.compile(r"session_id "), lambda m: "session id "),
+    (re.compile(r"idempotency_key "), lambda m: "--idempotency-key "),
+    (re.compile(r"file_mode "), lambda m: "--file-mode "),
+    (
+        re.compile(r"events\[(\d+)\]\.(type|data|request_id) "),
+        lambda m: f"event {int(m[1]) + 1}'s {m[2].replace('_', ' ')} ",
+    ),
+)
+
+
 def cli_message(message: str) -> str:
+    for pattern, subject in _CLI_SUBJECTS:
+        message = pattern.sub(subject, message, count=1) if pattern.match(message) else message
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
     return message
+
+
+# SPEC 7.3: times, TTLs, history limits and ordinals are ints below 2**62. The options
+# that take them are checked by click against this bound, so an out-of-range value is a
+# usage error naming the option, as a negative one is.
+BELOW_2_62: Final = (1 << 62) - 1
 
 
 def is_nats(store: str) -> bool:

@@ -926,3 +926,46 @@ def test_import_refuses_an_old_id_renamed_twice_as_a_new_id_given_twice(
     assert_one_line_error(same_old, 4, "INVALID_ARGUMENT")
     assert "--rename names session 'x' twice (x=q1 and x=q2)" in same_old.stderr
     assert records(invoke(other, "sessions", "list")) == []
+
+
+def test_option_errors_name_the_options_and_exit_as_usage_errors(
+    store: Path, tmp_path: Path
+) -> None:
+    """SPEC 13: CLI messages name CLI options, not Python parameters. Values beyond the
+    library's bounds (2**62) were INVALID_ARGUMENT (exit 4) naming `expected_last_ordinal`,
+    `ttl_ms`, `ArchiveLimits.max_content_bytes`..., while a negative one was a usage error
+    (exit 2): both are usage errors naming the option now. `-o ""` said "'' is a
+    directory"; messages about an id, a key, a type or a file mode named the parameter."""
+    huge = "9" * 20
+    assert invoke(store, "append", "-s", "a", "--create", "x").exit_code == 0
+    archive = tmp_path / "a.sja"
+    assert invoke(store, "export", "--all", "-o", str(archive)).exit_code == 0
+    for option, args in [
+        ("--expected-last", ("append", "-s", "a", "--expected-last", huge, "y")),
+        ("--expected-last", ("append", "-s", "a", "--expected-last", "-1", "y")),
+        ("--ttl-ms", ("sessions", "create", "b", "--ttl-ms", huge)),
+        ("--max-history-bytes", ("sessions", "create", "b", "--max-history-bytes", huge)),
+        ("--max-history-age-ms", ("sessions", "create", "b", "--max-history-age-ms", huge)),
+        ("--max-bytes", ("import", str(archive), "--max-bytes", huge)),
+        ("--max-record-bytes", ("import", str(archive), "--max-record-bytes", huge)),
+        ("-o' / '--output", ("export", "--all", "-o", "")),
+    ]:
+        result = invoke(store, *args)
+        assert result.exit_code == 2, (args, result.stderr)
+        (error,) = records(result)
+        assert error["error"]["code"] == "USAGE", (args, error)
+        assert f"Invalid value for '{option}'" in error["error"]["message"], (args, error)
+        assert "_" not in error["error"]["message"], (args, error)  # no Python name
+    assert "directory" not in invoke(store, "export", "--all", "-o", "").stderr
+    assert records(invoke(store, "sessions", "show", "a"))[0]["last_ordinal"] == 1
+    assert invoke(store, "sessions", "show", "b").exit_code == 3
+    for args, says in [
+        (("append", "-s", "", "x"), "session id '' is invalid"),
+        (("append", "-s", "a", "--type", "", "x"), "event 1's type '' is invalid"),
+        (("append", "-s", "a", "--idempotency-key", "", "x"), "--idempotency-key '' is invalid"),
+        (("append", "-s", "a", "--request-id", "r" * 70000, "x"), "event 1's request id is over"),
+        (("init", "--file-mode", "0777"), "--file-mode 0o777 has execute bits"),
+    ]:
+        result = invoke(store, *args)
+        assert_one_line_error(result, 4, "INVALID_ARGUMENT")
+        assert result.stderr.startswith(f"journal: error: {says}"), result.stderr
