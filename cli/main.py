@@ -48,7 +48,7 @@ class JournalGroup(click.Group):
 
     def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
-        argv = _global_format_first(argv)
+        argv = _hoist_global_options(self, argv)
         try:
             result = super().main(argv, standalone_mode=False, **extra)
             # Without standalone mode click returns the status ctx.exit() was given.
@@ -124,61 +124,105 @@ _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _wants_json(argv: list[str]) -> bool:
-    if "--" in argv:
-        argv = argv[: argv.index("--")]  # what follows is data, not options
-    for i, arg in enumerate(argv):
-        if arg == "--format=json" or (arg == "--format" and argv[i + 1 : i + 2] == ["json"]):
-            return True
-    return False
-
-
-def _command_of(argv: list[str]) -> str | None:
-    """The command word: the first argument that is not a global option or its value."""
+    """Whether the global options (those before the command, once moved there) ask for
+    JSON; the last `--format` wins, as in click."""
+    output_format = None
     i = 0
-    while i < len(argv):
+    while i < len(argv) and argv[i] != "--":
         arg = argv[i]
-        if arg in ("--store", "--format"):
+        if arg in _GLOBAL_OPTIONS:
+            if arg == "--format" and i + 1 < len(argv):
+                output_format = argv[i + 1]
             i += 2
-        elif arg.startswith("-"):
+        elif arg.startswith("--format="):
+            output_format = arg.split("=", 1)[1]
+            i += 1
+        elif arg.startswith("-") and arg != "-":
             i += 1
         else:
-            return arg
+            break  # the command
+    return output_format == "json"
+
+
+_GLOBAL_OPTIONS = ("--store", "--format")
+
+
+def _option_of(command: click.Command, name: str) -> click.Option | None:
+    for param in command.params:
+        if isinstance(param, click.Option) and (name in param.opts or name in param.secondary_opts):
+            return param
     return None
 
 
-def _global_format_first(argv: list[str]) -> list[str]:
+def _values_taken(option: click.Option | None) -> int:
+    """How many arguments after it an option takes as its value (0 for a flag)."""
+    if option is None or option.is_flag or option.count:
+        return 0
+    return max(option.nargs, 1)
+
+
+def _values_after(command: click.Command, arg: str) -> int:
+    """How many of the arguments after option `arg` of `command` are its value: none when
+    the value is attached (`--type=T`, `-sID`) or it is a flag (or unknown: click says
+    so)."""
+    if arg.startswith("--"):
+        return 0 if "=" in arg else _values_taken(_option_of(command, arg))
+    for at, letter in enumerate(arg[1:], start=2):  # `-s ID`, `-sID`, a cluster of flags
+        taken = _values_taken(_option_of(command, "-" + letter))
+        if taken:
+            return 0 if at < len(arg) else taken
+        if _option_of(command, "-" + letter) is None:
+            return 0
+    return 0
+
+
+def _hoist_global_options(root: click.Group, argv: list[str]) -> list[str]:
     """`journal read -s x --format json` means `journal --format json read -s x`: the
-    global options (`--store`, and `--format` with a global choice) may come after the
-    command; they move to the front (`export` has its own `--format` and `demo` its own
-    `--store`: those stay)."""
-    # Commands with an option of the same name keep theirs.
-    command = _command_of(argv)
-    own_store = command == "demo"
-    own_format = command == "export"
+    global options (`--store`, `--format`) may follow the command; they move to just
+    before it (so a later one wins), unless the command has an option of that name
+    (`export --format`, `demo --store`: those stay). The value of an option that takes
+    one stays its value (`--type --format`, `--request-id --store`: click's own reading
+    of the command's options decides), and nothing after `--` moves."""
+    ctx = click.Context(root)
+    command: click.Command = root
     out: list[str] = []
     moved: list[str] = []
+    command_at = None  # where the command word is in `out`
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             out += argv[i:]
             break
-        global_format = not own_format and (
-            arg == "--format" and argv[i + 1 : i + 2] and argv[i + 1] in FORMATS
-        )
-        if global_format or (not own_store and arg == "--store" and i + 1 < len(argv)):
-            moved += argv[i : i + 2]
-            i += 2
-            continue
-        if (not own_format and arg.startswith("--format=") and arg.split("=", 1)[1] in FORMATS) or (
-            not own_store and arg.startswith("--store=")
-        ):
-            moved.append(arg)
-            i += 1
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0]
+            if (
+                command is not root
+                and name in _GLOBAL_OPTIONS
+                and not _option_of(command, name)
+                and ("=" in arg or i + 1 < len(argv))  # (one without its value stays)
+            ):
+                width = 1 if "=" in arg else 2
+                moved += argv[i : i + width]
+                i += width
+                continue
+            taken = _values_after(command, arg)
+            out += argv[i : i + 1 + taken]
+            i += 1 + taken
             continue
         out.append(arg)
         i += 1
-    return moved + out
+        if isinstance(command, click.Group):
+            if command_at is None:
+                command_at = len(out) - 1
+            sub = command.get_command(ctx, arg)
+            if sub is None:  # not a command: click reports it; move nothing more
+                out += argv[i:]
+                break
+            command = sub
+    if command_at is None:
+        return out + moved
+    return out[:command_at] + moved + out[command_at:]
 
 
 session_option = click.option(

@@ -969,3 +969,26 @@ def test_option_errors_name_the_options_and_exit_as_usage_errors(
         result = invoke(store, *args)
         assert_one_line_error(result, 4, "INVALID_ARGUMENT")
         assert result.stderr.startswith(f"journal: error: {says}"), result.stderr
+
+
+def test_an_options_value_is_never_taken_for_a_global_option(store: Path, tmp_path: Path) -> None:
+    """`--store` and `--format` after the command move before it, but the value of an
+    option that takes one stays its value: `--request-id --store hi` is the request id
+    "--store" (it was taken for the global `--store`, leaving `--request-id` without a
+    value), as `--type --format hi` is the type "--format"; `--idempotency-key --format
+    json` too. A global option given again after the command wins over the earlier one."""
+    cases = [
+        (("--request-id", "--store", "hi"), ("message", "--store", b"hi")),
+        (("--type", "--format", "hi"), ("--format", None, b"hi")),
+        (("--idempotency-key", "--format", "json"), ("message", None, b"json")),
+    ]
+    for options, _ in cases:
+        result = invoke(store, "append", "-s", "a", "--create", *options)
+        assert result.exit_code == 0, (options, result.output)
+        assert len(records(result)) == 1, result.output  # JSON: --format json still holds
+    with journal.Journal.open(store, readonly=True) as j:
+        stored = [(e.type, e.request_id, e.data) for e in j.replay("a")]
+    assert stored == [expected for _, expected in cases]
+    later = invoke(tmp_path / "nowhere", "read", "-s", "a", "--store", str(store), "--format=text")
+    assert later.exit_code == 0, later.output
+    assert later.stdout.startswith("#1 message [--store] hi\n"), later.stdout
