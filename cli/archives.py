@@ -25,6 +25,7 @@ from .output import (
     embedded,
     pass_settings,
     plural,
+    require_stream,
     silence_stdout,
 )
 
@@ -75,8 +76,14 @@ def export(
         raise click.UsageError("pass -s ID (repeatable) or --all, not both")
     if not session_ids and not export_all:
         raise click.UsageError("name the sessions with -s ID (repeatable), or pass --all")
+    if not dest:
+        raise click.BadParameter(
+            "'' names no file: give a FILE, or - for stdout", param_hint="'-o' / '--output'"
+        )
     ids = None if export_all else list(session_ids)
     output = settings.output
+    if dest == "-":
+        require_stream("stdout", "pass -o FILE, or give the command a stdout to write to")
     if dest == "-" and archive_format == "archive" and sys.stdout.isatty():
         raise click.UsageError(
             "refusing to write a binary archive to a terminal: use -o FILE, or pipe it"
@@ -229,14 +236,14 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     default=ArchiveLimits().max_content_bytes,
     show_default=True,
     help="Refuse archives whose decompressed content is larger (decompression bombs).",
 )
 @click.option(
     "--max-record-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     default=ArchiveLimits().max_record_bytes,
     show_default=True,
     help="Refuse records larger than this (the largest legitimate one is a 64 MiB snapshot).",
@@ -266,9 +273,16 @@ def import_(
             old, sep, new = item.partition("=")
             if not sep or not old or not new:
                 raise click.UsageError(f"--rename {item!r} is not OLD=NEW")
+            if old in rename:
+                # (as a NEW id given twice is: the library refuses that rename)
+                raise journal.InvalidArgument(
+                    f"--rename names session {old!r} twice ({old}={rename[old]} and "
+                    f"{item}): give each OLD once"
+                )
             rename[old] = new
     with contextlib.ExitStack() as stack:
         if archive == "-":
+            require_stream("stdin", "give the archive FILE, or pipe the archive in")
             if sys.stdin.isatty():
                 raise click.UsageError(
                     "refusing to read an archive from a terminal: give FILE, or pipe it in"

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -20,6 +20,7 @@ from .archives import export, import_
 from .demo import demo
 from .maintenance import compact, cursor_key, stats, verify
 from .output import (
+    BELOW_2_62,
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -31,6 +32,7 @@ from .output import (
     event_text,
     is_nats,
     pass_settings,
+    require_stream,
     silence_stdout,
 )
 from .sessions import sessions
@@ -46,7 +48,7 @@ class JournalGroup(click.Group):
 
     def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
-        argv = _global_format_first(argv)
+        argv = _hoist_global_options(self, argv)
         try:
             result = super().main(argv, standalone_mode=False, **extra)
             # Without standalone mode click returns the status ctx.exit() was given.
@@ -107,8 +109,9 @@ class JournalGroup(click.Group):
     type=click.Choice(FORMATS),
     default="text",
     show_default=True,
-    help="Output: human text, NDJSON (one object per line), or nothing (errors still go "
-    "to stderr).",
+    help="Output: human text, NDJSON (one object per line), or quiet: the data of each "
+    "event `read` and `watch` print (turn events left out), one per line, and nothing "
+    "from other commands (errors still go to stderr).",
 )
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:
@@ -121,61 +124,105 @@ _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def _wants_json(argv: list[str]) -> bool:
-    if "--" in argv:
-        argv = argv[: argv.index("--")]  # what follows is data, not options
-    for i, arg in enumerate(argv):
-        if arg == "--format=json" or (arg == "--format" and argv[i + 1 : i + 2] == ["json"]):
-            return True
-    return False
-
-
-def _command_of(argv: list[str]) -> str | None:
-    """The command word: the first argument that is not a global option or its value."""
+    """Whether the global options (those before the command, once moved there) ask for
+    JSON; the last `--format` wins, as in click."""
+    output_format = None
     i = 0
-    while i < len(argv):
+    while i < len(argv) and argv[i] != "--":
         arg = argv[i]
-        if arg in ("--store", "--format"):
+        if arg in _GLOBAL_OPTIONS:
+            if arg == "--format" and i + 1 < len(argv):
+                output_format = argv[i + 1]
             i += 2
-        elif arg.startswith("-"):
+        elif arg.startswith("--format="):
+            output_format = arg.split("=", 1)[1]
+            i += 1
+        elif arg.startswith("-") and arg != "-":
             i += 1
         else:
-            return arg
+            break  # the command
+    return output_format == "json"
+
+
+_GLOBAL_OPTIONS = ("--store", "--format")
+
+
+def _option_of(command: click.Command, name: str) -> click.Option | None:
+    for param in command.params:
+        if isinstance(param, click.Option) and (name in param.opts or name in param.secondary_opts):
+            return param
     return None
 
 
-def _global_format_first(argv: list[str]) -> list[str]:
+def _values_taken(option: click.Option | None) -> int:
+    """How many arguments after it an option takes as its value (0 for a flag)."""
+    if option is None or option.is_flag or option.count:
+        return 0
+    return max(option.nargs, 1)
+
+
+def _values_after(command: click.Command, arg: str) -> int:
+    """How many of the arguments after option `arg` of `command` are its value: none when
+    the value is attached (`--type=T`, `-sID`) or it is a flag (or unknown: click says
+    so)."""
+    if arg.startswith("--"):
+        return 0 if "=" in arg else _values_taken(_option_of(command, arg))
+    for at, letter in enumerate(arg[1:], start=2):  # `-s ID`, `-sID`, a cluster of flags
+        taken = _values_taken(_option_of(command, "-" + letter))
+        if taken:
+            return 0 if at < len(arg) else taken
+        if _option_of(command, "-" + letter) is None:
+            return 0
+    return 0
+
+
+def _hoist_global_options(root: click.Group, argv: list[str]) -> list[str]:
     """`journal read -s x --format json` means `journal --format json read -s x`: the
-    global options (`--store`, and `--format` with a global choice) may come after the
-    command; they move to the front (`export` has its own `--format` and `demo` its own
-    `--store`: those stay)."""
-    # Commands with an option of the same name keep theirs.
-    command = _command_of(argv)
-    own_store = command == "demo"
-    own_format = command == "export"
+    global options (`--store`, `--format`) may follow the command; they move to just
+    before it (so a later one wins), unless the command has an option of that name
+    (`export --format`, `demo --store`: those stay). The value of an option that takes
+    one stays its value (`--type --format`, `--request-id --store`: click's own reading
+    of the command's options decides), and nothing after `--` moves."""
+    ctx = click.Context(root)
+    command: click.Command = root
     out: list[str] = []
     moved: list[str] = []
+    command_at = None  # where the command word is in `out`
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             out += argv[i:]
             break
-        global_format = not own_format and (
-            arg == "--format" and argv[i + 1 : i + 2] and argv[i + 1] in FORMATS
-        )
-        if global_format or (not own_store and arg == "--store" and i + 1 < len(argv)):
-            moved += argv[i : i + 2]
-            i += 2
-            continue
-        if (not own_format and arg.startswith("--format=") and arg.split("=", 1)[1] in FORMATS) or (
-            not own_store and arg.startswith("--store=")
-        ):
-            moved.append(arg)
-            i += 1
+        if arg.startswith("-") and arg != "-":
+            name = arg.split("=", 1)[0]
+            if (
+                command is not root
+                and name in _GLOBAL_OPTIONS
+                and not _option_of(command, name)
+                and ("=" in arg or i + 1 < len(argv))  # (one without its value stays)
+            ):
+                width = 1 if "=" in arg else 2
+                moved += argv[i : i + width]
+                i += width
+                continue
+            taken = _values_after(command, arg)
+            out += argv[i : i + 1 + taken]
+            i += 1 + taken
             continue
         out.append(arg)
         i += 1
-    return moved + out
+        if isinstance(command, click.Group):
+            if command_at is None:
+                command_at = len(out) - 1
+            sub = command.get_command(ctx, arg)
+            if sub is None:  # not a command: click reports it; move nothing more
+                out += argv[i:]
+                break
+            command = sub
+    if command_at is None:
+        return out + moved
+    return out[:command_at] + moved + out[command_at:]
 
 
 session_option = click.option(
@@ -250,7 +297,7 @@ def init(settings: Settings, file_mode: str | None) -> None:
 @click.option("--request-id", default=None, help="Request id for events that do not name one.")
 @click.option(
     "--expected-last",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, BELOW_2_62),
     default=None,
     metavar="N",
     help="Append only if the session's last ordinal is N (optimistic concurrency).",
@@ -279,7 +326,8 @@ def append(
     NDJSON: a line that is an object with a "data" key and no keys besides "type", "data"
     and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
     other JSON value compactly re-serialized); any other JSON line is stored as it is,
-    with type --type.
+    with type --type. One append takes at most 10,000 events and 64 MiB of data: stdin
+    is refused (nothing appended) as soon as it holds more.
     """
     if data:
         events = [
@@ -287,6 +335,7 @@ def append(
             for arg in data
         ]
     else:
+        require_stream("stdin", "pass DATA arguments, or NDJSON lines on stdin")
         if sys.stdin.isatty():
             click.echo(
                 "journal: reading NDJSON events from the terminal, one per line; end with "
@@ -295,7 +344,7 @@ def append(
             )
         stdin = getattr(sys.stdin, "buffer", sys.stdin)
         try:
-            events = events_from_ndjson(stdin.read().splitlines(), event_type, request_id)
+            events = events_from_ndjson(stdin, event_type, request_id)
         except KeyboardInterrupt:
             click.echo("journal: interrupted while reading stdin: nothing was appended", err=True)
             raise
@@ -372,6 +421,10 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
 
 
 _ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
+# No line of one event is longer: its data is at most MAX_EVENT_BYTES, each byte of which
+# JSON writes in at most 6 (`\u0001`), and 1 MiB covers the keys, the type and the
+# request id (at most 64 KiB, escaped too).
+MAX_LINE_BYTES = 6 * journal.MAX_EVENT_BYTES + (1 << 20)
 
 
 def _not_a_json_number(constant: str) -> object:
@@ -379,49 +432,90 @@ def _not_a_json_number(constant: str) -> object:
 
 
 def events_from_ndjson(
-    lines: Sequence[bytes], default_type: str, default_request_id: str | None
+    stream: IO[bytes], default_type: str, default_request_id: str | None
 ) -> list[journal.EventIn]:
-    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped."""
-    events = []
-    for number, raw in enumerate(lines, start=1):
-        line = raw.strip()
-        if not line:
-            continue
-        try:
-            value = json.loads(line, parse_constant=_not_a_json_number)
-        except ValueError as e:
+    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped.
+
+    The stream is read a line at a time and refused (`InvalidArgument`, nothing read
+    further) as soon as it holds more events or bytes than one append takes, or a line
+    longer than any event's can be: memory stays bounded by the limits whatever the
+    input."""
+    events: list[journal.EventIn] = []
+    total = 0
+    number = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
             raise journal.InvalidArgument(
-                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
-            ) from None
-        if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
-            payload = value["data"]
-            if not isinstance(payload, str):
-                try:
-                    payload = json.dumps(
-                        payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-                    )
-                except ValueError:  # (a number beyond a float: it would be Infinity)
-                    raise journal.InvalidArgument(
-                        f"stdin line {number}: data holds a number beyond a float's range, "
-                        "which cannot be written back exactly: pass the data as a JSON "
-                        "string, or the line without the envelope (stored as it is)"
-                    ) from None
-            try:
-                body = payload.encode("utf-8")
-            except UnicodeEncodeError:
+                f"stdin line {number + 1} is over {MAX_LINE_BYTES} bytes, longer than the "
+                f"line of any event (its data is at most {journal.MAX_EVENT_BYTES} bytes): "
+                "store large payloads elsewhere and append a reference"
+            )
+        for line in raw.splitlines():
+            number += 1
+            line = line.strip()
+            if not line:
+                continue
+            if len(events) == journal.MAX_BATCH_EVENTS:
                 raise journal.InvalidArgument(
-                    f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
-                ) from None
-            event_type = value.get("type", default_type)
-            request = value.get("request_id", default_request_id)
-            if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
-                raise journal.InvalidArgument(
-                    f'stdin line {number}: "type" and "request_id" must be strings'
+                    f"over {journal.MAX_BATCH_EVENTS} events in one append (stdin line "
+                    f"{number} is event {journal.MAX_BATCH_EVENTS + 1}); the limit is "
+                    f"{journal.MAX_BATCH_EVENTS}: split it"
                 )
-            events.append(journal.EventIn(event_type, body, request))
-        else:
-            events.append(journal.EventIn(default_type, line, default_request_id))
+            event = _event_of_line(line, number, default_type, default_request_id)
+            if len(event.data) > journal.MAX_EVENT_BYTES:
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: the event's data is {len(event.data)} bytes; the "
+                    f"limit is {journal.MAX_EVENT_BYTES} bytes per event: store large "
+                    "payloads elsewhere and append a reference"
+                )
+            total += len(event.data)
+            if total > journal.MAX_BATCH_BYTES:
+                raise journal.InvalidArgument(
+                    f"over {journal.MAX_BATCH_BYTES} bytes of event data in one append "
+                    f"(reached at stdin line {number}); the limit is "
+                    f"{journal.MAX_BATCH_BYTES}: split it"
+                )
+            events.append(event)
     return events
+
+
+def _event_of_line(
+    line: bytes, number: int, default_type: str, default_request_id: str | None
+) -> journal.EventIn:
+    """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
+    try:
+        value = json.loads(line, parse_constant=_not_a_json_number)
+    except ValueError as e:
+        raise journal.InvalidArgument(
+            f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
+        ) from None
+    if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
+        payload = value["data"]
+        if not isinstance(payload, str):
+            try:
+                payload = json.dumps(
+                    payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                )
+            except ValueError:  # (a number beyond a float: it would be Infinity)
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: data holds a number beyond a float's range, "
+                    "which cannot be written back exactly: pass the data as a JSON "
+                    "string, or the line without the envelope (stored as it is)"
+                ) from None
+        try:
+            body = payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise journal.InvalidArgument(
+                f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
+            ) from None
+        event_type = value.get("type", default_type)
+        request = value.get("request_id", default_request_id)
+        if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
+            raise journal.InvalidArgument(
+                f'stdin line {number}: "type" and "request_id" must be strings'
+            )
+        return journal.EventIn(event_type, body, request)
+    return journal.EventIn(default_type, line, default_request_id)
 
 
 @main.command()

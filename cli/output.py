@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import select
 import stat
 import sys
@@ -27,6 +28,7 @@ import journal
 from journal import TURN_RESULT, TURN_STARTED
 
 __all__ = [
+    "BELOW_2_62",
     "EXIT_CODES_HELP",
     "EXIT_INTERRUPTED",
     "EXIT_OUTCOME_UNKNOWN",
@@ -48,6 +50,7 @@ __all__ = [
     "pass_settings",
     "plural",
     "preview",
+    "require_stream",
     "session_record",
     "session_text",
     "silence_stdout",
@@ -84,7 +87,8 @@ Exit status:
   0    success (also when the reader of the output went away, e.g. `| head`)
   {EXIT_USAGE}    usage error: unknown option, missing or malformed argument
   {EXIT_NOT_FOUND}    not found: no such session or store
-  {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token
+  {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token,
+       a closed stdin or stdout the command needs
   {EXIT_PRECONDITION}    failed precondition: illegal transition, session exists, session
        not writable, ordinal conflict, expired cursor
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
@@ -112,6 +116,15 @@ def exit_status(error: journal.JournalError | CommandFailed) -> int:
     return _STATUS_EXIT.get(error.status, EXIT_OTHER)
 
 
+def require_stream(name: str, advice: str) -> None:
+    """Refuse to run when stdin or stdout (`name`) is closed (`<&-`, `>&-`: Python sets
+    `sys.stdin`/`sys.stdout` to None): INVALID_ARGUMENT (exit 4) with `advice`."""
+    if getattr(sys, name) is None:
+        raise CommandFailed(
+            f"{name} is closed: {advice}", f"{name.upper()}_CLOSED", "INVALID_ARGUMENT"
+        )
+
+
 def silence_stdout() -> None:
     """Point stdout at /dev/null once its reader is gone, so the flush at interpreter exit
     does not fail again (the recipe of the Python docs, "Note on SIGPIPE")."""
@@ -132,8 +145,8 @@ def stop_when_reader_leaves(stop: threading.Event) -> threading.Event | None:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return None
-    except (OSError, ValueError, io.UnsupportedOperation):
-        return None
+    except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
+        return None  # (AttributeError: stdout is closed, None; what is printed is dropped)
 
     def wait() -> None:
         poller = select.poll()
@@ -248,10 +261,31 @@ _CLI_HINTS: Final = (
 )
 
 
+# Library messages that open with a parameter's name: the CLI's name for it instead
+# (anchored at the start, so a value quoted later in a message is never touched).
+_CLI_SUBJECTS: Final = (
+    (re.compile(r"session_id "), lambda m: "session id "),
+    (re.compile(r"idempotency_key "), lambda m: "--idempotency-key "),
+    (re.compile(r"file_mode "), lambda m: "--file-mode "),
+    (
+        re.compile(r"events\[(\d+)\]\.(type|data|request_id) "),
+        lambda m: f"event {int(m[1]) + 1}'s {m[2].replace('_', ' ')} ",
+    ),
+)
+
+
 def cli_message(message: str) -> str:
+    for pattern, subject in _CLI_SUBJECTS:
+        message = pattern.sub(subject, message, count=1) if pattern.match(message) else message
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
     return message
+
+
+# SPEC 7.3: times, TTLs, history limits and ordinals are ints below 2**62. The options
+# that take them are checked by click against this bound, so an out-of-range value is a
+# usage error naming the option, as a negative one is.
+BELOW_2_62: Final = (1 << 62) - 1
 
 
 def is_nats(store: str) -> bool:

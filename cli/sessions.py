@@ -11,6 +11,7 @@ import click
 import journal
 
 from .output import (
+    BELOW_2_62,
     Settings,
     display_width,
     pass_settings,
@@ -56,14 +57,14 @@ def _parse_tags(
 )
 @click.option(
     "--ttl-ms",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Expire the session N ms after it starts.",
 )
 @click.option(
     "--max-history-bytes",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Keep at most about N bytes of its newest events (the oldest batches leave "
@@ -71,7 +72,7 @@ def _parse_tags(
 )
 @click.option(
     "--max-history-age-ms",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Drop its events N ms after they were appended. Default: the store's (none).",
@@ -144,7 +145,7 @@ def list_(
             token = page.next_page_token
             if one_page or not token:
                 break
-    if not listed and output.format == "text" and sys.stdout.isatty():
+    if not listed and output.format == "text" and sys.stdout and sys.stdout.isatty():
         which = f" in state {state}" if state else ""
         click.echo(f"-- no sessions{which}")
     if one_page:

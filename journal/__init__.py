@@ -8,6 +8,7 @@ from __future__ import annotations
 from .archive import ARCHIVE_REASONS as ARCHIVE_REASONS
 from .archive import ArchiveLimits as ArchiveLimits
 from .arguments import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
+from .arguments import MAX_BATCH_BYTES as MAX_BATCH_BYTES
 from .arguments import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
 from .arguments import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from .arguments import MAX_PAGE_SIZE as MAX_PAGE_SIZE
@@ -75,6 +76,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ARCHIVE_REASONS",
     "DEFAULT_PAGE_BYTES",
+    "MAX_BATCH_BYTES",
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
     "MAX_PAGE_SIZE",

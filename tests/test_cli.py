@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -821,3 +822,192 @@ def test_a_lost_key_file_is_not_replaced_by_a_write(store: Path) -> None:
     assert invoke(store, "append", "-s", "a", "two").exit_code == 0
     foreign = invoke(store, "read", "-s", "a", "--cursor", saved)
     assert_one_line_error(foreign, 4, "CURSOR_FOREIGN")
+
+
+@pytest.mark.parametrize(
+    ("unit", "total", "says"),
+    [
+        (b'{"a":1}\n', 8 << 20, "over 10000 events in one append (stdin line 10001 is event"),
+        (b'"' + b"x" * (1 << 20) + b'"\n', 160 << 20, "over 67108864 bytes of event data"),
+        (b"x" * (1 << 20), 160 << 20, "stdin line 1 is over"),  # one line that never ends
+    ],
+    ids=["events", "bytes", "line"],
+)
+def test_append_stops_reading_stdin_at_the_batch_limits(
+    store: Path, unit: bytes, total: int, says: str
+) -> None:
+    """`journal append` reads stdin a line at a time and refuses it as soon as it holds
+    event 10,001, more than 64 MiB of data, or a line longer than any event's (49 MiB):
+    of a longer stream it takes little more than the limit (the 10,001 lines of the
+    first case are 80 KB), its memory stays near the limits, and nothing is appended
+    (before: all of stdin was read and parsed first)."""
+    assert invoke(store, "sessions", "create", "s").exit_code == 0
+    process = subprocess.Popen(
+        [*CLI, "--store", str(store), "append", "-s", "s"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stderr is not None
+    written = 0
+
+    def feed() -> None:
+        nonlocal written
+        try:
+            while written < total:
+                process.stdin.write(unit)  # type: ignore[union-attr]
+                written += len(unit)
+            process.stdin.close()  # type: ignore[union-attr]
+        except (BrokenPipeError, ValueError):
+            pass  # the command stopped reading: what it took is `written` at most
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    _, wait_status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(wait_status)
+    feeder.join(timeout=30)
+    err = process.stderr.read().decode()
+    process.stdout.close()  # type: ignore[union-attr]
+    process.stderr.close()
+    assert process.returncode == 4, err
+    assert written < min(total // 2, 100 << 20), written
+    assert usage.ru_maxrss * 1024 < 300 << 20, usage.ru_maxrss  # (Linux: KiB)
+    assert err.startswith("journal: error: ") and says in err and "Traceback" not in err, err
+    assert records(invoke(store, "sessions", "show", "s"))[0]["last_ordinal"] == 0
+
+
+def test_a_closed_stdin_or_stdout_is_an_error_line_not_a_traceback(
+    store: Path, tmp_path: Path
+) -> None:
+    """`<&-` and `>&-` leave Python's sys.stdin / sys.stdout None: the commands that read
+    stdin or write an archive to stdout say so (exit 4); those that only print drop what
+    they print, as on a closed stdout of any other command."""
+    assert invoke(store, "append", "-s", "a", "--create", "x").exit_code == 0
+    assert invoke(store, "sessions", "resolve", "a").exit_code == 0
+    empty = tmp_path / "empty"
+    assert invoke(empty, "init").exit_code == 0
+    cases = [
+        (0, (store, "append", "-s", "a"), 4, "stdin is closed: pass DATA arguments"),
+        (0, (store, "import", "-"), 4, "stdin is closed: give the archive FILE"),
+        (1, (store, "export", "--all", "-o", "-"), 4, "stdout is closed: pass -o FILE"),
+        (1, (store, "export", "--all", "--format", "ndjson", "-o", "-"), 4, "stdout is closed"),
+        (1, (empty, "sessions", "list"), 0, ""),
+        (1, (store, "watch", "-s", "a"), 0, ""),
+    ]
+    for fd, (path, *args), status, says in cases:
+        done = subprocess.run(
+            [*CLI, "--store", str(path), *args],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+            preexec_fn=lambda fd=fd: os.close(fd),  # type: ignore[misc]
+            check=False,
+        )
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.returncode == status, (args, done.stderr)
+        if says:
+            assert done.stderr.startswith(f"journal: error: {says}"), (args, done.stderr)
+            assert done.stderr.count("\n") == 1, done.stderr
+    assert records(invoke(store, "sessions", "show", "a"))[0]["last_ordinal"] == 1
+
+
+def test_help_says_what_the_quiet_format_prints(store: Path) -> None:
+    """SPEC 11: quiet prints the data of read's and watch's events; other commands print
+    nothing. The help said quiet prints nothing at all."""
+    shown = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    assert "or quiet: the data of each event `read` and `watch` print" in shown, shown
+    assert "nothing from other commands (errors still go to stderr)" in shown
+    appended = invoke(store, "append", "-s", "a", "--create", "hello", "world", fmt="quiet")
+    assert appended.exit_code == 0 and appended.stdout == ""
+    assert invoke(store, "read", "-s", "a", fmt="quiet").stdout == "hello\nworld\n"
+    assert invoke(store, "sessions", "list", fmt="quiet").stdout == ""
+
+
+def test_import_refuses_an_old_id_renamed_twice_as_a_new_id_given_twice(
+    store: Path, tmp_path: Path
+) -> None:
+    """`--rename x=q1 --rename x=q2` took the last silently; `--rename x=q --rename y=q`
+    is refused (INVALID_ARGUMENT, exit 4): the same OLD twice is refused the same way,
+    and nothing is imported."""
+    for name in ("x", "y"):
+        assert invoke(store, "append", "-s", name, "--create", "1").exit_code == 0
+    archive = tmp_path / "xy.sja"
+    assert invoke(store, "export", "--all", "-o", str(archive)).exit_code == 0
+    other = tmp_path / "other"
+    assert invoke(other, "init").exit_code == 0
+    same_new = invoke(other, "import", str(archive), "--rename", "x=q", "--rename", "y=q")
+    assert_one_line_error(same_new, 4, "INVALID_ARGUMENT")
+    same_old = invoke(other, "import", str(archive), "--rename", "x=q1", "--rename", "x=q2")
+    assert_one_line_error(same_old, 4, "INVALID_ARGUMENT")
+    assert "--rename names session 'x' twice (x=q1 and x=q2)" in same_old.stderr
+    assert records(invoke(other, "sessions", "list")) == []
+
+
+def test_option_errors_name_the_options_and_exit_as_usage_errors(
+    store: Path, tmp_path: Path
+) -> None:
+    """SPEC 13: CLI messages name CLI options, not Python parameters. Values beyond the
+    library's bounds (2**62) were INVALID_ARGUMENT (exit 4) naming `expected_last_ordinal`,
+    `ttl_ms`, `ArchiveLimits.max_content_bytes`..., while a negative one was a usage error
+    (exit 2): both are usage errors naming the option now. `-o ""` said "'' is a
+    directory"; messages about an id, a key, a type or a file mode named the parameter."""
+    huge = "9" * 20
+    assert invoke(store, "append", "-s", "a", "--create", "x").exit_code == 0
+    archive = tmp_path / "a.sja"
+    assert invoke(store, "export", "--all", "-o", str(archive)).exit_code == 0
+    for option, args in [
+        ("--expected-last", ("append", "-s", "a", "--expected-last", huge, "y")),
+        ("--expected-last", ("append", "-s", "a", "--expected-last", "-1", "y")),
+        ("--ttl-ms", ("sessions", "create", "b", "--ttl-ms", huge)),
+        ("--max-history-bytes", ("sessions", "create", "b", "--max-history-bytes", huge)),
+        ("--max-history-age-ms", ("sessions", "create", "b", "--max-history-age-ms", huge)),
+        ("--max-bytes", ("import", str(archive), "--max-bytes", huge)),
+        ("--max-record-bytes", ("import", str(archive), "--max-record-bytes", huge)),
+        ("-o' / '--output", ("export", "--all", "-o", "")),
+    ]:
+        result = invoke(store, *args)
+        assert result.exit_code == 2, (args, result.stderr)
+        (error,) = records(result)
+        assert error["error"]["code"] == "USAGE", (args, error)
+        assert f"Invalid value for '{option}'" in error["error"]["message"], (args, error)
+        assert "_" not in error["error"]["message"], (args, error)  # no Python name
+    assert "directory" not in invoke(store, "export", "--all", "-o", "").stderr
+    assert records(invoke(store, "sessions", "show", "a"))[0]["last_ordinal"] == 1
+    assert invoke(store, "sessions", "show", "b").exit_code == 3
+    for args, says in [
+        (("append", "-s", "", "x"), "session id '' is invalid"),
+        (("append", "-s", "a", "--type", "", "x"), "event 1's type '' is invalid"),
+        (("append", "-s", "a", "--idempotency-key", "", "x"), "--idempotency-key '' is invalid"),
+        (("append", "-s", "a", "--request-id", "r" * 70000, "x"), "event 1's request id is over"),
+        (("init", "--file-mode", "0777"), "--file-mode 0o777 has execute bits"),
+    ]:
+        result = invoke(store, *args)
+        assert_one_line_error(result, 4, "INVALID_ARGUMENT")
+        assert result.stderr.startswith(f"journal: error: {says}"), result.stderr
+
+
+def test_an_options_value_is_never_taken_for_a_global_option(store: Path, tmp_path: Path) -> None:
+    """`--store` and `--format` after the command move before it, but the value of an
+    option that takes one stays its value: `--request-id --store hi` is the request id
+    "--store" (it was taken for the global `--store`, leaving `--request-id` without a
+    value), as `--type --format hi` is the type "--format"; `--idempotency-key --format
+    json` too. A global option given again after the command wins over the earlier one."""
+    cases = [
+        (("--request-id", "--store", "hi"), ("message", "--store", b"hi")),
+        (("--type", "--format", "hi"), ("--format", None, b"hi")),
+        (("--idempotency-key", "--format", "json"), ("message", None, b"json")),
+    ]
+    for options, _ in cases:
+        result = invoke(store, "append", "-s", "a", "--create", *options)
+        assert result.exit_code == 0, (options, result.output)
+        assert len(records(result)) == 1, result.output  # JSON: --format json still holds
+    with journal.Journal.open(store, readonly=True) as j:
+        stored = [(e.type, e.request_id, e.data) for e in j.replay("a")]
+    assert stored == [expected for _, expected in cases]
+    later = invoke(tmp_path / "nowhere", "read", "-s", "a", "--store", str(store), "--format=text")
+    assert later.exit_code == 0, later.output
+    assert later.stdout.startswith("#1 message [--store] hi\n"), later.stdout
