@@ -90,7 +90,7 @@ from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
 from .log import SegmentLog
-from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
+from .opening import BOOT_ID, discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
@@ -102,7 +102,7 @@ from .stored import stored_record
 from .verify import verify_store, view_problem
 from .view import Head, View, ViewDamaged, inspect_view
 
-__all__ = ["BOOT_ID", "STORE_FORMAT", "LocalEngine", "LocalOptions"]
+__all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
 _log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
@@ -111,20 +111,6 @@ Durability = Literal["fsync", "os"]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _read_boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-# Constant for the life of the process: read once.
-BOOT_ID: Final = _read_boot_id().encode()
-
-# At most this many rows of recently appended sessions are kept between batches.
 
 
 @dataclass(frozen=True, slots=True)
