@@ -88,7 +88,16 @@ from .frames import (
 )
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
-from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
+from .leases import (
+    LocalLease,
+    acquire_operation,
+    busy,
+    drop_lock,
+    lock_path,
+    owner_alive,
+    remove_lock,
+    take_lock,
+)
 from .log import SegmentLog
 from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request, SealRetention
@@ -579,6 +588,9 @@ class LocalEngine:
             for request in batch:
                 if isinstance(request.result, RetentionReport):
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
+        for request in batch:
+            if isinstance(request.result, RetentionReport):
+                self._remove_evicted_locks(request.result.evicted_sessions)
         if planner.records:
             self.waiter.publish(projection.head.next_position)
             due = projection.nearest_new_deadline
@@ -743,14 +755,14 @@ class LocalEngine:
         try:
             updated = self.submit(acquire_operation(session_id, BOOT_ID.decode()))
         except BaseException:
-            os.close(fd)
+            drop_lock(fd, path, self._ops)
             raise
         lease = LocalLease(
             self.submit,
             session_id,
             updated.incarnation,
             updated.owner_generation,
-            fd,
+            (fd, path, self._ops),
             self._leases.discard,
         )
         self._leases.add(lease)
@@ -758,6 +770,18 @@ class LocalEngine:
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         return owner_alive(row, self._host, BOOT_ID.decode())
+
+    def _remove_evicted_locks(self, session_ids: list[str]) -> None:
+        """Remove the lock files evicted sessions left: a holder removes its file when it
+        lets go, so only the file of an owner killed while holding the lease is still
+        there (and removed here, unless someone holds it again). After the commit, like
+        the segment files retention deletes; a failure is logged, never the batch's."""
+        for session_id in session_ids:
+            path = lock_path(self.location, session_id)
+            try:
+                remove_lock(path, self._ops)
+            except OSError as e:
+                _log.warning("could not remove the lock file %s: %s", path, e)
 
     # -- maintenance -----------------------------------------------------------------------
 
