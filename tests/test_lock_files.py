@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,6 +109,29 @@ while not done.is_set():
     removed += remove_lock(lock_path(sys.argv[1], "s"), DEFAULT_FILE_OPS)
 print(f"removed {removed}", flush=True)
 """
+
+
+# As user UID (group 65534) under umask 077: own("s") and release it ROUNDS times, waiting
+# up to 30 s; print how many times opening the lock file was refused (EACCES).
+_GROUP_WRITER = """
+import os, sys
+from journal import Journal  # (imported first: the interpreter's files are root's)
+os.setgroups([65534])
+os.setgid(65534)
+os.setuid(int(sys.argv[2]))
+os.umask(0o077)
+refused = 0
+with Journal.open(sys.argv[1], durability="os") as j:
+    for _ in range(int(sys.argv[3])):
+        try:
+            with j.own("s", wait_s=30):
+                pass
+        except PermissionError:
+            refused += 1
+print(f"refused {refused}", flush=True)
+"""
+
+NOBODY = 65534
 
 
 def _env() -> dict[str, str]:
@@ -296,3 +322,38 @@ def test_processes_contending_for_a_lease_never_hold_it_together(tmp_path: Path)
     assert _owner_files(store) == []
     with Journal.open(store, durability="os") as j:
         assert j.get_session("s").owner is None
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path lives under a 0700 one)."""
+    directory = Path(tempfile.mkdtemp(prefix="journal-locks-test-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_writers_of_a_group_shared_store_take_lock_files_each_other_just_made(
+    public_dir: Path,
+) -> None:
+    # Each own() creates the lock file anew, and a writer whose umask is stricter than the
+    # store's mode creates it narrower for a moment before it sets the mode: another
+    # user of the group opening it then is refused (EACCES), and retries (SPEC 7.8).
+    assert os.geteuid() == 0, "this test runs children as other users: run it as root"
+    store = public_dir / "store"
+    store.mkdir()
+    os.chown(store, 0, NOBODY)
+    os.chmod(store, 0o2770)
+    with Journal.open(store, durability="os", file_mode=0o660) as j:
+        j.create_session("s")
+    writers = [_spawn(_GROUP_WRITER, store, uid, 300) for uid in (NOBODY, 54321, 54322)]
+    try:
+        answers = [_line(w) for w in writers]
+    finally:
+        for writer in writers:
+            writer.kill()
+            writer.wait(10)
+    assert answers == ["refused 0"] * 3
+    assert _owner_files(store) == []

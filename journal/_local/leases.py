@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 _POLL_S: Final = 0.01
+# How long a lock file that refuses to open (EACCES) is retried: a writer of a
+# group-shared store that just created it sets the store's mode right after creating.
+_GRACE_S: Final = 0.1
+_GRACE_POLL_S: Final = 0.001
 
 _log = logging.getLogger("journal")
 
@@ -107,7 +111,7 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
     permissions.make_dirs(os.path.dirname(path))
     deadline = time.monotonic() + wait_s
     while True:
-        fd = permissions.open_or_create(path, os.O_RDWR)
+        fd = _open_lock(path, permissions)
         try:
             taken = _flock_until(fd, deadline)
             if taken:
@@ -137,6 +141,20 @@ def _flock_until(fd: int, deadline: float) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(_POLL_S)
+
+
+def _open_lock(path: str, permissions: Permissions) -> int:
+    """Open (or create) the lock file. A file another writer of a group-shared store just
+    created can refuse us for a moment (its umask narrowed the mode until that writer sets
+    the store's, right after creating it): retried for `_GRACE_S`."""
+    give_up = time.monotonic() + _GRACE_S
+    while True:
+        try:
+            return permissions.open_or_create(path, os.O_RDWR)
+        except PermissionError:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(_GRACE_POLL_S)
 
 
 def _names(path: str, held: os.stat_result) -> bool:
