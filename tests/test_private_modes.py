@@ -89,6 +89,11 @@ def test_every_file_and_directory_of_a_store_gets_the_store_mode_whatever_the_um
         _append(j, "a", 25)  # rotates: sealed segments and their sidecars
         with j.own("a") as owner, owner.turn("r1") as turn:  # a lease lock file
             turn.append([EventIn(type="m", data=b"in a turn")])
+            # (It exists while the lease is held: releasing removes it, SPEC 7.8.)
+            held = [p for p in (store / "locks").iterdir() if p.name.startswith("owner-")]
+            assert len(held) == 1
+            assert stat.S_IMODE(held[0].stat().st_mode) == (file_mode or 0o600)
+        assert [p.name for p in (store / "locks").iterdir()] == ["open.lock"]
         j.compact_session("a", 10, b"snapshot")
         j.create_session("gone")
         _append(j, "gone", 12)
@@ -128,7 +133,6 @@ def test_every_file_and_directory_of_a_store_gets_the_store_mode_whatever_the_um
         "segments/.files.lock",
     ):
         assert expected in names
-    assert any(n.startswith("locks/owner-") for n in names)
     assert any(n.endswith(".seg.zst") for n in names)
     assert any(n.endswith(".idx") for n in names)
     assert not any(n.endswith(".tmp") for n in names)

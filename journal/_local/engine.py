@@ -80,15 +80,22 @@ from .expiry import ExpiryTimer
 from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
 from .frames import (
-    COMPRESSED_SUFFIX,
     DEFAULT_SEGMENT_BYTES,
     SEGMENT_HEADER_SIZE,
-    SEGMENT_SUFFIX,
     segment_name,
 )
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
-from .leases import LocalLease, acquire_operation, busy, lock_path, owner_alive, take_lock
+from .leases import (
+    LocalLease,
+    acquire_operation,
+    busy,
+    drop_lock,
+    lock_path,
+    owner_alive,
+    remove_evicted_locks,
+    take_lock,
+)
 from .log import SegmentLog
 from .opening import BOOT_ID, discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request, SealRetention
@@ -587,6 +594,9 @@ class LocalEngine:
                 self._unpin |= planner.unpin
             if self._expiry is not None:
                 self._expiry.poke()
+        for request in batch:
+            if isinstance(request.result, RetentionReport):
+                remove_evicted_locks(self.location, request.result.evicted_sessions, self._ops)
         if planner.records:
             self.waiter.publish(projection.head.next_position)
             due = projection.nearest_new_deadline
@@ -751,14 +761,14 @@ class LocalEngine:
         try:
             updated = self.submit(acquire_operation(session_id, BOOT_ID.decode()))
         except BaseException:
-            os.close(fd)
+            drop_lock(fd, path, self._ops)
             raise
         lease = LocalLease(
             self.submit,
             session_id,
             updated.incarnation,
             updated.owner_generation,
-            fd,
+            (fd, path, self._ops),
             self._leases.discard,
         )
         self._leases.add(lease)
@@ -785,13 +795,7 @@ class LocalEngine:
         with self._view.begin() as txn:
             counts = self._view.states.counts(txn)  # (the index's keys, not the rows)
             head = self._view.head(txn)
-        segments = 0
-        size = 0
-        for name in os.listdir(self._log.directory):
-            if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
-                segments += 1
-            with contextlib.suppress(FileNotFoundError):
-                size += os.path.getsize(os.path.join(self._log.directory, name))
+        segments, size = self._log.files()
         return StoreStats(
             dict(sorted(counts.items())), segments, size, 1 if head is None else head.next_position
         )

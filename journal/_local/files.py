@@ -45,6 +45,7 @@ FAULT_POINTS: Final = {
     "compaction.replaced": "the swap renamed the copy into place (segment files lock held)",
     "zerofill.step": "the zero-filler holds a segment's extension lock; its step comes next",
     "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
+    "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",
 }
 
 # What `fill_zeros` writes from (read-only, shared).

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import socket
 import time
@@ -22,21 +23,30 @@ from typing import Final
 from ..engine import AcquireLease, ReleaseLease
 from ..errors import JournalClosed, OwnerBusy
 from ..sessions import SessionRow
-from .files import Permissions
+from .files import FileOps, Permissions
 
 __all__ = [
     "LocalLease",
     "acquire_operation",
     "busy",
+    "drop_lock",
     "holder_pid",
     "identity",
     "lock_path",
     "owner_alive",
     "process_start_time",
+    "remove_evicted_locks",
+    "remove_lock",
     "take_lock",
 ]
 
 _POLL_S: Final = 0.01
+# How long a lock file that refuses to open (EACCES) is retried: a writer of a
+# group-shared store that just created it sets the store's mode right after creating.
+_GRACE_S: Final = 0.1
+_GRACE_POLL_S: Final = 0.001
+
+_log = logging.getLogger("journal")
 
 
 def process_start_time(pid: int) -> int:
@@ -91,33 +101,128 @@ def lock_path(store: str, session_id: str) -> str:
 def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
     """An fd holding an exclusive flock on `path`, or None if it stayed busy `wait_s`.
 
+    The lock is the flock of the file `path` names *now*: a holder removes the file when
+    it lets go (`drop_lock`), so a process that opened the file before that and gets its
+    flock after finds the path gone or naming another file (a newer one, perhaps locked by
+    someone else), and opens the path again. Such a retry is not a busy lease: it does not
+    wait and is not bound by `wait_s`.
+
     The holder writes its identity into the file (`<pid> <start time> <host>\n`), so a
     process that finds the lock busy can name the holder before its record commits."""
     permissions.make_dirs(os.path.dirname(path))
-    fd = permissions.open_or_create(path, os.O_RDWR)
     deadline = time.monotonic() + wait_s
     while True:
+        fd = _open_lock(path, permissions)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            pid, start_time, host = identity()
-            line = f"{pid} {start_time} {host}\n".encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, line, 0)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(_POLL_S)
+            taken = _flock_until(fd, deadline)
+            if taken:
+                held = os.fstat(fd)
+                if _names(path, held):
+                    pid, start_time, host = identity()
+                    if held.st_size:
+                        os.ftruncate(fd, 0)  # a killed holder's line (a new file is empty)
+                    os.pwrite(fd, f"{pid} {start_time} {host}\n".encode(), 0)
+                    return fd
         except BaseException:
             os.close(fd)
             raise
+        os.close(fd)
+        if not taken:
+            return None
+        # Its holder removed the file meanwhile: try the one the path names now.
+
+
+def _flock_until(fd: int, deadline: float) -> bool:
+    """Take the exclusive flock of `fd`, polling until `deadline`; False if still busy."""
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+
+
+def _open_lock(path: str, permissions: Permissions) -> int:
+    """Open (or create) the lock file. A file another writer of a group-shared store just
+    created can refuse us for a moment (its umask narrowed the mode until that writer sets
+    the store's, right after creating it): retried for `_GRACE_S`."""
+    give_up = time.monotonic() + _GRACE_S
+    while True:
+        try:
+            return permissions.open_or_create(path, os.O_RDWR)
+        except PermissionError:
+            if time.monotonic() >= give_up:
+                raise
+            time.sleep(_GRACE_POLL_S)
+
+
+def _names(path: str, held: os.stat_result) -> bool:
+    """Whether `path` names the file `held` describes."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
+
+
+def drop_lock(fd: int, path: str, ops: FileOps) -> None:
+    """Let go of a lock `take_lock` (or `remove_lock`) took: remove the file, then close.
+
+    Safe because the file is removed only by a process holding its flock, and only while
+    the path still names it: nobody else can remove or replace it meanwhile (a new file
+    at the path is created only where none exists), and whoever gets the flock of the
+    removed file afterwards sees that the path no longer names it (`take_lock`). A failed
+    removal is only logged: the lock goes with the fd anyway, and the file is removed
+    by its next holder or when its session is evicted."""
+    try:
+        if _names(path, os.fstat(fd)):
+            ops.unlink(path)
+            ops.point("lease.unlinked", path)
+    except OSError as e:
+        _log.warning("could not remove the lock file %s: %s", path, e)
+    finally:
+        os.close(fd)
+
+
+def remove_lock(path: str, ops: FileOps) -> bool:
+    """Remove the lock file at `path` if nobody holds it (the file of an evicted session
+    whose owner was killed); False if it was held (or missing). Never waits: a held
+    lock's holder removes the file itself when it lets go."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        taken = _flock_until(fd, 0.0)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not taken:
+        os.close(fd)
+        return False
+    drop_lock(fd, path, ops)
+    return True
 
 
 # Every lease this process holds (a deliberate module-level registry): a forked child
 # closes its copies of their lock fds at once, so the lock dies with the owner process
 # and not with the last of its children (flock belongs to the shared open file).
 _HELD: Final[weakref.WeakSet[LocalLease]] = weakref.WeakSet()
+
+
+def remove_evicted_locks(store: str, session_ids: list[str], ops: FileOps) -> None:
+    """Remove the lock files evicted sessions left: a holder removes its file when it
+    lets go, so only the file of an owner killed while holding the lease is still there
+    (and removed here, unless someone holds it again). After the commit, like the segment
+    files retention deletes; a failure is logged, never the batch's."""
+    for session_id in session_ids:
+        path = lock_path(store, session_id)
+        try:
+            remove_lock(path, ops)
+        except OSError as e:
+            _log.warning("could not remove the lock file %s: %s", path, e)
 
 
 def _close_inherited() -> None:
@@ -131,8 +236,9 @@ os.register_at_fork(after_in_child=_close_inherited)
 
 class LocalLease:
     """This process's hold on a session's owner lease (see the module docstring):
-    `submit` records the release, the fd holds the lock until then, `forget` tells the
-    engine (which releases what is still held when it closes)."""
+    `submit` records the release, the fd holds the lock at `path` until then (releasing
+    removes the file: `drop_lock`), `forget` tells the engine (which releases what is
+    still held when it closes)."""
 
     def __init__(
         self,
@@ -140,19 +246,20 @@ class LocalLease:
         session_id: str,
         incarnation: int,
         generation: int,
-        fd: int,
+        lock: tuple[int, str, FileOps],
         forget: Callable[[LocalLease], None],
     ) -> None:
         self.session_id = session_id
         self.incarnation = incarnation
         self.generation = generation
         self._submit = submit
-        self._fd = fd
+        self._fd, self._path, self._ops = lock
         self._forget = forget
         _HELD.add(self)
 
     def forget_inherited(self) -> None:
-        """In a forked child: close this copy of the lock fd; the lease is the parent's."""
+        """In a forked child: close this copy of the lock fd; the lease (and its file) is
+        the parent's."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -166,7 +273,7 @@ class LocalLease:
         except JournalClosed:
             pass  # the journal closed first: the lock goes with the fd, no record
         finally:
-            os.close(fd)
+            drop_lock(fd, self._path, self._ops)
             _HELD.discard(self)
             self._forget(self)
 

@@ -96,6 +96,16 @@ class SegmentLog:
                 found.setdefault(int(name[:20]), False)
         return [_Segment(base, found[base]) for base in sorted(found)]
 
+    def files(self) -> tuple[int, int]:
+        """(segment files, bytes of every file in the directory: sidecars included)."""
+        segments = size = 0
+        for name in os.listdir(self.directory):
+            if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
+                segments += 1
+            with contextlib.suppress(FileNotFoundError):
+                size += os.path.getsize(os.path.join(self.directory, name))
+        return segments, size
+
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
 
