@@ -301,7 +301,8 @@ class Engine(Protocol):
     def session(self, session_id: str) -> SessionRow | None: ...
 
     def session_id_of(self, incarnation: int) -> str | None:
-        """The id a session incarnation had (kept after eviction, for page tokens)."""
+        """The id a session incarnation had (kept after eviction, for page tokens, while
+        the log holds its creation record)."""
 
     def sessions(
         self, after_id: str | None, state: SessionState | None, limit: int

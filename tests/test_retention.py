@@ -47,6 +47,7 @@ from journal import (
     SessionState,
     Snapshot,
 )
+from journal._local.files import FileOps
 
 BIG_SEGMENTS = 1 << 20  # no rotation, so no automatic retention pass unless a test wants one
 SMALL_SEGMENTS = 8192
@@ -1355,3 +1356,46 @@ def test_a_creation_record_sharing_its_frame_with_a_live_one_does_not_loop(
         time.sleep(1.0)
         assert time.process_time() - busy < 0.2  # (no pass after pass in the background)
         assert j.get_session("b0").state is SessionState.OPEN
+
+
+def test_compactions_of_one_journal_never_run_at_once(store: Path) -> None:
+    """The compactions a retention pass asks for (run by the expiry thread, `maintain`)
+    and `compact()` wrote the same temporary copy of a segment: one could rename the
+    other's half-written file into place (found by a review). One runs at a time now:
+    asked while `compact()` is inside (paused at its fault point), `maintain` compacts
+    nothing; asked again afterwards, it does."""
+    paused, go = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    class Pause(FileOps):
+        def point(self, name: str, detail: object = None) -> None:
+            if name != "compaction.live_frames":
+                return
+            seen.append(threading.current_thread().name)
+            if threading.current_thread() is threading.main_thread() and not paused.is_set():
+                paused.set()
+                go.wait(10)
+
+    with open_store(store, segment_bytes=SMALL_SEGMENTS, file_ops=Pause()) as j:
+        j.create_session("a")
+        for _ in range(40):
+            append_batch(j, "a", [300])
+        engine = j._engine  # type: ignore[attr-defined]
+
+        def maintain() -> None:
+            paused.wait(10)
+            engine._compactions.ask({1})
+            engine.maintain()
+            go.set()
+
+        other = threading.Thread(target=maintain, name="other")
+        other.start()
+        j.compact(dead_share=0.0)
+        other.join()
+        assert "MainThread" in seen and "other" not in seen
+        engine._compactions.ask({1})
+        again = threading.Thread(target=engine.maintain, name="again")
+        again.start()
+        again.join()
+        assert "again" in seen
+        assert j.verify().ok

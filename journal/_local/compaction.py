@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
+from collections.abc import Callable
 from typing import Final, Protocol, TypeVar
 
 import lmdb
@@ -33,6 +35,7 @@ from .view import View
 
 __all__ = [
     "DEFAULT_DEAD_SHARE",
+    "Compactions",
     "SwapSegment",
     "compact_store",
     "live_frames",
@@ -168,14 +171,56 @@ def compact_store(
     )
 
 
-def unpin_segments(log: SegmentLog, view: View, submit: Submit, bases: list[int]) -> int:
+class Compactions:
+    """The compactions of one engine: one at a time in this process (two would write the
+    same temporary copy of a segment), whether `compact()` asked for it or a retention
+    pass (`ask`: segments whose compaction lets eviction records go, done by `unpin`)."""
+
+    def __init__(self, log: SegmentLog, view: View, submit: Submit) -> None:
+        self._log, self._view, self._submit = log, view, submit
+        self._running = threading.Lock()
+        self._asked: set[int] = set()
+        self._asked_lock = threading.Lock()
+
+    def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
+        with self._running:
+            return compact_store(self._log, self._view, self._submit, dead_share, progress)
+
+    def ask(self, bases: set[int]) -> None:
+        with self._asked_lock:
+            self._asked |= bases
+
+    def unpin(self, stop: Callable[[], bool]) -> bool:
+        """Compact the segments asked for (left for the next time they are asked for
+        while another compaction runs); whether one was rewritten."""
+        with self._asked_lock:
+            asked, self._asked = self._asked, set()
+        if not asked or not self._running.acquire(blocking=False):
+            return False
+        try:
+            bases = sorted(asked & set(self._log.bases()[:-1]))
+            return unpin_segments(self._log, self._view, self._submit, bases, stop) > 0
+        finally:
+            self._running.release()
+
+    def wait(self, timeout_s: float) -> None:
+        """Let a compaction in flight finish (at most `timeout_s`)."""
+        if self._running.acquire(timeout=timeout_s):
+            self._running.release()
+
+
+def unpin_segments(
+    log: SegmentLog, view: View, submit: Submit, bases: list[int], stop: Callable[[], bool]
+) -> int:
     """Rewrite the sealed segments `bases` without their dead frames, so that the creation
     records of evicted sessions in them go and their eviction records, which alone keep
     newer segments, may go too (the next retention pass deletes those segments: SPEC 8,
-    "Eviction records"). Returns how many were rewritten (none when no dead frame was
-    left to drop: a creation record sharing its frame with a live record)."""
+    "Eviction records"), until `stop()`. Returns how many were rewritten (none when no
+    dead frame was left to drop: a creation record sharing its frame with a live one)."""
     rewritten: list[str] = []
     for base in bases:
+        if stop():
+            break
         _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
     return len(rewritten)
 

@@ -75,7 +75,7 @@ from ..records import (
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .commit_queue import CommitQueue
-from .compaction import compact_store, unpin_segments
+from .compaction import Compactions
 from .expiry import ExpiryTimer
 from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
@@ -275,9 +275,8 @@ class LocalEngine:
         self._rows = KnownRows()
         self.waiter = Notifier(self.head, self._changes)
         self._expiry: ExpiryTimer | None = None
-        # Segments to compact so that eviction records may go (`maintain`).
-        self._unpin: set[int] = set()
-        self._unpin_lock = threading.Lock()
+        self._compactions = Compactions(self._log, self._view, self.submit)
+        self._closing = False
         self._closed = False
         if not readonly:
             with self._commits.leading(), contextlib.suppress(LogHole):
@@ -307,15 +306,10 @@ class LocalEngine:
     def maintain(self) -> None:
         """The maintenance commits asked for (the expiry thread runs it, `ExpiryTimer.poke`):
         compact the sealed segments whose evicted sessions' eviction records alone keep
-        newer segments, then a retention pass deletes what that freed (SPEC 8, "Eviction
-        records")."""
-        with self._unpin_lock:
-            asked, self._unpin = self._unpin, set()
-        sealed = set(self._log.bases()[:-1])
-        bases = sorted(asked & sealed)
-        # (Only after a rewrite: a pass that finds the same segments held again asks
-        # again, and this must not turn into a loop of passes.)
-        if bases and unpin_segments(self._log, self._view, self.submit, bases):
+        newer segments; a retention pass then deletes what that freed (SPEC 8, "Eviction
+        records"). Only after a rewrite: a pass that finds the same segments held again
+        asks again, and this must not turn into a loop of passes."""
+        if self._compactions.unpin(lambda: self._closing):
             self.submit(SealRetention(None))
 
     def _roll_back_abandoned_imports(self) -> None:
@@ -368,6 +362,7 @@ class LocalEngine:
             else:
                 self._release(remove_private=False)
             return
+        self._closing = True  # (a `maintain` in flight stops at its next segment)
         expiry = getattr(self, "_expiry", None)
         if expiry is not None:
             expiry.stop()
@@ -375,6 +370,7 @@ class LocalEngine:
             # closed one); bounded, in case close() runs where that pass waits.
             if expiry.busy.acquire(timeout=5):
                 expiry.busy.release()
+        self._compactions.wait(5)  # (the same for a compaction)
         if not self._commits.close():
             return
         self._closed = True
@@ -590,8 +586,7 @@ class LocalEngine:
                 if isinstance(request.result, RetentionReport):
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
         if planner.unpin:
-            with self._unpin_lock:
-                self._unpin |= planner.unpin
+            self._compactions.ask(planner.unpin)
             if self._expiry is not None:
                 self._expiry.poke()
         for request in batch:
@@ -788,7 +783,8 @@ class LocalEngine:
 
     @disk_errors("maintenance")
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
-        return compact_store(self._log, self._view, self.submit, dead_share, progress)
+        self.check_usable()  # (before the lock: a forked child's copy of it may be held)
+        return self._compactions.compact(dead_share, progress)
 
     @reads_disk
     def stats(self) -> StoreStats:

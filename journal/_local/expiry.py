@@ -85,9 +85,11 @@ class ExpiryTimer:
             if engine is None:
                 return
             try:
+                if work:
+                    # (Not under `busy`: a compaction may take a while, and fork() and
+                    # close() need not wait for it; fork() waits for its transactions.)
+                    engine.maintain()
                 with self.busy:
-                    if work:
-                        engine.maintain()
                     due = engine.next_deadline()
                     now = int(time.time() * 1000)
                     if due is not None and due <= now and due != stuck:

@@ -56,7 +56,9 @@ def key_ring_for(
         return key_ring
     keys = os.path.join(path, "keys")
     if not readonly:
-        if not os.path.exists(keys) and _holds_records(path):
+        # (Records first: `keys` is made before any record, so a concurrent first open
+        # that makes it between the two looks does not count as a lost file.)
+        if _holds_records(path) and not os.path.exists(keys):
             # Cursors were issued with a key this store no longer has (the file was lost,
             # or the store was written with an external key): a new ring would make
             # every one of them foreign without a word.
@@ -86,8 +88,9 @@ def key_ring_for(
 
 
 def _holds_records(path: str) -> bool:
-    """Whether the store's log holds a record (a store without one never issued a
-    cursor): a segment with a frame, or more than one segment."""
+    """Whether the store's log holds (or held) a record, so that cursors may have been
+    issued: a segment after the first (its base position is past 1), or a first segment
+    with a frame. A segment that cannot be read counts as holding one."""
     directory = os.path.join(path, "segments")
     try:
         names = [
@@ -95,11 +98,16 @@ def _holds_records(path: str) -> bool:
         ]
     except FileNotFoundError:
         return False
-    if len(names) != 1 or not names[0].endswith(SEGMENT_SUFFIX):
-        return bool(names)
-    with open(os.path.join(directory, names[0]), "rb") as segment:
-        segment.seek(SEGMENT_HEADER_SIZE)
-        return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
+    if not names:
+        return False
+    if len(names) > 1 or not names[0].endswith(SEGMENT_SUFFIX) or int(names[0][:20]) > 1:
+        return True
+    try:
+        with open(os.path.join(directory, names[0]), "rb") as segment:
+            segment.seek(SEGMENT_HEADER_SIZE)
+            return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
+    except OSError:
+        return True
 
 
 def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> None:
