@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pipes import line, send
 
 from journal import EventIn, Journal, RetentionPolicy, SessionNotWritable
 
@@ -149,17 +150,6 @@ def _spawn(script: str, *args: object) -> subprocess.Popen[str]:
     )
 
 
-def _send(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdin is not None
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-
-
-def _line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    return proc.stdout.readline().strip()
-
-
 def _quiet(proc: subprocess.Popen[str], seconds: float) -> bool:
     """Whether `proc` prints nothing for `seconds`."""
     assert proc.stdout is not None
@@ -219,7 +209,7 @@ def test_a_killed_owners_lock_file_goes_at_the_next_release_or_at_eviction(
             j.create_session(session_id)
     keeper = _spawn(_KEEPER, store, "a", "b", "c")
     try:
-        assert _line(keeper) == "held"
+        assert line(keeper) == "held"
         keeper.send_signal(signal.SIGKILL)
         keeper.wait(10)
     finally:
@@ -258,35 +248,35 @@ def test_a_waiter_on_a_removed_lock_file_does_not_share_the_lease(tmp_path: Path
     third = _spawn(_HOLDER, store, 0, "")
     procs = (first, waiter, third)
     try:
-        assert [_line(p) for p in procs] == ["opened"] * 3
-        _send(first)
-        assert _line(first) == "won 1"
+        assert [line(p) for p in procs] == ["opened"] * 3
+        send(first)
+        assert line(first) == "won 1"
         # The waiter opens the lock file and polls its flock.
-        _send(waiter)
+        send(waiter)
         deadline = time.monotonic() + 10
         while not _has_open(waiter.pid, path):
             assert time.monotonic() < deadline, "the waiter never opened the lock file"
             time.sleep(0.01)
         # The first releases: it removes the file and stops there, still holding it.
-        _send(first)
-        assert _line(first) == "unlinked"
+        send(first)
+        assert line(first) == "unlinked"
         assert not path.exists()
         # A newcomer creates the file anew and takes the lease meanwhile.
-        _send(third)
-        assert _line(third) == "won 2"
+        send(third)
+        assert line(third) == "won 2"
         # The first lets go of the removed file: the waiter gets its flock, sees that
         # the path names the newcomer's file now, and waits on that one.
-        _send(first)
-        assert _line(first) == "released"
+        send(first)
+        assert line(first) == "released"
         assert _quiet(waiter, 0.5), "the waiter took the lease while the newcomer held it"
         with Journal.open(store, durability="os") as j:
             owner = j.get_session("s").owner
             assert owner is not None and owner.pid == third.pid
-        _send(third)
-        assert _line(third) == "released"
-        assert _line(waiter) == "won 3"
-        _send(waiter)
-        assert _line(waiter) == "released"
+        send(third)
+        assert line(third) == "released"
+        assert line(waiter) == "won 3"
+        send(waiter)
+        assert line(waiter) == "released"
     finally:
         for proc in procs:
             proc.kill()
@@ -304,10 +294,10 @@ def test_processes_contending_for_a_lease_never_hold_it_together(tmp_path: Path)
     eager = _spawn(_CONTENDER, store, log, rounds * 3, 0)  # wait_s=0: busy or not
     sweeper = _spawn(_SWEEPER, store)
     try:
-        answers = [_line(p) for p in (*waiting, eager)]
+        answers = [line(p) for p in (*waiting, eager)]
         assert sweeper.stdin is not None
         sweeper.stdin.close()
-        swept = _line(sweeper)
+        swept = line(sweeper)
     finally:
         for proc in (*waiting, eager, sweeper):
             proc.kill()
@@ -350,7 +340,7 @@ def test_writers_of_a_group_shared_store_take_lock_files_each_other_just_made(
         j.create_session("s")
     writers = [_spawn(_GROUP_WRITER, store, uid, 300) for uid in (NOBODY, 54321, 54322)]
     try:
-        answers = [_line(w) for w in writers]
+        answers = [line(w) for w in writers]
     finally:
         for writer in writers:
             writer.kill()

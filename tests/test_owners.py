@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _pipes import line, send
 
 from journal import (
     EventIn,
@@ -62,17 +63,6 @@ def _child(store: Path) -> subprocess.Popen[str]:
     return proc
 
 
-def _send(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdin is not None
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-
-
-def _line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    return proc.stdout.readline().strip()
-
-
 def test_own_records_the_owner_and_leaving_releases_it(tmp_path: Path) -> None:
     with Journal.open(tmp_path, durability="os") as j:
         j.create_session("s")
@@ -116,16 +106,16 @@ def test_two_processes_racing_for_own_exactly_one_wins(tmp_path: Path) -> None:
         j.create_session("s")
     first, second = _child(store), _child(store)
     try:
-        _send(first)
-        _send(second)
-        answers = {first: _line(first), second: _line(second)}
+        send(first)
+        send(second)
+        answers = {first: line(first), second: line(second)}
         winners = [proc for proc, answer in answers.items() if answer == "won 1"]
         assert len(winners) == 1, answers
         (winner,) = winners
         (loser,) = [proc for proc in answers if proc is not winner]
         assert answers[loser] == f"busy {winner.pid}", answers
-        _send(winner)
-        assert _line(winner) == "released"
+        send(winner)
+        assert line(winner) == "released"
     finally:
         for proc in (first, second):
             proc.kill()
@@ -142,8 +132,8 @@ def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path
         j.create_session("s")
     owner = _child(store)
     try:
-        _send(owner)
-        assert _line(owner) == "won 1"
+        send(owner)
+        assert line(owner) == "won 1"
         with Journal.open(store, durability="os") as j:
             meta = j.get_session("s")
             assert meta.owner is not None and meta.owner.pid == owner.pid
