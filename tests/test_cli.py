@@ -816,6 +816,10 @@ def test_a_lost_key_file_is_not_replaced_by_a_write(store: Path) -> None:
     assert_one_line_error(refused, 5, "KEYRING_INVALID")
     assert "journal cursor-key --new" in refused.stderr
     assert not (store / "keys").exists()
+    with pytest.MonkeyPatch.context() as env:  # (the writers' key is the environment's)
+        env.setenv("JOURNAL_CURSOR_KEY", "00" * 32)
+        assert invoke(store, "cursor-key", "--new").exit_code == 4
+        assert not (store / "keys").exists()
     assert invoke(store, "cursor-key", "--new").exit_code == 0
     assert (store / "keys").stat().st_mode & 0o777 == 0o600
     assert invoke(store, "cursor-key", "--new").exit_code == 4  # (it exists now)
