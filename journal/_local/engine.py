@@ -589,9 +589,8 @@ class LocalEngine:
             self._compactions.ask(planner.unpin)
             if self._expiry is not None:
                 self._expiry.poke()
-        for request in batch:
-            if isinstance(request.result, RetentionReport):
-                remove_evicted_locks(self.location, request.result.evicted_sessions, self._ops)
+        if planner.evicted:
+            remove_evicted_locks(self.location, planner.evicted, self._ops)
         if planner.records:
             self.waiter.publish(projection.head.next_position)
             due = projection.nearest_new_deadline

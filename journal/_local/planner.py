@@ -117,7 +117,8 @@ class _Pending:
 class Planner:
     """Plans one batch (see the module docstring); `finish` fills in results that need
     the projected rows, `doomed` lists segments to delete once the transaction commits,
-    `unpin` segments to compact afterwards (`compaction.unpin_segments`)."""
+    `evicted` the sessions whose lock files go then, `unpin` segments to compact
+    afterwards (`compaction.unpin_segments`)."""
 
     def __init__(
         self,
@@ -150,6 +151,7 @@ class Planner:
         self.loose_events: list[tuple[int, int, int]] = []
         # Segments the view forgot in this transaction: deleted once it commits.
         self.doomed: list[int] = []
+        self.evicted: list[str] = []
         # Sealed segments whose compaction would let eviction records go (`_reclaim`).
         self.unpin: set[int] = set()
         self.rebuilt = False
@@ -782,6 +784,7 @@ class Planner:
         for summary in dead:
             self.summaries.pop(summary.base_position, None)
         self.doomed.extend(summary.base_position for summary in dead)
+        self.evicted.extend(evicted)
         return RetentionReport(trimmed, evicted, [segment_name(s.base_position) for s in dead], 0)
 
     def finish(self) -> None:
