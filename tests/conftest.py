@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +51,18 @@ def rng(request: pytest.FixtureRequest) -> Iterator[random.Random]:
 def engine(request: pytest.FixtureRequest) -> EngineFactory:
     """Each engine in turn (the JetStream one marked as engine_params says)."""
     return ENGINES[request.param]
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path lives under a 0700 one), for
+    tests that run commands as other users."""
+    directory = Path(tempfile.mkdtemp(prefix="journal-public-test-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

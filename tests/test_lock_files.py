@@ -7,13 +7,10 @@ from __future__ import annotations
 import hashlib
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -312,17 +309,6 @@ def test_processes_contending_for_a_lease_never_hold_it_together(tmp_path: Path)
     assert _owner_files(store) == []
     with Journal.open(store, durability="os") as j:
         assert j.get_session("s").owner is None
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory every user can reach (pytest's tmp_path lives under a 0700 one)."""
-    directory = Path(tempfile.mkdtemp(prefix="journal-locks-test-"))
-    directory.chmod(0o755)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_writers_of_a_group_shared_store_take_lock_files_each_other_just_made(

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -236,17 +234,6 @@ def test_cli_init_takes_the_file_mode(tmp_path: Path, umask: object) -> None:
 
 
 # -- a store and another user ------------------------------------------------------------
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory every user can reach (pytest's tmp_path lives under a 0700 one)."""
-    directory = Path(tempfile.mkdtemp(prefix="journal-modes-test-"))
-    directory.chmod(0o755)
-    try:
-        yield directory
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _without_external_key() -> dict[str, str]:
