@@ -151,8 +151,7 @@ def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path
 
 def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
     from journal._local import LocalEngine, LocalOptions
-    from journal._local.leases import process_start_time
-    from journal._local.opening import BOOT_ID
+    from journal._local.leases import BOOT_ID, process_start_time
     from journal.engine import AcquireLease
 
     engine = LocalEngine.open(str(tmp_path), LocalOptions(durability="os"))

@@ -196,11 +196,9 @@ class JetStreamLease:
 
 
 def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+    from .._local.leases import BOOT_ID
+
+    return BOOT_ID.decode()
 
 
 def _start_time(pid: int) -> int:

@@ -87,6 +87,7 @@ from .frames import (
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import (
+    BOOT_ID,
     LocalLease,
     acquire_operation,
     busy,
@@ -97,7 +98,7 @@ from .leases import (
     take_lock,
 )
 from .log import SegmentLog
-from .opening import BOOT_ID, discard_view_after_reboot, key_ring_for, open_checked_view
+from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
 from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page

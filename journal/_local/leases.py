@@ -26,6 +26,7 @@ from ..sessions import SessionRow
 from .files import FileOps, Permissions
 
 __all__ = [
+    "BOOT_ID",
     "LocalLease",
     "acquire_operation",
     "busy",
@@ -47,6 +48,18 @@ _GRACE_S: Final = 0.1
 _GRACE_POLL_S: Final = 0.001
 
 _log = logging.getLogger("journal")
+
+
+def _read_boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+# This machine's boot (constant for the life of the process: read once).
+BOOT_ID: Final = _read_boot_id().encode()
 
 
 def process_start_time(pid: int) -> int:

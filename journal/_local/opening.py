@@ -17,21 +17,9 @@ from .frames import COMPRESSED_SUFFIX, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, S
 from .lmdbfile import file_identity
 from .view import View, inspect_view, replace_view
 
-__all__ = ["BOOT_ID", "discard_view_after_reboot", "key_ring_for", "open_checked_view"]
+__all__ = ["discard_view_after_reboot", "key_ring_for", "open_checked_view"]
 
 _log: Final = logging.getLogger("journal")
-
-
-def _read_boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-# This machine's boot (constant for the life of the process: read once).
-BOOT_ID: Final = _read_boot_id().encode()
 
 
 def open_checked_view(index: str, permissions: Permissions) -> View:
