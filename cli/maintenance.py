@@ -3,7 +3,6 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -178,27 +177,17 @@ def cursor_key(settings: Settings, new: bool) -> None:
                 f"{path} exists: --new only replaces a missing key file (to start over "
                 "anyway, move it aside first; every cursor issued so far becomes foreign)"
             )
-        if any(os.environ.get(name) for name in ("JOURNAL_CURSOR_KEY", "JOURNAL_CURSOR_KEY_FILE")):
+        if KeyRing.from_environment() is not None:
             raise journal.InvalidArgument(
                 "JOURNAL_CURSOR_KEY (or _FILE) is set: the store's writers sign with it, not "
                 "with a key file; unset it to make the store's own key file with --new"
             )
-        ring = KeyRing.load_or_create(path, mode=_store_file_mode(store_file))
+        # The store's file mode: store.json is always written with it (a store made
+        # before modes were recorded: its own mode, as the store reads it).
+        mode = (stat.S_IMODE(os.stat(store_file).st_mode) & 0o666) | 0o600
+        ring = KeyRing.load_or_create(path, mode=mode)
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
         # set (it replaces the key file), else the key file.
         ring = KeyRing.from_environment() or KeyRing.load(path)
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())
-
-
-def _store_file_mode(store_file: str) -> int:
-    """The file mode the store makes its files with: `file_mode` in store.json (octal
-    text), or the mode of store.json itself (a store made before the field)."""
-    try:
-        with open(store_file, "rb") as f:
-            recorded = json.loads(f.read()).get("file_mode")
-        if isinstance(recorded, str):
-            return int(recorded, 8)
-    except (OSError, ValueError, AttributeError):
-        pass
-    return stat.S_IMODE(os.stat(store_file).st_mode)
