@@ -65,8 +65,6 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import lmdb  # noqa: E402
-import lmdb._envid  # noqa: E402, F401
 import msgspec  # noqa: E402, F401
 import zstandard  # noqa: E402, F401
 
@@ -172,6 +170,17 @@ def emit(line: str) -> None:
 
 
 def drop_privileges() -> None:
+    """Become the unprivileged user, after a scratch store is opened, written, read and
+    closed here as root: the interpreter's files may be readable by root only (CI's Python
+    lives under /root), so every module a journal imports on first use (py-lmdb imports one
+    when it opens an environment) must be loaded first."""
+    with tempfile.TemporaryDirectory() as scratch:
+        with Journal.open(scratch, durability="os") as j:
+            j.create_session("s")
+            j.append("s", [journal.EventIn(type="t", data=b"x")])
+            list(j.replay("s"))
+        with Journal.open(scratch, create=False, readonly=True) as j:
+            list(j.replay("s"))
     os.setgroups([])
     os.setgid(NOBODY)
     os.setuid(NOBODY)

@@ -113,7 +113,14 @@ print(f"removed {removed}", flush=True)
 # up to 30 s; print how many times opening the lock file was refused (EACCES).
 _GROUP_WRITER = """
 import os, sys
-from journal import Journal  # (imported first: the interpreter's files are root's)
+import tempfile
+from journal import Journal, EventIn
+# A scratch store is used first, as root: the interpreter's files may be root's only, and
+# py-lmdb imports a module when it opens an environment.
+with tempfile.TemporaryDirectory() as scratch, Journal.open(scratch, durability="os") as j:
+    j.create_session("s")
+    with j.own("s"):
+        j.append("s", [EventIn(type="t", data=b"x")])
 os.setgroups([65534])
 os.setgid(65534)
 os.setuid(int(sys.argv[2]))
