@@ -312,8 +312,10 @@ class Engine(Protocol):
     def registry(self) -> tuple[int, list[SessionRow]]:
         """Every row and the last lifecycle position, from one consistent snapshot."""
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
-        """Lifecycle entries after `after_position` (at most `limit`) and the head."""
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        """Lifecycle entries after `after_position` (at most `limit`), the head, and the
+        feed's floor: entries at or below the floor may have been pruned, so a follower
+        after a position below it would miss some (0 when nothing was pruned)."""
 
     def readers(self) -> PageReaders: ...
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from cursors import TokenCodec, TokenKind, scope_digest
 
 from .engine import Engine
-from .errors import CursorFuture
+from .errors import CursorExpired, CursorFuture
 from .follow import LifecyclePager
 from .models import LifecycleEvent, LifecycleEventType, SessionMetadata
 from .sessions import FeedEntry, SessionRow
@@ -44,14 +44,27 @@ class LifecycleFeed:
         if cursor is None:
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._scope)
-        head = self._engine.head() - 1
-        if claims.position > head:
+        _, head, floor = self._engine.feed(claims.position, 0)
+        if claims.position > head - 1:
             raise CursorFuture(
                 f"the lifecycle cursor points at position {claims.position} but this store "
-                f"ends at {head}: watch from a cursor this store issued, or without one",
-                head_ordinal=head,
+                f"ends at {head - 1}: watch from a cursor this store issued, or without one",
+                head_ordinal=head - 1,
             )
+        self._check_retained(claims.position, floor)
         return LifecyclePager(self._feed_after, claims.position, None)
+
+    def _check_retained(self, after: int, floor: int) -> None:
+        """A follower after `after` would miss pruned entries when it is below the floor."""
+        if after < floor:
+            raise CursorExpired(
+                f"the lifecycle changes after position {after} are no longer all kept "
+                f"(retention or compaction removed those up to position {floor}): watch "
+                "again without a cursor (a fresh snapshot of every session), or resume "
+                "from `resume_cursor` to accept the gap",
+                earliest_ordinal=floor + 1,
+                resume_cursor=self._cursor(floor),
+            )
 
     def _cursor(self, position: int) -> str:
         return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position)
@@ -72,7 +85,8 @@ class LifecycleFeed:
 
     def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
         """Feed entries after `after` (a bounded batch), the new `after`, the head."""
-        entries, head = self._engine.feed(after, 256)
+        entries, head, floor = self._engine.feed(after, 256)
+        self._check_retained(after, floor)
         events = [self._event(entry, position) for position, entry in entries]
         return events, entries[-1][0] if entries else after, head
 

@@ -52,3 +52,14 @@ def replace_location(store: Path, incarnation: int, ordinal: int, duplicate: byt
             txn.put(key, duplicate, db=db)
     finally:
         env.close()
+
+
+def feed_positions(store: Path) -> list[int]:
+    """The positions of the lifecycle feed's entries (the journal must be closed)."""
+    env = _env(store, True)
+    try:
+        with env.begin() as txn:
+            db = env.open_db(b"feed", txn=txn, create=False)
+            return [_U64.unpack(key)[0] for key, _ in txn.cursor(db=db)]
+    finally:
+        env.close()

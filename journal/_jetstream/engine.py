@@ -465,15 +465,16 @@ class JetStreamEngine:
         point = await self.reader.last_feed_position()
         return point, await self.reader.all_rows()
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
-        result: tuple[list[tuple[int, FeedEntry]], int] = self._ask(
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        result: tuple[list[tuple[int, FeedEntry]], int, int] = self._ask(
             lambda: self._feed(after_position, limit)
         )
         return result
 
-    async def _feed(self, after: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
+    async def _feed(self, after: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         head = await self.reader.head()
-        return await self.reader.feed(after, limit), head
+        # The stream keeps every feed entry for good (section 16.2): nothing is pruned.
+        return await self.reader.feed(after, limit), head, 0
 
     def readers(self) -> _Readers:
         return _Readers()

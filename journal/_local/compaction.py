@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import Final, Protocol, TypeVar
 
@@ -130,10 +131,18 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         write_summary(directory, swap.summary, log.ops, log.permissions)
     # Eviction tombstones whose creation record was dropped: the eviction record need
     # no longer survive, since nothing can resurrect the session.
-    kept = swap.summary.frames
+    kept = swap.summary.frames  # (offset, first position, count), in position order
+    starts = [first for _, first, _ in kept]
+
+    def survives(position: int) -> bool:
+        at = bisect_right(starts, position) - 1
+        return at >= 0 and position < starts[at] + kept[at][2]
+
     for incarnation, position in view.tombstones_between(txn, base, swap.original_last_position):
-        if not any(first <= incarnation < first + count for _, first, count in kept):
+        if not survives(incarnation):
             view.forget_tombstone(txn, incarnation, position)
+    # The lifecycle feed entries of dropped records go too (the feed's floor rises).
+    view.prune_feed(txn, base, swap.original_last_position, survives)
     return True
 
 

@@ -701,11 +701,13 @@ class LocalEngine:
             raws = view.encoded_rows(txn)
         return point, [view.decode_row(raw) for raw in raws]
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int]:
-        with self._view.begin() as txn:
-            head = self._view.head(txn)
-            entries = self._view.feed_after(txn, after_position, limit)
-        return entries, 1 if head is None else head.next_position
+    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        view = self._view
+        with view.begin() as txn:
+            head = view.head(txn)
+            floor = view.feed_floor(txn)
+            entries = view.feed_after(txn, after_position, limit) if limit else []
+        return entries, 1 if head is None else head.next_position, floor
 
     def readers(self) -> PageReaders:
         readers = ReaderCache(self._log.directory, self._ops)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from itertools import pairwise
 
 import lmdb
 
@@ -36,7 +37,7 @@ from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
-from .segments import KnownZeros, SegmentReader, frame_records
+from .segments import KnownZeros, SegmentReader, frame_records, summarize_segment
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
 from .view import Head, IdemEntry, View
 
@@ -588,4 +589,27 @@ def project_log(
     if bases:
         project_segments(log, projection, until)
     projection.flush()
+    # The feed of a rebuilt view lacks the entries of every record the log no longer
+    # holds: lifecycle cursors from before the last such position must expire.
+    view.raise_feed_floor(txn, _highest_missing(log, bases))
     return projection.head
+
+
+def _highest_missing(log: SegmentLog, bases: list[int]) -> int:
+    """The highest position below the active segment that no frame of the log holds
+    (retention deleted its segment, or compaction its frame), 0 when there is none."""
+    if not bases:
+        return 0
+    highest = bases[0] - 1
+    for base, next_base in pairwise(bases):
+        summary = read_summary(log.directory, base) or summarize_segment(
+            log.directory, base, log.ops
+        )
+        expected = base
+        for _, first, count in summary.frames:
+            if first > expected:
+                highest = first - 1
+            expected = first + count
+        if next_base > expected:
+            highest = next_base - 1
+    return highest

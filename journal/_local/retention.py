@@ -235,8 +235,10 @@ def dead_segments(
 
 def forget_segments(txn: lmdb.Transaction, view: View, dead: list[SegmentLiveness]) -> None:
     """Drop view state that only existed for records in `dead`: eviction tombstones whose
-    creation record goes with them (and their pins)."""
+    creation record goes with them (and their pins), and the lifecycle feed entries of
+    their records (the feed's floor rises: SPEC 7.7)."""
     for summary in dead:
+        view.prune_feed(txn, summary.base_position, summary.last_position)
         for incarnation, position in view.tombstones_between(
             txn, summary.base_position, summary.last_position
         ):

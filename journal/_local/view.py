@@ -9,7 +9,8 @@ entries and numbers back. The value codec is `view_codec`.
 
 Named databases (keys big-endian so LMDB's byte order is numeric order):
 
-    meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer
+    meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer;
+                 b"feed-floor" -> u64: feed entries at or below it may have been pruned
     sessions     session id (utf-8) -> SessionRow (staged imports: NUL-prefixed ids)
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
     events       u64 incarnation -> sorted duplicates, one per frame holding the session's
@@ -43,7 +44,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Final
 
@@ -98,6 +99,7 @@ _INITIAL_MAP_SIZE: Final = 1 << 36
 _STAGED_END: Final = b"\x01"
 
 _EVENTS: Final = b"events"
+_FEED_FLOOR: Final = b"feed-floor"
 _NAMES: Final = (
     b"meta",
     b"sessions",
@@ -588,6 +590,43 @@ class View:
         key = U64.pack(position)
         raw = txn.get(key, db=self._feed)
         return None if raw is None else decoded(_feed_decoder, key, raw, "feed")
+
+    def feed_floor(self, txn: lmdb.Transaction) -> int:
+        """The highest position whose feed entry may have been pruned (0: none was)."""
+        raw = txn.get(_FEED_FLOOR, db=self._meta)
+        return 0 if raw is None else u64_value(_FEED_FLOOR, raw, "meta")
+
+    def raise_feed_floor(self, txn: lmdb.Transaction, position: int) -> None:
+        """Record that feed entries up to `position` may be missing (never lowered)."""
+        if position > self.feed_floor(txn):
+            txn.put(_FEED_FLOOR, seal(_FEED_FLOOR, U64.pack(position)), db=self._meta)
+
+    def prune_feed(
+        self,
+        txn: lmdb.Transaction,
+        first_position: int,
+        last_position: int,
+        kept: Callable[[int], bool] = lambda position: False,
+    ) -> int:
+        """Delete the feed entries in the position range (but those `kept` says stay),
+        raising the floor to the highest deleted; returns how many were deleted."""
+        cursor = txn.cursor(db=self._feed)
+        deleted = highest = 0
+        positioned = cursor.set_range(U64.pack(first_position))
+        while positioned:
+            position = key_u64(cursor.key(), "feed")
+            if position > last_position:
+                break
+            if kept(position):
+                positioned = cursor.next()
+                continue
+            cursor.delete()  # (moves to the next entry; to none, an empty key, past the last)
+            positioned = bool(cursor.key())
+            deleted += 1
+            highest = position
+        if deleted:
+            self.raise_feed_floor(txn, highest)
+        return deleted
 
     def feed_after(
         self, txn: lmdb.Transaction, after_position: int, limit: int

@@ -1,0 +1,206 @@
+"""The lifecycle feed is pruned with the records it came from (SPEC 7.7): when retention
+deletes a segment or compaction drops a frame, their feed entries go, and a lifecycle
+cursor from before them fails with `CursorExpired` (with a `resume_cursor` that accepts
+the gap) instead of resuming past changes it never saw. A view rebuilt from a log that
+lost records makes the cursors from before them expire the same way."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _view_entries import feed_positions
+
+from journal import (
+    CursorExpired,
+    EventIn,
+    Journal,
+    LifecycleEvent,
+    LifecycleEventType,
+    RetentionPolicy,
+)
+
+SMALL_SEGMENTS = 4096
+# Ended sessions are evicted an hour after they end: only by the passes the tests run
+# with a clock two hours ahead (`evict_all`), never by the automatic ones meanwhile.
+EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
+
+
+def open_store(path: Path, **options: Any) -> Journal:
+    options.setdefault("retention", EVICT_LATER)
+    return Journal.open(path, durability="os", segment_bytes=SMALL_SEGMENTS, **options)
+
+
+def next_of(feed: Iterator[LifecycleEvent], timeout: float = 10.0) -> LifecycleEvent:
+    """next(feed) in a thread, failing the test instead of hanging."""
+    box: list[tuple[str, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append(("value", next(feed)))
+        except BaseException as e:
+            box.append(("error", e))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert box, f"nothing arrived within {timeout}s"
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    assert isinstance(value, LifecycleEvent)
+    return value
+
+
+def anchor_cursor(j: Journal) -> str:
+    """A lifecycle cursor at the store's head now (from a startup snapshot's event)."""
+    with j.watch_sessions(stop=threading.Event()) as feed:
+        return next_of(feed).cursor
+
+
+def live_and_ended(j: Journal, prefix: str, count: int) -> None:
+    """Sessions created, given an event and resolved: each leaves CREATED and RESOLVED
+    feed entries, and is evicted by `evict_all`."""
+    for i in range(count):
+        session = f"{prefix}{i}"
+        j.create_session(session)
+        j.append(session, [EventIn("m", b"x" * 200)])
+        j.resolve_session(session)
+
+
+def evict_all(j: Journal) -> list[str]:
+    return j.apply_retention(now_ms=time.time_ns() // 1_000_000 + 7_200_000).evicted_sessions
+
+
+def test_retention_prunes_the_feed_entries_of_deleted_segments(store: Path) -> None:
+    with open_store(store) as j:
+        j.create_session("anchor")  # stays open: its segment stays
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 60)
+        evicted = evict_all(j)
+        assert len(evicted) == 60
+        deleted = j.apply_retention().deleted_segments  # (the pass above deleted them)
+        assert deleted == []
+        after = anchor_cursor(j)
+        # The old cursor would miss CREATED and RESOLVED entries of deleted segments.
+        with pytest.raises(CursorExpired) as info:
+            j.watch_sessions(cursor=before)
+        expired = info.value
+        assert expired.code == "CURSOR_EXPIRED"
+        assert expired.earliest_ordinal > 1
+        assert "without a cursor" in str(expired)
+        # Its resume cursor accepts the gap: what is still kept follows, in order.
+        assert expired.resume_cursor is not None
+        stop = threading.Event()
+        resumed = j.watch_sessions(cursor=expired.resume_cursor, stop=stop)
+        first = next_of(resumed)
+        assert first.event_type in (LifecycleEventType.EVICTED, LifecycleEventType.RESOLVED)
+        stop.set()
+        # A cursor taken after the pruning resumes with no gap.
+        j.create_session("late")
+        with j.watch_sessions(cursor=after, stop=threading.Event()) as feed:
+            late = next_of(feed)
+        assert (late.event_type, late.session.session_id) == (LifecycleEventType.CREATED, "late")
+    positions = feed_positions(store)
+    # What is left is the anchor's CREATED and what the newest segments hold; without
+    # pruning, 60 x 3 entries (CREATED, RESOLVED, EVICTED) plus the anchor's stay.
+    assert len(positions) < 60 * 3 + 2 - 40, len(positions)
+
+
+def test_the_feed_stays_bounded_over_many_session_lifetimes(store: Path) -> None:
+    sizes = []
+    with open_store(store) as j:
+        for round_ in range(6):
+            live_and_ended(j, f"r{round_}-", 40)
+            evict_all(j)
+            j.close()
+            sizes.append(len(feed_positions(store)))
+            j = open_store(store)
+        j.close()
+    # Each round adds 120 entries; pruning keeps the count from growing with the rounds.
+    assert max(sizes[2:]) <= max(sizes[:2]) + 40, sizes
+
+
+def test_a_watcher_that_falls_behind_pruning_gets_cursor_expired(store: Path) -> None:
+    with open_store(store) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 150)  # 300 entries: more than one read of the feed (256)
+        stop = threading.Event()
+        feed = j.watch_sessions(cursor=before, stop=stop)
+        first = next_of(feed)
+        assert (first.event_type, first.session.session_id) == (LifecycleEventType.CREATED, "s0")
+        evict_all(j)
+        delivered = [first]
+        with pytest.raises(CursorExpired) as info:
+            while True:
+                delivered.append(next_of(feed))
+        stop.set()
+        # Everything delivered before the error came in order, with no gap.
+        expected = [
+            (kind, f"s{i}")
+            for i in range(128)
+            for kind in (LifecycleEventType.CREATED, LifecycleEventType.RESOLVED)
+        ]
+        assert [(e.event_type, e.session.session_id) for e in delivered] == expected
+        assert info.value.resume_cursor is not None
+
+
+def test_compaction_prunes_the_feed_entries_of_dropped_frames(store: Path) -> None:
+    with open_store(store) as j:
+        # Evicted sessions share segments with a long-lived one: the segments stay, and
+        # compaction drops the dead frames (and their feed entries) from them.
+        j.create_session("keep")
+        before = anchor_cursor(j)
+        for i in range(40):
+            j.append("keep", [EventIn("m", b"k" * 300)])
+            session = f"s{i}"
+            j.create_session(session)
+            j.append(session, [EventIn("m", b"x" * 300)])
+            j.resolve_session(session)
+        evict_all(j)
+        with j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+            assert next_of(feed).event_type is LifecycleEventType.CREATED  # nothing pruned yet
+        report = j.compact(dead_share=0.0)
+        assert report.segments_rewritten
+        with pytest.raises(CursorExpired):
+            j.watch_sessions(cursor=before)
+        j.close()
+        kept = feed_positions(store)
+        assert len(kept) < 40 * 3, len(kept)
+
+
+def test_a_rebuilt_view_expires_cursors_from_before_records_the_log_lost(store: Path) -> None:
+    with open_store(store) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 60)
+        evict_all(j)
+        pruned_floor = _floor(j, before)
+    shutil.rmtree(store / "index")  # rebuilt from the log at the next open
+    with open_store(store) as j:
+        with pytest.raises(CursorExpired) as info:
+            j.watch_sessions(cursor=before)
+        assert info.value.earliest_ordinal >= pruned_floor
+
+
+def test_a_rebuilt_view_of_a_log_that_lost_nothing_keeps_every_cursor(store: Path) -> None:
+    with open_store(store, retention=RetentionPolicy(max_history_bytes=None)) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 30)  # several segments, nothing deleted
+    shutil.rmtree(store / "index")
+    with open_store(store) as j, j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+        first = next_of(feed)
+    assert (first.event_type, first.session.session_id) == (LifecycleEventType.CREATED, "s0")
+
+
+def _floor(j: Journal, cursor: str) -> int:
+    with pytest.raises(CursorExpired) as info:
+        j.watch_sessions(cursor=cursor)
+    return info.value.earliest_ordinal
