@@ -6,11 +6,16 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Final
 
 from .arguments import check_request_id
 from .engine import Engine, Lease
@@ -28,6 +33,8 @@ __all__ = [
     "result_data",
     "take_over",
 ]
+
+_log: Final = logging.getLogger("journal")
 
 # The result the next owner records for a turn whose owner died before settling it.
 OUTCOME_UNKNOWN_RESULT: dict[str, object] = {
@@ -179,6 +186,30 @@ class Turn:
             self.owner.turn_ended(self)
 
 
+def _release_abandoned(lease: Lease) -> None:
+    """Release the lease of an `Owner` garbage-collected without a release. In a thread
+    of its own: the collection may run anywhere, also inside a commit of this journal,
+    which the release's own commit would wait for."""
+    warnings.warn(
+        f"the owner lease of session {lease.session_id!r} was dropped without a release "
+        "and is released now: use `with journal.own(session_id) as owner:`",
+        ResourceWarning,
+        stacklevel=1,  # (a finalizer: no caller of the user's to point at)
+    )
+    # (RuntimeError: the interpreter is exiting, and the lock goes with the process.)
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(
+            target=_release_quietly, args=(lease,), name="journal-owner-release", daemon=True
+        ).start()
+
+
+def _release_quietly(lease: Lease) -> None:
+    try:
+        lease.release()
+    except Exception as e:  # (no caller to report to: a thread of its own)
+        _log.warning("could not release the dropped owner lease of %r: %s", lease.session_id, e)
+
+
 class Owner:
     """This process's lease on one session, from `Journal.own()`; a context manager.
 
@@ -186,11 +217,16 @@ class Owner:
     the block (or `release()`) records the release. If the process dies, the lease is
     free again at once (the local engine's lock dies with the process), the session's
     metadata stops reporting it, and an unsettled turn of it is settled by the next owner
-    as failed with WATCH_OUTCOME_UNKNOWN.
+    as failed with WATCH_OUTCOME_UNKNOWN. An owner dropped without a release (no `with`,
+    no `release()`) is released when it is garbage-collected, with a `ResourceWarning`,
+    as an unclosed file is.
     """
 
     def __init__(self, lease: Lease, info: OwnerInfo, writer: TurnWriter) -> None:
         self._lease = lease
+        # (At interpreter exit the journal's close releases what is still held.)
+        self._abandoned = weakref.finalize(self, _release_abandoned, lease)
+        self._abandoned.atexit = False
         self._writer = writer
         self._turn: Turn | None = None
         self._lock = threading.Lock()
@@ -221,6 +257,7 @@ class Owner:
 
     def release(self) -> None:
         """Record the release and let the lease go; idempotent."""
+        self._abandoned.detach()
         self._lease.release()
 
     def __enter__(self) -> Owner:

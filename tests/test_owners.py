@@ -3,6 +3,7 @@ log (pid, process start time, host, generation), freed when the owner process di
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -226,3 +227,60 @@ def _points_into(fd: str, directory: Path) -> bool:
         return os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory))
     except OSError:
         return False
+
+
+def test_an_owner_dropped_without_release_is_released_with_a_resource_warning(
+    j: Journal,
+) -> None:
+    # On each engine: a long-lived process that forgets `with` (or `release()`) must not
+    # keep the session busy for the rest of its life.
+    j.create_session("s")
+    owner = j.own("s")
+    assert owner.generation == 1
+    with pytest.warns(ResourceWarning, match="'s' was dropped without a release"):
+        del owner
+        gc.collect()
+    with j.own("s", wait_s=10) as again:
+        assert again.generation == 2
+    assert j.get_session("s").owner is None
+
+
+def test_a_turn_left_open_by_a_dropped_owner_is_settled_by_the_next_owner(j: Journal) -> None:
+    j.create_session("s")
+    owner = j.own("s")
+    turn = owner.turn("r1").__enter__()
+    turn.append([EventIn("m", b"step")])
+    with pytest.warns(ResourceWarning):
+        del turn, owner
+        gc.collect()
+    with j.own("s", wait_s=10) as again:
+        assert again.generation == 2
+    kinds = [(e.type, e.request_id) for e in j.replay("s")]
+    assert kinds[-1] == ("turn_result", "r1"), kinds
+    assert b"WATCH_OUTCOME_UNKNOWN" in list(j.replay("s"))[-1].data
+
+
+def test_another_process_gets_the_lease_of_a_dropped_owner(tmp_path: Path) -> None:
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        child = _child(tmp_path)
+        try:
+            send(child)
+            assert line(child) == f"busy {os.getpid()}"
+            child.wait(10)
+            child = _child(tmp_path)
+            with pytest.warns(ResourceWarning):
+                del owner
+                gc.collect()
+            deadline = time.monotonic() + 10
+            while j.get_session("s").owner is not None:
+                assert time.monotonic() < deadline, "the dropped owner was never released"
+                time.sleep(0.01)
+            send(child)
+            assert line(child) == "won 2"
+            send(child)
+            assert line(child) == "released"
+        finally:
+            child.kill()
+            child.wait(10)
