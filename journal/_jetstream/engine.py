@@ -165,6 +165,7 @@ class JetStreamLease:
         self._engine = engine
         self._beat: asyncio.Task[None] | None = None
         self._released = False
+        self._releasing = threading.Lock()
 
     def start(self) -> None:
         self._beat = self._engine.conn.call(self._start())
@@ -180,9 +181,10 @@ class JetStreamLease:
                 await self._engine.beat(self)
 
     def release(self) -> None:
-        if self._released:
-            return
-        self._released = True
+        with self._releasing:  # (once, whichever thread comes first)
+            if self._released:
+                return
+            self._released = True
         engine = self._engine
         beat = self._beat
         try:

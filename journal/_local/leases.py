@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -268,6 +269,7 @@ class LocalLease:
         self._submit = submit
         self._fd, self._path, self._ops = lock
         self._forget = forget
+        self._releasing = threading.Lock()
         _HELD.add(self)
 
     def forget_inherited(self) -> None:
@@ -278,9 +280,12 @@ class LocalLease:
             self._fd = -1
 
     def release(self) -> None:
-        if self._fd < 0:
+        # Atomically (the journal's close, the owner and a dropped owner's release thread
+        # may race): the fd is closed once, never a number reused since by another file.
+        with self._releasing:
+            fd, self._fd = self._fd, -1
+        if fd < 0:
             return
-        fd, self._fd = self._fd, -1
         try:
             self._submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
         except JournalClosed:
