@@ -3,13 +3,18 @@
 A token is 44 bytes, big-endian, sent as 59 characters of unpadded base64url:
 
     offset  size  field
-    0       1     format version (1)
+    0       1     format version (1 or 2)
     1       1     kind (TokenKind)
     2       2     key id of the signing key
     4       8     scope digest (store, session, incarnation, purpose; see scope_digest)
-    12      8     position (u64)
-    20      8     ordinal (u64)
+    12      8     version 1: position (u64)     version 2: position (u48), ordinal (u48),
+    20      8     version 1: ordinal (u64)                 check (u32)
     28      16    tag: HMAC-SHA256(key, DOMAIN + bytes[0:28]), first 16 bytes
+
+Version 2 carries a `check`, a number the issuer derives from what the token points at
+(the journal: the event's timestamp), so the holder of the token can tell that what it
+finds there now is something else; a token with a check is written in version 2 when
+its position and ordinal fit 48 bits, else in version 1 without it.
 
 Only the canonical spelling is accepted: the last character carries two unused bits, and a
 token whose text differs from the re-encoding of its bytes was altered.
@@ -33,11 +38,16 @@ from ._keyring import KeyRing
 __all__ = ["DOMAIN", "TOKEN_LENGTH", "Claims", "TokenCodec", "TokenKind", "scope_digest"]
 
 FORMAT_VERSION = 1
+CHECKED_VERSION = 2
 DOMAIN = b"session-journal/token/v1\x00"
 """Prefix of every signed message, so a tag can never be valid for another use of a key."""
 
 _SCOPE_DOMAIN = b"session-journal/scope/v1\x00"
 _HEADER = struct.Struct(">BBH8sQQ")
+# Version 2: the same prefix, then position and ordinal as u48 (u16 + u32 each), check.
+_CHECKED = struct.Struct(">BBH8sHIHII")
+_U48_MAX = 2**48 - 1
+_U32_MAX = 2**32 - 1
 _TAG_BYTES = 16
 _SCOPE_BYTES = 8
 _TOKEN_BYTES = _HEADER.size + _TAG_BYTES
@@ -49,6 +59,7 @@ _ALPHABET = re.compile(r"[A-Za-z0-9_-]+")
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 assert _TOKEN_BYTES == 44 and (_TOKEN_BYTES * 8 + 5) // 6 == TOKEN_LENGTH
+assert _CHECKED.size == _HEADER.size
 
 
 class TokenKind(IntEnum):
@@ -113,13 +124,15 @@ def scope_digest(
 
 @dataclass(frozen=True, slots=True)
 class Claims:
-    """What a verified token says: its kind, signing key, scope, position and ordinal."""
+    """What a verified token says: its kind, signing key, scope, position and ordinal,
+    and its check (None for a token without one)."""
 
     kind: TokenKind
     key_id: int
     scope: bytes
     position: int
     ordinal: int
+    check: int | None = None
 
 
 class _MacState(NamedTuple):
@@ -175,16 +188,39 @@ class TokenCodec:
         """The ring whose keys sign and verify tokens."""
         return self._keyring
 
-    def encode(self, kind: TokenKind, scope: bytes, position: int, ordinal: int = 0) -> str:
-        """A token of `kind` for `scope` carrying `position` and `ordinal`, signed by the
-        ring's active key. ValueError if scope is not 8 bytes or a value is not a u64."""
+    def encode(
+        self,
+        kind: TokenKind,
+        scope: bytes,
+        position: int,
+        ordinal: int = 0,
+        check: int | None = None,
+    ) -> str:
+        """A token of `kind` for `scope` carrying `position`, `ordinal` and, when given and
+        both fit 48 bits, `check` (a u32), signed by the ring's active key. ValueError if
+        scope is not 8 bytes or a value is out of range."""
         if kind not in _KINDS_BY_BYTE:
             raise ValueError(f"kind must be a TokenKind, got {kind!r}")
         _check_scope(scope)
         _check_u64("position", position)
         _check_u64("ordinal", ordinal)
         state = self._current_state()
-        body = _HEADER.pack(FORMAT_VERSION, kind, state.active_key_id, scope, position, ordinal)
+        if check is None or position > _U48_MAX or ordinal > _U48_MAX:
+            body = _HEADER.pack(FORMAT_VERSION, kind, state.active_key_id, scope, position, ordinal)
+        else:
+            if not isinstance(check, int) or not 0 <= check <= _U32_MAX:
+                raise ValueError(f"check must be an int in 0..2**32-1, got {check!r}")
+            body = _CHECKED.pack(
+                CHECKED_VERSION,
+                kind,
+                state.active_key_id,
+                scope,
+                position >> 32,
+                position & _U32_MAX,
+                ordinal >> 32,
+                ordinal & _U32_MAX,
+                check,
+            )
         inner_key, outer_key = state.active_halves
         inner = inner_key.copy()
         inner.update(body)
@@ -223,7 +259,12 @@ class TokenCodec:
             raise _malformed(expected, f"the {noun} is not spelled canonically (it was altered)")
 
         version, kind_byte, key_id, token_scope, position, ordinal = _HEADER.unpack_from(raw)
-        if version != FORMAT_VERSION:
+        check: int | None = None
+        if version == CHECKED_VERSION:
+            _, _, _, _, high, low, ordinal_high, ordinal_low, check = _CHECKED.unpack_from(raw)
+            position = high << 32 | low
+            ordinal = ordinal_high << 32 | ordinal_low
+        elif version != FORMAT_VERSION:
             raise _malformed(
                 expected,
                 f"the {noun} has format version {version}, which this release does not know "
@@ -253,7 +294,7 @@ class TokenCodec:
             )
         if token_scope != scope:
             raise _foreign(expected, f"the {noun} belongs to {_FOREIGN_SCOPES[expected]}")
-        return Claims(actual, key_id, token_scope, position, ordinal)
+        return Claims(actual, key_id, token_scope, position, ordinal, check)
 
     def _current_state(self) -> _MacState:
         state = self._state

@@ -75,14 +75,16 @@ class Operation(msgspec.Struct, Generic[ResultT], frozen=True):
 
 
 class Appended(msgspec.Struct, frozen=True):
-    """What an append took: ordinals, the position of its last event, and whether an
-    idempotency key matched an earlier append (then nothing was written)."""
+    """What an append took: ordinals, the position of its last event, whether an
+    idempotency key matched an earlier append (then nothing was written), and the time
+    stamped on its events (None for a deduplicated append: the cursor goes unchecked)."""
 
     incarnation: int
     first_ordinal: int
     last_ordinal: int
     last_position: int
     deduplicated: bool = False
+    time_ms: int | None = None
 
 
 class SnapshotRef(msgspec.Struct, frozen=True):

@@ -63,8 +63,6 @@ from .engine import (
     VerifyFix,
 )
 from .errors import (
-    CursorExpired,
-    CursorFuture,
     InvalidPageToken,
     JournalClosed,
     JournalCorrupt,
@@ -95,6 +93,7 @@ from .models import (
     VerifyReport,
 )
 from .remote import is_remote, open_remote
+from .session_cursors import SessionCursors
 from .sessions import SessionRow, TransitionKind, metadata, recorded_owner
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
@@ -123,7 +122,7 @@ class Journal:
     _lifecycle: LifecycleFeed
     _deliveries: Deliveries
     _events: EventChecker
-    _scopes: dict[tuple[str, int], bytes]
+    _cursors: SessionCursors
 
     def __init__(self) -> None:
         """Not for direct use: open a journal with `Journal.open(path, ...)`."""
@@ -182,9 +181,9 @@ class Journal:
         self._closed = False
         self._codec = TokenCodec(engine.key_ring)
         self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
+        self._cursors = SessionCursors(engine, self._codec)
         self._deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
-        self._scopes = {}
         return self
 
     def close(self) -> None:
@@ -268,20 +267,26 @@ class Journal:
         return self._append_result(session_id, self._submit(operation))
 
     def _append_result(self, session_id: str, appended: Appended) -> AppendResult:
+        time_ms = appended.time_ms
+        if time_ms is None:
+            # Deduplicated: the original append's cursor, checked by its last event's time
+            # (an idempotency key is remembered only while its events are retained).
+            time_ms = self._cursors.event_time(
+                session_id, appended.incarnation, appended.last_ordinal
+            )
         return AppendResult(
             session_id,
             appended.first_ordinal,
             appended.last_ordinal,
-            self._cursor(
-                session_id, appended.incarnation, appended.last_position, appended.last_ordinal
+            self._cursors.cursor(
+                session_id,
+                appended.incarnation,
+                appended.last_position,
+                appended.last_ordinal,
+                time_ms,
             ),
             deduplicated=appended.deduplicated,
         )
-
-    def _cursor(self, session_id: str, incarnation: int, position: int, ordinal: int) -> str:
-        """The session cursor that resumes after `ordinal` (stored at `position`)."""
-        scope = self._scope(session_id, incarnation)
-        return self._codec.encode(TokenKind.SESSION, scope, position, ordinal)
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
         """OPEN -> SUSPENDED (appends are refused until resumed)."""
@@ -319,7 +324,7 @@ class Journal:
             session_id,
             ref.through_ordinal,
             snapshot,
-            self._cursor(session_id, ref.incarnation, ref.position, ref.through_ordinal),
+            self._cursors.cursor(session_id, ref.incarnation, ref.position, ref.through_ordinal),
         )
 
     def snapshot(self, session_id: str) -> Snapshot | None:
@@ -334,7 +339,9 @@ class Journal:
             row.session_id,
             stored.through_ordinal,
             stored.data,
-            self._cursor(row.session_id, row.incarnation, stored.position, stored.through_ordinal),
+            self._cursors.cursor(
+                row.session_id, row.incarnation, stored.position, stored.through_ordinal
+            ),
         )
 
     def checkpoint_session(
@@ -346,7 +353,9 @@ class Journal:
         session_id = check_name("session_id", session_id)
         through_ordinal, checkpoint = check_snapshot(through_ordinal, checkpoint)
         ref = self._submit(Checkpoint(session_id, through_ordinal, checkpoint))
-        cursor = self._cursor(session_id, ref.incarnation, ref.position, ref.through_ordinal)
+        cursor = self._cursors.cursor(
+            session_id, ref.incarnation, ref.position, ref.through_ordinal
+        )
         return Snapshot(session_id, ref.through_ordinal, checkpoint, cursor)
 
     def checkpoint(self, session_id: str) -> Snapshot | None:
@@ -364,7 +373,7 @@ class Journal:
             stored = self._engine.checkpoint(row)
         if stored is None:
             return None
-        cursor = self._cursor(
+        cursor = self._cursors.cursor(
             row.session_id, row.incarnation, stored.position, stored.through_ordinal
         )
         return Snapshot(row.session_id, stored.through_ordinal, stored.data, cursor)
@@ -548,53 +557,10 @@ class Journal:
 
     # -- events: reads ---------------------------------------------------------------------
 
-    def _scope(self, session_id: str, incarnation: int) -> bytes:
-        key = (session_id, incarnation)
-        scope = self._scopes.get(key)
-        if scope is None:
-            # A deliberate, bounded cache: one SHA-256 per session, not per append.
-            if len(self._scopes) >= 65536:
-                self._scopes.clear()
-            scope = self._scopes[key] = scope_digest(self.store_id, session_id, incarnation)
-        return scope
-
-    def _after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
-        if cursor is None:
-            return row.first_ordinal - 1
-        claims = self._codec.decode(
-            cursor, TokenKind.SESSION, self._scope(row.session_id, row.incarnation)
-        )
-        after = claims.ordinal
-        if after > row.last_ordinal:
-            raise CursorFuture(
-                f"the cursor points at ordinal {after} but session {row.session_id!r} ends at "
-                f"{row.last_ordinal} (was the store restored from an older copy?): resume "
-                "from a cursor this store issued, or from the start",
-                head_ordinal=row.last_ordinal,
-            )
-        if after < row.first_ordinal - 1:
-            raise self._expired(row, after)
-        return after
-
-    def _expired(self, row: SessionRow, after: int) -> CursorExpired:
-        resume = self._cursor(row.session_id, row.incarnation, 0, row.first_ordinal - 1)
-        return CursorExpired(
-            f"events {after + 1}..{row.first_ordinal - 1} of session {row.session_id!r} are "
-            f"no longer retained (rotated or compacted away); the earliest retained ordinal "
-            f"is {row.first_ordinal}: resume from the error's resume_cursor to accept the gap, "
-            "or rebuild from a snapshot",
-            earliest_ordinal=row.first_ordinal,
-            resume_cursor=resume,
-        )
-
     def _start(self, session_id: str, cursor: str | None) -> tuple[SessionRow, int]:
         """The session and the ordinal to read after; cursor errors are raised here."""
         row = self._row(session_id)
-        return row, self._after_ordinal(row, cursor)
-
-    def _context(self, row: SessionRow) -> ReadContext:
-        scope = self._scope(row.session_id, row.incarnation)
-        return ReadContext(row.session_id, partial(self._codec.encode, TokenKind.SESSION, scope))
+        return row, self._cursors.after_ordinal(row, cursor)
 
     def _page(
         self,
@@ -615,7 +581,7 @@ class Journal:
                 "remaining history is gone"
             )
         if after < current.first_ordinal - 1:
-            raise self._expired(current, after)
+            raise self._cursors.expired(current, after)
         return page.events, page.has_more, current.session_state.terminal, page.head, current
 
     def read(
@@ -630,7 +596,7 @@ class Journal:
         row, after = self._start(session_id, cursor)  # checks the journal is open
         with self._engine.readers() as readers:
             events, has_more, _, _, _ = self._page(
-                row, self._context(row), max_bytes, readers, after
+                row, self._cursors.context(row), max_bytes, readers, after
             )
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
@@ -671,7 +637,7 @@ class Journal:
         cursor: str | None,
     ) -> Generator[list[Event], None, None]:
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._context(row), max_bytes, readers)
+            page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
             pager = EventPager(page, after, live, partial(check_unsettled, self._engine, cursor))
             yield from follow(pager, self._engine.waiter, stop, self._is_closed)
 
@@ -685,7 +651,7 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._context(row), max_bytes, readers)
+            page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
             pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
             async for event in afollow(pager, self._engine.waiter, self._is_closed):
                 yield event
@@ -729,7 +695,7 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         readers = self._engine.readers()
-        page = partial(self._page, row, self._context(row), max_bytes, readers)
+        page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
         pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
         return self._deliveries.add(
             row.session_id, pager, listener, on_error, cursor, readers.close

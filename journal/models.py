@@ -89,11 +89,12 @@ class ReadContext:
     """What every event of one read shares: its session id and how to sign its cursor.
 
     Made by the facade (which owns cursor signing) and attached by an engine's reader to
-    the events it decodes (`bind_events`): engines never see cursor strings."""
+    the events it decodes (`bind_events`): engines never see cursor strings. `signer` takes
+    an event's position, ordinal and timestamp."""
 
     __slots__ = ("session_id", "signer")
 
-    def __init__(self, session_id: str, signer: Callable[[int, int], str]) -> None:
+    def __init__(self, session_id: str, signer: Callable[[int, int, int], str]) -> None:
         self.session_id = session_id
         self.signer = signer
 
@@ -130,7 +131,7 @@ class Event(
         if self._cursor is None:
             if self._context is None:
                 raise ValueError("this event was not read from a journal and has no cursor")
-            self._cursor = self._context.signer(self.position, self.ordinal)
+            self._cursor = self._context.signer(self.position, self.ordinal, self.timestamp_ms)
         return self._cursor
 
     def _key(self) -> tuple[Any, ...]:
@@ -179,7 +180,7 @@ class Event(
         )
 
 
-def _sent_cursor(cursor: str | None, position: int, ordinal: int) -> str:
+def _sent_cursor(cursor: str | None, position: int, ordinal: int, time_ms: int) -> str:
     if cursor is None:
         raise ValueError("this event was not read from a journal and has no cursor")
     return cursor

@@ -73,7 +73,7 @@ _STAGE_BYTES = 4 << 20
 _STAGE_EVENTS = 10_000
 
 
-def _no_cursor(position: int, ordinal: int) -> str:
+def _no_cursor(position: int, ordinal: int, time_ms: int) -> str:
     return ""  # export never asks an event for its cursor
 
 

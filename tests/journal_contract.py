@@ -943,6 +943,34 @@ class JournalContract:
             # The restored store itself still reads as it was.
             assert ordinals(self.read_all(restored, "s1")) == [1, 2, 3, 4]
 
+    @pytest.mark.parametrize("api", ["read", "replay", "watch"])
+    def test_cursor_of_an_event_a_restored_copy_replaced_raises_cursor_foreign(
+        self, tmp_path: Path, api: str
+    ) -> None:
+        # The copy's new events take the ordinals (and often the positions) of the events
+        # the original had past the copy's head: a cursor of one of those must not resume
+        # past the copy's own events without an error.
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+            j.append("s1", numbered(4))
+            shared = self.read_all(j, "s1")[-1].cursor  # event 4: in both histories
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            appended = j.append("s1", numbered(3, "later"))
+            lost = [self.read_all(j, "s1")[-2].cursor, appended.cursor]  # events 6 and 7
+        time.sleep(0.005)  # (the copy's events are stamped later)
+        with self.make_journal(backup) as restored:
+            restored.append("s1", numbered(5, "new"))  # ordinals 5..9
+            for cursor in lost:
+                with raises(CursorForeign) as info:
+                    self.consume(restored, api, "s1", cursor)
+                assert "restored from an older copy" in str(info.value)
+            # A cursor of an event both histories hold resumes as before.
+            assert ordinals(self.read_all(restored, "s1", shared)) == [5, 6, 7, 8, 9]
+
     # -- listing sessions ----------------------------------------------------------------------
 
     def test_list_sessions_page_pages_in_session_id_order(

@@ -253,7 +253,9 @@ class Writer(Committer):
 
             def result(seq: int) -> Appended:
                 final = resolved(new, seq)
-                return Appended(final.incarnation, first, last, final.last_event_position)
+                return Appended(
+                    final.incarnation, first, last, final.last_event_position, time_ms=now
+                )
 
             return Plan(messages, new, result)
 
@@ -551,7 +553,9 @@ class Writer(Committer):
             return Plan(
                 messages,
                 new,
-                lambda seq: Appended(resolved(new, seq).incarnation, ordinal, ordinal, seq - 1),
+                lambda seq: Appended(
+                    resolved(new, seq).incarnation, ordinal, ordinal, seq - 1, time_ms=now
+                ),
             )
 
         return await self.write(op.session_id, plan)  # type: ignore[no-any-return]

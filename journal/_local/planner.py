@@ -424,7 +424,7 @@ class Planner:
             used = IdempotencyKeyUsed(incarnation, key, first, last, op.digest, position)
             self._remember_key((incarnation, key), used)
             self._emit(used)
-        request.result = Appended(incarnation, first, last, position)
+        request.result = Appended(incarnation, first, last, position, time_ms=now)
 
     def _transition(self, request: Request, op: Transition) -> None:
         pending = self._existing(op.session_id)
@@ -516,7 +516,7 @@ class Planner:
         self.loose_events.append((len(self.records) - 1, pending.incarnation, ordinal))
         self.next_position += 1
         self._set_last_ordinal(pending, ordinal)
-        request.result = Appended(pending.incarnation, ordinal, ordinal, position)
+        request.result = Appended(pending.incarnation, ordinal, ordinal, position, time_ms=self.now)
 
     def _acquire(self, request: Request, op: AcquireLease) -> None:
         pending = self._existing(op.session_id)

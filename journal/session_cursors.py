@@ -1,0 +1,152 @@
+"""Session cursors: signing them (for events, appends, snapshots and expiries) and
+deciding where a read resumes from one: `CursorFuture` past the session's end,
+`CursorExpired` below what it retains, and `CursorForeign` when the event a cursor was
+issued for is no longer the one at its ordinal (a store restored from an older copy and
+written since: SPEC 5).
+
+A cursor signed for an event carries a check, the low 32 bits of the event's timestamp;
+resuming from it reads that event once and compares. Cursors signed where no event's
+timestamp is at hand (a snapshot's, an expiry's resume cursor, a deduplicated append's)
+and cursors of earlier releases carry none and are not checked.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from cursors import TokenCodec, TokenKind, scope_digest
+
+from .engine import Engine
+from .errors import CursorExpired, CursorForeign, CursorFuture
+from .models import ReadContext
+from .sessions import SessionRow
+
+__all__ = ["SessionCursors", "event_check"]
+
+_CHECK_MASK: Final = 0xFFFFFFFF
+# How many (session, incarnation) scopes are remembered (one SHA-256 each otherwise).
+_SCOPES: Final = 65536
+
+
+def event_check(time_ms: int) -> int:
+    """The check a cursor carries for an event stamped `time_ms`."""
+    return time_ms & _CHECK_MASK
+
+
+class _EventSigner:
+    """`ReadContext.signer` of one session incarnation: an event's checked cursor."""
+
+    __slots__ = ("_encode", "_scope")
+
+    def __init__(self, codec: TokenCodec, scope: bytes) -> None:
+        self._encode = codec.encode
+        self._scope = scope
+
+    def __call__(self, position: int, ordinal: int, time_ms: int) -> str:
+        return self._encode(
+            TokenKind.SESSION, self._scope, position, ordinal, time_ms & _CHECK_MASK
+        )
+
+
+class SessionCursors:
+    """Signs and checks one journal's session cursors."""
+
+    def __init__(self, engine: Engine, codec: TokenCodec) -> None:
+        self._engine = engine
+        self._codec = codec
+        self._scopes: dict[tuple[str, int], bytes] = {}
+
+    def scope(self, session_id: str, incarnation: int) -> bytes:
+        key = (session_id, incarnation)
+        scope = self._scopes.get(key)
+        if scope is None:
+            # A deliberate, bounded cache: one SHA-256 per session, not per append.
+            if len(self._scopes) >= _SCOPES:
+                self._scopes.clear()
+            scope = scope_digest(self._engine.store_id, session_id, incarnation)
+            self._scopes[key] = scope
+        return scope
+
+    def cursor(
+        self,
+        session_id: str,
+        incarnation: int,
+        position: int,
+        ordinal: int,
+        time_ms: int | None = None,
+    ) -> str:
+        """The cursor that resumes after `ordinal` (stored at `position`), checked when
+        the event's `time_ms` is given."""
+        check = None if time_ms is None else event_check(time_ms)
+        scope = self.scope(session_id, incarnation)
+        return self._codec.encode(TokenKind.SESSION, scope, position, ordinal, check)
+
+    def context(self, row: SessionRow) -> ReadContext:
+        """What the events read from the session share (their cursors are checked)."""
+        return self._context(row.session_id, row.incarnation)
+
+    def _context(self, session_id: str, incarnation: int) -> ReadContext:
+        return ReadContext(
+            session_id, _EventSigner(self._codec, self.scope(session_id, incarnation))
+        )
+
+    def event_time(self, session_id: str, incarnation: int, ordinal: int) -> int | None:
+        """The timestamp of the session's event at `ordinal` (None if it is not retained):
+        one read of that event."""
+        engine = self._engine
+        with engine.readers() as readers:
+            page = engine.read(
+                session_id,
+                incarnation,
+                ordinal - 1,
+                1,
+                self._context(session_id, incarnation),
+                readers,
+            )
+        found = page.events[0] if page.events else None
+        return found.timestamp_ms if found is not None and found.ordinal == ordinal else None
+
+    def expired(self, row: SessionRow, after: int) -> CursorExpired:
+        resume = self.cursor(row.session_id, row.incarnation, 0, row.first_ordinal - 1)
+        return CursorExpired(
+            f"events {after + 1}..{row.first_ordinal - 1} of session {row.session_id!r} are "
+            f"no longer retained (rotated or compacted away); the earliest retained ordinal "
+            f"is {row.first_ordinal}: resume from the error's resume_cursor to accept the gap, "
+            "or rebuild from a snapshot",
+            earliest_ordinal=row.first_ordinal,
+            resume_cursor=resume,
+        )
+
+    def after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
+        """The ordinal a read resumes after; cursor errors are raised here."""
+        if cursor is None:
+            return row.first_ordinal - 1
+        claims = self._codec.decode(
+            cursor, TokenKind.SESSION, self.scope(row.session_id, row.incarnation)
+        )
+        after = claims.ordinal
+        if after > row.last_ordinal:
+            raise CursorFuture(
+                f"the cursor points at ordinal {after} but session {row.session_id!r} ends at "
+                f"{row.last_ordinal} (was the store restored from an older copy?): resume "
+                "from a cursor this store issued, or from the start",
+                head_ordinal=row.last_ordinal,
+            )
+        if after < row.first_ordinal - 1:
+            raise self.expired(row, after)
+        if claims.check is not None and after >= row.first_ordinal:
+            self._check_event(row, after, claims.check)
+        return after
+
+    def _check_event(self, row: SessionRow, ordinal: int, check: int) -> None:
+        """The event at `ordinal` must be the one the cursor was issued for."""
+        time_ms = self.event_time(row.session_id, row.incarnation, ordinal)
+        if time_ms is None:
+            return  # trimmed meanwhile: the read that follows says so
+        if event_check(time_ms) != check:
+            raise CursorForeign(
+                f"the cursor was issued for another event {ordinal} of session "
+                f"{row.session_id!r} than the one this store holds (the store was restored "
+                "from an older copy and written since): resume from a cursor this store "
+                "issued, or from the start"
+            )
