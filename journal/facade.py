@@ -557,10 +557,14 @@ class Journal:
 
     # -- events: reads ---------------------------------------------------------------------
 
-    def _start(self, session_id: str, cursor: str | None) -> tuple[SessionRow, int]:
-        """The session and the ordinal to read after; cursor errors are raised here."""
+    def _start(
+        self, session_id: str, cursor: str | None, readers: PageReaders | None = None
+    ) -> tuple[SessionRow, int]:
+        """The session and the ordinal to read after; cursor errors are raised here. (A
+        checked cursor's event is read through `readers` when given: the page read next
+        with them then reuses the frame.)"""
         row = self._row(session_id)
-        return row, self._cursors.after_ordinal(row, cursor)
+        return row, self._cursors.after_ordinal(row, cursor, readers)
 
     def _page(
         self,
@@ -593,8 +597,9 @@ class Journal:
         least one event if any follows, so one oversized event gets through whole.
         """
         check_max_bytes(max_bytes)
-        row, after = self._start(session_id, cursor)  # checks the journal is open
+        self._check_open()
         with self._engine.readers() as readers:
+            row, after = self._start(session_id, cursor, readers)
             events, has_more, _, _, _ = self._page(
                 row, self._cursors.context(row), max_bytes, readers, after
             )

@@ -16,7 +16,7 @@ from typing import Final
 
 from cursors import TokenCodec, TokenKind, scope_digest
 
-from .engine import Engine
+from .engine import Engine, PageReaders
 from .errors import CursorExpired, CursorForeign, CursorFuture
 from .models import ReadContext
 from .sessions import SessionRow
@@ -90,19 +90,22 @@ class SessionCursors:
             session_id, _EventSigner(self._codec, self.scope(session_id, incarnation))
         )
 
-    def event_time(self, session_id: str, incarnation: int, ordinal: int) -> int | None:
+    def event_time(
+        self,
+        session_id: str,
+        incarnation: int,
+        ordinal: int,
+        readers: PageReaders | None = None,
+    ) -> int | None:
         """The timestamp of the session's event at `ordinal` (None if it is not retained):
-        one read of that event."""
+        one read of that event (through `readers` when given)."""
         engine = self._engine
-        with engine.readers() as readers:
-            page = engine.read(
-                session_id,
-                incarnation,
-                ordinal - 1,
-                1,
-                self._context(session_id, incarnation),
-                readers,
-            )
+        context = self._context(session_id, incarnation)
+        if readers is None:
+            with engine.readers() as own:
+                page = engine.read(session_id, incarnation, ordinal - 1, 1, context, own)
+        else:
+            page = engine.read(session_id, incarnation, ordinal - 1, 1, context, readers)
         found = page.events[0] if page.events else None
         return found.timestamp_ms if found is not None and found.ordinal == ordinal else None
 
@@ -117,7 +120,9 @@ class SessionCursors:
             resume_cursor=resume,
         )
 
-    def after_ordinal(self, row: SessionRow, cursor: str | None) -> int:
+    def after_ordinal(
+        self, row: SessionRow, cursor: str | None, readers: PageReaders | None = None
+    ) -> int:
         """The ordinal a read resumes after; cursor errors are raised here."""
         if cursor is None:
             return row.first_ordinal - 1
@@ -135,12 +140,14 @@ class SessionCursors:
         if after < row.first_ordinal - 1:
             raise self.expired(row, after)
         if claims.check is not None and after >= row.first_ordinal:
-            self._check_event(row, after, claims.check)
+            self._check_event(row, after, claims.check, readers)
         return after
 
-    def _check_event(self, row: SessionRow, ordinal: int, check: int) -> None:
+    def _check_event(
+        self, row: SessionRow, ordinal: int, check: int, readers: PageReaders | None
+    ) -> None:
         """The event at `ordinal` must be the one the cursor was issued for."""
-        time_ms = self.event_time(row.session_id, row.incarnation, ordinal)
+        time_ms = self.event_time(row.session_id, row.incarnation, ordinal, readers)
         if time_ms is None:
             return  # trimmed meanwhile: the read that follows says so
         if event_check(time_ms) != check:
