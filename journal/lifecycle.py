@@ -13,9 +13,10 @@ from collections.abc import Callable
 from cursors import TokenCodec, TokenKind, scope_digest
 
 from .engine import Engine
-from .errors import CursorExpired, CursorFuture
+from .errors import CursorExpired, CursorForeign, CursorFuture
 from .follow import LifecyclePager
 from .models import LifecycleEvent, LifecycleEventType, SessionMetadata
+from .session_cursors import event_check
 from .sessions import FeedEntry, SessionRow
 
 __all__ = ["LifecycleFeed"]
@@ -44,15 +45,28 @@ class LifecycleFeed:
         if cursor is None:
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._scope)
-        _, head, floor = self._engine.feed(claims.position, 0)
-        if claims.position > head - 1:
+        position = claims.position
+        # A checked cursor names a feed entry: read it (from the same snapshot).
+        checked = claims.check is not None and position > 0
+        entries, head, floor = self._engine.feed(
+            position - 1 if checked else position, int(checked)
+        )
+        if position > head - 1:
             raise CursorFuture(
-                f"the lifecycle cursor points at position {claims.position} but this store "
+                f"the lifecycle cursor points at position {position} but this store "
                 f"ends at {head - 1}: watch from a cursor this store issued, or without one",
                 head_ordinal=head - 1,
             )
-        self._check_retained(claims.position, floor)
-        return LifecyclePager(self._feed_after, claims.position, None)
+        self._check_retained(position, floor)
+        if checked and position > floor:  # (at the floor, its entry may be pruned)
+            found = entries[0] if entries else None
+            if found is None or found[0] != position or event_check(found[1].at_ms) != claims.check:
+                raise CursorForeign(
+                    f"the lifecycle cursor was issued for another change at position "
+                    f"{position} than the one this store holds (the store was restored from "
+                    "an older copy and written since): watch again without a cursor"
+                )
+        return LifecyclePager(self._feed_after, position, None)
 
     def _check_retained(self, after: int, floor: int) -> None:
         """A follower after `after` would miss pruned entries when it is below the floor."""
@@ -66,8 +80,11 @@ class LifecycleFeed:
                 resume_cursor=self._cursor(floor),
             )
 
-    def _cursor(self, position: int) -> str:
-        return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position)
+    def _cursor(self, position: int, at_ms: int | None = None) -> str:
+        """The cursor that resumes after `position`, checked when it is a feed entry's
+        (stamped `at_ms`); a snapshot's names a position, not an entry."""
+        check = None if at_ms is None else event_check(at_ms)
+        return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position, 0, check)
 
     def _startup_snapshot(self) -> tuple[list[LifecycleEvent], int]:
         """One CREATED per session, all from one consistent snapshot, and its position.
@@ -94,6 +111,6 @@ class LifecycleFeed:
         return LifecycleEvent(
             event_type=LifecycleEventType(entry.event_type),
             session=self._metadata(entry.row),
-            cursor=self._cursor(position),
+            cursor=self._cursor(position, entry.at_ms),
             observed_at_ms=entry.at_ms,
         )

@@ -971,6 +971,45 @@ class JournalContract:
             # A cursor of an event both histories hold resumes as before.
             assert ordinals(self.read_all(restored, "s1", shared)) == [5, 6, 7, 8, 9]
 
+    def test_lifecycle_cursor_of_a_change_a_restored_copy_replaced_raises_cursor_foreign(
+        self, tmp_path: Path
+    ) -> None:
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+            with guarded_stop(5.0) as stop:
+                feed = j.watch_sessions(stop=stop)
+                shared = next(feed).cursor  # the snapshot's: nothing after it is lost
+                feed.close()
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            j.create_session("s2")
+            with guarded_stop(5.0) as stop:
+                feed = j.watch_sessions(cursor=shared, stop=stop)
+                lost = next(feed)
+                feed.close()
+            assert (lost.event_type, lost.session.session_id) == (
+                LifecycleEventType.CREATED,
+                "s2",
+            )
+        time.sleep(0.005)  # (the copy's changes are stamped later)
+        with self.make_journal(backup) as restored:
+            restored.create_session("s3")  # the copy's change where the original had s2's
+            restored.resolve_session("s3")
+            with raises(CursorForeign) as info, guarded_stop(5.0) as stop:
+                next(restored.watch_sessions(cursor=lost.cursor, stop=stop))
+            assert "restored from an older copy" in str(info.value)
+            with guarded_stop(5.0) as stop:
+                feed = restored.watch_sessions(cursor=shared, stop=stop)
+                resumed = next(feed)
+                feed.close()
+            assert (resumed.event_type, resumed.session.session_id) == (
+                LifecycleEventType.CREATED,
+                "s3",
+            )
+
     # -- listing sessions ----------------------------------------------------------------------
 
     def test_list_sessions_page_pages_in_session_id_order(
