@@ -204,3 +204,61 @@ def _floor(j: Journal, cursor: str) -> int:
     with pytest.raises(CursorExpired) as info:
         j.watch_sessions(cursor=cursor)
     return info.value.earliest_ordinal
+
+
+def test_a_rebuild_after_deletions_without_pruned_changes_keeps_every_cursor(
+    store: Path,
+) -> None:
+    # Segments deleted by a byte window held no lifecycle change: the floor stays 0, and
+    # a view rebuilt (after a reboot, or `index/` deleted) knows it from the log's
+    # `feed-floor` file instead of judging every lost record a lifecycle one.
+    window = RetentionPolicy(max_history_bytes=2000)
+    with open_store(store, retention=window) as j:
+        j.create_session("s")
+        cursor = anchor_cursor(j)
+        for _ in range(60):
+            j.append("s", [EventIn("m", b"x" * 300)])
+        assert j.get_session("s").first_ordinal > 1  # segments were deleted
+    shutil.rmtree(store / "index")
+    with open_store(store, retention=window) as j:
+        j.create_session("after")
+        with j.watch_sessions(cursor=cursor, stop=threading.Event()) as feed:
+            first = next_of(feed)
+    assert (first.event_type, first.session.session_id) == (LifecycleEventType.CREATED, "after")
+
+
+def test_a_store_without_a_recorded_floor_is_judged_from_what_its_log_lost(
+    store: Path,
+) -> None:
+    # A store from before the floor was recorded (no `segments/feed-floor`): a rebuild
+    # takes the highest position the log lacks, and records it.
+    with open_store(store) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 60)
+        evict_all(j)
+    (store / "segments" / "feed-floor").unlink()
+    shutil.rmtree(store / "index")
+    with open_store(store) as j, pytest.raises(CursorExpired):
+        j.watch_sessions(cursor=before)
+    assert (store / "segments" / "feed-floor").exists()
+
+
+def test_a_read_only_private_view_expires_cursors_of_changes_pruned_past_its_head(
+    store: Path,
+) -> None:
+    # A reader that cannot use the store's view builds a private one and refreshes it
+    # from the log: segments deleted since, past its head, are steps over a gap there.
+    with open_store(store) as writer:
+        writer.create_session("anchor")
+    shutil.rmtree(store / "index")  # (the reader cannot make the shared view: private)
+    with open_store(store, readonly=True) as reader:
+        before = anchor_cursor(reader)
+        with open_store(store) as writer:
+            live_and_ended(writer, "s", 60)
+            evict_all(writer)
+            with pytest.raises(CursorExpired) as by_writer:
+                writer.watch_sessions(cursor=before)
+        with pytest.raises(CursorExpired) as by_reader:
+            reader.watch_sessions(cursor=before)
+        assert by_reader.value.earliest_ordinal == by_writer.value.earliest_ordinal

@@ -111,12 +111,24 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
     Returns False (and discards the copy) when the source changed since it was read."""
     directory = log.directory
     base = swap.base
+    kept = swap.summary.frames  # (offset, first position, count), in position order
+    starts = [first for _, first, _ in kept]
+
+    def survives(position: int) -> bool:
+        at = bisect_right(starts, position) - 1
+        return at >= 0 and position < starts[at] + kept[at][2]
+
     with log.files_lock():
         if _file_identity(directory, base) != swap.source:
             # Deleted (dead) or replaced by another writer since it was read.
             with contextlib.suppress(FileNotFoundError):
                 log.ops.unlink(swap.temporary)
             return False
+        # The lifecycle feed entries of dropped records go (the feed's floor rises, and
+        # is recorded in the log before the records leave it: SPEC 7.7).
+        pruned = view.prune_feed(txn, base, swap.original_last_position, survives)
+        if pruned:
+            log.record_feed_floor(pruned)
         final = os.path.join(directory, segment_name(base, compressed=True))
         # The old sidecar goes first: if the new one cannot be written after the swap, the
         # sidecar is missing (readers scan, the next catch-up writes it), never stale.
@@ -131,18 +143,9 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         write_summary(directory, swap.summary, log.ops, log.permissions)
     # Eviction tombstones whose creation record was dropped: the eviction record need
     # no longer survive, since nothing can resurrect the session.
-    kept = swap.summary.frames  # (offset, first position, count), in position order
-    starts = [first for _, first, _ in kept]
-
-    def survives(position: int) -> bool:
-        at = bisect_right(starts, position) - 1
-        return at >= 0 and position < starts[at] + kept[at][2]
-
     for incarnation, position in view.tombstones_between(txn, base, swap.original_last_position):
         if not survives(incarnation):
             view.forget_tombstone(txn, incarnation, position)
-    # The lifecycle feed entries of dropped records go too (the feed's floor rises).
-    view.prune_feed(txn, base, swap.original_last_position, survives)
     return True
 
 

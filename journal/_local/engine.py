@@ -441,6 +441,9 @@ class LocalEngine:
                 projection = Projection(view, txn, head, self._ops)
                 project_segments(self._log, projection)
                 projection.flush()
+                # Changes the writer pruned meanwhile, maybe past this view's head: a
+                # lifecycle cursor from before them must expire here too.
+                view.raise_feed_floor(txn, self._log.feed_floor() or 0)
 
     # -- the commit path -------------------------------------------------------------------
 
@@ -631,6 +634,7 @@ class LocalEngine:
             view.put_store_id(txn, self.store_id)
             if not log.bases():
                 log.start_first_segment()
+                log.record_feed_floor(0)  # (nothing pruned: a rebuild may trust the feed)
                 head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
                 view.put_head(txn, head)  # a new store's view says where its log ends
             else:
@@ -639,7 +643,7 @@ class LocalEngine:
                 log.discard_unborn_tail()
                 log.finish_interrupted()
                 self._finished_interrupted = True
-                head = project_log(log, view, txn)
+                head = project_log(log, view, txn, record_floor=True)
         if not self._boot_recorded:
             if view.boot_id(txn) != BOOT_ID:
                 view.put_boot_id(txn, BOOT_ID)

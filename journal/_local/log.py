@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import struct
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import StoreIncompatible
 from ..records import Record, encode_frame_body_into
-from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
+from .files import (
+    DEFAULT_FILE_OPS,
+    DEFAULT_PERMISSIONS,
+    FileOps,
+    Permissions,
+    fsync_dir,
+    write_atomic,
+)
 from .frames import (
     COMPRESSED_SUFFIX,
     DEFAULT_SEGMENT_BYTES,
@@ -26,10 +36,17 @@ from .sidecar import FrameDigest, SegmentSummary, read_summary, write_summary
 from .writer import SegmentWriter
 from .zerofill import ZeroFiller
 
-__all__ = ["SegmentLog"]
+__all__ = ["FEED_FLOOR_FILE", "SegmentLog"]
+
+_log = logging.getLogger("journal")
 
 # A frame buffer up to this size is reused by the next append (the common batch fits).
 _REUSED_FRAME_BYTES = 4 << 20
+
+# `segments/feed-floor`: b"jff1", the floor (u64), a CRC32 of both (big-endian).
+FEED_FLOOR_FILE = "feed-floor"
+_FEED_FLOOR = struct.Struct(">4sQI")
+_FEED_FLOOR_MAGIC = b"jff1"
 
 
 def process_alive(pid: int) -> bool:
@@ -108,6 +125,38 @@ class SegmentLog:
 
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
+
+    # -- the lifecycle feed's floor (SPEC 7.7) ---------------------------------------------
+
+    def feed_floor(self) -> int | None:
+        """The highest position whose lifecycle feed entry a view of this store pruned
+        (`segments/feed-floor`), so a view rebuilt from the log knows it; None when the
+        file is missing (a store from before it was kept) or damaged (logged)."""
+        path = os.path.join(self.directory, FEED_FLOOR_FILE)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(_FEED_FLOOR.size + 1)
+        except FileNotFoundError:
+            return None
+        if len(raw) == _FEED_FLOOR.size:
+            magic, floor, crc = _FEED_FLOOR.unpack(raw)
+            if magic == _FEED_FLOOR_MAGIC and crc == zlib.crc32(raw[:-4]):
+                return int(floor)
+        _log.warning("%s is damaged: lifecycle cursors are judged from the log instead", path)
+        return None
+
+    def record_feed_floor(self, position: int) -> None:
+        """Raise the recorded floor to `position` (or record it where none is): written
+        and synced before the pruned records leave the log (the caller holds the writer
+        lock)."""
+        current = self.feed_floor()
+        if current is not None and position <= current:
+            return
+        body = _FEED_FLOOR_MAGIC + position.to_bytes(8, "big")
+        data = body + zlib.crc32(body).to_bytes(4, "big")
+        write_atomic(
+            os.path.join(self.directory, FEED_FLOOR_FILE), data, self.ops, self.permissions
+        )
 
     @contextlib.contextmanager
     def files_lock(self, *, readonly: bool = False) -> Iterator[None]:

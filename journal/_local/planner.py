@@ -780,7 +780,7 @@ class Planner:
             # eviction records may go (SPEC 8, "Eviction records").
             bases = self.log.bases()
             self.unpin.update(bases[bisect_right(bases, position) - 1] for position in held)
-        forget_segments(self.txn, self.view, dead)
+        forget_segments(self.txn, self.view, self.log, dead)
         for summary in dead:
             self.summaries.pop(summary.base_position, None)
         self.doomed.extend(summary.base_position for summary in dead)

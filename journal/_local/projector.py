@@ -564,9 +564,11 @@ def project_log(
     *,
     use_sidecars: bool = True,
     until: Head | None = None,
+    record_floor: bool = False,
 ) -> Head:
     """Project the whole log into an empty view (a rebuild); returns the head. With
-    `until` (and without sidecars), the log as it was at that head.
+    `until` (and without sidecars), the log as it was at that head. With `record_floor`
+    (a writer), a feed floor the log had no record of is recorded in it.
 
     With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
     are projected from it without being read; the rest, and the active segment, are read.
@@ -589,9 +591,15 @@ def project_log(
     if bases:
         project_segments(log, projection, until)
     projection.flush()
-    # The feed of a rebuilt view lacks the entries of every record the log no longer
-    # holds: lifecycle cursors from before the last such position must expire.
-    view.raise_feed_floor(txn, _highest_missing(log, bases))
+    # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
+    # longer holds: the log records the highest a view pruned; a log from before it did
+    # is judged by what it lacks at all (conservative: any record may have been one).
+    floor = log.feed_floor()
+    if floor is None:
+        floor = _highest_missing(log, bases)
+        if record_floor:
+            log.record_feed_floor(floor)
+    view.raise_feed_floor(txn, floor)
     return projection.head
 
 
@@ -602,9 +610,13 @@ def _highest_missing(log: SegmentLog, bases: list[int]) -> int:
         return 0
     highest = bases[0] - 1
     for base, next_base in pairwise(bases):
-        summary = read_summary(log.directory, base) or summarize_segment(
-            log.directory, base, log.ops
-        )
+        try:
+            summary = read_summary(log.directory, base) or summarize_segment(
+                log.directory, base, log.ops
+            )
+        except FileNotFoundError:
+            highest = next_base - 1  # deleted meanwhile by a writer's retention pass
+            continue
         expected = base
         for _, first, count in summary.frames:
             if first > expected:

@@ -233,12 +233,19 @@ def dead_segments(
     return dead
 
 
-def forget_segments(txn: lmdb.Transaction, view: View, dead: list[SegmentLiveness]) -> None:
+def forget_segments(
+    txn: lmdb.Transaction, view: View, log: SegmentLog, dead: list[SegmentLiveness]
+) -> None:
     """Drop view state that only existed for records in `dead`: eviction tombstones whose
     creation record goes with them (and their pins), and the lifecycle feed entries of
-    their records (the feed's floor rises: SPEC 7.7)."""
+    their records (the feed's floor rises, recorded in the log before the segments go:
+    SPEC 7.7)."""
+    highest = 0
     for summary in dead:
-        view.prune_feed(txn, summary.base_position, summary.last_position)
+        highest = max(highest, view.prune_feed(txn, summary.base_position, summary.last_position))
+    if highest:
+        log.record_feed_floor(highest)
+    for summary in dead:
         for incarnation, position in view.tombstones_between(
             txn, summary.base_position, summary.last_position
         ):

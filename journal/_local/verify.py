@@ -378,7 +378,7 @@ def fix_store(
     view.clear(txn)
     view.put_store_id(txn, store_id)
     view.put_boot_id(txn, boot_id)
-    project_log(log, view, txn)
+    project_log(log, view, txn, record_floor=True)
     if hole is not None:
         after = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
         lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}

@@ -90,8 +90,9 @@ __all__ = [
 # 2: every value carries a CRC32 of its key and value. 3: the `states` index (a view of
 # format 2 lacks it, and code of format 2 would not maintain it: either rebuilds). 4: the
 # retention index (`aged`, meta b"retained"). 5: `events` keyed by incarnation alone, its
-# entries dup-sorted (a view of format 4 has none).
-VIEW_FORMAT: Final = 5
+# entries dup-sorted (a view of format 4 has none). 6: the lifecycle feed pruned with its
+# records and meta b"feed-floor" (a view of format 5 may lack entries without a floor).
+VIEW_FORMAT: Final = 6
 _FORMAT_KEY: Final = b"format"
 
 _INITIAL_MAP_SIZE: Final = 1 << 36
@@ -609,7 +610,7 @@ class View:
         kept: Callable[[int], bool] = lambda position: False,
     ) -> int:
         """Delete the feed entries in the position range (but those `kept` says stay),
-        raising the floor to the highest deleted; returns how many were deleted."""
+        raising the floor to the highest deleted; returns it (0: none was deleted)."""
         cursor = txn.cursor(db=self._feed)
         deleted = highest = 0
         positioned = cursor.set_range(U64.pack(first_position))
@@ -626,7 +627,7 @@ class View:
             highest = position
         if deleted:
             self.raise_feed_floor(txn, highest)
-        return deleted
+        return highest
 
     def feed_after(
         self, txn: lmdb.Transaction, after_position: int, limit: int
