@@ -77,7 +77,8 @@ class Operation(msgspec.Struct, Generic[ResultT], frozen=True):
 class Appended(msgspec.Struct, frozen=True):
     """What an append took: ordinals, the position of its last event, whether an
     idempotency key matched an earlier append (then nothing was written), and the time
-    stamped on its events (None for a deduplicated append: the cursor goes unchecked)."""
+    stamped on its events (None for a deduplicated append: the facade reads the time of
+    its last event, still retained, for the cursor's check)."""
 
     incarnation: int
     first_ordinal: int
@@ -271,6 +272,10 @@ class Lease(Protocol):
     session_id: str
     incarnation: int
     generation: int
+
+    @property
+    def held(self) -> bool:
+        """Whether this process still holds it (not released, not a forked child's copy)."""
 
     def release(self) -> None:
         """Record the release and let the lease go (idempotent)."""

@@ -6,8 +6,9 @@ written since: SPEC 5).
 
 A cursor signed for an event carries a check, the low 32 bits of the event's timestamp;
 resuming from it reads that event once and compares. Cursors signed where no event's
-timestamp is at hand (a snapshot's, an expiry's resume cursor, a deduplicated append's)
-and cursors of earlier releases carry none and are not checked.
+timestamp is at hand (a snapshot's, an expiry's resume cursor, a deduplicated append's
+whose events were trimmed between its commit and the read of their time) and cursors of
+earlier releases carry none and are not checked.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -189,18 +190,25 @@ class Turn:
 def _release_abandoned(lease: Lease) -> None:
     """Release the lease of an `Owner` garbage-collected without a release. In a thread
     of its own: the collection may run anywhere, also inside a commit of this journal,
-    which the release's own commit would wait for."""
-    warnings.warn(
-        f"the owner lease of session {lease.session_id!r} was dropped without a release "
-        "and is released now: use `with journal.own(session_id) as owner:`",
-        ResourceWarning,
-        stacklevel=1,  # (a finalizer: no caller of the user's to point at)
-    )
-    # (RuntimeError: the interpreter is exiting, and the lock goes with the process.)
-    with contextlib.suppress(RuntimeError):
+    which the release's own commit would wait for. The thread starts before the warning
+    is issued: a filter that makes warnings errors must not keep the lease held."""
+    if not lease.held:
+        return  # released when the journal closed, or a forked child's copy
+    try:
         threading.Thread(
             target=_release_quietly, args=(lease,), name="journal-owner-release", daemon=True
         ).start()
+    except RuntimeError as e:
+        if not sys.is_finalizing():  # (exiting: the lock goes with the process)
+            _log.warning("could not release the dropped owner lease of %r: %s", lease.session_id, e)
+        return
+    with contextlib.suppress(Exception):  # (raised as an error here, it reaches nobody)
+        warnings.warn(
+            f"the owner lease of session {lease.session_id!r} was dropped without a release "
+            "and is released now: use `with journal.own(session_id) as owner:`",
+            ResourceWarning,
+            stacklevel=1,  # (a finalizer: no caller of the user's to point at)
+        )
 
 
 def _release_quietly(lease: Lease) -> None:

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 from _pipes import line, send
+from engines import EngineFactory
 
 from journal import (
     EventIn,
@@ -284,3 +286,28 @@ def test_another_process_gets_the_lease_of_a_dropped_owner(tmp_path: Path) -> No
         finally:
             child.kill()
             child.wait(10)
+
+
+def test_a_dropped_owner_is_released_even_where_warnings_are_errors(j: Journal) -> None:
+    j.create_session("s")
+    owner = j.own("s")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del owner
+        gc.collect()
+    with j.own("s", wait_s=10) as again:
+        assert again.generation == 2
+
+
+def test_an_owner_dropped_after_the_journal_closed_warns_of_nothing(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    with engine.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+    # The close released the lease: dropping the owner now has nothing to release.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del owner
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

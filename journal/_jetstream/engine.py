@@ -167,6 +167,10 @@ class JetStreamLease:
         self._released = False
         self._releasing = threading.Lock()
 
+    @property
+    def held(self) -> bool:
+        return not self._released
+
     def start(self) -> None:
         self._beat = self._engine.conn.call(self._start())
 

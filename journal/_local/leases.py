@@ -272,6 +272,10 @@ class LocalLease:
         self._releasing = threading.Lock()
         _HELD.add(self)
 
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
     def forget_inherited(self) -> None:
         """In a forked child: close this copy of the lock fd; the lease (and its file) is
         the parent's."""
