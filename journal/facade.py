@@ -159,7 +159,9 @@ class Journal:
         bits of every file the store creates (directories get a search bit wherever it
         has a read bit); None keeps the store's recorded mode, 0o600 for a new store
         (private). Given for an existing store, it is recorded there and applies to files
-        created from then on; existing files keep their mode. `file_ops` is the local
+        created from then on; existing files keep their mode. `retention`: the store's
+        policy, recorded by a writer for every later open without one (None: the recorded
+        policy, the default `RetentionPolicy()` where none is). `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
         """
         given = (create, readonly, durability, segment_bytes, retention, compress_sealed)

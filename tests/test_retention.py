@@ -14,6 +14,7 @@ Payloads are derived from (session, ordinal), so every event read back checks it
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import shutil
@@ -26,9 +27,12 @@ from typing import Any
 
 import lmdb
 import pytest
+from click.testing import CliRunner
+from engines import EngineFactory
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from cli.main import main as journal_cli
 from journal import (
     CompactionReport,
     CursorExpired,
@@ -46,6 +50,7 @@ from journal import (
     SessionNotFound,
     SessionState,
     Snapshot,
+    StoreIncompatible,
 )
 from journal._local.files import FileOps
 
@@ -1399,3 +1404,63 @@ def test_compactions_of_one_journal_never_run_at_once(store: Path) -> None:
         again.join()
         assert "again" in seen
         assert j.verify().ok
+
+
+# -- the store's recorded policy -----------------------------------------------------------
+
+
+def test_a_journal_opened_without_a_policy_uses_the_one_the_store_records(store: Path) -> None:
+    window = RetentionPolicy(max_history_bytes=2000)
+    with open_store(store, window, segment_bytes=4096) as j:
+        j.create_session("s")
+    recorded = json.loads((store / "store.json").read_text())["retention"]
+    assert recorded["max_history_bytes"] == 2000
+    # Opened without one (as every `journal` command is): the recorded window applies,
+    # not the default 320 MiB one.
+    with Journal.open(store, durability="os", segment_bytes=4096) as j:
+        for _ in range(40):
+            append_batch(j, "s", [300])
+        assert j.get_session("s").first_ordinal > 1
+    # Another policy given to a writer is recorded; a read-only journal records nothing.
+    with open_store(store, NO_WINDOWS, segment_bytes=4096):
+        pass
+    with Journal.open(store, readonly=True, retention=window):
+        pass
+    assert json.loads((store / "store.json").read_text())["retention"]["max_history_bytes"] is None
+
+
+def test_journal_compact_applies_the_store_s_policy_not_the_default(store: Path) -> None:
+    with open_store(store, NO_WINDOWS, segment_bytes=4096) as j:
+        j.create_session("s")
+        for _ in range(40):
+            append_batch(j, "s", [300])
+    with open_store(store, RetentionPolicy(max_history_bytes=2000), segment_bytes=4096):
+        pass  # (recorded now; this open sealed nothing)
+    result = CliRunner().invoke(journal_cli, ["--store", str(store), "compact"])
+    assert result.exit_code == 0, result.output
+    with Journal.open(store, readonly=True) as j:
+        assert j.get_session("s").first_ordinal > 1  # the recorded 2000-byte window
+
+
+def test_a_damaged_policy_in_store_json_is_reported(store: Path) -> None:
+    with open_store(store):
+        pass
+    document = json.loads((store / "store.json").read_text())
+    document["retention"]["max_history_bytes"] = -5
+    (store / "store.json").write_text(json.dumps(document))
+    with pytest.raises(StoreIncompatible, match="retention"):
+        Journal.open(store)
+
+
+def test_the_policy_a_writer_gives_is_the_store_s_on_every_engine(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    evicting = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with engine.open(path, retention=evicting) as j:
+        j.create_session("s")
+        ended = j.resolve_session("s").ended_at_ms
+        assert ended is not None
+    # Opened without a policy: the recorded one (the default would evict nothing).
+    with engine.open(path) as j:
+        assert j.apply_retention(now_ms=ended + 1000).evicted_sessions == ["s"]

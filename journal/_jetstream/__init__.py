@@ -42,7 +42,7 @@ def open_jetstream(
         replicas=replicas,
         create=create,
         readonly=readonly,
-        retention=retention or RetentionPolicy(),
+        retention=retention,
         key_ring=key_ring,  # type: ignore[arg-type]  # checked by check_open_options
     )
     return JetStreamEngine.open(options)

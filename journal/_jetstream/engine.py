@@ -17,13 +17,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import msgspec
 
 from cursors import KeyRing, KeyRingError
 
+from ..arguments import check_retention
 from ..engine import (
     AcquireLease,
     EventsPage,
@@ -35,6 +36,7 @@ from ..engine import (
 )
 from ..engine import Progress as ProgressCallback
 from ..errors import (
+    InvalidArgument,
     JournalClosed,
     JournalCorrupt,
     OwnerBusy,
@@ -83,6 +85,7 @@ READ_RETRY_S: Final = 30.0
 _STREAM_PREFIX: Final = "JOURNAL_"
 # The server's cap on one message (the server's max_payload must allow it too).
 MAX_MSG_BYTES: Final = 9 << 20
+_POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
 
 
 @dataclass
@@ -94,7 +97,7 @@ class JetStreamOptions:
     replicas: int = 1
     create: bool = True
     readonly: bool = False
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention: RetentionPolicy | None = None  # None: the store's recorded policy
     key_ring: KeyRing | None = None
 
 
@@ -257,7 +260,8 @@ class JetStreamEngine:
         self.store_id = meta.store_id
         self.key_ring = self._key_ring(options, meta)
         self.waiter = Notifier(self.head, lambda: _RowChanges(self))
-        self.writer = Writer(self.reader, options.retention, self._owner_alive, self._committed)
+        policy = conn.call(self._policy(options))
+        self.writer = Writer(self.reader, policy, self._owner_alive, self._committed)
         self._expiry_wake: asyncio.Event | None = None
         self._expiry: asyncio.Task[None] | None = None
         if not self.readonly:
@@ -313,6 +317,28 @@ class JetStreamEngine:
             )
         self.reader.saw(meta.seq)
         return decoded
+
+    async def _policy(self, options: JetStreamOptions) -> RetentionPolicy:
+        """The policy given (recorded for the journals opened without one, by a writer),
+        else the store's recorded one, else the default (SPEC 8)."""
+        found = await self.conn.msg_get({"last_by_subj": self.subjects.policy})
+        recorded = None
+        if found is not None:
+            try:
+                recorded = _POLICY_DECODER.decode(found.data)
+                check_retention(recorded)
+            except (msgspec.DecodeError, InvalidArgument) as e:
+                raise StoreIncompatible(
+                    f"the retention policy recorded in {self.subjects.policy} is damaged "
+                    f"({e}): open the store writable with retention=RetentionPolicy(...) "
+                    "to record one"
+                ) from None
+        given = options.retention
+        if given is not None and given != recorded and not options.readonly:
+            await self.conn.publish(
+                self.subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"}
+            )
+        return given or recorded or RetentionPolicy()
 
     async def _create_stream(self, options: JetStreamOptions) -> None:
         config = {

@@ -4,6 +4,7 @@ One stream per store (`JOURNAL_<store>`, subjects `j.<store>.>`). Session ids ar
 encoded into one subject token (hex keeps byte order, so sorted subjects are sorted ids).
 
     j.<store>.meta               the store's identity (id, format, shared cursor key)
+    j.<store>.policy             the store's retention policy (rolled up)
     j.<store>.lc.<id>            lifecycle feed entries of the session (kept for good)
     j.<store>.s.<id>.row         the session's registry row (rolled up: one message)
     j.<store>.s.<id>.ev          its events, one message each
@@ -85,6 +86,7 @@ class Subjects:
         self.root = root
         self.all = f"{root}.>"
         self.meta = f"{root}.meta"
+        self.policy = f"{root}.policy"
         self.feed = f"{root}.lc.*"
         self.rows = f"{root}.s.*.row"
         self._feed_prefix = f"{root}.lc."

@@ -8,7 +8,6 @@ from typing import Any
 
 from ..arguments import check_open_options, check_store_path
 from ..errors import InvalidArgument
-from ..models import RetentionPolicy
 from .compaction import DEFAULT_DEAD_SHARE
 from .engine import Durability, LocalEngine, LocalOptions
 from .files import FileOps
@@ -47,7 +46,7 @@ def open_local(
         readonly=readonly,
         durability=durability,
         segment_bytes=segment_bytes,
-        retention=retention or RetentionPolicy(),
+        retention=retention,
         compress_sealed=compress_sealed,
         key_ring=key_ring,
         file_ops=file_ops,

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -105,7 +105,7 @@ from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
 from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
-from .store_file import STORE_FORMAT, create_store, load_store, record_file_mode
+from .store_file import STORE_FORMAT, create_store, load_store, record_in_store
 from .stored import stored_record
 from .verify import verify_store, view_problem
 from .view import Head, View, ViewDamaged, inspect_view
@@ -129,7 +129,7 @@ class LocalOptions:
     readonly: bool = False
     durability: Durability = "fsync"
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention: RetentionPolicy | None = None  # None: the store's recorded policy
     compress_sealed: bool = False
     key_ring: KeyRing | None = None
     file_ops: FileOps | None = None
@@ -186,7 +186,6 @@ class LocalEngine:
         self.location = path
         self._host = socket.gethostname()
         self.readonly = readonly
-        self.retention = options.retention
         self._ops = ops
         self._pid = os.getpid()
         self._private_lock = threading.Lock()
@@ -204,10 +203,19 @@ class LocalEngine:
                     f"no journal store at {path!r}: create it with `journal init` or "
                     "Journal.open(path, create=True)"
                 )
-            create_store(path, Permissions(options.file_mode or DEFAULT_FILE_MODE))
+            create_store(
+                path,
+                Permissions(options.file_mode or DEFAULT_FILE_MODE),
+                options.retention or RetentionPolicy(),
+            )
         store = load_store(store_file)
-        if not readonly and options.file_mode not in (None, store.file_mode):
-            store = record_file_mode(store_file, store, options.file_mode, ops)
+        mode = None if options.file_mode in (None, store.file_mode) else options.file_mode
+        policy = None if options.retention in (None, store.retention) else options.retention
+        if not readonly and (mode is not None or policy is not None):
+            store = record_in_store(store_file, store, mode, policy, ops)
+        # The policy given, else the store's (SPEC 8): a maintenance command opened without
+        # one must not apply the default windows to a store set up with others.
+        self.retention = options.retention or store.retention or RetentionPolicy()
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
         self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)

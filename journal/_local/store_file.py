@@ -1,10 +1,15 @@
-"""`store.json`: the store's identity and the file mode of what the store creates.
+"""`store.json`: the store's identity, the file mode of what the store creates, and its
+retention policy.
 
-    {"format": 1, "store_id": "<32 hex digits>", "file_mode": "0600"}
+    {"format": 1, "store_id": "<32 hex digits>", "file_mode": "0600",
+     "retention": {"max_history_bytes": 335544320, "max_history_age_ms": null,
+                   "session_retention_ms": null, "session_retention_from": "ended"}}
 
 `file_mode` (octal text) was added later: a store.json without it (a store created before)
 takes the mode its own permission bits show, which is the mode (the umask) its files were
 created with, so such a store goes on as it was set up until a writer records a mode.
+`retention` was added later too: without it, a journal opened without a policy uses the
+default one, until a writer opened with a policy records it.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import threading
 from dataclasses import dataclass
 from typing import Final
 
-from ..arguments import file_mode_problem
-from ..errors import StoreIncompatible
+import msgspec
+
+from ..arguments import check_retention, file_mode_problem
+from ..errors import InvalidArgument, StoreIncompatible
+from ..models import RetentionPolicy
 from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, write_atomic
 
-__all__ = ["STORE_FORMAT", "StoreFile", "create_store", "load_store", "record_file_mode"]
+__all__ = ["STORE_FORMAT", "StoreFile", "create_store", "load_store", "record_in_store"]
 
 STORE_FORMAT: Final = 1
 _OCTAL: Final = re.compile(r"[0-7]{3,4}")
@@ -29,20 +37,25 @@ _OCTAL: Final = re.compile(r"[0-7]{3,4}")
 
 @dataclass(frozen=True, slots=True)
 class StoreFile:
-    """What `store.json` says: the store id and the file mode (recorded or derived)."""
+    """What `store.json` says: the store id, the file mode (recorded or derived) and the
+    retention policy (None when none is recorded)."""
 
     store_id: bytes
     file_mode: int
     recorded: bool  # False: derived from the permission bits of an older store.json
+    retention: RetentionPolicy | None = None
 
 
-def _document(store_id: bytes, file_mode: int) -> bytes:
-    return json.dumps(
-        {"format": STORE_FORMAT, "store_id": store_id.hex(), "file_mode": f"{file_mode:04o}"}
-    ).encode()
+def _document(store_id: bytes, file_mode: int | None, retention: RetentionPolicy | None) -> bytes:
+    document: dict[str, object] = {"format": STORE_FORMAT, "store_id": store_id.hex()}
+    if file_mode is not None:
+        document["file_mode"] = f"{file_mode:04o}"
+    if retention is not None:
+        document["retention"] = msgspec.to_builtins(retention)
+    return json.dumps(document).encode()
 
 
-def create_store(path: str, permissions: Permissions) -> None:
+def create_store(path: str, permissions: Permissions, retention: RetentionPolicy) -> None:
     """Create the store's directories and publish a new `store.json` (with `link()`, so
     two processes creating the store race safely: the first one's file wins)."""
     permissions.make_dirs(path)
@@ -53,7 +66,7 @@ def create_store(path: str, permissions: Permissions) -> None:
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_document(os.urandom(16), permissions.file))
+            f.write(_document(os.urandom(16), permissions.file, retention))
             f.flush()
             os.fsync(f.fileno())
         # link() fails if another process created the store first: theirs wins.
@@ -91,21 +104,37 @@ def load_store(store_file: str) -> StoreFile:
         raise damaged(e) from None
     if len(store_id) != 16:
         raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
+    retention = None
+    if "retention" in document:
+        try:
+            retention = msgspec.convert(document["retention"], RetentionPolicy)
+            check_retention(retention)
+        except (msgspec.ValidationError, InvalidArgument) as e:
+            raise damaged(f"retention: {e}") from None
     text = document.get("file_mode")
     if text is None:
         # Written before modes were recorded: its files were made with the umask, as was
         # store.json itself; keep making them so (readers set up for that keep working).
-        return StoreFile(store_id, (own_mode & 0o666) | 0o600, recorded=False)
+        return StoreFile(store_id, (own_mode & 0o666) | 0o600, False, retention)
     value = int(text, 8) if isinstance(text, str) and _OCTAL.fullmatch(text) else None
     if value is None or file_mode_problem(value) is not None:
         raise damaged(f'file_mode {text!r} is not a file mode such as "0600"')
-    return StoreFile(store_id, value, recorded=True)
+    return StoreFile(store_id, value, True, retention)
 
 
-def record_file_mode(
-    store_file: str, store: StoreFile, file_mode: int, ops: FileOps = DEFAULT_FILE_OPS
+def record_in_store(
+    store_file: str,
+    store: StoreFile,
+    file_mode: int | None = None,
+    retention: RetentionPolicy | None = None,
+    ops: FileOps = DEFAULT_FILE_OPS,
 ) -> StoreFile:
-    """Record a new file mode in `store.json` (replaced atomically, and given that mode):
-    files created from now on get it; existing files keep theirs."""
-    write_atomic(store_file, _document(store.store_id, file_mode), ops, Permissions(file_mode))
-    return StoreFile(store.store_id, file_mode, recorded=True)
+    """Record a new file mode and/or retention policy in `store.json` (replaced
+    atomically, with the store's file mode): files created from now on get the mode
+    (existing files keep theirs); journals opened without a policy from now on use it."""
+    mode = store.file_mode if file_mode is None else file_mode
+    recorded = store.recorded or file_mode is not None
+    policy = store.retention if retention is None else retention
+    document = _document(store.store_id, mode if recorded else None, policy)
+    write_atomic(store_file, document, ops, Permissions(mode))
+    return StoreFile(store.store_id, mode, recorded, policy)
