@@ -30,6 +30,7 @@ from ._local import (
     FileOps,
     open_local,
 )
+from .abandoned import Detachable, close_when_dropped
 from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
@@ -123,6 +124,7 @@ class Journal:
     _deliveries: Deliveries
     _events: EventChecker
     _cursors: SessionCursors
+    _dropped: Detachable
 
     def __init__(self) -> None:
         """Not for direct use: open a journal with `Journal.open(path, ...)`."""
@@ -184,14 +186,28 @@ class Journal:
         self._codec = TokenCodec(engine.key_ring)
         self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
         self._cursors = SessionCursors(engine, self._codec)
-        self._deliveries = Deliveries(engine.waiter)
+        self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
+
+        def close_dropped() -> None:
+            deliveries.close()
+            engine.close()
+
+        # Closed when garbage-collected without close() (SPEC 7): its thread, files and
+        # the store's place in this process are not kept for the life of the process.
+        self._dropped = close_when_dropped(
+            self,
+            close_dropped,
+            f"the journal of {engine.location!r} was dropped without close() and is closed "
+            "now: use `with Journal.open(...) as journal:`",
+        )
         return self
 
     def close(self) -> None:
         """Close the journal; pending watches end. Idempotent."""
         if self._closed:
             return
+        self._dropped.detach()
         self._closed = True
         self._deliveries.close()  # joins the delivery thread before the engine closes
         self._engine.close()

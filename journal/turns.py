@@ -6,18 +6,15 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import sys
 import threading
 import time
-import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Final
 
+from .abandoned import close_when_dropped
 from .arguments import check_request_id
 from .engine import Engine, Lease
 from .errors import InvalidArgument, OutcomeUnknown, SessionNotFound
@@ -187,37 +184,6 @@ class Turn:
             self.owner.turn_ended(self)
 
 
-def _release_abandoned(lease: Lease) -> None:
-    """Release the lease of an `Owner` garbage-collected without a release. In a thread
-    of its own: the collection may run anywhere, also inside a commit of this journal,
-    which the release's own commit would wait for. The thread starts before the warning
-    is issued: a filter that makes warnings errors must not keep the lease held."""
-    if not lease.held:
-        return  # released when the journal closed, or a forked child's copy
-    try:
-        threading.Thread(
-            target=_release_quietly, args=(lease,), name="journal-owner-release", daemon=True
-        ).start()
-    except RuntimeError as e:
-        if not sys.is_finalizing():  # (exiting: the lock goes with the process)
-            _log.warning("could not release the dropped owner lease of %r: %s", lease.session_id, e)
-        return
-    with contextlib.suppress(Exception):  # (raised as an error here, it reaches nobody)
-        warnings.warn(
-            f"the owner lease of session {lease.session_id!r} was dropped without a release "
-            "and is released now: use `with journal.own(session_id) as owner:`",
-            ResourceWarning,
-            stacklevel=1,  # (a finalizer: no caller of the user's to point at)
-        )
-
-
-def _release_quietly(lease: Lease) -> None:
-    try:
-        lease.release()
-    except Exception as e:  # (no caller to report to: a thread of its own)
-        _log.warning("could not release the dropped owner lease of %r: %s", lease.session_id, e)
-
-
 class Owner:
     """This process's lease on one session, from `Journal.own()`; a context manager.
 
@@ -232,9 +198,14 @@ class Owner:
 
     def __init__(self, lease: Lease, info: OwnerInfo, writer: TurnWriter) -> None:
         self._lease = lease
-        # (At interpreter exit the journal's close releases what is still held.)
-        self._abandoned = weakref.finalize(self, _release_abandoned, lease)
-        self._abandoned.atexit = False
+        # Released when garbage-collected without a release (SPEC 7.8).
+        self._abandoned = close_when_dropped(
+            self,
+            lease.release,
+            f"the owner lease of session {lease.session_id!r} was dropped without a release "
+            "and is released now: use `with journal.own(session_id) as owner:`",
+            lambda: lease.held,
+        )
         self._writer = writer
         self._turn: Turn | None = None
         self._lock = threading.Lock()

@@ -475,3 +475,31 @@ def test_a_failed_open_releases_everything_and_fails_the_same_way_again(
         assert raised.value.segment == active.name
     assert under(open_fds(), store) == []
     assert fd_count() <= before + SLACK
+
+
+def test_journals_dropped_without_close_are_closed_and_the_store_reopens(tmp_path: Path) -> None:
+    # A handler that forgets close(): each dropped journal is closed when collected (a
+    # ResourceWarning says so), its thread ends and its files close, and opening the
+    # store again at once waits for that close instead of failing.
+    store = tmp_path / "store"
+    with open_small(store):
+        pass
+    before_threads = threading.active_count()
+    before = open_fds()
+
+    def forgetful(i: int) -> None:
+        j = open_small(store)
+        j.create_session(f"s{i}")
+
+    for i in range(20):
+        with pytest.warns(ResourceWarning, match="dropped without close"):
+            forgetful(i)
+            gc.collect()
+    with open_small(store) as j:
+        assert len(list(j.list_sessions())) == 20
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before_threads and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() <= before_threads
+    assert under(open_fds(), store) == under(before, store) == []
+    assert fd_count() <= len(before) + SLACK

@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import weakref
@@ -33,6 +32,7 @@ import msgspec
 
 from cursors import KeyRing
 
+from ..abandoned import wait_for_dropped
 from ..engine import (
     AbortImport,
     Append,
@@ -48,7 +48,6 @@ from ..engine import (
 )
 from ..errors import (
     JournalClosed,
-    JournalCorrupt,
     JournalError,
     ReadOnlyStore,
     SessionNotFound,
@@ -77,12 +76,19 @@ from ..waiter import Notifier
 from .commit_queue import CommitQueue
 from .compaction import Compactions
 from .expiry import ExpiryTimer
-from .failures import disk_errors, open_advice, os_error_of, reads_disk, store_wide, unavailable
+from .failures import (
+    disk_errors,
+    held_by_this_process,
+    open_failure,
+    os_error_of,
+    reads_disk,
+    store_wide,
+    unavailable,
+)
 from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
 from .frames import (
     DEFAULT_SEGMENT_BYTES,
     SEGMENT_HEADER_SIZE,
-    segment_name,
 )
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
@@ -98,7 +104,12 @@ from .leases import (
     take_lock,
 )
 from .log import SegmentLog
-from .opening import discard_view_after_reboot, key_ring_for, open_checked_view
+from .opening import (
+    discard_view_after_reboot,
+    key_ring_for,
+    open_checked_view,
+    open_reader_view,
+)
 from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
@@ -107,8 +118,8 @@ from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
 from .store_file import STORE_FORMAT, create_store, load_store, record_in_store
 from .stored import stored_record
-from .verify import verify_store, view_problem
-from .view import Head, View, ViewDamaged, inspect_view
+from .verify import verify_store
+from .view import Head
 
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
@@ -152,6 +163,17 @@ class LocalEngine:
 
     @classmethod
     def open(cls, path: str, options: LocalOptions) -> LocalEngine:
+        try:
+            return cls._open(path, options)
+        except StoreUnavailable as e:
+            # A journal of this process dropped without close() may be closing it now
+            # (in its own thread: `abandoned`): once that is done, the store is free.
+            if not held_by_this_process(e) or not wait_for_dropped(5.0):
+                raise
+        return cls._open(path, options)
+
+    @classmethod
+    def _open(cls, path: str, options: LocalOptions) -> LocalEngine:
         self = object.__new__(cls)
         self._closed = True  # until _init has opened everything
         self._readers = weakref.WeakSet()
@@ -160,24 +182,10 @@ class LocalEngine:
             self._init(path, options)
         except BaseException as e:
             self._release()  # nothing opened so far may outlive the failed open
-            if isinstance(e, OSError):
-                raise StoreUnavailable(
-                    f"cannot open the store at {path!r}: {e.strerror or e}; "
-                    + open_advice(e, path, options.readonly),
-                    errno=e.errno,
-                ) from e
-            if isinstance(e, lmdb.Error) and "already open" in str(e):
-                raise StoreUnavailable(
-                    f"this process has the store at {path!r} open already (another "
-                    "Journal, or one inherited across fork()): use that journal, or close "
-                    "it before opening the store again"
-                ) from e
-            if isinstance(e, lmdb.Error):
-                raise StoreUnavailable(
-                    f"cannot open the index of the store at {path!r}: {e}; a store "
-                    "that was never opened for writing cannot be opened read-only"
-                ) from e
-            raise
+            failure = open_failure(e, path, options.readonly)
+            if failure is None:
+                raise
+            raise failure from e
         return self
 
     def _init(self, path: str, options: LocalOptions) -> None:
@@ -240,34 +248,7 @@ class LocalEngine:
             discard_view_after_reboot(path, permissions, BOOT_ID)
             self._view = open_checked_view(index, permissions)
         else:
-            try:
-                # A damaged view (the file check; SPEC "a damaged view") is never mapped.
-                damage = inspect_view(index)
-                if damage is not None:
-                    self._shared_damage = view_problem(damage)
-                    raise ViewDamaged(damage)
-                self._view = View(index, readonly=True)
-                try:
-                    stale = self._shared_view_is_stale()
-                except JournalCorrupt as e:
-                    self._shared_damage = view_problem(e.detail)
-                    stale = True  # a head that fails its checks
-                if stale:
-                    # Behind the log (a writer crashed before indexing its last frames) or
-                    # from before a reboot: a reader must not see less than was committed.
-                    self._view.close()
-                    raise ViewDamaged("the store's view is stale")
-            except (lmdb.Error, ViewDamaged):
-                # (An LMDB error here is no access, or no view yet: not damage.)
-                self._private_dir = tempfile.mkdtemp(prefix="journal-readonly-")
-                try:
-                    self._view = View(self._private_dir)
-                    with self._view.begin(write=True) as txn:
-                        self._view.put_store_id(txn, self.store_id)
-                        project_log(self._log, self._view, txn)
-                except BaseException:
-                    shutil.rmtree(self._private_dir, ignore_errors=True)
-                    raise
+            self._view, self._private_dir, self._shared_damage = open_reader_view(index, self._log)
         # What retention needs of sealed segments' sidecars, within a byte budget.
         self._summaries = SummaryCache()
         self._retention_due = False
@@ -331,26 +312,6 @@ class LocalEngine:
         dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
         if dead:
             self.submit(AbortImport(dead))
-
-    def _shared_view_is_stale(self) -> bool:
-        with self._view.begin() as txn:
-            head = self._view.head(txn)
-            boot = self._view.boot_id(txn)
-        if head is None or boot != BOOT_ID:
-            return True
-        with contextlib.suppress(FileNotFoundError):
-            name = segment_name(head.segment)
-            size = os.path.getsize(os.path.join(self._log.directory, name))
-            if size < head.end_offset:
-                self._shared_damage = VerifyProblem(
-                    name,
-                    size,
-                    f"the store's view indexes committed frames up to byte {head.end_offset}"
-                    f", but the segment ends at byte {size}: frames were cut off; "
-                    "`journal verify --fix` (writable) accepts the loss",
-                )
-                return True
-        return self._log.moved_past(head.segment, head.end_offset, head.next_position)
 
     def close(self) -> None:
         """Close the engine; pending waits end; leases still held are released (and the

@@ -14,7 +14,45 @@ import lmdb
 
 from ..errors import StoreIncompatible, StoreUnavailable
 
-__all__ = ["disk_errors", "open_advice", "os_error_of", "reads_disk", "store_wide", "unavailable"]
+__all__ = [
+    "disk_errors",
+    "held_by_this_process",
+    "open_advice",
+    "open_failure",
+    "os_error_of",
+    "reads_disk",
+    "store_wide",
+    "unavailable",
+]
+
+
+def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavailable | None:
+    """What a failed open raises instead of `error` (None: `error` itself)."""
+    if isinstance(error, OSError):
+        return StoreUnavailable(
+            f"cannot open the store at {path!r}: {error.strerror or error}; "
+            + open_advice(error, path, readonly),
+            errno=error.errno,
+        )
+    if isinstance(error, lmdb.Error) and "already open" in str(error):
+        return StoreUnavailable(
+            f"this process has the store at {path!r} open already (another Journal, or "
+            "one inherited across fork()): use that journal, or close it before opening "
+            "the store again (one dropped without close() is closed when it is "
+            "garbage-collected)"
+        )
+    if isinstance(error, lmdb.Error):
+        return StoreUnavailable(
+            f"cannot open the index of the store at {path!r}: {error}; a store that was "
+            "never opened for writing cannot be opened read-only"
+        )
+    return None
+
+
+def held_by_this_process(error: StoreUnavailable) -> bool:
+    """Whether a failed open found the store open in this process (`open_failure`)."""
+    cause = error.__cause__
+    return isinstance(cause, lmdb.Error) and "already open" in str(cause)
 
 
 def store_wide(error: Exception) -> bool:

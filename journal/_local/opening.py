@@ -4,20 +4,41 @@ checked against a reboot (LMDB's own sync is off) and against damage before it i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
 import shutil
+import tempfile
 from typing import Final
+
+import lmdb
 
 from cursors import KeyRing, KeyRingError
 
+from ..errors import JournalCorrupt
+from ..models import VerifyProblem
 from .files import Permissions, write_atomic
-from .frames import COMPRESSED_SUFFIX, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .frames import (
+    COMPRESSED_SUFFIX,
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_SUFFIX,
+    segment_name,
+)
+from .leases import BOOT_ID
 from .lmdbfile import file_identity
-from .view import View, inspect_view, replace_view
+from .log import SegmentLog
+from .projector import project_log
+from .verify import view_problem
+from .view import View, ViewDamaged, inspect_view, replace_view
 
-__all__ = ["discard_view_after_reboot", "key_ring_for", "open_checked_view"]
+__all__ = [
+    "discard_view_after_reboot",
+    "key_ring_for",
+    "open_checked_view",
+    "open_reader_view",
+]
 
 _log: Final = logging.getLogger("journal")
 
@@ -127,3 +148,63 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
         write_atomic(marker, boot_id, permissions=permissions)
     finally:
         os.close(lock_fd)
+
+
+def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, VerifyProblem | None]:
+    """A read-only journal's view: the store's own when it is sound and current, else a
+    private one projected from the log in a temporary directory. Returns the view, the
+    private directory (None for the store's view), and the damage that made the store's
+    view unusable, if that is why (`verify` reports it)."""
+    shared_damage: VerifyProblem | None = None
+    try:
+        # A damaged view (the file check; SPEC "a damaged view") is never mapped.
+        damage = inspect_view(index)
+        if damage is not None:
+            shared_damage = view_problem(damage)
+            raise ViewDamaged(damage)
+        view = View(index, readonly=True)
+        try:
+            stale, shared_damage = _stale(view, log)
+        except JournalCorrupt as e:
+            shared_damage = view_problem(e.detail)
+            stale = True  # a head that fails its checks
+        if stale:
+            # Behind the log (a writer crashed before indexing its last frames) or from
+            # before a reboot: a reader must not see less than was committed.
+            view.close()
+            raise ViewDamaged("the store's view is stale")
+        return view, None, None
+    except (lmdb.Error, ViewDamaged):
+        pass  # (an LMDB error here is no access, or no view yet: not damage)
+    private = tempfile.mkdtemp(prefix="journal-readonly-")
+    try:
+        view = View(private)
+        with view.begin(write=True) as txn:
+            view.put_store_id(txn, log.store_id)
+            project_log(log, view, txn)
+    except BaseException:
+        shutil.rmtree(private, ignore_errors=True)
+        raise
+    return view, private, shared_damage
+
+
+def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
+    """Whether the store's view is behind the log or from before a reboot (and the
+    damage, when its segment was cut short)."""
+    with view.begin() as txn:
+        head = view.head(txn)
+        boot = view.boot_id(txn)
+    if head is None or boot != BOOT_ID:
+        return True, None
+    with contextlib.suppress(FileNotFoundError):
+        name = segment_name(head.segment)
+        size = os.path.getsize(os.path.join(log.directory, name))
+        if size < head.end_offset:
+            return True, VerifyProblem(
+                name,
+                size,
+                f"the store's view indexes committed frames up to byte {head.end_offset}, "
+                f"but the segment ends at byte {size}: frames were cut off; "
+                "`journal verify --fix` (writable) accepts the loss",
+            )
+    return log.moved_past(head.segment, head.end_offset, head.next_position), None
