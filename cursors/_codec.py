@@ -247,11 +247,16 @@ class TokenCodec:
         if not isinstance(token, str):
             raise _malformed(expected, f"the {noun} must be a str, not {type(token).__name__}")
         if len(token) != TOKEN_LENGTH:
-            raise _malformed(
-                expected,
-                f"the {noun} is {len(token)} characters long, not {TOKEN_LENGTH} "
-                f"(it was truncated, extended or is not a {noun})",
-            )
+            stripped = token.strip()
+            if len(stripped) == TOKEN_LENGTH and stripped != token:
+                reason = "has white space around it (strip it)"
+            else:
+                characters = "character" if len(token) == 1 else "characters"
+                reason = (
+                    f"is {len(token)} {characters} long, not {TOKEN_LENGTH} "
+                    f"(it was truncated, extended or is not a {noun})"
+                )
+            raise _malformed(expected, f"the {noun} {reason}")
         if _ALPHABET.fullmatch(token) is None:
             raise _malformed(expected, f"the {noun} has characters outside the base64url alphabet")
         raw = base64.urlsafe_b64decode(token + "=")

@@ -675,3 +675,12 @@ def test_shared_key_text_round_trips_and_is_read_from_the_environment(tmp_path: 
     first = text.split(",")[0]
     with pytest.raises(KeyRingError):
         KeyRing.from_shared(f"{first},{first}")
+
+
+def test_a_pasted_token_with_white_space_around_it_is_told_so() -> None:
+    scope = scope_digest(b"store", "s")
+    token = CODEC.encode(TokenKind.SESSION, scope, 1, 1)
+    with pytest.raises(CursorMalformed, match="white space around it"):
+        CODEC.decode(f" {token}\n", TokenKind.SESSION, scope)
+    with pytest.raises(CursorMalformed, match="is 1 character long"):
+        CODEC.decode("x", TokenKind.SESSION, scope)
