@@ -352,9 +352,12 @@ def append(
         raise journal.InvalidArgument(
             "nothing to append: pass DATA arguments or NDJSON lines on stdin"
         )
-    with settings.open() as store:
-        try:
-            with _ctrl_c_noted() as noted:
+    store = settings.open()
+    try:
+        # Noted from the commit until the store is closed: a Ctrl+C after the result was
+        # printed must not turn a committed append into exit 130 (a retry would repeat it).
+        with _ctrl_c_noted() as noted:
+            try:
                 result = store.append(
                     session_id,
                     events,
@@ -363,14 +366,16 @@ def append(
                     create=create,
                 )
                 _emit_appended(settings, result)  # (before a Ctrl+C may interrupt again)
-        except KeyboardInterrupt:
-            click.echo(
-                "journal: interrupted by a second Ctrl+C while the events were being "
-                "committed: whether they were appended is not known (read the session; "
-                "--idempotency-key makes a retry safe)",
-                err=True,
-            )
-            raise
+            finally:
+                store.close()
+    except KeyboardInterrupt:
+        click.echo(
+            "journal: interrupted by a second Ctrl+C while the events were being "
+            "committed: whether they were appended is not known (read the session; "
+            "--idempotency-key makes a retry safe)",
+            err=True,
+        )
+        raise
     if noted:
         click.echo(
             "journal: Ctrl+C came while the events were being committed; they were "

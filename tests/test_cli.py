@@ -796,6 +796,32 @@ def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> N
     assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
 
 
+def test_ctrl_c_while_the_store_closes_after_an_append_exits_0(store: Path) -> None:
+    """A Ctrl+C after the result was printed, while the store closes, ended the command
+    with exit 130 (new-user trial): a script checking the status would append again.
+    The Ctrl+C is raised by a trace function as the journal starts closing."""
+    from journal import Journal
+
+    target = Journal.close.__code__
+    fired: list[bool] = []
+
+    def tracer(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is target and not fired:
+            fired.append(True)
+            signal.raise_signal(signal.SIGINT)
+
+    with _sigint(signal.default_int_handler):
+        sys.setprofile(tracer)
+        try:
+            result = invoke(store, "append", "-s", "t", "--create", "x")
+        finally:
+            sys.setprofile(None)
+    assert fired
+    assert result.exit_code == 0, result.output
+    assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
+    assert "they were appended" in result.output
+
+
 @contextlib.contextmanager
 def _sigint(handler: Any) -> Any:
     previous = signal.signal(signal.SIGINT, handler)
