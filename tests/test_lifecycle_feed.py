@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from _view_entries import feed_positions
+from _waiting import first_of
 
 from journal import (
     CursorExpired,
@@ -37,24 +38,9 @@ def open_store(path: Path, **options: Any) -> Journal:
 
 
 def next_of(feed: Iterator[LifecycleEvent], timeout: float = 10.0) -> LifecycleEvent:
-    """next(feed) in a thread, failing the test instead of hanging."""
-    box: list[tuple[str, Any]] = []
-
-    def run() -> None:
-        try:
-            box.append(("value", next(feed)))
-        except BaseException as e:
-            box.append(("error", e))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert box, f"nothing arrived within {timeout}s"
-    kind, value = box[0]
-    if kind == "error":
-        raise value
-    assert isinstance(value, LifecycleEvent)
-    return value
+    event = first_of(feed, timeout)
+    assert isinstance(event, LifecycleEvent)
+    return event
 
 
 def anchor_cursor(j: Journal) -> str:

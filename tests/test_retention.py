@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _waiting as waiting
 import lmdb
 import pytest
 from click.testing import CliRunner
@@ -170,23 +171,7 @@ def event_view(events: list[Event]) -> list[tuple[Any, ...]]:
 
 
 def first_of(iterator: Iterator[Any], timeout: float = WAIT_S) -> Any:
-    """next(iterator) in a thread, failing the test instead of hanging."""
-    box: list[Any] = []
-
-    def run() -> None:
-        try:
-            box.append(("value", next(iterator)))
-        except BaseException as e:
-            box.append(("error", e))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert box, f"nothing arrived within {timeout}s"
-    kind, value = box[0]
-    if kind == "error":
-        raise value
-    return value
+    return waiting.first_of(iterator, timeout)
 
 
 @pytest.fixture
