@@ -13,6 +13,8 @@ earlier releases carry none and are not checked.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from functools import partial
 from typing import Final
 
 from cursors import TokenCodec, TokenKind, scope_digest
@@ -32,21 +34,6 @@ _SCOPES: Final = 65536
 def event_check(time_ms: int) -> int:
     """The check a cursor carries for an event stamped `time_ms`."""
     return time_ms & _CHECK_MASK
-
-
-class _EventSigner:
-    """`ReadContext.signer` of one session incarnation: an event's checked cursor."""
-
-    __slots__ = ("_encode", "_scope")
-
-    def __init__(self, codec: TokenCodec, scope: bytes) -> None:
-        self._encode = codec.encode
-        self._scope = scope
-
-    def __call__(self, position: int, ordinal: int, time_ms: int) -> str:
-        return self._encode(
-            TokenKind.SESSION, self._scope, position, ordinal, time_ms & _CHECK_MASK
-        )
 
 
 class SessionCursors:
@@ -87,9 +74,8 @@ class SessionCursors:
         return self._context(row.session_id, row.incarnation)
 
     def _context(self, session_id: str, incarnation: int) -> ReadContext:
-        return ReadContext(
-            session_id, _EventSigner(self._codec, self.scope(session_id, incarnation))
-        )
+        # (Each event's cursor: `cursor` with the event's position, ordinal and time.)
+        return ReadContext(session_id, partial(self.cursor, session_id, incarnation))
 
     def event_time(
         self,
@@ -102,11 +88,8 @@ class SessionCursors:
         one read of that event (through `readers` when given)."""
         engine = self._engine
         context = self._context(session_id, incarnation)
-        if readers is None:
-            with engine.readers() as own:
-                page = engine.read(session_id, incarnation, ordinal - 1, 1, context, own)
-        else:
-            page = engine.read(session_id, incarnation, ordinal - 1, 1, context, readers)
+        with engine.readers() if readers is None else nullcontext(readers) as used:
+            page = engine.read(session_id, incarnation, ordinal - 1, 1, context, used)
         found = page.events[0] if page.events else None
         return found.timestamp_ms if found is not None and found.ordinal == ordinal else None
 

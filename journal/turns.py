@@ -7,12 +7,10 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Final
 
 from .abandoned import close_when_dropped
 from .arguments import check_request_id
@@ -32,7 +30,6 @@ __all__ = [
     "take_over",
 ]
 
-_log: Final = logging.getLogger("journal")
 
 # The result the next owner records for a turn whose owner died before settling it.
 OUTCOME_UNKNOWN_RESULT: dict[str, object] = {

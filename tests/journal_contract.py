@@ -921,20 +921,30 @@ class JournalContract:
         with raises(CursorMalformed):
             self.consume(j, api, "s1", token)
 
-    @pytest.mark.parametrize("api", ["read", "replay", "watch"])
-    def test_cursor_beyond_session_head_raises_cursor_future(
-        self, tmp_path: Path, api: str
-    ) -> None:
+    def restored_copy(self, tmp_path: Path) -> tuple[Path, str, list[str]]:
+        """A backup of a store whose session s1 held events 1..4, taken before the
+        original appended 5..7: (the backup, event 4's cursor, the cursors of events 6
+        and 7 and of the append of 5..7, which the backup lacks)."""
         self.requires("copy_store")
         original = tmp_path / "store"
         backup = tmp_path / "backup"
         with self.make_journal(original) as j:
             j.create_session("s1")
             j.append("s1", numbered(4))
+            shared = self.read_all(j, "s1")[-1].cursor
         self.copy_store(original, backup)
         with self.make_journal(original) as j:
-            j.append("s1", numbered(3, "later"))
-            future = self.read_all(j, "s1")[-1].cursor
+            appended = j.append("s1", numbered(3, "later"))
+            events = self.read_all(j, "s1")
+            lost = [events[-2].cursor, events[-1].cursor, appended.cursor]
+        return backup, shared, lost
+
+    @pytest.mark.parametrize("api", ["read", "replay", "watch"])
+    def test_cursor_beyond_session_head_raises_cursor_future(
+        self, tmp_path: Path, api: str
+    ) -> None:
+        backup, _, lost = self.restored_copy(tmp_path)
+        future = lost[1]  # event 7
         with self.make_journal(backup) as restored:
             assert restored.get_session("s1").last_ordinal == 4
             with raises(CursorFuture) as info:
@@ -950,17 +960,7 @@ class JournalContract:
         # The copy's new events take the ordinals (and often the positions) of the events
         # the original had past the copy's head: a cursor of one of those must not resume
         # past the copy's own events without an error.
-        self.requires("copy_store")
-        original = tmp_path / "store"
-        backup = tmp_path / "backup"
-        with self.make_journal(original) as j:
-            j.create_session("s1")
-            j.append("s1", numbered(4))
-            shared = self.read_all(j, "s1")[-1].cursor  # event 4: in both histories
-        self.copy_store(original, backup)
-        with self.make_journal(original) as j:
-            appended = j.append("s1", numbered(3, "later"))
-            lost = [self.read_all(j, "s1")[-2].cursor, appended.cursor]  # events 6 and 7
+        backup, shared, lost = self.restored_copy(tmp_path)  # shared: event 4, in both
         time.sleep(0.005)  # (the copy's events are stamped later)
         with self.make_journal(backup) as restored:
             restored.append("s1", numbered(5, "new"))  # ordinals 5..9

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -777,7 +777,26 @@ def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> N
     is raised by a trace function as the printing starts."""
     import cli.main as cli_main
 
-    target = cli_main._emit_appended.__code__
+    result = _append_with_ctrl_c_at(store, cli_main._emit_appended.__code__)
+    assert records(invoke(store, "sessions", "show", "t"))[0]["last_ordinal"] == 1
+    assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
+
+
+def test_ctrl_c_while_the_store_closes_after_an_append_exits_0(store: Path) -> None:
+    """A Ctrl+C after the result was printed, while the store closes, ended the command
+    with exit 130 (new-user trial): a script checking the status would append again.
+    The Ctrl+C is raised by a trace function as the journal starts closing."""
+    from journal import Journal
+
+    result = _append_with_ctrl_c_at(store, Journal.close.__code__)
+    assert result.exit_code == 0, result.output
+    assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
+    assert "they were appended" in result.output
+
+
+def _append_with_ctrl_c_at(store: Path, target: CodeType) -> Result:
+    """`journal append -s t --create x`, with a Ctrl+C raised (by a profile function)
+    as `target` is first called."""
     fired: list[bool] = []
 
     def tracer(frame: FrameType, event: str, arg: object) -> None:
@@ -792,34 +811,7 @@ def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> N
         finally:
             sys.setprofile(None)
     assert fired
-    assert records(invoke(store, "sessions", "show", "t"))[0]["last_ordinal"] == 1
-    assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
-
-
-def test_ctrl_c_while_the_store_closes_after_an_append_exits_0(store: Path) -> None:
-    """A Ctrl+C after the result was printed, while the store closes, ended the command
-    with exit 130 (new-user trial): a script checking the status would append again.
-    The Ctrl+C is raised by a trace function as the journal starts closing."""
-    from journal import Journal
-
-    target = Journal.close.__code__
-    fired: list[bool] = []
-
-    def tracer(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call" and frame.f_code is target and not fired:
-            fired.append(True)
-            signal.raise_signal(signal.SIGINT)
-
-    with _sigint(signal.default_int_handler):
-        sys.setprofile(tracer)
-        try:
-            result = invoke(store, "append", "-s", "t", "--create", "x")
-        finally:
-            sys.setprofile(None)
-    assert fired
-    assert result.exit_code == 0, result.output
-    assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
-    assert "they were appended" in result.output
+    return result
 
 
 @contextlib.contextmanager

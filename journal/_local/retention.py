@@ -242,14 +242,12 @@ def forget_segments(
     SPEC 7.7)."""
     highest = 0
     for summary in dead:
-        highest = max(highest, view.prune_feed(txn, summary.base_position, summary.last_position))
+        first, last = summary.base_position, summary.last_position
+        highest = max(highest, view.prune_feed(txn, first, last))
+        for incarnation, position in view.tombstones_between(txn, first, last):
+            view.forget_tombstone(txn, incarnation, position)
     if highest:
         log.record_feed_floor(highest)
-    for summary in dead:
-        for incarnation, position in view.tombstones_between(
-            txn, summary.base_position, summary.last_position
-        ):
-            view.forget_tombstone(txn, incarnation, position)
 
 
 def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:

@@ -612,7 +612,7 @@ class View:
         """Delete the feed entries in the position range (but those `kept` says stay),
         raising the floor to the highest deleted; returns it (0: none was deleted)."""
         cursor = txn.cursor(db=self._feed)
-        deleted = highest = 0
+        highest = 0  # (positions start at 1)
         positioned = cursor.set_range(U64.pack(first_position))
         while positioned:
             position = key_u64(cursor.key(), "feed")
@@ -623,9 +623,8 @@ class View:
                 continue
             cursor.delete()  # (moves to the next entry; to none, an empty key, past the last)
             positioned = bool(cursor.key())
-            deleted += 1
             highest = position
-        if deleted:
+        if highest:
             self.raise_feed_floor(txn, highest)
         return highest
 
