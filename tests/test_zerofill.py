@@ -467,3 +467,23 @@ def test_a_filler_that_keeps_failing_warns_once_until_it_works_again(
             j.append("s", batch("s", n))
             n += 1
         assert len(list(j.replay("s"))) == n * len(batch("s", 0))
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_real_fill_writes_exactly_the_zeros_asked_for_in_pieces(
+    tmp_path: Path, sync: bool
+) -> None:
+    """`FileOps.fill_zeros` writes its step a piece at a time (SPEC 3.2): every byte of
+    the range, whatever its length, and nothing before it."""
+    path = tmp_path / "segment"
+    path.write_bytes(b"\xff" * 1000)
+    length = STEP_BYTES + 5_000  # not a whole number of pieces
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        FileOps().fill_zeros(fd, 1000, length, sync=sync)
+    finally:
+        os.close(fd)
+    data = path.read_bytes()
+    assert len(data) == 1000 + length
+    assert data[:1000] == b"\xff" * 1000
+    assert data[1000:] == bytes(length)
