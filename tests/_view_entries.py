@@ -16,8 +16,8 @@ import lmdb
 _U64 = struct.Struct(">Q")
 
 
-def _env(store: Path, readonly: bool) -> lmdb.Environment:
-    return lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36, readonly=readonly)
+def _env(store: Path, readonly: bool, directory: str = "index") -> lmdb.Environment:
+    return lmdb.open(str(store / directory), max_dbs=16, map_size=1 << 36, readonly=readonly)
 
 
 def read_locations(store: Path) -> dict[tuple[int, int], bytes]:
@@ -54,9 +54,10 @@ def replace_location(store: Path, incarnation: int, ordinal: int, duplicate: byt
         env.close()
 
 
-def feed_positions(store: Path) -> list[int]:
-    """The positions of the lifecycle feed's entries (the journal must be closed)."""
-    env = _env(store, True)
+def feed_positions(store: Path, directory: str = "index") -> list[int]:
+    """The positions of the lifecycle feed's entries in the view at `store/directory`
+    (the journal must be closed)."""
+    env = _env(store, True, directory)
     try:
         with env.begin() as txn:
             db = env.open_db(b"feed", txn=txn, create=False)

@@ -7,6 +7,7 @@ lost records makes the cursors from before them expire the same way."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -248,3 +249,32 @@ def test_a_read_only_private_view_expires_cursors_of_changes_pruned_past_its_hea
         with pytest.raises(CursorExpired) as by_reader:
             reader.watch_sessions(cursor=before)
         assert by_reader.value.earliest_ordinal == by_writer.value.earliest_ordinal
+
+
+def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long-lived reader's private view must not keep every change ever made: what the
+    # writer pruned goes from it too when it catches up.
+    with open_store(store) as writer:
+        writer.create_session("anchor")
+    shutil.rmtree(store / "index")  # (the reader cannot make the shared view: private)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the private view goes
+    with open_store(store, readonly=True) as reader:
+        (private,) = scratch.glob("journal-readonly-*")
+        rounds = 4
+        with open_store(store) as writer:
+            for round_ in range(rounds):
+                live_and_ended(writer, f"r{round_}-", 40)
+                anchor_cursor(reader)  # (the reader catches up: it has their entries)
+                evict_all(writer)
+            writer.create_session("late")  # (a frame after the pruning)
+        anchor_cursor(reader)
+        shutil.copytree(private, tmp_path / "copy")  # (read below, the reader idle)
+    in_private = feed_positions(tmp_path, "copy")
+    in_writer = feed_positions(store)
+    # Each round made 120 changes; the writer pruned most, and so did the reader.
+    assert len(in_writer) < rounds * 120 // 2, len(in_writer)
+    assert set(in_private) <= set(in_writer), sorted(set(in_private) - set(in_writer))

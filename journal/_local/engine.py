@@ -411,8 +411,14 @@ class LocalEngine:
                 project_segments(self._log, projection)
                 projection.flush()
                 # Changes the writer pruned meanwhile, maybe past this view's head: a
-                # lifecycle cursor from before them must expire here too.
-                view.raise_feed_floor(txn, self._log.feed_floor() or 0)
+                # lifecycle cursor from before them must expire here too, and their
+                # entries go here as well (none at or below the floor is ever read), so
+                # a long-lived reader's view does not keep every change ever made.
+                floor = self._log.feed_floor() or 0
+                below = view.feed_floor(txn)
+                if floor > below:
+                    view.prune_feed(txn, below + 1, floor)
+                    view.raise_feed_floor(txn, floor)
 
     # -- the commit path -------------------------------------------------------------------
 
