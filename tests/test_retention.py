@@ -1140,6 +1140,32 @@ def test_verify_names_the_segment_and_frame_offset_of_a_flipped_bit(
         assert_range(j, "t", 1, 3)
 
 
+def test_verify_lists_every_damaged_frame_of_a_segment_not_only_the_first(
+    store: Path,
+) -> None:
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        _fill(j, "s", 60)
+        healthy = j.verify()
+        assert healthy.ok
+        sealed = segment_files(store)[1]
+        path = store / "segments" / sealed
+        offsets = frame_offsets(path)
+        assert len(offsets) >= 6
+        # A body, a checksummed header field, and a length (the next frame is found
+        # by its magic and checksum, not by the damaged length).
+        damaged = [offsets[1], offsets[3], offsets[-2]]
+        flip_bit(path, damaged[0] + 40)
+        flip_bit(path, damaged[1] + 14)
+        flip_bit(path, damaged[2] + 6)
+        report = j.verify()
+        assert [(p.segment, p.offset) for p in report.problems] == [
+            (sealed, offset) for offset in damaged
+        ], report.problems
+        # Every other frame was checked.
+        assert report.frames == healthy.frames - len(damaged)
+
+
 def test_verify_names_a_damaged_compressed_segment(store: Path) -> None:
     with open_store(store, segment_bytes=SMALL_SEGMENTS, compress_sealed=True) as j:
         j.create_session("s")

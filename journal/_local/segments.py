@@ -402,6 +402,30 @@ class SegmentReader:
         except BadFrame:
             return False
 
+    def next_frame_after(self, offset: int) -> int | None:
+        """Where the first valid frame after `offset` (damage) starts, or None: how
+        `verify` reads on past a damaged frame. A compressed segment goes on at its next
+        block; a plain one at the next frame magic whose header and checksum hold."""
+        if self.compressed:
+            try:
+                blocks = self.block_table()
+            except JournalCorrupt:
+                return None  # (its block table is damaged: nothing says where blocks are)
+            return next((block[0] for block in blocks if block[0] > offset), None)
+        size = self.file_size()
+        at = offset + 1
+        while at < size:
+            chunk = self._ops.pread(self._fd, min(_READ_CHUNK, size - at), at)
+            found = chunk.find(FRAME_MAGIC)
+            while found >= 0:
+                if self._written_meanwhile(at + found):
+                    return at + found
+                found = chunk.find(FRAME_MAGIC, found + 1)
+            if len(chunk) < len(FRAME_MAGIC):
+                break
+            at += len(chunk) - (len(FRAME_MAGIC) - 1)  # (a magic across two chunks)
+        return None
+
     def _data_after(self, offset: int, last_position: int) -> bool:
         """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""
         size = self.file_size()

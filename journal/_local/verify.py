@@ -23,6 +23,7 @@ from .frames import (
     COMPRESSED_SUFFIX,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
+    FrameInfo,
     segment_name,
     sidecar_name,
 )
@@ -79,29 +80,14 @@ def check_log(
         # written): only segments sealed before the snapshot must have their sidecar.
         active = i == len(bases) - 1 or (head is not None and base >= head.segment)
         committed_end = head.end_offset if head is not None and head.segment == base else None
-        try:
-            with SegmentReader(log.directory, base, log.ops) as reader:
-                for info, body in reader.frames(committed_end=committed_end, tail=active):
-                    frames += 1
-                    try:
-                        decoded = frame_records(reader.name, info, body, decode_frame_body)
-                    except JournalCorrupt as e:
-                        problems.append(VerifyProblem(e.segment, e.offset, e.detail))
-                        continue
-                    records += len(decoded)
-                    position = info.first_position
-                    for record in decoded:
-                        if isinstance(record, EventAppended):
-                            what = _event_problem(record, position, reached)
-                            if what is not None:
-                                problems.append(VerifyProblem(reader.name, info.offset, what))
-                        position += 1
-        except JournalCorrupt as e:
-            problems.append(VerifyProblem(e.segment, e.offset, e.detail))
+        counted, damaged = _check_segment(log, base, committed_end, active, reached, problems)
+        frames += counted[0]
+        records += counted[1]
+        if damaged:
             done += sizes[base]
             if progress is not None:
                 progress(done, total)
-            continue
+            continue  # (its sidecar cannot be checked against a rescan that fails)
         if not active:
             written = read_summary(log.directory, base)
             if written is None:
@@ -125,6 +111,62 @@ def check_log(
         if progress is not None:
             progress(done, total)
     return problems, frames, records, bad_sidecars
+
+
+def _check_segment(
+    log: SegmentLog,
+    base: int,
+    committed_end: int | None,
+    active: bool,
+    reached: dict[int, int],
+    problems: list[VerifyProblem],
+) -> tuple[tuple[int, int], bool]:
+    """Check every frame of one segment (problems appended): ((frames, records), whether
+    it is damaged). A damaged frame is reported and the check reads on from the next
+    valid frame after it, so every damaged frame is listed, not only the first."""
+    frames = records = 0
+    try:
+        reader = SegmentReader(log.directory, base, log.ops)
+    except JournalCorrupt as e:  # (its header)
+        problems.append(VerifyProblem(e.segment, e.offset, e.detail))
+        return (0, 0), True
+    damaged = False
+    start: int | None = SEGMENT_HEADER_SIZE
+    with reader:
+        while start is not None:
+            try:
+                for info, body in reader.frames(start, committed_end=committed_end, tail=active):
+                    frames += 1
+                    records += _check_frame(reader.name, info, body, reached, problems)
+                start = None
+            except JournalCorrupt as e:
+                problems.append(VerifyProblem(e.segment, e.offset, e.detail))
+                damaged = True
+                start = reader.next_frame_after(e.offset)
+    return (frames, records), damaged
+
+
+def _check_frame(
+    name: str,
+    info: FrameInfo,
+    body: memoryview,
+    reached: dict[int, int],
+    problems: list[VerifyProblem],
+) -> int:
+    """Check one frame's records (problems appended); returns how many it holds."""
+    try:
+        decoded = frame_records(name, info, body, decode_frame_body)
+    except JournalCorrupt as e:
+        problems.append(VerifyProblem(e.segment, e.offset, e.detail))
+        return 0
+    position = info.first_position
+    for record in decoded:
+        if isinstance(record, EventAppended):
+            what = _event_problem(record, position, reached)
+            if what is not None:
+                problems.append(VerifyProblem(name, info.offset, what))
+        position += 1
+    return len(decoded)
 
 
 def _event_problem(record: EventAppended, position: int, reached: dict[int, int]) -> str | None:
