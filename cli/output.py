@@ -94,7 +94,8 @@ Exit status:
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
   {EXIT_OTHER}    data loss, corruption or any other error
   {EXIT_OUTCOME_UNKNOWN}    outcome unknown: a watched turn's owner died before settling it (or
-       the session ended mid-turn); resume from the error's cursor after recovery
+       the session ended mid-turn: no resume); resume from the error's cursor after
+       recovery
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
 """
 
@@ -201,7 +202,9 @@ class Output:
         message = cli_message(error.message)
         with self._lock:
             cursor = fields.get("cursor") or fields.get("resume_cursor")
-            hint = f" (resume with --cursor {cursor})" if cursor else ""
+            # (Not for a turn of an ended session: resuming would end the same way.)
+            resumable = cursor and not fields.get("session_ended")
+            hint = f" (resume with --cursor {cursor})" if resumable else ""
             click.echo(f"journal: error: {message}{hint}", err=True)
             if self.json and not self.broken:
                 record = {

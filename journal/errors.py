@@ -195,14 +195,24 @@ class OutcomeUnknown(JournalError):
     """A turn was started and never settled, and its owner process is gone (or the
     session ended first): whether its effects happened is unknown. `request_id` names the
     turn; `cursor` is that of the last event delivered (resume from it after recovery;
-    None when nothing was delivered and the watch started without a cursor)."""
+    None when nothing was delivered and the watch started without a cursor).
+    `session_ended` is True when the session is terminal: nobody can settle the turn any
+    more, so resuming raises this again (everything up to `cursor` was delivered)."""
 
     code = "WATCH_OUTCOME_UNKNOWN"
     status = "UNKNOWN"
 
-    def __init__(self, message: str, *, request_id: str, cursor: str | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: str,
+        cursor: str | None,
+        session_ended: bool = False,
+    ) -> None:
         self.request_id = request_id
         self.cursor = cursor
+        self.session_ended = session_ended
         super().__init__(message)
 
 

@@ -60,9 +60,11 @@ def check_unsettled(
     if terminal:
         raise OutcomeUnknown(
             f"session {row.session_id!r} ended while turn {request_id!r} was unsettled: "
-            "whether the prompt executed is unknown",
+            "whether the prompt executed is unknown, and stays so (an ended session has "
+            "no owner to settle it; every event up to here was delivered)",
             request_id=request_id,
             cursor=cursor,
+            session_ended=True,
         )
     if engine.owner_alive(row) is not False:
         return

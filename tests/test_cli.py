@@ -588,14 +588,53 @@ def test_event_data_that_is_not_strict_json_travels_as_base64(store: Path) -> No
         json.loads(json.dumps(event))  # every line is valid JSON
 
 
-def test_an_unknown_outcome_error_carries_the_resume_cursor(store: Path) -> None:
+def test_an_unknown_outcome_error_carries_the_cursor_but_no_resume_for_an_ended_session(
+    store: Path,
+) -> None:
+    """The session ended mid-turn: nobody can settle the turn, so resuming from the
+    cursor would end the same way again; the error says so instead of suggesting it."""
     _turns_store(store)
     result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "t", check=False)
     assert result.returncode == 8
     *events, error = [json.loads(line) for line in result.stdout.splitlines()]
     assert error["error"]["request_id"] == "r3"
     assert error["error"]["cursor"] == events[-1]["cursor"]
+    assert error["error"]["session_ended"] is True
+    assert "resume with" not in result.stderr and "stays so" in result.stderr, result.stderr
+    again = run_cli(
+        *("--store", str(store), "watch", "-s", "t", "--cursor", events[-1]["cursor"]),
+        check=False,
+    )
+    assert again.returncode == 8 and "resume with" not in again.stderr
+
+
+def test_an_unknown_outcome_of_a_dead_owner_says_where_to_resume(store: Path) -> None:
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("u")
+    owner_process = subprocess.Popen(
+        [sys.executable, "-c", _OWN_AND_HANG, str(store)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner_process.stdout is not None
+        assert owner_process.stdout.readline().strip() == "mid-turn"
+    finally:
+        owner_process.kill()
+        owner_process.wait(10)
+    result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "u", check=False)
+    assert result.returncode == 8, result.stderr
+    *events, error = [json.loads(line) for line in result.stdout.splitlines()]
+    assert error["error"]["session_ended"] is False
     assert f"(resume with --cursor {events[-1]['cursor']})" in result.stderr
+
+
+_OWN_AND_HANG = """
+import sys, time, journal
+j = journal.Journal.open(sys.argv[1], durability="os")
+owner = j.own("u")
+owner.turn("r-dead").__enter__()
+print("mid-turn", flush=True)
+time.sleep(60)
+"""
 
 
 def test_a_tag_with_a_newline_cannot_fake_a_listing_row(store: Path) -> None:

@@ -142,6 +142,7 @@ def test_a_session_resolved_mid_turn_ends_its_watchers_with_outcome_unknown(
         assert not watcher.is_alive()
         assert len(errors) == 1 and errors[0].request_id == "r1"
         assert errors[0].cursor == seen[-1]
+        assert errors[0].session_ended  # (nobody can settle it: no resuming helps)
         with pytest.raises(SessionNotWritable):
             turn.__exit__(None, None, None)
         owner.release()
@@ -189,6 +190,7 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
             assert len(errors) == 1, errors
             error = errors[0]
             assert error.request_id == "r-killed" and error.code == "WATCH_OUTCOME_UNKNOWN"
+            assert not error.session_ended  # (a next owner settles it)
             assert [e.type for e in delivered] == ["message", "turn_started", "message"]
             assert error.cursor == delivered[-1].cursor
             # The next owner records the unknown outcome before own() returns.
