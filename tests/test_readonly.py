@@ -12,6 +12,8 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -317,3 +319,38 @@ def test_every_write_on_a_readonly_journal_raises_read_only_store(tmp_path: Path
     with Journal.open(store) as j:
         assert j.get_session("s").last_ordinal == 2
         assert j.snapshot("s") is None
+
+
+_LEFT_OPEN = """
+import os, sys, tempfile
+from pathlib import Path
+from journal import EventIn, Journal
+store, scratch = sys.argv[1], Path(sys.argv[2])
+tempfile.tempdir = str(scratch)
+writer = Journal.open(store, durability="os")
+writer.append("s", [EventIn("m", b"x")], create=True)
+reader = Journal.open(store, readonly=True)  # (the writer holds the view: a private one)
+assert [e.ordinal for e in reader.replay("s")] == [1]
+(private,) = scratch.glob("journal-readonly-*")
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # (its exit must leave its parent's private view alone)
+os.waitpid(child, 0)
+assert private.is_dir(), "a forked child's exit removed its parent's private view"
+print("left open", flush=True)
+"""  # and exits with both journals open
+
+
+def test_a_read_only_journal_left_open_at_exit_leaves_no_private_view_behind(
+    tmp_path: Path,
+) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, str(tmp_path / "store"), str(scratch)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and result.stdout == "left open\n", result.stderr
+    assert list(scratch.iterdir()) == []

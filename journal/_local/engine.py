@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -109,6 +108,7 @@ from .opening import (
     key_ring_for,
     open_checked_view,
     open_reader_view,
+    remove_private_view,
 )
 from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments
@@ -368,7 +368,7 @@ class LocalEngine:
                 view.close()  # (a forked child: the lock may have been held at fork)
         private = getattr(self, "_private_dir", None)
         if private is not None and remove_private:
-            shutil.rmtree(private, ignore_errors=True)
+            remove_private_view(private)
 
     @reads_disk
     def check_usable(self) -> None:

@@ -4,6 +4,7 @@ checked against a reboot (LMDB's own sync is off) and against damage before it i
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import logging
@@ -38,9 +39,28 @@ __all__ = [
     "key_ring_for",
     "open_checked_view",
     "open_reader_view",
+    "remove_private_view",
 ]
 
 _log: Final = logging.getLogger("journal")
+
+# The private view directories this process made and has not removed yet (directory ->
+# the pid that made it): a read-only journal never closed leaves none behind at exit.
+# Only the process that made one removes it (a forked child inherits the table).
+_PRIVATE_VIEWS: Final[dict[str, int]] = {}
+
+
+def remove_private_view(directory: str) -> None:
+    """Remove a private view directory (its journal closed, or its open failed)."""
+    _PRIVATE_VIEWS.pop(directory, None)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@atexit.register
+def _remove_private_views_left_open() -> None:
+    for directory, pid in list(_PRIVATE_VIEWS.items()):
+        if pid == os.getpid():
+            remove_private_view(directory)
 
 
 def open_checked_view(index: str, permissions: Permissions) -> View:
@@ -177,13 +197,14 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
     except (lmdb.Error, ViewDamaged):
         pass  # (an LMDB error here is no access, or no view yet: not damage)
     private = tempfile.mkdtemp(prefix="journal-readonly-")
+    _PRIVATE_VIEWS[private] = os.getpid()
     try:
         view = View(private)
         with view.begin(write=True) as txn:
             view.put_store_id(txn, log.store_id)
             project_log(log, view, txn)
     except BaseException:
-        shutil.rmtree(private, ignore_errors=True)
+        remove_private_view(private)
         raise
     return view, private, shared_damage
 
