@@ -831,7 +831,22 @@ def _fill(j: Journal, session_id: str, count: int, size: int = 400) -> None:
 def _sealed_bytes(store: Path) -> int:
     """Bytes of sealed segments and their sidecars (what CompactionReport counts)."""
     active = segment_files(store)[-1]
-    return sum(size for name, size in _sizes(store).items() if name != active)
+    return sum(
+        size
+        for name, size in _sizes(store).items()
+        if name != active and name.endswith((".seg", ".seg.zst", ".idx"))
+    )
+
+
+def test_compact_counts_only_sealed_segments_and_their_sidecars(store: Path) -> None:
+    """Nothing sealed yet: nothing to count (the segment directory's other files, such
+    as the feed floor, are not sealed bytes)."""
+    with open_store(store) as j:
+        j.create_session("s")
+        append_batch(j, "s", [10])
+        assert len(segment_files(store)) == 1
+        report = j.compact()
+        assert (report.bytes_before, report.bytes_after) == (0, 0), report
 
 
 def _sizes(store: Path) -> dict[str, int]:

@@ -150,12 +150,11 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
 
 
 def sealed_bytes(log: SegmentLog) -> int:
-    """Bytes of the sealed segments and their sidecars (the active one is preallocated)."""
+    """Bytes of the sealed segments and their sidecars (the active one is preallocated;
+    the directory's other files, such as `feed-floor`, are not segments)."""
     total = 0
-    bases = log.bases()
-    active = segment_name(bases[-1]) if bases else ""
-    for name in os.listdir(log.directory):
-        if name != active and not name.endswith(".tmp"):
+    for base in log.bases()[:-1]:
+        for name in (segment_name(base), segment_name(base, compressed=True), sidecar_name(base)):
             with contextlib.suppress(FileNotFoundError):
                 total += os.path.getsize(os.path.join(log.directory, name))
     return total
