@@ -36,7 +36,7 @@ from .arguments import (
 )
 from .errors import ArchiveInvalid, InvalidArgument
 from .models import SessionState
-from .records import TURN_EVENT_TYPES, TURN_STARTED
+from .records import TURN_EVENT_TYPES, TURN_STARTED, SessionStaged
 
 __all__ = [
     "ARCHIVE_FORMAT",
@@ -164,6 +164,39 @@ class ArchiveSession(_ArchiveRecord, tag=2, frozen=True):
     max_history_bytes: int | None
     max_history_age_ms: int | None
     turn_request_id: _Text | None
+
+    def staged(
+        self,
+        staging_id: str,
+        source_store: str,
+        exported_at_ms: int,
+        importer: tuple[int, int, str],
+        boot_id: str,
+    ) -> SessionStaged:
+        """The record that stages this session under `staging_id`, imported from
+        `source_store` by the process `importer` (pid, start time, host) of boot
+        `boot_id`."""
+        pid, start_time, host = importer
+        return SessionStaged(
+            staging_id=staging_id,
+            session_id=self.session_id,
+            created_at_ms=self.created_at_ms,
+            mode=self.mode,
+            context_id=self.context_id,
+            tags=self.tags,
+            extensions=self.extensions,
+            ttl_ms=self.ttl_ms,
+            max_suspend_ms=self.max_suspend_ms,
+            max_history_bytes=self.max_history_bytes,
+            max_history_age_ms=self.max_history_age_ms,
+            source_store=source_store,
+            exported_at_ms=exported_at_ms,
+            pid=pid,
+            start_time=start_time,
+            host=host,
+            boot_id=boot_id,
+            turn_request_id=self.turn_request_id,
+        )
 
 
 class ArchiveSnapshot(_ArchiveRecord, tag=3, frozen=True):

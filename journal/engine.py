@@ -56,7 +56,8 @@ __all__ = [
     "ReleaseLease",
     "SnapshotRef",
     "StageEvents",
-    "StageSession",
+    "StageSessions",
+    "StagedSession",
     "StoredSnapshot",
     "Transition",
     "VerifyFix",
@@ -223,24 +224,34 @@ class AppendTurnEvent(Operation[Appended], frozen=True):
     data: bytes
 
 
-class StageSession(Operation[SessionRow], frozen=True):
-    """Begin importing one session of an archive: an invisible row (no id a caller can
-    name, no lifecycle entry, no deadline or retention) with the archive's metadata, its
-    snapshot and its retained range's start. The importing process is recorded so an
-    import it never finished can be rolled back once it is gone (engine-specific)."""
-
-    session: ArchiveSession
-    snapshot: ArchiveSnapshot | None
-    source_store: str
-    exported_at_ms: int
-
-
 class StageEvents(Operation[int], frozen=True):
     """Append archived events (ordinals, times and request ids as given, continuing
     the staged row densely) to staged incarnation `incarnation`; the new last ordinal."""
 
     incarnation: int
     events: list[ArchiveEvent]
+
+
+class StagedSession(msgspec.Struct, frozen=True):
+    """One archived session to stage with others (`StageSessions`): its metadata,
+    snapshot and every event it brings."""
+
+    session: ArchiveSession
+    snapshot: ArchiveSnapshot | None
+    events: list[ArchiveEvent]
+
+
+class StageSessions(Operation[list[SessionRow]], frozen=True):
+    """Begin importing sessions of an archive, in one operation (rows in the same order):
+    for each, an invisible row (no id a caller can name, no lifecycle entry, no deadline
+    or retention) with the archive's metadata, its snapshot and its retained range's
+    start, then the events given (as `StageEvents`; a large session's others follow in
+    `StageEvents` steps). The importing process is recorded so an import it never
+    finished can be rolled back once it is gone (engine-specific)."""
+
+    sessions: list[StagedSession]
+    source_store: str
+    exported_at_ms: int
 
 
 class ImportTarget(msgspec.Struct, frozen=True):

@@ -39,8 +39,9 @@ from .engine import (
     CommitImport,
     Engine,
     ImportTarget,
+    StagedSession,
     StageEvents,
-    StageSession,
+    StageSessions,
     StoredSnapshot,
 )
 from .errors import (
@@ -68,9 +69,11 @@ T = TypeVar("T")
 Progress = Callable[[int, int], None]
 Destination = str | os.PathLike[str] | IO[bytes]
 
-# Events handed to the engine per staging operation (one commit each).
+# Events handed to the engine per staging operation (one commit each); sessions whose
+# events fit go together, at most `_STAGE_SESSIONS` at a time.
 _STAGE_BYTES = 4 << 20
 _STAGE_EVENTS = 10_000
+_STAGE_SESSIONS = 1_000
 
 
 def _no_cursor(position: int, ordinal: int, time_ms: int) -> str:
@@ -451,21 +454,35 @@ def _stage_and_commit(
     sha256: str,
     progress: _Halves,
 ) -> list[SessionRow]:
-    """The second pass: stage every session, then commit them all in one operation."""
+    """The second pass: stage every session, then commit them all in one operation.
+
+    A session whose events fit in one staging operation waits in a group that is staged
+    in one operation (one commit for many small sessions); a larger one is staged on its
+    own, its events in steps. Either way the plan keeps the archive's order."""
     reader = ArchiveReader(source, limits)
     if reader.header != header:
         raise ArchiveInvalid("changed", "the archive changed while it was imported")
     staged: list[int] = []
     plan: list[ImportTarget] = []
+    group = _Group()
+
+    def stage_group() -> None:
+        if group.sessions:
+            rows = engine.submit(
+                StageSessions(group.sessions, header.store_id, header.exported_at_ms)
+            )
+            staged.extend(row.incarnation for row in rows)
+            for row, (index, meta) in zip(rows, group.targets, strict=True):
+                plan.append(ImportTarget(row.incarnation, targets[index], *_state_of(meta)))
+            group.clear()
+            progress(reader.archive_bytes)
+
     try:
         for index, section in enumerate(reader.sections()):
             meta = section.session
             if index >= len(targets):
                 raise ArchiveInvalid("changed", "the archive changed while it was imported")
-            row = engine.submit(
-                StageSession(meta, section.snapshot, header.store_id, header.exported_at_ms)
-            )
-            staged.append(row.incarnation)
+            row: SessionRow | None = None  # staged on its own (too large for a group)
             pending: list[ArchiveEvent] = []
             size = 0
             for batch in section.batches:
@@ -473,15 +490,29 @@ def _stage_and_commit(
                     if pending and (
                         size + len(event.data) > _STAGE_BYTES or len(pending) == _STAGE_EVENTS
                     ):
+                        if row is None:
+                            stage_group()  # (first: the plan keeps the archive's order)
+                            alone = StagedSession(meta, section.snapshot, [])
+                            (row,) = engine.submit(
+                                StageSessions([alone], header.store_id, header.exported_at_ms)
+                            )
+                            staged.append(row.incarnation)
                         engine.submit(StageEvents(row.incarnation, pending))
                         pending, size = [], 0
                         progress(reader.archive_bytes)
                     pending.append(event)
                     size += len(event.data)
+            if row is None:
+                size += len(section.snapshot.data) if section.snapshot is not None else 0
+                if not group.fits(size, len(pending)):
+                    stage_group()
+                group.add(StagedSession(meta, section.snapshot, pending), index, size)
+                continue
             if pending:
                 engine.submit(StageEvents(row.incarnation, pending))
                 progress(reader.archive_bytes)
             plan.append(ImportTarget(row.incarnation, targets[index], *_state_of(meta)))
+        stage_group()
         if reader.sha256 != sha256 or len(plan) != len(targets):
             raise ArchiveInvalid("changed", "the archive changed while it was imported")
         rows = engine.submit(CommitImport(plan))
@@ -492,6 +523,33 @@ def _stage_and_commit(
         raise
     progress.finished()
     return rows
+
+
+class _Group:
+    """Small sessions waiting to be staged together (`StageSessions`)."""
+
+    def __init__(self) -> None:
+        self.sessions: list[StagedSession] = []
+        self.targets: list[tuple[int, ArchiveSession]] = []  # (archive index, metadata)
+        self._bytes = 0
+        self._events = 0
+
+    def fits(self, data_bytes: int, events: int) -> bool:
+        return (
+            len(self.sessions) < _STAGE_SESSIONS
+            and self._bytes + data_bytes <= _STAGE_BYTES
+            and self._events + events <= _STAGE_EVENTS
+        )
+
+    def add(self, session: StagedSession, index: int, data_bytes: int) -> None:
+        self.sessions.append(session)
+        self.targets.append((index, session.session))
+        self._bytes += data_bytes
+        self._events += len(session.events)
+
+    def clear(self) -> None:
+        self.sessions, self.targets = [], []
+        self._bytes = self._events = 0
 
 
 def _state_of(meta: ArchiveSession) -> tuple[int, int]:

@@ -41,6 +41,7 @@ from journal import (
     SessionExists,
     SessionState,
 )
+from journal._local.files import FileOps
 from journal._local.view import View
 from journal.archive import (
     ARCHIVE_FORMAT,
@@ -285,6 +286,49 @@ def test_round_trip_keeps_events_metadata_and_snapshots(
                 # Export of the imported store: the same content.
                 assert _sections(_export(target)) == _sections(archive)
                 assert target.verify().problems == []
+
+
+class _CountedCommits(FileOps):
+    """Counts the engine's commits (its `commit.batch_taken` fault point)."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "commit.batch_taken":
+            self.commits += 1
+
+
+def test_small_sessions_are_staged_together_and_a_large_one_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """An import stages small sessions many to a commit (it took two commits each), a
+    session too large for one staging operation in steps, and keeps the archive's order."""
+    with Journal.open(tmp_path / "source", durability="os") as source:
+        for i in range(300):
+            session_id = f"s{i:03d}" if i != 150 else "s150-large"
+            source.create_session(session_id, tags={"i": str(i)})
+            sizes = [1 << 20] * 5 if i == 150 else [100] * (1 + i % 3)
+            for size in sizes:
+                source.append(session_id, [EventIn("m", bytes([i % 251]) * size)])
+        source.resolve_session("s007")
+        expected = {
+            m.session_id: (_meta(source, m.session_id), _history(source, m.session_id))
+            for m in source.list_sessions()
+        }
+        archive = _export(source)
+    ops = _CountedCommits()
+    with Journal.open(tmp_path / "target", durability="os", file_ops=ops) as target:
+        before = ops.commits
+        report = target.import_sessions(io.BytesIO(archive))
+        commits = ops.commits - before
+        assert [s.session_id for s in report.sessions] == sorted(expected)
+        for session_id, (meta, history) in expected.items():
+            assert (_meta(target, session_id), _history(target, session_id)) == (meta, history)
+        assert target.verify().problems == []
+    # The small sessions before and after the large one: a commit each group; the large
+    # one: its row and its events in two steps; the commit of the import.
+    assert commits <= 8, commits
 
 
 def test_import_records_its_source_and_starts_a_new_watch_history(

@@ -24,7 +24,7 @@ from ..engine import (
     ReleaseLease,
     SnapshotRef,
     StageEvents,
-    StageSession,
+    StageSessions,
     Transition,
     VerifyFix,
 )
@@ -83,7 +83,7 @@ class Writer(Committer):
                 return await self._acquire(operation)
             case ReleaseLease():
                 return await self._release(operation)
-            case StageSession() | StageEvents() | CommitImport() | AbortImport():
+            case StageSessions() | StageEvents() | CommitImport() | AbortImport():
                 raise Unsupported(
                     "import_sessions is not available on a nats:// store: import the "
                     "archive into a local store, or replay its events with append()"

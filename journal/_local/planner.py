@@ -13,6 +13,7 @@ from typing import Any, Final, Literal
 import lmdb
 import msgspec
 
+from ..archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
 from ..engine import (
     AbortImport,
     AcquireLease,
@@ -29,7 +30,7 @@ from ..engine import (
     ReleaseLease,
     SnapshotRef,
     StageEvents,
-    StageSession,
+    StageSessions,
     Transition,
     VerifyFix,
 )
@@ -56,7 +57,6 @@ from ..records import (
     SessionCreated,
     SessionEvicted,
     SessionImported,
-    SessionStaged,
     SnapshotTaken,
     StateChanged,
 )
@@ -302,10 +302,10 @@ class Planner:
                 self._acquire(request, operation)
             case ReleaseLease():
                 self._release(request, operation)
-            case StageSession():
-                self._stage(request, operation)
             case StageEvents():
                 self._stage_events(request, operation)
+            case StageSessions():
+                self._stage_sessions(request, operation)
             case CommitImport():
                 self._commit_import(request, operation)
             case AbortImport():
@@ -570,42 +570,43 @@ class Planner:
 
     # -- imports (see `SessionStaged`) -------------------------------------------------
 
-    def _stage(self, request: Request, op: StageSession) -> None:
-        meta = op.session
+    def _stage_sessions(self, request: Request, op: StageSessions) -> None:
+        ids = []
+        for item in op.sessions:
+            staging_id = self._stage_row(
+                item.session, item.snapshot, op.source_store, op.exported_at_ms
+            )
+            pending = self._pending(staging_id)
+            assert pending is not None
+            self._stage_into(pending, item.events)
+            ids.append(staging_id)
+        self._finishers.append((request, lambda: [self._current_row(i) for i in ids]))
+
+    def _stage_row(
+        self,
+        meta: ArchiveSession,
+        snapshot: ArchiveSnapshot | None,
+        source_store: str,
+        exported_at_ms: int,
+    ) -> str:
+        """Stage one session's row (its snapshot and trimmed start too); its staging id."""
         position = self.next_position
         staging_id = f"\x00import\x00{position}"
-        pid, start_time, host = identity()
-        record = SessionStaged(
-            staging_id=staging_id,
-            session_id=meta.session_id,
-            created_at_ms=meta.created_at_ms,
-            mode=meta.mode,
-            context_id=meta.context_id,
-            tags=meta.tags,
-            extensions=meta.extensions,
-            ttl_ms=meta.ttl_ms,
-            max_suspend_ms=meta.max_suspend_ms,
-            max_history_bytes=meta.max_history_bytes,
-            max_history_age_ms=meta.max_history_age_ms,
-            source_store=op.source_store,
-            exported_at_ms=op.exported_at_ms,
-            pid=pid,
-            start_time=start_time,
-            host=host,
-            boot_id=self.boot_id.decode(),
-            turn_request_id=meta.turn_request_id,
+        importer = identity()
+        record = meta.staged(
+            staging_id, source_store, exported_at_ms, importer, self.boot_id.decode()
         )
         self._emit(record)
         row = SessionRow.staged_from(record, position)
         through = 0
-        if op.snapshot is not None:
-            through = op.snapshot.through_ordinal
-            self._emit(SnapshotTaken(position, through, self.now, op.snapshot.data))
+        if snapshot is not None:
+            through = snapshot.through_ordinal
+            self._emit(SnapshotTaken(position, through, self.now, snapshot.data))
         if meta.first_ordinal > through + 1:
             self._emit(HistoryTrimmed(position, meta.first_ordinal, self.now))
         row.last_ordinal = meta.first_ordinal - 1
         self._set_session(staging_id, _Pending(row))
-        self._finishers.append((request, lambda: self._current_row(staging_id)))
+        return staging_id
 
     def _staged(self, incarnation: int) -> tuple[str, _Pending]:
         staging_id = self.view.session_id_of(self.txn, incarnation)
@@ -616,12 +617,16 @@ class Planner:
 
     def _stage_events(self, request: Request, op: StageEvents) -> None:
         _, pending = self._staged(op.incarnation)
+        request.result = self._stage_into(pending, op.events)
+
+    def _stage_into(self, pending: _Pending, events: list[ArchiveEvent]) -> int:
+        """Append archived events to a staged row; its new last ordinal."""
         incarnation = pending.incarnation
         expected = pending.last_ordinal + 1
         position = self.next_position
         records = self.records
         run: EventRun | None = None  # the run being built (runs break at turn events)
-        for event in op.events:
+        for event in events:
             if event.ordinal != expected:
                 raise InvalidArgument(
                     f"imported event ordinal {event.ordinal} where {expected} was due"
@@ -656,7 +661,7 @@ class Planner:
             add_run(self.event_runs, run)
         self.next_position = position
         self._set_last_ordinal(pending, expected - 1)
-        request.result = expected - 1
+        return expected - 1
 
     def _commit_import(self, request: Request, op: CommitImport) -> None:
         chosen: set[str] = set()
