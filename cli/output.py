@@ -38,6 +38,7 @@ __all__ = [
     "Settings",
     "cli_message",
     "display_width",
+    "echo",
     "embedded",
     "error_fields",
     "event_quiet",
@@ -160,6 +161,14 @@ def stop_when_reader_leaves(stop: threading.Event) -> threading.Event | None:
     return stop
 
 
+def echo(line: str, err: bool = False) -> None:
+    """Print one line and flush, exactly as given: click.echo strips ANSI escape sequences
+    from text going to anything but a terminal, which would change event data printed
+    as is (quiet format) or a path in a pipe only. Text format escapes control
+    characters itself where data could fake a line."""
+    click.echo(line, err=err, color=True)
+
+
 class Output:
     """Prints records in the chosen format: `json` (NDJSON), `text` (human) or `quiet`."""
 
@@ -187,7 +196,7 @@ class Output:
             return
         with self._lock:
             try:
-                click.echo(line)  # click.echo flushes: watch output streams
+                echo(line)  # (flushed: watch output streams)
             except BrokenPipeError:
                 self.broken = True
                 silence_stdout()
@@ -205,7 +214,7 @@ class Output:
             # (Not for a turn of an ended session: resuming would end the same way.)
             resumable = cursor and not fields.get("session_ended")
             hint = f" (resume with --cursor {cursor})" if resumable else ""
-            click.echo(f"journal: error: {message}{hint}", err=True)
+            echo(f"journal: error: {message}{hint}", err=True)
             if self.json and not self.broken:
                 record = {
                     "error": {
@@ -216,7 +225,7 @@ class Output:
                     }
                 }
                 try:
-                    click.echo(json.dumps(record, separators=(",", ":")))
+                    echo(json.dumps(record, separators=(",", ":")))
                 except BrokenPipeError:
                     self.broken = True
                     silence_stdout()

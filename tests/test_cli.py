@@ -1072,3 +1072,31 @@ def test_an_options_value_is_never_taken_for_a_global_option(store: Path, tmp_pa
     later = invoke(tmp_path / "nowhere", "read", "-s", "a", "--store", str(store), "--format=text")
     assert later.exit_code == 0, later.output
     assert later.stdout.startswith("#1 message [--store] hi\n"), later.stdout
+
+
+# -- new-user trial ---------------------------------------------------------------------------
+
+
+def test_quiet_prints_ansi_escapes_in_event_data_through_a_pipe(store: Path) -> None:
+    """click.echo strips ANSI escape sequences from text written to anything but a
+    terminal: `journal --format quiet read | od -c` showed `red` without its ESC bytes.
+    Quiet prints event data as is, whatever stdout is; text still escapes them."""
+    data = "\x1b[31mred\x1b[0m"
+    assert invoke(store, "append", "-s", "q", "--create", data).exit_code == 0
+    for command in ("read", "watch"):
+        if command == "watch":
+            assert invoke(store, "sessions", "resolve", "q").exit_code == 0
+        piped = run_cli("--store", str(store), "--format", "quiet", command, "-s", "q")
+        assert piped.stdout == data + "\n", (command, piped.stdout)
+    assert invoke(store, "read", "-s", "q", fmt="quiet").stdout == data + "\n"
+    text = invoke(store, "read", "-s", "q", fmt="text").stdout
+    assert text.startswith("#1 message \\x1b[31mred\\x1b[0m\n"), text
+
+
+def test_init_prints_a_store_path_with_an_escape_sequence_as_given(tmp_path: Path) -> None:
+    """The path `init` prints lost its ANSI escape sequence when stdout was not a
+    terminal (`STORE=$(journal init)` named another directory)."""
+    path = tmp_path / "a\x1b[31mb"
+    result = invoke(path, "init", fmt="text")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{path}\n"
