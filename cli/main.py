@@ -27,9 +27,6 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
-    event_quiet,
-    event_record,
-    event_text,
     is_nats,
     pass_settings,
     require_stream,
@@ -540,7 +537,7 @@ def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int
     with settings.open(write=False) as store:
         page = store.read(session_id, cursor=cursor or None, max_bytes=max_bytes)
         for event in page.events:
-            output.emit(event_record(event), event_text(event), event_quiet(event))
+            output.event(event)
     if page.next_cursor is None:
         trailer = "-- no events"
     else:

@@ -187,11 +187,24 @@ class Output:
         if self.broken:
             return
         if self.json:
-            line: str | None = json.dumps(record, separators=(",", ":"))
-        elif self.format == "quiet":
-            line = quiet
+            self._print(json.dumps(record, separators=(",", ":")))
         else:
-            line = text
+            self._print(quiet if self.format == "quiet" else text)
+
+    def event(self, event: journal.Event) -> None:
+        """Print an event of `read` or `watch`, rendered in the chosen format only: the
+        other renderings of a large payload (base64, a preview) cost more than printing
+        it."""
+        if self.broken:
+            return
+        if self.json:
+            self._print(json.dumps(event_record(event), separators=(",", ":")))
+        elif self.format == "quiet":
+            self._print(event_quiet(event))
+        else:
+            self._print(event_text(event))
+
+    def _print(self, line: str | None) -> None:
         if line is None:
             return
         with self._lock:
@@ -328,9 +341,14 @@ pass_settings = click.make_pass_decorator(Settings)
 
 
 def preview(data: bytes, limit: int = 100) -> str:
-    """A one-line, printable rendering of payload bytes, cut at `limit` characters."""
-    text = data.decode("utf-8", "backslashreplace")
-    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    """A one-line, printable rendering of payload bytes, cut at `limit` (3 or more)
+    characters."""
+    # Only the head that can show is decoded and escaped, so a payload of megabytes costs
+    # what a short one does. A decoded character takes at most 4 bytes, and each one
+    # escapes to at least one character: the first limit + 1 decoded characters decide
+    # both what is shown and whether it was cut.
+    head = data[: 4 * (limit + 1)].decode("utf-8", "backslashreplace")[: limit + 1]
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in head)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -21,9 +21,6 @@ from .output import (
     EXIT_INTERRUPTED,
     Output,
     Settings,
-    event_quiet,
-    event_record,
-    event_text,
     lifecycle_record,
     lifecycle_text,
     stop_when_reader_leaves,
@@ -97,7 +94,7 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
     stop = stop_when_reader_leaves(reader_gone)
     with _watching(output, cursor) as last, settings.open(write=False) as store:
         for event in store.watch(session_id, cursor=cursor, stop=stop):
-            output.emit(event_record(event), event_text(event), event_quiet(event))
+            output.event(event)
             last.cursor = event.cursor
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write

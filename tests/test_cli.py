@@ -14,15 +14,19 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import journal
 from cli.main import main
+from cli.output import preview
 
 
 def test_help_and_version() -> None:
@@ -1100,3 +1104,59 @@ def test_init_prints_a_store_path_with_an_escape_sequence_as_given(tmp_path: Pat
     result = invoke(path, "init", fmt="text")
     assert result.exit_code == 0, result.output
     assert result.stdout == f"{path}\n"
+
+
+def _preview_escaping_everything(data: bytes, limit: int) -> str:
+    """The preview as it was first written: the whole payload decoded and escaped a
+    character at a time, then cut."""
+    text = data.decode("utf-8", "backslashreplace")
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_payload_pieces = st.binary(max_size=12) | st.text(max_size=12).map(
+    lambda text: text.encode("utf-8", "surrogatepass")  # (a lone surrogate: not UTF-8)
+)
+
+
+@settings(max_examples=400)
+@given(st.lists(_payload_pieces, max_size=8).map(b"".join), st.integers(3, 24))
+def test_a_preview_is_the_escaped_payload_cut_at_its_limit(data: bytes, limit: int) -> None:
+    """The preview escapes only the head it shows: the same text as escaping it all."""
+    assert preview(data, limit) == _preview_escaping_everything(data, limit)
+
+
+def test_the_preview_of_a_huge_payload_escapes_only_what_it_shows() -> None:
+    """`read` and `watch` in text escaped every character of a payload to show 100 of
+    them (an 8 MiB event took seconds and the memory of a list of 8 million strings).
+    The preview of a huge payload with control characters, multi-byte characters and
+    bytes that are not UTF-8 is the one of its head, made without decoding the rest."""
+    piece = b"\x1b[1m\n\x00\xff" + "\u00e9\u20ac\U0001f600\u2028".encode()
+    payload = piece * (journal.MAX_EVENT_BYTES // len(piece))
+    tracemalloc.start()
+    try:
+        shown = preview(payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert shown == _preview_escaping_everything(payload[:200], 100)
+    assert shown.startswith("\\x1b[1m\\n\\x00\\xff\u00e9\u20ac\U0001f600\\u2028\\x1b"), shown
+    assert shown.endswith("...") and len(shown) == 100
+    assert peak < 64 << 10, f"{peak} bytes allocated to preview 100 characters"
+
+
+def test_read_and_watch_render_events_only_in_the_chosen_format(store: Path) -> None:
+    """Every event was rendered in JSON, text and quiet whatever the format: data that
+    is JSON nested 100,000 deep, which the JSON rendering's parser cannot take, made
+    text and quiet `read` and `watch` fail with a traceback though they never print
+    it as JSON."""
+    nested = "[" * 100_000 + "]" * 100_000
+    line = json.dumps({"data": nested}).encode() + b"\n"
+    assert invoke(store, "append", "-s", "d", "--create", stdin=line).exit_code == 0
+    assert invoke(store, "sessions", "resolve", "d").exit_code == 0
+    for command in ("read", "watch"):
+        quiet = invoke(store, command, "-s", "d", fmt="quiet")
+        assert quiet.exit_code == 0 and quiet.stdout == nested + "\n", command
+        text = invoke(store, command, "-s", "d", fmt="text")
+        assert text.exit_code == 0, command
+        assert text.stdout.startswith("#1 message " + "[" * 97 + "...\n"), text.stdout
