@@ -239,8 +239,8 @@ def expire(settings: Settings) -> None:
     A process that keeps the store open for writing expires them by itself, and so does
     every write command; read commands never do (their watches of such a session go on
     until one of those runs). Prints one line per session expired while the command ran
-    (by its own pass, or by the store's timer as it opened the store), then, in text,
-    that nothing is left past its deadline.
+    (by its own pass, or by the store's timer as it opened the store), or, in text, when
+    it expired none, that no session is past its deadline.
     """
     start_ms = int(time.time() * 1000)
     with settings.open() as store:
@@ -254,5 +254,5 @@ def expire(settings: Settings) -> None:
         ]
     for meta in expired:
         settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
-    if settings.output.format == "text":
+    if not expired and settings.output.format == "text":
         click.echo("no session is past its deadline now")
