@@ -96,8 +96,9 @@ class JournalGroup(click.Group):
 @click.option(
     "--store",
     metavar="PATH",
-    default=lambda: os.environ.get("JOURNAL_STORE", ".journal"),
-    show_default="$JOURNAL_STORE or ./.journal",
+    # (An empty JOURNAL_STORE, as `JOURNAL_STORE=` leaves it, is no path: unset.)
+    default=lambda: os.environ.get("JOURNAL_STORE") or ".journal",
+    show_default="$JOURNAL_STORE if set and not empty, else ./.journal",
     help="Store directory, or nats://HOST:PORT[,HOST:PORT]/NAME for a store on NATS JetStream.",
 )
 @click.option(

@@ -1173,3 +1173,24 @@ def test_sessions_expire_says_none_is_past_its_deadline_only_when_it_expired_non
     again = invoke(store, "sessions", "expire", fmt="text")
     assert again.exit_code == 0, again.output
     assert again.stdout == "no session is past its deadline now\n"
+
+
+def test_an_empty_journal_store_variable_means_the_default_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`JOURNAL_STORE=` (set but empty) failed commands with `path is empty` (exit 4),
+    and `init` made the current directory a store: it counts as unset, so the store is
+    ./.journal."""
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    created = runner.invoke(main, ["init"], env={"JOURNAL_STORE": ""})
+    assert created.exit_code == 0, created.output
+    assert created.stdout == f"{tmp_path / '.journal'}\n"
+    appended = runner.invoke(
+        main, ["append", "-s", "a", "--create", "x"], env={"JOURNAL_STORE": ""}
+    )
+    assert appended.exit_code == 0, appended.output
+    with journal.Journal.open(tmp_path / ".journal", readonly=True) as j:
+        assert [e.data for e in j.replay("a")] == [b"x"]
+    shown = " ".join(runner.invoke(main, ["--help"]).output.split())
+    assert "[default: ($JOURNAL_STORE if set and not empty, else ./.journal)]" in shown
