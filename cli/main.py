@@ -272,7 +272,9 @@ def init(settings: Settings, file_mode: str | None) -> None:
             created = True
         settings.output.emit({"store": settings.store, "created": created}, settings.store)
         return
-    path = os.path.abspath(settings.store)
+    # (abspath("") is the current directory: an empty path goes to the library, which
+    # refuses it, as every other command does.)
+    path = os.path.abspath(settings.store) if settings.store else ""
     created = False
     try:
         journal.Journal.open(path, create=False, file_mode=mode).close()

@@ -1194,3 +1194,16 @@ def test_an_empty_journal_store_variable_means_the_default_store(
         assert [e.data for e in j.replay("a")] == [b"x"]
     shown = " ".join(runner.invoke(main, ["--help"]).output.split())
     assert "[default: ($JOURNAL_STORE if set and not empty, else ./.journal)]" in shown
+
+
+def test_init_refuses_an_empty_store_path_instead_of_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`journal --store "" init` made the current directory a store (the path was made
+    absolute before the library could refuse it, as it does for every other command)."""
+    monkeypatch.chdir(tmp_path)
+    for command in (["init"], ["stats"]):
+        result = CliRunner().invoke(main, ["--store", "", *command])
+        assert result.exit_code == 4, (command, result.output)
+        assert result.stderr.startswith("journal: error: path is empty"), result.stderr
+    assert list(tmp_path.iterdir()) == []
