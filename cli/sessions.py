@@ -39,6 +39,12 @@ def _parse_tags(
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx=ctx, param=param)
+        if key in tags:
+            raise click.BadParameter(
+                f"tag key {key!r} is given twice ({tags[key]!r} and {value!r}): give each key once",
+                ctx=ctx,
+                param=param,
+            )
         tags[key] = value
     return tags
 
@@ -53,7 +59,7 @@ def _parse_tags(
     multiple=True,
     metavar="KEY=VALUE",
     callback=_parse_tags,
-    help="A tag; repeat for more.",
+    help="A tag; repeat for more (each key once).",
 )
 @click.option(
     "--ttl-ms",

@@ -1207,3 +1207,16 @@ def test_init_refuses_an_empty_store_path_instead_of_the_current_directory(
         assert result.exit_code == 4, (command, result.output)
         assert result.stderr.startswith("journal: error: path is empty"), result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tag_key_given_twice_is_a_usage_error_naming_it(store: Path) -> None:
+    """`sessions create t5 --tag a=1 --tag a=2` kept a=2 without a word: refused as a
+    usage error (exit 2) naming the key, and no session is created."""
+    result = invoke(
+        store, "sessions", "create", "t5", "--tag", "a=1", "--tag", "b=", "--tag", "a=2"
+    )
+    assert_one_line_error(result, 2, "USAGE")
+    assert "tag key 'a' is given twice ('1' and '2')" in result.stderr, result.stderr
+    assert invoke(store, "sessions", "show", "t5").exit_code == 3
+    (made,) = records(invoke(store, "sessions", "create", "t6", "--tag", "a=1", "--tag", "b=2"))
+    assert made["tags"] == {"a": "1", "b": "2"}
