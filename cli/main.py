@@ -107,9 +107,10 @@ class JournalGroup(click.Group):
     type=click.Choice(FORMATS),
     default="text",
     show_default=True,
-    help="Output: human text, NDJSON (one object per line), or quiet: the data of each "
-    "event `read` and `watch` print (turn events left out), one per line, and nothing "
-    "from other commands (errors still go to stderr).",
+    help="Output: human text, NDJSON (one object per line), or quiet: only the data a "
+    "command exists to print: the data of each event `read` and `watch` print (turn "
+    "events left out), one per line, and the keys `cursor-key` prints; nothing from "
+    "other commands (errors still go to stderr).",
 )
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:

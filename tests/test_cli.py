@@ -980,15 +980,20 @@ def test_a_closed_stdin_or_stdout_is_an_error_line_not_a_traceback(
 
 
 def test_help_says_what_the_quiet_format_prints(store: Path) -> None:
-    """SPEC 11: quiet prints the data of read's and watch's events; other commands print
-    nothing. The help said quiet prints nothing at all."""
+    """SPEC 11: quiet prints only the data a command exists to print: that of read's and
+    watch's events, cursor-key's keys; other commands print nothing. The help said quiet
+    prints nothing at all, then nothing from commands other than read and watch, though
+    `cursor-key` printed its keys."""
     shown = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
-    assert "or quiet: the data of each event `read` and `watch` print" in shown, shown
-    assert "nothing from other commands (errors still go to stderr)" in shown
+    assert "or quiet: only the data a command exists to print: the data of each event" in shown
+    assert "and the keys `cursor-key` prints; nothing from other commands" in shown, shown
+    assert "(errors still go to stderr)" in shown
     appended = invoke(store, "append", "-s", "a", "--create", "hello", "world", fmt="quiet")
     assert appended.exit_code == 0 and appended.stdout == ""
     assert invoke(store, "read", "-s", "a", fmt="quiet").stdout == "hello\nworld\n"
     assert invoke(store, "sessions", "list", fmt="quiet").stdout == ""
+    (keys,) = records(invoke(store, "cursor-key"))
+    assert invoke(store, "cursor-key", fmt="quiet").stdout == keys["cursor_key"] + "\n"
 
 
 def test_import_refuses_an_old_id_renamed_twice_as_a_new_id_given_twice(
