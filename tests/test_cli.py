@@ -1225,3 +1225,18 @@ def test_a_tag_key_given_twice_is_a_usage_error_naming_it(store: Path) -> None:
     assert invoke(store, "sessions", "show", "t5").exit_code == 3
     (made,) = records(invoke(store, "sessions", "create", "t6", "--tag", "a=1", "--tag", "b=2"))
     assert made["tags"] == {"a": "1", "b": "2"}
+
+
+def test_readme_says_an_envelope_needs_a_data_key_as_append_does(store: Path) -> None:
+    """The README said an object with only `type`, `data`, `request_id` keys is an
+    envelope, but `{"type": "d"}` is stored as it is: an envelope needs a "data" key
+    (as `journal append --help` says)."""
+    lines = b'{"type": "d"}\n{"type": "d", "data": "x"}\n'
+    assert invoke(store, "append", "-s", "e", "--create", stdin=lines).exit_code == 0
+    with journal.Journal.open(store, readonly=True) as j:
+        stored = [(e.type, e.data) for e in j.replay("e")]
+    assert stored == [("message", b'{"type": "d"}'), ("d", b"x")]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "an object with a `data` key and no keys besides `type`, `data` and" in readme
+    helped = " ".join(CliRunner().invoke(main, ["append", "--help"]).output.split())
+    assert 'a line that is an object with a "data" key and no keys besides' in helped
