@@ -360,7 +360,9 @@ def embedded(data: bytes) -> Any:
         # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
         # line printed would not parse).
         return json.loads(data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
+        # any data that cannot be embedded.)
         return {"base64": base64.b64encode(data).decode("ascii")}
 
 

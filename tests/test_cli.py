@@ -592,6 +592,18 @@ def test_event_data_that_is_not_strict_json_travels_as_base64(store: Path) -> No
         json.loads(json.dumps(event))  # every line is valid JSON
 
 
+def test_json_nested_deeper_than_the_parser_goes_travels_as_base64(store: Path) -> None:
+    """Data nested too deep for Python's JSON parser crashed `read --format json` with a
+    RecursionError traceback; it is data that cannot be embedded, so it goes as base64."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("deep", [journal.EventIn("message", deep)], create=True)
+    event, _ = records(invoke(store, "read", "-s", "deep"))
+    assert base64.b64decode(event["message"]["base64"]) == deep
+    for fmt in ("text", "quiet"):
+        assert invoke(store, "read", "-s", "deep", fmt=fmt).exit_code == 0, fmt
+
+
 def test_an_unknown_outcome_error_carries_the_cursor_but_no_resume_for_an_ended_session(
     store: Path,
 ) -> None:
