@@ -109,8 +109,8 @@ class JournalGroup(click.Group):
     show_default=True,
     help="Output: human text, NDJSON (one object per line), or quiet: only the data a "
     "command exists to print: the data of each event `read` and `watch` print (turn "
-    "events left out), one per line, and the keys `cursor-key` prints; nothing from "
-    "other commands (errors still go to stderr).",
+    "events left out), one per line, the keys `cursor-key` prints, and the archive "
+    "`export -o -` writes; nothing from other commands (errors still go to stderr).",
 )
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:

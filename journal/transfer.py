@@ -33,7 +33,7 @@ from .archive import (
     ArchiveWriter,
     event_batches,
 )
-from .arguments import DEFAULT_PAGE_BYTES, check_name
+from .arguments import DEFAULT_PAGE_BYTES, check_name, metadata_bytes
 from .engine import (
     AbortImport,
     CommitImport,
@@ -503,7 +503,10 @@ def _stage_and_commit(
                     pending.append(event)
                     size += len(event.data)
             if row is None:
+                # What else the group's frame holds: its snapshot and metadata (up to a
+                # MiB each: a thousand sessions must not make a frame of gigabytes).
                 size += len(section.snapshot.data) if section.snapshot is not None else 0
+                size += metadata_bytes(meta.mode, meta.context_id, meta.tags, meta.extensions)
                 if not group.fits(size, len(pending)):
                     stage_group()
                 group.add(StagedSession(meta, section.snapshot, pending), index, size)

@@ -331,6 +331,24 @@ def test_small_sessions_are_staged_together_and_a_large_one_on_its_own(
     assert commits <= 8, commits
 
 
+def test_a_staging_group_counts_the_sessions_metadata(tmp_path: Path) -> None:
+    """Sessions with large metadata are grouped by what their frame holds, metadata
+    included: a thousand sessions of a MiB of tags each must not make one frame."""
+    with Journal.open(tmp_path / "source", durability="os") as source:
+        for i in range(12):
+            source.create_session(f"m{i:02d}", tags={"big": str(i % 10) * 900_000})
+        archive = _export(source)
+    ops = _CountedCommits()
+    with Journal.open(tmp_path / "target", durability="os", file_ops=ops) as target:
+        before = ops.commits
+        report = target.import_sessions(io.BytesIO(archive))
+        commits = ops.commits - before
+        assert len(report.sessions) == 12
+        assert target.get_session("m11").tags == {"big": "1" * 900_000}
+    # 10.8 MB of metadata in groups of at most 4 MiB, then the commit of the import.
+    assert commits >= 4, commits
+
+
 def test_import_records_its_source_and_starts_a_new_watch_history(
     factory: EngineFactory, tmp_path: Path
 ) -> None:
@@ -870,8 +888,9 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
         with Journal.open(store, create=True, segment_bytes=1 << 20) as j:
             j.create_session("bystander")
         before = _log_bytes(store)
-        # The write pass reports once per staged batch (one per session here) and once
-        # more at the commit: kill between any two of them, or let it finish.
+        # The write pass reports once per staging commit (here two: three sessions
+        # staged together, then the fourth) and once more at the commit: kill between
+        # any two of them, or let it finish.
         _kill_import_after(store, archive, round_ - 1 if round_ < 7 else rng.randrange(-1, 6))
         staged = _log_bytes(store) - before
         with Journal.open(store) as j:

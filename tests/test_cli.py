@@ -628,7 +628,10 @@ def test_an_unknown_outcome_of_a_dead_owner_says_where_to_resume(store: Path) ->
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("u")
     owner_process = subprocess.Popen(
-        [sys.executable, "-c", _OWN_AND_HANG, str(store)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _OWN_AND_HANG, str(store)],
+        cwd=ROOT,  # (this checkout's `journal`, as the CLI processes import it)
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert owner_process.stdout is not None
@@ -998,7 +1001,8 @@ def test_help_says_what_the_quiet_format_prints(store: Path) -> None:
     `cursor-key` printed its keys."""
     shown = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
     assert "or quiet: only the data a command exists to print: the data of each event" in shown
-    assert "and the keys `cursor-key` prints; nothing from other commands" in shown, shown
+    assert "the keys `cursor-key` prints, and the archive `export -o -` writes;" in shown
+    assert "writes; nothing from other commands" in shown, shown
     assert "(errors still go to stderr)" in shown
     appended = invoke(store, "append", "-s", "a", "--create", "hello", "world", fmt="quiet")
     assert appended.exit_code == 0 and appended.stdout == ""

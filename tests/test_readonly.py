@@ -348,6 +348,7 @@ def test_a_read_only_journal_left_open_at_exit_leaves_no_private_view_behind(
     scratch.mkdir()
     result = subprocess.run(
         [sys.executable, "-c", _LEFT_OPEN, str(tmp_path / "store"), str(scratch)],
+        cwd=Path(__file__).resolve().parent.parent,  # (this checkout's `journal`)
         capture_output=True,
         text=True,
         timeout=60,

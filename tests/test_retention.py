@@ -54,6 +54,7 @@ from journal import (
     StoreIncompatible,
 )
 from journal._local.files import FileOps
+from journal._local.segments import SegmentReader
 
 BIG_SEGMENTS = 1 << 20  # no rotation, so no automatic retention pass unless a test wants one
 SMALL_SEGMENTS = 8192
@@ -1163,22 +1164,72 @@ def test_verify_lists_every_damaged_frame_of_a_segment_not_only_the_first(
         _fill(j, "s", 60)
         healthy = j.verify()
         assert healthy.ok
-        sealed = segment_files(store)[1]
-        path = store / "segments" / sealed
-        offsets = frame_offsets(path)
+        names = segment_files(store)
+        sealed, active = names[1], names[-1]
+        offsets = frame_offsets(store / "segments" / sealed)
         assert len(offsets) >= 6
-        # A body, a checksummed header field, and a length (the next frame is found
-        # by its magic and checksum, not by the damaged length).
-        damaged = [offsets[1], offsets[3], offsets[-2]]
-        flip_bit(path, damaged[0] + 40)
-        flip_bit(path, damaged[1] + 14)
-        flip_bit(path, damaged[2] + 6)
+        in_active = frame_offsets(store / "segments" / active)
+        assert len(in_active) >= 2
+        # A body, a checksummed header field, and a length (the next frame is found by
+        # its magic and checksum, not by the damaged length); and a committed frame of
+        # the active segment.
+        damaged = [(sealed, offsets[1]), (sealed, offsets[3]), (sealed, offsets[-2])]
+        damaged.append((active, in_active[0]))
+        for (name, offset), at in zip(damaged, (40, 14, 6, 40), strict=True):
+            flip_bit(store / "segments" / name, offset + at)
         report = j.verify()
-        assert [(p.segment, p.offset) for p in report.problems] == [
-            (sealed, offset) for offset in damaged
-        ], report.problems
+        assert [(p.segment, p.offset) for p in report.problems] == damaged, report.problems
         # Every other frame was checked.
         assert report.frames == healthy.frames - len(damaged)
+
+
+def test_verify_reads_on_past_damage_without_taking_a_frame_in_event_data_for_one(
+    store: Path,
+) -> None:
+    """A whole frame stored as an event's data is not where the log goes on after the
+    damaged frame that holds it."""
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("s")
+        append_batch(j, "s", [300, 300])
+        (first_frame, *_) = frame_offsets(store / "segments" / segment_files(store)[0])
+        raw = (store / "segments" / segment_files(store)[0]).read_bytes()
+        length = FRAME_HEADER.unpack_from(raw, first_frame)[1]
+        frame = raw[first_frame : first_frame + FRAME_HEADER.size + length]
+        j.append("s", [EventIn("m", frame)])  # (an old frame, valid, as data)
+        append_batch(j, "s", [300])
+        healthy = j.verify()
+        assert healthy.ok
+        name = segment_files(store)[-1]
+        data = (store / "segments" / name).read_bytes()
+        holder = [o for o in frame_offsets(store / "segments" / name) if frame in data[o:]][-1]
+        flip_bit(store / "segments" / name, holder + 30)  # (before the frame in its data)
+        report = j.verify()
+        assert [(p.segment, p.offset) for p in report.problems] == [(name, holder)], report.problems
+        assert report.frames == healthy.frames - 1
+
+
+def test_verify_goes_on_after_a_damaged_block_of_a_compressed_segment(store: Path) -> None:
+    with open_store(store, segment_bytes=4 << 20, compress_sealed=True) as j:
+        j.create_session("s")
+        for i in range(60):
+            j.append("s", [EventIn("m", b"%03d" % i + b"x" * 100_000)])
+        healthy = j.verify()
+        assert healthy.ok
+        name = next(n for n in segment_files(store) if n.endswith(".seg.zst"))
+        path = store / "segments" / name
+        with SegmentReader(str(path.parent), int(name[:20])) as reader:
+            blocks = reader.block_table()
+            assert len(blocks) >= 3, blocks
+            uoffset, ulength, coffset, _ = blocks[1]
+            in_block = sum(
+                uoffset <= info.offset < uoffset + ulength for info, _ in reader.frames()
+            )
+        flip_bit(path, coffset + 40)  # (in the block's compressed bytes)
+        report = j.verify()
+        assert [(p.segment, p.offset) for p in report.problems] == [(name, coffset)], (
+            report.problems
+        )
+        assert report.frames == healthy.frames - in_block
 
 
 def test_verify_names_a_damaged_compressed_segment(store: Path) -> None:

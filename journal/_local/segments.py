@@ -402,29 +402,43 @@ class SegmentReader:
         except BadFrame:
             return False
 
-    def next_frame_after(self, offset: int) -> int | None:
-        """Where the first valid frame after `offset` (damage) starts, or None: how
-        `verify` reads on past a damaged frame. A compressed segment goes on at its next
-        block; a plain one at the next frame magic whose header and checksum hold."""
+    def next_frame_after(self, offset: int, last_position: int) -> int | None:
+        """Where the first valid frame after damage reported at `offset` starts, or None:
+        how `verify` reads on past a damaged frame. `last_position` is the last position
+        of the frames read before it: a frame found must start past it (a whole frame
+        stored in an event's data is not one). A compressed segment goes on at the block
+        after the damaged one (`offset` is a block's file offset when the block itself is
+        damaged, a frame's offset in the segment's data when a frame in it is); a plain
+        one at the next frame magic whose header and checksum hold."""
         if self.compressed:
             try:
                 blocks = self.block_table()
             except JournalCorrupt:
                 return None  # (its block table is damaged: nothing says where blocks are)
-            return next((block[0] for block in blocks if block[0] > offset), None)
+            damaged = next((i for i, block in enumerate(blocks) if block[2] == offset), None)
+            if damaged is None:
+                damaged = block_index(blocks, offset)
+            return blocks[damaged + 1][0] if damaged + 1 < len(blocks) else None
         size = self.file_size()
         at = offset + 1
         while at < size:
             chunk = self._ops.pread(self._fd, min(_READ_CHUNK, size - at), at)
             found = chunk.find(FRAME_MAGIC)
             while found >= 0:
-                if self._written_meanwhile(at + found):
+                if self._frame_past(at + found, last_position):
                     return at + found
                 found = chunk.find(FRAME_MAGIC, found + 1)
             if len(chunk) < len(FRAME_MAGIC):
                 break
             at += len(chunk) - (len(FRAME_MAGIC) - 1)  # (a magic across two chunks)
         return None
+
+    def _frame_past(self, offset: int, last_position: int) -> bool:
+        """Whether a valid frame starting past `last_position` is at `offset`."""
+        header = self._ops.pread(self._fd, FRAME_HEADER_SIZE, offset)
+        if len(header) < FRAME_HEADER_SIZE or FRAME_HEADER.unpack(header)[3] <= last_position:
+            return False
+        return self._written_meanwhile(offset)
 
     def _data_after(self, offset: int, last_position: int) -> bool:
         """Whether a valid frame exists after `offset` (so damage there is not a torn tail)."""

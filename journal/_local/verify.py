@@ -80,9 +80,9 @@ def check_log(
         # written): only segments sealed before the snapshot must have their sidecar.
         active = i == len(bases) - 1 or (head is not None and base >= head.segment)
         committed_end = head.end_offset if head is not None and head.segment == base else None
-        counted, damaged = _check_segment(log, base, committed_end, active, reached, problems)
-        frames += counted[0]
-        records += counted[1]
+        counted, read, damaged = _check_segment(log, base, committed_end, active, reached, problems)
+        frames += counted
+        records += read
         if damaged:
             done += sizes[base]
             if progress is not None:
@@ -120,30 +120,35 @@ def _check_segment(
     active: bool,
     reached: dict[int, int],
     problems: list[VerifyProblem],
-) -> tuple[tuple[int, int], bool]:
-    """Check every frame of one segment (problems appended): ((frames, records), whether
-    it is damaged). A damaged frame is reported and the check reads on from the next
-    valid frame after it, so every damaged frame is listed, not only the first."""
+) -> tuple[int, int, bool]:
+    """Check every frame of one segment (problems appended): (frames, records, whether it
+    is damaged). A damaged frame is reported and the check reads on from the next valid
+    frame after it, so every damaged frame is listed, not only the first."""
     frames = records = 0
     try:
         reader = SegmentReader(log.directory, base, log.ops)
     except JournalCorrupt as e:  # (its header)
         problems.append(VerifyProblem(e.segment, e.offset, e.detail))
-        return (0, 0), True
+        return 0, 0, True
     damaged = False
     start: int | None = SEGMENT_HEADER_SIZE
+    last_position = base - 1  # (of the last frame read whole)
     with reader:
         while start is not None:
+            begun = start
             try:
-                for info, body in reader.frames(start, committed_end=committed_end, tail=active):
+                for info, body in reader.frames(begun, committed_end=committed_end, tail=active):
                     frames += 1
                     records += _check_frame(reader.name, info, body, reached, problems)
+                    last_position = info.first_position + info.count - 1
                 start = None
             except JournalCorrupt as e:
                 problems.append(VerifyProblem(e.segment, e.offset, e.detail))
                 damaged = True
-                start = reader.next_frame_after(e.offset)
-    return (frames, records), damaged
+                restart = reader.next_frame_after(e.offset, last_position)
+                # (Always forward: a restart at or before where this read began ends it.)
+                start = restart if restart is not None and restart > begun else None
+    return frames, records, damaged
 
 
 def _check_frame(
