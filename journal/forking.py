@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
 
-__all__ = ["TRANSACTIONS", "ForkGate", "ForkPause", "Pausable"]
+__all__ = ["INHERITED", "TRANSACTIONS", "ForkGate", "ForkPause", "Inheritable", "Pausable"]
 
 
 class ForkGate:
@@ -142,3 +142,33 @@ class ForkPause(Generic[MemberT]):
             for member in self._paused:
                 self._in_child(member)
         self._resume()
+
+
+class Inheritable(Protocol):
+    def inherited_at(self, path: str) -> bool:
+        """Whether it holds the store at `path` for a parent process (this process is a
+        forked child), still open here."""
+
+    def close(self) -> None: ...
+
+
+class Inherited:
+    """The journals this process (or the parent it was forked from) opened: a forked
+    child's open of a store that its parent's journal holds closes that one first (it
+    cannot be used in the child, and LMDB refuses a second open of its files)."""
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakSet[Inheritable] = weakref.WeakSet()
+
+    def add(self, member: Inheritable) -> None:
+        self._open.add(member)
+
+    def close_at(self, path: str) -> bool:
+        """Close the inherited journals of the store at `path`; whether there were any."""
+        inherited = [member for member in list(self._open) if member.inherited_at(path)]
+        for member in inherited:
+            member.close()
+        return bool(inherited)
+
+
+INHERITED: Final = Inherited()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from journal import EventIn, Journal, StoreUnavailable
+from journal import EventIn, Journal, JournalClosed, StoreUnavailable
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
@@ -204,3 +204,59 @@ def test_a_fork_from_inside_a_transaction_leaves_the_parents_transaction_registe
     assert seen[0] == 0, "the child failed (2: reopened, 3: another error)"
     assert str(os.getpid()) in seen[1], "the child's close freed the parent's reader slot"
     j.close()
+
+
+def test_a_child_iterating_an_inherited_watch_gets_journal_closed_and_harms_nothing(
+    tmp_path: Path,
+) -> None:
+    """A stream inherited across fork() and iterated in the child took reader slots of
+    the store's lock file until every process's reads failed (MDB_READERS_FULL): the
+    child's page read refuses instead, and the parent reads and writes on."""
+    store = tmp_path / "store"
+    j = Journal.open(store, durability="os")
+    j.append("s", [EventIn("m", b"0")], create=True)
+    stop = threading.Event()
+    for stream in (j.watch("s", stop=stop), j.watch_sessions(stop=stop)):
+        next(stream)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                try:
+                    for _ in stream:
+                        pass
+                except JournalClosed as e:
+                    code = 0 if "forked child" in str(e) else 2
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0
+        stream.close()
+    j.append("s", [EventIn("m", b"1")])
+    assert [e.data for e in j.read("s").events] == [b"0", b"1"]
+    with Journal.open(store, readonly=True, durability="os") as other:  # (a second open)
+        assert other.get_session("s").last_ordinal == 2
+    j.close()
+
+
+def test_a_child_opens_a_store_its_inherited_journal_holds(tmp_path: Path) -> None:
+    """`Journal.open` in a forked child (a multiprocessing worker, say) refused the store
+    while the parent's journal, unusable there, still held it, and that journal's error
+    told it to open its own: the child's open closes the inherited one first."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with Journal.open(store, durability="os") as own:
+                    own.append("s", [EventIn("child", b"")])
+                try:
+                    j.get_session("s")
+                except JournalClosed:
+                    code = 0
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0
+        j.append("s", [EventIn("parent", b"")])
+        assert [e.type for e in j.replay("s")] == ["child", "parent"]

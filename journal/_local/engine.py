@@ -54,7 +54,7 @@ from ..errors import (
     StoreNotFound,
     StoreUnavailable,
 )
-from ..forking import TRANSACTIONS
+from ..forking import INHERITED, TRANSACTIONS
 from ..models import (
     CompactionReport,
     ReadContext,
@@ -124,6 +124,8 @@ from .view import Head
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
 _log: Final = logging.getLogger("journal")
+
+
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
@@ -166,9 +168,13 @@ class LocalEngine:
         try:
             return cls._open(path, options)
         except StoreUnavailable as e:
-            # A journal of this process dropped without close() may be closing it now
-            # (in its own thread: `abandoned`): once that is done, the store is free.
-            if not held_by_this_process(e) or not wait_for_dropped(5.0):
+            if not held_by_this_process(e):
+                raise
+            # A forked child holding its parent's journal of this store (unusable here:
+            # `check_usable`) closes it, as its close() would. Or a journal of this
+            # process dropped without close() may be closing it now (in its own thread:
+            # `abandoned`): once that is done, the store is free.
+            if not INHERITED.close_at(path) and not wait_for_dropped(5.0):
                 raise
         return cls._open(path, options)
 
@@ -186,7 +192,17 @@ class LocalEngine:
             if failure is None:
                 raise
             raise failure from e
+        INHERITED.add(self)
         return self
+
+    def inherited_at(self, path: str) -> bool:
+        """Whether this is a journal of the store at `path` opened by a parent process
+        (this process is a forked child) and not closed here yet."""
+        return (
+            os.getpid() != self._pid
+            and not self._closed
+            and os.path.realpath(self.location) == os.path.realpath(path)
+        )
 
     def _init(self, path: str, options: LocalOptions) -> None:
         readonly = options.readonly

@@ -51,7 +51,7 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..errors import JournalCorrupt
+from ..errors import JournalClosed, JournalCorrupt
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
@@ -291,6 +291,7 @@ class View:
         self.path = path
         self._permissions = permissions
         self.readonly = readonly
+        self._pid = os.getpid()  # (LMDB handles do not survive fork: see open_transaction)
         self.damage: str | None = None
         self.replaced_because: str | None = None
         self._repair = False
@@ -367,6 +368,14 @@ class View:
         return _Transaction(self, write)
 
     def open_transaction(self, write: bool) -> lmdb.Transaction:
+        if os.getpid() != self._pid:
+            # A forked child still using its parent's journal (a stream it inherited,
+            # iterated on): a transaction here would take reader slots of the parent's
+            # lock file that nobody frees, until every process's reads fail.
+            raise JournalClosed(
+                "this journal was opened in a parent process; a forked child must call "
+                "Journal.open() itself (LMDB handles do not survive fork)"
+            )
         if self.damage is not None:
             if not (write and self._repair):
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
