@@ -630,7 +630,10 @@ class Journal:
         """Every retained event after `cursor`, page by page (what is committed now)."""
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
-        return Stream(self._follow(row, after, None, False, max_bytes, cursor))
+        return Stream(
+            partial(self._follow, row, after, None, False, max_bytes, cursor),
+            self._engine.waiter.recheck,
+        )
 
     def watch(
         self,
@@ -648,7 +651,10 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         # The stream flattens pages with itertools.chain (in C): no frame per event.
-        return Stream(self._follow(row, after, stop, True, max_bytes, cursor))
+        return Stream(
+            partial(self._follow, row, after, stop, True, max_bytes, cursor),
+            self._engine.waiter.recheck,
+        )
 
     def _follow(
         self,
@@ -658,11 +664,15 @@ class Journal:
         live: bool,
         max_bytes: int,
         cursor: str | None,
+        halted: Callable[[], bool],
     ) -> Generator[list[Event], None, None]:
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
             pager = EventPager(page, after, live, partial(check_unsettled, self._engine, cursor))
-            yield from follow(pager, self._engine.waiter, stop, self._is_closed)
+            yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
+
+    def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
+        return lambda: self._closed or halted()
 
     async def awatch(
         self,
@@ -689,7 +699,10 @@ class Journal:
         check_stop(stop)
         self._check_open()
         pager = self._lifecycle.pager(cursor)
-        return Stream(follow(pager, self._engine.waiter, stop, self._is_closed))
+        waiter = self._engine.waiter
+        return Stream(
+            lambda halted: follow(pager, waiter, stop, self._closed_or(halted)), waiter.recheck
+        )
 
     async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions`."""

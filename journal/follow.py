@@ -117,13 +117,25 @@ class Stream(Generic[ItemT]):
     """What `replay`, `watch` and `watch_sessions` return: an iterator of items that can
     be closed (or used as a context manager) to stop following at once and release what
     it holds. Iterating it in a `for` loop runs at C speed (pages are flattened by
-    `itertools.chain`)."""
+    `itertools.chain`).
 
-    __slots__ = ("_items", "_pages")
+    `pages(halted)` makes the page generator, which ends once `halted()` is True;
+    `wake()` ends a wait of it in progress (`close` from another thread)."""
 
-    def __init__(self, pages: Generator[list[ItemT], None, None]) -> None:
-        self._pages = pages
-        self._items = chain.from_iterable(pages)
+    __slots__ = ("_halted", "_items", "_pages", "_wake")
+
+    def __init__(
+        self,
+        pages: Callable[[Callable[[], bool]], Generator[list[ItemT], None, None]],
+        wake: Callable[[], None],
+    ) -> None:
+        self._halted = False
+        self._wake = wake
+        self._pages = pages(self._is_halted)
+        self._items = chain.from_iterable(self._pages)
+
+    def _is_halted(self) -> bool:
+        return self._halted
 
     def __iter__(self) -> Iterator[ItemT]:
         return self._items
@@ -132,8 +144,15 @@ class Stream(Generic[ItemT]):
         return next(self._items)
 
     def close(self) -> None:
-        """Stop: the next `next()` raises StopIteration; files and waits are released."""
-        self._pages.close()
+        """Stop: the next `next()` raises StopIteration; files and waits are released.
+        Called while another thread iterates the stream (blocked in a watch, say), it
+        returns at once and that thread's loop ends after the page it is delivering; a
+        wait ends at once, and that thread releases what the stream holds."""
+        self._halted = True
+        try:
+            self._pages.close()
+        except ValueError:  # ("generator already executing": in another thread, now)
+            self._wake()
 
     def __enter__(self) -> Stream[ItemT]:
         return self

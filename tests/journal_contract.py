@@ -49,6 +49,7 @@ from journal import (
     SessionNotWritable,
     SessionPage,
     SessionState,
+    Stream,
 )
 
 __all__ = ["JournalContract"]
@@ -1238,6 +1239,41 @@ class JournalContract:
         assert elapsed < PROMPT_S, f"watch took {elapsed:.3f}s to stop"
         assert watcher.error is None, repr(watcher.error)
         assert ordinals(watcher.events) == [1, 2, 3]
+
+    @pytest.mark.parametrize("kind", ["watch", "watch_sessions"])
+    def test_closing_a_stream_another_thread_iterates_ends_it_promptly(
+        self, j: Journal, kind: str
+    ) -> None:
+        """`close()` from another thread raised ValueError ("generator already
+        executing") and left the iterating thread waiting for ever."""
+        j.create_session("s1")
+        j.append("s1", numbered(2))
+        with guarded_stop() as stop:  # (only if close() fails: ends the thread anyway)
+            stream: Stream[Any] = (
+                j.watch("s1", stop=stop) if kind == "watch" else j.watch_sessions(stop=stop)
+            )
+            items: list[Any] = []
+            errors: list[BaseException] = []
+
+            def iterate() -> None:
+                try:
+                    items.extend(stream)
+                except BaseException as error:
+                    errors.append(error)
+
+            thread = threading.Thread(target=iterate, daemon=True)
+            thread.start()
+            deadline = time.monotonic() + WAIT_S
+            while not items and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.1)  # idle: caught up with the head
+            started = time.monotonic()
+            stream.close()
+            thread.join(WAIT_S)
+            elapsed = time.monotonic() - started
+            assert not thread.is_alive(), "the stream went on after close()"
+            assert elapsed < PROMPT_S, f"the stream took {elapsed:.3f}s to end"
+            assert errors == [] and len(items) == (2 if kind == "watch" else 1)
 
     def test_watch_follows_appends_from_another_thread_live(self, j: Journal) -> None:
         j.create_session("s1")
