@@ -226,15 +226,15 @@ class Fold(Generic[StateT]):
         self._last: Event | None = None
         self._stored_at = 0  # the ordinal of the last snapshot or checkpoint seen or made
         self._subscription: Subscription[Event] | None = None
+        self._on_error = on_error
+        self._closed = False
         with self._lock:
             self._load()
             due = self._due()
         if due:
             self._auto_checkpoint()  # restored from far behind: the next fold starts here
         if follow:
-            self._subscription = journal.subscribe(
-                session_id, self._deliver, cursor=self.cursor, on_error=on_error
-            )
+            self._subscription = self._follow()
 
     def __repr__(self) -> str:
         return f"<Fold of {self.session_id!r} at ordinal {self._ordinal}, version {self.version!r}>"
@@ -248,6 +248,13 @@ class Fold(Generic[StateT]):
     def ordinal(self) -> int:
         """The last event folded into `state` (0: none)."""
         return self._ordinal
+
+    @property
+    def following(self) -> bool:
+        """Whether the fold follows the session now (`follow=True`, not closed, and not
+        ended by an error it reported to `on_error`)."""
+        subscription = self._subscription
+        return subscription is not None and not subscription.closed
 
     @property
     def cursor(self) -> str | None:
@@ -372,6 +379,31 @@ class Fold(Generic[StateT]):
         if self._apply is None:
             return state
         return self._apply(state, event)
+
+    def _follow(self) -> Subscription[Event]:
+        return self._journal.subscribe(
+            self.session_id, self._deliver, cursor=self.cursor, on_error=self._follow_failed
+        )
+
+    def _follow_failed(self, error: BaseException) -> None:
+        """The follow subscription ended with `error` (on the delivery thread). History
+        after `ordinal` compacted away under a newer snapshot (`CursorExpired`): start
+        again from the newest usable one and follow on, as `refresh` does. Anything else
+        (or a restart that fails) goes to `on_error`, or is logged."""
+        if isinstance(error, CursorExpired):
+            try:
+                with self._lock:
+                    if self._closed:
+                        return
+                    self._load()
+                    self._subscription = self._follow()
+                return
+            except JournalError as failed:
+                error = failed
+        if self._on_error is not None:
+            self._on_error(error)
+        else:
+            _log.error("the fold of %r stopped following: %s", self.session_id, error)
 
     def _deliver(self, event: Event) -> None:
         """The follow subscription's listener (on the delivery thread)."""
@@ -525,7 +557,9 @@ class Fold(Generic[StateT]):
 
     def close(self) -> None:
         """Stop following (`follow=True`); the state stays readable. Idempotent."""
-        subscription = self._subscription
+        with self._lock:
+            self._closed = True
+            subscription = self._subscription
         if subscription is not None:
             subscription.close()
 

@@ -432,6 +432,39 @@ def test_follow_keeps_the_fold_current(j: Journal) -> None:
     assert fold.ordinal == 4  # closed: no longer following
 
 
+def test_a_following_fold_goes_on_after_the_history_it_needed_was_compacted(
+    j: Journal,
+) -> None:
+    """Another fold compacts the session past where a following fold is (it is slow): the
+    follower's next page is gone (CursorExpired). It stopped following, silently but for
+    a log line; it starts again from the snapshot and follows on."""
+    j.create_session("s")
+    gate = threading.Event()
+    errors: list[BaseException] = []
+
+    def slow(state: list[int], event: Event) -> list[int]:
+        gate.wait(WAIT_S)  # (held at the first event until the compaction is done)
+        return chain(state, event)
+
+    with j.fold("s", slow, [0, 0], follow=True, on_error=errors.append) as follower:
+        # (Large events: a page holds two, so the follower reads pages after the
+        # compaction; `int` ignores the padding.)
+        for value in range(1, 31):
+            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
+        with j.fold("s", chain, [0, 0]) as compactor:
+            assert compactor.ordinal == 30
+            compactor.snapshot(compact=True)
+        gate.set()
+        j.append("s", value_events([31]))
+        deadline = time.monotonic() + WAIT_S
+        while follower.ordinal < 31 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert errors == []
+        assert follower.state == model(list(range(1, 32)))
+        assert follower.following
+    assert not follower.following
+
+
 def test_a_read_only_journal_folds_but_does_not_write(engine: EngineFactory, store: Path) -> None:
     with engine.open(store, durability="os") as j:
         j.create_session("s")
