@@ -228,6 +228,7 @@ class Fold(Generic[StateT]):
         self._subscription: Subscription[Event] | None = None
         self._on_error = on_error
         self._closed = False
+        self._following = follow  # (until closed, or an error ends it: `following`)
         with self._lock:
             self._load()
             due = self._due()
@@ -254,7 +255,13 @@ class Fold(Generic[StateT]):
         """Whether the fold follows the session now (`follow=True`, not closed, and not
         ended by an error it reported to `on_error`)."""
         subscription = self._subscription
-        return subscription is not None and not subscription.closed
+        # (A subscription that ended with an error is being replaced, unless that error
+        # ended the following; one that ended without one reached the session's end.)
+        return (
+            self._following
+            and subscription is not None
+            and (not subscription.closed or subscription.error is not None)
+        )
 
     @property
     def cursor(self) -> str | None:
@@ -400,6 +407,7 @@ class Fold(Generic[StateT]):
                 return
             except JournalError as failed:
                 error = failed
+        self._following = False
         if self._on_error is not None:
             self._on_error(error)
         else:
@@ -558,7 +566,7 @@ class Fold(Generic[StateT]):
     def close(self) -> None:
         """Stop following (`follow=True`); the state stays readable. Idempotent."""
         with self._lock:
-            self._closed = True
+            self._closed, self._following = True, False
             subscription = self._subscription
         if subscription is not None:
             subscription.close()
