@@ -565,13 +565,17 @@ class Journal:
     def _list_sessions(
         self, state: SessionState | None, page_size: int
     ) -> Generator[SessionMetadata, None, None]:
-        token: str | None = None
+        # Pages after the last id seen, not after a page token: a token names a session,
+        # and when that one is evicted meanwhile the token fails, which an iterator's
+        # caller could do nothing about (id order says where to go on anyway).
+        after: str | None = None
         while True:
-            page = self.list_sessions_page(page_size=page_size, page_token=token, state=state)
-            yield from page.sessions
-            if not page.next_page_token:
+            self._check_open()
+            rows, more = self._engine.sessions(after, state, page_size)
+            yield from [self._metadata(row) for row in rows]
+            if not (more and rows):
                 return
-            token = page.next_page_token
+            after = rows[-1].session_id
 
     # -- events: reads ---------------------------------------------------------------------
 

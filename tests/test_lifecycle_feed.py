@@ -278,3 +278,22 @@ def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
     # Each round made 120 changes; the writer pruned most, and so did the reader.
     assert len(in_writer) < rounds * 120 // 2, len(in_writer)
     assert set(in_private) <= set(in_writer), sorted(set(in_private) - set(in_writer))
+
+
+def test_a_listing_iterated_while_sessions_are_evicted_goes_on(store: Path) -> None:
+    """`list_sessions()` went from page to page by page tokens, and the token of a page
+    whose last session was evicted meanwhile (its records gone with their segments)
+    failed (InvalidPageToken, "start again without a token"), which the iterator's caller
+    cannot act on."""
+    with open_store(store) as j:
+        for i in range(50):
+            j.create_session(f"s{i:02d}")
+        listing = j.list_sessions(page_size=10)
+        seen = [next(listing).session_id for _ in range(15)]  # (two pages read: s00-s19)
+        for i in range(50):
+            j.resolve_session(f"s{i:02d}")
+        assert len(evict_all(j)) == 50
+        for i in range(50, 60):
+            j.create_session(f"s{i:02d}")
+        seen += [m.session_id for m in listing]
+    assert seen == [f"s{i:02d}" for i in range(20)] + [f"s{i:02d}" for i in range(50, 60)]
