@@ -7,7 +7,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final, TypeVar
 
 import msgspec
@@ -33,6 +33,7 @@ __all__ = [
     "MAX_SEGMENT_BYTES",
     "MAX_SETTING",
     "EventChecker",
+    "batch_refused",
     "check_callback",
     "check_create",
     "check_dead_share",
@@ -57,6 +58,7 @@ __all__ = [
     "metadata_bytes",
     "mode_ok",
     "name_ok",
+    "not_a_batch",
 ]
 
 MAX_EVENT_BYTES: Final = 8 << 20
@@ -105,6 +107,20 @@ def mode_ok(value: str) -> bool:
     characters."""
     size = _utf8_size(value)
     return size is not None and size <= MAX_NAME_LENGTH and bool(_MODE_RE.fullmatch(value))
+
+
+def not_a_batch(events: object) -> bool:
+    """Whether `events` is not a list or tuple (any sequence) of events to append."""
+    return isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence)
+
+
+def batch_refused(events: object) -> InvalidArgument:
+    hint = (
+        " (a generator or iterator: pass list(...) of it)" if isinstance(events, Iterator) else ""
+    )
+    return InvalidArgument(
+        f"events must be a list or tuple of EventIn, got a {type(events).__name__}{hint}"
+    )
 
 
 def metadata_bytes(
@@ -381,8 +397,8 @@ class EventChecker:
         if type(session_id) is not str or session_id not in self._checked_ids:
             session_id = check_name("session_id", session_id)
             _remember(self._checked_ids, session_id)
-        if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
-            raise InvalidArgument("events must be a list of EventIn")
+        if not_a_batch(events):
+            raise batch_refused(events)
         events = list(events)  # what is checked is what is written
         if not events:
             raise InvalidArgument("events is empty: pass at least one EventIn")

@@ -190,6 +190,24 @@ class OwnerBusy(JournalError):
         self.pid = pid
         super().__init__(message)
 
+    @classmethod
+    def held(cls, session_id: str, pid: int, holder: str, this_process: bool) -> "OwnerBusy":
+        """The error of an `own()` that found the lease held by `holder` (process `pid`,
+        0 if unknown), which is a thread of this very process when `this_process`."""
+        if this_process:
+            return cls(
+                f"session {session_id!r} is owned by this process already: release that "
+                "Owner (or leave its `with` block) before owning the session again, or, "
+                "if another thread of this process owns it for a while, pass a longer "
+                "wait_s",
+                pid=pid,
+            )
+        return cls(
+            f"session {session_id!r} is owned by {holder}: wait for it to finish, or pass "
+            "a longer wait_s",
+            pid=pid,
+        )
+
 
 class OutcomeUnknown(JournalError):
     """A turn was started and never settled, and its owner process is gone (or the

@@ -144,8 +144,12 @@ class _Turnstile:
 def _outcome(value: object) -> tuple[list[EventIn], object]:
     """An update's `fn` result as (events, result)."""
     result: object = None
-    if type(value) is tuple and len(value) == 2 and not isinstance(value[0], EventIn):
-        value, result = value
+    if (
+        type(value) is tuple
+        and len(value) == 2
+        and not (isinstance(value[0], EventIn) and isinstance(value[1], EventIn))
+    ):
+        value, result = value  # (events, result); two EventIns are two events
     if value is None:
         return [], result
     if isinstance(value, EventIn):
@@ -153,8 +157,13 @@ def _outcome(value: object) -> tuple[list[EventIn], object]:
     if isinstance(value, (list, tuple)) and all(isinstance(e, EventIn) for e in value):
         return list(value), result
     raise InvalidArgument(
-        "an update's fn must return the events to append (a list of EventIn, [] for none), "
-        f"or a tuple (events, result); it returned a {type(value).__name__}"
+        "an update's fn must return the events to append (a list or tuple of EventIn, one "
+        "EventIn, or [] or None for none), or a pair (events, result); it returned "
+        + (
+            f"a pair whose events are a {type(value).__name__}"
+            if result is not None
+            else f"a {type(value).__name__}"
+        )
     )
 
 

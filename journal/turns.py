@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from .abandoned import close_when_dropped
-from .arguments import check_request_id
+from .arguments import batch_refused, check_request_id, not_a_batch
 from .engine import Engine, Lease
 from .errors import InvalidArgument, OutcomeUnknown, SessionNotFound
 from .models import AppendResult, Event, EventIn, OwnerInfo
@@ -144,8 +144,8 @@ class Turn:
 
     def append(self, events: Sequence[EventIn]) -> AppendResult:
         """Append events of this turn (their request id becomes the turn's)."""
-        if isinstance(events, (str, bytes, EventIn)) or not isinstance(events, Sequence):
-            raise InvalidArgument("events must be a list of EventIn")
+        if not_a_batch(events):
+            raise batch_refused(events)
         tagged = [
             EventIn(e.type, e.data, self.request_id) if isinstance(e, EventIn) else e
             for e in events

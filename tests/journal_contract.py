@@ -678,6 +678,16 @@ class JournalContract:
         assert self.payloads(j, "s1") == [b"before"]
         assert j.get_session("s1").last_ordinal == 1
 
+    def test_events_that_are_not_a_list_or_tuple_are_refused_saying_what_to_pass(
+        self, j: Journal
+    ) -> None:
+        j.create_session("s1")
+        with raises(InvalidArgument) as refused:
+            j.append("s1", (e for e in evs(b"a")))  # type: ignore[arg-type]
+        assert "a list or tuple of EventIn, got a generator" in str(refused.value)
+        assert "pass list(...)" in str(refused.value)
+        assert j.append("s1", tuple(evs(b"a", b"b"))).last_ordinal == 2
+
     def test_event_larger_than_max_event_bytes_is_refused(self, j: Journal) -> None:
         limit = journal.MAX_EVENT_BYTES
         assert limit == 8 << 20

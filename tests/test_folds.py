@@ -363,6 +363,12 @@ def test_update_refuses_bad_results_and_nested_updates(j: Journal) -> None:
         fold.update(lambda state: [], tries=0)
     fold.update(lambda state: value_events([1]))  # the turnstile is free again
     assert fold.state == model([1])
+    # One EventIn with a result (the message said a tuple was refused, and allowed).
+    assert fold.update(lambda state: (value_events([2])[0], "two")) == "two"
+    assert fold.update(lambda state: tuple(value_events([3, 4]))) is None  # two events
+    assert fold.state == model([1, 2, 3, 4])
+    with pytest.raises(InvalidArgument, match="a pair whose events are a str"):
+        fold.update(lambda state: ("nope", 1))
 
 
 def test_updates_of_one_process_are_applied_in_the_order_they_were_called(j: Journal) -> None:

@@ -356,3 +356,14 @@ def test_a_view_that_cannot_grow_is_store_unavailable(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_too_many_open_files_is_not_blamed_on_the_disk() -> None:
+    """EMFILE said 'free space, replace the disk'; it says what helps."""
+    from journal._local.failures import unavailable
+
+    emfile = unavailable(OSError(errno.EMFILE, os.strerror(errno.EMFILE)))
+    assert "ulimit -n" in emfile.message and "disk" not in emfile.message
+    assert emfile.errno == errno.EMFILE
+    full = unavailable(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert "free space" in full.message

@@ -93,6 +93,8 @@ def test_a_second_own_is_busy_until_the_first_lets_go(tmp_path: Path) -> None:
         with pytest.raises(OwnerBusy) as busy:
             j.own("s")
         assert busy.value.pid == os.getpid()
+        # (Waiting cannot help when the holder is this process: it says what can.)
+        assert "owned by this process already: release that Owner" in str(busy.value)
         assert (busy.value.code, busy.value.status) == ("OWNER_BUSY", "FAILED_PRECONDITION")
         threading.Timer(0.2, owner.release).start()
         started = time.monotonic()

@@ -568,10 +568,11 @@ class Writer(Committer):
                     f"no session {op.session_id!r} in this store: create it before owning it"
                 )
             if row.owner_pid and await self.owner_alive(row) is not False:
-                raise OwnerBusy(
-                    f"session {op.session_id!r} is owned by pid {row.owner_pid} on "
-                    f"{row.owner_host}: wait for it to finish, or pass a longer wait_s",
-                    pid=row.owner_pid,
+                raise OwnerBusy.held(
+                    op.session_id,
+                    row.owner_pid,
+                    f"pid {row.owner_pid} on {row.owner_host}",
+                    (row.owner_pid, row.owner_host) == (op.pid, op.host),
                 )
             if row.session_state.terminal:
                 raise SessionNotWritable(

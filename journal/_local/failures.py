@@ -71,12 +71,25 @@ _FAILED: Final = {
 }
 
 
+# What fixes an OS error a store operation met (most are the disk's).
+_DISK: Final = "free space, replace the disk"
+_REMEDIES: Final = {
+    errno.EMFILE: "this process has too many files open: close what it does not need, or "
+    "raise its limit (`ulimit -n`)",
+    errno.ENFILE: "the system has too many files open: close some, or raise its limit",
+    errno.ENOMEM: "the system is out of memory",
+    errno.EROFS: "the file system is read-only: remount it writable",
+    errno.EACCES: "permissions: see the error's file",
+    errno.EPERM: "permissions: see the error's file",
+}
+
+
 def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     """The error a caller sees when the store's disk refused an operation."""
     what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
     refused = StoreUnavailable(
         f"the store's files {_FAILED[during].format(what)}; the store is usable again "
-        "once the cause is fixed (free space, replace the disk): retry then",
+        f"once the cause is fixed ({_REMEDIES.get(error.errno or 0, _DISK)}): retry then",
         errno=error.errno,
     )
     refused.__cause__ = error

@@ -322,12 +322,8 @@ def holder_pid(path: str) -> int:
 
 def busy(session_id: str, path: str, wait_s: float) -> OwnerBusy:
     pid = holder_pid(path)
-    held = f"pid {pid}" if pid else "another process"
-    return OwnerBusy(
-        f"session {session_id!r} is owned by {held} (waited {wait_s:g} s): wait for it to "
-        "finish, or pass a longer wait_s",
-        pid=pid,
-    )
+    holder = f"pid {pid}" if pid else "another process"
+    return OwnerBusy.held(session_id, pid, f"{holder} (waited {wait_s:g} s)", pid == os.getpid())
 
 
 def acquire_operation(session_id: str, boot_id: str) -> AcquireLease:
