@@ -36,6 +36,7 @@ from journal import (
     ArchiveLimits,
     CursorForeign,
     EventIn,
+    ImportReport,
     Journal,
     OutcomeUnknown,
     SessionExists,
@@ -299,6 +300,20 @@ class _CountedCommits(FileOps):
             self.commits += 1
 
 
+def _import_counting_commits(
+    path: Path, archive: bytes, check: Callable[[Journal, ImportReport], None]
+) -> int:
+    """Import `archive` into a new store at `path` and `check(target, report)`; the
+    number of commits the import took."""
+    ops = _CountedCommits()
+    with Journal.open(path, durability="os", file_ops=ops) as target:
+        before = ops.commits
+        report = target.import_sessions(io.BytesIO(archive))
+        commits = ops.commits - before
+        check(target, report)
+    return commits
+
+
 def test_small_sessions_are_staged_together_and_a_large_one_on_its_own(
     tmp_path: Path,
 ) -> None:
@@ -317,15 +332,14 @@ def test_small_sessions_are_staged_together_and_a_large_one_on_its_own(
             for m in source.list_sessions()
         }
         archive = _export(source)
-    ops = _CountedCommits()
-    with Journal.open(tmp_path / "target", durability="os", file_ops=ops) as target:
-        before = ops.commits
-        report = target.import_sessions(io.BytesIO(archive))
-        commits = ops.commits - before
+
+    def check(target: Journal, report: ImportReport) -> None:
         assert [s.session_id for s in report.sessions] == sorted(expected)
         for session_id, (meta, history) in expected.items():
             assert (_meta(target, session_id), _history(target, session_id)) == (meta, history)
         assert target.verify().problems == []
+
+    commits = _import_counting_commits(tmp_path / "target", archive, check)
     # The small sessions before and after the large one: a commit each group; the large
     # one: its row and its events in two steps; the commit of the import.
     assert commits <= 8, commits
@@ -338,13 +352,12 @@ def test_a_staging_group_counts_the_sessions_metadata(tmp_path: Path) -> None:
         for i in range(12):
             source.create_session(f"m{i:02d}", tags={"big": str(i % 10) * 900_000})
         archive = _export(source)
-    ops = _CountedCommits()
-    with Journal.open(tmp_path / "target", durability="os", file_ops=ops) as target:
-        before = ops.commits
-        report = target.import_sessions(io.BytesIO(archive))
-        commits = ops.commits - before
+
+    def check(target: Journal, report: ImportReport) -> None:
         assert len(report.sessions) == 12
         assert target.get_session("m11").tags == {"big": "1" * 900_000}
+
+    commits = _import_counting_commits(tmp_path / "target", archive, check)
     # 10.8 MB of metadata in groups of at most 4 MiB, then the commit of the import.
     assert commits >= 4, commits
 
