@@ -115,6 +115,7 @@ def not_a_batch(events: object) -> bool:
 
 
 def batch_refused(events: object) -> InvalidArgument:
+    """The error of an append whose `events` are not a batch (`not_a_batch`)."""
     hint = (
         " (a generator or iterator: pass list(...) of it)" if isinstance(events, Iterator) else ""
     )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
-from .errors import CursorExpired, InvalidArgument, JournalError, OrdinalConflict
+from .errors import CursorExpired, InvalidArgument, JournalClosed, JournalError, OrdinalConflict
 from .models import Event, EventIn, Snapshot
 
 if TYPE_CHECKING:
@@ -144,11 +144,13 @@ class _Turnstile:
 def _outcome(value: object) -> tuple[list[EventIn], object]:
     """An update's `fn` result as (events, result)."""
     result: object = None
+    paired = False
     if (
         type(value) is tuple
         and len(value) == 2
         and not (isinstance(value[0], EventIn) and isinstance(value[1], EventIn))
     ):
+        paired = True
         value, result = value  # (events, result); two EventIns are two events
     if value is None:
         return [], result
@@ -156,14 +158,11 @@ def _outcome(value: object) -> tuple[list[EventIn], object]:
         return [value], result
     if isinstance(value, (list, tuple)) and all(isinstance(e, EventIn) for e in value):
         return list(value), result
+    what = type(value).__name__
     raise InvalidArgument(
         "an update's fn must return the events to append (a list or tuple of EventIn, one "
         "EventIn, or [] or None for none), or a pair (events, result); it returned "
-        + (
-            f"a pair whose events are a {type(value).__name__}"
-            if result is not None
-            else f"a {type(value).__name__}"
-        )
+        + (f"a pair whose events are a {what}" if paired else f"a {what}")
     )
 
 
@@ -244,7 +243,8 @@ class Fold(Generic[StateT]):
         if due:
             self._auto_checkpoint()  # restored from far behind: the next fold starts here
         if follow:
-            self._subscription = self._follow()
+            with self._lock:  # (a restart on the delivery thread waits for this)
+                self._subscription = self._follow()
 
     def __repr__(self) -> str:
         return f"<Fold of {self.session_id!r} at ordinal {self._ordinal}, version {self.version!r}>"
@@ -414,7 +414,10 @@ class Fold(Generic[StateT]):
                     self._load()
                     self._subscription = self._follow()
                 return
-            except JournalError as failed:
+            except JournalClosed:
+                self._following = False
+                return  # (the journal is closing: its subscriptions end without an error)
+            except Exception as failed:  # (the reducer's own error included)
                 error = failed
         self._following = False
         if self._on_error is not None:

@@ -120,22 +120,23 @@ class Stream(Generic[ItemT]):
     `itertools.chain`).
 
     `pages(halted)` makes the page generator, which ends once `halted()` is True;
-    `wake()` ends a wait of it in progress (`close` from another thread)."""
+    `wake()` ends a wait of it in progress (`close` from another thread). (Nothing the
+    generator holds refers back to the stream: a stream dropped without `close()` is
+    freed, and its files closed, at once, not by the cyclic garbage collector.)"""
 
-    __slots__ = ("_halted", "_items", "_pages", "_wake")
+    __slots__ = ("_halted", "_inside", "_items", "_pages", "_wake")
 
     def __init__(
         self,
         pages: Callable[[Callable[[], bool]], Generator[list[ItemT], None, None]],
         wake: Callable[[], None],
     ) -> None:
-        self._halted = False
+        self._halted = threading.Event()
+        # Held while a thread runs the page generator (reads a page, or waits).
+        self._inside = threading.Lock()
         self._wake = wake
-        self._pages = pages(self._is_halted)
-        self._items = chain.from_iterable(self._pages)
-
-    def _is_halted(self) -> bool:
-        return self._halted
+        self._pages = pages(self._halted.is_set)
+        self._items = chain.from_iterable(_one_at_a_time(self._pages, self._inside))
 
     def __iter__(self) -> Iterator[ItemT]:
         return self._items
@@ -148,17 +149,32 @@ class Stream(Generic[ItemT]):
         Called while another thread iterates the stream (blocked in a watch, say), it
         returns at once and that thread's loop ends after the page it is delivering; a
         wait ends at once, and that thread releases what the stream holds."""
-        self._halted = True
-        try:
-            self._pages.close()
-        except ValueError:  # ("generator already executing": in another thread, now)
-            self._wake()
+        self._halted.set()
+        if self._inside.acquire(blocking=False):
+            try:
+                self._pages.close()  # (nobody runs it: its cleanup runs here, now)
+            finally:
+                self._inside.release()
+        else:
+            self._wake()  # another thread runs it: it ends at its next step, there
 
     def __enter__(self) -> Stream[ItemT]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _one_at_a_time(
+    pages: Generator[list[ItemT], None, None], inside: threading.Lock
+) -> Iterator[list[ItemT]]:
+    """`pages`, run under `inside` (`Stream.close` closes it only when nobody runs it)."""
+    while True:
+        with inside:
+            page = next(pages, None)
+        if page is None:
+            return
+        yield page
 
 
 def follow(
@@ -168,9 +184,12 @@ def follow(
     closed: Callable[[], bool],
 ) -> Generator[list[ItemT], None, None]:
     """Drive `pager` synchronously: pages as they come; ends when the pager is done,
-    `stop` is set, or the journal is closed."""
-    while not closed():
-        if stop is not None and stop.is_set():
+    `stop` is set, or `closed()` (the journal is closed, or the stream)."""
+    while True:
+        # Read before `closed()`: a close whose wake-up comes after this point makes the
+        # wait below return at once instead of sleeping until the next commit.
+        epoch = waiter.epoch
+        if closed() or (stop is not None and stop.is_set()):
             return
         items, wait_past, done = pager.step()
         if items:
@@ -182,7 +201,7 @@ def follow(
         if done:
             return
         if wait_past is not None:
-            waiter.wait(wait_past, stop, pager.wait_timeout)
+            waiter.wait(wait_past, stop, pager.wait_timeout, epoch)
 
 
 async def afollow(

@@ -145,29 +145,38 @@ class ForkPause(Generic[MemberT]):
 
 
 class Inheritable(Protocol):
-    def inherited_at(self, path: str) -> bool:
-        """Whether it holds the store at `path` for a parent process (this process is a
-        forked child), still open here."""
+    def inherited(self) -> bool:
+        """Whether a parent process opened it (this process is a forked child) and it is
+        still open here."""
 
     def close(self) -> None: ...
 
 
 class Inherited:
     """The journals this process (or the parent it was forked from) opened: a forked
-    child's open of a store that its parent's journal holds closes that one first (it
-    cannot be used in the child, and LMDB refuses a second open of its files)."""
+    child's open of a store that its parent's journal holds closes the inherited ones
+    first (none can be used in the child, and LMDB refuses a second open of the same
+    files; which store a journal holds is not compared: a relative path and a `chdir`
+    since would defeat that)."""
 
     def __init__(self) -> None:
         self._open: weakref.WeakSet[Inheritable] = weakref.WeakSet()
+        self._closing = threading.Lock()
+        # (A child gets its own: the parent's may be held by a thread at the fork.)
+        os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._closing = threading.Lock()
 
     def add(self, member: Inheritable) -> None:
         self._open.add(member)
 
-    def close_at(self, path: str) -> bool:
-        """Close the inherited journals of the store at `path`; whether there were any."""
-        inherited = [member for member in list(self._open) if member.inherited_at(path)]
-        for member in inherited:
-            member.close()
+    def close_all(self) -> bool:
+        """Close every inherited journal; whether there was any."""
+        with self._closing:  # (two threads of a child opening at once close each once)
+            inherited = [member for member in list(self._open) if member.inherited()]
+            for member in inherited:
+                member.close()
         return bool(inherited)
 
 

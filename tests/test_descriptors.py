@@ -229,6 +229,28 @@ def test_replays_full_and_abandoned_do_not_leak_descriptors(tmp_path: Path) -> N
         )
 
 
+def test_a_dropped_stream_releases_its_segment_files_without_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    """A stream dropped mid-replay (a `break`) must close its segment files when it
+    goes, not when the cyclic collector runs: nothing its page generator holds may
+    refer back to the stream (a close() wired through it did, briefly)."""
+    store = tmp_path / "store"
+    with open_small(store) as j:
+        j.create_session("s")
+        fill(j, "s", batches=20)
+        gc.disable()
+        try:
+            before = under(open_fds(collect=False), segments_dir(store))
+            stream = j.replay("s", max_bytes=2048)
+            next(stream)
+            assert under(open_fds(collect=False), segments_dir(store)) != before
+            del stream
+            assert under(open_fds(collect=False), segments_dir(store)) == before
+        finally:
+            gc.enable()
+
+
 # -- 3. watch() ----------------------------------------------------------------------------
 
 

@@ -471,6 +471,38 @@ def test_a_following_fold_goes_on_after_the_history_it_needed_was_compacted(
     assert not follower.following
 
 
+def test_a_following_fold_whose_restart_fails_says_so_and_stops_following(
+    j: Journal,
+) -> None:
+    """The restart after a compaction refolds from the snapshot; a reducer that raises
+    there ends the following, reported to `on_error` (it was lost: `following` stayed
+    True and nothing followed)."""
+    j.create_session("s")
+    gate = threading.Event()
+    errors: list[BaseException] = []
+    calls = [0]
+
+    def fragile(state: list[int], event: Event) -> list[int]:
+        calls[0] += 1
+        gate.wait(WAIT_S)
+        if calls[0] > 1 and event.ordinal == 31:
+            raise ValueError("the reducer failed")
+        return chain(state, event)
+
+    with j.fold("s", fragile, [0, 0], follow=True, on_error=errors.append) as follower:
+        for value in range(1, 31):
+            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
+        with j.fold("s", chain, [0, 0]) as compactor:
+            compactor.snapshot(compact=True)
+        j.append("s", value_events([31]))  # (folded by the restart: it raises there)
+        gate.set()
+        deadline = time.monotonic() + WAIT_S
+        while not errors and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert [type(e) for e in errors] == [ValueError]
+        assert not follower.following
+
+
 def test_a_read_only_journal_folds_but_does_not_write(engine: EngineFactory, store: Path) -> None:
     with engine.open(store, durability="os") as j:
         j.create_session("s")

@@ -260,3 +260,25 @@ def test_a_child_opens_a_store_its_inherited_journal_holds(tmp_path: Path) -> No
         assert _wait_child(pid) == 0
         j.append("s", [EventIn("parent", b"")])
         assert [e.type for e in j.replay("s")] == ["child", "parent"]
+
+
+def test_a_child_opens_the_store_after_a_chdir_of_a_relatively_opened_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which store an inherited journal holds is not compared by path (a relative one
+    and a chdir since would defeat it): the child closes every inherited journal."""
+    monkeypatch.chdir(tmp_path)
+    with Journal.open("store", durability="os") as j:
+        j.create_session("s")
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.chdir("/")
+                with Journal.open(tmp_path / "store", durability="os") as own:
+                    own.append("s", [EventIn("child", b"")])
+                code = 0
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0
+        assert [e.type for e in j.replay("s")] == ["child"]

@@ -170,11 +170,11 @@ class LocalEngine:
         except StoreUnavailable as e:
             if not held_by_this_process(e):
                 raise
-            # A forked child holding its parent's journal of this store (unusable here:
-            # `check_usable`) closes it, as its close() would. Or a journal of this
+            # A forked child holding its parent's journals (unusable here: `check_usable`)
+            # closes them, as their close() would. Or a journal of this
             # process dropped without close() may be closing it now (in its own thread:
             # `abandoned`): once that is done, the store is free.
-            if not INHERITED.close_at(path) and not wait_for_dropped(5.0):
+            if not INHERITED.close_all() and not wait_for_dropped(5.0):
                 raise
         return cls._open(path, options)
 
@@ -195,14 +195,10 @@ class LocalEngine:
         INHERITED.add(self)
         return self
 
-    def inherited_at(self, path: str) -> bool:
-        """Whether this is a journal of the store at `path` opened by a parent process
-        (this process is a forked child) and not closed here yet."""
-        return (
-            os.getpid() != self._pid
-            and not self._closed
-            and os.path.realpath(self.location) == os.path.realpath(path)
-        )
+    def inherited(self) -> bool:
+        """Whether a parent process opened this journal (this process is a forked child)
+        and it is not closed here yet."""
+        return os.getpid() != self._pid and not self._closed
 
     def _init(self, path: str, options: LocalOptions) -> None:
         readonly = options.readonly
