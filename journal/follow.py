@@ -175,6 +175,7 @@ def _one_at_a_time(
         if page is None:
             return
         yield page
+        del page  # (freed before the next page is read: see `follow`)
 
 
 def follow(
