@@ -142,8 +142,9 @@ def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path
         with Journal.open(store, durability="os") as j:
             meta = j.get_session("s")
             assert meta.owner is not None and meta.owner.pid == owner.pid
-            with pytest.raises(OwnerBusy):
+            with pytest.raises(OwnerBusy) as busy:
                 j.own("s")
+            assert f"owned by pid {owner.pid}" in str(busy.value)  # (another process's)
             owner.send_signal(signal.SIGKILL)
             owner.wait(10)
             assert j.get_session("s").owner is None  # recorded, but that process is gone

@@ -276,6 +276,10 @@ class LocalLease:
     def held(self) -> bool:
         return self._fd >= 0
 
+    def holds(self, path: str) -> bool:
+        """Whether this lease holds the lock file at `path` now."""
+        return self.held and self._path == path
+
     def forget_inherited(self) -> None:
         """In a forked child: close this copy of the lock fd; the lease (and its file) is
         the parent's."""
@@ -323,7 +327,9 @@ def holder_pid(path: str) -> int:
 def busy(session_id: str, path: str, wait_s: float) -> OwnerBusy:
     pid = holder_pid(path)
     holder = f"pid {pid}" if pid else "another process"
-    return OwnerBusy.held(session_id, pid, f"{holder} (waited {wait_s:g} s)", pid == os.getpid())
+    # (This process: one of its own leases holds the lock, whatever pid the file names.)
+    mine = any(lease.holds(path) for lease in list(_HELD))
+    return OwnerBusy.held(session_id, pid, f"{holder} (waited {wait_s:g} s)", mine)
 
 
 def acquire_operation(session_id: str, boot_id: str) -> AcquireLease:
