@@ -20,6 +20,7 @@ from journal import (
     EventIn,
     InvalidArgument,
     Journal,
+    SessionState,
     StoreNotFound,
     StoreUnavailable,
     Unsupported,
@@ -119,6 +120,33 @@ def test_writers_in_two_journals_get_dense_ordinals(url: str, tmp_path: Path) ->
         stored = list(a.replay("s"))
         assert [e.ordinal for e in stored] == list(range(1, 81))
         assert len({e.data for e in stored}) == 80
+
+
+def test_a_journal_judges_writes_on_the_stored_session_not_its_own_last_copy(
+    url: str, tmp_path: Path
+) -> None:
+    """A journal remembers the row it wrote last; what another process did since must
+    not make it refuse a write (it did, without asking the server: an expected ordinal,
+    a state, a transition, an owner taken over)."""
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:
+        a.create_session("s")
+        a.append("s", events(1))
+        b.append("s", events(1, "b"))
+        assert a.append("s", events(1), expected_last_ordinal=2).last_ordinal == 3
+        assert a.checkpoint_session("s", 3, b"cp").ordinal == 3
+        a.suspend_session("s")
+        b.resume_session("s")
+        assert a.append("s", events(1)).last_ordinal == 4
+        a.suspend_session("s")
+        b.resume_session("s")
+        assert a.suspend_session("s").state is SessionState.SUSPENDED
+        a.resume_session("s")
+        with b.own("s") as held:
+            assert held.generation == 1
+            a.append("s", events(1))
+        with a.own("s") as taken:  # (b released it: no wait, no OwnerBusy)
+            assert taken.generation == 2
 
 
 # -- limits and differences (SPEC 16.5) --------------------------------------------------

@@ -22,6 +22,7 @@ from nats.errors import MaxPayloadError
 
 from ..errors import (
     InvalidArgument,
+    JournalError,
     StoreUnavailable,
 )
 from ..models import LifecycleEventType, RetentionPolicy, SessionState
@@ -136,6 +137,9 @@ class Committer:
             fresh = False
             deadline = time.monotonic() + WRITE_S
             while True:
+                # (This engine's own last row of the session, when it has one and no
+                # stale row was met: another process may have written since.)
+                cached = not fresh and session_id in self.last_rows
                 try:
                     state = await self._state(session_id, fresh)
                     now = _now_ms()
@@ -158,7 +162,18 @@ class Committer:
                     await asyncio.sleep(0.1)
                     fresh = True
                     continue
+                except JournalError:
+                    if not cached:
+                        raise
+                    # Refused on this engine's own copy of the row: another process may
+                    # have changed the session since (appended, resumed, released its
+                    # lease, evicted it). Judge it again on the stored row.
+                    fresh = True
+                    continue
                 if not planned.messages:
+                    if cached:
+                        fresh = True  # (an answer from a copy: read it from the store)
+                        continue
                     return planned.result(0)
                 seq = await self.commit(session_id, state, planned)
                 if seq is None:
