@@ -301,6 +301,8 @@ class PageReaders(AbstractContextManager["PageReaders"], Protocol):
 class Engine(Protocol):
     """What a storage engine provides to the `Journal` facade."""
 
+    # Why `import_sessions` is refused on this engine (None: it imports).
+    import_refusal: str | None
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

@@ -70,6 +70,7 @@ from .errors import (
     ReadOnlyStore,
     SessionNotFound,
     StoreUnavailable,
+    Unsupported,
 )
 from .folds import DEFAULT_TRIES, Codec, Fold
 from .follow import EventPager, Stream, afollow, follow
@@ -473,6 +474,8 @@ class Journal:
         over two passes; `limits` raises the caps on what a reader accepts."""
         check_callback("progress", progress)
         self._check_open()
+        if self._engine.import_refusal is not None:  # (before the archive is read)
+            raise Unsupported(self._engine.import_refusal)
         return import_sessions(self._engine, src, rename, progress, limits)
 
     # -- owners ----------------------------------------------------------------------------

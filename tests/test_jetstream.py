@@ -170,6 +170,14 @@ def test_import_raises_unsupported_and_writes_nothing(j: Journal, tmp_path: Path
     with pytest.raises(Unsupported, match="import"):
         j.import_sessions(io.BytesIO(archive.getvalue()))
     assert list(j.list_sessions()) == []
+    # Said before the archive is read: not another error first (a session that exists,
+    # a file that is not there, bytes that are not an archive).
+    j.create_session("s")
+    with pytest.raises(Unsupported, match="import"):
+        j.import_sessions(io.BytesIO(archive.getvalue()))
+    for source in (tmp_path / "missing.sja", io.BytesIO(b"not an archive")):
+        with pytest.raises(Unsupported, match="import"):
+            j.import_sessions(source)
 
 
 def test_export_from_jetstream_imports_into_a_local_store(j: Journal, tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ from .layout import (
     Subjects,
 )
 from .reads import FRESH_S, Moved, StoreReader
-from .writes import Writer
+from .writes import IMPORT_REFUSAL, Writer
 
 __all__ = ["JetStreamEngine", "JetStreamOptions"]
 
@@ -219,6 +219,7 @@ def _start_time(pid: int) -> int:
 class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
+    import_refusal: str | None = IMPORT_REFUSAL
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

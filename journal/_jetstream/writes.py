@@ -47,7 +47,14 @@ from .commit import Committer, Plan, done, rel, resolved
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
 from .reads import RowState
 
-__all__ = ["MAX_APPEND_EVENTS", "Writer"]
+# Why `import_sessions` is refused on this engine (before the archive is read: the
+# facade asks `import_refusal`; and by the writer, should an operation get here).
+IMPORT_REFUSAL: Final = (
+    "import_sessions is not available on a nats:// store: import the archive into a "
+    "local store, or replay its events with append()"
+)
+
+__all__ = ["IMPORT_REFUSAL", "MAX_APPEND_EVENTS", "Writer"]
 
 # JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
 # also writes its row, and may write a creation record and an idempotency marker.
@@ -84,10 +91,7 @@ class Writer(Committer):
             case ReleaseLease():
                 return await self._release(operation)
             case StageSessions() | StageEvents() | CommitImport() | AbortImport():
-                raise Unsupported(
-                    "import_sessions is not available on a nats:// store: import the "
-                    "archive into a local store, or replay its events with append()"
-                )
+                raise Unsupported(IMPORT_REFUSAL)
             case VerifyFix():
                 raise AssertionError("the engine answers VerifyFix itself")
             case _:

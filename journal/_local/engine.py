@@ -155,6 +155,7 @@ class LocalEngine:
     Thread-safe; several processes may open the same store. Use `LocalEngine.open`.
     """
 
+    import_refusal: str | None = None
     store_id: bytes
     key_ring: KeyRing
     readonly: bool
