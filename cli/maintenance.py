@@ -48,10 +48,22 @@ def compact(settings: Settings, dead_share: float) -> None:
     """Reclaim space: apply retention, delete dead segments, rewrite mostly dead ones.
 
     Positions, ordinals and cursors do not change; writers and watchers may keep running.
+    On a nats:// store (no segments) it applies the retention policy only.
     """
     output = settings.output
     with settings.open() as store, progress_bar("compacting", output.format == "text") as bar:
+        # (A local compaction applies retention itself; JetStream's has nothing else.)
+        retention = store.apply_retention() if is_nats(settings.store) else None
         report = store.compact(dead_share=dead_share, progress=bar)
+    if retention is not None:
+        output.emit(
+            {
+                "trimmed_sessions": retention.trimmed_sessions,
+                "evicted_sessions": retention.evicted_sessions,
+            },
+            f"retention: {len(retention.evicted_sessions)} sessions evicted, "
+            f"{len(retention.trimmed_sessions)} trimmed",
+        )
     record = {
         "segments_rewritten": report.segments_rewritten,
         "segments_deleted": report.segments_deleted,

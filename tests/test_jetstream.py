@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from journal import (
     EventIn,
     InvalidArgument,
     Journal,
+    RetentionPolicy,
     SessionState,
     StoreNotFound,
     StoreUnavailable,
@@ -218,6 +220,28 @@ def test_compact_has_nothing_to_do(j: Journal) -> None:
     report = j.compact()
     assert (report.segments_rewritten, report.segments_deleted) == ([], [])
     assert [e.data for e in j.replay("s")] == [b"e0", b"e1", b"e2"]
+
+
+def test_the_cli_compact_applies_retention_on_a_nats_store(url: str, tmp_path: Path) -> None:
+    """`journal compact` ("apply retention, ...") evicted nothing on a nats:// store,
+    whose compaction has nothing else to do: the CLI had no way to apply retention."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    name = store_name(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(url, store=name, retention=policy) as j:
+        j.create_session("gone")
+        j.resolve_session("gone")
+        j.create_session("kept")
+    time.sleep(0.01)  # (past the 1 ms retention of the ended session)
+    result = CliRunner().invoke(main, ["--store", f"{url}/{name}", "--format", "json", "compact"])
+    assert result.exit_code == 0, result.output
+    first = json.loads(result.stdout.splitlines()[0])
+    assert first["evicted_sessions"] == ["gone"], result.stdout
+    with Journal.open(url, store=name) as j:
+        assert [m.session_id for m in j.list_sessions()] == ["kept"]
 
 
 def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
