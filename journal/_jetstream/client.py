@@ -113,9 +113,10 @@ class Connection:
                 connect_s,
             )
         except Exception as e:
+            detail = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__}"
             raise StoreUnavailable(
-                f"cannot connect to NATS at {', '.join(servers)}: {type(e).__name__} {e}; "
-                "check the URL and that the servers run with JetStream enabled"
+                f"cannot connect to NATS at {', '.join(servers)} ({detail}); check the URL "
+                "and that the servers run with JetStream enabled"
             ) from None
 
     def on_loop(self) -> bool:
