@@ -151,6 +151,32 @@ def test_a_journal_judges_writes_on_the_stored_session_not_its_own_last_copy(
             assert taken.generation == 2
 
 
+def test_fold_updates_from_two_journals_all_land(url: str, tmp_path: Path) -> None:
+    """Read-modify-write from two journals (as two processes): each journal's conflicts
+    were judged on its own last row, so updates gave up after their tries (a user trial
+    stored 99 of 320)."""
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:
+        a.create_session("c")
+        errors: list[BaseException] = []
+
+        def work(j: Journal) -> None:
+            try:
+                fold = j.fold("c", lambda count, event: count + 1, 0)
+                for _ in range(20):
+                    fold.update(lambda count: [EventIn("n", b"1")])
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(j,)) for j in (a, b, a, b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert a.get_session("c").last_ordinal == 80
+
+
 # -- limits and differences (SPEC 16.5) --------------------------------------------------
 
 
