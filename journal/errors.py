@@ -178,6 +178,15 @@ class JournalClosed(JournalError):
     code = "JOURNAL_CLOSED"
     status = "FAILED_PRECONDITION"
 
+    @classmethod
+    def inherited(cls, why: str) -> "JournalClosed":
+        """The error of a journal used in a forked child of the process that opened it
+        (`why`: what does not survive fork)."""
+        return cls(
+            "this journal was opened in a parent process; a forked child must call "
+            f"Journal.open() itself ({why})"
+        )
+
 
 class OwnerBusy(JournalError):
     """`own()` found the session's owner lease held by a live process (after waiting up

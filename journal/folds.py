@@ -235,7 +235,6 @@ class Fold(Generic[StateT]):
         self._stored_at = 0  # the ordinal of the last snapshot or checkpoint seen or made
         self._subscription: Subscription[Event] | None = None
         self._on_error = on_error
-        self._closed = False
         self._following = follow  # (until closed, or an error ends it: `following`)
         with self._lock:
             self._load()
@@ -409,8 +408,8 @@ class Fold(Generic[StateT]):
         if isinstance(error, CursorExpired):
             try:
                 with self._lock:
-                    if self._closed:
-                        return
+                    if not self._following:
+                        return  # (closed meanwhile)
                     self._load()
                     self._subscription = self._follow()
                 return
@@ -578,7 +577,7 @@ class Fold(Generic[StateT]):
     def close(self) -> None:
         """Stop following (`follow=True`); the state stays readable. Idempotent."""
         with self._lock:
-            self._closed, self._following = True, False
+            self._following = False
             subscription = self._subscription
         if subscription is not None:
             subscription.close()

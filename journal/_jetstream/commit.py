@@ -118,12 +118,14 @@ class Committer:
             lock = self._locks[session_id] = asyncio.Lock()
         return lock
 
-    async def _state(self, session_id: str, fresh: bool) -> RowState:
+    async def _state(self, session_id: str, fresh: bool) -> tuple[RowState, bool]:
+        """The row to plan on, and whether it is this engine's own last copy (another
+        process may have written since) rather than one read from the store."""
         if not fresh:
             cached = self.last_rows.get(session_id)
             if cached is not None:
-                return cached
-        return await self.reader.row(session_id)
+                return cached, True
+        return await self.reader.row(session_id), False
 
     async def write(
         self,
@@ -137,11 +139,9 @@ class Committer:
             fresh = False
             deadline = time.monotonic() + WRITE_S
             while True:
-                # (This engine's own last row of the session, when it has one and no
-                # stale row was met: another process may have written since.)
-                cached = not fresh and session_id in self.last_rows
+                cached = False
                 try:
-                    state = await self._state(session_id, fresh)
+                    state, cached = await self._state(session_id, fresh)
                     now = _now_ms()
                     row = state.row
                     due = None if row is None or not expire_first else row.deadline()

@@ -388,10 +388,7 @@ class JetStreamEngine:
         if self._closed:
             raise JournalClosed("this journal is closed; open it again with Journal.open()")
         if os.getpid() != self._pid:
-            raise JournalClosed(
-                "this journal was opened in a parent process; a forked child must call "
-                "Journal.open() itself (the NATS connection's thread does not survive fork)"
-            )
+            raise JournalClosed.inherited("the NATS connection's thread does not survive fork")
 
     def _run(self, coro: Any, timeout: float | None = None) -> Any:
         try:

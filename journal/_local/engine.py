@@ -124,8 +124,6 @@ from .view import Head
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
 _log: Final = logging.getLogger("journal")
-
-
 ResultT = TypeVar("ResultT")
 Durability = Literal["fsync", "os"]
 
@@ -388,10 +386,7 @@ class LocalEngine:
         if self._closed:
             raise JournalClosed("this journal is closed; open it again with Journal.open()")
         if os.getpid() != self._pid:
-            raise JournalClosed(
-                "this journal was opened in a parent process; a forked child must call "
-                "Journal.open() itself (LMDB handles do not survive fork)"
-            )
+            raise JournalClosed.inherited("LMDB handles do not survive fork")
         if self._private_dir is not None:
             self._refresh_private_view()
 

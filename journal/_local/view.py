@@ -372,10 +372,7 @@ class View:
             # A forked child still using its parent's journal (a stream it inherited,
             # iterated on): a transaction here would take reader slots of the parent's
             # lock file that nobody frees, until every process's reads fail.
-            raise JournalClosed(
-                "this journal was opened in a parent process; a forked child must call "
-                "Journal.open() itself (LMDB handles do not survive fork)"
-            )
+            raise JournalClosed.inherited("LMDB handles do not survive fork")
         if self.damage is not None:
             if not (write and self._repair):
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
