@@ -14,7 +14,7 @@ import msgspec
 
 from cursors import KeyRing
 
-from .engine import Append, CreateSession
+from .engine import Append, CreateSession, TurnGuard
 from .errors import InvalidArgument
 from .models import EventIn, RetentionPolicy, SessionState
 from .records import TURN_EVENT_TYPES
@@ -394,6 +394,7 @@ class EventChecker:
         expected_last_ordinal: int | None,
         idempotency_key: str | None,
         create: CreateSession | None = None,
+        turn: TurnGuard | None = None,
     ) -> Append:
         if type(session_id) is not str or session_id not in self._checked_ids:
             session_id = check_name("session_id", session_id)
@@ -445,7 +446,7 @@ class EventChecker:
                 _digest_encoder.encode([(e.type, e.data, e.request_id) for e in events])
             ).digest()
         return Append(
-            session_id, events, expected_last_ordinal, idempotency_key, digest, create, total
+            session_id, events, expected_last_ordinal, idempotency_key, digest, create, total, turn
         )
 
     def _check_events(self, events: list[EventIn]) -> tuple[int, list[EventIn]]:

@@ -60,6 +60,7 @@ __all__ = [
     "StagedSession",
     "StoredSnapshot",
     "Transition",
+    "TurnGuard",
     "VerifyFix",
 ]
 
@@ -134,11 +135,22 @@ class CreateSession(Operation[SessionRow], frozen=True):
     max_history_age_ms: int | None
 
 
+class TurnGuard(msgspec.Struct, frozen=True):
+    """The turn an append belongs to (`Turn.append`): the append is refused unless the
+    owner holding lease `generation` of incarnation `incarnation` still holds it and
+    `request_id` is the session's open turn (`turns.check_turn`)."""
+
+    incarnation: int
+    generation: int
+    request_id: str
+
+
 class Append(Operation[Appended], frozen=True):
     """Append `events` to an OPEN session. `digest` identifies the events for an
     idempotency key (a retry with other events is refused). With `create`, a session
     that does not exist is created by it first, in the same commit (both or neither).
-    `data_bytes`, when not 0, is the sum of the events' data lengths."""
+    `data_bytes`, when not 0, is the sum of the events' data lengths. With `turn`, the
+    events belong to that turn of an owner (refused once the turn or the lease is gone)."""
 
     session_id: str
     events: list[EventIn]
@@ -148,6 +160,7 @@ class Append(Operation[Appended], frozen=True):
     create: CreateSession | None = None
     # The events' data bytes when the caller counted them (0: the engine counts them).
     data_bytes: int = 0
+    turn: TurnGuard | None = None
 
 
 class Transition(Operation[SessionRow], frozen=True):

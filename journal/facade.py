@@ -61,6 +61,7 @@ from .engine import (
     PageReaders,
     Progress,
     Transition,
+    TurnGuard,
     VerifyFix,
 )
 from .errors import (
@@ -492,8 +493,20 @@ class Journal:
             raise ReadOnlyStore("own() needs a writable journal")
         lease = self._engine.acquire(session_id, wait)
         turn_event = partial(self._turn_event, session_id, lease.incarnation, lease.generation)
-        writer = TurnWriter(turn_event, partial(self.append, session_id))
-        return take_over(self._engine, lease, writer)
+        turn_append = partial(self._turn_append, session_id, lease.incarnation, lease.generation)
+        return take_over(self._engine, lease, TurnWriter(turn_event, turn_append))
+
+    def _turn_append(
+        self,
+        session_id: str,
+        incarnation: int,
+        generation: int,
+        request_id: str,
+        events: Sequence[EventIn],
+    ) -> AppendResult:
+        guard = TurnGuard(incarnation, generation, request_id)
+        operation = self._events.append(session_id, events, None, None, turn=guard)
+        return self._append_result(session_id, self._submit(operation))
 
     def _turn_event(
         self,

@@ -14,8 +14,8 @@ from types import TracebackType
 
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, not_a_batch
-from .engine import Engine, Lease
-from .errors import InvalidArgument, OutcomeUnknown, SessionNotFound
+from .engine import Engine, Lease, TurnGuard
+from .errors import InvalidArgument, OutcomeUnknown, OwnerBusy, SessionNotFound
 from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
 from .sessions import SessionRow, recorded_owner
@@ -25,6 +25,8 @@ __all__ = [
     "Owner",
     "Turn",
     "TurnWriter",
+    "check_lease",
+    "check_turn",
     "check_unsettled",
     "result_data",
     "take_over",
@@ -87,6 +89,31 @@ def check_unsettled(
     )
 
 
+def check_lease(
+    session_id: str, incarnation: int, generation: int, row: SessionRow, planned: int
+) -> None:
+    """Refuse a write of the owner holding lease `generation` of incarnation
+    `incarnation` unless it still holds it: `row` is the session's row, `planned` its last
+    lease generation (counting leases planned before in the same batch)."""
+    if row.incarnation != incarnation or planned != generation or not row.owner_pid:
+        raise OwnerBusy(
+            f"the owner lease (generation {generation}) of session {session_id!r} is no "
+            "longer held by this owner: take it again with own() and start a new turn",
+            pid=row.owner_pid,
+        )
+
+
+def check_turn(guard: TurnGuard, row: SessionRow, planned: int) -> None:
+    """Refuse an append of turn `guard` (`check_lease`) unless the turn's owner still
+    holds its lease and the turn is the session's open one."""
+    check_lease(row.session_id, guard.incarnation, guard.generation, row, planned)
+    if row.turn_request_id != guard.request_id:
+        raise InvalidArgument(
+            f"turn {guard.request_id!r} of session {row.session_id!r} is settled: its "
+            "events cannot be appended after its result; start a new turn"
+        )
+
+
 def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
     """The `Owner` of a lease just acquired: checks that the session is still the one
     leased, and records as failed (WATCH_OUTCOME_UNKNOWN) a turn its previous owner left
@@ -111,13 +138,14 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
 
 
 class TurnWriter:
-    """How an owner writes (given by the facade): turn events under its lease, and plain
-    appends of the turn's events."""
+    """How an owner writes (given by the facade): turn events under its lease, and
+    appends of a turn's events (`append(request_id, events)`), checked against the lease
+    and the open turn (`TurnGuard`)."""
 
     def __init__(
         self,
         turn_event: Callable[[str, str, bytes], AppendResult],
-        append: Callable[[Sequence[EventIn]], AppendResult],
+        append: Callable[[str, Sequence[EventIn]], AppendResult],
     ) -> None:
         self.turn_event = turn_event
         self.append = append
@@ -131,6 +159,7 @@ class Turn:
         self.request_id = request_id
         self._writer = writer
         self._cancelled = False
+        self._ended = False
         self.started: AppendResult | None = None
         self.result: AppendResult | None = None
 
@@ -143,14 +172,27 @@ class Turn:
         return self
 
     def append(self, events: Sequence[EventIn]) -> AppendResult:
-        """Append events of this turn (their request id becomes the turn's)."""
+        """Append events of this turn (their request id becomes the turn's; an event that
+        names another request id is refused). Refused once the turn has ended, or when
+        its owner no longer holds the lease (released, taken over, the session evicted)."""
+        if self._ended:
+            raise InvalidArgument(
+                f"turn {self.request_id!r} has ended: its events cannot be appended after "
+                "its result; start a new turn"
+            )
         if not_a_batch(events):
             raise batch_refused(events)
-        tagged = [
-            EventIn(e.type, e.data, self.request_id) if isinstance(e, EventIn) else e
-            for e in events
-        ]
-        return self._writer.append(tagged)
+        tagged = []
+        for e in events:
+            if isinstance(e, EventIn):
+                if e.request_id is not None and e.request_id != self.request_id:
+                    raise InvalidArgument(
+                        f"an event of turn {self.request_id!r} names request id "
+                        f"{e.request_id!r}: a turn's events carry the turn's id (leave it None)"
+                    )
+                e = EventIn(e.type, e.data, self.request_id)
+            tagged.append(e)
+        return self._writer.append(self.request_id, tagged)
 
     def cancel(self) -> None:
         """Record the turn as cancelled when the block ends (unless it raises)."""
@@ -162,6 +204,7 @@ class Turn:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        self._ended = True
         try:
             if error is not None:
                 code = getattr(error, "code", None)

@@ -314,3 +314,77 @@ def test_an_owner_dropped_after_the_journal_closed_warns_of_nothing(
         del owner
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+# -- a turn's appends are the turn's: checked against the open turn and the lease -------
+
+
+def _types(j: Journal, session_id: str) -> list[tuple[str, str | None]]:
+    return [(e.type, e.request_id) for e in j.replay(session_id)]
+
+
+def test_a_turn_refuses_appends_after_its_result(j: Journal) -> None:
+    # Turn.append was a plain append: an event after the turn's result was accepted and
+    # recorded under the settled turn's request id.
+    j.create_session("s")
+    with j.own("s") as owner:
+        with owner.turn("r1") as turn:
+            turn.append([EventIn("message", b"in")])
+        with pytest.raises(InvalidArgument, match="has ended"):
+            turn.append([EventIn("message", b"after")])
+    assert _types(j, "s") == [("turn_started", "r1"), ("message", "r1"), ("turn_result", "r1")]
+
+
+def test_a_turn_whose_lease_was_taken_over_cannot_append_into_the_new_owners_turn(
+    j: Journal,
+) -> None:
+    # A stale turn's events landed inside the next owner's turn.
+    j.create_session("s")
+    first = j.own("s")
+    stale = first.turn("old").__enter__()
+    first.release()
+    with j.own("s") as second, second.turn("new") as turn:
+        turn.append([EventIn("message", b"new owner")])
+        with pytest.raises(OwnerBusy, match="no longer held"):
+            stale.append([EventIn("message", b"stale owner")])
+    assert _types(j, "s") == [
+        ("turn_started", "old"),
+        ("turn_result", "old"),  # settled by the new owner: outcome unknown
+        ("turn_started", "new"),
+        ("message", "new"),
+        ("turn_result", "new"),
+    ]
+
+
+def test_a_turn_of_an_evicted_session_cannot_append_to_its_successor(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    # The first event of a re-created session came from the dead incarnation's turn.
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with engine.open(tmp_path / "store", durability="os", retention=policy) as j:
+        j.create_session("s")
+        owner = j.own("s")
+        turn = owner.turn("rc").__enter__()
+        ended = j.cancel_session("s").ended_at_ms
+        assert ended is not None
+        assert j.apply_retention(now_ms=ended + 10).evicted_sessions == ["s"]
+        j.create_session("s")
+        with pytest.raises(OwnerBusy):
+            turn.append([EventIn("message", b"from the old incarnation")])
+        assert _types(j, "s") == []
+        owner.release()
+
+
+def test_a_turns_event_naming_another_request_id_is_refused(j: Journal) -> None:
+    # It was silently recorded under the turn's id instead.
+    j.create_session("s")
+    with j.own("s") as owner, owner.turn("r1") as turn:
+        with pytest.raises(InvalidArgument, match="names request id 'other'"):
+            turn.append([EventIn("message", b"x", request_id="other")])
+        turn.append([EventIn("message", b"y", request_id="r1"), EventIn("message", b"z")])
+    assert _types(j, "s") == [
+        ("turn_started", "r1"),
+        ("message", "r1"),
+        ("message", "r1"),
+        ("turn_result", "r1"),
+    ]

@@ -42,6 +42,7 @@ from ..errors import (
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..records import TURN_STARTED
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
+from ..turns import check_lease, check_turn
 from .client import BatchMessage
 from .commit import Committer, Plan, done, rel, resolved
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
@@ -183,6 +184,10 @@ class Writer(Committer):
                             )
                         )
             total = (1 if creating else 0) + count + (1 if key is not None else 0) + 1
+            if op.turn is not None:
+                if row is None:
+                    raise SessionNotFound(f"no session {session_id!r} in this store")
+                check_turn(op.turn, row, row.owner_generation)
             if row is None:
                 assert op.create is not None
                 row = self._new_row(op.create, now, 0, total)
@@ -514,17 +519,7 @@ class Writer(Committer):
             row = state.row
             if row is None:
                 raise SessionNotFound(f"no session {op.session_id!r} in this store")
-            if (
-                row.incarnation != op.incarnation
-                or row.owner_generation != op.generation
-                or not row.owner_pid
-            ):
-                raise OwnerBusy(
-                    f"the owner lease (generation {op.generation}) of session "
-                    f"{op.session_id!r} is no longer held by this owner: take it again "
-                    "with own()",
-                    pid=row.owner_pid,
-                )
+            check_lease(op.session_id, op.incarnation, op.generation, row, row.owner_generation)
             if row.session_state is not SessionState.OPEN:
                 raise SessionNotWritable(
                     f"session {op.session_id!r} is {row.session_state.value}: the turn "

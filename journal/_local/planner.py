@@ -39,7 +39,6 @@ from ..errors import (
     IllegalTransition,
     InvalidArgument,
     OrdinalConflict,
-    OwnerBusy,
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
@@ -61,6 +60,7 @@ from ..records import (
     StateChanged,
 )
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
+from ..turns import check_lease, check_turn
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import identity
@@ -351,6 +351,12 @@ class Planner:
             self._create_session(op.create)
         pending = self._existing(session_id)
         incarnation = pending.incarnation
+        if op.turn is not None:
+            check_turn(
+                op.turn,
+                pending.row,
+                self.generations.get(incarnation, pending.row.owner_generation),
+            )
         key = op.idempotency_key
         if key is not None:
             used = self.idem.get((incarnation, key))
@@ -495,12 +501,7 @@ class Planner:
         pending = self._existing(op.session_id)
         row = pending.row
         planned = self.generations.get(pending.incarnation, row.owner_generation)
-        if pending.incarnation != op.incarnation or planned != op.generation or not row.owner_pid:
-            raise OwnerBusy(
-                f"the owner lease (generation {op.generation}) of session {op.session_id!r} "
-                "is no longer held by this owner: take it again with own()",
-                pid=row.owner_pid,
-            )
+        check_lease(op.session_id, op.incarnation, op.generation, row, planned)
         if pending.state is not SessionState.OPEN:
             raise SessionNotWritable(
                 f"session {op.session_id!r} is {pending.state.value}: the turn cannot be recorded"
