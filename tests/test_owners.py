@@ -157,7 +157,8 @@ def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path
 
 def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
     from journal._local import LocalEngine, LocalOptions
-    from journal._local.leases import BOOT_ID, process_start_time
+    from journal._local.files import Permissions
+    from journal._local.leases import BOOT_ID, lock_path, process_start_time, take_lock
     from journal.engine import AcquireLease
 
     engine = LocalEngine.open(str(tmp_path), LocalOptions(durability="os"))
@@ -169,10 +170,16 @@ def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
         host = socket.gethostname()
         engine.submit(AcquireLease("s", os.getpid(), started + 1, host, BOOT_ID.decode()))
         assert j.get_session("s").owner is None
-        # The same pid with its real start time is the owner.
+        # The same pid with its real start time is the owner, while the lock is held.
         engine.submit(AcquireLease("s", os.getpid(), started, host, BOOT_ID.decode()))
-        owner = j.get_session("s").owner
-        assert owner is not None and owner.generation == 2
+        assert j.get_session("s").owner is None  # (nobody holds the lock)
+        fd = take_lock(lock_path(str(tmp_path), "s"), 0, Permissions())
+        assert fd is not None
+        try:
+            owner = j.get_session("s").owner
+            assert owner is not None and owner.generation == 2
+        finally:
+            os.close(fd)
         # A record from before a reboot is never a live owner.
         engine.submit(AcquireLease("s", os.getpid(), started, host, "another-boot"))
         assert j.get_session("s").owner is None
@@ -388,3 +395,25 @@ def test_a_turns_event_naming_another_request_id_is_refused(j: Journal) -> None:
         ("message", "r1"),
         ("turn_result", "r1"),
     ]
+
+
+def test_own_is_not_refused_while_a_liveness_probe_holds_the_free_lock(tmp_path: Path) -> None:
+    # Watchers probe the lock of a session whose owner may have exec'd with a shared
+    # lock held for microseconds; own(wait_s=0) meeting such a probe must not be busy.
+    import fcntl
+
+    from journal._local.leases import lock_path
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        path = lock_path(str(store), "s")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        probe = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(probe, fcntl.LOCK_SH)
+            threading.Timer(0.001, fcntl.flock, (probe, fcntl.LOCK_UN)).start()
+            with j.own("s") as owner:
+                assert owner.generation == 1
+        finally:
+            os.close(probe)

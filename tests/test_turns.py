@@ -213,6 +213,84 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
         child.wait(10)
 
 
+_EXECS_MID_TURN = """
+import os, sys
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], durability="os")
+turn = j.own("s").turn("r-exec").__enter__()
+print("mid-turn", flush=True)
+sys.stdin.readline()
+# A self-restart (or a crash reporter) replaces the program: the lease's descriptor is
+# closed by exec, the pid and its start time stay.
+os.execv("/bin/sleep", ["sleep", "60"])
+"""
+
+
+def _outcome_of_watch(j: Journal, seconds: float) -> OutcomeUnknown | None:
+    """What a watch of "s" raises within `seconds` (None: it kept waiting)."""
+    stop = threading.Event()
+    timer = threading.Timer(seconds, stop.set)
+    timer.start()
+    try:
+        for _event in j.watch("s", stop=stop):
+            pass
+    except OutcomeUnknown as e:
+        return e
+    finally:
+        timer.cancel()
+    return None
+
+
+@pytest.mark.parametrize("end", ["killed, not reaped", "exec"])
+def test_an_owner_that_is_a_zombie_or_called_exec_is_gone(tmp_path: Path, end: str) -> None:
+    # Both kept watchers waiting for ever: the pid existed with the owner's start time
+    # (a supervisor that watches does not reap its killed child; exec keeps the pid),
+    # though the lease's lock was free and own() succeeded at once.
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.create_session("s")
+    script = _MID_TURN if end != "exec" else _EXECS_MID_TURN
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_child_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        with Journal.open(store) as j:
+            assert j.get_session("s").owner is not None
+            assert _outcome_of_watch(j, 0.3) is None  # alive: the watch waits
+            if end == "exec":
+                child.stdin.write("\n")  # type: ignore[union-attr]
+                child.stdin.flush()  # type: ignore[union-attr]
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    with open(f"/proc/{child.pid}/cmdline", "rb") as f:
+                        if f.read().startswith(b"sleep"):
+                            break
+                    time.sleep(0.01)
+                assert child.poll() is None  # the process lives on
+            else:
+                child.send_signal(signal.SIGKILL)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    with open(f"/proc/{child.pid}/stat", "rb") as f:
+                        if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                            break
+                    time.sleep(0.01)
+            error = _outcome_of_watch(j, 5)
+            assert error is not None, "the watch kept waiting for a dead owner"
+            assert error.request_id == ("r-exec" if end == "exec" else "r-killed")
+            assert j.get_session("s").owner is None
+            with j.own("s"):
+                pass
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 _DIES_MID_TURN = """
 import os, sys
 from journal import EventIn, Journal

@@ -759,7 +759,8 @@ class LocalEngine:
         return lease
 
     def owner_alive(self, row: SessionRow) -> bool | None:
-        return owner_alive(row, self._host, BOOT_ID.decode())
+        lock = lock_path(self.location, row.session_id)
+        return owner_alive(row, self._host, BOOT_ID.decode(), lock)
 
     # -- maintenance -----------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ __all__ = [
     "drop_lock",
     "holder_pid",
     "identity",
+    "lease_held",
     "lock_path",
     "owner_alive",
     "process_start_time",
@@ -47,6 +48,8 @@ _POLL_S: Final = 0.01
 # group-shared store that just created it sets the store's mode right after creating.
 _GRACE_S: Final = 0.1
 _GRACE_POLL_S: Final = 0.001
+# How long a lock found busy is tried again before it counts as busy (`_flock_until`).
+_PROBE_GRACE_S: Final = 0.003
 
 _log = logging.getLogger("journal")
 
@@ -75,6 +78,10 @@ def process_start_time(pid: int) -> int:
         return 0
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
     fields = raw[raw.rfind(b")") + 2 :].split()
+    if fields[:1] in ([b"Z"], [b"X"]):
+        # A zombie (dead, not yet reaped by its parent: a supervisor's child that was
+        # killed) holds no file and no lock any more: it is gone.
+        return -1
     try:
         return int(fields[19])  # field 22 overall
     except (IndexError, ValueError):
@@ -91,8 +98,12 @@ def _exists(pid: int) -> int:
     return 0
 
 
-def owner_alive(row: SessionRow, host: str, boot_id: str) -> bool | None:
-    """Whether the owner the row records is alive (None: on another host, cannot tell)."""
+def owner_alive(
+    row: SessionRow, host: str, boot_id: str, lock_file: str | None = None
+) -> bool | None:
+    """Whether the owner the row records is alive (None: on another host, cannot tell).
+    With `lock_file` (the session's lease lock), a process that lives on without holding
+    it (it called exec, which closed the lock's descriptor) is not the owner any more."""
     if not row.owner_pid:
         return False
     if row.owner_host != host:
@@ -102,9 +113,31 @@ def owner_alive(row: SessionRow, host: str, boot_id: str) -> bool | None:
     started = process_start_time(row.owner_pid)
     if started < 0:
         return False
-    if started == 0 or row.owner_start_time == 0:
-        return True  # the pid exists and nothing more can be told: uncertain is alive
-    return started == row.owner_start_time
+    if started and row.owner_start_time and started != row.owner_start_time:
+        return False  # the pid was reused
+    # The pid is the owner's (or may be: uncertain is alive) unless the lock is free.
+    return lock_file is None or lease_held(lock_file) is not False
+
+
+def lease_held(path: str) -> bool | None:
+    """Whether a process holds the lease lock at `path` (None: cannot tell). Probed with
+    a shared lock held for a few microseconds (`take_lock` allows for it); a missing file
+    is a lock nobody holds (a holder removes it only when it lets go)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # (releases the probe's lock)
+    return False
 
 
 def lock_path(store: str, session_id: str) -> str:
@@ -147,15 +180,22 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
 
 
 def _flock_until(fd: int, deadline: float) -> bool:
-    """Take the exclusive flock of `fd`, polling until `deadline`; False if still busy."""
+    """Take the exclusive flock of `fd`, polling until `deadline`; False if still busy.
+    Busy for under `_PROBE_GRACE_S` is not busy: `lease_held` probes a free lock with a
+    shared one for microseconds."""
+    grace = time.monotonic() + _PROBE_GRACE_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now < grace:
+                time.sleep(_GRACE_POLL_S)
+            elif now >= deadline:
                 return False
-            time.sleep(_POLL_S)
+            else:
+                time.sleep(_POLL_S)
 
 
 def _open_lock(path: str, permissions: Permissions) -> int:
