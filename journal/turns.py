@@ -15,7 +15,13 @@ from types import TracebackType
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, not_a_batch
 from .engine import Engine, Lease, TurnGuard
-from .errors import InvalidArgument, OutcomeUnknown, OwnerBusy, SessionNotFound
+from .errors import (
+    InvalidArgument,
+    OutcomeUnknown,
+    OwnerBusy,
+    SessionNotFound,
+    SessionNotWritable,
+)
 from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
 from .sessions import SessionRow, recorded_owner
@@ -130,7 +136,18 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
             raise SessionNotFound(f"session {lease.session_id!r} was evicted while being owned")
         if row.turn_request_id is not None:
             # The turn's owner is gone (we hold the lease now) and never settled it.
-            writer.turn_event(TURN_RESULT, row.turn_request_id, result_data(OUTCOME_UNKNOWN_RESULT))
+            try:
+                writer.turn_event(
+                    TURN_RESULT, row.turn_request_id, result_data(OUTCOME_UNKNOWN_RESULT)
+                )
+            except SessionNotWritable as e:
+                raise SessionNotWritable(
+                    f"session {lease.session_id!r} is {row.session_state.value} and its "
+                    f"previous owner left turn {row.turn_request_id!r} unsettled: a new "
+                    "owner records that turn's outcome (failed, WATCH_OUTCOME_UNKNOWN) "
+                    "first, which a session that is not open cannot take; resume the "
+                    "session (resume_session), then own() it"
+                ) from e
     except BaseException:
         lease.release()
         raise

@@ -417,3 +417,20 @@ def test_own_is_not_refused_while_a_liveness_probe_holds_the_free_lock(tmp_path:
                 assert owner.generation == 1
         finally:
             os.close(probe)
+
+
+def test_owning_a_suspended_session_with_an_unsettled_turn_says_to_resume_it(
+    j: Journal,
+) -> None:
+    # The message said only "the turn cannot be recorded", without the turn or a remedy.
+    j.create_session("s")
+    first = j.own("s")
+    first.turn("r1").__enter__()
+    first.release()  # (its turn stays unsettled)
+    j.suspend_session("s")
+    with pytest.raises(SessionNotWritable, match=r"turn 'r1' unsettled.*resume the session"):
+        j.own("s")
+    j.resume_session("s")
+    with j.own("s"):
+        pass
+    assert _types(j, "s") == [("turn_started", "r1"), ("turn_result", "r1")]
