@@ -452,6 +452,8 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
     if meta.tags:
         pairs = (f"{shown(k)}={shown(v)}" for k, v in sorted(meta.tags.items()))
         parts.append("tags=" + ",".join(pairs))
+    if meta.open_turn is not None:
+        parts.append(f"open-turn={shown(meta.open_turn)}" + ("" if meta.owner else " (no owner)"))
     return "  ".join(parts)
 
 

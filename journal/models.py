@@ -297,7 +297,9 @@ class ImportedFrom(msgspec.Struct, frozen=True):
 
 class SessionMetadata(msgspec.Struct, frozen=True):
     """A session's registry entry. The retained events are `[first_ordinal, last_ordinal]`
-    (empty when `last_ordinal < first_ordinal`)."""
+    (empty when `last_ordinal < first_ordinal`). `open_turn` is the request id of the
+    session's unsettled turn (its `turn_started` has no `turn_result` yet), if any: with
+    `owner` None, a turn whose owner died, which the next owner records as failed."""
 
     session_id: str
     state: SessionState
@@ -317,6 +319,7 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     suspended_at_ms: int | None = None
     expires_at_ms: int | None = None
     imported_from: ImportedFrom | None = None
+    open_turn: str | None = None
 
 
 class SessionPage(msgspec.Struct, frozen=True):

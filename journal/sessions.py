@@ -226,6 +226,7 @@ def metadata(row: SessionRow, owner: OwnerInfo | None = None) -> SessionMetadata
             if row.imported_store
             else None
         ),
+        open_turn=row.turn_request_id,
     )
 
 

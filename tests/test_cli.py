@@ -1256,3 +1256,16 @@ def test_readme_says_an_envelope_needs_a_data_key_as_append_does(store: Path) ->
     assert "an object with a `data` key and no keys besides `type`, `data` and" in readme
     helped = " ".join(CliRunner().invoke(main, ["append", "--help"]).output.split())
     assert 'a line that is an object with a "data" key and no keys besides' in helped
+
+
+def test_sessions_list_and_show_name_a_turn_left_open(store: Path) -> None:
+    # `sessions show` printed only `owner -` for a session whose owner died mid-turn.
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        owner.turn("r-open").__enter__()
+        owner.release()
+    (shown,) = records(invoke(store, "sessions", "show", "s"))
+    assert shown["open_turn"] == "r-open" and shown["owner"] is None
+    listing = invoke(store, "sessions", "list", fmt="text").stdout
+    assert "open-turn=r-open (no owner)" in listing

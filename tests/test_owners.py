@@ -434,3 +434,24 @@ def test_owning_a_suspended_session_with_an_unsettled_turn_says_to_resume_it(
     with j.own("s"):
         pass
     assert _types(j, "s") == [("turn_started", "r1"), ("turn_result", "r1")]
+
+
+def test_metadata_names_the_open_turn_so_a_supervisor_finds_unsettled_ones(j: Journal) -> None:
+    # Once its owner was gone, nothing in the metadata told that a turn was unsettled.
+    j.create_session("s")
+    j.create_session("quiet")
+    first = j.own("s")
+    first.turn("r1").__enter__()
+    assert j.get_session("s").open_turn == "r1"
+    first.release()  # (as a dead owner: the turn stays unsettled)
+    meta = j.get_session("s")
+    assert (meta.owner, meta.open_turn) == (None, "r1")
+    assert [(m.session_id, m.open_turn) for m in j.list_sessions()] == [
+        ("quiet", None),
+        ("s", "r1"),
+    ]
+    with j.own("s") as owner:  # settles r1 as failed
+        assert j.get_session("s").open_turn is None
+        with owner.turn("r2"):
+            assert j.get_session("s").open_turn == "r2"
+    assert j.get_session("s").open_turn is None
