@@ -26,6 +26,7 @@ import pytest
 from _disk import SimulatedDisk
 
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
+from journal._local.files import FileOps, write_atomic
 
 SESSIONS = ("a", "b", "c")
 
@@ -219,6 +220,77 @@ def test_an_owed_cut_is_made_when_the_failed_append_had_moved_the_head_to_a_new_
         disk.power_cut()
     with Journal.open(path) as j:
         _check(j, acked)
+
+
+class _FullDiskForNewSegments(FileOps):
+    """ENOSPC when the file being synced is a segment being born (`<base>.seg.<pid>.tmp`)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.failed = 0
+
+    def fsync(self, fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}") if self.armed else ""
+        if ".seg." in name and name.endswith(".tmp"):
+            self.failed += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().fsync(fd)
+
+
+def test_a_segment_that_could_not_be_born_leaves_no_temporary_file(tmp_path: Path) -> None:
+    """SPEC 3: `*.tmp` is an unfinished write; SPEC 14.4: the store is usable again once
+    the cause is fixed. A rotation that failed on a full disk left its half-written
+    `<base>.seg.<pid>.tmp` (up to 4 MiB of zeros) and nothing in this process deleted it:
+    not the failed call, nor the next commits, nor `close()`, nor the next writer open in
+    the same process (it skips temporary files of live pids, its own included). Each
+    rotation that failed at a new base leaked one more. (Adversarial trial.)"""
+    store = tmp_path / "s"
+    ops = _FullDiskForNewSegments()
+    with Journal.open(store, create=True, segment_bytes=8192, file_ops=ops) as j:
+        ops.armed = True
+        for i in range(40):
+            # a large append must rotate (and fails to), a small one still fits
+            size = 3000 if i % 2 == 0 else 10
+            with contextlib.suppress(StoreUnavailable):
+                j.append("a", [EventIn("e", bytes(size))], create=True)
+        ops.armed = False
+        j.append("a", [EventIn("e", b"after")])
+        assert ops.failed >= 1
+    with Journal.open(store) as j:  # the next writer to open the store
+        assert j.verify().problems == []
+    left = sorted(n for n in os.listdir(store / "segments") if n.endswith(".tmp"))
+    assert left == [], f"temporary files of failed segment births were kept: {left}"
+
+
+class _Refusing(FileOps):
+    """Fails one operation (`fsync` or `replace`) with ENOSPC."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+
+    def fsync(self, fd: int) -> None:
+        if self.operation == "fsync":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().fsync(fd)
+
+    def replace(self, source: str, destination: str) -> None:
+        if self.operation == "replace":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().replace(source, destination)
+
+
+@pytest.mark.parametrize("operation", ["fsync", "replace"])
+def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path: Path, operation: str) -> None:
+    """`write_atomic` (sidecars, `store.json`, markers) left `<file>.<pid>.tmp` behind when
+    its sync or rename failed; the failing call deletes it now, and the OS error is the
+    one raised."""
+    target = tmp_path / "file"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError) as raised:
+        write_atomic(str(target), b"new", _Refusing(operation))
+    assert raised.value.errno == errno.ENOSPC
+    assert os.listdir(tmp_path) == ["file"]
+    assert target.read_bytes() == b"old"
 
 
 def _active(path: Path) -> Path:

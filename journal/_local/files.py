@@ -9,6 +9,7 @@ moving code keeps the seam armed, unlike patching a module global by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ __all__ = [
     "FAULT_POINTS",
     "FileOps",
     "Permissions",
+    "discard_temporary",
     "fsync_dir",
     "write_atomic",
 ]
@@ -218,11 +220,24 @@ def write_atomic(
     temporary = f"{path}.{os.getpid()}.tmp"
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        ops.fsync(fd)
-    finally:
-        os.close(fd)
-    ops.replace(temporary, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            ops.fsync(fd)
+        finally:
+            os.close(fd)
+        ops.replace(temporary, path)
+    except BaseException:
+        discard_temporary(temporary, ops)
+        raise
     fsync_dir(os.path.dirname(path) or ".", ops)
+
+
+def discard_temporary(path: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
+    """Delete the temporary file of a write that failed, best effort (the caller is
+    raising the write's own error, which this never replaces). A temporary file named
+    after this process is skipped by the clean-up at the next writer open while this
+    process lives (SPEC.md 3), so the failing call is the only one that deletes it."""
+    with contextlib.suppress(OSError):
+        ops.unlink(path)

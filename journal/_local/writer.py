@@ -16,7 +16,14 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..errors import StoreIncompatible
-from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
+from .files import (
+    DEFAULT_FILE_OPS,
+    DEFAULT_PERMISSIONS,
+    FileOps,
+    Permissions,
+    discard_temporary,
+    fsync_dir,
+)
 from .frames import (
     DEFAULT_SEGMENT_BYTES,
     FORMAT_VERSION,
@@ -99,18 +106,23 @@ class SegmentWriter:
         temporary = f"{path}.{os.getpid()}.tmp"
         fd = permissions.create_file(temporary, os.O_RDWR | os.O_TRUNC)
         try:
-            os.write(fd, header.encode())
-            born = min(segment_bytes, INLINE_BYTES)
-            while os.fstat(fd).st_size < born:
-                size = os.fstat(fd).st_size
-                os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
-            ops.fsync(fd)
-        finally:
-            os.close(fd)
-        if os.path.exists(path):
-            ops.unlink(temporary)
-            raise FileExistsError(f"segment {segment_name(base_position)} already exists")
-        ops.rename(temporary, path)
+            try:
+                os.write(fd, header.encode())
+                born = min(segment_bytes, INLINE_BYTES)
+                while os.fstat(fd).st_size < born:
+                    size = os.fstat(fd).st_size
+                    os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
+                ops.fsync(fd)
+            finally:
+                os.close(fd)
+            if os.path.exists(path):
+                raise FileExistsError(f"segment {segment_name(base_position)} already exists")
+            ops.rename(temporary, path)
+        except BaseException:
+            # (A full disk fails here at every rotation, each at a new base: left behind,
+            # one file of up to `INLINE_BYTES` would pile up per failed append.)
+            discard_temporary(temporary, ops)
+            raise
         fsync_dir(directory, ops)
         writer = cls(
             directory,
