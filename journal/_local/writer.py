@@ -229,13 +229,11 @@ class SegmentWriter:
         self._allocated = os.fstat(self._fd).st_size
         if end <= self._allocated:
             # Below the size: no filler writes there (they write only at the size).
-            written = self._write(frame, offset)
+            self._write(frame, offset)
         else:
             with extension_lock(self._fd):
                 self._preallocate(end)
-                written = self._write(frame, offset)
-        if written != len(frame):
-            raise OSError(f"short write to {self.name}: {written} of {len(frame)} bytes")
+                self._write(frame, offset)
         self.end_offset = end
         self.next_position = first_position + count
         self.frame_count += 1
@@ -260,12 +258,26 @@ class SegmentWriter:
     def fileno(self) -> int:
         return self._fd
 
-    def _write(self, frame: bytearray, offset: int) -> int:
+    def _write(self, frame: bytearray, offset: int) -> None:
         """Write (and, with sync on, make durable) one frame. A failed synced write is a
-        failed sync: the caller cuts the frame off and a later append writes it afresh."""
-        if self.sync_enabled:
-            return self._ops.pwrite_synced(self._fd, frame, offset)
-        return self._ops.pwrite(self._fd, frame, offset)
+        failed sync: the caller cuts the frame off and a later append writes it afresh.
+
+        A short count is what Linux returns when a write meets the end of the free space:
+        the rest is written (synced alike), and that write reports the OS error (ENOSPC)
+        with its number; a write that writes nothing and reports no error fails too."""
+        written = 0
+        while written < len(frame):
+            rest = frame if written == 0 else frame[written:]
+            if self.sync_enabled:
+                count = self._ops.pwrite_synced(self._fd, rest, offset + written)
+            else:
+                count = self._ops.pwrite(self._fd, rest, offset + written)
+            if count <= 0:
+                raise OSError(
+                    f"writing a frame to {self.name} at offset {offset}: the system wrote "
+                    f"none of its last {len(rest)} of {len(frame)} bytes and reported no error"
+                )
+            written += count
 
     def _preallocate(self, needed: int) -> None:
         """Zeros up to past `needed` (caller holds the extension lock). While the filler
