@@ -328,7 +328,10 @@ class SessionSection(msgspec.Struct):
 
 
 class _Counting:
-    """Wraps the source file: counts the compressed bytes read (and may copy them)."""
+    """Wraps the source file: counts the compressed bytes read (and may copy them).
+
+    The only reader of the caller's file: its `read` may answer with any bytes-like
+    object, and with more than asked (the rest is handed out by the next reads)."""
 
     def __init__(self, source: IO[bytes], copy: IO[bytes] | None, limit: int) -> None:
         self._source = source
@@ -337,12 +340,18 @@ class _Counting:
         self.over_limit = False  # stopped at `limit` (reads then see the end)
         self.read_bytes = 0
         self.tail = b""  # the last bytes read (the end marker, at the end)
+        self._ahead = b""  # what the source returned beyond the size asked
 
     def read(self, size: int = -1) -> bytes:
         if self.over_limit:
             return b""
         room = self._limit - self.read_bytes
-        data = self._source.read(room + 1 if size < 0 or size > room else size)
+        asked = room + 1 if size < 0 or size > room else size
+        data = self._ahead or _bytes_read(self._source.read(asked))
+        if len(data) > asked:
+            data, self._ahead = data[:asked], data[asked:]
+        else:
+            self._ahead = b""
         if len(data) > room:
             self.over_limit = True
             return b""
@@ -366,7 +375,9 @@ class ArchiveReader:
     ) -> None:
         self._limits = limits
         self._raw = _Counting(source, copy, limits.max_archive_bytes)
-        magic = self._raw.read(4)
+        magic = b""
+        while len(magic) < 4 and (more := self._raw.read(4 - len(magic))):
+            magic += more  # (a pipe may answer short)
         if magic != _ZSTD_MAGIC:
             detail = "the file does not start with a zstd frame (not a session-journal archive)"
             if magic.lstrip()[:1] == b"{":
@@ -660,6 +671,26 @@ class ArchiveReader:
     @property
     def sha256(self) -> str:
         return "" if self.footer is None else self.footer.sha256.hex()
+
+
+def _bytes_read(data: object) -> bytes:
+    """What the archive's source returned from `read`, as bytes (SPEC 12.3)."""
+    if type(data) is bytes:
+        return data
+    if data is None:  # (io.RawIOBase: no data yet, and not the end of the file)
+        raise InvalidArgument(
+            "the archive stream returned no data without end of file: it is non-blocking; "
+            "pass a blocking binary file"
+        )
+    if isinstance(data, str):
+        raise InvalidArgument("the archive stream returned str: open the archive in binary mode")
+    try:
+        return bytes(memoryview(data))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):
+        raise InvalidArgument(
+            f"the archive stream's read() returned {type(data).__name__}, not bytes: "
+            "pass a binary file object"
+        ) from None
 
 
 class _Prefixed:

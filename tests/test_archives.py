@@ -838,6 +838,112 @@ def test_a_stream_that_cannot_seek_is_imported(tmp_path: Path) -> None:
         assert [e.data for e in target.replay("s")] == [b"x"] * 3
 
 
+def test_importing_from_a_non_blocking_pipe_is_not_a_type_error(tmp_path: Path) -> None:
+    """SPEC 14.2: never a TypeError or AttributeError from the library's own handling. A
+    binary stream in non-blocking mode (a pipe whose writer has not written yet: `read()`
+    returns None, as `io.RawIOBase` documents) made `import_sessions` raise
+    `TypeError: object of type 'NoneType' has no len()` from inside the archive reader
+    (adversarial trial). It is `InvalidArgument`, saying what to pass instead."""
+    read_end, write_end = os.pipe()
+    try:
+        os.set_blocking(read_end, False)
+        with (
+            Journal.open(tmp_path / "s", create=True) as j,
+            open(read_end, "rb", buffering=0, closefd=False) as source,
+        ):
+            with pytest.raises(journal.InvalidArgument, match="non-blocking"):
+                j.import_sessions(source)
+            assert list(j.list_sessions()) == []
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _as_memoryview(data: bytes, size: int) -> object:
+    return memoryview(data)
+
+
+def _as_bytearray(data: bytes, size: int) -> object:
+    return bytearray(data)
+
+
+def _as_str(data: bytes, size: int) -> object:
+    return data.decode("latin-1")
+
+
+def _as_none(data: bytes, size: int) -> object:
+    return None
+
+
+class _Reads:
+    """A binary source whose `read` answers through `shape` (bytes-like objects, str,
+    None), and may return more than asked (`greedy`) or one byte at a time (`trickle`).
+    Without `seek` it is spooled, as a pipe is; `_SeekableReads` is read twice."""
+
+    def __init__(self, data: bytes, shape: Callable[[bytes, int], object], mode: str) -> None:
+        self._file = io.BytesIO(data)
+        self._shape = shape
+        self._mode = mode
+
+    def read(self, size: int = -1) -> object:
+        if self._mode == "greedy":
+            return self._shape(self._file.read(), size)  # (more than asked: all of it)
+        if self._mode == "trickle" and size != 0:
+            size = 1
+        return self._shape(self._file.read(size), size)
+
+
+class _SeekableReads(_Reads):
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+
+@pytest.mark.parametrize("source", [_Reads, _SeekableReads])
+@pytest.mark.parametrize(
+    ("shape", "mode"),
+    [
+        (_as_memoryview, "exact"),
+        (_as_memoryview, "greedy"),
+        (_as_memoryview, "trickle"),
+        (_as_bytearray, "greedy"),  # (a bytearray of the size asked always worked)
+        (_as_bytearray, "trickle"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v),
+)
+def test_a_source_whose_read_returns_any_bytes_like_object_is_imported(
+    tmp_path: Path, source: type[_Reads], mode: str, shape: Callable[[bytes, int], object]
+) -> None:
+    """A memoryview from `read()` gave AttributeError ('lstrip'), more bytes than asked a
+    wrong `not_an_archive` (adversarial trial): any bytes-like answer is data, and bytes
+    beyond what was asked are used in order."""
+    with Journal.open(tmp_path / "t", create=True) as target:
+        report = target.import_sessions(source(_good(), shape, mode))  # type: ignore[arg-type]
+        assert report.events == 3
+        assert [e.data for e in target.replay("s")] == [b"x"] * 3
+
+
+@pytest.mark.parametrize(
+    ("shape", "remedy"),
+    [(_as_str, "binary mode"), (_as_none, "non-blocking")],
+    ids=["str", "None"],
+)
+def test_a_source_whose_read_returns_no_bytes_is_an_invalid_argument(
+    tmp_path: Path, shape: Callable[[bytes, int], object], remedy: str
+) -> None:
+    """str from `read()` (a text stream that is not an `io.TextIOBase`) was a TypeError,
+    or a wrong `not_an_archive`; None (a non-blocking stream) a TypeError."""
+    with Journal.open(tmp_path / "t", create=True) as target:
+        with pytest.raises(journal.InvalidArgument, match=remedy):
+            target.import_sessions(_Reads(_good(), shape, "exact"))  # type: ignore[arg-type]
+        assert list(target.list_sessions()) == []
+
+
 # -- import killed with SIGKILL ---------------------------------------------------------
 
 _IMPORTER = """
