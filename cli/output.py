@@ -354,16 +354,25 @@ def preview(data: bytes, limit: int = 100) -> str:
 
 def embedded(data: bytes) -> Any:
     """Event data as NDJSON carries it: JSON data embedded as JSON, anything else as
-    `{"base64": "..."}`."""
+    `{"base64": "..."}`; JSON data that is itself an object whose only key is "base64"
+    goes out as base64 too, so `{"base64": ...}` always means "decode me"."""
     try:
         # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
         # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
         # line printed would not parse).
-        return json.loads(data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float)
+        value = json.loads(
+            data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float
+        )
     except (ValueError, UnicodeDecodeError, RecursionError):
         # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
         # any data that cannot be embedded.)
+        value = _BASE64
+    if value is _BASE64 or (isinstance(value, dict) and list(value) == ["base64"]):
         return {"base64": base64.b64encode(data).decode("ascii")}
+    return value
+
+
+_BASE64: Final = object()  # (`embedded`: the data is not JSON)
 
 
 def _not_json(constant: str) -> Any:

@@ -1269,3 +1269,24 @@ def test_sessions_list_and_show_name_a_turn_left_open(store: Path) -> None:
     assert shown["open_turn"] == "r-open" and shown["owner"] is None
     listing = invoke(store, "sessions", "list", fmt="text").stdout
     assert "open-turn=r-open (no owner)" in listing
+
+
+def test_ndjson_data_that_looks_like_base64_is_base64_so_every_event_decodes(
+    store: Path,
+) -> None:
+    # Binary data and JSON data {"base64": ...} printed the same line: a consumer that
+    # decodes {"base64": ...} corrupted the JSON event.
+    import base64
+
+    payloads = [b"\x00\x01\x02", b'{"base64":"AAEC"}', b'{"base64":"AAEC","x":1}', b"[1]"]
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("s", [journal.EventIn("message", data) for data in payloads], create=True)
+    *events, _trailer = records(invoke(store, "read", "-s", "s"))
+    decoded = []
+    for event in events:
+        message = event["message"]
+        if isinstance(message, dict) and list(message) == ["base64"]:
+            decoded.append(base64.b64decode(message["base64"]))
+        else:
+            decoded.append(json.dumps(message, separators=(",", ":")).encode())
+    assert decoded == payloads
