@@ -37,6 +37,7 @@ __all__ = [
     "check_log",
     "compare_views",
     "fix_store",
+    "missing_segments",
     "rebuild_into_temporary",
     "verify_store",
     "view_problem",
@@ -62,7 +63,13 @@ def check_log(
     bases = log.bases()
     sizes = {}
     for base in bases:
-        with SegmentReader(log.directory, base, log.ops) as reader:
+        try:
+            reader = SegmentReader(log.directory, base, log.ops)
+        except JournalCorrupt:
+            # (A damaged header: `_check_segment` reports it below, and goes on.)
+            sizes[base] = _file_size(log, base)
+            continue
+        with reader:
             sizes[base] = reader.file_size()
             if reader.header.store_id != log.store_id:
                 problems.append(
@@ -111,6 +118,14 @@ def check_log(
         if progress is not None:
             progress(done, total)
     return problems, frames, records, bad_sidecars
+
+
+def _file_size(log: SegmentLog, base: int) -> int:
+    """The size of segment `base`'s file (plain or compressed; 0 if it is gone)."""
+    for name in (segment_name(base), segment_name(base, compressed=True)):
+        with contextlib.suppress(FileNotFoundError):
+            return os.path.getsize(os.path.join(log.directory, name))
+    return 0
 
 
 def _check_segment(
@@ -229,6 +244,34 @@ _COMPARED_ROW_FIELDS: Final = (
     "checkpoint_ordinal",
     "checkpoint_position",
 )
+
+
+def missing_segments(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list[VerifyProblem]:
+    """A problem for each segment the view's events index places frames in that the log
+    no longer has (retention and compaction remove a segment's entries before its file:
+    one that is gone with entries left was lost)."""
+    present = set(log.bases())
+    frames: dict[int, int] = {}
+    sessions: dict[int, set[int]] = {}
+    try:
+        located = view.events.everything(txn)
+    except JournalCorrupt:
+        return []  # (a damaged entry: the comparison with a rebuilt view reports it)
+    for (incarnation, _first), (segment, _offset) in located.items():
+        if segment not in present:
+            frames[segment] = frames.get(segment, 0) + 1
+            sessions.setdefault(segment, set()).add(incarnation)
+    return [
+        VerifyProblem(
+            segment_name(segment),
+            0,
+            f"missing: the index places {frames[segment]} frame(s) of events of "
+            f"{len(sessions[segment])} session(s) in it; restore the file from a backup "
+            "(verify --fix does not drop them; deleting index/ rebuilds it without them, "
+            "accepting the loss)",
+        )
+        for segment in sorted(frames)
+    ]
 
 
 def compare_views(
@@ -357,6 +400,7 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
             with view.begin() as txn:
                 head = view.head(txn)
                 problems, frames, records, _ = check_log(log, head, progress)
+                problems += missing_segments(log, view, txn)
                 if not any(p.segment != "index" for p in problems):
                     rebuilt, directory = rebuild_into_temporary(log, head)
                     try:
@@ -408,6 +452,9 @@ def fix_store(
     # (With a hole, the view's head lies past the log's end: check the log as it is.)
     head = None if hole is not None else view.head(txn)
     problems, frames, records, bad_sidecars = check_log(log, head, progress)
+    # (A rebuild would drop the events the index places in a segment that is gone, as if
+    # trimmed, and hand their ordinals out again: refused like damage.)
+    problems += missing_segments(log, view, txn)
     if view.replaced_because is not None:
         # The commit that carries this fix replaced a damaged view (and rebuilt it).
         problems.insert(0, view_problem(view.replaced_because))
