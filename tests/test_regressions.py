@@ -1007,3 +1007,61 @@ def test_a_lost_sealed_segment_is_named_and_fix_does_not_drop_its_sessions_event
         meta = j.get_session("a")
         assert (meta.first_ordinal, meta.last_ordinal) == (1, 100)  # nothing dropped
         assert [e.ordinal for e in j.read("a", max_bytes=10_000).events][:2] == [1, 2]
+
+
+def test_a_copy_whose_index_is_newer_than_its_segments_refuses_writes(tmp_path: Path) -> None:
+    # The segments copied first, the index after another append: the view's head lay in
+    # the active segment's preallocated zeros, so the size check passed, the next append
+    # was acknowledged after a hole of zeros, and the store could not be read or fixed
+    # any more (operator trial).
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    with Journal.open(source, durability="os") as j:
+        j.append("a", [EventIn("message", b'{"n":1}')], create=True)
+    copy.mkdir()
+    for name in ("segments", "keys", "store.json"):
+        if (source / name).is_dir():
+            shutil.copytree(source / name, copy / name)
+        else:
+            shutil.copy2(source / name, copy / name)
+    with Journal.open(source, durability="os") as j:
+        j.append("a", [EventIn("message", b'{"n":2}')])
+    shutil.copytree(source / "index", copy / "index")
+    shutil.copy2(source / "view-boot", copy / "view-boot")
+    with Journal.open(copy, readonly=True) as reader:  # (a private view, and says why)
+        assert [e.data for e in reader.replay("a")] == [b'{"n":1}']
+        (problem,) = reader.verify().problems
+        assert "view was copied after the segments" in problem.what
+    with Journal.open(copy, durability="os") as j:
+        with pytest.raises(journal.JournalCorrupt, match="cut off"):
+            j.append("a", [EventIn("message", b'{"n":3}')])
+        report = j.verify(fix=True)  # accepts the loss, as for any hole
+        assert report.ok and "1 event(s) of 1 session(s) are dropped" in report.problems[0].what
+        j.append("a", [EventIn("message", b'{"n":3}')])
+        assert [e.data for e in j.replay("a")] == [b'{"n":1}', b'{"n":3}']
+        assert j.verify().problems == []
+
+
+def test_a_copy_whose_index_names_an_active_segment_it_lacks_says_so(tmp_path: Path) -> None:
+    # The writer rotated between the copy of the segments and that of the index: verify
+    # (read-only) found nothing while every write failed (operator trial).
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    with Journal.open(source, durability="os", segment_bytes=64 << 10) as j:
+        for i in range(10):
+            j.append("a", [EventIn("message", b"x" * 2000)], create=i == 0)
+    copy.mkdir()
+    shutil.copytree(source / "segments", copy / "segments")
+    for name in ("keys", "store.json"):
+        shutil.copy2(source / name, copy / name)
+    with Journal.open(source, durability="os", segment_bytes=64 << 10) as j:
+        for _ in range(40):
+            j.append("a", [EventIn("message", b"x" * 2000)])
+    shutil.copytree(source / "index", copy / "index")
+    shutil.copy2(source / "view-boot", copy / "view-boot")
+    with Journal.open(copy, readonly=True) as reader:
+        problems = reader.verify().problems
+    assert problems and all("missing" in p.what for p in problems), problems
+    # A writer refuses the store at open, naming the segment (`journal verify` reads it).
+    with pytest.raises(
+        journal.JournalCorrupt, match="active segment indexed by the view is missing"
+    ):
+        Journal.open(copy, durability="os")

@@ -5,7 +5,6 @@ checked against a reboot (LMDB's own sync is off) and against damage before it i
 from __future__ import annotations
 
 import atexit
-import contextlib
 import fcntl
 import logging
 import os
@@ -33,6 +32,7 @@ from .log import SegmentLog
 from .projector import project_log
 from .verify import view_problem
 from .view import View, ViewDamaged, inspect_view, replace_view
+from .writer import data_end
 
 __all__ = [
     "discard_view_after_reboot",
@@ -217,15 +217,32 @@ def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
         boot = view.boot_id(txn)
     if head is None or boot != BOOT_ID:
         return True, None
-    with contextlib.suppress(FileNotFoundError):
-        name = segment_name(head.segment)
-        size = os.path.getsize(os.path.join(log.directory, name))
+    name = segment_name(head.segment)
+    try:
+        fd = os.open(os.path.join(log.directory, name), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if not any(base >= head.segment for base in log.bases()):
+            return True, VerifyProblem(
+                name,
+                0,
+                "missing: the store's view indexes frames in it, its active segment; "
+                "restore it from a backup (deleting index/ rebuilds the view without "
+                "them, accepting the loss)",
+            )
+    else:
+        try:
+            size = os.fstat(fd).st_size
+            if size >= head.end_offset:
+                size = data_end(log.directory, head.segment, head.end_offset, log.ops, fd)
+        finally:
+            os.close(fd)
         if size < head.end_offset:
             return True, VerifyProblem(
                 name,
                 size,
                 f"the store's view indexes committed frames up to byte {head.end_offset}, "
-                f"but the segment ends at byte {size}: frames were cut off; "
-                "`journal verify --fix` (writable) accepts the loss",
+                f"but the segment's frames end at byte {size}: frames were cut off (or the "
+                "view was copied after the segments); `journal verify --fix` (writable) "
+                "accepts the loss",
             )
     return log.moved_past(head.segment, head.end_offset, head.next_position), None

@@ -38,7 +38,7 @@ from .segments import LogHole, SegmentReader
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder
 from .zerofill import AHEAD_BYTES, INLINE_BYTES, STEP_BYTES, ZeroFiller, extension_lock
 
-__all__ = ["SegmentWriter"]
+__all__ = ["SegmentWriter", "data_end"]
 
 _ZEROS: Final = bytes(1 << 20)
 
@@ -179,6 +179,7 @@ class SegmentWriter:
             raise LogHole(self.name, size, end_offset)
         if (end_offset, next_position) != (self.end_offset, self.next_position):
             self._summary_valid = False
+            self._check_data_reaches(end_offset)
         self.end_offset = end_offset
         self.next_position = next_position
         self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
@@ -191,6 +192,12 @@ class SegmentWriter:
                 self._allocated = end_offset
         self._asked = self._allocated
         self._ask_filler()
+
+    def _check_data_reaches(self, end_offset: int) -> None:
+        """Raise `LogHole` unless the segment's frames reach `end_offset` (`data_end`)."""
+        reached = data_end(self.directory, self.base_position, end_offset, self._ops, self._fd)
+        if reached < end_offset:
+            raise LogHole(self.name, reached, end_offset)
 
     def append(
         self,
@@ -324,3 +331,23 @@ class SegmentWriter:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def data_end(directory: str, base: int, end_offset: int, ops: FileOps, fd: int) -> int:
+    """Where the frames of segment `base` (open as `fd`) end, if before `end_offset`
+    (else `end_offset`). A copy of a store whose index was copied after its segments
+    holds preallocated zeros where the index's last frames should be: the file is long
+    enough, and the header at `end_offset` is zeros, as at every end. The last bytes
+    before `end_offset` tell (one read): only where they are zeros too, which a frame's
+    data may also be, are the frames read to find where they end."""
+    if end_offset <= SEGMENT_HEADER_SIZE:
+        return end_offset
+    if ops.pread(fd, FRAME_HEADER_SIZE, end_offset - FRAME_HEADER_SIZE).strip(b"\0"):
+        return end_offset
+    reached = SEGMENT_HEADER_SIZE
+    with SegmentReader(directory, base, ops) as reader:
+        for info, _body in reader.frames(tail=True):
+            reached = info.end_offset
+            if reached >= end_offset:
+                return end_offset
+    return reached
