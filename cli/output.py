@@ -367,7 +367,7 @@ def embedded(data: bytes) -> Any:
         # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
         # any data that cannot be embedded.)
         value = _BASE64
-    if value is _BASE64 or (isinstance(value, dict) and list(value) == ["base64"]):
+    if value is _BASE64 or (isinstance(value, dict) and len(value) == 1 and "base64" in value):
         return {"base64": base64.b64encode(data).decode("ascii")}
     return value
 

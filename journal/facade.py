@@ -51,7 +51,6 @@ from .arguments import (
 )
 from .engine import (
     Appended,
-    AppendTurnEvent,
     ApplyRetention,
     Checkpoint,
     CompactSession,
@@ -61,7 +60,6 @@ from .engine import (
     PageReaders,
     Progress,
     Transition,
-    TurnGuard,
     VerifyFix,
 )
 from .errors import (
@@ -492,32 +490,10 @@ class Journal:
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
         lease = self._engine.acquire(session_id, wait)
-        turn_event = partial(self._turn_event, session_id, lease.incarnation, lease.generation)
-        turn_append = partial(self._turn_append, session_id, lease.incarnation, lease.generation)
-        return take_over(self._engine, lease, TurnWriter(turn_event, turn_append))
+        writer = TurnWriter(lease, self._events.append, partial(self._committed, session_id))
+        return take_over(self._engine, lease, writer)
 
-    def _turn_append(
-        self,
-        session_id: str,
-        incarnation: int,
-        generation: int,
-        request_id: str,
-        events: Sequence[EventIn],
-    ) -> AppendResult:
-        guard = TurnGuard(incarnation, generation, request_id)
-        operation = self._events.append(session_id, events, None, None, turn=guard)
-        return self._append_result(session_id, self._submit(operation))
-
-    def _turn_event(
-        self,
-        session_id: str,
-        incarnation: int,
-        generation: int,
-        kind: str,
-        request_id: str,
-        data: bytes,
-    ) -> AppendResult:
-        operation = AppendTurnEvent(session_id, incarnation, generation, kind, request_id, data)
+    def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:
         return self._append_result(session_id, self._submit(operation))
 
     def _metadata(self, row: SessionRow) -> SessionMetadata:

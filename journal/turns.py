@@ -14,7 +14,7 @@ from types import TracebackType
 
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, not_a_batch
-from .engine import Engine, Lease, TurnGuard
+from .engine import Append, Appended, AppendTurnEvent, Engine, Lease, Operation, TurnGuard
 from .errors import (
     InvalidArgument,
     OutcomeUnknown,
@@ -109,11 +109,12 @@ def check_lease(
         )
 
 
-def check_turn(guard: TurnGuard, row: SessionRow, planned: int) -> None:
+def check_turn(guard: TurnGuard, row: SessionRow, planned: int, open_turn: str | None) -> None:
     """Refuse an append of turn `guard` (`check_lease`) unless the turn's owner still
-    holds its lease and the turn is the session's open one."""
+    holds its lease and the turn is the session's open one, `open_turn` (counting turn
+    events planned before in the same batch)."""
     check_lease(row.session_id, guard.incarnation, guard.generation, row, planned)
-    if row.turn_request_id != guard.request_id:
+    if open_turn != guard.request_id:
         raise InvalidArgument(
             f"turn {guard.request_id!r} of session {row.session_id!r} is settled: its "
             "events cannot be appended after its result; start a new turn"
@@ -155,17 +156,33 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
 
 
 class TurnWriter:
-    """How an owner writes (given by the facade): turn events under its lease, and
-    appends of a turn's events (`append(request_id, events)`), checked against the lease
-    and the open turn (`TurnGuard`)."""
+    """How an owner writes, under `lease` (given by the facade): turn events, and
+    appends of a turn's events checked against the lease and the open turn
+    (`TurnGuard`). `checked_append` validates an append's arguments into its operation;
+    `commit` commits an operation and returns the caller's result."""
 
     def __init__(
         self,
-        turn_event: Callable[[str, str, bytes], AppendResult],
-        append: Callable[[str, Sequence[EventIn]], AppendResult],
+        lease: Lease,
+        checked_append: Callable[..., Append],
+        commit: Callable[[Operation[Appended]], AppendResult],
     ) -> None:
-        self.turn_event = turn_event
-        self.append = append
+        self._lease = lease
+        self._checked_append = checked_append
+        self._commit = commit
+
+    def turn_event(self, kind: str, request_id: str, data: bytes) -> AppendResult:
+        lease = self._lease
+        return self._commit(
+            AppendTurnEvent(
+                lease.session_id, lease.incarnation, lease.generation, kind, request_id, data
+            )
+        )
+
+    def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
+        lease = self._lease
+        guard = TurnGuard(lease.incarnation, lease.generation, request_id)
+        return self._commit(self._checked_append(lease.session_id, events, None, None, turn=guard))
 
 
 class Turn:

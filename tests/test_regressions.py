@@ -953,15 +953,21 @@ def test_a_store_written_with_an_external_key_needs_it_to_write(
     assert not (store / "keys").exists()
 
 
+def _segmented_store(store: Path, events: int, size: int, segment_bytes: int) -> list[int]:
+    """Session "a" with `events` single appends of `size` bytes in segments of
+    `segment_bytes` (durability "os"); the bases of its plain segments, in order."""
+    with Journal.open(store, durability="os", segment_bytes=segment_bytes) as j:
+        for i in range(events):
+            j.append("a", [EventIn("message", b"x" * size)], create=i == 0)
+    return sorted(int(p.name[:20]) for p in (store / "segments").glob("*.seg"))
+
+
 @pytest.mark.parametrize("damage", ["header byte flipped", "cut inside the header"])
 def test_verify_reports_a_damaged_segment_header_and_goes_on(tmp_path: Path, damage: str) -> None:
     # verify raised JournalCorrupt at the first segment whose header failed (telling to
     # run verify), and listed nothing else (operator trial).
     store = tmp_path / "store"
-    with Journal.open(store, durability="os", segment_bytes=16 << 10) as j:
-        for i in range(60):
-            j.append("a", [EventIn("message", b"x" * 1000)], create=i == 0)
-    bases = sorted(int(p.name[:20]) for p in (store / "segments").glob("*.seg"))
+    bases = _segmented_store(store, 60, 1000, 16 << 10)
     assert len(bases) >= 4
     damaged, later = (store / "segments" / segment_name(b) for b in (bases[1], bases[2]))
     if damage == "header byte flipped":
@@ -989,10 +995,7 @@ def test_a_lost_sealed_segment_is_named_and_fix_does_not_drop_its_sessions_event
     # 0 problems and dropped events #1..#62 (31 of them intact in the first segment) as
     # if trimmed, after which compaction deleted them (operator trial).
     store = tmp_path / "store"
-    with Journal.open(store, durability="os", segment_bytes=64 << 10) as j:
-        for i in range(100):
-            j.append("a", [EventIn("message", b"x" * 2000)], create=i == 0)
-    bases = sorted(int(p.name[:20]) for p in (store / "segments").glob("*.seg"))
+    bases = _segmented_store(store, 100, 2000, 64 << 10)
     assert len(bases) >= 3
     lost = segment_name(bases[1])
     (store / "segments" / lost).unlink()
@@ -1065,3 +1068,46 @@ def test_a_copy_whose_index_names_an_active_segment_it_lacks_says_so(tmp_path: P
         journal.JournalCorrupt, match="active segment indexed by the view is missing"
     ):
         Journal.open(copy, durability="os")
+
+
+def test_a_turns_append_planned_after_its_result_in_one_batch_is_refused(tmp_path: Path) -> None:
+    # The planner checked a turn's append against the row as it was before the batch: an
+    # append of thread X (past Turn.append's own check) queued behind the turn's result
+    # in the same group commit was written after the result (review).
+    from journal._local import LocalEngine, LocalOptions
+    from journal.engine import Append, TurnGuard
+
+    faults = Faults()
+    engine = LocalEngine.open(str(tmp_path), LocalOptions(durability="os", file_ops=faults))
+    with Journal.over(engine) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            turn = owner.turn("r1").__enter__()
+            guard = TurnGuard(j.get_session("s").incarnation, owner.generation, "r1")
+            late = Append("s", [EventIn("t", b"late", "r1")], turn=guard)
+            _result, refused = _one_batch(
+                tmp_path,
+                j,
+                faults,
+                [lambda: turn.__exit__(None, None, None), lambda: engine.submit(late)],
+            )
+            assert isinstance(refused, journal.InvalidArgument), refused
+        assert [(e.type, e.request_id) for e in j.replay("s")] == [
+            ("turn_started", "r1"),
+            ("turn_result", "r1"),
+        ]
+
+
+def test_a_log_whose_last_frame_ends_in_zero_bytes_is_not_taken_for_a_hole(
+    tmp_path: Path,
+) -> None:
+    # The check that the frames reach the view's head reads them when the bytes before
+    # the head are zeros: a checkpoint of zeros ends so, and must not stop the store.
+    with Journal.open(tmp_path, durability="os") as j:
+        j.append("a", [EventIn("message", b"x")], create=True)
+        j.checkpoint_session("a", 1, bytes(64))
+    with Journal.open(tmp_path, durability="os") as j:  # (the writer attaches at open)
+        j.append("a", [EventIn("message", b"y")])
+        assert j.verify().problems == []
+    with Journal.open(tmp_path, readonly=True) as reader:
+        assert [e.data for e in reader.replay("a")] == [b"x", b"y"]

@@ -187,7 +187,7 @@ class Writer(Committer):
             if op.turn is not None:
                 if row is None:
                     raise SessionNotFound(f"no session {session_id!r} in this store")
-                check_turn(op.turn, row, row.owner_generation)
+                check_turn(op.turn, row, row.owner_generation, row.turn_request_id)
             if row is None:
                 assert op.create is not None
                 row = self._new_row(op.create, now, 0, total)

@@ -160,6 +160,11 @@ class EventsIndex:
                 _location(key, raw)  # raises
             yield first_ordinal, segment, offset, before
 
+    def segments_used(self, txn: lmdb.Transaction) -> Iterator[tuple[int, int]]:
+        """(incarnation, segment) of every frame location, one at a time."""
+        for key, raw in txn.cursor(db=self._db):
+            yield key_u64(key, "events"), _location(key, raw)[1]
+
     def everything(self, txn: lmdb.Transaction) -> dict[tuple[int, int], tuple[int, int]]:
         """(incarnation, first ordinal) -> (segment, offset) of every frame location."""
         found: dict[tuple[int, int], tuple[int, int]] = {}

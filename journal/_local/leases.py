@@ -49,7 +49,7 @@ _POLL_S: Final = 0.01
 _GRACE_S: Final = 0.1
 _GRACE_POLL_S: Final = 0.001
 # How long a lock found busy is tried again before it counts as busy (`_flock_until`).
-_PROBE_GRACE_S: Final = 0.003
+_PROBE_GRACE_S: Final = 0.01
 
 _log = logging.getLogger("journal")
 
@@ -78,14 +78,27 @@ def process_start_time(pid: int) -> int:
         return 0
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
     fields = raw[raw.rfind(b")") + 2 :].split()
-    if fields[:1] in ([b"Z"], [b"X"]):
+    if fields[:1] == [b"X"] or (fields[:1] == [b"Z"] and _threads(pid) <= 1):
         # A zombie (dead, not yet reaped by its parent: a supervisor's child that was
-        # killed) holds no file and no lock any more: it is gone.
+        # killed) holds no file and no lock any more: it is gone. (A process whose main
+        # thread ended while others run shows Z too: it has more threads.)
         return -1
     try:
         return int(fields[19])  # field 22 overall
     except (IndexError, ValueError):
         return 0
+
+
+def _threads(pid: int) -> int:
+    """How many threads process `pid` has (0 when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _exists(pid: int) -> int:
@@ -161,7 +174,7 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
     while True:
         fd = _open_lock(path, permissions)
         try:
-            taken = _flock_until(fd, deadline)
+            taken = _flock_until(fd, deadline, _PROBE_GRACE_S)
             if taken:
                 held = os.fstat(fd)
                 if _names(path, held):
@@ -179,11 +192,11 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
         # Its holder removed the file meanwhile: try the one the path names now.
 
 
-def _flock_until(fd: int, deadline: float) -> bool:
+def _flock_until(fd: int, deadline: float, grace_s: float = 0.0) -> bool:
     """Take the exclusive flock of `fd`, polling until `deadline`; False if still busy.
-    Busy for under `_PROBE_GRACE_S` is not busy: `lease_held` probes a free lock with a
-    shared one for microseconds."""
-    grace = time.monotonic() + _PROBE_GRACE_S
+    Busy for under `grace_s` is not busy (`take_lock`: `lease_held` probes a free lock
+    with a shared one for microseconds)."""
+    grace = time.monotonic() + grace_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -46,6 +46,7 @@ from ..errors import (
 from ..models import RetentionPolicy, RetentionReport, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
+    TURN_STARTED,
     CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
@@ -105,13 +106,14 @@ class Request:
 class _Pending:
     """The planner's view of one session while a batch is being validated."""
 
-    __slots__ = ("incarnation", "last_ordinal", "row", "state")
+    __slots__ = ("incarnation", "last_ordinal", "row", "state", "turn")
 
     def __init__(self, row: SessionRow) -> None:
         self.row = row
         self.incarnation = row.incarnation
         self.state = row.session_state
         self.last_ordinal = row.last_ordinal
+        self.turn = row.turn_request_id  # (the open turn, after the batch's turn events)
 
 
 class Planner:
@@ -203,23 +205,11 @@ class Planner:
         self._undo.append(undo)
         self.sessions[session_id] = pending
 
-    def _set_state(self, pending: _Pending, state: SessionState) -> None:
-        previous = pending.state
-
-        def undo() -> None:
-            pending.state = previous
-
-        self._undo.append(undo)
-        pending.state = state
-
-    def _set_last_ordinal(self, pending: _Pending, last_ordinal: int) -> None:
-        previous = pending.last_ordinal
-
-        def undo() -> None:
-            pending.last_ordinal = previous
-
-        self._undo.append(undo)
-        pending.last_ordinal = last_ordinal
+    def _set(self, pending: _Pending, field: str, value: object) -> None:
+        """Set one of `pending`'s fields (undone if the request fails)."""
+        previous = getattr(pending, field)
+        self._undo.append(lambda: setattr(pending, field, previous))
+        setattr(pending, field, value)
 
     def _remember_key(self, key: tuple[int, str], used: IdempotencyKeyUsed) -> None:
         previous = self.idem.get(key)
@@ -352,11 +342,8 @@ class Planner:
         pending = self._existing(session_id)
         incarnation = pending.incarnation
         if op.turn is not None:
-            check_turn(
-                op.turn,
-                pending.row,
-                self.generations.get(incarnation, pending.row.owner_generation),
-            )
+            planned = self.generations.get(incarnation, pending.row.owner_generation)
+            check_turn(op.turn, pending.row, planned, pending.turn)
         key = op.idempotency_key
         if key is not None:
             used = self.idem.get((incarnation, key))
@@ -425,7 +412,7 @@ class Planner:
         self.next_position += len(events)
         position = self.next_position - 1
         last = first + len(events) - 1
-        self._set_last_ordinal(pending, last)
+        self._set(pending, "last_ordinal", last)
         if key is not None:
             used = IdempotencyKeyUsed(incarnation, key, first, last, op.digest, position)
             self._remember_key((incarnation, key), used)
@@ -445,7 +432,7 @@ class Planner:
                 f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
             )
         position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
-        self._set_state(pending, target)
+        self._set(pending, "state", target)
         self._finishers.append((request, lambda: self._feed_row(position)))
 
     def expire_due(self) -> None:
@@ -471,7 +458,7 @@ class Planner:
             position = self._emit(
                 StateChanged(incarnation, SessionState.EXPIRED.wire, self.now, "deadline")
             )
-            self._set_state(pending, SessionState.EXPIRED)
+            self._set(pending, "state", SessionState.EXPIRED)
             positions.append(position)
         return positions
 
@@ -516,7 +503,9 @@ class Planner:
         self.records.append(record)
         self.loose_events.append((len(self.records) - 1, pending.incarnation, ordinal))
         self.next_position += 1
-        self._set_last_ordinal(pending, ordinal)
+        self._set(pending, "last_ordinal", ordinal)
+        if op.type == TURN_STARTED or op.request_id == pending.turn:
+            self._set(pending, "turn", op.request_id if op.type == TURN_STARTED else None)
         request.result = Appended(pending.incarnation, ordinal, ordinal, position, time_ms=self.now)
 
     def _acquire(self, request: Request, op: AcquireLease) -> None:
@@ -661,7 +650,7 @@ class Planner:
         if run is not None:
             add_run(self.event_runs, run)
         self.next_position = position
-        self._set_last_ordinal(pending, expected - 1)
+        self._set(pending, "last_ordinal", expected - 1)
         return expected - 1
 
     def _commit_import(self, request: Request, op: CommitImport) -> None:

@@ -254,13 +254,12 @@ def missing_segments(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list
     frames: dict[int, int] = {}
     sessions: dict[int, set[int]] = {}
     try:
-        located = view.events.everything(txn)
+        for incarnation, segment in view.events.segments_used(txn):
+            if segment not in present:
+                frames[segment] = frames.get(segment, 0) + 1
+                sessions.setdefault(segment, set()).add(incarnation)
     except JournalCorrupt:
         return []  # (a damaged entry: the comparison with a rebuilt view reports it)
-    for (incarnation, _first), (segment, _offset) in located.items():
-        if segment not in present:
-            frames[segment] = frames.get(segment, 0) + 1
-            sessions.setdefault(segment, set()).add(incarnation)
     return [
         VerifyProblem(
             segment_name(segment),

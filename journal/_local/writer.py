@@ -72,6 +72,7 @@ class SegmentWriter:
         self.end_offset = SEGMENT_HEADER_SIZE
         self.next_position = base_position
         self.frame_count = 0
+        self._reached = SEGMENT_HEADER_SIZE  # a frame end known to be reached (`attach`)
         # The file's size as last seen (at least the data end): past it lie no zeros.
         self._allocated = os.fstat(self._fd).st_size
         # A segment small enough for one inline step is preallocated whole at birth; a
@@ -149,7 +150,7 @@ class SegmentWriter:
                 )
             frames = [info for info, _ in reader.frames(tail=True)]
         end = frames[-1].end_offset if frames else SEGMENT_HEADER_SIZE
-        self.end_offset = end
+        self.end_offset = self._reached = end
         self.next_position = frames[-1].last_position + 1 if frames else self.base_position
         self.frame_count = len(frames)
         size = os.fstat(self._fd).st_size
@@ -194,10 +195,15 @@ class SegmentWriter:
         self._ask_filler()
 
     def _check_data_reaches(self, end_offset: int) -> None:
-        """Raise `LogHole` unless the segment's frames reach `end_offset` (`data_end`)."""
-        reached = data_end(self.directory, self.base_position, end_offset, self._ops, self._fd)
+        """Raise `LogHole` unless the segment's frames reach `end_offset` (`data_end`,
+        reading on from the last end known to be reached, when before it)."""
+        start = self._reached if self._reached <= end_offset else SEGMENT_HEADER_SIZE
+        reached = data_end(
+            self.directory, self.base_position, end_offset, self._ops, self._fd, start
+        )
         if reached < end_offset:
             raise LogHole(self.name, reached, end_offset)
+        self._reached = end_offset
 
     def append(
         self,
@@ -241,7 +247,7 @@ class SegmentWriter:
             with extension_lock(self._fd):
                 self._preallocate(end)
                 self._write(frame, offset)
-        self.end_offset = end
+        self.end_offset = self._reached = end
         self.next_position = first_position + count
         self.frame_count += 1
         if digest is None:
@@ -333,20 +339,28 @@ class SegmentWriter:
             self._fd = -1
 
 
-def data_end(directory: str, base: int, end_offset: int, ops: FileOps, fd: int) -> int:
+def data_end(
+    directory: str,
+    base: int,
+    end_offset: int,
+    ops: FileOps,
+    fd: int,
+    start: int = SEGMENT_HEADER_SIZE,
+) -> int:
     """Where the frames of segment `base` (open as `fd`) end, if before `end_offset`
-    (else `end_offset`). A copy of a store whose index was copied after its segments
-    holds preallocated zeros where the index's last frames should be: the file is long
-    enough, and the header at `end_offset` is zeros, as at every end. The last bytes
-    before `end_offset` tell (one read): only where they are zeros too, which a frame's
-    data may also be, are the frames read to find where they end."""
+    (else `end_offset`); `start` is a frame boundary known to be reached. A copy of a
+    store whose index was copied after its segments holds preallocated zeros where the
+    index's last frames should be: the file is long enough, and the header at
+    `end_offset` is zeros, as at every end. The last bytes before `end_offset` tell (one
+    read): only where they are zeros too, which a frame's data may also be (a checkpoint
+    padded with zeros), are the frames read, from `start`, to find where they end."""
     if end_offset <= SEGMENT_HEADER_SIZE:
         return end_offset
     if ops.pread(fd, FRAME_HEADER_SIZE, end_offset - FRAME_HEADER_SIZE).strip(b"\0"):
         return end_offset
-    reached = SEGMENT_HEADER_SIZE
+    reached = start
     with SegmentReader(directory, base, ops) as reader:
-        for info, _body in reader.frames(tail=True):
+        for info, _body in reader.frames(start, tail=True):
             reached = info.end_offset
             if reached >= end_offset:
                 return end_offset
