@@ -22,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -173,7 +174,7 @@ class KeyRing:
         """Read a ring saved by `save()`; KeyRingError naming the path if missing or invalid."""
         file_path = Path(path)
         try:
-            data = file_path.read_bytes()
+            data = _read_regular_file(file_path)
         except FileNotFoundError:
             raise KeyRingError(
                 f"key ring file {file_path} does not exist; create it with "
@@ -564,6 +565,19 @@ def _read_secret_file(file_name: str) -> bytes:
     if data and all(0x20 <= byte < 0x7F or byte in b"\t\n\r" for byte in data):
         return _parse_secret_text(data.decode("ascii"), source=f"the file {file_name!r}")
     return data
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of the key ring file `path`, which must be a regular file: a FIFO in its
+    place would block the open until a writer came (O_NONBLOCK returns at once; it changes
+    nothing for a regular file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory or a device"
+            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
+        return file.read()
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar, cast
 import lmdb
 
 from ..errors import StoreIncompatible, StoreUnavailable
+from .files import NotRegularFile
 
 __all__ = [
     "disk_errors",
@@ -30,8 +31,9 @@ def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavai
     """What a failed open raises instead of `error` (None: `error` itself)."""
     if isinstance(error, OSError):
         return StoreUnavailable(
-            f"cannot open the store at {path!r}: {error.strerror or error}; "
-            + open_advice(error, path, readonly),
+            f"cannot open the store at {path!r}: {error.strerror or error}"
+            + (f" ({error.filename})" if error.filename else "")
+            + f"; {open_advice(error, path, readonly)}",
             errno=error.errno,
         )
     if isinstance(error, lmdb.Error) and "already open" in str(error):
@@ -73,6 +75,10 @@ _FAILED: Final = {
 
 # What fixes an OS error a store operation met (most are the disk's).
 _DISK: Final = "free space, replace the disk"
+_NOT_A_FILE: Final = (
+    "move the file named away; a segment, store.json or keys must be restored from a "
+    "backup, any other file is made again"
+)
 _REMEDIES: Final = {
     errno.EMFILE: "this process has too many files open: close what it does not need, or "
     "raise its limit (`ulimit -n`)",
@@ -87,9 +93,12 @@ _REMEDIES: Final = {
 def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     """The error a caller sees when the store's disk refused an operation."""
     what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+    remedy = (
+        _NOT_A_FILE if isinstance(error, NotRegularFile) else _REMEDIES.get(error.errno or 0, _DISK)
+    )
     refused = StoreUnavailable(
         f"the store's files {_FAILED[during].format(what)}; the store is usable again "
-        f"once the cause is fixed ({_REMEDIES.get(error.errno or 0, _DISK)}): retry then",
+        f"once the cause is fixed ({remedy}): retry then",
         errno=error.errno,
     )
     refused.__cause__ = error
@@ -131,6 +140,8 @@ reads_disk: Final = disk_errors("read")
 
 def open_advice(error: OSError, path: str, readonly: bool) -> str:
     """What to do when opening the store at `path` failed with `error`."""
+    if isinstance(error, NotRegularFile):
+        return f"{_NOT_A_FILE}, then open it again"
     if not isinstance(error, PermissionError):
         return "check the path and its permissions"
     missing = os.path.abspath(path)

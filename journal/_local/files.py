@@ -10,6 +10,7 @@ moving code keeps the seam armed, unlike patching a module global by name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from dataclasses import dataclass
@@ -21,9 +22,12 @@ __all__ = [
     "DEFAULT_PERMISSIONS",
     "FAULT_POINTS",
     "FileOps",
+    "NotRegularFile",
     "Permissions",
+    "check_regular",
     "discard_temporary",
     "fsync_dir",
+    "open_regular",
     "write_atomic",
 ]
 
@@ -124,6 +128,61 @@ class FileOps:
 DEFAULT_FILE_OPS: Final = FileOps()
 
 
+class NotRegularFile(OSError):
+    """A file of the store that is something else: a FIFO, a device, a socket or a
+    directory (a mistaken `mkfifo`, a hostile swap). Opening a FIFO blocks until a writer
+    appears, that is for ever; so no file of the store is opened without `open_regular`.
+    An `OSError`, so every path that reports the disk's errors reports this one too
+    (naming the file); readers of the log make it `JournalCorrupt` where a damaged file
+    would be."""
+
+    def __init__(self, path: str, mode: int) -> None:
+        self.kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        super().__init__(f"{path} is {self.kind}, not a regular file")
+        self.path = path
+
+
+_KINDS: Final = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def open_regular(path: str, flags: int) -> int:
+    """`os.open(path, flags)` for a file of the store: `NotRegularFile` unless it is a
+    regular file. Opened with O_NONBLOCK, which changes nothing for a regular file (Linux
+    ignores it there) but makes the open of a FIFO return at once instead of waiting for
+    its other end (for writing without a reader it fails with ENXIO: asked here too)."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            check_regular(path)
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(path, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_regular(path: str) -> None:
+    """`NotRegularFile` when `path` exists and is not a regular file (for files another
+    library opens: LMDB's); a missing file passes."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, mode)
+
+
 def _pwrite_synced(fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
     if not _RWF_DSYNC:
         written = os.pwrite(fd, data, offset)
@@ -166,7 +225,7 @@ class Permissions:
             except FileExistsError:
                 pass
             try:
-                return os.open(path, flags)
+                return open_regular(path, flags)
             except FileNotFoundError:
                 continue  # deleted between the two opens: create it after all
 

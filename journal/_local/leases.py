@@ -24,7 +24,7 @@ from typing import Final
 from ..engine import AcquireLease, ReleaseLease
 from ..errors import JournalClosed, OwnerBusy
 from ..sessions import SessionRow
-from .files import FileOps, Permissions
+from .files import FileOps, Permissions, open_regular
 
 __all__ = [
     "BOOT_ID",
@@ -367,7 +367,7 @@ def holder_pid(path: str) -> int:
     """The pid the lock file names (0 while the holder has not written it yet)."""
     for _ in range(50):
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
                 fields = f.read(512).split()
         except FileNotFoundError:
             return 0

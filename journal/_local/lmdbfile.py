@@ -60,6 +60,8 @@ import struct
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
+from .files import NotRegularFile, open_regular
+
 __all__ = ["EntryCheck", "EntryChecks", "check_data_file", "file_identity", "pages_in_use"]
 
 # (database name, key, value) -> a problem or None
@@ -137,9 +139,11 @@ def check_data_file(
     meanwhile (a commit during the check may have reused pages it read); a file that
     changes under every attempt is taken as it is. A missing file is a problem."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return f"{path} is missing"
+    except NotRegularFile as e:
+        return f"{path} is {e.kind}, not a file"
     try:
         for _ in range(_ATTEMPTS):
             before = _raw_metas(fd)
@@ -160,7 +164,7 @@ def check_data_file(
 def pages_in_use(path: str) -> set[int]:
     """The pages the current meta page reaches (for tests and diagnostics; empty when
     the file fails its checks)."""
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path, os.O_RDONLY)
     try:
         checker = _Checker(fd, None, None)
         try:

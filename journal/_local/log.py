@@ -18,8 +18,10 @@ from .files import (
     DEFAULT_FILE_OPS,
     DEFAULT_PERMISSIONS,
     FileOps,
+    NotRegularFile,
     Permissions,
     fsync_dir,
+    open_regular,
     write_atomic,
 )
 from .frames import (
@@ -31,7 +33,7 @@ from .frames import (
     FrameInfo,
     segment_name,
 )
-from .segments import SegmentReader, compress_segment, summarize_segment
+from .segments import SegmentReader, compress_segment, open_segment, summarize_segment
 from .sidecar import FrameDigest, SegmentSummary, read_summary, write_summary
 from .writer import SegmentWriter
 from .zerofill import ZeroFiller
@@ -134,10 +136,12 @@ class SegmentLog:
         file is missing (a store from before it was kept) or damaged (logged)."""
         path = os.path.join(self.directory, FEED_FLOOR_FILE)
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
                 raw = f.read(_FEED_FLOOR.size + 1)
         except FileNotFoundError:
             return None
+        except NotRegularFile:
+            raw = b""  # damaged (replaced when the floor is next recorded)
         if len(raw) == _FEED_FLOOR.size:
             magic, floor, crc = _FEED_FLOOR.unpack(raw)
             if magic == _FEED_FLOOR_MAGIC and crc == zlib.crc32(raw[:-4]):
@@ -168,7 +172,7 @@ class SegmentLog:
         create nothing; flock needs no write access)."""
         path = os.path.join(self.directory, ".files.lock")
         fd = (
-            os.open(path, os.O_RDONLY)
+            open_regular(path, os.O_RDONLY)
             if readonly
             else self.permissions.open_or_create(path, os.O_RDWR)
         )
@@ -213,7 +217,7 @@ class SegmentLog:
         own = fd < 0
         if own:
             try:
-                fd = os.open(os.path.join(self.directory, segment_name(segment)), os.O_RDONLY)
+                fd = open_segment(os.path.join(self.directory, segment_name(segment)), os.O_RDONLY)
             except FileNotFoundError:
                 return True  # sealed and compressed since: a newer segment exists
         try:
@@ -240,7 +244,12 @@ class SegmentLog:
         if not segments or segments[-1].compressed:
             return
         path = os.path.join(self.directory, segment_name(segments[-1].base_position))
-        if os.path.getsize(path) < SEGMENT_HEADER_SIZE:
+        fd = open_segment(path, os.O_RDONLY)  # (a FIFO is damage, not an unborn segment)
+        try:
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size < SEGMENT_HEADER_SIZE:
             self.ops.unlink(path)
             fsync_dir(self.directory, self.ops)
 
@@ -352,7 +361,7 @@ class SegmentLog:
 
     def _cut_back(self, base_position: int, end_offset: int) -> None:
         try:
-            fd = os.open(os.path.join(self.directory, segment_name(base_position)), os.O_RDWR)
+            fd = open_segment(os.path.join(self.directory, segment_name(base_position)), os.O_RDWR)
         except FileNotFoundError:
             return  # sealed and compressed by the failed append's rotation: complete
         try:

@@ -18,7 +18,7 @@ from cursors import KeyRing, KeyRingError
 
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem
-from .files import Permissions, write_atomic
+from .files import NotRegularFile, Permissions, open_regular, write_atomic
 from .frames import (
     COMPRESSED_SUFFIX,
     FRAME_HEADER_SIZE,
@@ -132,7 +132,8 @@ def _holds_records(path: str) -> bool:
     if len(names) > 1 or not names[0].endswith(SEGMENT_SUFFIX) or int(names[0][:20]) > 1:
         return True
     try:
-        with open(os.path.join(directory, names[0]), "rb") as segment:
+        first = open_regular(os.path.join(directory, names[0]), os.O_RDONLY)
+        with os.fdopen(first, "rb") as segment:
             segment.seek(SEGMENT_HEADER_SIZE)
             return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
     except OSError:
@@ -153,10 +154,12 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            with open(marker, "rb") as f:
+            with os.fdopen(open_regular(marker, os.O_RDONLY), "rb") as f:
                 recorded = f.read().strip()
         except FileNotFoundError:
             recorded = None
+        except NotRegularFile:
+            recorded = b""  # (not this boot's: the view is rebuilt, the marker replaced)
         if recorded == boot_id:
             return
         index = os.path.join(path, "index")

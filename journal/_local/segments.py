@@ -34,7 +34,15 @@ import zstandard
 
 from ..errors import JournalCorrupt
 from ..records import decode_frame_body
-from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, fsync_dir
+from .files import (
+    DEFAULT_FILE_OPS,
+    DEFAULT_PERMISSIONS,
+    FileOps,
+    NotRegularFile,
+    Permissions,
+    fsync_dir,
+    open_regular,
+)
 from .frames import (
     BLOCK_HEADER,
     BLOCK_MAGIC,
@@ -69,6 +77,7 @@ __all__ = [
     "SegmentReader",
     "compress_segment",
     "frame_records",
+    "open_segment",
     "summarize_segment",
 ]
 
@@ -93,6 +102,16 @@ class LogHole(JournalCorrupt):
             "log still holds and reports how many events are dropped)",
         )
         self.end_offset = end_offset
+
+
+def open_segment(path: str, flags: int) -> int:
+    """`files.open_regular` of a segment file: one that is no file (a FIFO, ...) is damage,
+    `JournalCorrupt` naming it (SPEC 14.1)."""
+    try:
+        return open_regular(path, flags)
+    except NotRegularFile as e:
+        name = os.path.basename(path)
+        raise JournalCorrupt(name, 0, f"the segment is {e.kind}, not a file") from e
 
 
 class KnownZeros:
@@ -130,10 +149,10 @@ class SegmentReader:
         plain = os.path.join(directory, segment_name(base_position))
         packed = os.path.join(directory, segment_name(base_position, compressed=True))
         try:
-            self._fd = os.open(plain, os.O_RDONLY)
+            self._fd = open_segment(plain, os.O_RDONLY)
             self.name = segment_name(base_position)
         except FileNotFoundError:
-            self._fd = os.open(packed, os.O_RDONLY)
+            self._fd = open_segment(packed, os.O_RDONLY)
             self.name = segment_name(base_position, compressed=True)
         try:
             raw = self._ops.pread(self._fd, SEGMENT_HEADER_SIZE, 0)

@@ -24,7 +24,15 @@ from ..records import (
     SnapshotTaken,
     decode_record,
 )
-from .files import DEFAULT_FILE_OPS, DEFAULT_PERMISSIONS, FileOps, Permissions, write_atomic
+from .files import (
+    DEFAULT_FILE_OPS,
+    DEFAULT_PERMISSIONS,
+    FileOps,
+    NotRegularFile,
+    Permissions,
+    open_regular,
+    write_atomic,
+)
 from .frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, sidecar_name
 
 __all__ = [
@@ -214,10 +222,11 @@ def write_summary(
 def read_summary(directory: str, base_position: int) -> SegmentSummary | None:
     """The sidecar of a sealed segment, or None when it is missing or does not verify."""
     try:
-        with open(os.path.join(directory, sidecar_name(base_position)), "rb") as f:
+        path = os.path.join(directory, sidecar_name(base_position))
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
             raw = f.read()
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotRegularFile):
+        return None  # (not a file: replaced like a damaged one when a writer rewrites it)
     if len(raw) < _SIDECAR_HEADER.size:
         return None
     magic, crc = _SIDECAR_HEADER.unpack_from(raw)

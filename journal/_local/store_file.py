@@ -27,7 +27,7 @@ import msgspec
 from ..arguments import check_retention, file_mode_problem
 from ..errors import InvalidArgument, StoreIncompatible
 from ..models import RetentionPolicy
-from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, write_atomic
+from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, open_regular, write_atomic
 
 __all__ = ["STORE_FORMAT", "StoreFile", "create_store", "load_store", "record_in_store"]
 
@@ -87,7 +87,7 @@ def load_store(store_file: str) -> StoreFile:
         )
 
     try:
-        with open(store_file, "rb") as f:
+        with os.fdopen(open_regular(store_file, os.O_RDONLY), "rb") as f:
             document = json.loads(f.read())
             own_mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
         if not isinstance(document, dict):

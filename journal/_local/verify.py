@@ -66,7 +66,7 @@ def check_log(
         try:
             reader = SegmentReader(log.directory, base, log.ops)
         except JournalCorrupt:
-            # (A damaged header: `_check_segment` reports it below, and goes on.)
+            # (A damaged header, or no file: `_check_segment` reports it, and goes on.)
             sizes[base] = _file_size(log, base)
             continue
         with reader:

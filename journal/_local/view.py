@@ -55,7 +55,7 @@ from ..errors import JournalClosed, JournalCorrupt
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
-from .files import DEFAULT_PERMISSIONS, Permissions
+from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions, check_regular
 from .lmdbfile import EntryCheck, check_data_file, file_identity
 from .retention_index import RetentionIndex
 from .state_index import StateIndex
@@ -185,6 +185,10 @@ def inspect_view(path: str) -> str | None:
     be opened; a missing or empty file is a new view, not damage)."""
     data = os.path.join(path, "data.mdb")
     try:
+        _check_files(path)
+    except NotRegularFile as e:
+        return f"{e.path} is {e.kind}, not a file"
+    try:
         if os.path.getsize(data) == 0:
             return None
     except FileNotFoundError:
@@ -200,6 +204,13 @@ def inspect_view(path: str) -> str | None:
     if meta and recorded != str(VIEW_FORMAT).encode():
         return f"it has view format {recorded!r}, this code writes {VIEW_FORMAT}"
     return None
+
+
+def _check_files(path: str) -> None:
+    """`NotRegularFile` unless LMDB's files in `path` are regular files (or missing): its
+    open of a FIFO would wait for a writer for ever."""
+    for name in ("data.mdb", "lock.mdb"):
+        check_regular(os.path.join(path, name))
 
 
 def replace_view(
@@ -220,6 +231,7 @@ def replace_view(
     try:
         data = os.path.join(path, "data.mdb")
         if env is None:
+            _check_files(path)
             opened = env = lmdb.open(path, max_dbs=16, map_size=_INITIAL_MAP_SIZE, subdir=True)
         # (Beginning reads the two meta pages from the map: not from a file cut shorter.)
         if os.path.getsize(data) >= 2 * int(env.stat()["psize"]):
@@ -313,6 +325,7 @@ class View:
                 for file in (os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb"))
                 if not os.path.exists(file)
             ]
+        _check_files(path)
         self.env = lmdb.open(
             path,
             mode=permissions.file,

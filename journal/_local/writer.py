@@ -34,7 +34,7 @@ from .frames import (
     seal_frame,
     segment_name,
 )
-from .segments import LogHole, SegmentReader
+from .segments import LogHole, SegmentReader, open_segment
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder
 from .zerofill import AHEAD_BYTES, INLINE_BYTES, STEP_BYTES, ZeroFiller, extension_lock
 
@@ -68,7 +68,7 @@ class SegmentWriter:
         self.name = segment_name(base_position)
         self.sync_enabled = sync
         self.segment_bytes = segment_bytes
-        self._fd = os.open(os.path.join(directory, self.name), os.O_RDWR)
+        self._fd = open_segment(os.path.join(directory, self.name), os.O_RDWR)
         self.end_offset = SEGMENT_HEADER_SIZE
         self.next_position = base_position
         self.frame_count = 0

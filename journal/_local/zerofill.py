@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..forking import ForkPause
-from .files import FileOps
+from .files import FileOps, open_regular
 from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX, segment_name
 
 __all__ = [
@@ -169,7 +169,7 @@ class ZeroFiller:
         self._wrote = False
         with self.busy:
             try:
-                fd = os.open(os.path.join(directory, segment_name(base_position)), os.O_WRONLY)
+                fd = open_regular(os.path.join(directory, segment_name(base_position)), os.O_WRONLY)
             except FileNotFoundError:
                 return False  # sealed and compressed meanwhile
             try:

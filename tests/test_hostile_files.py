@@ -1,0 +1,182 @@
+"""Files of a store replaced by something that is no file (SPEC 14.1, "Other files").
+
+A FIFO (a mistaken or hostile `mkfifo`) in place of a store file made every open of it
+block in open() for ever, waiting for a writer: no error, no timeout. Every file of the
+store is now opened with O_NONBLOCK and checked to be a regular file (`files.open_regular`;
+LMDB's files are checked before LMDB opens them), so each call returns or raises a
+`JournalError` that names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from journal import EventIn, Journal, JournalError
+
+_WAIT_S = 5.0
+
+
+def _filled(path: Path, events: int = 60) -> None:
+    """A store whose session 'a' spans several sealed segments (with sidecars), a view,
+    a view-boot marker, a key file and a feed floor."""
+    with Journal.open(path, create=True, segment_bytes=8192) as j:
+        for i in range(events):
+            j.append("a", [EventIn("e", bytes([i]) * 500)], create=True)
+
+
+def _sealed(path: Path, suffix: str) -> str:
+    names = sorted(n for n in os.listdir(path / "segments") if n.endswith(suffix))
+    return str(path / "segments" / names[0 if suffix == ".idx" else 1])
+
+
+def _active(path: Path) -> str:
+    names = sorted(n for n in os.listdir(path / "segments") if n.endswith(".seg"))
+    return str(path / "segments" / names[-1])
+
+
+def _unblock(fifo: str) -> None:
+    """Let an open() of `fifo` blocked for its other end go: a reader end appears (for a
+    writer waiting), then a writer end (for a reader waiting), and both close."""
+    with contextlib.ExitStack() as ends:
+        for flags in (os.O_RDONLY, os.O_WRONLY):
+            with contextlib.suppress(OSError):
+                end = os.open(fifo, flags | os.O_NONBLOCK)
+                ends.callback(os.close, end)
+
+
+def _outcome(fifo: str, call: Callable[[], object]) -> object:
+    """What `call` returned or raised; fails when it was still blocked after 5 s."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(_WAIT_S)
+    hung = thread.is_alive()
+    for _ in range(20):  # (code that opens the FIFO again and again is left blocked)
+        if not thread.is_alive():
+            break
+        _unblock(fifo)
+        thread.join(0.5)
+    assert not hung, f"blocked for {_WAIT_S} s on the FIFO in place of {fifo}"
+    return outcome[0]
+
+
+def _use(path: Path, readonly: bool) -> list[object]:
+    """Open the store, replay, read the registry and verify: what each gave."""
+    with Journal.open(path, readonly=readonly) as j:
+        return [len(list(j.replay("a"))), len(list(j.list_sessions())), j.verify().problems]
+
+
+_CHILD = r"""
+import sys
+from journal import Journal, JournalError
+try:
+    with Journal.open(sys.argv[1], readonly=sys.argv[2] == "1") as j:
+        print([len(list(j.replay("a"))), len(list(j.list_sessions())), j.verify().problems])
+except JournalError as e:
+    print("error", e)
+"""
+
+
+def _outcome_in_a_child(fifo: str, store: Path, readonly: bool) -> object:
+    """`_use` in a child process: LMDB's open of a FIFO blocks holding the interpreter
+    lock, so a thread of this process could not even time it out. A list means it
+    worked; else the error's text."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, str(store), "1" if readonly else "0"],
+            capture_output=True,
+            text=True,
+            timeout=_WAIT_S * 4,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"blocked for {_WAIT_S * 4} s on the FIFO in place of {fifo}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    if done.stdout.startswith("error "):
+        return JournalError(done.stdout[len("error ") :])
+    return list(done.stdout)
+
+
+# file -> where it is (relative to the store, or found by a function)
+_VICTIMS: dict[str, Callable[[Path], str]] = {
+    "sealed segment": lambda p: _sealed(p, ".seg"),
+    "sidecar": lambda p: _sealed(p, ".idx"),
+    "active segment": _active,
+    "store.json": lambda p: str(p / "store.json"),
+    "keys": lambda p: str(p / "keys"),
+    "view-boot": lambda p: str(p / "view-boot"),
+    "feed-floor": lambda p: str(p / "segments" / "feed-floor"),
+    "index/data.mdb": lambda p: str(p / "index" / "data.mdb"),
+    "index/lock.mdb": lambda p: str(p / "index" / "lock.mdb"),
+}
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "readonly"])
+@pytest.mark.parametrize("victim", list(_VICTIMS))
+def test_a_fifo_in_place_of_a_store_file_is_reported_not_waited_on(
+    tmp_path: Path, victim: str, readonly: bool
+) -> None:
+    """SPEC 14.1: a file that is no file is damage like bad bytes (`JournalCorrupt`, or
+    `StoreUnavailable` / the error of the file it replaced, naming it), or is taken as
+    missing where a missing file is fine (a sidecar, the feed floor, the view's files:
+    rebuilt); never a hang."""
+    store = tmp_path / "s"
+    _filled(store)
+    fifo = _VICTIMS[victim](store)
+    os.unlink(fifo)
+    os.mkfifo(fifo)
+    if victim.startswith("index/"):
+        got = _outcome_in_a_child(fifo, store, readonly)
+    else:
+        got = _outcome(fifo, lambda: _use(store, readonly))
+    if isinstance(got, list):
+        return  # used through a rebuilt or private view, or around the missing file
+    assert isinstance(got, JournalError), repr(got)
+    name = os.path.basename(fifo)
+    assert name in str(got), got
+    assert "FIFO" in str(got), got
+
+
+@pytest.mark.parametrize("call", ["replay", "verify", "watch"])
+def test_a_fifo_in_place_of_a_sealed_segment_is_reported_not_waited_on(
+    tmp_path: Path, call: str
+) -> None:
+    """Reads that meet it (a read-only journal's replay, verify and watch from the start)
+    raise `JournalCorrupt` naming the segment, or verify reports it."""
+    store = tmp_path / "s"
+    _filled(store)
+    victim = _sealed(store, ".seg")
+    os.unlink(victim)
+    os.mkfifo(victim)
+
+    def run() -> object:
+        with Journal.open(store, readonly=True) as j:
+            if call == "replay":
+                return list(j.replay("a"))
+            if call == "watch":
+                return next(iter(j.watch("a", stop=threading.Event())), None)
+            return j.verify().problems
+
+    got = _outcome(victim, run)
+    if call == "verify":
+        assert isinstance(got, list) and got, got
+        assert any(os.path.basename(victim) in str(p) for p in got), got
+    else:
+        assert isinstance(got, JournalError) and got.code == "JOURNAL_CORRUPT", repr(got)
+        assert os.path.basename(victim) in str(got) and "FIFO" in str(got), got
