@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from journal import EventIn, Journal, JournalError
@@ -180,3 +181,17 @@ def test_a_fifo_in_place_of_a_sealed_segment_is_reported_not_waited_on(
     else:
         assert isinstance(got, JournalError) and got.code == "JOURNAL_CORRUPT", repr(got)
         assert os.path.basename(victim) in str(got) and "FIFO" in str(got), got
+
+
+def test_an_lmdb_error_of_a_writable_open_gives_no_read_only_advice() -> None:
+    """'a store that was never opened for writing cannot be opened read-only' came with
+    every LMDB error of an open (a FIFO in place of index/lock.mdb opened writable said
+    it): that advice belongs to read-only opens only."""
+    from journal._local.failures import open_failure
+
+    error = lmdb.Error("/s/index: Invalid argument")
+    writable = open_failure(error, "/s", readonly=False)
+    readonly = open_failure(error, "/s", readonly=True)
+    assert writable is not None and readonly is not None
+    assert "read-only" not in writable.message, writable.message
+    assert "never opened for writing" in readonly.message, readonly.message

@@ -45,8 +45,12 @@ def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavai
         )
     if isinstance(error, lmdb.Error):
         return StoreUnavailable(
-            f"cannot open the index of the store at {path!r}: {error}; a store that was "
-            "never opened for writing cannot be opened read-only"
+            f"cannot open the index of the store at {path!r}: {error}"
+            + (
+                "; a store that was never opened for writing cannot be opened read-only"
+                if readonly
+                else ""
+            )
         )
     return None
 
