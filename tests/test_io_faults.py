@@ -497,3 +497,134 @@ def test_too_many_open_files_is_not_blamed_on_the_disk() -> None:
     assert emfile.errno == errno.EMFILE
     full = unavailable(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
     assert "free space" in full.message
+
+
+# Fills the disk the store is on: LMDB must not be the first to find out (SIGBUS).
+_FILL_THE_DISK = r"""
+import os, sys
+from journal import EventIn, Journal, JournalError
+disk = sys.argv[1]
+store = os.path.join(disk, "store")
+
+def try_open(readonly=False):
+    try:
+        with Journal.open(store, readonly=readonly) as j:
+            print("opened", len(list(j.replay("a"))), flush=True)
+    except JournalError as e:
+        print("refused", type(e).__name__, getattr(e, "errno", None), e, flush=True)
+
+def fill():
+    with open(os.path.join(disk, "filler"), "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:
+            pass
+
+with Journal.open(store, create=True, segment_bytes=65536) as j:
+    for i in range(20):
+        j.append("a", [EventIn("e", bytes(1000))], create=True)
+"""
+
+
+def _on_a_small_disk(tmp_path: Path, script: str) -> list[str]:
+    """Run `script` (its argv[1]: an empty 2 MiB tmpfs) in a private user and mount
+    namespace; its output lines. Skips where such a mount cannot be made (no unshare(1),
+    or user namespaces refused); as root, or as a user where user namespaces are allowed
+    (this project's machines), it runs."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    child = tmp_path / "child.py"
+    child.write_text(script)
+    root = Path(__file__).resolve().parent.parent
+    shell = (
+        f"mount -t tmpfs -o size=2m tmpfs {disk} || exit 99; "
+        f"PYTHONPATH={root} {sys.executable} {child} {disk}"
+    )
+    try:
+        done = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except FileNotFoundError:
+        pytest.skip("no unshare(1)")
+    if done.returncode == 99 or "unshare:" in done.stderr:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    assert done.returncode == 0, (
+        f"the child died (status {done.returncode}; 135 is SIGBUS): {done.stderr[-800:]}\n"
+        f"it printed: {done.stdout}"
+    )
+    return done.stdout.splitlines()
+
+
+def test_a_writable_open_on_a_full_disk_without_its_view_raises_instead_of_dying(
+    tmp_path: Path,
+) -> None:
+    """SPEC 14.4: a full disk is `StoreUnavailable` with errno ENOSPC. A writable open
+    that had to create the view (index/ moved aside, as SPEC 14.4 advises, or missing) on
+    a full disk died with SIGBUS inside lmdb.open: LMDB sizes `lock.mdb` with ftruncate
+    (a sparse file) and writes its reader table through a shared mapping, and a page the
+    file system cannot back is SIGBUS, not ENOSPC. Once space is freed it opens."""
+    lines = _on_a_small_disk(
+        tmp_path,
+        _FILL_THE_DISK
+        + r"""
+import shutil
+shutil.rmtree(os.path.join(store, "index"))
+fill()
+try_open()
+os.unlink(os.path.join(disk, "filler"))
+try_open()
+""",
+    )
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("refused StoreUnavailable 28 "), lines
+    assert "lock.mdb" in lines[0] and "free space" in lines[0], lines
+    assert lines[1] == "opened 20", lines
+
+
+def test_a_sparse_lock_file_on_a_full_disk_is_enospc_for_a_writer_and_read_around(
+    tmp_path: Path,
+) -> None:
+    """A view whose `lock.mdb` LMDB made sparse (as every LMDB lock file was before the
+    view allocated it) on a full disk: LMDB's first write to a page of it never written
+    (the header at the open, a reader slot on a new page) killed the process with SIGBUS.
+    A writer now gets ENOSPC when it allocates the file first; a read-only journal reads
+    through a private view (SPEC 10) instead. A lock file the view allocated itself needs
+    no space later: the store opens on the full disk."""
+    lines = _on_a_small_disk(
+        tmp_path,
+        _FILL_THE_DISK
+        + r"""
+fill()
+try_open()
+try_open(readonly=True)
+lock = os.path.join(store, "index", "lock.mdb")
+size = os.path.getsize(lock)
+assert os.stat(lock).st_blocks * 512 >= size, "the view did not allocate its lock file"
+os.unlink(lock)
+with open(lock, "wb") as f:
+    f.truncate(size)  # as LMDB makes it: no page allocated
+fill()  # (again: the old lock file's pages were freed)
+try_open()
+try_open(readonly=True)
+""",
+    )
+    assert lines[:2] == ["opened 20", "opened 20"], lines
+    assert lines[2].startswith("refused StoreUnavailable 28 "), lines
+    assert lines[3:] == ["opened 20"], lines
+
+
+def test_the_view_allocates_its_lock_file_at_the_size_lmdb_uses(tmp_path: Path) -> None:
+    """The allocation before `lmdb.open` (`lmdbenv`) relies on LMDB's lock file layout
+    (192-byte header, 64-byte reader slots): if LMDB wanted more, it would extend the
+    file with ftruncate, sparse again, and a full disk would be SIGBUS again."""
+    from journal._local.lmdbenv import MAX_READERS, lock_file_bytes
+
+    with Journal.open(tmp_path / "s", create=True) as j:
+        j.append("a", [EventIn("e", b"x")], create=True)
+        lock = os.stat(tmp_path / "s" / "index" / "lock.mdb")
+    assert lock.st_size == lock_file_bytes(MAX_READERS) == 65_664
+    assert lock.st_blocks * 512 >= lock.st_size, "the lock file is sparse"

@@ -44,6 +44,9 @@ def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavai
             "garbage-collected)"
         )
     if isinstance(error, lmdb.Error):
+        refused = os_error_of(error)
+        if refused is not None:  # (the view's disk is full, ...: SPEC 14.4)
+            return open_failure(refused, path, readonly)
         return StoreUnavailable(
             f"cannot open the index of the store at {path!r}: {error}"
             + (
@@ -79,6 +82,8 @@ _FAILED: Final = {
 
 # What fixes an OS error a store operation met (most are the disk's).
 _DISK: Final = "free space, replace the disk"
+# OS errors that say the disk itself refused (SPEC 14.4): the remedy is `_DISK`.
+_DISK_ERRORS: Final = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
 _NOT_A_FILE: Final = (
     "move the file named away; a segment, store.json or keys must be restored from a "
     "backup, any other file is made again"
@@ -146,6 +151,10 @@ def open_advice(error: OSError, path: str, readonly: bool) -> str:
     """What to do when opening the store at `path` failed with `error`."""
     if isinstance(error, NotRegularFile):
         return f"{_NOT_A_FILE}, then open it again"
+    if error.errno in _DISK_ERRORS or (
+        error.errno in _REMEDIES and not isinstance(error, PermissionError)
+    ):
+        return f"{_REMEDIES.get(error.errno or 0, _DISK)}, then open it again"
     if not isinstance(error, PermissionError):
         return "check the path and its permissions"
     missing = os.path.abspath(path)

@@ -5,6 +5,7 @@ checked against a reboot (LMDB's own sync is off) and against damage before it i
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
 import logging
 import os
@@ -199,6 +200,11 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         return view, None, None
     except (lmdb.Error, ViewDamaged):
         pass  # (an LMDB error here is no access, or no view yet: not damage)
+    except OSError as e:
+        # The store's disk cannot back the lock file's pages (`lmdbenv`): read through a
+        # private view, which lives elsewhere, as without access.
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
     private = tempfile.mkdtemp(prefix="journal-readonly-")
     _PRIVATE_VIEWS[private] = os.getpid()
     try:

@@ -55,7 +55,8 @@ from ..errors import JournalClosed, JournalCorrupt
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
-from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions, check_regular
+from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions
+from .lmdbenv import MAX_READERS, check_files, prepare_environment
 from .lmdbfile import EntryCheck, check_data_file, file_identity
 from .retention_index import RetentionIndex
 from .state_index import StateIndex
@@ -185,7 +186,7 @@ def inspect_view(path: str) -> str | None:
     be opened; a missing or empty file is a new view, not damage)."""
     data = os.path.join(path, "data.mdb")
     try:
-        _check_files(path)
+        check_files(path)
     except NotRegularFile as e:
         return f"{e.path} is {e.kind}, not a file"
     try:
@@ -206,13 +207,6 @@ def inspect_view(path: str) -> str | None:
     return None
 
 
-def _check_files(path: str) -> None:
-    """`NotRegularFile` unless LMDB's files in `path` are regular files (or missing): its
-    open of a FIFO would wait for a writer for ever."""
-    for name in ("data.mdb", "lock.mdb"):
-        check_regular(os.path.join(path, name))
-
-
 def replace_view(
     path: str,
     env: lmdb.Environment | None,
@@ -231,8 +225,10 @@ def replace_view(
     try:
         data = os.path.join(path, "data.mdb")
         if env is None:
-            _check_files(path)
-            opened = env = lmdb.open(path, max_dbs=16, map_size=_INITIAL_MAP_SIZE, subdir=True)
+            prepare_environment(path, MAX_READERS, permissions)
+            opened = env = lmdb.open(
+                path, max_dbs=16, map_size=_INITIAL_MAP_SIZE, max_readers=MAX_READERS, subdir=True
+            )
         # (Beginning reads the two meta pages from the map: not from a file cut shorter.)
         if os.path.getsize(data) >= 2 * int(env.stat()["psize"]):
             txn = env.begin(write=True)
@@ -325,13 +321,14 @@ class View:
                 for file in (os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb"))
                 if not os.path.exists(file)
             ]
-        _check_files(path)
+        # (Before LMDB: a FIFO in place of a file, a full disk under its lock file.)
+        prepare_environment(path, MAX_READERS, None if readonly else permissions)
         self.env = lmdb.open(
             path,
             mode=permissions.file,
             map_size=_INITIAL_MAP_SIZE,
             max_dbs=16,
-            max_readers=1024,
+            max_readers=MAX_READERS,
             # No cached read transaction (SPEC 7, "Across fork()"): a forked child's close
             # would free its reader slot, which the parent's copy then reuses unregistered.
             max_spare_txns=0,

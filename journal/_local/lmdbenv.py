@@ -1,0 +1,89 @@
+"""Opening an LMDB environment so that a hostile file or a full disk is an error, never a
+hang or a signal: its two files are checked to be regular files, and its lock file is
+allocated on disk before LMDB maps it (SPEC.md "Failure handling: I/O faults").
+
+LMDB sizes `lock.mdb` with `ftruncate`, which makes a sparse file, and writes its header
+and reader table through a shared mapping: a page of it the file system cannot back (a
+full disk or a spent quota) is SIGBUS when LMDB first writes to it, at the open or when a
+reader slot lands on a page never touched before, which no handler can turn into an
+error. Allocated here first with `posix_fallocate`, every page LMDB can touch is backed,
+and a full disk is ENOSPC from the allocation. LMDB keeps a lock file at least as large
+as it needs (it then has more reader slots): the allocation never shrinks one.
+
+The data file is not written through a mapping (no environment is opened with
+`writemap`): LMDB writes it with `pwrite`, whose ENOSPC comes back as an `lmdb.Error`
+(`failures.os_error_of`); only a data file shorter than its meta pages can make its read
+mapping fault, which `lmdbfile` checks before a view is opened.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Final
+
+from .files import NotRegularFile, Permissions, check_regular, open_regular
+
+__all__ = ["MAX_READERS", "check_files", "lock_file_bytes", "prepare_environment"]
+
+# The reader slots of the store's view (SPEC 7.2).
+MAX_READERS: Final = 1024
+# LMDB 0.9's lock file: a header (`MDB_txninfo`, 192 bytes on 64-bit Linux, which holds
+# the first reader slot) and one 64-byte `MDB_reader` per further slot (measured with
+# py-lmdb 3.0.0: 1024 readers make 65,664 bytes; 126, its default, 8,192).
+_LOCK_HEADER_BYTES: Final = 192
+_READER_SLOT_BYTES: Final = 64
+# What keeps the allocation from running (the file system has no fallocate): LMDB's own
+# sparse file then, as before.
+_NOT_SUPPORTED: Final = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+
+
+def lock_file_bytes(max_readers: int) -> int:
+    """The size LMDB gives a new lock file for `max_readers` reader slots."""
+    return (max_readers - 1) * _READER_SLOT_BYTES + _LOCK_HEADER_BYTES
+
+
+def check_files(path: str) -> None:
+    """`files.NotRegularFile` unless LMDB's files in the directory `path` are regular
+    files (or missing): its open of a FIFO would wait for a writer for ever."""
+    for name in ("data.mdb", "lock.mdb"):
+        check_regular(os.path.join(path, name))
+
+
+def prepare_environment(path: str, max_readers: int, permissions: Permissions | None) -> None:
+    """Make the directory `path` safe for `lmdb.open(path, max_readers=max_readers)`: its
+    files are regular files (else `files.NotRegularFile`: LMDB's open of a FIFO would wait
+    for a writer for ever) and its lock file is allocated (an `OSError` such as ENOSPC
+    when the disk cannot hold it). `permissions`: the lock file is created with its mode
+    when missing; None creates nothing (a read-only reader leaves that to LMDB)."""
+    check_files(path)
+    _allocate_lock_file(os.path.join(path, "lock.mdb"), max_readers, permissions)
+
+
+def _allocate_lock_file(path: str, max_readers: int, permissions: Permissions | None) -> None:
+    flags = os.O_RDWR | os.O_CLOEXEC
+    try:
+        fd = (
+            open_regular(path, flags)
+            if permissions is None
+            else permissions.open_or_create(path, flags)
+        )
+    except NotRegularFile:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # Missing (a reader creates nothing), or not this user's to write: LMDB opens it
+        # (or refuses) itself, as it did before this step.
+        return
+    try:
+        size = max(os.fstat(fd).st_size, lock_file_bytes(max_readers))
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno not in _NOT_SUPPORTED:
+                raise OSError(
+                    e.errno, f"{e.strerror} (allocating the view's lock file)", path
+                ) from e
+    finally:
+        os.close(fd)
