@@ -201,5 +201,13 @@ def cursor_key(settings: Settings, new: bool) -> None:
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
         # set (it replaces the key file), else the key file.
-        ring = KeyRing.from_environment() or KeyRing.load(path)
+        ring = KeyRing.from_environment()
+        if ring is None:
+            if not os.path.exists(path):
+                raise journal.KeyRingError(
+                    f"the store has no cursor key file ({path}): restore it from a backup; "
+                    "to start a new key ring on purpose (every cursor issued so far "
+                    "becomes foreign), run `journal cursor-key --new`"
+                )
+            ring = KeyRing.load(path)
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())

@@ -125,6 +125,12 @@ class KeyRing:
         file_name = env.get(KEY_FILE_ENV)
         if text is None and file_name is None:
             return None
+        for name, value in ((KEY_ENV, text), (KEY_FILE_ENV, file_name)):
+            if value is not None and not value.strip():
+                raise KeyRingError(
+                    f"{name} is set but empty: unset it to use the store's own key file, "
+                    "or set it to the key (`journal cursor-key` prints a store's keys)"
+                )
         if text is not None and file_name is not None:
             raise KeyRingError(
                 f"both {KEY_ENV} and {KEY_FILE_ENV} are set; set only one of them "

@@ -1290,3 +1290,29 @@ def test_ndjson_data_that_looks_like_base64_is_base64_so_every_event_decodes(
         else:
             decoded.append(json.dumps(message, separators=(",", ":")).encode())
     assert decoded == payloads
+
+
+def test_a_lost_key_file_is_explained_in_cli_terms_to_readers_and_cursor_key(
+    store: Path,
+) -> None:
+    # A reader and `journal cursor-key` were told to "create it with
+    # KeyRing.load_or_create()" (operator trial).
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("s", [journal.EventIn("message", b"{}")], create=True)
+    (store / "keys").unlink()
+    for args in (("read", "-s", "s"), ("cursor-key",)):
+        result = invoke(store, *args, fmt="text")
+        assert result.exit_code != 0
+        assert "load_or_create" not in result.output
+        assert "journal cursor-key --new" in result.output, result.output
+
+
+def test_an_empty_cursor_key_variable_says_to_unset_it(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said the key was "neither hex nor base64url".
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    monkeypatch.setenv("JOURNAL_CURSOR_KEY", "")
+    result = invoke(store, "read", "-s", "s", fmt="text")
+    assert result.exit_code != 0 and "set but empty: unset it" in result.output

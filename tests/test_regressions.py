@@ -1111,3 +1111,16 @@ def test_a_log_whose_last_frame_ends_in_zero_bytes_is_not_taken_for_a_hole(
         assert j.verify().problems == []
     with Journal.open(tmp_path, readonly=True) as reader:
         assert [e.data for e in reader.replay("a")] == [b"x", b"y"]
+
+
+def test_a_store_moved_while_open_is_unavailable_not_damaged(tmp_path: Path) -> None:
+    # A watcher and a writer got JournalCorrupt "the view is damaged (its data file was
+    # removed) ... verify --fix rebuilds it" though nothing was damaged (operator trial).
+    before, after = tmp_path / "before", tmp_path / "after"
+    with Journal.open(before, durability="os") as j:
+        j.append("a", [EventIn("message", b"1")], create=True)
+        os.rename(before, after)
+        with pytest.raises(journal.StoreUnavailable, match="moved or deleted while"):
+            j.append("a", [EventIn("message", b"2")])
+    with Journal.open(after, durability="os") as j:
+        assert j.verify().problems == []

@@ -85,21 +85,21 @@ def key_ring_for(
     if key_ring is not None:
         return key_ring
     keys = os.path.join(path, "keys")
+    # (Records first: `keys` is made before any record, so a concurrent first open that
+    # makes it between the two looks does not count as a lost file.)
+    if _holds_records(path) and not os.path.exists(keys):
+        # Cursors were issued with a key this store no longer has (the file was lost, or
+        # the store was written with an external key): a new ring would make every one
+        # of them foreign without a word, and a reader is told the same.
+        raise KeyRingError(
+            f"the store {path!r} holds records but no cursor key file ({keys}): the "
+            "cursors issued so far were signed with a key it no longer has (the file "
+            "was lost, or the store was written with JOURNAL_CURSOR_KEY). Restore the "
+            "file from a backup, or set JOURNAL_CURSOR_KEY to the key the store was "
+            "written with; to start a new key ring on purpose, which makes every "
+            "cursor issued so far foreign, run `journal cursor-key --new`"
+        )
     if not readonly:
-        # (Records first: `keys` is made before any record, so a concurrent first open
-        # that makes it between the two looks does not count as a lost file.)
-        if _holds_records(path) and not os.path.exists(keys):
-            # Cursors were issued with a key this store no longer has (the file was lost,
-            # or the store was written with an external key): a new ring would make
-            # every one of them foreign without a word.
-            raise KeyRingError(
-                f"the store {path!r} holds records but no cursor key file ({keys}): the "
-                "cursors issued so far were signed with a key it no longer has (the file "
-                "was lost, or the store was written with JOURNAL_CURSOR_KEY). Restore the "
-                "file from a backup, or set JOURNAL_CURSOR_KEY to the key the store was "
-                "written with; to start a new key ring on purpose, which makes every "
-                "cursor issued so far foreign, run `journal cursor-key --new`"
-            )
         try:
             return KeyRing.load_or_create(keys, mode=permissions.file)
         except PermissionError:
@@ -111,6 +111,11 @@ def key_ring_for(
     try:
         return KeyRing.load(keys)
     except KeyRingError as e:
+        if not os.path.exists(keys):
+            raise KeyRingError(
+                f"the store {path!r} has no cursor key file ({keys}) yet: its first writer "
+                "makes it (`journal init`, or any write); or set JOURNAL_CURSOR_KEY"
+            ) from e
         raise KeyRingError(
             f"{e.message}; a read-only reader needs the store's cursor key: give "
             f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"

@@ -51,7 +51,7 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..errors import JournalClosed, JournalCorrupt
+from ..errors import JournalClosed, JournalCorrupt, StoreUnavailable
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
@@ -403,6 +403,14 @@ class View:
         try:
             st = os.stat(self._data)
         except FileNotFoundError:
+            index = os.path.dirname(self._data)
+            if not os.path.isdir(index):
+                # Not damage: the whole store moved (or was deleted) under this process.
+                raise StoreUnavailable(
+                    f"the store's directory {os.path.dirname(index)} no longer holds its "
+                    "index: the store was moved or deleted while this journal had it open; "
+                    "open it again at its new path"
+                ) from None
             raise self.damaged("its data file was removed") from None
         if (st.st_dev, st.st_ino) != self._identity:
             raise self.damaged(
