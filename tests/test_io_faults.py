@@ -628,3 +628,20 @@ def test_the_view_allocates_its_lock_file_at_the_size_lmdb_uses(tmp_path: Path) 
         lock = os.stat(tmp_path / "s" / "index" / "lock.mdb")
     assert lock.st_size == lock_file_bytes(MAX_READERS) == 65_664
     assert lock.st_blocks * 512 >= lock.st_size, "the lock file is sparse"
+
+
+@pytest.mark.parametrize("operation", ["fsync", "replace"])
+def test_a_failed_compressed_copy_leaves_no_temporary_file(tmp_path: Path, operation: str) -> None:
+    # `<base>.seg.zst.<pid>.tmp` stayed when sealing with compression or compacting failed
+    # (adversarial trial's helper, left open then).
+    from journal._local.segments import compress_segment
+
+    with Journal.open(tmp_path, durability="os", segment_bytes=16 << 10) as j:
+        for i in range(30):
+            j.append("a", [EventIn("message", b"x" * 1000)], create=i == 0)
+    segments = tmp_path / "segments"
+    before = sorted(os.listdir(segments))
+    with pytest.raises(OSError) as raised:
+        compress_segment(str(segments), 1, ops=_Refusing(operation))
+    assert raised.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(segments)) == before

@@ -40,6 +40,7 @@ from .files import (
     FileOps,
     NotRegularFile,
     Permissions,
+    discard_temporary,
     fsync_dir,
     open_regular,
 )
@@ -616,65 +617,71 @@ def compress_segment(
     compressor = zstandard.ZstdCompressor(level=level)
     data_end = SEGMENT_HEADER_SIZE
     last_position = base_position - 1
-    with (
-        SegmentReader(directory, base_position, ops) as reader,
-        os.fdopen(permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as out,
-    ):
-        flags = reader.header.flags | FLAG_COMPRESSED | (FLAG_COMPACTED if keep else 0)
-        out.write(reader.header._replace(flags=flags).encode())
-        file_offset = SEGMENT_HEADER_SIZE
-        pending: list[bytes] = []
-        pending_start = SEGMENT_HEADER_SIZE
-        pending_end = SEGMENT_HEADER_SIZE
-        pending_size = 0
-
-        def flush() -> None:
-            nonlocal file_offset, pending, pending_size
-            raw = b"".join(pending)
-            packed = compressor.compress(raw)
-            out.write(
-                BLOCK_HEADER.pack(
-                    BLOCK_MAGIC, pending_start, len(raw), len(packed), zlib.crc32(packed)
-                )
-            )
-            out.write(packed)
-            blocks.append((pending_start, len(raw), file_offset, len(packed)))
-            file_offset += BLOCK_HEADER.size + len(packed)
-            pending = []
+    try:
+        with (
+            SegmentReader(directory, base_position, ops) as reader,
+            os.fdopen(permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as out,
+        ):
+            flags = reader.header.flags | FLAG_COMPRESSED | (FLAG_COMPACTED if keep else 0)
+            out.write(reader.header._replace(flags=flags).encode())
+            file_offset = SEGMENT_HEADER_SIZE
+            pending: list[bytes] = []
+            pending_start = SEGMENT_HEADER_SIZE
+            pending_end = SEGMENT_HEADER_SIZE
             pending_size = 0
 
-        for info, body in reader.frames():
-            if keep is not None and not keep(info):
-                continue
-            size = FRAME_HEADER_SIZE + info.body_length
-            if pending and (pending_size + size > BLOCK_TARGET_BYTES or info.offset != pending_end):
+            def flush() -> None:
+                nonlocal file_offset, pending, pending_size
+                raw = b"".join(pending)
+                packed = compressor.compress(raw)
+                out.write(
+                    BLOCK_HEADER.pack(
+                        BLOCK_MAGIC, pending_start, len(raw), len(packed), zlib.crc32(packed)
+                    )
+                )
+                out.write(packed)
+                blocks.append((pending_start, len(raw), file_offset, len(packed)))
+                file_offset += BLOCK_HEADER.size + len(packed)
+                pending = []
+                pending_size = 0
+
+            for info, body in reader.frames():
+                if keep is not None and not keep(info):
+                    continue
+                size = FRAME_HEADER_SIZE + info.body_length
+                full = pending_size + size > BLOCK_TARGET_BYTES
+                if pending and (full or info.offset != pending_end):
+                    flush()
+                if not pending:
+                    pending_start = info.offset
+                pending.append(encode_frame(bytes(body), info.first_position, info.count))
+                pending_size += size
+                pending_end = info.end_offset
+                builder.add(
+                    info.offset, info.first_position, info.count, _digest(reader.name, info, body)
+                )
+                data_end = info.end_offset
+                last_position = info.last_position
+            if pending:
                 flush()
-            if not pending:
-                pending_start = info.offset
-            pending.append(encode_frame(bytes(body), info.first_position, info.count))
-            pending_size += size
-            pending_end = info.end_offset
-            builder.add(
-                info.offset, info.first_position, info.count, _digest(reader.name, info, body)
-            )
-            data_end = info.end_offset
-            last_position = info.last_position
-        if pending:
-            flush()
-        table = _block_table_encoder.encode(blocks)
-        footer_at = file_offset
-        out.write(FOOTER_HEADER.pack(FOOTER_MAGIC, len(table), zlib.crc32(table)))
-        out.write(table)
-        out.write(FOOTER_TRAILER.pack(footer_at))
-        out.flush()
-        ops.fsync(out.fileno())
-    summary = builder.build(base_position, last_position, data_end)
-    summary.blocks = blocks
-    if not publish:
-        return temporary, summary
-    ops.replace(temporary, final)
-    fsync_dir(directory, ops)
-    return final, summary
+            table = _block_table_encoder.encode(blocks)
+            footer_at = file_offset
+            out.write(FOOTER_HEADER.pack(FOOTER_MAGIC, len(table), zlib.crc32(table)))
+            out.write(table)
+            out.write(FOOTER_TRAILER.pack(footer_at))
+            out.flush()
+            ops.fsync(out.fileno())
+        summary = builder.build(base_position, last_position, data_end)
+        summary.blocks = blocks
+        if not publish:
+            return temporary, summary
+        ops.replace(temporary, final)
+        fsync_dir(directory, ops)
+        return final, summary
+    except BaseException:
+        # (A full disk fails here: the copy goes, the OS error stays the one raised.)
+        discard_temporary(temporary, ops)
+        raise
 
 
 RecordT = TypeVar("RecordT")
