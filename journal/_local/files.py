@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -25,7 +26,7 @@ __all__ = [
     "NotRegularFile",
     "Permissions",
     "check_regular",
-    "discard_temporary",
+    "discarded_on_failure",
     "fsync_dir",
     "open_regular",
     "write_atomic",
@@ -278,7 +279,7 @@ def write_atomic(
     The new file has the file mode of `permissions`."""
     temporary = f"{path}.{os.getpid()}.tmp"
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
-    try:
+    with discarded_on_failure(temporary, ops):
         try:
             view = memoryview(data)
             while view:
@@ -287,16 +288,18 @@ def write_atomic(
         finally:
             os.close(fd)
         ops.replace(temporary, path)
-    except BaseException:
-        discard_temporary(temporary, ops)
-        raise
     fsync_dir(os.path.dirname(path) or ".", ops)
 
 
-def discard_temporary(path: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
-    """Delete the temporary file of a write that failed, best effort (the caller is
-    raising the write's own error, which this never replaces). A temporary file named
-    after this process is skipped by the clean-up at the next writer open while this
-    process lives (SPEC.md 3), so the failing call is the only one that deletes it."""
-    with contextlib.suppress(OSError):
-        ops.unlink(path)
+@contextlib.contextmanager
+def discarded_on_failure(temporary: str, ops: FileOps = DEFAULT_FILE_OPS) -> Iterator[None]:
+    """Delete the temporary file `temporary` if the block raises, best effort (the
+    block's own error is the one raised). A temporary file named after this process is
+    skipped by the clean-up at the next writer open while this process lives (SPEC.md 3),
+    so the failing call is the only one that deletes it."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            ops.unlink(temporary)
+        raise

@@ -31,6 +31,7 @@ from .leases import BOOT_ID
 from .lmdbfile import file_identity
 from .log import SegmentLog
 from .projector import project_log
+from .segments import open_segment
 from .verify import view_problem
 from .view import View, ViewDamaged, inspect_view, replace_view
 from .writer import data_end
@@ -233,7 +234,7 @@ def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
         return True, None
     name = segment_name(head.segment)
     try:
-        fd = os.open(os.path.join(log.directory, name), os.O_RDONLY | os.O_NONBLOCK)
+        fd = open_segment(os.path.join(log.directory, name), os.O_RDONLY)
     except FileNotFoundError:
         if not any(base >= head.segment for base in log.bases()):
             return True, VerifyProblem(
@@ -245,9 +246,8 @@ def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
             )
     else:
         try:
-            size = os.fstat(fd).st_size
-            if size >= head.end_offset:
-                size = data_end(log.directory, head.segment, head.end_offset, log.ops, fd)
+            end = head.end_offset
+            size = data_end(log.directory, head.segment, end, os.fstat(fd).st_size, log.ops, fd)
         finally:
             os.close(fd)
         if size < head.end_offset:

@@ -40,7 +40,7 @@ from .files import (
     FileOps,
     NotRegularFile,
     Permissions,
-    discard_temporary,
+    discarded_on_failure,
     fsync_dir,
     open_regular,
 )
@@ -617,7 +617,7 @@ def compress_segment(
     compressor = zstandard.ZstdCompressor(level=level)
     data_end = SEGMENT_HEADER_SIZE
     last_position = base_position - 1
-    try:
+    with discarded_on_failure(temporary, ops):
         with (
             SegmentReader(directory, base_position, ops) as reader,
             os.fdopen(permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC), "wb") as out,
@@ -678,10 +678,6 @@ def compress_segment(
         ops.replace(temporary, final)
         fsync_dir(directory, ops)
         return final, summary
-    except BaseException:
-        # (A full disk fails here: the copy goes, the OS error stays the one raised.)
-        discard_temporary(temporary, ops)
-        raise
 
 
 RecordT = TypeVar("RecordT")

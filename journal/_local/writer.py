@@ -21,7 +21,7 @@ from .files import (
     DEFAULT_PERMISSIONS,
     FileOps,
     Permissions,
-    discard_temporary,
+    discarded_on_failure,
     fsync_dir,
 )
 from .frames import (
@@ -106,7 +106,7 @@ class SegmentWriter:
         # renamed, so a crash never leaves a segment without its header.
         temporary = f"{path}.{os.getpid()}.tmp"
         fd = permissions.create_file(temporary, os.O_RDWR | os.O_TRUNC)
-        try:
+        with discarded_on_failure(temporary, ops):
             try:
                 os.write(fd, header.encode())
                 born = min(segment_bytes, INLINE_BYTES)
@@ -119,11 +119,6 @@ class SegmentWriter:
             if os.path.exists(path):
                 raise FileExistsError(f"segment {segment_name(base_position)} already exists")
             ops.rename(temporary, path)
-        except BaseException:
-            # (A full disk fails here at every rotation, each at a new base: left behind,
-            # one file of up to `INLINE_BYTES` would pile up per failed append.)
-            discard_temporary(temporary, ops)
-            raise
         fsync_dir(directory, ops)
         writer = cls(
             directory,
@@ -174,13 +169,18 @@ class SegmentWriter:
         are cut off (the caller holds the write lock, so nobody is writing them now).
         """
         size = os.fstat(self._fd).st_size
-        if size < end_offset:
-            # Committed frames the view indexes are gone (the file was cut): appending
-            # after the hole would acknowledge events a rebuild could never recover.
-            raise LogHole(self.name, size, end_offset)
+        # Committed frames the view indexes must be there (the file cut, or holding zeros
+        # where they belong, is a hole): appending after a hole would acknowledge events
+        # a rebuild could never recover.
+        start = self._reached if self._reached <= end_offset else SEGMENT_HEADER_SIZE
+        reached = data_end(
+            self.directory, self.base_position, end_offset, size, self._ops, self._fd, start
+        )
+        if reached < end_offset:
+            raise LogHole(self.name, reached, end_offset)
+        self._reached = end_offset
         if (end_offset, next_position) != (self.end_offset, self.next_position):
             self._summary_valid = False
-            self._check_data_reaches(end_offset)
         self.end_offset = end_offset
         self.next_position = next_position
         self.frame_count = 1 if end_offset > SEGMENT_HEADER_SIZE else 0
@@ -193,17 +193,6 @@ class SegmentWriter:
                 self._allocated = end_offset
         self._asked = self._allocated
         self._ask_filler()
-
-    def _check_data_reaches(self, end_offset: int) -> None:
-        """Raise `LogHole` unless the segment's frames reach `end_offset` (`data_end`,
-        reading on from the last end known to be reached, when before it)."""
-        start = self._reached if self._reached <= end_offset else SEGMENT_HEADER_SIZE
-        reached = data_end(
-            self.directory, self.base_position, end_offset, self._ops, self._fd, start
-        )
-        if reached < end_offset:
-            raise LogHole(self.name, reached, end_offset)
-        self._reached = end_offset
 
     def append(
         self,
@@ -343,18 +332,22 @@ def data_end(
     directory: str,
     base: int,
     end_offset: int,
+    size: int,
     ops: FileOps,
     fd: int,
     start: int = SEGMENT_HEADER_SIZE,
 ) -> int:
-    """Where the frames of segment `base` (open as `fd`) end, if before `end_offset`
-    (else `end_offset`); `start` is a frame boundary known to be reached. A copy of a
-    store whose index was copied after its segments holds preallocated zeros where the
-    index's last frames should be: the file is long enough, and the header at
-    `end_offset` is zeros, as at every end. The last bytes before `end_offset` tell (one
-    read): only where they are zeros too, which a frame's data may also be (a checkpoint
-    padded with zeros), are the frames read, from `start`, to find where they end."""
-    if end_offset <= SEGMENT_HEADER_SIZE:
+    """Where the frames of segment `base` (open as `fd`, `size` bytes long) end, if
+    before `end_offset` (else `end_offset`); `start` is a frame end known to be reached.
+    A file shorter than `end_offset` was cut. A copy of a store whose index was copied
+    after its segments holds preallocated zeros where the index's last frames should be:
+    the file is long enough, and the header at `end_offset` is zeros, as at every end.
+    The last bytes before `end_offset` tell (one read): only where they are zeros too,
+    which a frame's data may also be (a checkpoint padded with zeros), are the frames
+    read, from `start`, to find where they end."""
+    if size < end_offset:
+        return size
+    if start >= end_offset:
         return end_offset
     if ops.pread(fd, FRAME_HEADER_SIZE, end_offset - FRAME_HEADER_SIZE).strip(b"\0"):
         return end_offset
