@@ -34,6 +34,7 @@ __all__ = [
     "check_lease",
     "check_turn",
     "check_unsettled",
+    "open_turn_after",
     "result_data",
     "take_over",
 ]
@@ -93,6 +94,15 @@ def check_unsettled(
         request_id=request_id,
         cursor=cursor,
     )
+
+
+def open_turn_after(open_turn: str | None, kind: str, request_id: str | None) -> str | None:
+    """The session's open turn after a turn event of type `kind` for `request_id`: a
+    `turn_started` opens its turn, the result of the open turn closes it (a result of
+    another turn changes nothing)."""
+    if kind == TURN_STARTED:
+        return request_id
+    return None if request_id == open_turn else open_turn
 
 
 def check_lease(

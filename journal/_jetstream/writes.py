@@ -40,9 +40,8 @@ from ..errors import (
     Unsupported,
 )
 from ..models import LifecycleEventType, RetentionReport, SessionState
-from ..records import TURN_STARTED
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
-from ..turns import check_lease, check_turn
+from ..turns import check_lease, check_turn, open_turn_after
 from .client import BatchMessage
 from .commit import Committer, Plan, done, rel, resolved
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
@@ -530,12 +529,7 @@ class Writer(Committer):
             stored = StoredEvent(
                 ordinal, now, op.type, op.data, op.request_id, ordinal, before, before
             )
-            if op.type == TURN_STARTED:
-                turn: str | None = op.request_id
-            elif op.request_id == row.turn_request_id:
-                turn = None
-            else:
-                turn = row.turn_request_id
+            turn = open_turn_after(row.turn_request_id, op.type, op.request_id)
             new = msgspec.structs.replace(
                 row,
                 last_ordinal=ordinal,

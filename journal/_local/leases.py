@@ -137,11 +137,11 @@ def lease_held(path: str) -> bool | None:
     a shared lock held for a few microseconds (`take_lock` allows for it); a missing file
     is a lock nobody holds (a holder removes it only when it lets go)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return False
     except OSError:
-        return None
+        return None  # (a FIFO there, say: uncertain is alive)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

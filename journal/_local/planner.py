@@ -46,7 +46,6 @@ from ..errors import (
 from ..models import RetentionPolicy, RetentionReport, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
-    TURN_STARTED,
     CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
@@ -61,7 +60,7 @@ from ..records import (
     StateChanged,
 )
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
-from ..turns import check_lease, check_turn
+from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import identity
@@ -504,8 +503,7 @@ class Planner:
         self.loose_events.append((len(self.records) - 1, pending.incarnation, ordinal))
         self.next_position += 1
         self._set(pending, "last_ordinal", ordinal)
-        if op.type == TURN_STARTED or op.request_id == pending.turn:
-            self._set(pending, "turn", op.request_id if op.type == TURN_STARTED else None)
+        self._set(pending, "turn", open_turn_after(pending.turn, op.type, op.request_id))
         request.result = Appended(pending.incarnation, ordinal, ordinal, position, time_ms=self.now)
 
     def _acquire(self, request: Request, op: AcquireLease) -> None:

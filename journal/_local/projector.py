@@ -16,7 +16,6 @@ from ..errors import JournalCorrupt
 from ..models import LifecycleEventType, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
-    TURN_STARTED,
     CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
@@ -34,6 +33,7 @@ from ..records import (
     decode_record,
 )
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
+from ..turns import open_turn_after
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
@@ -377,10 +377,7 @@ class Projection:
             self._unpin(row.turn_position)
         row.turn_position = position
         self._pin(position, row.incarnation)
-        if record.type == TURN_STARTED:
-            row.turn_request_id = record.request_id
-        elif record.request_id == row.turn_request_id:
-            row.turn_request_id = None
+        row.turn_request_id = open_turn_after(row.turn_request_id, record.type, record.request_id)
 
     def _owner_record(self, row: SessionRow, position: int) -> None:
         """The latest owner record is pinned (a rebuild must know the generation)."""

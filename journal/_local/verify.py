@@ -66,8 +66,9 @@ def check_log(
         try:
             reader = SegmentReader(log.directory, base, log.ops)
         except JournalCorrupt:
-            # (A damaged header, or no file: `_check_segment` reports it, and goes on.)
-            sizes[base] = _file_size(log, base)
+            # (A damaged header, or no file: `_check_segment` reports it, and goes on;
+            # its bytes only count towards the progress report.)
+            sizes[base] = 0
             continue
         with reader:
             sizes[base] = reader.file_size()
@@ -118,14 +119,6 @@ def check_log(
         if progress is not None:
             progress(done, total)
     return problems, frames, records, bad_sidecars
-
-
-def _file_size(log: SegmentLog, base: int) -> int:
-    """The size of segment `base`'s file (plain or compressed; 0 if it is gone)."""
-    for name in (segment_name(base), segment_name(base, compressed=True)):
-        with contextlib.suppress(FileNotFoundError):
-            return os.path.getsize(os.path.join(log.directory, name))
-    return 0
 
 
 def _check_segment(
