@@ -197,3 +197,39 @@ def test_a_named_database_of_other_flags_is_reported(built: _File, flags: int) -
     _DB.pack_into(built.raw, at, *record)
     problem = built.check()
     assert problem is not None and "flags" in problem, problem
+
+
+def _leaves_in_key_order(built: _File) -> list[tuple[int, int]]:
+    """(offset of the first value, value count) of each leaf of b"many"'s values tree,
+    in the order of their values."""
+    leaves = []
+    for leaf in built.leaf2_pages():
+        _, _, lower, _ = built.page(leaf)
+        at = leaf * _PAGE + 16
+        leaves.append((bytes(built.raw[at : at + _SIZE]), at, (lower - 16) // 2))
+    return [(at, count) for _, at, count in sorted(leaves)]
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("a value repeated", "out of order"),  # values must be strictly increasing
+        ("a value above the next leaf's first", "beyond its parent's bound"),
+        ("a first value below its bound", "out of order"),
+    ],
+)
+def test_values_of_a_values_trees_leaf_out_of_place_are_reported(
+    built: _File, damage: str, expected: str
+) -> None:
+    # The checks of a leaf's values run in C first and again in Python to say where:
+    # each way of being out of place is still reported, with its place.
+    (first_at, first_count), (second_at, _) = _leaves_in_key_order(built)[:2]
+    if damage == "a value repeated":
+        built.raw[first_at + _SIZE : first_at + 2 * _SIZE] = built.raw[first_at : first_at + _SIZE]
+    elif damage == "a value above the next leaf's first":
+        last = first_at + (first_count - 1) * _SIZE
+        built.raw[last : last + _SIZE] = built.raw[second_at : second_at + _SIZE]
+    else:
+        built.raw[second_at : second_at + _SIZE] = bytes(_SIZE)
+    problem = built.check()
+    assert problem is not None and expected in problem, problem

@@ -624,7 +624,7 @@ class LocalEngine:
                 # No view yet (new, deleted, or discarded after a reboot): rebuild it from
                 # the sidecars of sealed segments and a scan of the rest.
                 log.discard_unborn_tail()
-                log.finish_interrupted()
+                log.finish_interrupted(rebuilding=True)
                 self._finished_interrupted = True
                 head = project_log(log, view, txn, record_floor=True)
         if not self._boot_recorded:

@@ -58,6 +58,9 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable
+from functools import lru_cache
+from itertools import islice
+from operator import lt
 from typing import Final, NamedTuple
 
 from .files import NotRegularFile, open_regular
@@ -457,6 +460,16 @@ class _Checker:
     ) -> None:
         """Values of one key, in order and within the bounds (the first may equal `low`),
         each passing the caller's check."""
+        # Without a check, the comparisons are made in C (a Python step per value made
+        # this walk most of a writer's open: 30 ms for 200,000 frames); a failure is
+        # found again below, to name where.
+        if (
+            check is None
+            and (low is None or values[0] >= low)
+            and (high is None or values[-1] < high)
+            and all(map(lt, values, islice(values, 1, None)))
+        ):
+            return
         previous = low
         for index, value in enumerate(values):
             if previous is not None and (value < previous if index == 0 else value <= previous):
@@ -497,7 +510,13 @@ def _packed(raw: bytes, ksize: int, count: int, size: int, where: str) -> list[b
     _, _, _, lower, upper = _HEADER.unpack_from(raw, 0)
     if not 1 <= ksize <= _MAX_KEY or upper - lower != size - _HEADER_SIZE - count * ksize:
         raise _Damage(f"{where}: {count} values of {ksize} bytes do not fill it as it says")
-    return [raw[at : at + ksize] for at in range(_HEADER_SIZE, _HEADER_SIZE + count * ksize, ksize)]
+    return list(_values_layout(ksize, count).unpack_from(raw, _HEADER_SIZE))
+
+
+@lru_cache(maxsize=64)
+def _values_layout(ksize: int, count: int) -> struct.Struct:
+    """`count` values of `ksize` bytes (one unpack in C for a page of them)."""
+    return struct.Struct(f"{ksize}s" * count)
 
 
 def file_identity(path: str) -> tuple[int, int] | None:
