@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeAlias, TypeVar, overload
 
 import msgspec
 
@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["STATE_CHANGED", "Codec", "Fold", "JsonCodec"]
 
 StateT = TypeVar("StateT")
+ResultT = TypeVar("ResultT")
+# What an update's `fn` returns as its events (see `Fold.update`).
+UpdateEvents: TypeAlias = "list[EventIn] | tuple[EventIn, ...] | EventIn | None"
 
 # The event `Fold.set` appends; a JSON fold merges it into a dict state by itself.
 STATE_CHANGED: Final = "state_changed"
@@ -452,7 +455,17 @@ class Fold(Generic[StateT]):
             time.sleep(_CATCH_UP_STEP_S)
             self.refresh()
 
-    def update(self, fn: Callable[[StateT], object], *, tries: int | None = None) -> Any:
+    @overload
+    def update(
+        self, fn: Callable[[StateT], UpdateEvents], *, tries: int | None = None
+    ) -> None: ...
+
+    @overload
+    def update(
+        self, fn: Callable[[StateT], tuple[UpdateEvents, ResultT]], *, tries: int | None = None
+    ) -> ResultT: ...
+
+    def update(self, fn: Callable[[StateT], object], *, tries: int | None = None) -> object:
         """Atomic read-modify-write: `fn(state)` returns the events to append (a list of
         `EventIn`; [] or None for none) or a tuple `(events, result)`. They are appended
         with `expected_last_ordinal=ordinal`; if another writer got there first

@@ -30,6 +30,37 @@ def test_mypy_strict_on_journal_and_cursors() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+_UPDATE_TYPES = """
+from journal import EventIn, Journal
+
+fold = Journal.open("store").fold("s", lambda n, e: n + 1, 0)
+
+
+def pair(n: int) -> tuple[list[EventIn], str]:
+    return [EventIn("t", b"x")], "done"
+
+
+reveal_type(fold.update(pair))
+reveal_type(fold.update(lambda n: [EventIn("t", b"x")]))
+reveal_type(fold.update(lambda n: None))
+reveal_type(fold.update(lambda n: (EventIn("t", b"x"), n + 1)))
+"""
+
+
+def test_what_update_returns_is_typed_from_fn(tmp_path: Path) -> None:
+    # update() was typed `-> Any`: a caller's result went unchecked.
+    script = tmp_path / "update_types.py"
+    script.write_text(_UPDATE_TYPES)
+    result = run("mypy", "--strict", "--no-incremental", str(script))
+    revealed = [
+        line.split("Revealed type is ")[1]
+        for line in result.stdout.splitlines()
+        if "Revealed" in line
+    ]
+    assert revealed == ['"str"', '"None"', '"None"', '"int"'], result.stdout + result.stderr
+    assert "error" not in result.stdout, result.stdout
+
+
 def test_public_names_are_declared() -> None:
     import cursors
     import journal
