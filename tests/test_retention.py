@@ -1096,6 +1096,43 @@ def test_compact_progress_counts_segments_up_to_the_total(store: Path) -> None:
             assert calls[-1] == (sealed, sealed), (round_no, calls)
 
 
+def test_compact_goes_on_past_a_damaged_segment_and_then_raises_its_damage(
+    store: Path,
+) -> None:
+    # One damaged sealed segment stopped compact() at that segment: the store's other
+    # segments were never rewritten again, and their dead bytes stayed on disk for good
+    # (operator trial).
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        j.create_session("a")
+        j.create_session("b")
+        for _ in range(40):
+            append_batch(j, "a", [300])
+            append_batch(j, "b", [300])
+        names = segment_files(store)
+        assert len(names) >= 4, names
+        j.compact_session("a", 40, b"a")  # about half of every segment is now dead
+        before = [(e.ordinal, e.position, e.data, e.cursor) for e in j.replay("b")]
+        damaged = names[0]
+        targets = frame_offsets(store / "segments" / damaged)[-2:]  # one of them "b"'s
+        for target in targets:
+            flip_bit(store / "segments" / damaged, target + 40)
+        calls: list[tuple[int, int]] = []
+        with pytest.raises(JournalCorrupt) as info:
+            j.compact(progress=lambda done, total: calls.append((done, total)))
+        assert info.value.segment == damaged and info.value.offset in targets
+        after = segment_files(store)
+        assert after[0] == damaged  # left as it is, for verify and a restore
+        assert all(n.endswith(".seg.zst") for n in after[1:-1]), after
+        assert calls[-1] == (len(names) - 1, len(names) - 1)
+        # Past the damaged segment every event reads as before; through it, damage is
+        # raised, never skipped.
+        pivot = next(i for i, b in enumerate(before) if b[1] >= int(names[1][:20]))
+        rest = [(e.ordinal, e.position, e.data) for e in j.replay("b", before[pivot][3])]
+        assert rest == [b[:3] for b in before[pivot + 1 :]]
+        with pytest.raises(JournalCorrupt):
+            list(j.replay("b"))
+
+
 # -- verify --------------------------------------------------------------------------------------
 
 

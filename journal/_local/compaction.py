@@ -26,6 +26,7 @@ from typing import Final, Protocol, TypeVar
 import lmdb
 
 from ..engine import ApplyRetention, Operation, Progress
+from ..errors import JournalCorrupt
 from ..models import CompactionReport
 from .files import fsync_dir
 from .frames import FrameInfo, segment_name, sidecar_name
@@ -171,12 +172,17 @@ def compact_store(
     rewritten: list[str] = []
     copied = 0
     bases = log.bases()[:-1]
+    damage: JournalCorrupt | None = None
     for done, base in enumerate(bases, start=1):
         try:
             copied += _compact_segment(log, view, submit, base, dead_share, rewritten)
+        except JournalCorrupt as found:
+            damage = damage or found  # raised once the other segments are done
         finally:
             if progress is not None:
                 progress(done, len(bases))
+    if damage is not None:
+        raise damage
     return CompactionReport(
         rewritten, deleted, bytes_before, sealed_bytes(log), copied, time.perf_counter() - started
     )
@@ -229,10 +235,16 @@ def unpin_segments(
     "Eviction records"), until `stop()`. Returns how many were rewritten (none when no
     dead frame was left to drop: a creation record sharing its frame with a live one)."""
     rewritten: list[str] = []
+    damage: JournalCorrupt | None = None
     for base in bases:
         if stop():
             break
-        _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
+        try:
+            _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
+        except JournalCorrupt as found:
+            damage = damage or found  # raised once the other segments are done
+    if damage is not None:
+        raise damage
     return len(rewritten)
 
 
