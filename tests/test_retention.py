@@ -1049,16 +1049,22 @@ def test_compact_deletes_segments_that_hold_nothing_live(store: Path) -> None:
         assert_range(j, "old", 81, 80)
 
 
+def _fill_two_sessions(j: Journal) -> None:
+    """Sessions "a" and "b", 40 events of 300 bytes each, alternating: every small
+    segment holds some of both."""
+    j.create_session("a")
+    j.create_session("b")
+    for _ in range(40):
+        append_batch(j, "a", [300])
+        append_batch(j, "b", [300])
+
+
 @pytest.mark.parametrize("dead_share", [0.0, 0.5, 1.0])
 def test_compact_rewrites_only_segments_dead_enough_once_compressed(
     store: Path, dead_share: float
 ) -> None:
     with open_store(store, segment_bytes=SMALL_SEGMENTS, compress_sealed=True) as j:
-        j.create_session("a")
-        j.create_session("b")
-        for _ in range(40):
-            append_batch(j, "a", [300])
-            append_batch(j, "b", [300])
+        _fill_two_sessions(j)
         names = segment_files(store)
         assert all(n.endswith(".seg.zst") for n in names[:-1]), names
         # Nothing is dead yet and everything sealed is compressed: dead_share=1.0 and 0.5
@@ -1081,11 +1087,7 @@ def test_compact_rewrites_only_segments_dead_enough_once_compressed(
 
 def test_compact_progress_counts_segments_up_to_the_total(store: Path) -> None:
     with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
-        j.create_session("a")
-        j.create_session("b")
-        for _ in range(40):
-            append_batch(j, "a", [300])
-            append_batch(j, "b", [300])
+        _fill_two_sessions(j)
         sealed = len(segment_files(store)) - 1
         for round_no in range(2):  # everything rewritten, then nothing to do
             calls: list[tuple[int, int]] = []
@@ -1103,11 +1105,7 @@ def test_compact_goes_on_past_a_damaged_segment_and_then_raises_its_damage(
     # segments were never rewritten again, and their dead bytes stayed on disk for good
     # (operator trial).
     with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
-        j.create_session("a")
-        j.create_session("b")
-        for _ in range(40):
-            append_batch(j, "a", [300])
-            append_batch(j, "b", [300])
+        _fill_two_sessions(j)
         names = segment_files(store)
         assert len(names) >= 4, names
         j.compact_session("a", 40, b"a")  # about half of every segment is now dead
