@@ -456,9 +456,7 @@ class Fold(Generic[StateT]):
             self.refresh()
 
     @overload
-    def update(
-        self, fn: Callable[[StateT], UpdateEvents], *, tries: int | None = None
-    ) -> None: ...
+    def update(self, fn: Callable[[StateT], UpdateEvents], *, tries: int | None = None) -> None: ...
 
     @overload
     def update(

@@ -32,6 +32,7 @@ from .frames import (
     SEGMENT_SUFFIX,
     FrameInfo,
     segment_name,
+    sidecar_name,
 )
 from .segments import SegmentReader, compress_segment, open_segment, summarize_segment
 from .sidecar import FrameDigest, SegmentSummary, read_summary, sidecar_intact, write_summary
@@ -213,6 +214,10 @@ class SegmentLog:
                 if rebuilding
                 else sidecar_intact(self.directory, s.base_position)
             ):
+                name = sidecar_name(s.base_position)
+                if os.path.lexists(os.path.join(self.directory, name)):
+                    # (A missing one is an interrupted seal's; a damaged one is news.)
+                    _log.warning("the sidecar %s is damaged: rewriting it from its segment", name)
                 write_summary(
                     self.directory,
                     summarize_segment(self.directory, s.base_position, self.ops),
