@@ -32,6 +32,7 @@ __all__ = [
     "MAX_REQUEST_ID_BYTES",
     "MAX_SEGMENT_BYTES",
     "MAX_SETTING",
+    "REPLAY_PAGE_BYTES",
     "EventChecker",
     "batch_refused",
     "check_callback",
@@ -75,6 +76,8 @@ _U64_END: Final = 1 << 64
 # Segment files stay far below the offsets the formats can address.
 MAX_SEGMENT_BYTES: Final = 1 << 40
 DEFAULT_PAGE_BYTES: Final = 1 << 20
+# The pages after the first of a `replay()` without `max_bytes` (SPEC 7.5).
+REPLAY_PAGE_BYTES: Final = 4 << 20
 DEFAULT_PAGE_SIZE: Final = 100
 MAX_PAGE_SIZE: Final = 1000
 

@@ -35,6 +35,7 @@ from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
     DEFAULT_PAGE_SIZE,
+    REPLAY_PAGE_BYTES,
     EventChecker,
     check_callback,
     check_create,
@@ -584,9 +585,9 @@ class Journal:
         self,
         row: SessionRow,
         context: ReadContext,
-        max_bytes: int,
         readers: PageReaders,
         after: int,
+        max_bytes: int,
     ) -> tuple[list[Event], bool, bool, int, SessionRow]:
         """(events, has_more, terminal, committed next position, row) after `after`."""
         page = self._engine.read(
@@ -615,19 +616,27 @@ class Journal:
         with self._engine.readers() as readers:
             row, after = self._start(session_id, cursor, readers)
             events, has_more, _, _, _ = self._page(
-                row, self._cursors.context(row), max_bytes, readers, after
+                row, self._cursors.context(row), readers, after, max_bytes
             )
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
 
     def replay(
-        self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
+        self, session_id: str, cursor: str | None = None, max_bytes: int | None = None
     ) -> Stream[Event]:
-        """Every retained event after `cursor`, page by page (what is committed now)."""
-        check_max_bytes(max_bytes)
+        """Every retained event after `cursor`, page by page (what is committed now).
+
+        Pages hold at most `max_bytes` of event data; by default the first 1 MiB (so the
+        first event comes soon) and the next 4 MiB (fewer pages: a long replay is faster).
+        """
+        if max_bytes is None:
+            page_bytes = (DEFAULT_PAGE_BYTES, REPLAY_PAGE_BYTES)
+        else:
+            check_max_bytes(max_bytes)
+            page_bytes = (max_bytes, max_bytes)
         row, after = self._start(session_id, cursor)
         return Stream(
-            partial(self._follow, row, after, None, False, max_bytes, cursor),
+            partial(self._follow, row, after, None, False, page_bytes, cursor),
             self._engine.waiter.recheck,
         )
 
@@ -648,7 +657,7 @@ class Journal:
         row, after = self._start(session_id, cursor)
         # The stream flattens pages with itertools.chain (in C): no frame per event.
         return Stream(
-            partial(self._follow, row, after, stop, True, max_bytes, cursor),
+            partial(self._follow, row, after, stop, True, (max_bytes, max_bytes), cursor),
             self._engine.waiter.recheck,
         )
 
@@ -658,13 +667,15 @@ class Journal:
         after: int,
         stop: threading.Event | None,
         live: bool,
-        max_bytes: int,
+        page_bytes: tuple[int, int],
         cursor: str | None,
         halted: Callable[[], bool],
     ) -> Generator[list[Event], None, None]:
+        """A stream's pages; `page_bytes`: the first's bound, then the others'."""
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
-            pager = EventPager(page, after, live, partial(check_unsettled, self._engine, cursor))
+            page = partial(self._page, row, self._cursors.context(row), readers)
+            unsettled = partial(check_unsettled, self._engine, cursor)
+            pager = EventPager(page, after, live, unsettled, page_bytes)
             yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
 
     def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
@@ -680,8 +691,9 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
-            pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
+            page = partial(self._page, row, self._cursors.context(row), readers)
+            unsettled = partial(check_unsettled, self._engine, cursor)
+            pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
             async for event in afollow(pager, self._engine.waiter, self._is_closed):
                 yield event
 
@@ -727,8 +739,9 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         readers = self._engine.readers()
-        page = partial(self._page, row, self._cursors.context(row), max_bytes, readers)
-        pager = EventPager(page, after, True, partial(check_unsettled, self._engine, cursor))
+        page = partial(self._page, row, self._cursors.context(row), readers)
+        unsettled = partial(check_unsettled, self._engine, cursor)
+        pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
         return self._deliveries.add(
             row.session_id, pager, listener, on_error, cursor, readers.close
         )

@@ -54,12 +54,15 @@ class EventPager:
 
     def __init__(
         self,
-        read_page: Callable[[int], EventPage],
+        read_page: Callable[[int, int], EventPage],
         after: int,
         live: bool,
-        unsettled: UnsettledCheck | None = None,
+        unsettled: UnsettledCheck | None,
+        page_bytes: tuple[int, int],
     ) -> None:
         self._read_page = read_page
+        # The page's bound (`read_page(after, max_bytes)`): the first's, then the rest's.
+        self._page_bytes, self._later_bytes = page_bytes
         self.after = after
         self._live = live
         self._unsettled = unsettled
@@ -67,7 +70,8 @@ class EventPager:
         self.wait_timeout: float | None = None
 
     def step(self) -> tuple[list[Event], int | None, bool]:
-        events, has_more, terminal, seen, row = self._read_page(self.after)
+        events, has_more, terminal, seen, row = self._read_page(self.after, self._page_bytes)
+        self._page_bytes = self._later_bytes
         self.wait_timeout = None
         if events:
             self.after = events[-1].ordinal
