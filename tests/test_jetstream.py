@@ -675,3 +675,31 @@ def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
         "the watchers carried on: every event followed once, in order",
     ):
         assert marker in out, marker
+
+
+def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's heartbeat is a message on the session's own subjects, written between
+    its commits: settling a lost ack must not take it for the commit that won the row's
+    compare-and-set. It did whenever the last heartbeat lay between the row and the batch
+    (no beat got through between the lost reply and the settle, as when the connection is
+    away): the batch was sent again, refused as stale, and the append was planned and
+    written a second time. Found by a JetStream trial."""
+    from journal._jetstream import engine as jetstream_engine
+
+    monkeypatch.setattr(jetstream_engine, "HEARTBEAT_S", 60.0)  # one beat, at own()
+    server = shared_server()
+    proxy = CuttingProxy(server.port)
+    try:
+        with Journal.open(proxy.url, store=store_name(tmp_path)) as j:
+            j.create_session("s")
+            with j.own("s") as owner:  # its row, then its heartbeat
+                proxy.armed.set()
+                with owner.turn(request_id="r1") as turn:
+                    assert not proxy.armed.is_set(), "the proxy never cut a commit"
+                    turn.append(events(2, "after-"))
+            stored = [e.type for e in j.replay("s")]
+            assert stored == ["turn_started", "message", "message", "turn_result"]
+    finally:
+        proxy.close()

@@ -281,12 +281,19 @@ class Committer:
         self, state: RowState, messages: list[BatchMessage], token: str
     ) -> int | None:
         """Whether a batch whose reply was lost was stored: the first message on the
-        session's subjects after the compare-and-set value is the commit that won it; the
-        row's sequence if that is ours, else None."""
+        session's subjects after the compare-and-set value is the commit that won it (the
+        owner's heartbeat, written outside the compare-and-set, is passed over); the row's
+        sequence if that is ours, else None."""
+        heartbeat = self.subjects.heartbeat(state.token)
+        after = state.seq
         try:
-            first = await self.conn.msg_get(
-                {"seq": state.seq + 1, "next_by_subj": self.subjects.session_wide(state.token)}
-            )
+            while True:
+                first = await self.conn.msg_get(
+                    {"seq": after + 1, "next_by_subj": self.subjects.session_wide(state.token)}
+                )
+                if first is None or first.subject != heartbeat:
+                    break
+                after = first.seq
         except (ApiError, *Unavailable):
             return None
         if first is None or first.headers.get(_TOKEN) != token:
