@@ -23,6 +23,7 @@ from journal import (
     Journal,
     RetentionPolicy,
     SessionState,
+    StoreIncompatible,
     StoreNotFound,
     StoreUnavailable,
     Unsupported,
@@ -80,6 +81,52 @@ def test_options_for_files_on_disk_raise_invalid_argument(
 ) -> None:
     with pytest.raises(InvalidArgument):
         Journal.open(url, store=store_name(tmp_path), **options)  # type: ignore[arg-type]
+
+
+def _add_stream(url: str, name: str, subjects: list[str]) -> None:
+    import asyncio
+
+    import nats
+
+    async def add() -> None:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().add_stream(name=name, subjects=subjects)
+        finally:
+            await nc.close()
+
+    asyncio.run(add())
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+@pytest.mark.parametrize("subjects", ["other.{store}.>", "j.{store}.>"])
+def test_a_stream_of_the_name_made_by_another_tool_is_refused_as_incompatible(
+    url: str, tmp_path: Path, subjects: str, readonly: bool
+) -> None:
+    """Another tool's stream named JOURNAL_<store> (other subjects, or the journal's without
+    atomic batches) is StoreIncompatible naming what differs, and nothing is written to it;
+    it was StoreUnavailable "retry" (other subjects), or opened and wrote the store's
+    identity into it, each append then refused as StoreUnavailable "atomic publish is
+    disabled". Found by a JetStream trial."""
+    store = store_name(tmp_path)
+    _add_stream(url, f"JOURNAL_{store}", [subjects.format(store=store)])
+    with pytest.raises(StoreIncompatible, match=f"JOURNAL_{store} was not made by") as caught:
+        Journal.open(url, store=store, readonly=readonly)
+    assert "another store name" in str(caught.value)
+
+
+def test_a_store_whose_subjects_another_stream_takes_is_refused_as_incompatible(
+    url: str, tmp_path: Path
+) -> None:
+    """Creating the store's stream when another stream already takes `j.<store>.>` is
+    StoreIncompatible naming the subjects (it was StoreUnavailable asking whether JetStream
+    is enabled). Found by a JetStream trial."""
+    store = store_name(tmp_path)
+    _add_stream(url, f"OTHER_{store}", [f"j.{store}.>"])
+    with pytest.raises(
+        StoreIncompatible, match=rf"another stream already takes the subjects j\.{store}\.>"
+    ):
+        Journal.open(url, store=store)
 
 
 def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:

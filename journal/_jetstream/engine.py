@@ -273,7 +273,8 @@ class JetStreamEngine:
     async def _bootstrap(self, options: JetStreamOptions) -> Meta:
         stream = self.conn.stream
         try:
-            await self.conn.api(f"$JS.API.STREAM.INFO.{stream}")
+            info = await self.conn.api(f"$JS.API.STREAM.INFO.{stream}")
+            self._check_stream(options, info.get("config") or {})
         except ApiError as e:
             if e.err_code != 10059:  # stream not found
                 raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
@@ -319,6 +320,24 @@ class JetStreamEngine:
         self.reader.saw(meta.seq)
         return decoded
 
+    def _check_stream(self, options: JetStreamOptions, config: dict[str, Any]) -> None:
+        """A stream of the journal's name that another tool (or an older set-up) made is
+        refused before anything is written to it, naming what differs (SPEC 16.1)."""
+        wrong = []
+        if config.get("subjects") != [self.subjects.all]:
+            wrong.append(f"subjects {config.get('subjects')!r}, not [{self.subjects.all!r}]")
+        wrong += [
+            f"{flag} is off"
+            for flag in ("allow_atomic", "allow_direct", "allow_rollup_hdrs")
+            if not config.get(flag)
+        ]
+        if wrong:
+            raise StoreIncompatible(
+                f"stream {self.conn.stream} was not made by session-journal for store "
+                f"{options.store!r}: {'; '.join(wrong)}. Use another store name, or "
+                "delete the stream if it holds nothing you need"
+            )
+
     async def _policy(self, options: JetStreamOptions) -> RetentionPolicy:
         """The policy given (recorded for the journals opened without one, by a writer),
         else the store's recorded one, else the default (SPEC 8)."""
@@ -362,6 +381,12 @@ class JetStreamEngine:
         except ApiError as e:
             if e.err_code == 10058:  # created by another process meanwhile
                 return
+            if e.err_code == 10065:  # another stream holds j.<store>.>
+                raise StoreIncompatible(
+                    f"cannot create stream {self.conn.stream}: another stream already takes "
+                    f"the subjects {self.subjects.all} ({e.description}): use another store "
+                    "name, or remove that stream"
+                ) from None
             raise StoreUnavailable(
                 f"cannot create stream {self.conn.stream}: {e.description} (is JetStream "
                 f"enabled, and are there {options.replicas} servers for replicas="
