@@ -81,6 +81,8 @@ REPLAY_PAGE_BYTES: Final = 4 << 20
 DEFAULT_PAGE_SIZE: Final = 100
 MAX_PAGE_SIZE: Final = 1000
 
+# What `check_store_path` takes for a URL (nats:// stores never reach it).
+_URL_RE: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 # Control characters are Unicode's (category Cc): C0, DEL and C1.
 _NAME_RE: Final = re.compile(r"[^\x00-\x1f\x7f-\x9f]+")
 _MODE_RE: Final = re.compile(r"[^\x00-\x1f\x7f-\x9f]*")
@@ -521,6 +523,14 @@ def check_store_path(path: object) -> str:
         raise InvalidArgument('path is empty: name the store\'s directory (".": this one)')
     if "\0" in given:
         raise InvalidArgument("path contains a NUL character")
+    url = _URL_RE.match(given)
+    if url is not None:
+        # (Taken as a local path, "http://h/x" made the directories "http:/h/x" here.)
+        raise InvalidArgument(
+            f"path {given!r} is a {url.group(1)}:// URL: a remote store is "
+            "nats://HOST:PORT/STORE (the scheme in lower case); a directory of that name "
+            f"is ./{given}"
+        )
     try:
         given.encode()
     except UnicodeEncodeError:

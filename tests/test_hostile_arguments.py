@@ -731,6 +731,9 @@ def _calls(j: Journal, tmp: Path) -> dict[str, Callable[[], object]]:
         "open-pathlike-int": lambda: Journal.open(_FsPath(5)),
         "open-surrogate-path": lambda: Journal.open(str(tmp / "a\udc80")),
         "open-empty-path": lambda: Journal.open(""),  # created a store in the cwd, then failed
+        # (Made the directories "http:/host/x" and "NATS:/host/x" in the cwd: a JetStream trial.)
+        "open-http-url": lambda: Journal.open("http://127.0.0.1:4222/x"),
+        "open-upper-case-nats-url": lambda: Journal.open("NATS://127.0.0.1:4222/x"),
         "open-key-ring": lambda: Journal.open(tmp / "k", key_ring=5),  # type: ignore[arg-type]
         "over-not-an-engine": lambda: Journal.over(None),  # type: ignore[arg-type]
         "mode-surrogate": lambda: j.create_session("m", mode="a\udc80"),
