@@ -516,6 +516,11 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
         return result.exit_code, lines
 
     assert run("read", "-s", "s")[0] == 3  # no store yet: not found
+    missing = CliRunner().invoke(main, ["--store", store, "read", "-s", "s"])
+    # It gave the library's advice ("open it with create=True"): a JetStream trial.
+    assert "`journal init`" in missing.stderr and "create=True" not in missing.stderr, (
+        missing.stderr
+    )
     assert run("init") == (0, [{"store": store, "created": True}])
     assert run("init") == (0, [{"store": store, "created": False}])
     code, (appended,) = run("append", "-s", "s", "--create", "a", "b")

@@ -281,7 +281,7 @@ class JetStreamEngine:
             if not options.create or options.readonly:
                 raise StoreNotFound(
                     f"no journal store {options.store!r} on this NATS cluster (stream "
-                    f"{stream}): open it with create=True to create it"
+                    f"{stream}): create it with `journal init` or Journal.open(path, create=True)"
                 ) from None
             await self._create_stream(options)
         meta = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
