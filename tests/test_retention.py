@@ -21,12 +21,14 @@ import shutil
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import _waiting as waiting
 import lmdb
+import msgspec
 import pytest
 from click.testing import CliRunner
 from engines import EngineFactory
@@ -1576,3 +1578,29 @@ def test_the_policy_a_writer_gives_is_the_store_s_on_every_engine(
     # Opened without a policy: the recorded one (the default would evict nothing).
     with engine.open(path) as j:
         assert j.apply_retention(now_ms=ended + 1000).evicted_sessions == ["s"]
+
+
+def test_compact_rewrites_a_segment_whose_sidecar_is_checksummed_but_inconsistent(
+    store: Path,
+) -> None:
+    # A writer's open checks sidecars by checksum only, so a checksummed but inconsistent
+    # one stays until `verify(fix=True)`; compaction took it as absent and skipped its
+    # segment, whose dead bytes then stayed on disk with nothing said.
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        _fill_two_sessions(j)
+        j.compact_session("a", 40, b"a")  # about half of every segment is now dead
+    names = segment_files(store)
+    sidecar = store / "segments" / (names[0].removesuffix(".seg") + ".idx")
+    raw = sidecar.read_bytes()
+    body = msgspec.msgpack.decode(raw[12:])
+    body[4][0][0] = 2**63  # a frame offset out of the segment, checksum recomputed
+    new = msgspec.msgpack.encode(body)
+    sidecar.write_bytes(raw[:8] + struct.pack(">I", zlib.crc32(new)) + new)
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        expected = [(e.ordinal, e.data) for e in j.replay("b")]
+        report = j.compact()
+        after = segment_files(store)
+        assert all(n.endswith(".seg.zst") for n in after[:-1]), (after, report)
+        assert [(e.ordinal, e.data) for e in j.replay("b")] == expected
+        assert j.verify().problems == []
+    assert not [n for n in os.listdir(store / "segments") if n.endswith(".tmp")]

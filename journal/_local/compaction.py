@@ -31,7 +31,7 @@ from ..models import CompactionReport
 from .files import fsync_dir
 from .frames import FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
-from .segments import compress_segment
+from .segments import compress_segment, summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
 from .view import View
 
@@ -261,9 +261,14 @@ def _compact_segment(
     (`unpin`: only to drop dead frames, so never a compressed one without any.)"""
     directory = log.directory
     source = _file_identity(directory, base)
-    summary = read_summary(directory, base)
-    if source is None or summary is None:
+    if source is None:
         return 0
+    try:
+        # (A writer's open checks sidecars by checksum only: one that fails the other
+        # checks is still there, and its segment is scanned, as retention does.)
+        summary = read_summary(directory, base) or summarize_segment(directory, base, log.ops)
+    except FileNotFoundError:
+        return 0  # deleted meanwhile by another writer's retention pass
     with view.begin() as txn:
         live, live_bytes, total = live_frames(txn, view, summary)
     del txn  # (no read transaction object outlives its transaction: SPEC 7)
