@@ -55,6 +55,7 @@ from journal import (
     Snapshot,
     StoreIncompatible,
 )
+from journal._local.compaction import SwapSegment, compact_store
 from journal._local.files import FileOps
 from journal._local.segments import SegmentReader
 
@@ -1604,3 +1605,29 @@ def test_compact_rewrites_a_segment_whose_sidecar_is_checksummed_but_inconsisten
         assert [(e.ordinal, e.data) for e in j.replay("b")] == expected
         assert j.verify().problems == []
     assert not [n for n in os.listdir(store / "segments") if n.endswith(".tmp")]
+
+
+def test_compact_stops_at_damage_its_swap_meets_and_leaves_no_temporary_copy(
+    store: Path,
+) -> None:
+    # compact() goes on past a damaged segment; damage the swap's commit meets (the view's,
+    # met again by every swap) is not the segment's: it went on compressing every other
+    # segment, and each copy whose swap failed stayed on disk as a .tmp file.
+    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+        _fill_two_sessions(j)
+        j.compact_session("a", 40, b"a")  # about half of every segment is now dead
+        engine = j._engine  # type: ignore[attr-defined]
+        swaps: list[int] = []
+
+        def submit(operation: Any) -> Any:
+            if isinstance(operation, SwapSegment):
+                swaps.append(operation.base)
+                raise JournalCorrupt("index", 0, "a damaged entry")
+            return engine.submit(operation)
+
+        with pytest.raises(JournalCorrupt) as info:
+            compact_store(engine._log, engine._view, submit, 0.0, None)
+        assert info.value.segment == "index"
+        assert len(swaps) == 1, swaps
+        assert not [n for n in os.listdir(store / "segments") if n.endswith(".tmp")]
+        assert j.verify().problems == []

@@ -177,7 +177,7 @@ def compact_store(
         try:
             copied += _compact_segment(log, view, submit, base, dead_share, rewritten)
         except JournalCorrupt as found:
-            damage = damage or found  # raised once the other segments are done
+            damage = _passed_over(damage, found, base)
         finally:
             if progress is not None:
                 progress(done, len(bases))
@@ -242,10 +242,19 @@ def unpin_segments(
         try:
             _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
         except JournalCorrupt as found:
-            damage = damage or found  # raised once the other segments are done
+            damage = _passed_over(damage, found, base)
     if damage is not None:
         raise damage
     return len(rewritten)
+
+
+def _passed_over(first: JournalCorrupt | None, found: JournalCorrupt, base: int) -> JournalCorrupt:
+    """The damage to raise once the other segments are done: the first found. Damage of
+    anything but segment `base` itself (the view's, which its swap met) is raised at
+    once: every later swap would meet it again, each after writing a compressed copy."""
+    if found.segment not in (segment_name(base), segment_name(base, compressed=True)):
+        raise found
+    return first or found
 
 
 def _compact_segment(
@@ -295,7 +304,13 @@ def _compact_segment(
         os.unlink(temporary)
         return 0
     swap = SwapSegment(base, temporary, new_summary, source, summary.last_position)
-    if submit(swap):
+    try:
+        swapped = submit(swap)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)  # (gone already when it was renamed into place)
+        raise
+    if swapped:
         rewritten.append(segment_name(base, compressed=True))
         return live_bytes
     return 0
