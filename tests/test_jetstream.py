@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _nats import CuttingProxy, shared_cluster, shared_server
@@ -113,6 +114,54 @@ def test_a_stream_of_the_name_made_by_another_tool_is_refused_as_incompatible(
     with pytest.raises(StoreIncompatible, match=f"JOURNAL_{store} was not made by") as caught:
         Journal.open(url, store=store, readonly=readonly)
     assert "another store name" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        {"max_age": 1_000_000_000},
+        {"max_msgs_per_subject": 1},
+        {"retention": "workqueue"},
+        {"storage": "memory"},
+    ],
+    ids=lambda limit: next(iter(limit)),
+)
+def test_a_stream_of_the_name_with_limits_of_its_own_is_refused_as_incompatible(
+    url: str, tmp_path: Path, limit: dict[str, Any]
+) -> None:
+    """A stream of the journal's subjects and flags made by another tool with a limit of
+    its own was opened: with max_age of 1 s, the store's identity, its rows and events
+    were gone a second later (SessionNotFound); the journal trims per session itself."""
+    import asyncio
+
+    import nats
+
+    store = store_name(tmp_path)
+    config = {
+        "name": f"JOURNAL_{store}",
+        "subjects": [f"j.{store}.>"],
+        "storage": "file",
+        "allow_direct": True,
+        "allow_atomic": True,
+        "allow_rollup_hdrs": True,
+        "max_msg_size": 9 << 20,
+        **limit,
+    }
+
+    async def add() -> None:
+        nc = await nats.connect(url)
+        try:
+            reply = await nc.request(
+                f"$JS.API.STREAM.CREATE.JOURNAL_{store}", json.dumps(config).encode()
+            )
+            assert "error" not in json.loads(reply.data), reply.data
+        finally:
+            await nc.close()
+
+    asyncio.run(add())
+    with pytest.raises(StoreIncompatible, match=f"JOURNAL_{store} was not made by") as caught:
+        Journal.open(url, store=store)
+    assert next(iter(limit)) in str(caught.value)
 
 
 def test_a_store_whose_subjects_another_stream_takes_is_refused_as_incompatible(

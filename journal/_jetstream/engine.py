@@ -216,6 +216,19 @@ def _start_time(pid: int) -> int:
     return process_start_time(pid)
 
 
+# Settings of the store's stream that keep every message until the journal purges it (the
+# server's values for "no limit"); a stream without them is another tool's.
+_STREAM_KEEPS_ALL: Final = {
+    "retention": "limits",
+    "storage": "file",
+    "max_age": 0,
+    "max_msgs": -1,
+    "max_bytes": -1,
+    "max_msgs_per_subject": -1,
+    "sealed": False,
+}
+
+
 class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
@@ -330,6 +343,13 @@ class JetStreamEngine:
             f"{flag} is off"
             for flag in ("allow_atomic", "allow_direct", "allow_rollup_hdrs")
             if not config.get(flag)
+        ]
+        # What would drop messages the journal keeps (its identity, rows, events) or
+        # refuse its trims: the journal trims per session itself (section 16.1).
+        wrong += [
+            f"{setting} is {config.get(setting)!r}, not {wanted!r}"
+            for setting, wanted in _STREAM_KEEPS_ALL.items()
+            if config.get(setting, wanted) != wanted
         ]
         if wrong:
             raise StoreIncompatible(
