@@ -12,6 +12,7 @@ from .arguments import MAX_BATCH_BYTES as MAX_BATCH_BYTES
 from .arguments import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
 from .arguments import MAX_EVENT_BYTES as MAX_EVENT_BYTES
 from .arguments import MAX_PAGE_SIZE as MAX_PAGE_SIZE
+from .arguments import REPLAY_PAGE_BYTES as REPLAY_PAGE_BYTES
 from .errors import ArchiveInvalid as ArchiveInvalid
 from .errors import CursorExpired as CursorExpired
 from .errors import CursorForeign as CursorForeign
@@ -80,6 +81,7 @@ __all__ = [
     "MAX_BATCH_EVENTS",
     "MAX_EVENT_BYTES",
     "MAX_PAGE_SIZE",
+    "REPLAY_PAGE_BYTES",
     "STATE_CHANGED",
     "TURN_RESULT",
     "TURN_STARTED",

@@ -207,7 +207,9 @@ def test_a_default_replay_reads_a_small_first_page_then_larger_ones(tmp_path: Pa
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-    assert peak < 12 << 20, peak  # 12 MiB replayed: a 4 MiB page, a chunk and a frame
+    # 12 MiB replayed: a 4 MiB page and its events, a chunk and a frame (about 9 MiB;
+    # about 5.5 MiB with 1 MiB pages, 17.6 MiB with everything held).
+    assert peak < 10 << 20, peak
 
 
 def test_paging_while_appending_returns_only_committed_whole_events(tmp_path: Path) -> None:

@@ -33,8 +33,9 @@ def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
     return crc32 if crc32(b"SJFR", 1) == zlib.crc32(b"SJFR", 1) else zlib.crc32
 
 
-# Frame bodies, when written (`encode_frame`) and checked (`check_frame`); everything else
-# (headers, blocks, sidecars, view values: small inputs) uses zlib.
+# Frame bodies, when written (`encode_frame`) and checked (`check_frame`), and sidecars
+# (one per sealed segment, checked at every writer's open); everything else (headers,
+# blocks, view values: small inputs) uses zlib.
 frame_crc32: Final = _fast_crc32()
 
 __all__ = [

@@ -209,11 +209,11 @@ class SegmentLog:
             # it is consistent cost about a microsecond a frame of the store at every
             # open (175 ms for 200,000 single-event frames); `read_summary` does that
             # where one is used, and takes one that fails as absent.
-            if not (
-                read_summary(self.directory, s.base_position) is not None
-                if rebuilding
-                else sidecar_intact(self.directory, s.base_position)
-            ):
+            if rebuilding:
+                intact = read_summary(self.directory, s.base_position) is not None
+            else:
+                intact = sidecar_intact(self.directory, s.base_position)
+            if not intact:
                 name = sidecar_name(s.base_position)
                 if os.path.lexists(os.path.join(self.directory, name)):
                     # (A missing one is an interrupted seal's; a damaged one is news.)
