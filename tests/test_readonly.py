@@ -355,3 +355,34 @@ def test_a_read_only_journal_left_open_at_exit_leaves_no_private_view_behind(
     )
     assert result.returncode == 0 and result.stdout == "left open\n", result.stderr
     assert list(scratch.iterdir()) == []
+
+
+def _tiny(j: Journal, session_id: str, count: int) -> int:
+    """Appends `count` events of 1,000 bytes one by one (each its own frame); the last
+    ordinal."""
+    last = 0
+    for _ in range(count):
+        last = j.append(session_id, [EventIn("m", b"x" * 1000)]).last_ordinal
+    return last
+
+
+def test_a_private_view_follows_the_log_when_the_segment_after_its_head_was_deleted(
+    tmp_path: Path,
+) -> None:
+    """A reader's private view probes the segment its head is in and then looked only for
+    the segment starting at its next position: when retention had deleted that one (every
+    event in it trimmed) before the reader looked again, the reader found "no change" at
+    every refresh and never saw another commit (found by a long-running trial)."""
+    with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
+        writer.create_session("a")
+        with Journal.open(tmp_path / "store", readonly=True) as reader:
+            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+            _tiny(writer, "a", 3)  # (segment 1 holds no more: the next append seals it)
+            assert reader.get_session("a").last_ordinal == 3  # (its head: segment 1's end)
+            last = _tiny(writer, "a", 10)  # (in segments after it, sealed but the last)
+            writer.compact_session("a", last, b"snapshot")
+            deleted = writer.apply_retention().deleted_segments
+            assert deleted and all(not name.startswith("0" * 19 + "1.") for name in deleted)
+            assert reader.get_session("a").first_ordinal == last + 1
+            writer.append("a", [EventIn("m", b"after")])
+            assert [e.data for e in reader.replay("a")] == [b"after"]
