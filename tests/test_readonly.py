@@ -15,8 +15,9 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _procs_retention import NOBODY, Child, payload
@@ -386,3 +387,76 @@ def test_a_private_view_follows_the_log_when_the_segment_after_its_head_was_dele
             assert reader.get_session("a").first_ordinal == last + 1
             writer.append("a", [EventIn("m", b"after")])
             assert [e.data for e in reader.replay("a")] == [b"after"]
+
+
+# A read-only journal with a private view projects segment files that a writer may delete
+# (retention) or replace (compaction) right after the reader listed them. The reader took
+# the error for its own: its open, or any call that refreshed the view, raised
+# StoreUnavailable "No such file or directory" (found by a long-running trial: `journal
+# watch` and `journal sessions show` beside a writer under a retention window).
+
+
+def _delete_on_first_read(
+    monkeypatch: pytest.MonkeyPatch, before_first: Callable[[], None]
+) -> list[int]:
+    """Runs `before_first` when the projector opens its first segment (after it listed
+    them); the bases it opened."""
+    from journal._local import projector
+
+    real = projector.SegmentReader
+    opened: list[int] = []
+
+    def reader(directory: str, base: int, *args: Any, **kwargs: Any) -> Any:
+        if not opened:
+            before_first()
+        opened.append(base)
+        return real(directory, base, *args, **kwargs)
+
+    monkeypatch.setattr(projector, "SegmentReader", reader)
+    return opened
+
+
+def test_a_private_view_refresh_goes_on_when_the_writer_deletes_a_segment_it_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
+        writer.create_session("a")
+        writer.create_session("b")
+        # (The writer holds the store's view in this process: the reader's is private.)
+        with Journal.open(tmp_path / "store", readonly=True) as reader:
+            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+            last = _tiny(writer, "a", 30)  # (sealed segments the reader has not seen)
+
+            def trim_and_delete() -> None:
+                writer.compact_session("a", last, b"snapshot")
+                assert writer.apply_retention().deleted_segments
+
+            opened = _delete_on_first_read(monkeypatch, trim_and_delete)
+            assert reader.get_session("a").first_ordinal == last + 1
+            assert opened
+            assert list(reader.replay("a")) == []
+            assert reader.verify().ok
+
+
+def test_a_private_view_build_goes_on_when_the_writer_deletes_a_segment_it_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, segment_bytes=4096, durability="os") as writer:
+        writer.create_session("a")
+        last = _tiny(writer, "a", 20)
+        # A sealed segment without its sidecar (a writer crashed while sealing it): the
+        # build reads it and every segment after it.
+        (store / "segments" / ("0" * 19 + "1.idx")).unlink()
+
+        def trim_and_delete() -> None:
+            writer.compact_session("a", last, b"snapshot")
+            assert writer.apply_retention().deleted_segments
+
+        opened = _delete_on_first_read(monkeypatch, trim_and_delete)
+        with Journal.open(store, readonly=True) as reader:
+            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+            assert len(opened) >= 2
+            assert reader.get_session("a").first_ordinal == last + 1
+            problems = reader.verify().problems  # (only the sidecar removed above)
+            assert [p.what for p in problems] == ["sidecar missing or bad"], problems

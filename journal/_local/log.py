@@ -163,6 +163,19 @@ class SegmentLog:
             os.path.join(self.directory, FEED_FLOOR_FILE), data, self.ops, self.permissions
         )
 
+    def file_versions(self) -> list[tuple[str, int, int]]:
+        """(name, inode, compressed size) of every segment file: what retention and
+        compaction change (a run over the segments that failed or disagreed while these
+        changed is repeated: `projector.while_files_change`, verify)."""
+        found = []
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
+                with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(os.path.join(self.directory, name))
+                    size = st.st_size if name.endswith(COMPRESSED_SUFFIX) else 0
+                    found.append((name, st.st_ino, size))
+        return found
+
     @contextlib.contextmanager
     def files_lock(self, *, readonly: bool = False) -> Iterator[None]:
         """Serialises replacing and deleting sealed segment files across processes.

@@ -30,7 +30,7 @@ from .frames import (
 from .leases import BOOT_ID
 from .lmdbfile import file_identity
 from .log import SegmentLog
-from .projector import project_log
+from .projector import project_log, while_files_change
 from .segments import open_segment
 from .verify import view_problem
 from .view import View, ViewDamaged, inspect_view, replace_view
@@ -215,9 +215,13 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
     _PRIVATE_VIEWS[private] = os.getpid()
     try:
         view = View(private)
-        with view.begin(write=True) as txn:
-            view.put_store_id(txn, log.store_id)
-            project_log(log, view, txn)
+
+        def build() -> None:
+            with view.begin(write=True) as txn:
+                view.put_store_id(txn, log.store_id)
+                project_log(log, view, txn)
+
+        while_files_change(log, build)
     except BaseException:
         remove_private_view(private)
         raise

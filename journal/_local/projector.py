@@ -6,9 +6,11 @@ the whole view, and a read-only reader's refresh of its private view.
 
 from __future__ import annotations
 
+import contextlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import pairwise
+from typing import TypeVar
 
 import lmdb
 
@@ -41,7 +43,9 @@ from .segments import KnownZeros, SegmentReader, frame_records, summarize_segmen
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
 from .view import Head, IdemEntry, View
 
-__all__ = ["Projection", "project_log", "project_segments"]
+__all__ = ["Projection", "project_log", "project_segments", "while_files_change"]
+
+T = TypeVar("T")
 
 
 class Projection:
@@ -622,3 +626,30 @@ def _highest_missing(log: SegmentLog, bases: list[int]) -> int:
         if next_base > expected:
             highest = next_base - 1
     return highest
+
+
+def while_files_change(log: SegmentLog, project: Callable[[], T]) -> T:
+    """`project()`, a projection of a reader that holds no lock (a read-only journal's
+    private view: its build at open and its refresh), run again when it failed on a
+    segment file that retention deleted or compaction replaced after it was listed: it
+    lists the segments again, without it. The last try holds the segment-files lock
+    (through a read-only descriptor; unlocked when the lock file cannot be opened), as
+    verify does; damage, which no change of files explains, fails every time.
+
+    `project` must leave nothing behind when it raises (its write transaction aborts).
+    (Before, the error itself was raised: `journal watch` or a read-only open failed with
+    "No such file or directory" now and then while a writer rotated segments under a
+    retention window; found by a long-running trial with a reader process beside it.)"""
+    for attempt in range(4):
+        last = attempt == 3
+        before = log.file_versions()
+        with contextlib.ExitStack() as stack:
+            if last:
+                with contextlib.suppress(OSError):
+                    stack.enter_context(log.files_lock(readonly=True))
+            try:
+                return project()
+            except (FileNotFoundError, JournalCorrupt):
+                if last or log.file_versions() == before:
+                    raise
+    raise AssertionError("unreachable")

@@ -8,7 +8,6 @@ store); `verify(fix=True)` rewrites bad sidecars and rebuilds the view in place.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -20,9 +19,7 @@ from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
 from .frames import (
-    COMPRESSED_SUFFIX,
     SEGMENT_HEADER_SIZE,
-    SEGMENT_SUFFIX,
     FrameInfo,
     segment_name,
     sidecar_name,
@@ -353,7 +350,7 @@ def verify_store(
     it when it cannot open the lock file)."""
     for attempt in range(4):
         last = attempt == 3
-        before = _segment_files(log)
+        before = log.file_versions()
         with contextlib.ExitStack() as stack:
             if last:
                 # (A reader that may not even open the lock file runs unlocked.)
@@ -362,25 +359,12 @@ def verify_store(
             try:
                 report = _verify_once(log, view, progress)
             except (FileNotFoundError, JournalCorrupt):
-                if last or _segment_files(log) == before:
+                if last or log.file_versions() == before:
                     raise
                 continue
-        if last or report.ok or _segment_files(log) == before:
+        if last or report.ok or log.file_versions() == before:
             return report
     raise AssertionError("unreachable")
-
-
-def _segment_files(log: SegmentLog) -> list[tuple[str, int, int]]:
-    """(name, inode, compressed size) of every segment file: what retention and
-    compaction change."""
-    found = []
-    for name in sorted(os.listdir(log.directory)):
-        if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(os.path.join(log.directory, name))
-                size = st.st_size if name.endswith(COMPRESSED_SUFFIX) else 0
-                found.append((name, st.st_ino, size))
-    return found
 
 
 def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> VerifyReport:
