@@ -23,6 +23,7 @@ import pytest
 from _procs_retention import NOBODY, Child, payload
 
 from journal import (
+    CursorExpired,
     EventIn,
     Journal,
     KeyRingError,
@@ -460,3 +461,25 @@ def test_a_private_view_build_goes_on_when_the_writer_deletes_a_segment_it_liste
             assert reader.get_session("a").first_ordinal == last + 1
             problems = reader.verify().problems  # (only the sidecar removed above)
             assert [p.what for p in problems] == ["sidecar missing or bad"], problems
+
+
+def test_a_private_view_reader_whose_next_page_was_deleted_gets_cursor_expired(
+    tmp_path: Path,
+) -> None:
+    """A page read retries on a fresh snapshot when the frame it points at was deleted;
+    a private view's fresh snapshot did not know of the trim until the view was refreshed,
+    so the replay raised `JournalCorrupt` ("points at ..., which does not exist") instead
+    of the documented `CursorExpired` (found by a long-running trial)."""
+    with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
+        writer.create_session("a")
+        _tiny(writer, "a", 20)
+        with Journal.open(tmp_path / "store", readonly=True) as reader:
+            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+            replay = reader.replay("a", max_bytes=1)  # (a page per event)
+            assert next(replay).ordinal == 1
+            writer.compact_session("a", 10, b"snapshot")
+            assert writer.apply_retention().deleted_segments
+            with pytest.raises(CursorExpired) as expired:
+                for _ in replay:
+                    pass
+            assert expired.value.earliest_ordinal == 11

@@ -723,8 +723,9 @@ class LocalEngine:
     ) -> EventsPage:
         if not isinstance(readers, ReaderCache):
             raise TypeError("readers must come from this engine's readers()")
+        refresh = None if self._private_dir is None else self._refresh_private_view
         return read_page(
-            self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers
+            self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers, refresh
         )
 
     @reads_disk

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 from operator import attrgetter
 from typing import Final
@@ -135,13 +135,20 @@ def read_page(
     max_bytes: int,
     context: ReadContext,
     readers: ReaderCache,
+    refresh: Callable[[], None] | None = None,
 ) -> EventsPage:
     """One page in one read snapshot (see `Engine.read`), retried on a fresh snapshot when
     retention deleted (or compaction dropped) a frame the snapshot still pointed at: the
     newer snapshot either no longer needs it or says the history expired. Real damage
-    fails again and is raised."""
+    fails again and is raised. `refresh` (a read-only journal's private view) brings the
+    view up to the log before a retry: only then does its fresh snapshot know of the trim
+    that let the frame go. (Without it, a private view's reader got `JournalCorrupt`
+    "points at ..., which does not exist" where the history had expired; found by a
+    long-running trial.)"""
     with readers.lock:
         for attempt in range(3):
+            if attempt and refresh is not None:
+                refresh()
             try:
                 with view.begin() as txn:
                     head = view.head(txn)
