@@ -483,3 +483,41 @@ def test_a_private_view_reader_whose_next_page_was_deleted_gets_cursor_expired(
                 for _ in replay:
                     pass
             assert expired.value.earliest_ordinal == 11
+
+
+def test_a_read_only_journal_beside_a_writer_in_one_process_keeps_the_views_locks(
+    tmp_path: Path,
+) -> None:
+    """LMDB's locks are fcntl locks, which a process loses on any close of a descriptor of
+    the lock file. Opening a read-only journal in a process that has the store open for
+    writing opened and closed `index/lock.mdb` before LMDB refused the second open (the
+    reader then uses a private view): the writer's process lost its locks, so the next
+    process to open the view took it for unused and reinitialized the lock file, wiping
+    the reader slot of the writer's read in progress (pages it still read could be reused;
+    a long-running trial saw `verify()` fail with lmdb.BadDbiError)."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as writer:
+        writer.create_session("a")
+        with Journal.open(store, readonly=True) as reader:
+            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+        view = writer._engine._view  # type: ignore[attr-defined]
+        with view.begin():  # a read in progress, as verify() holds one
+            result = subprocess.run(
+                [sys.executable, "-c", _OPEN_READ_ONLY, str(store)],
+                cwd=Path(__file__).resolve().parent.parent,  # (this checkout's `journal`)
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert result.returncode == 0, result.stderr
+            assert f" {os.getpid()} " in f" {view.env.readers()} ", view.env.readers()
+        assert writer.verify().ok
+
+
+_OPEN_READ_ONLY = """
+import sys
+from journal import Journal
+with Journal.open(sys.argv[1], readonly=True) as reader:
+    assert reader._engine._private_dir is None  # (the store's view)
+    reader.get_session("a")
+"""
