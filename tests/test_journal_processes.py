@@ -322,3 +322,41 @@ def test_open_recovers_when_killed_between_creating_a_segment_and_writing_its_he
     with Journal.open(store, create=False, durability="os", segment_bytes=16 << 10) as j:
         assert j.append("s1", [EventIn(type="m", data=b"after")]).first_ordinal == len(events) + 1
     assert [e.data for e in read_session(store, "s1", 16 << 10)] == [*survivors, b"after"]
+
+
+_KILLED_WHILE_RECORDING = """
+import os, signal, sys
+from journal import Journal, RetentionPolicy
+from journal._local.files import FileOps
+
+class KilledAtRename(FileOps):
+    def replace(self, source, destination):
+        if source.endswith(".tmp") and os.path.basename(destination) == "store.json":
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().replace(source, destination)
+
+Journal.open(sys.argv[1], retention=RetentionPolicy(max_history_bytes=12345),
+             file_ops=KilledAtRename())
+"""
+
+
+def test_writable_open_deletes_temporary_files_a_killed_process_left_in_the_store(
+    tmp_path: Path,
+) -> None:
+    # Regression (found by a SIGKILL trial that kills openers at random): a process killed
+    # while it recorded a new retention policy (or file mode) in store.json left
+    # `store.json.<pid>.tmp` in the store's directory, and no later open deleted it; the
+    # clean-up of a dead process's temporary files covered `segments/` only.
+    store = tmp_path / "store"
+    Journal.open(store, create=True).close()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_WHILE_RECORDING, str(store)], env=env, timeout=START_S
+    )
+    assert child.returncode == -signal.SIGKILL
+    assert [p.name for p in store.glob("store.json.*.tmp")], "the child left no temporary file"
+    with Journal.open(store) as j:  # a writer's open cleans up after the dead process
+        assert j.append("s", [EventIn(type="m", data=b"x")], create=True).first_ordinal == 1
+    assert sorted(p.name for p in store.glob("*.tmp")) == []
+    assert sorted(p.name for p in store.glob(".*.tmp")) == []

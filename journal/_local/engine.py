@@ -102,7 +102,7 @@ from .leases import (
     remove_evicted_locks,
     take_lock,
 )
-from .log import SegmentLog
+from .log import SegmentLog, process_alive
 from .opening import (
     discard_view_after_reboot,
     key_ring_for,
@@ -116,7 +116,13 @@ from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
 from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
-from .store_file import STORE_FORMAT, create_store, load_store, record_in_store
+from .store_file import (
+    STORE_FORMAT,
+    create_store,
+    load_store,
+    record_in_store,
+    remove_stray_temporaries,
+)
 from .stored import stored_record
 from .verify import verify_store
 from .view import Head
@@ -256,6 +262,7 @@ class LocalEngine:
         self._shared_damage: VerifyProblem | None = None
         index = os.path.join(path, "index")
         if not readonly:
+            remove_stray_temporaries(path, process_alive)
             discard_view_after_reboot(path, permissions, BOOT_ID)
             self._view = open_checked_view(index, permissions)
         else:

@@ -14,11 +14,13 @@ default one, until a writer opened with a policy records it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,10 +31,21 @@ from ..errors import InvalidArgument, StoreIncompatible
 from ..models import RetentionPolicy
 from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, open_regular, write_atomic
 
-__all__ = ["STORE_FORMAT", "StoreFile", "create_store", "load_store", "record_in_store"]
+__all__ = [
+    "STORE_FORMAT",
+    "StoreFile",
+    "create_store",
+    "load_store",
+    "record_in_store",
+    "remove_stray_temporaries",
+]
 
 STORE_FORMAT: Final = 1
 _OCTAL: Final = re.compile(r"[0-7]{3,4}")
+# The temporary files written in the store's own directory: `store.json` (created, or
+# replaced to record a mode or policy), the key ring (`.keys.<pid>.<hex>.tmp`) and the
+# view's boot marker; the group is the writing process's id.
+_TEMPORARY: Final = re.compile(r"(?:store\.json|\.keys|view-boot)\.([0-9]+)\.(?:[0-9a-f]+\.)?tmp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,19 @@ def create_store(path: str, permissions: Permissions, retention: RetentionPolicy
     finally:
         os.unlink(temporary)
     fsync_dir(path)
+
+
+def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
+    """Delete the temporary files a process that is gone left in the store's directory
+    (killed while it created `store.json`, recorded a mode or policy in it, wrote the key
+    ring or the boot marker): the writer's open does this as it does for `segments/`
+    (SPEC 3). A live process's file is left alone (it is still being written)."""
+    for name in os.listdir(path):
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
 
 
 def load_store(store_file: str) -> StoreFile:
