@@ -14,17 +14,33 @@ The data file is not written through a mapping (no environment is opened with
 `writemap`): LMDB writes it with `pwrite`, whose ENOSPC comes back as an `lmdb.Error`
 (`failures.os_error_of`); only a data file shorter than its meta pages can make its read
 mapping fault, which `lmdbfile` checks before a view is opened.
+
+It also keeps the registry of the environments this process has open, so that a second
+open of one is refused before any of its files is opened (and closed, which would drop the
+process's locks on it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import threading
 from typing import Final
+
+import lmdb
 
 from .files import NotRegularFile, Permissions, check_regular, open_regular
 
-__all__ = ["MAX_READERS", "check_files", "lock_file_bytes", "prepare_environment"]
+__all__ = [
+    "MAX_READERS",
+    "check_files",
+    "lock_file_bytes",
+    "prepare_environment",
+    "refuse_if_open_here",
+    "register_open",
+    "unregister_open",
+]
 
 # The reader slots of the store's view (SPEC 7.2).
 MAX_READERS: Final = 1024
@@ -87,3 +103,51 @@ def _allocate_lock_file(path: str, max_readers: int, permissions: Permissions | 
                 ) from e
     finally:
         os.close(fd)
+
+
+# The files (device, inode of `data.mdb` and `lock.mdb`) of every environment this
+# process has open, with the pid that opened it (a forked child's copies are not its own).
+# LMDB's locks are POSIX fcntl locks, which a process loses on *any* close of a descriptor
+# of the file: a second open of an environment this process has open, which py-lmdb
+# refuses only after `prepare_environment` opened and closed the lock file, released the
+# locks of the first. Then the next process to open the view took it for unused and
+# reinitialized its lock file, wiping the reader table (a long read, such as `verify()`,
+# of this process then read pages the writer reused: `lmdb.BadDbiError` escaped it) and
+# the writer mutex. A read-only journal opened beside a writable one in one process did
+# that, found by a long-running trial.
+_OPEN_FILES: dict[tuple[int, int], int] = {}
+_OPEN_FILES_LOCK = threading.Lock()
+
+
+def _environment_files(path: str) -> list[tuple[int, int]]:
+    found = []
+    for name in ("data.mdb", "lock.mdb"):
+        with contextlib.suppress(OSError):
+            st = os.stat(os.path.join(path, name))
+            found.append((st.st_dev, st.st_ino))
+    return found
+
+
+def refuse_if_open_here(path: str) -> None:
+    """`lmdb.Error` ("already open", as py-lmdb says it) when this process has the
+    environment at `path` open, before any of its files is opened."""
+    pid = os.getpid()
+    with _OPEN_FILES_LOCK:
+        if any(_OPEN_FILES.get(key) == pid for key in _environment_files(path)):
+            raise lmdb.Error(f"The environment {path!r} is already open in this process.")
+
+
+def register_open(path: str) -> list[tuple[int, int]]:
+    keys = _environment_files(path)
+    with _OPEN_FILES_LOCK:
+        for key in keys:
+            _OPEN_FILES[key] = os.getpid()
+    return keys
+
+
+def unregister_open(keys: list[tuple[int, int]]) -> None:
+    pid = os.getpid()
+    with _OPEN_FILES_LOCK:
+        for key in keys:
+            if _OPEN_FILES.get(key) == pid:
+                del _OPEN_FILES[key]

@@ -56,7 +56,14 @@ from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
 from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions
-from .lmdbenv import MAX_READERS, check_files, prepare_environment
+from .lmdbenv import (
+    MAX_READERS,
+    check_files,
+    prepare_environment,
+    refuse_if_open_here,
+    register_open,
+    unregister_open,
+)
 from .lmdbfile import EntryCheck, check_data_file, file_identity
 from .retention_index import RetentionIndex
 from .state_index import StateIndex
@@ -207,54 +214,6 @@ def inspect_view(path: str) -> str | None:
     return None
 
 
-# The files (device, inode of `data.mdb` and `lock.mdb`) of every environment this
-# process has open, with the pid that opened it (a forked child's copies are not its own).
-# LMDB's locks are POSIX fcntl locks, which a process loses on *any* close of a descriptor
-# of the file: a second open of an environment this process has open, which py-lmdb
-# refuses only after `prepare_environment` opened and closed the lock file, released the
-# locks of the first. Then the next process to open the view took it for unused and
-# reinitialized its lock file, wiping the reader table (a long read, such as `verify()`,
-# of this process then read pages the writer reused: `lmdb.BadDbiError` escaped it) and
-# the writer mutex. A read-only journal opened beside a writable one in one process did
-# that, found by a long-running trial.
-_OPEN_FILES: dict[tuple[int, int], int] = {}
-_OPEN_FILES_LOCK = threading.Lock()
-
-
-def _environment_files(path: str) -> list[tuple[int, int]]:
-    found = []
-    for name in ("data.mdb", "lock.mdb"):
-        with contextlib.suppress(OSError):
-            st = os.stat(os.path.join(path, name))
-            found.append((st.st_dev, st.st_ino))
-    return found
-
-
-def _refuse_if_open_here(path: str) -> None:
-    """`lmdb.Error` ("already open", as py-lmdb says it) when this process has the
-    environment at `path` open, before any of its files is opened."""
-    pid = os.getpid()
-    with _OPEN_FILES_LOCK:
-        if any(_OPEN_FILES.get(key) == pid for key in _environment_files(path)):
-            raise lmdb.Error(f"The environment {path!r} is already open in this process.")
-
-
-def _register_open(path: str) -> list[tuple[int, int]]:
-    keys = _environment_files(path)
-    with _OPEN_FILES_LOCK:
-        for key in keys:
-            _OPEN_FILES[key] = os.getpid()
-    return keys
-
-
-def _unregister_open(keys: list[tuple[int, int]]) -> None:
-    pid = os.getpid()
-    with _OPEN_FILES_LOCK:
-        for key in keys:
-            if _OPEN_FILES.get(key) == pid:
-                del _OPEN_FILES[key]
-
-
 def replace_view(
     path: str,
     env: lmdb.Environment | None,
@@ -355,7 +314,7 @@ class View:
         # Environments replaced by a repair: transactions other threads still hold on
         # them stay valid until the view closes.
         self._retired: list[lmdb.Environment] = []
-        # The files of the environments it opened (`_OPEN_FILES`), released at close.
+        # The files of the environments it opened (`lmdbenv.register_open`), released at close.
         self._open_files: list[tuple[int, int]] = []
         self._open_environment()
 
@@ -364,7 +323,7 @@ class View:
         path = self.path
         permissions = self._permissions
         created: list[str] = []
-        _refuse_if_open_here(path)
+        refuse_if_open_here(path)
         if not readonly:
             permissions.make_dirs(path)
             created = [
@@ -390,7 +349,7 @@ class View:
             lock=True,
             subdir=True,
         )
-        opened = _register_open(path)
+        opened = register_open(path)
         try:
             for file in created:
                 # LMDB creates its files with the mode less the umask: give them the mode.
@@ -405,7 +364,7 @@ class View:
                     handles = [_open_db(self.env, name, txn) for name in _NAMES]
         except BaseException:
             self.env.close()  # (not kept open by a view nobody can close)
-            _unregister_open(opened)
+            unregister_open(opened)
             raise
         self._open_files += opened
         self._handles = handles
@@ -519,7 +478,7 @@ class View:
         self.env.close()
         for env in self._retired:
             env.close()
-        _unregister_open(self._open_files)
+        unregister_open(self._open_files)
 
     def clear(self, txn: lmdb.Transaction) -> None:
         """Empty every database (before a rebuild)."""
