@@ -360,3 +360,30 @@ def test_writable_open_deletes_temporary_files_a_killed_process_left_in_the_stor
         assert j.append("s", [EventIn(type="m", data=b"x")], create=True).first_ordinal == 1
     assert sorted(p.name for p in store.glob("*.tmp")) == []
     assert sorted(p.name for p in store.glob(".*.tmp")) == []
+
+
+def test_writable_open_deletes_a_view_a_killed_process_moved_aside(tmp_path: Path) -> None:
+    # A gap a crash trial noted: a process killed between moving the view aside
+    # (from before a reboot: `index.stale-<pid>`; damaged: `index.damaged-<pid>-<ns>`) and
+    # deleting it left the directory, the size of a whole view, in the store for good.
+    store = tmp_path / "store"
+    Journal.open(store, create=True).close()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        timeout=START_S,
+        check=True,
+    )
+    dead = int(gone.stdout)
+    for name in (
+        f"index.stale-{dead}",
+        f"index.damaged-{dead}-1796272208796000000",
+        f"index.stale-{os.getpid()}",
+    ):
+        (store / name).mkdir()
+        (store / name / "data.mdb").write_bytes(b"\0" * 4096)
+    with Journal.open(store) as j:
+        assert j.append("s", [EventIn(type="m", data=b"x")], create=True).first_ordinal == 1
+    # (a live process's directory is its own to delete)
+    assert sorted(p.name for p in store.glob("index*")) == ["index", f"index.stale-{os.getpid()}"]

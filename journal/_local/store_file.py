@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import stat
 import threading
 from collections.abc import Callable
@@ -46,6 +47,9 @@ _OCTAL: Final = re.compile(r"[0-7]{3,4}")
 # replaced to record a mode or policy), the key ring (`.keys.<pid>.<hex>.tmp`) and the
 # view's boot marker; the group is the writing process's id.
 _TEMPORARY: Final = re.compile(r"(?:store\.json|\.keys|view-boot)\.([0-9]+)\.(?:[0-9a-f]+\.)?tmp")
+# A view moved aside to be deleted (from before a reboot: `index.stale-<pid>`; damaged:
+# `index.damaged-<pid>-<ns>`) by a process killed before it deleted the directory.
+_VIEW_ASIDE: Final = re.compile(r"index\.(?:stale|damaged)-([0-9]+)(?:-[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +98,18 @@ def create_store(path: str, permissions: Permissions, retention: RetentionPolicy
 def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
     """Delete the temporary files a process that is gone left in the store's directory
     (killed while it created `store.json`, recorded a mode or policy in it, wrote the key
-    ring or the boot marker): the writer's open does this as it does for `segments/`
-    (SPEC 3). A live process's file is left alone (it is still being written)."""
+    ring or the boot marker) or a view it moved aside to delete: the writer's open does
+    this as it does for `segments/` (SPEC 3). A live process's file is left alone (it is
+    still being written)."""
     for name in os.listdir(path):
         match = _TEMPORARY.fullmatch(name)
-        if match is None or alive(int(match.group(1))):
+        if match is not None and not alive(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(path, name))
             continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(path, name))
+        match = _VIEW_ASIDE.fullmatch(name)
+        if match is not None and not alive(int(match.group(1))):
+            shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
 
 def load_store(store_file: str) -> StoreFile:
