@@ -628,13 +628,21 @@ def _highest_missing(log: SegmentLog, bases: list[int]) -> int:
     return highest
 
 
-def while_files_change(log: SegmentLog, project: Callable[[], T]) -> T:
+def while_files_change(
+    log: SegmentLog,
+    project: Callable[[], T],
+    *,
+    readonly_lock: bool = True,
+    settled: Callable[[T], bool] = lambda result: True,
+) -> T:
     """`project()`, a projection of a reader that holds no lock (a read-only journal's
     private view: its build at open and its refresh), run again when it failed on a
     segment file that retention deleted or compaction replaced after it was listed: it
     lists the segments again, without it. The last try holds the segment-files lock
     (through a read-only descriptor; unlocked when the lock file cannot be opened), as
-    verify does; damage, which no change of files explains, fails every time.
+    `verify` does (through this, with `settled`: a report with problems counts only when
+    the files did not change meanwhile); damage, which no change of files explains,
+    fails every time.
 
     `project` must leave nothing behind when it raises (its write transaction aborts).
     (Before, the error itself was raised: `journal watch` or a read-only open failed with
@@ -645,11 +653,15 @@ def while_files_change(log: SegmentLog, project: Callable[[], T]) -> T:
         before = log.file_versions()
         with contextlib.ExitStack() as stack:
             if last:
+                # (A reader that may not even open the lock file runs unlocked.)
                 with contextlib.suppress(OSError):
-                    stack.enter_context(log.files_lock(readonly=True))
+                    stack.enter_context(log.files_lock(readonly=readonly_lock))
             try:
-                return project()
+                result = project()
             except (FileNotFoundError, JournalCorrupt):
                 if last or log.file_versions() == before:
                     raise
+                continue
+        if last or settled(result) or log.file_versions() == before:
+            return result
     raise AssertionError("unreachable")

@@ -7,7 +7,6 @@ store); `verify(fix=True)` rewrites bad sidecars and rebuilds the view in place.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from .frames import (
     sidecar_name,
 )
 from .log import SegmentLog
-from .projector import project_log
+from .projector import project_log, while_files_change
 from .segments import LogHole, SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary, write_summary
 from .view import Head, View
@@ -348,23 +347,12 @@ def verify_store(
     change is repeated (the last time under the segment-files lock, which holds them
     still; a read-only reader takes it through a read-only descriptor, or runs without
     it when it cannot open the lock file)."""
-    for attempt in range(4):
-        last = attempt == 3
-        before = log.file_versions()
-        with contextlib.ExitStack() as stack:
-            if last:
-                # (A reader that may not even open the lock file runs unlocked.)
-                with contextlib.suppress(OSError):
-                    stack.enter_context(log.files_lock(readonly=not lock))
-            try:
-                report = _verify_once(log, view, progress)
-            except (FileNotFoundError, JournalCorrupt):
-                if last or log.file_versions() == before:
-                    raise
-                continue
-        if last or report.ok or log.file_versions() == before:
-            return report
-    raise AssertionError("unreachable")
+    return while_files_change(
+        log,
+        lambda: _verify_once(log, view, progress),
+        readonly_lock=not lock,
+        settled=lambda report: report.ok,
+    )
 
 
 def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> VerifyReport:
