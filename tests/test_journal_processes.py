@@ -364,7 +364,7 @@ def test_writable_open_deletes_temporary_files_a_killed_process_left_in_the_stor
 
 def test_writable_open_deletes_a_view_a_killed_process_moved_aside(tmp_path: Path) -> None:
     # A gap a crash trial noted: a process killed between moving the view aside
-    # (from before a reboot: `index.stale-<pid>`; damaged: `index.damaged-<pid>-<ns>`) and
+    # (from before a reboot: `index.stale-<pid>-<ns>`; damaged: `index.damaged-<pid>-<ns>`) and
     # deleting it left the directory, the size of a whole view, in the store for good.
     store = tmp_path / "store"
     Journal.open(store, create=True).close()
@@ -377,13 +377,17 @@ def test_writable_open_deletes_a_view_a_killed_process_moved_aside(tmp_path: Pat
     )
     dead = int(gone.stdout)
     for name in (
-        f"index.stale-{dead}",
-        f"index.damaged-{dead}-1796272208796000000",
-        f"index.stale-{os.getpid()}",
+        f"index.stale-{dead}-1796272208796000000",
+        f"index.damaged-{dead}-1796272208796000001",
+        f"index.stale-{os.getpid()}-1",  # a live process's
+        f"index.stale-{dead}",  # not a name the store makes (a user's)
+        "index.stale-9999999999-1",  # no process has that id (os.kill: OverflowError)
     ):
         (store / name).mkdir()
         (store / name / "data.mdb").write_bytes(b"\0" * 4096)
     with Journal.open(store) as j:
         assert j.append("s", [EventIn(type="m", data=b"x")], create=True).first_ordinal == 1
     # (a live process's directory is its own to delete)
-    assert sorted(p.name for p in store.glob("index*")) == ["index", f"index.stale-{os.getpid()}"]
+    assert sorted(p.name for p in store.glob("index*")) == sorted(
+        ["index", f"index.stale-{os.getpid()}-1", f"index.stale-{dead}"]
+    )

@@ -30,6 +30,7 @@ from journal import (
     ReadOnlyStore,
     RetentionPolicy,
     SessionState,
+    StoreUnavailable,
 )
 
 KEY = "6b" * 32  # 32 bytes, hex
@@ -521,3 +522,26 @@ with Journal.open(sys.argv[1], readonly=True) as reader:
     assert reader._engine._private_dir is None  # (the store's view)
     reader.get_session("a")
 """
+
+
+def test_a_writable_open_beside_a_read_only_journal_leaves_its_damaged_view_alone(
+    tmp_path: Path,
+) -> None:
+    """A writable open replaces a damaged view (opening its lock file to take LMDB's
+    writer lock first): in a process whose read-only journal has that view open, the
+    close of that descriptor dropped the reader's fcntl locks, and the view directory was
+    renamed from under it. Now refused before any file of the view is opened."""
+    store = tmp_path / "store"
+    with Journal.open(store, create=True) as writer:
+        writer.create_session("a")
+    with Journal.open(store, readonly=True) as reader:
+        reader.get_session("a")
+        index = store / "index"
+        before = os.stat(index).st_ino
+        data = index / "data.mdb"
+        with open(data, "r+b") as f:  # every page past the two meta pages
+            f.seek(2 * 4096)
+            f.write(b"\xff" * (data.stat().st_size - 2 * 4096))
+        with pytest.raises(StoreUnavailable, match="open already"):
+            Journal.open(store)
+        assert os.stat(index).st_ino == before

@@ -34,6 +34,7 @@ from .files import NotRegularFile, Permissions, check_regular, open_regular
 
 __all__ = [
     "MAX_READERS",
+    "OPENING",
     "check_files",
     "lock_file_bytes",
     "prepare_environment",
@@ -116,7 +117,11 @@ def _allocate_lock_file(path: str, max_readers: int, permissions: Permissions | 
 # the writer mutex. A read-only journal opened beside a writable one in one process did
 # that, found by a long-running trial.
 _OPEN_FILES: dict[tuple[int, int], int] = {}
-_OPEN_FILES_LOCK = threading.Lock()
+# Held by a thread from its check that an environment is not open here until it has
+# registered the one it opened (`View`), so two threads of one process opening the store
+# cannot both pass the check: the second's open would close the first's lock file.
+OPENING: Final = threading.RLock()
+_OPEN_FILES_LOCK: Final = OPENING
 
 
 def _environment_files(path: str) -> list[tuple[int, int]]:

@@ -55,7 +55,7 @@ _FEED_FLOOR_MAGIC = b"jff1"
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # (a number no process can have)
         return False
     except PermissionError:
         return True

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from typing import Final
 
 import lmdb
@@ -28,6 +29,7 @@ from .frames import (
     segment_name,
 )
 from .leases import BOOT_ID
+from .lmdbenv import refuse_if_open_here
 from .lmdbfile import file_identity
 from .log import SegmentLog
 from .projector import project_log, while_files_change
@@ -69,6 +71,8 @@ def open_checked_view(index: str, permissions: Permissions) -> View:
     """The store's view for a writer. A view that fails the file check (SPEC "a damaged
     view") is replaced by an empty one first, which the first commit rebuilds from the
     log."""
+    # (Before any file of it is opened: replacing a damaged view opens its lock file.)
+    refuse_if_open_here(index)
     identity = file_identity(index)
     damage = inspect_view(index)
     if damage is not None:
@@ -171,7 +175,7 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
             return
         index = os.path.join(path, "index")
         if recorded is not None and os.path.isdir(index):
-            stale = f"{index}.stale-{os.getpid()}"
+            stale = f"{index}.stale-{os.getpid()}-{time.time_ns()}"
             os.rename(index, stale)
             shutil.rmtree(stale, ignore_errors=True)
         permissions.make_dirs(index)

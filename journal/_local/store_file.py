@@ -47,9 +47,9 @@ _OCTAL: Final = re.compile(r"[0-7]{3,4}")
 # replaced to record a mode or policy), the key ring (`.keys.<pid>.<hex>.tmp`) and the
 # view's boot marker; the group is the writing process's id.
 _TEMPORARY: Final = re.compile(r"(?:store\.json|\.keys|view-boot)\.([0-9]+)\.(?:[0-9a-f]+\.)?tmp")
-# A view moved aside to be deleted (from before a reboot: `index.stale-<pid>`; damaged:
-# `index.damaged-<pid>-<ns>`) by a process killed before it deleted the directory.
-_VIEW_ASIDE: Final = re.compile(r"index\.(?:stale|damaged)-([0-9]+)(?:-[0-9]+)?")
+# A view moved aside to be deleted (from before a reboot: `index.stale-<pid>-<ns>`;
+# damaged: `index.damaged-<pid>-<ns>`) by a process killed before it deleted it.
+_VIEW_ASIDE: Final = re.compile(r"index\.(?:stale|damaged)-([0-9]{1,10})-[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)

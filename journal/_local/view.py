@@ -58,6 +58,7 @@ from .events_index import EventsIndex, Location
 from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions
 from .lmdbenv import (
     MAX_READERS,
+    OPENING,
     check_files,
     prepare_environment,
     refuse_if_open_here,
@@ -323,33 +324,34 @@ class View:
         path = self.path
         permissions = self._permissions
         created: list[str] = []
-        refuse_if_open_here(path)
-        if not readonly:
-            permissions.make_dirs(path)
-            created = [
-                file
-                for file in (os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb"))
-                if not os.path.exists(file)
-            ]
-        # (Before LMDB: a FIFO in place of a file, a full disk under its lock file.)
-        prepare_environment(path, MAX_READERS, None if readonly else permissions)
-        self.env = lmdb.open(
-            path,
-            mode=permissions.file,
-            map_size=_INITIAL_MAP_SIZE,
-            max_dbs=16,
-            max_readers=MAX_READERS,
-            # No cached read transaction (SPEC 7, "Across fork()"): a forked child's close
-            # would free its reader slot, which the parent's copy then reuses unregistered.
-            max_spare_txns=0,
-            sync=False,
-            metasync=False,
-            readahead=False,
-            readonly=readonly,
-            lock=True,
-            subdir=True,
-        )
-        opened = register_open(path)
+        with OPENING:  # (until this environment is registered)
+            refuse_if_open_here(path)
+            if not readonly:
+                permissions.make_dirs(path)
+                created = [
+                    file
+                    for file in (os.path.join(path, "data.mdb"), os.path.join(path, "lock.mdb"))
+                    if not os.path.exists(file)
+                ]
+            # (Before LMDB: a FIFO in place of a file, a full disk under its lock file.)
+            prepare_environment(path, MAX_READERS, None if readonly else permissions)
+            self.env = lmdb.open(
+                path,
+                mode=permissions.file,
+                map_size=_INITIAL_MAP_SIZE,
+                max_dbs=16,
+                max_readers=MAX_READERS,
+                # No cached read transaction (SPEC 7, "Across fork()"): a forked child's close
+                # would free its reader slot, which the parent's copy then reuses unregistered.
+                max_spare_txns=0,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                readonly=readonly,
+                lock=True,
+                subdir=True,
+            )
+            opened = register_open(path)
         try:
             for file in created:
                 # LMDB creates its files with the mode less the umask: give them the mode.
