@@ -65,6 +65,8 @@ from .layout import (
     Heartbeat,
     Meta,
     Subjects,
+    stream_config,
+    stream_differences,
 )
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import IMPORT_REFUSAL, Writer
@@ -216,19 +218,6 @@ def _start_time(pid: int) -> int:
     return process_start_time(pid)
 
 
-# Settings of the store's stream that keep every message until the journal purges it (the
-# server's values for "no limit"); a stream without them is another tool's.
-_STREAM_KEEPS_ALL: Final = {
-    "retention": "limits",
-    "storage": "file",
-    "max_age": 0,
-    "max_msgs": -1,
-    "max_bytes": -1,
-    "max_msgs_per_subject": -1,
-    "sealed": False,
-}
-
-
 class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
@@ -336,21 +325,7 @@ class JetStreamEngine:
     def _check_stream(self, options: JetStreamOptions, config: dict[str, Any]) -> None:
         """A stream of the journal's name that another tool (or an older set-up) made is
         refused before anything is written to it, naming what differs (SPEC 16.1)."""
-        wrong = []
-        if config.get("subjects") != [self.subjects.all]:
-            wrong.append(f"subjects {config.get('subjects')!r}, not [{self.subjects.all!r}]")
-        wrong += [
-            f"{flag} is off"
-            for flag in ("allow_atomic", "allow_direct", "allow_rollup_hdrs")
-            if not config.get(flag)
-        ]
-        # What would drop messages the journal keeps (its identity, rows, events) or
-        # refuse its trims: the journal trims per session itself (section 16.1).
-        wrong += [
-            f"{setting} is {config.get(setting)!r}, not {wanted!r}"
-            for setting, wanted in _STREAM_KEEPS_ALL.items()
-            if config.get(setting, wanted) != wanted
-        ]
+        wrong = stream_differences(config, self.subjects.all)
         if wrong:
             raise StoreIncompatible(
                 f"stream {self.conn.stream} was not made by session-journal for store "
@@ -381,21 +356,7 @@ class JetStreamEngine:
         return given or recorded or RetentionPolicy()
 
     async def _create_stream(self, options: JetStreamOptions) -> None:
-        config = {
-            "name": self.conn.stream,
-            "subjects": [self.subjects.all],
-            "storage": "file",
-            "retention": "limits",
-            "num_replicas": options.replicas,
-            "allow_direct": True,
-            "allow_atomic": True,
-            "allow_rollup_hdrs": True,
-            "deny_delete": False,
-            "deny_purge": False,
-            "max_msg_size": MAX_MSG_BYTES,
-            "discard": "new",
-            "duplicate_window": 120_000_000_000,
-        }
+        config = stream_config(self.conn.stream, self.subjects.all, options.replicas, MAX_MSG_BYTES)
         try:
             await self.conn.api(f"$JS.API.STREAM.CREATE.{self.conn.stream}", config)
         except ApiError as e:

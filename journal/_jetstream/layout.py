@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -50,6 +50,8 @@ __all__ = [
     "Subjects",
     "check_store_name",
     "resolve",
+    "stream_config",
+    "stream_differences",
 ]
 
 FORMAT: Final = 1
@@ -218,3 +220,51 @@ MARKER_DECODER: Final = msgspec.msgpack.Decoder(Marker)
 SNAPSHOT_DECODER: Final = msgspec.msgpack.Decoder(StoredSnapshot)
 META_DECODER: Final = msgspec.msgpack.Decoder(Meta)
 HEARTBEAT_DECODER: Final = msgspec.msgpack.Decoder(Heartbeat)
+
+
+# Settings of the store's stream that keep every message until the journal purges it (the
+# server's values for "no limit"); a stream without them is another tool's.
+_STREAM_KEEPS_ALL: Final = {
+    "retention": "limits",
+    "storage": "file",
+    "max_age": 0,
+    "max_msgs": -1,
+    "max_bytes": -1,
+    "max_msgs_per_subject": -1,
+    "sealed": False,
+}
+# The flags the journal's commits and reads need (atomic batches, direct gets, rollups).
+_STREAM_FLAGS: Final = ("allow_atomic", "allow_direct", "allow_rollup_hdrs")
+
+
+def stream_config(stream: str, subjects: str, replicas: int, max_msg_bytes: int) -> dict[str, Any]:
+    """The configuration of a new store's stream."""
+    return {
+        "name": stream,
+        "subjects": [subjects],
+        **_STREAM_KEEPS_ALL,
+        "num_replicas": replicas,
+        **dict.fromkeys(_STREAM_FLAGS, True),
+        "deny_delete": False,
+        "deny_purge": False,
+        "max_msg_size": max_msg_bytes,
+        "discard": "new",
+        "duplicate_window": 120_000_000_000,
+    }
+
+
+def stream_differences(config: dict[str, Any], subjects: str) -> list[str]:
+    """What makes an existing stream's configuration not one the journal made: empty when
+    it is the journal's."""
+    wrong = []
+    if config.get("subjects") != [subjects]:
+        wrong.append(f"subjects {config.get('subjects')!r}, not [{subjects!r}]")
+    wrong += [f"{flag} is off" for flag in _STREAM_FLAGS if not config.get(flag)]
+    # What would drop messages the journal keeps (its identity, rows, events) or refuse
+    # its trims: the journal trims per session itself (section 16.1).
+    wrong += [
+        f"{setting} is {config.get(setting)!r}, not {wanted!r}"
+        for setting, wanted in _STREAM_KEEPS_ALL.items()
+        if config.get(setting, wanted) != wanted
+    ]
+    return wrong
