@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import Final, Literal, TypeVar
 
 import lmdb
@@ -111,7 +112,7 @@ from .opening import (
     remove_private_view,
 )
 from .planner import Planner, Request, SealRetention
-from .projector import Projection, project_log, project_segments, while_files_change
+from .projector import Projection, project_log, project_new, project_segments, while_files_change
 from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
 from .segments import KnownZeros, LogHole
@@ -423,27 +424,7 @@ class LocalEngine:
                 return
             # (Retried, in a new transaction, on a fresh listing of the segments when one
             # listed was deleted or replaced meanwhile: `while_files_change`.)
-            while_files_change(self._log, self._project_new)
-
-    def _project_new(self) -> None:
-        """Project the frames after the private view's head into it, in one write
-        transaction (aborted if it fails), with the pruning of the feed below."""
-        view = self._view
-        with view.begin(write=True) as txn:
-            head = view.head(txn)
-            assert head is not None  # (a private view has one from its build)
-            projection = Projection(view, txn, head, self._ops)
-            project_segments(self._log, projection)
-            projection.flush()
-            # Changes the writer pruned meanwhile, maybe past this view's head: a
-            # lifecycle cursor from before them must expire here too, and their entries
-            # go here as well (none at or below the floor is ever read), so a long-lived
-            # reader's view does not keep every change ever made.
-            floor = self._log.feed_floor() or 0
-            below = view.feed_floor(txn)
-            if floor > below:
-                view.prune_feed(txn, below + 1, floor)
-                view.raise_feed_floor(txn, floor)
+            while_files_change(self._log, partial(project_new, self._log, view, self._ops))
 
     # -- the commit path -------------------------------------------------------------------
 

@@ -121,7 +121,6 @@ _OPEN_FILES: dict[tuple[int, int], int] = {}
 # registered the one it opened (`View`), so two threads of one process opening the store
 # cannot both pass the check: the second's open would close the first's lock file.
 OPENING: Final = threading.RLock()
-_OPEN_FILES_LOCK: Final = OPENING
 
 
 def _environment_files(path: str) -> list[tuple[int, int]]:
@@ -137,14 +136,14 @@ def refuse_if_open_here(path: str) -> None:
     """`lmdb.Error` ("already open", as py-lmdb says it) when this process has the
     environment at `path` open, before any of its files is opened."""
     pid = os.getpid()
-    with _OPEN_FILES_LOCK:
+    with OPENING:
         if any(_OPEN_FILES.get(key) == pid for key in _environment_files(path)):
             raise lmdb.Error(f"The environment {path!r} is already open in this process.")
 
 
 def register_open(path: str) -> list[tuple[int, int]]:
     keys = _environment_files(path)
-    with _OPEN_FILES_LOCK:
+    with OPENING:
         for key in keys:
             _OPEN_FILES[key] = os.getpid()
     return keys
@@ -152,7 +151,7 @@ def register_open(path: str) -> list[tuple[int, int]]:
 
 def unregister_open(keys: list[tuple[int, int]]) -> None:
     pid = os.getpid()
-    with _OPEN_FILES_LOCK:
+    with OPENING:
         for key in keys:
             if _OPEN_FILES.get(key) == pid:
                 del _OPEN_FILES[key]
