@@ -15,9 +15,10 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 import pytest
 from _procs_retention import NOBODY, Child, payload
@@ -32,6 +33,7 @@ from journal import (
     SessionState,
     StoreUnavailable,
 )
+from journal._local.files import FAULT_POINTS, FileOps
 
 KEY = "6b" * 32  # 32 bytes, hex
 SEGMENT_BYTES = 16 << 10
@@ -398,34 +400,33 @@ def test_a_private_view_follows_the_log_when_the_segment_after_its_head_was_dele
 # watch` and `journal sessions show` beside a writer under a retention window).
 
 
-def _delete_on_first_read(
-    monkeypatch: pytest.MonkeyPatch, before_first: Callable[[], None]
-) -> list[int]:
-    """Runs `before_first` when the projector opens its first segment (after it listed
-    them); the bases it opened."""
-    from journal._local import projector
+class _OnFirstSegment(FileOps):
+    """Runs `before_first` (once armed) when a projection opens its first segment, after
+    it listed them (the fault point "projection.segment"); `opened`: the bases opened."""
 
-    real = projector.SegmentReader
-    opened: list[int] = []
+    def __init__(self) -> None:
+        self.before_first: Callable[[], None] | None = None
+        self.opened: list[int] = []
 
-    def reader(directory: str, base: int, *args: Any, **kwargs: Any) -> Any:
-        if not opened:
-            before_first()
-        opened.append(base)
-        return real(directory, base, *args, **kwargs)
-
-    monkeypatch.setattr(projector, "SegmentReader", reader)
-    return opened
+    def point(self, name: str, detail: object = None) -> None:
+        assert name in FAULT_POINTS, name
+        if name != "projection.segment" or self.before_first is None:
+            return
+        if not self.opened:
+            self.before_first()
+        assert isinstance(detail, int)
+        self.opened.append(detail)
 
 
 def test_a_private_view_refresh_goes_on_when_the_writer_deletes_a_segment_it_listed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
         writer.create_session("a")
         writer.create_session("b")
         # (The writer holds the store's view in this process: the reader's is private.)
-        with Journal.open(tmp_path / "store", readonly=True) as reader:
+        ops = _OnFirstSegment()
+        with Journal.open(tmp_path / "store", readonly=True, file_ops=ops) as reader:
             assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
             last = _tiny(writer, "a", 30)  # (sealed segments the reader has not seen)
 
@@ -433,15 +434,15 @@ def test_a_private_view_refresh_goes_on_when_the_writer_deletes_a_segment_it_lis
                 writer.compact_session("a", last, b"snapshot")
                 assert writer.apply_retention().deleted_segments
 
-            opened = _delete_on_first_read(monkeypatch, trim_and_delete)
+            ops.before_first = trim_and_delete
             assert reader.get_session("a").first_ordinal == last + 1
-            assert opened
+            assert ops.opened
             assert list(reader.replay("a")) == []
             assert reader.verify().ok
 
 
 def test_a_private_view_build_goes_on_when_the_writer_deletes_a_segment_it_listed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     store = tmp_path / "store"
     with Journal.open(store, segment_bytes=4096, durability="os") as writer:
@@ -455,10 +456,11 @@ def test_a_private_view_build_goes_on_when_the_writer_deletes_a_segment_it_liste
             writer.compact_session("a", last, b"snapshot")
             assert writer.apply_retention().deleted_segments
 
-        opened = _delete_on_first_read(monkeypatch, trim_and_delete)
-        with Journal.open(store, readonly=True) as reader:
+        ops = _OnFirstSegment()
+        ops.before_first = trim_and_delete
+        with Journal.open(store, readonly=True, file_ops=ops) as reader:
             assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
-            assert len(opened) >= 2
+            assert len(ops.opened) >= 2
             assert reader.get_session("a").first_ordinal == last + 1
             problems = reader.verify().problems  # (only the sidecar removed above)
             assert [p.what for p in problems] == ["sidecar missing or bad"], problems
@@ -545,3 +547,67 @@ def test_a_writable_open_beside_a_read_only_journal_leaves_its_damaged_view_alon
         with pytest.raises(StoreUnavailable, match="open already"):
             Journal.open(store)
         assert os.stat(index).st_ino == before
+
+
+def test_a_read_only_open_waits_for_a_writable_open_of_the_same_view_in_another_thread(
+    tmp_path: Path,
+) -> None:
+    """Two threads of one process opening the store's view could both pass the check that
+    it is not open here (the first had opened LMDB but not registered it yet): the second
+    then opened and closed the view's lock file, dropping the first's fcntl locks. The
+    check and the registration are one critical section now: the read-only open waits for
+    the writable one, then finds the view open and reads through a private one.
+
+    The writable open is held (by a profile function of its thread) as it registers the
+    environment it opened, which is the window the second open must not get through."""
+    from journal._local import lmdbenv
+
+    store = tmp_path / "store"
+    with Journal.open(store, create=True) as first:
+        first.create_session("a")
+    at_register = threading.Event()
+    go_on = threading.Event()
+    opened: list[Journal] = []
+    failures: list[BaseException] = []
+
+    def hold(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is lmdbenv.register_open.__code__:
+            at_register.set()
+            go_on.wait(30)
+
+    def open_writable() -> None:
+        sys.setprofile(hold)
+        try:
+            opened.append(Journal.open(store))
+        except BaseException as e:  # (reported by the main thread)
+            failures.append(e)
+        finally:
+            sys.setprofile(None)
+
+    writer_thread = threading.Thread(target=open_writable)
+    writer_thread.start()
+    try:
+        assert at_register.wait(30), "the writable open never reached its registration"
+        reader_result: list[object] = []
+
+        def open_read_only() -> None:
+            try:
+                with Journal.open(store, readonly=True) as reader:
+                    reader_result.append(reader.get_session("a").session_id)
+            except BaseException as e:
+                reader_result.append(e)
+
+        reader_thread = threading.Thread(target=open_read_only)
+        reader_thread.start()
+        reader_thread.join(0.5)
+        # The check is taken only with the registration: the reader waits for it.
+        assert reader_thread.is_alive() and not reader_result, reader_result
+    finally:
+        go_on.set()
+        writer_thread.join(30)
+    reader_thread.join(30)
+    assert not failures, failures
+    assert reader_result == ["a"]
+    with opened[0] as writer:
+        writer.append("a", [EventIn("m", b"after")])
+        assert writer.verify().ok

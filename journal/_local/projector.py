@@ -541,6 +541,7 @@ def project_segments(
             head.next_position = base
         start = start_offset if base == start_segment else SEGMENT_HEADER_SIZE
         zeros = known_zeros if last else None
+        log.ops.point("projection.segment", base)
         with SegmentReader(log.directory, base, log.ops, zeros) as reader:
             for info, body in reader.frames(start, tail=last):
                 if until is not None and info.first_position >= until.next_position:
