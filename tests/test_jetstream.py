@@ -779,7 +779,7 @@ def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
 
 
 def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     """The owner's heartbeat is a message on the session's own subjects, written between
     its commits: settling a lost ack must not take it for the commit that won the row's
@@ -787,13 +787,14 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
     (no beat got through between the lost reply and the settle, as when the connection is
     away): the batch was sent again, refused as stale, and the append was planned and
     written a second time. Found by a JetStream trial."""
-    from journal._jetstream import engine as jetstream_engine
+    from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 
-    monkeypatch.setattr(jetstream_engine, "HEARTBEAT_S", 60.0)  # one beat, at own()
     server = shared_server()
     proxy = CuttingProxy(server.port)
+    # One beat, at own(): the next would come after the test.
+    options = JetStreamOptions(servers=[proxy.url], store=store_name(tmp_path), heartbeat_s=60.0)
     try:
-        with Journal.open(proxy.url, store=store_name(tmp_path)) as j:
+        with Journal.over(JetStreamEngine.open(options)) as j:
             j.create_session("s")
             with j.own("s") as owner:  # its row, then its heartbeat
                 proxy.armed.set()

@@ -101,6 +101,9 @@ class JetStreamOptions:
     readonly: bool = False
     retention: RetentionPolicy | None = None  # None: the store's recorded policy
     key_ring: KeyRing | None = None
+    # How often an owner's lease beats (below LEASE_S; a test of what happens between
+    # beats opens its engine with a longer one, through `Journal.over`).
+    heartbeat_s: float = HEARTBEAT_S
 
 
 class _Readers:
@@ -159,7 +162,7 @@ class _RowChanges:
 
 class JetStreamLease:
     """This process's hold on a session's owner lease: recorded in the session's row, kept
-    alive by a heartbeat message every `HEARTBEAT_S`."""
+    alive by a heartbeat message every `heartbeat_s` (`JetStreamOptions`)."""
 
     def __init__(
         self, engine: JetStreamEngine, session_id: str, incarnation: int, generation: int
@@ -185,7 +188,7 @@ class JetStreamLease:
 
     async def _beating(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self._engine.heartbeat_s)
             with contextlib.suppress(ApiError, *Unavailable):
                 await self._engine.beat(self)
 
@@ -243,6 +246,7 @@ class JetStreamEngine:
         self.subjects = Subjects(options.store)
         self.readonly = options.readonly
         self.replicas = options.replicas
+        self.heartbeat_s = options.heartbeat_s
         self.location = f"nats://{','.join(s.removeprefix('nats://') for s in options.servers)}"
         self.location += f"/{options.store}"
         self._pid = os.getpid()
