@@ -16,10 +16,10 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable
 
 from journal import Journal
 from journal._local.engine import LocalEngine, LocalOptions
+from journal.waiter import Notifier
 
 from .latency import Extra
 
@@ -36,12 +36,9 @@ def _cpu_percent(seconds: float) -> float:
     return 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
 
 
-def _head_reads(j: Journal) -> int:
-    # The waiter's own count (private: a benchmark may look inside).
-    return int(getattr(j._engine.waiter, "_polls", 0))
-
-
-def _threads(j: Journal, count: int, stop: threading.Event | None) -> tuple[float, float]:
+def _threads(
+    j: Journal, waiter: Notifier, count: int, stop: threading.Event | None
+) -> tuple[float, float]:
     """CPU % and head reads/s while `count` watcher threads wait (each its own session)."""
     done = threading.Event()
     ending = stop or done
@@ -56,10 +53,10 @@ def _threads(j: Journal, count: int, stop: threading.Event | None) -> tuple[floa
     for thread in threads:
         thread.start()
     time.sleep(SETTLE_S)
-    reads = _head_reads(j)
+    reads = waiter.polls
     wall = time.monotonic()
     percent = _cpu_percent(MEASURE_S)
-    rate = (_head_reads(j) - reads) / (time.monotonic() - wall)
+    rate = (waiter.polls - reads) / (time.monotonic() - wall)
     ending.set()
     for thread in threads:
         thread.join(10)
@@ -87,25 +84,28 @@ def _tasks(j: Journal, count: int) -> float:
     return asyncio.run(measure())
 
 
-def _polling(path: str) -> Journal:
-    """The store through an engine whose waiter has no change source: it polls."""
-    engine = LocalEngine.open(path, LocalOptions(durability="os"))
-    notifier: Callable[..., object] = type(engine.waiter)
-    engine.waiter = notifier(engine.head)  # type: ignore[assignment]
-    return Journal.over(engine)
+def _opened(path: str, *, polling: bool = False) -> tuple[Journal, Notifier]:
+    """The store on the local engine, and its waiter; `polling`: a waiter without a
+    change source (it polls)."""
+    engine = LocalEngine.open(path, LocalOptions(create=True, durability="os"))
+    if polling:
+        engine.waiter = Notifier(engine.head)
+    return Journal.over(engine), engine.waiter
 
 
 def rows(directory: str) -> list[Extra]:
     path = os.path.join(directory, "idle")
-    with Journal.open(path, create=True, durability="os") as j:
+    j, waiter = _opened(path)
+    with j:
         for i in range(WATCHERS):
             j.create_session(f"idle-{i}")
-        main, reads = _threads(j, WATCHERS, None)
-        shared_stop, stop_reads = _threads(j, WATCHERS, threading.Event())
-        fifty, _ = _threads(j, 50, threading.Event())
+        main, reads = _threads(j, waiter, WATCHERS, None)
+        shared_stop, stop_reads = _threads(j, waiter, WATCHERS, threading.Event())
+        fifty, _ = _threads(j, waiter, 50, threading.Event())
         tasks = _tasks(j, WATCHERS)
-    with _polling(path) as j:
-        polling, poll_reads = _threads(j, WATCHERS, None)
+    j, waiter = _opened(path, polling=True)
+    with j:
+        polling, poll_reads = _threads(j, waiter, WATCHERS, None)
     detail = {
         "1000 threads, no stop (% core)": main,
         "1000 threads, one shared stop (% core)": shared_stop,

@@ -72,7 +72,7 @@ class Notifier:
         self._async: dict[Any, set[Any]] = {}  # event loop -> its waiting futures
         self._stops: dict[int, list[Any]] = {}  # id(stop) -> [stop, waiters using it]
         self._waiting = 0  # followers waiting now (sync and asyncio)
-        self._polls = 0  # head reads by the waiter thread (tests count them)
+        self._polls = 0  # head reads by the waiter thread (`polls`)
         self._last_move = 0.0
         self._last_publish = 0.0
         self._last_look = 0.0
@@ -88,6 +88,22 @@ class Notifier:
         # child never inherits the store's LMDB environment mid-transaction.
         self.busy = threading.Lock()
         _NOTIFIERS.add(self)
+
+    @property
+    def waiting(self) -> int:
+        """How many followers wait now (sync and asyncio)."""
+        return self._waiting
+
+    @property
+    def polls(self) -> int:
+        """How many times the waiter thread read the head so far."""
+        return self._polls
+
+    def registrations(self) -> tuple[int, int]:
+        """(stop events, event loops) the waiter keeps for the followers waiting now: both
+        0 when none waits, as nothing is kept past a wait."""
+        with self._cv:
+            return len(self._stops), len(self._async)
 
     # -- followers -------------------------------------------------------------------------
 

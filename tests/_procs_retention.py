@@ -47,11 +47,11 @@ output lines.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -322,22 +322,17 @@ def ro_watch_paused(store: str, session_id: str) -> None:
     emit("done")
 
 
-def _private_dirs() -> set[str]:
-    """Temporary directories this user owns (where a read-only journal builds its view)."""
-    directory = tempfile.gettempdir()
-    found = set()
-    for name in os.listdir(directory):
-        with contextlib.suppress(OSError):
-            if os.stat(os.path.join(directory, name)).st_uid == os.getuid():
-                found.add(name)
-    return found
-
-
 def ro_read(store: str) -> None:
     drop_privileges()
-    before = _private_dirs()
-    _read_all(store)
-    emit(f"left behind {sorted(_private_dirs() - before)}")
+    # A temporary directory of its own (where a read-only journal builds a private view),
+    # so that other processes of this user creating theirs meanwhile do not count.
+    scratch = tempfile.mkdtemp(prefix="journal-ro-read-")
+    tempfile.tempdir = scratch
+    try:
+        _read_all(store)
+        emit(f"left behind {sorted(os.listdir(scratch))}")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     emit("done")
 
 

@@ -834,7 +834,8 @@ def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> N
     is raised by a trace function as the printing starts."""
     import cli.main as cli_main
 
-    result = _append_with_ctrl_c_at(store, cli_main._emit_appended.__code__)
+    target = cli_main._emit_appended.__code__  # noqa: SLF001 (where a trace fires, read only)
+    result = _append_with_ctrl_c_at(store, target)
     assert records(invoke(store, "sessions", "show", "t"))[0]["last_ordinal"] == 1
     assert records(result) and records(result)[0]["last_ordinal"] == 1, result.output
 

@@ -480,7 +480,7 @@ class _RaiseAt(FileOps):
 def _in_the_queue() -> bool:
     """Whether the caller runs inside the commit queue or a commit (a frame of either is
     on its stack)."""
-    frame: FrameType | None = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 (the caller's stack)
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if (module.endswith("commit_queue") and frame.f_code.co_name in _QUEUE) or (
@@ -838,7 +838,7 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
     # view's write transaction and the end of the commit's `try`: held, the exception
     # comes after the append. (Before, one right after the LMDB commit made the commit
     # undo a frame the view already held: the next read said JournalCorrupt.)
-    commit = LocalEngine._commit
+    commit = LocalEngine._commit  # noqa: SLF001 (its source lines, read only)
     source, first = inspect.getsourcelines(commit)
     begin = next(first + i for i, line in enumerate(source) if "view.begin(write=True)" in line)
     last = next(first + i for i, line in enumerate(source) if "transaction_id = txn.id()" in line)

@@ -33,6 +33,7 @@ from journal import (
     SessionState,
     StoreUnavailable,
 )
+from journal._local.engine import LocalEngine, LocalOptions
 from journal._local.files import FAULT_POINTS, FileOps
 
 KEY = "6b" * 32  # 32 bytes, hex
@@ -61,6 +62,12 @@ def shared_key(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("JOURNAL_CURSOR_KEY", KEY)
     monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
     return {**os.environ, "JOURNAL_CURSOR_KEY": KEY}
+
+
+def read_only(store: Path, file_ops: FileOps | None = None) -> tuple[Journal, LocalEngine]:
+    """A read-only journal of `store`, and its engine (to see which view it reads)."""
+    engine = LocalEngine.open(str(store), LocalOptions(readonly=True, file_ops=file_ops))
+    return Journal.over(engine), engine
 
 
 def make_readable_only(store: Path) -> None:
@@ -380,8 +387,9 @@ def test_a_private_view_follows_the_log_when_the_segment_after_its_head_was_dele
     every refresh and never saw another commit (found by a long-running trial)."""
     with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
         writer.create_session("a")
-        with Journal.open(tmp_path / "store", readonly=True) as reader:
-            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+        reader, engine = read_only(tmp_path / "store")
+        with reader:
+            assert engine.private_dir is not None
             _tiny(writer, "a", 3)  # (segment 1 holds no more: the next append seals it)
             assert reader.get_session("a").last_ordinal == 3  # (its head: segment 1's end)
             last = _tiny(writer, "a", 10)  # (in segments after it, sealed but the last)
@@ -426,8 +434,9 @@ def test_a_private_view_refresh_goes_on_when_the_writer_deletes_a_segment_it_lis
         writer.create_session("b")
         # (The writer holds the store's view in this process: the reader's is private.)
         ops = _OnFirstSegment()
-        with Journal.open(tmp_path / "store", readonly=True, file_ops=ops) as reader:
-            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+        reader, engine = read_only(tmp_path / "store", ops)
+        with reader:
+            assert engine.private_dir is not None
             last = _tiny(writer, "a", 30)  # (sealed segments the reader has not seen)
 
             def trim_and_delete() -> None:
@@ -458,8 +467,9 @@ def test_a_private_view_build_goes_on_when_the_writer_deletes_a_segment_it_liste
 
         ops = _OnFirstSegment()
         ops.before_first = trim_and_delete
-        with Journal.open(store, readonly=True, file_ops=ops) as reader:
-            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+        reader, engine = read_only(store, ops)
+        with reader:
+            assert engine.private_dir is not None
             assert len(ops.opened) >= 2
             assert reader.get_session("a").first_ordinal == last + 1
             problems = reader.verify().problems  # (only the sidecar removed above)
@@ -476,8 +486,9 @@ def test_a_private_view_reader_whose_next_page_was_deleted_gets_cursor_expired(
     with Journal.open(tmp_path / "store", segment_bytes=4096, durability="os") as writer:
         writer.create_session("a")
         _tiny(writer, "a", 20)
-        with Journal.open(tmp_path / "store", readonly=True) as reader:
-            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
+        reader, engine = read_only(tmp_path / "store")
+        with reader:
+            assert engine.private_dir is not None
             replay = reader.replay("a", max_bytes=1)  # (a page per event)
             assert next(replay).ordinal == 1
             writer.compact_session("a", 10, b"snapshot")
@@ -499,11 +510,13 @@ def test_a_read_only_journal_beside_a_writer_in_one_process_keeps_the_views_lock
     the reader slot of the writer's read in progress (pages it still read could be reused;
     a long-running trial saw `verify()` fail with lmdb.BadDbiError)."""
     store = tmp_path / "store"
-    with Journal.open(store, durability="os") as writer:
+    writer_engine = LocalEngine.open(str(store), LocalOptions(durability="os"))
+    with Journal.over(writer_engine) as writer:
         writer.create_session("a")
-        with Journal.open(store, readonly=True) as reader:
-            assert reader._engine._private_dir is not None  # type: ignore[attr-defined]
-        view = writer._engine._view  # type: ignore[attr-defined]
+        reader, engine = read_only(store)
+        with reader:
+            assert engine.private_dir is not None
+        view = writer_engine.view
         with view.begin():  # a read in progress, as verify() holds one
             result = subprocess.run(
                 [sys.executable, "-c", _OPEN_READ_ONLY, str(store)],
@@ -520,8 +533,10 @@ def test_a_read_only_journal_beside_a_writer_in_one_process_keeps_the_views_lock
 _OPEN_READ_ONLY = """
 import sys
 from journal import Journal
-with Journal.open(sys.argv[1], readonly=True) as reader:
-    assert reader._engine._private_dir is None  # (the store's view)
+from journal._local.engine import LocalEngine, LocalOptions
+engine = LocalEngine.open(sys.argv[1], LocalOptions(readonly=True))
+with Journal.over(engine) as reader:
+    assert engine.private_dir is None  # (the store's view)
     reader.get_session("a")
 """
 

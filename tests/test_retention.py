@@ -30,6 +30,7 @@ import _waiting as waiting
 import lmdb
 import msgspec
 import pytest
+from _local_engine import open_local
 from click.testing import CliRunner
 from engines import EngineFactory
 from hypothesis import example, given, settings
@@ -1496,15 +1497,17 @@ def test_compactions_of_one_journal_never_run_at_once(store: Path) -> None:
                 paused.set()
                 go.wait(10)
 
-    with open_store(store, segment_bytes=SMALL_SEGMENTS, file_ops=Pause()) as j:
+    j, engine = open_local(
+        store, durability="os", segment_bytes=SMALL_SEGMENTS, retention=NO_WINDOWS, file_ops=Pause()
+    )
+    with j:
         j.create_session("a")
         for _ in range(40):
             append_batch(j, "a", [300])
-        engine = j._engine  # type: ignore[attr-defined]
 
         def maintain() -> None:
             paused.wait(10)
-            engine._compactions.ask({1})
+            engine.compactions.ask({1})
             engine.maintain()
             go.set()
 
@@ -1513,7 +1516,7 @@ def test_compactions_of_one_journal_never_run_at_once(store: Path) -> None:
         j.compact(dead_share=0.0)
         other.join()
         assert "MainThread" in seen and "other" not in seen
-        engine._compactions.ask({1})
+        engine.compactions.ask({1})
         again = threading.Thread(target=engine.maintain, name="again")
         again.start()
         again.join()
@@ -1613,10 +1616,12 @@ def test_compact_stops_at_damage_its_swap_meets_and_leaves_no_temporary_copy(
     # compact() goes on past a damaged segment; damage the swap's commit meets (the view's,
     # met again by every swap) is not the segment's: it went on compressing every other
     # segment, and each copy whose swap failed stayed on disk as a .tmp file.
-    with open_store(store, segment_bytes=SMALL_SEGMENTS) as j:
+    j, engine = open_local(
+        store, durability="os", segment_bytes=SMALL_SEGMENTS, retention=NO_WINDOWS
+    )
+    with j:
         _fill_two_sessions(j)
         j.compact_session("a", 40, b"a")  # about half of every segment is now dead
-        engine = j._engine  # type: ignore[attr-defined]
         swaps: list[int] = []
 
         def submit(operation: Any) -> Any:
@@ -1626,7 +1631,7 @@ def test_compact_stops_at_damage_its_swap_meets_and_leaves_no_temporary_copy(
             return engine.submit(operation)
 
         with pytest.raises(JournalCorrupt) as info:
-            compact_store(engine._log, engine._view, submit, 0.0, None)
+            compact_store(engine.log, engine.view, submit, 0.0, None)
         assert info.value.segment == "index"
         assert len(swaps) == 1, swaps
         assert not [n for n in os.listdir(store / "segments") if n.endswith(".tmp")]

@@ -14,8 +14,11 @@ import types
 from pathlib import Path
 from typing import Any
 
+from _local_engine import open_local
+
 from journal import EventIn, Journal, RetentionPolicy
 from journal._local import sidecar
+from journal._local.engine import LocalEngine
 
 SEGMENT_BYTES = 65536
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
@@ -23,12 +26,8 @@ NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
 
 def _open(
     path: Path, retention: RetentionPolicy = NO_WINDOWS, segment_bytes: int = SEGMENT_BYTES
-) -> Journal:
-    return Journal.open(path, durability="os", segment_bytes=segment_bytes, retention=retention)
-
-
-def _cache(j: Journal) -> Any:
-    return j._engine._summaries  # type: ignore[attr-defined]
+) -> tuple[Journal, LocalEngine]:
+    return open_local(path, durability="os", segment_bytes=segment_bytes, retention=retention)
 
 
 def _deep_size(root: object) -> int:
@@ -62,13 +61,14 @@ def test_retention_keeps_a_small_entry_per_sealed_segment_not_its_sidecar(
     # Regression: every live sealed segment's whole sidecar stayed cached (about 0.5 KB
     # a frame), so a writer grew with the retained store.
     store = tmp_path / "store"
-    with _open(store, segment_bytes=32768) as j:
+    j, engine = _open(store, segment_bytes=32768)
+    with j:
         j.create_session("s")
         _seal_segments(j, ["s"], 6000)  # about 250 frames a segment
         assert j.apply_retention().deleted_segments == []
         sealed = _sealed(store)
         assert sealed >= 15
-        cache = _cache(j)
+        cache = engine.summaries
         assert len(cache) == sealed  # every segment is live, and all of them fit
         # Before: about 90 KB a segment; now one small entry each, whatever its frames.
         assert _deep_size(cache) < 1024 * sealed, _deep_size(cache)
@@ -78,12 +78,13 @@ def test_retention_keeps_a_small_entry_per_sealed_segment_not_its_sidecar(
 def test_a_segment_costs_sixteen_bytes_a_session_in_it(tmp_path: Path) -> None:
     store = tmp_path / "store"
     sessions = [f"s{i}" for i in range(200)]
-    with _open(store) as j:
+    j, engine = _open(store)
+    with j:
         for session_id in sessions:
             j.create_session(session_id)
         _seal_segments(j, sessions, 3000)
         j.apply_retention()
-        cache = _cache(j)
+        cache = engine.summaries
         sealed = _sealed(store)
         assert len(cache) == sealed >= 4
         # Every segment holds events of all 200 sessions: charged 384 + 16 * 200 bytes.
@@ -96,8 +97,9 @@ def _scenario(path: Path, budget_bytes: int | None) -> tuple[Any, ...]:
     policy = RetentionPolicy(max_history_bytes=25_000)
     reports = []
     seen: set[str] = set()
-    with _open(path, policy, segment_bytes=16384) as j:
-        cache = _cache(j)
+    j, engine = _open(path, policy, segment_bytes=16384)
+    with j:
+        cache = engine.summaries
         if budget_bytes is not None:
             cache.budget_bytes = budget_bytes
         for session_id in ("a", "b", "c"):

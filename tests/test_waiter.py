@@ -23,6 +23,7 @@ import pytest
 
 from journal import Journal, JournalClosed
 from journal._local.engine import LocalEngine, LocalOptions
+from journal.waiter import Notifier
 
 WAIT_S = 30.0  # a bound for liveness only: a broken waiter hangs instead of failing
 WATCHERS = 150
@@ -49,14 +50,19 @@ class CountingHead:
             return sum(self.callers.values())
 
 
-def counted(path: Path, inotify: bool) -> tuple[Journal, CountingHead]:
+def opened(path: Path) -> tuple[Journal, Notifier]:
+    """A journal on the local engine, and that engine's waiter."""
+    engine = LocalEngine.open(str(path), LocalOptions(durability="os"))
+    return Journal.over(engine), engine.waiter
+
+
+def counted(path: Path, inotify: bool) -> tuple[Journal, Notifier, CountingHead]:
     """A journal whose waiter reads the head through a counter (polling, or sleeping on
-    the local engine's change source)."""
+    the local engine's change source), and that waiter."""
     engine = LocalEngine.open(str(path), LocalOptions(durability="os"))
     head = CountingHead(engine.head)
-    notifier = type(engine.waiter)
-    engine.waiter = notifier(head, engine._changes) if inotify else notifier(head)
-    return Journal.over(engine), head
+    engine.waiter = Notifier(head, engine.changes) if inotify else Notifier(head)
+    return Journal.over(engine), engine.waiter, head
 
 
 def until(condition: Callable[[], bool], what: str) -> None:
@@ -64,16 +70,6 @@ def until(condition: Callable[[], bool], what: str) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.005)
-
-
-def waiting(j: Journal, head: CountingHead | None = None) -> int:
-    """How many followers wait now. (A waiter without that count, one where every
-    follower polls for itself: how many followers read the head, so the test fails on
-    what it asserts instead of on a missing attribute.)"""
-    count = getattr(j._engine.waiter, "_waiting", None)  # type: ignore[attr-defined]
-    if count is None and head is not None:
-        return sum(1 for name in list(head.callers) if name.startswith("watch-"))
-    return int(count)
 
 
 def waiter_threads() -> list[threading.Thread]:
@@ -148,14 +144,14 @@ def append_in_another_process(path: Path, *sessions: str) -> None:
 def test_idle_watchers_do_not_each_poll_the_head(
     tmp_path: Path, inotify: bool, watchers: Watchers
 ) -> None:
-    j, head = counted(tmp_path / "s", inotify)
+    j, waiter, head = counted(tmp_path / "s", inotify)
     with j:
         sessions = [f"s{i}" for i in range(WATCHERS)]
         for session in sessions:
             j.create_session(session)
         stop = threading.Event()
         watchers.start(j, sessions, stop)
-        until(lambda: waiting(j, head) == WATCHERS, "every watcher to wait")
+        until(lambda: waiter.waiting == WATCHERS, "every watcher to wait")
         before = head.calls
         # Another process commits: every watcher wakes, and the head is still read by
         # the one waiter thread, however many watchers there are.
@@ -172,14 +168,14 @@ def test_idle_watchers_do_not_each_poll_the_head(
 def test_watchers_are_woken_by_another_process_without_inotify(
     tmp_path: Path, watchers: Watchers
 ) -> None:
-    j, _ = counted(tmp_path / "s", inotify=False)
+    j, waiter, _ = counted(tmp_path / "s", inotify=False)
     with j:
         sessions = [f"s{i}" for i in range(20)]
         for session in sessions:
             j.create_session(session)
         stop = threading.Event()
         delivered = watchers.start(j, sessions, stop)
-        until(lambda: waiting(j) == len(sessions), "every watcher to wait")
+        until(lambda: waiter.waiting == len(sessions), "every watcher to wait")
         append_in_another_process(tmp_path / "s", *sessions)
         until(lambda: len(delivered) == len(sessions), "every watcher to see its event")
         assert sorted(delivered) == sorted((session, 1) for session in sessions)
@@ -190,21 +186,22 @@ def test_closing_the_journal_ends_its_waiter_thread_and_every_watcher(
     tmp_path: Path, watchers: Watchers
 ) -> None:
     assert waiter_threads() == []
-    j = Journal.open(tmp_path / "s", durability="os")
+    j, waiter = opened(tmp_path / "s")
     sessions = [f"s{i}" for i in range(WATCHERS)]
     for session in sessions:
         j.create_session(session)
     watchers.start(j, sessions, None)
-    until(lambda: waiting(j) == WATCHERS, "every watcher to wait")
+    until(lambda: waiter.waiting == WATCHERS, "every watcher to wait")
     assert len(waiter_threads()) == 1, "one waiter thread for all the watchers"
     j.close()
     assert waiter_threads() == [], "close() leaves no waiter thread behind"
     until(lambda: watchers.alive() == 0, "every watcher to end after close()")
-    assert waiting(j) == 0
+    assert waiter.waiting == 0
 
 
 def test_stopped_watchers_end_and_the_waiter_goes_idle(tmp_path: Path, watchers: Watchers) -> None:
-    with Journal.open(tmp_path / "s", durability="os") as j:
+    j, waiter = opened(tmp_path / "s")
+    with j:
         sessions = [f"s{i}" for i in range(40)]
         for session in sessions:
             j.create_session(session)
@@ -213,24 +210,24 @@ def test_stopped_watchers_end_and_the_waiter_goes_idle(tmp_path: Path, watchers:
         watchers.start(j, sessions[:30], shared)
         for session, stop in zip(sessions[30:], own, strict=True):
             watchers.start(j, [session], stop)
-        until(lambda: waiting(j) == 40, "every watcher to wait")
+        until(lambda: waiter.waiting == 40, "every watcher to wait")
         shared.set()
-        until(lambda: waiting(j) == 10, "the 30 watchers sharing a stop to end")
+        until(lambda: waiter.waiting == 10, "the 30 watchers sharing a stop to end")
         for stop in own:
             stop.set()
-        until(lambda: waiting(j) == 0, "the watchers with their own stop to end")
-        assert j._engine.waiter._stops == {}  # type: ignore[attr-defined]
+        until(lambda: waiter.waiting == 0, "the watchers with their own stop to end")
+        assert waiter.registrations() == (0, 0)
         # Still a working waiter: a new watcher sees a commit from another process.
         stop = threading.Event()
         delivered = watchers.start(j, ["s0"], stop)
-        until(lambda: waiting(j) == 1, "the new watcher to wait")
+        until(lambda: waiter.waiting == 1, "the new watcher to wait")
         append_in_another_process(tmp_path / "s", "s0")
         until(lambda: len(delivered) == 1, "the new watcher to see the remote commit")
         stop.set()
 
 
 def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path: Path) -> None:
-    j, head = counted(tmp_path / "s", inotify=True)
+    j, waiter, head = counted(tmp_path / "s", inotify=True)
     with j:
         sessions = [f"s{i}" for i in range(WATCHERS)]
         for session in sessions:
@@ -244,7 +241,7 @@ def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path
                     delivered.append((session, event.ordinal))
 
             tasks = [asyncio.create_task(follow(session)) for session in sessions]
-            while waiting(j) < WATCHERS:
+            while waiter.waiting < WATCHERS:
                 await asyncio.sleep(0.005)
             await asyncio.to_thread(append_in_another_process, tmp_path / "s", *sessions[:3])
             while len(delivered) < 3:
@@ -257,8 +254,8 @@ def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path
         delivered = asyncio.run(asyncio.wait_for(main(), WAIT_S))
         assert sorted(delivered) == [(session, 1) for session in sorted(sessions[:3])]
         assert set(head.callers) <= {"journal-waiter", threading.current_thread().name}
-        assert waiting(j) == 0
-        assert j._engine.waiter._async == {}  # type: ignore[attr-defined]
+        assert waiter.waiting == 0
+        assert waiter.registrations() == (0, 0)
 
 
 def inherited_inotify_descriptors() -> list[str]:
@@ -286,13 +283,14 @@ def child_status(j: Journal) -> int:
 def test_fork_with_watchers_waiting_keeps_the_parent_following(
     tmp_path: Path, watchers: Watchers
 ) -> None:
-    with Journal.open(tmp_path / "s", durability="os") as j:
+    j, waiter = opened(tmp_path / "s")
+    with j:
         sessions = [f"s{i}" for i in range(20)]
         for session in sessions:
             j.create_session(session)
         stop = threading.Event()
         delivered = watchers.start(j, sessions, stop)
-        until(lambda: waiting(j) == len(sessions), "every watcher to wait")
+        until(lambda: waiter.waiting == len(sessions), "every watcher to wait")
         assert inherited_inotify_descriptors(), "the waiter sleeps on inotify"
         for _ in range(5):
             child = os.fork()

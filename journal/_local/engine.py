@@ -158,6 +158,9 @@ class LocalEngine:
     """The segment-and-LMDB engine of one open store (see the module docstring).
 
     Thread-safe; several processes may open the same store. Use `LocalEngine.open`.
+    Its parts (`log`, `view`, `summaries`, `compactions`, and `private_dir`, the
+    directory of a read-only journal's private view, else None) are its own: tests and
+    benchmarks look at them; the facade never does.
     """
 
     import_refusal: str | None = None
@@ -245,7 +248,7 @@ class LocalEngine:
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
         self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)
-        self._log = SegmentLog(
+        self.log = SegmentLog(
             os.path.join(path, "segments"),
             self.store_id,
             segment_bytes=options.segment_bytes,
@@ -257,7 +260,7 @@ class LocalEngine:
         # Read-only on a store whose LMDB files this process cannot lock (no write access):
         # a private view outside the store, built from the segments and kept up to date by
         # scanning the active segment's tail. Nothing in the store is created or locked.
-        self._private_dir: str | None = None
+        self.private_dir: str | None = None
         # Why a read-only journal does not use the store's view, when that is damage
         # (`verify` reports it: the private view it uses instead is rebuilt from the log).
         self._shared_damage: VerifyProblem | None = None
@@ -265,11 +268,11 @@ class LocalEngine:
         if not readonly:
             remove_stray_temporaries(path, process_alive)
             discard_view_after_reboot(path, permissions, BOOT_ID)
-            self._view = open_checked_view(index, permissions)
+            self.view = open_checked_view(index, permissions)
         else:
-            self._view, self._private_dir, self._shared_damage = open_reader_view(index, self._log)
+            self.view, self.private_dir, self._shared_damage = open_reader_view(index, self.log)
         # What retention needs of sealed segments' sidecars, within a byte budget.
-        self._summaries = SummaryCache()
+        self.summaries = SummaryCache()
         self._retention_due = False
         # What this writer's catch-ups found zero at the active segment's end (it compares
         # only what was added since: `segments.KnownZeros`).
@@ -282,9 +285,9 @@ class LocalEngine:
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         # Rows the last batch of appends wrote (`known_rows`).
         self._rows = KnownRows()
-        self.waiter = Notifier(self.head, self._changes)
+        self.waiter = Notifier(self.head, self.changes)
         self._expiry: ExpiryTimer | None = None
-        self._compactions = Compactions(self._log, self._view, self.submit)
+        self.compactions = Compactions(self.log, self.view, self.submit)
         self._closing = False
         self._closed = False
         if not readonly:
@@ -295,18 +298,18 @@ class LocalEngine:
             self._roll_back_abandoned_imports()
             self._expiry = ExpiryTimer(self)
 
-    def _changes(self) -> DirectoryChanges | None:
+    def changes(self) -> DirectoryChanges | None:
         """What the waiter thread sleeps on (module `inotify`): the view's directory, where
         every commit ends, or the segments a private view projects itself."""
-        if self._private_dir is None:
+        if self.private_dir is None:
             return DirectoryChanges.open([os.path.join(self.location, "index")])
-        return DirectoryChanges.open([self._log.directory])
+        return DirectoryChanges.open([self.log.directory])
 
     def next_deadline(self) -> int | None:
         """The nearest session deadline (for the expiry timer)."""
         self.check_usable()
-        with self._view.begin() as txn:
-            return self._view.next_deadline(txn)
+        with self.view.begin() as txn:
+            return self.view.next_deadline(txn)
 
     def expire_now(self) -> None:
         """Expire what is due (for the expiry timer)."""
@@ -318,14 +321,14 @@ class LocalEngine:
         newer segments; a retention pass then deletes what that freed (SPEC 8, "Eviction
         records"). Only after a rewrite: a pass that finds the same segments held again
         asks again, and this must not turn into a loop of passes."""
-        if self._compactions.unpin(lambda: self._closing):
+        if self.compactions.unpin(lambda: self._closing):
             self.submit(SealRetention(None))
 
     def _roll_back_abandoned_imports(self) -> None:
         """Roll back imports whose importing process is gone (killed before its commit):
         their staged sessions never became visible, and now never will."""
-        with self._view.begin() as txn:
-            staged = self._view.staged_rows(txn)
+        with self.view.begin() as txn:
+            staged = self.view.staged_rows(txn)
         del txn  # (no read transaction object outlives its transaction: SPEC 7)
         boot_id = BOOT_ID.decode()
         dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
@@ -347,7 +350,7 @@ class LocalEngine:
             # parent's: it stays.
             self._closed = True
             if TRANSACTIONS.held_at_fork:
-                self._log.close()
+                self.log.close()
             else:
                 self._release(remove_private=False)
             return
@@ -359,7 +362,7 @@ class LocalEngine:
             # closed one); bounded, in case close() runs where that pass waits.
             if expiry.busy.acquire(timeout=5):
                 expiry.busy.release()
-        self._compactions.wait(5)  # (the same for a compaction)
+        self.compactions.wait(5)  # (the same for a compaction)
         if not self._commits.close():
             return
         self._closed = True
@@ -375,17 +378,17 @@ class LocalEngine:
 
     def _release(self, *, remove_private: bool = True) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""
-        log = getattr(self, "_log", None)
+        log = getattr(self, "log", None)
         if log is not None:
             log.close()
-        view = getattr(self, "_view", None)
+        view = getattr(self, "view", None)
         if view is not None:
             if remove_private:
                 with self._private_lock:
                     view.close()
             else:
                 view.close()  # (a forked child: the lock may have been held at fork)
-        private = getattr(self, "_private_dir", None)
+        private = getattr(self, "private_dir", None)
         if private is not None and remove_private:
             remove_private_view(private)
 
@@ -395,19 +398,19 @@ class LocalEngine:
             raise JournalClosed("this journal is closed; open it again with Journal.open()")
         if os.getpid() != self._pid:
             raise JournalClosed.inherited("LMDB handles do not survive fork")
-        if self._private_dir is not None:
+        if self.private_dir is not None:
             self._refresh_private_view()
 
     @reads_disk
     def head(self) -> int:
         if self._closed:
             return 1 << 63
-        if self._private_dir is not None:
+        if self.private_dir is not None:
             self._refresh_private_view()
         # (Every watcher's poll: a view replaced or cut short is seen as the transaction
         # begins.)
-        with self._view.begin() as txn:
-            head = self._view.head(txn)
+        with self.view.begin() as txn:
+            head = self.view.head(txn)
         return 1 if head is None else head.next_position
 
     def _refresh_private_view(self) -> None:
@@ -415,24 +418,24 @@ class LocalEngine:
         with self._private_lock:
             if self._closed:
                 return
-            view = self._view
+            view = self.view
             with view.begin() as txn:
                 head = view.head(txn)
-            if head is None or not self._log.moved_past(
+            if head is None or not self.log.moved_past(
                 head.segment, head.end_offset, head.next_position
             ):
                 return
             # (Retried, in a new transaction, on a fresh listing of the segments when one
             # listed was deleted or replaced meanwhile: `while_files_change`.)
-            while_files_change(self._log, partial(project_new, self._log, view, self._ops))
+            while_files_change(self.log, partial(project_new, self.log, view, self._ops))
 
     # -- the commit path -------------------------------------------------------------------
 
     def submit(self, operation: Operation[ResultT]) -> ResultT:
         """Commit `operation` with whatever else is queued (group commit); its result."""
         self.check_usable()
-        if isinstance(operation, VerifyFix) and self._view.inspect() is not None:
-            self._view.repair()  # the commit replaces the damaged view (SPEC section 9)
+        if isinstance(operation, VerifyFix) and self.view.inspect() is not None:
+            self.view.repair()  # the commit replaces the damaged view (SPEC section 9)
         request = Request(operation)
         # (A fix runs the caller's progress callback inside its commit: left interruptible.)
         self._commits.submit(request, here=isinstance(operation, VerifyFix))
@@ -470,7 +473,7 @@ class LocalEngine:
                 except lmdb.MapFullError:
                     if attempt == 7:
                         raise
-                    self._view.grow()
+                    self.view.grow()
         except BaseException as e:
             if isinstance(e, Exception) and len(batch) > 1 and not store_wide(e):
                 # Something one request carried failed after planning (encoding its
@@ -496,8 +499,8 @@ class LocalEngine:
                 raise error from e
 
     def _commit(self, batch: list[Request]) -> None:
-        view = self._view
-        log = self._log
+        view = self.view
+        log = self.log
         before: tuple[int, int, int] | None = None
         try:
             with view.begin(write=True) as txn:
@@ -519,7 +522,7 @@ class LocalEngine:
                     txn,
                     view,
                     log,
-                    self._summaries,
+                    self.summaries,
                     self.retention,
                     (self.store_id, BOOT_ID),
                     head.next_position,
@@ -527,7 +530,7 @@ class LocalEngine:
                 )
                 planner.hole = hole
                 planner.known_rows = self._rows.valid(
-                    txn.id(), head.next_position, id(self._view.env)
+                    txn.id(), head.next_position, id(self.view.env)
                 )
                 explicit = any(isinstance(r.operation, Expire) for r in batch)
                 if hole is None and batch and not explicit:
@@ -571,7 +574,7 @@ class LocalEngine:
                 if isinstance(request.result, RetentionReport):
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
         if planner.unpin:
-            self._compactions.ask(planner.unpin)
+            self.compactions.ask(planner.unpin)
             if self._expiry is not None:
                 self._expiry.poke()
         if planner.evicted:
@@ -598,13 +601,13 @@ class LocalEngine:
             self._rows.forget()
             return
         self._rows.keep(
-            projection.rows.values(), txn_id, projection.head.next_position, id(self._view.env)
+            projection.rows.values(), txn_id, projection.head.next_position, id(self.view.env)
         )
 
     def _catch_up(self, txn: lmdb.Transaction) -> Head:
         """Index committed frames the view has not seen; position the writer after them."""
-        view = self._view
-        log = self._log
+        view = self.view
+        log = self.log
         head = view.head(txn)
         if head is not None:
             log.cut_pending_frames((head.segment, head.end_offset, head.next_position))
@@ -653,18 +656,18 @@ class LocalEngine:
     # -- reads -----------------------------------------------------------------------------
 
     def session(self, session_id: str) -> SessionRow | None:
-        with self._view.begin() as txn:
-            return self._view.row(txn, session_id)
+        with self.view.begin() as txn:
+            return self.view.row(txn, session_id)
 
     def session_id_of(self, incarnation: int) -> str | None:
-        with self._view.begin() as txn:
-            return self._view.session_id_of(txn, incarnation)
+        with self.view.begin() as txn:
+            return self.view.session_id_of(txn, incarnation)
 
     def sessions(
         self, after_id: str | None, state: SessionState | None, limit: int
     ) -> tuple[list[SessionRow], bool]:
         rows: list[SessionRow] = []
-        view = self._view
+        view = self.view
         with view.begin() as txn:
             # A state filter reads its state's index, not every row (SPEC 7.7).
             found = (
@@ -679,7 +682,7 @@ class LocalEngine:
         return rows, False
 
     def registry(self) -> tuple[int, list[SessionRow]]:
-        view = self._view
+        view = self.view
         with view.begin() as txn:
             head = view.head(txn)
             point = 0 if head is None else head.next_position - 1
@@ -687,7 +690,7 @@ class LocalEngine:
         return point, [view.decode_row(raw) for raw in raws]
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
-        view = self._view
+        view = self.view
         with view.begin() as txn:
             head = view.head(txn)
             floor = view.feed_floor(txn)
@@ -695,7 +698,7 @@ class LocalEngine:
         return entries, 1 if head is None else head.next_position, floor
 
     def readers(self) -> PageReaders:
-        readers = ReaderCache(self._log.directory, self._ops)
+        readers = ReaderCache(self.log.directory, self._ops)
         self._readers.add(readers)
         return readers
 
@@ -711,20 +714,20 @@ class LocalEngine:
     ) -> EventsPage:
         if not isinstance(readers, ReaderCache):
             raise TypeError("readers must come from this engine's readers()")
-        refresh = None if self._private_dir is None else self._refresh_private_view
+        refresh = None if self.private_dir is None else self._refresh_private_view
         return read_page(
-            self._view, session_id, incarnation, after_ordinal, max_bytes, context, readers, refresh
+            self.view, session_id, incarnation, after_ordinal, max_bytes, context, readers, refresh
         )
 
     @reads_disk
     def snapshot(self, row: SessionRow) -> StoredSnapshot | None:
-        return stored_record(self._log, row, SnapshotTaken)
+        return stored_record(self.log, row, SnapshotTaken)
 
     @reads_disk
     def checkpoint(self, row: SessionRow) -> StoredSnapshot | None:
         if not row.checkpoint_position:
             return None
-        return stored_record(self._log, row, CheckpointTaken)
+        return stored_record(self.log, row, CheckpointTaken)
 
     # -- owner leases ----------------------------------------------------------------------
 
@@ -765,7 +768,7 @@ class LocalEngine:
 
     @reads_disk
     def verify(self, progress: Progress | None) -> VerifyReport:
-        report = verify_store(self._log, self._view, lock=not self.readonly, progress=progress)
+        report = verify_store(self.log, self.view, lock=not self.readonly, progress=progress)
         if self._shared_damage is None:
             return report
         return msgspec.structs.replace(report, problems=[self._shared_damage, *report.problems])
@@ -773,14 +776,14 @@ class LocalEngine:
     @disk_errors("maintenance")
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         self.check_usable()  # (before the lock: a forked child's copy of it may be held)
-        return self._compactions.compact(dead_share, progress)
+        return self.compactions.compact(dead_share, progress)
 
     @reads_disk
     def stats(self) -> StoreStats:
-        with self._view.begin() as txn:
-            counts = self._view.states.counts(txn)  # (the index's keys, not the rows)
-            head = self._view.head(txn)
-        segments, size = self._log.files()
+        with self.view.begin() as txn:
+            counts = self.view.states.counts(txn)  # (the index's keys, not the rows)
+            head = self.view.head(txn)
+        segments, size = self.log.files()
         return StoreStats(
             dict(sorted(counts.items())), segments, size, 1 if head is None else head.next_position
         )

@@ -20,7 +20,7 @@ import zstandard
 from ..errors import JournalCorrupt, StoreIncompatible
 
 
-def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
+def fast_crc32() -> Callable[[bytes | memoryview, int], int]:
     """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the `isal`
     package is installed (a dependency where it has wheels; SPEC.md 1 and 3: measured 15-60x
     faster on frame bodies, about a tenth of a replay's time), else `zlib.crc32`. Same
@@ -36,7 +36,7 @@ def _fast_crc32() -> Callable[[bytes | memoryview, int], int]:
 # Frame bodies, when written (`encode_frame`) and checked (`check_frame`), and sidecars
 # (one per sealed segment, checked at every writer's open); everything else (headers,
 # blocks, view values: small inputs) uses zlib.
-frame_crc32: Final = _fast_crc32()
+frame_crc32: Final = fast_crc32()
 
 __all__ = [
     "BLOCK_HEADER",
@@ -66,6 +66,7 @@ __all__ = [
     "check_frame",
     "decompress_block",
     "encode_frame",
+    "fast_crc32",
     "frame_crc32",
     "seal_frame",
     "segment_name",
