@@ -366,6 +366,48 @@ def test_the_cli_compact_applies_retention_on_a_nats_store(url: str, tmp_path: P
         assert [m.session_id for m in j.list_sessions()] == ["kept"]
 
 
+def _session_messages(url: str, name: str, session_id: str) -> int:
+    """How many messages of the stream are on the subjects of `session_id` (its row,
+    events, snapshot, heartbeats), read with a client of the test's own."""
+    import asyncio
+
+    import nats
+
+    async def count() -> int:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(
+                f"JOURNAL_{name}", subjects_filter=f"j.{name}.s.{session_id.encode().hex()}.>"
+            )
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
+
+
+def test_eviction_purges_the_old_incarnation_and_keeps_a_new_one(url: str, tmp_path: Path) -> None:
+    """An evicted session's messages leave the stream, its tombstone row included; the
+    purge stops at the tombstone's sequence (the eviction's own commit), so a session
+    created again after it is kept whenever the purge runs. (It read the row back before
+    purging, and a session created again by another process before that read left the
+    old incarnation in the stream for good.)"""
+    name = store_name(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(url, store=name, retention=policy) as j:
+        j.create_session("gone")
+        j.append("gone", events(5))
+        j.resolve_session("gone")
+        assert _session_messages(url, name, "gone") >= 6  # (five events and its row)
+        time.sleep(0.01)  # (past the 1 ms retention of the ended session)
+        assert j.apply_retention().evicted_sessions == ["gone"]
+        assert _session_messages(url, name, "gone") == 0
+        j.create_session("gone")
+        j.append("gone", events(2, "new-"))
+        assert [e.data for e in j.replay("gone")] == [b"new-0", b"new-1"]
+        assert _session_messages(url, name, "gone") >= 3
+
+
 def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
     j.create_session("s", max_history_bytes=100)
     for i in range(10):

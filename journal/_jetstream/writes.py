@@ -493,25 +493,25 @@ class Writer(Committer):
         async def plan(state: RowState, now: int) -> Plan:
             row = state.row
             if row is None or row.incarnation != incarnation:
-                return done(False)
+                return done(0)
             messages = [
                 self.feed_message(state, LifecycleEventType.EVICTED, now, row, 1),
                 self.row_message(state, None),
             ]
-            return Plan(messages, None, lambda _seq: True)
+            return Plan(messages, None, lambda seq: seq)
 
-        lock = self.lock(session_id)
-        evicted: bool = await self.write(session_id, plan, expire_first=False)
-        if evicted:
-            async with lock:
-                tombstone = await self.reader.row(session_id)
-                if tombstone.row is None and tombstone.seq:
-                    # Everything of the old incarnation, the tombstone included: a session
-                    # created again since has its row above it and is kept.
-                    token = Subjects.token(session_id)
-                    await self.reader.purge(self.subjects.session_all(token), tombstone.seq + 1)
+        # The sequence of the tombstone (the row message this commit wrote), 0: not evicted.
+        tombstone: int = await self.write(session_id, plan, expire_first=False)
+        if tombstone:
+            async with self.lock(session_id):
+                # Everything of the old incarnation, the tombstone included. A session
+                # created again since (by any process: not under this lock) wrote after
+                # the tombstone and is kept. (It was read back here, and a session created
+                # again before that read left the old incarnation in the stream for good.)
+                token = Subjects.token(session_id)
+                await self.reader.purge(self.subjects.session_all(token), tombstone + 1)
                 self.last_rows.pop(session_id, None)
-        return evicted
+        return bool(tombstone)
 
     async def _turn_event(self, op: AppendTurnEvent) -> Appended:
         async def plan(state: RowState, now: int) -> Plan:
