@@ -420,6 +420,79 @@ def test_a_read_only_reader_sees_what_a_crashed_writer_committed(tmp_path: Path)
         assert [e.data for e in j.replay("w")] == [b"first", b"committed, not indexed"]
 
 
+_PAUSE_BEFORE_INDEXING = """
+import sys
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+class Pause(FileOps):
+    armed = False
+
+    def point(self, name, detail=None):
+        if name == "commit.view_flush" and self.armed:
+            self.armed = False
+            print("paused", flush=True)
+            sys.stdin.readline()
+
+ops = Pause()
+with Journal.open(sys.argv[1], create=True, file_ops=ops) as j:
+    j.create_session("w")
+    j.append("w", [EventIn("message", b"first")])
+    ops.armed = True
+    j.append("w", [EventIn("message", b"in flight")])
+    print("appended", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_a_read_only_open_beside_a_writer_syncing_a_frame_reads_the_store_s_view(
+    tmp_path: Path,
+) -> None:
+    """A live writer's view is behind the log by the frame it is syncing: a read-only
+    open took that for a crashed writer's view and projected a private one (84 of 100
+    opens beside a writer appending durably; 150 ms at the median). It waits for the
+    view to move on now (the writer indexes in order). The writer is held between its
+    frame and its view update until the reader has seen the view behind (fault points
+    "commit.view_flush" in the writer, "open.view_behind" in the reader)."""
+    import subprocess
+    import sys
+
+    from _local_engine import open_local
+
+    store = tmp_path / "s"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _PAUSE_BEFORE_INDEXING, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+    try:
+        assert writer.stdout.readline() == "paused\n"
+        behind: list[object] = []
+
+        class GoOn(FileOps):
+            def point(self, name: str, detail: object = None) -> None:
+                assert name in FAULT_POINTS, name
+                if name == "open.view_behind":
+                    behind.append(detail)
+                    writer.stdin.write("go on\n")  # (the writer updates its view now)
+                    writer.stdin.flush()
+
+        reader, engine = open_local(store, readonly=True, file_ops=GoOn())
+        with reader:
+            assert behind, "the store's view was not behind the log"
+            assert engine.private_dir is None, "a private view for a live writer's frame"
+            assert writer.stdout.readline() == "appended\n"
+            assert [e.data for e in reader.replay("w")] == [b"first", b"in flight"]
+        writer.stdin.write("done\n")
+        writer.stdin.close()
+        assert writer.wait(30) == 0
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_verify_while_retention_deletes_segments_reports_nothing(tmp_path: Path) -> None:
     """Retention deleting segments (and trimming) while verify() reads used to be reported
     as damage, or escape as a raw FileNotFoundError."""

