@@ -134,6 +134,34 @@ def _one_batch(
     return results[1:]
 
 
+def test_the_view_flush_fault_point_fires_once_per_commit_and_never_in_a_projection(
+    tmp_path: Path,
+) -> None:
+    """SPEC 1.3: "commit.view_flush" is a commit's frame written and synced, its view
+    update starting, "not catch-up or rebuilds". The projection's flush (the one apply
+    path of commits, catch-up, rebuilds and a read-only journal's private view) reached it
+    too: twice per commit, and in a private view's build and a writer's catch-up, where a
+    test crashing or failing there meant to stop a commit."""
+    store = tmp_path / "s"
+    faults = Faults()
+    with Journal.open(store, durability="os", file_ops=faults) as j:
+        j.create_session("s")
+        faults.counts.clear()
+        j.append("s", [EventIn("m", b"a")])
+        assert faults.counts.get("commit.view_flush", 0) == 1
+        reader_faults = Faults()
+        # (A private view: this process has the store open for writing.)
+        with Journal.open(store, readonly=True, file_ops=reader_faults) as reader:
+            assert [e.data for e in reader.replay("s")] == [b"a"]
+        assert reader_faults.counts.get("commit.view_flush", 0) == 0
+    # A writer's catch-up of frames it did not index (its view deleted: a rebuild).
+    shutil.rmtree(store / "index")
+    faults = Faults()
+    with Journal.open(store, durability="os", file_ops=faults) as j:
+        assert [e.data for e in j.replay("s")] == [b"a"]
+        assert faults.counts.get("commit.view_flush", 0) == 0
+
+
 def test_failed_commit_after_rotation_is_not_published_twice(tmp_path: Path) -> None:
     """A frame whose view update fails is cut off again only if no rotation happened.
 

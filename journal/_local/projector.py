@@ -464,7 +464,6 @@ class Projection:
         self.head.lifecycle_position = position
 
     def flush(self) -> None:
-        self._ops.point("commit.view_flush")
         txn = self.txn
         view = self.view
         states = view.states
