@@ -521,6 +521,90 @@ def test_a_read_only_open_beside_a_writer_syncing_a_frame_reads_the_store_s_view
         writer.wait()
 
 
+_LIVE_WRITER = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], create=True) as j:
+    j.create_session("w")
+    j.append("w", [EventIn("message", b"first")])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    j.append("w", [EventIn("message", b"after")])
+    print("appended", flush=True)
+    sys.stdin.readline()
+"""
+
+_CRASH_ON_FIRST_APPEND = """
+import os, sys
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+class Crash(FileOps):
+    def point(self, name, detail=None):
+        if name == "commit.view_flush":
+            os._exit(9)
+
+j = Journal.open(sys.argv[1], file_ops=Crash())
+j.append("w", [EventIn("message", b"committed, not indexed")])
+"""
+
+
+def test_a_read_only_open_that_waits_for_the_view_sees_a_crashed_writer_s_frame(
+    tmp_path: Path,
+) -> None:
+    """A writer crashed between its frame's sync and its view update, beside a live
+    writer whose own writer stands at the view's head (it committed last). The read-only
+    open finds the view behind and waits (fault point "open.view_behind"); the live
+    writer appends meanwhile, and the open then reads the store's view: it must hold the
+    crashed writer's frame, which the live writer's catch-up indexes before its own (its
+    probe past the head finds the frame; nothing else tells it)."""
+    import subprocess
+    import sys
+
+    from _local_engine import open_local
+
+    store = tmp_path / "s"
+    live = subprocess.Popen(
+        [sys.executable, "-c", _LIVE_WRITER, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert live.stdin is not None and live.stdout is not None
+    try:
+        assert live.stdout.readline() == "ready\n"
+        crashed = subprocess.run(
+            [sys.executable, "-c", _CRASH_ON_FIRST_APPEND, str(store)], check=False
+        )
+        assert crashed.returncode == 9
+        behind: list[object] = []
+
+        class LiveWriterAppends(FileOps):
+            def point(self, name: str, detail: object = None) -> None:
+                assert name in FAULT_POINTS, name
+                if name == "open.view_behind" and not behind:
+                    behind.append(detail)
+                    live.stdin.write("append\n")
+                    live.stdin.flush()
+                    assert live.stdout.readline() == "appended\n"
+
+        reader, engine = open_local(store, readonly=True, file_ops=LiveWriterAppends())
+        with reader:
+            assert behind, "the store's view was not behind the log"
+            assert engine.private_dir is None  # (the live writer moved the view on)
+            assert [e.data for e in reader.replay("w")] == [
+                b"first",
+                b"committed, not indexed",
+                b"after",
+            ]
+        live.stdin.write("done\n")
+        live.stdin.close()
+        assert live.wait(30) == 0
+    finally:
+        live.kill()
+        live.wait()
+
+
 def test_verify_while_retention_deletes_segments_reports_nothing(tmp_path: Path) -> None:
     """Retention deleting segments (and trimming) while verify() reads used to be reported
     as damage, or escape as a raw FileNotFoundError."""
