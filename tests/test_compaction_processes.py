@@ -17,6 +17,7 @@ it, while it swaps its copy into place, or while another retention pass reads it
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -327,4 +328,73 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
         assert code == 0, other.err()
         assert other.seen[-1].startswith("deleted ")
         assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
+        assert j.verify().ok
+
+
+def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A writable open finishes what a crashed writer interrupted (`finish_interrupted`):
+    # it lists the sealed segments and checks each one's sidecar, rewriting a missing one
+    # from its segment. Another writer's committed retention pass deletes dead segments'
+    # files after its commit, outside the writer lock (under the segment-files lock);
+    # when that deletion came between the listing and the check, the open read a segment
+    # that was gone and failed with StoreUnavailable (found by a soak with four writer
+    # processes reopening their journals). Here the other process's deletion is played at
+    # that very moment, as that process would: only if it can take the segment-files lock.
+    import fcntl
+
+    import journal._local.log as log_module
+
+    class KeepDeadFiles(FileOps):
+        armed = False
+
+        def point(self, name: str, detail: object = None) -> None:
+            if self.armed and name == "retention.delete":
+                raise OSError(5, "Input/output error")  # (the files stay: logged)
+
+    store = tmp_path / "store"
+    ops = KeepDeadFiles()
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(
+        store, durability="os", segment_bytes=4096, retention=policy, file_ops=ops
+    ) as j:
+        j.create_session("gone")
+        for _ in range(8):
+            j.append("gone", [EventIn("m", b"g" * 1500)])
+        ended = j.resolve_session("gone").ended_at_ms
+        assert ended is not None
+        j.create_session("kept")
+        j.append("kept", [EventIn("m", b"k")])
+        ops.armed = True
+        report = j.apply_retention(now_ms=ended + 10)
+        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+    segments = store / "segments"
+    dead = {int(name.split(".")[0]) for name in report.deleted_segments}
+    assert all(any(segments.glob(f"{base:020d}.*")) for base in dead)  # committed, not deleted
+    deleted: list[int] = []
+    intact = log_module.sidecar_intact
+
+    def other_process_deletes_first(directory: str, base: int) -> bool:
+        if base in dead and base not in deleted:
+            fd = os.open(os.path.join(directory, ".files.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    pass  # the open holds it: the other process waits its turn
+                else:
+                    for path in segments.glob(f"{base:020d}.*"):
+                        path.unlink()
+                    deleted.append(base)
+            finally:
+                os.close(fd)
+        return intact(directory, base)
+
+    monkeypatch.setattr(log_module, "sidecar_intact", other_process_deletes_first)
+    with Journal.open(store, durability="os", segment_bytes=4096, retention=policy) as j:
+        monkeypatch.setattr(log_module, "sidecar_intact", intact)
+        assert [e.data for e in j.replay("kept")] == [b"k"]
+        j.apply_retention(now_ms=ended + 10)  # deletes what is left of the dead segments
+        assert not any(p for base in dead for p in segments.glob(f"{base:020d}.*"))
         assert j.verify().ok

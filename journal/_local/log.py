@@ -212,32 +212,39 @@ class SegmentLog:
                 continue  # a live writer (e.g. a compaction) is still producing it
             with contextlib.suppress(FileNotFoundError):
                 self.ops.unlink(os.path.join(self.directory, name))
-        segments = self.segments()
-        for s in segments:
-            plain = os.path.join(self.directory, segment_name(s.base_position))
-            if s.compressed and os.path.exists(plain):
-                self.ops.unlink(plain)
-        for s in segments[:-1]:
-            # The checksum only, but for a rebuild: decoding every sidecar and checking
-            # it is consistent cost about a microsecond a frame of the store at every
-            # open (175 ms for 200,000 single-event frames); `read_summary` does that
-            # where one is used, and takes one that fails as absent.
-            if rebuilding:
-                intact = read_summary(self.directory, s.base_position) is not None
-            else:
-                intact = sidecar_intact(self.directory, s.base_position)
-            if not intact:
-                name = sidecar_name(s.base_position)
-                if os.path.lexists(os.path.join(self.directory, name)):
-                    # (A missing one is an interrupted seal's; a damaged one is news.)
-                    _log.warning("the sidecar %s is damaged: rewriting it from its segment", name)
-                write_summary(
-                    self.directory,
-                    summarize_segment(self.directory, s.base_position, self.ops),
-                    self.ops,
-                    self.permissions,
-                )
-        fsync_dir(self.directory, self.ops)
+        # Under the segment-files lock: another writer's committed retention pass deletes
+        # dead segments' files after its commit, outside the writer lock, and a segment
+        # deleted between the listing and its sidecar check was read here (the open
+        # failed with StoreUnavailable, No such file or directory).
+        with self.files_lock():
+            segments = self.segments()
+            for s in segments:
+                plain = os.path.join(self.directory, segment_name(s.base_position))
+                if s.compressed and os.path.exists(plain):
+                    self.ops.unlink(plain)
+            for s in segments[:-1]:
+                # The checksum only, but for a rebuild: decoding every sidecar and checking
+                # it is consistent cost about a microsecond a frame of the store at every
+                # open (175 ms for 200,000 single-event frames); `read_summary` does that
+                # where one is used, and takes one that fails as absent.
+                if rebuilding:
+                    intact = read_summary(self.directory, s.base_position) is not None
+                else:
+                    intact = sidecar_intact(self.directory, s.base_position)
+                if not intact:
+                    name = sidecar_name(s.base_position)
+                    if os.path.lexists(os.path.join(self.directory, name)):
+                        # (A missing one is an interrupted seal's; a damaged one is news.)
+                        _log.warning(
+                            "the sidecar %s is damaged: rewriting it from its segment", name
+                        )
+                    write_summary(
+                        self.directory,
+                        summarize_segment(self.directory, s.base_position, self.ops),
+                        self.ops,
+                        self.permissions,
+                    )
+            fsync_dir(self.directory, self.ops)
 
     def moved_past(self, segment: int, end_offset: int, next_position: int, fd: int = -1) -> bool:
         """Whether frames or segments exist past `end_offset` of `segment` (a 24-byte probe
