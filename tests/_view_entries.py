@@ -64,3 +64,18 @@ def feed_positions(store: Path, directory: str = "index") -> list[int]:
             return [_U64.unpack(key)[0] for key, _ in txn.cursor(db=db)]
     finally:
         env.close()
+
+
+def entry_counts(store: Path, directory: str = "index") -> dict[str, int]:
+    """How many entries the `tombstones`, `incarnations` and `pins` databases of the view
+    at `store/directory` hold (the journal must be closed, or the view a copy)."""
+    env = _env(store, True, directory)
+    try:
+        with env.begin() as txn:
+            counts = {}
+            for name in ("tombstones", "incarnations", "pins"):
+                db = env.open_db(name.encode(), txn=txn, create=False)
+                counts[name] = txn.stat(db)["entries"]
+            return counts
+    finally:
+        env.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _view_entries import feed_positions
+from _view_entries import entry_counts, feed_positions
 from _waiting import first_of
 
 from journal import (
@@ -278,6 +278,41 @@ def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
     # Each round made 120 changes; the writer pruned most, and so did the reader.
     assert len(in_writer) < rounds * 120 // 2, len(in_writer)
     assert set(in_private) <= set(in_writer), sorted(set(in_private) - set(in_writer))
+
+
+def test_a_read_only_private_view_forgets_the_tombstones_the_writer_forgot(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An evicted session leaves a tombstone (with its incarnation's id and the pin of its
+    # eviction record) until its creation record leaves the log; the writer then forgets
+    # them. A long-lived reader's private view kept every one ever made (found by a soak:
+    # 27,000 of each after 75 s of session churn beside the writer's 700, its data.mdb
+    # growing by 3 MB a minute), so its file and memory grew without bound.
+    with open_store(store) as writer:
+        writer.create_session("anchor")
+    shutil.rmtree(store / "index")  # (the reader cannot make the shared view: private)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the private view goes
+    with open_store(store, readonly=True) as reader:
+        (private,) = scratch.glob("journal-readonly-*")
+        rounds = 6
+        with open_store(store) as writer:
+            for round_ in range(rounds):
+                live_and_ended(writer, f"r{round_}-", 40)
+                anchor_cursor(reader)  # (the reader catches up: it has their creations)
+                evict_all(writer)
+                anchor_cursor(reader)  # (their evictions, and the segments deleted)
+            live_and_ended(writer, "late-", 40)  # (frames after the last deletion)
+            evict_all(writer)
+        anchor_cursor(reader)
+        shutil.copytree(private, tmp_path / "copy")  # (read below, the reader idle)
+    in_private = entry_counts(tmp_path, "copy")
+    in_writer = entry_counts(store)
+    # 280 sessions were evicted; the writer forgot most of their tombstones, and so must
+    # the reader (it looked when the last pass deleted segments).
+    assert in_writer["tombstones"] < 280 // 2, in_writer
+    assert in_private == in_writer
 
 
 def test_a_listing_iterated_while_sessions_are_evicted_goes_on(store: Path) -> None:

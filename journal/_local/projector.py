@@ -41,6 +41,7 @@ from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
 from .segments import KnownZeros, SegmentReader, frame_records, summarize_segment
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
+from .tombstones import forget_gone_creations
 from .view import Head, IdemEntry, View
 
 __all__ = [
@@ -692,3 +693,6 @@ def project_new(log: SegmentLog, view: View, ops: FileOps) -> None:
         if floor > below:
             view.prune_feed(txn, below + 1, floor)
             view.raise_feed_floor(txn, floor)
+        # The tombstones whose creation record left the log go as well (the writer's
+        # retention and compaction forget them): `tombstones`.
+        forget_gone_creations(log, view, txn)
