@@ -889,6 +889,54 @@ def test_closing_right_after_opening_does_not_race_the_expiry_timer(
     assert [r.getMessage() for r in caplog.records] == []
 
 
+def test_closing_while_the_expiry_thread_runs_maintenance_logs_no_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The expiry thread runs the maintenance a commit asked for outside its `busy` lock
+    (close() does not wait for it), then takes the lock and reads the next deadline. When
+    close() had passed that lock meanwhile, the read could meet the environment close()
+    released: "the expiry or maintenance pass failed" was logged with an lmdb.Error
+    traceback (found by a soak whose writer processes closed and reopened their
+    journals). The thread now looks whether it was stopped once it holds the lock. Here
+    close() is held right after it passed the lock until the maintenance is over, and the
+    thread's deadline read is held, once its journal looked usable, until close() is done."""
+    import logging
+
+    j = Journal.open(tmp_path / "s", durability="os")
+    engine: Any = j._engine  # type: ignore[attr-defined]
+    entered, go = threading.Event(), threading.Event()
+    reached, closed = threading.Event(), threading.Event()
+    usable = engine.check_usable
+    waited = engine._compactions.wait
+
+    def maintain() -> None:
+        entered.set()
+        go.wait(10)
+
+    def check_usable() -> None:
+        usable()
+        if threading.current_thread().name == "journal-expiry":
+            reached.set()
+            closed.wait(10)
+
+    def wait_for_compactions(timeout_s: float) -> None:
+        go.set()  # (close() passed the expiry thread's lock: the maintenance ends now)
+        reached.wait(1)
+        waited(timeout_s)
+
+    engine.maintain = maintain
+    engine.check_usable = check_usable
+    engine._compactions.wait = wait_for_compactions
+    with caplog.at_level(logging.WARNING, logger="journal"):
+        engine._expiry.poke()
+        assert entered.wait(10)
+        j.close()
+        closed.set()
+        engine._expiry._thread.join(10)
+    assert not engine._expiry._thread.is_alive()
+    assert [r.getMessage() for r in caplog.records] == []
+
+
 _CONCURRENT_COMPRESSED_REPLAYS = """
 import sys, threading, time
 from journal import EventIn, Journal

@@ -90,6 +90,10 @@ class ExpiryTimer:
                     # close() need not wait for it; fork() waits for its transactions.)
                     engine.maintain()
                 with self.busy:
+                    if self._stopped:
+                        # close() passed this lock during the maintenance above: the
+                        # environment may be closed already (it does not wait for that).
+                        return
                     due = engine.next_deadline()
                     now = int(time.time() * 1000)
                     if due is not None and due <= now and due != stuck:
