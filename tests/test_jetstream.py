@@ -408,6 +408,50 @@ def test_eviction_purges_the_old_incarnation_and_keeps_a_new_one(url: str, tmp_p
         assert _session_messages(url, name, "gone") >= 3
 
 
+def test_eviction_purges_the_old_incarnation_when_another_process_creates_it_again_first(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving the purge by the tombstone's own sequence is for: another journal
+    (another process: not under the evicting engine's lock) creates the session again
+    between the eviction's commit and its purge. Reading the row back there found the new
+    incarnation and purged nothing, leaving the old incarnation's events in the stream for
+    good. The eviction's write is held (wrapping `Writer.write`) while the other journal
+    creates the session."""
+    import asyncio
+
+    from journal._jetstream.writes import Writer
+
+    name = store_name(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    real_write = Writer.write
+    armed: list[Journal] = []
+
+    async def write(self: Writer, session_id: str, plan: Any, expire_first: bool = True) -> Any:
+        result = await real_write(self, session_id, plan, expire_first)
+        if armed and session_id == "gone" and not expire_first and result:
+            other = armed.pop()
+            await asyncio.to_thread(other.create_session, "gone")
+        return result
+
+    monkeypatch.setattr(Writer, "write", write)
+    with (
+        Journal.open(url, store=name, retention=policy) as j,
+        Journal.open(url, store=name) as other,
+    ):
+        j.create_session("gone")
+        j.append("gone", events(5))
+        j.resolve_session("gone")
+        time.sleep(0.01)  # (past the 1 ms retention of the ended session)
+        armed.append(other)
+        assert j.apply_retention().evicted_sessions == ["gone"]
+        assert not armed, "the eviction's write was not held"
+        assert other.get_session("gone").state is SessionState.OPEN
+        # The new incarnation's messages only (its row, no events): none of the old five.
+        assert _session_messages(url, name, "gone") <= 2
+        other.append("gone", events(2, "new-"))
+        assert [e.data for e in j.replay("gone")] == [b"new-0", b"new-1"]
+
+
 def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
     j.create_session("s", max_history_bytes=100)
     for i in range(10):
