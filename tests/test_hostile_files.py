@@ -195,3 +195,33 @@ def test_an_lmdb_error_of_a_writable_open_gives_no_read_only_advice() -> None:
     assert writable is not None and readonly is not None
     assert "read-only" not in writable.message, writable.message
     assert "never opened for writing" in readonly.message, readonly.message
+
+
+def _owner_lock(path: Path) -> str:
+    import hashlib
+
+    return str(path / "locks" / f"owner-{hashlib.sha256(b'a').hexdigest()[:32]}.lock")
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_an_owner_lock_file_that_is_no_file_is_store_unavailable(tmp_path: Path, kind: str) -> None:
+    """own() let the OS error of its lock file escape (IsADirectoryError, the raw
+    `NotRegularFile` of a FIFO): every other call makes it `StoreUnavailable` naming the
+    file (SPEC 14.1), and so does own() now; nothing is recorded."""
+    from journal import StoreUnavailable
+
+    store = tmp_path / "s"
+    _filled(store, events=3)
+    path = _owner_lock(store)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.mkdir(path) if kind == "directory" else os.mkfifo(path)
+    with Journal.open(store) as j:
+        with pytest.raises(StoreUnavailable) as caught:
+            j.own("a")
+        assert os.path.basename(path) in str(caught.value), caught.value
+        assert j.get_session("a").owner is None
+        os.rmdir(path) if kind == "directory" else os.unlink(path)
+        with j.own("a") as owner:
+            assert owner.generation == 1

@@ -741,7 +741,10 @@ class LocalEngine:
                 f"no session {session_id!r} in this store: create it before owning it"
             )
         path = lock_path(self.location, session_id)
-        fd = take_lock(path, wait_s, self.permissions)
+        try:
+            fd = take_lock(path, wait_s, self.permissions)
+        except OSError as e:  # the lock file: a directory, a FIFO, a full disk, ...
+            raise unavailable(e) from e
         if fd is None:
             raise busy(session_id, path, wait_s)
         try:
