@@ -197,10 +197,76 @@ def test_an_lmdb_error_of_a_writable_open_gives_no_read_only_advice() -> None:
     assert "never opened for writing" in readonly.message, readonly.message
 
 
+_DANGLING_CHILD = r"""
+import sys
+from journal import Journal, JournalError
+try:
+    with Journal.open(sys.argv[1]) as j:
+        if sys.argv[2] == "compact":
+            j.compact(dead_share=0.0)
+        elif sys.argv[2] == "own":
+            with j.own("a"):
+                pass
+    print("ok")
+except JournalError as e:
+    print("error", type(e).__name__, e)
+"""
+
+
 def _owner_lock(path: Path) -> str:
     import hashlib
 
     return str(path / "locks" / f"owner-{hashlib.sha256(b'a').hexdigest()[:32]}.lock")
+
+
+@pytest.mark.parametrize(
+    ("victim", "call"),
+    [
+        ("index/lock.mdb", "open"),
+        ("index/data.mdb", "open"),
+        ("locks/open.lock", "open"),
+        ("segments/.files.lock", "compact"),
+        ("owner lock", "own"),
+    ],
+)
+def test_a_dangling_symlink_in_place_of_a_lock_file_is_reported_not_spun_on(
+    tmp_path: Path, victim: str, call: str
+) -> None:
+    """A lock file is opened, or created when missing: O_CREAT | O_EXCL refuses the name
+    of a dangling symbolic link (EEXIST) and the open of it finds nothing (ENOENT), so
+    the create-or-open loop spun at full CPU for ever (a writable open, compact(),
+    own()). Now it is `StoreUnavailable` naming the file; in the view (`index/`) it is
+    a damaged view, which a writable open replaces (before, a dangling `data.mdb` made
+    every writable open fail: LMDB could not create the link's target)."""
+    store = tmp_path / "s"
+    _filled(store)
+    path = _owner_lock(store) if victim == "owner lock" else str(store / victim)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(str(tmp_path / "gone" / "lock"), path)
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _DANGLING_CHILD, str(store), call],
+            capture_output=True,
+            text=True,
+            timeout=_WAIT_S * 4,
+            env={**os.environ, "PYTHONPATH": str(root)},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"spun for {_WAIT_S * 4} s on the dangling symlink at {path}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    if victim.startswith("index/"):
+        assert done.stdout == "ok\n", done.stdout
+        assert "symbolic link to a missing file" in done.stderr, done.stderr
+        with Journal.open(store) as j:
+            assert len(list(j.replay("a"))) == 60
+            assert j.verify().problems == []
+        return
+    assert done.stdout.startswith("error StoreUnavailable"), done.stdout
+    assert os.path.basename(path) in done.stdout, done.stdout
+    assert "symbolic link" in done.stdout, done.stdout
 
 
 @pytest.mark.parametrize("kind", ["directory", "fifo"])

@@ -151,6 +151,7 @@ _KINDS: Final = {
     stat.S_IFBLK: "a block device",
     stat.S_IFSOCK: "a socket",
     stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link to a missing file",
 }
 
 
@@ -181,6 +182,8 @@ def check_regular(path: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.path.islink(path):  # (LMDB would create its target, or fail to)
+            raise NotRegularFile(path, stat.S_IFLNK) from None
         return
     if not stat.S_ISREG(mode):
         raise NotRegularFile(path, mode)
@@ -230,6 +233,10 @@ class Permissions:
             try:
                 return open_regular(path, flags)
             except FileNotFoundError:
+                if os.path.islink(path):
+                    # O_EXCL refuses the name and the open finds nothing behind it: a
+                    # dangling symbolic link, which no retry creates (it spun for ever).
+                    raise NotRegularFile(path, stat.S_IFLNK) from None
                 continue  # deleted between the two opens: create it after all
 
     def make_dirs(self, path: str) -> None:
