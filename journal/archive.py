@@ -54,6 +54,7 @@ __all__ = [
     "ArchiveWriter",
     "SessionSection",
     "event_batches",
+    "event_bytes",
 ]
 
 ARCHIVE_FORMAT: Final = "session-journal-archive"
@@ -85,7 +86,7 @@ _END: Final = struct.Struct("<II8sQ")
 _END_MAGIC: Final = 0x184D2A5E
 _END_MARK: Final = b"SJAREND\x00"
 _FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
-_BATCH_BYTES: Final = 1 << 20  # event data per ArchiveEvents record written
+_BATCH_BYTES: Final = 1 << 20  # event bytes per ArchiveEvents record written
 _BATCH_EVENTS: Final = 1000
 _COMPRESSION_LEVEL: Final = 3
 _STORE_ID: Final = re.compile(r"[0-9a-f]{32}")
@@ -304,13 +305,26 @@ class ArchiveWriter:
             self._pending.clear()
 
 
+def event_bytes(event: ArchiveEvent) -> int:
+    """What an event weighs in a record or a frame: its data, type and request id (up to
+    1 MiB in archives: counting the data alone let 1,000 such events make one record of
+    a GB)."""
+    size = len(event.data) + _text_bytes(event.type)
+    return size if event.request_id is None else size + _text_bytes(event.request_id)
+
+
+def _text_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def event_batches(events: Iterator[ArchiveEvent]) -> Iterator[list[ArchiveEvent]]:
-    """Group events into batches of about 1 MiB of data (at most 1,000 events)."""
+    """Group events into batches of about 1 MiB (data, types and request ids; at most
+    1,000 events)."""
     batch: list[ArchiveEvent] = []
     size = 0
     for event in events:
         batch.append(event)
-        size += len(event.data)
+        size += event_bytes(event)
         if size >= _BATCH_BYTES or len(batch) >= _BATCH_EVENTS:
             yield batch
             batch, size = [], 0

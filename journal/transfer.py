@@ -32,6 +32,7 @@ from .archive import (
     ArchiveSnapshot,
     ArchiveWriter,
     event_batches,
+    event_bytes,
 )
 from .arguments import DEFAULT_PAGE_BYTES, check_name, metadata_bytes
 from .engine import (
@@ -487,9 +488,8 @@ def _stage_and_commit(
             size = 0
             for batch in section.batches:
                 for event in batch:
-                    if pending and (
-                        size + len(event.data) > _STAGE_BYTES or len(pending) == _STAGE_EVENTS
-                    ):
+                    weight = event_bytes(event)  # (request ids too: up to 1 MiB each)
+                    if pending and (size + weight > _STAGE_BYTES or len(pending) == _STAGE_EVENTS):
                         if row is None:
                             stage_group()  # (first: the plan keeps the archive's order)
                             alone = StagedSession(meta, section.snapshot, [])
@@ -501,7 +501,7 @@ def _stage_and_commit(
                         pending, size = [], 0
                         progress(reader.archive_bytes)
                     pending.append(event)
-                    size += len(event.data)
+                    size += weight
             if row is None:
                 # What else the group's frame holds: its snapshot and metadata (up to a
                 # MiB each: a thousand sessions must not make a frame of gigabytes).

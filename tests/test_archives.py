@@ -1205,3 +1205,44 @@ def test_cli_export_keeps_files_and_writes_through_pipes(tmp_path: Path) -> None
     )
     refused = _cli("--store", other, "import", str(ndjson))
     assert refused.returncode == 4 and b"NDJSON form" in refused.stderr
+
+
+def test_large_request_ids_are_counted_in_export_records_and_staging_steps(
+    tmp_path: Path,
+) -> None:
+    """Archives carry request ids of up to 1 MiB (stores written before the 64 KiB
+    limit). Export batched events by their data alone, so 100 events of one byte with a
+    1 MiB request id each made one record of 100 MiB, which an import with the default
+    limits refused (`too_large`): the store's own export could not be imported. Import
+    staged by data alone too: such an archive of 1,100 events (90 KB) was staged in one
+    frame of 1.15 GB, over the 1 GiB frame limit (a bare ValueError). Both now count
+    request ids and types."""
+    request_id = "r" * ((1 << 20) - 8)
+    count = 100
+    events = [ArchiveEvent(o, "message", 1000 + o, request_id, b"x") for o in range(1, count + 1)]
+    records: list[Any] = [
+        ArchiveHeader(ARCHIVE_FORMAT, 1, "t", 1, "00" * 16, 1),
+        _session("s", 1, count),
+        ArchiveEvents(events[:50]),
+        ArchiveEvents(events[50:]),
+        ArchiveCounts([("s", count)]),
+    ]
+    digest = hashlib.sha256()
+    for record in records:
+        body = msgspec.msgpack.encode(record)
+        digest.update(len(body).to_bytes(4, "big") + body)
+    archive = _encode([*records, ArchiveFooter(1, count, digest.digest())])
+
+    def check(target: Journal, report: ImportReport) -> None:
+        assert report.events == count
+        assert [e.request_id for e in target.replay("s")] == [request_id] * count
+
+    commits = _import_counting_commits(tmp_path / "a", archive, check)
+    assert commits >= count // 4, commits  # staged in steps of about 4 MiB
+    with Journal.open(tmp_path / "a") as a, Journal.open(tmp_path / "b", create=True) as b:
+        exported = _export(a)
+        reader = ArchiveReader(io.BytesIO(exported), ArchiveLimits(max_record_bytes=1 << 30))
+        sizes = [len(batch) for section in reader.sections() for batch in section.batches]
+        assert sum(sizes) == count and max(sizes) <= 2, sizes  # records of about 1 MiB
+        assert b.import_sessions(io.BytesIO(exported)).events == count
+        assert _history(b, "s") == _history(a, "s")
