@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from .errors import SessionNotWritable
 from .models import ImportedFrom, LifecycleEventType, OwnerInfo, SessionMetadata, SessionState
 from .records import SessionCreated, SessionStaged
 
@@ -21,6 +22,7 @@ __all__ = [
     "FeedEntry",
     "SessionRow",
     "TransitionKind",
+    "check_ordinals_left",
     "lifecycle_event_of",
     "metadata",
     "recorded_owner",
@@ -28,6 +30,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_SUSPEND_MS: Final = 7 * 24 * 3600 * 1000
+_ORDINAL_END: Final = 1 << 62  # ordinals are below it (arguments.MAX_SETTING)
 
 TransitionKind = Literal["suspend", "resume", "resolve", "cancel"]
 
@@ -254,3 +257,13 @@ def stored_state_problem(
             "gone)"
         )
     return None
+
+
+def check_ordinals_left(session_id: str, last_ordinal: int, count: int) -> None:
+    """`SessionNotWritable` unless `count` more events fit below ordinal 2**62 (only an
+    imported session can be that far: an archive may leave one at 2**62 - 1)."""
+    if last_ordinal + count >= _ORDINAL_END:
+        raise SessionNotWritable(
+            f"session {session_id!r} ends at ordinal {last_ordinal}: {count} more would "
+            "reach 2**62, past the largest ordinal; create a new session"
+        )

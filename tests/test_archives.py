@@ -1246,3 +1246,38 @@ def test_large_request_ids_are_counted_in_export_records_and_staging_steps(
         assert sum(sizes) == count and max(sizes) <= 2, sizes  # records of about 1 MiB
         assert b.import_sessions(io.BytesIO(exported)).events == count
         assert _history(b, "s") == _history(a, "s")
+
+
+def test_a_session_at_the_largest_ordinal_takes_no_more_events(tmp_path: Path) -> None:
+    """Ordinals are below 2**62 (SPEC 7.3, 12.3), but a crafted archive may leave a
+    session at ordinal 2**62 - 1 (or empty, its first ordinal 2**62): appends then gave
+    it ordinal 2**62 and up, and its own export was an archive every import refused
+    (`invalid_field`). Such a session is full: appends and turns are refused, nothing
+    is written, and it still exports and imports."""
+    top = 2**62 - 1
+    archive = _craft(
+        [
+            (
+                _session("full", top, top),
+                ArchiveSnapshot(5, b"s"),
+                [ArchiveEvent(top, "message", 1000, None, b"x")],
+            ),
+            (_session("empty", top + 1, top), ArchiveSnapshot(5, b"s"), []),
+        ]
+    )
+    with Journal.open(tmp_path / "a") as a, Journal.open(tmp_path / "b") as b:
+        a.import_sessions(io.BytesIO(archive))
+        for session_id in ("full", "empty"):
+            before = _history(a, session_id)
+            with pytest.raises(journal.SessionNotWritable, match="2\\*\\*62"):
+                a.append(session_id, [EventIn("m", b"x")])
+            with (
+                a.own(session_id) as owner,
+                pytest.raises(journal.SessionNotWritable),
+                owner.turn(request_id="r"),
+            ):
+                pass
+            assert _history(a, session_id) == before
+        b.import_sessions(io.BytesIO(_export(a)))
+        assert _history(b, "full") == _history(a, "full")
+        assert a.verify().problems == []

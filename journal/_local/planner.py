@@ -59,7 +59,7 @@ from ..records import (
     SnapshotTaken,
     StateChanged,
 )
-from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
+from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
@@ -388,6 +388,7 @@ class Planner:
             )
         events = op.events
         count = len(events)
+        check_ordinals_left(session_id, pending.last_ordinal, count)
         first = pending.last_ordinal + 1
         now = self.now
         base = self.next_position
@@ -492,6 +493,7 @@ class Planner:
             raise SessionNotWritable(
                 f"session {op.session_id!r} is {pending.state.value}: the turn cannot be recorded"
             )
+        check_ordinals_left(op.session_id, pending.last_ordinal, 1)
         ordinal = pending.last_ordinal + 1
         position = self.next_position
         record = EventAppended(
