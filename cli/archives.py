@@ -273,6 +273,8 @@ def import_(
             old, sep, new = item.partition("=")
             if not sep or not old or not new:
                 raise click.UsageError(f"--rename {item!r} is not OLD=NEW")
+            if "=" in new:  # ids may hold "=": resolved against the archive's ids below
+                continue
             if old in rename:
                 # (as a NEW id given twice is: the library refuses that rename)
                 raise journal.InvalidArgument(
@@ -290,12 +292,16 @@ def import_(
             source: IO[bytes] = sys.stdin.buffer
         else:
             source = _open_archive(archive, stack)
-        if new_id is not None:
+        split = [item for item in renames if item.count("=") > 1]
+        if new_id is not None or split:
             if not source.seekable():  # a pipe: keep a copy to read it twice
                 spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
                 _copy_bounded(source, spool, limits)
                 source = spool
-            rename = {_only_session(source, limits): new_id}
+            if new_id is not None:
+                rename = {_only_session(source, limits): new_id}
+            else:
+                rename = _split_renames(split, _session_ids(source, limits), rename or {})
             source.seek(0)
         try:
             with (
@@ -358,6 +364,34 @@ def _copy_bounded(source: IO[bytes], spool: IO[bytes], limits: ArchiveLimits) ->
             )
         spool.write(chunk)
     spool.seek(0)
+
+
+def _session_ids(source: IO[bytes], limits: ArchiveLimits) -> set[str]:
+    """The ids of the archive's sessions (one reading pass; the import checks it all)."""
+    start = source.tell()
+    ids = {section.session.session_id for section in ArchiveReader(source, limits).sections()}
+    source.seek(start)
+    return ids
+
+
+def _split_renames(items: list[str], ids: set[str], rename: dict[str, str]) -> dict[str, str]:
+    """`rename` with each OLD=NEW of `items` (more than one "=") split where OLD names a
+    session of the archive (ids may hold "="; no such split: at the first "=")."""
+    for item in items:
+        splits = [i for i, c in enumerate(item) if c == "=" and 0 < i < len(item) - 1]
+        named = [i for i in splits if item[:i] in ids]
+        if len(named) > 1:
+            choices = " or ".join(f"{item[:i]!r} -> {item[i + 1 :]!r}" for i in named)
+            raise click.UsageError(f"--rename {item!r} is ambiguous: {choices}")
+        at = named[0] if named else splits[0]
+        old, new = item[:at], item[at + 1 :]
+        if old in rename:
+            raise journal.InvalidArgument(
+                f"--rename names session {old!r} twice ({old}={rename[old]} and {item}): "
+                "give each OLD once"
+            )
+        rename[old] = new
+    return rename
 
 
 def _only_session(source: IO[bytes], limits: ArchiveLimits) -> str:

@@ -1033,6 +1033,41 @@ def test_import_refuses_an_old_id_renamed_twice_as_a_new_id_given_twice(
     assert records(invoke(other, "sessions", "list")) == []
 
 
+def test_import_renames_a_session_whose_id_holds_an_equals_sign(
+    store: Path, tmp_path: Path
+) -> None:
+    """Ids may hold "=": `--rename OLD=NEW` split at the first one, so a session 'k=v'
+    of the archive could not be renamed ('rename names sessions the archive does not
+    hold: k', exit 4), and with a session 'k' in the archive too, `--rename k=v=k2`
+    silently renamed 'k' to 'v=k2' and imported 'k=v' as itself. The split that names a
+    session of the archive is taken; two such splits are a usage error."""
+    for name in ("k=v", "x"):
+        assert invoke(store, "append", "-s", name, "--create", "1").exit_code == 0
+    archive = tmp_path / "kv.sja"
+    assert invoke(store, "export", "--all", "-o", str(archive)).exit_code == 0
+    other = tmp_path / "other"
+    assert invoke(other, "init").exit_code == 0
+    done = invoke(other, "import", str(archive), "--rename", "k=v=k2", "--rename", "x=a=b")
+    assert done.exit_code == 0, done.stderr
+    imported = {r["source_id"]: r["session_id"] for r in records(done) if "source_id" in r}
+    assert imported == {"k=v": "k2", "x": "a=b"}
+    third = tmp_path / "third"
+    assert invoke(third, "init").exit_code == 0
+    with open(archive, "rb") as source:
+        piped = invoke(third, "import", "-", "--rename", "k=v=q", stdin=source.read())
+    assert piped.exit_code == 0, piped.stderr
+    assert {r["session_id"] for r in records(piped) if "source_id" in r} == {"q", "x"}
+    assert invoke(store, "append", "-s", "k", "--create", "1").exit_code == 0
+    both = tmp_path / "both.sja"
+    assert invoke(store, "export", "-s", "k", "-s", "k=v", "-o", str(both)).exit_code == 0
+    fourth = tmp_path / "fourth"
+    assert invoke(fourth, "init").exit_code == 0
+    ambiguous = invoke(fourth, "import", str(both), "--rename", "k=v=k2")
+    assert ambiguous.exit_code == 2, ambiguous.stderr
+    assert "ambiguous" in ambiguous.stderr, ambiguous.stderr
+    assert records(invoke(fourth, "sessions", "list")) == []
+
+
 def test_option_errors_name_the_options_and_exit_as_usage_errors(
     store: Path, tmp_path: Path
 ) -> None:
