@@ -7,6 +7,7 @@ serialised by a lock, so the demo's threads never interleave half lines.
 from __future__ import annotations
 
 import base64
+import decimal
 import io
 import json
 import math
@@ -360,8 +361,13 @@ def embedded(data: bytes) -> Any:
         # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
         # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
         # line printed would not parse).
+        # A number a float cannot hold exactly, and a key given twice, would be printed
+        # as something the data does not say: base64 too.
         value = json.loads(
-            data.decode("utf-8"), parse_constant=_not_json, parse_float=_finite_float
+            data.decode("utf-8"),
+            parse_constant=_not_json,
+            parse_float=_exact_float,
+            object_pairs_hook=_unique_keys,
         )
     except (ValueError, UnicodeDecodeError, RecursionError):
         # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
@@ -379,12 +385,24 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-def _finite_float(text: str) -> float:
-    """A JSON number as a float; one too large for a float (1e999) would be printed as
-    Infinity, which is not JSON: such data goes out as base64 instead."""
+def _exact_float(text: str) -> float:
+    """A JSON number as a float, when the float printed back means the same number: one
+    too large for a float (1e999) would be printed as Infinity, which is not JSON, and one
+    a float cannot hold (12345678901234567.5, 1e-400) as another number; such data goes out
+    as base64 instead."""
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text} is out of a float's range")
+    if decimal.Decimal(text) != decimal.Decimal(repr(value)):
+        raise ValueError(f"{text} is not exactly a float")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, unless a key comes twice (the dict would keep one value)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("a key comes twice in an object")
     return value
 
 

@@ -728,6 +728,26 @@ def test_json_output_stays_json_for_numbers_beyond_a_float(store: Path) -> None:
     assert [base64.b64decode(m["base64"]) for m in messages[:2]] == data[:2]
 
 
+def test_json_output_never_changes_what_the_data_says(store: Path) -> None:
+    """JSON data went out re-serialised through Python's parser: a duplicated key lost
+    its first value, and a number a float cannot hold exactly came out as another number
+    (12345678901234567.5 as 1.2345678901234568e+16, 1e-400 as 0.0). Data whose JSON
+    form would change what it says goes out as base64, like any data that is not JSON."""
+    exact = [b'{"a":1,"b":[0.1,1e2,-0.0,12345678901234567890]}', b'{"x": 1.50}']
+    altered = [
+        b'{"a":1,"a":2}',
+        b'{"price":12345678901234567.5}',
+        b'{"tiny":1e-400}',
+        b"[0.30000000000000000001]",
+        b'[{"k":1,"k":1}]',
+    ]
+    invoke(store, "append", "-s", "t", "--create", *(d.decode() for d in exact + altered))
+    *events, _ = records(invoke(store, "read", "-s", "t"))
+    messages = [event["message"] for event in events]
+    assert messages[:2] == [json.loads(d) for d in exact]
+    assert [base64.b64decode(m["base64"]) for m in messages[2:]] == altered
+
+
 def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Path) -> None:
     fake = "c\nstate            resolved"
     invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
