@@ -27,6 +27,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    exact_json,
     is_nats,
     pass_settings,
     require_stream,
@@ -326,7 +327,8 @@ def append(
     Each DATA argument is one event (its UTF-8 bytes). Without DATA, stdin is read as
     NDJSON: a line that is an object with a "data" key and no keys besides "type", "data"
     and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
-    other JSON value compactly re-serialized); any other JSON line is stored as it is,
+    other JSON value compactly re-serialized, refused if that would change a number or
+    drop a repeated key); any other JSON line is stored as it is,
     with type --type. One append takes at most 10,000 events and 64 MiB of data: stdin
     is refused (nothing appended) as soon as it holds more.
     """
@@ -507,6 +509,14 @@ def _event_of_line(
                     f"stdin line {number}: data holds a number beyond a float's range, "
                     "which cannot be written back exactly: pass the data as a JSON "
                     "string, or the line without the envelope (stored as it is)"
+                ) from None
+            try:
+                exact_json(line.decode(json.detect_encoding(line), "surrogatepass"))
+            except ValueError as e:  # (it would be stored saying something else)
+                raise journal.InvalidArgument(
+                    f"stdin line {number}: data cannot be written back as it is ({e}): "
+                    "pass the data as a JSON string, or the line without the envelope "
+                    "(stored as it is)"
                 ) from None
         try:
             body = payload.encode("utf-8")

@@ -45,6 +45,7 @@ __all__ = [
     "event_quiet",
     "event_record",
     "event_text",
+    "exact_json",
     "exit_status",
     "is_nats",
     "lifecycle_record",
@@ -361,14 +362,7 @@ def embedded(data: bytes) -> Any:
         # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
         # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
         # line printed would not parse).
-        # A number a float cannot hold exactly, and a key given twice, would be printed
-        # as something the data does not say: base64 too.
-        value = json.loads(
-            data.decode("utf-8"),
-            parse_constant=_not_json,
-            parse_float=_exact_float,
-            object_pairs_hook=_unique_keys,
-        )
+        value = exact_json(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
         # any data that cannot be embedded.)
@@ -379,6 +373,16 @@ def embedded(data: bytes) -> Any:
 
 
 _BASE64: Final = object()  # (`embedded`: the data is not JSON)
+
+
+def exact_json(text: str) -> Any:
+    """The value of strict JSON text that `json.dumps` writes back meaning the same:
+    ValueError for NaN and Infinity, for a number a float cannot hold exactly (1e999,
+    12345678901234567.5, 1e-400) and for an object with a key given twice (the dict
+    keeps one value)."""
+    return json.loads(
+        text, parse_constant=_not_json, parse_float=_exact_float, object_pairs_hook=_unique_keys
+    )
 
 
 def _not_json(constant: str) -> Any:

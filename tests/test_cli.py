@@ -846,6 +846,33 @@ def test_an_envelope_with_a_number_beyond_a_float_is_refused_not_stored_as_infin
         assert [e.data for e in j.replay("t")] == [b'{"n": 1e999}']
 
 
+def test_an_envelope_whose_data_would_be_stored_saying_something_else_is_refused(
+    store: Path,
+) -> None:
+    """An envelope's data is written back through Python's JSON parser: a number a float
+    cannot hold exactly was stored as another number (`{"data": {"p": 12345678901234567.5}}`
+    as `{"p":1.2345678901234568e+16}`, 1e-400 as 0.0) and a key given twice lost a value,
+    with exit 0. Refused now, saying what to do, and nothing is appended; exact data (and
+    the same line without an envelope) is stored."""
+    for line in (
+        b'{"data": {"p": 12345678901234567.5}}\n',
+        b'{"data": [1e-400]}\n',
+        b'{"data": {"a": 1, "a": 2}}\n',
+    ):
+        result = invoke(store, "append", "-s", "t", "--create", stdin=b'{"data": 1}\n' + line)
+        assert result.exit_code == 4, result.output
+        assert "pass the data as a JSON string" in result.stderr, result.stderr
+    assert invoke(store, "sessions", "show", "t").exit_code == 3  # (nothing appended)
+    lines = b'\xef\xbb\xbf{"data": {"p": 0.1, "q": 1e2, "r": [-0.0, 123456789012345678901]}}\n'
+    lines += b'{"p": 12345678901234567.5}\n'
+    assert invoke(store, "append", "-s", "t", "--create", stdin=lines).exit_code == 0
+    with journal.Journal.open(store, readonly=True) as j:
+        assert [e.data for e in j.replay("t")] == [
+            b'{"p":0.1,"q":100.0,"r":[-0.0,123456789012345678901]}',
+            b'{"p": 12345678901234567.5}',
+        ]
+
+
 def test_ctrl_c_right_after_the_commit_still_prints_the_result(store: Path) -> None:
     """`_ctrl_c_noted` puts Ctrl+C's handler back as soon as `store.append` returns, before
     the result is printed: a Ctrl+C in that window ends the command with exit 130 and
