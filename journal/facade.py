@@ -703,7 +703,8 @@ class Journal:
         self, cursor: str | None = None, stop: threading.Event | None = None
     ) -> Stream[LifecycleEvent]:
         """Lifecycle events: with no cursor, one CREATED per existing session first; then
-        live changes. Resuming from an event's cursor yields the changes after it."""
+        live changes. Resuming from an event's cursor yields the changes after it (from
+        a CREATED of the first snapshot but its last: a fresh snapshot, then the changes)."""
         check_stop(stop)
         self._check_open()
         pager = self._lifecycle.pager(cursor)

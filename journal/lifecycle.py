@@ -22,6 +22,11 @@ from .sessions import FeedEntry, SessionRow
 __all__ = ["LifecycleFeed"]
 
 
+# The ordinal of a lifecycle cursor of a startup snapshot's event that is not its last
+# (every other lifecycle cursor carries 0): it resumes with a fresh snapshot.
+_MID_SNAPSHOT = 1
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -45,6 +50,11 @@ class LifecycleFeed:
         if cursor is None:
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._scope)
+        if claims.ordinal == _MID_SNAPSHOT:
+            # A startup snapshot's event before its last: the sessions after it in that
+            # snapshot were never delivered, and the feed after its position will not
+            # announce them. A fresh snapshot does (the earlier ones come again).
+            return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         position = claims.position
         # A checked cursor names a feed entry: read it (from the same snapshot).
         checked = claims.check is not None and position > 0
@@ -93,10 +103,19 @@ class LifecycleFeed:
         abandoned consumer pins nothing (memory: the registry's size)."""
         point, rows = self._engine.registry()
         cursor = self._cursor(point)
+        # Every event but the last resumes with a fresh snapshot: resuming after `point`
+        # would skip the sessions after it in this one (they were created before it).
+        unfinished = self._codec.encode(TokenKind.LIFECYCLE, self._scope, point, _MID_SNAPSHOT)
         now = _now_ms()
+        last = len(rows) - 1
         events = [
-            LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
-            for row in rows
+            LifecycleEvent(
+                LifecycleEventType.CREATED,
+                self._metadata(row),
+                cursor if i == last else unfinished,
+                now,
+            )
+            for i, row in enumerate(rows)
         ]
         return events, point
 

@@ -1525,6 +1525,36 @@ class JournalContract:
             close_feed(resumed_feed)
         assert [(e.event_type, e.session.session_id) for e in resumed] == expected
 
+    def test_watch_sessions_resumed_from_inside_its_snapshot_skips_no_session(
+        self, j: Journal
+    ) -> None:
+        """Every startup snapshot event carried the snapshot's cursor, which resumes with
+        the changes after the snapshot: a watcher (or a subscription's `cursor`) stopped
+        after the first CREATED never heard of the other sessions. Such a cursor resumes
+        with a fresh snapshot now; the last snapshot event's still resumes after it."""
+        current = self._lifecycle_fixture(j)
+        with guarded_stop() as stop:
+            feed = j.watch_sessions(stop=stop)
+            first = next_or_fail(feed)
+            close_feed(feed)
+        j.create_session("d")
+        with guarded_stop() as stop:
+            resumed_feed = j.watch_sessions(cursor=first.cursor, stop=stop)
+            resumed = [next_or_fail(resumed_feed) for _ in range(len(current) + 1)]
+            close_feed(resumed_feed)
+        assert [(e.event_type, e.session.session_id) for e in resumed] == [
+            (LifecycleEventType.CREATED, s) for s in ("a", "b", "c", "d")
+        ]
+        with guarded_stop() as stop:
+            resumed_feed = j.watch_sessions(cursor=resumed[-1].cursor, stop=stop)
+            j.suspend_session("a")
+            after = next_or_fail(resumed_feed)
+            close_feed(resumed_feed)
+        assert (after.event_type, after.session.session_id) == (
+            LifecycleEventType.SUSPENDED,
+            "a",
+        )
+
     def test_watch_sessions_stop_event_ends_it_promptly(self, j: Journal) -> None:
         self._lifecycle_fixture(j)
         got: list[LifecycleEvent] = []
