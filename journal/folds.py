@@ -84,6 +84,25 @@ _json_object: Final = msgspec.json.Decoder(dict[str, Any])
 _json_encoder: Final = msgspec.json.Encoder()
 
 
+def _same_json(stored: Any, given: Any) -> bool:
+    """Whether JSON read back (`stored`) says what `given` did: equal, a tuple counting as
+    the list it is written as (NaN is not equal to the null it becomes, nor bytes to
+    their base64 text)."""
+    if isinstance(given, (list, tuple)):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(given)
+            and all(_same_json(s, g) for s, g in zip(stored, given, strict=True))
+        )
+    if isinstance(given, dict):
+        return (
+            isinstance(stored, dict)
+            and stored.keys() == given.keys()
+            and all(_same_json(stored[k], given[k]) for k in given)
+        )
+    return bool(stored == given)
+
+
 def _encodable(version: int | str) -> bool:
     try:
         _envelope_encoder.encode(version)
@@ -533,6 +552,12 @@ class Fold(Generic[StateT]):
                 raise InvalidArgument(
                     f"set() takes str keys and JSON-encodable values (UTF-8 text): {error}"
                 ) from error
+            for key, value in _json_object.decode(data).items():
+                if not _same_json(value, changed[key]):  # (NaN -> null, bytes -> base64...)
+                    raise InvalidArgument(
+                        f"set() takes JSON values: {key!r} is {changed[key]!r}, which JSON "
+                        f"would store as {value!r}; convert it first"
+                    )
             return [EventIn(type=STATE_CHANGED, data=data)]
 
         self.update(change)

@@ -189,6 +189,22 @@ def test_set_needs_a_json_fold_of_a_dict_state(j: Journal) -> None:
     assert j.get_session("s").last_ordinal == 0
 
 
+def test_set_refuses_values_json_would_store_as_something_else(j: Journal) -> None:
+    """`set({"x": float("nan")})` appended {"x":null} (msgspec writes NaN and infinities as
+    null) and bytes went in as their base64 text: the fold's state then held None or a
+    str where the caller set a float or bytes, with no error. Refused now, nothing
+    appended; tuples (JSON arrays) and nested JSON values are taken."""
+    j.create_session("s")
+    fold = j.fold("s", None, {})
+    for value in (float("nan"), float("inf"), b"raw", {"n": [1, float("-inf")]}, {1: "a"}):
+        with pytest.raises(InvalidArgument, match="JSON"):
+            fold.set({"x": value})
+    assert j.get_session("s").last_ordinal == 0
+    fold.set({"t": (1, 2), "n": {"a": [1.5, None, True]}, "s": "x"})
+    assert fold.state == {"t": [1, 2], "n": {"a": [1.5, None, True]}, "s": "x"}
+    assert j.fold("s", None, {}).state == fold.state
+
+
 def test_a_fold_from_a_checkpoint_applies_only_the_events_after_it(j: Journal) -> None:
     j.create_session("s")
     values = list(range(100))
