@@ -267,6 +267,10 @@ _CLI_HINTS: Final = (
         "(`journal sessions list` shows the ids)",
     ),
     ("use get_session to inspect it", "`journal sessions show ID` shows it"),
+    (
+        "(for example Journal.open('nats://host:4222', store='agents'))",
+        "(for example --store nats://host:4222/agents)",
+    ),
     ("`journal init` or Journal.open(path, create=True)", "`journal init`"),
     ("(rename=, or `journal import --as NEW_ID`)", "(`journal import --as NEW_ID`)"),
     (
@@ -292,6 +296,10 @@ _CLI_HINTS: Final = (
 # (anchored at the start, so a value quoted later in a message is never touched).
 _CLI_SUBJECTS: Final = (
     (re.compile(r"session_id "), lambda m: "session id "),
+    (
+        re.compile(r"store must name the journal's stream"),
+        lambda m: "--store nats://HOST:PORT/NAME must name the journal's stream",
+    ),
     (re.compile(r"idempotency_key "), lambda m: "--idempotency-key "),
     (re.compile(r"file_mode "), lambda m: "--file-mode "),
     (

@@ -748,6 +748,19 @@ def test_json_output_never_changes_what_the_data_says(store: Path) -> None:
     assert [base64.b64decode(m["base64"]) for m in messages[2:]] == altered
 
 
+def test_a_nats_store_without_a_name_is_explained_in_cli_terms() -> None:
+    """`--store nats://host:4222` (no store name) said to call
+    Journal.open('nats://host:4222', store='agents'), a library call, on the command line."""
+    for store in ("nats://127.0.0.1:1", "nats://127.0.0.1:1/", "nats://127.0.0.1:1/a$"):
+        result = CliRunner().invoke(
+            main, ["--store", store, "--format", "json", "sessions", "list"]
+        )
+        assert_one_line_error(result, 4, "INVALID_ARGUMENT")
+        assert "Journal.open" not in result.stderr, result.stderr
+        assert "--store nats://HOST:PORT/NAME must name" in result.stderr, result.stderr
+        assert "(for example --store nats://host:4222/agents)" in result.stderr
+
+
 def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Path) -> None:
     fake = "c\nstate            resolved"
     invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
