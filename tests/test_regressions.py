@@ -1357,3 +1357,26 @@ def test_a_store_moved_while_open_is_unavailable_not_damaged(tmp_path: Path) -> 
             j.append("a", [EventIn("message", b"2")])
     with Journal.open(after, durability="os") as j:
         assert j.verify().problems == []
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_store_whose_store_json_is_lost_is_refused_and_left_unchanged(
+    tmp_path: Path, readonly: bool
+) -> None:
+    """A store whose store.json was deleted (or not restored with its segments): a
+    writable open created a new store.json with a new store id and only then refused
+    ("segment ... belongs to another store"), leaving it there, so read-only opens read
+    the events under the new id while every writable open kept failing; a read-only open
+    said "no journal store: create it with `journal init`". Both now refuse, naming the
+    missing file, and change nothing; with store.json back the store opens."""
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.append("s", [EventIn("m", b"x")], create=True)
+    (store / "store.json").rename(tmp_path / "store.json")
+    before = sorted(p.name for p in store.iterdir())
+    with pytest.raises(journal.StoreIncompatible, match="no store.json"):
+        Journal.open(store, readonly=readonly)
+    assert sorted(p.name for p in store.iterdir()) == before
+    (tmp_path / "store.json").rename(store / "store.json")
+    with Journal.open(store, readonly=readonly) as j:
+        assert [e.data for e in j.replay("s")] == [b"x"]

@@ -122,6 +122,7 @@ from .store_file import (
     create_store,
     load_store,
     record_in_store,
+    refuse_lost_store_file,
     remove_stray_temporaries,
 )
 from .stored import stored_record
@@ -227,6 +228,7 @@ class LocalEngine:
         except FileNotFoundError:
             exists = False
         if not exists:
+            refuse_lost_store_file(path)
             if readonly or not options.create:
                 raise StoreNotFound(
                     f"no journal store at {path!r}: create it with `journal init` or "

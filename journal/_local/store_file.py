@@ -31,6 +31,7 @@ from ..arguments import check_retention, file_mode_problem
 from ..errors import InvalidArgument, StoreIncompatible
 from ..models import RetentionPolicy
 from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, open_regular, write_atomic
+from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
 
 __all__ = [
     "STORE_FORMAT",
@@ -38,6 +39,7 @@ __all__ = [
     "create_store",
     "load_store",
     "record_in_store",
+    "refuse_lost_store_file",
     "remove_stray_temporaries",
 ]
 
@@ -70,6 +72,22 @@ def _document(store_id: bytes, file_mode: int | None, retention: RetentionPolicy
     if retention is not None:
         document["retention"] = msgspec.to_builtins(retention)
     return json.dumps(document).encode()
+
+
+def refuse_lost_store_file(path: str) -> None:
+    """`StoreIncompatible` when `path` has no `store.json` but holds segment files: the
+    store's identity is lost (deleted, or not restored with the rest), and a new one
+    would name another store, which every later open refuses beside those segments."""
+    try:
+        names = os.listdir(os.path.join(path, "segments"))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if any(name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)) for name in names):
+        raise StoreIncompatible(
+            f"{path!r} holds a journal's segment files but no store.json (deleted, or not "
+            "restored with them): restore store.json from a backup of this store; nothing "
+            "was changed"
+        )
 
 
 def create_store(path: str, permissions: Permissions, retention: RetentionPolicy) -> None:
