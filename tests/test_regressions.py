@@ -1374,7 +1374,7 @@ def test_a_store_whose_store_json_is_lost_is_refused_and_left_unchanged(
         j.append("s", [EventIn("m", b"x")], create=True)
     (store / "store.json").rename(tmp_path / "store.json")
     before = sorted(p.name for p in store.iterdir())
-    with pytest.raises(journal.StoreIncompatible, match="no store.json"):
+    with pytest.raises(journal.StoreIncompatible, match=r"no store\.json"):
         Journal.open(store, readonly=readonly)
     assert sorted(p.name for p in store.iterdir()) == before
     (tmp_path / "store.json").rename(store / "store.json")
