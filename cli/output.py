@@ -405,7 +405,8 @@ def _exact_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"{text} is out of a float's range")
-    if decimal.Decimal(text) != decimal.Decimal(repr(value)):
+    shown = repr(value)
+    if shown != text and decimal.Decimal(text) != decimal.Decimal(shown):
         raise ValueError(f"{text} is not exactly a float")
     return value
 
