@@ -333,7 +333,8 @@ class LifecycleEvent(msgspec.Struct, frozen=True):
     """A lifecycle change (or, in the startup snapshot, a CREATED per existing session).
 
     `session` is the metadata right after the change. Resuming `watch_sessions` from
-    `cursor` yields the changes after this one.
+    `cursor` yields the changes after this one (from a startup snapshot's CREATED but
+    its last: a fresh snapshot, so no session it had not delivered yet is skipped).
     """
 
     event_type: LifecycleEventType
