@@ -159,9 +159,9 @@ class LocalEngine:
     """The segment-and-LMDB engine of one open store (see the module docstring).
 
     Thread-safe; several processes may open the same store. Use `LocalEngine.open`.
-    Its parts (`log`, `view`, `summaries`, `compactions`, and `private_dir`, the
-    directory of a read-only journal's private view, else None) are its own: tests and
-    benchmarks look at them; the facade never does.
+    Its parts (`log`, `view`, `summaries`, `compactions`, `expiry`, and `private_dir`,
+    the directory of a read-only journal's private view, else None) are its own: tests
+    and benchmarks look at them; the facade never does.
     """
 
     import_refusal: str | None = None
@@ -288,7 +288,7 @@ class LocalEngine:
         # Rows the last batch of appends wrote (`known_rows`).
         self._rows = KnownRows()
         self.waiter = Notifier(self.head, self.changes)
-        self._expiry: ExpiryTimer | None = None
+        self.expiry: ExpiryTimer | None = None
         self.compactions = Compactions(self.log, self.view, self.submit)
         self._closing = False
         self._closed = False
@@ -298,7 +298,7 @@ class LocalEngine:
                 # every write fails with this error, and reads of the lost frames too.)
                 self._run_commit([])
             self._roll_back_abandoned_imports()
-            self._expiry = ExpiryTimer(self)
+            self.expiry = ExpiryTimer(self)
 
     def changes(self) -> DirectoryChanges | None:
         """What the waiter thread sleeps on (module `inotify`): the view's directory, where
@@ -357,7 +357,7 @@ class LocalEngine:
                 self._release(remove_private=False)
             return
         self._closing = True  # (a `maintain` in flight stops at its next segment)
-        expiry = getattr(self, "_expiry", None)
+        expiry = getattr(self, "expiry", None)
         if expiry is not None:
             expiry.stop()
             # A pass in flight finishes before the environment goes (it would meet a
@@ -577,15 +577,15 @@ class LocalEngine:
                     request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
         if planner.unpin:
             self.compactions.ask(planner.unpin)
-            if self._expiry is not None:
-                self._expiry.poke()
+            if self.expiry is not None:
+                self.expiry.poke()
         if planner.evicted:
             remove_evicted_locks(self.location, planner.evicted, self._ops)
         if planner.records:
             self.waiter.publish(projection.head.next_position)
             due = projection.nearest_new_deadline
-            if due is not None and self._expiry is not None:
-                self._expiry.nearer(due)
+            if due is not None and self.expiry is not None:
+                self.expiry.nearer(due)
 
     def _remember_rows(
         self, batch: list[Request], planner: Planner, projection: Projection, txn_id: int
