@@ -6,6 +6,7 @@ lost records makes the cursors from before them expire the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
@@ -253,11 +254,12 @@ def test_a_read_only_private_view_expires_cursors_of_changes_pruned_past_its_hea
         assert by_reader.value.earliest_ordinal == by_writer.value.earliest_ordinal
 
 
-def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
+@contextlib.contextmanager
+def private_reader(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A long-lived reader's private view must not keep every change ever made: what the
-    # writer pruned goes from it too when it catches up.
+) -> Iterator[tuple[Journal, Path]]:
+    """A read-only journal of `store` (created, with one session) reading through a
+    private view, and that view's directory."""
     with open_store(store) as writer:
         writer.create_session("anchor")
     shutil.rmtree(store / "index")  # (the reader cannot make the shared view: private)
@@ -266,6 +268,15 @@ def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the private view goes
     with open_store(store, readonly=True) as reader:
         (private,) = scratch.glob("journal-readonly-*")
+        yield reader, private
+
+
+def test_a_read_only_private_view_drops_the_entries_the_writer_pruned(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long-lived reader's private view must not keep every change ever made: what the
+    # writer pruned goes from it too when it catches up.
+    with private_reader(store, tmp_path, monkeypatch) as (reader, private):
         rounds = 4
         with open_store(store) as writer:
             for round_ in range(rounds):
@@ -290,14 +301,7 @@ def test_a_read_only_private_view_forgets_the_tombstones_the_writer_forgot(
     # them. A long-lived reader's private view kept every one ever made (found by a soak:
     # 27,000 of each after 75 s of session churn beside the writer's 700, its data.mdb
     # growing by 3 MB a minute), so its file and memory grew without bound.
-    with open_store(store) as writer:
-        writer.create_session("anchor")
-    shutil.rmtree(store / "index")  # (the reader cannot make the shared view: private)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the private view goes
-    with open_store(store, readonly=True) as reader:
-        (private,) = scratch.glob("journal-readonly-*")
+    with private_reader(store, tmp_path, monkeypatch) as (reader, private):
         rounds = 6
         with open_store(store) as writer:
             for round_ in range(rounds):
