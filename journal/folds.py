@@ -62,7 +62,20 @@ class JsonCodec(Generic[StateT]):
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(type)
 
     def encode(self, state: StateT) -> bytes:
-        return self._encoder.encode(state)
+        """The state as JSON; `ValueError` when it would come back as something else
+        (JSON writes NaN and infinities as null, bytes as base64 text, keys as strings):
+        a fold restored from that checkpoint would not equal the fold of its events."""
+        data = self._encoder.encode(state)
+        try:
+            same = _same_json(self._decoder.decode(data), state)
+        except msgspec.ValidationError:
+            same = False
+        if not same:
+            raise ValueError(
+                "it holds a value JSON stores as something else (NaN or an infinity, "
+                "bytes, a key that is not a string, or a value its type does not take)"
+            )
+        return data
 
     def decode(self, data: bytes) -> StateT:
         state: StateT = self._decoder.decode(data)

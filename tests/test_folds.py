@@ -205,6 +205,29 @@ def test_set_refuses_values_json_would_store_as_something_else(j: Journal) -> No
     assert j.fold("s", None, {}).state == fold.state
 
 
+def test_a_checkpoint_of_a_state_json_cannot_hold_is_refused(j: Journal) -> None:
+    """The default codec wrote NaN in a fold's state as null: a fold restored from that
+    checkpoint held None where the fold of the events held NaN (found by a new-user
+    trial). `snapshot()` now refuses such a state (nothing stored) and a restore folds
+    the events, as without a checkpoint."""
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3]))
+
+    def count(state: dict[str, Any], event: Event) -> dict[str, Any]:
+        return {"n": state["n"] + 1, "r": 0.5}
+
+    fold = j.fold("s", count, {"n": 0, "r": 0.0})
+    assert fold.snapshot() is not None  # (0.5: JSON holds it)
+    for bad in (float("nan"), float("inf"), b"raw", {1: "a"}):
+        j.append("s", value_events([4]))
+        odd = j.fold("s", lambda state, event, bad=bad: {**state, "x": bad}, {"n": 0, "r": 0.0})
+        assert odd.state["x"] == bad or bad != bad  # (NaN is not equal to itself)
+        with pytest.raises(InvalidArgument, match="JSON stores as something else"):
+            odd.snapshot()
+    restored = j.fold("s", count, {"n": 0, "r": 0.0})
+    assert restored.state == {"n": 7, "r": 0.5}  # (from the checkpoint at 3 on)
+
+
 def test_a_fold_from_a_checkpoint_applies_only_the_events_after_it(j: Journal) -> None:
     j.create_session("s")
     values = list(range(100))
