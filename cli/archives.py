@@ -26,6 +26,7 @@ from .output import (
     pass_settings,
     plural,
     require_stream,
+    shown,
     silence_stdout,
 )
 
@@ -319,7 +320,8 @@ def import_(
     for item in report.sessions:
         output.emit(
             {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
-            f"imported {item.source_id} as {item.session_id} ({plural(item.events, 'event')})",
+            f"imported {shown(item.source_id)} as {shown(item.session_id)} "
+            f"({plural(item.events, 'event')})",
         )
     output.emit(
         {

@@ -31,6 +31,7 @@ from .output import (
     is_nats,
     pass_settings,
     require_stream,
+    shown,
     silence_stdout,
 )
 from .sessions import sessions
@@ -424,7 +425,7 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
         span += f"..#{result.last_ordinal}"
     note = " (deduplicated: already appended with this key)" if result.deduplicated else ""
     settings.output.emit(
-        record, f"appended {result.session_id} {span}{note} cursor={result.cursor}"
+        record, f"appended {shown(result.session_id)} {span}{note} cursor={result.cursor}"
     )
 
 

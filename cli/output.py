@@ -485,8 +485,9 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
     events = f"{count} events" if count != 1 else "1 event"
     if count:
         events += f" (#{meta.first_ordinal}..#{meta.last_ordinal})"
-    padding = " " * max(0, id_width - display_width(meta.session_id))
-    parts = [meta.session_id + padding, f"{meta.state.value:<9}", events]
+    session_id = shown(meta.session_id)
+    padding = " " * max(0, id_width - display_width(session_id))
+    parts = [session_id + padding, f"{meta.state.value:<9}", events]
     if meta.mode:
         parts.append(f"mode={shown(meta.mode)}")
     if meta.tags:
@@ -498,9 +499,10 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
 
 
 def shown(text: str) -> str:
-    """Text of the store (a tag, a request id, a context id) as one line: control
-    characters (a newline would fake a listing row or a field) are escaped as in Python
-    string literals."""
+    """Text of the store (a session id, a tag, a request id, a context id) as one line:
+    control characters (a newline would fake a listing row or a field) and format
+    characters (a right-to-left override would show one id as another) are escaped as
+    in Python string literals."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
@@ -516,4 +518,4 @@ def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:
 def lifecycle_text(event: journal.LifecycleEvent) -> str:
     meta = event.session
     mode = f" (mode={shown(meta.mode)})" if meta.mode else ""
-    return f"{event.event_type.value} {meta.session_id}{mode} state={meta.state.value}"
+    return f"{event.event_type.value} {shown(meta.session_id)}{mode} state={meta.state.value}"

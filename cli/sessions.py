@@ -218,7 +218,7 @@ def _transition_command(
     def command(settings: Settings, session_id: str) -> None:
         with settings.open() as store:
             meta = pick(store)(session_id)
-        settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
+        settings.output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
 
     helps = {
         "resolve": "Resolve a session (terminal): its watchers end after the last event.",
@@ -259,6 +259,6 @@ def expire(settings: Settings) -> None:
             if meta.ended_at_ms is not None and meta.ended_at_ms >= start_ms
         ]
     for meta in expired:
-        settings.output.emit(session_record(meta), f"{meta.session_id} {meta.state.value}")
+        settings.output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
     if not expired and settings.output.format == "text":
         click.echo("no session is past its deadline now")

@@ -23,6 +23,7 @@ from .output import (
     Settings,
     lifecycle_record,
     lifecycle_text,
+    shown,
     stop_when_reader_leaves,
 )
 
@@ -99,7 +100,7 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write
         state = store.get_session(session_id).state.value
-    output.emit({"end": state}, f"-- session {session_id} is {state}: watch ended")
+    output.emit({"end": state}, f"-- session {shown(session_id)} is {state}: watch ended")
 
 
 def watch_lifecycle(settings: Settings, cursor: str | None) -> None:

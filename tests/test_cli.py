@@ -775,6 +775,21 @@ def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Pa
     assert "[r1\\n#999 message FAKE]" in read
 
 
+def test_text_output_escapes_format_characters_in_session_ids(store: Path) -> None:
+    """Session ids may hold Unicode format characters (not control characters): printed
+    raw, a right-to-left override made `a\u202egnp.exe` show as another id (found by an
+    adversarial trial). Text output escapes them wherever it prints an id; NDJSON keeps
+    the id as it is."""
+    spoof = "a\u202egnp.exe"
+    assert invoke(store, "sessions", "create", spoof).exit_code == 0
+    appended = invoke(store, "append", "-s", spoof, "x", fmt="text").stdout
+    listed = invoke(store, "sessions", "list", fmt="text").stdout
+    resolved = invoke(store, "sessions", "resolve", spoof, fmt="text").stdout
+    for text in (appended, listed, resolved):
+        assert "\u202e" not in text and "a\\u202egnp.exe" in text, text
+    assert [r["session_id"] for r in records(invoke(store, "sessions", "list"))] == [spoof]
+
+
 def test_sessions_expire_expires_what_is_past_its_deadline(store: Path) -> None:
     """Read commands never expire a session; `journal sessions expire` does (as any
     write command does), so a watch of it can end."""
