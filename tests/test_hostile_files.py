@@ -287,6 +287,7 @@ def test_an_owner_lock_file_that_is_no_file_is_store_unavailable(tmp_path: Path,
         with pytest.raises(StoreUnavailable) as caught:
             j.own("a")
         assert os.path.basename(path) in str(caught.value), caught.value
+        assert "move the file named away" in str(caught.value), caught.value  # (not disk)
         assert j.get_session("a").owner is None
         os.rmdir(path) if kind == "directory" else os.unlink(path)
         with j.own("a") as owner:

@@ -102,9 +102,8 @@ _REMEDIES: Final = {
 def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     """The error a caller sees when the store's disk refused an operation."""
     what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
-    remedy = (
-        _NOT_A_FILE if isinstance(error, NotRegularFile) else _REMEDIES.get(error.errno or 0, _DISK)
-    )
+    not_a_file = isinstance(error, NotRegularFile) or error.errno == errno.EISDIR
+    remedy = _NOT_A_FILE if not_a_file else _REMEDIES.get(error.errno or 0, _DISK)
     refused = StoreUnavailable(
         f"the store's files {_FAILED[during].format(what)}; the store is usable again "
         f"once the cause is fixed ({remedy}): retry then",
