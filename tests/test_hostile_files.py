@@ -183,6 +183,25 @@ def test_a_fifo_in_place_of_a_sealed_segment_is_reported_not_waited_on(
         assert os.path.basename(victim) in str(got) and "FIFO" in str(got), got
 
 
+def test_a_dangling_symlink_in_place_of_a_sealed_segment_is_named_for_itself(
+    tmp_path: Path,
+) -> None:
+    """A replay that met it said the compressed form (`.seg.zst`) of the segment was
+    missing (the plain file "did not exist", so the reader looked for the other form);
+    it names the `.seg` as a symbolic link now (found by an adversarial trial)."""
+    store = tmp_path / "s"
+    _filled(store)
+    victim = _sealed(store, ".seg")
+    os.unlink(victim)
+    os.symlink(str(tmp_path / "nowhere"), victim)
+    with Journal.open(store, readonly=True) as j, pytest.raises(JournalError) as caught:
+        list(j.replay("a"))
+    assert caught.value.code == "JOURNAL_CORRUPT", repr(caught.value)
+    message = str(caught.value)
+    assert os.path.basename(victim) in message and ".seg.zst" not in message, message
+    assert "symbolic link" in message, message
+
+
 def test_an_lmdb_error_of_a_writable_open_gives_no_read_only_advice() -> None:
     """'a store that was never opened for writing cannot be opened read-only' came with
     every LMDB error of an open (a FIFO in place of index/lock.mdb opened writable said

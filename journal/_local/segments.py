@@ -113,6 +113,13 @@ def open_segment(path: str, flags: int) -> int:
     except NotRegularFile as e:
         name = os.path.basename(path)
         raise JournalCorrupt(name, 0, f"the segment is {e.kind}, not a file") from e
+    except FileNotFoundError:
+        if os.path.islink(path):  # (named for itself, not as if the file were missing)
+            name = os.path.basename(path)
+            raise JournalCorrupt(
+                name, 0, "the segment is a symbolic link to a missing file"
+            ) from None
+        raise
 
 
 class KnownZeros:
