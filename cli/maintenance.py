@@ -185,9 +185,11 @@ def cursor_key(settings: Settings, new: bool) -> None:
         )
     if new:
         if os.path.exists(path):
-            raise journal.InvalidArgument(
+            raise CommandFailed(  # (exit 5, as `export` to an existing file)
                 f"{path} exists: --new only replaces a missing key file (to start over "
-                "anyway, move it aside first; every cursor issued so far becomes foreign)"
+                "anyway, move it aside first; every cursor issued so far becomes foreign)",
+                "FILE_EXISTS",
+                "ALREADY_EXISTS",
             )
         if KeyRing.from_environment() is not None:
             raise journal.InvalidArgument(
