@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -200,6 +201,29 @@ def test_a_dangling_symlink_in_place_of_a_sealed_segment_is_named_for_itself(
     message = str(caught.value)
     assert os.path.basename(victim) in message and ".seg.zst" not in message, message
     assert "symbolic link" in message, message
+
+
+@pytest.mark.parametrize("keep_index", [True, False])
+def test_a_read_only_open_that_fails_on_a_damaged_segment_leaves_nothing_open(
+    tmp_path: Path, keep_index: bool
+) -> None:
+    """A read-only open whose private view could not be built (the active segment is not
+    a segment file) raised `JournalCorrupt` but left the private view's LMDB environment
+    open (3 descriptors after 3 failed opens), and its files stayed registered as open in
+    this process, so a later store whose files got the same inode numbers was refused as
+    "open already" (found by the hostile-files fuzz test)."""
+    store = tmp_path / "s"
+    _filled(store)
+    with open(_active(store), "wb") as f:
+        f.write(b"not a segment" * 10)
+    if not keep_index:
+        shutil.rmtree(store / "index")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(JournalError) as caught:
+            Journal.open(store, readonly=True)
+        assert caught.value.code == "JOURNAL_CORRUPT", repr(caught.value)
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_an_lmdb_error_of_a_writable_open_gives_no_read_only_advice() -> None:

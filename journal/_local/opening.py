@@ -206,6 +206,12 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         except JournalCorrupt as e:
             shared_damage = view_problem(e.detail)
             stale = True  # a head that fails its checks
+        except BaseException:
+            # (Any other failure, such as an OS error reading the active segment: the view
+            # is closed here, or its files stayed open and registered for good, and a
+            # later store whose files got their inode numbers was "open already".)
+            view.close()
+            raise
         if stale:
             # Behind the log (a writer crashed before indexing its last frames) or from
             # before a reboot: a reader must not see less than was committed.
@@ -223,14 +229,21 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
     _PRIVATE_VIEWS[private] = os.getpid()
     try:
         view = View(private)
+    except BaseException:
+        remove_private_view(private)
+        raise
 
-        def build() -> None:
-            with view.begin(write=True) as txn:
-                view.put_store_id(txn, log.store_id)
-                project_log(log, view, txn)
+    def build() -> None:
+        with view.begin(write=True) as txn:
+            view.put_store_id(txn, log.store_id)
+            project_log(log, view, txn)
 
+    try:
         while_files_change(log, build)
     except BaseException:
+        # (Closed before its directory goes: an environment left open kept two files
+        # open and registered for good, found by the hostile-files fuzz test.)
+        view.close()
         remove_private_view(private)
         raise
     return view, private, shared_damage
