@@ -166,7 +166,9 @@ class Subscription(Generic[ItemT]):
                     return False, None, None
                 try:
                     self._listener(item)
-                except Exception as error:
+                except BaseException as error:
+                    # (SystemExit and the like too: raised here they would end the
+                    # delivery thread, and with it every subscription of the journal.)
                     self._fail(error)
                     return False, None, None
                 self._last = item
@@ -175,7 +177,7 @@ class Subscription(Generic[ItemT]):
             return False, None, None
         return True, wait_past, self._pager.wait_timeout
 
-    def _fail(self, error: Exception) -> None:
+    def _fail(self, error: BaseException) -> None:
         self._closed = True
         self._error = error
         handler = self._on_error
@@ -245,6 +247,10 @@ class Deliveries:
         with self._lock:
             self._closing = True
             thread = self._thread
+            for subscription in self._subscriptions:
+                # No further item is delivered, also from the page a listener that
+                # closes the journal is in (as `sub.close()` there).
+                subscription._closed = True
         self._waiter.recheck()
         if thread is not None and thread is not threading.current_thread():
             thread.join()

@@ -525,3 +525,50 @@ def test_any_mix_of_subscribes_unsubscribes_and_restarts_delivers_each_event_onc
         finally:
             j.close()
         assert not delivery_threads()
+
+
+def test_closing_the_journal_from_a_listener_stops_at_that_event(
+    engine: EngineFactory, store: Path
+) -> None:
+    # As `sub.close()` from inside the listener: no further item of the page is
+    # delivered once the listener closed the journal (found by a helper trial: the rest
+    # of the page went on to the listener of a closed journal).
+    j = engine.open(store, durability="os")
+    j.create_session("s")
+    j.append("s", numbered(1, 5))
+    got: list[int] = []
+
+    def listener(event: Event) -> None:
+        got.append(event.ordinal)
+        if event.ordinal == 2:
+            j.close()
+
+    sub = j.subscribe("s", listener)
+    assert sub.wait(WAIT_S)
+    assert got == [1, 2]
+    until(lambda: not delivery_threads())
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_a_listener_raising_a_base_exception_ends_only_its_own_subscription(
+    j: Journal, raised: type[BaseException]
+) -> None:
+    # sys.exit() in a listener killed the delivery thread (found by a helper trial): its
+    # subscription never ended (`wait` timed out, no error), and every subscription of
+    # the journal, later ones included, was never served again.
+    j.create_session("s")
+    j.append("s", numbered(1, 3))
+    errors: list[BaseException] = []
+
+    def failing(event: Event) -> None:
+        if event.ordinal == 2:
+            raise raised("listener quit")
+
+    sub = j.subscribe("s", failing, on_error=errors.append)
+    assert sub.wait(WAIT_S)
+    assert isinstance(sub.error, raised) and errors == [sub.error]
+    good = Collector()
+    later = j.subscribe("s", good)
+    good.wait_for(3)
+    assert good.ordinals == [1, 2, 3]
+    later.close()
