@@ -891,3 +891,35 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
             assert stored == ["turn_started", "message", "message", "turn_result"]
     finally:
         proxy.close()
+
+
+def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The snapshot reads the feed's last position, then the rows: a session created in
+    # between was in both the rows and the feed after the point, and its CREATED came
+    # twice (12 of 15 subscribe_sessions() followed by a create_session(), found by a
+    # helper trial; the local engine delivers it once).
+    j = Journal.open(url, store=store_name(tmp_path), create=True)
+    other = Journal.open(url, store=store_name(tmp_path))
+    with j, other:
+        j.create_session("a")
+        reader = j._engine.reader  # type: ignore[attr-defined]  # noqa: SLF001
+        point_of = reader.last_feed_position
+
+        async def then_create() -> int:
+            point: int = await point_of()
+            other.create_session("b")  # (another connection: this loop waits meanwhile)
+            return point
+
+        monkeypatch.setattr(reader, "last_feed_position", then_create)
+        stream = j.watch_sessions()
+        seen = [next(stream).session.session_id]  # the snapshot: "a", and "b" is made
+        monkeypatch.setattr(reader, "last_feed_position", point_of)
+        other.create_session("c")
+        for event in stream:
+            seen.append(event.session.session_id)
+            if seen[-1] == "c":
+                break
+        stream.close()
+    assert seen == ["a", "b", "c"]
