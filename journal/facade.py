@@ -677,6 +677,13 @@ class Journal:
             unsettled = partial(check_unsettled, self._engine, cursor)
             pager = EventPager(page, after, live, unsettled, page_bytes)
             yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
+        if not live and not pager.finished and self._closed and not halted():
+            # A replay cut short by close() must not look complete (a fold restored from
+            # it would hold a state of part of the session, with no error).
+            raise JournalClosed(
+                f"the journal was closed while session {row.session_id!r} was replayed: "
+                f"events after ordinal {pager.after} were not read"
+            )
 
     def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
         return lambda: self._closed or halted()

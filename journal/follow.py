@@ -68,6 +68,8 @@ class EventPager:
         self._unsettled = unsettled
         self.last: Event | None = None
         self.wait_timeout: float | None = None
+        # Whether a pager that is not `live` delivered every event (not cut short).
+        self.finished = False
 
     def step(self) -> tuple[list[Event], int | None, bool]:
         events, has_more, terminal, seen, row = self._read_page(self.after, self._page_bytes)
@@ -79,6 +81,7 @@ class EventPager:
         if has_more:
             return events, None, False
         if not self._live:
+            self.finished = True
             return events, None, True
         if events:
             # One more page after the last events: a session ends (or a turn is judged)

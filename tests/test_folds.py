@@ -27,6 +27,7 @@ from journal import (
     EventIn,
     InvalidArgument,
     Journal,
+    JournalClosed,
     JsonCodec,
     OrdinalConflict,
     ReadOnlyStore,
@@ -634,3 +635,36 @@ def _count_in_processes(
         # Every increment saw the one before it: values 1..total, none lost or repeated.
         assert [json.loads(e.data) for e in j.replay("counter")] == list(range(1, total + 1))
     assert calls >= total
+
+
+def test_a_fold_or_replay_cut_short_by_close_raises_journal_closed(
+    engine: EngineFactory, store: Path
+) -> None:
+    # Closing the journal (from another thread, at shutdown) while a fold restored ended
+    # its replay silently: fold() returned the state of part of the session (1,048 of
+    # 10,000 events in a helper trial), as if it were all of it.
+    j = engine.open(store, durability="os")
+    j.create_session("s")
+    j.append("s", [EventIn("v", b"%d" % i + b" " * (600 << 10)) for i in range(1, 7)])
+
+    def closing(state: int, event: Event) -> int:
+        if event.ordinal == 1:
+            j.close()  # (the first page of a replay holds at most 1 MiB: 1 event here)
+        return state + 1
+
+    with pytest.raises(JournalClosed, match="after ordinal"):
+        j.fold("s", closing, 0)
+    j = engine.open(store, durability="os")
+    seen: list[int] = []
+    with pytest.raises(JournalClosed, match="after ordinal 2"):
+        for event in j.replay("s", max_bytes=1):
+            seen.append(event.ordinal)
+            if event.ordinal == 2:
+                j.close()
+    assert seen == [1, 2]
+    # A replay that read everything, or one stopped by its own close(), raises nothing.
+    with engine.open(store, durability="os") as j:
+        stream = j.replay("s", max_bytes=1)
+        assert next(stream).ordinal == 1
+        stream.close()
+        assert len(list(j.replay("s"))) == 6
