@@ -678,9 +678,7 @@ class Journal:
             pager = EventPager(page, after, live, unsettled, page_bytes)
             yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
         if not live and not pager.finished and self._closed and not halted():
-            # A replay cut short by close() must not look complete (a fold restored from
-            # it would hold a state of part of the session, with no error).
-            raise JournalClosed(
+            raise JournalClosed(  # (not as if complete: a fold would hold part of it)
                 f"the journal was closed while session {row.session_id!r} was replayed: "
                 f"events after ordinal {pager.after} were not read"
             )
