@@ -508,6 +508,7 @@ def project_segments(
     projection: Projection,
     until: Head | None = None,
     known_zeros: KnownZeros | None = None,
+    listed: list[int] | None = None,
 ) -> list[int]:
     """Apply every frame after `projection.head` (across segments) to the projection;
     with `until`, only the frames before its next position (a view as of that head);
@@ -516,10 +517,11 @@ def project_segments(
     The one loop behind a writer's catch-up, a rebuild and a read-only refresh. Positions
     never go backwards; sealed segments may have gaps (retention deletes dead segments,
     compaction drops dead frames), the active segment is dense. Returns the bases of the
-    sealed segments visited (a writer checks their sidecars). Does not flush.
+    sealed segments visited (a writer checks their sidecars). Does not flush. `listed`:
+    the segments' bases as the caller listed them just before (else listed here).
     """
     head = projection.head
-    bases = [b for b in log.bases() if b >= head.segment]
+    bases = [b for b in (log.bases() if listed is None else listed) if b >= head.segment]
     if not bases:
         raise JournalCorrupt(
             segment_name(head.segment), 0, "the active segment indexed by the view is missing"
@@ -682,7 +684,8 @@ def project_new(log: SegmentLog, view: View, ops: FileOps) -> None:
         head = view.head(txn)
         assert head is not None  # (a private view has one from its build)
         projection = Projection(view, txn, head, ops)
-        project_segments(log, projection)
+        listing = log.segments()  # (one listing for the projection and the tombstones)
+        project_segments(log, projection, listed=[s.base_position for s in listing])
         projection.flush()
         # Changes the writer pruned meanwhile, maybe past this view's head: a lifecycle
         # cursor from before them must expire here too, and their entries go here as well
@@ -695,4 +698,4 @@ def project_new(log: SegmentLog, view: View, ops: FileOps) -> None:
             view.raise_feed_floor(txn, floor)
         # The tombstones whose creation record left the log go as well (the writer's
         # retention and compaction forget them): `tombstones`.
-        forget_gone_creations(log, view, txn)
+        forget_gone_creations(log, view, txn, [(s.base_position, s.compressed) for s in listing])

@@ -11,7 +11,8 @@ writer that churns sessions grew its view's file and memory without bound (found
 soak: 27,000 tombstones, incarnation ids and pins after 75 s, against the writer's 700).
 
 `forget_gone_creations` runs in the refresh's write transaction. It looks only when the
-segment files changed since it last looked (one listing, which the refresh makes anyway):
+segment files changed since it last looked (the refresh's own listing, shared with its
+projection):
 then each tombstone whose creation position no existing frame holds goes, with its id and
 pin (`View.forget_tombstone`). A sealed segment's frames come from its sidecar; a file
 deleted or replaced meanwhile leaves the tombstone for the next look.
@@ -39,9 +40,11 @@ _LOOKED: Final[weakref.WeakKeyDictionary[View, list[tuple[int, bool]]]] = (
 _ALL: Final = (1 << 64) - 1
 
 
-def forget_gone_creations(log: SegmentLog, view: View, txn: lmdb.Transaction) -> None:
-    """Forget the tombstones of `view` whose creation record the log no longer holds."""
-    listing = [(s.base_position, s.compressed) for s in log.segments()]
+def forget_gone_creations(
+    log: SegmentLog, view: View, txn: lmdb.Transaction, listing: list[tuple[int, bool]]
+) -> None:
+    """Forget the tombstones of `view` whose creation record the log no longer holds;
+    `listing`: the log's segments (base, compressed), as the refresh listed them."""
     if not listing or _LOOKED.get(view) == listing:
         return
     bases = [base for base, _ in listing]
