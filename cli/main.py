@@ -492,33 +492,29 @@ def _event_of_line(
     line: bytes, number: int, default_type: str, default_request_id: str | None
 ) -> journal.EventIn:
     """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
+    # One parse in the usual case: exact (no number a float cannot hold, no key given
+    # twice), which an envelope's non-string data must be, since it is written back.
+    inexact: ValueError | None = None
     try:
-        value = json.loads(line, parse_constant=_not_a_json_number)
+        value = exact_json(line)
     except ValueError as e:
-        raise journal.InvalidArgument(
-            f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
-        ) from None
+        inexact = e
+        try:
+            value = json.loads(line, parse_constant=_not_a_json_number)
+        except ValueError as e:
+            raise journal.InvalidArgument(
+                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
+            ) from None
     if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
         payload = value["data"]
         if not isinstance(payload, str):
-            try:
-                payload = json.dumps(
-                    payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-                )
-            except ValueError:  # (a number beyond a float: it would be Infinity)
+            if inexact is not None:  # (it would be stored saying something else)
                 raise journal.InvalidArgument(
-                    f"stdin line {number}: data holds a number beyond a float's range, "
-                    "which cannot be written back exactly: pass the data as a JSON "
-                    "string, or the line without the envelope (stored as it is)"
-                ) from None
-            try:
-                exact_json(line.decode(json.detect_encoding(line), "surrogatepass"))
-            except ValueError as e:  # (it would be stored saying something else)
-                raise journal.InvalidArgument(
-                    f"stdin line {number}: data cannot be written back as it is ({e}): "
+                    f"stdin line {number}: data cannot be written back as it is ({inexact}): "
                     "pass the data as a JSON string, or the line without the envelope "
                     "(stored as it is)"
-                ) from None
+                )
+            payload = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
         try:
             body = payload.encode("utf-8")
         except UnicodeEncodeError:

@@ -383,7 +383,7 @@ def embedded(data: bytes) -> Any:
 _BASE64: Final = object()  # (`embedded`: the data is not JSON)
 
 
-def exact_json(text: str) -> Any:
+def exact_json(text: str | bytes) -> Any:
     """The value of strict JSON text that `json.dumps` writes back meaning the same:
     ValueError for NaN and Infinity, for a number a float cannot hold exactly (1e999,
     12345678901234567.5, 1e-400) and for an object with a key given twice (the dict
@@ -404,7 +404,7 @@ def _exact_float(text: str) -> float:
     as base64 instead."""
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"{text} is out of a float's range")
+        raise ValueError(f"{text} is a number beyond a float's range")
     shown = repr(value)
     if shown != text and decimal.Decimal(text) != decimal.Decimal(shown):
         raise ValueError(f"{text} is not exactly a float")
