@@ -332,7 +332,7 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
 
 
 def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     # A writable open finishes what a crashed writer interrupted (`finish_interrupted`):
     # it lists the sealed segments and checks each one's sidecar, rewriting a missing one
@@ -341,10 +341,9 @@ def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhi
     # when that deletion came between the listing and the check, the open read a segment
     # that was gone and failed with StoreUnavailable (found by a soak with four writer
     # processes reopening their journals). Here the other process's deletion is played at
-    # that very moment, as that process would: only if it can take the segment-files lock.
+    # that very moment (fault point open.sidecar_check), as that process would: only if it
+    # can take the segment-files lock.
     import fcntl
-
-    import journal._local.log as log_module
 
     class KeepDeadFiles(FileOps):
         armed = False
@@ -373,9 +372,13 @@ def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhi
     dead = {int(name.split(".")[0]) for name in report.deleted_segments}
     assert all(any(segments.glob(f"{base:020d}.*")) for base in dead)  # committed, not deleted
     deleted: list[int] = []
-    intact = log_module.sidecar_intact
 
-    def other_process_deletes_first(directory: str, base: int) -> bool:
+    class OtherProcessDeletesFirst(FileOps):
+        def point(self, name: str, detail: object = None) -> None:
+            if name == "open.sidecar_check" and isinstance(detail, int):
+                other_process_deletes_first(str(segments), detail)
+
+    def other_process_deletes_first(directory: str, base: int) -> None:
         if base in dead and base not in deleted:
             fd = os.open(os.path.join(directory, ".files.lock"), os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -389,11 +392,14 @@ def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhi
                     deleted.append(base)
             finally:
                 os.close(fd)
-        return intact(directory, base)
 
-    monkeypatch.setattr(log_module, "sidecar_intact", other_process_deletes_first)
-    with Journal.open(store, durability="os", segment_bytes=4096, retention=policy) as j:
-        monkeypatch.setattr(log_module, "sidecar_intact", intact)
+    with Journal.open(
+        store,
+        durability="os",
+        segment_bytes=4096,
+        retention=policy,
+        file_ops=OtherProcessDeletesFirst(),
+    ) as j:
         assert [e.data for e in j.replay("kept")] == [b"k"]
         j.apply_retention(now_ms=ended + 10)  # deletes what is left of the dead segments
         assert not any(p for base in dead for p in segments.glob(f"{base:020d}.*"))

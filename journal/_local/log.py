@@ -223,6 +223,7 @@ class SegmentLog:
                 if s.compressed and os.path.exists(plain):
                     self.ops.unlink(plain)
             for s in segments[:-1]:
+                self.ops.point("open.sidecar_check", s.base_position)
                 # The checksum only, but for a rebuild: decoding every sidecar and checking
                 # it is consistent cost about a microsecond a frame of the store at every
                 # open (175 ms for 200,000 single-event frames); `read_summary` does that
