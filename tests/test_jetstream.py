@@ -29,6 +29,7 @@ from journal import (
     StoreUnavailable,
     Unsupported,
 )
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 
 
 def store_name(path: Path) -> str:
@@ -409,33 +410,24 @@ def test_eviction_purges_the_old_incarnation_and_keeps_a_new_one(url: str, tmp_p
 
 
 def test_eviction_purges_the_old_incarnation_when_another_process_creates_it_again_first(
-    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    url: str, tmp_path: Path
 ) -> None:
     """The interleaving the purge by the tombstone's own sequence is for: another journal
     (another process: not under the evicting engine's lock) creates the session again
     between the eviction's commit and its purge. Reading the row back there found the new
     incarnation and purged nothing, leaving the old incarnation's events in the stream for
-    good. The eviction's write is held (wrapping `Writer.write`) while the other journal
-    creates the session."""
-    import asyncio
-
-    from journal._jetstream.writes import Writer
-
+    good. The other journal creates the session at the fault point `eviction.committed`."""
     name = store_name(tmp_path)
     policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
-    real_write = Writer.write
     armed: list[Journal] = []
 
-    async def write(self: Writer, session_id: str, plan: Any, expire_first: bool = True) -> Any:
-        result = await real_write(self, session_id, plan, expire_first)
-        if armed and session_id == "gone" and not expire_first and result:
-            other = armed.pop()
-            await asyncio.to_thread(other.create_session, "gone")
-        return result
+    def point(where: str, detail: object) -> None:
+        if where == "eviction.committed" and detail == "gone" and armed:
+            armed.pop().create_session("gone")  # (its own connection: this loop waits)
 
-    monkeypatch.setattr(Writer, "write", write)
+    options = JetStreamOptions(servers=[url], store=name, retention=policy, point=point)
     with (
-        Journal.open(url, store=name, retention=policy) as j,
+        Journal.over(JetStreamEngine.open(options)) as j,
         Journal.open(url, store=name) as other,
     ):
         j.create_session("gone")
@@ -444,7 +436,7 @@ def test_eviction_purges_the_old_incarnation_when_another_process_creates_it_aga
         time.sleep(0.01)  # (past the 1 ms retention of the ended session)
         armed.append(other)
         assert j.apply_retention().evicted_sessions == ["gone"]
-        assert not armed, "the eviction's write was not held"
+        assert not armed, "the fault point did not fire"
         assert other.get_session("gone").state is SessionState.OPEN
         # The new incarnation's messages only (its row, no events): none of the old five.
         assert _session_messages(url, name, "gone") <= 2
@@ -873,7 +865,6 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
     (no beat got through between the lost reply and the settle, as when the connection is
     away): the batch was sent again, refused as stale, and the append was planned and
     written a second time. Found by a JetStream trial."""
-    from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 
     server = shared_server()
     proxy = CuttingProxy(server.port)
@@ -894,28 +885,28 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
 
 
 def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
-    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    url: str, tmp_path: Path
 ) -> None:
     # The snapshot reads the feed's last position, then the rows: a session created in
     # between was in both the rows and the feed after the point, and its CREATED came
     # twice (12 of 15 subscribe_sessions() followed by a create_session(), found by a
-    # helper trial; the local engine delivers it once).
-    j = Journal.open(url, store=store_name(tmp_path), create=True)
+    # helper trial; the local engine delivers it once). The other journal creates it at
+    # the fault point `sessions.snapshot_point`, once.
+    armed: list[Journal] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "sessions.snapshot_point" and armed:
+            armed.pop().create_session("b")  # (its own connection: this loop waits)
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    j = Journal.over(JetStreamEngine.open(options))
     other = Journal.open(url, store=store_name(tmp_path))
     with j, other:
         j.create_session("a")
-        reader = j._engine.reader  # type: ignore[attr-defined]  # noqa: SLF001
-        point_of = reader.last_feed_position
-
-        async def then_create() -> int:
-            point: int = await point_of()
-            other.create_session("b")  # (another connection: this loop waits meanwhile)
-            return point
-
-        monkeypatch.setattr(reader, "last_feed_position", then_create)
+        armed.append(other)
         stream = j.watch_sessions()
         seen = [next(stream).session.session_id]  # the snapshot: "a", and "b" is made
-        monkeypatch.setattr(reader, "last_feed_position", point_of)
+        assert not armed, "the fault point did not fire"
         other.create_session("c")
         for event in stream:
             seen.append(event.session.session_id)

@@ -98,8 +98,10 @@ class Committer:
         policy: RetentionPolicy,
         owner_alive: Owner,
         committed: Callable[[int, SessionRow | None], None],
+        point: Callable[[str, object], None],
     ) -> None:
         self.reader = reader
+        self.point = point  # the engine's fault points (SPEC 1.3)
         self.conn = reader.conn
         self.subjects = reader.subjects
         self.policy = policy

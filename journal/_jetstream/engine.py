@@ -104,6 +104,13 @@ class JetStreamOptions:
     # How often an owner's lease beats (below LEASE_S; a test of what happens between
     # beats opens its engine with a longer one, through `Journal.over`).
     heartbeat_s: float = HEARTBEAT_S
+    # The engine's fault points (SPEC 1.3): called as point(name, detail) on the engine's
+    # event loop thread at the places a race matters; a test pauses, acts or raises there.
+    point: Callable[[str, object], None] | None = None
+
+
+def _no_point(name: str, detail: object) -> None:
+    """No fault points armed (the default)."""
 
 
 class _Readers:
@@ -247,6 +254,7 @@ class JetStreamEngine:
         self.readonly = options.readonly
         self.replicas = options.replicas
         self.heartbeat_s = options.heartbeat_s
+        self.point = options.point or _no_point
         self.location = f"nats://{','.join(s.removeprefix('nats://') for s in options.servers)}"
         self.location += f"/{options.store}"
         self._pid = os.getpid()
@@ -268,7 +276,7 @@ class JetStreamEngine:
         self.key_ring = self._key_ring(options, meta)
         self.waiter = Notifier(self.head, lambda: _RowChanges(self))
         policy = conn.call(self._policy(options))
-        self.writer = Writer(self.reader, policy, self._owner_alive, self._committed)
+        self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
         self._expiry_wake: asyncio.Event | None = None
         self._expiry: asyncio.Task[None] | None = None
         if not self.readonly:
@@ -505,6 +513,7 @@ class JetStreamEngine:
         # (its incarnation is its CREATED entry's sequence, after the point) is left to
         # the feed, so its CREATED comes once, as on the local engine.
         point = await self.reader.last_feed_position()
+        self.point("sessions.snapshot_point", point)
         return point, [row for row in await self.reader.all_rows() if row.incarnation <= point]
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:

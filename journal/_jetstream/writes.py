@@ -503,6 +503,7 @@ class Writer(Committer):
         # The sequence of the tombstone (the row message this commit wrote), 0: not evicted.
         tombstone: int = await self.write(session_id, plan, expire_first=False)
         if tombstone:
+            self.point("eviction.committed", session_id)
             async with self.lock(session_id):
                 # Everything of the old incarnation, the tombstone included. A session
                 # created again since (by any process: not under this lock) wrote after
