@@ -17,11 +17,12 @@ it, while it swaps its copy into place, or while another retention pass reads it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -191,19 +192,18 @@ def test_reader_gets_only_correct_events_while_history_is_trimmed_and_compacted(
         assert report.ok, report.problems
 
 
-def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_to_rewrite(
-    tmp_path: Path, rng: random.Random
-) -> None:
-    # compact() decides what to rewrite from a read snapshot, without the writer lock; a
-    # retention pass in another process may delete that segment before it is read. Here
-    # the other process runs exactly then (from the point where compact() has computed a
-    # segment's live frames).
-    store = tmp_path / "store"
-    day = 24 * 3600 * 1000
-    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
+DAY = 24 * 3600 * 1000
+RETAIN_DAY = RetentionPolicy(max_history_bytes=None, session_retention_ms=DAY)
+
+
+@contextlib.contextmanager
+def ended_and_kept(store: Path, rng: random.Random) -> Iterator[tuple[Journal, Hooks, int]]:
+    """A journal (8 KiB segments, a day's retention of ended sessions, `Hooks` as its file
+    operations) with a session "x" of 30 appends, ended (its end time given), then "keep"
+    of 10: the first segments hold only x's frames."""
     hooks = Hooks()
     with Journal.open(
-        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
+        store, durability="os", segment_bytes=8192, retention=RETAIN_DAY, file_ops=hooks
     ) as j:
         j.create_session("x")
         for _ in range(30):
@@ -213,13 +213,25 @@ def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_t
         j.create_session("keep")
         for _ in range(10):
             append(j, "keep", rng, 2)
+        yield j, hooks, ended
+
+
+def test_compact_carries_on_when_another_process_deletes_a_segment_it_is_about_to_rewrite(
+    tmp_path: Path, rng: random.Random
+) -> None:
+    # compact() decides what to rewrite from a read snapshot, without the writer lock; a
+    # retention pass in another process may delete that segment before it is read. Here
+    # the other process runs exactly then (from the point where compact() has computed a
+    # segment's live frames).
+    store = tmp_path / "store"
+    with ended_and_kept(store, rng) as (j, hooks, ended):
         segments = sorted((store / "segments").glob("*.seg"))
         assert len(segments) >= 4
         expected = [(e.ordinal, e.data) for e in j.replay("keep")]
         outputs: list[str] = []
 
         def evict_from_another_process() -> None:
-            other = Child("retention", str(store), str(ended + day), str(day))
+            other = Child("retention", str(store), str(ended + DAY), str(DAY))
             assert other.wait(60) == 0, other.err()
             outputs.extend(other.seen)
 
@@ -241,20 +253,7 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
     # the writer lock) exactly while the compactor swaps its copy into place. Neither
     # process may fail, and the dead segment must not come back.
     store = tmp_path / "store"
-    day = 24 * 3600 * 1000
-    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
-    hooks = Hooks()
-    with Journal.open(
-        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
-    ) as j:
-        j.create_session("x")
-        for _ in range(30):
-            append(j, "x", rng, 2)
-        ended = j.resolve_session("x").ended_at_ms
-        assert ended is not None
-        j.create_session("keep")
-        for _ in range(10):
-            append(j, "keep", rng, 2)
+    with ended_and_kept(store, rng) as (j, hooks, ended):
         first = sorted((store / "segments").glob("*.seg"))[0].name
         expected = [(e.ordinal, e.data) for e in j.replay("keep")]
         compactor = Child("compact_interleaved", str(store))
@@ -271,7 +270,7 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
                 compactor.send("go")
 
             hooks.at("retention.delete", delete_during_the_swap)
-            report = j.apply_retention(now_ms=ended + day)
+            report = j.apply_retention(now_ms=ended + DAY)
             assert report.evicted_sessions == ["x"]
             assert first in report.deleted_segments
             code = compactor.wait(60)
@@ -284,7 +283,7 @@ def test_compaction_swap_and_a_retention_pass_deleting_that_segment_do_not_colli
         assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
         report = j.verify()
         assert report.ok, report.problems
-    with Journal.open(store, durability="os", segment_bytes=8192, retention=policy) as j:
+    with Journal.open(store, durability="os", segment_bytes=8192, retention=RETAIN_DAY) as j:
         assert [(e.ordinal, e.data) for e in j.replay("keep")] == expected
 
 
@@ -295,20 +294,7 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
     # its files after the commit; another process's retention pass, under the writer
     # lock, listed that segment just before and reads its sidecar just after.
     store = tmp_path / "store"
-    day = 24 * 3600 * 1000
-    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=day)
-    hooks = Hooks()
-    with Journal.open(
-        store, durability="os", segment_bytes=8192, retention=policy, file_ops=hooks
-    ) as j:
-        j.create_session("x")
-        for _ in range(30):
-            append(j, "x", rng, 2)
-        ended = j.resolve_session("x").ended_at_ms
-        assert ended is not None
-        j.create_session("keep")
-        for _ in range(10):
-            append(j, "keep", rng, 2)
+    with ended_and_kept(store, rng) as (j, hooks, ended):
         expected = [(e.ordinal, e.data) for e in j.replay("keep")]
         other = Child("retention_paused", str(store))
         try:
@@ -320,7 +306,7 @@ def test_retention_pass_carries_on_when_another_process_deletes_a_segment_meanwh
 
             hooks.at("retention.delete", let_the_other_pass_list)
             hooks.at("retention.deleted", lambda: other.send("go"))
-            report = j.apply_retention(now_ms=ended + day)
+            report = j.apply_retention(now_ms=ended + DAY)
             assert report.evicted_sessions == ["x"] and report.deleted_segments
             code = other.wait(60)
         finally:
