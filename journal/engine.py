@@ -316,6 +316,9 @@ class Engine(Protocol):
 
     # Why `import_sessions` is refused on this engine (None: it imports).
     import_refusal: str | None
+    # Whether a read waits on the network (up to 30 s in an outage): the asyncio
+    # followers then read in a worker thread, not on the caller's loop.
+    reads_block: bool
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

@@ -73,7 +73,7 @@ from .errors import (
     Unsupported,
 )
 from .folds import DEFAULT_TRIES, Codec, Fold
-from .follow import EventPager, Stream, afollow, follow
+from .follow import EventPager, Stream, afollow, follow, off_loop
 from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
@@ -694,12 +694,13 @@ class Journal:
     ) -> AsyncIterator[Event]:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
         check_max_bytes(max_bytes)
-        row, after = self._start(session_id, cursor)
+        blocking = self._engine.reads_block
+        row, after = await off_loop(blocking, self._start, session_id, cursor)
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._cursors.context(row), readers)
             unsettled = partial(check_unsettled, self._engine, cursor)
             pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
-            async for event in afollow(pager, self._engine.waiter, self._is_closed):
+            async for event in afollow(pager, self._engine.waiter, self._is_closed, blocking):
                 yield event
 
     # -- lifecycle feed --------------------------------------------------------------------
@@ -721,8 +722,9 @@ class Journal:
     async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions`."""
         self._check_open()
-        pager = self._lifecycle.pager(cursor)
-        async for event in afollow(pager, self._engine.waiter, self._is_closed):
+        blocking = self._engine.reads_block
+        pager = await off_loop(blocking, self._lifecycle.pager, cursor)
+        async for event in afollow(pager, self._engine.waiter, self._is_closed, blocking):
             yield event
 
     # -- subscriptions and folds -----------------------------------------------------------

@@ -12,15 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
 from .waiter import Notifier
 
-__all__ = ["EventPager", "LifecyclePager", "Stream", "afollow", "follow"]
+__all__ = ["EventPager", "LifecyclePager", "Stream", "afollow", "follow", "off_loop"]
 
 ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 
 
 class Pager(Protocol[ItemT]):
@@ -212,12 +213,24 @@ def follow(
             waiter.wait(wait_past, stop, pager.wait_timeout, epoch)
 
 
+async def off_loop(reads_block: bool, call: Callable[..., ResultT], *args: Any) -> ResultT:
+    """`call(*args)`: in a worker thread when `reads_block` (an engine whose reads wait on
+    the network), so the caller's event loop goes on meanwhile; else right here."""
+    if reads_block:
+        import asyncio
+
+        return await asyncio.to_thread(call, *args)
+    return call(*args)
+
+
 async def afollow(
-    pager: Pager[ItemT], waiter: Notifier, closed: Callable[[], bool]
+    pager: Pager[ItemT], waiter: Notifier, closed: Callable[[], bool], reads_block: bool
 ) -> AsyncIterator[ItemT]:
-    """Drive `pager` from asyncio (cancel the task to stop); items one by one."""
+    """Drive `pager` from asyncio (cancel the task to stop); items one by one. With
+    `reads_block` (the engine's reads wait on the network) each step runs in a worker
+    thread, so the caller's loop goes on meanwhile."""
     while not closed():
-        items, wait_past, done = pager.step()
+        items, wait_past, done = await off_loop(reads_block, pager.step)
         for item in items:
             yield item
         del items  # (as in `follow`: freed before the next page is read)

@@ -914,3 +914,67 @@ def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
                 break
         stream.close()
     assert seen == ["a", "b", "c"]
+
+
+def _loop_runs_while_held(
+    url: str, tmp_path: Path, where: str, setup: Any, follow: Any
+) -> tuple[list[bool], list[Any]]:
+    """Open a journal whose fault point `where` is held (once) until the event loop that
+    runs `follow(j)` (an async iterator, after `setup(j)`) has run another task, up to 5 s.
+    A follower that reads on the loop's own thread holds the loop, and that task never
+    runs: a slow server (a read waits up to 30 s in an outage) froze the caller's loop."""
+    import asyncio
+
+    entered, ran = threading.Event(), threading.Event()
+    held: list[bool] = []
+
+    def point(name: str, detail: object) -> None:
+        if name == where and armed and not held:
+            entered.set()
+            held.append(ran.wait(5))
+
+    async def main(j: Journal) -> list[Any]:
+        async def mark() -> None:
+            while not entered.is_set():
+                await asyncio.sleep(0.005)
+            ran.set()
+
+        marker = asyncio.create_task(mark())
+        items: list[Any] = []
+        async for item in follow(j):
+            items.append(item)
+            if len(items) == 3:
+                break
+        await marker
+        return items
+
+    armed: list[bool] = []
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        setup(j)
+        armed.append(True)
+        return held, asyncio.run(main(j))
+
+
+def test_awatch_leaves_the_event_loop_free_while_a_page_is_read(url: str, tmp_path: Path) -> None:
+    def setup(j: Journal) -> None:
+        j.create_session("s")
+        j.append("s", events(3))
+
+    held, items = _loop_runs_while_held(url, tmp_path, "reads.page", setup, lambda j: j.awatch("s"))
+    assert held == [True], "the page was read on the event loop's thread"
+    assert [e.ordinal for e in items] == [1, 2, 3]
+
+
+def test_awatch_sessions_leaves_the_event_loop_free_while_it_reads(
+    url: str, tmp_path: Path
+) -> None:
+    def setup(j: Journal) -> None:
+        for name in "abc":
+            j.create_session(name)
+
+    held, items = _loop_runs_while_held(
+        url, tmp_path, "sessions.snapshot_point", setup, lambda j: j.awatch_sessions()
+    )
+    assert held == [True], "the sessions were read on the event loop's thread"
+    assert [e.session.session_id for e in items] == ["a", "b", "c"]

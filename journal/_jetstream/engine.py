@@ -232,6 +232,7 @@ class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
     import_refusal: str | None = IMPORT_REFUSAL
+    reads_block: bool = True
     store_id: bytes
     key_ring: KeyRing
     readonly: bool
@@ -556,6 +557,7 @@ class JetStreamEngine:
         context: ReadContext,
         ends: dict[int, tuple[int, int]],
     ) -> EventsPage:
+        self.point("reads.page", session_id)
         deadline = time.monotonic() + FRESH_S
         attempt = 0
         gap_under = -1  # the row sequence a leader read last found a gap under

@@ -165,6 +165,7 @@ class LocalEngine:
     """
 
     import_refusal: str | None = None
+    reads_block: bool = False
     store_id: bytes
     key_ring: KeyRing
     readonly: bool
