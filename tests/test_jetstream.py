@@ -444,6 +444,39 @@ def test_eviction_purges_the_old_incarnation_when_another_process_creates_it_aga
         assert [e.data for e in j.replay("gone")] == [b"new-0", b"new-1"]
 
 
+def test_a_purge_that_failed_after_an_eviction_is_done_by_the_next_retention_pass(
+    url: str, tmp_path: Path
+) -> None:
+    """The eviction's tombstone commits, then its purge is a request of its own: when that
+    request failed, the old incarnation's messages stayed in the stream for good (the next
+    passes found no row to evict). The tombstone left behind marks it: the next pass
+    purges below it. The failure is raised at the fault point `eviction.committed`."""
+    name = store_name(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    failing = [True]
+
+    def point(where: str, detail: object) -> None:
+        if where == "eviction.committed" and failing:
+            failing.clear()
+            raise StoreUnavailable("the purge's request was not answered (injected)")
+
+    options = JetStreamOptions(servers=[url], store=name, retention=policy, point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("gone")
+        j.append("gone", events(5))
+        j.resolve_session("gone")
+        j.create_session("kept")
+        j.append("kept", events(2))
+        time.sleep(0.01)  # (past the 1 ms retention of the ended session)
+        with pytest.raises(StoreUnavailable):
+            j.apply_retention()
+        assert _session_messages(url, name, "gone") >= 6  # (five events and a tombstone)
+        report = j.apply_retention()
+        assert report.evicted_sessions == []  # (evicted by the first pass)
+        assert _session_messages(url, name, "gone") == 0
+        assert [e.data for e in j.replay("kept")] == [b"e0", b"e1"]
+
+
 def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
     j.create_session("s", max_history_bytes=100)
     for i in range(10):

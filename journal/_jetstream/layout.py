@@ -98,6 +98,10 @@ class Subjects:
     def token(session_id: str) -> str:
         return session_id.encode().hex()
 
+    @staticmethod
+    def session_of_token(token: str) -> str | None:
+        return _decode_token(token)
+
     def lifecycle(self, token: str) -> str:
         return self._feed_prefix + token
 

@@ -474,7 +474,15 @@ class Writer(Committer):
         policy = self.policy
         trimmed: list[str] = []
         evicted: list[str] = []
-        for row in await self.reader.all_rows():
+        tokens = await self.reader.tokens()
+        rows = await self.reader.rows_of(tokens)
+        for token in tokens:
+            row, seq = rows.get(token, (None, 0))
+            if row is None:
+                session_id = Subjects.session_of_token(token)
+                if seq and session_id is not None:  # a tombstone: its purge failed (or runs)
+                    await self._purge_evicted(session_id, seq)
+                continue
             if row.session_state.terminal and policy.session_retention_ms is not None:
                 since = (
                     row.created_at_ms
@@ -504,15 +512,20 @@ class Writer(Committer):
         tombstone: int = await self.write(session_id, plan, expire_first=False)
         if tombstone:
             self.point("eviction.committed", session_id)
-            async with self.lock(session_id):
-                # Everything of the old incarnation, the tombstone included. A session
-                # created again since (by any process: not under this lock) wrote after
-                # the tombstone and is kept. (It was read back here, and a session created
-                # again before that read left the old incarnation in the stream for good.)
-                token = Subjects.token(session_id)
-                await self.reader.purge(self.subjects.session_all(token), tombstone + 1)
-                self.last_rows.pop(session_id, None)
+            await self._purge_evicted(session_id, tombstone)
         return bool(tombstone)
+
+    async def _purge_evicted(self, session_id: str, tombstone: int) -> None:
+        """Purge an evicted incarnation: everything of the session's subjects up to its
+        tombstone (at sequence `tombstone`), the tombstone included. A session created
+        again since (by any process: not under this lock) wrote after the tombstone and is
+        kept. (It was read back here, and a session created again before that read left
+        the old incarnation in the stream for good.) A purge that fails leaves the
+        tombstone, so the next retention pass purges it (idempotent)."""
+        async with self.lock(session_id):
+            token = Subjects.token(session_id)
+            await self.reader.purge(self.subjects.session_all(token), tombstone + 1)
+            self.last_rows.pop(session_id, None)
 
     async def _turn_event(self, op: AppendTurnEvent) -> Appended:
         async def plan(state: RowState, now: int) -> Plan:
