@@ -143,8 +143,10 @@ def list_(
             page = store.list_sessions_page(
                 page_size=page_size or 100, page_token=token, state=state_filter
             )
-            # Ids padded to the page's widest (up to 48 columns; longer ones print whole).
-            width = min(48, max((display_width(m.session_id) for m in page.sessions), default=0))
+            # Ids padded to the page's widest as printed (escaped: `shown`), up to 48
+            # columns; longer ones print whole.
+            widths = (display_width(shown(m.session_id)) for m in page.sessions)
+            width = min(48, max(widths, default=0))
             for meta in page.sessions:
                 output.emit(session_record(meta), session_text(meta, max(width, 8)))
             listed += len(page.sessions)

@@ -372,6 +372,19 @@ def test_listing_aligns_wide_ids(store: Path) -> None:
     assert len(columns) == 1, lines
 
 
+def test_listing_aligns_ids_printed_escaped(store: Path) -> None:
+    # An id with a format character is printed escaped (`\u202e...`), wider than the id's
+    # own display width: the column must fit what is printed (it was padded to the raw
+    # ids' widest, so the escaped id's row stood out by the difference).
+    with Journal.open(store) as j:
+        j.create_session("\u202e" + "d" * 8)
+        j.create_session("z\u200bq")
+    lines = _cli(store, "sessions", "list").stdout.splitlines()
+    columns = {display_width(line[: line.index(" open ")]) for line in lines if " open " in line}
+    assert len(columns) == 1, lines
+    assert any(line.startswith("\\u202edddddddd ") for line in lines), lines
+
+
 def _on_a_terminal(store: Path, *args: str) -> tuple[int, str]:
     """Run with stdin and stdout on a pseudo-terminal; (status, what it printed)."""
     import pty
