@@ -47,8 +47,11 @@ class JournalGroup(click.Group):
 
     def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
-        argv = _hoist_global_options(self, argv)
+        argv, valueless = _hoist_global_options(self, argv)
         try:
+            if valueless is not None:
+                # (left to the command, click would say it has no such option)
+                raise click.BadOptionUsage(valueless, f"Option '{valueless}' requires an argument.")
             result = super().main(argv, standalone_mode=False, **extra)
             # Without standalone mode click returns the status ctx.exit() was given.
             sys.exit(result if isinstance(result, int) else 0)
@@ -177,17 +180,21 @@ def _values_after(command: click.Command, arg: str) -> int:
     return 0
 
 
-def _hoist_global_options(root: click.Group, argv: list[str]) -> list[str]:
+def _hoist_global_options(root: click.Group, argv: list[str]) -> tuple[list[str], str | None]:
     """`journal read -s x --format json` means `journal --format json read -s x`: the
     global options (`--store`, `--format`) may follow the command; they move to just
     before it (so a later one wins), unless the command has an option of that name
     (`export --format`, `demo --store`: those stay). The value of an option that takes
     one stays its value (`--type --format`, `--request-id --store`: click's own reading
-    of the command's options decides), and nothing after `--` moves."""
+    of the command's options decides), and nothing after `--` moves.
+
+    Returns the arguments and the name of a global option that ended them without its
+    value (None if none did): a usage error."""
     ctx = click.Context(root)
     command: click.Command = root
     out: list[str] = []
     moved: list[str] = []
+    valueless = None
     command_at = None  # where the command word is in `out`
     i = 0
     while i < len(argv):
@@ -197,12 +204,10 @@ def _hoist_global_options(root: click.Group, argv: list[str]) -> list[str]:
             break
         if arg.startswith("-") and arg != "-":
             name = arg.split("=", 1)[0]
-            if (
-                command is not root
-                and name in _GLOBAL_OPTIONS
-                and not _option_of(command, name)
-                and ("=" in arg or i + 1 < len(argv))  # (one without its value stays)
-            ):
+            if command is not root and name in _GLOBAL_OPTIONS and not _option_of(command, name):
+                if "=" not in arg and i + 1 == len(argv):
+                    valueless = name
+                    break
                 width = 1 if "=" in arg else 2
                 moved += argv[i : i + width]
                 i += width
@@ -222,8 +227,8 @@ def _hoist_global_options(root: click.Group, argv: list[str]) -> list[str]:
                 break
             command = sub
     if command_at is None:
-        return out + moved
-    return out[:command_at] + moved + out[command_at:]
+        return out + moved, valueless
+    return out[:command_at] + moved + out[command_at:], valueless
 
 
 session_option = click.option(

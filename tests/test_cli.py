@@ -1228,6 +1228,27 @@ def test_an_options_value_is_never_taken_for_a_global_option(store: Path, tmp_pa
     assert later.stdout.startswith("#1 message [--store] hi\n"), later.stdout
 
 
+def test_a_global_option_after_the_command_without_its_value_says_it_needs_one(
+    store: Path,
+) -> None:
+    """`journal read -s a --format` said "No such option '--format'" (the valueless
+    option was left to the command, which has no such option): it is a usage error that
+    says the option needs a value, with the JSON error object when JSON was asked for."""
+    for args in (("read", "-s", "a", "--format"), ("sessions", "list", "--store")):
+        result = CliRunner().invoke(main, ["--store", str(store), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert "No such option" not in result.stderr, (args, result.stderr)
+        name = args[-1]
+        assert f"Option '{name}' requires an argument" in result.stderr, (args, result.stderr)
+    result = CliRunner().invoke(
+        main, ["--store", str(store), "read", "-s", "a", "--format=json", "--store"]
+    )
+    assert result.exit_code == 2, result.output
+    (error,) = records(result)
+    assert error["error"]["code"] == "USAGE", error
+    assert "'--store' requires an argument" in error["error"]["message"], error
+
+
 # -- new-user trial ---------------------------------------------------------------------------
 
 
