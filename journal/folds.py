@@ -335,7 +335,8 @@ class Fold(Generic[StateT]):
         for attempt in range(4):
             meta = journal.get_session(self.session_id)
             found: list[tuple[Snapshot, StateT]] = []
-            foreign = ""
+            not_a_folds = ""  # the kind of a stored record that is not a fold envelope
+            other_version: tuple[str, int | str] | None = None  # (kind, version)
             for kind, stored in (
                 ("checkpoint", journal.checkpoint(self.session_id)),
                 ("snapshot", journal.snapshot(self.session_id)),
@@ -343,12 +344,11 @@ class Fold(Generic[StateT]):
                 if stored is None:
                     continue
                 envelope = _envelope(stored.data)
-                if envelope is None or envelope.version != self.version:
-                    foreign = (
-                        f"its {kind} is not a fold's"
-                        if envelope is None
-                        else f"its {kind} is of version {envelope.version!r}"
-                    )
+                if envelope is None:
+                    not_a_folds = kind
+                    continue
+                if envelope.version != self.version:
+                    other_version = (kind, envelope.version)
                     continue
                 found.append((stored, self._decode(envelope.state, stored.ordinal)))
             found.sort(key=lambda item: item[0].ordinal, reverse=True)
@@ -368,12 +368,30 @@ class Fold(Generic[StateT]):
                 return
             if attempt == 3 or not found:
                 break
+        # The way out depends on what stands for the lost events (a version that wrote
+        # them applies only to a fold's record of another version).
+        if other_version is not None:
+            kind, version = other_version
+            why = (
+                f"its {kind} is of version {version!r}: fold with version={version!r}, or "
+                "keep history (a checkpoint) when you snapshot a fold whose reducer may change"
+            )
+        elif not_a_folds:
+            why = (
+                f"its {not_a_folds} is not a fold's (compact_session's own data): start from "
+                "that data yourself (snapshot() and a replay from its cursor), or snapshot "
+                "the session with a fold's snapshot(compact=True)"
+            )
+        else:
+            why = (
+                "no snapshot or checkpoint of this fold stands for them: let a fold store "
+                "checkpoints (snapshot_every=, or snapshot()) before history leaves, or keep "
+                "more of it (the session's history window)"
+            )
         raise CursorExpired(
             f"the fold of session {self.session_id!r} (version {self.version!r}) cannot be "
             f"restored: events before ordinal {meta.first_ordinal} are no longer retained "
-            f"and {foreign or 'no snapshot of this version stands for them'}: fold with "
-            "the version that wrote the snapshot, or keep history (a checkpoint) when you "
-            "snapshot a fold whose reducer may change",
+            f"and {why}",
             earliest_ordinal=meta.first_ordinal,
         )
 

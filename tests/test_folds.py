@@ -357,6 +357,38 @@ def test_a_snapshot_that_is_not_a_folds_cannot_stand_for_lost_history(j: Journal
         j.fold("s", chain, [0, 0])
 
 
+def test_a_fold_that_cannot_be_restored_says_what_would_restore_it(j: Journal) -> None:
+    """Its CursorExpired told every caller to "fold with the version that wrote the
+    snapshot", also when the snapshot is no fold's (compact_session's own bytes) or there
+    is none (history trimmed by a window), where no version can: the advice now fits
+    the case, and names the version that would restore a fold's snapshot."""
+    j.create_session("opaque")
+    j.append("opaque", value_events([1, 2, 3]))
+    j.compact_session("opaque", 2, b"someone else's bytes")
+    with pytest.raises(CursorExpired) as opaque:
+        j.fold("opaque", chain, [0, 0])
+    message = str(opaque.value)
+    assert "not a fold's" in message and "snapshot()" in message, message
+    assert "the version that wrote" not in message, message
+
+    j.create_session("versioned")
+    j.append("versioned", value_events([1, 2, 3]))
+    j.fold("versioned", chain, [0, 0], version="2").snapshot(compact=True)
+    with pytest.raises(CursorExpired) as versioned:
+        j.fold("versioned", chain, [0, 0], version=2)
+    assert "fold with version='2'" in str(versioned.value), str(versioned.value)
+
+    j.create_session("trimmed", max_history_bytes=1)
+    j.append("trimmed", value_events([1]))
+    j.append("trimmed", value_events([2]))
+    j.apply_retention()
+    assert j.get_session("trimmed").first_ordinal == 2
+    with pytest.raises(CursorExpired) as trimmed:
+        j.fold("trimmed", chain, [0, 0])
+    message = str(trimmed.value)
+    assert "no snapshot" in message and "version" not in message.split(":", 1)[1], message
+
+
 def test_update_returns_its_result_and_retries_on_a_conflict(j: Journal) -> None:
     j.create_session("s")
     fold = j.fold("s", chain, [0, 0])
