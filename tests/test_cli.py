@@ -122,6 +122,16 @@ def test_help_documents_exit_statuses() -> None:
         assert f"  {status}" in result.output
 
 
+def test_help_lists_the_statuses_a_watch_stopped_by_a_signal_ends_with() -> None:
+    """SPEC 11 says `journal --help` lists every status; a watch stopped by SIGHUP or
+    SIGTERM ends with 129 or 143 (SPEC 13), which it did not list."""
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    listed = result.output.split("Exit status:", 1)[1]
+    for status in ("129", "143"):
+        assert re.search(rf"^\s+(\d+, )*{status}\b", listed, re.MULTILINE), listed
+
+
 def test_init_append_read_round_trip_in_json(store: Path) -> None:
     again = invoke(store, "init")
     assert records(again) == [{"store": str(store), "created": False}]
