@@ -117,7 +117,10 @@ class CommandFailed(Exception):
 
 
 def exit_status(error: journal.JournalError | CommandFailed) -> int:
-    """The exit status of an error family (see EXIT_CODES_HELP)."""
+    """The exit status of an error family (see EXIT_CODES_HELP); a usage error's is 2,
+    whoever found it (click, or the command: `init --file-mode` on a nats:// store)."""
+    if error.code == "USAGE":
+        return EXIT_USAGE
     return _STATUS_EXIT.get(error.status, EXIT_OTHER)
 
 

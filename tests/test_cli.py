@@ -771,6 +771,17 @@ def test_a_nats_store_without_a_name_is_explained_in_cli_terms() -> None:
         assert "(for example --store nats://host:4222/agents)" in result.stderr
 
 
+def test_file_mode_on_a_nats_store_is_a_usage_error_with_its_status() -> None:
+    """`journal init --file-mode` on a nats:// store printed the code USAGE but exited 4
+    (INVALID_ARGUMENT's status): every USAGE error exits 2 (SPEC 6). Refused before any
+    server is asked."""
+    result = CliRunner().invoke(
+        main, ["--store", "nats://127.0.0.1:1/x", "--format", "json", "init", "--file-mode", "0600"]
+    )
+    assert_one_line_error(result, 2, "USAGE")
+    assert "--file-mode is for stores on disk" in result.stderr, result.stderr
+
+
 def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Path) -> None:
     fake = "c\nstate            resolved"
     invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
