@@ -246,8 +246,11 @@ def _octal_mode(value: str | None) -> int | None:
     if value is None:
         return None
     digits = value.removeprefix("0o")
-    if not digits or not digits.isdigit() or "8" in digits or "9" in digits:
-        raise click.BadParameter(f"{value!r} is not an octal mode such as 0600 or 0640")
+    # (ASCII 0-7 only: `isdigit()` and `int()` take the digits of other scripts too)
+    if not digits or digits.strip("01234567"):
+        raise click.BadParameter(
+            f"{value!r} is not an octal mode such as 0600 or 0640", param_hint="'--file-mode'"
+        )
     return int(digits, 8)
 
 

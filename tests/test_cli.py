@@ -782,6 +782,20 @@ def test_file_mode_on_a_nats_store_is_a_usage_error_with_its_status() -> None:
     assert "--file-mode is for stores on disk" in result.stderr, result.stderr
 
 
+def test_a_file_mode_that_is_not_octal_is_a_usage_error_naming_the_option(tmp_path: Path) -> None:
+    """`init --file-mode 9` said "Invalid value: '9' is not an octal mode" without naming
+    the option (SPEC 13: messages name the option), and digits of other scripts passed
+    as octal: `--file-mode` with the Arabic-Indic digits 640 made a store of mode 0640."""
+    for value in ("9", "0o", " 640", "\u0666\u0664\u0660", "\uff16\uff14\uff10"):
+        store = tmp_path / f"s{len(value)}{ord(value[-1])}"
+        result = CliRunner().invoke(
+            main, ["--store", str(store), "--format", "json", "init", "--file-mode", value]
+        )
+        assert_one_line_error(result, 2, "USAGE")
+        assert "Invalid value for '--file-mode'" in result.stderr, (value, result.stderr)
+        assert not store.exists(), value
+
+
 def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Path) -> None:
     fake = "c\nstate            resolved"
     invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
