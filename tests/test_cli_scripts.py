@@ -385,6 +385,39 @@ def test_listing_aligns_ids_printed_escaped(store: Path) -> None:
     assert any(line.startswith("\\u202edddddddd ") for line in lines), lines
 
 
+def test_an_export_whose_reader_leaves_early_fails_but_its_ndjson_form_ends_quietly(
+    tmp_path: Path,
+) -> None:
+    """SPEC 6 and 12.2: the reader of `export -o -` leaving before the archive is complete
+    is BROKEN_PIPE (exit 7: half an archive is useless); the NDJSON form is the readable
+    one, and `| head` ends it quietly (exit 0), as for `read` and `watch`."""
+    path = tmp_path / "store"
+    with Journal.open(path, create=True) as j:
+        j.create_session("big")
+        for _ in range(20):  # 2 MB of incompressible data: far more than a pipe holds
+            j.append("big", [EventIn("message", os.urandom(100_000))])
+    for export_format, status in (("archive", 7), ("ndjson", 0)):
+        command = [sys.executable, "-m", "cli", "--store", str(path), "export", "--all"]
+        process = subprocess.Popen(
+            [*command, "-o", "-", "--format", export_format],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        )
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.read(10)
+        process.stdout.close()  # the reader leaves, as `| head -c 10` does
+        assert process.wait(60) == status, export_format
+        err = process.stderr.read().decode()
+        process.stderr.close()
+        if status:
+            assert err == (
+                "journal: error: the reader of stdout went away before the archive was complete\n"
+            ), err
+        else:
+            assert err == "", err
+
+
 def _on_a_terminal(store: Path, *args: str) -> tuple[int, str]:
     """Run with stdin and stdout on a pseudo-terminal; (status, what it printed)."""
     import pty
