@@ -61,7 +61,7 @@ def compact(settings: Settings, dead_share: float) -> None:
                 "trimmed_sessions": retention.trimmed_sessions,
                 "evicted_sessions": retention.evicted_sessions,
             },
-            f"retention: {len(retention.evicted_sessions)} sessions evicted, "
+            f"retention: {_count(len(retention.evicted_sessions), 'session')} evicted, "
             f"{len(retention.trimmed_sessions)} trimmed",
         )
     record = {
@@ -73,7 +73,7 @@ def compact(settings: Settings, dead_share: float) -> None:
         "seconds": round(report.seconds, 3),
     }
     text = (
-        f"compacted: {len(report.segments_rewritten)} segments rewritten, "
+        f"compacted: {_count(len(report.segments_rewritten), 'segment')} rewritten, "
         f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
         f"{report.bytes_after:,} in {report.seconds:.2f} s"
     )
@@ -213,3 +213,7 @@ def cursor_key(settings: Settings, new: bool) -> None:
                 )
             ring = KeyRing.load(path)
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -74,14 +74,16 @@ def _parse_tags(
     default=None,
     metavar="N",
     help="Keep at most about N bytes of its newest events (the oldest batches leave "
-    f"first). Default: the store's window, {_DEFAULT_WINDOW_MIB} MiB.",
+    "first). Default: the window of the store's recorded retention policy "
+    f"({_DEFAULT_WINDOW_MIB} MiB unless the store was given another).",
 )
 @click.option(
     "--max-history-age-ms",
     type=click.IntRange(1, BELOW_2_62),
     default=None,
     metavar="N",
-    help="Drop its events N ms after they were appended. Default: the store's (none).",
+    help="Drop its events N ms after they were appended. Default: the store's recorded "
+    "retention policy's (none unless the store was given one).",
 )
 @pass_settings
 def create(
