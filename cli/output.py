@@ -7,6 +7,7 @@ serialised by a lock, so the demo's threads never interleave half lines.
 from __future__ import annotations
 
 import base64
+import contextlib
 import decimal
 import io
 import json
@@ -233,7 +234,8 @@ class Output:
             # (Not for a turn of an ended session: resuming would end the same way.)
             resumable = cursor and not fields.get("session_ended")
             hint = f" (resume with --cursor {cursor})" if resumable else ""
-            echo(f"journal: error: {message}{hint}", err=True)
+            with contextlib.suppress(OSError):  # (stderr full or closed: nothing to tell)
+                echo(f"journal: error: {message}{hint}", err=True)
             if self.json and not self.broken:
                 record = {
                     "error": {
@@ -245,7 +247,9 @@ class Output:
                 }
                 try:
                     echo(json.dumps(record, separators=(",", ":")))
-                except BrokenPipeError:
+                except OSError:
+                    # The reader went away, or stdout itself failed (a full disk, EIO: the
+                    # error being reported may be that one): stderr has the message.
                     self.broken = True
                     silence_stdout()
         return exit_status(error) if exit_code is None else exit_code

@@ -1502,3 +1502,26 @@ def test_an_empty_cursor_key_variable_says_to_unset_it(
     monkeypatch.setenv("JOURNAL_CURSOR_KEY", "")
     result = invoke(store, "read", "-s", "s", fmt="text")
     assert result.exit_code != 0 and "set but empty: unset it" in result.output
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_stdout_that_fails_to_write_is_one_error_line_not_a_traceback(store: Path) -> None:
+    # Before: with --format json the error object for the failed write went to the same
+    # full stdout, raised again, and the command died with a traceback and exit 1.
+    invoke(store, "append", "-s", "s", "--create", '{"a": 1}')
+    for fmt in ("json", "text"):
+        for command in (["read", "-s", "s"], ["export", "--all", "-o", "-"]):
+            with open("/dev/full", "wb") as full:
+                result = subprocess.run(
+                    [*CLI, "--store", str(store), "--format", fmt, *command],
+                    cwd=ROOT,
+                    stdout=full,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    timeout=20,
+                    check=False,
+                )
+            assert "Traceback" not in result.stderr, (fmt, command, result.stderr)
+            assert result.returncode == 7, (fmt, command, result.returncode, result.stderr)
+            (line,) = result.stderr.splitlines()
+            assert line.startswith("journal: error: ") and "No space left" in line
