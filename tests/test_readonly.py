@@ -9,8 +9,10 @@ everything (tests run as root in CI); the store is made world-readable and not w
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -626,3 +628,62 @@ def test_a_read_only_open_waits_for_a_writable_open_of_the_same_view_in_another_
     with opened[0] as writer:
         writer.append("a", [EventIn("m", b"after")])
         assert writer.verify().ok
+
+
+_HOLDS_A_PRIVATE_VIEW = """
+import json, sys, tempfile, time
+from pathlib import Path
+from journal import EventIn, Journal
+store, scratch = sys.argv[1], Path(sys.argv[2])
+tempfile.tempdir = str(scratch)
+writer = Journal.open(store, durability="os")
+writer.append("s", [EventIn("m", b"x")], create=True)
+reader = Journal.open(store, readonly=True)  # (the writer holds the view: a private one)
+assert [e.data for e in reader.replay("s")][-1:] == [b"x"]
+print(json.dumps(sorted(p.name for p in scratch.glob("journal-readonly-*"))), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_private_view_a_killed_reader_left_is_removed_by_the_next_one(tmp_path: Path) -> None:
+    # Before: every reader SIGKILLed (or killed by the OOM killer) while it read through a
+    # private view left its directory (an LMDB view, 400 KB to 2.5 MB seen) in the
+    # temporary directory for good; a supervisor restarting such readers filled /tmp.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    store = str(tmp_path / "store")
+    stranger = scratch / "journal-readonly-not-a-view"  # (no holder file: never touched)
+    stranger.mkdir()
+    (stranger / "keep").write_text("mine")
+
+    def start() -> tuple[subprocess.Popen[str], set[str]]:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _HOLDS_A_PRIVATE_VIEW, store, str(scratch)],
+            cwd=Path(__file__).resolve().parent.parent,  # (this checkout's `journal`)
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, "the reader did not start"
+        return process, set(json.loads(line))
+
+    killed, first = start()
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    (left,) = first - {stranger.name}
+    assert (scratch / left).is_dir()
+    alive, second = start()
+    try:
+        assert left not in second, "the killed reader's private view is still there"
+        (mine,) = second - {stranger.name}
+        live, third = start()  # a live reader's private view is never removed
+        try:
+            assert mine in third and len(third - {stranger.name}) == 2
+        finally:
+            live.kill()
+            live.wait()
+    finally:
+        alive.kill()
+        alive.wait()
+    assert (stranger / "keep").read_text() == "mine"

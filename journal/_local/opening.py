@@ -58,10 +58,74 @@ STALE_WAIT_S: Final = 0.25
 _PRIVATE_VIEWS: Final[dict[str, int]] = {}
 
 
+# Each private view directory holds this file, flock()ed by the process that made it for
+# as long as the directory is in use: a directory whose holder file nobody holds was left
+# by a process that died without removing it (SIGKILL, the OOM killer, a power cut), and
+# the next private view made by the same user removes it (`_remove_abandoned`).
+PRIVATE_PREFIX: Final = "journal-readonly-"
+HOLDER: Final = "holder.lock"
+_HOLDERS: Final[dict[str, int]] = {}
+
+
 def remove_private_view(directory: str) -> None:
     """Remove a private view directory (its journal closed, or its open failed)."""
     _PRIVATE_VIEWS.pop(directory, None)
     shutil.rmtree(directory, ignore_errors=True)
+    holder = _HOLDERS.pop(directory, None)
+    if holder is not None:
+        os.close(holder)  # (after the removal: no one may take the directory for abandoned)
+
+
+def _make_private_dir() -> str:
+    """A new private view directory in the temporary directory, held by this process
+    (its holder file is locked before it gets its name: a sweep never sees it unheld);
+    those other processes of this user left behind are removed first."""
+    private = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
+    _PRIVATE_VIEWS[private] = os.getpid()
+    try:
+        staging = os.path.join(private, HOLDER + ".new")
+        fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        _HOLDERS[private] = fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(staging, os.path.join(private, HOLDER))
+    except BaseException:
+        remove_private_view(private)
+        raise
+    _remove_abandoned(os.path.dirname(private))
+    return private
+
+
+def _remove_abandoned(parent: str) -> None:
+    """Remove the private view directories under `parent` that this user's processes made
+    and no process holds any more (their maker died). A directory without a holder file
+    (made before holders existed, or not a private view) is left alone."""
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return
+    uid = os.getuid()
+    for entry in entries:
+        if not entry.name.startswith(PRIVATE_PREFIX) or entry.path in _HOLDERS:
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != uid:
+                continue
+            fd = os.open(
+                os.path.join(entry.path, HOLDER), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_uid != uid:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: its maker is alive)
+        except OSError:
+            continue
+        else:
+            _log.info("removing %s, a private view its reader left behind", entry.path)
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 @atexit.register
@@ -225,8 +289,7 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         # private view, which lives elsewhere, as without access.
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-    private = tempfile.mkdtemp(prefix="journal-readonly-")
-    _PRIVATE_VIEWS[private] = os.getpid()
+    private = _make_private_dir()
     try:
         view = View(private)
     except BaseException:
