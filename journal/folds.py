@@ -41,6 +41,8 @@ _BACKOFF_CAP_S: Final = 0.05
 # How long an update waits for reads to show what the session is known to hold.
 _CATCH_UP_S: Final = 5.0
 _CATCH_UP_STEP_S: Final = 0.001
+# How many times `snapshot()` stores again after another process stored a newer one.
+_STORE_TRIES: Final = 4
 
 _log: Final = logging.getLogger("journal")
 
@@ -601,18 +603,46 @@ class Fold(Generic[StateT]):
         when there is nothing to store (no event folded yet)."""
         if type(compact) is not bool:
             raise InvalidArgument(f"compact must be a bool, got {compact!r}")
-        with self._lock:
-            ordinal = self._ordinal
-            if ordinal == 0:
-                return None
-            data = self._encoded()
+        for attempt in range(_STORE_TRIES):
+            with self._lock:
+                ordinal = self._ordinal
+                if ordinal == 0:
+                    return None
+                data = self._encoded()
+            try:
+                if compact:
+                    stored = self._journal.compact_session(self.session_id, ordinal, data)
+                else:
+                    stored = self._journal.checkpoint_session(self.session_id, ordinal, data)
+            except InvalidArgument:
+                # Another process (or fold) stored a newer snapshot or checkpoint since
+                # this fold last read (or compacted the history after it away): the store
+                # refuses one below it. Fold in what came since and store from there.
+                if attempt == _STORE_TRIES - 1 or not self._overtaken(ordinal, compact):
+                    raise
+                with self._lock:
+                    try:
+                        self._catch_up()
+                    except CursorExpired:
+                        self._load()
+                continue
+            with self._lock:
+                self._stored_at = max(self._stored_at, ordinal)
+            return stored
+        raise AssertionError("unreachable")  # (the last try returns or raises)
+
+    def _overtaken(self, ordinal: int, compact: bool) -> bool:
+        """Whether a snapshot (`compact`) or checkpoint through `ordinal` is refused
+        because the session already has a newer one, or (a checkpoint) has no history
+        right after `ordinal` any more."""
+        journal = self._journal
         if compact:
-            stored = self._journal.compact_session(self.session_id, ordinal, data)
-        else:
-            stored = self._journal.checkpoint_session(self.session_id, ordinal, data)
-        with self._lock:
-            self._stored_at = max(self._stored_at, ordinal)
-        return stored
+            snapshot = journal.snapshot(self.session_id)
+            return snapshot is not None and snapshot.ordinal > ordinal
+        checkpoint = journal.checkpoint(self.session_id)
+        if checkpoint is not None and checkpoint.ordinal > ordinal:
+            return True
+        return journal.get_session(self.session_id).first_ordinal - 1 > ordinal
 
     def _encoded(self) -> bytes:
         try:
