@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import json
 import threading
@@ -25,7 +26,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from ..errors import StoreUnavailable
 
-__all__ = ["ApiError", "BatchMessage", "Connection", "Found", "Unavailable"]
+__all__ = ["ApiError", "BatchMessage", "Closed", "Connection", "Found", "Unavailable"]
 
 T = TypeVar("T")
 
@@ -50,6 +51,18 @@ Unavailable: Final = (
     NoServersError,
     asyncio.TimeoutError,
 )
+
+
+async def _cancel_tasks() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Closed(Exception):
+    """The connection was closed (by another thread) before the call's answer came."""
 
 
 class ApiError(Exception):
@@ -81,6 +94,11 @@ class Connection:
     def __init__(self, servers: list[str], stream: str, connect_s: float = 5.0) -> None:
         self.stream = stream
         self.loop = asyncio.new_event_loop()
+        # The calls waiting for an answer: those the loop will never run once it stopped
+        # are cancelled then (`_stop_loop`), or they would wait for ever.
+        self._calls_lock = threading.Lock()
+        self._calls: set[concurrent.futures.Future[Any]] = set()
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="journal-nats", daemon=True)
         self._thread.start()
         self.nc: Client
@@ -127,12 +145,24 @@ class Connection:
         if self.on_loop():
             coro.close()
             raise RuntimeError("a synchronous journal call from the journal's own loop")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        with self._calls_lock:
+            if self._stopped:
+                coro.close()
+                raise Closed("the journal's NATS connection is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._calls.add(future)
         try:
             return future.result(timeout)
+        except concurrent.futures.CancelledError:
+            if self._stopped:
+                raise Closed("the journal's NATS connection was closed during the call") from None
+            raise
         except BaseException:
             future.cancel()
             raise
+        finally:
+            with self._calls_lock:
+                self._calls.discard(future)
 
     def close(self) -> None:
         if not self.loop.is_running():
@@ -142,10 +172,18 @@ class Connection:
         self._stop_loop()
 
     def _stop_loop(self) -> None:
+        with self._calls_lock:
+            self._stopped = True  # (no call is scheduled from now on)
+            calls = list(self._calls)
+        if calls and not self.on_loop():
+            with contextlib.suppress(Exception):  # (their callers get `Closed`)
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.on_loop():
             self._thread.join(5)
         if not self.loop.is_running():
+            for future in calls:
+                future.cancel()  # (the loop will not run it: its caller would wait for ever)
             self.loop.close()
 
     # -- requests (on the loop) ------------------------------------------------------------

@@ -56,7 +56,7 @@ from ..models import (
 )
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
-from .client import ApiError, Connection, Unavailable
+from .client import ApiError, Closed, Connection, Unavailable
 from .layout import (
     ENCODER,
     FORMAT,
@@ -128,6 +128,12 @@ class _Readers:
 
     def close(self) -> None:
         return None
+
+
+_CLOSED_MEANWHILE: Final = (
+    "this journal was closed (by another thread) while the call ran; open it again with "
+    "Journal.open()"
+)
 
 
 class _RowChanges:
@@ -417,7 +423,11 @@ class JetStreamEngine:
             raise
         try:
             return self.conn.call(coro, timeout)
+        except Closed:
+            raise JournalClosed(_CLOSED_MEANWHILE) from None
         except Unavailable as e:
+            if self._closed:  # (the connection closed under the call: not the servers)
+                raise JournalClosed(_CLOSED_MEANWHILE) from None
             raise StoreUnavailable(
                 f"the NATS servers did not answer ({type(e).__name__}): check that they run "
                 "and that this host reaches them"

@@ -256,6 +256,14 @@ def replace_view(
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def closed_meanwhile() -> JournalClosed:
+    """The error of a call still in the view when another thread closed the journal."""
+    return JournalClosed(
+        "this journal was closed (by another thread) while the call ran; open it again "
+        "with Journal.open()"
+    )
+
+
 class _Transaction:
     """`View.begin()`: an LMDB transaction whose damage errors become `JournalCorrupt`."""
 
@@ -284,10 +292,16 @@ class _Transaction:
         assert self._txn is not None
         try:
             self._txn.__exit__(exc_type, exc, tb)
-        except _DAMAGE_ERRORS as e:
-            raise self._view.damaged(f"LMDB reports {e}") from e
+        except lmdb.Error as e:
+            if self._view.closed:
+                raise closed_meanwhile() from e
+            if isinstance(e, _DAMAGE_ERRORS):
+                raise self._view.damaged(f"LMDB reports {e}") from e
+            raise
         finally:
             TRANSACTIONS.leave()
+        if isinstance(exc, lmdb.Error) and self._view.closed:
+            raise closed_meanwhile() from exc
         if isinstance(exc, _DAMAGE_ERRORS):
             raise self._view.damaged(f"LMDB reports {exc}") from exc
 
@@ -308,6 +322,7 @@ class View:
         self._permissions = permissions
         self.readonly = readonly
         self._pid = os.getpid()  # (LMDB handles do not survive fork: see open_transaction)
+        self.closed = False  # (then LMDB's "closed object" errors are `JournalClosed`)
         self.damage: str | None = None
         self.replaced_because: str | None = None
         self._repair = False
@@ -402,13 +417,20 @@ class View:
             # iterated on): a transaction here would take reader slots of the parent's
             # lock file that nobody frees, until every process's reads fail.
             raise JournalClosed.inherited("LMDB handles do not survive fork")
+        if self.closed:
+            raise closed_meanwhile()
         if self.damage is not None:
             if not (write and self._repair):
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
             self._replace()
         else:
             self.check_file()
-        return self.env.begin(write=write)
+        try:
+            return self.env.begin(write=write)
+        except lmdb.Error as e:
+            if self.closed:
+                raise closed_meanwhile() from e
+            raise
 
     def check_file(self) -> None:
         """Before every transaction: the data file must still be the one opened (not
@@ -477,6 +499,7 @@ class View:
             TRANSACTIONS.leave()
 
     def close(self) -> None:
+        self.closed = True
         self.env.close()
         for env in self._retired:
             env.close()
