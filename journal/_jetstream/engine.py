@@ -2,9 +2,9 @@
 
 A synchronous facade over an asyncio client: the connection runs its own event-loop
 thread (`client.Connection`), and every `Engine` method runs its coroutine there, so the
-journal's sync and async APIs both work. Reads are in `reads.py`, writes in `writes.py`;
-this module opens the store, keeps the owner leases and their heartbeats, the expiry
-timer, and the change source that wakes the shared waiter.
+journal's sync and async APIs both work. Reads are in `reads.py`, writes in `writes.py`,
+opening the store in `opening.py`; this module keeps the owner leases and their
+heartbeats, the expiry timer, and the change source that wakes the shared waiter.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import socket
 import threading
 import time
@@ -20,11 +19,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-import msgspec
+from cursors import KeyRing
 
-from cursors import KeyRing, KeyRingError
-
-from ..arguments import check_retention
 from ..engine import (
     AcquireLease,
     EventsPage,
@@ -36,13 +32,10 @@ from ..engine import (
 )
 from ..engine import Progress as ProgressCallback
 from ..errors import (
-    InvalidArgument,
     JournalClosed,
     JournalCorrupt,
     OwnerBusy,
     ReadOnlyStore,
-    StoreIncompatible,
-    StoreNotFound,
     StoreUnavailable,
 )
 from ..models import (
@@ -59,15 +52,11 @@ from ..waiter import Notifier
 from .client import ApiError, Closed, Connection, Unavailable
 from .layout import (
     ENCODER,
-    FORMAT,
     HEARTBEAT_DECODER,
-    META_DECODER,
     Heartbeat,
-    Meta,
     Subjects,
-    stream_config,
-    stream_differences,
 )
+from .opening import bootstrap, key_ring_of, recorded_policy
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import IMPORT_REFUSAL, Writer
 
@@ -85,9 +74,6 @@ EXPIRY_SCAN_S: Final = 30.0
 # How long a read is asked again while the servers do not answer.
 READ_RETRY_S: Final = 30.0
 _STREAM_PREFIX: Final = "JOURNAL_"
-# The server's cap on one message (the server's max_payload must allow it too).
-MAX_MSG_BYTES: Final = 9 << 20
-_POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
 
 
 @dataclass
@@ -271,7 +257,7 @@ class JetStreamEngine:
         self._leases: set[JetStreamLease] = set()
         self.reader = StoreReader(conn, self.subjects)
         try:
-            meta = conn.call(self._bootstrap(options))
+            meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
         except Unavailable as e:
             raise StoreUnavailable(
                 f"the NATS servers did not answer while opening store {options.store!r} "
@@ -280,132 +266,14 @@ class JetStreamEngine:
         except ApiError as e:
             raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
         self.store_id = meta.store_id
-        self.key_ring = self._key_ring(options, meta)
+        self.key_ring = key_ring_of(options, meta)
         self.waiter = Notifier(self.head, lambda: _RowChanges(self))
-        policy = conn.call(self._policy(options))
+        policy = conn.call(recorded_policy(conn, self.subjects, options))
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
         self._expiry_wake: asyncio.Event | None = None
         self._expiry: asyncio.Task[None] | None = None
         if not self.readonly:
             self._expiry = conn.call(self._start_expiry())
-
-    # -- opening ---------------------------------------------------------------------------
-
-    async def _bootstrap(self, options: JetStreamOptions) -> Meta:
-        stream = self.conn.stream
-        try:
-            info = await self.conn.api(f"$JS.API.STREAM.INFO.{stream}")
-            self._check_stream(options, info.get("config") or {})
-        except ApiError as e:
-            if e.err_code != 10059:  # stream not found
-                raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
-            if not options.create or options.readonly:
-                raise StoreNotFound(
-                    f"no journal store {options.store!r} on this NATS cluster (stream "
-                    f"{stream}): create it with `journal init` or Journal.open(path, create=True)"
-                ) from None
-            await self._create_stream(options)
-        meta = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
-        if meta is None:
-            if options.readonly:
-                raise StoreNotFound(
-                    f"the journal store {options.store!r} was never initialised: open it "
-                    "writable once"
-                )
-            # A key of the store's own lives in the stream; a key the deployment passes
-            # (key_ring=, JOURNAL_CURSOR_KEY) is never written there.
-            given = options.key_ring or KeyRing.from_environment()
-            shared = "" if given is not None else KeyRing.generate().shared()
-            record = Meta(FORMAT, secrets.token_bytes(16), shared, _now_ms())
-            with contextlib.suppress(ApiError):  # another process initialised it first
-                await self.conn.publish(
-                    self.subjects.meta,
-                    ENCODER.encode(record),
-                    {"Nats-Expected-Last-Subject-Sequence": "0"},
-                )
-            meta = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
-            if meta is None:
-                raise StoreUnavailable(f"the store {options.store!r} has no identity record")
-        try:
-            decoded = META_DECODER.decode(meta.data)
-        except msgspec.DecodeError:
-            raise StoreIncompatible(
-                f"stream {stream} holds a subject {self.subjects.meta} that is not a journal "
-                "store's identity: use another store name"
-            ) from None
-        if decoded.format != FORMAT:
-            raise StoreIncompatible(
-                f"the journal store {options.store!r} has format {decoded.format}; this "
-                f"version reads format {FORMAT}: upgrade session-journal"
-            )
-        self.reader.saw(meta.seq)
-        return decoded
-
-    def _check_stream(self, options: JetStreamOptions, config: dict[str, Any]) -> None:
-        """A stream of the journal's name that another tool (or an older set-up) made is
-        refused before anything is written to it, naming what differs (SPEC 16.1)."""
-        wrong = stream_differences(config, self.subjects.all)
-        if wrong:
-            raise StoreIncompatible(
-                f"stream {self.conn.stream} was not made by session-journal for store "
-                f"{options.store!r}: {'; '.join(wrong)}. Use another store name, or "
-                "delete the stream if it holds nothing you need"
-            )
-
-    async def _policy(self, options: JetStreamOptions) -> RetentionPolicy:
-        """The policy given (recorded for the journals opened without one, by a writer),
-        else the store's recorded one, else the default (SPEC 8)."""
-        found = await self.conn.msg_get({"last_by_subj": self.subjects.policy})
-        recorded = None
-        if found is not None:
-            try:
-                recorded = _POLICY_DECODER.decode(found.data)
-                check_retention(recorded)
-            except (msgspec.DecodeError, InvalidArgument) as e:
-                raise StoreIncompatible(
-                    f"the retention policy recorded in {self.subjects.policy} is damaged "
-                    f"({e}): open the store writable with retention=RetentionPolicy(...) "
-                    "to record one"
-                ) from None
-        given = options.retention
-        if given is not None and given != recorded and not options.readonly:
-            await self.conn.publish(
-                self.subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"}
-            )
-        return given or recorded or RetentionPolicy()
-
-    async def _create_stream(self, options: JetStreamOptions) -> None:
-        config = stream_config(self.conn.stream, self.subjects.all, options.replicas, MAX_MSG_BYTES)
-        try:
-            await self.conn.api(f"$JS.API.STREAM.CREATE.{self.conn.stream}", config)
-        except ApiError as e:
-            if e.err_code == 10058:  # created by another process meanwhile
-                return
-            if e.err_code == 10065:  # another stream holds j.<store>.>
-                raise StoreIncompatible(
-                    f"cannot create stream {self.conn.stream}: another stream already takes "
-                    f"the subjects {self.subjects.all} ({e.description}): use another store "
-                    "name, or remove that stream"
-                ) from None
-            raise StoreUnavailable(
-                f"cannot create stream {self.conn.stream}: {e.description} (is JetStream "
-                f"enabled, and are there {options.replicas} servers for replicas="
-                f"{options.replicas}?)"
-            ) from None
-
-    def _key_ring(self, options: JetStreamOptions, meta: Meta) -> KeyRing:
-        given = options.key_ring or KeyRing.from_environment()
-        if given is not None:
-            return given
-        try:
-            if not meta.shared_key:
-                raise KeyRingError("no key in the store")
-            return KeyRing.from_shared(meta.shared_key)
-        except KeyRingError:
-            raise StoreIncompatible(
-                f"the journal store {options.store!r} keeps no usable cursor key: pass "
-                "key_ring= (or set JOURNAL_CURSOR_KEY) with the key its replicas share"
-            ) from None
 
     # -- plumbing --------------------------------------------------------------------------
 

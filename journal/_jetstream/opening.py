@@ -1,0 +1,160 @@
+"""Opening a JetStream store (SPEC 16.1): its stream, checked or created, the identity
+record, the recorded retention policy and the cursor key ring."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, Final
+
+import msgspec
+
+from cursors import KeyRing, KeyRingError
+
+from ..arguments import check_retention
+from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
+from ..models import RetentionPolicy
+from .client import ApiError, Connection
+from .layout import ENCODER, FORMAT, META_DECODER, Meta, Subjects, stream_config, stream_differences
+from .reads import StoreReader
+
+if TYPE_CHECKING:
+    from .engine import JetStreamOptions
+
+__all__ = ["MAX_MSG_BYTES", "bootstrap", "key_ring_of", "recorded_policy"]
+
+# The server's cap on one message (the server's max_payload must allow it too).
+MAX_MSG_BYTES: Final = 9 << 20
+_POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def bootstrap(
+    conn: Connection, subjects: Subjects, reader: StoreReader, options: JetStreamOptions
+) -> Meta:
+    """The store's identity record: the stream (checked, or created) and its `meta`
+    message (written by the first writable open)."""
+    stream = conn.stream
+    try:
+        info = await conn.api(f"$JS.API.STREAM.INFO.{stream}")
+        _check_stream(conn, subjects, options, info.get("config") or {})
+    except ApiError as e:
+        if e.err_code != 10059:  # stream not found
+            raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
+        if not options.create or options.readonly:
+            raise StoreNotFound(
+                f"no journal store {options.store!r} on this NATS cluster (stream "
+                f"{stream}): create it with `journal init` or Journal.open(path, create=True)"
+            ) from None
+        await _create_stream(conn, subjects, options)
+    meta = await conn.msg_get({"last_by_subj": subjects.meta})
+    if meta is None:
+        if options.readonly:
+            raise StoreNotFound(
+                f"the journal store {options.store!r} was never initialised: open it writable once"
+            )
+        # A key of the store's own lives in the stream; a key the deployment passes
+        # (key_ring=, JOURNAL_CURSOR_KEY) is never written there.
+        given = options.key_ring or KeyRing.from_environment()
+        shared = "" if given is not None else KeyRing.generate().shared()
+        record = Meta(FORMAT, secrets.token_bytes(16), shared, _now_ms())
+        with contextlib.suppress(ApiError):  # another process initialised it first
+            await conn.publish(
+                subjects.meta,
+                ENCODER.encode(record),
+                {"Nats-Expected-Last-Subject-Sequence": "0"},
+            )
+        meta = await conn.msg_get({"last_by_subj": subjects.meta})
+        if meta is None:
+            raise StoreUnavailable(f"the store {options.store!r} has no identity record")
+    try:
+        decoded = META_DECODER.decode(meta.data)
+    except msgspec.DecodeError:
+        raise StoreIncompatible(
+            f"stream {stream} holds a subject {subjects.meta} that is not a journal "
+            "store's identity: use another store name"
+        ) from None
+    if decoded.format != FORMAT:
+        raise StoreIncompatible(
+            f"the journal store {options.store!r} has format {decoded.format}; this "
+            f"version reads format {FORMAT}: upgrade session-journal"
+        )
+    reader.saw(meta.seq)
+    return decoded
+
+
+def _check_stream(
+    conn: Connection, subjects: Subjects, options: JetStreamOptions, config: dict[str, Any]
+) -> None:
+    """A stream of the journal's name that another tool (or an older set-up) made is
+    refused before anything is written to it, naming what differs (SPEC 16.1)."""
+    wrong = stream_differences(config, subjects.all)
+    if wrong:
+        raise StoreIncompatible(
+            f"stream {conn.stream} was not made by session-journal for store "
+            f"{options.store!r}: {'; '.join(wrong)}. Use another store name, or "
+            "delete the stream if it holds nothing you need"
+        )
+
+
+async def recorded_policy(
+    conn: Connection, subjects: Subjects, options: JetStreamOptions
+) -> RetentionPolicy:
+    """The policy given (recorded for the journals opened without one, by a writer),
+    else the store's recorded one, else the default (SPEC 8)."""
+    found = await conn.msg_get({"last_by_subj": subjects.policy})
+    recorded = None
+    if found is not None:
+        try:
+            recorded = _POLICY_DECODER.decode(found.data)
+            check_retention(recorded)
+        except (msgspec.DecodeError, InvalidArgument) as e:
+            raise StoreIncompatible(
+                f"the retention policy recorded in {subjects.policy} is damaged "
+                f"({e}): open the store writable with retention=RetentionPolicy(...) "
+                "to record one"
+            ) from None
+    given = options.retention
+    if given is not None and given != recorded and not options.readonly:
+        await conn.publish(subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"})
+    return given or recorded or RetentionPolicy()
+
+
+async def _create_stream(conn: Connection, subjects: Subjects, options: JetStreamOptions) -> None:
+    config = stream_config(conn.stream, subjects.all, options.replicas, MAX_MSG_BYTES)
+    try:
+        await conn.api(f"$JS.API.STREAM.CREATE.{conn.stream}", config)
+    except ApiError as e:
+        if e.err_code == 10058:  # created by another process meanwhile
+            return
+        if e.err_code == 10065:  # another stream holds j.<store>.>
+            raise StoreIncompatible(
+                f"cannot create stream {conn.stream}: another stream already takes "
+                f"the subjects {subjects.all} ({e.description}): use another store "
+                "name, or remove that stream"
+            ) from None
+        raise StoreUnavailable(
+            f"cannot create stream {conn.stream}: {e.description} (is JetStream "
+            f"enabled, and are there {options.replicas} servers for replicas="
+            f"{options.replicas}?)"
+        ) from None
+
+
+def key_ring_of(options: JetStreamOptions, meta: Meta) -> KeyRing:
+    """The cursor key ring: the one given, else the store's own (SPEC 16.5)."""
+    given = options.key_ring or KeyRing.from_environment()
+    if given is not None:
+        return given
+    try:
+        if not meta.shared_key:
+            raise KeyRingError("no key in the store")
+        return KeyRing.from_shared(meta.shared_key)
+    except KeyRingError:
+        raise StoreIncompatible(
+            f"the journal store {options.store!r} keeps no usable cursor key: pass "
+            "key_ring= (or set JOURNAL_CURSOR_KEY) with the key its replicas share"
+        ) from None
