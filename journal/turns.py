@@ -17,6 +17,7 @@ from .arguments import batch_refused, check_request_id, not_a_batch
 from .engine import Append, Appended, AppendTurnEvent, Engine, Lease, Operation, TurnGuard
 from .errors import (
     InvalidArgument,
+    JournalClosed,
     OutcomeUnknown,
     OwnerBusy,
     SessionNotFound,
@@ -144,6 +145,9 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
             or row.incarnation != lease.incarnation
             or info.generation != lease.generation
         ):
+            engine.check_usable()
+            if not lease.held:  # (the journal's close() released it meanwhile)
+                raise JournalClosed("this journal was closed (by another thread) during own()")
             raise SessionNotFound(f"session {lease.session_id!r} was evicted while being owned")
         if row.turn_request_id is not None:
             # The turn's owner is gone (we hold the lease now) and never settled it.

@@ -175,8 +175,11 @@ class Connection:
         with self._calls_lock:
             self._stopped = True  # (no call is scheduled from now on)
             calls = list(self._calls)
-        if calls and not self.on_loop():
-            with contextlib.suppress(Exception):  # (their callers get `Closed`)
+        if not self.on_loop():
+            # Every task still on the loop: calls waiting for an answer (their callers get
+            # `Closed`) and tasks a call started as close() began (an owner's heartbeat),
+            # which the stopped loop would destroy pending.
+            with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.on_loop():

@@ -178,12 +178,13 @@ class JetStreamLease:
     def held(self) -> bool:
         return not self._released
 
-    def start(self) -> None:
-        self._beat = self._engine.conn.call(self._start())
-
-    async def _start(self) -> asyncio.Task[None]:
+    async def start(self) -> asyncio.Task[None]:
+        """The first beat, then the task that beats on (on the engine's loop)."""
         await self._engine.beat(self)
         return asyncio.get_running_loop().create_task(self._beating())
+
+    def beating(self, task: asyncio.Task[None]) -> None:
+        self._beat = task
 
     async def _beating(self) -> None:
         while True:
@@ -525,7 +526,9 @@ class JetStreamEngine:
         lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
         self._leases.add(lease)
         try:
-            lease.start()
+            self.point("lease.taken", session_id)  # (on the caller's thread)
+            # (Through `_run`: a close by another thread meanwhile is JournalClosed.)
+            lease.beating(self._run(lease.start()))
         except BaseException:
             lease.release()
             raise
