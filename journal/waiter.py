@@ -15,6 +15,7 @@ Measured costs and latencies are in SPEC section 7.6.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -24,6 +25,8 @@ from typing import Any, Final, Protocol
 from .forking import ForkPause
 
 __all__ = ["ChangeSource", "Notifier"]
+
+_log: Final = logging.getLogger("journal")
 
 # Polling (no change source): the period while idle and right after the head moved.
 IDLE_POLL_S: Final = 0.002
@@ -270,7 +273,8 @@ class Notifier:
             if self._changes is not None:
                 try:
                     source = self._changes()
-                except OSError:
+                except Exception:  # (OSError, a client's own errors, a close meanwhile)
+                    _log.debug("the change source failed; polling instead", exc_info=True)
                     source = None  # poll instead
             with self._cv:
                 self._source = source

@@ -1099,3 +1099,46 @@ def test_close_racing_owners_writers_and_watchers_ends_each_with_journal_closed(
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "done"
     assert result.stderr == "", result.stderr[-3000:]
+
+
+def test_a_change_source_that_cannot_subscribe_leaves_the_waiter_polling(
+    url: str, tmp_path: Path
+) -> None:
+    """The waiter's thread subscribes to the row subjects when a follower first waits;
+    an error there other than OSError (nats' own, or the client's `Closed` while another
+    thread closes the journal) ended the thread with a traceback, and a watcher then saw
+    another process's commits only when something else woke it. The error is raised at
+    the fault point `changes.subscribe`; the waiter polls instead."""
+    failing = [True]
+
+    def point(where: str, detail: object) -> None:
+        if where == "changes.subscribe" and failing:
+            failing.clear()
+            raise RuntimeError("the subscription failed (injected)")
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with (
+        Journal.over(JetStreamEngine.open(options)) as j,
+        Journal.open(url, store=store_name(tmp_path)) as other,
+    ):
+        j.create_session("s")
+        seen: list[int] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            for event in j.watch("s", stop=stop):
+                seen.append(event.ordinal)
+                if event.ordinal == 1:
+                    return
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        deadline = time.monotonic() + 5
+        while failing and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not failing, "the fault point did not fire"
+        other.append("s", events(1))
+        watcher.join(10)
+        stop.set()
+        watcher.join(5)
+        assert seen == [1], "the watcher did not see the other journal's commit"

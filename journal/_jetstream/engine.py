@@ -137,6 +137,7 @@ class _RowChanges:
         async def on_row(_msg: Any) -> None:
             self._event.set()
 
+        engine.point("changes.subscribe", None)  # (on the waiter's thread)
         self._sub = self._conn.call(self._conn.nc.subscribe(engine.subjects.rows, cb=on_row))
 
     def wait(self, timeout: float) -> bool:
