@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from .errors import JournalClosed
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
 from .waiter import Notifier
@@ -200,7 +201,12 @@ def follow(
         epoch = waiter.epoch
         if closed() or (stop is not None and stop.is_set()):
             return
-        items, wait_past, done = pager.step()
+        try:
+            items, wait_past, done = pager.step()
+        except JournalClosed:
+            if closed():  # (closed by another thread while the page was read: it ends)
+                return
+            raise
         if items:
             yield items
             # Drop the delivered page before reading the next: its events are freed now,
@@ -230,7 +236,12 @@ async def afollow(
     `reads_block` (the engine's reads wait on the network) each step runs in a worker
     thread, so the caller's loop goes on meanwhile."""
     while not closed():
-        items, wait_past, done = await off_loop(reads_block, pager.step)
+        try:
+            items, wait_past, done = await off_loop(reads_block, pager.step)
+        except JournalClosed:
+            if closed():  # (closed while the page was read: the watch ends)
+                return
+            raise
         for item in items:
             yield item
         del items  # (as in `follow`: freed before the next page is read)

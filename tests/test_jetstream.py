@@ -1142,3 +1142,57 @@ def test_a_change_source_that_cannot_subscribe_leaves_the_waiter_polling(
         stop.set()
         watcher.join(5)
         assert seen == [1], "the watcher did not see the other journal's commit"
+
+
+def test_closing_the_journal_while_awatch_reads_a_page_ends_the_watch(
+    url: str, tmp_path: Path
+) -> None:
+    """`awatch` reads its pages in a worker thread, which waits on the connection's loop.
+    A close while a read was in flight stopped that loop with the read's task pending: the
+    thread waited for good, the watch never ended (SPEC 7.6: it ends when the journal is
+    closed), and `asyncio.run` never returned (it waits for the default executor's
+    threads). The close is made while the read is held at the fault point `reads.page`."""
+    import asyncio
+
+    entered, closing = threading.Event(), threading.Event()
+    armed: list[bool] = []
+
+    def point(name: str, detail: object) -> None:
+        if name == "reads.page" and armed:
+            armed.clear()
+            entered.set()
+            closing.wait(5)
+            time.sleep(0.05)  # (the close's own request is queued behind this read)
+
+    got: list[int] = []
+    outcome: list[object] = []
+
+    async def main(j: Journal) -> None:
+        async def watcher() -> None:
+            async for event in j.awatch("s"):
+                got.append(event.ordinal)
+                armed.append(True)  # the next page's read is held
+
+        task = asyncio.create_task(watcher())
+        assert await asyncio.to_thread(entered.wait, 5), "the fault point did not fire"
+        closing.set()
+        await asyncio.to_thread(j.close)
+        try:
+            await asyncio.wait_for(task, 10)
+            outcome.append("ended")
+        except BaseException as e:  # (reported below)
+            outcome.append(e)
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    j = Journal.over(JetStreamEngine.open(options))
+    try:
+        j.create_session("s")
+        j.append("s", events(1))
+        runner = threading.Thread(target=asyncio.run, args=(main(j),), daemon=True)
+        runner.start()
+        runner.join(20)
+        assert outcome == ["ended"], f"the watch did not end quietly: {outcome!r}"
+        assert not runner.is_alive(), "asyncio.run waited for a read that never ended"
+        assert got == [1]
+    finally:
+        j.close()
