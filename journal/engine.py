@@ -10,8 +10,11 @@ not affect the others.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import concurrent.futures
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import msgspec
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from .waiter import Notifier
 
 __all__ = [
+    "READ_SCOPE",
     "AbortImport",
     "AcquireLease",
     "Append",
@@ -53,6 +57,7 @@ __all__ = [
     "Operation",
     "PageReaders",
     "Progress",
+    "ReadScope",
     "ReleaseLease",
     "SnapshotRef",
     "StageEvents",
@@ -67,6 +72,57 @@ __all__ = [
 ResultT = TypeVar("ResultT")
 ResultT_co = TypeVar("ResultT_co", covariant=True)
 Progress = Callable[[int, int], None]
+
+
+class ReadScope:
+    """A read that a worker thread runs for an asyncio caller (`follow.off_loop`, for an
+    engine whose reads block): `cancel()`, called when the caller's task was cancelled,
+    ends it. An engine that waits on the network stops asking again (`check`, `sleep`)
+    and cuts the request in flight (the hooks registered with `on_cancel`); the read then
+    raises `concurrent.futures.CancelledError` in its thread, where nobody waits for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cancelled = threading.Event()
+        self._hooks: list[Callable[[], object]] = []
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._cancelled.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def check(self) -> None:
+        """Raise `concurrent.futures.CancelledError` once cancelled."""
+        if self._cancelled.is_set():
+            raise concurrent.futures.CancelledError
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, ending at once (raising) when cancelled."""
+        self._cancelled.wait(seconds)
+        self.check()
+
+    @contextmanager
+    def on_cancel(self, hook: Callable[[], object]) -> Iterator[None]:
+        """Call `hook` if the scope is cancelled while the block runs (at once if it was)."""
+        with self._lock:
+            registered = not self._cancelled.is_set()
+            if registered:
+                self._hooks.append(hook)
+        if not registered:
+            hook()
+        try:
+            yield
+        finally:
+            if registered:
+                with self._lock:
+                    if hook in self._hooks:
+                        self._hooks.remove(hook)
+
+
+# The read scope of the running thread's read (None: a plain synchronous call).
+READ_SCOPE: ContextVar[ReadScope | None] = ContextVar("journal_read_scope", default=None)
 
 
 class Operation(msgspec.Struct, Generic[ResultT], frozen=True):
@@ -317,7 +373,8 @@ class Engine(Protocol):
     # Why `import_sessions` is refused on this engine (None: it imports).
     import_refusal: str | None
     # Whether a read waits on the network (up to 30 s in an outage): the asyncio
-    # followers then read in a worker thread, not on the caller's loop.
+    # followers then read in a worker thread, not on the caller's loop, and such an
+    # engine ends a read whose `READ_SCOPE` is cancelled.
     reads_block: bool
     store_id: bytes
     key_ring: KeyRing

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+from .engine import READ_SCOPE, ReadScope
 from .errors import JournalClosed
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
@@ -220,13 +221,28 @@ def follow(
 
 
 async def off_loop(reads_block: bool, call: Callable[..., ResultT], *args: Any) -> ResultT:
-    """`call(*args)`: in a worker thread when `reads_block` (an engine whose reads wait on
-    the network), so the caller's event loop goes on meanwhile; else right here."""
-    if reads_block:
-        import asyncio
+    """`call(*args)`: in a worker thread when `reads_block` (an engine whose reads wait
+    on the network), so the caller's event loop goes on meanwhile; else right here. A
+    task cancelled meanwhile cancels the read too (its `READ_SCOPE`): it is not asked
+    again, and its request in flight is cut."""
+    if not reads_block:
+        return call(*args)
+    import asyncio
+    import contextvars
 
-        return await asyncio.to_thread(call, *args)
-    return call(*args)
+    scope = ReadScope()
+
+    def run() -> ResultT:
+        READ_SCOPE.set(scope)  # (in the copied context this thread runs in)
+        return call(*args)
+
+    context = contextvars.copy_context()
+    try:
+        result: ResultT = await asyncio.get_running_loop().run_in_executor(None, context.run, run)
+    except asyncio.CancelledError:
+        scope.cancel()
+        raise
+    return result
 
 
 async def afollow(

@@ -4,6 +4,7 @@ URL, its documented limits and differences, export into another engine, a lost a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
@@ -1196,3 +1197,52 @@ def test_closing_the_journal_while_awatch_reads_a_page_ends_the_watch(
         assert got == [1]
     finally:
         j.close()
+
+
+def _unanswered_reads(url: str, tmp_path: Path) -> tuple[list[float], Journal, threading.Event]:
+    """A journal whose page reads, once `outage` is set, fail as when the servers do not
+    answer (StoreUnavailable raised at the fault point `reads.page`: the engine asks
+    again for up to 30 s); `attempts` records when each read attempt began."""
+    attempts: list[float] = []
+    outage = threading.Event()
+
+    def point(name: str, detail: object) -> None:
+        if name == "reads.page" and outage.is_set():
+            attempts.append(time.monotonic())
+            raise StoreUnavailable("the servers did not answer (injected)")
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    return attempts, Journal.over(JetStreamEngine.open(options)), outage
+
+
+def test_a_cancelled_awatch_stops_its_read_in_the_worker_thread(url: str, tmp_path: Path) -> None:
+    """A task cancelled while its page was read in a worker thread ended at once, but the
+    read went on in its thread, asked again for up to 30 s while the servers did not
+    answer: each cancelled watcher held a thread of the executor that long (and
+    `asyncio.run` waited for it at exit). The read now stops when its task is cancelled."""
+    import asyncio
+
+    attempts, j, outage = _unanswered_reads(url, tmp_path)
+
+    async def main() -> float:
+        async def watcher() -> None:
+            async for _event in j.awatch("s"):
+                outage.set()  # the next page's read fails, again and again
+
+        task = asyncio.create_task(watcher())
+        while not attempts:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        cancelled_at = time.monotonic()
+        await asyncio.sleep(0.6)
+        return cancelled_at
+
+    with j:
+        j.create_session("s")
+        j.append("s", events(1))
+        cancelled_at = asyncio.run(main())
+        later = [t for t in attempts if t > cancelled_at + 0.15]
+        assert not later, f"the read went on after its task was cancelled ({len(later)} tries)"

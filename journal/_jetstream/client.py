@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError, NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from ..engine import READ_SCOPE
 from ..errors import StoreUnavailable
 
 __all__ = ["ApiError", "BatchMessage", "Closed", "Connection", "Found", "Unavailable"]
@@ -151,8 +152,13 @@ class Connection:
                 raise Closed("the journal's NATS connection is closed")
             future = asyncio.run_coroutine_threadsafe(coro, self.loop)
             self._calls.add(future)
+        scope = READ_SCOPE.get()
         try:
-            return future.result(timeout)
+            if scope is None:
+                return future.result(timeout)
+            # (an asyncio follower's read: cancelling its task cancels the request)
+            with scope.on_cancel(future.cancel):
+                return future.result(timeout)
         except concurrent.futures.CancelledError:
             if self._stopped:
                 raise Closed("the journal's NATS connection was closed during the call") from None

@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 from cursors import KeyRing
 
 from ..engine import (
+    READ_SCOPE,
     AcquireLease,
     EventsPage,
     Lease,
@@ -309,14 +310,22 @@ class JetStreamEngine:
         """A read, asked again for a while when the servers do not answer (a leader
         election takes seconds): readers and watchers ride it out."""
         deadline = time.monotonic() + READ_RETRY_S
+        # (an asyncio follower's read, in a worker thread: it ends when its task is
+        # cancelled, not asked again for up to 30 s in a thread nobody waits for)
+        scope = READ_SCOPE.get()
         while True:
+            if scope is not None:
+                scope.check()
             try:
                 result: T = self._run(make())
                 return result
             except StoreUnavailable:
                 if self._closed or time.monotonic() > deadline:
                     raise
-                time.sleep(0.1)
+                if scope is None:
+                    time.sleep(0.1)
+                else:
+                    scope.sleep(0.1)
 
     def _committed(self, seq: int, row: SessionRow | None) -> None:
         self.waiter.publish(seq + 1)
