@@ -73,7 +73,7 @@ from .errors import (
     Unsupported,
 )
 from .folds import DEFAULT_TRIES, Codec, Fold
-from .follow import EventPager, Stream, afollow, follow, off_loop
+from .follow import EventPager, ReadThreads, Stream, afollow, follow, off_loop
 from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
@@ -124,6 +124,7 @@ class Journal:
     _lifecycle: LifecycleFeed
     _deliveries: Deliveries
     _events: EventChecker
+    _read_threads: ReadThreads | None
     _cursors: SessionCursors
     _dropped: Detachable
 
@@ -189,10 +190,14 @@ class Journal:
         self._cursors = SessionCursors(engine, self._codec)
         self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
+        # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
+        self._read_threads = threads = ReadThreads() if engine.reads_block else None
 
         def close_dropped() -> None:
             deliveries.close()
             engine.close()
+            if threads is not None:
+                threads.close()
 
         # Closed when garbage-collected without close() (SPEC 7): its thread, files and
         # the store's place in this process are not kept for the life of the process.
@@ -211,7 +216,9 @@ class Journal:
         self._dropped.detach()
         self._closed = True
         self._deliveries.close()  # joins the delivery thread before the engine closes
-        self._engine.close()
+        self._engine.close()  # (cancels the reads in flight: section 16.4)
+        if self._read_threads is not None:
+            self._read_threads.close()
 
     def __enter__(self) -> "Journal":
         return self
@@ -694,13 +701,13 @@ class Journal:
     ) -> AsyncIterator[Event]:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
         check_max_bytes(max_bytes)
-        blocking = self._engine.reads_block
-        row, after = await off_loop(blocking, self._start, session_id, cursor)
+        threads = self._read_threads
+        row, after = await off_loop(threads, self._start, session_id, cursor)
         with self._engine.readers() as readers:
             page = partial(self._page, row, self._cursors.context(row), readers)
             unsettled = partial(check_unsettled, self._engine, cursor)
             pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
-            async for event in afollow(pager, self._engine.waiter, self._is_closed, blocking):
+            async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
                 yield event
 
     # -- lifecycle feed --------------------------------------------------------------------
@@ -722,9 +729,9 @@ class Journal:
     async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions`."""
         self._check_open()
-        blocking = self._engine.reads_block
-        pager = await off_loop(blocking, self._lifecycle.pager, cursor)
-        async for event in afollow(pager, self._engine.waiter, self._is_closed, blocking):
+        threads = self._read_threads
+        pager = await off_loop(threads, self._lifecycle.pager, cursor)
+        async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
             yield event
 
     # -- subscriptions and folds -----------------------------------------------------------

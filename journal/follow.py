@@ -20,7 +20,15 @@ from .models import Event, LifecycleEvent
 from .sessions import SessionRow
 from .waiter import Notifier
 
-__all__ = ["EventPager", "LifecyclePager", "Stream", "afollow", "follow", "off_loop"]
+__all__ = [
+    "EventPager",
+    "LifecyclePager",
+    "ReadThreads",
+    "Stream",
+    "afollow",
+    "follow",
+    "off_loop",
+]
 
 ItemT = TypeVar("ItemT")
 ResultT = TypeVar("ResultT")
@@ -220,40 +228,82 @@ def follow(
             waiter.wait(wait_past, stop, pager.wait_timeout, epoch)
 
 
-async def off_loop(reads_block: bool, call: Callable[..., ResultT], *args: Any) -> ResultT:
-    """`call(*args)`: in a worker thread when `reads_block` (an engine whose reads wait
-    on the network), so the caller's event loop goes on meanwhile; else right here. A
-    task cancelled meanwhile cancels the read too (its `READ_SCOPE`): it is not asked
-    again, and its request in flight is cut."""
-    if not reads_block:
+# How many threads a journal's `ReadThreads` may run at once.
+READ_THREADS: Final = 64
+
+
+class ReadThreads:
+    """The worker threads that run a journal's asyncio followers' reads when its engine's
+    reads block (wait on the network): the journal's own, not the loop's default
+    executor, which the application's `to_thread`, `run_in_executor(None, ...)` and
+    `getaddrinfo` share (a read may wait 30 s in an outage). Started on first use; `close`
+    (the journal closes) lets them end."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: Any = None  # a ThreadPoolExecutor, from the first read
+        self._closed = False
+
+    async def run(self, call: Callable[..., ResultT], *args: Any) -> ResultT:
+        """`call(*args)` in one of the threads; a task cancelled meanwhile cancels the read
+        too (its `READ_SCOPE`): it is not asked again, and its request in flight is cut."""
+        import asyncio
+        import contextvars
+
+        scope = ReadScope()
+
+        def run() -> ResultT:
+            READ_SCOPE.set(scope)  # (in the copied context this thread runs in)
+            return call(*args)
+
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        with self._lock:  # (no submission after `close`)
+            if self._closed:
+                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(READ_THREADS, "journal-aread")
+            future = loop.run_in_executor(self._pool, context.run, run)
+        try:
+            result: ResultT = await future
+        except asyncio.CancelledError:
+            scope.cancel()
+            raise
+        return result
+
+    def close(self) -> None:
+        """No reads after this; the threads end once their reads did (not waited for)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+
+async def off_loop(
+    threads: ReadThreads | None, call: Callable[..., ResultT], *args: Any
+) -> ResultT:
+    """`call(*args)`: in one of `threads` (given for an engine whose reads wait on the
+    network), so the caller's event loop goes on meanwhile; else right here."""
+    if threads is None:
         return call(*args)
-    import asyncio
-    import contextvars
-
-    scope = ReadScope()
-
-    def run() -> ResultT:
-        READ_SCOPE.set(scope)  # (in the copied context this thread runs in)
-        return call(*args)
-
-    context = contextvars.copy_context()
-    try:
-        result: ResultT = await asyncio.get_running_loop().run_in_executor(None, context.run, run)
-    except asyncio.CancelledError:
-        scope.cancel()
-        raise
-    return result
+    return await threads.run(call, *args)
 
 
 async def afollow(
-    pager: Pager[ItemT], waiter: Notifier, closed: Callable[[], bool], reads_block: bool
+    pager: Pager[ItemT],
+    waiter: Notifier,
+    closed: Callable[[], bool],
+    threads: ReadThreads | None,
 ) -> AsyncIterator[ItemT]:
     """Drive `pager` from asyncio (cancel the task to stop); items one by one. With
-    `reads_block` (the engine's reads wait on the network) each step runs in a worker
-    thread, so the caller's loop goes on meanwhile."""
+    `threads` (the engine's reads wait on the network) each step runs in one of them, so
+    the caller's loop goes on meanwhile."""
     while not closed():
         try:
-            items, wait_past, done = await off_loop(reads_block, pager.step)
+            items, wait_past, done = await off_loop(threads, pager.step)
         except JournalClosed:
             if closed():  # (closed while the page was read: the watch ends)
                 return

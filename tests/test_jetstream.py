@@ -1246,3 +1246,42 @@ def test_a_cancelled_awatch_stops_its_read_in_the_worker_thread(url: str, tmp_pa
         cancelled_at = asyncio.run(main())
         later = [t for t in attempts if t > cancelled_at + 0.15]
         assert not later, f"the read went on after its task was cancelled ({len(later)} tries)"
+
+
+def test_awatch_reads_leave_the_default_executor_to_the_application(
+    url: str, tmp_path: Path
+) -> None:
+    """Watchers whose reads wait (the servers do not answer: up to 30 s a read) held the
+    threads of the loop's default executor, which the application's own
+    `asyncio.to_thread`, `run_in_executor(None, ...)` and `getaddrinfo` share: those
+    waited as long. Reads now run in the journal's own threads."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    attempts, j, outage = _unanswered_reads(url, tmp_path)
+
+    async def main() -> float:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+
+        async def watcher(session: str) -> None:
+            async for _event in j.awatch(session):
+                outage.set()
+
+        tasks = [asyncio.create_task(watcher(f"s{i}")) for i in range(4)]
+        while len(attempts) < 4:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(time.sleep, 0), 5)
+        waited = time.monotonic() - started
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return waited
+
+    with j:
+        for i in range(4):
+            j.create_session(f"s{i}")
+            j.append(f"s{i}", events(1))
+        waited = asyncio.run(main())
+    assert waited < 1.0, f"the application's to_thread waited {waited:.1f} s for the watchers"
