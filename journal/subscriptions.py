@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
 
+from .engine import READ_SCOPE, ReadScope
 from .errors import InvalidArgument, JournalClosed
 from .follow import Pager
 from .waiter import Notifier
@@ -70,6 +71,7 @@ class Subscription(Generic[ItemT]):
         "_on_error",
         "_pager",
         "_release",
+        "_scope",
         "_start_cursor",
         "_wake",
         "session_id",
@@ -98,6 +100,9 @@ class Subscription(Generic[ItemT]):
         self._ended = threading.Event()
         # Held by the delivery thread while it calls the listener (see `close`).
         self._call_lock = threading.RLock()
+        # The read scope of the page step in progress (None: none): `close` cancels it,
+        # so an engine that waits on the network (an outage: up to 30 s) stops at once.
+        self._scope: ReadScope | None = None
 
     def __repr__(self) -> str:
         what = "the lifecycle feed" if self.session_id is None else repr(self.session_id)
@@ -123,13 +128,20 @@ class Subscription(Generic[ItemT]):
     def close(self) -> None:
         """Unsubscribe (idempotent; see the class docstring)."""
         first = not self._closed
-        self._closed = True
+        self._stop()
         with self._call_lock:
             pass  # a listener call in progress on the delivery thread returns first
         if first:
             self._wake()  # the thread releases what it holds now, not at the next commit
 
     __call__ = close
+
+    def _stop(self) -> None:
+        """No further item is delivered, and a page read in progress is cut."""
+        self._closed = True
+        scope = self._scope
+        if scope is not None:
+            scope.cancel()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the subscription has ended and released what it held (True), or
@@ -153,13 +165,19 @@ class Subscription(Generic[ItemT]):
     def _step(self) -> tuple[bool, int | None, float | None]:
         """One page step: (still active, head to wait past or None to step again at once,
         the longest such a wait may last)."""
-        if self._closed:
-            return False, None, None
+        scope = self._scope = ReadScope()
+        token = READ_SCOPE.set(scope)
         try:
+            if self._closed:  # (after `_scope` is set: a close from now on cancels it)
+                return False, None, None
             items, wait_past, done = self._pager.step()
         except Exception as error:
-            self._fail(error)
+            if not self._closed:  # (closed meanwhile: its read was cut, nothing to report)
+                self._fail(error)
             return False, None, None
+        finally:
+            READ_SCOPE.reset(token)
+            self._scope = None
         for item in items:
             with self._call_lock:
                 if self._closed:
@@ -249,8 +267,9 @@ class Deliveries:
             thread = self._thread
             for subscription in self._subscriptions:
                 # No further item is delivered, also from the page a listener that
-                # closes the journal is in (as `sub.close()` there).
-                subscription._closed = True
+                # closes the journal is in (as `sub.close()` there); a read in progress
+                # is cut (it may wait 30 s on the network: the join below waits for it).
+                subscription._stop()
         self._waiter.recheck()
         if thread is not None and thread is not threading.current_thread():
             thread.join()

@@ -1285,3 +1285,42 @@ def test_awatch_reads_leave_the_default_executor_to_the_application(
             j.append(f"s{i}", events(1))
         waited = asyncio.run(main())
     assert waited < 1.0, f"the application's to_thread waited {waited:.1f} s for the watchers"
+
+
+def test_closing_the_journal_while_a_subscription_reads_ends_it_at_once(
+    url: str, tmp_path: Path
+) -> None:
+    """`close()` joins the delivery thread, which was reading a subscription's page while
+    the servers did not answer: the read was asked again for up to 30 s, so the close
+    took that long, and the subscription's `on_error` then got `StoreUnavailable` (SPEC
+    7.10: a close ends every subscription, and no error is reported). The read is now
+    cut by the close; `sub.close()` from another thread cuts it too."""
+    attempts, j, outage = _unanswered_reads(url, tmp_path)
+    errors: list[BaseException] = []
+    got: list[int] = []
+    with j:
+        for name in ("s", "t"):
+            j.create_session(name)
+            j.append(name, events(1))
+        sub = j.subscribe("t", lambda e: got.append(e.ordinal), on_error=errors.append)
+        assert sub.wait(0) is False
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        outage.set()
+        j.append("t", events(1))  # its page's read fails, again and again
+        while not attempts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        sub.close()
+        assert sub.wait(2), "the subscription's read went on after sub.close()"
+        assert time.monotonic() - started < 2
+        other = j.subscribe("s", lambda e: got.append(e.ordinal), on_error=errors.append)
+        while len(attempts) < 3 and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        started = time.monotonic()
+        j.close()
+        took = time.monotonic() - started
+        assert other.wait(0)
+    assert took < 2, f"close() waited {took:.1f} s for a subscription's read"
+    assert errors == [], f"a closed subscription reported {errors!r}"
