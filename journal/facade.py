@@ -72,8 +72,9 @@ from .errors import (
     StoreUnavailable,
     Unsupported,
 )
+from .event_pages import EventPages
 from .folds import DEFAULT_TRIES, Codec, Fold
-from .follow import EventPager, ReadThreads, Stream, afollow, follow, off_loop
+from .follow import ReadThreads, Stream, afollow, follow, off_loop
 from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
@@ -84,7 +85,6 @@ from .models import (
     ImportReport,
     LifecycleEvent,
     Page,
-    ReadContext,
     RetentionPolicy,
     RetentionReport,
     SessionMetadata,
@@ -99,7 +99,7 @@ from .session_cursors import SessionCursors
 from .sessions import SessionRow, TransitionKind, metadata, recorded_owner
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
-from .turns import Owner, TurnWriter, check_unsettled, take_over
+from .turns import Owner, TurnWriter, take_over
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
@@ -126,6 +126,7 @@ class Journal:
     _events: EventChecker
     _read_threads: ReadThreads | None
     _cursors: SessionCursors
+    _pages: EventPages
     _dropped: Detachable
 
     def __init__(self) -> None:
@@ -187,7 +188,8 @@ class Journal:
         self._closed = False
         self._codec = TokenCodec(engine.key_ring)
         self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
-        self._cursors = SessionCursors(engine, self._codec)
+        self._cursors = cursors = SessionCursors(engine, self._codec)
+        self._pages = EventPages(engine, cursors)
         self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
         # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
@@ -588,28 +590,6 @@ class Journal:
         row = self._row(session_id)
         return row, self._cursors.after_ordinal(row, cursor, readers)
 
-    def _page(
-        self,
-        row: SessionRow,
-        context: ReadContext,
-        readers: PageReaders,
-        after: int,
-        max_bytes: int,
-    ) -> tuple[list[Event], bool, bool, int, SessionRow]:
-        """(events, has_more, terminal, committed next position, row) after `after`."""
-        page = self._engine.read(
-            row.session_id, row.incarnation, after, max_bytes, context, readers
-        )
-        current = page.row
-        if current is None or current.incarnation != row.incarnation:
-            raise SessionNotFound(
-                f"session {row.session_id!r} was evicted while being read; its "
-                "remaining history is gone"
-            )
-        if after < current.first_ordinal - 1:
-            raise self._cursors.expired(current, after)
-        return page.events, page.has_more, current.session_state.terminal, page.head, current
-
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
     ) -> Page:
@@ -622,7 +602,7 @@ class Journal:
         self._check_open()
         with self._engine.readers() as readers:
             row, after = self._start(session_id, cursor, readers)
-            events, has_more, _, _, _ = self._page(
+            events, has_more, _, _, _ = self._pages.page(
                 row, self._cursors.context(row), readers, after, max_bytes
             )
         next_cursor = events[-1].cursor if events else cursor
@@ -680,9 +660,7 @@ class Journal:
     ) -> Generator[list[Event], None, None]:
         """A stream's pages; `page_bytes`: the first's bound, then the others'."""
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._cursors.context(row), readers)
-            unsettled = partial(check_unsettled, self._engine, cursor)
-            pager = EventPager(page, after, live, unsettled, page_bytes)
+            pager = self._pages.pager(row, after, readers, live, page_bytes, cursor)
             yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
         if not live and not pager.finished and self._closed and not halted():
             raise JournalClosed(  # (not as if complete: a fold would hold part of it)
@@ -704,9 +682,7 @@ class Journal:
         threads = self._read_threads
         row, after = await off_loop(threads, self._start, session_id, cursor)
         with self._engine.readers() as readers:
-            page = partial(self._page, row, self._cursors.context(row), readers)
-            unsettled = partial(check_unsettled, self._engine, cursor)
-            pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
+            pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
             async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
                 yield event
 
@@ -754,9 +730,7 @@ class Journal:
         check_max_bytes(max_bytes)
         row, after = self._start(session_id, cursor)
         readers = self._engine.readers()
-        page = partial(self._page, row, self._cursors.context(row), readers)
-        unsettled = partial(check_unsettled, self._engine, cursor)
-        pager = EventPager(page, after, True, unsettled, (max_bytes, max_bytes))
+        pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
         return self._deliveries.add(
             row.session_id, pager, listener, on_error, cursor, readers.close
         )

@@ -1,0 +1,65 @@
+"""A journal's pages of a session's events: one page after an ordinal, with the page
+rule's results (a session evicted while read, a position compacted away), and the pager
+that the event streams, `awatch` and subscriptions step (`follow.EventPager`)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from .engine import Engine, PageReaders
+from .errors import SessionNotFound
+from .follow import EventPager
+from .models import Event, ReadContext
+from .session_cursors import SessionCursors
+from .sessions import SessionRow
+from .turns import check_unsettled
+
+__all__ = ["EventPages"]
+
+
+class EventPages:
+    """The event pages of a journal's engine, their cursors signed by `cursors`."""
+
+    __slots__ = ("_cursors", "_engine")
+
+    def __init__(self, engine: Engine, cursors: SessionCursors) -> None:
+        self._engine = engine
+        self._cursors = cursors
+
+    def page(
+        self,
+        row: SessionRow,
+        context: ReadContext,
+        readers: PageReaders,
+        after: int,
+        max_bytes: int,
+    ) -> tuple[list[Event], bool, bool, int, SessionRow]:
+        """(events, has_more, terminal, committed next position, row) after `after`."""
+        page = self._engine.read(
+            row.session_id, row.incarnation, after, max_bytes, context, readers
+        )
+        current = page.row
+        if current is None or current.incarnation != row.incarnation:
+            raise SessionNotFound(
+                f"session {row.session_id!r} was evicted while being read; its "
+                "remaining history is gone"
+            )
+        if after < current.first_ordinal - 1:
+            raise self._cursors.expired(current, after)
+        return page.events, page.has_more, current.session_state.terminal, page.head, current
+
+    def pager(
+        self,
+        row: SessionRow,
+        after: int,
+        readers: PageReaders,
+        live: bool,
+        page_bytes: tuple[int, int],
+        cursor: str | None,
+    ) -> EventPager:
+        """The session's pages after `after` (`live`: then its new events as they come),
+        `page_bytes` the first's bound, then the others'; `cursor` is the one followed
+        from (the unsettled-turn check of a live follower)."""
+        page = partial(self.page, row, self._cursors.context(row), readers)
+        unsettled = partial(check_unsettled, self._engine, cursor)
+        return EventPager(page, after, live, unsettled, page_bytes)
