@@ -680,7 +680,13 @@ class Journal:
         """The asyncio twin of `watch`; cancel the task (or break) to stop."""
         check_max_bytes(max_bytes)
         threads = self._read_threads
-        row, after = await off_loop(threads, self._start, session_id, cursor)
+        opened = not self._closed
+        try:
+            row, after = await off_loop(threads, self._start, session_id, cursor)
+        except JournalClosed:
+            if opened and self._closed:  # (closed while its first read was in flight)
+                return
+            raise
         with self._engine.readers() as readers:
             pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
             async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
@@ -706,7 +712,12 @@ class Journal:
         """The asyncio twin of `watch_sessions`."""
         self._check_open()
         threads = self._read_threads
-        pager = await off_loop(threads, self._lifecycle.pager, cursor)
+        try:
+            pager = await off_loop(threads, self._lifecycle.pager, cursor)
+        except JournalClosed:
+            if self._closed:  # (closed while its first read was in flight: it ends)
+                return
+            raise
         async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
             yield event
 

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _nats import CuttingProxy, shared_cluster, shared_server
+from _nats import (
+    CuttingProxy,
+    NatsServer,
+    make_root,
+    shared_cluster,
+    shared_server,
+    wait_for_jetstream,
+)
 
 from journal import (
     Event,
@@ -1324,3 +1331,43 @@ def test_closing_the_journal_while_a_subscription_reads_ends_it_at_once(
         assert other.wait(0)
     assert took < 2, f"close() waited {took:.1f} s for a subscription's read"
     assert errors == [], f"a closed subscription reported {errors!r}"
+
+
+def test_closing_the_journal_while_awatches_start_in_an_outage_ends_them_all(
+    tmp_path: Path,
+) -> None:
+    """Watchers started while the servers do not answer, then the journal is closed (a
+    runtime shutting down): every watch ends, as `awatch` ends at a close (SPEC 7.6).
+    Those whose first read (the session's row, before the first page) was in flight raised
+    `JournalClosed` instead, unlike the others of the same close and unlike the local
+    engine, where a watch started before the close never sees it."""
+    import asyncio
+
+    server = NatsServer(make_root("journal-outage-"), "outage")
+    server.start()
+    try:
+        wait_for_jetstream([server.url])
+        j = Journal.open(server.url, store="outage")
+        try:
+            for i in range(3):
+                j.create_session(f"s{i}")
+                j.append(f"s{i}", events(1))
+            server.kill()
+
+            async def main() -> list[object]:
+                async def watcher(session: str) -> None:
+                    async for _event in j.awatch(session):
+                        pass
+
+                tasks = [asyncio.create_task(watcher(f"s{i}")) for i in range(3)]
+                await asyncio.sleep(0.5)  # (their first reads are asked again and again)
+                j.close()
+                done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+                return list(done)
+
+            outcomes = asyncio.run(main())
+        finally:
+            j.close()
+        assert outcomes == [None, None, None]
+    finally:
+        server.stop()
