@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -75,16 +76,19 @@ Progress = Callable[[int, int], None]
 
 
 class ReadScope:
-    """A read that a worker thread runs for an asyncio caller (`follow.off_loop`, for an
-    engine whose reads block): `cancel()`, called when the caller's task was cancelled,
-    ends it. An engine that waits on the network stops asking again (`check`, `sleep`)
-    and cuts the request in flight (the hooks registered with `on_cancel`); the read then
-    raises `concurrent.futures.CancelledError` in its thread, where nobody waits for it."""
+    """A follower's read that may be given up from another thread: an asyncio follower's
+    read in a worker thread (`follow.ReadThreads`: its task was cancelled), a stream's
+    page (`Stream.close` from another thread, or its `stop` event), a subscription's
+    page (`Subscription.close`, or the journal's close). `cancel()` ends it: an engine
+    that waits on the network stops asking again (`check`, `sleep`) and cuts the request
+    in flight (the hooks registered with `on_cancel`); the read then raises
+    `concurrent.futures.CancelledError`, which the follower takes as its end."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cancelled = threading.Event()
         self._hooks: list[Callable[[], object]] = []
+        self._stop: threading.Event | None = None
 
     def cancel(self) -> None:
         with self._lock:
@@ -93,14 +97,25 @@ class ReadScope:
         for hook in hooks:
             hook()
 
+    def stop_with(self, stop: threading.Event) -> None:
+        """Also end (when asked again, not the request in flight) once `stop` is set."""
+        self._stop = stop
+
     def check(self) -> None:
-        """Raise `concurrent.futures.CancelledError` once cancelled."""
-        if self._cancelled.is_set():
+        """Raise `concurrent.futures.CancelledError` once cancelled (or stopped)."""
+        stop = self._stop
+        if self._cancelled.is_set() or (stop is not None and stop.is_set()):
             raise concurrent.futures.CancelledError
 
     def sleep(self, seconds: float) -> None:
-        """Sleep, ending at once (raising) when cancelled."""
-        self._cancelled.wait(seconds)
+        """Sleep, ending at once (raising) when cancelled, within 50 ms when stopped."""
+        if self._stop is None:
+            self._cancelled.wait(seconds)
+        else:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0 and not self._stop.is_set():
+                if self._cancelled.wait(min(left, 0.05)):
+                    break
         self.check()
 
     @contextmanager

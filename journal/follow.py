@@ -9,6 +9,7 @@ the head to move or to stop) driven either synchronously (`follow`) or by asynci
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
@@ -142,7 +143,7 @@ class Stream(Generic[ItemT]):
     generator holds refers back to the stream: a stream dropped without `close()` is
     freed, and its files closed, at once, not by the cyclic garbage collector.)"""
 
-    __slots__ = ("_halted", "_inside", "_items", "_pages", "_wake")
+    __slots__ = ("_halted", "_inside", "_items", "_pages", "_reading", "_wake")
 
     def __init__(
         self,
@@ -152,9 +153,11 @@ class Stream(Generic[ItemT]):
         self._halted = threading.Event()
         # Held while a thread runs the page generator (reads a page, or waits).
         self._inside = threading.Lock()
+        # The read scope of the step in progress ([None]: none): `close` cuts its read.
+        self._reading: list[ReadScope | None] = [None]
         self._wake = wake
         self._pages = pages(self._halted.is_set)
-        self._items = chain.from_iterable(_one_at_a_time(self._pages, self._inside))
+        self._items = chain.from_iterable(_one_at_a_time(self._pages, self._inside, self._reading))
 
     def __iter__(self) -> Iterator[ItemT]:
         return self._items
@@ -174,7 +177,12 @@ class Stream(Generic[ItemT]):
             finally:
                 self._inside.release()
         else:
-            self._wake()  # another thread runs it: it ends at its next step, there
+            # Another thread runs it: it ends at its next step, there; a read in progress
+            # (it may wait 30 s on the network) is cut.
+            scope = self._reading[0]
+            if scope is not None:
+                scope.cancel()
+            self._wake()
 
     def __enter__(self) -> Stream[ItemT]:
         return self
@@ -184,12 +192,21 @@ class Stream(Generic[ItemT]):
 
 
 def _one_at_a_time(
-    pages: Generator[list[ItemT], None, None], inside: threading.Lock
+    pages: Generator[list[ItemT], None, None],
+    inside: threading.Lock,
+    reading: list[ReadScope | None],
 ) -> Iterator[list[ItemT]]:
-    """`pages`, run under `inside` (`Stream.close` closes it only when nobody runs it)."""
+    """`pages`, run under `inside` (`Stream.close` closes it only when nobody runs it),
+    each step in a read scope kept in `reading` (`Stream.close` cancels it)."""
     while True:
         with inside:
-            page = next(pages, None)
+            scope = reading[0] = ReadScope()
+            token = READ_SCOPE.set(scope)
+            try:
+                page = next(pages, None)
+            finally:
+                READ_SCOPE.reset(token)
+                reading[0] = None
         if page is None:
             return
         yield page
@@ -210,10 +227,15 @@ def follow(
         epoch = waiter.epoch
         if closed() or (stop is not None and stop.is_set()):
             return
+        scope = READ_SCOPE.get()
+        if scope is not None and stop is not None:
+            scope.stop_with(stop)  # (a read asked again in an outage ends once stopped)
         try:
             items, wait_past, done = pager.step()
-        except JournalClosed:
-            if closed():  # (closed by another thread while the page was read: it ends)
+        except (JournalClosed, concurrent.futures.CancelledError):
+            # Closed (the journal or the stream) or stopped by another thread while the
+            # page was read: the read was cut, and the follow ends.
+            if closed() or (stop is not None and stop.is_set()):
                 return
             raise
         if items:

@@ -1371,3 +1371,42 @@ def test_closing_the_journal_while_awatches_start_in_an_outage_ends_them_all(
         assert outcomes == [None, None, None]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("how", ["close", "stop"])
+def test_a_watch_closed_or_stopped_during_a_read_in_an_outage_ends_at_once(
+    url: str, tmp_path: Path, how: str
+) -> None:
+    """`Stream.close()` from another thread, or the watch's `stop` event, while the
+    watching thread read a page the servers did not answer: the read was asked again for
+    up to 30 s, and the watch then raised `StoreUnavailable` instead of ending (SPEC 7.6:
+    a stop is seen within 50 ms; a close ends the watch after the page it delivers). The
+    read is now cut (close) or not asked again (stop)."""
+    attempts, j, outage = _unanswered_reads(url, tmp_path)
+    stop = threading.Event()
+    got: list[object] = []
+    with j:
+        j.create_session("s")
+        j.append("s", events(1))
+        stream = j.watch("s", stop=stop)
+
+        def run() -> None:
+            try:
+                for event in stream:
+                    got.append(event.ordinal)
+                    outage.set()
+                    j.append("s", events(1))  # its page's read fails, again and again
+                got.append("end")
+            except Exception as e:  # (reported below)
+                got.append(e)
+
+        watcher = threading.Thread(target=run, daemon=True)
+        watcher.start()
+        deadline = time.monotonic() + 5
+        while len(attempts) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert attempts, "the fault point did not fire"
+        stop.set() if how == "stop" else stream.close()
+        watcher.join(2)
+        assert not watcher.is_alive(), "the watch went on reading after it was told to stop"
+    assert got == [1, "end"]
