@@ -1410,3 +1410,33 @@ def test_a_watch_closed_or_stopped_during_a_read_in_an_outage_ends_at_once(
         watcher.join(2)
         assert not watcher.is_alive(), "the watch went on reading after it was told to stop"
     assert got == [1, "end"]
+
+
+def test_closing_a_journal_in_an_outage_does_not_wait_for_the_waiters_head_read(
+    tmp_path: Path,
+) -> None:
+    """A watcher waits while the servers do not answer: the waiter thread asks for the
+    head again and again (each request waits up to 5 s). `close()` waited for the read
+    in flight (the waiter's close waits for it): 3-5 s, a runtime's shutdown held that
+    long. The close now cancels the requests in flight first."""
+    server = NatsServer(make_root("journal-outage-"), "outage")
+    server.start()
+    try:
+        wait_for_jetstream([server.url])
+        j = Journal.open(server.url, store="outage")
+        j.create_session("s")
+        j.append("s", events(1))
+        stream = j.watch("s")
+        watcher = threading.Thread(target=lambda: list(stream), daemon=True)
+        watcher.start()
+        time.sleep(0.3)  # (delivered, and waiting)
+        server.kill()
+        time.sleep(1.0)  # (the waiter thread's head read is asked again, in flight)
+        started = time.monotonic()
+        j.close()
+        took = time.monotonic() - started
+        watcher.join(5)
+        assert not watcher.is_alive()
+        assert took < 1.0, f"close() took {took:.1f} s"
+    finally:
+        server.stop()

@@ -95,8 +95,9 @@ class Connection:
     def __init__(self, servers: list[str], stream: str, connect_s: float = 5.0) -> None:
         self.stream = stream
         self.loop = asyncio.new_event_loop()
-        # The calls waiting for an answer: those the loop will never run once it stopped
-        # are cancelled then (`_stop_loop`), or they would wait for ever.
+        # The calls waiting for an answer: `cut` (the journal closing) cancels them and
+        # refuses new ones (their callers get `Closed`), so no thread waits on a stopped
+        # loop, nor, in an outage, for a request nobody needs any more.
         self._calls_lock = threading.Lock()
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._stopped = False
@@ -170,11 +171,27 @@ class Connection:
             with self._calls_lock:
                 self._calls.discard(future)
 
+    def cut(self) -> None:
+        """Refuse new calls and cancel those in flight (their callers get `Closed`): the
+        journal is closing, and nobody is to wait for a request (up to 5 s in an outage:
+        the waiter thread's head read, which the close waits for, say)."""
+        with self._calls_lock:
+            self._stopped = True
+            calls = list(self._calls)
+        for future in calls:
+            future.cancel()
+
     def close(self) -> None:
         if not self.loop.is_running():
             return
+        # A call in flight (a read of another thread, say) would otherwise wait for good
+        # on a loop that no longer runs: it is cancelled, and raises `Closed`. (Its thread
+        # may be a worker of an `awatch`: left waiting, the watch never ended and
+        # `asyncio.run` never returned.) The tasks left (heartbeats, the expiry timer) are
+        # cancelled once the client closed (`_stop_loop`).
+        self.cut()
         with contextlib.suppress(Exception):
-            self.call(self.nc.close(), 5)
+            asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(5)
         self._stop_loop()
 
     def _stop_loop(self) -> None:

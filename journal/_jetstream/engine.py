@@ -678,6 +678,9 @@ class JetStreamEngine:
             with contextlib.suppress(Exception):
                 lease.release()
         self._closed = True
+        # The requests in flight end now (a head read of the waiter thread, which the
+        # waiter's close waits for, would wait up to 5 s while the servers do not answer).
+        self.conn.cut()
         self.waiter.close()
         if self._expiry is not None:
             task = self._expiry
