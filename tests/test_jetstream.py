@@ -666,6 +666,42 @@ def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) ->
     cluster.wait_ready()
 
 
+@pytest.mark.cluster
+def test_writers_in_two_journals_on_a_cluster_get_dense_ordinals(tmp_path: Path) -> None:
+    """On an R3 stream the leader refuses a compare-and-set on a subject another write of
+    which is in process (error 10164, "wrong last sequence" without a sequence): that
+    write may be this one (sent before a lost reply), so it is sent again, not raised.
+    A chaos trial saw 334 of 600 such appends raise StoreUnavailable "JetStream refused
+    the write", and three of those writes were committed after all."""
+    cluster = shared_cluster()
+    name = store_name(tmp_path)
+    url = cluster.url
+    with (
+        Journal.open(url, store=name, replicas=3) as a,
+        Journal.open(url, store=name, replicas=3) as b,
+    ):
+        a.create_session("s")
+        errors: list[BaseException] = []
+
+        def write(j: Journal, tag: str) -> None:
+            for i in range(50):
+                try:
+                    j.append("s", [EventIn("m", f"{tag}{i}".encode())])
+                except BaseException as e:
+                    errors.append(e)
+
+        pairs = ((a, "a"), (b, "b"), (a, "c"), (b, "d"))
+        threads = [threading.Thread(target=write, args=pair) for pair in pairs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert [str(e) for e in errors] == []
+        stored = list(a.replay("s"))
+        assert [e.ordinal for e in stored] == list(range(1, 201))
+        assert len({e.data for e in stored}) == 200
+
+
 # -- the command line ------------------------------------------------------------------------
 
 

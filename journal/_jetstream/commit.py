@@ -43,6 +43,11 @@ MAX_APPEND_EVENTS: Final = 997
 # How long a write keeps trying across a lost connection or a leader election.
 WRITE_S: Final = 30.0
 _WRONG_LAST_SEQUENCE: Final = 10071
+# A clustered stream refuses an expected-last-subject-sequence while another write of
+# that subject is in process at its leader (proposed, not applied yet): "wrong last
+# sequence" without a sequence. It is not a refusal of the compare-and-set value: the
+# write in process may be this one, sent before a reply was lost.
+_IN_PROCESS: Final = 10164
 _TOO_LARGE: Final = frozenset({10054, 10199})
 _TOKEN: Final = "Journal-Write"
 
@@ -195,11 +200,25 @@ class Committer:
         messages = self._stamped(state, plan.messages, token)
         deadline = time.monotonic() + WRITE_S
         uncertain = False
+        busy = 0  # answers "another write of the row is in process" in a row
         seq: int | None
         while True:
             try:
                 seq = await self.conn.publish_batch(messages)
             except ApiError as e:
+                if e.err_code == _IN_PROCESS:
+                    # Sent again (same compare-and-set) once that write is applied: then
+                    # it lands, or the server says who won (10071, settled below). Never
+                    # planned again meanwhile: the write in process may be this one.
+                    if uncertain:
+                        seq = await self._settle(state, messages, token)
+                        if seq is not None:
+                            break
+                    if time.monotonic() > deadline:
+                        raise self._unanswered(session_id, uncertain) from None
+                    await asyncio.sleep(min(0.002 * 2**busy, 0.1))
+                    busy += 1
+                    continue
                 if e.err_code == _WRONG_LAST_SEQUENCE:
                     if uncertain:
                         seq = await self._settle(state, messages, token)
@@ -235,12 +254,7 @@ class Committer:
                 if seq is not None:
                     break
                 if time.monotonic() > deadline:
-                    raise StoreUnavailable(
-                        f"no reply from JetStream for {WRITE_S:g} s writing to session "
-                        f"{session_id!r}; the write is not known to have committed (a batch "
-                        "still in flight may yet commit): check the servers and retry with "
-                        "an idempotency key, which makes the retry safe"
-                    )
+                    raise self._unanswered(session_id, True)
                 await asyncio.sleep(0.1)
                 continue
             break
@@ -256,6 +270,20 @@ class Committer:
             self.last_rows[session_id] = new_state
         self._committed(seq, new_state.row)
         return seq
+
+    def _unanswered(self, session_id: str, uncertain: bool) -> StoreUnavailable:
+        if not uncertain:  # (every answer was "another write is in process")
+            return StoreUnavailable(
+                f"another write of session {session_id!r} stayed in process at the stream's "
+                f"leader for {WRITE_S:g} s; this write was not committed: check the "
+                "servers and retry"
+            )
+        return StoreUnavailable(
+            f"no reply from JetStream for {WRITE_S:g} s writing to session "
+            f"{session_id!r}; the write is not known to have committed (a batch "
+            "still in flight may yet commit): check the servers and retry with "
+            "an idempotency key, which makes the retry safe"
+        )
 
     def _stamped(
         self, state: RowState, messages: list[BatchMessage], token: str
