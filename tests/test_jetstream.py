@@ -9,6 +9,8 @@ import hashlib
 import io
 import itertools
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +20,7 @@ from typing import Any
 import pytest
 from _nats import (
     CuttingProxy,
+    NatsCluster,
     NatsServer,
     make_root,
     shared_cluster,
@@ -31,6 +34,7 @@ from journal import (
     InvalidArgument,
     Journal,
     JournalClosed,
+    OwnerBusy,
     RetentionPolicy,
     SessionState,
     StoreIncompatible,
@@ -547,14 +551,14 @@ def test_a_lost_ack_is_settled_and_a_keyed_retry_returns_the_original_result(
 # -- the stream leader killed (R3) ---------------------------------------------------------
 
 
-def _stream_leader(j: Journal, store: str) -> str:
+def _stream_leader(j: Journal, store: str, cluster: NatsCluster | None = None) -> str:
     import asyncio
     import json
 
     import nats
 
     async def ask() -> str:
-        nc = await nats.connect(servers=[s.url for s in shared_cluster().servers])
+        nc = await nats.connect(servers=[s.url for s in (cluster or shared_cluster()).servers])
         try:
             reply = await nc.request(f"$JS.API.STREAM.INFO.JOURNAL_{store}", b"", timeout=5)
             return str(json.loads(reply.data)["cluster"]["leader"])
@@ -700,6 +704,69 @@ def test_writers_in_two_journals_on_a_cluster_get_dense_ordinals(tmp_path: Path)
         stored = list(a.replay("s"))
         assert [e.ordinal for e in stored] == list(range(1, 201))
         assert len({e.data for e in stored}) == 200
+
+
+@pytest.mark.cluster
+def test_a_lease_an_own_call_took_and_could_not_release_is_nobodys(tmp_path: Path) -> None:
+    """own() commits its lease, then its first heartbeat and its release go unanswered
+    (two of three nodes down): own() raises StoreUnavailable, and the row still names this
+    process as the owner. That lease is nobody's: its metadata shows no owner, its
+    release is asked again until the servers answer, and this process owns the session
+    again (it raised OwnerBusy "owned by this process already" for as long as it lived,
+    42 times in a chaos trial, and so did every other process of the host)."""
+    cluster = NatsCluster(tmp_path)  # (its own: two of its nodes are killed)
+    cluster.start()
+    try:
+        armed: list[str] = []
+        killed: list[NatsServer] = []
+
+        def point(where: str, detail: object) -> None:
+            if where == "lease.taken" and armed:
+                # The stream's leader and another node: the lease is committed, nothing
+                # after it is answered, and nothing is kept to commit later (a single
+                # node takes the client's buffered release when it is back, and a leader
+                # left without quorum commits it once the others return).
+                leader = armed.pop()
+                killed.append(cluster.server_named(leader))
+                killed.append(next(s for s in cluster.servers if s.name != leader))
+                for server in killed:
+                    server.kill()
+
+        name = store_name(tmp_path)
+        servers = [s.url for s in cluster.servers]
+        options = JetStreamOptions(servers=servers, store=name, replicas=3, point=point)
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            j.create_session("s")
+            armed.append(_stream_leader(j, name, cluster))
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                j.own("s")
+            failed_s = time.monotonic() - started
+            for server in killed:
+                server.start()
+            cluster.wait_ready()
+            assert j.get_session("s").owner is None
+            # Its release is asked again once the servers answer: another process (which
+            # judges this one by its pid, alive) owns the session.
+            child = (
+                "import sys\nfrom journal import Journal\n"
+                "with Journal.open(sys.argv[1], store=sys.argv[2]) as j, "
+                "j.own('s', wait_s=10) as owner:\n    print(owner.generation)\n"
+            )
+            done = subprocess.run(
+                [sys.executable, "-c", child, cluster.url, name],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0 and done.stdout.strip() == "2", done.stderr[-800:]
+            with j.own("s") as owner:
+                assert owner.generation == 3
+                with Journal.open(cluster.url, store=name) as other, pytest.raises(OwnerBusy):
+                    other.own("s")  # (a live lease of this process is busy)
+            print(f"\nown() failed after {failed_s:.1f} s")
+    finally:
+        cluster.stop()
 
 
 # -- the command line ------------------------------------------------------------------------

@@ -51,7 +51,9 @@ _IN_PROCESS: Final = 10164
 _TOO_LARGE: Final = frozenset({10054, 10199})
 _TOKEN: Final = "Journal-Write"
 
-Owner = Callable[[SessionRow], Awaitable[bool | None]]
+# Whether a row's owner is alive (None: cannot tell); the int is 1 when an own() of the
+# session asks (its own call in flight does not count as the owner).
+Owner = Callable[[SessionRow, int], Awaitable[bool | None]]
 
 
 def _now_ms() -> int:

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -35,6 +35,7 @@ from ..engine import Progress as ProgressCallback
 from ..errors import (
     JournalClosed,
     JournalCorrupt,
+    JournalError,
     OwnerBusy,
     ReadOnlyStore,
     StoreUnavailable,
@@ -161,6 +162,52 @@ class _RowChanges:
             self._conn.call(self._sub.unsubscribe(), 5)
 
 
+class _ProcessLeases:
+    """The owner leases of this process, across all its journals: the generations held
+    by live `JetStreamLease`s and the `own()` calls in flight, per (store id, session). A
+    row that names this very process as owner with neither is a lease nobody holds: an
+    `own()` that committed it and then failed (its first heartbeat and its release both
+    unanswered in an outage, or its commit unanswered for 30 s and stored after all)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[tuple[bytes, str, int, int]] = set()
+        self._taking: dict[tuple[bytes, str], int] = {}
+
+    @contextlib.contextmanager
+    def taking(self, store_id: bytes, session_id: str) -> Iterator[None]:
+        key = (store_id, session_id)
+        with self._lock:
+            self._taking[key] = self._taking.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._taking[key] - 1
+                if left:
+                    self._taking[key] = left
+                else:
+                    del self._taking[key]
+
+    def hold(self, store_id: bytes, lease: JetStreamLease, held: bool) -> None:
+        key = (store_id, lease.session_id, lease.incarnation, lease.generation)
+        with self._lock:
+            if held:
+                self._held.add(key)
+            else:
+                self._held.discard(key)
+
+    def alive(self, store_id: bytes, row: SessionRow, taking: int) -> bool:
+        """Whether this process holds the lease `row` records (or may be about to: an
+        `own()` of the session in flight besides the `taking` asking)."""
+        key = (store_id, row.session_id, row.incarnation, row.owner_generation)
+        with self._lock:
+            return key in self._held or self._taking.get(key[:2], 0) > taking
+
+
+_PROCESS_LEASES: Final = _ProcessLeases()
+
+
 class JetStreamLease:
     """This process's hold on a session's owner lease: recorded in the session's row, kept
     alive by a heartbeat message every `heartbeat_s` (`JetStreamOptions`)."""
@@ -201,12 +248,16 @@ class JetStreamLease:
             self._released = True
         engine = self._engine
         beat = self._beat
+        release = ReleaseLease(self.session_id, self.incarnation, self.generation)
         try:
             if beat is not None and not engine.conn.loop.is_closed():
                 engine.conn.loop.call_soon_threadsafe(beat.cancel)
-            engine.submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
+            engine.submit(release)
         except JournalClosed:
             pass  # closing: the heartbeat stops and the lease lapses
+        except StoreUnavailable:
+            engine.release_later(release)  # (another process would wait for our exit)
+            raise
         finally:
             engine.forget(self)
 
@@ -258,6 +309,7 @@ class JetStreamEngine:
         self._boot = _boot_id()
         self._closed = False
         self._leases: set[JetStreamLease] = set()
+        self._retries: set[asyncio.Task[None]] = set()  # (releases asked again)
         self.reader = StoreReader(conn, self.subjects)
         try:
             meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
@@ -525,16 +577,18 @@ class JetStreamEngine:
         deadline = time.monotonic() + wait_s
         pid = os.getpid()
         operation = AcquireLease(session_id, pid, max(_start_time(pid), 0), self._host, self._boot)
-        while True:
-            try:
-                row = self.submit(operation)
-                break
-            except OwnerBusy:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.05)
-        lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
-        self._leases.add(lease)
+        with _PROCESS_LEASES.taking(self.store_id, session_id):
+            while True:
+                try:
+                    row = self.submit(operation)
+                    break
+                except OwnerBusy:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.05)
+            lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
+            self._leases.add(lease)
+            _PROCESS_LEASES.hold(self.store_id, lease, True)
         try:
             self.point("lease.taken", session_id)  # (on the caller's thread)
             # (Through `_run`: a close by another thread meanwhile is JournalClosed.)
@@ -551,8 +605,29 @@ class JetStreamEngine:
             self.subjects.heartbeat(token), ENCODER.encode(beat), {"Nats-Rollup": "sub"}
         )
 
+    def release_later(self, operation: ReleaseLease) -> None:
+        """A release that went unanswered (an outage) is asked again on the loop, every
+        second until it is recorded or the journal closes: the lease stays recorded till
+        then, and another process of this host judges it by this process's pid."""
+
+        async def again() -> None:
+            while not self._closed:
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(JournalError, ApiError, *Unavailable):
+                    await self.writer.submit(operation)
+                    return
+
+        def start() -> None:
+            task = self.conn.loop.create_task(again())
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+        with contextlib.suppress(RuntimeError):  # (a closed loop: nothing to retry on)
+            self.conn.loop.call_soon_threadsafe(start)
+
     def forget(self, lease: JetStreamLease) -> None:
         self._leases.discard(lease)
+        _PROCESS_LEASES.hold(self.store_id, lease, False)
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         if not row.owner_pid:
@@ -560,10 +635,16 @@ class JetStreamEngine:
         alive: bool | None = self._ask(lambda: self._owner_alive(row))
         return alive
 
-    async def _owner_alive(self, row: SessionRow) -> bool | None:
+    async def _owner_alive(self, row: SessionRow, taking: int = 0) -> bool | None:
+        """Whether the owner `row` records is alive (None: cannot tell); `taking`: 1 when
+        asked by an `own()` of the session in flight itself."""
         if not row.owner_pid:
             return False
         if row.owner_host == self._host and row.owner_boot_id == self._boot and self._boot:
+            if row.owner_pid == os.getpid() == self._pid:
+                # This process: alive only while one of its leases holds it (a lease an
+                # own() committed and then failed to start or release is nobody's).
+                return _PROCESS_LEASES.alive(self.store_id, row, taking)
             started = _start_time(row.owner_pid)
             if started < 0:
                 return False

@@ -574,7 +574,7 @@ class Writer(Committer):
                 raise SessionNotFound(
                     f"no session {op.session_id!r} in this store: create it before owning it"
                 )
-            if row.owner_pid and await self.owner_alive(row) is not False:
+            if row.owner_pid and await self.owner_alive(row, 1) is not False:
                 raise OwnerBusy.held(
                     op.session_id,
                     row.owner_pid,
