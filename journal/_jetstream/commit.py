@@ -66,6 +66,11 @@ def _transient(error: ApiError) -> bool:
     return error.code >= 500 or error.err_code in (10008, 10077, 10201)
 
 
+class _CannotTell(Exception):
+    """Settling a lost reply could not read what won the compare-and-set (no leader, no
+    answer): the batch may be stored, so it is neither planned again nor reported."""
+
+
 class Plan:
     """What one planned commit writes (`messages`, the row last; none: nothing to write),
     and how its result follows from the sequence its row got."""
@@ -213,7 +218,7 @@ class Committer:
                     # it lands, or the server says who won (10071, settled below). Never
                     # planned again meanwhile: the write in process may be this one.
                     if uncertain:
-                        seq = await self._settle(state, messages, token)
+                        seq = await self._settle_or_none(session_id, state, messages, token)
                         if seq is not None:
                             break
                     if time.monotonic() > deadline:
@@ -223,7 +228,12 @@ class Committer:
                     continue
                 if e.err_code == _WRONG_LAST_SEQUENCE:
                     if uncertain:
-                        seq = await self._settle(state, messages, token)
+                        # Another batch, or this one sent before, took the CAS value:
+                        # which one must be known before this write is planned again
+                        # (planned again, a batch of ours that landed is written twice).
+                        seq = await self._settle_surely(
+                            session_id, state, messages, token, deadline
+                        )
                         if seq is not None:
                             break
                     self.last_rows.pop(session_id, None)
@@ -252,7 +262,7 @@ class Committer:
                 uncertain = True
             if uncertain:
                 # The batch may have been stored without its reply reaching us.
-                seq = await self._settle(state, messages, token)
+                seq = await self._settle_or_none(session_id, state, messages, token)
                 if seq is not None:
                     break
                 if time.monotonic() > deadline:
@@ -309,16 +319,53 @@ class Committer:
             stamped.append((subject, payload, headers))
         return stamped
 
+    async def _settle_or_none(
+        self, session_id: str, state: RowState, messages: list[BatchMessage], token: str
+    ) -> int | None:
+        """`_settle`, None when it cannot tell (the same batch is sent again next: at
+        most one of them can take the compare-and-set value)."""
+        try:
+            return await self._settle(session_id, state, messages, token, False)
+        except _CannotTell:
+            return None
+
+    async def _settle_surely(
+        self,
+        session_id: str,
+        state: RowState,
+        messages: list[BatchMessage],
+        token: str,
+        deadline: float,
+    ) -> int | None:
+        """`_settle` after the compare-and-set value was taken, asked again until it can
+        tell (until the write's `deadline`; then the write is reported as not known to
+        have committed)."""
+        while True:
+            try:
+                return await self._settle(session_id, state, messages, token, True)
+            except _CannotTell:
+                if time.monotonic() > deadline:
+                    raise self._unanswered(session_id, True) from None
+                await asyncio.sleep(0.1)
+
     async def _settle(
-        self, state: RowState, messages: list[BatchMessage], token: str
+        self,
+        session_id: str,
+        state: RowState,
+        messages: list[BatchMessage],
+        token: str,
+        taken: bool,
     ) -> int | None:
         """Whether a batch whose reply was lost was stored: the first message on the
         session's subjects after the compare-and-set value is the commit that won it (the
         owner's heartbeat, written outside the compare-and-set, is passed over); the row's
-        sequence if that is ours, else None."""
+        sequence if that is ours, else None. `_CannotTell` when the leader does not
+        answer, or (`taken`: the server said the value was taken) shows nothing there
+        yet (a new leader that has not applied everything)."""
         heartbeat = self.subjects.heartbeat(state.token)
         after = state.seq
         try:
+            self.point("commit.settle", session_id)
             while True:
                 first = await self.conn.msg_get(
                     {"seq": after + 1, "next_by_subj": self.subjects.session_wide(state.token)}
@@ -327,7 +374,9 @@ class Committer:
                     break
                 after = first.seq
         except (ApiError, *Unavailable):
-            return None
+            raise _CannotTell from None
+        if first is None and taken:
+            raise _CannotTell
         if first is None or first.headers.get(_TOKEN) != token:
             return None
         session_prefix = self.subjects.session_wide(state.token)[:-1]
