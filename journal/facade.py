@@ -500,7 +500,12 @@ class Journal:
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
         lease = self._engine.acquire(session_id, wait)
-        writer = TurnWriter(lease, self._events.append, partial(self._committed, session_id))
+        writer = TurnWriter(
+            lease,
+            self._events.append,
+            partial(self._committed, session_id),
+            lambda: self._row(session_id).turn_request_id,
+        )
         return take_over(self._engine, lease, writer)
 
     def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:

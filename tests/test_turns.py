@@ -23,7 +23,9 @@ from journal import (
     OutcomeUnknown,
     OwnerBusy,
     SessionNotWritable,
+    StoreUnavailable,
 )
+from journal._local.files import FileOps
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN = {
@@ -440,3 +442,47 @@ def test_one_turn_at_a_time_holds_across_threads(tmp_path: Path) -> None:
                 turns = [g for g in got if not isinstance(g, InvalidArgument)]
                 assert len(turns) == 1, got
                 owner.turn_ended(turns[0])  # type: ignore[arg-type]
+
+
+class _FailNextCommit(FileOps):
+    """Fails the next commit batch once armed (fault point commit.batch_taken)."""
+
+    armed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name == "commit.batch_taken":
+            self.armed = False
+            raise OSError(5, "Input/output error (injected)")
+
+
+def test_a_result_that_failed_to_be_recorded_is_recorded_before_the_next_turn(
+    tmp_path: Path,
+) -> None:
+    """A turn whose result write failed (the store did not answer, a disk error) stayed
+    open in the session, and the owner's next turn_started moved the open turn on: the
+    earlier turn never got a result, and watchers never an OutcomeUnknown for it (found
+    by a JetStream chaos trial: two turns so lost). The owner now records the result it
+    meant before starting the next turn, when that turn is still the session's open one."""
+    ops = _FailNextCommit()
+    with Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with pytest.raises(StoreUnavailable) as failed, owner.turn(request_id="r1") as turn:
+                turn.append([EventIn("m", b"one")])
+                ops.armed = True  # (the result's write fails)
+            assert not ops.armed, f"the fault point did not fire: {failed.value!r}"
+            assert j.get_session("s").open_turn == "r1"
+            with owner.turn(request_id="r2") as turn:
+                turn.append([EventIn("m", b"two")])
+        stored = [(e.type, e.request_id, e.data) for e in j.replay("s")]
+    completed = json.dumps({"status": "completed"}, separators=(",", ":")).encode()
+    assert [(t, r) for t, r, _ in stored] == [
+        ("turn_started", "r1"),
+        ("m", "r1"),
+        ("turn_result", "r1"),
+        ("turn_started", "r2"),
+        ("m", "r2"),
+        ("turn_result", "r2"),
+    ]
+    assert stored[2][2] == stored[5][2]
+    assert json.loads(stored[2][2]) == json.loads(completed)
