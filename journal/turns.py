@@ -185,7 +185,8 @@ class TurnWriter:
         self._lease = lease
         self._checked_append = checked_append
         self._commit = commit
-        self.open_turn = open_turn  # the session's open turn, read from the store
+        self._open_turn = open_turn  # the session's open turn, read from the store
+        self._unrecorded: tuple[str, bytes] | None = None  # (request id, result data)
 
     def turn_event(self, kind: str, request_id: str, data: bytes) -> AppendResult:
         lease = self._lease
@@ -194,6 +195,24 @@ class TurnWriter:
                 lease.session_id, lease.incarnation, lease.generation, kind, request_id, data
             )
         )
+
+    def unrecorded(self, request_id: str, data: bytes) -> None:
+        """A turn's result whose write failed: recorded before the owner's next turn."""
+        self._unrecorded = (request_id, data)
+
+    def record_unrecorded(self) -> None:
+        """Record the result of the owner's last turn whose result write failed, when that
+        turn is still the session's open one (the write may have committed after all: a
+        lost reply). Only this owner writes turn events while it holds the lease, so the
+        open turn cannot change between the read and the write. Raises what the write
+        raises (the result stays remembered)."""
+        unrecorded = self._unrecorded
+        if unrecorded is None:
+            return
+        request_id, data = unrecorded
+        if self._open_turn() == request_id:
+            self.turn_event(TURN_RESULT, request_id, data)
+        self._unrecorded = None
 
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
         lease = self._lease
@@ -215,7 +234,7 @@ class Turn:
 
     def __enter__(self) -> Turn:
         try:
-            self.owner.record_unrecorded()
+            self._writer.record_unrecorded()
             self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
         except BaseException:
             self.owner.turn_ended(self)
@@ -274,7 +293,7 @@ class Turn:
             try:
                 self.result = self._writer.turn_event(TURN_RESULT, self.request_id, data)
             except BaseException:
-                self.owner.unrecorded(self.request_id, data)
+                self._writer.unrecorded(self.request_id, data)
                 raise
         finally:
             self.owner.turn_ended(self)
@@ -304,7 +323,6 @@ class Owner:
         )
         self._writer = writer
         self._turn: Turn | None = None
-        self._unrecorded: tuple[str, bytes] | None = None  # (request id, result data)
         self._lock = threading.Lock()
         self.session_id = lease.session_id
         self.generation = lease.generation
@@ -330,24 +348,6 @@ class Owner:
         with self._lock:
             if self._turn is turn:
                 self._turn = None
-
-    def unrecorded(self, request_id: str, data: bytes) -> None:
-        """A turn's result whose write failed: recorded before this owner's next turn."""
-        self._unrecorded = (request_id, data)
-
-    def record_unrecorded(self) -> None:
-        """Record the result of this owner's last turn whose result write failed, when that
-        turn is still the session's open one (the write may have committed after all: a
-        lost reply). Only this owner writes turn events while it holds the lease, so the
-        open turn cannot change between the read and the write. Raises what the write
-        raises (the result stays remembered)."""
-        unrecorded = self._unrecorded
-        if unrecorded is None:
-            return
-        request_id, data = unrecorded
-        if self._writer.open_turn() == request_id:
-            self._writer.turn_event(TURN_RESULT, request_id, data)
-        self._unrecorded = None
 
     def release(self) -> None:
         """Record the release and let the lease go; idempotent."""
