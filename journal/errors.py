@@ -179,6 +179,20 @@ class JournalClosed(JournalError):
     status = "FAILED_PRECONDITION"
 
     @classmethod
+    def already(cls) -> "JournalClosed":
+        """The error of a call on a journal that is closed."""
+        return cls("this journal is closed; open it again with Journal.open()")
+
+    @classmethod
+    def meanwhile(cls, call: str = "the call ran") -> "JournalClosed":
+        """The error of a call that another thread's `close()` cut short (`call`: while
+        what happened)."""
+        return cls(
+            f"this journal was closed (by another thread) while {call}; open it again "
+            "with Journal.open()"
+        )
+
+    @classmethod
     def inherited(cls, why: str) -> "JournalClosed":
         """The error of a journal used in a forked child of the process that opened it
         (`why`: what does not survive fork)."""

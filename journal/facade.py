@@ -230,7 +230,7 @@ class Journal:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            raise JournalClosed.already()
         self._engine.check_usable()
 
     def _is_closed(self) -> bool:
@@ -242,7 +242,7 @@ class Journal:
                 "this journal was opened with readonly=True; open it writable to change it"
             )
         if self._closed:
-            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            raise JournalClosed.already()
         return self._engine.submit(operation)  # the engine checks the rest (fork, ...)
 
     # -- sessions: writes ------------------------------------------------------------------

@@ -282,7 +282,7 @@ class ReadThreads:
         loop = asyncio.get_running_loop()
         with self._lock:  # (no submission after `close`)
             if self._closed:
-                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+                raise JournalClosed.already()
             if self._pool is None:
                 from concurrent.futures import ThreadPoolExecutor
 

@@ -245,7 +245,7 @@ class Deliveries:
         with self._lock:
             if self._closing:
                 release()
-                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+                raise JournalClosed.already()
             self._subscriptions.append(subscription)  # type: ignore[arg-type]
             if self._thread is None:
                 self._thread = threading.Thread(

@@ -147,7 +147,7 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
         ):
             engine.check_usable()
             if not lease.held:  # (the journal's close() released it meanwhile)
-                raise JournalClosed("this journal was closed (by another thread) during own()")
+                raise JournalClosed.meanwhile("own() took the lease")
             raise SessionNotFound(f"session {lease.session_id!r} was evicted while being owned")
         if row.turn_request_id is not None:
             # The turn's owner is gone (we hold the lease now) and never settled it.

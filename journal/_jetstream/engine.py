@@ -118,12 +118,6 @@ class _Readers:
         return None
 
 
-_CLOSED_MEANWHILE: Final = (
-    "this journal was closed (by another thread) while the call ran; open it again with "
-    "Journal.open()"
-)
-
-
 class _RowChanges:
     """The waiter's change source: a core subscription to every session's row subject
     (every commit writes a row). A message may arrive a moment before the stream has
@@ -334,7 +328,7 @@ class JetStreamEngine:
 
     def check_usable(self) -> None:
         if self._closed:
-            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            raise JournalClosed.already()
         if os.getpid() != self._pid:
             raise JournalClosed.inherited("the NATS connection's thread does not survive fork")
 
@@ -347,10 +341,10 @@ class JetStreamEngine:
         try:
             return self.conn.call(coro, timeout)
         except Closed:
-            raise JournalClosed(_CLOSED_MEANWHILE) from None
+            raise JournalClosed.meanwhile() from None
         except Unavailable as e:
             if self._closed:  # (the connection closed under the call: not the servers)
-                raise JournalClosed(_CLOSED_MEANWHILE) from None
+                raise JournalClosed.meanwhile() from None
             raise StoreUnavailable(
                 f"the NATS servers did not answer ({type(e).__name__}): check that they run "
                 "and that this host reaches them"

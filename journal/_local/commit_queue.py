@@ -120,7 +120,7 @@ class CommitQueue:
         wake = None
         with self._lock:
             if self.closed:
-                raise JournalClosed("this journal is closed; open it again with Journal.open()")
+                raise JournalClosed.already()
             self._queue.append(request)
             try:
                 # Called with the queue locked: nobody can have taken the request yet.

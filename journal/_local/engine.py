@@ -398,7 +398,7 @@ class LocalEngine:
     @reads_disk
     def check_usable(self) -> None:
         if self._closed:
-            raise JournalClosed("this journal is closed; open it again with Journal.open()")
+            raise JournalClosed.already()
         if os.getpid() != self._pid:
             raise JournalClosed.inherited("LMDB handles do not survive fork")
         if self.private_dir is not None:

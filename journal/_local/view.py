@@ -256,14 +256,6 @@ def replace_view(
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def closed_meanwhile() -> JournalClosed:
-    """The error of a call still in the view when another thread closed the journal."""
-    return JournalClosed(
-        "this journal was closed (by another thread) while the call ran; open it again "
-        "with Journal.open()"
-    )
-
-
 class _Transaction:
     """`View.begin()`: an LMDB transaction whose damage errors become `JournalCorrupt`."""
 
@@ -294,14 +286,14 @@ class _Transaction:
             self._txn.__exit__(exc_type, exc, tb)
         except lmdb.Error as e:
             if self._view.closed:
-                raise closed_meanwhile() from e
+                raise JournalClosed.meanwhile() from e
             if isinstance(e, _DAMAGE_ERRORS):
                 raise self._view.damaged(f"LMDB reports {e}") from e
             raise
         finally:
             TRANSACTIONS.leave()
         if isinstance(exc, lmdb.Error) and self._view.closed:
-            raise closed_meanwhile() from exc
+            raise JournalClosed.meanwhile() from exc
         if isinstance(exc, _DAMAGE_ERRORS):
             raise self._view.damaged(f"LMDB reports {exc}") from exc
 
@@ -418,7 +410,7 @@ class View:
             # lock file that nobody frees, until every process's reads fail.
             raise JournalClosed.inherited("LMDB handles do not survive fork")
         if self.closed:
-            raise closed_meanwhile()
+            raise JournalClosed.meanwhile()
         if self.damage is not None:
             if not (write and self._repair):
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
@@ -429,7 +421,7 @@ class View:
             return self.env.begin(write=write)
         except lmdb.Error as e:
             if self.closed:
-                raise closed_meanwhile() from e
+                raise JournalClosed.meanwhile() from e
             raise
 
     def check_file(self) -> None:
