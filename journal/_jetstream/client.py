@@ -189,15 +189,13 @@ class Connection:
         # may be a worker of an `awatch`: left waiting, the watch never ended and
         # `asyncio.run` never returned.) The tasks left (heartbeats, the expiry timer) are
         # cancelled once the client closed (`_stop_loop`).
-        self.cut()
+        self.cut()  # (again in `_stop_loop`: idempotent)
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(5)
         self._stop_loop()
 
     def _stop_loop(self) -> None:
-        with self._calls_lock:
-            self._stopped = True  # (no call is scheduled from now on)
-            calls = list(self._calls)
+        self.cut()  # (no call is scheduled from now on; none waits on the stopped loop)
         if not self.on_loop():
             # Every task still on the loop: calls waiting for an answer (their callers get
             # `Closed`) and tasks a call started as close() began (an owner's heartbeat),
@@ -208,8 +206,6 @@ class Connection:
         if not self.on_loop():
             self._thread.join(5)
         if not self.loop.is_running():
-            for future in calls:
-                future.cancel()  # (the loop will not run it: its caller would wait for ever)
             self.loop.close()
 
     # -- requests (on the loop) ------------------------------------------------------------
