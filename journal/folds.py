@@ -270,6 +270,7 @@ class Fold(Generic[StateT]):
         self._start_cursor: str | None = None
         self._last: Event | None = None
         self._stored_at = 0  # the ordinal of the last snapshot or checkpoint seen or made
+        self._failed_at = 0  # the ordinal an automatic checkpoint last failed at
         self._subscription: Subscription[Event] | None = None
         self._on_error = on_error
         self._following = follow  # (until closed, or an error ends it: `following`)
@@ -413,6 +414,7 @@ class Fold(Generic[StateT]):
         self._start_cursor = cursor
         self._last = None
         self._stored_at = ordinal
+        self._failed_at = 0
 
     def _catch_up(self) -> None:
         """Fold every retained event after `ordinal` (under the lock). The state kept is
@@ -659,14 +661,18 @@ class Fold(Generic[StateT]):
         return _envelope_encoder.encode(_Envelope(_MAGIC, self.version, state))
 
     def _due(self) -> bool:
-        return self._every is not None and self._ordinal - self._stored_at >= self._every
+        since = max(self._stored_at, self._failed_at)
+        return self._every is not None and self._ordinal - since >= self._every
 
     def _auto_checkpoint(self) -> None:
         """The `snapshot_every` policy: a checkpoint that fails is logged, never raised
-        (it only saves reading; the update it follows is committed)."""
+        (it only saves reading; the update it follows is committed), and tried again
+        `snapshot_every` events later, not at every event."""
         try:
             self.snapshot()
         except JournalError as error:
+            with self._lock:
+                self._failed_at = self._ordinal
             _log.warning("checkpoint of %r failed: %s", self, error)
 
     # -- ending ----------------------------------------------------------------------------
