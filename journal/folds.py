@@ -69,9 +69,19 @@ class JsonCodec(Generic[StateT]):
         a fold restored from that checkpoint would not equal the fold of its events."""
         data = self._encoder.encode(state)
         try:
-            same = _same_json(self._decoder.decode(data), state)
+            stored = self._decoder.decode(data)
         except msgspec.ValidationError:
             same = False
+        else:
+            same = _same_json(stored, state)
+            kind = type(state).__name__
+            if not same and type(state) not in _JSON_TYPES and type(stored) is not type(state):
+                # (A msgspec Struct or a dataclass with `JsonCodec()`, which reads an
+                # object back as a dict.)
+                raise ValueError(
+                    f"this codec reads the {kind} back as a {type(stored).__name__}: pass "
+                    f"codec=JsonCodec({kind}) to fold()"
+                )
         if not same:
             raise ValueError(
                 "it holds a value JSON stores as something else (NaN or an infinity, "
@@ -96,6 +106,8 @@ _MAGIC: Final = "journal.fold/1"
 _envelope_encoder: Final = msgspec.msgpack.Encoder()
 _envelope_decoder: Final = msgspec.msgpack.Decoder(_Envelope)
 _json_object: Final = msgspec.json.Decoder(dict[str, Any])
+# The types JSON reads back as themselves (a tuple as a list: `_same_json`).
+_JSON_TYPES: Final = (dict, list, tuple, str, int, float, bool, type(None))
 _json_encoder: Final = msgspec.json.Encoder()
 
 

@@ -237,6 +237,22 @@ class Tally(msgspec.Struct):
     n: int = 0
 
 
+def test_a_struct_state_with_the_default_codec_is_told_which_codec_to_pass(j: Journal) -> None:
+    """A msgspec Struct (or dataclass) state with the default codec, `JsonCodec()`, which
+    reads JSON back as a dict: `snapshot()` said only that the state "holds a value JSON
+    stores as something else (NaN or an infinity, bytes, a key that is not a string, or a
+    value its type does not take)", none of which the state held (found by a new-user
+    trial). It now names the codec that stores it."""
+    j.create_session("s")
+    j.append("s", value_events([1, 2]))
+    fold = j.fold("s", lambda state, event: Tally(state.n + 1), Tally())
+    with pytest.raises(InvalidArgument, match=r"back as a dict: pass codec=JsonCodec\(Tally\)"):
+        fold.snapshot()
+    typed = j.fold("s", lambda state, event: Tally(state.n + 1), Tally(), codec=JsonCodec(Tally))
+    assert typed.snapshot() is not None
+    assert j.fold("s", None, Tally(), codec=JsonCodec(Tally)).state == Tally(2)
+
+
 def test_a_failing_automatic_checkpoint_is_tried_again_n_events_later(
     j: Journal, caplog: pytest.LogCaptureFixture
 ) -> None:
