@@ -69,6 +69,13 @@ def _parse_tags(
     help="Expire the session N ms after it starts.",
 )
 @click.option(
+    "--max-suspend-ms",
+    type=click.IntRange(0, BELOW_2_62),
+    default=0,
+    metavar="N",
+    help="Expire the session once it has been suspended for N ms (0, the default: 7 days).",
+)
+@click.option(
     "--max-history-bytes",
     type=click.IntRange(1, BELOW_2_62),
     default=None,
@@ -93,6 +100,7 @@ def create(
     context_id: str | None,
     tags: dict[str, str],
     ttl_ms: int | None,
+    max_suspend_ms: int,
     max_history_bytes: int | None,
     max_history_age_ms: int | None,
 ) -> None:
@@ -104,6 +112,7 @@ def create(
             context_id=context_id,
             tags=tags,
             ttl_ms=ttl_ms,
+            max_suspend_ms=max_suspend_ms,
             max_history_bytes=max_history_bytes,
             max_history_age_ms=max_history_age_ms,
         )
@@ -227,7 +236,9 @@ def _transition_command(
     helps = {
         "resolve": "Resolve a session (terminal): its watchers end after the last event.",
         "cancel": "Cancel a session (terminal); an ended session is left as it is.",
-        "suspend": "Suspend an open session: appends are refused until it is resumed.",
+        "suspend": "Suspend an open session: appends are refused until it is resumed. "
+        "It expires (ends) if it is still suspended when its suspension cap has passed "
+        "(`sessions create --max-suspend-ms`; 7 days by default).",
         "resume": "Resume a suspended session.",
     }
     command.__doc__ = helps[name]

@@ -260,7 +260,8 @@ class Journal:
         max_history_bytes: int | None = None,
         max_history_age_ms: int | None = None,
     ) -> SessionMetadata:
-        """Create an OPEN session; `SessionExists` if the id is taken."""
+        """Create an OPEN session (`SessionExists` if the id is taken); it expires `ttl_ms`
+        after it starts, or once suspended for `max_suspend_ms` (0: 7 days)."""
         operation = check_create(
             session_id,
             mode,
@@ -317,7 +318,8 @@ class Journal:
         )
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
-        """OPEN -> SUSPENDED (appends are refused until resumed)."""
+        """OPEN -> SUSPENDED: appends are refused until resumed (expired once suspended
+        for the session's `max_suspend_ms`, 7 days by default)."""
         return self._transition("suspend", session_id)
 
     def resume_session(self, session_id: str) -> SessionMetadata:

@@ -873,6 +873,23 @@ def test_sessions_create_sets_the_session_history_window(store: Path) -> None:
     assert invoke(store, "sessions", "create", "v", "--max-history-age-ms", "0").exit_code == 2
 
 
+def test_sessions_create_sets_the_suspension_cap_and_suspend_says_it_expires(
+    store: Path,
+) -> None:
+    """A suspended session expires (terminal) when its suspension cap passes, 7 days
+    unless `create_session(max_suspend_ms=)` says otherwise; the CLI could not set the cap
+    (`--max-suspend-ms` was a usage error) and `sessions suspend --help` said only that
+    appends are refused until it is resumed (found by a new-user trial)."""
+    (created,) = records(
+        invoke(store, "sessions", "create", "p", "--max-suspend-ms", str(30 * 86_400_000))
+    )
+    assert created["max_suspend_ms"] == 30 * 86_400_000
+    (suspended,) = records(invoke(store, "sessions", "suspend", "p"))
+    assert suspended["expires_at_ms"] == suspended["suspended_at_ms"] + 30 * 86_400_000
+    assert "7 days" in invoke(store, "sessions", "suspend", "--help", fmt="text").stdout
+    assert invoke(store, "sessions", "create", "q", "--max-suspend-ms", "-1").exit_code == 2
+
+
 # -- review (h-review) ------------------------------------------------------------------------
 
 
