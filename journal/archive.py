@@ -239,6 +239,18 @@ _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(_Record)
 
 
+class _Versioned(msgspec.Struct, array_like=True, frozen=True):
+    """What every version's header begins with (later fields are skipped): a header
+    that is not version 1's shape is told by these alone."""
+
+    kind: int
+    format: str
+    version: int
+
+
+_version_decoder: Final = msgspec.msgpack.Decoder(_Versioned)
+
+
 class ArchiveWriter:
     """Writes records to a binary file, one independent zstd frame per ~1 MiB of
     content; `finish` writes the footer and flushes the last frame."""
@@ -480,6 +492,8 @@ class ArchiveReader:
         try:
             record = _decoder.decode(body)
         except msgspec.ValidationError as e:
+            if at == 0:  # another version's header may hold other fields
+                _check_version(body)
             reason = "too_large" if "length <=" in str(e) else "corrupt"
             raise ArchiveInvalid(reason, f"a record has the wrong shape: {e}", offset=at) from None
         except msgspec.DecodeError as e:
@@ -504,12 +518,7 @@ class ArchiveReader:
         if not isinstance(record, ArchiveHeader) or record.format != ARCHIVE_FORMAT:
             raise ArchiveInvalid("not_an_archive", "the first record is not an archive header")
         if record.version != ARCHIVE_VERSION:
-            raise ArchiveInvalid(
-                "unsupported_version",
-                f"archive format version {record.version}; this library reads version "
-                f"{ARCHIVE_VERSION}: import it with the library version that wrote it "
-                f"({record.library_version!r}) or a newer one",
-            )
+            raise _unsupported(record.version, f"({record.library_version!r}) ")
         if not 0 <= record.session_count < MAX_SETTING:
             raise ArchiveInvalid("invalid_field", "a session count out of range", offset=at)
         if not 0 <= record.exported_at_ms < MAX_SETTING:
@@ -685,6 +694,27 @@ class ArchiveReader:
     @property
     def sha256(self) -> str:
         return "" if self.footer is None else self.footer.sha256.hex()
+
+
+def _check_version(header: bytes) -> None:
+    """Raise `unsupported_version` when `header` (a first record that is not version
+    1's header) is an archive header of another version."""
+    try:
+        versioned = _version_decoder.decode(header)
+    except msgspec.DecodeError:
+        return
+    header_of = (versioned.kind, versioned.format) == (1, ARCHIVE_FORMAT)
+    if header_of and versioned.version != ARCHIVE_VERSION:
+        raise _unsupported(versioned.version, "")
+
+
+def _unsupported(version: int, writer: str) -> ArchiveInvalid:
+    return ArchiveInvalid(
+        "unsupported_version",
+        f"archive format version {version}; this library reads version "
+        f"{ARCHIVE_VERSION}: import it with the library version that wrote it "
+        f"{writer}or a newer one",
+    )
 
 
 def _bytes_read(data: object) -> bytes:

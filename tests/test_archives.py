@@ -1272,3 +1272,33 @@ def test_a_session_at_the_largest_ordinal_takes_no_more_events(tmp_path: Path) -
         b.import_sessions(io.BytesIO(_export(a)))
         assert _history(b, "full") == _history(a, "full")
         assert a.verify().problems == []
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        [1, ARCHIVE_FORMAT, 2],  # fields dropped
+        [1, ARCHIVE_FORMAT, 2, "9.0", 1, b"\x00" * 16, 0],  # a field of another type
+        [1, ARCHIVE_FORMAT, 2, "9.0", 1, "0" * 100, 0],  # a longer store id
+        [1, ARCHIVE_FORMAT, 2, "9.0", 1, "00" * 16, 0, "a new field"],
+    ],
+    ids=["shorter", "other-type", "longer-field", "more-fields"],
+)
+def test_an_archive_of_another_version_is_unsupported_whatever_its_header_holds(
+    header: list[Any],
+) -> None:
+    """SPEC 12.1: a reader refuses other format versions as `unsupported_version`, and a
+    new version may change what its header holds. Only a header that still decoded as
+    version 1's said so: one with fewer fields or a field of another type or size was
+    `corrupt` ("a record has the wrong shape") or `too_large`, as if the file were
+    damaged, where a newer library reads it (found by an adversarial trial)."""
+    data = _encode([header])
+    with pytest.raises(ArchiveInvalid) as caught:
+        ArchiveReader(io.BytesIO(data), ArchiveLimits())
+    assert caught.value.reason == "unsupported_version", caught.value
+    assert "version 2" in caught.value.detail
+    # Version 1 with a header of the wrong shape is damage, as before.
+    damaged = _encode([[1, ARCHIVE_FORMAT, 1, "t", 1, b"\x00" * 16, 0]])
+    with pytest.raises(ArchiveInvalid) as caught:
+        ArchiveReader(io.BytesIO(damaged), ArchiveLimits())
+    assert caught.value.reason == "corrupt", caught.value
