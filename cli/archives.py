@@ -159,7 +159,9 @@ def _write_ndjson(binary: IO[bytes], out: IO[str]) -> None:
 
 def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     # Our own archive, just written: no limit of the import side applies.
-    limits = ArchiveLimits(max_content_bytes=1 << 62, max_record_bytes=1 << 40)
+    limits = ArchiveLimits(
+        max_content_bytes=1 << 62, max_record_bytes=1 << 40, max_sessions=1 << 62
+    )
     reader = ArchiveReader(binary, limits)
     header = reader.header
     yield {
@@ -249,6 +251,14 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     show_default=True,
     help="Refuse records larger than this (the largest legitimate one is a 64 MiB snapshot).",
 )
+@click.option(
+    "--max-sessions",
+    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    default=ArchiveLimits().max_sessions,
+    show_default=True,
+    help="Refuse archives of more sessions (an import holds a few KB per session until "
+    "its commit).",
+)
 @pass_settings
 def import_(
     settings: Settings,
@@ -257,6 +267,7 @@ def import_(
     renames: tuple[str, ...],
     max_bytes: int,
     max_record_bytes: int,
+    max_sessions: int,
 ) -> None:
     """Import every session of an archive (FILE, or `-` for stdin), or none.
 
@@ -264,7 +275,9 @@ def import_(
     it is invalid); its sessions then appear together, as new sessions of this store.
     """
     output = settings.output
-    limits = ArchiveLimits(max_content_bytes=max_bytes, max_record_bytes=max_record_bytes)
+    limits = ArchiveLimits(
+        max_content_bytes=max_bytes, max_record_bytes=max_record_bytes, max_sessions=max_sessions
+    )
     rename: dict[str, str] | None = None
     if renames:
         if new_id is not None:

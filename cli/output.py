@@ -286,6 +286,7 @@ _CLI_HINTS: Final = (
         "(`journal import --rename OLD=NEW`, or `--as NEW_ID` for a one-session archive)",
     ),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
+    ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
     ("create it before owning it", "create it first with `journal sessions create ID`"),
     (
         "open it with readonly=True (the CLI's read commands do)",

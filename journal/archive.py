@@ -97,18 +97,21 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
     """What a reader accepts. `max_content_bytes` caps the total decompressed content
     (a decompression bomb stops there); `max_window_bytes` caps the zstd window (the
     memory one frame may need); `max_record_bytes` caps one record (the largest is a
-    snapshot of up to 64 MiB). Raise them with `import_sessions(..., limits=...)` or
-    `journal import --max-bytes`."""
+    snapshot of up to 64 MiB); `max_sessions` caps the number of sessions (an import
+    holds a few KB per session until its commit). Raise them with
+    `import_sessions(..., limits=...)` or `journal import --max-bytes`, `--max-sessions`."""
 
     max_content_bytes: int = 16 << 30
     max_window_bytes: int = 1 << 23
     max_record_bytes: int = MAX_BATCH_BYTES + (1 << 20)
+    max_sessions: int = 100_000
 
     def __post_init__(self) -> None:
         for name, most, bound in (
             ("max_content_bytes", MAX_SETTING, "of at most 2**62"),
             ("max_window_bytes", _MAX_WINDOW_BYTES, "of at most 2**31 (zstd's largest window)"),
             ("max_record_bytes", MAX_SETTING, "of at most 2**62"),
+            ("max_sessions", MAX_SETTING, "of at most 2**62"),
         ):
             value = getattr(self, name)
             if value.__class__ is not int or not 0 < value <= most:
@@ -521,6 +524,8 @@ class ArchiveReader:
             raise _unsupported(record.version, f"({record.library_version!r}) ")
         if not 0 <= record.session_count < MAX_SETTING:
             raise ArchiveInvalid("invalid_field", "a session count out of range", offset=at)
+        if record.session_count > self._limits.max_sessions:
+            raise _too_many(f"declares {record.session_count} sessions", self._limits, at)
         if not 0 <= record.exported_at_ms < MAX_SETTING:
             raise ArchiveInvalid("invalid_field", "an export time out of range", offset=at)
         if not _STORE_ID.fullmatch(record.store_id):
@@ -545,6 +550,8 @@ class ArchiveReader:
                     "duplicate_session", f"session {record.session_id!r} twice", offset=at
                 )
             seen.add(record.session_id)
+            if len(seen) > self._limits.max_sessions:  # (more than its header said)
+                raise _too_many(f"holds more than {len(seen) - 1} sessions", self._limits, at)
             snapshot: ArchiveSnapshot | None = None
             following, next_at = self._next()
             if isinstance(following, ArchiveSnapshot):
@@ -706,6 +713,15 @@ def _check_version(header: bytes) -> None:
     header_of = (versioned.kind, versioned.format) == (1, ARCHIVE_FORMAT)
     if header_of and versioned.version != ARCHIVE_VERSION:
         raise _unsupported(versioned.version, "")
+
+
+def _too_many(holds: str, limits: ArchiveLimits, at: int) -> ArchiveInvalid:
+    return ArchiveInvalid(
+        "too_large",
+        f"the archive {holds}, over the limit of {limits.max_sessions} (raise it with "
+        "limits=ArchiveLimits(max_sessions=...) or --max-sessions)",
+        offset=at,
+    )
 
 
 def _unsupported(version: int, writer: str) -> ArchiveInvalid:

@@ -1234,6 +1234,7 @@ def test_option_errors_name_the_options_and_exit_as_usage_errors(
         ("--max-history-age-ms", ("sessions", "create", "b", "--max-history-age-ms", huge)),
         ("--max-bytes", ("import", str(archive), "--max-bytes", huge)),
         ("--max-record-bytes", ("import", str(archive), "--max-record-bytes", huge)),
+        ("--max-sessions", ("import", str(archive), "--max-sessions", huge)),
         ("-o' / '--output", ("export", "--all", "-o", "")),
     ]:
         result = invoke(store, *args)
