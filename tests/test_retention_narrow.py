@@ -220,3 +220,31 @@ def test_passes_under_another_processs_policy_do_not_count_as_this_ones(
         _seal(j)
         assert j.get_session("S").first_ordinal > 1, "S was never checked against 8 KiB"
         assert j.apply_retention().trimmed_sessions == []
+
+
+def test_narrow_passes_apply_the_window_to_imported_sessions(tmp_path: Path) -> None:
+    """An import adds a session's bytes without an append to the active segment: its
+    events were staged in segments that sealed (and that narrow passes covered, skipping
+    the invisible staged rows) before the commit. No narrow pass looked at that session
+    again: an imported session of 5 MB stayed whole under a window of 8 KiB through
+    every later seal, until an explicit pass (found by an adversarial trial). The commit
+    of an import makes the next pass cover every sealed segment."""
+    import io
+
+    with Journal.open(tmp_path / "source", durability="os") as source:
+        for session_id in ("A", "B"):
+            source.create_session(session_id)
+            for _ in range(5):
+                source.append(session_id, [EventIn("m", os.urandom(10_000)) for _ in range(100)])
+        archive = io.BytesIO()
+        source.export_sessions(None, archive)
+    probe = Probe()
+    with _open(tmp_path / "store", probe) as j:
+        for _ in range(2):  # the first pass of this process reads every row
+            _seal(j)
+        j.import_sessions(io.BytesIO(archive.getvalue()))
+        for _ in range(3):
+            _seal(j)
+        kept = {s: j.get_session(s).first_ordinal for s in ("A", "B")}
+        assert all(first > 1 for first in kept.values()), kept
+        assert j.apply_retention().trimmed_sessions == []

@@ -9,7 +9,9 @@ read the rows of a few sessions instead of every row (SPEC 8, "What a pass reads
 
 A session's retained bytes grow only by appending, and an append lands in the active
 segment: so a byte window can only be newly exceeded by a session with events in a segment
-sealed since the last pass, which the pass finds in those segments' summaries. Age windows
+sealed since the last pass, which the pass finds in those segments' summaries. An import
+is the exception (its sessions' events were staged in segments that may have sealed, and
+been covered, before its commit): its commit removes `retained`. Age windows
 are exceeded by time alone: sessions with one of their own are listed here. Both are
 written in the writer's transaction (the projector, and the pass itself), so a pass that
 fails or is never run (a crash after a seal) leaves `retained` where it was, and the next
@@ -61,6 +63,11 @@ class RetentionIndex:
             raise corrupt(f"the meta entry {_COVERED_KEY!r} has {len(payload)} bytes, not 16")
         base, covered_mark = U64X2.unpack(payload)
         return int(base) if covered_mark == mark else 0
+
+    def uncover(self, txn: lmdb.Transaction) -> None:
+        """Make the next pass cover every sealed segment (an import added sessions whose
+        events lie in segments earlier passes covered)."""
+        txn.delete(_COVERED_KEY, db=self._meta)
 
     def cover_through(self, txn: lmdb.Transaction, base: int, mark: int) -> None:
         txn.put(_COVERED_KEY, seal(_COVERED_KEY, U64X2.pack(base, mark)), db=self._meta)
