@@ -10,9 +10,12 @@ nothing visible and rolls the staged sessions back.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
+import re
 import secrets
+import socket
 import stat
 import tempfile
 import time
@@ -158,13 +161,49 @@ def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
     return result
 
 
+# An export's temporary file: `.export-<pid>-<host>-<random>.tmp` (host: 8 hex digits of
+# the SHA-256 of the host name), so that the next export to its directory can delete the
+# ones of processes killed on this host.
+_TEMPORARY = re.compile(r"\.export-([0-9]{1,10})-([0-9a-f]{8})-[0-9a-f]{16}\.tmp")
+
+
 def _create_temporary(directory: str) -> tuple[int, str]:
+    host = hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()
+    host = host[:8]
+    _remove_killed_temporaries(directory, host)
     while True:
-        name = os.path.join(directory, f".export-{secrets.token_hex(8)}.tmp")
+        name = f".export-{os.getpid()}-{host}-{secrets.token_hex(8)}.tmp"
+        path = os.path.join(directory, name)
         try:
-            return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), name
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
         except FileExistsError:
             continue
+
+
+def _remove_killed_temporaries(directory: str, host: str) -> None:
+    """Delete the temporary files of exports to `directory` whose process is gone from
+    this host (killed with SIGKILL); a live process's file is still being written, and
+    another host's process cannot be seen from here."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        match = _TEMPORARY.fullmatch(name)
+        if match is None or match.group(2) != host or _process_alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(directory, name))
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except OSError:  # (another user's process: EPERM)
+        return True
+    return True
 
 
 def _sync_directory(directory: str) -> None:

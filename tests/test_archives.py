@@ -1354,3 +1354,55 @@ def test_the_number_of_sessions_is_limited_before_it_costs_memory(tmp_path: Path
     error = json.loads(refused.stdout)["error"]
     assert error["reason"] == "too_large" and "--max-sessions" in error["message"], error
     assert _cli("--store", store, "import", str(archive), "--max-sessions", "4").returncode == 0
+
+
+_EXPORTER = """
+import sys
+from journal import Journal
+with Journal.open(sys.argv[1], readonly=True) as j:
+    j.export_sessions(None, sys.argv[2])
+"""
+
+
+def test_a_killed_exports_temporary_file_is_removed_by_the_next_export(tmp_path: Path) -> None:
+    """An export killed with SIGKILL leaves its hidden temporary file beside the
+    destination. They stayed for good: a backup job killed by its timeout eight times
+    left five of them, 59 MB beside an archive of 60 MB (adversarial trial). The next
+    export to that directory deletes those of processes that are gone on this host; a
+    live process's is left alone (it is still being written), and so is a file of
+    another host (its process cannot be seen from here) or of another name."""
+    store = tmp_path / "store"
+    with Journal.open(store, create=True, durability="os") as j:
+        j.create_session("s")
+        for _ in range(40):
+            j.append("s", [EventIn("m", os.urandom(2000)) for _ in range(500)])
+    out = tmp_path / "out"
+    out.mkdir()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _EXPORTER, str(store), str(out / "s.sja")], env=_child_env()
+    )
+    try:
+        for _ in range(3000):
+            if (
+                any(p.name.startswith(".export-") for p in out.iterdir())
+                or child.poll() is not None
+            ):
+                break
+            threading.Event().wait(0.01)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    (left,) = [p.name for p in out.iterdir()]
+    assert left.startswith(".export-") and left.endswith(".tmp"), left
+    live = out / left.replace(f"-{child.pid}-", f"-{os.getpid()}-")
+    assert live.name != left
+    live.write_bytes(b"being written")
+    other_host = out / left.replace(left.split("-")[2], "00000000")
+    other_host.write_bytes(b"elsewhere")
+    mine = out / ".export-mine.tmp"
+    mine.write_bytes(b"a user's file")
+    with Journal.open(store, readonly=True) as j:
+        j.export_sessions(None, out / "s.sja")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [live.name, other_host.name, mine.name, "s.sja"]
+    )
