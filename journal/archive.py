@@ -23,6 +23,7 @@ from typing import IO, Annotated, Final, cast
 import msgspec
 import zstandard
 
+from .archive_fields import check_event, check_session, check_snapshot
 from .arguments import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
@@ -30,12 +31,8 @@ from .arguments import (
     MAX_METADATA_BYTES,
     MAX_NAME_LENGTH,
     MAX_SETTING,
-    metadata_bytes,
-    mode_ok,
-    name_ok,
 )
 from .errors import ArchiveInvalid, InvalidArgument
-from .models import SessionState
 from .records import TURN_EVENT_TYPES, TURN_STARTED, SessionStaged
 
 __all__ = [
@@ -544,7 +541,7 @@ class ArchiveReader:
                 raise ArchiveInvalid(
                     "out_of_order", f"a {type(record).__name__} outside a session", offset=at
                 )
-            _check_session(record, at)
+            check_session(record, at)
             if record.session_id in seen:
                 raise ArchiveInvalid(
                     "duplicate_session", f"session {record.session_id!r} twice", offset=at
@@ -556,7 +553,7 @@ class ArchiveReader:
             following, next_at = self._next()
             if isinstance(following, ArchiveSnapshot):
                 snapshot = following
-                _check_snapshot(record, snapshot, next_at)
+                check_snapshot(record, snapshot, next_at)
                 following, next_at = self._next()
             box: list[tuple[_Record, int]] = [(following, next_at)]
             section = SessionSection(record, snapshot, self._events(record, box))
@@ -617,7 +614,7 @@ class ArchiveReader:
                     or not 0 <= event.timestamp_ms < MAX_SETTING
                 ):
                     # The precise checks (the fast ones above let only sure cases through).
-                    _check_event(event, at)
+                    check_event(event, at)
                     if len(known) < 4096:
                         known.add(event.type)
                 if event.type in TURN_EVENT_TYPES:  # as the projection follows turns
@@ -770,73 +767,3 @@ class _Prefixed:
                 return head
             return head + self._rest.read(size - len(head))
         return self._rest.read(size)
-
-
-# -- field checks ----------------------------------------------------------------------
-
-
-def _in_range(value: int | None, low: int = 0) -> bool:
-    return value is None or low <= value < MAX_SETTING
-
-
-def _session_problem(session: ArchiveSession) -> str:
-    state = {s.value: s for s in SessionState}.get(session.state)
-    if not name_ok(session.session_id):
-        return "not a valid session id (1 to 256 bytes of UTF-8 without control characters)"
-    if state is None:
-        return f"unknown state {session.state!r}"
-    if not mode_ok(session.mode):
-        return "not a valid mode (at most 256 bytes of UTF-8 without control characters)"
-    if session.first_ordinal < 1 or session.last_ordinal < session.first_ordinal - 1:
-        return f"retained range [{session.first_ordinal}, {session.last_ordinal}] is not a range"
-    if not (_in_range(session.last_ordinal) and _in_range(session.created_at_ms)):
-        return "an ordinal or time out of range"
-    times = (session.suspended_at_ms, session.ended_at_ms)
-    if not all(_in_range(t) for t in times):
-        return "a lifecycle time out of range"
-    if (state is SessionState.SUSPENDED) != (session.suspended_at_ms is not None):
-        return "suspended_at_ms must be set exactly when the session is suspended"
-    if state.terminal != (session.ended_at_ms is not None):
-        return "ended_at_ms must be set exactly when the session has ended"
-    settings = (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
-    if not all(_in_range(v, 1) for v in settings) or not _in_range(session.max_suspend_ms):
-        return "a retention or deadline setting out of range"
-    size = metadata_bytes(session.mode, session.context_id, session.tags, session.extensions)
-    if size > MAX_METADATA_BYTES:
-        return f"its metadata is over {MAX_METADATA_BYTES} bytes"
-    return ""
-
-
-def _check_session(session: ArchiveSession, at: int) -> None:
-    problem = _session_problem(session)
-    if problem:
-        reason = "too_large" if "over" in problem else "invalid_field"
-        raise ArchiveInvalid(reason, f"session {session.session_id[:80]!r}: {problem}", offset=at)
-
-
-def _check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) -> None:
-    if len(snapshot.data) > MAX_BATCH_BYTES:
-        raise ArchiveInvalid("too_large", "a snapshot over 64 MiB", offset=at)
-    if not 1 <= snapshot.through_ordinal < session.first_ordinal:
-        raise ArchiveInvalid(
-            "invalid_field",
-            f"session {session.session_id!r}: a snapshot through ordinal "
-            f"{snapshot.through_ordinal} must lie below the retained range "
-            f"(first ordinal {session.first_ordinal})",
-            offset=at,
-        )
-
-
-def _check_event(event: ArchiveEvent, at: int) -> None:
-    if len(event.data) > MAX_EVENT_BYTES:
-        raise ArchiveInvalid(
-            "too_large", f"event {event.ordinal} is over {MAX_EVENT_BYTES} bytes", offset=at
-        )
-    if not name_ok(event.type):
-        raise ArchiveInvalid(
-            "invalid_field", f"event {event.ordinal} has an invalid type", offset=at
-        )
-    if not 0 <= event.timestamp_ms < MAX_SETTING:
-        raise ArchiveInvalid(
-            "invalid_field", f"event {event.ordinal} has a timestamp out of range", offset=at
-        )
