@@ -161,15 +161,26 @@ def write_file(given: str, write: Callable[[IO[bytes]], T]) -> T:
     return result
 
 
-# An export's temporary file: `.export-<pid>-<host>-<random>.tmp` (host: 8 hex digits of
-# the SHA-256 of the host name), so that the next export to its directory can delete the
-# ones of processes killed on this host.
+# An export's temporary file: `.export-<pid>-<host>-<random>.tmp` (host: `_host_token`),
+# so that the next export to its directory can delete the ones of processes killed on
+# this host.
 _TEMPORARY = re.compile(r"\.export-([0-9]{1,10})-([0-9a-f]{8})-[0-9a-f]{16}\.tmp")
 
 
+def _host_token() -> str:
+    """8 hex digits of the SHA-256 of the host name and the pid namespace: a pid names a
+    process only within its namespace, and containers sharing a directory may share a
+    host name too (a Kubernetes pod's, `--network host`)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:  # (no /proc: no pid namespaces either)
+        namespace = ""
+    name = f"{socket.gethostname()}\0{namespace}"
+    return hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
 def _create_temporary(directory: str) -> tuple[int, str]:
-    host = hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()
-    host = host[:8]
+    host = _host_token()
     _remove_killed_temporaries(directory, host)
     while True:
         name = f".export-{os.getpid()}-{host}-{secrets.token_hex(8)}.tmp"
@@ -182,8 +193,8 @@ def _create_temporary(directory: str) -> tuple[int, str]:
 
 def _remove_killed_temporaries(directory: str, host: str) -> None:
     """Delete the temporary files of exports to `directory` whose process is gone from
-    this host (killed with SIGKILL); a live process's file is still being written, and
-    another host's process cannot be seen from here."""
+    this host and pid namespace (killed with SIGKILL); a live process's file is still
+    being written, and another host's or pid namespace's process cannot be seen here."""
     try:
         names = os.listdir(directory)
     except OSError:

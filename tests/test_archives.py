@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -1406,3 +1407,48 @@ def test_a_killed_exports_temporary_file_is_removed_by_the_next_export(tmp_path:
     assert sorted(p.name for p in out.iterdir()) == sorted(
         [live.name, other_host.name, mine.name, "s.sja"]
     )
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_an_export_leaves_the_temporary_files_of_other_pid_namespaces_alone(
+    tmp_path: Path,
+) -> None:
+    """Containers on one machine can share a host name (the containers of a Kubernetes
+    pod, `--network host`) and a mounted directory, but each has its own pids: a live
+    exporter's pid in one is, in another, a pid that no process has. The temporary
+    files were named by the host name alone, so an export in one container deleted the
+    file another container's export was still writing, which then failed ("cannot
+    write ...: No such file or directory"; seen with `unshare --pid --fork
+    --mount-proc`: a 149 MB export lost). The host part of the name now also names the
+    pid namespace (SPEC 12.2), so only files of this host name and pid namespace are
+    judged by their pid here."""
+    with Journal.open(tmp_path / "store", create=True) as j:
+        j.create_session("s")
+        out = tmp_path / "out"
+        out.mkdir()
+        pid = _dead_pid()
+        host = socket.gethostname()
+        # Named as an exporter of another pid namespace named it before this fix (the
+        # host name alone), and as one does now (the host name and its pid namespace).
+        by_name = hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+        other = f"{host}\0pid:[1]".encode("utf-8", "surrogateescape")
+        other_namespace = hashlib.sha256(other).hexdigest()[:8]
+        elsewhere = [
+            f".export-{pid}-{token}-{'0' * 16}.tmp" for token in (by_name, other_namespace)
+        ]
+        for name in elsewhere:
+            (out / name).write_bytes(b"being written in another container")
+        j.export_sessions(None, out / "a.sja")
+        assert sorted(p.name for p in out.iterdir()) == sorted([*elsewhere, "a.sja"])
+        # This namespace's own files of dead exporters still go.
+        ours = f"{host}\0{os.readlink('/proc/self/ns/pid')}".encode("utf-8", "surrogateescape")
+        dead = out / f".export-{pid}-{hashlib.sha256(ours).hexdigest()[:8]}-{'1' * 16}.tmp"
+        dead.write_bytes(b"killed")
+        j.export_sessions(None, out / "a.sja")
+        assert not dead.exists()
