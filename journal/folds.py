@@ -75,7 +75,7 @@ class JsonCodec(Generic[StateT]):
         else:
             same = _same_json(stored, state)
             kind = type(state).__name__
-            if not same and type(state) not in _JSON_TYPES and type(stored) is not type(state):
+            if not same and type(stored) is not type(state) and _stores(data, type(state), state):
                 # (A msgspec Struct or a dataclass with `JsonCodec()`, which reads an
                 # object back as a dict.)
                 raise ValueError(
@@ -106,9 +106,17 @@ _MAGIC: Final = "journal.fold/1"
 _envelope_encoder: Final = msgspec.msgpack.Encoder()
 _envelope_decoder: Final = msgspec.msgpack.Decoder(_Envelope)
 _json_object: Final = msgspec.json.Decoder(dict[str, Any])
-# The types JSON reads back as themselves (a tuple as a list: `_same_json`).
-_JSON_TYPES: Final = (dict, list, tuple, str, int, float, bool, type(None))
 _json_encoder: Final = msgspec.json.Encoder()
+
+
+def _stores(data: bytes, kind: type[Any], state: Any) -> bool:
+    """Whether `JsonCodec(kind)` reads `data`, the JSON of `state`, back as `state`: only
+    then does an error advise it (a dict subclass or a Struct holding NaN comes back
+    otherwise whatever the codec's type)."""
+    try:
+        return bool(msgspec.json.decode(data, type=kind) == state)
+    except (msgspec.MsgspecError, TypeError, ValueError):  # (TypeError: no such codec)
+        return False
 
 
 def _same_json(stored: Any, given: Any) -> bool:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,31 @@ def test_a_struct_state_with_the_default_codec_is_told_which_codec_to_pass(j: Jo
     typed = j.fold("s", lambda state, event: Tally(state.n + 1), Tally(), codec=JsonCodec(Tally))
     assert typed.snapshot() is not None
     assert j.fold("s", None, Tally(), codec=JsonCodec(Tally)).state == Tally(2)
+
+
+class Floaty(msgspec.Struct):
+    x: float = 0.0
+
+
+@pytest.mark.parametrize(
+    "state",
+    [OrderedDict(x=float("nan")), Counter(x=float("inf")), Floaty(float("nan"))],
+    ids=["OrderedDict-NaN", "Counter-infinity", "Struct-NaN"],
+)
+def test_the_codec_advice_is_given_only_when_that_codec_stores_the_state(
+    j: Journal, state: Any
+) -> None:
+    """A state JSON reads back as another type was told to pass `JsonCodec(ThatType)`
+    whatever it held: a dict subclass (OrderedDict, Counter, defaultdict) or a Struct
+    holding NaN or an infinity was sent to a codec that refuses it just the same (found
+    by review). The advice is given when that codec stores the state; otherwise the
+    message names what JSON cannot hold."""
+    j.create_session("s")
+    j.append("s", value_events([1]))
+    fold = j.fold("s", lambda current, event: current, state)
+    with pytest.raises(InvalidArgument, match="NaN or an infinity") as caught:
+        fold.snapshot()
+    assert "pass codec=" not in str(caught.value)
 
 
 def test_a_failing_automatic_checkpoint_is_tried_again_n_events_later(
