@@ -1331,12 +1331,16 @@ def test_the_number_of_sessions_is_limited_before_it_costs_memory(tmp_path: Path
             assert section.session.session_id in ("s0", "s1", "s2")
     assert caught.value.reason == "too_large", caught.value
     with Journal.open(tmp_path / "t", create=True) as target:
-        with pytest.raises(ArchiveInvalid):
+        # (`too_large` at the 4th session: without the limit the lying header would be
+        # `count_mismatch` at the footer, the header of 4 imported.)
+        with pytest.raises(ArchiveInvalid) as caught:
             target.import_sessions(io.BytesIO(lying), limits=ArchiveLimits(max_sessions=3))
-        with pytest.raises(ArchiveInvalid):
+        assert caught.value.reason == "too_large", caught.value
+        with pytest.raises(ArchiveInvalid) as caught:
             target.import_sessions(
                 io.BytesIO(_many_sessions(4)), limits=ArchiveLimits(max_sessions=3)
             )
+        assert (caught.value.reason, caught.value.offset) == ("too_large", 0), caught.value
         assert target.import_sessions(
             io.BytesIO(_many_sessions(3)), limits=ArchiveLimits(max_sessions=3)
         )
