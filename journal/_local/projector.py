@@ -277,7 +277,7 @@ class Projection:
                     self._pin(position, row.incarnation)
                     self._feed(position, LifecycleEventType.CREATED, record.at_ms, row)
                     # Its events may lie in segments a pass covered while it was staged.
-                    view.retention.uncover(txn)
+                    view.retention.uncover(txn, row.incarnation)
             elif isinstance(record, StateChanged):
                 row = self.row(record.incarnation)
                 if row is not None:

@@ -12,6 +12,7 @@ a byte budget, not its sidecar.
 
 from __future__ import annotations
 
+import bisect
 import os
 import zlib
 from array import array
@@ -293,6 +294,13 @@ def candidate_rows(
     with an age window of their own (SPEC 8, "What a pass reads"). In session-id order,
     as a full pass."""
     covered = view.retention.covered_through(txn, mark)
+    imported = view.retention.imported_since(txn)
+    if imported is not None:
+        # Sessions imported since: their events follow their staging records, from the
+        # segment holding the lowest one on (a pass may have covered those meanwhile).
+        holding = max(bisect.bisect_right(sealed, imported) - 1, 0)
+        if sealed:
+            covered = min(covered, sealed[holding] - 1)
     incarnations: set[int] = set(view.retention.aged(txn))
     for base in sealed:
         if base <= covered:

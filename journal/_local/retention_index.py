@@ -6,12 +6,15 @@ read the rows of a few sessions instead of every row (SPEC 8, "What a pass reads
     meta     b"retained" -> u64, u64 + CRC32  the base of the newest sealed segment the
                                               last committed retention pass covered, and
                                               the mark of the policy it applied
+             b"imported" -> u64 + CRC32       the lowest staging record's position of the
+                                              sessions imported since that pass
 
 A session's retained bytes grow only by appending, and an append lands in the active
 segment: so a byte window can only be newly exceeded by a session with events in a segment
 sealed since the last pass, which the pass finds in those segments' summaries. An import
 is the exception (its sessions' events were staged in segments that may have sealed, and
-been covered, before its commit): its commit removes `retained`. Age windows
+been covered, before its commit): its commit records `imported`, and the next pass also
+covers the sealed segments from the one holding that position on. Age windows
 are exceeded by time alone: sessions with one of their own are listed here. Both are
 written in the writer's transaction (the projector, and the pass itself), so a pass that
 fails or is never run (a crash after a seal) leaves `retained` where it was, and the next
@@ -23,11 +26,12 @@ from __future__ import annotations
 
 import lmdb
 
-from .view_codec import U64, U64X2, corrupt, key_u64, seal, unseal
+from .view_codec import U64, U64X2, corrupt, key_u64, seal, u64_value, unseal
 
 __all__ = ["RetentionIndex"]
 
 _COVERED_KEY = b"retained"
+_IMPORTED_KEY = b"imported"
 
 
 class RetentionIndex:
@@ -64,10 +68,19 @@ class RetentionIndex:
         base, covered_mark = U64X2.unpack(payload)
         return int(base) if covered_mark == mark else 0
 
-    def uncover(self, txn: lmdb.Transaction) -> None:
-        """Make the next pass cover every sealed segment (an import added sessions whose
-        events lie in segments earlier passes covered)."""
-        txn.delete(_COVERED_KEY, db=self._meta)
+    def uncover(self, txn: lmdb.Transaction, position: int) -> None:
+        """Make the next pass also cover the sealed segments from the one holding
+        `position` on (an import's commit: its session, staged at `position`, has its
+        events after it, in segments earlier passes may have covered)."""
+        since = self.imported_since(txn)
+        if since is None or position < since:
+            txn.put(_IMPORTED_KEY, seal(_IMPORTED_KEY, U64.pack(position)), db=self._meta)
+
+    def imported_since(self, txn: lmdb.Transaction) -> int | None:
+        """The lowest staging position of the sessions imported since the last pass."""
+        raw = txn.get(_IMPORTED_KEY, db=self._meta)
+        return None if raw is None else u64_value(_IMPORTED_KEY, raw, "meta")
 
     def cover_through(self, txn: lmdb.Transaction, base: int, mark: int) -> None:
         txn.put(_COVERED_KEY, seal(_COVERED_KEY, U64X2.pack(base, mark)), db=self._meta)
+        txn.delete(_IMPORTED_KEY, db=self._meta)
