@@ -51,17 +51,22 @@ def _session_problem(session: ArchiveSession) -> str:
     settings = (session.ttl_ms, session.max_history_bytes, session.max_history_age_ms)
     if not all(_in_range(v, 1) for v in settings) or not _in_range(session.max_suspend_ms):
         return "a retention or deadline setting out of range"
-    size = metadata_bytes(session.mode, session.context_id, session.tags, session.extensions)
-    if size > MAX_METADATA_BYTES:
-        return f"its metadata is over {MAX_METADATA_BYTES} bytes"
     return ""
 
 
 def check_session(session: ArchiveSession, at: int) -> None:
     problem = _session_problem(session)
     if problem:
-        reason = "too_large" if "over" in problem else "invalid_field"
-        raise ArchiveInvalid(reason, f"session {session.session_id[:80]!r}: {problem}", offset=at)
+        raise ArchiveInvalid(
+            "invalid_field", f"session {session.session_id[:80]!r}: {problem}", offset=at
+        )
+    size = metadata_bytes(session.mode, session.context_id, session.tags, session.extensions)
+    if size > MAX_METADATA_BYTES:
+        raise ArchiveInvalid(
+            "too_large",
+            f"session {session.session_id[:80]!r}: its metadata is over {MAX_METADATA_BYTES} bytes",
+            offset=at,
+        )
 
 
 def check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) -> None:

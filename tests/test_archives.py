@@ -620,6 +620,12 @@ def _cases() -> dict[str, tuple[bytes, str, ArchiveLimits]]:
             "invalid_field",
             default,
         ),
+        # (The reason was told by "over" in the problem's text, which held the state.)
+        "unknown state named 'rollover'": (
+            _craft([(_session("s", 1, 0, state="rollover"), None, [])]),
+            "invalid_field",
+            default,
+        ),
         "snapshot inside the range": (
             _craft([(_session("s", 1, 1), ArchiveSnapshot(3, b"x"), _events(1, 1))]),
             "invalid_field",
