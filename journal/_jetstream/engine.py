@@ -257,9 +257,11 @@ class JetStreamLease:
 
 
 def _boot_id() -> str:
-    from .._local.leases import BOOT_ID
+    """The machine's boot id and this process's pid namespace (`PROCESS_BOOT`): a row of
+    another namespace is judged by its heartbeat, as one of another host is."""
+    from .._local.leases import PROCESS_BOOT
 
-    return BOOT_ID.decode()
+    return PROCESS_BOOT
 
 
 def _start_time(pid: int) -> int:

@@ -94,6 +94,7 @@ from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import (
     BOOT_ID,
+    PROCESS_BOOT,
     LocalLease,
     acquire_operation,
     busy,
@@ -333,8 +334,9 @@ class LocalEngine:
         with self.view.begin() as txn:
             staged = self.view.staged_rows(txn)
         del txn  # (no read transaction object outlives its transaction: SPEC 7)
-        boot_id = BOOT_ID.decode()
-        dead = [row.incarnation for row in staged if owner_alive(row, self._host, boot_id) is False]
+        dead = [
+            row.incarnation for row in staged if owner_alive(row, self._host, PROCESS_BOOT) is False
+        ]
         if dead:
             self.submit(AbortImport(dead))
 
@@ -751,7 +753,7 @@ class LocalEngine:
         if fd is None:
             raise busy(session_id, path, wait_s)
         try:
-            updated = self.submit(acquire_operation(session_id, BOOT_ID.decode()))
+            updated = self.submit(acquire_operation(session_id, PROCESS_BOOT))
         except BaseException:
             drop_lock(fd, path, self._ops)
             raise
@@ -768,7 +770,7 @@ class LocalEngine:
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         lock = lock_path(self.location, row.session_id)
-        return owner_alive(row, self._host, BOOT_ID.decode(), lock)
+        return owner_alive(row, self._host, PROCESS_BOOT, lock)
 
     # -- maintenance -----------------------------------------------------------------------
 

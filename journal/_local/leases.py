@@ -28,6 +28,7 @@ from .files import FileOps, Permissions, open_regular
 
 __all__ = [
     "BOOT_ID",
+    "PROCESS_BOOT",
     "LocalLease",
     "acquire_operation",
     "busy",
@@ -64,6 +65,23 @@ def _read_boot_id() -> str:
 
 # This machine's boot (constant for the life of the process: read once).
 BOOT_ID: Final = _read_boot_id().encode()
+
+
+def _read_pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:  # (no /proc: no pid namespaces either)
+        return ""
+
+
+# What owner and importer records name as their process's boot: the machine's boot id
+# and, after a slash, this process's pid namespace. A pid names a process only within
+# its namespace, and containers of one machine sharing a store often share its boot id
+# and host name (a Kubernetes pod's, `--network host`): a pid checked from another
+# namespace names nobody, or somebody else.
+PROCESS_BOOT: Final = (
+    f"{BOOT_ID.decode()}/{_read_pid_namespace()}" if BOOT_ID else ""
+).removesuffix("/")
 
 
 def process_start_time(pid: int) -> int:
@@ -121,8 +139,14 @@ def owner_alive(
         return False
     if row.owner_host != host:
         return None
-    if row.owner_boot_id != boot_id:
+    boot, _, namespace = row.owner_boot_id.partition("/")
+    own_boot, _, own_namespace = boot_id.partition("/")
+    if boot != own_boot:
         return False  # this machine restarted since: that process is gone
+    if namespace and namespace != own_namespace:
+        # Another pid namespace of this machine (`PROCESS_BOOT`): its pids are not ours
+        # to look up; only the lease's lock can tell.
+        return None if lock_file is None else lease_held(lock_file) is not False
     started = process_start_time(row.owner_pid)
     if started < 0:
         return False

@@ -63,7 +63,7 @@ from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_stat
 from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
-from .leases import identity
+from .leases import PROCESS_BOOT, identity
 from .log import SegmentLog
 from .retention import (
     SummaryCache,
@@ -583,9 +583,7 @@ class Planner:
         position = self.next_position
         staging_id = f"\x00import\x00{position}"
         importer = identity()
-        record = meta.staged(
-            staging_id, source_store, exported_at_ms, importer, self.boot_id.decode()
-        )
+        record = meta.staged(staging_id, source_store, exported_at_ms, importer, PROCESS_BOOT)
         self._emit(record)
         row = SessionRow.staged_from(record, position)
         through = 0
