@@ -22,6 +22,7 @@ from journal import (
     Journal,
     OutcomeUnknown,
     OwnerBusy,
+    RetentionPolicy,
     SessionNotWritable,
     StoreUnavailable,
 )
@@ -350,6 +351,48 @@ def test_a_settled_turn_stays_settled_after_retention_and_a_rebuild(tmp_path: Pa
         with j.own("s"):
             pass
         assert j.get_session("s").last_ordinal == before  # nothing invented
+        assert j.verify().ok
+
+
+def test_an_older_turns_start_left_by_compaction_does_not_reopen_it_in_a_rebuild(
+    tmp_path: Path,
+) -> None:
+    """Pinning the latest turn event is not enough when an older turn's `turn_started`
+    survives compaction (in a compressed segment with few dead bytes) while its result
+    and the next turn's start (in another segment) are dropped: a rebuild met the lone
+    start, then the next turn's result, and kept the older turn open. Found by a soak:
+    verify() reported a healthy store's session as differing from the log."""
+    big = b'{"x":"' + b"y" * 3000 + b'"}'
+    options: dict[str, Any] = {
+        "durability": "os",
+        "segment_bytes": 8192,
+        "retention": RetentionPolicy(max_history_bytes=None),
+    }
+    with Journal.open(tmp_path, **options) as j:
+        j.create_session("s")
+        j.create_session("keep")  # live data beside the turn events
+        with j.own("s") as owner:
+            first = owner.turn("r1").__enter__()
+            for _ in range(3):
+                j.append("keep", [EventIn("message", big)])
+            j.compact()  # the segment of r1's start: compressed, r1's start kept (pinned)
+            first.__exit__(None, None, None)
+            with owner.turn("r2"):
+                for _ in range(3):  # r1's result and r2's start: sealed in another segment
+                    j.append("keep", [EventIn("message", big)])
+            j.compact_session("s", j.get_session("s").last_ordinal, b"snap")
+            j.compact()  # drops r1's result and r2's start; r1's start stays (few dead bytes)
+        assert j.get_session("s").open_turn is None
+        report = j.verify()
+        assert report.ok, report.problems
+    shutil.rmtree(tmp_path / "index")
+    os.unlink(tmp_path / "view-boot")
+    with Journal.open(tmp_path, **options) as j:
+        assert j.get_session("s").open_turn is None
+        before = j.get_session("s").last_ordinal
+        with j.own("s"):
+            pass
+        assert j.get_session("s").last_ordinal == before  # no failed result invented
         assert j.verify().ok
 
 

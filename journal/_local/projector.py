@@ -77,6 +77,9 @@ class Projection:
         # The state index entry (state, session id) each loaded row has in the view.
         self._listed: dict[int, tuple[int, str]] = {}
         self.nearest_new_deadline: int | None = None  # of the deadlines flushed
+        # Incarnations with events missing since their last turn event seen (a compacted
+        # log): their open turn is what the next turn event says (`_turn_event`).
+        self._turn_gaps: set[int] = set()
 
     def adopt(self, row: SessionRow) -> None:
         """Use a row read from this very transaction instead of reading it again."""
@@ -191,6 +194,7 @@ class Projection:
             # Only a compacted log has gaps: what came before is not retained.
             row.first_ordinal = max(row.first_ordinal, first)
             self._trim(row)
+            self._turn_gaps.add(incarnation)
         if first_in_frame:
             self.view.events.put(
                 self.txn, incarnation, first, segment, frame_offset, row.appended_bytes, timestamp
@@ -233,6 +237,7 @@ class Projection:
                         # Only a compacted log has gaps: what came before is not retained.
                         row.first_ordinal = max(row.first_ordinal, record.ordinal)
                         self._trim(row)
+                        self._turn_gaps.add(current)
                     if current not in indexed:
                         indexed.add(current)
                         self._index_frame(row, record.ordinal, info, record)
@@ -314,7 +319,9 @@ class Projection:
                         self._unpin(row.trim_position)
                     row.trim_position = position
                     self._pin(position, row.incarnation)
-                    row.last_ordinal = max(row.last_ordinal, record.first_ordinal - 1)
+                    if record.first_ordinal - 1 > row.last_ordinal:  # (dropped events)
+                        self._turn_gaps.add(row.incarnation)
+                        row.last_ordinal = record.first_ordinal - 1
                     if record.first_ordinal > row.first_ordinal:
                         row.first_ordinal = record.first_ordinal
                         self._trim(row)
@@ -328,7 +335,9 @@ class Projection:
                     row.snapshot_segment = info.segment
                     row.snapshot_offset = info.offset
                     self._pin(position, row.incarnation)
-                    row.last_ordinal = max(row.last_ordinal, record.through_ordinal)
+                    if record.through_ordinal > row.last_ordinal:  # (dropped events)
+                        self._turn_gaps.add(row.incarnation)
+                        row.last_ordinal = record.through_ordinal
                     if record.through_ordinal + 1 > row.first_ordinal:
                         row.first_ordinal = record.through_ordinal + 1
                         self._trim(row)
@@ -390,7 +399,14 @@ class Projection:
             self._unpin(row.turn_position)
         row.turn_position = position
         self._pin(position, row.incarnation)
-        row.turn_request_id = open_turn_after(row.turn_request_id, record.type, record.request_id)
+        open_turn = row.turn_request_id
+        if row.incarnation in self._turn_gaps:
+            # Turn events before this one were dropped with the gap (only the latest is
+            # pinned): an older turn's surviving start says nothing. A turn's result is
+            # written only while it is the open turn, so this event alone tells.
+            self._turn_gaps.discard(row.incarnation)
+            open_turn = record.request_id
+        row.turn_request_id = open_turn_after(open_turn, record.type, record.request_id)
 
     def _owner_record(self, row: SessionRow, position: int) -> None:
         """The latest owner record is pinned (a rebuild must know the generation)."""
