@@ -83,10 +83,17 @@ class ReaderCache:
         return len(self._readers)
 
     def get(self, segment: int) -> SegmentReader:
-        """The open reader of `segment` (opened now if needed)."""
+        """The open reader of `segment` (opened now if needed). Opening one closes the
+        readers of earlier segments: a page reads positions in order, and a follower's
+        pages follow each other, so it never goes back to them (a page of a session
+        written slowly beside busy ones otherwise held a descriptor and a read buffer
+        for each of its segments)."""
         self._used.add(segment)
         reader = self._readers.get(segment)
         if reader is None:
+            for behind in [s for s in self._readers if s < segment]:
+                self._readers.pop(behind).close()
+                self._used.discard(behind)
             reader = self._readers[segment] = SegmentReader(self.directory, segment, self._ops)
         return reader
 
