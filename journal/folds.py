@@ -13,11 +13,13 @@ import logging
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeAlias, TypeVar, overload
 
 import msgspec
 
+from .abandoned import Detachable, close_when_dropped
 from .errors import CursorExpired, InvalidArgument, JournalClosed, JournalError, OrdinalConflict
 from .models import Event, EventIn, Snapshot
 
@@ -292,6 +294,10 @@ class Fold(Generic[StateT]):
         self._stored_at = 0  # the ordinal of the last snapshot or checkpoint seen or made
         self._failed_at = 0  # the ordinal an automatic checkpoint last failed at
         self._subscription: Subscription[Event] | None = None
+        # The follow subscription as the dropped-fold finalizer sees it (a restart after
+        # CursorExpired replaces it): the finalizer may not refer to the fold itself.
+        self._followed: list[Subscription[Event] | None] = [None]
+        self._dropped: Detachable | None = None
         self._on_error = on_error
         self._following = follow  # (until closed, or an error ends it: `following`)
         with self._lock:
@@ -302,6 +308,16 @@ class Fold(Generic[StateT]):
         if follow:
             with self._lock:  # (a restart on the delivery thread waits for this)
                 self._subscription = self._follow()
+            followed = self._followed
+            # Dropped while following: stop (the delivery thread would fold every later
+            # event into a state nobody can read, for the life of the process).
+            self._dropped = close_when_dropped(
+                self,
+                lambda: _close_followed(followed),
+                f"the fold of {session_id!r} was dropped while following and stops "
+                "following now: close() it, or use `with journal.fold(...) as fold:`",
+                lambda: _open_followed(followed),
+            )
 
     def __repr__(self) -> str:
         return f"<Fold of {self.session_id!r} at ordinal {self._ordinal}, version {self.version!r}>"
@@ -473,9 +489,26 @@ class Fold(Generic[StateT]):
         return self._apply(state, event)
 
     def _follow(self) -> Subscription[Event]:
-        return self._journal.subscribe(
-            self.session_id, self._deliver, cursor=self.cursor, on_error=self._follow_failed
+        # The listener refers to the fold weakly, so a fold dropped without close() is
+        # collected (and its subscription closed: `close_when_dropped` above).
+        listener = weakref.WeakMethod(self._deliver)
+        handler = weakref.WeakMethod(self._follow_failed)
+
+        def deliver(event: Event) -> None:
+            method = listener()
+            if method is not None:
+                method(event)
+
+        def failed(error: BaseException) -> None:
+            method = handler()
+            if method is not None:
+                method(error)
+
+        subscription = self._journal.subscribe(
+            self.session_id, deliver, cursor=self.cursor, on_error=failed
         )
+        self._followed[0] = subscription
+        return subscription
 
     def _follow_failed(self, error: BaseException) -> None:
         """The follow subscription ended with `error` (on the delivery thread). History
@@ -702,6 +735,8 @@ class Fold(Generic[StateT]):
         with self._lock:
             self._following = False
             subscription = self._subscription
+        if self._dropped is not None:
+            self._dropped.detach()
         if subscription is not None:
             subscription.close()
 
@@ -710,3 +745,14 @@ class Fold(Generic[StateT]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_followed(followed: list[Subscription[Event] | None]) -> None:
+    subscription = followed[0]
+    if subscription is not None:
+        subscription.close()
+
+
+def _open_followed(followed: list[Subscription[Event] | None]) -> bool:
+    subscription = followed[0]
+    return subscription is not None and not subscription.closed

@@ -6,6 +6,7 @@ applied in order; a reopen restores identical state; a changed reducer version r
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import subprocess
@@ -34,6 +35,7 @@ from journal import (
     JsonCodec,
     OrdinalConflict,
     ReadOnlyStore,
+    Subscription,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -577,6 +579,39 @@ def test_follow_keeps_the_fold_current(j: Journal) -> None:
     j.append("s", value_events([5]))
     time.sleep(0.05)
     assert fold.ordinal == 4  # closed: no longer following
+
+
+def test_a_following_fold_dropped_without_close_stops_following(j: Journal) -> None:
+    """A `follow=True` fold dropped without close() kept its subscription: the delivery
+    thread held it (through its listener) and folded every later event into it for the
+    life of the process, so a runtime that folds per request and forgets close() grew
+    by a subscription and a state each time (found by a soak). It is closed when dropped
+    now, with a ResourceWarning, as a journal or an owner is."""
+    j.create_session("s")
+    j.append("s", value_events([1]))
+    counting = Counting()
+    with j.fold("s", counting, [0, 0], follow=True) as kept:  # closed: no warning
+        pass
+    del kept
+    for _ in range(20):
+        fold = j.fold("s", counting, [0, 0], follow=True)
+        with pytest.warns(ResourceWarning, match="'s' was dropped while following"):
+            del fold
+            gc.collect()
+    calls = counting.calls
+    seen: list[int] = []
+    sentinel = j.subscribe("s", lambda event: seen.append(event.ordinal))
+    j.append("s", value_events(list(range(10))))
+    deadline = time.monotonic() + WAIT_S
+    while seen[-1:] != [11]:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    sentinel.close()
+    time.sleep(0.1)
+    assert counting.calls == calls, f"dropped folds applied {counting.calls - calls} events"
+    while any(isinstance(o, Subscription) and not o.closed for o in gc.get_objects()):
+        assert time.monotonic() < deadline, "the dropped folds' subscriptions stay open"
+        time.sleep(0.01)
 
 
 def test_a_following_fold_goes_on_after_the_history_it_needed_was_compacted(
