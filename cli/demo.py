@@ -30,6 +30,7 @@ from .output import (
     Settings,
     event_record,
     event_text,
+    is_nats,
     lifecycle_record,
     lifecycle_text,
     pass_settings,
@@ -55,8 +56,10 @@ _TERMINAL = frozenset(
     "store_path",
     type=click.Path(file_okay=False),
     default=None,
-    help="Run on this store (kept afterwards) instead of a temporary one (removed). The "
-    "global --store is not used: the demo writes only where asked.",
+    metavar="STORE",
+    help="Run on this store (a directory, or nats://HOST:PORT/NAME; kept afterwards) instead "
+    "of a temporary one (removed). The global --store is not used: the demo writes only "
+    "where asked.",
 )
 @click.option(
     "--sessions",
@@ -120,7 +123,8 @@ def demo(
         return
     temporary = store_path is None
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
-    path = os.path.abspath(path)
+    if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
+        path = os.path.abspath(path)
     try:
         with journal.Journal.open(path, create=True) as store:
             Demo(store, path, settings.output, session_count, event_count, temporary).run()

@@ -1001,6 +1001,29 @@ def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
         assert marker in out, marker
 
 
+def test_the_demo_runs_on_a_nats_store_it_is_given(url: str, tmp_path: Path) -> None:
+    """`journal demo --store nats://...` runs on that store (kept); it made a local
+    directory named `nats:` in the working directory instead (found by a user trial)."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    store = f"{url}/{store_name(tmp_path)}"
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "demo", "--store", store, "--sessions", "1", "--events", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    assert f"store kept at {store}" in result.stdout, result.stdout[-500:]
+    with Journal.open(store) as j:
+        assert j.get_session("review-1").state is SessionState.RESOLVED
+
+
 def test_a_lost_ack_settled_while_the_leader_does_not_answer_is_not_written_twice(
     tmp_path: Path,
 ) -> None:
