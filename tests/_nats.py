@@ -58,6 +58,7 @@ class NatsServer:
         name: str,
         port: int | None = None,
         cluster: tuple[int, list[int]] | None = None,
+        jetstream: bool = True,
     ) -> None:
         self.root = root
         self.name = name
@@ -70,13 +71,16 @@ class NatsServer:
             f"listen: 127.0.0.1:{self.port}",
             f"server_name: {name}",
             f"max_payload: {MAX_PAYLOAD}",
-            "jetstream {",
-            f"  store_dir: {root / 'data' / name}",
-            "  sync_interval: always",
-            "  max_file_store: 8G",
-            "  max_memory_store: 256M",
-            "}",
         ]
+        if jetstream:  # (without: a plain NATS server, as an operator may point us at)
+            lines += [
+                "jetstream {",
+                f"  store_dir: {root / 'data' / name}",
+                "  sync_interval: always",
+                "  max_file_store: 8G",
+                "  max_memory_store: 256M",
+                "}",
+            ]
         if cluster is not None:
             route_port, peers = cluster
             routes = ", ".join(f"nats-route://127.0.0.1:{p}" for p in peers)

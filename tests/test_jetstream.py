@@ -199,6 +199,19 @@ def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:
         Journal.open(f"nats://127.0.0.1:{free_port()}", store=store_name(tmp_path))
 
 
+def test_a_server_without_jetstream_is_named_as_such_not_retried(tmp_path: Path) -> None:
+    """Nobody answers the JetStream API of a plain NATS server: the open said "a new
+    cluster may still be electing its leader: retry", which never helps (a user trial)."""
+    server = NatsServer(tmp_path, "plain", jetstream=False)
+    server.start()
+    try:
+        with pytest.raises(StoreUnavailable, match="without JetStream") as raised:
+            Journal.open(server.url, store="plain", create=True)
+        assert "retry" not in str(raised.value) and "jetstream {" in str(raised.value)
+    finally:
+        server.stop()
+
+
 def test_two_journals_on_one_store_share_sessions_and_cursor_keys(url: str, tmp_path: Path) -> None:
     name = store_name(tmp_path)
     with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:

@@ -19,6 +19,8 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+from nats.errors import NoRespondersError
+
 from cursors import KeyRing
 
 from ..engine import (
@@ -309,6 +311,12 @@ class JetStreamEngine:
         self.reader = StoreReader(conn, self.subjects)
         try:
             meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
+        except NoRespondersError:
+            raise StoreUnavailable(
+                f"the NATS servers at {self.location.rsplit('/', 1)[0]} run without "
+                "JetStream (nothing answers its API): enable it in their configuration "
+                "(a `jetstream { store_dir: DIR, sync_interval: always }` block, SPEC 16.1)"
+            ) from None
         except Unavailable as e:
             raise StoreUnavailable(
                 f"the NATS servers did not answer while opening store {options.store!r} "
