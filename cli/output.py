@@ -276,6 +276,12 @@ _CLI_HINTS: Final = (
     ),
     ("use get_session to inspect it", "`journal sessions show ID` shows it"),
     (
+        "look whether it did (get_session) before writing it again; an append retried "
+        "with the same idempotency key is safe",
+        "look whether it did (`journal sessions show ID`, `journal read`) before writing "
+        "it again; an append retried with the same --idempotency-key is safe",
+    ),
+    (
         "(for example Journal.open('nats://host:4222', store='agents'))",
         "(for example --store nats://host:4222/agents)",
     ),

@@ -1037,6 +1037,51 @@ def test_the_demo_runs_on_a_nats_store_it_is_given(url: str, tmp_path: Path) -> 
         assert j.get_session("review-1").state is SessionState.RESOLVED
 
 
+@pytest.mark.slow
+def test_writes_unanswered_in_an_outage_say_what_to_do(tmp_path: Path) -> None:
+    """Every write unanswered for 30 s said "retry with an idempotency key, which makes
+    the retry safe": advice an owner's release (asked again in the background already,
+    and a no-op when called again) and a transition or turn cannot take (a user trial
+    with the server killed under an owner)."""
+    server = NatsServer(tmp_path, "lone")
+    server.start()
+    wait_for_jetstream([server.url])
+    try:
+        with Journal.open(server.url, store="outage") as j:
+            j.create_session("s")
+            j.create_session("t")
+            owner = j.own("s")
+            server.kill()
+            errors: dict[str, BaseException] = {}
+
+            def attempt(name: str, call: Any) -> None:
+                try:
+                    call()
+                except StoreUnavailable as e:
+                    errors[name] = e
+
+            threads = [
+                threading.Thread(target=attempt, args=("release", owner.release)),
+                threading.Thread(target=attempt, args=("resolve", lambda: j.resolve_session("t"))),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            assert set(errors) == {"release", "resolve"}, errors
+            released, resolved = str(errors["release"]), str(errors["resolve"])
+            assert "idempotency" not in released and "asked again" in released, released
+            assert "get_session" in resolved and "same idempotency key" in resolved, resolved
+            server.start()
+            wait_for_jetstream([server.url])
+            deadline = time.monotonic() + 15
+            while j.get_session("s").owner is not None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert j.get_session("s").owner is None  # (the release, asked again, landed)
+    finally:
+        server.stop()
+
+
 def test_a_lost_ack_settled_while_the_leader_does_not_answer_is_not_written_twice(
     tmp_path: Path,
 ) -> None:

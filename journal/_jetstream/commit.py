@@ -293,8 +293,9 @@ class Committer:
         return StoreUnavailable(
             f"no reply from JetStream for {WRITE_S:g} s writing to session "
             f"{session_id!r}; the write is not known to have committed (a batch "
-            "still in flight may yet commit): check the servers and retry with "
-            "an idempotency key, which makes the retry safe"
+            "still in flight may yet commit): check the servers, then look whether it "
+            "did (get_session) before writing it again; an append retried with the "
+            "same idempotency key is safe (it returns the committed result)"
         )
 
     def _stamped(

@@ -253,7 +253,11 @@ class JetStreamLease:
             pass  # closing: the heartbeat stops and the lease lapses
         except StoreUnavailable:
             engine.release_later(release)  # (another process would wait for our exit)
-            raise
+            raise StoreUnavailable(
+                f"no reply from JetStream releasing the lease of session "
+                f"{self.session_id!r}: the release is asked again every second until it is "
+                "recorded (or this journal closes), so there is nothing to retry"
+            ) from None
         finally:
             engine.forget(self)
 
