@@ -23,6 +23,7 @@ from .output import (
     Output,
     Settings,
     embedded,
+    is_nats,
     pass_settings,
     plural,
     require_stream,
@@ -274,6 +275,12 @@ def import_(
     The archive is checked whole before anything is written (exit 4 with a reason when
     it is invalid); its sessions then appear together, as new sessions of this store.
     """
+    if is_nats(settings.store):  # (before the archive is looked at, as the library does)
+        raise journal.Unsupported(
+            "`journal import` is not available on a nats:// store: import the archive into "
+            "a local store (`journal --store DIR import FILE`), or write its events with "
+            "`journal append`"
+        )
     output = settings.output
     limits = ArchiveLimits(
         max_content_bytes=max_bytes, max_record_bytes=max_record_bytes, max_sessions=max_sessions

@@ -835,6 +835,21 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     assert code == 2 and refused[0]["error"]["code"] == "USAGE"  # (every USAGE exits 2)
 
 
+def test_the_command_line_refusing_import_names_its_commands(url: str, tmp_path: Path) -> None:
+    """SPEC 13: CLI messages name commands where the library's name Python calls; the
+    refused import said "import_sessions ... replay its events with append()"."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    store = f"{url}/{store_name(tmp_path)}"
+    assert CliRunner().invoke(main, ["--store", store, "init"]).exit_code == 0
+    refused = CliRunner().invoke(main, ["--store", store, "import", str(tmp_path / "a.sja")])
+    assert refused.exit_code == 7, refused.output
+    assert "import_sessions" not in refused.stderr and "append()" not in refused.stderr
+    assert "`journal import`" in refused.stderr and "`journal append`" in refused.stderr
+
+
 # -- owners: a dead owner on another host is told by its lapsed heartbeat --------------------
 
 _OWNER_ELSEWHERE = """
