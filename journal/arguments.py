@@ -498,7 +498,10 @@ def check_listing(page_size: object, state: object) -> int:
     if type(page_size) is not int or page_size < 1:
         raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
     if state is not None and not isinstance(state, SessionState):
-        raise InvalidArgument(f"state must be a SessionState or None, got {state!r}")
+        hint = ""
+        if isinstance(state, str) and state in {s.value for s in SessionState}:
+            hint = f": pass SessionState.{state.upper()} (or SessionState({state!r}))"
+        raise InvalidArgument(f"state must be a SessionState or None, got {state!r}{hint}")
     return min(page_size, MAX_PAGE_SIZE)
 
 

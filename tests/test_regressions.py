@@ -1386,3 +1386,16 @@ def test_a_store_whose_store_json_is_lost_is_refused_and_left_unchanged(
     (tmp_path / "store.json").rename(store / "store.json")
     with Journal.open(store, readonly=readonly) as j:
         assert [e.data for e in j.replay("s")] == [b"x"]
+
+
+def test_a_state_filter_given_as_its_name_says_which_member_to_pass(tmp_path: Path) -> None:
+    """`list_sessions(state="open")` said only "state must be a SessionState or None"
+    (a new-user trial passed the name the CLI prints); it now names the member."""
+    with Journal.open(tmp_path / "s", create=True) as j:
+        with pytest.raises(journal.InvalidArgument) as raised:
+            list(j.list_sessions(state="suspended"))  # type: ignore[arg-type]
+        assert "pass SessionState.SUSPENDED (or SessionState('suspended'))" in str(raised.value)
+        with pytest.raises(journal.InvalidArgument) as raised:
+            list(j.list_sessions(state="sleeping"))  # type: ignore[arg-type]
+        assert str(raised.value).endswith("got 'sleeping'")
+        assert [m.session_id for m in j.list_sessions(state=SessionState("open"))] == []
