@@ -264,8 +264,16 @@ def _octal_mode(value: str | None) -> int | None:
     "directories get x where it has r: 0640 -> 0750). Given for an existing store, it "
     "applies to files created from then on.",
 )
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 5),
+    default=None,
+    metavar="N",
+    help="nats:// stores only: how many servers of the cluster keep the stream init "
+    "creates (default 1; 3 on a 3-node cluster). An existing stream keeps its own.",
+)
 @pass_settings
-def init(settings: Settings, file_mode: str | None) -> None:
+def init(settings: Settings, file_mode: str | None, replicas: int | None) -> None:
     """Create the store (if it does not exist yet) and print its path."""
     mode = _octal_mode(file_mode)
     if is_nats(settings.store):
@@ -279,10 +287,17 @@ def init(settings: Settings, file_mode: str | None) -> None:
         try:
             journal.Journal.open(settings.store, create=False).close()
         except journal.StoreNotFound:
-            journal.Journal.open(settings.store, create=True).close()
+            journal.Journal.open(settings.store, create=True, replicas=replicas or 1).close()
             created = True
         settings.output.emit({"store": settings.store, "created": created}, settings.store)
         return
+    if replicas is not None:
+        raise CommandFailed(
+            "--replicas is for nats:// stores (--store nats://HOST:PORT/NAME): a store "
+            "on disk has no replicas",
+            code="USAGE",
+            status="INVALID_ARGUMENT",
+        )
     # (abspath("") is the current directory: an empty path goes to the library, which
     # refuses it, as every other command does.)
     path = os.path.abspath(settings.store) if settings.store else ""

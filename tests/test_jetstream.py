@@ -1680,3 +1680,24 @@ def test_closing_a_journal_in_an_outage_does_not_wait_for_the_waiters_head_read(
         assert took < 1.0, f"close() took {took:.1f} s"
     finally:
         server.stop()
+
+
+def test_init_creates_the_stream_with_the_replicas_asked(url: str, tmp_path: Path) -> None:
+    """`journal init` always created a nats:// store's stream with replicas 1, and could
+    not be told otherwise (a user trial on a 3-node cluster): `--replicas N` reaches the
+    stream's creation (this single server refuses 3, saying why), and is a usage error
+    for a store on disk."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    store = f"{url}/{store_name(tmp_path)}"
+    refused = CliRunner().invoke(main, ["--store", store, "init", "--replicas", "3"])
+    assert refused.exit_code != 0 and "replicas=3" in refused.stderr, refused.stderr
+    made = CliRunner().invoke(
+        main, ["--store", store, "--format", "json", "init", "--replicas", "1"]
+    )
+    assert made.exit_code == 0 and '"created":true' in made.output, made.output
+    local = CliRunner().invoke(main, ["--store", str(tmp_path / "d"), "init", "--replicas", "3"])
+    assert local.exit_code == 2 and "--replicas is for nats:// stores" in local.stderr
+    assert not (tmp_path / "d").exists()
