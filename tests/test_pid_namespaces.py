@@ -6,6 +6,7 @@ it is not root); it skips where such a namespace cannot be made."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 from journal import EventIn, Journal
 
 ROOT = Path(__file__).resolve().parent.parent
+_UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
+_ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 
 
 def _in_another_pid_namespace(script: str, *args: str) -> str:
@@ -24,11 +27,11 @@ def _in_another_pid_namespace(script: str, *args: str) -> str:
     command = [sys.executable, "-c", textwrap.dedent(script), *args]
     try:
         done = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", *command],
+            [*_UNSHARE, *command],
             capture_output=True,
             text=True,
             timeout=120,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            env=_ENV,
         )
     except FileNotFoundError:
         pytest.skip("no unshare(1)")
@@ -97,3 +100,63 @@ def test_a_live_owner_is_busy_for_an_own_in_another_pid_namespace(tmp_path: Path
             )
             assert out == "busy\n"
         assert j.get_session("s").owner is None
+
+
+def test_an_owner_with_the_same_pid_in_another_pid_namespace_is_not_this_process(
+    tmp_path: Path,
+) -> None:
+    """JetStream: two containers of one machine whose programs are both pid 1 (as a
+    container's main process usually is), sharing a host name. The `own()` in the second
+    found the session held by pid 1 on its own host name and said "owned by this process
+    already" (the pid and host alone named it: SPEC 7.8 names the pid namespace too), so
+    the advice was to release an Owner this process never had."""
+    pytest.importorskip("nats")
+    from _nats import shared_server
+
+    store = "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    url = shared_server().url
+    with Journal.open(url, store=store, create=True) as j:
+        j.create_session("s")
+    holding = """
+        import os, sys
+        from journal import Journal
+
+        with Journal.open(sys.argv[1], store=sys.argv[2]) as j:
+            with j.own("s"):
+                print(os.getpid(), flush=True)
+                sys.stdin.readline()
+    """
+    holder = subprocess.Popen(
+        [*_UNSHARE, sys.executable, "-c", textwrap.dedent(holding), url, store],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_ENV,
+    )
+    try:
+        assert holder.stdout is not None and holder.stderr is not None
+        line = holder.stdout.readline()
+        if not line and "unshare:" in (error := holder.stderr.read()):
+            pytest.skip(f"cannot make a pid namespace here: {error.strip()}")
+        assert line == "1\n", holder.stderr.read()[-2000:]  # (its main process: pid 1)
+        out = _in_another_pid_namespace(
+            """
+            import os, sys
+            from journal import Journal, OwnerBusy
+
+            with Journal.open(sys.argv[1], store=sys.argv[2]) as j:
+                try:
+                    with j.own("s", wait_s=0):
+                        print("owned")
+                except OwnerBusy as e:
+                    print(os.getpid(), e.pid, "this process" in str(e))
+            """,
+            url,
+            store,
+        )
+        assert out == "1 1 False\n"
+    finally:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        holder.wait(60)

@@ -579,7 +579,9 @@ class Writer(Committer):
                     op.session_id,
                     row.owner_pid,
                     f"pid {row.owner_pid} on {row.owner_host}",
-                    (row.owner_pid, row.owner_host) == (op.pid, op.host),
+                    # (The pid namespace too: containers' main processes are all pid 1.)
+                    (row.owner_pid, row.owner_host, row.owner_boot_id)
+                    == (op.pid, op.host, op.boot_id),
                 )
             if row.session_state.terminal:
                 raise SessionNotWritable(
