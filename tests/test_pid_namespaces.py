@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from journal import EventIn, Journal
+from journal._local.leases import BOOT_ID, PROCESS_BOOT
 
 ROOT = Path(__file__).resolve().parent.parent
 _UNSHARE = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
@@ -160,3 +163,55 @@ def test_an_owner_with_the_same_pid_in_another_pid_namespace_is_not_this_process
         if holder.stdin is not None:
             holder.stdin.close()
         holder.wait(60)
+
+
+def test_records_of_the_initial_pid_namespace_name_the_boot_id_alone() -> None:
+    """Releases before 2026-12-03 recorded the boot id alone and judge a record by pid
+    only when its boot id equals theirs, whole. Had this release named the initial pid
+    namespace too, every such release on the host judged its owners and importers dead:
+    an older `journal watch` of a live owner's open turn raised OutcomeUnknown ("the
+    owner ... ended without settling turn"), and an older writer's open rolled back a
+    live import (both seen with the release of 952424e beside this one). So the host's
+    own processes record the boot id alone; other namespaces add theirs (SPEC 7.8)."""
+    namespace = os.readlink("/proc/self/ns/pid")
+    boot = BOOT_ID.decode()
+    # (The initial namespace is the kernel's PROC_PID_INIT_INO.)
+    expected = boot if namespace == "pid:[4026531836]" else f"{boot}/{namespace}"
+    assert expected == PROCESS_BOOT
+    # In a new pid namespace (a container), the namespace is named.
+    out = _in_another_pid_namespace(
+        """
+        import os
+        from journal._local.leases import PROCESS_BOOT
+
+        print(PROCESS_BOOT == PROCESS_BOOT.split("/")[0] + "/" + os.readlink("/proc/self/ns/pid"))
+        """
+    )
+    assert out == "True\n"
+
+
+def test_a_record_naming_no_namespace_is_the_initial_ones_for_another_namespace() -> None:
+    """A record of the boot id alone (the host's processes, and every process of releases
+    before 2026-12-03) names a pid of the initial namespace: from a container its pid
+    names nobody, or somebody else, so it is judged as another namespace's (there by
+    the lock; an importer's staged rows, which have none, count as alive). It was judged
+    by its pid, so a writer opened in a container rolled back the live import of a host
+    process of an older release."""
+    host = socket.gethostname()
+    out = _in_another_pid_namespace(
+        """
+        import sys
+        from journal._local.leases import PROCESS_BOOT, owner_alive
+        from journal.sessions import SessionRow
+
+        row = SessionRow(
+            "s", 1, 0, "m", None, {}, {}, 0, None, 1, 0, None, 0, None, 1,
+            owner_pid=int(sys.argv[1]), owner_host=sys.argv[2], owner_boot_id=sys.argv[3],
+        )
+        print(owner_alive(row, sys.argv[2], PROCESS_BOOT))
+        """,
+        str(os.getpid()),  # (a live process here, a pid nobody has there)
+        host,
+        BOOT_ID.decode(),
+    )
+    assert out == "None\n"

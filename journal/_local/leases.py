@@ -28,6 +28,7 @@ from .files import FileOps, Permissions, open_regular
 
 __all__ = [
     "BOOT_ID",
+    "INITIAL_PID_NAMESPACE",
     "PROCESS_BOOT",
     "LocalLease",
     "acquire_operation",
@@ -38,6 +39,7 @@ __all__ = [
     "lease_held",
     "lock_path",
     "owner_alive",
+    "process_boot",
     "process_start_time",
     "remove_evicted_locks",
     "remove_lock",
@@ -74,14 +76,25 @@ def _read_pid_namespace() -> str:
         return ""
 
 
+# The initial pid namespace (the kernel's PROC_PID_INIT_INO): the host's own processes.
+INITIAL_PID_NAMESPACE: Final = "pid:[4026531836]"
+
+
+def process_boot(boot_id: str, namespace: str) -> str:
+    """What a record names as the boot of a process of `namespace` (`PROCESS_BOOT`)."""
+    if not boot_id or namespace in ("", INITIAL_PID_NAMESPACE):
+        return boot_id
+    return f"{boot_id}/{namespace}"
+
+
 # What owner and importer records name as their process's boot: the machine's boot id
-# and, after a slash, this process's pid namespace. A pid names a process only within
-# its namespace, and containers of one machine sharing a store often share its boot id
-# and host name (a Kubernetes pod's, `--network host`): a pid checked from another
-# namespace names nobody, or somebody else.
-PROCESS_BOOT: Final = (
-    f"{BOOT_ID.decode()}/{_read_pid_namespace()}" if BOOT_ID else ""
-).removesuffix("/")
+# and, after a slash, this process's pid namespace unless it is the initial one. A pid
+# names a process only within its namespace, and containers of one machine sharing a
+# store often share its boot id and host name (a Kubernetes pod's, `--network host`): a
+# pid checked from another namespace names nobody, or somebody else. The initial
+# namespace's records name the boot id alone, as releases before 2026-12-03 wrote them
+# all and compare them (whole): those read the host's records of this release as theirs.
+PROCESS_BOOT: Final = process_boot(BOOT_ID.decode(), _read_pid_namespace())
 
 
 def process_start_time(pid: int) -> int:
@@ -143,9 +156,9 @@ def owner_alive(
     own_boot, _, own_namespace = boot_id.partition("/")
     if boot != own_boot:
         return False  # this machine restarted since: that process is gone
-    if namespace and namespace != own_namespace:
-        # Another pid namespace of this machine (`PROCESS_BOOT`): its pids are not ours
-        # to look up; only the lease's lock can tell.
+    if namespace != own_namespace:
+        # Another pid namespace of this machine (`PROCESS_BOOT`; none named: the initial
+        # one): its pids are not ours to look up; only the lease's lock can tell.
         return None if lock_file is None else lease_held(lock_file) is not False
     started = process_start_time(row.owner_pid)
     if started < 0:
