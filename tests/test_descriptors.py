@@ -560,3 +560,33 @@ def test_journals_dropped_without_close_are_closed_and_the_store_reopens(tmp_pat
     assert threading.active_count() <= before_threads
     assert under(open_fds(), store) == under(before, store) == []
     assert fd_count() <= len(before) + SLACK
+
+
+def test_an_export_of_many_sessions_keeps_one_segment_open(tmp_path: Path) -> None:
+    """An export reads session after session, each from its first segment on: going
+    back to an earlier segment closed the readers behind it only, so the ones ahead,
+    left by the sessions before, stayed open until a later segment was opened. An export
+    of 20 sessions written in turn beside a busy one held 21 segment files by its end,
+    one more per session (up to every segment of the store), where SPEC 7.5 says an
+    export keeps one."""
+    store = tmp_path / "store"
+    names = [f"slow{k}" for k in range(20)]
+    with open_small(store, retention=RetentionPolicy(max_history_bytes=None)) as j:
+        for name in [*names, "busy"]:
+            j.create_session(name)
+        for i in range(60):
+            for name in names:
+                j.append(name, [EventIn("e", payload(i))])
+            for _ in range(4):  # fills a 16 KiB segment
+                j.append("busy", [EventIn("e", payload(i, 4000))])
+        assert len(segment_files(store)) >= 60
+        before = len(under(open_fds(), segments_dir(store)))
+        held: list[int] = []
+        j.export_sessions(
+            names,
+            tmp_path / "slow.sja",
+            progress=lambda done, total: held.append(
+                len(under(open_fds(collect=False), segments_dir(store)))
+            ),
+        )
+        assert len(held) >= len(names) and max(held) <= before + 1, held

@@ -84,16 +84,17 @@ class ReaderCache:
 
     def get(self, segment: int) -> SegmentReader:
         """The open reader of `segment` (opened now if needed). Opening one closes the
-        readers of earlier segments: a page reads positions in order, and a follower's
-        pages follow each other, so it never goes back to them (a page of a session
-        written slowly beside busy ones otherwise held a descriptor and a read buffer
-        for each of its segments)."""
+        others: a page reads positions in order, and a follower's pages follow each
+        other, so it never goes back to earlier segments (a page of a session written
+        slowly beside busy ones otherwise held a descriptor and a read buffer for each of
+        its segments); a later one is a previous page's, of another session (an export
+        reads session after session: kept, they piled up one per session)."""
         self._used.add(segment)
         reader = self._readers.get(segment)
         if reader is None:
-            for behind in [s for s in self._readers if s < segment]:
-                self._readers.pop(behind).close()
-                self._used.discard(behind)
+            for other in list(self._readers):
+                self._readers.pop(other).close()
+                self._used.discard(other)
             reader = self._readers[segment] = SegmentReader(self.directory, segment, self._ops)
         return reader
 
