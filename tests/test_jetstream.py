@@ -212,6 +212,25 @@ def test_a_server_without_jetstream_is_named_as_such_not_retried(tmp_path: Path)
         server.stop()
 
 
+def test_no_responders_after_the_api_answered_is_not_called_a_server_without_jetstream(
+    url: str, tmp_path: Path
+) -> None:
+    """A stream whose leader is not elected yet may answer a publish with "no responders"
+    as a server without JetStream answers its API: the open said "run without
+    JetStream" for any such answer during the open (a review); it now asks the API."""
+    from nats.errors import NoRespondersError
+
+    def point(where: str, detail: object) -> None:
+        if where == "open.identity":
+            raise NoRespondersError
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with pytest.raises(StoreUnavailable) as raised:
+        JetStreamEngine.open(options)
+    assert "without JetStream" not in str(raised.value), raised.value
+    assert "did not answer" in str(raised.value) and "retry" in str(raised.value)
+
+
 def test_two_journals_on_one_store_share_sessions_and_cursor_keys(url: str, tmp_path: Path) -> None:
     name = store_name(tmp_path)
     with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:

@@ -262,6 +262,17 @@ class JetStreamLease:
             engine.forget(self)
 
 
+def _jetstream_answers(conn: Connection) -> bool:
+    """Whether JetStream's API answers at all (`$JS.API.INFO`, the account's info)."""
+    try:
+        conn.call(conn.api("$JS.API.INFO"))
+    except NoRespondersError:
+        return False
+    except (*Unavailable, ApiError):
+        return True  # (something is there: a timeout or an error is not "not enabled")
+    return True
+
+
 def _boot_id() -> str:
     """The machine's boot id and this process's pid namespace (`PROCESS_BOOT`): a row of
     another namespace is judged by its heartbeat, as one of another host is."""
@@ -315,13 +326,16 @@ class JetStreamEngine:
         self.reader = StoreReader(conn, self.subjects)
         try:
             meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
-        except NoRespondersError:
-            raise StoreUnavailable(
-                f"the NATS servers at {self.location.rsplit('/', 1)[0]} run without "
-                "JetStream (nothing answers its API): enable it in their configuration "
-                "(a `jetstream { store_dir: DIR, sync_interval: always }` block, SPEC 16.1)"
-            ) from None
         except Unavailable as e:
+            # "No responders" from the JetStream API itself means it is not enabled; a
+            # stream without a leader yet can answer a publish the same way, so the API
+            # is asked once on its own before saying so.
+            if isinstance(e, NoRespondersError) and not _jetstream_answers(conn):
+                raise StoreUnavailable(
+                    f"the NATS servers at {self.location.rsplit('/', 1)[0]} run without "
+                    "JetStream (nothing answers its API): enable it in their configuration "
+                    "(a `jetstream { store_dir: DIR, sync_interval: always }` block, SPEC 16.1)"
+                ) from None
             raise StoreUnavailable(
                 f"the NATS servers did not answer while opening store {options.store!r} "
                 f"({type(e).__name__}; a new cluster may still be electing its leader): retry"

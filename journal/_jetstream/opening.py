@@ -51,6 +51,8 @@ async def bootstrap(
                 f"{stream}): create it with `journal init` or Journal.open(path, create=True)"
             ) from None
         await _create_stream(conn, subjects, options)
+    if options.point is not None:
+        options.point("open.identity", options.store)
     meta = await conn.msg_get({"last_by_subj": subjects.meta})
     if meta is None:
         if options.readonly:
