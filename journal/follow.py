@@ -50,12 +50,17 @@ class Pager(Protocol[ItemT]):
 EventPage = tuple[list[Event], bool, bool, int, SessionRow]
 
 # Called when a live follower has delivered everything and the session's last turn is
-# unsettled: (row, terminal, last event delivered or None) -> raises `OutcomeUnknown`
-# when the outcome is unknown, returns when the turn's owner is alive (or may be).
-UnsettledCheck = Callable[[SessionRow, bool, Event | None], None]
+# unsettled: (row, terminal, last event delivered or None, the row of a previous check
+# that found the owner gone or None) -> raises `OutcomeUnknown` when the outcome is
+# unknown; returns None when the turn's owner is alive (or may be), or the row to check
+# again after OWNER_RECHECK_S when it seems gone at a first look.
+UnsettledCheck = Callable[[SessionRow, bool, Event | None, SessionRow | None], SessionRow | None]
 
 # While a turn is open, how often a waiting follower checks that its owner is alive.
 OWNER_CHECK_S: Final = 0.1
+# How long after an owner first seemed gone a follower looks again, before it raises
+# `OutcomeUnknown` (a wait of the follower: an asyncio follower's loop goes on).
+OWNER_RECHECK_S: Final = 0.005
 
 
 class EventPager:
@@ -80,6 +85,8 @@ class EventPager:
         self._unsettled = unsettled
         self.last: Event | None = None
         self.wait_timeout: float | None = None
+        # The row of the last owner check when it found the owner gone (SPEC 7.8).
+        self._suspect: SessionRow | None = None
         # Whether a pager that is not `live` delivered every event (not cut short).
         self.finished = False
 
@@ -100,9 +107,12 @@ class EventPager:
             # only once drained.
             return events, None, False
         if self._unsettled is not None and row.turn_request_id is not None:
-            self._unsettled(row, terminal, self.last)
-            # Its owner is alive (or may be): wait for it, checking again now and then.
-            self.wait_timeout = OWNER_CHECK_S
+            self._suspect = self._unsettled(row, terminal, self.last, self._suspect)
+            # Its owner is alive (or may be): wait for it, checking again now and then;
+            # or it seems gone: look again soon.
+            self.wait_timeout = OWNER_CHECK_S if self._suspect is None else OWNER_RECHECK_S
+        else:
+            self._suspect = None
         if terminal:
             return [], None, True
         return [], seen, False

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -57,15 +56,24 @@ def result_data(result: dict[str, object]) -> bytes:
 
 
 def check_unsettled(
-    engine: Engine, start_cursor: str | None, row: SessionRow, terminal: bool, last: Event | None
-) -> None:
+    engine: Engine,
+    start_cursor: str | None,
+    row: SessionRow,
+    terminal: bool,
+    last: Event | None,
+    suspect: SessionRow | None,
+) -> SessionRow | None:
     """A live follower delivered everything and the last turn is unsettled: raise
     `OutcomeUnknown` if the session ended, or if the turn's owner is gone (checked
     twice, so an owner just taking over is not mistaken for a dead one; a check that
-    cannot tell counts as alive)."""
+    cannot tell counts as alive). `row` is the session's fresh row; `suspect` the row of
+    the follower's previous check when that found the owner gone (else None). Returns
+    the row to check again after `OWNER_RECHECK_S` when the owner seems gone for the
+    first time, else None. It never sleeps: the follower waits (an asyncio follower on
+    its loop, whose other tasks go on)."""
     request_id = row.turn_request_id
     if request_id is None:
-        return
+        return None
     cursor = last.cursor if last is not None else start_cursor
     if terminal:
         raise OutcomeUnknown(
@@ -77,17 +85,14 @@ def check_unsettled(
             session_ended=True,
         )
     if engine.owner_alive(row) is not False:
-        return
-    time.sleep(0.005)
-    again = engine.session(row.session_id)
+        return None
     if (
-        again is None
-        or again.incarnation != row.incarnation
-        or again.turn_request_id != request_id
-        or again.last_ordinal != row.last_ordinal
-        or engine.owner_alive(again) is not False
+        suspect is None
+        or suspect.incarnation != row.incarnation
+        or suspect.turn_request_id != request_id
+        or suspect.last_ordinal != row.last_ordinal
     ):
-        return  # something moved (or the owner lives): the next page tells
+        return row  # gone at a first look (or something moved since): look again soon
     raise OutcomeUnknown(
         f"the owner of session {row.session_id!r} ended without settling turn "
         f"{request_id!r}: the prompt may have executed; a new owner records it as "

@@ -3,6 +3,7 @@ turn's owner dies (a real process, SIGKILL) or the session ends mid-turn."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -529,3 +530,38 @@ def test_a_result_that_failed_to_be_recorded_is_recorded_before_the_next_turn(
     ]
     assert stored[2][2] == stored[5][2]
     assert json.loads(stored[2][2]) == json.loads(completed)
+
+
+def test_awatch_tasks_judging_a_gone_owner_do_not_hold_the_event_loop(tmp_path: Path) -> None:
+    """An owner gone mid-turn is checked twice, 5 ms apart, before `OutcomeUnknown`: that
+    pause is a wait of the follower, not a sleep on the loop. Until 2026-12-03 each
+    `awatch` task slept the 5 ms on its event loop: 1,000 of them held it 2.4 s in one
+    stretch and ended after 5.3 s (found by an asyncio runtime trial)."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        owner.turn("r-left").__enter__()
+        owner.release()  # the turn stays unsettled and its owner is gone
+
+        async def main() -> tuple[int, float]:
+            ended = 0
+
+            async def watch() -> None:
+                nonlocal ended
+                with pytest.raises(OutcomeUnknown):
+                    async for _ in j.awatch("s"):
+                        pass
+                ended += 1
+
+            longest = 0.0
+            tasks = [asyncio.create_task(watch()) for _ in range(200)]
+            while not all(t.done() for t in tasks):
+                start = time.monotonic()
+                await asyncio.sleep(0.001)
+                longest = max(longest, time.monotonic() - start)
+            await asyncio.gather(*tasks)
+            return ended, longest
+
+        ended, longest = asyncio.run(main())
+        assert ended == 200
+        assert longest < 0.4, f"the loop was held {longest:.3f} s"  # before: about 1 s
