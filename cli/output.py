@@ -509,7 +509,12 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
         pairs = (f"{shown(k)}={shown(v)}" for k, v in sorted(meta.tags.items()))
         parts.append("tags=" + ",".join(pairs))
     if meta.open_turn is not None:
-        parts.append(f"open-turn={shown(meta.open_turn)}" + ("" if meta.owner else " (no owner)"))
+        # An ended session cannot be owned: nobody will settle its turn (SPEC 7.8).
+        if meta.state.terminal:
+            mark = " (session ended, never settled)"
+        else:
+            mark = "" if meta.owner else " (no owner)"
+        parts.append(f"open-turn={shown(meta.open_turn)}{mark}")
     return "  ".join(parts)
 
 

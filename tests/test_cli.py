@@ -1475,6 +1475,27 @@ def test_sessions_list_and_show_name_a_turn_left_open(store: Path) -> None:
     assert "open-turn=r-open (no owner)" in listing
 
 
+def test_sessions_list_does_not_offer_an_ended_sessions_open_turn_to_a_new_owner(
+    store: Path,
+) -> None:
+    # An owner's session expired (or was cancelled) mid-turn: the turn stays unsettled for
+    # good, since an ended session cannot be owned, but the listing printed `(no owner)`,
+    # the mark README tells a supervisor to look for to settle turns with `own()` (which
+    # raises SessionNotWritable there). Found by a supervisor trial.
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("ended")
+        owner = j.own("ended")
+        owner.turn("r-ended").__enter__()
+        j.cancel_session("ended")
+        owner.release()
+        assert j.get_session("ended").open_turn == "r-ended"
+        with pytest.raises(journal.SessionNotWritable):
+            j.own("ended")
+    listing = invoke(store, "sessions", "list", fmt="text").stdout
+    assert "open-turn=r-ended (session ended, never settled)" in listing, listing
+    assert "(no owner)" not in listing
+
+
 def test_ndjson_data_that_looks_like_base64_is_base64_so_every_event_decodes(
     store: Path,
 ) -> None:
