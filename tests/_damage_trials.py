@@ -29,6 +29,8 @@ from journal import EventIn, Journal, JournalError, RetentionPolicy, SessionStat
 from journal._local.lmdbfile import pages_in_use
 
 SESSIONS = ("alpha", "beta", "gamma", "delta", "epsilon")
+# How long a lifecycle read waits for its startup snapshot before it takes it for empty.
+LIFECYCLE_WAIT_S = 30.0
 
 
 def build(store: str) -> None:
@@ -50,7 +52,7 @@ def build(store: str) -> None:
         j.create_session("scratch")
 
 
-def _reads(j: Journal) -> dict[str, Callable[[], Any]]:
+def reads(j: Journal) -> dict[str, Callable[[], Any]]:
     def listing_pages() -> list[str]:
         ids: list[str] = []
         token = None
@@ -62,13 +64,26 @@ def _reads(j: Journal) -> dict[str, Callable[[], Any]]:
                 return ids
 
     def lifecycle() -> list[str]:
+        # The startup snapshot (one page: all of it or nothing), then 0.3 s of the feed
+        # after it. The short stop is timed from the snapshot's arrival, not from the
+        # call: timed from the call (0.05 s, then 0.3 s), a process that a loaded machine
+        # did not run for that long had `stop` set before the snapshot was read, and the
+        # watch ended with nothing ("wrong []"), an answer the view never gave. A view
+        # whose snapshot is really empty still ends, after the long timer.
         stop = threading.Event()
-        timer = threading.Timer(0.3, stop.set)  # (a loaded machine needs time)
-        timer.start()
+        timers = [threading.Timer(LIFECYCLE_WAIT_S, stop.set)]
+        timers[0].start()
+        ids: list[str] = []
         try:
-            return sorted(e.session.session_id for e in j.watch_sessions(stop=stop))
+            for event in j.watch_sessions(stop=stop):
+                if not ids:
+                    timers.append(threading.Timer(0.3, stop.set))
+                    timers[-1].start()
+                ids.append(event.session.session_id)
+            return sorted(ids)
         finally:
-            timer.cancel()
+            for timer in timers:
+                timer.cancel()
 
     calls: dict[str, Callable[[], Any]] = {
         "list": lambda: [s.session_id for s in j.list_sessions()],
@@ -125,7 +140,7 @@ def _verify_outcome(j: Journal) -> str:
 
 def expected_answers(store: str) -> dict[str, Any]:
     with Journal.open(store, readonly=True) as j:
-        return {name: call() for name, call in _reads(j).items()}
+        return {name: call() for name, call in reads(j).items()}
 
 
 def _append(j: Journal) -> int:
@@ -167,7 +182,7 @@ def exercise(
         return {"open": f"raw {type(e).__name__}: {e}"[:200]}
     results: dict[str, str] = {}
     with j:
-        for name, call in _reads(j).items():
+        for name, call in reads(j).items():
             results[name] = _outcome(call, expected[name])
         results["verify"] = _verify_outcome(j)
         if not readonly:
@@ -176,7 +191,7 @@ def exercise(
             # After verify(fix=True) everything must read as before (with what was written).
             written = after[results["append"] == "correct", results["create"] == "correct"]
             results["fix"] = _outcome(lambda: j.verify(fix=True).fixed, True)
-            for name, call in _reads(j).items():
+            for name, call in reads(j).items():
                 results[f"fixed {name}"] = _outcome(call, written[name])
             results["fixed verify"] = _verify_outcome(j)
     return results
@@ -259,19 +274,19 @@ def while_open(store: str, mode: str) -> None:
                 )
         if mode == "truncate":
             # Seen by every transaction (the size check), before verify looks.
-            for name, call in _reads(j).items():
+            for name, call in reads(j).items():
                 results[name] = _outcome(call, expected[name])
         results["verify"] = _verify_outcome(j)
         # Other damage is seen by verify's check of the file (or LMDB): from then on no
         # call touches the file.
-        for name, call in _reads(j).items():
+        for name, call in reads(j).items():
             results[name] = _outcome(call, expected[name])
         results["append"] = _outcome(lambda: _append(j), 1)
         report = j.verify(fix=True)
         repaired = report.fixed and report.problems[0].segment == "index"
         results["fix"] = "correct" if repaired else repr(report)[:200]
         written = after[results["append"] == "correct", False]
-        for name, call in _reads(j).items():
+        for name, call in reads(j).items():
             results[f"fixed {name}"] = _outcome(call, written[name])
         results["fixed verify"] = _verify_outcome(j)
         results["fixed append"] = _outcome(lambda: _append(j), 1)

@@ -18,12 +18,14 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import zlib
 from pathlib import Path
 from typing import Any
 
 import lmdb
 import pytest
+from _damage_trials import reads
 from _view_entries import read_locations, replace_location, sealed_location
 
 from journal import EventIn, Journal, JournalCorrupt
@@ -309,3 +311,29 @@ def test_a_damaged_view_problem_names_the_way_out_once() -> None:
 
     for detail in (corrupt("a row fails its checksum").detail, "its data file is short"):
         assert view_problem(detail).what.count("verify --fix") == 1, detail
+
+
+class _Unhurried:
+    """A journal whose `watch_sessions` returns 0.5 s late: the trials' process as a
+    loaded machine may run it."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    def watch_sessions(self, cursor: str | None = None, stop: Any = None) -> Any:
+        time.sleep(0.5)
+        return self.journal.watch_sessions(cursor, stop)
+
+
+def test_the_trials_lifecycle_read_waits_for_its_snapshot(tmp_path: Path) -> None:
+    """The damage trials' lifecycle read (watch_sessions until a timer sets `stop`) timed
+    its stop from the call: a process not run for that long (0.3 s, the sweep on a loaded
+    machine) had `stop` set before the startup snapshot was read and got [] from a sound
+    private view, reported as "garbage in page 8: {'lifecycle': 'wrong []'}" although the
+    open had found the damage (page 8 is always an `events` page there, and garbage in it
+    fails the page-number check) and read through a private view, which answered right."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    with Journal.open(store, readonly=True) as j:
+        assert reads(j)["lifecycle"]() == ["a", "b"]
+        assert reads(_Unhurried(j))["lifecycle"]() == ["a", "b"]  # type: ignore[arg-type]
