@@ -318,8 +318,7 @@ class Journal:
         )
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
-        """OPEN -> SUSPENDED: appends are refused until resumed (expired once suspended
-        for the session's `max_suspend_ms`, 7 days by default)."""
+        """OPEN -> SUSPENDED: no appends until resumed; expires after `max_suspend_ms`."""
         return self._transition("suspend", session_id)
 
     def resume_session(self, session_id: str) -> SessionMetadata:

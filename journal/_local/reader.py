@@ -51,15 +51,17 @@ Carried = tuple[int, int, int, int, int, int, list[ReadRecord], int, int]
 
 
 class ReaderCache:
-    """The segment readers one reader of pages keeps open: a single `read()`, or a
-    follower across all its pages (so read-ahead survives from page to page).
+    """The segment reader one reader of pages keeps open: a single `read()`, or a
+    follower across all its pages (so read-ahead survives from page to page). It holds
+    one reader at a time: opening a segment closes the other one (a page reads positions
+    in order, and a follower's pages follow each other; a page of a session written
+    slowly beside busy ones otherwise held a descriptor and a read buffer for each of its
+    segments, and an export, reading session after session, one more per session). So a
+    follower at the head holds the active segment only, and keeps its read-ahead.
 
-    Context-managed: leaving it closes every reader. A page is bracketed by
-    `begin_page()`, which drops readers whose file was deleted or replaced meanwhile
-    (retention, compaction: their disk space is freed at once), and `end_page()`, which
-    closes the readers that page did not use (segments behind the reader's position); an
-    empty page (a follower at the head, waiting) keeps what it has, so a follower at the
-    head holds the active segment only, and keeps its read-ahead.
+    Context-managed: leaving it closes the reader. `begin_page()` drops it when its file
+    was deleted or replaced meanwhile (retention, compaction: the disk space is freed at
+    once).
 
     `lock` is held for a whole page: `close()` from another thread (the journal closing
     under a follower that is not being advanced) waits for a page in flight instead of
@@ -69,8 +71,7 @@ class ReaderCache:
         self.directory = directory
         self.lock = threading.Lock()
         self._ops = ops
-        self._readers: dict[int, SegmentReader] = {}
-        self._used: set[int] = set()
+        self._reader: SegmentReader | None = None
         self._carried: Carried | None = None
 
     def __enter__(self) -> ReaderCache:
@@ -80,22 +81,14 @@ class ReaderCache:
         self.close()
 
     def __len__(self) -> int:
-        return len(self._readers)
+        return 0 if self._reader is None else 1
 
     def get(self, segment: int) -> SegmentReader:
-        """The open reader of `segment` (opened now if needed). Opening one closes the
-        others: a page reads positions in order, and a follower's pages follow each
-        other, so it never goes back to earlier segments (a page of a session written
-        slowly beside busy ones otherwise held a descriptor and a read buffer for each of
-        its segments); a later one is a previous page's, of another session (an export
-        reads session after session: kept, they piled up one per session)."""
-        self._used.add(segment)
-        reader = self._readers.get(segment)
-        if reader is None:
-            for other in list(self._readers):
-                self._readers.pop(other).close()
-                self._used.discard(other)
-            reader = self._readers[segment] = SegmentReader(self.directory, segment, self._ops)
+        """The open reader of `segment` (opened now, closing the other, if needed)."""
+        reader = self._reader
+        if reader is None or reader.base_position != segment:
+            self._drop_reader()
+            reader = self._reader = SegmentReader(self.directory, segment, self._ops)
         return reader
 
     def carry(self, carried: Carried) -> None:
@@ -109,30 +102,25 @@ class ReaderCache:
 
     def begin_page(self, active_segment: int) -> None:
         """Start a page; `active_segment` is the log's active segment in the page's
-        snapshot. Only sealed segments are deleted or replaced, so only their readers are
-        checked (an fstat each: a follower at the head makes no system call here)."""
-        self._used.clear()
-        for segment, reader in list(self._readers.items()):
-            if segment != active_segment and reader.unlinked():
-                reader.close()
-                del self._readers[segment]
+        snapshot. Only sealed segments are deleted or replaced, so only their reader is
+        checked (an fstat: a follower at the head makes no system call here)."""
+        reader = self._reader
+        if reader is not None and reader.base_position != active_segment and reader.unlinked():
+            self._drop_reader()
 
-    def end_page(self) -> None:
-        if not self._used:
-            return  # nothing read: the position did not move
-        for segment in [s for s in self._readers if s not in self._used]:
-            self._readers.pop(segment).close()
+    def _drop_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
 
     def close(self) -> None:
         with self.lock:
             self.drop_all()
 
     def drop_all(self) -> None:
-        """Close every reader (the caller holds `lock`)."""
+        """Close the reader (the caller holds `lock`)."""
         self._carried = None
-        readers, self._readers = self._readers, {}
-        for reader in readers.values():
-            reader.close()
+        self._drop_reader()
 
 
 def read_page(
@@ -179,7 +167,6 @@ def read_page(
                 if attempt == 2:
                     raise
                 continue
-            readers.end_page()
             return page
     raise AssertionError("unreachable")
 
