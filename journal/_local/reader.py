@@ -108,6 +108,12 @@ class ReaderCache:
         if reader is not None and reader.base_position != active_segment and reader.unlinked():
             self._drop_reader()
 
+    def rest(self) -> None:
+        """A page ended at the session's last event: the reader keeps no large buffer
+        while its follower waits (`SegmentReader.rest`)."""
+        if self._reader is not None:
+            self._reader.rest()
+
     def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
@@ -167,6 +173,8 @@ def read_page(
                 if attempt == 2:
                     raise
                 continue
+            if not page.has_more:
+                readers.rest()
             return page
     raise AssertionError("unreachable")
 

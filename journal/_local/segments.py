@@ -85,6 +85,11 @@ __all__ = [
 _READ_CHUNK: Final = 1 << 20
 _FIRST_CHUNK: Final = 64 << 10  # a scan's first read (`_plain_frames`), doubled up to a chunk
 _ZEROS: Final = bytes(_READ_CHUNK)  # what the zeros after the active segment's data look like
+# The smallest read buffer a segment reader keeps (it grows, by powers of two, to
+# `_READ_CHUNK` as its reads need).
+_MIN_BUFFER: Final = 4096
+# A larger one is dropped when its reader's follower reaches the head (`rest`).
+_MIN_KEPT: Final = 64 << 10
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -189,6 +194,16 @@ class SegmentReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def rest(self) -> None:
+        """Drop a large read buffer and the chunk read into it: the page just read ended
+        at the session's last event, and its follower may wait at the head for long (a
+        thousand followers that caught up held a 1 MiB buffer each: 1 GiB). The next read
+        fills a buffer as large as it needs."""
+        if self._buffer is not None and len(self._buffer) > _MIN_KEPT:
+            self._buffer = None
+            self._chunk = b""
+            self._chunk_start = self._trusted_end = 0
 
     def __enter__(self) -> SegmentReader:
         return self
@@ -384,12 +399,15 @@ class SegmentReader:
         want = max(size, needed, 0)
         if want > _READ_CHUNK:
             buffer = bytearray(want)  # one large frame: not kept for the next chunk
-        elif self._buffer is not None:
+        elif self._buffer is not None and len(self._buffer) >= want:
             # Reused: the body `read_frame` returned last is a view of this buffer, which
             # is why its bytes are only valid until the next read on this reader.
             buffer = self._buffer
         else:
-            buffer = self._buffer = bytearray(_READ_CHUNK)
+            # As large as the reads need so far (a power of two, at least a page, at most
+            # `_READ_CHUNK`): a replay's chunks make it 1 MiB at once, while a follower at
+            # the head, reading what was just committed, keeps a small one.
+            buffer = self._buffer = bytearray(_buffer_size(want))
         window = memoryview(buffer)[:want]
         got = self._ops.pread_into(self._fd, window, offset)
         self._chunk = window[:got]
@@ -727,3 +745,8 @@ def _records(
 
 def _digest(name: str, info: FrameInfo, body: memoryview) -> FrameDigest:
     return digest_records(frame_records(name, info, body, decode_frame_body))
+
+
+def _buffer_size(want: int) -> int:
+    """The read buffer kept for a read of `want` bytes (at most `_READ_CHUNK`)."""
+    return min(max(_MIN_BUFFER, 1 << (want - 1).bit_length()), _READ_CHUNK)
