@@ -7,7 +7,9 @@ measured seconds, as a % of one core, nothing subtracted. The detail holds the n
 comparable with the waiter before it was shared (every watcher polled the head every
 4 ms: 50 idle watcher threads used about 30-50% of a core): 50 and 1,000 threads with
 and without a `stop` event, 1,000 asyncio tasks, the same 1,000 threads on the polling
-fallback (no inotify), and how often the waiter thread read the head.
+fallback (no inotify), and how often the waiter thread read the head. A second row:
+1,000 `awatch` tasks of one session whose owner is mid-turn (SPEC 7.8: one owner check
+per turn for all of them), and their memory once they replayed 2 MB each.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import threading
 import time
 
-from journal import Journal
+from journal import EventIn, Journal
 from journal._local.engine import LocalEngine, LocalOptions
 from journal.waiter import Notifier
 
@@ -84,6 +86,48 @@ def _tasks(j: Journal, count: int) -> float:
     return asyncio.run(measure())
 
 
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _mid_turn(j: Journal, count: int) -> tuple[float, float]:
+    """CPU % while `count` asyncio tasks follow one session whose owner (this process) is
+    mid-turn, and their RSS (anonymous, KiB per task) once they caught up on 2 MB."""
+    j.create_session("busy")
+    for _ in range(20):
+        j.append("busy", [EventIn("message", bytes(1000)) for _ in range(100)])
+    owner = j.own("busy")
+    turn = owner.turn("r-busy")
+    turn.__enter__()
+    before = _rss_anon_kib()
+
+    async def measure() -> tuple[float, float]:
+        async def follow() -> None:
+            async for _event in j.awatch("busy"):
+                pass
+
+        tasks = [asyncio.create_task(follow()) for _ in range(count)]
+        await asyncio.sleep(SETTLE_S + 1.0)  # (2 MB each to replay first)
+        rss = (_rss_anon_kib() - before) / count
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.sleep(MEASURE_S)
+        percent = 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return percent, rss
+
+    try:
+        return asyncio.run(measure())
+    finally:
+        turn.__exit__(None, None, None)
+        owner.release()
+
+
 def _opened(path: str, *, polling: bool = False) -> tuple[Journal, Notifier]:
     """The store on the local engine, and its waiter; `polling`: a waiter without a
     change source (it polls)."""
@@ -103,6 +147,7 @@ def rows(directory: str) -> list[Extra]:
         shared_stop, stop_reads = _threads(j, waiter, WATCHERS, threading.Event())
         fifty, _ = _threads(j, waiter, 50, threading.Event())
         tasks = _tasks(j, WATCHERS)
+        turn_cpu, turn_rss = _mid_turn(j, WATCHERS)
     j, waiter = _opened(path, polling=True)
     with j:
         polling, poll_reads = _threads(j, waiter, WATCHERS, None)
@@ -116,7 +161,13 @@ def rows(directory: str) -> list[Extra]:
         "head reads/s, with stop": stop_reads,
         "head reads/s, polling fallback": poll_reads,
     }
-    return [Extra("1,000 idle watchers, CPU", main, "% of one core", detail=detail)]
+    turn_detail = {"RSS per watcher after replaying 2 MB (KiB, anonymous)": turn_rss}
+    return [
+        Extra("1,000 idle watchers, CPU", main, "% of one core", detail=detail),
+        Extra(
+            "1,000 awatch of a turn in progress, CPU", turn_cpu, "% of one core", detail=turn_detail
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from .engine import Engine, PageReaders
 from .errors import SessionNotFound
 from .follow import EventPager
 from .models import Event, ReadContext
+from .owner_watch import OwnerWatch
 from .session_cursors import SessionCursors
 from .sessions import SessionRow
 from .turns import check_unsettled
@@ -18,13 +19,18 @@ __all__ = ["EventPages"]
 
 
 class EventPages:
-    """The event pages of a journal's engine, their cursors signed by `cursors`."""
+    """The event pages of a journal's engine, their cursors signed by `cursors`; its live
+    followers' owner checks (`OwnerWatch`) end with `close()`."""
 
-    __slots__ = ("_cursors", "_engine")
+    __slots__ = ("_cursors", "_engine", "_owners")
 
     def __init__(self, engine: Engine, cursors: SessionCursors) -> None:
         self._engine = engine
         self._cursors = cursors
+        self._owners = OwnerWatch(engine.owner_alive, engine.waiter.recheck)
+
+    def close(self) -> None:
+        self._owners.close()
 
     def page(
         self,
@@ -62,4 +68,4 @@ class EventPages:
         from (the unsettled-turn check of a live follower)."""
         page = partial(self.page, row, self._cursors.context(row), readers)
         unsettled = partial(check_unsettled, self._engine, cursor)
-        return EventPager(page, after, live, unsettled, page_bytes)
+        return EventPager(page, after, live, (unsettled, self._owners.watch), page_bytes)

@@ -128,6 +128,7 @@ class Journal:
     _cursors: SessionCursors
     _pages: EventPages
     _dropped: Detachable
+    _close_parts: Callable[[], None]
 
     def __init__(self) -> None:
         """Not for direct use: open a journal with `Journal.open(path, ...)`."""
@@ -189,23 +190,25 @@ class Journal:
         self._codec = TokenCodec(engine.key_ring)
         self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
         self._cursors = cursors = SessionCursors(engine, self._codec)
-        self._pages = EventPages(engine, cursors)
+        self._pages = pages = EventPages(engine, cursors)
         self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
         # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
         self._read_threads = threads = ReadThreads() if engine.reads_block else None
 
-        def close_dropped() -> None:
-            deliveries.close()
-            engine.close()
+        def close_parts() -> None:
+            deliveries.close()  # (joins the delivery thread before the engine closes)
+            pages.close()
+            engine.close()  # (cancels the reads in flight: section 16.4)
             if threads is not None:
                 threads.close()
 
         # Closed when garbage-collected without close() (SPEC 7): its thread, files and
         # the store's place in this process are not kept for the life of the process.
+        self._close_parts = close_parts
         self._dropped = close_when_dropped(
             self,
-            close_dropped,
+            close_parts,
             f"the journal of {engine.location!r} was dropped without close() and is closed "
             "now: use `with Journal.open(...) as journal:`",
         )
@@ -217,10 +220,7 @@ class Journal:
             return
         self._dropped.detach()
         self._closed = True
-        self._deliveries.close()  # joins the delivery thread before the engine closes
-        self._engine.close()  # (cancels the reads in flight: section 16.4)
-        if self._read_threads is not None:
-            self._read_threads.close()
+        self._close_parts()
 
     def __enter__(self) -> "Journal":
         return self

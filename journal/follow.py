@@ -56,8 +56,11 @@ EventPage = tuple[list[Event], bool, bool, int, SessionRow]
 # again after OWNER_RECHECK_S when it seems gone at a first look.
 UnsettledCheck = Callable[[SessionRow, bool, Event | None, SessionRow | None], SessionRow | None]
 
-# While a turn is open, how often a waiting follower checks that its owner is alive.
-OWNER_CHECK_S: Final = 0.1
+# Registers a live follower that waits for the unsettled turn of a (fresh) row with the
+# journal's shared owner checks (`owner_watch.OwnerWatch.watch`): they wake it when the
+# owner seems gone; the registration lasts while the returned object is held.
+WatchOwner = Callable[[SessionRow], object]
+
 # How long after an owner first seemed gone a follower looks again, before it raises
 # `OutcomeUnknown` (a wait of the follower: an asyncio follower's loop goes on).
 OWNER_RECHECK_S: Final = 0.005
@@ -74,7 +77,7 @@ class EventPager:
         read_page: Callable[[int, int], EventPage],
         after: int,
         live: bool,
-        unsettled: UnsettledCheck | None,
+        unsettled: tuple[UnsettledCheck, WatchOwner] | None,
         page_bytes: tuple[int, int],
     ) -> None:
         self._read_page = read_page
@@ -87,10 +90,13 @@ class EventPager:
         self.wait_timeout: float | None = None
         # The row of the last owner check when it found the owner gone (SPEC 7.8).
         self._suspect: SessionRow | None = None
+        # The registration with the shared owner checks while it waits for an owner.
+        self._watching: object = None
         # Whether a pager that is not `live` delivered every event (not cut short).
         self.finished = False
 
     def step(self) -> tuple[list[Event], int | None, bool]:
+        self._watching = None
         events, has_more, terminal, seen, row = self._read_page(self.after, self._page_bytes)
         self._page_bytes = self._later_bytes
         self.wait_timeout = None
@@ -107,10 +113,14 @@ class EventPager:
             # only once drained.
             return events, None, False
         if self._unsettled is not None and row.turn_request_id is not None:
-            self._suspect = self._unsettled(row, terminal, self.last, self._suspect)
-            # Its owner is alive (or may be): wait for it, checking again now and then;
-            # or it seems gone: look again soon.
-            self.wait_timeout = OWNER_CHECK_S if self._suspect is None else OWNER_RECHECK_S
+            check, watch_owner = self._unsettled
+            self._suspect = check(row, terminal, self.last, self._suspect)
+            if self._suspect is None:
+                # Its owner is alive (or may be): wait for the head to move, or for the
+                # journal's owner checks to find the owner gone.
+                self._watching = watch_owner(row)
+            else:
+                self.wait_timeout = OWNER_RECHECK_S  # it seems gone: look again soon
         else:
             self._suspect = None
         if terminal:
@@ -334,6 +344,7 @@ async def afollow(
     `threads` (the engine's reads wait on the network) each step runs in one of them, so
     the caller's loop goes on meanwhile."""
     while not closed():
+        epoch = waiter.epoch  # (before the step: a `recheck` during it is not lost)
         try:
             items, wait_past, done = await off_loop(threads, pager.step)
         except JournalClosed:
@@ -346,4 +357,4 @@ async def afollow(
         if done:
             return
         if wait_past is not None:
-            await waiter.await_change(wait_past, pager.wait_timeout)
+            await waiter.await_change(wait_past, pager.wait_timeout, epoch)

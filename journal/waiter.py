@@ -177,7 +177,9 @@ class Notifier:
             finally:
                 self._leave(stop)
 
-    async def await_change(self, seen: int, timeout: float | None = None) -> None:
+    async def await_change(
+        self, seen: int, timeout: float | None = None, epoch: int | None = None
+    ) -> None:
         """The asyncio twin of `wait` (without `stop`: cancel the task instead).
 
         Waits on a plain future woken by `publish`, by the waiter thread or by a timer:
@@ -194,7 +196,10 @@ class Notifier:
             with self._cv:
                 if self._head > seen:
                     return
-                epoch = self._epoch
+                if epoch is None:
+                    epoch = self._epoch
+                elif epoch != self._epoch:
+                    return  # (a `recheck` since the caller read `epoch`)
                 self._async.setdefault(loop, set()).add(waiter)
                 self._enter(None)
             timer = None

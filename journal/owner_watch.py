@@ -1,0 +1,159 @@
+"""The owner checks of a journal's live followers (SPEC 7.8): one check per unsettled
+turn every `OWNER_CHECK_S`, however many followers wait on it.
+
+A live follower that has delivered everything while its session's last turn is unsettled
+waits for the turn's owner to settle it or to die. It registers the turn's row here and
+waits on the journal's shared waiter like an idle follower (no timer of its own); one
+daemon thread per journal, `journal-owners`, checks each registered owner in turn and,
+when one is gone (or a check fails), wakes every follower of the journal to look again
+itself (each then checks twice, as before, and raises `OutcomeUnknown`). Until 2026-12-03
+every such follower woke every 100 ms to read a page and check the owner itself: 1,000
+`awatch` tasks of one session mid-turn used 94% of a core.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from .sessions import SessionRow
+
+__all__ = ["OwnerWatch", "Watching"]
+
+_log: Final = logging.getLogger("journal")
+
+# How often each registered owner is checked.
+OWNER_CHECK_S: Final = 0.1
+# How long the thread stays once nothing is registered.
+LINGER_S: Final = 1.0
+
+# What identifies one owner of one unsettled turn: session, incarnation, the turn's
+# request id and the lease (generation, pid, host, boot id).
+_Key = tuple[str, int, str | None, int, int, str, str]
+
+
+def _key(row: SessionRow) -> _Key:
+    return (
+        row.session_id,
+        row.incarnation,
+        row.turn_request_id,
+        row.owner_generation,
+        row.owner_pid,
+        row.owner_host,
+        row.owner_boot_id,
+    )
+
+
+class Watching:
+    """A follower's registration (`OwnerWatch.watch`): it lasts until the object is
+    dropped (the follower steps again, or ends)."""
+
+    __slots__ = ("_key", "_released")
+
+    def __init__(self, key: _Key, released: deque[_Key]) -> None:
+        self._key = key
+        self._released = released
+
+    def __del__(self) -> None:
+        # No lock here (a garbage collection may run this anywhere, also inside the
+        # watch's own lock): the thread counts it out at its next look.
+        self._released.append(self._key)
+
+
+class OwnerWatch:
+    """The owner checks of one journal (see the module docstring). `owner_alive` is the
+    engine's check (None: cannot tell, which counts as alive); `wake` wakes every
+    follower of the journal to look again (the shared waiter's `recheck`)."""
+
+    def __init__(
+        self, owner_alive: Callable[[SessionRow], bool | None], wake: Callable[[], None]
+    ) -> None:
+        self._owner_alive = owner_alive
+        self._wake = wake
+        self._cv = threading.Condition()
+        self._rows: dict[_Key, SessionRow] = {}
+        self._counts: dict[_Key, int] = {}
+        self._released: deque[_Key] = deque()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.checks = 0  # owner checks made so far (for tests and benchmarks)
+
+    def watch(self, row: SessionRow) -> Watching:
+        """Register a follower waiting for the unsettled turn of `row` (a fresh row)."""
+        key = _key(row)
+        with self._cv:
+            self._count_out()
+            if not self._rows:
+                self._cv.notify()  # (ends the lingering of a thread with nothing to check)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            self._rows.setdefault(key, row)
+            if self._thread is None and not self._closed:
+                thread = threading.Thread(target=self._run, name="journal-owners", daemon=True)
+                self._thread = thread
+                thread.start()
+        return Watching(key, self._released)
+
+    def close(self) -> None:
+        """End the thread (the journal is closing); idempotent. A check in progress
+        finishes on its own (not waited for)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _count_out(self) -> None:
+        """Count out the registrations dropped since the last look (under the lock)."""
+        released = self._released
+        while released:
+            key = released.popleft()
+            count = self._counts.get(key, 0) - 1
+            if count > 0:
+                self._counts[key] = count
+            else:
+                self._counts.pop(key, None)
+                self._rows.pop(key, None)
+
+    def _run(self) -> None:
+        try:
+            while self._look():
+                pass
+        finally:
+            with self._cv:
+                if self._thread is threading.current_thread():
+                    self._thread = None
+
+    def _look(self) -> bool:
+        """Wait a period, then check every registered owner once; False to end."""
+        with self._cv:
+            if not self._closed:
+                self._cv.wait(OWNER_CHECK_S)
+            self._count_out()
+            if not self._rows and not self._closed:
+                self._cv.wait(LINGER_S)
+                self._count_out()
+            if self._closed or not self._rows:
+                self._thread = None
+                return False
+            rows = list(self._rows.items())
+        gone: list[_Key] = []
+        failed = False
+        for key, row in rows:
+            self.checks += 1
+            try:
+                alive = self._owner_alive(row)
+            except Exception:  # (closed meanwhile, an outage): the followers look themselves
+                _log.debug("an owner check failed; waking its followers", exc_info=True)
+                failed = True
+                continue
+            if alive is False:
+                gone.append(key)
+        if gone or failed:
+            with self._cv:
+                # Gone for good: its followers look twice and end (or, if a new owner
+                # took over meanwhile, register that one).
+                for key in gone:
+                    self._rows.pop(key, None)
+            self._wake()
+        return True
