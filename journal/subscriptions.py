@@ -89,7 +89,8 @@ class Subscription(Generic[ItemT]):
     ) -> None:
         self.session_id = session_id
         self._wake = wake
-        self._pager = pager
+        # None once ended (`_finish`): what the pager holds goes with it.
+        self._pager: Pager[ItemT] | None = pager
         self._listener = listener
         self._on_error = on_error
         self._start_cursor = cursor
@@ -167,10 +168,12 @@ class Subscription(Generic[ItemT]):
         the longest such a wait may last)."""
         scope = self._scope = ReadScope()
         token = READ_SCOPE.set(scope)
+        pager = self._pager
         try:
-            if self._closed:  # (after `_scope` is set: a close from now on cancels it)
+            # (After `_scope` is set: a close from now on cancels it.)
+            if self._closed or pager is None:
                 return False, None, None
-            items, wait_past, done = self._pager.step()
+            items, wait_past, done = pager.step()
         except Exception as error:
             if not self._closed:  # (closed meanwhile: its read was cut, nothing to report)
                 self._fail(error)
@@ -193,7 +196,7 @@ class Subscription(Generic[ItemT]):
         if done:
             self._closed = True
             return False, None, None
-        return True, wait_past, self._pager.wait_timeout
+        return True, wait_past, pager.wait_timeout
 
     def _fail(self, error: BaseException) -> None:
         self._closed = True
@@ -210,6 +213,11 @@ class Subscription(Generic[ItemT]):
     def _finish(self) -> None:
         """Release what the pager holds and report the end (once, on the thread)."""
         self._closed = True
+        # Drop the pager: the caller may keep the Subscription for long, and the pager
+        # holds, besides its last event, its registration with the journal's owner
+        # checks (`owner_watch`), which kept that owner checked every 100 ms and the
+        # journal-owners thread running as long as the Subscription lived.
+        self._pager = None
         try:
             self._release()
         except Exception:  # the journal may be closing under it: nothing to release then

@@ -662,3 +662,40 @@ def test_followers_of_a_turn_in_progress_share_one_owner_check(tmp_path: Path) -
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
+    tmp_path: Path,
+) -> None:
+    """A subscription waiting for a live owner's turn is registered with the journal's
+    owner checks; once closed it is not, although the caller still holds it (a
+    `with journal.subscribe(...) as sub:` block keeps `sub` after it). Until 2026-12-03
+    its pager, and with it the registration, lived as long as the Subscription object:
+    the owner was checked every 100 ms, and the journal-owners thread never ended."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _MID_TURN, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_child_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
+        with Journal.open(store) as j:
+            owners = j._pages._owners  # noqa: SLF001 (its registrations, read only)
+            delivered: list[int] = []
+            errors: list[BaseException] = []
+            sub = j.subscribe("s", lambda e: delivered.append(e.ordinal), on_error=errors.append)
+            deadline = time.monotonic() + 30
+            while owners.registered() == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert delivered == [1, 2] and owners.registered() == 1  # it waits for the owner
+            sub.close()
+            assert sub.wait(30)
+            assert owners.registered() == 0  # before: 1 (while `sub` is held)
+            assert not errors
+    finally:
+        child.kill()
+        child.wait()
