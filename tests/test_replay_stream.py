@@ -383,3 +383,51 @@ def test_followers_that_caught_up_keep_no_large_read_buffer(tmp_path: Path) -> N
             stream.close()
     # 100 followers that read 3 MB each: 100 MiB with the buffers kept.
     assert held < 16 << 20, held
+
+
+def test_followers_that_caught_up_in_a_compressed_segment_keep_no_block(tmp_path: Path) -> None:
+    # A compressed segment's chunk is its decompressed block, not the read buffer: until
+    # 2026-12-03 a follower whose session's last events were in one kept that block (up
+    # to 1 MiB) while it waited at the head (measured: 50 followers, 52 MB; 1.9 MB now).
+    import asyncio
+
+    with Journal.open(tmp_path, segment_bytes=4 << 20, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        j.create_session("other")
+        for batch in range(10):  # (incompressible enough to fill a block or two)
+            first = batch * 100 + 1
+            j.append("s", [EventIn("t", payload(first + i, 1000)) for i in range(100)])
+        for _ in range(40):  # ...then sealed behind another session's events
+            j.append("other", [EventIn("t", b"z" * 1000) for _ in range(200)])
+        j.compact()
+        assert any(name.endswith(".seg.zst") for name in os.listdir(tmp_path / "segments"))
+
+        async def follow_all() -> int:
+            delivered: list[int] = []
+
+            async def follow() -> None:
+                async for event in j.awatch("s"):
+                    delivered.append(event.ordinal)
+
+            tasks = [asyncio.create_task(follow()) for _ in range(50)]
+            try:
+                deadline = asyncio.get_running_loop().time() + 60
+                while len(delivered) < 50 * 1000:
+                    assert asyncio.get_running_loop().time() < deadline, len(delivered)
+                    await asyncio.sleep(0.01)
+                for _ in range(5):  # (each waits at the head now)
+                    await asyncio.sleep(0)
+                held, _ = tracemalloc.get_traced_memory()
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return held
+
+        tracemalloc.start()
+        try:
+            held = asyncio.run(follow_all())
+        finally:
+            tracemalloc.stop()
+    # 50 followers: 50 MiB with the blocks kept.
+    assert held < 16 << 20, held
