@@ -599,11 +599,9 @@ class Journal:
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
     ) -> Page:
-        """One bounded page of retained events after `cursor` (from the start if None).
-
-        The page holds events while their data totals at most `max_bytes`, and always at
-        least one event if any follows, so one oversized event gets through whole.
-        """
+        """One bounded page of retained events after `cursor` (from the start if None):
+        events while their data total at most `max_bytes`, and always at least one event
+        if any follows, so one oversized event gets through whole."""
         check_max_bytes(max_bytes)
         self._check_open()
         with self._engine.readers() as readers:
@@ -697,6 +695,7 @@ class Journal:
             pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
             async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
                 yield event
+                del event  # (not held while the follower waits)
 
     # -- lifecycle feed --------------------------------------------------------------------
 

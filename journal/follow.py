@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from itertools import chain
 from typing import Any, Final, Generic, Protocol, TypeVar
 
+import msgspec
+
 from .engine import READ_SCOPE, ReadScope
 from .errors import JournalClosed
 from .models import Event, LifecycleEvent
@@ -101,8 +103,11 @@ class EventPager:
         self._page_bytes = self._later_bytes
         self.wait_timeout = None
         if events:
-            self.after = events[-1].ordinal
-            self.last = events[-1]
+            last = events[-1]
+            self.after = last.ordinal
+            # Kept for its cursor (an `OutcomeUnknown`'s), without its data: a follower
+            # waiting after a 2 MB event held those 2 MB.
+            self.last = msgspec.structs.replace(last, data=b"") if last.data else last
         if has_more:
             return events, None, False
         if not self._live:
@@ -353,6 +358,7 @@ async def afollow(
             raise
         for item in items:
             yield item
+            del item  # (the last one is not held while the follower waits)
         del items  # (as in `follow`: freed before the next page is read)
         if done:
             return

@@ -86,14 +86,16 @@ class OwnerWatch:
         key = _key(row)
         with self._cv:
             self._count_out()
+            if self._thread is None and not self._closed:
+                # (Raises when no thread can start: nothing is registered, the follower
+                # gets the error instead of waiting for checks that never come.)
+                thread = threading.Thread(target=self._run, name="journal-owners", daemon=True)
+                thread.start()  # (it waits for this lock before it looks)
+                self._thread = thread
             if not self._rows:
                 self._cv.notify()  # (ends the lingering of a thread with nothing to check)
             self._counts[key] = self._counts.get(key, 0) + 1
             self._rows.setdefault(key, row)
-            if self._thread is None and not self._closed:
-                thread = threading.Thread(target=self._run, name="journal-owners", daemon=True)
-                self._thread = thread
-                thread.start()
         return Watching(key, self._released)
 
     def registered(self) -> int:
