@@ -88,8 +88,6 @@ _ZEROS: Final = bytes(_READ_CHUNK)  # what the zeros after the active segment's 
 # The smallest read buffer a segment reader keeps (it grows, by powers of two, to
 # `_READ_CHUNK` as its reads need).
 _MIN_BUFFER: Final = 4096
-# A larger one is dropped when its reader's follower reaches the head (`rest`).
-_MIN_KEPT: Final = 64 << 10
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -194,22 +192,6 @@ class SegmentReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-    def rest(self) -> None:
-        """Drop a large read buffer and a large chunk: the page just read ended at the
-        session's last event, and its follower may wait at the head for long (a thousand
-        followers that caught up held a 1 MiB buffer each: 1 GiB). The next read fills a
-        buffer as large as it needs. The chunk is not always in the buffer: a compressed
-        segment's is its decompressed block (up to 1 MiB and more), a frame over 1 MiB
-        gets a buffer of its own; until 2026-12-03 both stayed (50 `awatch` followers
-        whose session's last events were in a compressed segment held 52 MB)."""
-        buffer = self._buffer
-        if buffer is not None and len(buffer) > _MIN_KEPT:
-            self._buffer = None
-        elif len(self._chunk) <= _MIN_KEPT:
-            return
-        self._chunk = b""
-        self._chunk_start = self._trusted_end = 0
 
     def __enter__(self) -> SegmentReader:
         return self
