@@ -40,9 +40,12 @@ ResultT = TypeVar("ResultT")
 class Pager(Protocol[ItemT]):
     """One page step: (items to deliver, the committed head to wait past before the next
     step or None to step again at once, whether the follow is over). `wait_timeout` is
-    the longest such a wait may last (None: until the head moves)."""
+    the longest such a wait may last (None: until the head moves); `wait_key` the key of
+    the commits that concern the pager (its session's incarnation; None: every commit),
+    so the shared waiter wakes it only for those (`Notifier.wait`)."""
 
     wait_timeout: float | None
+    wait_key: int | None
 
     def step(self) -> tuple[list[ItemT], int | None, bool]: ...
 
@@ -90,6 +93,7 @@ class EventPager:
         self._unsettled = unsettled
         self.last: Event | None = None
         self.wait_timeout: float | None = None
+        self.wait_key: int | None = None
         # The row of the last owner check when it found the owner gone (SPEC 7.8).
         self._suspect: SessionRow | None = None
         # The registration with the shared owner checks while it waits for an owner.
@@ -102,6 +106,7 @@ class EventPager:
         events, has_more, terminal, seen, row = self._read_page(self.after, self._page_bytes)
         self._page_bytes = self._later_bytes
         self.wait_timeout = None
+        self.wait_key = row.incarnation
         if events:
             last = events[-1]
             self.after = last.ordinal
@@ -147,6 +152,7 @@ class LifecyclePager:
         self.after = after
         self._snapshot = snapshot
         self.wait_timeout: float | None = None
+        self.wait_key: int | None = None  # (every commit may change the lifecycle)
 
     def step(self) -> tuple[list[LifecycleEvent], int | None, bool]:
         if self._snapshot is not None:
@@ -272,7 +278,7 @@ def follow(
         if done:
             return
         if wait_past is not None:
-            waiter.wait(wait_past, stop, pager.wait_timeout, epoch)
+            waiter.wait(wait_past, stop, pager.wait_timeout, epoch, pager.wait_key)
 
 
 # How many threads a journal's `ReadThreads` may run at once.
@@ -363,4 +369,4 @@ async def afollow(
         if done:
             return
         if wait_past is not None:
-            await waiter.await_change(wait_past, pager.wait_timeout, epoch)
+            await waiter.await_change(wait_past, pager.wait_timeout, epoch, pager.wait_key)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Final, Generic, Protocol, TypeVar
 
@@ -198,6 +199,11 @@ class Subscription(Generic[ItemT]):
             return False, None, None
         return True, wait_past, pager.wait_timeout
 
+    def _wait_key(self) -> int | None:
+        """The key of the commits that concern it (`Pager.wait_key`)."""
+        pager = self._pager
+        return None if pager is None else pager.wait_key
+
     def _fail(self, error: BaseException) -> None:
         self._closed = True
         self._error = error
@@ -283,6 +289,11 @@ class Deliveries:
             thread.join()
 
     def _run(self) -> None:
+        # What each subscription waits for since its last step: (its key, the head it
+        # saw, when its own timeout ends). One that nothing new concerns is not stepped
+        # (no page read), so a commit to one session costs the others a look-up each.
+        waits: dict[Subscription[_HasCursor], tuple[int | None, int, float | None]] = {}
+        last_epoch = -1
         try:
             while True:
                 with self._lock:
@@ -297,22 +308,43 @@ class Deliveries:
                 # Read before stepping: a subscription added or closed from now on makes
                 # the wait below return at once.
                 epoch = self._waiter.epoch
+                everyone = epoch != last_epoch  # (a recheck: each looks again)
+                last_epoch = epoch
                 again = False
                 wait_past: int | None = None
                 timeout: float | None = None
+                now = time.monotonic()
                 for subscription in subscriptions:
                     if self._closing:
                         return
-                    active, seen, limit = subscription._step()
+                    pending = None if everyone else waits.get(subscription)
+                    if pending is not None:
+                        key, seen, ends = pending
+                        head = self._waiter.unmoved(key, seen)
+                        if head is not None and (ends is None or now < ends):
+                            waits[subscription] = (key, head, ends)
+                            wait_past = head if wait_past is None else min(wait_past, head)
+                            if ends is not None:
+                                left = ends - now
+                                timeout = left if timeout is None else min(timeout, left)
+                            continue
+                    active, past, limit = subscription._step()
                     if not active:
+                        waits.pop(subscription, None)
                         self._remove(subscription)
                         continue
-                    if seen is None:
+                    if past is None:
+                        waits.pop(subscription, None)
                         again = True
                         continue
-                    wait_past = seen if wait_past is None else min(wait_past, seen)
+                    ends = None if limit is None else time.monotonic() + limit
+                    waits[subscription] = (subscription._wait_key(), past, ends)
+                    wait_past = past if wait_past is None else min(wait_past, past)
                     if limit is not None:
                         timeout = limit if timeout is None else min(timeout, limit)
+                if len(waits) > len(subscriptions):  # (ended meanwhile another way)
+                    current = set(subscriptions)
+                    waits = {sub: wait for sub, wait in waits.items() if sub in current}
                 if again or wait_past is None:
                     continue
                 self._waiter.wait(wait_past, None, timeout, epoch)

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Final, Protocol
 
 from .forking import ForkPause
@@ -41,6 +41,9 @@ DEFER_S: Final = 0.001
 # How long the thread stays after the last follower stopped waiting (a follower that
 # delivers a page and waits again must not start a thread per page).
 LINGER_S: Final = 1.0
+# How many sessions' last commits the waiter remembers (`publish` with keys): past that
+# it forgets them all, and every keyed follower that waited from before looks once.
+TOUCHED_MAX: Final = 65536
 
 
 class ChangeSource(Protocol):
@@ -65,14 +68,26 @@ class Notifier:
         read_head: Callable[[], int],
         changes: Callable[[], ChangeSource | None] | None = None,
     ) -> None:
-        self._cv = threading.Condition()
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
         self._head = 0  # the highest committed next position known
+        # Keyed followers (`wait(key=...)`: a session's incarnation) are woken only by a
+        # commit known to touch their key (`publish` with keys), or by one whose keys are
+        # not known: the head up to which that is so (other processes' commits, seen by
+        # the thread; a gap before a commit of this process).
+        self._unknown = 0
+        self._touched: dict[int, int] = {}  # key -> the head after its last known commit
+        self._keyed: dict[int, list[Any]] = {}  # key -> [its Condition, sync waiters]
+        # Commits of this process in flight (`committing`): the head may move before
+        # their `publish`, which the thread leaves to it.
+        self._committing = 0
         # Bumped when the thread could not read the head: every waiter looks again (its
         # own read then raises what is wrong).
         self._epoch = 0
         self._read_head = read_head
         self._changes = changes
-        self._async: dict[Any, set[Any]] = {}  # event loop -> its waiting futures
+        # event loop -> its waiting futures -> (key, seen)
+        self._async: dict[Any, dict[Any, tuple[int | None, int]]] = {}
         self._stops: dict[int, list[Any]] = {}  # id(stop) -> [stop, waiters using it]
         self._waiting = 0  # followers waiting now (sync and asyncio)
         self._polls = 0  # head reads by the waiter thread (`polls`)
@@ -110,9 +125,29 @@ class Notifier:
 
     # -- followers -------------------------------------------------------------------------
 
-    def publish(self, next_position: int) -> None:
-        """The head moved to `next_position` (a commit of this process): wake everyone."""
+    def publish(
+        self, next_position: int, keys: Collection[int] | None = None, first: int = 0
+    ) -> None:
+        """The head moved to `next_position` (a commit of this process, whose first
+        position is `first`, touching the sessions `keys`; None: not known): wake the
+        followers it concerns (those with no key, those of `keys`; everyone when the keys
+        are not known, or when commits this waiter did not hear of came before `first`)."""
         with self._cv:
+            if keys is None:
+                self._unknown = max(self._unknown, next_position)
+                unknown = True
+            else:
+                unknown = first > self._head  # (commits before it not heard of)
+                if unknown:
+                    self._unknown = max(self._unknown, first)
+                touched = self._touched
+                for key in keys:
+                    if touched.get(key, 0) < next_position:
+                        touched[key] = next_position
+                if len(touched) > TOUCHED_MAX:
+                    touched.clear()
+                    self._unknown = max(self._unknown, next_position)
+                    unknown = True
             if next_position > self._head:
                 self._head = next_position
             self._last_move = self._last_publish = time.monotonic()
@@ -120,9 +155,49 @@ class Notifier:
                 # Every follower counts itself here, under this lock, before it sleeps
                 # (`_enter`): none waits, so there is nobody to wake (the usual commit).
                 return
-            self._cv.notify_all()
-            loops = self._async_snapshot()
+            if unknown:
+                self._notify_all()
+                loops = self._async_snapshot()
+            else:
+                self._cv.notify_all()
+                for key in keys:  # type: ignore[union-attr]
+                    entry = self._keyed.get(key)
+                    if entry is not None:
+                        entry[0].notify_all()
+                loops = self._async_snapshot(moved_only=True)
         _wake_loops(loops)
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """Around a commit of this process and its `publish`: a head the thread reads
+        meanwhile is left to the `publish`, which knows the sessions it touched (read
+        as another process's commit, it would wake every follower)."""
+        with self._cv:
+            self._committing += 1
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._committing -= 1
+
+    def moved(self, key: int | None, seen: int) -> bool:
+        """Whether a follower of `key` (None: of any change) that read the head `seen`
+        has something new to look at (a commit after `seen` that may concern it)."""
+        if key is None:
+            return self._head > seen
+        return self._unknown > seen or self._touched.get(key, 0) > seen
+
+    def unmoved(self, key: int | None, seen: int) -> int | None:
+        """None when `moved(key, seen)`; else the head now, which such a follower may
+        take as seen (nothing up to it concerns it)."""
+        with self._cv:
+            return None if self.moved(key, seen) else max(self._head, seen)
+
+    def _notify_all(self) -> None:
+        """Wake every sync waiter, keyed or not (under the lock)."""
+        self._cv.notify_all()
+        for entry in self._keyed.values():
+            entry[0].notify_all()
 
     def recheck(self) -> None:
         """Wake every waiter to look again now (`wait` returns True): something besides
@@ -130,7 +205,7 @@ class Notifier:
         or the journal is closing it)."""
         with self._cv:
             self._epoch += 1
-            self._cv.notify_all()
+            self._notify_all()
             loops = self._async_snapshot()
         _wake_loops(loops)
 
@@ -145,40 +220,61 @@ class Notifier:
         stop: threading.Event | None,
         timeout: float | None = None,
         epoch: int | None = None,
+        key: int | None = None,
     ) -> bool:
         """Block until the head passes `seen` (True), `stop` is set or `timeout` ends.
         With `epoch` (read before deciding to wait), a `recheck` since then also returns
-        True, so a wake-up that came before the wait began is not lost."""
+        True, so a wake-up that came before the wait began is not lost. With `key` (the
+        follower's session incarnation) only a commit that may concern it counts
+        (`moved`)."""
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            if self._head > seen:
+            if self.moved(key, seen):
                 return True
             if epoch is None:
                 epoch = self._epoch
             elif epoch != self._epoch:
                 return True
+            cv = self._cv if key is None else self._key_condition(key, 1)
             self._enter(stop)
             try:
                 self._start()
                 while True:
-                    if self._head > seen or self._epoch != epoch:
+                    if self.moved(key, seen) or self._epoch != epoch:
                         return True
                     if stop is not None and stop.is_set():
                         return False
                     if deadline is None:
-                        self._cv.wait()
+                        cv.wait()
                         continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    self._cv.wait(remaining)
+                    cv.wait(remaining)
             finally:
                 self._leave(stop)
+                if key is not None:
+                    self._key_condition(key, -1)
+
+    def _key_condition(self, key: int, change: int) -> threading.Condition:
+        """The condition sync waiters of `key` sleep on, counting them (under the lock)."""
+        entry = self._keyed.get(key)
+        if entry is None:
+            entry = self._keyed[key] = [threading.Condition(self._lock), 0]
+        entry[1] += change
+        if entry[1] <= 0:
+            del self._keyed[key]
+        condition: threading.Condition = entry[0]
+        return condition
 
     async def await_change(
-        self, seen: int, timeout: float | None = None, epoch: int | None = None
+        self,
+        seen: int,
+        timeout: float | None = None,
+        epoch: int | None = None,
+        key: int | None = None,
     ) -> None:
         """The asyncio twin of `wait` (without `stop`: cancel the task instead).
 
@@ -194,13 +290,13 @@ class Notifier:
         while True:
             waiter = loop.create_future()
             with self._cv:
-                if self._head > seen:
+                if self.moved(key, seen):
                     return
                 if epoch is None:
                     epoch = self._epoch
                 elif epoch != self._epoch:
                     return  # (a `recheck` since the caller read `epoch`)
-                self._async.setdefault(loop, set()).add(waiter)
+                self._async.setdefault(loop, {})[waiter] = (key, seen)
                 self._enter(None)
             timer = None
             try:
@@ -215,12 +311,12 @@ class Notifier:
                 with self._cv:
                     futures = self._async.get(loop)
                     if futures is not None:
-                        futures.discard(waiter)
+                        futures.pop(waiter, None)
                         if not futures:
                             del self._async[loop]
                     self._leave(None)
             with self._cv:
-                if self._head > seen or self._epoch != epoch:
+                if self.moved(key, seen) or self._epoch != epoch:
                     return
             if deadline is not None and time.monotonic() >= deadline:
                 return
@@ -250,8 +346,17 @@ class Notifier:
             if entry[1] == 0:
                 del self._stops[id(stop)]
 
-    def _async_snapshot(self) -> list[tuple[Any, list[Any]]]:
-        return [(loop, list(futures)) for loop, futures in self._async.items()]
+    def _async_snapshot(self, moved_only: bool = False) -> list[tuple[Any, list[Any]]]:
+        """The waiting futures to wake, by loop (`moved_only`: those `moved` concerns)."""
+        if not moved_only:
+            return [(loop, list(futures)) for loop, futures in self._async.items()]
+        moved = self.moved
+        woken = []
+        for loop, futures in self._async.items():
+            due = [future for future, (key, seen) in futures.items() if moved(key, seen)]
+            if due:
+                woken.append((loop, due))
+        return woken
 
     # -- the waiter thread -----------------------------------------------------------------
 
@@ -338,7 +443,12 @@ class Notifier:
         # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
-            self._look(stops)
+            if self._look(stops):
+                # Left to a `publish` in flight: look again shortly (a commit of another
+                # process may have come with it).
+                self._nap.wait(DEFER_S)
+                self._changed = True
+                return True
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:
@@ -352,13 +462,15 @@ class Notifier:
     def _check(self, stops: list[Any]) -> None:
         if _any_set(stops):
             with self._cv:
-                self._cv.notify_all()
+                self._notify_all()
 
-    def _look(self, stops: list[Any]) -> None:
+    def _look(self, stops: list[Any]) -> bool:
+        """Read the head and wake whom it concerns; True when it moved by a commit of
+        this process not published yet (to look again)."""
         failed = False
         with self.busy:
             if self._closed:
-                return
+                return False
             try:
                 head = self._read_head()
             except Exception:  # the waiters' own reads raise it (or find it gone)
@@ -368,16 +480,25 @@ class Notifier:
         stopped = _any_set(stops)
         with self._cv:
             moved = head > self._head
-            if moved:
+            deferred = moved and self._committing > 0
+            if deferred:
+                # This process's commit (and maybe another's), read before its `publish`,
+                # which wakes its followers: look again after it.
+                moved = False
+            elif moved:
+                # Commits this process did not publish (another process's): which
+                # sessions they touched is not known here, so every follower looks.
                 self._head = head
+                self._unknown = max(self._unknown, head)
                 self._last_move = time.monotonic()
             if failed:
                 self._epoch += 1
             if not (moved or failed or stopped):
-                return
-            self._cv.notify_all()
+                return deferred
+            self._notify_all()
             loops = self._async_snapshot() if moved or failed else []
         _wake_loops(loops)
+        return deferred
 
 
 def _any_set(stops: list[Any]) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from journal import Journal, JournalClosed
+from journal import EventIn, Journal, JournalClosed
 from journal._local.engine import LocalEngine, LocalOptions
 from journal.waiter import Notifier
 
@@ -305,3 +305,103 @@ def test_fork_with_watchers_waiting_keeps_the_parent_following(
         append_in_another_process(tmp_path / "s", *sessions)
         until(lambda: len(delivered) == len(sessions), "the parent's watchers to go on")
         stop.set()
+
+
+class CountingReads:
+    """An engine that counts its page reads (the seam `Journal.over` takes)."""
+
+    def __init__(self, inner: LocalEngine) -> None:
+        self._inner = inner
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def read(self, *args: object) -> object:
+        self.reads += 1
+        return self._inner.read(*args)
+
+
+def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(tmp_path: Path) -> None:
+    """Followers of other sessions sleep through a commit of this process: until
+    2026-12-03 every commit woke every follower of the journal, and each read a page
+    (1,000 `watch` threads idle on their own sessions while one other session took 20
+    commits a second: 132% of a core; 1,000 `awatch` 69%, 1,000 subscriptions 55%; now
+    2-5%)."""
+    engine = CountingReads(LocalEngine.open(str(tmp_path), LocalOptions(durability="os")))
+    with Journal.over(engine) as j:  # type: ignore[arg-type]
+        for i in range(40):
+            j.create_session(f"s{i}")
+        j.create_session("busy")
+        stop = threading.Event()
+        got: list[tuple[str, int]] = []
+
+        def follow(session: str) -> None:
+            for event in j.watch(session, stop=stop):
+                got.append((session, event.ordinal))
+
+        threads = [threading.Thread(target=follow, args=(f"s{i}",)) for i in range(20)]
+        for thread in threads:
+            thread.start()
+        subs = [
+            j.subscribe(f"s{i}", lambda e, i=i: got.append((f"s{i}", e.ordinal)))
+            for i in range(20, 30)
+        ]
+
+        async def main() -> None:
+            async def follow_async(session: str) -> None:
+                async for event in j.awatch(session):
+                    got.append((session, event.ordinal))
+
+            tasks = [asyncio.create_task(follow_async(f"s{i}")) for i in range(30, 40)]
+            await asyncio.sleep(0.5)  # (all wait at the head now)
+            reads = engine.reads
+            for _ in range(20):
+                await asyncio.to_thread(j.append, "busy", [EventIn("x", b"{}")])
+            await asyncio.sleep(0.2)
+            # 40 followers of other sessions: 800 page reads before, none now.
+            assert engine.reads - reads == 0
+            for i in (3, 25, 35):  # one of each kind gets its session's event
+                await asyncio.to_thread(j.append, f"s{i}", [EventIn("x", b"{}")])
+            deadline = time.monotonic() + WAIT_S
+            while len(got) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(main())
+        stop.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+        for sub in subs:
+            sub.close()
+    assert sorted(got) == [("s25", 1), ("s3", 1), ("s35", 1)]
+
+
+def test_keyed_waits_wake_for_their_key_and_for_commits_not_heard_of() -> None:
+    """A keyed wait ends for a commit of its key, or for one whose sessions are not
+    known (another process's, a gap before a published commit); not for another key."""
+    notifier = Notifier(lambda: 0)
+    notifier.publish(10, [1], 9)  # (the first commit heard of: a gap before it)
+    assert notifier.moved(1, 9) and notifier.moved(2, 8) and not notifier.moved(2, 9)
+    assert not notifier.moved(2, 10)
+    notifier.publish(12, [1], 10)
+    assert notifier.moved(1, 10) and not notifier.moved(2, 10)
+    assert notifier.moved(None, 10)  # (an unkeyed follower: any commit)
+    assert notifier.unmoved(2, 10) == 12 and notifier.unmoved(1, 10) is None
+    notifier.publish(15, [1], 13)  # positions 12 and 13 unheard of: every key may move
+    assert notifier.moved(2, 12) and not notifier.moved(2, 13)
+    notifier.publish(20, None, 15)  # keys not known
+    assert notifier.moved(2, 19)
+    woke: list[bool] = []
+    thread = threading.Thread(target=lambda: woke.append(notifier.wait(20, None, 5.0, key=2)))
+    thread.start()
+    until(lambda: notifier.waiting == 1, "the wait")
+    notifier.publish(21, [3], 20)
+    thread.join(0.2)
+    assert thread.is_alive()  # (not its key)
+    notifier.publish(22, [2], 21)
+    thread.join(WAIT_S)
+    assert woke == [True]
+    notifier.close()

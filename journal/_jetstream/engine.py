@@ -402,7 +402,8 @@ class JetStreamEngine:
                     scope.sleep(0.1)
 
     def _committed(self, seq: int, row: SessionRow | None) -> None:
-        self.waiter.publish(seq + 1)
+        # (Its session's followers only; not known without a row: everyone's.)
+        self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), seq)
         if row is not None and self._expiry_wake is not None:
             due = row.deadline()
             if due is not None:

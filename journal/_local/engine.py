@@ -473,7 +473,8 @@ class LocalEngine:
                 self._ops.point("commit.batch_taken", len(batch))
             for attempt in range(8):
                 try:
-                    self._commit(batch)
+                    with self.waiter.committing():  # (its followers woken by `publish`)
+                        self._commit(batch)
                     return
                 except lmdb.MapFullError:
                     if attempt == 7:
@@ -584,8 +585,10 @@ class LocalEngine:
                 self.expiry.poke()
         if planner.evicted:
             remove_evicted_locks(self.location, planner.evicted, self._ops)
-        if planner.records:
-            self.waiter.publish(projection.head.next_position)
+        if planner.records:  # (waking the followers of the sessions it touched only)
+            self.waiter.publish(
+                projection.head.next_position, projection.touched(), info.first_position
+            )
             due = projection.nearest_new_deadline
             if due is not None and self.expiry is not None:
                 self.expiry.nearer(due)

@@ -482,6 +482,11 @@ class Projection:
         self.view.put_feed(self.txn, position, FeedEntry(event.value, at_ms, row))
         self.head.lifecycle_position = position
 
+    def touched(self) -> set[int]:
+        """The incarnations of the sessions this projection read or changed (a superset of
+        those its frames touched): whose followers a commit wakes."""
+        return self.rows.keys() | self._evicted.keys()
+
     def flush(self) -> None:
         txn = self.txn
         view = self.view
