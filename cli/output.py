@@ -7,6 +7,7 @@ serialised by a lock, so the demo's threads never interleave half lines.
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import decimal
 import io
@@ -172,8 +173,24 @@ def echo(line: str, err: bool = False) -> None:
     """Print one line and flush, exactly as given: click.echo strips ANSI escape sequences
     from text going to anything but a terminal, which would change event data printed
     as is (quiet format) or a path in a pipe only. Text format escapes control
-    characters itself where data could fake a line."""
-    click.echo(line, err=err, color=True)
+    characters itself where data could fake a line.
+
+    A line to stdout is written whole: a buffered write that a signal interrupts (one a
+    watch holds, cli/watching.py) returns having written part of it, and a text
+    stream's write drops the rest without a word (a 1 MiB line came out as 128 KiB)."""
+    stream = None if err else sys.stdout
+    buffer = getattr(stream, "buffer", None)
+    if stream is None or buffer is None:
+        click.echo(line, err=err, color=True)
+        return
+    encoding, errors = stream.encoding, stream.errors or "strict"
+    if codecs.lookup(encoding).name == "ascii":
+        encoding, errors = "utf-8", "replace"  # (as click.echo writes to such a stdout)
+    stream.flush()
+    rest = memoryview((line + "\n").encode(encoding, errors))
+    while rest:
+        rest = rest[buffer.write(rest) :]
+    buffer.flush()
 
 
 class Output:
@@ -183,6 +200,10 @@ class Output:
         self.format = output_format
         self.broken = False
         self._lock = threading.Lock()
+        # Whether the main thread is printing a line now, and a signal that came meanwhile
+        # (a watch's handlers hold it there, cli/watching.py: `raise_held` raises it).
+        self.printing = False
+        self.held: BaseException | None = None
 
     @property
     def json(self) -> bool:
@@ -215,12 +236,22 @@ class Output:
         if line is None:
             return
         with self._lock:
+            self.printing = threading.current_thread() is threading.main_thread()
             try:
                 echo(line)  # (flushed: watch output streams)
             except BrokenPipeError:
                 self.broken = True
                 silence_stdout()
                 raise
+            finally:
+                self.printing = False
+
+    def raise_held(self) -> None:
+        """Raise the signal held while a line was printed, if one was (a watch calls this
+        once it has noted the cursor of what it printed)."""
+        held, self.held = self.held, None
+        if held is not None:
+            raise held
 
     def error(
         self, error: journal.JournalError | CommandFailed, exit_code: int | None = None

@@ -38,19 +38,35 @@ class _Signalled(BaseException):
         self.signum = signum
 
 
-def _raise(signum: int, frame: FrameType | None) -> None:
-    raise _Signalled(signum)
-
-
 @contextmanager
-def _ending_on_signals() -> Iterator[None]:
+def _ending_on_signals(output: Output) -> Iterator[None]:
+    """SIGTERM and SIGHUP raise `_Signalled`, Ctrl+C KeyboardInterrupt, between printed
+    lines: one that comes while a line is printed is held until the line is whole and
+    its cursor noted (`Output.raise_held`; a line longer than the pipe holds was cut
+    short before, and the end object glued to its half, not JSON). A second one while
+    the line is still printed (its reader does not read) is raised at once, and nothing
+    more is printed."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread (an embedding caller's)
         return
-    previous = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        error = KeyboardInterrupt() if signum == signal.SIGINT else _Signalled(signum)
+        if output.printing:
+            if output.held is None:
+                output.held = error
+                return
+            output.broken = True  # (the line stays cut: nothing more goes after it)
+        raise error
+
+    signals = [signal.SIGTERM, signal.SIGHUP]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not ignored)
+        signals.append(signal.SIGINT)
+    previous = {s: signal.signal(s, stop) for s in signals}
     try:
         yield
     finally:
+        output.held = None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -81,7 +97,7 @@ def _watching(output: Output, cursor: str | None) -> Iterator[_Last]:
     last = _Last()
     last.cursor = cursor
     try:
-        with _ending_on_signals():
+        with _ending_on_signals(output):
             yield last
     except KeyboardInterrupt:
         _stopped(output, EXIT_INTERRUPTED, last.cursor)
@@ -97,6 +113,7 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
         for event in store.watch(session_id, cursor=cursor, stop=stop):
             output.event(event)
             last.cursor = event.cursor
+            output.raise_held()
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write
         state = store.get_session(session_id).state.value
@@ -111,5 +128,6 @@ def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
         for event in store.watch_sessions(cursor=cursor, stop=stop):
             output.emit(lifecycle_record(event), lifecycle_text(event))
             last.cursor = event.cursor
+            output.raise_held()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly with status 0, like a failed write

@@ -4,11 +4,14 @@ family has a JSON error object with its fields (SPEC.md section 13)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -263,6 +266,48 @@ def test_a_signal_ends_a_watch_with_its_status_and_an_end_object(
     assert lines[0]["event_type"] == "created"
     printed = [line["cursor"] for line in lines[:-1]]
     assert lines[-1]["end"] == "stopped" and lines[-1]["cursor"] in (None, *printed[-2:])
+
+
+@pytest.mark.parametrize(("signum", "status"), [(15, 143), (1, 129), (2, 130)])
+def test_a_signal_while_a_long_line_is_printed_leaves_whole_json_lines(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """A signal that comes while an event's line is printed ends the watch after the line:
+    a line longer than the pipe holds was cut where the signal came, and the end object
+    printed right after its half (one line that is no JSON)."""
+    path = tmp_path / "store"
+    with Journal.open(path, create=True) as j:
+        j.create_session("big")
+        for n in range(3):
+            data = b'{"n": %d, "pad": "%s"}' % (n, b"x" * (1 << 20))
+            j.append("big", [EventIn("message", data)])
+    command = ["--store", str(path), "--format", "json", "watch", "-s", "big"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "cli", *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
+    assert child.stdout is not None and child.stderr is not None
+    fd = child.stdout.fileno()
+    capacity = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    # The pipe is full (nothing read): the watch is blocked inside the first line (1 MiB).
+    deadline = time.monotonic() + 60
+    while _unread(fd) < capacity:
+        assert child.poll() is None and time.monotonic() < deadline, child.stderr.read()
+        time.sleep(0.01)
+    child.send_signal(signum)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == status, err
+    lines = [json.loads(line) for line in out.splitlines()]  # every line whole JSON
+    assert lines[0]["type"] == "message" and lines[0]["message"]["n"] == 0
+    printed = [line["cursor"] for line in lines[:-1]]
+    assert lines[-1] == {"end": "stopped", "cursor": printed[-1]}
+
+
+def _unread(fd: int) -> int:
+    """Bytes in the pipe `fd` reads, not read yet (FIONREAD)."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
 
 
 def test_a_watch_of_an_ended_session_says_how_it_ended(store: Path) -> None:
