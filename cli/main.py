@@ -40,6 +40,18 @@ from .watching import watch_events
 FORMATS = ("text", "json", "quiet")
 
 
+def _representable_output() -> None:
+    """Text the output encoding cannot represent (a `PYTHONIOENCODING=latin-1` or C
+    locale terminal) is printed escaped (`\\u20ac`), not raised: a command that did its
+    work must not then fail with a traceback and status 1 (a `sessions create` whose id
+    the terminal could not show created it, and a retry got SESSION_EXISTS)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            with contextlib.suppress(Exception):  # (a stream replaced by a caller)
+                reconfigure(errors="backslashreplace")
+
+
 class JournalGroup(click.Group):
     """The root group: turns library errors, usage errors, a closed pipe and Ctrl+C into
     one-line messages and exit statuses instead of tracebacks (and, with `--format json`,
@@ -48,6 +60,7 @@ class JournalGroup(click.Group):
     def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
         argv, valueless = _hoist_global_options(self, argv)
+        _representable_output()
         try:
             if valueless is not None:
                 # (left to the command, click would say it has no such option)

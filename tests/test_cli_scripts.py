@@ -534,3 +534,22 @@ def test_a_signalled_watch_leaves_no_private_view_behind(store: Path, tmp_path: 
     assert child.returncode == 143
     assert list(scratch.iterdir()) == []
     assert not (store / "index").exists(), "a read command wrote the store"
+
+
+def test_text_the_terminal_cannot_show_is_escaped_not_a_failure(store: Path) -> None:
+    # Until 2026-12-03 `sessions create` of an id the output encoding could not represent
+    # created the session and then failed with a UnicodeEncodeError traceback, status 1
+    # (a script's retry got SESSION_EXISTS). Found by a CLI trial.
+    env = {**_env(), "PYTHONIOENCODING": "latin-1"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "cli", "--store", str(store), *args]
+        return subprocess.run(command, capture_output=True, env=env, timeout=60, check=False)
+
+    created = cli("sessions", "create", "price-€5")
+    assert created.returncode == 0, created.stderr
+    assert b"price-\\u20ac5" in created.stdout
+    listed = cli("sessions", "list")
+    assert listed.returncode == 0 and b"price-\\u20ac5" in listed.stdout
+    with Journal.open(store, readonly=True) as j:
+        assert j.get_session("price-€5").session_id == "price-€5"
