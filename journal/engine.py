@@ -381,6 +381,10 @@ class PageReaders(AbstractContextManager["PageReaders"], Protocol):
 
     def close(self) -> None: ...
 
+    def release(self) -> None:
+        """Let go of open files and read-ahead until the next page (which reopens what it
+        needs): a follower that waits its turn while others read keeps nothing."""
+
 
 class Engine(Protocol):
     """What a storage engine provides to the `Journal` facade."""

@@ -748,7 +748,7 @@ class Journal:
         readers = self._engine.readers()
         pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
         return self._deliveries.add(
-            row.session_id, pager, listener, on_error, cursor, readers.close
+            row.session_id, pager, listener, on_error, cursor, readers.close, readers.release
         )
 
     def subscribe_sessions(

@@ -63,6 +63,7 @@ class Subscription(Generic[ItemT]):
     """
 
     __slots__ = (
+        "_between",
         "_call_lock",
         "_closed",
         "_ended",
@@ -96,6 +97,8 @@ class Subscription(Generic[ItemT]):
         self._on_error = on_error
         self._start_cursor = cursor
         self._release = release
+        # Called after a page that leaves more to read (`Deliveries.add`).
+        self._between: Callable[[], None] | None = None
         self._last: ItemT | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -250,12 +253,15 @@ class Deliveries:
         on_error: ErrorHandler | None,
         cursor: str | None,
         release: Callable[[], None],
+        between: Callable[[], None] | None = None,
     ) -> Subscription[ItemT]:
         """Start delivering `pager`'s items to `listener` (`release` is called once when
-        the subscription ends, on the delivery thread)."""
+        the subscription ends, on the delivery thread; `between`, when given, after each
+        page that leaves more to read while other subscriptions take their turn)."""
         subscription = Subscription(
             session_id, pager, listener, on_error, cursor, release, self._waiter.recheck
         )
+        subscription._between = between
         with self._lock:
             if self._closing:
                 release()
@@ -336,6 +342,11 @@ class Deliveries:
                     if past is None:
                         waits.pop(subscription, None)
                         again = True
+                        if subscription._between is not None and len(subscriptions) > 1:
+                            # Others take their turn before its next page: it keeps no
+                            # read-ahead meanwhile (300 subscriptions catching up held a
+                            # 1 MiB buffer each at once: 354 MB).
+                            subscription._between()
                         continue
                     ends = None if limit is None else time.monotonic() + limit
                     waits[subscription] = (subscription._wait_key(), past, ends)

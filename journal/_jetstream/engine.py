@@ -119,6 +119,9 @@ class _Readers:
     def close(self) -> None:
         return None
 
+    def release(self) -> None:
+        return None  # (nothing held: `ends` are positions)
+
 
 class _RowChanges:
     """The waiter's change source: a core subscription to every session's row subject

@@ -108,6 +108,12 @@ class ReaderCache:
         if reader is not None and reader.base_position != active_segment and reader.unlinked():
             self._drop_reader()
 
+    def release(self) -> None:
+        """Close the reader until the next page (`PageReaders.release`); the frame a page
+        ended inside stays carried (its decoded records)."""
+        with self.lock:
+            self._drop_reader()
+
     def rest(self) -> None:
         """A page ended at the session's last event: close the reader (its descriptor and
         its read buffer), as its follower may wait at the head for long. A thousand
