@@ -30,6 +30,7 @@ __all__ = ["rows"]
 WATCHERS = 1000
 SETTLE_S = 1.0  # after the watchers started: replay done, every one waiting
 MEASURE_S = 3.0
+BUSY_COMMITS_S = 50  # (commits a second to a session nobody follows)
 
 
 def _cpu_percent(seconds: float) -> float:
@@ -65,8 +66,14 @@ def _threads(
     return percent, rate
 
 
-def _tasks(j: Journal, count: int) -> float:
-    """CPU % while `count` asyncio tasks wait in `awatch` on one event loop."""
+def _tasks(j: Journal, count: int, commits_per_s: float = 0) -> float:
+    """CPU % while `count` asyncio tasks wait in `awatch` on one event loop (each on its
+    own session), while another session takes `commits_per_s` commits of this process
+    (its appends alone measured apart and subtracted)."""
+
+    def busy(stop: threading.Event) -> None:
+        while not stop.wait(1 / commits_per_s):
+            j.append("elsewhere", [EventIn("message", b"{}")])
 
     async def measure() -> float:
         async def follow(session: str) -> None:
@@ -75,15 +82,32 @@ def _tasks(j: Journal, count: int) -> float:
 
         tasks = [asyncio.create_task(follow(f"idle-{i}")) for i in range(count)]
         await asyncio.sleep(SETTLE_S)
+        stop = threading.Event()
+        writer = threading.Thread(target=busy, args=(stop,)) if commits_per_s else None
+        if writer is not None:
+            writer.start()
         cpu, wall = time.process_time(), time.monotonic()
         await asyncio.sleep(MEASURE_S)
         percent = 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
+        stop.set()
+        if writer is not None:
+            writer.join()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return percent
 
     return asyncio.run(measure())
+
+
+def _writer_alone(j: Journal, commits_per_s: float) -> float:
+    """CPU % of the appends of `_tasks`' writer with nobody following."""
+    cpu, wall = time.process_time(), time.monotonic()
+    deadline = wall + MEASURE_S
+    while time.monotonic() < deadline:
+        j.append("elsewhere", [EventIn("message", b"{}")])
+        time.sleep(1 / commits_per_s)
+    return 100 * (time.process_time() - cpu) / (time.monotonic() - wall)
 
 
 def _rss_anon_kib() -> int:
@@ -147,6 +171,8 @@ def rows(directory: str) -> list[Extra]:
         shared_stop, stop_reads = _threads(j, waiter, WATCHERS, threading.Event())
         fifty, _ = _threads(j, waiter, 50, threading.Event())
         tasks = _tasks(j, WATCHERS)
+        j.create_session("elsewhere")
+        commits = _tasks(j, WATCHERS, BUSY_COMMITS_S) - _writer_alone(j, BUSY_COMMITS_S)
         turn_cpu, turn_rss = _mid_turn(j, WATCHERS)
     j, waiter = _opened(path, polling=True)
     with j:
@@ -156,6 +182,8 @@ def rows(directory: str) -> list[Extra]:
         "1000 threads, one shared stop (% core)": shared_stop,
         "50 threads, one shared stop (% core)": fifty,
         "1000 asyncio tasks (% core)": tasks,
+        f"1000 asyncio tasks, another session taking {BUSY_COMMITS_S} commits/s "
+        "of this process (% core, the commits' own cost subtracted)": commits,
         "1000 threads, polling fallback (% core)": polling,
         "head reads/s, no stop": reads,
         "head reads/s, with stop": stop_reads,
