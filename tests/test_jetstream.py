@@ -1720,3 +1720,31 @@ def test_init_creates_the_stream_with_the_replicas_asked(url: str, tmp_path: Pat
     local = CliRunner().invoke(main, ["--store", str(tmp_path / "d"), "init", "--replicas", "3"])
     assert local.exit_code == 2 and "--replicas is for nats:// stores" in local.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_commit_is_published_from_its_batch_s_first_message(url: str, tmp_path: Path) -> None:
+    """The engine published each commit with its row's sequence as the batch's first
+    position, though the batch's events (and lifecycle entry) come before the row: the
+    shared waiter took them for commits it had not heard of and woke every follower of
+    every session (10 watchers of other sessions read 200 pages over 20 commits). Now a
+    commit is published from its batch's first message: one that follows the last one
+    heard of concerns only its session's followers."""
+    engine = JetStreamEngine.open(JetStreamOptions(servers=[url], store=store_name(tmp_path)))
+    with Journal.over(engine) as j:
+        waiter = engine.waiter
+        published: list[tuple[int, tuple[int, ...] | None, int]] = []
+        publish = waiter.publish
+
+        def recording(next_position: int, keys: Any = None, first: int = 0) -> None:
+            published.append((next_position, None if keys is None else tuple(keys), first))
+            publish(next_position, keys, first)
+
+        waiter.publish = recording  # type: ignore[method-assign]
+        j.create_session("busy")
+        for count in (1, 3, 1, 2):
+            j.append("busy", events(count))
+        assert len(published) == 5  # (the creation, then each append)
+        for (before, _, _), (_, keys, first) in itertools.pairwise(published):
+            assert first == before and keys is not None  # (nothing unheard of between)
+        seen = published[0][0]
+        assert not waiter.moved(-1, seen)  # (another session's follower sleeps on)

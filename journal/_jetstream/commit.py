@@ -109,7 +109,7 @@ class Committer:
         reader: StoreReader,
         policy: RetentionPolicy,
         owner_alive: Owner,
-        committed: Callable[[int, SessionRow | None], None],
+        committed: Callable[[int, SessionRow | None, int], None],
         point: Callable[[str, object], None],
     ) -> None:
         self.reader = reader
@@ -280,7 +280,8 @@ class Committer:
             if len(self.last_rows) >= 4096:
                 self.last_rows.clear()
             self.last_rows[session_id] = new_state
-        self._committed(seq, new_state.row)
+        # (The batch's messages are consecutive, its row last: its first position.)
+        self._committed(seq, new_state.row, seq - len(messages) + 1)
         return seq
 
     def _unanswered(self, session_id: str, uncertain: bool) -> StoreUnavailable:

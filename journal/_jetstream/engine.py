@@ -404,9 +404,9 @@ class JetStreamEngine:
                 else:
                     scope.sleep(0.1)
 
-    def _committed(self, seq: int, row: SessionRow | None) -> None:
+    def _committed(self, seq: int, row: SessionRow | None, first: int) -> None:
         # (Its session's followers only; not known without a row: everyone's.)
-        self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), seq)
+        self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), first)
         if row is not None and self._expiry_wake is not None:
             due = row.deadline()
             if due is not None:
