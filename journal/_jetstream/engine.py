@@ -529,10 +529,12 @@ class JetStreamEngine:
         attempt = 0
         gap_under = -1  # the row sequence a leader read last found a gap under
         while True:
+            # Every commit known before the row is asked for is in it (read through the
+            # leader): the head to wait past. (`known` after the answer may hold a commit
+            # the row lacks, which its follower would then wait past: SPEC 16.)
+            known = self.reader.known
             state = await self.reader.row(session_id)
-            # Every commit up to `known` is in the row just read (through the leader):
-            # the head to wait past, without asking the stream for it.
-            head = max(self.reader.known, state.seq) + 1
+            head = max(known, state.seq) + 1
             row = state.row
             if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
                 return EventsPage([], False, row, head)
