@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from typing import Any, Final, Protocol
 
 from .forking import ForkPause
@@ -61,12 +61,15 @@ class ChangeSource(Protocol):
 class Notifier:
     """The shared waiter (see the module docstring). `read_head` returns the engine's
     committed next position; `changes` opens the engine's change source when the thread
-    starts (None, or a factory returning None: poll)."""
+    starts (None, or a factory returning None: poll); `read_changes`, when given, is what
+    the thread reads instead of `read_head`: the head and the keys of the commits since
+    its previous call (None: not known), so it wakes only their followers."""
 
     def __init__(
         self,
         read_head: Callable[[], int],
         changes: Callable[[], ChangeSource | None] | None = None,
+        read_changes: Callable[[], tuple[int, Collection[int] | None]] | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
@@ -78,13 +81,13 @@ class Notifier:
         self._unknown = 0
         self._touched: dict[int, int] = {}  # key -> the head after its last known commit
         self._keyed: dict[int, list[Any]] = {}  # key -> [its Condition, sync waiters]
-        # Commits of this process in flight (`committing`): the head may move before
-        # their `publish`, which the thread leaves to it.
-        self._committing = 0
         # Bumped when the thread could not read the head: every waiter looks again (its
         # own read then raises what is wrong).
         self._epoch = 0
         self._read_head = read_head
+        # Read by the thread instead of `read_head` when given: the head, and the keys of
+        # the commits since its previous call (None: not known).
+        self._read_changes = read_changes
         self._changes = changes
         # event loop -> its waiting futures -> (key, seen)
         self._async: dict[Any, dict[Any, tuple[int | None, int]]] = {}
@@ -140,14 +143,7 @@ class Notifier:
                 unknown = first > self._head  # (commits before it not heard of)
                 if unknown:
                     self._unknown = max(self._unknown, first)
-                touched = self._touched
-                for key in keys:
-                    if touched.get(key, 0) < next_position:
-                        touched[key] = next_position
-                if len(touched) > TOUCHED_MAX:
-                    touched.clear()
-                    self._unknown = max(self._unknown, next_position)
-                    unknown = True
+                unknown = self._touch(keys, next_position) or unknown
             if next_position > self._head:
                 self._head = next_position
             self._last_move = self._last_publish = time.monotonic()
@@ -159,26 +155,30 @@ class Notifier:
                 self._notify_all()
                 loops = self._async_snapshot()
             else:
-                self._cv.notify_all()
-                for key in keys:  # type: ignore[union-attr]
-                    entry = self._keyed.get(key)
-                    if entry is not None:
-                        entry[0].notify_all()
+                self._notify_keys(keys)  # type: ignore[arg-type]
                 loops = self._async_snapshot(moved_only=True)
         _wake_loops(loops)
 
-    @contextlib.contextmanager
-    def committing(self) -> Iterator[None]:
-        """Around a commit of this process and its `publish`: a head the thread reads
-        meanwhile is left to the `publish`, which knows the sessions it touched (read
-        as another process's commit, it would wake every follower)."""
-        with self._cv:
-            self._committing += 1
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._committing -= 1
+    def _touch(self, keys: Collection[int], head: int) -> bool:
+        """Record that commits up to `head` touched `keys` (under the lock); True when the
+        record overflowed and was forgotten (every keyed follower looks then)."""
+        touched = self._touched
+        for key in keys:
+            if touched.get(key, 0) < head:
+                touched[key] = head
+        if len(touched) <= TOUCHED_MAX:
+            return False
+        touched.clear()
+        self._unknown = max(self._unknown, head)
+        return True
+
+    def _notify_keys(self, keys: Collection[int]) -> None:
+        """Wake the sync waiters with no key and those of `keys` (under the lock)."""
+        self._cv.notify_all()
+        for key in keys:
+            entry = self._keyed.get(key)
+            if entry is not None:
+                entry[0].notify_all()
 
     def moved(self, key: int | None, seen: int) -> bool:
         """Whether a follower of `key` (None: of any change) that read the head `seen`
@@ -443,12 +443,7 @@ class Notifier:
         # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
-            if self._look(stops):
-                # Left to a `publish` in flight: look again shortly (a commit of another
-                # process may have come with it).
-                self._nap.wait(DEFER_S)
-                self._changed = True
-                return True
+            self._look(stops)
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:
@@ -464,15 +459,17 @@ class Notifier:
             with self._cv:
                 self._notify_all()
 
-    def _look(self, stops: list[Any]) -> bool:
-        """Read the head and wake whom it concerns; True when it moved by a commit of
-        this process not published yet (to look again)."""
+    def _look(self, stops: list[Any]) -> None:
         failed = False
+        keys: Collection[int] | None = None
         with self.busy:
             if self._closed:
-                return False
+                return
             try:
-                head = self._read_head()
+                if self._read_changes is None:
+                    head = self._read_head()
+                else:
+                    head, keys = self._read_changes()
             except Exception:  # the waiters' own reads raise it (or find it gone)
                 failed = True
                 head = 0
@@ -480,25 +477,26 @@ class Notifier:
         stopped = _any_set(stops)
         with self._cv:
             moved = head > self._head
-            deferred = moved and self._committing > 0
-            if deferred:
-                # This process's commit (and maybe another's), read before its `publish`,
-                # which wakes its followers: look again after it.
-                moved = False
-            elif moved:
-                # Commits this process did not publish (another process's): which
-                # sessions they touched is not known here, so every follower looks.
-                self._head = head
-                self._unknown = max(self._unknown, head)
+            if moved:
+                # Commits this process did not publish (another process's; or its own,
+                # read before their `publish`): their sessions' followers look, or every
+                # follower when which sessions is not known.
                 self._last_move = time.monotonic()
+                if keys is None or self._touch(keys, head):
+                    keys = None  # (not known, or forgotten: everyone looks)
+                    self._unknown = max(self._unknown, head)
+                self._head = head
             if failed:
                 self._epoch += 1
             if not (moved or failed or stopped):
-                return deferred
-            self._notify_all()
-            loops = self._async_snapshot() if moved or failed else []
+                return
+            if keys is not None and moved and not (failed or stopped):
+                self._notify_keys(keys)
+                loops = self._async_snapshot(moved_only=True)
+            else:
+                self._notify_all()
+                loops = self._async_snapshot() if moved or failed else []
         _wake_loops(loops)
-        return deferred
 
 
 def _any_set(stops: list[Any]) -> bool:

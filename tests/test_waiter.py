@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -314,7 +315,7 @@ class CountingReads:
         self._inner = inner
         self.reads = 0
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def read(self, *args: object) -> object:
@@ -405,3 +406,76 @@ def test_keyed_waits_wake_for_their_key_and_for_commits_not_heard_of() -> None:
     thread.join(WAIT_S)
     assert woke == [True]
     notifier.close()
+
+
+_COMMITS_ELSEWHERE = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    for line in sys.stdin:
+        session, count = line.split()
+        for _ in range(int(count)):
+            j.append(session, [EventIn("x", b"{}")])
+        print("done", flush=True)
+"""
+
+
+def test_a_commit_of_another_process_wakes_only_its_sessions_followers(tmp_path: Path) -> None:
+    """The waiter thread reads which sessions another process's commits touched (the
+    frames since its previous look): until 2026-12-03 each such commit woke every
+    follower (1,000 `awatch` tasks while another process committed 20 times a second to
+    a session nobody followed: 63% of a core; 3.3% now)."""
+    engine = CountingReads(LocalEngine.open(str(tmp_path), LocalOptions(durability="os")))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _COMMITS_ELSEWHERE, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def commit(session: str, count: int) -> None:
+        child.stdin.write(f"{session} {count}\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        assert child.stdout.readline() == "done\n"  # type: ignore[union-attr]
+
+    try:
+        with Journal.over(engine) as j:  # type: ignore[arg-type]
+            for i in range(30):
+                j.create_session(f"s{i}")
+            j.create_session("busy")
+            stop = threading.Event()
+            got: list[tuple[str, int]] = []
+
+            def follow(session: str) -> None:
+                for event in j.watch(session, stop=stop):
+                    got.append((session, event.ordinal))
+
+            threads = [threading.Thread(target=follow, args=(f"s{i}",)) for i in range(20)]
+            for thread in threads:
+                thread.start()
+            subs = [
+                j.subscribe(f"s{i}", lambda e, i=i: got.append((f"s{i}", e.ordinal)))
+                for i in range(20, 30)
+            ]
+            until(lambda: engine.waiter.waiting >= 20, "the watchers")
+            commit("busy", 1)  # (the thread's first look: not known, everyone looks once)
+            time.sleep(0.3)
+            reads = engine.reads
+            commit("busy", 20)
+            time.sleep(0.3)
+            # 30 followers of other sessions: 30 page reads per wake-up before, none now.
+            assert engine.reads - reads == 0
+            commit("s4", 1)
+            commit("s24", 1)
+            until(lambda: len(got) == 2, "the followers of s4 and s24")
+            stop.set()
+            for thread in threads:
+                thread.join(WAIT_S)
+            for sub in subs:
+                sub.close()
+        assert sorted(got) == [("s24", 1), ("s4", 1)]
+    finally:
+        child.stdin.close()
+        child.wait(WAIT_S)

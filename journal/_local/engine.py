@@ -74,6 +74,7 @@ from ..records import (
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .commit_queue import CommitQueue
+from .commits_seen import CommitsSeen
 from .compaction import Compactions
 from .expiry import ExpiryTimer
 from .failures import (
@@ -289,7 +290,8 @@ class LocalEngine:
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         # Rows the last batch of appends wrote (`known_rows`).
         self._rows = KnownRows()
-        self.waiter = Notifier(self.head, self.changes)
+        seen = CommitsSeen(self.log.directory, self._ops)
+        self.waiter = Notifier(self.head, self.changes, partial(self._head_changes, seen))
         self.expiry: ExpiryTimer | None = None
         self.compactions = Compactions(self.log, self.view, self.submit)
         self._closing = False
@@ -408,15 +410,20 @@ class LocalEngine:
 
     @reads_disk
     def head(self) -> int:
+        return self._head_changes(None)[0]
+
+    def _head_changes(self, seen: CommitsSeen | None) -> tuple[int, set[int] | None]:
+        """The committed head (a view replaced or cut short is seen as the transaction
+        begins) and, with `seen` (the waiter thread's), the sessions the commits since
+        its previous call touched (None: not known)."""
         if self._closed:
-            return 1 << 63
+            return 1 << 63, None
         if self.private_dir is not None:
             self._refresh_private_view()
-        # (Every watcher's poll: a view replaced or cut short is seen as the transaction
-        # begins.)
         with self.view.begin() as txn:
             head = self.view.head(txn)
-        return 1 if head is None else head.next_position
+        touched = None if seen is None else seen.since_last(head)
+        return (1 if head is None else head.next_position), touched
 
     def _refresh_private_view(self) -> None:
         """Project frames the writer committed since (read-only private view only)."""
@@ -473,8 +480,7 @@ class LocalEngine:
                 self._ops.point("commit.batch_taken", len(batch))
             for attempt in range(8):
                 try:
-                    with self.waiter.committing():  # (its followers woken by `publish`)
-                        self._commit(batch)
+                    self._commit(batch)
                     return
                 except lmdb.MapFullError:
                     if attempt == 7:
