@@ -38,6 +38,9 @@ STOP_CHECK_S: Final = 0.05
 SAFETY_POLL_S: Final = 1.0
 # After a commit of this process, how long the thread waits before it reads the head.
 DEFER_S: Final = 0.001
+# The longest a wait of the main thread sleeps at once: a signal the kernel delivered to
+# another thread runs its Python handler only once the main thread wakes.
+MAIN_SLICE_S: Final = 0.05
 # How long the thread stays after the last follower stopped waiting (a follower that
 # delivers a page and waits again must not start a thread per page).
 LINGER_S: Final = 1.0
@@ -238,6 +241,10 @@ class Notifier:
             elif epoch != self._epoch:
                 return True
             cv = self._cv if key is None else self._key_condition(key, 1)
+            # (Signal handlers run in the main thread only, and only once it wakes: one
+            # delivered to another thread of the process, which Linux does when the main
+            # thread has a signal pending already, waited for the follower's next commit.)
+            most = MAIN_SLICE_S if threading.current_thread() is threading.main_thread() else None
             self._enter(stop)
             try:
                 self._start()
@@ -247,12 +254,12 @@ class Notifier:
                     if stop is not None and stop.is_set():
                         return False
                     if deadline is None:
-                        cv.wait()
+                        cv.wait(most)
                         continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    cv.wait(remaining)
+                    cv.wait(remaining if most is None else min(remaining, most))
             finally:
                 self._leave(stop)
                 if key is not None:

@@ -479,3 +479,49 @@ def test_a_commit_of_another_process_wakes_only_its_sessions_followers(tmp_path:
     finally:
         child.stdin.close()
         child.wait(WAIT_S)
+
+
+def test_a_signal_another_thread_received_reaches_a_watching_main_thread(tmp_path: Path) -> None:
+    """A process-directed signal lands on another thread when the main thread has one
+    pending already; its Python handler runs only once the main thread wakes. A watch in
+    the main thread slept until its session's next commit (a trial's reader, frozen by
+    SIGUSR1, did not freeze for 30 s once commits of other sessions stopped waking every
+    follower); its waits now last at most 50 ms at a time."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    rescued = threading.Event()
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        j.create_session("other")
+
+        def poke() -> None:
+            until(lambda: bool(waiter_threads()), "the waiter thread")
+            time.sleep(0.2)  # (the watch waits now)
+            j.append("other", [EventIn("x", b"{}")])  # (wakes nobody here)
+            signal.pthread_kill(waiter_threads()[0].ident or 0, signal.SIGUSR1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not done.is_set():
+                time.sleep(0.01)
+            if not done.is_set():
+                rescued.set()  # the handler did not run: end the test's watch anyway
+                j.append("s", [EventIn("x", b"{}")])
+
+        done = threading.Event()
+        previous = signal.signal(signal.SIGUSR1, handler)
+        poker = threading.Thread(target=poke)
+        poker.start()
+        try:
+            with pytest.raises(Interrupted):
+                for _ in j.watch("s"):
+                    pass
+        finally:
+            done.set()
+            signal.signal(signal.SIGUSR1, previous)
+            poker.join(WAIT_S)
+    assert not rescued.is_set(), "the handler ran only after a commit of the session"
