@@ -525,3 +525,101 @@ def test_a_signal_another_thread_received_reaches_a_watching_main_thread(tmp_pat
             signal.signal(signal.SIGUSR1, previous)
             poker.join(WAIT_S)
     assert not rescued.is_set(), "the handler ran only after a commit of the session"
+
+
+_RANDOM_APPENDS = """
+import random, sys
+from journal import EventIn, Journal
+rng = random.Random(int(sys.argv[2]))
+with Journal.open(sys.argv[1], durability="os") as j:
+    for _ in range(int(sys.argv[3])):
+        j.append(f"s{rng.randrange(int(sys.argv[4]))}", [EventIn("x", b"{}")] * rng.randint(1, 3))
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_no_follower_misses_a_commit_of_its_session_among_others(tmp_path: Path, seed: int) -> None:
+    """Commits of this process (two threads, batches of several sessions) and of two
+    other processes, to followed and unfollowed sessions: every follower (`watch`,
+    `awatch`, subscription) reaches its session's last event. A lost wake-up leaves one
+    behind (bounded wait)."""
+    import random
+
+    sessions = 12
+    with Journal.open(tmp_path, durability="os") as j:
+        for i in range(sessions + 4):  # (s12..s15: nobody follows them)
+            j.create_session(f"s{i}")
+        seen: dict[str, int] = {f"s{i}": 0 for i in range(sessions)}
+        lock = threading.Lock()
+
+        def saw(session: str, ordinal: int) -> None:
+            with lock:
+                seen[session] = max(seen[session], ordinal)
+
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=lambda s=f"s{i}": [saw(s, e.ordinal) for e in j.watch(s, stop=stop)]
+            )
+            for i in range(0, 4)
+        ]
+        for thread in threads:
+            thread.start()
+        subs = [j.subscribe(f"s{i}", lambda e, s=f"s{i}": saw(s, e.ordinal)) for i in range(4, 8)]
+        loop_done = threading.Event()
+
+        def async_followers() -> None:
+            async def main() -> None:
+                async def follow(session: str) -> None:
+                    async for event in j.awatch(session):
+                        saw(session, event.ordinal)
+
+                tasks = [asyncio.create_task(follow(f"s{i}")) for i in range(8, sessions)]
+                while not loop_done.is_set():
+                    await asyncio.sleep(0.01)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            asyncio.run(main())
+
+        looper = threading.Thread(target=async_followers)
+        looper.start()
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        script = [sys.executable, "-c", _RANDOM_APPENDS, str(tmp_path)]
+        children = [
+            subprocess.Popen([*script, str(seed * 10 + k), "150", str(sessions + 4)], env=env)
+            for k in range(2)
+        ]
+
+        def writer(k: int) -> None:
+            local = random.Random(seed * 100 + k)
+            for _ in range(150):
+                session = f"s{local.randrange(sessions + 4)}"
+                j.append(session, [EventIn("x", b"{}")] * local.randint(1, 3))
+                if local.random() < 0.1:
+                    time.sleep(local.uniform(0, 0.005))
+
+        writers = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+        for thread in writers:
+            thread.start()
+        for thread in writers:
+            thread.join(120)
+        for child in children:
+            assert child.wait(120) == 0
+        last = {f"s{i}": j.get_session(f"s{i}").last_ordinal for i in range(sessions)}
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            with lock:
+                behind = {s: (seen[s], last[s]) for s in last if seen[s] < last[s]}
+            if not behind:
+                break
+            time.sleep(0.01)
+        stop.set()
+        loop_done.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+        looper.join(WAIT_S)
+        for sub in subs:
+            sub.close()
+        assert not behind, f"followers left behind (seen, last): {behind}"
