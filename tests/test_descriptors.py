@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from journal import CursorExpired, EventIn, Journal, RetentionPolicy
+from journal._local.reader import KEPT_AT_HEAD
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.isdir("/proc/self/fd"),
@@ -540,8 +541,9 @@ def test_followers_waiting_at_the_head_hold_no_descriptor_and_no_read_buffer(
             held, _ = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        # (the writer's descriptor of the active segment; 101 with the readers kept)
-        assert len(under(open_fds(), segments_dir(store))) == 1
+        # (the writer's descriptor of the active segment, and the readers of the first
+        # `KEPT_AT_HEAD` followers; 101 with every reader kept)
+        assert len(under(open_fds(), segments_dir(store))) <= 1 + KEPT_AT_HEAD
         # (100 followers: 6.9 MiB traced with the readers kept, 0.7 MiB without)
         assert held < 2 << 20, held
         # and each goes on reading what comes next

@@ -50,6 +50,25 @@ _DATA: Final = attrgetter("data")
 Carried = tuple[int, int, int, int, int, int, list[ReadRecord], int, int]
 
 
+# How many followers' readers a process keeps open at the head (`ReaderCache.rest`).
+KEPT_AT_HEAD: Final = 32
+
+
+class _OpenReaders:
+    """How many segment readers the process's `ReaderCache`s hold open now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def change(self, by: int) -> None:
+        with self._lock:
+            self.count += by
+
+
+_OPEN: Final = _OpenReaders()
+
+
 class ReaderCache:
     """The segment reader one reader of pages keeps open: a single `read()`, or a
     follower across all its pages (so read-ahead survives from page to page). It holds
@@ -89,6 +108,7 @@ class ReaderCache:
         if reader is None or reader.base_position != segment:
             self._drop_reader()
             reader = self._reader = SegmentReader(self.directory, segment, self._ops)
+            _OPEN.change(1)
         return reader
 
     def carry(self, carried: Carried) -> None:
@@ -115,17 +135,26 @@ class ReaderCache:
             self._drop_reader()
 
     def rest(self) -> None:
-        """A page ended at the session's last event: close the reader (its descriptor and
-        its read buffer), as its follower may wait at the head for long. A thousand
-        followers that caught up held a descriptor each (the 1,020th failed with EMFILE
-        under the usual limit of 1,024) and a buffer of up to 64 KiB (37 KiB on average
-        in a trial: 37 MiB). The next page opens the segment again (about 14 us: open,
-        the header's `pread`, close), which only a page with new events needs."""
-        self._drop_reader()
+        """A page ended at the session's last event, and its follower may wait at the
+        head for long: close the reader (its descriptor and buffer) when the process
+        keeps more than `KEPT_AT_HEAD` followers' readers open, else keep it open without
+        a large buffer (`SegmentReader.rest`). A thousand followers that caught up held
+        a descriptor each (the 1,020th failed with EMFILE under the usual limit of 1,024)
+        and a buffer of up to 64 KiB (37 MiB); reopening the segment for every page
+        (about 14 us: open, the header's `pread`, close) made the next event of a few
+        followers reach them later (cross-process follow p50 0.2 ms later)."""
+        reader = self._reader
+        if reader is None:
+            return
+        if _OPEN.count > KEPT_AT_HEAD:
+            self._drop_reader()
+        else:
+            reader.rest()
 
     def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None
         if reader is not None:
+            _OPEN.change(-1)
             reader.close()
 
     def close(self) -> None:

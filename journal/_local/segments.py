@@ -88,6 +88,8 @@ _ZEROS: Final = bytes(_READ_CHUNK)  # what the zeros after the active segment's 
 # The smallest read buffer a segment reader keeps (it grows, by powers of two, to
 # `_READ_CHUNK` as its reads need).
 _MIN_BUFFER: Final = 4096
+# A larger one (or chunk) is dropped when its reader's follower reaches the head (`rest`).
+_MIN_KEPT: Final = 16 << 10
 _block_table_encoder: Final = msgspec.msgpack.Encoder()
 
 
@@ -192,6 +194,19 @@ class SegmentReader:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def rest(self) -> None:
+        """Drop a read buffer or chunk over 16 KiB (the reader's follower reached the head
+        and may wait there long; its next read fills a buffer as large as it needs). The
+        chunk is not always in the buffer: a compressed segment's is its decompressed
+        block, a frame over 1 MiB gets a buffer of its own."""
+        buffer = self._buffer
+        if buffer is not None and len(buffer) > _MIN_KEPT:
+            self._buffer = None
+        elif len(self._chunk) <= _MIN_KEPT:
+            return
+        self._chunk = b""
+        self._chunk_start = self._trusted_end = 0
 
     def __enter__(self) -> SegmentReader:
         return self
