@@ -358,7 +358,7 @@ class Deliveries:
                     waits = {sub: wait for sub, wait in waits.items() if sub in current}
                 if again or wait_past is None:
                     continue
-                self._waiter.wait(wait_past, None, timeout, epoch)
+                self._waiter.wait(wait_past, None, timeout, epoch, followers=len(waits))
         finally:
             with self._lock:
                 remaining: list[Subscription[_HasCursor]] = []

@@ -38,6 +38,9 @@ STOP_CHECK_S: Final = 0.05
 SAFETY_POLL_S: Final = 1.0
 # After a commit of this process, how long the thread waits before it reads the head.
 DEFER_S: Final = 0.001
+# Up to this many waiting followers, the thread wakes them all for a commit of another
+# process rather than read which sessions it touched (`read_changes`).
+FEW_FOLLOWERS: Final = 2
 # The longest a wait of the main thread sleeps at once: a signal the kernel delivered to
 # another thread runs its Python handler only once the main thread wakes.
 MAIN_SLICE_S: Final = 0.05
@@ -96,6 +99,7 @@ class Notifier:
         self._async: dict[Any, dict[Any, tuple[int | None, int]]] = {}
         self._stops: dict[int, list[Any]] = {}  # id(stop) -> [stop, waiters using it]
         self._waiting = 0  # followers waiting now (sync and asyncio)
+        self._followers = 0  # the same, a delivery thread counting its subscriptions
         self._polls = 0  # head reads by the waiter thread (`polls`)
         self._last_move = 0.0
         self._last_publish = 0.0
@@ -224,12 +228,14 @@ class Notifier:
         timeout: float | None = None,
         epoch: int | None = None,
         key: int | None = None,
+        followers: int = 1,
     ) -> bool:
         """Block until the head passes `seen` (True), `stop` is set or `timeout` ends.
         With `epoch` (read before deciding to wait), a `recheck` since then also returns
         True, so a wake-up that came before the wait began is not lost. With `key` (the
         follower's session incarnation) only a commit that may concern it counts
-        (`moved`)."""
+        (`moved`). `followers`: how many followers this wait stands for (the delivery
+        thread's subscriptions)."""
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -245,7 +251,7 @@ class Notifier:
             # delivered to another thread of the process, which Linux does when the main
             # thread has a signal pending already, waited for the follower's next commit.)
             most = MAIN_SLICE_S if threading.current_thread() is threading.main_thread() else None
-            self._enter(stop)
+            self._enter(stop, followers)
             try:
                 self._start()
                 while True:
@@ -261,7 +267,7 @@ class Notifier:
                         return False
                     cv.wait(remaining if most is None else min(remaining, most))
             finally:
-                self._leave(stop)
+                self._leave(stop, followers)
                 if key is not None:
                     self._key_condition(key, -1)
 
@@ -328,9 +334,10 @@ class Notifier:
             if deadline is not None and time.monotonic() >= deadline:
                 return
 
-    def _enter(self, stop: Any) -> None:
+    def _enter(self, stop: Any, followers: int = 1) -> None:
         """A follower starts waiting (under the condition)."""
         self._waiting += 1
+        self._followers += followers
         if stop is not None:
             entry = self._stops.setdefault(id(stop), [stop, 0])
             entry[1] += 1
@@ -345,8 +352,9 @@ class Notifier:
             self._thread = threading.Thread(target=self._run, name="journal-waiter", daemon=True)
             self._thread.start()
 
-    def _leave(self, stop: Any) -> None:
+    def _leave(self, stop: Any, followers: int = 1) -> None:
         self._waiting -= 1
+        self._followers -= followers
         if stop is not None:
             entry = self._stops[id(stop)]
             entry[1] -= 1
@@ -473,7 +481,9 @@ class Notifier:
             if self._closed:
                 return
             try:
-                if self._read_changes is None:
+                if self._read_changes is None or self._followers <= FEW_FOLLOWERS:
+                    # (Waking so few costs less than finding whom: their next event comes
+                    # sooner. The engine's next read of changes covers these commits too.)
                     head = self._read_head()
                 else:
                     head, keys = self._read_changes()
