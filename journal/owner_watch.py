@@ -98,12 +98,6 @@ class OwnerWatch:
             self._rows.setdefault(key, row)
         return Watching(key, self._released)
 
-    def registered(self) -> int:
-        """How many followers are registered now (for tests)."""
-        with self._cv:
-            self._count_out()
-            return sum(self._counts.values())
-
     def close(self) -> None:
         """End the thread (the journal is closing); idempotent. A check in progress
         finishes on its own (not waited for)."""

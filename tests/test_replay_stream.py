@@ -385,11 +385,45 @@ def test_followers_that_caught_up_keep_no_large_read_buffer(tmp_path: Path) -> N
     assert held < 16 << 20, held
 
 
+def traced_once_caught_up(j: Journal, session: str, followers: int, events: int) -> int:
+    """The memory traced once `followers` `awatch` tasks of `session` delivered its
+    `events` events each and wait at the head (they hold no event themselves)."""
+    import asyncio
+
+    async def follow_all() -> int:
+        delivered: list[int] = []
+
+        async def follow() -> None:
+            async for event in j.awatch(session):
+                delivered.append(event.ordinal)
+                del event  # (this test's own reference, while the next one is awaited)
+
+        tasks = [asyncio.create_task(follow()) for _ in range(followers)]
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(delivered) < followers * events:
+                assert asyncio.get_running_loop().time() < deadline, len(delivered)
+                await asyncio.sleep(0.01)
+            for _ in range(5):  # (each waits at the head now)
+                await asyncio.sleep(0)
+            held, _ = tracemalloc.get_traced_memory()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return held
+
+    tracemalloc.start()
+    try:
+        return asyncio.run(follow_all())
+    finally:
+        tracemalloc.stop()
+
+
 def test_followers_that_caught_up_in_a_compressed_segment_keep_no_block(tmp_path: Path) -> None:
     # A compressed segment's chunk is its decompressed block, not the read buffer: until
     # 2026-12-03 a follower whose session's last events were in one kept that block (up
     # to 1 MiB) while it waited at the head (measured: 50 followers, 52 MB; 1.9 MB now).
-    import asyncio
 
     with Journal.open(tmp_path, segment_bytes=4 << 20, retention=NO_WINDOWS) as j:
         j.create_session("s")
@@ -401,34 +435,7 @@ def test_followers_that_caught_up_in_a_compressed_segment_keep_no_block(tmp_path
             j.append("other", [EventIn("t", b"z" * 1000) for _ in range(200)])
         j.compact()
         assert any(name.endswith(".seg.zst") for name in os.listdir(tmp_path / "segments"))
-
-        async def follow_all() -> int:
-            delivered: list[int] = []
-
-            async def follow() -> None:
-                async for event in j.awatch("s"):
-                    delivered.append(event.ordinal)
-
-            tasks = [asyncio.create_task(follow()) for _ in range(50)]
-            try:
-                deadline = asyncio.get_running_loop().time() + 60
-                while len(delivered) < 50 * 1000:
-                    assert asyncio.get_running_loop().time() < deadline, len(delivered)
-                    await asyncio.sleep(0.01)
-                for _ in range(5):  # (each waits at the head now)
-                    await asyncio.sleep(0)
-                held, _ = tracemalloc.get_traced_memory()
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            return held
-
-        tracemalloc.start()
-        try:
-            held = asyncio.run(follow_all())
-        finally:
-            tracemalloc.stop()
+        held = traced_once_caught_up(j, "s", 50, 1000)
     # 50 followers: 50 MiB with the blocks kept.
     assert held < 16 << 20, held
 
@@ -437,39 +444,10 @@ def test_followers_waiting_after_a_large_event_do_not_hold_it(tmp_path: Path) ->
     # A live follower keeps its last event for the cursor an `OutcomeUnknown` would carry:
     # until 2026-12-03 with its data (50 `awatch` followers caught up at a 2 MB event held
     # 100 MB), now without.
-    import asyncio
 
     with Journal.open(tmp_path, retention=NO_WINDOWS) as j:
         j.create_session("s")
         j.append("s", [EventIn("t", payload(1, 2 << 20))])
-
-        async def follow_all() -> int:
-            delivered: list[int] = []
-
-            async def follow() -> None:
-                async for event in j.awatch("s"):
-                    delivered.append(event.ordinal)
-                    del event  # (this test's own reference, while the next one is awaited)
-
-            tasks = [asyncio.create_task(follow()) for _ in range(20)]
-            try:
-                deadline = asyncio.get_running_loop().time() + 60
-                while len(delivered) < 20:
-                    assert asyncio.get_running_loop().time() < deadline, len(delivered)
-                    await asyncio.sleep(0.01)
-                for _ in range(5):  # (each waits at the head now)
-                    await asyncio.sleep(0)
-                held, _ = tracemalloc.get_traced_memory()
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            return held
-
-        tracemalloc.start()
-        try:
-            held = asyncio.run(follow_all())
-        finally:
-            tracemalloc.stop()
+        held = traced_once_caught_up(j, "s", 20, 1)
     # 20 followers: 40 MiB with the event's data kept.
     assert held < 16 << 20, held

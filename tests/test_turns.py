@@ -684,18 +684,26 @@ def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
     try:
         assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
         with Journal.open(store) as j:
-            owners = j._pages._owners  # noqa: SLF001 (its registrations, read only)
             delivered: list[int] = []
             errors: list[BaseException] = []
             sub = j.subscribe("s", lambda e: delivered.append(e.ordinal), on_error=errors.append)
             deadline = time.monotonic() + 30
-            while owners.registered() == 0 and time.monotonic() < deadline:
+            while not _owner_threads() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert delivered == [1, 2] and owners.registered() == 1  # it waits for the owner
+            assert delivered == [1, 2] and _owner_threads()  # it waits for the owner
             sub.close()
             assert sub.wait(30)
-            assert owners.registered() == 0  # before: 1 (while `sub` is held)
+            # Nothing registered: the thread ends 1 s later (before: never, while `sub`
+            # was held).
+            deadline = time.monotonic() + 30
+            while _owner_threads() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not _owner_threads()
             assert not errors
     finally:
         child.kill()
         child.wait()
+
+
+def _owner_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "journal-owners"]

@@ -323,6 +323,25 @@ class CountingReads:
         return self._inner.read(*args)
 
 
+def start_followers(
+    j: Journal, stop: threading.Event, got: list[tuple[str, int]]
+) -> tuple[list[threading.Thread], list[Any]]:
+    """`watch` threads of sessions s0..s19 and subscriptions of s20..s29, each adding
+    (session, ordinal) to `got`."""
+
+    def follow(session: str) -> None:
+        for event in j.watch(session, stop=stop):
+            got.append((session, event.ordinal))
+
+    threads = [threading.Thread(target=follow, args=(f"s{i}",)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    subs = [
+        j.subscribe(f"s{i}", lambda e, i=i: got.append((f"s{i}", e.ordinal))) for i in range(20, 30)
+    ]
+    return threads, subs
+
+
 def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(tmp_path: Path) -> None:
     """Followers of other sessions sleep through a commit of this process: until
     2026-12-03 every commit woke every follower of the journal, and each read a page
@@ -336,18 +355,7 @@ def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(tmp_path: 
         j.create_session("busy")
         stop = threading.Event()
         got: list[tuple[str, int]] = []
-
-        def follow(session: str) -> None:
-            for event in j.watch(session, stop=stop):
-                got.append((session, event.ordinal))
-
-        threads = [threading.Thread(target=follow, args=(f"s{i}",)) for i in range(20)]
-        for thread in threads:
-            thread.start()
-        subs = [
-            j.subscribe(f"s{i}", lambda e, i=i: got.append((f"s{i}", e.ordinal)))
-            for i in range(20, 30)
-        ]
+        threads, subs = start_followers(j, stop, got)
 
         async def main() -> None:
             async def follow_async(session: str) -> None:
@@ -447,18 +455,7 @@ def test_a_commit_of_another_process_wakes_only_its_sessions_followers(tmp_path:
             j.create_session("busy")
             stop = threading.Event()
             got: list[tuple[str, int]] = []
-
-            def follow(session: str) -> None:
-                for event in j.watch(session, stop=stop):
-                    got.append((session, event.ordinal))
-
-            threads = [threading.Thread(target=follow, args=(f"s{i}",)) for i in range(20)]
-            for thread in threads:
-                thread.start()
-            subs = [
-                j.subscribe(f"s{i}", lambda e, i=i: got.append((f"s{i}", e.ordinal)))
-                for i in range(20, 30)
-            ]
+            threads, subs = start_followers(j, stop, got)
             until(lambda: engine.waiter.waiting >= 20, "the watchers")
             commit("busy", 1)  # (the thread's first look: not known, everyone looks once)
             time.sleep(0.3)
