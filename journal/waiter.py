@@ -158,11 +158,11 @@ class Notifier:
                 # Every follower counts itself here, under this lock, before it sleeps
                 # (`_enter`): none waits, so there is nobody to wake (the usual commit).
                 return
-            if unknown:
+            if unknown or keys is None:
                 self._notify_all()
                 loops = self._async_snapshot()
             else:
-                self._notify_keys(keys)  # type: ignore[arg-type]
+                self._notify_keys(keys)
                 loops = self._async_snapshot(moved_only=True)
         _wake_loops(loops)
 
