@@ -2,12 +2,16 @@
 it, and one daemon thread per journal watches the engine's committed head for all of
 them, so the idle cost of following is one loop however many followers wait.
 
-Commits made by this process wake followers at once (`publish`). Commits made by other
-processes are seen by the waiter thread: it reads the committed head when the engine's
-change source (`ChangeSource`, inotify for the local engine) reports a write, or, with no
-change source, by polling the head every `IDLE_POLL_S` (`FAST_POLL_S` for a while after
-the head moved). The thread starts when the first follower waits and ends when nobody
-has waited for `LINGER_S`, or when the journal closes.
+Commits made by this process wake their followers at once (`publish`). Commits made by
+other processes are seen by the waiter thread: it reads the committed head when the
+engine's change source (`ChangeSource`, inotify for the local engine) reports a write,
+or, with no change source, by polling the head every `IDLE_POLL_S` (`FAST_POLL_S` for a
+while after the head moved). The thread starts when the first follower waits and ends
+when nobody has waited for `LINGER_S`, or when the journal closes.
+
+A follower of a session waits with its session's incarnation as its key, and a commit
+wakes only the followers of the keys it touched (`publish` is given them; the thread
+asks the engine, `read_changes`), or every follower when which keys is not known.
 
 Measured costs and latencies are in SPEC section 7.6.
 """
