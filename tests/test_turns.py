@@ -4,6 +4,7 @@ turn's owner dies (a real process, SIGKILL) or the session ends mid-turn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -601,16 +603,7 @@ def test_followers_of_a_turn_in_progress_share_one_owner_check(tmp_path: Path) -
     from journal._local import open_local
 
     store = tmp_path / "store"
-    with Journal.open(store, durability="os") as j:
-        j.create_session("s")
-    child = subprocess.Popen(
-        [sys.executable, "-c", _MID_TURN, str(store)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=_child_env(),
-    )
-    try:
-        assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
+    with _owner_mid_turn(store) as child:
         engine = _CountingEngine(
             open_local(str(store), (False, False, "os", 1 << 26, None, False), None, None, None)
         )
@@ -658,10 +651,6 @@ def test_followers_of_a_turn_in_progress_share_one_owner_check(tmp_path: Path) -
             assert {e.request_id for e in outcomes + errors} == {"r-killed"}  # type: ignore[attr-defined]
             for sub in subs:
                 sub.close()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
 
 
 def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
@@ -673,6 +662,33 @@ def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
     its pager, and with it the registration, lived as long as the Subscription object:
     the owner was checked every 100 ms, and the journal-owners thread never ended."""
     store = tmp_path / "store"
+    with _owner_mid_turn(store), Journal.open(store) as j:
+        delivered: list[int] = []
+        errors: list[BaseException] = []
+        sub = j.subscribe("s", lambda e: delivered.append(e.ordinal), on_error=errors.append)
+        deadline = time.monotonic() + 30
+        while not _owner_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert delivered == [1, 2] and _owner_threads()  # it waits for the owner
+        sub.close()
+        assert sub.wait(30)
+        # Nothing registered: the thread ends 1 s later (before: never, while `sub`
+        # was held).
+        deadline = time.monotonic() + 30
+        while _owner_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _owner_threads()
+        assert not errors
+
+
+def _owner_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "journal-owners"]
+
+
+@contextlib.contextmanager
+def _owner_mid_turn(store: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A store with session "s" whose owner, a child process, is mid-turn (killed at the
+    end if still alive)."""
     with Journal.open(store, durability="os") as j:
         j.create_session("s")
     child = subprocess.Popen(
@@ -683,27 +699,8 @@ def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
     )
     try:
         assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
-        with Journal.open(store) as j:
-            delivered: list[int] = []
-            errors: list[BaseException] = []
-            sub = j.subscribe("s", lambda e: delivered.append(e.ordinal), on_error=errors.append)
-            deadline = time.monotonic() + 30
-            while not _owner_threads() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert delivered == [1, 2] and _owner_threads()  # it waits for the owner
-            sub.close()
-            assert sub.wait(30)
-            # Nothing registered: the thread ends 1 s later (before: never, while `sub`
-            # was held).
-            deadline = time.monotonic() + 30
-            while _owner_threads() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert not _owner_threads()
-            assert not errors
+        yield child
     finally:
-        child.kill()
+        if child.poll() is None:
+            child.kill()
         child.wait()
-
-
-def _owner_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "journal-owners"]
