@@ -88,6 +88,7 @@ class Subscription(Generic[ItemT]):
         cursor: str | None,
         release: Callable[[], None],
         wake: Callable[[], None],
+        between: Callable[[], None] | None = None,
     ) -> None:
         self.session_id = session_id
         self._wake = wake
@@ -98,7 +99,7 @@ class Subscription(Generic[ItemT]):
         self._start_cursor = cursor
         self._release = release
         # Called after a page that leaves more to read (`Deliveries.add`).
-        self._between: Callable[[], None] | None = None
+        self._between = between
         self._last: ItemT | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -259,9 +260,8 @@ class Deliveries:
         the subscription ends, on the delivery thread; `between`, when given, after each
         page that leaves more to read while other subscriptions take their turn)."""
         subscription = Subscription(
-            session_id, pager, listener, on_error, cursor, release, self._waiter.recheck
+            session_id, pager, listener, on_error, cursor, release, self._waiter.recheck, between
         )
-        subscription._between = between
         with self._lock:
             if self._closing:
                 release()
