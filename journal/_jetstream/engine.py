@@ -405,7 +405,6 @@ class JetStreamEngine:
                     scope.sleep(0.1)
 
     def _committed(self, seq: int, row: SessionRow | None, first: int) -> None:
-        # (Its session's followers only; not known without a row: everyone's.)
         self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), first)
         if row is not None and self._expiry_wake is not None:
             due = row.deadline()
@@ -530,8 +529,7 @@ class JetStreamEngine:
         gap_under = -1  # the row sequence a leader read last found a gap under
         while True:
             # Every commit known before the row is asked for is in it (read through the
-            # leader): the head to wait past. (`known` after the answer may hold a commit
-            # the row lacks, which its follower would then wait past: SPEC 16.)
+            # leader): the head to wait past (not `known` after the answer: SPEC 16).
             known = self.reader.known
             state = await self.reader.row(session_id)
             head = max(known, state.seq) + 1

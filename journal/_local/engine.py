@@ -114,7 +114,7 @@ from .opening import (
     remove_private_view,
 )
 from .planner import Planner, Request, SealRetention
-from .projector import Projection, project_log, project_new, project_segments, while_files_change
+from .projector import Projection, project_log, project_segments, refresh_private
 from .reader import ReaderCache, read_page
 from .retention import SummaryCache, delete_segment_files
 from .segments import KnownZeros, LogHole
@@ -428,18 +428,8 @@ class LocalEngine:
     def _refresh_private_view(self) -> None:
         """Project frames the writer committed since (read-only private view only)."""
         with self._private_lock:
-            if self._closed:
-                return
-            view = self.view
-            with view.begin() as txn:
-                head = view.head(txn)
-            if head is None or not self.log.moved_past(
-                head.segment, head.end_offset, head.next_position
-            ):
-                return
-            # (Retried, in a new transaction, on a fresh listing of the segments when one
-            # listed was deleted or replaced meanwhile: `while_files_change`.)
-            while_files_change(self.log, partial(project_new, self.log, view, self._ops))
+            if not self._closed:
+                refresh_private(self.log, self.view, self._ops)
 
     # -- the commit path -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import pairwise
 from typing import TypeVar
 
@@ -49,6 +50,7 @@ __all__ = [
     "project_log",
     "project_new",
     "project_segments",
+    "refresh_private",
     "while_files_change",
 ]
 
@@ -698,6 +700,16 @@ def while_files_change(
         if last or settled is None or settled(result) or log.file_versions() == before:
             return result
     raise AssertionError("unreachable")
+
+
+def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:
+    """Project into a private view the frames the writer committed after its head, if
+    any (retried, in a new transaction, on a fresh listing of the segments when one
+    listed was deleted or replaced meanwhile: `while_files_change`)."""
+    with view.begin() as txn:
+        head = view.head(txn)
+    if head is not None and log.moved_past(head.segment, head.end_offset, head.next_position):
+        while_files_change(log, partial(project_new, log, view, ops))
 
 
 def project_new(log: SegmentLog, view: View, ops: FileOps) -> None:
