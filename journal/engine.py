@@ -13,7 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
@@ -421,7 +421,7 @@ class Engine(Protocol):
     ) -> tuple[list[SessionRow], bool]:
         """Up to `limit` rows in session-id order after `after_id`, and whether more follow."""
 
-    def registry(self) -> tuple[int, list[SessionRow]]:
+    def registry(self) -> tuple[int, Sequence[SessionRow]]:
         """Every row and the last lifecycle position, from one consistent snapshot."""
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:

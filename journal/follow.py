@@ -140,25 +140,30 @@ class EventPager:
 
 class LifecyclePager:
     """Lifecycle changes after a feed position, after an optional startup snapshot (one
-    CREATED per session, all from one read snapshot)."""
+    CREATED per session, all from one read snapshot, delivered a page at a time)."""
 
     def __init__(
         self,
         read_feed: Callable[[int], tuple[list[LifecycleEvent], int, int]],
         after: int,
-        snapshot: Callable[[], tuple[list[LifecycleEvent], int]] | None,
+        snapshot: Callable[[], tuple[Iterator[list[LifecycleEvent]], int]] | None,
     ) -> None:
         self._read_feed = read_feed
         self.after = after
         self._snapshot = snapshot
+        self._snapshot_pages: Iterator[list[LifecycleEvent]] | None = None
         self.wait_timeout: float | None = None
         self.wait_key: int | None = None  # (every commit may change the lifecycle)
 
     def step(self) -> tuple[list[LifecycleEvent], int | None, bool]:
         if self._snapshot is not None:
-            events, self.after = self._snapshot()
+            self._snapshot_pages, self.after = self._snapshot()
             self._snapshot = None
-            return events, None, False
+        if self._snapshot_pages is not None:
+            page = next(self._snapshot_pages, None)
+            if page is not None:
+                return page, None, False
+            self._snapshot_pages = None  # (releases the snapshot's rows)
         events, self.after, seen = self._read_feed(self.after)
         return events, None if events else seen, False
 

@@ -51,6 +51,7 @@ from journal import (
     SessionState,
     Stream,
 )
+from journal.lifecycle import SNAPSHOT_PAGE, SNAPSHOT_REUSE
 
 __all__ = ["JournalContract"]
 
@@ -1589,6 +1590,47 @@ class JournalContract:
             LifecycleEventType.SUSPENDED,
             "a",
         )
+
+    @pytest.mark.parametrize("changes", [3, SNAPSHOT_REUSE + 6])
+    def test_watch_sessions_started_while_another_delivers_its_snapshot(
+        self, j: Journal, changes: int
+    ) -> None:
+        """A follow that starts while another still delivers its startup snapshot takes
+        that snapshot when at most `SNAPSHOT_REUSE` changes came after it, and then those
+        changes (a fresh snapshot otherwise): either way every session comes once, as it
+        is now."""
+        sessions = [f"s{i:03d}" for i in range(SNAPSHOT_PAGE + 6)]  # (more than a page)
+        for session in sessions:
+            j.create_session(session)
+        with guarded_stop() as stop:
+            first = j.watch_sessions(stop=stop)
+            next_or_fail(first)  # (it holds its snapshot now)
+            for i in range(changes):
+                if i % 3 == 0:
+                    j.create_session(f"n{i:03d}")
+                elif i % 3 == 1:
+                    j.cancel_session(sessions[i])
+                else:
+                    j.suspend_session(sessions[i])
+            j.create_session("last")
+            second = j.watch_sessions(stop=stop)
+            total = len(sessions) + len(range(0, changes, 3)) + 1
+            got: list[LifecycleEvent] = []
+            while len({e.session.session_id for e in got}) < total:
+                got.append(next_or_fail(second))
+            close_feed(second)
+            close_feed(first)
+        created = [e.session.session_id for e in got if e.event_type is LifecycleEventType.CREATED]
+        assert len(created) == len(set(created)) == total
+        states = {e.session.session_id: e.session.state for e in got}
+        assert states == {m.session_id: m.state for m in j.list_sessions()}
+        if changes <= SNAPSHOT_REUSE:  # (the first's snapshot, then the changes after it)
+            assert created[: len(sessions)] == sessions
+            assert len(got) == len(sessions) + changes + 1
+            assert got[-1].session.session_id == "last"
+        else:  # (a snapshot of its own: in id order, and nothing after it)
+            assert created == sorted(created)
+            assert len(got) == len(created)
 
     def test_watch_sessions_stop_event_ends_it_promptly(self, j: Journal) -> None:
         self._lifecycle_fixture(j)

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Final, Literal, TypeVar
@@ -130,6 +131,7 @@ from .store_file import (
 from .stored import stored_record
 from .verify import verify_store
 from .view import Head
+from .view_codec import ListedRows
 
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
@@ -685,13 +687,13 @@ class LocalEngine:
                 rows.append(row)
         return rows, False
 
-    def registry(self) -> tuple[int, list[SessionRow]]:
+    def registry(self) -> tuple[int, Sequence[SessionRow]]:
         view = self.view
         with view.begin() as txn:
             head = view.head(txn)
             point = 0 if head is None else head.next_position - 1
-            raws = view.encoded_rows(txn)
-        return point, [view.decode_row(raw) for raw in raws]
+            encoded = view.encoded_rows(txn)
+        return point, ListedRows(encoded)
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         view = self.view

@@ -580,16 +580,12 @@ class View:
 
     def encoded_rows(self, txn: lmdb.Transaction) -> list[tuple[bytes, bytes]]:
         """Every visible row, still encoded, with its key (copied out of the transaction;
-        see `decode_row`)."""
+        `view_codec.ListedRows` decodes them)."""
         return [
             (bytes(key), bytes(raw))
             for key, raw in txn.cursor(db=self._sessions)
             if bytes(key) >= _STAGED_END
         ]
-
-    @classmethod
-    def decode_row(cls, encoded: tuple[bytes, bytes]) -> SessionRow:
-        return listed_row(*encoded)
 
     def session_id_of(self, txn: lmdb.Transaction, incarnation: int) -> str | None:
         key = U64.pack(incarnation)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Final, TypeVar
+from collections.abc import Sequence
+from typing import Final, TypeVar, overload
 
 import msgspec
 
@@ -21,6 +22,7 @@ __all__ = [
     "CRC",
     "U64",
     "U64X2",
+    "ListedRows",
     "Raw",
     "corrupt",
     "decoded",
@@ -112,3 +114,28 @@ def listed_row(key: Raw, raw: Raw) -> SessionRow:
     if row.session_id.encode() != bytes(key):
         raise corrupt(f"the row under {bytes(key)[:40]!r} names session {row.session_id!r}")
     return row
+
+
+class ListedRows(Sequence[SessionRow]):
+    """`sessions` rows copied out still encoded (key, value), each decoded by `listed_row`
+    when read: about 160 B per row held instead of about 670 B decoded (a startup
+    snapshot of 100,000 sessions: 16 MB instead of 67)."""
+
+    __slots__ = ("_encoded",)
+
+    def __init__(self, encoded: list[tuple[bytes, bytes]]) -> None:
+        self._encoded = encoded
+
+    def __len__(self) -> int:
+        return len(self._encoded)
+
+    @overload
+    def __getitem__(self, index: int) -> SessionRow: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[SessionRow]: ...
+
+    def __getitem__(self, index: int | slice) -> SessionRow | list[SessionRow]:
+        if isinstance(index, slice):
+            return [listed_row(*encoded) for encoded in self._encoded[index]]
+        return listed_row(*self._encoded[index])
