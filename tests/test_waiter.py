@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engines import ENGINES, JetStreamEngineFactory, engine_params
 
 from journal import EventIn, Journal, JournalClosed
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 from journal._local.engine import LocalEngine, LocalOptions
 from journal.waiter import Notifier
 
@@ -311,7 +313,7 @@ def test_fork_with_watchers_waiting_keeps_the_parent_following(
 class CountingReads:
     """An engine that counts its page reads (the seam `Journal.over` takes)."""
 
-    def __init__(self, inner: LocalEngine) -> None:
+    def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.reads = 0
 
@@ -321,6 +323,22 @@ class CountingReads:
     def read(self, *args: object) -> object:
         self.reads += 1
         return self._inner.read(*args)
+
+
+def open_engine(name: str, path: Path) -> tuple[Any, list[str]]:
+    """The engine `name` (of `ENGINES`) on the store of `path`, and the arguments of
+    `Journal.open` for another process: its location, and its keywords as JSON."""
+    factory = ENGINES[name]
+    if not isinstance(factory, JetStreamEngineFactory):
+        return LocalEngine.open(str(path), LocalOptions(durability="os")), [
+            str(path),
+            '{"durability": "os"}',
+        ]
+    url, store = factory.url(), factory.store_name(path)
+    servers = [f"nats://{server}" for server in url.removeprefix("nats://").split(",")]
+    options = JetStreamOptions(servers, store, replicas=factory.replicas)
+    keywords = f'{{"store": "{store}", "replicas": {factory.replicas}}}'
+    return JetStreamEngine.open(options), [url, keywords]
 
 
 def start_followers(
@@ -342,13 +360,18 @@ def start_followers(
     return threads, subs
 
 
-def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", engine_params())
+def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(
+    tmp_path: Path, name: str
+) -> None:
     """Followers of other sessions sleep through a commit of this process: until
     2026-12-03 every commit woke every follower of the journal, and each read a page
     (1,000 `watch` threads idle on their own sessions while one other session took 20
     commits a second: 132% of a core; 1,000 `awatch` 69%, 1,000 subscriptions 55%; now
-    2-5%)."""
-    engine = CountingReads(LocalEngine.open(str(tmp_path), LocalOptions(durability="os")))
+    2-5%). On JetStream the waiter's thread often read back-to-back commits of this
+    process before their publish, and woke everyone (until 2026-12-03: 110-190 page
+    reads over these 20 commits)."""
+    engine = CountingReads(open_engine(name, tmp_path)[0])
     with Journal.over(engine) as j:  # type: ignore[arg-type]
         for i in range(40):
             j.create_session(f"s{i}")
@@ -364,6 +387,9 @@ def test_a_commit_wakes_only_the_followers_of_the_sessions_it_touched(tmp_path: 
 
             tasks = [asyncio.create_task(follow_async(f"s{i}")) for i in range(30, 40)]
             await asyncio.sleep(0.5)  # (all wait at the head now)
+            # (The thread's first look at which sessions moved: not known, all look once.)
+            await asyncio.to_thread(j.append, "busy", [EventIn("x", b"{}")])
+            await asyncio.sleep(0.3)
             reads = engine.reads
             for _ in range(20):
                 await asyncio.to_thread(j.append, "busy", [EventIn("x", b"{}")])
@@ -417,9 +443,9 @@ def test_keyed_waits_wake_for_their_key_and_for_commits_not_heard_of() -> None:
 
 
 _COMMITS_ELSEWHERE = """
-import sys
+import json, sys
 from journal import EventIn, Journal
-with Journal.open(sys.argv[1], durability="os") as j:
+with Journal.open(sys.argv[1], **json.loads(sys.argv[2])) as j:
     for line in sys.stdin:
         session, count = line.split()
         for _ in range(int(count)):
@@ -428,14 +454,20 @@ with Journal.open(sys.argv[1], durability="os") as j:
 """
 
 
-def test_a_commit_of_another_process_wakes_only_its_sessions_followers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", engine_params())
+def test_a_commit_of_another_process_wakes_only_its_sessions_followers(
+    tmp_path: Path, name: str
+) -> None:
     """The waiter thread reads which sessions another process's commits touched (the
-    frames since its previous look): until 2026-12-03 each such commit woke every
-    follower (1,000 `awatch` tasks while another process committed 20 times a second to
-    a session nobody followed: 63% of a core; 3.3% now)."""
-    engine = CountingReads(LocalEngine.open(str(tmp_path), LocalOptions(durability="os")))
+    local engine: the frames since its previous look; JetStream: the row messages and
+    feed entries since): until 2026-12-03 each such commit woke every follower (local:
+    1,000 `awatch` tasks while another process committed 20 times a second to a session
+    nobody followed: 63% of a core, 3.3% now; JetStream: 100 `awatch` tasks read 9,200
+    pages over 100 such commits, none now)."""
+    inner, args = open_engine(name, tmp_path)
+    engine = CountingReads(inner)
     child = subprocess.Popen(
-        [sys.executable, "-c", _COMMITS_ELSEWHERE, str(tmp_path)],
+        [sys.executable, "-c", _COMMITS_ELSEWHERE, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -525,17 +557,20 @@ def test_a_signal_another_thread_received_reaches_a_watching_main_thread(tmp_pat
 
 
 _RANDOM_APPENDS = """
-import random, sys
+import json, random, sys
 from journal import EventIn, Journal
-rng = random.Random(int(sys.argv[2]))
-with Journal.open(sys.argv[1], durability="os") as j:
-    for _ in range(int(sys.argv[3])):
-        j.append(f"s{rng.randrange(int(sys.argv[4]))}", [EventIn("x", b"{}")] * rng.randint(1, 3))
+rng = random.Random(int(sys.argv[3]))
+with Journal.open(sys.argv[1], **json.loads(sys.argv[2])) as j:
+    for _ in range(int(sys.argv[4])):
+        j.append(f"s{rng.randrange(int(sys.argv[5]))}", [EventIn("x", b"{}")] * rng.randint(1, 3))
 """
 
 
+@pytest.mark.parametrize("name", engine_params())
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_no_follower_misses_a_commit_of_its_session_among_others(tmp_path: Path, seed: int) -> None:
+def test_no_follower_misses_a_commit_of_its_session_among_others(
+    tmp_path: Path, seed: int, name: str
+) -> None:
     """Commits of this process (two threads, batches of several sessions) and of two
     other processes, to followed and unfollowed sessions: every follower (`watch`,
     `awatch`, subscription) reaches its session's last event. A lost wake-up leaves one
@@ -543,7 +578,8 @@ def test_no_follower_misses_a_commit_of_its_session_among_others(tmp_path: Path,
     import random
 
     sessions = 12
-    with Journal.open(tmp_path, durability="os") as j:
+    inner, args = open_engine(name, tmp_path)
+    with Journal.over(inner) as j:
         for i in range(sessions + 4):  # (s12..s15: nobody follows them)
             j.create_session(f"s{i}")
         seen: dict[str, int] = {f"s{i}": 0 for i in range(sessions)}
@@ -583,7 +619,7 @@ def test_no_follower_misses_a_commit_of_its_session_among_others(tmp_path: Path,
         looper = threading.Thread(target=async_followers)
         looper.start()
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-        script = [sys.executable, "-c", _RANDOM_APPENDS, str(tmp_path)]
+        script = [sys.executable, "-c", _RANDOM_APPENDS, *args]
         children = [
             subprocess.Popen([*script, str(seed * 10 + k), "150", str(sessions + 4)], env=env)
             for k in range(2)

@@ -228,7 +228,8 @@ class Connection:
 
     async def direct(self, body: dict[str, Any]) -> tuple[list[Found], dict[str, str]]:
         """A batched direct get (`batch` or `multi_last` in `body`): the messages and the
-        headers of the end-of-batch marker (empty when nothing matched)."""
+        headers of the end-of-batch marker (only its `Status` when it is not 204: 404
+        when nothing matched)."""
         inbox = self.nc.new_inbox()
         found: list[Found] = []
         done: asyncio.Future[dict[str, str]] = self.loop.create_future()
@@ -238,7 +239,7 @@ class Connection:
             status = headers.get("Status")
             if status is not None:
                 if status in _END_STATUSES and not done.done():
-                    done.set_result(headers if status == "204" else {})
+                    done.set_result(headers if status == "204" else {"Status": status})
                 return
             found.append(_found(msg, headers))
 

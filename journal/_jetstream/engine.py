@@ -54,12 +54,8 @@ from ..models import (
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .client import ApiError, Closed, Connection, Unavailable
-from .layout import (
-    ENCODER,
-    HEARTBEAT_DECODER,
-    Heartbeat,
-    Subjects,
-)
+from .commits_seen import CommitsSeen
+from .layout import ENCODER, HEARTBEAT_DECODER, Heartbeat, Subjects
 from .opening import bootstrap, key_ring_of, recorded_policy
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import IMPORT_REFUSAL, Writer
@@ -347,7 +343,8 @@ class JetStreamEngine:
             raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
         self.store_id = meta.store_id
         self.key_ring = key_ring_of(options, meta)
-        self.waiter = Notifier(self.head, lambda: _RowChanges(self))
+        seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
+        self.waiter = Notifier(self.head, lambda: _RowChanges(self), lambda: seen.read(self._ask))
         policy = conn.call(recorded_policy(conn, self.subjects, options))
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
         self._expiry_wake: asyncio.Event | None = None
