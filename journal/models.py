@@ -134,6 +134,26 @@ class Event(
             self._cursor = self._context.signer(self.position, self.ordinal, self.timestamp_ms)
         return self._cursor
 
+    def to_dict(self) -> dict[str, Any]:
+        """The event's public fields as a dict, `cursor` included (None for an event not
+        read from a journal): what to encode, since the event itself is laid out for fast
+        reads (`msgspec.json.encode(event.to_dict())`; `data` stays bytes, which msgspec
+        writes as base64)."""
+        try:
+            cursor: str | None = self.cursor
+        except ValueError:  # (not read from a journal)
+            cursor = None
+        return {
+            "session_id": self.session_id,
+            "ordinal": self.ordinal,
+            "type": self.type,
+            "data": self.data,
+            "request_id": self.request_id,
+            "timestamp_ms": self.timestamp_ms,
+            "position": self.position,
+            "cursor": cursor,
+        }
+
     def _key(self) -> tuple[Any, ...]:
         return (
             self.session_id,
@@ -259,6 +279,14 @@ class Page(msgspec.Struct, frozen=True):
     events: list[Event]
     next_cursor: str | None
     has_more: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """The page with each event as `Event.to_dict` gives it: what to encode."""
+        return {
+            "events": [event.to_dict() for event in self.events],
+            "next_cursor": self.next_cursor,
+            "has_more": self.has_more,
+        }
 
 
 class AppendResult(msgspec.Struct, frozen=True):

@@ -14,6 +14,7 @@ import journal
 from journal import (
     CursorExpired,
     CursorFuture,
+    Event,
     EventIn,
     Journal,
     JournalCorrupt,
@@ -212,6 +213,41 @@ def test_events_and_pages_pickle_with_their_cursors(tmp_path: Path) -> None:
         assert [e.data for e in resumed] == [b"two"]
         # No key material travels: only the cursor strings.
         assert b"HMAC" not in pickle.dumps(page)
+
+
+def test_events_and_pages_encode_through_to_dict(tmp_path: Path) -> None:
+    """An event (laid out for fast reads) does not encode itself: `to_dict` gives what
+    does, with the cursor; the other public types encode as they are."""
+    import msgspec
+
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"one", "r1"), EventIn("m", b"two")])
+        page = j.read("s")
+        decoded = msgspec.json.decode(msgspec.json.encode(page.to_dict()))
+        first = decoded["events"][0]
+        assert first == {
+            "session_id": "s",
+            "ordinal": 1,
+            "type": "m",
+            "data": "b25l",  # (base64 of b"one")
+            "request_id": "r1",
+            "timestamp_ms": page.events[0].timestamp_ms,
+            "position": page.events[0].position,
+            "cursor": page.events[0].cursor,
+        }
+        assert decoded["next_cursor"] == page.next_cursor and decoded["has_more"] is False
+        assert [e["data"] for e in decoded["events"]] == ["b25l", "dHdv"]
+        resumed = list(j.replay("s", cursor=first["cursor"]))
+        assert [e.data for e in resumed] == [b"two"]
+        # An unpickled event keeps its cursor; one not read from a journal has none.
+        unpickled = pickle.loads(pickle.dumps(page.events[1]))
+        assert unpickled.to_dict()["cursor"] == page.events[1].cursor
+        assert Event(0, 1, 0, "m", b"x").to_dict()["cursor"] is None
+        with j.watch_sessions() as feed:
+            msgspec.json.encode(next(feed))
+        msgspec.json.encode(j.get_session("s"))
+        msgspec.json.encode(j.stats())
 
 
 def test_streams_close_at_once_and_work_as_context_managers(tmp_path: Path) -> None:
