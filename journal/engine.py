@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 
@@ -56,6 +56,7 @@ __all__ = [
     "ImportTarget",
     "Lease",
     "Operation",
+    "OwnersAlive",
     "PageReaders",
     "Progress",
     "ReadScope",
@@ -463,3 +464,13 @@ class Engine(Protocol):
     def stats(self) -> StoreStats: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class OwnersAlive(Protocol):
+    """What an engine may add to `Engine`: the owner checks of many unsettled turns at
+    once (the live followers' checks, SPEC 7.8), each as `owner_alive` would answer, in
+    the rows' order, cheaper than one by one (the local engine reads the start time of
+    each distinct owner pid once). An engine without it is asked row by row."""
+
+    def owners_alive(self, rows: list[SessionRow]) -> list[bool | None]: ...

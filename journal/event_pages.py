@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from .engine import Engine, PageReaders
+from .engine import Engine, OwnersAlive, PageReaders
 from .errors import SessionNotFound
 from .follow import EventPager
 from .models import Event, ReadContext
-from .owner_watch import OwnerWatch
+from .owner_watch import OwnerWatch, each_owner
 from .session_cursors import SessionCursors
 from .sessions import SessionRow
 from .turns import check_unsettled
@@ -27,7 +27,12 @@ class EventPages:
     def __init__(self, engine: Engine, cursors: SessionCursors) -> None:
         self._engine = engine
         self._cursors = cursors
-        self._owners = OwnerWatch(engine.owner_alive, engine.waiter.recheck)
+        checks = (
+            engine.owners_alive
+            if isinstance(engine, OwnersAlive)
+            else each_owner(engine.owner_alive)
+        )
+        self._owners = OwnerWatch(checks, engine.waiter.recheck)
 
     def close(self) -> None:
         self._owners.close()

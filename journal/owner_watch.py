@@ -4,9 +4,11 @@ turn every `OWNER_CHECK_S`, however many followers wait on it.
 A live follower that has delivered everything while its session's last turn is unsettled
 waits for the turn's owner to settle it or to die. It registers the turn's row here and
 waits on the journal's shared waiter like an idle follower (no timer of its own); one
-daemon thread per journal, `journal-owners`, checks each registered owner in turn and,
-when one is gone (or a check fails), wakes every follower of the journal to look again
-itself (each then checks twice, as before, and raises `OutcomeUnknown`). Until 2026-12-03
+daemon thread per journal, `journal-owners`, checks every registered owner once a round
+(one call of the engine's `owners_alive` when it has one: the local engine reads each
+owner process's start time once a round, not once per turn) and, when one is gone (or a
+check fails), wakes every follower of the journal to look again itself (each then
+checks twice, as before, and raises `OutcomeUnknown`). Until 2026-12-03
 every such follower woke every 100 ms to read a page and check the owner itself: 1,000
 `awatch` tasks of one session mid-turn used 94% of a core.
 """
@@ -16,12 +18,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from .sessions import SessionRow
 
-__all__ = ["OwnerWatch", "Watching"]
+__all__ = ["OwnerChecks", "OwnerWatch", "Watching", "each_owner"]
 
 _log: Final = logging.getLogger("journal")
 
@@ -33,6 +35,21 @@ LINGER_S: Final = 1.0
 # What identifies one owner of one unsettled turn: session, incarnation, the turn's
 # request id and the lease (generation, pid, host, boot id).
 _Key = tuple[str, int, str | None, int, int, str, str]
+
+
+# A round's checks: whether the owner of each row is alive (None: cannot tell), in order;
+# raises when a check fails (its followers then look themselves).
+OwnerChecks = Callable[[list[SessionRow]], Sequence[bool | None]]
+
+
+def each_owner(owner_alive: Callable[[SessionRow], bool | None]) -> OwnerChecks:
+    """A round's checks made of an engine's `owner_alive`, one row after the other (an
+    engine without `OwnersAlive`: the JetStream engine)."""
+
+    def check(rows: list[SessionRow]) -> list[bool | None]:
+        return [owner_alive(row) for row in rows]
+
+    return check
 
 
 def _key(row: SessionRow) -> _Key:
@@ -64,14 +81,13 @@ class Watching:
 
 
 class OwnerWatch:
-    """The owner checks of one journal (see the module docstring). `owner_alive` is the
-    engine's check (None: cannot tell, which counts as alive); `wake` wakes every
-    follower of the journal to look again (the shared waiter's `recheck`)."""
+    """The owner checks of one journal (see the module docstring). `owners_alive` checks
+    a round's rows (the engine's `OwnersAlive`, or its `owner_alive` row by row: None,
+    cannot tell, counts as alive); `wake` wakes every follower of the journal to look
+    again (the shared waiter's `recheck`)."""
 
-    def __init__(
-        self, owner_alive: Callable[[SessionRow], bool | None], wake: Callable[[], None]
-    ) -> None:
-        self._owner_alive = owner_alive
+    def __init__(self, owners_alive: OwnerChecks, wake: Callable[[], None]) -> None:
+        self._owners_alive = owners_alive
         self._wake = wake
         self._cv = threading.Condition()
         self._rows: dict[_Key, SessionRow] = {}
@@ -139,18 +155,14 @@ class OwnerWatch:
                 self._thread = None
                 return False
             rows = list(self._rows.items())
-        gone: list[_Key] = []
-        failed = False
-        for key, row in rows:
-            self.checks += 1
-            try:
-                alive = self._owner_alive(row)
-            except Exception:  # (closed meanwhile, an outage): the followers look themselves
-                _log.debug("an owner check failed; waking its followers", exc_info=True)
-                failed = True
-                continue
-            if alive is False:
-                gone.append(key)
+        self.checks += len(rows)
+        try:
+            alive = self._owners_alive([row for _, row in rows])
+            gone = [key for (key, _), check in zip(rows, alive, strict=True) if check is False]
+            failed = False
+        except Exception:  # (closed meanwhile, an outage): the followers look themselves
+            _log.debug("an owner check failed; waking every follower", exc_info=True)
+            gone, failed = [], True
         if gone or failed:
             with self._cv:
                 # Gone for good: its followers look twice and end (or, if a new owner

@@ -594,19 +594,27 @@ class _CountingEngine:
         self.owner_checks += 1
         return self._inner.owner_alive(row)
 
+    def owners_alive(self, rows: list[Any]) -> Any:
+        self.owner_checks += len(rows)
+        return self._inner.owners_alive(rows)
+
+
+def _counting_engine(store: Path) -> _CountingEngine:
+    from journal._local import open_local
+
+    return _CountingEngine(
+        open_local(str(store), (False, False, "os", 1 << 26, None, False), None, None, None)
+    )
+
 
 def test_followers_of_a_turn_in_progress_share_one_owner_check(tmp_path: Path) -> None:
     """While a live owner is mid-turn, its session's followers wait like idle ones: one
     owner check per turn every 100 ms for all of them, which wakes them when the owner is
     gone. Until 2026-12-03 each follower woke every 100 ms to read a page and check the
     owner itself (1,000 `awatch` tasks of one session: 94% of a core; 0.5% now)."""
-    from journal._local import open_local
-
     store = tmp_path / "store"
     with _owner_mid_turn(store) as child:
-        engine = _CountingEngine(
-            open_local(str(store), (False, False, "os", 1 << 26, None, False), None, None, None)
-        )
+        engine = _counting_engine(store)
         with Journal.over(engine) as j:
             errors: list[BaseException] = []
             delivered: list[int] = []
@@ -679,6 +687,151 @@ def test_a_closed_subscription_kept_by_its_caller_leaves_the_owner_checks(
             time.sleep(0.01)
         assert not _owner_threads()
         assert not errors
+
+
+_OWNS_MANY_MID_TURN = """
+import os, sys
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+class ReleaseFails(FileOps):
+    failing = False
+
+    def point(self, name, detail=None):
+        if self.failing and name == "commit.batch_taken":
+            raise OSError(5, "injected: the release is not recorded")
+
+ops = ReleaseFails()
+j = Journal.open(sys.argv[1], durability="os", file_ops=ops)
+owners = []
+for i in range(int(sys.argv[2])):
+    owner = j.own(f"s{i}")
+    owner.turn(f"r{i}").__enter__().append([EventIn("message", b"{}")])
+    owners.append(owner)
+print("mid-turn", flush=True)
+for line in sys.stdin:
+    if line == "drop s1\\n":
+        # The lease of s1 alone goes without a record (the release's commit fails): its
+        # lock is free, the row still names this process mid-turn.
+        ops.failing = True
+        try:
+            owners[1].release()
+        except Exception:  # (StoreUnavailable)
+            pass
+        ops.failing = False
+        print("dropped", flush=True)
+    elif line == "exec\\n":
+        os.execv("/bin/sleep", ["sleep", "60"])  # every lease's descriptor goes
+"""
+
+
+@contextlib.contextmanager
+def _owner_of_many_mid_turn(store: Path, count: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A store with sessions s0, s1, ... whose owner, one child process, is mid-turn in
+    each (killed at the end if still alive)."""
+    with Journal.open(store, durability="os") as j:
+        for i in range(count):
+            j.create_session(f"s{i}")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OWNS_MANY_MID_TURN, str(store), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_child_env(),
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
+        yield child
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+class _Followers:
+    """A `watch` thread for each of `count` sessions s0, s1, ...: what each raised."""
+
+    def __init__(self, j: Journal, count: int) -> None:
+        self.stop = threading.Event()
+        self.ended: dict[str, BaseException | None] = {}
+        self._threads = [
+            threading.Thread(target=self._follow, args=(j, f"s{i}")) for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _follow(self, j: Journal, session_id: str) -> None:
+        try:
+            for _event in j.watch(session_id, stop=self.stop):
+                pass
+            self.ended[session_id] = None
+        except BaseException as e:
+            self.ended[session_id] = e
+
+    def wait_for(self, session_ids: set[str]) -> None:
+        deadline = time.monotonic() + 30
+        while not session_ids <= self.ended.keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+
+_OPENED: list[str] = []  # paths opened while `_counting_opens` counts
+_COUNTING = threading.Event()
+
+
+def _count_opens(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and _COUNTING.is_set():
+        _OPENED.append(os.fsdecode(args[0]) if isinstance(args[0], (str, bytes)) else "")
+
+
+@contextlib.contextmanager
+def _counting_opens() -> Iterator[list[str]]:
+    """The paths this process opens meanwhile (an audit hook: it cannot be removed, so
+    it is added once and counts only inside this block)."""
+    if not getattr(_count_opens, "added", False):
+        sys.addaudithook(_count_opens)
+        _count_opens.added = True  # type: ignore[attr-defined]
+    _OPENED.clear()
+    _COUNTING.set()
+    try:
+        yield _OPENED
+    finally:
+        _COUNTING.clear()
+
+
+def test_the_owner_checks_of_many_turns_of_one_owner_read_its_start_time_once_a_round(
+    tmp_path: Path,
+) -> None:
+    """The journal's owner checks read the start time of a process that owns many of the
+    unsettled turns followed once a round, not once per turn: until 2026-12-03 1,000
+    sessions mid-turn in one owner process cost the observer 23% of a core in owner
+    checks (10,000 reads of /proc/<pid>/stat and as many lock probes a second), 11% now.
+    """
+    store = tmp_path / "store"
+    with _owner_of_many_mid_turn(store, 5) as child:
+        engine = _counting_engine(store)
+        j = Journal.over(engine)
+        followers = _Followers(j, 5)
+        try:
+            deadline = time.monotonic() + 30
+            while engine.owner_checks < 5 * 3 and time.monotonic() < deadline:
+                time.sleep(0.01)  # (every follower registered, a few rounds made)
+            with _counting_opens() as opened:
+                checks = engine.owner_checks
+                while engine.owner_checks < checks + 5 * 4 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                checks = engine.owner_checks - checks
+            assert checks >= 5 * 4 and not followers.ended
+            reads = opened.count(f"/proc/{child.pid}/stat")
+            # One a round (a round that began before the count, or ended after it, may
+            # count too); before: one per check, 5 a round.
+            assert reads <= checks // 5 + 2, (reads, checks)
+        finally:
+            followers.close()
+            j.close()
 
 
 def _owner_threads() -> list[threading.Thread]:

@@ -98,6 +98,7 @@ from .leases import (
     BOOT_ID,
     PROCESS_BOOT,
     LocalLease,
+    OwnerRounds,
     acquire_operation,
     busy,
     drop_lock,
@@ -220,6 +221,7 @@ class LocalEngine:
         ops = options.file_ops or DEFAULT_FILE_OPS
         self.location = path
         self._host = socket.gethostname()
+        self.owners_alive = OwnerRounds(path, self._host).check  # (`OwnersAlive`)
         self.readonly = readonly
         self._ops = ops
         self._pid = os.getpid()

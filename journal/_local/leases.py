@@ -31,6 +31,7 @@ __all__ = [
     "INITIAL_PID_NAMESPACE",
     "PROCESS_BOOT",
     "LocalLease",
+    "OwnerRounds",
     "acquire_operation",
     "busy",
     "drop_lock",
@@ -39,6 +40,7 @@ __all__ = [
     "lease_held",
     "lock_path",
     "owner_alive",
+    "owner_process_alive",
     "process_boot",
     "process_start_time",
     "remove_evicted_locks",
@@ -148,6 +150,21 @@ def owner_alive(
     """Whether the owner the row records is alive (None: on another host, cannot tell).
     With `lock_file` (the session's lease lock), a process that lives on without holding
     it (it called exec, which closed the lock's descriptor) is not the owner any more."""
+    alive = owner_process_alive(row, host, boot_id)
+    if alive is False or lock_file is None or row.owner_host != host:
+        return alive
+    # The pid is the owner's (or may be: uncertain is alive), or it names nobody here
+    # (another pid namespace, None): the owner unless the lock is free.
+    return lease_held(lock_file) is not False
+
+
+def owner_process_alive(
+    row: SessionRow, host: str, boot_id: str, started: dict[int, int] | None = None
+) -> bool | None:
+    """The process part of `owner_alive`: False when the recorded process is gone, True
+    while it lives (or may: uncertain is alive), None when its pid cannot tell (another
+    host, another pid namespace). `started`: the start times read so far, by pid (a
+    round of checks reads each once, `OwnerRounds`)."""
     if not row.owner_pid:
         return False
     if row.owner_host != host:
@@ -159,14 +176,38 @@ def owner_alive(
     if namespace != own_namespace:
         # Another pid namespace of this machine (`PROCESS_BOOT`; none named: the initial
         # one): its pids are not ours to look up; only the lease's lock can tell.
-        return None if lock_file is None else lease_held(lock_file) is not False
-    started = process_start_time(row.owner_pid)
-    if started < 0:
+        return None
+    if started is None:
+        start_time = process_start_time(row.owner_pid)
+    else:
+        start_time = started.get(row.owner_pid, -2)
+        if start_time == -2:
+            start_time = started[row.owner_pid] = process_start_time(row.owner_pid)
+    if start_time < 0:
         return False
-    if started and row.owner_start_time and started != row.owner_start_time:
-        return False  # the pid was reused
-    # The pid is the owner's (or may be: uncertain is alive) unless the lock is free.
-    return lock_file is None or lease_held(lock_file) is not False
+    # (A different start time: the pid was reused.)
+    return not (start_time and row.owner_start_time and start_time != row.owner_start_time)
+
+
+class OwnerRounds:
+    """The live followers' rounds of owner checks of a store (`LocalEngine.owners_alive`,
+    SPEC 7.8): `owner_alive` of each row, reading each owner's start time once a round
+    however many unsettled turns it owns (a dead owner's lock is free at once: its probe
+    tells without a fresh read)."""
+
+    def __init__(self, store: str, host: str) -> None:
+        self._store = store
+        self._host = host
+
+    def check(self, rows: list[SessionRow]) -> list[bool | None]:
+        started: dict[int, int] = {}
+        alive: list[bool | None] = []
+        for row in rows:
+            process = owner_process_alive(row, self._host, PROCESS_BOOT, started)
+            if process is not False and row.owner_host == self._host:
+                process = lease_held(lock_path(self._store, row.session_id)) is not False
+            alive.append(process)
+        return alive
 
 
 def lease_held(path: str) -> bool | None:
