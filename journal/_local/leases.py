@@ -29,6 +29,7 @@ from .files import FileOps, Permissions, open_regular
 __all__ = [
     "BOOT_ID",
     "INITIAL_PID_NAMESPACE",
+    "PROBE_S",
     "PROCESS_BOOT",
     "LocalLease",
     "OwnerRounds",
@@ -189,24 +190,73 @@ def owner_process_alive(
     return not (start_time and row.owner_start_time and start_time != row.owner_start_time)
 
 
+# How long a round of owner checks (`OwnerRounds`) may count a session's lease lock as
+# held without probing it again while its owner's pid lives with its start time (one of
+# each such owner's locks, the least recently probed, is probed every round: when it is
+# free, all of them are).
+PROBE_S: Final = 1.0
+
+# A lease: session, incarnation and generation.
+_Lease = tuple[str, int, int]
+
+
 class OwnerRounds:
     """The live followers' rounds of owner checks of a store (`LocalEngine.owners_alive`,
-    SPEC 7.8): `owner_alive` of each row, reading each owner's start time once a round
-    however many unsettled turns it owns (a dead owner's lock is free at once: its probe
-    tells without a fresh read)."""
+    SPEC 7.8): `owner_alive` of each row, at a fraction of its cost when many unsettled
+    turns share an owner. Each owner's start time is read once a round (a dead or reused
+    pid is seen in the next round). A lock found held less than `PROBE_S` ago whose
+    owner's pid lives on is probed again only when due, or when another lock of that
+    owner is found free this round; one of its locks, the least recently probed, is
+    probed every round. A process that called exec or closed its journal lost every
+    lock at once: seen in the next round. A lease let go of alone without a record (its
+    release's commit failed) is seen within `PROBE_S`, or as many rounds as its owner
+    has locks checked, not in the next round. (Journals over one engine share it: each
+    round keeps its own rows' probes; a lease without one is probed.)"""
 
-    def __init__(self, store: str, host: str) -> None:
+    def __init__(self, store: str, host: str, probe_s: float = PROBE_S) -> None:
         self._store = store
         self._host = host
+        self._probe_s = probe_s
+        # The last round's leases: when each was last probed held (0.0: never), and
+        # its lock file.
+        self._probed: dict[_Lease, tuple[float, str]] = {}
 
     def check(self, rows: list[SessionRow]) -> list[bool | None]:
+        now = time.monotonic()
+        last, probed = self._probed, dict[_Lease, tuple[float, str]]()
         started: dict[int, int] = {}
         alive: list[bool | None] = []
+        skipped: dict[int, list[tuple[int, _Lease]]] = {}  # by owner pid
+        freed: set[int] = set()  # owner pids alive with a lock found free
+
+        def probe_free(index: int, lease: _Lease, path: str) -> bool:
+            """Probe the lock, answer for its row; whether it was free."""
+            held = lease_held(path)
+            probed[lease] = (now if held else 0.0, path)
+            alive[index] = held is not False
+            return held is False
+
         for row in rows:
+            lease = (row.session_id, row.incarnation, row.owner_generation)
+            at, path = last.get(lease) or (0.0, lock_path(self._store, row.session_id))
             process = owner_process_alive(row, self._host, PROCESS_BOOT, started)
-            if process is not False and row.owner_host == self._host:
-                process = lease_held(lock_path(self._store, row.session_id)) is not False
             alive.append(process)
+            if process is False or row.owner_host != self._host:
+                continue
+            if process is True and at and now - at < self._probe_s:
+                probed[lease] = (at, path)
+                skipped.setdefault(row.owner_pid, []).append((len(alive) - 1, lease))
+            elif probe_free(len(alive) - 1, lease, path) and process is True:
+                freed.add(row.owner_pid)
+        for pid, leases in skipped.items():
+            if pid not in freed:
+                first = min(range(len(leases)), key=lambda i: probed[leases[i][1]][0])
+                index, lease = leases.pop(first)
+                if not probe_free(index, lease, probed[lease][1]):
+                    continue
+            for index, lease in leases:
+                probe_free(index, lease, probed[lease][1])
+        self._probed = probed
         return alive
 
 
