@@ -914,6 +914,51 @@ def test_a_round_of_owner_checks_probes_one_lock_of_a_live_owner_and_all_when_on
         engine.close()
 
 
+def test_rounds_of_two_journals_over_one_engine_keep_each_others_probes(
+    tmp_path: Path,
+) -> None:
+    """Journals over one local engine share its `OwnerRounds`, each round called by its
+    own journal's thread with its own followers' rows. Until 2026-12-03 a round kept only
+    its own rows' probes, so with two journals following different turns of one owner
+    each round probed every lock again (200 turns, one owner, one journal: 166 lock
+    probes a second; two journals: 1,933, as many as with no memory at all)."""
+    from journal._local.leases import OwnerRounds
+
+    store = tmp_path / "store"
+    with _owner_of_many_mid_turn(store, 6) as child:
+        engine = _counting_engine(store)
+        rows = [engine.session(f"s{i}") for i in range(6)]
+        first, second = rows[:3], rows[3:]  # (the followed turns of two journals)
+        rounds = OwnerRounds(str(store), socket.gethostname(), probe_s=3600)
+        assert rounds.check(first) == [True] * 3
+        assert rounds.check(second) == [True] * 3
+        with _counting_opens() as opened:
+            assert rounds.check(first) == [True] * 3
+            assert rounds.check(second) == [True] * 3
+        # One probe of the owner's locks a round (before: 3 a round, none remembered).
+        assert len([path for path in opened if "/locks/owner-" in path]) == 2, opened
+        # What a round finds still holds for the other journal's next round: a lease let
+        # go of alone is seen, and an exec ends every turn at once.
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(b"drop s1\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"dropped\n"
+        seen = [rounds.check(first) for _ in range(3)]
+        assert [True, False, True] in seen
+        del first[1]
+        child.stdin.write(b"exec\n")
+        child.stdin.flush()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{child.pid}/cmdline", "rb") as f:
+                if f.read().startswith(b"sleep"):
+                    break
+            time.sleep(0.01)
+        assert rounds.check(second) == [False] * 3
+        assert rounds.check(first) == [False] * 2
+        engine.close()
+
+
 def _owner_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "journal-owners"]
 

@@ -210,16 +210,19 @@ class OwnerRounds:
     probed every round. A process that called exec or closed its journal lost every
     lock at once: seen in the next round. A lease let go of alone without a record (its
     release's commit failed) is seen within `PROBE_S`, or as many rounds as its owner
-    has locks checked, not in the next round. (Journals over one engine share it: each
-    round keeps its own rows' probes; a lease without one is probed.)"""
+    has locks checked, not in the next round. (Journals over one engine share it, each
+    calling from its own thread: a round adds its probes to those of other rounds still
+    younger than `PROBE_S`, so one journal's round does not make the next round of
+    another probe every lock again.)"""
 
     def __init__(self, store: str, host: str, probe_s: float = PROBE_S) -> None:
         self._store = store
         self._host = host
         self._probe_s = probe_s
-        # The last round's leases: when each was last probed held (0.0: never), and
-        # its lock file.
+        # The leases probed held less than `probe_s` ago (by any round, of any journal
+        # over the engine): when, and the lock file; rounds merge theirs under the lock.
         self._probed: dict[_Lease, tuple[float, str]] = {}
+        self._lock = threading.Lock()
 
     def check(self, rows: list[SessionRow]) -> list[bool | None]:
         now = time.monotonic()
@@ -256,7 +259,16 @@ class OwnerRounds:
                     continue
             for index, lease in leases:
                 probe_free(index, lease, probed[lease][1])
-        self._probed = probed
+        with self._lock:
+            # Keep other rounds' probes (another journal's rows) while they are young; a
+            # lease this round probed or found gone keeps only this round's answer.
+            kept = {
+                lease: entry
+                for lease, entry in self._probed.items()
+                if lease not in probed and entry[0] and now - entry[0] < self._probe_s
+            }
+            kept.update(probed)
+            self._probed = kept
         return alive
 
 
