@@ -959,6 +959,56 @@ def test_rounds_of_two_journals_over_one_engine_keep_each_others_probes(
         engine.close()
 
 
+def _unused_pid() -> int:
+    """A pid no process has now (as `/proc` shows a live process it hides: `hidepid=2`
+    hides other users' processes)."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        pid = int(f.read()) - 1
+    while os.path.exists(f"/proc/{pid}"):
+        pid -= 1
+    return pid
+
+
+def test_an_owner_whose_pid_proc_does_not_show_lives_while_its_lock_is_held(
+    tmp_path: Path,
+) -> None:
+    """A pid that `/proc` does not show is not proof its process is gone: with `/proc`
+    mounted `hidepid=2`, an observer of another user (a store shared with a group) saw
+    no owner alive, and until 2026-12-03 raised `OutcomeUnknown` for every turn in
+    progress. The lease's lock, still held, decides; once it is free, the owner is gone.
+    (The hidden owner is played by the row of a live owner with a pid nobody has.)"""
+    import msgspec
+
+    from journal._local.leases import PROCESS_BOOT, OwnerRounds, lock_path, owner_alive
+
+    store = tmp_path / "store"
+    host = socket.gethostname()
+    with _owner_of_many_mid_turn(store, 2) as child:
+        engine = _counting_engine(store)
+        rows = [engine.session(f"s{i}") for i in range(2)]
+        hidden = [msgspec.structs.replace(row, owner_pid=_unused_pid()) for row in rows]
+        locks = [lock_path(str(store), row.session_id) for row in rows]
+        pairs = zip(hidden, locks, strict=True)
+        assert [owner_alive(row, host, PROCESS_BOOT, lock) for row, lock in pairs] == [True, True]
+        rounds = OwnerRounds(str(store), host, probe_s=3600)
+        assert rounds.check(hidden) == [True, True]
+        assert rounds.check(hidden) == [True, True]
+        # Without its lock to ask, the pid alone says gone (as before).
+        assert owner_alive(hidden[0], host, PROCESS_BOOT) is False
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(b"drop s1\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"dropped\n"
+        assert owner_alive(hidden[1], host, PROCESS_BOOT, locks[1]) is False
+        assert rounds.check(hidden) == [True, False]
+        child.kill()
+        child.wait()
+        assert rounds.check(hidden) == [False, False]
+        assert owner_alive(hidden[0], host, PROCESS_BOOT, locks[0]) is False
+        assert rounds.check(rows) == [False, False]  # (the real pid: gone, as before)
+        engine.close()
+
+
 def _owner_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "journal-owners"]
 

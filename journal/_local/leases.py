@@ -152,11 +152,21 @@ def owner_alive(
     With `lock_file` (the session's lease lock), a process that lives on without holding
     it (it called exec, which closed the lock's descriptor) is not the owner any more."""
     alive = owner_process_alive(row, host, boot_id)
-    if alive is False or lock_file is None or row.owner_host != host:
+    if lock_file is None or row.owner_host != host or not row.owner_pid:
         return alive
+    if alive is False:
+        return lease_held(lock_file) is True  # (see `_HIDDEN`)
     # The pid is the owner's (or may be: uncertain is alive), or it names nobody here
     # (another pid namespace, None): the owner unless the lock is free.
     return lease_held(lock_file) is not False
+
+
+# _HIDDEN: a pid that `/proc` does not show is not proof that its process is gone:
+# `/proc` mounted with `hidepid=2` hides other users' processes (an observer of a store
+# shared with a group, section 10, would have judged every live owner gone and raised
+# `OutcomeUnknown` for every turn in progress). So a lease lock that is still held says
+# its owner lives; a dead owner's lock is free (the kernel releases it at exit, a
+# zombie's too), and a reused pid's owner is dead.
 
 
 def owner_process_alive(
@@ -244,7 +254,10 @@ class OwnerRounds:
             at, path = last.get(lease) or (0.0, lock_path(self._store, row.session_id))
             process = owner_process_alive(row, self._host, PROCESS_BOOT, started)
             alive.append(process)
-            if process is False or row.owner_host != self._host:
+            if row.owner_host != self._host or not row.owner_pid:
+                continue
+            if process is False:
+                alive[-1] = lease_held(path) is True  # (see `_HIDDEN`)
                 continue
             if process is True and at and now - at < self._probe_s:
                 probed[lease] = (at, path)
