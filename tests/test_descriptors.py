@@ -333,6 +333,49 @@ def test_abandoned_and_stopped_watches_release_descriptors(tmp_path: Path) -> No
         )
 
 
+def test_awatch_dropped_after_its_loop_closed_releases_its_segment_file(
+    tmp_path: Path,
+) -> None:
+    """An `awatch` advanced once and dropped after its event loop was closed without
+    `shutdown_asyncgens` (a loop run with `run_until_complete`, then `close()`) is never
+    finalized by asyncio: its frame is just cleared. Its reader cache then went without
+    `close()`: found by a soak trial, each such follower kept its segment file open for
+    the life of the process (also past `Journal.close()`, and past the segment's
+    deletion), and the process-wide count of open readers never came back down, so once
+    `KEPT_AT_HEAD` of them had leaked every later follower closed its reader at the
+    head."""
+    import asyncio
+
+    store = tmp_path / "store"
+    with open_small(store) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", payload(1))])
+        held = []
+        for _ in range(KEPT_AT_HEAD + 8):
+            loop = asyncio.new_event_loop()
+
+            async def first() -> None:
+                follower = j.awatch("s")
+                assert (await follower.__anext__()).ordinal == 1
+                held.append(follower)
+
+            loop.run_until_complete(first())
+            loop.close()  # (no shutdown_asyncgens: the generators are not finalized)
+        assert len(under(open_fds(), segments_dir(store))) > 1  # (they hold readers)
+        held.clear()
+        # (the writer's descriptor of the active segment)
+        assert len(under(open_fds(), segments_dir(store))) <= 1, describe(
+            under(open_fds(), segments_dir(store))
+        )
+        # A new follower at the head keeps its reader again (closed at once while the
+        # leaked ones were counted).
+        watcher = j.watch("s")
+        assert next(watcher).ordinal == 1
+        assert len(under(open_fds(), segments_dir(store))) == 2
+        watcher.close()
+    assert under(open_fds(), store) == []
+
+
 # -- 4. open/close -------------------------------------------------------------------------
 
 

@@ -99,6 +99,14 @@ class ReaderCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __del__(self) -> None:
+        # Dropped without `close()`: an `awatch` whose event loop was closed without
+        # `shutdown_asyncgens` is never finalized, its frame is just cleared (found by a
+        # soak trial: its descriptor stayed open for the life of the process, and `_OPEN`
+        # never came back down). Nobody else holds it now; `_OPEN`'s lock is never held
+        # while an object is freed (it guards an int addition only).
+        self._drop_reader()
+
     def __len__(self) -> int:
         return 0 if self._reader is None else 1
 
