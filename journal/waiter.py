@@ -327,11 +327,11 @@ class Notifier:
                     timer.cancel()
                 with self._cv:
                     futures = self._async.get(loop)
-                    if futures is not None:
-                        futures.pop(waiter, None)
+                    # (Not there: `_forget_closed_loops` counted it out already.)
+                    if futures is not None and futures.pop(waiter, None) is not None:
                         if not futures:
                             del self._async[loop]
-                    self._leave(None)
+                        self._leave(None)
             with self._cv:
                 if self.moved(key, seen) or self._epoch != epoch:
                     return
@@ -364,6 +364,15 @@ class Notifier:
             entry[1] -= 1
             if entry[1] == 0:
                 del self._stops[id(stop)]
+
+    def _forget_closed_loops(self) -> None:
+        """Count out the futures of event loops closed while their followers waited (a
+        loop closed with such tasks pending, without cancelling them: their `finally`
+        never runs). Kept, they counted as waiting for good (the thread never ended) and
+        held the loop, its tasks and what each follower holds (under the lock)."""
+        for loop in [loop for loop in self._async if loop.is_closed()]:
+            for _ in self._async.pop(loop):
+                self._leave(None)
 
     def _async_snapshot(self, moved_only: bool = False) -> list[tuple[Any, list[Any]]]:
         """The waiting futures to wake, by loop (`moved_only`: those `moved` concerns)."""
@@ -437,6 +446,8 @@ class Notifier:
         with self._cv:
             if self._closed:
                 return False
+            if self._async:
+                self._forget_closed_loops()
             if self._waiting == 0:
                 self._wanted.clear()
                 idle = True

@@ -261,6 +261,54 @@ def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path
         assert waiter.registrations() == (0, 0)
 
 
+def test_followers_of_an_event_loop_closed_under_them_are_counted_out(tmp_path: Path) -> None:
+    # An event loop closed while `awatch` tasks of it wait (not cancelled first, as
+    # `asyncio.run` does) never runs their `finally`: found by a soak trial, the waiter
+    # counted them as waiting for good (its thread never ended) and held the loop, its
+    # tasks and each follower's reader (its segment file) for the life of the process.
+    import gc
+
+    with Journal.open(tmp_path / "s", durability="os") as j:
+        j.create_session("s")
+        j.append("s", [EventIn("m", b"x")])
+        waiter = j._engine.waiter  # noqa: SLF001
+        delivered: list[int] = []
+        for n in range(1, 6):
+            loop = asyncio.new_event_loop()
+
+            async def follow() -> None:
+                async for event in j.awatch("s"):
+                    delivered.append(event.ordinal)  # (then it waits, in the same step)
+
+            task = loop.create_task(follow())
+            while len(delivered) < n:
+                loop.run_until_complete(asyncio.sleep(0.001))
+            loop.close()
+            del task  # (dropped, as an application that forgot its loop does)
+        deadline = time.monotonic() + WAIT_S
+        while waiter.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert waiter.waiting == 0
+        assert waiter.registrations() == (0, 0)
+        gc.collect()  # (each task and its future refer to each other)
+        segments = str(tmp_path / "s" / "segments")
+        held = [name for name in os.listdir("/proc/self/fd") if _points_into(name, segments)]
+        assert len(held) <= 1  # (the writer's descriptor of the active segment)
+        # and a new follower is woken as before
+        watcher = j.watch("s")
+        assert next(watcher).ordinal == 1
+        j.append("s", [EventIn("m", b"y")])
+        assert next(watcher).ordinal == 2
+        watcher.close()
+
+
+def _points_into(fd: str, directory: str) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(directory)
+    except OSError:
+        return False
+
+
 def inherited_inotify_descriptors() -> list[str]:
     targets = []
     for name in os.listdir("/proc/self/fd"):
