@@ -171,7 +171,7 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
     except BaseException:
         lease.release()
         raise
-    return Owner(lease, info, writer)
+    return Owner(lease, info, writer, row.turn_request_id)
 
 
 class TurnWriter:
@@ -314,9 +314,19 @@ class Owner:
     as failed with WATCH_OUTCOME_UNKNOWN. An owner dropped without a release (no `with`,
     no `release()`) is released when it is garbage-collected, with a `ResourceWarning`,
     as an unclosed file is.
+
+    `recovered_turn` is the request id of the turn a previous owner left unsettled, which
+    this `own()` recorded as failed (WATCH_OUTCOME_UNKNOWN); None when there was none. A
+    runtime restarting after a crash learns from it which turn's outcome is unknown.
     """
 
-    def __init__(self, lease: Lease, info: OwnerInfo, writer: TurnWriter) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        info: OwnerInfo,
+        writer: TurnWriter,
+        recovered_turn: str | None = None,
+    ) -> None:
         self._lease = lease
         # Released when garbage-collected without a release (SPEC 7.8).
         self._abandoned = close_when_dropped(
@@ -332,6 +342,7 @@ class Owner:
         self.session_id = lease.session_id
         self.generation = lease.generation
         self.info = info
+        self.recovered_turn = recovered_turn
 
     def turn(self, request_id: str) -> Turn:
         """`with owner.turn(request_id) as turn:` appends `turn_started`; `turn.append`

@@ -202,6 +202,8 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
             assert error.cursor == delivered[-1].cursor
             # The next owner records the unknown outcome before own() returns.
             with j.own("s") as owner, owner.turn("r-next") as turn:
+                # It says which turn it recorded so (a restarting runtime learns it here).
+                assert owner.recovered_turn == "r-killed"
                 turn.append([EventIn("message", b'{"after": true}')])
             assert _kinds(j, "s", error.cursor) == [
                 ("turn_result", "r-killed", UNKNOWN),
@@ -211,8 +213,8 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
             ]
             # No other result is ever invented: owning again adds nothing.
             before = j.get_session("s").last_ordinal
-            with j.own("s"):
-                pass
+            with j.own("s") as again:
+                assert again.recovered_turn is None
             assert j.get_session("s").last_ordinal == before
             assert j.verify().ok
     finally:
