@@ -735,8 +735,16 @@ def _owner_of_many_mid_turn(store: Path, count: int) -> Iterator[subprocess.Pope
     with Journal.open(store, durability="os") as j:
         for i in range(count):
             j.create_session(f"s{i}")
+    with _child_mid_turn(_OWNS_MANY_MID_TURN, str(store), str(count)) as child:
+        yield child
+
+
+@contextlib.contextmanager
+def _child_mid_turn(script: str, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process running `script` with `args`, once it printed "mid-turn" (killed
+    at the end if still alive)."""
     child = subprocess.Popen(
-        [sys.executable, "-c", _OWNS_MANY_MID_TURN, str(store), str(count)],
+        [sys.executable, "-c", script, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=_child_env(),
@@ -813,7 +821,26 @@ def test_the_owner_checks_of_many_turns_of_one_owner_read_its_start_time_once_a_
     sessions mid-turn in one owner process cost the observer 22-25% of a core in owner
     checks (10,000 reads of /proc/<pid>/stat and as many lock probes a second), 4% now.
     """
-    store = tmp_path / "store"
+    with _five_followed_turns(tmp_path / "store") as (child, engine, followers, deadline):
+        with _counting_opens() as opened:
+            checks = engine.owner_checks
+            while engine.owner_checks < checks + 5 * 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            checks = engine.owner_checks - checks
+        assert checks >= 5 * 4 and not followers.ended
+        reads = opened.count(f"/proc/{child.pid}/stat")
+        # One a round (a round that began before the count, or ended after it, may
+        # count too); before: one per check, 5 a round.
+        assert reads <= checks // 5 + 2, (reads, checks)
+
+
+@contextlib.contextmanager
+def _five_followed_turns(
+    store: Path,
+) -> Iterator[tuple[subprocess.Popen[bytes], _CountingEngine, _Followers, float]]:
+    """Sessions s0..s4 mid-turn in one child owner, a `watch` of each in a journal over a
+    counting engine, once a few rounds of owner checks were made: (child, engine,
+    followers, a deadline 30 s from the start)."""
     with _owner_of_many_mid_turn(store, 5) as child:
         engine = _counting_engine(store)
         j = Journal.over(engine)
@@ -822,16 +849,7 @@ def test_the_owner_checks_of_many_turns_of_one_owner_read_its_start_time_once_a_
             deadline = time.monotonic() + 30
             while engine.owner_checks < 5 * 3 and time.monotonic() < deadline:
                 time.sleep(0.01)  # (every follower registered, a few rounds made)
-            with _counting_opens() as opened:
-                checks = engine.owner_checks
-                while engine.owner_checks < checks + 5 * 4 and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                checks = engine.owner_checks - checks
-            assert checks >= 5 * 4 and not followers.ended
-            reads = opened.count(f"/proc/{child.pid}/stat")
-            # One a round (a round that began before the count, or ended after it, may
-            # count too); before: one per check, 5 a round.
-            assert reads <= checks // 5 + 2, (reads, checks)
+            yield child, engine, followers, deadline
         finally:
             followers.close()
             j.close()
@@ -842,37 +860,26 @@ def test_owner_checks_of_many_turns_of_one_owner_see_each_lease_go(tmp_path: Pat
     7.8): one lease let go of alone without a record still ends its followers, within
     about a second, and the others go on waiting; an owner that calls exec (every lease
     gone at once) ends them all at the next round."""
-    store = tmp_path / "store"
-    with _owner_of_many_mid_turn(store, 5) as child:
-        engine = _counting_engine(store)
-        j = Journal.over(engine)
-        followers = _Followers(j, 5)
-        try:
-            deadline = time.monotonic() + 30
-            while engine.owner_checks < 5 * 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert child.stdin is not None and child.stdout is not None
-            child.stdin.write(b"drop s1\n")
-            child.stdin.flush()
-            assert child.stdout.readline() == b"dropped\n"
-            followers.wait_for({"s1"})
-            assert isinstance(followers.ended.get("s1"), OutcomeUnknown)
-            assert followers.ended.keys() == {"s1"}  # the others' owner lives
-            checks = engine.owner_checks
-            while engine.owner_checks < checks + 4 * 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert followers.ended.keys() == {"s1"}
-            child.stdin.write(b"exec\n")
-            child.stdin.flush()
-            followers.wait_for({f"s{i}" for i in range(5)})
-            assert child.poll() is None  # (the process lives on, as sleep)
-            assert all(isinstance(e, OutcomeUnknown) for e in followers.ended.values())
-            assert {e.request_id for e in followers.ended.values()} == {  # type: ignore[union-attr]
-                f"r{i}" for i in range(5)
-            }
-        finally:
-            followers.close()
-            j.close()
+    with _five_followed_turns(tmp_path / "store") as (child, engine, followers, deadline):
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(b"drop s1\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"dropped\n"
+        followers.wait_for({"s1"})
+        assert isinstance(followers.ended.get("s1"), OutcomeUnknown)
+        assert followers.ended.keys() == {"s1"}  # the others' owner lives
+        checks = engine.owner_checks
+        while engine.owner_checks < checks + 4 * 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert followers.ended.keys() == {"s1"}
+        child.stdin.write(b"exec\n")
+        child.stdin.flush()
+        followers.wait_for({f"s{i}" for i in range(5)})
+        assert child.poll() is None  # (the process lives on, as sleep)
+        assert all(isinstance(e, OutcomeUnknown) for e in followers.ended.values())
+        assert {e.request_id for e in followers.ended.values()} == {  # type: ignore[union-attr]
+            f"r{i}" for i in range(5)
+        }
 
 
 def test_a_round_of_owner_checks_probes_one_lock_of_a_live_owner_and_all_when_one_is_free(
@@ -1021,16 +1028,5 @@ def _owner_mid_turn(store: Path) -> Iterator[subprocess.Popen[bytes]]:
     end if still alive)."""
     with Journal.open(store, durability="os") as j:
         j.create_session("s")
-    child = subprocess.Popen(
-        [sys.executable, "-c", _MID_TURN, str(store)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env=_child_env(),
-    )
-    try:
-        assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
+    with _child_mid_turn(_MID_TURN, str(store)) as child:
         yield child
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
