@@ -882,6 +882,21 @@ def test_owner_checks_of_many_turns_of_one_owner_see_each_lease_go(tmp_path: Pat
         }
 
 
+def _exec_sleep(child: subprocess.Popen[bytes]) -> None:
+    """Have the child owner call exec (every lease's descriptor closes; the pid and its
+    start time stay), and wait until it runs `sleep`."""
+    assert child.stdin is not None
+    child.stdin.write(b"exec\n")
+    child.stdin.flush()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{child.pid}/cmdline", "rb") as f:
+            if f.read().startswith(b"sleep"):
+                return
+        time.sleep(0.01)
+    raise AssertionError("the child did not exec sleep within 10 s")
+
+
 def test_a_round_of_owner_checks_probes_one_lock_of_a_live_owner_and_all_when_one_is_free(
     tmp_path: Path,
 ) -> None:
@@ -911,14 +926,7 @@ def test_a_round_of_owner_checks_probes_one_lock_of_a_live_owner_and_all_when_on
         assert all(alive[0] and alive[2:] == [True] * 3 for alive in seen)
         del rows[1]  # (gone: no longer checked, as the journal's checks drop it)
         assert rounds.check(rows) == [True] * 4
-        child.stdin.write(b"exec\n")
-        child.stdin.flush()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with open(f"/proc/{child.pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"sleep"):
-                    break
-            time.sleep(0.01)
+        _exec_sleep(child)
         assert rounds.check(rows) == [False] * 4  # one probe found its lock free: all
         engine.close()
 
@@ -955,14 +963,7 @@ def test_rounds_of_two_journals_over_one_engine_keep_each_others_probes(
         seen = [rounds.check(first) for _ in range(3)]
         assert [True, False, True] in seen
         del first[1]
-        child.stdin.write(b"exec\n")
-        child.stdin.flush()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with open(f"/proc/{child.pid}/cmdline", "rb") as f:
-                if f.read().startswith(b"sleep"):
-                    break
-            time.sleep(0.01)
+        _exec_sleep(child)
         assert rounds.check(second) == [False] * 3
         assert rounds.check(first) == [False] * 2
         engine.close()
