@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -56,7 +56,6 @@ __all__ = [
     "ImportTarget",
     "Lease",
     "Operation",
-    "OwnersAlive",
     "PageReaders",
     "Progress",
     "ReadScope",
@@ -456,6 +455,11 @@ class Engine(Protocol):
     def owner_alive(self, row: SessionRow) -> bool | None:
         """Whether the owner the row records is alive (None: cannot tell from here)."""
 
+    def owners_alive(self, rows: list[SessionRow]) -> list[bool | None]:
+        """`owner_alive` of each row, in order: the live followers' owner checks of one
+        round (SPEC 7.8), which an engine may answer cheaper than one by one (the local
+        engine reads the start time of each distinct owner pid once)."""
+
     def verify(self, progress: Progress | None) -> VerifyReport:
         """Check everything, change nothing (`VerifyFix` repairs)."""
 
@@ -464,13 +468,3 @@ class Engine(Protocol):
     def stats(self) -> StoreStats: ...
 
     def close(self) -> None: ...
-
-
-@runtime_checkable
-class OwnersAlive(Protocol):
-    """What an engine may add to `Engine`: the owner checks of many unsettled turns at
-    once (the live followers' checks, SPEC 7.8), each as `owner_alive` would answer, in
-    the rows' order, cheaper than one by one (the local engine reads the start time of
-    each distinct owner pid once). An engine without it is asked row by row."""
-
-    def owners_alive(self, rows: list[SessionRow]) -> list[bool | None]: ...

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from functools import partial
 
-from .engine import Engine, OwnersAlive, PageReaders
+from .engine import Engine, PageReaders
 from .errors import SessionNotFound
 from .follow import EventPager
 from .models import Event, ReadContext
-from .owner_watch import OwnerWatch, each_owner
+from .owner_watch import OwnerWatch
 from .session_cursors import SessionCursors
 from .sessions import SessionRow
 from .turns import check_unsettled
@@ -27,12 +27,7 @@ class EventPages:
     def __init__(self, engine: Engine, cursors: SessionCursors) -> None:
         self._engine = engine
         self._cursors = cursors
-        checks = (
-            engine.owners_alive
-            if isinstance(engine, OwnersAlive)
-            else each_owner(engine.owner_alive)
-        )
-        self._owners = OwnerWatch(checks, engine.waiter.recheck)
+        self._owners = OwnerWatch(engine.owners_alive, engine.waiter.recheck)
 
     def close(self) -> None:
         self._owners.close()

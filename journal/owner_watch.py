@@ -5,7 +5,7 @@ A live follower that has delivered everything while its session's last turn is u
 waits for the turn's owner to settle it or to die. It registers the turn's row here and
 waits on the journal's shared waiter like an idle follower (no timer of its own); one
 daemon thread per journal, `journal-owners`, checks every registered owner once a round
-(one call of the engine's `owners_alive` when it has one: the local engine reads each
+(one call of the engine's `owners_alive`: the local engine reads each
 owner process's start time once a round, not once per turn) and, when one is gone (or a
 check fails), wakes every follower of the journal to look again itself (each then
 checks twice, as before, and raises `OutcomeUnknown`). Until 2026-12-03
@@ -23,7 +23,7 @@ from typing import Final
 
 from .sessions import SessionRow
 
-__all__ = ["OwnerChecks", "OwnerWatch", "Watching", "each_owner"]
+__all__ = ["OwnerChecks", "OwnerWatch", "Watching"]
 
 _log: Final = logging.getLogger("journal")
 
@@ -40,16 +40,6 @@ _Key = tuple[str, int, str | None, int, int, str, str]
 # A round's checks: whether the owner of each row is alive (None: cannot tell), in order;
 # raises when a check fails (its followers then look themselves).
 OwnerChecks = Callable[[list[SessionRow]], Sequence[bool | None]]
-
-
-def each_owner(owner_alive: Callable[[SessionRow], bool | None]) -> OwnerChecks:
-    """A round's checks made of an engine's `owner_alive`, one row after the other (an
-    engine without `OwnersAlive`: the JetStream engine)."""
-
-    def check(rows: list[SessionRow]) -> list[bool | None]:
-        return [owner_alive(row) for row in rows]
-
-    return check
 
 
 def _key(row: SessionRow) -> _Key:
@@ -82,9 +72,9 @@ class Watching:
 
 class OwnerWatch:
     """The owner checks of one journal (see the module docstring). `owners_alive` checks
-    a round's rows (the engine's `OwnersAlive`, or its `owner_alive` row by row: None,
-    cannot tell, counts as alive); `wake` wakes every follower of the journal to look
-    again (the shared waiter's `recheck`)."""
+    a round's rows (the engine's `owners_alive`: None, cannot tell, counts as alive);
+    `wake` wakes every follower of the journal to look again (the shared waiter's
+    `recheck`)."""
 
     def __init__(self, owners_alive: OwnerChecks, wake: Callable[[], None]) -> None:
         self._owners_alive = owners_alive

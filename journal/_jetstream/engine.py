@@ -658,6 +658,9 @@ class JetStreamEngine:
         alive: bool | None = self._ask(lambda: self._owner_alive(row))
         return alive
 
+    def owners_alive(self, rows: list[SessionRow]) -> list[bool | None]:
+        return [self.owner_alive(row) for row in rows]
+
     async def _owner_alive(self, row: SessionRow, taking: int = 0) -> bool | None:
         """Whether the owner `row` records is alive (None: cannot tell); `taking`: 1 when
         asked by an `own()` of the session in flight itself."""

@@ -221,7 +221,7 @@ class LocalEngine:
         ops = options.file_ops or DEFAULT_FILE_OPS
         self.location = path
         self._host = socket.gethostname()
-        self.owners_alive = OwnerRounds(path, self._host).check  # (`OwnersAlive`)
+        self.owners_alive = OwnerRounds(path, self._host).check  # (`Engine.owners_alive`)
         self.readonly = readonly
         self._ops = ops
         self._pid = os.getpid()
