@@ -52,6 +52,8 @@ class EventPages:
             )
         if after < current.first_ordinal - 1:
             raise self._cursors.expired(current, after)
+        if after > current.last_ordinal:  # (delivered, then cut off: SPEC 9)
+            raise self._cursors.future(current, after, "this follower delivered up to")
         return page.events, page.has_more, current.session_state.terminal, page.head, current
 
     def pager(

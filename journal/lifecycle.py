@@ -84,12 +84,7 @@ class LifecycleFeed:
         entries, head, floor = self._engine.feed(
             position - 1 if checked else position, int(checked)
         )
-        if position > head - 1:
-            raise CursorFuture(
-                f"the lifecycle cursor points at position {position} but this store "
-                f"ends at {head - 1}: watch from a cursor this store issued, or without one",
-                head_ordinal=head - 1,
-            )
+        self._check_head(position, head, "the lifecycle cursor points at")
         self._check_retained(position, floor)
         if checked and position > floor:  # (at the floor, its entry may be pruned)
             found = entries[0] if entries else None
@@ -100,6 +95,18 @@ class LifecycleFeed:
                     "an older copy and written since): watch again without a cursor"
                 )
         return LifecyclePager(self._feed_after, position, None)
+
+    @staticmethod
+    def _check_head(after: int, head: int, what: str) -> None:
+        """Past the store's end: a foreign cursor, or the end was cut (an older copy of
+        the store, or a hole `verify(fix=True)` accepted, SPEC 9)."""
+        if after > head - 1:
+            raise CursorFuture(
+                f"{what} position {after} but this store ends at {head - 1} (was it "
+                "restored from an older copy, or a hole in its log accepted by `verify "
+                "--fix`?): watch from a cursor this store issued, or without one",
+                head_ordinal=head - 1,
+            )
 
     def _check_retained(self, after: int, floor: int) -> None:
         """A follower after `after` would miss pruned entries when it is below the floor."""
@@ -165,6 +172,7 @@ class LifecycleFeed:
     def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
         """Feed entries after `after` (a bounded batch), the new `after`, the head."""
         entries, head, floor = self._engine.feed(after, 256)
+        self._check_head(after, head, "this follower delivered up to")
         self._check_retained(after, floor)
         events = [self._event(entry, position) for position, entry in entries]
         return events, entries[-1][0] if entries else after, head

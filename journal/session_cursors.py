@@ -104,6 +104,17 @@ class SessionCursors:
             resume_cursor=resume,
         )
 
+    def future(self, row: SessionRow, after: int, what: str) -> CursorFuture:
+        """`what` ordinal `after` of a session that ends before it now (its end was cut:
+        an older copy of the store, or a hole `verify(fix=True)` accepted, SPEC 9)."""
+        return CursorFuture(
+            f"{what} ordinal {after} but session {row.session_id!r} ends at "
+            f"{row.last_ordinal} (was the store restored from an older copy, or a hole in "
+            "its log accepted by `verify --fix`?): resume from a cursor this store issued, "
+            "or from the start",
+            head_ordinal=row.last_ordinal,
+        )
+
     def after_ordinal(
         self, row: SessionRow, cursor: str | None, readers: PageReaders | None = None
     ) -> int:
@@ -115,12 +126,7 @@ class SessionCursors:
         )
         after = claims.ordinal
         if after > row.last_ordinal:
-            raise CursorFuture(
-                f"the cursor points at ordinal {after} but session {row.session_id!r} ends at "
-                f"{row.last_ordinal} (was the store restored from an older copy?): resume "
-                "from a cursor this store issued, or from the start",
-                head_ordinal=row.last_ordinal,
-            )
+            raise self.future(row, after, "the cursor points at")
         if after < row.first_ordinal - 1:
             raise self.expired(row, after)
         if claims.check is not None and after >= row.first_ordinal:

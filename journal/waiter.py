@@ -73,13 +73,17 @@ class Notifier:
     committed next position; `changes` opens the engine's change source when the thread
     starts (None, or a factory returning None: poll); `read_changes`, when given, is what
     the thread reads instead of `read_head`: the head and the keys of the commits since
-    its previous call (None: not known), so it wakes only their followers."""
+    its previous call (None: not known), so it wakes only their followers. `rewinds`:
+    the head can go back (`rewind`), and a head read is never behind a commit published
+    before it (the local engine; JetStream's stream info may lag this process's
+    commits, and its sequences never go back)."""
 
     def __init__(
         self,
         read_head: Callable[[], int],
         changes: Callable[[], ChangeSource | None] | None = None,
         read_changes: Callable[[], tuple[int, Collection[int] | None]] | None = None,
+        rewinds: bool = False,
     ) -> None:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
@@ -105,6 +109,10 @@ class Notifier:
         self._waiting = 0  # followers waiting now (sync and asyncio)
         self._followers = 0  # the same, a delivery thread counting its subscriptions
         self._polls = 0  # head reads by the waiter thread (`polls`)
+        # The highest head a follower read before it waited: one the thread then finds
+        # past the head (read twice) means the head went back (`rewind`).
+        self._seen_max = 0
+        self._rewinds = rewinds
         self._last_move = 0.0
         self._last_publish = 0.0
         self._last_look = 0.0
@@ -168,6 +176,20 @@ class Notifier:
             else:
                 self._notify_keys(keys)
                 loops = self._async_snapshot(moved_only=True)
+        _wake_loops(loops)
+
+    def rewind(self, head: int) -> None:
+        """The committed head went back to `head` (a hole in the log accepted by
+        `verify(fix=True)`, SPEC 9): forget what was known past it, and wake every
+        follower to look again (one that delivered past the new end raises
+        `CursorFuture`; the others wait for the commits that take those positions again,
+        which would not have woken them)."""
+        with self._cv:
+            self._head = self._unknown = self._seen_max = head
+            self._touched.clear()
+            self._epoch += 1
+            self._notify_all()
+            loops = self._async_snapshot()
         _wake_loops(loops)
 
     def _touch(self, keys: Collection[int], head: int) -> bool:
@@ -246,6 +268,8 @@ class Notifier:
         with self._cv:
             if self.moved(key, seen):
                 return True
+            if seen > self._seen_max:
+                self._seen_max = seen
             if epoch is None:
                 epoch = self._epoch
             elif epoch != self._epoch:
@@ -309,6 +333,8 @@ class Notifier:
             with self._cv:
                 if self.moved(key, seen):
                     return
+                if seen > self._seen_max:
+                    self._seen_max = seen
                 if epoch is None:
                     epoch = self._epoch
                 elif epoch != self._epoch:
@@ -489,23 +515,35 @@ class Notifier:
             with self._cv:
                 self._notify_all()
 
+    def _read(self) -> tuple[int, Collection[int] | None]:
+        """The head, and the sessions the commits since the previous read touched."""
+        if self._read_changes is None or self._followers <= FEW_FOLLOWERS:
+            # (Waking so few costs less than finding whom: their next event comes
+            # sooner. The engine's next read of changes covers these commits too.)
+            return self._read_head(), None
+        return self._read_changes()
+
     def _look(self, stops: list[Any]) -> None:
-        failed = False
+        failed = rewound = False
         keys: Collection[int] | None = None
         with self.busy:
             if self._closed:
                 return
             try:
-                if self._read_changes is None or self._followers <= FEW_FOLLOWERS:
-                    # (Waking so few costs less than finding whom: their next event comes
-                    # sooner. The engine's next read of changes covers these commits too.)
-                    head = self._read_head()
-                else:
-                    head, keys = self._read_changes()
+                head, keys = self._read()
+                if self._rewinds and head < max(self._head, self._seen_max):
+                    # Behind what was known: a commit during the read, or the head went
+                    # back (another process accepted a hole in the log): read it again.
+                    head, more = self._read()
+                    keys = None if keys is None or more is None else {*keys, *more}
+                    rewound = head < max(self._head, self._seen_max)
             except Exception:  # the waiters' own reads raise it (or find it gone)
                 failed = True
                 head = 0
             self._polls += 1
+        if rewound:
+            self.rewind(head)
+            return
         stopped = _any_set(stops)
         with self._cv:
             moved = head > self._head

@@ -490,6 +490,24 @@ def test_keyed_waits_wake_for_their_key_and_for_commits_not_heard_of() -> None:
     notifier.close()
 
 
+def test_a_wait_past_a_head_that_went_back_ends() -> None:
+    """The head can go back (a hole in the log accepted by `verify(fix=True)` in another
+    process): a follower that waits for a head past it would sleep until the log grows
+    past the old end. The waiter thread finds the head below what followers read and
+    wakes them all."""
+    heads = [100]
+    notifier = Notifier(lambda: heads[0], rewinds=True)
+    woke: list[bool] = []
+    thread = threading.Thread(target=lambda: woke.append(notifier.wait(100, None, 60.0, key=1)))
+    thread.start()
+    until(lambda: notifier.waiting == 1, "the wait")
+    heads[0] = 40
+    thread.join(WAIT_S)
+    assert woke == [True]
+    assert not notifier.moved(1, 40)  # (what was known past the new head is forgotten)
+    notifier.close()
+
+
 _COMMITS_ELSEWHERE = """
 import json, sys
 from journal import EventIn, Journal

@@ -294,8 +294,8 @@ class LocalEngine:
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         # Rows the last batch of appends wrote (`known_rows`).
         self._rows = KnownRows()
-        seen = CommitsSeen(self.log.directory, self._ops)
-        self.waiter = Notifier(self.head, self.changes, partial(self._head_changes, seen))
+        changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
+        self.waiter = Notifier(self.head, self.changes, changes, rewinds=True)
         self.expiry: ExpiryTimer | None = None
         self.compactions = Compactions(self.log, self.view, self.submit)
         self._closing = False

@@ -1,0 +1,150 @@
+"""Observers that outlive a hole in the log (SPEC 9, "Accepting a hole").
+
+Committed frames cut off the active segment (a segment restored from an older backup, a
+file cut short) are accepted by `verify(fix=True)`: the store's head goes back, and later
+appends take the dropped positions and ordinals again. An observer process that kept
+running across it must be told when it had delivered events that are gone (its next
+events would take their ordinals: silently skipped), and must not sleep until the log
+grows past the old head when it had not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import IO
+
+import pytest
+from _waiting import first_of
+
+from journal import EventIn, Journal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Watches SESSION (or, for "-", the lifecycle feed) from the start in its own process
+# (READONLY: a read-only journal); prints one JSON line per item, then the error that
+# ended the watch.
+_OBSERVER = textwrap.dedent(
+    """
+    import json, sys
+    from journal import Journal
+    store, session, readonly = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    with Journal.open(store, readonly=readonly) as j:
+        try:
+            if session == "-":
+                for change in j.watch_sessions():
+                    print(json.dumps([change.event_type.value, change.session.session_id]),
+                          flush=True)
+            else:
+                for event in j.watch(session):
+                    print(json.dumps([event.ordinal, event.data.decode()]), flush=True)
+        except Exception as e:
+            print(json.dumps(["error", type(e).__name__, str(e)]), flush=True)
+    """
+)
+
+
+def _observer(store: Path, session: str, readonly: bool) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-c", _OBSERVER, str(store), session, "1" if readonly else "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _lines(out: IO[str] | None, count: int, timeout: float = 20.0) -> list[list[object]]:
+    """The next `count` JSON lines (fails after `timeout`: a watch that stalls)."""
+    assert out is not None
+    deadline = time.monotonic() + timeout
+    got: list[list[object]] = []
+    while len(got) < count:
+        left = deadline - time.monotonic()
+        assert left > 0, f"only {got[-3:]} ({len(got)} lines) within {timeout} s"
+        line = first_of(iter(out.readline, ""), left)
+        got.append(json.loads(line))
+    return got
+
+
+def _cut_last_frame(store: Path) -> None:
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    end = len(active.read_bytes().rstrip(b"\0"))
+    with open(active, "r+b") as f:
+        f.truncate(end - 10)
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "readonly"])
+def test_observers_across_an_accepted_hole_are_told_or_go_on(
+    tmp_path: Path, readonly: bool
+) -> None:
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        j.create_session("t")
+        for i in range(3):
+            j.append("s", [EventIn("message", b"s%d" % i)])
+        # Many events, so that the positions they took are far past where the log ends
+        # once they are cut: the next appends stay below the old head.
+        j.append("t", [EventIn("message", b"t%d" % i) for i in range(200)])
+    kept = _observer(store, "s", readonly)
+    cut = _observer(store, "t", readonly)
+    changes = _observer(store, "-", readonly)
+    try:
+        assert [x[1] for x in _lines(kept.stdout, 3)] == ["s0", "s1", "s2"]
+        assert len(_lines(cut.stdout, 200)) == 200
+        assert len(_lines(changes.stdout, 2)) == 2
+        _cut_last_frame(store)  # t's 200 events are gone
+        with Journal.open(store) as j:
+            report = j.verify(fix=True)
+            assert report.fixed and "200 event(s)" in report.problems[0].what
+            # The follower of t delivered ordinals the session no longer has: told.
+            (told,) = _lines(cut.stdout, 1)
+            assert told[:2] == ["error", "CursorFuture"], told
+            assert "delivered up to ordinal 200" in str(told[2])
+            # The follower of s delivered nothing that is gone: its next event comes,
+            # though it takes a position below the old head.
+            j.append("s", [EventIn("message", b"s3")])
+            assert _lines(kept.stdout, 1) == [[4, "s3"]]
+            # The lifecycle follower's position (its startup snapshot's) is past the new
+            # end, where the next changes go: told too.
+            (told,) = _lines(changes.stdout, 1)
+            assert told[:2] == ["error", "CursorFuture"], told
+    finally:
+        for process in (kept, cut, changes):
+            process.kill()
+            process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+
+
+def test_a_follower_in_the_fixing_process_goes_on_after_the_fix(tmp_path: Path) -> None:
+    """The head went back in the process that accepted the hole too: its follower that
+    waited past the new end is woken by the commit that takes those positions again."""
+    import threading
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        j.create_session("t")
+        j.append("s", [EventIn("message", b"s0")])
+        j.append("t", [EventIn("message", b"t%d" % i) for i in range(200)])
+    _cut_last_frame(store)
+    with Journal.open(store) as j, j.watch("s") as events:
+        assert next(events).data == b"s0"
+        box: list[bytes] = []
+        follower = threading.Thread(target=lambda: box.append(next(events).data), daemon=True)
+        follower.start()
+        waiter = j._engine.waiter  # noqa: SLF001
+        deadline = time.monotonic() + 10
+        while waiter.waiting == 0:  # (it waits for a head past the old end)
+            assert time.monotonic() < deadline, "the follower never waited"
+            time.sleep(0.01)
+        assert j.verify(fix=True).fixed
+        j.append("s", [EventIn("message", b"s1")])
+        follower.join(10)
+        assert box == [b"s1"]
