@@ -33,7 +33,7 @@ from enum import IntEnum
 from typing import NamedTuple
 
 from ._errors import CursorForeign, CursorMalformed, InvalidPageToken, KeyRingError, TokenError
-from ._keyring import KeyRing
+from ._keyring import _EXTERNAL_ID_BIT, KeyRing
 
 __all__ = ["DOMAIN", "TOKEN_LENGTH", "Claims", "TokenCodec", "TokenKind", "scope_digest"]
 
@@ -284,11 +284,7 @@ class TokenCodec:
         state = self._current_state()
         mac_template = state.macs.get(key_id)
         if mac_template is None:
-            raise _foreign(
-                expected,
-                f"the {noun} is signed by a key this store does not have "
-                f"(it comes from another store, or its key was retired)",
-            )
+            raise _foreign(expected, _unknown_key(noun, key_id, tuple(state.macs)))
         mac = mac_template.copy()
         mac.update(raw[: _HEADER.size])
         if not hmac.compare_digest(mac.digest()[:_TAG_BYTES], raw[_HEADER.size :]):
@@ -351,3 +347,34 @@ def _malformed(kind: TokenKind, reason: str) -> TokenError:
 def _foreign(kind: TokenKind, reason: str) -> TokenError:
     message = f"{reason}; {_REMEDIES[kind]}"
     return InvalidPageToken(message) if kind is TokenKind.PAGE else CursorForeign(message)
+
+
+def _unknown_key(noun: str, key_id: int, known: tuple[int, ...]) -> str:
+    """Why a token signed by a key id missing from this process's ring is foreign, naming
+    both sides: the store may well have the key (a process with `JOURNAL_CURSOR_KEY` set
+    verifies with that key only; a ring is read when a journal opens, so a process opened
+    before a rotation lacks the new key)."""
+
+    def kind(ids: tuple[int, ...]) -> str:
+        return "external" if ids and all(i & _EXTERNAL_ID_BIT for i in ids) else "local"
+
+    ids = ", ".join(str(i) for i in sorted(known))
+    text = (
+        f"the {noun} is signed by key id {key_id}, which this process's cursor keys "
+        f"(id {ids}) do not include: it comes from another store, its key was retired, "
+    )
+    if key_id & _EXTERNAL_ID_BIT and kind(known) == "local":
+        return text + (
+            "or it was signed with an external key (JOURNAL_CURSOR_KEY or "
+            "JOURNAL_CURSOR_KEY_FILE) that this process does not have"
+        )
+    if kind(known) == "external" and not key_id & _EXTERNAL_ID_BIT:
+        return text + (
+            "or this process verifies with the external key from JOURNAL_CURSOR_KEY or "
+            "JOURNAL_CURSOR_KEY_FILE instead of the store's key file, which signed it "
+            "(unset it, or set it to what `journal cursor-key` prints)"
+        )
+    return text + (
+        "or it was signed after a key rotation this process has not seen (a journal "
+        "reads the store's keys when it opens: reopen it)"
+    )

@@ -297,6 +297,33 @@ def test_messages_say_what_to_do() -> None:
 # -- key rings and rotation ---------------------------------------------------------------------
 
 
+def test_an_unknown_key_id_is_named_with_the_likely_cause() -> None:
+    # Operator trial: a process with JOURNAL_CURSOR_KEY set (or one opened before a key
+    # rotation) was told the cursor was "signed by a key this store does not have", though
+    # the store had it; the message now names both key ids and the process-side causes.
+    scope = scope_digest(b"store", "s")
+    store_ring = KeyRing.generate()
+    external = KeyRing.from_secret(b"k" * 32)
+    from_store = TokenCodec(store_ring).encode(TokenKind.SESSION, scope, 5, 5)
+    with pytest.raises(CursorForeign) as info:
+        TokenCodec(external).decode(from_store, TokenKind.SESSION, scope)
+    assert f"key id 1, which this process's cursor keys (id {external.active_key_id})" in (
+        info.value.message
+    )
+    assert "verifies with the external key from JOURNAL_CURSOR_KEY" in info.value.message
+    from_external = TokenCodec(external).encode(TokenKind.SESSION, scope, 5, 5)
+    with pytest.raises(CursorForeign, match="signed with an external key"):
+        TokenCodec(store_ring).decode(from_external, TokenKind.SESSION, scope)
+    before_rotation = KeyRing.from_shared(store_ring.shared())
+    store_ring.rotate()
+    rotated = TokenCodec(store_ring).encode(TokenKind.SESSION, scope, 5, 5)
+    with pytest.raises(CursorForeign, match=r"key id 2, .*rotation this process has not seen"):
+        TokenCodec(before_rotation).decode(rotated, TokenKind.SESSION, scope)
+    page = TokenCodec(store_ring).encode(TokenKind.PAGE, scope, 1)
+    with pytest.raises(InvalidPageToken, match="key id 2"):
+        TokenCodec(before_rotation).decode(page, TokenKind.PAGE, scope)
+
+
 def test_token_from_another_key_ring_is_foreign() -> None:
     scope = scope_digest(b"store", "s")
     other = TokenCodec(KeyRing.generate())
