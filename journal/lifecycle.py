@@ -122,7 +122,7 @@ class LifecycleFeed:
 
     def _cursor(self, position: int, at_ms: int | None = None) -> str:
         """The cursor that resumes after `position`, checked when it is a feed entry's
-        (stamped `at_ms`); a snapshot's names a position, not an entry."""
+        (stamped `at_ms`); else it names a position, not an entry (`_snapshot_cursor`)."""
         check = None if at_ms is None else event_check(at_ms)
         return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position, 0, check)
 
@@ -152,22 +152,39 @@ class LifecycleFeed:
 
     def _snapshot_pages(self, registry: _Registry) -> Iterator[list[LifecycleEvent]]:
         point, rows = registry.point, registry.rows
-        cursor = self._cursor(point)
         # Every event but the last resumes with a fresh snapshot: resuming after `point`
         # would skip the sessions after it in this one (they were created before it).
         unfinished = self._codec.encode(TokenKind.LIFECYCLE, self._scope, point, _MID_SNAPSHOT)
         now = _now_ms()
-        last = len(rows) - 1
+        newest = 0  # the newest lifecycle change of a listed session
         for start in range(0, len(rows), SNAPSHOT_PAGE):
+            page = rows[start : start + SNAPSHOT_PAGE]
+            newest = max(newest, *(row.lifecycle_position for row in page))
+            cursors = [unfinished] * len(page)
+            if start + len(page) == len(rows):
+                cursors[-1] = self._snapshot_cursor(point, newest)
             yield [
-                LifecycleEvent(
-                    LifecycleEventType.CREATED,
-                    self._metadata(row),
-                    cursor if i == last else unfinished,
-                    now,
-                )
-                for i, row in enumerate(rows[start : start + SNAPSHOT_PAGE], start)
+                LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
+                for row, cursor in zip(page, cursors, strict=True)
             ]
+
+    def _snapshot_cursor(self, point: int, newest: int) -> str:
+        """The cursor of a snapshot's last event: resumes after `point`. It is the checked
+        cursor of the newest feed entry at or below `point` (none lies between them), so a
+        store restored from an older copy and written since refuses it as foreign, as it
+        does any feed entry's cursor; unchecked when that entry cannot be read (pruned, or
+        more than a page of entries past the newest listed session's change, such as
+        evictions). Until 2026-12-03 it was always unchecked: after such a restore, a
+        supervisor resuming from it was given the changes after `point` in the other
+        history, without the ones before it (operator trial)."""
+        limit = SNAPSHOT_REUSE + 1
+        entries, _, floor = self._engine.feed(max(newest - 1, 0), limit)
+        found = [(position, entry) for position, entry in entries if position <= point]
+        complete = len(found) < len(entries) or len(entries) < limit
+        if complete and found and found[-1][0] > floor:
+            position, entry = found[-1]
+            return self._cursor(position, entry.at_ms)
+        return self._cursor(point)
 
     def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
         """Feed entries after `after` (a bounded batch), the new `after`, the head."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import threading
 import time
@@ -1056,6 +1057,38 @@ class JournalContract:
                 LifecycleEventType.CREATED,
                 "s3",
             )
+
+    def test_startup_snapshot_cursor_from_changes_a_restored_copy_lacks_is_foreign(
+        self, tmp_path: Path
+    ) -> None:
+        # Operator trial: a supervisor saved the last cursor of its startup snapshot, which
+        # listed s2; the store was restored from a copy without s2 and written since, and
+        # resuming from that cursor silently gave the copy's later changes (s3 resolved),
+        # never saying that s2 was gone or that s3 was created.
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            j.create_session("s2")
+            j.append("s2", evs(b"after the change"))  # (the snapshot's point is past it)
+            with guarded_stop(5.0) as stop:
+                snapshot = list(itertools.islice(j.watch_sessions(stop=stop), 2))
+            assert [e.session.session_id for e in snapshot] == ["s1", "s2"]
+            saved = snapshot[-1].cursor
+            j.create_session("s4")  # it still resumes after the snapshot here
+            with guarded_stop(5.0) as stop:
+                assert next(j.watch_sessions(cursor=saved, stop=stop)).session.session_id == "s4"
+        time.sleep(0.005)  # (the copy's changes are stamped later)
+        with self.make_journal(backup) as restored:
+            for session_id in ("s3", "s5", "s6"):
+                restored.create_session(session_id)
+            restored.resolve_session("s3")
+            with raises(CursorForeign) as info, guarded_stop(5.0) as stop:
+                next(restored.watch_sessions(cursor=saved, stop=stop))
+            assert "restored from an older copy" in str(info.value)
 
     # -- listing sessions ----------------------------------------------------------------------
 
