@@ -467,10 +467,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def event_record(event: journal.Event) -> dict[str, Any]:
     """An event in the watch contract's kinds: `message` (and any other type) with
-    `message`, `turn_started`, and `turn_result` with `result`; all with `cursor` and
-    `requestId`."""
+    `message`, `turn_started`, and `turn_result` with `result`; all with `ordinal`,
+    `cursor` and `requestId`."""
     record: dict[str, Any] = {
         "type": event.type,
+        "ordinal": event.ordinal,
         "cursor": event.cursor,
         "requestId": event.request_id,
     }

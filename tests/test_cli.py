@@ -145,7 +145,8 @@ def test_init_append_read_round_trip_in_json(store: Path) -> None:
 
     *events, trailer = records(invoke(store, "read", "-s", "s1"))
     assert len(events) == 3
-    assert all(set(e) == {"type", "cursor", "requestId", "message"} for e in events)
+    assert all(set(e) == {"type", "ordinal", "cursor", "requestId", "message"} for e in events)
+    assert [e["ordinal"] for e in events] == [1, 2, 3]
     assert all(e["type"] == "message" and e["requestId"] is None for e in events)
     assert all(isinstance(e["cursor"], str) and e["cursor"] for e in events)
     assert len({e["cursor"] for e in events}) == 3
@@ -544,6 +545,7 @@ def test_watch_ndjson_has_the_three_kinds_through_a_real_process(store: Path) ->
     result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "s")
     *lines, end = [json.loads(line) for line in result.stdout.splitlines()]
     assert end == {"end": "resolved"}
+    assert [line.pop("ordinal") for line in lines] == list(range(1, 7))
     assert [{k: v for k, v in line.items() if k != "cursor"} for line in lines] == [
         {"type": "turn_started", "requestId": "r1"},
         {"type": "message", "requestId": "r1", "message": {"text": "hi"}},
