@@ -181,7 +181,10 @@ def show(settings: Settings, session_id: str) -> None:
         meta = store.get_session(session_id)
     record = session_record(meta)
     width = max(len(key) for key in record)
-    text = "\n".join(f"{key:<{width}}  {_text_value(value)}" for key, value in record.items())
+    shown_record = dict(record)
+    if not meta.max_suspend_ms:
+        shown_record["max_suspend_ms"] = "0 (the default: 7 days)"
+    text = "\n".join(f"{key:<{width}}  {_text_value(value)}" for key, value in shown_record.items())
     settings.output.emit(record, text)
 
 

@@ -890,6 +890,12 @@ def test_sessions_create_sets_the_suspension_cap_and_suspend_says_it_expires(
     assert suspended["expires_at_ms"] == suspended["suspended_at_ms"] + 30 * 86_400_000
     assert "7 days" in invoke(store, "sessions", "suspend", "--help", fmt="text").stdout
     assert invoke(store, "sessions", "create", "q", "--max-suspend-ms", "-1").exit_code == 2
+    # 0 is the default cap, which `show` spells out in text (an operator read "0" as "none").
+    invoke(store, "sessions", "create", "d")
+    shown_lines = invoke(store, "sessions", "show", "d", fmt="text").stdout.splitlines()
+    assert "max_suspend_ms   0 (the default: 7 days)" in shown_lines
+    (record,) = records(invoke(store, "sessions", "show", "d"))
+    assert record["max_suspend_ms"] == 0
 
 
 # -- review (h-review) ------------------------------------------------------------------------
