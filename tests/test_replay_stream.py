@@ -338,6 +338,39 @@ def test_a_damaged_index_entry_after_the_page_fails_only_the_page_that_reaches_i
     with Journal.open(tmp_path, readonly=True) as j:
         page = j.read("s", max_bytes=7000)  # ends inside the second frame
         assert [e.ordinal for e in page.events] == list(range(1, 19))
+        # (The next page delivers the rest of the second frame, and the one after raises.)
+        page = j.read("s", cursor=page.next_cursor)
+        assert [e.ordinal for e in page.events] == [19, 20] and page.has_more
+        with pytest.raises(JournalCorrupt):
+            j.read("s", cursor=page.next_cursor)
+
+
+@pytest.mark.parametrize("damage", ["frame", "index"])
+def test_a_replay_delivers_the_events_before_damage_then_raises(
+    tmp_path: Path, damage: str
+) -> None:
+    """A page that reaches a damaged frame (or index entry) returns the events before it,
+    and the next page raises: until 2026-12-03 the whole page failed, so a replay of a
+    session damaged in its third frame delivered nothing before `JournalCorrupt`
+    (operator trial)."""
+    _three_frames(tmp_path)
+    if damage == "index":
+        value = read_locations(tmp_path)[1, 21]
+        replace_location(tmp_path, 1, 21, value[:-4] + bytes(a ^ 0xFF for a in value[-4:]))
+    else:
+        (segment,) = sorted((tmp_path / "segments").glob("*.seg"))
+        data = bytearray(segment.read_bytes())
+        at = data.index(payload(25, 700))  # inside the third frame's body
+        data[at] ^= 0x01
+        segment.write_bytes(bytes(data))
+    with Journal.open(tmp_path, readonly=True) as j:
+        delivered: list[int] = []
+        with pytest.raises(JournalCorrupt):
+            for event in j.replay("s"):
+                delivered.append(event.ordinal)
+        assert delivered == list(range(1, 21))
+        page = j.read("s", max_bytes=1 << 20)
+        assert [e.ordinal for e in page.events] == list(range(1, 21)) and page.has_more
         with pytest.raises(JournalCorrupt):
             j.read("s", cursor=page.next_cursor)
 

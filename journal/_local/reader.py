@@ -274,6 +274,8 @@ def _read_events(
     entry = _next_entry(locations)
     while entry is not None:
         if isinstance(entry, JournalCorrupt):
+            if events:  # (the events before the damage first: the next page raises it)
+                return events, True
             raise entry
         first_ordinal, segment, offset, before = entry
         # The reader looks one entry ahead (for the byte counts), but raises damage only
@@ -298,9 +300,14 @@ def _read_events(
             first_position, body_length, records, skip, run_bytes = carried[4:]
             carried = None
         else:
-            first_position, body_length, records = reader.read_records(
-                offset, head_end if segment == head_segment else None, decode_frame_for_read
-            )
+            try:
+                first_position, body_length, records = reader.read_records(
+                    offset, head_end if segment == head_segment else None, decode_frame_for_read
+                )
+            except JournalCorrupt:
+                if events:  # (as above: a damaged frame is raised by the page it starts)
+                    return events, True
+                raise
             skip = 0
             run_bytes = frame_bytes if 0 <= frame_bytes <= body_length else -1
         # The run: the records from `skip` on (all of them, but in a carried frame).
