@@ -34,6 +34,7 @@ from .output import (
     shown,
     silence_stdout,
 )
+from .retention import retention
 from .sessions import sessions
 from .watching import watch_events
 
@@ -617,3 +618,4 @@ main.add_command(stats)
 main.add_command(export)
 main.add_command(import_)
 main.add_command(cursor_key)
+main.add_command(retention)

@@ -27,6 +27,7 @@ from .models import (
     Event,
     EventIn,
     ReadContext,
+    RetentionPolicy,
     RetentionReport,
     SessionState,
     StoreStats,
@@ -466,5 +467,9 @@ class Engine(Protocol):
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport: ...
 
     def stats(self) -> StoreStats: ...
+
+    def retention_policy(self) -> RetentionPolicy:
+        """The store's recorded retention policy now (the default where none is): what a
+        writer applies from its next retention pass on, whoever recorded it (SPEC 8)."""
 
     def close(self) -> None: ...

@@ -451,6 +451,14 @@ class Journal:
         self._check_open()
         return self._engine.stats()
 
+    def retention_policy(self) -> RetentionPolicy:
+        """The store's retention policy as recorded now (`RetentionPolicy()` where none is
+        recorded): the one every writer of the store applies from its next retention pass
+        on, whichever process recorded it (`Journal.open(retention=...)`, `journal
+        retention`). A read-only journal reads it too."""
+        self._check_open()
+        return self._engine.retention_policy()
+
     # -- archives --------------------------------------------------------------------------
 
     def export_sessions(

@@ -38,6 +38,11 @@
         Drop to uid/gid 65534 and try to open read-only; print `opened` or `error CLASS CODE`.
     rw_open STORE
         The same, writable; the error line adds the errno and the message.
+    writer STORE SEGMENT_BYTES
+        A long-lived writer opened without a policy (so with the store's recorded one):
+        create session `s`, print `ready`, then per line `append N` on stdin append N
+        batches of one 300-byte event and print `s FIRST_ORDINAL LAST_ORDINAL`; exit 0 at
+        end of input.
 
 Payloads are derived from the ordinal (`payload`), so a reader recognises a wrong event.
 Everything is imported before privileges are dropped: site-packages may be unreadable to
@@ -301,6 +306,18 @@ def retention(store: str, now_ms: str, session_retention_ms: str) -> None:
     emit(f"evicted {','.join(report.evicted_sessions)} deleted {len(report.deleted_segments)}")
 
 
+def writer(store: str, segment_bytes: str) -> None:
+    with Journal.open(store, create=False, durability="os", segment_bytes=int(segment_bytes)) as j:
+        j.create_session("s")
+        emit("ready")
+        for line in sys.stdin:
+            for _ in range(int(line.split()[1])):
+                ordinal = j.get_session("s").last_ordinal + 1
+                j.append("s", [journal.EventIn(type="m", data=payload("s", ordinal, 300))])
+            row = j.get_session("s")
+            emit(f"s {row.first_ordinal} {row.last_ordinal}")
+
+
 def ro_watch(store: str, session_id: str) -> None:
     drop_privileges()
     with Journal.open(store, create=False, readonly=True) as j:
@@ -379,6 +396,7 @@ COMMANDS = {
     "ro_read": ro_read,
     "ro_open": ro_open,
     "rw_open": rw_open,
+    "writer": writer,
 }
 
 if __name__ == "__main__":

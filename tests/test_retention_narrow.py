@@ -195,7 +195,7 @@ def test_a_view_without_the_aged_index_is_rebuilt_with_it(tmp_path: Path) -> Non
 _OTHER_POLICY = """
 import sys
 from journal import EventIn, Journal, RetentionPolicy
-from test_retention_narrow import SEGMENT, _seal
+from test_retention_narrow import SEGMENT, WINDOW, _seal
 policy = RetentionPolicy(max_history_bytes=1 << 30)
 with Journal.open(sys.argv[1], durability="os", segment_bytes=SEGMENT, retention=policy) as j:
     j.create_session("S")
@@ -203,6 +203,10 @@ with Journal.open(sys.argv[1], durability="os", segment_bytes=SEGMENT, retention
         j.append("S", [EventIn("m", b"s" * 3000)])
     for _ in range(4):
         _seal(j)  # its passes, under its own (wider) window, cover these segments
+# The 8 KiB window recorded again (the last recording is every writer's: SPEC 8), by an
+# open that runs no pass.
+policy = RetentionPolicy(max_history_bytes=WINDOW)
+Journal.open(sys.argv[1], durability="os", segment_bytes=SEGMENT, retention=policy).close()
 """
 
 

@@ -11,6 +11,8 @@ The operations themselves are planned in `writes.py`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 import uuid
 import weakref
@@ -23,6 +25,7 @@ from nats.errors import MaxPayloadError
 from ..errors import (
     InvalidArgument,
     JournalError,
+    StoreIncompatible,
     StoreUnavailable,
 )
 from ..models import LifecycleEventType, RetentionPolicy, SessionState
@@ -33,6 +36,7 @@ from .layout import (
     StoredFeed,
     resolve,
 )
+from .opening import decode_policy
 from .reads import RowState, StoreReader
 
 __all__ = ["Committer", "Plan", "done", "rel", "resolved"]
@@ -40,6 +44,7 @@ __all__ = ["Committer", "Plan", "done", "rel", "resolved"]
 # JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
 # also writes its row, and may write a creation record and an idempotency marker.
 MAX_APPEND_EVENTS: Final = 997
+_log: Final = logging.getLogger("journal")
 # How long a write keeps trying across a lost connection or a leader election.
 WRITE_S: Final = 30.0
 _WRONG_LAST_SEQUENCE: Final = 10071
@@ -117,12 +122,34 @@ class Committer:
         self.conn = reader.conn
         self.subjects = reader.subjects
         self.policy = policy
+        # The policy message's sequence `policy` came from (0: not read here yet) and when
+        # it was last compared (`policy_now`).
+        self._policy_seq = 0
+        self._policy_checked = -math.inf
         self.owner_alive = owner_alive
         self._committed = committed
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Rows this engine committed last, per session: the next write starts from them
         # (a compare-and-set failure means they are stale: read again).
         self.last_rows: dict[str, RowState] = {}
+
+    async def policy_now(self, at_most_every_s: float = 0.0) -> RetentionPolicy:
+        """The store's policy as recorded now, whoever recorded it (SPEC 8): the policy
+        message is read again when its sequence changed. A damaged one is logged and the
+        policy in force kept (writes go on). `at_most_every_s`: compare no more often."""
+        checked = time.monotonic()
+        if checked - self._policy_checked < at_most_every_s:
+            return self.policy
+        self._policy_checked = checked
+        found = await self.conn.msg_get({"last_by_subj": self.subjects.policy})
+        if found is None or found.seq == self._policy_seq:
+            return self.policy
+        self._policy_seq = found.seq
+        try:
+            self.policy = decode_policy(found.data, self.subjects)
+        except StoreIncompatible as e:
+            _log.warning("%s; keeping the retention policy in force: %s", e, self.policy)
+        return self.policy
 
     # -- the commit loop -------------------------------------------------------------------
 

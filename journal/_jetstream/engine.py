@@ -112,11 +112,10 @@ class _Readers:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def close(self) -> None:
-        return None
-
     def release(self) -> None:
         return None  # (nothing held: `ends` are positions)
+
+    close = release
 
 
 class _RowChanges:
@@ -759,13 +758,14 @@ class JetStreamEngine:
         return VerifyReport(0, len(rows), events, problems)
 
     def compact(self, dead_share: float, progress: ProgressCallback | None) -> CompactionReport:
-        self.check_usable()
-        # The server compacts its own message blocks; there is nothing for a client to do.
+        self.check_usable()  # (the server compacts its own message blocks: nothing to do)
         return CompactionReport([], [], 0, 0, 0, 0.0)
 
+    def retention_policy(self) -> RetentionPolicy:
+        return self._ask(self.writer.policy_now)
+
     def stats(self) -> StoreStats:
-        result: StoreStats = self._ask(self._stats)
-        return result
+        return self._ask(self._stats)
 
     async def _stats(self) -> StoreStats:
         counts: dict[str, int] = {}

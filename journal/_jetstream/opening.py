@@ -22,7 +22,7 @@ from .reads import StoreReader
 if TYPE_CHECKING:
     from .engine import JetStreamOptions
 
-__all__ = ["MAX_MSG_BYTES", "bootstrap", "key_ring_of", "recorded_policy"]
+__all__ = ["MAX_MSG_BYTES", "bootstrap", "decode_policy", "key_ring_of", "recorded_policy"]
 
 # The server's cap on one message (the server's max_payload must allow it too).
 MAX_MSG_BYTES: Final = 9 << 20
@@ -103,23 +103,27 @@ def _check_stream(
         )
 
 
+def decode_policy(data: bytes, subjects: Subjects) -> RetentionPolicy:
+    """The policy a `j.<store>.policy` message records; `StoreIncompatible` if damaged."""
+    try:
+        recorded = _POLICY_DECODER.decode(data)
+        check_retention(recorded)
+    except (msgspec.DecodeError, InvalidArgument) as e:
+        raise StoreIncompatible(
+            f"the retention policy recorded in {subjects.policy} is damaged "
+            f"({e}): open the store writable with retention=RetentionPolicy(...) "
+            "to record one"
+        ) from None
+    return recorded
+
+
 async def recorded_policy(
     conn: Connection, subjects: Subjects, options: JetStreamOptions
 ) -> RetentionPolicy:
     """The policy given (recorded for the journals opened without one, by a writer),
     else the store's recorded one, else the default (SPEC 8)."""
     found = await conn.msg_get({"last_by_subj": subjects.policy})
-    recorded = None
-    if found is not None:
-        try:
-            recorded = _POLICY_DECODER.decode(found.data)
-            check_retention(recorded)
-        except (msgspec.DecodeError, InvalidArgument) as e:
-            raise StoreIncompatible(
-                f"the retention policy recorded in {subjects.policy} is damaged "
-                f"({e}): open the store writable with retention=RetentionPolicy(...) "
-                "to record one"
-            ) from None
+    recorded = None if found is None else decode_policy(found.data, subjects)
     given = options.retention
     if given is not None and given != recorded and not options.readonly:
         await conn.publish(subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"})

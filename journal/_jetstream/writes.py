@@ -42,7 +42,7 @@ from ..errors import (
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
-from .client import BatchMessage
+from .client import ApiError, BatchMessage, Unavailable
 from .commit import Committer, Plan, done, rel, resolved
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
 from .reads import RowState
@@ -59,6 +59,8 @@ __all__ = ["IMPORT_REFUSAL", "MAX_APPEND_EVENTS", "Writer"]
 # JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
 # also writes its row, and may write a creation record and an idempotency marker.
 MAX_APPEND_EVENTS: Final = 997
+# How often an append compares the recorded retention policy with the one in force.
+POLICY_CHECK_S: Final = 1.0
 
 
 def _now_ms() -> int:
@@ -278,7 +280,11 @@ class Writer(Committer):
         if state is None or state.row is None:
             return
         row = state.row
-        limit = row.max_history_bytes or self.policy.max_history_bytes
+        try:  # (the recorded policy, compared at most once a second: SPEC 16.5)
+            policy = await self.policy_now(at_most_every_s=POLICY_CHECK_S)
+        except (ApiError, *Unavailable):
+            policy = self.policy  # (the append committed: its caller must not see this)
+        limit = row.max_history_bytes or policy.max_history_bytes
         if limit is not None and row.retained_bytes > limit:
             await self._trim_to_window(session_id, _now_ms())
 
@@ -471,7 +477,7 @@ class Writer(Committer):
     async def retain(self, now_ms: int | None) -> RetentionReport:
         """History windows and session retention over every session (a scan: SPEC 16)."""
         now = _now_ms() if now_ms is None else now_ms
-        policy = self.policy
+        policy = await self.policy_now()
         trimmed: list[str] = []
         evicted: list[str] = []
         tokens = await self.reader.tokens()

@@ -118,6 +118,7 @@ from .opening import (
 from .planner import Planner, Request, SealRetention
 from .projector import Projection, project_log, project_segments, refresh_private
 from .reader import ReaderCache, read_page
+from .recorded_policy import RecordedPolicy
 from .retention import SummaryCache, delete_segment_files
 from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
@@ -241,19 +242,15 @@ class LocalEngine:
                     f"no journal store at {path!r}: create it with `journal init` or "
                     "Journal.open(path, create=True)"
                 )
-            create_store(
-                path,
-                Permissions(options.file_mode or DEFAULT_FILE_MODE),
-                options.retention or RetentionPolicy(),
-            )
+            initial = Permissions(options.file_mode or DEFAULT_FILE_MODE)
+            create_store(path, initial, options.retention or RetentionPolicy())
         store = load_store(store_file)
         mode = None if options.file_mode in (None, store.file_mode) else options.file_mode
         policy = None if options.retention in (None, store.retention) else options.retention
         if not readonly and (mode is not None or policy is not None):
             store = record_in_store(store_file, store, mode, policy, ops)
-        # The policy given, else the store's (SPEC 8): a maintenance command opened without
-        # one must not apply the default windows to a store set up with others.
-        self.retention = options.retention or store.retention or RetentionPolicy()
+        # The policy in force: the store's as recorded now, read again at each pass (SPEC 8).
+        self.policy = RecordedPolicy(store_file, options.retention or store.retention)
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
         self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)
@@ -529,7 +526,7 @@ class LocalEngine:
                     view,
                     log,
                     self.summaries,
-                    self.retention,
+                    self.policy,
                     (self.store_id, BOOT_ID),
                     head.next_position,
                     _now_ms(),
@@ -788,6 +785,9 @@ class LocalEngine:
     def compact(self, dead_share: float, progress: Progress | None) -> CompactionReport:
         self.check_usable()  # (before the lock: a forked child's copy of it may be held)
         return self.compactions.compact(dead_share, progress)
+
+    def retention_policy(self) -> RetentionPolicy:
+        return self.policy.current()
 
     @reads_disk
     def stats(self) -> StoreStats:

@@ -43,7 +43,7 @@ from ..errors import (
     SessionNotFound,
     SessionNotWritable,
 )
-from ..models import RetentionPolicy, RetentionReport, SessionState
+from ..models import RetentionReport, SessionState
 from ..records import (
     TURN_EVENT_TYPES,
     CheckpointTaken,
@@ -65,6 +65,7 @@ from .compaction import SwapSegment, swap_segment
 from .frames import segment_name
 from .leases import PROCESS_BOOT, identity
 from .log import SegmentLog
+from .recorded_policy import RecordedPolicy
 from .retention import (
     SummaryCache,
     candidate_rows,
@@ -127,7 +128,7 @@ class Planner:
         view: View,
         log: SegmentLog,
         summaries: SummaryCache,
-        policy: RetentionPolicy,
+        policy: RecordedPolicy,
         identity: tuple[bytes, bytes],
         next_position: int,
         now: int,
@@ -692,12 +693,16 @@ class Planner:
 
     def _retention(self, request: Request, op: ApplyRetention) -> None:
         now = self.now if op.now_ms is None else op.now_ms
-        policy = self.policy
+        # The store's policy as recorded now, whoever recorded it (SPEC 8): a pass under a
+        # policy that changed since the last one reads every row.
+        changed = self.policy.refresh()
+        policy = self.policy.policy
         trimmed: list[str] = []
         evicted: list[str] = []
         sealed = self.log.bases()[:-1]
         narrow = (
             type(op) is SealRetention
+            and not changed
             and policy.session_retention_ms is None
             and policy.max_history_age_ms is None
         )
