@@ -23,13 +23,7 @@ from typing import IO, TypeVar
 
 from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
 
-from ._local import (
-    DEFAULT_DEAD_SHARE,
-    DEFAULT_SEGMENT_BYTES,
-    Durability,
-    FileOps,
-    open_local,
-)
+from ._local import DEFAULT_DEAD_SHARE, DEFAULT_SEGMENT_BYTES, Durability, FileOps, open_local
 from .abandoned import Detachable, close_when_dropped
 from .archive import ArchiveLimits
 from .arguments import (
@@ -452,10 +446,8 @@ class Journal:
         return self._engine.stats()
 
     def retention_policy(self) -> RetentionPolicy:
-        """The store's retention policy as recorded now (`RetentionPolicy()` where none is
-        recorded): the one every writer of the store applies from its next retention pass
-        on, whichever process recorded it (`Journal.open(retention=...)`, `journal
-        retention`). A read-only journal reads it too."""
+        """The store's recorded retention policy (default: `RetentionPolicy()`), which
+        every writer applies from its next retention pass on, whoever recorded it."""
         self._check_open()
         return self._engine.retention_policy()
 
