@@ -1019,6 +1019,48 @@ class JournalContract:
             # A cursor of an event both histories hold resumes as before.
             assert ordinals(self.read_all(restored, "s1", shared)) == [5, 6, 7, 8, 9]
 
+    @pytest.mark.parametrize("api", ["read", "replay", "watch"])
+    def test_cursor_one_past_session_head_raises_cursor_future(
+        self, tmp_path: Path, api: str
+    ) -> None:
+        # The boundary of CursorFuture: a cursor of the event just after the copy's head
+        # (not only of one further on) must not read as "nothing new yet".
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+            j.append("s1", numbered(4))
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            next_one = j.append("s1", numbered(1, "later")).cursor  # event 5
+        with self.make_journal(backup) as restored:
+            with raises(CursorFuture) as info:
+                self.consume(restored, api, "s1", next_one)
+            assert info.value.head_ordinal == 4
+
+    @pytest.mark.parametrize("api", ["read", "replay", "watch"])
+    def test_cursor_of_a_replaced_first_event_raises_cursor_foreign(
+        self, tmp_path: Path, api: str
+    ) -> None:
+        # The check of the event a cursor was issued for covers the session's first
+        # retained event too (ordinal == first_ordinal), not only the later ones.
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            lost = j.append("s1", numbered(1, "lost")).cursor  # event 1
+        time.sleep(0.005)  # (the copy's events are stamped later)
+        with self.make_journal(backup) as restored:
+            restored.append("s1", numbered(2, "new"))  # ordinals 1..2
+            assert restored.get_session("s1").first_ordinal == 1
+            with raises(CursorForeign) as info:
+                self.consume(restored, api, "s1", lost)
+            assert "restored from an older copy" in str(info.value)
+
     def test_lifecycle_cursor_of_a_change_a_restored_copy_replaced_raises_cursor_foreign(
         self, tmp_path: Path
     ) -> None:
