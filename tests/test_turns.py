@@ -426,6 +426,28 @@ def test_an_owner_of_an_evicted_session_cannot_write_into_its_successor(tmp_path
         ]
 
 
+def test_an_owner_that_released_its_lease_cannot_append_to_its_open_turn(
+    tmp_path: Path,
+) -> None:
+    # Nobody took the lease over (same incarnation, same generation): the store refuses
+    # the write because the session records no owner, not because another one holds it.
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        turn = owner.turn("r1").__enter__()
+        turn.append([EventIn("message", b"1")])
+        owner.release()
+        with pytest.raises(OwnerBusy):
+            turn.append([EventIn("message", b"2")])
+        with pytest.raises(OwnerBusy):
+            turn.__exit__(None, None, None)  # nor record its result
+        assert [(e.type, e.data) for e in j.replay("s")] == [
+            ("turn_started", b"{}"),
+            ("message", b"1"),
+        ]
+        assert j.get_session("s").owner is None
+
+
 def test_a_forked_child_does_not_keep_a_dead_owners_lease(tmp_path: Path) -> None:
     store = tmp_path / "store"
     with Journal.open(store, durability="os") as j:
