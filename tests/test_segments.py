@@ -11,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from journal import JournalCorrupt
-from journal._local.frames import FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, segment_name
+from journal._local.frames import (
+    FRAME_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    encode_frame,
+    segment_name,
+)
 from journal._local.log import SegmentLog
 from journal._local.segments import SegmentReader
 from journal._local.sidecar import read_summary
@@ -205,6 +210,30 @@ def test_reader_at_active_tail_sees_only_whole_frames(tmp_path: Path) -> None:
         # ... but corruption when the caller knows it was committed
         with pytest.raises(JournalCorrupt):
             list(reader.frames(committed_end=end + FRAME_HEADER_SIZE + 1, tail=True))
+    log.close()
+
+
+def test_a_frame_claiming_no_records_is_implausible_whatever_its_checksum(
+    tmp_path: Path,
+) -> None:
+    # A frame header with count 0 is never written: past the active segment's committed
+    # end it is an unfinished tail (the writer cuts it off), before it JournalCorrupt.
+    log, bodies = write_frames(tmp_path, 3)
+    end = log.writer.end_offset
+    log.close()
+    seg = tmp_path / segment_name(1)
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(encode_frame(b"", 4, 0))  # a valid CRC over an empty body and count 0
+    with SegmentReader(str(tmp_path), 1) as reader:
+        assert [bytes(b) for _, b in reader.frames(tail=True)] == bodies
+        with pytest.raises(JournalCorrupt, match="implausible frame header"):
+            list(reader.frames(committed_end=end + FRAME_HEADER_SIZE, tail=True))
+    log = SegmentLog(str(tmp_path), STORE_ID)
+    recovered = log.open_writer()
+    assert recovered[-1].end_offset == end
+    info = log.append(bodies[0], 1)
+    assert (info.offset, info.first_position) == (end, 4)
     log.close()
 
 
