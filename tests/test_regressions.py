@@ -847,6 +847,37 @@ def test_verify_fix_accepts_frames_cut_off_the_log_and_counts_the_dropped_events
         assert j.verify().problems == []
 
 
+def test_verify_names_the_segment_and_byte_of_frames_cut_off_at_a_frame_boundary(
+    tmp_path: Path,
+) -> None:
+    """A hole cut exactly at a frame boundary leaves no cut-short frame to report: the
+    active segment's frames end before the view's head, which verify() reports as that
+    segment ending early at that byte (SPEC 9), not only as index differences."""
+    from journal._local.frames import FRAME_HEADER, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        for i in range(3):
+            j.append("s", [EventIn("message", b"event %d" % i)])
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    raw = active.read_bytes()
+    ends = []
+    at = SEGMENT_HEADER_SIZE
+    while raw[at : at + 4] == b"SJFR":
+        at += FRAME_HEADER_SIZE + FRAME_HEADER.unpack_from(raw, at)[1]
+        ends.append(at)
+    with open(active, "r+b") as f:
+        f.truncate(ends[-2])  # the last frame (event 3) is gone, whole
+    with Journal.open(store) as j:
+        problems = j.verify().problems
+        assert (problems[0].segment, problems[0].offset, problems[0].what) == (
+            active.name,
+            ends[-2],
+            "segment ends early",
+        ), problems
+
+
 @pytest.mark.parametrize("path", [None, 5, "a\0b"], ids=["none", "int", "nul"])
 def test_a_bad_store_path_is_an_invalid_argument(path: object) -> None:
     from journal import InvalidArgument
