@@ -1132,6 +1132,34 @@ class JournalContract:
                 next(restored.watch_sessions(cursor=saved, stop=stop))
             assert "restored from an older copy" in str(info.value)
 
+    def test_lifecycle_cursor_one_past_a_restored_copys_feed_raises_cursor_future(
+        self, tmp_path: Path
+    ) -> None:
+        # The boundary of the lifecycle feed's CursorFuture: the cursor of the change just
+        # after the copy's last one (the copy took no writes since).
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+            with guarded_stop(5.0) as stop:
+                feed = j.watch_sessions(stop=stop)
+                shared = next(feed).cursor
+                feed.close()
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            j.create_session("s2")
+            with guarded_stop(5.0) as stop:
+                feed = j.watch_sessions(cursor=shared, stop=stop)
+                lost = next(feed)
+                feed.close()
+        with (
+            self.make_journal(backup) as restored,
+            raises(CursorFuture),
+            guarded_stop(5.0) as stop,
+        ):
+            next(restored.watch_sessions(cursor=lost.cursor, stop=stop))
+
     # -- listing sessions ----------------------------------------------------------------------
 
     def test_list_sessions_page_pages_in_session_id_order(
