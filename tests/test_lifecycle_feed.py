@@ -6,6 +6,7 @@ lost records makes the cursors from before them expire the same way."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import shutil
 import tempfile
@@ -100,6 +101,39 @@ def test_retention_prunes_the_feed_entries_of_deleted_segments(store: Path) -> N
     # What is left is the anchor's CREATED and what the newest segments hold; without
     # pruning, 60 x 3 entries (CREATED, RESOLVED, EVICTED) plus the anchor's stay.
     assert len(positions) < 60 * 3 + 2 - 40, len(positions)
+
+
+def _position(cursor: str) -> int:
+    """The position a lifecycle cursor carries, read by its documented layout (SPEC 5):
+    version 1 a u64 at byte 12, version 2 a u48 there."""
+    raw = base64.urlsafe_b64decode(cursor + "=")
+    width = 8 if raw[0] == 1 else 6
+    return int.from_bytes(raw[12 : 12 + width], "big")
+
+
+def test_a_cursor_just_below_the_feed_floor_is_expired_and_one_at_it_is_not(
+    store: Path,
+) -> None:
+    # The boundary of the feed's CursorExpired: a follower after `floor - 1` would miss
+    # the pruned entry at `floor`; one after `floor` misses nothing.
+    with open_store(store) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        for i in range(150):  # no events: every record is a feed entry, so floor - 1 is one
+            j.create_session(f"s{i}")
+            j.resolve_session(f"s{i}")
+        with j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+            changes = [next_of(feed) for _ in range(300)]
+        cursors = {_position(change.cursor): change.cursor for change in changes}
+        assert len(evict_all(j)) == 150
+        with pytest.raises(CursorExpired) as info:
+            j.watch_sessions(cursor=before)
+        floor = info.value.earliest_ordinal - 1
+        assert floor - 1 in cursors and floor in cursors, (floor, min(cursors), max(cursors))
+        with pytest.raises(CursorExpired) as below:
+            j.watch_sessions(cursor=cursors[floor - 1])
+        assert below.value.earliest_ordinal == floor + 1
+        j.watch_sessions(cursor=cursors[floor]).close()  # nothing missed: no error
 
 
 def test_the_feed_stays_bounded_over_many_session_lifetimes(store: Path) -> None:
