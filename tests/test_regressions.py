@@ -878,6 +878,32 @@ def test_verify_names_the_segment_and_byte_of_frames_cut_off_at_a_frame_boundary
         ), problems
 
 
+def test_reading_events_cut_off_at_a_frame_boundary_says_the_frame_is_cut_short(
+    tmp_path: Path,
+) -> None:
+    """The read of an event whose frame was cut off whole (the file ends at its offset)
+    raised JournalCorrupt with struct's message ("unpack_from requires a buffer of at
+    least 24 bytes ...") as its detail; it names what happened now."""
+    from journal import JournalCorrupt
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("message", b"kept")])
+        end = j.append("s", [EventIn("message", b"kept too")])
+        j.append("s", [EventIn("message", b"cut off")])
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    at = active.read_bytes().rfind(b"SJFR")  # the last frame's start (its data has none)
+    assert at > 0
+    with open(active, "r+b") as f:
+        f.truncate(at)
+    with Journal.open(store) as j:
+        with pytest.raises(JournalCorrupt) as info:
+            j.read("s", cursor=end.cursor)
+        assert (info.value.segment, info.value.offset) == (active.name, at)
+        assert "cut short" in str(info.value) and "unpack" not in str(info.value)
+
+
 @pytest.mark.parametrize("path", [None, 5, "a\0b"], ids=["none", "int", "nul"])
 def test_a_bad_store_path_is_an_invalid_argument(path: object) -> None:
     from journal import InvalidArgument

@@ -326,7 +326,8 @@ class SegmentReader:
                 at = offset - self._chunk_start
             try:
                 checked = check_frame(self._chunk, at)
-                if checked is None:
+                if checked is None and len(self._chunk) - at >= FRAME_HEADER_SIZE:
+                    # (Fewer bytes than a header: the file ends there, "cut short" below.)
                     length = FRAME_HEADER.unpack_from(self._chunk, at)[1]
                     self._fill(offset, FRAME_HEADER_SIZE + length, committed_end)
                     at = offset - self._chunk_start
