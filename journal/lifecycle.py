@@ -15,7 +15,7 @@ from typing import Final
 from cursors import TokenCodec, TokenKind, scope_digest
 
 from .engine import Engine
-from .errors import CursorExpired, CursorForeign, CursorFuture
+from .errors import CursorExpired, CursorForeign, CursorFuture, JournalCorrupt
 from .follow import LifecyclePager
 from .models import LifecycleEvent, LifecycleEventType, SessionMetadata
 from .session_cursors import event_check
@@ -42,13 +42,15 @@ def _now_ms() -> int:
 
 
 class _Registry:
-    """Every row and the lifecycle position they stand at (`Engine.registry`)."""
+    """Every row and the lifecycle position they stand at (`Engine.registry`); `damaged`
+    once building a page of it raised `JournalCorrupt` (it is not shared again)."""
 
-    __slots__ = ("__weakref__", "point", "rows")
+    __slots__ = ("__weakref__", "damaged", "point", "rows")
 
     def __init__(self, point: int, rows: Sequence[SessionRow]) -> None:
         self.point = point
         self.rows = rows
+        self.damaged = False
 
 
 class LifecycleFeed:
@@ -142,7 +144,7 @@ class LifecycleFeed:
         """The shared registry snapshot if a follow still holds it and the feed after it
         is retained and short; else a new one."""
         shared = self._shared()
-        if shared is not None:
+        if shared is not None and not shared.damaged:
             entries, _, floor = self._engine.feed(shared.point, SNAPSHOT_REUSE + 1)
             if floor <= shared.point and len(entries) <= SNAPSHOT_REUSE:
                 return shared
@@ -158,7 +160,14 @@ class LifecycleFeed:
         now = _now_ms()
         newest = 0  # the newest lifecycle change of a listed session
         for start in range(0, len(rows), SNAPSHOT_PAGE):
-            page = rows[start : start + SNAPSHOT_PAGE]
+            try:
+                page = rows[start : start + SNAPSHOT_PAGE]
+            except JournalCorrupt:
+                # A damaged row (decoded here, on the local engine): the follows sharing
+                # this copy meet it too, but no follow takes it again; one started (or
+                # resumed) after `verify(fix=True)` repaired the view copies the rows anew.
+                registry.damaged = True
+                raise
             newest = max(newest, *(row.lifecycle_position for row in page))
             cursors = [unfinished] * len(page)
             if start + len(page) == len(rows):
