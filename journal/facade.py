@@ -422,7 +422,10 @@ class Journal:
         if fix and self.readonly:
             raise ReadOnlyStore("verify(fix=True) needs a writable journal")
         if fix:
-            return self._submit(VerifyFix(progress))
+            report: VerifyReport = self._submit(VerifyFix(progress))
+            # A startup snapshot's copy made before may hold rows the rebuild repaired.
+            self._lifecycle.forget_shared()
+            return report
         return self._engine.verify(progress)
 
     def compact(

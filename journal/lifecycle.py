@@ -70,6 +70,11 @@ class LifecycleFeed:
         # delivers it.
         self._shared: Callable[[], _Registry | None] = lambda: None
 
+    def forget_shared(self) -> None:
+        """No follow starting from now takes the copy the follows in progress share (the
+        view was rebuilt: the copy may hold damaged rows the rebuild repaired)."""
+        self._shared = lambda: None
+
     def pager(self, cursor: str | None) -> LifecyclePager:
         """Where to resume the lifecycle feed; cursor errors are raised here."""
         if cursor is None:

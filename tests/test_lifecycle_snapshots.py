@@ -485,15 +485,15 @@ env.close()
 """
 
 
-def test_a_snapshot_copy_found_damaged_is_not_shared_after_the_view_is_repaired(
+def test_a_snapshot_copy_with_a_damaged_row_is_not_shared_after_the_view_is_repaired(
     tmp_path: Path,
 ) -> None:
     """A row damaged under an open journal, copied by two follows that stall before its
-    page; verify(fix=True) repairs the view. Until the fix, every follow started or resumed
-    after the repair (resuming inside a snapshot asks for a fresh one) took the damaged
-    copy the stalled follows held and raised JournalCorrupt at that row's page, for as
-    long as they held it: 3 of 3 here. Now the follow that meets the damage marks the
-    copy, and the next ones copy the repaired rows."""
+    page; verify(fix=True) repairs the view. Until 2026-12-03 every follow started or
+    resumed after the repair (resuming inside a snapshot asks for a fresh one) took the
+    damaged copy the stalled follows held and raised JournalCorrupt at that row's page,
+    for as long as they held it (3 of 3 tried). The stalled follows, which hold it, meet
+    the damage; no follow after the repair does."""
     store = tmp_path / "s"
     ids = [f"s{i:03d}" for i in range(SNAPSHOT_PAGE + 30)]
     damaged = ids[SNAPSHOT_PAGE + 10]  # (on the second page)
@@ -512,15 +512,18 @@ def test_a_snapshot_copy_found_damaged_is_not_shared_after_the_view_is_repaired(
         assert j.get_session(damaged).session_id == damaged
         assert j.verify().ok
 
-        # A follow started now shares the damaged copy: it meets the damage once...
-        with j.watch_sessions(stop=stop) as first:
-            got: list[LifecycleEvent] = []
-            with pytest.raises(JournalCorrupt):
-                for _ in ids:
-                    got.append(next(first))
-        assert len(got) == SNAPSHOT_PAGE
-        # ...and resuming from its last cursor (a fresh snapshot) gives every session.
-        for cursor in (got[-1].cursor, None):
+        with j.watch_sessions(stop=stop) as after:
+            got = [next(after) for _ in ids]
+            assert [e.session.session_id for e in got] == ids
+        # The stalled follows deliver their copy: they meet the damage...
+        delivered: list[LifecycleEvent] = []
+        with pytest.raises(JournalCorrupt):
+            for _ in ids:
+                delivered.append(next(stalled[0]))
+        assert len(delivered) == SNAPSHOT_PAGE - 1
+        # ...and resuming from the last cursor given (a fresh snapshot) gives every session,
+        # as does a new follow, while the other stalled follow still holds that copy.
+        for cursor in (delivered[-1].cursor, got[5].cursor, None):
             with j.watch_sessions(cursor, stop=stop) as again:
                 assert [next(again).session.session_id for _ in ids] == ids
         stop.set()
