@@ -414,8 +414,7 @@ class Journal:
         `fix=False` only reports (problems name the segment and byte offset). `fix=True`
         rewrites bad sidecars and rebuilds the derived view; damaged frames themselves
         cannot be repaired (restore the segment from a backup).
-        `progress(done_bytes, total_bytes)` is called as segments are checked.
-        """
+        `progress(done_bytes, total_bytes)` is called as segments are checked."""
         check_flag("fix", fix)
         check_callback("progress", progress)
         self._check_open()
@@ -423,8 +422,7 @@ class Journal:
             raise ReadOnlyStore("verify(fix=True) needs a writable journal")
         if fix:
             report: VerifyReport = self._submit(VerifyFix(progress))
-            # A startup snapshot's copy made before may hold rows the rebuild repaired.
-            self._lifecycle.forget_shared()
+            self._lifecycle.forget_shared()  # (its copy may hold rows the fix repaired)
             return report
         return self._engine.verify(progress)
 
