@@ -131,12 +131,23 @@ def check_run(j: Journal, engine: str, run: Run, feed: list[tuple[int, FeedEntry
         point = got[0].position
         while i < len(events) and got[i].ordinal == 1:
             i += 1
+        assert all(c.position == point for c in got[:i])
         whole = i < len(events)
-        if whole:  # (the snapshot's last event: resumes after its position)
-            assert got[i].ordinal == 0 and got[i].check is None, got[i]
+        if whole:
+            # The snapshot's last event resumes after its position: its cursor names that
+            # position, or (checked) the newest feed entry at or below it.
+            last = got[i]
+            assert last.ordinal == 0, last
+            if last.check is not None:
+                if i == 0:
+                    point = last.position  # (the same place: no entry lies between)
+                assert last.position <= point, (last, point)
+                assert not [p for p, _ in feed if last.position < p <= point], (last, point)
+            else:
+                assert i == 0 or last.position == point, (last, point)
+                point = last.position
             i += 1
         snapshot = events[:i]
-        assert all(c.position == point for c in got[:i])
         assert all(e.event_type is LifecycleEventType.CREATED for e in snapshot)
         ids = [e.session.session_id for e in snapshot]
         assert len(ids) == len(set(ids)), f"a session twice in one snapshot: {ids}"
