@@ -3,6 +3,7 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 import sys
@@ -157,9 +158,24 @@ __all__ = ["compact", "stats", "verify"]
     help="Create the store's key file when it is missing (every cursor issued so far "
     "becomes foreign), then print its keys.",
 )
+@click.option(
+    "--rotate",
+    is_flag=True,
+    help="Add a new key to the store's key file and make it the signing key (the old "
+    "keys keep verifying), then print the keys.",
+)
+@click.option(
+    "--retire",
+    "retire",
+    type=click.IntRange(1, 0xFFFF),
+    metavar="ID",
+    help="Remove key ID from the store's key file (cursors it signed become foreign; "
+    "the active key cannot be retired), then print the keys.",
+)
 @pass_settings
-def cursor_key(settings: Settings, new: bool) -> None:
-    """Print the store's cursor keys as JOURNAL_CURSOR_KEY takes them (ID:HEX,...).
+def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) -> None:
+    """Print the store's cursor keys as JOURNAL_CURSOR_KEY takes them (ID:HEX,...,
+    the active key first).
 
     Give them to a reader that cannot read the store's key file (another user): with
     JOURNAL_CURSOR_KEY set to this text it verifies the writer's cursors, and the cursors
@@ -168,7 +184,22 @@ def cursor_key(settings: Settings, new: bool) -> None:
     A store that holds records refuses writes while its key file is missing (a new key
     would make every saved cursor foreign without a word): restore the file, or start a
     new key ring on purpose with --new.
+
+    Rotating keys: a process reads the keys when it opens the store and never again.
+    After --rotate, processes that were already running keep signing with the old key
+    (their cursors verify everywhere: the old key stays in the file) but refuse the
+    new key's cursors, as CursorForeign, until they are reopened; `journal` commands
+    open the store anew each time. A reader given the keys in JOURNAL_CURSOR_KEY needs
+    the new text. Reopen every process that has the store open, then --retire the old
+    key once the cursors it signed are no longer needed: a process still running with
+    it signs cursors that every reopened process refuses as CursorForeign.
     """
+    if sum((new, rotate, retire is not None)) > 1:
+        raise CommandFailed(
+            "--new, --rotate and --retire change the key file in different ways: give one of them",
+            "USAGE",
+            "INVALID_ARGUMENT",
+        )
     if is_nats(settings.store):
         raise journal.Unsupported(
             "a nats:// store keeps its cursor key in the stream: every journal that opens "
@@ -183,6 +214,9 @@ def cursor_key(settings: Settings, new: bool) -> None:
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `journal init`"
         )
+    # The store's file mode: store.json is always written with it (a store made
+    # before modes were recorded: its own mode, as the store reads it).
+    mode = (stat.S_IMODE(os.stat(store_file).st_mode) & 0o666) | 0o600
     if new:
         if os.path.exists(path):
             raise CommandFailed(  # (exit 5, as `export` to an existing file)
@@ -191,28 +225,101 @@ def cursor_key(settings: Settings, new: bool) -> None:
                 "FILE_EXISTS",
                 "ALREADY_EXISTS",
             )
-        if KeyRing.from_environment() is not None:
-            raise journal.InvalidArgument(
-                "JOURNAL_CURSOR_KEY (or _FILE) is set: the store's writers sign with it, not "
-                "with a key file; unset it to make the store's own key file with --new"
-            )
-        # The store's file mode: store.json is always written with it (a store made
-        # before modes were recorded: its own mode, as the store reads it).
-        mode = (stat.S_IMODE(os.stat(store_file).st_mode) & 0o666) | 0o600
+        _refuse_external_key("make the store's own key file with --new")
         ring = KeyRing.load_or_create(path, mode=mode)
+    elif rotate or retire is not None:
+        option = "--rotate" if rotate else "--retire"
+        _refuse_external_key(f"change the store's own key file with {option}")
+        _require_key_file(path)
+        ring = _change_key_file(settings.store, path, mode, retire)
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
         # set (it replaces the key file), else the key file.
-        ring = KeyRing.from_environment()
-        if ring is None:
-            if not os.path.exists(path):
-                raise journal.KeyRingError(
-                    f"the store has no cursor key file ({path}): restore it from a backup; "
-                    "to start a new key ring on purpose (every cursor issued so far "
-                    "becomes foreign), run `journal cursor-key --new`"
-                )
+        external = KeyRing.from_environment()
+        if external is None:
+            _require_key_file(path)
             ring = KeyRing.load(path)
+        else:
+            ring = external
     settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())
+
+
+def _refuse_external_key(what: str) -> None:
+    if KeyRing.from_environment() is not None:
+        raise journal.InvalidArgument(
+            "JOURNAL_CURSOR_KEY (or _FILE) is set: the store's writers sign with it, not "
+            f"with a key file; unset it to {what}"
+        )
+
+
+def _require_key_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise journal.KeyRingError(
+            f"the store has no cursor key file ({path}): restore it from a backup; "
+            "to start a new key ring on purpose (every cursor issued so far "
+            "becomes foreign), run `journal cursor-key --new`"
+        )
+
+
+def _change_key_file(store: str, path: str, mode: int, retire: int | None) -> KeyRing:
+    """Rotate (`retire` None) or retire a key of the key file `path`, under an exclusive
+    flock of `STORE/keys.lock` so two changes at once do not lose one; the file is
+    replaced atomically and keeps its mode."""
+    lock_path = os.path.join(store, "keys.lock")
+    try:
+        fd = _open_lock_file(lock_path, mode)
+    except OSError as exc:
+        raise journal.StoreUnavailable(
+            f"cannot open the key file's lock {lock_path} ({exc.strerror}); run as a user "
+            "who can write the store"
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        ring = KeyRing.load(path)
+        if retire is None:
+            ring.rotate()
+        elif retire not in ring.key_ids:
+            raise CommandFailed(
+                f"key id {retire} is not in the store's key file (key ids: "
+                f"{', '.join(map(str, ring.key_ids))}); `journal cursor-key` prints them, "
+                "the active key first",
+                "KEY_NOT_FOUND",
+                "NOT_FOUND",
+            )
+        elif retire == ring.active_key_id:
+            raise CommandFailed(
+                f"key id {retire} is the active signing key and cannot be retired: run "
+                "`journal cursor-key --rotate` first, reopen every process that has the "
+                "store open, then retire it",
+                "KEY_ACTIVE",
+                "FAILED_PRECONDITION",
+            )
+        else:
+            ring.retire(retire)
+        ring.save(path, mode=stat.S_IMODE(os.stat(path).st_mode))
+        return ring
+    finally:
+        os.close(fd)  # (releases the flock)
+
+
+def _open_lock_file(path: str, mode: int) -> int:
+    """Open the lock file `path`, creating it with exactly `mode` when missing."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.fchmod(fd, mode)  # (the umask may have narrowed it)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        try:
+            return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            continue  # removed between the two opens
 
 
 def _count(n: int, noun: str) -> str:

@@ -1572,3 +1572,139 @@ def test_a_stdout_that_fails_to_write_is_one_error_line_not_a_traceback(store: P
             assert result.returncode == 7, (fmt, command, result.returncode, result.stderr)
             (line,) = result.stderr.splitlines()
             assert line.startswith("journal: error: ") and "No space left" in line
+
+
+# -- cursor-key --rotate / --retire ----------------------------------------------------------
+
+
+def _key_id(cursor: str) -> int:
+    return int.from_bytes(base64.urlsafe_b64decode(cursor + "=")[2:4], "big")
+
+
+def _ring_ids(store: Path) -> list[int]:
+    (keys,) = records(invoke(store, "cursor-key"))
+    return [int(item.split(":")[0]) for item in keys["cursor_key"].split(",")]
+
+
+def test_cursor_key_rotate_then_retire_the_old_key(store: Path) -> None:
+    """Rotating or retiring took Python (`KeyRing.load`/`rotate`/`retire`/`save`;
+    operator trial). A cursor signed before the rotation verifies after it and is
+    foreign once its key is retired; one signed after the rotation keeps verifying."""
+    before = records(invoke(store, "append", "-s", "a", "--create", "one"))[0]["cursor"]
+    assert _key_id(before) == 1
+    mode = (store / "keys").stat().st_mode & 0o777
+    rotated = invoke(store, "cursor-key", "--rotate")
+    assert rotated.exit_code == 0, rotated.output
+    (printed,) = records(rotated)
+    assert printed["cursor_key"].startswith("2:") and ",1:" in printed["cursor_key"]
+    assert _ring_ids(store) == [2, 1]
+    assert (store / "keys").stat().st_mode & 0o777 == mode
+    assert invoke(store, "read", "-s", "a", "--cursor", before).exit_code == 0
+    after = records(invoke(store, "append", "-s", "a", "two"))[0]["cursor"]
+    assert _key_id(after) == 2
+    retired = invoke(store, "cursor-key", "--retire", "1")
+    assert retired.exit_code == 0, retired.output
+    assert _ring_ids(store) == [2]
+    assert (store / "keys").stat().st_mode & 0o777 == mode
+    foreign = invoke(store, "read", "-s", "a", "--cursor", before)
+    assert_one_line_error(foreign, 4, "CURSOR_FOREIGN")
+    assert invoke(store, "read", "-s", "a", "--cursor", after).exit_code == 0
+
+
+def test_cursor_key_refuses_to_retire_the_active_or_an_unknown_key(store: Path) -> None:
+    invoke(store, "append", "-s", "a", "--create", "one")
+    active = invoke(store, "cursor-key", "--retire", "1")
+    assert_one_line_error(active, 5, "KEY_ACTIVE")  # FAILED_PRECONDITION (SPEC 13)
+    assert "active signing key" in active.stderr and "--rotate" in active.stderr
+    unknown = invoke(store, "cursor-key", "--retire", "7")
+    assert_one_line_error(unknown, 3, "KEY_NOT_FOUND")
+    both = invoke(store, "cursor-key", "--rotate", "--retire", "1")
+    assert_one_line_error(both, 2, "USAGE")
+    assert _ring_ids(store) == [1]
+
+
+def test_cursor_key_rotate_refuses_an_external_key_and_a_missing_file(
+    store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    invoke(store, "append", "-s", "a", "--create", "one")
+    keys = (store / "keys").read_bytes()
+    with monkeypatch.context() as env:
+        env.setenv("JOURNAL_CURSOR_KEY", "00" * 32)
+        for args in (("--rotate",), ("--retire", "1")):
+            refused = invoke(store, "cursor-key", *args)
+            assert_one_line_error(refused, 4, "INVALID_ARGUMENT")
+            assert "JOURNAL_CURSOR_KEY" in refused.stderr
+    assert (store / "keys").read_bytes() == keys
+    (store / "keys").unlink()
+    for args in (("--rotate",), ("--retire", "1")):
+        missing = invoke(store, "cursor-key", *args)
+        assert_one_line_error(missing, 5, "KEYRING_INVALID")
+        assert "journal cursor-key --new" in missing.stderr
+    assert not (store / "keys").exists()
+
+
+# Runs `cursor-key --rotate` in-process with KeyRing.save paused: it says "saving" on
+# stderr and saves when a line arrives on stdin (a rotation caught between load and save).
+_PAUSED_ROTATE = """
+import sys
+from cursors import KeyRing
+from cli.main import main
+save = KeyRing.save
+def paused(self, *args, **kwargs):
+    sys.stderr.write("saving\\n"); sys.stderr.flush(); sys.stdin.readline()
+    save(self, *args, **kwargs)
+KeyRing.save = paused
+main(["--store", sys.argv[1], "--format", "json", "cursor-key", "--rotate"])
+"""
+
+
+def _blocked_on_flock(pid: int) -> bool:
+    with open("/proc/locks") as locks:
+        # ("3: -> FLOCK  ADVISORY  WRITE 1234 ...": a waiter, its pid sixth)
+        return any(
+            fields[1] == "->" and fields[5] == str(pid)
+            for fields in (line.split() for line in locks)
+            if len(fields) > 5
+        )
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+def test_two_concurrent_rotations_keep_both_new_keys(store: Path) -> None:
+    """Two `cursor-key --rotate` at once: the second waits for the first's save, so the
+    ring ends with both new keys (a load-modify-save without a lock loses one)."""
+    invoke(store, "append", "-s", "a", "--create", "one")
+    first = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_ROTATE, str(store)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = None
+    try:
+        assert first.stderr is not None and first.stdin is not None
+        assert first.stderr.readline() == "saving\n"  # loaded and rotated; not saved
+        second = subprocess.Popen(
+            [*CLI, "--store", str(store), "--format", "json", "cursor-key", "--rotate"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Until the second has either finished or is waiting for the key file's lock.
+        deadline = time.monotonic() + 20  # (a guard against a hang, not a measurement)
+        while second.poll() is None and not _blocked_on_flock(second.pid):
+            assert time.monotonic() < deadline, "the second rotation neither ended nor waited"
+            time.sleep(0.01)
+        first.stdin.write("\n")
+        first.stdin.close()
+        assert first.wait(timeout=20) == 0, first.stderr.read()
+        assert second.wait(timeout=20) == 0
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    assert sorted(_ring_ids(store)) == [1, 2, 3]
+    assert _ring_ids(store)[0] == 3
