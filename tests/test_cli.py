@@ -1708,3 +1708,34 @@ def test_two_concurrent_rotations_keep_both_new_keys(store: Path) -> None:
                 process.wait()
     assert sorted(_ring_ids(store)) == [1, 2, 3]
     assert _ring_ids(store)[0] == 3
+
+
+def test_a_journal_opened_before_cursor_key_rotate_keeps_the_old_key_until_reopened(
+    store: Path,
+) -> None:
+    """What the help and SPEC 5 say running processes see: the ring is read at open and
+    never again, so a journal opened before `--rotate` signs with the old key and refuses
+    the new key's cursors; once the old key is retired, the cursors it still signs are
+    foreign to every process that reopened."""
+    event = [journal.EventIn("message", b"{}")]
+    with journal.Journal.open(store, durability="os") as running:
+        running.append("a", event, create=True)
+        assert invoke(store, "cursor-key", "--rotate").exit_code == 0
+        old = running.append("a", event).cursor
+        assert _key_id(old) == 1
+        assert invoke(store, "read", "-s", "a", "--cursor", old).exit_code == 0
+        # (another process: this one has the store open for writing)
+        written = run_cli("--store", str(store), "--format", "json", "append", "-s", "a", "x")
+        new = json.loads(written.stdout.splitlines()[0])["cursor"]
+        assert _key_id(new) == 2
+        with pytest.raises(journal.CursorForeign, match="key id 2"):
+            running.read("a", new)
+        assert invoke(store, "cursor-key", "--retire", "1").exit_code == 0
+        stale = running.append("a", event).cursor
+        assert _key_id(stale) == 1
+        running.read("a", stale)  # (it still has the retired key)
+        foreign = invoke(store, "read", "-s", "a", "--cursor", stale)
+        assert_one_line_error(foreign, 4, "CURSOR_FOREIGN")
+    with journal.Journal.open(store, durability="os") as reopened:
+        assert _key_id(reopened.append("a", event).cursor) == 2
+        reopened.read("a", new)
