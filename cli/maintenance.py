@@ -296,7 +296,14 @@ def _change_key_file(store: str, path: str, mode: int, retire: int | None) -> Ke
             )
         else:
             ring.retire(retire)
-        ring.save(path, mode=stat.S_IMODE(os.stat(path).st_mode))
+        kept = stat.S_IMODE(os.stat(path).st_mode)
+        if kept & 0o711 != 0o600:  # (what KeyRing.save accepts)
+            raise journal.KeyRingError(
+                f"the key file {path} has mode {kept:04o}, which KeyRing.save does not "
+                f"write (owner read and write, no execute bits): `chmod {mode:o} {path}` "
+                "(the store's file mode) and run again; nothing was changed"
+            )
+        ring.save(path, mode=kept)
         return ring
     finally:
         os.close(fd)  # (releases the flock)

@@ -1618,6 +1618,11 @@ def test_cursor_key_refuses_to_retire_the_active_or_an_unknown_key(store: Path) 
     assert "active signing key" in active.stderr and "--rotate" in active.stderr
     unknown = invoke(store, "cursor-key", "--retire", "7")
     assert_one_line_error(unknown, 3, "KEY_NOT_FOUND")
+    (store / "keys").chmod(0o400)  # (KeyRing.save refused its mode, as "pass e.g. 0o600")
+    odd = invoke(store, "cursor-key", "--rotate")
+    assert_one_line_error(odd, 5, "KEYRING_INVALID")
+    assert "has mode 0400" in odd.stderr and "chmod 600" in odd.stderr
+    (store / "keys").chmod(0o600)
     both = invoke(store, "cursor-key", "--rotate", "--retire", "1")
     assert_one_line_error(both, 2, "USAGE")
     assert _ring_ids(store) == [1]
