@@ -185,14 +185,15 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
     would make every saved cursor foreign without a word): restore the file, or start a
     new key ring on purpose with --new.
 
-    Rotating keys: a process reads the keys when it opens the store and never again.
-    After --rotate, processes that were already running keep signing with the old key
-    (their cursors verify everywhere: the old key stays in the file) but refuse the
-    new key's cursors, as CursorForeign, until they are reopened; `journal` commands
-    open the store anew each time. A reader given the keys in JOURNAL_CURSOR_KEY needs
-    the new text. Reopen every process that has the store open, then --retire the old
-    key once the cursors it signed are no longer needed: a process still running with
-    it signs cursors that every reopened process refuses as CursorForeign.
+    Rotating keys: a process reads the keys when it opens the store, and again when a
+    cursor of a key it lacks reaches it. After --rotate, processes that were already
+    running keep signing with the old key (their cursors verify everywhere: the old key
+    stays in the file) until they meet a cursor of the new key or are reopened;
+    `journal` commands open the store anew each time. A reader given the keys in
+    JOURNAL_CURSOR_KEY needs the new text. Reopen every process that has the store open,
+    then --retire the old key once the cursors it signed are no longer needed: a process
+    still signing with it makes cursors that the other processes refuse as
+    CursorForeign.
     """
     if sum((new, rotate, retire is not None)) > 1:
         raise CommandFailed(

@@ -283,6 +283,10 @@ class TokenCodec:
 
         state = self._current_state()
         mac_template = state.macs.get(key_id)
+        if mac_template is None and self._keyring.refresh():
+            # Another process rotated the store's key file since this ring was read.
+            state = self._current_state()
+            mac_template = state.macs.get(key_id)
         if mac_template is None:
             raise _foreign(expected, _unknown_key(noun, key_id, tuple(state.macs)))
         mac = mac_template.copy()
@@ -352,8 +356,7 @@ def _foreign(kind: TokenKind, reason: str) -> TokenError:
 def _unknown_key(noun: str, key_id: int, known: tuple[int, ...]) -> str:
     """Why a token signed by a key id missing from this process's ring is foreign, naming
     both sides: the store may well have the key (a process with `JOURNAL_CURSOR_KEY` set
-    verifies with that key only; a ring is read when a journal opens, so a process opened
-    before a rotation lacks the new key)."""
+    verifies with those keys only: a ring given as text lacks a key rotated in since)."""
 
     def kind(ids: tuple[int, ...]) -> str:
         return "external" if ids and all(i & _EXTERNAL_ID_BIT for i in ids) else "local"
@@ -375,6 +378,6 @@ def _unknown_key(noun: str, key_id: int, known: tuple[int, ...]) -> str:
             "(unset it, or set it to what `journal cursor-key` prints)"
         )
     return text + (
-        "or it was signed after a key rotation this process has not seen (a journal "
-        "reads the store's keys when it opens: reopen it)"
+        "or it was signed after a key rotation that this process's keys do not have (when "
+        "they come from JOURNAL_CURSOR_KEY, set it to what `journal cursor-key` prints now)"
     )

@@ -55,6 +55,7 @@ _BASE64URL_TEXT = re.compile(r"[A-Za-z0-9_-]+={0,2}")
 # How long the loser of a load_or_create race waits for the winner's file to be complete;
 # only reached on filesystems without hard links, where the file is written in place.
 _RACE_WAIT_SECONDS = 2.0
+_Stamp = tuple[int, int, int]  # (inode, mtime in ns, size) of the key file
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class KeyRing:
     whole, so readers always see a consistent table.
     """
 
-    __slots__ = ("_active", "_generation", "_keys")
+    __slots__ = ("_active", "_generation", "_keys", "_source")
 
     def __init__(self, keys: Mapping[int, bytes], active_key_id: int) -> None:
         """Build a ring from key id -> secret; `active_key_id` must be one of the ids.
@@ -92,6 +93,7 @@ class KeyRing:
             )
         self._active = active_key_id
         self._generation = 0
+        self._source: tuple[Path, _Stamp] | None = None  # (the file `refresh` reads)
 
     @classmethod
     def generate(cls) -> KeyRing:
@@ -180,6 +182,7 @@ class KeyRing:
         """Read a ring saved by `save()`; KeyRingError naming the path if missing or invalid."""
         file_path = Path(path)
         try:
+            stamp = _stamp_of(file_path)  # (before the read: a change after it reads again)
             data = _read_regular_file(file_path)
         except FileNotFoundError:
             raise KeyRingError(
@@ -191,7 +194,9 @@ class KeyRing:
                 f"cannot read key ring file {file_path} ({exc.strerror}); "
                 f"check that it is a file and that its owner and permissions allow reading"
             ) from None
-        return cls._from_document(data, file_path)
+        ring = cls._from_document(data, file_path)
+        ring._source = (file_path, stamp)
+        return ring
 
     @classmethod
     def load_or_create(cls, path: str | os.PathLike[str], *, mode: int = _FILE_MODE) -> KeyRing:
@@ -216,6 +221,8 @@ class KeyRing:
                 f"check that its directory exists and is writable"
             ) from None
         if created:
+            with contextlib.suppress(OSError):
+                ring._source = (file_path, _stamp_of(file_path))
             return ring
         return cls._load_winner(file_path)
 
@@ -272,6 +279,27 @@ class KeyRing:
         keys = dict(self._keys)
         del keys[key_id]
         self._replace(keys, self._active)
+
+    def refresh(self) -> bool:
+        """Read the file this ring was loaded from again if it changed since (another
+        process rotated or retired a key: `journal cursor-key --rotate`); whether the keys
+        changed. A ring not loaded from a file, or a file now missing or invalid, is left
+        as it is (False). `TokenCodec` calls it when a token names a key id it lacks."""
+        source = self._source
+        if source is None:
+            return False
+        path, stamp = source
+        try:
+            if _stamp_of(path) == stamp:
+                return False
+            fresh = type(self).load(path)
+        except (OSError, KeyRingError):
+            return False
+        self._source = fresh._source
+        if fresh._active == self._active and fresh._keys == self._keys:
+            return False
+        self._replace(fresh._keys, fresh._active)
+        return True
 
     @property
     def active_key_id(self) -> int:
@@ -395,6 +423,7 @@ class KeyRing:
         ring._keys = keys
         ring._active = active
         ring._generation = 0
+        ring._source = None
         return ring
 
     def _write_temp(self, path: Path, mode: int) -> Path:
@@ -571,6 +600,12 @@ def _read_secret_file(file_name: str) -> bytes:
     if data and all(0x20 <= byte < 0x7F or byte in b"\t\n\r" for byte in data):
         return _parse_secret_text(data.decode("ascii"), source=f"the file {file_name!r}")
     return data
+
+
+def _stamp_of(path: Path) -> _Stamp:
+    """What tells a changed file (replaced atomically: a new inode)."""
+    found = os.stat(path)
+    return (found.st_ino, found.st_mtime_ns, found.st_size)
 
 
 def _read_regular_file(path: Path) -> bytes:

@@ -1715,13 +1715,14 @@ def test_two_concurrent_rotations_keep_both_new_keys(store: Path) -> None:
     assert _ring_ids(store)[0] == 3
 
 
-def test_a_journal_opened_before_cursor_key_rotate_keeps_the_old_key_until_reopened(
+def test_a_journal_opened_before_cursor_key_rotate_reads_the_new_key_when_it_meets_it(
     store: Path,
 ) -> None:
-    """What the help and SPEC 5 say running processes see: the ring is read at open and
-    never again, so a journal opened before `--rotate` signs with the old key and refuses
-    the new key's cursors; once the old key is retired, the cursors it still signs are
-    foreign to every process that reopened."""
+    """What the help and SPEC 5 say running processes see: a journal opened before
+    `--rotate` signs with the old key until a token of the new key reaches it; then it
+    reads the key file again, verifies that token and signs with the new key. Until
+    2026-12-03 it refused the new key's cursors until reopened. The old key's cursors are
+    foreign to every process that read the file after `--retire`."""
     event = [journal.EventIn("message", b"{}")]
     with journal.Journal.open(store, durability="os") as running:
         running.append("a", event, create=True)
@@ -1733,14 +1734,13 @@ def test_a_journal_opened_before_cursor_key_rotate_keeps_the_old_key_until_reope
         written = run_cli("--store", str(store), "--format", "json", "append", "-s", "a", "x")
         new = json.loads(written.stdout.splitlines()[0])["cursor"]
         assert _key_id(new) == 2
-        with pytest.raises(journal.CursorForeign, match="key id 2"):
-            running.read("a", new)
+        assert running.read("a", new).events == []  # (verified: the file was read again)
+        assert _key_id(running.append("a", event).cursor) == 2
         assert invoke(store, "cursor-key", "--retire", "1").exit_code == 0
-        stale = running.append("a", event).cursor
-        assert _key_id(stale) == 1
-        running.read("a", stale)  # (it still has the retired key)
-        foreign = invoke(store, "read", "-s", "a", "--cursor", stale)
+        assert invoke(store, "read", "-s", "a", "--cursor", new).exit_code == 0
+        foreign = invoke(store, "read", "-s", "a", "--cursor", old)
         assert_one_line_error(foreign, 4, "CURSOR_FOREIGN")
+        running.read("a", old)  # (it read the file when it still had key 1: kept)
     with journal.Journal.open(store, durability="os") as reopened:
         assert _key_id(reopened.append("a", event).cursor) == 2
         reopened.read("a", new)

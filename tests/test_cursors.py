@@ -317,11 +317,46 @@ def test_an_unknown_key_id_is_named_with_the_likely_cause() -> None:
     before_rotation = KeyRing.from_shared(store_ring.shared())
     store_ring.rotate()
     rotated = TokenCodec(store_ring).encode(TokenKind.SESSION, scope, 5, 5)
-    with pytest.raises(CursorForeign, match=r"key id 2, .*rotation this process has not seen"):
+    with pytest.raises(CursorForeign, match=r"key id 2, .*rotation that this process's keys"):
         TokenCodec(before_rotation).decode(rotated, TokenKind.SESSION, scope)
     page = TokenCodec(store_ring).encode(TokenKind.PAGE, scope, 1)
     with pytest.raises(InvalidPageToken, match="key id 2"):
         TokenCodec(before_rotation).decode(page, TokenKind.PAGE, scope)
+
+
+def test_a_ring_read_from_a_file_reads_it_again_for_a_key_id_it_lacks(tmp_path: Path) -> None:
+    """A process opened before another rotated the store's key file verifies the new key's
+    tokens, and signs with the new active key from then on; until 2026-12-03 it refused
+    them as foreign until reopened."""
+    path = tmp_path / "keys"
+    running = TokenCodec(KeyRing.load_or_create(path))
+    scope = scope_digest(b"store", "s")
+    old = running.encode(TokenKind.SESSION, scope, 5, 5)
+    other = KeyRing.load(path)
+    new_id = other.rotate()
+    other.save(path)
+    token = TokenCodec(other).encode(TokenKind.SESSION, scope, 6, 6)
+    assert running.decode(token, TokenKind.SESSION, scope).ordinal == 6
+    assert running.keyring.active_key_id == new_id
+    assert running.decode(old, TokenKind.SESSION, scope).ordinal == 5
+    assert (
+        running.decode(
+            running.encode(TokenKind.SESSION, scope, 7, 7), TokenKind.SESSION, scope
+        ).key_id
+        == new_id
+    )
+    # A key id the file does not have either stays foreign (the file is read only when
+    # it changed), and so does everything when the file is gone or damaged.
+    stranger = TokenCodec(KeyRing.from_secret(b"x" * 32)).encode(TokenKind.SESSION, scope, 1, 1)
+    with pytest.raises(CursorForeign):
+        running.decode(stranger, TokenKind.SESSION, scope)
+    other.retire(1)
+    other.rotate()
+    path.write_text("damaged")
+    third = TokenCodec(other).encode(TokenKind.SESSION, scope, 8, 8)
+    with pytest.raises(CursorForeign):
+        running.decode(third, TokenKind.SESSION, scope)
+    assert running.keyring.key_ids == (1, new_id)
 
 
 def test_token_from_another_key_ring_is_foreign() -> None:
