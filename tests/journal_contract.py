@@ -1061,9 +1061,9 @@ class JournalContract:
                 self.consume(restored, api, "s1", lost)
             assert "restored from an older copy" in str(info.value)
 
-    def test_lifecycle_cursor_of_a_change_a_restored_copy_replaced_raises_cursor_foreign(
-        self, tmp_path: Path
-    ) -> None:
+    def _change_past_a_copy(self, tmp_path: Path) -> tuple[Path, str, LifecycleEvent]:
+        """A copy of a store holding s1; the cursor of s1's startup snapshot; and the
+        original's next change, made after the copy (s2 created)."""
         self.requires("copy_store")
         original = tmp_path / "store"
         backup = tmp_path / "backup"
@@ -1080,10 +1080,13 @@ class JournalContract:
                 feed = j.watch_sessions(cursor=shared, stop=stop)
                 lost = next(feed)
                 feed.close()
-            assert (lost.event_type, lost.session.session_id) == (
-                LifecycleEventType.CREATED,
-                "s2",
-            )
+        assert (lost.event_type, lost.session.session_id) == (LifecycleEventType.CREATED, "s2")
+        return backup, shared, lost
+
+    def test_lifecycle_cursor_of_a_change_a_restored_copy_replaced_raises_cursor_foreign(
+        self, tmp_path: Path
+    ) -> None:
+        backup, shared, lost = self._change_past_a_copy(tmp_path)
         time.sleep(0.005)  # (the copy's changes are stamped later)
         with self.make_journal(backup) as restored:
             restored.create_session("s3")  # the copy's change where the original had s2's
@@ -1137,22 +1140,7 @@ class JournalContract:
     ) -> None:
         # The boundary of the lifecycle feed's CursorFuture: the cursor of the change just
         # after the copy's last one (the copy took no writes since).
-        self.requires("copy_store")
-        original = tmp_path / "store"
-        backup = tmp_path / "backup"
-        with self.make_journal(original) as j:
-            j.create_session("s1")
-            with guarded_stop(5.0) as stop:
-                feed = j.watch_sessions(stop=stop)
-                shared = next(feed).cursor
-                feed.close()
-        self.copy_store(original, backup)
-        with self.make_journal(original) as j:
-            j.create_session("s2")
-            with guarded_stop(5.0) as stop:
-                feed = j.watch_sessions(cursor=shared, stop=stop)
-                lost = next(feed)
-                feed.close()
+        backup, _, lost = self._change_past_a_copy(tmp_path)
         with (
             self.make_journal(backup) as restored,
             raises(CursorFuture),
