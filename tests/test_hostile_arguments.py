@@ -453,6 +453,7 @@ TARGETS: dict[str, Target] = {
     "Journal.verify": Target(writes=True),
     "Journal.compact": Target(writes=True),
     "Journal.stats": Target(),
+    "Journal.retention_policy": Target(),
     "Journal.export_sessions": Target((SessionNotFound, ExportIncomplete)),
     "Journal.import_sessions": Target((SessionExists, ArchiveInvalid), writes=True),
     "Journal.own": Target((SessionNotFound, SessionNotWritable, OwnerBusy), writes=True),
