@@ -116,7 +116,8 @@ from .opening import (
     remove_private_view,
 )
 from .planner import Planner, Request, SealRetention
-from .projector import Projection, project_log, project_segments, refresh_private
+from .private_tail import PrivateTail
+from .projector import Projection, project_log, project_segments
 from .reader import ReaderCache, read_page
 from .recorded_policy import RecordedPolicy
 from .retention import SummaryCache, delete_segment_files
@@ -226,7 +227,7 @@ class LocalEngine:
         self.readonly = readonly
         self._ops = ops
         self._pid = os.getpid()
-        self._private_lock = threading.Lock()
+        self._private_lock, self._private_tail = threading.Lock(), PrivateTail()
         store_file = os.path.join(path, "store.json")
         if os.path.exists(path) and not os.path.isdir(path):
             raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
@@ -289,8 +290,7 @@ class LocalEngine:
         self._finished_interrupted = False
         self._boot_recorded = False
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
-        # Rows the last batch of appends wrote (`known_rows`).
-        self._rows = KnownRows()
+        self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
         self.waiter = Notifier(self.head, self.changes, changes, rewinds=True)
         self.expiry: ExpiryTimer | None = None
@@ -427,10 +427,10 @@ class LocalEngine:
         return (1 if head is None else head.next_position), touched
 
     def _refresh_private_view(self) -> None:
-        """Project frames the writer committed since (read-only private view only)."""
+        """Project frames the writer committed since (read-only private view: `PrivateTail`)."""
         with self._private_lock:
             if not self._closed:
-                refresh_private(self.log, self.view, self._ops)
+                self._private_tail.refresh(self.log, self.view, self._ops)
 
     # -- the commit path -------------------------------------------------------------------
 

@@ -1,0 +1,110 @@
+"""A read-only journal's private view across a hole that `verify(fix=True)` accepted (SPEC 9,
+"Accepting a hole"; SPEC 10).
+
+A private view projects only the frames after its head. When committed frames were cut
+off the active segment and the writer accepted the loss, later appends overwrite the
+bytes the view had projected: its head never went back, it never saw the new frames, and
+its index placed events where other frames now lie. `PrivateTail` keeps the header of
+the last frame the view projected and compares it at every refresh (an fstat and one
+24-byte read): a segment file that ends before the view's head, other bytes there, or no
+frame ending at the head, mean the log was cut back under the view, which is then rebuilt
+from the log in one transaction (from the cut on, before the fix accepts it). Its head
+goes back, so the shared waiter (section 7.6) wakes the followers as in a writer's
+process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Final
+
+from .files import FileOps
+from .frames import FRAME_HEADER, FRAME_HEADER_SIZE, FRAME_MAGIC, SEGMENT_HEADER_SIZE, segment_name
+from .log import SegmentLog
+from .projector import project_log, refresh_private, while_files_change
+from .segments import open_segment
+from .view import Head, View
+
+__all__ = ["PrivateTail"]
+
+_log: Final = logging.getLogger("journal")
+_Frame = tuple[int, int, bytes]  # (segment base, offset, header) of the view's last frame
+
+
+class _Cut(Exception):
+    """No frame of the segment ends where the view's head says its frames end."""
+
+
+class PrivateTail:
+    """The last frame a private view projected (None: not known, or none to compare)."""
+
+    __slots__ = ("_frame",)
+
+    def __init__(self) -> None:
+        self._frame: _Frame | None = None
+
+    def refresh(self, log: SegmentLog, view: View, ops: FileOps) -> None:
+        """`refresh_private`, after rebuilding the view if the log was cut under it."""
+        head = _head(view)
+        if head is not None:
+            try:
+                self._frame = _last_frame(log, ops, head, self._frame)
+            except _Cut:
+                _log.warning(
+                    "%s: the log no longer holds the frames this read-only journal's view "
+                    "indexed (a hole accepted by verify --fix): rebuilding the view",
+                    log.directory,
+                )
+                _rebuild(log, view)
+                self._frame = None
+        refresh_private(log, view, ops)
+
+
+def _head(view: View) -> Head | None:
+    with view.begin() as txn:
+        return view.head(txn)
+
+
+def _last_frame(log: SegmentLog, ops: FileOps, head: Head, known: _Frame | None) -> _Frame | None:
+    """The frame that ends at `head` (found from `known` on, when it is in that segment,
+    else from the segment's start); `_Cut` when the segment's frames do not end there or
+    `known` no longer lies where it was. None when there is nothing to compare (no frame
+    in the segment, or no plain file: sealed and compressed since)."""
+    if head.end_offset <= SEGMENT_HEADER_SIZE:
+        return None
+    try:
+        fd = open_segment(os.path.join(log.directory, segment_name(head.segment)), os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        if os.fstat(fd).st_size < head.end_offset:
+            raise _Cut  # (cut short: the writer refuses writes until the fix accepts it)
+        offset = SEGMENT_HEADER_SIZE
+        if known is not None and known[0] == head.segment:
+            if ops.pread(fd, FRAME_HEADER_SIZE, known[1]) != known[2]:
+                raise _Cut
+            offset = known[1]
+        while True:
+            header = ops.pread(fd, FRAME_HEADER_SIZE, offset)
+            if len(header) < FRAME_HEADER_SIZE:
+                raise _Cut
+            magic, length = FRAME_HEADER.unpack(header)[:2]
+            end = offset + FRAME_HEADER_SIZE + length
+            if magic != FRAME_MAGIC or end > head.end_offset:
+                raise _Cut
+            if end == head.end_offset:
+                return head.segment, offset, header
+            offset = end
+    finally:
+        os.close(fd)
+
+
+def _rebuild(log: SegmentLog, view: View) -> None:
+    def build() -> None:
+        with view.begin(write=True) as txn:
+            view.clear(txn)
+            view.put_store_id(txn, log.store_id)
+            project_log(log, view, txn)
+
+    while_files_change(log, build)
