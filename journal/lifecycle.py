@@ -147,11 +147,12 @@ class LifecycleFeed:
 
     def _registry(self) -> _Registry:
         """The shared registry snapshot if a follow still holds it and the feed after it
-        is retained and short; else a new one."""
+        is retained and short, and the store still reaches its point (a hole accepted by
+        `verify(fix=True)` in another process cut it, SPEC 9); else a new one."""
         shared = self._shared()
         if shared is not None and not shared.damaged:
-            entries, _, floor = self._engine.feed(shared.point, SNAPSHOT_REUSE + 1)
-            if floor <= shared.point and len(entries) <= SNAPSHOT_REUSE:
+            entries, head, floor = self._engine.feed(shared.point, SNAPSHOT_REUSE + 1)
+            if floor <= shared.point < head and len(entries) <= SNAPSHOT_REUSE:
                 return shared
         registry = _Registry(*self._engine.registry())
         self._shared = weakref.ref(registry)

@@ -158,3 +158,27 @@ def test_a_follower_in_the_fixing_process_goes_on_after_the_fix(tmp_path: Path) 
         j.append("s", [EventIn("message", b"s1")])
         follower.join(10)
         assert box == [b"s1"]
+
+
+def test_a_lifecycle_follow_started_after_a_fix_elsewhere_takes_no_copy_from_before(
+    tmp_path: Path,
+) -> None:
+    """A follow in progress holds the startup snapshot that later follows share; after
+    another process accepted a hole that cut a session's creation, a follow started
+    then listed that session and raised CursorFuture (the copy's point is past the new
+    end): it copies the registry anew."""
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        for session_id in ("s1", "s2", "s3", "gone"):
+            j.create_session(session_id)
+    with Journal.open(store) as j:
+        held = j.watch_sessions()
+        assert next(held).session.session_id in {"s1", "s2", "s3", "gone"}
+        _cut_last_frame(store)  # the creation of "gone"
+        fix = "import sys\nfrom journal import Journal\nwith Journal.open(sys.argv[1]) as k:\n"
+        fix += "    assert k.verify(fix=True).fixed"
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        subprocess.run([sys.executable, "-c", fix, str(store)], env=env, check=True)
+        with j.watch_sessions() as later:
+            assert {next(later).session.session_id for _ in range(3)} == {"s1", "s2", "s3"}
+        held.close()
