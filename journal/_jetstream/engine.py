@@ -486,9 +486,9 @@ class JetStreamEngine:
         return result
 
     async def _feed(self, after: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
-        head = await self.reader.head()
+        head = await self.reader.head()  # (raised past the entries read: they committed)
         # The stream keeps every feed entry for good (section 16.2): nothing is pruned.
-        return await self.reader.feed(after, limit), head, 0
+        return await self.reader.feed(after, limit), max(head, self.reader.known + 1), 0
 
     def readers(self) -> _Readers:
         return _Readers()

@@ -159,6 +159,7 @@ class StoreReader:
             if message is None:
                 break
             entries.append((message.seq, decode_feed(message)))
+            self.saw(message.seq)  # (committed: a head read later is never below it)
             seq = message.seq + 1
         return entries
 
