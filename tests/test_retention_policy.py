@@ -144,6 +144,28 @@ def test_a_damaged_policy_found_at_a_pass_keeps_the_previous_one(
         Journal.open(store)
 
 
+def test_a_store_file_gone_while_a_writer_runs_is_logged_once(
+    store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its passes keep the policy in force and say so once, not at every pass (each
+    seal's, every `apply_retention()`) as they did when it was first built."""
+    window = RetentionPolicy(max_history_bytes=WINDOW)
+    with Journal.open(store, retention=window, segment_bytes=SEGMENT_BYTES) as j:
+        j.create_session("s")
+        kept = (store / "store.json").read_bytes()
+        (store / "store.json").unlink()
+        try:
+            with caplog.at_level(logging.WARNING, logger="journal"):
+                append_300(j, 40)  # several seals, each with its pass
+                j.apply_retention()
+                j.apply_retention()
+        finally:
+            (store / "store.json").write_bytes(kept)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "cannot stat it" in warnings[0], warnings
+        assert j.get_session("s").first_ordinal > 40 - 7  # (the window in force)
+
+
 def test_a_read_only_journal_reads_the_policy_and_records_nothing(store: Path) -> None:
     with Journal.open(store, retention=NO_WINDOWS):
         pass

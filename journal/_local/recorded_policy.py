@@ -43,7 +43,7 @@ class RecordedPolicy:
         try:
             found = os.stat(self._store_file)
         except OSError as e:
-            self._keep(None, f"cannot stat it: {e}")
+            self._keep((0, 0, -(e.errno or 1)), f"cannot stat it: {e}")  # (logged once)
             return False
         stamp = (found.st_ino, found.st_mtime_ns, found.st_size)
         if stamp == self._stamp:
@@ -65,11 +65,10 @@ class RecordedPolicy:
         self.refresh()
         return self.policy
 
-    def _keep(self, stamp: _Stamp | None, why: str) -> None:
-        if stamp is not None and stamp == self._stamp:
+    def _keep(self, stamp: _Stamp, why: str) -> None:
+        if stamp == self._stamp:
             return
-        if stamp is not None:
-            self._stamp = stamp  # (logged once per version of the file)
+        self._stamp = stamp  # (logged once per version of the file, or per error)
         _log.warning(
             "%s: the recorded retention policy cannot be read (%s); keeping the one in force: %s",
             self._store_file,
