@@ -32,7 +32,7 @@ from .leases import BOOT_ID
 from .lmdbenv import refuse_if_open_here
 from .lmdbfile import file_identity
 from .log import SegmentLog
-from .projector import project_log, while_files_change
+from .projector import build_private
 from .segments import open_segment
 from .verify import view_problem
 from .view import View, ViewDamaged, inspect_view, replace_view
@@ -295,14 +295,8 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
     except BaseException:
         remove_private_view(private)
         raise
-
-    def build() -> None:
-        with view.begin(write=True) as txn:
-            view.put_store_id(txn, log.store_id)
-            project_log(log, view, txn)
-
     try:
-        while_files_change(log, build)
+        build_private(log, view)
     except BaseException:
         # (Closed before its directory goes: an environment left open kept two files
         # open and registered for good, found by the hostile-files fuzz test.)

@@ -22,7 +22,7 @@ from typing import Final
 from .files import FileOps
 from .frames import FRAME_HEADER, FRAME_HEADER_SIZE, FRAME_MAGIC, SEGMENT_HEADER_SIZE, segment_name
 from .log import SegmentLog
-from .projector import project_log, refresh_private, while_files_change
+from .projector import build_private, refresh_private
 from .segments import open_segment
 from .view import Head, View
 
@@ -56,7 +56,7 @@ class PrivateTail:
                     "indexed (a hole accepted by verify --fix): rebuilding the view",
                     log.directory,
                 )
-                _rebuild(log, view)
+                build_private(log, view)
                 self._frame = None
         refresh_private(log, view, ops)
 
@@ -98,13 +98,3 @@ def _last_frame(log: SegmentLog, ops: FileOps, head: Head, known: _Frame | None)
             offset = end
     finally:
         os.close(fd)
-
-
-def _rebuild(log: SegmentLog, view: View) -> None:
-    def build() -> None:
-        with view.begin(write=True) as txn:
-            view.clear(txn)
-            view.put_store_id(txn, log.store_id)
-            project_log(log, view, txn)
-
-    while_files_change(log, build)

@@ -702,6 +702,20 @@ def while_files_change(
     raise AssertionError("unreachable")
 
 
+def build_private(log: SegmentLog, view: View) -> None:
+    """Project the whole log into a private view, emptied first, in one write transaction
+    (retried as `while_files_change` does): its build at open, and its rebuild when the
+    log was cut back under it (`private_tail`)."""
+
+    def build() -> None:
+        with view.begin(write=True) as txn:
+            view.clear(txn)
+            view.put_store_id(txn, log.store_id)
+            project_log(log, view, txn)
+
+    while_files_change(log, build)
+
+
 def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:
     """Project into a private view the frames the writer committed after its head, if
     any (retried, in a new transaction, on a fresh listing of the segments when one
