@@ -1019,21 +1019,27 @@ class JournalContract:
             # A cursor of an event both histories hold resumes as before.
             assert ordinals(self.read_all(restored, "s1", shared)) == [5, 6, 7, 8, 9]
 
+    def _event_past_a_copy(self, tmp_path: Path, kept: int) -> tuple[Path, str]:
+        """A copy of a store whose session s1 held `kept` events, and the cursor of the
+        one event the original appended after the copy."""
+        self.requires("copy_store")
+        original = tmp_path / "store"
+        backup = tmp_path / "backup"
+        with self.make_journal(original) as j:
+            j.create_session("s1")
+            if kept:
+                j.append("s1", numbered(kept))
+        self.copy_store(original, backup)
+        with self.make_journal(original) as j:
+            return backup, j.append("s1", numbered(1, "later")).cursor
+
     @pytest.mark.parametrize("api", ["read", "replay", "watch"])
     def test_cursor_one_past_session_head_raises_cursor_future(
         self, tmp_path: Path, api: str
     ) -> None:
         # The boundary of CursorFuture: a cursor of the event just after the copy's head
         # (not only of one further on) must not read as "nothing new yet".
-        self.requires("copy_store")
-        original = tmp_path / "store"
-        backup = tmp_path / "backup"
-        with self.make_journal(original) as j:
-            j.create_session("s1")
-            j.append("s1", numbered(4))
-        self.copy_store(original, backup)
-        with self.make_journal(original) as j:
-            next_one = j.append("s1", numbered(1, "later")).cursor  # event 5
+        backup, next_one = self._event_past_a_copy(tmp_path, 4)  # event 5
         with self.make_journal(backup) as restored:
             with raises(CursorFuture) as info:
                 self.consume(restored, api, "s1", next_one)
@@ -1045,14 +1051,7 @@ class JournalContract:
     ) -> None:
         # The check of the event a cursor was issued for covers the session's first
         # retained event too (ordinal == first_ordinal), not only the later ones.
-        self.requires("copy_store")
-        original = tmp_path / "store"
-        backup = tmp_path / "backup"
-        with self.make_journal(original) as j:
-            j.create_session("s1")
-        self.copy_store(original, backup)
-        with self.make_journal(original) as j:
-            lost = j.append("s1", numbered(1, "lost")).cursor  # event 1
+        backup, lost = self._event_past_a_copy(tmp_path, 0)  # event 1
         time.sleep(0.005)  # (the copy's events are stamped later)
         with self.make_journal(backup) as restored:
             restored.append("s1", numbered(2, "new"))  # ordinals 1..2
