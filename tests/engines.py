@@ -8,7 +8,9 @@ are pytest marks its tests carry (the 3-node cluster runs under `-m cluster`).
 
 Capabilities:
     "copy_store"   a closed store can be copied as a backup (the restore-from-an-older-
-                   copy case: CursorFuture)
+                   copy case: CursorFuture); on JetStream the copy is the server's
+                   snapshot of the stream, and opening it restores it in place of the
+                   stream, as an operator restores a backup
     "segments"     segment sizes and durability modes mean something (the configuration
                    with small segments runs it again)
     "import"       `import_sessions` (archives: tests/test_archives.py)
@@ -65,6 +67,12 @@ class LocalEngineFactory:
         shutil.rmtree(path / "index")
 
 
+# A JetStream backup's files (JetStreamEngineFactory.copy_store): the snapshot before and
+# after its first open restored it, and the store it was taken of.
+_SNAPSHOT = "stream-snapshot"
+_RESTORED = "stream-snapshot-restored"
+_BACKUP_OF = "backup-of"
+
 # Keywords of Journal.open that only mean something to a store on disk.
 _DISK_ONLY = ("compress_sealed", "file_ops", "file_mode")
 
@@ -77,7 +85,7 @@ class JetStreamEngineFactory:
 
     name: str = "jetstream"
     replicas: int = 1
-    supports: frozenset[str] = frozenset()
+    supports: frozenset[str] = frozenset({"copy_store"})
     marks: tuple[pytest.MarkDecorator, ...] = field(default=())
 
     def url(self) -> str:
@@ -86,11 +94,22 @@ class JetStreamEngineFactory:
         return shared_cluster().url if self.replicas > 1 else shared_server().url
 
     def store_name(self, path: Path) -> str:
+        """The store `path` names: a digest of the path, or for a backup (`copy_store`)
+        the store it was taken of."""
+        of = path / _BACKUP_OF
+        if of.exists():
+            return of.read_text()
         return "t" + hashlib.sha256(str(path).encode()).hexdigest()[:24]
 
     def open(self, path: Path, **options: Any) -> Journal:
         for name in _DISK_ONLY:
             options.pop(name, None)
+        pending = path / _SNAPSHOT
+        if pending.exists():  # a backup's first open: the stream is put back from it
+            from _nats import restore_stream
+
+            restore_stream(self.url(), f"JOURNAL_{self.store_name(path)}", pending)
+            pending.rename(path / _RESTORED)
         return Journal.open(
             self.url(),
             store=self.store_name(path),
@@ -100,7 +119,15 @@ class JetStreamEngineFactory:
         )
 
     def copy_store(self, src: Path, dst: Path) -> None:
-        raise NotImplementedError("a stream is copied by the server's backup, not here")
+        """A backup as an operator takes one: the server's snapshot of the store's stream
+        (same messages, same sequences), saved in `dst`. The first open of `dst` restores
+        it in place of the store's stream (the only name its subjects fit), so the
+        store taken at `src` is then the restored copy."""
+        from _nats import back_up_stream
+
+        name = self.store_name(src)
+        back_up_stream(self.url(), f"JOURNAL_{name}", dst / _SNAPSHOT)
+        (dst / _BACKUP_OF).write_text(name)
 
     def discard_derived_state(self, path: Path) -> None:
         """Nothing is derived: every row, marker and feed entry is a message of the
