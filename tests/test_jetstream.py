@@ -34,6 +34,7 @@ from journal import (
     InvalidArgument,
     Journal,
     JournalClosed,
+    LifecycleEventType,
     OwnerBusy,
     RetentionPolicy,
     SessionState,
@@ -1215,6 +1216,37 @@ def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
                 break
         stream.close()
     assert seen == ["a", "b", "c"]
+
+
+def test_a_change_during_the_startup_snapshot_is_delivered_once(url: str, tmp_path: Path) -> None:
+    # The snapshot read the feed's last position, then the rows: a session resolved in
+    # between was listed resolved, and the feed after the point delivered its RESOLVED
+    # again (the local engine lists it open, then delivers the change once). The other
+    # journal resolves it at the fault point `sessions.snapshot_point`, once.
+    armed: list[Journal] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "sessions.snapshot_point" and armed:
+            armed.pop().resolve_session("a")
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    j = Journal.over(JetStreamEngine.open(options))
+    other = Journal.open(url, store=store_name(tmp_path))
+    with j, other:
+        j.create_session("a")
+        armed.append(other)
+        stream = j.watch_sessions()
+        first = next(stream)  # the snapshot: "a", resolved meanwhile
+        assert not armed, "the fault point did not fire"
+        other.create_session("c")
+        seen = [(first.event_type, first.session.session_id, first.session.state)]
+        for event in stream:
+            seen.append((event.event_type, event.session.session_id, event.session.state))
+            if event.session.session_id == "c":
+                break
+        stream.close()
+    created, resolved = LifecycleEventType.CREATED, SessionState.RESOLVED
+    assert seen == [(created, "a", resolved), (created, "c", SessionState.OPEN)]
 
 
 def _loop_runs_while_held(

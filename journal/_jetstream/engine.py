@@ -471,13 +471,7 @@ class JetStreamEngine:
         return result
 
     async def _registry(self) -> tuple[int, list[SessionRow]]:
-        # The feed position first, the rows after: a change in between is in both the
-        # rows and the feed after the point (never missed). A session created in between
-        # (its incarnation is its CREATED entry's sequence, after the point) is left to
-        # the feed, so its CREATED comes once, as on the local engine.
-        point = await self.reader.last_feed_position()
-        self.point("sessions.snapshot_point", point)
-        return point, [row for row in await self.reader.all_rows() if row.incarnation <= point]
+        return await self.reader.registry(lambda at: self.point("sessions.snapshot_point", at))
 
     def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         result: tuple[list[tuple[int, FeedEntry]], int, int] = self._ask(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
@@ -40,6 +41,10 @@ BATCH: Final = 1000
 FRESH_S: Final = 10.0
 # Per-message overhead allowed for in a byte-bounded direct get (subject, headers).
 _OVERHEAD: Final = 512
+# A registry snapshot reads the rows of sessions changed meanwhile again at most this
+# many times, each time for at most this many changes (`StoreReader.registry`).
+_SETTLE_ROUNDS: Final = 4
+_SETTLE_PAGE: Final = 64
 
 
 class RowState:
@@ -140,6 +145,37 @@ class StoreReader:
         tokens = await self.tokens()
         rows = await self.rows_of(tokens)
         return [row for t in tokens if (row := rows.get(t, (None, 0))[0]) is not None]
+
+    async def registry(self, at_point: Callable[[int], None]) -> tuple[int, list[SessionRow]]:
+        """Every live row as of one lifecycle feed position, and that position (SPEC 7.7):
+        the feed's last position first, then the rows (`at_point(position)` in between,
+        a fault point). A lifecycle change committed while the rows were read is in the
+        feed after that position and may show in a row already: the feed after it is
+        read, and the rows of the sessions it names are read again, up to
+        `_SETTLE_ROUNDS` times, until no change came after the position (so the feed
+        after it delivers none of the changes the rows show); a session created after
+        the position is left to the feed. Past those rounds, or more than a page of
+        changes after the position, the rows are given as they are: a change then
+        shows in a row and comes again from the feed."""
+        point = await self.last_feed_position()
+        at_point(point)
+        tokens = await self.tokens()
+        found = await self.rows_of(tokens)
+        rows = {t: row for t in tokens if (row := found.get(t, (None, 0))[0]) is not None}
+        for _ in range(_SETTLE_ROUNDS):
+            later = await self.feed(point, _SETTLE_PAGE + 1)
+            if not later or len(later) > _SETTLE_PAGE:
+                break
+            point = later[-1][0]
+            changed = sorted({Subjects.token(entry.row.session_id) for _, entry in later})
+            found = await self.rows_of(changed)
+            for token in changed:
+                row = found.get(token, (None, 0))[0]
+                if row is None:
+                    rows.pop(token, None)  # (evicted)
+                else:
+                    rows[token] = row
+        return point, [rows[t] for t in sorted(rows) if rows[t].incarnation <= point]
 
     async def session_id_of(self, incarnation: int) -> str | None:
         message = await self.conn.msg_get({"seq": incarnation})
