@@ -55,8 +55,9 @@ from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
-from .layout import ENCODER, HEARTBEAT_DECODER, Heartbeat, Subjects
+from .layout import ENCODER, Heartbeat, Subjects
 from .opening import bootstrap, key_ring_of, recorded_policy
+from .owners import HEARTBEAT_S, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import IMPORT_REFUSAL, Writer
 
@@ -64,10 +65,6 @@ __all__ = ["JetStreamEngine", "JetStreamOptions"]
 
 T = TypeVar("T")
 
-# An owner lease whose heartbeat is older than this is a dead owner (there is no flock
-# across machines); the holder beats every HEARTBEAT_S.
-LEASE_S: Final = 10.0
-HEARTBEAT_S: Final = 1.0
 # How often the expiry timer reads every row's deadline (deadlines set by other
 # processes are kept within this).
 EXPIRY_SCAN_S: Final = 30.0
@@ -322,6 +319,13 @@ class JetStreamEngine:
         self._leases: set[JetStreamLease] = set()
         self._retries: set[asyncio.Task[None]] = set()  # (releases asked again)
         self.reader = StoreReader(conn, self.subjects)
+        self._owners = OwnerJudge(
+            conn,
+            self.reader,
+            self.subjects,
+            (self._host, self._boot, self._pid),
+            lambda row, taking: _PROCESS_LEASES.alive(self.store_id, row, taking),
+        )
         try:
             meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
         except Unavailable as e:
@@ -652,34 +656,13 @@ class JetStreamEngine:
         return alive
 
     def owners_alive(self, rows: list[SessionRow]) -> list[bool | None]:
-        return [self.owner_alive(row) for row in rows]
+        alive: list[bool | None] = self._ask(lambda: self._owners.all_alive(rows))
+        return alive
 
     async def _owner_alive(self, row: SessionRow, taking: int = 0) -> bool | None:
-        """Whether the owner `row` records is alive (None: cannot tell); `taking`: 1 when
-        asked by an `own()` of the session in flight itself."""
-        if not row.owner_pid:
-            return False
-        if row.owner_host == self._host and row.owner_boot_id == self._boot and self._boot:
-            if row.owner_pid == os.getpid() == self._pid:
-                # This process: alive only while one of its leases holds it (a lease an
-                # own() committed and then failed to start or release is nobody's).
-                return _PROCESS_LEASES.alive(self.store_id, row, taking)
-            started = _start_time(row.owner_pid)
-            if started < 0:
-                return False
-            if started and row.owner_start_time and started != row.owner_start_time:
-                return False  # the pid was reused
-            if started and row.owner_start_time:
-                return True
-        # Another host (or no /proc): the lease's heartbeat tells.
-        token = Subjects.token(row.session_id)
-        message = await self.conn.msg_get({"last_by_subj": self.subjects.heartbeat(token)})
-        now = _now_ms()
-        if message is not None:
-            beat = HEARTBEAT_DECODER.decode(message.data)
-            if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
-                return now - beat.at_ms < LEASE_S * 1000
-        return now - row.owner_since_ms < LEASE_S * 1000
+        """Whether the owner `row` records is alive; `taking`: 1 when asked by an `own()`
+        of the session in flight itself."""
+        return await self._owners.alive(row, taking)
 
     # -- expiry ----------------------------------------------------------------------------
 

@@ -120,6 +120,14 @@ class StoreReader:
                     result[token] = (decode_row(message), message.seq)
         return result
 
+    async def last_messages(self, subjects: list[str]) -> dict[str, Found]:
+        """The last message of each subject (those without one left out), in chunks."""
+        result: dict[str, Found] = {}
+        for start in range(0, len(subjects), BATCH):
+            for message in await self._fresh({"multi_last": subjects[start : start + BATCH]}):
+                result[message.subject] = message
+        return result
+
     async def tokens(self) -> list[str]:
         """Every session token with a row subject, sorted (= session-id order)."""
         tokens: list[str] = []
