@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1243,65 +1243,53 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
         proxy.close()
 
 
+def _snapshot_with_a_change_at_its_point(
+    url: str, tmp_path: Path, change: Callable[[Journal], object]
+) -> list[tuple[LifecycleEventType, str, SessionState]]:
+    """What `watch_sessions()` delivers over a store holding session "a" when another
+    journal makes `change` at the fault point `sessions.snapshot_point` (once), and then
+    creates "c": (type, session, state) up to "c"'s CREATED."""
+    armed: list[Journal] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "sessions.snapshot_point" and armed:
+            change(armed.pop())  # (its own connection: this loop waits)
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    j = Journal.over(JetStreamEngine.open(options))
+    other = Journal.open(url, store=store_name(tmp_path))
+    seen = []
+    with j, other:
+        j.create_session("a")
+        armed.append(other)
+        stream = j.watch_sessions()
+        first = next(stream)  # the snapshot, the change made at its point
+        assert not armed, "the fault point did not fire"
+        other.create_session("c")
+        for event in itertools.chain([first], stream):
+            seen.append((event.event_type, event.session.session_id, event.session.state))
+            if event.session.session_id == "c":
+                break
+        stream.close()
+    return seen
+
+
 def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
     url: str, tmp_path: Path
 ) -> None:
     # The snapshot reads the feed's last position, then the rows: a session created in
     # between was in both the rows and the feed after the point, and its CREATED came
     # twice (12 of 15 subscribe_sessions() followed by a create_session(), found by a
-    # helper trial; the local engine delivers it once). The other journal creates it at
-    # the fault point `sessions.snapshot_point`, once.
-    armed: list[Journal] = []
-
-    def point(where: str, detail: object) -> None:
-        if where == "sessions.snapshot_point" and armed:
-            armed.pop().create_session("b")  # (its own connection: this loop waits)
-
-    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
-    j = Journal.over(JetStreamEngine.open(options))
-    other = Journal.open(url, store=store_name(tmp_path))
-    with j, other:
-        j.create_session("a")
-        armed.append(other)
-        stream = j.watch_sessions()
-        seen = [next(stream).session.session_id]  # the snapshot: "a", and "b" is made
-        assert not armed, "the fault point did not fire"
-        other.create_session("c")
-        for event in stream:
-            seen.append(event.session.session_id)
-            if seen[-1] == "c":
-                break
-        stream.close()
-    assert seen == ["a", "b", "c"]
+    # helper trial; the local engine delivers it once).
+    seen = _snapshot_with_a_change_at_its_point(url, tmp_path, lambda o: o.create_session("b"))
+    assert [session for _, session, _ in seen] == ["a", "b", "c"]
 
 
 def test_a_change_during_the_startup_snapshot_is_delivered_once(url: str, tmp_path: Path) -> None:
-    # The snapshot read the feed's last position, then the rows: a session resolved in
-    # between was listed resolved, and the feed after the point delivered its RESOLVED
-    # again (the local engine lists it open, then delivers the change once). The other
-    # journal resolves it at the fault point `sessions.snapshot_point`, once.
-    armed: list[Journal] = []
-
-    def point(where: str, detail: object) -> None:
-        if where == "sessions.snapshot_point" and armed:
-            armed.pop().resolve_session("a")
-
-    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
-    j = Journal.over(JetStreamEngine.open(options))
-    other = Journal.open(url, store=store_name(tmp_path))
-    with j, other:
-        j.create_session("a")
-        armed.append(other)
-        stream = j.watch_sessions()
-        first = next(stream)  # the snapshot: "a", resolved meanwhile
-        assert not armed, "the fault point did not fire"
-        other.create_session("c")
-        seen = [(first.event_type, first.session.session_id, first.session.state)]
-        for event in stream:
-            seen.append((event.event_type, event.session.session_id, event.session.state))
-            if event.session.session_id == "c":
-                break
-        stream.close()
+    # A session resolved in between was listed resolved, and the feed after the point
+    # delivered its RESOLVED again (the local engine lists it open, then delivers the
+    # change once).
+    seen = _snapshot_with_a_change_at_its_point(url, tmp_path, lambda o: o.resolve_session("a"))
     created, resolved = LifecycleEventType.CREATED, SessionState.RESOLVED
     assert seen == [(created, "a", resolved), (created, "c", SessionState.OPEN)]
 
