@@ -1,4 +1,5 @@
-"""Taking the next item of a blocking iterator (a watch) without hanging a test."""
+"""Waiting in tests without hanging them: the next item of a blocking iterator (a watch),
+and whether a process waits for a `flock`."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def first_of(iterator: Iterator[Any], timeout: float) -> Any:
     if kind == "error":
         raise value
     return value
+
+
+def blocked_on_flock(pid: int) -> bool:
+    """Whether process `pid` waits for a `flock` (Linux: `/proc/locks`)."""
+    with open("/proc/locks") as locks:
+        # ("3: -> FLOCK  ADVISORY  WRITE 1234 ...": a waiter, its pid sixth)
+        return any(
+            fields[1] == "->" and fields[5] == str(pid)
+            for fields in (line.split() for line in locks)
+            if len(fields) > 5
+        )

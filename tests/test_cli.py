@@ -20,6 +20,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
+from _waiting import blocked_on_flock
 from click.testing import CliRunner, Result
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1663,16 +1664,6 @@ main(["--store", sys.argv[1], "--format", "json", "cursor-key", "--rotate"])
 """
 
 
-def _blocked_on_flock(pid: int) -> bool:
-    with open("/proc/locks") as locks:
-        # ("3: -> FLOCK  ADVISORY  WRITE 1234 ...": a waiter, its pid sixth)
-        return any(
-            fields[1] == "->" and fields[5] == str(pid)
-            for fields in (line.split() for line in locks)
-            if len(fields) > 5
-        )
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
 def test_two_concurrent_rotations_keep_both_new_keys(store: Path) -> None:
     """Two `cursor-key --rotate` at once: the second waits for the first's save, so the
@@ -1699,7 +1690,7 @@ def test_two_concurrent_rotations_keep_both_new_keys(store: Path) -> None:
         )
         # Until the second has either finished or is waiting for the key file's lock.
         deadline = time.monotonic() + 20  # (a guard against a hang, not a measurement)
-        while second.poll() is None and not _blocked_on_flock(second.pid):
+        while second.poll() is None and not blocked_on_flock(second.pid):
             assert time.monotonic() < deadline, "the second rotation neither ended nor waited"
             time.sleep(0.01)
         first.stdin.write("\n")

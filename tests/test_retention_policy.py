@@ -15,16 +15,20 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _procs_retention import Child, payload
+from _waiting import blocked_on_flock
 from click.testing import CliRunner, Result
 from engines import EngineFactory, JetStreamEngineFactory
 
 from cli.main import main as journal_cli
 from journal import EventIn, Journal, RetentionPolicy, StoreIncompatible
+from journal._local.files import FileOps
 
 ROOT = Path(__file__).resolve().parent.parent
 SEGMENT_BYTES = 4096
@@ -173,6 +177,74 @@ def test_a_read_only_journal_reads_the_policy_and_records_nothing(store: Path) -
     with Journal.open(store, readonly=True, retention=RetentionPolicy()) as j:
         assert j.retention_policy() == NO_WINDOWS
     assert (store / "store.json").read_bytes() == before
+
+
+class _PausedStoreFileRename(FileOps):
+    """Holds the first rename onto `store.json` (an open recording a new file mode, after
+    it read the file) until `release` is set."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def replace(self, source: str, destination: str) -> None:
+        if os.path.basename(destination) == "store.json" and not self.reached.is_set():
+            self.reached.set()
+            self.release.wait(60)
+        super().replace(source, destination)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+def test_a_policy_recorded_while_an_open_records_a_file_mode_is_kept(store: Path) -> None:
+    """An open with a new `file_mode` rewrote `store.json` from the read it made earlier in
+    the open: a policy `journal retention` recorded in between was written back to the old
+    one, which every writer then applied (a lost update). Now every recording reads,
+    changes and replaces `store.json` under `locks/open.lock`: the second waits."""
+    with Journal.open(store, file_mode=0o600):
+        pass
+    paused = _PausedStoreFileRename()
+    failures: list[BaseException] = []
+
+    def open_with_a_new_mode() -> None:
+        try:
+            with Journal.open(store, file_mode=0o640, file_ops=paused):
+                pass
+        except BaseException as e:
+            failures.append(e)
+
+    opening = threading.Thread(target=open_with_a_new_mode)
+    opening.start()
+    recording = None
+    try:
+        assert paused.reached.wait(30), failures
+        record = ["retention", "--max-history-bytes", str(WINDOW)]
+        recording = subprocess.Popen(
+            [sys.executable, "-m", "cli", "--store", str(store), "--format", "json", *record],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # Until the recording has either finished or waits for the lock.
+        deadline = time.monotonic() + 60  # (a guard against a hang, not a measurement)
+        while recording.poll() is None and not blocked_on_flock(recording.pid):
+            assert time.monotonic() < deadline, "the recording neither ended nor waited"
+            time.sleep(0.01)
+    finally:
+        paused.release.set()
+        opening.join(60)
+        if recording is not None and opening.is_alive():
+            recording.kill()
+    assert recording is not None
+    _, errors = recording.communicate(timeout=60)
+    assert recording.returncode == 0, errors
+    assert not failures and not opening.is_alive(), failures
+    recorded = json.loads((store / "store.json").read_text())
+    assert recorded["file_mode"] == "0640"
+    assert recorded["retention"]["max_history_bytes"] == WINDOW
+    assert (store / "store.json").stat().st_mode & 0o777 == 0o640
+    with Journal.open(store) as j:
+        assert j.retention_policy().max_history_bytes == WINDOW
 
 
 # -- journal retention -----------------------------------------------------------------------

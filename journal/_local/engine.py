@@ -249,7 +249,7 @@ class LocalEngine:
         mode = None if options.file_mode in (None, store.file_mode) else options.file_mode
         policy = None if options.retention in (None, store.retention) else options.retention
         if not readonly and (mode is not None or policy is not None):
-            store = record_in_store(store_file, store, mode, policy, ops)
+            store = record_in_store(path, Permissions(mode or store.file_mode), mode, policy, ops)
         # The policy in force: the store's as recorded now, read again at each pass (SPEC 8).
         self.policy = RecordedPolicy(store_file, options.retention or store.retention)
         self.store_id = store.store_id

@@ -34,6 +34,7 @@ from .lmdbfile import file_identity
 from .log import SegmentLog
 from .projector import build_private
 from .segments import open_segment
+from .store_file import open_lock
 from .verify import view_problem
 from .view import View, ViewDamaged, inspect_view, replace_view
 from .writer import data_end
@@ -227,11 +228,8 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
     view is not trusted: it is moved aside and rebuilt from the segments, which were
     synced. Runs under `locks/open.lock` so concurrent openers do it once.
     """
-    permissions.make_dirs(os.path.join(path, "locks"))
     marker = os.path.join(path, "view-boot")
-    lock_fd = permissions.open_or_create(os.path.join(path, "locks", "open.lock"), os.O_RDWR)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    with open_lock(path, permissions):
         try:
             with os.fdopen(open_regular(marker, os.O_RDONLY), "rb") as f:
                 recorded = f.read().strip()
@@ -248,8 +246,6 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
             shutil.rmtree(stale, ignore_errors=True)
         permissions.make_dirs(index)
         write_atomic(marker, boot_id, permissions=permissions)
-    finally:
-        os.close(lock_fd)
 
 
 def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, VerifyProblem | None]:

@@ -15,13 +15,14 @@ default one, until a writer opened with a policy records it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import shutil
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,6 +39,7 @@ __all__ = [
     "StoreFile",
     "create_store",
     "load_store",
+    "open_lock",
     "record_in_store",
     "refuse_lost_store_file",
     "remove_stray_temporaries",
@@ -174,19 +176,47 @@ def load_store(store_file: str) -> StoreFile:
     return StoreFile(store_id, value, True, retention)
 
 
+@contextlib.contextmanager
+def open_lock(path: str, permissions: Permissions) -> Iterator[None]:
+    """Hold the exclusive flock of the store's `locks/open.lock` (created with the mode of
+    `permissions` when missing): what writers' opens change in the store's directory
+    (`store.json`'s mode and policy, the view after a reboot) is read and changed under it,
+    so two openers never act on what the other is changing."""
+    permissions.make_dirs(os.path.join(path, "locks"))
+    fd = permissions.open_or_create(os.path.join(path, "locks", "open.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the flock)
+
+
 def record_in_store(
-    store_file: str,
-    store: StoreFile,
+    path: str,
+    permissions: Permissions,
     file_mode: int | None = None,
     retention: RetentionPolicy | None = None,
     ops: FileOps = DEFAULT_FILE_OPS,
 ) -> StoreFile:
-    """Record a new file mode and/or retention policy in `store.json` (replaced
-    atomically, with the store's file mode): files created from now on get the mode
-    (existing files keep theirs); journals opened without a policy from now on use it."""
-    mode = store.file_mode if file_mode is None else file_mode
-    recorded = store.recorded or file_mode is not None
-    policy = store.retention if retention is None else retention
-    document = _document(store.store_id, mode if recorded else None, policy)
-    write_atomic(store_file, document, ops, Permissions(mode))
-    return StoreFile(store.store_id, mode, recorded, policy)
+    """Record a new file mode and/or retention policy in the `store.json` of the store at
+    `path`: files created from now on get the mode (existing files keep theirs); journals
+    opened without a policy from now on use it. The file is read, changed and replaced
+    (atomically, with the store's file mode) under the open lock (`permissions`: the lock
+    file's mode if it is missing), so a mode and a policy recorded at once by two
+    processes are both kept (each changes only what it was given). Returns what
+    `store.json` says now."""
+    store_file = os.path.join(path, "store.json")
+    with open_lock(path, permissions):
+        store = load_store(store_file)
+        if file_mode == store.file_mode:
+            file_mode = None
+        if retention == store.retention:
+            retention = None
+        if file_mode is None and retention is None:
+            return store
+        mode = store.file_mode if file_mode is None else file_mode
+        recorded = store.recorded or file_mode is not None
+        policy = store.retention if retention is None else retention
+        document = _document(store.store_id, mode if recorded else None, policy)
+        write_atomic(store_file, document, ops, Permissions(mode))
+        return StoreFile(store.store_id, mode, recorded, policy)
