@@ -3,7 +3,6 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import sys
@@ -215,10 +214,10 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `journal init`"
         )
-    # The store's file mode: store.json is always written with it (a store made
-    # before modes were recorded: its own mode, as the store reads it).
-    mode = (stat.S_IMODE(os.stat(store_file).st_mode) & 0o666) | 0o600
     if new:
+        # The store's file mode: store.json is always written with it (a store made
+        # before modes were recorded: its own mode, as the store reads it).
+        mode = (stat.S_IMODE(os.stat(store_file).st_mode) & 0o666) | 0o600
         if os.path.exists(path):
             raise CommandFailed(  # (exit 5, as `export` to an existing file)
                 f"{path} exists: --new only replaces a missing key file (to start over "
@@ -232,7 +231,7 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         option = "--rotate" if rotate else "--retire"
         _refuse_external_key(f"change the store's own key file with {option}")
         _require_key_file(path)
-        ring = _change_key_file(settings.store, path, mode, retire)
+        ring = _change_key_file(path, retire)
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
         # set (it replaces the key file), else the key file.
@@ -262,21 +261,11 @@ def _require_key_file(path: str) -> None:
         )
 
 
-def _change_key_file(store: str, path: str, mode: int, retire: int | None) -> KeyRing:
-    """Rotate (`retire` None) or retire a key of the key file `path`, under an exclusive
-    flock of `STORE/keys.lock` so two changes at once do not lose one; the file is
-    replaced atomically and keeps its mode."""
-    lock_path = os.path.join(store, "keys.lock")
-    try:
-        fd = _open_lock_file(lock_path, mode)
-    except OSError as exc:
-        raise journal.StoreUnavailable(
-            f"cannot open the key file's lock {lock_path} ({exc.strerror}); run as a user "
-            "who can write the store"
-        ) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        ring = KeyRing.load(path)
+def _change_key_file(path: str, retire: int | None) -> KeyRing:
+    """Rotate (`retire` None) or retire a key of the key file `path` with `KeyRing.edit`
+    (under an exclusive flock of `STORE/keys.lock`, so two changes at once do not lose
+    one; the file is replaced atomically and keeps its mode)."""
+    with KeyRing.edit(path) as ring:
         if retire is None:
             ring.rotate()
         elif retire not in ring.key_ids:
@@ -297,37 +286,7 @@ def _change_key_file(store: str, path: str, mode: int, retire: int | None) -> Ke
             )
         else:
             ring.retire(retire)
-        kept = stat.S_IMODE(os.stat(path).st_mode)
-        if kept & 0o711 != 0o600:  # (what KeyRing.save accepts)
-            raise journal.KeyRingError(
-                f"the key file {path} has mode {kept:04o}, which KeyRing.save does not "
-                f"write (owner read and write, no execute bits): `chmod {mode:o} {path}` "
-                "(the store's file mode) and run again; nothing was changed"
-            )
-        ring.save(path, mode=kept)
-        return ring
-    finally:
-        os.close(fd)  # (releases the flock)
-
-
-def _open_lock_file(path: str, mode: int) -> int:
-    """Open the lock file `path`, creating it with exactly `mode` when missing."""
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-        except FileExistsError:
-            pass
-        else:
-            try:
-                os.fchmod(fd, mode)  # (the umask may have narrowed it)
-            except BaseException:
-                os.close(fd)
-                raise
-            return fd
-        try:
-            return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            continue  # removed between the two opens
+    return ring
 
 
 def _count(n: int, noun: str) -> str:

@@ -24,7 +24,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -69,8 +69,9 @@ class KeyRing:
 
     Rings are built with `generate()`, `from_secret()`, `from_environment()`, `load()` or
     `load_or_create()`. `rotate()` and `retire()` change the ring in memory only; call
-    `save()` to persist. A ring may be shared by threads: changes replace its key table as a
-    whole, so readers always see a consistent table.
+    `save()` to persist, or change a key file other processes may change too inside
+    `edit()`. A ring may be shared by threads: changes replace its key table as a whole,
+    so readers always see a consistent table.
     """
 
     __slots__ = ("_active", "_generation", "_keys", "_source")
@@ -248,6 +249,42 @@ class KeyRing:
                 f"cannot save key ring file {file_path} ({exc.strerror}); "
                 f"check that its directory exists and is writable"
             ) from None
+
+    @classmethod
+    @contextlib.contextmanager
+    def edit(cls, path: str | os.PathLike[str]) -> Iterator[KeyRing]:
+        """Change the key file `path` while other processes may change it too:
+        `with KeyRing.edit(STORE / "keys") as ring: ring.rotate()`.
+
+        Holds an exclusive `flock` of the lock file beside it (`<path>.lock`: a store's
+        `keys.lock`, created with the key file's mode when missing) from the load to the
+        save, so two edits at once keep both changes (`journal cursor-key --rotate` and
+        `--retire` edit the file so). When the block ends without an error, the ring is
+        saved if it changed (atomically, keeping the file's mode); an error leaves the
+        file as it was. KeyRingError when the file is missing or invalid, has a mode
+        `save()` does not write, or the lock file cannot be opened.
+        """
+        import fcntl  # (POSIX only: imported here so the package imports everywhere)
+
+        file_path = Path(path)
+        fd = _open_lock_beside(file_path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            ring = cls.load(file_path)
+            mode = stat.S_IMODE(os.stat(file_path).st_mode)
+            if mode & 0o711 != 0o600:  # (what `_check_mode` lets `save()` write)
+                raise KeyRingError(
+                    f"the key file {file_path} has mode {mode:04o}, which KeyRing.save does "
+                    f"not write (owner read and write, no execute bits): `chmod 600 "
+                    f"{file_path}` (or the store's file mode, such as 640 for a store shared "
+                    "with a group) and try again; nothing was changed"
+                )
+            generation = ring.generation
+            yield ring
+            if ring.generation != generation:
+                ring.save(file_path, mode=mode)
+        finally:
+            os.close(fd)  # (releases the flock)
 
     def rotate(self) -> int:
         """Add a new local key, make it the active (signing) key and return its id.
@@ -633,6 +670,38 @@ def _fsync_directory(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _open_lock_beside(path: Path) -> int:
+    """Open (creating it when missing) the lock file of the key file `path`, `<path>.lock`,
+    with the key file's read and write bits (0600 when it has none)."""
+    lock_path = path.with_name(f"{path.name}.lock")
+    try:
+        try:
+            mode = (stat.S_IMODE(os.stat(path).st_mode) & 0o666) | _FILE_MODE
+        except FileNotFoundError:
+            mode = _FILE_MODE  # (the load under the lock reports the missing file)
+        while True:
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            except FileExistsError:
+                pass
+            else:
+                try:
+                    os.fchmod(fd, mode)  # (the umask may have narrowed it)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                return fd
+            try:
+                return os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+            except FileNotFoundError:
+                continue  # removed between the two opens
+    except OSError as exc:
+        raise KeyRingError(
+            f"cannot open the key file's lock {lock_path} ({exc.strerror}); run as a user "
+            "who can write the store"
+        ) from None
 
 
 def _unlink_quietly(path: Path) -> None:

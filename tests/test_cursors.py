@@ -12,9 +12,11 @@ import re
 import stat
 import struct
 import threading
+import time
 from pathlib import Path
 
 import pytest
+from _waiting import blocked_on_flock
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -556,6 +558,71 @@ def test_racing_load_or_create_agree_on_one_ring(tmp_path: Path) -> None:
     assert len(secrets_seen) == 8
     assert set(secrets_seen) == {KeyRing.load(path).secret(1)}
     assert os.listdir(tmp_path) == ["keys.json"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+def test_two_concurrent_edits_of_a_key_file_keep_both_rotations(tmp_path: Path) -> None:
+    """`KeyRing.edit` holds `<file>.lock` from the load to the save: a second rotation
+    waits for the first's save and rotates the ring it saved. (From Python there was only
+    `load()`, `rotate()`, `save()`, which take no lock: two at once kept one new key.)"""
+    path = tmp_path / "keys"
+    KeyRing.load_or_create(path, mode=0o640)
+    rotated = threading.Event()
+    release = threading.Event()
+    failures: list[BaseException] = []
+
+    def rotate(pause: bool) -> None:
+        try:
+            with KeyRing.edit(path) as ring:
+                ring.rotate()
+                if pause:  # (loaded and rotated; saved when the block ends)
+                    rotated.set()
+                    release.wait(60)
+        except BaseException as e:
+            failures.append(e)
+
+    first = threading.Thread(target=rotate, args=(True,))
+    second = threading.Thread(target=rotate, args=(False,))
+    first.start()
+    try:
+        assert rotated.wait(30), failures
+        second.start()
+        # Until the second has either finished or waits for the lock (this process's pid:
+        # the first holds the lock, only a waiter is listed with "->").
+        deadline = time.monotonic() + 30  # (a guard against a hang, not a measurement)
+        while second.is_alive() and not blocked_on_flock(os.getpid()):
+            assert time.monotonic() < deadline, "the second rotation neither ended nor waited"
+            time.sleep(0.01)
+    finally:
+        release.set()
+        first.join(30)
+        if second.ident is not None:
+            second.join(30)
+    assert not failures, failures
+    ring = KeyRing.load(path)
+    assert ring.key_ids == (1, 2, 3) and ring.active_key_id == 3
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640  # (kept)
+    assert stat.S_IMODE((tmp_path / "keys.lock").stat().st_mode) == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["keys", "keys.lock"]
+
+
+def test_an_edit_that_fails_or_changes_nothing_leaves_the_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    KeyRing.load_or_create(path)
+    before = (path.read_bytes(), path.stat().st_ino)
+    with pytest.raises(KeyRingError, match="active signing key"), KeyRing.edit(path) as ring:
+        ring.rotate()
+        ring.retire(2)
+    with KeyRing.edit(path) as ring:
+        assert ring.key_ids == (1,)
+    assert (path.read_bytes(), path.stat().st_ino) == before
+    path.chmod(0o400)
+    with pytest.raises(KeyRingError, match=r"has mode 0400.*chmod 600"), KeyRing.edit(path):
+        pass
+    path.unlink()
+    with pytest.raises(KeyRingError, match="does not exist"), KeyRing.edit(path):
+        pass
+    assert not path.exists()
 
 
 # -- external key from the environment ----------------------------------------------------------
