@@ -540,6 +540,8 @@ def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
     if meta.tags:
         pairs = (f"{shown(k)}={shown(v)}" for k, v in sorted(meta.tags.items()))
         parts.append("tags=" + ",".join(pairs))
+    if meta.owner is not None:
+        parts.append(f"owner=pid {meta.owner.pid}@{shown(meta.owner.host)}")
     if meta.open_turn is not None:
         # An ended session cannot be owned: nobody will settle its turn (SPEC 7.8).
         if meta.state.terminal:

@@ -1484,6 +1484,22 @@ def test_sessions_list_and_show_name_a_turn_left_open(store: Path) -> None:
     assert "open-turn=r-open (no owner)" in listing
 
 
+def test_sessions_list_names_a_live_owner(store: Path) -> None:
+    # A supervisor listing sessions in text saw which turns were open but not who owned
+    # a session (only `--format json` or `sessions show` said). Runtime-author trial.
+    import socket
+
+    with journal.Journal.open(store, durability="os") as j:
+        j.create_session("owned")
+        j.create_session("free")
+        with j.own("owned") as owner, owner.turn("r-1"):
+            listing = invoke(store, "sessions", "list", fmt="text").stdout
+    by_id = {line.split()[0]: line for line in listing.splitlines()}
+    mark = f"owner=pid {os.getpid()}@{socket.gethostname()}"
+    assert mark in by_id["owned"] and "open-turn=r-1" in by_id["owned"], listing
+    assert "owner=" not in by_id["free"], listing
+
+
 def test_sessions_list_does_not_offer_an_ended_sessions_open_turn_to_a_new_owner(
     store: Path,
 ) -> None:
