@@ -202,6 +202,13 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
                 "through_ordinal": section.snapshot.through_ordinal,
                 "data": embedded(section.snapshot.data),
             }
+        if section.checkpoint is not None:  # (archive version 2)
+            yield {
+                "record": "checkpoint",
+                "session_id": meta.session_id,
+                "through_ordinal": section.checkpoint.through_ordinal,
+                "data": embedded(section.checkpoint.data),
+            }
         for batch in section.batches:
             for event in batch:
                 yield {

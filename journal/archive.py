@@ -3,8 +3,9 @@
 An archive is a sequence of independent zstd frames whose concatenated content is a
 sequence of records, each a big-endian u32 length and a msgpack-encoded tagged record:
 one `ArchiveHeader`, then per session an `ArchiveSession`, its `ArchiveSnapshot` if it has
-one, and `ArchiveEvents` batches in ordinal order, then one `ArchiveFooter` holding the
-counts and the SHA-256 of the content before it. The byte layout is in SPEC.md
+one, its `ArchiveCheckpoint` if it has one (version 2), and `ArchiveEvents` batches in
+ordinal order, then one `ArchiveFooter` holding the counts and the SHA-256 of the content
+before it. The byte layout is in SPEC.md
 ("Archives"). Engine-neutral: the facade's export and import drive it.
 
 Reading is defensive: archives may come from strangers. Every size is bounded before it
@@ -23,7 +24,7 @@ from typing import IO, Annotated, Final, cast
 import msgspec
 import zstandard
 
-from .archive_fields import check_event, check_session, check_snapshot
+from .archive_fields import check_checkpoint, check_event, check_session, check_snapshot
 from .arguments import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
@@ -39,6 +40,8 @@ __all__ = [
     "ARCHIVE_FORMAT",
     "ARCHIVE_REASONS",
     "ARCHIVE_VERSION",
+    "ARCHIVE_VERSIONS",
+    "ArchiveCheckpoint",
     "ArchiveCounts",
     "ArchiveEvent",
     "ArchiveEvents",
@@ -55,7 +58,10 @@ __all__ = [
 ]
 
 ARCHIVE_FORMAT: Final = "session-journal-archive"
-ARCHIVE_VERSION: Final = 1
+# The newest format version (2: with checkpoints), and the versions this library reads.
+# An archive without checkpoints is written as version 1, which older releases read.
+ARCHIVE_VERSION: Final = 2
+ARCHIVE_VERSIONS: Final = (1, 2)
 
 # Why an archive was refused (`ArchiveInvalid.reason`).
 ARCHIVE_REASONS: Final = frozenset(
@@ -205,6 +211,14 @@ class ArchiveSnapshot(_ArchiveRecord, tag=3, frozen=True):
     data: bytes
 
 
+class ArchiveCheckpoint(_ArchiveRecord, tag=7, frozen=True):
+    """A session's checkpoint (version 2): data standing for its events up to
+    `through_ordinal`, which lies in `[first_ordinal - 1, last_ordinal]`."""
+
+    through_ordinal: int
+    data: bytes
+
+
 class ArchiveEvent(msgspec.Struct, array_like=True, frozen=True):
     ordinal: int
     type: _Name
@@ -233,7 +247,13 @@ class ArchiveFooter(_ArchiveRecord, tag=5, frozen=True):
 
 
 _Record = (
-    ArchiveHeader | ArchiveSession | ArchiveSnapshot | ArchiveEvents | ArchiveCounts | ArchiveFooter
+    ArchiveHeader
+    | ArchiveSession
+    | ArchiveSnapshot
+    | ArchiveCheckpoint
+    | ArchiveEvents
+    | ArchiveCounts
+    | ArchiveFooter
 )
 _encoder: Final = msgspec.msgpack.Encoder()
 _decoder: Final = msgspec.msgpack.Decoder(_Record)
@@ -241,7 +261,7 @@ _decoder: Final = msgspec.msgpack.Decoder(_Record)
 
 class _Versioned(msgspec.Struct, array_like=True, frozen=True):
     """What every version's header begins with (later fields are skipped): a header
-    that is not version 1's shape is told by these alone."""
+    that is not the shape this library reads is told by these alone."""
 
     kind: int
     format: str
@@ -264,15 +284,27 @@ class ArchiveWriter:
         self.archive_bytes = 0
         self._sessions: list[tuple[str, int]] = []
         self._events = 0
+        self._version = 0
 
     def header(self, header: ArchiveHeader) -> None:
+        self._version = header.version
         self._write(header)
 
-    def session(self, session: ArchiveSession, snapshot: ArchiveSnapshot | None) -> None:
+    def session(
+        self,
+        session: ArchiveSession,
+        snapshot: ArchiveSnapshot | None,
+        checkpoint: ArchiveCheckpoint | None = None,
+    ) -> None:
+        """A session's records before its events; a checkpoint needs version 2."""
+        if checkpoint is not None and self._version < 2:
+            raise ValueError("a version 1 archive cannot carry a checkpoint")
         self._sessions.append((session.session_id, 0))
         self._write(session)
         if snapshot is not None:
             self._write(snapshot)
+        if checkpoint is not None:
+            self._write(checkpoint)
 
     def events(self, events: list[ArchiveEvent]) -> None:
         session_id, count = self._sessions[-1]
@@ -345,12 +377,13 @@ def event_batches(events: Iterator[ArchiveEvent]) -> Iterator[list[ArchiveEvent]
 
 
 class SessionSection(msgspec.Struct):
-    """One session as the reader hands it out: metadata, snapshot, and a batch iterator
-    that must be consumed before the next section is asked for."""
+    """One session as the reader hands it out: metadata, snapshot, a batch iterator
+    that must be consumed before the next section is asked for, and checkpoint."""
 
     session: ArchiveSession
     snapshot: ArchiveSnapshot | None
     batches: Iterator[list[ArchiveEvent]]
+    checkpoint: ArchiveCheckpoint | None = None
 
 
 class _Counting:
@@ -517,7 +550,7 @@ class ArchiveReader:
             raise
         if not isinstance(record, ArchiveHeader) or record.format != ARCHIVE_FORMAT:
             raise ArchiveInvalid("not_an_archive", "the first record is not an archive header")
-        if record.version != ARCHIVE_VERSION:
+        if record.version not in ARCHIVE_VERSIONS:
             raise _unsupported(record.version, f"({record.library_version!r}) ")
         if not 0 <= record.session_count < MAX_SETTING:
             raise ArchiveInvalid("invalid_field", "a session count out of range", offset=at)
@@ -555,8 +588,13 @@ class ArchiveReader:
                 snapshot = following
                 check_snapshot(record, snapshot, next_at)
                 following, next_at = self._next()
+            checkpoint: ArchiveCheckpoint | None = None
+            if isinstance(following, ArchiveCheckpoint):
+                checkpoint = following
+                check_checkpoint(record, checkpoint, self.header.version, next_at)
+                following, next_at = self._next()
             box: list[tuple[_Record, int]] = [(following, next_at)]
-            section = SessionSection(record, snapshot, self._events(record, box))
+            section = SessionSection(record, snapshot, self._events(record, box), checkpoint)
             yield section
             for _ in section.batches:  # the consumer may stop early: drain (and check)
                 pass
@@ -634,6 +672,14 @@ class ArchiveReader:
             yield events
             record, at = self._next()
             box[0] = (record, at)
+        if isinstance(record, (ArchiveSnapshot, ArchiveCheckpoint)):
+            kind = "snapshot" if isinstance(record, ArchiveSnapshot) else "checkpoint"
+            raise ArchiveInvalid(
+                "out_of_order",
+                f"session {session.session_id[:80]!r}: a {kind} out of place (a session's "
+                "records are at most one snapshot, at most one checkpoint, then its events)",
+                offset=at,
+            )
         if expected - 1 != session.last_ordinal:
             raise ArchiveInvalid(
                 "count_mismatch",
@@ -641,8 +687,6 @@ class ArchiveReader:
                 f"metadata says {session.last_ordinal}",
                 offset=at,
             )
-        if isinstance(record, ArchiveSnapshot):
-            raise ArchiveInvalid("out_of_order", "a snapshot after events", offset=at)
         if turn != session.turn_request_id:
             raise ArchiveInvalid(
                 "invalid_field",
@@ -708,7 +752,7 @@ def _check_version(header: bytes) -> None:
     except msgspec.DecodeError:
         return
     header_of = (versioned.kind, versioned.format) == (1, ARCHIVE_FORMAT)
-    if header_of and versioned.version != ARCHIVE_VERSION:
+    if header_of and versioned.version not in ARCHIVE_VERSIONS:
         raise _unsupported(versioned.version, "")
 
 
@@ -724,8 +768,9 @@ def _too_many(holds: str, limits: ArchiveLimits, at: int) -> ArchiveInvalid:
 def _unsupported(version: int, writer: str) -> ArchiveInvalid:
     return ArchiveInvalid(
         "unsupported_version",
-        f"archive format version {version}; this library reads version "
-        f"{ARCHIVE_VERSION}: import it with the library version that wrote it "
+        f"archive format version {version}; this library reads versions "
+        f"{' and '.join(map(str, ARCHIVE_VERSIONS))}: import it with the library version "
+        "that wrote it "
         f"{writer}or a newer one",
     )
 

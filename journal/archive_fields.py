@@ -20,9 +20,9 @@ from .errors import ArchiveInvalid
 from .models import SessionState
 
 if TYPE_CHECKING:
-    from .archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
+    from .archive import ArchiveCheckpoint, ArchiveEvent, ArchiveSession, ArchiveSnapshot
 
-__all__ = ["check_event", "check_session", "check_snapshot"]
+__all__ = ["check_checkpoint", "check_event", "check_session", "check_snapshot"]
 
 
 def _in_range(value: int | None, low: int = 0) -> bool:
@@ -78,6 +78,32 @@ def check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) 
             f"session {session.session_id!r}: a snapshot through ordinal "
             f"{snapshot.through_ordinal} must lie below the retained range "
             f"(first ordinal {session.first_ordinal})",
+            offset=at,
+        )
+
+
+def check_checkpoint(
+    session: ArchiveSession, checkpoint: ArchiveCheckpoint, version: int, at: int
+) -> None:
+    """A checkpoint in an archive of format `version` (2 on): as the store keeps one
+    (SPEC 8), at most 64 MiB, through an ordinal from 1 within `[first_ordinal - 1,
+    last_ordinal]` (so at or above the snapshot's)."""
+    if version < 2:
+        raise ArchiveInvalid(
+            "corrupt",
+            f"session {session.session_id[:80]!r}: a checkpoint record in a version "
+            f"{version} archive (checkpoints came with version 2)",
+            offset=at,
+        )
+    if len(checkpoint.data) > MAX_BATCH_BYTES:
+        raise ArchiveInvalid("too_large", "a checkpoint over 64 MiB", offset=at)
+    through = checkpoint.through_ordinal
+    if through < 1 or not session.first_ordinal - 1 <= through <= session.last_ordinal:
+        raise ArchiveInvalid(
+            "invalid_field",
+            f"session {session.session_id[:80]!r}: a checkpoint through ordinal {through} "
+            f"must lie from 1 and within [first ordinal - 1, last ordinal] = "
+            f"[{session.first_ordinal - 1}, {session.last_ordinal}]",
             offset=at,
         )
 

@@ -36,7 +36,7 @@ from .models import (
 from .sessions import FeedEntry, SessionRow, TransitionKind
 
 if TYPE_CHECKING:
-    from .archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
+    from .archive import ArchiveCheckpoint, ArchiveEvent, ArchiveSession, ArchiveSnapshot
     from .waiter import Notifier
 
 __all__ = [
@@ -319,18 +319,20 @@ class StageEvents(Operation[int], frozen=True):
 
 class StagedSession(msgspec.Struct, frozen=True):
     """One archived session to stage with others (`StageSessions`): its metadata,
-    snapshot and every event it brings."""
+    snapshot, the events it brings (all of them, or the first of `StageEvents` steps)
+    and its checkpoint."""
 
     session: ArchiveSession
     snapshot: ArchiveSnapshot | None
     events: list[ArchiveEvent]
+    checkpoint: ArchiveCheckpoint | None = None
 
 
 class StageSessions(Operation[list[SessionRow]], frozen=True):
     """Begin importing sessions of an archive, in one operation (rows in the same order):
     for each, an invisible row (no id a caller can name, no lifecycle entry, no deadline
-    or retention) with the archive's metadata, its snapshot and its retained range's
-    start, then the events given (as `StageEvents`; a large session's others follow in
+    or retention) with the archive's metadata, its snapshot, its retained range's start
+    and its checkpoint, then the events given (as `StageEvents`; a large session's others follow in
     `StageEvents` steps). The importing process is recorded so an import it never
     finished can be rolled back once it is gone (engine-specific)."""
 

@@ -27,6 +27,7 @@ import msgspec
 from .archive import (
     ARCHIVE_FORMAT,
     ARCHIVE_VERSION,
+    ArchiveCheckpoint,
     ArchiveEvent,
     ArchiveHeader,
     ArchiveLimits,
@@ -56,6 +57,7 @@ from .errors import (
     ReadOnlyStore,
     SessionExists,
     SessionNotFound,
+    StoreUnavailable,
 )
 from .models import (
     ExportReport,
@@ -254,10 +256,12 @@ def _write_archive(
     from . import __version__
 
     writer = ArchiveWriter(out)
+    # Version 1 (which older releases read) unless a session has a checkpoint to carry.
+    with_checkpoints = any(row.checkpoint_position for row in rows)
     writer.header(
         ArchiveHeader(
             ARCHIVE_FORMAT,
-            ARCHIVE_VERSION,
+            ARCHIVE_VERSION if with_checkpoints else 1,
             __version__,
             int(time.time() * 1000),
             engine.store_id.hex(),
@@ -271,11 +275,13 @@ def _write_archive(
             # Each session's export begins here: its head now is where it ends.
             row = _current(engine, listed)
             snapshot = _snapshot(engine, row)
+            checkpoint = _checkpoint(engine, row, with_checkpoints)
             writer.session(
                 _archived_session(row),
                 None
                 if snapshot is None
                 else ArchiveSnapshot(snapshot.through_ordinal, snapshot.data),
+                checkpoint,
             )
             for batch in event_batches(_session_events(engine, row, readers)):
                 writer.events(batch)
@@ -308,6 +314,34 @@ def _snapshot(engine: Engine, row: SessionRow) -> StoredSnapshot | None:
                 f"session {row.session_id!r} was compacted while it was exported; export again"
             ) from None
         raise
+
+
+def _checkpoint(
+    engine: Engine, row: SessionRow, with_checkpoints: bool
+) -> ArchiveCheckpoint | None:
+    """The row's checkpoint for its archive (SPEC 12.2)."""
+    if not row.checkpoint_position or not (
+        row.first_ordinal - 1 <= row.checkpoint_ordinal <= row.last_ordinal
+    ):
+        return None  # (none, or one that could never be used: the store drops those)
+    if not with_checkpoints:
+        # The header, written before this session's turn, said version 1.
+        raise ExportIncomplete(
+            f"session {row.session_id!r} took its first checkpoint while the export ran; "
+            "export again"
+        )
+    try:
+        stored = engine.checkpoint(row)
+    except (JournalCorrupt, StoreUnavailable):
+        now = engine.session(row.session_id)
+        if now is None or now.checkpoint_position != row.checkpoint_position:
+            # Replaced meanwhile (and its record reclaimed): not damage.
+            raise ExportIncomplete(
+                f"session {row.session_id!r} took a new checkpoint while it was exported; "
+                "export again"
+            ) from None
+        raise
+    return None if stored is None else ArchiveCheckpoint(stored.through_ordinal, stored.data)
 
 
 def _archived_session(row: SessionRow) -> ArchiveSession:
@@ -542,7 +576,7 @@ def _stage_and_commit(
                     if pending and (size + weight > _STAGE_BYTES or len(pending) == _STAGE_EVENTS):
                         if row is None:
                             stage_group()  # (first: the plan keeps the archive's order)
-                            alone = StagedSession(meta, section.snapshot, [])
+                            alone = StagedSession(meta, section.snapshot, [], section.checkpoint)
                             (row,) = engine.submit(
                                 StageSessions([alone], header.store_id, header.exported_at_ms)
                             )
@@ -553,13 +587,15 @@ def _stage_and_commit(
                     pending.append(event)
                     size += weight
             if row is None:
-                # What else the group's frame holds: its snapshot and metadata (up to a
-                # MiB each: a thousand sessions must not make a frame of gigabytes).
+                # What else the group's frame holds: its snapshot, checkpoint and metadata
+                # (a thousand sessions must not make a frame of gigabytes).
                 size += len(section.snapshot.data) if section.snapshot is not None else 0
+                size += len(section.checkpoint.data) if section.checkpoint is not None else 0
                 size += metadata_bytes(meta.mode, meta.context_id, meta.tags, meta.extensions)
                 if not group.fits(size, len(pending)):
                     stage_group()
-                group.add(StagedSession(meta, section.snapshot, pending), index, size)
+                staged_session = StagedSession(meta, section.snapshot, pending, section.checkpoint)
+                group.add(staged_session, index, size)
                 continue
             if pending:
                 engine.submit(StageEvents(row.incarnation, pending))

@@ -47,6 +47,7 @@ from journal._local.files import FileOps
 from journal._local.view import View
 from journal.archive import (
     ARCHIVE_FORMAT,
+    ArchiveCheckpoint,
     ArchiveCounts,
     ArchiveEvent,
     ArchiveEvents,
@@ -81,6 +82,7 @@ def _sections(data: bytes) -> list[Any]:
                 msgspec.structs.asdict(section.session),
                 None if snapshot is None else msgspec.structs.asdict(snapshot),
                 events,
+                None if section.checkpoint is None else msgspec.structs.asdict(section.checkpoint),
             )
         )
     content.append(reader.counts)
@@ -146,22 +148,25 @@ def _encode(records: list[Any], *, frame_bytes: int = 1 << 16) -> bytes:
 
 
 def _craft(
-    sessions: list[tuple[ArchiveSession, ArchiveSnapshot | None, list[ArchiveEvent]]],
+    sessions: list[Any],
     *,
+    version: int = 1,
     header: ArchiveHeader | None = None,
     footer: Callable[[ArchiveFooter], ArchiveFooter] | None = None,
     extra: list[Any] | None = None,
     counts_override: list[tuple[str, int]] | None = None,
 ) -> bytes:
-    """A hand-made archive (correct unless told otherwise)."""
+    """A hand-made archive (correct unless told otherwise) of sessions (metadata,
+    snapshot or None, events[, checkpoint or None])."""
     records: list[Any] = [
-        header or ArchiveHeader(ARCHIVE_FORMAT, 1, "test", 1, "00" * 16, len(sessions))
+        header or ArchiveHeader(ARCHIVE_FORMAT, version, "test", 1, "00" * 16, len(sessions))
     ]
     counts: list[tuple[str, int]] = []
-    for session, snapshot, events in sessions:
+    for session, snapshot, events, *checkpoint in sessions:
         records.append(session)
         if snapshot is not None:
             records.append(snapshot)
+        records += [record for record in checkpoint if record is not None]
         if events:
             records.append(ArchiveEvents(events))
         counts.append((session.session_id, len(events)))
@@ -220,6 +225,7 @@ _session_plan = st.fixed_dictionaries(
     {
         "events": st.lists(st.lists(_event, min_size=1, max_size=5), max_size=4),
         "snapshot": st.none() | st.integers(min_value=1, max_value=20),
+        "checkpoint": st.none() | st.integers(min_value=1, max_value=25),
         "state": st.sampled_from(["open", "suspended", "resolved", "cancelled", "expired"]),
         "turn": st.booleans(),
         "trim_bytes": st.none() | st.integers(min_value=1, max_value=200),
@@ -251,6 +257,9 @@ def _build(j: Journal, session_id: str, plan: dict[str, Any]) -> None:
     last = j.get_session(session_id).last_ordinal
     if plan["snapshot"] is not None and last >= 1:
         j.compact_session(session_id, min(plan["snapshot"], last), b"snapshot")
+    if plan["checkpoint"] is not None and last >= 1:
+        first = j.get_session(session_id).first_ordinal
+        j.checkpoint_session(session_id, max(first - 1, min(plan["checkpoint"], last)), b"ck")
     if plan["trim_bytes"] is not None:
         j.apply_retention()
     if plan["state"] == "suspended":
@@ -263,7 +272,7 @@ def _build(j: Journal, session_id: str, plan: dict[str, Any]) -> None:
 
 @settings(max_examples=20)
 @given(plans=st.dictionaries(_ids, _session_plan, min_size=1, max_size=4))
-def test_round_trip_keeps_events_metadata_and_snapshots(
+def test_round_trip_keeps_events_metadata_snapshots_and_checkpoints(
     factory: EngineFactory, plans: dict[str, dict[str, Any]]
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -279,6 +288,10 @@ def test_round_trip_keeps_events_metadata_and_snapshots(
                     assert _meta(target, session_id) == _meta(source, session_id)
                     assert _history(target, session_id) == _history(source, session_id)
                     before, after = source.snapshot(session_id), target.snapshot(session_id)
+                    assert (before is None) == (after is None)
+                    if before is not None and after is not None:
+                        assert (before.ordinal, before.data) == (after.ordinal, after.data)
+                    before, after = source.checkpoint(session_id), target.checkpoint(session_id)
                     assert (before is None) == (after is None)
                     if before is not None and after is not None:
                         assert (before.ordinal, before.data) == (after.ordinal, after.data)
@@ -511,7 +524,7 @@ def test_export_while_a_writer_appends_is_a_prefix_of_what_was_written(
             writer.join()
         for archive in archives:
             sections = _sections(archive)
-            for meta, _, events in sections[:-1]:
+            for meta, _, events, _ in sections[:-1]:
                 history = _history(j, meta["session_id"])
                 exported = [
                     tuple(e[k] for k in ("ordinal", "type", "timestamp_ms", "request_id", "data"))
@@ -547,7 +560,7 @@ def _cases() -> dict[str, tuple[bytes, str, ArchiveLimits]]:
         ),
         "truncated": (good[: len(good) - 7], "truncated", default),
         "unsupported version": (
-            _craft([], header=ArchiveHeader(ARCHIVE_FORMAT, 2, "9.0", 1, "00" * 16, 0)),
+            _craft([], header=ArchiveHeader(ARCHIVE_FORMAT, 3, "9.0", 1, "00" * 16, 0)),
             "unsupported_version",
             default,
         ),
@@ -723,6 +736,79 @@ def _cases() -> dict[str, tuple[bytes, str, ArchiveLimits]]:
             "too_large",
             ArchiveLimits(max_content_bytes=1000),
         ),
+        "checkpoint in a version 1 archive": (
+            _craft([(_session("s", 1, 3), None, _events(1, 3), ArchiveCheckpoint(2, b"c"))]),
+            "corrupt",
+            default,
+        ),
+        "two checkpoints": (
+            _craft(
+                [(_session("s", 1, 3), None, _events(1, 3), *[ArchiveCheckpoint(2, b"c")] * 2)],
+                version=2,
+            ),
+            "out_of_order",
+            default,
+        ),
+        "checkpoint before the snapshot": (
+            _craft(
+                [
+                    (
+                        _session("s", 3, 2),
+                        None,
+                        [],
+                        ArchiveCheckpoint(2, b"c"),
+                        ArchiveSnapshot(2, b""),
+                    )
+                ],
+                version=2,
+            ),
+            "out_of_order",
+            default,
+        ),
+        "checkpoint after events": (
+            _craft(
+                [(_session("s", 1, 3), None, _events(1, 3))],
+                version=2,
+                extra=[ArchiveCheckpoint(2, b"c")],
+            ),
+            "out_of_order",
+            default,
+        ),
+        "checkpoint past the last ordinal": (
+            _craft(
+                [(_session("s", 1, 3), None, _events(1, 3), ArchiveCheckpoint(4, b"c"))], version=2
+            ),
+            "invalid_field",
+            default,
+        ),
+        "checkpoint below the retained range": (
+            _craft(
+                [
+                    (
+                        _session("s", 5, 6),
+                        ArchiveSnapshot(2, b"s"),
+                        _events(5, 6),
+                        ArchiveCheckpoint(3, b"c"),
+                    )
+                ],
+                version=2,
+            ),
+            "invalid_field",
+            default,
+        ),
+        "checkpoint through ordinal 0": (
+            _craft([(_session("s", 1, 0), None, [], ArchiveCheckpoint(0, b"c"))], version=2),
+            "invalid_field",
+            default,
+        ),
+        "checkpoint over the record limit": (
+            _craft(
+                [(_session("s", 1, 1), None, _events(1, 1), ArchiveCheckpoint(1, bytes(2 << 20)))],
+                version=2,
+            ),
+            "too_large",
+            ArchiveLimits(max_record_bytes=1 << 20),
+        ),
         "bad record": (
             _encode([ArchiveHeader(ARCHIVE_FORMAT, 1, "t", 1, "00" * 16, 1), [99, "what"]]),
             "corrupt",
@@ -795,9 +881,15 @@ def test_arbitrary_bytes_are_refused(data: bytes) -> None:
 
 _VALID = _craft(
     [
-        (_session("s", 3, 40), ArchiveSnapshot(2, b"snapshot"), _events(3, 40)),
+        (
+            _session("s", 3, 40),
+            ArchiveSnapshot(2, b"snapshot"),
+            _events(3, 40),
+            ArchiveCheckpoint(30, b"checkpoint"),
+        ),
         (_session("t", 1, 2), None, _events(1, 2)),
-    ]
+    ],
+    version=2,
 )
 
 
@@ -1062,6 +1154,8 @@ def test_cli_export_import_and_ndjson(tmp_path: Path) -> None:
         j.create_session("one")
         j.append("one", [EventIn("message", b'{"text": "hi"}'), EventIn("message", b"\xff")])
         j.create_session("two")
+        j.append("two", [EventIn("message", b"1")])
+        j.checkpoint_session("two", 1, b'{"sum": 1}')
     archive = str(tmp_path / "one.sja")
     done = _cli("--store", store, "--format", "json", "export", "-s", "one", "-o", archive)
     assert done.returncode == 0, done.stderr
@@ -1074,9 +1168,18 @@ def test_cli_export_import_and_ndjson(tmp_path: Path) -> None:
         "event",
         "event",
         "session",
+        "checkpoint",
+        "event",
         "footer",
     ]
     assert records[2]["data"] == {"text": "hi"} and records[3]["data"] == {"base64": "/w=="}
+    assert records[0]["version"] == 2
+    assert records[5] == {
+        "record": "checkpoint",
+        "session_id": "two",
+        "through_ordinal": 1,
+        "data": {"sum": 1},
+    }
     assert _cli("--store", other, "init").returncode == 0
     imported = _cli("--store", other, "--format", "json", "import", archive, "--as", "renamed")
     assert imported.returncode == 0, imported.stderr
@@ -1113,7 +1216,7 @@ def test_export_takes_each_session_as_it_is_when_its_turn_comes(tmp_path: Path) 
         buffer = io.BytesIO()
         j.export_sessions(None, buffer, progress=progress)
         sections = _sections(buffer.getvalue())
-        b_meta, b_snapshot, b_events = sections[1]
+        b_meta, b_snapshot, b_events, _ = sections[1]
         assert compacted == [150]
         assert b_snapshot == {"through_ordinal": 150, "data": b"new"}
         assert [e["ordinal"] for e in b_events] == list(range(151, 201))
@@ -1284,10 +1387,10 @@ def test_a_session_at_the_largest_ordinal_takes_no_more_events(tmp_path: Path) -
 @pytest.mark.parametrize(
     "header",
     [
-        [1, ARCHIVE_FORMAT, 2],  # fields dropped
-        [1, ARCHIVE_FORMAT, 2, "9.0", 1, b"\x00" * 16, 0],  # a field of another type
-        [1, ARCHIVE_FORMAT, 2, "9.0", 1, "0" * 100, 0],  # a longer store id
-        [1, ARCHIVE_FORMAT, 2, "9.0", 1, "00" * 16, 0, "a new field"],
+        [1, ARCHIVE_FORMAT, 3],  # fields dropped
+        [1, ARCHIVE_FORMAT, 3, "9.0", 1, b"\x00" * 16, 0],  # a field of another type
+        [1, ARCHIVE_FORMAT, 3, "9.0", 1, "0" * 100, 0],  # a longer store id
+        [1, ARCHIVE_FORMAT, 3, "9.0", 1, "00" * 16, 0, "a new field"],
     ],
     ids=["shorter", "other-type", "longer-field", "more-fields"],
 )
@@ -1303,12 +1406,14 @@ def test_an_archive_of_another_version_is_unsupported_whatever_its_header_holds(
     with pytest.raises(ArchiveInvalid) as caught:
         ArchiveReader(io.BytesIO(data), ArchiveLimits())
     assert caught.value.reason == "unsupported_version", caught.value
-    assert "version 2" in caught.value.detail
-    # Version 1 with a header of the wrong shape is damage, as before.
-    damaged = _encode([[1, ARCHIVE_FORMAT, 1, "t", 1, b"\x00" * 16, 0]])
-    with pytest.raises(ArchiveInvalid) as caught:
-        ArchiveReader(io.BytesIO(damaged), ArchiveLimits())
-    assert caught.value.reason == "corrupt", caught.value
+    assert "version 3" in caught.value.detail
+    assert "reads versions 1 and 2" in caught.value.detail
+    # A version this library reads with a header of the wrong shape is damage, as before.
+    for version in (1, 2):
+        damaged = _encode([[1, ARCHIVE_FORMAT, version, "t", 1, b"\x00" * 16, 0]])
+        with pytest.raises(ArchiveInvalid) as caught:
+            ArchiveReader(io.BytesIO(damaged), ArchiveLimits())
+        assert caught.value.reason == "corrupt", caught.value
 
 
 def _many_sessions(count: int, declared: int | None = None) -> bytes:
@@ -1462,3 +1567,184 @@ def test_an_export_leaves_the_temporary_files_of_other_pid_namespaces_alone(
         dead.write_bytes(b"killed")
         j.export_sessions(None, out / "a.sja")
         assert not dead.exists()
+
+
+# -- checkpoints (format version 2) ----------------------------------------------------
+
+
+def _add(state: int, event: Any) -> int:
+    return state + int(event.data)
+
+
+def test_a_fold_of_an_imported_session_restores_from_its_checkpoint(
+    factory: EngineFactory, tmp_path: Path
+) -> None:
+    """A session whose history window trimmed events past its last snapshot (here: no
+    snapshot at all) folds from its checkpoint; its import must too. Checkpoints were not
+    exported, so the imported copy's fold raised CursorExpired ("let a fold store
+    checkpoints", which the user did): found by a runtime-author trial."""
+    with factory.open(tmp_path / "a") as source:
+        source.create_session("s", max_history_bytes=100)
+        for n in range(1, 51):
+            source.append("s", [EventIn("n", b"%d" % n + b" " * 50)])
+            source.fold("s", _add, 0).snapshot()
+        source.apply_retention()
+        assert source.get_session("s").first_ordinal > 2
+        expected = source.fold("s", _add, 0).state
+        assert expected == sum(range(1, 51))
+        archive = _export(source)
+        stored = source.checkpoint("s")
+    with factory.open(tmp_path / "b") as target:
+        target.import_sessions(io.BytesIO(archive))
+        assert target.fold("s", _add, 0).state == expected
+        imported = target.checkpoint("s")
+        assert imported is not None and stored is not None
+        assert (imported.ordinal, imported.data) == (stored.ordinal, stored.data)
+        # It resumes from its checkpoint as the source's does.
+        assert [e.ordinal for e in target.replay("s", imported.cursor)] == []
+        assert target.verify().problems == []
+    with factory.open(tmp_path / "b") as reopened:
+        assert reopened.fold("s", _add, 0).state == expected
+
+
+def test_snapshot_checkpoint_and_events_round_trip(factory: EngineFactory, tmp_path: Path) -> None:
+    with factory.open(tmp_path / "a") as source:
+        source.create_session("s")
+        source.append("s", [EventIn("n", b"%d" % n) for n in range(1, 11)])
+        source.compact_session("s", 3, b"snap")
+        source.checkpoint_session("s", 7, b"check")
+        source.create_session("plain")  # (no checkpoint: still exported)
+        source.append("plain", [EventIn("n", b"1")])
+        archive = _export(source)
+    header = ArchiveReader(io.BytesIO(archive), ArchiveLimits()).header
+    assert header.version == 2
+    sections = _sections(archive)
+    assert sections[1][1] == {"through_ordinal": 3, "data": b"snap"}
+    assert sections[1][3] == {"through_ordinal": 7, "data": b"check"}
+    assert sections[0][3] is None
+    with factory.open(tmp_path / "b") as target:
+        target.import_sessions(io.BytesIO(archive))
+        snapshot, checkpoint = target.snapshot("s"), target.checkpoint("s")
+        assert snapshot is not None and (snapshot.ordinal, snapshot.data) == (3, b"snap")
+        assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (7, b"check")
+        assert [e.ordinal for e in target.replay("s", checkpoint.cursor)] == [8, 9, 10]
+        assert [e.ordinal for e in target.replay("s")] == list(range(4, 11))
+        assert target.checkpoint("plain") is None
+        # Exported again: the same content.
+        assert _sections(_export(target)) == sections
+        assert target.verify().problems == []
+
+
+def test_an_archive_without_checkpoints_stays_version_1(
+    factory: EngineFactory, tmp_path: Path
+) -> None:
+    """Readable by older releases: version 2 only when a session has a checkpoint."""
+    with factory.open(tmp_path / "a") as source:
+        source.create_session("s")
+        source.append("s", [EventIn("n", b"1"), EventIn("n", b"2")])
+        source.compact_session("s", 1, b"snap")
+        archive = _export(source)
+    assert ArchiveReader(io.BytesIO(archive), ArchiveLimits()).header.version == 1
+    with factory.open(tmp_path / "b") as target:
+        target.import_sessions(io.BytesIO(archive))
+        assert target.checkpoint("s") is None
+        assert [e.ordinal for e in target.replay("s")] == [2]
+
+
+class _ChangedOnSecondPass(io.BytesIO):
+    """An archive that is another one when the import reads it again (after staging)."""
+
+    def __init__(self, first: bytes, second: bytes) -> None:
+        super().__init__(first)
+        self._second = second
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if self._second and self.tell() > 0:
+            self.__init__(self._second, b"")  # type: ignore[misc]
+        return super().seek(offset, whence)
+
+
+def test_an_import_that_fails_after_staging_leaves_no_checkpoint(
+    factory: EngineFactory, tmp_path: Path
+) -> None:
+    """The checkpoint is staged with its session, and rolled back with it."""
+    sessions: list[Any] = [
+        (
+            _session("s", 4, 6),
+            ArchiveSnapshot(3, b"snap"),
+            _events(4, 6),
+            ArchiveCheckpoint(5, b"c"),
+        ),
+        (_session("u", 1, 1), None, _events(1, 1)),
+    ]
+    archive = _craft(sessions, version=2)
+    sessions[1] = (_session("u", 1, 1), None, _events(1, 1, b"y"))
+    with factory.open(tmp_path / "b") as target:
+        with pytest.raises(ArchiveInvalid) as caught:
+            target.import_sessions(_ChangedOnSecondPass(archive, _craft(sessions, version=2)))
+        assert caught.value.reason == "changed"
+        assert list(target.list_sessions()) == []
+        assert target.verify().problems == []
+        target.import_sessions(io.BytesIO(archive))
+        checkpoint = target.checkpoint("s")
+        assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (5, b"c")
+        assert target.verify().problems == []
+
+
+def test_a_checkpoint_over_64_mib_is_too_large() -> None:
+    """The store's limit for a checkpoint (as for a snapshot), whatever the record limit."""
+    data = _craft(
+        [(_session("s", 1, 1), None, _events(1, 1), ArchiveCheckpoint(1, bytes((64 << 20) + 1)))],
+        version=2,
+    )
+    with pytest.raises(ArchiveInvalid) as caught:
+        reader = ArchiveReader(io.BytesIO(data), ArchiveLimits(max_record_bytes=80 << 20))
+        for section in reader.sections():
+            for _ in section.batches:
+                pass
+    assert caught.value.reason == "too_large", caught.value
+    assert "checkpoint over 64 MiB" in caught.value.detail
+
+
+def test_checkpoints_taken_while_an_export_runs(tmp_path: Path) -> None:
+    """A newer checkpoint (the old one's record compacted away) between the listing and a
+    session's turn: the export carries the newer one. A first checkpoint in an export
+    whose header said version 1 (no session had one when they were listed) cannot be
+    carried: `ExportIncomplete`, and the retry is version 2."""
+    with Journal.open(tmp_path / "a", create=True, segment_bytes=1 << 14) as j:
+        for name in ("a", "b"):
+            j.create_session(name)
+            for _ in range(20):
+                j.append(name, [EventIn("message", os.urandom(500)) for _ in range(10)])
+        j.checkpoint_session("b", 50, b"old")
+        taken: list[int] = []
+
+        def progress(done: int, total: int) -> None:
+            if not taken:  # while "a" is being exported
+                taken.append(j.checkpoint_session("b", 150, b"new").ordinal)
+                j.compact(dead_share=0.0)
+
+        sections = _sections(_export_with(j, progress))
+        assert taken == [150]
+        assert sections[0][3] is None
+        assert sections[1][3] == {"through_ordinal": 150, "data": b"new"}
+
+        j.create_session("c")
+        j.append("c", [EventIn("message", b"x")])
+        only: list[Any] = []
+
+        def first_checkpoint(done: int, total: int) -> None:
+            if not only:
+                only.append(j.checkpoint_session("c", 1, b"first"))
+
+        with pytest.raises(journal.ExportIncomplete, match="first checkpoint"):
+            j.export_sessions(["a", "c"], io.BytesIO(), progress=first_checkpoint)
+        archive = _export(j, ["a", "c"])
+        assert ArchiveReader(io.BytesIO(archive), ArchiveLimits()).header.version == 2
+        assert _sections(archive)[1][3] == {"through_ordinal": 1, "data": b"first"}
+
+
+def _export_with(j: Journal, progress: Callable[[int, int], None]) -> bytes:
+    buffer = io.BytesIO()
+    j.export_sessions(None, buffer, progress=progress)
+    return buffer.getvalue()

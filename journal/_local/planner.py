@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 import lmdb
 import msgspec
 
-from ..archive import ArchiveEvent, ArchiveSession, ArchiveSnapshot
+from ..archive import ArchiveCheckpoint, ArchiveEvent, ArchiveSession, ArchiveSnapshot
 from ..engine import (
     AbortImport,
     AcquireLease,
@@ -565,7 +565,7 @@ class Planner:
         ids = []
         for item in op.sessions:
             staging_id = self._stage_row(
-                item.session, item.snapshot, op.source_store, op.exported_at_ms
+                item.session, item.snapshot, item.checkpoint, op.source_store, op.exported_at_ms
             )
             pending = self._pending(staging_id)
             assert pending is not None
@@ -577,10 +577,12 @@ class Planner:
         self,
         meta: ArchiveSession,
         snapshot: ArchiveSnapshot | None,
+        checkpoint: ArchiveCheckpoint | None,
         source_store: str,
         exported_at_ms: int,
     ) -> str:
-        """Stage one session's row (its snapshot and trimmed start too); its staging id."""
+        """Stage one session's row (its snapshot, trimmed start and checkpoint too); its
+        staging id."""
         position = self.next_position
         staging_id = f"\x00import\x00{position}"
         importer = identity()
@@ -593,6 +595,12 @@ class Planner:
             self._emit(SnapshotTaken(position, through, self.now, snapshot.data))
         if meta.first_ordinal > through + 1:
             self._emit(HistoryTrimmed(position, meta.first_ordinal, self.now))
+        if checkpoint is not None:
+            # (Before the events it stands for: the row, invisible until the commit, shows
+            # it then or is evicted with it by `AbortImport`.)
+            self._emit(
+                CheckpointTaken(position, checkpoint.through_ordinal, self.now, checkpoint.data)
+            )
         row.last_ordinal = meta.first_ordinal - 1
         self._set_session(staging_id, _Pending(row))
         return staging_id
