@@ -356,6 +356,7 @@ def test_export_from_jetstream_imports_into_a_local_store(j: Journal, tmp_path: 
     j.append("s", events(5))
     j.compact_session("s", 2, b"state at 2")
     j.append("s", [EventIn("tool", b"x", request_id="r1")])
+    j.checkpoint_session("s", 4, b"state at 4")
     j.resolve_session("s")
     archive = io.BytesIO()
     report = j.export_sessions(None, archive)
@@ -367,6 +368,11 @@ def test_export_from_jetstream_imports_into_a_local_store(j: Journal, tmp_path: 
         assert got == want and [o for o, *_ in got] == [3, 4, 5, 6]
         snapshot = local.snapshot("s")
         assert snapshot is not None and (snapshot.ordinal, snapshot.data) == (2, b"state at 2")
+        checkpoint = local.checkpoint("s")  # (archive version 2)
+        assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (
+            4,
+            b"state at 4",
+        )
         assert local.get_session("s").state is j.get_session("s").state
 
 
