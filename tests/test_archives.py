@@ -1098,6 +1098,7 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
             source.create_session(name)
             for _ in range(12):
                 source.append(name, [EventIn("message", os.urandom(900)) for _ in range(100)])
+            source.checkpoint_session(name, 600, name.encode())  # (staged with its row)
         source.export_sessions(None, archive)
         expected = [e.data for e in source.replay("s3")]
     outcomes = {"all": 0, "none": 0, "rolled back": 0}
@@ -1123,6 +1124,8 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
                 outcomes["rolled back"] += staged > 1 << 20
                 j.import_sessions(archive)  # the ids are free: a retry works
             assert [e.data for e in j.replay("s3")] == expected
+            checkpoint = j.checkpoint("s3")
+            assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (600, b"s3")
             assert j.verify().problems == []
         # The writer that reopened rolled back what the dead importer had staged.
         view = View(str(store / "index"), readonly=True)
@@ -1603,8 +1606,11 @@ def test_a_fold_of_an_imported_session_restores_from_its_checkpoint(
         # It resumes from its checkpoint as the source's does.
         assert [e.ordinal for e in target.replay("s", imported.cursor)] == []
         assert target.verify().problems == []
+    factory.discard_derived_state(tmp_path / "b")  # (a rebuild from the log keeps it)
     with factory.open(tmp_path / "b") as reopened:
         assert reopened.fold("s", _add, 0).state == expected
+        rebuilt = reopened.checkpoint("s")
+        assert rebuilt is not None and rebuilt.ordinal == imported.ordinal
 
 
 def test_snapshot_checkpoint_and_events_round_trip(factory: EngineFactory, tmp_path: Path) -> None:
