@@ -1,4 +1,5 @@
-"""The portable archive format: records, the streaming writer, and the checking reader.
+"""The portable archive format: records and the checking reader (the streaming writer:
+`archive_writer.py`).
 
 An archive is a sequence of independent zstd frames whose concatenated content is a
 sequence of records, each a big-endian u32 length and a msgpack-encoded tagged record:
@@ -41,6 +42,11 @@ __all__ = [
     "ARCHIVE_REASONS",
     "ARCHIVE_VERSION",
     "ARCHIVE_VERSIONS",
+    "END_MAGIC",
+    "END_MARK",
+    "END_MARKER",
+    "ENTRIES",
+    "RECORD_LENGTH",
     "ArchiveCheckpoint",
     "ArchiveCounts",
     "ArchiveEvent",
@@ -49,12 +55,10 @@ __all__ = [
     "ArchiveHeader",
     "ArchiveLimits",
     "ArchiveReader",
+    "ArchiveRecord",
     "ArchiveSession",
     "ArchiveSnapshot",
-    "ArchiveWriter",
     "SessionSection",
-    "event_batches",
-    "event_bytes",
 ]
 
 ARCHIVE_FORMAT: Final = "session-journal-archive"
@@ -81,17 +85,13 @@ ARCHIVE_REASONS: Final = frozenset(
 )
 
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
-_LENGTH: Final = struct.Struct(">I")
+RECORD_LENGTH: Final = struct.Struct(">I")
 # The end marker: a zstd skippable frame (magic, size 16) holding b"SJAREND\0" and the
 # archive's length before it, so a file cut anywhere (even inside the last frame's zstd
 # checksum, which decoders do not insist on) is told from a whole one.
-_END: Final = struct.Struct("<II8sQ")
-_END_MAGIC: Final = 0x184D2A5E
-_END_MARK: Final = b"SJAREND\x00"
-_FRAME_CONTENT: Final = 1 << 20  # content per zstd frame written
-_BATCH_BYTES: Final = 1 << 20  # event bytes per ArchiveEvents record written
-_BATCH_EVENTS: Final = 1000
-_COMPRESSION_LEVEL: Final = 3
+END_MARKER: Final = struct.Struct("<II8sQ")
+END_MAGIC: Final = 0x184D2A5E
+END_MARK: Final = b"SJAREND\x00"
 _STORE_ID: Final = re.compile(r"[0-9a-f]{32}")
 _MAX_WINDOW_BYTES: Final = 1 << 31
 
@@ -139,7 +139,7 @@ class _ArchiveRecord(msgspec.Struct, array_like=True, frozen=True, tag_field="ki
 _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_LENGTH)]
 _Short = Annotated[str, msgspec.Meta(max_length=64)]
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_METADATA_BYTES)]
-_Entries = 10_000  # tags, extensions, events per record, counts per record
+ENTRIES = 10_000  # tags, extensions, events per record, counts per record
 
 
 class ArchiveHeader(_ArchiveRecord, tag=1, frozen=True):
@@ -158,8 +158,8 @@ class ArchiveSession(_ArchiveRecord, tag=2, frozen=True):
     session_id: _Name
     mode: _Name
     context_id: _Text | None
-    tags: Annotated[dict[_Text, _Text], msgspec.Meta(max_length=_Entries)]
-    extensions: Annotated[dict[_Text, bytes], msgspec.Meta(max_length=_Entries)]
+    tags: Annotated[dict[_Text, _Text], msgspec.Meta(max_length=ENTRIES)]
+    extensions: Annotated[dict[_Text, bytes], msgspec.Meta(max_length=ENTRIES)]
     state: _Short
     created_at_ms: int
     suspended_at_ms: int | None
@@ -228,13 +228,13 @@ class ArchiveEvent(msgspec.Struct, array_like=True, frozen=True):
 
 
 class ArchiveEvents(_ArchiveRecord, tag=4, frozen=True):
-    events: Annotated[list[ArchiveEvent], msgspec.Meta(max_length=_Entries)]
+    events: Annotated[list[ArchiveEvent], msgspec.Meta(max_length=ENTRIES)]
 
 
 class ArchiveCounts(_ArchiveRecord, tag=6, frozen=True):
     """Per-session event counts, in archive order (up to 10,000 sessions per record)."""
 
-    sessions: Annotated[list[tuple[_Name, int]], msgspec.Meta(max_length=_Entries)]
+    sessions: Annotated[list[tuple[_Name, int]], msgspec.Meta(max_length=ENTRIES)]
 
 
 class ArchiveFooter(_ArchiveRecord, tag=5, frozen=True):
@@ -246,7 +246,7 @@ class ArchiveFooter(_ArchiveRecord, tag=5, frozen=True):
     sha256: bytes
 
 
-_Record = (
+ArchiveRecord = (
     ArchiveHeader
     | ArchiveSession
     | ArchiveSnapshot
@@ -255,8 +255,7 @@ _Record = (
     | ArchiveCounts
     | ArchiveFooter
 )
-_encoder: Final = msgspec.msgpack.Encoder()
-_decoder: Final = msgspec.msgpack.Decoder(_Record)
+_decoder: Final = msgspec.msgpack.Decoder(ArchiveRecord)
 
 
 class _Versioned(msgspec.Struct, array_like=True, frozen=True):
@@ -269,111 +268,6 @@ class _Versioned(msgspec.Struct, array_like=True, frozen=True):
 
 
 _version_decoder: Final = msgspec.msgpack.Decoder(_Versioned)
-
-
-class ArchiveWriter:
-    """Writes records to a binary file, one independent zstd frame per ~1 MiB of
-    content; `finish` writes the footer and flushes the last frame."""
-
-    def __init__(self, out: IO[bytes]) -> None:
-        self._out = out
-        self._compressor = zstandard.ZstdCompressor(level=_COMPRESSION_LEVEL, write_checksum=True)
-        self._pending = bytearray()
-        self._hash = hashlib.sha256()
-        self.content_bytes = 0
-        self.archive_bytes = 0
-        self._sessions: list[tuple[str, int]] = []
-        self._events = 0
-        self._version = 0
-
-    def header(self, header: ArchiveHeader) -> None:
-        self._version = header.version
-        self._write(header)
-
-    def session(
-        self,
-        session: ArchiveSession,
-        snapshot: ArchiveSnapshot | None,
-        checkpoint: ArchiveCheckpoint | None = None,
-    ) -> None:
-        """A session's records before its events; a checkpoint needs version 2."""
-        if checkpoint is not None and self._version < 2:
-            raise ValueError("a version 1 archive cannot carry a checkpoint")
-        self._sessions.append((session.session_id, 0))
-        self._write(session)
-        if snapshot is not None:
-            self._write(snapshot)
-        if checkpoint is not None:
-            self._write(checkpoint)
-
-    def events(self, events: list[ArchiveEvent]) -> None:
-        session_id, count = self._sessions[-1]
-        self._sessions[-1] = (session_id, count + len(events))
-        self._events += len(events)
-        self._write(ArchiveEvents(events))
-
-    def finish(self) -> tuple[int, str]:
-        """Write the footer; (event count, SHA-256 hex of the content before it)."""
-        for i in range(0, len(self._sessions), _Entries):
-            self._write(ArchiveCounts(self._sessions[i : i + _Entries]))
-        digest = self._hash.digest()
-        footer = ArchiveFooter(len(self._sessions), self._events, digest)
-        body = _encoder.encode(footer)
-        self._pending += _LENGTH.pack(len(body)) + body
-        self.content_bytes += _LENGTH.size + len(body)
-        self._flush()
-        self._out.write(_END.pack(_END_MAGIC, 16, _END_MARK, self.archive_bytes))
-        self.archive_bytes += _END.size
-        return self._events, digest.hex()
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return dict(self._sessions)
-
-    def _write(self, record: _Record) -> None:
-        body = _encoder.encode(record)
-        prefix = _LENGTH.pack(len(body))
-        self._hash.update(prefix)
-        self._hash.update(body)
-        self._pending += prefix
-        self._pending += body
-        self.content_bytes += len(prefix) + len(body)
-        if len(self._pending) >= _FRAME_CONTENT:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            frame = self._compressor.compress(bytes(self._pending))
-            self._out.write(frame)
-            self.archive_bytes += len(frame)
-            self._pending.clear()
-
-
-def event_bytes(event: ArchiveEvent) -> int:
-    """What an event weighs in a record or a frame: its data, type and request id (up to
-    1 MiB in archives: counting the data alone let 1,000 such events make one record of
-    a GB)."""
-    size = len(event.data) + _text_bytes(event.type)
-    return size if event.request_id is None else size + _text_bytes(event.request_id)
-
-
-def _text_bytes(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def event_batches(events: Iterator[ArchiveEvent]) -> Iterator[list[ArchiveEvent]]:
-    """Group events into batches of about 1 MiB (data, types and request ids; at most
-    1,000 events)."""
-    batch: list[ArchiveEvent] = []
-    size = 0
-    for event in events:
-        batch.append(event)
-        size += event_bytes(event)
-        if size >= _BATCH_BYTES or len(batch) >= _BATCH_EVENTS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
 
 
 class SessionSection(msgspec.Struct):
@@ -415,7 +309,7 @@ class _Counting:
             self.over_limit = True
             return b""
         self.read_bytes += len(data)
-        self.tail = (self.tail + data[-_END.size :])[-_END.size :]
+        self.tail = (self.tail + data[-END_MARKER.size :])[-END_MARKER.size :]
         if self._copy is not None:
             self._copy.write(data)
         return data
@@ -500,11 +394,11 @@ class ArchiveReader:
                 offset=self._offset,
             )
 
-    def _next(self, *, hashed: bool = True) -> tuple[_Record, int]:
+    def _next(self, *, hashed: bool = True) -> tuple[ArchiveRecord, int]:
         at = self._offset
         limits = self._limits
-        prefix = self._read_exact(_LENGTH.size)
-        (size,) = _LENGTH.unpack(prefix)
+        prefix = self._read_exact(RECORD_LENGTH.size)
+        (size,) = RECORD_LENGTH.unpack(prefix)
         if at == 0:
             self._first_length = size
         if size > limits.max_record_bytes:
@@ -513,7 +407,7 @@ class ArchiveReader:
                 f"a record of {size} bytes exceeds the limit of {limits.max_record_bytes}",
                 offset=at,
             )
-        if at + _LENGTH.size + size > limits.max_content_bytes:
+        if at + RECORD_LENGTH.size + size > limits.max_content_bytes:
             raise ArchiveInvalid(
                 "too_large",
                 f"the content exceeds the limit of {limits.max_content_bytes} bytes "
@@ -521,7 +415,7 @@ class ArchiveReader:
                 offset=at,
             )
         body = self._read_exact(size)
-        self._offset = at + _LENGTH.size + size
+        self._offset = at + RECORD_LENGTH.size + size
         try:
             record = _decoder.decode(body)
         except msgspec.ValidationError as e:
@@ -593,7 +487,7 @@ class ArchiveReader:
                 checkpoint = following
                 check_checkpoint(record, checkpoint, self.header.version, next_at)
                 following, next_at = self._next()
-            box: list[tuple[_Record, int]] = [(following, next_at)]
+            box: list[tuple[ArchiveRecord, int]] = [(following, next_at)]
             section = SessionSection(record, snapshot, self._events(record, box), checkpoint)
             yield section
             for _ in section.batches:  # the consumer may stop early: drain (and check)
@@ -623,7 +517,7 @@ class ArchiveReader:
         self._finish(record, at)
 
     def _events(
-        self, session: ArchiveSession, box: list[tuple[_Record, int]]
+        self, session: ArchiveSession, box: list[tuple[ArchiveRecord, int]]
     ) -> Iterator[list[ArchiveEvent]]:
         expected = session.first_ordinal
         count = 0
@@ -697,7 +591,7 @@ class ArchiveReader:
         self.counts.append((session.session_id, count))
         self.events += count
 
-    def _finish(self, footer: _Record, at: int) -> None:
+    def _finish(self, footer: ArchiveRecord, at: int) -> None:
         assert isinstance(footer, ArchiveFooter)
         if self._hash.digest() != footer.sha256:
             raise ArchiveInvalid(
@@ -723,7 +617,7 @@ class ArchiveReader:
         while self._raw.read(1 << 16):
             pass
         self._check_size()
-        expected = _END.pack(_END_MAGIC, 16, _END_MARK, self._raw.read_bytes - _END.size)
+        expected = END_MARKER.pack(END_MAGIC, 16, END_MARK, self._raw.read_bytes - END_MARKER.size)
         if self._raw.tail != expected:
             raise ArchiveInvalid(
                 "truncated",

@@ -34,10 +34,8 @@ from .archive import (
     ArchiveReader,
     ArchiveSession,
     ArchiveSnapshot,
-    ArchiveWriter,
-    event_batches,
-    event_bytes,
 )
+from .archive_writer import ArchiveWriter, event_batches, event_bytes
 from .arguments import DEFAULT_PAGE_BYTES, check_name, metadata_bytes
 from .engine import (
     AbortImport,
