@@ -1831,3 +1831,45 @@ def test_a_commit_is_published_from_its_batch_s_first_message(url: str, tmp_path
             assert first == before and keys is not None  # (nothing unheard of between)
         seen = published[0][0]
         assert not waiter.moved(-1, seen)  # (another session's follower sleeps on)
+
+
+def test_the_startup_snapshot_never_takes_rows_from_a_replica_behind_its_position(
+    url: str, tmp_path: Path
+) -> None:
+    # The snapshot's position is the feed's last entry, read through the leader; its rows
+    # come from batched direct gets, which any replica may answer, accepted only from one
+    # that has every sequence this engine knows committed. The position was not among
+    # those, so a replica behind it could answer: "a", resolved by another process
+    # before the snapshot, was listed open at a position past its RESOLVED, which the
+    # feed after it then never delivered. A lagging replica is played by an answer read
+    # before the change (found by a review).
+    from journal._jetstream.layout import Subjects
+
+    engine = JetStreamEngine.open(JetStreamOptions(servers=[url], store=store_name(tmp_path)))
+    other = Journal.open(url, store=store_name(tmp_path))
+    with Journal.over(engine) as j, other:
+        j.create_session("a")
+        reader = engine.reader
+        subject = reader.subjects.row(Subjects.token("a"))
+        body = {"multi_last": [subject, reader.subjects.meta], "batch": 2}
+        stale = [reader.conn.call(reader.conn.direct(body))]  # (as a lagging replica)
+        other.resolve_session("a")
+        real = reader.conn.direct
+
+        async def direct(body: dict[str, Any]) -> Any:
+            if stale and subject in body.get("multi_last", ()):
+                return stale.pop()
+            return await real(body)
+
+        reader.conn.direct = direct  # type: ignore[method-assign]
+        stream = j.watch_sessions()
+        first = next(stream)
+        other.create_session("c")
+        seen = []
+        for event in itertools.chain([first], stream):
+            seen.append((event.event_type, event.session.session_id, event.session.state))
+            if event.session.session_id == "c":
+                break
+        stream.close()
+    states = [state for _, session, state in seen if session == "a"]
+    assert states[-1] is SessionState.RESOLVED, seen
