@@ -568,10 +568,18 @@ def _stage_and_commit(
             row: SessionRow | None = None  # staged on its own (too large for a group)
             pending: list[ArchiveEvent] = []
             size = 0
+            # The events after a checkpoint begin a batch of their own: history windows
+            # trim whole batches, and one holding events on both sides of it would take
+            # the events after it (and so the checkpoint) before the source's trims do.
+            after = 0 if section.checkpoint is None else section.checkpoint.through_ordinal + 1
             for batch in section.batches:
                 for event in batch:
                     weight = event_bytes(event)  # (request ids too: up to 1 MiB each)
-                    if pending and (size + weight > _STAGE_BYTES or len(pending) == _STAGE_EVENTS):
+                    if pending and (
+                        size + weight > _STAGE_BYTES
+                        or len(pending) == _STAGE_EVENTS
+                        or event.ordinal == after
+                    ):
                         if row is None:
                             stage_group()  # (first: the plan keeps the archive's order)
                             alone = StagedSession(meta, section.snapshot, [], section.checkpoint)

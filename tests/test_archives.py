@@ -1098,7 +1098,8 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
             source.create_session(name)
             for _ in range(12):
                 source.append(name, [EventIn("message", os.urandom(900)) for _ in range(100)])
-            source.checkpoint_session(name, 600, name.encode())  # (staged with its row)
+            # (Staged with its row; at the last ordinal, so no batch begins after it.)
+            source.checkpoint_session(name, 1200, name.encode())
         source.export_sessions(None, archive)
         expected = [e.data for e in source.replay("s3")]
     outcomes = {"all": 0, "none": 0, "rolled back": 0}
@@ -1125,7 +1126,7 @@ def test_an_import_killed_anywhere_leaves_all_or_none(tmp_path: Path, rng: Any) 
                 j.import_sessions(archive)  # the ids are free: a retry works
             assert [e.data for e in j.replay("s3")] == expected
             checkpoint = j.checkpoint("s3")
-            assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (600, b"s3")
+            assert checkpoint is not None and (checkpoint.ordinal, checkpoint.data) == (1200, b"s3")
             assert j.verify().problems == []
         # The writer that reopened rolled back what the dead importer had staged.
         view = View(str(store / "index"), readonly=True)
@@ -1754,3 +1755,32 @@ def _export_with(j: Journal, progress: Callable[[int, int], None]) -> bytes:
     buffer = io.BytesIO()
     j.export_sessions(None, buffer, progress=progress)
     return buffer.getvalue()
+
+
+def test_an_imported_checkpoint_is_kept_by_a_history_window_as_long_as_the_sources(
+    factory: EngineFactory, tmp_path: Path
+) -> None:
+    """Windows apply per batch (an append's events leave together), and an import stages
+    many events in one batch: with the checkpoint's ordinal inside that batch, the next
+    trim took the events after it with those before, dropped the checkpoint, and the
+    imported copy's fold raised CursorExpired where the source's restored (found by a
+    review). The events after a checkpoint now begin a batch of their own."""
+    outcomes = []
+    with factory.open(tmp_path / "a") as source:
+        source.create_session("s", max_history_bytes=200)
+        for n in range(1, 51):
+            source.append("s", [EventIn("n", b"%d" % n + b" " * 50)])
+        source.apply_retention()
+        assert source.get_session("s").first_ordinal == 48
+        source.checkpoint_session("s", 48, b"state at 48")
+        stored = source.checkpoint("s")
+        archive = _export(source)
+        with factory.open(tmp_path / "b") as target:
+            target.import_sessions(io.BytesIO(archive))
+            for j in (source, target):
+                j.append("s", [EventIn("n", b"1" + b" " * 50)])
+                j.apply_retention()
+                checkpoint = j.checkpoint("s")
+                outcomes.append(None if checkpoint is None else checkpoint.ordinal)
+    assert stored is not None and stored.ordinal == 48
+    assert outcomes == [48, 48]  # (the checkpoint at 48 restores both folds)
