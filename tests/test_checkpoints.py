@@ -181,3 +181,53 @@ def test_an_evicted_and_recreated_session_has_no_checkpoint(
         j.create_session("s")
         assert j.checkpoint("s") is None
         assert j.verify().ok
+
+
+def test_two_checkpoints_of_one_ordinal_in_one_commit_read_back_the_later(
+    tmp_path: Path,
+) -> None:
+    """Two checkpoints through the same ordinal planned into one group commit (one frame)
+    on the local engine: the row names the later one, and reading it back gave the
+    earlier one's data (the frame's first checkpoint record of that session and ordinal).
+    Found by a review. The commit of an append is held at `commit.batch_taken` while the
+    two queue behind it, so the next batch takes both."""
+    import threading
+    import time
+
+    from journal._local.files import FileOps
+    from journal.engine import Checkpoint
+
+    armed, release = threading.Event(), threading.Event()
+    planned: list[tuple[int, bytes]] = []  # (the batch, the checkpoint's data)
+    batches = [0]  # batches taken since armed
+
+    class Hold(FileOps):
+        def point(self, name: str, detail: object = None) -> None:
+            if name == "plan.operation" and isinstance(detail, Checkpoint):
+                planned.append((batches[0], detail.data))
+            if name == "commit.batch_taken" and armed.is_set():
+                batches[0] += 1
+                if batches[0] == 1:
+                    release.wait(10)
+
+    with Journal.open(tmp_path / "s", durability="os", file_ops=Hold()) as j:
+        j.create_session("s")
+        fill(j, "s", 3)
+        armed.set()
+        threads = [threading.Thread(target=fill, args=(j, "s", 1))]
+        threads += [
+            threading.Thread(target=j.checkpoint_session, args=("s", 2, data))
+            for data in (b"first", b"second")
+        ]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.05)  # (queued in this order behind the held commit)
+        release.set()
+        for thread in threads:
+            thread.join(10)
+        assert sorted(planned) == [(2, b"first"), (2, b"second")], "not one commit"
+        later = planned[-1][1]
+        assert j.checkpoint("s").data == later
+        j.close()
+        with Journal.open(tmp_path / "s", readonly=True) as reader:
+            assert reader.checkpoint("s").data == later

@@ -19,17 +19,22 @@ def stored_record(
     position, coverage and data; `JournalCorrupt` when the frame the row names lacks it."""
     if kind is SnapshotTaken:
         segment, offset, through = row.snapshot_segment, row.snapshot_offset, row.snapshot_ordinal
+        at = row.snapshot_position
     else:
         segment, offset = row.checkpoint_segment, row.checkpoint_offset
-        through = row.checkpoint_ordinal
+        through, at = row.checkpoint_ordinal, row.checkpoint_position
     with SegmentReader(log.directory, segment, log.ops) as reader:
         info, body = reader.read_frame(offset)
         position = info.first_position
         for record in frame_records(reader.name, info, body, decode_frame_body):
+            # (The record at the row's position: one frame may hold two of one session
+            # through one ordinal, and the row names the later. Until 2026-12-04 the
+            # first was read, the replaced one's data; found by a review.)
             if (
                 isinstance(record, kind)
                 and record.incarnation == row.incarnation
                 and record.through_ordinal == through
+                and (position == at or not at)
             ):
                 return StoredSnapshot(position, record.through_ordinal, record.data)
             position += 1
