@@ -28,7 +28,7 @@ from typing import Any, Final, Protocol
 
 from .forking import ForkPause
 
-__all__ = ["ChangeSource", "Notifier"]
+__all__ = ["ChangeSource", "HeadUnknown", "Notifier"]
 
 _log: Final = logging.getLogger("journal")
 
@@ -54,6 +54,13 @@ LINGER_S: Final = 1.0
 # How many sessions' last commits the waiter remembers (`publish` with keys): past that
 # it forgets them all, and every keyed follower that waited from before looks once.
 TOUCHED_MAX: Final = 65536
+
+
+class HeadUnknown(Exception):
+    """Raised by an engine's head read (`read_head`, `read_changes`) when the head cannot
+    be known for now and that passes by itself (servers that do not answer): unlike any
+    other failure, its followers are not told to look (their own reads would raise), they
+    wait on, and the thread looks again at its next step."""
 
 
 class ChangeSource(Protocol):
@@ -524,7 +531,7 @@ class Notifier:
         return self._read_changes()
 
     def _look(self, stops: list[Any]) -> None:
-        failed = rewound = False
+        failed = rewound = unknown = False
         keys: Collection[int] | None = None
         with self.busy:
             if self._closed:
@@ -537,10 +544,15 @@ class Notifier:
                     head, more = self._read()
                     keys = None if keys is None or more is None else {*keys, *more}
                     rewound = head < max(self._head, self._seen_max)
+            except HeadUnknown:
+                unknown = True
             except Exception:  # the waiters' own reads raise it (or find it gone)
                 failed = True
                 head = 0
             self._polls += 1
+        if unknown:  # (an outage: nothing to tell the followers; their stops still count)
+            self._check(stops)
+            return
         if rewound:
             self.rewind(head)
             return

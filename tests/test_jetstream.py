@@ -1784,6 +1784,99 @@ def test_closing_a_journal_in_an_outage_does_not_wait_for_the_waiters_head_read(
         server.stop()
 
 
+def _waiting_watchers(
+    j: Journal, stop: threading.Event
+) -> tuple[list[object], list[object], list[threading.Thread]]:
+    """A watch of session "s" and a lifecycle watch, each in its own thread, that record
+    what they deliver and how they end ("end", or the error)."""
+    got: list[object] = []
+    lifecycle: list[object] = []
+
+    def watch() -> None:
+        try:
+            got.extend(event.ordinal for event in j.watch("s", stop=stop))
+            got.append("end")
+        except Exception as e:  # (reported by the test)
+            got.append(e)
+
+    def watch_sessions() -> None:
+        try:
+            lifecycle.extend(e.session.session_id for e in j.watch_sessions(stop=stop))
+            lifecycle.append("end")
+        except Exception as e:  # (reported by the test)
+            lifecycle.append(e)
+
+    threads = [threading.Thread(target=t, daemon=True) for t in (watch, watch_sessions)]
+    for thread in threads:
+        thread.start()
+    return got, lifecycle, threads
+
+
+def test_a_waiting_watch_stopped_in_an_outage_ends_at_once(tmp_path: Path) -> None:
+    """A watch and a lifecycle watch wait for the head while the servers are down; their
+    `stop` is set: they ended only once the waiter thread's head read, asked again for
+    30 s, gave up (28 s measured with the stop set 3 s into the outage; SPEC 7.6: a stop
+    is seen within 50 ms). The waiter thread now reads the head once a look, and goes on
+    checking stops while the servers do not answer (an operator trial)."""
+    server = NatsServer(tmp_path, "lone")
+    server.start()
+    try:
+        wait_for_jetstream([server.url])
+        with Journal.open(server.url, store="outage") as j:
+            j.create_session("s")
+            j.append("s", events(1))
+            stop = threading.Event()
+            got, lifecycle, threads = _waiting_watchers(j, stop)
+            time.sleep(0.5)  # (delivered, and waiting)
+            server.kill()
+            time.sleep(1.5)
+            stop.set()
+            for thread in threads:
+                thread.join(3)
+            assert not any(t.is_alive() for t in threads), "a stop in an outage was not seen"
+            assert got == [1, "end"] and lifecycle == ["s", "end"], (got, lifecycle)
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_waiting_watches_ride_out_an_outage_longer_than_the_read_retries(
+    tmp_path: Path,
+) -> None:
+    """SPEC 16.4: a follower waiting for the head says nothing in an outage and goes on
+    after it. Every one raised `StoreUnavailable` about 60 s into an outage: the waiter
+    thread's head read, asked again for 30 s, failed, every follower was told to look, and
+    its own read, asked again for 30 s, raised (an operator trial: all watchers of two
+    processes, a 60 s outage of a 3-node cluster). 65 s down here, then an append of
+    another journal reaches the watch."""
+    server = NatsServer(tmp_path, "lone")
+    server.start()
+    try:
+        wait_for_jetstream([server.url])
+        with Journal.open(server.url, store="outage") as j:
+            j.create_session("s")
+            j.append("s", events(1))
+            stop = threading.Event()
+            got, lifecycle, threads = _waiting_watchers(j, stop)
+            time.sleep(0.5)  # (delivered, and waiting)
+            server.kill()
+            time.sleep(65)
+            server.start()
+            wait_for_jetstream([server.url])
+            with Journal.open(server.url, store="outage") as other:
+                other.append("s", events(1))
+                other.create_session("t")
+            deadline = time.monotonic() + 30
+            while (len(got) < 2 or len(lifecycle) < 2) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stop.set()
+            for thread in threads:
+                thread.join(5)
+            assert got == [1, 2, "end"] and lifecycle == ["s", "t", "end"], (got, lifecycle)
+    finally:
+        server.stop()
+
+
 def test_init_creates_the_stream_with_the_replicas_asked(url: str, tmp_path: Path) -> None:
     """`journal init` always created a nats:// store's stream with replicas 1, and could
     not be told otherwise (a user trial on a 3-node cluster): `--replicas N` reaches the

@@ -76,6 +76,12 @@ class ApiError(Exception):
         self.err_code = err_code
         self.description = description
 
+    @property
+    def transient(self) -> bool:
+        """A refusal that passes once the stream has a leader again (or a batch cut short
+        by a failover: 10077, 10201)."""
+        return self.code >= 500 or self.err_code in (10008, 10077, 10201)
+
 
 class Found:
     """One stored message as a direct get returns it."""
@@ -138,6 +144,12 @@ class Connection:
                 f"cannot connect to NATS at {', '.join(servers)} ({detail}); check the URL "
                 "and that the servers run with JetStream enabled"
             ) from None
+
+    @property
+    def connected(self) -> bool:
+        """Whether the client is connected now (not reconnecting: a request sent meanwhile
+        waits its whole timeout for an answer)."""
+        return bool(self.nc.is_connected)
 
     def on_loop(self) -> bool:
         return threading.current_thread() is self._thread

@@ -66,9 +66,7 @@ def _now_ms() -> int:
 
 
 def _transient(error: ApiError) -> bool:
-    """A refusal that passes once the stream has a leader again (or a batch cut short by a
-    failover: 10077, 10201)."""
-    return error.code >= 500 or error.err_code in (10008, 10077, 10201)
+    return error.transient
 
 
 class _CannotTell(Exception):

@@ -52,7 +52,7 @@ from ..models import (
     VerifyReport,
 )
 from ..sessions import FeedEntry, SessionRow
-from ..waiter import Notifier
+from ..waiter import HeadUnknown, Notifier
 from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
 from .layout import ENCODER, Heartbeat, Subjects
@@ -347,7 +347,9 @@ class JetStreamEngine:
         self.store_id = meta.store_id
         self.key_ring = key_ring_of(options, meta)
         seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
-        self.waiter = Notifier(self.head, lambda: _RowChanges(self), lambda: seen.read(self._ask))
+        self.waiter = Notifier(
+            self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
+        )
         policy = conn.call(recorded_policy(conn, self.subjects, options))
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
         self._expiry_wake: asyncio.Event | None = None
@@ -363,7 +365,8 @@ class JetStreamEngine:
         if os.getpid() != self._pid:
             raise JournalClosed.inherited("the NATS connection's thread does not survive fork")
 
-    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+        """`_run`, but the client's `Unavailable` and `ApiError` are raised as they are."""
         try:
             self.check_usable()
         except BaseException:
@@ -373,6 +376,10 @@ class JetStreamEngine:
             return self.conn.call(coro, timeout)
         except Closed:
             raise JournalClosed.meanwhile() from None
+
+    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+        try:
+            return self._call(coro, timeout)
         except Unavailable as e:
             if self._closed:  # (the connection closed under the call: not the servers)
                 raise JournalClosed.meanwhile() from None
@@ -403,6 +410,31 @@ class JetStreamEngine:
                     time.sleep(0.1)
                 else:
                     scope.sleep(0.1)
+
+    def _waiter_head(self) -> int:
+        if self._closed:
+            return 1 << 63  # (every follower looks, and ends)
+        head: int = self._look(self.reader.head)
+        return head
+
+    def _look(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """The shared waiter's read of the head, asked once: `HeadUnknown` while the
+        servers do not answer, so waiting followers say nothing in an outage (SPEC 16.4)
+        and the thread goes on checking their `stop` events. (Asked again for 30 s, its
+        failure had every follower raise about 60 s into an outage: an operator trial.)"""
+        if not self.conn.connected:  # (reconnecting: a request would wait 5 s for nothing)
+            raise HeadUnknown
+        try:
+            result: T = self._call(make())
+            return result
+        except Unavailable:
+            if self._closed:
+                raise JournalClosed.meanwhile() from None
+            raise HeadUnknown from None
+        except ApiError as e:
+            if e.transient:  # (no stream leader yet)
+                raise HeadUnknown from None
+            raise StoreUnavailable(f"JetStream refused a request: {e}") from None
 
     def _committed(self, seq: int, row: SessionRow | None, first: int) -> None:
         self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), first)
