@@ -1140,14 +1140,20 @@ def test_writes_unanswered_in_an_outage_say_what_to_do(tmp_path: Path) -> None:
     """Every write unanswered for 30 s said "retry with an idempotency key, which makes
     the retry safe": advice an owner's release (asked again in the background already,
     and a no-op when called again) and a transition or turn cannot take (a user trial
-    with the server killed under an owner)."""
+    with the server killed under an owner). A write whose row read went unanswered said
+    only "the NATS servers did not answer", not whether it was committed (an operator
+    trial: appends of writers that had no copy of the row, all nodes down)."""
     server = NatsServer(tmp_path, "lone")
     server.start()
     wait_for_jetstream([server.url])
     try:
-        with Journal.open(server.url, store="outage") as j:
+        with (
+            Journal.open(server.url, store="outage") as j,
+            Journal.open(server.url, store="outage") as other,
+        ):
             j.create_session("s")
             j.create_session("t")
+            j.create_session("u")
             owner = j.own("s")
             server.kill()
             errors: dict[str, BaseException] = {}
@@ -1161,13 +1167,19 @@ def test_writes_unanswered_in_an_outage_say_what_to_do(tmp_path: Path) -> None:
             threads = [
                 threading.Thread(target=attempt, args=("release", owner.release)),
                 threading.Thread(target=attempt, args=("resolve", lambda: j.resolve_session("t"))),
+                # (`other` has no copy of the row: the write fails reading it)
+                threading.Thread(
+                    target=attempt, args=("append", lambda: other.append("u", events(1)))
+                ),
             ]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join(60)
-            assert set(errors) == {"release", "resolve"}, errors
+            assert set(errors) == {"release", "resolve", "append"}, errors
             released, resolved = str(errors["release"]), str(errors["resolve"])
+            appended = str(errors["append"])
+            assert "'u'" in appended and "was not committed" in appended, appended
             assert "idempotency" not in released and "asked again" in released, released
             assert "get_session" in resolved and "same idempotency key" in resolved, resolved
             server.start()

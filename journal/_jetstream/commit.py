@@ -197,7 +197,12 @@ class Committer:
                     if isinstance(e, ApiError) and not _transient(e):
                         raise
                     if time.monotonic() > deadline:
-                        raise
+                        detail = e.description if isinstance(e, ApiError) else type(e).__name__
+                        raise StoreUnavailable(
+                            f"no answer from JetStream for {WRITE_S:g} s reading session "
+                            f"{session_id!r} to write to it ({detail}); this write was not "
+                            "committed: check the servers and retry"
+                        ) from None
                     await asyncio.sleep(0.1)
                     fresh = True
                     continue
