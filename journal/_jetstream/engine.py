@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -57,7 +57,7 @@ from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
 from .layout import ENCODER, Heartbeat, Subjects
 from .opening import bootstrap, key_ring_of, recorded_policy
-from .owners import HEARTBEAT_S, OwnerJudge
+from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import IMPORT_REFUSAL, Writer
 
@@ -151,52 +151,6 @@ class _RowChanges:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._conn.call(self._sub.unsubscribe(), 5)
-
-
-class _ProcessLeases:
-    """The owner leases of this process, across all its journals: the generations held
-    by live `JetStreamLease`s and the `own()` calls in flight, per (store id, session). A
-    row that names this very process as owner with neither is a lease nobody holds: an
-    `own()` that committed it and then failed (its first heartbeat and its release both
-    unanswered in an outage, or its commit unanswered for 30 s and stored after all)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: set[tuple[bytes, str, int, int]] = set()
-        self._taking: dict[tuple[bytes, str], int] = {}
-
-    @contextlib.contextmanager
-    def taking(self, store_id: bytes, session_id: str) -> Iterator[None]:
-        key = (store_id, session_id)
-        with self._lock:
-            self._taking[key] = self._taking.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._taking[key] - 1
-                if left:
-                    self._taking[key] = left
-                else:
-                    del self._taking[key]
-
-    def hold(self, store_id: bytes, lease: JetStreamLease, held: bool) -> None:
-        key = (store_id, lease.session_id, lease.incarnation, lease.generation)
-        with self._lock:
-            if held:
-                self._held.add(key)
-            else:
-                self._held.discard(key)
-
-    def alive(self, store_id: bytes, row: SessionRow, taking: int) -> bool:
-        """Whether this process holds the lease `row` records (or may be about to: an
-        `own()` of the session in flight besides the `taking` asking)."""
-        key = (store_id, row.session_id, row.incarnation, row.owner_generation)
-        with self._lock:
-            return key in self._held or self._taking.get(key[:2], 0) > taking
-
-
-_PROCESS_LEASES: Final = _ProcessLeases()
 
 
 class JetStreamLease:
@@ -324,7 +278,7 @@ class JetStreamEngine:
             self.reader,
             self.subjects,
             (self._host, self._boot, self._pid),
-            lambda row, taking: _PROCESS_LEASES.alive(self.store_id, row, taking),
+            lambda row, taking: PROCESS_LEASES.alive(self.store_id, row, taking),
         )
         try:
             meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
@@ -629,7 +583,7 @@ class JetStreamEngine:
         deadline = time.monotonic() + wait_s
         pid = os.getpid()
         operation = AcquireLease(session_id, pid, max(_start_time(pid), 0), self._host, self._boot)
-        with _PROCESS_LEASES.taking(self.store_id, session_id):
+        with PROCESS_LEASES.taking(self.store_id, session_id):
             while True:
                 try:
                     row = self.submit(operation)
@@ -640,7 +594,7 @@ class JetStreamEngine:
                     time.sleep(0.05)
             lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
             self._leases.add(lease)
-            _PROCESS_LEASES.hold(self.store_id, lease, True)
+            PROCESS_LEASES.hold(self.store_id, lease, True)
         try:
             self.point("lease.taken", session_id)  # (on the caller's thread)
             # (Through `_run`: a close by another thread meanwhile is JournalClosed.)
@@ -679,7 +633,7 @@ class JetStreamEngine:
 
     def forget(self, lease: JetStreamLease) -> None:
         self._leases.discard(lease)
-        _PROCESS_LEASES.hold(self.store_id, lease, False)
+        PROCESS_LEASES.hold(self.store_id, lease, False)
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         if not row.owner_pid:

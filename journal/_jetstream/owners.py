@@ -1,4 +1,5 @@
-"""Whether the owner a session's row records is alive (SPEC 16.5, "owner liveness"): on
+"""The owner leases this process holds (`PROCESS_LEASES`, across its journals), and
+whether the owner a session's row records is alive (SPEC 16.5, "owner liveness"): on
 this machine, in this pid namespace, by the owner's pid and start time (this process:
 by its own leases); elsewhere by the lease's heartbeat message, which the holder writes
 every `HEARTBEAT_S` and which is older than `LEASE_S` once its holder died.
@@ -10,10 +11,12 @@ progress owned on another host took 190 ms a round, and a round comes every 100 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
 
 from .._local.leases import process_start_time
 from ..sessions import SessionRow
@@ -21,7 +24,10 @@ from .client import Connection, Found
 from .layout import HEARTBEAT_DECODER, Subjects
 from .reads import StoreReader
 
-__all__ = ["HEARTBEAT_S", "LEASE_S", "OwnerJudge"]
+if TYPE_CHECKING:
+    from .engine import JetStreamLease
+
+__all__ = ["HEARTBEAT_S", "LEASE_S", "PROCESS_LEASES", "OwnerJudge", "ProcessLeases"]
 
 # An owner lease whose heartbeat is older than this is a dead owner (there is no flock
 # across machines); the holder beats every HEARTBEAT_S.
@@ -33,10 +39,56 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class ProcessLeases:
+    """The owner leases of this process, across all its journals: the generations held
+    by live `JetStreamLease`s and the `own()` calls in flight, per (store id, session). A
+    row that names this very process as owner with neither is a lease nobody holds: an
+    `own()` that committed it and then failed (its first heartbeat and its release both
+    unanswered in an outage, or its commit unanswered for 30 s and stored after all)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[tuple[bytes, str, int, int]] = set()
+        self._taking: dict[tuple[bytes, str], int] = {}
+
+    @contextlib.contextmanager
+    def taking(self, store_id: bytes, session_id: str) -> Iterator[None]:
+        key = (store_id, session_id)
+        with self._lock:
+            self._taking[key] = self._taking.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._taking[key] - 1
+                if left:
+                    self._taking[key] = left
+                else:
+                    del self._taking[key]
+
+    def hold(self, store_id: bytes, lease: JetStreamLease, held: bool) -> None:
+        key = (store_id, lease.session_id, lease.incarnation, lease.generation)
+        with self._lock:
+            if held:
+                self._held.add(key)
+            else:
+                self._held.discard(key)
+
+    def alive(self, store_id: bytes, row: SessionRow, taking: int) -> bool:
+        """Whether this process holds the lease `row` records (or may be about to: an
+        `own()` of the session in flight besides the `taking` asking)."""
+        key = (store_id, row.session_id, row.incarnation, row.owner_generation)
+        with self._lock:
+            return key in self._held or self._taking.get(key[:2], 0) > taking
+
+
+PROCESS_LEASES: Final = ProcessLeases()
+
+
 class OwnerJudge:
     """The owner checks of one engine: `mine(row, taking)` says whether this process
     holds the lease a row of its own pid records (or may be about to: `taking`, as
-    `_ProcessLeases.alive`)."""
+    `ProcessLeases.alive`)."""
 
     def __init__(
         self,
