@@ -294,7 +294,8 @@ class JetStreamEngine:
                 ) from None
             raise StoreUnavailable(
                 f"the NATS servers did not answer while opening store {options.store!r} "
-                f"({type(e).__name__}; a new cluster may still be electing its leader): retry"
+                f"({type(e).__name__}): the servers may be down, or electing leaders after "
+                "a restart or in a new cluster: retry once they answer"
             ) from None
         except ApiError as e:
             raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
