@@ -29,7 +29,7 @@ from journal import EventIn, Journal, StoreUnavailable
 from journal._local.files import FileOps
 from journal._local.frames import SEGMENT_SUFFIX
 from journal._local.segments import SegmentReader
-from journal._local.zerofill import AHEAD_BYTES, INLINE_BYTES, STEP_BYTES
+from journal._local.zerofill import AHEAD_BYTES, INLINE_BYTES, KEEP_FREE_BYTES, STEP_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG_SEGMENT = 16 << 20  # filled by the filler
@@ -81,6 +81,8 @@ class Recorder(FileOps):
         self.inline_zeros = 0
         self.fill_error: int | None = None
         self.full = False  # writes that would grow a file fail with ENOSPC
+        self.zeros_full = False  # zero writes growing a file write half, then ENOSPC
+        self.free: int | None = None  # the free space the file system reports
         self.pause_step = threading.Event()  # set: the filler stops at its next step
         self.paused = threading.Event()
         self.resume = threading.Event()
@@ -99,8 +101,14 @@ class Recorder(FileOps):
     def pwrite(self, fd: int, data: bytes, offset: int) -> int:
         self._grows(fd, offset, len(data))
         if not bytes(data).strip(b"\0"):
+            if self.zeros_full and offset + len(data) > os.fstat(fd).st_size:
+                super().pwrite(fd, data[: len(data) // 2], offset)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             self.inline_zeros += len(data)
         return super().pwrite(fd, data, offset)
+
+    def free_bytes(self, fd: int) -> int:
+        return super().free_bytes(fd) if self.free is None else self.free
 
     def pwrite_synced(self, fd: int, data: bytes, offset: int) -> int:
         self._grows(fd, offset, len(data))
@@ -109,6 +117,9 @@ class Recorder(FileOps):
     def fill_zeros(self, fd: int, offset: int, length: int, *, sync: bool) -> None:
         if self.fill_error is not None:
             raise OSError(self.fill_error, os.strerror(self.fill_error))
+        if self.zeros_full:
+            super().fill_zeros(fd, offset, length // 2, sync=sync)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         super().fill_zeros(fd, offset, length, sync=sync)
 
     def filled(self) -> list[object]:
@@ -225,6 +236,68 @@ def test_a_failing_filler_is_logged_and_commits_preallocate_inline(
         j.append("s", batch("s", n))
         expected = [e.data for k in range(n + 1) for e in batch("s", k)]
         assert [e.data for e in j.replay("s")] == expected
+        assert j.verify().problems == []
+
+
+def test_zeros_ahead_leave_the_last_free_space_of_a_disk_near_full_to_the_frames(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Zeros ahead are a speed-up (SPEC 3.2): neither a new segment, nor the filler, nor a
+    commit writes them where the file system would keep less than `KEEP_FREE_BYTES`
+    free; the frames grow the file instead, and the filler says why once. Zeros come back
+    when space does."""
+    store = tmp_path / "store"
+    ops = Recorder()
+    ops.free = KEEP_FREE_BYTES + STEP_BYTES - 1  # not room for one step
+    caplog.set_level(logging.WARNING, logger="journal")
+    with Journal.open(store, create=True, segment_bytes=BIG_SEGMENT, file_ops=ops) as j:
+        j.create_session("s")
+        segment = active_segment(store)
+        for n in range(30):
+            j.append("s", batch("s", n))
+            assert os.path.getsize(segment) == data_end(segment)
+        wait_for(lambda: "could not zero-fill" in caplog.text)
+        assert "zeros ahead leave its last 16 MiB to frames and the view" in caplog.text
+        assert ops.inline_zeros == 0 and ops.filled() == []
+        time.sleep(0.3)  # (a step in flight would have written by now)
+        assert os.path.getsize(segment) == data_end(segment)
+        ops.free = None  # space again: the zeros come back
+        n = 30
+        deadline = time.monotonic() + 30
+        while os.path.getsize(segment) < data_end(segment) + STEP_BYTES:
+            assert time.monotonic() < deadline, "the zeros did not come back"
+            j.append("s", batch("s", n))
+            n += 1
+            time.sleep(0.05)
+        assert [e.data for e in j.replay("s")] == [e.data for k in range(n) for e in batch("s", k)]
+        assert j.verify().problems == []
+
+
+def test_a_step_of_zeros_that_fails_midway_leaves_none_of_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk met while writing zeros ahead (the filler's step, or a commit's own
+    preallocation): what was written of them is cut off again, so the zeros never hold
+    the disk's last space; the commit's frame still goes in if it fits."""
+    store = tmp_path / "store"
+    ops = Recorder()
+    caplog.set_level(logging.WARNING, logger="journal")
+    with Journal.open(store, create=True, segment_bytes=BIG_SEGMENT, file_ops=ops) as j:
+        j.create_session("s")
+        segment = active_segment(store)
+        ops.zeros_full = True
+        n = 0
+        while "could not zero-fill" not in caplog.text:
+            assert n < 400, "the filler never failed"
+            j.append("s", batch("s", n))
+            n += 1
+        # The filler rests; the commits' own zeros fail halfway, and go too.
+        for _ in range(80):  # past the zeros there were
+            j.append("s", batch("s", n))
+            n += 1
+        assert os.path.getsize(segment) == data_end(segment)
+        assert ops.inline_zeros == 0
+        assert [e.data for e in j.replay("s")] == [e.data for k in range(n) for e in batch("s", k)]
         assert j.verify().problems == []
 
 

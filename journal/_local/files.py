@@ -110,6 +110,11 @@ class FileOps:
         if sync:
             os.fdatasync(fd)
 
+    def free_bytes(self, fd: int) -> int:
+        """The bytes an unprivileged writer may still use on the file system of `fd`."""
+        stat = os.fstatvfs(fd)
+        return stat.f_bavail * stat.f_frsize
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 

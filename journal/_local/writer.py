@@ -10,6 +10,7 @@ the data; sealing cuts the zeros (SPEC.md 3.2, 3.4).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Iterator
@@ -36,7 +37,14 @@ from .frames import (
 )
 from .segments import LogHole, SegmentReader, open_segment
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder
-from .zerofill import AHEAD_BYTES, INLINE_BYTES, STEP_BYTES, ZeroFiller, extension_lock
+from .zerofill import (
+    AHEAD_BYTES,
+    INLINE_BYTES,
+    STEP_BYTES,
+    ZeroFiller,
+    extension_lock,
+    zeros_fit,
+)
 
 __all__ = ["SegmentWriter", "data_end"]
 
@@ -110,6 +118,8 @@ class SegmentWriter:
             try:
                 os.write(fd, header.encode())
                 born = min(segment_bytes, INLINE_BYTES)
+                if not zeros_fit(ops, fd, born):
+                    born = 0  # a disk near full: the frames grow the file
                 while os.fstat(fd).st_size < born:
                     size = os.fstat(fd).st_size
                     os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
@@ -291,11 +301,22 @@ class SegmentWriter:
         # megabytes of zeros per active segment (a frame larger than the rest still fits).
         target = max(needed, min(needed + INLINE_BYTES, self.segment_bytes))
         # Never below the real size: another process may have written up to it.
-        at = max(os.fstat(self._fd).st_size, self.end_offset)
-        while at < target:
-            n = min(len(_ZEROS), target - at)
-            self._ops.pwrite(self._fd, _ZEROS[:n], at)
-            at += n
+        start = at = max(os.fstat(self._fd).st_size, self.end_offset)
+        if not zeros_fit(self._ops, self._fd, target - at):
+            return  # a disk near full: no zeros, the frame grows the file
+        try:
+            while at < target:
+                n = min(len(_ZEROS), target - at)
+                self._ops.pwrite(self._fd, _ZEROS[:n], at)
+                at += n
+        except OSError as e:
+            # None of them stays (under the extension lock nothing else wrote there); a
+            # full disk leaves the frame to grow the file, and fail if it does not fit.
+            with contextlib.suppress(OSError):
+                self._ops.ftruncate(self._fd, start)
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            return
         self._allocated = target
 
     def _ask_filler(self) -> None:

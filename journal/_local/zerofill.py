@@ -20,6 +20,7 @@ reaches a commit and is reported there.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -35,9 +36,11 @@ from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX, segment_name
 __all__ = [
     "AHEAD_BYTES",
     "INLINE_BYTES",
+    "KEEP_FREE_BYTES",
     "STEP_BYTES",
     "ZeroFiller",
     "extension_lock",
+    "zeros_fit",
 ]
 
 _log = logging.getLogger("journal")
@@ -50,6 +53,10 @@ STEP_BYTES: Final = 1 << 20
 # What a writer preallocates itself when it runs out of zeros and no filler is working;
 # a segment of at most this size is preallocated whole by its first append, no filler.
 INLINE_BYTES: Final = 4 << 20
+# Zeros ahead are a speed-up: they never take the file system's last `KEEP_FREE_BYTES`,
+# so a disk near full keeps its space for frames and the view (a step that would, and one
+# whose write fails, are failures: nothing of them stays written).
+KEEP_FREE_BYTES: Final = 16 << 20
 RETRY_S: Final = 1.0  # a failed filler rests this long (writers preallocate inline)
 _IDLE_S: Final = 5.0  # an idle filler thread ends; the next request starts another
 _STOP_WAIT_S: Final = 5.0
@@ -66,6 +73,21 @@ def extension_lock(fd: int) -> Iterator[None]:
         yield
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def zeros_fit(ops: FileOps, fd: int, length: int) -> bool:
+    """Whether `length` bytes of zeros ahead may be written to the file system of `fd`:
+    it keeps `KEEP_FREE_BYTES` free after them."""
+    return ops.free_bytes(fd) >= length + KEEP_FREE_BYTES
+
+
+def _no_room_for_zeros(length: int) -> OSError:
+    return OSError(
+        errno.ENOSPC,
+        f"not writing {length} bytes of zeros ahead: the file system has less than "
+        f"{(length + KEEP_FREE_BYTES) >> 20} MiB free, and zeros ahead leave its last "
+        f"{KEEP_FREE_BYTES >> 20} MiB to frames and the view",
+    )
 
 
 class ZeroFiller:
@@ -182,7 +204,15 @@ class ZeroFiller:
                         return False  # sealed: its zeros were cut and must stay cut
                     length = min(STEP_BYTES, end_offset - size)
                     self._ops.point("zerofill.step", (segment_name(base_position), size, length))
-                    self._ops.fill_zeros(fd, size, length, sync=self._sync)
+                    if not zeros_fit(self._ops, fd, length):
+                        raise _no_room_for_zeros(length)
+                    try:
+                        self._ops.fill_zeros(fd, size, length, sync=self._sync)
+                    except OSError:
+                        # (Under the extension lock nothing but this step wrote there.)
+                        with contextlib.suppress(OSError):
+                            self._ops.ftruncate(fd, size)
+                        raise
                     self._wrote = True
             finally:
                 os.close(fd)
