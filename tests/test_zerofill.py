@@ -273,12 +273,41 @@ def test_zeros_ahead_leave_the_last_free_space_of_a_disk_near_full_to_the_frames
         assert j.verify().problems == []
 
 
-def test_a_step_of_zeros_that_fails_midway_leaves_none_of_it(
+def test_a_commit_s_zeros_that_fail_midway_are_cut_off_and_its_frame_goes_in(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A full disk met while writing zeros ahead (the filler's step, or a commit's own
-    preallocation): what was written of them is cut off again, so the zeros never hold
-    the disk's last space; the commit's frame still goes in if it fits."""
+    """A full disk met while a commit writes its own zeros ahead (the filler failing):
+    what was written of them is cut off again, so the zeros never hold the disk's last
+    space, and the commit's frame still goes in, growing the file."""
+    store = tmp_path / "store"
+    ops = Recorder()
+    caplog.set_level(logging.WARNING, logger="journal")
+    with Journal.open(store, create=True, segment_bytes=BIG_SEGMENT, file_ops=ops) as j:
+        j.create_session("s")
+        segment = active_segment(store)
+        ops.fill_error = errno.ENOSPC
+        ops.zeros_full = True
+        n = 0
+        while "could not zero-fill" not in caplog.text:
+            assert n < 400, "the filler never failed"
+            j.append("s", batch("s", n))
+            n += 1
+        # The commits' own zeros fail halfway, and go again.
+        for _ in range(80):  # past the zeros there were
+            j.append("s", batch("s", n))
+            n += 1
+        assert os.path.getsize(segment) == data_end(segment)
+        assert ops.inline_zeros == 0
+        assert [e.data for e in j.replay("s")] == [e.data for k in range(n) for e in batch("s", k)]
+        assert j.verify().problems == []
+
+
+def test_a_filler_step_that_fails_midway_leaves_what_it_wrote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unlike a commit's own zeros, a filler's step cut short by a full disk is not cut
+    off: a writer that saw the file grow may have written a frame there already (it
+    writes below the size it sees without the extension lock), and cutting would cut it."""
     store = tmp_path / "store"
     ops = Recorder()
     caplog.set_level(logging.WARNING, logger="journal")
@@ -291,14 +320,10 @@ def test_a_step_of_zeros_that_fails_midway_leaves_none_of_it(
             assert n < 400, "the filler never failed"
             j.append("s", batch("s", n))
             n += 1
-        # The filler rests; the commits' own zeros fail halfway, and go too.
-        for _ in range(80):  # past the zeros there were
-            j.append("s", batch("s", n))
-            n += 1
-        assert os.path.getsize(segment) == data_end(segment)
-        assert ops.inline_zeros == 0
-        assert [e.data for e in j.replay("s")] == [e.data for k in range(n) for e in batch("s", k)]
-        assert j.verify().problems == []
+        steps = [detail for name, detail, _ in ops.points if name == "zerofill.step"]
+        _, size, length = steps[-1]  # type: ignore[misc]
+        assert os.path.getsize(segment) >= size + length // 2
+        assert len(list(j.replay("s"))) == n * len(batch("s", 0))
 
 
 def test_the_filler_is_paused_across_fork_and_the_child_fills_its_own(tmp_path: Path) -> None:

@@ -310,8 +310,9 @@ class SegmentWriter:
                 self._ops.pwrite(self._fd, _ZEROS[:n], at)
                 at += n
         except OSError as e:
-            # None of them stays (under the extension lock nothing else wrote there); a
-            # full disk leaves the frame to grow the file, and fail if it does not fit.
+            # None of them stays (this writer holds the extension lock and the write
+            # transaction: nothing else wrote there); a full disk leaves the frame to
+            # grow the file, and fail if it does not fit.
             with contextlib.suppress(OSError):
                 self._ops.ftruncate(self._fd, start)
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):

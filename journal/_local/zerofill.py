@@ -54,8 +54,8 @@ STEP_BYTES: Final = 1 << 20
 # a segment of at most this size is preallocated whole by its first append, no filler.
 INLINE_BYTES: Final = 4 << 20
 # Zeros ahead are a speed-up: they never take the file system's last `KEEP_FREE_BYTES`,
-# so a disk near full keeps its space for frames and the view (a step that would, and one
-# whose write fails, are failures: nothing of them stays written).
+# so a disk near full keeps its space for frames and the view (a step that would is a
+# failure, and writes nothing).
 KEEP_FREE_BYTES: Final = 16 << 20
 RETRY_S: Final = 1.0  # a failed filler rests this long (writers preallocate inline)
 _IDLE_S: Final = 5.0  # an idle filler thread ends; the next request starts another
@@ -206,13 +206,9 @@ class ZeroFiller:
                     self._ops.point("zerofill.step", (segment_name(base_position), size, length))
                     if not zeros_fit(self._ops, fd, length):
                         raise _no_room_for_zeros(length)
-                    try:
-                        self._ops.fill_zeros(fd, size, length, sync=self._sync)
-                    except OSError:
-                        # (Under the extension lock nothing but this step wrote there.)
-                        with contextlib.suppress(OSError):
-                            self._ops.ftruncate(fd, size)
-                        raise
+                    # A step that fails midway leaves what it wrote: a writer that saw the
+                    # file grow may have put a frame there already (without this lock).
+                    self._ops.fill_zeros(fd, size, length, sync=self._sync)
                     self._wrote = True
             finally:
                 os.close(fd)
