@@ -107,17 +107,21 @@ def retention(
     }
     changes = {k: None if v == _NONE else v for k, v in given.items() if v is not None}
     output = settings.output
-    with settings.open(write=False) as store:
-        current = store.retention_policy()
     if not changes:
+        with settings.open(write=False) as store:
+            current = store.retention_policy()
         output.emit(policy_record(current), f"retention: {policy_text(current)}")
         return
-    wanted = msgspec.structs.replace(current, **changes)
-    before = current
-    if wanted != current:
-        # A writer opened with a policy records it (the last recording wins).
-        with journal.Journal.open(settings.store, create=False, retention=wanted) as store:
-            current = store.retention_policy()
+    seen: list[journal.RetentionPolicy] = []
+
+    def change(recorded: journal.RetentionPolicy) -> journal.RetentionPolicy:
+        seen.append(recorded)  # (called again when another recording came between)
+        return msgspec.structs.replace(recorded, **changes)
+
+    # Applied to the policy recorded at that moment: runs at once keep each other's fields.
+    with settings.open(write=True) as store:
+        current = store.change_retention_policy(change)
+    before = seen[-1]
     verb = "recorded" if current != before else "unchanged"
     output.emit(
         {**policy_record(current), "changed": current != before},

@@ -14,7 +14,7 @@ import msgspec
 
 from cursors import KeyRing
 
-from .engine import Append, CreateSession, TurnGuard
+from .engine import Append, CreateSession, PolicyChange, TurnGuard
 from .errors import InvalidArgument
 from .models import EventIn, RetentionPolicy, SessionState
 from .records import TURN_EVENT_TYPES
@@ -55,6 +55,7 @@ __all__ = [
     "check_stop",
     "check_store_path",
     "check_text",
+    "checked_policy_change",
     "file_mode_problem",
     "metadata_bytes",
     "mode_ok",
@@ -326,6 +327,26 @@ def check_retention(policy: RetentionPolicy) -> None:
             "RetentionPolicy.session_retention_from must be 'ended' or 'started'; "
             f"got {policy.session_retention_from!r}"
         )
+
+
+def checked_policy_change(change: object) -> PolicyChange:
+    """`change` (a callable), wrapped so that what it returns is checked as a policy."""
+    if not callable(change):
+        raise InvalidArgument(
+            f"change must be a callable taking and returning a RetentionPolicy, "
+            f"got {type(change).__name__}"
+        )
+
+    def checked(recorded: RetentionPolicy) -> RetentionPolicy:
+        wanted = change(recorded)
+        if not isinstance(wanted, RetentionPolicy):
+            raise InvalidArgument(
+                f"change must return a RetentionPolicy, it returned {type(wanted).__name__}"
+            )
+        check_retention(wanted)
+        return wanted
+
+    return checked
 
 
 def file_mode_problem(value: object) -> str | None:

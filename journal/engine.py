@@ -58,6 +58,7 @@ __all__ = [
     "Lease",
     "Operation",
     "PageReaders",
+    "PolicyChange",
     "Progress",
     "ReadScope",
     "ReleaseLease",
@@ -74,6 +75,7 @@ __all__ = [
 ResultT = TypeVar("ResultT")
 ResultT_co = TypeVar("ResultT_co", covariant=True)
 Progress = Callable[[int, int], None]
+PolicyChange = Callable[[RetentionPolicy], RetentionPolicy]
 
 
 class ReadScope:
@@ -473,5 +475,9 @@ class Engine(Protocol):
     def retention_policy(self) -> RetentionPolicy:
         """The store's recorded retention policy now (the default where none is): what a
         writer applies from its next retention pass on, whoever recorded it (SPEC 8)."""
+
+    def change_retention_policy(self, change: PolicyChange) -> RetentionPolicy:
+        """Record `change(the recorded policy)` as the store's policy, atomically against
+        other recordings (`change` may be called more than once); the policy recorded."""
 
     def close(self) -> None: ...

@@ -43,6 +43,7 @@ from .arguments import (
     check_seconds,
     check_snapshot,
     check_stop,
+    checked_policy_change,
 )
 from .engine import (
     Appended,
@@ -227,6 +228,11 @@ class Journal:
             raise JournalClosed.already()
         self._engine.check_usable()
 
+    def _check_writable(self, what: str) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyStore(f"{what} needs a writable journal")
+
     def _is_closed(self) -> bool:
         return self._closed
 
@@ -287,29 +293,7 @@ class Journal:
         operation = self._events.append(
             session_id, events, expected_last_ordinal, idempotency_key, creation
         )
-        return self._append_result(session_id, self._submit(operation))
-
-    def _append_result(self, session_id: str, appended: Appended) -> AppendResult:
-        time_ms = appended.time_ms
-        if time_ms is None:
-            # Deduplicated: the original append's cursor, checked by its last event's time
-            # (an idempotency key is remembered only while its events are retained).
-            time_ms = self._cursors.event_time(
-                session_id, appended.incarnation, appended.last_ordinal
-            )
-        return AppendResult(
-            session_id,
-            appended.first_ordinal,
-            appended.last_ordinal,
-            self._cursors.cursor(
-                session_id,
-                appended.incarnation,
-                appended.last_position,
-                appended.last_ordinal,
-                time_ms,
-            ),
-            deduplicated=appended.deduplicated,
-        )
+        return self._cursors.append_result(session_id, self._submit(operation))
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
         """OPEN -> SUSPENDED: no appends until resumed; expires after `max_suspend_ms`."""
@@ -418,9 +402,8 @@ class Journal:
         check_flag("fix", fix)
         check_callback("progress", progress)
         self._check_open()
-        if fix and self.readonly:
-            raise ReadOnlyStore("verify(fix=True) needs a writable journal")
         if fix:
+            self._check_writable("verify(fix=True)")
             report: VerifyReport = self._submit(VerifyFix(progress))
             self._lifecycle.forget_shared()  # (its copy may hold rows the fix repaired)
             return report
@@ -436,9 +419,7 @@ class Journal:
         """
         dead_share = check_dead_share(dead_share)
         check_callback("progress", progress)
-        self._check_open()
-        if self.readonly:
-            raise ReadOnlyStore("compact() needs a writable journal")
+        self._check_writable("compact()")
         return self._engine.compact(dead_share, progress)
 
     def stats(self) -> StoreStats:
@@ -451,6 +432,18 @@ class Journal:
         every writer applies from its next retention pass on, whoever recorded it."""
         self._check_open()
         return self._engine.retention_policy()
+
+    def change_retention_policy(
+        self, change: Callable[[RetentionPolicy], RetentionPolicy]
+    ) -> RetentionPolicy:
+        """Record `change(recorded)` as the store's policy, where `recorded` is the policy
+        recorded at that moment, so changes from several processes at once all apply
+        (`change` may be called again with a newer one: keep it free of side effects);
+        e.g. `lambda p: msgspec.structs.replace(p, max_history_age_ms=3_600_000)`. Every
+        writer applies it from its next retention pass on. Returns the policy recorded."""
+        change = checked_policy_change(change)
+        self._check_writable("change_retention_policy()")
+        return self._engine.change_retention_policy(change)
 
     # -- archives --------------------------------------------------------------------------
 
@@ -511,7 +504,7 @@ class Journal:
         return take_over(self._engine, lease, writer)
 
     def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:
-        return self._append_result(session_id, self._submit(operation))
+        return self._cursors.append_result(session_id, self._submit(operation))
 
     def _metadata(self, row: SessionRow) -> SessionMetadata:
         """Public metadata with the owner only while it is alive (uncertain is alive)."""

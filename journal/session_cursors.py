@@ -19,9 +19,9 @@ from typing import Final
 
 from cursors import TokenCodec, TokenKind, scope_digest
 
-from .engine import Engine, PageReaders
+from .engine import Appended, Engine, PageReaders
 from .errors import CursorExpired, CursorForeign, CursorFuture
-from .models import ReadContext
+from .models import AppendResult, ReadContext
 from .sessions import SessionRow
 
 __all__ = ["SessionCursors", "event_check"]
@@ -76,6 +76,24 @@ class SessionCursors:
     def _context(self, session_id: str, incarnation: int) -> ReadContext:
         # (Each event's cursor: `cursor` with the event's position, ordinal and time.)
         return ReadContext(session_id, partial(self.cursor, session_id, incarnation))
+
+    def append_result(self, session_id: str, appended: Appended) -> AppendResult:
+        """What an append returns: its ordinals and the cursor after its last event."""
+        time_ms = appended.time_ms
+        if time_ms is None:
+            # Deduplicated: the original append's cursor, checked by its last event's time
+            # (an idempotency key is remembered only while its events are retained).
+            time_ms = self.event_time(session_id, appended.incarnation, appended.last_ordinal)
+        cursor = self.cursor(
+            session_id, appended.incarnation, appended.last_position, appended.last_ordinal, time_ms
+        )
+        return AppendResult(
+            session_id,
+            appended.first_ordinal,
+            appended.last_ordinal,
+            cursor,
+            deduplicated=appended.deduplicated,
+        )
 
     def event_time(
         self,

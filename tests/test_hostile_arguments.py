@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -454,6 +455,14 @@ TARGETS: dict[str, Target] = {
     "Journal.compact": Target(writes=True),
     "Journal.stats": Target(),
     "Journal.retention_policy": Target(),
+    "Journal.change_retention_policy": Target(
+        writes=True,
+        good={
+            "change": lambda env: st.sampled_from(
+                [lambda p: p, lambda p: msgspec.structs.replace(p, max_history_age_ms=60_000)]
+            )
+        },
+    ),
     "Journal.export_sessions": Target((SessionNotFound, ExportIncomplete)),
     "Journal.import_sessions": Target((SessionExists, ArchiveInvalid), writes=True),
     "Journal.own": Target((SessionNotFound, SessionNotWritable, OwnerBusy), writes=True),

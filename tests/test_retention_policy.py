@@ -10,6 +10,7 @@ seal triggers, `apply_retention()`) applies the policy recorded at that moment.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from _procs_retention import Child, payload
 from _waiting import blocked_on_flock
@@ -27,7 +29,14 @@ from click.testing import CliRunner, Result
 from engines import EngineFactory, JetStreamEngineFactory
 
 from cli.main import main as journal_cli
-from journal import EventIn, Journal, RetentionPolicy, StoreIncompatible
+from journal import (
+    EventIn,
+    InvalidArgument,
+    Journal,
+    ReadOnlyStore,
+    RetentionPolicy,
+    StoreIncompatible,
+)
 from journal._local.files import FileOps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,6 +254,108 @@ def test_a_policy_recorded_while_an_open_records_a_file_mode_is_kept(store: Path
     assert (store / "store.json").stat().st_mode & 0o777 == 0o640
     with Journal.open(store) as j:
         assert j.retention_policy().max_history_bytes == WINDOW
+
+
+def test_policy_changes_from_several_threads_at_once_all_apply(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """On every engine: `change_retention_policy` applies each change to the policy
+    recorded at that moment (local: under the store's open lock; JetStream: compare-and-set
+    on the policy subject, again on a conflict), so 4 threads adding 1 to a field 15 times
+    each leave it 60 higher, and a field changed meanwhile by another call is kept.
+    (Processes at once: `test_two_journal_retention_runs_at_once_keep_both_changes`.)"""
+    path = tmp_path / "store"
+    with engine.open(path) as j:
+        j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_age_ms=1))
+        failures: list[BaseException] = []
+        calls = 0
+
+        def plus_one(p: RetentionPolicy) -> RetentionPolicy:
+            nonlocal calls
+            calls += 1
+            return msgspec.structs.replace(p, max_history_age_ms=(p.max_history_age_ms or 0) + 1)
+
+        def add_one() -> None:
+            try:
+                for _ in range(15):
+                    j.change_retention_policy(plus_one)
+            except BaseException as e:
+                failures.append(e)
+
+        threads = [threading.Thread(target=add_one) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        recorded = j.change_retention_policy(
+            lambda p: msgspec.structs.replace(p, session_retention_ms=5000)
+        )
+        assert recorded.session_retention_ms == 5000
+        for thread in threads:
+            thread.join(120)
+        assert not failures, failures
+        expected = RetentionPolicy(max_history_age_ms=61, session_retention_ms=5000)
+        assert j.retention_policy() == expected
+        assert calls >= 60
+    with engine.open(path) as reopened:
+        assert reopened.retention_policy() == expected
+
+
+def test_a_policy_change_that_is_refused_records_nothing(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    with engine.open(path) as j:
+        before = j.retention_policy()
+
+        def boom(p: RetentionPolicy) -> RetentionPolicy:
+            raise LookupError("the caller's own error")
+
+        with pytest.raises(LookupError, match="the caller's own error"):
+            j.change_retention_policy(boom)
+        with pytest.raises(InvalidArgument, match="must return a RetentionPolicy"):
+            j.change_retention_policy(lambda p: {"max_history_bytes": 5})  # type: ignore[arg-type,return-value]
+        with pytest.raises(InvalidArgument, match="max_history_age_ms must be a positive int"):
+            j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_age_ms=-1))
+        with pytest.raises(InvalidArgument, match="must be a callable"):
+            j.change_retention_policy(RetentionPolicy())  # type: ignore[arg-type]
+        assert j.retention_policy() == before
+    with engine.open(path, readonly=True) as reader:
+        with pytest.raises(ReadOnlyStore, match="change_retention_policy"):
+            reader.change_retention_policy(lambda p: p)
+        assert reader.retention_policy() == before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs /proc/locks")
+def test_two_journal_retention_runs_at_once_keep_both_changes(store: Path) -> None:
+    """`journal retention` read the policy, then recorded the whole policy with its
+    options applied: two runs at once setting different options kept only the last one's
+    (both read before either recorded). Both now apply their options to the policy
+    recorded at that moment. (Both are held at `locks/open.lock` here, after their read.)"""
+    assert cli(store, "init").exit_code == 0
+    runs: list[subprocess.Popen[str]] = []
+    fd = os.open(store / "locks" / "open.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        for option in (["--max-history-age-ms", "9000"], ["--session-retention-ms", "60000"]):
+            runs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "cli", "--store", str(store), "retention", *option],
+                    env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        deadline = time.monotonic() + 60  # (a guard against a hang, not a measurement)
+        while not all(blocked_on_flock(run.pid) for run in runs):
+            assert time.monotonic() < deadline, [run.poll() for run in runs]
+            time.sleep(0.01)
+    finally:
+        os.close(fd)  # (releases the lock)
+    for run in runs:
+        _, errors = run.communicate(timeout=60)
+        assert run.returncode == 0, errors
+    recorded = json.loads((store / "store.json").read_text())["retention"]
+    assert (recorded["max_history_age_ms"], recorded["session_retention_ms"]) == (9000, 60000)
 
 
 # -- journal retention -----------------------------------------------------------------------

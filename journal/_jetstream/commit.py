@@ -36,7 +36,7 @@ from .layout import (
     StoredFeed,
     resolve,
 )
-from .opening import decode_policy
+from .opening import change_recorded_policy, decode_policy
 from .reads import RowState, StoreReader
 
 __all__ = ["Committer", "Plan", "done", "rel", "resolved"]
@@ -147,6 +147,16 @@ class Committer:
             self.policy = decode_policy(found.data, self.subjects)
         except StoreIncompatible as e:
             _log.warning("%s; keeping the retention policy in force: %s", e, self.policy)
+        return self.policy
+
+    async def change_policy(
+        self, change: Callable[[RetentionPolicy], RetentionPolicy]
+    ) -> RetentionPolicy:
+        """Record `change(the recorded policy)` (compare-and-set: SPEC 16.5)."""
+        self.policy, self._policy_seq = await change_recorded_policy(
+            self.conn, self.subjects, change
+        )
+        self._policy_checked = time.monotonic()
         return self.policy
 
     # -- the commit loop -------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..engine import (
     EventsPage,
     Lease,
     Operation,
+    PolicyChange,
     ReleaseLease,
     StoredSnapshot,
     VerifyFix,
@@ -727,6 +728,10 @@ class JetStreamEngine:
 
     def retention_policy(self) -> RetentionPolicy:
         return self._ask(self.writer.policy_now)
+
+    def change_retention_policy(self, change: PolicyChange) -> RetentionPolicy:
+        policy: RetentionPolicy = self._run(self.writer.change_policy(change))
+        return policy
 
     def stats(self) -> StoreStats:
         return self._ask(self._stats)

@@ -3,9 +3,11 @@ record, the recorded retention policy and the cursor key ring."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
@@ -22,11 +24,23 @@ from .reads import StoreReader
 if TYPE_CHECKING:
     from .engine import JetStreamOptions
 
-__all__ = ["MAX_MSG_BYTES", "bootstrap", "decode_policy", "key_ring_of", "recorded_policy"]
+__all__ = [
+    "MAX_MSG_BYTES",
+    "bootstrap",
+    "change_recorded_policy",
+    "decode_policy",
+    "key_ring_of",
+    "recorded_policy",
+]
 
 # The server's cap on one message (the server's max_payload must allow it too).
 MAX_MSG_BYTES: Final = 9 << 20
 _POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
+# Another recording came first (10071), or one is in process at the leader of a
+# clustered stream (10164, "wrong last sequence" without a sequence).
+_IN_PROCESS: Final = 10164
+_ANOTHER_CAME_FIRST: Final = frozenset({10071, _IN_PROCESS})
+_CHANGE_S: Final = 30.0
 
 
 def _now_ms() -> int:
@@ -128,6 +142,31 @@ async def recorded_policy(
     if given is not None and given != recorded and not options.readonly:
         await conn.publish(subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"})
     return given or recorded or RetentionPolicy()
+
+
+async def change_recorded_policy(
+    conn: Connection, subjects: Subjects, change: Callable[[RetentionPolicy], RetentionPolicy]
+) -> tuple[RetentionPolicy, int]:
+    """Record `change(the recorded policy)` (the default where none is): a compare-and-set
+    on the policy subject's last sequence, read and changed again when another recording
+    came between (or is in process at a clustered stream's leader: asked again shortly
+    after, for up to `_CHANGE_S`). The policy recorded now and its sequence (0: none)."""
+    deadline = time.monotonic() + _CHANGE_S
+    while True:
+        found = await conn.msg_get({"last_by_subj": subjects.policy})
+        recorded = RetentionPolicy() if found is None else decode_policy(found.data, subjects)
+        seq = 0 if found is None else found.seq
+        wanted = change(recorded)
+        if wanted == recorded:
+            return recorded, seq
+        headers = {"Nats-Rollup": "sub", "Nats-Expected-Last-Subject-Sequence": str(seq)}
+        try:
+            return wanted, await conn.publish(subjects.policy, ENCODER.encode(wanted), headers)
+        except ApiError as e:
+            if e.err_code not in _ANOTHER_CAME_FIRST or time.monotonic() > deadline:
+                raise
+            if e.err_code == _IN_PROCESS:
+                await asyncio.sleep(0.005)
 
 
 async def _create_stream(conn: Connection, subjects: Subjects, options: JetStreamOptions) -> None:

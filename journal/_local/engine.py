@@ -43,6 +43,7 @@ from ..engine import (
     Lease,
     Operation,
     PageReaders,
+    PolicyChange,
     Progress,
     StoredSnapshot,
     VerifyFix,
@@ -53,7 +54,6 @@ from ..errors import (
     ReadOnlyStore,
     SessionNotFound,
     StoreIncompatible,
-    StoreNotFound,
     StoreUnavailable,
 )
 from ..forking import INHERITED, TRANSACTIONS
@@ -87,7 +87,7 @@ from .failures import (
     store_wide,
     unavailable,
 )
-from .files import DEFAULT_FILE_MODE, DEFAULT_FILE_OPS, FileOps, Permissions
+from .files import DEFAULT_FILE_OPS, FileOps, Permissions
 from .frames import (
     DEFAULT_SEGMENT_BYTES,
     SEGMENT_HEADER_SIZE,
@@ -125,11 +125,8 @@ from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
 from .store_file import (
     STORE_FORMAT,
-    create_store,
-    load_store,
-    record_in_store,
-    refuse_lost_store_file,
     remove_stray_temporaries,
+    store_at_open,
 )
 from .stored import stored_record
 from .verify import verify_store
@@ -229,29 +226,11 @@ class LocalEngine:
         self._pid = os.getpid()
         self._private_lock, self._private_tail = threading.Lock(), PrivateTail()
         store_file = os.path.join(path, "store.json")
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
-        try:
-            os.stat(store_file)  # a private store of another user: PermissionError
-            exists = True
-        except FileNotFoundError:
-            exists = False
-        if not exists:
-            refuse_lost_store_file(path)
-            if readonly or not options.create:
-                raise StoreNotFound(
-                    f"no journal store at {path!r}: create it with `journal init` or "
-                    "Journal.open(path, create=True)"
-                )
-            initial = Permissions(options.file_mode or DEFAULT_FILE_MODE)
-            create_store(path, initial, options.retention or RetentionPolicy())
-        store = load_store(store_file)
-        mode = None if options.file_mode in (None, store.file_mode) else options.file_mode
-        policy = None if options.retention in (None, store.retention) else options.retention
-        if not readonly and (mode is not None or policy is not None):
-            store = record_in_store(path, Permissions(mode or store.file_mode), mode, policy, ops)
+        store = store_at_open(
+            path, options.create, readonly, options.file_mode, options.retention, ops
+        )
         # The policy in force: the store's as recorded now, read again at each pass (SPEC 8).
-        self.policy = RecordedPolicy(store_file, options.retention or store.retention)
+        self.policy = RecordedPolicy(store_file, options.retention or store.retention, ops)
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
         self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)
@@ -788,6 +767,11 @@ class LocalEngine:
 
     def retention_policy(self) -> RetentionPolicy:
         return self.policy.current()
+
+    @disk_errors("maintenance")
+    def change_retention_policy(self, change: PolicyChange) -> RetentionPolicy:
+        self.check_usable()
+        return self.policy.change(change, self.permissions)
 
     @reads_disk
     def stats(self) -> StoreStats:

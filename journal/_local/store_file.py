@@ -29,9 +29,17 @@ from typing import Final
 import msgspec
 
 from ..arguments import check_retention, file_mode_problem
-from ..errors import InvalidArgument, StoreIncompatible
+from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
 from ..models import RetentionPolicy
-from .files import DEFAULT_FILE_OPS, FileOps, Permissions, fsync_dir, open_regular, write_atomic
+from .files import (
+    DEFAULT_FILE_MODE,
+    DEFAULT_FILE_OPS,
+    FileOps,
+    Permissions,
+    fsync_dir,
+    open_regular,
+    write_atomic,
+)
 from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
 
 __all__ = [
@@ -43,6 +51,7 @@ __all__ = [
     "record_in_store",
     "refuse_lost_store_file",
     "remove_stray_temporaries",
+    "store_at_open",
 ]
 
 STORE_FORMAT: Final = 1
@@ -195,7 +204,7 @@ def record_in_store(
     path: str,
     permissions: Permissions,
     file_mode: int | None = None,
-    retention: RetentionPolicy | None = None,
+    retention: RetentionPolicy | Callable[[RetentionPolicy], RetentionPolicy] | None = None,
     ops: FileOps = DEFAULT_FILE_OPS,
 ) -> StoreFile:
     """Record a new file mode and/or retention policy in the `store.json` of the store at
@@ -203,11 +212,14 @@ def record_in_store(
     opened without a policy from now on use it. The file is read, changed and replaced
     (atomically, with the store's file mode) under the open lock (`permissions`: the lock
     file's mode if it is missing), so a mode and a policy recorded at once by two
-    processes are both kept (each changes only what it was given). Returns what
-    `store.json` says now."""
+    processes are both kept (each changes only what it was given). A callable
+    `retention` is given the recorded policy (the default where none is) under the lock,
+    and returns the one to record. Returns what `store.json` says now."""
     store_file = os.path.join(path, "store.json")
     with open_lock(path, permissions):
         store = load_store(store_file)
+        if callable(retention):
+            retention = retention(store.retention or RetentionPolicy())
         if file_mode == store.file_mode:
             file_mode = None
         if retention == store.retention:
@@ -220,3 +232,40 @@ def record_in_store(
         document = _document(store.store_id, mode if recorded else None, policy)
         write_atomic(store_file, document, ops, Permissions(mode))
         return StoreFile(store.store_id, mode, recorded, policy)
+
+
+def store_at_open(
+    path: str,
+    create: bool,
+    readonly: bool,
+    file_mode: int | None,
+    retention: RetentionPolicy | None,
+    ops: FileOps,
+) -> StoreFile:
+    """What `store.json` says as a journal opens the store at `path`: created first when
+    missing (`create`, and not `readonly`), and a writer records the file mode and the
+    policy it was given when they differ from the recorded ones."""
+    store_file = os.path.join(path, "store.json")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
+    try:
+        os.stat(store_file)  # a private store of another user: PermissionError
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    if not exists:
+        refuse_lost_store_file(path)
+        if readonly or not create:
+            raise StoreNotFound(
+                f"no journal store at {path!r}: create it with `journal init` or "
+                "Journal.open(path, create=True)"
+            )
+        create_store(
+            path, Permissions(file_mode or DEFAULT_FILE_MODE), retention or RetentionPolicy()
+        )
+    store = load_store(store_file)
+    mode = None if file_mode in (None, store.file_mode) else file_mode
+    policy = None if retention in (None, store.retention) else retention
+    if not readonly and (mode is not None or policy is not None):
+        store = record_in_store(path, Permissions(mode or store.file_mode), mode, policy, ops)
+    return store
