@@ -68,6 +68,16 @@ def open_files() -> list[str]:
     return found
 
 
+def append_until_the_filler_fails(j: Journal, caplog: pytest.LogCaptureFixture) -> int:
+    """Append batches to session "s" until the filler logs a failure; how many."""
+    n = 0
+    while "could not zero-fill" not in caplog.text:
+        assert n < 400, "the filler never failed"
+        j.append("s", batch("s", n))
+        n += 1
+    return n
+
+
 def fillers_alive() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == FILLER and t.is_alive()]
 
@@ -287,11 +297,7 @@ def test_a_commit_s_zeros_that_fail_midway_are_cut_off_and_its_frame_goes_in(
         segment = active_segment(store)
         ops.fill_error = errno.ENOSPC
         ops.zeros_full = True
-        n = 0
-        while "could not zero-fill" not in caplog.text:
-            assert n < 400, "the filler never failed"
-            j.append("s", batch("s", n))
-            n += 1
+        n = append_until_the_filler_fails(j, caplog)
         # The commits' own zeros fail halfway, and go again.
         for _ in range(80):  # past the zeros there were
             j.append("s", batch("s", n))
@@ -315,11 +321,7 @@ def test_a_filler_step_that_fails_midway_leaves_what_it_wrote(
         j.create_session("s")
         segment = active_segment(store)
         ops.zeros_full = True
-        n = 0
-        while "could not zero-fill" not in caplog.text:
-            assert n < 400, "the filler never failed"
-            j.append("s", batch("s", n))
-            n += 1
+        n = append_until_the_filler_fails(j, caplog)
         steps = [detail for name, detail, _ in ops.points if name == "zerofill.step"]
         _, size, length = steps[-1]  # type: ignore[misc]
         assert os.path.getsize(segment) >= size + length // 2
