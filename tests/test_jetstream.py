@@ -956,6 +956,67 @@ def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
         child.wait(10)
 
 
+# As root (imports, then the journal opened), then as nobody in a mount namespace whose
+# /proc hides other users' processes (hidepid=2): whether the owner of "s" is seen, and
+# whether its pid is visible at all.
+_HIDDEN_OBSERVER = """
+import os, sys
+from journal import Journal
+url, name, pid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with Journal.open(url, store=name) as j:
+    os.setgroups([65534])
+    os.setgid(65534)
+    os.setuid(65534)
+    print("visible", os.path.exists(f"/proc/{pid}"), flush=True)
+    owner = j.get_session("s").owner
+    print("owner", None if owner is None else owner.pid, flush=True)
+"""
+
+
+def test_an_owner_whose_pid_proc_hides_is_judged_by_its_heartbeat(url: str, tmp_path: Path) -> None:
+    """An observer on the owner's machine that cannot see the owner's pid (`/proc`
+    mounted `hidepid=2`, the observer another user) judged the owner dead, since `/proc`
+    did not show it: no owner listed, and a watch of its turn would raise
+    `OutcomeUnknown` (SPEC 16.5). A pid `/proc` does not show is now asked of the kernel
+    (`kill(pid, 0)`: EPERM, it lives), and the heartbeat decides."""
+    import os
+
+    from journal import EventIn as In
+
+    name = store_name(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    observer = (
+        "mount -t proc -o hidepid=2 proc /proc || exit 99; "
+        f'PYTHONPATH={root} exec {sys.executable} -c "$0" "$@"'
+    )
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+        with j.own("s") as owner, owner.turn("r-hidden") as turn:
+            turn.append([In("message", b"{}")])
+            done = subprocess.run(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    observer,
+                    _HIDDEN_OBSERVER,
+                    url,
+                    name,
+                    str(os.getpid()),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if done.returncode == 99 or "unshare:" in done.stderr:
+                pytest.skip(f"cannot mount a hidepid=2 /proc here: {done.stderr.strip()}")
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert done.stdout.splitlines() == ["visible False", f"owner {os.getpid()}"]
+
+
 def _api_calls(url: str) -> int:
     """How many JetStream API requests the server's account answered so far."""
     import asyncio

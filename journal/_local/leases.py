@@ -107,7 +107,9 @@ def process_start_time(pid: int) -> int:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
     except FileNotFoundError:
-        return -1 if os.path.isdir("/proc/self") else _exists(pid)
+        # Not shown is not gone: `/proc` mounted `hidepid=2` hides other users' processes
+        # (`_HIDDEN` below); the kernel says which (EPERM: it lives, hidden).
+        return _exists(pid)
     except OSError:
         return 0
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
@@ -136,6 +138,8 @@ def _threads(pid: int) -> int:
 
 
 def _exists(pid: int) -> int:
+    if pid <= 0:
+        return -1  # (never a process: kill() would ask about a process group)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
