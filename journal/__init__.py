@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .archive import ARCHIVE_REASONS as ARCHIVE_REASONS
 from .archive import ArchiveLimits as ArchiveLimits
+from .archive_contents import read_archive_contents as read_archive_contents
 from .arguments import DEFAULT_PAGE_BYTES as DEFAULT_PAGE_BYTES
 from .arguments import MAX_BATCH_BYTES as MAX_BATCH_BYTES
 from .arguments import MAX_BATCH_EVENTS as MAX_BATCH_EVENTS
@@ -46,6 +47,8 @@ from .folds import Fold as Fold
 from .folds import JsonCodec as JsonCodec
 from .follow import Stream as Stream
 from .models import AppendResult as AppendResult
+from .models import ArchiveContents as ArchiveContents
+from .models import ArchivedSession as ArchivedSession
 from .models import CompactionReport as CompactionReport
 from .models import Event as Event
 from .models import EventIn as EventIn
@@ -86,8 +89,10 @@ __all__ = [
     "TURN_RESULT",
     "TURN_STARTED",
     "AppendResult",
+    "ArchiveContents",
     "ArchiveInvalid",
     "ArchiveLimits",
+    "ArchivedSession",
     "Codec",
     "CompactionReport",
     "CursorExpired",
@@ -142,6 +147,7 @@ __all__ = [
     "VerifyProblem",
     "VerifyReport",
     "__version__",
+    "read_archive_contents",
 ]
 
 # Public classes report the module users import them from (pickle, repr, docs), as trio

@@ -272,12 +272,15 @@ _version_decoder: Final = msgspec.msgpack.Decoder(_Versioned)
 
 class SessionSection(msgspec.Struct):
     """One session as the reader hands it out: metadata, snapshot, a batch iterator
-    that must be consumed before the next section is asked for, and checkpoint."""
+    that must be consumed before the next section is asked for, checkpoint, and the
+    content offset of its `ArchiveSession` record (its records end where the next
+    section's begin, the last one's at the reader's `sessions_end`)."""
 
     session: ArchiveSession
     snapshot: ArchiveSnapshot | None
     batches: Iterator[list[ArchiveEvent]]
     checkpoint: ArchiveCheckpoint | None = None
+    offset: int = 0
 
 
 class _Counting:
@@ -352,6 +355,7 @@ class ArchiveReader:
         self.header: ArchiveHeader = self._read_header()
         self.counts: list[tuple[str, int]] = []
         self.events = 0
+        self.sessions_end = 0  # where the sessions' records end (set by `sections()`)
         self.footer: ArchiveFooter | None = None
 
     @property
@@ -488,11 +492,13 @@ class ArchiveReader:
                 check_checkpoint(record, checkpoint, self.header.version, next_at)
                 following, next_at = self._next()
             box: list[tuple[ArchiveRecord, int]] = [(following, next_at)]
-            section = SessionSection(record, snapshot, self._events(record, box), checkpoint)
+            batches = self._events(record, box)
+            section = SessionSection(record, snapshot, batches, checkpoint, offset=at)
             yield section
             for _ in section.batches:  # the consumer may stop early: drain (and check)
                 pass
             record, at = box[0]
+        self.sessions_end = at
         compared = 0
         while isinstance(record, ArchiveCounts):
             chunk = record.sessions

@@ -14,6 +14,8 @@ import msgspec
 
 __all__ = [
     "AppendResult",
+    "ArchiveContents",
+    "ArchivedSession",
     "CompactionReport",
     "Event",
     "EventIn",
@@ -462,6 +464,45 @@ class ImportedSession(msgspec.Struct, frozen=True):
     source_id: str
     session_id: str
     events: int
+
+
+class ArchivedSession(msgspec.Struct, frozen=True):
+    """One session an archive holds (`read_archive_contents`), as an import would
+    create it: its retained events are `[first_ordinal, last_ordinal]` (`events` of
+    them), a snapshot stands for those up to `snapshot_ordinal` and a checkpoint for
+    those up to `checkpoint_ordinal` (None: it has none), `open_turn` is its unsettled
+    turn's request id. `content_bytes` is what its records (metadata, snapshot,
+    checkpoint, events) take in the archive's decompressed content."""
+
+    session_id: str
+    state: SessionState
+    mode: str
+    created_at_ms: int
+    ended_at_ms: int | None
+    first_ordinal: int
+    last_ordinal: int
+    events: int
+    snapshot_ordinal: int | None
+    checkpoint_ordinal: int | None
+    open_turn: str | None
+    content_bytes: int
+
+
+class ArchiveContents(msgspec.Struct, frozen=True):
+    """What an archive holds, read and checked whole (`read_archive_contents`): its
+    format version, the library version and store that wrote it and when, its sessions
+    in archive order, the total of their events, its size compressed (`archive_bytes`)
+    and decompressed (`content_bytes`), and the SHA-256 its footer carries (hex)."""
+
+    version: int
+    library_version: str
+    source_store_id: str
+    exported_at_ms: int
+    sessions: list[ArchivedSession]
+    events: int
+    archive_bytes: int
+    content_bytes: int
+    sha256: str
 
 
 class ImportReport(msgspec.Struct, frozen=True):

@@ -66,7 +66,7 @@ from .models import (
 )
 from .sessions import SessionRow
 
-__all__ = ["export_sessions", "import_sessions", "write_file"]
+__all__ = ["archive_limits", "export_sessions", "import_sessions", "open_source", "write_file"]
 
 T = TypeVar("T")
 
@@ -402,13 +402,10 @@ def import_sessions(
 ) -> ImportReport:
     if engine.readonly:
         raise ReadOnlyStore("import_sessions needs a writable journal")
-    if limits is None:
-        limits = ArchiveLimits()
-    if not isinstance(limits, ArchiveLimits):
-        raise InvalidArgument("limits must be an ArchiveLimits or None")
+    limits = archive_limits(limits)
     renames = _check_rename(rename)
     with contextlib.ExitStack() as stack:
-        source = _open_source(src, stack)
+        source = open_source(src, stack)
         spool: IO[bytes] | None = None
         start = 0
         if _seekable(source):
@@ -468,7 +465,18 @@ def _check_rename(rename: Mapping[str, str] | None) -> dict[str, str]:
     return result
 
 
-def _open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
+def archive_limits(limits: ArchiveLimits | None) -> ArchiveLimits:
+    """A caller's `limits` (None: the defaults), or `InvalidArgument`."""
+    if limits is None:
+        return ArchiveLimits()
+    if not isinstance(limits, ArchiveLimits):
+        raise InvalidArgument("limits must be an ArchiveLimits or None")
+    return limits
+
+
+def open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
+    """The archive to read at `src` (a path, opened on `stack`, or a binary file
+    object), or `InvalidArgument`."""
     if isinstance(src, (str, os.PathLike)):
         path = _user_path("src", src)
         try:
