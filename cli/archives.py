@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import os
@@ -22,6 +23,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    display_width,
     embedded,
     is_nats,
     pass_settings,
@@ -229,8 +231,15 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     }
 
 
-@click.command("import")
+@click.command("import", short_help="Import every session of an archive, or --list what it holds.")
 @click.argument("archive", metavar="FILE")
+@click.option(
+    "--list",
+    "list_only",
+    is_flag=True,
+    help="Import nothing: check the whole archive and list what it holds (no store is "
+    "opened; a damaged archive fails as the import would).",
+)
 @click.option(
     "--as",
     "new_id",
@@ -271,6 +280,7 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 def import_(
     settings: Settings,
     archive: str,
+    list_only: bool,
     new_id: str | None,
     renames: tuple[str, ...],
     max_bytes: int,
@@ -281,7 +291,19 @@ def import_(
 
     The archive is checked whole before anything is written (exit 4 with a reason when
     it is invalid); its sessions then appear together, as new sessions of this store.
+    With --list, nothing is imported and no store is opened: the archive is checked the
+    same way, then its header and one line per session are printed.
     """
+    limits = ArchiveLimits(
+        max_content_bytes=max_bytes, max_record_bytes=max_record_bytes, max_sessions=max_sessions
+    )
+    if list_only:
+        if new_id is not None or renames:
+            raise click.UsageError("--list imports nothing: pass it without --as and --rename")
+        with contextlib.ExitStack() as stack:
+            contents = journal.read_archive_contents(_archive_source(archive, stack), limits)
+        _list_contents(settings.output, contents)
+        return
     if is_nats(settings.store):  # (before the archive is looked at, as the library does)
         raise journal.Unsupported(
             "`journal import` is not available on a nats:// store: import the archive into "
@@ -289,9 +311,6 @@ def import_(
             "`journal append`"
         )
     output = settings.output
-    limits = ArchiveLimits(
-        max_content_bytes=max_bytes, max_record_bytes=max_record_bytes, max_sessions=max_sessions
-    )
     rename: dict[str, str] | None = None
     if renames:
         if new_id is not None:
@@ -311,15 +330,7 @@ def import_(
                 )
             rename[old] = new
     with contextlib.ExitStack() as stack:
-        if archive == "-":
-            require_stream("stdin", "give the archive FILE, or pipe the archive in")
-            if sys.stdin.isatty():
-                raise click.UsageError(
-                    "refusing to read an archive from a terminal: give FILE, or pipe it in"
-                )
-            source: IO[bytes] = sys.stdin.buffer
-        else:
-            source = _open_archive(archive, stack)
+        source = _archive_source(archive, stack)
         split = [item for item in renames if item.count("=") > 1]
         if new_id is not None or split:
             if not source.seekable():  # a pipe: keep a copy to read it twice
@@ -360,6 +371,83 @@ def import_(
         f"{plural(report.events, 'event')} from store "
         f"{report.source_store_id}",
     )
+
+
+def _archive_source(archive: str, stack: contextlib.ExitStack) -> IO[bytes]:
+    """The archive FILE, or stdin for `-` (refused when closed or a terminal)."""
+    if archive == "-":
+        require_stream("stdin", "give the archive FILE, or pipe the archive in")
+        if sys.stdin.isatty():
+            raise click.UsageError(
+                "refusing to read an archive from a terminal: give FILE, or pipe it in"
+            )
+        return sys.stdin.buffer
+    return _open_archive(archive, stack)
+
+
+def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
+    """`import --list`: a header line, then one line per session (SPEC 12.4)."""
+    exported = datetime.datetime.fromtimestamp(contents.exported_at_ms / 1000, datetime.UTC)
+    output.emit(
+        {
+            "record": "header",
+            "version": contents.version,
+            "library_version": contents.library_version,
+            "source_store_id": contents.source_store_id,
+            "exported_at_ms": contents.exported_at_ms,
+            "sessions": len(contents.sessions),
+            "events": contents.events,
+            "archive_bytes": contents.archive_bytes,
+            "content_bytes": contents.content_bytes,
+            "sha256": contents.sha256,
+        },
+        f"archive version {contents.version}, intact: "
+        f"{plural(len(contents.sessions), 'session')}, {plural(contents.events, 'event')}, "
+        f"{contents.archive_bytes:,} bytes ({contents.content_bytes:,} decompressed; content "
+        f"sha256 {contents.sha256[:16]}...), exported from store {contents.source_store_id} "
+        f"at {exported:%Y-%m-%d %H:%M:%S} UTC by session-journal "
+        f"{shown(contents.library_version)}",
+    )
+    width = max((display_width(shown(s.session_id)) for s in contents.sessions), default=0)
+    for session in contents.sessions:
+        output.emit(
+            {
+                "record": "session",
+                "session_id": session.session_id,
+                "state": session.state.value,
+                "mode": session.mode,
+                "created_at_ms": session.created_at_ms,
+                "ended_at_ms": session.ended_at_ms,
+                "first_ordinal": session.first_ordinal,
+                "last_ordinal": session.last_ordinal,
+                "events": session.events,
+                "snapshot_ordinal": session.snapshot_ordinal,
+                "checkpoint_ordinal": session.checkpoint_ordinal,
+                "open_turn": session.open_turn,
+                "content_bytes": session.content_bytes,
+            },
+            _archived_text(session, max(width, 8)),
+        )
+
+
+def _archived_text(session: journal.ArchivedSession, id_width: int) -> str:
+    """One listing line, as `sessions list` prints a session of a store."""
+    session_id = shown(session.session_id)
+    padding = " " * max(0, id_width - display_width(session_id))
+    events = plural(session.events, "event")
+    if session.events:
+        events += f" (#{session.first_ordinal}..#{session.last_ordinal})"
+    parts = [session_id + padding, f"{session.state.value:<9}", events]
+    if session.snapshot_ordinal is not None:
+        parts.append(f"snapshot=#{session.snapshot_ordinal}")
+    if session.checkpoint_ordinal is not None:
+        parts.append(f"checkpoint=#{session.checkpoint_ordinal}")
+    if session.mode:
+        parts.append(f"mode={shown(session.mode)}")
+    if session.open_turn is not None:
+        parts.append(f"open-turn={shown(session.open_turn)}")
+    parts.append(f"{session.content_bytes:,} bytes")
+    return "  ".join(parts)
 
 
 def _open_archive(path: str, stack: contextlib.ExitStack) -> IO[bytes]:

@@ -259,6 +259,7 @@ class OutcomeUnknown(JournalError):
 
 class ArchiveInvalid(JournalError):
     """An archive given to `import_sessions` cannot be imported; nothing was written.
+    `read_archive_contents` raises it for the same archives, with the same fields.
 
     `reason` says why, one of `ARCHIVE_REASONS` (SPEC.md, "Archives"); `offset` is the
     position in the archive's decompressed content where the problem was found (0 when

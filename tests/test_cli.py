@@ -1751,3 +1751,144 @@ def test_a_journal_opened_before_cursor_key_rotate_reads_the_new_key_when_it_mee
     with journal.Journal.open(store, durability="os") as reopened:
         assert _key_id(reopened.append("a", event).cursor) == 2
         reopened.read("a", new)
+
+
+# -- import --list: what an archive holds (SPEC 12.4) -------------------------------------
+
+
+def _archive_of(tmp_path: Path, name: str, checkpoint: bool) -> Path:
+    with journal.Journal.open(tmp_path / f"source-{name}", create=True) as j:
+        j.create_session("review-7", mode="chat")
+        j.append("review-7", [journal.EventIn("message", b"%d" % n) for n in range(10)])
+        j.compact_session("review-7", 3, b"snap")
+        if checkpoint:
+            j.checkpoint_session("review-7", 7, b"check")
+        j.create_session("done")
+        j.resolve_session("done")
+        archive = tmp_path / f"{name}.sja"
+        j.export_sessions(None, archive)
+    return archive
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_import_list_prints_what_an_archive_holds_without_a_store(
+    tmp_path: Path, version: int
+) -> None:
+    archive = _archive_of(tmp_path, "backup", checkpoint=version == 2)
+    contents = journal.read_archive_contents(archive)
+    nowhere = tmp_path / "no-store"
+    listed = invoke(nowhere, "import", "--list", str(archive))
+    assert listed.exit_code == 0, listed.stderr
+    assert not nowhere.exists()  # no store was opened, let alone created
+    header, *sessions = records(listed)
+    assert header == {
+        "record": "header",
+        "version": version,
+        "library_version": journal.__version__,
+        "source_store_id": contents.source_store_id,
+        "exported_at_ms": contents.exported_at_ms,
+        "sessions": 2,
+        "events": 7,
+        "archive_bytes": archive.stat().st_size,
+        "content_bytes": contents.content_bytes,
+        "sha256": contents.sha256,
+    }
+    assert [(s["record"], s["session_id"], s["state"]) for s in sessions] == [
+        ("session", "done", "resolved"),
+        ("session", "review-7", "open"),
+    ]
+    review = sessions[1]
+    assert (review["first_ordinal"], review["last_ordinal"], review["events"]) == (4, 10, 7)
+    assert review["snapshot_ordinal"] == 3
+    assert review["checkpoint_ordinal"] == (7 if version == 2 else None)
+    assert review["content_bytes"] == contents.sessions[1].content_bytes > 0
+    assert (sessions[0]["events"], sessions[0]["snapshot_ordinal"]) == (0, None)
+    text = invoke(nowhere, "import", "--list", str(archive), fmt="text")
+    assert text.exit_code == 0, text.stderr
+    first, done, review_line = text.stdout.splitlines()
+    assert f"archive version {version}, intact: 2 sessions, 7 events" in first
+    assert contents.source_store_id in first
+    assert done.split()[:4] == ["done", "resolved", "0", "events"]
+    assert done.endswith(f"  {contents.sessions[0].content_bytes:,} bytes")
+    assert "7 events (#4..#10)  snapshot=#3" in review_line
+    assert ("checkpoint=#7" in review_line) == (version == 2)
+    assert invoke(nowhere, "import", "--list", str(archive), fmt="quiet").stdout == ""
+    # Listing imports nothing, into any store: the import that follows takes them all.
+    store = tmp_path / "target"
+    assert invoke(store, "init").exit_code == 0
+    imported = invoke(store, "import", str(archive))
+    assert imported.exit_code == 0, imported.stderr
+    assert [r["events"] for r in records(imported) if "source_id" in r] == [
+        s["events"] for s in sessions
+    ]
+
+
+def _damaged(archive: Path, how: str) -> bytes:
+    data = bytearray(archive.read_bytes())
+    if how == "truncated":
+        return bytes(data[: len(data) // 2])
+    if how == "corrupted byte":
+        data[len(data) // 2] ^= 0x04
+        return bytes(data)
+    if how == "not an archive":
+        return b"garbage"
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["truncated", "corrupted byte", "not an archive"])
+def test_import_list_refuses_a_damaged_archive_as_import_does(
+    store: Path, tmp_path: Path, how: str
+) -> None:
+    archive = _archive_of(tmp_path, "backup", checkpoint=True)
+    damaged = tmp_path / "damaged.sja"
+    damaged.write_bytes(_damaged(archive, how))
+    listed = invoke(tmp_path / "no-store", "import", "--list", str(damaged))
+    imported = invoke(store, "import", str(damaged))
+    assert_one_line_error(listed, 4, "ARCHIVE_INVALID")
+    assert_one_line_error(imported, 4, "ARCHIVE_INVALID")
+    assert records(listed) == records(imported)
+    assert listed.stderr == imported.stderr
+    (error,) = records(listed)
+    assert error["error"]["reason"] in journal.ARCHIVE_REASONS
+    piped = invoke(tmp_path / "no-store", "import", "--list", "-", stdin=damaged.read_bytes())
+    assert records(piped) == records(imported) and piped.exit_code == 4
+
+
+def test_import_list_reads_stdin_and_applies_the_import_limits(tmp_path: Path) -> None:
+    archive = _archive_of(tmp_path, "backup", checkpoint=False)
+    with open(archive, "rb") as source:
+        piped = subprocess.run(
+            [*CLI, "--format", "json", "import", "--list", "-"],
+            stdin=source,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+            cwd=tmp_path,
+        )
+    assert piped.returncode == 0, piped.stderr
+    assert [json.loads(line)["record"] for line in piped.stdout.splitlines()] == [
+        "header",
+        "session",
+        "session",
+    ]
+    assert not (tmp_path / ".journal").exists()
+    over = invoke(tmp_path / "s", "import", "--list", str(archive), "--max-sessions", "1")
+    assert_one_line_error(over, 4, "ARCHIVE_INVALID")
+    assert records(over)[0]["error"]["reason"] == "too_large"
+    assert "--max-sessions" in over.stderr
+
+
+def test_import_list_of_a_missing_file_and_with_renames(tmp_path: Path) -> None:
+    store = tmp_path / "s"
+    missing = str(tmp_path / "missing.sja")
+    listed = invoke(store, "import", "--list", missing)
+    assert_one_line_error(listed, 3, "ARCHIVE_NOT_FOUND")
+    assert invoke(store, "init").exit_code == 0
+    assert records(listed) == records(invoke(store, "import", missing))
+    archive = _archive_of(tmp_path, "backup", checkpoint=False)
+    for extra in (["--as", "x"], ["--rename", "done=x"]):
+        usage = invoke(store, "import", "--list", str(archive), *extra)
+        assert usage.exit_code == 2, usage.output
+        assert "--list imports nothing" in usage.stderr
+    assert records(invoke(store, "sessions", "list")) == []
