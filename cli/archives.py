@@ -300,8 +300,12 @@ def import_(
     if list_only:
         if new_id is not None or renames:
             raise click.UsageError("--list imports nothing: pass it without --as and --rename")
-        with contextlib.ExitStack() as stack:
-            contents = journal.read_archive_contents(_archive_source(archive, stack), limits)
+        with (
+            contextlib.ExitStack() as stack,
+            progress_bar("checking", settings.output.format == "text") as bar,
+        ):
+            source = _archive_source(archive, stack)
+            contents = journal.read_archive_contents(source, limits, progress=bar)
         _list_contents(settings.output, contents)
         return
     if is_nats(settings.store):  # (before the archive is looked at, as the library does)

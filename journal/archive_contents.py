@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import IO
 
 from .archive import ArchiveLimits, ArchiveReader, SessionSection
+from .arguments import check_callback
 from .models import ArchiveContents, ArchivedSession, SessionState
-from .transfer import archive_limits, open_source
+from .transfer import archive_limits, open_source, source_size
 
 __all__ = ["read_archive_contents"]
 
 
 def read_archive_contents(
-    src: str | os.PathLike[str] | IO[bytes], limits: ArchiveLimits | None = None
+    src: str | os.PathLike[str] | IO[bytes],
+    limits: ArchiveLimits | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ArchiveContents:
     """What the archive at `src` (a path or a binary file object, read once from where
     it stands) holds: its header and, per session, what an import would create.
@@ -28,10 +32,15 @@ def read_archive_contents(
     and `limits` bounds what is read as it does there. Memory grows with the number
     of sessions (at most `limits.max_sessions`), not with their size. A path that
     cannot be opened, a text stream or an object without `read` are `InvalidArgument`.
+    `progress(done, total)` counts archive bytes read (`total` 0 while a stream's size
+    is unknown).
     """
     limits = archive_limits(limits)
+    check_callback("progress", progress)
     with contextlib.ExitStack() as stack:
-        reader = ArchiveReader(open_source(src, stack), limits)
+        source = open_source(src, stack)
+        total = source_size(source, _position(source))
+        reader = ArchiveReader(source, limits)
         sessions: list[ArchivedSession] = []
         # A session's records end where the next one's begin: each is summed up when
         # the next is read (the last when the reader has checked the footer).
@@ -42,9 +51,13 @@ def read_archive_contents(
             events = 0
             for batch in section.batches:
                 events += len(batch)
+                if progress is not None:
+                    progress(reader.archive_bytes, total)
             previous = (section, events)
         if previous is not None:
             sessions.append(_summary(*previous, end=reader.sessions_end))
+    if progress is not None:
+        progress(reader.archive_bytes, total or reader.archive_bytes)
     header = reader.header
     return ArchiveContents(
         version=header.version,
@@ -57,6 +70,14 @@ def read_archive_contents(
         content_bytes=reader.content_bytes,
         sha256=reader.sha256,
     )
+
+
+def _position(source: IO[bytes]) -> int:
+    """Where a seekable source stands (its size counts from there), else 0."""
+    try:
+        return source.tell() if source.seekable() else 0
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def _summary(section: SessionSection, events: int, *, end: int) -> ArchivedSession:

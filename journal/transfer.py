@@ -66,7 +66,14 @@ from .models import (
 )
 from .sessions import SessionRow
 
-__all__ = ["archive_limits", "export_sessions", "import_sessions", "open_source", "write_file"]
+__all__ = [
+    "archive_limits",
+    "export_sessions",
+    "import_sessions",
+    "open_source",
+    "source_size",
+    "write_file",
+]
 
 T = TypeVar("T")
 
@@ -412,7 +419,7 @@ def import_sessions(
             start = source.tell()
         else:
             spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
-        size = _size(source, start)
+        size = source_size(source, start)
         checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
         header, counts, sha256, archive_bytes = checked
         sources = [session_id for session_id, _ in counts]
@@ -499,7 +506,7 @@ def _seekable(source: IO[bytes]) -> bool:
         return False
 
 
-def _size(source: IO[bytes], start: int) -> int:
+def source_size(source: IO[bytes], start: int) -> int:
     """The archive's size when the source is a regular file (0 when unknown)."""
     try:
         return max(0, os.fstat(source.fileno()).st_size - start)

@@ -189,6 +189,25 @@ def test_a_sessions_content_bytes_are_those_of_its_records() -> None:
     assert [s.checkpoint_ordinal for s in contents.sessions] == [None, None, 1]
 
 
+def test_progress_counts_the_archive_bytes_read(tmp_path: Path) -> None:
+    with Journal.open(tmp_path / "s", create=True) as j:
+        for n in range(3):
+            j.create_session(f"s{n}")
+            j.append(f"s{n}", [EventIn("n", os.urandom(1000)) for _ in range(300)])
+        archive = tmp_path / "a.sja"
+        j.export_sessions(None, archive)
+    size = archive.stat().st_size
+    for source, total in ((archive, size), (io.BytesIO(archive.read_bytes()), 0)):
+        seen: list[tuple[int, int]] = []
+        read_archive_contents(source, progress=lambda *args, seen=seen: seen.append(args))
+        assert len(seen) > 3
+        assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+        assert {whole for _, whole in seen[:-1]} == {total}
+        assert seen[-1] == (size, size)
+    with pytest.raises(journal.InvalidArgument, match="progress must be a callable"):
+        read_archive_contents(archive, progress=1)  # type: ignore[arg-type]
+
+
 def test_sources_that_are_not_archives_are_invalid_arguments_as_for_import(
     tmp_path: Path,
 ) -> None:
