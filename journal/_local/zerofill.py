@@ -81,13 +81,16 @@ def zeros_fit(ops: FileOps, fd: int, length: int) -> bool:
     return ops.free_bytes(fd) >= length + KEEP_FREE_BYTES
 
 
-def _no_room_for_zeros(length: int) -> OSError:
-    return OSError(
-        errno.ENOSPC,
-        f"not writing {length} bytes of zeros ahead: the file system has less than "
-        f"{(length + KEEP_FREE_BYTES) >> 20} MiB free, and zeros ahead leave its last "
-        f"{KEEP_FREE_BYTES >> 20} MiB to frames and the view",
-    )
+class _NoRoom(OSError):
+    """A step not written: it would leave less than `KEEP_FREE_BYTES` free."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(
+            errno.ENOSPC,
+            f"the file system has less than {(length + KEEP_FREE_BYTES) >> 20} MiB free, "
+            f"and zeros ahead leave its last {KEEP_FREE_BYTES >> 20} MiB to frames and "
+            "the view",
+        )
 
 
 class ZeroFiller:
@@ -172,6 +175,15 @@ class ZeroFiller:
         failure = f"{type(error).__name__}: {error}"
         repeated = failure == self._failure
         self._failure = failure
+        if isinstance(error, _NoRoom):
+            _log.log(
+                logging.DEBUG if repeated else logging.WARNING,
+                "no zeros are written ahead of the writer of segment %s until space is "
+                "freed: %s (appends go on, their syncs may cost more)",
+                segment_name(base_position),
+                error.strerror,
+            )
+            return
         _log.log(
             logging.DEBUG if repeated else logging.WARNING,
             "could not zero-fill segment %s ahead of the writer (%s); appends preallocate "
@@ -205,7 +217,7 @@ class ZeroFiller:
                     length = min(STEP_BYTES, end_offset - size)
                     self._ops.point("zerofill.step", (segment_name(base_position), size, length))
                     if not zeros_fit(self._ops, fd, length):
-                        raise _no_room_for_zeros(length)
+                        raise _NoRoom(length)
                     # A step that fails midway leaves what it wrote: a writer that saw the
                     # file grow may have put a frame there already (without this lock).
                     self._ops.fill_zeros(fd, size, length, sync=self._sync)
