@@ -621,6 +621,44 @@ with Journal.open(store) as j:  # (rebuilds the view)
     assert lines == ["free True", "opened 21", "free True"], lines
 
 
+def test_a_view_write_a_full_disk_cuts_short_is_enospc_not_eio(tmp_path: Path) -> None:
+    """LMDB reports a page write the disk cut short as EIO ("short write, filesystem
+    full?" in its source), so a commit whose frame fitted and whose view pages did not
+    said "Input/output error": a failing disk, to an operator whose disk was only full
+    (new-user trial, `journal compact`). With its file system full, it is ENOSPC, saying
+    why. (A 8 MiB disk filled to its last 8 KiB: one-event appends and session creations
+    until they fail.)"""
+    lines = _on_a_small_disk(
+        tmp_path,
+        r"""
+import os, sys
+from journal import EventIn, Journal, JournalError
+disk = sys.argv[1]
+store = os.path.join(disk, "store")
+with Journal.open(store, create=True, segment_bytes=4 << 20) as j:
+    for i in range(300):
+        j.create_session(f"s{i}")
+    with open(os.path.join(disk, "filler"), "ab", buffering=0) as f:
+        while True:
+            st = os.statvfs(disk)
+            free = st.f_bavail * st.f_frsize
+            if free <= 8192:
+                break
+            f.write(bytes(min(4096, free - 8192)))
+    seen = set()
+    for i in range(300, 600):
+        try:
+            j.append(f"s{i % 300}", [EventIn("e", b"x")])
+            j.create_session(f"s{i}")
+        except JournalError as e:
+            seen.add((type(e).__name__, e.errno, "the view, index/" in str(e)))
+    for found in sorted(seen):
+        print(*found, flush=True)
+""",
+    )
+    assert lines == ["StoreUnavailable 28 True"], lines
+
+
 def test_a_sparse_lock_file_on_a_full_disk_is_enospc_for_a_writer_and_read_around(
     tmp_path: Path,
 ) -> None:

@@ -466,7 +466,7 @@ class LocalEngine:
                 return
             # Nothing of this batch was committed: no caller may see a result.
             error: BaseException = e
-            os_error = os_error_of(e) if isinstance(e, lmdb.Error) else e  # (the view's disk)
+            os_error = os_error_of(e, self.location) if isinstance(e, lmdb.Error) else e
             if isinstance(os_error, OSError):
                 error = unavailable(os_error)
                 # Work the failure interrupted (a seal, a rename) is finished by the next

@@ -44,7 +44,7 @@ def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavai
             "garbage-collected)"
         )
     if isinstance(error, lmdb.Error):
-        refused = os_error_of(error)
+        refused = os_error_of(error, path)
         if refused is not None:  # (the view's disk is full, ...: SPEC 14.4)
             return open_failure(refused, path, readonly)
         return StoreUnavailable(
@@ -113,14 +113,34 @@ def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     return refused
 
 
-def os_error_of(error: lmdb.Error) -> OSError | None:
+def os_error_of(error: lmdb.Error, store: str | None = None) -> OSError | None:
     """The OS error an LMDB error reports as text ("mdb_txn_commit: No space left on
-    device"), if it is one."""
+    device"), if it is one. LMDB reports a page write that the disk cut short as EIO:
+    with the `store`'s path, an EIO while its file system has less than `_NEARLY_FULL`
+    free is reported as the full disk it most likely is (saying so)."""
     text = str(error)
     for number in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EFBIG):
         if os.strerror(number) in text:
+            if number == errno.EIO and store is not None and _nearly_full(store):
+                return OSError(
+                    errno.ENOSPC,
+                    f"{os.strerror(errno.ENOSPC)} (the view, index/: {text}; LMDB reports "
+                    "a write a full disk cut short as an I/O error, and this file system "
+                    "is full)",
+                )
             return OSError(number, f"{os.strerror(number)} (the view, index/: {text})")
     return None
+
+
+_NEARLY_FULL: Final = 1 << 20
+
+
+def _nearly_full(path: str) -> bool:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < _NEARLY_FULL
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
