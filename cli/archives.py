@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import io
 import json
 import os
@@ -115,6 +116,15 @@ def export(
         raise CommandFailed(
             "the reader of stdout went away before the archive was complete",
             "BROKEN_PIPE",
+        ) from None
+    except OSError as e:  # (the store's own failures are JournalErrors: this is FILE's)
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise CommandFailed(
+            f"cannot write the archive to {'stdout' if dest == '-' else repr(dest)}: "
+            f"{e.strerror or e}; "
+            + ("free space there, or export to another disk" if full else "check that path"),
+            "OS_ERROR",
+            "UNAVAILABLE",
         ) from None
     if dest == "-":
         return  # stdout carries the archive itself

@@ -659,6 +659,34 @@ with Journal.open(store, create=True, segment_bytes=4 << 20) as j:
     assert lines == ["StoreUnavailable 28 True"], lines
 
 
+def test_journal_export_to_a_full_disk_names_the_file_and_what_to_do(tmp_path: Path) -> None:
+    """`journal export -o FILE` on a full disk printed `[Errno 28] No space left on
+    device` alone (new-user trial): no file named, nothing to do. It now names the
+    archive's path and says to free space or export to another disk; no file is left."""
+    lines = _on_a_small_disk(
+        tmp_path,
+        _FILL_THE_DISK
+        + r"""
+import subprocess
+fill()
+archive = os.path.join(disk, "a.jarc")
+done = subprocess.run(
+    [sys.executable, "-m", "cli", "--store", store, "export", "--all", "-o", archive],
+    capture_output=True, text=True,
+)
+print(done.returncode, flush=True)
+print(done.stderr.strip(), flush=True)
+print(os.listdir(disk), flush=True)
+""",
+    )
+    assert lines[0] == "7", lines
+    assert lines[1].startswith("journal: error: cannot write the archive to '"), lines
+    assert lines[1].endswith(
+        "a.jarc': No space left on device; free space there, or export to another disk"
+    ), lines
+    assert lines[2] == "['store', 'filler']" or lines[2] == "['filler', 'store']", lines
+
+
 def test_a_sparse_lock_file_on_a_full_disk_is_enospc_for_a_writer_and_read_around(
     tmp_path: Path,
 ) -> None:
