@@ -218,8 +218,7 @@ class KeyRing:
             created = ring._create_exclusive(file_path, mode)
         except OSError as exc:
             raise KeyRingError(
-                f"cannot create key ring file {file_path} ({exc.strerror}); "
-                f"check that its directory exists and is writable"
+                f"cannot create key ring file {file_path} ({exc.strerror}); {_advice(exc)}"
             ) from None
         if created:
             with contextlib.suppress(OSError):
@@ -246,8 +245,7 @@ class KeyRing:
             _fsync_directory(file_path.parent)
         except OSError as exc:
             raise KeyRingError(
-                f"cannot save key ring file {file_path} ({exc.strerror}); "
-                f"check that its directory exists and is writable"
+                f"cannot save key ring file {file_path} ({exc.strerror}); {_advice(exc)}"
             ) from None
 
     @classmethod
@@ -707,3 +705,10 @@ def _open_lock_beside(path: Path) -> int:
 def _unlink_quietly(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _advice(error: OSError) -> str:
+    """What to do when a key file could not be written."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its disk, then try again"
+    return "check that its directory exists and is writable"

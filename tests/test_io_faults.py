@@ -687,6 +687,28 @@ print(os.listdir(disk), flush=True)
     assert lines[2] == "['store', 'filler']" or lines[2] == "['filler', 'store']", lines
 
 
+def test_a_key_file_a_full_disk_refuses_says_to_free_space(tmp_path: Path) -> None:
+    """`journal cursor-key --rotate` on a full disk said to check that the key file's
+    directory exists and is writable (new-user trial): now, to free space."""
+    lines = _on_a_small_disk(
+        tmp_path,
+        _FILL_THE_DISK
+        + r"""
+import subprocess
+fill()
+done = subprocess.run(
+    [sys.executable, "-m", "cli", "--store", store, "cursor-key", "--rotate"],
+    capture_output=True, text=True,
+)
+print(done.returncode, flush=True)
+print(done.stderr.strip(), flush=True)
+""",
+    )
+    assert lines[0] == "5", lines
+    assert "No space left on device" in lines[1], lines
+    assert lines[1].endswith("free space on its disk, then try again"), lines
+
+
 def test_a_sparse_lock_file_on_a_full_disk_is_enospc_for_a_writer_and_read_around(
     tmp_path: Path,
 ) -> None:
