@@ -291,3 +291,25 @@ def test_view_is_rebuilt_from_segments_after_a_reboot(tmp_path: Path) -> None:
         assert [(e.ordinal, e.data) for e in j.replay("s")] == before
         assert j.get_session("s").last_ordinal == 2
     assert (tmp_path / "view-boot").read_bytes() != b"another-boot"
+
+
+def test_a_refused_frame_another_writer_committed_after_is_not_cut(tmp_path: Path) -> None:
+    """`undo_append` runs under the write lock taken again after the failed transaction.
+    If another writer took the lock first, it indexed the refused frame (as after a crash
+    between sync and view update) and committed after it: the view's head is past the
+    frame, and cutting back to where the frame began would cut that writer's
+    acknowledged frame too. Nothing is cut then; with the head not past it, it is."""
+    log = make_log(tmp_path, sync=False)
+    record = [StateChanged(1, 1, 1)]
+    log.append(encode_frame_body(record), 1)
+    before = log.writer_end()
+    refused = log.append(encode_frame_body(record), 1)
+    other = log.append(encode_frame_body(record), 1)  # (the other writer's, after it)
+    log.owe_cut(before)
+    log.undo_append(other.last_position + 1)
+    assert len(read_all(log)) == 3
+    log.owe_cut(before)
+    log.undo_append(refused.first_position)  # (nobody committed since: cut)
+    assert len(read_all(log)) == 1
+    assert log.writer_end() == before
+    log.close()

@@ -361,13 +361,32 @@ class SegmentLog:
         writer = self.writer
         return writer.base_position, writer.end_offset, writer.next_position
 
-    def undo_append(self, before: tuple[int, int, int]) -> None:
-        """Cut off a frame whose sync or view update failed (the transaction did not
-        commit), so no later catch-up publishes what no caller was told succeeded. If the
-        append started a new segment, that segment keeps only its header (the sealed one is
-        complete). If the cut itself fails (the disk still refuses), the writer is dropped
-        and the cut is owed: `cut_pending_frames` makes it before the next commit."""
+    def owe_cut(self, before: tuple[int, int, int]) -> None:
+        """Owe the cut of the frame appended at `before` (segment, end offset, next
+        position) by a batch that did not commit: `undo_append` makes it, else the next
+        commit (`cut_pending_frames`)."""
+        self._cut_pending = before
+
+    def undo_append(self, head_next_position: int | None) -> None:
+        """Cut off the frame `owe_cut` names, whose sync or view update failed (the
+        transaction did not commit), so no later catch-up publishes what no caller was
+        told succeeded. If the append started a new segment, that segment keeps only its
+        header (the sealed one is complete). If the cut itself fails (the disk still
+        refuses), the writer is dropped and the cut stays owed: `cut_pending_frames`
+        makes it before the next commit.
+
+        The caller holds the write lock again (a new transaction: the failed one released
+        it), and `head_next_position` is its view's. Past the frame's start, another
+        writer took the lock meanwhile, indexed the frame (as after a crash between sync
+        and view update) and committed after it: nothing may be cut (cutting cut its
+        acknowledged frames)."""
+        before = self._cut_pending
+        if before is None:
+            return
         base, end_offset, next_position = before
+        if head_next_position is not None and head_next_position > next_position:
+            self._cut_pending = None
+            return
         writer = self._writer
         try:
             if writer is None:
@@ -377,9 +396,9 @@ class SegmentLog:
             else:
                 writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
         except OSError:
-            self._cut_pending = before
             self.close()
             raise
+        self._cut_pending = None
 
     def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
         """Make a cut `undo_append` owes (caller holds the write lock, before catch-up).
