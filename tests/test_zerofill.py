@@ -29,7 +29,13 @@ from journal import EventIn, Journal, StoreUnavailable
 from journal._local.files import FileOps
 from journal._local.frames import SEGMENT_SUFFIX
 from journal._local.segments import SegmentReader
-from journal._local.zerofill import AHEAD_BYTES, INLINE_BYTES, KEEP_FREE_BYTES, STEP_BYTES
+from journal._local.zerofill import (
+    AHEAD_BYTES,
+    INLINE_BYTES,
+    KEEP_FREE_BYTES,
+    RETRY_S,
+    STEP_BYTES,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIG_SEGMENT = 16 << 20  # filled by the filler
@@ -284,6 +290,40 @@ def test_zeros_ahead_leave_the_last_free_space_of_a_disk_near_full_to_the_frames
             time.sleep(0.05)
         assert [e.data for e in j.replay("s")] == [e.data for k in range(n) for e in batch("s", k)]
         assert j.verify().problems == []
+
+
+def test_a_filler_without_room_for_its_last_short_steps_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The filler's refusal named the step's length, and the last steps of a segment are
+    shorter each time (up to the segment's end, from a file the frames grow): every
+    retry was a new failure, a warning once a second through the last MiB of every
+    segment. The same refusal is the same failure: one warning, then debug level."""
+    store = tmp_path / "store"
+    ops = Recorder()
+    ops.free = KEEP_FREE_BYTES + 1  # not room for any zeros
+    caplog.set_level(logging.DEBUG, logger="journal")
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "no zeros are written ahead" in r.getMessage()]
+
+    with Journal.open(store, create=True, segment_bytes=SMALL_ROTATING, file_ops=ops) as j:
+        j.create_session("s")
+        segment = active_segment(store)
+        n = 0
+        while data_end(segment) < SMALL_ROTATING - STEP_BYTES + (100 << 10):
+            j.append("s", batch("s", n))
+            n += 1
+        for _ in range(2):  # the filler rests, then is asked for a short step
+            seen = len(failures())
+            time.sleep(RETRY_S + 0.1)
+            j.append("s", batch("s", n))
+            n += 1
+            wait_for(lambda: len(failures()) > seen)  # noqa: B023
+        assert len(list(store.glob("segments/*" + SEGMENT_SUFFIX))) == 1
+        assert [r.levelno for r in failures()][:1] == [logging.WARNING]
+        assert [r.levelno for r in failures()][1:] == [logging.DEBUG] * (len(failures()) - 1)
+        assert len({str(r.args[1]) for r in failures()}) == 1  # type: ignore[index]
 
 
 def test_a_commit_s_zeros_that_fail_midway_are_cut_off_and_its_frame_goes_in(

@@ -82,14 +82,16 @@ def zeros_fit(ops: FileOps, fd: int, length: int) -> bool:
 
 
 class _NoRoom(OSError):
-    """A step not written: it would leave less than `KEEP_FREE_BYTES` free."""
+    """A step not written: it would leave less than `KEEP_FREE_BYTES` free. (Not naming
+    the step's length: a segment's last steps are shorter each time, and a different
+    message is a new failure, a warning again at every retry.)"""
 
-    def __init__(self, length: int) -> None:
+    def __init__(self) -> None:
         super().__init__(
             errno.ENOSPC,
-            f"the file system has less than {(length + KEEP_FREE_BYTES) >> 20} MiB free, "
-            f"and zeros ahead leave its last {KEEP_FREE_BYTES >> 20} MiB to frames and "
-            "the view",
+            "the file system would keep less than "
+            f"{KEEP_FREE_BYTES >> 20} MiB free after them, and zeros ahead leave its last "
+            f"{KEEP_FREE_BYTES >> 20} MiB to frames and the view",
         )
 
 
@@ -217,7 +219,7 @@ class ZeroFiller:
                     length = min(STEP_BYTES, end_offset - size)
                     self._ops.point("zerofill.step", (segment_name(base_position), size, length))
                     if not zeros_fit(self._ops, fd, length):
-                        raise _NoRoom(length)
+                        raise _NoRoom()
                     # A step that fails midway leaves what it wrote: a writer that saw the
                     # file grow may have put a frame there already (without this lock).
                     self._ops.fill_zeros(fd, size, length, sync=self._sync)
