@@ -316,10 +316,10 @@ def test_a_filler_without_room_for_its_last_short_steps_warns_once(
             n += 1
         for _ in range(2):  # the filler rests, then is asked for a short step
             seen = len(failures())
-            time.sleep(RETRY_S + 0.1)
+            time.sleep(RETRY_S + 0.3)
             j.append("s", batch("s", n))
             n += 1
-            wait_for(lambda: len(failures()) > seen)  # noqa: B023
+            wait_for(lambda seen=seen: len(failures()) > seen)
         assert len(list(store.glob("segments/*" + SEGMENT_SUFFIX))) == 1
         assert [r.levelno for r in failures()][:1] == [logging.WARNING]
         assert [r.levelno for r in failures()][1:] == [logging.DEBUG] * (len(failures()) - 1)
