@@ -292,6 +292,27 @@ def test_zeros_ahead_leave_the_last_free_space_of_a_disk_near_full_to_the_frames
         assert j.verify().problems == []
 
 
+def test_a_new_store_born_without_zeros_is_not_taken_for_one_moved_on(
+    tmp_path: Path,
+) -> None:
+    """On a disk near full a segment is born without zeros (SPEC 3.2): its file ends at
+    its header. A new store's view names that place (the first segment, offset 64), and
+    a file ending at the view's head was taken for a sealed segment whose successor is
+    the one named after the next position: the segment itself. So the log had "moved
+    past" the view: a read-only open waited for a writer to index it, then read through a
+    private view; the writer's first commit caught up for nothing."""
+    store = tmp_path / "store"
+    ops = Recorder()
+    ops.free = 0
+    with Journal.open(store, create=True, file_ops=ops):
+        pass
+    assert os.path.getsize(active_segment(store)) == 64
+    reader_ops = Recorder()
+    with Journal.open(store, readonly=True, file_ops=reader_ops) as r:
+        assert list(r.list_sessions()) == []
+    assert [name for name, _, _ in reader_ops.points if name == "open.view_behind"] == []
+
+
 def test_a_filler_without_room_for_its_last_short_steps_warns_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

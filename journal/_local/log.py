@@ -270,13 +270,18 @@ class SegmentLog:
             # Preallocated zeros follow: nobody appended, and nobody sealed this segment
             # (sealing truncates the zeros first).
             return False
-        if os.path.exists(os.path.join(self.directory, segment_name(next_position))):
+        # The file ends at `end_offset`: sealed, if a segment after it exists. (Not the
+        # one named after `next_position` when no frame is in it: that is this segment,
+        # born without zeros on a disk near full, and nothing moved.)
+        if next_position > segment and os.path.exists(
+            os.path.join(self.directory, segment_name(next_position))
+        ):
             return True
         # Sealed: the segment after it may be compressed, or deleted already (retention:
         # every frame in it dead) with later ones present. (Only the plain file starting
         # at `next_position` was looked for: a read-only reader whose head was at the end
         # of a sealed segment then saw no change at any refresh, ever again.)
-        return any(base >= next_position for base in self.bases())
+        return any(base > segment for base in self.bases())
 
     def discard_unborn_tail(self) -> None:
         """Delete a newest plain segment shorter than its header: a creation interrupted
