@@ -303,13 +303,71 @@ def test_a_refused_frame_another_writer_committed_after_is_not_cut(tmp_path: Pat
     record = [StateChanged(1, 1, 1)]
     log.append(encode_frame_body(record), 1)
     before = log.writer_end()
-    refused = log.append(encode_frame_body(record), 1)
-    other = log.append(encode_frame_body(record), 1)  # (the other writer's, after it)
+    log.append(encode_frame_body(record), 1)  # (refused)
+    log.append(encode_frame_body(record), 1)  # (the other writer's, after it)
     log.owe_cut(before)
-    log.undo_append(other.last_position + 1)
+    log.undo_append(log.writer_end())
     assert len(read_all(log)) == 3
+    log.attach_writer(*before)  # (cuts what lies past it: a fresh start)
+    log.append(encode_frame_body(record), 1)  # (refused)
     log.owe_cut(before)
-    log.undo_append(refused.first_position)  # (nobody committed since: cut)
+    log.undo_append(before)  # (nobody committed since: cut)
     assert len(read_all(log)) == 1
     assert log.writer_end() == before
     log.close()
+
+
+def _two_writers_past_a_refused_frame(
+    tmp_path: Path,
+) -> tuple[SegmentLog, SegmentLog, tuple[int, int, int], tuple[int, int, int]]:
+    """Writer A's frame F is refused (its view commit failed); before A cuts it, writer
+    B's catch-up (in a transaction that fails too) indexed F and B appended G after it.
+    A cuts F (and G with it). Returns A, B, the head before F, and where B's G began."""
+    log_a = make_log(tmp_path, sync=False)
+    log_a.append(encode_frame_body([StateChanged(1, 1, 1)]), 1)
+    head = log_a.writer_end()
+    log_a.append(encode_frame_body([StateChanged(2, 2, 2)]), 1)  # F
+    log_b = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=4096, sync=False)
+    log_b.open_writer()
+    before_g = log_b.writer_end()
+    log_b.append(encode_frame_body([StateChanged(3, 3, 3)]), 1)  # G
+    log_a.owe_cut(head)
+    log_a.undo_append(head)
+    return log_a, log_b, head, before_g
+
+
+def test_a_refused_frame_after_another_writer_s_refused_frame_cuts_no_committed_one(
+    tmp_path: Path,
+) -> None:
+    """A (as above) then commits a frame F' where F was: as many records, so the view's
+    next position is where G began, but longer. B's cut of G, made where its failed
+    catch-up had put it, cut F' (acknowledged) in two; it is not made: past the view's
+    head lies nothing of B's."""
+    log_a, log_b, _, before_g = _two_writers_past_a_refused_frame(tmp_path)
+    longer = EventAppended(1, 1, 0, "m", b"x" * 300, None)
+    log_a.append(encode_frame_body([longer]), 1)  # F', committed
+    committed = log_a.writer_end()
+    assert committed[2] == before_g[2] and committed[1] > before_g[1]
+    log_b.owe_cut(before_g)
+    log_b.undo_append(committed)
+    assert read_all(log_a)[-1] == [longer]
+    log_a.close()
+    log_b.close()
+
+
+def test_a_refused_frame_whose_predecessor_was_cut_leaves_nothing_to_cut(
+    tmp_path: Path,
+) -> None:
+    """A (as above) commits nothing more: B's cut of G found the log ending before G's
+    place and raised `LogHole` (a commit failing with "frames were cut off ... until
+    verify --fix"), though nothing committed was missing. Nothing is left to cut: the
+    writer attaches at the view's head at the next commit."""
+    log_a, log_b, head, before_g = _two_writers_past_a_refused_frame(tmp_path)
+    log_b.owe_cut(before_g)
+    log_b.undo_append(head)
+    assert len(read_all(log_b)) == 1
+    log_b.attach_writer(*head)
+    log_b.append(encode_frame_body([StateChanged(5, 5, 5)]), 1)
+    assert len(read_all(log_b)) == 2
+    log_a.close()
+    log_b.close()

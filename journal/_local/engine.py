@@ -540,12 +540,12 @@ class LocalEngine:
         except BaseException:
             self._rows.forget()
             if before is not None:
-                # Under the write lock again: the failed transaction released it, and a
-                # writer that took it since may have indexed the frame and appended after it.
-                log.owe_cut(before)  # (made by the next commit if the lock is not had now)
+                log.owe_cut(before)  # (cut under the write lock again: `undo_append`)
                 with view.begin(write=True) as txn:
-                    viewed = view.head(txn)
-                    log.undo_append(None if viewed is None else viewed.next_position)
+                    h = view.head(txn)
+                    log.undo_append(
+                        None if h is None else (h.segment, h.end_offset, h.next_position)
+                    )
             raise
         self._remember_rows(batch, planner, projection, transaction_id)
         if planner.doomed:

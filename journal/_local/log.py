@@ -34,7 +34,13 @@ from .frames import (
     segment_name,
     sidecar_name,
 )
-from .segments import SegmentReader, compress_segment, open_segment, summarize_segment
+from .segments import (
+    LogHole,
+    SegmentReader,
+    compress_segment,
+    open_segment,
+    summarize_segment,
+)
 from .sidecar import FrameDigest, SegmentSummary, read_summary, sidecar_intact, write_summary
 from .writer import SegmentWriter
 from .zerofill import ZeroFiller
@@ -372,7 +378,7 @@ class SegmentLog:
         commit (`cut_pending_frames`)."""
         self._cut_pending = before
 
-    def undo_append(self, head_next_position: int | None) -> None:
+    def undo_append(self, head: tuple[int, int, int] | None) -> None:
         """Cut off the frame `owe_cut` names, whose sync or view update failed (the
         transaction did not commit), so no later catch-up publishes what no caller was
         told succeeded. If the append started a new segment, that segment keeps only its
@@ -381,18 +387,25 @@ class SegmentLog:
         makes it before the next commit.
 
         The caller holds the write lock again (a new transaction: the failed one released
-        it), and `head_next_position` is its view's. Past the frame's start, another
-        writer took the lock meanwhile, indexed the frame (as after a crash between sync
-        and view update) and committed after it: nothing may be cut (cutting cut its
-        acknowledged frames)."""
+        it), and `head` is its view's (segment, end offset, next position): everything
+        past it is uncommitted, and nothing at or before it may be cut. Another writer
+        may have taken the lock meanwhile and indexed the frame (as after a crash between
+        sync and view update) and committed after it; or the failed transaction's
+        catch-up had indexed another writer's refused frame before this one, which that
+        writer has cut since (with this one after it), committing others there maybe.
+        Then the cut is not made where this frame began (it cut acknowledged frames, or
+        found the log ending before that place: `LogHole`); the next catch-up attaches
+        the writer at the head."""
         before = self._cut_pending
         if before is None:
             return
+        self._cut_pending = None
         base, end_offset, next_position = before
-        if head_next_position is not None and head_next_position > next_position:
-            self._cut_pending = None
-            return
         writer = self._writer
+        if head is not None and (
+            head[2] > next_position or (head[0], head[1]) > (base, end_offset)
+        ):
+            return  # (the writer is not at the head: the next catch-up re-attaches it)
         try:
             if writer is None:
                 pass  # the append failed while rotating, before any frame was written
@@ -400,10 +413,14 @@ class SegmentLog:
                 writer.attach(end_offset, next_position)
             else:
                 writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+        except LogHole:
+            if head is None or (head[0], head[1], head[2]) == before:
+                raise  # (the committed frames themselves were cut: damage)
+            self.close()  # the frames before this one were cut, and it with them
         except OSError:
+            self._cut_pending = before
             self.close()
             raise
-        self._cut_pending = None
 
     def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
         """Make a cut `undo_append` owes (caller holds the write lock, before catch-up).
