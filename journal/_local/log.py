@@ -388,7 +388,7 @@ class SegmentLog:
 
         The caller holds the write lock again (a new transaction: the failed one released
         it), and `head` is its view's (segment, end offset, next position): everything
-        past it is uncommitted, and nothing at or before it may be cut. Another writer
+        past it is uncommitted, and nothing before it may be cut. Another writer
         may have taken the lock meanwhile and indexed the frame (as after a crash between
         sync and view update) and committed after it; or the failed transaction's
         catch-up had indexed another writer's refused frame before this one, which that
@@ -423,7 +423,8 @@ class SegmentLog:
             raise
 
     def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
-        """Make a cut `undo_append` owes (caller holds the write lock, before catch-up).
+        """Make a cut owed (`owe_cut`) that `undo_append` did not make (caller holds the
+        write lock, before catch-up).
 
         `head` is the view's (segment, end offset, next position). If its next position
         is still the one before the failed append, nobody committed since, and everything
