@@ -324,6 +324,7 @@ class View:
         self._retired: list[lmdb.Environment] = []
         # The files of the environments it opened (`lmdbenv.register_open`), released at close.
         self._open_files: list[tuple[int, int]] = []
+        self._readers_checked = 0.0  # (time.monotonic() of the last `reader_check`)
         self._open_environment()
 
     def _open_environment(self) -> None:
@@ -418,6 +419,12 @@ class View:
         else:
             self.check_file()
         try:
+            if write and time.monotonic() - self._readers_checked >= 1.0:
+                # Free the reader slots of processes killed inside a read transaction:
+                # LMDB reuses no page freed after such a slot's snapshot (the file grew
+                # by every commit, for good).
+                self._readers_checked = time.monotonic()
+                self.env.reader_check()
             return self.env.begin(write=write)
         except lmdb.Error as e:
             if self.closed:
