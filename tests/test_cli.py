@@ -772,6 +772,8 @@ def test_a_nats_store_without_a_name_is_explained_in_cli_terms() -> None:
         assert "Journal.open" not in result.stderr, result.stderr
         assert "--store nats://HOST:PORT/NAME must name" in result.stderr, result.stderr
         assert "(for example --store nats://host:4222/agents)" in result.stderr
+        # (No name at all is said so, not "got None": new-user trial.)
+        assert ("got" in result.stderr) == store.endswith("$"), result.stderr
 
 
 def test_file_mode_on_a_nats_store_is_a_usage_error_with_its_status() -> None:

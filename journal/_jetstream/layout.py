@@ -74,8 +74,9 @@ _POSITIONS: Final = (
 def check_store_name(store: object) -> str:
     if not isinstance(store, str) or not _STORE_RE.fullmatch(store):
         raise InvalidArgument(
-            f"store must name the journal's stream: 1 to 64 letters, digits, '-' or '_', "
-            f"got {store!r} (for example Journal.open('nats://host:4222', store='agents'))"
+            "store must name the journal's stream: 1 to 64 letters, digits, '-' or '_', "
+            + ("but none was given" if store is None or store == "" else f"got {store!r}")
+            + " (for example Journal.open('nats://host:4222', store='agents'))"
         )
     return store
 
