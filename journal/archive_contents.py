@@ -12,7 +12,7 @@ from typing import IO
 from .archive import ArchiveLimits, ArchiveReader, SessionSection
 from .arguments import check_callback
 from .models import ArchiveContents, ArchivedSession, SessionState
-from .transfer import archive_limits, open_source, source_size
+from .transfer import archive_limits, open_source, source_position, source_size
 
 __all__ = ["read_archive_contents"]
 
@@ -39,7 +39,7 @@ def read_archive_contents(
     check_callback("progress", progress)
     with contextlib.ExitStack() as stack:
         source = open_source(src, stack)
-        total = source_size(source, _position(source))
+        total = source_size(source, source_position(source) or 0)
         reader = ArchiveReader(source, limits)
         sessions: list[ArchivedSession] = []
         # A session's records end where the next one's begin: each is summed up when
@@ -70,14 +70,6 @@ def read_archive_contents(
         content_bytes=reader.content_bytes,
         sha256=reader.sha256,
     )
-
-
-def _position(source: IO[bytes]) -> int:
-    """Where a seekable source stands (its size counts from there), else 0."""
-    try:
-        return source.tell() if source.seekable() else 0
-    except (AttributeError, OSError, ValueError):
-        return 0
 
 
 def _summary(section: SessionSection, events: int, *, end: int) -> ArchivedSession:

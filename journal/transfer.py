@@ -71,6 +71,7 @@ __all__ = [
     "export_sessions",
     "import_sessions",
     "open_source",
+    "source_position",
     "source_size",
     "write_file",
 ]
@@ -414,10 +415,9 @@ def import_sessions(
     with contextlib.ExitStack() as stack:
         source = open_source(src, stack)
         spool: IO[bytes] | None = None
-        start = 0
-        if _seekable(source):
-            start = source.tell()
-        else:
+        start = source_position(source)
+        if start is None:  # (a pipe: the check pass copies it, the import reads the copy)
+            start = 0
             spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
         size = source_size(source, start)
         checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
@@ -499,11 +499,13 @@ def open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
     return src
 
 
-def _seekable(source: IO[bytes]) -> bool:
+def source_position(source: IO[bytes]) -> int | None:
+    """Where a seekable source stands (an archive is read from there), None when it
+    cannot seek (a pipe)."""
     try:
-        return bool(source.seekable())
+        return source.tell() if source.seekable() else None
     except (AttributeError, OSError, ValueError):
-        return False
+        return None
 
 
 def source_size(source: IO[bytes], start: int) -> int:

@@ -125,6 +125,7 @@ from .segments import KnownZeros, LogHole
 from .sidecar import read_summary
 from .store_file import (
     STORE_FORMAT,
+    record_in_store,
     remove_stray_temporaries,
     store_at_open,
 )
@@ -230,7 +231,7 @@ class LocalEngine:
             path, options.create, readonly, options.file_mode, options.retention, ops
         )
         # The policy in force: the store's as recorded now, read again at each pass (SPEC 8).
-        self.policy = RecordedPolicy(store_file, options.retention or store.retention, ops)
+        self.policy = RecordedPolicy(store_file, options.retention or store.retention)
         self.store_id = store.store_id
         self.permissions = permissions = Permissions(store.file_mode)
         self.key_ring = key_ring_for(path, options.key_ring, readonly, permissions)
@@ -776,7 +777,9 @@ class LocalEngine:
     @disk_errors("maintenance")
     def change_retention_policy(self, change: PolicyChange) -> RetentionPolicy:
         self.check_usable()
-        return self.policy.change(change, self.permissions)
+        # (`change` runs under the open lock, while `store.json` is read and replaced.)
+        record_in_store(self.location, self.permissions, retention=change, ops=self._ops)
+        return self.policy.current()
 
     @reads_disk
     def stats(self) -> StoreStats:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from typing import Final
 
 from ..errors import StoreIncompatible
 from ..models import RetentionPolicy
-from .files import FileOps, Permissions
-from .store_file import load_store, record_in_store
+from .store_file import load_store
 
 __all__ = ["RecordedPolicy"]
 
@@ -30,11 +28,10 @@ _Stamp = tuple[int, int, int]
 class RecordedPolicy:
     """The policy in force (`policy`) and the stamp of the `store.json` it came from."""
 
-    __slots__ = ("_ops", "_stamp", "_store_file", "policy")
+    __slots__ = ("_stamp", "_store_file", "policy")
 
-    def __init__(self, store_file: str, policy: RetentionPolicy | None, ops: FileOps) -> None:
+    def __init__(self, store_file: str, policy: RetentionPolicy | None) -> None:
         self._store_file = store_file
-        self._ops = ops
         self.policy = policy or RetentionPolicy()
         # None: not compared yet. The first refresh reads the file again, so a policy
         # another process recorded while this journal opened is not missed.
@@ -62,15 +59,6 @@ class RecordedPolicy:
         _log.info("%s: applying the retention policy recorded now: %s", self._store_file, recorded)
         self.policy = recorded
         return True
-
-    def change(
-        self, change: Callable[[RetentionPolicy], RetentionPolicy], permissions: Permissions
-    ) -> RetentionPolicy:
-        """Record `change(the recorded policy)` under the store's open lock (so two
-        changes at once both apply, each to the other's result); the policy in force."""
-        store = os.path.dirname(self._store_file)
-        record_in_store(store, permissions, retention=change, ops=self._ops)
-        return self.current()
 
     def current(self) -> RetentionPolicy:
         """The recorded policy now (refreshed)."""
