@@ -27,6 +27,7 @@ from .output import (
     display_width,
     embedded,
     is_nats,
+    listing_parts,
     pass_settings,
     plural,
     require_stream,
@@ -446,12 +447,14 @@ def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
 
 def _archived_text(session: journal.ArchivedSession, id_width: int) -> str:
     """One listing line, as `sessions list` prints a session of a store."""
-    session_id = shown(session.session_id)
-    padding = " " * max(0, id_width - display_width(session_id))
-    events = plural(session.events, "event")
-    if session.events:
-        events += f" (#{session.first_ordinal}..#{session.last_ordinal})"
-    parts = [session_id + padding, f"{session.state.value:<9}", events]
+    parts = listing_parts(
+        session.session_id,
+        session.state,
+        session.events,
+        session.first_ordinal,
+        session.last_ordinal,
+        id_width,
+    )
     if session.snapshot_ordinal is not None:
         parts.append(f"snapshot=#{session.snapshot_ordinal}")
     if session.checkpoint_ordinal is not None:

@@ -52,6 +52,7 @@ __all__ = [
     "is_nats",
     "lifecycle_record",
     "lifecycle_text",
+    "listing_parts",
     "pass_settings",
     "plural",
     "preview",
@@ -525,16 +526,26 @@ def display_width(text: str) -> int:
     return width
 
 
-def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
-    """One listing line; ids are padded to `id_width` columns (a longer id is printed
-    whole, so nothing is hidden)."""
-    count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
+def listing_parts(
+    session_id: str, state: journal.SessionState, count: int, first: int, last: int, id_width: int
+) -> list[str]:
+    """The first columns of a session's listing line (a store's, or an archive's): the
+    id padded to `id_width` columns (a longer id is printed whole, so nothing is hidden),
+    the state, and how many events with their ordinals."""
     events = f"{count} events" if count != 1 else "1 event"
     if count:
-        events += f" (#{meta.first_ordinal}..#{meta.last_ordinal})"
-    session_id = shown(meta.session_id)
+        events += f" (#{first}..#{last})"
+    session_id = shown(session_id)
     padding = " " * max(0, id_width - display_width(session_id))
-    parts = [session_id + padding, f"{meta.state.value:<9}", events]
+    return [session_id + padding, f"{state.value:<9}", events]
+
+
+def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
+    """One listing line (`listing_parts`, then mode, tags, owner and open turn)."""
+    count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
+    parts = listing_parts(
+        meta.session_id, meta.state, count, meta.first_ordinal, meta.last_ordinal, id_width
+    )
     if meta.mode:
         parts.append(f"mode={shown(meta.mode)}")
     if meta.tags:
