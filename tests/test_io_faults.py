@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -850,3 +850,62 @@ def test_a_refused_frame_is_cut_off_under_the_write_lock_not_after_another_commi
     with Journal.open(path) as j:
         assert [e.data for e in j.replay("a")] == [b"before", b"other"]
         j.append("a", [EventIn("m", b"after")])
+
+
+class _OtherWriterFirst(FileOps):
+    """The view's commit fails once the frame is written and synced (a full disk meeting
+    LMDB); before the writer takes the write lock again to cut the frame off, `other`
+    runs (another process's append, whose catch-up indexes the frame)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.other: Callable[[], None] = lambda: None
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "commit.view_flush" and self.armed:
+            self.armed = False
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if name == "commit.refused":
+            self.other()
+
+
+def test_a_refused_frame_another_writer_indexed_is_acknowledged_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A batch whose view commit fails is cut off again under a new write transaction;
+    another process may take the write lock first, index the frame (as after a crash
+    between sync and view update) and commit after it. The frame is then committed, and
+    its callers were told it failed: a retry without an idempotency key appended it twice.
+    Now the writer finds its own frame indexed and acknowledges the batch."""
+    path = tmp_path / "s"
+    ops = _OtherWriterFirst()
+
+    def other_process_appends() -> None:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys\nfrom journal import EventIn, Journal\n"
+                "with Journal.open(sys.argv[1]) as j:\n"
+                "    j.append('a', [EventIn('m', b'other')])\n"
+                "print('acked', flush=True)\n",
+                str(path),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        )
+        assert out.stdout.split() == ["acked"], out.stderr
+
+    with Journal.open(path, create=True, file_ops=ops) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+        ops.armed, ops.other = True, other_process_appends
+        appended = j.append("a", [EventIn("m", b"refused?")])
+        ops.other = lambda: None
+        assert (appended.first_ordinal, appended.last_ordinal) == (2, 2)
+        assert [e.data for e in j.replay("a")] == [b"before", b"refused?", b"other"]
+        assert j.append("a", [EventIn("m", b"after")]).first_ordinal == 4
+        assert j.verify().problems == []
+    with Journal.open(path) as j:
+        assert [e.data for e in j.replay("a")] == [b"before", b"refused?", b"other", b"after"]

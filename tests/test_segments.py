@@ -14,6 +14,7 @@ from journal import JournalCorrupt
 from journal._local.frames import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
+    FrameInfo,
     encode_frame,
     segment_name,
 )
@@ -369,5 +370,42 @@ def test_a_refused_frame_whose_predecessor_was_cut_leaves_nothing_to_cut(
     log_b.attach_writer(*head)
     log_b.append(encode_frame_body([StateChanged(5, 5, 5)]), 1)
     assert len(read_all(log_b)) == 2
+    log_a.close()
+    log_b.close()
+
+
+def test_a_refused_frame_is_found_committed_only_where_it_lies_unchanged(
+    tmp_path: Path,
+) -> None:
+    """`undo_append` with the refused frame (where it was written, and its records) says
+    whether another writer indexed it: the view's head lies past it and the log holds
+    exactly that frame there. Past the head but with other frames in its place (it was
+    cut with another writer's refused frame, and others committed there), it is not."""
+    log = make_log(tmp_path, sync=False)
+    record: list[Record] = [StateChanged(1, 1, 1)]
+    log.append(encode_frame_body(record), 1)
+    before = log.writer_end()
+    refused = log.append(encode_frame_body(record), 1)
+    log.owe_cut(before)
+    assert not log.undo_append(before, (refused, record))  # (not indexed: cut)
+    assert len(read_all(log)) == 1
+    refused = log.append(encode_frame_body(record), 1)
+    log.append(encode_frame_body(record), 1)  # (the other writer's, after it)
+    log.owe_cut(before)
+    assert log.undo_append(log.writer_end(), (refused, record))
+    assert len(read_all(log)) == 3
+    log.close()
+
+    log_a, log_b, _, before_g = _two_writers_past_a_refused_frame(tmp_path / "two")
+    g = read_all(log_b)[-1]
+    g_info = FrameInfo(before_g[0], before_g[1], before_g[2], 1, len(encode_frame_body(g)))
+    longer = EventAppended(1, 1, 0, "m", b"x" * 300, None)
+    log_a.append(encode_frame_body([longer]), 1)  # where F and G were
+    log_a.append(encode_frame_body(record), 1)
+    past_g = log_a.writer_end()
+    assert past_g[2] > g_info.last_position
+    log_b.owe_cut(before_g)
+    assert not log_b.undo_append(past_g, (g_info, list(g)))
+    assert read_all(log_a)[-2:] == [[longer], record]
     log_a.close()
     log_b.close()

@@ -88,10 +88,7 @@ from .failures import (
     unavailable,
 )
 from .files import DEFAULT_FILE_OPS, FileOps, Permissions
-from .frames import (
-    DEFAULT_SEGMENT_BYTES,
-    SEGMENT_HEADER_SIZE,
-)
+from .frames import DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, FrameInfo
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import (
@@ -485,6 +482,7 @@ class LocalEngine:
         view = self.view
         log = self.log
         before: tuple[int, int, int] | None = None
+        info: FrameInfo | None = None  # (where the frame was written)
         try:
             with view.begin(write=True) as txn:
                 try:
@@ -538,17 +536,24 @@ class LocalEngine:
                 planner.finish()
                 transaction_id = txn.id()
             # The transaction committed: from here on the frame is acknowledged.
-        except BaseException:
+        except BaseException as e:
             self._rows.forget()
-            if before is not None:
-                log.owe_cut(before)  # (cut under the write lock again: `undo_append`)
-                with view.begin(write=True) as txn:
-                    h = view.head(txn)
-                    log.undo_append(
-                        None if h is None else (h.segment, h.end_offset, h.next_position)
-                    )
-            raise
-        self._remember_rows(batch, planner, projection, transaction_id)
+            if before is None:
+                raise
+            log.owe_cut(before)  # (cut under the write lock again: `undo_append`)
+            self._ops.point("commit.refused")
+            # Another writer that took the lock first indexed the frame? Then it is committed
+            # (acknowledged if each request has its result or error, as planned appends do).
+            known = all(r.result is not None or r.error is not None for r in batch)
+            frame = (info, planner.records) if info and known and isinstance(e, Exception) else None
+            with view.begin(write=True) as txn:
+                h = view.head(txn)
+                at = None if h is None else (h.segment, h.end_offset, h.next_position)
+                if not log.undo_append(at, frame):
+                    raise
+            _log.warning("a failed commit's frame was indexed by another writer: acknowledged")
+        else:
+            self._remember_rows(batch, planner, projection, transaction_id)
         if planner.doomed:
             try:
                 freed = delete_segment_files(log, planner.doomed)
@@ -567,7 +572,7 @@ class LocalEngine:
                 self.expiry.poke()
         if planner.evicted:
             remove_evicted_locks(self.location, planner.evicted, self._ops)
-        if planner.records:  # (waking the followers of the sessions it touched only)
+        if info is not None:  # (waking the followers of the sessions it touched only)
             self.waiter.publish(
                 projection.head.next_position, projection.touched(), info.first_position
             )

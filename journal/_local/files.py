@@ -40,6 +40,7 @@ FAULT_POINTS: Final = {
     "commit.queued": "a request joined the commit queue (before it waits or leads)",
     "commit.batch_taken": "the leader took its batch (before it plans it)",
     "commit.view_flush": "the frame is written and synced; the view update starts",
+    "commit.refused": "a commit failed after writing its frame; the cut's write lock is next",
     "plan.operation": "one operation is about to be planned inside the batch",
     "segments.read": "a scan of a sealed plain segment read its next chunk (before use)",
     "segments.tail_read": "a scan of the active segment read its next chunk (before use)",

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..errors import StoreIncompatible
+from ..errors import JournalCorrupt, StoreIncompatible
 from ..records import Record, encode_frame_body_into
 from .files import (
     DEFAULT_FILE_OPS,
@@ -378,7 +378,11 @@ class SegmentLog:
         commit (`cut_pending_frames`)."""
         self._cut_pending = before
 
-    def undo_append(self, head: tuple[int, int, int] | None) -> None:
+    def undo_append(
+        self,
+        head: tuple[int, int, int] | None,
+        frame: tuple[FrameInfo, list[Record]] | None = None,
+    ) -> bool:
         """Cut off the frame `owe_cut` names, whose sync or view update failed (the
         transaction did not commit), so no later catch-up publishes what no caller was
         told succeeded. If the append started a new segment, that segment keeps only its
@@ -395,17 +399,21 @@ class SegmentLog:
         writer has cut since (with this one after it), committing others there maybe.
         Then the cut is not made where this frame began (it cut acknowledged frames, or
         found the log ending before that place: `LogHole`); the next catch-up attaches
-        the writer at the head."""
+        the writer at the head.
+
+        Returns True when `frame` (where it was written, and its records) lies before the
+        head, unchanged: another writer indexed it, and it is committed."""
         before = self._cut_pending
         if before is None:
-            return
+            return False
         self._cut_pending = None
         base, end_offset, next_position = before
         writer = self._writer
         if head is not None and (
             head[2] > next_position or (head[0], head[1]) > (base, end_offset)
         ):
-            return  # (the writer is not at the head: the next catch-up re-attaches it)
+            # (The writer is not at the head: the next catch-up re-attaches it.)
+            return frame is not None and head[2] > frame[0].last_position and self._holds(*frame)
         try:
             if writer is None:
                 pass  # the append failed while rotating, before any frame was written
@@ -421,6 +429,7 @@ class SegmentLog:
             self._cut_pending = before
             self.close()
             raise
+        return False
 
     def cut_pending_frames(self, head: tuple[int, int, int]) -> None:
         """Make a cut owed (`owe_cut`) that `undo_append` did not make (caller holds the
@@ -513,6 +522,17 @@ class SegmentLog:
         if len(frame) <= _REUSED_FRAME_BYTES:
             self._frame = frame  # a larger one is not kept: its memory goes back
         return info
+
+    def _holds(self, info: FrameInfo, records: list[Record]) -> bool:
+        """Whether the frame of exactly `records` lies where `info` says."""
+        expected = bytearray()
+        encode_frame_body_into(records, expected, 0)
+        try:
+            with SegmentReader(self.directory, info.segment, self.ops) as reader:
+                found, body = reader.read_frame(info.offset)
+                return found == info and body == expected
+        except (OSError, JournalCorrupt):
+            return False  # (cut off, or something else written there)
 
     def _append_frame(self, frame: bytearray, count: int, digest: FrameDigest | None) -> FrameInfo:
         writer = self.writer
