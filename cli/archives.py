@@ -473,9 +473,7 @@ def _open_archive(path: str, stack: contextlib.ExitStack) -> IO[bytes]:
     except FileNotFoundError:
         raise CommandFailed(f"no archive at {path!r}", "ARCHIVE_NOT_FOUND", "NOT_FOUND") from None
     except IsADirectoryError:
-        raise CommandFailed(
-            f"{path!r} is a directory: give the archive file", "USAGE", "INVALID_ARGUMENT"
-        ) from None
+        raise click.UsageError(f"{path!r} is a directory: give the archive file") from None
     except OSError as e:
         raise CommandFailed(
             f"cannot read the archive {path!r}: {e.strerror or e}", "OS_ERROR"

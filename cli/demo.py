@@ -107,10 +107,8 @@ def demo(
     """
     if engine == "jetstream":
         if store_path is not None:
-            raise CommandFailed(
-                "--store and --engine jetstream: the jetstream demo makes its own cluster",
-                code="USAGE",
-                status="INVALID_ARGUMENT",
+            raise click.UsageError(
+                "--store and --engine jetstream: the jetstream demo makes its own cluster"
             )
         from .demo_cluster import Cluster
 

@@ -61,12 +61,14 @@ class JournalGroup(click.Group):
     def main(self, args: Sequence[str] | None = None, **extra: Any) -> Any:  # type: ignore[override]
         argv = list(sys.argv[1:] if args is None else args)
         argv, valueless = _hoist_global_options(self, argv)
+        # (click would name it after argv[0]: `__main__.py` under `python -m cli`)
+        prog_name = extra.pop("prog_name", None) or "journal"
         _representable_output()
         try:
             if valueless is not None:
                 # (left to the command, click would say it has no such option)
                 raise click.BadOptionUsage(valueless, f"Option '{valueless}' requires an argument.")
-            result = super().main(argv, standalone_mode=False, **extra)
+            result = super().main(argv, prog_name, standalone_mode=False, **extra)
             # Without standalone mode click returns the status ctx.exit() was given.
             sys.exit(result if isinstance(result, int) else 0)
         except _NO_ARGS_IS_HELP as error:
@@ -74,8 +76,12 @@ class JournalGroup(click.Group):
             sys.exit(EXIT_USAGE)
         except click.UsageError as error:
             output = Output("json" if _wants_json(argv) else "text")
-            if error.ctx is not None and not output.json:
-                click.echo(error.ctx.get_usage(), err=True)
+            if not output.json:
+                # (click's parser raises an option missing its value without the context
+                # of the command: every usage error prints the same lines all the same)
+                ctx = error.ctx or _command_context(self, prog_name, argv)
+                click.echo(ctx.get_usage(), err=True)
+                click.echo(f"Try '{ctx.command_path} --help' for help.", err=True)
             failure = CommandFailed(error.format_message(), code="USAGE", status="INVALID_ARGUMENT")
             sys.exit(output.error(failure, exit_code=EXIT_USAGE))
         except click.exceptions.Exit as done:
@@ -194,6 +200,26 @@ def _values_after(command: click.Command, arg: str) -> int:
     return 0
 
 
+def _command_context(root: click.Group, prog_name: str, argv: list[str]) -> click.Context:
+    """The context of the command that `argv` names (the innermost group or command its
+    words reach), for the usage lines of an error click raised without one."""
+    ctx = click.Context(root, info_name=prog_name, **root.context_settings)
+    command: click.Command = root
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        arg = argv[i]
+        if arg.startswith("-") and arg != "-":
+            i += 1 + _values_after(command, arg)
+            continue
+        sub = command.get_command(ctx, arg) if isinstance(command, click.Group) else None
+        if sub is None:
+            break
+        command = sub
+        ctx = click.Context(sub, info_name=arg, parent=ctx)
+        i += 1
+    return ctx
+
+
 def _hoist_global_options(root: click.Group, argv: list[str]) -> tuple[list[str], str | None]:
     """`journal read -s x --format json` means `journal --format json read -s x`: the
     global options (`--store`, `--format`) may follow the command; they move to just
@@ -292,10 +318,8 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
     mode = _octal_mode(file_mode)
     if is_nats(settings.store):
         if mode is not None:
-            raise CommandFailed(
-                "--file-mode is for stores on disk: a nats:// store's files are the server's",
-                code="USAGE",
-                status="INVALID_ARGUMENT",
+            raise click.UsageError(
+                "--file-mode is for stores on disk: a nats:// store's files are the server's"
             )
         created = False
         try:
@@ -306,11 +330,9 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
         settings.output.emit({"store": settings.store, "created": created}, settings.store)
         return
     if replicas is not None:
-        raise CommandFailed(
+        raise click.UsageError(
             "--replicas is for nats:// stores (--store nats://HOST:PORT/NAME): a store "
-            "on disk has no replicas",
-            code="USAGE",
-            status="INVALID_ARGUMENT",
+            "on disk has no replicas"
         )
     # (abspath("") is the current directory: an empty path goes to the library, which
     # refuses it, as every other command does.)

@@ -195,10 +195,8 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
     CursorForeign.
     """
     if sum((new, rotate, retire is not None)) > 1:
-        raise CommandFailed(
-            "--new, --rotate and --retire change the key file in different ways: give one of them",
-            "USAGE",
-            "INVALID_ARGUMENT",
+        raise click.UsageError(
+            "--new, --rotate and --retire change the key file in different ways: give one of them"
         )
     if is_nats(settings.store):
         raise journal.Unsupported(

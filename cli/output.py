@@ -86,7 +86,8 @@ _STATUS_EXIT = {
 # `\b` keeps click from re-wrapping the table.
 EXIT_CODES_HELP = f"""\b
 Errors print one line, `journal: error: MESSAGE`, on stderr (with --format json also
-{{"error": {{"code", "status", "message"}}}} on stdout).
+{{"error": {{"code", "status", "message"}}}} on stdout); in text a usage error prints
+the command's usage and `Try 'journal COMMAND --help'` before it.
 
 \b
 Exit status:
