@@ -28,6 +28,7 @@ from .output import (
     Output,
     Settings,
     exact_json,
+    given_cursor,
     is_nats,
     pass_settings,
     require_stream,
@@ -278,7 +279,9 @@ cursor_option = click.option(
     "--cursor",
     metavar="CURSOR",
     default=None,
-    help='Resume after the event this cursor belongs to (exclusive); default (or ""): the start.',
+    callback=given_cursor,
+    help="Resume after the event this cursor belongs to (exclusive); leave it out to start "
+    'from the beginning (an empty --cursor "" or null is an error).',
 )
 
 
@@ -605,7 +608,7 @@ def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int
     """Print one page of a session's events, then where to continue."""
     output = settings.output
     with settings.open(write=False) as store:
-        page = store.read(session_id, cursor=cursor or None, max_bytes=max_bytes)
+        page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
         for event in page.events:
             output.event(event)
     if page.next_cursor is None:
@@ -629,7 +632,7 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     past its --ttl-ms is expired by a writer (a process with the store open for writing,
     any write command, or `journal sessions expire`), not by the watch itself.
     """
-    watch_events(settings, session_id, cursor or None)
+    watch_events(settings, session_id, cursor)
 
 
 main.add_command(sessions)

@@ -49,6 +49,8 @@ __all__ = [
     "event_text",
     "exact_json",
     "exit_status",
+    "given_cursor",
+    "given_page_token",
     "is_nats",
     "lifecycle_record",
     "lifecycle_text",
@@ -363,6 +365,43 @@ def cli_message(message: str) -> str:
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
     return message
+
+
+# What a script passes back when it has no cursor or page token: an unset variable (""),
+# or the JSON null of a page or an end object printed as text (`jq -r` prints "null").
+_NOTHING: Final = frozenset({"", "null", "none", "nil", "undefined"})
+
+
+def given_cursor(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A `--cursor` option's value: an empty one, or null as text, is CURSOR_MALFORMED
+    telling to leave the option out (an empty one meant the start: a script whose saved
+    cursor was lost replayed everything without a word)."""
+    if value is None or value.strip().lower() not in _NOTHING:
+        return value
+    if value.strip():
+        what = (
+            f"--cursor {value!r} is no cursor: a null next_cursor (or a stopped watch's "
+            "null cursor) means no event was read yet, so there is nothing to resume after"
+        )
+    else:
+        what = "--cursor is empty (an unset shell variable?)"
+    raise journal.CursorMalformed(
+        f"{what}: pass the cursor of the last event handled (an event's cursor, or "
+        "`read`'s next_cursor), or leave --cursor out to start from the beginning"
+    )
+
+
+def given_page_token(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A `--page-token` option's value: an empty one, or null as text, is
+    INVALID_PAGE_TOKEN telling to leave the option out (an empty one, what the last page
+    prints as its next_page_token, listed the first page again: a loop never ended)."""
+    if value is None or value.strip().lower() not in _NOTHING:
+        return value
+    what = f"--page-token {value!r} is no page token" if value.strip() else "--page-token is empty"
+    raise journal.InvalidPageToken(
+        f"{what}: an empty next_page_token means the page printed was the last; pass "
+        "the next_page_token of the page before, or leave --page-token out for the first page"
+    )
 
 
 # SPEC 7.3: times, TTLs, history limits and ordinals are ints below 2**62. The options

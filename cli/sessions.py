@@ -14,6 +14,8 @@ from .output import (
     BELOW_2_62,
     Settings,
     display_width,
+    given_cursor,
+    given_page_token,
     pass_settings,
     session_record,
     session_text,
@@ -128,7 +130,13 @@ def create(
     metavar="N",
     help="Print one page of N sessions (and the token of the next page).",
 )
-@click.option("--page-token", default=None, metavar="TOKEN", help="Print the page it names.")
+@click.option(
+    "--page-token",
+    default=None,
+    metavar="TOKEN",
+    callback=given_page_token,
+    help="Print the page it names (a page's next_page_token; left out: the first page).",
+)
 @click.option(
     "--all",
     "all_pages",
@@ -214,7 +222,8 @@ def _text_value(value: object) -> str:
     "--cursor",
     metavar="CURSOR",
     default=None,
-    help="Resume after this event (with -s) or lifecycle event; default: the start (with "
+    callback=given_cursor,
+    help="Resume after this event (with -s) or lifecycle event; left out: the start (with "
     "-s), or one `created` per existing session first, then live changes.",
 )
 @pass_settings
@@ -222,9 +231,9 @@ def watch_sessions(settings: Settings, session_id: str | None, cursor: str | Non
     """Follow lifecycle changes of all sessions until Ctrl+C (or, with -s, one session's
     events until it ends)."""
     if session_id is not None:
-        watch_events(settings, session_id, cursor or None)
+        watch_events(settings, session_id, cursor)
     else:
-        watch_lifecycle(settings, cursor or None)
+        watch_lifecycle(settings, cursor)
 
 
 def _transition_command(

@@ -18,7 +18,7 @@ from journal import EventIn, Journal
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(store: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("JOURNAL_STORE", None)
@@ -27,7 +27,7 @@ def _cli(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
@@ -45,6 +45,7 @@ def store(tmp_path: Path) -> Path:
     with Journal.open(path, create=True) as j:
         j.create_session("s")
         j.append("s", [EventIn("message", b"one"), EventIn("message", b"two")])
+        j.resolve_session("s")  # (a watch of it ends by itself)
     return path
 
 
@@ -84,3 +85,66 @@ def test_every_usage_error_prints_the_usage_and_where_help_is(
     as_json = _cli(store, "--format", "json", *args)
     assert as_json.returncode == 2 and _error(as_json)["code"] == "USAGE"
     assert as_json.stderr.count("\n") == 1, as_json.stderr
+
+
+# -- cursors and page tokens passed back from a script -------------------------------------------
+
+_CURSOR_COMMANDS = [
+    ("read", "-s", "s"),
+    ("watch", "-s", "s"),
+    ("sessions", "watch", "-s", "s"),
+    ("sessions", "watch"),  # (the lifecycle feed: before, it followed until killed)
+]
+
+
+@pytest.mark.parametrize("command", _CURSOR_COMMANDS)
+@pytest.mark.parametrize("cursor", ["", " "])
+def test_an_empty_cursor_is_refused_not_the_start(
+    store: Path, command: tuple[str, ...], cursor: str
+) -> None:
+    # `--cursor "$SAVED"` with the variable unset meant the start: a consumer whose saved
+    # cursor was lost handled every event again, without a word.
+    done = _cli(store, "--format", "json", *command, "--cursor", cursor, timeout=20)
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    error = _error(done)
+    assert error["code"] == "CURSOR_MALFORMED", error
+    assert "--cursor is empty" in error["message"], error
+    assert "leave --cursor out to start from the beginning" in error["message"], error
+    assert '"type"' not in done.stdout  # no event printed
+
+
+@pytest.mark.parametrize("command", _CURSOR_COMMANDS)
+@pytest.mark.parametrize("cursor", ["null", "None"])
+def test_a_null_cursor_passed_back_says_to_leave_the_option_out(
+    store: Path, command: tuple[str, ...], cursor: str
+) -> None:
+    # A page of an empty session ends with {"next_cursor": null}, and a watch stopped
+    # before any event with {"end": "stopped", "cursor": null}: passed back as text it
+    # was "the session cursor is 4 characters long, not 59 (it was truncated ...)".
+    with Journal.open(store) as j:
+        j.create_session("empty")
+    page = _cli(store, "--format", "json", "read", "-s", "empty")
+    assert json.loads(page.stdout)["next_cursor"] is None
+    done = _cli(store, *command, "--cursor", cursor, timeout=20)
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    (line,) = done.stderr.splitlines()
+    assert f"--cursor '{cursor}' is no cursor" in line, line
+    assert "nothing to resume after" in line and "leave --cursor out" in line, line
+    assert "characters long" not in line, line
+
+
+@pytest.mark.parametrize("token", ["", "null"])
+def test_an_empty_or_null_page_token_is_refused_not_the_first_page(store: Path, token: str) -> None:
+    # The last page prints {"next_page_token": ""}: passed back, the listing started
+    # again from the first page, and a loop that did not test for "" never ended.
+    with Journal.open(store) as j:
+        j.create_session("t")
+    last = _cli(store, "--format", "json", "sessions", "list", "--page-size", "5")
+    assert json.loads(last.stdout.splitlines()[-1]) == {"next_page_token": ""}
+    done = _cli(store, "--format", "json", "sessions", "list", "--page-token", token)
+    assert done.returncode == 4, (done.stdout, done.stderr)
+    error = _error(done)
+    assert error["code"] == "INVALID_PAGE_TOKEN", error
+    assert "the page printed was the last" in error["message"], error
+    assert "leave --page-token out for the first page" in error["message"], error
+    assert '"session_id"' not in done.stdout
