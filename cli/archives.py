@@ -24,8 +24,8 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
-    display_width,
     embedded,
+    id_column,
     is_nats,
     listing_parts,
     pass_settings,
@@ -423,7 +423,7 @@ def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
         f"at {exported:%Y-%m-%d %H:%M:%S} UTC by session-journal "
         f"{shown(contents.library_version)}",
     )
-    width = max((display_width(shown(s.session_id)) for s in contents.sessions), default=0)
+    width = id_column(session.session_id for session in contents.sessions)
     for session in contents.sessions:
         output.emit(
             {
@@ -441,7 +441,7 @@ def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
                 "open_turn": session.open_turn,
                 "content_bytes": session.content_bytes,
             },
-            _archived_text(session, max(width, 8)),
+            _archived_text(session, width),
         )
 
 

@@ -20,7 +20,7 @@ import stat
 import sys
 import threading
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -51,6 +51,7 @@ __all__ = [
     "exit_status",
     "given_cursor",
     "given_page_token",
+    "id_column",
     "is_nats",
     "lifecycle_record",
     "lifecycle_text",
@@ -566,6 +567,19 @@ def display_width(text: str) -> int:
     return width
 
 
+# A listing's id column: at least 8 columns, at most 48 (a longer id is printed whole,
+# past the column, rather than widening every row).
+_ID_COLUMNS: Final = (8, 48)
+
+
+def id_column(session_ids: Iterable[str]) -> int:
+    """The width of a listing's id column: the widest of `session_ids` as printed
+    (`shown`, in terminal columns) among those that fit `_ID_COLUMNS`."""
+    least, most = _ID_COLUMNS
+    widths = (display_width(shown(session_id)) for session_id in session_ids)
+    return max([least, *(width for width in widths if width <= most)])
+
+
 def listing_parts(
     session_id: str, state: journal.SessionState, count: int, first: int, last: int, id_width: int
 ) -> list[str]:
@@ -580,7 +594,7 @@ def listing_parts(
     return [session_id + padding, f"{state.value:<9}", events]
 
 
-def session_text(meta: journal.SessionMetadata, id_width: int = 16) -> str:
+def session_text(meta: journal.SessionMetadata, id_width: int) -> str:
     """One listing line (`listing_parts`, then mode, tags, owner and open turn)."""
     count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
     parts = listing_parts(

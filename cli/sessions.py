@@ -13,9 +13,9 @@ import journal
 from .output import (
     BELOW_2_62,
     Settings,
-    display_width,
     given_cursor,
     given_page_token,
+    id_column,
     pass_settings,
     session_record,
     session_text,
@@ -118,7 +118,8 @@ def create(
             max_history_bytes=max_history_bytes,
             max_history_age_ms=max_history_age_ms,
         )
-    settings.output.emit(session_record(meta), session_text(meta))
+    # (the line `sessions list` prints for it on a page of its own)
+    settings.output.emit(session_record(meta), session_text(meta, id_column([session_id])))
 
 
 @sessions.command("list")
@@ -162,12 +163,9 @@ def list_(
             page = store.list_sessions_page(
                 page_size=page_size or 100, page_token=token, state=state_filter
             )
-            # Ids padded to the page's widest as printed (escaped: `shown`), up to 48
-            # columns; longer ones print whole.
-            widths = (display_width(shown(m.session_id)) for m in page.sessions)
-            width = min(48, max(widths, default=0))
+            width = id_column(meta.session_id for meta in page.sessions)
             for meta in page.sessions:
-                output.emit(session_record(meta), session_text(meta, max(width, 8)))
+                output.emit(session_record(meta), session_text(meta, width))
             listed += len(page.sessions)
             token = page.next_page_token
             if one_page or not token:

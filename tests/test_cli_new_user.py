@@ -148,3 +148,42 @@ def test_an_empty_or_null_page_token_is_refused_not_the_first_page(store: Path, 
     assert "the page printed was the last" in error["message"], error
     assert "leave --page-token out for the first page" in error["message"], error
     assert '"session_id"' not in done.stdout
+
+
+# -- the listing's columns -----------------------------------------------------------------------
+
+_LONG = "a-rather-long-session-id-for-review-0001"  # 40 columns
+_TOO_LONG = "x" * 61  # past the column's 48: printed whole
+
+
+def _state_column(line: str) -> int:
+    return line.index("  open ") + 2 if "  open " in line else line.index("  resolved ") + 2
+
+
+def test_sessions_create_prints_its_row_as_a_listing_of_it_alone(store: Path) -> None:
+    # The id was padded to 16 columns, so `sessions create a` printed 17 spaces after it.
+    created = _cli(store, "sessions", "create", "a")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout == "a" + " " * 9 + "open       0 events\n", created.stdout
+    assert created.stdout == _cli(store, "sessions", "list", "--state", "open").stdout
+    json_line = _cli(store, "--format", "json", "sessions", "create", "b").stdout
+    assert json.loads(json_line)["session_id"] == "b"  # (NDJSON as it was)
+
+
+def test_an_id_past_the_column_does_not_widen_every_row(store: Path, tmp_path: Path) -> None:
+    # One id over 48 columns padded every other row to 48 (sessions list) or to its own
+    # width (import --list), though the widest id that fits was 40.
+    for session_id in ("a", _LONG, _TOO_LONG):
+        assert _cli(store, "sessions", "create", session_id).returncode == 0
+    listed = _cli(store, "sessions", "list").stdout.splitlines()
+    archive = tmp_path / "all.archive"
+    assert _cli(store, "export", "--all", "-o", str(archive)).returncode == 0
+    contents = _cli(store, "import", "--list", str(archive)).stdout.splitlines()[1:]
+    for lines in (listed, contents):
+        rows = {line.split()[0]: line for line in lines}
+        assert set(rows) == {"a", _LONG, _TOO_LONG, "s"}, lines
+        columns = {_state_column(rows[i]) for i in ("a", _LONG, "s")}
+        assert columns == {len(_LONG) + 2}, lines
+        assert rows[_TOO_LONG].startswith(_TOO_LONG + "  open "), lines
+    as_json = _cli(store, "--format", "json", "sessions", "list").stdout.splitlines()
+    assert [json.loads(line)["session_id"] for line in as_json] == sorted(rows)
