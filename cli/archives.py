@@ -484,7 +484,8 @@ def _copy_bounded(source: IO[bytes], spool: IO[bytes], limits: ArchiveLimits) ->
     """Copy a stream, refused at once when it is not zstd, and as soon as it is longer
     than an archive within `limits` can be."""
     first = source.read(4)
-    if first != b"\x28\xb5\x2f\xfd":
+    # (Shorter: empty or cut short, which the reader of the copy says as for a file.)
+    if len(first) == 4 and first != b"\x28\xb5\x2f\xfd":
         raise journal.ArchiveInvalid("not_an_archive", "the input does not start with a zstd frame")
     spool.write(first)
     copied = len(first)

@@ -318,6 +318,10 @@ class _Counting:
         return data
 
 
+# (What a cut archive's message says to do: the archive itself cannot be mended.)
+_CUT_ADVICE: Final = "copy the whole archive again, or export it again"
+
+
 class ArchiveReader:
     """Reads and checks an archive in one streaming pass (see `ArchiveLimits`).
 
@@ -336,7 +340,17 @@ class ArchiveReader:
             magic += more  # (a pipe may answer short)
         if magic != _ZSTD_MAGIC:
             detail = "the file does not start with a zstd frame (not a session-journal archive)"
-            if magic.lstrip()[:1] == b"{":
+            if not magic:
+                detail = (
+                    "the file is empty (0 bytes): no archive was written to it, or its "
+                    f"copy was cut; {_CUT_ADVICE}"
+                )
+            elif _ZSTD_MAGIC.startswith(magic):
+                detail = (
+                    f"the file ends after {len(magic)} bytes, inside the zstd frame's first "
+                    f"bytes: it was cut short; {_CUT_ADVICE}"
+                )
+            elif magic.lstrip()[:1] == b"{":
                 detail = (
                     "this looks like the readable NDJSON form (`journal export --format "
                     "ndjson`), which is for people and tools: import an archive written "
@@ -385,7 +399,10 @@ class ArchiveReader:
         self._check_size()
         if len(data) < size:
             raise ArchiveInvalid(
-                "truncated", "the archive ends before its footer", offset=self._offset
+                "truncated",
+                f"the file ends after {self._raw.read_bytes} bytes, before the archive's "
+                f"footer: it was cut short; {_CUT_ADVICE}",
+                offset=self._offset,
             )
         return data
 
@@ -627,8 +644,9 @@ class ArchiveReader:
         if self._raw.tail != expected:
             raise ArchiveInvalid(
                 "truncated",
-                "the archive's end marker is missing or wrong: the file was cut short "
-                "(or has bytes after its end)",
+                f"the archive's end marker is missing or wrong: the file, "
+                f"{self._raw.read_bytes} bytes, was cut short (or has bytes after its end); "
+                f"{_CUT_ADVICE}",
                 offset=self._offset,
             )
         self.footer = footer

@@ -272,9 +272,10 @@ class ArchiveInvalid(JournalError):
         self.reason = reason
         self.detail = detail
         self.offset = offset
-        super().__init__(
-            f"invalid archive ({reason}) at byte {offset}: {detail}; nothing was imported"
-        )
+        # (A file's bytes are compressed: a content offset said as "at byte N" read as a
+        # place in the file, and "at byte 0" of a file cut at 100 bytes as nothing.)
+        where = f" at byte {offset} of its decompressed content" if offset else ""
+        super().__init__(f"invalid archive ({reason}){where}: {detail}; nothing was imported")
 
 
 class ExportIncomplete(JournalError):

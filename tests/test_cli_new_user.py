@@ -18,7 +18,9 @@ from journal import EventIn, Journal
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _cli(store: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _cli(
+    store: Path, *args: str, timeout: float = 60, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.pop("JOURNAL_STORE", None)
@@ -28,6 +30,7 @@ def _cli(store: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPr
         text=True,
         env=env,
         timeout=timeout,
+        input=stdin,
         check=False,
     )
 
@@ -187,3 +190,45 @@ def test_an_id_past_the_column_does_not_widen_every_row(store: Path, tmp_path: P
         assert rows[_TOO_LONG].startswith(_TOO_LONG + "  open "), lines
     as_json = _cli(store, "--format", "json", "sessions", "list").stdout.splitlines()
     assert [json.loads(line)["session_id"] for line in as_json] == sorted(rows)
+
+
+# -- cut archives --------------------------------------------------------------------------------
+
+
+def test_a_cut_archive_says_where_the_file_ends_and_what_to_do(store: Path, tmp_path: Path) -> None:
+    # `head -c 100 good.archive > bad.archive` was "invalid archive (truncated) at byte 0:
+    # the archive ends before its footer": byte 0 of the decompressed content, read as a
+    # place in the file, said nothing of where it was cut; a 0-byte file was "does not
+    # start with a zstd frame (not a session-journal archive)".
+    with Journal.open(store) as j:
+        j.create_session("big")
+        for n in range(40):  # (over one zstd block: a cut mid-way has whole records)
+            j.append("big", [EventIn("message", os.urandom(60_000) + bytes([n]))])
+    good = tmp_path / "good.archive"
+    assert _cli(store, "export", "--all", "-o", str(good)).returncode == 0
+    data = good.read_bytes()
+    target = tmp_path / "target"
+    assert _cli(target, "init").returncode == 0
+    cuts = {0: "not_an_archive", 3: "not_an_archive", 100: "truncated"}
+    cuts |= {len(data) // 2: "truncated", len(data) - 1: "truncated"}
+    offsets = []
+    for size, reason in cuts.items():
+        cut = tmp_path / f"cut-{size}.archive"
+        cut.write_bytes(data[:size])
+        for args in (("import", str(cut)), ("import", "--list", str(cut))):
+            done = _cli(target, "--format", "json", *args)
+            assert done.returncode == 4, (size, done.stderr)
+            error = _error(done)
+            assert (error["code"], error["reason"]) == ("ARCHIVE_INVALID", reason), error
+            message = error["message"]
+            assert f"{size} bytes" in message, (size, message)
+            assert "cut" in message and "export it again" in message, (size, message)
+            assert "at byte 0" not in message, (size, message)
+            offsets.append(error["offset"])
+            if error["offset"]:
+                assert f"at byte {error['offset']} of its decompressed content" in message
+    assert any(offsets), offsets  # (a cut after whole records says where its content ends)
+    # An empty pipe to `import --as` (copied aside to be read twice) says the same.
+    piped = _cli(target, "--format", "json", "import", "--as", "n", "-", stdin="")
+    assert piped.returncode == 4 and "the file is empty (0 bytes)" in _error(piped)["message"]
+    assert _cli(target, "import", str(good)).returncode == 0  # (the whole one imports)
