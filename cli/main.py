@@ -280,8 +280,7 @@ cursor_option = click.option(
     metavar="CURSOR",
     default=None,
     callback=given_cursor,
-    help="Resume after the event this cursor belongs to (exclusive); leave it out to start "
-    'from the beginning (an empty --cursor "" or null is an error).',
+    help='Resume after the event this cursor belongs to (exclusive); default (or ""): the start.',
 )
 
 

@@ -368,40 +368,36 @@ def cli_message(message: str) -> str:
     return message
 
 
-# What a script passes back when it has no cursor or page token: an unset variable (""),
-# or the JSON null of a page or an end object printed as text (`jq -r` prints "null").
-_NOTHING: Final = frozenset({"", "null", "none", "nil", "undefined"})
+# What a script passes back for a JSON null it printed as text (`jq -r` prints "null").
+_NULLS: Final = frozenset({"null", "none", "nil", "undefined"})
 
 
 def given_cursor(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A `--cursor` option's value: an empty one, or null as text, is CURSOR_MALFORMED
-    telling to leave the option out (an empty one meant the start: a script whose saved
-    cursor was lost replayed everything without a word)."""
-    if value is None or value.strip().lower() not in _NOTHING:
+    """A `--cursor` option's value: empty or blank means the start (`--cursor "$SAVED"`
+    with the variable unset), null as text is CURSOR_MALFORMED saying what it means."""
+    if value is None or not value.strip():
+        return None
+    if value.strip().lower() not in _NULLS:
         return value
-    if value.strip():
-        what = (
-            f"--cursor {value!r} is no cursor: a null next_cursor (or a stopped watch's "
-            "null cursor) means no event was read yet, so there is nothing to resume after"
-        )
-    else:
-        what = "--cursor is empty (an unset shell variable?)"
     raise journal.CursorMalformed(
-        f"{what}: pass the cursor of the last event handled (an event's cursor, or "
-        "`read`'s next_cursor), or leave --cursor out to start from the beginning"
+        f"--cursor {value!r} is no cursor: a null next_cursor (or a stopped watch's null "
+        "cursor) means no event was read yet, so there is nothing to resume after: leave "
+        "--cursor out (or pass it empty) to start from the beginning, or pass the cursor "
+        "of the last event handled"
     )
 
 
 def given_page_token(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """A `--page-token` option's value: an empty one, or null as text, is
-    INVALID_PAGE_TOKEN telling to leave the option out (an empty one, what the last page
-    prints as its next_page_token, listed the first page again: a loop never ended)."""
-    if value is None or value.strip().lower() not in _NOTHING:
+    """A `--page-token` option's value: empty or blank means the first page, null as
+    text is INVALID_PAGE_TOKEN saying what to pass."""
+    if value is None or not value.strip():
+        return None
+    if value.strip().lower() not in _NULLS:
         return value
-    what = f"--page-token {value!r} is no page token" if value.strip() else "--page-token is empty"
     raise journal.InvalidPageToken(
-        f"{what}: an empty next_page_token means the page printed was the last; pass "
-        "the next_page_token of the page before, or leave --page-token out for the first page"
+        f"--page-token {value!r} is no page token: pass a page's next_page_token (an "
+        "empty one means the page printed was the last: stop there), or leave "
+        "--page-token out for the first page"
     )
 
 

@@ -136,7 +136,7 @@ def create(
     default=None,
     metavar="TOKEN",
     callback=given_page_token,
-    help="Print the page it names (a page's next_page_token; left out: the first page).",
+    help='Print the page it names (a page\'s next_page_token; default (or ""): the first page).',
 )
 @click.option(
     "--all",

@@ -393,6 +393,12 @@ def test_a_reader_given_the_stores_key_verifies_the_writers_cursors(store: Path)
 # -- 7. rough edges ---------------------------------------------------------------------------
 
 
+def test_an_empty_cursor_means_the_start(store: Path) -> None:
+    done = _cli(store, "--format", "json", "read", "-s", "done", "--cursor", "")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[0])["type"] == "message"
+
+
 def test_opening_a_store_twice_in_one_process_says_so(tmp_path: Path) -> None:
     with Journal.open(tmp_path / "s", create=True):
         with pytest.raises(StoreUnavailable) as caught:
