@@ -20,11 +20,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from _disk import SimulatedDisk
+from _view_entries import entry_counts
 
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
 from journal._local.files import FileOps, write_atomic
@@ -857,12 +859,13 @@ class _OtherWriterFirst(FileOps):
     LMDB); before the writer takes the write lock again to cut the frame off, `other`
     runs (another process's append, whose catch-up indexes the frame)."""
 
-    def __init__(self) -> None:
+    def __init__(self, at: str = "commit.view_flush") -> None:
+        self.at = at  # (or "commit.view_commit": LMDB's commit itself fails)
         self.armed = False
         self.other: Callable[[], None] = lambda: None
 
     def point(self, name: str, detail: object = None) -> None:
-        if name == "commit.view_flush" and self.armed:
+        if name == self.at and self.armed:
             self.armed = False
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         if name == "commit.refused":
@@ -880,27 +883,9 @@ def test_a_refused_frame_another_writer_indexed_is_acknowledged_not_refused(
     path = tmp_path / "s"
     ops = _OtherWriterFirst()
 
-    def other_process_appends() -> None:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import sys\nfrom journal import EventIn, Journal\n"
-                "with Journal.open(sys.argv[1]) as j:\n"
-                "    j.append('a', [EventIn('m', b'other')])\n"
-                "print('acked', flush=True)\n",
-                str(path),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-        )
-        assert out.stdout.split() == ["acked"], out.stderr
-
     with Journal.open(path, create=True, file_ops=ops) as j:
         j.append("a", [EventIn("m", b"before")], create=True)
-        ops.armed, ops.other = True, other_process_appends
+        ops.armed, ops.other = True, lambda: _other_process_appends(path, "a")
         appended = j.append("a", [EventIn("m", b"refused?")])
         ops.other = lambda: None
         assert (appended.first_ordinal, appended.last_ordinal) == (2, 2)
@@ -909,3 +894,78 @@ def test_a_refused_frame_another_writer_indexed_is_acknowledged_not_refused(
         assert j.verify().problems == []
     with Journal.open(path) as j:
         assert [e.data for e in j.replay("a")] == [b"before", b"refused?", b"other", b"after"]
+
+
+def _other_process_appends(path: Path, session: str) -> None:
+    """Another process appends to `session` (its catch-up indexes what the log holds)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom journal import EventIn, Journal\n"
+            "with Journal.open(sys.argv[1]) as j:\n"
+            "    j.append(sys.argv[2], [EventIn('m', b'other')])\n"
+            "print('acked', flush=True)\n",
+            str(path),
+            session,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert out.stdout.split() == ["acked"], out.stderr
+
+
+def test_a_refused_retention_pass_another_writer_indexed_is_not_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """A retention pass's frame (its evictions) whose view commit failed, indexed by
+    another process's writer before the cut: the pass had also forgotten, in the failed
+    transaction, what the view held for the segments it deletes (eviction tombstones,
+    their pins, lifecycle feed entries). It was acknowledged and deleted those segments,
+    and the view kept their entries for good (no later pass looks at deleted segments; an
+    old lifecycle cursor resumed with changes whose records are gone). Now it fails, as
+    other results read from the view do, and a later pass deletes the segments."""
+    path = tmp_path / "s"
+    ops = _OtherWriterFirst("commit.view_commit")
+    evict_later = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
+    later = int(time.time() * 1000) + 7_200_000  # (past the ended sessions' retention)
+    with Journal.open(
+        path, durability="os", segment_bytes=4096, retention=evict_later, file_ops=ops
+    ) as j:
+        j.create_session("anchor")  # stays open: its segment stays
+        for i in range(60):
+            j.create_session(f"s{i}")
+            j.append(f"s{i}", [EventIn("m", b"x" * 200)])
+            j.resolve_session(f"s{i}")
+        ops.armed, ops.other = True, lambda: _other_process_appends(path, "anchor")
+        with pytest.raises(StoreUnavailable):
+            j.apply_retention(now_ms=later)
+        ops.other = lambda: None
+        assert [s.session_id for s in j.list_sessions()] == ["anchor"]  # (committed)
+        j.apply_retention(now_ms=later)  # (the pass its frame's seal made due ran already)
+        assert j.verify().problems == []
+    shutil.copytree(path, tmp_path / "rebuilt", ignore=shutil.ignore_patterns("index"))
+    Journal.open(tmp_path / "rebuilt").close()  # (a view rebuilt from the log)
+    assert entry_counts(path) == entry_counts(tmp_path / "rebuilt")
+    assert len(os.listdir(path / "segments")) < 10  # (they were deleted)
+
+
+def test_a_refused_lifecycle_change_another_writer_indexed_is_not_acknowledged(
+    tmp_path: Path,
+) -> None:
+    """A lifecycle change's result is its row, read from the view the failed transaction
+    wrote: like a frame refused before its view update (which reads none), it fails, and
+    the change is committed (SPEC 14.4)."""
+    path = tmp_path / "s"
+    ops = _OtherWriterFirst("commit.view_commit")
+    with Journal.open(path, create=True, file_ops=ops) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+        j.create_session("b")
+        ops.armed, ops.other = True, lambda: _other_process_appends(path, "b")
+        with pytest.raises(StoreUnavailable):
+            j.suspend_session("a")
+        ops.other = lambda: None
+        assert j.get_session("a").state.value == "suspended"
+        assert [e.data for e in j.replay("b")] == [b"other"]

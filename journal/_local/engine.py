@@ -519,6 +519,9 @@ class LocalEngine:
                     planner.expire_due()
                 for request in batch:
                     planner.plan(request)
+                # Results known from planning acknowledge a refused frame another writer
+                # indexed (not what `finish` fills in: rows, a retention pass's report).
+                known = all(r.result is not None or r.error is not None for r in batch)
                 projection = Projection(view, txn, head, self._ops)
                 # Rows the planner read in this transaction are the ones the projection
                 # would read again: hand them over.
@@ -534,6 +537,7 @@ class LocalEngine:
                     self._ops.point("commit.view_flush")
                     projection.flush()
                 planner.finish()
+                self._ops.point("commit.view_commit")
                 transaction_id = txn.id()
             # The transaction committed: from here on the frame is acknowledged.
         except BaseException as e:
@@ -542,9 +546,7 @@ class LocalEngine:
                 raise
             log.owe_cut(before)  # (cut under the write lock again: `undo_append`)
             self._ops.point("commit.refused")
-            # Another writer that took the lock first indexed the frame? Then it is committed
-            # (acknowledged if each request has its result or error, as planned appends do).
-            known = all(r.result is not None or r.error is not None for r in batch)
+            # (Another writer that took the lock first indexed the frame? It is committed.)
             frame = (info, planner.records) if info and known and isinstance(e, Exception) else None
             with view.begin(write=True) as txn:
                 h = view.head(txn)

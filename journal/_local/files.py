@@ -40,6 +40,7 @@ FAULT_POINTS: Final = {
     "commit.queued": "a request joined the commit queue (before it waits or leads)",
     "commit.batch_taken": "the leader took its batch (before it plans it)",
     "commit.view_flush": "the frame is written and synced; the view update starts",
+    "commit.view_commit": "the batch is planned and its view updated; LMDB commits next",
     "commit.refused": "a commit failed after writing its frame; the cut's write lock is next",
     "plan.operation": "one operation is about to be planned inside the batch",
     "segments.read": "a scan of a sealed plain segment read its next chunk (before use)",
