@@ -519,9 +519,9 @@ class LocalEngine:
                     planner.expire_due()
                 for request in batch:
                     planner.plan(request)
-                # Results known from planning acknowledge a refused frame another writer
-                # indexed (not what `finish` fills in: rows, a retention pass's report).
-                known = all(r.result is not None or r.error is not None for r in batch)
+                # A refused frame another writer indexed is acknowledged for plain appends
+                # only: all they change in the view comes from the frame's records.
+                known = all(type(r.operation) is Append for r in batch)
                 projection = Projection(view, txn, head, self._ops)
                 # Rows the planner read in this transaction are the ones the projection
                 # would read again: hand them over.
