@@ -575,9 +575,9 @@ class LocalEngine:
         if planner.evicted:
             remove_evicted_locks(self.location, planner.evicted, self._ops)
         if info is not None:  # (waking the followers of the sessions it touched only)
-            self.waiter.publish(
-                projection.head.next_position, projection.touched(), info.first_position
-            )
+            # (The frame's end: a refused frame another writer indexed was maybe not
+            # projected here.)
+            self.waiter.publish(info.last_position + 1, projection.touched(), info.first_position)
             due = projection.nearest_new_deadline
             if due is not None and self.expiry is not None:
                 self.expiry.nearer(due)
