@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from _nats import (
     CuttingProxy,
@@ -1323,6 +1324,36 @@ def test_a_lost_ack_of_an_owned_sessions_append_is_settled_not_written_twice(
             assert stored == ["turn_started", "message", "message", "turn_result"]
     finally:
         proxy.close()
+
+
+def test_a_policy_change_whose_reply_was_lost_is_settled_not_reported_or_applied_twice(
+    url: str, tmp_path: Path
+) -> None:
+    """`change_retention_policy` is a compare-and-set on the policy subject. A reply that
+    never came (a timeout, a dropped connection) raised `StoreUnavailable` though the
+    change may have been recorded, and an operator's retry of a change such as "one more
+    day" applied it twice. Now the recording carries a write token, and a lost reply is
+    settled by reading what is recorded: this change's token, or the CAS value still free
+    (then it is sent again)."""
+    import nats.errors
+
+    lost: list[bool] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "policy.recorded" and lost:
+            lost.pop()
+            raise nats.errors.TimeoutError  # (recorded; its reply never came)
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_bytes=1000))
+        lost.append(True)
+        recorded = j.change_retention_policy(
+            lambda p: msgspec.structs.replace(p, max_history_bytes=(p.max_history_bytes or 0) + 1)
+        )
+        assert lost == []
+        assert recorded.max_history_bytes == 1001
+        assert j.retention_policy().max_history_bytes == 1001
 
 
 def _snapshot_with_a_change_at_its_point(

@@ -27,7 +27,15 @@ from nats.errors import TimeoutError as NatsTimeout
 from ..engine import READ_SCOPE
 from ..errors import StoreUnavailable
 
-__all__ = ["ApiError", "BatchMessage", "Closed", "Connection", "Found", "Unavailable"]
+__all__ = [
+    "WRITE_TOKEN",
+    "ApiError",
+    "BatchMessage",
+    "Closed",
+    "Connection",
+    "Found",
+    "Unavailable",
+]
 
 T = TypeVar("T")
 
@@ -45,6 +53,8 @@ BatchMessage = tuple[str, bytes, dict[str, str]]
 
 # Errors of the connection itself (not of a request's content): the server may or may not
 # have acted on what was sent.
+# The header of a write's token, by which a write whose reply was lost is found.
+WRITE_TOKEN: Final = "Journal-Write"
 Unavailable: Final = (
     NatsTimeout,
     NoRespondersError,

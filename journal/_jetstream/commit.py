@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..models import LifecycleEventType, RetentionPolicy, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
-from .client import ApiError, BatchMessage, Unavailable
+from .client import WRITE_TOKEN, ApiError, BatchMessage, Unavailable
 from .layout import (
     ENCODER,
     StoredFeed,
@@ -54,7 +54,6 @@ _WRONG_LAST_SEQUENCE: Final = 10071
 # write in process may be this one, sent before a reply was lost.
 _IN_PROCESS: Final = 10164
 _TOO_LARGE: Final = frozenset({10054, 10199})
-_TOKEN: Final = "Journal-Write"
 
 # Whether a row's owner is alive (None: cannot tell); the int is 1 when an own() of the
 # session asks (its own call in flight does not count as the owner).
@@ -154,7 +153,7 @@ class Committer:
     ) -> RetentionPolicy:
         """Record `change(the recorded policy)` (compare-and-set: SPEC 16.5)."""
         self.policy, self._policy_seq = await change_recorded_policy(
-            self.conn, self.subjects, change
+            self.conn, self.subjects, change, self.point
         )
         self._policy_checked = time.monotonic()
         return self.policy
@@ -352,7 +351,7 @@ class Committer:
             headers = dict(headers)
             is_event = subject.endswith(".ev")
             if subject.startswith(session_prefix) and (not is_event or first_event):
-                headers[_TOKEN] = token
+                headers[WRITE_TOKEN] = token
             if is_event:
                 first_event = False
             if index == last:
@@ -419,7 +418,7 @@ class Committer:
             raise _CannotTell from None
         if first is None and taken:
             raise _CannotTell
-        if first is None or first.headers.get(_TOKEN) != token:
+        if first is None or first.headers.get(WRITE_TOKEN) != token:
             return None
         session_prefix = self.subjects.session_wide(state.token)[:-1]
         index = next(

@@ -17,7 +17,7 @@ from cursors import KeyRing, KeyRingError
 from ..arguments import check_retention
 from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
 from ..models import RetentionPolicy
-from .client import ApiError, Connection
+from .client import WRITE_TOKEN, ApiError, Connection, Unavailable
 from .layout import ENCODER, FORMAT, META_DECODER, Meta, Subjects, stream_config, stream_differences
 from .reads import StoreReader
 
@@ -145,28 +145,47 @@ async def recorded_policy(
 
 
 async def change_recorded_policy(
-    conn: Connection, subjects: Subjects, change: Callable[[RetentionPolicy], RetentionPolicy]
+    conn: Connection,
+    subjects: Subjects,
+    change: Callable[[RetentionPolicy], RetentionPolicy],
+    point: Callable[[str, object], None],
 ) -> tuple[RetentionPolicy, int]:
     """Record `change(the recorded policy)` (the default where none is): a compare-and-set
     on the policy subject's last sequence, read and changed again when another recording
     came between (or is in process at a clustered stream's leader: asked again shortly
-    after, for up to `_CHANGE_S`). The policy recorded now and its sequence (0: none)."""
+    after, for up to `_CHANGE_S`). A lost reply is settled: the recording carries a write
+    token, and the policy recorded then is read again (this change's token: done; else
+    changed and sent again, and a first copy landing later is refused as stale). The
+    policy recorded now and its sequence (0: none)."""
     deadline = time.monotonic() + _CHANGE_S
+    token = secrets.token_hex(16)
     while True:
         found = await conn.msg_get({"last_by_subj": subjects.policy})
         recorded = RetentionPolicy() if found is None else decode_policy(found.data, subjects)
         seq = 0 if found is None else found.seq
+        if found is not None and found.headers.get(WRITE_TOKEN) == token:
+            return recorded, seq  # recorded by this call: its reply was lost
         wanted = change(recorded)
         if wanted == recorded:
             return recorded, seq
-        headers = {"Nats-Rollup": "sub", "Nats-Expected-Last-Subject-Sequence": str(seq)}
+        headers = {
+            "Nats-Rollup": "sub",
+            "Nats-Expected-Last-Subject-Sequence": str(seq),
+            WRITE_TOKEN: token,
+        }
         try:
-            return wanted, await conn.publish(subjects.policy, ENCODER.encode(wanted), headers)
+            seq = await conn.publish(subjects.policy, ENCODER.encode(wanted), headers)
+            point("policy.recorded", seq)
+            return wanted, seq
         except ApiError as e:
             if e.err_code not in _ANOTHER_CAME_FIRST or time.monotonic() > deadline:
                 raise
             if e.err_code == _IN_PROCESS:
                 await asyncio.sleep(0.005)
+        except Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)  # (the reply was lost: read what is recorded now)
 
 
 async def _create_stream(conn: Connection, subjects: Subjects, options: JetStreamOptions) -> None:
