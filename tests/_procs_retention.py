@@ -15,6 +15,10 @@
         first segment it rewrites: after writing the copy (`rewritten`, then wait for a
         line) and right after renaming it into place (`replaced`, then wait for a line);
         print `rewrote NAME,...` and exit 0.
+    compact_paused STORE POINT
+        Print `ready`, wait for a line, then run `compact()`, pausing (`paused`, then wait
+        for a line) at the first hit of fault point POINT; print `rewrote NAME,...` and exit
+        0 (a parent kills it at the pause: a crash there).
     retention_paused STORE
         Print `ready`, wait for a line, then run `apply_retention()`, pausing (`listed`,
         then wait for a line) when it first reads a sealed segment's sidecar; print
@@ -288,6 +292,15 @@ def compact_interleaved(store: str) -> None:
     emit("rewrote " + ",".join(report.segments_rewritten))
 
 
+def compact_paused(store: str, point: str) -> None:
+    pauses = PauseAt({point: "paused"})
+    with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
+        emit("ready")
+        sys.stdin.readline()
+        report = j.compact()
+    emit("rewrote " + ",".join(report.segments_rewritten))
+
+
 def retention_paused(store: str) -> None:
     pauses = PauseAt({"retention.read_sidecar": "listed"})
     with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
@@ -391,6 +404,7 @@ COMMANDS = {
     "retention": retention,
     "retention_paused": retention_paused,
     "compact_interleaved": compact_interleaved,
+    "compact_paused": compact_paused,
     "ro_watch": ro_watch,
     "ro_watch_paused": ro_watch_paused,
     "ro_read": ro_read,

@@ -11,6 +11,11 @@ that the source file is still the one that was read.
 Kept frames keep their positions, ordinals and uncompressed offsets, so the view's
 locations stay valid. A reader whose snapshot still points at a dropped frame finds no
 block for it and retries with a fresh snapshot, which then says the history expired.
+
+The active segment is never rewritten, so `compact()` first seals it (`SealActive`) when
+it holds at least `SEAL_DEAD_BYTES` dead, and at least `dead_share` of its bytes: the
+writer rotates as at `segment_bytes`, and the segment is then compacted like any sealed
+one. Below that, the new segment file is not worth it (SPEC 8, "Compaction").
 """
 
 from __future__ import annotations
@@ -29,23 +34,30 @@ from ..engine import ApplyRetention, Operation, Progress
 from ..errors import JournalCorrupt
 from ..models import CompactionReport
 from .files import fsync_dir
-from .frames import FrameInfo, segment_name, sidecar_name
+from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import compress_segment, summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
-from .view import View
+from .view import Head, View
 
 __all__ = [
     "DEFAULT_DEAD_SHARE",
+    "SEAL_DEAD_BYTES",
     "Compactions",
+    "SealActive",
     "SwapSegment",
     "compact_store",
     "live_frames",
+    "seal_active",
     "swap_segment",
     "unpin_segments",
 ]
 
 DEFAULT_DEAD_SHARE: Final = 0.5
+# The dead bytes the active segment must hold for `compact()` to seal it: a seal starts a
+# segment file (born with its zeros, kept while anything in it lives), so one for a few
+# dead frames would, run by a periodic `journal compact`, leave a trail of small files.
+SEAL_DEAD_BYTES: Final = 1 << 20
 
 ResultT = TypeVar("ResultT")
 
@@ -65,6 +77,62 @@ class SwapSegment(Operation[bool], frozen=True):
     summary: SegmentSummary
     source: tuple[str, int, int]
     original_last_position: int
+
+
+class SealActive(Operation[int | None], frozen=True):
+    """Seal the active segment `base`, if it still is the active one and holds a frame
+    (planned under the writer lock); the result is the bytes its file took, or None."""
+
+    base: int
+
+
+def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealActive) -> int | None:
+    """Rotate the writer past the active segment, as a full one is (caller holds the
+    writer lock, after the catch-up), and move the view's head to the new segment.
+
+    A crash or a failed commit after the rotation leaves the head at the end of the sealed
+    segment, as one inside a rotating append does: the next catch-up moves it."""
+    writer = log.writer
+    if writer.base_position != seal.base or not writer.frame_count:
+        return None  # sealed meanwhile (by a full segment, another writer) or empty
+    size = os.fstat(writer.fileno()).st_size
+    log.rotate()
+    log.ops.point("compaction.sealed", seal.base)
+    head = view.head(txn)
+    assert head is not None, "a writer's commit runs after its catch-up"
+    # (A batch that also appends overwrites this head with its frame's end.)
+    view.put_head(
+        txn,
+        Head(
+            log.writer.base_position,
+            SEGMENT_HEADER_SIZE,
+            log.writer.next_position,
+            head.lifecycle_position,
+        ),
+    )
+    return size
+
+
+def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: float) -> int | None:
+    """Seal the active segment when compacting it would give enough back (module doc);
+    decided from a read snapshot without the lock (dead frames stay dead), by a scan of
+    its committed frames, done only when it holds at least `SEAL_DEAD_BYTES` of them."""
+    with view.begin() as txn:
+        head = view.head(txn)
+        if head is None or head.end_offset - SEGMENT_HEADER_SIZE < SEAL_DEAD_BYTES:
+            return None
+        try:
+            summary = summarize_segment(
+                log.directory, head.segment, log.ops, committed_end=head.end_offset
+            )
+        except FileNotFoundError:
+            return None  # sealed and compressed meanwhile by another writer
+        _, live_bytes, total = live_frames(txn, view, summary)
+    del txn  # (no read transaction object outlives its transaction: SPEC 7)
+    dead = total - live_bytes
+    if dead < SEAL_DEAD_BYTES or dead < dead_share * total:
+        return None
+    return submit(SealActive(head.segment))
 
 
 def live_frames(
@@ -169,6 +237,11 @@ def compact_store(
     bytes_before = sealed_bytes(log)
     retention = submit(ApplyRetention(None))
     deleted = list(retention.deleted_segments)
+    sealed = _seal_if_worth_it(log, view, submit, dead_share)
+    if sealed is not None:
+        # Counted from here on as the sealed segments are; a pass deletes it if all dead.
+        bytes_before += sealed
+        deleted += submit(ApplyRetention(None)).deleted_segments
     rewritten: list[str] = []
     copied = 0
     bases = log.bases()[:-1]

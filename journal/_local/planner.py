@@ -61,7 +61,7 @@ from ..records import (
 )
 from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
-from .compaction import SwapSegment, swap_segment
+from .compaction import SealActive, SwapSegment, seal_active, swap_segment
 from .frames import segment_name
 from .leases import PROCESS_BOOT, identity
 from .log import SegmentLog
@@ -303,6 +303,8 @@ class Planner:
             case SwapSegment():
                 request.result = swap_segment(self.txn, self.view, self.log, operation)
                 self.summaries.pop(operation.base, None)
+            case SealActive():
+                request.result = seal_active(self.txn, self.view, self.log, operation)
             case _:
                 raise TypeError(f"the local engine cannot plan {type(operation).__name__}")
 
@@ -701,8 +703,7 @@ class Planner:
 
     def _retention(self, request: Request, op: ApplyRetention) -> None:
         now = self.now if op.now_ms is None else op.now_ms
-        # The store's policy as recorded now, whoever recorded it (SPEC 8): a pass under a
-        # policy that changed since the last one reads every row.
+        # The policy recorded now, by whomever (SPEC 8); one changed since reads every row.
         changed = self.policy.refresh()
         policy = self.policy.policy
         trimmed: list[str] = []
@@ -781,9 +782,8 @@ class Planner:
         held: list[int] = []
         dead = dead_segments(self.txn, self.view, self.log, self.summaries, held)
         if held:
-            # Segments kept only by eviction records of sessions created in older
-            # segments: compacting those drops the creation records, and then the
-            # eviction records may go (SPEC 8, "Eviction records").
+            # Kept only by eviction records of sessions created in older segments: compacting
+            # those drops the creation records, then those may go (SPEC 8, "Eviction records").
             bases = self.log.bases()
             self.unpin.update(bases[bisect_right(bases, position) - 1] for position in held)
         forget_segments(self.txn, self.view, self.log, dead)

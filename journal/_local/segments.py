@@ -600,14 +600,22 @@ class SegmentReader:
 
 
 def summarize_segment(
-    directory: str, base_position: int, ops: FileOps = DEFAULT_FILE_OPS
+    directory: str,
+    base_position: int,
+    ops: FileOps = DEFAULT_FILE_OPS,
+    *,
+    committed_end: int | None = None,
 ) -> SegmentSummary:
-    """Scan a sealed segment and build its sidecar index (verifying every frame)."""
+    """Scan a sealed segment and build its sidecar index (verifying every frame); with
+    `committed_end`, the active segment's committed frames, those ending by that offset."""
     builder = SummaryBuilder()
     last_position = base_position - 1
     data_end = SEGMENT_HEADER_SIZE
     with SegmentReader(directory, base_position, ops) as reader:
-        for info, body in reader.frames():
+        tail = committed_end is not None
+        for info, body in reader.frames(committed_end=committed_end, tail=tail):
+            if committed_end is not None and info.end_offset > committed_end:
+                break  # (appended after the caller's snapshot)
             builder.add(
                 info.offset, info.first_position, info.count, _digest(reader.name, info, body)
             )
