@@ -48,7 +48,8 @@ def compact(settings: Settings, dead_share: float) -> None:
     """Reclaim space: apply retention, delete dead segments, rewrite mostly dead ones.
 
     The active segment is sealed first (the next append starts a new one) when at least
-    1 MiB and --dead-share of it is dead, so its space comes back too.
+    1 MiB (half a segment, if less) and --dead-share of it are dead, so its space comes back
+    too.
 
     Positions, ordinals and cursors do not change; writers and watchers may keep running.
     On a nats:// store (no segments) it applies the retention policy only.

@@ -415,9 +415,9 @@ class Journal:
         """Reclaim space: delete sealed segments that hold nothing live, and rewrite (zstd,
         block-wise) those whose dead share is at least `dead_share`, or that are not yet
         compressed, copying only live frames; first seal the active segment (local engine)
-        when at least 1 MiB and `dead_share` of it is dead, so its space comes back too.
-        Positions, ordinals and cursors are unchanged. Writers and readers keep working
-        meanwhile. `progress(done, total)` counts segments.
+        when 1 MiB (half a segment, if less) and `dead_share` of it are dead, so its space
+        comes back too. Positions, ordinals and cursors are unchanged. Writers and readers
+        keep working meanwhile. `progress(done, total)` counts segments.
         """
         dead_share = check_dead_share(dead_share)
         check_callback("progress", progress)

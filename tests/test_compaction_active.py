@@ -168,6 +168,21 @@ def test_compact_seals_the_active_segment_only_when_enough_of_it_is_dead(
         assert len(segment_files(store)) == (2 if sealed else 1)
 
 
+def test_with_small_segments_half_a_segment_dead_is_enough_to_seal(tmp_path: Path) -> None:
+    # (1 MiB dead could never be reached in a 64 KiB segment.)
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS, segment_bytes=64 << 10) as j:
+        j.create_session("s")
+        last = fill(j, "s", 12)  # 48 KB
+        lower_window(j, 12_000)  # 9 events dead: 36 KB
+        j.compact(dead_share=0.9)
+        assert len(segment_files(store)) == 1  # 75% dead: under the share asked for
+        report = j.compact()
+        assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
+        assert check_retained(j, "s", last) == 10
+        assert j.verify().ok
+
+
 def test_cursors_into_history_the_seal_dropped_raise_cursor_expired(tmp_path: Path) -> None:
     store = tmp_path / "store"
     with open_store(store, retention=NO_WINDOWS) as j:

@@ -13,9 +13,10 @@ locations stay valid. A reader whose snapshot still points at a dropped frame fi
 block for it and retries with a fresh snapshot, which then says the history expired.
 
 The active segment is never rewritten, so `compact()` first seals it (`SealActive`) when
-it holds at least `SEAL_DEAD_BYTES` dead, and at least `dead_share` of its bytes: the
-writer rotates as at `segment_bytes`, and the segment is then compacted like any sealed
-one. Below that, the new segment file is not worth it (SPEC 8, "Compaction").
+it holds at least `SEAL_DEAD_BYTES` dead (half of `segment_bytes` if that is less), and
+at least `dead_share` of its bytes: the writer rotates as at `segment_bytes`, and the
+segment is then compacted like any sealed one. Below that, the new segment file is not
+worth it (SPEC 8, "Sealing the active segment").
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ __all__ = [
 ]
 
 DEFAULT_DEAD_SHARE: Final = 0.5
-# The dead bytes the active segment must hold for `compact()` to seal it: a seal starts a
-# segment file (born with its zeros, kept while anything in it lives), so one for a few
+# The dead bytes the active segment must hold for `compact()` to seal it (or half of
+# `segment_bytes`, for smaller segments, which seal by themselves as often): a seal starts
+# a segment file (born with its zeros, kept while anything in it lives), so one for a few
 # dead frames would, run by a periodic `journal compact`, leave a trail of small files.
 SEAL_DEAD_BYTES: Final = 1 << 20
 
@@ -116,10 +118,11 @@ def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealAc
 def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: float) -> int | None:
     """Seal the active segment when compacting it would give enough back (module doc);
     decided from a read snapshot without the lock (dead frames stay dead), by a scan of
-    its committed frames, done only when it holds at least `SEAL_DEAD_BYTES` of them."""
+    its committed frames, done only when they could hold enough dead."""
+    enough = min(SEAL_DEAD_BYTES, log.segment_bytes // 2)
     with view.begin() as txn:
         head = view.head(txn)
-        if head is None or head.end_offset - SEGMENT_HEADER_SIZE < SEAL_DEAD_BYTES:
+        if head is None or head.end_offset - SEGMENT_HEADER_SIZE < enough:
             return None
         try:
             summary = summarize_segment(
@@ -130,7 +133,7 @@ def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: f
         _, live_bytes, total = live_frames(txn, view, summary)
     del txn  # (no read transaction object outlives its transaction: SPEC 7)
     dead = total - live_bytes
-    if dead < SEAL_DEAD_BYTES or dead < dead_share * total:
+    if dead < enough or dead < dead_share * total:
         return None
     return submit(SealActive(head.segment))
 
