@@ -26,7 +26,7 @@ from _procs_retention import Child, payload
 from click.testing import CliRunner
 
 from cli.main import main as journal_cli
-from journal import CursorExpired, EventIn, Journal, RetentionPolicy
+from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
 from journal._local.compaction import SEAL_DEAD_BYTES
 
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
@@ -181,6 +181,29 @@ def test_with_small_segments_half_a_segment_dead_is_enough_to_seal(tmp_path: Pat
         assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
         assert check_retained(j, "s", last) == 10
         assert j.verify().ok
+
+
+def test_damage_in_the_active_segment_is_raised_after_the_sealed_ones_are_compacted(
+    tmp_path: Path,
+) -> None:
+    # As for damaged sealed segments (SPEC 8, "Compaction"): the damage is left for verify
+    # and a restore, nothing is sealed, and the other segments still get their space back.
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS, segment_bytes=64 << 10) as j:
+        j.create_session("s")
+        fill(j, "s", 30)  # one sealed plain segment, and 14 events in the active one
+        files = segment_files(store)
+        assert len(files) == 2 and files[0].endswith(".seg"), files
+        lower_window(j, 8000)
+        with open(store / "segments" / files[1], "r+b") as segment:
+            segment.seek(100)  # in the body of its first frame (at offset 64)
+            byte = segment.read(1)[0]
+            segment.seek(100)
+            segment.write(bytes([byte ^ 4]))
+        with pytest.raises(JournalCorrupt) as damage:
+            j.compact()
+        assert (damage.value.segment, damage.value.offset) == (files[1], 64)
+        assert segment_files(store) == [files[0] + ".zst", files[1]]  # compacted, not sealed
 
 
 def test_cursors_into_history_the_seal_dropped_raise_cursor_expired(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from ..engine import ApplyRetention, Operation, Progress
 from ..errors import JournalCorrupt
 from ..models import CompactionReport
 from .files import fsync_dir
-from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name, sidecar_name
+from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import compress_segment, summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
@@ -240,7 +240,13 @@ def compact_store(
     bytes_before = sealed_bytes(log)
     retention = submit(ApplyRetention(None))
     deleted = list(retention.deleted_segments)
-    sealed = _seal_if_worth_it(log, view, submit, dead_share)
+    damage: JournalCorrupt | None = None
+    try:
+        sealed = _seal_if_worth_it(log, view, submit, dead_share)
+    except JournalCorrupt as found:
+        if not found.segment.endswith(SEGMENT_SUFFIX):
+            raise  # (the view's damage: every swap would meet it)
+        damage, sealed = found, None  # the active segment's: the sealed ones are still done
     if sealed is not None:
         # Counted from here on as the sealed segments are; a pass deletes it if all dead.
         bytes_before += sealed
@@ -248,7 +254,6 @@ def compact_store(
     rewritten: list[str] = []
     copied = 0
     bases = log.bases()[:-1]
-    damage: JournalCorrupt | None = None
     for done, base in enumerate(bases, start=1):
         try:
             copied += _compact_segment(log, view, submit, base, dead_share, rewritten)

@@ -607,20 +607,20 @@ def summarize_segment(
     committed_end: int | None = None,
 ) -> SegmentSummary:
     """Scan a sealed segment and build its sidecar index (verifying every frame); with
-    `committed_end`, the active segment's committed frames, those ending by that offset."""
+    `committed_end` (past the header), the active segment's frames up to that offset."""
     builder = SummaryBuilder()
     last_position = base_position - 1
     data_end = SEGMENT_HEADER_SIZE
     with SegmentReader(directory, base_position, ops) as reader:
         tail = committed_end is not None
         for info, body in reader.frames(committed_end=committed_end, tail=tail):
-            if committed_end is not None and info.end_offset > committed_end:
-                break  # (appended after the caller's snapshot)
             builder.add(
                 info.offset, info.first_position, info.count, _digest(reader.name, info, body)
             )
             last_position = info.last_position
             data_end = info.end_offset
+            if committed_end is not None and data_end >= committed_end:
+                break  # (never reads on into a frame a writer may be writing)
         blocks = reader.block_table() if reader.compressed else []
     summary = builder.build(base_position, last_position, data_end)
     summary.blocks = blocks
