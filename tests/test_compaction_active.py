@@ -312,6 +312,40 @@ def test_a_reader_process_sees_no_gap_or_duplicate_across_sealing_compactions(
     check_followed(lines[1:-1], last)
 
 
+def test_a_writer_process_appends_on_in_the_new_segment_after_another_sealed_its_own(
+    tmp_path: Path,
+) -> None:
+    # `journal compact` run beside a long-lived writer: the seal is the compacting
+    # process's commit, and the writer's next commit catches up to the new segment.
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS):
+        pass
+    writer = Child("writer", str(store), str(64 << 20))
+    try:
+        assert writer.next_line() == "ready"
+        writer.send("append 5000")  # 300-byte events: 1.5 MB
+        assert writer.next_line(120) == "s 1 5000"
+        with open_store(store) as j:
+            lower_window(j, 50_000)
+            report = j.compact()
+            assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
+            first = j.get_session("s").first_ordinal
+            writer.send("append 100")
+            assert writer.next_line() == f"s {first} 5100"
+            events = list(j.replay("s"))
+            assert [e.ordinal for e in events] == list(range(first, 5101))
+            assert all(e.data == payload("s", e.ordinal, 300) for e in events)
+            # (Positions: the creation, 5000 events, the window's trim, then the new ones.)
+            assert [e.position for e in events[-100:]] == list(range(5003, 5103))
+            new_segment = f"{5003:020d}.seg"
+            assert segment_files(store) == ["00000000000000000001.seg.zst", new_segment]
+            assert j.verify().ok
+        writer.proc.stdin.close()  # type: ignore[union-attr]
+        assert writer.wait(60) == 0, writer.err()
+    finally:
+        writer.kill()
+
+
 def test_a_crash_right_after_compact_sealed_the_active_segment_loses_nothing(
     tmp_path: Path,
 ) -> None:
