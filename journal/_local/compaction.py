@@ -116,22 +116,24 @@ def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealAc
 
 
 def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: float) -> int | None:
-    """Seal the active segment when compacting it would give enough back (module doc);
-    decided from a read snapshot without the lock (dead frames stay dead), by a scan of
-    its committed frames, done only when they could hold enough dead."""
+    """Seal the active segment when compacting it would give enough back (module doc),
+    decided without the lock by a scan of its frames up to the view's head, made only
+    when they could hold enough dead (liveness read after it: dead frames stay dead)."""
     enough = min(SEAL_DEAD_BYTES, log.segment_bytes // 2)
     with view.begin() as txn:
         head = view.head(txn)
-        if head is None or head.end_offset - SEGMENT_HEADER_SIZE < enough:
-            return None
-        try:
-            summary = summarize_segment(
-                log.directory, head.segment, log.ops, committed_end=head.end_offset
-            )
-        except FileNotFoundError:
-            return None  # sealed and compressed meanwhile by another writer
-        _, live_bytes, total = live_frames(txn, view, summary)
     del txn  # (no read transaction object outlives its transaction: SPEC 7)
+    if head is None or head.end_offset - SEGMENT_HEADER_SIZE < enough:
+        return None
+    try:
+        summary = summarize_segment(
+            log.directory, head.segment, log.ops, committed_end=head.end_offset
+        )
+    except FileNotFoundError:
+        return None  # sealed and compressed meanwhile by another writer
+    with view.begin() as txn:
+        _, live_bytes, total = live_frames(txn, view, summary)
+    del txn
     dead = total - live_bytes
     if dead < enough or dead < dead_share * total:
         return None
