@@ -22,12 +22,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from _local_engine import open_local
 from _procs_retention import Child, payload
 from click.testing import CliRunner
 
 from cli.main import main as journal_cli
 from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
 from journal._local.compaction import SEAL_DEAD_BYTES
+from journal._local.files import FAULT_POINTS, FileOps
 
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
 EVENT_BYTES = 4000
@@ -371,3 +373,39 @@ def test_a_crash_right_after_compact_sealed_the_active_segment_loses_nothing(
         assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
         assert check_retained(j, "s", last + 1) >= first  # (the append moved the window)
         assert j.verify().ok
+
+
+def test_a_read_only_open_while_compact_seals_reads_the_store_s_view(tmp_path: Path) -> None:
+    # Between the seal's rotation and its commit the log has moved past the view's head,
+    # as when a writer syncs a frame; the commit moves the head to the new segment but not
+    # its next position. Until 2026-12-04 a read-only open there waited for the next
+    # position to pass, took the live writer's view for a crashed one's after 250 ms, and
+    # read through a private view projected from the whole log.
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS) as j:
+        j.create_session("s")
+        last = fill(j, "s", 1500)
+        lower_window(j)
+    child = Child("compact_paused", str(store), "compaction.sealed")
+    behind: list[object] = []
+
+    class SealCommitsMeanwhile(FileOps):
+        def point(self, name: str, detail: object = None) -> None:
+            assert name in FAULT_POINTS, name
+            if name == "open.view_behind" and not behind:
+                behind.append(detail)
+                child.send("go")  # the seal commits, then the compaction runs
+                assert child.next_line() == "rewrote 00000000000000000001.seg.zst"
+
+    try:
+        assert child.next_line() == "ready"
+        child.send("go")
+        assert child.next_line() == "paused"  # rotated; the view's head not yet moved
+        reader, engine = open_local(store, readonly=True, file_ops=SealCommitsMeanwhile())
+        with reader:
+            assert behind == [last + 3], behind
+            assert engine.private_dir is None
+            assert check_retained(reader, "s", last) > 1400
+        assert child.wait(60) == 0, child.err()
+    finally:
+        child.kill()

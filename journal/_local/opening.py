@@ -36,7 +36,7 @@ from .projector import build_private
 from .segments import open_segment
 from .store_file import open_lock
 from .verify import view_problem
-from .view import View, ViewDamaged, inspect_view, replace_view
+from .view import Head, View, ViewDamaged, inspect_view, replace_view
 from .writer import data_end
 
 __all__ = [
@@ -340,22 +340,25 @@ def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:
     if not log.moved_past(head.segment, head.end_offset, head.next_position):
         return False, None
     log.ops.point("open.view_behind", head.next_position)
-    return not _indexing(view, head.next_position), None
+    return not _indexing(view, head), None
 
 
-def _indexing(view: View, behind: int) -> bool:
-    """Whether a writer indexes the frames the view is behind by: its head passes
-    `behind` (the next position it had when frames were found after it) within
+def _indexing(view: View, behind: Head) -> bool:
+    """Whether a writer indexes the frames the view is behind by: it commits (its head
+    moves from `behind`, the one it had when frames were found after it) within
     `STALE_WAIT_S`. A live writer's view is behind the log by the frames it is syncing
     (found in 84 of 100 read-only opens beside a writer appending durably, each of which
-    then projected a private view: 150 ms at the median, 0.9 s at most); it indexes them
-    in order, so once the head moves on, frames found there are indexed, and the reader
-    follows the view the writer keeps current. A crashed writer's view never moves."""
+    then projected a private view: 150 ms at the median, 0.9 s at most); a commit indexes
+    every frame it finds first, so once the head moves, frames found there are indexed, and
+    the reader follows the view the writer keeps current. A crashed writer's view never
+    moves. (Any move: a seal by `compact()` moves the head to the new segment, not its next
+    position; until 2026-12-04 only the next position was watched, and an open during the
+    seal read through a private view.)"""
     deadline = time.monotonic() + STALE_WAIT_S
     while time.monotonic() < deadline:
         time.sleep(0.001)
         with view.begin() as txn:
             head = view.head(txn)
-        if head is not None and head.next_position > behind:
+        if head is not None and head != behind:
             return True
     return False
