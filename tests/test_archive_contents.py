@@ -279,7 +279,9 @@ def test_a_truncated_archive_and_a_corrupted_byte_are_refused(tmp_path: Path) ->
     damaged[len(data) // 2] ^= 0x10
     with pytest.raises(ArchiveInvalid) as caught:
         read_archive_contents(io.BytesIO(bytes(damaged)))
-    assert caught.value.reason == "corrupt"
+    # Mostly "corrupt"; in about 1 of 20 exports (their bytes differ with the time and the
+    # random events) the flipped bit decodes to records out of order (CI run 49).
+    assert caught.value.reason in ("corrupt", "out_of_order")
     assert (caught.value.reason, caught.value.offset) == _import_refusal(bytes(damaged))
 
 
