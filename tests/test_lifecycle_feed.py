@@ -361,24 +361,6 @@ def test_a_read_only_private_view_forgets_the_tombstones_the_writer_forgot(
     assert in_private == in_writer
 
 
-def test_verify_of_a_private_view_after_a_pass_that_changed_only_segment_files_is_ok(
-    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A private view forgets tombstones (and prunes the feed) only when it projects new
-    # frames; the expiry thread's compactions and the pass after them write none. verify()
-    # compares the tombstones with a rebuilt view's, so it brings the private view up to
-    # date first (before, 11 tombstones, ids and pins were reported as differences).
-    with private_reader(store, tmp_path, monkeypatch) as (reader, _), open_store(store) as writer:
-        for round_ in range(4):
-            live_and_ended(writer, f"r{round_}-", 40)
-            anchor_cursor(reader)
-            evict_all(writer)
-            anchor_cursor(reader)
-            assert reader.verify().ok, (round_, reader.verify().problems)
-        writer.compact(0.0)
-        assert reader.verify().ok, reader.verify().problems
-
-
 def test_a_listing_iterated_while_sessions_are_evicted_goes_on(store: Path) -> None:
     """`list_sessions()` went from page to page by page tokens, and the token of a page
     whose last session was evicted meanwhile (its records gone with their segments)

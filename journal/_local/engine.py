@@ -209,7 +209,8 @@ class LocalEngine:
         return self
 
     def inherited(self) -> bool:
-        """Whether a parent process opened this journal (this is a forked child), open."""
+        """Whether a parent process opened this journal (this process is a forked child)
+        and it is not closed here yet."""
         return os.getpid() != self._pid and not self._closed
 
     def _init(self, path: str, options: LocalOptions) -> None:
@@ -402,11 +403,11 @@ class LocalEngine:
         touched = None if seen is None else seen.since_last(head)
         return (1 if head is None else head.next_position), touched
 
-    def _refresh_private_view(self, whole: bool = False) -> None:
+    def _refresh_private_view(self) -> None:
         """Project frames the writer committed since (read-only private view: `PrivateTail`)."""
         with self._private_lock:
             if not self._closed:
-                self._private_tail.refresh(self.log, self.view, self._ops, whole)
+                self._private_tail.refresh(self.log, self.view, self._ops)
 
     # -- the commit path -------------------------------------------------------------------
 
@@ -767,8 +768,6 @@ class LocalEngine:
 
     @reads_disk
     def verify(self, progress: Progress | None) -> VerifyReport:
-        if self.private_dir is not None:  # (also after a change of segment files alone)
-            self._refresh_private_view(whole=True)
         report = verify_store(self.log, self.view, lock=not self.readonly, progress=progress)
         if self._shared_damage is None:
             return report

@@ -44,9 +44,8 @@ class PrivateTail:
     def __init__(self) -> None:
         self._frame: _Frame | None = None
 
-    def refresh(self, log: SegmentLog, view: View, ops: FileOps, whole: bool = False) -> None:
-        """`refresh_private` (`whole`: see there), after rebuilding the view if the log
-        was cut under it."""
+    def refresh(self, log: SegmentLog, view: View, ops: FileOps) -> None:
+        """`refresh_private`, after rebuilding the view if the log was cut under it."""
         head = _head(view)
         if head is not None:
             try:
@@ -59,7 +58,7 @@ class PrivateTail:
                 )
                 build_private(log, view)
                 self._frame = None
-        refresh_private(log, view, ops, whole)
+        refresh_private(log, view, ops)
 
 
 def _head(view: View) -> Head | None:

@@ -716,17 +716,13 @@ def build_private(log: SegmentLog, view: View) -> None:
     while_files_change(log, build)
 
 
-def refresh_private(log: SegmentLog, view: View, ops: FileOps, whole: bool = False) -> None:
+def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:
     """Project into a private view the frames the writer committed after its head, if
     any (retried, in a new transaction, on a fresh listing of the segments when one
-    listed was deleted or replaced meanwhile: `while_files_change`). With `whole`, also
-    when none came: the pruning and forgetting after the projection catch up with a
-    retention pass or compaction that changed only segment files (`verify`)."""
+    listed was deleted or replaced meanwhile: `while_files_change`)."""
     with view.begin() as txn:
         head = view.head(txn)
-    if head is not None and (
-        whole or log.moved_past(head.segment, head.end_offset, head.next_position)
-    ):
+    if head is not None and log.moved_past(head.segment, head.end_offset, head.next_position):
         while_files_change(log, partial(project_new, log, view, ops))
 
 
