@@ -509,11 +509,6 @@ class View:
         for db in self._handles:
             txn.drop(db, delete=False)
 
-    def stored(self, txn: lmdb.Transaction, name: bytes) -> dict[bytes, bytes]:
-        """Every entry of a named database but `events`, as stored, copied out (verify)."""
-        db = self._handles[_NAMES.index(name)]
-        return {bytes(key): bytes(value) for key, value in txn.cursor(db=db)}
-
     # -- meta ------------------------------------------------------------------------------
 
     def head(self, txn: lmdb.Transaction) -> Head | None:
