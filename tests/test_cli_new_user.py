@@ -6,40 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from _cli_runs import json_error, run_cli
 
 from journal import EventIn, Journal
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _cli(
-    store: Path, *args: str, timeout: float = 60, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("JOURNAL_STORE", None)
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--store", str(store), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        input=stdin,
-        check=False,
-    )
-
-
-def _error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    lines = [line for line in done.stdout.splitlines() if line.startswith('{"error"')]
-    assert lines, (done.stdout, done.stderr)
-    error: dict[str, Any] = json.loads(lines[-1])["error"]
-    return error
+_cli, _error = run_cli, json_error
 
 
 @pytest.fixture

@@ -17,36 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli_runs import cli_env, json_error, run_cli
 
 from cli.output import display_width
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("JOURNAL_STORE", None)
-    return env
-
-
-def _cli(store: Path | str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli", "--store", str(store), *args],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=timeout,
-        check=False,
-    )
-
-
-def _error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    lines = [line for line in done.stdout.splitlines() if line.startswith('{"error"')]
-    assert lines, (done.stdout, done.stderr)
-    error: dict[str, Any] = json.loads(lines[-1])["error"]
-    return error
+_env, _cli, _error = cli_env, run_cli, json_error
 
 
 def _files(store: Path) -> dict[str, tuple[int, int, bytes]]:
