@@ -1356,6 +1356,42 @@ def test_a_policy_change_whose_reply_was_lost_is_settled_not_reported_or_applied
         assert j.retention_policy().max_history_bytes == 1001
 
 
+def test_a_lost_policy_change_with_another_recorded_on_top_is_not_applied_twice(
+    url: str, tmp_path: Path
+) -> None:
+    """A recording whose reply was lost is settled by finding its write token in what is
+    recorded. When another process recorded its own change on top of it before the
+    settle read (a rollup keeps only the last message), the token was gone, and the
+    change was applied a second time: an increment of 1 with another of 1 on top gave
+    +3. Now each recording carries the tokens of the recordings before it."""
+    import nats.errors
+
+    lost: list[Journal] = []
+
+    def increment(p: RetentionPolicy) -> RetentionPolicy:
+        return msgspec.structs.replace(p, max_history_bytes=(p.max_history_bytes or 0) + 1)
+
+    def point(where: str, detail: object) -> None:
+        if where == "policy.recorded" and lost:
+            lost.pop().change_retention_policy(increment)  # (its own connection)
+            raise nats.errors.TimeoutError  # (recorded; its reply never came)
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with (
+        Journal.over(JetStreamEngine.open(options)) as j,
+        Journal.open(url, store=store_name(tmp_path)) as other,
+    ):
+        j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_bytes=1000))
+        for _ in range(3):  # (the other one's own recordings keep the chain too)
+            other.change_retention_policy(increment)
+        lost.append(other)
+        recorded = j.change_retention_policy(increment)
+        assert lost == [], "the fault point did not fire"
+        assert recorded.max_history_bytes == 1005
+        assert j.retention_policy().max_history_bytes == 1005
+        assert other.retention_policy().max_history_bytes == 1005
+
+
 def _snapshot_with_a_change_at_its_point(
     url: str, tmp_path: Path, change: Callable[[Journal], object]
 ) -> list[tuple[LifecycleEventType, str, SessionState]]:

@@ -41,6 +41,18 @@ _POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
 _IN_PROCESS: Final = 10164
 _ANOTHER_CAME_FIRST: Final = frozenset({10071, _IN_PROCESS})
 _CHANGE_S: Final = 30.0
+# The header of a policy recording that names the write tokens of the recordings before
+# it (newest last, at most `_RECENT_TOKENS`): a rollup keeps only the last message, and a
+# call whose reply was lost must still find its token after others recorded on top.
+_RECENT_WRITES: Final = "Journal-Recent-Writes"
+_RECENT_TOKENS: Final = 32
+
+
+def _tokens_in(headers: dict[str, str]) -> list[str]:
+    """The write tokens a policy recording carries: those before it, then its own."""
+    tokens = headers.get(_RECENT_WRITES, "").split()
+    own = headers.get(WRITE_TOKEN)
+    return [*tokens, own] if own else tokens
 
 
 def _now_ms() -> int:
@@ -140,7 +152,10 @@ async def recorded_policy(
     recorded = None if found is None else decode_policy(found.data, subjects)
     given = options.retention
     if given is not None and given != recorded and not options.readonly:
-        await conn.publish(subjects.policy, ENCODER.encode(given), {"Nats-Rollup": "sub"})
+        headers = {"Nats-Rollup": "sub"}
+        if found is not None and (tokens := _tokens_in(found.headers)):
+            headers[_RECENT_WRITES] = " ".join(tokens[-_RECENT_TOKENS:])  # (kept: see above)
+        await conn.publish(subjects.policy, ENCODER.encode(given), headers)
     return given or recorded or RetentionPolicy()
 
 
@@ -154,17 +169,20 @@ async def change_recorded_policy(
     on the policy subject's last sequence, read and changed again when another recording
     came between (or is in process at a clustered stream's leader: asked again shortly
     after, for up to `_CHANGE_S`). A lost reply is settled: the recording carries a write
-    token, and the policy recorded then is read again (this change's token: done; else
-    changed and sent again, and a first copy landing later is refused as stale). The
-    policy recorded now and its sequence (0: none)."""
+    token and those of the 32 recordings before it, and the policy recorded then is read
+    again (this change's token among them: done; else changed and sent again, and a first
+    copy landing later is refused as stale). The policy recorded now and its sequence (0:
+    none)."""
     deadline = time.monotonic() + _CHANGE_S
     token = secrets.token_hex(16)
     while True:
         found = await conn.msg_get({"last_by_subj": subjects.policy})
         recorded = RetentionPolicy() if found is None else decode_policy(found.data, subjects)
         seq = 0 if found is None else found.seq
-        if found is not None and found.headers.get(WRITE_TOKEN) == token:
-            return recorded, seq  # recorded by this call: its reply was lost
+        tokens = [] if found is None else _tokens_in(found.headers)
+        if token in tokens:
+            # Recorded by this call (its reply was lost), maybe with others on top.
+            return recorded, seq
         wanted = change(recorded)
         if wanted == recorded:
             return recorded, seq
@@ -173,6 +191,8 @@ async def change_recorded_policy(
             "Nats-Expected-Last-Subject-Sequence": str(seq),
             WRITE_TOKEN: token,
         }
+        if tokens:
+            headers[_RECENT_WRITES] = " ".join(tokens[-_RECENT_TOKENS:])
         try:
             seq = await conn.publish(subjects.policy, ENCODER.encode(wanted), headers)
             point("policy.recorded", seq)
