@@ -233,11 +233,20 @@ class Turn:
         self.request_id = request_id
         self._writer = writer
         self._cancelled = False
+        self._entered = False
         self._ended = False
         self.started: AppendResult | None = None
         self.result: AppendResult | None = None
 
     def __enter__(self) -> Turn:
+        # A Turn runs once: entered again, it would append a second `turn_started` for
+        # its request id, outside the owner's one-turn-at-a-time guard.
+        if self._entered:
+            raise InvalidArgument(
+                f"turn {self.request_id!r} was entered already: a Turn runs once; start "
+                "the next one with owner.turn(request_id)"
+            )
+        self._entered = True
         try:
             self._writer.record_unrecorded()
             self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
@@ -254,6 +263,11 @@ class Turn:
             raise InvalidArgument(
                 f"turn {self.request_id!r} has ended: its events cannot be appended after "
                 "its result; start a new turn"
+            )
+        if not self._entered:
+            raise InvalidArgument(
+                f"turn {self.request_id!r} has not started: use it as `with "
+                "owner.turn(request_id) as turn:`, which appends its turn_started first"
             )
         if not_a_batch(events):
             raise batch_refused(events)
@@ -348,14 +362,18 @@ class Owner:
         """`with owner.turn(request_id) as turn:` appends `turn_started`; `turn.append`
         appends the turn's events; leaving the block appends `turn_result`: completed,
         cancelled (after `turn.cancel()`), or failed with the exception's code and message
-        (the exception propagates). One turn at a time per owner."""
+        (the exception propagates). One turn at a time per owner, from this call until
+        its block ends; a Turn is entered once, and `turn.append` works only inside it."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
         with self._lock:
             if self._turn is not None:
+                waiting = " (made by owner.turn(), not started yet)"
                 raise InvalidArgument(
-                    f"turn {self._turn.request_id!r} is still open: one turn at a time per owner"
+                    f"turn {self._turn.request_id!r}"
+                    f"{waiting if self._turn.started is None else ''} is still open: one "
+                    "turn at a time per owner; leave its `with` block first"
                 )
             self._turn = turn = Turn(self, request_id, self._writer)
         return turn

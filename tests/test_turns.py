@@ -488,6 +488,38 @@ sys.stdin.readline()
         os.kill(grandchild, signal.SIGKILL)
 
 
+def test_a_turn_runs_once_and_says_when_it_was_never_started(tmp_path: Path) -> None:
+    """Found by a runtime-author trial: `turn.append` on a turn made by `owner.turn()`
+    but not entered said the turn "is settled" (nothing was written for it), and entering
+    a `Turn` a second time appended a second `turn_started` for the same request id
+    (after its `turn_result`, and outside the owner's one-turn-at-a-time guard), which
+    left the session with an open turn nobody would settle."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            turn = owner.turn("r1")
+            with pytest.raises(InvalidArgument, match="'r1' has not started: use it as"):
+                turn.append([EventIn("message", b"early")])
+            with pytest.raises(InvalidArgument, match=r"'r1' .*not started yet.* is still open"):
+                owner.turn("r2")
+            with turn:
+                turn.append([EventIn("message", b"1")])
+                with pytest.raises(InvalidArgument, match="'r1' was entered already"):
+                    turn.__enter__()
+            with pytest.raises(InvalidArgument, match="'r1' was entered already"):
+                turn.__enter__()
+            with owner.turn("r2"):
+                pass
+        assert [(e.type, e.request_id) for e in j.replay("s")] == [
+            ("turn_started", "r1"),
+            ("message", "r1"),
+            ("turn_result", "r1"),
+            ("turn_started", "r2"),
+            ("turn_result", "r2"),
+        ]
+        assert j.get_session("s").open_turn is None
+
+
 def test_one_turn_at_a_time_holds_across_threads(tmp_path: Path) -> None:
     with Journal.open(tmp_path, durability="os") as j:
         j.create_session("s")
