@@ -23,6 +23,7 @@ from journal import (
     EventIn,
     InvalidArgument,
     Journal,
+    JournalClosed,
     OwnerBusy,
     ReadOnlyStore,
     RetentionPolicy,
@@ -232,6 +233,45 @@ def test_closing_the_journal_releases_leases_still_held(tmp_path: Path) -> None:
             assert owner.generation == kept.generation + 1
     locks = [name for name in os.listdir("/proc/self/fd") if _points_into(name, tmp_path)]
     assert locks == []
+
+
+def test_closing_the_journal_ends_an_own_waiting_for_another_processs_lease(
+    tmp_path: Path,
+) -> None:
+    """Found by a runtime-author trial: an `own(id, wait_s=10)` waiting for another
+    process's lease went on polling the lock for the whole 10 s after another thread
+    closed the journal, then raised `OwnerBusy`; every other call cut by a close raises
+    `JournalClosed` (SPEC 1.2), and so does the JetStream engine's waiting `own()`."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    holder = _child(store)
+    try:
+        send(holder)
+        assert line(holder) == "won 1"
+        j = Journal.open(store, durability="os")
+        ended: list[tuple[BaseException, float]] = []
+
+        def wait_for_the_lease() -> None:
+            started = time.monotonic()
+            try:
+                j.own("s", wait_s=10)
+            except BaseException as e:
+                ended.append((e, time.monotonic() - started))
+
+        waiter = threading.Thread(target=wait_for_the_lease)
+        waiter.start()
+        time.sleep(0.3)  # (it is polling the holder's lock now)
+        j.close()
+        waiter.join(15)
+        ((error, waited),) = ended
+        assert isinstance(error, JournalClosed), error
+        assert waited < 2, waited
+        with Journal.open(store, durability="os") as again:
+            assert again.get_session("s").owner is not None  # (the holder's, untouched)
+    finally:
+        holder.kill()
+        holder.wait(10)
 
 
 def _points_into(fd: str, directory: Path) -> bool:

@@ -739,7 +739,7 @@ class LocalEngine:
             )
         path = lock_path(self.location, session_id)
         try:
-            fd = take_lock(path, wait_s, self.permissions)
+            fd = take_lock(path, wait_s, self.permissions, self.check_usable)
         except OSError as e:  # the lock file: a directory, a FIFO, a full disk, ...
             raise unavailable(e) from e
         if fd is None:

@@ -315,8 +315,12 @@ def lock_path(store: str, session_id: str) -> str:
     return os.path.join(store, "locks", f"owner-{digest}.lock")
 
 
-def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
+def take_lock(
+    path: str, wait_s: float, permissions: Permissions, check: Callable[[], None] | None = None
+) -> int | None:
     """An fd holding an exclusive flock on `path`, or None if it stayed busy `wait_s`.
+    `check` is called between polls of a busy lock: what it raises ends the wait (the
+    engine's `check_usable`, so a close by another thread ends it with `JournalClosed`).
 
     The lock is the flock of the file `path` names *now*: a holder removes the file when
     it lets go (`drop_lock`), so a process that opened the file before that and gets its
@@ -331,7 +335,7 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
     while True:
         fd = _open_lock(path, permissions)
         try:
-            taken = _flock_until(fd, deadline, _PROBE_GRACE_S)
+            taken = _flock_until(fd, deadline, _PROBE_GRACE_S, check)
             if taken:
                 held = os.fstat(fd)
                 if _names(path, held):
@@ -349,16 +353,20 @@ def take_lock(path: str, wait_s: float, permissions: Permissions) -> int | None:
         # Its holder removed the file meanwhile: try the one the path names now.
 
 
-def _flock_until(fd: int, deadline: float, grace_s: float = 0.0) -> bool:
+def _flock_until(
+    fd: int, deadline: float, grace_s: float = 0.0, check: Callable[[], None] | None = None
+) -> bool:
     """Take the exclusive flock of `fd`, polling until `deadline`; False if still busy.
     Busy for under `grace_s` is not busy (`take_lock`: `lease_held` probes a free lock
-    with a shared one for microseconds)."""
+    with a shared one for microseconds). `check` runs before each poll's sleep."""
     grace = time.monotonic() + grace_s
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
+            if check is not None:
+                check()
             now = time.monotonic()
             if now < grace:
                 time.sleep(_GRACE_POLL_S)
