@@ -1456,3 +1456,35 @@ def test_a_state_filter_given_as_its_name_says_which_member_to_pass(tmp_path: Pa
             list(j.list_sessions(state="sleeping"))  # type: ignore[arg-type]
         assert str(raised.value).endswith("got 'sleeping'")
         assert [m.session_id for m in j.list_sessions(state=SessionState("open"))] == []
+
+
+def test_a_store_opened_by_a_relative_path_survives_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a runtime-author trial: a journal opened as `Journal.open("store")` used
+    the relative path for every file it opened later, so once the process changed its
+    working directory (an agent runtime entering a workspace) every call raised
+    `StoreUnavailable` saying the store "was moved or deleted", and a lock file or an
+    index could have been made in the new directory. The local engine resolves the path
+    against the working directory once, when it opens."""
+    home, workspace = tmp_path / "home", tmp_path / "workspace"
+    home.mkdir()
+    workspace.mkdir()
+    monkeypatch.chdir(home)
+    with Journal.open("store", durability="os") as j, Journal.open("store", readonly=True) as r:
+        j.create_session("s")
+        monkeypatch.chdir(workspace)
+        with j.own("s") as owner, owner.turn("r1") as turn:
+            turn.append([EventIn("m", b"1")])
+        j.append("s", [EventIn("m", b"2")])
+        assert [e.ordinal for e in j.replay("s")] == [1, 2, 3, 4]
+        j.compact_session("s", 1, b"snap")
+        assert j.verify().ok
+        j.change_retention_policy(lambda policy: policy)
+        assert [e.ordinal for e in r.replay("s")] == [2, 3, 4]
+        j.resolve_session("s")
+        assert [e.ordinal for e in r.watch("s")] == [2, 3, 4]
+        assert r.get_session("s").state is SessionState.RESOLVED
+    assert os.listdir(workspace) == []
+    with Journal.open(home / "store", durability="os") as again:
+        assert again.get_session("s").last_ordinal == 4

@@ -67,11 +67,7 @@ from ..models import (
     VerifyProblem,
     VerifyReport,
 )
-from ..records import (
-    CheckpointTaken,
-    IdempotencyKeyUsed,
-    SnapshotTaken,
-)
+from ..records import CheckpointTaken, IdempotencyKeyUsed, SnapshotTaken
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .commit_queue import CommitQueue
@@ -216,7 +212,10 @@ class LocalEngine:
     def _init(self, path: str, options: LocalOptions) -> None:
         readonly = options.readonly
         ops = options.file_ops or DEFAULT_FILE_OPS
-        self.location = path
+        # Every file is opened by a path made from this one, so a relative path is made
+        # absolute once: a chdir of the process later (a runtime entering a workspace)
+        # does not move the store from under the journal (SPEC 7).
+        self.location = path = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
         self._host = socket.gethostname()
         self.owners_alive = OwnerRounds(path, self._host).check  # (`Engine.owners_alive`)
         self.readonly = readonly
