@@ -322,6 +322,11 @@ _CLI_HINTS: Final = (
         "(for example --store nats://host:4222/agents)",
     ),
     ("`journal init` or Journal.open(path, create=True)", "`journal init`"),
+    (
+        ", and a read-only journal does not create one: create it with `journal init` or "
+        "a writable Journal.open(path)",
+        ": create it with `journal init`",
+    ),
     ("(rename=, or `journal import --as NEW_ID`)", "(`journal import --as NEW_ID`)"),
     (
         "(rename=, or `journal import --as NEW_ID` / `--rename OLD=NEW`)",

@@ -34,6 +34,7 @@ from journal import (
     ReadOnlyStore,
     RetentionPolicy,
     SessionState,
+    StoreNotFound,
     StoreUnavailable,
 )
 from journal._local.engine import LocalEngine, LocalOptions
@@ -294,6 +295,20 @@ def test_readonly_open_of_a_store_with_an_external_key_needs_that_key(
     monkeypatch.setenv("JOURNAL_CURSOR_KEY", KEY)
     with Journal.open(store, readonly=True) as j:
         assert j.read("s", cursor=cursor).events == []
+
+
+def test_a_read_only_open_of_a_missing_store_says_it_does_not_create_one(tmp_path: Path) -> None:
+    """Found by a runtime-author trial: `Journal.open(path, readonly=True, create=True)`
+    of a missing store answered "create it with `journal init` or Journal.open(path,
+    create=True)", the call just made; a read-only open never creates (SPEC 10)."""
+    for create in (True, False):
+        with pytest.raises(StoreNotFound) as missing:
+            Journal.open(tmp_path / "store", readonly=True, create=create)
+        assert "a read-only journal does not create one" in str(missing.value)
+        assert "create=True" not in str(missing.value)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(StoreNotFound, match=r"Journal\.open\(path, create=True\)"):
+        Journal.open(tmp_path / "store", create=False)
 
 
 def test_every_write_on_a_readonly_journal_raises_read_only_store(tmp_path: Path) -> None:

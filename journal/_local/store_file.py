@@ -255,7 +255,12 @@ def store_at_open(
         exists = False
     if not exists:
         refuse_lost_store_file(path)
-        if readonly or not create:
+        if readonly:
+            raise StoreNotFound(
+                f"no journal store at {path!r}, and a read-only journal does not create "
+                "one: create it with `journal init` or a writable Journal.open(path)"
+            )
+        if not create:
             raise StoreNotFound(
                 f"no journal store at {path!r}: create it with `journal init` or "
                 "Journal.open(path, create=True)"
