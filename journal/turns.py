@@ -368,12 +368,16 @@ class Owner:
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
         with self._lock:
-            if self._turn is not None:
-                waiting = " (made by owner.turn(), not started yet)"
+            if self._turn is not None and self._turn.started is None:
                 raise InvalidArgument(
-                    f"turn {self._turn.request_id!r}"
-                    f"{waiting if self._turn.started is None else ''} is still open: one "
-                    "turn at a time per owner; leave its `with` block first"
+                    f"turn {self._turn.request_id!r} was made by owner.turn() and not "
+                    "started yet: one turn at a time per owner, so run that one first "
+                    "(`with turn:`); make each turn in a `with` statement"
+                )
+            if self._turn is not None:
+                raise InvalidArgument(
+                    f"turn {self._turn.request_id!r} is still open: one turn at a time per "
+                    "owner; leave its `with` block first"
                 )
             self._turn = turn = Turn(self, request_id, self._writer)
         return turn
