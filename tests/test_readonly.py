@@ -577,8 +577,10 @@ def test_a_writable_open_beside_a_read_only_journal_leaves_its_damaged_view_alon
         with open(data, "r+b") as f:  # every page past the two meta pages
             f.seek(2 * 4096)
             f.write(b"\xff" * (data.stat().st_size - 2 * 4096))
-        with pytest.raises(StoreUnavailable, match="open already"):
+        with pytest.raises(StoreUnavailable, match="open already") as caught:
             Journal.open(store)
+        # (The journal open is read-only: "use that journal" alone would not write.)
+        assert "that one is read-only: to write, close it" in str(caught.value)
         assert os.stat(index).st_ino == before
 
 

@@ -42,6 +42,12 @@ def open_failure(error: BaseException, path: str, readonly: bool) -> StoreUnavai
             "one inherited across fork()): use that journal, or close it before opening "
             "the store again (one dropped without close() is closed when it is "
             "garbage-collected)"
+            + (
+                "; that one is read-only: to write, close it and open one writable "
+                "journal, which reads too"
+                if "(read-only)" in str(error) and not readonly
+                else ""
+            )
         )
     if isinstance(error, lmdb.Error):
         refused = os_error_of(error, path)

@@ -107,7 +107,8 @@ def _allocate_lock_file(path: str, max_readers: int, permissions: Permissions | 
 
 
 # The files (device, inode of `data.mdb` and `lock.mdb`) of every environment this
-# process has open, with the pid that opened it (a forked child's copies are not its own).
+# process has open, with the pid that opened it (a forked child's copies are not its own)
+# and whether it opened it read-only (which the refusal of a second open says).
 # LMDB's locks are POSIX fcntl locks, which a process loses on *any* close of a descriptor
 # of the file: a second open of an environment this process has open, which py-lmdb
 # refuses only after `prepare_environment` opened and closed the lock file, released the
@@ -116,7 +117,7 @@ def _allocate_lock_file(path: str, max_readers: int, permissions: Permissions | 
 # of this process then read pages the writer reused: `lmdb.BadDbiError` escaped it) and
 # the writer mutex. A read-only journal opened beside a writable one in one process did
 # that, found by a long-running trial.
-_OPEN_FILES: dict[tuple[int, int], int] = {}
+_OPEN_FILES: dict[tuple[int, int], tuple[int, bool]] = {}
 # Held by a thread from its check that an environment is not open here until it has
 # registered the one it opened (`View`), so two threads of one process opening the store
 # cannot both pass the check: the second's open would close the first's lock file.
@@ -133,19 +134,25 @@ def _environment_files(path: str) -> list[tuple[int, int]]:
 
 
 def refuse_if_open_here(path: str) -> None:
-    """`lmdb.Error` ("already open", as py-lmdb says it) when this process has the
-    environment at `path` open, before any of its files is opened."""
+    """`lmdb.Error` ("already open", as py-lmdb says it; "read-only" added when it was
+    opened so) when this process has the environment at `path` open, before any of its
+    files is opened."""
     pid = os.getpid()
     with OPENING:
-        if any(_OPEN_FILES.get(key) == pid for key in _environment_files(path)):
-            raise lmdb.Error(f"The environment {path!r} is already open in this process.")
+        for key in _environment_files(path):
+            opener, readonly = _OPEN_FILES.get(key, (0, False))
+            if opener == pid:
+                raise lmdb.Error(
+                    f"The environment {path!r} is already open in this process"
+                    + (" (read-only)." if readonly else ".")
+                )
 
 
-def register_open(path: str) -> list[tuple[int, int]]:
+def register_open(path: str, readonly: bool) -> list[tuple[int, int]]:
     keys = _environment_files(path)
     with OPENING:
         for key in keys:
-            _OPEN_FILES[key] = os.getpid()
+            _OPEN_FILES[key] = (os.getpid(), readonly)
     return keys
 
 
@@ -153,5 +160,5 @@ def unregister_open(keys: list[tuple[int, int]]) -> None:
     pid = os.getpid()
     with OPENING:
         for key in keys:
-            if _OPEN_FILES.get(key) == pid:
+            if _OPEN_FILES.get(key, (0, False))[0] == pid:
                 del _OPEN_FILES[key]

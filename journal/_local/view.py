@@ -359,7 +359,7 @@ class View:
                 lock=True,
                 subdir=True,
             )
-            opened = register_open(path)
+            opened = register_open(path, readonly)
         try:
             for file in created:
                 # LMDB creates its files with the mode less the umask: give them the mode.
