@@ -82,6 +82,9 @@ class Projection:
         # Incarnations with events missing since their last turn event seen (a compacted
         # log): their open turn is what the next turn event says (`_turn_event`).
         self._turn_gaps: set[int] = set()
+        # The last lifecycle record of a session this projection does not know (its
+        # creation record left the log), whose feed entry it cannot make: 0 if none.
+        self.unknown_change = 0
 
     def adopt(self, row: SessionRow) -> None:
         """Use a row read from this very transaction instead of reading it again."""
@@ -285,6 +288,8 @@ class Projection:
                     self._feed(position, LifecycleEventType.CREATED, record.at_ms, row)
                     # Its events may lie in segments a pass covered while it was staged.
                     view.retention.uncover(txn, row.incarnation)
+                elif row is None:
+                    self.unknown_change = position
             elif isinstance(record, StateChanged):
                 row = self.row(record.incarnation)
                 if row is not None:
@@ -298,6 +303,8 @@ class Projection:
                     if state.terminal:
                         row.ended_at_ms = record.at_ms
                     self._feed(position, lifecycle_event_of(state), record.at_ms, row)
+                else:
+                    self.unknown_change = position
             elif isinstance(record, IdempotencyKeyUsed):
                 row = self.row(record.incarnation)
                 if row is not None:
@@ -390,6 +397,8 @@ class Projection:
                     # not bring the session back.
                     self._pin(position, record.incarnation)
                     view.put_tombstone(txn, record.incarnation, position)
+                else:
+                    self.unknown_change = position
             position += 1
 
     def _turn_event(self, row: SessionRow, record: EventAppended, position: int) -> None:
@@ -629,11 +638,14 @@ def project_log(
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did
     # is judged by what it lacks at all (conservative: any record may have been one).
-    floor = log.feed_floor()
-    if floor is None:
-        floor = _highest_missing(log, bases)
-        if record_floor:
-            log.record_feed_floor(floor)
+    # Nor can it make those of the changes of sessions whose creation record is gone (the
+    # live view drops them when it goes: `tombstones.forget_creation`; a log written
+    # before it did may not record them).
+    recorded = log.feed_floor()
+    floor = _highest_missing(log, bases) if recorded is None else recorded
+    floor = max(floor, projection.unknown_change)
+    if record_floor and floor != recorded:
+        log.record_feed_floor(floor)
     view.raise_feed_floor(txn, floor)
     return projection.head
 

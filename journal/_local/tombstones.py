@@ -1,5 +1,6 @@
-"""A read-only journal's private view forgets the eviction tombstones whose session's
-creation record left the log, as the writer's view does (SPEC 10).
+"""Forgetting the eviction tombstones whose session's creation record left the log: the
+writer's view when retention or compaction removes it (`forget_creation`), and a
+read-only journal's private view when it next looks (`forget_gone_creations`, SPEC 10).
 
 An evicted session leaves a tombstone in the view (its incarnation's id stays, and its
 eviction record is pinned) while its creation record may survive somewhere, so that a
@@ -31,13 +32,26 @@ from .segments import summarize_segment
 from .sidecar import read_summary
 from .view import View
 
-__all__ = ["forget_gone_creations"]
+__all__ = ["forget_creation", "forget_gone_creations"]
 
 # The segment listing each private view last looked at (a view closes with its journal).
 _LOOKED: Final[weakref.WeakKeyDictionary[View, list[tuple[int, bool]]]] = (
     weakref.WeakKeyDictionary()
 )
 _ALL: Final = (1 << 64) - 1
+
+
+def forget_creation(view: View, txn: lmdb.Transaction, incarnation: int, position: int) -> int:
+    """The writer's view forgets an evicted session whose creation record leaves the log
+    (its tombstone, id and eviction pin), and the lifecycle feed changes no rebuild can
+    make again: a rebuilt view knows no session for the records of its end and eviction
+    (SPEC 7.7). Its EVICTED entry (at `position`, its last change) goes and the floor
+    rises to it, so a cursor from before it expires on the live view as on a rebuilt one;
+    returns that floor, which the caller records in the log before the record goes."""
+    view.forget_tombstone(txn, incarnation, position)
+    view.prune_feed(txn, position, position)
+    view.raise_feed_floor(txn, position)
+    return position
 
 
 def forget_gone_creations(

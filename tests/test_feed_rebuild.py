@@ -1,0 +1,170 @@
+"""A view rebuilt from the log answers the lifecycle calls like the view it replaces (SPEC
+7.7 and 8): `watch_sessions` from every cursor (the changes it delivers, or the same
+`CursorExpired`), the startup snapshot and the listing, after retention deleted segments
+or compaction dropped frames, plain or compressed.
+
+Found by a reading of the projector: an evicted session whose creation record left the
+log while its later lifecycle records (its end, its eviction) stayed kept their feed
+entries in the live view, and a rebuild (after a reboot, `index/` deleted) could not make
+them (it knows no session for those records), so a cursor from before them was given
+the EVICTED changes by the one and nothing by the other.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _waiting import first_of
+
+from journal import (
+    CursorExpired,
+    EventIn,
+    Journal,
+    JournalError,
+    LifecycleEvent,
+    RetentionPolicy,
+)
+
+SMALL_SEGMENTS = 4096
+EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
+SENTINEL = "zz-sentinel"  # created last: a watch has caught up when it delivers it
+
+
+def open_store(path: Path, compressed: bool) -> Journal:
+    return Journal.open(
+        path,
+        durability="os",
+        segment_bytes=SMALL_SEGMENTS,
+        retention=EVICT_LATER,
+        compress_sealed=compressed,
+    )
+
+
+def evict_all(j: Journal) -> list[str]:
+    return j.apply_retention(now_ms=time.time_ns() // 1_000_000 + 7_200_000).evicted_sessions
+
+
+def changes_after(
+    j: Journal, cursor: str | None, last: str = SENTINEL
+) -> list[LifecycleEvent] | tuple[Any, ...]:
+    """What `watch_sessions(cursor)` gives up to the creation of `last`, or the
+    `CursorExpired` it raises (its earliest ordinal and resume cursor)."""
+    try:
+        feed = j.watch_sessions(cursor=cursor, stop=threading.Event())
+    except CursorExpired as expired:
+        return ("expired", expired.earliest_ordinal, expired.resume_cursor)
+    except JournalError as error:
+        return (type(error).__name__, str(error), None)
+    with feed:
+        changes: list[LifecycleEvent] = []
+        while not changes or changes[-1].session.session_id != last:
+            change = first_of(feed, 10.0)
+            assert isinstance(change, LifecycleEvent)
+            changes.append(change)
+            assert len(changes) < 10_000
+    return changes
+
+
+def changes_of(answer: list[LifecycleEvent] | tuple[Any, ...]) -> list[LifecycleEvent]:
+    assert isinstance(answer, list), answer
+    return answer
+
+
+def answers(j: Journal, cursors: list[str]) -> dict[str, Any]:
+    """The public answers of the lifecycle calls: the listing, the startup snapshot, and
+    `watch_sessions` from each cursor."""
+    found: dict[str, Any] = {
+        "listing": list(j.list_sessions()),
+        "snapshot": [(c.event_type, c.session) for c in changes_of(changes_after(j, None))],
+    }
+    for cursor in cursors:
+        found[cursor] = changes_after(j, cursor)
+    return found
+
+
+def handed_out(found: dict[str, Any]) -> list[str]:
+    """The cursors the answers carry: of each change delivered, and of each error."""
+    cursors = []
+    for answer in found.values():
+        if isinstance(answer, tuple) and answer[2] is not None:
+            cursors.append(answer[2])
+        elif isinstance(answer, list):
+            cursors += [c.cursor for c in answer if isinstance(c, LifecycleEvent)]
+    return cursors
+
+
+def sessions_beside_a_long_lived_one(j: Journal) -> None:
+    """Evicted sessions share segments with one that stays: compaction drops their dead
+    frames (creation records among them) from segments that stay."""
+    j.create_session("keep")
+    for i in range(40):
+        j.append("keep", [EventIn("m", b"k" * 300)])
+        session = f"s{i:02d}"
+        j.create_session(session)
+        j.append(session, [EventIn("m", b"x" * 300)])
+        if i % 3:
+            j.suspend_session(session)
+            j.resume_session(session)
+        j.resolve_session(session)
+
+
+def sessions_apart(j: Journal) -> None:
+    """Evicted sessions in segments of their own: retention deletes them."""
+    j.create_session("anchor")
+    for i in range(60):
+        session = f"s{i:02d}"
+        j.create_session(session)
+        j.append(session, [EventIn("m", b"x" * 200)])
+        j.resolve_session(session)
+
+
+def compact(j: Journal) -> None:
+    assert j.compact(dead_share=0.0).segments_rewritten
+
+
+def nothing(j: Journal) -> None:
+    pass
+
+
+@pytest.mark.parametrize("floor_file", [True, False], ids=["floor-recorded", "floor-file-lost"])
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
+@pytest.mark.parametrize(
+    ("build", "reclaim"),
+    [(sessions_apart, nothing), (sessions_beside_a_long_lived_one, compact)],
+    ids=["deleted-segments", "compacted-frames"],
+)
+def test_a_rebuilt_view_answers_lifecycle_calls_like_the_live_one(
+    store: Path,
+    compressed: bool,
+    floor_file: bool,
+    build: Callable[[Journal], None],
+    reclaim: Callable[[Journal], None],
+) -> None:
+    with open_store(store, compressed) as j:
+        j.create_session("first")
+        with j.watch_sessions(stop=threading.Event()) as feed:
+            start = first_of(feed, 10.0).cursor  # (after the first creation)
+        build(j)
+        j.create_session("marker")
+        cursors = [change.cursor for change in changes_of(changes_after(j, start, "marker"))]
+        assert len(evict_all(j)) >= 40
+        reclaim(j)
+        j.create_session(SENTINEL)
+        cursors = list(dict.fromkeys([start, *cursors, *handed_out(answers(j, cursors))]))
+        live = answers(j, cursors)
+    shutil.rmtree(store / "index")  # rebuilt from the log at the next open
+    if not floor_file:
+        # A store from before the floor was recorded, or whose file was lost: judged
+        # from the log alone (what it lacks, the changes it cannot make again).
+        (store / "segments" / "feed-floor").unlink()
+    with open_store(store, compressed) as j:
+        rebuilt = answers(j, cursors)
+    assert list(rebuilt) == list(live)
+    for cursor, answer in live.items():
+        assert rebuilt[cursor] == answer, cursor
