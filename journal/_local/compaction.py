@@ -39,7 +39,7 @@ from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name
 from .log import SegmentLog
 from .segments import compress_segment, summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
-from .tombstones import forget_creation
+from .tombstones import forget_creation, forget_ended
 from .view import Head, View
 
 __all__ = [
@@ -202,11 +202,11 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         # The lifecycle feed entries of dropped records go (the feed's floor rises, and
         # is recorded in the log before the records leave it: SPEC 7.7), and the
         # tombstones of sessions whose creation record is dropped, with the EVICTED
-        # entries a rebuild could not make again (`forget_creation`).
-        pruned = view.prune_feed(txn, base, swap.original_last_position, survives)
-        for incarnation, position in view.tombstones_between(
-            txn, base, swap.original_last_position
-        ):
+        # entries a rebuild could not make again (`forget_creation`, `forget_ended`).
+        last = swap.original_last_position
+        pruned = forget_ended(view, txn, base, last, survives)
+        pruned = max(pruned, view.prune_feed(txn, base, last, survives))
+        for incarnation, position in view.tombstones_between(txn, base, last):
             if not survives(incarnation):
                 pruned = max(pruned, forget_creation(view, txn, incarnation, position))
         if pruned:

@@ -389,6 +389,8 @@ class Projection:
             elif isinstance(record, SessionEvicted):
                 row = self.row(record.incarnation)
                 if row is not None:
+                    if not SessionState.from_wire(row.state).terminal:
+                        self.unknown_change = position  # (its end record left the log)
                     del self.rows[record.incarnation]
                     self._evicted[record.incarnation] = row
                     self._drop_session(row)

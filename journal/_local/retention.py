@@ -29,7 +29,7 @@ from .frames import segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary
-from .tombstones import forget_creation
+from .tombstones import forget_creation, forget_ended
 from .view import View
 
 __all__ = [
@@ -239,12 +239,14 @@ def forget_segments(
     txn: lmdb.Transaction, view: View, log: SegmentLog, dead: list[SegmentLiveness]
 ) -> None:
     """Drop view state that only existed for records in `dead`: eviction tombstones whose
-    creation record goes with them (and their pins, and the EVICTED entries no rebuild
-    can make again: `forget_creation`), and the lifecycle feed entries of their records
-    (the feed's floor rises, recorded in the log before the segments go: SPEC 7.7)."""
+    creation record goes with them (and their pins), the lifecycle feed entries of their
+    records, and the EVICTED entries no rebuild can make again (`forget_creation`,
+    `forget_ended`); the feed's floor rises, recorded in the log before the segments go
+    (SPEC 7.7)."""
     highest = 0
     for summary in dead:
         first, last = summary.base_position, summary.last_position
+        highest = max(highest, forget_ended(view, txn, first, last))
         highest = max(highest, view.prune_feed(txn, first, last))
         for incarnation, position in view.tombstones_between(txn, first, last):
             highest = max(highest, forget_creation(view, txn, incarnation, position))

@@ -23,22 +23,29 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Callable
 from typing import Final
 
 import lmdb
 
+from ..models import LifecycleEventType
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import read_summary
 from .view import View
 
-__all__ = ["forget_creation", "forget_gone_creations"]
+__all__ = ["forget_creation", "forget_ended", "forget_gone_creations"]
 
 # The segment listing each private view last looked at (a view closes with its journal).
 _LOOKED: Final[weakref.WeakKeyDictionary[View, list[tuple[int, bool]]]] = (
     weakref.WeakKeyDictionary()
 )
 _ALL: Final = (1 << 64) - 1
+_ENDS: Final = frozenset(
+    e.value
+    for e in (LifecycleEventType.RESOLVED, LifecycleEventType.EXPIRED, LifecycleEventType.CANCELLED)
+)
+_PAGE: Final = 256
 
 
 def forget_creation(view: View, txn: lmdb.Transaction, incarnation: int, position: int) -> int:
@@ -52,6 +59,37 @@ def forget_creation(view: View, txn: lmdb.Transaction, incarnation: int, positio
     view.prune_feed(txn, position, position)
     view.raise_feed_floor(txn, position)
     return position
+
+
+def forget_ended(
+    view: View,
+    txn: lmdb.Transaction,
+    first: int,
+    last: int,
+    kept: Callable[[int], bool] = lambda position: False,
+) -> int:
+    """Before the feed entries of the records leaving the log in `[first, last]` (but
+    those `kept`) are pruned: an evicted session whose end record leaves while its
+    creation record stays (its tombstone is there) would be EVICTED in a state a rebuild
+    cannot give (it finds the session never ended), so its EVICTED entry goes and the
+    floor rises to it, as `forget_creation` does; returns the highest such (0: none)."""
+    highest = 0
+    after = first - 1
+    while True:
+        entries = view.feed_after(txn, after, _PAGE)
+        for position, entry in entries:
+            if position > last:
+                return highest
+            after = position
+            if entry.event_type not in _ENDS or kept(position):
+                continue
+            eviction = view.tombstone(txn, entry.row.incarnation)
+            if eviction is not None:
+                view.prune_feed(txn, eviction, eviction)
+                view.raise_feed_floor(txn, eviction)
+                highest = max(highest, eviction)
+        if len(entries) < _PAGE:
+            return highest
 
 
 def forget_gone_creations(
