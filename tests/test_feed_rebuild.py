@@ -132,11 +132,16 @@ def sessions_apart(j: Journal) -> None:
         j.resolve_session(session)
 
 
-def ends_apart(j: Journal) -> None:
+def ends_apart(j: Journal, others: int = 0) -> None:
     """Evicted sessions whose creation records stay (beside a long-lived session's events)
     while the records of their ends go (in a segment of their own, beside the trimmed
-    events of a session with a small window): retention deletes that one."""
+    events of a session with a small window): retention deletes that one. `others`:
+    sessions ended and evicted beside the long-lived one (more tombstones than that
+    segment holds records: `tombstones.forget_ended` reads its feed entries then)."""
     j.create_session("keep")
+    for i in range(others):
+        j.create_session(f"other{i:02d}")
+        j.resolve_session(f"other{i:02d}")
     for i in range(10):
         j.create_session(f"s{i:02d}")
         j.append("keep", [EventIn("m", b"k" * 300)])
@@ -148,6 +153,10 @@ def ends_apart(j: Journal) -> None:
         j.append("filler", [EventIn("m", b"f" * 300)])
     for _ in range(15):
         j.append("filler", [EventIn("m", b"f" * 300)])
+
+
+def ends_apart_among_many(j: Journal) -> None:
+    ends_apart(j, others=60)
 
 
 def compact(j: Journal) -> None:
@@ -162,8 +171,13 @@ def nothing(j: Journal) -> None:
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "compressed"])
 @pytest.mark.parametrize(
     ("build", "reclaim"),
-    [(sessions_apart, nothing), (sessions_beside_a_long_lived_one, compact), (ends_apart, nothing)],
-    ids=["deleted-segments", "compacted-frames", "ends-deleted"],
+    [
+        (sessions_apart, nothing),
+        (sessions_beside_a_long_lived_one, compact),
+        (ends_apart, nothing),
+        (ends_apart_among_many, nothing),
+    ],
+    ids=["deleted-segments", "compacted-frames", "ends-deleted", "ends-deleted-among-many"],
 )
 def test_a_rebuilt_view_answers_lifecycle_calls_like_the_live_one(
     store: Path,

@@ -243,10 +243,19 @@ def forget_segments(
     records, and the EVICTED entries no rebuild can make again (`forget_creation`,
     `forget_ended`); the feed's floor rises, recorded in the log before the segments go
     (SPEC 7.7)."""
-    highest = 0
+    if not dead:
+        return
+    ranges = sorted((summary.base_position, summary.last_position) for summary in dead)
+    starts = [first for first, _ in ranges]
+
+    def kept(position: int) -> bool:  # (between two dead segments: in one that stays)
+        at = bisect.bisect_right(starts, position) - 1
+        return at < 0 or position > ranges[at][1]
+
+    # (One look over the tombstones for every dead segment: `forget_ended`.)
+    highest = forget_ended(view, txn, ranges[0][0], ranges[-1][1], kept)
     for summary in dead:
         first, last = summary.base_position, summary.last_position
-        highest = max(highest, forget_ended(view, txn, first, last))
         highest = max(highest, view.prune_feed(txn, first, last))
         for incarnation, position in view.tombstones_between(txn, first, last):
             highest = max(highest, forget_creation(view, txn, incarnation, position))

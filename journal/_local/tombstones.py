@@ -72,24 +72,38 @@ def forget_ended(
     those `kept`) are pruned: an evicted session whose end record leaves while its
     creation record stays (its tombstone is there) would be EVICTED in a state a rebuild
     cannot give (it finds the session never ended), so its EVICTED entry goes and the
-    floor rises to it, as `forget_creation` does; returns the highest such (0: none)."""
-    highest = 0
-    after = first - 1
-    while True:
-        entries = view.feed_after(txn, after, _PAGE)
-        for position, entry in entries:
-            if position > last:
-                return highest
-            after = position
-            if entry.event_type not in _ENDS or kept(position):
-                continue
-            eviction = view.tombstone(txn, entry.row.incarnation)
-            if eviction is not None:
-                view.prune_feed(txn, eviction, eviction)
-                view.raise_feed_floor(txn, eviction)
-                highest = max(highest, eviction)
-        if len(entries) < _PAGE:
-            return highest
+    floor rises to it, as `forget_creation` does; returns the highest such (0: none).
+
+    It reads the fewer of the tombstones' EVICTED entries (whose row names the end
+    record: `lifecycle_position`) and the feed entries in the range: decoding one takes
+    about 4 us, five times deleting it (80 ms for 20,000), and tombstones are few (the
+    expiry thread compacts the creation records that keep them, SPEC 8)."""
+    tombstones = view.tombstones_between(txn, 0, _ALL)
+    if not tombstones:
+        return 0
+    ended: list[int] = []  # the EVICTED entries whose session's end leaves
+    if len(tombstones) <= last - first + 1:
+        for _, eviction in tombstones:
+            evicted = view.feed_entry(txn, eviction)
+            end = 0 if evicted is None else evicted.row.lifecycle_position
+            if first <= end <= last and not kept(end):
+                ended.append(eviction)
+    else:
+        after = first - 1
+        while after < last:
+            entries = view.feed_after(txn, after, _PAGE)
+            for position, entry in entries:
+                if position > last:
+                    break
+                if entry.event_type in _ENDS and not kept(position):
+                    evicted_at = view.tombstone(txn, entry.row.incarnation)
+                    if evicted_at is not None:
+                        ended.append(evicted_at)
+            after = last if len(entries) < _PAGE else entries[-1][0]
+    for eviction in ended:
+        view.prune_feed(txn, eviction, eviction)
+        view.raise_feed_floor(txn, eviction)
+    return max(ended, default=0)
 
 
 def forget_gone_creations(
