@@ -39,7 +39,6 @@ from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name
 from .log import SegmentLog
 from .segments import compress_segment, summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
-from .tombstones import forget_creation, forget_ended
 from .view import Head, View
 
 __all__ = [
@@ -200,15 +199,8 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
                 log.ops.unlink(swap.temporary)
             return False
         # The lifecycle feed entries of dropped records go (the feed's floor rises, and
-        # is recorded in the log before the records leave it: SPEC 7.7), and the
-        # tombstones of sessions whose creation record is dropped, with the EVICTED
-        # entries a rebuild could not make again (`forget_creation`, `forget_ended`).
-        last = swap.original_last_position
-        pruned = forget_ended(view, txn, base, last, survives)
-        pruned = max(pruned, view.prune_feed(txn, base, last, survives))
-        for incarnation, position in view.tombstones_between(txn, base, last):
-            if not survives(incarnation):
-                pruned = max(pruned, forget_creation(view, txn, incarnation, position))
+        # is recorded in the log before the records leave it: SPEC 7.7).
+        pruned = view.prune_feed(txn, base, swap.original_last_position, survives)
         if pruned:
             log.record_feed_floor(pruned)
         final = os.path.join(directory, segment_name(base, compressed=True))
@@ -223,6 +215,11 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
                 log.ops.unlink(os.path.join(directory, segment_name(base)))
         fsync_dir(directory, log.ops)
         write_summary(directory, swap.summary, log.ops, log.permissions)
+    # Eviction tombstones whose creation record was dropped: the eviction record need
+    # no longer survive, since nothing can resurrect the session.
+    for incarnation, position in view.tombstones_between(txn, base, swap.original_last_position):
+        if not survives(incarnation):
+            view.forget_tombstone(txn, incarnation, position)
     return True
 
 

@@ -640,9 +640,9 @@ def project_log(
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did
     # is judged by what it lacks at all (conservative: any record may have been one).
-    # Nor can it make those of the changes of sessions whose creation record is gone (the
-    # live view drops them when it goes: `tombstones.forget_creation`; a log written
-    # before it did may not record them).
+    # Nor can it make those of the changes of sessions whose creation record is gone, or
+    # the eviction of one whose end record is: the live view keeps them until their own
+    # records go, so cursors from before them expire here rather than skip (SPEC 7.7).
     recorded = log.feed_floor()
     floor = _highest_missing(log, bases) if recorded is None else recorded
     floor = max(floor, projection.unknown_change)

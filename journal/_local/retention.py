@@ -29,7 +29,6 @@ from .frames import segment_name, sidecar_name
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary
-from .tombstones import forget_creation, forget_ended
 from .view import View
 
 __all__ = [
@@ -239,26 +238,15 @@ def forget_segments(
     txn: lmdb.Transaction, view: View, log: SegmentLog, dead: list[SegmentLiveness]
 ) -> None:
     """Drop view state that only existed for records in `dead`: eviction tombstones whose
-    creation record goes with them (and their pins), the lifecycle feed entries of their
-    records, and the EVICTED entries no rebuild can make again (`forget_creation`,
-    `forget_ended`); the feed's floor rises, recorded in the log before the segments go
-    (SPEC 7.7)."""
-    if not dead:
-        return
-    ranges = sorted((summary.base_position, summary.last_position) for summary in dead)
-    starts = [first for first, _ in ranges]
-
-    def kept(position: int) -> bool:  # (between two dead segments: in one that stays)
-        at = bisect.bisect_right(starts, position) - 1
-        return at < 0 or position > ranges[at][1]
-
-    # (One look over the tombstones for every dead segment: `forget_ended`.)
-    highest = forget_ended(view, txn, ranges[0][0], ranges[-1][1], kept)
+    creation record goes with them (and their pins), and the lifecycle feed entries of
+    their records (the feed's floor rises, recorded in the log before the segments go:
+    SPEC 7.7)."""
+    highest = 0
     for summary in dead:
         first, last = summary.base_position, summary.last_position
         highest = max(highest, view.prune_feed(txn, first, last))
         for incarnation, position in view.tombstones_between(txn, first, last):
-            highest = max(highest, forget_creation(view, txn, incarnation, position))
+            view.forget_tombstone(txn, incarnation, position)
     if highest:
         log.record_feed_floor(highest)
 

@@ -1,6 +1,5 @@
-"""Forgetting the eviction tombstones whose session's creation record left the log: the
-writer's view when retention or compaction removes it (`forget_creation`), and a
-read-only journal's private view when it next looks (`forget_gone_creations`, SPEC 10).
+"""A read-only journal's private view forgets the eviction tombstones whose session's
+creation record left the log, as the writer's view does (SPEC 10).
 
 An evicted session leaves a tombstone in the view (its incarnation's id stays, and its
 eviction record is pinned) while its creation record may survive somewhere, so that a
@@ -23,87 +22,22 @@ from __future__ import annotations
 
 import bisect
 import weakref
-from collections.abc import Callable
 from typing import Final
 
 import lmdb
 
-from ..models import LifecycleEventType
 from .log import SegmentLog
 from .segments import summarize_segment
 from .sidecar import read_summary
 from .view import View
 
-__all__ = ["forget_creation", "forget_ended", "forget_gone_creations"]
+__all__ = ["forget_gone_creations"]
 
 # The segment listing each private view last looked at (a view closes with its journal).
 _LOOKED: Final[weakref.WeakKeyDictionary[View, list[tuple[int, bool]]]] = (
     weakref.WeakKeyDictionary()
 )
 _ALL: Final = (1 << 64) - 1
-_ENDS: Final = frozenset(
-    e.value
-    for e in (LifecycleEventType.RESOLVED, LifecycleEventType.EXPIRED, LifecycleEventType.CANCELLED)
-)
-_PAGE: Final = 256
-
-
-def forget_creation(view: View, txn: lmdb.Transaction, incarnation: int, position: int) -> int:
-    """The writer's view forgets an evicted session whose creation record leaves the log
-    (its tombstone, id and eviction pin), and the lifecycle feed changes no rebuild can
-    make again: a rebuilt view knows no session for the records of its end and eviction
-    (SPEC 7.7). Its EVICTED entry (at `position`, its last change) goes and the floor
-    rises to it, so a cursor from before it expires on the live view as on a rebuilt one;
-    returns that floor, which the caller records in the log before the record goes."""
-    view.forget_tombstone(txn, incarnation, position)
-    view.prune_feed(txn, position, position)
-    view.raise_feed_floor(txn, position)
-    return position
-
-
-def forget_ended(
-    view: View,
-    txn: lmdb.Transaction,
-    first: int,
-    last: int,
-    kept: Callable[[int], bool] = lambda position: False,
-) -> int:
-    """Before the feed entries of the records leaving the log in `[first, last]` (but
-    those `kept`) are pruned: an evicted session whose end record leaves while its
-    creation record stays (its tombstone is there) would be EVICTED in a state a rebuild
-    cannot give (it finds the session never ended), so its EVICTED entry goes and the
-    floor rises to it, as `forget_creation` does; returns the highest such (0: none).
-
-    It reads the fewer of the tombstones' EVICTED entries (whose row names the end
-    record: `lifecycle_position`) and the feed entries in the range: decoding one takes
-    about 4 us, five times deleting it (80 ms for 20,000), and tombstones are few (the
-    expiry thread compacts the creation records that keep them, SPEC 8)."""
-    tombstones = view.tombstones_between(txn, 0, _ALL)
-    if not tombstones:
-        return 0
-    ended: list[int] = []  # the EVICTED entries whose session's end leaves
-    if len(tombstones) <= last - first + 1:
-        for _, eviction in tombstones:
-            evicted = view.feed_entry(txn, eviction)
-            end = 0 if evicted is None else evicted.row.lifecycle_position
-            if first <= end <= last and not kept(end):
-                ended.append(eviction)
-    else:
-        after = first - 1
-        while after < last:
-            entries = view.feed_after(txn, after, _PAGE)
-            for position, entry in entries:
-                if position > last:
-                    break
-                if entry.event_type in _ENDS and not kept(position):
-                    evicted_at = view.tombstone(txn, entry.row.incarnation)
-                    if evicted_at is not None:
-                        ended.append(evicted_at)
-            after = last if len(entries) < _PAGE else entries[-1][0]
-    for eviction in ended:
-        view.prune_feed(txn, eviction, eviction)
-        view.raise_feed_floor(txn, eviction)
-    return max(ended, default=0)
 
 
 def forget_gone_creations(
