@@ -108,6 +108,7 @@ def export_sessions(
         return msgspec.structs.replace(report, path=given)
     if not callable(getattr(dest, "write", None)) or isinstance(dest, io.TextIOBase):
         raise InvalidArgument("dest must be a path or a binary file object opened for writing")
+    _check_opened_for("dest", dest, "writable", "writing", "wb")
     rows = _rows_to_export(engine, session_ids)
     return _write_archive(engine, rows, dest, progress)
 
@@ -496,7 +497,25 @@ def open_source(src: Destination, stack: contextlib.ExitStack) -> IO[bytes]:
             raise InvalidArgument(f"cannot read {path!r}: {e.strerror or e}") from None
     if not callable(getattr(src, "read", None)) or isinstance(src, io.TextIOBase):
         raise InvalidArgument("src must be a path or a binary file object opened for reading")
+    _check_opened_for("src", src, "readable", "reading", "rb")
     return src
+
+
+def _check_opened_for(what: str, stream: object, able: str, doing: str, mode: str) -> None:
+    """`InvalidArgument` for a file object that says it is closed or not opened for
+    `doing` (its `readable()`/`writable()`): not the bare `io.UnsupportedOperation` its
+    first read or write would raise. An object without the method is taken as it is."""
+    check = getattr(stream, able, None)
+    if not callable(check):
+        return
+    try:
+        usable = check()
+    except ValueError:  # (closed: "I/O operation on closed file")
+        raise InvalidArgument(f"{what} is a closed file object: pass an open one") from None
+    if usable is False:
+        raise InvalidArgument(
+            f"{what} is a file object not opened for {doing}: open it with mode {mode!r}"
+        )
 
 
 def source_position(source: IO[bytes]) -> int | None:

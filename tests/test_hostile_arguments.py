@@ -734,6 +734,12 @@ def _turn_of(j: Journal, request_id: str) -> None:
         owner.turn(request_id)
 
 
+def _closed() -> io.BytesIO:
+    stream = io.BytesIO()
+    stream.close()
+    return stream
+
+
 def _calls(j: Journal, tmp: Path) -> dict[str, Callable[[], object]]:
     """Calls that must raise InvalidArgument, by what they used to do."""
     return {
@@ -767,6 +773,11 @@ def _calls(j: Journal, tmp: Path) -> dict[str, Callable[[], object]]:
         "import-src-too-long": lambda: j.import_sessions(str(tmp / ("a" * 300))),
         "import-text-stream": lambda: j.import_sessions(io.StringIO("x")),  # type: ignore[arg-type]
         "import-progress": lambda: j.import_sessions(io.BytesIO(), progress=5),  # type: ignore[arg-type]
+        # io.UnsupportedOperation (a runtime-author trial), and ValueError for a closed one
+        "export-read-only-stream": lambda: j.export_sessions(None, io.BufferedReader(io.BytesIO())),
+        "export-closed-stream": lambda: j.export_sessions(None, _closed()),
+        "import-write-only-stream": lambda: j.import_sessions(io.BufferedWriter(io.BytesIO())),
+        "import-closed-stream": lambda: j.import_sessions(_closed()),
         "limits-window-too-large": lambda: ArchiveLimits(max_window_bytes=1 << 32),
         "limits-content-too-large": lambda: ArchiveLimits(max_content_bytes=2**70),
         "turn-request-id-surrogate": lambda: _turn_of(j, "r\udc80"),
