@@ -11,16 +11,23 @@ writer that churns sessions grew its view's file and memory without bound (found
 soak: 27,000 tombstones, incarnation ids and pins after 75 s, against the writer's 700).
 
 `forget_gone_creations` runs in the refresh's write transaction. It looks only when the
-segment files changed since it last looked (the refresh's own listing, shared with its
-projection):
-then each tombstone whose creation position no existing frame holds goes, with its id and
-pin (`View.forget_tombstone`). A sealed segment's frames come from its sidecar; a file
-deleted or replaced meanwhile leaves the tombstone for the next look.
+segment files changed since it last looked: the refresh's own listing (shared with its
+projection) differs, or the segments directory's modification time does (a compaction
+renames its copy over a compressed segment of the same name; until 2026-12-04 only the
+listing was compared, and the tombstones of the sessions whose creations a second
+compaction of a compressed segment dropped stayed for good). A directory modified less
+than a second before the look is looked at again next time (a file system stamps
+changes within one clock tick with the same time). Then each tombstone whose creation
+position no existing frame holds goes, with its id and pin (`View.forget_tombstone`). A
+sealed segment's frames come from its sidecar; a file deleted or replaced meanwhile
+leaves the tombstone for the next look.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
+import time
 import weakref
 from typing import Final
 
@@ -33,11 +40,12 @@ from .view import View
 
 __all__ = ["forget_gone_creations"]
 
-# The segment listing each private view last looked at (a view closes with its journal).
-_LOOKED: Final[weakref.WeakKeyDictionary[View, list[tuple[int, bool]]]] = (
-    weakref.WeakKeyDictionary()
-)
+_Look = tuple[list[tuple[int, bool]], int]  # (segment listing, directory's mtime in ns)
+# What each private view last looked at (a view closes with its journal).
+_LOOKED: Final[weakref.WeakKeyDictionary[View, _Look]] = weakref.WeakKeyDictionary()
 _ALL: Final = (1 << 64) - 1
+# A directory modified this recently may be modified again with the same time stamp.
+_SETTLE_NS: Final = 1_000_000_000
 
 
 def forget_gone_creations(
@@ -45,7 +53,10 @@ def forget_gone_creations(
 ) -> None:
     """Forget the tombstones of `view` whose creation record the log no longer holds;
     `listing`: the log's segments (base, compressed), as the refresh listed them."""
-    if not listing or _LOOKED.get(view) == listing:
+    if not listing:
+        return
+    look = (listing, os.stat(log.directory).st_mtime_ns)
+    if _LOOKED.get(view) == look:
         return
     bases = [base for base, _ in listing]
     frames: dict[int, list[tuple[int, int]] | None] = {}
@@ -66,8 +77,8 @@ def forget_gone_creations(
             if i >= 0 and held[i][0] <= incarnation < held[i][0] + held[i][1]:
                 continue  # its creation record is still there
         view.forget_tombstone(txn, incarnation, position)
-    if settled:
-        _LOOKED[view] = listing
+    if settled and time.time_ns() - look[1] >= _SETTLE_NS:
+        _LOOKED[view] = look
 
 
 def _frames(log: SegmentLog, base: int) -> list[tuple[int, int]] | None:
