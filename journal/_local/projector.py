@@ -688,8 +688,10 @@ def while_files_change(
     segment file that retention deleted or compaction replaced after it was listed: it
     lists the segments again, without it. The last try holds the segment-files lock
     (through a read-only descriptor; unlocked when the lock file cannot be opened), as
-    `verify` does (through this, with `settled`: a report with problems counts only when
-    the files did not change meanwhile). Without `settled`, a failure is tried again
+    `verify` does (through this, with `settled`: a report with problems counts only from
+    the run under the lock, which comes next when the files did not change meanwhile: a
+    compaction swap replaces a segment, then writes its sidecar, under that lock).
+    Without `settled`, a failure is tried again
     whether or not the files changed (listing them before every try took 0.4 ms at 200
     segments, on every refresh of a private view), so damage fails four times.
 
@@ -697,7 +699,8 @@ def while_files_change(
     (Before, the error itself was raised: `journal watch` or a read-only open failed with
     "No such file or directory" now and then while a writer rotated segments under a
     retention window; found by a long-running trial with a reader process beside it.)"""
-    for attempt in range(4):
+    attempt = 0
+    while True:
         last = attempt == 3
         before = None if settled is None else log.file_versions()
         with contextlib.ExitStack() as stack:
@@ -710,10 +713,13 @@ def while_files_change(
             except (FileNotFoundError, JournalCorrupt):
                 if last or (before is not None and log.file_versions() == before):
                     raise
+                attempt += 1
                 continue
-        if last or settled is None or settled(result) or log.file_versions() == before:
+        if last or settled is None or settled(result):
             return result
-    raise AssertionError("unreachable")
+        # Unsettled: again while the files change, and under the lock when they did not
+        # (a compaction swap replaces a segment and then its sidecar, both under it).
+        attempt = attempt + 1 if log.file_versions() != before else 3
 
 
 def build_private(log: SegmentLog, view: View) -> None:
