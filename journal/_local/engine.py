@@ -205,8 +205,7 @@ class LocalEngine:
         return self
 
     def inherited(self) -> bool:
-        """Whether a parent process opened this journal (this process is a forked child)
-        and it is not closed here yet."""
+        """Whether a parent process opened this journal (this is a forked child), open."""
         return os.getpid() != self._pid and not self._closed
 
     def _init(self, path: str, options: LocalOptions) -> None:
@@ -430,8 +429,7 @@ class LocalEngine:
         return result
 
     def _follow_up(self) -> Request | None:
-        """After a batch: the retention pass a seal made due, if any (SPEC 8, "What a
-        pass reads")."""
+        """After a batch: the retention pass a seal made due (SPEC 8, "What a pass reads")."""
         if not self._retention_due:
             return None
         self._retention_due = False
@@ -767,7 +765,9 @@ class LocalEngine:
 
     @reads_disk
     def verify(self, progress: Progress | None) -> VerifyReport:
-        report = verify_store(self.log, self.view, lock=not self.readonly, progress=progress)
+        step = partial(self._private_tail.catch_up, self.log, self.view, self._ops)
+        first = None if self.private_dir is None else (self._private_lock, step)
+        report = verify_store(self.log, self.view, not self.readonly, progress, first)
         if self._shared_damage is None:
             return report
         return msgspec.structs.replace(report, problems=[self._shared_damage, *report.problems])

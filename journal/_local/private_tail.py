@@ -15,14 +15,16 @@ process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Final
 
+from ..errors import JournalCorrupt
 from .files import FileOps
 from .frames import FRAME_HEADER, FRAME_HEADER_SIZE, FRAME_MAGIC, SEGMENT_HEADER_SIZE, segment_name
 from .log import SegmentLog
-from .projector import build_private, refresh_private
+from .projector import build_private, project_new, refresh_private
 from .segments import open_segment
 from .view import Head, View
 
@@ -46,6 +48,19 @@ class PrivateTail:
 
     def refresh(self, log: SegmentLog, view: View, ops: FileOps) -> None:
         """`refresh_private`, after rebuilding the view if the log was cut under it."""
+        self._rebuild_if_cut(log, view, ops, once=False)
+        refresh_private(log, view, ops)
+
+    def catch_up(self, log: SegmentLog, view: View, ops: FileOps) -> None:
+        """What `verify` does first in each of its tries (it retries itself, the last time
+        under the segment-files lock): `refresh` in one try, also when no frame came, so
+        the feed's pruning and the forgetting of tombstones catch up with a retention pass
+        or compaction that changed only segment files. Damage is left for it to report."""
+        with contextlib.suppress(JournalCorrupt):
+            self._rebuild_if_cut(log, view, ops, once=True)
+            project_new(log, view, ops)
+
+    def _rebuild_if_cut(self, log: SegmentLog, view: View, ops: FileOps, once: bool) -> None:
         head = _head(view)
         if head is not None:
             try:
@@ -56,9 +71,8 @@ class PrivateTail:
                     "indexed (a hole accepted by verify --fix): rebuilding the view",
                     log.directory,
                 )
-                build_private(log, view)
+                build_private(log, view, once)
                 self._frame = None
-        refresh_private(log, view, ops)
 
 
 def _head(view: View) -> Head | None:

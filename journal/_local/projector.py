@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from functools import partial
 from itertools import pairwise
 from typing import TypeVar
@@ -682,6 +683,7 @@ def while_files_change(
     *,
     readonly_lock: bool = True,
     settled: Callable[[T], bool] | None = None,
+    first: tuple[AbstractContextManager[object], Callable[[], None]] | None = None,
 ) -> T:
     """`project()`, a projection of a reader that holds no lock (a read-only journal's
     private view: its build at open and its refresh), run again when it failed on a
@@ -698,17 +700,24 @@ def while_files_change(
     `project` must leave nothing behind when it raises (its write transaction aborts).
     (Before, the error itself was raised: `journal watch` or a read-only open failed with
     "No such file or directory" now and then while a writer rotated segments under a
-    retention window; found by a long-running trial with a reader process beside it.)"""
+    retention window; found by a long-running trial with a reader process beside it.)
+
+    `first`: (a lock, a step) the step runs at the start of every try under the lock,
+    taken before the segment-files lock (verify catching a private view up: a refresh
+    holds the journal's private-view lock when it takes the segment-files lock)."""
     attempt = 0
     while True:
         last = attempt == 3
         before = None if settled is None else log.file_versions()
         with contextlib.ExitStack() as stack:
-            if last:
-                # (A reader that may not even open the lock file runs unlocked.)
-                with contextlib.suppress(OSError):
-                    stack.enter_context(log.files_lock(readonly=readonly_lock))
             try:
+                with first[0] if first is not None else contextlib.nullcontext():
+                    if last:
+                        # (A reader that may not even open the lock file runs unlocked.)
+                        with contextlib.suppress(OSError):
+                            stack.enter_context(log.files_lock(readonly=readonly_lock))
+                    if first is not None:
+                        first[1]()
                 result = project()
             except (FileNotFoundError, JournalCorrupt):
                 if last or (before is not None and log.file_versions() == before):
@@ -722,10 +731,10 @@ def while_files_change(
         attempt = attempt + 1 if log.file_versions() != before else 3
 
 
-def build_private(log: SegmentLog, view: View) -> None:
+def build_private(log: SegmentLog, view: View, once: bool = False) -> None:
     """Project the whole log into a private view, emptied first, in one write transaction
-    (retried as `while_files_change` does): its build at open, and its rebuild when the
-    log was cut back under it (`private_tail`)."""
+    (retried as `while_files_change` does, but with `once`): its build at open, and its
+    rebuild when the log was cut back under it (`private_tail`)."""
 
     def build() -> None:
         with view.begin(write=True) as txn:
@@ -733,7 +742,10 @@ def build_private(log: SegmentLog, view: View) -> None:
             view.put_store_id(txn, log.store_id)
             project_log(log, view, txn)
 
-    while_files_change(log, build)
+    if once:
+        build()
+    else:
+        while_files_change(log, build)
 
 
 def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:

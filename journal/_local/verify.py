@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from functools import partial
 from typing import Final
 
 import lmdb
@@ -25,9 +27,11 @@ from .frames import (
 )
 from .log import SegmentLog
 from .projector import project_log, while_files_change
+from .retention import SummaryCache, dead_segments
 from .segments import LogHole, SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary, write_summary
 from .view import Head, View
+from .view_codec import U64
 
 __all__ = [
     "check_log",
@@ -263,11 +267,17 @@ def missing_segments(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list
 
 
 def compare_views(
-    view: View, txn: lmdb.Transaction, rebuilt: View, rebuilt_txn: lmdb.Transaction
+    view: View,
+    txn: lmdb.Transaction,
+    rebuilt: View,
+    rebuilt_txn: lmdb.Transaction,
+    dead: Callable[[], list[tuple[int, int]]] = list,
 ) -> list[VerifyProblem]:
     """What the live view says differently from a view rebuilt from the log: rows, the
-    events index, the state index and the head (fields that a rebuild of a
-    retention-trimmed log cannot know, like byte counters, are not compared)."""
+    events index, the state index, the other derived tables and the head (what a rebuild
+    of a retention-trimmed log cannot know, like byte counters, is not compared). `dead`:
+    the position ranges of the sealed segments the live view holds nothing live in (their
+    files may not be deleted yet)."""
     problems: list[VerifyProblem] = []
 
     def rows(v: View, t: lmdb.Transaction) -> dict[str, tuple[object, ...]]:
@@ -306,6 +316,8 @@ def compare_views(
                 f"state index differs from the log ({missing} missing, {extra} extra or stale)",
             )
         )
+    kept = {row.incarnation for row in rebuilt.rows(rebuilt_txn, staged=True)}
+    problems += _compare_tables(view, txn, rebuilt, rebuilt_txn, kept, dead)
     live_head, fresh_head = view.head(txn), rebuilt.head(rebuilt_txn)
     if (
         live_head is None
@@ -316,6 +328,96 @@ def compare_views(
             VerifyProblem("index", 0, f"head {live_head} but the log ends {fresh_head}")
         )
     return problems
+
+
+# The derived tables a rebuild recreates entry for entry from the records the log still
+# holds (SPEC 9): compared as stored (values and their checksums).
+_EXACT_TABLES: Final = (b"incarnations", b"idem", b"deadlines", b"pins", b"tombstones", b"aged")
+
+
+def _compare_tables(
+    view: View,
+    txn: lmdb.Transaction,
+    rebuilt: View,
+    rebuilt_txn: lmdb.Transaction,
+    kept: set[int],
+    dead: Callable[[], list[tuple[int, int]]],
+) -> list[VerifyProblem]:
+    """What the live view's other derived tables say differently from the rebuilt view's
+    (`kept`: the incarnations of the rebuilt view's sessions; `dead`: the position
+    ranges of the sealed segments that hold nothing live for the live view)."""
+    problems: list[VerifyProblem] = []
+    tables = {name: rebuilt.stored(rebuilt_txn, name) for name in _EXACT_TABLES}
+    live_tombstones = view.stored(txn, b"tombstones")
+    forgotten = tables[b"tombstones"].keys() - live_tombstones.keys()
+    if forgotten:
+        # A retention pass forgets the tombstones (with their ids and eviction pins) of
+        # the sessions created in the segments it found dead, in its transaction; their
+        # files go after it commits, or at a later pass when deleting them failed. Till
+        # then a rebuild still finds those creation records.
+        ranges = dead()
+        for key in forgotten:
+            incarnation = U64.unpack(key)[0]
+            if any(first <= incarnation <= last for first, last in ranges):
+                position = tables[b"tombstones"].pop(key)[: U64.size]
+                tables[b"incarnations"].pop(key, None)
+                tables[b"pins"].pop(position, None)
+    for name in _EXACT_TABLES:
+        live = live_tombstones if name == b"tombstones" else view.stored(txn, name)
+        fresh = tables[name]
+        if live != fresh:
+            missing = len(fresh.keys() - live.keys())
+            extra = sum(live.get(key) != fresh.get(key) for key in live)
+            problems.append(
+                VerifyProblem(
+                    "index",
+                    0,
+                    f"{name.decode()} table differs from the log ({len(live)} entries, a "
+                    f"rebuilt view has {len(fresh)}: {missing} missing, {extra} extra or stale)",
+                )
+            )
+    # The lifecycle feed above the live view's floor (entries at or below it are never
+    # read; a read-only reader's private view deletes them). An entry's row is the
+    # session after the change, which a rebuild of a trimmed log cannot know (byte
+    # counters, transitions that left the log): what the record says is compared. And an
+    # evicted session's entries stay while their records do, but a rebuild derives them
+    # only while its creation (or import) record is still in the log: one without a
+    # session row in the rebuilt view may have entries only the live view has.
+    # (Entries stored alike are alike; only the others are decoded.)
+    floor = view.feed_floor(txn)
+    live_feed, fresh_feed = _feed_after(view, txn, floor), _feed_after(rebuilt, rebuilt_txn, floor)
+    missing = len(fresh_feed.keys() - live_feed.keys())
+    extra = 0
+    for key, raw in live_feed.items():
+        stored = fresh_feed.get(key)
+        if stored != raw:
+            change = _change(view, txn, key)
+            if stored is not None:
+                extra += change != _change(rebuilt, rebuilt_txn, key)
+            else:
+                extra += change[2] in kept
+    if missing or extra:
+        problems.append(
+            VerifyProblem(
+                "index",
+                0,
+                f"lifecycle feed differs from the log after position {floor} "
+                f"({missing} missing, {extra} extra or stale)",
+            )
+        )
+    return problems
+
+
+def _feed_after(view: View, txn: lmdb.Transaction, floor: int) -> dict[bytes, bytes]:
+    """The lifecycle feed's entries after `floor`, as stored (keys: u64 positions)."""
+    return {k: v for k, v in view.stored(txn, b"feed").items() if U64.unpack(k)[0] > floor}
+
+
+def _change(view: View, txn: lmdb.Transaction, key: bytes) -> tuple[object, ...]:
+    """What a feed entry's record says: event, time, incarnation and session id."""
+    entry = view.feed_entry(txn, U64.unpack(key)[0])
+    assert entry is not None  # (read from the same snapshot)
+    return entry.event_type, entry.at_ms, entry.row.incarnation, entry.row.session_id
 
 
 def rebuild_into_temporary(log: SegmentLog, until: Head | None = None) -> tuple[View, str]:
@@ -336,7 +438,11 @@ def rebuild_into_temporary(log: SegmentLog, until: Head | None = None) -> tuple[
 
 
 def verify_store(
-    log: SegmentLog, view: View, *, lock: bool, progress: Progress | None
+    log: SegmentLog,
+    view: View,
+    lock: bool,
+    progress: Progress | None,
+    first: tuple[AbstractContextManager[object], Callable[[], None]] | None = None,
 ) -> VerifyReport:
     """Check everything, change nothing: frames, sidecars, and the view against a view
     rebuilt from the log.
@@ -344,14 +450,18 @@ def verify_store(
     One snapshot of the view throughout, compared with the log as of its head: writers
     that go on meanwhile are not differences. Retention or compaction deleting or
     rewriting segments meanwhile is not damage either: a run that saw the segment files
-    change is repeated (the last time under the segment-files lock, which holds them
-    still; a read-only reader takes it through a read-only descriptor, or runs without
-    it when it cannot open the lock file)."""
+    change is repeated, and one that found a problem is repeated under the segment-files
+    lock, which holds them still (`lock`: a writer's; a read-only reader takes it
+    through a read-only descriptor, or runs without it when it cannot open the lock
+    file). `first`: a read-only journal's private view is caught up with the files at
+    the start of every run, under the view's lock (`while_files_change`), so that its
+    snapshot and the rebuild see the same files."""
     return while_files_change(
         log,
         lambda: _verify_once(log, view, progress),
         readonly_lock=not lock,
         settled=lambda report: report.ok,
+        first=first,
     )
 
 
@@ -369,7 +479,9 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
                     rebuilt, directory = rebuild_into_temporary(log, head)
                     try:
                         with rebuilt.begin() as rebuilt_txn:
-                            problems += compare_views(view, txn, rebuilt, rebuilt_txn)
+                            problems += compare_views(
+                                view, txn, rebuilt, rebuilt_txn, partial(_dead, log, view, txn)
+                            )
                     finally:
                         rebuilt.close()
                         shutil.rmtree(directory, ignore_errors=True)
@@ -381,6 +493,14 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
     problems, frames, records, _ = check_log(log, None, progress)
     problems.insert(0, view_problem(damage))
     return VerifyReport(len(log.bases()), frames, records, problems)
+
+
+def _dead(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list[tuple[int, int]]:
+    """The position ranges of the sealed segments that hold nothing live for `view`."""
+    return [
+        (segment.base_position, segment.last_position)
+        for segment in dead_segments(txn, view, log, SummaryCache())
+    ]
 
 
 def _same_end(a: Head, b: Head) -> bool:

@@ -509,6 +509,10 @@ class View:
         for db in self._handles:
             txn.drop(db, delete=False)
 
+    def stored(self, txn: lmdb.Transaction, name: bytes) -> dict[bytes, bytes]:
+        """Every entry of a named database but `events`, as stored, copied out (verify)."""
+        return {bytes(k): bytes(v) for k, v in txn.cursor(db=self._handles[_NAMES.index(name)])}
+
     # -- meta ------------------------------------------------------------------------------
 
     def head(self, txn: lmdb.Transaction) -> Head | None:
