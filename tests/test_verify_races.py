@@ -1,21 +1,28 @@
-"""`verify()` while a compaction swaps a segment (SPEC 9): a run that finds a problem is
-repeated under the segment-files lock before the problem is reported.
+"""`verify()` while a compaction swaps a segment (SPEC 8, "Segment file changes across
+processes"; SPEC 9).
 
 A compaction swap deletes the segment's sidecar, renames its copy into place and writes
 the new sidecar, all under the segment-files lock. A verify run that began after the
 rename and read the sidecar before it was written saw the same segment files before and
 after (sidecars are not among them), so it reported "sidecar missing or bad" on a sound
-store (found as a flaky verify beside a writer's expiry thread, 3 runs of 20)."""
+store (found as a flaky verify beside a writer's expiry thread, 3 runs of 20): a run that
+finds a problem is now repeated under the lock before the problem is reported. And the
+swap's transaction, which forgets the tombstones of the creation records it dropped,
+committed after the swap released the lock: a run between compared them with a rebuild
+of the new file. The swap keeps the lock until its batch has committed now."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from journal import EventIn, Journal, RetentionPolicy, VerifyReport
 from journal._local.files import FileOps
 
 _POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+# Ended sessions are evicted by the passes the tests run with a clock two hours ahead.
+_AN_HOUR = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
 
 
 class VerifyInTheSwap(FileOps):
@@ -59,3 +66,54 @@ def test_a_verify_between_a_swaps_rename_and_its_sidecar_reports_nothing(
         (report,) = ops.reports
         assert report.ok, report.problems
         assert ops.finished_in_the_swap is False  # (it waited for the lock)
+
+
+class VerifyBeforeTheSwapsCommit(FileOps):
+    """Runs `verify()` on another thread when the batch of a compaction swap, its copy in
+    place, is about to commit the view's changes (the tombstones it forgot), and waits
+    for it up to 1 s."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.journal: Journal | None = None
+        self.swapped = False
+        self.reports: list[VerifyReport] = []
+        self.finished_before_the_commit: bool | None = None
+        self.thread: threading.Thread | None = None
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.replaced" and self.journal is not None:
+            self.swapped = True
+        elif name == "commit.view_commit" and self.swapped and self.journal is not None:
+            journal, self.journal = self.journal, None
+            self.thread = threading.Thread(target=lambda: self.reports.append(journal.verify()))
+            self.thread.start()
+            self.thread.join(1.0)
+            self.finished_before_the_commit = not self.thread.is_alive()
+
+
+def test_a_verify_between_a_swap_and_its_commit_reports_nothing(tmp_path: Path) -> None:
+    """The swap replaced the segment (without the creation records of evicted sessions)
+    and forgot their tombstones in its transaction, which commits after it released the
+    segment-files lock: a verify run between saw the new files and the old tombstones,
+    and reported them, also from its run under that lock. The lock is kept now until the
+    batch has committed."""
+    ops = VerifyBeforeTheSwapsCommit()
+    with Journal.open(
+        tmp_path / "store", durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
+    ) as j:
+        for i in range(3):
+            j.create_session(f"gone{i}")
+            j.resolve_session(f"gone{i}")
+        j.create_session("kept")
+        for _ in range(2):
+            j.append("kept", [EventIn("m", b"k" * 3000)])  # (seals their segment)
+        later = time.time_ns() // 1_000_000 + 7_200_000
+        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        ops.journal = j
+        assert j.compact(0.0).segments_rewritten
+        assert ops.thread is not None
+        ops.thread.join(10)
+        (report,) = ops.reports
+        assert report.ok, report.problems
+        assert ops.finished_before_the_commit is False  # (it waited for the lock)

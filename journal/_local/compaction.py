@@ -192,7 +192,7 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         at = bisect_right(starts, position) - 1
         return at >= 0 and position < starts[at] + kept[at][2]
 
-    with log.files_lock():
+    with log.files_lock(keep=True):  # (kept until the transaction committed)
         if _file_identity(directory, base) != swap.source:
             # Deleted (dead) or replaced by another writer since it was read.
             with contextlib.suppress(FileNotFoundError):

@@ -445,7 +445,8 @@ class LocalEngine:
                 self._ops.point("commit.batch_taken", len(batch))
             for attempt in range(8):
                 try:
-                    self._commit(batch)
+                    with self.log.keeping_files_lock():  # (for a compaction swap)
+                        self._commit(batch)
                     return
                 except lmdb.MapFullError:
                     if attempt == 7:
@@ -558,8 +559,7 @@ class LocalEngine:
                 freed = delete_segment_files(log, planner.doomed)
             except OSError as e:
                 # The batch committed: its callers must not see a failure (a retry would
-                # duplicate). The view forgot these segments; the next retention pass
-                # finds their files dead again and deletes them.
+                # duplicate). The next retention pass finds the files dead and deletes them.
                 _log.warning("could not delete dead segments %s: %s", planner.doomed, e)
                 freed = 0
             for request in batch:

@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -109,6 +110,9 @@ class SegmentLog:
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
         self._cut_pending: tuple[int, int, int] | None = None
+        # (`keeping_files_lock`: the thread keeping, and the descriptor kept, if any.)
+        self._keeper: int | None = None
+        self._kept: int | None = None
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -183,13 +187,19 @@ class SegmentLog:
         return found
 
     @contextlib.contextmanager
-    def files_lock(self, *, readonly: bool = False) -> Iterator[None]:
+    def files_lock(self, *, readonly: bool = False, keep: bool = False) -> Iterator[None]:
         """Serialises replacing and deleting sealed segment files across processes.
 
         Deletion happens after the writer's transaction commits (outside the LMDB lock),
         a compaction swap under it: this flock keeps the two from interleaving. `readonly`
         takes it through a read-only descriptor of the existing file (a reader that must
-        create nothing; flock needs no write access)."""
+        create nothing; flock needs no write access). With `keep`, in the thread that is
+        in `keeping_files_lock`, it stays held until that ends (a compaction swap: until
+        its transaction committed), and it is taken again there without waiting."""
+        me = threading.get_ident()
+        if self._kept is not None and self._keeper == me:
+            yield  # (held by this thread's commit already)
+            return
         path = os.path.join(self.directory, ".files.lock")
         fd = (
             open_regular(path, os.O_RDONLY)
@@ -198,9 +208,26 @@ class SegmentLog:
         )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if keep and self._keeper == me:
+                self._kept, fd = fd, -1
             yield
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def keeping_files_lock(self) -> Iterator[None]:
+        """A writer's commit: a compaction swap in it keeps the segment-files lock until
+        the commit is over, so nobody holding that lock sees the new files beside a view
+        that does not know them yet (`verify`, SPEC 9)."""
+        self._keeper = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._keeper = None
+            kept, self._kept = self._kept, None
+            if kept is not None:
+                os.close(kept)
 
     def finish_interrupted(self, *, rebuilding: bool = False) -> None:
         """Clean up after a writer that crashed mid-seal or mid-write (caller holds the
