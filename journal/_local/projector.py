@@ -566,8 +566,8 @@ def project_segments(
     start_segment, start_offset = head.segment, head.end_offset
     for i, base in enumerate(bases):
         last = i == len(bases) - 1
-        if until is not None and base != start_segment and base >= until.next_position:
-            break
+        if until is not None and base != start_segment and base > until.segment:
+            break  # (one after the view's: it may be empty, the frames before it dropped)
         if base != start_segment:
             if base < head.next_position:
                 raise JournalCorrupt(
