@@ -13,6 +13,9 @@ of the new file. The swap keeps the lock until its batch has committed now."""
 
 from __future__ import annotations
 
+import errno
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -117,3 +120,90 @@ def test_a_verify_between_a_swap_and_its_commit_reports_nothing(tmp_path: Path) 
         (report,) = ops.reports
         assert report.ok, report.problems
         assert ops.finished_before_the_commit is False  # (it waited for the lock)
+
+
+def _waits_for_a_flock(pid: int) -> bool:
+    """Whether process `pid` is blocked taking a flock (a `->` line of /proc/locks)."""
+    with open("/proc/locks") as f:  # ("3: -> FLOCK  ADVISORY  WRITE <pid> <inode> ...")
+        return any(line.split()[1:3] + line.split()[5:6] == ["->", "FLOCK", str(pid)] for line in f)
+
+
+class FailTheSwapsBatchBesideAnOpen(FileOps):
+    """Lets the batch of a compaction swap carry a record (an expiry: it waits before
+    planning until the session with `ttl_ms` is due), fails it after its frame was
+    written, and before its undo takes the writer lock again opens the store writable in
+    another process, waiting until that one waits for the segment-files lock (its
+    catch-up takes it under the writer lock) or, when nobody holds that, has opened."""
+
+    def __init__(self, store: Path) -> None:
+        super().__init__()
+        self.store = store
+        self.due_s: float | None = None
+        self.swap_next = self.swapped = False
+        self.opener: subprocess.Popen[bytes] | None = None
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.due_s is None:
+            return
+        if name == "compaction.rewritten":
+            self.swap_next = True
+        elif name == "commit.batch_taken" and self.swap_next:
+            self.swap_next = False
+            time.sleep(max(0.0, self.due_s - time.time()) + 0.05)
+        elif name == "compaction.replaced":
+            self.swapped = True
+        elif name == "commit.view_commit" and self.swapped:
+            raise OSError(errno.EIO, "injected")
+        elif name == "commit.refused" and self.swapped:
+            self.due_s = None
+            code = f"from journal import Journal; Journal.open({str(self.store)!r}).close()"
+            self.opener = subprocess.Popen([sys.executable, "-c", code])
+            give_up = time.monotonic() + 10
+            while not _waits_for_a_flock(self.opener.pid) and time.monotonic() < give_up:
+                if self.opener.poll() is not None:
+                    break
+                time.sleep(0.01)
+
+
+def test_a_swaps_failed_batch_releases_the_files_lock_before_its_undo(tmp_path: Path) -> None:
+    """A swap's batch that failed after its frame was written takes the writer lock again
+    to cut the frame. It kept the segment-files lock until then: another writer process
+    whose open held the writer lock and waited for the segment-files lock (its catch-up
+    finishing interrupted work) deadlocked with it. The lock is kept until the
+    transaction is over, and no longer."""
+    store = tmp_path / "store"
+    ops = FailTheSwapsBatchBesideAnOpen(store)
+    with Journal.open(
+        store, durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
+    ) as j:
+        for i in range(3):
+            j.create_session(f"gone{i}")
+            j.resolve_session(f"gone{i}")
+        j.create_session("kept")
+        for _ in range(2):
+            j.append("kept", [EventIn("m", b"k" * 3000)])  # (seals their segment)
+        later = time.time_ns() // 1_000_000 + 7_200_000
+        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        j.create_session("ttl", ttl_ms=500)
+        ops.due_s = time.time() + 0.5
+        errors: list[BaseException] = []
+
+        def compact() -> None:
+            try:
+                j.compact(0.0)
+            except BaseException as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=compact, daemon=True)
+        thread.start()
+        thread.join(10)
+        deadlocked = thread.is_alive()
+        assert ops.opener is not None
+        if deadlocked:
+            ops.opener.kill()  # (its writer lock goes with it: the compaction ends)
+            thread.join(20)
+        assert not deadlocked
+        assert ops.opener.wait(20) == 0
+        (error,) = errors
+        assert "injected" in str(error)
+        j.append("kept", [EventIn("m", b"after")])  # (the writer goes on)

@@ -445,8 +445,7 @@ class LocalEngine:
                 self._ops.point("commit.batch_taken", len(batch))
             for attempt in range(8):
                 try:
-                    with self.log.keeping_files_lock():  # (for a compaction swap)
-                        self._commit(batch)
+                    self._commit(batch)
                     return
                 except lmdb.MapFullError:
                     if attempt == 7:
@@ -482,7 +481,9 @@ class LocalEngine:
         before: tuple[int, int, int] | None = None
         info: FrameInfo | None = None  # (where the frame was written)
         try:
-            with view.begin(write=True) as txn:
+            # (A compaction swap keeps the segment-files lock until the transaction is
+            # over, and no longer: the undo below takes the writer lock again.)
+            with log.keeping_files_lock(), view.begin(write=True) as txn:
                 try:
                     head = self._catch_up(txn)
                     hole = None

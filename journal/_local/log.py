@@ -195,7 +195,7 @@ class SegmentLog:
         takes it through a read-only descriptor of the existing file (a reader that must
         create nothing; flock needs no write access). With `keep`, in the thread that is
         in `keeping_files_lock`, it stays held until that ends (a compaction swap: until
-        its transaction committed), and it is taken again there without waiting."""
+        its transaction is over), and it is taken again there without waiting."""
         me = threading.get_ident()
         if self._kept is not None and self._keeper == me:
             yield  # (held by this thread's commit already)
@@ -217,9 +217,10 @@ class SegmentLog:
 
     @contextlib.contextmanager
     def keeping_files_lock(self) -> Iterator[None]:
-        """A writer's commit: a compaction swap in it keeps the segment-files lock until
-        the commit is over, so nobody holding that lock sees the new files beside a view
-        that does not know them yet (`verify`, SPEC 9)."""
+        """A writer's write transaction (entered before it, left after it): a compaction
+        swap in it keeps the segment-files lock until the transaction is over, so nobody
+        holding that lock sees the new files beside a view that does not know them yet
+        (`verify`, SPEC 9); and no longer (the writer lock comes first: SPEC 8)."""
         self._keeper = threading.get_ident()
         try:
             yield
