@@ -142,10 +142,8 @@ def refuse_if_open_here(path: str) -> None:
         for key in _environment_files(path):
             opener, readonly = _OPEN_FILES.get(key, (0, False))
             if opener == pid:
-                raise lmdb.Error(
-                    f"The environment {path!r} is already open in this process"
-                    + (" (read-only)." if readonly else ".")
-                )
+                how = " (read-only)." if readonly else "."
+                raise lmdb.Error(f"The environment {path!r} is already open in this process{how}")
 
 
 def register_open(path: str, readonly: bool) -> list[tuple[int, int]]:
