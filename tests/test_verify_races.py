@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+import lmdb
+
 from journal import EventIn, Journal, RetentionPolicy, VerifyReport
 from journal._local.files import FileOps
 
@@ -207,3 +209,47 @@ def test_a_swaps_failed_batch_releases_the_files_lock_before_its_undo(tmp_path: 
         (error,) = errors
         assert "injected" in str(error)
         j.append("kept", [EventIn("m", b"after")])  # (the writer goes on)
+
+
+class FullMapAfterTheSwap(FileOps):
+    """The view's map is full when a swap's batch commits, once, after the copy was
+    renamed into place: the engine grows the map and tries the batch again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.swapped = 0
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.replaced":
+            self.swapped += 1
+        elif name == "commit.view_commit" and self.armed and self.swapped:
+            self.armed = False
+            raise lmdb.MapFullError("injected")
+
+
+def test_a_swap_tried_again_after_a_full_map_finishes_its_view_part(tmp_path: Path) -> None:
+    # The retried swap found its own copy in place of the source it expected, took it for
+    # another writer's and gave up: the compaction reported nothing rewritten, and the
+    # view kept the tombstones, ids and pins of the sessions whose creation records the
+    # copy had dropped ("tombstones table differs from the log (3 entries, a rebuilt view
+    # has 0 ...)") until a later compaction rewrote that segment again (a review).
+    ops = FullMapAfterTheSwap()
+    with Journal.open(
+        tmp_path / "store", durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
+    ) as j:
+        for i in range(3):
+            j.create_session(f"gone{i}")
+            j.resolve_session(f"gone{i}")
+        j.create_session("kept")
+        for _ in range(2):
+            j.append("kept", [EventIn("m", b"k" * 3000)])
+        later = time.time_ns() // 1_000_000 + 7_200_000
+        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        ops.armed = True
+        report = j.compact(0.0)
+        assert not ops.armed, "the map never filled in a swap's batch"
+        assert ops.swapped == 1  # (renamed once: the try again found it in place)
+        assert report.segments_rewritten == ["00000000000000000001.seg.zst"]
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]

@@ -79,6 +79,9 @@ class SwapSegment(Operation[bool], frozen=True):
     summary: SegmentSummary
     source: tuple[str, int, int]
     original_last_position: int
+    # (inode, size) of the copy: a batch tried again (the view's map grew) finds it in
+    # place, renamed by the try whose transaction did not commit.
+    copy: tuple[int, int] = (0, 0)
 
 
 class SealActive(Operation[int | None], frozen=True):
@@ -193,7 +196,12 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         return at >= 0 and position < starts[at] + kept[at][2]
 
     with log.files_lock(keep=True):  # (kept until the transaction committed)
-        if _file_identity(directory, base) != swap.source:
+        found = _file_identity(directory, base)
+        final_name = segment_name(base, compressed=True)
+        # Renamed into place by an earlier try of this batch, whose transaction did not
+        # commit (a full map: the batch is tried again): the view's part is still to do.
+        again = swap.copy != (0, 0) and found == (final_name, *swap.copy)
+        if found != swap.source and not again:
             # Deleted (dead) or replaced by another writer since it was read.
             with contextlib.suppress(FileNotFoundError):
                 log.ops.unlink(swap.temporary)
@@ -203,13 +211,13 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         pruned = view.prune_feed(txn, base, swap.original_last_position, survives)
         if pruned:
             log.record_feed_floor(pruned)
-        final = os.path.join(directory, segment_name(base, compressed=True))
-        # The old sidecar goes first: if the new one cannot be written after the swap, the
-        # sidecar is missing (readers scan, the next catch-up writes it), never stale.
-        with contextlib.suppress(FileNotFoundError):
-            log.ops.unlink(os.path.join(directory, sidecar_name(base)))
-        log.ops.replace(swap.temporary, final)
-        log.ops.point("compaction.replaced", base)
+        if not again:
+            # The old sidecar goes first: if the new one cannot be written after the swap,
+            # the sidecar is missing (readers scan, the next catch-up writes it), never stale.
+            with contextlib.suppress(FileNotFoundError):
+                log.ops.unlink(os.path.join(directory, sidecar_name(base)))
+            log.ops.replace(swap.temporary, os.path.join(directory, final_name))
+            log.ops.point("compaction.replaced", base)
         if swap.source[0] == segment_name(base):
             with contextlib.suppress(FileNotFoundError):
                 log.ops.unlink(os.path.join(directory, segment_name(base)))
@@ -386,7 +394,10 @@ def _compact_segment(
         # costs more than the dead frames it drops, keep the old file.
         os.unlink(temporary)
         return 0
-    swap = SwapSegment(base, temporary, new_summary, source, summary.last_position)
+    copy = os.stat(temporary)
+    swap = SwapSegment(
+        base, temporary, new_summary, source, summary.last_position, (copy.st_ino, copy.st_size)
+    )
     try:
         swapped = submit(swap)
     except BaseException:
