@@ -24,6 +24,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    WholeNumber,
     embedded,
     id_column,
     is_nats,
@@ -267,21 +268,24 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-bytes",
-    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    metavar="N",
     default=ArchiveLimits().max_content_bytes,
     show_default=True,
     help="Refuse archives whose decompressed content is larger (decompression bombs).",
 )
 @click.option(
     "--max-record-bytes",
-    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    metavar="N",
     default=ArchiveLimits().max_record_bytes,
     show_default=True,
     help="Refuse records larger than this (the largest legitimate one is a 64 MiB snapshot).",
 )
 @click.option(
     "--max-sessions",
-    type=click.IntRange(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    metavar="N",
     default=ArchiveLimits().max_sessions,
     show_default=True,
     help="Refuse archives of more sessions (an import holds a few KB per session until "

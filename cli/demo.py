@@ -28,6 +28,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    WholeNumber,
     event_record,
     event_text,
     is_nats,
@@ -64,7 +65,8 @@ _TERMINAL = frozenset(
 @click.option(
     "--sessions",
     "session_count",
-    type=click.IntRange(1, 10),
+    type=WholeNumber(1, 10),
+    metavar="N",
     default=3,
     show_default=True,
     help="Sessions the runtime creates.",
@@ -72,7 +74,8 @@ _TERMINAL = frozenset(
 @click.option(
     "--events",
     "event_count",
-    type=click.IntRange(2, 100),
+    type=WholeNumber(2, 100),
+    metavar="N",
     default=5,
     show_default=True,
     help="Messages per session.",

@@ -27,6 +27,7 @@ from .output import (
     CommandFailed,
     Output,
     Settings,
+    WholeNumber,
     exact_json,
     given_cursor,
     is_nats,
@@ -308,7 +309,7 @@ def _octal_mode(value: str | None) -> int | None:
 )
 @click.option(
     "--replicas",
-    type=click.IntRange(1, 5),
+    type=WholeNumber(1, 5),
     default=None,
     metavar="N",
     help="nats:// stores only: how many servers of the cluster keep the stream init "
@@ -361,7 +362,7 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
 @click.option("--request-id", default=None, help="Request id for events that do not name one.")
 @click.option(
     "--expected-last",
-    type=click.IntRange(0, BELOW_2_62),
+    type=WholeNumber(0, BELOW_2_62),
     default=None,
     metavar="N",
     help="Append only if the session's last ordinal is N (optimistic concurrency).",
@@ -597,7 +598,8 @@ def _event_of_line(
 @cursor_option
 @click.option(
     "--max-bytes",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
+    metavar="N",
     default=journal.DEFAULT_PAGE_BYTES,
     show_default=True,
     help="Page size in payload bytes (one larger event still comes whole).",

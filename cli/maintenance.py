@@ -14,7 +14,7 @@ import click
 import journal
 from cursors import KeyRing
 
-from .output import CommandFailed, Settings, is_nats, pass_settings, plural
+from .output import CommandFailed, Settings, Share, WholeNumber, is_nats, pass_settings, plural
 
 
 @contextmanager
@@ -38,7 +38,8 @@ def progress_bar(label: str, enabled: bool) -> Iterator[Callable[[int, int], Non
 @click.command()
 @click.option(
     "--dead-share",
-    type=click.FloatRange(0.0, 1.0),
+    type=Share(0.0, 1.0),
+    metavar="X",
     default=0.5,
     show_default=True,
     help="Rewrite a sealed segment when at least this share of it is dead.",
@@ -170,7 +171,7 @@ __all__ = ["compact", "stats", "verify"]
 @click.option(
     "--retire",
     "retire",
-    type=click.IntRange(1, 0xFFFF),
+    type=WholeNumber(1, 0xFFFF),
     metavar="ID",
     help="Remove key ID from the store's key file (cursors it signed become foreign; "
     "the active key cannot be retired), then print the keys.",

@@ -39,6 +39,8 @@ __all__ = [
     "CommandFailed",
     "Output",
     "Settings",
+    "Share",
+    "WholeNumber",
     "cli_message",
     "display_width",
     "echo",
@@ -410,6 +412,37 @@ def given_page_token(ctx: click.Context, param: click.Parameter, value: str | No
 # that take them are checked by click against this bound, so an out-of-range value is a
 # usage error naming the option, as a negative one is.
 BELOW_2_62: Final = (1 << 62) - 1
+
+
+class WholeNumber(click.IntRange):
+    """A numeric option's int and its bounds (`click.IntRange`), refused by what it is.
+
+    click's own refusal of a word said "'abc' is not a valid integer range", as if the
+    option took a range; this says "'abc' is not a whole number". Its name is also the
+    metavar of an option that sets none (`N` is the usual one)."""
+
+    name = "whole number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = click.INT.convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+class Share(click.FloatRange):
+    """A fraction from 0 to 1 (`click.FloatRange`); a word is refused as "not a number"
+    where click said "not a valid float range"."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            number = click.FLOAT.convert(value, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def is_nats(store: str) -> bool:

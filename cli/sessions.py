@@ -13,6 +13,7 @@ import journal
 from .output import (
     BELOW_2_62,
     Settings,
+    WholeNumber,
     given_cursor,
     given_page_token,
     id_column,
@@ -65,21 +66,21 @@ def _parse_tags(
 )
 @click.option(
     "--ttl-ms",
-    type=click.IntRange(1, BELOW_2_62),
+    type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Expire the session N ms after it starts.",
 )
 @click.option(
     "--max-suspend-ms",
-    type=click.IntRange(0, BELOW_2_62),
+    type=WholeNumber(0, BELOW_2_62),
     default=0,
     metavar="N",
     help="Expire the session once it has been suspended for N ms (0, the default: 7 days).",
 )
 @click.option(
     "--max-history-bytes",
-    type=click.IntRange(1, BELOW_2_62),
+    type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Keep at most about N bytes of its newest events (the oldest batches leave "
@@ -88,7 +89,7 @@ def _parse_tags(
 )
 @click.option(
     "--max-history-age-ms",
-    type=click.IntRange(1, BELOW_2_62),
+    type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
     help="Drop its events N ms after they were appended. Default: the store's recorded "
@@ -126,7 +127,7 @@ def create(
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only sessions in it.")
 @click.option(
     "--page-size",
-    type=click.IntRange(1, journal.MAX_PAGE_SIZE),
+    type=WholeNumber(1, journal.MAX_PAGE_SIZE),
     default=None,
     metavar="N",
     help="Print one page of N sessions (and the token of the next page).",

@@ -64,6 +64,30 @@ def test_every_usage_error_prints_the_usage_and_where_help_is(
     assert as_json.stderr.count("\n") == 1, as_json.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("read", "-s", "s", "--max-bytes", "abc"), "'--max-bytes': 'abc' is not a whole number"),
+        (("cursor-key", "--retire", "key-1"), "'--retire': 'key-1' is not a whole number"),
+        (("append", "-s", "s", "--expected-last", "x"), "'x' is not a whole number"),
+        (("sessions", "list", "--page-size", "ten"), "'ten' is not a whole number"),
+        (("compact", "--dead-share", "half"), "'half' is not a number from 0 to 1"),
+    ],
+)
+def test_a_word_for_a_number_is_refused_as_not_a_number(
+    store: Path, args: tuple[str, ...], says: str
+) -> None:
+    # click said "'abc' is not a valid integer range" (or "float range"), as if the
+    # option took a range, and `--help` showed its value as INTEGER RANGE.
+    done = _cli(store, *args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1].endswith(says), done.stderr
+    assert "range" not in done.stderr.splitlines()[-1], done.stderr
+    option = next(arg for arg in args if arg.startswith("--"))
+    shown = _cli(store, *args[: args.index(option)], "--help").stdout
+    assert "RANGE" not in shown and f"{option} " in shown, shown
+
+
 # -- cursors and page tokens passed back from a script -------------------------------------------
 
 _CURSOR_COMMANDS = [
