@@ -432,8 +432,8 @@ class WholeNumber(click.IntRange):
 
 
 class Share(click.FloatRange):
-    """A fraction from 0 to 1 (`click.FloatRange`); a word is refused as "not a number"
-    where click said "not a valid float range"."""
+    """A fraction from 0 to 1 (`click.FloatRange`); a word or NaN is refused as "not a
+    number from 0 to 1" where click said "not a valid float range" (and passed NaN on)."""
 
     name = "number"
 
@@ -441,6 +441,8 @@ class Share(click.FloatRange):
         try:
             number = click.FLOAT.convert(value, param, ctx)
         except click.BadParameter:
+            self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
+        if math.isnan(number):  # (click's range check lets NaN through: it compares False)
             self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
         return super().convert(number, param, ctx)
 

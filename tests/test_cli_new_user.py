@@ -88,6 +88,16 @@ def test_a_word_for_a_number_is_refused_as_not_a_number(
     assert "RANGE" not in shown and f"{option} " in shown, shown
 
 
+def test_a_nan_dead_share_is_a_usage_error_naming_the_option(store: Path) -> None:
+    # click's range check let NaN through, and the library refused it with exit 4 as
+    # "dead_share must be a number between 0 and 1, got nan", a Python parameter's name.
+    done = _cli(store, "compact", "--dead-share", "nan")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "journal: error: Invalid value for '--dead-share': 'nan' is not a number from 0 to 1"
+    ), done.stderr
+
+
 # -- cursors and page tokens passed back from a script -------------------------------------------
 
 _CURSOR_COMMANDS = [
