@@ -377,8 +377,9 @@ def import_(
     for item in report.sessions:
         output.emit(
             {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
-            f"imported {shown(item.source_id)} as {shown(item.session_id)} "
-            f"({plural(item.events, 'event')})",
+            f"imported {shown(item.source_id)}"
+            + (f" as {shown(item.session_id)}" if item.session_id != item.source_id else "")
+            + f" ({plural(item.events, 'event')})",
         )
     output.emit(
         {

@@ -227,3 +227,16 @@ def test_a_cut_archive_says_where_the_file_ends_and_what_to_do(store: Path, tmp_
     piped = _cli(target, "--format", "json", "import", "--as", "n", "-", stdin="")
     assert piped.returncode == 4 and "the file is empty (0 bytes)" in _error(piped)["message"]
     assert _cli(target, "import", str(good)).returncode == 0  # (the whole one imports)
+
+
+def test_an_import_under_the_same_ids_does_not_say_as_itself(store: Path, tmp_path: Path) -> None:
+    # Every line said "imported s as s (2 events)", renamed or not.
+    archive = tmp_path / "s.sja"
+    assert _cli(store, "export", "-s", "s", "-o", str(archive)).returncode == 0
+    done = _cli(tmp_path / "other", "init")
+    assert done.returncode == 0, done.stderr
+    kept = _cli(tmp_path / "other", "import", str(archive))
+    assert kept.returncode == 0, kept.stderr
+    assert kept.stdout.splitlines()[0] == "imported s (2 events)", kept.stdout
+    renamed = _cli(tmp_path / "other", "import", str(archive), "--as", "t")
+    assert renamed.stdout.splitlines()[0] == "imported s as t (2 events)", renamed.stdout
