@@ -30,6 +30,19 @@ _POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
 _AN_HOUR = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
 
 
+def _evict_three_beside_a_kept_session(j: Journal) -> None:
+    """Three sessions ended and evicted (a pass with the clock two hours ahead) in a
+    segment that "kept"'s events seal: compacting it drops their creation records."""
+    for i in range(3):
+        j.create_session(f"gone{i}")
+        j.resolve_session(f"gone{i}")
+    j.create_session("kept")
+    for _ in range(2):
+        j.append("kept", [EventIn("m", b"k" * 3000)])  # (seals their segment)
+    later = time.time_ns() // 1_000_000 + 7_200_000
+    assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+
+
 class VerifyInTheSwap(FileOps):
     """Runs `verify()` on another thread once the compacted copy is in place and its
     sidecar is not written yet, and waits for it up to `wait_s` (the swap holds the
@@ -107,14 +120,7 @@ def test_a_verify_between_a_swap_and_its_commit_reports_nothing(tmp_path: Path) 
     with Journal.open(
         tmp_path / "store", durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
     ) as j:
-        for i in range(3):
-            j.create_session(f"gone{i}")
-            j.resolve_session(f"gone{i}")
-        j.create_session("kept")
-        for _ in range(2):
-            j.append("kept", [EventIn("m", b"k" * 3000)])  # (seals their segment)
-        later = time.time_ns() // 1_000_000 + 7_200_000
-        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        _evict_three_beside_a_kept_session(j)
         ops.journal = j
         assert j.compact(0.0).segments_rewritten
         assert ops.thread is not None
@@ -178,14 +184,7 @@ def test_a_swaps_failed_batch_releases_the_files_lock_before_its_undo(tmp_path: 
     with Journal.open(
         store, durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
     ) as j:
-        for i in range(3):
-            j.create_session(f"gone{i}")
-            j.resolve_session(f"gone{i}")
-        j.create_session("kept")
-        for _ in range(2):
-            j.append("kept", [EventIn("m", b"k" * 3000)])  # (seals their segment)
-        later = time.time_ns() // 1_000_000 + 7_200_000
-        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        _evict_three_beside_a_kept_session(j)
         j.create_session("ttl", ttl_ms=500)
         ops.due_s = time.time() + 0.5
         errors: list[BaseException] = []
@@ -238,14 +237,7 @@ def test_a_swap_tried_again_after_a_full_map_finishes_its_view_part(tmp_path: Pa
     with Journal.open(
         tmp_path / "store", durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
     ) as j:
-        for i in range(3):
-            j.create_session(f"gone{i}")
-            j.resolve_session(f"gone{i}")
-        j.create_session("kept")
-        for _ in range(2):
-            j.append("kept", [EventIn("m", b"k" * 3000)])
-        later = time.time_ns() // 1_000_000 + 7_200_000
-        assert len(j.apply_retention(now_ms=later).evicted_sessions) == 3
+        _evict_three_beside_a_kept_session(j)
         ops.armed = True
         report = j.compact(0.0)
         assert not ops.armed, "the map never filled in a swap's batch"
