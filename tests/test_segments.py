@@ -409,3 +409,32 @@ def test_a_refused_frame_is_found_committed_only_where_it_lies_unchanged(
     assert read_all(log_a)[-2:] == [[longer], record]
     log_a.close()
     log_b.close()
+
+
+def test_a_cut_torn_tail_is_logged_with_its_segment_and_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A writer opening a log cuts bytes after the last whole frame off as an interrupted
+    # write. Without the index, a last frame damaged on disk looks the same and goes the
+    # same way (SPEC 3.3): the cut is no longer silent (a new-user trial deleted `index/`
+    # after damaging the only frame, and `verify` then said nothing).
+    log, _ = write_frames(tmp_path, 3)
+    end = log.writer.end_offset
+    log.close()
+    seg = tmp_path / segment_name(1)
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(b"SJFR" + (1000).to_bytes(4, "big") + b"\x01" * 30)
+    with caplog.at_level("WARNING", logger="journal"):
+        log = SegmentLog(str(tmp_path), STORE_ID)
+        assert len(log.open_writer()) == 3
+        log.close()
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert str(seg) in warning.getMessage() and f"offset {end}" in warning.getMessage()
+    assert "cut off 38 bytes" in warning.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="journal"):  # (zeros after it: nothing said)
+        log = SegmentLog(str(tmp_path), STORE_ID)
+        assert len(log.open_writer()) == 3
+        log.close()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -45,6 +46,8 @@ from .zerofill import (
     extension_lock,
     zeros_fit,
 )
+
+_log: Final = logging.getLogger("journal")
 
 __all__ = ["SegmentWriter", "data_end"]
 
@@ -162,7 +165,17 @@ class SegmentWriter:
         if size > end:
             tail = self._ops.pread(self._fd, size - end, end)
             if tail.strip(b"\0"):
-                # A torn write: clear it so no later reader mistakes it for data.
+                # A torn write: clear it so no later reader mistakes it for data. (Said,
+                # since a log alone cannot tell it from a last frame damaged on disk
+                # whose view, which knew it committed, was lost too: SPEC 3.3.)
+                _log.warning(
+                    "%s: cut off %d bytes after its last whole frame (offset %d): the "
+                    "write a crash interrupted; without the index, damage to the last "
+                    "frame looks the same",
+                    os.path.join(self.directory, self.name),
+                    len(tail.rstrip(b"\0")),
+                    end,
+                )
                 self._ops.ftruncate(self._fd, end)
                 self._ops.fsync(self._fd)
                 self._allocated = end
