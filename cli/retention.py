@@ -30,6 +30,11 @@ class _LimitOrNone(click.ParamType[Any]):
             number = click.INT.convert(value, param, ctx)
         except click.BadParameter:
             self.fail(f"{value!r} is neither a whole number nor {_NONE}", param, ctx)
+        if number < 1:
+            # (0 reads as "no limit" to some: say which value means that.)
+            self.fail(
+                f"{number} is not a limit: give 1 or more, or {_NONE} for no limit", param, ctx
+            )
         return click.IntRange(1, BELOW_2_62).convert(number, param, ctx)
 
 

@@ -44,6 +44,13 @@ def store(tmp_path: Path) -> Path:
         (("init", "--replicas", "2"), "journal init [OPTIONS]", "--replicas is for nats://"),
         # click's usage errors printed the usage line but not where help is.
         (("read", "--bogus"), "journal read [OPTIONS]", "No such option '--bogus'"),
+        # 0 said "not in the range 1<=x<=4611686018427387903", not how to lift the limit.
+        (
+            ("retention", "--max-history-bytes", "0"),
+            "journal retention [OPTIONS]",
+            "Invalid value for '--max-history-bytes': 0 is not a limit: give 1 or more, or "
+            "none for no limit",
+        ),
     ],
 )
 def test_every_usage_error_prints_the_usage_and_where_help_is(
