@@ -155,8 +155,15 @@ def test_a_large_segment_is_zero_filled_ahead_by_the_filler_not_by_commits(
         end = data_end(segment)
         wait_for(lambda: os.path.getsize(segment) >= end + AHEAD_BYTES - STEP_BYTES)
         assert ops.inline_zeros == 0, "a commit wrote zeros although the filler works"
-        threads = {thread for name, _, thread in ops.points if name.startswith("zerofill.")}
+        # (Every zero-filler point runs in its thread but `zerofill.start`, which runs in
+        # the thread that asks for zeros and starts it.)
+        threads = {
+            thread
+            for name, _, thread in ops.points
+            if name.startswith("zerofill.") and name != "zerofill.start"
+        }
         assert threads == {FILLER}
+        assert "zerofill.start" in [name for name, _, _ in ops.points]
         assert [e.data for e in j.replay("s")] == [e.data for n in range(40) for e in batch("s", n)]
         assert j.verify().problems == []
     assert fillers_alive() == []
@@ -651,3 +658,34 @@ def test_the_real_fill_writes_exactly_the_zeros_asked_for_in_pieces(
     assert len(data) == 1000 + length
     assert data[:1000] == b"\xff" * 1000
     assert data[1000:] == bytes(length)
+
+
+class InterruptedFillerStart(FileOps):
+    """Ctrl+C (a KeyboardInterrupt) as the zero-filler's thread starts, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "zerofill.start" and self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_as_the_zero_filler_starts_is_the_interrupt(tmp_path: Path) -> None:
+    # A Ctrl+C inside the thread's start() (`journal append` interrupted as it opened the
+    # store, CI run 57) left the thread recorded though it never ran: the failed open's
+    # cleanup then raised "cannot join thread before it is started" in place of the
+    # KeyboardInterrupt, and the command printed a traceback.
+    store = tmp_path / "store"
+    with Journal.open(store, create=True, segment_bytes=8 << 20) as j:
+        j.append("a", [EventIn("m", b"x" * 1000)] * 5000, create=True)
+    ops = InterruptedFillerStart()
+    with pytest.raises(KeyboardInterrupt):
+        Journal.open(store, file_ops=ops)  # (its segment's last step of zeros is asked for)
+    assert not ops.armed, "the fault point was not reached"
+    with Journal.open(store, file_ops=ops) as j:  # (the store and the filler work on)
+        j.append("a", [EventIn("m", b"y")])
+        assert j.get_session("a").last_ordinal == 5001
+        assert j.verify().problems == []

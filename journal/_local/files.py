@@ -56,6 +56,7 @@ FAULT_POINTS: Final = {
     "compaction.rewritten": "compaction wrote its copy (before the swap under the lock)",
     "compaction.replaced": "the swap renamed the copy into place (segment files lock held)",
     "compaction.sealed": "compact() sealed the active segment; its commit moves the view's head",
+    "zerofill.start": "the zero-filler's thread is about to start (none is recorded yet)",
     "zerofill.step": "the zero-filler holds a segment's extension lock; its step comes next",
     "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
     "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",

@@ -127,10 +127,14 @@ class ZeroFiller:
         with self._cv:
             self._request = (directory, base_position, end_offset)
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="journal-zerofill", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="journal-zerofill", daemon=True)
+                self._ops.point("zerofill.start")
+                # Recorded once started: a Ctrl+C inside `start()` left a thread that
+                # never ran recorded, and `stop()` then failed to join it ("cannot join
+                # thread before it is started"), a traceback in place of the interrupt.
+                # (One that started meanwhile finds itself not recorded and ends.)
+                thread.start()
+                self._thread = thread
             else:
                 self._cv.notify()
 
