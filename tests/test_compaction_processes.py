@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _dead_files import EVICT_AT_ONCE, KeepDeadFiles, evict_keeping_dead_files
 from _procs_retention import Child, payload
 
 from journal import EventIn, Journal, RetentionPolicy
@@ -331,29 +332,12 @@ def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhi
     # can take the segment-files lock.
     import fcntl
 
-    class KeepDeadFiles(FileOps):
-        armed = False
-
-        def point(self, name: str, detail: object = None) -> None:
-            if self.armed and name == "retention.delete":
-                raise OSError(5, "Input/output error")  # (the files stay: logged)
-
     store = tmp_path / "store"
     ops = KeepDeadFiles()
-    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
     with Journal.open(
-        store, durability="os", segment_bytes=4096, retention=policy, file_ops=ops
+        store, durability="os", segment_bytes=4096, retention=EVICT_AT_ONCE, file_ops=ops
     ) as j:
-        j.create_session("gone")
-        for _ in range(8):
-            j.append("gone", [EventIn("m", b"g" * 1500)])
-        ended = j.resolve_session("gone").ended_at_ms
-        assert ended is not None
-        j.create_session("kept")
-        j.append("kept", [EventIn("m", b"k")])
-        ops.armed = True
-        report = j.apply_retention(now_ms=ended + 10)
-        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+        report, ended = evict_keeping_dead_files(j, ops)  # (the files stay: logged)
     segments = store / "segments"
     dead = {int(name.split(".")[0]) for name in report.deleted_segments}
     assert all(any(segments.glob(f"{base:020d}.*")) for base in dead)  # committed, not deleted
@@ -383,7 +367,7 @@ def test_writable_open_carries_on_when_another_process_deletes_a_segment_meanwhi
         store,
         durability="os",
         segment_bytes=4096,
-        retention=policy,
+        retention=EVICT_AT_ONCE,
         file_ops=OtherProcessDeletesFirst(),
     ) as j:
         assert [e.data for e in j.replay("kept")] == [b"k"]

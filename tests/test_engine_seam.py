@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _dead_files import EVICT_AT_ONCE, KeepDeadFiles, evict_keeping_dead_files
 
 import journal
 from journal import (
@@ -162,30 +163,11 @@ def test_annotations_of_public_classes_resolve_under_their_public_module() -> No
 def test_a_failure_to_delete_dead_segments_does_not_fail_the_committed_pass(
     tmp_path: Path,
 ) -> None:
-    from journal import RetentionPolicy
-    from journal._local.files import FileOps
-
-    class DeleteFails(FileOps):
-        armed = False
-
-        def point(self, name: str, detail: object = None) -> None:
-            if self.armed and name == "retention.delete":
-                raise OSError(5, "Input/output error")
-
-    ops = DeleteFails()
-    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    ops = KeepDeadFiles()
     with Journal.open(
-        tmp_path, durability="os", segment_bytes=4096, retention=policy, file_ops=ops
+        tmp_path, durability="os", segment_bytes=4096, retention=EVICT_AT_ONCE, file_ops=ops
     ) as j:
-        j.create_session("gone")
-        for _ in range(8):
-            j.append("gone", [EventIn("m", b"g" * 1500)])
-        ended = j.resolve_session("gone").ended_at_ms
-        assert ended is not None
-        j.create_session("kept")
-        ops.armed = True
-        report = j.apply_retention(now_ms=ended + 10)
-        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+        report, ended = evict_keeping_dead_files(j, ops)
         assert report.reclaimed_bytes == 0
         leftover = [
             name for name in report.deleted_segments if (tmp_path / "segments" / name).exists()

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from _dead_files import KeepDeadFiles, evict_keeping_dead_files
 from _local_engine import open_local
 
 from journal import EventIn, Journal, RetentionPolicy
 from journal._local.engine import LocalEngine
-from journal._local.files import FileOps
 from journal._local.view import View
 from journal.sessions import FeedEntry
 
@@ -131,26 +131,10 @@ def test_verify_is_ok_while_a_pass_could_not_delete_the_dead_segments_files(
     files after its commit; when deleting fails (logged), the files stay until the next
     pass, and a rebuild still finds those creation records: not a difference."""
 
-    class KeepDeadFiles(FileOps):
-        armed = False
-
-        def point(self, name: str, detail: object = None) -> None:
-            if self.armed and name == "retention.delete":
-                raise OSError(5, "Input/output error")
-
     ops = KeepDeadFiles()
     j, _ = _open(tmp_path / "store", segment_bytes=4096, file_ops=ops)
     with j:
-        j.create_session("gone")
-        for _ in range(8):
-            j.append("gone", [EventIn("m", b"g" * 1500)])
-        ended = j.resolve_session("gone").ended_at_ms
-        assert ended is not None
-        j.create_session("kept")
-        j.append("kept", [EventIn("m", b"k")])
-        ops.armed = True
-        report = j.apply_retention(now_ms=ended + 10)
-        assert report.evicted_sessions == ["gone"] and report.deleted_segments
+        report, _ = evict_keeping_dead_files(j, ops)
         segments = tmp_path / "store" / "segments"
         assert all((segments / name).exists() for name in report.deleted_segments)
         assert j.verify().ok, j.verify().problems
