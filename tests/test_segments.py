@@ -107,6 +107,23 @@ def write_frames(directory: Path, n: int, size: int = 150) -> tuple[SegmentLog, 
     return log, bodies
 
 
+# A frame header promising 1,000 bytes, and 30 of them: a write cut short.
+HALF_FRAME = b"SJFR" + (1000).to_bytes(4, "big") + b"\x01" * 30
+
+
+def frames_then(directory: Path, tail: bytes) -> tuple[list[bytes], int, Path]:
+    """Three frames written and the log closed, then `tail` after the last of them: the
+    frames' bodies, where they end, and the segment file."""
+    log, bodies = write_frames(directory, 3)
+    end = log.writer.end_offset
+    log.close()
+    seg = directory / segment_name(1)
+    with open(seg, "r+b") as f:
+        f.seek(end)
+        f.write(tail)
+    return bodies, end, seg
+
+
 def test_torn_tail_at_every_offset_of_last_two_frames_recovers_prefix(tmp_path: Path) -> None:
     origin = tmp_path / "origin"
     log, bodies = write_frames(origin, 6)
@@ -199,19 +216,13 @@ def test_flipped_bit_in_middle_of_active_segment_is_corruption_not_a_torn_tail(
 
 
 def test_reader_at_active_tail_sees_only_whole_frames(tmp_path: Path) -> None:
-    log, bodies = write_frames(tmp_path, 3)
-    seg = tmp_path / segment_name(1)
-    end = log.writer.end_offset
     # a half-written frame after the committed ones is "not yet written" to a reader
-    with open(seg, "r+b") as f:
-        f.seek(end)
-        f.write(b"SJFR" + (1000).to_bytes(4, "big") + b"\x01" * 30)
+    bodies, end, _ = frames_then(tmp_path, HALF_FRAME)
     with SegmentReader(str(tmp_path), 1) as reader:
         assert [bytes(b) for _, b in reader.frames(tail=True)] == bodies
         # ... but corruption when the caller knows it was committed
         with pytest.raises(JournalCorrupt):
             list(reader.frames(committed_end=end + FRAME_HEADER_SIZE + 1, tail=True))
-    log.close()
 
 
 def test_a_frame_claiming_no_records_is_implausible_whatever_its_checksum(
@@ -219,13 +230,8 @@ def test_a_frame_claiming_no_records_is_implausible_whatever_its_checksum(
 ) -> None:
     # A frame header with count 0 is never written: past the active segment's committed
     # end it is an unfinished tail (the writer cuts it off), before it JournalCorrupt.
-    log, bodies = write_frames(tmp_path, 3)
-    end = log.writer.end_offset
-    log.close()
-    seg = tmp_path / segment_name(1)
-    with open(seg, "r+b") as f:
-        f.seek(end)
-        f.write(encode_frame(b"", 4, 0))  # a valid CRC over an empty body and count 0
+    # (a valid CRC over an empty body and count 0)
+    bodies, end, _ = frames_then(tmp_path, encode_frame(b"", 4, 0))
     with SegmentReader(str(tmp_path), 1) as reader:
         assert [bytes(b) for _, b in reader.frames(tail=True)] == bodies
         with pytest.raises(JournalCorrupt, match="implausible frame header"):
@@ -418,13 +424,7 @@ def test_a_cut_torn_tail_is_logged_with_its_segment_and_offset(
     # write. Without the index, a last frame damaged on disk looks the same and goes the
     # same way (SPEC 3.3): the cut is no longer silent (a new-user trial deleted `index/`
     # after damaging the only frame, and `verify` then said nothing).
-    log, _ = write_frames(tmp_path, 3)
-    end = log.writer.end_offset
-    log.close()
-    seg = tmp_path / segment_name(1)
-    with open(seg, "r+b") as f:
-        f.seek(end)
-        f.write(b"SJFR" + (1000).to_bytes(4, "big") + b"\x01" * 30)
+    _, end, seg = frames_then(tmp_path, HALF_FRAME)
     with caplog.at_level("WARNING", logger="journal"):
         log = SegmentLog(str(tmp_path), STORE_ID)
         assert len(log.open_writer()) == 3
