@@ -225,13 +225,47 @@ class TurnWriter:
         return self._commit(self._checked_append(lease.session_id, events, None, None, turn=guard))
 
 
+class _TurnSlot:
+    """An owner's one turn at a time: held by the turn made by `Owner.turn()` until its
+    block ends. Each Turn is given its owner's slot when made, so neither reaches into
+    the other to free it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._turn: Turn | None = None
+
+    def claim(self, turn: Turn) -> None:
+        """Hold the slot for `turn`, just made; `InvalidArgument` while another holds it."""
+        with self._lock:
+            held = self._turn
+            if held is not None and held.started is None:
+                raise InvalidArgument(
+                    f"turn {held.request_id!r} was made by owner.turn() and not "
+                    "started yet: one turn at a time per owner, so run that one first "
+                    "(`with turn:`); make each turn in a `with` statement"
+                )
+            if held is not None:
+                raise InvalidArgument(
+                    f"turn {held.request_id!r} is still open: one turn at a time per "
+                    "owner; leave its `with` block first"
+                )
+            self._turn = turn
+
+    def free(self, turn: Turn) -> None:
+        """`turn` has ended (or failed to start): the owner's next turn may be made."""
+        with self._lock:
+            if self._turn is turn:
+                self._turn = None
+
+
 class Turn:
     """One turn of an owner: a context manager (see `Owner.turn`)."""
 
-    def __init__(self, owner: Owner, request_id: str, writer: TurnWriter) -> None:
+    def __init__(self, owner: Owner, request_id: str, writer: TurnWriter, slot: _TurnSlot) -> None:
         self.owner = owner
         self.request_id = request_id
         self._writer = writer
+        self._slot = slot
         self._cancelled = False
         self._entered = False
         self._ended = False
@@ -251,7 +285,7 @@ class Turn:
             self._writer.record_unrecorded()
             self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
         except BaseException:
-            self.owner.turn_ended(self)
+            self._slot.free(self)
             raise
         return self
 
@@ -315,7 +349,7 @@ class Turn:
                 self._writer.unrecorded(self.request_id, data)
                 raise
         finally:
-            self.owner.turn_ended(self)
+            self._slot.free(self)
 
 
 class Owner:
@@ -351,8 +385,7 @@ class Owner:
             lambda: lease.held,
         )
         self._writer = writer
-        self._turn: Turn | None = None
-        self._lock = threading.Lock()
+        self._turn_slot = _TurnSlot()
         self.session_id = lease.session_id
         self.generation = lease.generation
         self.info = info
@@ -367,25 +400,9 @@ class Owner:
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
-        with self._lock:
-            if self._turn is not None and self._turn.started is None:
-                raise InvalidArgument(
-                    f"turn {self._turn.request_id!r} was made by owner.turn() and not "
-                    "started yet: one turn at a time per owner, so run that one first "
-                    "(`with turn:`); make each turn in a `with` statement"
-                )
-            if self._turn is not None:
-                raise InvalidArgument(
-                    f"turn {self._turn.request_id!r} is still open: one turn at a time per "
-                    "owner; leave its `with` block first"
-                )
-            self._turn = turn = Turn(self, request_id, self._writer)
+        turn = Turn(self, request_id, self._writer, self._turn_slot)
+        self._turn_slot.claim(turn)
         return turn
-
-    def turn_ended(self, turn: Turn) -> None:
-        with self._lock:
-            if self._turn is turn:
-                self._turn = None
 
     def release(self) -> None:
         """Record the release and let the lease go; idempotent."""

@@ -480,7 +480,6 @@ TARGETS: dict[str, Target] = {
         _CURSOR_ERRORS, good={"cursor": lambda env: st.sampled_from([None, env.lifecycle_cursor])}
     ),
     "Owner.turn": Target(writes=True),
-    "Owner.turn_ended": Target(good={"turn": lambda env: st.none()}),
     "Owner.release": Target(writes=True),
     "Turn.append": Target(writes=True),
     "Turn.cancel": Target(writes=True),

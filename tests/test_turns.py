@@ -547,7 +547,8 @@ def test_one_turn_at_a_time_holds_across_threads(tmp_path: Path) -> None:
                     thread.join()
                 turns = [g for g in got if not isinstance(g, InvalidArgument)]
                 assert len(turns) == 1, got
-                owner.turn_ended(turns[0])  # type: ignore[arg-type]
+                with turns[0]:  # type: ignore[attr-defined]
+                    pass
 
 
 class _FailNextCommit(FileOps):
