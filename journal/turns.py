@@ -269,6 +269,9 @@ class Turn:
         self._cancelled = False
         self._entered = False
         self._ended = False
+        # `cancel()` from another thread against the block's end: the outcome is decided
+        # once, under this lock, so cancel() can say whether it changed it.
+        self._end_lock = threading.Lock()
         self.started: AppendResult | None = None
         self.result: AppendResult | None = None
 
@@ -285,6 +288,8 @@ class Turn:
             self._writer.record_unrecorded()
             self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
         except BaseException:
+            with self._end_lock:
+                self._ended = True  # (never started: it has no result to change)
             self._slot.free(self)
             raise
         return self
@@ -317,9 +322,16 @@ class Turn:
             tagged.append(e)
         return self._writer.append(self.request_id, tagged)
 
-    def cancel(self) -> None:
-        """Record the turn as cancelled when the block ends (unless it raises)."""
-        self._cancelled = True
+    def cancel(self) -> bool:
+        """Record the turn as cancelled when its block ends (failed if the block raises)
+        and return True; from any thread. Once the turn has ended (its result is decided,
+        see `result`) it changes nothing and returns False, as `Future.cancel()` does:
+        a cancel racing the block's end is not an error."""
+        with self._end_lock:
+            if self._ended:
+                return False
+            self._cancelled = True
+            return True
 
     def __exit__(
         self,
@@ -327,7 +339,9 @@ class Turn:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._ended = True
+        with self._end_lock:
+            self._ended = True
+            cancelled = self._cancelled
         try:
             if error is not None:
                 code = getattr(error, "code", None)
@@ -338,7 +352,7 @@ class Turn:
                         "message": str(error),
                     },
                 }
-            elif self._cancelled:
+            elif cancelled:
                 outcome = {"status": "cancelled"}
             else:
                 outcome = {"status": "completed"}

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from pathlib import Path
 
-from journal import Journal
+import pytest
+
+from journal import EventIn, InvalidArgument, Journal, StoreUnavailable, Turn
+from journal._local.files import FileOps
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
 # a name users would come to rely on.
@@ -27,3 +32,78 @@ def test_owner_and_turn_show_only_their_documented_names(tmp_path: Path) -> None
             assert _public(owner) == OWNER_SURFACE
             with owner.turn("r1") as turn:
                 assert _public(turn) == TURN_SURFACE
+
+
+class _FailNextCommit(FileOps):
+    """Fails the next commit batch once armed (fault point commit.batch_taken)."""
+
+    armed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name == "commit.batch_taken":
+            self.armed = False
+            raise OSError(5, "Input/output error (injected)")
+
+
+def _results(j: Journal) -> dict[str | None, object]:
+    return {e.request_id: json.loads(e.data) for e in j.replay("s") if e.type == "turn_result"}
+
+
+def test_cancel_after_the_turn_ended_says_it_changed_nothing(tmp_path: Path) -> None:
+    """`turn.cancel()` after the block ended did nothing and said nothing (found by a
+    runtime-author trial): it returns False once the result is decided (also for a turn
+    whose start failed), True while it will be recorded."""
+    ops = _FailNextCommit()
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("done") as done:
+                pass
+            assert done.cancel() is False
+            with owner.turn("cancelled") as cancelled:
+                assert cancelled.cancel() is True
+                assert cancelled.cancel() is True  # (idempotent while it runs)
+            assert cancelled.cancel() is False
+            made = owner.turn("made")
+            assert made.cancel() is True  # (recorded when its block ends)
+            with made:
+                pass
+            unstarted = owner.turn("unstarted")
+            ops.armed = True  # (its turn_started is not written)
+            with pytest.raises(StoreUnavailable), unstarted:
+                pass
+            assert not ops.armed
+            assert unstarted.cancel() is False
+            with pytest.raises(InvalidArgument, match="has ended"):
+                unstarted.append([EventIn("m", b"{}")])
+        assert _results(j) == {
+            "done": {"status": "completed"},
+            "cancelled": {"status": "cancelled"},
+            "made": {"status": "cancelled"},
+        }
+
+
+def test_a_cancel_racing_the_end_of_the_block_says_what_was_recorded(tmp_path: Path) -> None:
+    """A cancel from another thread as the block ends: True exactly when the recorded
+    result is cancelled (the outcome is decided once, under the turn's lock)."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        said: dict[str, bool] = {}
+        with j.own("s") as owner:
+            for attempt in range(200):
+                request_id = f"r{attempt}"
+                turn = owner.turn(request_id)
+                inside = threading.Event()
+
+                def run(turn: Turn = turn, inside: threading.Event = inside) -> None:
+                    with turn:
+                        inside.set()
+                        turn.append([EventIn("m", b"{}")])  # (ends as the cancel comes)
+
+                worker = threading.Thread(target=run)
+                worker.start()
+                inside.wait()
+                said[request_id] = turn.cancel()
+                worker.join()
+        results = _results(j)
+        assert {r: results[r] == {"status": "cancelled"} for r in said} == said
