@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -227,35 +228,44 @@ class TurnWriter:
 
 class _TurnSlot:
     """An owner's one turn at a time: held by the turn made by `Owner.turn()` until its
-    block ends. Each Turn is given its owner's slot when made, so neither reaches into
-    the other to free it."""
+    block ends. Weakly until the block begins, so a Turn dropped unstarted (an error
+    between `owner.turn()` and `with turn:`) frees it; strongly once it began, since a
+    started turn left open must get its result before the owner's next turn_started.
+    Each Turn is given its owner's slot when made, so neither reaches into the other."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._turn: Turn | None = None
+        self._made: weakref.ref[Turn] | None = None
+        self._started: Turn | None = None
 
     def claim(self, turn: Turn) -> None:
         """Hold the slot for `turn`, just made; `InvalidArgument` while another holds it."""
         with self._lock:
-            held = self._turn
-            if held is not None and held.started is None:
+            made = None if self._made is None else self._made()
+            if made is not None:
                 raise InvalidArgument(
-                    f"turn {held.request_id!r} was made by owner.turn() and not "
+                    f"turn {made.request_id!r} was made by owner.turn() and not "
                     "started yet: one turn at a time per owner, so run that one first "
-                    "(`with turn:`); make each turn in a `with` statement"
+                    "(`with turn:`), or drop it; make each turn in a `with` statement"
                 )
-            if held is not None:
+            if self._started is not None:
                 raise InvalidArgument(
-                    f"turn {held.request_id!r} is still open: one turn at a time per "
-                    "owner; leave its `with` block first"
+                    f"turn {self._started.request_id!r} is still open: one turn at a time "
+                    "per owner; leave its `with` block first"
                 )
-            self._turn = turn
+            self._made = weakref.ref(turn)
+
+    def start(self, turn: Turn) -> None:
+        """`turn`'s block begins: the slot holds it until `free`."""
+        with self._lock:
+            self._made = None
+            self._started = turn
 
     def free(self, turn: Turn) -> None:
         """`turn` has ended (or failed to start): the owner's next turn may be made."""
         with self._lock:
-            if self._turn is turn:
-                self._turn = None
+            if self._started is turn:
+                self._started = None
 
 
 class Turn:
@@ -284,6 +294,7 @@ class Turn:
                 "the next one with owner.turn(request_id)"
             )
         self._entered = True
+        self._slot.start(self)
         try:
             self._writer.record_unrecorded()
             self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
@@ -410,7 +421,8 @@ class Owner:
         appends the turn's events; leaving the block appends `turn_result`: completed,
         cancelled (after `turn.cancel()`), or failed with the exception's code and message
         (the exception propagates). One turn at a time per owner, from this call until
-        its block ends; a Turn is entered once, and `turn.append` works only inside it."""
+        its block ends (a turn dropped before its block frees it); a Turn is entered once, and
+        `turn.append` works only inside it."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -107,3 +108,31 @@ def test_a_cancel_racing_the_end_of_the_block_says_what_was_recorded(tmp_path: P
                 worker.join()
         results = _results(j)
         assert {r: results[r] == {"status": "cancelled"} for r in said} == said
+
+
+def test_a_turn_dropped_before_its_block_does_not_block_the_owner(tmp_path: Path) -> None:
+    """A turn made by `owner.turn()` held the owner's one-turn slot until its block ended,
+    so one dropped before its `with` (an error between the two) made every later
+    `owner.turn()` raise "not started yet" until the owner was released, and the
+    message's advice, run that one first, could not be followed (found by a
+    runtime-author trial). It frees the slot when dropped; a live one still holds it."""
+
+    def prepare(request_id: str) -> None:
+        turn = owner.turn(request_id)
+        raise ValueError(f"prompt {turn.request_id} refused before it ran")
+
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with contextlib.suppress(ValueError):
+                prepare("r1")
+            with owner.turn("r2") as turn:
+                turn.append([EventIn("m", b"{}")])
+            kept = owner.turn("r3")
+            with pytest.raises(InvalidArgument, match="'r3' was made by owner"):
+                owner.turn("r4")
+            del kept
+            with owner.turn("r4"):
+                pass
+        assert _results(j) == {"r2": {"status": "completed"}, "r4": {"status": "completed"}}
+        assert j.get_session("s").open_turn is None
