@@ -56,6 +56,19 @@ def result_data(result: dict[str, object]) -> bytes:
     return json.dumps(result, separators=(",", ":")).encode()
 
 
+def _failed_result(error: BaseException) -> dict[str, object]:
+    """The result of a turn that `error` ended: its `code` if it has a string one, else
+    its class name, and its message."""
+    code = getattr(error, "code", None)
+    return {
+        "status": "failed",
+        "error": {
+            "code": code if isinstance(code, str) else type(error).__name__,
+            "message": str(error),
+        },
+    }
+
+
 def check_unsettled(
     engine: Engine,
     start_cursor: str | None,
@@ -297,10 +310,17 @@ class Turn:
         self._slot.start(self)
         try:
             self._writer.record_unrecorded()
-            self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
+            try:
+                self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
+            except BaseException as error:
+                # The start may have committed though its caller got an error (a Ctrl+C
+                # held until the commit was done, a lost reply): if it did, the owner's
+                # next turn records this one as failed first, as for a lost result.
+                self._writer.unrecorded(self.request_id, result_data(_failed_result(error)))
+                raise
         except BaseException:
             with self._end_lock:
-                self._ended = True  # (never started: it has no result to change)
+                self._ended = True  # (not started here: it has no result to change)
             self._slot.free(self)
             raise
         return self
@@ -354,15 +374,9 @@ class Turn:
             self._ended = True
             cancelled = self._cancelled
         try:
+            outcome: dict[str, object]
             if error is not None:
-                code = getattr(error, "code", None)
-                outcome: dict[str, object] = {
-                    "status": "failed",
-                    "error": {
-                        "code": code if isinstance(code, str) else type(error).__name__,
-                        "message": str(error),
-                    },
-                }
+                outcome = _failed_result(error)
             elif cancelled:
                 outcome = {"status": "cancelled"}
             else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 from pathlib import Path
 
@@ -136,3 +137,81 @@ def test_a_turn_dropped_before_its_block_does_not_block_the_owner(tmp_path: Path
                 pass
         assert _results(j) == {"r2": {"status": "completed"}, "r4": {"status": "completed"}}
         assert j.get_session("s").open_turn is None
+
+
+class _Interrupted(Exception):
+    """What the test's SIGUSR1 handler raises (a Ctrl+C's KeyboardInterrupt, tamed)."""
+
+
+class _SignalAsTheStartCommits(FileOps):
+    """Raises SIGUSR1 in the committing thread as the next commit's LMDB transaction is
+    about to commit (fault point commit.view_commit); the journal holds the handler's
+    exception until the commit is done, so the caller gets it for a committed write."""
+
+    armed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name == "commit.view_commit":
+            self.armed = False
+            signal.raise_signal(signal.SIGUSR1)
+
+
+def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """A turn whose turn_started committed while its caller got an exception (a Ctrl+C
+    held until the commit was done; on JetStream a lost reply) stayed the session's open
+    turn, and the owner's next turn_started moved the open turn on: the first turn never
+    got a result, nor its watchers an OutcomeUnknown (found by a runtime-author trial).
+    The next turn now records it as failed first; a start that did not commit is not
+    recorded."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted("interrupted as the turn started")
+
+    ops = _SignalAsTheStartCommits()
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j:
+            j.create_session("s")
+            with j.own("s") as owner:
+                ops.armed = True
+                with pytest.raises(_Interrupted), owner.turn("r1"):
+                    pytest.fail("the block ran though its start raised")
+                assert not ops.armed
+                assert j.get_session("s").open_turn == "r1"
+                with owner.turn("r2"):
+                    pass
+            stored = [(e.type, e.request_id, json.loads(e.data)) for e in j.replay("s")]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert stored == [
+        ("turn_started", "r1", {}),
+        (
+            "turn_result",
+            "r1",
+            {
+                "status": "failed",
+                "error": {"code": "_Interrupted", "message": "interrupted as the turn started"},
+            },
+        ),
+        ("turn_started", "r2", {}),
+        ("turn_result", "r2", {"status": "completed"}),
+    ]
+
+
+def test_a_turn_whose_start_did_not_commit_gets_no_result(tmp_path: Path) -> None:
+    ops = _FailNextCommit()
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            ops.armed = True
+            with pytest.raises(StoreUnavailable), owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+            assert not ops.armed
+            with owner.turn("r2"):
+                pass
+        assert [(e.type, e.request_id) for e in j.replay("s")] == [
+            ("turn_started", "r2"),
+            ("turn_result", "r2"),
+        ]
