@@ -390,6 +390,12 @@ class Turn:
         finally:
             self._slot.free(self)
 
+    def __repr__(self) -> str:
+        state = "ended" if self._ended else "open" if self._entered else "not started"
+        return (
+            f"Turn(request_id={self.request_id!r}, session_id={self.owner.session_id!r}, {state})"
+        )
+
 
 class Owner:
     """This process's lease on one session, from `Journal.own()`; a context manager.

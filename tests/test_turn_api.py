@@ -215,3 +215,16 @@ def test_a_turn_whose_start_did_not_commit_gets_no_result(tmp_path: Path) -> Non
             ("turn_started", "r2"),
             ("turn_result", "r2"),
         ]
+
+
+def test_a_turn_shows_its_request_id_and_state(tmp_path: Path) -> None:
+    """A Turn printed as `<journal.Turn object at 0x...>` in a runtime's logs, though its
+    Owner shows its session (found by a runtime-author trial)."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            turn = owner.turn("r1")
+            assert repr(turn) == "Turn(request_id='r1', session_id='s', not started)"
+            with turn:
+                assert repr(turn) == "Turn(request_id='r1', session_id='s', open)"
+            assert repr(turn) == "Turn(request_id='r1', session_id='s', ended)"
