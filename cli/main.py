@@ -15,6 +15,7 @@ from typing import IO, Any
 import click
 
 import journal
+from journal.arguments import file_mode_problem
 
 from .archives import export, import_
 from .demo import demo
@@ -286,6 +287,8 @@ cursor_option = click.option(
 
 
 def _octal_mode(value: str | None) -> int | None:
+    """`--file-mode` as chmod takes it (`640`, `0640`; `0o640` too): its bits, checked
+    here so a refusal writes the mode the way it was typed (0640, not Python's 0o640)."""
     if value is None:
         return None
     digits = value.removeprefix("0o")
@@ -294,7 +297,11 @@ def _octal_mode(value: str | None) -> int | None:
         raise click.BadParameter(
             f"{value!r} is not an octal mode such as 0600 or 0640", param_hint="'--file-mode'"
         )
-    return int(digits, 8)
+    mode = int(digits, 8)
+    problem = file_mode_problem(mode, as_chmod=True)
+    if problem is not None:
+        raise journal.InvalidArgument(f"--file-mode {problem}")
+    return mode
 
 
 @main.command()
@@ -303,7 +310,8 @@ def _octal_mode(value: str | None) -> int | None:
     "file_mode",
     metavar="OCTAL",
     default=None,
-    help="Permissions of the files the store creates (default 0600 for a new store; "
+    help="Permissions of the files the store creates, as chmod takes them (640 or 0640; "
+    "default 0600 for a new store; "
     "directories get x where it has r: 0640 -> 0750). Given for an existing store, it "
     "applies to files created from then on.",
 )

@@ -349,27 +349,34 @@ def checked_policy_change(change: object) -> PolicyChange:
     return checked
 
 
-def file_mode_problem(value: object) -> str | None:
+def file_mode_problem(value: object, *, as_chmod: bool = False) -> str | None:
     """Why `value` cannot be a store's file mode (None when it can): an int of
     permission bits (no file type, setuid, sticky or execute bits) that lets the owner
-    read and write."""
+    read and write. Modes are written as Python literals (0o640), or with `as_chmod` as
+    chmod takes them (0640), for a mode its user typed as octal digits (the CLI's
+    `--file-mode`: no hint about a decimal slip then)."""
+
+    def mode(bits: int) -> str:
+        return f"{bits:04o}" if as_chmod else f"{bits:#o}"
+
     if isinstance(value, bool) or not isinstance(value, int):
         return f"must be an int such as 0o600 or 0o640, not {type(value).__name__}"
     if not 0 <= value <= 0o777:
         digits = str(value)
         hint = (
             f" (did you mean 0o{digits}? a mode is octal)"
-            if set(digits) <= set("01234567") and int(digits, 8) <= 0o777
+            if not as_chmod and set(digits) <= set("01234567") and int(digits, 8) <= 0o777
             else ""
         )
-        return f"{value:#o} has bits outside 0o777{hint}"
+        return f"{mode(value)} has bits outside {mode(0o777)}{hint}"
     if value & 0o111:
         return (
-            f"{value:#o} has execute bits: give the mode of the files (e.g. 0o640); "
-            "directories get a search bit wherever the mode has a read bit (0o750)"
+            f"{mode(value)} has execute bits: give the mode of the files (e.g. "
+            f"{mode(0o640)}); directories get a search bit wherever the mode has a read "
+            f"bit ({mode(0o750)})"
         )
     if value & 0o600 != 0o600:
-        return f"{value:#o} does not let the owner read and write (add 0o600)"
+        return f"{mode(value)} does not let the owner read and write (add {mode(0o600)})"
     return None
 
 

@@ -1262,7 +1262,7 @@ def test_option_errors_name_the_options_and_exit_as_usage_errors(
         (("append", "-s", "a", "--type", "", "x"), "event 1's type '' is invalid"),
         (("append", "-s", "a", "--idempotency-key", "", "x"), "--idempotency-key '' is invalid"),
         (("append", "-s", "a", "--request-id", "r" * 70000, "x"), "event 1's request id is over"),
-        (("init", "--file-mode", "0777"), "--file-mode 0o777 has execute bits"),
+        (("init", "--file-mode", "0777"), "--file-mode 0777 has execute bits"),
     ]:
         result = invoke(store, *args)
         assert_one_line_error(result, 4, "INVALID_ARGUMENT")

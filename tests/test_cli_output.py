@@ -1,0 +1,67 @@
+"""What the `journal` command prints for people (SPEC.md section 13): numbers written as
+users type and compare them, no internal numbers in text, and what an operator needs to
+know after a change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli.main import main
+
+
+def _run(store: Path, *args: str, fmt: str = "text") -> Result:
+    result = CliRunner().invoke(main, ["--store", str(store), "--format", fmt, *args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def _records(result: Result) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    assert _run(path, "init").exit_code == 0
+    return path
+
+
+# -- init --file-mode ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("typed", ["640", "0640", "0o640"])
+def test_file_mode_is_taken_as_chmod_takes_it(tmp_path: Path, typed: str) -> None:
+    store = tmp_path / "store"
+    assert _run(store, "init", "--file-mode", typed).exit_code == 0
+    assert json.loads((store / "store.json").read_text())["file_mode"] == "0640"
+    assert (store / "store.json").stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize(
+    ("typed", "says"),
+    [
+        ("0777", "--file-mode 0777 has execute bits: give the mode of the files (e.g. 0640)"),
+        ("777", "--file-mode 0777 has execute bits"),
+        ("0200", "--file-mode 0200 does not let the owner read and write (add 0600)"),
+        ("7777", "--file-mode 7777 has bits outside 0777"),
+        ("1004", "--file-mode 1004 has bits outside 0777"),
+    ],
+)
+def test_a_bad_file_mode_is_written_back_as_it_was_typed(
+    tmp_path: Path, typed: str, says: str
+) -> None:
+    # The messages wrote Python literals (`0o777 has execute bits`, `add 0o600`) to a user
+    # who typed 0777, and 1004 (octal: 516 decimal) got "did you mean 0o516?".
+    store = tmp_path / "store"
+    done = _run(store, "init", "--file-mode", typed)
+    assert done.exit_code == 4, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"journal: error: {says}"), line
+    assert "0o" not in line and "did you mean" not in line, line
+    assert not store.exists()
