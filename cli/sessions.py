@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from typing import Final
 
 import click
 
@@ -183,16 +184,32 @@ def list_(
 @click.argument("session_id", metavar="ID")
 @pass_settings
 def show(settings: Settings, session_id: str) -> None:
-    """Print every field of a session's metadata."""
+    """Print a session's metadata, one field a line.
+
+    With --format json, one object: every field of the library's SessionMetadata.
+    """
     with settings.open(write=False) as store:
         meta = store.get_session(session_id)
     record = session_record(meta)
-    width = max(len(key) for key in record)
-    shown_record = dict(record)
+    shown_record = {key: value for key, value in record.items() if key not in _INTERNAL}
+    if meta.owner is not None:
+        owner = meta.owner
+        shown_record["owner"] = (
+            f"pid {owner.pid}@{shown(owner.host)} (lease {owner.generation}, "
+            f"since_ms {owner.since_ms})"
+        )
     if not meta.max_suspend_ms:
         shown_record["max_suspend_ms"] = "0 (the default: 7 days)"
+    width = max(len(key) for key in shown_record)
     text = "\n".join(f"{key:<{width}}  {_text_value(value)}" for key, value in shown_record.items())
     settings.output.emit(record, text)
+
+
+# Fields `sessions show` leaves out of its text: numbers of the store's own bookkeeping
+# that no option takes (JSON keeps them: SessionMetadata as it encodes). The incarnation
+# is the store position of the session's creation record (SPEC 4); an owner's start time
+# (clock ticks after boot, telling a reused pid apart) is left out with it.
+_INTERNAL: Final = frozenset({"incarnation"})
 
 
 def _text_value(value: object) -> str:

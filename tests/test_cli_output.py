@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cli.main import main
+from journal import Journal
 
 
 def _run(store: Path, *args: str, fmt: str = "text") -> Result:
@@ -30,6 +31,35 @@ def store(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     assert _run(path, "init").exit_code == 0
     return path
+
+
+# -- sessions show ---------------------------------------------------------------------------
+
+
+def test_sessions_show_leaves_the_incarnation_out_of_its_text(store: Path) -> None:
+    # The text printed `incarnation  1`, the store position of the creation record: no
+    # option takes it, and a user could only wonder what it counts. JSON keeps every
+    # field of SessionMetadata.
+    assert _run(store, "sessions", "create", "a").exit_code == 0
+    text = _run(store, "sessions", "show", "a").stdout
+    assert "incarnation" not in text, text
+    assert text.splitlines()[0] == "session_id       a", text
+    (record,) = _records(_run(store, "sessions", "show", "a", fmt="json"))
+    assert record["incarnation"] >= 1 and record["session_id"] == "a"
+
+
+def test_sessions_show_names_a_live_owner_as_the_listing_does(store: Path) -> None:
+    # The owner was printed as its struct's fields, among them `start_time`, the clock
+    # ticks after boot at which the owner process started.
+    with Journal.open(store) as j:
+        j.create_session("a")
+        with j.own("a") as owner:
+            text = _run(store, "sessions", "show", "a").stdout
+            (record,) = _records(_run(store, "sessions", "show", "a", fmt="json"))
+    (line,) = [line for line in text.splitlines() if line.startswith("owner ")]
+    assert line.split(None, 1)[1].startswith(f"pid {record['owner']['pid']}@"), line
+    assert f"(lease {owner.generation}, since_ms " in line and "start_time" not in line, line
+    assert record["owner"]["start_time"] >= 0  # (JSON as it was)
 
 
 # -- init --file-mode ------------------------------------------------------------------------
