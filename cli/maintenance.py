@@ -230,11 +230,16 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
             )
         _refuse_external_key("make the store's own key file with --new")
         ring = KeyRing.load_or_create(path, mode=mode)
+        done = (
+            f"started a new key ring: key {ring.active_key_id} signs cursors; every cursor "
+            "issued before is foreign now\nnext: give readers that take JOURNAL_CURSOR_KEY "
+            "the keys printed"
+        )
     elif rotate or retire is not None:
         option = "--rotate" if rotate else "--retire"
         _refuse_external_key(f"change the store's own key file with {option}")
         _require_key_file(path)
-        ring = _change_key_file(path, retire)
+        ring, done = _change_key_file(path, retire)
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
         # set (it replaces the key file), else the key file.
@@ -244,7 +249,18 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
             ring = KeyRing.load(path)
         else:
             ring = external
-    settings.output.emit({"cursor_key": ring.shared()}, ring.shared(), ring.shared())
+        done = ""
+    record = {
+        "cursor_key": ring.shared(),
+        "active_key_id": ring.active_key_id,
+        # (as cursor_key lists them: the active key first)
+        "key_ids": [ring.active_key_id, *(k for k in ring.key_ids if k != ring.active_key_id)],
+    }
+    settings.output.emit(record, ring.shared(), ring.shared())
+    if done and settings.output.format == "text":
+        # (stderr: stdout stays the keys alone, for JOURNAL_CURSOR_KEY="$(journal ...)")
+        for line in done.splitlines():
+            click.echo(f"journal: {line}", err=True)
 
 
 def _refuse_external_key(what: str) -> None:
@@ -264,13 +280,23 @@ def _require_key_file(path: str) -> None:
         )
 
 
-def _change_key_file(path: str, retire: int | None) -> KeyRing:
+def _change_key_file(path: str, retire: int | None) -> tuple[KeyRing, str]:
     """Rotate (`retire` None) or retire a key of the key file `path` with `KeyRing.edit`
     (under an exclusive flock of `STORE/keys.lock`, so two changes at once do not lose
-    one; the file is replaced atomically and keeps its mode)."""
+    one; the file is replaced atomically and keeps its mode); the ring, and what was done
+    and what to do next, for an operator."""
     with KeyRing.edit(path) as ring:
         if retire is None:
+            previous = ring.active_key_id
             ring.rotate()
+            older = sorted(set(ring.key_ids) - {ring.active_key_id}, reverse=True)
+            done = (
+                f"rotated: key {ring.active_key_id} signs new cursors; {_still_verify(older)}"
+                "\nnext: reopen every process that has the store open (until then each "
+                f"signs with key {previous}) and give readers that take JOURNAL_CURSOR_KEY "
+                f"the keys printed; once the cursors of key {previous} are no longer needed, "
+                f"run `journal cursor-key --retire {previous}`"
+            )
         elif retire not in ring.key_ids:
             raise CommandFailed(
                 f"key id {retire} is not in the store's key file (key ids: "
@@ -289,7 +315,26 @@ def _change_key_file(path: str, retire: int | None) -> KeyRing:
             )
         else:
             ring.retire(retire)
-    return ring
+            done = (
+                f"retired key {retire}: the cursors it signed are refused as foreign now; "
+                f"key {ring.active_key_id} signs\nnext: give readers that take "
+                "JOURNAL_CURSOR_KEY the keys printed"
+            )
+    return ring, done
+
+
+def _still_verify(key_ids: list[int]) -> str:
+    """That the keys `key_ids` (1 or more) still verify, and what that means."""
+    if len(key_ids) == 1:
+        return (
+            f"key {key_ids[0]} still verifies, so the cursors it signed stay valid while "
+            "it stays in the key file"
+        )
+    listed = f"{', '.join(map(str, key_ids[:-1]))} and {key_ids[-1]}"
+    return (
+        f"keys {listed} still verify, so the cursors they signed stay valid while they "
+        "stay in the key file"
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -95,3 +95,33 @@ def test_a_bad_file_mode_is_written_back_as_it_was_typed(
     assert line.startswith(f"journal: error: {says}"), line
     assert "0o" not in line and "did you mean" not in line, line
     assert not store.exists()
+
+
+# -- cursor-key --------------------------------------------------------------------------------
+
+
+def test_cursor_key_rotate_says_which_key_signs_and_what_to_do_next(store: Path) -> None:
+    # It printed the keys alone: an operator could not tell which key was new, that the
+    # old cursors still verify, or that processes must be reopened before --retire.
+    rotated = _run(store, "cursor-key", "--rotate")
+    assert rotated.exit_code == 0, rotated.stderr
+    assert rotated.stdout.startswith("2:") and rotated.stdout.count("\n") == 1  # keys only
+    said = rotated.stderr
+    assert said.startswith(
+        "journal: rotated: key 2 signs new cursors; key 1 still verifies, so the cursors it "
+        "signed stay valid while it stays in the key file\n"
+    ), said
+    assert "reopen every process that has the store open" in said, said
+    assert "`journal cursor-key --retire 1`" in said, said
+    (record,) = _records(_run(store, "cursor-key", "--rotate", fmt="json"))
+    assert record["active_key_id"] == 3 and record["key_ids"] == [3, 1, 2], record
+    assert record["cursor_key"].startswith("3:"), record
+    again = _run(store, "cursor-key", "--rotate").stderr
+    assert again.startswith("journal: rotated: key 4 signs new cursors; keys 3, 2 and 1 "), again
+    assert "`journal cursor-key --retire 3`" in again, again
+    retired = _run(store, "cursor-key", "--retire", "1")
+    assert retired.stderr.startswith("journal: retired key 1: the cursors it signed are "), (
+        retired.stderr
+    )
+    assert _run(store, "cursor-key", "--rotate", fmt="quiet").stderr == ""
+    assert _run(store, "cursor-key").stderr == ""  # (nothing changed: nothing to say)
