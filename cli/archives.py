@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import hashlib
 import io
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -131,18 +133,45 @@ def export(
     if dest == "-":
         return  # stdout carries the archive itself
     size = os.path.getsize(dest) if os.path.isfile(dest) else report.archive_bytes
+    file_sha256 = _file_sha256(dest)
+    text = (
+        f"exported {plural(len(report.sessions), 'session')}, "
+        f"{plural(report.events, 'event')} to {dest} ({size:,} bytes)"
+    )
+    # Whole digests: people compare them with what sha256sum prints. The file's is what
+    # they compare; the content's (the archive's footer) is what `import --list` prints.
+    if file_sha256 is not None:
+        text += f"\nfile sha256     {file_sha256}  (as sha256sum prints it)"
+    where = (
+        "its footer record holds it"
+        if archive_format == "ndjson"
+        else "`journal import --list` prints it"
+    )
+    text += f"\ncontent sha256  {report.sha256}  (as {where})"
     output.emit(
         {
             "path": dest,
             "sessions": len(report.sessions),
             "events": report.events,
             "bytes": size,
+            "sha256": file_sha256,
             "content_sha256": report.sha256,
         },
-        f"exported {plural(len(report.sessions), 'session')}, "
-        f"{plural(report.events, 'event')} to {dest} ({size:,} bytes; content sha256 "
-        f"{report.sha256[:16]}...)",
+        text,
     )
+
+
+def _file_sha256(path: str) -> str | None:
+    """The SHA-256 (hex) of the file just written at `path`, as sha256sum prints it;
+    None for a path that is not a regular file (a FIFO or a device: written through,
+    nothing to read back)."""
+    try:
+        with open(path, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError:
+        return None  # (gone or unreadable since: the export itself succeeded)
 
 
 def _export_ndjson(
@@ -424,7 +453,7 @@ def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
         f"archive version {contents.version}, intact: "
         f"{plural(len(contents.sessions), 'session')}, {plural(contents.events, 'event')}, "
         f"{contents.archive_bytes:,} bytes ({contents.content_bytes:,} decompressed; content "
-        f"sha256 {contents.sha256[:16]}...), exported from store {contents.source_store_id} "
+        f"sha256 {contents.sha256}), exported from store {contents.source_store_id} "
         f"at {exported:%Y-%m-%d %H:%M:%S} UTC by session-journal "
         f"{shown(contents.library_version)}",
     )

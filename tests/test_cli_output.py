@@ -4,6 +4,7 @@ know after a change."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,39 @@ def test_cursor_key_rotate_says_which_key_signs_and_what_to_do_next(store: Path)
     )
     assert _run(store, "cursor-key", "--rotate", fmt="quiet").stderr == ""
     assert _run(store, "cursor-key").stderr == ""  # (nothing changed: nothing to say)
+
+
+# -- export and import --list: digests ----------------------------------------------------------
+
+
+def test_export_prints_whole_digests_and_the_one_sha256sum_prints(
+    store: Path, tmp_path: Path
+) -> None:
+    # It printed `content sha256 86ede4ff56bc03fc...`: cut to 16 digits, and the digest
+    # of the archive's content, which is not what `sha256sum FILE` prints, so a user
+    # comparing the two found a mismatch either way.
+    assert _run(store, "append", "-s", "a", "--create", "hello").exit_code == 0
+    archive = tmp_path / "a.sja"
+    done = _run(store, "export", "--all", "-o", str(archive))
+    assert done.exit_code == 0, done.stderr
+    file_digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"exported 1 session, 1 event to {archive} ({archive.stat().st_size} bytes)"
+    assert lines[1] == f"file sha256     {file_digest}  (as sha256sum prints it)", lines
+    assert lines[2].startswith("content sha256  ") and "..." not in done.stdout, lines
+    content_digest = lines[2].split()[2]
+    assert len(content_digest) == 64 and content_digest != file_digest, lines
+    listed = _run(store, "import", "--list", str(archive)).stdout.splitlines()[0]
+    assert f"content sha256 {content_digest})" in listed, listed
+    again = tmp_path / "b.sja"
+    (record,) = _records(_run(store, "export", "--all", "-o", str(again), fmt="json"))
+    assert record["sha256"] == hashlib.sha256(again.read_bytes()).hexdigest(), record
+    assert len(record["content_sha256"]) == 64, record
+    ndjson = tmp_path / "a.ndjson"
+    readable = _run(store, "export", "--all", "-o", str(ndjson), "--format", "ndjson").stdout
+    assert hashlib.sha256(ndjson.read_bytes()).hexdigest() in readable.splitlines()[1]
+    footer = json.loads(ndjson.read_text().splitlines()[-1])
+    assert readable.splitlines()[2].split()[2] == footer["sha256"], readable
+    # A device is written through: nothing to read back, so no file digest.
+    (through,) = _records(_run(store, "export", "--all", "-o", "/dev/null", fmt="json"))
+    assert through["sha256"] is None and len(through["content_sha256"]) == 64, through
