@@ -428,7 +428,21 @@ class WholeNumber(click.IntRange):
             number = click.INT.convert(value, param, ctx)
         except click.BadParameter:
             self.fail(f"{value!r} is not a whole number", param, ctx)
+        # (click said "0 is not in the range 1<=x<=65535.", a formula to decode)
+        if (self.min is not None and number < self.min) or (
+            self.max is not None and number > self.max
+        ):
+            self.fail(f"{number} is out of range: give {self._wanted()}", param, ctx)
         return super().convert(number, param, ctx)
+
+    def _wanted(self) -> str:
+        """The numbers the option takes, in words (`1 to 65535`, `1 or more`)."""
+        if self.max is None:
+            return f"{self.min} or more"
+        top = {BELOW_2_62: "below 2^62", 1 << 62: "up to 2^62"}.get(int(self.max))
+        if self.min is None:
+            return top or f"at most {self.max}"
+        return f"{self.min} or more, {top}" if top else f"{self.min} to {self.max}"
 
 
 class Share(click.FloatRange):
@@ -442,7 +456,9 @@ class Share(click.FloatRange):
             number = click.FLOAT.convert(value, param, ctx)
         except click.BadParameter:
             self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
-        if math.isnan(number):  # (click's range check lets NaN through: it compares False)
+        # (click's range check let NaN through, it compares False, and said "2.0 is not in
+        # the range 0.0<=x<=1.0." of the others)
+        if math.isnan(number) or not 0 <= number <= 1:
             self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
         return super().convert(number, param, ctx)
 

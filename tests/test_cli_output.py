@@ -162,3 +162,35 @@ def test_export_prints_whole_digests_and_the_one_sha256sum_prints(
     # A device is written through: nothing to read back, so no file digest.
     (through,) = _records(_run(store, "export", "--all", "-o", "/dev/null", fmt="json"))
     assert through["sha256"] is None and len(through["content_sha256"]) == 64, through
+
+
+# -- numbers out of range --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (
+            ("read", "-s", "a", "--max-bytes", "0"),
+            "'--max-bytes': 0 is out of range: give 1 or more",
+        ),
+        (("cursor-key", "--retire", "0"), "'--retire': 0 is out of range: give 1 to 65535"),
+        (("sessions", "list", "--page-size", "0"), "0 is out of range: give 1 to 1000"),
+        (
+            ("sessions", "create", "b", "--ttl-ms", "0"),
+            "'--ttl-ms': 0 is out of range: give 1 or more, below 2^62",
+        ),
+        (("compact", "--dead-share", "2"), "'--dead-share': '2' is not a number from 0 to 1"),
+    ],
+)
+def test_a_number_out_of_range_says_what_to_give(
+    store: Path, args: tuple[str, ...], says: str
+) -> None:
+    # click said "0 is not in the range x>=1.", "0 is not in the range 1<=x<=65535." and
+    # "2.0 is not in the range 0.0<=x<=1.0.": formulas to decode (found trying every
+    # command as a new user).
+    done = _run(store, *args)
+    assert done.exit_code == 2, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("journal: error: Invalid value for ") and last.endswith(says), last
+    assert "in the range" not in last, last
