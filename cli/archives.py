@@ -154,7 +154,7 @@ def export(
             "sessions": len(report.sessions),
             "events": report.events,
             "bytes": size,
-            "sha256": file_sha256,
+            "file_sha256": file_sha256,
             "content_sha256": report.sha256,
         },
         text,

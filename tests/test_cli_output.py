@@ -152,7 +152,7 @@ def test_export_prints_whole_digests_and_the_one_sha256sum_prints(
     assert f"content sha256 {content_digest})" in listed, listed
     again = tmp_path / "b.sja"
     (record,) = _records(_run(store, "export", "--all", "-o", str(again), fmt="json"))
-    assert record["sha256"] == hashlib.sha256(again.read_bytes()).hexdigest(), record
+    assert record["file_sha256"] == hashlib.sha256(again.read_bytes()).hexdigest(), record
     assert len(record["content_sha256"]) == 64, record
     ndjson = tmp_path / "a.ndjson"
     readable = _run(store, "export", "--all", "-o", str(ndjson), "--format", "ndjson").stdout
@@ -161,7 +161,7 @@ def test_export_prints_whole_digests_and_the_one_sha256sum_prints(
     assert readable.splitlines()[2].split()[2] == footer["sha256"], readable
     # A device is written through: nothing to read back, so no file digest.
     (through,) = _records(_run(store, "export", "--all", "-o", "/dev/null", fmt="json"))
-    assert through["sha256"] is None and len(through["content_sha256"]) == 64, through
+    assert through["file_sha256"] is None and len(through["content_sha256"]) == 64, through
 
 
 # -- numbers out of range --------------------------------------------------------------------
