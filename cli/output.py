@@ -432,11 +432,12 @@ class WholeNumber(click.IntRange):
         if (self.min is not None and number < self.min) or (
             self.max is not None and number > self.max
         ):
-            self.fail(f"{number} is out of range: give {self._wanted()}", param, ctx)
+            self.fail(f"{number} is out of range: give {self._describe_range()}", param, ctx)
         return super().convert(number, param, ctx)
 
-    def _wanted(self) -> str:
-        """The numbers the option takes, in words (`1 to 65535`, `1 or more`)."""
+    def _describe_range(self) -> str:
+        """The numbers the option takes, in words (`1 to 65535`, `1 or more`), for its
+        help (click's `[1<=x<=65535]`) and its refusal."""
         if self.max is None:
             return f"{self.min} or more"
         top = {BELOW_2_62: "below 2^62", 1 << 62: "up to 2^62"}.get(int(self.max))
@@ -461,6 +462,10 @@ class Share(click.FloatRange):
         if math.isnan(number) or not 0 <= number <= 1:
             self.fail(f"{value!r} is not a number from 0 to 1", param, ctx)
         return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:
+        """For the help: `[default: 0.5; 0 to 1]` (click's `0.0<=x<=1.0`)."""
+        return "0 to 1"
 
 
 def is_nats(store: str) -> bool:

@@ -194,3 +194,18 @@ def test_a_number_out_of_range_says_what_to_give(
     last = done.stderr.splitlines()[-1]
     assert last.startswith("journal: error: Invalid value for ") and last.endswith(says), last
     assert "in the range" not in last, last
+
+
+def test_help_gives_an_options_range_in_words() -> None:
+    # `--help` showed click's formulas: `[default: 3; 1<=x<=10]`, `[0.0<=x<=1.0]`,
+    # `[1<=x<=4611686018427387903]`.
+    for words, says in [
+        (("demo",), "[default: 3; 1 to 10]"),
+        (("compact",), "[default: 0.5; 0 to 1]"),
+        (("cursor-key",), "[1 to 65535]"),
+        (("read",), "[default: 1048576; 1 or more]"),
+        (("append",), "[0 or more, below 2^62]"),
+    ]:
+        shown = CliRunner().invoke(main, [*words, "--help"], terminal_width=200).stdout
+        assert says in " ".join(shown.split()), (words, shown)
+        assert "<=" not in shown and "x>=" not in shown, (words, shown)
