@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
 from collections.abc import Callable
@@ -192,11 +193,14 @@ def show(settings: Settings, session_id: str) -> None:
         meta = store.get_session(session_id)
     record = session_record(meta)
     shown_record = {key: value for key, value in record.items() if key not in _INTERNAL}
+    for key, value in record.items():
+        if key.endswith("_at_ms") and isinstance(value, int):
+            shown_record[key] = f"{value} ({_utc(value)})"
     if meta.owner is not None:
         owner = meta.owner
         shown_record["owner"] = (
-            f"pid {owner.pid}@{shown(owner.host)} (lease {owner.generation}, "
-            f"since_ms {owner.since_ms})"
+            f"pid {owner.pid}@{shown(owner.host)} (lease {owner.generation}, since "
+            f"{_utc(owner.since_ms)})"
         )
     if not meta.max_suspend_ms:
         shown_record["max_suspend_ms"] = "0 (the default: 7 days)"
@@ -210,6 +214,16 @@ def show(settings: Settings, session_id: str) -> None:
 # is the store position of the session's creation record (SPEC 4); an owner's start time
 # (clock ticks after boot, telling a reused pid apart) is left out with it.
 _INTERNAL: Final = frozenset({"incarnation"})
+
+
+def _utc(ms: int) -> str:
+    """A time of the store (ms since the epoch) as people read it, as `import --list`
+    writes the export time."""
+    try:
+        when = datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)
+    except (OverflowError, OSError, ValueError):  # (an imported time past year 9999)
+        return "out of the calendar's range"
+    return f"{when:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _text_value(value: object) -> str:

@@ -4,6 +4,7 @@ know after a change."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from pathlib import Path
@@ -59,8 +60,24 @@ def test_sessions_show_names_a_live_owner_as_the_listing_does(store: Path) -> No
             (record,) = _records(_run(store, "sessions", "show", "a", fmt="json"))
     (line,) = [line for line in text.splitlines() if line.startswith("owner ")]
     assert line.split(None, 1)[1].startswith(f"pid {record['owner']['pid']}@"), line
-    assert f"(lease {owner.generation}, since_ms " in line and "start_time" not in line, line
+    assert f"(lease {owner.generation}, since 20" in line and "start_time" not in line, line
+    assert line.endswith(" UTC)"), line
     assert record["owner"]["start_time"] >= 0  # (JSON as it was)
+
+
+def test_sessions_show_gives_its_times_in_utc_beside_the_ms(store: Path) -> None:
+    # `created_at_ms  1796409788614`: a number of milliseconds to convert by hand.
+    with Journal.open(store) as j:
+        meta = j.create_session("a")
+        j.suspend_session("a")
+    when = datetime.datetime.fromtimestamp(meta.created_at_ms / 1000, datetime.UTC)
+    lines = _run(store, "sessions", "show", "a").stdout.splitlines()
+    created = f"created_at_ms    {meta.created_at_ms} ({when:%Y-%m-%d %H:%M:%S} UTC)"
+    assert created in lines, lines
+    (suspended,) = [line for line in lines if line.startswith("suspended_at_ms")]
+    assert suspended.endswith(" UTC)"), suspended
+    (record,) = _records(_run(store, "sessions", "show", "a", fmt="json"))
+    assert record["created_at_ms"] == meta.created_at_ms  # (JSON as it was)
 
 
 # -- init --file-mode ------------------------------------------------------------------------
