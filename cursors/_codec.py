@@ -93,7 +93,11 @@ _REMEDIES = {
     ),
 }
 _FOREIGN_SCOPES = {
-    TokenKind.SESSION: "another store, session or session incarnation",
+    # (in words: "incarnation" is the store's own term, SPEC 4)
+    TokenKind.SESSION: (
+        "another store, another session, or an earlier session of the same id (ended, "
+        "evicted and created again)"
+    ),
     TokenKind.LIFECYCLE: "another store",
     TokenKind.PAGE: "another store or listing",
 }

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from cli.main import main
-from journal import Journal
+from journal import EventIn, Journal
 
 
 def _run(store: Path, *args: str, fmt: str = "text") -> Result:
@@ -226,3 +226,19 @@ def test_help_gives_an_options_range_in_words() -> None:
         shown = CliRunner().invoke(main, [*words, "--help"], terminal_width=200).stdout
         assert says in " ".join(shown.split()), (words, shown)
         assert "<=" not in shown and "x>=" not in shown, (words, shown)
+
+
+# -- cursors of another session ------------------------------------------------------------------
+
+
+def test_a_cursor_of_another_session_is_refused_in_words_a_user_knows(store: Path) -> None:
+    # "the session cursor belongs to another store, session or session incarnation":
+    # the incarnation is the store's own bookkeeping (SPEC 4), named to a user nowhere else.
+    with Journal.open(store) as j:
+        cursor = j.append("a", [EventIn("message", b"x")], create=True).cursor
+        j.create_session("b")
+    done = _run(store, "read", "-s", "b", "--cursor", cursor)
+    assert done.exit_code == 4, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "the session cursor belongs to another store, another session, or an earlier " in line
+    assert "incarnation" not in line, line
