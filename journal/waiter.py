@@ -540,10 +540,13 @@ class Notifier:
                 head, keys = self._read()
                 if self._rewinds and head < max(self._head, self._seen_max):
                     # Behind what was known: a commit during the read, or the head went
-                    # back (another process accepted a hole in the log): read it again.
+                    # back (another process accepted a hole in the log): read it again,
+                    # against what was known before this read began (a head read is never
+                    # behind that; commits published during it may be ahead of it).
+                    known = max(self._head, self._seen_max)
                     head, more = self._read()
                     keys = None if keys is None or more is None else {*keys, *more}
-                    rewound = head < max(self._head, self._seen_max)
+                    rewound = head < known
             except HeadUnknown:
                 unknown = True
             except Exception:  # the waiters' own reads raise it (or find it gone)
