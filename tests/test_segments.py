@@ -231,12 +231,13 @@ def test_a_frame_claiming_no_records_is_implausible_whatever_its_checksum(
     # A frame header with count 0 is never written: past the active segment's committed
     # end it is an unfinished tail (the writer cuts it off), before it JournalCorrupt.
     # (a valid CRC over an empty body and count 0)
-    bodies, end, _ = frames_then(tmp_path, encode_frame(b"", 4, 0))
-    with SegmentReader(str(tmp_path), 1) as reader:
+    segments = tmp_path / "segments"  # (its cut is kept beside it, in tmp_path)
+    bodies, end, _ = frames_then(segments, encode_frame(b"", 4, 0))
+    with SegmentReader(str(segments), 1) as reader:
         assert [bytes(b) for _, b in reader.frames(tail=True)] == bodies
         with pytest.raises(JournalCorrupt, match="implausible frame header"):
             list(reader.frames(committed_end=end + FRAME_HEADER_SIZE, tail=True))
-    log = SegmentLog(str(tmp_path), STORE_ID)
+    log = SegmentLog(str(segments), STORE_ID)
     recovered = log.open_writer()
     assert recovered[-1].end_offset == end
     info = log.append(bodies[0], 1)
@@ -417,24 +418,30 @@ def test_a_refused_frame_is_found_committed_only_where_it_lies_unchanged(
     log_b.close()
 
 
-def test_a_cut_torn_tail_is_logged_with_its_segment_and_offset(
+def test_a_cut_torn_tail_is_kept_and_logged_with_its_segment_and_offset(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A writer opening a log cuts bytes after the last whole frame off as an interrupted
     # write. Without the index, a last frame damaged on disk looks the same and goes the
     # same way (SPEC 3.3): the cut is no longer silent (a new-user trial deleted `index/`
-    # after damaging the only frame, and `verify` then said nothing).
-    _, end, seg = frames_then(tmp_path, HALF_FRAME)
+    # after damaging the only frame, and `verify` then said nothing), and the bytes are
+    # kept first, in `cut-tails/` beside `segments/`, which the warning names.
+    segments = tmp_path / "segments"
+    _, end, seg = frames_then(segments, HALF_FRAME)
     with caplog.at_level("WARNING", logger="journal"):
-        log = SegmentLog(str(tmp_path), STORE_ID)
+        log = SegmentLog(str(segments), STORE_ID)
         assert len(log.open_writer()) == 3
         log.close()
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
     assert str(seg) in warning.getMessage() and f"offset {end}" in warning.getMessage()
     assert "cut off 38 bytes" in warning.getMessage()
+    copy = tmp_path / "cut-tails" / f"{seg.name}-{end}.tail"
+    assert str(copy) in warning.getMessage()
+    assert copy.read_bytes() == HALF_FRAME
     caplog.clear()
     with caplog.at_level("WARNING", logger="journal"):  # (zeros after it: nothing said)
-        log = SegmentLog(str(tmp_path), STORE_ID)
+        log = SegmentLog(str(segments), STORE_ID)
         assert len(log.open_writer()) == 3
         log.close()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert [p.name for p in (tmp_path / "cut-tails").iterdir()] == [copy.name]

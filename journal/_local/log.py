@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import JournalCorrupt, StoreIncompatible
 from ..records import Record, encode_frame_body_into
+from .cut_tails import cut_tails_beside
 from .files import (
     DEFAULT_FILE_OPS,
     DEFAULT_PERMISSIONS,
@@ -92,6 +93,7 @@ class SegmentLog:
         compress_sealed: bool = False,
         ops: FileOps = DEFAULT_FILE_OPS,
         permissions: Permissions = DEFAULT_PERMISSIONS,
+        cut_tails: str | None = None,
     ) -> None:
         if segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
@@ -102,6 +104,8 @@ class SegmentLog:
         self.compress_sealed = compress_sealed
         self.ops = ops
         self.permissions = permissions
+        # Where a writer keeps the bytes it cuts off after the last whole frame (SPEC 3.3).
+        self.cut_tails = cut_tails_beside(directory) if cut_tails is None else cut_tails
         self._writer: SegmentWriter | None = None
         # Writes the active segment's zeros ahead of the writer (a thread only while asked).
         self._filler = ZeroFiller(ops, sync=sync)
@@ -445,10 +449,12 @@ class SegmentLog:
         try:
             if writer is None:
                 pass  # the append failed while rotating, before any frame was written
+            # (No copy of the cut is kept: it is this process's own frame, no caller was
+            # told of it, and the head checked above says nobody committed it since.)
             elif writer.base_position == base:
-                writer.attach(end_offset, next_position)
+                writer.attach(end_offset, next_position, keep_cut=False)
             else:
-                writer.attach(SEGMENT_HEADER_SIZE, writer.base_position)
+                writer.attach(SEGMENT_HEADER_SIZE, writer.base_position, keep_cut=False)
         except LogHole:
             if head is None or (head[0], head[1], head[2]) == before:
                 raise  # (the committed frames themselves were cut: damage)
@@ -502,6 +508,7 @@ class SegmentLog:
             ops=self.ops,
             permissions=self.permissions,
             filler=self._filler,
+            cut_tails=self.cut_tails,
         )
 
     def _open_segment(self, base_position: int) -> SegmentWriter:
@@ -522,6 +529,8 @@ class SegmentLog:
             segment_bytes=self.segment_bytes,
             ops=self.ops,
             filler=self._filler,
+            permissions=self.permissions,
+            cut_tails=self.cut_tails,
         )
 
     @property

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from ..errors import StoreIncompatible
+from .cut_tails import cut_tail_end, cut_tails_beside, keep_cut_tail
 from .files import (
     DEFAULT_FILE_OPS,
     DEFAULT_PERMISSIONS,
@@ -72,10 +73,15 @@ class SegmentWriter:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         ops: FileOps = DEFAULT_FILE_OPS,
         filler: ZeroFiller | None = None,
+        permissions: Permissions = DEFAULT_PERMISSIONS,
+        cut_tails: str | None = None,
     ) -> None:
         self.directory = directory
         self.base_position = base_position
         self._ops = ops
+        self._permissions = permissions
+        # Where bytes cut off after the last whole frame are kept first (`cut_tails.py`).
+        self._cut_tails = cut_tails_beside(directory) if cut_tails is None else cut_tails
         self.name = segment_name(base_position)
         self.sync_enabled = sync
         self.segment_bytes = segment_bytes
@@ -107,6 +113,7 @@ class SegmentWriter:
         ops: FileOps = DEFAULT_FILE_OPS,
         permissions: Permissions = DEFAULT_PERMISSIONS,
         filler: ZeroFiller | None = None,
+        cut_tails: str | None = None,
     ) -> SegmentWriter:
         """Create a new, empty active segment (file and directory entry synced), born with
         its first zeros: the whole segment, or `INLINE_BYTES` (the filler adds more once
@@ -140,6 +147,8 @@ class SegmentWriter:
             segment_bytes=segment_bytes,
             ops=ops,
             filler=filler,
+            permissions=permissions,
+            cut_tails=cut_tails,
         )
         writer._summary_valid = True
         return writer
@@ -162,34 +171,18 @@ class SegmentWriter:
         self.next_position = frames[-1].last_position + 1 if frames else self.base_position
         self.frame_count = len(frames)
         size = os.fstat(self._fd).st_size
-        if size > end:
-            tail = self._ops.pread(self._fd, size - end, end)
-            if tail.strip(b"\0"):
-                # A torn write: clear it so no later reader mistakes it for data. (Said,
-                # since a log alone cannot tell it from a last frame damaged on disk
-                # whose view, which knew it committed, was lost too: SPEC 3.3.)
-                _log.warning(
-                    "%s: cut off %d bytes after its last whole frame (offset %d): the "
-                    "write a crash interrupted; without the index, damage to the last "
-                    "frame looks the same",
-                    os.path.join(self.directory, self.name),
-                    len(tail.rstrip(b"\0")),
-                    end,
-                )
-                self._ops.ftruncate(self._fd, end)
-                self._ops.fsync(self._fd)
-                self._allocated = end
-            else:
-                self._allocated = size
+        self._allocated = self._cut_tail(end, size) if size > end else size
         self._asked = self._allocated
         self._ask_filler()
         return frames
 
-    def attach(self, end_offset: int, next_position: int) -> None:
+    def attach(self, end_offset: int, next_position: int, *, keep_cut: bool = True) -> None:
         """Continue after the committed frames ending at `end_offset` (known from the view).
 
         Bytes past `end_offset` that are not zeros are a crashed writer's torn frame: they
-        are cut off (the caller holds the write lock, so nobody is writing them now).
+        are cut off (the caller holds the write lock, so nobody is writing them now), after
+        a copy is kept (`_cut_tail`). `keep_cut=False` only for this process's own frame
+        that its transaction refused (`SegmentLog.undo_append`): no caller was told of it.
         """
         size = os.fstat(self._fd).st_size
         # Committed frames the view indexes must be there (the file cut, or holding zeros
@@ -210,12 +203,57 @@ class SegmentWriter:
         self._allocated = size
         if size > end_offset:
             probe = self._ops.pread(self._fd, FRAME_HEADER_SIZE, end_offset)
-            if probe.strip(b"\0"):
+            if not probe.strip(b"\0"):
+                pass  # (zeros: the end of the data)
+            elif keep_cut:
+                # Not provably uncommitted, though the view says where commits end: a
+                # view rebuilt from the log (index/ lost, or discarded after a reboot)
+                # knows no more than the log, and one restored from an older copy of the
+                # store than its segments ends before frames acknowledged since (SPEC 3.3).
+                self._allocated = self._cut_tail(end_offset, size)
+            else:
                 self._ops.ftruncate(self._fd, end_offset)
                 self._ops.fsync(self._fd)
                 self._allocated = end_offset
         self._asked = self._allocated
         self._ask_filler()
+
+    def _cut_tail(self, end: int, size: int) -> int:
+        """Cut the non-zero bytes after the last whole frame (ending at `end`) off the
+        file (`size` bytes long), and return its new size; a copy of them is kept first.
+
+        A torn write, most likely; but without a view that knew it committed, a last frame
+        damaged on disk looks the same (SPEC 3.3), so nothing is cut until the copy is
+        durable: a copy that cannot be kept (a full disk) fails the open, or the commit,
+        with nothing cut."""
+        stop = cut_tail_end(self._fd, self.name, end, size, self._ops)
+        if stop == end:
+            return size
+        path = os.path.join(self.directory, self.name)
+        try:
+            kept = keep_cut_tail(
+                self._fd, self.name, end, stop, self._cut_tails, self._ops, self._permissions
+            )
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"{e.strerror or e}, while keeping a copy of the {stop - end} bytes after the "
+                f"last whole frame of {path} (offset {end}) in {self._cut_tails} before "
+                "cutting them off (nothing was cut)",
+                e.filename,
+            ) from e
+        _log.warning(
+            "%s: cut off %d bytes after its last whole frame (offset %d), kept in %s: the "
+            "write a crash interrupted; without the index, damage to the last frame looks "
+            "the same (inspect the copy, then delete it)",
+            path,
+            stop - end,
+            end,
+            kept,
+        )
+        self._ops.ftruncate(self._fd, end)
+        self._ops.fsync(self._fd)
+        return end
 
     def append(
         self,

@@ -1,0 +1,149 @@
+"""Copies of the bytes a writer cuts off after the active segment's last whole frame.
+
+A writer cuts non-zero bytes after the last whole frame off as a crash's torn write. A
+last frame damaged on disk looks the same when no view knows it committed (SPEC 3.3), so
+the bytes are kept first, in the store's `cut-tails/` directory, and the cut is made only
+once the copy is durable: no cut destroys what may have been an acknowledged event.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Final
+
+from ..errors import JournalCorrupt
+from .files import FileOps, Permissions, discarded_on_failure, fsync_dir, open_regular
+from .frames import MAX_BLOCK_BYTES
+
+__all__ = ["CUT_TAILS_DIRECTORY", "cut_tail_end", "cut_tails_beside", "keep_cut_tail"]
+
+# In the store's directory, beside `segments/` (SPEC 7, the store's layout).
+CUT_TAILS_DIRECTORY: Final = "cut-tails"
+
+_CHUNK: Final = 1 << 20
+
+
+def cut_tails_beside(segments: str) -> str:
+    """The directory of kept tails of the store whose `segments/` is `segments`."""
+    return os.path.join(os.path.dirname(os.path.abspath(segments)), CUT_TAILS_DIRECTORY)
+
+
+def cut_tail_end(fd: int, segment: str, start: int, size: int, ops: FileOps) -> int:
+    """Where the non-zero bytes of the segment file `fd` (named `segment`, `size` bytes
+    long) after offset `start` end: `start` when there are none.
+
+    One frame is written at a time, so a torn write is at most one frame (`MAX_BLOCK_BYTES`)
+    followed by zeros: non-zero bytes further on are no torn write, and `JournalCorrupt`
+    (nothing is cut)."""
+    end = at = start
+    while at < size:
+        at = _next_data(fd, at, size)
+        if at >= size:
+            break
+        chunk = ops.pread(fd, min(_CHUNK, size - at), at)
+        if not chunk:
+            break  # (cut shorter meanwhile: nothing is there)
+        data = len(chunk.rstrip(b"\0"))
+        if data:
+            end = at + data
+        at += len(chunk)
+    if end - start > MAX_BLOCK_BYTES:
+        raise JournalCorrupt(
+            segment,
+            start,
+            f"{end - start} bytes after the last whole frame are not zeros, more than any "
+            "one interrupted write leaves (a frame is at most "
+            f"{MAX_BLOCK_BYTES} bytes): damage, not a torn write; nothing was cut",
+        )
+    return end
+
+
+def _next_data(fd: int, at: int, size: int) -> int:
+    """Where data follows `at` in `fd` (`size` when none): a hole (a crash during a
+    zero fill may leave one) reads as zeros and is skipped unread."""
+    try:
+        return os.lseek(fd, at, os.SEEK_DATA)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return size  # (only a hole up to the end)
+        return at  # (a file system without SEEK_DATA: read it)
+
+
+def keep_cut_tail(
+    fd: int,
+    segment: str,
+    start: int,
+    end: int,
+    directory: str,
+    ops: FileOps,
+    permissions: Permissions,
+) -> str:
+    """Keep bytes `start`..`end` of the segment file `fd` (named `segment`) in
+    `directory`, durably, before they are cut; returns the copy's path.
+
+    Named after the segment and the offset; an identical copy kept before (a cut that
+    failed after its copy was made) is that copy, a different one with the same name (the
+    segment was cut at the same offset again after another crash) keeps its name and this
+    one takes the next free `-N`. Written as a temporary file, synced, renamed, and the
+    directory synced (and the store's, when the directory is new). The caller holds the
+    write lock, so no other process keeps a tail of this segment meanwhile and the
+    temporary name needs no process id."""
+    if not os.path.isdir(directory):
+        permissions.make_dirs(directory)
+        # (Its entry made durable before the cut that its copy stands for.)
+        fsync_dir(os.path.dirname(os.path.abspath(directory)), ops)
+    number = 1
+    while True:
+        suffix = "" if number == 1 else f"-{number}"
+        path = os.path.join(directory, f"{segment}-{start}{suffix}.tail")
+        same = _same_bytes(path, fd, start, end, ops)
+        if same is None:
+            break
+        if same:
+            return path
+        number += 1
+    ops.point("segments.keep_tail", path)
+    temporary = f"{path}.tmp"
+    copy = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
+    with discarded_on_failure(temporary, ops):
+        try:
+            at = start
+            while at < end:
+                chunk = ops.pread(fd, min(_CHUNK, end - at), at)
+                if not chunk:
+                    raise OSError(f"{segment} ended at offset {at} while its tail was copied")
+                written = 0
+                while written < len(chunk):
+                    count = ops.pwrite(copy, chunk[written:], at - start + written)
+                    if count <= 0:
+                        raise OSError(f"writing {temporary} wrote nothing and reported no error")
+                    written += count
+                at += len(chunk)
+            ops.fsync(copy)
+        finally:
+            os.close(copy)
+        ops.rename(temporary, path)
+    fsync_dir(directory, ops)
+    return path
+
+
+def _same_bytes(path: str, fd: int, start: int, end: int, ops: FileOps) -> bool | None:
+    """Whether the file `path` holds exactly bytes `start`..`end` of `fd` (None: no such
+    file)."""
+    try:
+        kept = open_regular(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        if os.fstat(kept).st_size != end - start:
+            return False
+        at = start
+        while at < end:
+            length = min(_CHUNK, end - at)
+            if os.pread(kept, length, at - start) != ops.pread(fd, length, at):
+                return False
+            at += length
+        return True
+    finally:
+        os.close(kept)

@@ -1,0 +1,276 @@
+"""Bytes a writer cuts off after the active segment's last whole frame are kept first
+(SPEC 3.3, `cut-tails/`): without a view that knew it committed, a last frame damaged on
+disk looks like a write a crash interrupted, and was cut with nothing left of it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from journal import EventIn, Journal, JournalCorrupt, StoreUnavailable
+from journal._local.cut_tails import CUT_TAILS_DIRECTORY, cut_tail_end
+from journal._local.files import FileOps
+from journal._local.frames import MAX_BLOCK_BYTES, segment_name
+from journal._local.segments import SegmentReader
+
+ROOT = Path(__file__).resolve().parent.parent
+SEGMENT = segment_name(1)
+
+
+def store_with_events(store: Path, count: int = 3) -> tuple[int, bytes]:
+    """A store whose session "s" holds `count` events, one frame each; returns where its
+    last frame starts and the segment's bytes up to its end."""
+    with Journal.open(store) as j:
+        j.create_session("s")
+        for i in range(count):
+            j.append("s", [EventIn("m", bytes([0x41 + i]) * 100)])
+    with SegmentReader(str(store / "segments"), 1) as reader:
+        last = [info for info, _ in reader.frames(tail=True)][-1]
+    data = (store / "segments" / SEGMENT).read_bytes()[: last.end_offset]
+    return last.offset, data
+
+
+def rot_last_frame(store: Path) -> tuple[int, bytes]:
+    """Damage the last frame's body on disk and lose the view (`index/`): the log alone
+    cannot tell it from a torn write. Returns its offset and its bytes as damaged."""
+    offset, data = store_with_events(store)
+    damaged = bytearray(data[offset:])
+    damaged[-10:-6] = b"\xff\xff\xff\xff"
+    with open(store / "segments" / SEGMENT, "r+b") as f:
+        f.seek(offset)
+        f.write(damaged)
+    shutil.rmtree(store / "index")
+    return offset, bytes(damaged)
+
+
+def kept(store: Path) -> dict[str, bytes]:
+    directory = store / CUT_TAILS_DIRECTORY
+    if not directory.exists():
+        return {}
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_a_damaged_last_frame_cut_without_the_view_is_kept_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The trial that found it damaged the only frame of a store and deleted `index/`: the
+    # next open cut the frame off (an acknowledged event), saying nothing, keeping nothing.
+    store = tmp_path / "store"
+    offset, damaged = rot_last_frame(store)
+    with caplog.at_level("WARNING", logger="journal"), Journal.open(store) as j:
+        assert [e.data for e in j.replay("s")] == [b"A" * 100, b"B" * 100]
+        assert j.append("s", [EventIn("m", b"after")]).first_ordinal == 3
+    name = f"{SEGMENT}-{offset}.tail"
+    assert kept(store) == {name: damaged}  # exactly the cut bytes, no zeros
+    path = store / CUT_TAILS_DIRECTORY / name
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)  # the store's file mode
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert str(path) in warning and f"offset {offset}" in warning
+    assert f"cut off {len(damaged)} bytes" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="journal"), Journal.open(store) as j:
+        assert [e.data for e in j.replay("s")][-1] == b"after"
+    assert kept(store) == {name: damaged}  # (nothing more to cut: no second copy)
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+# Appends until the frame holding b"torn" is written: half of it reaches the file, the
+# process dies (SIGKILL) before its sync returns. Prints the half written, as hex.
+_TORN_WRITE = textwrap.dedent(
+    """
+    import os, signal, sys
+    from journal import EventIn, Journal
+    from journal._local.files import FileOps
+
+    class DiesMidWrite(FileOps):
+        def pwrite_synced(self, fd, data, offset):
+            if b"torn" * 50 in bytes(data):
+                half = bytes(data[: len(data) // 2])
+                os.pwrite(fd, half, offset)
+                print(half.hex(), flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().pwrite_synced(fd, data, offset)
+
+    with Journal.open(sys.argv[1], file_ops=DiesMidWrite()) as j:
+        j.append("s", [EventIn("m", b"kept" * 50)], create=True)
+        j.append("s", [EventIn("m", b"torn" * 50)])
+    """
+)
+
+
+def test_a_torn_write_of_a_killed_writer_is_kept_when_the_next_writer_cuts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.run(
+        [sys.executable, "-c", _TORN_WRITE, str(store)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    half = bytes.fromhex(child.stdout.strip())
+    with SegmentReader(str(store / "segments"), 1) as reader:
+        end = [info for info, _ in reader.frames(tail=True)][-1].end_offset
+    assert (store / "segments" / SEGMENT).read_bytes()[end : end + len(half)] == half
+    with caplog.at_level("WARNING", logger="journal"), Journal.open(store) as j:
+        assert [e.data for e in j.replay("s")] == [b"kept" * 50]
+        assert j.append("s", [EventIn("m", b"next")]).first_ordinal == 2
+    assert kept(store) == {f"{SEGMENT}-{end}.tail": half.rstrip(b"\0")}
+    assert any(CUT_TAILS_DIRECTORY in r.getMessage() for r in caplog.records)
+    with Journal.open(store) as j:
+        assert [e.data for e in j.replay("s")] == [b"kept" * 50, b"next"]
+    assert len(kept(store)) == 1
+
+
+class NoRoomForTheCopy(FileOps):
+    """The disk is full when the cut bytes are to be kept: at the named point, or when
+    the copy, written and synced, is renamed into place."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.where == "point" and name == "segments.keep_tail":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def rename(self, source: str, destination: str) -> None:
+        if self.where == "rename" and CUT_TAILS_DIRECTORY in destination:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), source)
+        super().rename(source, destination)
+
+
+@pytest.mark.parametrize("where", ["point", "rename"])
+def test_a_copy_that_cannot_be_kept_fails_the_open_and_cuts_nothing(
+    tmp_path: Path, where: str
+) -> None:
+    store = tmp_path / "store"
+    offset, damaged = rot_last_frame(store)
+    segment = store / "segments" / SEGMENT
+    before = segment.read_bytes()
+    with pytest.raises(StoreUnavailable) as caught:
+        Journal.open(store, file_ops=NoRoomForTheCopy(where))
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC
+    assert "nothing was cut" in message and f"offset {offset}" in message
+    assert "free space" in message and "retry" in message
+    assert segment.read_bytes() == before
+    assert kept(store) == {}  # (and no temporary copy left behind)
+    with Journal.open(store) as j:  # room again: kept, then cut
+        assert [e.data for e in j.replay("s")] == [b"A" * 100, b"B" * 100]
+    assert kept(store) == {f"{SEGMENT}-{offset}.tail": damaged}
+
+
+class CutFailsOnce(FileOps):
+    """The copy is kept, and the cut after it fails (once)."""
+
+    def __init__(self) -> None:
+        self.kept = False
+        self.failed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        self.kept = self.kept or name == "segments.keep_tail"
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        if self.kept and not self.failed:
+            self.failed = True
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        super().ftruncate(fd, length)
+
+
+def test_a_cut_that_failed_after_its_copy_keeps_one_copy(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    offset, damaged = rot_last_frame(store)
+    ops = CutFailsOnce()
+    with pytest.raises(StoreUnavailable):
+        Journal.open(store, file_ops=ops)
+    assert ops.failed
+    with Journal.open(store) as j:
+        assert len(list(j.replay("s"))) == 2
+    assert kept(store) == {f"{SEGMENT}-{offset}.tail": damaged}
+
+
+def test_a_second_cut_at_the_same_offset_keeps_both_copies(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    offset, first = rot_last_frame(store)
+    Journal.open(store).close()
+    with open(store / "segments" / SEGMENT, "r+b") as f:
+        f.seek(offset)
+        f.write(b"SJFR" + b"\x07" * 40)  # another crash, another torn write there
+    shutil.rmtree(store / "index")
+    Journal.open(store).close()
+    assert kept(store) == {
+        f"{SEGMENT}-{offset}.tail": first,
+        f"{SEGMENT}-{offset}-2.tail": b"SJFR" + b"\x07" * 40,
+    }
+
+
+def test_bytes_further_than_one_frame_after_the_last_are_no_torn_write(tmp_path: Path) -> None:
+    # One frame is written at a time: a torn write is at most one frame, then zeros.
+    path = tmp_path / "sparse"
+    with open(path, "wb") as f:
+        f.write(b"x")
+        f.seek(MAX_BLOCK_BYTES - 1)
+        f.write(b"yz")  # (a hole between: a sparse file)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        assert cut_tail_end(fd, SEGMENT, 0, size - 1, FileOps()) == MAX_BLOCK_BYTES
+        with pytest.raises(JournalCorrupt, match="nothing was cut"):
+            cut_tail_end(fd, SEGMENT, 0, size, FileOps())
+    finally:
+        os.close(fd)
+
+
+class DiskFullWhile(FileOps):
+    """ENOSPC at `segments.keep_tail` while `full` is set."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.full and name == "segments.keep_tail":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_torn_write_met_by_a_commit_is_kept_or_the_commit_fails_with_nothing_cut(
+    tmp_path: Path,
+) -> None:
+    # A writer killed mid-write while another process's journal is open: that journal's
+    # next commit catches up and cuts the torn frame (SPEC 7.1, step 2); a copy first.
+    store = tmp_path / "store"
+    ops = DiskFullWhile()
+    with Journal.open(store, file_ops=ops) as j:
+        j.create_session("other")
+        child = subprocess.run(
+            [sys.executable, "-c", _TORN_WRITE, str(store)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stderr
+        half = bytes.fromhex(child.stdout.strip())
+        segment = store / "segments" / SEGMENT
+        before = segment.read_bytes()
+        ops.full = True
+        with pytest.raises(StoreUnavailable, match="nothing was cut") as caught:
+            j.append("other", [EventIn("m", b"x")])
+        assert caught.value.errno == errno.ENOSPC
+        assert segment.read_bytes() == before and kept(store) == {}
+        ops.full = False  # space freed: the same journal goes on
+        assert j.append("other", [EventIn("m", b"y")]).first_ordinal == 1
+        assert [e.data for e in j.replay("s")] == [b"kept" * 50]
+    ((name, copy),) = kept(store).items()
+    assert copy == half.rstrip(b"\0") and name.startswith(f"{SEGMENT}-")
