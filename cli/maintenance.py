@@ -104,19 +104,28 @@ def verify(settings: Settings, fix: bool) -> None:
             {"segment": problem.segment, "offset": problem.offset, "problem": problem.what},
             f"{problem.segment} @ {problem.offset}: {problem.what}",
         )
-    output.emit(
-        {
-            "ok": report.ok,
-            "fixed": report.fixed,
-            "segments": report.segments,
-            "frames": report.frames,
-            "records": report.records,
-            "problems": len(report.problems),
-        },
+    summary: dict[str, object] = {
+        "ok": report.ok,
+        "fixed": report.fixed,
+        "segments": report.segments,
+        "frames": report.frames,
+        "records": report.records,
+        "problems": len(report.problems),
+    }
+    text = (
         f"verify: {plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
         f"{plural(report.records, 'record')}, {plural(len(report.problems), 'problem')}"
-        + (" (repaired)" if report.fixed and report.problems else ""),
+        + (" (repaired)" if report.fixed and report.problems else "")
     )
+    tails, kept_in = _cut_tails(settings.store)
+    if tails:
+        summary["cut_tails"] = tails
+        text += (
+            f"\nnote: {plural(tails, 'cut tail')} kept in {kept_in}: bytes a writer cut off "
+            "after a segment's last whole frame (a torn write, or a damaged last frame); "
+            "inspect, then delete them"
+        )
+    output.emit(summary, text)
     if not report.ok:
         advice = (
             "they remain after --fix: restore the damaged segments from a backup"
@@ -129,6 +138,18 @@ def verify(settings: Settings, fix: bool) -> None:
             code="VERIFY_FAILED",
             status="DATA_LOSS",
         )
+
+
+def _cut_tails(store: str) -> tuple[int, str]:
+    """How many copies of cut-off bytes a local store keeps (SPEC 3.3), and where."""
+    if is_nats(store):
+        return 0, ""
+    directory = os.path.join(store, "cut-tails")  # (SPEC 7: the store's layout)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0, directory
+    return sum(name.endswith(".tail") for name in names), directory
 
 
 @click.command()

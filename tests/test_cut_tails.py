@@ -5,6 +5,7 @@ disk looks like a write a crash interrupted, and was cut with nothing left of it
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _cli_runs import run_cli
 
 from journal import EventIn, Journal, JournalCorrupt, StoreUnavailable
 from journal._local.cut_tails import CUT_TAILS_DIRECTORY, cut_tail_end
@@ -231,6 +233,26 @@ def test_bytes_further_than_one_frame_after_the_last_are_no_torn_write(tmp_path:
             cut_tail_end(fd, SEGMENT, 0, size, FileOps())
     finally:
         os.close(fd)
+
+
+def test_journal_verify_notes_the_cut_tails_the_store_keeps(tmp_path: Path) -> None:
+    # The copies are the operator's: `journal verify` says they are there (a store whose
+    # damaged last frame was cut after a rebuild otherwise verifies as sound).
+    store = tmp_path / "store"
+    store_with_events(store)
+    done = run_cli(store, "--format", "json", "verify")
+    assert done.returncode == 0, done.stderr
+    assert "cut_tails" not in json.loads(done.stdout.splitlines()[-1])
+    rot_last_frame(tmp_path / "rotted")
+    Journal.open(tmp_path / "rotted").close()
+    done = run_cli(tmp_path / "rotted", "--format", "json", "verify")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["cut_tails"] == 1
+    done = run_cli(tmp_path / "rotted", "verify")
+    assert done.returncode == 0, done.stderr
+    note = done.stdout.splitlines()[-1]
+    assert note.startswith("note: 1 cut tail kept in ")
+    assert str(tmp_path / "rotted" / CUT_TAILS_DIRECTORY) in note
 
 
 class DiskFullWhile(FileOps):
