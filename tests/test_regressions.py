@@ -281,8 +281,8 @@ def test_one_bad_request_does_not_fail_its_batch_mates(tmp_path: Path) -> None:
 
 def test_opening_writer_finishes_an_interrupted_seal(tmp_path: Path) -> None:
     """SPEC 3/3.4: the next writer deletes `*.tmp` files and a plain segment beside its
-    complete `.zst`. The Journal never calls `SegmentLog.open_writer` (which does that) and
-    catch-up only looks at segments from the view's head on, so a crash during a seal
+    complete `.zst`. The Journal's catch-up (its only recovery) looked only at segments
+    from the view's head on, and nothing else did that, so a crash during a seal
     (after the `.zst` and its sidecar were written, before the plain file was unlinked) or
     during any temp-file write leaves the leftovers forever (up to 2x the segment size)."""
     store = tmp_path / "store"

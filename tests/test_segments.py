@@ -1,4 +1,8 @@
-"""Segment log: round trips across rotation and reopening, torn tails, corruption."""
+"""Segment log: round trips across rotation and reopening, torn tails, corruption.
+
+A writer is set up as the engine sets it up: `start_first_segment` for a new log, and
+`attach_writer` after the committed frames (the view's head) for an existing one. Crash
+recovery of whole stores, through `Journal.open`, is in test_recovery.py."""
 
 from __future__ import annotations
 
@@ -58,9 +62,14 @@ def read_all(log: SegmentLog) -> list[list[Record]]:
     return [decode_frame_body(body) for _, body in log.frames()]
 
 
-def make_log(path: Path, **kwargs: object) -> SegmentLog:
+def make_log(path: Path, end: tuple[int, int, int] | None = None, **kwargs: object) -> SegmentLog:
+    """A log with its writer: a new one, or one attached at `end` (segment, end offset,
+    next position) as the engine attaches it at its view's head."""
     log = SegmentLog(str(path), STORE_ID, segment_bytes=4096, **kwargs)  # type: ignore[arg-type]
-    log.open_writer()
+    if end is None:
+        log.start_first_segment()
+    else:
+        log.attach_writer(*end)
     return log
 
 
@@ -78,8 +87,9 @@ def test_frames_read_back_identical_across_rotation_and_reopen(
         info = log.append(encode_frame_body(records), len(records))
         positions.append((info.first_position, info.count))
         if i in reopen_at:
+            end = log.writer_end()
             log.close()
-            log = make_log(directory, compress_sealed=compress, sync=False)
+            log = make_log(directory, end, compress_sealed=compress, sync=False)
     assert read_all(log) == frames
     # dense store-wide positions from 1, across segment boundaries
     expected = 1
@@ -89,16 +99,15 @@ def test_frames_read_back_identical_across_rotation_and_reopen(
     assert log.next_position == expected
     log.close()
     # reading from a middle position starts at the frame holding it
-    log = make_log(directory, compress_sealed=compress, sync=False)
+    log = SegmentLog(str(directory), STORE_ID)
     middle = positions[len(positions) // 2][0]
     firsts = [info.first_position for info, _ in log.frames(middle)]
     assert firsts == [p for p, _ in positions if p >= middle]
-    log.close()
 
 
 def write_frames(directory: Path, n: int, size: int = 150) -> tuple[SegmentLog, list[bytes]]:
     log = SegmentLog(str(directory), STORE_ID, segment_bytes=1 << 20)
-    log.open_writer()
+    log.start_first_segment()
     bodies = []
     for i in range(n):
         body = encode_frame_body([EventAppended(1, i + 1, 0, "m", bytes([i % 251]) * size)])
@@ -124,38 +133,6 @@ def frames_then(directory: Path, tail: bytes) -> tuple[list[bytes], int, Path]:
     return bodies, end, seg
 
 
-def test_torn_tail_at_every_offset_of_last_two_frames_recovers_prefix(tmp_path: Path) -> None:
-    origin = tmp_path / "origin"
-    log, bodies = write_frames(origin, 6)
-    ends = [info.end_offset for info, _ in log.frames()]
-    log.close()
-    seg = origin / segment_name(1)
-    data = seg.read_bytes()[: ends[-1]]
-    start = ends[-3]
-    for cut in range(start, ends[-1] + 1):
-        for filler in (b"", b"\0", b"\xa5"):
-            case = tmp_path / "case"
-            case.mkdir()
-            # the cut: everything up to `cut`, then nothing, zeros, or garbage
-            damaged = data[:cut] + filler * (ends[-1] + 50 - cut)
-            (case / segment_name(1)).write_bytes(damaged)
-            log = SegmentLog(str(case), STORE_ID)
-            recovered = log.open_writer()
-            # A frame survives if its bytes are intact (a filler byte may happen to equal
-            # the byte it replaced, e.g. a trailing zero).
-            kept = [e for e in ends if damaged[:e] == data[:e]]
-            assert [i.end_offset for i in recovered] == kept, (cut, filler)
-            assert [bytes(b) for _, b in log.frames()] == bodies[: len(kept)]
-            # appends continue densely after the recovered prefix
-            info = log.append(bodies[0], 1)
-            assert info.first_position == len(kept) + 1
-            assert info.offset == (kept[-1] if kept else SEGMENT_HEADER_SIZE)
-            log.close()
-            for name in os.listdir(case):
-                os.unlink(case / name)
-            case.rmdir()
-
-
 def flip_bit(path: Path, offset: int, bit: int = 0) -> None:
     raw = bytearray(path.read_bytes())
     raw[offset] ^= 1 << bit
@@ -167,7 +144,7 @@ def test_flipped_bit_in_sealed_segment_raises_corrupt_with_name_and_offset(
     tmp_path: Path, compress: bool, rng: random.Random
 ) -> None:
     log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=8192, compress_sealed=compress)
-    log.open_writer()
+    log.start_first_segment()
     for i in range(80):
         log.append(encode_frame_body([EventAppended(1, i + 1, 0, "m", os.urandom(300))]), 1)
     log.close()
@@ -206,13 +183,9 @@ def test_flipped_bit_in_middle_of_active_segment_is_corruption_not_a_torn_tail(
                 list(SegmentLog(str(tmp_path), STORE_ID).frames())
             assert caught.value.segment == seg.name
             assert caught.value.offset == target.offset
-            with pytest.raises(JournalCorrupt):
-                SegmentLog(str(tmp_path), STORE_ID).open_writer()
             seg.write_bytes(original)
-    # recovery never truncated anything while refusing to open
-    log = SegmentLog(str(tmp_path), STORE_ID)
-    assert len(log.open_writer()) == 20
-    log.close()
+    # (A writer refuses it too, and cuts nothing: test_recovery.py, through the product.)
+    assert len(list(SegmentLog(str(tmp_path), STORE_ID).frames())) == 20
 
 
 def test_reader_at_active_tail_sees_only_whole_frames(tmp_path: Path) -> None:
@@ -238,8 +211,7 @@ def test_a_frame_claiming_no_records_is_implausible_whatever_its_checksum(
         with pytest.raises(JournalCorrupt, match="implausible frame header"):
             list(reader.frames(committed_end=end + FRAME_HEADER_SIZE, tail=True))
     log = SegmentLog(str(segments), STORE_ID)
-    recovered = log.open_writer()
-    assert recovered[-1].end_offset == end
+    log.attach_writer(1, end, 4)  # (where the frames the reader found end)
     info = log.append(bodies[0], 1)
     assert (info.offset, info.first_position) == (end, 4)
     log.close()
@@ -250,8 +222,8 @@ def test_other_store_segments_are_refused(tmp_path: Path) -> None:
     log.close()
     from journal import StoreIncompatible
 
-    with pytest.raises(StoreIncompatible):
-        SegmentLog(str(tmp_path), b"T" * 16).open_writer()
+    with pytest.raises(StoreIncompatible, match="belongs to another store"):
+        SegmentLog(str(tmp_path), b"T" * 16).attach_writer(1, SEGMENT_HEADER_SIZE, 1)
 
 
 def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
@@ -259,7 +231,7 @@ def test_sidecar_built_while_appending_equals_a_rescan(tmp_path: Path) -> None:
     from journal._local.sidecar import digest_records
 
     log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=16384)
-    log.open_writer()  # a fresh store: the writer sees every frame it will seal
+    log.start_first_segment()  # a fresh store: the writer sees every frame it will seal
     ordinals = {1: 0, 2: 0, 3: 0}
     for i in range(60):
         incarnations = [1 + (i % 3)] if i % 4 else [1, 2]
@@ -335,8 +307,7 @@ def _two_writers_past_a_refused_frame(
     log_a.append(encode_frame_body([StateChanged(1, 1, 1)]), 1)
     head = log_a.writer_end()
     log_a.append(encode_frame_body([StateChanged(2, 2, 2)]), 1)  # F
-    log_b = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=4096, sync=False)
-    log_b.open_writer()
+    log_b = make_log(tmp_path, log_a.writer_end(), sync=False)  # (B indexed F)
     before_g = log_b.writer_end()
     log_b.append(encode_frame_body([StateChanged(3, 3, 3)]), 1)  # G
     log_a.owe_cut(head)
@@ -421,16 +392,17 @@ def test_a_refused_frame_is_found_committed_only_where_it_lies_unchanged(
 def test_a_cut_torn_tail_is_kept_and_logged_with_its_segment_and_offset(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # A writer opening a log cuts bytes after the last whole frame off as an interrupted
-    # write. Without the index, a last frame damaged on disk looks the same and goes the
-    # same way (SPEC 3.3): the cut is no longer silent (a new-user trial deleted `index/`
-    # after damaging the only frame, and `verify` then said nothing), and the bytes are
-    # kept first, in `cut-tails/` beside `segments/`, which the warning names.
+    # A writer attaching after the last whole frame (as after a rebuild of a lost view)
+    # cuts the bytes after it off as an interrupted write. Without the index, a last
+    # frame damaged on disk looks the same and goes the same way (SPEC 3.3): the cut is
+    # no longer silent (a new-user trial deleted `index/` after damaging the only frame,
+    # and `verify` then said nothing), and the bytes are kept first, in `cut-tails/`
+    # beside `segments/`, which the warning names.
     segments = tmp_path / "segments"
     _, end, seg = frames_then(segments, HALF_FRAME)
     with caplog.at_level("WARNING", logger="journal"):
         log = SegmentLog(str(segments), STORE_ID)
-        assert len(log.open_writer()) == 3
+        log.attach_writer(1, end, 4)
         log.close()
     (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
     assert str(seg) in warning.getMessage() and f"offset {end}" in warning.getMessage()
@@ -441,7 +413,7 @@ def test_a_cut_torn_tail_is_kept_and_logged_with_its_segment_and_offset(
     caplog.clear()
     with caplog.at_level("WARNING", logger="journal"):  # (zeros after it: nothing said)
         log = SegmentLog(str(segments), STORE_ID)
-        assert len(log.open_writer()) == 3
+        log.attach_writer(1, end, 4)
         log.close()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert [p.name for p in (tmp_path / "cut-tails").iterdir()] == [copy.name]

@@ -340,29 +340,6 @@ class SegmentLog:
 
     # -- writing -----------------------------------------------------------------------
 
-    def open_writer(self) -> list[FrameInfo]:
-        """Open (or create) the active segment, recover its tail, finish interrupted seals.
-
-        Returns the frames of the active segment (the part a crash may have left unindexed).
-        """
-        self.permissions.make_dirs(self.directory)
-        self.discard_unborn_tail()
-        self.finish_interrupted()
-        segments = self.segments()
-        if not segments:
-            self._writer = self._create_segment(1)
-            return []
-        active = segments[-1]
-        if active.compressed:
-            # Sealed and compressed, but the next segment was never created: start it.
-            summary = read_summary(self.directory, active.base_position) or summarize_segment(
-                self.directory, active.base_position, self.ops
-            )
-            self._writer = self._create_segment(summary.last_position + 1)
-            return []
-        self._writer = self._open_segment(active.base_position)
-        return self._writer.recover(self.store_id)
-
     def start_first_segment(self) -> None:
         """Create the first segment of an empty log (caller holds the write lock)."""
         self.permissions.make_dirs(self.directory)
@@ -393,7 +370,7 @@ class SegmentLog:
             packed = os.path.join(self.directory, segment_name(segment, compressed=True))
             if not os.path.exists(plain) and os.path.exists(packed):
                 # The head ends a sealed, compressed segment whose successor was never
-                # born (or was discarded unborn): start it, as `open_writer` does.
+                # born (or was discarded unborn): start it (SPEC 3.4).
                 self._writer = self._create_segment(next_position)
                 return
             self._writer = writer = self._open_segment(segment)
@@ -536,7 +513,10 @@ class SegmentLog:
     @property
     def writer(self) -> SegmentWriter:
         if self._writer is None:
-            raise RuntimeError("the segment log is not open for writing; call open_writer()")
+            raise RuntimeError(
+                "the segment log is not open for writing: call start_first_segment() or "
+                "attach_writer()"
+            )
         return self._writer
 
     @property

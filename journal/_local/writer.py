@@ -17,7 +17,6 @@ import time
 from collections.abc import Iterator
 from typing import Final
 
-from ..errors import StoreIncompatible
 from .cut_tails import cut_tail_end, cut_tails_beside, keep_cut_tail
 from .files import (
     DEFAULT_FILE_OPS,
@@ -152,29 +151,6 @@ class SegmentWriter:
         )
         writer._summary_valid = True
         return writer
-
-    def recover(self, store_id: bytes | None = None) -> list[FrameInfo]:
-        """Find the committed frames, cut off a torn tail, and position for appends.
-
-        Returns every valid frame in the segment. Damage followed by valid frames raises
-        `JournalCorrupt` (committed data must never be cut off).
-        """
-        with SegmentReader(self.directory, self.base_position, self._ops) as reader:
-            if store_id is not None and reader.header.store_id != store_id:
-                raise StoreIncompatible(
-                    f"segment {self.name} belongs to another store; "
-                    "do not mix segment files of different stores"
-                )
-            frames = [info for info, _ in reader.frames(tail=True)]
-        end = frames[-1].end_offset if frames else SEGMENT_HEADER_SIZE
-        self.end_offset = self._reached = end
-        self.next_position = frames[-1].last_position + 1 if frames else self.base_position
-        self.frame_count = len(frames)
-        size = os.fstat(self._fd).st_size
-        self._allocated = self._cut_tail(end, size) if size > end else size
-        self._asked = self._allocated
-        self._ask_filler()
-        return frames
 
     def attach(self, end_offset: int, next_position: int, *, keep_cut: bool = True) -> None:
         """Continue after the committed frames ending at `end_offset` (known from the view).
