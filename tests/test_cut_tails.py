@@ -296,3 +296,51 @@ def test_a_torn_write_met_by_a_commit_is_kept_or_the_commit_fails_with_nothing_c
         assert [e.data for e in j.replay("s")] == [b"kept" * 50]
     ((name, copy),) = kept(store).items()
     assert copy == half.rstrip(b"\0") and name.startswith(f"{SEGMENT}-")
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+class DirectorySyncs(FileOps):
+    """Records the syncs of directories and the cuts of segments, in order; fails the
+    first sync of the directory `fail` (an EIO, or a writer killed before it) when set."""
+
+    def __init__(self, fail: Path | None = None) -> None:
+        self.fail = fail
+        self.events: list[tuple[str, str]] = []
+
+    def fsync(self, fd: int) -> None:
+        path = _fd_path(fd)
+        if self.fail is not None and path == str(self.fail) and os.path.isdir(path):
+            self.fail = None
+            raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+        super().fsync(fd)
+        self.events.append(("fsync", path))
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        self.events.append(("ftruncate", _fd_path(fd)))
+        super().ftruncate(fd, length)
+
+
+@pytest.mark.parametrize("directory", ["cut-tails", "store"])
+def test_a_copy_found_from_a_failed_keep_is_made_durable_before_the_cut(
+    tmp_path: Path, directory: str
+) -> None:
+    # A keep that failed after its copy was renamed into place (or after cut-tails/ was
+    # made), before its directory entry was synced: the next open finds the copy (or the
+    # directory) there, and must sync the entry before it cuts, or a power cut after the
+    # (synced) cut loses the copy.
+    store = tmp_path / "store"
+    offset, damaged = rot_last_frame(store)
+    failing = store / CUT_TAILS_DIRECTORY if directory == "cut-tails" else store
+    with pytest.raises(StoreUnavailable):
+        Journal.open(store, file_ops=DirectorySyncs(fail=failing))
+    segment = store / "segments" / SEGMENT
+    assert (store / CUT_TAILS_DIRECTORY).is_dir()
+    ops = DirectorySyncs()
+    with Journal.open(store, file_ops=ops):
+        pass
+    assert kept(store) == {f"{SEGMENT}-{offset}.tail": damaged}
+    cut = ops.events.index(("ftruncate", str(segment)))
+    assert ("fsync", str(failing)) in ops.events[:cut], ops.events[:cut]

@@ -85,14 +85,12 @@ def keep_cut_tail(
     Named after the segment and the offset; an identical copy kept before (a cut that
     failed after its copy was made) is that copy, a different one with the same name (the
     segment was cut at the same offset again after another crash) keeps its name and this
-    one takes the next free `-N`. Written as a temporary file, synced, renamed, and the
-    directory synced (and the store's, when the directory is new). The caller holds the
-    write lock, so no other process keeps a tail of this segment meanwhile and the
-    temporary name needs no process id."""
+    one takes the next free `-N`. Written as a temporary file, synced, renamed; then the
+    directory and the store's are synced (for an identical copy found there too). The
+    caller holds the write lock, so no other process keeps a tail of this segment
+    meanwhile and the temporary name needs no process id."""
     if not os.path.isdir(directory):
         permissions.make_dirs(directory)
-        # (Its entry made durable before the cut that its copy stands for.)
-        fsync_dir(os.path.dirname(os.path.abspath(directory)), ops)
     number = 1
     while True:
         suffix = "" if number == 1 else f"-{number}"
@@ -101,6 +99,9 @@ def keep_cut_tail(
         if same is None:
             break
         if same:
+            # (Renamed into place by a keep that failed, or was killed, before it synced
+            # the entries: synced now, before the cut.)
+            _sync_entries(directory, ops)
             return path
         number += 1
     ops.point("segments.keep_tail", path)
@@ -124,8 +125,16 @@ def keep_cut_tail(
         finally:
             os.close(copy)
         ops.rename(temporary, path)
-    fsync_dir(directory, ops)
+    _sync_entries(directory, ops)
     return path
+
+
+def _sync_entries(directory: str, ops: FileOps) -> None:
+    """Make the copies' directory entries durable, and `directory`'s own in the store's
+    directory: every time, since a keep that failed after making `directory` (or renaming
+    a copy) may have synced neither, and the next keep finds them there."""
+    fsync_dir(directory, ops)
+    fsync_dir(os.path.dirname(os.path.abspath(directory)), ops)
 
 
 def _same_bytes(path: str, fd: int, start: int, end: int, ops: FileOps) -> bool | None:
