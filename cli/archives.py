@@ -166,12 +166,21 @@ def _file_sha256(path: str) -> str | None:
     None for a path that is not a regular file (a FIFO or a device: written through,
     nothing to read back)."""
     try:
-        with open(path, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                return None
-            return hashlib.file_digest(file, "sha256").hexdigest()
+        # Not opened unless regular (opening a device may act: a tape rewinds), and then
+        # with O_NONBLOCK: a FIFO's open for reading (one put there since) would wait for a
+        # writer for good; a regular file reads as it would without.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None  # (gone or unreadable since: the export itself succeeded)
+    with open(fd, "rb") as file:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return hashlib.file_digest(file, "sha256").hexdigest()
+        except OSError:
+            return None
 
 
 def _export_ndjson(

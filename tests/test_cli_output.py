@@ -4,13 +4,18 @@ know after a change."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
+import os
+import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _cli_runs import run_cli
 from click.testing import CliRunner, Result
 
 from cli.main import main
@@ -179,6 +184,31 @@ def test_export_prints_whole_digests_and_the_one_sha256sum_prints(
     # A device is written through: nothing to read back, so no file digest.
     (through,) = _records(_run(store, "export", "--all", "-o", "/dev/null", fmt="json"))
     assert through["file_sha256"] is None and len(through["content_sha256"]) == 64, through
+
+
+def test_export_to_a_fifo_ends_once_the_archive_is_written(store: Path, tmp_path: Path) -> None:
+    # The file digest is read back from the path written; a FIFO's open for reading waits
+    # for a writer, so `journal export -o FIFO` wrote the archive to the reader and then
+    # hung for good reading it back (found by a review; it ended before the digests).
+    assert _run(store, "append", "-s", "a", "--create", "hello").exit_code == 0
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        done = run_cli(store, "--format", "json", "export", "--all", "-o", str(fifo), timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("journal export -o FIFO did not end after writing the archive")
+    finally:
+        if reader.is_alive():  # (a reader still waiting: give it its end of file)
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(10)
+    assert done.returncode == 0, done.stderr
+    (record,) = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    assert record["file_sha256"] is None and len(record["content_sha256"]) == 64, record
+    assert got and got[0][:4] and len(got[0]) == record["bytes"], (record, got)
 
 
 # -- numbers out of range --------------------------------------------------------------------
