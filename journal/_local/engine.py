@@ -4,14 +4,10 @@ Bootstrap (creating or opening a store, its id, the cursor key ring, discarding 
 that a reboot may have torn, a private view for read-only readers that cannot lock the
 store), the commit protocol, catch-up, reads and maintenance.
 
-Commit protocol (SPEC.md "Commit protocol"): operations are queued; one thread at a time
-leads a group commit. The leader opens the LMDB write transaction (which also serialises
-writers across processes), indexes any committed frames the view has not seen (another
-process's, or a crashed writer's), cuts off a torn tail, plans every queued operation
-against the current state, writes all their records as ONE frame, syncs it once, projects
-the frame into the view, commits the transaction, and only then acknowledges the callers.
-A crash anywhere before the segment sync loses nothing that was acknowledged; a crash
-after it leaves a frame the next writer indexes.
+Commit protocol (SPEC 7.1): one thread at a time leads a group commit. In the LMDB write
+transaction (the writers' lock across processes) it indexes committed frames the view
+has not seen, cuts off a torn tail, plans every queued operation, writes their records
+as ONE frame, syncs it once, projects it, commits, and only then acknowledges the callers.
 """
 
 from __future__ import annotations
@@ -604,6 +600,7 @@ class LocalEngine:
         view = self.view
         log = self.log
         head = view.head(txn)
+        recorded = None if head is None else msgspec.structs.astuple(head)  # (mutated below)
         if head is not None:
             log.cut_pending_frames((head.segment, head.end_offset, head.next_position))
         if head is None:
@@ -645,7 +642,10 @@ class LocalEngine:
                 log.seal(base)
         projection.flush()
         head = projection.head
-        log.attach_writer(head.segment, head.end_offset, head.next_position)
+        # Bytes past a head the view recorded never committed; past one read from the log
+        # (a rebuild, frames indexed here) a cut keeps a copy first (SPEC 3.3).
+        kept = msgspec.structs.astuple(head) != recorded
+        log.attach_writer(head.segment, head.end_offset, head.next_position, kept)
         return head
 
     # -- reads -----------------------------------------------------------------------------

@@ -358,9 +358,13 @@ class SegmentLog:
             and not self.moved_past(segment, end_offset, next_position, writer.fileno())
         )
 
-    def attach_writer(self, segment: int, end_offset: int, next_position: int) -> None:
+    def attach_writer(
+        self, segment: int, end_offset: int, next_position: int, keep_cut: bool = True
+    ) -> None:
         """Position the writer after the committed frames ending at `end_offset` of
-        `segment` (known from the view), opening that segment if it is not the open one."""
+        `segment` (known from the view), opening that segment if it is not the open one.
+        `keep_cut`: bytes past the end are cut after a copy is kept (`SegmentWriter.attach`);
+        False where the view itself recorded that end (nothing past it ever committed)."""
         writer = self._writer
         if writer is None or writer.base_position != segment:
             if writer is not None:
@@ -374,7 +378,7 @@ class SegmentLog:
                 self._writer = self._create_segment(next_position)
                 return
             self._writer = writer = self._open_segment(segment)
-        writer.attach(end_offset, next_position)
+        writer.attach(end_offset, next_position, keep_cut=keep_cut)
 
     def writer_end(self) -> tuple[int, int, int]:
         """(segment, end offset, next position) of the writer: where an append starts."""
