@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
@@ -240,37 +239,38 @@ class TurnWriter:
 
 
 class _TurnSlot:
-    """An owner's one turn at a time: held by the turn made by `Owner.turn()` until its
-    block ends. Weakly until the block begins, so a Turn dropped unstarted (an error
-    between `owner.turn()` and `with turn:`) frees it; strongly once it began, since a
-    started turn left open must get its result before the owner's next turn_started.
-    Each Turn is given its owner's slot when made, so neither reaches into the other."""
+    """An owner's one turn at a time. A turn made by `Owner.turn()` and not started yet
+    is replaced by the next one made (nothing was written for it; entering it then
+    raises); a started turn holds the slot until its block ends, since it must get its
+    result before the owner's next turn_started. Each Turn is given its owner's slot
+    when made, so neither reaches into the other."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._made: weakref.ref[Turn] | None = None
+        self._made: Turn | None = None
         self._started: Turn | None = None
 
     def claim(self, turn: Turn) -> None:
-        """Hold the slot for `turn`, just made; `InvalidArgument` while another holds it."""
+        """Hold the slot for `turn`, just made; `InvalidArgument` while a turn is open."""
         with self._lock:
-            made = None if self._made is None else self._made()
-            if made is not None:
-                raise InvalidArgument(
-                    f"turn {made.request_id!r} was made by owner.turn() and not "
-                    "started yet: one turn at a time per owner, so run that one first "
-                    "(`with turn:`), or drop it; make each turn in a `with` statement"
-                )
             if self._started is not None:
                 raise InvalidArgument(
                     f"turn {self._started.request_id!r} is still open: one turn at a time "
                     "per owner; leave its `with` block first"
                 )
-            self._made = weakref.ref(turn)
+            self._made = turn
 
     def start(self, turn: Turn) -> None:
-        """`turn`'s block begins: the slot holds it until `free`."""
+        """`turn`'s block begins: the slot holds it until `free`; `InvalidArgument` when
+        another turn was made since (or one is open)."""
         with self._lock:
+            if self._made is not turn:
+                now = self._started or self._made
+                raise InvalidArgument(
+                    f"turn {turn.request_id!r} was replaced before it started: the owner "
+                    f"made turn {now.request_id if now else None!r} after it (one turn at a "
+                    "time per owner; a turn made and not started is replaced by the next)"
+                )
             self._made = None
             self._started = turn
 
@@ -306,8 +306,8 @@ class Turn:
                 f"turn {self.request_id!r} was entered already: a Turn runs once; start "
                 "the next one with owner.turn(request_id)"
             )
-        self._entered = True
         self._slot.start(self)
+        self._entered = True
         try:
             self._writer.record_unrecorded()
             try:
@@ -440,9 +440,9 @@ class Owner:
         """`with owner.turn(request_id) as turn:` appends `turn_started`; `turn.append`
         appends the turn's events; leaving the block appends `turn_result`: completed,
         cancelled (after `turn.cancel()`), or failed with the exception's code and message
-        (the exception propagates). One turn at a time per owner, from this call until
-        its block ends (a turn dropped before its block frees it); a Turn is entered once, and
-        `turn.append` works only inside it."""
+        (the exception propagates). One turn at a time per owner: this call raises while
+        a turn's block runs, and replaces a turn made and not started yet (entering that
+        one then raises); a Turn is entered once, and `turn.append` works only inside it."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")

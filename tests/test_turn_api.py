@@ -8,6 +8,7 @@ import json
 import signal
 import threading
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -116,7 +117,9 @@ def test_a_turn_dropped_before_its_block_does_not_block_the_owner(tmp_path: Path
     so one dropped before its `with` (an error between the two) made every later
     `owner.turn()` raise "not started yet" until the owner was released, and the
     message's advice, run that one first, could not be followed (found by a
-    runtime-author trial). It frees the slot when dropped; a live one still holds it."""
+    runtime-author trial). A turn made and not started is replaced by the next one, also
+    while a variable still holds it (a loop's `turn`: the first fix, which freed the slot
+    when the turn was garbage-collected, failed there; found by a review)."""
 
     def prepare(request_id: str) -> None:
         turn = owner.turn(request_id)
@@ -129,13 +132,22 @@ def test_a_turn_dropped_before_its_block_does_not_block_the_owner(tmp_path: Path
                 prepare("r1")
             with owner.turn("r2") as turn:
                 turn.append([EventIn("m", b"{}")])
-            kept = owner.turn("r3")
-            with pytest.raises(InvalidArgument, match="'r3' was made by owner"):
-                owner.turn("r4")
-            del kept
-            with owner.turn("r4"):
-                pass
-        assert _results(j) == {"r2": {"status": "completed"}, "r4": {"status": "completed"}}
+            for request_id in ("r3", "r4"):  # (`turn` still holds r3 when r4 is made)
+                turn = owner.turn(request_id)
+                with contextlib.suppress(ValueError):
+                    if request_id == "r3":
+                        raise ValueError("refused before it ran")
+                    with turn:
+                        pass
+            with pytest.raises(InvalidArgument, match="'r5' was replaced before it started"):
+                replaced = owner.turn("r5")
+                with owner.turn("r6"), replaced:
+                    pass
+        assert _results(j) == {
+            "r2": {"status": "completed"},
+            "r4": {"status": "completed"},
+            "r6": {"status": "failed", "error": {"code": "INVALID_ARGUMENT", "message": ANY}},
+        }
         assert j.get_session("s").open_turn is None
 
 
