@@ -84,8 +84,8 @@ _REMEDIES = {
         "pass a cursor returned by this session's watch, or omit it to start from the beginning"
     ),
     TokenKind.LIFECYCLE: (
-        "pass a cursor returned by this store's lifecycle feed, "
-        "or omit it to start from the beginning"
+        "pass a cursor returned by this store's lifecycle feed, or omit it to start "
+        "with a snapshot of every session (one `created` each), then live changes"
     ),
     TokenKind.PAGE: (
         "pass the page token returned with the previous page of the same listing, "
@@ -252,7 +252,10 @@ class TokenCodec:
             raise _malformed(expected, f"the {noun} must be a str, not {type(token).__name__}")
         if len(token) != TOKEN_LENGTH:
             stripped = token.strip()
-            if len(stripped) == TOKEN_LENGTH and stripped != token:
+            if not token:
+                # (a saved cursor read back before one was saved; None means "no cursor")
+                reason = 'is empty: pass None, not "", for no cursor'
+            elif len(stripped) == TOKEN_LENGTH and stripped != token:
                 reason = "has white space around it (strip it)"
             else:
                 characters = "character" if len(token) == 1 else "characters"
