@@ -91,7 +91,7 @@ from .models import (
 )
 from .remote import is_remote, open_remote
 from .session_cursors import SessionCursors
-from .sessions import SessionRow, TransitionKind, metadata, recorded_owner
+from .sessions import SessionRow, TransitionKind, metadata, metadata_page, recorded_owner
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
 from .turns import Owner, TurnWriter, take_over
@@ -318,7 +318,7 @@ class Journal:
     def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
         """Expire sessions past their TTL or suspension cap; returns what it expired."""
         rows = self._submit(Expire(check_now(now_ms)))
-        return [self._metadata(row) for row in rows]
+        return metadata_page(rows, self._engine.owners_alive)
 
     def compact_session(self, session_id: str, through_ordinal: int, snapshot: bytes) -> Snapshot:
         """Store `snapshot` as standing for every event up to `through_ordinal` and drop
@@ -557,7 +557,7 @@ class Journal:
         token = ""
         if more and rows:
             token = self._codec.encode(TokenKind.PAGE, scope, rows[-1].incarnation)
-        return SessionPage([self._metadata(row) for row in rows], token)
+        return SessionPage(metadata_page(rows, self._engine.owners_alive), token)
 
     def list_sessions(
         self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
@@ -576,7 +576,7 @@ class Journal:
         while True:
             self._check_open()
             rows, more = self._engine.sessions(after, state, page_size)
-            yield from [self._metadata(row) for row in rows]
+            yield from metadata_page(rows, self._engine.owners_alive)
             if not (more and rows):
                 return
             after = rows[-1].session_id

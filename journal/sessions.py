@@ -8,6 +8,7 @@ what those mean is decided here, once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, Literal
 
 import msgspec
@@ -25,6 +26,7 @@ __all__ = [
     "check_ordinals_left",
     "lifecycle_event_of",
     "metadata",
+    "metadata_page",
     "recorded_owner",
     "stored_state_problem",
 ]
@@ -202,6 +204,23 @@ def recorded_owner(row: SessionRow) -> OwnerInfo | None:
         row.owner_generation,
         row.owner_since_ms,
     )
+
+
+def metadata_page(
+    rows: list[SessionRow], owners_alive: Callable[[list[SessionRow]], list[bool | None]]
+) -> list[SessionMetadata]:
+    """The public metadata of rows listed together, each with its owner while alive
+    (uncertain is alive): the owned rows' owners checked in one call of the engine's
+    `owners_alive` (the local engine reads each owner pid's start time once, and probes a
+    lease lock found held within the last second only once per owner: a page of 1,000
+    sessions of one owner cost 33 ms checked row by row)."""
+    owned = [row for row in rows if row.owner_pid]
+    dead = {
+        id(row)
+        for row, alive in zip(owned, owners_alive(owned) if owned else [], strict=True)
+        if alive is False
+    }
+    return [metadata(row, None if id(row) in dead else recorded_owner(row)) for row in rows]
 
 
 def metadata(row: SessionRow, owner: OwnerInfo | None = None) -> SessionMetadata:

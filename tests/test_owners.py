@@ -495,3 +495,61 @@ def test_metadata_names_the_open_turn_so_a_supervisor_finds_unsettled_ones(j: Jo
         with owner.turn("r2"):
             assert j.get_session("s").open_turn == "r2"
     assert j.get_session("s").open_turn is None
+
+
+class _CountingChecks:
+    """The local engine with its owner checks counted (the seam `Journal.over` takes)."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.one_by_one = 0
+        self.rounds = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def owner_alive(self, row: object) -> object:
+        self.one_by_one += 1
+        return self._inner.owner_alive(row)  # type: ignore[attr-defined]
+
+    def owners_alive(self, rows: list[object]) -> object:
+        self.rounds += 1
+        return self._inner.owners_alive(rows)  # type: ignore[attr-defined]
+
+
+def test_a_listing_checks_a_pages_owners_in_one_round(tmp_path: Path) -> None:
+    """A page of sessions shows each live owner and none of a dead one, checked in one
+    `owners_alive` round per page: row by row (each reading its owner's start time and
+    probing its lease lock) a page of 1,000 sessions of one owner took 33 ms against
+    4.5 ms unowned; 6.6 ms now (found by a supervisor-author trial)."""
+    from journal._local.engine import LocalEngine, LocalOptions
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        for i in range(5):
+            j.create_session(f"t{i}")
+    dead = _child(store)
+    try:
+        send(dead)
+        assert line(dead) == "won 1"
+    finally:
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(10)
+    engine = _CountingChecks(LocalEngine.open(str(store), LocalOptions(durability="os")))
+    with Journal.over(engine) as j:  # type: ignore[arg-type]
+        owners = [j.own(f"t{i}") for i in range(0, 5, 2)]
+        page = j.list_sessions_page(page_size=3)
+        listed = [*page.sessions, *j.list_sessions_page(page_token=page.next_page_token).sessions]
+        assert {m.session_id: m.owner is not None for m in listed} == {
+            "s": False,
+            "t0": True,
+            "t1": False,
+            "t2": True,
+            "t3": False,
+            "t4": True,
+        }
+        assert [m.session_id for m in j.list_sessions()] == [m.session_id for m in listed]
+        assert (engine.rounds, engine.one_by_one) == (3, 0)
+        for owner in owners:
+            owner.release()
