@@ -153,27 +153,26 @@ def silence_stdout() -> None:
         pass  # not a real file (e.g. under click's CliRunner): nothing to protect
 
 
-def stop_when_reader_leaves(stop: threading.Event) -> threading.Event | None:
-    """Set `stop` when the reader of a piped stdout goes away (`| head` is done), so a
-    follower blocked waiting for new events ends now instead of at its next write.
-    Returns `stop`, or None when stdout is no pipe (nothing will set it: a follower
-    given no stop event is not woken to check it)."""
+def stop_when_reader_leaves(gone: threading.Event, stop: threading.Event) -> None:
+    """Set `gone` and `stop` when the reader of a piped stdout goes away (`| head` is
+    done), so a follower blocked waiting for new events ends now instead of at its next
+    write (nothing when stdout is no pipe; the watch ends once `stop` is set otherwise)."""
     try:
         fd = sys.stdout.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return None
+            return
     except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
-        return None  # (AttributeError: stdout is closed, None; what is printed is dropped)
+        return  # (AttributeError: stdout is closed, None; what is printed is dropped)
 
     def wait() -> None:
         poller = select.poll()
         poller.register(fd, 0)  # POLLERR (no reader left) is reported whatever the mask
         while not stop.is_set():
             if poller.poll(250):
+                gone.set()
                 stop.set()
 
     threading.Thread(target=wait, name="stdout-reader", daemon=True).start()
-    return stop
 
 
 def echo(line: str, err: bool = False) -> None:

@@ -39,19 +39,25 @@ class _Signalled(BaseException):
 
 
 @contextmanager
-def _ending_on_signals(output: Output) -> Iterator[None]:
+def _ending_on_signals(output: Output, halt: threading.Event) -> Iterator[list[BaseException]]:
     """SIGTERM and SIGHUP raise `_Signalled`, Ctrl+C KeyboardInterrupt, between printed
     lines: one that comes while a line is printed is held until the line is whole and
     its cursor noted (`Output.raise_held`; a line longer than the pipe holds was cut
     short before, and the end object glued to its half, not JSON). A second one while
     the line is still printed (its reader does not read) is raised at once, and nothing
-    more is printed."""
+    more is printed. Each signal also sets `halt` (the watch's stop event) and is noted in
+    the list yielded, raised again once the watch ended: a handler that runs while the
+    main thread runs a finalizer (a reader let go of) has its raise swallowed by Python,
+    and the watch went on for good."""
+    caught: list[BaseException] = []
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread (an embedding caller's)
+        yield caught  # signal handlers belong to the main thread (an embedding caller's)
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
         error = KeyboardInterrupt() if signum == signal.SIGINT else _Signalled(signum)
+        caught.append(error)
+        halt.set()
         if output.printing:
             if output.held is None:
                 output.held = error
@@ -64,7 +70,7 @@ def _ending_on_signals(output: Output) -> Iterator[None]:
         signals.append(signal.SIGINT)
     previous = {s: signal.signal(s, stop) for s in signals}
     try:
-        yield
+        yield caught
     finally:
         output.held = None
         for signum, handler in previous.items():
@@ -86,18 +92,24 @@ def _stopped(output: Output, code: int, cursor: str | None) -> None:
 
 
 class _Last:
-    """The cursor of the last event whose printing completed."""
+    """The cursor of the last event whose printing completed, and the signals caught."""
 
     cursor: str | None = None
+    caught: list[BaseException]
+
+    def raise_caught(self) -> None:
+        """Raise the first signal caught (its handler's own raise may have been lost)."""
+        if self.caught:
+            raise self.caught[0]
 
 
 @contextmanager
-def _watching(output: Output, cursor: str | None) -> Iterator[_Last]:
+def _watching(output: Output, cursor: str | None, halt: threading.Event) -> Iterator[_Last]:
     """Signals end the watch (after the journal closed, in the body) with their status."""
     last = _Last()
     last.cursor = cursor
     try:
-        with _ending_on_signals(output):
+        with _ending_on_signals(output, halt) as last.caught:
             yield last
     except KeyboardInterrupt:
         _stopped(output, EXIT_INTERRUPTED, last.cursor)
@@ -108,12 +120,14 @@ def _watching(output: Output, cursor: str | None) -> Iterator[_Last]:
 def watch_events(settings: Settings, session_id: str, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
-    stop = stop_when_reader_leaves(reader_gone)
-    with _watching(output, cursor) as last, settings.open(write=False) as store:
+    stop = threading.Event()  # (set when the reader leaves, or by a signal)
+    stop_when_reader_leaves(reader_gone, stop)
+    with _watching(output, cursor, stop) as last, settings.open(write=False) as store:
         for event in store.watch(session_id, cursor=cursor, stop=stop):
             output.event(event)
             last.cursor = event.cursor
             output.raise_held()
+        last.raise_caught()
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write
         state = store.get_session(session_id).state.value
@@ -123,11 +137,13 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
 def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
     output = settings.output
     reader_gone = threading.Event()
-    stop = stop_when_reader_leaves(reader_gone)
-    with _watching(output, cursor) as last, settings.open(write=False) as store:
+    stop = threading.Event()  # (set when the reader leaves, or by a signal)
+    stop_when_reader_leaves(reader_gone, stop)
+    with _watching(output, cursor, stop) as last, settings.open(write=False) as store:
         for event in store.watch_sessions(cursor=cursor, stop=stop):
             output.emit(lifecycle_record(event), lifecycle_text(event))
             last.cursor = event.cursor
             output.raise_held()
+        last.raise_caught()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly with status 0, like a failed write

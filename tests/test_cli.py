@@ -373,6 +373,54 @@ def test_ctrl_c_during_watch_exits_130_without_a_traceback(store: Path) -> None:
         assert line.startswith("-- stopped; ")
 
 
+_LOST_RAISE = """
+import signal, sys, threading, time
+from cli import run
+
+def lose() -> None:
+    while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        time.sleep(0.01)
+    time.sleep(0.5)  # (the watch waits at the head now)
+    try:  # the handler runs, and its raise is lost, as in a finalizer of the main thread
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
+    except KeyboardInterrupt:
+        pass
+
+threading.Thread(target=lose, daemon=True).start()
+run(prog_name="journal")
+"""
+
+
+@pytest.mark.parametrize("args", [["watch", "-s", "s"], ["sessions", "watch"]])
+@pytest.mark.parametrize("piped", [True, False])
+def test_ctrl_c_whose_raise_is_lost_still_ends_the_watch(
+    store: Path, tmp_path: Path, args: list[str], piped: bool
+) -> None:
+    """Python swallows an exception a signal handler raises while the main thread runs a
+    finalizer ("Exception ignored in"), and a watch lets readers go as it waits: a Ctrl+C
+    then went unseen and the watch ran on (CI run 63: `journal watch` still running 10 s
+    after its SIGINT). The handler also sets the watch's stop event now, and the watch
+    raises what it caught once it ends."""
+    invoke(store, "append", "-s", "s", "--create", "first")
+    out = subprocess.PIPE if piped else open(tmp_path / "out", "w")  # noqa: SIM115
+    process = subprocess.Popen(
+        [sys.executable, "-c", _LOST_RAISE, "--store", str(store), *args],
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        process.kill()
+        if not piped:
+            out.close()  # type: ignore[union-attr]
+    assert process.returncode == 130, stderr
+    (line,) = stderr.splitlines()
+    assert line.startswith("-- stopped; ")
+
+
 def test_demo_runs_live_and_resumes_exactly() -> None:
     started = time.monotonic()
     result = run_cli("demo", timeout=60)
