@@ -600,7 +600,7 @@ class LocalEngine:
         view = self.view
         log = self.log
         head = view.head(txn)
-        recorded = None if head is None else msgspec.structs.astuple(head)  # (mutated below)
+        rebuilt = head is None  # (then a cut keeps a copy: below)
         if head is not None:
             log.cut_pending_frames((head.segment, head.end_offset, head.next_position))
         if head is None:
@@ -636,6 +636,7 @@ class LocalEngine:
         if not self._finished_interrupted:
             log.finish_interrupted()
             self._finished_interrupted = True
+        indexed_from = head.next_position
         projection = Projection(view, txn, head, self._ops)
         for base in project_segments(log, projection, known_zeros=self._known_zeros):
             if read_summary(log.directory, base) is None:
@@ -644,7 +645,7 @@ class LocalEngine:
         head = projection.head
         # Bytes past a head the view recorded never committed; past one read from the log
         # (a rebuild, frames indexed here) a cut keeps a copy first (SPEC 3.3).
-        kept = msgspec.structs.astuple(head) != recorded
+        kept = rebuilt or head.next_position != indexed_from
         log.attach_writer(head.segment, head.end_offset, head.next_position, kept)
         return head
 
