@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from functools import partial
-from typing import Final
+from typing import Final, TypeVar
 
 import lmdb
 
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]
+_K = TypeVar("_K")
 
 
 def check_log(
@@ -307,8 +308,7 @@ def compare_views(
         )
     live_states, fresh_states = view.states.entries(txn), rebuilt.states.entries(rebuilt_txn)
     if live_states != fresh_states:
-        missing = len(fresh_states.keys() - live_states.keys())
-        extra = sum(live_states.get(key) != fresh_states.get(key) for key in live_states)
+        missing, extra = _missing_and_stale(live_states, fresh_states)
         problems.append(
             VerifyProblem(
                 "index",
@@ -366,8 +366,7 @@ def _compare_tables(
         live = live_tombstones if name == b"tombstones" else view.stored(txn, name)
         fresh = tables[name]
         if live != fresh:
-            missing = len(fresh.keys() - live.keys())
-            extra = sum(live.get(key) != fresh.get(key) for key in live)
+            missing, extra = _missing_and_stale(live, fresh)
             problems.append(
                 VerifyProblem(
                     "index",
@@ -574,3 +573,9 @@ def fix_store(
             ),
         )
     return VerifyReport(len(log.bases()), frames, records, problems, fixed=True), True
+
+
+def _missing_and_stale(live: Mapping[_K, object], fresh: Mapping[_K, object]) -> tuple[int, int]:
+    """How many entries of a rebuilt table the live one lacks, and how many of its own
+    the rebuilt one lacks or holds otherwise."""
+    return len(fresh.keys() - live.keys()), sum(live.get(k) != fresh.get(k) for k in live)
