@@ -362,11 +362,15 @@ def test_ctrl_c_during_watch_exits_130_without_a_traceback(store: Path) -> None:
             stderr=subprocess.PIPE,
             text=True,
         )
-        assert process.stdout is not None
-        first = process.stdout.readline()  # it is following now
-        assert first.strip()
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=10)
+        try:
+            assert process.stdout is not None
+            first = process.stdout.readline()  # it is following now
+            assert first.strip()
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=10)
+        finally:
+            process.kill()  # (a watch left running by a failure here ran on for good)
+            process.wait(10)
         assert process.returncode == 130, stderr
         # No traceback: one line saying which cursor resumes after what was printed.
         (line,) = stderr.splitlines()
