@@ -337,6 +337,15 @@ _CLI_HINTS: Final = (
     ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
     ("create it before owning it", "create it first with `journal sessions create ID`"),
     (
+        "wait for it to finish, or pass a longer wait_s",
+        "wait for it to finish, or pass a longer --wait SECONDS",
+    ),
+    (
+        "resume the session (resume_session), then own() it",
+        "resume the session (`journal sessions resume ID`), then run `journal sessions own "
+        "ID` again",
+    ),
+    (
         "open it with readonly=True (the CLI's read commands do)",
         "read commands (`journal read`, `journal watch`, `journal sessions list`) work; "
         "writes need a user who may write it",

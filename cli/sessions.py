@@ -1,4 +1,5 @@
-"""`journal sessions ...`: create, list, show, watch and change the lifecycle of sessions."""
+"""`journal sessions ...`: create, list, show, watch and change the lifecycle of sessions,
+and take a dead owner's session over (`own`)."""
 
 from __future__ import annotations
 
@@ -292,6 +293,48 @@ sessions.add_command(_transition_command("resolve", lambda store: store.resolve_
 sessions.add_command(_transition_command("cancel", lambda store: store.cancel_session))
 sessions.add_command(_transition_command("suspend", lambda store: store.suspend_session))
 sessions.add_command(_transition_command("resume", lambda store: store.resume_session))
+
+
+@sessions.command("own")
+@click.argument("session_id", metavar="ID")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=WholeNumber(0, 86_400),
+    default=0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait up to this long for a live owner to let go before giving up (OWNER_BUSY).",
+)
+@pass_settings
+def own(settings: Settings, session_id: str, wait_s: int) -> None:
+    """Take a session over from a dead owner, settle its turn, and let it go.
+
+    For a supervisor: a session listed with `open-turn=ID (no owner)` holds the turn of
+    a worker that died mid-turn. This takes the owner lease (as the library's
+    `Journal.own()`), which records that turn as failed with WATCH_OUTCOME_UNKNOWN (it
+    may or may not have run), prints which turn it recorded (none if there was none),
+    then releases the lease. A live owner is left alone: exit 5 (OWNER_BUSY, with its
+    pid); so is an ended session (5), and a missing one is 3.
+    """
+    with settings.open() as store, store.own(session_id, wait_s=wait_s) as owner:
+        generation, recovered = owner.generation, owner.recovered_turn
+    record = {
+        "session_id": session_id,
+        "generation": generation,
+        "recovered_turn": recovered,
+        "released": True,
+    }
+    if recovered is None:
+        what = "no unsettled turn"
+    else:
+        what = (
+            f"turn {shown(recovered)} recorded as failed (WATCH_OUTCOME_UNKNOWN: its owner "
+            "ended without settling it; it may have run)"
+        )
+    settings.output.emit(
+        record, f"took over {shown(session_id)} (lease {generation}): {what}; released"
+    )
 
 
 @sessions.command("expire")

@@ -1,0 +1,141 @@
+"""A supervisor written in shell, through real processes (SPEC.md section 13): it finds a
+dead worker's session with `journal sessions list` and settles the worker's turn with
+`journal sessions own ID`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _cli_runs import ROOT, cli_env, json_error, run_cli
+
+from journal import Journal
+
+# A worker: owns the session, starts a turn, says so, then waits to be killed.
+_WORKER = """
+import sys, time
+from journal import Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    owner = j.own("w")
+    turn = owner.turn("r1")
+    turn.__enter__()
+    print("in turn", flush=True)
+    time.sleep(60)
+"""
+
+
+def _worker(store: Path) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, str(store)],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline() == "in turn\n"
+    return process
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    with Journal.open(path, create=True) as j:
+        j.create_session("w")
+    return path
+
+
+def test_sessions_own_settles_a_killed_workers_turn(store: Path) -> None:
+    """Before 2026-12-04 the CLI had no command for `own()`: a shell supervisor saw
+    `open-turn=r1 (no owner)` and could not settle the dead worker's turn."""
+    worker = _worker(store)
+    try:
+        busy = run_cli(store, "--format", "json", "sessions", "own", "w")
+        assert busy.returncode == 5, busy.stderr  # the worker lives: OWNER_BUSY
+        assert json_error(busy)["code"] == "OWNER_BUSY"
+        assert json_error(busy)["pid"] == worker.pid
+        assert "--wait" in busy.stderr and "wait_s" not in busy.stderr
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    finally:
+        worker.kill()
+        worker.wait(10)
+    listed = run_cli(store, "sessions", "list")
+    assert "open-turn=r1 (no owner)" in listed.stdout, listed.stdout
+
+    done = run_cli(store, "--format", "json", "sessions", "own", "w")
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line) == {
+        "session_id": "w",
+        "generation": 2,
+        "recovered_turn": "r1",
+        "released": True,
+    }
+    text = run_cli(store, "sessions", "own", "w")  # nothing left to settle now
+    assert text.returncode == 0, text.stderr
+    assert text.stdout == "took over w (lease 3): no unsettled turn; released\n"
+
+    with Journal.open(store) as j:
+        with j.own("w") as owner:
+            assert owner.recovered_turn is None
+            assert owner.generation == 4
+        assert j.get_session("w").open_turn is None
+        result = [event for event in j.replay("w") if event.type == "turn_result"]
+        assert len(result) == 1
+        assert json.loads(result[0].data)["error"]["code"] == "WATCH_OUTCOME_UNKNOWN"
+
+
+def test_sessions_own_text_names_the_recovered_turn(store: Path) -> None:
+    worker = _worker(store)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    done = run_cli(store, "sessions", "own", "w")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "took over w (lease 2): turn r1 recorded as failed (WATCH_OUTCOME_UNKNOWN"
+    )
+    assert done.stdout.endswith("; released\n")
+    quiet = run_cli(store, "--format", "quiet", "sessions", "own", "w")
+    assert (quiet.returncode, quiet.stdout) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("prepare", "session", "status", "code", "says"),
+    [
+        (None, "nope", 3, "SESSION_NOT_FOUND", "journal sessions create"),
+        ("resolve_session", "w", 5, "SESSION_NOT_WRITABLE", "ended session"),
+    ],
+)
+def test_sessions_own_refuses_a_missing_or_ended_session(
+    store: Path, prepare: str | None, session: str, status: int, code: str, says: str
+) -> None:
+    if prepare is not None:
+        with Journal.open(store) as j:
+            getattr(j, prepare)("w")
+    done = run_cli(store, "--format", "json", "sessions", "own", session)
+    assert done.returncode == status, done.stderr
+    assert json_error(done)["code"] == code
+    assert says in done.stderr, done.stderr
+
+
+def test_sessions_own_of_a_suspended_session_with_a_dead_turn_says_to_resume(
+    store: Path,
+) -> None:
+    worker = _worker(store)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(10)
+    with Journal.open(store) as j:
+        j.suspend_session("w")
+    done = run_cli(store, "sessions", "own", "w")
+    assert done.returncode == 5, done.stderr
+    assert "`journal sessions resume ID`" in done.stderr, done.stderr
+    assert "resume_session" not in done.stderr and "own()" not in done.stderr
+    assert run_cli(store, "sessions", "resume", "w").returncode == 0
+    again = run_cli(store, "--format", "json", "sessions", "own", "w")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["recovered_turn"] == "r1"
