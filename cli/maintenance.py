@@ -104,9 +104,12 @@ def verify(settings: Settings, fix: bool) -> None:
             {"segment": problem.segment, "offset": problem.offset, "problem": problem.what},
             f"{problem.segment} @ {problem.offset}: {problem.what}",
         )
+    # (The library's `fixed` says the view was rebuilt, which --fix does whenever the log
+    # is intact; the user asks whether anything was wrong and is now repaired.)
+    repaired = report.fixed and bool(report.problems)
     summary: dict[str, object] = {
         "ok": report.ok,
-        "fixed": report.fixed,
+        "fixed": repaired,
         "segments": report.segments,
         "frames": report.frames,
         "records": report.records,
@@ -115,8 +118,11 @@ def verify(settings: Settings, fix: bool) -> None:
     text = (
         f"verify: {plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
         f"{plural(report.records, 'record')}, {plural(len(report.problems), 'problem')}"
-        + (" (repaired)" if report.fixed and report.problems else "")
     )
+    if repaired:
+        text += " (repaired)"
+    elif fix and report.ok:
+        text += " (--fix: nothing left to repair)"
     tails, kept_in = _cut_tails(settings.store)
     if tails:
         summary["cut_tails"] = tails

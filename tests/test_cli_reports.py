@@ -1,0 +1,53 @@
+"""What commands say they did, as a user trying the `journal` command read it (SPEC.md
+section 13): `verify --fix` with nothing to repair, `init`, the page token line of `sessions
+list`, and the file digest of `import --list`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _cli_runs import run_cli
+
+from journal import EventIn, Journal
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    path = tmp_path / "store"
+    with Journal.open(path, create=True, segment_bytes=4096, durability="os") as j:
+        j.create_session("s")
+        for i in range(40):
+            j.append("s", [EventIn("m", b"%03d" % i * 40)])
+    return path
+
+
+# -- verify --fix ------------------------------------------------------------------------------
+
+
+def test_verify_fix_of_a_sound_store_says_nothing_was_repaired(store: Path) -> None:
+    """Until 2026-12-04 its summary said `"fixed": true` when nothing was wrong (the
+    library's `fixed` says that --fix rebuilt the view, which it does whenever the log is
+    intact)."""
+    done = run_cli(store, "--format", "json", "verify", "--fix")
+    assert done.returncode == 0, done.stderr
+    (summary,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert summary["ok"] is True and summary["problems"] == 0
+    assert summary["fixed"] is False
+    text = run_cli(store, "verify", "--fix")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.endswith("0 problems (--fix: nothing left to repair)\n"), text.stdout
+    plain = run_cli(store, "verify")  # (without --fix: nothing said about repairs)
+    assert plain.stdout.endswith("0 problems\n"), plain.stdout
+
+
+def test_verify_fix_that_repairs_says_so(store: Path) -> None:
+    active = sorted((store / "segments").glob("*.seg"))[-1]
+    with open(active, "r+b") as file:  # committed frames cut off the active segment
+        file.truncate(500)
+    done = run_cli(store, "--format", "json", "verify", "--fix")
+    assert done.returncode == 0, done.stderr
+    *problems, summary = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(problems) == 1 and "cut off" in problems[0]["problem"]
+    assert summary["fixed"] is True and summary["problems"] == 1
