@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -325,36 +326,58 @@ def _octal_mode(value: str | None) -> int | None:
 )
 @pass_settings
 def init(settings: Settings, file_mode: str | None, replicas: int | None) -> None:
-    """Create the store (if it does not exist yet) and print its path."""
+    """Create the store (if it does not exist yet) and print its path.
+
+    In text, stdout is the path alone (`STORE="$(journal init)"`); stderr says whether
+    the store was created, its id (as archives and `import` name it) and what to run
+    next. With --format json: {"store", "created", "store_id"}.
+    """
     mode = _octal_mode(file_mode)
     if is_nats(settings.store):
         if mode is not None:
             raise click.UsageError(
                 "--file-mode is for stores on disk: a nats:// store's files are the server's"
             )
-        created = False
-        try:
-            journal.Journal.open(settings.store, create=False).close()
-        except journal.StoreNotFound:
-            journal.Journal.open(settings.store, create=True, replicas=replicas or 1).close()
-            created = True
-        settings.output.emit({"store": settings.store, "created": created}, settings.store)
-        return
-    if replicas is not None:
-        raise click.UsageError(
-            "--replicas is for nats:// stores (--store nats://HOST:PORT/NAME): a store "
-            "on disk has no replicas"
-        )
-    # (abspath("") is the current directory: an empty path goes to the library, which
-    # refuses it, as every other command does.)
-    path = os.path.abspath(settings.store) if settings.store else ""
+        path = settings.store
+        options: dict[str, Any] = {}
+        created_with: dict[str, Any] = {"replicas": replicas or 1}
+    else:
+        if replicas is not None:
+            raise click.UsageError(
+                "--replicas is for nats:// stores (--store nats://HOST:PORT/NAME): a store "
+                "on disk has no replicas"
+            )
+        # (abspath("") is the current directory: an empty path goes to the library, which
+        # refuses it, as every other command does.)
+        path = os.path.abspath(settings.store) if settings.store else ""
+        options = {"file_mode": mode}
+        created_with = options
     created = False
     try:
-        journal.Journal.open(path, create=False, file_mode=mode).close()
+        store = journal.Journal.open(path, create=False, **options)
     except journal.StoreNotFound:
-        journal.Journal.open(path, create=True, file_mode=mode).close()
+        store = journal.Journal.open(path, create=True, **created_with)
         created = True
-    settings.output.emit({"store": path, "created": created}, path)
+    with store:
+        store_id = store.store_id.hex()
+    settings.output.emit({"store": path, "created": created, "store_id": store_id}, path)
+    if settings.output.format == "text":
+        # (stderr: stdout stays the path alone, for STORE="$(journal init)")
+        done = "created a new store" if created else "opened the existing store"
+        click.echo(f"journal: {done} {store_id} at {shown(path)}", err=True)
+        click.echo(f"journal: next: {_next_commands(path)}", err=True)
+
+
+def _next_commands(path: str) -> str:
+    """What to run after `init`, naming the store as the user did (`--store PATH` only
+    when it was given as an option: $JOURNAL_STORE and ./.journal need none)."""
+    root = click.get_current_context().find_root()
+    given = root.get_parameter_source("store") is click.core.ParameterSource.COMMANDLINE
+    journal_ = f"journal --store {shlex.quote(path)}" if given else "journal"
+    return (
+        f"`{journal_} append -s ID --create DATA` appends an event to a new session, "
+        f"`{journal_} sessions list` lists the sessions (`journal --help`: every command)"
+    )
 
 
 @main.command()

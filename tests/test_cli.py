@@ -90,7 +90,9 @@ def store(tmp_path: Path) -> Path:
     path = tmp_path / "store"
     result = invoke(path, "init")
     assert result.exit_code == 0, result.output
-    assert records(result) == [{"store": str(path), "created": True}]
+    (record,) = records(result)
+    assert re.fullmatch("[0-9a-f]{32}", record.pop("store_id")), record
+    assert record == {"store": str(path), "created": True}
     return path
 
 
@@ -135,7 +137,9 @@ def test_help_lists_the_statuses_a_watch_stopped_by_a_signal_ends_with() -> None
 
 def test_init_append_read_round_trip_in_json(store: Path) -> None:
     again = invoke(store, "init")
-    assert records(again) == [{"store": str(store), "created": False}]
+    (record,) = records(again)
+    with journal.Journal.open(store, readonly=True) as j:
+        assert record == {"store": str(store), "created": False, "store_id": j.store_id.hex()}
     # "\udcff" is how a non-UTF-8 argv byte arrives: it is stored as that byte
     appended = invoke(store, "append", "-s", "s1", "--create", "hello", "wörld", "\udcff")
     assert appended.exit_code == 0, appended.output
@@ -536,7 +540,10 @@ def test_readme_command_line_example_runs(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stderr == ""
+    # Nothing on stderr but what `journal init` says it made and what to run next.
+    made, after, *rest = result.stderr.splitlines()
+    assert made.startswith("journal: created a new store ") and after.startswith("journal: next:")
+    assert rest == []
     assert "exclusive resume OK" in result.stdout
 
 

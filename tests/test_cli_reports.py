@@ -5,10 +5,12 @@ list`, and the file digest of `import --list`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from _cli_runs import run_cli
+from _cli_runs import cli_env, run_cli
 
 from journal import EventIn, Journal
 
@@ -51,3 +53,40 @@ def test_verify_fix_that_repairs_says_so(store: Path) -> None:
     *problems, summary = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(problems) == 1 and "cut off" in problems[0]["problem"]
     assert summary["fixed"] is True and summary["problems"] == 1
+
+
+# -- init --------------------------------------------------------------------------------------
+
+
+def test_init_says_what_it_made_and_what_to_run_next(tmp_path: Path) -> None:
+    """Until 2026-12-04 `init` printed the path alone: a new user learnt neither whether a
+    store was made nor what to run next. stdout stays the path (`STORE=$(journal init)`)."""
+    path = tmp_path / "new store"
+    done = run_cli(path, "init")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{path}\n"
+    with Journal.open(path, readonly=True) as j:
+        store_id = j.store_id.hex()
+    made, after = done.stderr.splitlines()
+    assert made == f"journal: created a new store {store_id} at {path}"
+    quoted = f"journal --store '{path}'"  # (the store as the user named it)
+    assert after.startswith(f"journal: next: `{quoted} append -s ID --create DATA`"), after
+    assert f"`{quoted} sessions list`" in after
+    again = run_cli(path, "init")
+    assert again.stdout == f"{path}\n"
+    assert again.stderr.splitlines()[0] == (
+        f"journal: opened the existing store {store_id} at {path}"
+    )
+    record = json.loads(run_cli(path, "--format", "json", "init").stdout)
+    assert record == {"store": str(path), "created": False, "store_id": store_id}
+    quiet = run_cli(path, "--format", "quiet", "init")
+    assert (quiet.stdout, quiet.stderr) == ("", "")
+
+
+def test_init_names_no_store_option_the_user_did_not_give(tmp_path: Path) -> None:
+    env = {**cli_env(), "JOURNAL_STORE": str(tmp_path / "s")}
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "init"], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "journal: next: `journal append -s ID --create DATA`" in done.stderr, done.stderr

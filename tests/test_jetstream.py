@@ -836,8 +836,11 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     assert "`journal init`" in missing.stderr and "create=True" not in missing.stderr, (
         missing.stderr
     )
-    assert run("init") == (0, [{"store": store, "created": True}])
-    assert run("init") == (0, [{"store": store, "created": False}])
+    code, (made,) = run("init")
+    store_id = made.pop("store_id")
+    assert (code, made) == (0, {"store": store, "created": True})
+    assert isinstance(store_id, str) and len(store_id) == 32, store_id
+    assert run("init") == (0, [{"store": store, "created": False, "store_id": store_id}])
     code, (appended,) = run("append", "-s", "s", "--create", "a", "b")
     assert code == 0 and (appended["first_ordinal"], appended["last_ordinal"]) == (1, 2)
     code, lines = run("read", "-s", "s")
