@@ -13,7 +13,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import click
 
@@ -357,9 +357,11 @@ def import_(
             contextlib.ExitStack() as stack,
             progress_bar("checking", settings.output.format == "text") as bar,
         ):
-            source = _archive_source(archive, stack)
-            contents = journal.read_archive_contents(source, limits, progress=bar)
-        _list_contents(settings.output, contents)
+            # (The file's digest is taken as the one pass reads it: stdin or a FIFO cannot
+            # be read again, and a file need not be.)
+            source = _Digesting(_archive_source(archive, stack))
+            contents = journal.read_archive_contents(cast(IO[bytes], source), limits, progress=bar)
+        _list_contents(settings.output, contents, source.hexdigest())
         return
     if is_nats(settings.store):  # (before the archive is looked at, as the library does)
         raise journal.Unsupported(
@@ -443,7 +445,35 @@ def _archive_source(archive: str, stack: contextlib.ExitStack) -> IO[bytes]:
     return _open_archive(archive, stack)
 
 
-def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
+class _Digesting:
+    """A binary source read through, taking the SHA-256 of the bytes read: the reader of
+    an archive reads it to its end (and refuses it otherwise), so after a listing the
+    digest is the file's from where it stood, as `sha256sum` prints it."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self._digest = hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._source.read(size)
+        self._digest.update(data)
+        return data
+
+    # (Where it stands and its size: for the progress bar.)
+    def seekable(self) -> bool:
+        return self._source.seekable()
+
+    def tell(self) -> int:
+        return self._source.tell()
+
+    def fileno(self) -> int:
+        return self._source.fileno()
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def _list_contents(output: Output, contents: journal.ArchiveContents, file_sha256: str) -> None:
     """`import --list`: a header line, then one line per session (SPEC 12.4)."""
     exported = datetime.datetime.fromtimestamp(contents.exported_at_ms / 1000, datetime.UTC)
     output.emit(
@@ -458,11 +488,13 @@ def _list_contents(output: Output, contents: journal.ArchiveContents) -> None:
             "archive_bytes": contents.archive_bytes,
             "content_bytes": contents.content_bytes,
             "sha256": contents.sha256,
+            "file_sha256": file_sha256,
         },
         f"archive version {contents.version}, intact: "
         f"{plural(len(contents.sessions), 'session')}, {plural(contents.events, 'event')}, "
-        f"{contents.archive_bytes:,} bytes ({contents.content_bytes:,} decompressed; content "
-        f"sha256 {contents.sha256}), exported from store {contents.source_store_id} "
+        f"{contents.archive_bytes:,} bytes (file sha256 {file_sha256}, as sha256sum prints "
+        f"it; {contents.content_bytes:,} decompressed; content sha256 {contents.sha256}), "
+        f"exported from store {contents.source_store_id} "
         f"at {exported:%Y-%m-%d %H:%M:%S} UTC by session-journal "
         f"{shown(contents.library_version)}",
     )

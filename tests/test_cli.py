@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -1853,6 +1854,7 @@ def test_import_list_prints_what_an_archive_holds_without_a_store(
         "archive_bytes": archive.stat().st_size,
         "content_bytes": contents.content_bytes,
         "sha256": contents.sha256,
+        "file_sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
     }
     assert [(s["record"], s["session_id"], s["state"]) for s in sessions] == [
         ("session", "done", "resolved"),

@@ -4,7 +4,9 @@ list`, and the file digest of `import --list`."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +92,54 @@ def test_init_names_no_store_option_the_user_did_not_give(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert "journal: next: `journal append -s ID --create DATA`" in done.stderr, done.stderr
+
+
+# -- import --list: the file's digest ----------------------------------------------------------
+
+
+def test_import_list_prints_the_file_sha256_export_printed(store: Path, tmp_path: Path) -> None:
+    """Until 2026-12-04 `import --list` printed the content's digest alone, where `export`
+    prints the file's too (as sha256sum does): a user could not compare what they
+    exported with what they were about to import. It is taken as the one pass reads the
+    archive: from a pipe and a FIFO too (read once; the export's digest once hung
+    opening a FIFO to read it back)."""
+    archive = tmp_path / "s.archive"
+    exported = run_cli(store, "--format", "json", "export", "--all", "-o", str(archive))
+    assert exported.returncode == 0, exported.stderr
+    file_sha256 = json.loads(exported.stdout)["file_sha256"]
+    assert file_sha256 == hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    text = run_cli(store, "import", "--list", str(archive))
+    assert text.returncode == 0, text.stderr
+    header = text.stdout.splitlines()[0]
+    assert f"(file sha256 {file_sha256}, as sha256sum prints it; " in header, header
+    listed = run_cli(store, "--format", "json", "import", "--list", str(archive))
+    assert json.loads(listed.stdout.splitlines()[0])["file_sha256"] == file_sha256
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "cli", "--format", "json", "import", "--list", "-"],
+        input=archive.read_bytes(),
+        capture_output=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout.splitlines()[0])["file_sha256"] == file_sha256
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--format", "json", "import", "--list", str(fifo)],
+        stdout=subprocess.PIPE,
+        env=cli_env(),
+    )
+    try:
+        with open(fifo, "wb") as writer:
+            writer.write(archive.read_bytes())
+        out, _ = reader.communicate(timeout=30)
+    finally:
+        reader.kill()
+        reader.wait(10)
+    assert reader.returncode == 0
+    assert json.loads(out.splitlines()[0])["file_sha256"] == file_sha256
