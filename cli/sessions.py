@@ -133,7 +133,9 @@ def create(
     type=WholeNumber(1, journal.MAX_PAGE_SIZE),
     default=None,
     metavar="N",
-    help="Print one page of N sessions (and the token of the next page).",
+    help="Print one page of N sessions, then the next page's token on a line of its own "
+    '(JSON: a last object whose only key is next_page_token, "" after the last page; '
+    "text: `-- next page: --page-token T` or `-- last page`).",
 )
 @click.option(
     "--page-token",
@@ -156,7 +158,13 @@ def list_(
     page_token: str | None,
     all_pages: bool,
 ) -> None:
-    """List sessions in id order, one per line."""
+    """List sessions in id order, one per line.
+
+    With --format json each session is one object (it has "session_id"); a page
+    (--page-size, --page-token) ends with one object more, {"next_page_token": T},
+    which has no other key, so `jq 'select(.session_id)'` keeps the sessions and
+    `tail -n 1 | jq -r .next_page_token` the token.
+    """
     output = settings.output
     state_filter = journal.SessionState(state) if state else None
     one_page = not all_pages and (page_size is not None or page_token is not None)

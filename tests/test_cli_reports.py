@@ -143,3 +143,34 @@ def test_import_list_prints_the_file_sha256_export_printed(store: Path, tmp_path
         reader.wait(10)
     assert reader.returncode == 0
     assert json.loads(out.splitlines()[0])["file_sha256"] == file_sha256
+
+
+# -- sessions list: the page token line --------------------------------------------------------
+
+
+def test_sessions_list_page_token_is_a_line_a_script_tells_from_sessions(tmp_path: Path) -> None:
+    """A page in JSON ends with `{"next_page_token": T}`, among the session objects; a
+    user reading the NDJSON could not tell from `--help` how to tell it apart (until
+    2026-12-04 the help said "(and the token of the next page)"). It stays that line
+    (scripts take it with `tail -n 1`), an object whose only key is next_page_token."""
+    path = tmp_path / "store"
+    with Journal.open(path, create=True) as j:
+        for session_id in ("a", "b", "c"):
+            j.create_session(session_id)
+    listed: list[str] = []
+    token = ""
+    while True:
+        done = run_cli(
+            path, "--format", "json", "sessions", "list", "--page-size", "2", "--page-token", token
+        )
+        assert done.returncode == 0, done.stderr
+        *sessions, last = [json.loads(line) for line in done.stdout.splitlines()]
+        assert all("session_id" in record for record in sessions), sessions
+        assert set(last) == {"next_page_token"}, last
+        listed += [record["session_id"] for record in sessions]
+        token = last["next_page_token"]
+        if not token:
+            break
+    assert listed == ["a", "b", "c"]
+    shown = " ".join(run_cli(path, "sessions", "list", "--help").stdout.split())
+    assert "a last object whose only key is next_page_token" in shown, shown
