@@ -21,6 +21,7 @@ import journal
 from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import write_file
 
+from .interrupts import CtrlC, ctrl_c_noted
 from .maintenance import progress_bar
 from .output import (
     CommandFailed,
@@ -102,16 +103,19 @@ def export(
             f"{dest!r} exists: pass --force to replace it", "FILE_EXISTS", "ALREADY_EXISTS"
         )
     try:
-        with settings.open(write=False) as store:
+        with ctrl_c_noted() as ctrl_c, settings.open(write=False) as store:
             if archive_format == "ndjson":
-                report = _export_ndjson(store, ids, dest, output)
+                report = _export_ndjson(store, ids, dest, output, ctrl_c)
             elif dest == "-":
                 with progress_bar("exporting", output.format == "text") as bar:
-                    report = store.export_sessions(ids, sys.stdout.buffer, progress=bar)
+                    report = store.export_sessions(
+                        ids, sys.stdout.buffer, progress=ctrl_c.progress(bar)
+                    )
                 sys.stdout.buffer.flush()
             else:
                 with progress_bar("exporting", output.format == "text") as bar:
-                    report = store.export_sessions(ids, dest, progress=bar)
+                    report = store.export_sessions(ids, dest, progress=ctrl_c.progress(bar))
+            ctrl_c.check()
     except BrokenPipeError:
         if archive_format == "ndjson":
             raise  # the readable form: `| head` is a normal way to end (exit 0)
@@ -184,12 +188,12 @@ def _file_sha256(path: str) -> str | None:
 
 
 def _export_ndjson(
-    store: journal.Journal, ids: list[str] | None, dest: str, output: Output
+    store: journal.Journal, ids: list[str] | None, dest: str, output: Output, ctrl_c: CtrlC
 ) -> journal.ExportReport:
     """The readable form: the binary archive, read back as one JSON object per record."""
     with tempfile.TemporaryFile(prefix="journal-export-") as binary:
         with progress_bar("exporting", output.format == "text" and dest != "-") as bar:
-            report = store.export_sessions(ids, binary, progress=bar)
+            report = store.export_sessions(ids, binary, progress=ctrl_c.progress(bar))
         binary.seek(0)
         if dest == "-":
             _write_ndjson(binary, sys.stdout)
@@ -354,14 +358,18 @@ def import_(
         if new_id is not None or renames:
             raise click.UsageError("--list imports nothing: pass it without --as and --rename")
         with (
+            ctrl_c_noted() as ctrl_c,
             contextlib.ExitStack() as stack,
             progress_bar("checking", settings.output.format == "text") as bar,
         ):
             # (The file's digest is taken as the one pass reads it: stdin or a FIFO cannot
             # be read again, and a file need not be.)
-            source = _Digesting(_archive_source(archive, stack))
-            contents = journal.read_archive_contents(cast(IO[bytes], source), limits, progress=bar)
-        _list_contents(settings.output, contents, source.hexdigest())
+            read = _Digesting(_archive_source(archive, stack))
+            contents = journal.read_archive_contents(
+                cast(IO[bytes], read), limits, progress=ctrl_c.progress(bar)
+            )
+            ctrl_c.check()
+        _list_contents(settings.output, contents, read.hexdigest())
         return
     if is_nats(settings.store):  # (before the archive is looked at, as the library does)
         raise journal.Unsupported(
@@ -388,7 +396,7 @@ def import_(
                     f"{item}): give each OLD once"
                 )
             rename[old] = new
-    with contextlib.ExitStack() as stack:
+    with ctrl_c_noted() as ctrl_c, contextlib.ExitStack() as stack:
         source = _archive_source(archive, stack)
         split = [item for item in renames if item.count("=") > 1]
         if new_id is not None or split:
@@ -406,7 +414,14 @@ def import_(
                 settings.open() as store,
                 progress_bar("importing", output.format == "text") as bar,
             ):
-                report = store.import_sessions(source, rename=rename, progress=bar, limits=limits)
+                # (No Ctrl+C is raised at the report of all done: it comes after the
+                # commit, and an interrupted import has imported nothing.)
+                report = store.import_sessions(
+                    source,
+                    rename=rename,
+                    progress=ctrl_c.progress(bar, final_is_done=True),
+                    limits=limits,
+                )
         except KeyboardInterrupt:
             click.echo(
                 "journal: interrupted: nothing was imported (`journal compact` reclaims "
@@ -431,6 +446,11 @@ def import_(
         f"{plural(report.events, 'event')} from store "
         f"{report.source_store_id}",
     )
+    if ctrl_c.came:  # (its raise was lost, or it came after the last report before the commit)
+        click.echo(
+            "journal: Ctrl+C came as the sessions were imported; they were imported (above)",
+            err=True,
+        )
 
 
 def _archive_source(archive: str, stack: contextlib.ExitStack) -> IO[bytes]:

@@ -14,6 +14,7 @@ import click
 import journal
 from cursors import KeyRing
 
+from .interrupts import ctrl_c_noted
 from .output import CommandFailed, Settings, Share, WholeNumber, is_nats, pass_settings, plural
 
 
@@ -56,10 +57,15 @@ def compact(settings: Settings, dead_share: float) -> None:
     On a nats:// store (no segments) it applies the retention policy only.
     """
     output = settings.output
-    with settings.open() as store, progress_bar("compacting", output.format == "text") as bar:
-        # (A local compaction applies retention itself; JetStream's has nothing else.)
-        retention = store.apply_retention() if is_nats(settings.store) else None
-        report = store.compact(dead_share=dead_share, progress=bar)
+    with ctrl_c_noted() as ctrl_c:
+        with (
+            settings.open() as store,
+            progress_bar("compacting", output.format == "text") as bar,
+        ):
+            # (A local compaction applies retention itself; JetStream's has nothing else.)
+            retention = store.apply_retention() if is_nats(settings.store) else None
+            report = store.compact(dead_share=dead_share, progress=ctrl_c.progress(bar))
+        ctrl_c.check()
     if retention is not None:
         output.emit(
             {
@@ -94,11 +100,13 @@ def verify(settings: Settings, fix: bool) -> None:
     Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
     """
     output = settings.output
-    with (
-        settings.open(write=fix) as store,
-        progress_bar("verifying", output.format == "text") as bar,
-    ):
-        report = store.verify(fix=fix, progress=bar)
+    with ctrl_c_noted() as ctrl_c:
+        with (
+            settings.open(write=fix) as store,
+            progress_bar("verifying", output.format == "text") as bar,
+        ):
+            report = store.verify(fix=fix, progress=ctrl_c.progress(bar))
+        ctrl_c.check()
     for problem in report.problems:
         output.emit(
             {"segment": problem.segment, "offset": problem.offset, "problem": problem.what},
