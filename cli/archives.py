@@ -30,7 +30,6 @@ from .output import (
     WholeNumber,
     embedded,
     id_column,
-    is_nats,
     listing_parts,
     pass_settings,
     plural,
@@ -371,12 +370,6 @@ def import_(
             ctrl_c.check()
         _list_contents(settings.output, contents, read.hexdigest())
         return
-    if is_nats(settings.store):  # (before the archive is looked at, as the library does)
-        raise journal.Unsupported(
-            "`journal import` is not available on a nats:// store: import the archive into "
-            "a local store (`journal --store DIR import FILE`), or write its events with "
-            "`journal append`"
-        )
     output = settings.output
     rename: dict[str, str] | None = None
     if renames:

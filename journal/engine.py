@@ -328,6 +328,8 @@ class StagedSession(msgspec.Struct, frozen=True):
     snapshot: ArchiveSnapshot | None
     events: list[ArchiveEvent]
     checkpoint: ArchiveCheckpoint | None = None
+    # The id it will take at the commit ("": its own; an engine may stage under it).
+    target: str = ""
 
 
 class StageSessions(Operation[list[SessionRow]], frozen=True):
@@ -396,6 +398,9 @@ class Engine(Protocol):
 
     # Why `import_sessions` is refused on this engine (None: it imports).
     import_refusal: str | None
+    # The most sessions one import may hold (None: no limit); an archive of more is
+    # refused in the check pass, before anything is written.
+    max_import_sessions: int | None
     # Whether a read waits on the network (up to 30 s in an outage): the asyncio
     # followers then read in a worker thread, not on the caller's loop, and such an
     # engine ends a read whose `READ_SCOPE` is cancelled.

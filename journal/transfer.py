@@ -424,6 +424,15 @@ def import_sessions(
         checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
         header, counts, sha256, archive_bytes = checked
         sources = [session_id for session_id, _ in counts]
+        most: int | None = getattr(engine, "max_import_sessions", None)
+        if most is not None and len(sources) > most:
+            raise InvalidArgument(
+                f"this store imports at most {most} sessions at once and the archive "
+                f"holds {len(sources):,}: nothing was imported. Export the sessions in "
+                f"parts of at most {most} (`journal export -s ID ...`, or export_sessions "
+                "with session_ids) and import each part, or import the archive into a "
+                "local store (SPEC 16.5)"
+            )
         unknown = sorted(set(renames) - set(sources))
         if unknown:
             raise InvalidArgument(
@@ -618,7 +627,9 @@ def _stage_and_commit(
                     ):
                         if row is None:
                             stage_group()  # (first: the plan keeps the archive's order)
-                            alone = StagedSession(meta, section.snapshot, [], section.checkpoint)
+                            alone = StagedSession(
+                                meta, section.snapshot, [], section.checkpoint, targets[index]
+                            )
                             (row,) = engine.submit(
                                 StageSessions([alone], header.store_id, header.exported_at_ms)
                             )
@@ -636,7 +647,9 @@ def _stage_and_commit(
                 size += metadata_bytes(meta.mode, meta.context_id, meta.tags, meta.extensions)
                 if not group.fits(size, len(pending)):
                     stage_group()
-                staged_session = StagedSession(meta, section.snapshot, pending, section.checkpoint)
+                staged_session = StagedSession(
+                    meta, section.snapshot, pending, section.checkpoint, targets[index]
+                )
                 group.add(staged_session, index, size)
                 continue
             if pending:

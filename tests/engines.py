@@ -85,7 +85,7 @@ class JetStreamEngineFactory:
 
     name: str = "jetstream"
     replicas: int = 1
-    supports: frozenset[str] = frozenset({"copy_store"})
+    supports: frozenset[str] = frozenset({"copy_store", "import"})
     marks: tuple[pytest.MarkDecorator, ...] = field(default=())
 
     def url(self) -> str:

@@ -25,7 +25,7 @@ import msgspec
 
 from ..errors import JournalCorrupt
 from .client import ApiError, Found, Unavailable
-from .reads import StoreReader, decode_feed, decode_row
+from .reads import StoreReader, decode_feed, stored_row
 
 __all__ = ["CommitsSeen"]
 
@@ -88,10 +88,11 @@ class CommitsSeen:
             return head, None
 
     def _incarnation(self, message: Found) -> int | None:
-        """The incarnation a row message or feed entry names (None: a tombstone)."""
+        """The incarnation a row message or feed entry names (None: a tombstone). A
+        staged row's (an import in progress) has no follower: it wakes nobody."""
         if message.subject.startswith(self._subjects.feed[:-1]):
             return decode_feed(message).row.incarnation
-        row = decode_row(message)
+        row = stored_row(message)
         return None if row is None else row.incarnation
 
     async def _since(self, subject: str, first: int, leader: bool) -> list[Found] | None:

@@ -56,11 +56,12 @@ from ..sessions import FeedEntry, SessionRow
 from ..waiter import HeadUnknown, Notifier
 from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
+from .imports import MAX_IMPORT_SESSIONS, Imports
 from .layout import ENCODER, Heartbeat, Subjects
 from .opening import bootstrap, key_ring_of, recorded_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
-from .writes import IMPORT_REFUSAL, Writer
+from .writes import Writer
 
 __all__ = ["JetStreamEngine", "JetStreamOptions"]
 
@@ -240,7 +241,8 @@ def _start_time(pid: int) -> int:
 class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
-    import_refusal: str | None = IMPORT_REFUSAL
+    import_refusal: str | None = None
+    max_import_sessions: int | None = MAX_IMPORT_SESSIONS
     reads_block: bool = True
     store_id: bytes
     key_ring: KeyRing
@@ -308,6 +310,16 @@ class JetStreamEngine:
         )
         policy = conn.call(recorded_policy(conn, self.subjects, options))
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
+        importer = (self._pid, max(_start_time(self._pid), 0), self._host, self._boot)
+        self.writer.imports = Imports(
+            self.reader,
+            self.store_id,
+            importer,
+            self._owner_alive,
+            self._committed,
+            self.heartbeat_s,
+            self.point,
+        )
         self._expiry_wake: asyncio.Event | None = None
         self._expiry: asyncio.Task[None] | None = None
         if not self.readonly:
@@ -754,6 +766,7 @@ class JetStreamEngine:
             with contextlib.suppress(Exception):
                 lease.release()
         self._closed = True
+        self.writer.imports.close()
         # The requests in flight end now (a head read of the waiter thread, which the
         # waiter's close waits for, would wait up to 5 s while the servers do not answer).
         self.conn.cut()

@@ -6,6 +6,7 @@ encoded into one subject token (hex keeps byte order, so sorted subjects are sor
     j.<store>.meta               the store's identity (id, format, shared cursor key)
     j.<store>.policy             the store's retention policy (rolled up)
     j.<store>.lc.<id>            lifecycle feed entries of the session (kept for good)
+    j.<store>.in.<id>            an imported session's incarnation (kept for good)
     j.<store>.s.<id>.row         the session's registry row (rolled up: one message)
     j.<store>.s.<id>.ev          its events, one message each
     j.<store>.s.<id>.sn          its latest snapshot (rolled up)
@@ -93,6 +94,7 @@ class Subjects:
         self.feed = f"{root}.lc.*"
         self.rows = f"{root}.s.*.row"
         self._feed_prefix = f"{root}.lc."
+        self._claim_prefix = f"{root}.in."
         self._session_prefix = f"{root}.s."
 
     @staticmethod
@@ -105,6 +107,10 @@ class Subjects:
 
     def lifecycle(self, token: str) -> str:
         return self._feed_prefix + token
+
+    def claim(self, token: str) -> str:
+        """The message an imported session's staging began with: its incarnation."""
+        return self._claim_prefix + token
 
     def row(self, token: str) -> str:
         return f"{self._session_prefix}{token}.row"
@@ -133,9 +139,12 @@ class Subjects:
         return f"{self._session_prefix}{token}.>"
 
     def session_of_feed(self, subject: str) -> str | None:
-        if not subject.startswith(self._feed_prefix):
-            return None
-        return _decode_token(subject[len(self._feed_prefix) :])
+        """The session a creation's message names: its CREATED feed entry, or the claim
+        an imported session's incarnation is."""
+        for prefix in (self._feed_prefix, self._claim_prefix):
+            if subject.startswith(prefix):
+                return _decode_token(subject[len(prefix) :])
+        return None
 
     def token_of_row(self, subject: str) -> str | None:
         if not (subject.startswith(self._session_prefix) and subject.endswith(".row")):

@@ -183,7 +183,12 @@ class StoreReader:
                     rows.pop(token, None)  # (evicted)
                 else:
                     rows[token] = row
-        return point, [rows[t] for t in sorted(rows) if rows[t].incarnation <= point]
+        # (An imported session's incarnation precedes its CREATED entry, `name_position`.)
+        return point, [
+            rows[t]
+            for t in sorted(rows)
+            if max(rows[t].incarnation, rows[t].name_position) <= point
+        ]
 
     async def session_id_of(self, incarnation: int) -> str | None:
         message = await self.conn.msg_get({"seq": incarnation})
@@ -344,7 +349,14 @@ class Moved(Exception):
 
 
 def decode_row(message: Found) -> SessionRow | None:
-    """The row a row message holds (None for an eviction's tombstone)."""
+    """The row a row message holds (None for an eviction's tombstone, and for the staged
+    row of an import in progress: nobody sees it before its commit, `imports.py`)."""
+    row = stored_row(message)
+    return None if row is None or row.staged else row
+
+
+def stored_row(message: Found) -> SessionRow | None:
+    """The row a row message holds, staged or not (None for a tombstone)."""
     if not message.data:
         return None
     try:

@@ -37,24 +37,17 @@ from ..errors import (
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
-    Unsupported,
 )
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
 from .client import ApiError, BatchMessage, Unavailable
 from .commit import Committer, Plan, done, rel, resolved
+from .imports import Imports
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
 from .reads import RowState
 
-# Why `import_sessions` is refused on this engine (before the archive is read: the
-# facade asks `import_refusal`; and by the writer, should an operation get here).
-IMPORT_REFUSAL: Final = (
-    "import_sessions is not available on a nats:// store: import the archive into a "
-    "local store, or replay its events with append()"
-)
-
-__all__ = ["IMPORT_REFUSAL", "MAX_APPEND_EVENTS", "Writer"]
+__all__ = ["MAX_APPEND_EVENTS", "Writer"]
 
 # JetStream refuses an atomic batch of more than 1,000 messages (error 10199); an append
 # also writes its row, and may write a creation record and an idempotency marker.
@@ -69,6 +62,8 @@ def _now_ms() -> int:
 
 class Writer(Committer):
     """Plans each operation (see the module docstring)."""
+
+    imports: Imports  # (set by the engine once it knows the store's id)
 
     async def submit(self, operation: Operation[Any]) -> Any:
         match operation:
@@ -93,7 +88,7 @@ class Writer(Committer):
             case ReleaseLease():
                 return await self._release(operation)
             case StageSessions() | StageEvents() | CommitImport() | AbortImport():
-                raise Unsupported(IMPORT_REFUSAL)
+                return await self.imports.submit(operation)
             case VerifyFix():
                 raise AssertionError("the engine answers VerifyFix itself")
             case _:
@@ -486,8 +481,8 @@ class Writer(Committer):
             row, seq = rows.get(token, (None, 0))
             if row is None:
                 session_id = Subjects.session_of_token(token)
-                if seq and session_id is not None:  # a tombstone: its purge failed (or runs)
-                    await self._purge_evicted(session_id, seq)
+                if seq and session_id is not None:
+                    await self._no_row(session_id, token)
                 continue
             if row.session_state.terminal and policy.session_retention_ms is not None:
                 since = (
@@ -502,6 +497,17 @@ class Writer(Committer):
             if await self._trim_to_window(row.session_id, now):
                 trimmed.append(row.session_id)
         return RetentionReport(trimmed, evicted, [], 0)
+
+    async def _no_row(self, session_id: str, token: str) -> None:
+        """A row subject whose message reads as no row: a tombstone, whose purge failed
+        (or runs), or an import's staged row, rolled back once its importer is dead."""
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.row(token)})
+        if message is None:
+            return
+        if not message.data:
+            await self._purge_evicted(session_id, message.seq)
+        else:
+            await self.imports.roll_back_if_dead(token, message)
 
     async def _evict(self, session_id: str, incarnation: int) -> bool:
         async def plan(state: RowState, now: int) -> Plan:

@@ -159,6 +159,7 @@ class LocalEngine:
     """
 
     import_refusal: str | None = None
+    max_import_sessions: int | None = None
     reads_block: bool = False
     store_id: bytes
     key_ring: KeyRing

@@ -1,0 +1,620 @@
+"""Imports on the JetStream engine (SPEC 12.3 and 16.5): `StageSessions`, `StageEvents`,
+`CommitImport` and `AbortImport`, coroutines on the connection's loop.
+
+A session is staged under the id it will take, in atomic batches that each end with its
+*staged row* (`SessionRow.staged`), written with the compare-and-set on the row subject
+as every commit is. Its first batch begins with its *claim* (`j.<store>.in.<id>`, kept
+for good like the lifecycle feed): the claim's sequence is the session's incarnation, so
+its events lie above it as any session's lie above its creation, and `session_id_of`
+finds its id. The first batch also holds the snapshot, the checkpoint and the first
+events; later batches hold more events (at most 999 messages and 4 MiB of events each).
+Readers take a staged row for no row (`reads.decode_row`): listings, gets, reads,
+watches, expiry, retention and verify see nothing of it, and nothing is written to the
+lifecycle feed before the commit. A writer that creates the id meanwhile writes over the
+staged row (it reads as no row), and the import's next batch or its commit is then
+refused: `SessionExists`, and the import is rolled back.
+
+The commit is one atomic batch: for each session its CREATED feed entry, its state's
+entry when it is not open, and its visible row with the compare-and-set on its staged
+row; so every session becomes visible at once, or none does. A batch holds 1,000
+messages: an import takes at most `MAX_IMPORT_SESSIONS` sessions (3 messages each), and
+the check pass refuses an archive of more before anything is written
+(`transfer.import_sessions`, the engine's `max_import_sessions`).
+
+Each staged row records its importer as an owner lease records its holder (pid, start
+time, host, boot id), and names the importer's heartbeat (`IMPORTER_HEADER`): an engine
+beats every second while it has sessions staged, as an owner does. A staged row whose
+importer is dead (judged as owners are: SPEC 16.5, owner liveness) is rolled back by the
+next import of its id and by every retention pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+from nats.errors import MaxPayloadError
+
+from ..archive import ArchiveEvent
+from ..engine import AbortImport, CommitImport, StagedSession, StageEvents, StageSessions
+from ..errors import InvalidArgument, SessionExists, SessionNotFound, StoreUnavailable
+from ..models import LifecycleEventType, SessionState
+from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
+from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable
+from .layout import ENCODER, Heartbeat, StoredEvent, StoredFeed, StoredSnapshot, Subjects, resolve
+from .reads import StoreReader, stored_row
+
+__all__ = ["MAX_IMPORT_SESSIONS", "Imports", "too_many_sessions"]
+
+# One atomic batch makes an import visible: 1,000 messages, 3 a session at most (its
+# CREATED entry, its state's entry, its row).
+MAX_IMPORT_SESSIONS: Final = 333
+_BATCH: Final = 1000
+_BATCH_BYTES: Final = 4 << 20
+# Headers of staging messages: the staged session's token (on its claim and its staged
+# rows), and the heartbeat id of the importing engine (on its staged rows).
+STAGE_HEADER: Final = "Journal-Stage"
+IMPORTER_HEADER: Final = "Journal-Importer"
+_WRITE_S: Final = 30.0
+_WRONG_LAST_SEQUENCE: Final = 10071
+_IN_PROCESS: Final = 10164
+_TOO_LARGE: Final = frozenset({10054, 10199})
+
+# This process's staged incarnations, per store id, across its journals, and how many
+# first batches (whose incarnation is not known yet) are in flight: a staged row naming
+# this process is alive while it is here.
+_LOCK: Final = threading.Lock()
+_STAGING: Final[set[tuple[bytes, int]]] = set()
+_IN_FLIGHT: Final[dict[bytes, int]] = {}
+
+Alive = Callable[[SessionRow, int], Awaitable[bool | None]]
+Committed = Callable[[int, SessionRow | None, int], None]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def too_many_sessions(count: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"a nats:// store imports at most {MAX_IMPORT_SESSIONS} sessions at once (an "
+        "import's sessions become visible in one atomic JetStream batch of at most 1,000 "
+        f"messages, 3 a session) and this archive holds {count:,}: nothing was imported. "
+        f"Export the sessions in parts of at most {MAX_IMPORT_SESSIONS} (`journal export "
+        "-s ID ...`, or export_sessions with session_ids) and import each part, or import "
+        "the archive into a local store"
+    )
+
+
+def _beat_session(beat_id: str) -> str:
+    """The id whose heartbeat subject an importer beats on (no session can take it: ids
+    hold no NUL)."""
+    return f"\x00import\x00{beat_id}"
+
+
+class _Staged:
+    """One session this engine staged: its row (None until its first batch landed) and
+    that row message's sequence (the next batch's compare-and-set)."""
+
+    __slots__ = ("row", "seq", "session_id", "stamp", "token")
+
+    def __init__(self, session_id: str, seq: int) -> None:
+        self.session_id = session_id
+        self.token = Subjects.token(session_id)
+        self.stamp = uuid.uuid4().hex
+        self.seq = seq
+        self.row: SessionRow | None = None
+
+
+class Imports:
+    """The import operations of one engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        store_id: bytes,
+        importer: tuple[int, int, str, str],
+        owner_alive: Alive,
+        committed: Committed,
+        heartbeat_s: float,
+        point: Callable[[str, object], None],
+    ) -> None:
+        self._conn = reader.conn
+        self._reader = reader
+        self._subjects = reader.subjects
+        self._store_id = store_id
+        self._pid, self._start_time, self._host, self._boot = importer
+        self._owner_alive = owner_alive
+        self._committed = committed
+        self._heartbeat_s = heartbeat_s
+        self._point = point  # the engine's fault points (SPEC 1.3)
+        self._staged: dict[int, _Staged] = {}
+        self._in_flight = 0
+        self._beat_id = uuid.uuid4().hex
+        self._beating: asyncio.Task[None] | None = None
+
+    async def submit(self, operation: Any) -> Any:
+        match operation:
+            case StageSessions():
+                return await self._stage_sessions(operation)
+            case StageEvents():
+                entry = self._staged.get(operation.incarnation)
+                if entry is None or entry.row is None:
+                    raise SessionNotFound(
+                        f"no import in progress at incarnation {operation.incarnation}"
+                    )
+                row = await self._write(entry, entry.row, [], operation.events)
+                return row.last_ordinal
+            case CommitImport():
+                return await self._commit(operation)
+            case AbortImport():
+                return await self._abort(operation.incarnations)
+        raise TypeError(f"not an import operation: {type(operation).__name__}")
+
+    # -- staging ---------------------------------------------------------------------------
+
+    async def _stage_sessions(self, op: StageSessions) -> list[SessionRow]:
+        begun: list[_Staged] = []
+        try:
+            rows = []
+            for item in op.sessions:
+                rows.append(await self._begin(item, op.source_store, op.exported_at_ms, begun))
+            return rows
+        except BaseException:
+            # (The caller knows none of these incarnations: they are rolled back here.)
+            for entry in begun:
+                with contextlib.suppress(Exception):
+                    await self._roll_back(entry)
+            raise
+
+    async def _begin(
+        self, item: StagedSession, source_store: str, exported_at_ms: int, begun: list[_Staged]
+    ) -> SessionRow:
+        meta = item.session
+        session_id = item.target or meta.session_id
+        entry = _Staged(session_id, 0)
+        entry.seq = await self._free(entry)
+        begun.append(entry)
+        now = _now_ms()
+        row = SessionRow(
+            session_id=session_id,
+            incarnation=0,
+            state=SessionState.OPEN.wire,
+            mode=meta.mode,
+            context_id=meta.context_id,
+            tags=dict(meta.tags),
+            extensions=dict(meta.extensions),
+            created_at_ms=meta.created_at_ms,
+            ended_at_ms=None,
+            first_ordinal=meta.first_ordinal,
+            last_ordinal=meta.first_ordinal - 1,
+            ttl_ms=meta.ttl_ms,
+            max_suspend_ms=meta.max_suspend_ms,
+            suspended_at_ms=None,
+            lifecycle_position=0,
+            max_history_bytes=meta.max_history_bytes,
+            max_history_age_ms=meta.max_history_age_ms,
+            owner_pid=self._pid,
+            owner_start_time=self._start_time,
+            owner_host=self._host,
+            owner_boot_id=self._boot,
+            owner_since_ms=now,
+            turn_request_id=meta.turn_request_id,
+            staged=True,
+            imported_store=source_store,
+            imported_exported_at_ms=exported_at_ms,
+        )
+        token = entry.token
+        stamp = {STAGE_HEADER: entry.stamp}
+        prefix: list[tuple[BatchMessage, tuple[str, ...]]] = [
+            ((self._subjects.claim(token), entry.stamp.encode(), stamp), ("incarnation",))
+        ]
+        rollup = {"Nats-Rollup": "sub"}
+        # (A stored snapshot's incarnation is not read: 0, the claim's not known yet.)
+        if item.snapshot is not None:
+            through = item.snapshot.through_ordinal
+            stored = StoredSnapshot(0, through, now, item.snapshot.data)
+            row.snapshot_ordinal = through
+            subject = self._subjects.snapshot(token)
+            prefix.append(((subject, ENCODER.encode(stored), rollup), ("snapshot_position",)))
+        if item.checkpoint is not None:
+            through = item.checkpoint.through_ordinal
+            stored = StoredSnapshot(0, through, now, item.checkpoint.data)
+            row.checkpoint_ordinal = through
+            subject = self._subjects.checkpoint(token)
+            prefix.append(((subject, ENCODER.encode(stored), rollup), ("checkpoint_position",)))
+        self._started(1)
+        try:
+            row = await self._write(entry, row, prefix, item.events)
+        finally:
+            self._started(-1)
+        return msgspec.structs.replace(row)
+
+    def _started(self, change: int) -> None:
+        """Count a first batch in flight (`change` 1) or no longer (-1)."""
+        self._in_flight += change
+        with _LOCK:
+            _IN_FLIGHT[self._store_id] = _IN_FLIGHT.get(self._store_id, 0) + change
+        if change > 0:
+            self._beat()
+
+    async def _free(self, entry: _Staged) -> int:
+        """The compare-and-set value of the id's row subject when no session has it
+        (`SessionExists` otherwise): a staged row of a dead importer is rolled back first."""
+        subject = self._subjects.row(entry.token)
+        message = await self._conn.msg_get({"last_by_subj": subject})
+        if message is None:
+            return 0
+        row = stored_row(message)
+        if row is None:
+            return message.seq  # (an eviction's tombstone)
+        if not row.staged:
+            raise self._taken(entry.session_id)
+        if not await self.roll_back_if_dead(entry.token, message):
+            raise SessionExists(
+                f"session {entry.session_id!r} is being imported by another process (pid "
+                f"{row.owner_pid} on {row.owner_host}): import it under another id, or "
+                "wait for that import to end"
+            )
+        again = await self._conn.msg_get({"last_by_subj": subject})
+        return 0 if again is None else again.seq
+
+    def _taken(self, session_id: str) -> SessionExists:
+        return SessionExists(
+            f"session {session_id!r} exists in this store (created meanwhile by another "
+            "writer): nothing was imported; import it under another id (rename=, or "
+            "`journal import --as NEW_ID` / `--rename OLD=NEW`)"
+        )
+
+    async def _write(
+        self,
+        entry: _Staged,
+        row: SessionRow,
+        prefix: list[tuple[BatchMessage, tuple[str, ...]]],
+        events: list[ArchiveEvent],
+    ) -> SessionRow:
+        """Write `prefix` (messages, and the row fields naming their positions) and
+        `events` (one staged append) in batches, each ending with the staged row."""
+        expected = row.last_ordinal + 1
+        for offset, event in enumerate(events):
+            if event.ordinal != expected + offset:
+                raise InvalidArgument(
+                    f"imported event ordinal {event.ordinal} where {expected + offset} was due"
+                )
+        batch_first = expected
+        batch_before = row.appended_bytes
+        subject = self._subjects.events(entry.token)
+        taken = 0
+        first = True
+        while first or taken < len(events):
+            messages = [message for message, _ in prefix] if first else []
+            fields = [names for _, names in prefix] if first else []
+            new = msgspec.structs.replace(row)
+            running = new.appended_bytes
+            size = 0
+            while taken < len(events) and len(messages) < _BATCH - 1:
+                event = events[taken]
+                weight = len(event.data) + len(event.request_id or "")
+                if size and size + weight > _BATCH_BYTES:
+                    break
+                stored = StoredEvent(
+                    event.ordinal,
+                    event.timestamp_ms,
+                    event.type,
+                    event.data,
+                    event.request_id,
+                    batch_first,
+                    batch_before,
+                    running,
+                )
+                running += len(event.data)
+                size += weight
+                messages.append((subject, ENCODER.encode(stored), {}))
+                fields.append(("last_event_position",))
+                new.last_ordinal = event.ordinal
+                taken += 1
+            new.retained_bytes += running - new.appended_bytes
+            new.appended_bytes = running
+            count = len(messages) + 1
+            for index, names in enumerate(fields):
+                for name in names:
+                    setattr(new, name, index - (count - 1))
+            if first:
+                new.lifecycle_position = new.incarnation
+            messages.append((self._subjects.row(entry.token), ENCODER.encode(new), {}))
+            seq = await self._publish_staged(entry, messages)
+            row = resolve(new, seq)
+            entry.seq, entry.row = seq, row
+            if first:
+                self._staged[row.incarnation] = entry
+                with _LOCK:
+                    _STAGING.add((self._store_id, row.incarnation))
+            first = False
+        return row
+
+    async def _publish_staged(self, entry: _Staged, messages: list[BatchMessage]) -> int:
+        batch = uuid.uuid4().hex
+        subject, payload, headers = messages[-1]
+        messages[-1] = (
+            subject,
+            payload,
+            {
+                **headers,
+                STAGE_HEADER: entry.stamp,
+                IMPORTER_HEADER: self._beat_id,
+                WRITE_TOKEN: batch,
+                "Nats-Expected-Last-Subject-Sequence": str(entry.seq),
+                "Nats-Rollup": "sub",
+            },
+        )
+
+        async def landed() -> int | None:
+            found = await self._conn.msg_get({"last_by_subj": subject})
+            if found is not None and found.headers.get(WRITE_TOKEN) == batch:
+                return found.seq
+            if (0 if found is None else found.seq) == entry.seq:
+                return None  # (not stored: it may be sent again)
+            raise self._taken(entry.session_id)
+
+        return await self._send(messages, landed, entry.session_id)
+
+    async def _send(
+        self,
+        messages: list[BatchMessage],
+        landed: Callable[[], Awaitable[int | None]],
+        session_id: str,
+        committing: bool = False,
+    ) -> int:
+        """Publish one atomic batch; the sequence of its last message. A refused
+        compare-and-set or a lost reply is settled by `landed()`: the sequence when the
+        batch is stored, None when it is not (it is sent again), `SessionExists` when
+        another writer took the row."""
+        deadline = time.monotonic() + _WRITE_S
+        busy = 0
+        while True:
+            settle = False
+            try:
+                return await self._conn.publish_batch(messages)
+            except ApiError as e:
+                if e.err_code in _TOO_LARGE:
+                    raise InvalidArgument(
+                        f"JetStream refused the import's write of session {session_id!r}: "
+                        f"{e.description}: raise max_payload and the stream's max_msg_size, "
+                        "or import into a local store"
+                    ) from None
+                if e.err_code == _WRONG_LAST_SEQUENCE or e.transient:
+                    settle = True
+                elif e.err_code != _IN_PROCESS:
+                    raise StoreUnavailable(
+                        f"JetStream refused the import's write of session {session_id!r}: "
+                        f"{e.description} (error {e.err_code}); nothing was imported"
+                    ) from None
+            except MaxPayloadError:
+                raise InvalidArgument(
+                    f"a message of the import of session {session_id!r} is larger than the "
+                    "NATS server's max_payload: raise it (SPEC 16.1)"
+                ) from None
+            except Unavailable:
+                settle = True
+            if settle:
+                with contextlib.suppress(ApiError, *Unavailable):
+                    seq = await landed()
+                    if seq is not None:
+                        return seq
+            if time.monotonic() > deadline:
+                if committing:  # (its batch may yet land: all of the import, or none)
+                    raise StoreUnavailable(
+                        f"no answer from JetStream for {_WRITE_S:g} s committing the import "
+                        f"(of {session_id!r} and the others): it is not known to have "
+                        "committed; check the servers, then look whether its sessions are "
+                        "there (get_session, `journal sessions list`) before importing again"
+                    )
+                raise StoreUnavailable(
+                    f"no answer from JetStream for {_WRITE_S:g} s importing session "
+                    f"{session_id!r}: nothing was imported (what was staged is rolled back, "
+                    "or by the next retention pass once this process is gone); check the "
+                    "servers and retry"
+                )
+            await asyncio.sleep(min(0.002 * 2**busy, 0.1))
+            busy += 1
+
+    # -- commit and rollback ---------------------------------------------------------------
+
+    async def _commit(self, op: CommitImport) -> list[SessionRow]:
+        if len(op.targets) > MAX_IMPORT_SESSIONS:
+            raise too_many_sessions(len(op.targets))
+        entries: list[_Staged] = []
+        for target in op.targets:
+            entry = self._staged.get(target.incarnation)
+            if entry is None or entry.row is None:
+                raise SessionNotFound(f"no import in progress at incarnation {target.incarnation}")
+            if entry.session_id != target.session_id:
+                raise InvalidArgument(
+                    f"incarnation {target.incarnation} was staged as {entry.session_id!r}, "
+                    f"not {target.session_id!r}"
+                )
+            entries.append(entry)
+        if not entries:
+            return []
+        self._point("import.commit", [entry.session_id for entry in entries])
+        now = _now_ms()
+        batch = uuid.uuid4().hex
+        messages: list[BatchMessage] = []
+        finals: list[tuple[int, SessionRow]] = []
+        for target, entry in zip(op.targets, entries, strict=True):
+            assert entry.row is not None
+            state = SessionState.from_wire(target.state)
+            count = 2 if state is SessionState.OPEN else 3
+            opened = msgspec.structs.replace(
+                entry.row,
+                staged=False,
+                state=SessionState.OPEN.wire,
+                suspended_at_ms=None,
+                ended_at_ms=None,
+                lifecycle_position=1 - count,
+                name_position=1 - count,
+                owner_pid=0,
+                owner_start_time=0,
+                owner_host="",
+                owner_boot_id="",
+                owner_since_ms=0,
+            )
+            feed = self._subjects.lifecycle(entry.token)
+            created = FeedEntry(LifecycleEventType.CREATED.value, now, opened)
+            headers = {WRITE_TOKEN: batch} if not messages else {}
+            messages.append((feed, ENCODER.encode(StoredFeed(created, count - 1)), headers))
+            final = opened
+            if state is not SessionState.OPEN:
+                final = msgspec.structs.replace(
+                    opened,
+                    state=target.state,
+                    lifecycle_position=-1,
+                    suspended_at_ms=target.state_at_ms if state is SessionState.SUSPENDED else None,
+                    ended_at_ms=target.state_at_ms if state.terminal else None,
+                )
+                change = FeedEntry(lifecycle_event_of(state).value, target.state_at_ms, final)
+                messages.append((feed, ENCODER.encode(StoredFeed(change, 1)), {}))
+            cas = {"Nats-Expected-Last-Subject-Sequence": str(entry.seq), "Nats-Rollup": "sub"}
+            messages.append((self._subjects.row(entry.token), ENCODER.encode(final), cas))
+            finals.append((len(messages) - 1, final))
+
+        async def landed() -> int | None:
+            # The first session's CREATED entry (the feed keeps it for good) says whether
+            # the batch is stored; else a row that moved says which id was taken.
+            first = entries[0]
+            found = await self._conn.msg_get(
+                {"seq": first.seq + 1, "next_by_subj": self._subjects.lifecycle(first.token)}
+            )
+            if found is not None and found.headers.get(WRITE_TOKEN) == batch:
+                return found.seq + len(messages) - 1
+            rows = await self._reader.last_messages([self._subjects.row(e.token) for e in entries])
+            for entry in entries:
+                now_at = rows.get(self._subjects.row(entry.token))
+                if (0 if now_at is None else now_at.seq) != entry.seq:
+                    raise self._taken(entry.session_id)
+            return None
+
+        last = await self._send(messages, landed, entries[0].session_id, committing=True)
+        self._reader.saw(last)
+        start = last - len(messages) + 1
+        for entry in entries:
+            self._forget(entry)
+        rows: list[SessionRow] = []
+        for index, final in finals:
+            row = resolve(msgspec.structs.replace(final), start + index)
+            self._committed(start + index, row, start)
+            rows.append(row)
+        return rows
+
+    async def _abort(self, incarnations: list[int]) -> int:
+        count = 0
+        for incarnation in incarnations:
+            entry = self._staged.get(incarnation)
+            if entry is not None:
+                await self._roll_back(entry)
+                count += 1
+        return count
+
+    def _forget(self, entry: _Staged) -> None:
+        if entry.row is not None and self._staged.get(entry.row.incarnation) is entry:
+            del self._staged[entry.row.incarnation]
+            with _LOCK:
+                _STAGING.discard((self._store_id, entry.row.incarnation))
+
+    async def _roll_back(self, entry: _Staged) -> None:
+        """Purge what `entry` staged (nothing when its session committed)."""
+        self._forget(entry)
+        message = await self._conn.msg_get({"last_by_subj": self._subjects.row(entry.token)})
+        row = None if message is None else stored_row(message)
+        if message is not None and row is not None and row.staged:
+            if message.headers.get(STAGE_HEADER) == entry.stamp:
+                await self._purge(entry.token, message.seq, row.incarnation, entry.stamp)
+            return
+        if entry.row is None:
+            return  # (its first batch is not stored, or not known to be: left, SPEC 16.5)
+        if row is not None and row.incarnation == entry.row.incarnation:
+            return  # committed
+        if message is None or message.seq > entry.seq:
+            # Taken (or rolled back) since: what this import staged lies at or below
+            # its last staged row; a session created since lies above it.
+            await self._purge(entry.token, entry.seq, entry.row.incarnation, entry.stamp)
+
+    async def _purge(self, token: str, row_seq: int, claim: int, stamp: str) -> None:
+        """Purge a staged session: its subjects up to its staged row, and its claim."""
+        await self._reader.purge(self._subjects.session_all(token), row_seq + 1)
+        found = await self._conn.msg_get({"seq": claim})
+        if (
+            found is not None
+            and found.subject == self._subjects.claim(token)
+            and found.headers.get(STAGE_HEADER) == stamp
+        ):
+            with contextlib.suppress(ApiError):
+                await self._conn.api(
+                    f"$JS.API.STREAM.MSG.DELETE.{self._conn.stream}", {"seq": claim}
+                )
+
+    async def roll_back_if_dead(self, token: str, message: Found) -> bool:
+        """Roll back the staged row `message` holds when its importer is dead (a retention
+        pass's, or an import's of the same id); whether it did."""
+        row = stored_row(message)
+        if row is None or not row.staged or await self._importer_alive(row, message):
+            return False
+        stamp = message.headers.get(STAGE_HEADER, "")
+        await self._purge(token, message.seq, row.incarnation, stamp)
+        return True
+
+    async def _importer_alive(self, row: SessionRow, message: Found) -> bool:
+        if (row.owner_pid, row.owner_host, row.owner_boot_id) == (
+            os.getpid(),
+            self._host,
+            self._boot,
+        ):
+            with _LOCK:
+                return (self._store_id, row.incarnation) in _STAGING or bool(
+                    _IN_FLIGHT.get(self._store_id)
+                )
+        beat = message.headers.get(IMPORTER_HEADER, "")
+        judged = msgspec.structs.replace(
+            row,
+            session_id=_beat_session(beat),
+            incarnation=0,
+            owner_generation=0,
+            staged=False,
+        )
+        return await self._owner_alive(judged, 0) is not False
+
+    # -- the importer's heartbeat ----------------------------------------------------------
+
+    def _beat(self) -> None:
+        """Beat (on the loop) while this engine has sessions staged."""
+        if self._beating is None or self._beating.done():
+            self._beating = asyncio.get_running_loop().create_task(self._beats())
+
+    async def _beats(self) -> None:
+        subject = self._subjects.heartbeat(Subjects.token(_beat_session(self._beat_id)))
+        while self._staged or self._in_flight:
+            beat = Heartbeat(0, 0, self._pid, self._host, _now_ms())
+            with contextlib.suppress(ApiError, *Unavailable):
+                await self._conn.publish(subject, ENCODER.encode(beat), {"Nats-Rollup": "sub"})
+            await asyncio.sleep(self._heartbeat_s)
+        with contextlib.suppress(ApiError, *Unavailable):
+            await self._reader.purge(subject, 1 << 62)
+
+    def close(self) -> None:
+        """The journal closes: its staged sessions are no longer alive (a retention pass
+        rolls them back), and it beats no more."""
+        with _LOCK:
+            for incarnation in self._staged:
+                _STAGING.discard((self._store_id, incarnation))
+        self._staged.clear()
+        task = self._beating
+        if task is not None:
+            with contextlib.suppress(RuntimeError):
+                self._conn.loop.call_soon_threadsafe(task.cancel)

@@ -1,0 +1,539 @@
+"""Imports into a nats:// store (SPEC 12.3, 16.5): staged sessions stay invisible until
+one atomic batch commits them all, an id taken meanwhile rolls the import back, an
+archive of more sessions than that batch holds is refused before anything is written,
+and a killed importer leaves nothing visible (its staged messages are rolled back by the
+next retention pass or the next import of its ids)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from _nats import shared_server
+
+from journal import (
+    CursorForeign,
+    EventIn,
+    InvalidArgument,
+    Journal,
+    SessionExists,
+    SessionNotFound,
+    SessionState,
+)
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+from journal.archive import ArchiveLimits, ArchiveReader
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def store_name(path: Path) -> str:
+    return "t" + hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
+@pytest.fixture
+def url() -> str:
+    return shared_server().url
+
+
+def _messages(url: str, name: str, subjects: str) -> int:
+    """How many messages of the store's stream are on `subjects` (below `j.<store>.`),
+    read with a client of the test's own."""
+    import nats
+
+    async def count() -> int:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(
+                f"JOURNAL_{name}", subjects_filter=f"j.{name}.{subjects}"
+            )
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
+
+
+def _staged_messages(url: str, name: str, session_id: str) -> int:
+    """The messages of a session's subjects and of every import's claims."""
+    token = session_id.encode().hex()
+    return _messages(url, name, f"s.{token}.>") + _messages(url, name, "in.>")
+
+
+def _export(j: Journal) -> bytes:
+    out = io.BytesIO()
+    j.export_sessions(None, out)
+    return out.getvalue()
+
+
+def _sections(archive: bytes) -> list[Any]:
+    """An archive's content after its header, as plain values."""
+    reader = ArchiveReader(io.BytesIO(archive), ArchiveLimits())
+    content: list[Any] = []
+    for section in reader.sections():
+        events = [msgspec.structs.asdict(e) for batch in section.batches for e in batch]
+        content.append(
+            (
+                msgspec.structs.asdict(section.session),
+                None if section.snapshot is None else msgspec.structs.asdict(section.snapshot),
+                events,
+                None if section.checkpoint is None else msgspec.structs.asdict(section.checkpoint),
+            )
+        )
+    content.append(reader.counts)
+    return content
+
+
+def _history(j: Journal, session_id: str) -> list[tuple[Any, ...]]:
+    return [(e.ordinal, e.type, e.timestamp_ms, e.request_id, e.data) for e in j.replay(session_id)]
+
+
+def _meta(j: Journal, session_id: str) -> tuple[Any, ...]:
+    m = j.get_session(session_id)
+    return (
+        m.state,
+        m.mode,
+        m.context_id,
+        m.tags,
+        m.created_at_ms,
+        m.suspended_at_ms,
+        m.ended_at_ms,
+        m.first_ordinal,
+        m.last_ordinal,
+        m.ttl_ms,
+        m.max_suspend_ms,
+    )
+
+
+def _source(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """A local store with sessions of every kind, its archive and what each held."""
+    with Journal.open(path) as j:
+        j.create_session("long", mode="chat", tags={"k": "v"}, max_history_bytes=None)
+        for i in range(3):  # (1,200 events: more than one JetStream batch)
+            j.append("long", [EventIn("message", f"{i}-{n}".encode()) for n in range(400)])
+        j.compact_session("long", 100, b"snapshot-100")
+        j.checkpoint_session("long", 1100, b"checkpoint-1100")
+        j.create_session("paused")
+        j.append("paused", [EventIn("message", b"p")])
+        j.suspend_session("paused")
+        j.create_session("done")
+        with j.own("done") as owner, owner.turn("r1") as turn:
+            turn.append([EventIn("message", b'{"step": 1}')])
+        j.resolve_session("done")
+        j.create_session("trimmed", max_history_bytes=10)
+        for _ in range(5):
+            j.append("trimmed", [EventIn("message", b"0123456789")])
+        j.apply_retention()
+        j.create_session("empty")
+        held = {
+            m.session_id: (_meta(j, m.session_id), _history(j, m.session_id))
+            for m in j.list_sessions()
+        }
+        return _export(j), held
+
+
+# -- round trips -------------------------------------------------------------------------
+
+
+def test_a_local_export_imports_into_jetstream_and_back_unchanged(url: str, tmp_path: Path) -> None:
+    archive, held = _source(tmp_path / "local")
+    with Journal.open(tmp_path / "local") as local:
+        local_cursor = next(iter(local.replay("long"))).cursor
+    with Journal.open(url, store=store_name(tmp_path)) as j:
+        report = j.import_sessions(io.BytesIO(archive))
+        assert sorted(s.session_id for s in report.sessions) == sorted(held)
+        for session_id, (meta, history) in held.items():
+            assert (_meta(j, session_id), _history(j, session_id)) == (meta, history)
+        assert j.get_session("paused").state is SessionState.SUSPENDED
+        assert j.get_session("done").state is SessionState.RESOLVED
+        snapshot, checkpoint = j.snapshot("long"), j.checkpoint("long")
+        assert snapshot is not None and (snapshot.ordinal, snapshot.data) == (100, b"snapshot-100")
+        assert checkpoint is not None and checkpoint.data == b"checkpoint-1100"
+        assert checkpoint.ordinal == 1100
+        # Cursors are the target's: one of the source is foreign, one of the target
+        # resumes where it points.
+        with pytest.raises(CursorForeign):
+            j.read("long", cursor=local_cursor)
+        page = j.read("long", max_bytes=1)
+        assert [e.ordinal for e in page.events] == [101]
+        assert [e.ordinal for e in j.read("long", cursor=page.events[0].cursor).events][:1] == [102]
+        assert [e.ordinal for e in j.replay("long", checkpoint.cursor)][:1] == [1101]
+        # Imported sessions take appends like any other.
+        assert j.append("long", [EventIn("message", b"after")]).last_ordinal == 1201
+        # The importer's heartbeat (written while it had sessions staged) is purged
+        # once it has none; nothing of the staging is left but one claim a session.
+        deadline = time.monotonic() + 5
+        while _messages(url, store_name(tmp_path), "s.*.hb") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _messages(url, store_name(tmp_path), "s.*.hb") == 0
+        assert _messages(url, store_name(tmp_path), "in.>") == len(held)
+        assert j.verify().problems == []
+        back = _export(j)
+    expected = _sections(archive)
+    got = _sections(back)
+    long_index = [s[0]["session_id"] for s in expected[:-1]].index("long")
+    assert got[long_index][2][-1]["data"] == b"after"
+    del got[long_index][2][-1]
+    got[long_index][0]["last_ordinal"] -= 1
+    got[-1] = [(i, n - 1 if i == "long" else n) for i, n in got[-1]]
+    assert got == expected
+    with Journal.open(tmp_path / "again") as again:
+        again.import_sessions(io.BytesIO(back))
+        assert _history(again, "done") == held["done"][1]
+        assert _meta(again, "paused") == held["paused"][0]
+
+
+# -- staged sessions are invisible --------------------------------------------------------
+
+
+class _Pause:
+    """Holds an import at the fault point `import.commit` (on the importing journal's
+    loop: another journal, with its own connection, looks meanwhile)."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.go = threading.Event()
+
+    def point(self, where: str, detail: object) -> None:
+        if where == "import.commit" and not self.go.is_set():
+            self.reached.set()
+            assert self.go.wait(60)
+
+
+def _import_in_thread(j: Journal, archive: bytes) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(j.import_sessions(io.BytesIO(archive)))
+        except BaseException as e:  # (the test looks at it)
+            result.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_staged_sessions_are_invisible_to_every_reader_until_the_commit(
+    url: str, tmp_path: Path
+) -> None:
+    archive, held = _source(tmp_path / "local")
+    name = store_name(tmp_path)
+    pause = _Pause()
+    options = JetStreamOptions(servers=[url], store=name, point=pause.point)
+    with (
+        Journal.over(JetStreamEngine.open(options)) as j,
+        Journal.open(url, store=name) as other,
+    ):
+        other.create_session("before")
+        feed = other.watch_sessions()
+        lifecycle: list[Any] = []
+        watcher = threading.Thread(target=_collect, args=(feed, lifecycle, 1 + 7))
+        watcher.start()
+        thread, result = _import_in_thread(j, archive)
+        assert pause.reached.wait(60), result
+        # (staged, all of it: 1,100 retained events, snapshot, checkpoint, row, 5 claims)
+        assert _staged_messages(url, name, "long") == 1108
+        assert [m.session_id for m in other.list_sessions()] == ["before"]
+        with pytest.raises(SessionNotFound):
+            other.get_session("long")
+        with pytest.raises(SessionNotFound):
+            other.read("long")
+        assert other.stats().sessions == {"open": 1}
+        assert other.verify().frames == 1
+        assert other.expire_due(now_ms=2**61) == []
+        # A retention pass leaves a live importer's sessions alone.
+        assert other.apply_retention().evicted_sessions == []
+        assert _staged_messages(url, name, "long") == 1108
+        assert [e.session.session_id for e in lifecycle] == ["before"]
+        pause.go.set()
+        thread.join(60)
+        assert not isinstance(result[0], BaseException), result
+        watcher.join(30)
+        feed.close()
+        kinds = [(e.event_type.value, e.session.session_id) for e in lifecycle[1:]]
+        assert kinds == [
+            ("created", "done"),
+            ("resolved", "done"),
+            ("created", "empty"),
+            ("created", "long"),
+            ("created", "paused"),
+            ("suspended", "paused"),
+            ("created", "trimmed"),
+        ], kinds
+        assert sorted(m.session_id for m in other.list_sessions()) == sorted([*held, "before"])
+        assert _history(other, "long") == held["long"][1]
+
+
+def _collect(stream: Any, into: list[Any], count: int) -> None:
+    for event in stream:
+        into.append(event)
+        if len(into) == count:
+            break
+
+
+def test_an_import_committed_during_the_startup_snapshot_is_delivered_once(
+    url: str, tmp_path: Path
+) -> None:
+    """An imported session's incarnation (its claim) precedes its CREATED entry: an
+    import staged before `watch_sessions` read the feed's position and committed before
+    it read the rows was in the rows (incarnation below the position) and came again
+    from the feed after it, when its entries were more than the snapshot reads again
+    (64). The snapshot leaves out sessions whose CREATED entry lies past the position."""
+    with Journal.open(tmp_path / "local") as local:
+        for i in range(70):
+            local.create_session(f"s{i:02d}")
+        archive = _export(local)
+    name = store_name(tmp_path)
+    pause = _Pause()
+    importing = JetStreamOptions(servers=[url], store=name, point=pause.point)
+    done: list[Any] = []
+
+    def at_snapshot(where: str, detail: object) -> None:
+        if where == "sessions.snapshot_point" and not pause.go.is_set():
+            pause.go.set()  # (the import commits now, between the position and the rows)
+            thread.join(60)
+            done.append(result)
+
+    watching = JetStreamOptions(servers=[url], store=name, point=at_snapshot)
+    with (
+        Journal.over(JetStreamEngine.open(importing)) as j,
+        Journal.over(JetStreamEngine.open(watching)) as watcher,
+    ):
+        j.create_session("before")
+        thread, result = _import_in_thread(j, archive)
+        assert pause.reached.wait(60), result
+        watcher.create_session("mid")  # (the feed's last position: after the claims)
+        seen: list[Any] = []
+        feed = watcher.watch_sessions()
+        collector = threading.Thread(target=_collect, args=(feed, seen, 72))
+        collector.start()
+        collector.join(30)
+        j.create_session("after")  # (the last one: nothing came twice before it)
+        more: list[Any] = []
+        _collect(feed, more, 1)
+        feed.close()
+        assert done and not isinstance(done[0][0], BaseException), done
+        ids = [e.session.session_id for e in seen + more]
+        assert sorted(ids[:-1]) == sorted(["before", "mid", *(f"s{i:02d}" for i in range(70))])
+        assert ids[-1] == "after", ids[-3:]
+
+
+def test_an_id_taken_meanwhile_is_session_exists_and_the_import_rolls_back(
+    url: str, tmp_path: Path
+) -> None:
+    archive, _ = _source(tmp_path / "local")
+    name = store_name(tmp_path)
+    pause = _Pause()
+    options = JetStreamOptions(servers=[url], store=name, point=pause.point)
+    with (
+        Journal.over(JetStreamEngine.open(options)) as j,
+        Journal.open(url, store=name) as other,
+    ):
+        thread, result = _import_in_thread(j, archive)
+        assert pause.reached.wait(60), result
+        other.create_session("paused")  # (over the staged row: it reads as no session)
+        other.append("paused", [EventIn("message", b"mine")])
+        # Another import of the same ids meanwhile: refused, its importer is alive.
+        with pytest.raises(SessionExists, match="being imported"):
+            other.import_sessions(io.BytesIO(archive), rename={"paused": "p2"})
+        pause.go.set()
+        thread.join(60)
+        assert isinstance(result[0], SessionExists), result
+        assert "'paused'" in str(result[0])
+        assert [m.session_id for m in j.list_sessions()] == ["paused"]
+        assert [e.data for e in j.replay("paused")] == [b"mine"]
+        # Rolled back: nothing of the staged sessions is left, claims included; the
+        # session created meanwhile keeps its own messages (its row and one event).
+        assert _staged_messages(url, name, "long") == 0
+        assert _messages(url, name, f"s.{b'paused'.hex()}.>") == 2
+        # The same archive under other ids imports.
+        renamed = {"paused": "paused-2"}
+        assert len(j.import_sessions(io.BytesIO(archive), rename=renamed).sessions) == 5
+        assert j.verify().problems == []
+
+
+# -- how many sessions one import takes ---------------------------------------------------
+
+
+def test_an_import_of_more_sessions_than_one_batch_commits_is_refused_first(
+    url: str, tmp_path: Path
+) -> None:
+    name = store_name(tmp_path)
+    with Journal.open(tmp_path / "local") as local:
+        for i in range(334):
+            local.create_session(f"s{i:03d}")
+            if i % 2:
+                local.resolve_session(f"s{i:03d}")  # (3 messages at the commit)
+        too_many = _export(local)
+        local.create_session("x")  # (not exported below)
+        out = io.BytesIO()
+        local.export_sessions([f"s{i:03d}" for i in range(333)], out)
+        most = out.getvalue()
+    with Journal.open(url, store=name) as j:
+        before = j.stats()
+        with pytest.raises(InvalidArgument, match="at most 333 sessions") as refused:
+            j.import_sessions(io.BytesIO(too_many))
+        assert "334" in str(refused.value) and "journal export -s" in str(refused.value)
+        assert j.stats() == before  # (nothing written)
+        report = j.import_sessions(io.BytesIO(most))
+        assert len(report.sessions) == 333
+        assert j.stats().sessions == {"open": 167, "resolved": 166}
+
+
+# -- a killed importer --------------------------------------------------------------------
+
+_IMPORTER = """
+import sys, time
+from journal import Journal
+j = Journal.open(sys.argv[1], store=sys.argv[2])
+def progress(done, total):
+    if total and done > total // 2:  # the write pass: something is staged
+        print("staged", flush=True)
+        time.sleep(600)
+j.import_sessions(sys.argv[3], progress=progress)
+"""
+
+
+@pytest.mark.parametrize("cleaner", ["retention", "import"])
+def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
+    url: str, tmp_path: Path, cleaner: str
+) -> None:
+    """SIGKILL mid-import: the staged sessions stay invisible, and once the importer is
+    gone (same host: its pid) the next retention pass, or the next import of its ids,
+    rolls them back."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("big")
+        for i in range(4):  # (staged in steps: several StageEvents)
+            local.append("big", [EventIn("m", bytes([i]) * 4000) for _ in range(900)])
+        local.create_session("small")
+        local.append("small", [EventIn("m", b"s")])
+        held = {i: _history(local, i) for i in ("big", "small")}
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IMPORTER, url, name, str(path)],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"staged\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert _staged_messages(url, name, "big") > 0
+    with Journal.open(url, store=name) as j:
+        assert list(j.list_sessions()) == []
+        with pytest.raises(SessionNotFound):
+            j.get_session("big")
+        assert j.stats().sessions == {}
+        if cleaner == "retention":
+            j.apply_retention()
+            assert _staged_messages(url, name, "big") == 0
+            assert _messages(url, name, f"s.{b'small'.hex()}.>") == 0
+        report = j.import_sessions(io.BytesIO(archive))
+        assert [s.events for s in report.sessions] == [3600, 1]
+        assert {i: _history(j, i) for i in held} == held
+        assert j.verify().problems == []
+        # Only the committed import's messages: one claim each.
+        assert _messages(url, name, "in.>") == 2
+
+
+_IMPORTER_ELSEWHERE = (
+    """
+import socket, sys
+socket.gethostname = lambda: "another-host"  # the importer runs on another machine
+"""
+    + _IMPORTER
+)
+
+
+def test_an_importer_on_another_host_is_alive_while_it_beats_and_dead_after(
+    url: str, tmp_path: Path
+) -> None:
+    """No pid to look at across machines: the importer's heartbeat (every second while
+    it has sessions staged) keeps its staged sessions; 10 s after its last beat a
+    retention pass rolls them back (SPEC 16.5)."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", b"x" * 4000) for _ in range(900)])
+        local.create_session("b")
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IMPORTER_ELSEWHERE, url, name, str(path)],
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"staged\n"
+        staged = _staged_messages(url, name, "a")
+        assert staged > 900
+        with Journal.open(url, store=name) as j:
+            time.sleep(11)  # (longer than a lease: the beats keep it alive)
+            j.apply_retention()
+            assert _staged_messages(url, name, "a") == staged
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            j.apply_retention()  # (its last beat is recent: not judged dead yet)
+            assert _staged_messages(url, name, "a") == staged
+            time.sleep(10.5)
+            j.apply_retention()
+            assert _staged_messages(url, name, "a") == 0
+            assert list(j.list_sessions()) == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def test_the_command_line_imports_into_a_nats_store_and_lists_archives(
+    url: str, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    archive, held = _source(tmp_path / "local")
+    path = tmp_path / "a.sja"
+    path.write_bytes(archive)
+    store = f"{url}/{store_name(tmp_path)}"
+
+    def run(*args: str) -> tuple[int, list[dict[str, Any]]]:
+        result = CliRunner().invoke(main, ["--store", store, "--format", "json", *args])
+        assert "Traceback" not in result.output, result.output
+        return result.exit_code, [json.loads(x) for x in result.stdout.splitlines() if x]
+
+    code, listed = run("import", "--list", str(path))
+    assert code == 0 and sorted(x["session_id"] for x in listed[1:]) == sorted(held)
+    assert run("init")[0] == 0
+    code, imported = run("import", str(path))
+    assert code == 0, imported
+    assert imported[-1]["sessions"] == len(held)
+    code, again = run("import", "--rename", "done=done-2", str(path))
+    assert code != 0 and again[0]["error"]["code"] == "SESSION_EXISTS", again
+    code, refused = run("import", "--as", "copy", str(path))
+    assert code != 0 and refused  # (--as takes a one-session archive)
+    code, sessions = run("sessions", "list")
+    assert code == 0 and sorted(s["session_id"] for s in sessions) == sorted(held)
