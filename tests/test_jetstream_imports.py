@@ -364,6 +364,35 @@ def test_an_id_taken_meanwhile_is_session_exists_and_the_import_rolls_back(
         assert j.verify().problems == []
 
 
+def test_an_import_interrupted_while_it_stages_is_rolled_back(url: str, tmp_path: Path) -> None:
+    """Ctrl+C during the write pass: the staged sessions are rolled back at once (their
+    messages and claims purged), nothing became visible, and the archive imports again."""
+    archive, held = _source(tmp_path / "local")
+    path = tmp_path / "a.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    seen: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        if total and done > total // 2:
+            seen.append(_staged_messages(url, name, "long"))
+            raise KeyboardInterrupt
+
+    with Journal.open(url, store=name) as j:
+        with pytest.raises(KeyboardInterrupt):
+            j.import_sessions(path, progress=progress)
+        assert seen and seen[0] > 0  # (something was staged when it was interrupted)
+        assert list(j.list_sessions()) == []
+        assert _messages(url, name, "in.>") == 0
+        # (The importer's heartbeat goes too, at its next beat: within a second.)
+        assert _messages(url, name, "s.*.row") == _messages(url, name, "s.*.ev") == 0
+        deadline = time.monotonic() + 5
+        while _messages(url, name, "s.>") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _messages(url, name, "s.>") == 0
+        assert len(j.import_sessions(path).sessions) == len(held)
+
+
 # -- how many sessions one import takes ---------------------------------------------------
 
 
