@@ -396,8 +396,6 @@ class PageReaders(AbstractContextManager["PageReaders"], Protocol):
 class Engine(Protocol):
     """What a storage engine provides to the `Journal` facade."""
 
-    # Why `import_sessions` is refused on this engine (None: it imports).
-    import_refusal: str | None
     # The most sessions one import may hold (None: no limit); an archive of more is
     # refused in the check pass, before anything is written.
     max_import_sessions: int | None

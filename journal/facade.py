@@ -65,7 +65,6 @@ from .errors import (
     ReadOnlyStore,
     SessionNotFound,
     StoreUnavailable,
-    Unsupported,
 )
 from .event_pages import EventPages
 from .folds import DEFAULT_TRIES, Codec, Fold
@@ -480,8 +479,6 @@ class Journal:
         over two passes; `limits` raises the caps on what a reader accepts."""
         check_callback("progress", progress)
         self._check_open()
-        if self._engine.import_refusal is not None:  # (before the archive is read)
-            raise Unsupported(self._engine.import_refusal)
         return import_sessions(self._engine, src, rename, progress, limits)
 
     # -- owners ----------------------------------------------------------------------------

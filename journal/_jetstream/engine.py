@@ -241,7 +241,6 @@ def _start_time(pid: int) -> int:
 class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
-    import_refusal: str | None = None
     max_import_sessions: int | None = MAX_IMPORT_SESSIONS
     reads_block: bool = True
     store_id: bytes

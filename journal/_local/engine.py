@@ -158,7 +158,6 @@ class LocalEngine:
     and benchmarks look at them; the facade never does.
     """
 
-    import_refusal: str | None = None
     max_import_sessions: int | None = None
     reads_block: bool = False
     store_id: bytes
