@@ -19,7 +19,7 @@ import click
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
-from journal.transfer import write_file
+from journal.transfer import IMPORT_COMMITTED, write_file
 
 from .interrupts import CtrlC, ctrl_c_noted
 from .maintenance import progress_bar
@@ -415,12 +415,18 @@ def import_(
                     progress=ctrl_c.progress(bar, final_is_done=True),
                     limits=limits,
                 )
-        except KeyboardInterrupt:
-            click.echo(
-                "journal: interrupted: nothing was imported (`journal compact` reclaims "
-                "what was staged)",
-                err=True,
-            )
+        except KeyboardInterrupt as interrupt:
+            if IMPORT_COMMITTED in getattr(interrupt, "__notes__", ()):
+                said = (
+                    "journal: interrupted after the commit: the sessions were imported "
+                    "(`journal sessions list` shows them)"
+                )
+            else:
+                said = (
+                    "journal: interrupted: nothing was imported (`journal compact` reclaims "
+                    "what was staged)"
+                )
+            click.echo(said, err=True)
             raise
     for item in report.sessions:
         output.emit(

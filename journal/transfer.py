@@ -20,7 +20,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Final, TypeVar
 
 import msgspec
 
@@ -67,6 +67,7 @@ from .models import (
 from .sessions import SessionRow
 
 __all__ = [
+    "IMPORT_COMMITTED",
     "archive_limits",
     "export_sessions",
     "import_sessions",
@@ -77,6 +78,12 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# The note an interrupt raised out of `import_sessions` carries when it came after the
+# commit: the import is done (the caller's retry would meet `SessionExists`).
+IMPORT_COMMITTED: Final = (
+    "the import was committed before this interrupt came: its sessions are in the store"
+)
 
 Progress = Callable[[int, int], None]
 Destination = str | os.PathLike[str] | IO[bytes]
@@ -593,6 +600,7 @@ def _stage_and_commit(
     staged: list[int] = []
     plan: list[ImportTarget] = []
     group = _Group()
+    committing = False
 
     def stage_group() -> None:
         if group.sessions:
@@ -659,11 +667,17 @@ def _stage_and_commit(
         stage_group()
         if reader.sha256 != sha256 or len(plan) != len(targets):
             raise ArchiveInvalid("changed", "the archive changed while it was imported")
+        committing = True
         rows = engine.submit(CommitImport(plan))
-    except BaseException:
+    except BaseException as error:
+        rolled_back = None
         if staged:
             with contextlib.suppress(Exception):
-                engine.submit(AbortImport(staged))
+                rolled_back = engine.submit(AbortImport(staged))
+        if committing and rolled_back == 0 and not isinstance(error, Exception):
+            # A Ctrl+C (or a SIGTERM handler's exit) the commit held until it was done:
+            # nothing was left staged, so the commit went through (SPEC 12.3).
+            error.add_note(IMPORT_COMMITTED)
         raise
     progress.finished()
     return rows

@@ -1,0 +1,65 @@
+"""An interrupt that comes as `import_sessions` commits (SPEC.md section 12.3).
+
+The local engine's commit queue holds a Ctrl+C while the main thread commits and raises
+it once the commit is done, so it leaves `import_sessions` after the sessions are in the
+store. The interrupt then says so (a note), and `journal import` does not say that
+nothing was imported."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+from journal.engine import CommitImport, StageSessions
+from journal.transfer import IMPORT_COMMITTED
+
+
+class _CtrlCAt(FileOps):
+    """Sends this process a SIGINT as the operation of type `at` is planned."""
+
+    def __init__(self, at: type) -> None:
+        self.at = at
+        self.armed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name == "plan.operation" and isinstance(detail, self.at):
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def _archive(tmp_path: Path) -> bytes:
+    out = io.BytesIO()
+    with Journal.open(tmp_path / "source", create=True) as j:
+        for name in ("a", "b"):
+            j.append(name, [EventIn("m", name.encode())], create=True)
+        j.export_sessions(None, out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("at", [CommitImport, StageSessions], ids=["commit", "staging"])
+def test_an_interrupt_held_by_the_commit_says_whether_the_import_went_through(
+    tmp_path: Path, at: type
+) -> None:
+    archive = _archive(tmp_path)
+    ops = _CtrlCAt(at)
+    with Journal.open(tmp_path / "target", create=True, file_ops=ops) as j:
+        ops.armed = True
+        with pytest.raises(KeyboardInterrupt) as caught:
+            j.import_sessions(io.BytesIO(archive))
+        assert not ops.armed, "the interrupt was sent"
+        notes = getattr(caught.value, "__notes__", [])
+        listed = [m.session_id for m in j.list_sessions()]
+        if at is CommitImport:
+            assert listed == ["a", "b"]
+            assert notes == [IMPORT_COMMITTED]
+        else:
+            assert listed == []
+            assert notes == []
+            # Rolled back: the same archive imports again.
+            assert len(j.import_sessions(io.BytesIO(archive)).sessions) == 2
