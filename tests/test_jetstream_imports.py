@@ -534,6 +534,76 @@ def test_an_importer_on_another_host_is_alive_while_it_beats_and_dead_after(
         child.wait()
 
 
+_IMPORTER_STALLED = """
+import socket, sys
+socket.gethostname = lambda: "another-host"  # the importer runs on another machine
+from journal import Journal
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+
+def point(where, detail):
+    if where == "import.commit":  # (on the engine's loop: no heartbeat meanwhile)
+        print("commit", flush=True)
+        sys.stdin.readline()
+
+options = JetStreamOptions(servers=[sys.argv[1]], store=sys.argv[2], point=point)
+j = Journal.over(JetStreamEngine.open(options))
+try:
+    report = j.import_sessions(sys.argv[3])
+    print("committed", len(report.sessions), flush=True)
+except Exception as e:
+    print("failed", type(e).__name__, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
+    url: str, tmp_path: Path
+) -> None:
+    """An importer on another host whose heartbeat is late (10 s: judged dead) commits
+    after a retention pass judged it dead and before that pass rolls its sessions back:
+    the rollback must not purge the committed sessions' events (it purged everything
+    below the staged row it had read, which the commit had just made visible)."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", bytes([i % 256]) * 10) for i in range(300)])
+        held = _history(local, "a")
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _IMPORTER_STALLED, url, name, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert child.stdin is not None and child.stdout is not None
+    answers: list[bytes] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.roll_back" and not answers:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(b"go\n")  # (the importer wakes and commits now)
+            child.stdin.flush()
+            answers.append(child.stdout.readline())
+
+    try:
+        assert child.stdout.readline() == b"commit\n"
+        time.sleep(11)  # (no beat for longer than a lease: judged dead)
+        options = JetStreamOptions(servers=[url], store=name, point=point)
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            j.apply_retention()
+            assert answers == [b"committed 1\n"], answers
+            assert [m.session_id for m in j.list_sessions()] == ["a"]
+            assert _history(j, "a") == held
+            assert j.verify().problems == []
+            assert _messages(url, name, "in.>") == 1
+    finally:
+        child.kill()
+        child.wait()
+
+
 # -- the command line ---------------------------------------------------------------------
 
 

@@ -566,9 +566,42 @@ class Imports:
         row = stored_row(message)
         if row is None or not row.staged or await self._importer_alive(row, message):
             return False
+        self._point("import.roll_back", row.session_id)
         stamp = message.headers.get(STAGE_HEADER, "")
-        await self._purge(token, message.seq, row.incarnation, stamp)
+        # The importer may live after all (its heartbeat only late) and commit or stage
+        # more meanwhile: a tombstone with the compare-and-set on the staged row decides
+        # (purged with the rest), so a commit that won keeps its events.
+        upto = await self._tombstone(token, message.seq)
+        if upto is None:
+            now_at = await self._conn.msg_get({"last_by_subj": self._subjects.row(token)})
+            current = None if now_at is None else stored_row(now_at)
+            if current is not None and current.incarnation == row.incarnation:
+                return False  # (committed, or staged further: the importer lives)
+            if now_at is not None and now_at.seq == message.seq:
+                return False  # (the tombstone's answer was lost: the next pass)
+            upto = message.seq  # (taken by a creator since: its messages lie above)
+        await self._purge(token, upto, row.incarnation, stamp)
         return True
+
+    async def _tombstone(self, token: str, staged_seq: int) -> int | None:
+        """Replace the staged row at `staged_seq` with a tombstone (compare-and-set); its
+        sequence, None when the row moved first (or the answer was lost)."""
+        subject = self._subjects.row(token)
+        mark = uuid.uuid4().hex
+        headers = {
+            WRITE_TOKEN: mark,
+            "Nats-Expected-Last-Subject-Sequence": str(staged_seq),
+            "Nats-Rollup": "sub",
+        }
+        try:
+            return await self._conn.publish(subject, b"", headers)
+        except ApiError as e:
+            if e.err_code != _WRONG_LAST_SEQUENCE and not e.transient:
+                raise
+        except Unavailable:
+            pass
+        found = await self._conn.msg_get({"last_by_subj": subject})
+        return found.seq if found is not None and found.headers.get(WRITE_TOKEN) == mark else None
 
     async def _importer_alive(self, row: SessionRow, message: Found) -> bool:
         if (row.owner_pid, row.owner_host, row.owner_boot_id) == (
