@@ -556,13 +556,16 @@ sys.stdin.readline()
 """
 
 
+@pytest.mark.parametrize("first", ["commit", "rollback"])
 def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
-    url: str, tmp_path: Path
+    url: str, tmp_path: Path, first: str
 ) -> None:
     """An importer on another host whose heartbeat is late (10 s: judged dead) commits
     after a retention pass judged it dead and before that pass rolls its sessions back:
     the rollback must not purge the committed sessions' events (it purged everything
-    below the staged row it had read, which the commit had just made visible)."""
+    below the staged row it had read, which the commit had just made visible). When the
+    rollback comes first, the commit is refused with StoreUnavailable saying the import
+    was rolled back (it said SessionExists, "created meanwhile", of an id nobody has)."""
     with Journal.open(tmp_path / "local") as local:
         local.create_session("a")
         local.append("a", [EventIn("m", bytes([i % 256]) * 10) for i in range(300)])
@@ -582,7 +585,7 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     answers: list[bytes] = []
 
     def point(where: str, detail: object) -> None:
-        if where == "import.roll_back" and not answers:
+        if where == "import.roll_back" and not answers and first == "commit":
             assert child.stdin is not None and child.stdout is not None
             child.stdin.write(b"go\n")  # (the importer wakes and commits now)
             child.stdin.flush()
@@ -594,6 +597,15 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
         options = JetStreamOptions(servers=[url], store=name, point=point)
         with Journal.over(JetStreamEngine.open(options)) as j:
             j.apply_retention()
+            if first == "rollback":
+                assert _staged_messages(url, name, "a") == 0
+                child.stdin.write(b"go\n")
+                child.stdin.flush()
+                answers.append(child.stdout.readline())
+                assert answers == [b"failed StoreUnavailable\n"], answers
+                assert list(j.list_sessions()) == []
+                assert _staged_messages(url, name, "a") == 0
+                return
             assert answers == [b"committed 1\n"], answers
             assert [m.session_id for m in j.list_sessions()] == ["a"]
             assert _history(j, "a") == held

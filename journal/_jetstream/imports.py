@@ -44,11 +44,18 @@ from nats.errors import MaxPayloadError
 
 from ..archive import ArchiveEvent
 from ..engine import AbortImport, CommitImport, StagedSession, StageEvents, StageSessions
-from ..errors import InvalidArgument, SessionExists, SessionNotFound, StoreUnavailable
+from ..errors import (
+    InvalidArgument,
+    JournalError,
+    SessionExists,
+    SessionNotFound,
+    StoreUnavailable,
+)
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable
 from .layout import ENCODER, Heartbeat, StoredEvent, StoredFeed, StoredSnapshot, Subjects, resolve
+from .owners import LEASE_S
 from .reads import StoreReader, stored_row
 
 __all__ = ["MAX_IMPORT_SESSIONS", "Imports", "too_many_sessions"]
@@ -273,6 +280,27 @@ class Imports:
             "`journal import --as NEW_ID` / `--rename OLD=NEW`)"
         )
 
+    def _moved(self, session_id: str, found: Found | None) -> JournalError:
+        """Why a staged row this import wrote is no longer the id's last row message
+        (`found`): a session created meanwhile (`_taken`), another importer's staged
+        row, or none: another process judged this importer dead and rolled it back."""
+        row = None if found is None else stored_row(found)
+        if row is None:
+            return StoreUnavailable(
+                f"the import's staged session {session_id!r} was rolled back meanwhile by "
+                "another process, which judged this importer dead (no heartbeat for "
+                f"{LEASE_S:g} s: SPEC 16.5), or the id was created and evicted since: "
+                "nothing was imported; check the servers and retry"
+            )
+        if row.staged:
+            return SessionExists(
+                f"session {session_id!r} is being imported by another process (pid "
+                f"{row.owner_pid} on {row.owner_host}), which rolled this import's staging "
+                "back (it judged this importer dead): nothing was imported; retry once it "
+                "ended, or import under another id"
+            )
+        return self._taken(session_id)
+
     async def _write(
         self,
         entry: _Staged,
@@ -361,7 +389,7 @@ class Imports:
                 return found.seq
             if (0 if found is None else found.seq) == entry.seq:
                 return None  # (not stored: it may be sent again)
-            raise self._taken(entry.session_id)
+            raise self._moved(entry.session_id, found)
 
         return await self._send(messages, landed, entry.session_id)
 
@@ -498,7 +526,7 @@ class Imports:
             for entry in entries:
                 now_at = rows.get(self._subjects.row(entry.token))
                 if (0 if now_at is None else now_at.seq) != entry.seq:
-                    raise self._taken(entry.session_id)
+                    raise self._moved(entry.session_id, now_at)
             return None
 
         last = await self._send(messages, landed, entries[0].session_id, committing=True)
