@@ -25,7 +25,9 @@ Each staged row records its importer as an owner lease records its holder (pid, 
 time, host, boot id), and names the importer's heartbeat (`IMPORTER_HEADER`): an engine
 beats every second while it has sessions staged, as an owner does. A staged row whose
 importer is dead (judged as owners are: SPEC 16.5, owner liveness) is rolled back by the
-next import of its id and by every retention pass.
+next import of its id and by every retention pass: a tombstone with the compare-and-set
+on the staged row first, so an importer only late to beat whose commit lands first keeps
+its sessions (and one whose commit comes after is refused).
 """
 
 from __future__ import annotations
