@@ -297,9 +297,8 @@ class Imports:
         if row.staged:
             return SessionExists(
                 f"session {session_id!r} is being imported by another process (pid "
-                f"{row.owner_pid} on {row.owner_host}), which rolled this import's staging "
-                "back (it judged this importer dead): nothing was imported; retry once it "
-                "ended, or import under another id"
+                f"{row.owner_pid} on {row.owner_host}): nothing was imported; import it "
+                "under another id, or wait for that import to end"
             )
         return self._taken(session_id)
 
