@@ -399,3 +399,100 @@ class CuttingProxy:
         for s in self._sockets:
             with contextlib.suppress(OSError):
                 s.close()
+
+
+def _protocol_messages(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The whole NATS protocol messages a client sent at the start of `buffer` (a PUB or
+    HPUB with its payload), and what is left of it."""
+    messages = []
+    while (end := buffer.find(b"\r\n")) >= 0:
+        line = buffer[:end].split()
+        size = int(line[-1]) + 2 if line and line[0].upper() in (b"PUB", b"HPUB") else 0
+        if len(buffer) < end + 2 + size:
+            break
+        messages.append(buffer[: end + 2 + size])
+        buffer = buffer[end + 2 + size :]
+    return messages, buffer
+
+
+class HoldingProxy:
+    """A TCP proxy in front of one server that can deliver one message late: after
+    `hold(match)`, the client's first protocol message `match` accepts is kept back (the
+    client's later messages go on around it) until `release()` sends it, or until a
+    later message `until` accepts arrives, which is sent after it and `settle()`."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import threading
+
+        self.upstream_port = upstream_port
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = int(self._listener.getsockname()[1])
+        self.held = threading.Event()
+        self._lock = threading.Lock()
+        self._match: Any = None
+        self._until: Any = None
+        self._settle: Any = None
+        self._held: tuple[socket.socket, bytes] | None = None
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def hold(self, match: Any, until: Any = None, settle: Any = None) -> None:
+        with self._lock:
+            self._match, self._until, self._settle = match, until, settle
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, None
+            if held is not None:
+                held[0].sendall(held[1])
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._to_server, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
+
+    def _to_server(self, source: socket.socket, sink: socket.socket) -> None:
+        buffer = b""
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                messages, buffer = _protocol_messages(buffer + data)
+                for message in messages:
+                    with self._lock:
+                        if self._match is not None and self._match(message):
+                            self._match, self._held = None, (sink, message)
+                            self.held.set()
+                            continue
+                        later = self._held is not None and self._until is not None
+                        if not (later and self._until(message)):
+                            sink.sendall(message)
+                            continue
+                    self.release()
+                    self._settle()
+                    sink.sendall(message)
+
+    def _to_client(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()

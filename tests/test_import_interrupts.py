@@ -3,10 +3,12 @@
 The local engine's commit queue holds a Ctrl+C while the main thread commits and raises
 it once the commit is done, so it leaves `import_sessions` after the sessions are in the
 store. The interrupt then says so (a note), and `journal import` does not say that
-nothing was imported."""
+nothing was imported. On a nats:// store the interrupt cancels the commit's wait for its
+answer, and the rollback that follows finds the sessions committed: the same note."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import signal
@@ -63,3 +65,53 @@ def test_an_interrupt_held_by_the_commit_says_whether_the_import_went_through(
             assert notes == []
             # Rolled back: the same archive imports again.
             assert len(j.import_sessions(io.BytesIO(archive)).sessions) == 2
+
+
+def test_an_interrupt_after_a_jetstream_commit_landed_says_the_import_went_through(
+    tmp_path: Path,
+) -> None:
+    """A nats:// store: Ctrl+C as the commit waits for its answer, and the batch is
+    stored before the rollback (`AbortImport`) reads the staged rows. The rollback
+    counted every session it found, the committed ones too, so the interrupt did not
+    say the import was committed (and `journal import` said nothing was imported)."""
+    import threading
+    import time
+
+    from _nats import HoldingProxy, shared_server
+
+    from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+
+    archive = _archive(tmp_path)
+    server = shared_server()
+    proxy = HoldingProxy(server.port)
+    name = "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+
+    def committed() -> None:  # (the servers stored the batch: its sessions are listed)
+        with Journal.open(server.url, store=name) as other:
+            deadline = time.monotonic() + 30
+            while not list(other.list_sessions()) and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":  # (held at the proxy until the rollback reads)
+            proxy.hold(
+                lambda message: b"Nats-Batch-Commit" in message,
+                until=lambda message: b"STREAM.MSG.GET" in message,
+                settle=committed,
+            )
+
+    def interrupt() -> None:
+        if proxy.held.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            threading.Thread(target=interrupt, daemon=True).start()
+            with pytest.raises(KeyboardInterrupt) as caught:
+                j.import_sessions(io.BytesIO(archive))
+            assert sorted(m.session_id for m in j.list_sessions()) == ["a", "b"]
+            assert [e.data for e in j.replay("b")] == [b"b"]
+            assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
+    finally:
+        proxy.close()

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from _nats import shared_server
+from _nats import HoldingProxy, shared_server
 
 from journal import (
     CursorForeign,
@@ -34,6 +34,7 @@ from journal import (
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 from journal.archive import ArchiveLimits, ArchiveReader
+from journal.transfer import IMPORT_COMMITTED
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -614,6 +615,73 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     finally:
         child.kill()
         child.wait()
+
+
+def _off_loop(wait: Any) -> None:
+    """Run `wait` in a thread of its own (a fault point runs on the engine's loop, where
+    a client of the test's own cannot)."""
+    thread = threading.Thread(target=wait)
+    thread.start()
+    thread.join(60)
+
+
+def _until_committed(url: str, name: str) -> None:
+    deadline = time.monotonic() + 30
+    while not _messages(url, name, "lc.>") and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _interrupt_when(event: threading.Event) -> threading.Thread:
+    """A Ctrl+C to this process (its main thread) once `event` is set."""
+
+    def send() -> None:
+        if event.wait(60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_import_interrupted_as_it_commits_keeps_a_commit_that_lands_during_its_rollback(
+    url: str, tmp_path: Path
+) -> None:
+    """Ctrl+C while the commit waits for its answer: its batch is on its way, and the
+    import's own rollback (AbortImport) may read the staged row before the server stores
+    the batch. It purged below the row it read, leaving the committed session without
+    its events (replay: "ordinal 1 where 1 was due"); now a tombstone with the
+    compare-and-set on that row goes first, and a commit that lands first keeps its
+    sessions and the interrupt says the import was committed."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", bytes([i % 256]) * 10) for i in range(300)])
+        held = _history(local, "a")
+        archive = _export(local)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    reached: list[object] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":  # (the commit's last message waits at the proxy)
+            proxy.hold(lambda message: b"Nats-Batch-Commit" in message)
+        elif where == "import.abort" and not reached:
+            reached.append(detail)  # (the rollback read the row: still staged)
+            proxy.release()
+            _off_loop(lambda: _until_committed(url, name))
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            _interrupt_when(proxy.held)
+            with pytest.raises(KeyboardInterrupt) as caught:
+                j.import_sessions(io.BytesIO(archive))
+            assert reached == ["a"]
+            assert [m.session_id for m in j.list_sessions()] == ["a"]
+            assert _history(j, "a") == held
+            assert j.verify().problems == []
+            assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
+    finally:
+        proxy.close()
 
 
 # -- the command line ---------------------------------------------------------------------

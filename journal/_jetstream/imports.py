@@ -12,7 +12,9 @@ Readers take a staged row for no row (`reads.decode_row`): listings, gets, reads
 watches, expiry, retention and verify see nothing of it, and nothing is written to the
 lifecycle feed before the commit. A writer that creates the id meanwhile writes over the
 staged row (it reads as no row), and the import's next batch or its commit is then
-refused: `SessionExists`, and the import is rolled back.
+refused: `SessionExists`, and the import is rolled back. A rollback replaces the staged
+row with a tombstone (compare-and-set) before it purges: a commit whose wait a Ctrl+C
+cancelled may still land, and one that lands first keeps its sessions.
 
 The commit is one atomic batch: for each session its CREATED feed entry, its state's
 entry when it is not open, and its visible row with the compare-and-set on its staged
@@ -546,9 +548,8 @@ class Imports:
         count = 0
         for incarnation in incarnations:
             entry = self._staged.get(incarnation)
-            if entry is not None:
-                await self._roll_back(entry)
-                count += 1
+            if entry is not None and await self._roll_back(entry):
+                count += 1  # (not a session whose commit landed first: 0 says it committed)
         return count
 
     def _forget(self, entry: _Staged) -> None:
@@ -557,23 +558,28 @@ class Imports:
             with _LOCK:
                 _STAGING.discard((self._store_id, entry.row.incarnation))
 
-    async def _roll_back(self, entry: _Staged) -> None:
-        """Purge what `entry` staged (nothing when its session committed)."""
+    async def _roll_back(self, entry: _Staged) -> bool:
+        """Purge what `entry` staged; whether it did (not when its session committed)."""
         self._forget(entry)
         message = await self._conn.msg_get({"last_by_subj": self._subjects.row(entry.token)})
         row = None if message is None else stored_row(message)
         if message is not None and row is not None and row.staged:
-            if message.headers.get(STAGE_HEADER) == entry.stamp:
-                await self._purge(entry.token, message.seq, row.incarnation, entry.stamp)
-            return
+            if message.headers.get(STAGE_HEADER) != entry.stamp:
+                return False
+            # A commit (or staging batch) sent before an interrupt cancelled it may land
+            # yet: the tombstone's compare-and-set decides, as for a dead importer.
+            self._point("import.abort", entry.session_id)
+            return await self._roll_back_row(entry.token, message, row)
         if entry.row is None:
-            return  # (its first batch is not stored, or not known to be: left, SPEC 16.5)
+            return False  # (its first batch is not stored, or not known to be: SPEC 16.5)
         if row is not None and row.incarnation == entry.row.incarnation:
-            return  # committed
+            return False  # committed
         if message is None or message.seq > entry.seq:
             # Taken (or rolled back) since: what this import staged lies at or below
             # its last staged row; a session created since lies above it.
             await self._purge(entry.token, entry.seq, entry.row.incarnation, entry.stamp)
+            return True
+        return False
 
     async def _purge(self, token: str, row_seq: int, claim: int, stamp: str) -> None:
         """Purge a staged session: its subjects up to its staged row, and its claim."""
@@ -596,18 +602,23 @@ class Imports:
         if row is None or not row.staged or await self._importer_alive(row, message):
             return False
         self._point("import.roll_back", row.session_id)
-        stamp = message.headers.get(STAGE_HEADER, "")
         # The importer may live after all (its heartbeat only late) and commit or stage
-        # more meanwhile: a tombstone with the compare-and-set on the staged row decides
-        # (purged with the rest), so a commit that won keeps its events.
+        # more meanwhile.
+        return await self._roll_back_row(token, message, row)
+
+    async def _roll_back_row(self, token: str, message: Found, row: SessionRow) -> bool:
+        """Roll back the staged session whose row `message` holds: a tombstone with the
+        compare-and-set on that row first (purged with the rest), so a commit (or staging
+        batch) that won keeps its events; whether it rolled back."""
+        stamp = message.headers.get(STAGE_HEADER, "")
         upto = await self._tombstone(token, message.seq)
         if upto is None:
             now_at = await self._conn.msg_get({"last_by_subj": self._subjects.row(token)})
             current = None if now_at is None else stored_row(now_at)
             if current is not None and current.incarnation == row.incarnation:
-                return False  # (committed, or staged further: the importer lives)
+                return False  # (committed, or staged further: left to a retention pass)
             if now_at is not None and now_at.seq == message.seq:
-                return False  # (the tombstone's answer was lost: the next pass)
+                return False  # (the tombstone's answer was lost: left to the next pass)
             upto = message.seq  # (taken by a creator since: its messages lie above)
         await self._purge(token, upto, row.incarnation, stamp)
         return True
