@@ -684,6 +684,67 @@ def test_an_import_interrupted_as_it_commits_keeps_a_commit_that_lands_during_it
         proxy.close()
 
 
+def _last_beat_ms(url: str, name: str) -> int:
+    """When the store's newest heartbeat message was written (0: none)."""
+    import nats
+
+    async def look() -> int:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            stream = f"JOURNAL_{name}"
+            info = await js.stream_info(stream, subjects_filter=f"j.{name}.s.*.hb")
+            times = [0]
+            for subject in info.state.subjects or {}:
+                message = await js.get_last_msg(stream, subject)
+                times.append(msgspec.msgpack.decode(message.data)[-1])
+            return max(times)
+        finally:
+            await nc.close()
+
+    return asyncio.run(look())
+
+
+def test_an_import_begun_as_the_last_ones_heartbeat_ends_still_beats(
+    url: str, tmp_path: Path
+) -> None:
+    """The importer's heartbeat task left its loop when nothing was staged and then
+    purged its subject; an import begun during that purge found the task running and
+    started none, so it staged with no heartbeat at all (another host's retention pass
+    would roll it back 10 s after its staging began). The purge is held at a proxy
+    while the second import stages; once it is done, beats must come again."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", b"x" * 4000) for _ in range(1200)])
+        archive = _export(local)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    beats: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        if beats or not _messages(url, name, f"s.{b'a2'.hex()}.row"):
+            return
+        assert proxy.held.is_set()  # (begun while the purge waits)
+        released = int(time.time() * 1000)
+        proxy.release()
+        deadline = time.monotonic() + 5
+        while _last_beat_ms(url, name) <= released and time.monotonic() < deadline:
+            time.sleep(0.05)
+        beats.append(_last_beat_ms(url, name) - released)
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, heartbeat_s=0.2)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            proxy.hold(lambda message: b"STREAM.PURGE" in message and b".hb" in message)
+            j.import_sessions(io.BytesIO(archive))
+            assert proxy.held.wait(10)  # (the first import's heartbeat ends: its purge)
+            j.import_sessions(io.BytesIO(archive), rename={"a": "a2"}, progress=progress)
+            assert beats and beats[0] > 0, "no heartbeat while the second import staged"
+            assert sorted(m.session_id for m in j.list_sessions()) == ["a", "a2"]
+    finally:
+        proxy.close()
+
+
 # -- the command line ---------------------------------------------------------------------
 
 

@@ -673,12 +673,15 @@ class Imports:
     async def _beats(self) -> None:
         subject = self._subjects.heartbeat(Subjects.token(_beat_session(self._beat_id)))
         while self._staged or self._in_flight:
-            beat = Heartbeat(0, 0, self._pid, self._host, _now_ms())
+            while self._staged or self._in_flight:
+                beat = Heartbeat(0, 0, self._pid, self._host, _now_ms())
+                with contextlib.suppress(ApiError, *Unavailable):
+                    await self._conn.publish(subject, ENCODER.encode(beat), {"Nats-Rollup": "sub"})
+                await asyncio.sleep(self._heartbeat_s)
             with contextlib.suppress(ApiError, *Unavailable):
-                await self._conn.publish(subject, ENCODER.encode(beat), {"Nats-Rollup": "sub"})
-            await asyncio.sleep(self._heartbeat_s)
-        with contextlib.suppress(ApiError, *Unavailable):
-            await self._reader.purge(subject, 1 << 62)
+                await self._reader.purge(subject, 1 << 62)
+            # (An import begun during the purge found this task running and started none:
+            # it beats on here, or its sessions would be judged dead 10 s after staging.)
 
     def close(self) -> None:
         """The journal closes: its staged sessions are no longer alive (a retention pass
