@@ -6,13 +6,14 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from .abandoned import close_when_dropped
-from .arguments import batch_refused, check_request_id, not_a_batch
+from .arguments import batch_refused, check_request_id, check_seconds, not_a_batch
 from .engine import Append, Appended, AppendTurnEvent, Engine, Lease, Operation, TurnGuard
 from .errors import (
     InvalidArgument,
@@ -55,15 +56,38 @@ def result_data(result: dict[str, object]) -> bytes:
     return json.dumps(result, separators=(",", ":")).encode()
 
 
+# What ended a turn, for the exceptions that say nothing themselves (a Ctrl+C's str() is
+# empty, SystemExit's is its exit code): a supervisor reads the message, not the code.
+_ENDED_BY: dict[type[BaseException], str] = {
+    KeyboardInterrupt: "interrupted",
+    SystemExit: "the process exited",
+    GeneratorExit: "the generator running the turn was closed",
+    asyncio.CancelledError: "the task running the turn was cancelled",
+}
+
+
+def _failed_message(error: BaseException) -> str:
+    """`str(error)`, or what ended the turn with the class name when that says nothing
+    (`interrupted (KeyboardInterrupt)`; an exception with an empty message: its class
+    name)."""
+    name = type(error).__name__
+    said = str(error)
+    for kind, ended in _ENDED_BY.items():
+        if isinstance(error, kind):
+            return f"{ended} ({name}: {said})" if said else f"{ended} ({name})"
+    return said or name
+
+
 def _failed_result(error: BaseException) -> dict[str, object]:
     """The result of a turn that `error` ended: its `code` if it has a string one, else
-    its class name, and its message."""
-    code = getattr(error, "code", None)
+    its class name, and its message (`_failed_message`)."""
+    # (SystemExit's `code` is the exit status or message passed to sys.exit(), no code)
+    code = None if isinstance(error, SystemExit) else getattr(error, "code", None)
     return {
         "status": "failed",
         "error": {
             "code": code if isinstance(code, str) else type(error).__name__,
-            "message": str(error),
+            "message": _failed_message(error),
         },
     }
 
@@ -289,7 +313,7 @@ class Turn:
         self.request_id = request_id
         self._writer = writer
         self._slot = slot
-        self._cancelled = False
+        self._cancelled = threading.Event()  # (set under `_end_lock`, read anywhere)
         self._entered = False
         self._ended = False
         # `cancel()` from another thread against the block's end: the outcome is decided
@@ -361,8 +385,26 @@ class Turn:
         with self._end_lock:
             if self._ended:
                 return False
-            self._cancelled = True
+            self._cancelled.set()
             return True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a `cancel()` was accepted (returned True): the turn's result is or will
+        be cancelled (failed, if its block raises). Read-only, from any thread: a
+        runtime's loop checks it to stop early (`if turn.cancelled: break`). It never
+        turns False again; a turn cancelled after its end stays False."""
+        # (an Event's flag is set under its own lock, and cancel() sets it under
+        # `_end_lock` only while the outcome is undecided: no torn or stale answer)
+        return self._cancelled.is_set()
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Wait until the turn is cancelled (`cancelled`), at most `timeout` seconds
+        (None: for ever), and return `cancelled`: True at once if it already is; False
+        after the timeout. Waiting does not end with the turn: a waiter outside the block
+        gives a timeout."""
+        wait_s = None if timeout is None else check_seconds("timeout", timeout)
+        return self._cancelled.wait(wait_s)
 
     def __exit__(
         self,
@@ -372,7 +414,7 @@ class Turn:
     ) -> None:
         with self._end_lock:
             self._ended = True
-            cancelled = self._cancelled
+            cancelled = self._cancelled.is_set()
         try:
             outcome: dict[str, object]
             if error is not None:
@@ -392,6 +434,8 @@ class Turn:
 
     def __repr__(self) -> str:
         state = "ended" if self._ended else "open" if self._entered else "not started"
+        if self.cancelled:
+            state += ", cancelled"
         return (
             f"Turn(request_id={self.request_id!r}, session_id={self.owner.session_id!r}, {state})"
         )

@@ -3,22 +3,37 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
 
-from journal import EventIn, InvalidArgument, Journal, StoreUnavailable, Turn
+from journal import EventIn, InvalidArgument, Journal, Owner, StoreUnavailable, Turn
 from journal._local.files import FileOps
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
 # a name users would come to rely on.
 OWNER_SURFACE = {"session_id", "generation", "info", "recovered_turn", "turn", "release"}
-TURN_SURFACE = {"owner", "request_id", "started", "result", "append", "cancel"}
+ROOT = Path(__file__).resolve().parent.parent
+TURN_SURFACE = {
+    "owner",
+    "request_id",
+    "started",
+    "result",
+    "append",
+    "cancel",
+    "cancelled",
+    "wait_cancelled",
+}
 
 
 def _public(thing: object) -> set[str]:
@@ -240,3 +255,160 @@ def test_a_turn_shows_its_request_id_and_state(tmp_path: Path) -> None:
             with turn:
                 assert repr(turn) == "Turn(request_id='r1', session_id='s', open)"
             assert repr(turn) == "Turn(request_id='r1', session_id='s', ended)"
+            cancelled = owner.turn("r2")
+            cancelled.cancel()
+            assert (
+                repr(cancelled) == "Turn(request_id='r2', session_id='s', not started, cancelled)"
+            )
+            with cancelled:
+                assert repr(cancelled) == "Turn(request_id='r2', session_id='s', open, cancelled)"
+            assert repr(cancelled) == "Turn(request_id='r2', session_id='s', ended, cancelled)"
+
+
+def test_a_runtime_loop_asks_whether_its_turn_was_cancelled_without_cancelling_it(
+    tmp_path: Path,
+) -> None:
+    """A runtime's inner loop could only learn of a cancel by calling `cancel()`, which
+    cancels (found by a runtime-author trial): `turn.cancelled` reads it, and
+    `turn.wait_cancelled(timeout)` waits for it."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("kept") as kept:
+                assert kept.cancelled is False
+                assert kept.wait_cancelled(0.01) is False
+            assert kept.cancelled is False and kept.cancel() is False
+            assert kept.cancelled is False  # (a cancel after the end changed nothing)
+            turn = owner.turn("stopped")
+            steps: list[int] = []
+
+            def run() -> None:
+                with turn:
+                    while not turn.cancelled:
+                        steps.append(len(steps))
+                        turn.wait_cancelled(0.001)
+                    turn.append([EventIn("m", b'{"stopped": true}')])
+
+            worker = threading.Thread(target=run)
+            worker.start()
+            while len(steps) < 3:
+                turn.wait_cancelled(0.001)
+            assert turn.cancelled is False
+            assert turn.cancel() is True
+            assert turn.cancelled is True
+            worker.join(10)
+            assert not worker.is_alive()
+            assert turn.wait_cancelled() is True  # (at once: it is)
+            with pytest.raises(InvalidArgument, match="timeout"):
+                turn.wait_cancelled(-1)
+        assert _results(j) == {"kept": {"status": "completed"}, "stopped": {"status": "cancelled"}}
+
+
+_CTRL_C_MID_TURN = """
+import sys
+from journal import Journal
+with Journal.open(sys.argv[1], durability="fsync") as j, j.own("s") as owner:
+    with owner.turn("r1"):
+        print("mid-turn", flush=True)
+        sys.stdin.readline()  # Ctrl+C here
+"""
+
+
+def test_a_ctrl_c_mid_turn_is_recorded_as_interrupted(tmp_path: Path) -> None:
+    """A Ctrl+C in a turn's block recorded a failed turn with code KeyboardInterrupt and
+    an empty message, which told a supervisor nothing (found by a runtime-author trial):
+    the message now says what ended the turn. A real process and a real SIGINT."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_MID_TURN, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode != 0 and "KeyboardInterrupt" in stderr
+    with Journal.open(store, durability="os") as j:
+        assert _results(j) == {
+            "r1": {
+                "status": "failed",
+                "error": {
+                    "code": "KeyboardInterrupt",
+                    "message": "interrupted (KeyboardInterrupt)",
+                },
+            }
+        }
+        assert j.get_session("s").open_turn is None
+
+
+def test_exceptions_that_say_nothing_are_recorded_with_what_ended_the_turn(
+    tmp_path: Path,
+) -> None:
+    """An exception whose str() is empty is recorded with its class name as the message,
+    and the BaseExceptions that end a turn from outside say what happened; SystemExit's
+    `code` attribute (the exit status or message) is not taken as the error code."""
+
+    def generator(owner: Owner) -> Iterator[None]:
+        with owner.turn("closed"):
+            yield
+
+    async def task_cancelled(owner: Owner) -> None:
+        task = asyncio.get_running_loop().create_future()
+        with owner.turn("cancelled-task"):
+            asyncio.get_running_loop().call_soon(task.cancel)
+            await task
+
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with pytest.raises(ValueError), owner.turn("empty"):
+                raise ValueError()
+            with pytest.raises(SystemExit), owner.turn("exit-0"):
+                sys.exit(0)
+            with pytest.raises(SystemExit), owner.turn("exit-said"):
+                sys.exit("config missing")
+            running = generator(owner)
+            next(running)
+            running.close()
+            with pytest.raises(asyncio.CancelledError):
+                asyncio.run(task_cancelled(owner))
+        assert _results(j) == {
+            "empty": {"status": "failed", "error": {"code": "ValueError", "message": "ValueError"}},
+            "exit-0": {
+                "status": "failed",
+                "error": {"code": "SystemExit", "message": "the process exited (SystemExit: 0)"},
+            },
+            "exit-said": {
+                "status": "failed",
+                "error": {
+                    "code": "SystemExit",
+                    "message": "the process exited (SystemExit: config missing)",
+                },
+            },
+            "closed": {
+                "status": "failed",
+                "error": {
+                    "code": "GeneratorExit",
+                    "message": "the generator running the turn was closed (GeneratorExit)",
+                },
+            },
+            "cancelled-task": {
+                "status": "failed",
+                "error": {
+                    "code": "CancelledError",
+                    "message": "the task running the turn was cancelled (CancelledError)",
+                },
+            },
+        }
