@@ -39,6 +39,7 @@ from .errors import StoreIncompatible as StoreIncompatible
 from .errors import StoreNotFound as StoreNotFound
 from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
+from .errors import TurnSettled as TurnSettled
 from .errors import Unsupported as Unsupported
 from .facade import Journal as Journal
 from .folds import STATE_CHANGED as STATE_CHANGED
@@ -143,6 +144,7 @@ __all__ = [
     "Subscription",
     "TokenError",
     "Turn",
+    "TurnSettled",
     "Unsupported",
     "VerifyProblem",
     "VerifyReport",

@@ -43,6 +43,7 @@ __all__ = [
     "StoreNotFound",
     "StoreUnavailable",
     "TokenError",
+    "TurnSettled",
     "Unsupported",
 ]
 
@@ -254,6 +255,26 @@ class OutcomeUnknown(JournalError):
         self.request_id = request_id
         self.cursor = cursor
         self.session_ended = session_ended
+        super().__init__(message)
+
+
+class TurnSettled(JournalError):
+    """`owner.turn(request_id)` named a turn of the session that has ended already: a
+    request id runs once, so a retry is answered with the outcome recorded, not run
+    again. `request_id` names it; `result` is its recorded result (the `turn_result`
+    data: `{"status": ..., "error": {...}}`); `cursor` is that of its `turn_result`
+    event, None while this owner has not recorded it yet (its write failed; it is
+    recorded before the owner's next turn)."""
+
+    code = "TURN_SETTLED"
+    status = "ALREADY_EXISTS"
+
+    def __init__(
+        self, message: str, *, request_id: str, result: dict[str, object], cursor: str | None
+    ) -> None:
+        self.request_id = request_id
+        self.result = result
+        self.cursor = cursor
         super().__init__(message)
 
 

@@ -499,6 +499,7 @@ class Journal:
             self._events.append,
             partial(self._committed, session_id),
             lambda: self._row(session_id).turn_request_id,
+            partial(self.replay, session_id),
         )
         return take_over(self._engine, lease, writer)
 

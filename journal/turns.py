@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 
 from .abandoned import close_when_dropped
@@ -22,6 +22,7 @@ from .errors import (
     OwnerBusy,
     SessionNotFound,
     SessionNotWritable,
+    TurnSettled,
 )
 from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
@@ -211,11 +212,44 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
     return Owner(lease, info, writer, row.turn_request_id)
 
 
+class _EndedTurns:
+    """The recorded results of the session's ended turns by request id: read from its
+    retained events once, when first asked (`replay` replays them), then kept up to date
+    with the results this owner records, since only the lease's holder writes turn
+    events. A result trimmed or compacted out of the history before that read is not
+    known."""
+
+    def __init__(self, replay: Callable[[], Iterable[Event]]) -> None:
+        self._replay = replay
+        self._results: dict[str, tuple[bytes, str]] | None = None  # (data, its cursor)
+        # (a result recorded by the turn's thread while another thread's owner.turn()
+        # reads the history waits for the read, so that it is not lost)
+        self._lock = threading.Lock()
+
+    def find(self, request_id: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            if self._results is None:
+                # (the last result of a request id wins: a turn whose start failed and
+                # was settled as failed may have been run again, by an older release)
+                self._results = {
+                    e.request_id: (e.data, e.cursor)
+                    for e in self._replay()
+                    if e.type == TURN_RESULT and e.request_id is not None
+                }
+            return self._results.get(request_id)
+
+    def recorded(self, request_id: str, data: bytes, cursor: str) -> None:
+        with self._lock:
+            if self._results is not None:
+                self._results[request_id] = (data, cursor)
+
+
 class TurnWriter:
     """How an owner writes, under `lease` (given by the facade): turn events, and
     appends of a turn's events checked against the lease and the open turn
     (`TurnGuard`). `checked_append` validates an append's arguments into its operation;
-    `commit` commits an operation and returns the caller's result."""
+    `commit` commits an operation and returns the caller's result; `replay` replays the
+    session's retained events (to find the turns that ended before this owner)."""
 
     def __init__(
         self,
@@ -223,36 +257,79 @@ class TurnWriter:
         checked_append: Callable[..., Append],
         commit: Callable[[Operation[Appended]], AppendResult],
         open_turn: Callable[[], str | None],
+        replay: Callable[[], Iterable[Event]],
     ) -> None:
         self._lease = lease
         self._checked_append = checked_append
         self._commit = commit
         self._open_turn = open_turn  # the session's open turn, read from the store
-        self._unrecorded: tuple[str, bytes] | None = None  # (request id, result data)
+        self._ended = _EndedTurns(replay)
+        # The result of a turn whose start or result write failed: (request id, result
+        # data, whether its block ran)
+        self._unrecorded: tuple[str, bytes, bool] | None = None
+
+    def check_new(self, request_id: str) -> None:
+        """`TurnSettled` when `request_id` names a turn of the session that has ended:
+        its result is recorded, or is this owner's result not recorded yet (a turn whose
+        start failed never ran: its request id may start it again)."""
+        unrecorded = self._unrecorded
+        if unrecorded is not None and unrecorded[0] == request_id and unrecorded[2]:
+            found: tuple[bytes, str | None] | None = (unrecorded[1], None)
+        else:
+            found = self._ended.find(request_id)
+        if found is None:
+            return
+        data, cursor = found
+        result = json.loads(data)
+        status = result.get("status")
+        error = result.get("error")
+        if isinstance(error, dict):
+            status = f"{status} ({error.get('code')}: {error.get('message')})"
+        where = (
+            "its result was not recorded yet (the write failed): this owner records it "
+            "before its next turn"
+            if cursor is None
+            else "read its turn_result at the cursor this error carries"
+        )
+        raise TurnSettled(
+            f"turn {request_id!r} of session {self._lease.session_id!r} has ended already, "
+            f"{status}: a request id runs once, so a retry gets the outcome recorded and "
+            f"does not run again; {where}, and to run the prompt again start a turn with "
+            "a new request id",
+            request_id=request_id,
+            result=result,
+            cursor=cursor,
+        )
 
     def turn_event(self, kind: str, request_id: str, data: bytes) -> AppendResult:
         lease = self._lease
-        return self._commit(
+        written = self._commit(
             AppendTurnEvent(
                 lease.session_id, lease.incarnation, lease.generation, kind, request_id, data
             )
         )
+        if kind == TURN_RESULT:
+            self._ended.recorded(request_id, data, written.cursor)
+        return written
 
-    def unrecorded(self, request_id: str, data: bytes) -> None:
-        """A turn's result whose write failed: recorded before the owner's next turn."""
-        self._unrecorded = (request_id, data)
+    def unrecorded(self, request_id: str, data: bytes, ran: bool) -> None:
+        """A turn's result whose write failed (or whose start failed: its block never
+        `ran`): recorded before the owner's next turn."""
+        self._unrecorded = (request_id, data, ran)
 
-    def record_unrecorded(self) -> None:
+    def record_unrecorded(self, next_request_id: str) -> None:
         """Record the result of the owner's last turn whose result write failed, when that
         turn is still the session's open one (the write may have committed after all: a
         lost reply). Only this owner writes turn events while it holds the lease, so the
-        open turn cannot change between the read and the write. Raises what the write
-        raises (the result stays remembered)."""
+        open turn cannot change between the read and the write. A turn whose start
+        failed, started again as the next (`next_request_id`), gets no result: its block
+        never ran, and the new start opens it again. Raises what the write raises (the
+        result stays remembered)."""
         unrecorded = self._unrecorded
         if unrecorded is None:
             return
-        request_id, data = unrecorded
-        if self._open_turn() == request_id:
+        request_id, data, ran = unrecorded
+        if (ran or request_id != next_request_id) and self._open_turn() == request_id:
             self.turn_event(TURN_RESULT, request_id, data)
         self._unrecorded = None
 
@@ -333,14 +410,16 @@ class Turn:
         self._slot.start(self)
         self._entered = True
         try:
-            self._writer.record_unrecorded()
+            self._writer.record_unrecorded(self.request_id)
             try:
                 self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
             except BaseException as error:
                 # The start may have committed though its caller got an error (a Ctrl+C
                 # held until the commit was done, a lost reply): if it did, the owner's
-                # next turn records this one as failed first, as for a lost result.
-                self._writer.unrecorded(self.request_id, result_data(_failed_result(error)))
+                # next turn records this one as failed first, as for a lost result
+                # (unless that next turn is this one again).
+                data = result_data(_failed_result(error))
+                self._writer.unrecorded(self.request_id, data, ran=False)
                 raise
         except BaseException:
             with self._end_lock:
@@ -427,7 +506,7 @@ class Turn:
             try:
                 self.result = self._writer.turn_event(TURN_RESULT, self.request_id, data)
             except BaseException:
-                self._writer.unrecorded(self.request_id, data)
+                self._writer.unrecorded(self.request_id, data, ran=True)
                 raise
         finally:
             self._slot.free(self)
@@ -486,10 +565,16 @@ class Owner:
         cancelled (after `turn.cancel()`), or failed with the exception's code and message
         (the exception propagates). One turn at a time per owner: this call raises while
         a turn's block runs, and replaces a turn made and not started yet (entering that
-        one then raises); a Turn is entered once, and `turn.append` works only inside it."""
+        one then raises); a Turn is entered once, and `turn.append` works only inside it.
+
+        A request id runs once: `TurnSettled` (with the recorded result) when the session's
+        retained history holds a result for it, or this owner's result of it is not
+        recorded yet. The first call of an owner reads the session's retained events for
+        that; a turn whose start raised may be started again with its request id."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
+        self._writer.check_new(request_id)
         turn = Turn(self, request_id, self._writer, self._turn_slot)
         self._turn_slot.claim(turn)
         return turn

@@ -51,6 +51,7 @@ from journal import (
     SessionPage,
     SessionState,
     Stream,
+    TurnSettled,
 )
 from journal.lifecycle import SNAPSHOT_PAGE, SNAPSHOT_REUSE
 
@@ -69,6 +70,7 @@ ERROR_CODES: dict[type[JournalError], tuple[str, str]] = {
     CursorForeign: ("CURSOR_FOREIGN", "INVALID_ARGUMENT"),
     CursorFuture: ("CURSOR_FUTURE", "OUT_OF_RANGE"),
     InvalidPageToken: ("INVALID_PAGE_TOKEN", "INVALID_ARGUMENT"),
+    TurnSettled: ("TURN_SETTLED", "ALREADY_EXISTS"),
 }
 
 SEVEN_DAYS_MS = 7 * 24 * 3600 * 1000
@@ -651,6 +653,19 @@ class JournalContract:
         assert retry == msgspec.structs.replace(original, deduplicated=True)
         assert self.payloads(j, "s1") == [b"pre0:", b"pre1:", b"once", b"2", b"between0:"]
         assert j.get_session("s1").last_ordinal == 5
+
+    def test_a_turn_request_id_runs_once_across_owners(self, j: Journal) -> None:
+        j.create_session("s1")
+        with j.own("s1") as owner, owner.turn("r1") as turn:
+            turn.append(numbered(1))
+        before = j.get_session("s1").last_ordinal
+        with j.own("s1") as owner:
+            with raises(TurnSettled) as info:
+                owner.turn("r1")
+            with owner.turn("r2"):
+                pass
+        assert info.value.result == {"status": "completed"}  # type: ignore[attr-defined]
+        assert j.get_session("s1").last_ordinal == before + 2
 
     @pytest.mark.parametrize(
         "changed",

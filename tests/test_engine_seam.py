@@ -40,6 +40,9 @@ def _instance(cls: type[JournalError]) -> JournalError:
         return CursorExpired("expired", earliest_ordinal=5, resume_cursor="AQ")
     if cls is journal.OutcomeUnknown:
         return journal.OutcomeUnknown("owner died", request_id="r1", cursor="AQ")
+    if cls is journal.TurnSettled:
+        result: dict[str, object] = {"status": "completed"}
+        return journal.TurnSettled("ran once", request_id="r1", result=result, cursor="AQ")
     if cls is journal.OwnerBusy:
         return journal.OwnerBusy("owned by pid 42", pid=42)
     if cls is journal.ArchiveInvalid:

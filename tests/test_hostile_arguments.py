@@ -63,6 +63,7 @@ from journal import (
     Stream,
     Subscription,
     Turn,
+    TurnSettled,
 )
 
 # -- hostile values --------------------------------------------------------------------
@@ -479,10 +480,11 @@ TARGETS: dict[str, Target] = {
     "Journal.awatch_sessions": Target(
         _CURSOR_ERRORS, good={"cursor": lambda env: st.sampled_from([None, env.lifecycle_cursor])}
     ),
-    "Owner.turn": Target(writes=True),
+    "Owner.turn": Target((TurnSettled,), writes=True),  # (a request id drawn again)
     "Owner.release": Target(writes=True),
     "Turn.append": Target(writes=True),
     "Turn.cancel": Target(writes=True),
+    "Turn.wait_cancelled": Target(),
     "Stream.close": Target(),
     "Journal.checkpoint_session": Target((SessionNotFound,), writes=True),
     "Journal.checkpoint": Target((SessionNotFound,)),
@@ -602,7 +604,10 @@ def _call(env: Env, name: str, kwargs: dict[str, Any]) -> None:
                 sub.close()  # (a subscription to an open session would never end)
             getattr(sub, name.split(".")[1])(**kwargs)
     elif name.startswith("Turn."):
-        with j.own("owned") as owner, owner.turn("the-turn") as turn:
+        env.counter[0] += 1  # (a request id runs once)
+        with j.own("owned") as owner, owner.turn(f"the-turn-{env.counter[0]}") as turn:
+            if name == "Turn.wait_cancelled":
+                turn.cancel()  # (else a wait without a timeout would never end)
             getattr(turn, name.split(".")[1])(**kwargs)
     else:
         _consume(name, kwargs, getattr(j, name.split(".")[1])(**kwargs))

@@ -1,0 +1,244 @@
+"""A turn's request id runs once (SPEC.md section 7.8): a retry of a turn that has ended,
+in this owner, a later one or another process, gets the outcome recorded (`TurnSettled`)
+instead of running again; a turn whose start failed may be started again; a result
+retention dropped is forgotten."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from unittest.mock import ANY
+
+import pytest
+
+from journal import EventIn, Journal, StoreUnavailable, TurnSettled
+from journal._local.files import FileOps
+
+ROOT = Path(__file__).resolve().parent.parent
+UNKNOWN_CODE = "WATCH_OUTCOME_UNKNOWN"
+
+
+def _turn_events(j: Journal) -> list[tuple[str, str | None]]:
+    return [(e.type, e.request_id) for e in j.replay("s") if e.type.startswith("turn_")]
+
+
+def test_a_retried_request_id_gets_the_recorded_outcome_and_does_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """A turn started with the request id of a turn that had ended ran again, with a
+    second turn_started and result for one request id (found by a runtime-author trial):
+    an idempotent retry must not run the prompt twice."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("done") as turn:
+                turn.append([EventIn("m", b"{}")])
+            with pytest.raises(ValueError), owner.turn("failed"):
+                raise ValueError("tool crashed")
+            with owner.turn("cancelled") as turn:
+                turn.cancel()
+            with pytest.raises(TurnSettled) as info:
+                owner.turn("done")
+            with owner.turn("next"):
+                pass  # (the refusal left the owner's one-turn slot free)
+        before = _turn_events(j)
+        results = {e.request_id: e for e in j.replay("s") if e.type == "turn_result"}
+        error = info.value
+        assert (error.code, error.status) == ("TURN_SETTLED", "ALREADY_EXISTS")
+        assert error.request_id == "done"
+        assert error.result == {"status": "completed"}
+        assert error.cursor == results["done"].cursor
+        assert "new request id" in str(error)
+        copy = pickle.loads(pickle.dumps(error))
+        assert (type(copy), copy.result, copy.cursor) == (TurnSettled, error.result, error.cursor)
+        with j.own("s") as owner:  # (a later owner reads them from the history)
+            for request_id, result in [
+                ("failed", {"status": "failed", "error": {"code": "ValueError", "message": ANY}}),
+                ("cancelled", {"status": "cancelled"}),
+                ("next", {"status": "completed"}),
+            ]:
+                with pytest.raises(TurnSettled, match=f"turn {request_id!r}") as info:
+                    owner.turn(request_id)
+                assert info.value.result == result
+                assert info.value.cursor == results[request_id].cursor
+        assert _turn_events(j) == before
+
+
+_KILLED_MID_TURN = """
+import sys
+from journal import Journal
+with Journal.open(sys.argv[1], durability="fsync") as j:
+    with j.own("s") as owner, owner.turn("done"):
+        pass
+    owner = j.own("s")
+    turn = owner.turn("r-killed").__enter__()
+    print("mid-turn", flush=True)
+    sys.stdin.readline()  # killed here
+"""
+
+
+def test_a_runtime_restarted_after_a_kill_cannot_run_the_killed_turn_again(
+    tmp_path: Path,
+) -> None:
+    """The owner process is SIGKILLed mid-turn; a new process owns the session (which
+    records the turn's outcome as unknown) and retries the request id from its queue: it
+    gets TurnSettled with WATCH_OUTCOME_UNKNOWN (the prompt may have executed), and the
+    turn the killed process completed before is refused too."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_TURN, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    with Journal.open(store, durability="os") as j, j.own("s") as owner:
+        assert owner.recovered_turn == "r-killed"
+        with pytest.raises(TurnSettled, match="WATCH_OUTCOME_UNKNOWN") as info:
+            owner.turn("r-killed")
+        assert info.value.result["error"] == {"code": UNKNOWN_CODE, "message": ANY}
+        with pytest.raises(TurnSettled):
+            owner.turn("done")
+        with owner.turn("r-retried"):
+            pass
+        assert _turn_events(j) == [
+            ("turn_started", "done"),
+            ("turn_result", "done"),
+            ("turn_started", "r-killed"),
+            ("turn_result", "r-killed"),
+            ("turn_started", "r-retried"),
+            ("turn_result", "r-retried"),
+        ]
+
+
+class _FailCommits(FileOps):
+    """Fails the next `count` commit batches (fault point commit.batch_taken)."""
+
+    count = 0
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.count and name == "commit.batch_taken":
+            self.count -= 1
+            raise OSError(5, "Input/output error (injected)")
+
+
+def test_a_turn_whose_result_write_failed_is_not_run_again(tmp_path: Path) -> None:
+    """The block ran, its result's write failed: the owner remembers the result, so a
+    retry of the request id is refused with it (not recorded yet: no cursor), and the
+    owner's next turn records it first."""
+    ops = _FailCommits()
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with pytest.raises(StoreUnavailable), owner.turn("r1"):
+                ops.count = 1
+            with pytest.raises(TurnSettled, match="not recorded yet") as info:
+                owner.turn("r1")
+            assert (info.value.result, info.value.cursor) == ({"status": "completed"}, None)
+            with owner.turn("r2"):
+                pass
+            with pytest.raises(TurnSettled) as info:
+                owner.turn("r1")
+            assert info.value.cursor is not None
+        assert _turn_events(j) == [
+            ("turn_started", "r1"),
+            ("turn_result", "r1"),
+            ("turn_started", "r2"),
+            ("turn_result", "r2"),
+        ]
+
+
+class _Interrupted(Exception):
+    """What the test's SIGUSR1 handler raises (a Ctrl+C's KeyboardInterrupt, tamed)."""
+
+
+class _SignalAsTheStartCommits(FileOps):
+    """Raises SIGUSR1 in the committing thread as the next commit's LMDB transaction is
+    about to commit (fault point commit.view_commit); the journal holds the handler's
+    exception until the commit is done, so the caller gets it for a committed write."""
+
+    armed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if self.armed and name == "commit.view_commit":
+            self.armed = False
+            signal.raise_signal(signal.SIGUSR1)
+
+
+def test_a_turn_whose_start_failed_may_be_started_again(tmp_path: Path) -> None:
+    """Its block never ran, so its request id is not used up: whether the start did not
+    commit or committed with the caller getting an error (a Ctrl+C held until the commit
+    was done), the retry runs the turn and records one result for it, not a failed one
+    first (which would make the request id's history say it failed)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted("interrupted as the turn started")
+
+    failing = _FailCommits()
+    with Journal.open(tmp_path / "lost", durability="os", file_ops=failing) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            failing.count = 1
+            with pytest.raises(StoreUnavailable), owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+            with owner.turn("r1") as turn:
+                turn.append([EventIn("m", b"{}")])
+        assert _turn_events(j) == [("turn_started", "r1"), ("turn_result", "r1")]
+    signalling = _SignalAsTheStartCommits()
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with Journal.open(tmp_path / "committed", durability="os", file_ops=signalling) as j:
+            j.create_session("s")
+            with j.own("s") as owner:
+                signalling.armed = True
+                with pytest.raises(_Interrupted), owner.turn("r1"):
+                    pytest.fail("the block ran though its start raised")
+                assert not signalling.armed and j.get_session("s").open_turn == "r1"
+                with owner.turn("r1") as turn:
+                    turn.append([EventIn("m", b"{}")])
+            events = _turn_events(j)
+            results = [json.loads(e.data) for e in j.replay("s") if e.type == "turn_result"]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert events == [("turn_started", "r1"), ("turn_started", "r1"), ("turn_result", "r1")]
+    assert results == [{"status": "completed"}]
+
+
+def test_a_request_id_whose_result_was_compacted_away_runs_again(tmp_path: Path) -> None:
+    """Request ids are remembered while their turn's result is readable (after the
+    session's latest snapshot or trim): one whose result a snapshot covers starts a new
+    turn, as a retry of an idempotency key trimmed away appends again."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with owner.turn("old"):
+                pass
+            with owner.turn("latest"):
+                pass
+        old_result = next(e for e in j.replay("s") if e.request_id == "old" and e.ordinal > 1)
+        j.compact_session("s", old_result.ordinal, b"snap")
+        with j.own("s") as owner:
+            with pytest.raises(TurnSettled):
+                owner.turn("latest")
+            with owner.turn("old"):
+                pass
+        assert _turn_events(j) == [
+            ("turn_started", "latest"),
+            ("turn_result", "latest"),
+            ("turn_started", "old"),
+            ("turn_result", "old"),
+        ]
