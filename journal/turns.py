@@ -280,7 +280,12 @@ class TurnWriter:
         if found is None:
             return
         data, cursor = found
-        result = json.loads(data)
+        try:
+            result = json.loads(data)
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):  # (an imported archive's, not written here)
+            result = {"status": "unreadable", "data": data.decode(errors="replace")}
         status = result.get("status")
         error = result.get("error")
         if isinstance(error, dict):
@@ -471,8 +476,8 @@ class Turn:
     def cancelled(self) -> bool:
         """Whether a `cancel()` was accepted (returned True): the turn's result is or will
         be cancelled (failed, if its block raises). Read-only, from any thread: a
-        runtime's loop checks it to stop early (`if turn.cancelled: break`). It never
-        turns False again; a turn cancelled after its end stays False."""
+        runtime's loop checks it to stop early (`if turn.cancelled: break`). Once True it
+        stays True; a `cancel()` after the turn's end (False) leaves it False."""
         # (an Event's flag is set under its own lock, and cancel() sets it under
         # `_end_lock` only while the outcome is undecided: no torn or stale answer)
         return self._cancelled.is_set()
@@ -480,8 +485,8 @@ class Turn:
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Wait until the turn is cancelled (`cancelled`), at most `timeout` seconds
         (None: for ever), and return `cancelled`: True at once if it already is; False
-        after the timeout. Waiting does not end with the turn: a waiter outside the block
-        gives a timeout."""
+        after the timeout. The wait does not end when the turn does: a waiter outside its
+        block passes a timeout."""
         wait_s = None if timeout is None else check_seconds("timeout", timeout)
         return self._cancelled.wait(wait_s)
 

@@ -5,6 +5,7 @@ retention dropped is forgotten."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -15,9 +16,11 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+from test_archives import _craft, _session
 
 from journal import EventIn, Journal, StoreUnavailable, TurnSettled
 from journal._local.files import FileOps
+from journal.archive import ArchiveEvent
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_CODE = "WATCH_OUTCOME_UNKNOWN"
@@ -242,3 +245,34 @@ def test_a_request_id_whose_result_was_compacted_away_runs_again(tmp_path: Path)
             ("turn_started", "old"),
             ("turn_result", "old"),
         ]
+
+
+def test_an_imported_sessions_ended_turns_are_remembered(tmp_path: Path) -> None:
+    """An archive brings its turns' results along; one whose data is not a JSON object
+    (an archive made elsewhere: turn events are the journal's own) is still an ended
+    turn, reported as unreadable, never a ValueError from owner.turn()."""
+    archive = _craft(
+        [
+            (
+                _session("s", 1, 4),
+                None,
+                [
+                    ArchiveEvent(1, "turn_started", 1001, "r1", b"{}"),
+                    ArchiveEvent(2, "turn_result", 1002, "r1", b'{"status":"completed"}'),
+                    ArchiveEvent(3, "turn_started", 1003, "r2", b"{}"),
+                    ArchiveEvent(4, "turn_result", 1004, "r2", b"not json"),
+                ],
+            )
+        ]
+    )
+    with Journal.open(tmp_path, durability="os") as j:
+        j.import_sessions(io.BytesIO(archive))
+        with j.own("s") as owner:
+            with pytest.raises(TurnSettled) as info:
+                owner.turn("r1")
+            assert info.value.result == {"status": "completed"}
+            with pytest.raises(TurnSettled, match="unreadable") as info:
+                owner.turn("r2")
+            assert info.value.result == {"status": "unreadable", "data": "not json"}
+            with owner.turn("r3"):
+                pass
