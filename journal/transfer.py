@@ -679,7 +679,11 @@ def _stage_and_commit(
             # nothing was left staged, so the commit went through (SPEC 12.3).
             error.add_note(IMPORT_COMMITTED)
         raise
-    progress.finished()
+    try:
+        progress.finished()  # (a Ctrl+C may land as the caller's report runs)
+    except BaseException as error:
+        error.add_note(IMPORT_COMMITTED)
+        raise
     return rows
 
 

@@ -115,3 +115,31 @@ def test_an_interrupt_after_a_jetstream_commit_landed_says_the_import_went_throu
             assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
     finally:
         proxy.close()
+
+
+def test_an_interrupt_in_the_progress_report_after_the_commit_says_it_went_through(
+    tmp_path: Path,
+) -> None:
+    """The report of all done comes after the commit (`progress(2 * size, 2 * size)`;
+    the last staging batch may report the same numbers before it). A Ctrl+C that lands
+    while that report runs (the CLI's progress bar redraws then) left `import_sessions`
+    without the note, so `journal import` said nothing was imported, and a retry met
+    `SessionExists`."""
+    archive = _archive(tmp_path)
+    reports: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        reports.append((done, total))
+        if committed():
+            raise KeyboardInterrupt
+
+    with Journal.open(tmp_path / "target", create=True) as j:
+
+        def committed() -> bool:
+            return bool(list(j.list_sessions()))
+
+        with pytest.raises(KeyboardInterrupt) as caught:
+            j.import_sessions(io.BytesIO(archive), progress=progress)
+        assert reports[-1][0] == reports[-1][1] > 0, reports
+        assert [m.session_id for m in j.list_sessions()] == ["a", "b"]
+        assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
