@@ -19,7 +19,7 @@ import click
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
-from journal.transfer import IMPORT_COMMITTED, write_file
+from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN, write_file
 
 from .interrupts import CtrlC, ctrl_c_noted
 from .maintenance import progress_bar
@@ -402,6 +402,7 @@ def import_(
             else:
                 rename = _split_renames(split, _session_ids(source, limits), rename or {})
             source.seek(0)
+        report: journal.ImportReport | None = None
         try:
             with (
                 settings.open() as store,
@@ -416,10 +417,17 @@ def import_(
                     limits=limits,
                 )
         except KeyboardInterrupt as interrupt:
-            if IMPORT_COMMITTED in getattr(interrupt, "__notes__", ()):
+            notes = getattr(interrupt, "__notes__", ())
+            if report is not None or IMPORT_COMMITTED in notes:
                 said = (
                     "journal: interrupted after the commit: the sessions were imported "
                     "(`journal sessions list` shows them)"
+                )
+            elif IMPORT_UNKNOWN in notes:
+                said = (
+                    "journal: interrupted as the sessions were committed, and the rollback "
+                    "failed: whether they were imported is not known (`journal sessions "
+                    "list` shows them if they were)"
                 )
             else:
                 said = (

@@ -68,6 +68,7 @@ from .sessions import SessionRow
 
 __all__ = [
     "IMPORT_COMMITTED",
+    "IMPORT_UNKNOWN",
     "archive_limits",
     "export_sessions",
     "import_sessions",
@@ -83,6 +84,11 @@ T = TypeVar("T")
 # commit: the import is done (the caller's retry would meet `SessionExists`).
 IMPORT_COMMITTED: Final = (
     "the import was committed before this interrupt came: its sessions are in the store"
+)
+# The note when it came as the import committed and the rollback failed too.
+IMPORT_UNKNOWN: Final = (
+    "this interrupt came as the import committed and its rollback failed: whether its "
+    "sessions were imported is not known (list them to see)"
 )
 
 Progress = Callable[[int, int], None]
@@ -431,7 +437,7 @@ def import_sessions(
         checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
         header, counts, sha256, archive_bytes = checked
         sources = [session_id for session_id, _ in counts]
-        most: int | None = getattr(engine, "max_import_sessions", None)
+        most = engine.max_import_sessions
         if most is not None and len(sources) > most:
             raise InvalidArgument(
                 f"this store imports at most {most} sessions at once and the archive "
@@ -674,10 +680,14 @@ def _stage_and_commit(
         if staged:
             with contextlib.suppress(Exception):
                 rolled_back = engine.submit(AbortImport(staged))
-        if committing and rolled_back == 0 and not isinstance(error, Exception):
-            # A Ctrl+C (or a SIGTERM handler's exit) the commit held until it was done:
-            # nothing was left staged, so the commit went through (SPEC 12.3).
-            error.add_note(IMPORT_COMMITTED)
+        if committing and not isinstance(error, Exception):
+            # A Ctrl+C (or a SIGTERM handler's exit) as the import committed: the commit
+            # went through when nothing was left staged (it held the interrupt until it
+            # was done); not known when the rollback failed too (SPEC 12.3).
+            if rolled_back == 0:
+                error.add_note(IMPORT_COMMITTED)
+            elif rolled_back is None:
+                error.add_note(IMPORT_UNKNOWN)
         raise
     try:
         progress.finished()  # (a Ctrl+C may land as the caller's report runs)

@@ -8,6 +8,7 @@ answer, and the rollback that follows finds the sessions committed: the same not
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -18,21 +19,24 @@ import pytest
 
 from journal import EventIn, Journal
 from journal._local.files import FileOps
-from journal.engine import CommitImport, StageSessions
-from journal.transfer import IMPORT_COMMITTED
+from journal.engine import AbortImport, CommitImport, StageSessions
+from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN
 
 
 class _CtrlCAt(FileOps):
     """Sends this process a SIGINT as the operation of type `at` is planned."""
 
-    def __init__(self, at: type) -> None:
+    def __init__(self, at: type, abort_fails: bool = False) -> None:
         self.at = at
         self.armed = False
+        self.abort_fails = abort_fails
 
     def point(self, name: str, detail: object = None) -> None:
         if self.armed and name == "plan.operation" and isinstance(detail, self.at):
             self.armed = False
             os.kill(os.getpid(), signal.SIGINT)
+        if self.abort_fails and name == "plan.operation" and isinstance(detail, AbortImport):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 
 def _archive(tmp_path: Path) -> bytes:
@@ -65,6 +69,23 @@ def test_an_interrupt_held_by_the_commit_says_whether_the_import_went_through(
             assert notes == []
             # Rolled back: the same archive imports again.
             assert len(j.import_sessions(io.BytesIO(archive)).sessions) == 2
+
+
+def test_an_interrupt_as_the_import_commits_whose_rollback_fails_says_it_is_not_known(
+    tmp_path: Path,
+) -> None:
+    """The rollback after the interrupt failed: nothing tells whether the commit went
+    through, and the interrupt says so (it said nothing, and `journal import` then said
+    that nothing was imported)."""
+    archive = _archive(tmp_path)
+    ops = _CtrlCAt(CommitImport, abort_fails=True)
+    with Journal.open(tmp_path / "target", create=True, file_ops=ops) as j:
+        ops.armed = True
+        with pytest.raises(KeyboardInterrupt) as caught:
+            j.import_sessions(io.BytesIO(archive))
+        ops.abort_fails = False
+        assert getattr(caught.value, "__notes__", []) == [IMPORT_UNKNOWN]
+        assert [m.session_id for m in j.list_sessions()] == ["a", "b"]
 
 
 def test_an_interrupt_after_a_jetstream_commit_landed_says_the_import_went_through(

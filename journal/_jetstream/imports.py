@@ -62,7 +62,7 @@ from .layout import ENCODER, Heartbeat, StoredEvent, StoredFeed, StoredSnapshot,
 from .owners import LEASE_S
 from .reads import StoreReader, stored_row
 
-__all__ = ["MAX_IMPORT_SESSIONS", "Imports", "too_many_sessions"]
+__all__ = ["MAX_IMPORT_SESSIONS", "Imports"]
 
 # One atomic batch makes an import visible: 1,000 messages, 3 a session at most (its
 # CREATED entry, its state's entry, its row).
@@ -91,17 +91,6 @@ Committed = Callable[[int, SessionRow | None, int], None]
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def too_many_sessions(count: int) -> InvalidArgument:
-    return InvalidArgument(
-        f"a nats:// store imports at most {MAX_IMPORT_SESSIONS} sessions at once (an "
-        "import's sessions become visible in one atomic JetStream batch of at most 1,000 "
-        f"messages, 3 a session) and this archive holds {count:,}: nothing was imported. "
-        f"Export the sessions in parts of at most {MAX_IMPORT_SESSIONS} (`journal export "
-        "-s ID ...`, or export_sessions with session_ids) and import each part, or import "
-        "the archive into a local store"
-    )
 
 
 def _beat_session(beat_id: str) -> str:
@@ -460,7 +449,10 @@ class Imports:
 
     async def _commit(self, op: CommitImport) -> list[SessionRow]:
         if len(op.targets) > MAX_IMPORT_SESSIONS:
-            raise too_many_sessions(len(op.targets))
+            raise InvalidArgument(  # (the import's check pass refuses such an archive)
+                f"one commit makes at most {MAX_IMPORT_SESSIONS} sessions visible, not "
+                f"{len(op.targets)}"
+            )
         entries: list[_Staged] = []
         for target in op.targets:
             entry = self._staged.get(target.incarnation)
