@@ -395,12 +395,13 @@ class Turn:
         self.request_id = request_id
         self._writer = writer
         self._slot = slot
-        self._cancelled = threading.Event()  # (set under `_end_lock`, read anywhere)
+        self._cancelled = False
         self._entered = False
         self._ended = False
         # `cancel()` from another thread against the block's end: the outcome is decided
-        # once, under this lock, so cancel() can say whether it changed it.
-        self._end_lock = threading.Lock()
+        # once, under this lock, so cancel() can say whether it changed it; both notify
+        # the waiters of `wait_cancelled`.
+        self._end_lock = threading.Condition(threading.Lock())
         self.started: AppendResult | None = None
         self.result: AppendResult | None = None
 
@@ -429,6 +430,7 @@ class Turn:
         except BaseException:
             with self._end_lock:
                 self._ended = True  # (not started here: it has no result to change)
+                self._end_lock.notify_all()
             self._slot.free(self)
             raise
         return self
@@ -469,7 +471,8 @@ class Turn:
         with self._end_lock:
             if self._ended:
                 return False
-            self._cancelled.set()
+            self._cancelled = True
+            self._end_lock.notify_all()
             return True
 
     @property
@@ -478,17 +481,18 @@ class Turn:
         be cancelled (failed, if its block raises). Read-only, from any thread: a
         runtime's loop checks it to stop early (`if turn.cancelled: break`). Once True it
         stays True; a `cancel()` after the turn's end (False) leaves it False."""
-        # (an Event's flag is set under its own lock, and cancel() sets it under
-        # `_end_lock` only while the outcome is undecided: no torn or stale answer)
-        return self._cancelled.is_set()
+        # (a bool set once, under `_end_lock`, while the outcome is undecided)
+        return self._cancelled
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
-        """Wait until the turn is cancelled (`cancelled`), at most `timeout` seconds
-        (None: for ever), and return `cancelled`: True at once if it already is; False
-        after the timeout. The wait does not end when the turn does: a waiter outside its
-        block passes a timeout."""
+        """Wait until the turn is cancelled or has ended, at most `timeout` seconds
+        (None: no limit), and return `cancelled`: True at once if it already is; False
+        once the turn ended uncancelled (a thread that waits to abort the turn's work
+        ends with it), or after the timeout."""
         wait_s = None if timeout is None else check_seconds("timeout", timeout)
-        return self._cancelled.wait(wait_s)
+        with self._end_lock:
+            self._end_lock.wait_for(lambda: self._cancelled or self._ended, wait_s)
+            return self._cancelled
 
     def __exit__(
         self,
@@ -498,7 +502,8 @@ class Turn:
     ) -> None:
         with self._end_lock:
             self._ended = True
-            cancelled = self._cancelled.is_set()
+            cancelled = self._cancelled
+            self._end_lock.notify_all()
         try:
             outcome: dict[str, object]
             if error is not None:

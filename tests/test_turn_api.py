@@ -412,3 +412,23 @@ def test_exceptions_that_say_nothing_are_recorded_with_what_ended_the_turn(
                 },
             },
         }
+
+
+def test_a_wait_for_a_cancel_ends_when_the_turn_ends_uncancelled(tmp_path: Path) -> None:
+    """A thread that waits to abort the turn's work (`wait_cancelled()` without a
+    timeout) ends with the turn, answering False: it waited for ever."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            answers: list[bool] = []
+            with owner.turn("r1") as turn:
+                waiter = threading.Thread(
+                    target=lambda: answers.append(turn.wait_cancelled()), daemon=True
+                )
+                waiter.start()
+                turn.append([EventIn("m", b"{}")])
+            waiter.join(10)
+            assert not waiter.is_alive(), "the wait did not end with the turn"
+            assert answers == [False]
+            # Asked after the end: at once.
+            assert turn.wait_cancelled() is False
