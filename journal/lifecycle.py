@@ -7,12 +7,14 @@ The facade owns one `LifecycleFeed` and drives its pagers with the follow loop.
 
 from __future__ import annotations
 
+import bisect
 import time
 import weakref
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
-from cursors import TokenCodec, TokenKind, scope_digest
+from cursors import Claims, TokenCodec, TokenKind, scope_digest
 
 from .engine import Engine
 from .errors import CursorExpired, CursorForeign, CursorFuture, JournalCorrupt
@@ -24,9 +26,17 @@ from .sessions import FeedEntry, SessionRow
 __all__ = ["SNAPSHOT_PAGE", "SNAPSHOT_REUSE", "LifecycleFeed"]
 
 
-# The ordinal of a lifecycle cursor of a startup snapshot's event that is not its last
-# (every other lifecycle cursor carries 0): it resumes with a fresh snapshot.
-_MID_SNAPSHOT = 1
+# The ordinal of a lifecycle cursor says what it resumes (SPEC 5, 7.7): 0 after a feed
+# position; 1 a fresh snapshot (a startup snapshot's event before its last, as issued
+# until 2026-12-04: such a cursor still works); from 2 on, such an event now, carrying
+# `_MID_SNAPSHOT + ` the incarnation of the last session delivered (and, as its check,
+# `_id_check` of that session's id), so that a restart inside a snapshot goes on after
+# the sessions already delivered instead of starting over.
+_FRESH_SNAPSHOT = 1
+_MID_SNAPSHOT = 2
+
+# Feed entries read at once while a resumed snapshot delivers the changes since.
+_FEED_BATCH = 256
 
 # A startup snapshot's events are built and delivered this many at a time.
 SNAPSHOT_PAGE: Final = 64
@@ -39,6 +49,12 @@ SNAPSHOT_REUSE: Final = 64
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _id_check(session_id: str) -> int:
+    """The check of a mid-snapshot cursor: it tells the session it names from another
+    one created at the same position in another history (a restored copy)."""
+    return zlib.crc32(session_id.encode())
 
 
 class _Registry:
@@ -80,10 +96,13 @@ class LifecycleFeed:
         if cursor is None:
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         claims = self._codec.decode(cursor, TokenKind.LIFECYCLE, self._scope)
-        if claims.ordinal == _MID_SNAPSHOT:
+        if claims.ordinal >= _MID_SNAPSHOT:
             # A startup snapshot's event before its last: the sessions after it in that
             # snapshot were never delivered, and the feed after its position will not
-            # announce them. A fresh snapshot does (the earlier ones come again).
+            # announce them. A snapshot resumed after the last one delivered does.
+            return LifecyclePager(self._feed_after, 0, lambda: self._resumed_snapshot(claims))
+        if claims.ordinal == _FRESH_SNAPSHOT:
+            # (The same, from a release before 2026-12-04: the earlier ones come again.)
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
         position = claims.position
         # A checked cursor names a feed entry: read it (from the same snapshot).
@@ -127,6 +146,13 @@ class LifecycleFeed:
                 resume_cursor=self._cursor(floor),
             )
 
+    def _mid_cursor(self, position: int, incarnation: int, check: int) -> str:
+        """The cursor of a snapshot's event before its last: the watcher has every
+        session up to the one of `incarnation` (its id's `_id_check` is `check`) as the
+        feed up to `position` left it, and none after it (`_resumed_snapshot`)."""
+        ordinal = _MID_SNAPSHOT + incarnation
+        return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position, ordinal, check)
+
     def _cursor(self, position: int, at_ms: int | None = None) -> str:
         """The cursor that resumes after `position`, checked when it is a feed entry's
         (stamped `at_ms`); else it names a position, not an entry (`_snapshot_cursor`)."""
@@ -145,12 +171,85 @@ class LifecycleFeed:
         registry = self._registry()
         return self._snapshot_pages(registry), registry.point
 
-    def _registry(self) -> _Registry:
-        """The shared registry snapshot if a follow still holds it and the feed after it
-        is retained and short, and the store still reaches its point (a hole accepted by
-        `verify(fix=True)` in another process cut it, SPEC 9); else a new one."""
+    def _resumed_snapshot(self, claims: Claims) -> tuple[Iterator[list[LifecycleEvent]], int]:
+        """A startup snapshot resumed from the cursor of one of its events but the last
+        (`_mid_cursor`: position P, the last session delivered, X): the watcher has the
+        sessions up to X as the feed up to P left them, and none after X. From a registry
+        snapshot at Q >= P it is given the feed entries in (P, Q] of sessions up to X
+        (their changes since, those created since included, each with a cursor that
+        resumes the same way from its position), then the rows at Q after X, then the
+        feed after Q. When that cannot be done (the feed after P no longer retained, X
+        no longer known, the store no longer reaching P): a fresh snapshot, in which the
+        sessions delivered before come again, never a skip."""
+        position, incarnation, check = claims.position, claims.ordinal - _MID_SNAPSHOT, claims.check
+        registry = self._registry(position)
+        point = registry.point
+        _, head, floor = self._engine.feed(position, 0)
+        if check is None or not floor <= position <= point < head:
+            return self._snapshot_pages(registry), point
+        last_id = self._delivered_last(incarnation, check, position, point)
+        if last_id is None:
+            return self._snapshot_pages(registry), point
+        return self._resumed_pages(registry, position, last_id, incarnation, check), point
+
+    def _delivered_last(self, incarnation: int, check: int, after: int, point: int) -> str | None:
+        """The id of the session of `incarnation` whose `_id_check` is `check`: the
+        engine knows it while the session's creation record is kept (as for page
+        tokens); else, when it was evicted after `after`, its EVICTED entry up to
+        `point` names it. None if neither does."""
+        found = self._engine.session_id_of(incarnation)
+        if found is not None and _id_check(found) == check:
+            return found
+        while after < point:
+            entries, _, floor = self._engine.feed(after, _FEED_BATCH)
+            if floor > after:
+                return None
+            for position, entry in entries:
+                row = entry.row
+                if position > point:
+                    return None
+                if row.incarnation == incarnation and _id_check(row.session_id) == check:
+                    return row.session_id
+            if not entries:
+                return None
+            after = entries[-1][0]
+        return None
+
+    def _resumed_pages(
+        self, registry: _Registry, after: int, last_id: str, incarnation: int, check: int
+    ) -> Iterator[list[LifecycleEvent]]:
+        """`_resumed_snapshot`'s events: the changes up to the registry's point of the
+        sessions up to `last_id`, then its rows after `last_id`."""
+        point = registry.point
+        newest = 0  # (the newest feed entry at or below the point, once one is read)
+        while after < point:
+            entries, _, floor = self._engine.feed(after, _FEED_BATCH)
+            self._check_retained(after, floor)
+            entries = [(position, entry) for position, entry in entries if position <= point]
+            if not entries:
+                break
+            after = newest = entries[-1][0]
+            events = [
+                self._event(entry, position, self._mid_cursor(position, incarnation, check))
+                for position, entry in entries
+                if entry.row.session_id <= last_id
+            ]
+            if events:
+                yield events
+        try:
+            first = bisect.bisect_right(registry.rows, last_id, key=_session_id)
+        except JournalCorrupt:
+            registry.damaged = True  # (as in `_snapshot_pages`)
+            raise
+        yield from self._snapshot_pages(registry, first, newest)
+
+    def _registry(self, at_least: int = 0) -> _Registry:
+        """The shared registry snapshot if a follow still holds it, it is at `at_least`
+        or later, the feed after it is retained and short, and the store still reaches
+        its point (a hole accepted by `verify(fix=True)` in another process cut it, SPEC
+        9); else a new one."""
         shared = self._shared()
-        if shared is not None and not shared.damaged:
+        if shared is not None and not shared.damaged and shared.point >= at_least:
             entries, head, floor = self._engine.feed(shared.point, SNAPSHOT_REUSE + 1)
             if floor <= shared.point < head and len(entries) <= SNAPSHOT_REUSE:
                 return shared
@@ -158,14 +257,14 @@ class LifecycleFeed:
         self._shared = weakref.ref(registry)
         return registry
 
-    def _snapshot_pages(self, registry: _Registry) -> Iterator[list[LifecycleEvent]]:
+    def _snapshot_pages(
+        self, registry: _Registry, first: int = 0, newest: int = 0
+    ) -> Iterator[list[LifecycleEvent]]:
+        """CREATED events of the rows from index `first` on; `newest`: a lifecycle change
+        at or below the point (0: none known), where `_snapshot_cursor` looks from."""
         point, rows = registry.point, registry.rows
-        # Every event but the last resumes with a fresh snapshot: resuming after `point`
-        # would skip the sessions after it in this one (they were created before it).
-        unfinished = self._codec.encode(TokenKind.LIFECYCLE, self._scope, point, _MID_SNAPSHOT)
         now = _now_ms()
-        newest = 0  # the newest lifecycle change of a listed session
-        for start in range(0, len(rows), SNAPSHOT_PAGE):
+        for start in range(first, len(rows), SNAPSHOT_PAGE):
             try:
                 page = rows[start : start + SNAPSHOT_PAGE]
             except JournalCorrupt:
@@ -175,11 +274,20 @@ class LifecycleFeed:
                 registry.damaged = True
                 raise
             newest = max(newest, *(row.lifecycle_position for row in page))
-            cursors = [unfinished] * len(page)
+            # Every event but the last resumes after the sessions delivered up to it:
+            # resuming after `point` would skip the sessions after it in this snapshot
+            # (they were created before it), and a fresh snapshot would give the earlier
+            # ones again, so a watcher restarted every N events never got past the first N
+            # (until 2026-12-04: supervisor-author trial).
+            cursors = [
+                self._mid_cursor(point, row.incarnation, _id_check(row.session_id)) for row in page
+            ]
             if start + len(page) == len(rows):
                 cursors[-1] = self._snapshot_cursor(point, newest)
             yield [
-                LifecycleEvent(LifecycleEventType.CREATED, self._metadata(row), cursor, now)
+                LifecycleEvent(
+                    LifecycleEventType.CREATED, self._metadata(row), cursor, now, in_snapshot=True
+                )
                 for row, cursor in zip(page, cursors, strict=True)
             ]
 
@@ -209,10 +317,15 @@ class LifecycleFeed:
         events = [self._event(entry, position) for position, entry in entries]
         return events, entries[-1][0] if entries else after, head
 
-    def _event(self, entry: FeedEntry, position: int) -> LifecycleEvent:
+    def _event(self, entry: FeedEntry, position: int, cursor: str | None = None) -> LifecycleEvent:
+        """The event of a feed entry; `cursor`: its own (else the entry's checked one)."""
         return LifecycleEvent(
             event_type=LifecycleEventType(entry.event_type),
             session=self._metadata(entry.row),
-            cursor=self._cursor(position, entry.at_ms),
+            cursor=self._cursor(position, entry.at_ms) if cursor is None else cursor,
             observed_at_ms=entry.at_ms,
         )
+
+
+def _session_id(row: SessionRow) -> str:
+    return row.session_id

@@ -364,13 +364,17 @@ class LifecycleEvent(msgspec.Struct, frozen=True):
 
     `session` is the metadata right after the change. Resuming `watch_sessions` from
     `cursor` yields the changes after this one (from a startup snapshot's CREATED but
-    its last: a fresh snapshot, so no session it had not delivered yet is skipped).
+    its last: the changes since of the sessions it had delivered, then the snapshot's
+    sessions after this one, SPEC 7.7). `in_snapshot` is True for the CREATED events of
+    a startup snapshot (resumed or not): the session existed already, it was not created
+    now.
     """
 
     event_type: LifecycleEventType
     session: SessionMetadata
     cursor: str
     observed_at_ms: int
+    in_snapshot: bool = False
 
 
 class RetentionPolicy(msgspec.Struct, frozen=True):

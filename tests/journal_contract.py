@@ -1672,8 +1672,9 @@ class JournalContract:
         """Every startup snapshot event carried the snapshot's cursor, which resumes with
         the changes after the snapshot: a watcher (or a subscription's `cursor`) stopped
         after the first CREATED never heard of the other sessions. Such a cursor resumes
-        with a fresh snapshot now; the last snapshot event's still resumes after it."""
-        current = self._lifecycle_fixture(j)
+        with the snapshot's sessions after the ones delivered now (until 2026-12-04 with
+        a fresh snapshot, "a" again); the last snapshot event's still resumes after it."""
+        self._lifecycle_fixture(j)
         with guarded_stop() as stop:
             feed = j.watch_sessions(stop=stop)
             first = next_or_fail(feed)
@@ -1681,10 +1682,10 @@ class JournalContract:
         j.create_session("d")
         with guarded_stop() as stop:
             resumed_feed = j.watch_sessions(cursor=first.cursor, stop=stop)
-            resumed = [next_or_fail(resumed_feed) for _ in range(len(current) + 1)]
+            resumed = [next_or_fail(resumed_feed) for _ in range(3)]
             close_feed(resumed_feed)
-        assert [(e.event_type, e.session.session_id) for e in resumed] == [
-            (LifecycleEventType.CREATED, s) for s in ("a", "b", "c", "d")
+        assert [(e.event_type, e.session.session_id, e.in_snapshot) for e in resumed] == [
+            (LifecycleEventType.CREATED, s, True) for s in ("b", "c", "d")
         ]
         with guarded_stop() as stop:
             resumed_feed = j.watch_sessions(cursor=resumed[-1].cursor, stop=stop)
@@ -1694,6 +1695,92 @@ class JournalContract:
         assert (after.event_type, after.session.session_id) == (
             LifecycleEventType.SUSPENDED,
             "a",
+        )
+
+    def _take_lifecycle(
+        self, j: Journal, api: str, cursor: str | None, count: int
+    ) -> list[LifecycleEvent]:
+        """The first `count` lifecycle events after `cursor`, by `api`; then it stops."""
+        if api == "watch":
+            with guarded_stop() as stop:
+                feed = j.watch_sessions(cursor, stop=stop)
+                try:
+                    return [next_or_fail(feed) for _ in range(count)]
+                finally:
+                    close_feed(feed)
+        got: list[LifecycleEvent] = []
+        if api == "awatch":
+
+            async def main() -> None:
+                feed = j.awatch_sessions(cursor)
+                try:
+                    for _ in range(count):
+                        got.append(await asyncio.wait_for(anext(feed), WAIT_S))
+                finally:
+                    await feed.aclose()  # type: ignore[attr-defined]
+
+            run_async(main)
+            return got
+        enough = threading.Event()
+
+        def listener(event: LifecycleEvent) -> None:
+            if len(got) < count:  # (those after it are lost: the supervisor stopped)
+                got.append(event)
+            if len(got) == count:
+                enough.set()
+
+        subscription = j.subscribe_sessions(listener, cursor)
+        try:
+            assert enough.wait(WAIT_S), f"{len(got)} of {count} events delivered"
+        finally:
+            subscription.close()
+        return got
+
+    @pytest.mark.parametrize("api", ["watch", "awatch", "subscribe"])
+    def test_a_watcher_restarted_inside_its_startup_snapshot_makes_progress(
+        self, j: Journal, api: str
+    ) -> None:
+        """A supervisor that saves each lifecycle event's cursor and is restarted every 50
+        events, over 200 sessions: until 2026-12-04 every snapshot event but the last
+        resumed with a fresh snapshot from the first session, so it was given the first 50
+        again and again and never reached the live feed (supervisor-author trial). Now a
+        snapshot event's cursor resumes after the sessions already delivered: first the
+        changes of those since (a transition, a session created with an id before the last
+        delivered one), then the snapshot's other sessions, each once."""
+        ids = [f"s{i:03d}" for i in range(200)]
+        for session in ids:
+            j.create_session(session)
+        cursor: str | None = None
+        got: list[LifecycleEvent] = []
+        for round_ in range(8):
+            batch = self._take_lifecycle(j, api, cursor, min(50, len(ids) + 3 - len(got)))
+            got += batch
+            cursor = batch[-1].cursor
+            if round_ == 0:
+                j.suspend_session("s010")  # (delivered already)
+                j.create_session("s010a")  # (after the snapshot, before the last delivered)
+                j.create_session("s150a")  # (after it)
+            if len(got) == len(ids) + 3:
+                break
+        seen = [(e.event_type, e.session.session_id) for e in got]
+        created = [s for kind, s in seen if kind is LifecycleEventType.CREATED]
+        assert len(created) == len(set(created)), "a session delivered twice"
+        assert sorted(created) == sorted([*ids, "s010a", "s150a"])
+        assert seen[50:52] == [
+            (LifecycleEventType.SUSPENDED, "s010"),
+            (LifecycleEventType.CREATED, "s010a"),
+        ]
+        assert [e.in_snapshot for e in got[50:52]] == [False, False]
+        assert all(e.in_snapshot for i, e in enumerate(got) if not 50 <= i < 52)
+        states = {e.session.session_id: e.session.state for e in got}
+        assert states == {m.session_id: m.state for m in j.list_sessions()}
+        # Past the snapshot, the next restart is in the live feed.
+        j.create_session("t-live")
+        (live,) = self._take_lifecycle(j, api, cursor, 1)
+        assert (live.event_type, live.session.session_id, live.in_snapshot) == (
+            LifecycleEventType.CREATED,
+            "t-live",
+            False,
         )
 
     @pytest.mark.parametrize("changes", [3, SNAPSHOT_REUSE + 6])

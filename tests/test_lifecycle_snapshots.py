@@ -4,7 +4,8 @@ or shares the copy another still delivers, each one's events are checked against
 built from the lifecycle feed itself: a snapshot that is the registry at its position
 (in id order on the local engine), then every feed entry after that position once, in
 order; a resume from a cursor gives the entries after it (from a snapshot event but the
-last: a fresh snapshot). Nothing is held once every follow stopped."""
+last: the changes since of the sessions it had delivered, then the snapshot's other
+sessions, then the feed). Nothing is held once every follow stopped."""
 
 from __future__ import annotations
 
@@ -102,20 +103,115 @@ class Run:
     started_at_head: int = 0
 
 
+# Lifecycle cursor ordinals (SPEC 5): 0 after a feed position; 1 a fresh snapshot (issued
+# until 2026-12-04); from MID on, a snapshot event before its last, resumed after the
+# session of incarnation `ordinal - MID`.
+FRESH, MID = 1, 2
+
+
+def id_of(feed: list[tuple[int, FeedEntry]], incarnation: int) -> str:
+    """The session id of an incarnation, from its feed entries."""
+    (found,) = {e.row.session_id for _, e in feed if e.row.incarnation == incarnation}
+    return found
+
+
 def available(j: Journal, run: Run) -> int:
-    """How many events the follow has for sure now (the feed only grows here): one more
-    snapshot event while the last one delivered was not the snapshot's last."""
-    if not run.events:
-        if run.cursor is None or claims(j, run.cursor).ordinal == 1:
-            return 1  # (the "anchor" session is always there)
-        after = claims(j, run.cursor).position
-    else:
-        last = claims(j, run.events[-1].cursor)
-        if last.ordinal == 1:
-            return 1
-        after = last.position
-    entries, _, _ = engine_of(j).feed(after, 10_000)
-    return len(entries)
+    """How many events the follow has for sure now (the feed only grows here). After a
+    snapshot event but its last (at position p, the last session delivered S): every
+    feed entry after p of a session up to S (as a change since, or live), and one for
+    each session after S there is now (its row at the snapshot's point, or its CREATED
+    after it)."""
+    cursor = run.events[-1].cursor if run.events else run.cursor
+    last = None if cursor is None else claims(j, cursor)
+    if last is None or last.ordinal == FRESH:
+        return 1  # (the "anchor" session is always there)
+    entries, _, _ = engine_of(j).feed(last.position, 10_000)
+    if last.ordinal == 0:
+        return len(entries)
+    incarnation = last.ordinal - MID
+    delivered = engine_of(j).session_id_of(incarnation) or id_of(reference_feed(j), incarnation)
+    since = sum(e.row.session_id <= delivered for _, e in entries)
+    return since + len(engine_of(j).sessions(delivered, None, 100_000)[0])
+
+
+def check_snapshot_rows(
+    engine: str,
+    events: list[LifecycleEvent],
+    got: list[Claims],
+    feed: list[tuple[int, FeedEntry]],
+    after_id: str | None,
+) -> tuple[int, int | None]:
+    """Checks the leading snapshot events (CREATED, `in_snapshot`) of sessions after
+    `after_id` (None: all): the registry at the snapshot's point, in id order. Returns
+    how many there were and the point (None: unknown, no snapshot event)."""
+    i = 0
+    point: int | None = None
+    while i < len(events) and got[i].ordinal >= MID and events[i].in_snapshot:
+        assert point in (None, got[i].position), (point, got[i])
+        point = got[i].position
+        # (its cursor names the session it delivered: a restart goes on after it)
+        assert got[i].ordinal - MID == events[i].session.incarnation, (got[i], events[i])
+        i += 1
+    whole = i < len(events) and events[i].in_snapshot
+    if whole:
+        # The snapshot's last event resumes after its position: its cursor names that
+        # position, or (checked) the newest feed entry at or below it.
+        last = got[i]
+        assert last.ordinal == 0, last
+        if last.check is not None:
+            if point is None:
+                point = last.position  # (the same place: no entry lies between)
+            assert last.position <= point, (last, point)
+            assert not [p for p, _ in feed if last.position < p <= point], (last, point)
+        else:
+            assert point is None or last.position == point, (last, point)
+            point = last.position
+        i += 1
+    snapshot = events[:i]
+    assert all(e.event_type is LifecycleEventType.CREATED and e.in_snapshot for e in snapshot)
+    ids = [e.session.session_id for e in snapshot]
+    assert len(ids) == len(set(ids)), f"a session twice in one snapshot: {ids}"
+    if point is None:
+        return 0, None
+    expected = {
+        s: v for s, v in registry_at(feed, point).items() if after_id is None or s > after_id
+    }
+    if engine == "local":  # (the registry at its position exactly, in id order)
+        order = sorted(expected)
+        assert ids == (order if whole else order[: len(ids)]), (point, ids, order)
+        for e in snapshot:
+            meta = e.session
+            assert (meta.incarnation, meta.state.wire) == expected[meta.session_id]
+    else:  # (rows read after the position: as new or newer, never a later creation)
+        assert all(e.session.incarnation <= point for e in snapshot)
+        assert ids == sorted(ids) and all(after_id is None or s > after_id for s in ids)
+    return i, point
+
+
+def check_changes_since(
+    start: Claims,
+    events: list[LifecycleEvent],
+    got: list[Claims],
+    feed: list[tuple[int, FeedEntry]],
+    after_id: str,
+) -> int:
+    """Checks the leading events of a snapshot resumed from `start` (its position P, the
+    last session delivered `after_id`) that are the feed's changes after P of sessions
+    up to `after_id`, each with a cursor that resumes the same way; how many."""
+    since = [(p, e) for p, e in feed if p > start.position and e.row.session_id <= after_id]
+    i = 0
+    while i < len(events) and got[i].ordinal == start.ordinal and not events[i].in_snapshot:
+        assert i < len(since), "more changes since the snapshot than the feed holds"
+        position, entry = since[i]
+        event = events[i]
+        seen = (got[i].position, got[i].check, event.event_type.value, event.session.session_id)
+        assert seen == (position, start.check, entry.event_type, entry.row.session_id), i
+        assert (event.session.incarnation, event.session.state.wire) == (
+            entry.row.incarnation,
+            entry.row.state,
+        )
+        i += 1
+    return i
 
 
 def check_run(j: Journal, engine: str, run: Run, feed: list[tuple[int, FeedEntry]]) -> bool:
@@ -123,52 +219,39 @@ def check_run(j: Journal, engine: str, run: Run, feed: list[tuple[int, FeedEntry
     behind the head its follow started at)."""
     events = run.events
     got = [claims(j, e.cursor) for e in events]
-    i = 0
-    shared = False
-    if run.cursor is None or claims(j, run.cursor).ordinal == 1:
-        if not events:
+    start = None if run.cursor is None else claims(j, run.cursor)
+    if start is not None and start.ordinal == 0:
+        return check_live(events, got, feed, start.position)
+    if start is None or start.ordinal == FRESH:
+        i, point = check_snapshot_rows(engine, events, got, feed, None)
+        if point is None:
             return False
-        point = got[0].position
-        while i < len(events) and got[i].ordinal == 1:
-            i += 1
-        assert all(c.position == point for c in got[:i])
-        whole = i < len(events)
-        if whole:
-            # The snapshot's last event resumes after its position: its cursor names that
-            # position, or (checked) the newest feed entry at or below it.
-            last = got[i]
-            assert last.ordinal == 0, last
-            if last.check is not None:
-                if i == 0:
-                    point = last.position  # (the same place: no entry lies between)
-                assert last.position <= point, (last, point)
-                assert not [p for p, _ in feed if last.position < p <= point], (last, point)
-            else:
-                assert i == 0 or last.position == point, (last, point)
-                point = last.position
-            i += 1
-        snapshot = events[:i]
-        assert all(e.event_type is LifecycleEventType.CREATED for e in snapshot)
-        ids = [e.session.session_id for e in snapshot]
-        assert len(ids) == len(set(ids)), f"a session twice in one snapshot: {ids}"
-        expected = registry_at(feed, point)
-        if engine == "local":  # (the registry at its position exactly, in id order)
-            order = sorted(expected)
-            assert ids == (order if whole else order[: len(ids)]), (point, ids, order)
-            for e in snapshot:
-                meta = e.session
-                assert (meta.incarnation, meta.state.wire) == expected[meta.session_id]
-        else:  # (rows read after the position: as new or newer, never a later creation)
-            assert all(e.session.incarnation <= point for e in snapshot)
-        shared = point < run.started_at_head - 1
-        after = point
-    else:
-        after = claims(j, run.cursor).position
+        return check_live(events[i:], got[i:], feed, point) or point < run.started_at_head - 1
+    # Resumed inside a snapshot: the changes since of the sessions delivered, the rest of
+    # a snapshot, then live.
+    after_id = id_of(feed, start.ordinal - MID)
+    i = check_changes_since(start, events, got, feed, after_id)
+    k, point = check_snapshot_rows(engine, events[i:], got[i:], feed, after_id)
+    if point is None:
+        if i == len(events):
+            return False
+        # No session after `after_id` was left: live events follow the changes since.
+        point = got[i].position - 1
+        assert not [s for s in registry_at(feed, point) if s > after_id], (point, after_id)
+    since = [p for p, e in feed if start.position < p <= point and e.row.session_id <= after_id]
+    assert i == len(since), f"{len(since) - i} changes since the snapshot missing"
+    i += k
+    return check_live(events[i:], got[i:], feed, point) or point < run.started_at_head - 1
+
+
+def check_live(
+    events: list[LifecycleEvent], got: list[Claims], feed: list[tuple[int, FeedEntry]], after: int
+) -> bool:
+    """Live events: the feed entries after `after`, in order, each once."""
     tail = [(p, e) for p, e in feed if p > after]
-    rest = events[i:]
-    assert len(rest) <= len(tail), "more live events than feed entries after the position"
+    assert len(events) <= len(tail), "more live events than feed entries after the position"
     for k, (event, claim, (position, entry)) in enumerate(
-        zip(rest, got[i:], tail[: len(rest)], strict=True)
+        zip(events, got, tail[: len(events)], strict=True)
     ):
         seen = (claim.ordinal, claim.position, event.event_type.value, event.session.session_id)
         assert seen == (0, position, entry.event_type, entry.row.session_id), (
@@ -176,9 +259,10 @@ def check_run(j: Journal, engine: str, run: Run, feed: list[tuple[int, FeedEntry
             f"{(position, entry.event_type, entry.row.session_id)}"
         )
         assert claim.check is not None
+        assert not event.in_snapshot
         assert event.session.incarnation == entry.row.incarnation
         assert event.session.state.wire == entry.row.state
-    return shared
+    return False
 
 
 def head(j: Journal) -> int:
@@ -501,7 +585,7 @@ def test_a_snapshot_copy_with_a_damaged_row_is_not_shared_after_the_view_is_repa
 ) -> None:
     """A row damaged under an open journal, copied by two follows that stall before its
     page; verify(fix=True) repairs the view. Until 2026-12-03 every follow started or
-    resumed after the repair (resuming inside a snapshot asks for a fresh one) took the
+    resumed after the repair (resuming inside a snapshot takes a copy too) took the
     damaged copy the stalled follows held and raised JournalCorrupt at that row's page,
     for as long as they held it (3 of 3 tried). The stalled follows, which hold it, meet
     the damage; no follow after the repair does."""
@@ -532,11 +616,15 @@ def test_a_snapshot_copy_with_a_damaged_row_is_not_shared_after_the_view_is_repa
             for _ in ids:
                 delivered.append(next(stalled[0]))
         assert len(delivered) == SNAPSHOT_PAGE - 1
-        # ...and resuming from the last cursor given (a fresh snapshot) gives every session,
-        # as does a new follow, while the other stalled follow still holds that copy.
-        for cursor in (delivered[-1].cursor, got[5].cursor, None):
+        # ...and resuming from the last cursor given gives every session after it, and a
+        # new follow every session, while the other stalled follow still holds that copy.
+        for cursor, expected in (
+            (delivered[-1].cursor, ids[SNAPSHOT_PAGE:]),  # (it delivered ids[1:64])
+            (got[5].cursor, ids[6:]),
+            (None, ids),
+        ):
             with j.watch_sessions(cursor, stop=stop) as again:
-                assert [next(again).session.session_id for _ in ids] == ids
+                assert [next(again).session.session_id for _ in expected] == expected
         stop.set()
         for feed in stalled:
             feed.close()
