@@ -1,0 +1,140 @@
+"""Resuming `watch_sessions` from a startup snapshot's event before its last (SPEC 7.7,
+"Resuming inside a startup snapshot"): the changes since of the sessions delivered, then
+the snapshot's sessions after the last one delivered; a fresh snapshot when that cannot
+be done; cursors of earlier releases (ordinal 1) still resume with a fresh snapshot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from engines import EngineFactory
+
+from cursors import TokenKind
+from journal import EventIn, Journal, LifecycleEvent, LifecycleEventType, RetentionPolicy
+
+EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
+IDS = [f"s{i:03d}" for i in range(30)]
+
+
+def evict(j: Journal) -> None:
+    j.apply_retention(now_ms=time.time_ns() // 1_000_000 + 7_200_000)
+
+
+def take(j: Journal, cursor: str | None, count: int) -> list[LifecycleEvent]:
+    stop = threading.Event()
+    timer = threading.Timer(10.0, stop.set)
+    timer.start()
+    try:
+        with j.watch_sessions(cursor, stop=stop) as feed:
+            got = [event for _, event in zip(range(count), feed, strict=False)]
+    finally:
+        timer.cancel()
+    assert len(got) == count, f"{len(got)} of {count} events"
+    return got
+
+
+def seen(events: list[LifecycleEvent]) -> list[tuple[str, str, bool]]:
+    return [(e.event_type.value, e.session.session_id, e.in_snapshot) for e in events]
+
+
+def forged(j: Journal, position: int, ordinal: int, check: int | None) -> str:
+    """A lifecycle cursor this store signs (what an earlier release, or another history,
+    issued)."""
+    scope = j._lifecycle._scope  # noqa: SLF001
+    return j._codec.encode(TokenKind.LIFECYCLE, scope, position, ordinal, check)  # noqa: SLF001
+
+
+def test_the_last_delivered_session_evicted_before_the_restart(
+    engine: EngineFactory, store: Path
+) -> None:
+    """The session a mid-snapshot cursor names ended and was evicted, and one created
+    after the snapshot with an id before it was created and evicted too: the restart
+    gives their changes, then the sessions after it."""
+    with engine.open(store, durability="os", retention=EVICT_LATER) as j:
+        for session in IDS:
+            j.create_session(session)
+        first = take(j, None, 10)
+        assert [e.session.session_id for e in first] == IDS[:10]
+        j.create_session("s005a")
+        j.resolve_session("s005a")
+        j.resolve_session("s009")
+        j.suspend_session("s020")  # (after the last delivered: its row says it)
+        evict(j)
+        resumed = take(j, first[-1].cursor, 5 + 20)
+        assert seen(resumed[:3]) == [
+            ("created", "s005a", False),
+            ("resolved", "s005a", False),
+            ("resolved", "s009", False),
+        ]
+        assert sorted(seen(resumed[3:5])) == [
+            ("evicted", "s005a", False),
+            ("evicted", "s009", False),
+        ]
+        rest = resumed[5:]
+        assert [e.session.session_id for e in rest] == IDS[10:]
+        assert all(e.in_snapshot for e in rest)
+        assert rest[10].session.state.value == "suspended"
+        # A restart inside those changes goes on from there, the same way.
+        again = take(j, resumed[1].cursor, 3 + 20)
+        assert seen(again[:3]) == seen(resumed[2:5])
+        assert [e.session.session_id for e in again[3:]] == IDS[10:]
+
+
+def test_a_mid_snapshot_cursor_whose_feed_was_pruned_gets_a_fresh_snapshot(tmp_path: Path) -> None:
+    """Retention pruned the feed past the cursor's position: the changes since can no
+    longer be given, so the restart gets a fresh snapshot (every session again), not
+    `CursorExpired` and never a skip."""
+    with Journal.open(
+        tmp_path / "s", durability="os", segment_bytes=4096, retention=EVICT_LATER
+    ) as j:
+        for session in IDS:
+            j.create_session(session)
+        first = take(j, None, 10)
+        for i in range(30):  # (after P, in segments retention then deletes)
+            j.create_session(f"gone{i:02d}")
+            j.append(f"gone{i:02d}", [EventIn("m", b"x" * 200)])
+            j.resolve_session(f"gone{i:02d}")
+        evict(j)
+        j.apply_retention()
+        floor = j._engine.feed(0, 0)[2]  # noqa: SLF001
+        position = j._codec.decode(  # noqa: SLF001
+            first[-1].cursor,
+            TokenKind.LIFECYCLE,
+            j._lifecycle._scope,  # noqa: SLF001
+        ).position
+        assert floor > position, (floor, position)
+        resumed = take(j, first[-1].cursor, len(IDS))
+        assert seen(resumed) == [("created", s, True) for s in IDS]
+
+
+def test_cursors_of_earlier_releases_and_of_another_history_get_a_fresh_snapshot(
+    engine: EngineFactory, store: Path
+) -> None:
+    """An ordinal-1 cursor (a snapshot event before its last, issued until 2026-12-04)
+    resumes with a fresh snapshot as documented; so does a mid-snapshot cursor whose
+    check does not give the session its incarnation names here (a store restored from
+    an older copy and written since) or whose position is past the store's end."""
+    with engine.open(store, durability="os") as j:
+        for session in IDS:
+            j.create_session(session)
+        first = take(j, None, 10)
+        claims = j._codec.decode(  # noqa: SLF001
+            first[-1].cursor,
+            TokenKind.LIFECYCLE,
+            j._lifecycle._scope,  # noqa: SLF001
+        )
+        assert claims.ordinal == 2 + first[-1].session.incarnation
+        assert take(j, first[-1].cursor, 1)[0].session.session_id == IDS[10]
+        for cursor in (
+            forged(j, claims.position, 1, None),
+            forged(j, claims.position, claims.ordinal, (claims.check or 0) ^ 1),
+            forged(j, claims.position + 10_000, claims.ordinal, claims.check),
+        ):
+            resumed = take(j, cursor, len(IDS))
+            assert seen(resumed) == [("created", s, True) for s in IDS]
+        j.create_session("zz")
+        resumed = take(j, forged(j, claims.position, 1, None), len(IDS) + 1)
+        assert resumed[-1].event_type is LifecycleEventType.CREATED
+        assert resumed[-1].session.session_id == "zz"
