@@ -696,6 +696,7 @@ def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:
         "session": session_record(event.session),
         "cursor": event.cursor,
         "observed_at_ms": event.observed_at_ms,
+        "in_snapshot": event.in_snapshot,
     }
 
 

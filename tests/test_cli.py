@@ -357,6 +357,38 @@ def test_following_an_open_session_ends_when_head_is_done(store: Path) -> None:
         assert result.stderr == "" and len(result.stdout.splitlines()) == 1
 
 
+def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> None:
+    """`in_snapshot` in each NDJSON line: true for a startup snapshot's CREATED (also
+    resumed from inside it), false for a live change; one object per line."""
+    for session in ("a", "b", "c"):
+        invoke(store, "sessions", "create", session)
+    command = " ".join(shlex.quote(p) for p in [*CLI, "--store", str(store), "--format", "json"])
+
+    def watch(extra: str, lines: int) -> list[dict[str, Any]]:
+        result = subprocess.run(
+            ["bash", "-c", f"{command} sessions watch {extra} | head -n {lines}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    first = watch("", 2)
+    assert [(r["session"]["session_id"], r["in_snapshot"]) for r in first] == [
+        ("a", True),
+        ("b", True),
+    ]
+    invoke(store, "sessions", "create", "aa")  # (after the snapshot, before "b")
+    resumed = watch(f"--cursor {first[-1]['cursor']}", 2)
+    assert [(r["event_type"], r["session"]["session_id"], r["in_snapshot"]) for r in resumed] == [
+        ("created", "aa", False),
+        ("created", "c", True),
+    ]
+
+
 def test_ctrl_c_during_watch_exits_130_without_a_traceback(store: Path) -> None:
     invoke(store, "append", "-s", "s", "--create", "first")
     for args in (["watch", "-s", "s"], ["sessions", "watch"]):
