@@ -698,7 +698,8 @@ class Journal:
     ) -> Stream[LifecycleEvent]:
         """Lifecycle events: with no cursor, one CREATED per existing session first; then
         live changes. Resuming from an event's cursor yields the changes after it (from
-        a CREATED of the first snapshot but its last: a fresh snapshot, then the changes)."""
+        a CREATED of the snapshot but its last: the changes since of the sessions it had
+        delivered, the snapshot's sessions after it, then the changes; SPEC 7.7)."""
         check_stop(stop)
         self._check_open()
         pager = self._lifecycle.pager(cursor)
