@@ -432,10 +432,15 @@ class Engine(Protocol):
     def registry(self) -> tuple[int, Sequence[SessionRow]]:
         """Every row and the last lifecycle position, from one consistent snapshot."""
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+    def feed(
+        self, after_position: int, limit: int, newest_first: bool = False
+    ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         """Lifecycle entries after `after_position` (at most `limit`), the head, and the
         feed's floor: entries at or below the floor may have been pruned, so a follower
-        after a position below it would miss some (0 when nothing was pruned)."""
+        after a position below it would miss some (0 when nothing was pruned).
+        `newest_first`: the entries at or below `after_position` instead, newest first
+        (an engine that cannot read its feed backwards gives at most the entry at
+        `after_position` itself: the lifecycle feed then anchors nothing, SPEC 7.7)."""
 
     def readers(self) -> PageReaders: ...
 

@@ -59,14 +59,16 @@ def _id_check(session_id: str) -> int:
 
 class _Registry:
     """Every row and the lifecycle position they stand at (`Engine.registry`); `damaged`
-    once building a page of it raised `JournalCorrupt` (it is not shared again)."""
+    once building a page of it raised `JournalCorrupt` (it is not shared again); `anchor`
+    once known, what its events before the last are anchored at (`_anchor`)."""
 
-    __slots__ = ("__weakref__", "damaged", "point", "rows")
+    __slots__ = ("__weakref__", "anchor", "damaged", "point", "rows")
 
     def __init__(self, point: int, rows: Sequence[SessionRow]) -> None:
         self.point = point
         self.rows = rows
         self.damaged = False
+        self.anchor: tuple[int, int] | None = None
 
 
 class LifecycleFeed:
@@ -146,12 +148,33 @@ class LifecycleFeed:
                 resume_cursor=self._cursor(floor),
             )
 
-    def _mid_cursor(self, position: int, incarnation: int, check: int) -> str:
+    def _mid_cursor(self, anchor: tuple[int, int], incarnation: int, id_check: int) -> str:
         """The cursor of a snapshot's event before its last: the watcher has every
-        session up to the one of `incarnation` (its id's `_id_check` is `check`) as the
-        feed up to `position` left it, and none after it (`_resumed_snapshot`)."""
+        session up to the one of `incarnation` (its id's `_id_check` is `id_check`) as
+        the feed up to the anchor's position left it, and none after it
+        (`_resumed_snapshot`). Its check also carries the anchor's (`_anchor`), so that
+        a store restored from an older copy and written since is told apart even when
+        that session is in the copy (until 2026-12-04 it carried the id's alone, and such
+        a restart resumed in the copy's history: sessions the copy never had stayed
+        with the watcher for ever; found in review)."""
+        position, anchor_check = anchor
         ordinal = _MID_SNAPSHOT + incarnation
+        check = id_check ^ anchor_check
         return self._codec.encode(TokenKind.LIFECYCLE, self._scope, position, ordinal, check)
+
+    def _anchor(self, registry: _Registry) -> tuple[int, int]:
+        """Where a snapshot's events before its last resume from, and the check of that
+        history: the newest feed entry at or below the registry's point (none lies
+        between them) and its time's `event_check`; when no kept entry is known there,
+        the point itself and 0 (such a cursor is told from another history only by the
+        absence of an entry at its position)."""
+        if registry.anchor is None:
+            entries, _, floor = self._engine.feed(registry.point, 1, newest_first=True)
+            if entries and entries[0][0] > floor:
+                registry.anchor = entries[0][0], event_check(entries[0][1].at_ms)
+            else:
+                registry.anchor = registry.point, 0
+        return registry.anchor
 
     def _cursor(self, position: int, at_ms: int | None = None) -> str:
         """The cursor that resumes after `position`, checked when it is a feed entry's
@@ -184,9 +207,12 @@ class LifecycleFeed:
         position, incarnation, check = claims.position, claims.ordinal - _MID_SNAPSHOT, claims.check
         registry = self._registry(position)
         point = registry.point
-        _, head, floor = self._engine.feed(position, 0)
+        at, head, floor = self._engine.feed(position, 1, newest_first=True)
         if check is None or not floor <= position <= point < head:
             return self._snapshot_pages(registry), point
+        # (The anchor's check comes off: what is left is the id's, `_mid_cursor`.)
+        if at and at[0][0] == position:
+            check ^= event_check(at[0][1].at_ms)
         last_id = self._delivered_last(incarnation, check, position, point)
         if last_id is None:
             return self._snapshot_pages(registry), point
@@ -216,7 +242,7 @@ class LifecycleFeed:
         return None
 
     def _resumed_pages(
-        self, registry: _Registry, after: int, last_id: str, incarnation: int, check: int
+        self, registry: _Registry, after: int, last_id: str, incarnation: int, id_check: int
     ) -> Iterator[list[LifecycleEvent]]:
         """`_resumed_snapshot`'s events: the changes up to the registry's point of the
         sessions up to `last_id`, then its rows after `last_id`."""
@@ -229,11 +255,13 @@ class LifecycleFeed:
             if not entries:
                 break
             after = newest = entries[-1][0]
-            events = [
-                self._event(entry, position, self._mid_cursor(position, incarnation, check))
-                for position, entry in entries
-                if entry.row.session_id <= last_id
-            ]
+            events = []
+            for position, entry in entries:
+                if entry.row.session_id <= last_id:
+                    # (Anchored at its own entry: a restart there resumes from it.)
+                    anchor = position, event_check(entry.at_ms)
+                    cursor = self._mid_cursor(anchor, incarnation, id_check)
+                    events.append(self._event(entry, position, cursor))
             if events:
                 yield events
         try:
@@ -263,6 +291,7 @@ class LifecycleFeed:
         """CREATED events of the rows from index `first` on; `newest`: a lifecycle change
         at or below the point (0: none known), where `_snapshot_cursor` looks from."""
         point, rows = registry.point, registry.rows
+        anchor = self._anchor(registry)
         now = _now_ms()
         for start in range(first, len(rows), SNAPSHOT_PAGE):
             try:
@@ -280,7 +309,7 @@ class LifecycleFeed:
             # ones again, so a watcher restarted every N events never got past the first N
             # (until 2026-12-04: supervisor-author trial).
             cursors = [
-                self._mid_cursor(point, row.incarnation, _id_check(row.session_id)) for row in page
+                self._mid_cursor(anchor, row.incarnation, _id_check(row.session_id)) for row in page
             ]
             if start + len(page) == len(rows):
                 cursors[-1] = self._snapshot_cursor(point, newest)

@@ -12,7 +12,13 @@ from pathlib import Path
 from engines import EngineFactory
 
 from cursors import TokenKind
-from journal import EventIn, Journal, LifecycleEvent, LifecycleEventType, RetentionPolicy
+from journal import (
+    EventIn,
+    Journal,
+    LifecycleEvent,
+    LifecycleEventType,
+    RetentionPolicy,
+)
 
 EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600_000)
 IDS = [f"s{i:03d}" for i in range(30)]
@@ -138,3 +144,30 @@ def test_cursors_of_earlier_releases_and_of_another_history_get_a_fresh_snapshot
         resumed = take(j, forged(j, claims.position, 1, None), len(IDS) + 1)
         assert resumed[-1].event_type is LifecycleEventType.CREATED
         assert resumed[-1].session.session_id == "zz"
+
+
+def test_a_mid_snapshot_cursor_after_a_restore_from_an_older_copy_written_since(
+    engine: EngineFactory, store: Path, tmp_path: Path
+) -> None:
+    """The store was restored from a copy older than the snapshot's position P and
+    written past P since; the session the cursor names was created before the copy,
+    so its id and incarnation still match. The watcher was given a session (before that
+    one in id order) that the copy never had: resuming after the sessions delivered
+    would leave it believing in that session for ever. The restart gets a fresh
+    snapshot, as for a cursor of another history (before: it resumed in the copy's
+    history, the copy's sessions after the last delivered and nothing about `s005a`)."""
+    backup = tmp_path / "backup"
+    with engine.open(store, durability="os") as j:
+        for session in IDS:
+            j.create_session(session)
+    engine.copy_store(store, backup)
+    with engine.open(store, durability="os") as j:
+        j.create_session("s005a")  # (only in the original's history)
+        first = take(j, None, 10)
+        assert "s005a" in [e.session.session_id for e in first]
+    with engine.open(backup, durability="os") as j:  # (the restored copy)
+        for i in range(40):  # (past P, in the copy's history)
+            j.create_session(f"z{i:02d}")
+        listed = [m.session_id for m in j.list_sessions()]
+        resumed = take(j, first[-1].cursor, len(listed))
+        assert seen(resumed) == [("created", s, True) for s in listed]

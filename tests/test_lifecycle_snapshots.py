@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,13 @@ def id_of(feed: list[tuple[int, FeedEntry]], incarnation: int) -> str:
     return found
 
 
+def mid_check(feed: list[tuple[int, FeedEntry]], anchor: int, session_id: str) -> int:
+    """The check of a mid-snapshot cursor anchored at `anchor` naming `session_id`
+    (SPEC 5): the id's CRC32 XOR the anchor entry's time (0 when none is there)."""
+    at = [e.at_ms for p, e in feed if p == anchor]
+    return zlib.crc32(session_id.encode()) ^ (at[0] & 0xFFFF_FFFF if at else 0)
+
+
 def available(j: Journal, run: Run) -> int:
     """How many events the follow has for sure now (the feed only grows here). After a
     snapshot event but its last (at position p, the last session delivered S): every
@@ -147,10 +155,13 @@ def check_snapshot_rows(
     i = 0
     point: int | None = None
     while i < len(events) and got[i].ordinal >= MID and events[i].in_snapshot:
+        # (Its position is the snapshot's anchor, the newest feed entry at or below its
+        # point: the registry there is the same, and the feed after it too.)
         assert point in (None, got[i].position), (point, got[i])
         point = got[i].position
         # (its cursor names the session it delivered: a restart goes on after it)
         assert got[i].ordinal - MID == events[i].session.incarnation, (got[i], events[i])
+        assert got[i].check == mid_check(feed, point, events[i].session.session_id), got[i]
         i += 1
     whole = i < len(events) and events[i].in_snapshot
     if whole:
@@ -164,7 +175,9 @@ def check_snapshot_rows(
             assert last.position <= point, (last, point)
             assert not [p for p, _ in feed if last.position < p <= point], (last, point)
         else:
-            assert point is None or last.position == point, (last, point)
+            if point is not None:
+                low, high = sorted((last.position, point))
+                assert not [p for p, _ in feed if low < p <= high], (last, point)
             point = last.position
         i += 1
     snapshot = events[:i]
@@ -205,7 +218,8 @@ def check_changes_since(
         position, entry = since[i]
         event = events[i]
         seen = (got[i].position, got[i].check, event.event_type.value, event.session.session_id)
-        assert seen == (position, start.check, entry.event_type, entry.row.session_id), i
+        check = mid_check(feed, position, after_id)
+        assert seen == (position, check, entry.event_type, entry.row.session_id), i
         assert (event.session.incarnation, event.session.state.wire) == (
             entry.row.incarnation,
             entry.row.state,

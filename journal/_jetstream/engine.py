@@ -476,15 +476,24 @@ class JetStreamEngine:
     async def _registry(self) -> tuple[int, list[SessionRow]]:
         return await self.reader.registry(lambda at: self.point("sessions.snapshot_point", at))
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+    def feed(
+        self, after_position: int, limit: int, newest_first: bool = False
+    ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         result: tuple[list[tuple[int, FeedEntry]], int, int] = self._ask(
-            lambda: self._feed(after_position, limit)
+            lambda: self._feed(after_position, limit, newest_first)
         )
         return result
 
-    async def _feed(self, after: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+    async def _feed(
+        self, after: int, limit: int, newest_first: bool
+    ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         head = await self.reader.head()  # (raised past the entries read: they committed)
         # The stream keeps every feed entry for good (section 16.2): nothing is pruned.
+        if newest_first:
+            # (The stream is not read backwards: only the entry at the position itself,
+            # which a registry's point always is, `Reader.registry`.)
+            at = await self.reader.feed(after - 1, 1) if after > 0 and limit else []
+            return [(p, e) for p, e in at if p == after], max(head, self.reader.known + 1), 0
         return await self.reader.feed(after, limit), max(head, self.reader.known + 1), 0
 
     def readers(self) -> _Readers:

@@ -685,12 +685,12 @@ class LocalEngine:
             encoded = view.encoded_rows(txn)
         return point, ListedRows(encoded)
 
-    def feed(self, after_position: int, limit: int) -> tuple[list[tuple[int, FeedEntry]], int, int]:
-        view = self.view
-        with view.begin() as txn:
-            head = view.head(txn)
-            floor = view.feed_floor(txn)
-            entries = view.feed_after(txn, after_position, limit) if limit else []
+    def feed(
+        self, after_position: int, limit: int, newest_first: bool = False
+    ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        with (view := self.view).begin() as txn:
+            head, floor = view.head(txn), view.feed_floor(txn)
+            entries = view.feed_after(txn, after_position, limit, newest_first) if limit else []
         return entries, 1 if head is None else head.next_position, floor
 
     def readers(self) -> PageReaders:

@@ -695,16 +695,17 @@ class View:
         return highest
 
     def feed_after(
-        self, txn: lmdb.Transaction, after_position: int, limit: int
+        self, txn: lmdb.Transaction, after_position: int, limit: int, newest_first: bool
     ) -> list[tuple[int, FeedEntry]]:
         cursor = txn.cursor(db=self._feed)
         found: list[tuple[int, FeedEntry]] = []
-        positioned = cursor.set_range(U64.pack(after_position + 1))
+        start = cursor.set_range(U64.pack(after_position + 1))
+        positioned = (cursor.prev() if start else cursor.last()) if newest_first else start
         while positioned and len(found) < limit:
             key = cursor.key()
             position = key_u64(key, "feed")
             found.append((position, decoded(_feed_decoder, key, cursor.value(), "feed")))
-            positioned = cursor.next()
+            positioned = cursor.prev() if newest_first else cursor.next()
         return found
 
     # -- deadlines -------------------------------------------------------------------------
