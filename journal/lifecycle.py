@@ -213,23 +213,25 @@ class LifecycleFeed:
         # (The anchor's check comes off: what is left is the id's, `_mid_cursor`.)
         if at and at[0][0] == position:
             check ^= event_check(at[0][1].at_ms)
-        last_id = self._delivered_last(incarnation, check, position, point)
+        last_id = self._delivered_last(incarnation, check, point)
         if last_id is None:
             return self._snapshot_pages(registry), point
         return self._resumed_pages(registry, position, last_id, incarnation, check), point
 
-    def _delivered_last(self, incarnation: int, check: int, after: int, point: int) -> str | None:
+    def _delivered_last(self, incarnation: int, check: int, point: int) -> str | None:
         """The id of the session of `incarnation` whose `_id_check` is `check`: the
         engine knows it while the session's creation record is kept (as for page
-        tokens); else, when it was evicted after `after`, its EVICTED entry up to
-        `point` names it. None if neither does."""
+        tokens); else a kept feed entry of it up to `point` names it (its EVICTED one,
+        all of them at or after its creation, `incarnation`: until 2026-12-04 only those
+        after the cursor's position were read, so a restart after that session's
+        eviction, once its creation record left the log, fell back to a fresh snapshot).
+        None if neither does."""
         found = self._engine.session_id_of(incarnation)
         if found is not None and _id_check(found) == check:
             return found
+        after = max(incarnation - 1, 0)
         while after < point:
-            entries, _, floor = self._engine.feed(after, _FEED_BATCH)
-            if floor > after:
-                return None
+            entries, _, _ = self._engine.feed(after, _FEED_BATCH)
             for position, entry in entries:
                 row = entry.row
                 if position > point:

@@ -171,3 +171,37 @@ def test_a_mid_snapshot_cursor_after_a_restore_from_an_older_copy_written_since(
         listed = [m.session_id for m in j.list_sessions()]
         resumed = take(j, first[-1].cursor, len(listed))
         assert seen(resumed) == [("created", s, True) for s in listed]
+
+
+def test_a_restart_after_the_last_delivered_sessions_eviction_once_its_creation_left_the_log(
+    tmp_path: Path,
+) -> None:
+    """The last session a mid-snapshot cursor delivered (X) was evicted; the watcher got
+    its EVICTED as a change since and saved that event's cursor; compaction then dropped
+    X's creation record, so its id is no longer known by incarnation, and another
+    delivered session was evicted. The restart from that cursor finds X's id in its
+    EVICTED entry (before the cursor's position) and gives the other eviction. (Before:
+    it looked only after the position, fell back to a fresh snapshot, and a watcher
+    folding the events never heard that `s003` was gone.)"""
+    with Journal.open(
+        tmp_path / "s", durability="os", segment_bytes=4096, retention=EVICT_LATER
+    ) as j:
+        for session in IDS:
+            j.create_session(session)
+        first = take(j, None, 10)
+        j.resolve_session("s009")
+        evict(j)
+        since = take(j, first[-1].cursor, 2)
+        assert seen(since) == [("resolved", "s009", False), ("evicted", "s009", False)]
+        for i in range(40):  # (segments to seal and compact)
+            j.create_session(f"z{i:02d}")
+            j.append(f"z{i:02d}", [EventIn("m", b"x" * 300)])
+        j.compact(dead_share=0.0)
+        incarnation = first[-1].session.incarnation
+        assert j._engine.session_id_of(incarnation) is None  # noqa: SLF001
+        j.resolve_session("s003")
+        evict(j)
+        resumed = take(j, since[-1].cursor, 2 + 20 + 40)
+        assert seen(resumed[:2]) == [("resolved", "s003", False), ("evicted", "s003", False)]
+        rest = [e.session.session_id for e in resumed[2:]]
+        assert rest == IDS[10:] + [f"z{i:02d}" for i in range(40)]
