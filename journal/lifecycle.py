@@ -102,7 +102,10 @@ class LifecycleFeed:
             # A startup snapshot's event before its last: the sessions after it in that
             # snapshot were never delivered, and the feed after its position will not
             # announce them. A snapshot resumed after the last one delivered does.
-            return LifecyclePager(self._feed_after, 0, lambda: self._resumed_snapshot(claims))
+            last_id = self._delivered_by(claims)
+            return LifecyclePager(
+                self._feed_after, 0, lambda: self._resumed_snapshot(claims, last_id)
+            )
         if claims.ordinal == _FRESH_SNAPSHOT:
             # (The same, from a release before 2026-12-04: the earlier ones come again.)
             return LifecyclePager(self._feed_after, 0, self._startup_snapshot)
@@ -194,32 +197,66 @@ class LifecycleFeed:
         registry = self._registry()
         return self._snapshot_pages(registry), registry.point
 
-    def _resumed_snapshot(self, claims: Claims) -> tuple[Iterator[list[LifecycleEvent]], int]:
+    def _delivered_by(self, claims: Claims) -> str | None:
+        """The id of the last session a mid-snapshot cursor (`_mid_cursor`) delivered,
+        checked as a feed cursor is: past the store's end is `CursorFuture`; the feed
+        after its position no longer all kept is `CursorExpired` (the changes since of
+        the sessions delivered cannot be given: watch again without a cursor); a check
+        that does not give a session of its incarnation here (a store restored from an
+        older copy and written since) is `CursorForeign`. Until 2026-12-04, the day such
+        cursors came, each of these gave a fresh snapshot instead, in which a watcher
+        folding the events never heard that sessions it held were evicted meanwhile
+        (found in review). At the floor itself the anchor's entry may be pruned: the
+        id's check is not made. None for a cursor without a check (a fresh snapshot)."""
+        position, check = claims.position, claims.check
+        at, head, floor = self._engine.feed(position, 1, newest_first=True)
+        self._check_head(position, head, "the lifecycle cursor points at")
+        if position < floor:
+            raise CursorExpired(
+                f"the lifecycle cursor resumes a startup snapshot at position {position}, "
+                f"and the changes after it are no longer all kept (retention or compaction "
+                f"removed those up to position {floor}): the sessions it delivered may have "
+                "changed unseen; watch again without a cursor (a fresh snapshot of every "
+                "session) and start over from it",
+                earliest_ordinal=floor + 1,
+            )
+        if check is None:
+            return None
+        if at and at[0][0] == position:
+            # (The anchor's check comes off: what is left is the id's, `_mid_cursor`.)
+            check ^= event_check(at[0][1].at_ms)
+        elif position == floor:
+            check = None
+        found = self._delivered_last(claims.ordinal - _MID_SNAPSHOT, check, head - 1)
+        if found is None:
+            raise CursorForeign(
+                "the lifecycle cursor resumes a startup snapshot this store's history did "
+                "not deliver (the store was restored from an older copy and written "
+                "since): watch again without a cursor (a fresh snapshot of every session)"
+            )
+        return found
+
+    def _resumed_snapshot(
+        self, claims: Claims, last_id: str | None
+    ) -> tuple[Iterator[list[LifecycleEvent]], int]:
         """A startup snapshot resumed from the cursor of one of its events but the last
-        (`_mid_cursor`: position P, the last session delivered, X): the watcher has the
-        sessions up to X as the feed up to P left them, and none after X. From a registry
-        snapshot at Q >= P it is given the feed entries in (P, Q] of sessions up to X
-        (their changes since, those created since included, each with a cursor that
-        resumes the same way from its position), then the rows at Q after X, then the
-        feed after Q. When that cannot be done (the feed after P no longer retained, X
-        no longer known, the store no longer reaching P): a fresh snapshot, in which the
-        sessions delivered before come again, never a skip."""
-        position, incarnation, check = claims.position, claims.ordinal - _MID_SNAPSHOT, claims.check
+        (`_mid_cursor`: position P, the last session delivered, X, whose id `last_id` is
+        `_delivered_by`'s): the watcher has the sessions up to X as the feed up to P left
+        them, and none after X. From a registry snapshot at Q >= P it is given the feed
+        entries in (P, Q] of sessions up to X (their changes since, those created since
+        included, each with a cursor that resumes the same way from its position), then
+        the rows at Q after X, then the feed after Q."""
+        position, incarnation = claims.position, claims.ordinal - _MID_SNAPSHOT
         registry = self._registry(position)
         point = registry.point
-        at, head, floor = self._engine.feed(position, 1, newest_first=True)
-        if check is None or not floor <= position <= point < head:
+        if last_id is None or point < position:
             return self._snapshot_pages(registry), point
-        # (The anchor's check comes off: what is left is the id's, `_mid_cursor`.)
-        if at and at[0][0] == position:
-            check ^= event_check(at[0][1].at_ms)
-        last_id = self._delivered_last(incarnation, check, point)
-        if last_id is None:
-            return self._snapshot_pages(registry), point
-        return self._resumed_pages(registry, position, last_id, incarnation, check), point
+        pages = self._resumed_pages(registry, position, last_id, incarnation, _id_check(last_id))
+        return pages, point
 
-    def _delivered_last(self, incarnation: int, check: int, point: int) -> str | None:
-        """The id of the session of `incarnation` whose `_id_check` is `check`: the
+    def _delivered_last(self, incarnation: int, check: int | None, point: int) -> str | None:
+        """The id of the session of `incarnation` whose `_id_check` is `check` (None:
+        any): the
         engine knows it while the session's creation record is kept (as for page
         tokens); else a kept feed entry of it up to `point` names it (its EVICTED one,
         all of them at or after its creation, `incarnation`: until 2026-12-04 only those
@@ -227,7 +264,7 @@ class LifecycleFeed:
         eviction, once its creation record left the log, fell back to a fresh snapshot).
         None if neither does."""
         found = self._engine.session_id_of(incarnation)
-        if found is not None and _id_check(found) == check:
+        if found is not None and check in (None, _id_check(found)):
             return found
         after = max(incarnation - 1, 0)
         while after < point:
@@ -236,7 +273,7 @@ class LifecycleFeed:
                 row = entry.row
                 if position > point:
                     return None
-                if row.incarnation == incarnation and _id_check(row.session_id) == check:
+                if row.incarnation == incarnation and check in (None, _id_check(row.session_id)):
                     return row.session_id
             if not entries:
                 return None

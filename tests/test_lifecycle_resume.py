@@ -1,7 +1,8 @@
 """Resuming `watch_sessions` from a startup snapshot's event before its last (SPEC 7.7,
 "Resuming inside a startup snapshot"): the changes since of the sessions delivered, then
-the snapshot's sessions after the last one delivered; a fresh snapshot when that cannot
-be done; cursors of earlier releases (ordinal 1) still resume with a fresh snapshot."""
+the snapshot's sessions after the last one delivered; `CursorExpired`, `CursorForeign` or
+`CursorFuture` when that cannot be done, as for a feed cursor; cursors of earlier releases
+(ordinal 1) still resume with a fresh snapshot."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from engines import EngineFactory
 
 from cursors import TokenKind
 from journal import (
+    CursorExpired,
+    CursorForeign,
+    CursorFuture,
     EventIn,
     Journal,
     LifecycleEvent,
@@ -88,10 +93,11 @@ def test_the_last_delivered_session_evicted_before_the_restart(
         assert [e.session.session_id for e in again[3:]] == IDS[10:]
 
 
-def test_a_mid_snapshot_cursor_whose_feed_was_pruned_gets_a_fresh_snapshot(tmp_path: Path) -> None:
-    """Retention pruned the feed past the cursor's position: the changes since can no
-    longer be given, so the restart gets a fresh snapshot (every session again), not
-    `CursorExpired` and never a skip."""
+def test_a_mid_snapshot_cursor_whose_feed_was_pruned_is_expired(tmp_path: Path) -> None:
+    """Retention pruned the feed past the cursor's position: the changes since of the
+    sessions delivered can no longer be given, so the restart raises `CursorExpired`
+    (no `resume_cursor`: watch again without a cursor). Until 2026-12-04 it got a fresh
+    snapshot, which never says that a session the watcher holds was evicted meanwhile."""
     with Journal.open(
         tmp_path / "s", durability="os", segment_bytes=4096, retention=EVICT_LATER
     ) as j:
@@ -111,17 +117,20 @@ def test_a_mid_snapshot_cursor_whose_feed_was_pruned_gets_a_fresh_snapshot(tmp_p
             j._lifecycle._scope,  # noqa: SLF001
         ).position
         assert floor > position, (floor, position)
-        resumed = take(j, first[-1].cursor, len(IDS))
-        assert seen(resumed) == [("created", s, True) for s in IDS]
+        with pytest.raises(CursorExpired) as expired:
+            j.watch_sessions(first[-1].cursor)
+        assert expired.value.resume_cursor is None
+        assert expired.value.earliest_ordinal == floor + 1
+        assert "watch again without a cursor" in str(expired.value)
 
 
-def test_cursors_of_earlier_releases_and_of_another_history_get_a_fresh_snapshot(
+def test_cursors_of_earlier_releases_resume_with_a_fresh_snapshot_others_are_refused(
     engine: EngineFactory, store: Path
 ) -> None:
     """An ordinal-1 cursor (a snapshot event before its last, issued until 2026-12-04)
-    resumes with a fresh snapshot as documented; so does a mid-snapshot cursor whose
-    check does not give the session its incarnation names here (a store restored from
-    an older copy and written since) or whose position is past the store's end."""
+    resumes with a fresh snapshot as documented; a mid-snapshot cursor whose check does
+    not give the session its incarnation names here (a store restored from an older copy
+    and written since) is `CursorForeign`, one past the store's end `CursorFuture`."""
     with engine.open(store, durability="os") as j:
         for session in IDS:
             j.create_session(session)
@@ -133,13 +142,12 @@ def test_cursors_of_earlier_releases_and_of_another_history_get_a_fresh_snapshot
         )
         assert claims.ordinal == 2 + first[-1].session.incarnation
         assert take(j, first[-1].cursor, 1)[0].session.session_id == IDS[10]
-        for cursor in (
-            forged(j, claims.position, 1, None),
-            forged(j, claims.position, claims.ordinal, (claims.check or 0) ^ 1),
-            forged(j, claims.position + 10_000, claims.ordinal, claims.check),
-        ):
-            resumed = take(j, cursor, len(IDS))
-            assert seen(resumed) == [("created", s, True) for s in IDS]
+        resumed = take(j, forged(j, claims.position, 1, None), len(IDS))
+        assert seen(resumed) == [("created", s, True) for s in IDS]
+        with pytest.raises(CursorForeign, match="restored from an older copy"):
+            j.watch_sessions(forged(j, claims.position, claims.ordinal, (claims.check or 0) ^ 1))
+        with pytest.raises(CursorFuture):
+            j.watch_sessions(forged(j, claims.position + 10_000, claims.ordinal, claims.check))
         j.create_session("zz")
         resumed = take(j, forged(j, claims.position, 1, None), len(IDS) + 1)
         assert resumed[-1].event_type is LifecycleEventType.CREATED
@@ -153,9 +161,10 @@ def test_a_mid_snapshot_cursor_after_a_restore_from_an_older_copy_written_since(
     written past P since; the session the cursor names was created before the copy,
     so its id and incarnation still match. The watcher was given a session (before that
     one in id order) that the copy never had: resuming after the sessions delivered
-    would leave it believing in that session for ever. The restart gets a fresh
-    snapshot, as for a cursor of another history (before: it resumed in the copy's
-    history, the copy's sessions after the last delivered and nothing about `s005a`)."""
+    would leave it believing in that session for ever. The restart is `CursorForeign`,
+    as a feed cursor of another history is (before: it resumed in the copy's history,
+    the copy's sessions after the last delivered and nothing about `s005a`; then, the
+    same day, a fresh snapshot, which says nothing about `s005a` either)."""
     backup = tmp_path / "backup"
     with engine.open(store, durability="os") as j:
         for session in IDS:
@@ -168,9 +177,8 @@ def test_a_mid_snapshot_cursor_after_a_restore_from_an_older_copy_written_since(
     with engine.open(backup, durability="os") as j:  # (the restored copy)
         for i in range(40):  # (past P, in the copy's history)
             j.create_session(f"z{i:02d}")
-        listed = [m.session_id for m in j.list_sessions()]
-        resumed = take(j, first[-1].cursor, len(listed))
-        assert seen(resumed) == [("created", s, True) for s in listed]
+        with pytest.raises(CursorForeign, match="restored from an older copy"):
+            j.watch_sessions(first[-1].cursor)
 
 
 def test_a_restart_after_the_last_delivered_sessions_eviction_once_its_creation_left_the_log(
