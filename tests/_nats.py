@@ -325,6 +325,15 @@ def stop_shared() -> None:
     _roots.clear()
 
 
+def _listening() -> tuple[socket.socket, int]:
+    """A proxy's listening socket on a free loopback port, and the port."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    return listener, int(listener.getsockname()[1])
+
+
 class CuttingProxy:
     """A TCP proxy in front of one server that can lose a reply: once armed, it forwards
     the client's next atomic batch commit to the server, then drops the connection before
@@ -335,11 +344,7 @@ class CuttingProxy:
         import threading
 
         self.upstream_port = upstream_port
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.port = int(self._listener.getsockname()[1])
+        self._listener, self.port = _listening()
         self.armed = threading.Event()
         self.cut = threading.Event()
         self._closed = False
@@ -425,11 +430,7 @@ class HoldingProxy:
         import threading
 
         self.upstream_port = upstream_port
-        self._listener = socket.socket()
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.port = int(self._listener.getsockname()[1])
+        self._listener, self.port = _listening()
         self.held = threading.Event()
         self._lock = threading.Lock()
         self._match: Any = None

@@ -436,6 +436,19 @@ j.import_sessions(sys.argv[3], progress=progress)
 """
 
 
+def _importer(
+    script: str, url: str, name: str, archive: Path, stdin: bool = False
+) -> subprocess.Popen[bytes]:
+    """A process running `script` (an importer of `archive` into store `name`)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, url, name, str(archive)],
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 @pytest.mark.parametrize("cleaner", ["retention", "import"])
 def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
     url: str, tmp_path: Path, cleaner: str
@@ -454,12 +467,7 @@ def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _IMPORTER, url, name, str(path)],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = _importer(_IMPORTER, url, name, path)
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"staged\n"
@@ -507,12 +515,7 @@ def test_an_importer_on_another_host_is_alive_while_it_beats_and_dead_after(
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _IMPORTER_ELSEWHERE, url, name, str(path)],
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = _importer(_IMPORTER_ELSEWHERE, url, name, path)
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"staged\n"
@@ -575,13 +578,7 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
-    child = subprocess.Popen(
-        [sys.executable, "-c", _IMPORTER_STALLED, url, name, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    child = _importer(_IMPORTER_STALLED, url, name, path, stdin=True)
     assert child.stdin is not None and child.stdout is not None
     answers: list[bytes] = []
 
