@@ -211,15 +211,7 @@ class LifecycleFeed:
         position, check = claims.position, claims.check
         at, head, floor = self._engine.feed(position, 1, newest_first=True)
         self._check_head(position, head, "the lifecycle cursor points at")
-        if position < floor:
-            raise CursorExpired(
-                f"the lifecycle cursor resumes a startup snapshot at position {position}, "
-                f"and the changes after it are no longer all kept (retention or compaction "
-                f"removed those up to position {floor}): the sessions it delivered may have "
-                "changed unseen; watch again without a cursor (a fresh snapshot of every "
-                "session) and start over from it",
-                earliest_ordinal=floor + 1,
-            )
+        self._check_snapshot_retained(position, floor)
         if check is None:
             return None
         if at and at[0][0] == position:
@@ -235,6 +227,23 @@ class LifecycleFeed:
                 "since): watch again without a cursor (a fresh snapshot of every session)"
             )
         return found
+
+    @staticmethod
+    def _check_snapshot_retained(after: int, floor: int) -> None:
+        """A resumed startup snapshot (`_resumed_snapshot`) whose changes since after
+        `after` are no longer all kept cannot go on: no `resume_cursor`, since a feed
+        cursor after the floor would skip the snapshot's sessions not delivered yet
+        (until 2026-12-05 a pruning while the changes were being given raised the feed's
+        `CursorExpired`, whose `resume_cursor` did that)."""
+        if after < floor:
+            raise CursorExpired(
+                f"a startup snapshot resumed from a lifecycle cursor is at position {after}, "
+                f"and the changes after it are no longer all kept (retention or compaction "
+                f"removed those up to position {floor}): the sessions it delivered may have "
+                "changed unseen; watch again without a cursor (a fresh snapshot of every "
+                "session) and start over from it",
+                earliest_ordinal=floor + 1,
+            )
 
     def _resumed_snapshot(
         self, claims: Claims, last_id: str | None
@@ -289,7 +298,7 @@ class LifecycleFeed:
         newest = 0  # (the newest feed entry at or below the point, once one is read)
         while after < point:
             entries, _, floor = self._engine.feed(after, _FEED_BATCH)
-            self._check_retained(after, floor)
+            self._check_snapshot_retained(after, floor)
             entries = [(position, entry) for position, entry in entries if position <= point]
             if not entries:
                 break

@@ -213,3 +213,44 @@ def test_a_restart_after_the_last_delivered_sessions_eviction_once_its_creation_
         assert seen(resumed[:2]) == [("resolved", "s003", False), ("evicted", "s003", False)]
         rest = [e.session.session_id for e in resumed[2:]]
         assert rest == IDS[10:] + [f"z{i:02d}" for i in range(40)]
+
+
+def test_the_feed_pruned_while_a_resumed_snapshot_delivers_its_changes_since(
+    tmp_path: Path,
+) -> None:
+    """Retention prunes the feed while a resumed snapshot is still giving the changes
+    since of the sessions delivered (more than one batch of them): the follow raises
+    `CursorExpired` without `resume_cursor`, as at the start. Before 2026-12-05 its
+    `resume_cursor` was a feed cursor after the floor, and a watcher that took it never
+    got the snapshot's sessions after the last one delivered (`s010` to `s029`)."""
+    with Journal.open(
+        tmp_path / "s", durability="os", segment_bytes=4096, retention=EVICT_LATER
+    ) as j:
+        for session in IDS:
+            j.create_session(session)
+        first = take(j, None, 10)
+        changed = [f"s005_{i:03d}" for i in range(300)]  # (before `s009`: delivered)
+        for session in changed:
+            j.create_session(session)
+            j.append(session, [EventIn("m", b"x" * 200)])
+            j.resolve_session(session)
+        stop = threading.Event()
+        timer = threading.Timer(10.0, stop.set)
+        timer.start()
+        got: list[LifecycleEvent] = []
+        try:
+            with (
+                j.watch_sessions(first[-1].cursor, stop=stop) as feed,
+                pytest.raises(CursorExpired) as expired,
+            ):
+                for event in feed:
+                    got.append(event)
+                    if len(got) == 1:
+                        evict(j)  # (the changes since leave the feed's kept range)
+                        j.apply_retention()
+        finally:
+            timer.cancel()
+        assert seen(got[:2]) == [("created", changed[0], False), ("resolved", changed[0], False)]
+        assert not any(e.in_snapshot for e in got), "the rows after s009 came after the gap"
+        assert expired.value.resume_cursor is None
+        assert "watch again without a cursor" in str(expired.value)
