@@ -703,4 +703,6 @@ def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:
 def lifecycle_text(event: journal.LifecycleEvent) -> str:
     meta = event.session
     mode = f" (mode={shown(meta.mode)})" if meta.mode else ""
-    return f"{event.event_type.value} {shown(meta.session_id)}{mode} state={meta.state.value}"
+    line = f"{event.event_type.value} {shown(meta.session_id)}{mode} state={meta.state.value}"
+    # (A snapshot's `created` names a session that exists, not one just made.)
+    return f"{line} (in the startup snapshot)" if event.in_snapshot else line

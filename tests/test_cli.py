@@ -387,6 +387,21 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
         ("created", "aa", False),
         ("created", "c", True),
     ]
+    # In text, a snapshot event says so: "created" alone read as a session just made.
+    text = command.replace("--format json", "--format text")
+    result = subprocess.run(
+        ["bash", "-c", f"{text} sessions watch --cursor {first[-1]['cursor']} | head -n 2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "created aa state=open",
+        "created c state=open (in the startup snapshot)",
+    ]
 
 
 def test_ctrl_c_during_watch_exits_130_without_a_traceback(store: Path) -> None:
