@@ -33,6 +33,7 @@ from journal import (
     SessionState,
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+from journal._jetstream.layout import ROW_DECODER
 from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import IMPORT_COMMITTED
 
@@ -543,6 +544,7 @@ import socket, sys
 socket.gethostname = lambda: "another-host"  # the importer runs on another machine
 from journal import Journal
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+from journal._jetstream.layout import ROW_DECODER
 
 def point(where, detail):
     if where == "import.commit":  # (on the engine's loop: no heartbeat meanwhile)
@@ -774,3 +776,106 @@ def test_the_command_line_imports_into_a_nats_store_and_lists_archives(
     assert code != 0 and refused  # (--as takes a one-session archive)
     code, sessions = run("sessions", "list")
     assert code == 0 and sorted(s["session_id"] for s in sessions) == sorted(held)
+
+
+# -- a staging batch that lands after its rollback, a rollback killed midway ----------------
+
+_IMPORT_ONCE = """
+import sys
+from journal import Journal
+with Journal.open(sys.argv[1], store=sys.argv[2]) as j:
+    try:
+        print("imported", len(j.import_sessions(sys.argv[3]).sessions), flush=True)
+    except Exception as e:
+        print(type(e).__name__, e, flush=True)
+"""
+
+
+def _staged_row(url: str, name: str, session_id: str) -> bool:
+    """Whether the id's last row message is a staged row (a client of the test's own)."""
+    import nats
+
+    async def look() -> bool:
+        nc = await nats.connect(url)
+        try:
+            subject = f"j.{name}.s.{session_id.encode().hex()}.row"
+            try:
+                message = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", subject)
+            except nats.js.errors.NotFoundError:
+                return False
+            return bool(message.data) and ROW_DECODER.decode(message.data).staged
+        finally:
+            await nc.close()
+
+    return asyncio.run(look())
+
+
+@pytest.mark.parametrize("batch", ["first", "later"])
+def test_a_staging_batch_that_lands_after_its_rollback_read_is_rolled_back_too(
+    url: str, tmp_path: Path, batch: str
+) -> None:
+    """Ctrl+C while a staging batch waits for its answer: the batch is on its way, and
+    the rollback may read the id's row before the server stores it. A first batch was
+    left staged when it landed after that read (the rollback found nothing of its own),
+    a later one when it landed between the read and the tombstone (the tombstone's
+    compare-and-set failed on a row still staged): its claim and events stayed, and
+    another process of this host could not import the id while this one lived
+    ("being imported by another process")."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        count, size = (10, 10) if batch == "first" else (1200, 4000)  # (later: StageEvents)
+        local.append("a", [EventIn("m", bytes([i % 256]) * size) for i in range(count)])
+        held = _history(local, "a")
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    skip = [0 if batch == "first" else 1]
+
+    def staging(message: bytes) -> bool:
+        if b"Nats-Batch-Commit" not in message or b"Journal-Stage" not in message:
+            return False
+        skip[0] -= 1
+        return skip[0] < 0
+
+    def landed() -> None:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not (
+            _messages(url, name, "in.>") if batch == "first" else _staged_row(url, name, "a")
+        ):
+            time.sleep(0.02)
+
+    reached: list[object] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.abort" and batch == "later" and not reached:
+            reached.append(detail)  # (the rollback read the row: the batch lands now)
+            proxy.release()
+            _off_loop(lambda: time.sleep(0.5))
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            proxy.hold(staging)
+            _interrupt_when(proxy.held)
+            with pytest.raises(KeyboardInterrupt):
+                j.import_sessions(path)
+            if batch == "first":
+                time.sleep(1)  # (the rollback, on the engine's loop, is over)
+                proxy.release()
+                landed()
+            else:
+                assert reached == ["a"]
+            assert list(j.list_sessions()) == []
+            assert not _staged_row(url, name, "a")
+            assert _messages(url, name, "in.>") == 0
+            assert _messages(url, name, f"s.{b'a'.hex()}.ev") == 0
+            # Another process imports the id at once (this one lives on).
+            child = _importer(_IMPORT_ONCE, url, name, path)
+            out, _ = child.communicate(timeout=60)
+            assert out == b"imported 1\n", out
+            assert _history(j, "a") == held
+            assert j.verify().problems == []
+    finally:
+        proxy.close()

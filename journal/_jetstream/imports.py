@@ -14,7 +14,9 @@ lifecycle feed before the commit. A writer that creates the id meanwhile writes 
 staged row (it reads as no row), and the import's next batch or its commit is then
 refused: `SessionExists`, and the import is rolled back. A rollback replaces the staged
 row with a tombstone (compare-and-set) before it purges: a commit whose wait a Ctrl+C
-cancelled may still land, and one that lands first keeps its sessions.
+cancelled may still land, and one that lands first keeps its sessions; a staging batch
+that lands first is rolled back in turn, and a first batch not known to be stored is
+fenced off by a tombstone with its compare-and-set.
 
 The commit is one atomic batch: for each session its CREATED feed entry, its state's
 entry when it is not open, and its visible row with the compare-and-set on its staged
@@ -77,6 +79,7 @@ _WRITE_S: Final = 30.0
 _WRONG_LAST_SEQUENCE: Final = 10071
 _IN_PROCESS: Final = 10164
 _TOO_LARGE: Final = frozenset({10054, 10199})
+_ROLL_BACK_TRIES: Final = 5
 
 # This process's staged incarnations, per store id, across its journals, and how many
 # first batches (whose incarnation is not known yet) are in flight: a staged row naming
@@ -103,7 +106,7 @@ class _Staged:
     """One session this engine staged: its row (None until its first batch landed) and
     that row message's sequence (the next batch's compare-and-set)."""
 
-    __slots__ = ("row", "seq", "session_id", "stamp", "token")
+    __slots__ = ("row", "sent", "seq", "session_id", "stamp", "token")
 
     def __init__(self, session_id: str, seq: int) -> None:
         self.session_id = session_id
@@ -111,6 +114,7 @@ class _Staged:
         self.stamp = uuid.uuid4().hex
         self.seq = seq
         self.row: SessionRow | None = None
+        self.sent = False  # (a first batch was sent: it may land, the rollback fences it)
 
 
 class Imports:
@@ -361,6 +365,7 @@ class Imports:
 
     async def _publish_staged(self, entry: _Staged, messages: list[BatchMessage]) -> int:
         batch = uuid.uuid4().hex
+        entry.sent = True
         subject, payload, headers = messages[-1]
         messages[-1] = (
             subject,
@@ -551,27 +556,41 @@ class Imports:
                 _STAGING.discard((self._store_id, entry.row.incarnation))
 
     async def _roll_back(self, entry: _Staged) -> bool:
-        """Purge what `entry` staged; whether it did (not when its session committed)."""
+        """Purge what `entry` staged; whether it did (not when its session committed).
+        A commit or staging batch sent before an interrupt cancelled its wait may land
+        during the rollback: a staged row of this import that lands after the one read is
+        rolled back in turn, and a first batch not known to be stored is fenced off."""
         self._forget(entry)
-        message = await self._conn.msg_get({"last_by_subj": self._subjects.row(entry.token)})
-        row = None if message is None else stored_row(message)
-        if message is not None and row is not None and row.staged:
-            if message.headers.get(STAGE_HEADER) != entry.stamp:
-                return False
-            # A commit (or staging batch) sent before an interrupt cancelled it may land
-            # yet: the tombstone's compare-and-set decides, as for a dead importer.
-            self._point("import.abort", entry.session_id)
-            return await self._roll_back_row(entry.token, message, row)
-        if entry.row is None:
-            return False  # (its first batch is not stored, or not known to be: SPEC 16.5)
-        if row is not None and row.incarnation == entry.row.incarnation:
-            return False  # committed
-        if message is None or message.seq > entry.seq:
-            # Taken (or rolled back) since: what this import staged lies at or below
-            # its last staged row; a session created since lies above it.
-            await self._purge(entry.token, entry.seq, entry.row.incarnation, entry.stamp)
-            return True
-        return False
+        subject = self._subjects.row(entry.token)
+        for _ in range(_ROLL_BACK_TRIES):
+            message = await self._conn.msg_get({"last_by_subj": subject})
+            row = None if message is None else stored_row(message)
+            if message is not None and row is not None and row.staged:
+                if message.headers.get(STAGE_HEADER) != entry.stamp:
+                    return False
+                # The tombstone's compare-and-set decides, as for a dead importer; when
+                # the row moved first (a commit, or a later staging batch), look again.
+                self._point("import.abort", entry.session_id)
+                if await self._roll_back_row(entry.token, message, row):
+                    return True
+                continue
+            if entry.row is None:
+                if not entry.sent or (0 if message is None else message.seq) != entry.seq:
+                    return False  # (never sent, or the row moved: its compare-and-set fails)
+                # A first batch whose answer is not known may land yet: a tombstone with
+                # its compare-and-set goes first (then it is refused), or it landed.
+                if await self._tombstone(entry.token, entry.seq) is not None:
+                    return False
+                continue
+            if row is not None and row.incarnation == entry.row.incarnation:
+                return False  # committed
+            if message is None or message.seq > entry.seq:
+                # Taken (or rolled back) since: what this import staged lies at or below
+                # its last staged row; a session created since lies above it.
+                await self._purge(entry.token, entry.seq, entry.row.incarnation, entry.stamp)
+                return True
+            return False
+        return False  # (a tombstone's answer lost each time: left to a retention pass)
 
     async def _purge(self, token: str, row_seq: int, claim: int, stamp: str) -> None:
         """Purge a staged session: its subjects up to its staged row, and its claim."""
