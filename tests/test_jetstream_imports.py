@@ -879,3 +879,53 @@ def test_a_staging_batch_that_lands_after_its_rollback_read_is_rolled_back_too(
             assert j.verify().problems == []
     finally:
         proxy.close()
+
+
+_IMPORTER_INTERRUPTED = """
+import sys
+from journal import Journal
+j = Journal.open(sys.argv[1], store=sys.argv[2])
+def progress(done, total):
+    if total and done > total // 2:  # the write pass: something is staged
+        raise KeyboardInterrupt
+j.import_sessions(sys.argv[3], progress=progress)
+"""
+
+
+@pytest.mark.parametrize("cleaner", ["retention", "import"])
+def test_an_importer_killed_during_its_rollback_leaves_no_claim(
+    url: str, tmp_path: Path, cleaner: str
+) -> None:
+    """SIGKILL while an import rolls back (a Ctrl+C during staging), as it deletes the
+    claim (`in.<id>`): the claim was left for good (nothing reads or removes a claim but
+    the rollback that staged it, and it was deleted after the purge that left no trace
+    of it). The next retention pass, or the next import of the id, removes it."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("big")
+        local.append("big", [EventIn("m", bytes([i % 256]) * 4000) for i in range(2000)])
+        held = _history(local, "big")
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    proxy.hold(lambda message: b"STREAM.MSG.DELETE" in message)
+    child = _importer(_IMPORTER_INTERRUPTED, proxy.url, name, path)
+    try:
+        assert proxy.held.wait(60)  # (the rollback deletes the claim: it dies now)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        proxy.close()
+    assert _messages(url, name, "in.>") == 1
+    with Journal.open(url, store=name) as j:
+        assert list(j.list_sessions()) == []
+        if cleaner == "retention":
+            j.apply_retention()
+            assert _messages(url, name, "in.>") == 0
+            assert _messages(url, name, f"s.{b'big'.hex()}.>") == 0
+        assert len(j.import_sessions(path).sessions) == 1
+        assert _history(j, "big") == held
+        assert j.verify().problems == []
+        assert _messages(url, name, "in.>") == 1  # (the committed import's claim only)
+        assert _messages(url, name, f"s.{b'big'.hex()}.ev") == len(held)

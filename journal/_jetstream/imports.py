@@ -75,6 +75,9 @@ _BATCH_BYTES: Final = 4 << 20
 # rows), and the heartbeat id of the importing engine (on its staged rows).
 STAGE_HEADER: Final = "Journal-Stage"
 IMPORTER_HEADER: Final = "Journal-Importer"
+# On a rollback's tombstone: the claim's sequence, deleted by whoever finds the tombstone
+# (its own rollback first, else the next retention pass or import of the id).
+CLAIM_HEADER: Final = "Journal-Claim"
 _WRITE_S: Final = 30.0
 _WRONG_LAST_SEQUENCE: Final = 10071
 _IN_PROCESS: Final = 10164
@@ -258,7 +261,8 @@ class Imports:
             return 0
         row = stored_row(message)
         if row is None:
-            return message.seq  # (an eviction's tombstone)
+            await self.finish_roll_back(entry.token, message)
+            return message.seq  # (an eviction's tombstone, or a rollback's)
         if not row.staged:
             raise self._taken(entry.session_id)
         if not await self.roll_back_if_dead(entry.token, message):
@@ -593,8 +597,24 @@ class Imports:
         return False  # (a tombstone's answer lost each time: left to a retention pass)
 
     async def _purge(self, token: str, row_seq: int, claim: int, stamp: str) -> None:
-        """Purge a staged session: its subjects up to its staged row, and its claim."""
+        """Purge a staged session: its claim, then its subjects up to its staged row (a
+        process killed between the two leaves the tombstone, whose claim header names
+        the claim: `finish_roll_back`)."""
+        await self._drop_claim(token, claim, stamp)
         await self._reader.purge(self._subjects.session_all(token), row_seq + 1)
+
+    async def finish_roll_back(self, token: str, message: Found) -> None:
+        """Finish the rollback whose tombstone is `message` (the id's last row message),
+        in case its process died before it was done (a retention pass's, or an import's
+        of the same id): delete the claim the tombstone names, and purge the subjects
+        below it (the tombstone, a compare-and-set's base, is kept: a retention pass
+        purges it as any)."""
+        claim = message.headers.get(CLAIM_HEADER, "")
+        if not message.data and claim.isdigit():
+            await self._drop_claim(token, int(claim), message.headers.get(STAGE_HEADER, ""))
+            await self._reader.purge(self._subjects.session_all(token), message.seq)
+
+    async def _drop_claim(self, token: str, claim: int, stamp: str) -> None:
         found = await self._conn.msg_get({"seq": claim})
         if (
             found is not None
@@ -622,7 +642,7 @@ class Imports:
         compare-and-set on that row first (purged with the rest), so a commit (or staging
         batch) that won keeps its events; whether it rolled back."""
         stamp = message.headers.get(STAGE_HEADER, "")
-        upto = await self._tombstone(token, message.seq)
+        upto = await self._tombstone(token, message.seq, stamp, row.incarnation)
         if upto is None:
             now_at = await self._conn.msg_get({"last_by_subj": self._subjects.row(token)})
             current = None if now_at is None else stored_row(now_at)
@@ -634,9 +654,12 @@ class Imports:
         await self._purge(token, upto, row.incarnation, stamp)
         return True
 
-    async def _tombstone(self, token: str, staged_seq: int) -> int | None:
-        """Replace the staged row at `staged_seq` with a tombstone (compare-and-set); its
-        sequence, None when the row moved first (or the answer was lost)."""
+    async def _tombstone(
+        self, token: str, staged_seq: int, stamp: str = "", claim: int = 0
+    ) -> int | None:
+        """Replace the staged row at `staged_seq` with a tombstone (compare-and-set) naming
+        the staged session's claim, if any; its sequence, None when the row moved first
+        (or the answer was lost)."""
         subject = self._subjects.row(token)
         mark = uuid.uuid4().hex
         headers = {
@@ -644,6 +667,8 @@ class Imports:
             "Nats-Expected-Last-Subject-Sequence": str(staged_seq),
             "Nats-Rollup": "sub",
         }
+        if claim:
+            headers |= {STAGE_HEADER: stamp, CLAIM_HEADER: str(claim)}
         try:
             return await self._conn.publish(subject, b"", headers)
         except ApiError as e:

@@ -505,6 +505,7 @@ class Writer(Committer):
         if message is None:
             return
         if not message.data:
+            await self.imports.finish_roll_back(token, message)  # (its claim: first)
             await self._purge_evicted(session_id, message.seq)
         else:
             await self.imports.roll_back_if_dead(token, message)
