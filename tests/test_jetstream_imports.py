@@ -928,3 +928,51 @@ def test_an_importer_killed_during_its_rollback_leaves_no_claim(
         assert j.verify().problems == []
         assert _messages(url, name, "in.>") == 1  # (the committed import's claim only)
         assert _messages(url, name, f"s.{b'big'.hex()}.ev") == len(held)
+
+
+def test_an_id_created_while_an_import_rolls_back_a_dead_importer_is_session_exists(
+    url: str, tmp_path: Path
+) -> None:
+    """An import of an id a killed importer left staged rolls that staging back first;
+    a create_session of the id by another writer in between (it writes over the staged
+    row, which reads as no row) made the rollback's tombstone fail, and the import then
+    took the created session's row for a free one: its first batch wrote over the
+    committed session (its row rolled up), which vanished."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", bytes([i % 256]) * 100) for i in range(2000)])
+        archive = _export(local)
+    path = tmp_path / "archive.sja"
+    path.write_bytes(archive)
+    name = store_name(tmp_path)
+    child = _importer(_IMPORTER, url, name, path)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"staged\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert _staged_row(url, name, "a")
+    other = Journal.open(url, store=name)
+    reached: list[object] = []
+
+    def create() -> None:
+        other.create_session("a", tags={"by": "creator"})
+        other.append("a", [EventIn("m", b"mine")])
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.roll_back" and not reached:
+            reached.append(detail)  # (the import read the dead importer's staged row)
+            _off_loop(create)
+
+    options = JetStreamOptions(servers=[url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            with pytest.raises(SessionExists):
+                j.import_sessions(path)
+            assert reached == ["a"]
+            assert j.get_session("a").tags == {"by": "creator"}
+            assert [e.data for e in j.replay("a")] == [b"mine"]
+            assert j.verify().problems == []
+    finally:
+        other.close()

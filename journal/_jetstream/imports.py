@@ -256,23 +256,24 @@ class Imports:
         """The compare-and-set value of the id's row subject when no session has it
         (`SessionExists` otherwise): a staged row of a dead importer is rolled back first."""
         subject = self._subjects.row(entry.token)
-        message = await self._conn.msg_get({"last_by_subj": subject})
-        if message is None:
-            return 0
-        row = stored_row(message)
-        if row is None:
-            await self.finish_roll_back(entry.token, message)
-            return message.seq  # (an eviction's tombstone, or a rollback's)
-        if not row.staged:
-            raise self._taken(entry.session_id)
-        if not await self.roll_back_if_dead(entry.token, message):
-            raise SessionExists(
-                f"session {entry.session_id!r} is being imported by another process (pid "
-                f"{row.owner_pid} on {row.owner_host}): import it under another id, or "
-                "wait for that import to end"
-            )
-        again = await self._conn.msg_get({"last_by_subj": subject})
-        return 0 if again is None else again.seq
+        while True:
+            message = await self._conn.msg_get({"last_by_subj": subject})
+            if message is None:
+                return 0
+            row = stored_row(message)
+            if row is None:
+                await self.finish_roll_back(entry.token, message)
+                return message.seq  # (an eviction's tombstone, or a rollback's)
+            if not row.staged:
+                raise self._taken(entry.session_id)
+            if not await self.roll_back_if_dead(entry.token, message):
+                raise SessionExists(
+                    f"session {entry.session_id!r} is being imported by another process "
+                    f"(pid {row.owner_pid} on {row.owner_host}): import it under another "
+                    "id, or wait for that import to end"
+                )
+            # Judged again: a writer may have created the id (or another importer staged
+            # it) over the staged row before the rollback's tombstone, which then failed.
 
     def _taken(self, session_id: str) -> SessionExists:
         return SessionExists(
