@@ -116,6 +116,13 @@ class Writer(Committer):
             max_history_age_ms=op.max_history_age_ms,
         )
 
+    async def _finish_roll_back(self, state: RowState) -> None:
+        """Finish the import rollback whose tombstone a create is about to write over
+        (its claim is named by nothing else once the create rolls it up: SPEC 16.5)."""
+        message = await self.conn.msg_get({"seq": state.seq})
+        if message is not None and not message.data:
+            await self.imports.finish_roll_back(state.token, message)
+
     def _exists(self, session_id: str) -> SessionExists:
         return SessionExists(
             f"session {session_id!r} already exists: pick another id, or use "
@@ -126,6 +133,8 @@ class Writer(Committer):
         async def plan(state: RowState, now: int) -> Plan:
             if state.row is not None:
                 raise self._exists(op.session_id)
+            if state.seq:  # (a tombstone, or a staged row: written over, rolled up)
+                await self._finish_roll_back(state)
             row = self._new_row(op, now, 0, 2)
             messages = [
                 self.feed_message(state, LifecycleEventType.CREATED, now, row, 1),
