@@ -28,6 +28,7 @@ from journal import (
     EventIn,
     InvalidArgument,
     Journal,
+    RetentionPolicy,
     SessionExists,
     SessionNotFound,
     SessionState,
@@ -984,3 +985,49 @@ def test_an_id_created_while_an_import_rolls_back_a_dead_importer_is_session_exi
             assert j.verify().problems == []
     finally:
         other.close()
+
+
+def test_an_interrupted_import_committed_and_evicted_before_its_rollback_keeps_its_claim(
+    url: str, tmp_path: Path
+) -> None:
+    """Ctrl+C as the commit waits for its answer; the commit lands, and a retention pass
+    evicts the (long ended) imported session before the import's rollback reads its row:
+    the rollback took the eviction's tombstone for an id taken since, deleted the claim
+    (the committed session's incarnation, kept for good as a CREATED entry is) and
+    counted the session as rolled back (the interrupt lost its "committed" note)."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session("a")
+        local.append("a", [EventIn("m", b"x")])
+        local.resolve_session("a")
+        archive = _export(local)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    reached: list[object] = []
+    evicted: list[str] = []
+
+    def evict() -> None:
+        _until_committed(url, name)
+        policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+        with Journal.open(url, store=name, retention=policy) as other:
+            evicted.extend(other.apply_retention().evicted_sessions)
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":
+            proxy.hold(lambda message: b"Nats-Batch-Commit" in message)
+        elif where == "import.abort" and not reached:
+            reached.append(detail)
+            proxy.release()
+            _off_loop(evict)
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            _interrupt_when(proxy.held)
+            with pytest.raises(KeyboardInterrupt) as caught:
+                j.import_sessions(io.BytesIO(archive))
+            assert reached == ["a"] and evicted == ["a"]
+            assert list(j.list_sessions()) == []
+            assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
+            assert _messages(url, name, "in.>") == 1
+    finally:
+        proxy.close()

@@ -62,7 +62,7 @@ from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable
 from .layout import ENCODER, Heartbeat, StoredEvent, StoredFeed, StoredSnapshot, Subjects, resolve
 from .owners import LEASE_S
-from .reads import StoreReader, stored_row
+from .reads import StoreReader, decode_feed, stored_row
 
 __all__ = ["MAX_IMPORT_SESSIONS", "Imports"]
 
@@ -589,6 +589,8 @@ class Imports:
                 continue
             if row is not None and row.incarnation == entry.row.incarnation:
                 return False  # committed
+            if await self._committed_since(entry.token, entry.seq, entry.row.incarnation):
+                return False  # (committed, then evicted: its claim is kept for good)
             if message is None or message.seq > entry.seq:
                 # Taken (or rolled back) since: what this import staged lies at or below
                 # its last staged row; a session created since lies above it.
@@ -651,9 +653,20 @@ class Imports:
                 return False  # (committed, or staged further: left to a retention pass)
             if now_at is not None and now_at.seq == message.seq:
                 return False  # (the tombstone's answer was lost: left to the next pass)
+            if await self._committed_since(token, message.seq, row.incarnation):
+                return False  # (committed, then evicted: its claim is kept for good)
             upto = message.seq  # (taken by a creator since: its messages lie above)
         await self._purge(token, upto, row.incarnation, stamp)
         return True
+
+    async def _committed_since(self, token: str, staged_seq: int, incarnation: int) -> bool:
+        """Whether the staged session of `incarnation` committed after its staged row at
+        `staged_seq` (and was evicted since, or its row would say so): its CREATED entry
+        is the id's first feed entry after that row (a creator's, had it come first)."""
+        found = await self._conn.msg_get(
+            {"seq": staged_seq + 1, "next_by_subj": self._subjects.lifecycle(token)}
+        )
+        return found is not None and decode_feed(found).row.incarnation == incarnation
 
     async def _tombstone(
         self, token: str, staged_seq: int, stamp: str = "", claim: int = 0
