@@ -36,7 +36,8 @@ from .projector import build_private
 from .segments import open_segment
 from .store_file import open_lock
 from .verify import view_problem
-from .view import Head, View, ViewDamaged, inspect_view, replace_view
+from .view import Head, View
+from .view_file import ViewDamaged, inspect_view, replace_view
 from .writer import data_end
 
 __all__ = [

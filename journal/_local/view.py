@@ -5,7 +5,8 @@ projector. LMDB's own fsync is off because the view can always be rebuilt; the s
 fsync is the commit point. Every key layout and prefix scan lives in this module, except
 those of the indexes with modules of their own (`events_index`, `state_index`,
 `retention_index`); callers pass transactions (`View.begin`) and get rows,
-entries and numbers back. The value codec is `view_codec`.
+entries and numbers back. The value codec is `view_codec`; checking and replacing the
+data file, apart from LMDB, is `view_file`.
 
 Named databases (keys big-endian so LMDB's byte order is numeric order):
 
@@ -39,11 +40,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Final
@@ -51,21 +50,19 @@ from typing import Final
 import lmdb
 import msgspec
 
-from ..errors import JournalClosed, JournalCorrupt, StoreUnavailable
+from ..errors import JournalClosed, JournalCorrupt
 from ..forking import TRANSACTIONS
 from ..sessions import FeedEntry, SessionRow
 from .events_index import EventsIndex, Location
-from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions
+from .files import DEFAULT_PERMISSIONS, Permissions
 from .lmdbenv import (
     MAX_READERS,
     OPENING,
-    check_files,
     prepare_environment,
     refuse_if_open_here,
     register_open,
     unregister_open,
 )
-from .lmdbfile import EntryCheck, check_data_file, file_identity
 from .retention_index import RetentionIndex
 from .state_index import StateIndex
 from .view_codec import (
@@ -83,6 +80,15 @@ from .view_codec import (
     u64_value,
     unseal,
 )
+from .view_file import (
+    FORMAT_KEY,
+    INITIAL_MAP_SIZE,
+    VIEW_FORMAT,
+    ViewDamaged,
+    ViewFile,
+    inspect_view,
+    replace_view,
+)
 
 __all__ = [
     "VIEW_FORMAT",
@@ -96,15 +102,6 @@ __all__ = [
     "replace_view",
 ]
 
-# 2: every value carries a CRC32 of its key and value. 3: the `states` index (a view of
-# format 2 lacks it, and code of format 2 would not maintain it: either rebuilds). 4: the
-# retention index (`aged`, meta b"retained"). 5: `events` keyed by incarnation alone, its
-# entries dup-sorted (a view of format 4 has none). 6: the lifecycle feed pruned with its
-# records and meta b"feed-floor" (a view of format 5 may lack entries without a floor).
-VIEW_FORMAT: Final = 6
-_FORMAT_KEY: Final = b"format"
-
-_INITIAL_MAP_SIZE: Final = 1 << 36
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
 _STAGED_END: Final = b"\x01"
 
@@ -167,93 +164,6 @@ def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None) -
     """A named database (created when `txn`, a write transaction, is given)."""
     dup = name == _EVENTS
     return env.open_db(name, txn=txn, create=txn is not None, dupsort=dup, dupfixed=dup)
-
-
-class ViewDamaged(Exception):
-    """The view's file failed its checks before it was opened (internal: the engine
-    replaces the view, or a read-only reader builds a private one)."""
-
-
-def _check_entry(name: bytes, key: bytes, value: bytes) -> str | None:
-    """The file check's look at one entry of a named database: its CRC."""
-    if zlib.crc32(value[:-4], zlib.crc32(key)) != int.from_bytes(value[-4:]) or len(value) < 4:
-        return f"the {name.decode(errors='replace')} entry {key[:40]!r} fails its checksum"
-    return None
-
-
-def _entry_check(name: bytes) -> EntryCheck | None:
-    # The events index (one entry per frame and session: most of the view) is left to
-    # the reads: each entry's checksum is checked when it is read, and an entry the
-    # damage moved elsewhere leaves a gap the reader reports (JournalCorrupt).
-    return None if name == _EVENTS else _check_entry
-
-
-def inspect_view(path: str) -> str | None:
-    """What is wrong with the view's file at `path` (a directory), before LMDB maps it:
-    the structure checks of `lmdbfile`, every entry's CRC, and the format (None: it may
-    be opened; a missing or empty file is a new view, not damage)."""
-    data = os.path.join(path, "data.mdb")
-    try:
-        check_files(path)
-    except NotRegularFile as e:
-        return f"{e.path} is {e.kind}, not a file"
-    try:
-        if os.path.getsize(data) == 0:
-            return None
-    except FileNotFoundError:
-        return None
-    meta: dict[bytes, bytes] = {}
-    try:
-        problem = check_data_file(data, _entry_check, meta)
-    except OSError:
-        return None  # unreadable here: LMDB cannot open it either, and says so
-    if problem is not None:
-        return problem
-    recorded = meta.get(_FORMAT_KEY, b"")[:-4]
-    if meta and recorded != str(VIEW_FORMAT).encode():
-        return f"it has view format {recorded!r}, this code writes {VIEW_FORMAT}"
-    return None
-
-
-def replace_view(
-    path: str,
-    env: lmdb.Environment | None,
-    identity: tuple[int, int] | None,
-    permissions: Permissions = DEFAULT_PERMISSIONS,
-) -> None:
-    """Replace the view directory `path` by an empty one (a damaged view: the next commit
-    rebuilds it from the log). Done under the old view's writer lock when LMDB can still
-    take it (`env`, or an environment opened here without touching its trees), so no
-    writer commits through the old view meanwhile; writers that still have it open see
-    the new file at their next commit (`View.begin`). When `identity` (device, inode of
-    the damaged data file) no longer names the file there, another process replaced it
-    already and nothing is done."""
-    opened: lmdb.Environment | None = None
-    txn: lmdb.Transaction | None = None
-    try:
-        data = os.path.join(path, "data.mdb")
-        if env is None:
-            prepare_environment(path, MAX_READERS, permissions)
-            opened = env = lmdb.open(
-                path, max_dbs=16, map_size=_INITIAL_MAP_SIZE, max_readers=MAX_READERS, subdir=True
-            )
-        # (Beginning reads the two meta pages from the map: not from a file cut shorter.)
-        if os.path.getsize(data) >= 2 * int(env.stat()["psize"]):
-            txn = env.begin(write=True)
-    except (lmdb.Error, OSError):
-        txn = None  # a file LMDB cannot even open: nobody can be committing through it
-    try:
-        if identity is not None and file_identity(path) != identity:
-            return
-        aside = f"{path}.damaged-{os.getpid()}-{time.time_ns()}"
-        os.rename(path, aside)
-        permissions.make_dirs(path)
-    finally:
-        if txn is not None:
-            txn.abort()
-        if opened is not None:
-            opened.close()
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 class _Transaction:
@@ -346,7 +256,7 @@ class View:
             self.env = lmdb.open(
                 path,
                 mode=permissions.file,
-                map_size=_INITIAL_MAP_SIZE,
+                map_size=INITIAL_MAP_SIZE,
                 max_dbs=16,
                 max_readers=MAX_READERS,
                 # No cached read transaction (SPEC 7, "Across fork()"): a forked child's close
@@ -394,9 +304,7 @@ class View:
         self.events = EventsIndex(self._events)
         self.states = StateIndex(states, self._sessions)
         self.retention = RetentionIndex(aged, self._meta)
-        self._data = os.path.join(path, "data.mdb")
-        self._identity = file_identity(path)
-        self._size = os.stat(self._data).st_size  # (the largest seen: it never shrinks)
+        self._file = ViewFile(path)
 
     def begin(self, *, write: bool = False) -> _Transaction:
         """A transaction (a context manager yielding the LMDB transaction); a write
@@ -417,7 +325,10 @@ class View:
                 raise corrupt(f"the view {self.path} is damaged ({self.damage})")
             self._replace()
         else:
-            self.check_file()
+            # Before every transaction (`ViewFile.check`): the file is the one opened.
+            problem = self._file.check()
+            if problem is not None:
+                raise self.damaged(problem)
         try:
             if write and time.monotonic() - self._readers_checked >= 1.0:
                 # Free the reader slots of processes killed inside a read transaction:
@@ -430,36 +341,6 @@ class View:
             if self.closed:
                 raise JournalClosed.meanwhile() from e
             raise
-
-    def check_file(self) -> None:
-        """Before every transaction: the data file must still be the one opened (not
-        replaced by a process that found it damaged) and no shorter than this process
-        last saw it: LMDB never shortens its file, and one cut while open kills the
-        process with SIGBUS when a page past its end is touched. (Not against the pages
-        LMDB records: a sound file may end a few free pages before its last used page,
-        pages LMDB freed in the transaction that allocated them and never wrote; the
-        check at open, `lmdbfile`, tells those from pages in use.)"""
-        seen = self._size  # (read before the stat: another thread may raise it meanwhile)
-        try:
-            st = os.stat(self._data)
-        except FileNotFoundError:
-            index = os.path.dirname(self._data)
-            if not os.path.isdir(index):
-                # Not damage: the whole store moved (or was deleted) under this process.
-                raise StoreUnavailable(
-                    f"the store's directory {os.path.dirname(index)} no longer holds its "
-                    "index: the store was moved or deleted while this journal had it open; "
-                    "open it again at its new path"
-                ) from None
-            raise self.damaged("its data file was removed") from None
-        if (st.st_dev, st.st_ino) != self._identity:
-            raise self.damaged(
-                "another process found it damaged and replaced it; open the journal again"
-            )
-        if st.st_size < seen:
-            raise self.damaged(f"its data file was cut to {st.st_size} of {seen} bytes")
-        if st.st_size > self._size:
-            self._size = st.st_size
 
     def damaged(self, detail: str) -> JournalCorrupt:
         """Record damage found while open (no transaction touches the file from now on)."""
@@ -484,7 +365,7 @@ class View:
         # Only the commit leader begins write transactions on the shared view, so no
         # other write transaction of this process runs on the old environment.
         with self._lock:
-            replace_view(self.path, self.env, self._identity, self._permissions)
+            replace_view(self.path, self.env, self._file.identity, self._permissions)
             self._retired.append(self.env)
             self.replaced_because, self.damage, self._repair = self.damage, None, False
             self._open_environment()
@@ -529,7 +410,7 @@ class View:
     def put_store_id(self, txn: lmdb.Transaction, store_id: bytes) -> None:
         """The store's id, and the view's format (both written when a view is begun)."""
         txn.put(b"store", seal(b"store", store_id), db=self._meta)
-        txn.put(_FORMAT_KEY, seal(_FORMAT_KEY, str(VIEW_FORMAT).encode()), db=self._meta)
+        txn.put(FORMAT_KEY, seal(FORMAT_KEY, str(VIEW_FORMAT).encode()), db=self._meta)
 
     def boot_id(self, txn: lmdb.Transaction) -> bytes | None:
         raw = txn.get(b"boot", db=self._meta)
