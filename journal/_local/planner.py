@@ -1,7 +1,8 @@
 """The planner: validates one batch of operations against the view inside the writer's
 transaction and turns them into the records of one frame, in order, as if they were
-applied one by one. One method per operation type; a failure while planning one
-operation fails that operation alone and leaves no trace in the frame.
+applied one by one. One method per operation type (an import's operations: one function
+each in `import_steps`, which change the planner's state through its methods); a failure
+while planning one operation fails that operation alone and leaves no trace in the frame.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any, Final, Literal
 import lmdb
 import msgspec
 
-from ..archive import ArchiveCheckpoint, ArchiveEvent, ArchiveSession, ArchiveSnapshot
 from ..engine import (
     AbortImport,
     AcquireLease,
@@ -45,7 +45,6 @@ from ..errors import (
 )
 from ..models import RetentionReport, SessionState
 from ..records import (
-    TURN_EVENT_TYPES,
     CheckpointTaken,
     EventAppended,
     HistoryTrimmed,
@@ -55,7 +54,6 @@ from ..records import (
     Record,
     SessionCreated,
     SessionEvicted,
-    SessionImported,
     SnapshotTaken,
     StateChanged,
 )
@@ -63,7 +61,7 @@ from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_stat
 from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SealActive, SwapSegment, seal_active, swap_segment
 from .frames import segment_name
-from .leases import PROCESS_BOOT, identity
+from .import_steps import abort_import, commit_import, stage_events, stage_sessions
 from .log import SegmentLog
 from .recorded_policy import RecordedPolicy
 from .retention import (
@@ -79,7 +77,7 @@ from .sidecar import EventRun, FrameDigest, add_run, encode_other
 from .verify import fix_store
 from .view import View
 
-__all__ = ["Planner", "Request", "SealRetention"]
+__all__ = ["Pending", "Planner", "Request", "SealRetention"]
 
 _ABSENT: Final = object()
 
@@ -103,7 +101,7 @@ class Request:
         self.error: BaseException | None = None
 
 
-class _Pending:
+class Pending:
     """The planner's view of one session while a batch is being validated."""
 
     __slots__ = ("incarnation", "last_ordinal", "row", "state", "turn")
@@ -143,7 +141,7 @@ class Planner:
         self.next_position = next_position
         self.now = now
         self.records: list[Record] = []
-        self.sessions: dict[str, _Pending | None] = {}
+        self.sessions: dict[str, Pending | None] = {}
         self.idem: dict[tuple[int, str], IdempotencyKeyUsed] = {}
         # Lease generations planned in this batch, per incarnation.
         self.generations: dict[int, int] = {}
@@ -161,14 +159,14 @@ class Planner:
         self.hole: LogHole | None = None
         # Rows known to be what the view holds (the writer's last batch): not read again.
         self.known_rows: dict[str, SessionRow] = {}
-        self._finishers: list[tuple[Request, Callable[[], object]]] = []
+        self.finishers: list[tuple[Request, Callable[[], object]]] = []
         # How to take back what planning an operation changed in the planner's state
         # (sessions, their pending state, idempotency keys), for a failed operation.
         self._undo: list[Callable[[], None]] = []
 
     # -- bookkeeping -----------------------------------------------------------------------
 
-    def _emit(self, record: Record) -> int:
+    def emit(self, record: Record) -> int:
         """Add a non-event record (events go in whole runs, in `_append`)."""
         self.others.append((len(self.records), record))
         self.records.append(record)
@@ -176,16 +174,16 @@ class Planner:
         self.next_position += 1
         return position
 
-    def _pending(self, session_id: str) -> _Pending | None:
+    def pending(self, session_id: str) -> Pending | None:
         if session_id not in self.sessions:
             row = self.known_rows.get(session_id)
             if row is None:
                 row = self.view.row(self.txn, session_id)
-            self.sessions[session_id] = None if row is None else _Pending(row)
+            self.sessions[session_id] = None if row is None else Pending(row)
         return self.sessions[session_id]
 
-    def _existing(self, session_id: str) -> _Pending:
-        pending = self._pending(session_id)
+    def _existing(self, session_id: str) -> Pending:
+        pending = self.pending(session_id)
         if pending is None:
             raise SessionNotFound(
                 f"no session {session_id!r} in this store: create it first "
@@ -193,7 +191,7 @@ class Planner:
             )
         return pending
 
-    def _set_session(self, session_id: str, pending: _Pending | None) -> None:
+    def set_session(self, session_id: str, pending: Pending | None) -> None:
         previous = self.sessions.get(session_id, _ABSENT)
 
         def undo() -> None:
@@ -205,7 +203,13 @@ class Planner:
         self._undo.append(undo)
         self.sessions[session_id] = pending
 
-    def _set(self, pending: _Pending, field: str, value: object) -> None:
+    def plan_session(self, session_id: str, row: SessionRow) -> Pending:
+        """Plan `row` as session `session_id`'s from here on (undone if the request fails)."""
+        pending = Pending(row)
+        self.set_session(session_id, pending)
+        return pending
+
+    def set_field(self, pending: Pending, field: str, value: object) -> None:
         """Set one of `pending`'s fields (undone if the request fails)."""
         previous = getattr(pending, field)
         self._undo.append(lambda: setattr(pending, field, previous))
@@ -242,7 +246,7 @@ class Planner:
             len(self.records),
             self.next_position,
             len(runs),
-            len(self._finishers),
+            len(self.finishers),
             len(self.others),
             len(self._undo),
             len(self.loose_events),
@@ -263,7 +267,7 @@ class Planner:
             del runs[run_count:]
             if runs:
                 runs[-1].count, runs[-1].data_bytes = last_run
-            del self._finishers[finishers:]
+            del self.finishers[finishers:]
             del self.others[others:]
             request.result = None
             request.error = e
@@ -293,13 +297,13 @@ class Planner:
             case ReleaseLease():
                 self._release(request, operation)
             case StageEvents():
-                self._stage_events(request, operation)
+                stage_events(self, request, operation)
             case StageSessions():
-                self._stage_sessions(request, operation)
+                stage_sessions(self, request, operation)
             case CommitImport():
-                self._commit_import(request, operation)
+                commit_import(self, request, operation)
             case AbortImport():
-                self._abort_import(request, operation)
+                abort_import(self, request, operation)
             case SwapSegment():
                 request.result = swap_segment(self.txn, self.view, self.log, operation)
                 self.summaries.pop(operation.base, None)
@@ -312,10 +316,10 @@ class Planner:
 
     def _create(self, request: Request, op: CreateSession) -> None:
         position = self._create_session(op)
-        self._finishers.append((request, lambda: self._feed_row(position)))
+        self.finishers.append((request, lambda: self._feed_row(position)))
 
     def _create_session(self, op: CreateSession) -> int:
-        if self._pending(op.session_id) is not None:
+        if self.pending(op.session_id) is not None:
             raise SessionExists(
                 f"session {op.session_id!r} already exists: pick another id, or use "
                 "get_session to inspect it"
@@ -332,13 +336,13 @@ class Planner:
             max_history_bytes=op.max_history_bytes,
             max_history_age_ms=op.max_history_age_ms,
         )
-        position = self._emit(record)
-        self._set_session(op.session_id, _Pending(SessionRow.created(record, position)))
+        position = self.emit(record)
+        self.set_session(op.session_id, Pending(SessionRow.created(record, position)))
         return position
 
     def _append(self, request: Request, op: Append) -> None:
         session_id = op.session_id
-        if op.create is not None and self._pending(session_id) is None:
+        if op.create is not None and self.pending(session_id) is None:
             # Created with its first append, in this operation: both or neither.
             self._create_session(op.create)
         pending = self._existing(session_id)
@@ -415,11 +419,11 @@ class Planner:
         self.next_position += len(events)
         position = self.next_position - 1
         last = first + len(events) - 1
-        self._set(pending, "last_ordinal", last)
+        self.set_field(pending, "last_ordinal", last)
         if key is not None:
             used = IdempotencyKeyUsed(incarnation, key, first, last, op.digest, position)
             self._remember_key((incarnation, key), used)
-            self._emit(used)
+            self.emit(used)
         request.result = Appended(incarnation, first, last, position, time_ms=now)
 
     def _transition(self, request: Request, op: Transition) -> None:
@@ -428,15 +432,15 @@ class Planner:
         if pending.state not in allowed:
             if op.kind == "cancel" and pending.state.terminal:
                 session_id = op.session_id
-                self._finishers.append((request, lambda: self._current_row(session_id)))
+                self.finishers.append((request, lambda: self.current_row(session_id)))
                 return
             raise IllegalTransition(
                 f"cannot {op.kind} session {op.session_id!r}: it is {pending.state.value} "
                 f"(allowed from: {', '.join(sorted(s.value for s in allowed))})"
             )
-        position = self._emit(StateChanged(pending.incarnation, target.wire, self.now))
-        self._set(pending, "state", target)
-        self._finishers.append((request, lambda: self._feed_row(position)))
+        position = self.emit(StateChanged(pending.incarnation, target.wire, self.now))
+        self.set_field(pending, "state", target)
+        self.finishers.append((request, lambda: self._feed_row(position)))
 
     def expire_due(self) -> None:
         """Expire what is due now, before the batch's requests are planned: a session
@@ -445,7 +449,7 @@ class Planner:
 
     def _expire(self, request: Request, op: Expire) -> None:
         positions = self._expire_rows(self.now if op.now_ms is None else op.now_ms)
-        self._finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
+        self.finishers.append((request, lambda: [self._feed_row(p) for p in positions]))
 
     def _expire_rows(self, now: int) -> list[int]:
         positions: list[int] = []
@@ -455,13 +459,13 @@ class Planner:
                 continue
             if row.session_id in self.sessions:
                 continue  # changed earlier in this batch: its stored deadline is stale
-            pending = self._pending(row.session_id)
+            pending = self.pending(row.session_id)
             if pending is None or pending.incarnation != incarnation or pending.state.terminal:
                 continue
-            position = self._emit(
+            position = self.emit(
                 StateChanged(incarnation, SessionState.EXPIRED.wire, self.now, "deadline")
             )
-            self._set(pending, "state", SessionState.EXPIRED)
+            self.set_field(pending, "state", SessionState.EXPIRED)
             positions.append(position)
         return positions
 
@@ -484,7 +488,7 @@ class Planner:
         problem = stored_state_problem(what, pending.row, pending.last_ordinal, through)
         if problem is not None:
             raise InvalidArgument(problem)
-        position = self._emit(record(pending.incarnation, through, self.now, op.data))
+        position = self.emit(record(pending.incarnation, through, self.now, op.data))
         request.result = SnapshotRef(pending.incarnation, through, position)
 
     def _turn_event(self, request: Request, op: AppendTurnEvent) -> None:
@@ -507,8 +511,8 @@ class Planner:
         self.records.append(record)
         self.loose_events.append((len(self.records) - 1, pending.incarnation, ordinal))
         self.next_position += 1
-        self._set(pending, "last_ordinal", ordinal)
-        self._set(pending, "turn", open_turn_after(pending.turn, op.type, op.request_id))
+        self.set_field(pending, "last_ordinal", ordinal)
+        self.set_field(pending, "turn", open_turn_after(pending.turn, op.type, op.request_id))
         request.result = Appended(pending.incarnation, ordinal, ordinal, position, time_ms=self.now)
 
     def _acquire(self, request: Request, op: AcquireLease) -> None:
@@ -519,7 +523,7 @@ class Planner:
                 "has no owner; create a new session"
             )
         generation = self._next_generation(pending)
-        self._emit(
+        self.emit(
             OwnerAcquired(
                 pending.incarnation,
                 generation,
@@ -531,21 +535,21 @@ class Planner:
             )
         )
         session_id = op.session_id
-        self._finishers.append((request, lambda: self._current_row(session_id)))
+        self.finishers.append((request, lambda: self.current_row(session_id)))
 
     def _release(self, request: Request, op: ReleaseLease) -> None:
-        pending = self._pending(op.session_id)
+        pending = self.pending(op.session_id)
         if (
             pending is not None
             and pending.incarnation == op.incarnation
             and pending.row.owner_generation == op.generation
         ):
             if pending.row.owner_pid:
-                self._emit(OwnerReleased(pending.incarnation, op.generation, self.now))
+                self.emit(OwnerReleased(pending.incarnation, op.generation, self.now))
             session_id = op.session_id
-            self._finishers.append((request, lambda: self._current_row(session_id)))
+            self.finishers.append((request, lambda: self.current_row(session_id)))
 
-    def _next_generation(self, pending: _Pending) -> int:
+    def _next_generation(self, pending: Pending) -> int:
         """One more than the last generation, counting leases planned in this batch."""
         key = pending.incarnation
         planned = self.generations.get(key, pending.row.owner_generation)
@@ -560,146 +564,6 @@ class Planner:
         self._undo.append(undo)
         self.generations[key] = planned + 1
         return planned + 1
-
-    # -- imports (see `SessionStaged`) -------------------------------------------------
-
-    def _stage_sessions(self, request: Request, op: StageSessions) -> None:
-        ids = []
-        for item in op.sessions:
-            staging_id = self._stage_row(
-                item.session, item.snapshot, item.checkpoint, op.source_store, op.exported_at_ms
-            )
-            pending = self._pending(staging_id)
-            assert pending is not None
-            self._stage_into(pending, item.events)
-            ids.append(staging_id)
-        self._finishers.append((request, lambda: [self._current_row(i) for i in ids]))
-
-    def _stage_row(
-        self,
-        meta: ArchiveSession,
-        snapshot: ArchiveSnapshot | None,
-        checkpoint: ArchiveCheckpoint | None,
-        source_store: str,
-        exported_at_ms: int,
-    ) -> str:
-        """Stage one session's row (its snapshot, trimmed start and checkpoint too); its
-        staging id."""
-        position = self.next_position
-        staging_id = f"\x00import\x00{position}"
-        importer = identity()
-        record = meta.staged(staging_id, source_store, exported_at_ms, importer, PROCESS_BOOT)
-        self._emit(record)
-        row = SessionRow.staged_from(record, position)
-        through = 0
-        if snapshot is not None:
-            through = snapshot.through_ordinal
-            self._emit(SnapshotTaken(position, through, self.now, snapshot.data))
-        if meta.first_ordinal > through + 1:
-            self._emit(HistoryTrimmed(position, meta.first_ordinal, self.now))
-        if checkpoint is not None:
-            # (Before the events it stands for: the row, invisible until the commit, shows
-            # it then or is evicted with it by `AbortImport`.)
-            self._emit(
-                CheckpointTaken(position, checkpoint.through_ordinal, self.now, checkpoint.data)
-            )
-        row.last_ordinal = meta.first_ordinal - 1
-        self._set_session(staging_id, _Pending(row))
-        return staging_id
-
-    def _staged(self, incarnation: int) -> tuple[str, _Pending]:
-        staging_id = self.view.session_id_of(self.txn, incarnation)
-        pending = None if staging_id is None else self._pending(staging_id)
-        if staging_id is None or pending is None or not pending.row.staged:
-            raise SessionNotFound(f"no import in progress at incarnation {incarnation}")
-        return staging_id, pending
-
-    def _stage_events(self, request: Request, op: StageEvents) -> None:
-        _, pending = self._staged(op.incarnation)
-        request.result = self._stage_into(pending, op.events)
-
-    def _stage_into(self, pending: _Pending, events: list[ArchiveEvent]) -> int:
-        """Append archived events to a staged row; its new last ordinal."""
-        incarnation = pending.incarnation
-        expected = pending.last_ordinal + 1
-        position = self.next_position
-        records = self.records
-        run: EventRun | None = None  # the run being built (runs break at turn events)
-        for event in events:
-            if event.ordinal != expected:
-                raise InvalidArgument(
-                    f"imported event ordinal {event.ordinal} where {expected} was due"
-                )
-            record = EventAppended(
-                incarnation,
-                expected,
-                event.timestamp_ms,
-                event.type,
-                event.data,
-                event.request_id,
-                position,
-            )
-            if event.type in TURN_EVENT_TYPES:
-                # Never part of a run (as in `_turn_event`).
-                if run is not None:
-                    add_run(self.event_runs, run)
-                    run = None
-                self.others.append((len(records), record))
-                self.loose_events.append((len(records), incarnation, expected))
-            elif run is None:
-                run = EventRun(
-                    len(records), incarnation, expected, 1, len(event.data), event.timestamp_ms
-                )
-            else:
-                run.count += 1
-                run.data_bytes += len(event.data)
-            records.append(record)
-            position += 1
-            expected += 1
-        if run is not None:
-            add_run(self.event_runs, run)
-        self.next_position = position
-        self._set(pending, "last_ordinal", expected - 1)
-        return expected - 1
-
-    def _commit_import(self, request: Request, op: CommitImport) -> None:
-        chosen: set[str] = set()
-        staged: list[tuple[str, _Pending]] = []
-        for target in op.targets:
-            if target.session_id in chosen or self._pending(target.session_id) is not None:
-                raise SessionExists(
-                    f"session {target.session_id!r} already exists: import it under "
-                    "another id (rename=, or `journal import --as NEW_ID`)"
-                )
-            chosen.add(target.session_id)
-            staged.append(self._staged(target.incarnation))
-        for target, (staging_id, pending) in zip(op.targets, staged, strict=True):
-            self._emit(SessionImported(target.incarnation, target.session_id, self.now))
-            state = SessionState.from_wire(target.state)
-            if state is not SessionState.OPEN:
-                self._emit(StateChanged(target.incarnation, target.state, target.state_at_ms))
-            # The same (unchanged) row: the projection may adopt it, and renames it.
-            visible = _Pending(pending.row)
-            visible.last_ordinal = pending.last_ordinal
-            visible.state = state
-            self._set_session(staging_id, None)
-            self._set_session(target.session_id, visible)
-        ids = [target.session_id for target in op.targets]
-        self._finishers.append((request, lambda: [self._current_row(i) for i in ids]))
-
-    def _abort_import(self, request: Request, op: AbortImport) -> None:
-        count = 0
-        for incarnation in op.incarnations:
-            staging_id = self.view.session_id_of(self.txn, incarnation)
-            pending = None if staging_id is None else self._pending(staging_id)
-            if staging_id is None or pending is None or not pending.row.staged:
-                continue
-            if pending.incarnation != incarnation:
-                continue
-            self._emit(SessionEvicted(incarnation, self.now))
-            self._set_session(staging_id, None)
-            count += 1
-        request.result = count
 
     def _retention(self, request: Request, op: ApplyRetention) -> None:
         now = self.now if op.now_ms is None else op.now_ms
@@ -736,17 +600,17 @@ class Planner:
                     else (row.ended_at_ms or row.created_at_ms)
                 )
                 if since + policy.session_retention_ms <= now:
-                    self._emit(SessionEvicted(row.incarnation, self.now))
-                    self._set_session(row.session_id, None)
+                    self.emit(SessionEvicted(row.incarnation, self.now))
+                    self.set_session(row.session_id, None)
                     evicted.append(row.session_id)
                     continue
             new_first = window_start(self.txn, self.view, row, policy, now)
             if new_first > row.first_ordinal:
-                self._emit(HistoryTrimmed(row.incarnation, new_first, self.now))
+                self.emit(HistoryTrimmed(row.incarnation, new_first, self.now))
                 trimmed.append(row.session_id)
         if sealed and not skipped:
             self.view.retention.cover_through(self.txn, sealed[-1], mark)
-        self._finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
+        self.finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
 
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
         report, rebuilt = fix_store(
@@ -772,7 +636,7 @@ class Planner:
         assert entry is not None, "a planned lifecycle record has no feed entry"
         return entry.row
 
-    def _current_row(self, session_id: str) -> SessionRow:
+    def current_row(self, session_id: str) -> SessionRow:
         row = self.view.row(self.txn, session_id)
         if row is None:
             raise SessionNotFound(f"no session {session_id!r} in this store")
@@ -795,6 +659,6 @@ class Planner:
 
     def finish(self) -> None:
         """Fill in results that need the projected rows (after the projection flushed)."""
-        for request, result in self._finishers:
+        for request, result in self.finishers:
             if request.error is None:
                 request.result = result()
