@@ -9,9 +9,10 @@ from typing import Any
 from ..arguments import check_open_options, check_store_path
 from ..errors import InvalidArgument
 from .compaction import DEFAULT_DEAD_SHARE
-from .engine import Durability, LocalEngine, LocalOptions
+from .engine import LocalEngine
 from .files import FileOps
 from .frames import DEFAULT_SEGMENT_BYTES
+from .opening import Durability, LocalOptions
 
 __all__ = [
     "DEFAULT_DEAD_SHARE",

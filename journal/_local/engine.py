@@ -2,12 +2,13 @@
 
 Bootstrap (creating or opening a store, its id, the cursor key ring, discarding a view
 that a reboot may have torn, a private view for read-only readers that cannot lock the
-store), the commit protocol, catch-up, reads and maintenance.
+store), the commit protocol, reads and maintenance.
 
 Commit protocol (SPEC 7.1): one thread at a time leads a group commit. In the LMDB write
 transaction (the writers' lock across processes) it indexes committed frames the view
-has not seen, cuts off a torn tail, plans every queued operation, writes their records
-as ONE frame, syncs it once, projects it, commits, and only then acknowledges the callers.
+has not seen and cuts off a torn tail (`catch_up`), plans every queued operation, writes
+their records as ONE frame, syncs it once, projects it, commits, and only then
+acknowledges the callers.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Final, Literal, TypeVar
+from typing import Final, TypeVar
 
 import lmdb
 import msgspec
@@ -49,7 +49,6 @@ from ..errors import (
     JournalError,
     ReadOnlyStore,
     SessionNotFound,
-    StoreIncompatible,
     StoreUnavailable,
 )
 from ..forking import INHERITED, TRANSACTIONS
@@ -63,9 +62,10 @@ from ..models import (
     VerifyProblem,
     VerifyReport,
 )
-from ..records import CheckpointTaken, IdempotencyKeyUsed, SnapshotTaken
+from ..records import CheckpointTaken, SnapshotTaken
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
+from .catch_up import CatchUp
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
 from .compaction import Compactions
@@ -79,8 +79,8 @@ from .failures import (
     store_wide,
     unavailable,
 )
-from .files import DEFAULT_FILE_OPS, FileOps, Permissions
-from .frames import DEFAULT_SEGMENT_BYTES, SEGMENT_HEADER_SIZE, FrameInfo
+from .files import DEFAULT_FILE_OPS, Permissions
+from .frames import FrameInfo
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import (
@@ -98,6 +98,7 @@ from .leases import (
 )
 from .log import SegmentLog, process_alive
 from .opening import (
+    LocalOptions,
     discard_view_after_reboot,
     key_ring_for,
     open_checked_view,
@@ -106,12 +107,11 @@ from .opening import (
 )
 from .planner import Planner, Request, SealRetention
 from .private_tail import PrivateTail
-from .projector import Projection, project_log, project_segments
+from .projector import Projection
 from .reader import ReaderCache, read_page
 from .recorded_policy import RecordedPolicy
 from .retention import SummaryCache, delete_segment_files
-from .segments import KnownZeros, LogHole
-from .sidecar import read_summary
+from .segments import LogHole
 from .store_file import (
     STORE_FORMAT,
     record_in_store,
@@ -120,33 +120,16 @@ from .store_file import (
 )
 from .stored import stored_record
 from .verify import verify_store
-from .view import Head
 from .view_codec import ListedRows
 
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
 _log: Final = logging.getLogger("journal")
 ResultT = TypeVar("ResultT")
-Durability = Literal["fsync", "os"]
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class LocalOptions:
-    """How to open a local store (the keywords of `Journal.open`, SPEC section 7)."""
-
-    create: bool = True
-    readonly: bool = False
-    durability: Durability = "fsync"
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES
-    retention: RetentionPolicy | None = None  # None: the store's recorded policy
-    compress_sealed: bool = False
-    key_ring: KeyRing | None = None
-    file_ops: FileOps | None = None
-    file_mode: int | None = None  # None: the store's recorded mode (0o600 for a new one)
 
 
 class LocalEngine:
@@ -252,14 +235,10 @@ class LocalEngine:
         # What retention needs of sealed segments' sidecars, within a byte budget.
         self.summaries = SummaryCache()
         self._retention_due = False
-        # What this writer's catch-ups found zero at the active segment's end (it compares
-        # only what was added since: `segments.KnownZeros`).
-        self._known_zeros = KnownZeros()
         # This process's first pass after a seal reads every row (the policy may have
         # changed since the last open); once one succeeded, later ones are narrow.
         self._first_sweep: Request | None = None
-        self._finished_interrupted = False
-        self._boot_recorded = False
+        self._catch_up = CatchUp(self.log, self.view, self.store_id, self._ops)
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
@@ -417,7 +396,7 @@ class LocalEngine:
         if isinstance(error, OSError):
             # Failed alone while it was planned (a compaction swap, a fix writing a
             # sidecar): what it interrupted is finished by the next catch-up.
-            self._finished_interrupted = False
+            self._catch_up.interrupted()
             raise unavailable(error) from error
         if error is not None:
             raise error
@@ -462,7 +441,7 @@ class LocalEngine:
                 error = unavailable(os_error)
                 # Work the failure interrupted (a seal, a rename) is finished by the next
                 # catch-up, as after a crash.
-                self._finished_interrupted = False
+                self._catch_up.interrupted()
             for r in batch:
                 r.result = None
                 r.error = error
@@ -481,7 +460,7 @@ class LocalEngine:
             # over, and no longer: the undo below takes the writer lock again.)
             with log.keeping_files_lock(), view.begin(write=True) as txn:
                 try:
-                    head = self._catch_up(txn)
+                    head = self._catch_up.run(txn)
                     hole = None
                 except LogHole as e:
                     # Only a verify(fix=True) goes on: it accepts the loss.
@@ -550,7 +529,7 @@ class LocalEngine:
                     raise
             _log.warning("a failed commit's frame was indexed by another writer: acknowledged")
         else:
-            self._remember_rows(batch, planner, projection, transaction_id)
+            self._rows.remember(batch, planner, projection, transaction_id, view)
         if planner.doomed:
             try:
                 freed = delete_segment_files(log, planner.doomed)
@@ -575,79 +554,6 @@ class LocalEngine:
             due = projection.nearest_new_deadline
             if due is not None and self.expiry is not None:
                 self.expiry.nearer(due)
-
-    def _remember_rows(
-        self, batch: list[Request], planner: Planner, projection: Projection, txn_id: int
-    ) -> None:
-        """Keep the rows a committed batch of plain appends wrote (`KnownRows`). Any other
-        operation, or a frame with records other than events and idempotency keys (a
-        creation, an expiry), forgets them: only appends are known to change nothing but
-        what the projection wrote."""
-        if (
-            not planner.records
-            or planner.rebuilt
-            or any(type(r.operation) is not Append for r in batch)
-            or any(type(record) is not IdempotencyKeyUsed for _, record in planner.others)
-        ):
-            self._rows.forget()
-            return
-        self._rows.keep(
-            projection.rows.values(), txn_id, projection.head.next_position, id(self.view.env)
-        )
-
-    def _catch_up(self, txn: lmdb.Transaction) -> Head:
-        """Index committed frames the view has not seen; position the writer after them."""
-        view = self.view
-        log = self.log
-        head = view.head(txn)
-        rebuilt = head is None  # (then a cut keeps a copy: below)
-        if head is not None:
-            log.cut_pending_frames((head.segment, head.end_offset, head.next_position))
-        if head is None:
-            stored = view.store_id(txn)
-            if stored is not None and stored != self.store_id:
-                raise StoreIncompatible("the index belongs to another store; delete index/")
-            view.put_store_id(txn, self.store_id)
-            if not log.bases():
-                log.start_first_segment()
-                log.record_feed_floor(0)  # (nothing pruned: a rebuild may trust the feed)
-                head = Head(1, SEGMENT_HEADER_SIZE, 1, 0)
-                view.put_head(txn, head)  # a new store's view says where its log ends
-            else:
-                # No view yet (new, deleted, or discarded after a reboot): rebuild it from
-                # the sidecars of sealed segments and a scan of the rest.
-                log.discard_unborn_tail()
-                log.finish_interrupted(rebuilding=True)
-                self._finished_interrupted = True
-                head = project_log(log, view, txn, record_floor=True)
-        if not self._boot_recorded:
-            if view.boot_id(txn) != BOOT_ID:
-                view.put_boot_id(txn, BOOT_ID)
-            self._boot_recorded = True
-        if not self._finished_interrupted and log.writer_at(
-            head.segment, head.end_offset, head.next_position
-        ):
-            # (After a failure: what it interrupted is finished even at the same place.)
-            log.finish_interrupted()
-            self._finished_interrupted = True
-        if log.writer_at(head.segment, head.end_offset, head.next_position):
-            return head
-        log.discard_unborn_tail()
-        if not self._finished_interrupted:
-            log.finish_interrupted()
-            self._finished_interrupted = True
-        indexed_from = head.next_position
-        projection = Projection(view, txn, head, self._ops)
-        for base in project_segments(log, projection, known_zeros=self._known_zeros):
-            if read_summary(log.directory, base) is None:
-                log.seal(base)
-        projection.flush()
-        head = projection.head
-        # Bytes past a head the view recorded never committed; past one read from the log
-        # (a rebuild, frames indexed here) a cut keeps a copy first (SPEC 3.3).
-        kept = rebuilt or head.next_position != indexed_from
-        log.attach_writer(head.segment, head.end_offset, head.next_position, kept)
-        return head
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """What opening a store prepares besides `store.json`: the cursor key ring, and the view,
-checked against a reboot (LMDB's own sync is off) and against damage before it is mapped.
+checked against a reboot (LMDB's own sync is off) and against damage before it is mapped;
+and the options a store is opened with (`LocalOptions`, the keywords of `Journal.open`).
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Literal
 
 import lmdb
 
 from cursors import KeyRing, KeyRingError
 
 from ..errors import JournalCorrupt
-from ..models import VerifyProblem
-from .files import NotRegularFile, Permissions, open_regular, write_atomic
+from ..models import RetentionPolicy, VerifyProblem
+from .files import FileOps, NotRegularFile, Permissions, open_regular, write_atomic
 from .frames import (
     COMPRESSED_SUFFIX,
+    DEFAULT_SEGMENT_BYTES,
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
@@ -41,12 +44,32 @@ from .view_file import ViewDamaged, inspect_view, replace_view
 from .writer import data_end
 
 __all__ = [
+    "Durability",
+    "LocalOptions",
     "discard_view_after_reboot",
     "key_ring_for",
     "open_checked_view",
     "open_reader_view",
     "remove_private_view",
 ]
+
+Durability = Literal["fsync", "os"]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalOptions:
+    """How to open a local store (the keywords of `Journal.open`, SPEC section 7)."""
+
+    create: bool = True
+    readonly: bool = False
+    durability: Durability = "fsync"
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    retention: RetentionPolicy | None = None  # None: the store's recorded policy
+    compress_sealed: bool = False
+    key_ring: KeyRing | None = None
+    file_ops: FileOps | None = None
+    file_mode: int | None = None  # None: the store's recorded mode (0o600 for a new one)
+
 
 _log: Final = logging.getLogger("journal")
 
