@@ -30,7 +30,7 @@ from _view_entries import read_locations, replace_location, sealed_location
 
 from journal import EventIn, Journal, JournalCorrupt
 from journal._local.lmdbfile import pages_in_use
-from journal._local.view import inspect_view
+from journal._local.view_file import inspect_view
 
 TRIALS = os.path.join(os.path.dirname(__file__), "_damage_trials.py")
 ALLOWED = {"correct", "reported", "JournalCorrupt"}

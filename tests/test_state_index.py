@@ -30,7 +30,7 @@ from journal import (
     SessionExists,
     SessionState,
 )
-from journal._local.view import VIEW_FORMAT
+from journal._local.view_file import VIEW_FORMAT
 
 DAY_MS = 24 * 3600 * 1000
 # Ids whose byte order is not their length order, a prefix of another, non-ASCII.

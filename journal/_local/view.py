@@ -84,22 +84,17 @@ from .view_file import (
     FORMAT_KEY,
     INITIAL_MAP_SIZE,
     VIEW_FORMAT,
-    ViewDamaged,
     ViewFile,
     inspect_view,
     replace_view,
 )
 
 __all__ = [
-    "VIEW_FORMAT",
     "Head",
     "IdemEntry",
     "Location",
     "View",
-    "ViewDamaged",
     "corrupt",
-    "inspect_view",
-    "replace_view",
 ]
 
 # Staged imports are keyed by ids starting with NUL; every id a caller can name is above.
