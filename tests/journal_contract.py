@@ -545,10 +545,12 @@ class JournalContract:
         assert j.get_session("due").state is SessionState.EXPIRED
 
     def test_expire_due_ignores_resumed_and_terminal_sessions(self, j: Journal) -> None:
-        j.create_session("resumed", max_suspend_ms=100)
+        # (Deadlines a minute away: 100 ms passed between the calls on a loaded machine,
+        # and the session expired before its resume, CI run 71.)
+        j.create_session("resumed", max_suspend_ms=60_000)
         j.suspend_session("resumed")
         j.resume_session("resumed")
-        j.create_session("resolved", ttl_ms=100)
+        j.create_session("resolved", ttl_ms=60_000)
         resolved = j.resolve_session("resolved")
         far = int(time.time() * 1000) + 3 * SEVEN_DAYS_MS
         assert j.expire_due(now_ms=far) == []
