@@ -122,12 +122,15 @@ def not_a_batch(events: object) -> bool:
 
 def batch_refused(events: object) -> InvalidArgument:
     """The error of an append whose `events` are not a batch (`not_a_batch`)."""
-    hint = (
-        " (a generator or iterator: pass list(...) of it)" if isinstance(events, Iterator) else ""
-    )
-    return InvalidArgument(
-        f"events must be a list or tuple of EventIn, got a {type(events).__name__}{hint}"
-    )
+    if isinstance(events, EventIn):
+        hint = ": pass one event in a list, [event]"
+    elif isinstance(events, Iterator):
+        hint = " (a generator or iterator: pass list(...) of it)"
+    else:
+        hint = ""
+    name = type(events).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    return InvalidArgument(f"events must be a list or tuple of EventIn, got {article} {name}{hint}")
 
 
 def metadata_bytes(

@@ -742,6 +742,24 @@ class JournalContract:
         assert "pass list(...)" in str(refused.value)
         assert j.append("s1", tuple(evs(b"a", b"b"))).last_ordinal == 2
 
+    def test_one_event_not_in_a_list_is_refused_saying_to_wrap_it(self, j: Journal) -> None:
+        # A runtime author's first append passed one EventIn: the message read "got a
+        # EventIn" and did not say what to pass (a turn's append says the same).
+        j.create_session("s1")
+        one = EventIn(type="m", data=b"a")
+        with raises(InvalidArgument) as refused:
+            j.append("s1", one)  # type: ignore[arg-type]
+        assert "got an EventIn: pass one event in a list, [event]" in str(refused.value)
+        with raises(InvalidArgument) as refused:
+            j.append("s1", 5)  # type: ignore[arg-type]
+        assert "got an int" in str(refused.value)
+        with j.own("s1") as owner, owner.turn("r1") as turn:
+            with raises(InvalidArgument) as refused:
+                turn.append(one)  # type: ignore[arg-type]
+            assert "[event]" in str(refused.value)
+            turn.append([one])
+        assert [e.type for e in j.replay("s1")] == ["turn_started", "m", "turn_result"]
+
     def test_event_larger_than_max_event_bytes_is_refused(self, j: Journal) -> None:
         limit = journal.MAX_EVENT_BYTES
         assert limit == 8 << 20
