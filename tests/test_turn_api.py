@@ -17,7 +17,15 @@ from unittest.mock import ANY
 
 import pytest
 
-from journal import EventIn, InvalidArgument, Journal, Owner, StoreUnavailable, Turn
+from journal import (
+    EventIn,
+    InvalidArgument,
+    Journal,
+    Owner,
+    SessionNotWritable,
+    StoreUnavailable,
+    Turn,
+)
 from journal._local.files import FileOps
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
@@ -99,6 +107,27 @@ def test_cancel_after_the_turn_ended_says_it_changed_nothing(tmp_path: Path) -> 
             "cancelled": {"status": "cancelled"},
             "made": {"status": "cancelled"},
         }
+
+
+def test_a_session_cancelled_by_another_process_mid_turn_is_met_at_the_next_append(
+    tmp_path: Path,
+) -> None:
+    """README: a supervisor process cannot reach turn.cancel(); ending the session does
+    not wake wait_cancelled, and the block learns it at its next append."""
+    store = tmp_path / "store"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    supervisor = [sys.executable, "-m", "cli", "--store", str(store), "sessions", "cancel", "s"]
+    with Journal.open(store) as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            with pytest.raises(SessionNotWritable), owner.turn("r1") as turn:
+                subprocess.run(supervisor, check=True, capture_output=True, env=env)
+                assert turn.wait_cancelled(0.3) is False and not turn.cancelled
+                turn.append([EventIn("m", b"{}")])
+            assert turn.result is None
+        assert j.get_session("s").open_turn == "r1"
+        assert [e.type for e in j.replay("s")] == ["turn_started"]
 
 
 def test_a_cancel_racing_the_end_of_the_block_says_what_was_recorded(tmp_path: Path) -> None:
