@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
+from typing import Final
 
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, check_seconds, not_a_batch
@@ -212,6 +213,11 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
     return Owner(lease, info, writer, row.turn_request_id)
 
 
+# An owner reads the history again once it keeps more than twice the results its last
+# read found, plus this many.
+_REREAD_SLACK: Final = 64
+
+
 class _EndedTurns:
     """The recorded results of the session's ended turns by request id: read from its
     retained events once, when first asked (`replay` replays them), then kept up to date
@@ -222,6 +228,7 @@ class _EndedTurns:
     def __init__(self, replay: Callable[[], Iterable[Event]]) -> None:
         self._replay = replay
         self._results: dict[str, tuple[bytes, str]] | None = None  # (data, its cursor)
+        self._read = 0  # how many results the last read found
         # (a result recorded by the turn's thread while another thread's owner.turn()
         # reads the history waits for the read, so that it is not lost)
         self._lock = threading.Lock()
@@ -236,12 +243,19 @@ class _EndedTurns:
                     for e in self._replay()
                     if e.type == TURN_RESULT and e.request_id is not None
                 }
+                self._read = len(self._results)
             return self._results.get(request_id)
 
     def recorded(self, request_id: str, data: bytes, cursor: str) -> None:
         with self._lock:
-            if self._results is not None:
-                self._results[request_id] = (data, cursor)
+            results = self._results
+            if results is not None:
+                results[request_id] = (data, cursor)
+                if len(results) > 2 * self._read + _REREAD_SLACK:
+                    # Forget, and read the retained history again at the next find: the
+                    # results trimmed away since go (a held owner's memory follows the
+                    # retained history, not every turn it ever ran).
+                    self._results = None
 
 
 class TurnWriter:

@@ -5,6 +5,7 @@ retention dropped is forgotten."""
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -12,6 +13,8 @@ import pickle
 import signal
 import subprocess
 import sys
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -276,3 +279,41 @@ def test_an_imported_sessions_ended_turns_are_remembered(tmp_path: Path) -> None
             assert info.value.result == {"status": "unreadable", "data": "not json"}
             with owner.turn("r3"):
                 pass
+
+
+def _kept_by_turns(run: Callable[[int], None], count: int) -> int:
+    """How many blocks allocated under journal/turns.py are still alive after `run(count)`
+    turns (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start(8)
+    try:
+        run(count)
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    kept = snapshot.filter_traces([tracemalloc.Filter(True, "*journal/turns.py", all_frames=True)])
+    return sum(stat.count for stat in kept.statistics("filename"))
+
+
+def test_an_owner_held_for_many_turns_keeps_only_the_retained_results(tmp_path: Path) -> None:
+    """An owner held for good (a runtime's, for months) kept the result of every turn it
+    ever ran, by request id, also those retention trimmed away (about 300 bytes a turn,
+    found by a soak: 10 MB after 27,000 turns of one session): what it keeps follows the
+    retained history now (it reads it again once it keeps twice what it last read)."""
+    with Journal.open(tmp_path, durability="os", segment_bytes=16 << 10) as j:
+        j.create_session("s", max_history_bytes=8 << 10)
+        with j.own("s") as owner:
+            done = [0]
+
+            def run(count: int) -> None:
+                for _ in range(count):
+                    with owner.turn(request_id=f"r{done[0]}") as turn:
+                        turn.append([EventIn(type="message", data=b"x" * 200)])
+                    done[0] += 1
+
+            run(100)  # (the history read once, the window filled)
+            few = _kept_by_turns(run, 200)
+            many = _kept_by_turns(run, 2000)
+        assert j.get_session("s").first_ordinal > 3 * 2000  # trimmed: a few turns kept
+    assert many < 2 * few + 200, (few, many)
