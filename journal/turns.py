@@ -214,8 +214,10 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
 
 
 # An owner reads the history again once it keeps more than twice the results its last
-# read found, plus this many.
+# read found (at least its events / _EVENTS_PER_TURN_READ), plus _REREAD_SLACK: at most
+# about 16 events read again per turn.
 _REREAD_SLACK: Final = 64
+_EVENTS_PER_TURN_READ: Final = 16
 
 
 class _EndedTurns:
@@ -228,7 +230,7 @@ class _EndedTurns:
     def __init__(self, replay: Callable[[], Iterable[Event]]) -> None:
         self._replay = replay
         self._results: dict[str, tuple[bytes, str]] | None = None  # (data, its cursor)
-        self._read = 0  # how many results the last read found
+        self._read = 0  # the results the last read found (or its events / 16)
         # (a result recorded by the turn's thread while another thread's owner.turn()
         # reads the history waits for the read, so that it is not lost)
         self._lock = threading.Lock()
@@ -238,12 +240,15 @@ class _EndedTurns:
             if self._results is None:
                 # (the last result of a request id wins: a turn whose start failed and
                 # was settled as failed may have been run again, by an older release)
-                self._results = {
-                    e.request_id: (e.data, e.cursor)
-                    for e in self._replay()
-                    if e.type == TURN_RESULT and e.request_id is not None
-                }
-                self._read = len(self._results)
+                results: dict[str, tuple[bytes, str]] = {}
+                events = 0
+                for e in self._replay():
+                    events += 1
+                    if e.type == TURN_RESULT and e.request_id is not None:
+                        results[e.request_id] = (e.data, e.cursor)
+                self._results = results
+                # (a long history of few turns is not read again every few turns)
+                self._read = max(len(results), events // _EVENTS_PER_TURN_READ)
             return self._results.get(request_id)
 
     def recorded(self, request_id: str, data: bytes, cursor: str) -> None:
