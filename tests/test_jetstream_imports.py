@@ -451,6 +451,18 @@ def _importer(
     )
 
 
+def _killed_once_staged(url: str, name: str, archive: Path) -> None:
+    """An importer of `archive` into store `name`, SIGKILLed once it staged its first
+    session (a dead importer's staging left behind)."""
+    child = _importer(_IMPORTER, url, name, archive)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"staged\n"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
 @pytest.mark.parametrize("cleaner", ["retention", "import"])
 def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
     url: str, tmp_path: Path, cleaner: str
@@ -469,13 +481,7 @@ def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
-    child = _importer(_IMPORTER, url, name, path)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"staged\n"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    _killed_once_staged(url, name, path)
     assert _staged_messages(url, name, "big") > 0
     with Journal.open(url, store=name) as j:
         assert list(j.list_sessions()) == []
@@ -954,13 +960,7 @@ def test_an_id_created_while_an_import_rolls_back_a_dead_importer_is_session_exi
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
-    child = _importer(_IMPORTER, url, name, path)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"staged\n"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    _killed_once_staged(url, name, path)
     assert _staged_row(url, name, "a")
     other = Journal.open(url, store=name)
     reached: list[object] = []
