@@ -364,7 +364,7 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
         invoke(store, "sessions", "create", session)
     command = " ".join(shlex.quote(p) for p in [*CLI, "--store", str(store), "--format", "json"])
 
-    def watch(extra: str, lines: int) -> list[dict[str, Any]]:
+    def printed(command: str, extra: str, lines: int) -> list[str]:
         result = subprocess.run(
             ["bash", "-c", f"{command} sessions watch {extra} | head -n {lines}"],
             cwd=ROOT,
@@ -374,7 +374,10 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
             check=False,
         )
         assert result.returncode == 0, result.stderr
-        return [json.loads(line) for line in result.stdout.splitlines()]
+        return result.stdout.splitlines()
+
+    def watch(extra: str, lines: int) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in printed(command, extra, lines)]
 
     first = watch("", 2)
     assert [(r["session"]["session_id"], r["in_snapshot"]) for r in first] == [
@@ -389,16 +392,7 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
     ]
     # In text, a snapshot event says so: "created" alone read as a session just made.
     text = command.replace("--format json", "--format text")
-    result = subprocess.run(
-        ["bash", "-c", f"{text} sessions watch --cursor {first[-1]['cursor']} | head -n 2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
+    assert printed(text, f"--cursor {first[-1]['cursor']}", 2) == [
         "created aa state=open",
         "created c state=open (in the startup snapshot)",
     ]
