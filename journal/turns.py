@@ -262,6 +262,12 @@ class _EndedTurns:
                     # retained history, not every turn it ever ran).
                     self._results = None
 
+    def forget(self) -> None:
+        """Read the retained history again at the next find (a result this owner wrote
+        whose reply was lost is in it, not here)."""
+        with self._lock:
+            self._results = None
+
 
 class TurnWriter:
     """How an owner writes, under `lease` (given by the facade): turn events, and
@@ -347,14 +353,19 @@ class TurnWriter:
         lost reply). Only this owner writes turn events while it holds the lease, so the
         open turn cannot change between the read and the write. A turn whose start
         failed, started again as the next (`next_request_id`), gets no result: its block
-        never ran, and the new start opens it again. Raises what the write raises (the
-        result stays remembered)."""
+        never ran, and the new start opens it again. A result that committed after all
+        is in the history only: the owner reads that again at its next find. Raises what
+        the write raises (the result stays remembered)."""
         unrecorded = self._unrecorded
         if unrecorded is None:
             return
         request_id, data, ran = unrecorded
         if (ran or request_id != next_request_id) and self._open_turn() == request_id:
             self.turn_event(TURN_RESULT, request_id, data)
+        elif ran:
+            # Its result committed after all (the reply was lost): it is in the history
+            # only, so the next find reads that again rather than run the turn twice.
+            self._ended.forget()
         self._unrecorded = None
 
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:

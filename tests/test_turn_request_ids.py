@@ -224,6 +224,48 @@ def test_a_turn_whose_start_failed_may_be_started_again(tmp_path: Path) -> None:
     assert results == [{"status": "completed"}]
 
 
+def test_a_turn_whose_result_committed_with_a_lost_reply_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """The result's write committed but its caller got an error (a Ctrl+C held until the
+    commit was done; on JetStream a lost reply): the owner's next turn found the turn
+    ended and recorded nothing, and then forgot it, since the owner had read the history
+    before the result and never saw it recorded, so the request id ran a second time
+    though its result was readable. The owner now reads the history again."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted("interrupted as the result was written")
+
+    ops = _SignalAsTheStartCommits()
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+            j.create_session("s")
+            with j.own("s") as owner:
+                with pytest.raises(_Interrupted), owner.turn("r1"):
+                    ops.armed = True
+                assert not ops.armed and j.get_session("s").open_turn is None
+                with pytest.raises(TurnSettled, match="not recorded yet"):
+                    owner.turn("r1")
+                with owner.turn("r2"):
+                    pass
+                with pytest.raises(TurnSettled) as info:
+                    owner.turn("r1")
+                assert info.value.result == {"status": "completed"}
+                assert info.value.cursor == next(
+                    e.cursor for e in j.replay("s") if e.type == "turn_result"
+                )
+            events = _turn_events(j)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert events == [
+        ("turn_started", "r1"),
+        ("turn_result", "r1"),
+        ("turn_started", "r2"),
+        ("turn_result", "r2"),
+    ]
+
+
 def test_a_request_id_whose_result_was_compacted_away_runs_again(tmp_path: Path) -> None:
     """Request ids are remembered while their turn's result is readable (after the
     session's latest snapshot or trim): one whose result a snapshot covers starts a new
