@@ -231,35 +231,24 @@ def test_a_restarted_runtime_folds_its_session_after_own_to_hold_the_recovered_t
     store = tmp_path / "store"
     with Journal.open(store) as j:
         j.create_session("s")
-    child = subprocess.Popen(
-        [sys.executable, "-c", _MID_TURN, str(store)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=_child_env(),
-    )
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+    with _child_mid_turn(_MID_TURN, str(store)) as child:
         child.send_signal(signal.SIGKILL)
         child.wait(10)
-        settled = lambda n, e: n + (e.type == "turn_result")  # noqa: E731
-        with Journal.open(store) as j:
-            errors: list[BaseException] = []
-            early = j.fold("s", settled, 0)
-            following = j.fold("s", settled, 0, follow=True, on_error=errors.append)
-            deadline = time.monotonic() + 10
-            while following.following and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert not following.following
-            assert [type(e) for e in errors] == [OutcomeUnknown]
-            with j.own("s") as owner:
-                assert owner.recovered_turn == "r-killed"
-                assert early.state == following.state == 0  # taken before own(): stale
-                assert j.fold("s", settled, 0).state == 1  # after own(): the result
-                assert early.refresh() == 1
-    finally:
-        child.kill()
-        child.wait(10)
+    settled = lambda n, e: n + (e.type == "turn_result")  # noqa: E731
+    with Journal.open(store) as j:
+        errors: list[BaseException] = []
+        early = j.fold("s", settled, 0)
+        following = j.fold("s", settled, 0, follow=True, on_error=errors.append)
+        deadline = time.monotonic() + 10
+        while following.following and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not following.following
+        assert [type(e) for e in errors] == [OutcomeUnknown]
+        with j.own("s") as owner:
+            assert owner.recovered_turn == "r-killed"
+            assert early.state == following.state == 0  # taken before own(): stale
+            assert j.fold("s", settled, 0).state == 1  # after own(): the result
+            assert early.refresh() == 1
 
 
 _EXECS_MID_TURN = """
