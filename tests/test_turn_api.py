@@ -16,6 +16,7 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
 
 from journal import (
     EventIn,
@@ -199,19 +200,6 @@ class _Interrupted(Exception):
     """What the test's SIGUSR1 handler raises (a Ctrl+C's KeyboardInterrupt, tamed)."""
 
 
-class _SignalAsTheStartCommits(FileOps):
-    """Raises SIGUSR1 in the committing thread as the next commit's LMDB transaction is
-    about to commit (fault point commit.view_commit); the journal holds the handler's
-    exception until the commit is done, so the caller gets it for a committed write."""
-
-    armed = False
-
-    def point(self, name: str, detail: object = None) -> None:
-        if self.armed and name == "commit.view_commit":
-            self.armed = False
-            signal.raise_signal(signal.SIGUSR1)
-
-
 def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_next(
     tmp_path: Path,
 ) -> None:
@@ -222,25 +210,21 @@ def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_next(
     The next turn now records it as failed first; a start that did not commit is not
     recorded."""
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise _Interrupted("interrupted as the turn started")
-
-    ops = _SignalAsTheStartCommits()
-    previous = signal.signal(signal.SIGUSR1, interrupt)
-    try:
-        with Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j:
-            j.create_session("s")
-            with j.own("s") as owner:
-                ops.armed = True
-                with pytest.raises(_Interrupted), owner.turn("r1"):
-                    pytest.fail("the block ran though its start raised")
-                assert not ops.armed
-                assert j.get_session("s").open_turn == "r1"
-                with owner.turn("r2"):
-                    pass
-            stored = [(e.type, e.request_id, json.loads(e.data)) for e in j.replay("s")]
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    ops = SignalAtNextCommit()
+    with (
+        raising_on_sigusr1(_Interrupted("interrupted as the turn started")),
+        Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        with j.own("s") as owner:
+            ops.armed = True
+            with pytest.raises(_Interrupted), owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+            assert not ops.armed
+            assert j.get_session("s").open_turn == "r1"
+            with owner.turn("r2"):
+                pass
+        stored = [(e.type, e.request_id, json.loads(e.data)) for e in j.replay("s")]
     assert stored == [
         ("turn_started", "r1", {}),
         (

@@ -19,6 +19,7 @@ from pathlib import Path
 from unittest.mock import ANY
 
 import pytest
+from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
 from test_archives import _craft, _session
 
 from journal import EventIn, Journal, StoreUnavailable, TurnSettled
@@ -172,27 +173,11 @@ class _Interrupted(Exception):
     """What the test's SIGUSR1 handler raises (a Ctrl+C's KeyboardInterrupt, tamed)."""
 
 
-class _SignalAsTheStartCommits(FileOps):
-    """Raises SIGUSR1 in the committing thread as the next commit's LMDB transaction is
-    about to commit (fault point commit.view_commit); the journal holds the handler's
-    exception until the commit is done, so the caller gets it for a committed write."""
-
-    armed = False
-
-    def point(self, name: str, detail: object = None) -> None:
-        if self.armed and name == "commit.view_commit":
-            self.armed = False
-            signal.raise_signal(signal.SIGUSR1)
-
-
 def test_a_turn_whose_start_failed_may_be_started_again(tmp_path: Path) -> None:
     """Its block never ran, so its request id is not used up: whether the start did not
     commit or committed with the caller getting an error (a Ctrl+C held until the commit
     was done), the retry runs the turn and records one result for it, not a failed one
     first (which would make the request id's history say it failed)."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise _Interrupted("interrupted as the turn started")
 
     failing = _FailCommits()
     with Journal.open(tmp_path / "lost", durability="os", file_ops=failing) as j:
@@ -204,22 +189,21 @@ def test_a_turn_whose_start_failed_may_be_started_again(tmp_path: Path) -> None:
             with owner.turn("r1") as turn:
                 turn.append([EventIn("m", b"{}")])
         assert _turn_events(j) == [("turn_started", "r1"), ("turn_result", "r1")]
-    signalling = _SignalAsTheStartCommits()
-    previous = signal.signal(signal.SIGUSR1, interrupt)
-    try:
-        with Journal.open(tmp_path / "committed", durability="os", file_ops=signalling) as j:
-            j.create_session("s")
-            with j.own("s") as owner:
-                signalling.armed = True
-                with pytest.raises(_Interrupted), owner.turn("r1"):
-                    pytest.fail("the block ran though its start raised")
-                assert not signalling.armed and j.get_session("s").open_turn == "r1"
-                with owner.turn("r1") as turn:
-                    turn.append([EventIn("m", b"{}")])
-            events = _turn_events(j)
-            results = [json.loads(e.data) for e in j.replay("s") if e.type == "turn_result"]
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    signalling = SignalAtNextCommit()
+    with (
+        raising_on_sigusr1(_Interrupted("interrupted as the turn started")),
+        Journal.open(tmp_path / "committed", durability="os", file_ops=signalling) as j,
+    ):
+        j.create_session("s")
+        with j.own("s") as owner:
+            signalling.armed = True
+            with pytest.raises(_Interrupted), owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+            assert not signalling.armed and j.get_session("s").open_turn == "r1"
+            with owner.turn("r1") as turn:
+                turn.append([EventIn("m", b"{}")])
+        events = _turn_events(j)
+        results = [json.loads(e.data) for e in j.replay("s") if e.type == "turn_result"]
     assert events == [("turn_started", "r1"), ("turn_started", "r1"), ("turn_result", "r1")]
     assert results == [{"status": "completed"}]
 
@@ -233,31 +217,27 @@ def test_a_turn_whose_result_committed_with_a_lost_reply_is_not_run_again(
     before the result and never saw it recorded, so the request id ran a second time
     though its result was readable. The owner now reads the history again."""
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise _Interrupted("interrupted as the result was written")
-
-    ops = _SignalAsTheStartCommits()
-    previous = signal.signal(signal.SIGUSR1, interrupt)
-    try:
-        with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
-            j.create_session("s")
-            with j.own("s") as owner:
-                with pytest.raises(_Interrupted), owner.turn("r1"):
-                    ops.armed = True
-                assert not ops.armed and j.get_session("s").open_turn is None
-                with pytest.raises(TurnSettled, match="not recorded yet"):
-                    owner.turn("r1")
-                with owner.turn("r2"):
-                    pass
-                with pytest.raises(TurnSettled) as info:
-                    owner.turn("r1")
-                assert info.value.result == {"status": "completed"}
-                assert info.value.cursor == next(
-                    e.cursor for e in j.replay("s") if e.type == "turn_result"
-                )
-            events = _turn_events(j)
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    ops = SignalAtNextCommit()
+    with (
+        raising_on_sigusr1(_Interrupted("interrupted as the result was written")),
+        Journal.open(tmp_path, durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        with j.own("s") as owner:
+            with pytest.raises(_Interrupted), owner.turn("r1"):
+                ops.armed = True
+            assert not ops.armed and j.get_session("s").open_turn is None
+            with pytest.raises(TurnSettled, match="not recorded yet"):
+                owner.turn("r1")
+            with owner.turn("r2"):
+                pass
+            with pytest.raises(TurnSettled) as info:
+                owner.turn("r1")
+            assert info.value.result == {"status": "completed"}
+            assert info.value.cursor == next(
+                e.cursor for e in j.replay("s") if e.type == "turn_result"
+            )
+        events = _turn_events(j)
     assert events == [
         ("turn_started", "r1"),
         ("turn_result", "r1"),
