@@ -316,23 +316,29 @@ def test_watch_of_a_resolved_session_ends_by_itself(store: Path) -> None:
     ]
 
 
+def _into_head(
+    store: Path, args: str, lines: int, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """`journal --store STORE OPTIONS ARGS | head -n LINES` in bash, with pipefail: the
+    status is the journal's when it is not 0."""
+    command = " ".join(shlex.quote(part) for part in [*CLI, "--store", str(store), *options])
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} {args} | head -n {lines}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+
+
 def test_watch_piped_into_head_exits_cleanly(store: Path) -> None:
     # more output than a pipe buffers, so the watch really writes into a closed pipe
     lines = "".join(json.dumps({"data": f"{i:05d}" + "x" * 100}) + "\n" for i in range(3000))
     invoke(store, "append", "-s", "big", "--create", stdin=lines.encode())
     invoke(store, "sessions", "resolve", "big")
     for fmt in ("json", "text"):
-        command = " ".join(
-            shlex.quote(part) for part in [*CLI, "--store", str(store), "--format", fmt]
-        )
-        result = subprocess.run(
-            ["bash", "-c", f"set -o pipefail; {command} watch -s big | head -n 1"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        result = _into_head(store, "watch -s big", 1, "--format", fmt)
         assert result.returncode == 0, result.stderr
         assert result.stderr == ""
         (line,) = result.stdout.splitlines()
@@ -343,16 +349,8 @@ def test_watch_piped_into_head_exits_cleanly(store: Path) -> None:
 def test_following_an_open_session_ends_when_head_is_done(store: Path) -> None:
     # no further event will come: the watch must notice the reader left, not wait forever
     invoke(store, "append", "-s", "open", "--create", "a", "b")
-    command = " ".join(shlex.quote(part) for part in [*CLI, "--store", str(store)])
     for args in ("watch -s open", "sessions watch"):
-        result = subprocess.run(
-            ["bash", "-c", f"set -o pipefail; {command} {args} | head -n 1"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+        result = _into_head(store, args, 1)
         assert result.returncode == 0, result.stderr
         assert result.stderr == "" and len(result.stdout.splitlines()) == 1
 
@@ -362,22 +360,14 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
     resumed from inside it), false for a live change; one object per line."""
     for session in ("a", "b", "c"):
         invoke(store, "sessions", "create", session)
-    command = " ".join(shlex.quote(p) for p in [*CLI, "--store", str(store), "--format", "json"])
 
-    def printed(command: str, extra: str, lines: int) -> list[str]:
-        result = subprocess.run(
-            ["bash", "-c", f"{command} sessions watch {extra} | head -n {lines}"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
+    def printed(fmt: str, extra: str, lines: int) -> list[str]:
+        result = _into_head(store, f"sessions watch {extra}", lines, "--format", fmt)
         assert result.returncode == 0, result.stderr
         return result.stdout.splitlines()
 
     def watch(extra: str, lines: int) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in printed(command, extra, lines)]
+        return [json.loads(line) for line in printed("json", extra, lines)]
 
     first = watch("", 2)
     assert [(r["session"]["session_id"], r["in_snapshot"]) for r in first] == [
@@ -391,8 +381,7 @@ def test_sessions_watch_tells_snapshot_events_from_live_ones(store: Path) -> Non
         ("created", "c", True),
     ]
     # In text, a snapshot event says so: "created" alone read as a session just made.
-    text = command.replace("--format json", "--format text")
-    assert printed(text, f"--cursor {first[-1]['cursor']}", 2) == [
+    assert printed("text", f"--cursor {first[-1]['cursor']}", 2) == [
         "created aa state=open",
         "created c state=open (in the startup snapshot)",
     ]
