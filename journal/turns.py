@@ -446,6 +446,9 @@ class Turn:
         self._slot.start(self)
         self._entered = True
         try:
+            # Again, now that the slot is this turn's: another thread's turn of the same
+            # request id may have ended since `owner.turn()` checked (it would run again).
+            self._writer.check_new(self.request_id)
             self._writer.record_unrecorded(self.request_id)
             try:
                 self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
@@ -609,8 +612,9 @@ class Owner:
 
         A request id runs once: `TurnSettled` (with the recorded result) when the session's
         retained history holds a result for it, or this owner's result of it is not
-        recorded yet. The first call of an owner reads the session's retained events for
-        that; a turn whose start raised may be started again with its request id."""
+        recorded yet (entering the turn checks again). The first call of an owner reads
+        the session's retained events for that; a turn whose start raised may be started
+        again with its request id."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")

@@ -13,18 +13,21 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from unittest.mock import ANY
 
 import pytest
 from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
 from test_archives import _craft, _session
 
-from journal import EventIn, Journal, StoreUnavailable, TurnSettled
+from journal import EventIn, Journal, Owner, StoreUnavailable, TurnSettled
 from journal._local.files import FileOps
 from journal.archive import ArchiveEvent
+from journal.turns import TurnWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_CODE = "WATCH_OUTCOME_UNKNOWN"
@@ -167,6 +170,53 @@ def test_a_turn_whose_result_write_failed_is_not_run_again(tmp_path: Path) -> No
             ("turn_started", "r2"),
             ("turn_result", "r2"),
         ]
+
+
+def test_a_turn_ended_by_another_thread_while_one_was_made_does_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """`owner.turn(id)` checked that `id` had not ended before it took the owner's turn
+    slot: a thread whose call had checked, when another thread's turn of the same id then
+    ran and ended, entered a turn that ran again (a second `turn_started`). Entering a
+    turn checks again once it holds the slot. The first thread is held right after its
+    check by a trace function (no code of the journal patched)."""
+    checked, go = threading.Event(), threading.Event()
+    check_new = TurnWriter.check_new.__code__
+
+    def hold_after_check(frame: FrameType, event: str, _arg: object) -> object:
+        if event == "call" and frame.f_code is check_new:
+            return hold_after_check
+        if event == "return" and frame.f_code is check_new:
+            checked.set()
+            assert go.wait(10)
+        return None
+
+    outcome: list[BaseException | str] = []
+
+    def late(owner: Owner) -> None:
+        sys.settrace(hold_after_check)
+        try:
+            turn = owner.turn("r1")
+        finally:
+            sys.settrace(None)
+        try:
+            with turn:
+                outcome.append("ran")
+        except BaseException as error:
+            outcome.append(error)
+
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            worker = threading.Thread(target=late, args=(owner,))
+            worker.start()
+            assert checked.wait(10)
+            with owner.turn("r1"):
+                pass
+            go.set()
+            worker.join(10)
+            assert len(outcome) == 1 and isinstance(outcome[0], TurnSettled), outcome
+        assert _turn_events(j) == [("turn_started", "r1"), ("turn_result", "r1")]
 
 
 class _Interrupted(Exception):
