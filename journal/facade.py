@@ -93,6 +93,7 @@ from .session_cursors import SessionCursors
 from .sessions import SessionRow, TransitionKind, metadata, metadata_page, recorded_owner
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
+from .turn_results import KeptTurnResults
 from .turns import Owner, TurnWriter, take_over
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
@@ -118,6 +119,7 @@ class Journal:
     _lifecycle: LifecycleFeed
     _deliveries: Deliveries
     _events: EventChecker
+    _kept_turns: KeptTurnResults
     _read_threads: ReadThreads | None
     _cursors: SessionCursors
     _pages: EventPages
@@ -187,6 +189,7 @@ class Journal:
         self._pages = pages = EventPages(engine, cursors)
         self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
+        self._kept_turns = KeptTurnResults()
         # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
         self._read_threads = threads = ReadThreads() if engine.reads_block else None
 
@@ -498,8 +501,9 @@ class Journal:
             lease,
             self._events.append,
             partial(self._committed, session_id),
-            lambda: self._row(session_id).turn_request_id,
+            partial(self._row, session_id),
             partial(self.replay, session_id),
+            self._kept_turns,
         )
         return take_over(self._engine, lease, writer)
 

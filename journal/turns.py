@@ -11,7 +11,6 @@ import json
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Final
 
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, check_seconds, not_a_batch
@@ -28,6 +27,7 @@ from .errors import (
 from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
 from .sessions import SessionRow, recorded_owner
+from .turn_results import EndedTurns, KeptTurnResults
 
 __all__ = [
     "OUTCOME_UNKNOWN_RESULT",
@@ -213,82 +213,29 @@ def take_over(engine: Engine, lease: Lease, writer: TurnWriter) -> Owner:
     return Owner(lease, info, writer, row.turn_request_id)
 
 
-# An owner reads the history again once it keeps more than twice the results its last
-# read found (at least its events / _EVENTS_PER_TURN_READ), plus _REREAD_SLACK: at most
-# about 16 events read again per turn.
-_REREAD_SLACK: Final = 64
-_EVENTS_PER_TURN_READ: Final = 16
-
-
-class _EndedTurns:
-    """The recorded results of the session's ended turns by request id: read from its
-    retained events once, when first asked (`replay` replays them), then kept up to date
-    with the results this owner records, since only the lease's holder writes turn
-    events. A result trimmed or compacted out of the history before that read is not
-    known."""
-
-    def __init__(self, replay: Callable[[], Iterable[Event]]) -> None:
-        self._replay = replay
-        self._results: dict[str, tuple[bytes, str]] | None = None  # (data, its cursor)
-        self._read = 0  # the results the last read found (or its events / 16)
-        # (a result recorded by the turn's thread while another thread's owner.turn()
-        # reads the history waits for the read, so that it is not lost)
-        self._lock = threading.Lock()
-
-    def find(self, request_id: str) -> tuple[bytes, str] | None:
-        with self._lock:
-            if self._results is None:
-                # (the last result of a request id wins: a turn whose start failed and
-                # was settled as failed may have been run again, by an older release)
-                results: dict[str, tuple[bytes, str]] = {}
-                events = 0
-                for e in self._replay():
-                    events += 1
-                    if e.type == TURN_RESULT and e.request_id is not None:
-                        results[e.request_id] = (e.data, e.cursor)
-                self._results = results
-                # (a long history of few turns is not read again every few turns)
-                self._read = max(len(results), events // _EVENTS_PER_TURN_READ)
-            return self._results.get(request_id)
-
-    def recorded(self, request_id: str, data: bytes, cursor: str) -> None:
-        with self._lock:
-            results = self._results
-            if results is not None:
-                results[request_id] = (data, cursor)
-                if len(results) > 2 * self._read + _REREAD_SLACK:
-                    # Forget, and read the retained history again at the next find: the
-                    # results trimmed away since go (a held owner's memory follows the
-                    # retained history, not every turn it ever ran).
-                    self._results = None
-
-    def forget(self) -> None:
-        """Read the retained history again at the next find (a result this owner wrote
-        whose reply was lost is in it, not here)."""
-        with self._lock:
-            self._results = None
-
-
 class TurnWriter:
     """How an owner writes, under `lease` (given by the facade): turn events, and
     appends of a turn's events checked against the lease and the open turn
     (`TurnGuard`). `checked_append` validates an append's arguments into its operation;
-    `commit` commits an operation and returns the caller's result; `replay` replays the
-    session's retained events (to find the turns that ended before this owner)."""
+    `commit` commits an operation and returns the caller's result; `row` reads the
+    session's row; `replay(cursor)` replays the session's retained events after `cursor`
+    (to find the turns that ended before this owner, from where the journal's last read
+    of them, `kept`, ended)."""
 
     def __init__(
         self,
         lease: Lease,
         checked_append: Callable[..., Append],
         commit: Callable[[Operation[Appended]], AppendResult],
-        open_turn: Callable[[], str | None],
-        replay: Callable[[], Iterable[Event]],
+        row: Callable[[], SessionRow],
+        replay: Callable[[str | None], Iterable[Event]],
+        kept: KeptTurnResults,
     ) -> None:
         self._lease = lease
         self._checked_append = checked_append
         self._commit = commit
-        self._open_turn = open_turn  # the session's open turn, read from the store
-        self._ended = _EndedTurns(replay)
+        self._row = row  # the session's row, read from the store
+        self._ended = EndedTurns(lease.session_id, row, replay, kept)
         # The result of a turn whose start or result write failed: (request id, result
         # data, whether its block ran)
         self._unrecorded: tuple[str, bytes, bool] | None = None
@@ -360,7 +307,7 @@ class TurnWriter:
         if unrecorded is None:
             return
         request_id, data, ran = unrecorded
-        if (ran or request_id != next_request_id) and self._open_turn() == request_id:
+        if (ran or request_id != next_request_id) and self._row().turn_request_id == request_id:
             self.turn_event(TURN_RESULT, request_id, data)
         elif ran:
             # Its result committed after all (the reply was lost): it is in the history

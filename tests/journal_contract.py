@@ -669,6 +669,35 @@ class JournalContract:
         assert info.value.result == {"status": "completed"}  # type: ignore[attr-defined]
         assert j.get_session("s1").last_ordinal == before + 2
 
+    def test_owners_one_after_another_know_the_turns_ended_since_and_forget_compacted_ones(
+        self, j: Journal
+    ) -> None:
+        """A journal keeps its last read of the session's turn results between owners and
+        reads only the events after it (SPEC 7.8): what the events after it add is known,
+        and a snapshot since makes the next owner read the history again."""
+        j.create_session("s1")
+        with j.own("s1") as owner:
+            for request_id in ("r1", "r2"):
+                with owner.turn(request_id):
+                    pass
+        j.append("s1", numbered(50))
+        with j.own("s1") as owner:
+            for settled in ("r1", "r2"):
+                with raises(TurnSettled):
+                    owner.turn(settled)
+            with owner.turn("r3") as turn:
+                turn.append(numbered(3))
+        r1_result = next(e for e in self.read_all(j, "s1") if e.type == "turn_result")
+        j.compact_session("s1", r1_result.ordinal, b"snap")
+        with j.own("s1") as owner:
+            for settled in ("r2", "r3"):
+                with raises(TurnSettled):
+                    owner.turn(settled)
+            with owner.turn("r1"):  # (its result is under the snapshot: forgotten)
+                pass
+        started = [e.request_id for e in self.read_all(j, "s1") if e.type == "turn_started"]
+        assert started == ["r2", "r3", "r1"]
+
     @pytest.mark.parametrize(
         "changed",
         [
