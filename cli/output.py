@@ -210,6 +210,7 @@ class Output:
         # (a watch's handlers hold it there, cli/watching.py: `raise_held` raises it).
         self.printing = False
         self.held: BaseException | None = None
+        self._said_not_text = False  # (quiet format: data that is not UTF-8, said once)
 
     @property
     def json(self) -> bool:
@@ -234,9 +235,26 @@ class Output:
         if self.json:
             self._print(json.dumps(event_record(event), separators=(",", ":")))
         elif self.format == "quiet":
-            self._print(event_quiet(event))
+            text = event_quiet(event)
+            if text is not None and "\ufffd" in text and not self._said_not_text:
+                self._say_not_text(event)
+            self._print(text)
         else:
             self._print(event_text(event))
+
+    def _say_not_text(self, event: journal.Event) -> None:
+        """Quiet format printed data that is not UTF-8 text with U+FFFD in place of its
+        bytes: say so on stderr, once, with where to get the bytes themselves."""
+        try:
+            event.data.decode("utf-8")
+        except UnicodeDecodeError:
+            self._said_not_text = True
+            click.echo(
+                f"journal: warning: the data of event #{event.ordinal} is not UTF-8 text: "
+                "--format quiet prints each byte that is not as U+FFFD (so the line is "
+                "not the data); --format json gives the exact bytes, as base64",
+                err=True,
+            )
 
     def _print(self, line: str | None) -> None:
         if line is None:
