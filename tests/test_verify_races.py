@@ -14,6 +14,7 @@ of the new file. The swap keeps the lock until its batch has committed now."""
 from __future__ import annotations
 
 import errno
+import shutil
 import subprocess
 import sys
 import threading
@@ -21,8 +22,9 @@ import time
 from pathlib import Path
 
 import lmdb
+from _procs_retention import Child
 
-from journal import EventIn, Journal, RetentionPolicy, VerifyReport
+from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable, VerifyReport
 from journal._local.files import FileOps
 
 _POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
@@ -243,5 +245,75 @@ def test_a_swap_tried_again_after_a_full_map_finishes_its_view_part(tmp_path: Pa
         assert not ops.armed, "the map never filled in a swap's batch"
         assert ops.swapped == 1  # (renamed once: the try again found it in place)
         assert report.segments_rewritten == ["00000000000000000001.seg.zst"]
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
+
+
+class FailTheViewPartOfASwap(FileOps):
+    """Fails the batch of a compaction swap (an I/O error as its transaction commits)
+    once, after its copy was renamed into place: the swap's commit point was passed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = self.swapped = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.replaced" and self.armed:
+            self.swapped = True
+        elif name == "commit.view_commit" and self.swapped:
+            self.armed = self.swapped = False
+            raise OSError(errno.EIO, "injected")
+
+
+_STALE = "tombstones table differs from the log (3 entries, a rebuilt view has 0"
+
+
+def test_a_swap_whose_batch_failed_after_its_rename_is_finished_by_the_next_compact(
+    tmp_path: Path,
+) -> None:
+    # The caller got the error, and the view kept the tombstones (with the ids and the
+    # eviction pins) of the sessions whose creation records the copy dropped: `verify()`
+    # reported them, and a later `compact()` left the compressed segment (no dead frame
+    # in it) alone, so they stayed until a `compact(0.0)` rewrote it. Now the next
+    # compaction that passes the segment does the swap's view part.
+    store = tmp_path / "store"
+    ops = FailTheViewPartOfASwap()
+    with Journal.open(
+        store, durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
+    ) as j:
+        _evict_three_beside_a_kept_session(j)
+        ops.armed = True
+        try:
+            j.compact()
+        except StoreUnavailable as e:
+            assert "injected" in str(e)
+        else:
+            raise AssertionError("the swap's batch did not fail")
+        assert any(_STALE in p.what for p in j.verify().problems)
+        report = j.compact()
+        assert report.segments_rewritten == []  # (the file is the copy already)
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
+        sessions = sorted(s.session_id for s in j.list_sessions())
+    shutil.rmtree(store / "index")
+    with Journal.open(store) as j:
+        assert sorted(s.session_id for s in j.list_sessions()) == sessions == ["kept"]
+        assert j.verify().problems == []
+
+
+def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_compact(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
+        _evict_three_beside_a_kept_session(j)
+    child = Child("compact_paused", str(store), "compaction.replaced")
+    try:
+        assert child.next_line() == "ready"
+        child.send("go")
+        assert child.next_line() == "paused"  # the copy is in place; the view unchanged
+    finally:
+        child.kill()
+    with Journal.open(store, durability="os", retention=_AN_HOUR) as j:
+        assert any(_STALE in p.what for p in j.verify().problems)
+        assert j.compact().segments_rewritten == []
         assert j.verify().problems == []
         assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]

@@ -72,7 +72,8 @@ class Submit(Protocol):
 
 class SwapSegment(Operation[bool], frozen=True):
     """Put a compacted copy (`temporary`) in place of sealed segment `base`, if the file
-    there is still `source` (name, inode, size); planned under the writer lock."""
+    there is still `source` (name, inode, size); planned under the writer lock. Without
+    `temporary`, the copy is in place already and only the view's part is done."""
 
     base: int
     temporary: str
@@ -188,13 +189,7 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
     Returns False (and discards the copy) when the source changed since it was read."""
     directory = log.directory
     base = swap.base
-    kept = swap.summary.frames  # (offset, first position, count), in position order
-    starts = [first for _, first, _ in kept]
-
-    def survives(position: int) -> bool:
-        at = bisect_right(starts, position) - 1
-        return at >= 0 and position < starts[at] + kept[at][2]
-
+    survives = _held_by(swap.summary)
     with log.files_lock(keep=True):  # (kept until the transaction committed)
         found = _file_identity(directory, base)
         final_name = segment_name(base, compressed=True)
@@ -203,8 +198,9 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         again = swap.copy != (0, 0) and found == (final_name, *swap.copy)
         if found != swap.source and not again:
             # Deleted (dead) or replaced by another writer since it was read.
-            with contextlib.suppress(FileNotFoundError):
-                log.ops.unlink(swap.temporary)
+            if swap.temporary:
+                with contextlib.suppress(FileNotFoundError):
+                    log.ops.unlink(swap.temporary)
             return False
         # The lifecycle feed entries of dropped records go (the feed's floor rises, and
         # is recorded in the log before the records leave it: SPEC 7.7).
@@ -218,17 +214,55 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
                 log.ops.unlink(os.path.join(directory, sidecar_name(base)))
             log.ops.replace(swap.temporary, os.path.join(directory, final_name))
             log.ops.point("compaction.replaced", base)
-        if swap.source[0] == segment_name(base):
-            with contextlib.suppress(FileNotFoundError):
-                log.ops.unlink(os.path.join(directory, segment_name(base)))
-        fsync_dir(directory, log.ops)
-        write_summary(directory, swap.summary, log.ops, log.permissions)
+        if swap.temporary:  # (none: only the view's part is left, `_finish_swap`)
+            if swap.source[0] == segment_name(base):
+                with contextlib.suppress(FileNotFoundError):
+                    log.ops.unlink(os.path.join(directory, segment_name(base)))
+            fsync_dir(directory, log.ops)
+            write_summary(directory, swap.summary, log.ops, log.permissions)
     # Eviction tombstones whose creation record was dropped: the eviction record need
     # no longer survive, since nothing can resurrect the session.
     for incarnation, position in view.tombstones_between(txn, base, swap.original_last_position):
         if not survives(incarnation):
             view.forget_tombstone(txn, incarnation, position)
     return True
+
+
+def _held_by(summary: SegmentSummary) -> Callable[[int], bool]:
+    """Whether a position lies in one of the frames a segment's file holds."""
+    kept = summary.frames  # (offset, first position, count), in position order
+    starts = [first for _, first, _ in kept]
+
+    def held(position: int) -> bool:
+        at = bisect_right(starts, position) - 1
+        return at >= 0 and position < starts[at] + kept[at][2]
+
+    return held
+
+
+def _finish_swap(
+    log: SegmentLog,
+    view: View,
+    submit: Submit,
+    summary: SegmentSummary,
+    source: tuple[str, int, int],
+) -> None:
+    """Do the view's part of a swap whose rename (its commit point) was made but whose
+    batch did not commit (it failed, or the process died), if the view still holds the
+    tombstones of creation records the file no longer has (SPEC 8, "Compaction"): a
+    compressed segment that is not rewritten again would otherwise keep them, and the
+    pins of their eviction records, for good."""
+    base = summary.base_position
+    later = [b for b in log.bases() if b > base]
+    last_position = later[0] - 1 if later else summary.last_position
+    held = _held_by(summary)
+    with view.begin() as txn:
+        tombstones = view.tombstones_between(txn, base, last_position)
+    del txn  # (no read transaction object outlives its transaction: SPEC 7)
+    if all(held(incarnation) for incarnation, _ in tombstones):
+        return
+    # The file in place is the copy: the swap finds it as a batch tried again does.
+    submit(SwapSegment(base, "", summary, source, last_position, source[1:]))
 
 
 def sealed_bytes(log: SegmentLog) -> int:
@@ -377,6 +411,7 @@ def _compact_segment(
     if not live:
         return 0  # dead: the retention pass deletes those
     if compressed and (total - live_bytes < dead_share * total or (unpin and live_bytes == total)):
+        _finish_swap(log, view, submit, summary, source)
         return 0
 
     def keep(info: FrameInfo) -> bool:
@@ -393,6 +428,7 @@ def _compact_segment(
         # Kept frames that were not contiguous compress in separate blocks; when that
         # costs more than the dead frames it drops, keep the old file.
         os.unlink(temporary)
+        _finish_swap(log, view, submit, summary, source)
         return 0
     copy = os.stat(temporary)
     swap = SwapSegment(
