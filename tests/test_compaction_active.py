@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import msgspec
 import pytest
 from _local_engine import open_local
@@ -409,3 +410,40 @@ def test_a_read_only_open_while_compact_seals_reads_the_store_s_view(tmp_path: P
         assert child.wait(60) == 0, child.err()
     finally:
         child.kill()
+
+
+class FullMapAfterTheSeal(FileOps):
+    """The view's map is full once when the batch of `compact()`'s seal commits, after the
+    rotation: the engine grows the map and tries the batch again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.sealed = 0
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.sealed":
+            self.sealed += 1
+        elif name == "commit.view_commit" and self.armed and self.sealed:
+            self.armed = False
+            raise lmdb.MapFullError("injected")
+
+
+def test_a_seal_tried_again_after_a_full_map_is_reported_as_sealed(tmp_path: Path) -> None:
+    # The try again found the segment sealed (by its first try) and reported None, so
+    # `compact()` counted nothing for it: "sealed bytes 0 -> 102,633", as if compacting
+    # had made the store grow, and the retention pass after a seal was not run.
+    ops = FullMapAfterTheSeal()
+    store = tmp_path / "store"
+    with open_store(store, segment_bytes=1 << 20, retention=NO_WINDOWS, file_ops=ops) as j:
+        j.create_session("s")
+        last = fill(j, "s", 200)  # 800 KB in the active segment
+        lower_window(j, 100_000)
+        ops.armed = True
+        report = j.compact()
+        assert not ops.armed, "the map never filled in the seal's batch"
+        assert ops.sealed == 1  # (rotated once: the try again found it sealed)
+        assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
+        assert report.bytes_before >= 200 * EVENT_BYTES > 5 * report.bytes_after, report
+        check_retained(j, "s", last)
+        assert j.verify().ok

@@ -87,7 +87,8 @@ class SwapSegment(Operation[bool], frozen=True):
 
 class SealActive(Operation[int | None], frozen=True):
     """Seal the active segment `base`, if it still is the active one and holds a frame
-    (planned under the writer lock); the result is the bytes its file took, or None."""
+    (planned under the writer lock); the result is the bytes its file took, or None.
+    Found sealed already, the result is the bytes its file takes now (None if gone)."""
 
     base: int
 
@@ -99,8 +100,14 @@ def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealAc
     A crash or a failed commit after the rotation leaves the head at the end of the sealed
     segment, as one inside a rotating append does: the next catch-up moves it."""
     writer = log.writer
-    if writer.base_position != seal.base or not writer.frame_count:
-        return None  # sealed meanwhile (by a full segment, another writer) or empty
+    if writer.base_position != seal.base:
+        # Sealed since `compact()` looked at it: by an earlier try of this very batch (its
+        # commit failed after the rotation and was tried again: a full map), or by another
+        # writer (a full segment). Either way it was not counted as sealed before.
+        found = _file_identity(log.directory, seal.base)
+        return None if found is None else found[2]  # (None: deleted as dead since)
+    if not writer.frame_count:
+        return None  # empty
     size = os.fstat(writer.fileno()).st_size
     log.rotate()
     log.ops.point("compaction.sealed", seal.base)
