@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from journal import JournalCorrupt
+from journal._local.files import FileOps
 from journal._local.frames import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -417,3 +418,40 @@ def test_a_cut_torn_tail_is_kept_and_logged_with_its_segment_and_offset(
         log.close()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert [p.name for p in (tmp_path / "cut-tails").iterdir()] == [copy.name]
+
+
+class CountReads(FileOps):
+    """Counts the bytes read through `pread` while `counting`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting = False
+        self.read = 0
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        data = super().pread(fd, length, offset)
+        if self.counting:
+            self.read += len(data)
+        return data
+
+
+def test_a_compressed_seal_without_the_writer_s_summary_reads_the_segment_once(
+    tmp_path: Path,
+) -> None:
+    # A writer that did not see every frame of its segment (reopened since) scans it when
+    # it seals: with `compress_sealed` the scan and the compression each read (and
+    # decoded) the whole segment. The compression's pass gives the sidecar now.
+    ops = CountReads()
+    log = SegmentLog(str(tmp_path), STORE_ID, segment_bytes=1 << 20, compress_sealed=True, ops=ops)
+    log.start_first_segment()
+    for i in range(3):
+        log.append(encode_frame_body([EventAppended(1, i + 1, 0, "m", os.urandom(64 << 10))]), 1)
+    base, end, next_position = log.writer_end()
+    log.close()
+    log.attach_writer(base, end, next_position)  # (its summary is unknown now)
+    ops.counting = True
+    log.rotate()
+    log.close()
+    assert ops.read < end * 3 // 2, (ops.read, end)
+    summary = read_summary(str(tmp_path), base)
+    assert summary is not None and len(summary.frames) == 3 and summary.blocks

@@ -109,7 +109,9 @@ def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealAc
     if not writer.frame_count:
         return None  # empty
     size = os.fstat(writer.fileno()).st_size
-    log.rotate()
+    # Not compressed whole (with `compress_sealed`) only to be compressed again without
+    # its dead frames by the compaction that follows (SPEC 8, "Sealing the active segment").
+    log.rotate(compress=False)
     log.ops.point("compaction.sealed", seal.base)
     head = view.head(txn)
     assert head is not None, "a writer's commit runs after its catch-up"

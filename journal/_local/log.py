@@ -562,8 +562,10 @@ class SegmentLog:
             writer = self.writer
         return writer.append_frame(frame, writer.next_position, count, digest)
 
-    def rotate(self) -> int:
-        """Seal the active segment and start a new one; returns the sealed segment's base."""
+    def rotate(self, *, compress: bool = True) -> int:
+        """Seal the active segment and start a new one; returns the sealed segment's base.
+        `compress=False`: not compressed even with `compress_sealed` (`compact()`'s seal,
+        whose compaction writes the compressed copy of its live frames next)."""
         writer = self.writer
         sealed = writer.base_position
         next_position = writer.next_position
@@ -579,26 +581,37 @@ class SegmentLog:
         finally:
             if self._writer is not writer:
                 writer.close()
-        self.seal(sealed, known)
+        self.seal(sealed, known, compress=compress)
         return sealed
 
-    def seal(self, base_position: int, known: SegmentSummary | None = None) -> SegmentSummary:
-        """Write the sidecar of a sealed segment (compressing it first if configured).
+    def seal(
+        self, base_position: int, known: SegmentSummary | None = None, *, compress: bool = True
+    ) -> SegmentSummary:
+        """Write the sidecar of a sealed segment (compressing it first if configured and
+        `compress`).
 
-        `known` is the writer's in-memory summary; without it the segment is scanned.
+        `known` is the writer's in-memory summary; without it the segment is scanned (once:
+        by the compression, when it is compressed).
         """
-        summary = (
-            known
-            if known is not None
-            else summarize_segment(self.directory, base_position, self.ops)
-        )
-        if self.compress_sealed:
-            _, compressed = compress_segment(
-                self.directory, base_position, ops=self.ops, permissions=self.permissions
+        compress = compress and self.compress_sealed
+        if compress:
+            _, summary = compress_segment(
+                self.directory,
+                base_position,
+                ops=self.ops,
+                permissions=self.permissions,
+                summarize=known is None,
             )
-            summary.blocks = compressed.blocks
+            if known is not None:
+                known.blocks, summary = summary.blocks, known
+        else:
+            summary = (
+                known
+                if known is not None
+                else summarize_segment(self.directory, base_position, self.ops)
+            )
         write_summary(self.directory, summary, self.ops, self.permissions)
-        if self.compress_sealed:
+        if compress:
             self.ops.unlink(os.path.join(self.directory, segment_name(base_position)))
             fsync_dir(self.directory, self.ops)
         return summary

@@ -636,8 +636,11 @@ def compress_segment(
     publish: bool = True,
     ops: FileOps = DEFAULT_FILE_OPS,
     permissions: Permissions = DEFAULT_PERMISSIONS,
+    summarize: bool = True,
 ) -> tuple[str, SegmentSummary]:
-    """Write a compressed copy of a sealed segment; returns its path and its sidecar.
+    """Write a compressed copy of a sealed segment; returns its path and its sidecar
+    (without `summarize`, only its blocks: the caller has the rest, and the frames'
+    records are not decoded again).
 
     Blocks hold whole frames that are contiguous in the original (about 1 MiB of them, or
     one larger frame), each an independent zstd frame behind a checksummed block header,
@@ -694,9 +697,9 @@ def compress_segment(
                 pending.append(encode_frame(bytes(body), info.first_position, info.count))
                 pending_size += size
                 pending_end = info.end_offset
-                builder.add(
-                    info.offset, info.first_position, info.count, _digest(reader.name, info, body)
-                )
+                if summarize:
+                    digest = _digest(reader.name, info, body)
+                    builder.add(info.offset, info.first_position, info.count, digest)
                 data_end = info.end_offset
                 last_position = info.last_position
             if pending:
