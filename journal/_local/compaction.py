@@ -255,6 +255,7 @@ def _finish_swap(
     submit: Submit,
     summary: SegmentSummary,
     source: tuple[str, int, int],
+    next_base: int | None,
 ) -> None:
     """Do the view's part of a swap whose rename (its commit point) was made but whose
     batch did not commit (it failed, or the process died), if the view still holds the
@@ -262,8 +263,9 @@ def _finish_swap(
     compressed segment that is not rewritten again would otherwise keep them, and the
     pins of their eviction records, for good."""
     base = summary.base_position
-    later = [b for b in log.bases() if b > base]
-    last_position = later[0] - 1 if later else summary.last_position
+    # (The segment's positions end where the next one's begin: a compaction may have
+    # dropped its last frames, whose creation records' tombstones are the ones to go.)
+    last_position = summary.last_position if next_base is None else next_base - 1
     held = _held_by(summary)
     with view.begin() as txn:
         tombstones = view.tombstones_between(txn, base, last_position)
@@ -306,10 +308,11 @@ def compact_store(
         deleted += submit(ApplyRetention(None)).deleted_segments
     rewritten: list[str] = []
     copied = 0
-    bases = log.bases()[:-1]
+    every = log.bases()
+    bases = every[:-1]
     for done, base in enumerate(bases, start=1):
         try:
-            copied += _compact_segment(log, view, submit, base, dead_share, rewritten)
+            copied += _compact_segment(log, view, submit, base, every[done], dead_share, rewritten)
         except JournalCorrupt as found:
             damage = _passed_over(damage, found, base)
         finally:
@@ -370,11 +373,14 @@ def unpin_segments(
     dead frame was left to drop: a creation record sharing its frame with a live one)."""
     rewritten: list[str] = []
     damage: JournalCorrupt | None = None
+    every = log.bases()
     for base in bases:
         if stop():
             break
+        later = bisect_right(every, base)
+        next_base = every[later] if later < len(every) else None
         try:
-            _compact_segment(log, view, submit, base, 0.0, rewritten, unpin=True)
+            _compact_segment(log, view, submit, base, next_base, 0.0, rewritten, unpin=True)
         except JournalCorrupt as found:
             damage = _passed_over(damage, found, base)
     if damage is not None:
@@ -396,12 +402,14 @@ def _compact_segment(
     view: View,
     submit: Submit,
     base: int,
+    next_base: int | None,
     dead_share: float,
     rewritten: list[str],
     unpin: bool = False,
 ) -> int:
     """Rewrite one sealed segment if it is worth it; returns the live bytes copied.
-    (`unpin`: only to drop dead frames, so never a compressed one without any.)"""
+    (`next_base`: the base of the segment after it, if any; `unpin`: only to drop dead
+    frames, so never a compressed one without any.)"""
     directory = log.directory
     source = _file_identity(directory, base)
     if source is None:
@@ -420,7 +428,7 @@ def _compact_segment(
     if not live:
         return 0  # dead: the retention pass deletes those
     if compressed and (total - live_bytes < dead_share * total or (unpin and live_bytes == total)):
-        _finish_swap(log, view, submit, summary, source)
+        _finish_swap(log, view, submit, summary, source, next_base)
         return 0
 
     def keep(info: FrameInfo) -> bool:
@@ -437,7 +445,7 @@ def _compact_segment(
         # Kept frames that were not contiguous compress in separate blocks; when that
         # costs more than the dead frames it drops, keep the old file.
         os.unlink(temporary)
-        _finish_swap(log, view, submit, summary, source)
+        _finish_swap(log, view, submit, summary, source, next_base)
         return 0
     copy = os.stat(temporary)
     swap = SwapSegment(
