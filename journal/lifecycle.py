@@ -219,7 +219,7 @@ class LifecycleFeed:
             check ^= event_check(at[0][1].at_ms)
         elif position == floor:
             check = None
-        found = self._delivered_last(claims.ordinal - _MID_SNAPSHOT, check, head - 1)
+        found = self._delivered_last(claims.ordinal - _MID_SNAPSHOT, check, position, head - 1)
         if found is None:
             raise CursorForeign(
                 "the lifecycle cursor resumes a startup snapshot this store's history did "
@@ -263,7 +263,9 @@ class LifecycleFeed:
         pages = self._resumed_pages(registry, position, last_id, incarnation, _id_check(last_id))
         return pages, point
 
-    def _delivered_last(self, incarnation: int, check: int | None, point: int) -> str | None:
+    def _delivered_last(
+        self, incarnation: int, check: int | None, after_position: int, point: int
+    ) -> str | None:
         """The id of the session of `incarnation` whose `_id_check` is `check` (None:
         any): the
         engine knows it while the session's creation record is kept (as for page
@@ -271,13 +273,17 @@ class LifecycleFeed:
         all of them at or after its creation, `incarnation`: until 2026-12-04 only those
         after the cursor's position were read, so a restart after that session's
         eviction, once its creation record left the log, fell back to a fresh snapshot).
-        None if neither does."""
+        None if neither does. Each read of the feed checks its floor against the
+        cursor's position, `after_position`: a pruning since the caller's check may have
+        taken the session's entries after it, and its id with them (until 2026-12-05
+        this was `CursorForeign`, where `CursorExpired` is what happened)."""
         found = self._engine.session_id_of(incarnation)
         if found is not None and check in (None, _id_check(found)):
             return found
         after = max(incarnation - 1, 0)
         while after < point:
-            entries, _, _ = self._engine.feed(after, _FEED_BATCH)
+            entries, _, floor = self._engine.feed(after, _FEED_BATCH)
+            self._check_snapshot_retained(after_position, floor)
             for position, entry in entries:
                 row = entry.row
                 if position > point:

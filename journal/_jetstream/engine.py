@@ -435,6 +435,7 @@ class JetStreamEngine:
         return state.row
 
     def session_id_of(self, incarnation: int) -> str | None:
+        self.point("sessions.id_of", incarnation)
         found: str | None = self._ask(lambda: self.reader.session_id_of(incarnation))
         return found
 
@@ -488,13 +489,17 @@ class JetStreamEngine:
         self, after: int, limit: int, newest_first: bool
     ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
         head = await self.reader.head()  # (raised past the entries read: they committed)
-        # The stream keeps every feed entry for good (section 16.2): nothing is pruned.
         if newest_first:
             # (The stream is not read backwards: only the entry at the position itself,
             # which a registry's point always is, `Reader.registry`.)
             at = await self.reader.feed(after - 1, 1) if after > 0 and limit else []
-            return [(p, e) for p, e in at if p == after], max(head, self.reader.known + 1), 0
-        return await self.reader.feed(after, limit), max(head, self.reader.known + 1), 0
+            entries = [(p, e) for p, e in at if p == after]
+        else:
+            entries = await self.reader.feed(after, limit)
+        # The floor after the entries: it is raised before the purges it covers, so an
+        # entry purged above `after` before they were read shows as a floor above it.
+        floor = await self.reader.feed_floor()
+        return entries, max(head, self.reader.known + 1), floor
 
     def readers(self) -> _Readers:
         return _Readers()

@@ -5,8 +5,10 @@ encoded into one subject token (hex keeps byte order, so sorted subjects are sor
 
     j.<store>.meta               the store's identity (id, format, shared cursor key)
     j.<store>.policy             the store's retention policy (rolled up)
-    j.<store>.lc.<id>            lifecycle feed entries of the session (kept for good)
-    j.<store>.in.<id>            an imported session's incarnation (kept for good)
+    j.<store>.lc.<id>            lifecycle feed entries of the session (pruned a day
+                                 after its eviction, `feed_pruning.py`)
+    j.<store>.in.<id>            an imported session's incarnation (pruned with them)
+    j.<store>.ff                 the lifecycle feed's floor (rolled up)
     j.<store>.s.<id>.row         the session's registry row (rolled up: one message)
     j.<store>.s.<id>.ev          its events, one message each
     j.<store>.s.<id>.sn          its latest snapshot (rolled up)
@@ -36,12 +38,14 @@ __all__ = [
     "ENCODER",
     "EVENT_DECODER",
     "FEED_DECODER",
+    "FLOOR_DECODER",
     "FORMAT",
     "HEARTBEAT_DECODER",
     "MARKER_DECODER",
     "META_DECODER",
     "ROW_DECODER",
     "SNAPSHOT_DECODER",
+    "FeedFloor",
     "Heartbeat",
     "Marker",
     "Meta",
@@ -92,6 +96,7 @@ class Subjects:
         self.meta = f"{root}.meta"
         self.policy = f"{root}.policy"
         self.feed = f"{root}.lc.*"
+        self.feed_floor = f"{root}.ff"
         self.rows = f"{root}.s.*.row"
         self._feed_prefix = f"{root}.lc."
         self._claim_prefix = f"{root}.in."
@@ -107,6 +112,11 @@ class Subjects:
 
     def lifecycle(self, token: str) -> str:
         return self._feed_prefix + token
+
+    def feed_and_claim(self, token: str) -> str:
+        """The session's feed entries and its claim (`lc.<id>`, `in.<id>`): the only
+        subjects of four tokens that end with the session's."""
+        return f"{self.root}.*.{token}"
 
     def claim(self, token: str) -> str:
         """The message an imported session's staging began with: its incarnation."""
@@ -192,6 +202,18 @@ class StoredFeed(msgspec.Struct, array_like=True):
     anchor: int
 
 
+class FeedFloor(msgspec.Struct, array_like=True):
+    """The lifecycle feed's pruning record (`feed_pruning.py`): `floor`, the highest
+    sequence pruned (raised before the purges it covers, never lowered); every EVICTED
+    entry up to `examined` is decided, and `pending` lists the sessions (token, EVICTED
+    entry's sequence) whose purge may not be done (a pass that stopped between its
+    record and its purges)."""
+
+    floor: int
+    examined: int
+    pending: list[tuple[str, int]]
+
+
 class Marker(msgspec.Struct, array_like=True):
     """An idempotency marker: what the keyed append took (positions relative as above)."""
 
@@ -233,6 +255,7 @@ FEED_DECODER: Final = msgspec.msgpack.Decoder(StoredFeed)
 MARKER_DECODER: Final = msgspec.msgpack.Decoder(Marker)
 SNAPSHOT_DECODER: Final = msgspec.msgpack.Decoder(StoredSnapshot)
 META_DECODER: Final = msgspec.msgpack.Decoder(Meta)
+FLOOR_DECODER: Final = msgspec.msgpack.Decoder(FeedFloor)
 HEARTBEAT_DECODER: Final = msgspec.msgpack.Decoder(Heartbeat)
 
 

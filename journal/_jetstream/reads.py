@@ -23,9 +23,11 @@ from .client import ApiError, Connection, Found
 from .layout import (
     EVENT_DECODER,
     FEED_DECODER,
+    FLOOR_DECODER,
     MARKER_DECODER,
     ROW_DECODER,
     SNAPSHOT_DECODER,
+    FeedFloor,
     Marker,
     StoredEvent,
     StoredSnapshot,
@@ -164,8 +166,11 @@ class StoreReader:
         after it delivers none of the changes the rows show); a session created after
         the position is left to the feed. Past those rounds, or more than a page of
         changes after the position, the rows are given as they are: a change then
-        shows in a row and comes again from the feed."""
+        shows in a row and comes again from the feed. The position is at least the
+        feed's floor, read after the last entry (the newest entries may be pruned: a
+        position below the floor would make the follow after it expire)."""
         point = await self.last_feed_position()
+        point = max(point, await self.feed_floor())
         at_point(point)
         tokens = await self.tokens()
         found = await self.rows_of(tokens)
@@ -211,6 +216,27 @@ class StoreReader:
             self.saw(message.seq)  # (committed: a head read later is never below it)
             seq = message.seq + 1
         return entries
+
+    async def feed_record(self) -> tuple[FeedFloor, int]:
+        """The feed's pruning record (`feed_pruning.py`) and its sequence (0: none yet),
+        read through the leader: the floor it gives is raised before any purge it
+        covers, so one read after the entries says whether any of them went."""
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
+        if message is None:
+            return FeedFloor(0, 0, []), 0
+        try:
+            return FLOOR_DECODER.decode(message.data), message.seq
+        except msgspec.DecodeError:
+            raise JournalCorrupt(
+                message.subject,
+                message.seq,
+                f"the lifecycle feed's floor at stream sequence {message.seq} does not "
+                "decode: retention passes and lifecycle cursors cannot be judged",
+            ) from None
+
+    async def feed_floor(self) -> int:
+        """The highest feed position pruned (0: none)."""
+        return (await self.feed_record())[0].floor
 
     async def last_feed_position(self) -> int:
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed})

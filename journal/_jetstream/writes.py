@@ -43,6 +43,7 @@ from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
 from .client import ApiError, BatchMessage, Unavailable
 from .commit import Committer, Plan, done, rel, resolved
+from .feed_pruning import FeedPruner
 from .imports import Imports
 from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
 from .reads import RowState
@@ -505,6 +506,8 @@ class Writer(Committer):
                     continue
             if await self._trim_to_window(row.session_id, now):
                 trimmed.append(row.session_id)
+        # (The feed entries of the sessions evicted a day before and earlier: SPEC 16.2.)
+        await FeedPruner(self.reader, self.point).prune(now)
         return RetentionReport(trimmed, evicted, [], 0)
 
     async def _no_row(self, session_id: str, token: str) -> None:

@@ -1,0 +1,143 @@
+"""The JetStream engine's pruning of its lifecycle feed (SPEC 16.2, 7.7): the feed entries
+(`lc.<id>`) and claim (`in.<id>`) of a session evicted at least `FEED_KEEP_MS` ago leave
+the stream, and the feed's floor, recorded on `j.<store>.ff`, rises to the highest
+sequence pruned, so a lifecycle cursor below it expires as on the local engine.
+
+A retention pass walks the feed in sequence order from where the passes before stopped
+(`FeedFloor.examined`), takes the EVICTED entries at least `FEED_KEEP_MS` old, and stops
+at the first younger one: every entry after the floor is then kept, and an operator
+knows that a lifecycle cursor of a change less than `FEED_KEEP_MS` old always resumes.
+Each batch is recorded first (the new floor, how far it looked, the sessions to purge:
+a compare-and-set on the floor subject, since two processes' passes may race; the loser
+reads the record again and goes on from it), then purged, then recorded done. A pass
+stopped in between leaves its batch in the record (`pending`) and the next pass purges
+it first: a crash there only makes cursors expire early, never skips an entry.
+
+A session's entries are purged below its EVICTED entry, so an incarnation created (or
+an import staged: its claim) after that eviction is kept; an import in flight has no
+EVICTED entry after its claim, so its claim is never pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import msgspec
+
+from ..models import LifecycleEventType
+from .client import ApiError
+from .layout import ENCODER, FeedFloor
+from .reads import StoreReader, decode_feed
+
+__all__ = ["FEED_KEEP_MS", "FeedPruner"]
+
+# How long an evicted session's feed entries stay (SPEC 16.2): a day, whatever the
+# retention policy, so that a watcher away for less than that resumes from its cursor.
+FEED_KEEP_MS: Final = 24 * 3_600_000
+# A pass examines at most this many feed entries and prunes at most this many sessions
+# (a store with 100,000 evicted sessions is worked through over several passes), in
+# batches of `_BATCH_SESSIONS` sessions a record; entries are read `_READ` at a time.
+_PASS_ENTRIES: Final = 50_000
+_PASS_SESSIONS: Final = 4_096
+_BATCH_SESSIONS: Final = 512
+_READ: Final = 1_000
+# (Records written a pass at most: other passes' records coming first, again and again,
+# end it; theirs went on meanwhile.)
+_PASS_RECORDS: Final = 4 * _PASS_SESSIONS // _BATCH_SESSIONS + 16
+_READ_BYTES: Final = 4 << 20
+# Another record came first (10071), or one is in process at a clustered stream's leader.
+_ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
+_EVICTED: Final = LifecycleEventType.EVICTED.value
+
+
+class FeedPruner:
+    """Prunes the lifecycle feed of one store (see the module docstring)."""
+
+    def __init__(self, reader: StoreReader, point: Callable[[str, object], None]) -> None:
+        self._reader = reader
+        self._conn = reader.conn
+        self._subjects = reader.subjects
+        self._point = point
+
+    async def prune(self, now_ms: int) -> int:
+        """One bounded pass at time `now_ms`; how many sessions it pruned."""
+        pruned = examined = 0
+        for _ in range(_PASS_RECORDS):
+            if pruned >= _PASS_SESSIONS or examined >= _PASS_ENTRIES:
+                break
+            record, seq = await self._reader.feed_record()
+            if record.pending:
+                # (A pass stopped between its record and its purges, or runs now.)
+                await self._purge(record.pending)
+                await self._record(msgspec.structs.replace(record, pending=[]), seq)
+                continue
+            batch, reach, count, young = await self._choose(
+                record.examined, now_ms, _PASS_ENTRIES - examined
+            )
+            examined += count
+            if reach == record.examined:
+                break
+            floor = max(record.floor, *(evicted for _, evicted in batch), 0)
+            written = await self._record(FeedFloor(floor, reach, batch), seq)
+            if written is None:
+                continue  # (another pass recorded first: go on from its record)
+            if batch:
+                self._point("feed.floor_recorded", floor)
+                await self._purge(batch)
+                pruned += len(batch)
+                await self._record(FeedFloor(floor, reach, []), written)
+            if young:
+                break
+        return pruned
+
+    async def _choose(
+        self, examined: int, now_ms: int, most: int
+    ) -> tuple[list[tuple[str, int]], int, int, bool]:
+        """The sessions to prune after `examined` (token, its EVICTED entry's sequence),
+        how far that decides (every EVICTED entry up to it is taken), how many entries
+        were read, and whether it stopped at an eviction younger than `FEED_KEEP_MS`."""
+        batch: list[tuple[str, int]] = []
+        reach, count = examined, 0
+        horizon = now_ms - FEED_KEEP_MS
+        while count < most and len(batch) < _BATCH_SESSIONS:
+            found, _ = await self._conn.direct(
+                {
+                    "seq": reach + 1,
+                    "next_by_subj": self._subjects.feed,
+                    "batch": min(_READ, most - count),
+                    "max_bytes": _READ_BYTES,
+                }
+            )
+            if not found:
+                break
+            for message in found:
+                count += 1
+                entry = decode_feed(message)
+                if entry.event_type == _EVICTED:
+                    if entry.at_ms > horizon:
+                        return batch, reach, count, True
+                    token = message.subject.rsplit(".", 1)[1]
+                    batch.append((token, message.seq))
+                reach = message.seq
+                if len(batch) == _BATCH_SESSIONS or count == most:
+                    break
+        return batch, reach, count, False
+
+    async def _purge(self, sessions: list[tuple[str, int]]) -> None:
+        """Purge each session's feed entries and claim up to its EVICTED entry."""
+        for token, evicted in sessions:
+            await self._reader.purge(self._subjects.feed_and_claim(token), evicted + 1)
+
+    async def _record(self, record: FeedFloor, seq: int) -> int | None:
+        """Record `record` on the floor subject if its last sequence is still `seq`; the
+        new sequence, None when another record came first."""
+        headers = {"Nats-Rollup": "sub", "Nats-Expected-Last-Subject-Sequence": str(seq)}
+        try:
+            return await self._conn.publish(
+                self._subjects.feed_floor, ENCODER.encode(record), headers
+            )
+        except ApiError as e:
+            if e.err_code in _ANOTHER_CAME_FIRST:
+                return None
+            raise

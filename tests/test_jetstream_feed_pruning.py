@@ -1,0 +1,342 @@
+"""The JetStream engine prunes its lifecycle feed (SPEC 16.2, 7.7): the `lc.<id>` entries
+and `in.<id>` claim of a session evicted a day ago leave the stream with the first
+retention pass after that, the feed's floor (`j.<store>.ff`) rises to the highest
+sequence pruned, and a lifecycle cursor below it fails with `CursorExpired` as on the
+local engine. Retention passes are given a clock ahead of the real one (`now_ms`)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _nats import shared_server
+from _waiting import first_of
+
+from journal import (
+    CursorExpired,
+    EventIn,
+    Journal,
+    LifecycleEvent,
+    LifecycleEventType,
+    RetentionPolicy,
+)
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+
+HOUR_MS = 3_600_000
+# How long an evicted session's entries stay (SPEC 16.2: `feed_pruning.FEED_KEEP_MS`).
+FEED_KEEP_MS = 24 * HOUR_MS
+# Ended sessions are evicted an hour after they end, by the passes the tests run.
+EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=HOUR_MS)
+
+
+def store_name(path: Path) -> str:
+    return "t" + hashlib.sha256(str(path).encode()).hexdigest()[:24]
+
+
+@pytest.fixture
+def url() -> str:
+    return shared_server().url
+
+
+@pytest.fixture
+def name(tmp_path: Path) -> str:
+    return store_name(tmp_path)
+
+
+@pytest.fixture
+def j(url: str, name: str) -> Iterator[Journal]:
+    with Journal.open(url, store=name, retention=EVICT_LATER) as opened:
+        yield opened
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def evict(j: Journal) -> list[str]:
+    """A pass two hours ahead: evicts the ended sessions, prunes nothing (a day's grace)."""
+    return j.apply_retention(now_ms=_now_ms() + 2 * HOUR_MS).evicted_sessions
+
+
+def prune(j: Journal) -> list[str]:
+    """A pass a day and two hours ahead: evicts, and prunes the evictions made until now."""
+    return j.apply_retention(now_ms=_now_ms() + FEED_KEEP_MS + 2 * HOUR_MS).evicted_sessions
+
+
+def messages(url: str, name: str, subjects: str = ">") -> int:
+    """How many messages the store's stream holds on `subjects` (below `j.<store>.`),
+    read with a client of the test's own."""
+    import nats
+
+    async def count() -> int:
+        nc = await nats.connect(url)
+        try:
+            info = await nc.jetstream().stream_info(
+                f"JOURNAL_{name}", subjects_filter=f"j.{name}.{subjects}"
+            )
+            if subjects == ">":
+                return int(info.state.messages)
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
+
+
+def next_of(feed: Iterator[LifecycleEvent], timeout: float = 10.0) -> LifecycleEvent:
+    event = first_of(feed, timeout)
+    assert isinstance(event, LifecycleEvent)
+    return event
+
+
+def anchor_cursor(j: Journal) -> str:
+    """A lifecycle cursor at the store's head now (a startup snapshot's last event)."""
+    sessions = max(1, len(list(j.list_sessions())))
+    with j.watch_sessions(stop=threading.Event()) as feed:
+        return [next_of(feed) for _ in range(sessions)][-1].cursor
+
+
+def live_and_ended(j: Journal, prefix: str, count: int) -> None:
+    """Sessions created, given an event and resolved (CREATED and RESOLVED entries)."""
+    for i in range(count):
+        session = f"{prefix}{i}"
+        j.create_session(session)
+        j.append(session, [EventIn("m", b"x" * 200)])
+        j.resolve_session(session)
+
+
+def test_the_stream_stays_bounded_over_rounds_of_session_lifetimes(
+    j: Journal, url: str, name: str
+) -> None:
+    j.create_session("anchor")  # (stays open: its entry is kept)
+    sizes = []
+    for round_ in range(6):
+        live_and_ended(j, f"r{round_}-", 40)
+        assert len(prune(j)) == 40
+        sizes.append(messages(url, name))
+    # Each round leaves 40 x 3 feed entries (CREATED, RESOLVED, EVICTED) without the
+    # pruning; with it the anchor's session, its entry, the store's records and the floor.
+    assert max(sizes) <= 8, sizes
+    assert messages(url, name, "lc.*") == 1
+
+
+def test_a_pass_keeps_the_entries_of_evictions_less_than_a_day_old(
+    j: Journal, url: str, name: str
+) -> None:
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 5)
+    assert len(evict(j)) == 5
+    assert messages(url, name, "lc.*") == 1 + 5 * 3
+    with j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+        changes = [next_of(feed) for _ in range(15)]
+    assert [c.event_type for c in changes[-5:]] == [LifecycleEventType.EVICTED] * 5
+    prune(j)
+    assert messages(url, name, "lc.*") == 1
+
+
+def test_a_cursor_below_the_floor_is_expired_and_resumes_from_its_resume_cursor(
+    j: Journal,
+) -> None:
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 5)
+    evict(j)
+    j.create_session("k0")
+    j.create_session("k1")
+    with j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+        changes = [next_of(feed) for _ in range(17)]
+    assert changes[-2].session.session_id == "k0"
+    after_floor = changes[-2].cursor  # (k0's CREATED: above every eviction)
+    prune(j)
+    with pytest.raises(CursorExpired) as info:
+        j.watch_sessions(cursor=before)
+    # The floor is the last EVICTED entry (the highest sequence pruned).
+    evicted_at = _position(changes[-3].cursor)
+    assert info.value.earliest_ordinal == evicted_at + 1
+    resume = info.value.resume_cursor
+    assert resume is not None
+    with j.watch_sessions(cursor=resume, stop=threading.Event()) as feed:
+        assert [next_of(feed).session.session_id for _ in range(2)] == ["k0", "k1"]
+    # A cursor after the floor resumes unchanged.
+    with j.watch_sessions(cursor=after_floor, stop=threading.Event()) as feed:
+        j.create_session("k2")
+        assert [next_of(feed).session.session_id for _ in range(2)] == ["k1", "k2"]
+    # A new watcher's snapshot (its position read from the feed, all of whose newest
+    # entries were pruned: at least the floor) follows without an error.
+    with j.watch_sessions(stop=threading.Event()) as feed:
+        snapshot = [next_of(feed).session.session_id for _ in range(4)]
+        assert snapshot == ["anchor", "k0", "k1", "k2"]
+        j.create_session("k3")
+        assert next_of(feed).session.session_id == "k3"
+
+
+def test_a_fresh_watch_after_the_newest_entries_were_pruned_follows(
+    j: Journal,
+) -> None:
+    j.create_session("live")
+    live_and_ended(j, "s", 3)
+    prune(j)  # (the feed's last entries are pruned: its last position is live's, below)
+    with j.watch_sessions(stop=threading.Event()) as feed:
+        assert next_of(feed).session.session_id == "live"  # (the snapshot is taken)
+        j.create_session("new")
+        event = next_of(feed)
+        assert (event.event_type, event.session.session_id) == (LifecycleEventType.CREATED, "new")
+
+
+def _position(cursor: str) -> int:
+    """The position a lifecycle cursor carries (SPEC 5: version 2, a u48 at byte 12)."""
+    import base64
+
+    raw = base64.urlsafe_b64decode(cursor + "=")
+    width = 8 if raw[0] == 1 else 6
+    return int.from_bytes(raw[12 : 12 + width], "big")
+
+
+def test_a_watcher_that_falls_behind_pruning_gets_cursor_expired(j: Journal) -> None:
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 150)  # 300 entries: more than one read of the feed (256)
+    stop = threading.Event()
+    feed = j.watch_sessions(cursor=before, stop=stop)
+    first = next_of(feed)
+    assert (first.event_type, first.session.session_id) == (LifecycleEventType.CREATED, "s0")
+    prune(j)
+    delivered = [first]
+    with pytest.raises(CursorExpired) as info:
+        while True:
+            delivered.append(next_of(feed))
+    stop.set()
+    # Everything read before the pruning came in order, with no gap, then the error.
+    expected = [
+        (kind, f"s{i}")
+        for i in range(128)
+        for kind in (LifecycleEventType.CREATED, LifecycleEventType.RESOLVED)
+    ]
+    assert [(e.event_type, e.session.session_id) for e in delivered] == expected
+    assert info.value.resume_cursor is not None
+
+
+def test_a_snapshot_cursor_whose_session_is_pruned_while_it_resumes_is_expired(
+    url: str, name: str
+) -> None:
+    """A mid-snapshot cursor resumed while a pruning takes the last delivered session's
+    entries (between the cursor's check of the floor and the look-up of its id): the
+    changes since cannot be given, `CursorExpired`, not `CursorForeign`."""
+    pruning = threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "sessions.id_of" and pruning.is_set():
+            pruning.clear()
+            with Journal.open(url, store=name) as other:
+                prune(other)
+
+    options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        for session in ("a", "b", "c"):
+            j.create_session(session)
+        with j.watch_sessions(stop=threading.Event()) as feed:
+            cursor = next_of(feed).cursor  # (a's: the snapshot resumes after it)
+        j.resolve_session("a")
+        assert evict(j) == ["a"]
+        pruning.set()
+        with pytest.raises(CursorExpired) as info:
+            j.watch_sessions(cursor=cursor)
+        assert not pruning.is_set()  # (the pruning ran where it was meant to)
+        assert info.value.resume_cursor is None
+
+
+def _export_of(path: Path, session_id: str) -> bytes:
+    with Journal.open(path) as local:
+        local.create_session(session_id)
+        local.append(session_id, [EventIn("m", b"imported")])
+        out = io.BytesIO()
+        local.export_sessions(None, out)
+        return out.getvalue()
+
+
+def test_an_import_in_flight_keeps_its_claim_while_the_evicted_incarnation_is_pruned(
+    url: str, name: str, tmp_path: Path
+) -> None:
+    archive = _export_of(tmp_path / "local", "x")
+    token = b"x".hex()
+    reached, go = threading.Event(), threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit" and not go.is_set():
+            reached.set()
+            assert go.wait(60)
+
+    result: list[Any] = []
+    options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
+    with (
+        Journal.over(JetStreamEngine.open(options)) as j,
+        Journal.open(url, store=name, retention=EVICT_LATER) as other,
+    ):
+        other.create_session("x")
+        other.resolve_session("x")
+        assert evict(other) == ["x"]
+        assert messages(url, name, f"lc.{token}") == 3
+
+        def run() -> None:
+            try:
+                result.append(j.import_sessions(io.BytesIO(archive)))
+            except BaseException as e:  # (the test looks at it)
+                result.append(e)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            assert reached.wait(60), result
+            prune(other)  # (the importer is alive: its staging is left alone)
+            assert messages(url, name, f"lc.{token}") == 0  # the evicted incarnation's
+            assert messages(url, name, f"in.{token}") == 1  # the import's claim
+        finally:
+            go.set()
+            thread.join(60)
+        assert result and not isinstance(result[0], BaseException), result
+        assert [e.data for e in other.replay("x")] == [b"imported"]
+        # Its incarnation (the claim) still names it: a page token after it works.
+        page = other.list_sessions_page(page_size=1)
+        assert [m.session_id for m in page.sessions] == ["x"]
+        other.create_session("y")
+        page = other.list_sessions_page(page_size=1)
+        assert [
+            m.session_id for m in other.list_sessions_page(1, page.next_page_token).sessions
+        ] == ["y"]
+
+
+def test_a_pass_stopped_between_its_floor_and_its_purges_is_finished_by_the_next(
+    url: str, name: str
+) -> None:
+    """The floor is recorded before the purges it covers: a pass that stops in between
+    has made the cursors below it expire early, never skipped an entry, and the next
+    pass purges what it left (the record names those sessions)."""
+    failing = threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "feed.floor_recorded" and failing.is_set():
+            failing.clear()
+            raise RuntimeError("stopped at feed.floor_recorded")
+
+    options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 5)
+        evict(j)
+        failing.set()
+        with pytest.raises(RuntimeError, match=r"feed\.floor_recorded"):
+            prune(j)
+        assert messages(url, name, "lc.*") == 1 + 5 * 3  # (nothing purged yet)
+        with pytest.raises(CursorExpired):
+            j.watch_sessions(cursor=before)
+        prune(j)
+        assert messages(url, name, "lc.*") == 1
