@@ -31,6 +31,7 @@ __all__ = [
     "shared_cluster",
     "shared_server",
     "stop_shared",
+    "stream_messages",
 ]
 
 # The journal's events go up to 8 MiB: the server's 1 MiB default must be raised.
@@ -172,6 +173,26 @@ def wait_for_jetstream(urls: list[str], timeout: float = 30.0) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"JetStream did not become ready on {urls} within {timeout:g} s")
+
+
+def stream_messages(url: str, store: str, subjects: str = ">") -> int:
+    """How many messages a journal store's stream holds on `subjects` (below
+    `j.<store>.`; all of them for ">"), read with a client of the caller's own."""
+    import nats
+
+    async def count() -> int:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            info = await nc.jetstream().stream_info(
+                f"JOURNAL_{store}", subjects_filter=f"j.{store}.{subjects}"
+            )
+            if subjects == ">":
+                return int(info.state.messages)
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
 
 
 def back_up_stream(url: str, stream: str, into: Path) -> None:

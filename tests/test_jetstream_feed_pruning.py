@@ -6,7 +6,6 @@ local engine. Retention passes are given a clock ahead of the real one (`now_ms`
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
 import threading
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _nats import shared_server
+from _nats import shared_server, stream_messages
 from _waiting import first_of
 
 from journal import (
@@ -71,23 +70,7 @@ def prune(j: Journal) -> list[str]:
 
 
 def messages(url: str, name: str, subjects: str = ">") -> int:
-    """How many messages the store's stream holds on `subjects` (below `j.<store>.`),
-    read with a client of the test's own."""
-    import nats
-
-    async def count() -> int:
-        nc = await nats.connect(url)
-        try:
-            info = await nc.jetstream().stream_info(
-                f"JOURNAL_{name}", subjects_filter=f"j.{name}.{subjects}"
-            )
-            if subjects == ">":
-                return int(info.state.messages)
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
-
-    return asyncio.run(count())
+    return stream_messages(url, name, subjects)
 
 
 def next_of(feed: Iterator[LifecycleEvent], timeout: float = 10.0) -> LifecycleEvent:
