@@ -180,10 +180,13 @@ def stats(settings: Settings) -> None:
         "segment_bytes": found.segment_bytes,
     }
     states = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
-    output.emit(
-        record,
-        f"sessions: {states}; segments: {found.segments} ({found.segment_bytes:,} bytes on disk)",
+    where = (
+        # (a stream has no segment files: "segments: 0" said nothing there)
+        f"stream: {found.segment_bytes:,} bytes"
+        if is_nats(settings.store)
+        else f"segments: {found.segments} ({found.segment_bytes:,} bytes on disk)"
     )
+    output.emit(record, f"sessions: {states}; {where}")
 
 
 __all__ = ["compact", "stats", "verify"]

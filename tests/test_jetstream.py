@@ -836,6 +836,9 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     assert code == 0 and len(watched) == 3 and watched[-1] == {"end": "resolved"}
     code, stats = run("stats")
     assert code == 0 and stats[0]["sessions"] == {"resolved": 1}
+    text = CliRunner().invoke(main, ["--store", store, "stats"]).stdout
+    # (it said "segments: 0 (N bytes on disk)": a stream has no segment files)
+    assert text.startswith("sessions: resolved 1; stream: ") and "segments" not in text, text
     code, verified = run("verify")
     assert code == 0 and verified[-1]["ok"] is True and verified[-1]["records"] == 2
     archive = tmp_path / "s.sja"
