@@ -317,3 +317,38 @@ def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_compact(tmp_path: 
         assert j.compact().segments_rewritten == []
         assert j.verify().problems == []
         assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
+
+
+def test_a_failed_swap_that_dropped_only_feed_records_is_finished_by_the_next_compact(
+    tmp_path: Path,
+) -> None:
+    # The dropped frames hold a live session's earlier transitions (their lifecycle feed
+    # entries go with them), and no creation record: the next compaction looked for
+    # tombstones only, found none and left the feed as it was, so `verify()` reported
+    # the stale entries after every later `compact()` until a `compact(0.0)`.
+    store = tmp_path / "store"
+    ops = FailTheViewPartOfASwap()
+    with Journal.open(
+        store, durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
+    ) as j:
+        j.create_session("a")
+        for _ in range(3):
+            j.suspend_session("a")
+            j.resume_session("a")
+        for _ in range(2):
+            j.append("a", [EventIn("m", b"k" * 3000)])  # (seals their segment)
+        ops.armed = True
+        try:
+            j.compact(0.0)
+        except StoreUnavailable as e:
+            assert "injected" in str(e)
+        else:
+            raise AssertionError("the swap's batch did not fail")
+        stale = "lifecycle feed differs from the log"
+        assert any(stale in p.what for p in j.verify().problems)
+        assert j.compact().segments_rewritten == []  # (the file is the copy already)
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("a")] == [b"k", b"k"]
+    shutil.rmtree(store / "index")
+    with Journal.open(store) as j:
+        assert j.verify().problems == []

@@ -259,9 +259,10 @@ def _finish_swap(
 ) -> None:
     """Do the view's part of a swap whose rename (its commit point) was made but whose
     batch did not commit (it failed, or the process died), if the view still holds the
-    tombstones of creation records the file no longer has (SPEC 8, "Compaction"): a
-    compressed segment that is not rewritten again would otherwise keep them, and the
-    pins of their eviction records, for good."""
+    tombstones of creation records the file no longer has, or lifecycle feed entries of
+    records it no longer has (SPEC 8, "Compaction"): a compressed segment that is not
+    rewritten again would otherwise keep them, and the pins of their eviction records,
+    for good."""
     base = summary.base_position
     # (The segment's positions end where the next one's begin: a compaction may have
     # dropped its last frames, whose creation records' tombstones are the ones to go.)
@@ -269,8 +270,11 @@ def _finish_swap(
     held = _held_by(summary)
     with view.begin() as txn:
         tombstones = view.tombstones_between(txn, base, last_position)
+        # (a dropped frame may hold feed records only: a live session's earlier
+        # transitions, whose entries go with them)
+        stale_feed = view.feed_goes(txn, base, last_position, held)
     del txn  # (no read transaction object outlives its transaction: SPEC 7)
-    if all(held(incarnation) for incarnation, _ in tombstones):
+    if not stale_feed and all(held(incarnation) for incarnation, _ in tombstones):
         return
     # The file in place is the copy: the swap finds it as a batch tried again does.
     submit(SwapSegment(base, "", summary, source, last_position, source[1:]))

@@ -570,6 +570,26 @@ class View:
             self.raise_feed_floor(txn, highest)
         return highest
 
+    def feed_goes(
+        self,
+        txn: lmdb.Transaction,
+        first_position: int,
+        last_position: int,
+        kept: Callable[[int], bool],
+    ) -> bool:
+        """Whether a feed entry in the position range is one `kept` does not keep (what
+        `prune_feed` with it would delete; keys only, nothing decoded)."""
+        cursor = txn.cursor(db=self._feed)
+        positioned = cursor.set_range(U64.pack(first_position))
+        while positioned:
+            position = key_u64(cursor.key(), "feed")
+            if position > last_position:
+                return False
+            if not kept(position):
+                return True
+            positioned = cursor.next()
+        return False
+
     def feed_after(
         self, txn: lmdb.Transaction, after_position: int, limit: int, newest_first: bool
     ) -> list[tuple[int, FeedEntry]]:
