@@ -25,7 +25,8 @@ __all__ = ["EndedTurns", "KeptRead", "KeptTurnResults"]
 _REREAD_SLACK: Final = 64
 _EVENTS_PER_TURN_READ: Final = 16
 # What a journal keeps between owners: the reads of at most this many results in all
-# (about 300 bytes each), the least recently read sessions' dropped first.
+# (about 300 bytes each), and of at most this many sessions (a read that found no result
+# counts too), the least recently read sessions' dropped first.
 KEPT_RESULTS: Final = 16_384
 
 Results = dict[str, tuple[bytes, str]]  # request id -> (result data, its cursor)
@@ -49,7 +50,8 @@ def _marker(row: SessionRow) -> tuple[int, int, int]:
 
 
 class KeptTurnResults:
-    """A journal's last read of each session's results (bounded: `KEPT_RESULTS`)."""
+    """A journal's last read of each session's results (bounded: `KEPT_RESULTS` results
+    and as many sessions)."""
 
     def __init__(self, limit: int = KEPT_RESULTS) -> None:
         self._limit = limit
@@ -70,7 +72,7 @@ class KeptTurnResults:
                 return
             self._reads[session_id] = read
             self._count += len(read.results)
-            while self._count > self._limit:
+            while self._count > self._limit or len(self._reads) > self._limit:
                 _, dropped = self._reads.popitem(last=False)
                 self._count -= len(dropped.results)
 
