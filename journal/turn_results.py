@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from cursors import CursorExpired, CursorForeign
+from cursors import CursorExpired, CursorForeign, CursorFuture
 
 from .models import Event
 from .records import TURN_RESULT
@@ -139,10 +139,12 @@ class EndedTurns:
                 cursor = e.cursor
                 if e.type == TURN_RESULT and e.request_id is not None:
                     results[e.request_id] = (e.data, e.cursor)
-        except (CursorExpired, CursorForeign):
+        except (CursorExpired, CursorForeign, CursorFuture):
             if last is None:
                 raise
-            return None  # (trimmed or re-created past it: the marker check would say so)
+            # (trimmed or re-created past it, which the marker check would say too, or its
+            # end cut off: a hole `verify(fix=True)` accepted, SPEC 9)
+            return None
         if last is not None and _marker(self._row()) != marker:
             return None  # (after the read: a trim before it, or during it, is seen)
         return KeptRead(marker, cursor, results, events)

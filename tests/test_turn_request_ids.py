@@ -315,6 +315,35 @@ def test_the_reads_kept_between_owners_are_bounded_when_they_found_no_result() -
     assert all(kept.get(f"s{i}") == empty for i in range(1, 11))
 
 
+def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_history(
+    tmp_path: Path,
+) -> None:
+    """The journal's last read of the session ended past what `verify(fix=True)` kept
+    of its log (committed frames cut off: SPEC 9): the next owner's read from its cursor
+    raised `CursorFuture` out of `owner.turn()`, for every request id, until the session
+    grew past it again. It reads the whole history then, as for a cursor refused
+    otherwise: r2's turn, cut off, runs; r1's stays refused."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner, owner.turn("r1"):
+            pass
+        (active,) = sorted((tmp_path / "segments").glob("*.seg"))
+        kept_end = len(active.read_bytes().rstrip(b"\0"))
+        with j.own("s") as owner, owner.turn("r2"):
+            pass
+        with j.own("s") as owner, pytest.raises(TurnSettled):
+            owner.turn("r2")  # (the journal's read now ends at r2's result)
+        with open(active, "r+b") as f:
+            f.truncate(kept_end + 10)  # (r2's frames cut off, one torn)
+        assert j.verify(fix=True).fixed
+        assert [e.request_id for e in j.replay("s")] == ["r1", "r1"]
+        with j.own("s") as owner:
+            with owner.turn("r2"):
+                pass
+            with pytest.raises(TurnSettled):
+                owner.turn("r1")
+
+
 class _Interrupted(Exception):
     """What the test's SIGUSR1 handler raises (a Ctrl+C's KeyboardInterrupt, tamed)."""
 
