@@ -24,6 +24,9 @@ __all__ = ["EndedTurns", "KeptRead", "KeptTurnResults"]
 # about 16 events read again per turn.
 _REREAD_SLACK: Final = 64
 _EVENTS_PER_TURN_READ: Final = 16
+# How many times a whole read is made when a trim passed it while it read (each starts
+# where the history begins then).
+_WHOLE_READ_TRIES: Final = 5
 # What a journal keeps between owners: the reads of at most this many results in all
 # (about 300 bytes each), and of at most this many sessions (a read that found no result
 # counts too), the least recently read sessions' dropped first.
@@ -106,15 +109,29 @@ class EndedTurns:
     def find(self, request_id: str) -> tuple[bytes, str] | None:
         with self._lock:
             if self._results is None:
-                read = self._read_since(self._kept.get(self._session_id))
+                last = self._kept.get(self._session_id)
+                read = None if last is None else self._read_since(last)
                 if read is None:
-                    read = self._read_since(None)
-                assert read is not None
+                    read = self._read_whole()
                 self._kept.put(self._session_id, read)
                 self._results = dict(read.results)
                 # (a long history of few turns is not read again every few turns)
                 self._read = max(len(read.results), read.events // _EVENTS_PER_TURN_READ)
             return self._results.get(request_id)
+
+    def _read_whole(self) -> KeptRead:
+        """The results of the whole retained history, read again from its new beginning
+        when it was trimmed (or cut) past the read while it read (a few times)."""
+        for attempt in range(1, _WHOLE_READ_TRIES + 1):
+            try:
+                read = self._read_since(None)
+            except (CursorExpired, CursorFuture):
+                if attempt == _WHOLE_READ_TRIES:
+                    raise
+                continue
+            assert read is not None
+            return read
+        raise AssertionError("unreachable")
 
     def _read_since(self, last: KeptRead | None) -> KeptRead | None:
         """The results after `last` added to it (None: from the beginning); None when

@@ -24,7 +24,7 @@ import pytest
 from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
 from test_archives import _craft, _session
 
-from journal import EventIn, Journal, Owner, StoreUnavailable, TurnSettled
+from journal import EventIn, Journal, Owner, RetentionPolicy, StoreUnavailable, TurnSettled
 from journal._local.files import FileOps
 from journal.archive import ArchiveEvent
 from journal.turn_results import KeptRead, KeptTurnResults
@@ -342,6 +342,62 @@ def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_hist
                 pass
             with pytest.raises(TurnSettled):
                 owner.turn("r1")
+
+
+class _TrimWhileRead(FileOps):
+    """Once armed, trims the session to a 1 MB byte window from another process when
+    2 MB were read (its first page of 1 MB read, its next pages not)."""
+
+    def __init__(self, store: Path) -> None:
+        super().__init__()
+        self.store = store
+        self.armed = False
+        self.read = 0
+
+    def pread_into(self, fd: int, buffer: bytearray | memoryview, offset: int) -> int:
+        got = super().pread_into(fd, buffer, offset)
+        if self.armed:
+            self.read += got
+            if self.read > 2_000_000:
+                self.armed = False
+                subprocess.run(
+                    [sys.executable, "-c", _TRIM, str(self.store)], check=True, cwd=ROOT, timeout=60
+                )
+        return got
+
+
+_TRIM = """
+import sys
+import msgspec
+from journal import Journal
+with Journal.open(sys.argv[1]) as j:
+    j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_bytes=1_000_000))
+    assert j.apply_retention().trimmed_sessions == ["s"]
+"""
+
+
+def test_a_trim_during_an_owners_first_read_does_not_fail_its_turn(tmp_path: Path) -> None:
+    """Another process's retention pass trimmed the session while the first owner read
+    its 10 MB history: the read's next page raised `CursorExpired` out of
+    `owner.turn()`, which takes no cursor. It reads the history again from its new
+    beginning."""
+    ops = _TrimWhileRead(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(tmp_path, durability="os", retention=policy, file_ops=ops) as j:
+        j.create_session("s")
+        for _ in range(100):
+            j.append("s", [EventIn("message", b"x" * 10_000)] * 10)
+        with j.own("s") as owner, owner.turn("late"):
+            pass
+        # (a new journal object: nothing kept of a read before)
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        ops.armed = True
+        with j.own("s") as owner:
+            with owner.turn("r"):
+                pass
+            assert not ops.armed, "the history was not trimmed during the read"
+            with pytest.raises(TurnSettled):
+                owner.turn("late")
 
 
 class _Interrupted(Exception):
