@@ -29,8 +29,10 @@ _EVENTS_PER_TURN_READ: Final = 16
 _WHOLE_READ_TRIES: Final = 5
 # What a journal keeps between owners: the reads of at most this many results in all
 # (about 300 bytes each), and of at most this many sessions (a read that found no result
-# counts too), the least recently read sessions' dropped first.
+# counts too), holding at most KEPT_DATA_BYTES of result data (a failed turn's holds its
+# exception's message, of any length), the least recently read sessions' dropped first.
 KEPT_RESULTS: Final = 16_384
+KEPT_DATA_BYTES: Final = 4 << 20
 
 Results = dict[str, tuple[bytes, str]]  # request id -> (result data, its cursor)
 
@@ -54,30 +56,41 @@ def _marker(row: SessionRow) -> tuple[int, int, int]:
 
 class KeptTurnResults:
     """A journal's last read of each session's results (bounded: `KEPT_RESULTS` results
-    and as many sessions)."""
+    and as many sessions, `KEPT_DATA_BYTES` of result data)."""
 
-    def __init__(self, limit: int = KEPT_RESULTS) -> None:
+    def __init__(self, limit: int = KEPT_RESULTS, limit_bytes: int = KEPT_DATA_BYTES) -> None:
         self._limit = limit
+        self._limit_bytes = limit_bytes
         self._lock = threading.Lock()
-        self._reads: OrderedDict[str, KeptRead] = OrderedDict()
+        self._reads: OrderedDict[str, tuple[KeptRead, int]] = OrderedDict()  # (, its bytes)
         self._count = 0
+        self._bytes = 0
 
     def get(self, session_id: str) -> KeptRead | None:
         with self._lock:
-            return self._reads.get(session_id)
+            found = self._reads.get(session_id)
+            return None if found is None else found[0]
 
     def put(self, session_id: str, read: KeptRead) -> None:
+        size = sum(len(data) for data, _ in read.results.values())
         with self._lock:
             old = self._reads.pop(session_id, None)
             if old is not None:
-                self._count -= len(old.results)
-            if len(read.results) > self._limit:
+                self._count -= len(old[0].results)
+                self._bytes -= old[1]
+            if len(read.results) > self._limit or size > self._limit_bytes:
                 return
-            self._reads[session_id] = read
+            self._reads[session_id] = (read, size)
             self._count += len(read.results)
-            while self._count > self._limit or len(self._reads) > self._limit:
-                _, dropped = self._reads.popitem(last=False)
+            self._bytes += size
+            while (
+                self._count > self._limit
+                or len(self._reads) > self._limit
+                or self._bytes > self._limit_bytes
+            ):
+                _, (dropped, dropped_size) = self._reads.popitem(last=False)
                 self._count -= len(dropped.results)
+                self._bytes -= dropped_size
 
 
 class EndedTurns:

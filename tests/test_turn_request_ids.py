@@ -344,6 +344,29 @@ def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_hist
                 owner.turn("r1")
 
 
+def test_the_results_kept_between_owners_are_bounded_in_bytes(tmp_path: Path) -> None:
+    """A failed turn's result holds its exception's message, of any length: the reads
+    kept between owners were bounded by their count of results only (16,384, "about
+    5 MB"), so 200 KB messages kept 12 MB for 60 sessions (3.3 GB at the bound)."""
+    with Journal.open(tmp_path, durability="os") as j:
+        for i in range(60):
+            j.create_session(f"s{i}")
+            with j.own(f"s{i}") as owner, pytest.raises(ValueError), owner.turn("r"):
+                raise ValueError("x" * 200_000)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(60):
+                with j.own(f"s{i}") as owner, pytest.raises(TurnSettled):
+                    owner.turn("r")  # (the next owner of this journal reads after it)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert held < 6_000_000, held
+
+
 class _TrimWhileRead(FileOps):
     """Once armed, trims the session to a 1 MB byte window from another process when
     2 MB were read (its first page of 1 MB read, its next pages not)."""
