@@ -323,3 +323,56 @@ def test_a_pass_stopped_between_its_floor_and_its_purges_is_finished_by_the_next
             j.watch_sessions(cursor=before)
         prune(j)
         assert messages(url, name, "lc.*") == 1
+
+
+def _publish(url: str, subject: str, data: bytes) -> int:
+    """Publish `data` on `subject` of the store's stream with a client of the test's own
+    (as an operator's `nats pub` would); its stream sequence."""
+    import asyncio
+
+    import nats
+
+    async def publish() -> int:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            return int((await nc.jetstream().publish(subject, data)).seq)
+        finally:
+            await nc.close()
+
+    return asyncio.run(publish())
+
+
+def test_a_floor_record_that_does_not_decode_expires_the_cursors_below_it(
+    j: Journal, url: str, name: str
+) -> None:
+    """A damaged `ff` record is taken as a floor at its own sequence (every floor it could
+    have recorded lies below it: the floor is an entry written before its record), as
+    the local engine's rebuild judges without its `feed-floor` file: the cursors below it
+    expire, those above resume, and the next pass writes a good record again. Until
+    2026-12-05 every lifecycle read and retention pass raised `JournalCorrupt` for good,
+    and deleting the record (the one way out) lowered the floor to 0: silent gaps."""
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 3)
+    prune(j)
+    damaged_at = _publish(url, f"j.{name}.ff", b"\xc1 not msgpack")
+    j.create_session("k0")
+    with pytest.raises(CursorExpired) as info:
+        j.watch_sessions(cursor=before)
+    assert info.value.earliest_ordinal == damaged_at + 1
+    resume = info.value.resume_cursor
+    assert resume is not None
+    with j.watch_sessions(cursor=resume, stop=threading.Event()) as feed:
+        k0 = next_of(feed)
+        assert k0.session.session_id == "k0"
+    # The next pass prunes and records a good floor again: the last eviction it pruned.
+    live_and_ended(j, "t", 2)
+    evict(j)
+    with j.watch_sessions(cursor=k0.cursor, stop=threading.Event()) as feed:
+        changes = [next_of(feed) for _ in range(6)]
+    assert changes[-1].event_type == LifecycleEventType.EVICTED
+    prune(j)
+    assert messages(url, name, "lc.*") == 2  # (anchor's and k0's)
+    with pytest.raises(CursorExpired) as info:
+        j.watch_sessions(cursor=k0.cursor)
+    assert info.value.earliest_ordinal == _position(changes[-1].cursor) + 1

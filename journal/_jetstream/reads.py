@@ -220,19 +220,19 @@ class StoreReader:
     async def feed_record(self) -> tuple[FeedFloor, int]:
         """The feed's pruning record (`feed_pruning.py`) and its sequence (0: none yet),
         read through the leader: the floor it gives is raised before any purge it
-        covers, so one read after the entries says whether any of them went."""
+        covers, so one read after the entries says whether any of them went. A record
+        that does not decode gives a floor at its own sequence, examined from the start:
+        every floor it could have recorded is an entry written before it, so the
+        cursors it expires include all those it did (SPEC 16.2; until 2026-12-05 it was
+        `JournalCorrupt` for every lifecycle read and pass, and deleting it, the one way
+        out, lowered the floor to 0)."""
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
         if message is None:
             return FeedFloor(0, 0, []), 0
         try:
             return FLOOR_DECODER.decode(message.data), message.seq
         except msgspec.DecodeError:
-            raise JournalCorrupt(
-                message.subject,
-                message.seq,
-                f"the lifecycle feed's floor at stream sequence {message.seq} does not "
-                "decode: retention passes and lifecycle cursors cannot be judged",
-            ) from None
+            return FeedFloor(message.seq, 0, []), message.seq
 
     async def feed_floor(self) -> int:
         """The highest feed position pruned (0: none)."""
