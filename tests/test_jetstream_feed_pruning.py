@@ -27,6 +27,7 @@ from journal import (
     RetentionPolicy,
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+from journal._jetstream.layout import META_DECODER
 
 HOUR_MS = 3_600_000
 # How long an evicted session's entries stay (SPEC 16.2: `feed_pruning.FEED_KEEP_MS`).
@@ -376,3 +377,38 @@ def test_a_floor_record_that_does_not_decode_expires_the_cursors_below_it(
     with pytest.raises(CursorExpired) as info:
         j.watch_sessions(cursor=k0.cursor)
     assert info.value.earliest_ordinal == _position(changes[-1].cursor) + 1
+
+
+def _format(url: str, name: str) -> int:
+    """The format the store's identity record gives (what every release checks at open)."""
+    import asyncio
+
+    import nats
+
+    async def read() -> int:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+            return int(META_DECODER.decode(found.data or b"").format)
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_store_is_marked_before_its_first_purge_so_that_older_releases_refuse_it(
+    j: Journal, url: str, name: str
+) -> None:
+    """A release from before the pruning reads format 1 and knows no floor: opening a
+    pruned store, it resumed a lifecycle cursor from before the pruned changes right past
+    them (found by a helper's review, with a worktree of that release). The first purge
+    marks the store format 2, which such a release refuses; until then it stays 1."""
+    live_and_ended(j, "s", 3)
+    assert len(evict(j)) == 3
+    assert _format(url, name) == 1  # (nothing pruned yet: every release reads it)
+    prune(j)
+    assert messages(url, name, "lc.*") == 0
+    assert _format(url, name) == 2
+    j.create_session("after")
+    with Journal.open(url, store=name) as again:
+        assert [s.session_id for s in again.list_sessions()] == ["after"]

@@ -20,14 +20,16 @@ EVICTED entry after its claim, so its claim is never pruned.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Final
 
 import msgspec
 
+from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
 from .client import ApiError
-from .layout import ENCODER, FeedFloor
+from .layout import ENCODER, META_DECODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed
 
 __all__ = ["FEED_KEEP_MS", "FeedPruner"]
@@ -49,6 +51,7 @@ _READ_BYTES: Final = 4 << 20
 # Another record came first (10071), or one is in process at a clustered stream's leader.
 _ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
 _EVICTED: Final = LifecycleEventType.EVICTED.value
+_MARK_TRIES: Final = 100
 
 
 class FeedPruner:
@@ -59,6 +62,7 @@ class FeedPruner:
         self._conn = reader.conn
         self._subjects = reader.subjects
         self._point = point
+        self._marked = False  # (the store's format says its feed is pruned)
 
     async def prune(self, now_ms: int) -> int:
         """One bounded pass at time `now_ms`; how many sessions it pruned."""
@@ -126,8 +130,39 @@ class FeedPruner:
 
     async def _purge(self, sessions: list[tuple[str, int]]) -> None:
         """Purge each session's feed entries and claim up to its EVICTED entry."""
+        if not self._marked:
+            await self._mark_pruned()
+            self._marked = True
         for token, evicted in sessions:
             await self._reader.purge(self._subjects.feed_and_claim(token), evicted + 1)
+
+    async def _mark_pruned(self) -> None:
+        """Give the store's identity record `PRUNED_FORMAT` before anything is purged: a
+        release that reads format 1 only (it knows no floor, and would resume a lifecycle
+        cursor past the pruned entries without a word) then refuses to open the store."""
+        for _ in range(_MARK_TRIES):
+            message = await self._conn.msg_get({"last_by_subj": self._subjects.meta})
+            if message is None:
+                raise StoreUnavailable("the store's identity record is gone: nothing pruned")
+            meta = META_DECODER.decode(message.data)
+            if meta.format >= PRUNED_FORMAT:
+                return
+            marked = msgspec.structs.replace(meta, format=PRUNED_FORMAT)
+            headers = {
+                "Nats-Rollup": "sub",
+                "Nats-Expected-Last-Subject-Sequence": str(message.seq),
+            }
+            try:
+                await self._conn.publish(self._subjects.meta, ENCODER.encode(marked), headers)
+                return
+            except ApiError as e:
+                if e.err_code not in _ANOTHER_CAME_FIRST:
+                    raise
+            await asyncio.sleep(0.01)  # (another process marked it, or is marking it)
+        raise StoreUnavailable(
+            "the store's format could not be marked as holding a pruned lifecycle feed "
+            "(its identity record kept changing): nothing pruned; apply retention again"
+        )
 
     async def _record(self, record: FeedFloor, seq: int) -> int | None:
         """Record `record` on the floor subject if its last sequence is still `seq`; the

@@ -43,6 +43,8 @@ __all__ = [
     "HEARTBEAT_DECODER",
     "MARKER_DECODER",
     "META_DECODER",
+    "PRUNED_FORMAT",
+    "READ_FORMATS",
     "ROW_DECODER",
     "SNAPSHOT_DECODER",
     "FeedFloor",
@@ -60,6 +62,12 @@ __all__ = [
 ]
 
 FORMAT: Final = 1
+# The format of a store whose lifecycle feed was pruned (`feed_pruning.py`): a release
+# that reads format 1 only knows no feed floor, and would resume a lifecycle cursor past
+# pruned entries, so the store is marked before its first purge and such a release
+# refuses it. This release reads both.
+PRUNED_FORMAT: Final = 2
+READ_FORMATS: Final = (FORMAT, PRUNED_FORMAT)
 _STORE_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # SessionRow fields that hold store positions (resolved after a batch commits).

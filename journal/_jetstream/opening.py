@@ -18,7 +18,16 @@ from ..arguments import check_retention
 from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
 from ..models import RetentionPolicy
 from .client import WRITE_TOKEN, ApiError, Connection, Unavailable
-from .layout import ENCODER, FORMAT, META_DECODER, Meta, Subjects, stream_config, stream_differences
+from .layout import (
+    ENCODER,
+    FORMAT,
+    META_DECODER,
+    READ_FORMATS,
+    Meta,
+    Subjects,
+    stream_config,
+    stream_differences,
+)
 from .reads import StoreReader
 
 if TYPE_CHECKING:
@@ -106,10 +115,11 @@ async def bootstrap(
             f"stream {stream} holds a subject {subjects.meta} that is not a journal "
             "store's identity: use another store name"
         ) from None
-    if decoded.format != FORMAT:
+    if decoded.format not in READ_FORMATS:
         raise StoreIncompatible(
             f"the journal store {options.store!r} has format {decoded.format}; this "
-            f"version reads format {FORMAT}: upgrade session-journal"
+            f"version reads formats {', '.join(map(str, READ_FORMATS))}: upgrade "
+            "session-journal"
         )
     reader.saw(meta.seq)
     return decoded

@@ -229,6 +229,9 @@ class StoreReader:
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
         if message is None:
             return FeedFloor(0, 0, []), 0
+        # (Committed: rows read as of a point at the floor come from a replica that has
+        # the evictions below it, as for `last_feed_position`.)
+        self.saw(message.seq)
         try:
             return FLOOR_DECODER.decode(message.data), message.seq
         except msgspec.DecodeError:
