@@ -235,6 +235,23 @@ def test_no_responders_after_the_api_answered_is_not_called_a_server_without_jet
     assert "may be down" in str(raised.value), raised.value
 
 
+def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
+    url: str, tmp_path: Path
+) -> None:
+    """The policy's read came after the open's error handling: a stream electing its
+    leader (JetStream error 10008) raised the client's internal `ApiError` out of
+    `Journal.open` (a helper's chaos trial). The refusal is raised at `open.policy`."""
+    from journal._jetstream.client import ApiError
+
+    def point(where: str, detail: object) -> None:
+        if where == "open.policy":
+            raise ApiError(503, 10008, "JetStream system temporarily unavailable")
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with pytest.raises(StoreUnavailable, match="refused to open the store"):
+        JetStreamEngine.open(options)
+
+
 def test_two_journals_on_one_store_share_sessions_and_cursor_keys(url: str, tmp_path: Path) -> None:
     name = store_name(tmp_path)
     with Journal.open(url, store=name) as a, Journal.open(url, store=name) as b:

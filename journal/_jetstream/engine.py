@@ -58,7 +58,7 @@ from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
 from .layout import ENCODER, Heartbeat, Subjects
-from .opening import bootstrap, key_ring_of, recorded_policy
+from .opening import identity_and_policy, key_ring_of
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import Writer
@@ -283,7 +283,7 @@ class JetStreamEngine:
             lambda row, taking: PROCESS_LEASES.alive(self.store_id, row, taking),
         )
         try:
-            meta = conn.call(bootstrap(conn, self.subjects, self.reader, options))
+            meta, policy = conn.call(identity_and_policy(conn, self.subjects, self.reader, options))
         except Unavailable as e:
             # "No responders" from the JetStream API itself means it is not enabled; a
             # stream without a leader yet can answer a publish the same way, so the API
@@ -307,7 +307,6 @@ class JetStreamEngine:
         self.waiter = Notifier(
             self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
         )
-        policy = conn.call(recorded_policy(conn, self.subjects, options))
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
         importer = (self._pid, max(_start_time(self._pid), 0), self._host, self._boot)
         self.writer.imports = Imports(

@@ -38,6 +38,7 @@ __all__ = [
     "bootstrap",
     "change_recorded_policy",
     "decode_policy",
+    "identity_and_policy",
     "key_ring_of",
     "recorded_policy",
 ]
@@ -123,6 +124,19 @@ async def bootstrap(
         )
     reader.saw(meta.seq)
     return decoded
+
+
+async def identity_and_policy(
+    conn: Connection, subjects: Subjects, reader: StoreReader, options: JetStreamOptions
+) -> tuple[Meta, RetentionPolicy]:
+    """`bootstrap`, then `recorded_policy`: what opening a store reads, so that one
+    handler says what a failure of either means (until 2026-12-05 the policy's read was
+    outside it, and a stream electing its leader raised the client's own `ApiError`
+    10008 out of `Journal.open`: found by a helper's chaos trial)."""
+    meta = await bootstrap(conn, subjects, reader, options)
+    if options.point is not None:
+        options.point("open.policy", options.store)
+    return meta, await recorded_policy(conn, subjects, options)
 
 
 def _check_stream(
