@@ -161,12 +161,13 @@ class EndedTurns:
                 last.cursor,
                 last.events,
             )
+        last_read: Event | None = None
         try:
             # (the last result of a request id wins: a turn whose start failed and was
             # settled as failed may have been run again, by an older release)
             for e in self._replay(cursor):
                 events += 1
-                cursor = e.cursor
+                last_read = e  # (its cursor is signed once, below: an HMAC each)
                 if e.type == TURN_RESULT and e.request_id is not None:
                     results[e.request_id] = (e.data, e.cursor)
         except (CursorExpired, CursorForeign, CursorFuture):
@@ -177,6 +178,8 @@ class EndedTurns:
             return None
         if last is not None and _marker(self._row()) != marker:
             return None  # (after the read: a trim before it, or during it, is seen)
+        if last_read is not None:
+            cursor = last_read.cursor
         return KeptRead(marker, cursor, results, events)
 
     def recorded(self, request_id: str, data: bytes, cursor: str) -> None:

@@ -560,8 +560,9 @@ class Owner:
         A request id runs once: `TurnSettled` (with the recorded result) when the session's
         retained history holds a result for it, or this owner's result of it is not
         recorded yet (entering the turn checks again). The first call of an owner reads
-        the session's retained events for that; a turn whose start raised may be started
-        again with its request id."""
+        the session's retained events for that (those after this journal's last read of
+        them, while the history begins where it did then: `turn_results.py`); a turn
+        whose start raised may be started again with its request id."""
         request_id = check_request_id("request_id", request_id)
         if not request_id:
             raise InvalidArgument("request_id must be a non-empty str")
