@@ -300,7 +300,12 @@ class JetStreamEngine:
                 "a restart or in a new cluster: retry once they answer"
             ) from None
         except ApiError as e:
-            raise StoreUnavailable(f"JetStream refused to open the store: {e}") from None
+            then = (
+                "the stream has no leader yet (electing one): retry in a few seconds"
+                if e.transient
+                else "check the servers' logs and the account's JetStream limits"
+            )
+            raise StoreUnavailable(f"JetStream refused to open the store: {e}: {then}") from None
         self.store_id = meta.store_id
         self.key_ring = key_ring_of(options, meta)
         seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
