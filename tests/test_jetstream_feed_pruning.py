@@ -25,6 +25,7 @@ from journal import (
     LifecycleEvent,
     LifecycleEventType,
     RetentionPolicy,
+    StoreUnavailable,
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 from journal._jetstream.layout import META_DECODER
@@ -412,3 +413,33 @@ def test_a_store_is_marked_before_its_first_purge_so_that_older_releases_refuse_
     j.create_session("after")
     with Journal.open(url, store=name) as again:
         assert [s.session_id for s in again.list_sessions()] == ["after"]
+
+
+def _purge_subject(url: str, name: str, subject: str) -> None:
+    """Purge one subject of the store's stream with a client of the test's own."""
+    import asyncio
+
+    import nats
+
+    async def purge() -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            await nc.jetstream().purge_stream(f"JOURNAL_{name}", subject=subject)
+        finally:
+            await nc.close()
+
+    asyncio.run(purge())
+
+
+def test_nothing_is_purged_when_the_store_cannot_be_marked(j: Journal, url: str, name: str) -> None:
+    """The mark comes before the first purge, not after it: a pass that cannot mark the
+    store (here its identity record is gone) purges nothing, so no entry leaves a store
+    that older releases would still open. (The test above sees the mark only once the
+    pass is done.)"""
+    live_and_ended(j, "s", 3)
+    assert len(evict(j)) == 3
+    entries = messages(url, name, "lc.*")
+    _purge_subject(url, name, f"j.{name}.meta")
+    with pytest.raises(StoreUnavailable, match="identity record is gone: nothing pruned"):
+        prune(j)
+    assert messages(url, name, "lc.*") == entries == 9
