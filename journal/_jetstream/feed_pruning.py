@@ -148,16 +148,8 @@ class FeedPruner:
             if meta.format >= PRUNED_FORMAT:
                 return
             marked = msgspec.structs.replace(meta, format=PRUNED_FORMAT)
-            headers = {
-                "Nats-Rollup": "sub",
-                "Nats-Expected-Last-Subject-Sequence": str(message.seq),
-            }
-            try:
-                await self._conn.publish(self._subjects.meta, ENCODER.encode(marked), headers)
+            if await self._replace(self._subjects.meta, marked, message.seq) is not None:
                 return
-            except ApiError as e:
-                if e.err_code not in _ANOTHER_CAME_FIRST:
-                    raise
             await asyncio.sleep(0.01)  # (another process marked it, or is marking it)
         raise StoreUnavailable(
             "the store's format could not be marked as holding a pruned lifecycle feed "
@@ -167,11 +159,14 @@ class FeedPruner:
     async def _record(self, record: FeedFloor, seq: int) -> int | None:
         """Record `record` on the floor subject if its last sequence is still `seq`; the
         new sequence, None when another record came first."""
+        return await self._replace(self._subjects.feed_floor, record, seq)
+
+    async def _replace(self, subject: str, record: object, seq: int) -> int | None:
+        """Roll `subject` up to `record` if its last sequence is still `seq`; the new
+        sequence, None when another message came first."""
         headers = {"Nats-Rollup": "sub", "Nats-Expected-Last-Subject-Sequence": str(seq)}
         try:
-            return await self._conn.publish(
-                self._subjects.feed_floor, ENCODER.encode(record), headers
-            )
+            return await self._conn.publish(subject, ENCODER.encode(record), headers)
         except ApiError as e:
             if e.err_code in _ANOTHER_CAME_FIRST:
                 return None
