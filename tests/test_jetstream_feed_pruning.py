@@ -443,3 +443,38 @@ def test_nothing_is_purged_when_the_store_cannot_be_marked(j: Journal, url: str,
     with pytest.raises(StoreUnavailable, match="identity record is gone: nothing pruned"):
         prune(j)
     assert messages(url, name, "lc.*") == entries == 9
+
+
+def test_a_store_of_a_later_format_is_refused_and_both_known_ones_open(url: str, name: str) -> None:
+    """This release reads formats 1 and 2 (a pruned feed's); a later one is refused at
+    open with what to do, before anything is read or written."""
+    import asyncio
+
+    import msgspec
+    import nats
+
+    from journal import StoreIncompatible
+    from journal._jetstream.layout import ENCODER
+
+    with Journal.open(url, store=name):
+        pass
+
+    async def mark(format_: int) -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            js = nc.jetstream()
+            found = await js.get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+            meta = msgspec.structs.replace(META_DECODER.decode(found.data or b""), format=format_)
+            headers = {"Nats-Rollup": "sub"}
+            await js.publish(f"j.{name}.meta", ENCODER.encode(meta), headers=headers)
+        finally:
+            await nc.close()
+
+    for known in (2, 1):
+        asyncio.run(mark(known))
+        with Journal.open(url, store=name) as j:
+            j.create_session(f"f{known}")
+    asyncio.run(mark(3))
+    with pytest.raises(StoreIncompatible, match="has format 3; this version reads formats 1, 2"):
+        Journal.open(url, store=name)
+    assert _format(url, name) == 3
