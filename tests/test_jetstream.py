@@ -1137,6 +1137,27 @@ def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
     assert ring.shared().encode() not in asyncio.run(stream_bytes())
 
 
+def test_an_open_refused_for_its_missing_key_records_no_retention_policy(
+    url: str, tmp_path: Path
+) -> None:
+    """An open without the key a store's journals must pass is `StoreIncompatible`, and
+    writes nothing: since 2026-12-05 (9a6188e) the open read, and recorded, the
+    retention policy it was given before it looked for the key, so a misconfigured
+    process changed the policy every writer of the store applies (here a 1 KB window)."""
+    from cursors import KeyRing
+    from journal import StoreIncompatible
+
+    name = store_name(tmp_path)
+    ring = KeyRing.generate()
+    kept = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(url, store=name, key_ring=ring, retention=kept):
+        pass
+    with pytest.raises(StoreIncompatible, match="key_ring"):
+        Journal.open(url, store=name, retention=RetentionPolicy(max_history_bytes=1_000))
+    with Journal.open(url, store=name, key_ring=ring) as j:
+        assert j.retention_policy() == kept
+
+
 @pytest.mark.cluster
 def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
     import os

@@ -58,7 +58,7 @@ from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
 from .layout import ENCODER, Heartbeat, Subjects
-from .opening import identity_and_policy, key_ring_of
+from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
 from .writes import Writer
@@ -283,7 +283,9 @@ class JetStreamEngine:
             lambda row, taking: PROCESS_LEASES.alive(self.store_id, row, taking),
         )
         try:
-            meta, policy = conn.call(identity_and_policy(conn, self.subjects, self.reader, options))
+            meta, self.key_ring, policy = conn.call(
+                identity_and_policy(conn, self.subjects, self.reader, options)
+            )
         except Unavailable as e:
             # "No responders" from the JetStream API itself means it is not enabled; a
             # stream without a leader yet can answer a publish the same way, so the API
@@ -300,14 +302,12 @@ class JetStreamEngine:
                 "a restart or in a new cluster: retry once they answer"
             ) from None
         except ApiError as e:
-            then = (
-                "the stream has no leader yet (electing one): retry in a few seconds"
-                if e.transient
-                else "check the servers' logs and the account's JetStream limits"
-            )
-            raise StoreUnavailable(f"JetStream refused to open the store: {e}: {then}") from None
+            then = "retry in a few seconds" if e.transient else "check the servers' logs"
+            raise StoreUnavailable(
+                f"JetStream refused to open the store: {e}: {then} (a refusal that passes "
+                "is a stream electing its leader; else see the account's JetStream limits)"
+            ) from None
         self.store_id = meta.store_id
-        self.key_ring = key_ring_of(options, meta)
         seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
         self.waiter = Notifier(
             self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)

@@ -128,15 +128,18 @@ async def bootstrap(
 
 async def identity_and_policy(
     conn: Connection, subjects: Subjects, reader: StoreReader, options: JetStreamOptions
-) -> tuple[Meta, RetentionPolicy]:
-    """`bootstrap`, then `recorded_policy`: what opening a store reads, so that one
-    handler says what a failure of either means (until 2026-12-05 the policy's read was
-    outside it, and a stream electing its leader raised the client's own `ApiError`
-    10008 out of `Journal.open`: found by a helper's chaos trial)."""
+) -> tuple[Meta, KeyRing, RetentionPolicy]:
+    """`bootstrap`, `key_ring_of`, then `recorded_policy`: what opening a store reads, so
+    that one handler says what a failure of the reads means (until 2026-12-05 the
+    policy's read was outside it, and a stream electing its leader raised the client's
+    own `ApiError` 10008 out of `Journal.open`: found by a helper's chaos trial). The key
+    ring comes before the policy, which the open may record: an open refused for its
+    key writes nothing."""
     meta = await bootstrap(conn, subjects, reader, options)
+    key_ring = key_ring_of(options, meta)
     if options.point is not None:
         options.point("open.policy", options.store)
-    return meta, await recorded_policy(conn, subjects, options)
+    return meta, key_ring, await recorded_policy(conn, subjects, options)
 
 
 def _check_stream(
