@@ -185,30 +185,6 @@ def _position(cursor: str) -> int:
     return int.from_bytes(raw[12 : 12 + width], "big")
 
 
-def test_a_watcher_that_falls_behind_pruning_gets_cursor_expired(j: Journal) -> None:
-    j.create_session("anchor")
-    before = anchor_cursor(j)
-    live_and_ended(j, "s", 150)  # 300 entries: more than one read of the feed (256)
-    stop = threading.Event()
-    feed = j.watch_sessions(cursor=before, stop=stop)
-    first = next_of(feed)
-    assert (first.event_type, first.session.session_id) == (LifecycleEventType.CREATED, "s0")
-    prune(j)
-    delivered = [first]
-    with pytest.raises(CursorExpired) as info:
-        while True:
-            delivered.append(next_of(feed))
-    stop.set()
-    # Everything read before the pruning came in order, with no gap, then the error.
-    expected = [
-        (kind, f"s{i}")
-        for i in range(128)
-        for kind in (LifecycleEventType.CREATED, LifecycleEventType.RESOLVED)
-    ]
-    assert [(e.event_type, e.session.session_id) for e in delivered] == expected
-    assert info.value.resume_cursor is not None
-
-
 def test_a_snapshot_cursor_whose_session_is_pruned_while_it_resumes_is_expired(
     url: str, name: str
 ) -> None:
