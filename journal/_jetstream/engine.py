@@ -3,8 +3,8 @@
 A synchronous facade over an asyncio client: the connection runs its own event-loop
 thread (`client.Connection`), and every `Engine` method runs its coroutine there, so the
 journal's sync and async APIs both work. Reads are in `reads.py`, writes in `writes.py`,
-opening the store in `opening.py`; this module keeps the owner leases and their
-heartbeats, the expiry timer, and the change source that wakes the shared waiter.
+opening the store in `opening.py`, the owner leases and their heartbeats in `leases.py`;
+this module keeps the expiry timer and the change source that wakes the shared waiter.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ from cursors import KeyRing
 
 from ..engine import (
     READ_SCOPE,
-    AcquireLease,
     EventsPage,
     Lease,
     Operation,
     PolicyChange,
-    ReleaseLease,
     StoredSnapshot,
     VerifyFix,
 )
@@ -38,8 +36,6 @@ from ..engine import Progress as ProgressCallback
 from ..errors import (
     JournalClosed,
     JournalCorrupt,
-    JournalError,
-    OwnerBusy,
     ReadOnlyStore,
     StoreUnavailable,
 )
@@ -57,7 +53,8 @@ from ..waiter import HeadUnknown, Notifier
 from .client import ApiError, Closed, Connection, Unavailable
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
-from .layout import ENCODER, Heartbeat, Subjects
+from .layout import Subjects
+from .leases import Leases, boot_id, start_time
 from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Moved, StoreReader
@@ -155,64 +152,6 @@ class _RowChanges:
             self._conn.call(self._sub.unsubscribe(), 5)
 
 
-class JetStreamLease:
-    """This process's hold on a session's owner lease: recorded in the session's row, kept
-    alive by a heartbeat message every `heartbeat_s` (`JetStreamOptions`)."""
-
-    def __init__(
-        self, engine: JetStreamEngine, session_id: str, incarnation: int, generation: int
-    ) -> None:
-        self.session_id = session_id
-        self.incarnation = incarnation
-        self.generation = generation
-        self._engine = engine
-        self._beat: asyncio.Task[None] | None = None
-        self._released = False
-        self._releasing = threading.Lock()
-
-    @property
-    def held(self) -> bool:
-        return not self._released
-
-    async def start(self) -> asyncio.Task[None]:
-        """The first beat, then the task that beats on (on the engine's loop)."""
-        await self._engine.beat(self)
-        return asyncio.get_running_loop().create_task(self._beating())
-
-    def beating(self, task: asyncio.Task[None]) -> None:
-        self._beat = task
-
-    async def _beating(self) -> None:
-        while True:
-            await asyncio.sleep(self._engine.heartbeat_s)
-            with contextlib.suppress(ApiError, *Unavailable):
-                await self._engine.beat(self)
-
-    def release(self) -> None:
-        with self._releasing:  # (once, whichever thread comes first)
-            if self._released:
-                return
-            self._released = True
-        engine = self._engine
-        beat = self._beat
-        release = ReleaseLease(self.session_id, self.incarnation, self.generation)
-        try:
-            if beat is not None and not engine.conn.loop.is_closed():
-                engine.conn.loop.call_soon_threadsafe(beat.cancel)
-            engine.submit(release)
-        except JournalClosed:
-            pass  # closing: the heartbeat stops and the lease lapses
-        except StoreUnavailable:
-            engine.release_later(release)  # (another process would wait for our exit)
-            raise StoreUnavailable(
-                f"no reply from JetStream releasing the lease of session "
-                f"{self.session_id!r}: the release is asked again every second until it is "
-                "recorded (or this journal closes), so there is nothing to retry"
-            ) from None
-        finally:
-            engine.forget(self)
-
-
 def _jetstream_answers(conn: Connection) -> bool:
     """Whether JetStream's API answers at all (`$JS.API.INFO`, the account's info)."""
     try:
@@ -222,20 +161,6 @@ def _jetstream_answers(conn: Connection) -> bool:
     except (*Unavailable, ApiError):
         return True  # (something is there: a timeout or an error is not "not enabled")
     return True
-
-
-def _boot_id() -> str:
-    """The machine's boot id and this process's pid namespace (`PROCESS_BOOT`): a row of
-    another namespace is judged by its heartbeat, as one of another host is."""
-    from .._local.leases import PROCESS_BOOT
-
-    return PROCESS_BOOT
-
-
-def _start_time(pid: int) -> int:
-    from .._local.leases import process_start_time
-
-    return process_start_time(pid)
 
 
 class JetStreamEngine:
@@ -270,10 +195,8 @@ class JetStreamEngine:
         self.location += f"/{options.store}"
         self._pid = os.getpid()
         self._host = socket.gethostname()
-        self._boot = _boot_id()
+        self._boot = boot_id()
         self._closed = False
-        self._leases: set[JetStreamLease] = set()
-        self._retries: set[asyncio.Task[None]] = set()  # (releases asked again)
         self.reader = StoreReader(conn, self.subjects)
         self._owners = OwnerJudge(
             conn,
@@ -313,7 +236,7 @@ class JetStreamEngine:
             self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
         )
         self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
-        importer = (self._pid, max(_start_time(self._pid), 0), self._host, self._boot)
+        importer = (self._pid, max(start_time(self._pid), 0), self._host, self._boot)
         self.writer.imports = Imports(
             self.reader,
             self.store_id,
@@ -321,6 +244,18 @@ class JetStreamEngine:
             self._owner_alive,
             self._committed,
             self.heartbeat_s,
+            self.point,
+        )
+        self.leases = Leases(
+            conn,
+            self.subjects,
+            self.store_id,
+            (self._host, self._boot),
+            self.heartbeat_s,
+            self.submit,
+            self._run,
+            self.writer.submit,
+            lambda: self._closed,
             self.point,
         )
         self._expiry_wake: asyncio.Event | None = None
@@ -611,60 +546,7 @@ class JetStreamEngine:
         self.check_usable()
         if self.readonly:
             raise ReadOnlyStore("own() needs a writable journal")
-        deadline = time.monotonic() + wait_s
-        pid = os.getpid()
-        operation = AcquireLease(session_id, pid, max(_start_time(pid), 0), self._host, self._boot)
-        with PROCESS_LEASES.taking(self.store_id, session_id):
-            while True:
-                try:
-                    row = self.submit(operation)
-                    break
-                except OwnerBusy:
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(0.05)
-            lease = JetStreamLease(self, session_id, row.incarnation, row.owner_generation)
-            self._leases.add(lease)
-            PROCESS_LEASES.hold(self.store_id, lease, True)
-        try:
-            self.point("lease.taken", session_id)  # (on the caller's thread)
-            # (Through `_run`: a close by another thread meanwhile is JournalClosed.)
-            lease.beating(self._run(lease.start()))
-        except BaseException:
-            lease.release()
-            raise
-        return lease
-
-    async def beat(self, lease: JetStreamLease) -> None:
-        beat = Heartbeat(lease.incarnation, lease.generation, os.getpid(), self._host, _now_ms())
-        token = Subjects.token(lease.session_id)
-        await self.conn.publish(
-            self.subjects.heartbeat(token), ENCODER.encode(beat), {"Nats-Rollup": "sub"}
-        )
-
-    def release_later(self, operation: ReleaseLease) -> None:
-        """A release that went unanswered (an outage) is asked again on the loop, every
-        second until it is recorded or the journal closes: the lease stays recorded till
-        then, and another process of this host judges it by this process's pid."""
-
-        async def again() -> None:
-            while not self._closed:
-                await asyncio.sleep(1.0)
-                with contextlib.suppress(JournalError, ApiError, *Unavailable):
-                    await self.writer.submit(operation)
-                    return
-
-        def start() -> None:
-            task = self.conn.loop.create_task(again())
-            self._retries.add(task)
-            task.add_done_callback(self._retries.discard)
-
-        with contextlib.suppress(RuntimeError):  # (a closed loop: nothing to retry on)
-            self.conn.loop.call_soon_threadsafe(start)
-
-    def forget(self, lease: JetStreamLease) -> None:
-        self._leases.discard(lease)
-        PROCESS_LEASES.hold(self.store_id, lease, False)
+        return self.leases.acquire(session_id, wait_s)
 
     def owner_alive(self, row: SessionRow) -> bool | None:
         if not row.owner_pid:
@@ -779,9 +661,7 @@ class JetStreamEngine:
         if os.getpid() != self._pid:
             self._closed = True
             return
-        for lease in list(self._leases):
-            with contextlib.suppress(Exception):
-                lease.release()
+        self.leases.release_all()
         self._closed = True
         self.writer.imports.close()
         # The requests in flight end now (a head read of the waiter thread, which the

@@ -25,7 +25,7 @@ from .layout import HEARTBEAT_DECODER, Subjects
 from .reads import StoreReader
 
 if TYPE_CHECKING:
-    from .engine import JetStreamLease
+    from .leases import JetStreamLease
 
 __all__ = ["HEARTBEAT_S", "LEASE_S", "PROCESS_LEASES", "OwnerJudge", "ProcessLeases"]
 
