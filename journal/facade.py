@@ -21,7 +21,7 @@ from collections.abc import (
 from functools import partial
 from typing import IO, TypeVar
 
-from cursors import KeyRing, TokenCodec, TokenKind, scope_digest
+from cursors import KeyRing, TokenCodec
 
 from ._local import DEFAULT_DEAD_SHARE, DEFAULT_SEGMENT_BYTES, Durability, FileOps, open_local
 from .abandoned import Detachable, close_when_dropped
@@ -59,12 +59,9 @@ from .engine import (
     VerifyFix,
 )
 from .errors import (
-    InvalidPageToken,
     JournalClosed,
-    JournalCorrupt,
     ReadOnlyStore,
     SessionNotFound,
-    StoreUnavailable,
 )
 from .event_pages import EventPages
 from .folds import DEFAULT_TRIES, Codec, Fold
@@ -90,7 +87,8 @@ from .models import (
 )
 from .remote import is_remote, open_remote
 from .session_cursors import SessionCursors
-from .sessions import SessionRow, TransitionKind, metadata, metadata_page, recorded_owner
+from .session_views import SessionViews
+from .sessions import SessionRow, TransitionKind, metadata_page
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
 from .turn_results import KeptTurnResults
@@ -116,6 +114,7 @@ class Journal:
     _engine: Engine
     _closed: bool
     _codec: TokenCodec
+    _sessions: SessionViews
     _lifecycle: LifecycleFeed
     _deliveries: Deliveries
     _events: EventChecker
@@ -184,8 +183,9 @@ class Journal:
         self.store_id = engine.store_id
         self._closed = False
         self._codec = TokenCodec(engine.key_ring)
-        self._lifecycle = LifecycleFeed(engine, self._codec, self._metadata)
         self._cursors = cursors = SessionCursors(engine, self._codec)
+        self._sessions = sessions = SessionViews(engine, self._codec, engine.store_id, cursors)
+        self._lifecycle = LifecycleFeed(engine, self._codec, sessions.metadata)
         self._pages = pages = EventPages(engine, cursors)
         self._deliveries = deliveries = Deliveries(engine.waiter)
         self._events = EventChecker()
@@ -275,7 +275,7 @@ class Journal:
             max_history_bytes,
             max_history_age_ms,
         )
-        return self._metadata(self._submit(operation))
+        return self._sessions.metadata(self._submit(operation))
 
     def append(
         self,
@@ -315,7 +315,7 @@ class Journal:
 
     def _transition(self, kind: TransitionKind, session_id: str) -> SessionMetadata:
         session_id = check_name("session_id", session_id)
-        return self._metadata(self._submit(Transition(session_id, kind)))
+        return self._sessions.metadata(self._submit(Transition(session_id, kind)))
 
     def expire_due(self, now_ms: int | None = None) -> list[SessionMetadata]:
         """Expire sessions past their TTL or suspension cap; returns what it expired."""
@@ -338,20 +338,7 @@ class Journal:
 
     def snapshot(self, session_id: str) -> Snapshot | None:
         """The session's latest snapshot (with a cursor to resume after it), or None."""
-        row = self._row(session_id)
-        if not row.snapshot_position:
-            return None
-        stored = self._engine.snapshot(row)
-        if stored is None:
-            return None
-        return Snapshot(
-            row.session_id,
-            stored.through_ordinal,
-            stored.data,
-            self._cursors.cursor(
-                row.session_id, row.incarnation, stored.position, stored.through_ordinal
-            ),
-        )
+        return self._sessions.snapshot(self._row(session_id))
 
     def checkpoint_session(
         self, session_id: str, through_ordinal: int, checkpoint: bytes
@@ -370,22 +357,7 @@ class Journal:
     def checkpoint(self, session_id: str) -> Snapshot | None:
         """The session's latest checkpoint (with a cursor to resume after it), or None
         (none taken, or history below it left the retained range since)."""
-        row = self._row(session_id)
-        try:
-            stored = self._engine.checkpoint(row)
-        except (JournalCorrupt, StoreUnavailable):
-            # Replaced by a newer one whose writer deleted its file meanwhile? Only then
-            # look again (real damage raises again).
-            if self._engine.session(session_id) == row:
-                raise
-            row = self._row(session_id)
-            stored = self._engine.checkpoint(row)
-        if stored is None:
-            return None
-        cursor = self._cursors.cursor(
-            row.session_id, row.incarnation, stored.position, stored.through_ordinal
-        )
-        return Snapshot(row.session_id, stored.through_ordinal, stored.data, cursor)
+        return self._sessions.checkpoint(session_id, self._row)
 
     # -- maintenance -----------------------------------------------------------------------
 
@@ -510,18 +482,11 @@ class Journal:
     def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:
         return self._cursors.append_result(session_id, self._submit(operation))
 
-    def _metadata(self, row: SessionRow) -> SessionMetadata:
-        """Public metadata with the owner only while it is alive (uncertain is alive)."""
-        owner = recorded_owner(row)
-        if owner is not None and self._engine.owner_alive(row) is False:
-            owner = None
-        return metadata(row, owner)
-
     # -- sessions: reads -------------------------------------------------------------------
 
     def get_session(self, session_id: str) -> SessionMetadata:
         """The session's metadata; `SessionNotFound` if it does not exist."""
-        return self._metadata(self._row(session_id))
+        return self._sessions.metadata(self._row(session_id))
 
     def _row(self, session_id: str) -> SessionRow:
         self._check_open()
@@ -542,46 +507,14 @@ class Journal:
     ) -> SessionPage:
         """One page of sessions in session-id order; pass `next_page_token` for the next."""
         self._check_open()
-        page_size = check_listing(page_size, state)
-        scope = scope_digest(self.store_id, purpose="list:" + (state.value if state else "*"))
-        after: str | None = None
-        if page_token:
-            claims = self._codec.decode(page_token, TokenKind.PAGE, scope)
-            after = self._engine.session_id_of(claims.position)
-            if after is None:
-                raise InvalidPageToken(
-                    "this page token does not match this store's sessions (stale or "
-                    "from a restored copy): start again without a token"
-                )
-        elif page_token is not None and page_token != "":
-            raise InvalidPageToken("page_token must be a str")
-        rows, more = self._engine.sessions(after, state, page_size)
-        token = ""
-        if more and rows:
-            token = self._codec.encode(TokenKind.PAGE, scope, rows[-1].incarnation)
-        return SessionPage(metadata_page(rows, self._engine.owners_alive), token)
+        return self._sessions.page(page_size, page_token, state)
 
     def list_sessions(
         self, state: SessionState | None = None, page_size: int = DEFAULT_PAGE_SIZE
     ) -> Iterator[SessionMetadata]:
         """Every session (optionally in one state), lazily, page by page."""
         check_listing(page_size, state)  # now, not at the first next()
-        return self._list_sessions(state, page_size)
-
-    def _list_sessions(
-        self, state: SessionState | None, page_size: int
-    ) -> Generator[SessionMetadata, None, None]:
-        # Pages after the last id seen, not after a page token: a token names a session,
-        # and when that one is evicted meanwhile the token fails, which an iterator's
-        # caller could do nothing about (id order says where to go on anyway).
-        after: str | None = None
-        while True:
-            self._check_open()
-            rows, more = self._engine.sessions(after, state, page_size)
-            yield from metadata_page(rows, self._engine.owners_alive)
-            if not (more and rows):
-                return
-            after = rows[-1].session_id
+        return self._sessions.every(state, page_size, self._check_open)
 
     # -- events: reads ---------------------------------------------------------------------
 
