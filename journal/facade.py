@@ -24,7 +24,7 @@ from typing import IO, TypeVar
 from cursors import KeyRing, TokenCodec
 
 from ._local import DEFAULT_DEAD_SHARE, DEFAULT_SEGMENT_BYTES, Durability, FileOps, open_local
-from .abandoned import Detachable, close_when_dropped
+from .abandoned import Detachable
 from .archive import ArchiveLimits
 from .arguments import (
     DEFAULT_PAGE_BYTES,
@@ -85,6 +85,7 @@ from .models import (
     StoreStats,
     VerifyReport,
 )
+from .parts import assemble
 from .remote import is_remote, open_remote
 from .session_cursors import SessionCursors
 from .session_views import SessionViews
@@ -182,33 +183,18 @@ class Journal:
         self.readonly = engine.readonly
         self.store_id = engine.store_id
         self._closed = False
-        self._codec = TokenCodec(engine.key_ring)
-        self._cursors = cursors = SessionCursors(engine, self._codec)
-        self._sessions = sessions = SessionViews(engine, self._codec, engine.store_id, cursors)
-        self._lifecycle = LifecycleFeed(engine, self._codec, sessions.metadata)
-        self._pages = pages = EventPages(engine, cursors)
-        self._deliveries = deliveries = Deliveries(engine.waiter)
+        parts = assemble(engine)
+        self._codec = parts.codec
+        self._cursors = parts.cursors
+        self._sessions = parts.sessions
+        self._lifecycle = parts.lifecycle
+        self._pages = parts.pages
+        self._deliveries = parts.deliveries
+        self._read_threads = parts.read_threads
         self._events = EventChecker()
         self._kept_turns = KeptTurnResults()
-        # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
-        self._read_threads = threads = ReadThreads() if engine.reads_block else None
-
-        def close_parts() -> None:
-            deliveries.close()  # (joins the delivery thread before the engine closes)
-            pages.close()
-            engine.close()  # (cancels the reads in flight: section 16.4)
-            if threads is not None:
-                threads.close()
-
-        # Closed when garbage-collected without close() (SPEC 7): its thread, files and
-        # the store's place in this process are not kept for the life of the process.
-        self._close_parts = close_parts
-        self._dropped = close_when_dropped(
-            self,
-            close_parts,
-            f"the journal of {engine.location!r} was dropped without close() and is closed "
-            "now: use `with Journal.open(...) as journal:`",
-        )
+        self._close_parts = parts.close
+        self._dropped = parts.close_when_dropped(self, engine.location)
         return self
 
     def close(self) -> None:
