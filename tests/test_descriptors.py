@@ -647,6 +647,26 @@ def test_journals_dropped_without_close_are_closed_and_the_store_reopens(tmp_pat
     assert fd_count() <= len(before) + SLACK
 
 
+def test_a_journal_dropped_without_close_is_closed_without_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    """The lifecycle feed held a method of its journal, a reference cycle: a journal
+    dropped without close() stayed open (its thread, files and lock) until the cycle
+    collector ran, which a process that disables it or allocates little may not do for
+    long. It is closed as its last reference goes."""
+    store = tmp_path / "store"
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.warns(ResourceWarning, match="dropped without close"):
+            j = open_small(store)
+            j.create_session("s")
+            del j
+    finally:
+        gc.enable()
+    assert under(open_fds(), store) == []
+
+
 def test_an_export_of_many_sessions_keeps_one_segment_open(tmp_path: Path) -> None:
     """An export reads session after session, each from its first segment on: going
     back to an earlier segment closed the readers behind it only, so the ones ahead,
