@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import lmdb
+import pytest
 from _procs_retention import Child
 
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable, VerifyReport
@@ -268,6 +269,19 @@ class FailTheViewPartOfASwap(FileOps):
 _STALE = "tombstones table differs from the log (3 entries, a rebuilt view has 0"
 
 
+def _fail_a_swap_then_compact(
+    j: Journal, ops: FailTheViewPartOfASwap, stale: str, dead_share: float = 0.5
+) -> None:
+    """`compact(dead_share)` whose swap's batch fails after the rename leaves `stale` in
+    what `verify()` reports; the next `compact()` rewrites nothing and clears it."""
+    ops.armed = True
+    with pytest.raises(StoreUnavailable, match="injected"):
+        j.compact(dead_share)
+    assert any(stale in p.what for p in j.verify().problems)
+    assert j.compact().segments_rewritten == []  # (the file is the copy already)
+    assert j.verify().problems == []
+
+
 def test_a_swap_whose_batch_failed_after_its_rename_is_finished_by_the_next_compact(
     tmp_path: Path,
 ) -> None:
@@ -282,17 +296,7 @@ def test_a_swap_whose_batch_failed_after_its_rename_is_finished_by_the_next_comp
         store, durability="os", segment_bytes=4096, retention=_AN_HOUR, file_ops=ops
     ) as j:
         _evict_three_beside_a_kept_session(j)
-        ops.armed = True
-        try:
-            j.compact()
-        except StoreUnavailable as e:
-            assert "injected" in str(e)
-        else:
-            raise AssertionError("the swap's batch did not fail")
-        assert any(_STALE in p.what for p in j.verify().problems)
-        report = j.compact()
-        assert report.segments_rewritten == []  # (the file is the copy already)
-        assert j.verify().problems == []
+        _fail_a_swap_then_compact(j, ops, _STALE)
         assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
         sessions = sorted(s.session_id for s in j.list_sessions())
     shutil.rmtree(store / "index")
@@ -337,17 +341,7 @@ def test_a_failed_swap_that_dropped_only_feed_records_is_finished_by_the_next_co
             j.resume_session("a")
         for _ in range(2):
             j.append("a", [EventIn("m", b"k" * 3000)])  # (seals their segment)
-        ops.armed = True
-        try:
-            j.compact(0.0)
-        except StoreUnavailable as e:
-            assert "injected" in str(e)
-        else:
-            raise AssertionError("the swap's batch did not fail")
-        stale = "lifecycle feed differs from the log"
-        assert any(stale in p.what for p in j.verify().problems)
-        assert j.compact().segments_rewritten == []  # (the file is the copy already)
-        assert j.verify().problems == []
+        _fail_a_swap_then_compact(j, ops, "lifecycle feed differs from the log", 0.0)
         assert [e.data[:1] for e in j.replay("a")] == [b"k", b"k"]
     shutil.rmtree(store / "index")
     with Journal.open(store) as j:
