@@ -12,11 +12,11 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _nats import shared_server, stream_messages
 from _waiting import first_of
+from test_jetstream_imports import _import_in_thread
 
 from journal import (
     CursorExpired,
@@ -235,7 +235,6 @@ def test_an_import_in_flight_keeps_its_claim_while_the_evicted_incarnation_is_pr
             reached.set()
             assert go.wait(60)
 
-    result: list[Any] = []
     options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
     with (
         Journal.over(JetStreamEngine.open(options)) as j,
@@ -246,14 +245,7 @@ def test_an_import_in_flight_keeps_its_claim_while_the_evicted_incarnation_is_pr
         assert evict(other) == ["x"]
         assert messages(url, name, f"lc.{token}") == 3
 
-        def run() -> None:
-            try:
-                result.append(j.import_sessions(io.BytesIO(archive)))
-            except BaseException as e:  # (the test looks at it)
-                result.append(e)
-
-        thread = threading.Thread(target=run)
-        thread.start()
+        thread, result = _import_in_thread(j, archive)
         try:
             assert reached.wait(60), result
             prune(other)  # (the importer is alive: its staging is left alone)
