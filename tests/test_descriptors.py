@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from journal import CursorExpired, EventIn, Journal, RetentionPolicy
+from journal import CursorExpired, EventIn, Journal, RetentionPolicy, Subscription
 from journal._local.reader import KEPT_AT_HEAD
 
 pytestmark = pytest.mark.skipif(
@@ -664,6 +664,31 @@ def test_a_journal_dropped_without_close_is_closed_without_the_cycle_collector(
             del j
     finally:
         gc.enable()
+    assert under(open_fds(), store) == []
+
+
+def test_a_journal_dropped_with_a_lifecycle_subscription_is_closed_as_with_an_event_one(
+    tmp_path: Path,
+) -> None:
+    """A subscription does not keep its journal: dropped without close(), the journal is
+    closed (with the warning) and its subscriptions end, a lifecycle one as an event one.
+    Until the session views moved out of the facade (2026-12-05) the lifecycle feed held
+    a method of its journal, so a `subscribe_sessions` kept a dropped journal open (its
+    thread, files and the store's place in this process) for the life of the process."""
+    store = tmp_path / "store"
+    seen: list[object] = []
+
+    def forgetful() -> tuple[Subscription[Any], ...]:
+        j = open_small(store)
+        j.create_session("s")
+        return j.subscribe("s", seen.append), j.subscribe_sessions(seen.append)
+
+    with pytest.warns(ResourceWarning, match="dropped without close"):
+        subscriptions = forgetful()
+        gc.collect()
+    with open_small(store) as j:  # (waits for the dropped journal's close)
+        assert [m.session_id for m in j.list_sessions()] == ["s"]
+    assert [sub.closed for sub in subscriptions] == [True, True]
     assert under(open_fds(), store) == []
 
 
