@@ -80,6 +80,17 @@ def _export(j: Journal) -> bytes:
     return out.getvalue()
 
 
+def _one_session_archive(
+    tmp_path: Path, session_id: str, count: int, size: int
+) -> tuple[list[tuple[Any, ...]], bytes]:
+    """The history and the archive of one session of a local store (under `tmp_path`)
+    holding `count` events of `size` bytes, event i made of the byte i % 256."""
+    with Journal.open(tmp_path / "local") as local:
+        local.create_session(session_id)
+        local.append(session_id, [EventIn("m", bytes([i % 256]) * size) for i in range(count)])
+        return _history(local, session_id), _export(local)
+
+
 def _sections(archive: bytes) -> list[Any]:
     """An archive's content after its header, as plain values."""
     reader = ArchiveReader(io.BytesIO(archive), ArchiveLimits())
@@ -579,11 +590,7 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     below the staged row it had read, which the commit had just made visible). When the
     rollback comes first, the commit is refused with StoreUnavailable saying the import
     was rolled back (it said SessionExists, "created meanwhile", of an id nobody has)."""
-    with Journal.open(tmp_path / "local") as local:
-        local.create_session("a")
-        local.append("a", [EventIn("m", bytes([i % 256]) * 10) for i in range(300)])
-        held = _history(local, "a")
-        archive = _export(local)
+    held, archive = _one_session_archive(tmp_path, "a", 300, 10)
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
@@ -658,11 +665,7 @@ def test_an_import_interrupted_as_it_commits_keeps_a_commit_that_lands_during_it
     its events (replay: "ordinal 1 where 1 was due"); now a tombstone with the
     compare-and-set on that row goes first, and a commit that lands first keeps its
     sessions and the interrupt says the import was committed."""
-    with Journal.open(tmp_path / "local") as local:
-        local.create_session("a")
-        local.append("a", [EventIn("m", bytes([i % 256]) * 10) for i in range(300)])
-        held = _history(local, "a")
-        archive = _export(local)
+    held, archive = _one_session_archive(tmp_path, "a", 300, 10)
     name = store_name(tmp_path)
     proxy = HoldingProxy(shared_server().port)
     reached: list[object] = []
@@ -828,12 +831,8 @@ def test_a_staging_batch_that_lands_after_its_rollback_read_is_rolled_back_too(
     compare-and-set failed on a row still staged): its claim and events stayed, and
     another process of this host could not import the id while this one lived
     ("being imported by another process")."""
-    with Journal.open(tmp_path / "local") as local:
-        local.create_session("a")
-        count, size = (10, 10) if batch == "first" else (1200, 4000)  # (later: StageEvents)
-        local.append("a", [EventIn("m", bytes([i % 256]) * size) for i in range(count)])
-        held = _history(local, "a")
-        archive = _export(local)
+    count, size = (10, 10) if batch == "first" else (1200, 4000)  # (later: StageEvents)
+    held, archive = _one_session_archive(tmp_path, "a", count, size)
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
@@ -906,11 +905,7 @@ def test_an_importer_killed_during_its_rollback_leaves_no_claim(
     claim (`in.<id>`): the claim was left for good (nothing reads or removes a claim but
     the rollback that staged it, and it was deleted after the purge that left no trace
     of it). The next retention pass, or the next import of the id, removes it."""
-    with Journal.open(tmp_path / "local") as local:
-        local.create_session("big")
-        local.append("big", [EventIn("m", bytes([i % 256]) * 4000) for i in range(2000)])
-        held = _history(local, "big")
-        archive = _export(local)
+    held, archive = _one_session_archive(tmp_path, "big", 2000, 4000)
     path = tmp_path / "archive.sja"
     path.write_bytes(archive)
     name = store_name(tmp_path)
