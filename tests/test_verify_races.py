@@ -275,8 +275,11 @@ def _fail_a_swap_then_compact(
     """`compact(dead_share)` whose swap's batch fails after the rename leaves `stale` in
     what `verify()` reports; the next `compact()` rewrites nothing and clears it."""
     ops.armed = True
-    with pytest.raises(StoreUnavailable, match="injected"):
+    with pytest.raises(StoreUnavailable, match="injected") as failed:
         j.compact(dead_share)
+    # (the rename was made: the error does not say that nothing was committed)
+    assert "nothing of this call was committed" not in str(failed.value)
+    assert "what this call finished stays done" in str(failed.value)
     assert any(stale in p.what for p in j.verify().problems)
     assert j.compact().segments_rewritten == []  # (the file is the copy already)
     assert j.verify().problems == []

@@ -68,7 +68,7 @@ from ..waiter import Notifier
 from .catch_up import CatchUp
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
-from .compaction import Compactions
+from .compaction import Compactions, SealActive, SwapSegment
 from .expiry import ExpiryTimer
 from .failures import (
     disk_errors,
@@ -397,7 +397,7 @@ class LocalEngine:
             # Failed alone while it was planned (a compaction swap, a fix writing a
             # sidecar): what it interrupted is finished by the next catch-up.
             self._catch_up.interrupted()
-            raise unavailable(error) from error
+            raise unavailable(error, _during(operation)) from error
         if error is not None:
             raise error
         result: ResultT = request.result
@@ -445,6 +445,8 @@ class LocalEngine:
             for r in batch:
                 r.result = None
                 r.error = error
+                if isinstance(os_error, OSError) and _during(r.operation) == "maintenance":
+                    r.error = unavailable(os_error, "maintenance")
             if not batch:
                 if error is e:
                     raise
@@ -704,3 +706,13 @@ class LocalEngine:
         return StoreStats(
             dict(sorted(counts.items())), segments, size, 1 if head is None else head.next_position
         )
+
+
+# Requests that may have finished part of their work before a failure (a swap's rename,
+# a seal's rotation, a retention pass's deleted files, a fix's repairs): their error
+# says what was done stays done, not that nothing was committed.
+_MAINTENANCE: Final = (SwapSegment, SealActive, ApplyRetention, VerifyFix)
+
+
+def _during(operation: object) -> str:
+    return "maintenance" if isinstance(operation, _MAINTENANCE) else "commit"
