@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from unittest.mock import ANY
 
+import msgspec
 import pytest
 from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
 from test_archives import _craft, _session
@@ -422,6 +423,92 @@ def test_a_trim_during_an_owners_first_read_does_not_fail_its_turn(tmp_path: Pat
             assert not ops.armed, "the history was not trimmed during the read"
             with pytest.raises(TurnSettled):
                 owner.turn("late")
+
+
+class _TrimAtEachPass(FileOps):
+    """Once given its journal, trims the session (in this process) at the first large
+    read of each pass over its history: `windows` are the byte windows of the trims, one
+    per pass, each 2 MB shorter, so each passes the read's next page."""
+
+    def __init__(self, windows: list[int]) -> None:
+        super().__init__()
+        self.windows = windows
+        self.journal: Journal | None = None
+        self.next_offset = 0  # (a pass reads its first page from the new beginning)
+
+    def pread_into(self, fd: int, buffer: bytearray | memoryview, offset: int) -> int:
+        got = super().pread_into(fd, buffer, offset)
+        j, self.journal = self.journal, None  # (not again from the trim's own reads)
+        if j is not None and self.windows and offset >= self.next_offset and got > 500_000:
+            window = self.windows.pop(0)
+            j.change_retention_policy(
+                lambda p: msgspec.structs.replace(p, max_history_bytes=window)
+            )
+            assert j.apply_retention().trimmed_sessions == ["s"]
+            self.next_offset = offset + 2_000_000
+        self.journal = j
+        return got
+
+
+def test_trims_passing_an_owners_first_read_many_times_do_not_fail_its_turn(
+    tmp_path: Path,
+) -> None:
+    """Each trim that passed the read made it start again from the history's new
+    beginning, at most 5 times: the sixth raised `CursorExpired` out of `owner.turn()`,
+    which takes no cursor (retention trimming faster than the read). It goes on from the
+    new beginning instead, keeping what it found: it always ends."""
+    ops = _TrimAtEachPass([16_000_000 - 2_000_000 * k for k in range(1, 7)])
+    policy = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(tmp_path, durability="os", retention=policy, file_ops=ops) as j:
+        j.create_session("s")
+        for _ in range(160):
+            j.append("s", [EventIn("message", b"x" * 10_000)] * 10)
+        with j.own("s") as owner, owner.turn("late"):
+            pass
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        ops.journal = j  # (a new journal object: nothing kept of a read before)
+        with j.own("s") as owner:
+            with owner.turn("r"):
+                pass
+            assert not ops.windows, "the history was not trimmed six times during the read"
+            with pytest.raises(TurnSettled):
+                owner.turn("late")
+        ops.journal = None
+        with j.own("s") as owner, pytest.raises(TurnSettled):
+            owner.turn("r")  # (the next owner reads the trimmed history whole)
+
+
+def test_a_held_owner_holds_at_most_4_mib_of_result_data(tmp_path: Path) -> None:
+    """A held owner kept the data of every result it found or recorded, bounded by their
+    count only (64 plus twice what its read found): failed turns with messages of 1 MB
+    held 8 MB for 8 turns, for as long as it was held. It holds the most recent results'
+    data within 4 MiB; an older one's is read again when its request id is retried:
+    refused with the recorded result, not run again."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner:
+            tracemalloc.start()
+            try:
+                for i in range(8):
+                    with pytest.raises(ValueError), owner.turn(f"r{i}"):
+                        raise ValueError(str(i) * 1_000_000)
+                gc.collect()
+                # (the results' data the owner holds, made in turns.py: the local
+                # engine's active segment holds its own copy of each turn record)
+                made = tracemalloc.Filter(True, str(ROOT / "journal" / "turns.py"))
+                held = sum(
+                    stat.size for stat in tracemalloc.take_snapshot().filter_traces([made]).traces
+                )
+            finally:
+                tracemalloc.stop()
+            for i in range(8):
+                with pytest.raises(TurnSettled) as info:
+                    owner.turn(f"r{i}")
+                assert info.value.result["error"]["message"] == str(i) * 1_000_000
+            with owner.turn("next"):
+                pass
+        assert _turn_events(j).count(("turn_started", "r0")) == 1
+    assert held < 5_000_000, held
 
 
 class _Interrupted(Exception):
