@@ -346,6 +346,39 @@ def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_hist
                 owner.turn("r1")
 
 
+def test_an_owner_after_an_accepted_hole_rewritten_past_the_last_read_reads_it_whole(
+    tmp_path: Path,
+) -> None:
+    """As above, but another process's owner wrote again past the ordinal the journal's
+    last read ended at before the next owner here: the row's marker is unchanged, so
+    only the kept cursor's check (its event's time, SPEC 5) tells that its event is not
+    the one read. The next owner reads the whole history: r2's turn, cut off, runs, and
+    the turn written over its ordinals stays refused. (Passed before: a guard.)"""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner, owner.turn("r1"):
+            pass
+        (active,) = sorted((tmp_path / "segments").glob("*.seg"))
+        kept_end = len(active.read_bytes().rstrip(b"\0"))
+        with j.own("s") as owner, owner.turn("r2"):
+            pass
+        with j.own("s") as owner, pytest.raises(TurnSettled):
+            owner.turn("r2")  # (the journal's read now ends at r2's result, ordinal 4)
+        with open(active, "r+b") as f:
+            f.truncate(kept_end + 10)  # (r2's frames cut off, one torn)
+        assert j.verify(fix=True).fixed
+        subprocess.run(
+            [sys.executable, "-c", _OTHER_OWNER, str(tmp_path)], check=True, cwd=ROOT, timeout=60
+        )
+        j.append("s", [EventIn("m", b"{}")])
+        assert [e.request_id for e in j.replay("s")] == ["r1", "r1", "there", "there", None]
+        with j.own("s") as owner:
+            with pytest.raises(TurnSettled):
+                owner.turn("there")
+            with owner.turn("r2"):
+                pass
+
+
 def test_the_results_kept_between_owners_are_bounded_in_bytes(tmp_path: Path) -> None:
     """A failed turn's result holds its exception's message, of any length: the reads
     kept between owners were bounded by their count of results only (16,384, "about
