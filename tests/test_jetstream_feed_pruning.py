@@ -446,3 +446,56 @@ def test_a_store_of_a_later_format_is_refused_and_both_known_ones_open(url: str,
     with pytest.raises(StoreIncompatible, match="has format 3; this version reads formats 1, 2"):
         Journal.open(url, store=name)
     assert _format(url, name) == 3
+
+
+def test_a_floor_record_deleted_from_a_pruned_store_expires_the_cursors_below_it(
+    j: Journal, url: str, name: str
+) -> None:
+    """A floor record deleted by hand (`nats stream rmm`, a purge of its subject) from a
+    store whose feed was pruned (format 2): the floor it held is unknown, so a writable
+    journal records the stream's last sequence (an upper bound of every floor it could
+    have held) and the cursors below it expire; a read-only one refuses lifecycle reads
+    until then. Until 2026-12-05 the floor read as 0, and a cursor from before the
+    pruned changes resumed right past them: a silent skip."""
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 3)
+    prune(j)
+    assert _format(url, name) == 2
+    _purge_subject(url, name, f"j.{name}.ff")
+    j.create_session("k0")
+    with (
+        Journal.open(url, store=name, readonly=True) as reader,
+        pytest.raises(StoreUnavailable, match=r"floor record .* is missing"),
+    ):
+        reader.watch_sessions(cursor=before)
+    with pytest.raises(CursorExpired) as info:
+        j.watch_sessions(cursor=before)
+    assert messages(url, name, "ff") == 1  # (written back, once)
+    assert info.value.earliest_ordinal > _position(anchor_cursor(j))  # (past k0's entry)
+    resume = info.value.resume_cursor
+    assert resume is not None
+    with Journal.open(url, store=name, readonly=True) as reader, pytest.raises(CursorExpired):
+        reader.watch_sessions(cursor=before)
+    with j.watch_sessions(cursor=resume, stop=threading.Event()) as feed:
+        j.create_session("k1")
+        assert next_of(feed).session.session_id == "k1"
+    # The next pass examines the feed from its start and records a floor again.
+    live_and_ended(j, "t", 2)
+    prune(j)
+    assert messages(url, name, "lc.*") == 3  # (anchor's, k0's and k1's)
+    assert messages(url, name, "ff") == 1
+
+
+def test_a_store_never_pruned_reads_without_a_floor_record(j: Journal, url: str, name: str) -> None:
+    """A store whose feed was never pruned (format 1) has no floor record and needs none:
+    every cursor resumes, nothing is written."""
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    live_and_ended(j, "s", 2)
+    with (
+        Journal.open(url, store=name, readonly=True) as reader,
+        reader.watch_sessions(cursor=before, stop=threading.Event()) as feed,
+    ):
+        assert next_of(feed).session.session_id == "s0"
+    assert messages(url, name, "ff") == 0

@@ -21,14 +21,18 @@ from ..models import Event, ReadContext, bind_event
 from ..sessions import FeedEntry, SessionRow
 from .client import ApiError, Connection, Found
 from .layout import (
+    ENCODER,
     EVENT_DECODER,
     FEED_DECODER,
     FLOOR_DECODER,
     MARKER_DECODER,
+    META_DECODER,
+    PRUNED_FORMAT,
     ROW_DECODER,
     SNAPSHOT_DECODER,
     FeedFloor,
     Marker,
+    Meta,
     StoredEvent,
     StoredSnapshot,
     Subjects,
@@ -64,10 +68,12 @@ class RowState:
 class StoreReader:
     """The reads (see the module docstring)."""
 
-    def __init__(self, conn: Connection, subjects: Subjects) -> None:
+    def __init__(self, conn: Connection, subjects: Subjects, writable: bool = True) -> None:
         self.conn = conn
         self.subjects = subjects
         self.known = 0  # the highest stream sequence known committed
+        # (A writable journal writes a missing floor record back: `feed_record`.)
+        self.writable = writable
 
     def saw(self, seq: int) -> None:
         if seq > self.known:
@@ -225,10 +231,13 @@ class StoreReader:
         every floor it could have recorded is an entry written before it, so the
         cursors it expires include all those it did (SPEC 16.2; until 2026-12-05 it was
         `JournalCorrupt` for every lifecycle read and pass, and deleting it, the one way
-        out, lowered the floor to 0)."""
+        out, lowered the floor to 0). A record missing from a pruned store is
+        `_missing_floor`."""
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
         if message is None:
-            return FeedFloor(0, 0, []), 0
+            if await self.identity_format() < PRUNED_FORMAT:
+                return FeedFloor(0, 0, []), 0  # (never pruned: nothing below any cursor)
+            return await self._missing_floor()
         # (Committed: rows read as of a point at the floor come from a replica that has
         # the evictions below it, as for `last_feed_position`.)
         self.saw(message.seq)
@@ -236,6 +245,55 @@ class StoreReader:
             return FLOOR_DECODER.decode(message.data), message.seq
         except msgspec.DecodeError:
             return FeedFloor(message.seq, 0, []), message.seq
+
+    async def _missing_floor(self) -> tuple[FeedFloor, int]:
+        """The floor record of a pruned store is gone (deleted by hand: `nats stream rmm`,
+        a purge of its subject): the floor it held is unknown, and 0 would resume a
+        lifecycle cursor from below it right past the pruned changes. Every floor it
+        could have held is an entry written before now, so the stream's last sequence is
+        one: a writable journal records that (compare-and-set on the empty subject, so
+        all who notice agree on one value) and reads it back, with nothing examined, so
+        the next pass examines the feed from its start; a read-only one cannot pin a
+        value (the stream's last sequence moves, and a follower at it would expire again
+        and again) and refuses (SPEC 16.2; until 2026-12-05 such a store's floor read as
+        0: a silent skip)."""
+        if not self.writable:
+            raise StoreUnavailable(
+                f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
+                "from a store whose feed was pruned (deleted by hand?): lifecycle reads "
+                "are refused until a writable journal of the store writes it back (any "
+                "lifecycle read or `journal compact` of one does)"
+            )
+        info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
+        upper = int(info["state"]["last_seq"])
+        headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
+        with contextlib.suppress(ApiError):  # (another process wrote it back first)
+            await self.conn.publish(
+                self.subjects.feed_floor, ENCODER.encode(FeedFloor(upper, 0, [])), headers
+            )
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
+        if message is None:
+            raise StoreUnavailable(
+                f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
+                "from a store whose feed was pruned, and could not be written back: "
+                "check the stream (is it sealed?) and read again"
+            )
+        self.saw(message.seq)
+        try:
+            return FLOOR_DECODER.decode(message.data), message.seq
+        except msgspec.DecodeError:
+            return FeedFloor(message.seq, 0, []), message.seq
+
+    async def identity_format(self) -> int:
+        """The format the store's identity record gives now (another process's pass may
+        have marked it since this journal opened)."""
+        message = await self.conn.msg_get({"last_by_subj": self.subjects.meta})
+        if message is None:
+            raise StoreUnavailable(
+                f"the store's identity record {self.subjects.meta} is gone: restore the "
+                "stream from a backup"
+            )
+        return decode_meta(message).format
 
     async def feed_floor(self) -> int:
         """The highest feed position pruned (0: none)."""
@@ -395,6 +453,22 @@ def stored_row(message: Found) -> SessionRow | None:
             message.subject,
             message.seq,
             f"the row message at stream sequence {message.seq} does not decode",
+        ) from None
+
+
+def decode_meta(message: Found) -> Meta:
+    """The store's identity record (`j.<store>.meta`); `JournalCorrupt` naming it if it no
+    longer decodes (it did when the journal opened: `opening.bootstrap` refuses one that
+    never did)."""
+    try:
+        return META_DECODER.decode(message.data)
+    except msgspec.DecodeError:
+        raise JournalCorrupt(
+            message.subject,
+            message.seq,
+            f"the store's identity record at stream sequence {message.seq} no longer "
+            "decodes (rewritten by hand?): restore it from a backup of the stream (it "
+            "holds the store's id and cursor key)",
         ) from None
 
 
