@@ -499,3 +499,60 @@ def test_a_store_never_pruned_reads_without_a_floor_record(j: Journal, url: str,
     ):
         assert next_of(feed).session.session_id == "s0"
     assert messages(url, name, "ff") == 0
+
+
+def _publish_eviction_written_at(url: str, name: str, session_id: str, at_ms: int) -> None:
+    """An EVICTED feed entry for `session_id` that says it was written at `at_ms`, stored
+    now: what a writer whose clock is behind by (now - at_ms) writes. Its row is copied
+    from the store's first feed entry."""
+    import asyncio
+
+    import msgspec
+    import nats
+
+    from journal._jetstream.layout import ENCODER, FEED_DECODER
+
+    async def publish() -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            js = nc.jetstream()
+            first = await js.get_msg(f"JOURNAL_{name}", 1, next=True, subject=f"j.{name}.lc.*")
+            stored = FEED_DECODER.decode(first.data or b"")
+            row = msgspec.structs.replace(stored.entry.row, session_id=session_id)
+            entry = msgspec.structs.replace(
+                stored.entry, event_type=LifecycleEventType.EVICTED.value, at_ms=at_ms, row=row
+            )
+            subject = f"j.{name}.lc.{session_id.encode().hex()}"
+            await js.publish(subject, ENCODER.encode(msgspec.structs.replace(stored, entry=entry)))
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
+
+
+def test_an_eviction_written_by_a_clock_two_days_behind_is_kept_a_day(
+    j: Journal, url: str, name: str
+) -> None:
+    """An eviction's age is the servers' time now less the time the server stored it, not
+    the time its writer's clock put in it: until 2026-12-05 a writer two days behind wrote
+    evictions that the next pass pruned at once, and a watcher a minute behind got
+    `CursorExpired` where a day's resume is promised."""
+    j.create_session("anchor")
+    before = anchor_cursor(j)
+    _publish_eviction_written_at(url, name, "ghost", _now_ms() - 2 * FEED_KEEP_MS)
+    j.apply_retention()  # (now, by the servers' clock)
+    assert messages(url, name, f"lc.{b'ghost'.hex()}") == 1
+    with j.watch_sessions(cursor=before, stop=threading.Event()) as feed:
+        assert next_of(feed).session.session_id == "ghost"
+    prune(j)  # (a day and two hours on)
+    assert messages(url, name, f"lc.{b'ghost'.hex()}") == 0
+
+
+def test_the_servers_times_are_read_to_the_millisecond() -> None:
+    from journal._jetstream.feed_pruning import parse_server_time_ms
+
+    assert parse_server_time_ms("2026-12-05T04:25:52.457856779Z", "t") == 1_796_444_752_457
+    assert parse_server_time_ms("2026-12-05T04:25:52Z", "t") == 1_796_444_752_000
+    assert parse_server_time_ms("2026-12-05T05:25:52.4+01:00", "t") == 1_796_444_752_400
+    with pytest.raises(StoreUnavailable, match="upgrade nats-server"):
+        parse_server_time_ms("", "t")

@@ -4,8 +4,9 @@ the stream, and the feed's floor, recorded on `j.<store>.ff`, rises to the highe
 sequence pruned, so a lifecycle cursor below it expires as on the local engine.
 
 A retention pass walks the feed in sequence order from where the passes before stopped
-(`FeedFloor.examined`), takes the EVICTED entries at least `FEED_KEEP_MS` old, and stops
-at the first younger one: every entry after the floor is then kept, and an operator
+(`FeedFloor.examined`), takes the EVICTED entries stored at least `FEED_KEEP_MS` before
+the servers' time now (the servers' clock on both sides: no host's clock judges), and
+stops at the first younger one: every entry after the floor is then kept, and an operator
 knows that a lifecycle cursor of a change less than `FEED_KEEP_MS` old always resumes.
 Each batch is recorded first (the new floor, how far it looked, the sessions to purge:
 a compare-and-set on the floor subject, since two processes' passes may race; the loser
@@ -21,18 +22,20 @@ EVICTED entry after its claim, so its claim is never pruned.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Final
 
 import msgspec
 
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
-from .client import ApiError
+from .client import ApiError, Found
 from .layout import ENCODER, META_DECODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed
 
-__all__ = ["FEED_KEEP_MS", "FeedPruner"]
+__all__ = ["FEED_KEEP_MS", "FeedPruner", "parse_server_time_ms", "stored_ms"]
 
 # How long an evicted session's feed entries stay (SPEC 16.2): a day, whatever the
 # retention policy, so that a watcher away for less than that resumes from its cursor.
@@ -64,8 +67,10 @@ class FeedPruner:
         self._point = point
         self._marked = False  # (the store's format says its feed is pruned)
 
-    async def prune(self, now_ms: int) -> int:
-        """One bounded pass at time `now_ms`; how many sessions it pruned."""
+    async def prune(self, now_ms: int | None) -> int:
+        """One bounded pass at time `now_ms` on the servers' clock (None: the servers'
+        time now); how many sessions it pruned."""
+        now = await self._server_now_ms() if now_ms is None else now_ms
         pruned = examined = 0
         for _ in range(_PASS_RECORDS):
             if pruned >= _PASS_SESSIONS or examined >= _PASS_ENTRIES:
@@ -77,7 +82,7 @@ class FeedPruner:
                 await self._record(msgspec.structs.replace(record, pending=[]), seq)
                 continue
             batch, reach, count, young = await self._choose(
-                record.examined, now_ms, _PASS_ENTRIES - examined
+                record.examined, now, _PASS_ENTRIES - examined
             )
             examined += count
             if reach == record.examined:
@@ -119,7 +124,9 @@ class FeedPruner:
                 count += 1
                 entry = decode_feed(message)
                 if entry.event_type == _EVICTED:
-                    if entry.at_ms > horizon:
+                    # (The time the server stored it, not the writer's clock in it: a
+                    # writer a day behind made fresh evictions look old.)
+                    if stored_ms(message) > horizon:
                         return batch, reach, count, True
                     token = message.subject.rsplit(".", 1)[1]
                     batch.append((token, message.seq))
@@ -127,6 +134,12 @@ class FeedPruner:
                 if len(batch) == _BATCH_SESSIONS or count == most:
                     break
         return batch, reach, count, False
+
+    async def _server_now_ms(self) -> int:
+        """The servers' time now: the stream's information says when it was gathered, on
+        the clock that stamps the messages stored."""
+        info = await self._conn.api(f"$JS.API.STREAM.INFO.{self._conn.stream}")
+        return parse_server_time_ms(str(info.get("ts", "")), "the stream information's `ts`")
 
     async def _purge(self, sessions: list[tuple[str, int]]) -> None:
         """Purge each session's feed entries and claim up to its EVICTED entry."""
@@ -171,3 +184,30 @@ class FeedPruner:
             if e.err_code in _ANOTHER_CAME_FIRST:
                 return None
             raise
+
+
+def stored_ms(message: Found) -> int:
+    """When the server stored `message` (a direct get's `Nats-Time-Stamp`), in ms."""
+    return parse_server_time_ms(
+        message.headers.get("Nats-Time-Stamp", ""), f"the stored time of {message.subject}"
+    )
+
+
+# RFC 3339 with up to nanoseconds, as the server writes its times.
+_SERVER_TIME: Final = re.compile(
+    r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)"
+)
+
+
+def parse_server_time_ms(text: str, what: str) -> int:
+    """A time the server gives (RFC 3339, e.g. `2026-12-05T04:25:52.457856779Z`) in ms
+    since the epoch; `StoreUnavailable` if it gives none (a server before 2.10)."""
+    matched = _SERVER_TIME.fullmatch(text.strip())
+    if matched is None:
+        raise StoreUnavailable(
+            f"the NATS server gave no usable time for {what} ({text!r}): the lifecycle "
+            "feed is pruned by the servers' clock; upgrade nats-server to 2.10 or later"
+        )
+    seconds, fraction, zone = matched.groups()
+    at = datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
+    return int(at.timestamp()) * 1000 + int((fraction or "0").ljust(9, "0")[:3])

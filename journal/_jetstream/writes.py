@@ -507,7 +507,7 @@ class Writer(Committer):
             if await self._trim_to_window(row.session_id, now):
                 trimmed.append(row.session_id)
         # (The feed entries of the sessions evicted a day before and earlier: SPEC 16.2.)
-        await FeedPruner(self.reader, self.point).prune(now)
+        await FeedPruner(self.reader, self.point).prune(now_ms)  # (None: the servers' clock)
         return RetentionReport(trimmed, evicted, [], 0)
 
     async def _no_row(self, session_id: str, token: str) -> None:
