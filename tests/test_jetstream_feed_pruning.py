@@ -556,3 +556,60 @@ def test_the_servers_times_are_read_to_the_millisecond() -> None:
     assert parse_server_time_ms("2026-12-05T05:25:52.4+01:00", "t") == 1_796_444_752_400
     with pytest.raises(StoreUnavailable, match="upgrade nats-server"):
         parse_server_time_ms("", "t")
+
+
+def _floor_record(url: str, name: str) -> tuple[int, int, list[tuple[str, int]]]:
+    """The floor record as stored (floor, examined, pending), read with a client of the
+    test's own."""
+    import asyncio
+
+    import nats
+
+    from journal._jetstream.layout import FLOOR_DECODER
+
+    async def read() -> tuple[int, int, list[tuple[str, int]]]:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.ff")
+            record = FLOOR_DECODER.decode(found.data or b"")
+            return record.floor, record.examined, [(t, s) for t, s in record.pending]
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_refused_purge_of_a_pass_is_raised_and_its_batch_left_for_the_next(
+    url: str, name: str
+) -> None:
+    """A purge the server refuses (here: a stream without a leader, JetStream error 10008,
+    at the engine's `store.purge` point) fails the pass with `StoreUnavailable` saying
+    what to do, and its batch stays recorded as pending: the next pass purges it. Until
+    2026-12-05 every refusal was swallowed, the batch recorded done and its entries left
+    in the stream for good, without a word."""
+    from journal._jetstream.client import ApiError
+
+    refusing = threading.Event()
+    feed_purges = f"j.{name}.*."
+
+    def point(where: str, detail: object) -> None:
+        if where == "store.purge" and refusing.is_set() and str(detail).startswith(feed_purges):
+            raise ApiError(503, 10008, "JetStream system temporarily unavailable")
+
+    options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("anchor")
+        before = anchor_cursor(j)
+        live_and_ended(j, "s", 3)
+        evict(j)
+        refusing.set()
+        with pytest.raises(StoreUnavailable, match=r"refused to purge .*error 10008.*again"):
+            prune(j)
+        assert messages(url, name, "lc.*") == 1 + 3 * 3  # (nothing purged)
+        assert len(_floor_record(url, name)[2]) == 3  # (the batch, still pending)
+        with pytest.raises(CursorExpired):
+            j.watch_sessions(cursor=before)
+        refusing.clear()
+        prune(j)
+        assert messages(url, name, "lc.*") == 1
+        assert _floor_record(url, name)[2] == []

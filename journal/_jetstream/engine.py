@@ -197,7 +197,7 @@ class JetStreamEngine:
         self._host = socket.gethostname()
         self._boot = boot_id()
         self._closed = False
-        self.reader = StoreReader(conn, self.subjects, writable=not self.readonly)
+        self.reader = StoreReader(conn, self.subjects, writable=not self.readonly, point=self.point)
         self._owners = OwnerJudge(
             conn,
             self.reader,

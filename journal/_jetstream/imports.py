@@ -604,7 +604,7 @@ class Imports:
         process killed between the two leaves the tombstone, whose claim header names
         the claim: `finish_roll_back`)."""
         await self._drop_claim(token, claim, stamp)
-        await self._reader.purge(self._subjects.session_all(token), row_seq + 1)
+        await self._reader.purge_or_leave(self._subjects.session_all(token), row_seq + 1)
 
     async def finish_roll_back(self, token: str, message: Found) -> None:
         """Finish the rollback whose tombstone is `message` (the id's last row message),
@@ -615,7 +615,7 @@ class Imports:
         claim = message.headers.get(CLAIM_HEADER, "")
         if not message.data and claim.isdigit():
             await self._drop_claim(token, int(claim), message.headers.get(STAGE_HEADER, ""))
-            await self._reader.purge(self._subjects.session_all(token), message.seq)
+            await self._reader.purge_or_leave(self._subjects.session_all(token), message.seq)
 
     async def _drop_claim(self, token: str, claim: int, stamp: str) -> None:
         found = await self._conn.msg_get({"seq": claim})
@@ -728,8 +728,8 @@ class Imports:
                 with contextlib.suppress(ApiError, *Unavailable):
                     await self._conn.publish(subject, ENCODER.encode(beat), {"Nats-Rollup": "sub"})
                 await asyncio.sleep(self._heartbeat_s)
-            with contextlib.suppress(ApiError, *Unavailable):
-                await self._reader.purge(subject, 1 << 62)
+            with contextlib.suppress(*Unavailable):
+                await self._reader.purge_or_leave(subject, 1 << 62)
             # (An import begun during the purge found this task running and started none:
             # it beats on here, or its sessions would be judged dead 10 s after staging.)
 

@@ -68,9 +68,17 @@ class RowState:
 class StoreReader:
     """The reads (see the module docstring)."""
 
-    def __init__(self, conn: Connection, subjects: Subjects, writable: bool = True) -> None:
+    def __init__(
+        self,
+        conn: Connection,
+        subjects: Subjects,
+        writable: bool = True,
+        point: Callable[[str, object], None] | None = None,
+    ) -> None:
         self.conn = conn
         self.subjects = subjects
+        # (The engine's fault points: `store.purge` before each purge.)
+        self.point = point or _no_point
         self.known = 0  # the highest stream sequence known committed
         # (A writable journal writes a missing floor record back: `feed_record`.)
         self.writable = writable
@@ -418,11 +426,38 @@ class StoreReader:
 
     async def purge(self, subject: str, keep_from: int) -> None:
         """Delete the messages on `subject` (wildcards allowed) below sequence `keep_from`
-        (idempotent)."""
-        with contextlib.suppress(ApiError):  # nothing to purge, or purged meanwhile
+        (idempotent: a purge of nothing, or of what was purged meanwhile, succeeds with
+        nothing purged, so no refusal of the server is benign here). A refusal is
+        `StoreUnavailable` saying what to do (until 2026-12-05 every one was swallowed:
+        a refused purge of a retention pass's batch was recorded done, its entries left
+        for good, and nobody told)."""
+        try:
+            self.point("store.purge", subject)
             await self.conn.api(
                 f"$JS.API.STREAM.PURGE.{self.conn.stream}", {"filter": subject, "seq": keep_from}
             )
+        except ApiError as e:
+            advice = (
+                "the stream has no leader now (a failover?): run it again shortly"
+                if e.transient
+                else f"check stream {self.conn.stream} (`nats stream info`) and the "
+                "account's JetStream permissions and limits, then run it again"
+            )
+            raise StoreUnavailable(
+                f"JetStream refused to purge {subject} below sequence {keep_from} "
+                f"({e.description}, error {e.err_code}): {advice}"
+            ) from None
+
+    async def purge_or_leave(self, subject: str, keep_from: int) -> None:
+        """`purge`, a refusal left unsaid: for the purges after a change committed, which
+        a failure must not report as the change's (the messages stay, below what any
+        read reads)."""
+        with contextlib.suppress(StoreUnavailable):
+            await self.purge(subject, keep_from)
+
+
+def _no_point(name: str, detail: object) -> None:
+    """No fault points armed."""
 
 
 class Moved(Exception):

@@ -372,7 +372,7 @@ class Writer(Committer):
         # Not atomic with the commit (JetStream purges are their own request): readers
         # never read below the row's first ordinal, and the purge is idempotent.
         if cut and cut[0]:
-            await self.reader.purge(self.subjects.events(token), cut[0])
+            await self.reader.purge_or_leave(self.subjects.events(token), cut[0])
         return ref
 
     async def _checkpoint(self, op: Checkpoint) -> SnapshotRef:
@@ -446,7 +446,9 @@ class Writer(Committer):
 
         trimmed: bool = await self.write(session_id, plan, expire_first=False)
         if trimmed and cut and cut[0]:
-            await self.reader.purge(self.subjects.events(Subjects.token(session_id)), cut[0])
+            await self.reader.purge_or_leave(
+                self.subjects.events(Subjects.token(session_id)), cut[0]
+            )
         return trimmed
 
     async def _window_start(self, row: SessionRow, token: str, now: int) -> int:
@@ -549,7 +551,7 @@ class Writer(Committer):
         tombstone, so the next retention pass purges it (idempotent)."""
         async with self.lock(session_id):
             token = Subjects.token(session_id)
-            await self.reader.purge(self.subjects.session_all(token), tombstone + 1)
+            await self.reader.purge_or_leave(self.subjects.session_all(token), tombstone + 1)
             self.last_rows.pop(session_id, None)
 
     async def _turn_event(self, op: AppendTurnEvent) -> Appended:
