@@ -613,3 +613,38 @@ def test_a_refused_purge_of_a_pass_is_raised_and_its_batch_left_for_the_next(
         prune(j)
         assert messages(url, name, "lc.*") == 1
         assert _floor_record(url, name)[2] == []
+
+
+def test_an_identity_record_that_stops_decoding_is_journal_corrupt_for_a_pass(
+    j: Journal, url: str, name: str
+) -> None:
+    """The identity record (`meta`) rewritten by hand with what does not decode, after the
+    journal opened: the pass that would mark it before purging raises `JournalCorrupt`
+    naming the record and what to do, and purges nothing. Until 2026-12-05 msgspec's
+    `DecodeError` came out of `apply_retention`."""
+    from journal import JournalCorrupt
+
+    live_and_ended(j, "s", 2)
+    prune(j)  # (format 2, a floor record)
+    live_and_ended(j, "t", 2)
+    evict(j)
+    _publish_rollup(url, f"j.{name}.meta", b"\xc1 not msgpack")
+    with pytest.raises(JournalCorrupt, match=rf"j\.{name}\.meta.*identity record.*backup"):
+        prune(j)
+    assert messages(url, name, "lc.*") == 2 * 3  # (nothing purged)
+
+
+def _publish_rollup(url: str, subject: str, data: bytes) -> None:
+    """Replace what `subject` holds with `data` (a roll-up), as an operator's client would."""
+    import asyncio
+
+    import nats
+
+    async def publish() -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            await nc.jetstream().publish(subject, data, headers={"Nats-Rollup": "sub"})
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())

@@ -32,8 +32,8 @@ import msgspec
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
 from .client import ApiError, Found
-from .layout import ENCODER, META_DECODER, PRUNED_FORMAT, FeedFloor
-from .reads import StoreReader, decode_feed
+from .layout import ENCODER, PRUNED_FORMAT, FeedFloor
+from .reads import StoreReader, decode_feed, decode_meta
 
 __all__ = ["FEED_KEEP_MS", "FeedPruner", "parse_server_time_ms", "stored_ms"]
 
@@ -157,7 +157,7 @@ class FeedPruner:
             message = await self._conn.msg_get({"last_by_subj": self._subjects.meta})
             if message is None:
                 raise StoreUnavailable("the store's identity record is gone: nothing pruned")
-            meta = META_DECODER.decode(message.data)
+            meta = decode_meta(message)  # (JournalCorrupt naming it, if it no longer decodes)
             if meta.format >= PRUNED_FORMAT:
                 return
             marked = msgspec.structs.replace(meta, format=PRUNED_FORMAT)
