@@ -201,12 +201,12 @@ _SERVER_TIME: Final = re.compile(
 
 def parse_server_time_ms(text: str, what: str) -> int:
     """A time the server gives (RFC 3339, e.g. `2026-12-05T04:25:52.457856779Z`) in ms
-    since the epoch; `StoreUnavailable` if it gives none (a server before 2.10)."""
+    since the epoch; `StoreUnavailable` if it gives none (an older server)."""
     matched = _SERVER_TIME.fullmatch(text.strip())
     if matched is None:
         raise StoreUnavailable(
             f"the NATS server gave no usable time for {what} ({text!r}): the lifecycle "
-            "feed is pruned by the servers' clock; upgrade nats-server to 2.10 or later"
+            "feed is pruned by the servers' clock; upgrade nats-server (2.15 is tested)"
         )
     seconds, fraction, zone = matched.groups()
     at = datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
