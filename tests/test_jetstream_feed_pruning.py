@@ -487,18 +487,28 @@ def test_a_floor_record_deleted_from_a_pruned_store_expires_the_cursors_below_it
     assert messages(url, name, "ff") == 1
 
 
-def test_a_store_never_pruned_reads_without_a_floor_record(j: Journal, url: str, name: str) -> None:
-    """A store whose feed was never pruned (format 1) has no floor record and needs none:
-    every cursor resumes, nothing is written."""
-    j.create_session("anchor")
-    before = anchor_cursor(j)
-    live_and_ended(j, "s", 2)
-    with (
-        Journal.open(url, store=name, readonly=True) as reader,
-        reader.watch_sessions(cursor=before, stop=threading.Event()) as feed,
-    ):
-        assert next_of(feed).session.session_id == "s0"
+def test_a_store_never_pruned_reads_without_a_floor_record(url: str, name: str) -> None:
+    """A store whose feed was never pruned (format 1) needs no floor record: a read-only
+    journal resumes every cursor and writes nothing; a writable one's first lifecycle
+    read records the floor 0, so that later reads need not read the identity record to
+    tell a store never pruned from one whose record was deleted."""
+    with Journal.open(url, store=name, create=True) as j:
+        j.create_session("anchor")
+        live_and_ended(j, "s", 2)
+    with Journal.open(url, store=name, readonly=True) as reader:
+        with reader.watch_sessions(stop=threading.Event()) as feed:
+            first = next_of(feed)
+        with reader.watch_sessions(cursor=first.cursor, stop=threading.Event()) as feed:
+            assert next_of(feed).session.session_id == "s0"
     assert messages(url, name, "ff") == 0
+    for _ in range(2):
+        with (
+            Journal.open(url, store=name) as j,
+            j.watch_sessions(cursor=first.cursor, stop=threading.Event()) as feed,
+        ):
+            assert next_of(feed).session.session_id == "s0"
+        assert _floor_record(url, name) == (0, 0, [])
+    assert messages(url, name, "ff") == 1
 
 
 def _publish_eviction_written_at(url: str, name: str, session_id: str, at_ms: int) -> None:

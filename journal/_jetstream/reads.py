@@ -239,12 +239,9 @@ class StoreReader:
         every floor it could have recorded is an entry written before it, so the
         cursors it expires include all those it did (SPEC 16.2; until 2026-12-05 it was
         `JournalCorrupt` for every lifecycle read and pass, and deleting it, the one way
-        out, lowered the floor to 0). A record missing from a pruned store is
-        `_missing_floor`."""
+        out, lowered the floor to 0). A missing record is `_missing_floor`."""
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
         if message is None:
-            if await self.identity_format() < PRUNED_FORMAT:
-                return FeedFloor(0, 0, []), 0  # (never pruned: nothing below any cursor)
             return await self._missing_floor()
         # (Committed: rows read as of a point at the floor come from a replica that has
         # the evictions below it, as for `last_feed_position`.)
@@ -255,36 +252,45 @@ class StoreReader:
             return FeedFloor(message.seq, 0, []), message.seq
 
     async def _missing_floor(self) -> tuple[FeedFloor, int]:
-        """The floor record of a pruned store is gone (deleted by hand: `nats stream rmm`,
-        a purge of its subject): the floor it held is unknown, and 0 would resume a
-        lifecycle cursor from below it right past the pruned changes. Every floor it
-        could have held is an entry written before now, so the stream's last sequence is
-        one: a writable journal records that (compare-and-set on the empty subject, so
-        all who notice agree on one value) and reads it back, with nothing examined, so
-        the next pass examines the feed from its start; a read-only one cannot pin a
-        value (the stream's last sequence moves, and a follower at it would expire again
-        and again) and refuses (SPEC 16.2; until 2026-12-05 such a store's floor read as
-        0: a silent skip)."""
+        """No floor record. On a store never pruned (format 1) the floor is 0, and a
+        writable journal records that, so that the reads after it do not read the
+        identity record each time to tell (one more leader request per lifecycle read).
+
+        On a pruned store it was deleted by hand (`nats stream rmm`, a purge of its
+        subject): the floor it held is unknown, and 0 would resume a lifecycle cursor
+        from below it right past the pruned changes. Every floor it could have held is
+        an entry written before now, so the stream's last sequence is one: a writable
+        journal records that and reads it back, with nothing examined, so the next pass
+        examines the feed from its start; a read-only one cannot pin a value (the
+        stream's last sequence moves, and a follower at it would expire again and again)
+        and refuses (SPEC 16.2; until 2026-12-05 such a store's floor read as 0: a
+        silent skip). Either record is written with the compare-and-set on the empty
+        subject, so all who write one agree on one value (a pass's record, written
+        before it marks the store pruned, comes first or refuses this one)."""
+        pruned = await self.identity_format() >= PRUNED_FORMAT
         if not self.writable:
+            if not pruned:
+                return FeedFloor(0, 0, []), 0  # (never pruned: nothing below any cursor)
             raise StoreUnavailable(
                 f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
                 "from a store whose feed was pruned (deleted by hand?): lifecycle reads "
                 "are refused until a writable journal of the store writes it back (any "
                 "lifecycle read or `journal compact` of one does)"
             )
-        info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
-        upper = int(info["state"]["last_seq"])
+        floor = 0
+        if pruned:
+            info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
+            floor = int(info["state"]["last_seq"])
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
-        with contextlib.suppress(ApiError):  # (another process wrote it back first)
+        with contextlib.suppress(ApiError):  # (another process wrote one first)
             await self.conn.publish(
-                self.subjects.feed_floor, ENCODER.encode(FeedFloor(upper, 0, [])), headers
+                self.subjects.feed_floor, ENCODER.encode(FeedFloor(floor, 0, [])), headers
             )
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
         if message is None:
             raise StoreUnavailable(
                 f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
-                "from a store whose feed was pruned, and could not be written back: "
-                "check the stream (is it sealed?) and read again"
+                "and could not be written: check the stream (is it sealed?) and read again"
             )
         self.saw(message.seq)
         try:
