@@ -658,3 +658,35 @@ def _publish_rollup(url: str, subject: str, data: bytes) -> None:
             await nc.close()
 
     asyncio.run(publish())
+
+
+def test_an_unanswered_purge_after_a_committed_change_does_not_report_it_failed(
+    url: str, name: str
+) -> None:
+    """The purge that follows a committed trim (an append's byte window, a snapshot's
+    compaction) is left unsaid when the servers do not answer it, as when they refuse
+    it: the change committed, and a `StoreUnavailable` for it would have its caller
+    write it again (an append without an idempotency key: its events twice). Until a
+    review only a refusal was left unsaid (`purge_or_leave`); an unanswered purge
+    failed the committed append."""
+    from nats.errors import TimeoutError as NatsTimeout
+
+    unanswered = threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "store.purge" and unanswered.is_set() and str(detail).endswith(".ev"):
+            raise NatsTimeout
+
+    options = JetStreamOptions(servers=[url], store=name, point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("s", max_history_bytes=100)
+        for i in range(3):
+            j.append("s", [EventIn("m", bytes([i]) * 30)])
+        unanswered.set()
+        assert j.append("s", [EventIn("m", b"x" * 80)]).last_ordinal == 4  # (trims 1..3)
+        assert [e.ordinal for e in j.replay("s")] == [4]
+        j.create_session("c")
+        j.append("c", [EventIn("m", b"y")] * 3)
+        assert j.compact_session("c", 2, b"{}").ordinal == 2
+        assert [e.ordinal for e in j.replay("c")] == [3]
+        unanswered.clear()

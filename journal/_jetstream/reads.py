@@ -19,7 +19,7 @@ import msgspec
 from ..errors import JournalCorrupt, StoreUnavailable
 from ..models import Event, ReadContext, bind_event
 from ..sessions import FeedEntry, SessionRow
-from .client import ApiError, Connection, Found
+from .client import ApiError, Connection, Found, Unavailable
 from .layout import (
     ENCODER,
     EVENT_DECODER,
@@ -455,10 +455,11 @@ class StoreReader:
             ) from None
 
     async def purge_or_leave(self, subject: str, keep_from: int) -> None:
-        """`purge`, a refusal left unsaid: for the purges after a change committed, which
-        a failure must not report as the change's (the messages stay, below what any
-        read reads)."""
-        with contextlib.suppress(StoreUnavailable):
+        """`purge`, a refusal or no answer left unsaid: for the purges after a change
+        committed, which a failure must not report as the change's (the messages stay,
+        below what any read reads; until a review an unanswered purge was raised, and a
+        committed append whose byte window it trimmed failed as not committed)."""
+        with contextlib.suppress(StoreUnavailable, *Unavailable):
             await self.purge(subject, keep_from)
 
 
