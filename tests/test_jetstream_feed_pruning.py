@@ -690,3 +690,46 @@ def test_an_unanswered_purge_after_a_committed_change_does_not_report_it_failed(
         assert j.compact_session("c", 2, b"{}").ordinal == 2
         assert [e.ordinal for e in j.replay("c")] == [3]
         unanswered.clear()
+
+
+def _seal(url: str, name: str) -> None:
+    """Seal the store's stream (an operator's `nats stream seal`): nothing more is stored."""
+    import asyncio
+    import json
+
+    import nats
+
+    async def seal() -> None:
+        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+        try:
+            stream = f"JOURNAL_{name}"
+            info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)
+            config = {**info["config"], "sealed": True}
+            reply = await nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode())
+            assert "error" not in json.loads(reply.data), reply.data
+        finally:
+            await nc.close()
+
+    asyncio.run(seal())
+
+
+def test_a_never_pruned_store_that_refuses_writes_is_read_by_a_writable_journal(
+    url: str, name: str
+) -> None:
+    """A writable journal's first lifecycle read of a store never pruned records its floor
+    0 only to spare later reads a look at the identity record: when the store refuses the
+    write (sealed here; an account out of JetStream storage alike) the floor is still 0,
+    and the read goes on. Until a review it raised `StoreUnavailable` ("could not be
+    written"), after 30 s of asking again: a writable journal could not watch the
+    sessions of a store it could not write, as it could before floor records were
+    written back."""
+    with Journal.open(url, store=name) as j:
+        j.create_session("anchor")
+        live_and_ended(j, "s", 2)
+        _seal(url, name)
+        with j.watch_sessions(stop=threading.Event()) as feed:
+            first = next_of(feed)
+        assert first.session.session_id == "anchor"
+        with j.watch_sessions(cursor=first.cursor, stop=threading.Event()) as feed:
+            assert next_of(feed).session.session_id == "s0"
+    assert messages(url, name, "ff") == 0

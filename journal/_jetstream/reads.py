@@ -287,6 +287,10 @@ class StoreReader:
                 self.subjects.feed_floor, ENCODER.encode(FeedFloor(floor, 0, [])), headers
             )
         message = await self.conn.msg_get({"last_by_subj": self.subjects.feed_floor})
+        if message is None and not pruned:
+            # (The write refused, a sealed stream or an account out of storage: the floor
+            # is 0 all the same, no pass having marked the store before the look above.)
+            return FeedFloor(0, 0, []), 0
         if message is None:
             raise StoreUnavailable(
                 f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
