@@ -25,6 +25,7 @@ from .interrupts import CtrlC, ctrl_c_noted
 from .maintenance import progress_bar
 from .output import (
     CommandFailed,
+    NumberOption,
     Output,
     Settings,
     WholeNumber,
@@ -309,6 +310,7 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-bytes",
+    cls=NumberOption,
     type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     metavar="N",
     default=ArchiveLimits().max_content_bytes,
@@ -317,6 +319,7 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-record-bytes",
+    cls=NumberOption,
     type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     metavar="N",
     default=ArchiveLimits().max_record_bytes,
@@ -325,6 +328,7 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
 )
 @click.option(
     "--max-sessions",
+    cls=NumberOption,
     type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
     metavar="N",
     default=ArchiveLimits().max_sessions,

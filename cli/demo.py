@@ -26,6 +26,7 @@ import journal
 from .demo_restart import Restart
 from .output import (
     CommandFailed,
+    NumberOption,
     Output,
     Settings,
     WholeNumber,
@@ -65,6 +66,7 @@ _TERMINAL = frozenset(
 @click.option(
     "--sessions",
     "session_count",
+    cls=NumberOption,
     type=WholeNumber(1, 10),
     metavar="N",
     default=3,
@@ -74,6 +76,7 @@ _TERMINAL = frozenset(
 @click.option(
     "--events",
     "event_count",
+    cls=NumberOption,
     type=WholeNumber(2, 100),
     metavar="N",
     default=5,

@@ -27,6 +27,7 @@ from .output import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     CommandFailed,
+    NumberOption,
     Output,
     Settings,
     WholeNumber,
@@ -318,6 +319,7 @@ def _octal_mode(value: str | None) -> int | None:
 )
 @click.option(
     "--replicas",
+    cls=NumberOption,
     type=WholeNumber(1, 5),
     default=None,
     metavar="N",
@@ -393,6 +395,7 @@ def _next_commands(path: str) -> str:
 @click.option("--request-id", default=None, help="Request id for events that do not name one.")
 @click.option(
     "--expected-last",
+    cls=NumberOption,
     type=WholeNumber(0, BELOW_2_62),
     default=None,
     metavar="N",
@@ -629,6 +632,7 @@ def _event_of_line(
 @cursor_option
 @click.option(
     "--max-bytes",
+    cls=NumberOption,
     type=WholeNumber(min=1),
     metavar="N",
     default=journal.DEFAULT_PAGE_BYTES,

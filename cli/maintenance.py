@@ -15,7 +15,16 @@ import journal
 from cursors import KeyRing
 
 from .interrupts import ctrl_c_noted
-from .output import CommandFailed, Settings, Share, WholeNumber, is_nats, pass_settings, plural
+from .output import (
+    CommandFailed,
+    NumberOption,
+    Settings,
+    Share,
+    WholeNumber,
+    is_nats,
+    pass_settings,
+    plural,
+)
 
 
 @contextmanager
@@ -39,6 +48,7 @@ def progress_bar(label: str, enabled: bool) -> Iterator[Callable[[int, int], Non
 @click.command()
 @click.option(
     "--dead-share",
+    cls=NumberOption,
     type=Share(0.0, 1.0),
     metavar="X",
     default=0.5,
@@ -209,6 +219,7 @@ __all__ = ["compact", "stats", "verify"]
 @click.option(
     "--retire",
     "retire",
+    cls=NumberOption,
     type=WholeNumber(1, 0xFFFF),
     metavar="ID",
     help="Remove key ID from the store's key file (cursors it signed become foreign; "

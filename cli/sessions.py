@@ -15,6 +15,7 @@ import journal
 
 from .output import (
     BELOW_2_62,
+    NumberOption,
     Settings,
     WholeNumber,
     given_cursor,
@@ -69,6 +70,7 @@ def _parse_tags(
 )
 @click.option(
     "--ttl-ms",
+    cls=NumberOption,
     type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
@@ -76,6 +78,7 @@ def _parse_tags(
 )
 @click.option(
     "--max-suspend-ms",
+    cls=NumberOption,
     type=WholeNumber(0, BELOW_2_62),
     default=0,
     metavar="N",
@@ -83,6 +86,7 @@ def _parse_tags(
 )
 @click.option(
     "--max-history-bytes",
+    cls=NumberOption,
     type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
@@ -92,6 +96,7 @@ def _parse_tags(
 )
 @click.option(
     "--max-history-age-ms",
+    cls=NumberOption,
     type=WholeNumber(1, BELOW_2_62),
     default=None,
     metavar="N",
@@ -130,6 +135,7 @@ def create(
 @click.option("--state", type=click.Choice(STATES), default=None, help="Only sessions in it.")
 @click.option(
     "--page-size",
+    cls=NumberOption,
     type=WholeNumber(1, journal.MAX_PAGE_SIZE),
     default=None,
     metavar="N",
@@ -308,6 +314,7 @@ sessions.add_command(_transition_command("resume", lambda store: store.resume_se
 @click.option(
     "--wait",
     "wait_s",
+    cls=NumberOption,
     type=WholeNumber(0, 86_400),
     default=0,
     show_default=True,
