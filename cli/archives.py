@@ -21,7 +21,7 @@ import journal
 from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN, write_file
 
-from .interrupts import CtrlC, ctrl_c_noted
+from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .maintenance import progress_bar
 from .output import (
     CommandFailed,
@@ -102,8 +102,18 @@ def export(
         raise CommandFailed(
             f"{dest!r} exists: pass --force to replace it", "FILE_EXISTS", "ALREADY_EXISTS"
         )
+    before = _file_identity(dest)
+    written = False  # (the whole archive was: a Ctrl+C then came after)
+
+    def said(_: KeyboardInterrupt) -> str:
+        return _export_interrupted(dest, archive_format, before, written)
+
     try:
-        with ctrl_c_noted() as ctrl_c, settings.open(write=False) as store:
+        with (
+            said_if_interrupted(said),
+            ctrl_c_noted() as ctrl_c,
+            settings.open(write=False) as store,
+        ):
             if archive_format == "ndjson":
                 report = _export_ndjson(store, ids, dest, output, ctrl_c)
             elif dest == "-":
@@ -115,6 +125,7 @@ def export(
             else:
                 with progress_bar("exporting", output.format == "text") as bar:
                     report = store.export_sessions(ids, dest, progress=ctrl_c.progress(bar))
+            written = True
             ctrl_c.check()
     except BrokenPipeError:
         if archive_format == "ndjson":
@@ -163,6 +174,61 @@ def export(
         },
         text,
     )
+
+
+def _file_identity(dest: str) -> tuple[int, int] | None:
+    """(device, inode) of the regular file at `dest` (a symlink followed, as the export
+    follows it), or None: no file there yet, stdout, or a FIFO or a device (written
+    through, not replaced)."""
+    try:
+        found = os.stat(dest) if dest != "-" else None
+    except OSError:
+        return None
+    if found is None or not stat.S_ISREG(found.st_mode):
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _export_interrupted(
+    dest: str, archive_format: str, before: tuple[int, int] | None, written: bool
+) -> str:
+    """What an interrupted export left at `dest` (SPEC 12): a regular file is replaced
+    whole by a rename, or not at all (the temporary file is removed), so its identity
+    tells whether the new archive is there; stdout, a FIFO or a device got what was
+    written before the Ctrl+C."""
+    if dest == "-" or _written_through(dest):
+        where = "stdout" if dest == "-" else dest
+        if written:
+            return f"interrupted after the whole archive was written to {where}"
+        if archive_format == "ndjson":
+            return (
+                f"interrupted: the NDJSON written to {where} is incomplete (it lacks the "
+                "footer record, and may be empty); export again"
+            )
+        return (
+            f"interrupted: the archive written to {where} is incomplete (`journal import` "
+            "refuses it); export again"
+        )
+    now = _file_identity(dest)
+    if now is not None and now != before:
+        return f"interrupted after the archive was written: {dest} holds it whole"
+    if before is None:
+        return (
+            f"interrupted: no archive was written ({dest} was not created; the partial "
+            "copy was removed)"
+        )
+    return (
+        f"interrupted: {dest} was left as it was (the new archive was not complete; its "
+        "partial copy was removed)"
+    )
+
+
+def _written_through(dest: str) -> bool:
+    """Whether the export writes through `dest` (a FIFO, a device) instead of replacing it."""
+    try:
+        return not stat.S_ISREG(os.stat(dest).st_mode)
+    except OSError:
+        return False  # (none yet: a file is made)
 
 
 def _file_sha256(path: str) -> str | None:
@@ -407,39 +473,23 @@ def import_(
                 rename = _split_renames(split, _session_ids(source, limits), rename or {})
             source.seek(0)
         report: journal.ImportReport | None = None
-        try:
-            with (
-                settings.open() as store,
-                progress_bar("importing", output.format == "text") as bar,
-            ):
-                # (No Ctrl+C is raised at the report of all done: it comes after the
-                # commit, and an interrupted import has imported nothing.)
-                report = store.import_sessions(
-                    source,
-                    rename=rename,
-                    progress=ctrl_c.progress(bar, final_is_done=True),
-                    limits=limits,
-                )
-        except KeyboardInterrupt as interrupt:
-            notes = getattr(interrupt, "__notes__", ())
-            if report is not None or IMPORT_COMMITTED in notes:
-                said = (
-                    "journal: interrupted after the commit: the sessions were imported "
-                    "(`journal sessions list` shows them)"
-                )
-            elif IMPORT_UNKNOWN in notes:
-                said = (
-                    "journal: interrupted as the sessions were committed, and the rollback "
-                    "failed: whether they were imported is not known (`journal sessions "
-                    "list` shows them if they were)"
-                )
-            else:
-                said = (
-                    "journal: interrupted: nothing was imported (`journal compact` reclaims "
-                    "what was staged)"
-                )
-            click.echo(said, err=True)
-            raise
+
+        def said(interrupt: KeyboardInterrupt) -> str:
+            return _import_interrupted(interrupt, imported=report is not None)
+
+        with (
+            said_if_interrupted(said),
+            settings.open() as store,
+            progress_bar("importing", output.format == "text") as bar,
+        ):
+            # (No Ctrl+C is raised at the report of all done: it comes after the
+            # commit, and an interrupted import has imported nothing.)
+            report = store.import_sessions(
+                source,
+                rename=rename,
+                progress=ctrl_c.progress(bar, final_is_done=True),
+                limits=limits,
+            )
     for item in report.sessions:
         output.emit(
             {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
@@ -462,6 +512,22 @@ def import_(
             "journal: Ctrl+C came as the sessions were imported; they were imported (above)",
             err=True,
         )
+
+
+def _import_interrupted(interrupt: KeyboardInterrupt, imported: bool) -> str:
+    """What an interrupted import did, by the notes the library put on the interrupt."""
+    notes = getattr(interrupt, "__notes__", ())
+    if imported or IMPORT_COMMITTED in notes:
+        return (
+            "interrupted after the commit: the sessions were imported (`journal sessions "
+            "list` shows them)"
+        )
+    if IMPORT_UNKNOWN in notes:
+        return (
+            "interrupted as the sessions were committed, and the rollback failed: whether "
+            "they were imported is not known (`journal sessions list` shows them if they were)"
+        )
+    return "interrupted: nothing was imported (`journal compact` reclaims what was staged)"
 
 
 def _archive_source(archive: str, stack: contextlib.ExitStack) -> IO[bytes]:

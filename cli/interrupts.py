@@ -1,5 +1,7 @@
-"""Ctrl+C during the long store commands (`verify`, `compact`, `export`, `import`): noted
-as well as raised, so one whose raise Python swallowed still ends the command.
+"""Ctrl+C during the long store commands (`verify`, `compact`, `export`, `import`,
+`sessions own --wait`): noted as well as raised, so one whose raise Python swallowed still
+ends the command, and said: each command says on stderr what state it left
+(`said_if_interrupted`) before it ends with exit 130.
 
 Python runs a signal handler between two bytecodes of the main thread; when those are a
 finalizer's (`__del__`, a `weakref.finalize` callback: the library lets segment readers
@@ -11,13 +13,16 @@ done (`journal watch` does the same with its stop event, cli/watching.py).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["CtrlC", "ctrl_c_noted"]
+import click
+
+__all__ = ["CtrlC", "ctrl_c_noted", "said_if_interrupted"]
 
 Progress = Callable[[int, int], None]
 
@@ -27,6 +32,10 @@ class CtrlC:
 
     def __init__(self) -> None:
         self.came = False
+        # The last progress report (done, total) the library made: how far the work got;
+        # and whether a Ctrl+C was raised there (the work stopped just at that report).
+        self.reported: tuple[int, int] | None = None
+        self.raised_at_report = False
 
     def check(self) -> None:
         """Raise the Ctrl+C that came, if one did."""
@@ -41,7 +50,9 @@ class CtrlC:
         imported nothing."""
 
         def report(done: int, total: int) -> None:
+            self.reported = (done, total)
             if not (final_is_done and 0 < total <= done):
+                self.raised_at_report = self.came
                 self.check()
             if bar is not None:
                 bar(done, total)
@@ -69,3 +80,18 @@ def ctrl_c_noted() -> Iterator[CtrlC]:
         yield ctrl_c
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def said_if_interrupted(say: Callable[[KeyboardInterrupt], str]) -> Iterator[None]:
+    """On Ctrl+C in the block, print `journal: ` and what `say(interrupt)` tells about the
+    state the command left (what was done, what was not, what to run next) on stderr,
+    then let the KeyboardInterrupt end the command (exit 130): exit 130 alone left a user
+    to guess whether an archive was half written or a compaction half done. `say` runs
+    after the block's own clean-up (put the `with` outside the store's)."""
+    try:
+        yield
+    except KeyboardInterrupt as interrupt:
+        with contextlib.suppress(OSError):  # (stderr full or closed: nothing to tell)
+            click.echo(f"journal: {say(interrupt)}", err=True)
+        raise

@@ -14,7 +14,7 @@ import click
 import journal
 from cursors import KeyRing
 
-from .interrupts import ctrl_c_noted
+from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .output import (
     CommandFailed,
     NumberOption,
@@ -67,7 +67,12 @@ def compact(settings: Settings, dead_share: float) -> None:
     On a nats:// store (no segments) it applies the retention policy only.
     """
     output = settings.output
-    with ctrl_c_noted() as ctrl_c:
+    finished = False
+
+    def said(_: KeyboardInterrupt) -> str:
+        return _compact_interrupted(is_nats(settings.store), ctrl_c.reported, finished)
+
+    with said_if_interrupted(said), ctrl_c_noted() as ctrl_c:
         with (
             settings.open() as store,
             progress_bar("compacting", output.format == "text") as bar,
@@ -75,6 +80,7 @@ def compact(settings: Settings, dead_share: float) -> None:
             # (A local compaction applies retention itself; JetStream's has nothing else.)
             retention = store.apply_retention() if is_nats(settings.store) else None
             report = store.compact(dead_share=dead_share, progress=ctrl_c.progress(bar))
+        finished = True
         ctrl_c.check()
     if retention is not None:
         output.emit(
@@ -110,12 +116,18 @@ def verify(settings: Settings, fix: bool) -> None:
     Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
     """
     output = settings.output
-    with ctrl_c_noted() as ctrl_c:
+    finished = False
+
+    def said(_: KeyboardInterrupt) -> str:
+        return _verify_interrupted(fix, ctrl_c, finished)
+
+    with said_if_interrupted(said), ctrl_c_noted() as ctrl_c:
         with (
             settings.open(write=fix) as store,
             progress_bar("verifying", output.format == "text") as bar,
         ):
             report = store.verify(fix=fix, progress=ctrl_c.progress(bar))
+        finished = True
         ctrl_c.check()
     for problem in report.problems:
         output.emit(
@@ -162,6 +174,60 @@ def verify(settings: Settings, fix: bool) -> None:
             code="VERIFY_FAILED",
             status="DATA_LOSS",
         )
+
+
+def _compact_interrupted(nats: bool, reported: tuple[int, int] | None, finished: bool) -> str:
+    """What an interrupted compaction did. Each step of one is whole or not done (SPEC 8:
+    a retention pass is a commit, a rewritten segment is renamed into place under the
+    writer lock, its temporary copy removed otherwise), so any point leaves a consistent
+    store; the last progress report (`reported`: sealed segments gone through, of all)
+    says how far it got."""
+    again = "run `journal compact` again to finish"
+    if finished:
+        return "interrupted after the compaction finished (its report was not printed)"
+    if nats:
+        return (
+            f"interrupted: the retention pass may have trimmed some sessions (each whole); {again}"
+        )
+    if reported is None:
+        return (
+            "interrupted before any sealed segment was rewritten (the retention pass may "
+            f"have deleted all-dead segments, and the active segment may have been sealed); {again}"
+        )
+    done, total = reported
+    return (
+        f"interrupted after {done} of {plural(total, 'sealed segment')}: each was rewritten "
+        f"whole or left as it was, so the store is consistent; {again}"
+    )
+
+
+def _verify_interrupted(fix: bool, ctrl_c: CtrlC, finished: bool) -> str:
+    """What an interrupted verify did. The check only reads; --fix rewrites bad sidecars
+    (each replaced whole) and rebuilds the index in one commit, both after the last
+    progress report (`ctrl_c.reported`: bytes of the log checked, of all), so a Ctrl+C
+    raised at a report, or before the last, changed nothing."""
+    if finished:
+        what = "the check and its repairs" if fix else "the check"
+        return (
+            f"interrupted after {what} finished (the report was not printed): run "
+            "`journal verify` to see it"
+        )
+    done, total = ctrl_c.reported or (0, 0)
+    if not fix or total == 0 or done < total or ctrl_c.raised_at_report:
+        checked = (
+            f"with {done * 100 // total}% of the log checked"
+            if total
+            else "before any segment was checked"
+        )
+        return (
+            f"interrupted: the check stopped {checked}; nothing in the store was changed; "
+            f"run `journal verify{' --fix' if fix else ''}` again for a full check"
+        )
+    return (
+        "interrupted as the repairs were made: bad sidecars rewritten so far stay (each "
+        "was replaced whole), and the index was rebuilt in one commit or not at all; run "
+        "`journal verify --fix` again: it repairs what is left"
+    )
 
 
 def _cut_tails(store: str) -> tuple[int, str]:

@@ -13,6 +13,7 @@ import click
 
 import journal
 
+from .interrupts import said_if_interrupted
 from .output import (
     BELOW_2_62,
     NumberOption,
@@ -332,8 +333,15 @@ def own(settings: Settings, session_id: str, wait_s: int) -> None:
     then releases the lease. A live owner is left alone: exit 5 (OWNER_BUSY, with its
     pid); so is an ended session (5), and a missing one is 3.
     """
-    with settings.open() as store, store.own(session_id, wait_s=wait_s) as owner:
-        generation, recovered = owner.generation, owner.recovered_turn
+    owner: journal.Owner | None = None
+
+    def said(_: KeyboardInterrupt) -> str:
+        return _own_interrupted(session_id, owner)
+
+    with said_if_interrupted(said), settings.open() as store:
+        owner = store.own(session_id, wait_s=wait_s)
+        with owner:
+            generation, recovered = owner.generation, owner.recovered_turn
     record = {
         "session_id": session_id,
         "generation": generation,
@@ -350,6 +358,23 @@ def own(settings: Settings, session_id: str, wait_s: int) -> None:
     settings.output.emit(
         record, f"took over {shown(session_id)} (lease {generation}): {what}; released"
     )
+
+
+def _own_interrupted(session_id: str, owner: journal.Owner | None) -> str:
+    """What an interrupted `sessions own` did: the lease it took is let go as the command
+    ends (by the owner's release, or with the process's lock); before `own()` returned,
+    none was taken (a Ctrl+C while waiting), or the one taken was let go at once, maybe
+    after the turn was recorded (a Ctrl+C held until that commit was done)."""
+    if owner is None:
+        return (
+            "interrupted: no lease is held (none was taken, or the one taken was let go); "
+            f"`journal sessions show {shown(session_id)}` shows whether a turn is still open"
+        )
+    if owner.recovered_turn is None:
+        done = "there was no unsettled turn"
+    else:
+        done = f"turn {shown(owner.recovered_turn)} was recorded as failed"
+    return f"interrupted after the takeover: {done}; the lease is let go as the command ends"
 
 
 @sessions.command("expire")

@@ -1,5 +1,6 @@
 """Ctrl+C during the long store commands (`verify`, `compact`, `export`, `import`,
-`import --list`), through real processes (SPEC.md section 13)."""
+`import --list`, `sessions own --wait`), through real processes (SPEC.md section 13):
+each ends with exit 130 and says on stderr what state it left."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from _cli_runs import ROOT, cli_env, run_cli
 
 from journal import EventIn, Journal
+from journal._local.leases import lock_path
 
 # The command runs in this process; a thread runs the SIGINT handler the command has in
 # place (the first handler other than Python's default one, or the default one after
@@ -72,26 +75,90 @@ def _ended(process: subprocess.Popen[bytes], stdin: bytes | None = None) -> tupl
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "says"),
     [
-        ["verify"],
-        ["compact", "--dead-share", "0"],
-        ["export", "--all", "-o", "{tmp}/all.archive"],
-        ["export", "--all", "-o", "-", "--format", "ndjson"],
+        (
+            ["verify"],
+            "journal: interrupted: the check stopped with 100% of the log checked; nothing in "
+            "the store was changed; run `journal verify` again for a full check",
+        ),
+        (
+            ["verify", "--fix"],
+            "journal: interrupted: the check stopped with 100% of the log checked; nothing in "
+            "the store was changed; run `journal verify --fix` again for a full check",
+        ),
+        (
+            # (one active segment: nothing sealed, the Ctrl+C is raised once it is done)
+            ["compact", "--dead-share", "0"],
+            "journal: interrupted after the compaction finished (its report was not printed)",
+        ),
+        (
+            ["export", "--all", "-o", "{tmp}/all.archive"],
+            "journal: interrupted: no archive was written ({tmp}/all.archive was not "
+            "created; the partial copy was removed)",
+        ),
+        (
+            ["export", "--all", "-o", "-", "--format", "ndjson"],
+            "journal: interrupted: the NDJSON written to stdout is incomplete (it lacks the "
+            "footer record, and may be empty); export again",
+        ),
     ],
 )
 def test_a_ctrl_c_whose_raise_is_lost_still_ends_a_store_command(
-    store: Path, tmp_path: Path, args: list[str]
+    store: Path, tmp_path: Path, args: list[str], says: str
 ) -> None:
     """Until 2026-12-04 the command ran on to its end and exited 0 (only `watch` noted
     its signals): a Ctrl+C whose KeyboardInterrupt Python swallowed, because it came
     while the main thread ran a finalizer (the library lets segment readers go as it
-    reads), was lost."""
+    reads), was lost. Until 2026-12-05 the command then said nothing of what it left
+    (the Ctrl+C comes here at its first progress report)."""
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in args]
     status, stderr = _ended(_lost_raise(store, *args))
     assert status == 130, stderr
     assert "Traceback" not in stderr, stderr
-    assert stderr.splitlines()[0] == "lost", stderr
+    assert stderr.splitlines() == ["lost", says.replace("{tmp}", str(tmp_path))], stderr
+    assert list(tmp_path.iterdir()) == []  # (no archive, no temporary file)
+
+
+def test_an_interrupted_export_leaves_the_file_it_would_replace_as_it_was(
+    store: Path, tmp_path: Path
+) -> None:
+    archive = tmp_path / "all.archive"
+    archive.write_bytes(b"the archive of yesterday")
+    status, stderr = _ended(_lost_raise(store, "export", "--all", "-o", str(archive), "--force"))
+    assert status == 130, stderr
+    assert stderr.splitlines()[1:] == [
+        f"journal: interrupted: {archive} was left as it was (the new archive was not "
+        "complete; its partial copy was removed)"
+    ]
+    assert archive.read_bytes() == b"the archive of yesterday"
+    assert [path.name for path in tmp_path.iterdir()] == ["all.archive"]
+
+
+@pytest.fixture(scope="module")
+def sealed_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of many sealed segments, most of each dead (compacted sessions)."""
+    path = tmp_path_factory.mktemp("sealed") / "store"
+    with Journal.open(path, create=True, durability="os", segment_bytes=256 << 10) as j:
+        for number in range(4):
+            session_id = f"s{number}"
+            j.create_session(session_id)
+            for _ in range(40):
+                j.append(session_id, [EventIn("m", os.urandom(100)) for _ in range(50)])
+            j.compact_session(session_id, 1900, b"snapshot")
+    return path
+
+
+def test_an_interrupted_compaction_says_how_far_it_got(sealed_store: Path) -> None:
+    status, stderr = _ended(_lost_raise(sealed_store, "compact"))
+    assert status == 130, stderr
+    (said,) = stderr.splitlines()[1:]
+    assert said.startswith("journal: interrupted after 1 of "), said
+    assert said.endswith(
+        " sealed segments: each was rewritten whole or left as it was, so the store is "
+        "consistent; run `journal compact` again to finish"
+    ), said
+    assert run_cli(sealed_store, "verify").returncode == 0
 
 
 def test_a_lost_ctrl_c_ends_import_list_and_import_before_anything_is_imported(
@@ -137,4 +204,50 @@ def test_ctrl_c_ends_a_store_command_with_130_and_no_traceback(store: Path) -> N
         process.kill()
         process.wait(10)
     assert status == 130, stderr
-    assert "Traceback" not in stderr, stderr
+    assert stderr.splitlines() == [
+        "journal: interrupted: the archive written to stdout is incomplete (`journal import` "
+        "refuses it); export again"
+    ]
+
+
+def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(tmp_path: Path) -> None:
+    """`sessions own --wait` ended on Ctrl+C with exit 130 and nothing said."""
+    store = tmp_path / "store"
+    with Journal.open(store, create=True) as j:
+        j.create_session("s")
+        with j.own("s"):
+            command = ["--store", str(store), "sessions", "own", "s", "--wait", "60"]
+            process = subprocess.Popen(
+                [sys.executable, "-m", "cli", *command],
+                cwd=ROOT,
+                env=cli_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            try:
+                _wait_until_it_opened(process.pid, lock_path(str(store), "s"))
+                process.send_signal(signal.SIGINT)
+                stdout, stderr = process.communicate(timeout=30)
+            finally:
+                process.kill()
+                process.wait(10)
+    assert process.returncode == 130, stderr
+    assert stdout == b""
+    assert stderr.decode().splitlines() == [
+        "journal: interrupted: no lease is held (none was taken, or the one taken was let "
+        "go); `journal sessions show s` shows whether a turn is still open"
+    ]
+
+
+def _wait_until_it_opened(pid: int, path: str) -> None:
+    """Until process `pid` has the file at `path` open (the lease's lock file: it waits)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd) == os.path.realpath(path):
+                    return
+            except OSError:
+                pass  # (closed meanwhile)
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not open {path}")
