@@ -91,7 +91,7 @@ def compact(settings: Settings, dead_share: float) -> None:
             f"retention: {_count(len(retention.evicted_sessions), 'session')} evicted, "
             f"{len(retention.trimmed_sessions)} trimmed",
         )
-    record = {
+    record: dict[str, object] = {
         "segments_rewritten": report.segments_rewritten,
         "segments_deleted": report.segments_deleted,
         "bytes_before": report.bytes_before,
@@ -104,7 +104,37 @@ def compact(settings: Settings, dead_share: float) -> None:
         f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
         f"{report.bytes_after:,} in {report.seconds:.2f} s"
     )
+    why = None if retention is not None else _nothing_reclaimed(report)
+    record["nothing_reclaimed"] = why
+    if why is not None:
+        text += f"\nnothing reclaimed: {NOTHING_RECLAIMED[why].format(dead_share=dead_share)}"
     output.emit(record, text)
+
+
+# Why a compaction of a local store reclaimed nothing, as its report tells (the JSON
+# summary's `nothing_reclaimed`, SPEC 13), and what the text says of it.
+NOTHING_RECLAIMED = {
+    "only_active_segment": (
+        "only the active segment holds data; compact seals it (and compacts it) once at "
+        "least 1 MiB (half a segment, if less) and --dead-share {dead_share} of it are "
+        "dead, and a writer seals it when it is full"
+    ),
+    "below_dead_share": (
+        "no sealed segment is all dead, or at least --dead-share {dead_share} dead. Events "
+        "die when their session's retention window trims them (`journal retention`), when "
+        "a snapshot compacts them, or when their session is evicted; the events of one "
+        "append leave the disk together, once all of them are dead"
+    ),
+}
+
+
+def _nothing_reclaimed(report: journal.CompactionReport) -> str | None:
+    """Why a local compaction reclaimed nothing (a key of `NOTHING_RECLAIMED`), or None
+    when it did reclaim: no sealed bytes before means no sealed segment, even after the
+    seal a compaction makes when the active segment is worth it."""
+    if report.segments_rewritten or report.segments_deleted:
+        return None
+    return "only_active_segment" if report.bytes_before == 0 else "below_dead_share"
 
 
 @click.command()

@@ -1,12 +1,13 @@
 """What commands say they did, as a user trying the `journal` command read it (SPEC.md
-section 13): `verify --fix` with nothing to repair, `init`, the page token line of `sessions
-list`, and the file digest of `import --list`."""
+section 13): `verify --fix` with nothing to repair, `compact` that reclaims nothing, `init`,
+the page token line of `sessions list`, and the file digest of `import --list`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,40 @@ def store(tmp_path: Path) -> Path:
         for i in range(40):
             j.append("s", [EventIn("m", b"%03d" % i * 40)])
     return path
+
+
+# -- compact that reclaims nothing -------------------------------------------------------------
+
+
+def test_compact_says_why_it_reclaimed_nothing(store: Path, tmp_path: Path) -> None:
+    """Until 2026-12-05 it printed `0 segments rewritten, 0 deleted` and left the user to
+    guess why (found by a new-user trial)."""
+    young = tmp_path / "young"
+    with Journal.open(young, create=True, durability="os") as j:
+        j.append("s", [EventIn("m", b"x" * 1000)], create=True)
+    assert run_cli(store, "compact").returncode == 0  # (what is worth it, done)
+    for path, why, says in [
+        (young, "only_active_segment", "only the active segment holds data; compact seals"),
+        (store, "below_dead_share", "no sealed segment is all dead, or at least --dead-share 0.5"),
+    ]:
+        done = run_cli(path, "--format", "json", "compact")
+        assert done.returncode == 0, done.stderr
+        (summary,) = [json.loads(line) for line in done.stdout.splitlines()]
+        assert summary["segments_rewritten"] == summary["segments_deleted"] == []
+        assert summary["nothing_reclaimed"] == why
+        done = run_cli(path, "compact")
+        compacted, reason = done.stdout.splitlines()
+        assert compacted.startswith("compacted: 0 segments rewritten, 0 deleted;"), compacted
+        assert reason.startswith(f"nothing reclaimed: {says}"), reason
+    with Journal.open(store) as j:
+        j.compact_session("s", 30, b"snapshot")
+    shutil.copytree(store, tmp_path / "copy")
+    done = run_cli(store, "--format", "json", "compact")
+    (summary,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert summary["segments_deleted"] or summary["segments_rewritten"]
+    assert summary["nothing_reclaimed"] is None
+    (compacted,) = run_cli(tmp_path / "copy", "compact").stdout.splitlines()
+    assert compacted.startswith("compacted: ") and "0 segments rewritten, 0 del" not in compacted
 
 
 # -- verify --fix ------------------------------------------------------------------------------
