@@ -6,8 +6,6 @@ import contextlib
 import datetime
 import errno
 import hashlib
-import io
-import json
 import os
 import stat
 import sys
@@ -16,12 +14,14 @@ from collections.abc import Iterator
 from typing import IO, Any, cast
 
 import click
+import msgspec
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
 from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN, write_file
 
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
+from .json_data import embedded
 from .maintenance import progress_bar
 from .output import (
     CommandFailed,
@@ -29,7 +29,6 @@ from .output import (
     Output,
     Settings,
     WholeNumber,
-    embedded,
     id_column,
     listing_parts,
     pass_settings,
@@ -262,22 +261,20 @@ def _export_ndjson(
             report = store.export_sessions(ids, binary, progress=ctrl_c.progress(bar))
         binary.seek(0)
         if dest == "-":
-            _write_ndjson(binary, sys.stdout)
+            _write_ndjson(binary, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
             return report
-
-        def write(out: IO[bytes]) -> None:
-            text = io.TextIOWrapper(out, encoding="utf-8")
-            _write_ndjson(binary, text)
-            text.flush()
-            text.detach()  # the file stays open: write_file syncs and closes it
-
-        write_file(dest, write)
+        write_file(dest, lambda out: _write_ndjson(binary, out))
     return report
 
 
-def _write_ndjson(binary: IO[bytes], out: IO[str]) -> None:
+def _write_ndjson(binary: IO[bytes], out: IO[bytes]) -> None:
+    """One UTF-8 JSON line per record, data as stored (`embedded`)."""
     for record in _ndjson_records(binary):
-        out.write(json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n")
+        out.write(_NDJSON.encode(record) + b"\n")
+
+
+_NDJSON = msgspec.json.Encoder()
 
 
 def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:

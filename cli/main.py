@@ -20,6 +20,7 @@ from journal.arguments import file_mode_problem
 
 from .archives import export, import_
 from .demo import demo
+from .json_data import exact_json
 from .maintenance import compact, cursor_key, stats, verify
 from .output import (
     BELOW_2_62,
@@ -31,7 +32,6 @@ from .output import (
     Output,
     Settings,
     WholeNumber,
-    exact_json,
     given_cursor,
     is_nats,
     pass_settings,

@@ -6,10 +6,8 @@ serialised by a lock, so the demo's threads never interleave half lines.
 
 from __future__ import annotations
 
-import base64
 import codecs
 import contextlib
-import decimal
 import io
 import json
 import math
@@ -30,6 +28,8 @@ import msgspec
 import journal
 from journal import TURN_RESULT, TURN_STARTED
 
+from .json_data import embedded, json_line, json_value
+
 __all__ = [
     "BELOW_2_62",
     "EXIT_CODES_HELP",
@@ -45,12 +45,10 @@ __all__ = [
     "cli_message",
     "display_width",
     "echo",
-    "embedded",
     "error_fields",
     "event_quiet",
     "event_record",
     "event_text",
-    "exact_json",
     "exit_status",
     "given_cursor",
     "given_page_token",
@@ -223,7 +221,7 @@ class Output:
         if self.broken:
             return
         if self.json:
-            self._print(json.dumps(record, separators=(",", ":")))
+            self._print(json_line(record))
         else:
             self._print(quiet if self.format == "quiet" else text)
 
@@ -234,7 +232,7 @@ class Output:
         if self.broken:
             return
         if self.json:
-            self._print(json.dumps(event_record(event), separators=(",", ":")))
+            self._print(json_line(event_record(event)))
         elif self.format == "quiet":
             text = event_quiet(event)
             if text is not None and "\ufffd" in text and not self._said_not_text:
@@ -547,63 +545,6 @@ def preview(data: bytes, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def embedded(data: bytes) -> Any:
-    """Event data as NDJSON carries it: JSON data embedded as JSON, anything else as
-    `{"base64": "..."}`; JSON data that is itself an object whose only key is "base64"
-    goes out as base64 too, so `{"base64": ...}` always means "decode me"."""
-    try:
-        # Strict: UTF-8 only (json.loads of bytes would also take UTF-16 and a BOM), and
-        # no NaN or Infinity, written so or as a number beyond a float (not JSON: the
-        # line printed would not parse).
-        value = exact_json(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        # (RecursionError: JSON nested deeper than the parser goes; base64 then, as for
-        # any data that cannot be embedded.)
-        value = _BASE64
-    if value is _BASE64 or (isinstance(value, dict) and len(value) == 1 and "base64" in value):
-        return {"base64": base64.b64encode(data).decode("ascii")}
-    return value
-
-
-_BASE64: Final = object()  # (`embedded`: the data is not JSON)
-
-
-def exact_json(text: str | bytes) -> Any:
-    """The value of strict JSON text that `json.dumps` writes back meaning the same:
-    ValueError for NaN and Infinity, for a number a float cannot hold exactly (1e999,
-    12345678901234567.5, 1e-400) and for an object with a key given twice (the dict
-    keeps one value)."""
-    return json.loads(
-        text, parse_constant=_not_json, parse_float=_exact_float, object_pairs_hook=_unique_keys
-    )
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _exact_float(text: str) -> float:
-    """A JSON number as a float, when the float printed back means the same number: one
-    too large for a float (1e999) would be printed as Infinity, which is not JSON, and one
-    a float cannot hold (12345678901234567.5, 1e-400) as another number; such data goes out
-    as base64 instead."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is a number beyond a float's range")
-    shown = repr(value)
-    if shown != text and decimal.Decimal(text) != decimal.Decimal(shown):
-        raise ValueError(f"{text} is not exactly a float")
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object as a dict, unless a key comes twice (the dict would keep one value)."""
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        raise ValueError("a key comes twice in an object")
-    return value
-
-
 def event_record(event: journal.Event) -> dict[str, Any]:
     """An event in the watch contract's kinds: `message` (and any other type) with
     `message`, `turn_started`, and `turn_result` with `result`; all with `ordinal`,
@@ -626,7 +567,7 @@ def event_text(event: journal.Event, limit: int = 100) -> str:
     if event.type == TURN_STARTED:
         return f"#{event.ordinal} turn_started{request} cursor={event.cursor}"
     if event.type == TURN_RESULT:
-        result = embedded(event.data)
+        result = json_value(event.data)
         status = result.get("status", "?") if isinstance(result, dict) else "?"
         error = result.get("error") if isinstance(result, dict) else None
         detail = f" {error.get('code')}: {error.get('message')}" if isinstance(error, dict) else ""

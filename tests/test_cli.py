@@ -821,37 +821,91 @@ def test_ctrl_c_during_a_large_append_never_hides_a_commit(tmp_path: Path) -> No
     assert any("nothing was appended" in note or "were appended" in note for note in notes)
 
 
-def test_json_output_stays_json_for_numbers_beyond_a_float(store: Path) -> None:
-    """1e999 parses as infinity, which `json.dumps` would print as `Infinity` (not JSON):
-    such data goes out as base64, like any other data that is not JSON."""
+def test_json_output_carries_numbers_beyond_a_float_as_stored(store: Path) -> None:
+    """1e999 parses as infinity, which `json.dumps` printed as `Infinity` (not JSON):
+    such data went out as base64 until 2026-12-05; it is valid JSON, and now goes out as
+    stored, never as `Infinity`."""
     data = [b'{"big":1e999}', b'{"n":-1e400}', b'{"ok":1.5}']
     invoke(store, "append", "-s", "t", "--create", *(d.decode() for d in data))
     lines = invoke(store, "read", "-s", "t").stdout.splitlines()[:3]
-    messages = [
-        json.loads(line, parse_constant=lambda c: pytest.fail(c))["message"] for line in lines
-    ]
-    assert messages[2] == {"ok": 1.5}
-    assert [base64.b64decode(m["base64"]) for m in messages[:2]] == data[:2]
+    for line, stored in zip(lines, data, strict=True):
+        assert line.endswith(',"message":' + stored.decode() + "}"), line
+        json.loads(line, parse_constant=lambda c: pytest.fail(c))
 
 
 def test_json_output_never_changes_what_the_data_says(store: Path) -> None:
     """JSON data went out re-serialised through Python's parser: a duplicated key lost
     its first value, and a number a float cannot hold exactly came out as another number
-    (12345678901234567.5 as 1.2345678901234568e+16, 1e-400 as 0.0). Data whose JSON
-    form would change what it says goes out as base64, like any data that is not JSON."""
-    exact = [b'{"a":1,"b":[0.1,1e2,-0.0,12345678901234567890]}', b'{"x": 1.50}']
-    altered = [
+    (12345678901234567.5 as 1.2345678901234568e+16, 1e-400 as 0.0); from 2026-12-03 such
+    data went out as base64, and since 2026-12-05 as the stored bytes themselves."""
+    data = [
+        b'{"a":1,"b":[0.1,1e2,-0.0,12345678901234567890]}',
+        b'{"x": 1.50}',
         b'{"a":1,"a":2}',
         b'{"price":12345678901234567.5}',
         b'{"tiny":1e-400}',
         b"[0.30000000000000000001]",
         b'[{"k":1,"k":1}]',
     ]
-    invoke(store, "append", "-s", "t", "--create", *(d.decode() for d in exact + altered))
-    *events, _ = records(invoke(store, "read", "-s", "t"))
-    messages = [event["message"] for event in events]
-    assert messages[:2] == [json.loads(d) for d in exact]
-    assert [base64.b64decode(m["base64"]) for m in messages[2:]] == altered
+    invoke(store, "append", "-s", "t", "--create", *(d.decode() for d in data))
+    lines = invoke(store, "read", "-s", "t").stdout.splitlines()[: len(data)]
+    for line, stored in zip(lines, data, strict=True):
+        assert line.endswith(',"message":' + stored.decode() + "}"), line
+
+
+def test_json_output_carries_the_stored_bytes_exactly(store: Path, tmp_path: Path) -> None:
+    """Until 2026-12-05 JSON data went out decoded and encoded again: `-0` as `0`, `1E5`
+    as `100000.0`, `1.00` as `1.0`, `{ "a" : 1 }` as `{"a":1}` (found by a new-user
+    trial). Now as stored, in `read`, `watch` and `export --format ndjson`; only a line
+    break between tokens goes (NDJSON has one line per record), and `read`/`watch`
+    write characters beyond ASCII as escapes (their output is ASCII)."""
+    stored = [
+        b"-0",
+        b"1.0",
+        b"1.00",
+        b"1E5",
+        b"-0.0e-0",
+        b"123456789012345678901234567890123456789",
+        b'"\\u0000\\u00e9\\/"',
+        b'{"b":1,"a":2, "c" : [ 1 ,2 ] }',
+        b' {"padded":true}\t',
+    ]
+    others = {
+        b'{"a":\r\n [1,\n 2]}': b'{"a":[1,2]}',
+        '["é","😀"]'.encode(): b'["\\u00e9","\\ud83d\\ude00"]',
+    }
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("x", [journal.EventIn("m", d) for d in [*stored, *others]], create=True)
+    *lines, _ = invoke(store, "read", "-s", "x").stdout.splitlines()
+    assert len(lines) == len(stored) + len(others)
+    expected = [*stored, *others.values()]
+    for line, data in zip(lines, expected, strict=True):
+        assert line.endswith(',"message":' + data.decode() + "}"), (line, data)
+        json.loads(line)
+    with journal.Journal.open(store) as j:
+        j.resolve_session("x")  # (so that the watch ends)
+    watched = invoke(store, "watch", "-s", "x").stdout.splitlines()
+    assert watched[: len(lines)] == lines
+    archive = tmp_path / "x.ndjson"
+    done = invoke(store, "export", "-s", "x", "-o", str(archive), "--format", "ndjson")
+    assert done.exit_code == 0, done.output
+    events = [line for line in archive.read_bytes().splitlines() if b'"record":"event"' in line]
+    in_file = [*stored, b'{"a":[1,2]}', '["é","😀"]'.encode()]
+    for line, data in zip(events, in_file, strict=True):
+        assert line.endswith(b',"data":' + data + b"}"), (line, data)
+
+
+def test_export_ndjson_of_a_lone_surrogate_escape_is_base64(store: Path, tmp_path: Path) -> None:
+    """`"\\ud800"` (an escape of half a UTF-16 pair) was decoded to a str the UTF-8 file
+    could not hold: `export --format ndjson -o FILE` died with UnicodeEncodeError."""
+    data = b'"\\ud800"'
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("x", [journal.EventIn("m", data)], create=True)
+    archive = tmp_path / "x.ndjson"
+    done = invoke(store, "export", "-s", "x", "-o", str(archive), "--format", "ndjson")
+    assert done.exit_code == 0, done.output
+    (event,) = [r for r in map(json.loads, archive.read_text().splitlines()) if "ordinal" in r]
+    assert base64.b64decode(event["data"]["base64"]) == data
 
 
 def test_a_nats_store_without_a_name_is_explained_in_cli_terms() -> None:

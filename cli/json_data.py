@@ -1,0 +1,113 @@
+"""Event data in the command's JSON: printed as the bytes stored (`embedded`, `json_line`),
+and JSON read from stdin taken only when it would be written back meaning the same
+(`exact_json`).
+
+Data that is JSON goes out as the stored bytes themselves (`msgspec.Raw`), not decoded
+and encoded again: a round trip through Python values changed what a user stored
+(`-0` came out as `0`, `1E5` as `100000.0`, and data it could not write back exactly,
+`1e400` or a key given twice, went out as base64). Only two things are not byte for
+byte, both leaving every JSON token as it is: whitespace between tokens is removed when
+the data holds a line break (an NDJSON line cannot hold one), and `read`/`watch` write
+characters beyond ASCII as `\\u` escapes (their output is ASCII: a terminal of any
+encoding shows it, and it stays UTF-8 JSON).
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+import json
+import math
+import re
+from typing import Any, Final
+
+import msgspec
+
+__all__ = ["embedded", "exact_json", "json_line", "json_value"]
+
+_ENCODER: Final = msgspec.json.Encoder()
+_OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ONE_VALUE: Final = msgspec.json.Decoder(msgspec.Raw)
+_BEYOND_ASCII: Final = re.compile("[^\x00-\x7f]+")
+
+
+def embedded(data: bytes) -> msgspec.Raw | dict[str, str]:
+    """Event data as NDJSON carries it: JSON data as its own bytes, anything else as
+    `{"base64": "..."}`; JSON data that is itself an object whose only key is "base64"
+    goes out as base64 too, so `{"base64": ...}` always means "decode me".
+
+    JSON here is strict UTF-8 JSON as RFC 8259 writes it: no NaN or Infinity, no byte
+    order mark, no `\\u` escape of a lone surrogate (msgspec refuses it), nested less
+    than about 1,000 levels (msgspec's limit); numbers of any size and keys given twice
+    are JSON, and go out as stored."""
+    try:
+        data.decode("utf-8")  # (strict: msgspec lets a UTF-8-encoded surrogate through)
+        _ONE_VALUE.decode(data)  # (checks the whole text, decodes no value)
+        if data.lstrip().startswith(b"{") and set(_OBJECT.decode(data)) == {"base64"}:
+            raise ValueError("JSON data that reads as base64 data")
+    except (ValueError, msgspec.DecodeError, RecursionError):
+        # (RecursionError: nested deeper than the parser goes; base64 then, as for any
+        # data that cannot be embedded.)
+        return {"base64": base64.b64encode(data).decode("ascii")}
+    if b"\n" in data or b"\r" in data:
+        # Only between tokens (a JSON string holds none): removed, the tokens kept.
+        return msgspec.Raw(msgspec.json.format(data, indent=-1))
+    return msgspec.Raw(data)
+
+
+def json_line(record: Any) -> str:
+    """`record` as one line of ASCII JSON, `msgspec.Raw` values (`embedded`) as their
+    bytes; characters beyond ASCII (only in strings, where JSON allows them) as `\\u`
+    escapes, as `json.dumps` writes them."""
+    line = _ENCODER.encode(record)
+    if line.isascii():
+        return line.decode("ascii")
+    return _BEYOND_ASCII.sub(_escaped, line.decode("utf-8"))
+
+
+def _escaped(run: re.Match[str]) -> str:
+    return json.dumps(run.group())[1:-1]
+
+
+def json_value(data: bytes) -> Any:
+    """The value of event data that is JSON (for text that reads a field of it), or None."""
+    try:
+        return msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+def exact_json(text: str | bytes) -> Any:
+    """The value of strict JSON text that `json.dumps` writes back meaning the same:
+    ValueError for NaN and Infinity, for a number a float cannot hold exactly (1e999,
+    12345678901234567.5, 1e-400) and for an object with a key given twice (the dict
+    keeps one value)."""
+    return json.loads(
+        text, parse_constant=_not_json, parse_float=_exact_float, object_pairs_hook=_unique_keys
+    )
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+def _exact_float(text: str) -> float:
+    """A JSON number as a float, when the float printed back means the same number: one
+    too large for a float (1e999) would be printed as Infinity, which is not JSON, and one
+    a float cannot hold (12345678901234567.5, 1e-400) as another number; such data is
+    refused."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is a number beyond a float's range")
+    shown = repr(value)
+    if shown != text and decimal.Decimal(text) != decimal.Decimal(shown):
+        raise ValueError(f"{text} is not exactly a float")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, unless a key comes twice (the dict would keep one value)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        raise ValueError("a key comes twice in an object")
+    return value
