@@ -424,6 +424,7 @@ def import_(
         if new_id is not None or renames:
             raise click.UsageError("--list imports nothing: pass it without --as and --rename")
         with (
+            said_if_interrupted(lambda _: "interrupted: the archive was not checked whole"),
             ctrl_c_noted() as ctrl_c,
             contextlib.ExitStack() as stack,
             progress_bar("checking", settings.output.format == "text") as bar,

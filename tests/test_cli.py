@@ -1678,6 +1678,8 @@ def test_ndjson_data_that_looks_like_base64_is_base64_so_every_event_decodes(
     import base64
 
     payloads = [b"\x00\x01\x02", b'{"base64":"AAEC"}', b'{"base64":"AAEC","x":1}', b"[1]"]
+    # (the key written with an escape, and given twice: still the one key "base64")
+    payloads += [b' {"\\u0062ase64":"AAEC"}', b'{"base64":"AAEC","base64":"AAEC"}']
     with journal.Journal.open(store, durability="os") as j:
         j.append("s", [journal.EventIn("message", data) for data in payloads], create=True)
     *events, _trailer = records(invoke(store, "read", "-s", "s"))
@@ -1689,6 +1691,7 @@ def test_ndjson_data_that_looks_like_base64_is_base64_so_every_event_decodes(
         else:
             decoded.append(json.dumps(message, separators=(",", ":")).encode())
     assert decoded == payloads
+    assert [set(event["message"]) for event in events[-2:]] == [{"base64"}] * 2
 
 
 def test_a_lost_key_file_is_explained_in_cli_terms_to_readers_and_cursor_key(

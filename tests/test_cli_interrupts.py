@@ -169,6 +169,7 @@ def test_a_lost_ctrl_c_ends_import_list_and_import_before_anything_is_imported(
     data = archive.read_bytes()
     target = tmp_path / "target"
     assert run_cli(target, "init").returncode == 0
+    said = []
     for args in (["import", "--list", "-"], ["import", "-"]):
         process = _lost_raise(target, *args, stdin=subprocess.PIPE)
         assert process.stdin is not None and process.stderr is not None
@@ -178,7 +179,9 @@ def test_a_lost_ctrl_c_ends_import_list_and_import_before_anything_is_imported(
         status, stderr = _ended(process, data[4096:])
         assert status == 130, (args, stderr)
         assert "Traceback" not in stderr, stderr
-    assert stderr.splitlines()[0].startswith("journal: interrupted: nothing was imported")
+        said.append(stderr.splitlines()[0])
+    assert said[0] == "journal: interrupted: the archive was not checked whole"
+    assert said[1].startswith("journal: interrupted: nothing was imported")
     with Journal.open(target, readonly=True) as j:
         assert list(j.list_sessions()) == []
 
