@@ -322,8 +322,14 @@ def check_retention(policy: RetentionPolicy) -> None:
     for name in ("max_history_bytes", "max_history_age_ms", "session_retention_ms"):
         value = getattr(policy, name)
         if value is not None and (type(value) is not int or not 0 < value < MAX_SETTING):
+            hint = (
+                " (1 evicts an ended session at the first retention pass after it ends)"
+                if name == "session_retention_ms" and value == 0
+                else ""
+            )
             raise InvalidArgument(
-                f"RetentionPolicy.{name} must be a positive int below 2**62, or None; got {value!r}"
+                f"RetentionPolicy.{name} must be a positive int below 2**62, or None; "
+                f"got {value!r}{hint}"
             )
     if policy.session_retention_from not in ("ended", "started"):
         raise InvalidArgument(

@@ -317,6 +317,9 @@ def test_a_policy_change_that_is_refused_records_nothing(
             j.change_retention_policy(lambda p: msgspec.structs.replace(p, max_history_age_ms=-1))
         with pytest.raises(InvalidArgument, match="must be a callable"):
             j.change_retention_policy(RetentionPolicy())  # type: ignore[arg-type]
+        # (0 is refused, and the refusal says what evicts ended sessions soonest)
+        with pytest.raises(InvalidArgument, match=r"got 0 \(1 evicts an ended session"):
+            j.change_retention_policy(lambda p: msgspec.structs.replace(p, session_retention_ms=0))
         assert j.retention_policy() == before
     with engine.open(path, readonly=True) as reader:
         with pytest.raises(ReadOnlyStore, match="change_retention_policy"):
