@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import itertools
 import json
 import math
 import re
@@ -30,6 +31,15 @@ _OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ONE_VALUE: Final = msgspec.json.Decoder(msgspec.Raw)
 _BEYOND_ASCII: Final = re.compile("[^\x00-\x7f]+")
 
+# The deepest data embedded as JSON: a fixed depth, not where a parser runs out of the
+# recursion limit (that depends on the stack it runs from), and one that a consumer's
+# parser reads from deep in its own stack (Python's json.loads stops near 990 levels
+# less the caller's frames).
+MAX_DEPTH: Final = 512
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (of valid JSON)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP: Final = [1 if b in b"[{" else -1 for b in range(256)]
+
 
 def embedded(data: bytes) -> msgspec.Raw | dict[str, str]:
     """Event data as NDJSON carries it: JSON data as its own bytes, anything else as
@@ -37,12 +47,14 @@ def embedded(data: bytes) -> msgspec.Raw | dict[str, str]:
     goes out as base64 too, so `{"base64": ...}` always means "decode me".
 
     JSON here is strict UTF-8 JSON as RFC 8259 writes it: no NaN or Infinity, no byte
-    order mark, no `\\u` escape of a lone surrogate (msgspec refuses it), nested less
-    than about 1,000 levels (msgspec's limit); numbers of any size and keys given twice
+    order mark, no `\\u` escape of a lone surrogate (msgspec refuses it), nested at most
+    `MAX_DEPTH` (512) levels; numbers of any size and keys given twice
     are JSON, and go out as stored."""
     try:
         data.decode("utf-8")  # (strict: msgspec lets a UTF-8-encoded surrogate through)
         _ONE_VALUE.decode(data)  # (checks the whole text, decodes no value)
+        if _deeper_than(data, MAX_DEPTH):
+            raise ValueError("JSON data nested deeper than MAX_DEPTH")
         # (A key "base64" is written so, or with \u escapes: only then a second pass.)
         maybe = b"base64" in data or b"\\u" in data
         if maybe and data.lstrip().startswith(b"{") and set(_OBJECT.decode(data)) == {"base64"}:
@@ -55,6 +67,15 @@ def embedded(data: bytes) -> msgspec.Raw | dict[str, str]:
         # Only between tokens (a JSON string holds none): removed, the tokens kept.
         return msgspec.Raw(msgspec.json.format(data, indent=-1))
     return msgspec.Raw(data)
+
+
+def _deeper_than(data: bytes, depth: int) -> bool:
+    """Whether valid JSON `data` nests arrays and objects more than `depth` levels (counted
+    only when it holds more brackets than that: strings removed, then the brackets')."""
+    if data.count(b"[") + data.count(b"{") <= depth:
+        return False
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0) > depth
 
 
 def json_line(record: Any) -> str:

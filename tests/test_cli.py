@@ -710,6 +710,40 @@ def test_json_nested_deeper_than_the_parser_goes_travels_as_base64(store: Path) 
         assert invoke(store, "read", "-s", "deep", fmt=fmt).exit_code == 0, fmt
 
 
+def test_json_data_embedded_only_to_a_fixed_depth_so_every_line_parses(
+    store: Path, tmp_path: Path
+) -> None:
+    """Until 2026-12-05 the depth up to which JSON data was embedded was where msgspec's
+    parser ran out of Python's recursion limit from the command's stack: 981 levels in
+    `read`, 980 in `export` (one frame deeper), so the same data went as JSON in one and
+    base64 in the other, and a line of 982 levels, valid JSON, made Python's json.loads
+    raise RecursionError in a program 10 frames deep. Now data nested more than 512
+    levels is base64 in every command, and a line of data 512 deep parses with
+    json.loads even 400 frames deep."""
+    depths = [512, 513, 600, 900, 980, 981]
+    with journal.Journal.open(store, durability="os") as j:
+        j.append("deep", [journal.EventIn("m", b"[" * n + b"]" * n) for n in depths], create=True)
+        j.resolve_session("deep")  # (so that the watch ends)
+
+    def deep_loads(line: str | bytes, frames: int = 400) -> Any:
+        return deep_loads(line, frames - 1) if frames else json.loads(line)
+
+    *read, _ = invoke(store, "read", "-s", "deep").stdout.splitlines()
+    watched = invoke(store, "watch", "-s", "deep").stdout.splitlines()[: len(depths)]
+    archive = tmp_path / "deep.ndjson"
+    done = invoke(store, "export", "-s", "deep", "-o", str(archive), "--format", "ndjson")
+    assert done.exit_code == 0, done.output
+    exported = [line for line in archive.read_bytes().splitlines() if b'"ordinal"' in line]
+    for lines, key in ((read, "message"), (watched, "message"), (exported, "data")):
+        assert len(lines) == len(depths)
+        for n, line in zip(depths, lines, strict=True):
+            data = deep_loads(line)[key]
+            if n <= 512:
+                assert data == json.loads(b"[" * n + b"]" * n), n
+            else:
+                assert base64.b64decode(data["base64"]) == b"[" * n + b"]" * n, n
+
+
 def test_an_unknown_outcome_error_carries_the_cursor_but_no_resume_for_an_ended_session(
     store: Path,
 ) -> None:
