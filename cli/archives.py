@@ -146,6 +146,15 @@ def export(
         ) from None
     if dest == "-":
         return  # stdout carries the archive itself
+    # (Reading a large archive back for its digest takes a while: a Ctrl+C then is said too.)
+    with said_if_interrupted(said):
+        _say_exported(dest, archive_format, report, output)
+
+
+def _say_exported(
+    dest: str, archive_format: str, report: journal.ExportReport, output: Output
+) -> None:
+    """Print what an export to FILE wrote: its size and both digests."""
     size = os.path.getsize(dest) if os.path.isfile(dest) else report.archive_bytes
     file_sha256 = _file_sha256(dest)
     text = (

@@ -242,8 +242,9 @@ def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(tmp_path: Path) 
     ]
 
 
-def _wait_until_it_opened(pid: int, path: str) -> None:
-    """Until process `pid` has the file at `path` open (the lease's lock file: it waits)."""
+def _wait_until_it_opened(pid: int, path: str, every: float = 0.01) -> None:
+    """Until process `pid` has the file at `path` open (the lease's lock file: it waits;
+    an archive read back for its digest: look `every` so many seconds)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -252,5 +253,41 @@ def _wait_until_it_opened(pid: int, path: str) -> None:
                     return
             except OSError:
                 pass  # (closed meanwhile)
-        time.sleep(0.01)
+        time.sleep(every)
     raise AssertionError(f"process {pid} did not open {path}")
+
+
+def test_ctrl_c_while_export_reads_its_file_back_says_the_archive_is_whole(
+    tmp_path: Path,
+) -> None:
+    """Once the archive was renamed into place, `export -o FILE` reads it back for its
+    sha256 (a while, for a large one); a Ctrl+C then ended it with exit 130 and nothing
+    said, as if the export had failed (found by a review sending SIGINT at fractions of
+    an export's time). The file is whole, and the command says so."""
+    store = tmp_path / "store"
+    with Journal.open(store, create=True, durability="os") as j:
+        for _ in range(96):  # (96 MiB zstd cannot shrink: a read-back of some time)
+            j.append("s", [EventIn("m", os.urandom(1 << 20))], create=True)
+    archive = tmp_path / "out" / "all.archive"
+    archive.parent.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "export", "--all", "-o", str(archive)],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_until_it_opened(process.pid, str(archive), every=0)  # (its read-back)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait(10)
+    assert process.returncode == 130, stderr
+    assert stdout == b""
+    assert stderr.decode().splitlines() == [
+        f"journal: interrupted after the archive was written: {archive} holds it whole"
+    ]
+    with Journal.open(tmp_path / "target", create=True) as j:
+        assert j.import_sessions(archive).events == 96
