@@ -466,7 +466,14 @@ def import_(
                     f"{item}): give each OLD once"
                 )
             rename[old] = new
-    with ctrl_c_noted() as ctrl_c, contextlib.ExitStack() as stack:
+    report: journal.ImportReport | None = None
+
+    def said(interrupt: KeyboardInterrupt) -> str:
+        return _import_interrupted(interrupt, imported=report is not None)
+
+    # (Said from the first read on: with --as or a split --rename, stdin is copied, or
+    # the archive read once for its ids, before the import itself.)
+    with said_if_interrupted(said), ctrl_c_noted() as ctrl_c, contextlib.ExitStack() as stack:
         source = _archive_source(archive, stack)
         split = [item for item in renames if item.count("=") > 1]
         if new_id is not None or split:
@@ -479,13 +486,7 @@ def import_(
             else:
                 rename = _split_renames(split, _session_ids(source, limits), rename or {})
             source.seek(0)
-        report: journal.ImportReport | None = None
-
-        def said(interrupt: KeyboardInterrupt) -> str:
-            return _import_interrupted(interrupt, imported=report is not None)
-
         with (
-            said_if_interrupted(said),
             settings.open() as store,
             progress_bar("importing", output.format == "text") as bar,
         ):

@@ -291,3 +291,41 @@ def test_ctrl_c_while_export_reads_its_file_back_says_the_archive_is_whole(
     ]
     with Journal.open(tmp_path / "target", create=True) as j:
         assert j.import_sessions(archive).events == 96
+
+
+def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path: Path) -> None:
+    """`import - --as NEW` copies stdin (to read it twice) before the import itself; a
+    Ctrl+C there ended it with exit 130 and nothing said (found by a review)."""
+    store = tmp_path / "store"
+    Journal.open(store, create=True).close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "import", "-", "--as", "new"],
+        cwd=ROOT,
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdin is not None
+        process.stdin.write(b"\x28\xb5\x2f\xfd" + bytes(1000))  # (a zstd start, then waits)
+        process.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not any(  # (its copy of stdin: a temporary file, unlinked)
+            os.readlink(fd).endswith(" (deleted)")
+            for fd in Path(f"/proc/{process.pid}/fd").iterdir()
+        ):
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait(10)
+    assert process.returncode == 130, stderr
+    assert stdout == b""
+    assert stderr.decode().splitlines() == [
+        "journal: interrupted: nothing was imported (`journal compact` reclaims what was staged)"
+    ]
+    with Journal.open(store, readonly=True) as j:
+        assert list(j.list_sessions()) == []
