@@ -115,8 +115,8 @@ def compact(settings: Settings, dead_share: float) -> None:
 # summary's `nothing_reclaimed`, SPEC 13), and what the text says of it.
 NOTHING_RECLAIMED = {
     "only_active_segment": (
-        "only the active segment holds data; compact seals it (and compacts it) once at "
-        "least 1 MiB (half a segment, if less) and --dead-share {dead_share} of it are "
+        "there is no sealed segment, only the active one; compact seals it (and compacts "
+        "it) once at least 1 MiB (half a segment, if less) and --dead-share {dead_share} of it are "
         "dead, and a writer seals it when it is full"
     ),
     "below_dead_share": (

@@ -39,7 +39,11 @@ def test_compact_says_why_it_reclaimed_nothing(store: Path, tmp_path: Path) -> N
         j.append("s", [EventIn("m", b"x" * 1000)], create=True)
     assert run_cli(store, "compact").returncode == 0  # (what is worth it, done)
     for path, why, says in [
-        (young, "only_active_segment", "only the active segment holds data; compact seals"),
+        (
+            young,
+            "only_active_segment",
+            "there is no sealed segment, only the active one; compact seals",
+        ),
         (store, "below_dead_share", "no sealed segment is all dead, or at least --dead-share 0.5"),
     ]:
         done = run_cli(path, "--format", "json", "compact")
