@@ -51,9 +51,10 @@ MAIN_SLICE_S: Final = 0.05
 # How long the thread stays after the last follower stopped waiting (a follower that
 # delivers a page and waits again must not start a thread per page).
 LINGER_S: Final = 1.0
-# How many sessions' last commits the waiter remembers (`publish` with keys): past that
-# it forgets them all, and every keyed follower that waited from before looks once.
-TOUCHED_MAX: Final = 65536
+# How many sessions' last commits the waiter remembers (`publish` with keys), about 110
+# bytes each, evicted sessions' included: past that it forgets the older half, and every
+# keyed follower looks once. (65,536, all forgotten when full, until 2026-12-05: 7 MB.)
+TOUCHED_MAX: Final = 16384
 
 
 class HeadUnknown(Exception):
@@ -201,15 +202,18 @@ class Notifier:
 
     def _touch(self, keys: Collection[int], head: int) -> bool:
         """Record that commits up to `head` touched `keys` (under the lock); True when the
-        record overflowed and was forgotten (every keyed follower looks then)."""
+        record overflowed and its older half was forgotten (every keyed follower looks
+        then): the commits up to the highest head forgotten count as unknown, so a
+        follower of a forgotten key that read the head before it still looks."""
         touched = self._touched
         for key in keys:
             if touched.get(key, 0) < head:
                 touched[key] = head
         if len(touched) <= TOUCHED_MAX:
             return False
-        touched.clear()
-        self._unknown = max(self._unknown, head)
+        cut = sorted(touched.values())[len(touched) // 2]
+        self._touched = {key: at for key, at in touched.items() if at > cut}
+        self._unknown = max(self._unknown, cut)
         return True
 
     def _notify_keys(self, keys: Collection[int]) -> None:

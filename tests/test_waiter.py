@@ -10,11 +10,13 @@ asserts a duration.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -766,3 +768,24 @@ def test_no_follower_misses_a_commit_of_its_session_among_others(
         for sub in subs:
             sub.close()
         assert not behind, f"followers left behind (seen, last): {behind}"
+
+
+def test_the_last_commits_of_many_sessions_stay_bounded_and_right() -> None:
+    """The waiter remembers the last commit of 16,384 keys, dropping the older half when
+    full (65,536, about 7 MB, until 2026-12-05: a process churning sessions kept about
+    110 bytes of each evicted session's). A follower of a forgotten key still looks."""
+    notifier = Notifier(lambda: 0)
+    keys = 65_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for key in range(keys):
+            notifier.publish(key + 1, [key], key)
+        gc.collect()
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 3_000_000, f"{held / 1e6:.1f} MB traced for {keys} keys' last commits"
+    assert notifier.moved(0, 0) and notifier.moved(30_000, 30_000)  # (forgotten: looks)
+    assert notifier.moved(keys - 1, keys - 1) and not notifier.moved(keys - 1, keys)
+    assert not notifier.moved(keys + 5, keys)  # (nothing after `keys` committed)
