@@ -4,6 +4,7 @@ each ends with exit 130 and says on stderr what state it left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -293,6 +294,16 @@ def test_ctrl_c_while_export_reads_its_file_back_says_the_archive_is_whole(
         assert j.import_sessions(archive).events == 96
 
 
+def _holds_a_deleted_file(pid: int) -> bool:
+    """Whether process `pid` has a file open that was unlinked (a descriptor closed while
+    it is listed is passed over)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if os.readlink(fd).endswith(" (deleted)"):
+                return True
+    return False
+
+
 def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path: Path) -> None:
     """`import - --as NEW` copies stdin (to read it twice) before the import itself; a
     Ctrl+C there ended it with exit 130 and nothing said (found by a review)."""
@@ -311,10 +322,7 @@ def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path:
         process.stdin.write(b"\x28\xb5\x2f\xfd" + bytes(1000))  # (a zstd start, then waits)
         process.stdin.flush()
         deadline = time.monotonic() + 30
-        while not any(  # (its copy of stdin: a temporary file, unlinked)
-            os.readlink(fd).endswith(" (deleted)")
-            for fd in Path(f"/proc/{process.pid}/fd").iterdir()
-        ):
+        while not _holds_a_deleted_file(process.pid):  # (its copy of stdin, unlinked)
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.01)
         process.send_signal(signal.SIGINT)
