@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -220,27 +221,40 @@ def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(tmp_path: Path) 
     with Journal.open(store, create=True) as j:
         j.create_session("s")
         with j.own("s"):
-            command = ["--store", str(store), "sessions", "own", "s", "--wait", "60"]
-            process = subprocess.Popen(
-                [sys.executable, "-m", "cli", *command],
-                cwd=ROOT,
-                env=cli_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+            status, stdout, stderr = _interrupted(
+                store,
+                ["sessions", "own", "s", "--wait", "60"],
+                lambda process: _wait_until_it_opened(process.pid, lock_path(str(store), "s")),
             )
-            try:
-                _wait_until_it_opened(process.pid, lock_path(str(store), "s"))
-                process.send_signal(signal.SIGINT)
-                stdout, stderr = process.communicate(timeout=30)
-            finally:
-                process.kill()
-                process.wait(10)
-    assert process.returncode == 130, stderr
+    assert status == 130, stderr
     assert stdout == b""
     assert stderr.decode().splitlines() == [
         "journal: interrupted: no lease is held (none was taken, or the one taken was let "
         "go); `journal sessions show s` shows whether a turn is still open"
     ]
+
+
+def _interrupted(
+    store: Path, args: list[str], when: Callable[[subprocess.Popen[bytes]], None]
+) -> tuple[int, bytes, bytes]:
+    """`journal --store STORE ARGS...` in a process of its own, sent SIGINT once
+    `when(process)` returned: its exit status, stdout and stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), *args],
+        cwd=ROOT,
+        env=cli_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        when(process)
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait(10)
+    return process.returncode, stdout, stderr
 
 
 def _wait_until_it_opened(pid: int, path: str, every: float = 0.01) -> None:
@@ -271,21 +285,12 @@ def test_ctrl_c_while_export_reads_its_file_back_says_the_archive_is_whole(
             j.append("s", [EventIn("m", os.urandom(1 << 20))], create=True)
     archive = tmp_path / "out" / "all.archive"
     archive.parent.mkdir()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "--store", str(store), "export", "--all", "-o", str(archive)],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+    status, stdout, stderr = _interrupted(
+        store,
+        ["export", "--all", "-o", str(archive)],
+        lambda process: _wait_until_it_opened(process.pid, str(archive), every=0),  # (read-back)
     )
-    try:
-        _wait_until_it_opened(process.pid, str(archive), every=0)  # (its read-back)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=30)
-    finally:
-        process.kill()
-        process.wait(10)
-    assert process.returncode == 130, stderr
+    assert status == 130, stderr
     assert stdout == b""
     assert stderr.decode().splitlines() == [
         f"journal: interrupted after the archive was written: {archive} holds it whole"
@@ -309,15 +314,8 @@ def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path:
     Ctrl+C there ended it with exit 130 and nothing said (found by a review)."""
     store = tmp_path / "store"
     Journal.open(store, create=True).close()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "--store", str(store), "import", "-", "--as", "new"],
-        cwd=ROOT,
-        env=cli_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
+
+    def copying(process: subprocess.Popen[bytes]) -> None:
         assert process.stdin is not None
         process.stdin.write(b"\x28\xb5\x2f\xfd" + bytes(1000))  # (a zstd start, then waits)
         process.stdin.flush()
@@ -325,12 +323,9 @@ def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path:
         while not _holds_a_deleted_file(process.pid):  # (its copy of stdin, unlinked)
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.01)
-        process.send_signal(signal.SIGINT)
-        stdout, stderr = process.communicate(timeout=30)
-    finally:
-        process.kill()
-        process.wait(10)
-    assert process.returncode == 130, stderr
+
+    status, stdout, stderr = _interrupted(store, ["import", "-", "--as", "new"], copying)
+    assert status == 130, stderr
     assert stdout == b""
     assert stderr.decode().splitlines() == [
         "journal: interrupted: nothing was imported (`journal compact` reclaims what was staged)"
