@@ -317,6 +317,24 @@ def test_the_reads_kept_between_owners_are_bounded_when_they_found_no_result() -
     assert all(kept.get(f"s{i}") == empty for i in range(1, 11))
 
 
+def _cut_off_r2_after_the_journal_read_it(j: Journal, store: Path) -> None:
+    """Turns r1 and r2 of session "s", the journal's last read of its results ending at
+    r2's result; then r2's frames cut off (one torn) and the hole accepted by
+    `verify(fix=True)`."""
+    j.create_session("s")
+    with j.own("s") as owner, owner.turn("r1"):
+        pass
+    (active,) = sorted((store / "segments").glob("*.seg"))
+    kept_end = len(active.read_bytes().rstrip(b"\0"))
+    with j.own("s") as owner, owner.turn("r2"):
+        pass
+    with j.own("s") as owner, pytest.raises(TurnSettled):
+        owner.turn("r2")  # (the journal's read now ends at r2's result)
+    with open(active, "r+b") as f:
+        f.truncate(kept_end + 10)
+    assert j.verify(fix=True).fixed
+
+
 def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_history(
     tmp_path: Path,
 ) -> None:
@@ -326,18 +344,7 @@ def test_an_owner_after_an_accepted_hole_past_the_last_read_reads_the_whole_hist
     grew past it again. It reads the whole history then, as for a cursor refused
     otherwise: r2's turn, cut off, runs; r1's stays refused."""
     with Journal.open(tmp_path, durability="os") as j:
-        j.create_session("s")
-        with j.own("s") as owner, owner.turn("r1"):
-            pass
-        (active,) = sorted((tmp_path / "segments").glob("*.seg"))
-        kept_end = len(active.read_bytes().rstrip(b"\0"))
-        with j.own("s") as owner, owner.turn("r2"):
-            pass
-        with j.own("s") as owner, pytest.raises(TurnSettled):
-            owner.turn("r2")  # (the journal's read now ends at r2's result)
-        with open(active, "r+b") as f:
-            f.truncate(kept_end + 10)  # (r2's frames cut off, one torn)
-        assert j.verify(fix=True).fixed
+        _cut_off_r2_after_the_journal_read_it(j, tmp_path)
         assert [e.request_id for e in j.replay("s")] == ["r1", "r1"]
         with j.own("s") as owner:
             with owner.turn("r2"):
@@ -355,18 +362,7 @@ def test_an_owner_after_an_accepted_hole_rewritten_past_the_last_read_reads_it_w
     the one read. The next owner reads the whole history: r2's turn, cut off, runs, and
     the turn written over its ordinals stays refused. (Passed before: a guard.)"""
     with Journal.open(tmp_path, durability="os") as j:
-        j.create_session("s")
-        with j.own("s") as owner, owner.turn("r1"):
-            pass
-        (active,) = sorted((tmp_path / "segments").glob("*.seg"))
-        kept_end = len(active.read_bytes().rstrip(b"\0"))
-        with j.own("s") as owner, owner.turn("r2"):
-            pass
-        with j.own("s") as owner, pytest.raises(TurnSettled):
-            owner.turn("r2")  # (the journal's read now ends at r2's result, ordinal 4)
-        with open(active, "r+b") as f:
-            f.truncate(kept_end + 10)  # (r2's frames cut off, one torn)
-        assert j.verify(fix=True).fixed
+        _cut_off_r2_after_the_journal_read_it(j, tmp_path)  # (its read ended at ordinal 4)
         subprocess.run(
             [sys.executable, "-c", _OTHER_OWNER, str(tmp_path)], check=True, cwd=ROOT, timeout=60
         )
