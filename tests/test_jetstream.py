@@ -9,6 +9,7 @@ import hashlib
 import io
 import itertools
 import json
+import random
 import subprocess
 import sys
 import threading
@@ -2120,3 +2121,64 @@ def test_the_startup_snapshot_never_takes_rows_from_a_replica_behind_its_positio
         stream.close()
     states = [state for _, session, state in seen if session == "a"]
     assert states[-1] is SessionState.RESOLVED, seen
+
+
+def test_a_lifecycle_follower_is_woken_for_a_change_committed_while_it_read(
+    url: str, tmp_path: Path
+) -> None:
+    """A lifecycle follower waits past the head its last read reached. That head was what
+    the process knew committed after the read, and another thread's commit or head read
+    had raised it meanwhile past a change committed after the read looked: the follower
+    waited for the next commit (a CI run's lifecycle watcher missed the last session of
+    a burst). Here a session is created now and then while the follower reads, on three
+    fresh stores (a store's first lifecycle reads take longest); each must be delivered
+    at once. (A race: before the fix this failed in about one run in four.)"""
+    late = [
+        late
+        for round in range(3)
+        for late in _late_lifecycle_changes(url, f"{store_name(tmp_path)}r{round}", round)
+    ]
+    assert late == []
+
+
+def _late_lifecycle_changes(url: str, store: str, seed: int) -> list[str]:
+    """The sessions of a new store a lifecycle follower did not deliver within 2 s of
+    their creation (one at a time, while other threads read rows: each read raises what
+    the process knows committed)."""
+    stop = threading.Event()
+    seen: list[str] = []
+    arrived = threading.Condition()
+    late: list[str] = []
+    with Journal.open(url, store=store, create=True) as j:
+
+        def follow() -> None:
+            for event in j.watch_sessions(stop=stop):
+                with arrived:
+                    seen.append(event.session.session_id)
+                    arrived.notify_all()
+
+        def read_rows() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):
+                    j.get_session("s0")
+
+        j.create_session("s0")
+        threads = [threading.Thread(target=follow)] + [
+            threading.Thread(target=read_rows) for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        rng = random.Random(seed)
+        try:
+            for burst in range(100):
+                time.sleep(rng.random() * 0.002)  # (the follower reads after the last)
+                j.create_session(last := f"b{burst}")
+                with arrived:
+                    if not arrived.wait_for(lambda last=last: last in seen, timeout=2.0):
+                        late.append(last)
+                        break
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(20)
+    return late

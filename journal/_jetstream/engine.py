@@ -427,7 +427,14 @@ class JetStreamEngine:
     async def _feed(
         self, after: int, limit: int, newest_first: bool
     ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
-        head = await self.reader.head()  # (raised past the entries read: they committed)
+        # The head the follower waits past: the stream's before the entries are read,
+        # raised past the entries it read and what this process knew committed before
+        # (every entry up to that is among them). Not what it knows after: another
+        # thread's commit or head read raised that meanwhile, past an entry committed
+        # after this read looked, and the follower waited for the commit after it
+        # (found by a CI run: a lifecycle watcher missed the last session created).
+        known = self.reader.known
+        head = await self.reader.head()
         if newest_first:
             # (The stream is not read backwards: only the entry at the position itself,
             # which a registry's point always is, `Reader.registry`.)
@@ -438,7 +445,8 @@ class JetStreamEngine:
         # The floor after the entries: it is raised before the purges it covers, so an
         # entry purged above `after` before they were read shows as a floor above it.
         floor = await self.reader.feed_floor()
-        return entries, max(head, self.reader.known + 1), floor
+        reach = entries[-1][0] + 1 if entries else 0
+        return entries, max(head, known + 1, reach), floor
 
     def readers(self) -> _Readers:
         return _Readers()
