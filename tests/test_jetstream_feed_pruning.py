@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from journal import (
     LifecycleEvent,
     LifecycleEventType,
     RetentionPolicy,
+    SessionNotFound,
     StoreUnavailable,
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
@@ -596,7 +598,9 @@ def test_a_refused_purge_of_a_pass_is_raised_and_its_batch_left_for_the_next(
     at the engine's `store.purge` point) fails the pass with `StoreUnavailable` saying
     what to do, and its batch stays recorded as pending: the next pass purges it. Until
     2026-12-05 every refusal was swallowed, the batch recorded done and its entries left
-    in the stream for good, without a word."""
+    in the stream for good, without a word. The failure also says that the eviction the
+    pass committed before it stays done (until 2026-12-05 it did not: a caller could
+    take it for a pass that changed nothing)."""
     from journal._jetstream.client import ApiError
 
     refusing = threading.Event()
@@ -612,11 +616,18 @@ def test_a_refused_purge_of_a_pass_is_raised_and_its_batch_left_for_the_next(
         before = anchor_cursor(j)
         live_and_ended(j, "s", 3)
         evict(j)
+        live_and_ended(j, "t", 1)  # (evicted by the pass that fails)
         refusing.set()
-        with pytest.raises(StoreUnavailable, match=r"refused to purge .*error 10008.*again"):
+        with pytest.raises(StoreUnavailable) as failed:
             prune(j)
-        assert messages(url, name, "lc.*") == 1 + 3 * 3  # (nothing purged)
-        assert len(_floor_record(url, name)[2]) == 3  # (the batch, still pending)
+        assert re.search(r"refused to purge .*error 10008.*again", str(failed.value))
+        assert "1 eviction(s) and 0 history trim(s) committed before it and stay done" in str(
+            failed.value
+        )
+        with pytest.raises(SessionNotFound):
+            j.get_session("t0")
+        assert messages(url, name, "lc.*") == 1 + 4 * 3  # (nothing purged)
+        assert len(_floor_record(url, name)[2]) == 4  # (the batch, still pending)
         with pytest.raises(CursorExpired):
             j.watch_sessions(cursor=before)
         refusing.clear()

@@ -37,6 +37,7 @@ from ..errors import (
     SessionExists,
     SessionNotFound,
     SessionNotWritable,
+    StoreUnavailable,
 )
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
@@ -509,7 +510,25 @@ class Writer(Committer):
             if await self._trim_to_window(row.session_id, now):
                 trimmed.append(row.session_id)
         # (The feed entries of the sessions evicted a day before and earlier: SPEC 16.2.)
-        await FeedPruner(self.reader, self.point).prune(now_ms)  # (None: the servers' clock)
+        try:
+            await FeedPruner(self.reader, self.point).prune(now_ms)  # (None: servers' clock)
+        except (StoreUnavailable, ApiError, *Unavailable) as e:
+            if not (trimmed or evicted):
+                raise
+            # (Said here: the engine's answer for a request that failed would be that
+            # nothing was committed, and a caller could make the changes again.)
+            failure = (
+                str(e)
+                if isinstance(e, StoreUnavailable)
+                else f"JetStream refused a request: {e}"
+                if isinstance(e, ApiError)
+                else f"the NATS servers did not answer ({type(e).__name__})"
+            )
+            raise StoreUnavailable(
+                f"pruning the lifecycle feed failed: {failure}; this pass's "
+                f"{len(evicted)} eviction(s) and {len(trimmed)} history trim(s) committed "
+                "before it and stay done (a pass run again goes on from there)"
+            ) from None
         return RetentionReport(trimmed, evicted, [], 0)
 
     async def _no_row(self, session_id: str, token: str) -> None:
