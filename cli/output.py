@@ -210,6 +210,7 @@ class Output:
         self.printing = False
         self.held: BaseException | None = None
         self._said_not_text = False  # (quiet format: data that is not UTF-8, said once)
+        self._said_lines = False  # (quiet format: data with a line break, said once)
 
     @property
     def json(self) -> bool:
@@ -237,6 +238,14 @@ class Output:
             text = event_quiet(event)
             if text is not None and "\ufffd" in text and not self._said_not_text:
                 self._say_not_text(event)
+            if text is not None and not self._said_lines and ("\n" in text or "\r" in text):
+                self._said_lines = True
+                click.echo(
+                    f"journal: warning: the data of event #{event.ordinal} holds a line "
+                    "break: --format quiet prints it as is, so its lines are not one event "
+                    "each; --format json prints one event per line",
+                    err=True,
+                )
             self._print(text)
         else:
             self._print(event_text(event))

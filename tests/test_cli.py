@@ -670,6 +670,20 @@ def test_watch_ndjson_has_the_three_kinds_through_a_real_process(store: Path) ->
     assert "event #3 is not UTF-8 text" in quiet.stderr and "--format json" in quiet.stderr
 
 
+def test_quiet_output_warns_once_when_data_spans_lines(store: Path) -> None:
+    """`--format quiet` prints each event's data as is, one per line: data holding a line
+    break is said on stderr, once, since its lines are not one event each (a new user's
+    `while read` loop counted two events; until 2026-12-05 nothing was said)."""
+    run_cli("--store", str(store), "append", "-s", "nl", "--create", "one", "two\nlines", "x\ry")
+    quiet = run_cli("--store", str(store), "--format", "quiet", "read", "-s", "nl")
+    assert quiet.stdout.splitlines() == ["one", "two", "lines", "x", "y"]
+    assert quiet.stderr.count("warning") == 1
+    assert "event #2 holds a line break" in quiet.stderr and "--format json" in quiet.stderr
+    run_cli("--store", str(store), "append", "-s", "flat", "--create", "one", "two")
+    plain = run_cli("--store", str(store), "--format", "quiet", "read", "-s", "flat")
+    assert plain.stdout.splitlines() == ["one", "two"] and plain.stderr == ""
+
+
 def test_a_watch_whose_turn_outcome_is_unknown_exits_with_its_own_status(store: Path) -> None:
     _turns_store(store)
     result = run_cli("--store", str(store), "--format", "json", "watch", "-s", "t", check=False)
