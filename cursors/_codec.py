@@ -257,6 +257,11 @@ class TokenCodec:
                 reason = 'is empty: pass None, not "", for no cursor'
             elif len(stripped) == TOKEN_LENGTH and stripped != token:
                 reason = "has white space around it (strip it)"
+            elif len(label := stripped.partition("=")[0]) + 1 + TOKEN_LENGTH == len(stripped):
+                # (copied with its label from the CLI's text output, `cursor=...`)
+                reason = (
+                    f"starts with {label + '='!r}: pass only the {TOKEN_LENGTH} characters after it"
+                )
             else:
                 characters = "character" if len(token) == 1 else "characters"
                 reason = (

@@ -813,3 +813,16 @@ def test_a_pasted_token_with_white_space_around_it_is_told_so() -> None:
         CODEC.decode(f" {token}\n", TokenKind.SESSION, scope)
     with pytest.raises(CursorMalformed, match="is 1 character long"):
         CODEC.decode("x", TokenKind.SESSION, scope)
+
+
+def test_a_pasted_token_with_its_label_is_told_so() -> None:
+    """The CLI's text output labels cursors (`cursor=...`); a token pasted with its label
+    is told what to drop (until 2026-12-05: "66 characters long, not 59")."""
+    scope = scope_digest(b"store", "s")
+    token = CODEC.encode(TokenKind.SESSION, scope, 1, 1)
+    with pytest.raises(CursorMalformed, match=r"starts with 'cursor=': pass only the 59"):
+        CODEC.decode(f"cursor={token}", TokenKind.SESSION, scope)
+    with pytest.raises(CursorMalformed, match=r"starts with 'resume_cursor='"):
+        CODEC.decode(f" resume_cursor={token}\n", TokenKind.SESSION, scope)
+    with pytest.raises(CursorMalformed, match="is 66 characters long"):
+        CODEC.decode(f"cursor_{token}", TokenKind.SESSION, scope)
