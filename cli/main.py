@@ -590,13 +590,23 @@ def _event_of_line(
     """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
     # One parse in the usual case: exact (no number a float cannot hold, no key given
     # twice), which an envelope's non-string data must be, since it is written back.
+    # (Decoded here: from bytes, json.loads guesses UTF-16 or -32 from the first bytes,
+    # and a UTF-16 line of JSON was stored, one of bytes that are not text refused as
+    # not JSON. A UTF-8 BOM it takes, as before.)
+    try:
+        text = line.decode("utf-8-sig")
+    except UnicodeDecodeError as bad:
+        raise journal.InvalidArgument(
+            f"stdin line {number} is not UTF-8 text (byte {line[bad.start]:#04x} at byte "
+            f"{bad.start + 1}): NDJSON is read as UTF-8; convert it (iconv) first"
+        ) from None
     inexact: ValueError | None = None
     try:
-        value = exact_json(line)
+        value = exact_json(text)
     except ValueError as e:
         inexact = e
         try:
-            value = json.loads(line, parse_constant=_not_a_json_number)
+            value = json.loads(text, parse_constant=_not_a_json_number)
         except ValueError as e:
             raise journal.InvalidArgument(
                 f"stdin line {number} is not JSON ({e}): pass one JSON value per line"

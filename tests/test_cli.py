@@ -1132,6 +1132,20 @@ def test_an_envelope_with_a_number_beyond_a_float_is_refused_not_stored_as_infin
         assert [e.data for e in j.replay("t")] == [b'{"n": 1e999}']
 
 
+def test_a_stdin_line_that_is_not_utf8_is_refused_as_such(store: Path) -> None:
+    """NDJSON is UTF-8: a line that is not (here one that starts as a UTF-16 BOM would,
+    which `json.loads` took for UTF-16) is refused saying so and which byte, with nothing
+    appended (until 2026-12-05: "is not JSON (Expecting value: line 1 column 1)"; a
+    UTF-16 line of valid JSON would have been stored)."""
+    for line, byte in ((b"\xff\xfe\n", "0xff at byte 1"), (b'{"a": "\xe9"}\n', "0xe9 at byte 8")):
+        result = invoke(store, "append", "-s", "u", "--create", stdin=b'"ok"\n' + line)
+        assert result.exit_code == 4, result.output
+        assert f"stdin line 2 is not UTF-8 text (byte {byte})" in result.stderr, result.stderr
+    utf16 = '"x"'.encode("utf-16")  # (a BOM, then valid JSON in UTF-16)
+    assert invoke(store, "append", "-s", "u", "--create", stdin=utf16 + b"\n").exit_code == 4
+    assert invoke(store, "sessions", "show", "u").exit_code == 3  # (never created)
+
+
 def test_an_envelope_whose_data_would_be_stored_saying_something_else_is_refused(
     store: Path,
 ) -> None:
