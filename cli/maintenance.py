@@ -356,7 +356,10 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         )
     path = os.path.join(settings.store, "keys")
     if os.path.exists(settings.store) and not os.path.isdir(settings.store):
-        raise journal.StoreUnavailable(f"{settings.store!r} is a file, not a store directory")
+        raise journal.InvalidArgument(
+            f"{settings.store!r} is a file, not a store directory: give the path of a "
+            "store's directory"
+        )
     store_file = os.path.join(settings.store, "store.json")
     if not os.path.exists(store_file):
         raise journal.StoreNotFound(

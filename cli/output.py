@@ -99,7 +99,8 @@ Exit status:
   {EXIT_USAGE}    usage error: unknown option, missing or malformed argument
   {EXIT_NOT_FOUND}    not found: no such session or store
   {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token,
-       a closed stdin or stdout the command needs
+       a closed stdin or stdout the command needs, a store path that is a file (or,
+       for init, a directory of other files)
   {EXIT_PRECONDITION}    failed precondition: illegal transition, session exists, session
        not writable, ordinal conflict, expired cursor
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)

@@ -82,7 +82,9 @@ class StoreIncompatible(JournalError):
 
 
 class InvalidArgument(JournalError):
-    """The call's arguments are wrong (type, size, range); nothing was read or written."""
+    """The call's arguments are wrong (type, size, range; a store path that is a file, or
+    where no store may be created: a directory of other files, inside another store);
+    nothing was written."""
 
     code = "INVALID_ARGUMENT"
     status = "INVALID_ARGUMENT"

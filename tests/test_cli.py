@@ -299,7 +299,13 @@ def test_errors_print_one_line_and_exit_by_family(store: Path, tmp_path: Path) -
     assert text.exit_code == 3 and text.stdout == ""
     assert text.stderr.startswith("journal: error: no session 'nope'")
     (tmp_path / "a-file").write_text("")
-    unusable = invoke(tmp_path / "a-file" / "store", "init")  # the OS refuses the path
+    under_a_file = invoke(tmp_path / "a-file" / "store", "init")  # no directory can be there
+    assert_one_line_error(under_a_file, 4, "INVALID_ARGUMENT")
+    broken = tmp_path / "broken"
+    shutil.copytree(store, broken)
+    shutil.rmtree(broken / "locks")
+    (broken / "locks").write_text("")  # a file where the store keeps its locks
+    unusable = invoke(broken, "sessions", "create", "x")  # the OS refuses the lock file
     assert_one_line_error(unusable, 7, "STORE_UNAVAILABLE")
     usage = invoke(store, "sessions", "create", "x", "--tag", "novalue")
     assert usage.exit_code == 2 and "KEY=VALUE" in usage.stderr

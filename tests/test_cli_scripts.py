@@ -152,12 +152,17 @@ def test_usage_errors_are_json_objects_too(store: Path) -> None:
     assert after.returncode == 2 and _error(after)["code"] == "USAGE"
 
 
-def test_a_store_path_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
+def test_a_store_path_that_is_a_file_is_an_invalid_argument(tmp_path: Path) -> None:
+    """A new-user trial: `--store /etc/passwd sessions list` exited 7 (data loss or other
+    error, STORE_UNAVAILABLE), which reads as a broken disk; the path is the mistake."""
     path = tmp_path / "file"
     path.write_text("not a store")
-    done = _cli(path, "--format", "json", "sessions", "list")
-    assert done.returncode == 7
-    assert _error(done)["code"] == "STORE_UNAVAILABLE"
+    for command in (("sessions", "list"), ("init",), ("cursor-key",)):
+        done = _cli(path, "--format", "json", *command)
+        assert done.returncode == 4, (command, done.stderr)
+        assert _error(done)["code"] == "INVALID_ARGUMENT", command
+        assert "is a file, not a store directory" in done.stderr, command
+    assert path.read_text() == "not a store"
     missing = _cli(tmp_path / "nowhere", "--format", "json", "sessions", "list")
     assert missing.returncode == 3
     assert _error(missing)["code"] == "STORE_NOT_FOUND"

@@ -61,6 +61,7 @@ FAULT_POINTS: Final = {
     "zerofill.step": "the zero-filler holds a segment's extension lock; its step comes next",
     "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
     "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",
+    "store.create": "an open creating the store made a directory or store.json's temporary",
 }
 
 # What `fill_zeros` writes from (read-only, shared), a piece at a time.

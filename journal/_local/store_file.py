@@ -29,7 +29,7 @@ from typing import Final
 import msgspec
 
 from ..arguments import check_retention, file_mode_problem
-from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
+from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound
 from ..models import RetentionPolicy
 from .files import (
     DEFAULT_FILE_MODE,
@@ -49,6 +49,7 @@ __all__ = [
     "load_store",
     "open_lock",
     "record_in_store",
+    "refuse_foreign_place",
     "refuse_lost_store_file",
     "remove_stray_temporaries",
     "store_at_open",
@@ -63,6 +64,17 @@ _TEMPORARY: Final = re.compile(r"(?:store\.json|\.keys|view-boot)\.([0-9]+)\.(?:
 # A view moved aside to be deleted (from before a reboot: `index.stale-<pid>-<ns>`;
 # damaged: `index.damaged-<pid>-<ns>`) by a process killed before it deleted it.
 _VIEW_ASIDE: Final = re.compile(r"index\.(?:stale|damaged)-([0-9]{1,10})-[0-9]+")
+# What the store's own directory holds (SPEC 7), besides the temporary files and views
+# moved aside above: a directory without `store.json` that holds only these is a store
+# whose creation was cut short (killed), and its creation is finished there.
+_OWN_NAMES: Final = frozenset(
+    {"store.json", "keys", "keys.lock", "view-boot", "segments", "index", "locks", "cut-tails"}
+)
+# Files a user or the system leaves in a directory made for the store: git's placeholders
+# for an empty directory and its ignore file, and macOS Finder's folder settings.
+_PLACEHOLDERS: Final = frozenset({".gitkeep", ".keep", ".gitignore", ".DS_Store"})
+# A `store.json` is read this far to tell whether its directory is a journal store.
+_STORE_FILE_LIMIT: Final = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +113,75 @@ def refuse_lost_store_file(path: str) -> None:
         )
 
 
-def create_store(path: str, permissions: Permissions, retention: RetentionPolicy) -> None:
+def refuse_foreign_place(path: str) -> None:
+    """`InvalidArgument` when a new store must not be created at `path`: a directory that
+    holds anything but a store's own files (the user's files, another store), or a path
+    inside another store's directory (its `segments/`, `index/`: that store's writers and
+    `verify` own what is there). Nothing was created. A store's own names are allowed, so
+    a creation killed part way is finished by the next open; so are the placeholders
+    above."""
+    outer = _enclosing_store(path)
+    if outer is not None:
+        raise InvalidArgument(
+            f"{path!r} is inside the journal store {outer!r}: that store owns every file in "
+            "its directory; create the new store outside it; nothing was created"
+        )
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        names = []  # (created: a file in the way is reported by the creation)
+    foreign = sorted(name for name in names if not _own_name(name))
+    if foreign:
+        shown = ", ".join(repr(name) for name in foreign[:3])
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise InvalidArgument(
+            f"{path!r} is not empty ({shown}{more}) and holds no journal store: a store is "
+            "created in an empty or new directory, and nothing else goes in it; give the "
+            "path of a new directory (such as one inside this one); nothing was created"
+        )
+
+
+def _own_name(name: str) -> bool:
+    return (
+        name in _OWN_NAMES
+        or name in _PLACEHOLDERS
+        or _TEMPORARY.fullmatch(name) is not None
+        or _VIEW_ASIDE.fullmatch(name) is not None
+    )
+
+
+def _enclosing_store(path: str) -> str | None:
+    """The nearest directory above `path` (symbolic links resolved) that is a journal
+    store: its `store.json` holds a store id (a `store.json` of another program does not
+    count)."""
+    directory = os.path.realpath(path)
+    while True:
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+        try:
+            fd = open_regular(os.path.join(directory, "store.json"), os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                document = json.loads(f.read(_STORE_FILE_LIMIT))
+        except (OSError, ValueError):
+            continue
+        if isinstance(document, dict) and "format" in document and "store_id" in document:
+            return directory
+
+
+def create_store(
+    path: str, permissions: Permissions, retention: RetentionPolicy, ops: FileOps
+) -> None:
     """Create the store's directories and publish a new `store.json` (with `link()`, so
-    two processes creating the store race safely: the first one's file wins)."""
+    two processes creating the store race safely: the first one's file wins). Fault point
+    `store.create` after each step (detail: the directory made, or the temporary file
+    written): a creation killed there is finished by the next open."""
     permissions.make_dirs(path)
+    ops.point("store.create", "")
     for name in ("segments", "index", "locks"):
         permissions.make_dirs(os.path.join(path, name))
+        ops.point("store.create", name)
     final = os.path.join(path, "store.json")
     temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
@@ -115,6 +190,7 @@ def create_store(path: str, permissions: Permissions, retention: RetentionPolicy
             f.write(_document(os.urandom(16), permissions.file, retention))
             f.flush()
             os.fsync(f.fileno())
+        ops.point("store.create", os.path.basename(temporary))
         # link() fails if another process created the store first: theirs wins.
         os.link(temporary, final)
     except FileExistsError:
@@ -247,12 +323,20 @@ def store_at_open(
     policy it was given when they differ from the recorded ones."""
     store_file = os.path.join(path, "store.json")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise StoreUnavailable(f"{path!r} is a file, not a store directory: pick another path")
+        raise InvalidArgument(
+            f"{path!r} is a file, not a store directory: give the path of a store's "
+            "directory, or of a new one"
+        )
     try:
         os.stat(store_file)  # a private store of another user: PermissionError
         exists = True
     except FileNotFoundError:
         exists = False
+    except NotADirectoryError:
+        raise InvalidArgument(
+            f"{path!r} is not a directory: a directory on the way to it is a file; give "
+            "the path of a store's directory, or of a new one"
+        ) from None
     if not exists:
         refuse_lost_store_file(path)
         if readonly:
@@ -265,9 +349,9 @@ def store_at_open(
                 f"no journal store at {path!r}: create it with `journal init` or "
                 "Journal.open(path, create=True)"
             )
-        create_store(
-            path, Permissions(file_mode or DEFAULT_FILE_MODE), retention or RetentionPolicy()
-        )
+        refuse_foreign_place(path)
+        permissions = Permissions(file_mode or DEFAULT_FILE_MODE)
+        create_store(path, permissions, retention or RetentionPolicy(), ops)
     store = load_store(store_file)
     mode = None if file_mode in (None, store.file_mode) else file_mode
     policy = None if retention in (None, store.retention) else retention
