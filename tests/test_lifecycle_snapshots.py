@@ -123,12 +123,17 @@ def mid_check(feed: list[tuple[int, FeedEntry]], anchor: int, session_id: str) -
     return zlib.crc32(session_id.encode()) ^ (at[0] & 0xFFFF_FFFF if at else 0)
 
 
-def available(j: Journal, run: Run) -> int:
+def available(j: Journal, run: Run, settled: bool = True) -> int:
     """How many events the follow has for sure now (the feed only grows here). After a
     snapshot event but its last (at position p, the last session delivered S): every
     feed entry after p of a session up to S (as a change since, or live), and one for
     each session after S there is now (its row at the snapshot's point, or its CREATED
-    after it)."""
+    after it). With writers still running (`settled` False) and no event of the follow
+    yet, its snapshot is not taken: a session after S there is now may be evicted before
+    the snapshot's point, in neither its rows nor the feed after it, so only the changes
+    up to S are sure (until 2026-12-05 the model counted such sessions too, and a
+    follower of the threaded test waited 30 s for an event the design never gives: one
+    run in ten on three servers, where reads are slowest)."""
     cursor = run.events[-1].cursor if run.events else run.cursor
     last = None if cursor is None else claims(j, cursor)
     if last is None or last.ordinal == FRESH:
@@ -139,6 +144,8 @@ def available(j: Journal, run: Run) -> int:
     incarnation = last.ordinal - MID
     delivered = engine_of(j).session_id_of(incarnation) or id_of(reference_feed(j), incarnation)
     since = sum(e.row.session_id <= delivered for _, e in entries)
+    if not settled and not run.events:
+        return since
     return since + len(engine_of(j).sessions(delivered, None, 100_000)[0])
 
 
@@ -507,7 +514,7 @@ def test_follows_from_threads_and_tasks_while_sessions_change_match_the_feed(
                     run = Run(cursor_for(r, mine), started_at_head=head(j))
                     with j.watch_sessions(run.cursor, stop=stop) as feed:
                         want = 10**9 if last else r.choice([1, 2, SNAPSHOT_PAGE, 200])
-                        while want and (n := available(j, run)):
+                        while want and (n := available(j, run, last)):
                             for _ in range(min(n, want)):
                                 run.events.append(next(feed))
                                 want -= 1
@@ -530,7 +537,7 @@ def test_follows_from_threads_and_tasks_while_sessions_change_match_the_feed(
                     feed = j.awatch_sessions(run.cursor)
                     try:
                         want = 10**9 if last else r.choice([1, 3, SNAPSHOT_PAGE + 1, 150])
-                        while want and (n := available(j, run)):
+                        while want and (n := available(j, run, last)):
                             for _ in range(min(n, want)):
                                 run.events.append(await asyncio.wait_for(anext(feed), WAIT_S))
                                 want -= 1
