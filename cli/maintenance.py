@@ -91,7 +91,20 @@ def compact(settings: Settings, dead_share: float) -> None:
             f"retention: {_count(len(retention.evicted_sessions), 'session')} evicted, "
             f"{len(retention.trimmed_sessions)} trimmed",
         )
+    trimmed, evicted = (
+        (report.trimmed_sessions, report.evicted_sessions)
+        if retention is None
+        else (retention.trimmed_sessions, retention.evicted_sessions)
+    )
+    if retention is None and (trimmed or evicted) and not output.json:
+        # (A local compaction's own retention passes: said in text only when they did
+        # something, so a store without a window prints one line, as before.)
+        output.emit(
+            {}, f"retention: {_count(len(evicted), 'session')} evicted, {len(trimmed)} trimmed"
+        )
     record: dict[str, object] = {
+        "trimmed_sessions": trimmed,
+        "evicted_sessions": evicted,
         "segments_rewritten": report.segments_rewritten,
         "segments_deleted": report.segments_deleted,
         "bytes_before": report.bytes_before,
@@ -104,7 +117,7 @@ def compact(settings: Settings, dead_share: float) -> None:
         f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
         f"{report.bytes_after:,} in {report.seconds:.2f} s"
     )
-    why = None if retention is not None else _nothing_reclaimed(report)
+    why = None if retention is not None else nothing_reclaimed(report)
     record["nothing_reclaimed"] = why
     if why is not None:
         text += f"\nnothing reclaimed: {NOTHING_RECLAIMED[why].format(dead_share=dead_share)}"
@@ -119,6 +132,11 @@ NOTHING_RECLAIMED = {
         "it) once at least 1 MiB (half a segment, if less) and --dead-share {dead_share} of it are "
         "dead, and a writer seals it when it is full"
     ),
+    "reclaimed_meanwhile": (
+        "this run rewrote and deleted no segment; the sealed bytes went down meanwhile, "
+        "by another process's compaction or retention pass (the bytes above are the "
+        "store's, before and after this run)"
+    ),
     "below_dead_share": (
         "no sealed segment is all dead, or at least --dead-share {dead_share} dead. Events "
         "die when their session's retention window trims them (`journal retention`), when "
@@ -128,12 +146,14 @@ NOTHING_RECLAIMED = {
 }
 
 
-def _nothing_reclaimed(report: journal.CompactionReport) -> str | None:
+def nothing_reclaimed(report: journal.CompactionReport) -> str | None:
     """Why a local compaction reclaimed nothing (a key of `NOTHING_RECLAIMED`), or None
     when it did reclaim: no sealed bytes before means no sealed segment, even after the
     seal a compaction makes when the active segment is worth it."""
     if report.segments_rewritten or report.segments_deleted:
         return None
+    if report.bytes_after < report.bytes_before:
+        return "reclaimed_meanwhile"
     return "only_active_segment" if report.bytes_before == 0 else "below_dead_share"
 
 
@@ -295,7 +315,7 @@ def stats(settings: Settings) -> None:
     output.emit(record, f"sessions: {states}; {where}")
 
 
-__all__ = ["compact", "stats", "verify"]
+__all__ = ["compact", "nothing_reclaimed", "stats", "verify"]
 
 
 @click.command("cursor-key")

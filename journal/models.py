@@ -406,7 +406,9 @@ class Snapshot(msgspec.Struct, frozen=True):
 
 class CompactionReport(msgspec.Struct, frozen=True):
     """What `compact()` did: segments rewritten and deleted, bytes on disk before and after,
-    live bytes copied (uncompressed) and the seconds it took."""
+    live bytes copied (uncompressed) and the seconds it took; and the sessions its
+    retention passes trimmed and evicted (local engine; none on JetStream, whose
+    `compact()` applies no retention: `apply_retention()` does)."""
 
     segments_rewritten: list[str]
     segments_deleted: list[str]
@@ -414,6 +416,8 @@ class CompactionReport(msgspec.Struct, frozen=True):
     bytes_after: int
     live_bytes_copied: int
     seconds: float
+    trimmed_sessions: list[str] = msgspec.field(default_factory=list)
+    evicted_sessions: list[str] = msgspec.field(default_factory=list)
 
 
 class VerifyProblem(msgspec.Struct, frozen=True):

@@ -10,12 +10,15 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from _cli_runs import cli_env, run_cli
 
-from journal import EventIn, Journal
+from cli.maintenance import NOTHING_RECLAIMED, nothing_reclaimed
+from journal import CompactionReport, EventIn, Journal
 
 
 @pytest.fixture
@@ -64,6 +67,46 @@ def test_compact_says_why_it_reclaimed_nothing(store: Path, tmp_path: Path) -> N
     assert summary["nothing_reclaimed"] is None
     (compacted,) = run_cli(tmp_path / "copy", "compact").stdout.splitlines()
     assert compacted.startswith("compacted: ") and "0 segments rewritten, 0 del" not in compacted
+
+
+def test_compact_says_what_its_retention_pass_trimmed_and_evicted(tmp_path: Path) -> None:
+    """A local compaction applies retention first: until 2026-12-05 `journal compact` said
+    nothing of the events it trimmed (a session with `max_history_bytes` 1000 went from 7
+    events to 3 while it printed `0 segments rewritten, 0 deleted ... nothing reclaimed`)
+    or of the sessions it evicted (found by a new-user trial)."""
+    path = tmp_path / "store"
+    with Journal.open(path, create=True, durability="os") as j:
+        j.create_session("kept", max_history_bytes=1000)
+        for _ in range(7):
+            j.append("kept", [EventIn("m", b"k" * 300)])
+        j.create_session("gone")
+        j.resolve_session("gone")
+        j.change_retention_policy(lambda p: msgspec.structs.replace(p, session_retention_ms=1))
+    time.sleep(0.01)  # (so that "gone" ended over a millisecond ago)
+    done = run_cli(path, "compact")
+    assert done.returncode == 0, done.stderr
+    retention, compacted, _ = done.stdout.splitlines()
+    assert retention == "retention: 1 session evicted, 1 trimmed"
+    assert compacted.startswith("compacted: ")
+    with Journal.open(path, readonly=True) as j:
+        assert [e.ordinal for e in j.replay("kept")] == [5, 6, 7]
+    done = run_cli(path, "--format", "json", "compact")  # (nothing left to do)
+    (summary,) = [json.loads(line) for line in done.stdout.splitlines()]
+    assert summary["trimmed_sessions"] == summary["evicted_sessions"] == []
+    assert len(run_cli(path, "compact").stdout.splitlines()) == 2  # (no retention line)
+
+
+def test_compact_says_when_another_process_reclaimed_the_bytes_meanwhile() -> None:
+    """Two `journal compact` at once: the one whose passes found nothing left printed the
+    other's drop of the store's sealed bytes as its own line, then `nothing reclaimed: no
+    sealed segment is ... dead` (found by a new-user trial)."""
+    meanwhile = CompactionReport([], [], 3_020_483, 247_414, 0, 0.5)
+    assert nothing_reclaimed(meanwhile) == "reclaimed_meanwhile"
+    assert "another process's compaction" in NOTHING_RECLAIMED["reclaimed_meanwhile"]
+    assert nothing_reclaimed(CompactionReport([], [], 3_020_483, 3_020_483, 0, 0.5)) == (
+        "below_dead_share"
+    )
+    assert nothing_reclaimed(CompactionReport([], ["1.seg"], 300, 200, 0, 0.5)) is None
 
 
 # -- verify --fix ------------------------------------------------------------------------------

@@ -299,6 +299,7 @@ def compact_store(
     bytes_before = sealed_bytes(log)
     retention = submit(ApplyRetention(None))
     deleted = list(retention.deleted_segments)
+    trimmed, evicted = list(retention.trimmed_sessions), list(retention.evicted_sessions)
     damage: JournalCorrupt | None = None
     try:
         sealed = _seal_if_worth_it(log, view, submit, dead_share)
@@ -309,7 +310,10 @@ def compact_store(
     if sealed is not None:
         # Counted from here on as the sealed segments are; a pass deletes it if all dead.
         bytes_before += sealed
-        deleted += submit(ApplyRetention(None)).deleted_segments
+        again = submit(ApplyRetention(None))
+        deleted += again.deleted_segments
+        trimmed = list(dict.fromkeys(trimmed + again.trimmed_sessions))
+        evicted += again.evicted_sessions
     rewritten: list[str] = []
     copied = 0
     every = log.bases()
@@ -324,8 +328,9 @@ def compact_store(
                 progress(done, len(bases))
     if damage is not None:
         raise damage
+    seconds = time.perf_counter() - started
     return CompactionReport(
-        rewritten, deleted, bytes_before, sealed_bytes(log), copied, time.perf_counter() - started
+        rewritten, deleted, bytes_before, sealed_bytes(log), copied, seconds, trimmed, evicted
     )
 
 
