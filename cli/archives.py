@@ -11,7 +11,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO, Any, cast
+from typing import IO, Any, Final, cast
 
 import click
 import msgspec
@@ -37,6 +37,10 @@ from .output import (
     shown,
     silence_stdout,
 )
+
+# Names of this process's stdout, which `export -o` takes as `-` (until 2026-12-05 they
+# were refused: "No such file or directory (in '/proc/PID/fd')", or "exists").
+_STDOUT_NAMES: Final = frozenset({"/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"})
 
 
 @click.command("export")
@@ -91,6 +95,19 @@ def export(
         )
     ids = None if export_all else list(session_ids)
     output = settings.output
+    if dest in _STDOUT_NAMES:
+        dest = "-"  # (a file is written beside FILE and renamed onto it: not to a pipe)
+    elif dest != "-" and os.path.isdir(dest):
+        raise click.BadParameter(
+            f"{dest!r} is a directory: give the path of a file in it",
+            param_hint="'-o' / '--output'",
+        )
+    elif dest != "-" and os.path.exists(dest) and not os.path.isfile(dest):
+        raise click.BadParameter(
+            f"{dest!r} is not a regular file (a pipe or device): an archive is written "
+            "beside FILE and renamed onto it; pass -o - and redirect stdout to it",
+            param_hint="'-o' / '--output'",
+        )
     if dest == "-":
         require_stream("stdout", "pass -o FILE, or give the command a stdout to write to")
     if dest == "-" and archive_format == "archive" and sys.stdout.isatty():
