@@ -596,9 +596,11 @@ def _event_of_line(
     try:
         text = line.decode("utf-8-sig")
     except UnicodeDecodeError as bad:
+        # (Its place is in what the decoder read: after the BOM it skipped, if any.)
+        at = len(line) - len(bad.object) + bad.start
         raise journal.InvalidArgument(
-            f"stdin line {number} is not UTF-8 text (byte {line[bad.start]:#04x} at byte "
-            f"{bad.start + 1}): NDJSON is read as UTF-8; convert it (iconv) first"
+            f"stdin line {number} is not UTF-8 text (byte {line[at]:#04x} at byte "
+            f"{at + 1}): NDJSON is read as UTF-8; convert it (iconv) first"
         ) from None
     inexact: ValueError | None = None
     try:

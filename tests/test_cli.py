@@ -1152,6 +1152,21 @@ def test_a_stdin_line_that_is_not_utf8_is_refused_as_such(store: Path) -> None:
     assert invoke(store, "sessions", "show", "u").exit_code == 3  # (never created)
 
 
+def test_a_non_utf8_byte_after_a_bom_is_named_where_it_is(store: Path) -> None:
+    """The refusal names the byte that is not UTF-8 and its place in the line, a UTF-8 BOM
+    counted: the decoder reports the place after the BOM it skipped (it said "byte 0x22
+    at byte 4", the quote, for the 0xff at byte 7)."""
+    line = b'\xef\xbb\xbf"ab\xff"\n'
+    result = invoke(store, "append", "-s", "u", "--create", stdin=line)
+    assert result.exit_code == 4, result.output
+    assert "stdin line 1 is not UTF-8 text (byte 0xff at byte 7)" in result.stderr, result.stderr
+    # (A BOM alone is skipped, as before: the line's data is stored as it is.)
+    result = invoke(store, "append", "-s", "u", "--create", stdin=b'\xef\xbb\xbf"ok"\r\n')
+    assert result.exit_code == 0, result.output
+    with journal.Journal.open(store) as j:
+        assert [e.data for e in j.replay("u")] == [b'\xef\xbb\xbf"ok"']
+
+
 def test_an_envelope_whose_data_would_be_stored_saying_something_else_is_refused(
     store: Path,
 ) -> None:
