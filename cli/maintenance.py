@@ -381,6 +381,15 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
             "store's directory"
         )
     store_file = os.path.join(settings.store, "store.json")
+    try:
+        os.stat(store_file)
+    except NotADirectoryError:
+        raise journal.InvalidArgument(
+            f"{settings.store!r} is not a directory: a directory on the way to it is a "
+            "file; give the path of a store's directory"
+        ) from None
+    except OSError:
+        pass  # (missing, or not searchable: the check below, as before)
     if not os.path.exists(store_file):
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `journal init`"

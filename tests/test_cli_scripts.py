@@ -163,6 +163,12 @@ def test_a_store_path_that_is_a_file_is_an_invalid_argument(tmp_path: Path) -> N
         assert _error(done)["code"] == "INVALID_ARGUMENT", command
         assert "is a file, not a store directory" in done.stderr, command
     assert path.read_text() == "not a store"
+    # Below a file too, as the library says (cursor-key said STORE_NOT_FOUND, exit 3).
+    for command in (("sessions", "list"), ("init",), ("cursor-key",)):
+        done = _cli(path / "store", "--format", "json", *command)
+        assert done.returncode == 4, (command, done.stderr)
+        assert _error(done)["code"] == "INVALID_ARGUMENT", command
+        assert "a directory on the way to it is a file" in done.stderr, command
     missing = _cli(tmp_path / "nowhere", "--format", "json", "sessions", "list")
     assert missing.returncode == 3
     assert _error(missing)["code"] == "STORE_NOT_FOUND"
