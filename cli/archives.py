@@ -96,16 +96,10 @@ def export(
     ids = None if export_all else list(session_ids)
     output = settings.output
     if dest in _STDOUT_NAMES:
-        dest = "-"  # (a file is written beside FILE and renamed onto it: not to a pipe)
+        dest = "-"  # (its /proc link names a pipe or a file the process holds open)
     elif dest != "-" and os.path.isdir(dest):
         raise click.BadParameter(
             f"{dest!r} is a directory: give the path of a file in it",
-            param_hint="'-o' / '--output'",
-        )
-    elif dest != "-" and os.path.exists(dest) and not os.path.isfile(dest):
-        raise click.BadParameter(
-            f"{dest!r} is not a regular file (a pipe or device): an archive is written "
-            "beside FILE and renamed onto it; pass -o - and redirect stdout to it",
             param_hint="'-o' / '--output'",
         )
     if dest == "-":
