@@ -57,7 +57,7 @@ from .layout import Subjects
 from .leases import Leases, boot_id, start_time
 from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
-from .reads import FRESH_S, Moved, StoreReader
+from .reads import FRESH_S, Lasting, Moved, StoreReader
 from .writes import Writer
 
 __all__ = ["JetStreamEngine", "JetStreamOptions"]
@@ -309,6 +309,8 @@ class JetStreamEngine:
             try:
                 result: T = self._run(make())
                 return result
+            except Lasting as e:  # (said at once, as the public class)
+                raise StoreUnavailable(str(e)) from None
             except StoreUnavailable:
                 if self._closed or time.monotonic() > deadline:
                     raise

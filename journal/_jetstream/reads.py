@@ -39,7 +39,7 @@ from .layout import (
     resolve,
 )
 
-__all__ = ["FRESH_S", "Moved", "RowState", "StoreReader"]
+__all__ = ["FRESH_S", "Lasting", "Moved", "RowState", "StoreReader"]
 
 # A batched direct get returns at most this many messages (and multi_last subjects).
 BATCH: Final = 1000
@@ -271,7 +271,7 @@ class StoreReader:
         if not self.writable:
             if not pruned:
                 return FeedFloor(0, 0, []), 0  # (never pruned: nothing below any cursor)
-            raise StoreUnavailable(
+            raise Lasting(
                 f"the lifecycle feed's floor record {self.subjects.feed_floor} is missing "
                 "from a store whose feed was pruned (deleted by hand?): lifecycle reads "
                 "are refused until a writable journal of the store writes it back (any "
@@ -469,6 +469,11 @@ class StoreReader:
 
 def _no_point(name: str, detail: object) -> None:
     """No fault points armed."""
+
+
+class Lasting(StoreUnavailable):
+    """A refusal that asking again soon will not change (the engine's reads ask again for
+    30 s only when the servers do not answer): raised at once, as `StoreUnavailable`."""
 
 
 class Moved(Exception):
