@@ -195,10 +195,42 @@ def test_a_store_whose_subjects_another_stream_takes_is_refused_as_incompatible(
 
 
 def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:
+    """It names the refused connection and masks the URL's password: it said
+    "(TimeoutError)", after 5 s of refusals, with the password in clear (a user trial)."""
     from _nats import free_port
 
-    with pytest.raises(StoreUnavailable, match="cannot connect"):
-        Journal.open(f"nats://127.0.0.1:{free_port()}", store=store_name(tmp_path))
+    with pytest.raises(StoreUnavailable, match="cannot connect") as raised:
+        Journal.open(f"nats://alice:s3cret@127.0.0.1:{free_port()}", store=store_name(tmp_path))
+    assert "ConnectionRefusedError" in str(raised.value)
+    assert "s3cret" not in str(raised.value) and "alice:***@" in str(raised.value)
+
+
+def test_wrong_credentials_are_named_as_such(tmp_path: Path) -> None:
+    server = NatsServer(tmp_path, "auth")
+    server.config.write_text(
+        server.config.read_text() + "authorization { user: alice, password: s3cret }\n"
+    )
+    server.start()
+    try:
+        address = server.url.removeprefix("nats://")
+        with Journal.open(f"nats://alice:s3cret@{address}", store="auth") as j:
+            j.create_session("s")
+        with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
+            Journal.open(f"nats://alice:wrong@{address}", store="auth")
+        assert "wrong" not in str(raised.value)
+    finally:
+        server.stop()
+
+
+def test_a_store_named_in_the_url_and_as_store_differently_is_refused(
+    url: str, tmp_path: Path
+) -> None:
+    """The store= keyword silently won over the URL's store (a user trial)."""
+    name = store_name(tmp_path)
+    with pytest.raises(InvalidArgument, match="name it once"):
+        Journal.open(f"{url}/{name}", store=name + "x")
+    with Journal.open(f"{url}/{name}", store=name) as j:  # the same name twice is fine
+        assert j.path.endswith("/" + name)
 
 
 def test_a_server_without_jetstream_is_named_as_such_not_retried(tmp_path: Path) -> None:

@@ -33,6 +33,10 @@ def open_jetstream(
 ) -> JetStreamEngine:
     """Open (or create) the store named `store` on the NATS servers of `url`."""
     servers, named = parse_url(url)
+    if store is not None and named is not None and store != named:
+        raise InvalidArgument(
+            f"the URL names store {named!r} and store= names {store!r}: name it once"
+        )
     name = check_store_name(store if store is not None else named)
     if type(replicas) is not int or not 1 <= replicas <= 5:
         raise InvalidArgument(f"replicas must be an int from 1 to 5, got {replicas!r}")

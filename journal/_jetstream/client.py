@@ -105,6 +105,16 @@ class Found:
         self.headers = headers
 
 
+def without_password(server: str) -> str:
+    """`server` (`nats://[user[:password]@]host:port`) with its password masked, for
+    messages."""
+    scheme, _, rest = server.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return server
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+
+
 class Connection:
     """A nats-py client running on a private event-loop thread (see the module docstring)."""
 
@@ -131,8 +141,12 @@ class Connection:
         self.loop.run_forever()
 
     async def _connect(self, servers: list[str], connect_s: float) -> Client:
+        # nats-py retries a refused (or unauthorised) first connect until the timeout
+        # below and reports each failure only here: the last one names the cause.
+        last: list[Exception] = []
+
         async def quiet(error: Exception) -> None:
-            return None  # reconnects are handled; failed requests raise on their own
+            last[:] = [error]  # reconnects are handled; failed requests raise on their own
 
         try:
             # (nats-py retries a first connect as long as reconnects: bounded here.)
@@ -149,10 +163,12 @@ class Connection:
                 connect_s,
             )
         except Exception as e:
-            detail = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__}"
+            cause = last[0] if last and isinstance(e, asyncio.TimeoutError) else e
+            detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+            shown = ", ".join(without_password(server) for server in servers)
             raise StoreUnavailable(
-                f"cannot connect to NATS at {', '.join(servers)} ({detail}); check the URL "
-                "and that the servers run with JetStream enabled"
+                f"cannot connect to NATS at {shown} ({detail}); check the URL, the "
+                "credentials and that the servers run with JetStream enabled"
             ) from None
 
     @property
