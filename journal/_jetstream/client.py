@@ -35,6 +35,7 @@ __all__ = [
     "Connection",
     "Found",
     "Unavailable",
+    "failure",
 ]
 
 T = TypeVar("T")
@@ -103,6 +104,14 @@ class Found:
         self.seq = seq
         self.data = data
         self.headers = headers
+
+
+def failure(error: BaseException) -> str:
+    """What a request that failed met, for messages: the refusal (an `ApiError`), or the
+    servers' silence (one of `Unavailable`)."""
+    if isinstance(error, ApiError):
+        return f"JetStream refused a request: {error}"
+    return f"the NATS servers did not answer ({type(error).__name__})"
 
 
 def without_password(server: str) -> str:

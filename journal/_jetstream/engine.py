@@ -50,7 +50,7 @@ from ..models import (
 )
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import HeadUnknown, Notifier
-from .client import ApiError, Closed, Connection, Unavailable
+from .client import ApiError, Closed, Connection, Unavailable, failure
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
 from .layout import Subjects
@@ -290,11 +290,10 @@ class JetStreamEngine:
             if self._closed:  # (the connection closed under the call: not the servers)
                 raise JournalClosed.meanwhile() from None
             raise StoreUnavailable(
-                f"the NATS servers did not answer ({type(e).__name__}): check that they run "
-                "and that this host reaches them"
+                f"{failure(e)}: check that they run and that this host reaches them"
             ) from None
         except ApiError as e:
-            raise StoreUnavailable(f"JetStream refused a request: {e}") from None
+            raise StoreUnavailable(failure(e)) from None
 
     def _ask(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """A read, asked again for a while when the servers do not answer (a leader
@@ -342,7 +341,7 @@ class JetStreamEngine:
         except ApiError as e:
             if e.transient:  # (no stream leader yet)
                 raise HeadUnknown from None
-            raise StoreUnavailable(f"JetStream refused a request: {e}") from None
+            raise StoreUnavailable(failure(e)) from None
 
     def _committed(self, seq: int, row: SessionRow | None, first: int) -> None:
         self.waiter.publish(seq + 1, None if row is None else (row.incarnation,), first)

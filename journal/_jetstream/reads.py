@@ -277,10 +277,7 @@ class StoreReader:
                 "are refused until a writable journal of the store writes it back (any "
                 "lifecycle read or `journal compact` of one does)"
             )
-        floor = 0
-        if pruned:
-            info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
-            floor = int(info["state"]["last_seq"])
+        floor = await self.head() - 1 if pruned else 0  # (the stream's last sequence)
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
         with contextlib.suppress(ApiError):  # (another process wrote one first)
             await self.conn.publish(

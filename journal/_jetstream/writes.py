@@ -42,7 +42,7 @@ from ..errors import (
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
-from .client import ApiError, BatchMessage, Unavailable
+from .client import ApiError, BatchMessage, Unavailable, failure
 from .commit import Committer, Plan, done, rel, resolved
 from .feed_pruning import FeedPruner
 from .imports import Imports
@@ -517,15 +517,9 @@ class Writer(Committer):
                 raise
             # (Said here: the engine's answer for a request that failed would be that
             # nothing was committed, and a caller could make the changes again.)
-            failure = (
-                str(e)
-                if isinstance(e, StoreUnavailable)
-                else f"JetStream refused a request: {e}"
-                if isinstance(e, ApiError)
-                else f"the NATS servers did not answer ({type(e).__name__})"
-            )
+            what = str(e) if isinstance(e, StoreUnavailable) else failure(e)
             raise StoreUnavailable(
-                f"pruning the lifecycle feed failed: {failure}; this pass's "
+                f"pruning the lifecycle feed failed: {what}; this pass's "
                 f"{len(evicted)} eviction(s) and {len(trimmed)} history trim(s) committed "
                 "before it and stay done (a pass run again goes on from there)"
             ) from None
