@@ -430,20 +430,26 @@ with Journal.open(sys.argv[1]) as j:
 """
 
 
+def _history_with_a_turn(path: Path, ops: FileOps, history_bytes: int) -> None:
+    """Session "s" in a store without a history window: `history_bytes` of events of 10
+    KB, appended 10 a batch, after which the turn "late" ran."""
+    policy = RetentionPolicy(max_history_bytes=None)
+    with Journal.open(path, durability="os", retention=policy, file_ops=ops) as j:
+        j.create_session("s")
+        for _ in range(history_bytes // 100_000):
+            j.append("s", [EventIn("message", b"x" * 10_000)] * 10)
+        with j.own("s") as owner, owner.turn("late"):
+            pass
+
+
 def test_a_trim_during_an_owners_first_read_does_not_fail_its_turn(tmp_path: Path) -> None:
     """Another process's retention pass trimmed the session while the first owner read
     its 10 MB history: the read's next page raised `CursorExpired` out of
     `owner.turn()`, which takes no cursor. It reads the history again from its new
     beginning."""
     ops = _TrimWhileRead(tmp_path)
-    policy = RetentionPolicy(max_history_bytes=None)
-    with Journal.open(tmp_path, durability="os", retention=policy, file_ops=ops) as j:
-        j.create_session("s")
-        for _ in range(100):
-            j.append("s", [EventIn("message", b"x" * 10_000)] * 10)
-        with j.own("s") as owner, owner.turn("late"):
-            pass
-        # (a new journal object: nothing kept of a read before)
+    _history_with_a_turn(tmp_path, ops, 10_000_000)
+    # (a new journal object: nothing kept of a read before)
     with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
         ops.armed = True
         with j.own("s") as owner:
@@ -487,13 +493,7 @@ def test_trims_passing_an_owners_first_read_many_times_do_not_fail_its_turn(
     which takes no cursor (retention trimming faster than the read). It goes on from the
     new beginning instead, keeping what it found: it always ends."""
     ops = _TrimAtEachPass([16_000_000 - 2_000_000 * k for k in range(1, 7)])
-    policy = RetentionPolicy(max_history_bytes=None)
-    with Journal.open(tmp_path, durability="os", retention=policy, file_ops=ops) as j:
-        j.create_session("s")
-        for _ in range(160):
-            j.append("s", [EventIn("message", b"x" * 10_000)] * 10)
-        with j.own("s") as owner, owner.turn("late"):
-            pass
+    _history_with_a_turn(tmp_path, ops, 16_000_000)
     with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
         ops.journal = j  # (a new journal object: nothing kept of a read before)
         with j.own("s") as owner:
