@@ -6,13 +6,15 @@ local engine. Retention passes are given a clock ahead of the real one (`now_ms`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from _nats import shared_server, stream_messages
@@ -37,6 +39,8 @@ HOUR_MS = 3_600_000
 FEED_KEEP_MS = 24 * HOUR_MS
 # Ended sessions are evicted an hour after they end, by the passes the tests run.
 EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=HOUR_MS)
+
+T = TypeVar("T")
 
 
 def store_name(path: Path) -> str:
@@ -297,21 +301,30 @@ def test_a_pass_stopped_between_its_floor_and_its_purges_is_finished_by_the_next
         assert messages(url, name, "lc.*") == 1
 
 
-def _publish(url: str, subject: str, data: bytes) -> int:
-    """Publish `data` on `subject` of the store's stream with a client of the test's own
-    (as an operator's `nats pub` would); its stream sequence."""
+def _as_operator(url: str, act: Callable[[Any], Awaitable[T]]) -> T:
+    """`act(nc)` run with a NATS client of its own, as an operator's `nats` tool would."""
     import asyncio
 
     import nats
 
-    async def publish() -> int:
+    async def run() -> T:
         nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
         try:
-            return int((await nc.jetstream().publish(subject, data)).seq)
+            return await act(nc)
         finally:
             await nc.close()
 
-    return asyncio.run(publish())
+    return asyncio.run(run())
+
+
+def _publish(url: str, subject: str, data: bytes) -> int:
+    """Publish `data` on `subject` of the store's stream with a client of the test's own
+    (as an operator's `nats pub` would); its stream sequence."""
+
+    async def publish(nc: Any) -> int:
+        return int((await nc.jetstream().publish(subject, data)).seq)
+
+    return _as_operator(url, publish)
 
 
 def test_a_floor_record_that_does_not_decode_expires_the_cursors_below_it(
@@ -352,19 +365,12 @@ def test_a_floor_record_that_does_not_decode_expires_the_cursors_below_it(
 
 def _format(url: str, name: str) -> int:
     """The format the store's identity record gives (what every release checks at open)."""
-    import asyncio
 
-    import nats
+    async def read(nc: Any) -> int:
+        found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+        return int(META_DECODER.decode(found.data or b"").format)
 
-    async def read() -> int:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
-            return int(META_DECODER.decode(found.data or b"").format)
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
+    return _as_operator(url, read)
 
 
 def test_a_store_is_marked_before_its_first_purge_so_that_older_releases_refuse_it(
@@ -387,18 +393,11 @@ def test_a_store_is_marked_before_its_first_purge_so_that_older_releases_refuse_
 
 def _purge_subject(url: str, name: str, subject: str) -> None:
     """Purge one subject of the store's stream with a client of the test's own."""
-    import asyncio
 
-    import nats
+    async def purge(nc: Any) -> None:
+        await nc.jetstream().purge_stream(f"JOURNAL_{name}", subject=subject)
 
-    async def purge() -> None:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            await nc.jetstream().purge_stream(f"JOURNAL_{name}", subject=subject)
-        finally:
-            await nc.close()
-
-    asyncio.run(purge())
+    _as_operator(url, purge)
 
 
 def test_nothing_is_purged_when_the_store_cannot_be_marked(j: Journal, url: str, name: str) -> None:
@@ -418,10 +417,8 @@ def test_nothing_is_purged_when_the_store_cannot_be_marked(j: Journal, url: str,
 def test_a_store_of_a_later_format_is_refused_and_both_known_ones_open(url: str, name: str) -> None:
     """This release reads formats 1 and 2 (a pruned feed's); a later one is refused at
     open with what to do, before anything is read or written."""
-    import asyncio
 
     import msgspec
-    import nats
 
     from journal import StoreIncompatible
     from journal._jetstream.layout import ENCODER
@@ -429,22 +426,18 @@ def test_a_store_of_a_later_format_is_refused_and_both_known_ones_open(url: str,
     with Journal.open(url, store=name):
         pass
 
-    async def mark(format_: int) -> None:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            js = nc.jetstream()
-            found = await js.get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
-            meta = msgspec.structs.replace(META_DECODER.decode(found.data or b""), format=format_)
-            headers = {"Nats-Rollup": "sub"}
-            await js.publish(f"j.{name}.meta", ENCODER.encode(meta), headers=headers)
-        finally:
-            await nc.close()
+    async def mark(nc: Any, format_: int) -> None:
+        js = nc.jetstream()
+        found = await js.get_last_msg(f"JOURNAL_{name}", f"j.{name}.meta")
+        meta = msgspec.structs.replace(META_DECODER.decode(found.data or b""), format=format_)
+        headers = {"Nats-Rollup": "sub"}
+        await js.publish(f"j.{name}.meta", ENCODER.encode(meta), headers=headers)
 
     for known in (2, 1):
-        asyncio.run(mark(known))
+        _as_operator(url, functools.partial(mark, format_=known))
         with Journal.open(url, store=name) as j:
             j.create_session(f"f{known}")
-    asyncio.run(mark(3))
+    _as_operator(url, functools.partial(mark, format_=3))
     with pytest.raises(StoreIncompatible, match="has format 3; this version reads formats 1, 2"):
         Journal.open(url, store=name)
     assert _format(url, name) == 3
@@ -520,29 +513,23 @@ def _publish_eviction_written_at(url: str, name: str, session_id: str, at_ms: in
     """An EVICTED feed entry for `session_id` that says it was written at `at_ms`, stored
     now: what a writer whose clock is behind by (now - at_ms) writes. Its row is copied
     from the store's first feed entry."""
-    import asyncio
 
     import msgspec
-    import nats
 
     from journal._jetstream.layout import ENCODER, FEED_DECODER
 
-    async def publish() -> None:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            js = nc.jetstream()
-            first = await js.get_msg(f"JOURNAL_{name}", 1, next=True, subject=f"j.{name}.lc.*")
-            stored = FEED_DECODER.decode(first.data or b"")
-            row = msgspec.structs.replace(stored.entry.row, session_id=session_id)
-            entry = msgspec.structs.replace(
-                stored.entry, event_type=LifecycleEventType.EVICTED.value, at_ms=at_ms, row=row
-            )
-            subject = f"j.{name}.lc.{session_id.encode().hex()}"
-            await js.publish(subject, ENCODER.encode(msgspec.structs.replace(stored, entry=entry)))
-        finally:
-            await nc.close()
+    async def publish(nc: Any) -> None:
+        js = nc.jetstream()
+        first = await js.get_msg(f"JOURNAL_{name}", 1, next=True, subject=f"j.{name}.lc.*")
+        stored = FEED_DECODER.decode(first.data or b"")
+        row = msgspec.structs.replace(stored.entry.row, session_id=session_id)
+        entry = msgspec.structs.replace(
+            stored.entry, event_type=LifecycleEventType.EVICTED.value, at_ms=at_ms, row=row
+        )
+        subject = f"j.{name}.lc.{session_id.encode().hex()}"
+        await js.publish(subject, ENCODER.encode(msgspec.structs.replace(stored, entry=entry)))
 
-    asyncio.run(publish())
+    _as_operator(url, publish)
 
 
 def test_an_eviction_written_by_a_clock_two_days_behind_is_kept_a_day(
@@ -576,22 +563,15 @@ def test_the_servers_times_are_read_to_the_millisecond() -> None:
 def _floor_record(url: str, name: str) -> tuple[int, int, list[tuple[str, int]]]:
     """The floor record as stored (floor, examined, pending), read with a client of the
     test's own."""
-    import asyncio
-
-    import nats
 
     from journal._jetstream.layout import FLOOR_DECODER
 
-    async def read() -> tuple[int, int, list[tuple[str, int]]]:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.ff")
-            record = FLOOR_DECODER.decode(found.data or b"")
-            return record.floor, record.examined, [(t, s) for t, s in record.pending]
-        finally:
-            await nc.close()
+    async def read(nc: Any) -> tuple[int, int, list[tuple[str, int]]]:
+        found = await nc.jetstream().get_last_msg(f"JOURNAL_{name}", f"j.{name}.ff")
+        record = FLOOR_DECODER.decode(found.data or b"")
+        return record.floor, record.examined, [(t, s) for t, s in record.pending]
 
-    return asyncio.run(read())
+    return _as_operator(url, read)
 
 
 def test_a_refused_purge_of_a_pass_is_raised_and_its_batch_left_for_the_next(
@@ -660,18 +640,11 @@ def test_an_identity_record_that_stops_decoding_is_journal_corrupt_for_a_pass(
 
 def _publish_rollup(url: str, subject: str, data: bytes) -> None:
     """Replace what `subject` holds with `data` (a roll-up), as an operator's client would."""
-    import asyncio
 
-    import nats
+    async def publish(nc: Any) -> None:
+        await nc.jetstream().publish(subject, data, headers={"Nats-Rollup": "sub"})
 
-    async def publish() -> None:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            await nc.jetstream().publish(subject, data, headers={"Nats-Rollup": "sub"})
-        finally:
-            await nc.close()
-
-    asyncio.run(publish())
+    _as_operator(url, publish)
 
 
 def test_an_unanswered_purge_after_a_committed_change_does_not_report_it_failed(
@@ -708,23 +681,16 @@ def test_an_unanswered_purge_after_a_committed_change_does_not_report_it_failed(
 
 def _seal(url: str, name: str) -> None:
     """Seal the store's stream (an operator's `nats stream seal`): nothing more is stored."""
-    import asyncio
     import json
 
-    import nats
+    async def seal(nc: Any) -> None:
+        stream = f"JOURNAL_{name}"
+        info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)
+        config = {**info["config"], "sealed": True}
+        reply = await nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode())
+        assert "error" not in json.loads(reply.data), reply.data
 
-    async def seal() -> None:
-        nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
-        try:
-            stream = f"JOURNAL_{name}"
-            info = json.loads((await nc.request(f"$JS.API.STREAM.INFO.{stream}", b"")).data)
-            config = {**info["config"], "sealed": True}
-            reply = await nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode())
-            assert "error" not in json.loads(reply.data), reply.data
-        finally:
-            await nc.close()
-
-    asyncio.run(seal())
+    _as_operator(url, seal)
 
 
 def test_a_never_pruned_store_that_refuses_writes_is_read_by_a_writable_journal(
