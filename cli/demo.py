@@ -354,9 +354,8 @@ class Demo:
     def run(self) -> None:
         started = time.monotonic()
         kind = "temporary, removed at the end" if self.temporary else "kept"
-        self.say(
-            "demo", {"store": self.path, "temporary": self.temporary}, f"store {self.path} ({kind})"
-        )
+        shown = self.store.path  # (a nats:// URL's password masked)
+        self.say("demo", {"store": shown, "temporary": self.temporary}, f"store {shown} ({kind})")
         self._start("lifecycle", self._follow_lifecycle)
         self._start("watch", self._watch_target)
         command = [
@@ -569,7 +568,7 @@ class Demo:
     def _summary(self, elapsed: float) -> None:
         outcomes = sorted(self.ended.values())
         counts = ", ".join(f"{outcomes.count(o)} {o}" for o in sorted(set(outcomes)))
-        where = "temporary store removed" if self.temporary else f"store kept at {self.path}"
+        where = "temporary store removed" if self.temporary else f"store kept at {self.store.path}"
         record = {
             "elapsed_s": round(elapsed, 2),
             "sessions": len(self.names),
@@ -579,7 +578,7 @@ class Demo:
             "watched_events": len(self.watched),
             "unknown_outcome": self.unknown_outcome,
             "restart_tasks": self.restart_tasks,
-            "store": self.path,
+            "store": self.store.path,
             "temporary": self.temporary,
             "killed_server": self.killed,
         }

@@ -362,6 +362,7 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
         created = True
     with store:
         store_id = store.store_id.hex()
+        path = store.path  # (a nats:// URL's password masked: give it in $JOURNAL_STORE)
     settings.output.emit({"store": path, "created": created, "store_id": store_id}, path)
     if settings.output.format == "text":
         # (stderr: stdout stays the path alone, for STORE="$(journal init)")
@@ -376,10 +377,16 @@ def _next_commands(path: str) -> str:
     root = click.get_current_context().find_root()
     given = root.get_parameter_source("store") is click.core.ParameterSource.COMMANDLINE
     journal_ = f"journal --store {shlex.quote(path)}" if given else "journal"
-    return (
+    said = (
         f"`{journal_} append -s ID --create DATA` appends an event to a new session, "
         f"`{journal_} sessions list` lists the sessions (`journal --help`: every command)"
     )
+    if given and ":***@" in path:  # (the URL's password, masked: Journal.path)
+        said += (
+            "; *** stands for the URL's password: set JOURNAL_STORE to the URL to keep it "
+            "out of command lines and their history"
+        )
+    return said
 
 
 @main.command()

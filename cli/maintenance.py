@@ -117,6 +117,10 @@ def compact(settings: Settings, dead_share: float) -> None:
         f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
         f"{report.bytes_after:,} in {report.seconds:.2f} s"
     )
+    if retention is not None:
+        # (a stream has no segments: "0 segments rewritten; sealed bytes 0 -> 0" said
+        # nothing there)
+        text = "nothing else to compact: the NATS servers compact the stream's files"
     why = None if retention is not None else nothing_reclaimed(report)
     record["nothing_reclaimed"] = why
     if why is not None:
@@ -187,18 +191,24 @@ def verify(settings: Settings, fix: bool) -> None:
     # (The library's `fixed` says the view was rebuilt, which --fix does whenever the log
     # is intact; the user asks whether anything was wrong and is now repaired.)
     repaired = report.fixed and bool(report.problems)
-    summary: dict[str, object] = {
-        "ok": report.ok,
-        "fixed": repaired,
-        "segments": report.segments,
-        "frames": report.frames,
-        "records": report.records,
-        "problems": len(report.problems),
-    }
-    text = (
-        f"verify: {plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
-        f"{plural(report.records, 'record')}, {plural(len(report.problems), 'problem')}"
-    )
+    summary: dict[str, object] = {"ok": report.ok, "fixed": repaired}
+    if is_nats(settings.store):
+        # (a stream has no segments or frames: its report counts sessions and events,
+        # SPEC 16)
+        summary |= {"sessions": report.frames, "events": report.records}
+        checked = f"{plural(report.frames, 'session')}, {plural(report.records, 'event')}"
+    else:
+        summary |= {
+            "segments": report.segments,
+            "frames": report.frames,
+            "records": report.records,
+        }
+        checked = (
+            f"{plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
+            f"{plural(report.records, 'record')}"
+        )
+    summary["problems"] = len(report.problems)
+    text = f"verify: {checked}, {plural(len(report.problems), 'problem')}"
     if repaired:
         text += " (repaired)"
     elif fix and report.ok:

@@ -9,7 +9,7 @@ from .arguments import check_open_options
 from .engine import Engine
 from .errors import InvalidArgument
 
-__all__ = ["is_remote", "open_remote"]
+__all__ = ["is_remote", "open_remote", "without_password"]
 
 
 def is_remote(path: object, store: object = None, replicas: object = 1) -> TypeGuard[str]:
@@ -49,7 +49,8 @@ def open_remote(
     ):
         if value != default:
             raise InvalidArgument(
-                f"{name} is for stores on disk and means nothing for {url!r}: leave it out"
+                f"{name} is for stores on disk and means nothing for "
+                f"{without_password(url)!r}: leave it out"
             )
     try:
         from ._jetstream import open_jetstream
@@ -59,3 +60,19 @@ def open_remote(
             "pip install 'session-journal[jetstream]'"
         ) from None
     return open_jetstream(url, store, replicas, create, readonly, retention, key_ring)
+
+
+def without_password(url: str) -> str:
+    """`url` (`nats://[user[:password]@]host:port[,...][/store]`) with every server's
+    password masked, for messages, `Journal.path` and what the CLI prints."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    servers, slash, store = rest.partition("/")
+    shown = []
+    for server in servers.split(","):
+        userinfo, at, host = server.rpartition("@")
+        if at and ":" in userinfo:
+            server = f"{userinfo.partition(':')[0]}:***@{host}"
+        shown.append(server)
+    return f"{scheme}://{','.join(shown)}{slash}{store}"

@@ -205,7 +205,13 @@ def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:
     assert "s3cret" not in str(raised.value) and "alice:***@" in str(raised.value)
 
 
-def test_wrong_credentials_are_named_as_such(tmp_path: Path) -> None:
+def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: Path) -> None:
+    """`Journal.path`, its repr, `journal init`'s output and the demo's showed the URL's
+    password in clear (until 2026-12-05)."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
     server = NatsServer(tmp_path, "auth")
     server.config.write_text(
         server.config.read_text() + "authorization { user: alice, password: s3cret }\n"
@@ -215,9 +221,21 @@ def test_wrong_credentials_are_named_as_such(tmp_path: Path) -> None:
         address = server.url.removeprefix("nats://")
         with Journal.open(f"nats://alice:s3cret@{address}", store="auth") as j:
             j.create_session("s")
+            assert j.path == f"nats://alice:***@{address}/auth"
+            assert "s3cret" not in repr(j)
         with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
             Journal.open(f"nats://alice:wrong@{address}", store="auth")
         assert "wrong" not in str(raised.value)
+        with pytest.raises(InvalidArgument, match="file_mode") as refused:
+            Journal.open(f"nats://alice:s3cret@{address}/auth", file_mode=0o600)
+        assert "s3cret" not in str(refused.value)
+        given = ["--store", f"nats://alice:s3cret@{address}/auth"]
+        for args in ([*given, "--format", "json", "init"], [*given, "init"]):
+            result = CliRunner().invoke(main, args)
+            assert result.exit_code == 0, result.output
+            assert "s3cret" not in result.output and "alice:***@" in result.stdout
+        # (its advice names JOURNAL_STORE, which keeps the password out of command lines)
+        assert "JOURNAL_STORE" in result.stderr, result.stderr
     finally:
         server.stop()
 
@@ -230,6 +248,9 @@ def test_a_store_named_in_the_url_and_as_store_differently_is_refused(
     with pytest.raises(InvalidArgument, match="name it once"):
         Journal.open(f"{url}/{name}", store=name + "x")
     with Journal.open(f"{url}/{name}", store=name) as j:  # the same name twice is fine
+        assert j.path.endswith("/" + name)
+    # (a trailing slash was refused as part of the name, until 2026-12-05)
+    with Journal.open(f"{url}/{name}/") as j:
         assert j.path.endswith("/" + name)
 
 
@@ -892,7 +913,16 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     # (it said "segments: 0 (N bytes on disk)": a stream has no segment files)
     assert text.startswith("sessions: resolved 1; stream: ") and "segments" not in text, text
     code, verified = run("verify")
-    assert code == 0 and verified[-1]["ok"] is True and verified[-1]["records"] == 2
+    # (it said "0 segments, 1 frame, 2 records": a stream has sessions and events)
+    assert (code, verified[-1]) == (
+        0,
+        {"ok": True, "fixed": False, "sessions": 1, "events": 2, "problems": 0},
+    )
+    text = CliRunner().invoke(main, ["--store", store, "verify"]).stdout
+    assert text == "verify: 1 session, 2 events, 0 problems\n", text
+    text = CliRunner().invoke(main, ["--store", store, "compact"]).stdout
+    # (it printed "compacted: 0 segments rewritten, 0 deleted; sealed bytes 0 -> 0")
+    assert "segment" not in text and "NATS servers compact" in text, text
     archive = tmp_path / "s.sja"
     assert run("export", "--all", "-o", str(archive))[0] == 0 and archive.stat().st_size > 0
     code, imported = run("import", "--as", "copy", str(archive))

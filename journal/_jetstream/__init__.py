@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from ..models import RetentionPolicy
+from ..remote import without_password
 from .engine import JetStreamEngine, JetStreamOptions
 from .layout import check_store_name
 
@@ -18,8 +19,11 @@ def parse_url(url: str) -> tuple[list[str], str | None]:
     rest, _, store = rest.partition("/")
     servers = [f"nats://{server.strip()}" for server in rest.split(",") if server.strip()]
     if not servers:
-        raise InvalidArgument(f"{url!r} names no server: use nats://host:4222[,host2:4222][/store]")
-    return servers, store or None
+        raise InvalidArgument(
+            f"{without_password(url)!r} names no server: use nats://host:4222[,host2:4222][/store]"
+        )
+    # (one trailing slash, as a URL copied from a browser or a shell's completion has)
+    return servers, store.removesuffix("/") or None
 
 
 def open_jetstream(

@@ -26,6 +26,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from ..engine import READ_SCOPE
 from ..errors import StoreUnavailable
+from ..remote import without_password
 
 __all__ = [
     "WRITE_TOKEN",
@@ -112,16 +113,6 @@ def failure(error: BaseException) -> str:
     if isinstance(error, ApiError):
         return f"JetStream refused a request: {error}"
     return f"the NATS servers did not answer ({type(error).__name__})"
-
-
-def without_password(server: str) -> str:
-    """`server` (`nats://[user[:password]@]host:port`) with its password masked, for
-    messages."""
-    scheme, _, rest = server.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return server
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
 
 
 class Connection:

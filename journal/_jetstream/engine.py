@@ -48,6 +48,7 @@ from ..models import (
     VerifyProblem,
     VerifyReport,
 )
+from ..remote import without_password
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import HeadUnknown, Notifier
 from .client import ApiError, Closed, Connection, Unavailable, failure
@@ -191,8 +192,9 @@ class JetStreamEngine:
         self.replicas = options.replicas
         self.heartbeat_s = options.heartbeat_s
         self.point = options.point or _no_point
-        self.location = f"nats://{','.join(s.removeprefix('nats://') for s in options.servers)}"
-        self.location += f"/{options.store}"
+        servers = ",".join(s.removeprefix("nats://") for s in options.servers)
+        # (no password: `Journal.path`, its repr and messages show it)
+        self.location = without_password(f"nats://{servers}/{options.store}")
         self._pid = os.getpid()
         self._host = socket.gethostname()
         self._boot = boot_id()
