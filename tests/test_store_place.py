@@ -225,3 +225,19 @@ def test_a_store_path_that_is_a_file_is_an_invalid_argument(
     with pytest.raises(InvalidArgument, match="a directory on the way to it is a file"):
         Journal.open(path / "store", **options)  # type: ignore[arg-type]
     assert os.listdir(tmp_path) == ["passwd"]
+
+
+def test_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
+    """A store path that is a symbolic link to nothing said "File exists" (exit 7): mkdir
+    refuses the link's name and finds nothing behind it."""
+    link = tmp_path / "store"
+    link.symlink_to(tmp_path / "missing")
+    with pytest.raises(InvalidArgument, match="symbolic link to .*missing.*does not exist"):
+        Journal.open(link)
+    result = run_cli(link, "--format", "json", "init")
+    assert result.returncode == 4 and "symbolic link" in json_error(result)["message"]
+    assert sorted(os.listdir(tmp_path)) == ["store"] and link.is_symlink()
+    (tmp_path / "missing").mkdir()  # what the message says to do
+    with Journal.open(link) as j:
+        j.create_session("s")
+    assert (tmp_path / "missing" / "store.json").is_file()

@@ -126,6 +126,13 @@ def refuse_foreign_place(path: str) -> None:
             f"{path!r} is inside the journal store {outer!r}: that store owns every file in "
             "its directory; create the new store outside it; nothing was created"
         )
+    if os.path.islink(path) and not os.path.exists(path):
+        # (mkdir refuses the link's name and finds nothing behind it: it said "File
+        # exists", exit 7)
+        raise InvalidArgument(
+            f"{path!r} is a symbolic link to {os.readlink(path)!r}, which does not exist: "
+            "create that directory first, or give another path; nothing was created"
+        )
     try:
         names = os.listdir(path)
     except (FileNotFoundError, NotADirectoryError):
