@@ -232,7 +232,7 @@ def test_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
     refuses the link's name and finds nothing behind it."""
     link = tmp_path / "store"
     link.symlink_to(tmp_path / "missing")
-    with pytest.raises(InvalidArgument, match="symbolic link to .*missing.*does not exist"):
+    with pytest.raises(InvalidArgument, match=r"symbolic link to .*missing.*does not exist"):
         Journal.open(link)
     result = run_cli(link, "--format", "json", "init")
     assert result.returncode == 4 and "symbolic link" in json_error(result)["message"]
