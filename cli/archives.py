@@ -509,12 +509,12 @@ def import_(
                 progress=ctrl_c.progress(bar, final_is_done=True),
                 limits=limits,
             )
-    for item in report.sessions:
+    for done in report.sessions:
         output.emit(
-            {"source_id": item.source_id, "session_id": item.session_id, "events": item.events},
-            f"imported {shown(item.source_id)}"
-            + (f" as {shown(item.session_id)}" if item.session_id != item.source_id else "")
-            + f" ({plural(item.events, 'event')})",
+            {"source_id": done.source_id, "session_id": done.session_id, "events": done.events},
+            f"imported {shown(done.source_id)}"
+            + (f" as {shown(done.session_id)}" if done.session_id != done.source_id else "")
+            + f" ({plural(done.events, 'event')})",
         )
     output.emit(
         {

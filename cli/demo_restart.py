@@ -165,7 +165,8 @@ class Restart:
         self.store.resolve_session(self.tasks)  # the subscription ends, and the supervisor
         if second.wait() != 0:
             raise CommandFailed(f"the supervisor runtime {second.pid} failed")
-        final = self.store.fold(state, _handled, {"tasks": [], "cursor": None}).state["tasks"]
+        start: dict[str, Any] = {"tasks": [], "cursor": None}
+        final = self.store.fold(state, _handled, start).state["tasks"]
         if handled_first + handled_second != [1, 2, 3, 4, 5, 6] or final != [1, 2, 3, 4, 5, 6]:
             raise CommandFailed(
                 f"the supervisor handled tasks {handled_first} then {handled_second} "

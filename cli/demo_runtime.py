@@ -166,7 +166,8 @@ def _handled(state: dict[str, Any], event: journal.Event) -> dict[str, Any]:
 
 def supervise(store: journal.Journal, tasks: str, state_session: str) -> None:
     """Restore, resume, handle each task once (see the module docstring)."""
-    fold = store.fold(state_session, _handled, {"tasks": [], "cursor": None}, snapshot_every=2)
+    start: dict[str, Any] = {"tasks": [], "cursor": None}
+    fold = store.fold(state_session, _handled, start, snapshot_every=2)
     checkpoint = store.checkpoint(state_session)
     report(
         "restored",

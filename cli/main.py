@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import click
 
@@ -449,7 +449,7 @@ def append(
                 "Ctrl+D (or pass DATA arguments)",
                 err=True,
             )
-        stdin = getattr(sys.stdin, "buffer", sys.stdin)
+        stdin = cast("IO[bytes]", getattr(sys.stdin, "buffer", sys.stdin))
         try:
             events = events_from_ndjson(stdin, event_type, request_id)
         except KeyboardInterrupt:

@@ -42,7 +42,7 @@ def sessions() -> None:
 def _parse_tags(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, str]:
-    tags = {}
+    tags: dict[str, str] = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -25,8 +25,8 @@ def test_ruff_format_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_strict_on_journal_and_cursors() -> None:
-    result = run("mypy", "--strict", "journal", "cursors")
+def test_mypy_strict_on_journal_cursors_and_cli() -> None:
+    result = run("mypy", "--strict", "journal", "cursors", "cli")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
