@@ -17,6 +17,7 @@ import json
 import os
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -480,3 +481,31 @@ def test_compact_seals_a_compress_sealed_store_s_active_segment_without_compress
         assert ops.compressed == ["00000000000000000001.seg.zst"]  # (once)
         assert check_retained(j, "s", last) > 400
         assert j.verify().ok
+
+
+class SlowSeal(FileOps):
+    """Two seconds pass between `compact()`'s seal of the active segment and the
+    retention pass that follows it."""
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.sealed":
+            time.sleep(2.1)
+
+
+def test_a_session_trimmed_then_evicted_by_one_compaction_is_reported_evicted_only(
+    tmp_path: Path,
+) -> None:
+    """The pass before the seal trims an ended session, the pass after it evicts it (its
+    two seconds of retention ran out between them): until 2026-12-05 the report listed
+    it as both trimmed and evicted (`journal compact`: "1 session evicted, 1 trimmed")."""
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=2000)
+    with open_store(tmp_path / "store", segment_bytes=1 << 20, retention=policy) as j:
+        j.create_session("kept")
+        j.append("kept", [EventIn("m", b"k")])
+        j.create_session("ended", max_history_bytes=10_000)
+        fill(j, "ended", 200)  # 800 KB in the active segment, all but 2 events trimmed
+        j.resolve_session("ended")
+    with open_store(tmp_path / "store", segment_bytes=1 << 20, file_ops=SlowSeal()) as j:
+        report = j.compact()
+        assert (report.trimmed_sessions, report.evicted_sessions) == ([], ["ended"]), report
+        assert [s.session_id for s in j.list_sessions()] == ["kept"]

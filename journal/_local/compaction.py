@@ -312,6 +312,9 @@ def compact_store(
         bytes_before += sealed
         again = submit(ApplyRetention(None))
         deleted += again.deleted_segments
+        # (a session the first pass trimmed and this one evicted is reported evicted only)
+        gone = set(again.evicted_sessions)
+        trimmed = [s for s in trimmed if s not in gone]
         trimmed = list(dict.fromkeys(trimmed + again.trimmed_sessions))
         evicted += again.evicted_sessions
     rewritten: list[str] = []
