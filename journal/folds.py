@@ -75,7 +75,7 @@ class JsonCodec(Generic[StateT]):
         except msgspec.ValidationError:
             same = False
         else:
-            same = _same_json(stored, state)
+            same = _same_json(stored, state, tuples_as_lists=False)
             kind = type(state).__name__
             if not same and type(stored) is not type(state) and _stores(data, type(state), state):
                 # (A msgspec Struct or a dataclass with `JsonCodec()`, which reads an
@@ -87,7 +87,9 @@ class JsonCodec(Generic[StateT]):
         if not same:
             raise ValueError(
                 "it holds a value JSON stores as something else (NaN or an infinity, "
-                "bytes, a key that is not a string, or a value its type does not take)"
+                "bytes, a key that is not a string, a tuple, which comes back a list: "
+                "use lists or codec=JsonCodec(<the state's type>), or a value its type "
+                "does not take)"
             )
         return data
 
@@ -121,21 +123,31 @@ def _stores(data: bytes, kind: type[Any], state: Any) -> bool:
         return False
 
 
-def _same_json(stored: Any, given: Any) -> bool:
-    """Whether JSON read back (`stored`) says what `given` did: equal, a tuple counting as
-    the list it is written as (NaN is not equal to the null it becomes, nor bytes to
-    their base64 text)."""
+def _same_json(stored: Any, given: Any, *, tuples_as_lists: bool = True) -> bool:
+    """Whether JSON read back (`stored`) says what `given` did: equal (NaN is not equal to
+    the null it becomes, nor bytes to their base64 text). With `tuples_as_lists`, a tuple
+    counts as the list it is written as (`set()`: the state is the JSON read back from
+    the start); without, a tuple must come back a tuple (a checkpoint: the restored
+    state must equal the one its reducer built, which a tuple read back as a list does
+    not, and the reducer may not take it)."""
     if isinstance(given, (list, tuple)):
+        kind = list if tuples_as_lists else type(given)
         return (
-            isinstance(stored, list)
+            isinstance(stored, kind)
             and len(stored) == len(given)
-            and all(_same_json(s, g) for s, g in zip(stored, given, strict=True))
+            and all(
+                _same_json(s, g, tuples_as_lists=tuples_as_lists)
+                for s, g in zip(stored, given, strict=True)
+            )
         )
     if isinstance(given, dict):
         return (
             isinstance(stored, dict)
             and stored.keys() == given.keys()
-            and all(_same_json(stored[k], given[k]) for k in given)
+            and all(
+                _same_json(stored[k], given[k], tuples_as_lists=tuples_as_lists)
+                for k in given
+            )
         )
     return bool(stored == given)
 

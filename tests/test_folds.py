@@ -234,6 +234,31 @@ def test_a_checkpoint_of_a_state_json_cannot_hold_is_refused(j: Journal) -> None
     assert restored.state == {"n": 7, "r": 0.5}  # (from the checkpoint at 3 on)
 
 
+def test_a_checkpoint_of_a_state_holding_a_tuple_is_refused_unless_its_codec_reads_one(
+    j: Journal,
+) -> None:
+    """The default codec reads a tuple back as a list: until 2026-12-05 a checkpoint of
+    {"seen": (1,)} restored as {"seen": [1]}, which is not the fold of the events, and
+    the reducer (`state["seen"] + (ordinal,)`) failed after a restart (found by a
+    new-user trial). Refused now, as a set is; a codec whose type reads tuples takes it."""
+    j.create_session("s")
+    j.append("s", value_events([1, 2]))
+
+    def seen(state: dict[str, Any], event: Event) -> dict[str, Any]:
+        return {"seen": state["seen"] + (event.ordinal,)}
+
+    fold = j.fold("s", seen, {"seen": ()})
+    with pytest.raises(InvalidArgument, match="a tuple, which comes back a list"):
+        fold.snapshot()
+    assert j.checkpoint("s") is None
+    codec: JsonCodec[dict[str, Any]] = JsonCodec(dict[str, tuple[int, ...]])
+    typed = j.fold("s", seen, {"seen": ()}, codec=codec, version="typed")
+    assert typed.snapshot() is not None
+    j.append("s", value_events([3]))
+    restored = j.fold("s", seen, {"seen": ()}, codec=codec, version="typed")
+    assert restored.state == {"seen": (1, 2, 3)}
+
+
 class Tally(msgspec.Struct):
     """A fold state of the kind msgspec users write (a Struct, not a dict)."""
 
