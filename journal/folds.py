@@ -144,10 +144,7 @@ def _same_json(stored: Any, given: Any, *, tuples_as_lists: bool = True) -> bool
         return (
             isinstance(stored, dict)
             and stored.keys() == given.keys()
-            and all(
-                _same_json(stored[k], given[k], tuples_as_lists=tuples_as_lists)
-                for k in given
-            )
+            and all(_same_json(stored[k], given[k], tuples_as_lists=tuples_as_lists) for k in given)
         )
     return bool(stored == given)
 
