@@ -71,6 +71,7 @@ class Subscription(Generic[ItemT]):
         "_last",
         "_listener",
         "_on_error",
+        "_on_thread",
         "_pager",
         "_release",
         "_scope",
@@ -89,9 +90,12 @@ class Subscription(Generic[ItemT]):
         release: Callable[[], None],
         wake: Callable[[], None],
         between: Callable[[], None] | None = None,
+        on_thread: Callable[[], bool] = lambda: False,
     ) -> None:
         self.session_id = session_id
         self._wake = wake
+        # Whether the caller is the journal's delivery thread (see `wait`).
+        self._on_thread = on_thread
         # None once ended (`_finish`): what the pager holds goes with it.
         self._pager: Pager[ItemT] | None = pager
         self._listener = listener
@@ -157,6 +161,15 @@ class Subscription(Generic[ItemT]):
         ):
             raise InvalidArgument(
                 f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
+            )
+        if self._on_thread() and not self._ended.is_set():
+            # (It waited for itself: the thread that would end the subscription is the
+            # one waiting, and every other subscription of the journal stalled with it.)
+            raise InvalidArgument(
+                "wait() was called from a listener or on_error, on the journal's delivery "
+                "thread, which ends subscriptions and delivers to all of them: it would "
+                "wait for itself; call close() there (it returns at once), and wait() "
+                "from another thread"
             )
         return self._ended.wait(timeout)
 
@@ -260,7 +273,15 @@ class Deliveries:
         the subscription ends, on the delivery thread; `between`, when given, after each
         page that leaves more to read while other subscriptions take their turn)."""
         subscription = Subscription(
-            session_id, pager, listener, on_error, cursor, release, self._waiter.recheck, between
+            session_id,
+            pager,
+            listener,
+            on_error,
+            cursor,
+            release,
+            self._waiter.recheck,
+            between,
+            self._on_thread,
         )
         with self._lock:
             if self._closing:
@@ -274,6 +295,11 @@ class Deliveries:
                 self._thread.start()
         self._waiter.recheck()  # the thread may be waiting for the head: replay now
         return subscription
+
+    def _on_thread(self) -> bool:
+        """Whether the caller is the delivery thread."""
+        thread = self._thread
+        return thread is not None and thread is threading.current_thread()
 
     def count(self) -> int:
         """Subscriptions not yet ended."""

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from engines import ENGINES, EngineFactory, engine_params
@@ -547,6 +548,40 @@ def test_closing_the_journal_from_a_listener_stops_at_that_event(
     assert sub.wait(WAIT_S)
     assert got == [1, 2]
     until(lambda: not delivery_threads())
+
+
+def test_wait_from_a_listener_is_refused_not_a_wait_for_itself(j: Journal) -> None:
+    """`other.wait()` in a listener blocked the journal's one delivery thread, which is
+    what ends `other`: for ever without a timeout, the whole timeout with one, and every
+    subscription of the journal stalled meanwhile (found by a new-user trial, until
+    2026-12-05). Refused now; `close()` there returns at once, and an ended
+    subscription's `wait()` answers at once, as from any thread."""
+    j.create_session("p")
+    j.create_session("c")
+    child = j.subscribe("c", lambda e: None)
+    finished = j.subscribe("c", lambda e: None)
+    finished.close()
+    assert finished.wait(WAIT_S)
+    seen: list[Any] = []
+
+    def listener(event: Event) -> None:
+        child.close()
+        seen.append(finished.wait())  # (ended: True at once)
+        started = time.monotonic()
+        try:
+            child.wait(5)
+        except InvalidArgument as refused:
+            seen.append((str(refused), time.monotonic() - started))
+
+    parent = j.subscribe("p", listener)
+    j.append("p", numbered(1, 1))
+    until(lambda: len(seen) == 2)
+    assert seen[0] is True
+    message, took = seen[1]
+    assert "delivery thread" in message and "call close() there" in message
+    assert took < 1
+    assert child.wait(WAIT_S) and not parent.closed  # (from this thread: it ended)
+    parent.close()
 
 
 @pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
