@@ -206,6 +206,8 @@ class Journal:
         self._close_parts()
 
     def __enter__(self) -> "Journal":
+        if self._closed:  # (as `with f:` of a closed file; it failed at the first call)
+            raise JournalClosed.already()
         return self
 
     def __exit__(self, *exc: object) -> None:
