@@ -99,7 +99,10 @@ _FOREIGN_SCOPES = {
         "evicted and created again)"
     ),
     TokenKind.LIFECYCLE: "another store",
-    TokenKind.PAGE: "another store or listing",
+    TokenKind.PAGE: (
+        "another store or listing (a listing is its state filter: pass the one its first "
+        "page was listed with)"
+    ),
 }
 
 

@@ -1348,6 +1348,18 @@ class JournalContract:
         with raises(InvalidPageToken):
             j.list_sessions_page(page_size=1, page_token=foreign)
 
+    def test_a_page_token_of_another_state_filter_says_to_pass_the_same(self, j: Journal) -> None:
+        """It said "another store or listing", which a new user read as "another page
+        size" (which the token does not bind; until 2026-12-05)."""
+        for i in range(3):
+            j.create_session(f"s{i}")
+        token = j.list_sessions_page(page_size=1).next_page_token
+        assert token
+        with raises(InvalidPageToken) as refused:
+            j.list_sessions_page(page_size=1, page_token=token, state=SessionState.OPEN)
+        assert "its state filter: pass the one its first page" in str(refused.value)
+        assert j.list_sessions_page(page_size=2, page_token=token).sessions  # (any size)
+
     @pytest.mark.parametrize("index", [0, 5, 20, 30, 45, 57, 58])
     def test_tampered_page_token_raises_invalid_page_token(self, j: Journal, index: int) -> None:
         for i in range(3):
