@@ -418,8 +418,9 @@ class Journal:
         progress: Progress | None = None,
     ) -> ExportReport:
         """Write the sessions (None: every session) to a portable archive at `dest` (a
-        path: written to a temporary file and renamed, so a failed export leaves nothing;
-        or a binary file object). Each session is exported exactly up to the head it had
+        path: written to a temporary file and renamed over it, so a failed export leaves
+        nothing and a file already there is replaced whole, as `open(path, "wb")` would;
+        the CLI's `export` asks for `--force` first; or a binary file object). Each session is exported exactly up to the head it had
         when its export began, while writers keep appending. `progress(done, total)`
         counts events. The format is in SPEC.md ("Archives")."""
         check_callback("progress", progress)
