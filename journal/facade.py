@@ -420,9 +420,10 @@ class Journal:
         """Write the sessions (None: every session) to a portable archive at `dest` (a
         path: written to a temporary file and renamed over it, so a failed export leaves
         nothing and a file already there is replaced whole, as `open(path, "wb")` would;
-        the CLI's `export` asks for `--force` first; or a binary file object). Each session is exported exactly up to the head it had
-        when its export began, while writers keep appending. `progress(done, total)`
-        counts events. The format is in SPEC.md ("Archives")."""
+        the CLI's `export` asks for `--force` first; or a binary file object). Each
+        session is exported exactly up to the head it had when its export began, while
+        writers keep appending. `progress(done, total)` counts events. The format is in
+        SPEC.md ("Archives")."""
         check_callback("progress", progress)
         self._check_open()
         return export_sessions(self._engine, session_ids, dest, progress)
