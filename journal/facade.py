@@ -197,8 +197,16 @@ class Journal:
         self._dropped = parts.close_when_dropped(self, engine.location)
         return self
 
+    @property
+    def closed(self) -> bool:
+        """Whether the journal was closed (`close()`, or dropped): a watch ends without an
+        error both when its session ends and when its journal is closed, and a loop
+        that must tell the two apart asks this."""
+        return self._closed
+
     def close(self) -> None:
-        """Close the journal; pending watches end. Idempotent."""
+        """Close the journal; pending watches end (without an error: see `closed`).
+        Idempotent."""
         if self._closed:
             return
         self._dropped.detach()

@@ -584,8 +584,10 @@ def _call(env: Env, name: str, kwargs: dict[str, Any]) -> None:
         Journal.over(**kwargs).close()
     elif name == "Journal.close":
         other = Journal.open(env.tmp / "closing", durability="os")
+        assert not other.closed
         other.close()
         other.close()
+        assert other.closed
         with pytest.raises(JournalClosed):
             other.get_session("open")
         # (`with` of a closed journal entered, and only its first call raised: a
