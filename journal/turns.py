@@ -365,7 +365,13 @@ class _TurnSlot:
 
 
 class Turn:
-    """One turn of an owner: a context manager (see `Owner.turn`)."""
+    """One turn of an owner: a context manager (see `Owner.turn`).
+
+    `owner` and `request_id` say whose it is; `started` is the `AppendResult` of its
+    `turn_started` event and `result` that of its `turn_result` event (None until each
+    is appended: `result` once the block has ended). What the turn's result says
+    (`{"status": ...}`) is that event's data, read as any event's; a retry of a settled
+    request id raises `TurnSettled` with it in `.result`."""
 
     def __init__(self, owner: Owner, request_id: str, writer: TurnWriter, slot: _TurnSlot) -> None:
         self.owner = owner
