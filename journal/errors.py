@@ -169,7 +169,8 @@ class Unsupported(JournalError):
 
 
 class StoreNotFound(JournalError):
-    """The path holds no store and `create=False` was given."""
+    """The path holds no store and `create=False` was given; or a `nats://` store's
+    stream was deleted while the journal was open (SPEC 16: no retry mends it)."""
 
     code = "STORE_NOT_FOUND"
     status = "NOT_FOUND"

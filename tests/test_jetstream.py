@@ -1166,6 +1166,159 @@ def test_an_event_deleted_from_the_stream_is_reported_never_skipped(
         assert [e.data for e in j.replay("fine")] == [b"e0", b"e1"]
 
 
+def _delete_stream(url: str, name: str) -> None:
+    """`nats stream rm JOURNAL_<name>`, as an operator does it."""
+    import asyncio
+
+    import nats
+
+    async def delete() -> None:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().delete_stream(f"JOURNAL_{name}")
+        finally:
+            await nc.close()
+
+    asyncio.run(delete())
+
+
+def _stream_exists(url: str, name: str) -> bool:
+    import asyncio
+
+    import nats
+    from nats.js.errors import NotFoundError
+
+    async def look() -> bool:
+        nc = await nats.connect(url)
+        try:
+            await nc.jetstream().stream_info(f"JOURNAL_{name}")
+            return True
+        except NotFoundError:
+            return False
+        finally:
+            await nc.close()
+
+    return asyncio.run(look())
+
+
+_GONE_CALLS: dict[str, Callable[[Journal], object]] = {
+    "append": lambda j: j.append("s", events(1)),  # (its row cached: no read first)
+    "create_session": lambda j: j.create_session("new"),
+    "resolve_session": lambda j: j.resolve_session("s"),
+    "get_session": lambda j: j.get_session("s"),
+    "replay": lambda j: list(j.replay("s")),
+    "watch": lambda j: next(iter(j.watch("s"))),
+    "list_sessions": lambda j: list(j.list_sessions()),
+    "watch_sessions": lambda j: next(iter(j.watch_sessions())),
+    "apply_retention": lambda j: j.apply_retention(),
+    "export_sessions": lambda j: j.export_sessions(None, io.BytesIO()),
+    "own": lambda j: j.own("s"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(_GONE_CALLS))
+def test_a_store_whose_stream_is_deleted_while_open_is_store_not_found_at_once(
+    url: str, tmp_path: Path, call: str
+) -> None:
+    """SPEC 16: the stream deleted under an open journal (`nats stream rm`) is
+    `StoreNotFound` naming it and saying what to do, at once, and nothing recreates it
+    (until 2026-12-05: `StoreUnavailable` "stream not found" after 30 s of asking
+    again, as if the servers were down; a write with its row cached "no reply ... not
+    known to have committed")."""
+    name = store_name(tmp_path)
+    j = Journal.open(url, store=name)
+    try:
+        j.create_session("s")
+        j.append("s", events(2))
+        j.create_session("held")
+        owners = [j.own("held")]  # (its lease beats on: no beat recreates the stream)
+        _delete_stream(url, name)
+        began = time.monotonic()
+        with pytest.raises(StoreNotFound) as raised:
+            _GONE_CALLS[call](j)
+        took = time.monotonic() - began
+        message = str(raised.value)
+        assert f"JOURNAL_{name}" in message and "deleted" in message
+        assert "journal init" in message and "restore" in message and "import" in message
+        assert took < 3.0, f"{call} took {took:.2f} s"
+        time.sleep(1.2)  # (past a heartbeat of the owner's lease)
+        assert not _stream_exists(url, name)  # (nothing recreated the stream)
+        assert owners[0].session_id == "held"
+    finally:
+        j.close()
+    assert not _stream_exists(url, name)
+
+
+def test_followers_of_a_store_whose_stream_is_deleted_end_with_store_not_found(
+    url: str, tmp_path: Path
+) -> None:
+    """SPEC 16.4: a watch, a lifecycle watch and a subscription waiting for the head when
+    the stream is deleted each end with `StoreNotFound` at once (until 2026-12-05:
+    `StoreUnavailable` about 30 s later)."""
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s")
+        j.append("s", events(2))
+        stop = threading.Event()
+        ended: dict[str, tuple[BaseException | None, float]] = {}
+
+        def follow(what: str, stream: Any) -> None:
+            try:
+                for _ in stream:
+                    pass
+                ended[what] = (None, time.monotonic())
+            except BaseException as e:
+                ended[what] = (e, time.monotonic())
+
+        threads = [
+            threading.Thread(target=follow, args=("watch", j.watch("s", stop=stop))),
+            threading.Thread(target=follow, args=("sessions", j.watch_sessions(stop=stop))),
+        ]
+        for thread in threads:
+            thread.start()
+
+        def on_error(error: BaseException) -> None:
+            ended["subscription"] = (error, time.monotonic())
+
+        sub = j.subscribe("s", lambda event: None, on_error=on_error)
+        time.sleep(0.5)  # (delivered, and waiting)
+        assert not ended
+        _delete_stream(url, name)
+        deleted = time.monotonic()
+        for thread in threads:
+            thread.join(10)
+        stop.set()
+        deadline = time.monotonic() + 10
+        while "subscription" not in ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sub()
+        for thread in threads:
+            thread.join(5)
+        assert sorted(ended) == ["sessions", "subscription", "watch"]
+        for what, (error, at) in ended.items():
+            assert isinstance(error, StoreNotFound), (what, error)
+            assert at - deleted < 3.0, f"{what} ended {at - deleted:.2f} s after"
+        assert not _stream_exists(url, name)
+
+
+def test_a_direct_get_of_a_missing_stream_is_store_not_found_at_once(
+    url: str, tmp_path: Path
+) -> None:
+    """A direct get (event pages, listings' rows, owners' heartbeats) that nobody answers
+    (no responders) asks the stream's information: a missing stream is `StoreNotFound`
+    at once (until 2026-12-05 the get waited 5 s and was the servers' silence)."""
+    from journal._jetstream.client import Connection
+
+    conn = Connection([url], f"JOURNAL_{store_name(tmp_path)}")
+    try:
+        began = time.monotonic()
+        with pytest.raises(StoreNotFound, match="no longer exists"):
+            conn.call(conn.direct({"seq": 1, "next_by_subj": "j.x.>", "batch": 10}))
+        assert time.monotonic() - began < 2.0
+    finally:
+        conn.close()
+
+
 def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
     url: str, tmp_path: Path
 ) -> None:

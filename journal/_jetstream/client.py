@@ -25,7 +25,7 @@ from nats.errors import ConnectionClosedError, NoRespondersError, NoServersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from ..engine import READ_SCOPE
-from ..errors import StoreUnavailable
+from ..errors import StoreNotFound, StoreUnavailable
 from ..remote import without_password
 
 __all__ = [
@@ -47,8 +47,10 @@ REQUEST_S: Final = 5.0
 # How long a batch waits for its ack before the writer settles what became of it (short:
 # an ack lost in a failover is found out sooner; a late ack is settled just the same).
 ACK_S: Final = 2.0
-# Status headers that end a batched direct get.
-_END_STATUSES: Final = frozenset({"204", "404", "408", "413"})
+# JetStream's "stream not found" (`Connection.api`).
+_STREAM_NOT_FOUND: Final = 10059
+# Status headers that end a batched direct get (503: no responders, nobody serves it).
+_END_STATUSES: Final = frozenset({"204", "404", "408", "413", "503"})
 
 # (subject, payload, headers) of one message of an atomic batch.
 BatchMessage = tuple[str, bytes, dict[str, str]]
@@ -261,12 +263,36 @@ class Connection:
         result: dict[str, Any] = json.loads(reply.data) if reply.data else {}
         error = result.get("error")
         if error:
-            raise ApiError(
+            refusal = ApiError(
                 int(error.get("code", 0)),
                 int(error.get("err_code", 0)),
                 str(error.get("description", "")),
             )
+            if refusal.err_code == _STREAM_NOT_FOUND and subject.rpartition(".")[2] == self.stream:
+                raise self.stream_gone() from None
+            raise refusal
         return result
+
+    def stream_gone(self) -> StoreNotFound:
+        """The error of a request on the store's own stream that JetStream answers "stream
+        not found" (10059): the stream was deleted while the journal was open, which no
+        retry mends, so it is said at once and not as the servers' silence (until
+        2026-12-05 it was `StoreUnavailable`, after 30 s of asking again for a read or a
+        write with a lost reply). Nothing recreates the stream: a new one would be another
+        store (a new identity and cursor key: every cursor of this one foreign to it).
+        Opening a store whose stream is missing says it in its own words
+        (`opening.bootstrap`). A direct get nobody answers asks the stream's information
+        (`direct`); a write's batch, which nobody acknowledges either, meets it at the
+        read that settles the batch."""
+        return StoreNotFound(
+            f"the journal store's stream {self.stream} no longer exists: it was deleted "
+            "while this journal was open (`nats stream rm`?), and the store's sessions "
+            "with it; the journal does not recreate it. Close this journal, then restore "
+            "the stream from a backup of it (`nats stream restore`: the same store, its "
+            "cursors valid), or create a new, empty store (`journal init`, or "
+            "Journal.open(..., create=True): the old store's cursors are foreign to it) "
+            "and import an archive of its sessions (`journal import`)"
+        )
 
     async def direct(self, body: dict[str, Any]) -> tuple[list[Found], dict[str, str]]:
         """A batched direct get (`batch` or `multi_last` in `body`): the messages and the
@@ -294,6 +320,14 @@ class Connection:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        if end.get("Status") == "503":
+            # No server serves the stream's direct gets: the stream is gone (`api` raises
+            # `stream_gone`), or none of its servers answers now (the servers' silence,
+            # whatever the stream's information says). (Until 2026-12-05 the answer was
+            # passed over and the get waited 5 s for nothing.)
+            with contextlib.suppress(ApiError, *Unavailable):
+                await self.api(f"$JS.API.STREAM.INFO.{self.stream}")
+            raise NoRespondersError
         return found, end
 
     async def msg_get(self, body: dict[str, Any]) -> Found | None:

@@ -79,8 +79,8 @@ async def bootstrap(
         info = await conn.api(f"$JS.API.STREAM.INFO.{stream}")
         _check_stream(conn, subjects, options, info.get("config") or {})
     except ApiError as e:
-        if e.err_code != 10059:  # stream not found
-            raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
+        raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
+    except StoreNotFound:  # (no stream: `Connection.stream_gone`, said for an open here)
         if not options.create or options.readonly:
             raise StoreNotFound(
                 f"no journal store {options.store!r} on this NATS cluster (stream "
