@@ -324,7 +324,8 @@ def _octal_mode(value: str | None) -> int | None:
     default=None,
     metavar="N",
     help="nats:// stores only: how many servers of the cluster keep the stream init "
-    "creates (default 1; 3 on a 3-node cluster). An existing stream keeps its own.",
+    "creates (default 1; 3 on a 3-node cluster). An existing store with another number "
+    "is refused (exit 4), not changed.",
 )
 @pass_settings
 def init(settings: Settings, file_mode: str | None, replicas: int | None) -> None:
@@ -341,8 +342,10 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
                 "--file-mode is for stores on disk: a nats:// store's files are the server's"
             )
         path = settings.store
-        options: dict[str, Any] = {}
-        created_with: dict[str, Any] = {"replicas": replicas or 1}
+        # (an existing store with another number of replicas than --replicas is refused,
+        # exit 4: until 2026-12-05 init said "opened the existing store" and kept its one)
+        options: dict[str, Any] = {"replicas": replicas}
+        created_with = options
     else:
         if replicas is not None:
             raise click.UsageError(

@@ -151,10 +151,11 @@ class Journal:
         file_ops: FileOps | None = None,
         file_mode: int | None = None,
         store: str | None = None,
-        replicas: int = 1,
+        replicas: int | None = None,
     ) -> "Journal":
         """Open (or create) the store at `path` on the embedded local engine (a `nats://`
-        URL: the store `store` on NATS JetStream, created with `replicas`; SPEC 16).
+        URL: the store `store` on NATS JetStream, created with `replicas` copies, 1 when
+        None; a number that differs from an existing store's is refused; SPEC 16).
 
         `durability="fsync"` (default): an acknowledged append is on disk. `"os"`: written
         to the OS; survives a process crash, not a power cut. `file_mode`: the permission

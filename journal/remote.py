@@ -12,11 +12,11 @@ from .errors import InvalidArgument
 __all__ = ["is_remote", "open_remote", "without_password"]
 
 
-def is_remote(path: object, store: object = None, replicas: object = 1) -> TypeGuard[str]:
+def is_remote(path: object, store: object = None, replicas: object = None) -> TypeGuard[str]:
     """Whether `path` is a `nats://` URL; `store` and `replicas` are only for those."""
     if isinstance(path, str) and path.startswith("nats://"):
         return True
-    if store is not None or type(replicas) is not int or replicas != 1:
+    if store is not None or (replicas is not None and (type(replicas) is not int or replicas != 1)):
         raise InvalidArgument(
             f"store= and replicas= are for nats:// stores (got store={store!r}, "
             f"replicas={replicas!r}): a local store is named by its path alone"
@@ -27,7 +27,7 @@ def is_remote(path: object, store: object = None, replicas: object = 1) -> TypeG
 def open_remote(
     url: str,
     store: str | None,
-    replicas: int,
+    replicas: int | None,
     options: tuple[Any, Any, Any, Any, Any, Any],
     key_ring: Any,
     file_ops: Any,

@@ -425,7 +425,7 @@ TARGETS: dict[str, Target] = {
             "file_mode": lambda env: st.none(),
             # (A local path: store= and replicas= name stores on NATS, tests/test_jetstream.py.)
             "store": lambda env: st.none(),
-            "replicas": lambda env: st.just(1),
+            "replicas": lambda env: st.sampled_from([None, 1]),
         },
     ),
     "Journal.over": Target(good={"engine": lambda env: st.just(_ENGINE)}),

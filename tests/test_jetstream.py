@@ -2398,3 +2398,30 @@ def _late_lifecycle_changes(url: str, store: str, seed: int) -> list[str]:
             for thread in threads:
                 thread.join(20)
     return late
+
+
+def test_replicas_that_differ_from_an_existing_store_are_refused(
+    url: str, tmp_path: Path
+) -> None:
+    """`replicas=3` opened a store made with the default 1 without a word, and `journal
+    init --replicas 3` said "opened the existing store": a user who switched to three
+    copies had one (a JetStream trial, until 2026-12-05). Refused now, nothing changed;
+    left out, the stream's own factor is taken. Asking a server outside a cluster for 3
+    copies is `InvalidArgument` too (it was `StoreUnavailable`, which a retry never
+    mends)."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:  # (made with 1)
+        j.create_session("s")
+    with pytest.raises(InvalidArgument, match=r"keeps 1 replica: replicas applies when"):
+        Journal.open(url, store=name, replicas=3)
+    refused = CliRunner().invoke(main, ["--store", f"{url}/{name}", "init", "--replicas", "3"])
+    assert refused.exit_code == 4 and "keeps 1 replica" in refused.stderr, refused.output
+    for replicas in (None, 1):
+        with Journal.open(url, store=name, replicas=replicas) as j:
+            assert [m.session_id for m in j.list_sessions()] == ["s"]
+    with pytest.raises(InvalidArgument, match="non-clustered"):
+        Journal.open(url, store=name + "r3", replicas=3)

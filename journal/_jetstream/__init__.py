@@ -29,7 +29,7 @@ def parse_url(url: str) -> tuple[list[str], str | None]:
 def open_jetstream(
     url: str,
     store: str | None,
-    replicas: int,
+    replicas: int | None,
     create: bool,
     readonly: bool,
     retention: RetentionPolicy | None,
@@ -42,8 +42,8 @@ def open_jetstream(
             f"the URL names store {named!r} and store= names {store!r}: name it once"
         )
     name = check_store_name(store if store is not None else named)
-    if type(replicas) is not int or not 1 <= replicas <= 5:
-        raise InvalidArgument(f"replicas must be an int from 1 to 5, got {replicas!r}")
+    if replicas is not None and (type(replicas) is not int or not 1 <= replicas <= 5):
+        raise InvalidArgument(f"replicas must be None or an int from 1 to 5, got {replicas!r}")
     options = JetStreamOptions(
         servers=servers,
         store=name,

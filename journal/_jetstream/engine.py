@@ -79,7 +79,9 @@ class JetStreamOptions:
 
     servers: list[str]
     store: str
-    replicas: int = 1
+    # The stream's replication factor: None takes an existing stream's and creates one
+    # with 1; a number that differs from an existing stream's is refused at open.
+    replicas: int | None = None
     create: bool = True
     readonly: bool = False
     retention: RetentionPolicy | None = None  # None: the store's recorded policy

@@ -56,6 +56,8 @@ _CHANGE_S: Final = 30.0
 # call whose reply was lost must still find its token after others recorded on top.
 _RECENT_WRITES: Final = "Journal-Recent-Writes"
 _RECENT_TOKENS: Final = 32
+# JetStream's "replicas > 1 not supported in non-clustered mode".
+_REPLICAS_NOT_SUPPORTED: Final = 10074
 
 
 def _tokens_in(headers: dict[str, str]) -> list[str]:
@@ -154,6 +156,17 @@ def _check_stream(
             f"{options.store!r}: {'; '.join(wrong)}. Use another store name, or "
             "delete the stream if it holds nothing you need"
         )
+    kept = config.get("num_replicas", 1)
+    if options.replicas is not None and kept != options.replicas:
+        # (until 2026-12-05 the open went on with the stream's factor without a word: a
+        # user who asked for 3 copies of a store made with the default had one)
+        raise InvalidArgument(
+            f"replicas={options.replicas}, but the store {options.store!r} exists and its "
+            f"stream {conn.stream} keeps {kept} replica{'s' if kept != 1 else ''}: replicas "
+            "applies when the store is created. Leave replicas out to open it as it is, "
+            f"or change the stream's (`nats stream edit {conn.stream} --replicas "
+            f"{options.replicas}`: the servers copy it)"
+        )
 
 
 def decode_policy(data: bytes, subjects: Subjects) -> RetentionPolicy:
@@ -236,7 +249,8 @@ async def change_recorded_policy(
 
 
 async def _create_stream(conn: Connection, subjects: Subjects, options: JetStreamOptions) -> None:
-    config = stream_config(conn.stream, subjects.all, options.replicas, MAX_MSG_BYTES)
+    replicas = options.replicas or 1
+    config = stream_config(conn.stream, subjects.all, replicas, MAX_MSG_BYTES)
     try:
         await conn.api(f"$JS.API.STREAM.CREATE.{conn.stream}", config)
     except ApiError as e:
@@ -248,10 +262,15 @@ async def _create_stream(conn: Connection, subjects: Subjects, options: JetStrea
                 f"the subjects {subjects.all} ({e.description}): use another store "
                 "name, or remove that stream"
             ) from None
+        if e.err_code == _REPLICAS_NOT_SUPPORTED:  # (no retry mends it)
+            raise InvalidArgument(
+                f"cannot create stream {conn.stream} with replicas={replicas}: "
+                f"{e.description}; a server that is not in a cluster keeps one copy: "
+                "use replicas=1, or a cluster of at least that many servers"
+            ) from None
         raise StoreUnavailable(
             f"cannot create stream {conn.stream}: {e.description} (is JetStream "
-            f"enabled, and are there {options.replicas} servers for replicas="
-            f"{options.replicas}?)"
+            f"enabled, and are there {replicas} servers for replicas={replicas}?)"
         ) from None
 
 
