@@ -2400,9 +2400,7 @@ def _late_lifecycle_changes(url: str, store: str, seed: int) -> list[str]:
     return late
 
 
-def test_replicas_that_differ_from_an_existing_store_are_refused(
-    url: str, tmp_path: Path
-) -> None:
+def test_replicas_that_differ_from_an_existing_store_are_refused(url: str, tmp_path: Path) -> None:
     """`replicas=3` opened a store made with the default 1 without a word, and `journal
     init --replicas 3` said "opened the existing store": a user who switched to three
     copies had one (a JetStream trial, until 2026-12-05). Refused now, nothing changed;
