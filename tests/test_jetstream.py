@@ -279,7 +279,10 @@ def test_no_responders_after_the_api_answered_is_not_called_a_server_without_jet
         if where == "open.identity":
             raise NoRespondersError
 
-    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    # (asked once: the open asks again for 30 s, test_an_open_rides_out_a_failover)
+    options = JetStreamOptions(
+        servers=[url], store=store_name(tmp_path), point=point, open_retry_s=0
+    )
     with pytest.raises(StoreUnavailable) as raised:
         JetStreamEngine.open(options)
     assert "without JetStream" not in str(raised.value), raised.value
@@ -301,11 +304,39 @@ def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
         if where == "open.policy":
             raise ApiError(503, 10008, "JetStream system temporarily unavailable")
 
-    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    options = JetStreamOptions(
+        servers=[url], store=store_name(tmp_path), point=point, open_retry_s=0
+    )
     with pytest.raises(StoreUnavailable, match="refused to open the store") as raised:
         JetStreamEngine.open(options)
     # (what to do: it passes once the stream has a leader)
     assert "retry in a few seconds" in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("where", ["open.identity", "open.policy"])
+def test_an_open_rides_out_a_failover(url: str, tmp_path: Path, where: str) -> None:
+    """A stream electing its leader does not answer (or refuses, 10008) for seconds: the
+    open said `StoreUnavailable` after one try of 5 s, where a journal already open rode
+    it out (a JetStream trial: a watcher restarted during a failover crashed, until
+    2026-12-05). It asks again, as a read does, for up to 30 s."""
+    from nats.errors import NoRespondersError
+
+    from journal._jetstream.client import ApiError
+
+    failures = [NoRespondersError(), ApiError(503, 10008, "temporarily unavailable")] * 2
+
+    def point(at: str, detail: object) -> None:
+        if at == where and failures:
+            raise failures.pop()
+
+    name = store_name(tmp_path)
+    options = JetStreamOptions(servers=[url], store=name, point=point)
+    engine = JetStreamEngine.open(options)
+    with Journal.over(engine) as j:
+        j.create_session("s")
+    assert failures == []
+    with Journal.open(url, store=name) as j:
+        assert [m.session_id for m in j.list_sessions()] == ["s"]
 
 
 def test_two_journals_on_one_store_share_sessions_and_cursor_keys(url: str, tmp_path: Path) -> None:
@@ -662,6 +693,27 @@ def _stream_leader(j: Journal, store: str, cluster: NatsCluster | None = None) -
             await nc.close()
 
     return asyncio.run(ask())
+
+
+@pytest.mark.cluster
+def test_a_journal_opened_right_after_the_stream_leader_is_killed_opens(tmp_path: Path) -> None:
+    """A JetStream trial killed the stream leader and opened a journal at once: 3 of 3
+    opens raised `StoreUnavailable` after 5 s (until 2026-12-05), while the journals
+    already open rode the election out."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+        leader = cluster.server_named(_stream_leader(j, store))
+    leader.kill()
+    try:
+        started = time.monotonic()
+        with Journal.open(cluster.url, store=store) as j:
+            assert [m.session_id for m in j.list_sessions()] == ["s"]
+        print(f"\nopened {time.monotonic() - started:.1f} s after the kill")
+    finally:
+        leader.start()  # back for the other cluster tests
+        time.sleep(1.5)
 
 
 @pytest.mark.cluster

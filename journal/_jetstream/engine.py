@@ -54,7 +54,7 @@ from ..waiter import HeadUnknown, Notifier
 from .client import ApiError, Closed, Connection, Unavailable, failure
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
-from .layout import Subjects
+from .layout import Meta, Subjects
 from .leases import Leases, boot_id, start_time
 from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
@@ -92,6 +92,9 @@ class JetStreamOptions:
     # The engine's fault points (SPEC 1.3): called as point(name, detail) on the engine's
     # event loop thread at the places a race matters; a test pauses, acts or raises there.
     point: Callable[[str, object], None] | None = None
+    # How long the open asks again while the servers do not answer or refuse for a while
+    # (a stream electing its leader after a failover): as long as a read does.
+    open_retry_s: float = READ_RETRY_S
 
 
 def _no_point(name: str, detail: object) -> None:
@@ -210,9 +213,7 @@ class JetStreamEngine:
             lambda row, taking: PROCESS_LEASES.alive(self.store_id, row, taking),
         )
         try:
-            meta, self.key_ring, policy = conn.call(
-                identity_and_policy(conn, self.subjects, self.reader, options)
-            )
+            meta, self.key_ring, policy = self._identity_and_policy(options)
         except Unavailable as e:
             # "No responders" from the JetStream API itself means it is not enabled; a
             # stream without a leader yet can answer a publish the same way, so the API
@@ -298,6 +299,34 @@ class JetStreamEngine:
             ) from None
         except ApiError as e:
             raise StoreUnavailable(failure(e)) from None
+
+    def _identity_and_policy(
+        self, options: JetStreamOptions
+    ) -> tuple[Meta, KeyRing, RetentionPolicy]:
+        """What the open reads (and writes, the first time), asked again for up to
+        `open_retry_s` while the servers do not answer or refuse for a while, as a read
+        is: a supervisor that restarts a watcher during a failover got `StoreUnavailable`
+        after one try of 5 s (until 2026-12-05: a JetStream trial) where every call of a
+        journal already open rode it out. (Each step is one a concurrent open may take
+        too: creating the stream, the identity record's compare-and-set, the policy's.)
+        A server without JetStream is told at once (`_jetstream_answers`)."""
+        deadline = time.monotonic() + options.open_retry_s
+        conn = self.conn
+        while True:
+            try:
+                found: tuple[Meta, KeyRing, RetentionPolicy] = conn.call(
+                    identity_and_policy(conn, self.subjects, self.reader, options)
+                )
+                return found
+            except Unavailable as e:
+                if isinstance(e, NoRespondersError) and not _jetstream_answers(conn):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+            except ApiError as e:
+                if not e.transient or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def _ask(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """A read, asked again for a while when the servers do not answer (a leader
