@@ -384,10 +384,10 @@ def _next_commands(path: str) -> str:
         f"`{journal_} append -s ID --create DATA` appends an event to a new session, "
         f"`{journal_} sessions list` lists the sessions (`journal --help`: every command)"
     )
-    if given and ":***@" in path:  # (the URL's password, masked: Journal.path)
+    if given and "***@" in path:  # (the URL's password or token, masked: Journal.path)
         said += (
-            "; *** stands for the URL's password: set JOURNAL_STORE to the URL to keep it "
-            "out of command lines and their history"
+            "; *** stands for the URL's password (or token): set JOURNAL_STORE to the URL "
+            "to keep it out of command lines and their history"
         )
     return said
 

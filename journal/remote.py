@@ -63,8 +63,10 @@ def open_remote(
 
 
 def without_password(url: str) -> str:
-    """`url` (`nats://[user[:password]@]host:port[,...][/store]`) with every server's
-    password masked, for messages, `Journal.path` and what the CLI prints."""
+    """`url` (`nats://[user:password@|token@]host:port[,...][/store]`) with every
+    server's password masked, and a token (a user without a password: nats-py sends it
+    as the server's `auth_token`) masked whole, for messages, `Journal.path` and what the
+    CLI prints."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -74,5 +76,7 @@ def without_password(url: str) -> str:
         userinfo, at, host = server.rpartition("@")
         if at and ":" in userinfo:
             server = f"{userinfo.partition(':')[0]}:***@{host}"
+        elif at:
+            server = f"***@{host}"
         shown.append(server)
     return f"{scheme}://{','.join(shown)}{slash}{store}"

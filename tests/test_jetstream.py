@@ -240,6 +240,34 @@ def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: 
         server.stop()
 
 
+def test_a_token_in_the_url_is_masked_as_a_password_is(tmp_path: Path) -> None:
+    """`nats://TOKEN@host` (nats-py sends a user without a password as the server's
+    auth_token) showed the token in clear in `Journal.path`, its repr, the open's
+    messages and `journal init`'s output, where a password was masked (a helper's
+    review)."""
+    from click.testing import CliRunner
+
+    from cli.main import main
+
+    server = NatsServer(tmp_path, "token")
+    server.config.write_text(server.config.read_text() + "authorization { token: t0ken }\n")
+    server.start()
+    try:
+        address = server.url.removeprefix("nats://")
+        with Journal.open(f"nats://t0ken@{address}", store="tok") as j:
+            j.create_session("s")
+            assert j.path == f"nats://***@{address}/tok"
+            assert "t0ken" not in repr(j)
+        with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
+            Journal.open(f"nats://wr0ng@{address}", store="tok")
+        assert "wr0ng" not in str(raised.value) and "***@" in str(raised.value)
+        result = CliRunner().invoke(main, ["--store", f"nats://t0ken@{address}/tok", "init"])
+        assert result.exit_code == 0, result.output
+        assert "t0ken" not in result.output and "JOURNAL_STORE" in result.stderr, result.output
+    finally:
+        server.stop()
+
+
 def test_a_store_named_in_the_url_and_as_store_differently_is_refused(
     url: str, tmp_path: Path
 ) -> None:
