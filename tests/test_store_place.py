@@ -241,3 +241,15 @@ def test_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
     with Journal.open(link) as j:
         j.create_session("s")
     assert (tmp_path / "missing" / "store.json").is_file()
+
+
+def test_a_store_path_below_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
+    """`link/store`, where `link` points to nothing, said "File exists" (exit 7) as the
+    link itself did (a helper's review)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    with pytest.raises(InvalidArgument, match=r"link.*on the way to .*store.* does not exist"):
+        Journal.open(link / "store")
+    result = run_cli(link / "store", "--format", "json", "init")
+    assert result.returncode == 4 and "symbolic link" in json_error(result)["message"]
+    assert sorted(os.listdir(tmp_path)) == ["link"]

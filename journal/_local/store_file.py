@@ -126,11 +126,13 @@ def refuse_foreign_place(path: str) -> None:
             f"{path!r} is inside the journal store {outer!r}: that store owns every file in "
             "its directory; create the new store outside it; nothing was created"
         )
-    if os.path.islink(path) and not os.path.exists(path):
+    link = _dangling_link(path)
+    if link is not None:
         # (mkdir refuses the link's name and finds nothing behind it: it said "File
         # exists", exit 7)
+        where = repr(path) if link == path.rstrip(os.sep) else f"{link!r}, on the way to {path!r},"
         raise InvalidArgument(
-            f"{path!r} is a symbolic link to {os.readlink(path)!r}, which does not exist: "
+            f"{where} is a symbolic link to {os.readlink(link)!r}, which does not exist: "
             "create that directory first, or give another path; nothing was created"
         )
     try:
@@ -146,6 +148,18 @@ def refuse_foreign_place(path: str) -> None:
             "created in an empty or new directory, and nothing else goes in it; give the "
             "path of a new directory (such as one inside this one); nothing was created"
         )
+
+
+def _dangling_link(path: str) -> str | None:
+    """The symbolic link to nothing that `path` is, or that the nearest existing name on
+    the way up to it is (`link/store`: makedirs stops at `link` the same way), or None."""
+    place = path.rstrip(os.sep) or path  # ("link/" follows the link)
+    while not os.path.lexists(place):
+        parent = os.path.dirname(place)
+        if not parent or parent == place:
+            return None
+        place = parent
+    return place if os.path.islink(place) and not os.path.exists(place) else None
 
 
 def _own_name(name: str) -> bool:
