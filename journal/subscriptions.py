@@ -162,9 +162,10 @@ class Subscription(Generic[ItemT]):
             raise InvalidArgument(
                 f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}"
             )
-        if self._on_thread() and not self._ended.is_set():
+        if timeout != 0 and self._on_thread() and not self._ended.is_set():
             # (It waited for itself: the thread that would end the subscription is the
-            # one waiting, and every other subscription of the journal stalled with it.)
+            # one waiting, and every other subscription of the journal stalled with it.
+            # `wait(0)` waits for nothing: it answers, False here, as it always did.)
             raise InvalidArgument(
                 "wait() was called from a listener or on_error, on the journal's delivery "
                 "thread, which ends subscriptions and delivers to all of them: it would "

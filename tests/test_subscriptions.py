@@ -567,6 +567,7 @@ def test_wait_from_a_listener_is_refused_not_a_wait_for_itself(j: Journal) -> No
     def listener(event: Event) -> None:
         child.close()
         seen.append(finished.wait())  # (ended: True at once)
+        assert child.wait(0) is False  # (a poll waits for nothing: answered, not refused)
         started = time.monotonic()
         try:
             child.wait(5)
