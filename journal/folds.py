@@ -131,7 +131,9 @@ def _same_json(stored: Any, given: Any, *, tuples_as_lists: bool = True) -> bool
     state must equal the one its reducer built, which a tuple read back as a list does
     not, and the reducer may not take it)."""
     if isinstance(given, (list, tuple)):
-        kind = list if tuples_as_lists else type(given)
+        # (a list subclass comes back a list, as a dict subclass comes back a dict: taken,
+        # as before tuples were refused)
+        kind = list if tuples_as_lists or isinstance(given, list) else type(given)
         return (
             isinstance(stored, kind)
             and len(stored) == len(given)

@@ -259,6 +259,22 @@ def test_a_checkpoint_of_a_state_holding_a_tuple_is_refused_unless_its_codec_rea
     assert restored.state == {"seen": (1, 2, 3)}
 
 
+def test_refusing_tuples_left_a_list_subclass_taken_as_a_dict_subclass_is() -> None:
+    """The tuple check required the list read back to be of the given list's type too,
+    and refused a list subclass (with the tuple's message) that the codec took before,
+    as it takes a dict subclass (a helper's review)."""
+
+    class Tasks(list[int]):
+        pass
+
+    class Named(dict[str, Any]):
+        pass
+
+    codec: JsonCodec[Any] = JsonCodec()
+    for state in ({"tasks": Tasks([1])}, Tasks([1]), {"n": Named(a=1)}):
+        assert codec.decode(codec.encode(state)) == state
+
+
 class Tally(msgspec.Struct):
     """A fold state of the kind msgspec users write (a Struct, not a dict)."""
 
