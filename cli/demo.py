@@ -362,7 +362,7 @@ class Demo:
             sys.executable,
             "-m",
             "cli.demo_runtime",
-            self.path,
+            "-",  # ($JOURNAL_STORE below: a URL's password stays out of `ps`)
             "--events",
             str(self.event_count),
             "--delay",
@@ -373,6 +373,7 @@ class Demo:
         env = {
             **os.environ,
             "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + pythonpath if pythonpath else ""),
+            "JOURNAL_STORE": self.path,
         }
         process = subprocess.Popen(
             command,
@@ -382,7 +383,7 @@ class Demo:
             text=True,
             env=env,
         )
-        restart = Restart(self.store, self.path, env, self.say)
+        restart = Restart(self.store, env, self.say)
         try:
             restart.begin()
             self.say(
@@ -499,7 +500,7 @@ class Demo:
         resuming from the error's cursor shows exactly that result."""
         source = "crash"
         name = self.crash_name
-        command = [sys.executable, "-m", "cli.demo_runtime", self.path, "--hang", name]
+        command = [sys.executable, "-m", "cli.demo_runtime", "-", "--hang", name]
         child = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,

@@ -37,8 +37,9 @@ def fresh_name(store: journal.Journal, base: str) -> str:
 class _Supervisor:
     """One supervisor process and its step reports."""
 
-    def __init__(self, path: str, env: dict[str, str], tasks: str, state: str) -> None:
-        command = [sys.executable, "-m", "cli.demo_runtime", path, "--supervise", tasks, state]
+    def __init__(self, env: dict[str, str], tasks: str, state: str) -> None:
+        # ("-": the store is in `env`'s JOURNAL_STORE, a URL's password out of `ps`)
+        command = [sys.executable, "-m", "cli.demo_runtime", "-", "--supervise", tasks, state]
         self.process = subprocess.Popen(
             command,
             stdin=subprocess.DEVNULL,
@@ -97,9 +98,8 @@ class Restart:
     then waits for tasks (its start-up overlaps the rest of the demo); `run` queues the
     tasks, kills it, restarts it and checks the outcome; `close` kills what is left."""
 
-    def __init__(self, store: journal.Journal, path: str, env: dict[str, str], say: Say) -> None:
+    def __init__(self, store: journal.Journal, env: dict[str, str], say: Say) -> None:
         self.store = store
-        self.path = path
         self.env = env
         self.say = say
         self.tasks = fresh_name(store, "tasks")
@@ -109,7 +109,7 @@ class Restart:
     def begin(self) -> None:
         self.store.create_session(self.tasks, mode="tasks", tags={"demo": "true"})
         self.store.create_session(self.state, mode="state", tags={"demo": "true"})
-        self._supervisors.append(_Supervisor(self.path, self.env, self.tasks, self.state))
+        self._supervisors.append(_Supervisor(self.env, self.tasks, self.state))
 
     def close(self) -> None:
         for supervisor in self._supervisors:
@@ -136,7 +136,7 @@ class Restart:
         say(SOURCE, {"killed": first.pid}, f"killed supervisor runtime {first.pid} (SIGKILL)")
         self._queue(range(4, 7))
         say(SOURCE, {"queued": [4, 5, 6]}, "queued tasks 4, 5, 6 while no supervisor runs")
-        second = _Supervisor(self.path, self.env, self.tasks, state)
+        second = _Supervisor(self.env, self.tasks, state)
         self._supervisors.append(second)
         restored = second.next_step("restored")
         if restored["tasks"] != handled_first:

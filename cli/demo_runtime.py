@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -194,6 +195,8 @@ def supervise(store: journal.Journal, tasks: str, state_session: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cli.demo_runtime")
+    # ("-": $JOURNAL_STORE, which the demo sets: a nats:// URL's password stays out of
+    # the command line, which `ps` shows)
     parser.add_argument("store")
     parser.add_argument("names", nargs="*")
     parser.add_argument("--hang", metavar="NAME", default=None)
@@ -202,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delay", type=float, default=0.25)
     args = parser.parse_intermixed_args(argv)
     try:
-        with journal.Journal.open(args.store, create=False) as store:
+        path = os.environ.get("JOURNAL_STORE", "") if args.store == "-" else args.store
+        with journal.Journal.open(path, create=False) as store:
             if args.hang is not None:
                 hang_mid_turn(store, args.hang)
             elif args.supervise is not None:

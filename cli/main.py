@@ -331,7 +331,8 @@ def _octal_mode(value: str | None) -> int | None:
 def init(settings: Settings, file_mode: str | None, replicas: int | None) -> None:
     """Create the store (if it does not exist yet) and print its path.
 
-    In text, stdout is the path alone (`STORE="$(journal init)"`); stderr says whether
+    In text, stdout is the path alone (`STORE="$(journal init)"`; a nats:// URL's
+    password is masked there: give such a URL in $JOURNAL_STORE); stderr says whether
     the store was created, its id (as archives and `import` name it) and what to run
     next. With --format json: {"store", "created", "store_id"}.
     """

@@ -191,18 +191,19 @@ def verify(settings: Settings, fix: bool) -> None:
     # (The library's `fixed` says the view was rebuilt, which --fix does whenever the log
     # is intact; the user asks whether anything was wrong and is now repaired.)
     repaired = report.fixed and bool(report.problems)
-    summary: dict[str, object] = {"ok": report.ok, "fixed": repaired}
+    summary: dict[str, object] = {
+        "ok": report.ok,
+        "fixed": repaired,
+        "segments": report.segments,
+        "frames": report.frames,
+        "records": report.records,
+    }
     if is_nats(settings.store):
         # (a stream has no segments or frames: its report counts sessions and events,
-        # SPEC 16)
+        # SPEC 16; the JSON keeps the report's own keys too, which scripts read)
         summary |= {"sessions": report.frames, "events": report.records}
         checked = f"{plural(report.frames, 'session')}, {plural(report.records, 'event')}"
     else:
-        summary |= {
-            "segments": report.segments,
-            "frames": report.frames,
-            "records": report.records,
-        }
         checked = (
             f"{plural(report.segments, 'segment')}, {plural(report.frames, 'frame')}, "
             f"{plural(report.records, 'record')}"

@@ -236,6 +236,17 @@ def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: 
             assert "s3cret" not in result.output and "alice:***@" in result.stdout
         # (its advice names JOURNAL_STORE, which keeps the password out of command lines)
         assert "JOURNAL_STORE" in result.stderr, result.stderr
+        # The demo's runtimes get the URL in $JOURNAL_STORE, not on their command lines
+        # (which `ps` shows); what the demo prints masks it.
+        demo = subprocess.run(
+            [sys.executable, "-m", "cli", "demo", "--store", f"nats://alice:s3cret@{address}/d"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert demo.returncode == 0, demo.stderr
+        assert "s3cret" not in demo.stdout + demo.stderr and "alice:***@" in demo.stdout
     finally:
         server.stop()
 
@@ -996,7 +1007,16 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     # (it said "0 segments, 1 frame, 2 records": a stream has sessions and events)
     assert (code, verified[-1]) == (
         0,
-        {"ok": True, "fixed": False, "sessions": 1, "events": 2, "problems": 0},
+        {
+            "ok": True,
+            "fixed": False,
+            "segments": 0,
+            "frames": 1,
+            "records": 2,
+            "sessions": 1,
+            "events": 2,
+            "problems": 0,
+        },
     )
     text = CliRunner().invoke(main, ["--store", store, "verify"]).stdout
     assert text == "verify: 1 session, 2 events, 0 problems\n", text
