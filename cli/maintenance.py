@@ -316,10 +316,12 @@ def stats(settings: Settings) -> None:
         "segments": found.segments,
         "segment_bytes": found.segment_bytes,
     }
+    if found.replicas is not None:
+        record["replicas"] = found.replicas
     states = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
     where = (
         # (a stream has no segment files: "segments: 0" said nothing there)
-        f"stream: {found.segment_bytes:,} bytes"
+        f"stream: {found.segment_bytes:,} bytes, {plural(found.replicas or 1, 'replica')}"
         if is_nats(settings.store)
         else f"segments: {found.segments} ({found.segment_bytes:,} bytes on disk)"
     )

@@ -446,12 +446,14 @@ class VerifyReport(msgspec.Struct, frozen=True):
 class StoreStats(msgspec.Struct, frozen=True):
     """Sizes of a store (`Journal.stats()`): sessions by state (state value -> count), the
     number of segments, the bytes of the log's files (segments and their indexes), and
-    the next store position (how many records were ever committed, plus one)."""
+    the next store position (how many records were ever committed, plus one); and, for a
+    `nats://` store, how many servers keep its stream (None for a store on disk)."""
 
     sessions: dict[str, int]
     segments: int
     segment_bytes: int
     next_position: int
+    replicas: int | None = None
 
 
 class ExportReport(msgspec.Struct, frozen=True):

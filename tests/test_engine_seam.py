@@ -83,7 +83,7 @@ def test_public_classes_report_the_package_they_are_imported_from() -> None:
 def test_stats_counts_sessions_segments_and_bytes(tmp_path: Path) -> None:
     with Journal.open(tmp_path, durability="os", segment_bytes=4096) as j:
         empty = j.stats()
-        assert empty.sessions == {} and empty.segments == 1
+        assert empty.sessions == {} and empty.segments == 1 and empty.replicas is None
         for name in ("a", "b", "c"):
             j.create_session(name)
         for _ in range(6):

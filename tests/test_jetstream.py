@@ -749,6 +749,7 @@ def test_a_journal_opened_right_after_the_stream_leader_is_killed_opens(tmp_path
         started = time.monotonic()
         with Journal.open(cluster.url, store=store) as j:
             assert [m.session_id for m in j.list_sessions()] == ["s"]
+            assert j.stats().replicas == 3
         print(f"\nopened {time.monotonic() - started:.1f} s after the kill")
     finally:
         leader.start()  # back for the other cluster tests
@@ -2521,5 +2522,8 @@ def test_replicas_that_differ_from_an_existing_store_are_refused(url: str, tmp_p
     for replicas in (None, 1):
         with Journal.open(url, store=name, replicas=replicas) as j:
             assert [m.session_id for m in j.list_sessions()] == ["s"]
+            assert j.stats().replicas == 1  # (how to see it: `journal stats` says it too)
+    shown = CliRunner().invoke(main, ["--store", f"{url}/{name}", "stats"]).stdout
+    assert shown.rstrip().endswith(" bytes, 1 replica"), shown
     with pytest.raises(InvalidArgument, match="non-clustered"):
         Journal.open(url, store=name + "r3", replicas=3)

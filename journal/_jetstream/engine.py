@@ -695,7 +695,10 @@ class JetStreamEngine:
             counts[row.session_state.value] = counts.get(row.session_state.value, 0) + 1
         info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
         state = info["state"]
-        return StoreStats(counts, 0, int(state.get("bytes", 0)), int(state["last_seq"]) + 1)
+        replicas = int((info.get("config") or {}).get("num_replicas", 1))
+        return StoreStats(
+            counts, 0, int(state.get("bytes", 0)), int(state["last_seq"]) + 1, replicas
+        )
 
     def close(self) -> None:
         if self._closed:
