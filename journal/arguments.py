@@ -533,7 +533,11 @@ class EventChecker:
 def check_listing(page_size: object, state: object) -> int:
     """The page size to use (clamped to `MAX_PAGE_SIZE`), or `InvalidArgument`."""
     if type(page_size) is not int or page_size < 1:
-        raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}")
+        # (`list_sessions(state, page_size)` and `list_sessions_page(page_size,
+        # page_token, state)` take them in other orders: a new user passed the state
+        # first to the second)
+        hint = ": pass it as state=..." if isinstance(page_size, SessionState) else ""
+        raise InvalidArgument(f"page_size must be an int >= 1, got {page_size!r}{hint}")
     if state is not None and not isinstance(state, SessionState):
         hint = ""
         if isinstance(state, str) and state in {s.value for s in SessionState}:

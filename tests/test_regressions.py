@@ -1456,6 +1456,10 @@ def test_a_state_filter_given_as_its_name_says_which_member_to_pass(tmp_path: Pa
             list(j.list_sessions(state="sleeping"))  # type: ignore[arg-type]
         assert str(raised.value).endswith("got 'sleeping'")
         assert [m.session_id for m in j.list_sessions(state=SessionState("open"))] == []
+        # (`list_sessions_page` takes page_size first: a state given there said only
+        # "page_size must be an int", until 2026-12-05)
+        with pytest.raises(journal.InvalidArgument, match=r"pass it as state=\.\.\."):
+            j.list_sessions_page(SessionState.OPEN)  # type: ignore[arg-type]
 
 
 def test_a_store_opened_by_a_relative_path_survives_a_chdir(
