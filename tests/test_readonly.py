@@ -30,6 +30,7 @@ from journal import (
     CursorExpired,
     EventIn,
     Journal,
+    JournalCorrupt,
     KeyRingError,
     ReadOnlyStore,
     RetentionPolicy,
@@ -745,3 +746,35 @@ def test_a_reader_killed_inside_a_read_transaction_does_not_make_the_view_grow(
         time.sleep(1.1)  # (dead readers are looked for at most once a second)
         grown = churn(2000)
         assert grown < 4 << 20, f"the view grew by {grown >> 10} KiB over 2000 appends"
+
+
+def test_a_read_only_journal_refuses_a_lost_segment_its_stale_view_still_places(
+    tmp_path: Path,
+) -> None:
+    """A writer killed between a frame's sync and its view commit leaves the view behind
+    the log (modelled by putting back a copy of `index/` taken before the last append);
+    a read-only journal then projects a private view from the log, which cannot tell a
+    lost segment from trimmed history: until 2026-12-05 `verify` passed and a read from
+    the start began after the lost events (an operator trial). The stale view still
+    places frames in the lost segment: the read-only open is `JournalCorrupt` naming
+    it, and a writer's `verify` reports it."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES) as j:
+        j.create_session("s")
+        for _ in range(60):
+            j.append("s", [EventIn("m", b"x" * 700)])
+    shutil.copytree(store / "index", tmp_path / "index-before")
+    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES) as j:
+        j.append("s", [EventIn("m", b"last")])
+    shutil.rmtree(store / "index")
+    shutil.copytree(tmp_path / "index-before", store / "index")
+    with Journal.open(store, readonly=True) as reader:  # (stale: a private view, whole)
+        assert [e.ordinal for e in reader.replay("s")] == list(range(1, 62))
+    sealed = sorted(p for p in (store / "segments").iterdir() if p.name.endswith(".seg"))
+    lost = sealed[1]
+    lost.unlink()
+    with pytest.raises(JournalCorrupt, match=r"missing: the index places \d+ frame") as raised:
+        Journal.open(store, readonly=True)
+    assert raised.value.segment == lost.name
+    with Journal.open(store, durability="os") as writer:  # (keeps the view: reports it)
+        assert [p.segment for p in writer.verify().problems] == [lost.name]

@@ -38,7 +38,7 @@ from .log import SegmentLog
 from .projector import build_private
 from .segments import open_segment
 from .store_file import open_lock
-from .verify import view_problem
+from .verify import missing_segments, view_problem
 from .view import Head, View
 from .view_file import ViewDamaged, inspect_view, replace_view
 from .writer import data_end
@@ -299,7 +299,10 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         if stale:
             # Behind the log (a writer crashed before indexing its last frames) or from
             # before a reboot: a reader must not see less than was committed.
-            view.close()
+            try:
+                _refuse_lost_segments(view, log)
+            finally:
+                view.close()
             raise ViewDamaged("the store's view is stale")
         return view, None, None
     except (lmdb.Error, ViewDamaged):
@@ -324,6 +327,27 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         remove_private_view(private)
         raise
     return view, private, shared_damage
+
+
+def _refuse_lost_segments(view: View, log: SegmentLog) -> None:
+    """`JournalCorrupt` when the store's view, stale but sound and of this boot (behind the
+    log: a writer crashed before indexing its last frames), places frames in a segment
+    the log no longer has: the private view projected from the log instead cannot tell
+    it from history that retention trimmed, and would start the sessions after it
+    without a word (until 2026-12-05 `verify` passed and a read from the start skipped
+    750 events: found by an operator trial). A writer's open keeps the view and reports
+    it as every read does (`verify`: "missing"). A view from before a reboot is not
+    asked: it is not synced, and after a power cut may be older than the segments'
+    deletions (a writer discards it too)."""
+    present = set(log.bases())  # (before the transaction: see `missing_segments`)
+    with view.begin() as txn:
+        if view.boot_id(txn) != BOOT_ID:
+            return
+        lost = missing_segments(log, view, txn, present)
+    if lost:
+        first = lost[0]
+        more = f" (and {len(lost) - 1} more segment(s))" if len(lost) > 1 else ""
+        raise JournalCorrupt(first.segment, 0, f"{first.what}{more}")
 
 
 def _stale(view: View, log: SegmentLog) -> tuple[bool, VerifyProblem | None]:

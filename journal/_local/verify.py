@@ -240,11 +240,15 @@ _COMPARED_ROW_FIELDS: Final = (
 )
 
 
-def missing_segments(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list[VerifyProblem]:
+def missing_segments(
+    log: SegmentLog, view: View, txn: lmdb.Transaction, present: set[int] | None = None
+) -> list[VerifyProblem]:
     """A problem for each segment the view's events index places frames in that the log
     no longer has (retention and compaction remove a segment's entries before its file:
-    one that is gone with entries left was lost)."""
-    present = set(log.bases())
+    one that is gone with entries left was lost). `present`: the log's segments, listed
+    before `txn` began (a compaction that commits meanwhile then deletes nothing the
+    transaction still places frames in), else listed now."""
+    present = set(log.bases()) if present is None else present
     frames: dict[int, int] = {}
     sessions: dict[int, set[int]] = {}
     try:
