@@ -11,6 +11,7 @@ process that drops to uid/gid 65534.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -30,6 +31,7 @@ from journal import (
     KeyRingError,
     RetentionPolicy,
     StoreIncompatible,
+    StoreUnavailable,
 )
 
 
@@ -382,3 +384,31 @@ def test_a_decimal_file_mode_is_refused_with_the_octal_one_suggested(tmp_path: P
     with pytest.raises(InvalidArgument, match=r"0o1200 .*did you mean 0o640\?"):
         Journal.open(tmp_path / "s", file_mode=640)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_write_as_another_user_to_a_private_store_is_refused_not_made_unopenable(
+    tmp_path: Path,
+) -> None:
+    """`journal retention`, `cursor-key --rotate` or `compact` run as root on a store
+    private to its service user left root's 0600 files there (`store.json`, `keys`,
+    rewritten segments), and the service user could not open its store again (an
+    operator trial, until 2026-12-05). A writable open as another user is refused
+    (EPERM), naming the owner; a read-only one reads."""
+    assert os.geteuid() == 0, "this test makes the store another user's: run it as root"
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.create_session("s")
+    for directory, dirs, files in os.walk(store):
+        for name in [*dirs, *files, "."]:
+            os.chown(os.path.join(directory, name), NOBODY, NOBODY)
+    before = {p: p.stat() for p in store.rglob("*")}
+    with pytest.raises(StoreUnavailable, match=r"private to user .* \(uid 65534\)") as raised:
+        Journal.open(store)
+    assert raised.value.errno == errno.EPERM and "sudo -u" in str(raised.value)
+    result = CliRunner().invoke(
+        main, ["--store", str(store), "retention", "--max-history-bytes", "1000"]
+    )
+    assert result.exit_code == 7 and "private to user" in result.stderr, result.output
+    assert {p: p.stat() for p in store.rglob("*")} == before  # (nothing made or changed)
+    with Journal.open(store, readonly=True) as reader:
+        assert [m.session_id for m in reader.list_sessions()] == ["s"]
