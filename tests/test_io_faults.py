@@ -530,18 +530,18 @@ with Journal.open(store, create=True, segment_bytes=65536) as j:
 """
 
 
-def _on_a_small_disk(tmp_path: Path, script: str) -> list[str]:
-    """Run `script` (its argv[1]: an empty 2 MiB tmpfs) in a private user and mount
-    namespace; its output lines. Skips where such a mount cannot be made (no unshare(1),
-    or user namespaces refused); as root, or as a user where user namespaces are allowed
-    (this project's machines), it runs."""
+def _on_a_small_disk(tmp_path: Path, script: str, options: str = "size=2m") -> list[str]:
+    """Run `script` (its argv[1]: an empty 2 MiB tmpfs, or one mounted with `options`) in
+    a private user and mount namespace; its output lines. Skips where such a mount cannot
+    be made (no unshare(1), or user namespaces refused); as root, or as a user where user
+    namespaces are allowed (this project's machines), it runs."""
     disk = tmp_path / "disk"
     disk.mkdir()
     child = tmp_path / "child.py"
     child.write_text(script)
     root = Path(__file__).resolve().parent.parent
     shell = (
-        f"mount -t tmpfs -o size=2m tmpfs {disk} || exit 99; "
+        f"mount -t tmpfs -o {options} tmpfs {disk} || exit 99; "
         f"PYTHONPATH={root} {sys.executable} {child} {disk}"
     )
     try:
@@ -560,6 +560,32 @@ def _on_a_small_disk(tmp_path: Path, script: str) -> list[str]:
         f"it printed: {done.stdout}"
     )
     return done.stdout.splitlines()
+
+
+def test_a_file_system_out_of_inodes_is_named_as_such_not_as_a_full_disk(
+    tmp_path: Path,
+) -> None:
+    """ENOSPC from a file system with free blocks and no inode left said "free space,
+    replace the disk": an operator's `df -h` showed 200 MB free (an operator trial, until
+    2026-12-05). It names the inodes (`df -i`)."""
+    lines = _on_a_small_disk(
+        tmp_path,
+        r"""
+import os, sys
+from journal import EventIn, Journal, JournalError
+store = os.path.join(sys.argv[1], "store")
+try:
+    with Journal.open(store, create=True, durability="os", segment_bytes=65536) as j:
+        j.create_session("a")
+        for i in range(100_000):
+            j.append("a", [EventIn("e", os.urandom(1000))])
+except JournalError as e:
+    print("refused", type(e).__name__, getattr(e, "errno", None), e.message, flush=True)
+""",
+        options="size=64m,nr_inodes=40",
+    )
+    assert len(lines) == 1 and lines[0].startswith("refused StoreUnavailable 28 "), lines
+    assert "no free inodes" in lines[0] and "df -i" in lines[0], lines
 
 
 def test_a_writable_open_on_a_full_disk_without_its_view_raises_instead_of_dying(

@@ -88,6 +88,12 @@ _FAILED: Final = {
 
 # What fixes an OS error a store operation met (most are the disk's).
 _DISK: Final = "free space, replace the disk"
+# ENOSPC with free blocks left (`_out_of_inodes`): "free space" sent an operator to `df -h`,
+# which showed 200 MB free (an operator trial, 2026-12-05).
+_INODES: Final = (
+    "the file system has no free inodes, though it may have free space (`df -i`): "
+    "delete files on it, or move the store to one with more inodes"
+)
 # OS errors that say the disk itself refused (SPEC 14.4): the remedy is `_DISK`.
 _DISK_ERRORS: Final = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
 _NOT_A_FILE: Final = (
@@ -110,6 +116,8 @@ def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
     not_a_file = isinstance(error, NotRegularFile) or error.errno == errno.EISDIR
     remedy = _NOT_A_FILE if not_a_file else _REMEDIES.get(error.errno or 0, _DISK)
+    if error.errno == errno.ENOSPC and _out_of_inodes(error.filename):
+        remedy = _INODES
     refused = StoreUnavailable(
         f"the store's files {_FAILED[during].format(what)}; the store is usable again "
         f"once the cause is fixed ({remedy}): retry then",
@@ -117,6 +125,20 @@ def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     )
     refused.__cause__ = error
     return refused
+
+
+def _out_of_inodes(filename: object) -> bool:
+    """Whether the file system of `filename` (a file being made, or its directory) has no
+    inode left for this user while it has free blocks."""
+    if not isinstance(filename, str):
+        return False
+    for place in (filename, os.path.dirname(filename)):
+        try:
+            found = os.statvfs(place)
+        except OSError:
+            continue
+        return found.f_files > 0 and found.f_favail == 0 and found.f_bavail > 0
+    return False
 
 
 def os_error_of(error: lmdb.Error, store: str | None = None) -> OSError | None:
