@@ -530,8 +530,10 @@ def _change_key_file(path: str, retire: int | None) -> tuple[KeyRing, str]:
         else:
             ring.retire(retire)
             done = (
-                f"retired key {retire}: the cursors it signed are refused as foreign now; "
-                f"key {ring.active_key_id} signs\nnext: give readers that take "
+                f"retired key {retire}: the cursors it signed are refused as foreign now, "
+                "also those a process opened before the rotation and not reopened since "
+                f"signs with it still (reopen every such process); key "
+                f"{ring.active_key_id} signs\nnext: give readers that take "
                 "JOURNAL_CURSOR_KEY the keys printed"
             )
     return ring, done
