@@ -110,6 +110,25 @@ class LogHole(JournalCorrupt):
         self.end_offset = end_offset
 
 
+def _bad_frame(
+    name: str, offset: int, bad: BadFrame | struct.error, committed: bool
+) -> JournalCorrupt:
+    """The error of bytes that are not a frame at `offset` of segment `name`, `committed`
+    when the store's view says a committed frame is there. Zeros there are what a copy of
+    the store taken while a writer ran shows (its index/ copied after its segments, newer
+    than they are): the message says what such a copy needs, where an operator restoring
+    that very backup was told only "zero; ... restore the segment from a backup" (an
+    operator trial, until 2026-12-05)."""
+    detail = str(bad)
+    if detail == "zero" and committed:
+        detail = (
+            "zero where the store's view indexes a committed frame; if this store is a "
+            "copy taken while a writer ran, its index/ is newer than its segments: delete "
+            "the copy's index/ (it is rebuilt from the log)"
+        )
+    return JournalCorrupt(name, offset, detail)
+
+
 def open_segment(path: str, flags: int) -> int:
     """`files.open_regular` of a segment file: one that is no file (a FIFO, ...) is damage,
     `JournalCorrupt` naming it (SPEC 14.1)."""
@@ -263,7 +282,8 @@ class SegmentReader:
                     # (and then wrote more): read on from here.
                     yield from self._plain_frames(offset, committed_end, tail)
                     return
-                raise JournalCorrupt(self.name, offset, str(bad)) from None
+                committed = committed_end is not None and offset < committed_end
+                raise _bad_frame(self.name, offset, bad, committed) from None
             if checked is None:
                 if eof:
                     offset = buf_start + at
@@ -334,7 +354,7 @@ class SegmentReader:
                     checked = check_frame(self._chunk, at)
             except (BadFrame, struct.error) as bad:
                 if fresh:
-                    raise JournalCorrupt(self.name, offset, str(bad)) from None
+                    raise _bad_frame(self.name, offset, bad, True) from None  # (indexed)
                 continue
             if checked is None:
                 if fresh:
