@@ -352,7 +352,7 @@ def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
     assert "retry in a few seconds" in str(raised.value), raised.value
 
 
-@pytest.mark.parametrize("where", ["open.identity", "open.policy"])
+@pytest.mark.parametrize("where", ["open.stream", "open.identity", "open.policy"])
 def test_an_open_rides_out_a_failover(url: str, tmp_path: Path, where: str) -> None:
     """A stream electing its leader does not answer (or refuses, 10008) for seconds: the
     open said `StoreUnavailable` after one try of 5 s, where a journal already open rode
@@ -2527,3 +2527,36 @@ def test_replicas_that_differ_from_an_existing_store_are_refused(url: str, tmp_p
     assert shown.rstrip().endswith(" bytes, 1 replica"), shown
     with pytest.raises(InvalidArgument, match="non-clustered"):
         Journal.open(url, store=name + "r3", replicas=3)
+
+
+def test_an_open_by_a_user_the_servers_deny_the_api_stops_at_the_refusal(tmp_path: Path) -> None:
+    """A user whose publish permissions leave out part of the JetStream API gets no answer
+    to those requests (nats-py reports the "Permissions Violation" to its error callback
+    only): the open asked again for 30 s and then said the servers did not answer (a
+    review, 2026-12-05). It stops at the first such timeout and names the refusal; an
+    account without JetStream (10039) is no leader election either."""
+    from journal._jetstream.client import ApiError
+
+    server = NatsServer(tmp_path, "perm")
+    server.config.write_text(
+        server.config.read_text()
+        + """authorization { users = [
+  {user: ok, password: ok},
+  {user: limited, password: pw,
+   permissions: {publish: {deny: ["$JS.API.STREAM.MSG.GET.>"]}}}
+]}
+"""
+    )
+    server.start()
+    try:
+        address = server.url.removeprefix("nats://")
+        with Journal.open(f"nats://ok:ok@{address}", store="p") as j:
+            j.create_session("s")
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="permissions violation"):
+            Journal.open(f"nats://limited:pw@{address}", store="p")
+        assert time.monotonic() - began < 15, time.monotonic() - began
+    finally:
+        server.stop()
+    assert not ApiError(503, 10039, "jetstream not enabled for account").transient
+    assert ApiError(503, 10008, "temporarily unavailable").transient

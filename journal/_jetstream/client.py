@@ -49,6 +49,9 @@ REQUEST_S: Final = 5.0
 ACK_S: Final = 2.0
 # JetStream's "stream not found" (`Connection.api`).
 _STREAM_NOT_FOUND: Final = 10059
+# JetStream's 503s that say the account has no JetStream (no account; not enabled for the
+# account; not enabled): a misconfiguration, not a leader election (`ApiError.transient`).
+_NOT_ENABLED: Final = frozenset({10035, 10039, 10076})
 # Status headers that end a batched direct get (503: no responders, nobody serves it).
 _END_STATUSES: Final = frozenset({"204", "404", "408", "413", "503"})
 
@@ -94,6 +97,8 @@ class ApiError(Exception):
     def transient(self) -> bool:
         """A refusal that passes once the stream has a leader again (or a batch cut short
         by a failover: 10077, 10201)."""
+        if self.err_code in _NOT_ENABLED:  # (503s that no retry mends)
+            return False
         return self.code >= 500 or self.err_code in (10008, 10077, 10201)
 
 
@@ -129,6 +134,10 @@ class Connection:
         self._calls_lock = threading.Lock()
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._stopped = False
+        # The last "Permissions Violation" the servers reported (nats-py tells it to the
+        # error callback only; the request it refused waits for its timeout): no retry
+        # mends it, so an open that asks again stops at it (`denied`).
+        self.denied: str | None = None
         self._thread = threading.Thread(target=self._run, name="journal-nats", daemon=True)
         self._thread.start()
         self.nc: Client
@@ -151,6 +160,8 @@ class Connection:
 
         async def quiet(error: Exception) -> None:
             # (reconnects are handled; failed requests raise on their own)
+            if "permissions violation" in str(error).lower():
+                self.denied = str(error).removeprefix("nats: ")
             if not (isinstance(error, OSError) and last and not isinstance(last[0], OSError)):
                 last[:] = [error]
 

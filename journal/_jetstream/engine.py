@@ -321,6 +321,15 @@ class JetStreamEngine:
             except Unavailable as e:
                 if isinstance(e, NoRespondersError) and not _jetstream_answers(conn):
                     raise
+                if conn.denied is not None:
+                    # (a user the servers do not let use the JetStream API: its
+                    # requests go unanswered, and asking again for 30 s mended nothing)
+                    raise StoreUnavailable(
+                        f"the NATS servers refused a request while opening store "
+                        f"{options.store!r}: {conn.denied}: give this user the "
+                        "permissions JetStream needs (publish to $JS.API.>, and the "
+                        "store's subjects; SPEC 16.1)"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise
             except ApiError as e:

@@ -78,9 +78,13 @@ async def bootstrap(
     message (written by the first writable open)."""
     stream = conn.stream
     try:
+        if options.point is not None:
+            options.point("open.stream", options.store)
         info = await conn.api(f"$JS.API.STREAM.INFO.{stream}")
         _check_stream(conn, subjects, options, info.get("config") or {})
     except ApiError as e:
+        if e.transient:  # (no leader: the open asks again, `JetStreamEngine._identity_and_policy`)
+            raise
         raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
     except StoreNotFound:  # (no stream: `Connection.stream_gone`, said for an open here)
         if not options.create or options.readonly:
