@@ -339,10 +339,14 @@ def _refuse_lost_segments(view: View, log: SegmentLog) -> None:
     it as every read does (`verify`: "missing"). A view from before a reboot is not
     asked: it is not synced, and after a power cut may be older than the segments'
     deletions (a writer discards it too)."""
-    present = set(log.bases())  # (before the transaction: see `missing_segments`)
+    # The segments listed before the transaction (one a compaction deletes meanwhile is
+    # in it: its entries went first) and after it (one sealed and indexed meanwhile, by a
+    # writer that opened since, is in it): only a segment absent from both was lost.
+    present = set(log.bases())
     with view.begin() as txn:
         if view.boot_id(txn) != BOOT_ID:
             return
+        present |= set(log.bases())
         lost = missing_segments(log, view, txn, present)
     if lost:
         first = lost[0]
