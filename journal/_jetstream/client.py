@@ -134,6 +134,8 @@ class Connection:
         self._calls_lock = threading.Lock()
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._stopped = False
+        # Set by the engine once the store is open (`_still_not_found`).
+        self.opened = False
         # The last "Permissions Violation" the servers reported (nats-py tells it to the
         # error callback only; the request it refused waits for its timeout): no retry
         # mends it, so an open that asks again stops at it (`denied`).
@@ -279,10 +281,34 @@ class Connection:
                 int(error.get("err_code", 0)),
                 str(error.get("description", "")),
             )
-            if refusal.err_code == _STREAM_NOT_FOUND and subject.rpartition(".")[2] == self.stream:
+            ours = subject.rpartition(".")[2] == self.stream
+            if (
+                refusal.err_code == _STREAM_NOT_FOUND
+                and ours
+                and (not self.opened or await self._still_not_found())
+            ):
                 raise self.stream_gone() from None
             raise refusal
         return result
+
+    async def _still_not_found(self) -> bool:
+        """Whether the stream's information, asked twice more half a second apart, is
+        "not found" each time: a replica restarted in a cluster answers it so while it
+        loads the stream, and a stream that is there must not be taken for a deleted one
+        (a review, h18f: it is asked again as any refusal then). A journal being opened
+        takes one answer (`opened`): `bootstrap` creates the stream or says it is missing."""
+        for _ in range(2):
+            await asyncio.sleep(0.5)
+            try:
+                reply = await self.nc.request(
+                    f"$JS.API.STREAM.INFO.{self.stream}", b"", timeout=REQUEST_S
+                )
+                error = (json.loads(reply.data) if reply.data else {}).get("error") or {}
+            except (*Unavailable, ValueError):
+                return False
+            if int(error.get("err_code", 0)) != _STREAM_NOT_FOUND:
+                return False
+        return True
 
     def stream_gone(self) -> StoreNotFound:
         """The error of a request on the store's own stream that JetStream answers "stream

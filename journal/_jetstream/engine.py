@@ -236,6 +236,7 @@ class JetStreamEngine:
                 "is a stream electing its leader; else see the account's JetStream limits)"
             ) from None
         self.store_id = meta.store_id
+        conn.opened = True  # (a "stream not found" from now on is asked again first)
         seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
         self.waiter = Notifier(
             self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
