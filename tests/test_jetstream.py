@@ -205,6 +205,31 @@ def test_no_server_raises_store_unavailable(tmp_path: Path) -> None:
     assert "s3cret" not in str(raised.value) and "alice:***@" in str(raised.value)
 
 
+@contextlib.contextmanager
+def _server_with(tmp_path: Path, name: str, authorization: str) -> Iterator[str]:
+    """A server of its own whose configuration has `authorization { ... }`; its address
+    (host:port), the server stopped at the end."""
+    server = NatsServer(tmp_path, name)
+    server.config.write_text(server.config.read_text() + f"authorization {{ {authorization} }}\n")
+    server.start()
+    try:
+        yield server.url.removeprefix("nats://")
+    finally:
+        server.stop()
+
+
+def _shown_masked(address: str, store: str, secret: str, wrong: str, masked: str) -> None:
+    """`secret@` opens `store` and shows as `masked@` in `Journal.path` and its repr;
+    `wrong@` is refused naming the server's answer, masked too."""
+    with Journal.open(f"nats://{secret}@{address}", store=store) as j:
+        j.create_session("s")
+        assert j.path == f"nats://{masked}@{address}/{store}"
+        assert secret not in repr(j)
+    with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
+        Journal.open(f"nats://{wrong}@{address}", store=store)
+    assert wrong not in str(raised.value) and "***@" in str(raised.value)
+
+
 def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: Path) -> None:
     """`Journal.path`, its repr, `journal init`'s output and the demo's showed the URL's
     password in clear (until 2026-12-05)."""
@@ -212,20 +237,8 @@ def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: 
 
     from cli.main import main
 
-    server = NatsServer(tmp_path, "auth")
-    server.config.write_text(
-        server.config.read_text() + "authorization { user: alice, password: s3cret }\n"
-    )
-    server.start()
-    try:
-        address = server.url.removeprefix("nats://")
-        with Journal.open(f"nats://alice:s3cret@{address}", store="auth") as j:
-            j.create_session("s")
-            assert j.path == f"nats://alice:***@{address}/auth"
-            assert "s3cret" not in repr(j)
-        with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
-            Journal.open(f"nats://alice:wrong@{address}", store="auth")
-        assert "wrong" not in str(raised.value)
+    with _server_with(tmp_path, "auth", "user: alice, password: s3cret") as address:
+        _shown_masked(address, "auth", "alice:s3cret", "alice:wrong", "alice:***")
         with pytest.raises(InvalidArgument, match="file_mode") as refused:
             Journal.open(f"nats://alice:s3cret@{address}/auth", file_mode=0o600)
         assert "s3cret" not in str(refused.value)
@@ -247,8 +260,6 @@ def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: 
         )
         assert demo.returncode == 0, demo.stderr
         assert "s3cret" not in demo.stdout + demo.stderr and "alice:***@" in demo.stdout
-    finally:
-        server.stop()
 
 
 def test_a_token_in_the_url_is_masked_as_a_password_is(tmp_path: Path) -> None:
@@ -260,23 +271,11 @@ def test_a_token_in_the_url_is_masked_as_a_password_is(tmp_path: Path) -> None:
 
     from cli.main import main
 
-    server = NatsServer(tmp_path, "token")
-    server.config.write_text(server.config.read_text() + "authorization { token: t0ken }\n")
-    server.start()
-    try:
-        address = server.url.removeprefix("nats://")
-        with Journal.open(f"nats://t0ken@{address}", store="tok") as j:
-            j.create_session("s")
-            assert j.path == f"nats://***@{address}/tok"
-            assert "t0ken" not in repr(j)
-        with pytest.raises(StoreUnavailable, match="Authorization Violation") as raised:
-            Journal.open(f"nats://wr0ng@{address}", store="tok")
-        assert "wr0ng" not in str(raised.value) and "***@" in str(raised.value)
+    with _server_with(tmp_path, "token", "token: t0ken") as address:
+        _shown_masked(address, "tok", "t0ken", "wr0ng", "***")
         result = CliRunner().invoke(main, ["--store", f"nats://t0ken@{address}/tok", "init"])
         assert result.exit_code == 0, result.output
         assert "t0ken" not in result.output and "JOURNAL_STORE" in result.stderr, result.output
-    finally:
-        server.stop()
 
 
 def test_a_store_named_in_the_url_and_as_store_differently_is_refused(
