@@ -240,7 +240,7 @@ def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
             shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
 
-def refuse_another_users_private_store(path: str, store_file: str, file_mode: int) -> None:
+def _refuse_another_users_private_store(path: str, store_file: str, file_mode: int) -> None:
     """`StoreUnavailable` (EPERM) when this process would write to a store private to
     another user (no group write bit in its file mode; root too): the files it creates
     (a compacted segment, the key ring, `store.json`) would be its own, mode 0600, and
@@ -410,7 +410,7 @@ def store_at_open(
         create_store(path, permissions, retention or RetentionPolicy(), ops)
     store = load_store(store_file)
     if not readonly:
-        refuse_another_users_private_store(path, store_file, store.file_mode)
+        _refuse_another_users_private_store(path, store_file, store.file_mode)
     mode = None if file_mode in (None, store.file_mode) else file_mode
     policy = None if retention in (None, store.retention) else retention
     if not readonly and (mode is not None or policy is not None):
