@@ -3,9 +3,7 @@ with a progress bar on a terminal (`progress_bar`, shared with export and import
 
 from __future__ import annotations
 
-import errno
 import os
-import pwd
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -15,6 +13,7 @@ import click
 
 import journal
 from cursors import KeyRing
+from journal.store_owner import refuse_another_users_private_store
 
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .output import (
@@ -431,7 +430,9 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         option = "--rotate" if rotate else "--retire"
         _refuse_external_key(f"change the store's own key file with {option}")
         _require_key_file(path)
-        _refuse_another_users_key_file(path)
+        # (as a writable open: root's rotation left a key file the store's user could
+        # not read, until 2026-12-05)
+        refuse_another_users_private_store(settings.store)
         ring, done = _change_key_file(path, retire)
     else:
         # The keys the store's writers sign with: JOURNAL_CURSOR_KEY(_FILE) when it is
@@ -471,27 +472,6 @@ def _require_key_file(path: str) -> None:
             "to start a new key ring on purpose (every cursor issued so far "
             "becomes foreign), run `journal cursor-key --new`"
         )
-
-
-def _refuse_another_users_key_file(path: str) -> None:
-    """Refused (exit 7, as a writable open of the store is, SPEC 7.9) when the key file
-    belongs to another user and its group may not write it: the rotated file would be
-    this user's, 0600, and the store's user could not read it (until 2026-12-05 root's
-    rotation locked the store's user out: an operator trial)."""
-    found = os.stat(path)
-    if found.st_uid == os.geteuid() or found.st_mode & 0o020:
-        return
-    try:
-        owner = pwd.getpwuid(found.st_uid).pw_name
-    except KeyError:
-        owner = f"#{found.st_uid}"
-    raise journal.StoreUnavailable(
-        f"the cursor key file {path} belongs to user {owner!r}, and the store is private "
-        f"to it: a key file this user wrote would be its own, which {owner!r} could not "
-        f"read. Run this as that user (`sudo -u {owner} journal cursor-key ...`); nothing "
-        "was changed",
-        errno=errno.EPERM,
-    )
 
 
 def _change_key_file(path: str, retire: int | None) -> tuple[KeyRing, str]:

@@ -15,11 +15,9 @@ default one, until a writer opened with a policy records it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
-import pwd
 import re
 import shutil
 import stat
@@ -31,8 +29,9 @@ from typing import Final
 import msgspec
 
 from ..arguments import check_retention, file_mode_problem
-from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
+from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound
 from ..models import RetentionPolicy
+from ..store_owner import refuse_another_users_private_store
 from .files import (
     DEFAULT_FILE_MODE,
     DEFAULT_FILE_OPS,
@@ -240,39 +239,6 @@ def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
             shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
 
-def _refuse_another_users_private_store(path: str, store_file: str, file_mode: int) -> None:
-    """`StoreUnavailable` (EPERM) when this process would write to a store private to
-    another user (no group write bit in its file mode; root too): the files it creates
-    (a compacted segment, the key ring, `store.json`) would be its own, mode 0600, and
-    the store's user could not open the store again (until 2026-12-05 `journal
-    retention`, `cursor-key --rotate` or `compact` run as root locked the service's user
-    out: found by an operator trial). A group-shared store takes writers of the group."""
-    euid = os.geteuid()
-    owner = os.stat(store_file).st_uid
-    if euid == owner or file_mode & 0o020:
-        return
-    effective = os.access in os.supports_effective_ids
-    if not os.access(os.path.join(path, "segments"), os.W_OK, effective_ids=effective):
-        return  # (it may not write at all: the open's own refusal says so, EACCES)
-    raise StoreUnavailable(
-        f"the store at {path!r} is private to {_user(owner)} (file mode "
-        f"{file_mode:04o}), and this process runs as {_user(euid)}: files it created "
-        f"there would be {_user(euid)}'s, and {_user(owner)} could not open the store "
-        f"again. Run this as {_user(owner)} (`sudo -u {_user(owner, bare=True)} journal "
-        "...`), or open the store read-only; for several users to write, share it with "
-        "a group (SPEC 7.9); nothing was changed",
-        errno=errno.EPERM,
-    )
-
-
-def _user(uid: int, *, bare: bool = False) -> str:
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"#{uid}" if bare else f"uid {uid}"
-    return name if bare else f"user {name!r} (uid {uid})"
-
-
 def load_store(store_file: str) -> StoreFile:
     """Read `store.json`; `StoreIncompatible` when it is damaged or of another format."""
 
@@ -410,7 +376,7 @@ def store_at_open(
         create_store(path, permissions, retention or RetentionPolicy(), ops)
     store = load_store(store_file)
     if not readonly:
-        _refuse_another_users_private_store(path, store_file, store.file_mode)
+        refuse_another_users_private_store(path)
     mode = None if file_mode in (None, store.file_mode) else file_mode
     policy = None if retention in (None, store.retention) else retention
     if not readonly and (mode is not None or policy is not None):
