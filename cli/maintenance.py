@@ -117,11 +117,11 @@ def compact(settings: Settings, dead_share: float) -> None:
         f"compacted: {_count(len(report.segments_rewritten), 'segment')} rewritten, "
         f"{len(report.segments_deleted)} deleted; sealed bytes {report.bytes_before:,} -> "
         f"{report.bytes_after:,} in {report.seconds:.2f} s"
-    )
-    if retention is not None:
+        if retention is None
         # (a stream has no segments: "0 segments rewritten; sealed bytes 0 -> 0" said
         # nothing there)
-        text = "nothing else to compact: the NATS servers compact the stream's files"
+        else "nothing else to compact: the NATS servers compact the stream's files"
+    )
     why = None if retention is not None else nothing_reclaimed(report)
     record["nothing_reclaimed"] = why
     if why is not None:
