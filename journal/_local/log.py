@@ -180,7 +180,7 @@ class SegmentLog:
     def file_versions(self) -> list[tuple[str, int, int]]:
         """(name, inode, compressed size) of every segment file: what retention and
         compaction change (a run over the segments that failed or disagreed while these
-        changed is repeated: `projector.while_files_change`, verify)."""
+        changed is repeated: `reader_views.while_files_change`, verify)."""
         found = []
         for name in sorted(os.listdir(self.directory)):
             if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):

@@ -35,7 +35,7 @@ from .leases import BOOT_ID
 from .lmdbenv import refuse_if_open_here
 from .lmdbfile import file_identity
 from .log import SegmentLog
-from .projector import build_private
+from .reader_views import build_private
 from .segments import open_segment
 from .store_file import open_lock
 from .verify import missing_segments, view_problem

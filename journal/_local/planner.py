@@ -613,12 +613,16 @@ class Planner:
         self.finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
 
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
-        report, rebuilt = fix_store(
+        report, rebuilt, missing = fix_store(
             self.log, self.view, self.txn, (self.store_id, self.boot_id), self.hole, op.progress
         )
         if rebuilt:
             self.summaries.clear()
             self.rebuilt = True
+        for lost in missing:
+            # The loss accepted: the log now says where the session's history begins (a
+            # rebuild took the events for trimmed already; later ones find them accounted).
+            self.emit(HistoryTrimmed(lost.incarnation, lost.last + 1, self.now))
         request.result = report
 
     # -- after projection ------------------------------------------------------------------

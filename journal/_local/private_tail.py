@@ -24,7 +24,7 @@ from ..errors import JournalCorrupt
 from .files import FileOps
 from .frames import FRAME_HEADER, FRAME_HEADER_SIZE, FRAME_MAGIC, SEGMENT_HEADER_SIZE, segment_name
 from .log import SegmentLog
-from .projector import build_private, project_new, refresh_private
+from .reader_views import build_private, project_new, refresh_private
 from .segments import open_segment
 from .view import Head, View
 

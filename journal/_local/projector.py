@@ -6,13 +6,12 @@ the whole view, and a read-only reader's refresh of its private view.
 
 from __future__ import annotations
 
-import contextlib
+import logging
+import os
 import struct
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from functools import partial
+from collections.abc import Sequence
 from itertools import pairwise
-from typing import TypeVar
+from typing import NamedTuple
 
 import lmdb
 
@@ -43,19 +42,36 @@ from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
 from .segments import KnownZeros, SegmentReader, frame_records, summarize_segment
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
-from .tombstones import forget_gone_creations
 from .view import Head, IdemEntry, View
 
 __all__ = [
+    "MissingEvents",
     "Projection",
     "project_log",
-    "project_new",
     "project_segments",
-    "refresh_private",
-    "while_files_change",
 ]
 
-T = TypeVar("T")
+_log = logging.getLogger("journal")
+
+
+class MissingEvents(NamedTuple):
+    """Events `first` to `last` of a live session that the log lacks, though no record of
+    it trims, snapshots or evicts them; the frame after them is at `offset` in
+    `segment` (a base position)."""
+
+    session_id: str
+    incarnation: int
+    first: int
+    last: int
+    segment: int
+    offset: int
+
+    def describe(self) -> str:
+        return (
+            f"events {self.first} to {self.last} of session {self.session_id!r} are missing "
+            "from the log, and no record trims, snapshots or evicts them (a segment file "
+            f"was lost?): reads of the session begin at {self.last + 1}"
+        )
 
 
 class Projection:
@@ -86,6 +102,12 @@ class Projection:
         # The last lifecycle record of a session this projection does not know (its
         # creation record left the log), whose feed entry it cannot make: 0 if none.
         self.unknown_change = 0
+        # Per incarnation: the last run of ordinals missing before an event of the log,
+        # and where that event's frame is; and the start of its retained range that the
+        # log's records set (trims, snapshots). A run at or past that start lost events
+        # that no record accounts for (`unaccounted_gaps`).
+        self._gaps: dict[int, tuple[int, int, int, int]] = {}
+        self._starts: dict[int, int] = {}
 
     def adopt(self, row: SessionRow) -> None:
         """Use a row read from this very transaction instead of reading it again."""
@@ -197,10 +219,7 @@ class Projection:
         if first <= row.last_ordinal:
             return False
         if first != row.last_ordinal + 1:
-            # Only a compacted log has gaps: what came before is not retained.
-            row.first_ordinal = max(row.first_ordinal, first)
-            self._trim(row)
-            self._turn_gaps.add(incarnation)
+            self._gap(row, first, segment, frame_offset)
         if first_in_frame:
             self.view.events.put(
                 self.txn, incarnation, first, segment, frame_offset, row.appended_bytes, timestamp
@@ -240,10 +259,7 @@ class Projection:
                     row = self.row(current)
                 if row is not None and record.ordinal > row.last_ordinal:
                     if record.ordinal != row.last_ordinal + 1:
-                        # Only a compacted log has gaps: what came before is not retained.
-                        row.first_ordinal = max(row.first_ordinal, record.ordinal)
-                        self._trim(row)
-                        self._turn_gaps.add(current)
+                        self._gap(row, record.ordinal, info.segment, info.offset)
                     if current not in indexed:
                         indexed.add(current)
                         self._index_frame(row, record.ordinal, info, record)
@@ -329,6 +345,7 @@ class Projection:
                         self._unpin(row.trim_position)
                     row.trim_position = position
                     self._pin(position, row.incarnation)
+                    self._recorded_start(row.incarnation, record.first_ordinal)
                     if record.first_ordinal - 1 > row.last_ordinal:  # (dropped events)
                         self._turn_gaps.add(row.incarnation)
                         row.last_ordinal = record.first_ordinal - 1
@@ -341,6 +358,7 @@ class Projection:
                     if row.snapshot_position:
                         self._unpin(row.snapshot_position)
                     row.snapshot_ordinal = record.through_ordinal
+                    self._recorded_start(row.incarnation, record.through_ordinal + 1)
                     row.snapshot_position = position
                     row.snapshot_segment = info.segment
                     row.snapshot_offset = info.offset
@@ -434,6 +452,33 @@ class Projection:
 
     def _unpin(self, position: int) -> None:
         self.view.unpin(self.txn, position)
+
+    def _gap(self, row: SessionRow, first: int, segment: int, frame_offset: int) -> None:
+        """The log holds no events of `row` between its last and `first`: retention or
+        compaction dropped them (a trim or snapshot record says so), or a file was lost.
+        What came before is not retained."""
+        self._gaps[row.incarnation] = (row.last_ordinal + 1, first - 1, segment, frame_offset)
+        row.first_ordinal = max(row.first_ordinal, first)
+        self._trim(row)
+        self._turn_gaps.add(row.incarnation)
+
+    def _recorded_start(self, incarnation: int, first_ordinal: int) -> None:
+        self._starts[incarnation] = max(self._starts.get(incarnation, 1), first_ordinal)
+
+    def unaccounted_gaps(self) -> list[MissingEvents]:
+        """The runs of events of live sessions that the log lacks although no record of it
+        trims, snapshots or evicts them (a segment file was lost): a rebuild takes them for
+        trimmed history. Meaningful after projecting the whole log (a rebuild)."""
+        found = []
+        for incarnation, (first, last, segment, offset) in sorted(self._gaps.items()):
+            start = self._starts.get(incarnation, 1)
+            row = self.row(incarnation)
+            if row is None or row.staged or last < start:
+                continue  # (evicted, an import's staging, or trimmed: accounted for)
+            found.append(
+                MissingEvents(row.session_id, incarnation, max(first, start), last, segment, offset)
+            )
+        return found
 
     def _trim(self, row: SessionRow) -> None:
         """Drop what fell below `first_ordinal`: index entries of frames wholly below it
@@ -612,10 +657,13 @@ def project_log(
     use_sidecars: bool = True,
     until: Head | None = None,
     record_floor: bool = False,
+    missing: list[MissingEvents] | None = None,
 ) -> Head:
     """Project the whole log into an empty view (a rebuild); returns the head. With
     `until` (and without sidecars), the log as it was at that head. With `record_floor`
-    (a writer), a feed floor the log had no record of is recorded in it.
+    (a writer), a feed floor the log had no record of is recorded in it. Events of live
+    sessions the log lacks unaccounted for (`Projection.unaccounted_gaps`) go in
+    `missing`, or without it are logged as errors.
 
     With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
     are projected from it without being read; the rest, and the active segment, are read.
@@ -637,7 +685,18 @@ def project_log(
                 projection.head.next_position = max(projection.head.next_position, bases[-1])
     if bases:
         project_segments(log, projection, until)
+    gaps = projection.unaccounted_gaps()
     projection.flush()
+    if missing is not None:
+        missing += gaps
+    else:
+        for gap in gaps:
+            _log.error(
+                "%s (store %s): restore the file from a backup; `journal verify --fix` "
+                "accepts the loss",
+                gap.describe(),
+                os.path.dirname(log.directory),
+            )
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did
     # is judged by what it lacks at all (conservative: any record may have been one).
@@ -675,108 +734,3 @@ def _highest_missing(log: SegmentLog, bases: list[int]) -> int:
         if next_base > expected:
             highest = next_base - 1
     return highest
-
-
-def while_files_change(
-    log: SegmentLog,
-    project: Callable[[], T],
-    *,
-    readonly_lock: bool = True,
-    settled: Callable[[T], bool] | None = None,
-    first: tuple[AbstractContextManager[object], Callable[[], None]] | None = None,
-) -> T:
-    """`project()`, a projection of a reader that holds no lock (a read-only journal's
-    private view: its build at open and its refresh), run again when it failed on a
-    segment file that retention deleted or compaction replaced after it was listed: it
-    lists the segments again, without it. The last try holds the segment-files lock
-    (through a read-only descriptor; unlocked when the lock file cannot be opened), as
-    `verify` does (through this, with `settled`: a report with problems counts only from
-    the run under the lock, which comes next when the files did not change meanwhile: a
-    compaction swap replaces a segment, then writes its sidecar, under that lock).
-    Without `settled`, a failure is tried again
-    whether or not the files changed (listing them before every try took 0.4 ms at 200
-    segments, on every refresh of a private view), so damage fails four times.
-
-    `project` must leave nothing behind when it raises (its write transaction aborts).
-    (Before, the error itself was raised: `journal watch` or a read-only open failed with
-    "No such file or directory" now and then while a writer rotated segments under a
-    retention window; found by a long-running trial with a reader process beside it.)
-
-    `first`: (a lock, a step) the step runs at the start of every try under the lock,
-    taken before the segment-files lock (verify catching a private view up: a refresh
-    holds the journal's private-view lock when it takes the segment-files lock)."""
-    attempt = 0
-    while True:
-        last = attempt == 3
-        before = None if settled is None else log.file_versions()
-        with contextlib.ExitStack() as stack:
-            try:
-                with first[0] if first is not None else contextlib.nullcontext():
-                    if last:
-                        # (A reader that may not even open the lock file runs unlocked.)
-                        with contextlib.suppress(OSError):
-                            stack.enter_context(log.files_lock(readonly=readonly_lock))
-                    if first is not None:
-                        first[1]()
-                result = project()
-            except (FileNotFoundError, JournalCorrupt):
-                if last or (before is not None and log.file_versions() == before):
-                    raise
-                attempt += 1
-                continue
-        if last or settled is None or settled(result):
-            return result
-        # Unsettled: again while the files change, and under the lock when they did not
-        # (a compaction swap replaces a segment and then its sidecar, both under it).
-        attempt = attempt + 1 if log.file_versions() != before else 3
-
-
-def build_private(log: SegmentLog, view: View, once: bool = False) -> None:
-    """Project the whole log into a private view, emptied first, in one write transaction
-    (retried as `while_files_change` does, but with `once`): its build at open, and its
-    rebuild when the log was cut back under it (`private_tail`)."""
-
-    def build() -> None:
-        with view.begin(write=True) as txn:
-            view.clear(txn)
-            view.put_store_id(txn, log.store_id)
-            project_log(log, view, txn)
-
-    if once:
-        build()
-    else:
-        while_files_change(log, build)
-
-
-def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:
-    """Project into a private view the frames the writer committed after its head, if
-    any (retried, in a new transaction, on a fresh listing of the segments when one
-    listed was deleted or replaced meanwhile: `while_files_change`)."""
-    with view.begin() as txn:
-        head = view.head(txn)
-    if head is not None and log.moved_past(head.segment, head.end_offset, head.next_position):
-        while_files_change(log, partial(project_new, log, view, ops))
-
-
-def project_new(log: SegmentLog, view: View, ops: FileOps) -> None:
-    """Project the frames after a private view's head into it, in one write transaction
-    (aborted if it fails), with the pruning of the lifecycle feed below the writer's."""
-    with view.begin(write=True) as txn:
-        head = view.head(txn)
-        assert head is not None  # (a private view has one from its build)
-        projection = Projection(view, txn, head, ops)
-        listing = log.segments()  # (one listing for the projection and the tombstones)
-        project_segments(log, projection, listed=[s.base_position for s in listing])
-        projection.flush()
-        # Changes the writer pruned meanwhile, maybe past this view's head: a lifecycle
-        # cursor from before them must expire here too, and their entries go here as well
-        # (none at or below the floor is ever read), so a long-lived reader's view does
-        # not keep every change ever made.
-        floor = log.feed_floor() or 0
-        below = view.feed_floor(txn)
-        if floor > below:
-            view.prune_feed(txn, below + 1, floor)
-            view.raise_feed_floor(txn, floor)
-        # The tombstones whose creation record left the log go as well (the writer's
-        # retention and compaction forget them): `tombstones`.
-        forget_gone_creations(log, view, txn, [(s.base_position, s.compressed) for s in listing])

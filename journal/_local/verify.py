@@ -7,6 +7,7 @@ store); `verify(fix=True)` rewrites bad sidecars and rebuilds the view in place.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
@@ -26,7 +27,8 @@ from .frames import (
     sidecar_name,
 )
 from .log import SegmentLog
-from .projector import project_log, while_files_change
+from .projector import MissingEvents, project_log
+from .reader_views import while_files_change
 from .retention import SummaryCache, dead_segments
 from .segments import LogHole, SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary, write_summary
@@ -423,15 +425,18 @@ def _change(view: View, txn: lmdb.Transaction, key: bytes) -> tuple[object, ...]
     return entry.event_type, entry.at_ms, entry.row.incarnation, entry.row.session_id
 
 
-def rebuild_into_temporary(log: SegmentLog, until: Head | None = None) -> tuple[View, str]:
+def rebuild_into_temporary(
+    log: SegmentLog, until: Head | None = None, missing: list[MissingEvents] | None = None
+) -> tuple[View, str]:
     """A view rebuilt from the log in a temporary directory (caller closes and removes);
-    with `until`, of the log as it was at that head (writers may have gone on)."""
+    with `until`, of the log as it was at that head (writers may have gone on). Events
+    the log lacks unaccounted for go in `missing` (`project_log`)."""
     directory = tempfile.mkdtemp(prefix="journal-verify-")
     view: View | None = None
     try:
         view = View(directory)
         with view.begin(write=True) as txn:
-            project_log(log, view, txn, use_sidecars=False, until=until)
+            project_log(log, view, txn, use_sidecars=False, until=until, missing=missing)
     except BaseException:
         if view is not None:
             view.close()
@@ -479,7 +484,8 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
                 problems, frames, records, _ = check_log(log, head, progress)
                 problems += missing_segments(log, view, txn)
                 if not any(p.segment != "index" for p in problems):
-                    rebuilt, directory = rebuild_into_temporary(log, head)
+                    missing: list[MissingEvents] = []
+                    rebuilt, directory = rebuild_into_temporary(log, head, missing)
                     try:
                         with rebuilt.begin() as rebuilt_txn:
                             problems += compare_views(
@@ -488,6 +494,7 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
                     finally:
                         rebuilt.close()
                         shutil.rmtree(directory, ignore_errors=True)
+                    problems += [_missing_problem(log, m, accepted=False) for m in missing]
             return VerifyReport(len(log.bases()), frames, records, problems)
         except JournalCorrupt as e:
             if e.segment != "index":
@@ -496,6 +503,18 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
     problems, frames, records, _ = check_log(log, None, progress)
     problems.insert(0, view_problem(damage))
     return VerifyReport(len(log.bases()), frames, records, problems)
+
+
+def _missing_problem(log: SegmentLog, missing: MissingEvents, accepted: bool) -> VerifyProblem:
+    """How events the log lacks unaccounted for are reported (`MissingEvents`)."""
+    if accepted:
+        way = f"the loss is accepted (a trim record now starts the session at {missing.last + 1})"
+    else:
+        way = "restore the segment file from a backup, or accept the loss with verify --fix"
+    name = segment_name(missing.segment)
+    if not os.path.exists(os.path.join(log.directory, name)):
+        name = segment_name(missing.segment, compressed=True)
+    return VerifyProblem(name, missing.offset, f"{missing.describe()}; {way}")
 
 
 def _dead(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list[tuple[int, int]]:
@@ -532,10 +551,12 @@ def fix_store(
     ids: tuple[bytes, bytes],
     hole: LogHole | None,
     progress: Progress | None,
-) -> tuple[VerifyReport, bool]:
+) -> tuple[VerifyReport, bool, list[MissingEvents]]:
     """`verify(fix=True)` in the writer's transaction `txn` (`ids`: the store id and this
     boot's id): check the log, rewrite bad sidecars of intact segments, and rebuild the
-    view when only derived data was wrong. The report, and whether the view was rebuilt.
+    view when only derived data was wrong. The report, whether the view was rebuilt, and
+    the events of live sessions the log lacks unaccounted for, whose loss the caller
+    accepts (records a trim that starts each such session after them).
     With damaged frames the view is left as it is: it still points readers at the damage
     (`JournalCorrupt`), where a rebuild would make the lost events look trimmed."""
     store_id, boot_id = ids
@@ -556,13 +577,15 @@ def fix_store(
         summary = summarize_segment(log.directory, base, log.ops)
         write_summary(log.directory, summary, log.ops, log.permissions)
     if damaged:
-        return VerifyReport(len(log.bases()), frames, records, problems, fixed=False), False
+        return VerifyReport(len(log.bases()), frames, records, problems, fixed=False), False, []
     # Only derived data was wrong: rebuild the view from the (intact) log.
     before = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
     view.clear(txn)
     view.put_store_id(txn, store_id)
     view.put_boot_id(txn, boot_id)
-    project_log(log, view, txn, record_floor=True)
+    missing: list[MissingEvents] = []
+    project_log(log, view, txn, record_floor=True, missing=missing)
+    problems += [_missing_problem(log, m, accepted=True) for m in missing]
     if hole is not None:
         after = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
         lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}
@@ -576,7 +599,7 @@ def fix_store(
                 f"{len(lost)} session(s) are dropped (sessions created there are gone)",
             ),
         )
-    return VerifyReport(len(log.bases()), frames, records, problems, fixed=True), True
+    return VerifyReport(len(log.bases()), frames, records, problems, fixed=True), True, missing
 
 
 def _missing_and_stale(live: Mapping[_K, object], fresh: Mapping[_K, object]) -> tuple[int, int]:

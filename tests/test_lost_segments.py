@@ -1,0 +1,159 @@
+"""A sealed segment file lost while no view remembers it (SPEC 9, "Events the log lacks").
+
+After a reboot the writer discards its view (it is not synced) and rebuilds it from the
+log; so does a read-only journal's private view, and an operator who deletes `index/`. A
+rebuild cannot tell a lost segment from history that retention or compaction removed by
+position alone, but the log records every removal of a live session's events (a trim or
+snapshot record, pinned while it matters). Until 2026-12-05 a rebuild took a lost
+segment's events for trimmed history: a read from the start began after them, without a
+word, and `verify` passed (the events before the lost ones, still in the log, were hidden
+too). Now the rebuild logs it, `verify` reports it, and `verify(fix=True)` accepts the
+loss by recording the trim.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from journal import EventIn, Journal, RetentionPolicy
+
+SEGMENT_BYTES = 16 << 10
+NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
+
+
+def _sealed(store: Path) -> list[Path]:
+    return sorted(p for p in (store / "segments").iterdir() if p.name.endswith(".seg"))
+
+
+def _store_missing_a_middle_segment(tmp_path: Path) -> tuple[Path, str, int, int]:
+    """A store of one session over several segments whose second segment file is gone
+    and whose view is gone too (a reboot discards it). Returns the store, the name of the
+    segment after the lost one, and the first and last ordinals lost."""
+    store = tmp_path / "store"
+    with Journal.open(
+        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
+    ) as j:
+        j.create_session("s")
+        for _ in range(80):
+            j.append("s", [EventIn("m", b"x" * 700)])
+    sealed = _sealed(store)
+    assert len(sealed) >= 3
+    lost, after = sealed[1], sealed[2]
+    first_lost = int(lost.name.split(".")[0])  # (one session: its ordinals are positions - 1)
+    last_lost = int(after.name.split(".")[0]) - 1
+    lost.unlink()
+    (store / "segments" / lost.name.replace(".seg", ".idx")).unlink(missing_ok=True)
+    shutil.rmtree(store / "index")
+    return store, after.name, first_lost - 1, last_lost - 1
+
+
+def test_a_rebuild_logs_events_a_lost_segment_held_and_verify_reports_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, after, first, last = _store_missing_a_middle_segment(tmp_path)
+    with (
+        caplog.at_level(logging.ERROR, logger="journal"),
+        Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
+    ):
+        ordinals = [e.ordinal for e in j.replay("s")]
+        report = j.verify()
+    assert ordinals[0] == last + 1  # (what a rebuild can serve: the rest, as before)
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(
+        f"events {first} to {last} of session 's' are missing from the log" in m
+        and "journal verify --fix" in m
+        for m in logged
+    ), logged
+    assert not report.ok
+    [problem] = report.problems
+    assert problem.segment == after
+    assert f"events {first} to {last} of session 's' are missing" in problem.what
+    assert "restore the segment file from a backup" in problem.what
+
+
+def test_a_read_only_journal_reports_them_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, after, first, last = _store_missing_a_middle_segment(tmp_path)
+    with (
+        caplog.at_level(logging.ERROR, logger="journal"),
+        Journal.open(store, readonly=True) as reader,  # (no view: a private one)
+    ):
+        report = reader.verify()
+    assert [p.segment for p in report.problems] == [after]
+    assert any(
+        f"events {first} to {last} of session 's' are missing" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_verify_fix_accepts_the_loss_with_a_trim_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, after, _first, last = _store_missing_a_middle_segment(tmp_path)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        fixed = j.verify(fix=True)
+        assert fixed.fixed
+        [problem] = fixed.problems
+        assert problem.segment == after
+        assert f"the loss is accepted (a trim record now starts the session at {last + 1})" in (
+            problem.what
+        )
+        assert j.verify().ok
+        assert j.get_session("s").first_ordinal == last + 1
+        j.append("s", [EventIn("m", b"after the fix")])
+    shutil.rmtree(store / "index")  # (a later rebuild finds the loss accounted for)
+    caplog.clear()
+    with (
+        caplog.at_level(logging.ERROR, logger="journal"),
+        Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
+    ):
+        assert j.verify().ok
+        events = list(j.replay("s"))
+    assert events[0].ordinal == last + 1
+    assert events[-1].data == b"after the fix"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_history_retention_and_compaction_removed_is_not_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gaps the log accounts for: a window trim whose dead segments retention deleted
+    while an older segment stays (another session's live events keep it), a snapshot
+    whose history compaction dropped, and an evicted session's leftovers."""
+    store = tmp_path / "store"
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES, retention=policy) as j:
+        j.create_session("keeper")
+        j.create_session("trimmed", max_history_bytes=4000)
+        j.create_session("folded")
+        j.create_session("gone")
+        j.append("keeper", [EventIn("m", b"k" * 100)])
+        for i in range(60):
+            j.append("trimmed", [EventIn("m", b"t" * 700)])
+            j.append("folded", [EventIn("m", b"f" * 200)])
+            if i < 5:
+                j.append("gone", [EventIn("m", b"g" * 200)])
+        j.resolve_session("gone")
+        j.compact_session("folded", 50, b"snapshot")
+        j.apply_retention()
+        j.compact(dead_share=0.0)
+        j.apply_retention()
+        expected = {s: [e.ordinal for e in j.replay(s)] for s in ("keeper", "trimmed", "folded")}
+        assert expected["trimmed"][0] > 2  # (trimmed: a gap a rebuild meets)
+        assert expected["folded"][0] == 51
+        assert j.verify().ok
+    bases = [int(p.name.split(".")[0]) for p in (store / "segments").iterdir() if ".seg" in p.name]
+    assert min(bases) == 1 and len(bases) >= 2  # (the keeper's kept the first one)
+    shutil.rmtree(store / "index")
+    with caplog.at_level(logging.ERROR, logger="journal"):
+        with Journal.open(store, durability="os", retention=policy) as j:
+            assert j.verify().ok
+            assert {s: [e.ordinal for e in j.replay(s)] for s in expected} == expected
+        with Journal.open(store, readonly=True) as reader:
+            assert reader.verify().ok
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
