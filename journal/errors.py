@@ -197,6 +197,17 @@ class JournalClosed(JournalError):
         )
 
     @classmethod
+    def mid_write(cls) -> "JournalClosed":
+        """The error of a write that another thread's `close()` cut short after it may
+        have reached the store (a networked engine's request in flight)."""
+        return cls(
+            "this journal was closed (by another thread) while the change was being "
+            "written: it may have committed (the servers may have stored it); open it "
+            "again with Journal.open() and look (get_session) before writing it again "
+            "(an append retried with the same idempotency_key is safe)"
+        )
+
+    @classmethod
     def inherited(cls, why: str) -> "JournalClosed":
         """The error of a journal used in a forked child of the process that opened it
         (`why`: what does not survive fork)."""

@@ -9,7 +9,9 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -1919,6 +1921,61 @@ def test_close_racing_owners_writers_and_watchers_ends_each_with_journal_closed(
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "done"
     assert result.stderr == "", result.stderr[-3000:]
+
+
+def test_an_append_cut_by_close_says_it_may_have_committed(tmp_path: Path) -> None:
+    """An append in flight (sent, its reply not yet back) when another thread closes the
+    journal raised `JournalClosed` saying only that the journal was closed: the server
+    stored it all the same, and a caller that took "closed" for "not written" appended
+    it twice. The server is paused (SIGSTOP) so the reply cannot come before the close."""
+    server = NatsServer(tmp_path, "paused")
+    server.start()
+    wait_for_jetstream([server.url])
+    paused = threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "commit.publish" and detail == "s" and not paused.is_set():
+            os.kill(server.pid, signal.SIGSTOP)  # (the batch goes out, no reply comes)
+            paused.set()
+
+    try:
+        options = JetStreamOptions(servers=[server.url], store="cut", point=point)
+        j = Journal.over(JetStreamEngine.open(options))
+        j.create_session("c")
+        raised: list[BaseException] = []
+
+        def append() -> None:
+            try:
+                j.append("s", events(1), idempotency_key="k1", create=True)
+            except BaseException as e:
+                raised.append(e)
+
+        try:
+            writer = threading.Thread(target=append)
+            writer.start()
+            assert paused.wait(10)
+            time.sleep(0.3)  # (the batch is written to the socket by then)
+            j.close()
+            writer.join(10)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert not writer.is_alive()
+        [error] = raised
+        assert isinstance(error, JournalClosed)
+        assert "it may have committed" in str(error)
+        assert "same idempotency_key is safe" in str(error)
+        with Journal.open(server.url, store="cut") as again:
+            # (What the message warns of: the paused server stored it on waking.)
+            deadline = time.monotonic() + 10
+            while "s" not in {m.session_id for m in again.list_sessions()}:
+                assert time.monotonic() < deadline, "the paused server never stored it"
+                time.sleep(0.05)
+            assert again.get_session("s").last_ordinal == 1
+            retried = again.append("s", events(1), idempotency_key="k1")
+            assert retried.last_ordinal == 1
+            assert [e.ordinal for e in again.replay("s")] == [1]
+    finally:
+        server.stop()
 
 
 def test_a_change_source_that_cannot_subscribe_leaves_the_waiter_polling(

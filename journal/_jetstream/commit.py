@@ -250,6 +250,7 @@ class Committer:
         seq: int | None
         while True:
             try:
+                self.point("commit.publish", session_id)
                 seq = await self.conn.publish_batch(messages)
             except ApiError as e:
                 if e.err_code == _IN_PROCESS:

@@ -402,7 +402,13 @@ class JetStreamEngine:
             # Nothing is derived from the stream: the check is the repair's whole work.
             fixed: T = self._run(self._verify(operation.progress))
             return fixed
-        result: T = self._run(self.writer.submit(operation))
+        self.check_usable()
+        try:
+            result: T = self._run(self.writer.submit(operation))
+        except JournalClosed:
+            # Cut by another thread's close() with the write sent or not: said so, since
+            # a caller that takes "closed" for "not written" would write it twice.
+            raise JournalClosed.mid_write() from None
         return result
 
     def head(self) -> int:
