@@ -157,3 +157,56 @@ def test_history_retention_and_compaction_removed_is_not_reported(
         with Journal.open(store, readonly=True) as reader:
             assert reader.verify().ok
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("how", ["retention", "compact", "swap"])
+def test_a_power_cut_after_retention_with_os_durability_reports_nothing_missing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """With durability "os" a commit is not synced: a trim record that made segments dead
+    must be on disk before retention deletes them (or compaction drops their frames), or
+    a power cut leaves the log without the events and without the record that removed
+    them, which a rebuild then reports as a lost segment file."""
+    import random
+
+    from _disk import SimulatedDisk
+
+    store = tmp_path / "store"
+    store.mkdir()
+    disk = SimulatedDisk(str(store), random.Random(0))
+    window = RetentionPolicy(max_history_bytes=4000)
+    j = Journal.open(
+        store, durability="os", segment_bytes=8192, file_ops=disk, retention=NO_WINDOWS
+    )
+    try:
+        j.create_session("a")
+        # ("swap": another session's live events in every segment: compaction drops
+        # the frames of "a", retention deletes no segment.)
+        j.create_session("b", max_history_bytes=1 << 30)
+        for _ in range(60):
+            j.append("a", [EventIn("m", b"x" * 500)])
+            if how == "swap":
+                j.append("b", [EventIn("m", b"y" * 100)])
+        j.close()  # (closing syncs nothing more than a commit does, but the seals did)
+        j = Journal.open(store, durability="os", segment_bytes=8192, file_ops=disk)
+        disk.settle()  # (everything so far is on disk)
+        j.change_retention_policy(lambda _: window)
+        if how == "retention":
+            assert j.apply_retention().deleted_segments
+        else:
+            compacted = j.compact(dead_share=0.0)
+            assert compacted.segments_rewritten
+            assert bool(compacted.segments_deleted) is (how == "compact")
+        first = j.get_session("a").first_ordinal
+        assert first > 2
+    finally:
+        j.close()
+    disk.power_cut()
+    with (
+        caplog.at_level(logging.ERROR, logger="journal"),
+        Journal.open(store, durability="os") as j,
+    ):
+        report = j.verify()
+        assert next(e.ordinal for e in j.replay("a")) == first
+    assert report.ok, report.problems
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

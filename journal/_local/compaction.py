@@ -217,6 +217,7 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
         if pruned:
             log.record_feed_floor(pruned)
         if not again:
+            log.sync_committed()  # (the records that made the dropped frames dead first)
             # The old sidecar goes first: if the new one cannot be written after the swap,
             # the sidecar is missing (readers scan, the next catch-up writes it), never stale.
             with contextlib.suppress(FileNotFoundError):

@@ -562,6 +562,16 @@ class SegmentLog:
             writer = self.writer
         return writer.append_frame(frame, writer.next_position, count, digest)
 
+    def sync_committed(self) -> None:
+        """Make the frames committed to the active segment durable, when commits do not
+        sync them (durability "os"): before retention deletes segment files, or a
+        compaction swap drops frames, that the records among them (a trim, a snapshot, an
+        eviction) made dead. Else a power cut leaves a log that lacks both the events and
+        the record that removed them, which a rebuild reports as lost (SPEC 9, "Events
+        the log lacks"). Sealed segments were synced at their seal."""
+        if not self.sync and self._writer is not None:
+            self._writer.sync()
+
     def rotate(self, *, compress: bool = True) -> int:
         """Seal the active segment and start a new one; returns the sealed segment's base.
         `compress=False`: not compressed even with `compress_sealed` (`compact()`'s seal,

@@ -254,6 +254,8 @@ def forget_segments(
 def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:
     """Delete the files of forgotten segments; returns the bytes freed."""
     log.ops.point("retention.delete", bases)
+    if bases:
+        log.sync_committed()  # (the records that made them dead first)
     with log.files_lock():
         freed = 0
         for base in bases:
