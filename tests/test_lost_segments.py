@@ -210,3 +210,37 @@ def test_a_power_cut_after_retention_with_os_durability_reports_nothing_missing(
         assert next(e.ordinal for e in j.replay("a")) == first
     assert report.ok, report.problems
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_fix_that_accepts_a_hole_leaves_the_missing_events_to_the_next_fix(
+    tmp_path: Path,
+) -> None:
+    """A fix that accepts cut-off frames (SPEC 9, "Accepting a hole") rebuilds the view,
+    but its commit's writer is still where the cut frames ended: a trim record written
+    by it went over the segment (`bad frame magic` at the next read), so the next fix
+    accepts the lost segment's events."""
+    store, _after, first, last = _store_missing_a_middle_segment(tmp_path)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:  # (rebuilt)
+        for i in range(3):
+            j.append("s", [EventIn("m", b"tail %d" % i)])
+    active = sorted((store / "segments").glob("*.seg"))[-1]
+    end = len(active.read_bytes().rstrip(b"\0"))
+    with open(active, "r+b") as f:
+        f.truncate(end - 10)  # (the last frame cut short: a hole)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        fixed = j.verify(fix=True)
+        assert fixed.fixed
+        assert "were cut off: the loss is accepted" in fixed.problems[0].what
+        assert f"events {first} to {last} of session 's' are missing" in fixed.problems[1].what
+        assert "verify --fix again" in fixed.problems[1].what
+        [problem] = j.verify().problems  # (the missing events only: no damage)
+        assert f"events {first} to {last}" in problem.what
+        j.append("s", [EventIn("m", b"after")])
+        assert [e.data for e in j.replay("s")][-3:] == [b"tail 0", b"tail 1", b"after"]
+        again = j.verify(fix=True)
+        assert "the loss is accepted (a trim record" in again.problems[0].what
+        assert j.verify().ok
+    shutil.rmtree(store / "index")
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        assert j.verify().ok
+        assert [e.data for e in j.replay("s")][-1] == b"after"

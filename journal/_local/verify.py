@@ -505,10 +505,18 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
     return VerifyReport(len(log.bases()), frames, records, problems)
 
 
-def _missing_problem(log: SegmentLog, missing: MissingEvents, accepted: bool) -> VerifyProblem:
-    """How events the log lacks unaccounted for are reported (`MissingEvents`)."""
+def _missing_problem(
+    log: SegmentLog, missing: MissingEvents, accepted: bool | None
+) -> VerifyProblem:
+    """How events the log lacks unaccounted for are reported (`MissingEvents`); `accepted`
+    None: by a fix that accepted a hole, which leaves them to the next fix."""
     if accepted:
         way = f"the loss is accepted (a trim record now starts the session at {missing.last + 1})"
+    elif accepted is None:
+        way = (
+            "restore the segment file from a backup, or accept the loss with verify --fix "
+            "again (this one accepted the cut-off frames only)"
+        )
     else:
         way = "restore the segment file from a backup, or accept the loss with verify --fix"
     name = segment_name(missing.segment)
@@ -585,7 +593,14 @@ def fix_store(
     view.put_boot_id(txn, boot_id)
     missing: list[MissingEvents] = []
     project_log(log, view, txn, record_floor=True, missing=missing)
-    problems += [_missing_problem(log, m, accepted=True) for m in missing]
+    if hole is not None:
+        # The writer is placed at the log's end by the next commit's catch-up, not in
+        # this one: a trim record written now would land where the cut-off frames ended
+        # (it wrote over the segment). The next fix accepts these.
+        problems += [_missing_problem(log, m, accepted=None) for m in missing]
+        missing = []
+    else:
+        problems += [_missing_problem(log, m, accepted=True) for m in missing]
     if hole is not None:
         after = {row.incarnation: row.last_ordinal for row in view.rows(txn)}
         lost = {i: n - after.get(i, 0) for i, n in before.items() if n > after.get(i, 0)}
