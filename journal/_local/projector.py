@@ -47,6 +47,7 @@ from .view import Head, IdemEntry, View
 __all__ = [
     "MissingEvents",
     "Projection",
+    "log_missing",
     "project_log",
     "project_segments",
 ]
@@ -690,13 +691,7 @@ def project_log(
     if missing is not None:
         missing += gaps
     else:
-        for gap in gaps:
-            _log.error(
-                "%s (store %s): restore the file from a backup; `journal verify --fix` "
-                "accepts the loss",
-                gap.describe(),
-                os.path.dirname(log.directory),
-            )
+        log_missing(log, gaps)
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did
     # is judged by what it lacks at all (conservative: any record may have been one).
@@ -710,6 +705,17 @@ def project_log(
         log.record_feed_floor(floor)
     view.raise_feed_floor(txn, floor)
     return projection.head
+
+
+def log_missing(log: SegmentLog, gaps: list[MissingEvents]) -> None:
+    """Say on the `journal` logger what a rebuild at open found missing (SPEC 9)."""
+    for gap in gaps:
+        _log.error(
+            "%s (store %s): restore the file from a backup; `journal verify --fix` "
+            "accepts the loss",
+            gap.describe(),
+            os.path.dirname(log.directory),
+        )
 
 
 def _highest_missing(log: SegmentLog, bases: list[int]) -> int:

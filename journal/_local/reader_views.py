@@ -14,7 +14,7 @@ from typing import TypeVar
 from ..errors import JournalCorrupt
 from .files import FileOps
 from .log import SegmentLog
-from .projector import Projection, project_log, project_segments
+from .projector import MissingEvents, Projection, log_missing, project_log, project_segments
 from .tombstones import forget_gone_creations
 from .view import View
 
@@ -80,18 +80,23 @@ def while_files_change(
 def build_private(log: SegmentLog, view: View, once: bool = False) -> None:
     """Project the whole log into a private view, emptied first, in one write transaction
     (retried as `while_files_change` does, but with `once`): its build at open, and its
-    rebuild when the log was cut back under it (`private_tail`)."""
+    rebuild when the log was cut back under it (`private_tail`). Events the log lacks
+    unaccounted for (SPEC 9) are logged from a build that saw the files hold still (a
+    segment swapped in place after the listing, its trim record in a segment sealed
+    after it, would look like a lost one)."""
 
-    def build() -> None:
+    def build() -> list[MissingEvents]:
+        missing: list[MissingEvents] = []
         with view.begin(write=True) as txn:
             view.clear(txn)
             view.put_store_id(txn, log.store_id)
-            project_log(log, view, txn)
+            project_log(log, view, txn, missing=missing)
+        return missing
 
     if once:
-        build()
+        log_missing(log, build())
     else:
-        while_files_change(log, build)
+        log_missing(log, while_files_change(log, build, settled=lambda found: not found))
 
 
 def refresh_private(log: SegmentLog, view: View, ops: FileOps) -> None:
