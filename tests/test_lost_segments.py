@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from journal import EventIn, Journal, RetentionPolicy
+from journal._local.files import FAULT_POINTS, FileOps
 
 SEGMENT_BYTES = 16 << 10
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
@@ -244,3 +246,86 @@ def test_a_fix_that_accepts_a_hole_leaves_the_missing_events_to_the_next_fix(
     with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
         assert j.verify().ok
         assert [e.data for e in j.replay("s")][-1] == b"after"
+
+
+# A read-only journal that cannot use the writer's view builds a private one, holding no
+# lock on the segment files: it lists them, then reads them. Between the two, the writer
+# may rotate, record a snapshot in the new active segment, and compact an older sealed
+# segment in place (the same file name, `.seg.zst`, now without the frames that became
+# dead). A build that read the new file and not the record looked at a lost segment and
+# logged a false alarm on a healthy store (review h19a; fixed by f5fbdfb: the build is
+# tried again while the files change, and only a settled build's findings are logged).
+
+
+def _bases(store: Path) -> list[int]:
+    names = (p.name for p in (store / "segments").iterdir())
+    return sorted({int(n.split(".")[0]) for n in names if n.endswith((".seg", ".seg.zst"))})
+
+
+class _OnFirstSegment(FileOps):
+    """Runs `step` once, when a projection opens its first segment after listing them
+    (the fault point "projection.segment"); `opened`: the bases opened since."""
+
+    def __init__(self, step: Callable[[int], None]) -> None:
+        self.step: Callable[[int], None] | None = step
+        self.opened: list[int] = []
+
+    def point(self, name: str, detail: object = None) -> None:
+        assert name in FAULT_POINTS, name
+        if name != "projection.segment":
+            return
+        assert isinstance(detail, int)
+        self.opened.append(detail)
+        step, self.step = self.step, None
+        if step is not None:
+            step(detail)
+
+
+def test_a_read_only_build_does_not_take_a_segment_compacted_after_its_listing_for_a_lost_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = tmp_path / "store"
+    segments = store / "segments"
+    with Journal.open(
+        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
+    ) as writer:
+        writer.create_session("s")
+        while len(_bases(store)) < 2:  # (segment A sealed, B active)
+            writer.append("s", [EventIn("m", b"x" * 700)])
+        a, b = _bases(store)
+        in_a = b - 2  # (the last ordinal in A: one session, its ordinals are positions - 1)
+        writer.compact()  # (A compressed: A.seg.zst)
+        packed = segments / f"{a:020d}.seg.zst"
+        before = packed.stat().st_ino
+        for _ in range(3):
+            writer.append("s", [EventIn("m", b"y" * 700)])  # (in B)
+        # A without its sidecar (a swap whose sidecar write failed: "readers scan, the
+        # next catch-up writes it"): the build reads A's file rather than its summary.
+        # (With the sidecar, the window is between the listing and the sidecar's read,
+        # where no fault point is: the first segment the build opens is then B.)
+        (segments / f"{a:020d}.idx").unlink()
+
+        def rotate_snapshot_and_compact(base: int) -> None:
+            assert base == a and _bases(store) == [a, b]
+            while len(_bases(store)) < 3:  # (B sealed, C active)
+                writer.append("s", [EventIn("m", b"z" * 700)])
+            # The snapshot record goes into C; most of A dies (some events stay live).
+            writer.compact_session("s", in_a - 3, b"snapshot")
+            writer.compact()
+            assert packed.stat().st_ino != before  # (A swapped in place: the same name)
+            assert _bases(store)[:2] == [a, b]
+
+        ops = _OnFirstSegment(rotate_snapshot_and_compact)
+        with (
+            caplog.at_level(logging.ERROR, logger="journal"),
+            Journal.open(store, readonly=True, file_ops=ops) as reader,
+        ):
+            assert ops.step is None  # (the writer's steps ran, once, during the build)
+            expected = [(e.ordinal, e.data) for e in writer.replay("s")]
+            assert expected[0][0] == in_a - 2
+            got = [(e.ordinal, e.data) for e in reader.replay("s")]
+            report = writer.verify()
+        assert report.ok, report.problems
+        logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not [m for m in logged if "are missing from the log" in m], logged
+        assert got == expected  # (before the fix too: the open's refresh read C's record)
