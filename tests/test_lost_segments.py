@@ -14,13 +14,14 @@ loss by recording the trim.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from journal import EventIn, Journal, RetentionPolicy
+from journal import EventIn, Journal, JournalCorrupt, RetentionPolicy
 from journal._local.files import FAULT_POINTS, FileOps
 
 SEGMENT_BYTES = 16 << 10
@@ -31,10 +32,15 @@ def _sealed(store: Path) -> list[Path]:
     return sorted(p for p in (store / "segments").iterdir() if p.name.endswith(".seg"))
 
 
+# Cursors of every event of the store `_store_missing_a_middle_segment` made last.
+CURSORS: dict[int, str] = {}
+
+
 def _store_missing_a_middle_segment(tmp_path: Path) -> tuple[Path, str, int, int]:
     """A store of one session over several segments whose second segment file is gone
     and whose view is gone too (a reboot discards it). Returns the store, the name of the
-    segment after the lost one, and the first and last ordinals lost."""
+    segment after the lost one, and the first and last ordinals lost (`CURSORS`: the
+    cursors saved before)."""
     store = tmp_path / "store"
     with Journal.open(
         store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
@@ -42,11 +48,15 @@ def _store_missing_a_middle_segment(tmp_path: Path) -> tuple[Path, str, int, int
         j.create_session("s")
         for _ in range(80):
             j.append("s", [EventIn("m", b"x" * 700)])
+        CURSORS.clear()
+        CURSORS.update((e.ordinal, e.cursor) for e in j.replay("s"))
     sealed = _sealed(store)
     assert len(sealed) >= 3
     lost, after = sealed[1], sealed[2]
     first_lost = int(lost.name.split(".")[0])  # (one session: its ordinals are positions - 1)
     last_lost = int(after.name.split(".")[0]) - 1
+    (tmp_path / "kept").mkdir()
+    shutil.copy(lost, tmp_path / "kept" / lost.name)
     lost.unlink()
     (store / "segments" / lost.name.replace(".seg", ".idx")).unlink(missing_ok=True)
     shutil.rmtree(store / "index")
@@ -61,12 +71,23 @@ def test_a_rebuild_logs_events_a_lost_segment_held_and_verify_reports_them(
         caplog.at_level(logging.ERROR, logger="journal"),
         Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
     ):
-        ordinals = [e.ordinal for e in j.replay("s")]
         report = j.verify()
-    assert ordinals[0] == last + 1  # (what a rebuild can serve: the rest, as before)
+        # A read that would pass over the lost events is refused: from the start, from
+        # before them (events the log still holds), or from one of them...
+        for cursor in (None, CURSORS[5], CURSORS[first - 1], CURSORS[last]):
+            with pytest.raises(JournalCorrupt, match=f"events {first} to {last} of session"):
+                list(j.replay("s", cursor))
+        with pytest.raises(JournalCorrupt) as raised:
+            j.fold("s", lambda state, event: state + 1, 0)
+        assert raised.value.segment == after
+        # ... a reader that had them goes on (its cursor is past them).
+        assert next(e.ordinal for e in j.replay("s", CURSORS[last + 1])) == last + 2
+        # (The retained range starts where the log says: not after the loss.)
+        assert j.get_session("s").first_ordinal == 1
     logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(
         f"events {first} to {last} of session 's' are missing from the log" in m
+        and f"reads of the session from before event {last + 1} raise JournalCorrupt" in m
         and "journal verify --fix" in m
         for m in logged
     ), logged
@@ -74,7 +95,23 @@ def test_a_rebuild_logs_events_a_lost_segment_held_and_verify_reports_them(
     [problem] = report.problems
     assert problem.segment == after
     assert f"events {first} to {last} of session 's' are missing" in problem.what
-    assert "restore the segment file from a backup" in problem.what
+    assert "restore the segment file from a backup and run verify --fix" in problem.what
+
+
+def test_the_file_restored_and_a_fix_bring_the_events_back(tmp_path: Path) -> None:
+    store, _after, first, last = _store_missing_a_middle_segment(tmp_path)
+    lost = next(n for n in os.listdir(tmp_path / "kept") if n.endswith(".seg"))
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        with pytest.raises(JournalCorrupt):
+            list(j.replay("s"))
+        shutil.copy(tmp_path / "kept" / lost, store / "segments" / lost)
+        with pytest.raises(JournalCorrupt):  # (the view still lacks them)
+            list(j.replay("s"))
+        assert not j.verify().ok  # (the view differs from the log now)
+        assert j.verify(fix=True).fixed
+        assert [e.ordinal for e in j.replay("s")] == sorted(CURSORS)
+        assert j.verify().ok
+    assert first < last
 
 
 def test_a_read_only_journal_reports_them_too(
@@ -86,6 +123,8 @@ def test_a_read_only_journal_reports_them_too(
         Journal.open(store, readonly=True) as reader,  # (no view: a private one)
     ):
         report = reader.verify()
+        with pytest.raises(JournalCorrupt, match=f"events {first} to {last} of session"):
+            list(reader.replay("s"))
     assert [p.segment for p in report.problems] == [after]
     assert any(
         f"events {first} to {last} of session 's' are missing" in r.getMessage()
@@ -107,6 +146,7 @@ def test_verify_fix_accepts_the_loss_with_a_trim_record(
         )
         assert j.verify().ok
         assert j.get_session("s").first_ordinal == last + 1
+        assert next(iter(j.replay("s"))).ordinal == last + 1  # (read again)
         j.append("s", [EventIn("m", b"after the fix")])
     shutil.rmtree(store / "index")  # (a later rebuild finds the loss accounted for)
     caplog.clear()
@@ -238,7 +278,13 @@ def test_a_fix_that_accepts_a_hole_leaves_the_missing_events_to_the_next_fix(
         [problem] = j.verify().problems  # (the missing events only: no damage)
         assert f"events {first} to {last}" in problem.what
         j.append("s", [EventIn("m", b"after")])
-        assert [e.data for e in j.replay("s")][-3:] == [b"tail 0", b"tail 1", b"after"]
+        with pytest.raises(JournalCorrupt):  # (not accepted yet)
+            list(j.replay("s"))
+        assert [e.data for e in j.replay("s", CURSORS[last + 1])][-3:] == [
+            b"tail 0",
+            b"tail 1",
+            b"after",
+        ]
         again = j.verify(fix=True)
         assert "the loss is accepted (a trim record" in again.problems[0].what
         assert j.verify().ok

@@ -11,7 +11,6 @@ import os
 import struct
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import NamedTuple
 
 import lmdb
 
@@ -42,10 +41,9 @@ from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
 from .segments import KnownZeros, SegmentReader, frame_records, summarize_segment
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
-from .view import Head, IdemEntry, View
+from .view import Head, IdemEntry, MissingEvents, View
 
 __all__ = [
-    "MissingEvents",
     "Projection",
     "log_missing",
     "project_log",
@@ -53,26 +51,6 @@ __all__ = [
 ]
 
 _log = logging.getLogger("journal")
-
-
-class MissingEvents(NamedTuple):
-    """Events `first` to `last` of a live session that the log lacks, though no record of
-    it trims, snapshots or evicts them; the frame after them is at `offset` in
-    `segment` (a base position)."""
-
-    session_id: str
-    incarnation: int
-    first: int
-    last: int
-    segment: int
-    offset: int
-
-    def describe(self) -> str:
-        return (
-            f"events {self.first} to {self.last} of session {self.session_id!r} are missing "
-            "from the log, and no record trims, snapshots or evicts them (a segment file "
-            f"was lost?): reads of the session begin at {self.last + 1}"
-        )
 
 
 class Projection:
@@ -468,14 +446,18 @@ class Projection:
 
     def unaccounted_gaps(self) -> list[MissingEvents]:
         """The runs of events of live sessions that the log lacks although no record of it
-        trims, snapshots or evicts them (a segment file was lost): a rebuild takes them for
-        trimmed history. Meaningful after projecting the whole log (a rebuild)."""
+        trims, snapshots or evicts them (a segment file was lost), after projecting the
+        whole log (a rebuild). Each such session's retained range is set back to start
+        where the log's records say, not after the loss: reads from there up to the loss
+        need the lost events, and are refused (`View.put_missing`), where one from past
+        them goes on."""
         found = []
         for incarnation, (first, last, segment, offset) in sorted(self._gaps.items()):
             start = self._starts.get(incarnation, 1)
             row = self.row(incarnation)
             if row is None or row.staged or last < start:
                 continue  # (evicted, an import's staging, or trimmed: accounted for)
+            row.first_ordinal = start
             found.append(
                 MissingEvents(row.session_id, incarnation, max(first, start), last, segment, offset)
             )
@@ -664,7 +646,7 @@ def project_log(
     `until` (and without sidecars), the log as it was at that head. With `record_floor`
     (a writer), a feed floor the log had no record of is recorded in it. Events of live
     sessions the log lacks unaccounted for (`Projection.unaccounted_gaps`) go in
-    `missing`, or without it are logged as errors.
+    `missing`; without it they are recorded in the view (reads refuse them) and logged.
 
     With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
     are projected from it without being read; the rest, and the active segment, are read.
@@ -691,6 +673,8 @@ def project_log(
     if missing is not None:
         missing += gaps
     else:
+        for gap in gaps:
+            view.put_missing(txn, gap)
         log_missing(log, gaps)
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did
@@ -711,10 +695,12 @@ def log_missing(log: SegmentLog, gaps: list[MissingEvents]) -> None:
     """Say on the `journal` logger what a rebuild at open found missing (SPEC 9)."""
     for gap in gaps:
         _log.error(
-            "%s (store %s): restore the file from a backup; `journal verify --fix` "
-            "accepts the loss",
+            "%s (store %s): reads of the session from before event %d raise "
+            "JournalCorrupt; restore the file from a backup and run `journal verify --fix`, "
+            "or accept the loss with `journal verify --fix`",
             gap.describe(),
             os.path.dirname(log.directory),
+            gap.last + 1,
         )
 
 

@@ -238,6 +238,16 @@ def _page_once(
 ) -> EventsPage:
     next_position = 1 if head is None else head.next_position
     row = view.row(txn, session_id)
+    if row is not None and row.incarnation == incarnation:
+        missing = view.missing(txn, incarnation)
+        if missing is not None and after < missing.last:
+            # (A read that would pass over events a lost segment file held: SPEC 9.)
+            raise JournalCorrupt(
+                segment_name(missing.segment),
+                missing.offset,
+                f"{missing.describe()}: restore the lost segment file from a backup and "
+                "run `journal verify --fix`, or accept the loss with `journal verify --fix`",
+            )
     if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:
         return EventsPage([], False, row, next_position)
     events, has_more = _read_events(txn, view, head, row, after, max_bytes, context, readers)

@@ -14,9 +14,9 @@ from typing import TypeVar
 from ..errors import JournalCorrupt
 from .files import FileOps
 from .log import SegmentLog
-from .projector import MissingEvents, Projection, log_missing, project_log, project_segments
+from .projector import Projection, log_missing, project_log, project_segments
 from .tombstones import forget_gone_creations
-from .view import View
+from .view import MissingEvents, View
 
 __all__ = ["build_private", "project_new", "refresh_private", "while_files_change"]
 
@@ -91,6 +91,8 @@ def build_private(log: SegmentLog, view: View, once: bool = False) -> None:
             view.clear(txn)
             view.put_store_id(txn, log.store_id)
             project_log(log, view, txn, missing=missing)
+            for gap in missing:
+                view.put_missing(txn, gap)
         return missing
 
     if once:

@@ -27,12 +27,12 @@ from .frames import (
     sidecar_name,
 )
 from .log import SegmentLog
-from .projector import MissingEvents, project_log
+from .projector import project_log
 from .reader_views import while_files_change
 from .retention import SummaryCache, dead_segments
 from .segments import LogHole, SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary, write_summary
-from .view import Head, View
+from .view import Head, MissingEvents, View
 from .view_codec import U64
 
 __all__ = [
@@ -514,15 +514,18 @@ def _missing_problem(
         way = f"the loss is accepted (a trim record now starts the session at {missing.last + 1})"
     elif accepted is None:
         way = (
-            "restore the segment file from a backup, or accept the loss with verify --fix "
-            "again (this one accepted the cut-off frames only)"
+            "restore the segment file from a backup and run verify --fix, or accept the "
+            "loss with verify --fix again (this one accepted the cut-off frames only)"
         )
     else:
-        way = "restore the segment file from a backup, or accept the loss with verify --fix"
+        way = (
+            "restore the segment file from a backup and run verify --fix, or accept the "
+            "loss with verify --fix"
+        )
     name = segment_name(missing.segment)
     if not os.path.exists(os.path.join(log.directory, name)):
         name = segment_name(missing.segment, compressed=True)
-    return VerifyProblem(name, missing.offset, f"{missing.describe()}; {way}")
+    return VerifyProblem(name, missing.offset, f"{missing.describe()}: {way}")
 
 
 def _dead(log: SegmentLog, view: View, txn: lmdb.Transaction) -> list[tuple[int, int]]:
@@ -598,6 +601,8 @@ def fix_store(
         # this one: a trim record written now would land where the cut-off frames ended
         # (it wrote over the segment). The next fix accepts these.
         problems += [_missing_problem(log, m, accepted=None) for m in missing]
+        for gap in missing:
+            view.put_missing(txn, gap)  # (reads still refuse them)
         missing = []
     else:
         problems += [_missing_problem(log, m, accepted=True) for m in missing]

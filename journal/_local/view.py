@@ -11,7 +11,8 @@ data file, apart from LMDB, is `view_file`.
 Named databases (keys big-endian so LMDB's byte order is numeric order):
 
     meta         b"head" -> Head; b"store" -> store id; b"boot" -> boot id of the last writer;
-                 b"feed-floor" -> u64: feed entries at or below it may have been pruned
+                 b"feed-floor" -> u64: feed entries at or below it may have been pruned;
+                 b"lost:" + u64 incarnation -> MissingEvents: what a rebuild found lost
     sessions     session id (utf-8) -> SessionRow (staged imports: NUL-prefixed ids)
     incarnations u64 incarnation -> session id (kept after eviction: page tokens resolve it)
     events       u64 incarnation -> sorted duplicates, one per frame holding the session's
@@ -45,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Final
+from typing import Final, NamedTuple
 
 import lmdb
 import msgspec
@@ -93,6 +94,7 @@ __all__ = [
     "Head",
     "IdemEntry",
     "Location",
+    "MissingEvents",
     "View",
     "corrupt",
 ]
@@ -102,6 +104,7 @@ _STAGED_END: Final = b"\x01"
 
 _EVENTS: Final = b"events"
 _FEED_FLOOR: Final = b"feed-floor"
+_LOST: Final = b"lost:"  # + u64 incarnation -> MissingEvents (see `View.put_missing`)
 _NAMES: Final = (
     b"meta",
     b"sessions",
@@ -138,8 +141,29 @@ class IdemEntry(msgspec.Struct, array_like=True):
     position: int = 0
 
 
+class MissingEvents(NamedTuple):
+    """Events `first` to `last` of a live session that the log lacks, though no record of
+    it trims, snapshots or evicts them; the frame after them is at `offset` in
+    `segment` (a base position)."""
+
+    session_id: str
+    incarnation: int
+    first: int
+    last: int
+    segment: int
+    offset: int
+
+    def describe(self) -> str:
+        return (
+            f"events {self.first} to {self.last} of session {self.session_id!r} are missing "
+            "from the log, and no record trims, snapshots or evicts them (a segment file "
+            "was lost?)"
+        )
+
+
 _head_decoder: Final = msgspec.msgpack.Decoder(Head)
 _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
+_missing_decoder: Final = msgspec.msgpack.Decoder(MissingEvents)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
 _U64_CRC: Final = struct.Struct(">QI")
 
@@ -543,6 +567,19 @@ class View:
         """Record that feed entries up to `position` may be missing (never lowered)."""
         if position > self.feed_floor(txn):
             txn.put(_FEED_FLOOR, seal(_FEED_FLOOR, U64.pack(position)), db=self._meta)
+
+    def put_missing(self, txn: lmdb.Transaction, missing: MissingEvents) -> None:
+        """Record events of a live session that a rebuild found missing from the log, no
+        record accounting for them (SPEC 9): reads at or below them are refused until a
+        rebuild no longer finds them (the file restored) or a fix accepts the loss."""
+        key = _LOST + U64.pack(missing.incarnation)
+        txn.put(key, seal(key, encoder.encode(missing)), db=self._meta)
+
+    def missing(self, txn: lmdb.Transaction, incarnation: int) -> MissingEvents | None:
+        """What `put_missing` recorded of this incarnation, if anything."""
+        key = _LOST + U64.pack(incarnation)
+        raw = txn.get(key, db=self._meta)
+        return None if raw is None else decoded(_missing_decoder, key, raw, "meta")
 
     def prune_feed(
         self,
