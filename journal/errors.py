@@ -60,7 +60,9 @@ class JournalCorrupt(JournalError):
     code = "JOURNAL_CORRUPT"
     status = "DATA_LOSS"
 
-    def __init__(self, segment: str, offset: int, detail: str) -> None:
+    def __init__(self, segment: str, offset: int, detail: str, *, way: str | None = None) -> None:
+        """`way`: what to do, instead of restoring `segment` (the damage is elsewhere:
+        `segment` only locates it, like the frame after a lost segment file's events)."""
         self.segment = segment
         self.offset = offset
         self.detail = detail
@@ -68,9 +70,10 @@ class JournalCorrupt(JournalError):
             # The view is derived from the log: its damage is repaired, not restored.
             super().__init__(f"corrupt journal view (index/): {detail}")
             return
+        if way is None:
+            way = "run `journal verify` to list all damage, and restore the segment from a backup"
         super().__init__(
-            f"corrupt journal data in segment {segment} at byte offset {offset}: {detail}; "
-            "run `journal verify` to list all damage, and restore the segment from a backup"
+            f"corrupt journal data in segment {segment} at byte offset {offset}: {detail}; {way}"
         )
 
 

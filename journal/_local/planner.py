@@ -486,6 +486,13 @@ class Planner:
         pending = self._existing(op.session_id)
         through = op.through_ordinal
         problem = stored_state_problem(what, pending.row, pending.last_ordinal, through)
+        lost = self.view.missing(self.txn, pending.incarnation)
+        if problem is None and what == "checkpoint" and lost is not None and through < lost.last:
+            # (A rebuild, verify's, drops it: the session then starts after the loss.)
+            problem = (
+                f"{lost.describe()}: a checkpoint through {through} could never be used "
+                f"(the events after it are gone); checkpoint through {lost.last} or later"
+            )
         if problem is not None:
             raise InvalidArgument(problem)
         position = self.emit(record(pending.incarnation, through, self.now, op.data))

@@ -242,10 +242,12 @@ def _page_once(
         missing = view.missing(txn, incarnation)
         if missing is not None and after < missing.last:
             # (A read that would pass over events a lost segment file held: SPEC 9.)
+            # (Not "restore the segment": the one named holds the frame after them.)
             raise JournalCorrupt(
                 segment_name(missing.segment),
                 missing.offset,
-                f"{missing.describe()}: restore the lost segment file from a backup and "
+                f"{missing.describe()}; the frame after them is here",
+                way="restore the lost segment file (one before this one) from a backup and "
                 "run `journal verify --fix`, or accept the loss with `journal verify --fix`",
             )
     if row is None or row.incarnation != incarnation or after < row.first_ordinal - 1:

@@ -1,0 +1,103 @@
+"""Review h19d of "Events the log lacks" (SPEC 9): what a view with a recorded loss does
+afterwards (checkpoints, windows, snapshots, readers in other processes, evictions)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_lost_segments import CURSORS, NO_WINDOWS, _store_missing_a_middle_segment
+
+from journal import EventIn, InvalidArgument, Journal, JournalCorrupt, RetentionPolicy
+
+
+def test_a_checkpoint_before_the_loss_does_not_make_verify_find_the_view_differs(
+    tmp_path: Path,
+) -> None:
+    """After the rebuild the session starts at 1 again, so `checkpoint_session` accepts
+    an ordinal before the loss; a rebuild (verify's) must then see the same row."""
+    store, _after, first, last = _store_missing_a_middle_segment(tmp_path)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        with pytest.raises(InvalidArgument, match="could never be used"):
+            j.checkpoint_session("s", first - 2, b"cp")
+        j.checkpoint_session("s", last, b"cp")  # (after the loss: usable)
+        problems = j.verify().problems
+        assert [p for p in problems if "differs" in p.what] == [], problems
+        assert len(problems) == 1 and "are missing from the log" in problems[0].what
+    shutil.rmtree(store / "index")
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        assert [p.what for p in j.verify().problems if "differs" in p.what] == []
+
+
+def test_a_window_trim_past_the_loss_ends_the_refusals(tmp_path: Path) -> None:
+    """A byte window trims past the lost run: the log now accounts for it (a rebuild finds
+    nothing), and the live view, whose `lost:` key stays, serves reads from the start."""
+    store, _after, _first, last = _store_missing_a_middle_segment(tmp_path)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        with pytest.raises(JournalCorrupt):
+            list(j.replay("s"))
+        j.change_retention_policy(lambda _: RetentionPolicy(max_history_bytes=4000))
+        j.apply_retention()
+        start = j.get_session("s").first_ordinal
+        assert start > last + 1
+        assert next(iter(j.replay("s"))).ordinal == start
+        assert j.verify().ok
+        j.compact(dead_share=0.0)
+        assert j.verify().ok
+    with Journal.open(store, readonly=True) as r:
+        assert next(iter(r.replay("s"))).ordinal == start
+
+
+def test_a_snapshot_past_the_loss_ends_the_refusals(tmp_path: Path) -> None:
+    store, _after, _first, last = _store_missing_a_middle_segment(tmp_path)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        j.compact_session("s", last, b"snap")
+        assert next(iter(j.replay("s"))).ordinal == last + 1
+        assert j.verify().ok
+        j.compact(dead_share=0.0)
+        j.apply_retention()
+        assert j.verify().ok
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a private view projects only new frames: the `lost:` key and the index built "
+    "without the file stay until the reader reopens (review h19d)",
+)
+def test_a_long_lived_reader_serves_the_events_again_after_the_file_is_restored_and_fixed(
+    tmp_path: Path,
+) -> None:
+    """A read-only journal opened while the file was lost builds a private view that
+    records the loss; the file restored and the writer's verify --fix (which writes no
+    frame when nothing is lost any more): does the reader serve them again?"""
+    store, *_ = _store_missing_a_middle_segment(tmp_path)
+    lost = next(p for p in (tmp_path / "kept").iterdir())
+    with (
+        Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
+        Journal.open(store, readonly=True) as reader,
+    ):
+        with pytest.raises(JournalCorrupt):
+            list(reader.replay("s"))
+        shutil.copy(lost, store / "segments" / lost.name)
+        assert j.verify(fix=True).fixed
+        assert [e.ordinal for e in j.replay("s")] == sorted(CURSORS)
+        j.append("s", [EventIn("m", b"after")])
+        got = [e.ordinal for e in reader.replay("s")]
+        assert got[0] == 1 and len(got) == len(CURSORS) + 1
+
+
+def test_the_refusal_does_not_tell_to_restore_the_segment_that_holds_the_frame_after(
+    tmp_path: Path,
+) -> None:
+    store, after, first, last = _store_missing_a_middle_segment(tmp_path)
+    with (
+        Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
+        pytest.raises(JournalCorrupt) as raised,
+    ):
+        list(j.replay("s"))
+    message = str(raised.value)
+    assert raised.value.segment == after
+    assert f"events {first} to {last} of session 's' are missing from the log" in message
+    assert "restore the lost segment file (one before this one) from a backup" in message
+    assert "restore the segment from a backup" not in message, message
