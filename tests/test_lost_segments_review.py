@@ -101,3 +101,26 @@ def test_the_refusal_does_not_tell_to_restore_the_segment_that_holds_the_frame_a
     assert f"events {first} to {last} of session 's' are missing from the log" in message
     assert "restore the lost segment file (one before this one) from a backup" in message
     assert "restore the segment from a backup" not in message, message
+
+
+def test_eviction_and_recreation_of_a_session_with_lost_events(tmp_path: Path) -> None:
+    """The `lost:` key of the evicted incarnation refuses nothing of the new one; other
+    sessions export while the lost one's export is refused."""
+    store, *_ = _store_missing_a_middle_segment(tmp_path)
+    policy = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
+    with Journal.open(store, durability="os", retention=NO_WINDOWS) as j:
+        j.create_session("other")
+        j.append("other", [EventIn("m", b"o")])
+        with pytest.raises(JournalCorrupt):
+            j.export_sessions(["s"], tmp_path / "s.jar")
+        j.export_sessions(["other"], tmp_path / "o.jar")
+        j.resolve_session("s")
+        j.change_retention_policy(lambda _: policy)
+        assert j.apply_retention(now_ms=2**50).evicted_sessions == ["s"]
+        j.append("s", [EventIn("m", b"new")], create=True)
+        assert [e.data for e in j.replay("s")] == [b"new"]
+        assert j.verify().ok
+    shutil.rmtree(store / "index")
+    with Journal.open(store, durability="os") as j:
+        assert j.verify().ok
+        assert [e.data for e in j.replay("s")] == [b"new"]
