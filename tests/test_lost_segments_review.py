@@ -60,11 +60,6 @@ def test_a_snapshot_past_the_loss_ends_the_refusals(tmp_path: Path) -> None:
         assert j.verify().ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a private view projects only new frames: the `lost:` key and the index built "
-    "without the file stay until the reader reopens (review h19d)",
-)
 def test_a_long_lived_reader_serves_the_events_again_after_the_file_is_restored_and_fixed(
     tmp_path: Path,
 ) -> None:

@@ -41,15 +41,43 @@ class _Cut(Exception):
 class PrivateTail:
     """The last frame a private view projected (None: not known, or none to compare)."""
 
-    __slots__ = ("_frame",)
+    __slots__ = ("_frame", "_listed")
 
     def __init__(self) -> None:
         self._frame: _Frame | None = None
+        # While the view records events missing from the log (SPEC 9, "Events the log
+        # lacks"): the segment files listed at the first refresh since, else None.
+        self._listed: set[int] | None = None
 
     def refresh(self, log: SegmentLog, view: View, ops: FileOps) -> None:
-        """`refresh_private`, after rebuilding the view if the log was cut under it."""
+        """`refresh_private`, after rebuilding the view if the log was cut under it, or if
+        a segment file lost came back."""
         self._rebuild_if_cut(log, view, ops, once=False)
+        self._rebuild_if_restored(log, view)
         refresh_private(log, view, ops)
+
+    def _rebuild_if_restored(self, log: SegmentLog, view: View) -> None:
+        """A segment file that appears below the view's segment was restored (rotation
+        adds them above, compaction replaces them under their names): a view that found
+        events missing is rebuilt, to serve them again. (Without, a long-lived reader
+        refused them after the restore and the writer's fix, which writes no frame:
+        review h19d.) One listing per refresh while something is missing, none else."""
+        with view.begin() as txn:
+            head = view.head(txn)
+            lacking = view.any_missing(txn)
+        if not lacking or head is None:
+            self._listed = None
+            return
+        listed = set(log.bases())
+        seen, self._listed = self._listed, listed
+        if seen is not None and any(base < head.segment for base in listed - seen):
+            _log.warning(
+                "%s: a segment file came back: rebuilding this read-only journal's view",
+                log.directory,
+            )
+            build_private(log, view)
+            self._frame = None
+            self._listed = None
 
     def catch_up(self, log: SegmentLog, view: View, ops: FileOps) -> None:
         """What `verify` does first in each of its tries (it retries itself, the last time

@@ -575,6 +575,11 @@ class View:
         key = _LOST + U64.pack(missing.incarnation)
         txn.put(key, seal(key, encoder.encode(missing)), db=self._meta)
 
+    def any_missing(self, txn: lmdb.Transaction) -> bool:
+        """Whether `put_missing` recorded anything."""
+        cursor = txn.cursor(db=self._meta)
+        return cursor.set_range(_LOST) and bytes(cursor.key()).startswith(_LOST)
+
     def missing(self, txn: lmdb.Transaction, incarnation: int) -> MissingEvents | None:
         """What `put_missing` recorded of this incarnation, if anything."""
         key = _LOST + U64.pack(incarnation)
