@@ -3,6 +3,7 @@ commands (`init`, `append`, `read`, `watch`)."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import os
@@ -647,7 +648,10 @@ def _event_of_line(
                 f'stdin line {number}: "type" and "request_id" must be strings'
             )
         return journal.EventIn(event_type, body, request)
-    return journal.EventIn(default_type, line, default_request_id)
+    # (Stored as it is, but for a UTF-8 BOM, which is not part of the data: until
+    # 2026-12-05 it was stored, and the data was no longer JSON.)
+    data = line[len(codecs.BOM_UTF8) :] if line.startswith(codecs.BOM_UTF8) else line
+    return journal.EventIn(default_type, data, default_request_id)
 
 
 @main.command()
