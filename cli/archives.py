@@ -114,6 +114,9 @@ def export(
         )
     before = _file_identity(dest)
     written = False  # (the whole archive was: a Ctrl+C then came after)
+    # (Until 2026-12-05 a failure's JSON error record went into the archive stream, and
+    # `import` then took the file for the NDJSON form: found by a CLI scripting trial.)
+    output.stdout_is_data = dest == "-"
 
     def said(_: KeyboardInterrupt) -> str:
         return _export_interrupted(dest, archive_format, before, written)

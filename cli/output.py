@@ -205,6 +205,9 @@ class Output:
     def __init__(self, output_format: str) -> None:
         self.format = output_format
         self.broken = False
+        # Stdout carries data of its own (`export -o -`): an error is said on stderr only,
+        # never as a JSON record in that stream.
+        self.stdout_is_data = False
         self._lock = threading.Lock()
         # Whether the main thread is printing a line now, and a signal that came meanwhile
         # (a watch's handlers hold it there, cli/watching.py: `raise_held` raises it).
@@ -300,7 +303,7 @@ class Output:
             hint = f" (resume with --cursor {cursor})" if resumable else ""
             with contextlib.suppress(OSError):  # (stderr full or closed: nothing to tell)
                 echo(f"journal: error: {message}{hint}", err=True)
-            if self.json and not self.broken:
+            if self.json and not self.broken and not self.stdout_is_data:
                 record = {
                     "error": {
                         "code": error.code,

@@ -620,6 +620,25 @@ def test_compact_verify_and_stats(tmp_path: Path) -> None:
     assert "journal: error:" in result.stderr
 
 
+def test_a_failed_export_to_stdout_says_so_on_stderr_only(store: Path) -> None:
+    """`--format json export -o -` whose store is damaged: stdout is the archive stream,
+    so the error is not written into it as a JSON record (it was, and `import` then took
+    the file for the NDJSON form)."""
+    invoke(store, "append", "-s", "a", "--create", stdin=b'"x"\n' * 3)
+    active = sorted(p for p in (store / "segments").iterdir() if p.name.endswith(".seg"))[-1]
+    raw = bytearray(active.read_bytes())
+    raw[64 + 30] ^= 1  # (one flipped bit in the first frame)
+    active.write_bytes(bytes(raw))
+    for form in ("archive", "ndjson"):
+        args = ["--store", str(store), "--format", "json", "export", "--all", "-o", "-"]
+        result = subprocess.run(
+            [*CLI, *args, "--format", form], cwd=ROOT, capture_output=True, timeout=20
+        )
+        assert result.returncode == 7, result.stderr
+        assert b'"error"' not in result.stdout, result.stdout[-300:]
+        assert b"journal: error: corrupt journal data" in result.stderr, result.stderr
+
+
 def _turns_store(store: Path) -> None:
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("s")
