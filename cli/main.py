@@ -78,6 +78,13 @@ class JournalGroup(click.Group):
             # Without standalone mode click returns the status ctx.exit() was given.
             sys.exit(result if isinstance(result, int) else 0)
         except _NO_ARGS_IS_HELP as error:
+            if _wants_json(argv):  # (a usage error as any other: until 2026-12-05 the help)
+                failure = CommandFailed(
+                    f"Missing command: try '{error.ctx.command_path} --help'",
+                    code="USAGE",
+                    status="INVALID_ARGUMENT",
+                )
+                sys.exit(Output("json").error(failure, exit_code=EXIT_USAGE))
             click.echo(error.format_message(), err=True)  # the help, not an error line
             sys.exit(EXIT_USAGE)
         except click.UsageError as error:

@@ -639,6 +639,24 @@ def test_a_failed_export_to_stdout_says_so_on_stderr_only(store: Path) -> None:
         assert b"journal: error: corrupt journal data" in result.stderr, result.stderr
 
 
+def test_a_group_without_its_command_is_a_json_usage_error(store: Path) -> None:
+    """`--format json sessions` printed the group's help on stderr and nothing on stdout,
+    where every other usage error prints its JSON record (a CLI scripting trial)."""
+    for args in (["sessions"], ["sessions", "--format", "json"]):
+        result = run_cli("--store", str(store), "--format", "json", *args, check=False)
+        assert result.returncode == 2
+        assert json.loads(result.stdout) == {
+            "error": {
+                "code": "USAGE",
+                "status": "INVALID_ARGUMENT",
+                "message": "Missing command: try 'journal sessions --help'",
+            }
+        }
+        assert result.stderr == "journal: error: Missing command: try 'journal sessions --help'\n"
+    text = run_cli("--store", str(store), "sessions", check=False)
+    assert text.returncode == 2 and "Commands:" in text.stderr  # (text: the help, as before)
+
+
 def _turns_store(store: Path) -> None:
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("s")
