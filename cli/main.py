@@ -95,7 +95,15 @@ class JournalGroup(click.Group):
                 ctx = error.ctx or _command_context(self, prog_name, argv)
                 click.echo(ctx.get_usage(), err=True)
                 click.echo(f"Try '{ctx.command_path} --help' for help.", err=True)
-            failure = CommandFailed(error.format_message(), code="USAGE", status="INVALID_ARGUMENT")
+            message = error.format_message()
+            if isinstance(error, click.NoSuchOption) and not error.possibilities:
+                # (Data or an id may start with '-': `append -s a -1` said only "No such
+                # option '-1'" until 2026-12-05, found by a CLI scripting trial.)
+                message = (
+                    f"{message.rstrip('.')}; a value that starts with '-' goes after `--` "
+                    f"(`-- {error.option_name}`)"
+                )
+            failure = CommandFailed(message, code="USAGE", status="INVALID_ARGUMENT")
             sys.exit(output.error(failure, exit_code=EXIT_USAGE))
         except click.exceptions.Exit as done:
             sys.exit(done.exit_code)

@@ -657,6 +657,24 @@ def test_a_group_without_its_command_is_a_json_usage_error(store: Path) -> None:
     assert text.returncode == 2 and "Commands:" in text.stderr  # (text: the help, as before)
 
 
+def test_a_value_that_starts_with_a_dash_is_told_to_go_after_the_double_dash(
+    store: Path,
+) -> None:
+    """`append -s a -1` (the JSON number -1) said only "No such option '-1'." (a CLI
+    scripting trial); a misspelt option still gets click's suggestion alone."""
+    result = invoke(store, "append", "-s", "a", "--create", "-1")
+    assert result.exit_code == 2
+    assert records(result)[0]["error"]["message"] == (
+        "No such option '-1'; a value that starts with '-' goes after `--` (`-- -1`)"
+    )
+    result = invoke(store, "append", "-s", "a", "--create", "--", "-1")
+    assert result.exit_code == 0, result.output
+    result = invoke(store, "read", "--sesion", "a")
+    assert records(result)[0]["error"]["message"] == (
+        "No such option '--sesion'. Did you mean '--session'?"
+    )
+
+
 def _turns_store(store: Path) -> None:
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("s")
