@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import io
 import json
 import math
@@ -279,6 +280,17 @@ class Output:
                 self.broken = True
                 silence_stdout()
                 raise
+            except OSError as e:
+                # (Named: `read > /dev/full` said only "[Errno 28] No space left on device"
+                # until 2026-12-05, found by a CLI scripting trial.)
+                self.broken = True
+                silence_stdout()
+                full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+                raise CommandFailed(
+                    f"cannot write to stdout: {e.strerror or e}; "
+                    + ("free space there, or send stdout elsewhere" if full else "check it"),
+                    "OS_ERROR",
+                ) from None
             finally:
                 self.printing = False
 

@@ -675,6 +675,27 @@ def test_a_value_that_starts_with_a_dash_is_told_to_go_after_the_double_dash(
     )
 
 
+def test_stdout_that_cannot_be_written_is_named(store: Path) -> None:
+    """`read > /dev/full` said only "[Errno 28] No space left on device" (a CLI scripting
+    trial): it names stdout and what to do, and exits 7."""
+    invoke(store, "append", "-s", "a", "--create", stdin=b'"x"\n')
+    for fmt in ("json", "text"):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(
+                [*CLI, "--store", str(store), "--format", fmt, "read", "-s", "a"],
+                cwd=ROOT,
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=20,
+            )
+        assert result.returncode == 7
+        assert result.stderr == (
+            "journal: error: cannot write to stdout: No space left on device; free space "
+            "there, or send stdout elsewhere\n"
+        )
+
+
 def _turns_store(store: Path) -> None:
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("s")
