@@ -453,8 +453,10 @@ def append(
     and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
     other JSON value compactly re-serialized, refused if that would change a number or
     drop a repeated key); any other JSON line is stored as it is,
-    with type --type. One append takes at most 10,000 events and 64 MiB of data: stdin
-    is refused (nothing appended) as soon as it holds more.
+    with type --type; blank lines are skipped. One append takes at most 10,000 events and
+    64 MiB of data: stdin is refused (nothing appended) as soon as it holds more. Prints
+    what was committed ({"session_id", "first_ordinal", "last_ordinal", "cursor",
+    "deduplicated"} with --format json; the cursor is the last event's).
     """
     if data:
         events = [
@@ -683,7 +685,12 @@ def _event_of_line(
 )
 @pass_settings
 def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int) -> None:
-    """Print one page of a session's events, then where to continue."""
+    """Print one page of a session's events, then where to continue.
+
+    With --format json the last line is {"next_cursor": C, "has_more": B}: pass C as
+    --cursor for the next page (the one given when the page is empty; null when no
+    event was read yet: leave --cursor out then).
+    """
     output = settings.output
     with settings.open(write=False) as store:
         page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
@@ -705,10 +712,13 @@ def watch(settings: Settings, session_id: str, cursor: str | None) -> None:
     """Replay a session's events, then follow new ones live.
 
     Ends by itself once the session is resolved, expired or cancelled and every event was
-    printed; Ctrl+C, SIGTERM or SIGHUP stop earlier (exit status 130, 143, 129). With
-    --format json the last line says how it ended: {"end": STATE or "stopped"}. A session
-    past its --ttl-ms is expired by a writer (a process with the store open for writing,
-    any write command, or `journal sessions expire`), not by the watch itself.
+    printed; Ctrl+C, SIGTERM or SIGHUP stop earlier (exit status 130, 143, 129; a script
+    that starts it in the background, where SIGINT is ignored, stops it with SIGTERM).
+    With --format json the last line says how it ended: {"end": STATE}, or {"end":
+    "stopped", "cursor": C}, C the cursor to resume from with --cursor (the one given, or
+    null, when nothing was printed). A session past its --ttl-ms is expired by a writer
+    (a process with the store open for writing, any write command, or `journal sessions
+    expire`), not by the watch itself.
     """
     watch_events(settings, session_id, cursor)
 

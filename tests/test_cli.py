@@ -696,6 +696,20 @@ def test_stdout_that_cannot_be_written_is_named(store: Path) -> None:
         )
 
 
+def test_help_says_what_a_script_reads_back(store: Path) -> None:
+    """What a scripter parses (a CLI scripting trial found it missing from --help): the
+    stopped watch's cursor, read's last line, what append prints."""
+    helps = {
+        name: " ".join(run_cli(name, "--help").stdout.split())
+        for name in ("watch", "read", "append")
+    }
+    assert '{"end": "stopped", "cursor": C}' in helps["watch"]
+    assert "stops it with SIGTERM" in helps["watch"]
+    assert '{"next_cursor": C, "has_more": B}' in helps["read"]
+    assert "blank lines are skipped" in helps["append"]
+    assert '"first_ordinal", "last_ordinal", "cursor", "deduplicated"' in helps["append"]
+
+
 def _turns_store(store: Path) -> None:
     with journal.Journal.open(store, durability="os") as j:
         j.create_session("s")
