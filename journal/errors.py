@@ -99,6 +99,18 @@ class SessionExists(JournalError):
     code = "SESSION_EXISTS"
     status = "ALREADY_EXISTS"
 
+    @classmethod
+    def imported_over(cls, taken: list[str], meanwhile: bool = False) -> "SessionExists":
+        """The error of an import of which the ids `taken` exist in the store already
+        (`meanwhile`: created by another writer while it ran); nothing was imported."""
+        names = ", ".join(map(repr, taken[:10])) + (" ..." if len(taken) > 10 else "")
+        when = " (created meanwhile by another writer)" if meanwhile else " already"
+        return cls(
+            f"{len(taken)} of the archive's sessions exist in this store{when} ({names}): "
+            "nothing was imported; import them under other ids (rename=, or `journal "
+            "import --as NEW_ID` / `--rename OLD=NEW`)"
+        )
+
 
 class SessionNotFound(JournalError):
     """No session by that id exists (never created, or evicted)."""

@@ -456,12 +456,7 @@ def import_sessions(
             raise InvalidArgument("rename gives two sessions the same id")
         taken = [target for target in targets if engine.session(target) is not None]
         if taken:
-            names = ", ".join(map(repr, taken[:10])) + (" ..." if len(taken) > 10 else "")
-            raise SessionExists(
-                f"{len(taken)} of the archive's sessions exist in this store already "
-                f"({names}): import them under other ids (rename=, or `journal import "
-                "--as NEW_ID` / `--rename OLD=NEW`)"
-            )
+            raise SessionExists.imported_over(taken)
         if spool is not None:
             spool.seek(0)
             second: IO[bytes] = spool

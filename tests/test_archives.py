@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -1784,3 +1785,55 @@ def test_an_imported_checkpoint_is_kept_by_a_history_window_as_long_as_the_sourc
                 outcomes.append(None if checkpoint is None else checkpoint.ordinal)
     assert stored is not None and stored.ordinal == 48
     assert outcomes == [48, 48]  # (the checkpoint at 48 restores both folds)
+
+
+class _CreateWhileStaging(FileOps):
+    """Queues each of `creates` (on threads of their own) while the first staging
+    operation of an import is planned: they commit in the next batch, before the
+    import's commit."""
+
+    def __init__(self) -> None:
+        self.creates: list[Callable[[], object]] = []
+        self.queued = threading.Semaphore(0)
+        self.threads: list[threading.Thread] = []
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "commit.queued" and self.threads:
+            self.queued.release()
+        if name != "plan.operation" or type(detail).__name__ != "StageSessions":
+            return
+        creates, self.creates = self.creates, []
+        for create in creates:
+            thread = threading.Thread(target=create)
+            self.threads.append(thread)
+            thread.start()
+        for _ in creates:
+            assert self.queued.acquire(timeout=10)
+
+
+def test_ids_taken_while_an_import_ran_are_named_all_with_the_ways_out(tmp_path: Path) -> None:
+    """Two sessions of an archive created by another writer while the import staged
+    them: the import said only the first ("session 'a' already exists: import it under
+    another id (... --as NEW_ID)"), and `--as` refuses an archive of two sessions (an
+    archives trial). Now: both ids, nothing imported, `--rename` named."""
+    source = tmp_path / "source"
+    archive = tmp_path / "two.sja"
+    with Journal.open(source, durability="os") as j:
+        for session_id in ("a", "b"):
+            j.create_session(session_id)
+            j.append(session_id, [EventIn("m", b"x")])
+        j.export_sessions(["a", "b"], archive)
+    ops = _CreateWhileStaging()
+    with Journal.open(tmp_path / "target", create=True, durability="os", file_ops=ops) as j:
+        ops.creates = [partial(j.create_session, "a"), partial(j.create_session, "b")]
+        with pytest.raises(journal.SessionExists) as raised:
+            j.import_sessions(archive)
+        for thread in ops.threads:
+            thread.join(10)
+        assert str(raised.value) == (
+            "2 of the archive's sessions exist in this store (created meanwhile by another "
+            "writer) ('a', 'b'): nothing was imported; import them under other ids (rename=, "
+            "or `journal import --as NEW_ID` / `--rename OLD=NEW`)"
+        )
+        assert [m.last_ordinal for m in j.list_sessions()] == [0, 0]  # (the creates')
+        assert j.verify().ok

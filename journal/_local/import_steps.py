@@ -146,14 +146,17 @@ def _stage_into(planner: Planner, pending: Pending, events: list[ArchiveEvent]) 
 def commit_import(planner: Planner, request: Request, op: CommitImport) -> None:
     chosen: set[str] = set()
     staged: list[tuple[str, Pending]] = []
+    taken: list[str] = []
     for target in op.targets:
         if target.session_id in chosen or planner.pending(target.session_id) is not None:
-            raise SessionExists(
-                f"session {target.session_id!r} already exists: import it under "
-                "another id (rename=, or `journal import --as NEW_ID`)"
-            )
+            taken.append(target.session_id)
+        else:
+            staged.append(_staged(planner, target.incarnation))
         chosen.add(target.session_id)
-        staged.append(_staged(planner, target.incarnation))
+    if taken:
+        # (Every id taken, and the ways that take an archive of many sessions: until
+        # 2026-12-05 the first only, and `--as`, which such an archive refuses.)
+        raise SessionExists.imported_over(taken, meanwhile=True)
     for target, (staging_id, pending) in zip(op.targets, staged, strict=True):
         planner.emit(SessionImported(target.incarnation, target.session_id, planner.now))
         state = SessionState.from_wire(target.state)
