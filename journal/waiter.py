@@ -93,6 +93,10 @@ class Notifier:
         read_changes: Callable[[], tuple[int, Collection[int] | None]] | None = None,
         rewinds: bool = False,
     ) -> None:
+        # Entered as `with self._lock`, the C lock's own `__enter__`: `with self._cv` runs
+        # `Condition.__enter__`, Python code, and a Ctrl+C whose handler raised right after
+        # it acquired the lock left the lock held by the main thread for good (the waiter
+        # thread then stopped, and `close()` waited 5 s for it: review h19e).
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
         self._head = 0  # the highest committed next position known
@@ -128,8 +132,8 @@ class Notifier:
         self._changed = True
         self._thread: threading.Thread | None = None
         self._source: ChangeSource | None = None
-        self._wanted = threading.Event()  # a follower waits again (ends the lingering)
-        self._nap = threading.Event()  # interrupts a poll period
+        self._wanted = _Flag()  # a follower waits again (ends the lingering)
+        self._nap = _Flag()  # interrupts a poll period
         self._closed = False
         self._pid = os.getpid()
         # Held while the thread reads the head, and by fork() (see `_pause_for_fork`): a
@@ -150,7 +154,7 @@ class Notifier:
     def registrations(self) -> tuple[int, int]:
         """(stop events, event loops) the waiter keeps for the followers waiting now: both
         0 when none waits, as nothing is kept past a wait."""
-        with self._cv:
+        with self._lock:
             return len(self._stops), len(self._async)
 
     # -- followers -------------------------------------------------------------------------
@@ -162,7 +166,7 @@ class Notifier:
         position is `first`, touching the sessions `keys`; None: not known): wake the
         followers it concerns (those with no key, those of `keys`; everyone when the keys
         are not known, or when commits this waiter did not hear of came before `first`)."""
-        with self._cv:
+        with self._lock:
             if keys is None:
                 self._unknown = max(self._unknown, next_position)
                 unknown = True
@@ -192,7 +196,7 @@ class Notifier:
         follower to look again (one that delivered past the new end raises
         `CursorFuture`; the others wait for the commits that take those positions again,
         which would not have woken them)."""
-        with self._cv:
+        with self._lock:
             self._head = self._unknown = self._seen_max = head
             self._touched.clear()
             self._epoch += 1
@@ -234,7 +238,7 @@ class Notifier:
     def unmoved(self, key: int | None, seen: int) -> int | None:
         """None when `moved(key, seen)`; else the head now, which such a follower may
         take as seen (nothing up to it concerns it)."""
-        with self._cv:
+        with self._lock:
             return None if self.moved(key, seen) else max(self._head, seen)
 
     def _notify_all(self) -> None:
@@ -247,7 +251,7 @@ class Notifier:
         """Wake every waiter to look again now (`wait` returns True): something besides
         the head changed for one of them (a subscription was added to the delivery thread,
         or the journal is closing it)."""
-        with self._cv:
+        with self._lock:
             self._epoch += 1
             self._notify_all()
             loops = self._async_snapshot()
@@ -276,7 +280,7 @@ class Notifier:
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cv:
+        with self._lock:
             if self.moved(key, seen):
                 return True
             if seen > self._seen_max:
@@ -299,12 +303,12 @@ class Notifier:
                     if stop is not None and stop.is_set():
                         return False
                     if deadline is None:
-                        cv.wait(most)
+                        _sleep(cv, self._lock, most)
                         continue
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    cv.wait(remaining if most is None else min(remaining, most))
+                    _sleep(cv, self._lock, remaining if most is None else min(remaining, most))
             finally:
                 self._leave(stop, followers)
                 if key is not None:
@@ -341,7 +345,7 @@ class Notifier:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             waiter = loop.create_future()
-            with self._cv:
+            with self._lock:
                 if self.moved(key, seen):
                     return
                 if seen > self._seen_max:
@@ -354,7 +358,7 @@ class Notifier:
                 self._enter(None)
             timer = None
             try:
-                with self._cv:
+                with self._lock:
                     self._start()
                 if deadline is not None:
                     timer = loop.call_at(loop.time() + deadline - time.monotonic(), _wake, waiter)
@@ -362,14 +366,14 @@ class Notifier:
             finally:
                 if timer is not None:
                     timer.cancel()
-                with self._cv:
+                with self._lock:
                     futures = self._async.get(loop)
                     # (Not there: `_forget_closed_loops` counted it out already.)
                     if futures is not None and futures.pop(waiter, None) is not None:
                         if not futures:
                             del self._async[loop]
                         self._leave(None)
-            with self._cv:
+            with self._lock:
                 if self.moved(key, seen) or self._epoch != epoch:
                     return
             if deadline is not None and time.monotonic() >= deadline:
@@ -391,7 +395,15 @@ class Notifier:
         interrupts `start` leaves every count right)."""
         if self._thread is None and not self._closed:
             self._thread = threading.Thread(target=self._run, name="journal-waiter", daemon=True)
-            self._thread.start()
+            try:
+                self._thread.start()
+            except RuntimeError as error:
+                # `start` waits on a `threading.Event`: a Ctrl+C whose handler raised
+                # inside its `Condition.wait` before the `try` there came out as
+                # RuntimeError("release unlocked lock") (review h19e): raised as what it is.
+                if isinstance(error.__context__, KeyboardInterrupt):
+                    raise error.__context__ from None
+                raise
 
     def _leave(self, stop: Any, followers: int = 1) -> None:
         self._waiting -= 1
@@ -427,7 +439,7 @@ class Notifier:
 
     def close(self) -> None:
         """End the thread and wait for it (the journal is closing). Idempotent."""
-        with self._cv:
+        with self._lock:
             self._closed = True
             thread = self._thread
             source = self._source
@@ -451,7 +463,7 @@ class Notifier:
                 except Exception:  # (OSError, a client's own errors, a close meanwhile)
                     _log.debug("the change source failed; polling instead", exc_info=True)
                     source = None  # poll instead
-            with self._cv:
+            with self._lock:
                 self._source = source
             # First look after the watch exists: what was committed before it is not
             # reported.
@@ -464,12 +476,12 @@ class Notifier:
                     if source is None:
                         raise
                     # The change source failed (only its wait raises): poll from now on.
-                    with self._cv:
+                    with self._lock:
                         self._source = None
                     source.close()
                     source = None
         finally:
-            with self._cv:
+            with self._lock:
                 if self._source is source:
                     self._source = None
                 if self._thread is threading.current_thread():
@@ -480,7 +492,7 @@ class Notifier:
     def _step(self, source: ChangeSource | None) -> bool:
         """Read the head once, wake whom it concerns, then sleep until the next look;
         False when the thread should end."""
-        with self._cv:
+        with self._lock:
             if self._closed:
                 return False
             if self._async:
@@ -494,7 +506,7 @@ class Notifier:
         if idle:
             # Nobody waits: linger without reading anything, then end unless one came.
             self._wanted.wait(LINGER_S)
-            with self._cv:
+            with self._lock:
                 if self._closed or self._waiting == 0:
                     self._thread = None
                     return False
@@ -523,7 +535,7 @@ class Notifier:
 
     def _check(self, stops: list[Any]) -> None:
         if _any_set(stops):
-            with self._cv:
+            with self._lock:
                 self._notify_all()
 
     def _read(self) -> tuple[int, Collection[int] | None]:
@@ -564,7 +576,7 @@ class Notifier:
             self.rewind(head)
             return
         stopped = _any_set(stops)
-        with self._cv:
+        with self._lock:
             moved = head > self._head
             if moved:
                 # Commits this process did not publish (another process's; or its own,
@@ -586,6 +598,60 @@ class Notifier:
                 self._notify_all()
                 loops = self._async_snapshot() if moved or failed else []
         _wake_loops(loops)
+
+
+class _Flag:
+    """What the waiter thread sleeps on when it lingers or polls (a `threading.Event` for
+    one waiting thread, the waiter thread, which alone clears it), set by any thread
+    without a lock a KeyboardInterrupt could leave held: `threading.Event.set` enters a
+    `Condition` in Python code, and a Ctrl+C whose handler raised right after that
+    acquired its lock (the main thread starting to wait, `_enter`) left the lock held for
+    good: the journal's `close()` then hung in its own `set` (`journal watch` still
+    running long after its SIGINT: review h19e). Here `set` is one release of a raw lock
+    held while the flag is not set."""
+
+    __slots__ = ("_flag", "_gate")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._gate = threading.Lock()
+        self._gate.acquire()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        try:  # noqa: SIM105 (no Python-level `__enter__` for a handler to raise in)
+            self._gate.release()
+        except RuntimeError:
+            pass  # (set already)
+
+    def clear(self) -> None:
+        """(The waiting thread only.)"""
+        self._flag = False
+        self._gate.acquire(False)
+
+    def wait(self, timeout: float) -> bool:
+        """(The waiting thread only.) Until set, or `timeout` ends; whether it is set."""
+        if not self._flag and self._gate.acquire(True, timeout):
+            with contextlib.suppress(RuntimeError):  # (a `set` meanwhile released it)
+                self._gate.release()  # (it stays open while set)
+        return self._flag
+
+
+def _sleep(cv: threading.Condition, lock: Any, timeout: float | None) -> None:
+    """`cv.wait(timeout)` with `lock`, its lock, held once: held again however the wait
+    ends. `Condition.wait` releases it in Python code before its `try`, and a signal
+    handler that raised between the two (a Ctrl+C in a watch) left it released: the
+    caller's `with` then raised RuntimeError("cannot release un-acquired lock") in place
+    of the KeyboardInterrupt (review h19e)."""
+    try:
+        cv.wait(timeout)
+    except BaseException:
+        if not lock._is_owned():
+            lock.acquire()
+        raise
 
 
 def _any_set(stops: list[Any]) -> bool:

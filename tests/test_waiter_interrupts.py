@@ -1,0 +1,135 @@
+"""A Ctrl+C that lands anywhere in the main thread's wait for new events (`Notifier.wait`,
+journal/waiter.py) leaves a journal that closes at once, and comes out as the
+KeyboardInterrupt it is.
+
+Python runs a signal handler at the main thread's next check point: a return from C code,
+a loop's jump back, a function's start. `threading.Event.set` and `with condition:` are
+Python code around a lock's acquire, so a handler can raise right after the acquire and
+leave the lock held; `Condition.wait` releases its lock before its `try`. Until
+2026-12-05 a Ctrl+C right after `Event.set` acquired the waiter's "wanted" lock left it
+held, and `close()` then hung for good on that same lock (`journal watch` still running
+10 s after its SIGINT, once in a full test run: review h19e); one inside `with
+self._cv` stopped the waiter thread (`close()` waited 5 s for it); one inside
+`Condition.wait` came out as RuntimeError("cannot release un-acquired lock").
+
+The script below raises SIGINT from a trace function of the main thread at each such
+check point in turn (the N-th one after the first event was delivered, N = 1, 2, ...,
+until the main thread waits in its loop), in one process, closing the journal after
+each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_SCRIPT = r"""
+import dis, signal, sys, threading, time
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("s", [EventIn("message", b"first")], create=True)
+
+points = {}
+
+def eligible(code, offset):
+    table = points.get(code)
+    if table is None:
+        table, before = set(), None
+        for ins in dis.get_instructions(code):
+            if ins.opname == "RESUME" or before in ("CALL", "JUMP_BACKWARD"):
+                table.add(ins.offset)
+            before = ins.opname
+        points[code] = table
+    return offset in table
+
+state = {"n": 0, "at": 0, "fired": None}
+
+def local(frame, event, arg):
+    if state["fired"] is not None:
+        return None
+    if event == "opcode" and eligible(frame.f_code, frame.f_lasti):
+        state["n"] += 1
+        if state["n"] == state["at"]:
+            state["fired"] = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            signal.raise_signal(signal.SIGINT)
+    return local
+
+def tracer(frame, event, arg):
+    if state["fired"] is not None:
+        return None
+    frame.f_trace_opcodes = True
+    return local
+
+def watch(at):
+    # Open, deliver the first event, then wait with a SIGINT at check point `at`.
+    state.update(n=0, at=at, fired=None)
+    before = set(threading.enumerate())
+    j = Journal.open(path, readonly=True)
+    stop = threading.Event()
+    stream = j.watch("s", stop=stop)
+    next(stream)  # the first event: the next `next` waits for more
+    timer = threading.Timer(0.12, stop.set)  # (about two slices of the wait)
+    timer.start()
+    outcome = "ended"
+    sys.settrace(tracer)
+    try:
+        next(stream, None)
+    except KeyboardInterrupt:
+        outcome = "KeyboardInterrupt"
+    except BaseException as e:
+        outcome = type(e).__name__
+    finally:
+        sys.settrace(None)
+    timer.cancel()
+    started = time.monotonic()
+    stream.close()
+    j.close()
+    took = time.monotonic() - started
+    # (A thread `Thread.start` put in its limbo and never started, interrupted between
+    # the two, is not counted: it never runs, holds nothing, and is never joined.)
+    waiters = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    for t in waiters:
+        t.join(1)
+    alive = sum(t.is_alive() for t in waiters)
+    return state["n"], state["fired"], outcome, took, alive
+
+points_seen, *_ = watch(10**9)  # (no SIGINT: how many check points until it stops)
+print(f"POINTS {points_seen}", flush=True)
+for at in range(1, points_seen + 1):
+    _, fired, outcome, took, alive = watch(at)
+    if fired is None:
+        break
+    print(f"AT {at} {fired} {outcome} close={took:.3f} alive={alive}", flush=True)
+print("END", flush=True)
+"""
+
+
+def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "store")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (
+        run.stdout[-3000:],
+        run.stderr[-3000:],
+    )
+    cases = [line.split() for line in lines if line.startswith("AT ")]
+    assert len(cases) > 50, lines[:3]  # (the wait's path was reached and covered)
+    wrong = [
+        " ".join(case)
+        for case in cases
+        # ("ended": raised in a finalizer, whose exceptions Python drops, SPEC 7: the CLI
+        # notes the Ctrl+C itself, cli/watching.py)
+        if case[3] not in ("KeyboardInterrupt", "ended")
+        or float(case[4].split("=")[1]) > 1.0
+        or case[5] != "alive=0"
+    ]
+    assert not wrong, "\n".join(wrong)
