@@ -119,3 +119,43 @@ def test_eviction_and_recreation_of_a_session_with_lost_events(tmp_path: Path) -
     with Journal.open(store, durability="os") as j:
         assert j.verify().ok
         assert [e.data for e in j.replay("s")] == [b"new"]
+
+
+def test_a_reader_serves_the_events_of_a_file_restored_before_its_first_read(
+    tmp_path: Path,
+) -> None:
+    """The reader's first refresh came after the restore: the file was in the listing it
+    took for the one before (review h19g), and the reader refused the events until it
+    reopened."""
+    store, *_ = _store_missing_a_middle_segment(tmp_path)
+    lost = next(p for p in (tmp_path / "kept").iterdir())
+    with (
+        Journal.open(store, durability="os", retention=NO_WINDOWS) as j,
+        Journal.open(store, readonly=True) as reader,
+    ):
+        shutil.copy(lost, store / "segments" / lost.name)
+        assert j.verify(fix=True).fixed
+        got = [e.ordinal for e in reader.replay("s")]
+        assert got[0] == 1 and len(got) == len(CURSORS)
+
+
+def test_a_reader_that_saw_a_restored_file_half_copied_serves_the_events_once_it_is_whole(
+    tmp_path: Path,
+) -> None:
+    """A refresh during the copy rebuilt from a file cut short, which failed: the file was
+    then taken as seen, and the reader refused the events until it reopened (review h19g).
+    The view is kept meanwhile (the lost events refused as before, the rest served)."""
+    store, *_ = _store_missing_a_middle_segment(tmp_path)
+    lost = next(p for p in (tmp_path / "kept").iterdir())
+    with Journal.open(store, readonly=True) as reader:
+        with pytest.raises(JournalCorrupt):
+            list(reader.replay("s"))
+        whole = lost.read_bytes()
+        target = store / "segments" / lost.name
+        target.write_bytes(whole[: len(whole) // 2])  # (a copy caught halfway)
+        with pytest.raises(JournalCorrupt, match="are missing from the log"):
+            list(reader.replay("s"))
+        assert reader.get_session("s").last_ordinal == max(CURSORS)
+        target.write_bytes(whole)
+        got = [e.ordinal for e in reader.replay("s")]
+        assert got[0] == 1 and len(got) == len(CURSORS)

@@ -231,6 +231,8 @@ class LocalEngine:
             discard_view_after_reboot(path, permissions, BOOT_ID)
             self.view = open_checked_view(index, permissions)
         else:
+            # (Before the build: a segment file restored after it is new to the first refresh.)
+            self._private_tail.listed_before(self.log)
             self.view, self.private_dir, self._shared_damage = open_reader_view(index, self.log)
         # What retention needs of sealed segments' sidecars, within a byte budget.
         self.summaries = SummaryCache()

@@ -41,13 +41,22 @@ class _Cut(Exception):
 class PrivateTail:
     """The last frame a private view projected (None: not known, or none to compare)."""
 
-    __slots__ = ("_frame", "_listed")
+    __slots__ = ("_frame", "_listed", "_tried")
 
     def __init__(self) -> None:
         self._frame: _Frame | None = None
         # While the view records events missing from the log (SPEC 9, "Events the log
-        # lacks"): the segment files listed at the first refresh since, else None.
+        # lacks"): the segment files listed before the view was built (`listed_before`)
+        # or at the first refresh since, else None.
         self._listed: set[int] | None = None
+        # The files that came back whose rebuild failed (a copy still being written), with
+        # their sizes and times: tried again once they change.
+        self._tried: dict[int, tuple[int, int]] | None = None
+
+    def listed_before(self, log: SegmentLog) -> None:
+        """Note the segment files before the view is built (at open), so that one restored
+        after the build and before the first refresh is seen as new."""
+        self._listed = set(log.bases())
 
     def refresh(self, log: SegmentLog, view: View, ops: FileOps) -> None:
         """`refresh_private`, after rebuilding the view if the log was cut under it, or if
@@ -66,18 +75,34 @@ class PrivateTail:
             head = view.head(txn)
             lacking = view.any_missing(txn)
         if not lacking or head is None:
-            self._listed = None
+            self._listed = self._tried = None
             return
         listed = set(log.bases())
         seen, self._listed = self._listed, listed
-        if seen is not None and any(base < head.segment for base in listed - seen):
-            _log.warning(
-                "%s: a segment file came back: rebuilding this read-only journal's view",
-                log.directory,
-            )
+        new = set() if seen is None else listed - seen
+        came = sorted(base for base in new if base < head.segment)
+        if not came:
+            return
+        marks = _marks(log, came)
+        if marks == self._tried:
+            self._listed = seen  # (as they were when their rebuild failed: not again)
+            return
+        _log.warning(
+            "%s: a segment file came back: rebuilding this read-only journal's view",
+            log.directory,
+        )
+        try:
             build_private(log, view)
-            self._frame = None
-            self._listed = None
+        except JournalCorrupt as e:
+            # A file caught while it is being copied back (cut short): the view is kept
+            # (it refuses the lost events as before) and the rebuild is tried again once
+            # the file changes. (Review h19g: the file was then taken as seen, and the
+            # reader refused the events until it reopened.)
+            _log.warning("%s: the view is kept, rebuilt again once the file changes", e)
+            self._listed, self._tried = seen, marks
+            return
+        self._frame = None
+        self._tried = None
 
     def catch_up(self, log: SegmentLog, view: View, ops: FileOps) -> None:
         """What `verify` does first in each of its tries (it retries itself, the last time
@@ -99,8 +124,21 @@ class PrivateTail:
                     "indexed (a hole accepted by verify --fix): rebuilding the view",
                     log.directory,
                 )
+                self.listed_before(log)
                 build_private(log, view, once)
                 self._frame = None
+
+
+def _marks(log: SegmentLog, bases: list[int]) -> dict[int, tuple[int, int]]:
+    """The size and modification time of each of these segment files (either form)."""
+    marks: dict[int, tuple[int, int]] = {}
+    for base in bases:
+        for compressed in (False, True):
+            path = os.path.join(log.directory, segment_name(base, compressed=compressed))
+            with contextlib.suppress(FileNotFoundError):
+                info = os.stat(path)
+                marks[base] = (info.st_size, info.st_mtime_ns)
+    return marks
 
 
 def _head(view: View) -> Head | None:
