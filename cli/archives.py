@@ -85,6 +85,10 @@ def export(
     Each session is exported up to the events it had when its export began; writers may
     keep appending meanwhile. An existing FILE is kept unless --force.
     """
+    # (Until 2026-12-05 a failure's JSON error record went into the archive stream, and
+    # `import` then took the file for the NDJSON form: found by a CLI scripting trial;
+    # set before the checks, whose usage errors went there until review h19g.)
+    settings.output.stdout_is_data = dest == "-" or dest in _STDOUT_NAMES
     if session_ids and export_all:
         raise click.UsageError("pass -s ID (repeatable) or --all, not both")
     if not session_ids and not export_all:
@@ -114,9 +118,6 @@ def export(
         )
     before = _file_identity(dest)
     written = False  # (the whole archive was: a Ctrl+C then came after)
-    # (Until 2026-12-05 a failure's JSON error record went into the archive stream, and
-    # `import` then took the file for the NDJSON form: found by a CLI scripting trial.)
-    output.stdout_is_data = dest == "-"
 
     def said(_: KeyboardInterrupt) -> str:
         return _export_interrupted(dest, archive_format, before, written)

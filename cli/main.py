@@ -89,6 +89,9 @@ class JournalGroup(click.Group):
             sys.exit(EXIT_USAGE)
         except click.UsageError as error:
             output = Output("json" if _wants_json(argv) else "text")
+            settings = None if error.ctx is None else error.ctx.find_object(Settings)
+            # (`export -o -` found it: stdout is the archive's, review h19g)
+            output.stdout_is_data = settings is not None and settings.output.stdout_is_data
             if not output.json:
                 # (click's parser raises an option missing its value without the context
                 # of the command: every usage error prints the same lines all the same)

@@ -639,6 +639,20 @@ def test_a_failed_export_to_stdout_says_so_on_stderr_only(store: Path) -> None:
         assert b"journal: error: corrupt journal data" in result.stderr, result.stderr
 
 
+def test_a_usage_error_of_an_export_to_stdout_is_said_on_stderr_only(store: Path) -> None:
+    """`--format json export -o -` without -s or --all: its usage error's JSON record was
+    all stdout held, the archive stream (review h19g); one of another command still goes
+    to stdout."""
+    for dest in ("-", "/dev/stdout"):
+        args = ["--store", str(store), "--format", "json", "export", "-o", dest]
+        result = subprocess.run([*CLI, *args], cwd=ROOT, capture_output=True, timeout=20)
+        assert result.returncode == 2, result.stderr
+        assert result.stdout == b"", result.stdout
+        assert b"journal: error: name the sessions with -s ID" in result.stderr
+    result = run_cli("--store", str(store), "--format", "json", "export", "-o", "x", check=False)
+    assert result.returncode == 2 and json.loads(result.stdout)["error"]["code"] == "USAGE"
+
+
 def test_a_group_without_its_command_is_a_json_usage_error(store: Path) -> None:
     """`--format json sessions` printed the group's help on stderr and nothing on stdout,
     where every other usage error prints its JSON record (a CLI scripting trial)."""
