@@ -106,7 +106,8 @@ class SessionExists(JournalError):
         names = ", ".join(map(repr, taken[:10])) + (" ..." if len(taken) > 10 else "")
         when = " (created meanwhile by another writer)" if meanwhile else " already"
         return cls(
-            f"{len(taken)} of the archive's sessions exist in this store{when} ({names}): "
+            f"{len(taken)} of the archive's sessions "
+            f"{'exists' if len(taken) == 1 else 'exist'} in this store{when} ({names}): "
             "nothing was imported; import them under other ids (rename=, or `journal "
             "import --as NEW_ID` / `--rename OLD=NEW`)"
         )

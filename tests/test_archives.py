@@ -1190,7 +1190,10 @@ def test_cli_export_import_and_ndjson(tmp_path: Path) -> None:
     assert imported.returncode == 0, imported.stderr
     assert json.loads(imported.stdout.splitlines()[0])["session_id"] == "renamed"
     again = _cli("--store", other, "import", archive, "--as", "renamed")
-    assert again.returncode == 5 and b"exist in this store already" in again.stderr
+    assert (
+        again.returncode == 5
+        and b"1 of the archive's sessions exists in this store already" in again.stderr
+    )
     bad = _cli("--store", other, "--format", "json", "import", "-", stdin=b"garbage")
     assert bad.returncode == 4
     assert json.loads(bad.stdout)["error"]["reason"] == "not_an_archive"
