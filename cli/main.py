@@ -552,9 +552,19 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
     if result.last_ordinal != result.first_ordinal:
         span += f"..#{result.last_ordinal}"
     note = " (deduplicated: already appended with this key)" if result.deduplicated else ""
-    settings.output.emit(
-        record, f"appended {shown(result.session_id)} {span}{note} cursor={result.cursor}"
-    )
+    try:
+        settings.output.emit(
+            record, f"appended {shown(result.session_id)} {span}{note} cursor={result.cursor}"
+        )
+    except CommandFailed as failed:
+        # (Said: a script that takes the failure for "not appended" and retries would
+        # append the events twice; until 2026-12-05 only stdout's failure was, review h19g.)
+        raise CommandFailed(
+            f"{failed.message}; the events were appended all the same ({span} of "
+            f"{shown(result.session_id)}): do not append them again",
+            failed.code,
+            failed.status,
+        ) from None
 
 
 _ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})

@@ -708,6 +708,22 @@ def test_stdout_that_cannot_be_written_is_named(store: Path) -> None:
             "journal: error: cannot write to stdout: No space left on device; free space "
             "there, or send stdout elsewhere\n"
         )
+    # An append that committed says so (a retry would append the events twice).
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [*CLI, "--store", str(store), "append", "-s", "a", "y"],
+            cwd=ROOT,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=20,
+        )
+    assert result.returncode == 7
+    assert "the events were appended all the same (#2 of a): do not append them again" in (
+        result.stderr
+    ), result.stderr
+    with journal.Journal.open(store) as j:
+        assert [e.data for e in j.replay("a")] == [b'"x"', b"y"]
 
 
 def test_help_says_what_a_script_reads_back(store: Path) -> None:
