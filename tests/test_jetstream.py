@@ -26,7 +26,6 @@ from _nats import (
     CuttingProxy,
     NatsCluster,
     NatsServer,
-    make_root,
     shared_cluster,
     shared_server,
     wait_for_jetstream,
@@ -2212,7 +2211,7 @@ def test_closing_the_journal_while_awatches_start_in_an_outage_ends_them_all(
     engine, where a watch started before the close never sees it."""
     import asyncio
 
-    server = NatsServer(make_root("journal-outage-"), "outage")
+    server = NatsServer(tmp_path, "outage")
     server.start()
     try:
         wait_for_jetstream([server.url])
@@ -2288,7 +2287,7 @@ def test_closing_a_journal_in_an_outage_does_not_wait_for_the_waiters_head_read(
     head again and again (each request waits up to 5 s). `close()` waited for the read
     in flight (the waiter's close waits for it): 3-5 s, a runtime's shutdown held that
     long. The close now cancels the requests in flight first."""
-    server = NatsServer(make_root("journal-outage-"), "outage")
+    server = NatsServer(tmp_path, "outage")
     server.start()
     try:
         wait_for_jetstream([server.url])
