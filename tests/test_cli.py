@@ -689,35 +689,32 @@ def test_a_value_that_starts_with_a_dash_is_told_to_go_after_the_double_dash(
     )
 
 
-def test_stdout_that_cannot_be_written_is_named(store: Path) -> None:
-    """`read > /dev/full` said only "[Errno 28] No space left on device" (a CLI scripting
-    trial): it names stdout and what to do, and exits 7."""
-    invoke(store, "append", "-s", "a", "--create", stdin=b'"x"\n')
-    for fmt in ("json", "text"):
-        with open("/dev/full", "w") as full:
-            result = subprocess.run(
-                [*CLI, "--store", str(store), "--format", fmt, "read", "-s", "a"],
-                cwd=ROOT,
-                stdout=full,
-                stderr=subprocess.PIPE,
-                text=True,
-                timeout=20,
-            )
-        assert result.returncode == 7
-        assert result.stderr == (
-            "journal: error: cannot write to stdout: No space left on device; free space "
-            "there, or send stdout elsewhere\n"
-        )
-    # An append that committed says so (a retry would append the events twice).
+def _into_a_full_disk(store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command run with its stdout on /dev/full (every write fails with ENOSPC)."""
     with open("/dev/full", "w") as full:
-        result = subprocess.run(
-            [*CLI, "--store", str(store), "append", "-s", "a", "y"],
+        return subprocess.run(
+            [*CLI, "--store", str(store), *args],
             cwd=ROOT,
             stdout=full,
             stderr=subprocess.PIPE,
             text=True,
             timeout=20,
         )
+
+
+def test_stdout_that_cannot_be_written_is_named(store: Path) -> None:
+    """`read > /dev/full` said only "[Errno 28] No space left on device" (a CLI scripting
+    trial): it names stdout and what to do, and exits 7."""
+    invoke(store, "append", "-s", "a", "--create", stdin=b'"x"\n')
+    for fmt in ("json", "text"):
+        result = _into_a_full_disk(store, "--format", fmt, "read", "-s", "a")
+        assert result.returncode == 7
+        assert result.stderr == (
+            "journal: error: cannot write to stdout: No space left on device; free space "
+            "there, or send stdout elsewhere\n"
+        )
+    # An append that committed says so (a retry would append the events twice).
+    result = _into_a_full_disk(store, "append", "-s", "a", "y")
     assert result.returncode == 7
     assert "the events were appended all the same (#2 of a): do not append them again" in (
         result.stderr
