@@ -397,6 +397,7 @@ class Projection:
                     # not bring the session back.
                     self._pin(position, record.incarnation)
                     view.put_tombstone(txn, record.incarnation, position)
+                    view.forget_missing(txn, record.incarnation)
                 else:
                     self.unknown_change = position
             position += 1
@@ -442,7 +443,12 @@ class Projection:
         self._turn_gaps.add(row.incarnation)
 
     def _recorded_start(self, incarnation: int, first_ordinal: int) -> None:
+        """A trim or snapshot record starts the session at `first_ordinal`: it accounts
+        for lost events below it (`View.put_missing`), which reads refuse no more."""
         self._starts[incarnation] = max(self._starts.get(incarnation, 1), first_ordinal)
+        missing = self.view.missing(self.txn, incarnation)
+        if missing is not None and first_ordinal > missing.last:
+            self.view.forget_missing(self.txn, incarnation)
 
     def unaccounted_gaps(self) -> list[MissingEvents]:
         """The runs of events of live sessions that the log lacks although no record of it
@@ -645,8 +651,8 @@ def project_log(
     """Project the whole log into an empty view (a rebuild); returns the head. With
     `until` (and without sidecars), the log as it was at that head. With `record_floor`
     (a writer), a feed floor the log had no record of is recorded in it. Events of live
-    sessions the log lacks unaccounted for (`Projection.unaccounted_gaps`) go in
-    `missing`; without it they are recorded in the view (reads refuse them) and logged.
+    sessions the log lacks unaccounted for (`Projection.unaccounted_gaps`) are recorded
+    in the view (reads refuse them), and go in `missing`, or without it are logged.
 
     With `use_sidecars`, sealed segments whose sidecar carries their records (format 2)
     are projected from it without being read; the rest, and the active segment, are read.
@@ -670,11 +676,11 @@ def project_log(
         project_segments(log, projection, until)
     gaps = projection.unaccounted_gaps()
     projection.flush()
+    for gap in gaps:
+        view.put_missing(txn, gap)
     if missing is not None:
         missing += gaps
     else:
-        for gap in gaps:
-            view.put_missing(txn, gap)
         log_missing(log, gaps)
     # The feed of a rebuilt view lacks the entries of every lifecycle record the log no
     # longer holds: the log records the highest a view pruned; a log from before it did

@@ -91,8 +91,6 @@ def build_private(log: SegmentLog, view: View, once: bool = False) -> None:
             view.clear(txn)
             view.put_store_id(txn, log.store_id)
             project_log(log, view, txn, missing=missing)
-            for gap in missing:
-                view.put_missing(txn, gap)
         return missing
 
     if once:

@@ -601,9 +601,7 @@ def fix_store(
         # this one: a trim record written now would land where the cut-off frames ended
         # (it wrote over the segment). The next fix accepts these.
         problems += [_missing_problem(log, m, accepted=None) for m in missing]
-        for gap in missing:
-            view.put_missing(txn, gap)  # (reads still refuse them)
-        missing = []
+        missing = []  # (the view refuses their reads as before)
     else:
         problems += [_missing_problem(log, m, accepted=True) for m in missing]
     if hole is not None:

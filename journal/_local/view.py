@@ -571,9 +571,14 @@ class View:
     def put_missing(self, txn: lmdb.Transaction, missing: MissingEvents) -> None:
         """Record events of a live session that a rebuild found missing from the log, no
         record accounting for them (SPEC 9): reads at or below them are refused until a
-        rebuild no longer finds them (the file restored) or a fix accepts the loss."""
+        rebuild no longer finds them (the file restored), or a record accounts for them
+        (a fix accepting the loss, a trim or snapshot past them: `forget_missing`)."""
         key = _LOST + U64.pack(missing.incarnation)
         txn.put(key, seal(key, encoder.encode(missing)), db=self._meta)
+
+    def forget_missing(self, txn: lmdb.Transaction, incarnation: int) -> None:
+        """Drop what `put_missing` recorded of this incarnation, if anything."""
+        txn.delete(_LOST + U64.pack(incarnation), db=self._meta)
 
     def any_missing(self, txn: lmdb.Transaction) -> bool:
         """Whether `put_missing` recorded anything."""
