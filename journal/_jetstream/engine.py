@@ -277,7 +277,12 @@ class JetStreamEngine:
         if os.getpid() != self._pid:
             raise JournalClosed.inherited("the NATS connection's thread does not survive fork")
 
-    def _call(self, coro: Any, timeout: float | None = None) -> Any:
+    def _call(
+        self,
+        coro: Any,
+        timeout: float | None = None,
+        cut: Callable[[], JournalClosed] = JournalClosed.meanwhile,
+    ) -> Any:
         """`_run`, but the client's `Unavailable` and `ApiError` are raised as they are."""
         try:
             self.check_usable()
@@ -287,14 +292,20 @@ class JetStreamEngine:
         try:
             return self.conn.call(coro, timeout)
         except Closed:
-            raise JournalClosed.meanwhile() from None
+            raise cut() from None
 
-    def _run(self, coro: Any, timeout: float | None = None) -> Any:
+    def _run(
+        self,
+        coro: Any,
+        timeout: float | None = None,
+        cut: Callable[[], JournalClosed] = JournalClosed.meanwhile,
+    ) -> Any:
+        """The call's result; `cut()` is raised when another thread's `close()` cut it."""
         try:
-            return self._call(coro, timeout)
+            return self._call(coro, timeout, cut)
         except Unavailable as e:
             if self._closed:  # (the connection closed under the call: not the servers)
-                raise JournalClosed.meanwhile() from None
+                raise cut() from None
             raise StoreUnavailable(
                 f"{failure(e)}: check that they run and that this host reaches them"
             ) from None
@@ -402,13 +413,9 @@ class JetStreamEngine:
             # Nothing is derived from the stream: the check is the repair's whole work.
             fixed: T = self._run(self._verify(operation.progress))
             return fixed
-        self.check_usable()
-        try:
-            result: T = self._run(self.writer.submit(operation))
-        except JournalClosed:
-            # Cut by another thread's close() with the write sent or not: said so, since
-            # a caller that takes "closed" for "not written" would write it twice.
-            raise JournalClosed.mid_write() from None
+        # (Cut by another thread's close() with the write sent or not: said so, since a
+        # caller that takes "closed" for "not written" would write it twice.)
+        result: T = self._run(self.writer.submit(operation), cut=JournalClosed.mid_write)
         return result
 
     def head(self) -> int:
