@@ -24,6 +24,7 @@ import click
 import journal
 
 from .demo_restart import Restart
+from .interrupts import said_if_interrupted
 from .output import (
     CommandFailed,
     NumberOption,
@@ -129,12 +130,15 @@ def demo(
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
     if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
         path = os.path.abspath(path)
-    try:
-        with journal.Journal.open(path, create=True) as store:
-            Demo(store, path, settings.output, session_count, event_count, temporary).run()
-    finally:
-        if temporary:
-            shutil.rmtree(path, ignore_errors=True)
+    kept = "its temporary store was removed" if temporary else f"the store {path} is kept"
+    # (the message comes after the clean-up: the runtimes stopped, the store removed)
+    with said_if_interrupted(lambda _: f"demo interrupted: its runtimes are stopped and {kept}"):
+        try:
+            with journal.Journal.open(path, create=True) as store:
+                Demo(store, path, settings.output, session_count, event_count, temporary).run()
+        finally:
+            if temporary:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class Demo:

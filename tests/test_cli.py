@@ -502,6 +502,46 @@ def test_demo_runs_live_and_resumes_exactly() -> None:
     assert temporary is not None and not os.path.exists(temporary.group(1))
 
 
+@pytest.mark.parametrize("kept", [False, True])
+def test_ctrl_c_during_the_demo_says_what_it_left(tmp_path: Path, kept: bool) -> None:
+    """A Ctrl+C midway through `journal demo` ends it with exit 130 and a line on stderr
+    saying its runtimes are stopped and what became of its store (new-user trial: exit
+    130 alone left a user to guess whether a runtime or the temporary store was left
+    behind)."""
+    store = tmp_path / "kept"
+    args = ["demo", "--store", str(store)] if kept else ["demo"]
+    process = subprocess.Popen(
+        [*CLI, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # (Ctrl+C's action, even when this test runs where SIGINT is ignored)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # "[demo] store PATH ..."
+        while "[watch " not in process.stdout.readline():  # the demo is under way
+            pass
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait(10)
+    assert process.returncode == 130, stderr
+    (line,) = stderr.splitlines()
+    assert line.startswith("journal: demo interrupted: its runtimes are stopped"), line
+    path = re.search(r"\[demo\] store (\S+)", first)
+    assert path is not None
+    if kept:
+        assert f"the store {store} is kept" in line
+        assert store.is_dir()
+    else:
+        assert "temporary store was removed" in line
+        assert not os.path.exists(path.group(1))
+
+
 def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
     path = tmp_path / "demo-store"
     result = CliRunner().invoke(
