@@ -8,15 +8,19 @@ stream ends; the main thread supervises the child and raises what any thread hit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import IO, Any
 
 import click
@@ -132,13 +136,57 @@ def demo(
         path = os.path.abspath(path)
     kept = "its temporary store was removed" if temporary else f"the store {path} is kept"
     # (the message comes after the clean-up: the runtimes stopped, the store removed)
-    with said_if_interrupted(lambda _: f"demo interrupted: its runtimes are stopped and {kept}"):
-        try:
-            with journal.Journal.open(path, create=True) as store:
-                Demo(store, path, settings.output, session_count, event_count, temporary).run()
-        finally:
-            if temporary:
-                shutil.rmtree(path, ignore_errors=True)
+    try:
+        with (
+            _stopped_by_term_and_hup(),
+            said_if_interrupted(lambda _: f"demo interrupted: its runtimes are stopped and {kept}"),
+        ):
+            try:
+                with journal.Journal.open(path, create=True) as store:
+                    Demo(store, path, settings.output, session_count, event_count, temporary).run()
+            finally:
+                if temporary:
+                    shutil.rmtree(path, ignore_errors=True)
+    except _Stopped as stopped:
+        name = signal.Signals(stopped.signum).name
+        with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
+            click.echo(
+                f"journal: demo stopped by {name}: its runtimes are stopped and {kept}", err=True
+            )
+        raise click.exceptions.Exit(128 + stopped.signum) from None
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the demo (a BaseException, like KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stopped_by_term_and_hup() -> Iterator[None]:
+    """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `_Stopped` in the
+    block, so the demo stops its runtimes and removes its temporary store as on Ctrl+C:
+    their default action ended it at once, and its supervisor runtime ran on for good. A
+    signal ignored (`nohup`) stays ignored; off the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise _Stopped(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 class Demo:
@@ -381,7 +429,7 @@ class Demo:
         }
         process = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # (held open: it ends when this process does)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -424,6 +472,8 @@ class Demo:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
+            if process.stdin is not None:
+                process.stdin.close()
             for thread in self.threads:
                 thread.join(2)
 
@@ -507,7 +557,7 @@ class Demo:
         command = [sys.executable, "-m", "cli.demo_runtime", "-", "--hang", name]
         child = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # (held open: it ends when this process does)
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -546,6 +596,8 @@ class Demo:
             if child.poll() is None:
                 child.kill()
                 child.wait(5)
+            if child.stdin is not None:
+                child.stdin.close()
         if not outcome:
             raise CommandFailed(f"the watch of {name} did not report the unknown outcome")
         error = outcome[0]

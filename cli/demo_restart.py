@@ -42,7 +42,7 @@ class _Supervisor:
         command = [sys.executable, "-m", "cli.demo_runtime", "-", "--supervise", tasks, state]
         self.process = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # (held open: it ends when this process does)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -83,7 +83,7 @@ class _Supervisor:
         return code
 
     def _close(self) -> None:
-        for stream in (self.process.stdout, self.process.stderr):
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
 

@@ -15,16 +15,21 @@ mid-turn). With `--supervise` it is a supervisor that survives restarts: one `fo
 of its STATE session restores the tasks it handled and the cursor of the last one, and
 its subscription to TASKS resumes after that cursor; each task handled is one atomic
 `update()` (the task and its cursor together). It ends when TASKS ends. It reports each
-step as one JSON line on stdout; the parent renders them.
+step as one JSON line on stdout; the parent renders them. The parent keeps its stdin, a
+pipe, open: once it reads end of file (the demo is gone, even killed with SIGKILL), it
+ends at once instead of waiting for tasks or a kill that never come.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import stat
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -193,6 +198,22 @@ def supervise(store: journal.Journal, tasks: str, state_session: str) -> None:
         raise failures[0]
 
 
+def end_with_parent() -> None:
+    """End this process as soon as its stdin, a pipe the demo holds open, reads end of
+    file: the demo is gone (an orphaned supervisor waited for its tasks for good, and
+    `--hang` for an hour). Not when stdin is no pipe (a run by hand)."""
+    if not stat.S_ISFIFO(os.fstat(0).st_mode):
+        return
+
+    def wait() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(0, 1 << 16):
+                pass
+        os._exit(0)  # (a runtime dying mid-turn is what the journal is built for)
+
+    threading.Thread(target=wait, name="demo-parent", daemon=True).start()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cli.demo_runtime")
     # ("-": $JOURNAL_STORE, which the demo sets: a nats:// URL's password stays out of
@@ -204,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=5)
     parser.add_argument("--delay", type=float, default=0.25)
     args = parser.parse_intermixed_args(argv)
+    end_with_parent()
     try:
         path = os.environ.get("JOURNAL_STORE", "") if args.store == "-" else args.store
         with journal.Journal.open(path, create=False) as store:

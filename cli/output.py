@@ -110,7 +110,7 @@ Exit status:
        the session ended mid-turn: no resume); resume from the error's cursor after
        recovery
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
-  129, 143  a watch stopped by SIGHUP or SIGTERM (128 + the signal's number)
+  129, 143  a watch or the demo stopped by SIGHUP or SIGTERM (128 + its number)
 """
 
 

@@ -542,6 +542,62 @@ def test_ctrl_c_during_the_demo_says_what_it_left(tmp_path: Path, kept: bool) ->
         assert not os.path.exists(path.group(1))
 
 
+def _group_gone(pgid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_demo_killed_midway_leaves_no_runtime_running(tmp_path: Path, signum: int) -> None:
+    """`journal demo` ended by SIGTERM or SIGHUP (`timeout`, a closed terminal) stops its
+    runtimes and removes its temporary store, saying so (exit 143, 129); killed outright,
+    its runtimes notice and end by themselves (new-user trial: the supervisor runtime,
+    waiting for tasks, ran on for good, its store left in /tmp)."""
+    process = subprocess.Popen(
+        [*CLI, "demo"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # (its runtimes are in its process group)
+    )
+    store = ""
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        path = re.search(r"\[demo\] store (\S+)", first)
+        assert path is not None
+        store = path.group(1)
+        while "[resume " not in process.stdout.readline():  # its supervisor waits now
+            pass
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=30)
+        assert _group_gone(process.pid, within=10), "a runtime of the demo still runs"
+        left = os.path.exists(store)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        if store:  # (a demo killed outright cannot remove it)
+            shutil.rmtree(store, ignore_errors=True)
+    if signum == signal.SIGKILL:
+        return
+    assert process.returncode == 128 + signum, stderr
+    (line,) = stderr.splitlines()
+    name = signal.Signals(signum).name
+    assert line == (
+        f"journal: demo stopped by {name}: its runtimes are stopped and its temporary "
+        "store was removed"
+    )
+    assert not left
+
+
 def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
     path = tmp_path / "demo-store"
     result = CliRunner().invoke(
