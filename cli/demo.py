@@ -28,7 +28,7 @@ import click
 import journal
 
 from .demo_restart import Restart
-from .interrupts import said_if_interrupted
+from .interrupts import Signalled, said_if_interrupted
 from .output import (
     CommandFailed,
     NumberOption,
@@ -147,7 +147,7 @@ def demo(
             finally:
                 if temporary:
                     shutil.rmtree(path, ignore_errors=True)
-    except _Stopped as stopped:
+    except Signalled as stopped:
         name = signal.Signals(stopped.signum).name
         with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
             click.echo(
@@ -156,17 +156,9 @@ def demo(
         raise click.exceptions.Exit(128 + stopped.signum) from None
 
 
-class _Stopped(BaseException):
-    """SIGTERM or SIGHUP reached the demo (a BaseException, like KeyboardInterrupt)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 @contextmanager
 def _stopped_by_term_and_hup() -> Iterator[None]:
-    """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `_Stopped` in the
+    """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `Signalled` in the
     block, so the demo stops its runtimes and removes its temporary store as on Ctrl+C:
     their default action ended it at once, and its supervisor runtime ran on for good. A
     signal ignored (`nohup`) stays ignored; off the main thread nothing changes."""
@@ -175,7 +167,7 @@ def _stopped_by_term_and_hup() -> Iterator[None]:
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        raise _Stopped(signum)
+        raise Signalled(signum)
 
     previous = {}
     for signum in (signal.SIGTERM, signal.SIGHUP):

@@ -22,9 +22,19 @@ from types import FrameType
 
 import click
 
-__all__ = ["CtrlC", "ctrl_c_noted", "said_if_interrupted"]
+__all__ = ["CtrlC", "Signalled", "ctrl_c_noted", "said_if_interrupted"]
 
 Progress = Callable[[int, int], None]
+
+
+class Signalled(BaseException):
+    """SIGTERM or SIGHUP arrived where a command turns them into a clean stop (`journal
+    watch`, `journal demo`): a BaseException, like KeyboardInterrupt; the command exits
+    with 128 + `signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class CtrlC:

@@ -17,6 +17,7 @@ from types import FrameType
 
 import click
 
+from .interrupts import Signalled
 from .output import (
     EXIT_INTERRUPTED,
     Output,
@@ -30,17 +31,9 @@ from .output import (
 __all__ = ["watch_events", "watch_lifecycle"]
 
 
-class _Signalled(BaseException):
-    """SIGTERM or SIGHUP arrived (a BaseException, like KeyboardInterrupt)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 @contextmanager
 def _ending_on_signals(output: Output, halt: threading.Event) -> Iterator[list[BaseException]]:
-    """SIGTERM and SIGHUP raise `_Signalled`, Ctrl+C KeyboardInterrupt, between printed
+    """SIGTERM and SIGHUP raise `Signalled`, Ctrl+C KeyboardInterrupt, between printed
     lines: one that comes while a line is printed is held until the line is whole and
     its cursor noted (`Output.raise_held`; a line longer than the pipe holds was cut
     short before, and the end object glued to its half, not JSON). A second one while
@@ -55,7 +48,7 @@ def _ending_on_signals(output: Output, halt: threading.Event) -> Iterator[list[B
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
-        error = KeyboardInterrupt() if signum == signal.SIGINT else _Signalled(signum)
+        error = KeyboardInterrupt() if signum == signal.SIGINT else Signalled(signum)
         caught.append(error)
         halt.set()
         if output.printing:
@@ -113,7 +106,7 @@ def _watching(output: Output, cursor: str | None, halt: threading.Event) -> Iter
             yield last
     except KeyboardInterrupt:
         _stopped(output, EXIT_INTERRUPTED, last.cursor)
-    except _Signalled as e:
+    except Signalled as e:
         _stopped(output, 128 + e.signum, last.cursor)
 
 
