@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -42,6 +43,8 @@ __all__ = [
     "take_over",
 ]
 
+
+_log = logging.getLogger("journal")
 
 # The result the next owner records for a turn whose owner died before settling it.
 OUTCOME_UNKNOWN_RESULT: dict[str, object] = {
@@ -315,6 +318,26 @@ class TurnWriter:
             self._ended.forget()
         self._unrecorded = None
 
+    def record_before_release(self) -> None:
+        """Record, as the lease is let go, the result of the owner's last turn whose start
+        or result write raised, when that turn is still the session's open one: the owner
+        knows that outcome (a start that raised never ran its block), where the next owner
+        could only record WATCH_OUTCOME_UNKNOWN ("the prompt may have executed"). A
+        write that fails is logged: the release goes on, and the next owner settles the
+        turn as before."""
+        if self._unrecorded is None or not self._lease.held:
+            return
+        try:
+            self.record_unrecorded("")  # (no request id is empty: no next turn)
+        except Exception as error:
+            _log.warning(
+                "could not record the result of turn %r of session %r before releasing "
+                "its owner: the next owner records it as WATCH_OUTCOME_UNKNOWN (%s)",
+                self._unrecorded[0] if self._unrecorded else None,
+                self._lease.session_id,
+                error,
+            )
+
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
         lease = self._lease
         guard = TurnGuard(lease.incarnation, lease.generation, request_id)
@@ -578,9 +601,14 @@ class Owner:
         return turn
 
     def release(self) -> None:
-        """Record the release and let the lease go; idempotent."""
+        """Record the release and let the lease go; idempotent. The result of a turn whose
+        start or result write raised (a Ctrl+C held until its commit was done), which the
+        owner's next turn would record first, is recorded before."""
         self._abandoned.detach()
-        self._lease.release()
+        try:
+            self._writer.record_before_release()
+        finally:
+            self._lease.release()
 
     def __enter__(self) -> Owner:
         return self

@@ -26,6 +26,7 @@ from journal import (
     SessionNotWritable,
     StoreUnavailable,
     Turn,
+    TurnSettled,
 )
 from journal._local.files import FileOps
 
@@ -238,6 +239,42 @@ def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_next(
         ("turn_started", "r2", {}),
         ("turn_result", "r2", {"status": "completed"}),
     ]
+
+
+def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_release(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl+C held until a turn's turn_started committed usually stops the process: the
+    interrupt leaves `with j.own()` and the owner is released. The owner remembered the
+    turn as failed (its block never ran), but only its next turn recorded that, so the
+    release left the turn open: its watchers got OutcomeUnknown and the next owner
+    recorded WATCH_OUTCOME_UNKNOWN, "the prompt may have executed", for a prompt that
+    never ran (found by a runtime-author trial with SIGINT at random moments). The
+    release now records the remembered result first."""
+
+    ops = SignalAtNextCommit()
+    with (
+        raising_on_sigusr1(_Interrupted("interrupted as the turn started")),
+        Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        with pytest.raises(_Interrupted), j.own("s") as owner:
+            ops.armed = True
+            with owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+        assert not ops.armed
+        assert j.get_session("s").open_turn is None
+        with j.own("s") as next_owner:
+            assert next_owner.recovered_turn is None
+            with pytest.raises(TurnSettled) as settled:
+                next_owner.turn("r1")
+        stored = [(e.type, e.request_id, json.loads(e.data)) for e in j.replay("s")]
+    failed = {
+        "status": "failed",
+        "error": {"code": "_Interrupted", "message": "interrupted as the turn started"},
+    }
+    assert settled.value.result == failed
+    assert stored == [("turn_started", "r1", {}), ("turn_result", "r1", failed)]
 
 
 def test_a_turn_whose_start_did_not_commit_gets_no_result(tmp_path: Path) -> None:
