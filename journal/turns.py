@@ -242,6 +242,7 @@ class TurnWriter:
         # The result of a turn whose start or result write failed: (request id, result
         # data, whether its block ran)
         self._unrecorded: tuple[str, bytes, bool] | None = None
+        self._recording = threading.Lock()
 
     def check_new(self, request_id: str) -> None:
         """`TurnSettled` when `request_id` names a turn of the session that has ended:
@@ -306,17 +307,19 @@ class TurnWriter:
         never ran, and the new start opens it again. A result that committed after all
         is in the history only: the owner reads that again at its next find. Raises what
         the write raises (the result stays remembered)."""
-        unrecorded = self._unrecorded
-        if unrecorded is None:
-            return
-        request_id, data, ran = unrecorded
-        if (ran or request_id != next_request_id) and self._row().turn_request_id == request_id:
-            self.turn_event(TURN_RESULT, request_id, data)
-        elif ran:
-            # Its result committed after all (the reply was lost): it is in the history
-            # only, so the next find reads that again rather than run the turn twice.
-            self._ended.forget()
-        self._unrecorded = None
+        # (under a lock: a release from another thread records it too)
+        with self._recording:
+            unrecorded = self._unrecorded
+            if unrecorded is None:
+                return
+            request_id, data, ran = unrecorded
+            if (ran or request_id != next_request_id) and self._row().turn_request_id == request_id:
+                self.turn_event(TURN_RESULT, request_id, data)
+            elif ran:
+                # Its result committed after all (the reply was lost): it is in the history
+                # only, so the next find reads that again rather than run the turn twice.
+                self._ended.forget()
+            self._unrecorded = None
 
     def record_before_release(self) -> None:
         """Record, as the lease is let go, the result of the owner's last turn whose start
@@ -327,13 +330,14 @@ class TurnWriter:
         turn as before."""
         if self._unrecorded is None or not self._lease.held:
             return
+        unrecorded = self._unrecorded
         try:
             self.record_unrecorded("")  # (no request id is empty: no next turn)
         except Exception as error:
             _log.warning(
                 "could not record the result of turn %r of session %r before releasing "
                 "its owner: the next owner records it as WATCH_OUTCOME_UNKNOWN (%s)",
-                self._unrecorded[0] if self._unrecorded else None,
+                None if unrecorded is None else unrecorded[0],
                 self._lease.session_id,
                 error,
             )

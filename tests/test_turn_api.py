@@ -29,6 +29,7 @@ from journal import (
     TurnSettled,
 )
 from journal._local.files import FileOps
+from journal.turns import OUTCOME_UNKNOWN_RESULT
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
 # a name users would come to rely on.
@@ -275,6 +276,29 @@ def test_a_turn_whose_start_committed_under_an_interrupt_is_settled_by_the_relea
     }
     assert settled.value.result == failed
     assert stored == [("turn_started", "r1", {}), ("turn_result", "r1", failed)]
+
+
+def test_a_result_whose_write_failed_is_recorded_by_the_release(tmp_path: Path) -> None:
+    """The result an owner could not write (a disk error) is recorded when the owner is
+    released, not left for the next owner to record as WATCH_OUTCOME_UNKNOWN; a release
+    whose write fails again still lets the lease go, and the next owner settles the turn
+    as before."""
+    ops = _FailNextCommit()
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        with pytest.raises(StoreUnavailable), j.own("s") as owner, owner.turn("r1"):
+            ops.armed = True
+        assert not ops.armed
+        assert _results(j) == {"r1": {"status": "completed"}}
+        with j.own("s") as owner:
+            assert owner.recovered_turn is None
+            with pytest.raises(StoreUnavailable), owner.turn("r2"):
+                ops.armed = True
+            ops.armed = True  # the release's write of r2's result fails too
+        assert j.get_session("s").owner is None
+        with j.own("s") as owner:
+            assert owner.recovered_turn == "r2"
+        assert _results(j)["r2"] == OUTCOME_UNKNOWN_RESULT
 
 
 def test_a_turn_whose_start_did_not_commit_gets_no_result(tmp_path: Path) -> None:
