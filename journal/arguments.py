@@ -542,6 +542,8 @@ def check_listing(page_size: object, state: object) -> int:
         hint = ""
         if isinstance(state, str) and state in {s.value for s in SessionState}:
             hint = f": pass SessionState.{state.upper()} (or SessionState({state!r}))"
+        elif type(state) is int:  # (`list_sessions(100)`: the page size given first)
+            hint = ": pass it as page_size=..."
         raise InvalidArgument(f"state must be a SessionState or None, got {state!r}{hint}")
     return min(page_size, MAX_PAGE_SIZE)
 

@@ -46,6 +46,8 @@ class SessionViews:
         engine = self._engine
         scope = scope_digest(self._store_id, purpose="list:" + (state.value if state else "*"))
         after: str | None = None
+        if isinstance(page_token, SessionState):  # (`list_sessions_page(10, OPEN)`)
+            raise InvalidPageToken("the page token must be a str: pass the state as state=...")
         if page_token:
             claims = self._codec.decode(page_token, TokenKind.PAGE, scope)
             after = engine.session_id_of(claims.position)

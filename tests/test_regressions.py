@@ -1463,6 +1463,11 @@ def test_a_state_filter_given_as_its_name_says_which_member_to_pass(tmp_path: Pa
         # "page_size must be an int", until 2026-12-05)
         with pytest.raises(journal.InvalidArgument, match=r"pass it as state=\.\.\."):
             j.list_sessions_page(SessionState.OPEN)  # type: ignore[arg-type]
+        # (nor the other ways round, until a supervisor-author trial on 2026-12-05)
+        with pytest.raises(journal.InvalidPageToken, match=r"pass the state as state=\.\.\."):
+            j.list_sessions_page(10, SessionState.OPEN)  # type: ignore[arg-type]
+        with pytest.raises(journal.InvalidArgument, match=r"pass it as page_size=\.\.\."):
+            j.list_sessions(100)  # type: ignore[arg-type]
 
 
 def test_a_store_opened_by_a_relative_path_survives_a_chdir(
