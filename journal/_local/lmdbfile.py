@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import os
 import struct
+import zlib
 from collections.abc import Callable
 from functools import lru_cache
 from itertools import islice
@@ -65,7 +66,14 @@ from typing import Final, NamedTuple
 
 from .files import NotRegularFile, open_regular
 
-__all__ = ["EntryCheck", "EntryChecks", "check_data_file", "file_identity", "pages_in_use"]
+__all__ = [
+    "EntryCheck",
+    "EntryChecks",
+    "check_data_file",
+    "file_identity",
+    "pages_in_use",
+    "trailing_crc",
+]
 
 # (database name, key, value) -> a problem or None
 EntryCheck = Callable[[bytes, bytes, bytes], "str | None"]
@@ -81,6 +89,7 @@ _TAIL: Final = struct.Struct("<QQ")
 _NODE: Final = struct.Struct("<HHHH")
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
+_BE32: Final = struct.Struct(">I")
 _HEADER_SIZE: Final = 16
 _DB_SIZE: Final = 48
 _META_SIZE: Final = 16 + 24 + 2 * _DB_SIZE + 16
@@ -126,6 +135,23 @@ class _Meta(NamedTuple):
 
 class _Damage(Exception):
     """A check failed (internal: `check_data_file` returns the message)."""
+
+
+def trailing_crc(name: bytes, key: bytes, value: bytes) -> str | None:
+    """The entry check of values that end with a big-endian CRC32 of the key and the rest
+    of the value (the view's). The walk makes it in place for a value inside its page
+    (one `crc32` over the key and the value, which lie side by side: no call and no copy
+    per entry, about half of the check of a view of many sessions, measured 2026-12-05)."""
+    if (
+        len(value) < 4
+        or zlib.crc32(value[:-4], zlib.crc32(key)) != _BE32.unpack_from(value, len(value) - 4)[0]
+    ):
+        return _crc_problem(name, key)
+    return None
+
+
+def _crc_problem(name: bytes, key: bytes) -> str:
+    return f"the {name.decode(errors='replace')} entry {key[:40]!r} fails its checksum"
 
 
 def check_data_file(
@@ -295,6 +321,9 @@ class _Checker:
         check = self._entry_checks(name) if self._entry_checks is not None and name else None
         kept = self.kept if name is not None and name == self._keep else None
         integer_keys = free_page is not None
+        # (entries of a named database checked with `trailing_crc`, in place)
+        in_place = check is trailing_crc and free_page is None and named is None
+        crc32 = zlib.crc32
         # (page, level, lower key bound or None, upper key bound or None)
         stack: list[tuple[int, int, bytes | None, bytes | None]] = [(record.root, 1, None, None)]
         while stack:
@@ -385,6 +414,16 @@ class _Checker:
                     counts[2] += (_HEADER_SIZE - 1 + data_size) // page_size + 1
                 elif key_end + data_size > page_size:
                     raise _Damage(f"{where}: node {index} has data past the end of the page")
+                elif in_place and not node_flags:
+                    end = key_end + data_size
+                    if (
+                        data_size < 4
+                        or crc32(raw[at + 8 : end - 4]) != _BE32.unpack_from(raw, end - 4)[0]
+                    ):
+                        raise _Damage(f"{where}: {_crc_problem(name, key)}")
+                    if kept is not None:
+                        kept[key] = raw[key_end:end]
+                    continue
                 else:
                     value = raw[key_end : key_end + data_size]
                 if free_page is not None:

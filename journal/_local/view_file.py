@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import zlib
 from typing import Final
 
 import lmdb
@@ -16,7 +15,7 @@ import lmdb
 from ..errors import StoreUnavailable
 from .files import DEFAULT_PERMISSIONS, NotRegularFile, Permissions
 from .lmdbenv import MAX_READERS, check_files, prepare_environment
-from .lmdbfile import EntryCheck, check_data_file, file_identity
+from .lmdbfile import EntryCheck, check_data_file, file_identity, trailing_crc
 
 __all__ = [
     "FORMAT_KEY",
@@ -46,18 +45,11 @@ class ViewDamaged(Exception):
     replaces the view, or a read-only reader builds a private one)."""
 
 
-def _check_entry(name: bytes, key: bytes, value: bytes) -> str | None:
-    """The file check's look at one entry of a named database: its CRC."""
-    if zlib.crc32(value[:-4], zlib.crc32(key)) != int.from_bytes(value[-4:]) or len(value) < 4:
-        return f"the {name.decode(errors='replace')} entry {key[:40]!r} fails its checksum"
-    return None
-
-
 def _entry_check(name: bytes) -> EntryCheck | None:
     # The events index (one entry per frame and session: most of the view) is left to
     # the reads: each entry's checksum is checked when it is read, and an entry the
     # damage moved elsewhere leaves a gap the reader reports (JournalCorrupt).
-    return None if name == _EVENTS else _check_entry
+    return None if name == _EVENTS else trailing_crc
 
 
 def inspect_view(path: str) -> str | None:
