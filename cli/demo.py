@@ -134,12 +134,22 @@ def demo(
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
     if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
         path = os.path.abspath(path)
-    kept = "its temporary store was removed" if temporary else f"the store {path} is kept"
-    # (the message comes after the clean-up: the runtimes stopped, the store removed)
+
+    def kept() -> str:
+        """What became of the store (said after the clean-up: the runtimes stopped, the
+        store removed, or not when its removal failed)."""
+        if not temporary:
+            return f"the store {path} is kept"
+        if os.path.exists(path):
+            return f"its temporary store {path} was left behind"
+        return "its temporary store was removed"
+
     try:
         with (
             _stopped_by_term_and_hup(),
-            said_if_interrupted(lambda _: f"demo interrupted: its runtimes are stopped and {kept}"),
+            said_if_interrupted(
+                lambda _: f"demo interrupted: its runtimes are stopped and {kept()}"
+            ),
         ):
             try:
                 with journal.Journal.open(path, create=True) as store:
@@ -151,7 +161,8 @@ def demo(
         name = signal.Signals(stopped.signum).name
         with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
             click.echo(
-                f"journal: demo stopped by {name}: its runtimes are stopped and {kept}", err=True
+                f"journal: demo stopped by {name}: its runtimes are stopped and {kept()}",
+                err=True,
             )
         raise click.exceptions.Exit(128 + stopped.signum) from None
 
@@ -161,12 +172,24 @@ def _stopped_by_term_and_hup() -> Iterator[None]:
     """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `Signalled` in the
     block, so the demo stops its runtimes and removes its temporary store as on Ctrl+C:
     their default action ended it at once, and its supervisor runtime ran on for good. A
-    signal ignored (`nohup`) stays ignored; off the main thread nothing changes."""
+    signal ignored (`nohup`) stays ignored; off the main thread nothing changes. Only the
+    first one raises: those after it (a supervisor signalling until the demo exits, SIGHUP
+    then SIGTERM from a closing terminal) are ignored until the process exits, since one
+    raised in the clean-up cut it short (the temporary store left behind) or, once the
+    handlers were restored, ended the process with -15 (SIGKILL still ends it, and its
+    runtimes end with it; a runtime started after it would inherit SIG_IGN, but none
+    starts in the clean-up)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    came: list[int] = []
 
     def stop(signum: int, frame: FrameType | None) -> None:
+        # (SIG_IGN, not a handler that does nothing: Python's exit puts its handlers
+        # back to SIG_DFL while it ends the threads)
+        for other in previous:
+            signal.signal(other, signal.SIG_IGN)
+        came.append(signum)
         raise Signalled(signum)
 
     previous = {}
@@ -176,9 +199,10 @@ def _stopped_by_term_and_hup() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            if handler is not None:
-                signal.signal(signum, handler)
+        if not came:  # (else the process is ending: the later ones stay ignored)
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
 
 
 class Demo:

@@ -598,6 +598,48 @@ def test_a_demo_killed_midway_leaves_no_runtime_running(tmp_path: Path, signum: 
     assert not left
 
 
+def test_a_demo_signalled_again_while_it_stops_still_cleans_up() -> None:
+    """SIGTERM repeated while `journal demo` stops after the first (a supervisor that
+    signals until its child exits, SIGHUP then SIGTERM from a closing terminal) does not
+    cut its clean-up short: until 2026-12-05 the second raised in the middle of it (the
+    temporary store was left in /tmp while stderr said it was removed) or, after its
+    handlers were restored, killed it with status -15 instead of 143."""
+    process = subprocess.Popen(
+        [*CLI, "demo"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    store = ""
+    try:
+        assert process.stdout is not None
+        path = re.search(r"\[demo\] store (\S+)", process.stdout.readline())
+        assert path is not None
+        store = path.group(1)
+        while "[resume " not in process.stdout.readline():
+            pass
+        while process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        _, stderr = process.communicate(timeout=30)
+        assert _group_gone(process.pid, within=10), "a runtime of the demo still runs"
+        left = os.path.exists(store)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        if store:
+            shutil.rmtree(store, ignore_errors=True)
+    assert process.returncode == 143, stderr
+    assert stderr.splitlines() == [
+        "journal: demo stopped by SIGTERM: its runtimes are stopped and its temporary "
+        "store was removed"
+    ]
+    assert not left
+
+
 def test_demo_in_json_on_a_kept_store(tmp_path: Path) -> None:
     path = tmp_path / "demo-store"
     result = CliRunner().invoke(
