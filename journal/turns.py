@@ -242,7 +242,8 @@ class TurnWriter:
         # The result of a turn whose start or result write failed: (request id, result
         # data, whether its block ran)
         self._unrecorded: tuple[str, bytes, bool] | None = None
-        self._recording = threading.Lock()
+        # (a release from another thread records it too: see `start`)
+        self._recording = threading.RLock()
 
     def check_new(self, request_id: str) -> None:
         """`TurnSettled` when `request_id` names a turn of the session that has ended:
@@ -293,6 +294,25 @@ class TurnWriter:
             self._ended.recorded(request_id, data, written.cursor)
         return written
 
+    def start(self, request_id: str) -> AppendResult:
+        """A turn's start, once its owner's slot is the turn's: `check_new` again,
+        `record_unrecorded`, then the `turn_started` write, all under the lock that a
+        release from another thread takes to record a remembered result: that release
+        records it before this check (which then raises `TurnSettled`) or finds it
+        recorded or set aside by this start. (Until 2026-12-05 it could record a start
+        that raised as failed between this check and the retry's start, and the block
+        then ran after its failed result, the request id settled twice.) A start that
+        raises is remembered as failed, never run: it may have committed (a Ctrl+C held
+        until the commit was done, a lost reply)."""
+        with self._recording:
+            self.check_new(request_id)
+            self.record_unrecorded(request_id)
+            try:
+                return self.turn_event(TURN_STARTED, request_id, b"{}")
+            except BaseException as error:
+                self.unrecorded(request_id, result_data(_failed_result(error)), ran=False)
+                raise
+
     def unrecorded(self, request_id: str, data: bytes, ran: bool) -> None:
         """A turn's result whose write failed (or whose start failed: its block never
         `ran`): recorded before the owner's next turn."""
@@ -307,7 +327,6 @@ class TurnWriter:
         never ran, and the new start opens it again. A result that committed after all
         is in the history only: the owner reads that again at its next find. Raises what
         the write raises (the result stays remembered)."""
-        # (under a lock: a release from another thread records it too)
         with self._recording:
             unrecorded = self._unrecorded
             if unrecorded is None:
@@ -426,20 +445,13 @@ class Turn:
         self._slot.start(self)
         self._entered = True
         try:
-            # Again, now that the slot is this turn's: another thread's turn of the same
-            # request id may have ended since `owner.turn()` checked (it would run again).
-            self._writer.check_new(self.request_id)
-            self._writer.record_unrecorded(self.request_id)
-            try:
-                self.started = self._writer.turn_event(TURN_STARTED, self.request_id, b"{}")
-            except BaseException as error:
-                # The start may have committed though its caller got an error (a Ctrl+C
-                # held until the commit was done, a lost reply): if it did, the owner's
-                # next turn records this one as failed first, as for a lost result
-                # (unless that next turn is this one again).
-                data = result_data(_failed_result(error))
-                self._writer.unrecorded(self.request_id, data, ran=False)
-                raise
+            # Checked again, now that the slot is this turn's: another thread's turn of
+            # the same request id may have ended since `owner.turn()` checked (it would
+            # run again). A start that raises may have committed though its caller got
+            # an error: if it did, the owner's next turn (or its release) records this
+            # one as failed first, as for a lost result (unless that next turn is this
+            # one again).
+            self.started = self._writer.start(self.request_id)
         except BaseException:
             with self._end_lock:
                 self._ended = True  # (not started here: it has no result to change)

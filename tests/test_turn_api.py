@@ -301,6 +301,52 @@ def test_a_result_whose_write_failed_is_recorded_by_the_release(tmp_path: Path) 
         assert _results(j)["r2"] == OUTCOME_UNKNOWN_RESULT
 
 
+def test_a_release_from_another_thread_does_not_settle_a_retry_that_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that raised though it committed may be retried with its request id (its
+    block never ran). A release from another thread records the remembered failure too;
+    until 2026-12-05 it could do so between the retry's last check and its start, and the
+    retry's block then ran after that failed result (two results for one request id, the
+    first saying it failed). Forced here: the release's record runs in the retry's check
+    (`TurnWriter.check_new`), and now waits for the start instead."""
+    ops = SignalAtNextCommit()
+    with (
+        raising_on_sigusr1(_Interrupted("interrupted as the turn started")),
+        Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j,
+    ):
+        j.create_session("s")
+        with j.own("s") as owner:
+            ops.armed = True
+            with pytest.raises(_Interrupted), owner.turn("r1"):
+                pytest.fail("the block ran though its start raised")
+            writer = owner._writer  # noqa: SLF001 (the release's part that records, alone)
+            checked = writer.check_new
+            calls: list[str] = []
+            release = threading.Thread(target=writer.record_before_release)
+
+            def check_new(request_id: str) -> None:
+                checked(request_id)
+                calls.append(request_id)
+                if len(calls) == 2:  # (the start's check; the first is owner.turn()'s)
+                    release.start()
+                    release.join(0.5)  # (done at once, unless it waits for the start)
+
+            monkeypatch.setattr(writer, "check_new", check_new)
+            ran = []
+            with owner.turn("r1"):
+                ran.append(True)
+            release.join(5)
+            assert calls == ["r1", "r1"] and not release.is_alive()
+        stored = [(e.type, e.request_id, json.loads(e.data)) for e in j.replay("s")]
+    assert ran == [True]
+    assert stored == [
+        ("turn_started", "r1", {}),
+        ("turn_started", "r1", {}),
+        ("turn_result", "r1", {"status": "completed"}),
+    ]
+
+
 def test_a_turn_whose_start_did_not_commit_gets_no_result(tmp_path: Path) -> None:
     ops = _FailNextCommit()
     with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
