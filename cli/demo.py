@@ -178,7 +178,9 @@ def _stopped_by_term_and_hup() -> Iterator[None]:
     raised in the clean-up cut it short (the temporary store left behind) or, once the
     handlers were restored, ended the process with -15 (SIGKILL still ends it, and its
     runtimes end with it; a runtime started after it would inherit SIG_IGN, but none
-    starts in the clean-up)."""
+    starts in the clean-up). Should Python drop the first one's raise (a handler that
+    lands in a finalizer, cli/interrupts.py), the demo runs on to its end, bounded by
+    its timeouts, and cleans up as usual."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
