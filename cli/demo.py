@@ -123,7 +123,10 @@ def demo(
             )
         from .demo_cluster import Cluster
 
-        with Cluster() as cluster:
+        with (
+            _stopping(lambda: "its runtimes and its cluster's servers are stopped"),
+            Cluster() as cluster,
+        ):
             url = f"{cluster.url}/demo"
             with journal.Journal.open(url, create=True, replicas=3) as store:
                 runner = Demo(store, url, settings.output, session_count, event_count, True)
@@ -144,26 +147,29 @@ def demo(
             return f"its temporary store {path} was left behind"
         return "its temporary store was removed"
 
+    with _stopping(lambda: f"its runtimes are stopped and {kept()}"):
+        try:
+            with journal.Journal.open(path, create=True) as store:
+                Demo(store, path, settings.output, session_count, event_count, temporary).run()
+        finally:
+            if temporary:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def _stopping(left: Callable[[], str]) -> Iterator[None]:
+    """Ctrl+C, SIGTERM and SIGHUP end the block's demo with its clean-up, then say on
+    stderr what it `left` (asked after the clean-up) and exit 130, 143 or 129."""
     try:
         with (
             _stopped_by_term_and_hup(),
-            said_if_interrupted(
-                lambda _: f"demo interrupted: its runtimes are stopped and {kept()}"
-            ),
+            said_if_interrupted(lambda _: f"demo interrupted: {left()}"),
         ):
-            try:
-                with journal.Journal.open(path, create=True) as store:
-                    Demo(store, path, settings.output, session_count, event_count, temporary).run()
-            finally:
-                if temporary:
-                    shutil.rmtree(path, ignore_errors=True)
+            yield
     except Signalled as stopped:
         name = signal.Signals(stopped.signum).name
         with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
-            click.echo(
-                f"journal: demo stopped by {name}: its runtimes are stopped and {kept()}",
-                err=True,
-            )
+            click.echo(f"journal: demo stopped by {name}: {left()}", err=True)
         raise click.exceptions.Exit(128 + stopped.signum) from None
 
 

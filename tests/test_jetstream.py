@@ -1505,6 +1505,68 @@ def test_the_jetstream_demo_kills_a_node_and_the_watchers_carry_on() -> None:
         assert marker in out, marker
 
 
+def _children_named(parent: int, name: str) -> list[int]:
+    """The processes named `name` whose parent is `parent` (by /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                # (pid (comm) state ppid ...: the name may hold spaces, not a ")")
+                comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+                if comm == name and int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+                    found.append(int(entry))
+    return found
+
+
+@pytest.mark.cluster
+def test_the_jetstream_demo_stopped_by_sigterm_stops_its_servers_and_runtimes() -> None:
+    """SIGTERM ends `journal demo --engine jetstream` with its clean-up: its cluster's
+    servers and its runtimes stopped, saying so, exit 143 (its default action ended it at
+    once, and the three nats-server processes it had started ran on, found by a review)."""
+    root = Path(__file__).resolve().parent.parent
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "demo", "--engine", "jetstream"],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        start_new_session=True,  # (its servers and runtimes are in its process group)
+    )
+    gone = False
+    try:
+        assert process.stdout is not None
+        while "[watch " not in process.stdout.readline():  # the demo is under way
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        servers = _children_named(process.pid, "nats-server")  # (sessions of their own)
+        assert len(servers) == 3, servers
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while not gone and time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+                time.sleep(0.05)
+            except ProcessLookupError:
+                gone = True
+        running = [pid for pid in servers if os.path.exists(f"/proc/{pid}")]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        for pid in _children_named(process.pid, "nats-server") + servers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert gone, "a runtime of the demo still runs"
+    assert running == [], "the demo's nats-servers still run"
+    assert process.returncode == 143, stderr
+    assert stderr.splitlines()[-1] == (
+        "journal: demo stopped by SIGTERM: its runtimes and its cluster's servers are stopped"
+    )
+
+
 def test_the_demo_runs_on_a_nats_store_it_is_given(url: str, tmp_path: Path) -> None:
     """`journal demo --store nats://...` runs on that store (kept); it made a local
     directory named `nats:` in the working directory instead (found by a user trial)."""
