@@ -358,7 +358,13 @@ async def afollow(
 ) -> AsyncIterator[ItemT]:
     """Drive `pager` from asyncio (cancel the task to stop); items one by one. With
     `threads` (the engine's reads wait on the network) each step runs in one of them, so
-    the caller's loop goes on meanwhile."""
+    the caller's loop goes on meanwhile. Without them each step reads on the loop, and
+    the follower yields to the loop once per page (`asyncio.sleep(0)`): a catch-up of a
+    long backlog whose consumer does not suspend (socket writes the kernel takes at
+    once) otherwise held the loop until it reached the head, so the loop's other tasks,
+    a cancellation and `asyncio.timeout` waited that long (SPEC 7.6)."""
+    import asyncio
+
     while not closed():
         epoch = waiter.epoch  # (before the step: a `recheck` during it is not lost)
         try:
@@ -375,3 +381,5 @@ async def afollow(
             return
         if wait_past is not None:
             await waiter.await_change(wait_past, pager.wait_timeout, epoch, pager.wait_key)
+        elif threads is None:
+            await asyncio.sleep(0)  # (the next page is read at once: let the loop run)
