@@ -42,6 +42,19 @@ STOP_CHECK_S: Final = 0.05
 SAFETY_POLL_S: Final = 1.0
 # After a commit of this process, how long the thread waits before it reads the head.
 DEFER_S: Final = 0.001
+# After a change the head read did not show (the change source reported a write, the head
+# had not moved), the thread looks again this soon, then twice as late each time up to
+# RECHECK_MAX_S: another process's LMDB commit is seen by readers only once it stores the
+# transaction's id in the lock file's shared memory, after the `pwrite` of the meta page
+# that inotify reports, and no event follows that store (until 2026-12-05 a read in
+# between left 10-14% of another process's commits to the next commit, or to the 1 s
+# safety look: helper trial h20e).
+# A change within RECHECK_OWN_S of a commit of this process is taken for that commit
+# (published, its followers woken): no look again (reads doubled with 50 commits a
+# second of this process otherwise).
+RECHECK_FIRST_S: Final = 0.001
+RECHECK_MAX_S: Final = 0.032
+RECHECK_OWN_S: Final = 0.005
 # Up to this many waiting followers, the thread wakes them all for a commit of another
 # process rather than read which sessions it touched (`read_changes`).
 FEW_FOLLOWERS: Final = 2
@@ -130,6 +143,10 @@ class Notifier:
         self._last_look = 0.0
         # Whether the change source reported something (or none: poll every time).
         self._changed = True
+        # The wait before the next look after a change the head did not show (0: none),
+        # and whether the look to come is that one (not a change source's event).
+        self._recheck = 0.0
+        self._recheck_due = False
         self._thread: threading.Thread | None = None
         self._source: ChangeSource | None = None
         self._wanted = _Flag()  # a follower waits again (ends the lingering)
@@ -522,11 +539,28 @@ class Notifier:
         # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
-            self._look(stops)
+            moved = self._look(stops)
+            if moved or not self._changed:
+                self._recheck = 0.0
+            elif self._recheck_due:  # (looked again, nothing yet: again, twice as late)
+                self._recheck *= 2
+                if self._recheck > RECHECK_MAX_S:
+                    self._recheck = 0.0
+            elif time.monotonic() - self._last_publish >= RECHECK_OWN_S:
+                # An event the head did not show: look again soon. (Counted from each
+                # such event, not doubled by it: a commit's writes are several events,
+                # which used up the looks again within microseconds.)
+                self._recheck = RECHECK_FIRST_S
+            # (else: most likely this process's own commit, published already)
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:
-            self._changed = source.wait(STOP_CHECK_S if stops else SAFETY_POLL_S)
+            timeout = STOP_CHECK_S if stops else SAFETY_POLL_S
+            if self._recheck:
+                timeout = min(timeout, self._recheck)
+            event = source.wait(timeout)
+            self._recheck_due = not event and self._recheck > 0
+            self._changed = event or self._recheck_due
         else:
             recent = time.monotonic() - self._last_move < FAST_WINDOW_S
             self._nap.wait(FAST_POLL_S if recent else IDLE_POLL_S)
@@ -546,12 +580,14 @@ class Notifier:
             return self._read_head(), None
         return self._read_changes()
 
-    def _look(self, stops: list[Any]) -> None:
+    def _look(self, stops: list[Any]) -> bool:
+        """Read the head and wake whom its move concerns; False when it read the head
+        and found it where it was."""
         failed = rewound = unknown = False
         keys: Collection[int] | None = None
         with self.busy:
             if self._closed:
-                return
+                return True
             try:
                 head, keys = self._read()
                 if self._rewinds and head < max(self._head, self._seen_max):
@@ -571,10 +607,10 @@ class Notifier:
             self._polls += 1
         if unknown:  # (an outage: nothing to tell the followers; their stops still count)
             self._check(stops)
-            return
+            return True
         if rewound:
             self.rewind(head)
-            return
+            return True
         stopped = _any_set(stops)
         with self._lock:
             moved = head > self._head
@@ -590,7 +626,7 @@ class Notifier:
             if failed:
                 self._epoch += 1
             if not (moved or failed or stopped):
-                return
+                return False
             if keys is not None and moved and not (failed or stopped):
                 self._notify_keys(keys)
                 loops = self._async_snapshot(moved_only=True)
@@ -598,6 +634,7 @@ class Notifier:
                 self._notify_all()
                 loops = self._async_snapshot() if moved or failed else []
         _wake_loops(loops)
+        return moved or failed
 
 
 class _Flag:

@@ -524,6 +524,65 @@ def test_a_wait_past_a_head_that_went_back_ends() -> None:
     notifier.close()
 
 
+class ChangesOnDemand:
+    """A change source that reports the changes the test says came, one per wait."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._came = threading.Event()
+
+    def report(self, changes: int) -> None:
+        with self._lock:
+            self._pending += changes
+        self._came.set()
+
+    def wait(self, timeout: float) -> bool:
+        self._came.wait(timeout)
+        with self._lock:
+            if not self._pending:
+                self._came.clear()
+                return False
+            self._pending -= 1
+            return True
+
+    def interrupt(self) -> None:
+        self._came.set()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("writes", [1, 8])
+def test_a_change_the_head_shows_only_after_its_events_wakes_the_followers(writes: int) -> None:
+    """Another process's LMDB commit is seen by readers once it stores the transaction's
+    id in the lock file's shared memory, after the meta page's `pwrite` that inotify
+    reports: a head read between the two misses it, and no event follows. The thread
+    looks again soon after a change the head did not show, however many events the
+    commit's writes made (`writes`). Until 2026-12-05 it did not, and 10-37% of another
+    process's commits reached their followers only with the next commit, or the safety
+    look 1 s later (here: after the follower's 0.5 s)."""
+    source = ChangesOnDemand()
+    heads = {"committed": 10, "stale_reads": 0}
+
+    def read_head() -> int:
+        if heads["stale_reads"]:
+            heads["stale_reads"] -= 1
+            return 10  # (the commit is written, not yet visible to readers)
+        return heads["committed"]
+
+    notifier = Notifier(read_head, lambda: source)
+    woke: list[bool] = []
+    thread = threading.Thread(target=lambda: woke.append(notifier.wait(10, None, 0.5, key=1)))
+    thread.start()
+    until(lambda: notifier.waiting == 1 and notifier.polls >= 1, "the wait and a first look")
+    heads.update(committed=11, stale_reads=writes)
+    source.report(writes)  # (the reads right after them are stale)
+    thread.join(WAIT_S)
+    assert woke == [True]
+    notifier.close()
+
+
 def test_commits_published_during_the_second_head_read_are_not_a_rewind() -> None:
     """A head read behind what was known (a commit landed during it) is read again; a
     commit published during that second read is ahead of it too, and is no head going

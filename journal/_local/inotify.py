@@ -4,10 +4,12 @@ commits instead of polling the head.
 
 A commit of the local engine ends with LMDB writing the view's meta page (`pwrite` on
 `index/data.mdb`; the view is not opened with `writemap`, so every write is a write
-call that inotify reports). inotify queues the event after the write returns, so a head
-read made after the event was read sees the commit; a write made after a head read queues
-another event. A read-only journal with a private view projects the segments itself, so
-it watches `segments/` (frame writes, new segments) instead.
+call that inotify reports). inotify queues the event after the write returns; a write
+made after a head read queues another event. A head read right after the event may still
+miss the commit (LMDB publishes the transaction id in its lock file's shared memory after
+that write): the waiter looks again soon after a change that did not show (`waiter`).
+A read-only journal with a private view projects the segments itself, so it watches
+`segments/` (frame writes, new segments) instead.
 
 Standard library only (`ctypes` for `inotify_init1` and `inotify_add_watch`); `open`
 returns None where inotify is missing or refused (not Linux, no descriptors or watches
