@@ -63,14 +63,17 @@ def window_start(
         frames = view.events.locations(txn, row.incarnation)
         if not frames:
             return new_first
+        # Kept: from the first batch committed within the window on. Commit times follow
+        # the wall clock, which may step back: the newest batch older than the window
+        # does not make every batch old (until 2026-12-05 it trimmed them all, batches
+        # committed minutes ago before a step back of a day included).
         horizon = now - limit_age
-        if frames[-1].time_ms < horizon:
-            new_first = max(new_first, row.last_ordinal + 1)
+        for frame in frames:
+            if frame.time_ms >= horizon:
+                new_first = max(new_first, frame.first_ordinal)
+                break
         else:
-            for frame in frames:
-                if frame.time_ms >= horizon:
-                    new_first = max(new_first, frame.first_ordinal)
-                    break
+            new_first = max(new_first, row.last_ordinal + 1)
     return new_first
 
 
