@@ -392,11 +392,15 @@ def expire(settings: Settings) -> None:
     with settings.open() as store:
         store.expire_due()
         # (The timer of the journal just opened may have expired them first: what ended
-        # since the command started is what it expired.)
+        # since the command started is what it expired. Ended before it finished, too: an
+        # end stamped later, by a clock that was ahead, or on another host and imported,
+        # is no end of this run, and without that bound every run listed it again.)
+        listed = list(store.list_sessions(state=journal.SessionState.EXPIRED))
+        end_ms = int(time.time() * 1000)
         expired = [
             meta
-            for meta in store.list_sessions(state=journal.SessionState.EXPIRED)
-            if meta.ended_at_ms is not None and meta.ended_at_ms >= start_ms
+            for meta in listed
+            if meta.ended_at_ms is not None and start_ms <= meta.ended_at_ms <= end_ms
         ]
     for meta in expired:
         settings.output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")

@@ -1300,6 +1300,57 @@ def test_sessions_expire_expires_what_is_past_its_deadline(store: Path) -> None:
     assert [r["end"] for r in records(invoke(store, "watch", "-s", "t"))] == ["expired"]
 
 
+def test_sessions_expire_lists_no_session_whose_end_is_stamped_after_the_run(
+    store: Path, tmp_path: Path
+) -> None:
+    """A session's end stamped later than the command's run (by a writer whose clock was
+    ahead, or on another host and imported) is not one the run expired: until
+    2026-12-05 every `sessions expire` listed it, for as long as the stamp was ahead
+    (found by a clock-jump trial). The archive is the seam: an expired session exported
+    on a host whose clock is two days ahead."""
+    from journal.archive import ARCHIVE_FORMAT, ArchiveEvent, ArchiveHeader, ArchiveSession
+    from journal.archive_writer import ArchiveWriter
+
+    ahead = int(time.time() * 1000) + 2 * 86_400_000
+    archive = tmp_path / "ahead.archive"
+    with archive.open("wb") as out:
+        writer = ArchiveWriter(out)
+        writer.header(ArchiveHeader(ARCHIVE_FORMAT, 1, "0", ahead, "00" * 16, 1))
+        writer.session(
+            ArchiveSession(
+                session_id="far",
+                mode="",
+                context_id=None,
+                tags={},
+                extensions={},
+                state="expired",
+                created_at_ms=ahead - 5_000,
+                suspended_at_ms=None,
+                ended_at_ms=ahead,
+                first_ordinal=1,
+                last_ordinal=1,
+                ttl_ms=1_000,
+                max_suspend_ms=0,
+                max_history_bytes=None,
+                max_history_age_ms=None,
+                turn_request_id=None,
+            ),
+            None,
+        )
+        writer.events([ArchiveEvent(1, "message", ahead - 4_000, None, b"x")])
+        writer.finish()
+    assert invoke(store, "import", str(archive)).exit_code == 0
+    (created,) = records(invoke(store, "sessions", "create", "t", "--ttl-ms", "1000"))
+    time.sleep(max(0.0, created["expires_at_ms"] / 1000 - time.time()) + 0.05)
+    runs = []
+    for _ in range(2):
+        result = invoke(store, "sessions", "expire")
+        assert result.exit_code == 0, result.output
+        runs.append([r["session_id"] for r in records(result)])
+    # The first run expired "t" (and lists it), the second nothing.
+    assert runs == [["t"], []], runs
+
+
 def test_messages_name_cli_commands_not_python_calls(store: Path) -> None:
     result = invoke(store, "append", "-s", "t", "--create", "--type", "turn_result", "{}")
     assert result.exit_code == 4, result.output
