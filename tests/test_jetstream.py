@@ -757,6 +757,38 @@ def test_a_journal_opened_right_after_the_stream_leader_is_killed_opens(tmp_path
 
 
 @pytest.mark.cluster
+def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
+    """With two of the three nodes down, the one left refuses the requests (JetStream
+    error 10008), and a read asked again for 30 s raised `StoreUnavailable` "JetStream
+    refused a request: JetStream system temporarily unavailable (JetStream error 10008)":
+    nothing of what it means or what to do (until 2026-12-05: a runtime-author trial
+    with nodes of a cluster killed: `owner.turn()`, `fold.refresh()` and watches reading
+    a page said so)."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+    left, *others = cluster.servers
+    with Journal.open(left.url, store=store) as j:  # (connected to the node left)
+        for server in others:
+            server.kill()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable) as raised:
+                j.get_session("s")
+            print(f"\nraised after {time.monotonic() - started:.1f} s: {raised.value}")
+        finally:
+            for server in others:
+                server.start()
+            cluster.wait_ready()
+            time.sleep(1.5)
+    message = str(raised.value)
+    assert "(JetStream error 10008)" in message, message
+    assert "a majority of the servers is down" in message, message
+    assert message.endswith("then retry"), message
+
+
+@pytest.mark.cluster
 def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) -> None:
     cluster = shared_cluster()
     store = store_name(tmp_path)

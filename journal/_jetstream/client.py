@@ -118,6 +118,16 @@ def failure(error: BaseException) -> str:
     """What a request that failed met, for messages: the refusal (an `ApiError`), or the
     servers' silence (one of `Unavailable`)."""
     if isinstance(error, ApiError):
+        if error.transient:
+            # (a read asked again for 30 s ends here: until 2026-12-05 it said only the
+            # refusal, "JetStream system temporarily unavailable (JetStream error 10008)",
+            # nothing of what it means or what to do: a runtime-author trial with two of
+            # a cluster's three nodes down)
+            return (
+                f"JetStream refused a request: {error}: it has no leader to answer it "
+                "(a majority of the servers is down, or still electing one): check that "
+                "they run and reach each other, then retry"
+            )
         return f"JetStream refused a request: {error}"
     return f"the NATS servers did not answer ({type(error).__name__})"
 
