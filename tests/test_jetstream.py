@@ -768,7 +768,11 @@ def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> 
     store = store_name(tmp_path)
     with Journal.open(cluster.url, store=store, replicas=3) as j:
         j.create_session("s")
-    left, *others = cluster.servers
+        leader = cluster.server_named(_stream_leader(j, store))
+    # (the node left is a follower: a leader whose followers just died answers reads
+    # until it steps down)
+    left = next(s for s in cluster.servers if s is not leader)
+    others = [s for s in cluster.servers if s is not left]
     with Journal.open(left.url, store=store) as j:  # (connected to the node left)
         for server in others:
             server.kill()
@@ -786,6 +790,38 @@ def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> 
     assert "(JetStream error 10008)" in message, message
     assert "a majority of the servers is down" in message, message
     assert message.endswith("then retry"), message
+
+
+@pytest.mark.cluster
+def test_a_writer_whose_server_hangs_goes_on_through_another(tmp_path: Path) -> None:
+    """A node that hangs (stopped here with SIGSTOP; a stalled process, or a partition
+    that leaves the TCP connection open) kept the journal connected to it on nats-py's
+    default pings (every 120 s, 2 unanswered): every append raised "no reply from
+    JetStream for 30 s" for minutes while the two other nodes served the stream (until
+    2026-12-05: a runtime-author trial, 0 appends in 70 s; now the client takes the
+    connection for dead when 2 pings, 2 s apart, are still unanswered at the next, and
+    reconnects to another)."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    options = JetStreamOptions(servers=[s.url for s in cluster.servers], store=store, replicas=3)
+    engine = JetStreamEngine.open(options)
+    with Journal.over(engine) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("e", b"{}")])
+        port = engine.conn.nc.connected_url.port
+        hung = next(s for s in cluster.servers if s.port == port)
+        os.kill(hung.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            result = j.append("s", [EventIn("e", b"{}")])
+            took = time.monotonic() - started
+            print(f"\nappended {took:.1f} s after {hung.name} hung")
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+            cluster.wait_ready()
+        assert result.first_ordinal == 2
+        assert took < 25, took  # (measured 7 s; before, StoreUnavailable after 35 s)
+        assert [e.ordinal for e in j.replay("s")] == [1, 2]
 
 
 @pytest.mark.cluster

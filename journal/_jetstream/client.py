@@ -47,6 +47,14 @@ REQUEST_S: Final = 5.0
 # How long a batch waits for its ack before the writer settles what became of it (short:
 # an ack lost in a failover is found out sooner; a late ack is settled just the same).
 ACK_S: Final = 2.0
+# How often the client pings its server, and how many pings may go unanswered before it
+# takes the connection for dead and reconnects (to another server of the list): nats-py's
+# 120 s and 2 left a client on a server that hung (stopped, or cut off with its TCP
+# connection open) for 4 to 6 minutes, every request unanswered though the rest of the
+# cluster served (until 2026-12-05: a runtime-author trial pausing a node with SIGSTOP;
+# now 4 to 6 s).
+PING_S: Final = 2
+MAX_PINGS_OUT: Final = 2
 # JetStream's "stream not found" (`Connection.api`).
 _STREAM_NOT_FOUND: Final = 10059
 # JetStream's 503s that say the account has no JetStream (no account; not enabled for the
@@ -186,6 +194,8 @@ class Connection:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,
                     allow_reconnect=True,
+                    ping_interval=PING_S,
+                    max_outstanding_pings=MAX_PINGS_OUT,
                     error_cb=quiet,
                     name="session-journal",
                 ),
