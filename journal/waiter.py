@@ -49,9 +49,15 @@ DEFER_S: Final = 0.001
 # that inotify reports, and no event follows that store (until 2026-12-05 a read in
 # between left 10-14% of another process's commits to the next commit, or to the 1 s
 # safety look: helper trial h20e).
-# A change within RECHECK_OWN_S of a commit of this process is taken for that commit
-# (published, its followers woken): no look again (reads doubled with 50 commits a
-# second of this process otherwise).
+# A change within RECHECK_OWN_S of a commit of this process is most likely that commit
+# (published, its followers woken): one look again only, RECHECK_MAX_S later, in case
+# another process committed right after it (reads doubled with 50 commits a second of
+# this process otherwise; with no look again, such a commit of another process, 1-4 ms
+# after one of this process, reached its followers only at the next commit or the 1 s
+# look: 2-3 of 150 with 0.5-ms look, 26 of 150 with none; review h20h).
+# Only for an engine whose head reads may lag its change source (`lagging_reads`: the
+# local engine): JetStream's change source looks again itself (`_RowChanges`), and its
+# head reads are requests to the server (these looks again doubled them: review h20h).
 RECHECK_FIRST_S: Final = 0.001
 RECHECK_MAX_S: Final = 0.032
 RECHECK_OWN_S: Final = 0.005
@@ -97,7 +103,9 @@ class Notifier:
     its previous call (None: not known), so it wakes only their followers. `rewinds`:
     the head can go back (`rewind`), and a head read is never behind a commit published
     before it (the local engine; JetStream's stream info may lag this process's
-    commits, and its sequences never go back)."""
+    commits, and its sequences never go back). `lagging_reads`: a head read right after
+    the change source reported a commit may not show it yet (the local engine: LMDB), so
+    the thread looks again soon after a change the head did not show (`RECHECK_*`)."""
 
     def __init__(
         self,
@@ -105,6 +113,7 @@ class Notifier:
         changes: Callable[[], ChangeSource | None] | None = None,
         read_changes: Callable[[], tuple[int, Collection[int] | None]] | None = None,
         rewinds: bool = False,
+        lagging_reads: bool = False,
     ) -> None:
         # Entered as `with self._lock`, the C lock's own `__enter__`: `with self._cv` runs
         # `Condition.__enter__`, Python code, and a Ctrl+C whose handler raised right after
@@ -147,6 +156,7 @@ class Notifier:
         # and whether the look to come is that one (not a change source's event).
         self._recheck = 0.0
         self._recheck_due = False
+        self._lagging_reads = lagging_reads
         self._thread: threading.Thread | None = None
         self._source: ChangeSource | None = None
         self._wanted = _Flag()  # a follower waits again (ends the lingering)
@@ -540,7 +550,7 @@ class Notifier:
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
             moved = self._look(stops)
-            if moved or not self._changed:
+            if moved or not self._changed or not self._lagging_reads:
                 self._recheck = 0.0
             elif self._recheck_due:  # (looked again, nothing yet: again, twice as late)
                 self._recheck *= 2
@@ -551,7 +561,10 @@ class Notifier:
                 # such event, not doubled by it: a commit's writes are several events,
                 # which used up the looks again within microseconds.)
                 self._recheck = RECHECK_FIRST_S
-            # (else: most likely this process's own commit, published already)
+            elif not self._recheck:
+                # Most likely this process's own commit, published already: look once
+                # more, a little later, for another process's commit right after it.
+                self._recheck = RECHECK_MAX_S
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:

@@ -244,7 +244,7 @@ class LocalEngine:
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
-        self.waiter = Notifier(self.head, self.changes, changes, rewinds=True)
+        self.waiter = Notifier(self.head, self.changes, changes, rewinds=True, lagging_reads=True)
         self.expiry: ExpiryTimer | None = None
         self.compactions = Compactions(self.log, self.view, self.submit)
         self._closing = False
