@@ -90,7 +90,8 @@ class ChangeSource(Protocol):
         """Block until something may have changed (True) or `timeout` ends (False)."""
 
     def interrupt(self) -> None:
-        """End a `wait` in progress now (called from another thread)."""
+        """End a `wait` in progress now (called from another thread; that wait need not
+        return True: the waiter looks again only when it does)."""
 
     def close(self) -> None: ...
 

@@ -631,6 +631,31 @@ def test_a_change_source_that_looks_again_itself_gets_no_looks_again() -> None:
     notifier.close()
 
 
+def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
+    """The inotify change source's `wait` ends at an `interrupt` (a follower's new stop to
+    check, the journal closing) but reports no change, so the thread reads no head for
+    it, nor looks again 1-32 ms later as after a change the head did not show. Until
+    2026-12-05 (review h20h) it reported one: a sync watch with a stop read the head
+    6 times per commit of another process appending 50 a second (2.4 since)."""
+    from journal._local.inotify import DirectoryChanges
+
+    changes = DirectoryChanges.open([str(tmp_path)])
+    if changes is None:
+        pytest.skip("no inotify here")
+    try:
+        changes.interrupt()
+        started = time.monotonic()
+        assert changes.wait(5.0) is False
+        assert time.monotonic() - started < 2.5  # (ended by the interrupt)
+        (tmp_path / "f").write_bytes(b"x")
+        assert changes.wait(5.0) is True
+        changes.interrupt()
+        (tmp_path / "f").write_bytes(b"y")
+        assert changes.wait(5.0) is True  # (a change and an interrupt: a change)
+    finally:
+        changes.close()
+
+
 def test_commits_published_during_the_second_head_read_are_not_a_rewind() -> None:
     """A head read behind what was known (a commit landed during it) is read again; a
     commit published during that second read is ahead of it too, and is no head going
