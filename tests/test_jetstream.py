@@ -2745,3 +2745,16 @@ def test_an_open_by_a_user_the_servers_deny_the_api_stops_at_the_refusal(tmp_pat
         server.stop()
     assert not ApiError(503, 10039, "jetstream not enabled for account").transient
     assert ApiError(503, 10008, "temporarily unavailable").transient
+
+
+def test_only_a_refusal_for_want_of_a_leader_is_said_to_be_one() -> None:
+    """A request refused with 10008 says the stream has no leader and what to do; other
+    refusals asked again (a 503 such as 10023, insufficient resources, or 10077, a store
+    failure) say only what the server said: all of them were said to be for want of a
+    leader (review h20h)."""
+    from journal._jetstream.client import ApiError, failure
+
+    assert "no leader" in failure(ApiError(503, 10008, "JetStream system temporarily unavailable"))
+    for refusal in (ApiError(503, 10023, "insufficient resources"), ApiError(500, 10077, "x")):
+        assert refusal.transient
+        assert failure(refusal) == f"JetStream refused a request: {refusal}"

@@ -55,6 +55,8 @@ ACK_S: Final = 2.0
 # now 4 to 6 s).
 PING_S: Final = 2
 MAX_PINGS_OUT: Final = 2
+# JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
+_NO_LEADER: Final = 10008
 # JetStream's "stream not found" (`Connection.api`).
 _STREAM_NOT_FOUND: Final = 10059
 # JetStream's 503s that say the account has no JetStream (no account; not enabled for the
@@ -107,7 +109,7 @@ class ApiError(Exception):
         by a failover: 10077, 10201)."""
         if self.err_code in _NOT_ENABLED:  # (503s that no retry mends)
             return False
-        return self.code >= 500 or self.err_code in (10008, 10077, 10201)
+        return self.code >= 500 or self.err_code in (_NO_LEADER, 10077, 10201)
 
 
 class Found:
@@ -126,7 +128,7 @@ def failure(error: BaseException) -> str:
     """What a request that failed met, for messages: the refusal (an `ApiError`), or the
     servers' silence (one of `Unavailable`)."""
     if isinstance(error, ApiError):
-        if error.transient:
+        if error.err_code == _NO_LEADER:
             # (a read asked again for 30 s ends here: until 2026-12-05 it said only the
             # refusal, "JetStream system temporarily unavailable (JetStream error 10008)",
             # nothing of what it means or what to do: a runtime-author trial with two of
