@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -553,12 +554,11 @@ def _group_gone(pgid: int, within: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
-def test_a_demo_killed_midway_leaves_no_runtime_running(tmp_path: Path, signum: int) -> None:
-    """`journal demo` ended by SIGTERM or SIGHUP (`timeout`, a closed terminal) stops its
-    runtimes and removes its temporary store, saying so (exit 143, 129); killed outright,
-    its runtimes notice and end by themselves (new-user trial: the supervisor runtime,
-    waiting for tasks, ran on for good, its store left in /tmp)."""
+def _stopped_demo(send: Callable[[subprocess.Popen[str]], None]) -> tuple[int, str, bool]:
+    """Run `journal demo` in a process group of its own, `send` it signals once its
+    supervisor runtime waits for tasks, and return its exit status, its stderr and
+    whether its temporary store was left; fails if a runtime of it still runs 10 s
+    after it ended. Whatever is left is killed and removed."""
     process = subprocess.Popen(
         [*CLI, "demo"],
         cwd=ROOT,
@@ -570,13 +570,12 @@ def test_a_demo_killed_midway_leaves_no_runtime_running(tmp_path: Path, signum: 
     store = ""
     try:
         assert process.stdout is not None
-        first = process.stdout.readline()
-        path = re.search(r"\[demo\] store (\S+)", first)
+        path = re.search(r"\[demo\] store (\S+)", process.stdout.readline())
         assert path is not None
         store = path.group(1)
         while "[resume " not in process.stdout.readline():  # its supervisor waits now
             pass
-        process.send_signal(signum)
+        send(process)
         _, stderr = process.communicate(timeout=30)
         assert _group_gone(process.pid, within=10), "a runtime of the demo still runs"
         left = os.path.exists(store)
@@ -586,9 +585,19 @@ def test_a_demo_killed_midway_leaves_no_runtime_running(tmp_path: Path, signum: 
         process.wait(10)
         if store:  # (a demo killed outright cannot remove it)
             shutil.rmtree(store, ignore_errors=True)
+    return process.returncode, stderr, left
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_demo_killed_midway_leaves_no_runtime_running(signum: int) -> None:
+    """`journal demo` ended by SIGTERM or SIGHUP (`timeout`, a closed terminal) stops its
+    runtimes and removes its temporary store, saying so (exit 143, 129); killed outright,
+    its runtimes notice and end by themselves (new-user trial: the supervisor runtime,
+    waiting for tasks, ran on for good, its store left in /tmp)."""
+    status, stderr, left = _stopped_demo(lambda process: process.send_signal(signum))
     if signum == signal.SIGKILL:
         return
-    assert process.returncode == 128 + signum, stderr
+    assert status == 128 + signum, stderr
     (line,) = stderr.splitlines()
     name = signal.Signals(signum).name
     assert line == (
@@ -604,35 +613,14 @@ def test_a_demo_signalled_again_while_it_stops_still_cleans_up() -> None:
     cut its clean-up short: until 2026-12-05 the second raised in the middle of it (the
     temporary store was left in /tmp while stderr said it was removed) or, after its
     handlers were restored, killed it with status -15 instead of 143."""
-    process = subprocess.Popen(
-        [*CLI, "demo"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    store = ""
-    try:
-        assert process.stdout is not None
-        path = re.search(r"\[demo\] store (\S+)", process.stdout.readline())
-        assert path is not None
-        store = path.group(1)
-        while "[resume " not in process.stdout.readline():
-            pass
+
+    def storm(process: subprocess.Popen[str]) -> None:
         while process.poll() is None:
             process.send_signal(signal.SIGTERM)
             time.sleep(0.002)
-        _, stderr = process.communicate(timeout=30)
-        assert _group_gone(process.pid, within=10), "a runtime of the demo still runs"
-        left = os.path.exists(store)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
-        if store:
-            shutil.rmtree(store, ignore_errors=True)
-    assert process.returncode == 143, stderr
+
+    status, stderr, left = _stopped_demo(storm)
+    assert status == 143, stderr
     assert stderr.splitlines() == [
         "journal: demo stopped by SIGTERM: its runtimes are stopped and its temporary "
         "store was removed"
@@ -1308,37 +1296,22 @@ def test_sessions_expire_lists_no_session_whose_end_is_stamped_after_the_run(
     2026-12-05 every `sessions expire` listed it, for as long as the stamp was ahead
     (found by a clock-jump trial). The archive is the seam: an expired session exported
     on a host whose clock is two days ahead."""
-    from journal.archive import ARCHIVE_FORMAT, ArchiveEvent, ArchiveHeader, ArchiveSession
-    from journal.archive_writer import ArchiveWriter
+    from _archives import write_one_session
+
+    from journal.archive import ArchiveEvent
 
     ahead = int(time.time() * 1000) + 2 * 86_400_000
     archive = tmp_path / "ahead.archive"
-    with archive.open("wb") as out:
-        writer = ArchiveWriter(out)
-        writer.header(ArchiveHeader(ARCHIVE_FORMAT, 1, "0", ahead, "00" * 16, 1))
-        writer.session(
-            ArchiveSession(
-                session_id="far",
-                mode="",
-                context_id=None,
-                tags={},
-                extensions={},
-                state="expired",
-                created_at_ms=ahead - 5_000,
-                suspended_at_ms=None,
-                ended_at_ms=ahead,
-                first_ordinal=1,
-                last_ordinal=1,
-                ttl_ms=1_000,
-                max_suspend_ms=0,
-                max_history_bytes=None,
-                max_history_age_ms=None,
-                turn_request_id=None,
-            ),
-            None,
-        )
-        writer.events([ArchiveEvent(1, "message", ahead - 4_000, None, b"x")])
-        writer.finish()
+    write_one_session(
+        archive,
+        "far",
+        [ArchiveEvent(1, "message", ahead - 4_000, None, b"x")],
+        exported_at_ms=ahead,
+        created_at_ms=ahead - 5_000,
+        state="expired",
+        ended_at_ms=ahead,
+        ttl_ms=1_000,
+    )
     assert invoke(store, "import", str(archive)).exit_code == 0
     (created,) = records(invoke(store, "sessions", "create", "t", "--ttl-ms", "1000"))
     time.sleep(max(0.0, created["expires_at_ms"] / 1000 - time.time()) + 0.05)

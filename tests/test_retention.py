@@ -356,41 +356,22 @@ def test_age_window_keeps_recent_batches_before_a_newest_one_stamped_by_a_clock_
     minute (then corrected) cost every session that appended in that minute, and not
     since, its recent history (found by a clock-jump trial). An archive is the seam that
     stamps events (each batch in its own frame: events of 2.5 MiB, 4 MiB a frame)."""
-    from journal.archive import ARCHIVE_FORMAT, ArchiveEvent, ArchiveHeader, ArchiveSession
-    from journal.archive_writer import ArchiveWriter
+    from _archives import write_one_session
+
+    from journal.archive import ArchiveEvent
 
     age = 3_600_000
     now = int(time.time() * 1000)
     stamps = (now - 10 * 60_000, now - DAY_MS - 9 * 60_000)
     archive = tmp_path / "stepped.archive"
-    with archive.open("wb") as out:
-        writer = ArchiveWriter(out)
-        writer.header(ArchiveHeader(ARCHIVE_FORMAT, 1, "0", now, "00" * 16, 1))
-        writer.session(
-            ArchiveSession(
-                session_id="s",
-                mode="",
-                context_id=None,
-                tags={},
-                extensions={},
-                state="open",
-                created_at_ms=now - 20 * 60_000,
-                suspended_at_ms=None,
-                ended_at_ms=None,
-                first_ordinal=1,
-                last_ordinal=2,
-                ttl_ms=None,
-                max_suspend_ms=0,
-                max_history_bytes=None,
-                max_history_age_ms=age,
-                turn_request_id=None,
-            ),
-            None,
-        )
-        writer.events(
-            [ArchiveEvent(o, "m", stamps[o - 1], None, payload("s", o, 5 << 19)) for o in (1, 2)]
-        )
-        writer.finish()
+    write_one_session(
+        archive,
+        "s",
+        [ArchiveEvent(o, "m", stamps[o - 1], None, payload("s", o, 5 << 19)) for o in (1, 2)],
+        exported_at_ms=now,
+        created_at_ms=now - 20 * 60_000,
+        max_history_age_ms=age,
+    )
     with open_store(store) as j:
         j.import_sessions(archive)
         assert [e.timestamp_ms for e in j.replay("s")] == list(stamps)
