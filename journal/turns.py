@@ -318,7 +318,7 @@ class TurnWriter:
         `ran`): recorded before the owner's next turn."""
         self._unrecorded = (request_id, data, ran)
 
-    def record_unrecorded(self, next_request_id: str) -> None:
+    def record_unrecorded(self, next_request_id: str | None = None) -> None:
         """Record the result of the owner's last turn whose result write failed, when that
         turn is still the session's open one (the write may have committed after all: a
         lost reply). Only this owner writes turn events while it holds the lease, so the
@@ -347,16 +347,16 @@ class TurnWriter:
         could only record WATCH_OUTCOME_UNKNOWN ("the prompt may have executed"). A
         write that fails is logged: the release goes on, and the next owner settles the
         turn as before."""
-        if self._unrecorded is None or not self._lease.held:
-            return
         unrecorded = self._unrecorded
+        if unrecorded is None or not self._lease.held:
+            return
         try:
-            self.record_unrecorded("")  # (no request id is empty: no next turn)
+            self.record_unrecorded()  # (no next turn)
         except Exception as error:
             _log.warning(
                 "could not record the result of turn %r of session %r before releasing "
                 "its owner: the next owner records it as WATCH_OUTCOME_UNKNOWN (%s)",
-                None if unrecorded is None else unrecorded[0],
+                unrecorded[0],
                 self._lease.session_id,
                 error,
             )

@@ -550,22 +550,7 @@ class Notifier:
         # (Less a stop check of slack: a wait of SAFETY_POLL_S may end a little early.)
         if self._changed or now - self._last_look >= SAFETY_POLL_S - STOP_CHECK_S:
             self._last_look = now
-            moved = self._look(stops)
-            if moved or not self._changed or not self._lagging_reads:
-                self._recheck = 0.0
-            elif self._recheck_due:  # (looked again, nothing yet: again, twice as late)
-                self._recheck *= 2
-                if self._recheck > RECHECK_MAX_S:
-                    self._recheck = 0.0
-            elif time.monotonic() - self._last_publish >= RECHECK_OWN_S:
-                # An event the head did not show: look again soon. (Counted from each
-                # such event, not doubled by it: a commit's writes are several events,
-                # which used up the looks again within microseconds.)
-                self._recheck = RECHECK_FIRST_S
-            elif not self._recheck:
-                # Most likely this process's own commit, published already: look once
-                # more, a little later, for another process's commit right after it.
-                self._recheck = RECHECK_MAX_S
+            self._plan_recheck(self._look(stops))
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:
@@ -580,6 +565,25 @@ class Notifier:
             self._nap.wait(FAST_POLL_S if recent else IDLE_POLL_S)
             self._changed = True
         return True
+
+    def _plan_recheck(self, moved: bool) -> None:
+        """After a look: when to look again though no change is reported (`_recheck`,
+        0: not before one is), for a change the head did not show yet (RECHECK_*)."""
+        if moved or not self._changed or not self._lagging_reads:
+            self._recheck = 0.0
+        elif self._recheck_due:  # (looked again, nothing yet: again, twice as late)
+            self._recheck *= 2
+            if self._recheck > RECHECK_MAX_S:
+                self._recheck = 0.0
+        elif time.monotonic() - self._last_publish >= RECHECK_OWN_S:
+            # An event the head did not show: look again soon. (Counted from each such
+            # event, not doubled by it: a commit's writes are several events, which used
+            # up the looks again within microseconds.)
+            self._recheck = RECHECK_FIRST_S
+        elif not self._recheck:
+            # Most likely this process's own commit, published already: look once more,
+            # a little later, for another process's commit right after it.
+            self._recheck = RECHECK_MAX_S
 
     def _check(self, stops: list[Any]) -> None:
         if _any_set(stops):
