@@ -1523,3 +1523,24 @@ def test_a_copy_whose_index_is_newer_than_its_segments_says_to_delete_the_copys_
     shutil.rmtree(copy / "index")  # (what it says: the copy reads what it holds)
     with Journal.open(copy, durability="os") as j:
         assert [e.data for e in j.replay("s")] == [b"before the copy"]
+
+
+def test_a_reader_cache_whose_init_was_cut_short_is_freed_quietly() -> None:
+    """A signal raised inside `ReaderCache.__init__` (the demo stopped by SIGTERM) left an
+    object without `_reader`, whose `__del__` then printed "Exception ignored ...
+    AttributeError" on stderr (found by CI)."""
+    import gc
+    import sys
+
+    from journal._local.reader import ReaderCache
+
+    seen: list[object] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        cache = ReaderCache.__new__(ReaderCache)  # (as if `__init__` never ran)
+        del cache
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert seen == []

@@ -86,6 +86,11 @@ class ReaderCache:
     under a follower that is not being advanced) waits for a page in flight instead of
     closing files under it."""
 
+    # (A class default: a signal raised inside `__init__` leaves an object that `__del__`
+    # still frees; it printed "Exception ignored in ... AttributeError" on stderr as the
+    # demo stopped on SIGTERM, found by CI.)
+    _reader: SegmentReader | None = None
+
     def __init__(self, directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
         self.directory = directory
         self.lock = threading.Lock()
