@@ -93,7 +93,7 @@ from .sessions import SessionRow, TransitionKind, metadata_page
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .transfer import export_sessions, import_sessions
 from .turn_results import KeptTurnResults
-from .turns import Owner, TurnWriter, take_over
+from .turns import Owner, TurnWriter, TurnWriters, take_over
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 
@@ -120,6 +120,7 @@ class Journal:
     _deliveries: Deliveries
     _events: EventChecker
     _kept_turns: KeptTurnResults
+    _turn_writers: TurnWriters
     _read_threads: ReadThreads | None
     _cursors: SessionCursors
     _pages: EventPages
@@ -194,6 +195,7 @@ class Journal:
         self._read_threads = parts.read_threads
         self._events = EventChecker()
         self._kept_turns = KeptTurnResults()
+        self._turn_writers = TurnWriters()
         self._close_parts = parts.close
         self._dropped = parts.close_when_dropped(self, engine.location)
         return self
@@ -211,8 +213,12 @@ class Journal:
         if self._closed:
             return
         self._dropped.detach()
-        self._closed = True
-        self._close_parts()
+        try:
+            # (the results its owners remember, as their release() would: SPEC 7.8)
+            self._turn_writers.record_before_close()
+        finally:
+            self._closed = True
+            self._close_parts()
 
     def __enter__(self) -> "Journal":
         if self._closed:  # (as `with f:` of a closed file; it failed at the first call)
@@ -476,6 +482,7 @@ class Journal:
             partial(self.replay, session_id),
             self._kept_turns,
         )
+        self._turn_writers.add(writer)
         return take_over(self._engine, lease, writer)
 
     def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:

@@ -10,7 +10,9 @@ import asyncio
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from types import TracebackType
 
 from .abandoned import close_when_dropped
@@ -35,6 +37,7 @@ __all__ = [
     "Owner",
     "Turn",
     "TurnWriter",
+    "TurnWriters",
     "check_lease",
     "check_turn",
     "check_unsettled",
@@ -367,6 +370,37 @@ class TurnWriter:
         return self._commit(self._checked_append(lease.session_id, events, None, None, turn=guard))
 
 
+class TurnWriters:
+    """The turn writers of one journal's owners, held weakly: `record_before_close`
+    records, as the journal closes and lets their leases go, each remembered result
+    that `release()` would have recorded (a runtime that closes its journal rather than
+    each owner; until 2026-12-05 the next owner recorded those turns as
+    WATCH_OUTCOME_UNKNOWN)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._writers: weakref.WeakSet[TurnWriter] = weakref.WeakSet()
+
+    def add(self, writer: TurnWriter) -> None:
+        with self._lock:
+            self._writers.add(writer)
+
+    def record_before_close(self) -> None:
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            writer.record_before_release()
+
+
+def _release_recording(writer: TurnWriter, lease: Lease) -> None:
+    """An owner's release without the owner (its finalizer's, which must not refer to
+    it): the remembered result first, as `Owner.release()`."""
+    try:
+        writer.record_before_release()
+    finally:
+        lease.release()
+
+
 class _TurnSlot:
     """An owner's one turn at a time. A turn made by `Owner.turn()` and not started yet
     is replaced by the next one made (nothing was written for it; entering it then
@@ -579,15 +613,16 @@ class Owner:
         recovered_turn: str | None = None,
     ) -> None:
         self._lease = lease
-        # Released when garbage-collected without a release (SPEC 7.8).
+        self._writer = writer
+        # Released when garbage-collected without a release (SPEC 7.8), its remembered
+        # turn result recorded first (until 2026-12-05 it was left for the next owner).
         self._abandoned = close_when_dropped(
             self,
-            lease.release,
+            partial(_release_recording, writer, lease),
             f"the owner lease of session {lease.session_id!r} was dropped without a release "
             "and is released now: use `with journal.own(session_id) as owner:`",
             lambda: lease.held,
         )
-        self._writer = writer
         self._turn_slot = _TurnSlot()
         self.session_id = lease.session_id
         self.generation = lease.generation

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ from journal import (
     TurnSettled,
 )
 from journal._local.files import FileOps
+from journal.abandoned import wait_for_dropped
 from journal.turns import OUTCOME_UNKNOWN_RESULT
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
@@ -552,3 +554,52 @@ def test_a_wait_for_a_cancel_ends_when_the_turn_ends_uncancelled(tmp_path: Path)
             assert answers == [False]
             # Asked after the end: at once.
             assert turn.wait_cancelled() is False
+
+
+def _a_turn_whose_result_write_failed(j: Journal, ops: _FailNextCommit) -> Owner:
+    """Session "s" owned, its turn "r1" completed but its result write failed (a disk
+    error): the owner remembers the result."""
+    j.create_session("s")
+    owner = j.own("s")
+    with pytest.raises(StoreUnavailable), owner.turn("r1"):
+        ops.armed = True
+    assert not ops.armed and j.get_session("s").open_turn == "r1"
+    return owner
+
+
+def test_a_result_whose_write_failed_is_recorded_when_the_journal_closes(
+    tmp_path: Path,
+) -> None:
+    """An owner let go by the journal's close() (a runtime that closes its journal and
+    not each owner) left the result it remembered unrecorded: the next owner recorded
+    WATCH_OUTCOME_UNKNOWN, "the prompt may have executed", for a turn whose outcome was
+    known. close() records it first, as release() does."""
+    ops = _FailNextCommit()
+    j = Journal.open(tmp_path, durability="os", file_ops=ops)
+    owner = _a_turn_whose_result_write_failed(j, ops)
+    j.close()
+    with Journal.open(tmp_path, durability="os") as again:
+        assert again.get_session("s").owner is None
+        with again.own("s") as next_owner:
+            assert next_owner.recovered_turn is None
+        assert _results(again) == {"r1": {"status": "completed"}}
+    del owner
+
+
+def test_a_result_whose_write_failed_is_recorded_when_its_owner_is_dropped(
+    tmp_path: Path,
+) -> None:
+    """An owner garbage-collected without a release is released (with a ResourceWarning);
+    the result it remembered is recorded first, as release() does, not left for the next
+    owner to record as WATCH_OUTCOME_UNKNOWN."""
+    ops = _FailNextCommit()
+    with Journal.open(tmp_path, durability="os", file_ops=ops) as j:
+        owner = _a_turn_whose_result_write_failed(j, ops)
+        with pytest.warns(ResourceWarning, match="dropped without a release"):
+            del owner
+            gc.collect()
+            assert wait_for_dropped(10)
+        assert j.get_session("s").owner is None
+        with j.own("s") as next_owner:
+            assert next_owner.recovered_turn is None
+        assert _results(j) == {"r1": {"status": "completed"}}
