@@ -66,8 +66,13 @@ class Watching:
 
     def __del__(self) -> None:
         # No lock here (a garbage collection may run this anywhere, also inside the
-        # watch's own lock): the thread counts it out at its next look.
-        self._released.append(self._key)
+        # watch's own lock): the thread counts it out at its next look. (An object whose
+        # `__init__` a signal cut short was never counted in: nothing to count out.)
+        try:
+            key, released = self._key, self._released
+        except AttributeError:
+            return
+        released.append(key)
 
 
 class OwnerWatch:

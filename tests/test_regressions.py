@@ -1525,21 +1525,26 @@ def test_a_copy_whose_index_is_newer_than_its_segments_says_to_delete_the_copys_
         assert [e.data for e in j.replay("s")] == [b"before the copy"]
 
 
-def test_a_reader_cache_whose_init_was_cut_short_is_freed_quietly() -> None:
+@pytest.mark.parametrize(
+    "module, name", [("journal._local.reader", "ReaderCache"), ("journal.owner_watch", "Watching")]
+)
+def test_an_object_whose_init_was_cut_short_is_freed_quietly(module: str, name: str) -> None:
     """A signal raised inside `ReaderCache.__init__` (the demo stopped by SIGTERM) left an
     object without `_reader`, whose `__del__` then printed "Exception ignored ...
-    AttributeError" on stderr (found by CI)."""
+    AttributeError" on stderr (found by CI). Every class of the library with a `__del__`
+    is freed quietly when its `__init__` never ran."""
     import gc
+    import importlib
     import sys
 
-    from journal._local.reader import ReaderCache
-
+    cls = getattr(importlib.import_module(module), name)
+    assert "__del__" in vars(cls)
     seen: list[object] = []
     previous = sys.unraisablehook
     sys.unraisablehook = seen.append
     try:
-        cache = ReaderCache.__new__(ReaderCache)  # (as if `__init__` never ran)
-        del cache
+        half_built = cls.__new__(cls)  # (as if `__init__` never ran)
+        del half_built
         gc.collect()
     finally:
         sys.unraisablehook = previous
