@@ -1525,9 +1525,30 @@ def test_a_copy_whose_index_is_newer_than_its_segments_says_to_delete_the_copys_
         assert [e.data for e in j.replay("s")] == [b"before the copy"]
 
 
-@pytest.mark.parametrize(
-    "module, name", [("journal._local.reader", "ReaderCache"), ("journal.owner_watch", "Watching")]
-)
+_FINALIZED = [("journal._local.reader", "ReaderCache"), ("journal.owner_watch", "Watching")]
+
+
+def test_every_class_with_a_finalizer_is_checked_half_built() -> None:
+    """The list the next test runs over names every class of the library (journal,
+    cursors, cli) that defines `__del__`."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    found = set()
+    for package in ("journal", "cursors", "cli"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            if info.name.endswith(".__main__"):
+                continue  # (runs the command line)
+            module = importlib.import_module(info.name)
+            for name, cls in inspect.getmembers(module, inspect.isclass):
+                if cls.__module__ == info.name and "__del__" in vars(cls):
+                    found.add((info.name, name))
+    assert found == set(_FINALIZED)
+
+
+@pytest.mark.parametrize("module, name", _FINALIZED)
 def test_an_object_whose_init_was_cut_short_is_freed_quietly(module: str, name: str) -> None:
     """A signal raised inside `ReaderCache.__init__` (the demo stopped by SIGTERM) left an
     object without `_reader`, whose `__del__` then printed "Exception ignored ...
