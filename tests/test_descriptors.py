@@ -51,6 +51,10 @@ def open_fds(collect: bool = True) -> dict[int, str]:
     return fds
 
 
+def _waiter_threads() -> int:
+    return sum(thread.name == "journal-waiter" for thread in threading.enumerate())
+
+
 def fd_count() -> int:
     return len(open_fds())
 
@@ -327,6 +331,12 @@ def test_abandoned_and_stopped_watches_release_descriptors(tmp_path: Path) -> No
         watcher.finish()
         dense(watcher.ordinals, 1, last)
         del watcher
+        # (A waiter thread that ended as the watch began may still be closing its
+        # inotify descriptor and eventfd beside the one that took over: 2 more for a
+        # moment, once in about 20 runs.)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and _waiter_threads() > 1:
+            time.sleep(0.01)
         after_stop = fd_count()
         assert after_stop <= before_thread + SLACK, (
             f"a stopped watch left {after_stop - before_thread} more descriptors open; "
