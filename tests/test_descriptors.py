@@ -24,6 +24,7 @@ import pytest
 
 from journal import CursorExpired, EventIn, Journal, RetentionPolicy, Subscription
 from journal._local.reader import KEPT_AT_HEAD
+from journal.abandoned import wait_for_dropped
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not os.path.isdir("/proc/self/fd"),
@@ -675,6 +676,7 @@ def test_a_journal_dropped_without_close_is_closed_without_the_cycle_collector(
             del j
     finally:
         gc.enable()
+    wait_for_dropped(10)  # (it is closed by a thread of its own: SPEC 7)
     assert under(open_fds(), store) == []
 
 
