@@ -116,6 +116,13 @@ class SessionRow(msgspec.Struct, array_like=True):
     checkpoint_position: int = 0
     checkpoint_segment: int = 0
     checkpoint_offset: int = 0
+    # The JetStream engine's age window (SPEC 16): the commit time of the newest event
+    # (0: not recorded, as in a row an older release wrote), and the first ordinal from
+    # which no event is stamped earlier than the one before it (commit times follow the
+    # wall clock, which may step back). The local engine keeps both 0 (it reads the
+    # commit times of its events index in order).
+    last_event_ms: int = 0
+    stamped_in_order_from: int = 0
 
     @classmethod
     def created(cls, record: SessionCreated, incarnation: int) -> SessionRow:

@@ -14,6 +14,7 @@ Payloads are derived from (session, ordinal), so every event read back checks it
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -32,7 +33,7 @@ import msgspec
 import pytest
 from _local_engine import open_local
 from click.testing import CliRunner
-from engines import EngineFactory
+from engines import ENGINES, EngineFactory, JetStreamEngineFactory, engine_params
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,7 @@ BIG_SEGMENTS = 1 << 20  # no rotation, so no automatic retention pass unless a t
 SMALL_SEGMENTS = 8192
 NO_WINDOWS = RetentionPolicy(max_history_bytes=None)
 DAY_MS = 24 * 3600 * 1000
+HOUR_MS = 3600 * 1000
 WAIT_S = 15.0
 FRAME_HEADER = struct.Struct(">4sIIQI")  # magic, body length, crc32, first position, count
 SEGMENT_HEADER_SIZE = 64
@@ -382,6 +384,208 @@ def test_age_window_keeps_recent_batches_before_a_newest_one_stamped_by_a_clock_
         report = j.apply_retention(now_ms=stamps[0] + age + 1)
         assert report.trimmed_sessions == ["s"]
         assert_range(j, "s", 3, 2)
+
+
+# Age windows when commit times step back (SPEC 8). Appends are stamped by the clock as
+# they commit; an import is the seam that stamps other times: events imported stamped a
+# day ahead of the appends after them stand for a clock that stepped back a day between
+# them (a pass's `now_ms` places the window).
+
+
+def stamps_of(j: Journal, session_id: str) -> list[int]:
+    return [e.timestamp_ms for e in j.replay(session_id)]
+
+
+def append_spaced(j: Journal, session_id: str, batches: int) -> list[int]:
+    """`batches` appends of two events each, a few milliseconds apart; the commit time of
+    each (checked to grow, so that a window can fall between any two)."""
+    for _ in range(batches):
+        time.sleep(0.003)
+        append_batch(j, session_id, [40, 40])
+    stamps = stamps_of(j, session_id)[-2 * batches :]
+    times = stamps[::2]
+    assert stamps[1::2] == times, stamps  # (the events of a batch share its time)
+    assert all(a < b for a, b in itertools.pairwise(times)), times
+    return times
+
+
+def open_stepped(
+    engine: EngineFactory, tmp_path: Path, imported: list[int], batches: int
+) -> tuple[Journal, list[int]]:
+    """A store whose session "s" (an age window of an hour) holds events imported stamped
+    `imported` (one batch on JetStream, one frame on the local engine), then `batches`
+    appends of two events stamped as they commit; and the commit time of each append."""
+    from _archives import write_one_session
+
+    from journal.archive import ArchiveEvent
+
+    now = int(time.time() * 1000)
+    archive = tmp_path / "stepped.archive"
+    write_one_session(
+        archive,
+        "s",
+        [ArchiveEvent(o, "m", t, None, payload("s", o)) for o, t in enumerate(imported, 1)],
+        exported_at_ms=now,
+        created_at_ms=now - DAY_MS,
+        max_history_age_ms=HOUR_MS,
+    )
+    j = engine.open(tmp_path / "store", retention=NO_WINDOWS)
+    try:
+        j.import_sessions(archive)
+        times = append_spaced(j, "s", batches)
+        assert stamps_of(j, "s")[: len(imported)] == imported
+    except BaseException:
+        j.close()
+        raise
+    return j, times
+
+
+def test_age_window_keeps_a_batch_within_it_before_newer_ones_stamped_a_day_earlier(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """A session's batch committed ten minutes ago, then batches stamped by a clock a day
+    behind (the newest among them): the pass keeps the whole session (its first batch is
+    within the window, and history leaves as a prefix). Until 2026-12-05 the JetStream
+    engine trimmed every batch, its newest being older than the window (the local engine
+    until 8b9251b); once the first batch is older than the window too, all leave."""
+    ahead = int(time.time() * 1000) + DAY_MS
+    j, _ = open_stepped(engine, tmp_path, [ahead], 3)
+    with j:
+        report = j.apply_retention(now_ms=ahead + 10 * 60_000)
+        assert report.trimmed_sessions == []
+        assert_range(j, "s", 1, 7)
+        report = j.apply_retention(now_ms=ahead + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 8, 7)
+
+
+def test_age_window_keeps_a_batch_within_it_before_older_stamped_ones_and_later_ones_within_it(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """The first batch stamped a day ahead of the 30 after it, the window falling among
+    those (the first 20 older than it, the newest 10 within it): the first batch is within
+    the window, so nothing leaves. The JetStream engine found the first batch within the
+    window by bisection over commit times, which took them to grow, and trimmed the
+    first 21 batches (until 2026-12-05)."""
+    ahead = int(time.time() * 1000) + DAY_MS
+    j, times = open_stepped(engine, tmp_path, [ahead], 30)
+    with j:
+        report = j.apply_retention(now_ms=times[19] + HOUR_MS + 1)
+        assert report.trimmed_sessions == []
+        assert_range(j, "s", 1, 61)
+        report = j.apply_retention(now_ms=ahead + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 62, 61)
+
+
+def test_age_window_finds_the_first_batch_within_it_past_a_step_back(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """Events stamped 50, 40 and 30 minutes ago, then one stamped a day earlier (a step
+    back), then 30 appends: with the window among the appends, the pass keeps from the
+    21st (on JetStream it reads the events before the step back in order, and bisects
+    the ones after it); then all leave."""
+    now = int(time.time() * 1000)
+    imported = [now - 50 * 60_000, now - 40 * 60_000, now - 30 * 60_000, now - DAY_MS]
+    j, times = open_stepped(engine, tmp_path, imported, 30)
+    with j:
+        report = j.apply_retention(now_ms=times[19] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 45, 64)
+        report = j.apply_retention(now_ms=times[29] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 65, 64)
+
+
+def test_age_window_trims_batches_stamped_in_order_up_to_the_first_within_it(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """Commit times in order (the common case): each pass keeps from the first batch
+    committed within the window, whole batches; a window past the newest trims all."""
+    with engine.open(tmp_path / "store", retention=NO_WINDOWS) as j:
+        j.create_session("s", max_history_age_ms=HOUR_MS)
+        times = append_spaced(j, "s", 30)
+        assert j.apply_retention(now_ms=times[0] + HOUR_MS).trimmed_sessions == []
+        assert_range(j, "s", 1, 60)
+        for batches in (1, 10, 11, 29):  # batches older than the window: they leave
+            report = j.apply_retention(now_ms=times[batches - 1] + HOUR_MS + 1)
+            assert report.trimmed_sessions == ["s"]
+            assert_range(j, "s", 2 * batches + 1, 60)
+        assert j.apply_retention(now_ms=times[28] + HOUR_MS + 1).trimmed_sessions == []
+        report = j.apply_retention(now_ms=times[29] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 61, 60)
+
+
+JETSTREAM_ENGINES = [p for p in engine_params("import") if p.id != "local"]
+# The fields of a session row a release before 2026-12-05 knows (up to checkpoint_offset).
+_OLDER_ROW_FIELDS = 42
+
+
+def rewrite_row_as_an_older_release(engine: JetStreamEngineFactory, path: Path) -> None:
+    """Session "s"'s row written again as a release before `SessionRow.last_event_ms` does
+    (it decodes the row without the fields it does not know and encodes the rest): with
+    the compare-and-set on the row subject, and its positions as sequences."""
+    import nats
+
+    from journal._jetstream.layout import ENCODER, ROW_DECODER, Subjects, resolve
+
+    store = engine.store_name(path)
+    subject = f"j.{store}.s.{Subjects.token('s')}.row"
+
+    async def rewrite() -> None:
+        nc = await nats.connect(servers=engine.url().removeprefix("nats://").split(","))
+        try:
+            js = nc.jetstream()
+            message = await js.get_last_msg(f"JOURNAL_{store}", subject)
+            row = resolve(ROW_DECODER.decode(message.data), message.seq)
+            fields = msgspec.msgpack.decode(ENCODER.encode(row))
+            await js.publish(
+                subject,
+                msgspec.msgpack.encode(fields[:_OLDER_ROW_FIELDS]),
+                headers={
+                    "Nats-Rollup": "sub",
+                    "Nats-Expected-Last-Subject-Sequence": str(message.seq),
+                },
+            )
+        finally:
+            await nc.close()
+
+    asyncio.run(rewrite())
+
+
+@pytest.mark.parametrize("engine_name", JETSTREAM_ENGINES)
+@pytest.mark.parametrize("older_row", [False, True], ids=["row", "older-release-row"])
+@pytest.mark.parametrize("step_back", ["imported", "appended"])
+def test_jetstream_age_window_keeps_an_imported_batch_with_an_event_within_it(
+    engine_name: str, older_row: bool, step_back: str, tmp_path: Path
+) -> None:
+    """JetStream: an import is one batch. Its events stamped two hours and ten minutes
+    ago, then (in the import, or its first append) a step back of a day, then appends (a
+    day behind): the event of ten minutes ago is the first within the window, and its
+    batch, the whole import, stays (and the appends after it); the pass reads the events
+    before the step back in order. A row an older release wrote says nothing of the
+    order: every event is read in order. Until 2026-12-05 the newest event being older
+    than the window trimmed every batch. (The local engine takes a frame's time from its
+    first event: the imported frame, stamped two hours ago, leaves with the appends.)"""
+    engine = ENGINES[engine_name]
+    assert isinstance(engine, JetStreamEngineFactory)
+    ahead = int(time.time() * 1000) + DAY_MS
+    imported = [ahead - 2 * HOUR_MS, ahead - 10 * 60_000]
+    if step_back == "imported":
+        imported.append(ahead - DAY_MS - 60_000)
+    j, _ = open_stepped(engine, tmp_path, imported, 3)
+    j.close()
+    last = len(imported) + 6
+    if older_row:
+        rewrite_row_as_an_older_release(engine, tmp_path / "store")
+    with engine.open(tmp_path / "store") as j:
+        report = j.apply_retention(now_ms=ahead)
+        assert report.trimmed_sessions == []
+        assert_range(j, "s", 1, last)
+        report = j.apply_retention(now_ms=ahead + HOUR_MS)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", last + 1, last)
 
 
 def test_per_session_age_override(store: Path) -> None:

@@ -60,7 +60,16 @@ from ..errors import (
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable
-from .layout import ENCODER, Heartbeat, StoredEvent, StoredFeed, StoredSnapshot, Subjects, resolve
+from .layout import (
+    ENCODER,
+    Heartbeat,
+    StoredEvent,
+    StoredFeed,
+    StoredSnapshot,
+    Subjects,
+    resolve,
+    stamps_recorded,
+)
 from .owners import LEASE_S
 from .reads import StoreReader, decode_feed, stored_row
 
@@ -328,6 +337,7 @@ class Imports:
             new = msgspec.structs.replace(row)
             running = new.appended_bytes
             size = 0
+            staged_from = taken
             while taken < len(events) and len(messages) < _BATCH - 1:
                 event = events[taken]
                 weight = len(event.data) + len(event.request_id or "")
@@ -351,6 +361,12 @@ class Imports:
                 taken += 1
             new.retained_bytes += running - new.appended_bytes
             new.appended_bytes = running
+            if taken > staged_from:
+                new.last_event_ms, new.stamped_in_order_from = stamps_recorded(
+                    row,
+                    events[staged_from].ordinal,
+                    (event.timestamp_ms for event in events[staged_from:taken]),
+                )
             count = len(messages) + 1
             for index, names in enumerate(fields):
                 for name in names:

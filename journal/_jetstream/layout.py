@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from typing import Any, Final
 
 import msgspec
@@ -57,6 +58,7 @@ __all__ = [
     "Subjects",
     "check_store_name",
     "resolve",
+    "stamps_recorded",
     "stream_config",
     "stream_differences",
 ]
@@ -200,6 +202,21 @@ class StoredEvent(msgspec.Struct, array_like=True):
     batch_first: int
     batch_bytes_before: int
     bytes_before: int
+
+
+def stamps_recorded(row: SessionRow, first: int, stamps: Iterable[int]) -> tuple[int, int]:
+    """The row's `last_event_ms` and `stamped_in_order_from` once events stamped `stamps`
+    follow, from ordinal `first` on, those of `row` (which end before `first`). Events
+    whose order the row does not record (no `last_event_ms`) count as out of order: the
+    age window reads them in order (`Writer._age_window_start`)."""
+    newest, in_order_from = row.last_event_ms, row.stamped_in_order_from
+    if not newest:
+        in_order_from = first
+    for ordinal, stamp in enumerate(stamps, first):
+        if stamp < newest:
+            in_order_from = ordinal  # (a clock stepped back)
+        newest = stamp
+    return newest, in_order_from
 
 
 class StoredFeed(msgspec.Struct, array_like=True):

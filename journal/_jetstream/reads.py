@@ -47,6 +47,8 @@ BATCH: Final = 1000
 FRESH_S: Final = 10.0
 # Per-message overhead allowed for in a byte-bounded direct get (subject, headers).
 _OVERHEAD: Final = 512
+# The data bytes one direct get of `scan_events` asks for at most.
+_SCAN_BYTES: Final = 4 << 20
 # A registry snapshot reads the rows of sessions changed meanwhile again at most this
 # many times, each time for at most this many changes (`StoreReader.registry`).
 _SETTLE_ROUNDS: Final = 4
@@ -332,12 +334,26 @@ class StoreReader:
             return None
         return message.seq, EVENT_DECODER.decode(message.data)
 
-    async def seq_where(self, row: SessionRow, token: str, reached: Any) -> int | None:
+    async def seq_where(
+        self, row: SessionRow, token: str, reached: Callable[[StoredEvent], bool]
+    ) -> int | None:
         """The sequence of the session's first retained event for which `reached(event)`
         holds (a predicate that stays true once true), by bisection over sequences: one
-        direct get a step. None when no retained event satisfies it."""
-        lo, hi = row.incarnation, row.last_event_position
-        found: int | None = None
+        leader get a step. None when no retained event satisfies it."""
+        found = await self.event_where(row, token, reached)
+        return None if found is None else found[0]
+
+    async def event_where(
+        self,
+        row: SessionRow,
+        token: str,
+        reached: Callable[[StoredEvent], bool],
+        lo: int = 0,
+    ) -> tuple[int, StoredEvent] | None:
+        """`seq_where`'s event and its sequence, looked for from sequence `lo` on (0: the
+        session's incarnation)."""
+        lo, hi = lo or row.incarnation, row.last_event_position
+        found: tuple[int, StoredEvent] | None = None
         while lo <= hi:
             mid = (lo + hi) // 2
             probe = await self.first_event_at(token, mid)
@@ -346,10 +362,55 @@ class StoreReader:
                 continue
             seq, event = probe
             if reached(event):
-                found, hi = seq, mid - 1
+                found, hi = probe, mid - 1
             else:
                 lo = seq + 1
         return found
+
+    async def scan_events(
+        self,
+        token: str,
+        seq: int,
+        ordinal: int,
+        stop: int,
+        end: int,
+        reached: Callable[[StoredEvent], bool],
+    ) -> tuple[int, StoredEvent | None] | None:
+        """The session's events read in order, from `ordinal` (at sequence `seq`) up to
+        ordinal `stop` (excluded) and sequence `end`, in batched direct gets of at most
+        `BATCH` events and `_SCAN_BYTES` of data (a replica that has not the next one:
+        through the leader), until `reached(event)` holds: that event and its sequence;
+        else (the sequence after the last event read, None). None when the events do not
+        follow one another (trimmed meanwhile: the caller cannot tell)."""
+        subject = self.subjects.events(token)
+        leader = False
+        while ordinal < stop:
+            if leader:
+                one = await self.conn.msg_get({"seq": seq, "next_by_subj": subject})
+                found = [] if one is None else [one]
+            else:
+                found, _ = await self.conn.direct(
+                    {
+                        "seq": seq,
+                        "next_by_subj": subject,
+                        "batch": BATCH,
+                        "max_bytes": _SCAN_BYTES + BATCH * _OVERHEAD,
+                    }
+                )
+            moved = False
+            for message in found:
+                event = EVENT_DECODER.decode(message.data)
+                if message.seq > end or event.ordinal != ordinal:
+                    break
+                if reached(event):
+                    return message.seq, event
+                moved, ordinal, seq = True, ordinal + 1, message.seq + 1
+                if ordinal >= stop:
+                    break
+            if not moved and leader:
+                return None
+            leader = not moved
+        return seq, None
 
     async def seq_of(self, row: SessionRow, token: str, ordinal: int) -> int | None:
         if ordinal == row.last_ordinal:

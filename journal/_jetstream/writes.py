@@ -46,7 +46,7 @@ from .client import ApiError, BatchMessage, Unavailable, failure
 from .commit import Committer, Plan, done, rel, resolved
 from .feed_pruning import FeedPruner
 from .imports import Imports
-from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects
+from .layout import ENCODER, Marker, StoredEvent, StoredSnapshot, Subjects, stamps_recorded
 from .reads import RowState
 
 __all__ = ["MAX_APPEND_EVENTS", "Writer"]
@@ -258,12 +258,15 @@ class Writer(Committer):
                         {"Nats-Expected-Last-Subject-Sequence": str(marker_seq)},
                     )
                 )
+            newest, in_order_from = stamps_recorded(row, first, (now,))
             new = msgspec.structs.replace(
                 row,
                 last_ordinal=last,
                 last_event_position=rel(last_index, total),
                 retained_bytes=row.retained_bytes + data_bytes,
                 appended_bytes=row.appended_bytes + data_bytes,
+                last_event_ms=newest,
+                stamped_in_order_from=in_order_from,
             )
             messages.append(self.row_message(state, new))
 
@@ -470,17 +473,56 @@ class Writer(Committer):
             if probe is not None:
                 new_first = max(new_first, probe[1].batch_first)
         if limit_age is not None:
-            horizon = now - limit_age
-            newest = await self.reader.first_event_at(token, row.last_event_position)
-            if newest is not None and newest[1].timestamp_ms < horizon:
-                new_first = max(new_first, row.last_ordinal + 1)
-            else:
-                seq = await self.reader.seq_where(row, token, lambda e: e.timestamp_ms >= horizon)
-                if seq is not None:
-                    probe = await self.reader.first_event_at(token, seq)
-                    if probe is not None:
-                        new_first = max(new_first, probe[1].batch_first)
+            new_first = max(new_first, await self._age_window_start(row, token, now - limit_age))
         return new_first
+
+    async def _age_window_start(self, row: SessionRow, token: str, horizon: int) -> int:
+        """The first ordinal an age window keeps (SPEC 8): the first of the batch holding
+        the session's first event, in ordinal order, committed at `horizon` or later;
+        past the newest when none is. Commit times follow the wall clock, which may step
+        back, so they grow only from the row's `stamped_in_order_from` on: the events
+        before it are read in order (those the pass trims, and the first one kept), the
+        ones after it bisected. The common case reads one event: the first retained one,
+        within the window (nothing leaves), or older than it with the row's newest time
+        too (all leave). Until 2026-12-05 the newest event older than the window trimmed
+        every event, and a bisection over the whole history took its times to grow."""
+        first, last = row.first_ordinal, row.last_ordinal
+        if last < first:
+            return first
+        probe = await self.reader.first_event_at(token, row.incarnation)
+        if probe is not None and probe[1].ordinal < first:  # (left by a purge that failed)
+            seq = await self.reader.seq_of(row, token, first)
+            probe = None if seq is None else await self.reader.first_event_at(token, seq)
+        if probe is None or probe[1].ordinal != first:
+            # (Trimmed meanwhile by another process, whose commit refuses this plan's, or
+            # missing: nothing leaves by age.)
+            return first
+        if probe[1].timestamp_ms >= horizon:
+            return first
+        lo = probe[0] + 1
+        # (A row an older release wrote does not say: all its events are read in order.)
+        in_order_from = row.stamped_in_order_from if row.last_event_ms else last + 1
+        if in_order_from > first + 1:
+            scanned = await self.reader.scan_events(
+                token,
+                lo,
+                first + 1,
+                min(in_order_from, last + 1),
+                row.last_event_position,
+                lambda e: e.timestamp_ms >= horizon,
+            )
+            if scanned is None:
+                return first
+            lo, within = scanned
+            if within is not None:
+                return max(first, within.batch_first)
+        start = max(first + 1, in_order_from)
+        if start > last or row.last_event_ms < horizon:
+            return last + 1  # (none within the window)
+        found = await self.reader.event_where(
+            row, token, lambda e: e.ordinal >= start and e.timestamp_ms >= horizon, lo
+        )
+        return first if found is None else max(first, found[1].batch_first)
 
     async def retain(self, now_ms: int | None) -> RetentionReport:
         """History windows and session retention over every session (a scan: SPEC 16)."""
@@ -584,9 +626,12 @@ class Writer(Committer):
                 ordinal, now, op.type, op.data, op.request_id, ordinal, before, before
             )
             turn = open_turn_after(row.turn_request_id, op.type, op.request_id)
+            newest, in_order_from = stamps_recorded(row, ordinal, (now,))
             new = msgspec.structs.replace(
                 row,
                 last_ordinal=ordinal,
+                last_event_ms=newest,
+                stamped_in_order_from=in_order_from,
                 last_event_position=-1,
                 retained_bytes=row.retained_bytes + len(op.data),
                 appended_bytes=before + len(op.data),
