@@ -56,6 +56,8 @@ __all__ = ["MAX_APPEND_EVENTS", "Writer"]
 MAX_APPEND_EVENTS: Final = 997
 # How often an append compares the recorded retention policy with the one in force.
 POLICY_CHECK_S: Final = 1.0
+# An event read on the way, and its sequence (None: none).
+_Read = tuple[int, StoredEvent] | None
 
 
 def _now_ms() -> int:
@@ -416,13 +418,17 @@ class Writer(Committer):
             lambda seq: SnapshotRef(resolved(new, seq).incarnation, through, seq - 1),
         )
 
-    async def _cut_at(self, row: SessionRow, token: str, first: int) -> tuple[int, int]:
+    async def _cut_at(
+        self, row: SessionRow, token: str, first: int, at: _Read = None
+    ) -> tuple[int, int]:
         """(retained bytes, sequence to purge the events below) for a history starting at
-        ordinal `first`."""
+        ordinal `first` (`at`: the event there and its sequence, when read already)."""
         if first > row.last_ordinal:
             return 0, row.last_event_position + 1
         if first <= row.first_ordinal:
             return row.retained_bytes, 0
+        if at is not None and at[1].ordinal == first:
+            return row.appended_bytes - at[1].bytes_before, at[0]
         seq = await self.reader.seq_of(row, token, first)
         if seq is None:
             return row.retained_bytes, 0
@@ -438,10 +444,10 @@ class Writer(Committer):
             row = state.row
             if row is None:
                 return done(False)
-            first = await self._window_start(row, state.token, now)
+            first, at = await self._window_start(row, state.token, now)
             if first <= row.first_ordinal:
                 return done(False)
-            retained, keep_from = await self._cut_at(row, state.token, first)
+            retained, keep_from = await self._cut_at(row, state.token, first, at)
             cut[:] = [keep_from]
             new = _without_dead_checkpoint(
                 msgspec.structs.replace(row, first_ordinal=first, retained_bytes=retained)
@@ -455,28 +461,32 @@ class Writer(Committer):
             )
         return trimmed
 
-    async def _window_start(self, row: SessionRow, token: str, now: int) -> int:
+    async def _window_start(self, row: SessionRow, token: str, now: int) -> tuple[int, _Read]:
         """The first ordinal the history windows keep (an append is never cut, and the
-        newest one is kept whatever its size), as the local engine's `window_start`."""
+        newest one is kept whatever its size), as the local engine's `window_start`; and
+        the event at it with its sequence when it was read on the way (for `_cut_at`)."""
         limit_bytes = row.max_history_bytes or self.policy.max_history_bytes
         limit_age = row.max_history_age_ms or self.policy.max_history_age_ms
         over_bytes = limit_bytes is not None and row.retained_bytes > limit_bytes
-        new_first = row.first_ordinal
+        kept: tuple[int, _Read] = (row.first_ordinal, None)
         if row.last_ordinal < row.first_ordinal:
-            return new_first
+            return kept
         if over_bytes and limit_bytes is not None:
             floor = row.appended_bytes - limit_bytes
-            seq = await self.reader.seq_where(row, token, lambda e: e.batch_bytes_before >= floor)
-            if seq is None:
-                seq = row.last_event_position  # the newest append is kept
-            probe = await self.reader.first_event_at(token, seq)
+            probe = await self.reader.event_where(
+                row, token, lambda e: e.batch_bytes_before >= floor
+            )
+            if probe is None:  # the newest append is kept
+                probe = await self.reader.first_event_at(token, row.last_event_position)
             if probe is not None:
-                new_first = max(new_first, probe[1].batch_first)
+                kept = _later(kept, _batch_of(row, probe))
         if limit_age is not None:
-            new_first = max(new_first, await self._age_window_start(row, token, now - limit_age))
-        return new_first
+            kept = _later(kept, await self._age_window_start(row, token, now - limit_age))
+        return kept
 
-    async def _age_window_start(self, row: SessionRow, token: str, horizon: int) -> int:
+    async def _age_window_start(
+        self, row: SessionRow, token: str, horizon: int
+    ) -> tuple[int, _Read]:
         """The first ordinal an age window keeps (SPEC 8): the first of the batch holding
         the session's first event, in ordinal order, committed at `horizon` or later;
         past the newest when none is. Commit times follow the wall clock, which may step
@@ -488,7 +498,7 @@ class Writer(Committer):
         every event, and a bisection over the whole history took its times to grow."""
         first, last = row.first_ordinal, row.last_ordinal
         if last < first:
-            return first
+            return first, None
         probe = await self.reader.first_event_at(token, row.incarnation)
         if probe is not None and probe[1].ordinal < first:  # (left by a purge that failed)
             seq = await self.reader.seq_of(row, token, first)
@@ -496,9 +506,9 @@ class Writer(Committer):
         if probe is None or probe[1].ordinal != first:
             # (Trimmed meanwhile by another process, whose commit refuses this plan's, or
             # missing: nothing leaves by age.)
-            return first
+            return first, None
         if probe[1].timestamp_ms >= horizon:
-            return first
+            return first, probe
         lo = probe[0] + 1
         # (A row an older release wrote does not say: all its events are read in order.)
         in_order_from = row.stamped_in_order_from if row.last_event_ms else last + 1
@@ -512,17 +522,17 @@ class Writer(Committer):
                 lambda e: e.timestamp_ms >= horizon,
             )
             if scanned is None:
-                return first
+                return first, None
             lo, within = scanned
             if within is not None:
-                return max(first, within.batch_first)
+                return _batch_of(row, (lo, within))
         start = max(first + 1, in_order_from)
         if start > last or row.last_event_ms < horizon:
-            return last + 1  # (none within the window)
+            return last + 1, None  # (none within the window)
         found = await self.reader.event_where(
             row, token, lambda e: e.ordinal >= start and e.timestamp_ms >= horizon, lo
         )
-        return first if found is None else max(first, found[1].batch_first)
+        return (first, None) if found is None else _batch_of(row, found)
 
     async def retain(self, now_ms: int | None) -> RetentionReport:
         """History windows and session retention over every session (a scan: SPEC 16)."""
@@ -708,6 +718,20 @@ class Writer(Committer):
             return Plan([self.row_message(state, new)], new, lambda seq: resolved(new, seq))
 
         return await self.write(op.session_id, plan, expire_first=False)  # type: ignore[no-any-return]
+
+
+def _batch_of(row: SessionRow, read: tuple[int, StoredEvent]) -> tuple[int, _Read]:
+    """The first ordinal of the batch holding the event `read` (not below the row's
+    first), with that event when it is the one there."""
+    first = max(row.first_ordinal, read[1].batch_first)
+    return first, read if read[1].ordinal == first else None
+
+
+def _later(a: tuple[int, _Read], b: tuple[int, _Read]) -> tuple[int, _Read]:
+    """The later of two first ordinals kept, and the event read at it (either's)."""
+    if a[0] != b[0]:
+        return max(a, b, key=lambda kept: kept[0])
+    return a[0], a[1] or b[1]
 
 
 def _without_dead_checkpoint(row: SessionRow) -> SessionRow:
