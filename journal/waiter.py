@@ -138,8 +138,8 @@ class Notifier:
         # the commits since its previous call (None: not known).
         self._read_changes = read_changes
         self._changes = changes
-        # event loop -> its waiting futures -> (key, seen)
-        self._async: dict[Any, dict[Any, tuple[int | None, int]]] = {}
+        # event loop -> its waiting futures -> (key, seen, what the wait registered)
+        self._async: dict[Any, dict[Any, tuple[int | None, int, _Registered]]] = {}
         self._stops: dict[int, list[Any]] = {}  # id(stop) -> [stop, waiters using it]
         self._waiting = 0  # followers waiting now (sync and asyncio)
         self._followers = 0  # the same, a delivery thread counting its subscriptions
@@ -179,11 +179,11 @@ class Notifier:
         """How many times the waiter thread read the head so far."""
         return self._polls
 
-    def registrations(self) -> tuple[int, int]:
-        """(stop events, event loops) the waiter keeps for the followers waiting now: both
-        0 when none waits, as nothing is kept past a wait."""
+    def registrations(self) -> tuple[int, int, int]:
+        """(stop events, event loops, keys) the waiter keeps for the followers waiting
+        now: all 0 when none waits, as nothing is kept past a wait."""
         with self._lock:
-            return len(self._stops), len(self._async)
+            return len(self._stops), len(self._async), len(self._keyed)
 
     # -- followers -------------------------------------------------------------------------
 
@@ -308,6 +308,11 @@ class Notifier:
         if os.getpid() != self._pid:
             return True  # a forked child: look again (its reads refuse the parent's journal)
         deadline = None if timeout is None else time.monotonic() + timeout
+        # (Signal handlers run in the main thread only, and only once it wakes: one
+        # delivered to another thread of the process, which Linux does when the main
+        # thread has a signal pending already, waited for the follower's next commit.)
+        most = MAIN_SLICE_S if threading.current_thread() is threading.main_thread() else None
+        registered = _Registered()
         with self._lock:
             if self.moved(key, seen):
                 return True
@@ -317,13 +322,8 @@ class Notifier:
                 epoch = self._epoch
             elif epoch != self._epoch:
                 return True
-            cv = self._cv if key is None else self._key_condition(key, 1)
-            # (Signal handlers run in the main thread only, and only once it wakes: one
-            # delivered to another thread of the process, which Linux does when the main
-            # thread has a signal pending already, waited for the follower's next commit.)
-            most = MAIN_SLICE_S if threading.current_thread() is threading.main_thread() else None
-            self._enter(stop, followers)
             try:
+                cv = self._enter(registered, stop, followers, key)
                 self._start()
                 while True:
                     if self.moved(key, seen) or self._epoch != epoch:
@@ -338,20 +338,11 @@ class Notifier:
                         return False
                     _sleep(cv, self._lock, remaining if most is None else min(remaining, most))
             finally:
-                self._leave(stop, followers)
-                if key is not None:
-                    self._key_condition(key, -1)
-
-    def _key_condition(self, key: int, change: int) -> threading.Condition:
-        """The condition sync waiters of `key` sleep on, counting them (under the lock)."""
-        entry = self._keyed.get(key)
-        if entry is None:
-            entry = self._keyed[key] = [threading.Condition(self._lock), 0]
-        entry[1] += change
-        if entry[1] <= 0:
-            del self._keyed[key]
-        condition: threading.Condition = entry[0]
-        return condition
+                try:
+                    self._leave(registered)
+                except BaseException:  # (a Ctrl+C at its start: nothing was undone)
+                    self._leave(registered)
+                    raise
 
     async def await_change(
         self,
@@ -373,20 +364,23 @@ class Notifier:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             waiter = loop.create_future()
-            with self._lock:
-                if self.moved(key, seen):
-                    return
-                if seen > self._seen_max:
-                    self._seen_max = seen
-                if epoch is None:
-                    epoch = self._epoch
-                elif epoch != self._epoch:
-                    return  # (a `recheck` since the caller read `epoch`)
-                self._async.setdefault(loop, {})[waiter] = (key, seen)
-                self._enter(None)
+            registered = _Registered()
             timer = None
             try:
                 with self._lock:
+                    if self.moved(key, seen):
+                        return
+                    if seen > self._seen_max:
+                        self._seen_max = seen
+                    if epoch is None:
+                        epoch = self._epoch
+                    elif epoch != self._epoch:
+                        return  # (a `recheck` since the caller read `epoch`)
+                    futures = self._async.get(loop)
+                    if futures is None:
+                        futures = self._async[loop] = {}
+                    futures[waiter] = (key, seen, registered)
+                    self._enter(registered, None)
                     self._start()
                 if deadline is not None:
                     timer = loop.call_at(loop.time() + deadline - time.monotonic(), _wake, waiter)
@@ -396,51 +390,101 @@ class Notifier:
                     timer.cancel()
                 with self._lock:
                     futures = self._async.get(loop)
-                    # (Not there: `_forget_closed_loops` counted it out already.)
-                    if futures is not None and futures.pop(waiter, None) is not None:
+                    # (None: `_forget_closed_loops` counted it out already.)
+                    if futures is not None:
+                        futures.pop(waiter, None)
                         if not futures:
                             del self._async[loop]
-                        self._leave(None)
+                    try:
+                        self._leave(registered)
+                    except BaseException:  # (a Ctrl+C at its start: nothing was undone)
+                        self._leave(registered)
+                        raise
             with self._lock:
                 if self.moved(key, seen) or self._epoch != epoch:
                     return
             if deadline is not None and time.monotonic() >= deadline:
                 return
 
-    def _enter(self, stop: Any, followers: int = 1) -> None:
-        """A follower starts waiting (under the condition)."""
-        self._waiting += 1
-        self._followers += followers
-        if stop is not None:
-            entry = self._stops.setdefault(id(stop), [stop, 0])
+    def _enter(
+        self, registered: _Registered, stop: Any, followers: int = 1, key: int | None = None
+    ) -> threading.Condition:
+        """A follower starts waiting (under the lock): counted, its `stop` checked, and
+        the condition it sleeps on (its key's, else the one of followers with no key).
+        What it registers is marked in `registered`, which `_leave` undoes (see
+        `_Registered`: no call between a change and its mark)."""
+        condition = self._cv
+        if key is not None:
+            entry = self._keyed.get(key)
+            if entry is None:
+                made = threading.Condition(self._lock)
+                entry = self._keyed[key] = [made, 0]
             entry[1] += 1
+            registered.key = key
+            condition = entry[0]
+        if stop is not None:
+            stop_id = id(stop)
+            entry = self._stops.get(stop_id)
+            if entry is None:
+                entry = self._stops[stop_id] = [stop, 0]
+            entry[1] += 1
+            registered.stop = stop_id
             if entry[1] == 1 and self._source is not None:
                 self._source.interrupt()  # check stops from now on, not after a long wait
+        self._waiting += 1
+        self._followers += followers
+        registered.followers = followers
         self._wanted.set()
+        return condition
 
     def _start(self) -> None:
         """Start the thread if none runs (under the condition; last, so a signal that
         interrupts `start` leaves every count right)."""
         if self._thread is None and not self._closed:
-            self._thread = threading.Thread(target=self._run, name="journal-waiter", daemon=True)
+            thread = self._thread = threading.Thread(
+                target=self._run, name="journal-waiter", daemon=True
+            )
             try:
-                self._thread.start()
-            except RuntimeError as error:
+                thread.start()
+            except BaseException as error:
+                # Not started (no thread left, a Ctrl+C before it began), or started and
+                # not told so (a Ctrl+C in its wait for that): forgotten, so the next
+                # wait starts one; one that began takes the place itself, if still free
+                # (`_run`). Until 2026-12-05 the thread never started stayed recorded as
+                # running, and no wait started one again: the journal's followers never
+                # saw another process's commit (review h21b).
+                self._thread = None
                 # `start` waits on a `threading.Event`: a Ctrl+C whose handler raised
                 # inside its `Condition.wait` before the `try` there came out as
                 # RuntimeError("release unlocked lock") (review h19e): raised as what it is.
-                if isinstance(error.__context__, KeyboardInterrupt):
+                if isinstance(error, RuntimeError) and isinstance(
+                    error.__context__, KeyboardInterrupt
+                ):
                     raise error.__context__ from None
                 raise
 
-    def _leave(self, stop: Any, followers: int = 1) -> None:
-        self._waiting -= 1
-        self._followers -= followers
-        if stop is not None:
-            entry = self._stops[id(stop)]
+    def _leave(self, registered: _Registered) -> None:
+        """Undo what `_enter` registered (under the lock; idempotent). It makes no call:
+        a Ctrl+C lands only at its start, before anything is undone, and its callers
+        call it again then."""
+        if registered.followers is not None:
+            self._waiting -= 1
+            self._followers -= registered.followers
+            registered.followers = None
+        stop_id = registered.stop
+        if stop_id is not None:
+            entry = self._stops[stop_id]
             entry[1] -= 1
             if entry[1] == 0:
-                del self._stops[id(stop)]
+                del self._stops[stop_id]
+            registered.stop = None
+        key = registered.key
+        if key is not None:
+            entry = self._keyed[key]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._keyed[key]
+            registered.key = None
 
     def _forget_closed_loops(self) -> None:
         """Count out the futures of event loops closed while their followers waited (a
@@ -448,8 +492,8 @@ class Notifier:
         never runs). Kept, they counted as waiting for good (the thread never ended) and
         held the loop, its tasks and what each follower holds (under the lock)."""
         for loop in [loop for loop in self._async if loop.is_closed()]:
-            for _ in self._async.pop(loop):
-                self._leave(None)
+            for _, _, registered in self._async.pop(loop).values():
+                self._leave(registered)
 
     def _async_snapshot(self, moved_only: bool = False) -> list[tuple[Any, list[Any]]]:
         """The waiting futures to wake, by loop (`moved_only`: those `moved` concerns)."""
@@ -458,7 +502,7 @@ class Notifier:
         moved = self.moved
         woken = []
         for loop, futures in self._async.items():
-            due = [future for future, (key, seen) in futures.items() if moved(key, seen)]
+            due = [future for future, (key, seen, _) in futures.items() if moved(key, seen)]
             if due:
                 woken.append((loop, due))
         return woken
@@ -483,6 +527,13 @@ class Notifier:
                 thread.join(5)
 
     def _run(self) -> None:
+        with self._lock:
+            # (Its `start` was interrupted after it began: the place is taken if still
+            # free, else this thread ends; `_start` holds this lock until then.)
+            if self._thread is None and not self._closed:
+                self._thread = threading.current_thread()
+            if self._thread is not threading.current_thread():
+                return
         source: ChangeSource | None = None
         try:
             if self._changes is not None:
@@ -653,6 +704,25 @@ class Notifier:
                 loops = self._async_snapshot() if moved or failed else []
         _wake_loops(loops)
         return moved or failed
+
+
+class _Registered:
+    """What one wait of a follower registered with the waiter (`Notifier._enter`), so
+    that `_leave` undoes exactly that, however the wait ends. Each change `_enter` makes
+    is marked here with no call in between, and `_leave` makes no call: Python runs a
+    signal handler only at a function's start, a call's return or a loop's jump back, so
+    a Ctrl+C lands between two changes, never between a change and its mark. (Until
+    2026-12-05 one landing between the registration and the `try` whose `finally`
+    undid it, or inside that undoing, left a follower counted as waiting for good: the
+    waiter thread never went idle, and a stop event kept, once set, woke every follower
+    of the journal every 50 ms; review h21b.)"""
+
+    __slots__ = ("followers", "key", "stop")
+
+    def __init__(self) -> None:
+        self.followers: int | None = None  # counted as waiting, for so many followers
+        self.stop: int | None = None  # the id of its stop event, counted
+        self.key: int | None = None  # its key, counted
 
 
 class _Flag:

@@ -238,7 +238,7 @@ def test_stopped_watchers_end_and_the_waiter_goes_idle(tmp_path: Path, watchers:
         for stop in own:
             stop.set()
         until(lambda: waiter.waiting == 0, "the watchers with their own stop to end")
-        assert waiter.registrations() == (0, 0)
+        assert waiter.registrations() == (0, 0, 0)
         # Still a working waiter: a new watcher sees a commit from another process.
         stop = threading.Event()
         delivered = watchers.start(j, ["s0"], stop)
@@ -277,7 +277,7 @@ def test_asyncio_watchers_share_the_waiter_and_cancelling_releases_them(tmp_path
         assert sorted(delivered) == [(session, 1) for session in sorted(sessions[:3])]
         assert set(head.callers) <= {"journal-waiter", threading.current_thread().name}
         assert waiter.waiting == 0
-        assert waiter.registrations() == (0, 0)
+        assert waiter.registrations() == (0, 0, 0)
 
 
 def test_followers_of_an_event_loop_closed_under_them_are_counted_out(tmp_path: Path) -> None:
@@ -308,7 +308,7 @@ def test_followers_of_an_event_loop_closed_under_them_are_counted_out(tmp_path: 
         while waiter.waiting and time.monotonic() < deadline:
             time.sleep(0.01)
         assert waiter.waiting == 0
-        assert waiter.registrations() == (0, 0)
+        assert waiter.registrations() == (0, 0, 0)
         gc.collect()  # (each task and its future refer to each other)
         segments = str(tmp_path / "s" / "segments")
         held = [name for name in os.listdir("/proc/self/fd") if _points_into(name, segments)]

@@ -25,13 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_SCRIPT = r"""
-import dis, signal, sys, threading, time
-from journal import EventIn, Journal
-
-path = sys.argv[1]
-with Journal.open(path) as j:
-    j.append("s", [EventIn("message", b"first")], create=True)
+# Raises SIGINT at the main thread's `state["at"]`-th check point once traced.
+_TRACER = r"""
+import dis, signal, sys
 
 points = {}
 
@@ -63,6 +59,17 @@ def tracer(frame, event, arg):
         return None
     frame.f_trace_opcodes = True
     return local
+"""
+
+_SCRIPT = (
+    _TRACER
+    + r"""
+import threading, time
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("s", [EventIn("message", b"first")], create=True)
 
 def watch(at):
     # Open, deliver the first event, then wait with a SIGINT at check point `at`.
@@ -106,6 +113,7 @@ for at in range(1, points_seen + 1):
     print(f"AT {at} {fired} {outcome} close={took:.3f} alive={alive}", flush=True)
 print("END", flush=True)
 """
+)
 
 
 def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Path) -> None:
@@ -132,4 +140,109 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Pa
         or float(case[4].split("=")[1]) > 1.0
         or case[5] != "alive=0"
     ]
+    assert not wrong, "\n".join(wrong)
+
+
+_KEPT_OPEN = (
+    _TRACER
+    + r"""
+import subprocess, threading, time
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("s", [EventIn("message", b"first")], create=True)
+# Another process appends one event per line it reads, and says when it did.
+WRITER = '''
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        j.append("s", [EventIn("message", b"more")])
+        print("appended", flush=True)
+'''
+writer = subprocess.Popen(
+    [sys.executable, "-c", WRITER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+assert writer.stdout.readline() == "ready\n"
+
+def append_once_waited(waiter):
+    while waiter.waiting == 0:
+        time.sleep(0.001)
+    writer.stdin.write("x\n")
+    writer.stdin.flush()
+    writer.stdout.readline()
+
+def watch(at):
+    # Wait with a SIGINT at check point `at`; then, the journal still open: what the
+    # waiter keeps, and whether a new watch sees the other process's next commit.
+    state.update(n=0, at=at, fired=None)
+    j = Journal.open(path, readonly=True)
+    waiter = j._engine.waiter
+    last = list(j.replay("s"))[-1].cursor
+    stop = threading.Event()
+    stream = j.watch("s", cursor=last, stop=stop)
+    timer = threading.Timer(0.12, stop.set)  # (about two slices of the wait)
+    timer.start()
+    sys.settrace(tracer)
+    try:
+        next(stream, None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    timer.cancel()
+    stream.close()
+    kept = (waiter.waiting, *waiter.registrations())
+    stop = threading.Event()
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    poke = threading.Thread(target=append_once_waited, args=(waiter,))
+    poke.start()
+    seen = next(j.watch("s", cursor=last, stop=stop), None) is not None
+    poke.join()
+    timer.cancel()
+    j.close()
+    return state["n"], state["fired"], kept, seen
+
+points_seen, *_ = watch(10**9)
+print(f"POINTS {points_seen}", flush=True)
+for at in range(1, points_seen + 1):
+    _, fired, kept, seen = watch(at)
+    if fired is None:
+        break
+    print(f"AT {at} {fired} kept={','.join(map(str, kept))} seen={seen}", flush=True)
+writer.stdin.close()
+writer.wait()
+print("END", flush=True)
+"""
+)
+
+
+def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_path: Path) -> None:
+    """The same check points, the journal kept open after each (a REPL, a loop that
+    catches KeyboardInterrupt): the interrupted wait leaves nothing registered with the
+    waiter, and a new watch sees another process's next commit. Until 2026-12-05 (review
+    h21b) a Ctrl+C between the wait's registration and the `try` that undid it, or inside
+    the undoing, left it counted as waiting for good (the waiter thread never went idle;
+    its stop event, once set, woke every follower of the journal every 50 ms), and one in
+    the waiter thread's `Thread.start` before the thread began left it recorded as
+    running: no wait started one again, and no follower of the journal saw another
+    process's commit."""
+    run = subprocess.run(
+        [sys.executable, "-c", _KEPT_OPEN, str(tmp_path / "store")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (
+        run.stdout[-3000:],
+        run.stderr[-3000:],
+    )
+    cases = [line.split() for line in lines if line.startswith("AT ")]
+    assert len(cases) > 50, lines[:3]
+    wrong = [" ".join(case) for case in cases if case[3:] != ["kept=0,0,0,0", "seen=True"]]
     assert not wrong, "\n".join(wrong)
