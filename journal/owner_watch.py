@@ -56,23 +56,26 @@ def _key(row: SessionRow) -> _Key:
 
 class Watching:
     """A follower's registration (`OwnerWatch.watch`): it lasts until the object is
-    dropped (the follower steps again, or ends)."""
+    dropped (the follower steps again, or ends). Made before it is counted (`counted`),
+    so a Ctrl+C between the two releases nothing it did not count."""
 
-    __slots__ = ("_key", "_released")
+    __slots__ = ("_key", "_released", "counted")
 
     def __init__(self, key: _Key, released: deque[_Key]) -> None:
         self._key = key
         self._released = released
+        self.counted = False
 
     def __del__(self) -> None:
         # No lock here (a garbage collection may run this anywhere, also inside the
         # watch's own lock): the thread counts it out at its next look. (An object whose
-        # `__init__` a signal cut short was never counted in: nothing to count out.)
+        # `__init__` a signal cut short was never counted: nothing to count out.)
         try:
-            key, released = self._key, self._released
+            counted, key, released = self.counted, self._key, self._released
         except AttributeError:
             return
-        released.append(key)
+        if counted:
+            released.append(key)
 
 
 class OwnerWatch:
@@ -84,7 +87,9 @@ class OwnerWatch:
     def __init__(self, owners_alive: OwnerChecks, wake: Callable[[], None]) -> None:
         self._owners_alive = owners_alive
         self._wake = wake
-        self._cv = threading.Condition()
+        # Entered as `with self._lock`, the C lock's own `__enter__` (see `watch`).
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._rows: dict[_Key, SessionRow] = {}
         self._counts: dict[_Key, int] = {}
         self._released: deque[_Key] = deque()
@@ -93,26 +98,58 @@ class OwnerWatch:
         self.checks = 0  # owner checks made so far (for tests and benchmarks)
 
     def watch(self, row: SessionRow) -> Watching:
-        """Register a follower waiting for the unsettled turn of `row` (a fresh row)."""
+        """Register a follower waiting for the unsettled turn of `row` (a fresh row).
+
+        Called by a sync watch in the main thread, where a Ctrl+C lands at any call's
+        return: the lock is entered as the C lock itself (`with condition:` runs
+        `Condition.__enter__`, Python code, and one landing right after its acquire
+        left the lock held by the main thread for good: this journal's owner checks
+        stopped, so its followers waited for good on a dead owner's turn, and a close
+        from another thread hung; until 2026-12-05, review h21b), and the count and its
+        mark on the registration go together (no call between them)."""
         key = _key(row)
-        with self._cv:
+        watching = Watching(key, self._released)
+        with self._lock:
             self._count_out()
             if self._thread is None and not self._closed:
-                # (Raises when no thread can start: nothing is registered, the follower
-                # gets the error instead of waiting for checks that never come.)
-                thread = threading.Thread(target=self._run, name="journal-owners", daemon=True)
-                thread.start()  # (it waits for this lock before it looks)
-                self._thread = thread
+                self._start()
             if not self._rows:
                 self._cv.notify()  # (ends the lingering of a thread with nothing to check)
-            self._counts[key] = self._counts.get(key, 0) + 1
-            self._rows.setdefault(key, row)
-        return Watching(key, self._released)
+            count = self._counts.get(key, 0) + 1
+            if key not in self._rows:
+                self._rows[key] = row
+            self._counts[key] = count
+            watching.counted = True
+        return watching
+
+    def _start(self) -> None:
+        """Start the thread (under the lock, which it waits for before it looks). Raises
+        when no thread can start: nothing is registered, the follower gets the error
+        instead of waiting for checks that never come. A start cut short by a Ctrl+C
+        leaves no thread recorded: one that began takes the place itself (`_run`)."""
+        thread = self._thread = threading.Thread(
+            target=self._run, name="journal-owners", daemon=True
+        )
+        try:
+            thread.start()
+        except BaseException as error:
+            self._thread = None
+            # (A Ctrl+C inside `start`'s `Condition.wait` before its `try` comes out of
+            # it as RuntimeError("release unlocked lock"): raised as what it is.)
+            if isinstance(error, RuntimeError) and isinstance(error.__context__, KeyboardInterrupt):
+                raise error.__context__ from None
+            raise
+
+    def registered(self) -> int:
+        """How many followers' registrations are counted now (for tests)."""
+        with self._lock:
+            self._count_out()
+            return sum(self._counts.values())
 
     def close(self) -> None:
         """End the thread (the journal is closing); idempotent. A check in progress
         finishes on its own (not waited for)."""
-        with self._cv:
+        with self._lock:
             self._closed = True
             self._cv.notify()
 
@@ -129,17 +166,22 @@ class OwnerWatch:
                 self._rows.pop(key, None)
 
     def _run(self) -> None:
+        with self._lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.current_thread()
+            if self._thread is not threading.current_thread():
+                return
         try:
             while self._look():
                 pass
         finally:
-            with self._cv:
+            with self._lock:
                 if self._thread is threading.current_thread():
                     self._thread = None
 
     def _look(self) -> bool:
         """Wait a period, then check every registered owner once; False to end."""
-        with self._cv:
+        with self._lock:
             if not self._closed:
                 self._cv.wait(OWNER_CHECK_S)
             self._count_out()
@@ -147,7 +189,8 @@ class OwnerWatch:
                 self._cv.wait(LINGER_S)
                 self._count_out()
             if self._closed or not self._rows:
-                self._thread = None
+                if self._thread is threading.current_thread():
+                    self._thread = None
                 return False
             rows = list(self._rows.items())
         self.checks += len(rows)
@@ -159,7 +202,7 @@ class OwnerWatch:
             _log.debug("an owner check failed; waking every follower", exc_info=True)
             gone, failed = [], True
         if gone or failed:
-            with self._cv:
+            with self._lock:
                 # Gone for good: its followers look twice and end (or, if a new owner
                 # took over meanwhile, register that one).
                 for key in gone:

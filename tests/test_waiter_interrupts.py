@@ -246,3 +246,100 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_pat
     assert len(cases) > 50, lines[:3]
     wrong = [" ".join(case) for case in cases if case[3:] != ["kept=0,0,0,0", "seen=True"]]
     assert not wrong, "\n".join(wrong)
+
+
+_OWNER_ALIVE = (
+    _TRACER
+    + r"""
+import gc, subprocess, threading, time
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("t", [EventIn("message", b"first")], create=True)
+# Another process owns the session and keeps its turn open: a watch that delivered
+# everything waits for that turn, registered with the journal's owner checks.
+OWNER = '''
+import sys
+from journal import Journal
+j = Journal.open(sys.argv[1])
+turn = j.own("t").turn("r1").__enter__()
+print("ready", flush=True)
+sys.stdin.read()
+'''
+owner = subprocess.Popen(
+    [sys.executable, "-c", OWNER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+assert owner.stdout.readline() == "ready\n"
+
+def watch(at):
+    # Wait on the open turn with a SIGINT at check point `at`; then, the journal still
+    # open: whether another thread can use its owner checks, and what they keep.
+    state.update(n=0, at=at, fired=None)
+    j = Journal.open(path, readonly=True)
+    owners = j._pages._owners
+    last = list(j.replay("t"))[-1].cursor
+    stop = threading.Event()
+    stream = j.watch("t", cursor=last, stop=stop)
+    timer = threading.Timer(0.12, stop.set)
+    timer.start()
+    sys.settrace(tracer)
+    try:
+        next(stream, None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    timer.cancel()
+    stream.close()
+    del stream
+    gc.collect()  # (a traceback's frames, in a cycle, may hold the watch's registration)
+    counted = []
+    other = threading.Thread(target=lambda: counted.append(owners.registered()), daemon=True)
+    other.start()
+    other.join(2.0)
+    j.close()
+    return state["n"], state["fired"], counted[0] if counted else "stuck"
+
+points_seen, *_ = watch(10**9)
+print(f"POINTS {points_seen}", flush=True)
+for at in range(1, points_seen + 1):
+    _, fired, counted = watch(at)
+    if fired is None:
+        break
+    print(f"AT {at} {fired} counted={counted}", flush=True)
+owner.stdin.close()
+owner.wait()
+print("END", flush=True)
+"""
+)
+
+
+def test_ctrl_c_at_any_point_of_a_wait_on_a_turn_leaves_the_owner_checks_working(
+    tmp_path: Path,
+) -> None:
+    """A watch that waits for another process's open turn registers with the journal's
+    owner checks (`journal/owner_watch.py`, SPEC 7.8): a Ctrl+C at any check point of that
+    wait leaves their lock free and nothing counted once the watch is closed. Until
+    2026-12-05 (review h21b) one right after `with condition:` acquired their lock left it
+    held by the main thread for good (the `journal-owners` thread stopped: a follower of a
+    turn whose owner then died waited for good; a close from another thread hung), and one
+    between the count and the registration object left the owner checked every 100 ms
+    for as long as it lived."""
+    run = subprocess.run(
+        [sys.executable, "-c", _OWNER_ALIVE, str(tmp_path / "store")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (
+        run.stdout[-3000:],
+        run.stderr[-3000:],
+    )
+    cases = [line.split() for line in lines if line.startswith("AT ")]
+    assert len(cases) > 50, lines[:3]
+    assert any("watch:" in case[2] for case in cases), lines[:3]  # (the registration's)
+    wrong = [" ".join(case) for case in cases if case[3] != "counted=0"]
+    assert not wrong, "\n".join(wrong)
