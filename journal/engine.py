@@ -11,6 +11,7 @@ not affect the others.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -78,6 +79,47 @@ Progress = Callable[[int, int], None]
 PolicyChange = Callable[[RetentionPolicy], RetentionPolicy]
 
 
+class Flag:
+    """A `threading.Event` that any thread sets without a lock a KeyboardInterrupt could
+    leave held: `threading.Event.set` enters a `Condition` in Python code, and a Ctrl+C
+    whose handler raised right after that acquired its lock left the lock held for good,
+    and the next `set` or `wait` of any thread hung on it (the shared waiter's flags: a
+    journal's `close()` hung, `journal watch` still running long after its SIGINT, review
+    h19e; a `ReadScope` cancelled by `Stream.close()` or `Subscription.close()` in the
+    main thread, until 2026-12-05: the read's next wait hung, review h21b). Here `set` is
+    one release of a raw lock held while the flag is not set. `clear` and `wait` are for
+    the one thread that waits on it (the shared waiter's thread, a scope's reader)."""
+
+    __slots__ = ("_flag", "_gate")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._gate = threading.Lock()
+        self._gate.acquire()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        try:  # noqa: SIM105 (no Python-level `__enter__` for a handler to raise in)
+            self._gate.release()
+        except RuntimeError:
+            pass  # (set already)
+
+    def clear(self) -> None:
+        """(The waiting thread only.)"""
+        self._flag = False
+        self._gate.acquire(False)
+
+    def wait(self, timeout: float) -> bool:
+        """(The waiting thread only.) Until set, or `timeout` ends; whether it is set."""
+        if not self._flag and self._gate.acquire(True, timeout):
+            with contextlib.suppress(RuntimeError):  # (a `set` meanwhile released it)
+                self._gate.release()  # (it stays open while set)
+        return self._flag
+
+
 class ReadScope:
     """A follower's read that may be given up from another thread: an asyncio follower's
     read in a worker thread (`follow.ReadThreads`: its task was cancelled), a stream's
@@ -89,7 +131,7 @@ class ReadScope:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cancelled = threading.Event()
+        self._cancelled = Flag()
         self._hooks: list[Callable[[], object]] = []
         self._stop: threading.Event | None = None
 

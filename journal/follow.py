@@ -17,7 +17,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
 
-from .engine import READ_SCOPE, ReadScope
+from .engine import READ_SCOPE, Flag, ReadScope
 from .errors import JournalClosed
 from .models import Event, LifecycleEvent
 from .sessions import SessionRow
@@ -186,7 +186,9 @@ class Stream(Generic[ItemT]):
         pages: Callable[[Callable[[], bool]], Generator[list[ItemT], None, None]],
         wake: Callable[[], None],
     ) -> None:
-        self._halted = threading.Event()
+        # (Not a `threading.Event`: its `set` takes a lock in Python code, which a Ctrl+C
+        # in `close` left held, and the next `close` hung: review h21b.)
+        self._halted = Flag()
         # Held while a thread runs the page generator (reads a page, or waits).
         self._inside = threading.Lock()
         # The read scope of the step in progress ([None]: none): `close` cuts its read.

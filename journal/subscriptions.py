@@ -77,6 +77,7 @@ class Subscription(Generic[ItemT]):
         "_scope",
         "_start_cursor",
         "_wake",
+        "_woken",
         "session_id",
     )
 
@@ -94,6 +95,7 @@ class Subscription(Generic[ItemT]):
     ) -> None:
         self.session_id = session_id
         self._wake = wake
+        self._woken = False  # (the delivery thread was woken by a close)
         # Whether the caller is the journal's delivery thread (see `wait`).
         self._on_thread = on_thread
         # None once ended (`_finish`): what the pager holds goes with it.
@@ -137,12 +139,16 @@ class Subscription(Generic[ItemT]):
 
     def close(self) -> None:
         """Unsubscribe (idempotent; see the class docstring)."""
-        first = not self._closed
         self._stop()
         with self._call_lock:
             pass  # a listener call in progress on the delivery thread returns first
-        if first:
-            self._wake()  # the thread releases what it holds now, not at the next commit
+        if not (self._woken or self._ended.is_set()):
+            # The thread releases what it holds now, not at the next commit. (Until the
+            # wake-up returned: a close that a Ctrl+C cut short before it is woken by the
+            # next close; until 2026-12-05 only the first close woke it, and the
+            # subscription stayed until the journal's next commit: review h21b.)
+            self._wake()
+            self._woken = True
 
     __call__ = close
 

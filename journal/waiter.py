@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Final, Protocol
 
+from .engine import Flag
 from .forking import ForkPause
 
 __all__ = ["ChangeSource", "HeadUnknown", "Notifier"]
@@ -160,8 +161,8 @@ class Notifier:
         self._lagging_reads = lagging_reads
         self._thread: threading.Thread | None = None
         self._source: ChangeSource | None = None
-        self._wanted = _Flag()  # a follower waits again (ends the lingering)
-        self._nap = _Flag()  # interrupts a poll period
+        self._wanted = Flag()  # a follower waits again (ends the lingering)
+        self._nap = Flag()  # interrupts a poll period
         self._closed = False
         self._pid = os.getpid()
         # Held while the thread reads the head, and by fork() (see `_pause_for_fork`): a
@@ -723,46 +724,6 @@ class _Registered:
         self.followers: int | None = None  # counted as waiting, for so many followers
         self.stop: int | None = None  # the id of its stop event, counted
         self.key: int | None = None  # its key, counted
-
-
-class _Flag:
-    """What the waiter thread sleeps on when it lingers or polls (a `threading.Event` for
-    one waiting thread, the waiter thread, which alone clears it), set by any thread
-    without a lock a KeyboardInterrupt could leave held: `threading.Event.set` enters a
-    `Condition` in Python code, and a Ctrl+C whose handler raised right after that
-    acquired its lock (the main thread starting to wait, `_enter`) left the lock held for
-    good: the journal's `close()` then hung in its own `set` (`journal watch` still
-    running long after its SIGINT: review h19e). Here `set` is one release of a raw lock
-    held while the flag is not set."""
-
-    __slots__ = ("_flag", "_gate")
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._gate = threading.Lock()
-        self._gate.acquire()
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        self._flag = True
-        try:  # noqa: SIM105 (no Python-level `__enter__` for a handler to raise in)
-            self._gate.release()
-        except RuntimeError:
-            pass  # (set already)
-
-    def clear(self) -> None:
-        """(The waiting thread only.)"""
-        self._flag = False
-        self._gate.acquire(False)
-
-    def wait(self, timeout: float) -> bool:
-        """(The waiting thread only.) Until set, or `timeout` ends; whether it is set."""
-        if not self._flag and self._gate.acquire(True, timeout):
-            with contextlib.suppress(RuntimeError):  # (a `set` meanwhile released it)
-                self._gate.release()  # (it stays open while set)
-        return self._flag
 
 
 def _sleep(cv: threading.Condition, lock: Any, timeout: float | None) -> None:

@@ -343,3 +343,94 @@ def test_ctrl_c_at_any_point_of_a_wait_on_a_turn_leaves_the_owner_checks_working
     assert any("watch:" in case[2] for case in cases), lines[:3]  # (the registration's)
     wrong = [" ".join(case) for case in cases if case[3] != "counted=0"]
     assert not wrong, "\n".join(wrong)
+
+
+_CLOSES = (
+    _TRACER
+    + r"""
+import threading, time
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("s", [EventIn("message", b"first")], create=True)
+
+def interrupted(close, at):
+    state.update(n=0, at=at, fired=None)
+    sys.settrace(tracer)
+    try:
+        close()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    again = threading.Thread(target=close, daemon=True)  # (the close asked again)
+    again.start()
+    again.join(1.0)
+    return not again.is_alive()
+
+def stream(at):
+    # A stream another thread waits on, closed by the main thread.
+    j = Journal.open(path, readonly=True)
+    s = j.watch("s", stop=threading.Event())
+    next(s)
+    other = threading.Thread(target=next, args=(s, None), daemon=True)
+    other.start()
+    while j._engine.waiter.waiting == 0:
+        time.sleep(0.001)
+    returned = interrupted(s.close, at)
+    other.join(1.0)
+    ended = not other.is_alive()
+    j.close()
+    return returned, ended
+
+def subscription(at):
+    j = Journal.open(path, readonly=True)
+    got = []
+    sub = j.subscribe("s", got.append)
+    while j._engine.waiter.waiting == 0:
+        time.sleep(0.001)
+    returned = interrupted(sub.close, at)
+    ended = sub.wait(1.0)
+    j.close()
+    return returned, ended
+
+for kind in (stream, subscription):
+    state["n"] = 0
+    kind(10**9)
+    for at in range(1, state["n"] + 1):
+        returned, ended = kind(at)
+        if state["fired"] is None:
+            break
+        print(f"AT {kind.__name__} {at} {state['fired']} {returned} {ended}", flush=True)
+print("END", flush=True)
+"""
+)
+
+
+def test_ctrl_c_at_any_point_of_a_close_of_a_stream_or_subscription(tmp_path: Path) -> None:
+    """`Stream.close()` and `Subscription.close()` in the main thread, the stream waited on
+    by another thread (the subscription by the delivery thread), with a SIGINT at each
+    check point of the close in turn: the close asked again returns, and the follow ends.
+    Until 2026-12-05 (review h21b) one right after `threading.Event.set` acquired its
+    lock (the stream's halted flag, its read scope's) left that lock held: the next close
+    hung for good, and the other thread went on waiting; a subscription's close asked
+    again did not wake the delivery thread when the first was cut before it did (the
+    subscription ended only at the journal's next commit)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _CLOSES, str(tmp_path / "store")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (
+        run.stdout[-3000:],
+        run.stderr[-3000:],
+    )
+    cases = [line.split() for line in lines if line.startswith("AT ")]
+    assert sum(case[1] == "stream" for case in cases) > 10, lines[:3]
+    assert sum(case[1] == "subscription" for case in cases) > 10, lines[:3]
+    wrong = [" ".join(case) for case in cases if case[4:] != ["True", "True"]]
+    assert not wrong, "\n".join(wrong)
