@@ -155,8 +155,10 @@ class Notifier:
         # Whether the change source reported something (or none: poll every time).
         self._changed = True
         # The wait before the next look after a change the head did not show (0: none),
-        # and whether the look to come is that one (not a change source's event).
+        # when that look is due, and whether the look to come is that one (not a change
+        # source's event).
         self._recheck = 0.0
+        self._recheck_at = 0.0
         self._recheck_due = False
         self._lagging_reads = lagging_reads
         self._thread: threading.Thread | None = None
@@ -608,9 +610,16 @@ class Notifier:
         if source is not None:
             timeout = STOP_CHECK_S if stops else SAFETY_POLL_S
             if self._recheck:
-                timeout = min(timeout, self._recheck)
+                timeout = min(timeout, max(0.0, self._recheck_at - time.monotonic()))
             event = source.wait(timeout)
-            self._recheck_due = not event and self._recheck > 0
+            # (Not due when an `interrupt` ended the wait early, a new follower's stop:
+            # until 2026-12-05 it was, and a few of them used up the looks again within
+            # a millisecond; review h21b. Half a look early is due: `poll` counts in ms.)
+            self._recheck_due = (
+                not event
+                and self._recheck > 0
+                and time.monotonic() >= self._recheck_at - RECHECK_FIRST_S / 2
+            )
             self._changed = event or self._recheck_due
         else:
             recent = time.monotonic() - self._last_move < FAST_WINDOW_S
@@ -636,6 +645,7 @@ class Notifier:
             # Most likely this process's own commit, published already: look once more,
             # a little later, for another process's commit right after it.
             self._recheck = RECHECK_MAX_S
+        self._recheck_at = time.monotonic() + self._recheck
 
     def _check(self, stops: list[Any]) -> None:
         if _any_set(stops):

@@ -614,6 +614,36 @@ def test_a_change_the_head_shows_late_right_after_a_commit_of_this_process_wakes
     notifier.close()
 
 
+def test_interrupts_do_not_use_up_the_looks_again_after_a_change_the_head_did_not_show() -> None:
+    """Followers that start waiting with a stop interrupt the change source's wait (their
+    stop is checked from then on), which reports no change: the looks again after a
+    change the head did not show keep their times. Until 2026-12-05 (review h21b) each
+    interrupt counted as the look again being due: a few stop waits right after such a
+    change used up the 1-32 ms looks again within a millisecond, and a commit visible a
+    few ms after its event reached its followers only at the safety look 1 s later
+    (here: after the follower's 0.5 s)."""
+    source = ChangesOnDemand()
+    visible = {"at": float("inf")}
+
+    def read_head() -> int:
+        return 11 if time.monotonic() >= visible["at"] else 10
+
+    notifier = Notifier(read_head, lambda: source, lagging_reads=True)
+    woke: list[bool] = []
+    thread = threading.Thread(target=lambda: woke.append(notifier.wait(10, None, 0.5, key=1)))
+    thread.start()
+    until(lambda: notifier.waiting == 1 and notifier.polls >= 1, "the wait and a first look")
+    polls = notifier.polls
+    visible["at"] = time.monotonic() + 0.01  # (the commit shows 10 ms after its event)
+    source.report(1)
+    until(lambda: notifier.polls > polls, "the look at the change")
+    for _ in range(20):  # other followers start and end short waits, each with a stop
+        notifier.wait(100, threading.Event(), 0.0001, key=2)
+    thread.join(WAIT_S)
+    assert woke == [True]
+    notifier.close()
+
+
 def test_a_change_source_that_looks_again_itself_gets_no_looks_again() -> None:
     """Without `lagging_reads` (JetStream: its change source looks again itself, and its
     head reads are requests to the server) a change the head did not show is one look,
