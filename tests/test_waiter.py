@@ -686,6 +686,37 @@ def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
         changes.close()
 
 
+@pytest.mark.parametrize("name", engine_params())
+def test_new_followers_stops_cost_no_head_reads(name: str, tmp_path: Path) -> None:
+    """A follower that starts waiting with a stop interrupts the change source's wait (so
+    its stop is checked from then on); that is no change, on either engine, and costs no
+    head read. Until 2026-12-05 (review h21b) JetStream's change source reported it as a
+    row message: a head read, and looks again every 2 ms for 50 ms after it, each a
+    request to the server (here: 10 such waits read the head about 250 times)."""
+    engine, _ = open_engine(name, tmp_path / "store")
+    j = Journal.over(engine)
+    waiter: Notifier = engine.waiter
+    try:
+        j.append("s", [EventIn("message", b"x")], create=True)
+        idle = threading.Event()
+        watching = threading.Thread(target=lambda: list(j.watch("s", stop=idle)))
+        watching.start()
+        until(lambda: waiter.waiting == 1, "the watch to wait")
+        time.sleep(0.3)  # (the looks of its start, of the commit's message, are over)
+        polls = waiter.polls
+        for _ in range(10):
+            time.sleep(0.06)
+            waiter.wait(1 << 62, threading.Event(), 0.001)  # (another follower's wait)
+        time.sleep(0.06)
+        reads = waiter.polls - polls
+        idle.set()
+        watching.join(WAIT_S)
+        # (About 0.7 s: a safety look at most, and a stop check's look when one came.)
+        assert reads <= 3, reads
+    finally:
+        j.close()
+
+
 def test_commits_published_during_the_second_head_read_are_not_a_rewind() -> None:
     """A head read behind what was known (a commit landed during it) is read again; a
     commit published during that second read is ahead of it too, and is no head going

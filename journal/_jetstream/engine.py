@@ -123,16 +123,23 @@ class _Readers:
 class _RowChanges:
     """The waiter's change source: a core subscription to every session's row subject
     (every commit writes a row). A message may arrive a moment before the stream has
-    stored it, so for a short while after one the waiter is told to look again."""
+    stored it, so for a short while after one the waiter is told to look again. An
+    `interrupt` (a follower's new stop to check) ends a wait as no change: until
+    2026-12-05 it was taken for a message, and each such wait cost a head read and the
+    looks again after it, about 20 requests to the server (review h21b)."""
 
     _RECHECK_S: Final = 0.05
 
     def __init__(self, engine: JetStreamEngine) -> None:
         self._event = threading.Event()
+        # Row messages: counted on the connection's loop, seen by the waiter's thread
+        # (each writes its own: none is lost between the two).
+        self._messages = self._seen = 0
         self._recheck_until = 0.0
         self._conn = engine.conn
 
         async def on_row(_msg: Any) -> None:
+            self._messages += 1
             self._event.set()
 
         engine.point("changes.subscribe", None)  # (on the waiter's thread)
@@ -143,12 +150,18 @@ class _RowChanges:
         if now < self._recheck_until:
             self._event.wait(min(timeout, 0.002))
             self._event.clear()
+            self._seen = self._messages
             return True
-        fired = self._event.wait(timeout)
-        if fired:
-            self._event.clear()
+        self._event.wait(timeout)
+        self._event.clear()
+        # (After the clear: a message from now on sets the event again, and is seen by
+        # the next wait if not by this one.)
+        messages = self._messages
+        message = messages != self._seen
+        self._seen = messages
+        if message:
             self._recheck_until = time.monotonic() + self._RECHECK_S
-        return fired
+        return message
 
     def interrupt(self) -> None:
         self._event.set()
