@@ -182,3 +182,106 @@ def test_a_lifecycle_follow_started_after_a_fix_elsewhere_takes_no_copy_from_bef
         with j.watch_sessions() as later:
             assert {next(later).session.session_id for _ in range(3)} == {"s1", "s2", "s3"}
         held.close()
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    from journal import EventIn, Journal
+    with Journal.open(sys.argv[1], durability="os") as k:
+        for line in sys.stdin:
+            session, count = line.split()
+            k.append(session, [EventIn("message", b"%s%d" % (session.encode(), i))
+                               for i in range(int(count))])
+            print("done", flush=True)
+    """
+)
+
+
+def test_a_hole_seen_while_few_followers_waited_does_not_hide_later_commits(
+    tmp_path: Path,
+) -> None:
+    """The waiter thread reads which sessions other processes' commits touched only while
+    more than two followers wait (`journal/_local/commits_seen.py`), from where its last
+    such read ended. A hole another process accepted while one follower waited took the
+    head back below that point; once more followers waited, a commit that took those
+    positions again, read at the first look after its event, was read as touching
+    nothing (a head not past the last read), and its followers were not woken: until
+    2026-12-05 (review h21b) the follower of s here got its event only with a later
+    commit of s (in most rounds: in the others a look that read the lower head first, a
+    read too early for the commit, set the point right)."""
+    import threading
+
+    store = tmp_path / "s"
+    with Journal.open(store, create=True) as j:
+        for session_id in ("s", "u", "v", "t"):
+            j.create_session(session_id)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(store)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert writer.stdin is not None and writer.stdout is not None
+
+    def append(session_id: str, count: int) -> None:
+        writer.stdin.write(f"{session_id} {count}\n")  # type: ignore[union-attr]
+        writer.stdin.flush()  # type: ignore[union-attr]
+        assert writer.stdout.readline() == "done\n"  # type: ignore[union-attr]
+
+    fix = "import sys\nfrom journal import Journal\nwith Journal.open(sys.argv[1]) as k:\n"
+    fix += "    assert k.verify(fix=True).fixed"
+    got: dict[str, list[bytes]] = {"s": [], "u": [], "v": []}
+    stop_all = threading.Event()
+    try:
+        with Journal.open(store) as j:
+            waiter = j._engine.waiter  # noqa: SLF001
+
+            def until(condition: object, what: str) -> None:
+                deadline = time.monotonic() + 10
+                while not condition():  # type: ignore[operator]
+                    assert time.monotonic() < deadline, f"gave up waiting for {what}"
+                    time.sleep(0.002)
+
+            def follow(session_id: str, stop: threading.Event) -> None:
+                events = list(j.replay(session_id))
+                cursor = events[-1].cursor if events else None
+
+                def run() -> None:
+                    for event in j.watch(session_id, cursor, stop=stop):
+                        got[session_id].append(event.data)
+
+                threading.Thread(target=run, daemon=True).start()
+
+            follow("s", stop_all)
+            for round_ in range(4):
+                stop_others = threading.Event()
+                follow("u", stop_others)
+                follow("v", stop_others)
+                until(lambda: waiter.waiting == 3, "three followers")
+                polls = waiter.polls
+                # Many events in one last frame, read with their sessions (three wait).
+                append("t", 200)
+                until(lambda polls=polls: waiter.polls > polls, "a look past them")
+                stop_others.set()
+                until(lambda: waiter.waiting == 1, "one follower")
+                epoch = waiter.epoch
+                _cut_last_frame(store)  # t's 200 events
+                subprocess.run([sys.executable, "-c", fix, str(store)], env=env, check=True)
+                until(lambda epoch=epoch: waiter.epoch != epoch, "the head seen going back")
+                stop_others = threading.Event()
+                follow("u", stop_others)
+                follow("v", stop_others)
+                until(lambda: waiter.waiting == 3, "three followers again")
+                append("s", 1)
+                woken = round_ + 1
+                until(lambda woken=woken: len(got["s"]) == woken, f"round {round_}: s woken")
+                stop_others.set()
+                until(lambda: waiter.waiting == 1, "one follower")
+    finally:
+        stop_all.set()
+        writer.stdin.close()
+        writer.wait(10)
+        writer.stdout.close()
