@@ -335,6 +335,11 @@ class Deliveries:
         last_epoch = -1
         try:
             while True:
+                # Read before the list is taken: a subscription added or closed from now
+                # on makes the wait below return at once. (Read after it until
+                # 2026-12-05: one added in between was in neither, and its replay began
+                # only at the journal's next commit; review h21b.)
+                epoch = self._waiter.epoch
                 with self._lock:
                     if self._closing:
                         return
@@ -344,9 +349,6 @@ class Deliveries:
                         self._thread = None
                         return
                     subscriptions = list(self._subscriptions)
-                # Read before stepping: a subscription added or closed from now on makes
-                # the wait below return at once.
-                epoch = self._waiter.epoch
                 everyone = epoch != last_epoch  # (a recheck: each looks again)
                 last_epoch = epoch
                 again = False

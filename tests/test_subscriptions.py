@@ -638,3 +638,59 @@ def test_subscriptions_catching_up_together_keep_no_read_ahead_between_turns(
             sub.close()
     # 60 buffers of 1 MiB kept: over 60 MiB; a page's events and one buffer now.
     assert peak < 30 << 20, peak
+
+
+def test_a_subscription_added_while_the_thread_starts_a_round_is_delivered(
+    engine: EngineFactory, store: Path
+) -> None:
+    """The delivery thread takes its list of subscriptions, then reads the waiter's
+    epoch, which `subscribe` bumps after adding to that list. A subscription added
+    between the two was in neither: the thread waited with the epoch that already
+    counted it, and the subscription's replay began only at the journal's next commit
+    (until 2026-12-05, review h21b; here the thread is held at that epoch read by a trace
+    function, no code of the journal patched, while a subscription is added)."""
+    from types import FrameType
+
+    from journal.waiter import Notifier
+
+    epoch_read = Notifier.epoch.fget.__code__  # type: ignore[attr-defined]
+    armed, held, go = threading.Event(), threading.Event(), threading.Event()
+
+    def hold_at_epoch_read(frame: FrameType, event: str, _arg: object) -> object:
+        if (
+            event == "call"
+            and frame.f_code is epoch_read
+            and armed.is_set()
+            and threading.current_thread().name == "journal-deliveries"
+        ):
+            armed.clear()
+            held.set()
+            assert go.wait(WAIT_S)
+        return None
+
+    j = engine.open(store)
+    try:
+        for session_id in ("a", "b", "c"):
+            j.create_session(session_id)
+        j.append("b", numbered(1, 3))
+        first = Collector()
+        threading.settrace(hold_at_epoch_read)  # (the delivery thread it starts)
+        try:
+            j.subscribe("a", first)
+        finally:
+            threading.settrace(None)  # type: ignore[arg-type]
+        j.append("a", numbered(1, 1))
+        first.wait_for(1)
+        waiter = j._engine.waiter  # noqa: SLF001
+        until(lambda: waiter.waiting > 0)  # (it waits for the next commit)
+        armed.set()
+        j.append("c", numbered(1, 1))  # its next round starts (nothing for "a")...
+        assert held.wait(WAIT_S)
+        second = Collector()
+        j.subscribe("b", second)  # ...and this one is added before its epoch read
+        go.set()
+        second.wait_for(3)
+        assert second.ordinals == [1, 2, 3]
+    finally:
+        go.set()
+        j.close()
