@@ -517,6 +517,265 @@ def test_age_window_trims_batches_stamped_in_order_up_to_the_first_within_it(
         assert_range(j, "s", 61, 60)
 
 
+def import_stamped(
+    engine: EngineFactory,
+    tmp_path: Path,
+    stamps: list[int],
+    size: int = 40,
+    window: int | None = HOUR_MS,
+    **options: Any,
+) -> Journal:
+    """A store holding session "s" (an age window of its own of `window`) imported with
+    events stamped `stamps`, `size` bytes each (the local engine packs them into frames of
+    up to 4 MiB; a JetStream import is one batch)."""
+    from _archives import write_one_session
+
+    from journal.archive import ArchiveEvent
+
+    now = int(time.time() * 1000)
+    archive = tmp_path / "spread.archive"
+    write_one_session(
+        archive,
+        "s",
+        [ArchiveEvent(o, "m", t, None, payload("s", o, size)) for o, t in enumerate(stamps, 1)],
+        exported_at_ms=now,
+        created_at_ms=min(stamps),
+        max_history_age_ms=window,
+    )
+    j = engine.open(tmp_path / "store", retention=NO_WINDOWS, **options)
+    try:
+        j.import_sessions(archive)
+        assert stamps_of(j, "s") == stamps
+    except BaseException:
+        j.close()
+        raise
+    return j
+
+
+def test_age_window_keeps_an_imported_batch_holding_an_event_within_it(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """Events committed two hours, 90 minutes and ten minutes ago on another store,
+    imported (one batch: a frame on the local engine), then three appends: the event of
+    ten minutes ago is within the window, so its batch stays, the older events in it too
+    (a batch is never cut). Until 2026-12-05 the local engine took a frame's time from its
+    first event: the imported frame counted as two hours old and left whole, the event of
+    ten minutes ago with it. Once its newest event is older than the window, it leaves."""
+    now = int(time.time() * 1000)
+    stamps = [now - 2 * HOUR_MS, now - 90 * 60_000, now - 10 * 60_000]
+    with import_stamped(engine, tmp_path, stamps) as j:
+        times = append_spaced(j, "s", 3)
+        report = j.apply_retention(now_ms=now)
+        assert report.trimmed_sessions == []
+        assert_range(j, "s", 1, 9)
+        report = j.apply_retention(now_ms=stamps[-1] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 4, 9)
+        report = j.apply_retention(now_ms=times[-1] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 10, 9)
+
+
+def test_age_window_does_not_keep_a_batch_for_an_event_compacted_into_a_snapshot(
+    engine: EngineFactory, tmp_path: Path
+) -> None:
+    """A batch stays for the events it still holds within the window: one compacted into a
+    snapshot is no longer history, and keeps nothing (here the first imported event, ten
+    minutes old, before two stamped two hours ago)."""
+    now = int(time.time() * 1000)
+    stamps = [now - 10 * 60_000, now - 2 * HOUR_MS, now - 2 * HOUR_MS + 1]
+    with import_stamped(engine, tmp_path, stamps) as j:
+        assert j.apply_retention(now_ms=now).trimmed_sessions == []
+        j.compact_session("s", 1, b"through 1")
+        assert_range(j, "s", 2, 3)
+        report = j.apply_retention(now_ms=now)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 4, 3)
+
+
+def local_frames(store: Path, session_id: str = "s") -> list[tuple[int, int, int]]:
+    """(first ordinal, segment, frame time) of each frame the local view indexes for the
+    session (the journal closed)."""
+    j, engine = open_local(store, create=False, durability="os")
+    with j, engine.view.begin() as txn:
+        row = engine.view.row(txn, session_id)
+        assert row is not None
+        return [
+            (f.first_ordinal, f.segment, f.time_ms)
+            for f in engine.view.events.locations(txn, row.incarnation)
+        ]
+
+
+# Imported events of 1.25 MiB stamped three hours to ten minutes ago: three to a 4 MiB
+# frame on the local engine, the first frame older than an hour, the second holding an
+# event within it (its first event two hours old).
+SPREAD_MIN = (180, 170, 160, 120, 90, 10)
+
+
+@pytest.mark.parametrize(
+    "view", ["live", "compressed", "rebuilt-from-sidecars", "rebuilt-from-segments"]
+)
+def test_local_age_window_trims_imported_frames_by_their_newest_event(
+    tmp_path: Path, view: str
+) -> None:
+    """The local engine cuts an import into frames of up to 4 MiB: a frame leaves once its
+    newest event is older than the window, not its first (until 2026-12-05 the frame
+    holding an event of ten minutes ago, whose first was two hours old, left). The index
+    and sidecars keep the frame's first event's time, as before (a store written before
+    holds the same): a view rebuilt (from the sidecars of the sealed segment, or from the
+    segment itself) passes the same way, so does one whose segment was compressed since,
+    and `verify` finds nothing."""
+    now = int(time.time() * 1000)
+    stamps = [now - minutes * 60_000 for minutes in SPREAD_MIN]
+    store = tmp_path / "store"
+    local = ENGINES["local"]
+    with import_stamped(local, tmp_path, stamps, 5 << 18, None, segment_bytes=16 << 20):
+        pass
+    # Sealed by appends of another session past the segment's end (no window applies yet).
+    with open_store(store, segment_bytes=16 << 20) as j:
+        j.create_session("sealer")
+        while j.stats().segments < 2:
+            append_batch(j, "sealer", [1 << 20] * 4)
+        if view == "compressed":
+            assert j.compact(dead_share=1.0).segments_rewritten
+            assert list((store / "segments").glob("*.seg.zst"))
+    frames = local_frames(store)
+    assert [(first, time_ms) for first, _, time_ms in frames] == [(1, stamps[0]), (4, stamps[3])]
+    if view != "live":
+        shutil.rmtree(store / "index")
+        if view == "rebuilt-from-segments":
+            sidecars = list((store / "segments").glob("*.idx"))
+            assert sidecars
+            for sidecar in sidecars:
+                sidecar.unlink()
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    with open_store(store, window, segment_bytes=16 << 20) as j:
+        report = j.apply_retention(now_ms=now)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 4, 6)
+        assert j.verify().ok
+        report = j.apply_retention(now_ms=stamps[-1] + HOUR_MS + 1)
+        assert report.trimmed_sessions == ["s"]
+        assert_range(j, "s", 7, 6)
+        assert j.verify().ok
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([5, 9]), st.integers(1, 3), st.integers(0, 50)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 70),
+)
+def test_staged_frame_gives_the_newest_time_of_a_sessions_events_from_an_ordinal_on(
+    events: list[tuple[int, int, int]], start: int
+) -> None:
+    """`StagedFrame`, what an age window keeps of an imported frame: for each session in
+    it, the newest time of its events from any ordinal on (times in any order)."""
+    from journal._local.retention import StagedFrame, SummaryCache
+    from journal.records import EventAppended
+
+    ordinals = {5: 0, 9: 0}
+    records = []
+    for incarnation, step, stamp in events:
+        ordinals[incarnation] += step
+        records.append(EventAppended(incarnation, ordinals[incarnation], stamp, "m", b""))
+    frame = StagedFrame.of(100, records)
+    for incarnation in (5, 9, 7):
+        times = [
+            r.timestamp_ms for r in records if r.incarnation == incarnation and r.ordinal >= start
+        ]
+        assert frame.newest_from(incarnation, start) == (max(times) if times else None)
+    cache = SummaryCache(budget_bytes=frame.cost)
+    cache.keep_staged_frame(1, 64, frame)
+    assert cache.staged_frame(1, 64) is frame and cache.cached_bytes == frame.cost
+    cache.keep_staged_frame(1, 128, frame)  # (over the budget: not kept)
+    assert cache.staged_frame(1, 128) is None and cache.cached_bytes == frame.cost
+    cache.pop(1)
+    assert cache.staged_frame(1, 64) is None and cache.cached_bytes == 0
+
+
+class FrameReads(FileOps):
+    """Counts the frames retention passes read for age windows; can fail those reads."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.fail = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "retention.read_frame":
+            self.reads += 1
+            if self.fail:
+                raise OSError(5, "injected: frame unreadable")
+
+
+def sealed_import(tmp_path: Path, stamps: list[int]) -> Path:
+    """A local store holding `stamps` imported as in `SPREAD_MIN` (two frames) in a sealed
+    segment, and a session "a" that sealed it; no window applied yet."""
+    store = tmp_path / "store"
+    with import_stamped(ENGINES["local"], tmp_path, stamps, 5 << 18, None, segment_bytes=16 << 20):
+        pass
+    with open_store(store, segment_bytes=16 << 20) as j:
+        j.create_session("a")
+        while j.stats().segments < 2:
+            append_batch(j, "a", [1 << 20] * 4)
+    return store
+
+
+def test_local_age_window_reads_imported_frames_only_and_a_sealed_one_once(
+    tmp_path: Path,
+) -> None:
+    """What the local engine's age window reads: only frames an import staged, older than
+    the window by their first event (their stored time), up to the first that stays, each
+    once (a sealed segment's frame is kept in the writer's cache); never an append's frame
+    (its events share its commit time)."""
+    now = int(time.time() * 1000)
+    stamps = [now - minutes * 60_000 for minutes in SPREAD_MIN]
+    store = sealed_import(tmp_path, stamps)
+    probe = FrameReads()
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    with open_store(store, window, segment_bytes=16 << 20, file_ops=probe) as j:
+        assert j.apply_retention(now_ms=now).trimmed_sessions == ["s"]
+        assert probe.reads == 2  # (both imported frames: the second one stays)
+        assert_range(j, "s", 4, 6)
+        assert j.apply_retention(now_ms=now + 60_000).trimmed_sessions == []
+        assert probe.reads == 2
+        last = j.get_session("a").last_ordinal
+        report = j.apply_retention(now_ms=int(time.time() * 1000) + 2 * HOUR_MS)
+        assert sorted(report.trimmed_sessions) == ["a", "s"]
+        assert probe.reads == 2
+        assert_range(j, "s", 7, 6)
+        assert_range(j, "a", last + 1, last)
+
+
+def test_local_age_window_keeps_an_imported_frame_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An imported frame older than the window by its first event that cannot be read
+    (damaged, its file lost: here a read error) stays, with the session's history after
+    it, and a warning says so; the pass goes on (other sessions are trimmed), and a later
+    pass that can read it trims what it should."""
+    now = int(time.time() * 1000)
+    stamps = [now - minutes * 60_000 for minutes in SPREAD_MIN]
+    store = sealed_import(tmp_path, stamps)
+    probe = FrameReads()
+    probe.fail = True
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    with open_store(store, window, segment_bytes=16 << 20, file_ops=probe) as j:
+        last = j.get_session("a").last_ordinal
+        with caplog.at_level("WARNING", logger="journal"):
+            report = j.apply_retention(now_ms=int(time.time() * 1000) + 2 * HOUR_MS)
+        assert report.trimmed_sessions == ["a"]
+        assert_range(j, "a", last + 1, last)
+        assert_range(j, "s", 1, 6)
+        assert "cannot be read" in caplog.text and "injected" in caplog.text
+        probe.fail = False
+        assert j.apply_retention(now_ms=now).trimmed_sessions == ["s"]
+        assert_range(j, "s", 4, 6)
+        assert j.verify().ok
+
+
 JETSTREAM_ENGINES = [p for p in engine_params("import") if p.id != "local"]
 # The fields of a session row a release before 2026-12-05 knows (up to checkpoint_offset).
 _OLDER_ROW_FIELDS = 42
@@ -567,7 +826,8 @@ def test_jetstream_age_window_keeps_an_imported_batch_with_an_event_within_it(
     before the step back in order. A row an older release wrote says nothing of the
     order: every event is read in order. Until 2026-12-05 the newest event being older
     than the window trimmed every batch. (The local engine takes a frame's time from its
-    first event: the imported frame, stamped two hours ago, leaves with the appends.)"""
+    first event: the imported frame, stamped two hours ago, left with the appends until
+    2026-12-05; `test_age_window_keeps_an_imported_batch_holding_an_event_within_it`.)"""
     engine = ENGINES[engine_name]
     assert isinstance(engine, JetStreamEngineFactory)
     ahead = int(time.time() * 1000) + DAY_MS

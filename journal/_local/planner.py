@@ -65,6 +65,7 @@ from .import_steps import abort_import, commit_import, stage_events, stage_sessi
 from .log import SegmentLog
 from .recorded_policy import RecordedPolicy
 from .retention import (
+    FrameTimes,
     SummaryCache,
     candidate_rows,
     dead_segments,
@@ -593,6 +594,7 @@ class Planner:
             else list(self.view.rows(self.txn))
         )
         self.log.ops.point("retention.rows", len(rows))
+        times = FrameTimes(self.txn, self.view, self.log, self.summaries)
         skipped = False
         for row in rows:
             if self.sessions.get(row.session_id, _ABSENT) is not _ABSENT:
@@ -611,7 +613,7 @@ class Planner:
                     self.set_session(row.session_id, None)
                     evicted.append(row.session_id)
                     continue
-            new_first = window_start(self.txn, self.view, row, policy, now)
+            new_first = window_start(self.txn, self.view, row, policy, now, times)
             if new_first > row.first_ordinal:
                 self.emit(HistoryTrimmed(row.incarnation, new_first, self.now))
                 trimmed.append(row.session_id)

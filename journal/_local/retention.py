@@ -7,12 +7,14 @@ range, and every session with events in it (from the sidecar) is evicted or has 
 them all. Dead segments are forgotten by the view in the writer's transaction and their
 files deleted after it commits; a reader still holding one open keeps reading it.
 Between passes the writer keeps a small entry per sealed segment (`SummaryCache`), within
-a byte budget, not its sidecar.
+a byte budget, not its sidecar, and the commit times of the imported frames an age window
+keeps while they straddle its horizon (`FrameTimes`).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import zlib
 from array import array
@@ -21,19 +23,28 @@ from typing import Final, NamedTuple
 import lmdb
 import msgspec
 
+from ..errors import JournalCorrupt
 from ..models import RetentionPolicy
+from ..records import EventAppended, decode_frame_body
 from ..sessions import SessionRow
 from .events_index import Location
 from .files import fsync_dir
 from .frames import segment_name, sidecar_name
 from .log import SegmentLog
-from .segments import summarize_segment
+from .segments import SegmentReader, frame_records, summarize_segment
 from .sidecar import SegmentSummary, read_summary
 from .view import View
 
+_log: Final = logging.getLogger("journal")
+# The newest time `FrameTimes` gives a frame that cannot be read: no window's horizon
+# reaches it, so the frame stays.
+_UNREADABLE: Final = 1 << 63
+
 __all__ = [
     "DEFAULT_SUMMARY_BUDGET",
+    "FrameTimes",
     "SegmentLiveness",
+    "StagedFrame",
     "SummaryCache",
     "candidate_rows",
     "dead_segments",
@@ -44,10 +55,16 @@ __all__ = [
 
 
 def window_start(
-    txn: lmdb.Transaction, view: View, row: SessionRow, policy: RetentionPolicy, now: int
+    txn: lmdb.Transaction,
+    view: View,
+    row: SessionRow,
+    policy: RetentionPolicy,
+    now: int,
+    times: FrameTimes,
 ) -> int:
     """The first ordinal the session's history windows keep (frame granularity: a window
-    never cuts a batch, and the newest frame is kept whatever its size)."""
+    never cuts a batch, and the newest frame is kept whatever its size). `times` reads the
+    commit times of the events of frames an import staged."""
     limit_bytes = row.max_history_bytes or policy.max_history_bytes
     limit_age = row.max_history_age_ms or policy.max_history_age_ms
     over_bytes = limit_bytes is not None and row.retained_bytes > limit_bytes
@@ -63,18 +80,162 @@ def window_start(
         frames = view.events.locations(txn, row.incarnation)
         if not frames:
             return new_first
-        # Kept: from the first batch committed within the window on. Commit times follow
-        # the wall clock, which may step back: the newest batch older than the window
-        # does not make every batch old (until 2026-12-05 it trimmed them all, batches
-        # committed minutes ago before a step back of a day included).
+        # Kept: from the first batch holding an event committed within the window on.
+        # Commit times follow the wall clock, which may step back: the newest batch older
+        # than the window does not make every batch old (until 2026-12-05 it trimmed them
+        # all, batches committed minutes ago before a step back of a day included).
         horizon = now - limit_age
+        # An index entry holds the time of the session's first event in the frame. The
+        # events of an append's frame share its commit time; those of a frame an import
+        # staged (before its `SessionImported` record, at `name_position`) keep their
+        # original, different times: such a frame, older by its first event or holding
+        # events a snapshot compacted, is read, and stays while its newest retained event
+        # is within the window (until 2026-12-05 it left whole by its first event, events
+        # minutes old with it).
+        staged_before = row.name_position
         for frame in frames:
-            if frame.time_ms >= horizon:
+            newest_ms = frame.time_ms
+            if frame.segment <= staged_before and (
+                newest_ms < horizon or frame.first_ordinal < row.first_ordinal
+            ):
+                staged = times.newest(row, frame)
+                if staged is None:
+                    staged_before = 0  # (an append's frame: so are the ones after it)
+                else:
+                    newest_ms = staged
+                    if newest_ms >= horizon:
+                        times.stays(frame)
+            if newest_ms >= horizon:
                 new_first = max(new_first, frame.first_ordinal)
                 break
         else:
             new_first = max(new_first, row.last_ordinal + 1)
     return new_first
+
+
+class StagedFrame(NamedTuple):
+    """What an age window needs of a frame an import may have staged: its first position,
+    and per session with events in it, the times that are newer than every later event's
+    of the session in the frame, with their ordinals (`ordinals[i]`, `times[i]`, in
+    ordinal order; one entry where times grow): the newest time of the session's events
+    from ordinal `o` on is that of the first entry at or after `o`."""
+
+    first_position: int
+    newest: dict[int, tuple[array[int], array[int]]]
+
+    @classmethod
+    def of(cls, first_position: int, events: list[EventAppended]) -> StagedFrame:
+        found: dict[int, tuple[array[int], array[int]]] = {}
+        for event in reversed(events):
+            entry = found.get(event.incarnation)
+            if entry is None:
+                found[event.incarnation] = (
+                    array("q", [event.ordinal]),
+                    array("q", [event.timestamp_ms]),
+                )
+            elif event.timestamp_ms > entry[1][-1]:
+                entry[0].append(event.ordinal)
+                entry[1].append(event.timestamp_ms)
+        for ordinals, times in found.values():
+            ordinals.reverse()
+            times.reverse()
+        return cls(first_position, found)
+
+    def newest_from(self, incarnation: int, ordinal: int) -> int | None:
+        """The newest time of the session's events in the frame from `ordinal` on (None:
+        it has none there)."""
+        entry = self.newest.get(incarnation)
+        if entry is None:
+            return None
+        at = bisect.bisect_left(entry[0], ordinal)
+        return entry[1][at] if at < len(entry[0]) else None
+
+    @property
+    def cost(self) -> int:
+        """The bytes the entry is charged in a `SummaryCache` (as `SegmentLiveness.cost`)."""
+        return _ENTRY_BYTES + sum(_ENTRY_BYTES // 2 + 16 * len(o) for o, _ in self.newest.values())
+
+
+class FrameTimes:
+    """The newest commit time of a session's retained events in a frame an import staged,
+    for one retention pass (`window_start`): read from the frame, once a pass. A frame of a
+    sealed segment that stays (its newest event within the window, its first older: it
+    straddles the horizon) is kept in the writer's `SummaryCache` for later passes
+    (sealed frames never change); one that leaves is not needed again, and a frame of
+    the active segment is read by every pass that needs it."""
+
+    def __init__(
+        self, txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache
+    ) -> None:
+        self._txn = txn
+        self._view = view
+        self._log = log
+        self._cache = cache
+        # The frames read by this pass (None: it could not be read).
+        self._read: dict[tuple[int, int], StagedFrame | None] = {}
+        self._head: tuple[int, int | None] | None = None
+
+    def newest(self, row: SessionRow, frame: Location) -> int | None:
+        """The newest time of the session's retained events in `frame` when an import
+        staged it (a frame whose first position is past the session's `SessionImported`
+        record is an append's: None, its stored time is its events'). A frame that
+        cannot be read (damaged, its file lost) counts as within the window: it stays
+        (`verify` reports it) and a warning is logged."""
+        staged = self._cache.staged_frame(frame.segment, frame.offset)
+        if staged is None:
+            staged = self._staged(frame.segment, frame.offset)
+        if staged is None:
+            return _UNREADABLE
+        if staged.first_position > row.name_position:
+            return None
+        newest = staged.newest_from(row.incarnation, max(frame.first_ordinal, row.first_ordinal))
+        return frame.time_ms if newest is None else newest
+
+    def stays(self, frame: Location) -> None:
+        """`frame`, read by this pass, stays: kept for later passes when it is sealed."""
+        staged = self._read.get((frame.segment, frame.offset))
+        head = self._head
+        if staged is not None and head is not None and frame.segment < head[0]:
+            self._cache.keep_staged_frame(frame.segment, frame.offset, staged)
+
+    def _staged(self, segment: int, offset: int) -> StagedFrame | None:
+        key = (segment, offset)
+        if key in self._read:
+            return self._read[key]
+        if self._head is None:
+            head = self._view.head(self._txn)
+            self._head = (head.segment, head.end_offset) if head is not None else (0, None)
+        active_segment, committed_end = self._head
+        # (Segments below the view's head segment are sealed; a segment sealed in this
+        # very batch is still read as the active one, up to the committed end.)
+        active = segment >= active_segment
+        staged = self._read[key] = _read_staged(
+            self._log, segment, offset, committed_end if active else None
+        )
+        return staged
+
+
+def _read_staged(
+    log: SegmentLog, segment: int, offset: int, committed_end: int | None
+) -> StagedFrame | None:
+    """The `StagedFrame` of the frame at (`segment`, `offset`), or None when it cannot be
+    read (logged)."""
+    try:
+        log.ops.point("retention.read_frame", (segment, offset))
+        with SegmentReader(log.directory, segment, log.ops) as reader:
+            info, body = reader.read_frame(offset, committed_end)
+            records = frame_records(reader.name, info, body, decode_frame_body)
+    except (JournalCorrupt, OSError) as e:
+        _log.warning(
+            "retention: the frame at offset %d of segment %s cannot be read (%s): its "
+            "events, and the session's later ones, stay until it can (verify reports it)",
+            offset,
+            segment_name(segment),
+            e,
+        )
+        return None
+    events = [record for record in records if isinstance(record, EventAppended)]
+    return StagedFrame.of(info.first_position, events)
 
 
 def _first_frame_within(
@@ -142,11 +303,16 @@ class SummaryCache:
     0.3 to 0.5 KB of memory per frame), and at most `budget_bytes` of them: a segment that does
     not fit is read from its sidecar again by every pass and not kept, so a writer's
     memory does not grow with the store. Entries leave when their segment is dead (the
-    oldest segments die first, which frees room for newer ones)."""
+    oldest segments die first, which frees room for newer ones). Within the same budget it
+    keeps the `StagedFrame`s of sealed segments that `FrameTimes` hands it; they leave with
+    their segment."""
 
     def __init__(self, budget_bytes: int = DEFAULT_SUMMARY_BUDGET) -> None:
         self.budget_bytes = budget_bytes
         self._entries: dict[int, SegmentLiveness] = {}
+        # Also, within the same budget: segment -> offset -> the commit times of a frame
+        # an import staged (`FrameTimes`), read by age windows.
+        self._staged: dict[int, dict[int, StagedFrame]] = {}
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -173,8 +339,24 @@ class SummaryCache:
                 self._bytes += entry.cost
         return entry
 
+    def staged_frame(self, base: int, offset: int) -> StagedFrame | None:
+        """The kept commit times of the frame at `offset` of sealed segment `base`."""
+        frames = self._staged.get(base)
+        return None if frames is None else frames.get(offset)
+
+    def keep_staged_frame(self, base: int, offset: int, frame: StagedFrame) -> None:
+        """Keep the commit times of a frame of a sealed segment, if they fit the budget."""
+        frames = self._staged.setdefault(base, {})
+        if offset not in frames and self._bytes + frame.cost <= self.budget_bytes:
+            frames[offset] = frame
+            self._bytes += frame.cost
+        elif not frames:
+            del self._staged[base]
+
     def pop(self, base: int, default: None = None) -> SegmentLiveness | None:
         """Forget a segment (dead, or replaced by a compaction swap)."""
+        for frame in self._staged.pop(base, {}).values():
+            self._bytes -= frame.cost
         entry = self._entries.pop(base, default)
         if entry is not None:
             self._bytes -= entry.cost
@@ -183,6 +365,7 @@ class SummaryCache:
     def clear(self) -> None:
         """Forget every segment (the view was rebuilt)."""
         self._entries.clear()
+        self._staged.clear()
         self._bytes = 0
 
 
