@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from journal import CursorExpired, EventIn, Journal, RetentionPolicy, Subscription
+from journal._local.files import FileOps
 from journal._local.reader import KEPT_AT_HEAD
 from journal.abandoned import wait_for_dropped
 
@@ -768,3 +769,38 @@ def test_followers_stalled_in_a_catch_up_hold_no_descriptor_and_no_read_buffer(
         for follower in followers:
             follower.close()
     assert under(open_fds(), store) == []
+
+
+def test_a_follower_whose_reader_is_let_go_between_pages_reads_once_a_page(
+    tmp_path: Path,
+) -> None:
+    """Beyond the first `KEPT_AT_HEAD` readers, a catch-up's reader is closed after each
+    page and opened again for the next: that reopened reader took the next page's first
+    read for a jump (64 KiB) and read ahead only from its second read on, two reads a
+    page where one does (64 KiB pages, with more than 32 readers open: the catch-up took
+    a third longer than at 50bf05b, which kept the reader; a fifth now). It reads on in
+    order from where the closed one stopped."""
+
+    class Reads(FileOps):
+        count = 0
+
+        def pread_into(self, fd: int, buffer: bytearray | memoryview, offset: int) -> int:
+            self.count += 1
+            return super().pread_into(fd, buffer, offset)
+
+    ops = Reads()
+    with Journal.open(tmp_path / "store", durability="os", file_ops=ops) as j:
+        j.create_session("s")
+        for batch in range(50):
+            j.append("s", [EventIn("m", payload(batch * 100 + i, 500)) for i in range(100)])
+        crowd = [j.watch("s", max_bytes=64 << 10) for _ in range(KEPT_AT_HEAD + 8)]
+        for follower in crowd:
+            assert next(follower).ordinal == 1
+        ops.count = 0
+        with j.watch("s", max_bytes=64 << 10) as follower:
+            assert sum(1 for _ in itertools.islice(follower, 5000)) == 5000
+        pages = 5000 * 500 // (64 << 10) + 1  # (39)
+        # (50 reads before: a reopened reader's first read was a jump's 64 KiB.)
+        assert ops.count <= pages + 2, (ops.count, pages)
+        for follower in crowd:
+            follower.close()

@@ -99,6 +99,10 @@ class ReaderCache:
         self._reader: SegmentReader | None = None
         self._carried: Carried | None = None
         self._page_bytes = 1 << 20  # (the page being read: `begin_page`)
+        # Where the reader `pause` closed had read to (its segment, its last frame's end):
+        # the next page's reader of that segment reads ahead from there at once (it took
+        # its first read for a jump: two reads a page, not one).
+        self._paused_at: tuple[int, int] | None = None
 
     def __enter__(self) -> ReaderCache:
         return self
@@ -125,6 +129,9 @@ class ReaderCache:
             reader = self._reader = SegmentReader(self.directory, segment, self._ops)
             _OPEN.change(1)
             reader.set_pages(self._page_bytes)
+            paused, self._paused_at = self._paused_at, None
+            if paused is not None and paused[0] == segment:
+                reader.read_on_from(paused[1])
         return reader
 
     def carry(self, carried: Carried) -> None:
@@ -180,8 +187,10 @@ class ReaderCache:
         `awatch` streams stalled in a catch-up failed with EMFILE under the usual limit of
         1,024, and 200 with 64 KiB pages held 231 MiB. The first `KEPT_AT_HEAD` keep
         their read-ahead from page to page."""
-        if self._reader is not None and _OPEN.count > KEPT_AT_HEAD:
+        reader = self._reader
+        if reader is not None and _OPEN.count > KEPT_AT_HEAD:
             self._drop_reader()
+            self._paused_at = (reader.base_position, reader.last_end)
 
     def _drop_reader(self) -> None:
         reader, self._reader = self._reader, None
@@ -195,7 +204,7 @@ class ReaderCache:
 
     def drop_all(self) -> None:
         """Close the reader (the caller holds `lock`)."""
-        self._carried = None
+        self._carried = self._paused_at = None
         self._drop_reader()
 
 

@@ -223,6 +223,16 @@ class SegmentReader:
         longer."""
         self._read_ahead = _buffer_size(max(2 * page_bytes, 64 << 10))
 
+    @property
+    def last_end(self) -> int:
+        """Where the last frame read ended (-1: none read)."""
+        return self._last_end
+
+    def read_on_from(self, end: int) -> None:
+        """A read at `end` is in order (as if the frame before it was read here): it
+        reads ahead. For a reader opened again where a closed one stopped."""
+        self._last_end = end
+
     def rest(self) -> None:
         """Drop a read buffer or chunk over 16 KiB (the reader's follower reached the head
         and may wait there long; its next read fills a buffer as large as it needs). The
