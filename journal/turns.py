@@ -25,6 +25,7 @@ from .errors import (
     OwnerBusy,
     SessionNotFound,
     SessionNotWritable,
+    StoreUnavailable,
     TurnSettled,
 )
 from .models import AppendResult, Event, EventIn, OwnerInfo
@@ -343,16 +344,17 @@ class TurnWriter:
                 self._ended.forget()
             self._unrecorded = None
 
-    def record_before_release(self) -> None:
+    def record_before_release(self) -> bool:
         """Record, as the lease is let go, the result of the owner's last turn whose start
         or result write raised, when that turn is still the session's open one: the owner
         knows that outcome (a start that raised never ran its block), where the next owner
         could only record WATCH_OUTCOME_UNKNOWN ("the prompt may have executed"). A
         write that fails is logged: the release goes on, and the next owner settles the
-        turn as before."""
+        turn as before. False when it failed as `StoreUnavailable` (the store does not
+        answer: another write would wait as long)."""
         unrecorded = self._unrecorded
         if unrecorded is None or not self._lease.held:
-            return
+            return True
         try:
             self.record_unrecorded()  # (no next turn)
         except Exception as error:
@@ -363,6 +365,8 @@ class TurnWriter:
                 self._lease.session_id,
                 error,
             )
+            return not isinstance(error, StoreUnavailable)
+        return True
 
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
         lease = self._lease
@@ -386,10 +390,16 @@ class TurnWriters:
             self._writers.add(writer)
 
     def record_before_close(self) -> None:
+        """Until one fails as `StoreUnavailable`: while the store does not answer, each
+        write waits out its deadlines (a JetStream store whose servers stopped: 30 s for
+        the row read, and the release after it 30 s more), so a close with N such owners
+        took N minutes (the next owners record the rest as WATCH_OUTCOME_UNKNOWN, as
+        they did before 2026-12-05; review h21e)."""
         with self._lock:
             writers = list(self._writers)
         for writer in writers:
-            writer.record_before_release()
+            if not writer.record_before_release():
+                return
 
 
 def _release_recording(writer: TurnWriter, lease: Lease) -> None:

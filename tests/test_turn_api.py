@@ -603,3 +603,54 @@ def test_a_result_whose_write_failed_is_recorded_when_its_owner_is_dropped(
         with j.own("s") as next_owner:
             assert next_owner.recovered_turn is None
         assert _results(j) == {"r1": {"status": "completed"}}
+
+
+class _FailCommitsWhileOpen(FileOps):
+    """Fails every commit batch while `failing` and the journal is not closed yet (fault
+    point commit.batch_taken), counting them."""
+
+    failing = False
+    failed = 0
+    journal: Journal | None = None
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "commit.batch_taken" and self.failing:
+            if self.journal is not None and self.journal.closed:
+                return
+            self.failed += 1
+            raise OSError(5, "Input/output error (injected)")
+
+
+def test_a_close_stops_recording_remembered_results_once_the_store_fails(
+    tmp_path: Path,
+) -> None:
+    """close() records the result each owner remembers (a turn whose result write
+    failed) before letting the leases go; while the store does not answer, each of those
+    writes waits out its deadlines (a JetStream store whose servers were stopped: 30 s
+    for the row read, then the release's 30 s; a close with one such owner took 66 s,
+    35 s at 50bf05b, and each more owner added 60 s). Once one fails as unavailable the
+    others are not tried: their next owners record WATCH_OUTCOME_UNKNOWN, as before."""
+    ops = _FailCommitsWhileOpen()
+    j = Journal.open(tmp_path, durability="os", file_ops=ops)
+    ops.journal = j
+    owners = []
+    for name in ("s1", "s2", "s3"):
+        j.create_session(name)
+        owner = j.own(name)
+        with pytest.raises(StoreUnavailable), owner.turn("r1"):
+            ops.failing = True  # (its result write fails)
+        ops.failing = False
+        assert j.get_session(name).open_turn == "r1"
+        owners.append(owner)
+    ops.failed = 0
+    ops.failing = True
+    j.close()
+    assert ops.failed == 1
+    ops.failing = False
+    with Journal.open(tmp_path, durability="os") as again:
+        recovered = []
+        for name in ("s1", "s2", "s3"):
+            with again.own(name) as next_owner:
+                recovered.append(next_owner.recovered_turn)
+        assert recovered == ["r1", "r1", "r1"]
+    del owners
