@@ -180,12 +180,9 @@ def test_a_row_whose_incarnation_the_index_does_not_know_is_journal_corrupt(
     assert "incarnation" in caught.value.detail
 
 
-def test_a_view_written_before_checksums_is_rebuilt(tmp_path: Path) -> None:
-    """A view of format 1 (values without checksums, no `format` entry: what earlier
-    code wrote) is rebuilt by a writer and read through a private view by a reader, never
-    taken for damage an answer can come from."""
-    store = tmp_path / "s"
-    _two_sessions(store)
+def _as_format_1(store: Path) -> None:
+    """Make the store's view what code before view formats wrote (format 1, before
+    2026-12-01): values without checksums, no `format` entry."""
     env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
     with env.begin(write=True) as txn:
         for name in (b"meta", b"sessions", b"incarnations", b"pins", b"feed"):
@@ -201,11 +198,63 @@ def test_a_view_written_before_checksums_is_rebuilt(tmp_path: Path) -> None:
             txn.put(key + value[:8], value[8:-4], db=events)
         txn.delete(b"format", db=env.open_db(b"meta", txn=txn))
     env.close()
+
+
+def test_a_view_written_before_checksums_is_rebuilt(tmp_path: Path) -> None:
+    """A view of format 1 (values without checksums, no `format` entry: what earlier
+    code wrote) is rebuilt by a writer and read through a private view by a reader, never
+    taken for damage an answer can come from."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    _as_format_1(store)
     with Journal.open(store, readonly=True) as j:
         assert [e.data for e in j.replay("a")] == [b"a1"]
     with Journal.open(store) as j:
         assert [e.data for e in j.replay("b")] == [b"b1"]
         assert j.verify().ok
+
+
+@pytest.mark.parametrize("recorded", ["1", "4", "7"])
+def test_a_view_of_another_release_is_not_reported_as_damage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recorded: str
+) -> None:
+    """A user who upgrades (or goes back) and runs `journal verify` before anything else
+    finds a store whose view another release wrote: a read-only verify reported it as a
+    damaged view (exit 7: "restore damaged segments from a backup"; a view of format 1,
+    without checksums, as "the ... entry fails its checksum"), and the first writer
+    logged the same. Found by an upgrade trial with stores of earlier commits. It is no
+    problem (the next writer rebuilds it, as after a reboot), and the writer says what
+    it is."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    if recorded == "1":
+        _as_format_1(store)
+    else:
+        _rewrite(store, b"meta", b"format", recorded.encode())
+    with Journal.open(store, readonly=True) as j:
+        assert [e.data for e in j.replay("a")] == [b"a1"]
+        assert j.verify().problems == []
+    with caplog.at_level(logging.WARNING, logger="journal"), Journal.open(store) as j:
+        assert [e.data for e in j.replay("b")] == [b"b1"]
+        assert j.verify().ok
+    said = [r.getMessage() for r in caplog.records if "index" in r.getMessage()]
+    release = "a newer" if recorded == "7" else "an older"
+    assert len(said) == 1 and f"view format {recorded}, of {release} release" in said[0], said
+    assert "damaged" not in said[0]
+
+
+def test_a_checksummed_view_without_its_format_entry_is_damage(tmp_path: Path) -> None:
+    """Not taken for another release's view: a view of format 1 has no checksums."""
+    store = tmp_path / "s"
+    _two_sessions(store)
+    env = lmdb.open(str(store / "index"), max_dbs=16, map_size=1 << 36)
+    with env.begin(write=True) as txn:
+        txn.delete(b"format", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Journal.open(store, readonly=True) as j:
+        assert [e.data for e in j.replay("a")] == [b"a1"]
+        [problem] = j.verify().problems
+    assert "damaged" in problem.what and "format entry" in problem.what
 
 
 def _pages(data: Path) -> tuple[int, int]:
@@ -268,7 +317,8 @@ def test_a_view_cut_inside_pages_in_use_is_damage(tmp_path: Path) -> None:
     used = max(pages_in_use(str(data)))
     with open(data, "r+b") as f:
         f.truncate(used * 4096 + 100)  # (the last page in use, cut short)
-    assert "past the end" in (inspect_view(str(store / "index")) or "")
+    problem = inspect_view(str(store / "index"))
+    assert problem is not None and "past the end" in problem.what
 
 
 def test_threads_checking_the_view_while_it_grows_see_no_cut(tmp_path: Path) -> None:

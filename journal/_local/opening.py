@@ -169,7 +169,16 @@ def open_checked_view(index: str, permissions: Permissions) -> View:
     identity = file_identity(index)
     damage = inspect_view(index)
     if damage is not None:
-        _log.warning("the view %s is damaged (%s): rebuilding it from the log", index, damage)
+        if damage.other_release:
+            _log.warning(
+                "the view %s has %s: rebuilding it from the log, which holds every event",
+                index,
+                damage.what,
+            )
+        else:
+            _log.warning(
+                "the view %s is damaged (%s): rebuilding it from the log", index, damage.what
+            )
         replace_view(index, None, identity, permissions)
     return View(index, permissions=permissions)
 
@@ -282,8 +291,10 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
         # A damaged view (the file check; SPEC "a damaged view") is never mapped.
         damage = inspect_view(index)
         if damage is not None:
-            shared_damage = view_problem(damage)
-            raise ViewDamaged(damage)
+            # (Another release's view is no problem: the next writer rebuilds it, as after
+            # a reboot. This reader reads through a private view meanwhile.)
+            shared_damage = None if damage.other_release else view_problem(damage.what)
+            raise ViewDamaged(damage.what)
         view = View(index, readonly=True)
         try:
             stale, shared_damage = _stale(view, log)

@@ -373,8 +373,8 @@ class View:
             return self.damage
         problem = inspect_view(self.path)
         if problem is not None:
-            self.damage = problem
-        return problem
+            self.damage = problem.what
+        return self.damage
 
     def repair(self) -> None:
         """Let the next write transaction replace a damaged view by an empty one."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Final
+from typing import Final, NamedTuple
 
 import lmdb
 
@@ -23,6 +23,7 @@ __all__ = [
     "VIEW_FORMAT",
     "ViewDamaged",
     "ViewFile",
+    "ViewProblem",
     "inspect_view",
     "replace_view",
 ]
@@ -52,7 +53,16 @@ def _entry_check(name: bytes) -> EntryCheck | None:
     return None if name == _EVENTS else trailing_crc
 
 
-def inspect_view(path: str) -> str | None:
+class ViewProblem(NamedTuple):
+    """What `inspect_view` found: `what` is wrong, and whether it is a sound view of
+    another release's format (`other_release`): replaced and rebuilt as damage is, but
+    nothing was damaged, so it is said so and is no `verify` problem (SPEC 14.3)."""
+
+    what: str
+    other_release: bool = False
+
+
+def inspect_view(path: str) -> ViewProblem | None:
     """What is wrong with the view's file at `path` (a directory), before LMDB maps it:
     the structure checks of `lmdbfile`, every entry's CRC, and the format (None: it may
     be opened; a missing or empty file is a new view, not damage)."""
@@ -60,7 +70,7 @@ def inspect_view(path: str) -> str | None:
     try:
         check_files(path)
     except NotRegularFile as e:
-        return f"{e.path} is {e.kind}, not a file"
+        return ViewProblem(f"{e.path} is {e.kind}, not a file")
     try:
         if os.path.getsize(data) == 0:
             return None
@@ -69,14 +79,46 @@ def inspect_view(path: str) -> str | None:
     meta: dict[bytes, bytes] = {}
     try:
         problem = check_data_file(data, _entry_check, meta)
+        if problem is not None:
+            # A view of a release before the entries' checksums fails every CRC: a file
+            # that is sound without them, of another format, is that release's view.
+            return _another_release(data) or ViewProblem(problem)
     except OSError:
         return None  # unreadable here: LMDB cannot open it either, and says so
-    if problem is not None:
-        return problem
-    recorded = meta.get(FORMAT_KEY, b"")[:-4]
-    if meta and recorded != str(VIEW_FORMAT).encode():
-        return f"it has view format {recorded!r}, this code writes {VIEW_FORMAT}"
+    if meta and meta.get(FORMAT_KEY, b"")[:-4] != str(VIEW_FORMAT).encode():
+        return _another_release(data, meta) or ViewProblem(
+            f"its format entry {meta.get(FORMAT_KEY)!r} is no view format"
+        )
     return None
+
+
+def _another_release(data: str, meta: dict[bytes, bytes] | None = None) -> ViewProblem | None:
+    """The view file `data` as another release's view, when its structure is sound and
+    its `meta` (read here when not given) records another format: sealed with its CRC
+    (format 2 on), or no format entry and a head without one (format 1, before
+    2026-12-01, which recorded none). None: not so (damage)."""
+    if meta is None:
+        meta = {}
+        if check_data_file(data, None, meta) is not None or not meta:
+            return None
+    recorded = meta.get(FORMAT_KEY)
+    if recorded is None:
+        head = meta.get(b"head")
+        if head is None or trailing_crc(b"meta", b"head", head) is None:
+            return None  # (a view with checksums whose format entry is gone: damage)
+        number = "1"
+    elif trailing_crc(b"meta", FORMAT_KEY, recorded) is None and recorded[:-4].isdigit():
+        number = recorded[:-4].decode()
+        if number == str(VIEW_FORMAT):
+            return None
+    else:
+        return None
+    release = "a newer" if int(number) > VIEW_FORMAT else "an older"
+    return ViewProblem(
+        f"view format {number}, of {release} release of session-journal (this release "
+        f"uses {VIEW_FORMAT})",
+        other_release=True,
+    )
 
 
 def replace_view(
