@@ -776,6 +776,36 @@ def test_local_age_window_keeps_an_imported_frame_it_cannot_read(
         assert j.verify().ok
 
 
+def test_local_age_window_reads_a_compacted_append_frame_of_an_imported_session_once(
+    tmp_path: Path,
+) -> None:
+    """An imported session's append frame in the segment of its `SessionImported` record,
+    with its first events compacted into a snapshot, is read by a pass to learn that an
+    append wrote it (its recorded time is then its events'): once, as an imported frame
+    that stays is, when its segment is sealed. Until review h21f every pass read it again
+    (SPEC 8 said an append's frame is never read): 2,000 imported sessions, half of them
+    so, in a sealed segment: 1,000 frames read and 33-40 ms by each pass that trims
+    nothing, 10-11 ms now after the first."""
+    now = int(time.time() * 1000)
+    stamps = [now - 3 * HOUR_MS, now - 2 * HOUR_MS]
+    with import_stamped(ENGINES["local"], tmp_path, stamps, 40, None, segment_bytes=16 << 20) as j:
+        assert append_batch(j, "s", [40] * 4) == (3, 6)
+        j.compact_session("s", 4, b"through 4")
+    store = tmp_path / "store"
+    with open_store(store, segment_bytes=16 << 20) as j:
+        j.create_session("a")
+        while j.stats().segments < 2:
+            append_batch(j, "a", [1 << 20] * 4)
+    assert [first for first, _, _ in local_frames(store)] == [3]
+    probe = FrameReads()
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    with open_store(store, window, segment_bytes=16 << 20, file_ops=probe) as j:
+        for _ in range(3):
+            assert j.apply_retention(now_ms=now).trimmed_sessions == []
+            assert_range(j, "s", 5, 6)
+        assert probe.reads == 1
+
+
 JETSTREAM_ENGINES = [p for p in engine_params("import") if p.id != "local"]
 # The fields of a session row a release before 2026-12-05 knows (up to checkpoint_offset).
 _OLDER_ROW_FIELDS = 42

@@ -103,8 +103,10 @@ def window_start(
                     staged_before = 0  # (an append's frame: so are the ones after it)
                 else:
                     newest_ms = staged
-                    if newest_ms >= horizon:
-                        times.stays(frame)
+                if newest_ms >= horizon:
+                    # (An append's frame too: one holding events a snapshot compacted was
+                    # read again by every pass, until review h21f.)
+                    times.stays(frame)
             if newest_ms >= horizon:
                 new_first = max(new_first, frame.first_ordinal)
                 break
@@ -160,7 +162,8 @@ class FrameTimes:
     """The newest commit time of a session's retained events in a frame an import staged,
     for one retention pass (`window_start`): read from the frame, once a pass. A frame of a
     sealed segment that stays (its newest event within the window, its first older: it
-    straddles the horizon) is kept in the writer's `SummaryCache` for later passes
+    straddles the horizon; or an append's, read because a snapshot compacted its first
+    events) is kept in the writer's `SummaryCache` for later passes
     (sealed frames never change); one that leaves is not needed again, and a frame of
     the active segment is read by every pass that needs it."""
 
