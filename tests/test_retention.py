@@ -59,6 +59,7 @@ from journal import (
 )
 from journal._local.compaction import SwapSegment, compact_store
 from journal._local.files import FileOps
+from journal._local.frames import segment_name
 from journal._local.segments import SegmentReader
 
 BIG_SEGMENTS = 1 << 20  # no rotation, so no automatic retention pass unless a test wants one
@@ -774,6 +775,44 @@ def test_local_age_window_keeps_an_imported_frame_it_cannot_read(
         assert j.apply_retention(now_ms=now).trimmed_sessions == ["s"]
         assert_range(j, "s", 4, 6)
         assert j.verify().ok
+
+
+def test_local_age_window_judges_a_damaged_imported_frame_by_its_recorded_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An imported frame whose bytes are damaged (a checksum that fails: no reader can
+    serve its events, and `verify --fix` cannot repair it) is judged by the time its
+    index entry records (its session's first event's), as every frame was before
+    2026-12-05: it leaves once that is older than the window, and the window goes on with
+    the session's later frames. Until review h21f it stayed, and with it all of the
+    session's later history, at every pass (a warning each), for good: the session's
+    age window no longer trimmed anything."""
+    now = int(time.time() * 1000)
+    stamps = [now - minutes * 60_000 for minutes in SPREAD_MIN]
+    store = sealed_import(tmp_path, stamps)
+    damaged = local_frames(store)[0]
+    assert damaged[0] == 1
+    j, engine = open_local(store, create=False, durability="os")
+    with j, engine.view.begin() as txn:
+        row = engine.view.row(txn, "s")
+        assert row is not None
+        first = engine.view.events.locations(txn, row.incarnation)[0]
+    with (store / "segments" / segment_name(first.segment)).open("r+b") as file:
+        file.seek(first.offset + 4096)
+        byte = file.read(1)[0]
+        file.seek(first.offset + 4096)
+        file.write(bytes([byte ^ 0xFF]))
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    with open_store(store, window, segment_bytes=16 << 20) as j:
+        with caplog.at_level("WARNING", logger="journal"):
+            assert j.apply_retention(now_ms=now).trimmed_sessions == ["s"]
+        assert "cannot be read" in caplog.text and "checksum" in caplog.text
+        assert_range(j, "s", 4, 6)
+        _, last_new = append_batch(j, "s", [40])
+        assert j.apply_retention(now_ms=now).trimmed_sessions == []
+        later = int(time.time() * 1000) + 2 * HOUR_MS
+        assert "s" in j.apply_retention(now_ms=later).trimmed_sessions
+        assert_range(j, "s", last_new + 1, last_new)
 
 
 def test_local_age_window_reads_a_compacted_append_frame_of_an_imported_session_once(

@@ -182,13 +182,16 @@ class FrameTimes:
         """The newest time of the session's retained events in `frame` when an import
         staged it (a frame whose first position is past the session's `SessionImported`
         record is an append's: None, its stored time is its events'). A frame that
-        cannot be read (damaged, its file lost) counts as within the window: it stays
-        (`verify` reports it) and a warning is logged."""
+        cannot be read (its file lost, a read error) counts as within the window: it
+        stays (`verify` reports it) and a warning is logged; one whose bytes fail their
+        checks gives its stored time (logged too)."""
         staged = self._cache.staged_frame(frame.segment, frame.offset)
         if staged is None:
             staged = self._staged(frame.segment, frame.offset)
         if staged is None:
             return _UNREADABLE
+        if staged is _DAMAGED:
+            return frame.time_ms
         if staged.first_position > row.name_position:
             return None
         newest = staged.newest_from(row.incarnation, max(frame.first_ordinal, row.first_ordinal))
@@ -198,7 +201,12 @@ class FrameTimes:
         """`frame`, read by this pass, stays: kept for later passes when it is sealed."""
         staged = self._read.get((frame.segment, frame.offset))
         head = self._head
-        if staged is not None and head is not None and frame.segment < head[0]:
+        if (
+            staged is not None
+            and staged is not _DAMAGED
+            and head is not None
+            and frame.segment < head[0]
+        ):
             self._cache.keep_staged_frame(frame.segment, frame.offset, staged)
 
     def _staged(self, segment: int, offset: int) -> StagedFrame | None:
@@ -221,14 +229,26 @@ class FrameTimes:
 def _read_staged(
     log: SegmentLog, segment: int, offset: int, committed_end: int | None
 ) -> StagedFrame | None:
-    """The `StagedFrame` of the frame at (`segment`, `offset`), or None when it cannot be
-    read (logged)."""
+    """The `StagedFrame` of the frame at (`segment`, `offset`); `_DAMAGED` when its bytes
+    fail their checks, None when it cannot be read (both logged)."""
     try:
         log.ops.point("retention.read_frame", (segment, offset))
         with SegmentReader(log.directory, segment, log.ops) as reader:
             info, body = reader.read_frame(offset, committed_end)
             records = frame_records(reader.name, info, body, decode_frame_body)
-    except (JournalCorrupt, OSError) as e:
+    except JournalCorrupt as e:
+        # No reader can serve its events and `verify --fix` cannot repair it: judged by
+        # the time its index entry records, as every frame was before 2026-12-05 (until
+        # review h21f it stayed, and the session's later history with it, for good).
+        _log.warning(
+            "retention: the frame at offset %d of segment %s cannot be read (%s): an age "
+            "window judges it by its session's first event's time (verify reports it)",
+            offset,
+            segment_name(segment),
+            e,
+        )
+        return _DAMAGED
+    except OSError as e:
         _log.warning(
             "retention: the frame at offset %d of segment %s cannot be read (%s): its "
             "events, and the session's later ones, stay until it can (verify reports it)",
@@ -239,6 +259,11 @@ def _read_staged(
         return None
     events = [record for record in records if isinstance(record, EventAppended)]
     return StagedFrame.of(info.first_position, events)
+
+
+# What `FrameTimes` reads of a frame whose bytes fail their checks: no times of its own,
+# so each session's recorded time (its first event's) in the frame gives the frame's.
+_DAMAGED: Final = StagedFrame(0, {})
 
 
 def _first_frame_within(
