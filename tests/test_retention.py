@@ -524,6 +524,7 @@ def import_stamped(
     stamps: list[int],
     size: int = 40,
     window: int | None = HOUR_MS,
+    exported_at_ms: int | None = None,
     **options: Any,
 ) -> Journal:
     """A store holding session "s" (an age window of its own of `window`) imported with
@@ -539,7 +540,7 @@ def import_stamped(
         archive,
         "s",
         [ArchiveEvent(o, "m", t, None, payload("s", o, size)) for o, t in enumerate(stamps, 1)],
-        exported_at_ms=now,
+        exported_at_ms=now if exported_at_ms is None else exported_at_ms,
         created_at_ms=min(stamps),
         max_history_age_ms=window,
     )
@@ -815,26 +816,35 @@ def test_local_age_window_judges_a_damaged_imported_frame_by_its_recorded_time(
         assert_range(j, "s", last_new + 1, last_new)
 
 
+@pytest.mark.parametrize("exported", ["before", "a day ahead"])
+@pytest.mark.parametrize("sealed", [False, True], ids=["active", "sealed"])
 def test_local_age_window_reads_a_compacted_append_frame_of_an_imported_session_once(
-    tmp_path: Path,
+    tmp_path: Path, exported: str, sealed: bool
 ) -> None:
     """An imported session's append frame in the segment of its `SessionImported` record,
-    with its first events compacted into a snapshot, is read by a pass to learn that an
-    append wrote it (its recorded time is then its events'): once, as an imported frame
-    that stays is, when its segment is sealed. Until review h21f every pass read it again
-    (SPEC 8 said an append's frame is never read): 2,000 imported sessions, half of them
-    so, in a sealed segment: 1,000 frames read and 33-40 ms by each pass that trims
-    nothing, 10-11 ms now after the first."""
+    with its first events compacted into a snapshot: stamped after the archive was
+    exported, it is an append's and not read; stamped before (the source's clock a day
+    ahead), a pass reads it to learn that an append wrote it (its recorded time is then
+    its events'), once when its segment is sealed (kept, as an imported frame that stays
+    is), at each pass in the active segment. Until review h21f every pass read it, sealed
+    or not (SPEC 8 said an append's frame is never read): 2,000 imported sessions, half of
+    them so, in a sealed segment: 1,000 frames read and 33-40 ms by each pass that trims
+    nothing, 10-11 ms now."""
     now = int(time.time() * 1000)
     stamps = [now - 3 * HOUR_MS, now - 2 * HOUR_MS]
-    with import_stamped(ENGINES["local"], tmp_path, stamps, 40, None, segment_bytes=16 << 20) as j:
+    ahead = now + DAY_MS if exported == "a day ahead" else now
+    with import_stamped(
+        ENGINES["local"], tmp_path, stamps, 40, None, ahead, segment_bytes=16 << 20
+    ) as j:
+        time.sleep(0.005)  # (the appends stamped after the export, when it was now)
         assert append_batch(j, "s", [40] * 4) == (3, 6)
         j.compact_session("s", 4, b"through 4")
     store = tmp_path / "store"
-    with open_store(store, segment_bytes=16 << 20) as j:
-        j.create_session("a")
-        while j.stats().segments < 2:
-            append_batch(j, "a", [1 << 20] * 4)
+    if sealed:
+        with open_store(store, segment_bytes=16 << 20) as j:
+            j.create_session("a")
+            while j.stats().segments < 2:
+                append_batch(j, "a", [1 << 20] * 4)
     assert [first for first, _, _ in local_frames(store)] == [3]
     probe = FrameReads()
     window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
@@ -842,7 +852,7 @@ def test_local_age_window_reads_a_compacted_append_frame_of_an_imported_session_
         for _ in range(3):
             assert j.apply_retention(now_ms=now).trimmed_sessions == []
             assert_range(j, "s", 5, 6)
-        assert probe.reads == 1
+        assert probe.reads == (0 if exported == "before" else 1 if sealed else 3)
 
 
 JETSTREAM_ENGINES = [p for p in engine_params("import") if p.id != "local"]

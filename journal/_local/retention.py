@@ -91,12 +91,20 @@ def window_start(
         # original, different times: such a frame, older by its first event or holding
         # events a snapshot compacted, is read, and stays while its newest retained event
         # is within the window (until 2026-12-05 it left whole by its first event, events
-        # minutes old with it).
+        # minutes old with it). An archive's events were committed before it was
+        # exported: a frame holding compacted events whose first event is stamped later
+        # is an append's, not read (until review h21f each pass read such a frame of the
+        # active segment again); one an import staged from a source whose clock stepped
+        # back is then judged by that time, and keeps more.
         staged_before = row.name_position
         for frame in frames:
             newest_ms = frame.time_ms
             if frame.segment <= staged_before and (
-                newest_ms < horizon or frame.first_ordinal < row.first_ordinal
+                newest_ms < horizon
+                or (
+                    frame.first_ordinal < row.first_ordinal
+                    and newest_ms <= row.imported_exported_at_ms
+                )
             ):
                 staged = times.newest(row, frame)
                 if staged is None:
