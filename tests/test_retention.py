@@ -751,6 +751,36 @@ def test_local_age_window_reads_imported_frames_only_and_a_sealed_one_once(
         assert_range(j, "a", last + 1, last)
 
 
+def test_local_age_window_forgets_a_kept_imported_frame_once_it_leaves(tmp_path: Path) -> None:
+    """The writer keeps an imported frame of a sealed segment that straddles the horizon
+    for later passes, and forgets it once it leaves: an import's segments live on while
+    its sessions do (their `SessionStaged` records are pinned), and until review h21f the
+    frames stayed in the cache with them, where no pass needed them again, and took its
+    budget from the segments' entries (20,000 imported sessions straddling the horizon
+    once: the 4 MiB full for good, 10 sidecars read by every pass, 150-180 ms a pass
+    instead of 80-90)."""
+    now = int(time.time() * 1000)
+    stamps = [now - minutes * 60_000 for minutes in SPREAD_MIN]
+    store = sealed_import(tmp_path, stamps)
+    window = RetentionPolicy(max_history_bytes=None, max_history_age_ms=HOUR_MS)
+    j, engine = open_local(
+        store, create=False, durability="os", segment_bytes=16 << 20, retention=window
+    )
+    with j:
+        with engine.view.begin() as txn:
+            row = engine.view.row(txn, "s")
+            assert row is not None
+            second = engine.view.events.locations(txn, row.incarnation)[1]
+        assert j.apply_retention(now_ms=now).trimmed_sessions == ["s"]
+        kept = engine.summaries.staged_frame(second.segment, second.offset)
+        assert kept is not None
+        with_kept = engine.summaries.cached_bytes
+        assert j.apply_retention(now_ms=stamps[-1] + HOUR_MS + 1).trimmed_sessions == ["s"]
+        assert_range(j, "s", 7, 6)
+        assert engine.summaries.staged_frame(second.segment, second.offset) is None
+        assert engine.summaries.cached_bytes == with_kept - kept.cost
+
+
 def test_local_age_window_keeps_an_imported_frame_it_cannot_read(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -115,6 +115,8 @@ def window_start(
                     # (An append's frame too: one holding events a snapshot compacted was
                     # read again by every pass, until review h21f.)
                     times.stays(frame)
+                else:
+                    times.leaves(frame)
             if newest_ms >= horizon:
                 new_first = max(new_first, frame.first_ordinal)
                 break
@@ -172,8 +174,8 @@ class FrameTimes:
     sealed segment that stays (its newest event within the window, its first older: it
     straddles the horizon; or an append's, read because a snapshot compacted its first
     events) is kept in the writer's `SummaryCache` for later passes
-    (sealed frames never change); one that leaves is not needed again, and a frame of
-    the active segment is read by every pass that needs it."""
+    (sealed frames never change) and forgotten once it leaves every session that looked
+    at it; a frame of the active segment is read by every pass that needs it."""
 
     def __init__(
         self, txn: lmdb.Transaction, view: View, log: SegmentLog, cache: SummaryCache
@@ -182,8 +184,10 @@ class FrameTimes:
         self._view = view
         self._log = log
         self._cache = cache
-        # The frames read by this pass (None: it could not be read).
+        # The frames this pass read or found kept (None: it could not be read), and
+        # those that stay for a session.
         self._read: dict[tuple[int, int], StagedFrame | None] = {}
+        self._stayed: set[tuple[int, int]] = set()
         self._head: tuple[int, int | None] | None = None
 
     def newest(self, row: SessionRow, frame: Location) -> int | None:
@@ -193,9 +197,7 @@ class FrameTimes:
         cannot be read (its file lost, a read error) counts as within the window: it
         stays (`verify` reports it) and a warning is logged; one whose bytes fail their
         checks gives its stored time (logged too)."""
-        staged = self._cache.staged_frame(frame.segment, frame.offset)
-        if staged is None:
-            staged = self._staged(frame.segment, frame.offset)
+        staged = self._staged(frame.segment, frame.offset)
         if staged is None:
             return _UNREADABLE
         if staged is _DAMAGED:
@@ -206,31 +208,44 @@ class FrameTimes:
         return frame.time_ms if newest is None else newest
 
     def stays(self, frame: Location) -> None:
-        """`frame`, read by this pass, stays: kept for later passes when it is sealed."""
-        staged = self._read.get((frame.segment, frame.offset))
-        head = self._head
-        if (
-            staged is not None
-            and staged is not _DAMAGED
-            and head is not None
-            and frame.segment < head[0]
-        ):
+        """`frame`, looked at by this pass, stays: kept for later passes when it is
+        sealed."""
+        key = (frame.segment, frame.offset)
+        self._stayed.add(key)
+        staged = self._read.get(key)
+        if staged is not None and staged is not _DAMAGED and frame.segment < self._head_now()[0]:
             self._cache.keep_staged_frame(frame.segment, frame.offset, staged)
+
+    def leaves(self, frame: Location) -> None:
+        """`frame`, looked at by this pass, leaves the session: no longer kept, unless it
+        stays for another session (until review h21f a kept frame stayed in the cache
+        until its segment died, and an import's segments live while its sessions do,
+        its `SessionStaged` records pinned: the cache, full of frames no pass needed
+        again, no longer kept the segments' entries, read from their sidecars by every
+        pass)."""
+        key = (frame.segment, frame.offset)
+        if key not in self._stayed:
+            self._cache.drop_staged_frame(frame.segment, frame.offset)
+
+    def _head_now(self) -> tuple[int, int | None]:
+        """(The view's head segment, its committed end), read once a pass."""
+        if self._head is None:
+            head = self._view.head(self._txn)
+            self._head = (head.segment, head.end_offset) if head is not None else (0, None)
+        return self._head
 
     def _staged(self, segment: int, offset: int) -> StagedFrame | None:
         key = (segment, offset)
         if key in self._read:
             return self._read[key]
-        if self._head is None:
-            head = self._view.head(self._txn)
-            self._head = (head.segment, head.end_offset) if head is not None else (0, None)
-        active_segment, committed_end = self._head
-        # (Segments below the view's head segment are sealed; a segment sealed in this
-        # very batch is still read as the active one, up to the committed end.)
-        active = segment >= active_segment
-        staged = self._read[key] = _read_staged(
-            self._log, segment, offset, committed_end if active else None
-        )
+        staged = self._cache.staged_frame(segment, offset)
+        if staged is None:
+            active_segment, committed_end = self._head_now()
+            # (Segments below the view's head segment are sealed; a segment sealed in this
+            # very batch is still read as the active one, up to the committed end.)
+            active = segment >= active_segment
+            staged = _read_staged(self._log, segment, offset, committed_end if active else None)
+        self._read[key] = staged
         return staged
 
 
@@ -340,8 +355,8 @@ class SummaryCache:
     not fit is read from its sidecar again by every pass and not kept, so a writer's
     memory does not grow with the store. Entries leave when their segment is dead (the
     oldest segments die first, which frees room for newer ones). Within the same budget it
-    keeps the `StagedFrame`s of sealed segments that `FrameTimes` hands it; they leave with
-    their segment."""
+    keeps the `StagedFrame`s of sealed segments that `FrameTimes` hands it; they leave when
+    `FrameTimes` drops them (the frame left its sessions) or with their segment."""
 
     def __init__(self, budget_bytes: int = DEFAULT_SUMMARY_BUDGET) -> None:
         self.budget_bytes = budget_bytes
@@ -388,6 +403,16 @@ class SummaryCache:
             self._bytes += frame.cost
         elif not frames:
             del self._staged[base]
+
+    def drop_staged_frame(self, base: int, offset: int) -> None:
+        """Forget the kept commit times of a frame (no longer needed)."""
+        frames = self._staged.get(base)
+        if frames is not None:
+            frame = frames.pop(offset, None)
+            if frame is not None:
+                self._bytes -= frame.cost
+            if not frames:
+                del self._staged[base]
 
     def pop(self, base: int, default: None = None) -> SegmentLiveness | None:
         """Forget a segment (dead, or replaced by a compaction swap)."""
