@@ -50,6 +50,8 @@ FAULT_POINTS: Final = {
     "open.view_behind": "a read-only open found the store's view behind the log (detail: its head)",
     "projection.segment": "a projection opens the next segment it listed (detail: its base)",
     "retention.read_sidecar": "a retention pass reads a sealed segment's sidecar",
+    "retention.read_frame": "an age window reads a frame an import staged, for its events' "
+    "commit times (detail: (segment base, frame offset))",
     "retention.rows": "a retention pass chose the session rows it reads (detail: how many)",
     "retention.delete": "a committed retention pass is about to delete dead segments' files",
     "retention.deleted": "a committed retention pass deleted dead segments' files",
