@@ -116,20 +116,26 @@ print("END", flush=True)
 )
 
 
-def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Path) -> None:
+def _cases(script: str, tmp_path: Path, timeout: float) -> tuple[list[str], list[list[str]]]:
+    """Run `script` on a store in `tmp_path` in a process of its own: its output lines, and
+    the check points it reports ("AT ..." lines, split), once it ran to its "END"."""
     run = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "store")],
+        [sys.executable, "-c", script, str(tmp_path / "store")],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     lines = run.stdout.splitlines()
     assert run.returncode == 0 and lines and lines[-1] == "END", (
         run.stdout[-3000:],
         run.stderr[-3000:],
     )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    return lines, [line.split() for line in lines if line.startswith("AT ")]
+
+
+def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Path) -> None:
+    lines, cases = _cases(_SCRIPT, tmp_path, 120)
     assert len(cases) > 50, lines[:3]  # (the wait's path was reached and covered)
     wrong = [
         " ".join(case)
@@ -230,19 +236,7 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_pat
     the waiter thread's `Thread.start` before the thread began left it recorded as
     running: no wait started one again, and no follower of the journal saw another
     process's commit."""
-    run = subprocess.run(
-        [sys.executable, "-c", _KEPT_OPEN, str(tmp_path / "store")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    lines, cases = _cases(_KEPT_OPEN, tmp_path, 240)
     assert len(cases) > 50, lines[:3]
     wrong = [" ".join(case) for case in cases if case[3:] != ["kept=0,0,0,0", "seen=True"]]
     assert not wrong, "\n".join(wrong)
@@ -326,19 +320,7 @@ def test_ctrl_c_at_any_point_of_a_wait_on_a_turn_leaves_the_owner_checks_working
     turn whose owner then died waited for good; a close from another thread hung), and one
     between the count and the registration object left the owner checked every 100 ms
     for as long as it lived."""
-    run = subprocess.run(
-        [sys.executable, "-c", _OWNER_ALIVE, str(tmp_path / "store")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    lines, cases = _cases(_OWNER_ALIVE, tmp_path, 240)
     assert len(cases) > 50, lines[:3]
     assert any("watch:" in case[2] for case in cases), lines[:3]  # (the registration's)
     wrong = [" ".join(case) for case in cases if case[3] != "counted=0"]
@@ -417,19 +399,7 @@ def test_ctrl_c_at_any_point_of_a_close_of_a_stream_or_subscription(tmp_path: Pa
     hung for good, and the other thread went on waiting; a subscription's close asked
     again did not wake the delivery thread when the first was cut before it did (the
     subscription ended only at the journal's next commit)."""
-    run = subprocess.run(
-        [sys.executable, "-c", _CLOSES, str(tmp_path / "store")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    lines, cases = _cases(_CLOSES, tmp_path, 120)
     assert sum(case[1] == "stream" for case in cases) > 10, lines[:3]
     assert sum(case[1] == "subscription" for case in cases) > 10, lines[:3]
     wrong = [" ".join(case) for case in cases if case[4:] != ["True", "True"]]
