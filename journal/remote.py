@@ -3,13 +3,25 @@ optional `jetstream` extra); anything else is a path for the local engine."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, TypeGuard
 
 from .arguments import check_open_options
 from .engine import Engine
 from .errors import InvalidArgument
 
-__all__ = ["is_remote", "open_remote", "without_password"]
+__all__ = ["is_remote", "open_remote", "server_list", "without_password"]
+
+# A server of the list given with the scheme again (`nats://h1:4222,nats://h2:4222`, the
+# form nats-py and the `nats` CLI take).
+_SCHEME_AGAIN = re.compile(r",\s*nats://")
+
+
+def server_list(rest: str) -> str:
+    """What follows a URL's `nats://` with the scheme of the list's other servers dropped:
+    `h1:4222,nats://h2:4222/agents` -> `h1:4222,h2:4222/agents` (until 2026-12-05 the
+    first '/' of the second `nats://` was taken for the start of the store's name)."""
+    return _SCHEME_AGAIN.sub(",", rest)
 
 
 def is_remote(path: object, store: object = None, replicas: object = None) -> TypeGuard[str]:
@@ -70,7 +82,7 @@ def without_password(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    servers, slash, store = rest.partition("/")
+    servers, slash, store = server_list(rest).partition("/")
     shown = []
     for server in servers.split(","):
         userinfo, at, host = server.rpartition("@")

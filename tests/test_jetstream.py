@@ -293,6 +293,26 @@ def test_a_store_named_in_the_url_and_as_store_differently_is_refused(
         assert j.path.endswith("/" + name)
 
 
+def test_servers_each_given_with_the_scheme_open_the_store(url: str, tmp_path: Path) -> None:
+    """`nats://h1:4222,nats://h2:4222` (the list nats-py and the `nats` CLI take) opened
+    with store= until 2026-12-05 (on its first server only: the rest was cut at the first
+    '/'), then was refused as naming a store '/h2:4222' with the password of a
+    `nats://user:password@` server in clear in the message (an upgrade trial)."""
+    from journal.remote import without_password
+
+    name = store_name(tmp_path)
+    with Journal.open(f"{url},{url}", store=name) as j:
+        j.create_session("s")
+        assert j.path == f"{url},{url.removeprefix('nats://')}/{name}"
+    with Journal.open(f"{url}, {url}/{name}", create=False) as j:  # the store in the URL
+        assert [s.session_id for s in j.list_sessions()] == ["s"]
+    shown = without_password("nats://alice:s3cret@h1:4222,nats://alice:s3cret@h2:4222/agents")
+    assert shown == "nats://alice:***@h1:4222,alice:***@h2:4222/agents"
+    with pytest.raises(InvalidArgument, match="name it once") as refused:
+        Journal.open(f"nats://alice:s3cret@h1:1,nats://alice:s3cret@h2:1/{name}", store="x")
+    assert "s3cret" not in str(refused.value)
+
+
 def test_a_server_without_jetstream_is_named_as_such_not_retried(tmp_path: Path) -> None:
     """Nobody answers the JetStream API of a plain NATS server: the open said "a new
     cluster may still be electing its leader: retry", which never helps (a user trial)."""

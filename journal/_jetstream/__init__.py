@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..errors import InvalidArgument
 from ..models import RetentionPolicy
-from ..remote import without_password
+from ..remote import server_list, without_password
 from .engine import JetStreamEngine, JetStreamOptions
 from .layout import check_store_name
 
@@ -14,8 +14,9 @@ __all__ = ["JetStreamEngine", "JetStreamOptions", "open_jetstream", "parse_url"]
 
 
 def parse_url(url: str) -> tuple[list[str], str | None]:
-    """The servers of `nats://host:port,host2:port[/store]` and the store it names."""
-    rest = url[len("nats://") :]
+    """The servers of `nats://host:port,host2:port[/store]` and the store it names (each
+    server may carry the scheme: `nats://host:port,nats://host2:port`)."""
+    rest = server_list(url[len("nats://") :])
     rest, _, store = rest.partition("/")
     servers = [f"nats://{server.strip()}" for server in rest.split(",") if server.strip()]
     if not servers:
