@@ -787,7 +787,7 @@ def test_the_view_allocates_its_lock_file_at_the_size_lmdb_uses(tmp_path: Path) 
 def test_a_failed_compressed_copy_leaves_no_temporary_file(tmp_path: Path, operation: str) -> None:
     # `<base>.seg.zst.<pid>.tmp` stayed when sealing with compression or compacting failed
     # (adversarial trial's helper, left open then).
-    from journal._local.segments import compress_segment
+    from journal._local.compression import compress_segment
 
     with Journal.open(tmp_path, durability="os", segment_bytes=16 << 10) as j:
         for i in range(30):

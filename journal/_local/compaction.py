@@ -34,10 +34,11 @@ import lmdb
 from ..engine import ApplyRetention, Operation, Progress
 from ..errors import JournalCorrupt
 from ..models import CompactionReport
+from .compression import compress_segment
 from .files import fsync_dir
 from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
-from .segments import compress_segment, summarize_segment
+from .segments import summarize_segment
 from .sidecar import SegmentSummary, read_summary, write_summary
 from .view import Head, View
 

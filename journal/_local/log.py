@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import JournalCorrupt, StoreIncompatible
 from ..records import Record, encode_frame_body_into
+from .compression import compress_segment
 from .cut_tails import cut_tails_beside
 from .files import (
     DEFAULT_FILE_OPS,
@@ -36,13 +37,7 @@ from .frames import (
     segment_name,
     sidecar_name,
 )
-from .segments import (
-    LogHole,
-    SegmentReader,
-    compress_segment,
-    open_segment,
-    summarize_segment,
-)
+from .segments import LogHole, SegmentReader, open_segment, summarize_segment
 from .sidecar import FrameDigest, SegmentSummary, read_summary, sidecar_intact, write_summary
 from .writer import SegmentWriter
 from .zerofill import ZeroFiller
