@@ -55,6 +55,7 @@ __all__ = [
     "Engine",
     "EventsPage",
     "Expire",
+    "Flag",
     "ImportTarget",
     "Lease",
     "Operation",
@@ -71,6 +72,7 @@ __all__ = [
     "Transition",
     "TurnGuard",
     "VerifyFix",
+    "start_thread",
 ]
 
 ResultT = TypeVar("ResultT")
@@ -118,6 +120,21 @@ class Flag:
             with contextlib.suppress(RuntimeError):  # (a `set` meanwhile released it)
                 self._gate.release()  # (it stays open while set)
         return self._flag
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """`thread.start()`, a Ctrl+C landing inside it raised as what it is: `start` waits on
+    a `threading.Event`, and one whose handler raised inside that `Condition.wait` before
+    the `try` there came out as RuntimeError("release unlocked lock") (review h19e). The
+    caller forgets the thread when this raises: it may not have begun, or begun without
+    `start` being told (the shared waiter's and the owner checks' threads take their place
+    themselves then, if still free)."""
+    try:
+        thread.start()
+    except RuntimeError as error:
+        if isinstance(error.__context__, KeyboardInterrupt):
+            raise error.__context__ from None
+        raise
 
 
 class ReadScope:

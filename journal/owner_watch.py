@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from .engine import start_thread
 from .sessions import SessionRow
 
 __all__ = ["OwnerChecks", "OwnerWatch", "Watching"]
@@ -131,13 +132,9 @@ class OwnerWatch:
             target=self._run, name="journal-owners", daemon=True
         )
         try:
-            thread.start()
-        except BaseException as error:
+            start_thread(thread)
+        except BaseException:
             self._thread = None
-            # (A Ctrl+C inside `start`'s `Condition.wait` before its `try` comes out of
-            # it as RuntimeError("release unlocked lock"): raised as what it is.)
-            if isinstance(error, RuntimeError) and isinstance(error.__context__, KeyboardInterrupt):
-                raise error.__context__ from None
             raise
 
     def registered(self) -> int:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Final, Protocol
 
-from .engine import Flag
+from .engine import Flag, start_thread
 from .forking import ForkPause
 
 __all__ = ["ChangeSource", "HeadUnknown", "Notifier"]
@@ -448,8 +448,8 @@ class Notifier:
                 target=self._run, name="journal-waiter", daemon=True
             )
             try:
-                thread.start()
-            except BaseException as error:
+                start_thread(thread)
+            except BaseException:
                 # Not started (no thread left, a Ctrl+C before it began), or started and
                 # not told so (a Ctrl+C in its wait for that): forgotten, so the next
                 # wait starts one; one that began takes the place itself, if still free
@@ -457,13 +457,6 @@ class Notifier:
                 # running, and no wait started one again: the journal's followers never
                 # saw another process's commit (review h21b).
                 self._thread = None
-                # `start` waits on a `threading.Event`: a Ctrl+C whose handler raised
-                # inside its `Condition.wait` before the `try` there came out as
-                # RuntimeError("release unlocked lock") (review h19e): raised as what it is.
-                if isinstance(error, RuntimeError) and isinstance(
-                    error.__context__, KeyboardInterrupt
-                ):
-                    raise error.__context__ from None
                 raise
 
     def _leave(self, registered: _Registered) -> None:
