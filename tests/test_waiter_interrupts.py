@@ -59,6 +59,27 @@ def tracer(frame, event, arg):
         return None
     frame.f_trace_opcodes = True
     return local
+
+def traced_next(stream, at):
+    # next(stream) with a SIGINT at its `at`-th check point (the KeyboardInterrupt caught).
+    state.update(n=0, at=at, fired=None)
+    sys.settrace(tracer)
+    try:
+        next(stream, None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+
+def each_point(watch, say):
+    # watch(at) at every check point a run without SIGINT counted: "AT at fired say(...)".
+    points_seen, *_ = watch(10**9)
+    print(f"POINTS {points_seen}", flush=True)
+    for at in range(1, points_seen + 1):
+        _, fired, *rest = watch(at)
+        if fired is None:
+            break
+        print(f"AT {at} {fired} {say(*rest)}", flush=True)
 """
 
 _SCRIPT = (
@@ -183,7 +204,6 @@ def append_once_waited(waiter):
 def watch(at):
     # Wait with a SIGINT at check point `at`; then, the journal still open: what the
     # waiter keeps, and whether a new watch sees the other process's next commit.
-    state.update(n=0, at=at, fired=None)
     j = Journal.open(path, readonly=True)
     waiter = j._engine.waiter
     last = list(j.replay("s"))[-1].cursor
@@ -191,13 +211,7 @@ def watch(at):
     stream = j.watch("s", cursor=last, stop=stop)
     timer = threading.Timer(0.12, stop.set)  # (about two slices of the wait)
     timer.start()
-    sys.settrace(tracer)
-    try:
-        next(stream, None)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sys.settrace(None)
+    traced_next(stream, at)
     timer.cancel()
     stream.close()
     kept = (waiter.waiting, *waiter.registrations())
@@ -212,13 +226,7 @@ def watch(at):
     j.close()
     return state["n"], state["fired"], kept, seen
 
-points_seen, *_ = watch(10**9)
-print(f"POINTS {points_seen}", flush=True)
-for at in range(1, points_seen + 1):
-    _, fired, kept, seen = watch(at)
-    if fired is None:
-        break
-    print(f"AT {at} {fired} kept={','.join(map(str, kept))} seen={seen}", flush=True)
+each_point(watch, lambda kept, seen: f"kept={','.join(map(str, kept))} seen={seen}")
 writer.stdin.close()
 writer.wait()
 print("END", flush=True)
@@ -269,7 +277,6 @@ assert owner.stdout.readline() == "ready\n"
 def watch(at):
     # Wait on the open turn with a SIGINT at check point `at`; then, the journal still
     # open: whether another thread can use its owner checks, and what they keep.
-    state.update(n=0, at=at, fired=None)
     j = Journal.open(path, readonly=True)
     owners = j._pages._owners
     last = list(j.replay("t"))[-1].cursor
@@ -277,13 +284,7 @@ def watch(at):
     stream = j.watch("t", cursor=last, stop=stop)
     timer = threading.Timer(0.12, stop.set)
     timer.start()
-    sys.settrace(tracer)
-    try:
-        next(stream, None)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        sys.settrace(None)
+    traced_next(stream, at)
     timer.cancel()
     stream.close()
     del stream
@@ -295,13 +296,7 @@ def watch(at):
     j.close()
     return state["n"], state["fired"], counted[0] if counted else "stuck"
 
-points_seen, *_ = watch(10**9)
-print(f"POINTS {points_seen}", flush=True)
-for at in range(1, points_seen + 1):
-    _, fired, counted = watch(at)
-    if fired is None:
-        break
-    print(f"AT {at} {fired} counted={counted}", flush=True)
+each_point(watch, lambda counted: f"counted={counted}")
 owner.stdin.close()
 owner.wait()
 print("END", flush=True)
