@@ -45,6 +45,9 @@ _CATCH_UP_S: Final = 5.0
 _CATCH_UP_STEP_S: Final = 0.001
 # How many times `snapshot()` stores again after another process stored a newer one.
 _STORE_TRIES: Final = 4
+# How many times a following fold restores again when the history after it was compacted
+# away before its subscription began.
+_RESTORE_TRIES: Final = 4
 
 _log: Final = logging.getLogger("journal")
 
@@ -318,7 +321,7 @@ class Fold(Generic[StateT]):
             self._auto_checkpoint()  # restored from far behind: the next fold starts here
         if follow:
             with self._lock:  # (a restart on the delivery thread waits for this)
-                self._subscription = self._follow()
+                self._subscription = self._follow_restored()
             followed = self._followed
             # Dropped while following: stop (the delivery thread would fold every later
             # event into a state nobody can read, for the life of the process).
@@ -521,6 +524,20 @@ class Fold(Generic[StateT]):
         self._followed[0] = subscription
         return subscription
 
+    def _follow_restored(self) -> Subscription[Event]:
+        """Follow from `cursor` (under the lock). History after `ordinal` compacted away
+        between the restore and the subscription is refused at the call
+        (`CursorExpired`): restore again from the newer snapshot and subscribe from there
+        (up to `_RESTORE_TRIES` times; a restore that cannot be done raises)."""
+        for attempt in range(_RESTORE_TRIES):
+            try:
+                return self._follow()
+            except CursorExpired:
+                if attempt == _RESTORE_TRIES - 1:
+                    raise
+                self._load()
+        raise AssertionError("unreachable")  # (the last try returns or raises)
+
     def _follow_failed(self, error: BaseException) -> None:
         """The follow subscription ended with `error` (on the delivery thread). History
         after `ordinal` compacted away under a newer snapshot (`CursorExpired`): start
@@ -532,7 +549,7 @@ class Fold(Generic[StateT]):
                     if not self._following:
                         return  # (closed meanwhile)
                     self._load()
-                    self._subscription = self._follow()
+                    self._subscription = self._follow_restored()
                 return
             except JournalClosed:
                 self._following = False

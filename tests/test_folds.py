@@ -724,6 +724,75 @@ def test_a_following_fold_whose_restart_fails_says_so_and_stops_following(
         assert not follower.following
 
 
+def test_a_following_fold_whose_history_is_compacted_between_restore_and_subscribe_goes_on(
+    j: Journal,
+) -> None:
+    """The restart after a compaction refolds from the snapshot, then subscribes from
+    where it got; another compaction between the two (here the reducer makes it, as it
+    applies the restart's last event) made that subscribe raise `CursorExpired`, and the
+    fold stopped following for good (found by a restart trial, h22b: 3 processes
+    updating and compacting, a slow follower stopped 1 run in 2). It restores again."""
+    j.create_session("s")
+    gate = threading.Event()
+    compacted = threading.Event()
+    errors: list[BaseException] = []
+    calls = [0]
+
+    def racing(state: list[int], event: Event) -> list[int]:
+        calls[0] += 1
+        gate.wait(WAIT_S)
+        if calls[0] > 1 and event.ordinal == 31:  # (the restart's refold)
+            j.append("s", value_events([32]))
+            with j.fold("s", chain, [0, 0]) as compactor:
+                compactor.snapshot(compact=True)  # through 32
+            compacted.set()
+        return chain(state, event)
+
+    with j.fold("s", racing, [0, 0], follow=True, on_error=errors.append) as follower:
+        for value in range(1, 31):
+            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
+        with j.fold("s", chain, [0, 0]) as compactor:
+            compactor.snapshot(compact=True)
+        j.append("s", value_events([31]))
+        gate.set()
+        assert compacted.wait(WAIT_S)
+        j.append("s", value_events([33]))
+        deadline = time.monotonic() + WAIT_S
+        while follower.ordinal < 33 and not errors and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert errors == []
+        assert follower.state == model(list(range(1, 34)))
+        assert follower.following
+
+
+def test_a_following_fold_whose_history_is_compacted_as_it_is_made_restores_again(
+    j: Journal,
+) -> None:
+    """`fold(follow=True)` restores, then subscribes from where it got: a compaction in
+    between made `fold()` raise `CursorExpired` (a state it could restore). It restores
+    again and follows from the snapshot."""
+    j.create_session("s")
+    j.append("s", value_events([1, 2, 3]))
+    done = [False]
+
+    def racing(state: list[int], event: Event) -> list[int]:
+        if event.ordinal == 3 and not done[0]:
+            done[0] = True
+            j.append("s", value_events([4]))
+            with j.fold("s", chain, [0, 0]) as compactor:
+                compactor.snapshot(compact=True)  # through 4
+        return chain(state, event)
+
+    with j.fold("s", racing, [0, 0], follow=True) as follower:
+        assert follower.ordinal == 4
+        j.append("s", value_events([5]))
+        deadline = time.monotonic() + WAIT_S
+        while follower.ordinal < 5 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert follower.state == model([1, 2, 3, 4, 5])
+        assert follower.following
+
+
 def test_a_read_only_journal_folds_but_does_not_write(engine: EngineFactory, store: Path) -> None:
     with engine.open(store, durability="os") as j:
         j.create_session("s")
