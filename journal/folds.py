@@ -45,8 +45,8 @@ _CATCH_UP_S: Final = 5.0
 _CATCH_UP_STEP_S: Final = 0.001
 # How many times `snapshot()` stores again after another process stored a newer one.
 _STORE_TRIES: Final = 4
-# How many times a following fold restores again when the history after it was compacted
-# away before its subscription began.
+# How many restores in a row without progress a following fold makes when the history
+# after it was compacted away before its subscription began.
 _RESTORE_TRIES: Final = 4
 
 _log: Final = logging.getLogger("journal")
@@ -527,16 +527,23 @@ class Fold(Generic[StateT]):
     def _follow_restored(self) -> Subscription[Event]:
         """Follow from `cursor` (under the lock). History after `ordinal` compacted away
         between the restore and the subscription is refused at the call
-        (`CursorExpired`): restore again from the newer snapshot and subscribe from there
-        (up to `_RESTORE_TRIES` times; a restore that cannot be done raises)."""
-        for attempt in range(_RESTORE_TRIES):
+        (`CursorExpired`): restore again from the newer snapshot and subscribe from there,
+        as long as each restore gets further (a follower slower than the writers that
+        compact under it keeps up by jumps, as it does when its pages are compacted
+        away); after `_RESTORE_TRIES` restores in a row that did not, or a restore that
+        cannot be done, it raises."""
+        stuck = 0
+        while True:
             try:
                 return self._follow()
             except CursorExpired:
-                if attempt == _RESTORE_TRIES - 1:
+                stuck += 1
+                if stuck >= _RESTORE_TRIES:
                     raise
+                before = self._ordinal
                 self._load()
-        raise AssertionError("unreachable")  # (the last try returns or raises)
+                if self._ordinal > before:
+                    stuck = 0
 
     def _follow_failed(self, error: BaseException) -> None:
         """The follow subscription ended with `error` (on the delivery thread). History

@@ -770,26 +770,31 @@ def test_a_following_fold_whose_history_is_compacted_as_it_is_made_restores_agai
 ) -> None:
     """`fold(follow=True)` restores, then subscribes from where it got: a compaction in
     between made `fold()` raise `CursorExpired` (a state it could restore). It restores
-    again and follows from the snapshot."""
+    again, as often as each restore gets further: here six compactions in a row, each
+    made by the reducer as it applies the last event of a restore."""
     j.create_session("s")
     j.append("s", value_events([1, 2, 3]))
-    done = [False]
+    triggered: set[int] = set()
 
     def racing(state: list[int], event: Event) -> list[int]:
-        if event.ordinal == 3 and not done[0]:
-            done[0] = True
-            j.append("s", value_events([4]))
+        # (Applying the last event, `o`: append o + 1, compact through it, append o + 2,
+        # whose refold after the restore from o + 1 does the same again.)
+        if event.ordinal in (3, 5, 7, 9, 11, 13) and event.ordinal not in triggered:
+            triggered.add(event.ordinal)
+            j.append("s", value_events([event.ordinal + 1]))
             with j.fold("s", chain, [0, 0]) as compactor:
-                compactor.snapshot(compact=True)  # through 4
+                compactor.snapshot(compact=True)
+            j.append("s", value_events([event.ordinal + 2]))
         return chain(state, event)
 
     with j.fold("s", racing, [0, 0], follow=True) as follower:
-        assert follower.ordinal == 4
-        j.append("s", value_events([5]))
+        assert triggered == {3, 5, 7, 9, 11, 13}
+        assert follower.ordinal == 15
+        j.append("s", value_events([16]))
         deadline = time.monotonic() + WAIT_S
-        while follower.ordinal < 5 and time.monotonic() < deadline:
+        while follower.ordinal < 16 and time.monotonic() < deadline:
             time.sleep(0.002)
-        assert follower.state == model([1, 2, 3, 4, 5])
+        assert follower.state == model(list(range(1, 17)))
         assert follower.following
 
 
