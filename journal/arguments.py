@@ -400,12 +400,17 @@ def check_file_mode(file_mode: object) -> int | None:
     return file_mode
 
 
-def check_snapshot(through_ordinal: object, snapshot: object) -> tuple[int, bytes]:
-    """(through_ordinal, snapshot) checked, the snapshot as plain bytes."""
+def check_snapshot(
+    through_ordinal: object, snapshot: object, kind: str = "snapshot"
+) -> tuple[int, bytes]:
+    """(through_ordinal, snapshot) checked, the snapshot (or checkpoint: `kind`) as plain
+    bytes."""
     ordinal = check_int("through_ordinal", through_ordinal, 1)
-    data = _plain_bytes("snapshot", snapshot)
+    data = _plain_bytes(kind, snapshot)
     if len(data) > MAX_BATCH_BYTES:
-        raise InvalidArgument(f"a snapshot is limited to {MAX_BATCH_BYTES} bytes")
+        raise InvalidArgument(
+            f"a {kind} is limited to {MAX_BATCH_BYTES} bytes (64 MiB); this one is {len(data)}"
+        )
     return ordinal, data
 
 

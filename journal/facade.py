@@ -350,7 +350,7 @@ class Journal:
         them all: unlike `compact_session`, no ordinal, retained range or cursor changes.
         It replaces the session's earlier checkpoint (it must reach at least as far)."""
         session_id = check_name("session_id", session_id)
-        through_ordinal, checkpoint = check_snapshot(through_ordinal, checkpoint)
+        through_ordinal, checkpoint = check_snapshot(through_ordinal, checkpoint, "checkpoint")
         ref = self._submit(Checkpoint(session_id, through_ordinal, checkpoint))
         cursor = self._cursors.cursor(
             session_id, ref.incarnation, ref.position, ref.through_ordinal

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeAlias, Type
 import msgspec
 
 from .abandoned import Detachable, close_when_dropped
+from .arguments import MAX_BATCH_BYTES
 from .errors import CursorExpired, InvalidArgument, JournalClosed, JournalError, OrdinalConflict
 from .models import Event, EventIn, Snapshot
 
@@ -403,7 +404,7 @@ class Fold(Generic[StateT]):
                 if envelope.version != self.version:
                     other_version = (kind, envelope.version)
                     continue
-                found.append((stored, self._decode(envelope.state, stored.ordinal)))
+                found.append((stored, self._decode(envelope.state, kind, stored.ordinal)))
             found.sort(key=lambda item: item[0].ordinal, reverse=True)
             for stored, state in found:
                 self._reset(state, stored.ordinal, stored.cursor)
@@ -448,12 +449,12 @@ class Fold(Generic[StateT]):
             earliest_ordinal=meta.first_ordinal,
         )
 
-    def _decode(self, data: bytes, ordinal: int) -> StateT:
+    def _decode(self, data: bytes, kind: str, ordinal: int) -> StateT:
         try:
             return self._codec.decode(data)
         except Exception as error:
             raise InvalidArgument(
-                f"the snapshot of session {self.session_id!r} through ordinal {ordinal} "
+                f"the {kind} of session {self.session_id!r} through ordinal {ordinal} "
                 f"(version {self.version!r}) does not decode with this fold's codec "
                 f"({error}): give the codec that wrote it, or another version= to refold"
             ) from error
@@ -746,7 +747,15 @@ class Fold(Generic[StateT]):
             raise InvalidArgument(
                 f"the codec of {self!r} encoded the state as a {type(state).__name__}, not bytes"
             )
-        return _envelope_encoder.encode(_Envelope(_MAGIC, self.version, state))
+        data = _envelope_encoder.encode(_Envelope(_MAGIC, self.version, state))
+        if len(data) > MAX_BATCH_BYTES:
+            raise InvalidArgument(
+                f"the state of {self!r} encodes to {len(data)} bytes, over the "
+                f"{MAX_BATCH_BYTES} (64 MiB) a snapshot or checkpoint holds: keep a smaller "
+                "state (large data in events, or outside the journal), or give fold() a "
+                "codec that stores it smaller"
+            )
+        return data
 
     def _due(self) -> bool:
         since = max(self._stored_at, self._failed_at)

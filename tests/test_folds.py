@@ -798,6 +798,25 @@ def test_a_following_fold_whose_history_is_compacted_as_it_is_made_restores_agai
         assert follower.following
 
 
+def test_a_state_too_large_to_store_and_a_checkpoint_that_does_not_decode_say_what_to_do(
+    j: Journal,
+) -> None:
+    """`snapshot()` of a state over 64 MiB said "a snapshot is limited to 67108864 bytes"
+    (though it stores a checkpoint), with neither the state's size nor what to do; a
+    checkpoint that does not decode was called "the snapshot" (a restart trial, h22b)."""
+    j.create_session("s")
+    j.append("s", value_events([1]))
+    big = j.fold("s", None, {"blob": "x" * (64 << 20)})
+    with pytest.raises(InvalidArgument, match=r"encodes to \d+ bytes, over .* smaller"):
+        big.snapshot()
+    with pytest.raises(InvalidArgument, match=r"a checkpoint is limited to .*this one is"):
+        j.checkpoint_session("s", 1, b"x" * ((64 << 20) + 1))
+    damaged = msgspec.msgpack.encode(["journal.fold/1", 0, b"\xff not JSON"])
+    j.checkpoint_session("s", 1, damaged)
+    with pytest.raises(InvalidArgument, match="the checkpoint of session 's' through ordinal 1"):
+        j.fold("s", chain, [0, 0])
+
+
 def test_a_read_only_journal_folds_but_does_not_write(engine: EngineFactory, store: Path) -> None:
     with engine.open(store, durability="os") as j:
         j.create_session("s")
