@@ -454,9 +454,9 @@ class Journal:
         or none: the archive is checked whole first (`ArchiveInvalid` with a `reason`),
         then its sessions become visible together. `rename` maps archive ids to new ids;
         an id that exists raises `SessionExists`. Imported sessions are new incarnations:
-        ordinals, types, timestamps, request ids, snapshot and state are kept, cursors of
-        the source store are foreign here. `progress(done, total)` counts archive bytes
-        over two passes; `limits` raises the caps on what a reader accepts."""
+        ordinals, types, timestamps, request ids, snapshot, checkpoint and state are kept,
+        cursors of the source store are foreign here. `progress(done, total)` counts
+        archive bytes over two passes; `limits` raises the caps on what a reader accepts."""
         check_callback("progress", progress)
         self._check_open()
         return import_sessions(self._engine, src, rename, progress, limits)
