@@ -74,12 +74,14 @@ class JsonCodec(Generic[StateT]):
         (JSON writes NaN and infinities as null, bytes as base64 text, keys as strings):
         a fold restored from that checkpoint would not equal the fold of its events."""
         data = self._encoder.encode(state)
+        difference: str | None = None
         try:
             stored = self._decoder.decode(data)
         except msgspec.ValidationError:
             same = False
         else:
-            same = _same_json(stored, state, tuples_as_lists=False)
+            difference = _json_difference(stored, state, "", tuples_as_lists=False)
+            same = difference is None
             kind = type(state).__name__
             if not same and type(stored) is not type(state) and _stores(data, type(state), state):
                 # (A msgspec Struct or a dataclass with `JsonCodec()`, which reads an
@@ -90,10 +92,11 @@ class JsonCodec(Generic[StateT]):
                 )
         if not same:
             raise ValueError(
-                "it holds a value JSON stores as something else (NaN or an infinity, "
-                "bytes, a key that is not a string, a tuple, which comes back a list: "
-                "use lists or codec=JsonCodec(<the state's type>), or a value its type "
-                "does not take)"
+                "it holds a value JSON stores as something else"
+                f"{'' if difference is None else ', ' + difference}: JSON has no NaN or "
+                "infinity, bytes or set, its keys are strings, and a tuple comes back a "
+                "list (use lists, or codec=JsonCodec(<the state's type>)); with a typed "
+                "codec, a value its type does not take"
             )
         return data
 
@@ -128,31 +131,51 @@ def _stores(data: bytes, kind: type[Any], state: Any) -> bool:
 
 
 def _same_json(stored: Any, given: Any, *, tuples_as_lists: bool = True) -> bool:
-    """Whether JSON read back (`stored`) says what `given` did: equal (NaN is not equal to
-    the null it becomes, nor bytes to their base64 text). With `tuples_as_lists`, a tuple
-    counts as the list it is written as (`set()`: the state is the JSON read back from
-    the start); without, a tuple must come back a tuple (a checkpoint: the restored
-    state must equal the one its reducer built, which a tuple read back as a list does
-    not, and the reducer may not take it)."""
+    """Whether JSON read back (`stored`) says what `given` did (`_json_difference`)."""
+    return _json_difference(stored, given, "", tuples_as_lists=tuples_as_lists) is None
+
+
+def _json_difference(
+    stored: Any, given: Any, where: str, *, tuples_as_lists: bool = True
+) -> str | None:
+    """Where JSON read back (`stored`) does not say what `given` did, named for an error
+    (`at ["tasks"][2]: a set`), or None: equal (NaN is not equal to the null it becomes,
+    nor bytes to their base64 text). With `tuples_as_lists`, a tuple counts as the list
+    it is written as (`set()`: the state is the JSON read back from the start); without,
+    a tuple must come back a tuple (a checkpoint: the restored state must equal the one
+    its reducer built, which a tuple read back as a list does not, and the reducer may
+    not take it)."""
     if isinstance(given, (list, tuple)):
         # (a list subclass comes back a list, as a dict subclass comes back a dict: taken,
         # as before tuples were refused)
         kind = list if tuples_as_lists or isinstance(given, list) else type(given)
-        return (
-            isinstance(stored, kind)
-            and len(stored) == len(given)
-            and all(
-                _same_json(s, g, tuples_as_lists=tuples_as_lists)
-                for s, g in zip(stored, given, strict=True)
-            )
-        )
+        if not isinstance(stored, kind) or len(stored) != len(given):
+            return _named(where, given)
+        for i, (s, g) in enumerate(zip(stored, given, strict=True)):
+            found = _json_difference(s, g, f"{where}[{i}]", tuples_as_lists=tuples_as_lists)
+            if found is not None:
+                return found
+        return None
     if isinstance(given, dict):
-        return (
-            isinstance(stored, dict)
-            and stored.keys() == given.keys()
-            and all(_same_json(stored[k], given[k], tuples_as_lists=tuples_as_lists) for k in given)
-        )
-    return bool(stored == given)
+        if not isinstance(stored, dict):
+            return _named(where, given)
+        for key in given:
+            if key not in stored:
+                return f"at {where or 'the top'}: the key {key!r} ({type(key).__name__})"
+            found = _json_difference(
+                stored[key], given[key], f"{where}[{key!r}]", tuples_as_lists=tuples_as_lists
+            )
+            if found is not None:
+                return found
+        return None if stored.keys() == given.keys() else _named(where, given)
+    return None if stored == given else _named(where, given)
+
+
+def _named(where: str, value: Any) -> str:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"at {where or 'the top'}: {shown} ({type(value).__name__})"
 
 
 def _encodable(version: int | str) -> bool:

@@ -248,7 +248,7 @@ def test_a_checkpoint_of_a_state_holding_a_tuple_is_refused_unless_its_codec_rea
         return {"seen": state["seen"] + (event.ordinal,)}
 
     fold = j.fold("s", seen, {"seen": ()})
-    with pytest.raises(InvalidArgument, match="a tuple, which comes back a list"):
+    with pytest.raises(InvalidArgument, match="a tuple comes back a list"):
         fold.snapshot()
     assert j.checkpoint("s") is None
     codec: JsonCodec[dict[str, Any]] = JsonCodec(dict[str, tuple[int, ...]])
@@ -317,7 +317,7 @@ def test_the_codec_advice_is_given_only_when_that_codec_stores_the_state(
     j.create_session("s")
     j.append("s", value_events([1]))
     fold = j.fold("s", lambda current, event: current, state)
-    with pytest.raises(InvalidArgument, match="NaN or an infinity") as caught:
+    with pytest.raises(InvalidArgument, match="JSON has no NaN or infinity") as caught:
         fold.snapshot()
     assert "pass codec=" not in str(caught.value)
 
@@ -964,3 +964,22 @@ def test_a_fold_overtaken_by_a_newer_snapshot_stores_its_own_from_there(
     assert stored is not None and stored.ordinal == 5
     assert behind.ordinal == 5 and behind.state == model([1, 2, 3, 4, 5])
     assert j.fold("c", chain, [0, 0]).state == model([1, 2, 3, 4, 5])
+
+
+@pytest.mark.parametrize(
+    ("state", "where"),
+    [
+        ({"tasks": [1, 2, {"seen": {3, 4}}]}, "at ['tasks'][2]['seen']: {3, 4} (set)"),
+        ({"a": {"b": float("nan")}}, "at ['a']['b']: nan (float)"),
+        ({"a": {7: "x"}}, "at ['a']: the key 7 (int)"),
+        ([1, (2, 3)], "at [1]: (2, 3) (tuple)"),
+        (float("inf"), "at the top: inf (float)"),
+    ],
+)
+def test_a_state_json_would_change_is_refused_naming_where(state: Any, where: str) -> None:
+    """The default codec's refusal said what JSON cannot hold but not where in the state
+    it was: a runtime with a large state had to search it (found by a folds trial,
+    h22b). It names the first such value's path, the value and its type."""
+    with pytest.raises(ValueError, match="JSON stores as something else") as raised:
+        JsonCodec().encode(state)
+    assert where in str(raised.value)
