@@ -42,10 +42,10 @@ from .errors import TokenError as TokenError
 from .errors import TurnSettled as TurnSettled
 from .errors import Unsupported as Unsupported
 from .facade import Journal as Journal
+from .fold_codecs import Codec as Codec
+from .fold_codecs import JsonCodec as JsonCodec
 from .folds import STATE_CHANGED as STATE_CHANGED
-from .folds import Codec as Codec
 from .folds import Fold as Fold
-from .folds import JsonCodec as JsonCodec
 from .follow import Stream as Stream
 from .models import AppendResult as AppendResult
 from .models import ArchiveContents as ArchiveContents

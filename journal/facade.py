@@ -64,7 +64,8 @@ from .errors import (
     SessionNotFound,
 )
 from .event_pages import EventPages
-from .folds import DEFAULT_TRIES, Codec, Fold
+from .fold_codecs import Codec
+from .folds import DEFAULT_TRIES, Fold
 from .follow import ReadThreads, Stream, afollow, follow, off_loop
 from .lifecycle import LifecycleFeed
 from .models import (
