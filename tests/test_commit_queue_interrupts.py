@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -321,14 +321,18 @@ def _check(out: str) -> None:
     assert _count(out, "fires:") >= _MIN_FIRES, out
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# (Each seed runs 2.5 s of signals: the default run takes one, `-m slow` the others.)
+_MORE_SEEDS: Final = [pytest.param(seed, marks=pytest.mark.slow) for seed in (2, 3)]
+
+
+@pytest.mark.parametrize("seed", [1, *_MORE_SEEDS])
 def test_ctrl_c_while_the_main_thread_waits_loses_nothing(seed: int) -> None:
     # Ctrl-C while it waits for a leader (whether its request was taken meanwhile, or it
     # was just handed leadership): held until its request is done.
     _check(_run("waiting", "int", seed))
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, *_MORE_SEEDS])
 def test_ctrl_c_anywhere_in_the_commit_queue_loses_nothing(seed: int) -> None:
     # Anywhere the main thread runs the queue's code: taking leadership, gathering,
     # waking the batch, handing leadership on (this hung every writer before SIGINT was
@@ -336,7 +340,7 @@ def test_ctrl_c_anywhere_in_the_commit_queue_loses_nothing(seed: int) -> None:
     _check(_run("queue", "int", seed))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, *_MORE_SEEDS[:1]])
 def test_ctrl_c_inside_a_commit_fails_no_other_caller(seed: int) -> None:
     # Inside the commit the main thread leads (once reported to every caller of the
     # batch, or undoing a frame the view already held): the KeyboardInterrupt comes

@@ -520,6 +520,7 @@ socket.gethostname = lambda: "another-host"  # the importer runs on another mach
 )
 
 
+@pytest.mark.slow  # (it waits out real leases: 22 s)
 def test_an_importer_on_another_host_is_alive_while_it_beats_and_dead_after(
     url: str, tmp_path: Path
 ) -> None:
@@ -580,7 +581,11 @@ sys.stdin.readline()
 """
 
 
-@pytest.mark.parametrize("first", ["commit", "rollback"])
+@pytest.mark.parametrize(
+    "first",
+    # (each waits out a real lease, 11 s: one order in the default run)
+    [pytest.param("commit", marks=pytest.mark.slow), "rollback"],
+)
 def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     url: str, tmp_path: Path, first: str
 ) -> None:
