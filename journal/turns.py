@@ -7,6 +7,7 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -360,13 +361,24 @@ class TurnWriter:
         except Exception as error:
             _log.warning(
                 "could not record the result of turn %r of session %r before releasing "
-                "its owner: the next owner records it as WATCH_OUTCOME_UNKNOWN (%s)",
+                "its owner: %s (%s)",
                 unrecorded[0],
                 self._lease.session_id,
+                self._left_to(error),
                 error,
             )
             return not isinstance(error, StoreUnavailable)
         return True
+
+    def _left_to(self, error: Exception) -> str:
+        """Who settles a turn whose result could not be recorded: the next owner, unless
+        the session ended (no owner comes: the turn stays unsettled for good; until
+        2026-12-05 the warning said the next owner records it either way: soak h22a)."""
+        if isinstance(error, SessionNotWritable):
+            with contextlib.suppress(Exception):
+                if self._row().session_state.terminal:
+                    return "the session has ended, so the turn stays unsettled for good"
+        return "the next owner records it as WATCH_OUTCOME_UNKNOWN"
 
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
         lease = self._lease

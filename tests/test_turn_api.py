@@ -654,3 +654,22 @@ def test_a_close_stops_recording_remembered_results_once_the_store_fails(
                 recovered.append(next_owner.recovered_turn)
         assert recovered == ["r1", "r1", "r1"]
     del owners
+
+
+def test_a_turn_cut_by_the_end_of_its_session_is_not_said_to_be_settled_by_a_next_owner(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session ended mid-turn (README: its turn stays unsettled for good): the owner's
+    release could not record the result, and its warning said that the next owner
+    records it as WATCH_OUTCOME_UNKNOWN, where an ended session has no next owner (soak
+    h22a: logged by a long-lived runtime whenever a supervisor ended a session mid-turn)."""
+    with Journal.open(tmp_path, durability="os") as j:
+        j.create_session("s")
+        with j.own("s") as owner, pytest.raises(SessionNotWritable), owner.turn("r1") as turn:
+            j.cancel_session("s")
+            turn.append([EventIn("m", b"{}")])
+        assert j.get_session("s").open_turn == "r1"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "journal"]
+    assert len(warnings) == 1
+    assert "the session has ended, so the turn stays unsettled for good" in warnings[0]
+    assert "next owner" not in warnings[0]
