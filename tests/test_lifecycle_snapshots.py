@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import EngineFactory
+from engines import ENGINES, EngineFactory, engine_params
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
@@ -340,9 +340,8 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Path]]:
     yield [base / f"s{i}" for i in range(10_000)]
 
 
-@pytest.mark.parametrize("more", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_follows_started_resumed_and_stopped_in_any_order_match_the_feed(
-    engine: EngineFactory, stores: list[Path], more: bool
+    engine: EngineFactory, stores: list[Path]
 ) -> None:
     """Hypothesis picks the changes and when follows start (fresh, or from a cursor an
     earlier one gave), take events and stop. (Breaking the code checked it: a shared
@@ -351,6 +350,19 @@ def test_follows_started_resumed_and_stopped_in_any_order_match_the_feed(
     every follow stopped, a row skipped at a page's end: within 40. The default run
     takes 60 examples on the local engine, 150 took 33 s of CI's 15 minutes; `-m slow`
     runs 300.)"""
+    _follows_in_any_order(engine, stores, more=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", [p for p in engine_params() if p.values[0] in ("local", "jetstream")]
+)
+def test_more_follows_in_any_order_match_the_feed(name: str, stores: list[Path]) -> None:
+    """The test above with more examples (not on the cluster: `-m slow` starts none)."""
+    _follows_in_any_order(ENGINES[name], stores, more=True)
+
+
+def _follows_in_any_order(engine: EngineFactory, stores: list[Path], *, more: bool) -> None:
     local = engine.name == "local"
 
     @settings(
