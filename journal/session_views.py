@@ -48,7 +48,9 @@ class SessionViews:
         after: str | None = None
         if isinstance(page_token, SessionState):  # (`list_sessions_page(10, OPEN)`)
             raise InvalidPageToken("the page token must be a str: pass the state as state=...")
-        if page_token:
+        if page_token is not None and page_token != "":
+            # (Any other type too, 0 or b"" as well: the codec names it and what to pass,
+            # where until 2026-12-05 a falsy one got "page_token must be a str" alone.)
             claims = self._codec.decode(page_token, TokenKind.PAGE, scope)
             after = engine.session_id_of(claims.position)
             if after is None:
@@ -56,8 +58,6 @@ class SessionViews:
                     "this page token does not match this store's sessions (stale or "
                     "from a restored copy): start again without a token"
                 )
-        elif page_token is not None and page_token != "":
-            raise InvalidPageToken("page_token must be a str")
         rows, more = engine.sessions(after, state, page_size)
         token = ""
         if more and rows:

@@ -1375,6 +1375,20 @@ class JournalContract:
         with raises(InvalidPageToken):
             j.list_sessions_page(page_token=garbage)
 
+    @pytest.mark.parametrize("token", [0, False, b"", [], 5, b"x"])
+    def test_a_page_token_that_is_not_a_str_is_named_and_told_what_to_pass(
+        self, j: Journal, token: object
+    ) -> None:
+        # (Until 2026-12-05 a falsy one, 0, False, b"" or [], said only "page_token must
+        # be a str", where a truthy one named its type and what to pass: supervisor
+        # trial h22c.)
+        j.create_session("s1")
+        with raises(InvalidPageToken) as refused:
+            j.list_sessions_page(page_token=token)  # type: ignore[arg-type]
+        message = str(refused.value)
+        assert f"must be a str, not {type(token).__name__}" in message
+        assert "omit it to start from the first page" in message
+
     def test_session_cursor_as_page_token_raises_invalid_page_token(self, j: Journal) -> None:
         j.create_session("s1")
         cursor = j.append("s1", evs(b"x")).cursor
