@@ -521,6 +521,7 @@ class Journal:
     ) -> Iterator[SessionMetadata]:
         """Every session (optionally in one state), lazily, page by page."""
         check_listing(page_size, state)  # now, not at the first next()
+        self._check_open()  # (now too: until 2026-12-05 at the first next())
         return self._sessions.every(state, page_size, self._check_open)
 
     # -- events: reads ---------------------------------------------------------------------

@@ -1395,6 +1395,14 @@ class JournalContract:
         with raises(InvalidPageToken):
             j.list_sessions_page(page_token=cursor)
 
+    def test_list_sessions_of_a_closed_journal_raises_when_called(self, j: Journal) -> None:
+        # (As `watch_sessions` and `list_sessions_page` do; until 2026-12-05 it gave back
+        # an iterator that raised at its first item: supervisor trial h22c.)
+        j.create_session("s1")
+        j.close()
+        with pytest.raises(journal.JournalClosed):
+            j.list_sessions()
+
     def test_list_sessions_is_lazy_and_complete(self, j: Journal, rng: random.Random) -> None:
         ids = [f"s{i:03d}" for i in range(37)]
         rng.shuffle(ids)
