@@ -4,9 +4,10 @@ and take a dead owner's session over (`own`)."""
 from __future__ import annotations
 
 import datetime
+import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import click
@@ -178,7 +179,22 @@ def list_(
     listed = 0
     with settings.open(write=False) as store:
         token = page_token
-        while True:
+        if not one_page and not token:
+            # Every session: paged by id (`list_sessions`), not by page token. A token
+            # names the page's last session, and once that one is evicted and its records
+            # compacted away (a store with session retention, while a slow reader of
+            # stdout held the listing between pages) the token is stale: until
+            # 2026-12-05 the command then failed with INVALID_PAGE_TOKEN, "start again
+            # without a token", to a user who had given none, and the sessions after
+            # that page were never listed (supervisor trial h22c).
+            size = page_size or 100
+            pages = _pages(store.list_sessions(state=state_filter, page_size=size), size)
+            for sessions_page in pages:
+                width = id_column(meta.session_id for meta in sessions_page)
+                for meta in sessions_page:
+                    output.emit(session_record(meta), session_text(meta, width))
+                listed += len(sessions_page)
+        while token or one_page:
             page = store.list_sessions_page(
                 page_size=page_size or 100, page_token=token, state=state_filter
             )
@@ -195,6 +211,14 @@ def list_(
     if one_page:
         text = f"-- next page: --page-token {token}" if token else "-- last page"
         output.emit({"next_page_token": token}, text)
+
+
+def _pages(
+    sessions: Iterator[journal.SessionMetadata], size: int
+) -> Iterator[list[journal.SessionMetadata]]:
+    """`sessions` in lists of `size` (the last shorter), as pages were printed."""
+    while page := list(itertools.islice(sessions, size)):
+        yield page
 
 
 @sessions.command()

@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,71 @@ def test_sessions_own_of_a_suspended_session_with_a_dead_turn_says_to_resume(
     again = run_cli(store, "--format", "json", "sessions", "own", "w")
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["recovered_turn"] == "r1"
+
+
+def _blocked_writing(pid: int, since: float) -> bool:
+    """The process sleeps in a write to a pipe (`pipe_write`, `anon_pipe_write`), or,
+    where the kernel does not say (`0`), still sleeps 3 s after `since`."""
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        wchan, state = "0", "S"
+    if wchan.endswith("pipe_write"):
+        return True
+    return wchan == "0" and state == "S" and time.monotonic() - since > 3
+
+
+def test_every_page_is_listed_when_a_pages_last_session_is_evicted_while_the_reader_stalls(
+    tmp_path: Path,
+) -> None:
+    # `journal sessions list` (every page) whose reader stalls: the command blocks on a
+    # full pipe after a page or two; meanwhile sessions end, are evicted and compacted
+    # away, the last one of the page being printed among them. Until 2026-12-05 the
+    # command went on by page token, which names that session: INVALID_PAGE_TOKEN
+    # ("start again without a token", though none was given), exit 4, and the sessions
+    # left alone after it were never listed (supervisor trial h22c).
+    from journal import RetentionPolicy
+
+    store = tmp_path / "store"
+    retention = RetentionPolicy(session_retention_ms=1)
+    with Journal.open(store, retention=retention, segment_bytes=64 << 10) as j:
+        for n in range(1000):
+            j.create_session(f"s{n:04d}")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "--format=json", "sessions", "list"],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        first = process.stdout.readline()
+        since = time.monotonic()
+        deadline = since + 30
+        while not _blocked_writing(process.pid, since):
+            assert process.poll() is None, "the listing ended before its reader stalled"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with Journal.open(store, segment_bytes=64 << 10) as j:
+            for n in range(100, 900):
+                j.resolve_session(f"s{n:04d}")
+            time.sleep(0.01)
+            j.apply_retention()
+            j.compact(dead_share=0.0)
+            j.compact(dead_share=0.0)
+            assert [m.session_id for m in j.list_sessions()][99:101] == ["s0099", "s0900"]
+        rest = process.stdout.read()
+        errors = process.stderr.read().decode()
+        assert process.wait(30) == 0, errors
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    ids = [json.loads(line)["session_id"] for line in [first, *rest.splitlines()]]
+    assert ids == sorted(set(ids))  # (each once, in id order)
+    assert ids[0] == "s0000"
+    assert [i for i in ids if i < "s0100" or i >= "s0900"] == [
+        f"s{n:04d}" for n in (*range(100), *range(900, 1000))
+    ]
