@@ -687,6 +687,65 @@ def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
     assert [e.ordinal for e in retained] == list(range(meta.first_ordinal, 11))
 
 
+def _marker_messages(url: str, name: str, session_id: str) -> int:
+    """How many idempotency markers (`s.<id>.ik.*`) of `session_id` the stream holds."""
+    import asyncio
+
+    import nats
+
+    async def count() -> int:
+        nc = await nats.connect(url)
+        try:
+            token = session_id.encode().hex()
+            info = await nc.jetstream().stream_info(
+                f"JOURNAL_{name}", subjects_filter=f"j.{name}.s.{token}.ik.*"
+            )
+            return sum((info.state.subjects or {}).values())
+        finally:
+            await nc.close()
+
+    return asyncio.run(count())
+
+
+def test_the_markers_of_trimmed_appends_leave_the_stream(url: str, tmp_path: Path) -> None:
+    """A long-lived session with keyed appends under a byte window, an age window and a
+    compaction: the markers of the appends trimmed away leave the stream with their
+    events (their keys are forgotten, SPEC section 8), those of the retained ones stay
+    and still deduplicate. (Until 2026-12-05 every marker stayed until the session's
+    eviction: one message a keyed append, for good, in a soak of a long-lived process.)"""
+    name = store_name(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("s", max_history_bytes=1000)
+        for i in range(40):
+            j.append("s", [EventIn("m", bytes([i]) * 300)], idempotency_key=f"k{i}")
+        meta = j.get_session("s")
+        kept = 40 - meta.first_ordinal + 1
+        assert 1 <= kept <= 4
+        assert _marker_messages(url, name, "s") == kept
+        again = j.append("s", [EventIn("m", bytes([39]) * 300)], idempotency_key="k39")
+        assert again.deduplicated and again.first_ordinal == 40
+        trimmed = j.append("s", [EventIn("m", bytes([0]) * 300)], idempotency_key="k0")
+        assert not trimmed.deduplicated and trimmed.first_ordinal == 41  # (forgotten)
+
+        j.create_session("c")
+        for i in range(10):
+            j.append("c", [EventIn("m", b"x")], idempotency_key=f"c{i}")
+        j.compact_session("c", 7, b"state")
+        assert _marker_messages(url, name, "c") == 3
+        assert j.append("c", [EventIn("m", b"x")], idempotency_key="c9").deduplicated
+
+    aged = RetentionPolicy(max_history_age_ms=1000)
+    with Journal.open(url, store=name, retention=aged) as j:
+        j.create_session("a")
+        for i in range(5):
+            j.append("a", [EventIn("m", b"x")], idempotency_key=f"a{i}")
+        later = int(time.time() * 1000) + 60_000
+        j.apply_retention(now_ms=later)
+        assert j.get_session("a").first_ordinal == 6  # (the age window emptied it)
+        # (at most the newest append's, which lies right after the cut's sequence)
+        assert _marker_messages(url, name, "a") <= 1
+
+
 def test_resuming_deep_in_a_long_session_finds_the_event(j: Journal) -> None:
     """The ordinal's sequence is found by bisection (other sessions interleave)."""
     j.create_session("s")

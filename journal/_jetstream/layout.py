@@ -151,6 +151,10 @@ class Subjects:
         digest = hashlib.sha256(key.encode()).hexdigest()[:40]
         return f"{self._session_prefix}{token}.ik.{digest}"
 
+    def markers(self, token: str) -> str:
+        """Every idempotency marker of the session."""
+        return f"{self._session_prefix}{token}.ik.*"
+
     def session_wide(self, token: str) -> str:
         """Every subject of the session but its idempotency markers."""
         return f"{self._session_prefix}{token}.*"

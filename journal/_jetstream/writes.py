@@ -374,12 +374,22 @@ class Writer(Committer):
             )
 
         ref: SnapshotRef = await self.write(op.session_id, plan)
-        token = Subjects.token(op.session_id)
         # Not atomic with the commit (JetStream purges are their own request): readers
         # never read below the row's first ordinal, and the purge is idempotent.
         if cut and cut[0]:
-            await self.reader.purge_or_leave(self.subjects.events(token), cut[0])
+            await self._purge_trimmed(Subjects.token(op.session_id), cut[0])
         return ref
+
+    async def _purge_trimmed(self, token: str, keep_from: int) -> None:
+        """After a trim or compaction committed: the session's events below `keep_from`
+        (the sequence of its first retained event) and the idempotency markers of the
+        appends trimmed with them, whose keys are forgotten (SPEC section 8). A marker
+        follows its append's events in their batch, and a window never splits an
+        append, so a marker below `keep_from` is a trimmed append's. (Until 2026-12-05
+        only the events were purged: a long-lived session's markers stayed in the stream
+        until its eviction, one a keyed append, whatever its windows: soak h22d.)"""
+        await self.reader.purge_or_leave(self.subjects.events(token), keep_from)
+        await self.reader.purge_or_leave(self.subjects.markers(token), keep_from)
 
     async def _checkpoint(self, op: Checkpoint) -> SnapshotRef:
         through = op.through_ordinal
@@ -456,9 +466,7 @@ class Writer(Committer):
 
         trimmed: bool = await self.write(session_id, plan, expire_first=False)
         if trimmed and cut and cut[0]:
-            await self.reader.purge_or_leave(
-                self.subjects.events(Subjects.token(session_id)), cut[0]
-            )
+            await self._purge_trimmed(Subjects.token(session_id), cut[0])
         return trimmed
 
     async def _window_start(self, row: SessionRow, token: str, now: int) -> tuple[int, _Read]:
