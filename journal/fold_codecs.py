@@ -37,8 +37,11 @@ class JsonCodec(Generic[StateT]):
         difference: str | None = None
         try:
             stored = self._decoder.decode(data)
-        except msgspec.ValidationError:
+        except msgspec.ValidationError as error:
+            # (The codec's type does not take what JSON gives back, a NaN's null for a
+            # float field: msgspec names where, dict keys as [...].)
             same = False
+            difference = f"which its type does not read back ({error})"
         else:
             difference = _json_difference(stored, state, "", tuples_as_lists=False)
             same = difference is None

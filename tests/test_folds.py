@@ -983,3 +983,21 @@ def test_a_state_json_would_change_is_refused_naming_where(state: Any, where: st
     with pytest.raises(ValueError, match="JSON stores as something else") as raised:
         JsonCodec().encode(state)
     assert where in str(raised.value)
+
+
+def test_a_state_its_typed_codec_would_not_read_back_is_refused_naming_where() -> None:
+    """With a typed codec (`JsonCodec(ThatStruct)`, as the refusal of a Struct advises)
+    a NaN comes back a null the type does not take: the refusal named nowhere, where the
+    untyped codec's names the path (review h22e)."""
+
+    class Scores(msgspec.Struct):
+        tasks: list[int]
+        by_task: dict[str, float]
+
+    state = Scores([1, 2], {"a": 1.0, "b": float("nan")})
+    with pytest.raises(ValueError, match="JSON stores as something else") as raised:
+        JsonCodec(Scores).encode(state)
+    assert "$.by_task[...]" in str(raised.value)
+    assert JsonCodec(Scores).decode(JsonCodec(Scores).encode(Scores([1], {"a": 1.0}))) == Scores(
+        [1], {"a": 1.0}
+    )
