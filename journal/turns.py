@@ -374,6 +374,8 @@ class TurnWriter:
         """Who settles a turn whose result could not be recorded: the next owner, unless
         the session ended (no owner comes: the turn stays unsettled for good; until
         2026-12-05 the warning said the next owner records it either way: soak h22a)."""
+        if isinstance(error, SessionNotFound):  # (evicted, or deleted and made again)
+            return "the session is gone, and the turn with it"
         if isinstance(error, SessionNotWritable):
             with contextlib.suppress(Exception):
                 if self._row().session_state.terminal:

@@ -1195,7 +1195,6 @@ time.sleep(600)
 """
 
 
-@pytest.mark.slow  # (it waits out real leases: 13 s)
 def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
     url: str, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from unittest.mock import ANY
@@ -24,6 +25,8 @@ from journal import (
     InvalidArgument,
     Journal,
     Owner,
+    RetentionPolicy,
+    SessionNotFound,
     SessionNotWritable,
     StoreUnavailable,
     Turn,
@@ -672,4 +675,24 @@ def test_a_turn_cut_by_the_end_of_its_session_is_not_said_to_be_settled_by_a_nex
     warnings = [r.getMessage() for r in caplog.records if r.name == "journal"]
     assert len(warnings) == 1
     assert "the session has ended, so the turn stays unsettled for good" in warnings[0]
+    assert "next owner" not in warnings[0]
+
+
+def test_a_turn_whose_session_was_evicted_is_not_said_to_be_settled_by_a_next_owner(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above for a session ended mid-turn and then evicted by retention: the release's
+    warning said the next owner records the turn, where the session is gone (review
+    h22e)."""
+    policy = RetentionPolicy(session_retention_ms=1)
+    with Journal.open(tmp_path, durability="os", retention=policy) as j:
+        j.create_session("s")
+        with j.own("s") as owner, pytest.raises(SessionNotFound), owner.turn("r1") as turn:
+            j.cancel_session("s")
+            time.sleep(0.01)
+            assert j.apply_retention().evicted_sessions == ["s"]
+            turn.append([EventIn("m", b"{}")])
+    warnings = [r.getMessage() for r in caplog.records if r.name == "journal"]
+    assert len(warnings) == 1
+    assert "the session is gone, and the turn with it" in warnings[0]
     assert "next owner" not in warnings[0]
