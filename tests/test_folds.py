@@ -659,6 +659,17 @@ def test_a_following_fold_dropped_without_close_stops_following(j: Journal) -> N
         time.sleep(0.01)
 
 
+def _thirty_large_events_compacted(j: Journal) -> None:
+    """Events 1-30 of session "s", then another fold's `snapshot(compact=True)` through
+    30. (Large events: a page holds two, so a follower held at its first event reads
+    pages after the compaction; `int` ignores the padding.)"""
+    for value in range(1, 31):
+        j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
+    with j.fold("s", chain, [0, 0]) as compactor:
+        assert compactor.ordinal == 30
+        compactor.snapshot(compact=True)
+
+
 def test_a_following_fold_goes_on_after_the_history_it_needed_was_compacted(
     j: Journal,
 ) -> None:
@@ -674,13 +685,7 @@ def test_a_following_fold_goes_on_after_the_history_it_needed_was_compacted(
         return chain(state, event)
 
     with j.fold("s", slow, [0, 0], follow=True, on_error=errors.append) as follower:
-        # (Large events: a page holds two, so the follower reads pages after the
-        # compaction; `int` ignores the padding.)
-        for value in range(1, 31):
-            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
-        with j.fold("s", chain, [0, 0]) as compactor:
-            assert compactor.ordinal == 30
-            compactor.snapshot(compact=True)
+        _thirty_large_events_compacted(j)
         gate.set()
         j.append("s", value_events([31]))
         deadline = time.monotonic() + WAIT_S
@@ -711,10 +716,7 @@ def test_a_following_fold_whose_restart_fails_says_so_and_stops_following(
         return chain(state, event)
 
     with j.fold("s", fragile, [0, 0], follow=True, on_error=errors.append) as follower:
-        for value in range(1, 31):
-            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
-        with j.fold("s", chain, [0, 0]) as compactor:
-            compactor.snapshot(compact=True)
+        _thirty_large_events_compacted(j)
         j.append("s", value_events([31]))  # (folded by the restart: it raises there)
         gate.set()
         deadline = time.monotonic() + WAIT_S
@@ -749,10 +751,7 @@ def test_a_following_fold_whose_history_is_compacted_between_restore_and_subscri
         return chain(state, event)
 
     with j.fold("s", racing, [0, 0], follow=True, on_error=errors.append) as follower:
-        for value in range(1, 31):
-            j.append("s", [EventIn("v", b"%d" % value + b" " * 400_000)])
-        with j.fold("s", chain, [0, 0]) as compactor:
-            compactor.snapshot(compact=True)
+        _thirty_large_events_compacted(j)
         j.append("s", value_events([31]))
         gate.set()
         assert compacted.wait(WAIT_S)
