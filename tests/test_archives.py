@@ -1357,6 +1357,27 @@ def test_large_request_ids_are_counted_in_export_records_and_staging_steps(
         assert _history(b, "s") == _history(a, "s")
 
 
+def test_unsettled_turn_request_ids_are_counted_in_staging_groups(tmp_path: Path) -> None:
+    """An archived session's unsettled turn's request id may hold 1 MiB of characters
+    (SPEC 12.3), but small sessions were grouped for staging by their data and metadata
+    alone: a thousand empty sessions with such an id (an archive of about 100 KB) were
+    staged in one frame of a GB or more, over the 1 GiB frame limit with 4-byte
+    characters, and an import of 200 of them (22 KB) peaked at 1.6 GB of RSS. The id now
+    counts, so they are staged about four to a step. (Scaled down: 12 sessions.)"""
+    request_id = "r" * ((1 << 20) - 8)
+    count = 12
+    archive = _craft(
+        [(_session(f"s{i:02d}", 1, 0, turn_request_id=request_id), None, []) for i in range(count)]
+    )
+
+    def check(target: Journal, report: ImportReport) -> None:
+        assert len(report.sessions) == count
+        assert {target.get_session(f"s{i:02d}").open_turn for i in range(count)} == {request_id}
+
+    commits = _import_counting_commits(tmp_path / "a", archive, check)
+    assert commits >= 4, commits  # staged in groups of about 4 MiB, then committed
+
+
 def test_a_session_at_the_largest_ordinal_takes_no_more_events(tmp_path: Path) -> None:
     """Ordinals are below 2**62 (SPEC 7.3, 12.3), but a crafted archive may leave a
     session at ordinal 2**62 - 1 (or empty, its first ordinal 2**62): appends then gave
