@@ -304,7 +304,10 @@ _NDJSON = msgspec.json.Encoder()
 def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     # Our own archive, just written: no limit of the import side applies.
     limits = ArchiveLimits(
-        max_content_bytes=1 << 62, max_record_bytes=1 << 40, max_sessions=1 << 62
+        max_content_bytes=1 << 62,
+        max_record_bytes=1 << 40,
+        max_sessions=1 << 62,
+        max_metadata_bytes=1 << 62,
     )
     reader = ArchiveReader(binary, limits)
     header = reader.header
@@ -423,6 +426,16 @@ def _ndjson_records(binary: IO[bytes]) -> Iterator[dict[str, Any]]:
     help="Refuse archives of more sessions (an import holds a few KB per session until "
     "its commit).",
 )
+@click.option(
+    "--max-metadata-bytes",
+    cls=NumberOption,
+    type=WholeNumber(1, 1 << 62),  # (ArchiveLimits: at most 2**62)
+    metavar="N",
+    default=ArchiveLimits().max_metadata_bytes,
+    show_default=True,
+    help="Refuse archives whose sessions' metadata and open turns' request ids come to "
+    "more (an import holds them until its commit).",
+)
 @pass_settings
 def import_(
     settings: Settings,
@@ -433,6 +446,7 @@ def import_(
     max_bytes: int,
     max_record_bytes: int,
     max_sessions: int,
+    max_metadata_bytes: int,
 ) -> None:
     """Import every session of an archive (FILE, or `-` for stdin), or none.
 
@@ -442,7 +456,10 @@ def import_(
     same way, then its header and one line per session are printed.
     """
     limits = ArchiveLimits(
-        max_content_bytes=max_bytes, max_record_bytes=max_record_bytes, max_sessions=max_sessions
+        max_content_bytes=max_bytes,
+        max_record_bytes=max_record_bytes,
+        max_sessions=max_sessions,
+        max_metadata_bytes=max_metadata_bytes,
     )
     if list_only:
         if new_id is not None or renames:

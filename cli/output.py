@@ -377,6 +377,10 @@ _CLI_HINTS: Final = (
     ),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
+    (
+        "limits=ArchiveLimits(max_metadata_bytes=...) or --max-metadata-bytes",
+        "--max-metadata-bytes",
+    ),
     ("create it before owning it", "create it first with `journal sessions create ID`"),
     (
         "wait for it to finish, or pass a longer wait_s",

@@ -101,13 +101,17 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
     (a decompression bomb stops there); `max_window_bytes` caps the zstd window (the
     memory one frame may need); `max_record_bytes` caps one record (the largest is a
     snapshot of up to 64 MiB); `max_sessions` caps the number of sessions (an import
-    holds a few KB per session until its commit). Raise them with
-    `import_sessions(..., limits=...)` or `journal import --max-bytes`, `--max-sessions`."""
+    holds a few KB per session until its commit); `max_metadata_bytes` caps the
+    sessions' metadata and unsettled turns' request ids together (an import's commit
+    holds each session's, a listing each request id). Raise them with
+    `import_sessions(..., limits=...)` or `journal import --max-bytes`, `--max-sessions`,
+    `--max-metadata-bytes`."""
 
     max_content_bytes: int = 16 << 30
     max_window_bytes: int = 1 << 23
     max_record_bytes: int = MAX_BATCH_BYTES + (1 << 20)
     max_sessions: int = 100_000
+    max_metadata_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         for name, most, bound in (
@@ -115,6 +119,7 @@ class ArchiveLimits(msgspec.Struct, frozen=True):
             ("max_window_bytes", _MAX_WINDOW_BYTES, "of at most 2**31 (zstd's largest window)"),
             ("max_record_bytes", MAX_SETTING, "of at most 2**62"),
             ("max_sessions", MAX_SETTING, "of at most 2**62"),
+            ("max_metadata_bytes", MAX_SETTING, "of at most 2**62"),
         ):
             value = getattr(self, name)
             if value.__class__ is not int or not 0 < value <= most:
@@ -483,13 +488,23 @@ class ArchiveReader:
 
     def sections(self) -> Iterator[SessionSection]:
         seen: set[str] = set()
+        held = 0  # metadata and turn request ids: what an import's commit holds
         record, at = self._next()
         while not isinstance(record, (ArchiveFooter, ArchiveCounts)):
             if not isinstance(record, ArchiveSession):
                 raise ArchiveInvalid(
                     "out_of_order", f"a {type(record).__name__} outside a session", offset=at
                 )
-            check_session(record, at)
+            held += check_session(record, at)
+            if held > self._limits.max_metadata_bytes:
+                raise ArchiveInvalid(
+                    "too_large",
+                    f"the sessions' metadata and unsettled turns' request ids come to more "
+                    f"than the limit of {self._limits.max_metadata_bytes} bytes, which an "
+                    "import holds until its commit (raise it with "
+                    "limits=ArchiveLimits(max_metadata_bytes=...) or --max-metadata-bytes)",
+                    offset=at,
+                )
             if record.session_id in seen:
                 raise ArchiveInvalid(
                     "duplicate_session", f"session {record.session_id!r} twice", offset=at

@@ -54,7 +54,9 @@ def _session_problem(session: ArchiveSession) -> str:
     return ""
 
 
-def check_session(session: ArchiveSession, at: int) -> None:
+def check_session(session: ArchiveSession, at: int) -> int:
+    """Check a session's fields; what its metadata and unsettled turn's request id take
+    (UTF-8 and bytes), which an import's commit holds (`max_metadata_bytes`)."""
     problem = _session_problem(session)
     if problem:
         raise ArchiveInvalid(
@@ -67,6 +69,8 @@ def check_session(session: ArchiveSession, at: int) -> None:
             f"session {session.session_id[:80]!r}: its metadata is over {MAX_METADATA_BYTES} bytes",
             offset=at,
         )
+    turn = session.turn_request_id
+    return size + (0 if turn is None else len(turn.encode("utf-8", "surrogatepass")))
 
 
 def check_snapshot(session: ArchiveSession, snapshot: ArchiveSnapshot, at: int) -> None:

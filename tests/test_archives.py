@@ -43,6 +43,7 @@ from journal import (
     OutcomeUnknown,
     SessionExists,
     SessionState,
+    read_archive_contents,
 )
 from journal._local.files import FileOps
 from journal._local.view import View
@@ -1499,6 +1500,58 @@ def test_the_number_of_sessions_is_limited_before_it_costs_memory(tmp_path: Path
     error = json.loads(refused.stdout)["error"]
     assert error["reason"] == "too_large" and "--max-sessions" in error["message"], error
     assert _cli("--store", store, "import", str(archive), "--max-sessions", "4").returncode == 0
+
+
+def test_the_sessions_metadata_an_import_holds_is_limited(tmp_path: Path) -> None:
+    """An import's commit holds every session's row (its metadata and its unsettled
+    turn's request id) several times over: the staged rows, the rows it makes visible
+    in the view's write transaction, the rows it returns. Up to 1 MiB of tags and a
+    request id of up to 1 MiB of characters per session compress to almost nothing, so
+    200 sessions with 1 MiB of tags each, an archive of 17 KB, took 1.06 GB of RSS to
+    import, and the default content limit allowed 16,000 of them (tens of GB); a
+    listing kept every request id (200 of them: 232 MB). `ArchiveLimits.max_metadata_
+    bytes` (256 MiB by default, `--max-metadata-bytes`) refuses an archive whose
+    sessions' metadata and request ids come to more, when the check pass reaches it,
+    before anything is written."""
+    assert ArchiveLimits().max_metadata_bytes == 256 << 20
+    tags = {"k": "v" * ((1 << 20) - 64)}
+    turn = "\u00e9" * (1 << 19)  # (1 MiB of UTF-8: bytes count, not characters)
+    archive = _craft(
+        [
+            (_session("a", 1, 0, tags=tags), None, []),
+            (_session("b", 1, 0, turn_request_id=turn), None, []),
+            (_session("c", 1, 0, tags=tags), None, []),
+        ]
+    )
+    limits = ArchiveLimits(max_metadata_bytes=(2 << 20) + (1 << 19))
+    with pytest.raises(ArchiveInvalid) as caught:
+        read_archive_contents(io.BytesIO(archive), limits)
+    assert caught.value.reason == "too_large", caught.value
+    assert "max_metadata_bytes" in caught.value.detail, caught.value.detail
+    with Journal.open(tmp_path / "t", create=True) as target:
+        target.create_session("kept")
+        with pytest.raises(ArchiveInvalid) as caught:
+            target.import_sessions(io.BytesIO(archive), limits=limits)
+        assert caught.value.reason == "too_large", caught.value
+        assert [m.session_id for m in target.list_sessions()] == ["kept"]
+        assert target.import_sessions(io.BytesIO(archive)).events == 0
+        assert target.get_session("b").open_turn == turn
+    with pytest.raises(journal.InvalidArgument, match="max_metadata_bytes"):
+        ArchiveLimits(max_metadata_bytes=0)
+    file = tmp_path / "three.sja"
+    file.write_bytes(archive)
+    store = str(tmp_path / "cli")
+    assert _cli("--store", store, "init").returncode == 0
+    for command in (["import", "--list"], ["import"]):
+        refused = _cli(
+            "--store", store, "--format", "json", *command, str(file),
+            "--max-metadata-bytes", str(2 << 20),
+        )  # fmt: skip
+        assert refused.returncode == 4, refused.stderr
+        error = json.loads(refused.stdout)["error"]
+        assert error["reason"] == "too_large", error
+        assert "--max-metadata-bytes" in error["message"], error
+    assert _cli("--store", store, "import", str(file)).returncode == 0
 
 
 _EXPORTER = """

@@ -375,6 +375,7 @@ GOOD: dict[str, Strategy] = {
     "max_window_bytes": lambda env: st.integers(1, 1 << 31),
     "max_record_bytes": lambda env: st.integers(1, 1 << 62),
     "max_sessions": lambda env: st.integers(1, 1 << 62),
+    "max_metadata_bytes": lambda env: st.integers(1, 1 << 62),
     "checkpoint": lambda env: st.binary(max_size=16),
     "listener": lambda env: st.just(_ignore),
     "on_error": lambda env: st.one_of(st.none(), st.just(_ignore)),
