@@ -148,6 +148,11 @@ def test_cursors_of_earlier_releases_resume_with_a_fresh_snapshot_others_are_ref
             j.watch_sessions(forged(j, claims.position, claims.ordinal, (claims.check or 0) ^ 1))
         with pytest.raises(CursorFuture):
             j.watch_sessions(forged(j, claims.position + 10_000, claims.ordinal, claims.check))
+        # Up to the largest position a token carries (u64): the local engine's read of
+        # the feed before it raised struct.error there (adversarial trial, 2026-12-05).
+        for position in (2**48, 2**63, 2**64 - 1):
+            with pytest.raises(CursorFuture):
+                j.watch_sessions(forged(j, position, claims.ordinal, None))
         j.create_session("zz")
         resumed = take(j, forged(j, claims.position, 1, None), len(IDS) + 1)
         assert resumed[-1].event_type is LifecycleEventType.CREATED

@@ -166,6 +166,7 @@ _feed_decoder: Final = msgspec.msgpack.Decoder(FeedEntry)
 _missing_decoder: Final = msgspec.msgpack.Decoder(MissingEvents)
 _idem_decoder: Final = msgspec.msgpack.Decoder(IdemEntry)
 _U64_CRC: Final = struct.Struct(">QI")
+_U64_MAX: Final = 2**64 - 1
 
 
 # LMDB errors that mean the file is damaged (not a full map, a busy reader table, ...).
@@ -642,7 +643,9 @@ class View:
     ) -> list[tuple[int, FeedEntry]]:
         cursor = txn.cursor(db=self._feed)
         found: list[tuple[int, FeedEntry]] = []
-        start = cursor.set_range(U64.pack(after_position + 1))
+        # (Nothing lies after the largest u64, a position a signed lifecycle cursor may
+        # carry: its key cannot be packed; until 2026-12-05 struct.error, SPEC 14.2.)
+        start = after_position < _U64_MAX and cursor.set_range(U64.pack(after_position + 1))
         positioned = (cursor.prev() if start else cursor.last()) if newest_first else start
         while positioned and len(found) < limit:
             key = cursor.key()
