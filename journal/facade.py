@@ -66,7 +66,16 @@ from .errors import (
 from .event_pages import EventPages
 from .fold_codecs import Codec
 from .folds import DEFAULT_TRIES, Fold
-from .follow import ReadThreads, Stream, afollow, follow, off_loop
+from .follow import (
+    AsyncFollow,
+    EventPager,
+    LifecyclePager,
+    ReadThreads,
+    Resume,
+    Stream,
+    follow,
+    off_loop,
+)
 from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
@@ -614,27 +623,31 @@ class Journal:
     def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
         return lambda: self._closed or halted()
 
-    async def awatch(
+    def awatch(
         self,
         session_id: str,
         cursor: str | None = None,
         max_bytes: int = DEFAULT_PAGE_BYTES,
     ) -> AsyncIterator[Event]:
-        """The asyncio twin of `watch`; cancel the task (or break) to stop."""
+        """The asyncio twin of `watch`; cancel the task (or break) to stop. A step
+        cancelled from outside (`asyncio.wait_for(anext(it), t)`) does not end it: the
+        next step goes on after the last event delivered (SPEC 7.6)."""
+        start = partial(self._awatch_start, session_id, cursor, max_bytes)
+        return AsyncFollow(start, self._engine.waiter, self._is_closed, self._read_threads)
+
+    async def _awatch_start(
+        self, session_id: str, cursor: str | None, max_bytes: int, resume: Resume
+    ) -> EventPager | None:
         check_max_bytes(max_bytes)
-        threads = self._read_threads
         opened = not self._closed
         try:
-            row, after = await off_loop(threads, self._start, session_id, cursor)
+            row, after = await off_loop(self._read_threads, self._start, session_id, cursor)
         except JournalClosed:
             if opened and self._closed:  # (closed while its first read was in flight)
-                return
+                return None
             raise
-        with self._engine.readers() as readers:
-            pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
-            async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
-                yield event
-                del event  # (not held while the follower waits)
+        resume.readers = readers = self._engine.readers()
+        return self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
 
     # -- lifecycle feed --------------------------------------------------------------------
 
@@ -653,18 +666,22 @@ class Journal:
             lambda halted: follow(pager, waiter, stop, self._closed_or(halted)), waiter.recheck
         )
 
-    async def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
-        """The asyncio twin of `watch_sessions`."""
+    def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
+        """The asyncio twin of `watch_sessions` (a step cancelled from outside does not end
+        it, as with `awatch`)."""
+        start = partial(self._awatch_sessions_start, cursor)
+        return AsyncFollow(start, self._engine.waiter, self._is_closed, self._read_threads)
+
+    async def _awatch_sessions_start(
+        self, cursor: str | None, resume: Resume
+    ) -> LifecyclePager | None:
         self._check_open()
-        threads = self._read_threads
         try:
-            pager = await off_loop(threads, self._lifecycle.pager, cursor)
+            return await off_loop(self._read_threads, self._lifecycle.pager, cursor)
         except JournalClosed:
             if self._closed:  # (closed while its first read was in flight: it ends)
-                return
+                return None
             raise
-        async for event in afollow(pager, self._engine.waiter, self._is_closed, threads):
-            yield event
 
     # -- subscriptions and folds -----------------------------------------------------------
 

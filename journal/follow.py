@@ -9,9 +9,16 @@ the head to move or to stop) driven either synchronously (`follow`) or by asynci
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Generator,
+    Iterator,
+)
 from itertools import chain
 from typing import Any, Final, Generic, Protocol, TypeVar
 
@@ -24,9 +31,12 @@ from .sessions import SessionRow
 from .waiter import Notifier
 
 __all__ = [
+    "AsyncFollow",
     "EventPager",
     "LifecyclePager",
+    "PendingRead",
     "ReadThreads",
+    "Resume",
     "Stream",
     "afollow",
     "follow",
@@ -304,10 +314,13 @@ class ReadThreads:
         self._pool: Any = None  # a ThreadPoolExecutor, from the first read
         self._closed = False
 
-    async def run(self, call: Callable[..., ResultT], *args: Any) -> ResultT:
+    async def run(
+        self, call: Callable[..., ResultT], *args: Any, pending: PendingRead | None = None
+    ) -> ResultT:
         """`call(*args)` in one of the threads; a task cancelled meanwhile cancels the read
-        too (its `READ_SCOPE`): it is not asked again, and its request in flight is cut."""
-        import asyncio
+        too (its `READ_SCOPE`): it is not asked again, and its request in flight is cut.
+        The read may have finished before it was cut: with `pending`, it is kept there
+        for the follower's next step (`PendingRead.settle`)."""
         import contextvars
 
         scope = ReadScope()
@@ -317,7 +330,6 @@ class ReadThreads:
             return call(*args)
 
         context = contextvars.copy_context()
-        loop = asyncio.get_running_loop()
         with self._lock:  # (no submission after `close`)
             if self._closed:
                 raise JournalClosed.already()
@@ -325,11 +337,13 @@ class ReadThreads:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._pool = ThreadPoolExecutor(READ_THREADS, "journal-aread")
-            future = loop.run_in_executor(self._pool, context.run, run)
+            submitted = self._pool.submit(context.run, run)
         try:
-            result: ResultT = await future
+            result: ResultT = await asyncio.wrap_future(submitted)
         except asyncio.CancelledError:
             scope.cancel()
+            if pending is not None:
+                pending.future = submitted
             raise
         return result
 
@@ -343,13 +357,177 @@ class ReadThreads:
 
 
 async def off_loop(
-    threads: ReadThreads | None, call: Callable[..., ResultT], *args: Any
+    threads: ReadThreads | None,
+    call: Callable[..., ResultT],
+    *args: Any,
+    pending: PendingRead | None = None,
 ) -> ResultT:
     """`call(*args)`: in one of `threads` (given for an engine whose reads wait on the
     network), so the caller's event loop goes on meanwhile; else right here."""
     if threads is None:
         return call(*args)
-    return await threads.run(call, *args)
+    return await threads.run(call, *args, pending=pending)
+
+
+class PendingRead:
+    """The page read in a worker thread of an asyncio follower's step that was cancelled
+    (`future`): it may have finished before the cancellation cut it, its pager moved on,
+    and its items come first at the follower's next step (`settle`)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future[Any] | None = None
+
+    async def settle(self) -> Any:
+        """What the pending read returned (None: no read pending, or it was cut or never
+        ran, and its pager did not move). Its error, if it failed otherwise."""
+        pending = self.future
+        if pending is None:
+            return None
+        if not pending.done():
+            try:
+                await asyncio.wrap_future(pending)
+            except BaseException:
+                task = asyncio.current_task()
+                if (task is not None and task.cancelling()) or not pending.done():
+                    raise  # (this step's own cancellation: the read stays pending)
+                # (Else it ended: a cut read's `concurrent.futures.CancelledError` comes
+                # through `wrap_future` as asyncio's, as does its step's cancellation
+                # reaching it while still queued, which only now took effect.)
+        self.future = None
+        if pending.cancelled():
+            return None
+        error = pending.exception()
+        if error is None:
+            return pending.result()
+        if isinstance(error, concurrent.futures.CancelledError):
+            return None
+        raise error
+
+
+class Resume:
+    """Where an asyncio follow is, kept across the async generators of one `AsyncFollow`
+    (each step of it is a step of one of them; a cancelled step ends the one it reached):
+    its pager once made (`pager`, and its `readers`), the follower driving the pager
+    (`follower`, an `afollow`: it outlives a generator whose step was cancelled before it
+    began, with the rest of its page), the read of a step cancelled while a worker thread
+    ran it (`pending`), and `over` once the follow ended (by itself, with an error, or
+    `aclose`). (Nothing the follower holds refers back to it: dropped, its readers are
+    freed at once, not by the cyclic garbage collector.)"""
+
+    __slots__ = ("follower", "over", "pager", "pending", "readers")
+
+    def __init__(self) -> None:
+        self.pager: Any = None
+        self.readers: Any = None
+        self.follower: AsyncGenerator[Any, None] | None = None
+        self.pending = PendingRead()
+        self.over = False
+
+    def end(self) -> None:
+        """The follow ended (by itself, with an error, or closed): its next steps end at
+        once, and its readers are closed."""
+        self.over = True
+        self.follower = None
+        readers, self.readers = self.readers, None
+        if readers is not None:
+            readers.close()
+
+    def release(self) -> None:
+        """A step was cancelled: close the readers' files until the next page (a task
+        cancelled for good may be kept long, by its traceback: a server that keeps its
+        tasks until it reaps them kept a segment file open for each)."""
+        readers = self.readers
+        if readers is not None:
+            readers.release()
+
+    def following(self) -> bool:
+        """Whether the follower still has a step to take (else it ended: cancelled, or
+        not made yet)."""
+        follower = self.follower
+        return follower is not None and follower.ag_frame is not None  # type: ignore[attr-defined]
+
+
+class AsyncFollow(Generic[ItemT]):
+    """What `awatch` and `awatch_sessions` return: an async iterator over async generators
+    (`_steps`) that all drive one pager, made by `start(resume)` at the first step (None:
+    the follow ended at once, the journal closed during its first read).
+
+    A step cancelled from outside the iterating task (`asyncio.wait_for(anext(it), t)`,
+    `asyncio.timeout` around one step) ends the generator it reached, as a cancellation
+    ends any async generator (or, cancelled before it began, the generator is thrown
+    into where it last yielded); the next step starts another, which goes on with the
+    same follower or pager, after the last item delivered. (Until 2026-12-05 `awatch`
+    was that async generator: the next step raised `StopAsyncIteration`, as at the
+    session's end, and a server sending keep-alives while a session was quiet ended its
+    stream at the first one: helper trial h23a.) A cancelled task just stops stepping,
+    and its follow ends. `__anext__` is not a coroutine of its own (one more frame an
+    item made a catch-up 25-35% slower)."""
+
+    __slots__ = ("_follow", "_resume", "_steps")
+
+    def __init__(
+        self,
+        start: Callable[[Resume], Awaitable[Pager[ItemT] | None]],
+        waiter: Notifier,
+        closed: Callable[[], bool],
+        threads: ReadThreads | None,
+    ) -> None:
+        self._follow = (start, waiter, closed, threads)
+        self._resume = Resume()
+        self._steps = _steps(self._resume, *self._follow)  # (runs nothing yet)
+
+    def __aiter__(self) -> AsyncFollow[ItemT]:
+        return self
+
+    def __anext__(self) -> Awaitable[ItemT]:
+        steps = self._steps
+        if steps.ag_frame is None and not self._resume.over:  # type: ignore[attr-defined]
+            # (A cancellation ended the last generator: another goes on.)
+            steps = self._steps = _steps(self._resume, *self._follow)
+        return steps.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop following and release what the follow holds (`async for` does not need
+        it: leaving the loop or cancelling the task is enough)."""
+        await self._steps.aclose()
+        follower = self._resume.follower
+        self._resume.end()
+        if follower is not None:
+            await follower.aclose()
+
+
+async def _steps(
+    resume: Resume,
+    start: Callable[[Resume], Awaitable[Pager[ItemT] | None]],
+    waiter: Notifier,
+    closed: Callable[[], bool],
+    threads: ReadThreads | None,
+) -> AsyncGenerator[ItemT, None]:
+    """One generator of an `AsyncFollow`: the first starts the follow, the others go on
+    with its follower (the rest of a page), or a new follower of its pager."""
+    cancelled = False
+    try:
+        if not resume.following():
+            pager = resume.pager
+            if pager is None:
+                pager = resume.pager = await start(resume)
+                if pager is None:
+                    return
+            elif closed():
+                return
+            resume.follower = afollow(pager, waiter, closed, threads, resume.pending)
+        async for item in resume.follower:  # type: ignore[union-attr]
+            yield item
+            del item  # (not held while the follower waits)
+    except asyncio.CancelledError:
+        cancelled = True  # (the follow goes on at the next step: `AsyncFollow`)
+        resume.release()
+        raise
+    finally:
+        if not cancelled:
+            resume.end()
 
 
 async def afollow(
@@ -357,20 +535,24 @@ async def afollow(
     waiter: Notifier,
     closed: Callable[[], bool],
     threads: ReadThreads | None,
-) -> AsyncIterator[ItemT]:
+    pending: PendingRead | None = None,
+) -> AsyncGenerator[ItemT, None]:
     """Drive `pager` from asyncio (cancel the task to stop); items one by one. With
     `threads` (the engine's reads wait on the network) each step runs in one of them, so
     the caller's loop goes on meanwhile. Without them each step reads on the loop, and
     the follower yields to the loop once per page (`asyncio.sleep(0)`): a catch-up of a
     long backlog whose consumer does not suspend (socket writes the kernel takes at
     once) otherwise held the loop until it reached the head, so the loop's other tasks,
-    a cancellation and `asyncio.timeout` waited that long (SPEC 7.6)."""
-    import asyncio
-
+    a cancellation and `asyncio.timeout` waited that long (SPEC 7.6). With `pending`, a
+    read of a step cancelled before (`AsyncFollow`) is settled first."""
     while not closed():
         epoch = waiter.epoch  # (before the step: a `recheck` during it is not lost)
         try:
-            items, wait_past, done = await off_loop(threads, pager.step)
+            settled = None if pending is None else await pending.settle()
+            if settled is None:
+                items, wait_past, done = await off_loop(threads, pager.step, pending=pending)
+            else:
+                items, wait_past, done = settled
         except JournalClosed:
             if closed():  # (closed while the page was read: the watch ends)
                 return

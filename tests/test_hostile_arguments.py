@@ -19,7 +19,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -627,7 +627,7 @@ def _consume(name: str, kwargs: dict[str, Any], result: Any) -> None:
             if kwargs.get("stop") is not None or name == "Journal.replay":
                 for _ in result:  # a watch ends when its stop is set (5 ms after the call)
                     pass
-    elif inspect.isasyncgen(result):
+    elif isinstance(result, AsyncIterator):
 
         async def follow() -> None:
             async for _ in result:
