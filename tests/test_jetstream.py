@@ -366,10 +366,13 @@ def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
     options = JetStreamOptions(
         servers=[url], store=store_name(tmp_path), point=point, open_retry_s=0
     )
-    with pytest.raises(StoreUnavailable, match="refused to open the store") as raised:
+    with pytest.raises(StoreUnavailable, match="cannot open store") as raised:
         JetStreamEngine.open(options)
-    # (what to do: it passes once the stream has a leader)
-    assert "retry in a few seconds" in str(raised.value), raised.value
+    # (what it means and what to do, as a read says it: until 2026-12-05 "retry in a few
+    # seconds ... else see the account's JetStream limits", a crash trial's quorum loss)
+    message = str(raised.value)
+    assert "it has no leader to answer it (a majority of the servers is down" in message
+    assert message.endswith("then retry") and "limits" not in message, message
 
 
 @pytest.mark.parametrize("where", ["open.stream", "open.identity", "open.policy"])
@@ -869,6 +872,40 @@ def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> 
     assert "(JetStream error 10008)" in message, message
     assert "a majority of the servers is down" in message, message
     assert message.endswith("then retry"), message
+
+
+@pytest.mark.cluster
+def test_an_open_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
+    """With two of the three nodes down, an open asked again for its 30 s raised
+    "JetStream refused to open the store: JetStream system temporarily unavailable
+    (JetStream error 10008): retry in a few seconds (a refusal that passes is a stream
+    electing its leader; else see the account's JetStream limits)": after 30 s of the
+    same refusal, nothing of a majority being down, and limits that 10008 is not about,
+    where a read of a journal already open says what the refusal means (until
+    2026-12-05: a crash trial, h23b, a writer restarted during a quorum loss)."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+        leader = cluster.server_named(_stream_leader(j, store))
+    left = next(s for s in cluster.servers if s is not leader)
+    others = [s for s in cluster.servers if s is not left]
+    for server in others:
+        server.kill()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as raised:
+            JetStreamEngine.open(JetStreamOptions(servers=[left.url], store=store))
+        print(f"\nraised after {time.monotonic() - started:.1f} s: {raised.value}")
+    finally:
+        for server in others:
+            server.start()
+        cluster.wait_ready()
+        time.sleep(1.5)
+    message = str(raised.value)
+    assert "(JetStream error 10008)" in message, message
+    assert "a majority of the servers is down" in message, message
+    assert "limits" not in message, message
 
 
 @pytest.mark.cluster

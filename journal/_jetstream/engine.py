@@ -71,6 +71,8 @@ EXPIRY_SCAN_S: Final = 30.0
 # How long a read is asked again while the servers do not answer.
 READ_RETRY_S: Final = 30.0
 _STREAM_PREFIX: Final = "JOURNAL_"
+# JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
+_NO_LEADER: Final = 10008
 
 
 @dataclass
@@ -243,6 +245,13 @@ class JetStreamEngine:
                 "a restart or in a new cluster: retry once they answer"
             ) from None
         except ApiError as e:
+            if e.err_code == _NO_LEADER:
+                # (refused so for the open's 30 s: said as a read says it; until
+                # 2026-12-05 it said to retry in a few seconds or see the account's
+                # limits, nothing of a majority down: a crash trial's quorum loss)
+                raise StoreUnavailable(
+                    f"cannot open store {options.store!r}: {failure(e)}"
+                ) from None
             then = "retry in a few seconds" if e.transient else "check the servers' logs"
             raise StoreUnavailable(
                 f"JetStream refused to open the store: {e}: {then} (a refusal that passes "
