@@ -839,6 +839,39 @@ def test_a_journal_opened_right_after_the_stream_leader_is_killed_opens(tmp_path
 
 
 @pytest.mark.cluster
+def test_a_retention_pass_right_after_the_stream_leader_is_killed_rides_it_out(
+    tmp_path: Path,
+) -> None:
+    """`apply_retention()` (`journal compact`) tried its reads once: right after the
+    stream leader's kill it raised `StoreUnavailable` "the NATS servers did not answer
+    (TimeoutError)" after 5 s, 3 times of 3, where every other read rode the election out
+    (until 2026-12-05: crash trial h23b). It asks again as a read does."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    policy = RetentionPolicy(session_retention_ms=1)
+    with Journal.open(cluster.url, store=store, replicas=3, retention=policy) as j:
+        j.create_session("gone")
+        j.append("gone", events(2))
+        j.resolve_session("gone")
+        j.create_session("kept")
+        time.sleep(0.01)
+        leader = cluster.server_named(_stream_leader(j, store))
+        leader.kill()
+        try:
+            started = time.monotonic()
+            report = j.apply_retention()
+            took = time.monotonic() - started
+            print(f"\npass done {took:.1f} s after the kill")
+        finally:
+            leader.start()  # back for the other cluster tests
+            cluster.wait_ready()
+            time.sleep(1.5)
+        assert report.evicted_sessions == ["gone"]
+        assert [m.session_id for m in j.list_sessions()] == ["kept"]
+        assert took < 30, took
+
+
+@pytest.mark.cluster
 def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
     """With two of the three nodes down, the one left refuses the requests (JetStream
     error 10008), and a read asked again for 30 s raised `StoreUnavailable` "JetStream

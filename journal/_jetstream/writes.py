@@ -3,6 +3,7 @@ loop in `commit.py`), and the history windows, eviction and expiry passes (SPEC 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Final
 
@@ -56,6 +57,9 @@ __all__ = ["MAX_APPEND_EVENTS", "Writer"]
 MAX_APPEND_EVENTS: Final = 997
 # How often an append compares the recorded retention policy with the one in force.
 POLICY_CHECK_S: Final = 1.0
+# How long a retention pass asks its reads again while the servers do not answer or
+# refuse for want of a leader: as long as a read does (engine.READ_RETRY_S).
+PASS_RETRY_S: Final = 30.0
 # An event read on the way, and its sequence (None: none).
 _Read = tuple[int, StoredEvent] | None
 
@@ -543,11 +547,56 @@ class Writer(Committer):
         return (first, None) if found is None else _batch_of(row, found)
 
     async def retain(self, now_ms: int | None) -> RetentionReport:
-        """History windows and session retention over every session (a scan: SPEC 16)."""
+        """History windows and session retention over every session (a scan: SPEC 16),
+        then the feed's pruning.
+
+        A read the servers leave unanswered, or refuse for want of a leader (a
+        failover), is asked again with the pass for as long as a read is (PASS_RETRY_S):
+        every step may be taken again (what a try committed is found done) and what it
+        did is kept for the report. (Until 2026-12-05 the pass tried once:
+        `apply_retention` and `journal compact` right after a stream leader's kill
+        raised `StoreUnavailable` after 5 s, 3 times of 3, where every read rode the
+        election out: crash trial h23b.) The writes' own failures are `StoreUnavailable`
+        already, and end the pass."""
         now = _now_ms() if now_ms is None else now_ms
-        policy = await self.policy_now()
         trimmed: list[str] = []
         evicted: list[str] = []
+        deadline = time.monotonic() + PASS_RETRY_S
+        pruning = False
+        while True:
+            try:
+                if not pruning:
+                    await self._retain_sessions(now, trimmed, evicted)
+                    pruning = True
+                # (The feed entries of the sessions evicted a day before and earlier:
+                # SPEC 16.2; now_ms None: the servers' clock.)
+                await FeedPruner(self.reader, self.point).prune(now_ms)
+                return RetentionReport(trimmed, evicted, [], 0)
+            except (ApiError, *Unavailable) as e:
+                transient = not isinstance(e, ApiError) or e.transient
+                if transient and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                    continue
+                if not (pruning and (trimmed or evicted)):
+                    raise
+                what = failure(e)
+            except StoreUnavailable as e:
+                if not (pruning and (trimmed or evicted)):
+                    raise
+                what = str(e)
+            # (Said here: the engine's answer for a request that failed would be that
+            # nothing was committed, and a caller could make the changes again.)
+            raise StoreUnavailable(
+                f"pruning the lifecycle feed failed: {what}; this pass's "
+                f"{len(evicted)} eviction(s) and {len(trimmed)} history trim(s) committed "
+                "before it and stay done (a pass run again goes on from there)"
+            ) from None
+
+    async def _retain_sessions(self, now: int, trimmed: list[str], evicted: list[str]) -> None:
+        """One try of the pass over the sessions; what it trims and evicts is added to
+        `trimmed` and `evicted` (once each: a try after a failed one finds done what the
+        failed one did)."""
+        policy = await self.policy_now()
         tokens = await self.reader.tokens()
         rows = await self.reader.rows_of(tokens)
         for token in tokens:
@@ -564,26 +613,13 @@ class Writer(Committer):
                     else (row.ended_at_ms or row.created_at_ms)
                 )
                 if since + policy.session_retention_ms <= now:
-                    if await self._evict(row.session_id, row.incarnation):
+                    evicting = await self._evict(row.session_id, row.incarnation)
+                    if evicting and row.session_id not in evicted:
                         evicted.append(row.session_id)
                     continue
-            if await self._trim_to_window(row.session_id, now):
+            trimming = await self._trim_to_window(row.session_id, now)
+            if trimming and row.session_id not in trimmed:
                 trimmed.append(row.session_id)
-        # (The feed entries of the sessions evicted a day before and earlier: SPEC 16.2.)
-        try:
-            await FeedPruner(self.reader, self.point).prune(now_ms)  # (None: servers' clock)
-        except (StoreUnavailable, ApiError, *Unavailable) as e:
-            if not (trimmed or evicted):
-                raise
-            # (Said here: the engine's answer for a request that failed would be that
-            # nothing was committed, and a caller could make the changes again.)
-            what = str(e) if isinstance(e, StoreUnavailable) else failure(e)
-            raise StoreUnavailable(
-                f"pruning the lifecycle feed failed: {what}; this pass's "
-                f"{len(evicted)} eviction(s) and {len(trimmed)} history trim(s) committed "
-                "before it and stay done (a pass run again goes on from there)"
-            ) from None
-        return RetentionReport(trimmed, evicted, [], 0)
 
     async def _no_row(self, session_id: str, token: str) -> None:
         """A row subject whose message reads as no row: a tombstone, whose purge failed
