@@ -872,6 +872,43 @@ def test_a_retention_pass_right_after_the_stream_leader_is_killed_rides_it_out(
 
 
 @pytest.mark.cluster
+@pytest.mark.parametrize("call", ["verify", "verify_fix", "expire_due"])
+def test_maintenance_right_after_the_stream_leader_is_killed_rides_it_out(
+    tmp_path: Path, call: str
+) -> None:
+    """`verify()` (also with `fix=True`) and `expire_due()` asked their reads once: right
+    after the stream leader's kill they raised `StoreUnavailable` "the NATS servers did
+    not answer (TimeoutError)" after 5 s (until 2026-12-05: crash trial h23b), where
+    every other read rode the election out."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("due", ttl_ms=3_600_000)  # (due at the pass's now_ms, not before)
+        j.create_session("s")
+        j.append("s", events(3))
+        later = int(time.time() * 1000) + 7_200_000
+        leader = cluster.server_named(_stream_leader(j, store))
+        leader.kill()
+        try:
+            started = time.monotonic()
+            if call == "expire_due":
+                done: Any = [m.session_id for m in j.expire_due(now_ms=later)]
+            else:
+                done = j.verify(fix=call == "verify_fix")
+            took = time.monotonic() - started
+            print(f"\n{call} done {took:.1f} s after the kill: {done}")
+        finally:
+            leader.start()  # back for the other cluster tests
+            cluster.wait_ready()
+            time.sleep(1.5)
+        if call == "expire_due":
+            assert done == ["due"]
+        else:
+            assert done.ok, done
+        assert took < 30, took
+
+
+@pytest.mark.cluster
 def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
     """With two of the three nodes down, the one left refuses the requests (JetStream
     error 10008), and a read asked again for 30 s raised `StoreUnavailable` "JetStream
