@@ -14,8 +14,9 @@ import concurrent.futures
 import contextlib
 import json
 import threading
+import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, TypeVar
 
 import nats
@@ -29,6 +30,7 @@ from ..errors import StoreNotFound, StoreUnavailable
 from ..remote import without_password
 
 __all__ = [
+    "PASS_RETRY_S",
     "WRITE_TOKEN",
     "ApiError",
     "BatchMessage",
@@ -36,6 +38,7 @@ __all__ = [
     "Connection",
     "Found",
     "Unavailable",
+    "asked_again",
     "failure",
 ]
 
@@ -55,6 +58,9 @@ ACK_S: Final = 2.0
 # now 4 to 6 s).
 PING_S: Final = 2
 MAX_PINGS_OUT: Final = 2
+# How long a maintenance pass asks its reads again while the servers do not answer or
+# refuse for want of a leader: as long as a read is asked (the engine's READ_RETRY_S).
+PASS_RETRY_S: Final = 30.0
 # JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
 _NO_LEADER: Final = 10008
 # JetStream's "stream not found" (`Connection.api`).
@@ -104,6 +110,12 @@ class ApiError(Exception):
         self.description = description
 
     @property
+    def no_leader(self) -> bool:
+        """JetStream's "temporarily unavailable": the stream (or the meta group) has no
+        leader (a majority of the servers down, or electing one)."""
+        return self.err_code == _NO_LEADER
+
+    @property
     def transient(self) -> bool:
         """A refusal that passes once the stream has a leader again (or a batch cut short
         by a failover: 10077, 10201)."""
@@ -128,7 +140,7 @@ def failure(error: BaseException) -> str:
     """What a request that failed met, for messages: the refusal (an `ApiError`), or the
     servers' silence (one of `Unavailable`)."""
     if isinstance(error, ApiError):
-        if error.err_code == _NO_LEADER:
+        if error.no_leader:
             # (a read asked again for 30 s ends here: until 2026-12-05 it said only the
             # refusal, "JetStream system temporarily unavailable (JetStream error 10008)",
             # nothing of what it means or what to do: a runtime-author trial with two of
@@ -140,6 +152,21 @@ def failure(error: BaseException) -> str:
             )
         return f"JetStream refused a request: {error}"
     return f"the NATS servers did not answer ({type(error).__name__})"
+
+
+async def asked_again(read: Callable[[], Awaitable[T]]) -> T:
+    """A read of a maintenance pass, asked again for up to PASS_RETRY_S while the servers
+    do not answer or refuse for want of a leader (a failover), as every read is (SPEC
+    16.4); until 2026-12-05 `expire_due()` asked once and raised `StoreUnavailable` after
+    5 s right after a stream leader's kill (crash trial h23b)."""
+    deadline = time.monotonic() + PASS_RETRY_S
+    while True:
+        try:
+            return await read()
+        except (ApiError, *Unavailable) as e:
+            if (isinstance(e, ApiError) and not e.transient) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 class Connection:

@@ -71,8 +71,6 @@ EXPIRY_SCAN_S: Final = 30.0
 # How long a read is asked again while the servers do not answer.
 READ_RETRY_S: Final = 30.0
 _STREAM_PREFIX: Final = "JOURNAL_"
-# JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
-_NO_LEADER: Final = 10008
 
 
 @dataclass
@@ -245,7 +243,7 @@ class JetStreamEngine:
                 "a restart or in a new cluster: retry once they answer"
             ) from None
         except ApiError as e:
-            if e.err_code == _NO_LEADER:
+            if e.no_leader:
                 # (refused so for the open's 30 s: said as a read says it; until
                 # 2026-12-05 it said to retry in a few seconds or see the account's
                 # limits, nothing of a majority down: a crash trial's quorum loss)

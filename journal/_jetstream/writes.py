@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import msgspec
 
@@ -44,7 +43,7 @@ from ..errors import (
 from ..models import LifecycleEventType, RetentionReport, SessionState
 from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
-from .client import ApiError, BatchMessage, Unavailable, failure
+from .client import PASS_RETRY_S, ApiError, BatchMessage, Unavailable, asked_again, failure
 from .commit import Committer, Plan, done, rel, resolved
 from .feed_pruning import FeedPruner
 from .imports import Imports
@@ -58,31 +57,12 @@ __all__ = ["MAX_APPEND_EVENTS", "Writer"]
 MAX_APPEND_EVENTS: Final = 997
 # How often an append compares the recorded retention policy with the one in force.
 POLICY_CHECK_S: Final = 1.0
-# How long a retention pass asks its reads again while the servers do not answer or
-# refuse for want of a leader: as long as a read does (engine.READ_RETRY_S).
-PASS_RETRY_S: Final = 30.0
-T = TypeVar("T")
 # An event read on the way, and its sequence (None: none).
 _Read = tuple[int, StoredEvent] | None
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def _asked_again(read: Callable[[], Awaitable[T]]) -> T:
-    """A read of a maintenance pass, asked again for up to PASS_RETRY_S while the servers
-    do not answer or refuse for want of a leader (a failover), as every read is (SPEC
-    16.4); until 2026-12-05 `expire_due()` asked once and raised `StoreUnavailable` after
-    5 s right after a stream leader's kill (crash trial h23b)."""
-    deadline = time.monotonic() + PASS_RETRY_S
-    while True:
-        try:
-            return await read()
-        except (ApiError, *Unavailable) as e:
-            if (isinstance(e, ApiError) and not e.transient) or time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
 
 
 class Writer(Committer):
@@ -345,7 +325,7 @@ class Writer(Committer):
         """Expire every session due at `now_ms` (a scan of every row: SPEC 16)."""
         when = _now_ms() if now_ms is None else now_ms
         expired: list[SessionRow] = []
-        for row in await _asked_again(self.reader.all_rows):
+        for row in await asked_again(self.reader.all_rows):
             due = row.deadline()
             if due is None or due > when:
                 continue
