@@ -170,7 +170,17 @@ class LifecyclePager:
             self._snapshot_pages, self.after = self._snapshot()
             self._snapshot = None
         if self._snapshot_pages is not None:
-            page = next(self._snapshot_pages, None)
+            # Its pages read the feed as they go (their cursors' anchor, the last one's
+            # cursor), in a generator that a cut read would end, and the rest of the
+            # snapshot with it: the next step went on after the snapshot's point, its
+            # sessions lost (an `awatch_sessions` step cancelled by a timeout: review
+            # h23e). Those reads are not cut: a cancelled step's page is kept for the
+            # next step (`PendingRead`), or a follow cancelled for good drops it.
+            token = READ_SCOPE.set(None)
+            try:
+                page = next(self._snapshot_pages, None)
+            finally:
+                READ_SCOPE.reset(token)
             if page is not None:
                 return page, None, False
             self._snapshot_pages = None  # (releases the snapshot's rows)

@@ -2152,6 +2152,56 @@ def test_awatch_sessions_leaves_the_event_loop_free_while_it_reads(
     assert [e.session.session_id for e in items] == ["a", "b", "c"]
 
 
+def test_a_lifecycle_step_cancelled_during_a_snapshot_read_loses_no_session(
+    url: str, tmp_path: Path
+) -> None:
+    """A startup snapshot's pages read the feed as they go (the anchor of their cursors,
+    the last one's cursor): a step of `awatch_sessions` cancelled from outside while
+    such a read ran in its worker thread cut the read, which ended the snapshot's
+    generator, and the next step went on after the snapshot's point: every session of
+    the snapshot was lost, silently (review h23e). The read is held at the fault point
+    `reads.feed` (the first after the registry's `sessions.snapshot_point`) until the
+    step was cancelled."""
+    import asyncio
+
+    armed, holding = [True], []
+    entered, release = threading.Event(), threading.Event()
+
+    def point(name: str, detail: object) -> None:
+        if name == "sessions.snapshot_point" and armed:
+            armed.clear()
+            holding.append(True)
+        elif name == "reads.feed" and holding:
+            holding.clear()
+            entered.set()
+            release.wait(5)
+
+    async def main(j: Journal) -> list[str]:
+        it = j.awatch_sessions()
+        step = asyncio.ensure_future(anext(it))
+        while not entered.is_set():
+            await asyncio.sleep(0.005)
+        step.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await step
+        release.set()
+        seen = []
+        for _ in range(3):
+            try:
+                change = await asyncio.wait_for(anext(it), 5)
+            except TimeoutError:
+                break
+            seen.append(change.session.session_id)
+        return seen
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        for name in "abc":
+            j.create_session(name)
+        assert asyncio.run(main(j)) == ["a", "b", "c"]
+        assert entered.is_set(), "the fault point did not fire"
+
+
 def test_own_racing_close_raises_journal_closed(url: str, tmp_path: Path) -> None:
     """A journal closed (by another thread) after own()'s lease was taken and before its
     heartbeat started: own() raised the connection's internal `Closed` (found by a trial

@@ -496,6 +496,7 @@ class JetStreamEngine:
     def feed(
         self, after_position: int, limit: int, newest_first: bool = False
     ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        self.point("reads.feed", after_position)  # (on the caller's thread)
         result: tuple[list[tuple[int, FeedEntry]], int, int] = self._ask(
             lambda: self._feed(after_position, limit, newest_first)
         )
