@@ -212,6 +212,10 @@ class StoreReader:
         ]
 
     async def session_id_of(self, incarnation: int) -> str | None:
+        if incarnation < 1:
+            # (No message has sequence 0, which the server refuses as a bad request:
+            # a forged cursor's, raised as `StoreUnavailable` until review h23e.)
+            return None
         message = await self.conn.msg_get({"seq": incarnation})
         if message is None:
             return None
