@@ -501,8 +501,8 @@ class AsyncFollow(Generic[ItemT]):
     async def aclose(self) -> None:
         """Stop following and release what the follow holds (`async for` does not need
         it: leaving the loop or cancelling the task is enough)."""
+        follower = self._resume.follower  # (before the step's end drops it)
         await self._steps.aclose()
-        follower = self._resume.follower
         self._resume.end()
         if follower is not None:
             await follower.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import inspect
 import os
 import random
 import time
@@ -206,3 +207,23 @@ def _segment_files(store: Path) -> list[str]:
             targets.append(os.readlink(f"/proc/self/fd/{name}"))
     prefix = os.path.realpath(store / "segments") + os.sep
     return [target for target in targets if target.startswith(prefix)]
+
+
+def test_aclose_closes_the_follower_itself(j: Journal) -> None:
+    # `aclose()` mid-page ends the generator that reads the pages at once, not when the
+    # loop's finalizer gets to it (until review h23e it read the follower after the step's
+    # end had dropped it, and left it to the finalizer, holding its pager meanwhile).
+    j.create_session("s")
+    j.append("s", [EventIn(type="m", data=b"x") for _ in range(5)])
+
+    async def main() -> list[str]:
+        it = j.awatch("s")
+        await anext(it)  # (four more of the page wait in the follower)
+        await it.aclose()
+        return [
+            agen.__name__
+            for agen in gc.get_objects()
+            if inspect.isasyncgen(agen) and agen.__name__ == "afollow" and agen.ag_frame
+        ]
+
+    assert asyncio.run(main()) == []
