@@ -908,6 +908,36 @@ def test_maintenance_right_after_the_stream_leader_is_killed_rides_it_out(
         assert took < 30, took
 
 
+@contextlib.contextmanager
+def _a_follower_left_alone(
+    tmp_path: Path,
+) -> Iterator[tuple[NatsServer, str, Callable[[], None]]]:
+    """A replicated store of one session "s", a follower of its stream (a leader whose
+    followers just died answers reads until it steps down), and what kills the two other
+    nodes; those killed start again after, and the cluster is waited for."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+        leader = cluster.server_named(_stream_leader(j, store))
+    left = next(s for s in cluster.servers if s is not leader)
+    killed: list[NatsServer] = []
+
+    def kill_the_others() -> None:
+        for server in cluster.servers:
+            if server is not left:
+                server.kill()
+                killed.append(server)
+
+    try:
+        yield left, store, kill_the_others
+    finally:
+        for server in killed:
+            server.start()
+        cluster.wait_ready()
+        time.sleep(1.5)
+
+
 @pytest.mark.cluster
 def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
     """With two of the three nodes down, the one left refuses the requests (JetStream
@@ -916,28 +946,15 @@ def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> 
     nothing of what it means or what to do (until 2026-12-05: a runtime-author trial
     with nodes of a cluster killed: `owner.turn()`, `fold.refresh()` and watches reading
     a page said so)."""
-    cluster = shared_cluster()
-    store = store_name(tmp_path)
-    with Journal.open(cluster.url, store=store, replicas=3) as j:
-        j.create_session("s")
-        leader = cluster.server_named(_stream_leader(j, store))
-    # (the node left is a follower: a leader whose followers just died answers reads
-    # until it steps down)
-    left = next(s for s in cluster.servers if s is not leader)
-    others = [s for s in cluster.servers if s is not left]
-    with Journal.open(left.url, store=store) as j:  # (connected to the node left)
-        for server in others:
-            server.kill()
-        try:
-            started = time.monotonic()
-            with pytest.raises(StoreUnavailable) as raised:
-                j.get_session("s")
-            print(f"\nraised after {time.monotonic() - started:.1f} s: {raised.value}")
-        finally:
-            for server in others:
-                server.start()
-            cluster.wait_ready()
-            time.sleep(1.5)
+    with (
+        _a_follower_left_alone(tmp_path) as (left, store, kill_the_others),
+        Journal.open(left.url, store=store) as j,  # (connected to the node left)
+    ):
+        kill_the_others()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as raised:
+            j.get_session("s")
+        print(f"\nraised after {time.monotonic() - started:.1f} s: {raised.value}")
     message = str(raised.value)
     assert "(JetStream error 10008)" in message, message
     assert "a majority of the servers is down" in message, message
@@ -953,25 +970,12 @@ def test_an_open_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) ->
     same refusal, nothing of a majority being down, and limits that 10008 is not about,
     where a read of a journal already open says what the refusal means (until
     2026-12-05: a crash trial, h23b, a writer restarted during a quorum loss)."""
-    cluster = shared_cluster()
-    store = store_name(tmp_path)
-    with Journal.open(cluster.url, store=store, replicas=3) as j:
-        j.create_session("s")
-        leader = cluster.server_named(_stream_leader(j, store))
-    left = next(s for s in cluster.servers if s is not leader)
-    others = [s for s in cluster.servers if s is not left]
-    for server in others:
-        server.kill()
-    try:
+    with _a_follower_left_alone(tmp_path) as (left, store, kill_the_others):
+        kill_the_others()
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as raised:
             JetStreamEngine.open(JetStreamOptions(servers=[left.url], store=store))
         print(f"\nraised after {time.monotonic() - started:.1f} s: {raised.value}")
-    finally:
-        for server in others:
-            server.start()
-        cluster.wait_ready()
-        time.sleep(1.5)
     message = str(raised.value)
     assert "(JetStream error 10008)" in message, message
     assert "a majority of the servers is down" in message, message
