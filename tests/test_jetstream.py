@@ -838,6 +838,21 @@ def test_a_journal_opened_right_after_the_stream_leader_is_killed_opens(tmp_path
         time.sleep(1.5)
 
 
+@contextlib.contextmanager
+def _the_stream_leader_killed(j: Journal, store: str) -> Iterator[None]:
+    """The shared cluster with the stream leader of `j`'s store killed; it starts again
+    after (for the other cluster tests), and the cluster is waited for."""
+    cluster = shared_cluster()
+    leader = cluster.server_named(_stream_leader(j, store))
+    leader.kill()
+    try:
+        yield
+    finally:
+        leader.start()
+        cluster.wait_ready()
+        time.sleep(1.5)
+
+
 @pytest.mark.cluster
 def test_a_retention_pass_right_after_the_stream_leader_is_killed_rides_it_out(
     tmp_path: Path,
@@ -855,17 +870,11 @@ def test_a_retention_pass_right_after_the_stream_leader_is_killed_rides_it_out(
         j.resolve_session("gone")
         j.create_session("kept")
         time.sleep(0.01)
-        leader = cluster.server_named(_stream_leader(j, store))
-        leader.kill()
-        try:
+        with _the_stream_leader_killed(j, store):
             started = time.monotonic()
             report = j.apply_retention()
             took = time.monotonic() - started
             print(f"\npass done {took:.1f} s after the kill")
-        finally:
-            leader.start()  # back for the other cluster tests
-            cluster.wait_ready()
-            time.sleep(1.5)
         assert report.evicted_sessions == ["gone"]
         assert [m.session_id for m in j.list_sessions()] == ["kept"]
         assert took < 30, took
@@ -887,9 +896,7 @@ def test_maintenance_right_after_the_stream_leader_is_killed_rides_it_out(
         j.create_session("s")
         j.append("s", events(3))
         later = int(time.time() * 1000) + 7_200_000
-        leader = cluster.server_named(_stream_leader(j, store))
-        leader.kill()
-        try:
+        with _the_stream_leader_killed(j, store):
             started = time.monotonic()
             if call == "expire_due":
                 done: Any = [m.session_id for m in j.expire_due(now_ms=later)]
@@ -897,10 +904,6 @@ def test_maintenance_right_after_the_stream_leader_is_killed_rides_it_out(
                 done = j.verify(fix=call == "verify_fix")
             took = time.monotonic() - started
             print(f"\n{call} done {took:.1f} s after the kill: {done}")
-        finally:
-            leader.start()  # back for the other cluster tests
-            cluster.wait_ready()
-            time.sleep(1.5)
         if call == "expire_due":
             assert done == ["due"]
         else:
