@@ -28,6 +28,7 @@ from _nats import (
     NatsServer,
     shared_cluster,
     shared_server,
+    stream_messages,
     wait_for_jetstream,
 )
 
@@ -572,21 +573,7 @@ def test_the_cli_compact_applies_retention_on_a_nats_store(url: str, tmp_path: P
 def _session_messages(url: str, name: str, session_id: str) -> int:
     """How many messages of the stream are on the subjects of `session_id` (its row,
     events, snapshot, heartbeats), read with a client of the test's own."""
-    import asyncio
-
-    import nats
-
-    async def count() -> int:
-        nc = await nats.connect(url)
-        try:
-            info = await nc.jetstream().stream_info(
-                f"JOURNAL_{name}", subjects_filter=f"j.{name}.s.{session_id.encode().hex()}.>"
-            )
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
-
-    return asyncio.run(count())
+    return stream_messages(url, name, f"s.{session_id.encode().hex()}.>")
 
 
 def test_eviction_purges_the_old_incarnation_and_keeps_a_new_one(url: str, tmp_path: Path) -> None:
@@ -692,22 +679,7 @@ def test_a_byte_window_trims_as_the_writer_goes(j: Journal) -> None:
 
 def _marker_messages(url: str, name: str, session_id: str) -> int:
     """How many idempotency markers (`s.<id>.ik.*`) of `session_id` the stream holds."""
-    import asyncio
-
-    import nats
-
-    async def count() -> int:
-        nc = await nats.connect(url)
-        try:
-            token = session_id.encode().hex()
-            info = await nc.jetstream().stream_info(
-                f"JOURNAL_{name}", subjects_filter=f"j.{name}.s.{token}.ik.*"
-            )
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
-
-    return asyncio.run(count())
+    return stream_messages(url, name, f"s.{session_id.encode().hex()}.ik.*")
 
 
 def test_the_markers_of_trimmed_appends_leave_the_stream(url: str, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from _nats import HoldingProxy, shared_server
+from _nats import HoldingProxy, shared_server, stream_messages
 
 from journal import (
     CursorForeign,
@@ -50,28 +50,10 @@ def url() -> str:
     return shared_server().url
 
 
-def _messages(url: str, name: str, subjects: str) -> int:
-    """How many messages of the store's stream are on `subjects` (below `j.<store>.`),
-    read with a client of the test's own."""
-    import nats
-
-    async def count() -> int:
-        nc = await nats.connect(url)
-        try:
-            info = await nc.jetstream().stream_info(
-                f"JOURNAL_{name}", subjects_filter=f"j.{name}.{subjects}"
-            )
-            return sum((info.state.subjects or {}).values())
-        finally:
-            await nc.close()
-
-    return asyncio.run(count())
-
-
 def _staged_messages(url: str, name: str, session_id: str) -> int:
     """The messages of a session's subjects and of every import's claims."""
     token = session_id.encode().hex()
-    return _messages(url, name, f"s.{token}.>") + _messages(url, name, "in.>")
+    return stream_messages(url, name, f"s.{token}.>") + stream_messages(url, name, "in.>")
 
 
 def _export(j: Journal) -> bytes:
@@ -188,10 +170,10 @@ def test_a_local_export_imports_into_jetstream_and_back_unchanged(url: str, tmp_
         # The importer's heartbeat (written while it had sessions staged) is purged
         # once it has none; nothing of the staging is left but one claim a session.
         deadline = time.monotonic() + 5
-        while _messages(url, store_name(tmp_path), "s.*.hb") and time.monotonic() < deadline:
+        while stream_messages(url, store_name(tmp_path), "s.*.hb") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _messages(url, store_name(tmp_path), "s.*.hb") == 0
-        assert _messages(url, store_name(tmp_path), "in.>") == len(held)
+        assert stream_messages(url, store_name(tmp_path), "s.*.hb") == 0
+        assert stream_messages(url, store_name(tmp_path), "in.>") == len(held)
         assert j.verify().problems == []
         back = _export(j)
     expected = _sections(archive)
@@ -371,7 +353,7 @@ def test_an_id_taken_meanwhile_is_session_exists_and_the_import_rolls_back(
         # Rolled back: nothing of the staged sessions is left, claims included; the
         # session created meanwhile keeps its own messages (its row and one event).
         assert _staged_messages(url, name, "long") == 0
-        assert _messages(url, name, f"s.{b'paused'.hex()}.>") == 2
+        assert stream_messages(url, name, f"s.{b'paused'.hex()}.>") == 2
         # The same archive under other ids imports.
         renamed = {"paused": "paused-2"}
         assert len(j.import_sessions(io.BytesIO(archive), rename=renamed).sessions) == 5
@@ -397,13 +379,13 @@ def test_an_import_interrupted_while_it_stages_is_rolled_back(url: str, tmp_path
             j.import_sessions(path, progress=progress)
         assert seen and seen[0] > 0  # (something was staged when it was interrupted)
         assert list(j.list_sessions()) == []
-        assert _messages(url, name, "in.>") == 0
+        assert stream_messages(url, name, "in.>") == 0
         # (The importer's heartbeat goes too, at its next beat: within a second.)
-        assert _messages(url, name, "s.*.row") == _messages(url, name, "s.*.ev") == 0
+        assert stream_messages(url, name, "s.*.row") == stream_messages(url, name, "s.*.ev") == 0
         deadline = time.monotonic() + 5
-        while _messages(url, name, "s.>") and time.monotonic() < deadline:
+        while stream_messages(url, name, "s.>") and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _messages(url, name, "s.>") == 0
+        assert stream_messages(url, name, "s.>") == 0
         assert len(j.import_sessions(path).sessions) == len(held)
 
 
@@ -502,13 +484,13 @@ def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
         if cleaner == "retention":
             j.apply_retention()
             assert _staged_messages(url, name, "big") == 0
-            assert _messages(url, name, f"s.{b'small'.hex()}.>") == 0
+            assert stream_messages(url, name, f"s.{b'small'.hex()}.>") == 0
         report = j.import_sessions(io.BytesIO(archive))
         assert [s.events for s in report.sessions] == [3600, 1]
         assert {i: _history(j, i) for i in held} == held
         assert j.verify().problems == []
         # Only the committed import's messages: one claim each.
-        assert _messages(url, name, "in.>") == 2
+        assert stream_messages(url, name, "in.>") == 2
 
 
 _IMPORTER_ELSEWHERE = (
@@ -629,7 +611,7 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
             assert [m.session_id for m in j.list_sessions()] == ["a"]
             assert _history(j, "a") == held
             assert j.verify().problems == []
-            assert _messages(url, name, "in.>") == 1
+            assert stream_messages(url, name, "in.>") == 1
     finally:
         child.kill()
         child.wait()
@@ -645,7 +627,7 @@ def _off_loop(wait: Any) -> None:
 
 def _until_committed(url: str, name: str) -> None:
     deadline = time.monotonic() + 30
-    while not _messages(url, name, "lc.>") and time.monotonic() < deadline:
+    while not stream_messages(url, name, "lc.>") and time.monotonic() < deadline:
         time.sleep(0.02)
 
 
@@ -736,7 +718,7 @@ def test_an_import_begun_as_the_last_ones_heartbeat_ends_still_beats(
     beats: list[int] = []
 
     def progress(done: int, total: int) -> None:
-        if beats or not _messages(url, name, f"s.{b'a2'.hex()}.row"):
+        if beats or not stream_messages(url, name, f"s.{b'a2'.hex()}.row"):
             return
         assert proxy.held.is_set()  # (begun while the purge waits)
         released = int(time.time() * 1000)
@@ -853,7 +835,7 @@ def test_a_staging_batch_that_lands_after_its_rollback_read_is_rolled_back_too(
     def landed() -> None:  # (the held batch is stored, or refused: 2 s)
         subjects = "in.>" if batch == "first" else f"s.{b'a'.hex()}.ev"
         deadline = time.monotonic() + 2
-        while time.monotonic() < deadline and not _messages(url, name, subjects):
+        while time.monotonic() < deadline and not stream_messages(url, name, subjects):
             time.sleep(0.02)
 
     reached: list[object] = []
@@ -879,8 +861,8 @@ def test_a_staging_batch_that_lands_after_its_rollback_read_is_rolled_back_too(
                 assert reached == ["a"]
             assert list(j.list_sessions()) == []
             assert not _staged_row(url, name, "a")
-            assert _messages(url, name, "in.>") == 0
-            assert _messages(url, name, f"s.{b'a'.hex()}.ev") == 0
+            assert stream_messages(url, name, "in.>") == 0
+            assert stream_messages(url, name, f"s.{b'a'.hex()}.ev") == 0
             # Another process imports the id at once (this one lives on).
             child = _importer(_IMPORT_ONCE, url, name, path)
             out, _ = child.communicate(timeout=60)
@@ -923,7 +905,7 @@ def test_an_importer_killed_during_its_rollback_leaves_no_claim(
         child.send_signal(signal.SIGKILL)
         child.wait()
         proxy.close()
-    assert _messages(url, name, "in.>") == 1
+    assert stream_messages(url, name, "in.>") == 1
     with Journal.open(url, store=name) as j:
         assert list(j.list_sessions()) == []
         if cleaner == "create":
@@ -931,18 +913,18 @@ def test_an_importer_killed_during_its_rollback_leaves_no_claim(
             # finishes that rollback first, or nothing ever would.
             j.create_session("big")
             j.apply_retention()
-            assert _messages(url, name, "in.>") == 0
-            assert _messages(url, name, f"s.{b'big'.hex()}.ev") == 0
+            assert stream_messages(url, name, "in.>") == 0
+            assert stream_messages(url, name, f"s.{b'big'.hex()}.ev") == 0
             return
         if cleaner == "retention":
             j.apply_retention()
-            assert _messages(url, name, "in.>") == 0
-            assert _messages(url, name, f"s.{b'big'.hex()}.>") == 0
+            assert stream_messages(url, name, "in.>") == 0
+            assert stream_messages(url, name, f"s.{b'big'.hex()}.>") == 0
         assert len(j.import_sessions(path).sessions) == 1
         assert _history(j, "big") == held
         assert j.verify().problems == []
-        assert _messages(url, name, "in.>") == 1  # (the committed import's claim only)
-        assert _messages(url, name, f"s.{b'big'.hex()}.ev") == len(held)
+        assert stream_messages(url, name, "in.>") == 1  # (the committed import's claim only)
+        assert stream_messages(url, name, f"s.{b'big'.hex()}.ev") == len(held)
 
 
 def test_an_id_created_while_an_import_rolls_back_a_dead_importer_is_session_exists(
@@ -1028,6 +1010,6 @@ def test_an_interrupted_import_committed_and_evicted_before_its_rollback_keeps_i
             assert reached == ["a"] and evicted == ["a"]
             assert list(j.list_sessions()) == []
             assert getattr(caught.value, "__notes__", []) == [IMPORT_COMMITTED]
-            assert _messages(url, name, "in.>") == 1
+            assert stream_messages(url, name, "in.>") == 1
     finally:
         proxy.close()
