@@ -58,8 +58,9 @@ ACK_S: Final = 2.0
 # now 4 to 6 s).
 PING_S: Final = 2
 MAX_PINGS_OUT: Final = 2
-# How long a maintenance pass asks its reads again while the servers do not answer or
-# refuse for want of a leader: as long as a read is asked (the engine's READ_RETRY_S).
+# How long a read, and a maintenance pass's read, is asked again while the servers do not
+# answer or refuse for want of a leader (a leader election takes seconds): one window,
+# the engine's READ_RETRY_S.
 PASS_RETRY_S: Final = 30.0
 # JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
 _NO_LEADER: Final = 10008

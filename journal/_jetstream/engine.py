@@ -51,7 +51,7 @@ from ..models import (
 from ..remote import without_password
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import HeadUnknown, Notifier
-from .client import ApiError, Closed, Connection, Unavailable, failure
+from .client import PASS_RETRY_S, ApiError, Closed, Connection, Unavailable, failure
 from .commits_seen import CommitsSeen
 from .imports import MAX_IMPORT_SESSIONS, Imports
 from .layout import Meta, Subjects
@@ -69,7 +69,7 @@ T = TypeVar("T")
 # processes are kept within this).
 EXPIRY_SCAN_S: Final = 30.0
 # How long a read is asked again while the servers do not answer.
-READ_RETRY_S: Final = 30.0
+READ_RETRY_S: Final = PASS_RETRY_S  # (the maintenance passes' window too)
 _STREAM_PREFIX: Final = "JOURNAL_"
 
 
