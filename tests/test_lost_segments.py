@@ -375,3 +375,36 @@ def test_a_read_only_build_does_not_take_a_segment_compacted_after_its_listing_f
         logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert not [m for m in logged if "are missing from the log" in m], logged
         assert got == expected  # (before the fix too: the open's refresh read C's record)
+
+
+def test_a_read_through_a_view_that_places_events_in_a_lost_file_says_what_verify_says(
+    tmp_path: Path,
+) -> None:
+    # A sealed segment deleted by hand while `index/` stays: the view still places the
+    # session's events in it. The read said "corrupt journal view (index/): the events
+    # index of session 's' points at ...seg.zst, which does not exist; ... `journal verify
+    # --fix` rebuilds it, and so does the next writable open", a file name the store never
+    # had and two ways out that do neither (verify --fix keeps the view, so as not to drop
+    # the events as trimmed; a writer's open keeps it too): a trial of the README's
+    # restore paragraph. It names the segment and the ways out as `verify` does.
+    store = tmp_path / "store"
+    with Journal.open(
+        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
+    ) as j:
+        j.create_session("s")
+        for _ in range(80):
+            j.append("s", [EventIn("m", b"x" * 700)])
+    lost = _sealed(store)[1]
+    lost.unlink()
+    (store / "segments" / lost.name.replace(".seg", ".idx")).unlink(missing_ok=True)
+    for readonly in (False, True):
+        with Journal.open(store, readonly=readonly, retention=None) as j:
+            with pytest.raises(JournalCorrupt) as raised:
+                list(j.replay("s"))
+            [problem] = j.verify().problems
+            assert problem.segment == lost.name
+            assert raised.value.segment == lost.name, raised.value
+            assert "missing: the index places" in str(raised.value)
+            assert "session 's'" in str(raised.value)
+            assert "deleting index/ rebuilds it without them" in str(raised.value)
+            assert "verify --fix` (Journal.verify(fix=True)) rebuilds it" not in str(raised.value)

@@ -28,7 +28,14 @@ import lmdb
 
 from .view_codec import CRC, U64, Raw, corrupt, key_u64
 
-__all__ = ["EventsIndex", "Location"]
+__all__ = ["LOST_SEGMENT_WAY", "EventsIndex", "Location"]
+
+# What to do when the index places frames in a segment file the log no longer has (lost,
+# or deleted by hand): `verify` and a read say the same (SPEC 9).
+LOST_SEGMENT_WAY: Final = (
+    "restore the file from a backup (verify --fix does not drop them; deleting index/ "
+    "rebuilds it without them, accepting the loss)"
+)
 
 # first ordinal, segment, frame offset, session bytes appended before the frame, frame time
 _LOCATION: Final = struct.Struct(">QQQQQ")

@@ -27,6 +27,7 @@ from ..models import (
 )
 from ..records import ReadRecord, decode_frame_for_read
 from ..sessions import SessionRow
+from .events_index import LOST_SEGMENT_WAY
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import segment_name
 from .segments import SegmentReader
@@ -227,6 +228,7 @@ def read_page(
     "points at ..., which does not exist" where the history had expired; found by a
     long-running trial.)"""
     with readers.lock:
+        head: Head | None = None
         for attempt in range(3):
             if attempt and refresh is not None:
                 refresh()
@@ -240,12 +242,7 @@ def read_page(
             except FileNotFoundError as e:
                 readers.drop_all()
                 if attempt == 2:
-                    # Not a race with retention or compaction (three fresh snapshots
-                    # still point at it): the index names a segment the log lacks.
-                    raise corrupt(
-                        f"the events index of session {session_id!r} points at "
-                        f"{os.path.basename(e.filename or '?')}, which does not exist"
-                    ) from None
+                    raise _missing_file(session_id, e.filename, head) from None
                 continue
             except JournalCorrupt:
                 readers.drop_all()
@@ -258,6 +255,30 @@ def read_page(
                 readers.rest()
             return page
     raise AssertionError("unreachable")
+
+
+def _missing_file(session_id: str, filename: str | None, head: Head | None) -> JournalCorrupt:
+    """The error of a read whose segment file is gone for good: three fresh snapshots
+    still place the session's frames there, so it is no race with retention or compaction.
+    A segment at or below the view's head is a file the log lost (deleted by hand, left
+    out of a restore: SPEC 9), named as `verify` names it, with the same ways out; until
+    review h24d the read said "corrupt journal view", named the `.seg.zst` it tried last,
+    and sent the user to `verify --fix`, which keeps such a view (rebuilt, it would take
+    the events for trimmed ones) and said so. Past the head no segment ever was: the
+    entry is damage of the view."""
+    name = os.path.basename(filename or "?").removesuffix(".zst")
+    base = name.removesuffix(".seg")
+    if head is not None and base.isdigit() and int(base) <= head.segment:
+        return JournalCorrupt(
+            name,
+            0,
+            f"missing: the index places events of session {session_id!r} in it, and the "
+            "log no longer has the file",
+            way=LOST_SEGMENT_WAY,
+        )
+    return corrupt(
+        f"the events index of session {session_id!r} points at {name}, which does not exist"
+    )
 
 
 def _page_once(

@@ -20,6 +20,7 @@ import lmdb
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
+from .events_index import LOST_SEGMENT_WAY
 from .frames import (
     SEGMENT_HEADER_SIZE,
     FrameInfo,
@@ -265,9 +266,7 @@ def missing_segments(
             segment_name(segment),
             0,
             f"missing: the index places {frames[segment]} frame(s) of events of "
-            f"{len(sessions[segment])} session(s) in it; restore the file from a backup "
-            "(verify --fix does not drop them; deleting index/ rebuilds it without them, "
-            "accepting the loss)",
+            f"{len(sessions[segment])} session(s) in it; {LOST_SEGMENT_WAY}",
         )
         for segment in sorted(frames)
     ]
