@@ -156,7 +156,9 @@ def create(
     "--all",
     "all_pages",
     is_flag=True,
-    help="Every session, even with --page-size/--page-token (the default without them).",
+    help="Every page to the last, without the token line (the default without "
+    "--page-size and --page-token): with --page-size, in pages of N; with --page-token, "
+    "from its page on.",
 )
 @pass_settings
 def list_(
