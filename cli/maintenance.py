@@ -364,9 +364,9 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
     JOURNAL_CURSOR_KEY set to this text it verifies the writer's cursors, and the cursors
     it prints resume for the writer too. It is a secret: anyone with it can make cursors.
 
-    A store that holds records refuses writes while its key file is missing (a new key
-    would make every saved cursor foreign without a word): restore the file, or start a
-    new key ring on purpose with --new.
+    A store that holds records refuses to open, for reading too, while its key file is
+    missing (a new key would make every saved cursor foreign without a word): restore
+    the file, or start a new key ring on purpose with --new.
 
     Rotating keys: a process reads the keys when it opens the store, and again when a
     cursor of a key it lacks reaches it. After --rotate, processes that were already
