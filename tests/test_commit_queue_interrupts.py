@@ -129,8 +129,12 @@ def local(frame, event, arg):
 def tracer(frame, event, arg):
     if not chosen(frame):
         return None
+    frame.f_trace = local  # (before f_trace_opcodes: see _opcode_events below)
     frame.f_trace_opcodes = mode != "waiting"
     return local
+
+
+sys._getframe().f_trace_opcodes = True  # (Python 3.12: see _tracing in the test module)
 
 
 go = threading.Event()  # the main thread is about to wait
@@ -757,14 +761,26 @@ def _traced(code: Callable[[FrameType], bool], at: Callable[[FrameType, int], No
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         if not code(frame):
             return None
-        frame.f_trace_opcodes = True
+        _opcode_events(frame, local)
         return local
 
     return tracer
 
 
+def _opcode_events(frame: FrameType, local: Any) -> None:
+    """Asks for `frame`'s opcode events, from a global trace function's "call" event.
+    Python 3.13 sends none to a frame whose `f_trace_opcodes` was set before its `f_trace`
+    (the local trace function a "call" event returns is set after it) the first time its
+    code is traced: set `f_trace` first."""
+    frame.f_trace = local
+    frame.f_trace_opcodes = True
+
+
 @contextlib.contextmanager
 def _tracing(tracer: Any) -> Iterator[None]:
+    # Python 3.12 sends opcode events only when some frame had set `f_trace_opcodes`
+    # before the `sys.settrace` (CPython gh-114480): this one does (its own has no effect).
+    sys._getframe().f_trace_opcodes = True  # noqa: SLF001 (this frame's)
     previous = sys.gettrace()
     sys.settrace(tracer)
     try:
@@ -874,7 +890,7 @@ def test_a_raising_handler_right_after_the_view_commits_leaves_the_journal_reada
     def tracer(frame: FrameType, event: str, arg: object) -> Any:
         if frame.f_code is not commit.__code__:
             return None
-        frame.f_trace_opcodes = True
+        _opcode_events(frame, local)
         return local
 
     def stop(signum: int, frame: object) -> None:

@@ -57,8 +57,15 @@ def local(frame, event, arg):
 def tracer(frame, event, arg):
     if state["fired"] is not None:
         return None
+    # (f_trace before f_trace_opcodes: Python 3.13 sends no opcode events to a frame of
+    # code traced the first time otherwise.)
+    frame.f_trace = local
     frame.f_trace_opcodes = True
     return local
+
+# (Python 3.12 sends opcode events only once some frame set f_trace_opcodes before the
+# sys.settrace: CPython gh-114480.)
+sys._getframe().f_trace_opcodes = True
 
 def traced_next(stream, at):
     # next(stream) with a SIGINT at its `at`-th check point (the KeyboardInterrupt caught).
