@@ -500,6 +500,9 @@ class Demo:
                 process.stdin.close()
             for thread in self.threads:
                 thread.join(2)
+            for pipe in (process.stdout, process.stderr):
+                if pipe is not None:
+                    pipe.close()
 
     def _supervise(self, process: subprocess.Popen[str], started: float) -> None:
         while process.poll() is None:
@@ -620,8 +623,9 @@ class Demo:
             if child.poll() is None:
                 child.kill()
                 child.wait(5)
-            if child.stdin is not None:
-                child.stdin.close()
+            for pipe in (child.stdin, child.stdout):
+                if pipe is not None:
+                    pipe.close()
         if not outcome:
             raise CommandFailed(f"the watch of {name} did not report the unknown outcome")
         error = outcome[0]
