@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 
 def run(prog_name: str | None = None) -> None:
     """The `journal` console script. A Ctrl+C while the command is still being imported
     (the first few tenths of a second) ends it with exit 130 and no traceback, as a
-    Ctrl+C at any later point does."""
+    Ctrl+C at any later point does; also one whose KeyboardInterrupt Python swallowed
+    there (the handler ran in a finalizer, "Exception ignored in": the command then ran
+    on, and a watch followed for good; found by a supervisor trial), which Python
+    reports to `sys.unraisablehook` as it drops it."""
+    lost: list[BaseException] = []
+    report = sys.unraisablehook
+
+    def dropped(unraisable: Any) -> None:
+        if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+            lost.append(unraisable.exc_value)
+        report(unraisable)
+
+    sys.unraisablehook = dropped
     try:
         from .main import main
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    finally:
+        sys.unraisablehook = report
+    if lost:
+        raise SystemExit(130)
     main(prog_name=prog_name)

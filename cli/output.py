@@ -19,7 +19,7 @@ import stat
 import sys
 import threading
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -221,24 +221,30 @@ class Output:
     def json(self) -> bool:
         return self.format == "json"
 
-    def emit(self, record: Mapping[str, Any], text: str | None, quiet: str | None = None) -> None:
+    def emit(
+        self,
+        record: Mapping[str, Any],
+        text: str | None,
+        quiet: str | None = None,
+        printed: Callable[[], None] | None = None,
+    ) -> None:
         """Print `record` as one JSON line, `text` as one line (nothing if None), or in
-        quiet format `quiet` (nothing if None)."""
+        quiet format `quiet` (nothing if None); then call `printed` (`_print`)."""
         if self.broken:
             return
         if self.json:
-            self._print(json_line(record))
+            self._print(json_line(record), printed)
         else:
-            self._print(quiet if self.format == "quiet" else text)
+            self._print(quiet if self.format == "quiet" else text, printed)
 
-    def event(self, event: journal.Event) -> None:
+    def event(self, event: journal.Event, printed: Callable[[], None] | None = None) -> None:
         """Print an event of `read` or `watch`, rendered in the chosen format only: the
         other renderings of a large payload (base64, a preview) cost more than printing
-        it."""
+        it; then call `printed` (`_print`)."""
         if self.broken:
             return
         if self.json:
-            self._print(json_line(event_record(event)))
+            self._print(json_line(event_record(event)), printed)
         elif self.format == "quiet":
             text = event_quiet(event)
             if text is not None and "\ufffd" in text and not self._said_not_text:
@@ -251,9 +257,9 @@ class Output:
                     "each; --format json prints one event per line",
                     err=True,
                 )
-            self._print(text)
+            self._print(text, printed)
         else:
-            self._print(event_text(event))
+            self._print(event_text(event), printed)
 
     def _say_not_text(self, event: journal.Event) -> None:
         """Quiet format printed data that is not UTF-8 text with U+FFFD in place of its
@@ -269,13 +275,22 @@ class Output:
                 err=True,
             )
 
-    def _print(self, line: str | None) -> None:
+    def _print(self, line: str | None, printed: Callable[[], None] | None = None) -> None:
+        """Print one line; then `printed()` (a watch notes the line's cursor) while a
+        signal is still held, so the end object a signal leads to names the last line
+        printed whole. (Noted after the line returned, a signal between the two gave the
+        cursor before it, and a watch resumed from that printed the line again: found by a
+        supervisor trial; `tests/test_cli_watch_stops.py`.)"""
         if line is None:
+            if printed is not None:
+                printed()
             return
         with self._lock:
             self.printing = threading.current_thread() is threading.main_thread()
             try:
                 echo(line)  # (flushed: watch output streams)
+                if printed is not None:
+                    printed()
             except BrokenPipeError:
                 self.broken = True
                 silence_stdout()

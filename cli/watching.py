@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from functools import partial
 from types import FrameType
 
 import click
@@ -78,7 +79,7 @@ def _stopped(output: Output, code: int, cursor: str | None) -> None:
             output.emit({"end": "stopped", "cursor": cursor}, None)
     elif output.format == "text":
         # `cursor` is that of the last event whose printing completed: resuming from it
-        # never skips one (an event printed just as the signal came may come again).
+        # neither skips nor repeats one (`Output._print` notes it as the line ends).
         hint = f"resume with --cursor {cursor}" if cursor else "start again without --cursor"
         click.echo(f"-- stopped; {hint}", err=True)
     raise click.exceptions.Exit(code)
@@ -89,6 +90,11 @@ class _Last:
 
     cursor: str | None = None
     caught: list[BaseException]
+
+    def note(self, cursor: str) -> None:
+        """The line of the event whose cursor this is was printed whole (`Output._print`
+        calls this while a signal is still held)."""
+        self.cursor = cursor
 
     def raise_caught(self) -> None:
         """Raise the first signal caught (its handler's own raise may have been lost)."""
@@ -117,8 +123,7 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
     stop_when_reader_leaves(reader_gone, stop)
     with _watching(output, cursor, stop) as last, settings.open(write=False) as store:
         for event in store.watch(session_id, cursor=cursor, stop=stop):
-            output.event(event)
-            last.cursor = event.cursor
+            output.event(event, partial(last.note, event.cursor))
             output.raise_held()
         last.raise_caught()
         if reader_gone.is_set():
@@ -133,9 +138,9 @@ def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
     stop = threading.Event()  # (set when the reader leaves, or by a signal)
     stop_when_reader_leaves(reader_gone, stop)
     with _watching(output, cursor, stop) as last, settings.open(write=False) as store:
-        for event in store.watch_sessions(cursor=cursor, stop=stop):
-            output.emit(lifecycle_record(event), lifecycle_text(event))
-            last.cursor = event.cursor
+        for change in store.watch_sessions(cursor=cursor, stop=stop):
+            noted = partial(last.note, change.cursor)
+            output.emit(lifecycle_record(change), lifecycle_text(change), printed=noted)
             output.raise_held()
         last.raise_caught()
     if reader_gone.is_set():
