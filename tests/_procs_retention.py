@@ -19,6 +19,9 @@
         Print `ready`, wait for a line, then run `compact()`, pausing (`paused`, then wait
         for a line) at the first hit of fault point POINT; print `rewrote NAME,...` and exit
         0 (a parent kills it at the pause: a crash there).
+    compact_paused_before_the_swap_commits STORE
+        As `compact_paused`, pausing at the view's commit of the first swap's batch (its
+        copy renamed into place, its sidecar written).
     retention_paused STORE
         Print `ready`, wait for a line, then run `apply_retention()`, pausing (`listed`,
         then wait for a line) when it first reads a sealed segment's sidecar; print
@@ -301,6 +304,30 @@ def compact_paused(store: str, point: str) -> None:
     emit("rewrote " + ",".join(report.segments_rewritten))
 
 
+class PauseBeforeTheSwapCommits(FileOps):
+    """Pause (`paused`, then wait for a line) at the view's commit of the first swap's
+    batch: its copy renamed into place and its new sidecar written."""
+
+    renamed = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.replaced":
+            self.renamed = True
+        elif name == "commit.view_commit" and self.renamed:
+            self.renamed = False
+            emit("paused")
+            sys.stdin.readline()
+
+
+def compact_paused_before_the_swap_commits(store: str) -> None:
+    pauses = PauseBeforeTheSwapCommits()
+    with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
+        emit("ready")
+        sys.stdin.readline()
+        report = j.compact()
+    emit("rewrote " + ",".join(report.segments_rewritten))
+
+
 def retention_paused(store: str) -> None:
     pauses = PauseAt({"retention.read_sidecar": "listed"})
     with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
@@ -405,6 +432,7 @@ COMMANDS = {
     "retention_paused": retention_paused,
     "compact_interleaved": compact_interleaved,
     "compact_paused": compact_paused,
+    "compact_paused_before_the_swap_commits": compact_paused_before_the_swap_commits,
     "ro_watch": ro_watch,
     "ro_watch_paused": ro_watch_paused,
     "ro_read": ro_read,

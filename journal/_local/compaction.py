@@ -22,6 +22,7 @@ worth it (SPEC 8, "Sealing the active segment").
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -49,6 +50,7 @@ __all__ = [
     "SealActive",
     "SwapSegment",
     "compact_store",
+    "finish_swaps",
     "live_frames",
     "seal_active",
     "swap_segment",
@@ -63,6 +65,7 @@ DEFAULT_DEAD_SHARE: Final = 0.5
 SEAL_DEAD_BYTES: Final = 1 << 20
 
 ResultT = TypeVar("ResultT")
+_log: Final = logging.getLogger("journal")
 
 
 class Submit(Protocol):
@@ -282,6 +285,53 @@ def _finish_swap(
     submit(SwapSegment(base, "", summary, source, last_position, source[1:]))
 
 
+# `<base>.seg.zst.swap.<pid>`: a swap of `base` by process `pid` may be between its rename
+# (its commit point) and its transaction's commit. A writer's open finishes the view's
+# part of such a swap once `pid` is gone (`finish_swaps`).
+_SWAP_MARK: Final = ".swap."
+
+
+def _mark_swap(log: SegmentLog, base: int) -> str:
+    """Leave a durable mark of a swap of `base` about to be submitted; its path."""
+    path = os.path.join(
+        log.directory, f"{segment_name(base, compressed=True)}{_SWAP_MARK}{os.getpid()}"
+    )
+    os.close(log.permissions.create_file(path, os.O_WRONLY))
+    fsync_dir(log.directory, log.ops)
+    return path
+
+
+def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[int], bool]) -> None:
+    """Do the view's part of the swaps that processes which are gone left marked (killed
+    after a swap's rename, before its transaction committed: the view still held the
+    tombstones, ids and eviction pins of the creation records the copy dropped, and the
+    feed entries of its dropped records, and `verify()` reported them after every open
+    until the next compaction passed the segment; found by a crash trial), then remove
+    their marks. A mark of a swap that was never renamed, or committed, finds nothing to do."""
+    every = log.bases()
+    for name in sorted(os.listdir(log.directory)):
+        head, mark, pid = name.rpartition(_SWAP_MARK)
+        if not mark or not pid.isdigit() or alive(int(pid)):
+            continue
+        base = int(head[:20]) if head[:20].isdigit() else 0
+        source = _file_identity(log.directory, base)
+        if source is not None and source[0].endswith(".zst"):
+            later = bisect_right(every, base)
+            next_base = every[later] if later < len(every) else None
+            try:
+                summary = read_summary(log.directory, base) or summarize_segment(
+                    log.directory, base, log.ops
+                )
+                _finish_swap(log, view, submit, summary, source, next_base)
+            except FileNotFoundError:
+                pass  # (deleted meanwhile by another writer's retention pass)
+            except JournalCorrupt as damage:  # (`verify` reports it; the mark stays)
+                _log.warning("an interrupted compaction of %s is left: %s", source[0], damage)
+                continue
+        with contextlib.suppress(FileNotFoundError):
+            log.ops.unlink(os.path.join(log.directory, name))
+
+
 def sealed_bytes(log: SegmentLog) -> int:
     """Bytes of the sealed segments and their sidecars (the active one is preallocated;
     the directory's other files, such as `feed-floor`, are not segments)."""
@@ -466,11 +516,14 @@ def _compact_segment(
         base, temporary, new_summary, source, summary.last_position, (copy.st_ino, copy.st_size)
     )
     try:
+        mark = _mark_swap(log, base)
         swapped = submit(swap)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)  # (gone already when it was renamed into place)
-        raise
+        raise  # (the mark stays: the view's part may be left to do, `finish_swaps`)
+    with contextlib.suppress(FileNotFoundError):
+        log.ops.unlink(mark)  # (committed, or abandoned before its rename)
     if swapped:
         rewritten.append(segment_name(base, compressed=True))
         return live_bytes

@@ -68,7 +68,7 @@ from ..waiter import Notifier
 from .catch_up import CatchUp
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
-from .compaction import Compactions, SealActive, SwapSegment
+from .compaction import Compactions, SealActive, SwapSegment, finish_swaps
 from .expiry import ExpiryTimer
 from .failures import (
     disk_errors,
@@ -255,6 +255,7 @@ class LocalEngine:
                 # every write fails with this error, and reads of the lost frames too.)
                 self._run_commit([])
             self._roll_back_abandoned_imports()
+            finish_swaps(self.log, self.view, self.submit, process_alive)
             self.expiry = ExpiryTimer(self)
 
     def changes(self) -> DirectoryChanges | None:
