@@ -116,6 +116,27 @@ class JournalGroup(click.Group):
             error.show()
             sys.exit(error.exit_code)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """An unknown command that names a `sessions` command (`journal list`, `own`) or
+        a guess a supervisor author made (`watch-sessions`, `tail`) names the command
+        meant: click said "No such command", at best "Did you mean 'sessions'?"."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.exceptions.NoSuchCommand as error:
+            group = self.commands.get("sessions")
+            name = error.command_name
+            if isinstance(group, click.Group) and name in group.commands:
+                meant: str | None = f"sessions {name}"
+            else:
+                meant = _GUESSES.get(name)
+            if meant is None:
+                raise
+            raise click.UsageError(
+                f"No such command {name!r}: did you mean `journal {meant}`?", ctx
+            ) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -169,6 +190,14 @@ def main(ctx: click.Context, store: str, output_format: str) -> None:
 
 # click 8.2 raises this for a bare group (older versions print the help and exit).
 _NO_ARGS_IS_HELP: Any = getattr(click.exceptions, "NoArgsIsHelpError", ())
+# Commands a new user looked for under other names (JournalGroup.resolve_command).
+_GUESSES = {
+    "watch-sessions": "sessions watch",
+    "sessions-watch": "sessions watch",
+    "list-sessions": "sessions list",
+    "tail": "watch -s ID",
+    "follow": "watch -s ID",
+}
 
 
 def _wants_json(argv: list[str]) -> bool:

@@ -247,3 +247,27 @@ def test_an_import_under_the_same_ids_does_not_say_as_itself(store: Path, tmp_pa
     assert kept.stdout.splitlines()[0] == "imported s (2 events)", kept.stdout
     renamed = _cli(tmp_path / "other", "import", str(archive), "--as", "t")
     assert renamed.stdout.splitlines()[0] == "imported s as t (2 events)", renamed.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("list", "journal sessions list"),
+        ("own", "journal sessions own"),
+        ("resolve", "journal sessions resolve"),
+        ("watch-sessions", "journal sessions watch"),
+        ("list-sessions", "journal sessions list"),
+        ("tail", "journal watch -s ID"),
+    ],
+)
+def test_a_command_of_the_sessions_group_named_alone_is_pointed_to(
+    store: Path, name: str, hint: str
+) -> None:
+    """`journal list`, `journal own ID` or `journal watch-sessions` (a supervisor author's
+    first guesses) said "No such command", at best "Did you mean 'sessions'?", which
+    prints the group's help: the error names the command itself now (supervisor trial)."""
+    done = _cli(store, name, "x")
+    assert done.returncode == 2
+    assert f"No such command '{name}': did you mean `{hint}`?" in done.stderr, done.stderr
+    error = _error(_cli(store, "--format", "json", name))
+    assert error["code"] == "USAGE" and f"`{hint}`" in error["message"]
