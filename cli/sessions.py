@@ -174,6 +174,10 @@ def list_(
     (--page-size, --page-token) ends with one object more, {"next_page_token": T},
     which has no other key, so `jq 'select(.session_id)'` keeps the sessions and
     `tail -n 1 | jq -r .next_page_token` the token.
+
+    A session whose worker died mid-turn is listed with `open-turn=R (no owner)` (JSON:
+    "open_turn" R and "owner" null): `journal sessions own ID` records that turn as
+    failed (outcome unknown) and lets the session go.
     """
     output = settings.output
     state_filter = journal.SessionState(state) if state else None

@@ -271,3 +271,14 @@ def test_a_command_of_the_sessions_group_named_alone_is_pointed_to(
     assert f"No such command '{name}': did you mean `{hint}`?" in done.stderr, done.stderr
     error = _error(_cli(store, "--format", "json", name))
     assert error["code"] == "USAGE" and f"`{hint}`" in error["message"]
+
+
+def test_the_listings_help_says_how_a_dead_workers_turn_shows_and_what_settles_it(
+    store: Path,
+) -> None:
+    """A supervisor author reading `sessions list --help` learnt nothing of `open_turn`
+    and `owner`, nor that `sessions own` settles such a turn (supervisor trial)."""
+    done = _cli(store, "sessions", "list", "--help")
+    text = " ".join(done.stdout.split())
+    assert '"open_turn" R and "owner" null' in text
+    assert "journal sessions own ID" in text
