@@ -937,6 +937,28 @@ def test_a_read_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> 
 
 
 @pytest.mark.cluster
+def test_a_write_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
+    """A write whose read of the session's row was refused for want of a leader for its
+    30 s said "no answer from JetStream for 30 s reading session 's' to write to it
+    (JetStream system temporarily unavailable)": the servers had answered, and nothing
+    said what the refusal meant, where a read says so (until 2026-12-06: crash trial
+    h24b, writers appending through a quorum loss of 40 s)."""
+    with (
+        _a_follower_left_alone(tmp_path) as (left, store, kill_the_others),
+        Journal.open(left.url, store=store) as j,  # (no copy of the row: it is read)
+    ):
+        kill_the_others()
+        with pytest.raises(StoreUnavailable) as raised:
+            j.append("s", events(1))
+    message = str(raised.value)
+    assert "'s'" in message and "was not committed" in message, message
+    assert "no answer" not in message, message
+    assert "(JetStream error 10008)" in message, message
+    assert "a majority of the servers is down" in message, message
+    assert message.endswith("then retry"), message
+
+
+@pytest.mark.cluster
 def test_an_open_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) -> None:
     """With two of the three nodes down, an open asked again for its 30 s raised
     "JetStream refused to open the store: JetStream system temporarily unavailable

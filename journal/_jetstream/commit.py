@@ -30,7 +30,7 @@ from ..errors import (
 )
 from ..models import LifecycleEventType, RetentionPolicy, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
-from .client import WRITE_TOKEN, ApiError, BatchMessage, Unavailable
+from .client import WRITE_TOKEN, ApiError, BatchMessage, Unavailable, failure
 from .layout import (
     ENCODER,
     StoredFeed,
@@ -66,6 +66,20 @@ def _now_ms() -> int:
 
 def _transient(error: ApiError) -> bool:
     return error.transient
+
+
+def _unread(session_id: str, error: BaseException) -> str:
+    """Why a write whose read of the session's row failed for WRITE_S was not committed,
+    and what to do. (A refusal for want of a leader is an answer, and says what it means
+    as a read's does: until 2026-12-06 every such write said "no answer from JetStream
+    ... (JetStream system temporarily unavailable)", crash trial h24b.)"""
+    detail = failure(error)
+    if not (isinstance(error, ApiError) and error.no_leader):
+        detail += ": check the servers and retry"
+    return (
+        f"this write was not committed: session {session_id!r} could not be read to "
+        f"write to it for {WRITE_S:g} s: {detail}"
+    )
 
 
 class _CannotTell(Exception):
@@ -206,12 +220,7 @@ class Committer:
                     if isinstance(e, ApiError) and not _transient(e):
                         raise
                     if time.monotonic() > deadline:
-                        detail = e.description if isinstance(e, ApiError) else type(e).__name__
-                        raise StoreUnavailable(
-                            f"no answer from JetStream for {WRITE_S:g} s reading session "
-                            f"{session_id!r} to write to it ({detail}); this write was not "
-                            "committed: check the servers and retry"
-                        ) from None
+                        raise StoreUnavailable(_unread(session_id, e)) from None
                     await asyncio.sleep(0.1)
                     fresh = True
                     continue
