@@ -2862,6 +2862,41 @@ def test_the_startup_snapshot_never_takes_rows_from_a_replica_behind_its_positio
     assert states[-1] is SessionState.RESOLVED, seen
 
 
+def test_a_listing_never_takes_rows_from_a_replica_behind_its_subjects(
+    url: str, tmp_path: Path
+) -> None:
+    """A page lists the row subjects (`STREAM.INFO`, the leader), then reads their rows
+    with batched direct gets, which any replica may answer, accepted only from one that
+    has every sequence this engine knows committed. The subjects' read was not among
+    those, so a replica behind it could answer: "b", created by another process before
+    the listing began, was left out of the page (its subject listed, its row not found:
+    taken for a row gone), where SPEC 7.7 lists once every session that exists
+    throughout (until 2026-12-06: crash trial h24b, found reading the listing it ran). A
+    lagging replica is played by an answer read before the creation."""
+    from journal._jetstream.layout import Subjects
+
+    engine = JetStreamEngine.open(JetStreamOptions(servers=[url], store=store_name(tmp_path)))
+    other = Journal.open(url, store=store_name(tmp_path))
+    with Journal.over(engine) as j, other:
+        j.create_session("a")
+        reader = engine.reader
+        rows = [reader.subjects.row(Subjects.token(s)) for s in ("a", "b")]
+        body = {"multi_last": [*rows, reader.subjects.meta], "batch": 3}
+        stale = [reader.conn.call(reader.conn.direct(body))]  # (as a lagging replica)
+        other.create_session("b")
+        real = reader.conn.direct
+
+        async def direct(body: dict[str, Any]) -> Any:
+            if stale and rows[1] in body.get("multi_last", ()):
+                return stale.pop()
+            return await real(body)
+
+        reader.conn.direct = direct  # type: ignore[method-assign]
+        listed = [m.session_id for m in j.list_sessions_page().sessions]
+        assert not stale  # (the stale answer was given)
+    assert listed == ["a", "b"], listed
+
+
 def test_a_lifecycle_follower_is_woken_for_a_change_committed_while_it_read(
     url: str, tmp_path: Path
 ) -> None:

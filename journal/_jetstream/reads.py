@@ -155,6 +155,11 @@ class StoreReader:
                 f"$JS.API.STREAM.INFO.{self.conn.stream}",
                 {"subjects_filter": self.subjects.rows, "offset": offset},
             )
+            # The rows of these subjects are read next from any replica that has what
+            # this engine knows committed: the leader's answer counts (until 2026-12-06
+            # it did not, and a replica behind it could answer without a session created
+            # before the listing began, which was left out: crash trial h24b).
+            self.saw(int(info["state"]["last_seq"]))
             subjects = info["state"].get("subjects") or {}
             for subject in subjects:
                 token = self.subjects.token_of_row(subject)
