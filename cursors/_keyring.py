@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, Final, TypeGuard
 
 from ._errors import KeyRingError
 
@@ -193,7 +193,9 @@ class KeyRing:
         except OSError as exc:
             raise KeyRingError(
                 f"cannot read key ring file {file_path} ({exc.strerror}); "
-                f"check that it is a file and that its owner and permissions allow reading"
+                + _short_of(
+                    exc, "check that it is a file and that its owner and permissions allow reading"
+                )
             ) from None
         ring = cls._from_document(data, file_path)
         ring._source = (file_path, stamp)
@@ -628,7 +630,7 @@ def _read_secret_file(file_name: str) -> bytes:
     except OSError as exc:
         raise KeyRingError(
             f"cannot read the cursor key file {file_name!r} named by ${KEY_FILE_ENV} "
-            f"({exc.strerror}); check the path and its permissions"
+            f"({exc.strerror}); {_short_of(exc, 'check the path and its permissions')}"
         ) from None
     # Printable text must parse, so a mistyped hex or base64url key is reported rather than
     # silently used as raw bytes (which would disagree with replicas given the text form).
@@ -697,8 +699,8 @@ def _open_lock_beside(path: Path) -> int:
                 continue  # removed between the two opens
     except OSError as exc:
         raise KeyRingError(
-            f"cannot open the key file's lock {lock_path} ({exc.strerror}); run as a user "
-            "who can write the store"
+            f"cannot open the key file's lock {lock_path} ({exc.strerror}); "
+            + _short_of(exc, "run as a user who can write the store")
         ) from None
 
 
@@ -711,4 +713,22 @@ def _advice(error: OSError) -> str:
     """What to do when a key file could not be written."""
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return "free space on its disk, then try again"
-    return "check that its directory exists and is writable"
+    return _short_of(error, "check that its directory exists and is writable")
+
+
+# OS errors that say the process or the system is short of descriptors or memory: nothing
+# is wrong with the file, its path or its permissions (EMFILE said "check that it is a file
+# and that its owner and permissions allow reading"; helper trial h24e).
+_SHORT_OF: Final = {
+    errno.EMFILE: "this process has too many files open: close what it does not need, or "
+    "raise its limit (`ulimit -n`), then try again",
+    errno.ENFILE: "the system has too many files open: close some, or raise its limit, "
+    "then try again",
+    errno.ENOMEM: "the system is out of memory: try again once it has some",
+}
+
+
+def _short_of(error: OSError, otherwise: str) -> str:
+    """What helps when a key file could not be used for `error` (`otherwise`: for errors
+    of the file, its path or its permissions)."""
+    return _SHORT_OF.get(error.errno or 0, otherwise)

@@ -16,6 +16,7 @@ from ..errors import StoreIncompatible, StoreUnavailable
 from .files import NotRegularFile
 
 __all__ = [
+    "OUT_OF_RESOURCES",
     "disk_errors",
     "held_by_this_process",
     "open_advice",
@@ -94,6 +95,9 @@ _INODES: Final = (
     "the file system has no free inodes, though it may have free space (`df -i`): "
     "delete files on it, or move the store to one with more inodes"
 )
+# OS errors that say this process or the system ran out of descriptors or memory: not the
+# store's fault (nothing there is damaged, missing or refused), and gone once the cause is.
+OUT_OF_RESOURCES: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 # OS errors that say the disk itself refused (SPEC 14.4): the remedy is `_DISK`.
 _DISK_ERRORS: Final = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
 _NOT_A_FILE: Final = (
@@ -143,11 +147,19 @@ def _out_of_inodes(filename: object) -> bool:
 
 def os_error_of(error: lmdb.Error, store: str | None = None) -> OSError | None:
     """The OS error an LMDB error reports as text ("mdb_txn_commit: No space left on
-    device"), if it is one. LMDB reports a page write that the disk cut short as EIO:
-    with the `store`'s path, an EIO while its file system has less than `_NEARLY_FULL`
-    free is reported as the full disk it most likely is (saying so)."""
+    device"; at an open, "index: Too many open files"), if it is one. LMDB reports a page
+    write that the disk cut short as EIO: with the `store`'s path, an EIO while its file
+    system has less than `_NEARLY_FULL` free is reported as the full disk it most likely
+    is (saying so)."""
     text = str(error)
-    for number in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EFBIG):
+    for number in (
+        errno.ENOSPC,
+        errno.EIO,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EFBIG,
+        *OUT_OF_RESOURCES,
+    ):
         if os.strerror(number) in text:
             if number == errno.EIO and store is not None and _nearly_full(store):
                 return OSError(

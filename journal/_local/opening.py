@@ -22,6 +22,7 @@ from cursors import KeyRing, KeyRingError
 
 from ..errors import JournalCorrupt
 from ..models import RetentionPolicy, VerifyProblem
+from .failures import OUT_OF_RESOURCES, os_error_of
 from .files import FileOps, NotRegularFile, Permissions, open_regular, write_atomic
 from .frames import (
     COMPRESSED_SUFFIX,
@@ -223,6 +224,10 @@ def key_ring_for(
                 f"the store {path!r} has no cursor key file ({keys}) yet: its first writer "
                 "makes it (`journal init`, or any write); or set JOURNAL_CURSOR_KEY"
             ) from e
+        if os.access(keys, os.R_OK):
+            # (Readable: damaged, or no descriptor was left to read it with; "give it read
+            # access" misled there: helper trial h24e.)
+            raise
         raise KeyRingError(
             f"{e.message}; a read-only reader needs the store's cursor key: give "
             f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
@@ -316,8 +321,15 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
                 view.close()
             raise ViewDamaged("the store's view is stale")
         return view, None, None
-    except (lmdb.Error, ViewDamaged):
-        pass  # (an LMDB error here is no access, or no view yet: not damage)
+    except lmdb.Error as e:
+        # (An LMDB error here is no access, or no view yet: not damage. But not a process
+        # out of descriptors: it failed the private view too, blamed on a store "never
+        # opened for writing"; helper trial h24e.)
+        refused = os_error_of(e)
+        if refused is not None and refused.errno in OUT_OF_RESOURCES:
+            raise refused from e
+    except ViewDamaged:
+        pass
     except OSError as e:
         # The store's disk cannot back the lock file's pages (`lmdbenv`): read through a
         # private view, which lives elsewhere, as without access.

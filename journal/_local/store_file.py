@@ -32,6 +32,7 @@ from ..arguments import check_retention, file_mode_problem
 from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound
 from ..models import RetentionPolicy
 from ..store_owner import refuse_another_users_private_store
+from .failures import OUT_OF_RESOURCES
 from .files import (
     DEFAULT_FILE_MODE,
     DEFAULT_FILE_OPS,
@@ -240,7 +241,9 @@ def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
 
 
 def load_store(store_file: str) -> StoreFile:
-    """Read `store.json`; `StoreIncompatible` when it is damaged or of another format."""
+    """Read `store.json`; `StoreIncompatible` when it is damaged or of another format (an
+    OS error that says nothing of the file, no permission or no descriptor left, is
+    raised as it is)."""
 
     def damaged(reason: object) -> StoreIncompatible:
         return StoreIncompatible(
@@ -261,7 +264,13 @@ def load_store(store_file: str) -> StoreFile:
         store_id = bytes.fromhex(document["store_id"])
     except PermissionError:
         raise  # not damage: the caller reports the store as unavailable
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except OSError as e:
+        if e.errno in OUT_OF_RESOURCES:
+            # Not damage either: no descriptor was left to read it with (this process's
+            # limit), which said "restore it from a backup" (helper trial h24e).
+            raise
+        raise damaged(e) from None
+    except (ValueError, KeyError, TypeError) as e:
         raise damaged(e) from None
     if len(store_id) != 16:
         raise StoreIncompatible(f"{store_file} holds a store id of the wrong length")
