@@ -14,6 +14,7 @@ acknowledges the callers.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -161,9 +162,14 @@ class LocalEngine:
             # A forked child holding its parent's journals (unusable here: `check_usable`)
             # closes them, as their close() would. Or a journal of this
             # process dropped without close() may be closing it now (in its own thread:
-            # `abandoned`): once that is done, the store is free.
-            if not INHERITED.close_all() and not wait_for_dropped(5.0):
-                raise
+            # `abandoned`): once that is done, the store is free. One that only a reference
+            # cycle still holds (an exception's traceback that holds the frame that held
+            # it) is collected first: it held the store until the cycle collector ran, so
+            # an open right after failed (helper trial h24e).
+            if not INHERITED.close_all():
+                gc.collect()
+                if not wait_for_dropped(5.0):
+                    raise
         return cls._open(path, options)
 
     @classmethod
@@ -402,7 +408,15 @@ class LocalEngine:
             self._catch_up.interrupted()
             raise unavailable(error, _during(operation)) from error
         if error is not None:
-            raise error
+            request.error = None
+            try:
+                raise error
+            finally:
+                # Its traceback holds the frames it passed (the commit's, and through
+                # them the caller's journal): none may hold it back, or a journal dropped
+                # after a failed call (SessionExists) stayed open, its store "open
+                # already", until the cycle collector ran (helper trial h24e).
+                del error, request
         result: ResultT = request.result
         return result
 

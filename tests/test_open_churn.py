@@ -1,7 +1,9 @@
-"""Opens that meet the process's descriptor limit (EMFILE), as a service that opens a
-journal per request or per tenant may, and many open/close cycles in one process.
+"""Opening and closing journals over and over in one process, as a service that opens a
+journal per request or per tenant does (helper trial h24e, 2026-12-06).
 
-An open that cannot get a descriptor raises `StoreUnavailable` with errno EMFILE and
+A journal dropped without close() after a call of it failed was held by the error's
+traceback until the cycle collector ran: the next open of its store raised "open
+already". An open that cannot get a descriptor raises `StoreUnavailable` with errno EMFILE and
 says what helps (`ulimit -n`), wherever in the open it ran out: it was blamed on a damaged
 `store.json` ("restore it from a backup") when the first file it opened was the one
 refused, and on a store "never opened for writing" when a read-only open ran out at the
@@ -10,11 +12,14 @@ view (helper trial h24e, 2026-12-06).
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -146,3 +151,74 @@ def test_a_read_only_open_of_a_store_with_a_damaged_key_file_does_not_ask_for_ac
             Journal.open(store, readonly=readonly)
         assert "is invalid" in raised.value.message and "backup" in raised.value.message
         assert "read access" not in raised.value.message
+
+
+def _store_fds(store: Path) -> list[str]:
+    prefix = os.path.realpath(store) + os.sep
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{name}")
+            if target.startswith(prefix):
+                found.append(target)
+    return found
+
+
+@contextlib.contextmanager
+def _no_cycle_collector() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_a_journal_dropped_after_failed_calls_is_closed_without_the_cycle_collector(
+    tmp_path: Path,
+) -> None:
+    """A create-if-missing (`SessionExists` caught) or an append to a missing session, then
+    the journal dropped: it is closed as its last reference goes, and the next open of the
+    store (the next request's) succeeds at once."""
+    from journal import EventIn, Journal, SessionExists, SessionNotFound
+    from journal.abandoned import wait_for_dropped
+
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+
+    def handler() -> None:  # forgets close()
+        j = Journal.open(store, durability="os")
+        with contextlib.suppress(SessionExists):
+            j.create_session("s")
+        with contextlib.suppress(SessionNotFound):
+            j.append("missing", [EventIn("m", b"x")])
+
+    with _no_cycle_collector():
+        for _ in range(3):
+            with pytest.warns(ResourceWarning, match="dropped without close"):
+                handler()
+            assert wait_for_dropped(10), "the dropped journal was not closed"
+            assert _store_fds(store) == []
+
+
+def test_an_open_collects_a_dropped_journal_that_a_reference_cycle_holds(
+    tmp_path: Path,
+) -> None:
+    """The caller's own cycle (here a list holding itself; an exception kept with its
+    frames is one too): the open that finds the store held collects it, waits for its
+    close, and opens."""
+    from journal import Journal
+
+    store = tmp_path / "store"
+
+    def handler() -> None:  # forgets close(), and leaves a cycle holding the journal
+        held: list[object] = [Journal.open(store, durability="os")]
+        held.append(held)
+
+    with _no_cycle_collector(), pytest.warns(ResourceWarning, match="dropped without close"):
+        for _ in range(3):
+            handler()
+            with Journal.open(store, durability="os") as j:
+                assert not j.closed
+    assert _store_fds(store) == []
