@@ -67,12 +67,17 @@ def _dropped(close: Callable[[], object], warning: str, held: Callable[[], bool]
         target=_close_quietly, args=(close, warning), name="journal-close", daemon=True
     )
     try:
+        # (Started under the lock: `wait_for_dropped` in another thread joined one it
+        # listed before its start, and raised RuntimeError "cannot join thread before it
+        # is started" out of `Journal.open`; helper trial h24e.)
         with _CLOSING_LOCK:
             _CLOSING.add(thread)
-        thread.start()
+            try:
+                thread.start()
+            except RuntimeError:
+                _CLOSING.discard(thread)
+                raise
     except RuntimeError as e:
-        with _CLOSING_LOCK:
-            _CLOSING.discard(thread)
         if not sys.is_finalizing():  # (exiting: the process takes its resources along)
             _log.warning("%s; it could not be closed: %s", warning, e)
         return

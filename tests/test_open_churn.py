@@ -3,7 +3,9 @@ journal per request or per tenant does (helper trial h24e, 2026-12-06).
 
 A journal dropped without close() after a call of it failed was held by the error's
 traceback until the cycle collector ran: the next open of its store raised "open
-already". An open that cannot get a descriptor raises `StoreUnavailable` with errno EMFILE and
+already"; an open right after a drop raised it too when the drop's close ended at the
+wrong moment, or RuntimeError when a journal was dropped in another thread meanwhile. An
+open that cannot get a descriptor raises `StoreUnavailable` with errno EMFILE and
 says what helps (`ulimit -n`), wherever in the open it ran out: it was blamed on a damaged
 `store.json` ("restore it from a backup") when the first file it opened was the one
 refused, and on a store "never opened for writing" when a read-only open ran out at the
@@ -19,6 +21,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,3 +226,53 @@ def test_an_open_collects_a_dropped_journal_that_a_reference_cycle_holds(
             with Journal.open(store, durability="os") as j:
                 assert not j.closed
     assert _store_fds(store) == []
+
+
+def test_an_open_right_after_a_journal_was_dropped_opens(tmp_path: Path) -> None:
+    """The dropped journal's close, in its own thread, ended between the open's first try
+    and its wait for dropped journals: nothing was in flight, so the open raised "open
+    already" with the store free (1 in 10 such opens here)."""
+    from journal import Journal
+
+    store = tmp_path / "store"
+
+    def handler() -> None:  # forgets close()
+        Journal.open(store, durability="os")
+
+    with pytest.warns(ResourceWarning, match="dropped without close"):
+        for _ in range(60):
+            handler()
+            with Journal.open(store, durability="os") as j:
+                assert not j.closed
+
+
+def test_waiting_for_dropped_journals_while_another_thread_drops_one(tmp_path: Path) -> None:
+    """A journal dropped in one thread while another waited for dropped journals (an open
+    of a store such a journal held): the waiter joined the closing thread before its
+    start, and `Journal.open` raised RuntimeError "cannot join thread before it is
+    started"."""
+    from journal import Journal
+    from journal.abandoned import wait_for_dropped
+
+    dropped = threading.Event()
+    errors: list[BaseException] = []
+
+    def dropper() -> None:
+        try:
+            for _ in range(15):
+                Journal.open(tmp_path / "store", durability="os")  # dropped at once
+                wait_for_dropped(5)
+        finally:
+            dropped.set()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        thread = threading.Thread(target=dropper)
+        thread.start()
+        while not dropped.is_set():
+            try:
+                wait_for_dropped(0.001)
+            except RuntimeError as e:
+                errors.append(e)
+        thread.join()
+    assert errors == []
