@@ -13,7 +13,8 @@ A read-only journal with a private view projects the segments itself, so it watc
 
 Standard library only (`ctypes` for `inotify_init1` and `inotify_add_watch`); `open`
 returns None where inotify is missing or refused (not Linux, no descriptors or watches
-left), and the waiter polls instead.
+left), and the waiter polls instead (a warning on the `journal` logger says so, once per
+process: the user's inotify instances, 128 by default, are shared by all its processes).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import select
 import struct
@@ -62,6 +64,49 @@ def _libc() -> ctypes.CDLL | None:
 
 _LIBC: Final = _libc()  # loaded once (a deliberate cache: the C library of this process)
 
+_log: Final = logging.getLogger("journal")
+
+# The errors `_say_polling` has logged (a deliberate module-level set: once per process).
+_SAID: Final[set[int]] = set()
+
+
+def _say_polling(number: int, what: str) -> None:
+    """Log, once per process and error, that a journal polls for want of inotify: silent,
+    200 tenant journals with a follower each took 110% of a core while idle, the 72 past
+    the user's 128 inotify instances polling every 2 ms (helper trial h24e)."""
+    if number in _SAID:
+        return
+    _SAID.add(number)
+    if number == errno.EMFILE:
+        limits = (
+            "the user's inotify instances are used up (fs.inotify.max_user_instances = "
+            f"{_limit('max_user_instances')}, shared by all its processes; a journal "
+            "takes one while anything follows it), or this process's descriptors (ulimit -n)"
+        )
+    elif number == errno.ENOSPC:
+        limits = (
+            "the user's inotify watches are used up (fs.inotify.max_user_watches = "
+            f"{_limit('max_user_watches')})"
+        )
+    else:
+        limits = os.strerror(number)
+    _log.warning(
+        "no inotify %s for a journal's followers: %s. Such journals poll their store every "
+        "2 ms instead (a few percent of a core each while idle): raise the limit (sysctl "
+        "fs.inotify.max_user_instances, fs.inotify.max_user_watches), or open fewer "
+        "journals. Said once per process.",
+        what,
+        limits,
+    )
+
+
+def _limit(name: str) -> str:
+    try:
+        with open(f"/proc/sys/fs/inotify/{name}") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
 
 class DirectoryChanges:
     """An inotify descriptor watching `directories`, and an eventfd to interrupt a wait.
@@ -91,6 +136,7 @@ class DirectoryChanges:
             return None
         fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
+            _say_polling(ctypes.get_errno(), "instance")
             return None
         try:
             wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -111,7 +157,10 @@ class DirectoryChanges:
                 continue
             wd = self._libc.inotify_add_watch(self._fd, directory, _MASK)
             if wd < 0:
-                self._exhausted = ctypes.get_errno() == errno.ENOSPC
+                number = ctypes.get_errno()
+                self._exhausted = number == errno.ENOSPC
+                if self._exhausted:
+                    _say_polling(number, "watch")
                 return False
             self._watches[wd] = directory
         return True
