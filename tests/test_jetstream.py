@@ -82,8 +82,13 @@ def test_the_store_can_be_named_in_the_url(url: str, tmp_path: Path) -> None:
 
 
 def test_a_missing_store_with_create_false_raises_store_not_found(url: str, tmp_path: Path) -> None:
-    with pytest.raises(StoreNotFound):
+    with pytest.raises(StoreNotFound, match="create=True"):
         Journal.open(url, store=store_name(tmp_path), create=False)
+    # A read-only open (create=True by default) was told to pass create=True (h24e).
+    with pytest.raises(StoreNotFound) as raised:
+        Journal.open(url, store=store_name(tmp_path), readonly=True)
+    assert "create=True" not in raised.value.message, raised.value.message
+    assert "a writable Journal.open" in raised.value.message, raised.value.message
 
 
 @pytest.mark.parametrize("store", ["", "a.b", "a b", "x" * 65, "a*", None])

@@ -88,9 +88,16 @@ async def bootstrap(
         raise StoreUnavailable(f"cannot read stream {stream}: {e.description}") from None
     except StoreNotFound:  # (no stream: `Connection.stream_gone`, said for an open here)
         if not options.create or options.readonly:
+            # (A read-only open was told to pass create=True, which it had: the default;
+            # the local engine's message names a writable open. Helper trial h24e.)
+            how = (
+                "a writable Journal.open(url, store=...); a read-only journal does not create one"
+                if options.readonly
+                else "Journal.open(url, store=..., create=True)"
+            )
             raise StoreNotFound(
                 f"no journal store {options.store!r} on this NATS cluster (stream "
-                f"{stream}): create it with `journal init` or Journal.open(path, create=True)"
+                f"{stream}): create it with `journal init` or {how}"
             ) from None
         await _create_stream(conn, subjects, options)
     if options.point is not None:
