@@ -327,3 +327,54 @@ def test_a_journal_that_gets_no_inotify_instance_says_it_polls(tmp_path: Path) -
     said = [r for r in records if "inotify" in r]
     assert len(said) == 1, records
     assert "max_user_instances" in said[0] and "poll" in said[0], said[0]
+
+
+# A JetStream open with 0, 1, 2 descriptors free (its event loop's selector and
+# self-pipe, then the connection's socket): one JSON line [free, class, errno, message].
+_NATS_SWEEP = r"""
+import json, os, resource, sys
+from journal import Journal
+url = sys.argv[1]
+Journal.open(url, store="h24e_limits").close()  # (its modules imported, the store made)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
+for free in range(3):
+    fillers = []
+    try:
+        while True:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(free):
+        os.close(fillers.pop())
+    try:
+        Journal.open(url, store="h24e_limits").close()
+        outcome = None
+    except BaseException as e:
+        outcome = [type(e).__name__, getattr(e, "errno", None), str(e)]
+    finally:
+        for fd in fillers:
+            os.close(fd)
+    print(json.dumps([free, outcome]), flush=True)
+"""
+
+
+def test_a_jetstream_open_out_of_descriptors_says_so() -> None:
+    """It raised the bare OSError (the event loop's), or said to check the URL, the
+    credentials and that the servers run JetStream (the connection's socket)."""
+    from _nats import shared_server
+
+    done = subprocess.run(
+        [sys.executable, "-c", _NATS_SWEEP, shared_server().url],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    for line in done.stdout.decode().splitlines():
+        free, outcome = json.loads(line)
+        assert outcome is not None, f"opened with {free} descriptors free"
+        name, number, message = outcome
+        where = f"{free} free: {name}: {message}"
+        assert name == "StoreUnavailable" and number == errno.EMFILE, where
+        assert "ulimit -n" in message and "credentials" not in message, where

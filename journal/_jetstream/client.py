@@ -28,6 +28,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from ..engine import READ_SCOPE
 from ..errors import StoreNotFound, StoreUnavailable
 from ..remote import without_password
+from ..short_of import short_of
 
 __all__ = [
     "PASS_RETRY_S",
@@ -175,7 +176,14 @@ class Connection:
 
     def __init__(self, servers: list[str], stream: str, connect_s: float = 5.0) -> None:
         self.stream = stream
-        self.loop = asyncio.new_event_loop()
+        try:
+            self.loop = asyncio.new_event_loop()
+        except OSError as e:  # (its selector and self-pipe: raised bare from open; h24e)
+            raise StoreUnavailable(
+                f"cannot connect to NATS at {', '.join(map(without_password, servers))} "
+                f"({e.strerror or e}); {short_of(e) or 'the OS refused an event loop'}",
+                errno=e.errno,
+            ) from e
         # The calls waiting for an answer: `cut` (the journal closing) cancels them and
         # refuses new ones (their callers get `Closed`), so no thread waits on a stopped
         # loop, nor, in an outage, for a request nobody needs any more.
@@ -235,9 +243,13 @@ class Connection:
             cause = last[0] if last and isinstance(e, asyncio.TimeoutError) else e
             detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
             shown = ", ".join(without_password(server) for server in servers)
+            # (Out of descriptors, it said to check the URL and the credentials; h24e.)
+            advice = short_of(cause) or (
+                "check the URL, the credentials and that the servers run with JetStream enabled"
+            )
             raise StoreUnavailable(
-                f"cannot connect to NATS at {shown} ({detail}); check the URL, the "
-                "credentials and that the servers run with JetStream enabled"
+                f"cannot connect to NATS at {shown} ({detail}); {advice}",
+                errno=cause.errno if short_of(cause) and isinstance(cause, OSError) else None,
             ) from None
 
     @property

@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar, cast
 import lmdb
 
 from ..errors import StoreIncompatible, StoreUnavailable
+from ..short_of import SHORT_OF
 from .files import NotRegularFile
 
 __all__ = [
@@ -97,7 +98,7 @@ _INODES: Final = (
 )
 # OS errors that say this process or the system ran out of descriptors or memory: not the
 # store's fault (nothing there is damaged, missing or refused), and gone once the cause is.
-OUT_OF_RESOURCES: Final = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+OUT_OF_RESOURCES: Final = tuple(SHORT_OF)
 # OS errors that say the disk itself refused (SPEC 14.4): the remedy is `_DISK`.
 _DISK_ERRORS: Final = (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG)
 _NOT_A_FILE: Final = (
@@ -105,10 +106,7 @@ _NOT_A_FILE: Final = (
     "backup, any other file is made again"
 )
 _REMEDIES: Final = {
-    errno.EMFILE: "this process has too many files open: close what it does not need, or "
-    "raise its limit (`ulimit -n`)",
-    errno.ENFILE: "the system has too many files open: close some, or raise its limit",
-    errno.ENOMEM: "the system is out of memory",
+    **SHORT_OF,
     errno.EROFS: "the file system is read-only: remount it writable",
     errno.EACCES: "permissions: see the error's file",
     errno.EPERM: "permissions: see the error's file",
