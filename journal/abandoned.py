@@ -26,7 +26,10 @@ _log: Final = logging.getLogger("journal")
 # The closing threads still running (a deliberate module-level set: an open of a store a
 # dropped journal of this process still holds waits for them, `wait_for_dropped`).
 _CLOSING: Final[set[threading.Thread]] = set()
-_CLOSING_LOCK: Final = threading.Lock()
+# (Reentrant: a closing thread starts under it, and a cycle collection during that start
+# may finalize another dropped journal in the same thread, whose closing takes it too:
+# with a plain lock that thread waited for itself for good; review h24f.)
+_CLOSING_LOCK: Final = threading.RLock()
 
 
 class Detachable(Protocol):

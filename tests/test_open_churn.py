@@ -378,3 +378,52 @@ def test_a_jetstream_open_out_of_descriptors_says_so() -> None:
         where = f"{free} free: {name}: {message}"
         assert name == "StoreUnavailable" and number == errno.EMFILE, where
         assert "ulimit -n" in message and "credentials" not in message, where
+
+
+# A journal dropped by its last reference starts its closing thread; a cycle collection
+# that runs inside that start (CPython may run one at any allocation, or at any bytecode
+# from 3.12 on) collects a dropped journal that a reference cycle holds, whose closing
+# starts a thread too, in the same thread. Here the collection is made to run there.
+_A_COLLECTION_INSIDE_A_CLOSINGS_START = """
+import gc, os, sys, threading, warnings
+warnings.simplefilter("ignore")
+from journal import Journal
+
+gc.disable()
+a = Journal.open(os.path.join(sys.argv[1], "a"), durability="os")
+b = Journal.open(os.path.join(sys.argv[1], "b"), durability="os")
+cycle = [a]
+cycle.append(cycle)  # (a is held by a reference cycle only)
+del a, cycle
+start = threading.Thread.start
+
+def start_after_a_collection(self):
+    gc.collect()
+    start(self)
+
+threading.Thread.start = start_after_a_collection
+del b  # (its closing thread starts: the collection finds a)
+threading.Thread.start = start
+gc.enable()
+Journal.open(os.path.join(sys.argv[1], "a"), durability="os").close()
+Journal.open(os.path.join(sys.argv[1], "b"), durability="os").close()
+print("closed both")
+"""
+
+
+def test_a_collection_while_a_dropped_journals_closing_starts_does_not_hang(
+    tmp_path: Path,
+) -> None:
+    """The closing thread of a dropped journal was started under the (non-reentrant)
+    lock of the closing threads' list, and a collection there that finalized another
+    dropped journal waited for that lock in the same thread: the process hung for good
+    (review h24f of the h24e change)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _A_COLLECTION_INSIDE_A_CLOSINGS_START, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.stdout.strip() == "closed both", done.stderr
