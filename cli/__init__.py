@@ -12,7 +12,8 @@ def run(prog_name: str | None = None) -> None:
     Ctrl+C at any later point does; also one whose KeyboardInterrupt Python swallowed
     there (the handler ran in a finalizer, "Exception ignored in": the command then ran
     on, and a watch followed for good; found by a supervisor trial), which Python
-    reports to `sys.unraisablehook` as it drops it."""
+    reports to `sys.unraisablehook` as it drops it: that one exits 130 too, after
+    Python's own "Exception ignored" report on stderr."""
     lost: list[BaseException] = []
     report = sys.unraisablehook
 
