@@ -342,6 +342,34 @@ def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_writable_open(
         assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
 
 
+def test_a_writable_open_removes_only_the_swap_marks_it_names(tmp_path: Path) -> None:
+    """A file of `segments/` that merely ends like a mark (`.swap.<pid>` of a process
+    that is gone) is not the store's: the open leaves it (review h24f: any such name was
+    removed)."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", retention=_AN_HOUR) as j:
+        j.create_session("s")
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(gone.stdout)
+    names = [
+        f"notes.swap.{pid}",
+        f"{'9' * 19}.seg.zst.swap.{pid}x",
+        f"-{'0' * 19}1.seg.zst.swap.{pid}",
+    ]
+    mark = f"{0:020d}.seg.zst.swap.{pid}"  # (a mark of a segment the store lacks: removed)
+    for name in [*names, mark]:
+        (store / "segments" / name).write_bytes(b"")
+    with Journal.open(store, durability="os", retention=_AN_HOUR) as j:
+        assert j.verify().problems == []
+    left = sorted(p.name for p in (store / "segments").glob("*swap*"))
+    assert left == sorted(names)
+
+
 def test_a_failed_swap_that_dropped_only_feed_records_is_finished_by_the_next_compact(
     tmp_path: Path,
 ) -> None:

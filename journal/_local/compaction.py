@@ -311,9 +311,12 @@ def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[i
     every = log.bases()
     for name in sorted(os.listdir(log.directory)):
         head, mark, pid = name.rpartition(_SWAP_MARK)
-        if not mark or not pid.isdigit() or alive(int(pid)):
+        base = int(head[:20]) if head[:20].isdigit() else -1
+        # (only marks this module names: no other file of the directory is removed)
+        if not mark or not pid.isdigit() or base < 0 or head != segment_name(base, compressed=True):
             continue
-        base = int(head[:20]) if head[:20].isdigit() else 0
+        if alive(int(pid)):
+            continue
         source = _file_identity(log.directory, base)
         if source is not None and source[0].endswith(".zst"):
             later = bisect_right(every, base)
