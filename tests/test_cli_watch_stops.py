@@ -66,9 +66,11 @@ def store(tmp_path: Path) -> Path:
     return path
 
 
-def _run(script: str, store: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _run(
+    script: str, store: Path, *args: str, output: str = "json"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", script, "--store", str(store), "--format", "json", *args],
+        [sys.executable, "-c", script, "--store", str(store), "--format", output, *args],
         cwd=ROOT,
         env=cli_env(),
         capture_output=True,
@@ -90,15 +92,7 @@ def test_a_signal_right_after_a_line_resumes_after_that_line(store: Path, args: 
 
 
 def test_a_signal_right_after_a_line_in_text_names_that_lines_cursor(store: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", _SIGNAL_AFTER_A_LINE, "--store", str(store), "watch", "-s", "s"],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = _run(_SIGNAL_AFTER_A_LINE, store, "watch", "-s", "s", output="text")
     assert result.returncode == 143, result.stderr
     assert "resume with --cursor" in result.stderr, result.stderr
     with Journal.open(store, readonly=True) as j:

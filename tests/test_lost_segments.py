@@ -36,18 +36,22 @@ def _sealed(store: Path) -> list[Path]:
 CURSORS: dict[int, str] = {}
 
 
+def _one_session_over_segments(store: Path) -> Journal:
+    """`store` opened with one session "s" of 80 events over several small segments."""
+    j = Journal.open(store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS)
+    j.create_session("s")
+    for _ in range(80):
+        j.append("s", [EventIn("m", b"x" * 700)])
+    return j
+
+
 def _store_missing_a_middle_segment(tmp_path: Path) -> tuple[Path, str, int, int]:
     """A store of one session over several segments whose second segment file is gone
     and whose view is gone too (a reboot discards it). Returns the store, the name of the
     segment after the lost one, and the first and last ordinals lost (`CURSORS`: the
     cursors saved before)."""
     store = tmp_path / "store"
-    with Journal.open(
-        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
-    ) as j:
-        j.create_session("s")
-        for _ in range(80):
-            j.append("s", [EventIn("m", b"x" * 700)])
+    with _one_session_over_segments(store) as j:
         CURSORS.clear()
         CURSORS.update((e.ordinal, e.cursor) for e in j.replay("s"))
     sealed = _sealed(store)
@@ -388,12 +392,7 @@ def test_a_read_through_a_view_that_places_events_in_a_lost_file_says_what_verif
     # the events as trimmed; a writer's open keeps it too): a trial of the README's
     # restore paragraph. It names the segment and the ways out as `verify` does.
     store = tmp_path / "store"
-    with Journal.open(
-        store, durability="os", segment_bytes=SEGMENT_BYTES, retention=NO_WINDOWS
-    ) as j:
-        j.create_session("s")
-        for _ in range(80):
-            j.append("s", [EventIn("m", b"x" * 700)])
+    _one_session_over_segments(store).close()
     lost = _sealed(store)[1]
     lost.unlink()
     (store / "segments" / lost.name.replace(".seg", ".idx")).unlink(missing_ok=True)

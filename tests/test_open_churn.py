@@ -35,11 +35,35 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Prepended to the scripts below: a limit of at most 256 descriptors, and every one of
+# them but `free` taken (by /dev/null) until `give_back`.
+_DESCRIPTORS = r"""
+import os, resource
+def lower_the_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
+def use_up(free=0):
+    fillers = []
+    try:
+        while True:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(free):
+        os.close(fillers.pop())
+    return fillers
+def give_back(fillers):
+    for fd in fillers:
+        os.close(fd)
+"""
+
 # For free = 0, 1, ... descriptors left below a lowered limit (the rest taken by
 # /dev/null), an open of a new store, of an existing one and a read-only one; one JSON
 # line each: [free, kind, None | [error class, errno, message]]; then the descriptors
 # open before and after the sweep.
-_SWEEP = r"""
+_SWEEP = (
+    _DESCRIPTORS
+    + r"""
 import json, os, resource, sys
 from journal import EventIn, Journal, JournalError
 root, top = sys.argv[1], int(sys.argv[2])
@@ -47,20 +71,12 @@ existing = os.path.join(root, "existing")
 with Journal.open(existing, durability="os") as j:
     j.create_session("s")
     j.append("s", [EventIn("m", b"x")])
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
+lower_the_limit()
 before = len(os.listdir("/proc/self/fd"))
 for free in range(top):
     for kind in ("new", "existing", "readonly"):
         path = os.path.join(root, f"new{free}") if kind == "new" else existing
-        fillers = []
-        try:
-            while True:
-                fillers.append(os.open(os.devnull, os.O_RDONLY))
-        except OSError:
-            pass
-        for _ in range(free):
-            os.close(fillers.pop())
+        fillers = use_up(free)
         opened = None
         try:
             opened = Journal.open(path, durability="os", readonly=kind == "readonly")
@@ -68,13 +84,13 @@ for free in range(top):
         except JournalError as e:
             outcome = [type(e).__name__, getattr(e, "errno", None), str(e)]
         finally:
-            for fd in fillers:
-                os.close(fd)
+            give_back(fillers)
         if opened is not None:
             opened.close()
         print(json.dumps([free, kind, outcome]), flush=True)
 print(json.dumps(["fds", before, len(os.listdir("/proc/self/fd"))]), flush=True)
 """
+)
 
 
 def test_an_open_out_of_descriptors_says_so_wherever_it_ran_out(tmp_path: Path) -> None:
@@ -100,28 +116,24 @@ def test_an_open_out_of_descriptors_says_so_wherever_it_ran_out(tmp_path: Path) 
 
 
 # A key ring read with no descriptor left: [class, message].
-_KEYS = r"""
+_KEYS = (
+    _DESCRIPTORS
+    + r"""
 import json, os, resource, sys
 from cursors import KeyRing, KeyRingError
 path = os.path.join(sys.argv[1], "keys")
 KeyRing.load_or_create(path)
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
-fillers = []
-try:
-    while True:
-        fillers.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+lower_the_limit()
+fillers = use_up()
 try:
     KeyRing.load(path)
     outcome = None
 except KeyRingError as e:
     outcome = str(e)
-for fd in fillers:
-    os.close(fd)
+give_back(fillers)
 print(json.dumps(outcome))
 """
+)
 
 
 def test_a_key_ring_read_out_of_descriptors_says_so(tmp_path: Path) -> None:
@@ -281,7 +293,9 @@ def test_waiting_for_dropped_journals_while_another_thread_drops_one(tmp_path: P
 # A journal whose follower's waiter can get no inotify instance (here for want of a
 # descriptor; the user's 128 instances used up fails the same way): what the `journal`
 # logger says, and whether the follower still gets the next event. One JSON line.
-_NO_INOTIFY = r"""
+_NO_INOTIFY = (
+    _DESCRIPTORS
+    + r"""
 import json, logging, os, resource, sys, threading
 from journal import EventIn, Journal
 records = []
@@ -289,14 +303,8 @@ logging.getLogger("journal").addHandler(logging.Handler())
 logging.getLogger("journal").handlers[-1].emit = lambda r: records.append(r.getMessage())
 j = Journal.open(os.path.join(sys.argv[1], "s"), durability="os")
 j.create_session("s")
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
-fillers = []
-try:
-    while True:
-        fillers.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+lower_the_limit()
+fillers = use_up()
 got = threading.Event()
 def watch():
     for _ in j.watch("s"):
@@ -304,12 +312,12 @@ def watch():
         return
 threading.Thread(target=watch, daemon=True).start()
 threading.Event().wait(0.5)  # (the waiter thread starts, without inotify)
-for fd in fillers:
-    os.close(fd)
+give_back(fillers)
 j.append("s", [EventIn("m", b"x")])
 print(json.dumps([got.wait(10), records]))
 j.close()
 """
+)
 
 
 def test_a_journal_that_gets_no_inotify_instance_says_it_polls(tmp_path: Path) -> None:
@@ -331,32 +339,26 @@ def test_a_journal_that_gets_no_inotify_instance_says_it_polls(tmp_path: Path) -
 
 # A JetStream open with 0, 1, 2 descriptors free (its event loop's selector and
 # self-pipe, then the connection's socket): one JSON line [free, class, errno, message].
-_NATS_SWEEP = r"""
+_NATS_SWEEP = (
+    _DESCRIPTORS
+    + r"""
 import json, os, resource, sys
 from journal import Journal
 url = sys.argv[1]
 Journal.open(url, store="h24e_limits").close()  # (its modules imported, the store made)
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, soft), hard))
+lower_the_limit()
 for free in range(3):
-    fillers = []
-    try:
-        while True:
-            fillers.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        pass
-    for _ in range(free):
-        os.close(fillers.pop())
+    fillers = use_up(free)
     try:
         Journal.open(url, store="h24e_limits").close()
         outcome = None
     except BaseException as e:
         outcome = [type(e).__name__, getattr(e, "errno", None), str(e)]
     finally:
-        for fd in fillers:
-            os.close(fd)
+        give_back(fillers)
     print(json.dumps([free, outcome]), flush=True)
 """
+)
 
 
 def test_a_jetstream_open_out_of_descriptors_says_so() -> None:
