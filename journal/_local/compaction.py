@@ -308,7 +308,7 @@ def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[i
     feed entries of its dropped records, and `verify()` reported them after every open
     until the next compaction passed the segment; found by a crash trial), then remove
     their marks. A mark of a swap that was never renamed, or committed, finds nothing to do."""
-    every = log.bases()
+    every: list[int] | None = None  # (the segments' bases, listed once a mark is found)
     for name in sorted(os.listdir(log.directory)):
         head, mark, pid = name.rpartition(_SWAP_MARK)
         base = int(head[:20]) if head[:20].isdigit() else -1
@@ -319,6 +319,7 @@ def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[i
             continue
         source = _file_identity(log.directory, base)
         if source is not None and source[0].endswith(".zst"):
+            every = log.bases() if every is None else every
             later = bisect_right(every, base)
             next_base = every[later] if later < len(every) else None
             try:
