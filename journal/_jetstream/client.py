@@ -441,6 +441,8 @@ class Connection:
         message = reply["message"]
         headers = _parse_headers(base64.b64decode(message["hdrs"])) if message.get("hdrs") else {}
         data = base64.b64decode(message["data"]) if message.get("data") else b""
+        if message.get("time"):  # (when it was stored, as a direct get's header says)
+            headers.setdefault("Nats-Time-Stamp", str(message["time"]))
         return Found(message["subject"], int(message["seq"]), data, headers)
 
     async def publish_batch(self, messages: list[BatchMessage]) -> int:

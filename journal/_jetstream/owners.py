@@ -2,7 +2,9 @@
 whether the owner a session's row records is alive (SPEC 16.5, "owner liveness"): on
 this machine, in this pid namespace, by the owner's pid and start time (this process:
 by its own leases); elsewhere by the lease's heartbeat message, which the holder writes
-every `HEARTBEAT_S` and which is older than `LEASE_S` once its holder died.
+every `HEARTBEAT_S` and which is older than `LEASE_S` once its holder died: by when the
+server stored it, against the servers' time (`server_clock.py`), so that the hosts'
+clocks need not agree.
 
 A round of checks of a journal's live followers (`owners_alive`, SPEC 7.8) reads every
 heartbeat it needs in batched direct gets, not one leader get per row: 200 turns in
@@ -23,6 +25,7 @@ from ..sessions import SessionRow
 from .client import Connection, Found
 from .layout import HEARTBEAT_DECODER, Subjects
 from .reads import StoreReader
+from .server_clock import ServerClock
 
 if TYPE_CHECKING:
     from .leases import JetStreamLease
@@ -103,6 +106,7 @@ class OwnerJudge:
         self._subjects = subjects
         self._host, self._boot, self._pid = here
         self._mine = mine
+        self._clock = ServerClock(conn)
 
     def _by_process(self, row: SessionRow, taking: int) -> bool | None:
         """What this machine tells of the owner (None: its heartbeat must tell)."""
@@ -122,12 +126,17 @@ class OwnerJudge:
         return None  # (its start time is not known: no /proc)
 
     @staticmethod
-    def _by_beat(row: SessionRow, message: Found | None, now: int) -> bool:
-        """Alive while the lease's last heartbeat (else its taking) is recent."""
+    def _by_beat(row: SessionRow, message: Found | None, now: int, servers_now: int) -> bool:
+        """Alive while the lease's last heartbeat (else its taking) is recent: the beat
+        by when the server stored it, on the servers' clock (by its own time, from its
+        writer's clock, only when the server gives none)."""
         if message is not None:
             beat = HEARTBEAT_DECODER.decode(message.data)
             if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
-                return now - beat.at_ms < LEASE_S * 1000
+                stored = ServerClock.stored_ms(message)
+                if stored is None:
+                    return now - beat.at_ms < LEASE_S * 1000
+                return servers_now - stored < LEASE_S * 1000
         return now - row.owner_since_ms < LEASE_S * 1000
 
     async def alive(self, row: SessionRow, taking: int = 0) -> bool:
@@ -137,7 +146,7 @@ class OwnerJudge:
             return judged
         subject = self._subjects.heartbeat(Subjects.token(row.session_id))
         message = await self._conn.msg_get({"last_by_subj": subject})
-        return self._by_beat(row, message, _now_ms())
+        return self._by_beat(row, message, _now_ms(), await self._clock.now_ms())
 
     async def all_alive(self, rows: list[SessionRow]) -> list[bool | None]:
         """A round's checks, in order: the heartbeats of the rows this machine cannot
@@ -152,9 +161,9 @@ class OwnerJudge:
         if not beats:
             return judged
         found = await self._reader.last_messages(sorted(beats))
-        now = _now_ms()
+        now, servers_now = _now_ms(), await self._clock.now_ms()
         for i, row in enumerate(rows):
             if judged[i] is None:
                 subject = self._subjects.heartbeat(Subjects.token(row.session_id))
-                judged[i] = self._by_beat(row, found.get(subject), now)
+                judged[i] = self._by_beat(row, found.get(subject), now, servers_now)
         return judged
