@@ -741,6 +741,20 @@ def test_an_import_begun_as_the_last_ones_heartbeat_ends_still_beats(
         proxy.close()
 
 
+def test_a_journal_closed_right_after_its_import_leaves_no_heartbeat(
+    url: str, tmp_path: Path
+) -> None:
+    """The importer's heartbeat subject was purged by its heartbeat task a beat after the
+    import; a journal closed sooner (every `journal import`) cancelled the task first and
+    left one message for good, which no retention pass removed."""
+    _history_a, archive = _one_session_archive(tmp_path, "a", 3, 10)
+    name = store_name(tmp_path)
+    for round_ in range(3):
+        with Journal.open(url, store=name) as j:
+            j.import_sessions(io.BytesIO(archive), rename={"a": f"a{round_}"})
+        assert stream_messages(url, name, "s.*.hb") == 0
+
+
 # -- the command line ---------------------------------------------------------------------
 
 

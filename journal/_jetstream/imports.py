@@ -108,6 +108,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# How long a closing journal waits for the purge of its importer's heartbeat.
+_CLOSE_PURGE_S: Final = 2.0
+
+
 def _beat_session(beat_id: str) -> str:
     """The id whose heartbeat subject an importer beats on (no session can take it: ids
     hold no NUL)."""
@@ -751,12 +755,26 @@ class Imports:
 
     def close(self) -> None:
         """The journal closes: its staged sessions are no longer alive (a retention pass
-        rolls them back), and it beats no more."""
+        rolls them back), and it beats no more. A heartbeat task still running (an import
+        ended less than a beat ago: every `journal import`) is stopped and its subject
+        purged here, waiting up to `_CLOSE_PURGE_S` (until 2026-12-06 the task was
+        cancelled before its own purge, and each such journal left one message for good)."""
         with _LOCK:
             for incarnation in self._staged:
                 _STAGING.discard((self._store_id, incarnation))
         self._staged.clear()
         task = self._beating
-        if task is not None:
-            with contextlib.suppress(RuntimeError):
-                self._conn.loop.call_soon_threadsafe(task.cancel)
+        if task is None or task.done():
+            return
+        if not self._conn.on_loop():
+            with contextlib.suppress(Exception):
+                self._conn.call(self._stop_beating(task), _CLOSE_PURGE_S)
+                return
+        with contextlib.suppress(RuntimeError):
+            self._conn.loop.call_soon_threadsafe(task.cancel)
+
+    async def _stop_beating(self, task: asyncio.Task[None]) -> None:
+        task.cancel()
+        await asyncio.wait({task})  # (no beat is published after the purge)
+        subject = self._subjects.heartbeat(Subjects.token(_beat_session(self._beat_id)))
+        await self._reader.purge_or_leave(subject, 1 << 62)
