@@ -1308,6 +1308,8 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow  # (it waits out a real lease, 13 s; test_jetstream_clocks.py judges
+# owners of another host in the default run)
 def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
     url: str, tmp_path: Path
 ) -> None:
