@@ -489,8 +489,10 @@ def test_a_killed_importer_leaves_nothing_visible_and_is_rolled_back(
         assert [s.events for s in report.sessions] == [3600, 1]
         assert {i: _history(j, i) for i in held} == held
         assert j.verify().problems == []
-        # Only the committed import's messages: one claim each.
+        # Only the committed import's messages: one claim each, and no heartbeat (the
+        # killed importer's went with its staged sessions, the live one's at its end).
         assert stream_messages(url, name, "in.>") == 2
+    assert stream_messages(url, name, "s.*.hb") == 0
 
 
 _IMPORTER_ELSEWHERE = (

@@ -658,7 +658,12 @@ class Imports:
         self._point("import.roll_back", row.session_id)
         # The importer may live after all (its heartbeat only late) and commit or stage
         # more meanwhile.
-        return await self._roll_back_row(token, message, row)
+        rolled = await self._roll_back_row(token, message, row)
+        beat = message.headers.get(IMPORTER_HEADER, "")
+        if beat:  # (its last beat, else kept for good; a late one beats again)
+            subject = self._subjects.heartbeat(Subjects.token(_beat_session(beat)))
+            await self._reader.purge_or_leave(subject, 1 << 62)
+        return rolled
 
     async def _roll_back_row(self, token: str, message: Found, row: SessionRow) -> bool:
         """Roll back the staged session whose row `message` holds: a tombstone with the
