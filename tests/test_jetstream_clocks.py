@@ -1,11 +1,14 @@
-"""Hosts whose clocks disagree, on the JetStream engine (SPEC 16.5, "owner liveness"): an
-owner on another host is judged by when the server stored its heartbeats, on the
-servers' clock, not by the time its own clock put in them. Each owner is a child process
-that names another host and runs its wall clock off by a given amount."""
+"""Hosts whose clocks disagree, on the JetStream engine (SPEC 16.5, "owner liveness", and
+8, "Clock steps"): an owner on another host is judged by when the server stored its
+heartbeats, on the servers' clock, not by the time its own clock put in them; what a
+writer records and judges (creations, event stamps, suspensions, deadlines, windows)
+follows the servers' clock too. Each owner or writer is a child process that names
+another host and runs its wall clock off by a given amount."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -13,11 +16,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 from _nats import shared_server
 
-from journal import Journal, OwnerBusy
+from journal import EventIn, Journal, OwnerBusy, SessionState
 
 _SKEWED_OWNER = """
 import socket, sys, time
@@ -108,3 +112,150 @@ def test_a_dead_owner_whose_clock_is_ahead_is_judged_dead_when_its_beats_lapse(
                 time.sleep(0.5)
         with owner:
             assert owner.recovered_turn == "r-remote"
+
+
+# A writer on another host whose clock is off by argv[3] ms: runs `body` with `j` a
+# writable journal of the store, and prints what it leaves in `out` as JSON.
+_SKEWED_WRITER = """
+import json, socket, sys, time
+skew_ns = int(sys.argv[3]) * 1_000_000
+real_ns, real_s = time.time_ns, time.time
+time.time_ns = lambda: real_ns() + skew_ns
+time.time = lambda: real_s() + skew_ns / 1e9
+socket.gethostname = lambda: "another-host"
+from journal import EventIn, Journal
+out = {}
+with Journal.open(sys.argv[1], store=sys.argv[2]) as j:
+    exec(sys.argv[4])
+print(json.dumps(out), flush=True)
+"""
+
+
+def _skewed_writer(url: str, name: str, skew_ms: int, body: str) -> dict[str, object]:
+    """Run `body` in a writer whose clock is off by `skew_ms`; what it put in `out`."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _SKEWED_WRITER, url, name, str(skew_ms), body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+_HOUR: Final = 3_600_000
+
+
+def test_a_writer_whose_clock_is_ahead_judges_deadlines_and_windows_on_the_servers_clock(
+    tmp_path: Path,
+) -> None:
+    """Until 2026-12-06 a writable journal on a host 2 hours ahead expired at once (its
+    expiry timer at open, `expire_due()`, its next commit) a session with a 1-hour ttl
+    created by a host with the right time, and its retention pass trimmed a 1-hour age
+    window of events a moment old."""
+    url, name = shared_server().url, _store(tmp_path)
+    with Journal.open(url, store=name) as j:
+        j.create_session("t", ttl_ms=_HOUR)
+        j.create_session("w", max_history_age_ms=_HOUR)
+        j.append("w", [EventIn("message", b"{}")])
+    body = (
+        "time.sleep(0.2)\n"  # (the expiry timer's pass at open)
+        "out['expired'] = [m.session_id for m in j.expire_due()]\n"
+        "j.append('t', [EventIn('message', b'{}')])\n"
+        "out['trimmed'] = j.apply_retention().trimmed_sessions\n"
+    )
+    found = _skewed_writer(url, name, 2 * _HOUR, body)
+    assert found == {"expired": [], "trimmed": []}
+    with Journal.open(url, store=name) as j:
+        assert j.get_session("t").state is SessionState.OPEN
+        assert j.get_session("t").last_ordinal == 1
+        assert [e.ordinal for e in j.read("w").events] == [1]
+
+
+def test_what_a_writer_whose_clock_is_behind_records_follows_the_servers_clock(
+    tmp_path: Path,
+) -> None:
+    """Until 2026-12-06 a host 2 hours behind created sessions, suspended them and
+    stamped events 2 hours in the past: a host with the right time expired its session
+    with a 1-hour ttl, and its suspended one with a 1-hour limit, at once."""
+    url, name = shared_server().url, _store(tmp_path)
+    body = (
+        "j.create_session('t', ttl_ms=3_600_000)\n"
+        "j.create_session('p', max_suspend_ms=3_600_000)\n"
+        "j.suspend_session('p')\n"
+        "j.append('t', [EventIn('message', b'{}')])\n"
+    )
+    before = time.time_ns() // 1_000_000
+    _skewed_writer(url, name, -2 * _HOUR, body)
+    after = time.time_ns() // 1_000_000
+    with Journal.open(url, store=name) as j:
+        assert j.expire_due() == []
+        t, p = j.get_session("t"), j.get_session("p")
+        assert (t.state, p.state) == (SessionState.OPEN, SessionState.SUSPENDED)
+        # (The servers' clock is this host's: within a second of what it saw.)
+        stamps = [t.created_at_ms, p.suspended_at_ms, *(e.timestamp_ms for e in j.read("t").events)]
+        assert all(s is not None and before - 1000 <= s <= after + 1000 for s in stamps)
+
+
+# A writer whose clock is stepped 2 hours ahead after its first commit, then 2 more while
+# the servers leave its measurement of their clock unanswered (the fault point
+# `clock.measure`); it prints which measurements it made (True: one left unanswered).
+_STEPPED_WRITER = """
+import json, sys, time
+from nats.errors import TimeoutError as NatsTimeout
+skew = [0]
+real_ns, real_s = time.time_ns, time.time
+time.time_ns = lambda: real_ns() + skew[0]
+time.time = lambda: real_s() + skew[0] / 1e9
+from journal import EventIn, Journal
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+measured, unanswered = [], [False]
+def point(name, detail):
+    if name == "clock.measure":
+        measured.append(unanswered[0])
+        if unanswered[0]:
+            raise NatsTimeout
+options = JetStreamOptions(servers=[sys.argv[1]], store=sys.argv[2], point=point)
+with Journal.over(JetStreamEngine.open(options)) as j:
+    j.create_session("t", ttl_ms=3_600_000)
+    skew[0] = 2 * 3_600_000_000_000
+    j.append("t", [EventIn("message", b"{}")])
+    skew[0], unanswered[0] = 4 * 3_600_000_000_000, True
+    j.append("t", [EventIn("message", b"{}")])
+    expired = [m.session_id for m in j.expire_due()]
+print(json.dumps({"measured": measured, "expired": expired}), flush=True)
+"""
+
+
+def test_a_step_of_the_writers_clock_is_measured_again_and_rides_out_an_unanswered_measurement(
+    tmp_path: Path,
+) -> None:
+    """The offset is measured again at once when the local clock steps; when that
+    measurement goes unanswered the writes go on, on the monotonic clock."""
+    url, name = shared_server().url, _store(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    before = time.time_ns() // 1_000_000
+    done = subprocess.run(
+        [sys.executable, "-c", _STEPPED_WRITER, url, name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        check=False,
+    )
+    after = time.time_ns() // 1_000_000
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["expired"] == []
+    # (The first measurement, the one after the first step, the unanswered one: a few,
+    # none for each write; the expiry timer may take one of the first two.)
+    assert found["measured"][-1] is True and found["measured"].count(False) in (2, 3)
+    with Journal.open(url, store=name) as j:
+        t = j.get_session("t")
+        assert t.state is SessionState.OPEN and t.last_ordinal == 2
+        stamps = [t.created_at_ms, *(e.timestamp_ms for e in j.read("t").events)]
+        assert all(before - 1000 <= s <= after + 1000 for s in stamps), stamps

@@ -32,6 +32,7 @@ from ..short_of import short_of
 
 __all__ = [
     "PASS_RETRY_S",
+    "REQUEST_S",
     "WRITE_TOKEN",
     "ApiError",
     "BatchMessage",
@@ -329,10 +330,12 @@ class Connection:
 
     # -- requests (on the loop) ------------------------------------------------------------
 
-    async def api(self, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def api(
+        self, subject: str, body: dict[str, Any] | None = None, timeout: float = REQUEST_S
+    ) -> dict[str, Any]:
         """A JetStream API request; its JSON reply (ApiError when it is an error)."""
         payload = b"" if body is None else json.dumps(body).encode()
-        reply = await self.nc.request(subject, payload, timeout=REQUEST_S)
+        reply = await self.nc.request(subject, payload, timeout=timeout)
         if reply.headers and reply.headers.get("Status") == "503":
             raise NoRespondersError
         result: dict[str, Any] = json.loads(reply.data) if reply.data else {}

@@ -38,6 +38,7 @@ from .layout import (
 )
 from .opening import change_recorded_policy, decode_policy
 from .reads import RowState, StoreReader
+from .server_clock import ServerClock
 
 __all__ = ["Committer", "Plan", "done", "rel", "resolved"]
 
@@ -58,10 +59,6 @@ _TOO_LARGE: Final = frozenset({10054, 10199})
 # Whether a row's owner is alive (None: cannot tell); the int is 1 when an own() of the
 # session asks (its own call in flight does not count as the owner).
 Owner = Callable[[SessionRow, int], Awaitable[bool | None]]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _transient(error: ApiError) -> bool:
@@ -127,9 +124,12 @@ class Committer:
         owner_alive: Owner,
         committed: Callable[[int, SessionRow | None, int], None],
         point: Callable[[str, object], None],
+        clock: ServerClock,
     ) -> None:
         self.reader = reader
         self.point = point  # the engine's fault points (SPEC 1.3)
+        # The servers' time, which every commit records and judges deadlines by (SPEC 8).
+        self.clock = clock
         self.conn = reader.conn
         self.subjects = reader.subjects
         self.policy = policy
@@ -204,7 +204,7 @@ class Committer:
                 cached = False
                 try:
                     state, cached = await self._state(session_id, fresh)
-                    now = _now_ms()
+                    now = await self.clock.now_ms()
                     row = state.row
                     due = None if row is None or not expire_first else row.deadline()
                     if due is not None and due <= now:

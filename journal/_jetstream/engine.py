@@ -59,6 +59,7 @@ from .leases import Leases, boot_id, start_time
 from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Lasting, Moved, StoreReader
+from .server_clock import ServerClock
 from .writes import Writer
 
 __all__ = ["JetStreamEngine", "JetStreamOptions"]
@@ -218,12 +219,14 @@ class JetStreamEngine:
         self._boot = boot_id()
         self._closed = False
         self.reader = StoreReader(conn, self.subjects, writable=not self.readonly, point=self.point)
+        self.clock = ServerClock(conn, self.point)  # (every time the engine records or judges)
         self._owners = OwnerJudge(
             conn,
             self.reader,
             self.subjects,
             (self._host, self._boot, self._pid),
             lambda row, taking: PROCESS_LEASES.alive(self.store_id, row, taking),
+            self.clock,
         )
         try:
             meta, self.key_ring, policy = self._identity_and_policy(options)
@@ -261,7 +264,9 @@ class JetStreamEngine:
         self.waiter = Notifier(
             self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
         )
-        self.writer = Writer(self.reader, policy, self._owner_alive, self._committed, self.point)
+        self.writer = Writer(
+            self.reader, policy, self._owner_alive, self._committed, self.point, self.clock
+        )
         importer = (self._pid, max(start_time(self._pid), 0), self._host, self._boot)
         self.writer.imports = Imports(
             self.reader,
@@ -271,6 +276,7 @@ class JetStreamEngine:
             self._committed,
             self.heartbeat_s,
             self.point,
+            self.clock,
         )
         self.leases = Leases(
             conn,
@@ -665,7 +671,8 @@ class JetStreamEngine:
                 nearest = min(dues) if dues else None
                 wait = EXPIRY_SCAN_S
                 if nearest is not None:
-                    wait = min(wait, max(0.0, (nearest - _now_ms()) / 1000))
+                    now = await self.clock.now_ms()
+                    wait = min(wait, max(0.0, (nearest - now) / 1000))
                 if wait > 0:
                     wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
@@ -764,7 +771,3 @@ class JetStreamEngine:
             with contextlib.suppress(Exception):
                 self.conn.loop.call_soon_threadsafe(task.cancel)
         self.conn.close()
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000

@@ -22,9 +22,7 @@ EVICTED entry after its claim, so its claim is never pruned.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Final
 
 import msgspec
@@ -34,6 +32,7 @@ from ..models import LifecycleEventType
 from .client import ApiError, Found
 from .layout import ENCODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed, decode_meta
+from .server_clock import ServerClock, parse_server_time_ms
 
 __all__ = ["FEED_KEEP_MS", "FeedPruner", "parse_server_time_ms", "stored_ms"]
 
@@ -60,8 +59,11 @@ _MARK_TRIES: Final = 100
 class FeedPruner:
     """Prunes the lifecycle feed of one store (see the module docstring)."""
 
-    def __init__(self, reader: StoreReader, point: Callable[[str, object], None]) -> None:
+    def __init__(
+        self, reader: StoreReader, point: Callable[[str, object], None], clock: ServerClock
+    ) -> None:
         self._reader = reader
+        self._clock = clock
         self._conn = reader.conn
         self._subjects = reader.subjects
         self._point = point
@@ -69,8 +71,9 @@ class FeedPruner:
 
     async def prune(self, now_ms: int | None) -> int:
         """One bounded pass at time `now_ms` on the servers' clock (None: the servers'
-        time now); how many sessions it pruned."""
-        now = await self._server_now_ms() if now_ms is None else now_ms
+        time now, measured by this pass: the engine's clock, asked once); how many
+        sessions it pruned."""
+        now = await self._clock.now_ms(fresh=True) if now_ms is None else now_ms
         pruned = examined = 0
         for _ in range(_PASS_RECORDS):
             if pruned >= _PASS_SESSIONS or examined >= _PASS_ENTRIES:
@@ -135,12 +138,6 @@ class FeedPruner:
                     break
         return batch, reach, count, False
 
-    async def _server_now_ms(self) -> int:
-        """The servers' time now: the stream's information says when it was gathered, on
-        the clock that stamps the messages stored."""
-        info = await self._conn.api(f"$JS.API.STREAM.INFO.{self._conn.stream}")
-        return parse_server_time_ms(str(info.get("ts", "")), "the stream information's `ts`")
-
     async def _purge(self, sessions: list[tuple[str, int]]) -> None:
         """Purge each session's feed entries and claim up to its EVICTED entry."""
         if not self._marked:
@@ -191,23 +188,3 @@ def stored_ms(message: Found) -> int:
     return parse_server_time_ms(
         message.headers.get("Nats-Time-Stamp", ""), f"the stored time of {message.subject}"
     )
-
-
-# RFC 3339 with up to nanoseconds, as the server writes its times.
-_SERVER_TIME: Final = re.compile(
-    r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)"
-)
-
-
-def parse_server_time_ms(text: str, what: str) -> int:
-    """A time the server gives (RFC 3339, e.g. `2026-12-05T04:25:52.457856779Z`) in ms
-    since the epoch; `StoreUnavailable` if it gives none (an older server)."""
-    matched = _SERVER_TIME.fullmatch(text.strip())
-    if matched is None:
-        raise StoreUnavailable(
-            f"the NATS server gave no usable time for {what} ({text!r}): the lifecycle "
-            "feed is pruned by the servers' clock; upgrade nats-server (2.15 is tested)"
-        )
-    seconds, fraction, zone = matched.groups()
-    at = datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
-    return int(at.timestamp()) * 1000 + int((fraction or "0").ljust(9, "0")[:3])

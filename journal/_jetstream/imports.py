@@ -72,6 +72,7 @@ from .layout import (
 )
 from .owners import LEASE_S
 from .reads import StoreReader, decode_feed, stored_row
+from .server_clock import ServerClock
 
 __all__ = ["MAX_IMPORT_SESSIONS", "Imports"]
 
@@ -145,8 +146,10 @@ class Imports:
         committed: Committed,
         heartbeat_s: float,
         point: Callable[[str, object], None],
+        clock: ServerClock,
     ) -> None:
         self._conn = reader.conn
+        self._clock = clock  # (the times recorded: the servers'; the beats' are judged so)
         self._reader = reader
         self._subjects = reader.subjects
         self._store_id = store_id
@@ -202,7 +205,7 @@ class Imports:
         entry = _Staged(session_id, 0)
         entry.seq = await self._free(entry)
         begun.append(entry)
-        now = _now_ms()
+        now = await self._clock.now_ms()
         row = SessionRow(
             session_id=session_id,
             incarnation=0,
@@ -497,7 +500,7 @@ class Imports:
         if not entries:
             return []
         self._point("import.commit", [entry.session_id for entry in entries])
-        now = _now_ms()
+        now = await self._clock.now_ms()
         batch = uuid.uuid4().hex
         messages: list[BatchMessage] = []
         finals: list[tuple[int, SessionRow]] = []

@@ -100,13 +100,14 @@ class OwnerJudge:
         subjects: Subjects,
         here: tuple[str, str, int],
         mine: Callable[[SessionRow, int], bool],
+        clock: ServerClock,
     ) -> None:
         self._conn = conn
         self._reader = reader
         self._subjects = subjects
         self._host, self._boot, self._pid = here
         self._mine = mine
-        self._clock = ServerClock(conn)
+        self._clock = clock
 
     def _by_process(self, row: SessionRow, taking: int) -> bool | None:
         """What this machine tells of the owner (None: its heartbeat must tell)."""
@@ -129,7 +130,8 @@ class OwnerJudge:
     def _by_beat(row: SessionRow, message: Found | None, now: int, servers_now: int) -> bool:
         """Alive while the lease's last heartbeat (else its taking) is recent: the beat
         by when the server stored it, on the servers' clock (by its own time, from its
-        writer's clock, only when the server gives none)."""
+        writer's clock, only when the server gives none); the taking by the time its
+        commit recorded, on the servers' clock too."""
         if message is not None:
             beat = HEARTBEAT_DECODER.decode(message.data)
             if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
@@ -137,7 +139,7 @@ class OwnerJudge:
                 if stored is None:
                     return now - beat.at_ms < LEASE_S * 1000
                 return servers_now - stored < LEASE_S * 1000
-        return now - row.owner_since_ms < LEASE_S * 1000
+        return servers_now - row.owner_since_ms < LEASE_S * 1000
 
     async def alive(self, row: SessionRow, taking: int = 0) -> bool:
         """One owner's check; its heartbeat is read through the stream's leader."""

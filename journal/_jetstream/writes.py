@@ -61,10 +61,6 @@ POLICY_CHECK_S: Final = 1.0
 _Read = tuple[int, StoredEvent] | None
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class Writer(Committer):
     """Plans each operation (see the module docstring)."""
 
@@ -298,7 +294,7 @@ class Writer(Committer):
             policy = self.policy  # (the append committed: its caller must not see this)
         limit = row.max_history_bytes or policy.max_history_bytes
         if limit is not None and row.retained_bytes > limit:
-            await self._trim_to_window(session_id, _now_ms())
+            await self._trim_to_window(session_id, await self.clock.now_ms())
 
     async def _transition(self, op: Transition) -> SessionRow:
         async def plan(state: RowState, now: int) -> Plan:
@@ -323,7 +319,7 @@ class Writer(Committer):
 
     async def expire(self, now_ms: int | None) -> list[SessionRow]:
         """Expire every session due at `now_ms` (a scan of every row: SPEC 16)."""
-        when = _now_ms() if now_ms is None else now_ms
+        when = await asked_again(self.clock.now_ms) if now_ms is None else now_ms
         expired: list[SessionRow] = []
         for row in await asked_again(self.reader.all_rows):
             due = row.deadline()
@@ -555,7 +551,7 @@ class Writer(Committer):
         raised `StoreUnavailable` after 5 s, 3 times of 3, where every read rode the
         election out: crash trial h23b.) The writes' own failures are `StoreUnavailable`
         already, and end the pass."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = await asked_again(self.clock.now_ms) if now_ms is None else now_ms
         # (Dicts, in the order done: a try after a failed one may trim a session again.
         # Lists searched for each session cost 56 s of the connection's loop for a pass
         # of 100,000 trims: review h23e.)
@@ -570,7 +566,7 @@ class Writer(Committer):
                     pruning = True
                 # (The feed entries of the sessions evicted a day before and earlier:
                 # SPEC 16.2; now_ms None: the servers' clock.)
-                await FeedPruner(self.reader, self.point).prune(now_ms)
+                await FeedPruner(self.reader, self.point, self.clock).prune(now_ms)
                 return RetentionReport(list(trimmed), list(evicted), [], 0)
             except (ApiError, *Unavailable) as e:
                 transient = not isinstance(e, ApiError) or e.transient
