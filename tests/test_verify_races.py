@@ -23,9 +23,19 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from _cli_runs import run_cli
 from _procs_retention import Child
 
-from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable, VerifyReport
+from journal import (
+    CursorExpired,
+    EventIn,
+    Journal,
+    LifecycleEventType,
+    RetentionPolicy,
+    SessionNotFound,
+    StoreUnavailable,
+    VerifyReport,
+)
 from journal._local.files import FileOps
 
 _POLICY = RetentionPolicy(max_history_bytes=None, session_retention_ms=1)
@@ -308,23 +318,8 @@ def test_a_swap_whose_batch_failed_after_its_rename_is_finished_by_the_next_comp
         assert j.verify().problems == []
 
 
-@pytest.mark.parametrize(
-    "child_args",
-    [
-        ["compact_paused", "compaction.replaced"],
-        ["compact_paused_before_the_swap_commits"],
-    ],
-)
-def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_writable_open(
-    tmp_path: Path, child_args: list[str]
-) -> None:
-    """Killed after the rename (its new sidecar not yet written, or written), before the
-    view's transaction: until 2026-12-06 only the next compaction did the view's part,
-    and `verify()` reported the stale tables after every open until then (DATA_LOSS,
-    exit 7, from `journal verify`: a crash trial killing `journal compact`)."""
-    store = tmp_path / "store"
-    with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
-        _evict_three_beside_a_kept_session(j)
+def _kill_in_a_swap(store: Path, child_args: list[str]) -> None:
+    """Run `compact()` in a child process and SIGKILL it in its first swap."""
     child = Child(child_args[0], str(store), *child_args[1:])
     try:
         assert child.next_line() == "ready"
@@ -332,14 +327,82 @@ def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_writable_open(
         assert child.next_line() == "paused"  # the copy is in place; the view unchanged
     finally:
         child.kill()
+
+
+_KILLED_IN_A_SWAP = pytest.mark.parametrize(
+    "child_args",
+    [
+        ["compact_paused", "compaction.replaced"],
+        ["compact_paused_before_the_swap_commits"],
+    ],
+)
+
+
+@_KILLED_IN_A_SWAP
+def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_writable_open(
+    tmp_path: Path, child_args: list[str]
+) -> None:
+    """Killed after the rename (its new sidecar not yet written, or written), before the
+    view's transaction: until 2026-12-06 only the next compaction did the view's part,
+    and `verify()` reported the stale tables after every open until then (DATA_LOSS,
+    exit 7, from `journal verify`: a crash trial killing `journal compact`). Until the
+    twenty-fifth session (2026-12-06) a read-only `verify()` still reported them (or the
+    missing sidecar) until a writable open: it compares the view as that open leaves it."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
+        _evict_three_beside_a_kept_session(j)
+    _kill_in_a_swap(store, child_args)
+    done = run_cli(store, "--format", "json", "verify")  # (read-only)
+    assert (done.returncode, done.stderr) == (0, ""), done.stdout
+    assert '"problems":0' in done.stdout
     with Journal.open(store, readonly=True) as j:
-        assert j.verify().problems  # (the stale tables, or a sidecar still missing)
+        assert j.verify().problems == []
+        assert [s.session_id for s in j.list_sessions()] == ["kept"]
+        assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
+        with pytest.raises(SessionNotFound):
+            j.get_session("gone0")
+    assert list((store / "segments").glob("*.swap.*"))  # (left to a writable open)
     with Journal.open(store, durability="os", retention=_AN_HOUR) as j:
         assert j.verify().problems == []
         assert not list((store / "segments").glob("*.swap.*"))  # (the swap's mark went)
         assert j.compact().segments_rewritten == []
         assert j.verify().problems == []
         assert [e.data[:1] for e in j.replay("kept")] == [b"k", b"k"]
+        with pytest.raises(SessionNotFound):
+            j.get_session("gone0")
+
+
+@_KILLED_IN_A_SWAP
+def test_a_read_only_journal_reads_and_verifies_a_store_a_killed_swap_dropped_feed_records_of(
+    tmp_path: Path, child_args: list[str]
+) -> None:
+    """The copy dropped a live session's earlier transitions: until the next writable
+    open prunes their lifecycle feed entries, a read-only journal reading the store's
+    view still delivers those changes (they happened) to a cursor before them, which is
+    expired after that open; its `verify()` reported "lifecycle feed differs from the
+    log (0 missing, 5 extra or stale)" until the twenty-fifth session (2026-12-06)."""
+    store = tmp_path / "store"
+    with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
+        j.create_session("a")
+        with j.watch_sessions() as snapshot:
+            cursor = next(snapshot).cursor  # (the CREATED of its snapshot)
+        for _ in range(3):
+            j.suspend_session("a")
+            j.resume_session("a")
+        for _ in range(2):
+            j.append("a", [EventIn("m", b"k" * 3000)])  # (seals their segment)
+    _kill_in_a_swap(store, child_args)
+    changes = [LifecycleEventType.SUSPENDED, LifecycleEventType.RESUMED] * 3
+    with Journal.open(store, readonly=True) as j:
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("a")] == [b"k", b"k"]
+        with j.watch_sessions(cursor) as stream:
+            assert [next(stream).event_type for _ in changes] == changes
+    with Journal.open(store, durability="os", retention=_AN_HOUR) as j:
+        assert j.verify().problems == []
+        assert [e.data[:1] for e in j.replay("a")] == [b"k", b"k"]
+        with pytest.raises(CursorExpired), j.watch_sessions(cursor) as stream:
+            next(stream)
 
 
 def test_a_writable_open_removes_only_the_swap_marks_it_names(tmp_path: Path) -> None:

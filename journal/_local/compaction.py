@@ -27,8 +27,8 @@ import os
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Callable
-from typing import Final, Protocol, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Final, NamedTuple, Protocol, TypeVar
 
 import lmdb
 
@@ -49,11 +49,13 @@ __all__ = [
     "Compactions",
     "SealActive",
     "SwapSegment",
+    "Unfinished",
     "compact_store",
     "finish_swaps",
     "live_frames",
     "seal_active",
     "swap_segment",
+    "unfinished_swaps",
     "unpin_segments",
 ]
 
@@ -301,6 +303,33 @@ def _mark_swap(log: SegmentLog, base: int) -> str:
     return path
 
 
+def _marked(log: SegmentLog, alive: Callable[[int], bool]) -> Iterator[tuple[str, int]]:
+    """(name, base) of the swap marks of processes that are gone (only names this module
+    makes: no other file of the directory is taken for one)."""
+    for name in sorted(os.listdir(log.directory)):
+        head, mark, pid = name.rpartition(_SWAP_MARK)
+        base = int(head[:20]) if head[:20].isdigit() else -1
+        if not mark or not pid.isdigit() or base < 0 or head != segment_name(base, compressed=True):
+            continue
+        if not alive(int(pid)):
+            yield name, base
+
+
+def _left_to_finish(
+    log: SegmentLog, base: int, every: list[int]
+) -> tuple[SegmentSummary, tuple[str, int, int], int | None] | None:
+    """(summary, file identity, base of the next segment) of a marked swap's segment when
+    its compressed file alone is in place (a plain one beside it is deleted first, by a
+    writer's catch-up); None when there is no such file. `every`: the segments' bases."""
+    source = _file_identity(log.directory, base)
+    if source is None or not source[0].endswith(".zst"):
+        return None
+    later = bisect_right(every, base)
+    next_base = every[later] if later < len(every) else None
+    summary = read_summary(log.directory, base) or summarize_segment(log.directory, base, log.ops)
+    return summary, source, next_base
+
+
 def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[int], bool]) -> None:
     """Do the view's part of the swaps that processes which are gone left marked (killed
     after a swap's rename, before its transaction committed: the view still held the
@@ -309,31 +338,57 @@ def finish_swaps(log: SegmentLog, view: View, submit: Submit, alive: Callable[[i
     until the next compaction passed the segment; found by a crash trial), then remove
     their marks. A mark of a swap that was never renamed, or committed, finds nothing to do."""
     every: list[int] | None = None  # (the segments' bases, listed once a mark is found)
-    for name in sorted(os.listdir(log.directory)):
-        head, mark, pid = name.rpartition(_SWAP_MARK)
-        base = int(head[:20]) if head[:20].isdigit() else -1
-        # (only marks this module names: no other file of the directory is removed)
-        if not mark or not pid.isdigit() or base < 0 or head != segment_name(base, compressed=True):
+    for name, base in _marked(log, alive):
+        every = log.bases() if every is None else every
+        try:
+            left = _left_to_finish(log, base, every)
+            if left is not None:
+                _finish_swap(log, view, submit, *left)
+        except FileNotFoundError:
+            pass  # (deleted meanwhile by another writer's retention pass)
+        except JournalCorrupt as damage:  # (`verify` reports it; the mark stays)
+            name_of = segment_name(base, compressed=True)
+            _log.warning("an interrupted compaction of %s is left: %s", name_of, damage)
             continue
-        if alive(int(pid)):
-            continue
-        source = _file_identity(log.directory, base)
-        if source is not None and source[0].endswith(".zst"):
-            every = log.bases() if every is None else every
-            later = bisect_right(every, base)
-            next_base = every[later] if later < len(every) else None
-            try:
-                summary = read_summary(log.directory, base) or summarize_segment(
-                    log.directory, base, log.ops
-                )
-                _finish_swap(log, view, submit, summary, source, next_base)
-            except FileNotFoundError:
-                pass  # (deleted meanwhile by another writer's retention pass)
-            except JournalCorrupt as damage:  # (`verify` reports it; the mark stays)
-                _log.warning("an interrupted compaction of %s is left: %s", source[0], damage)
-                continue
         with contextlib.suppress(FileNotFoundError):
             log.ops.unlink(os.path.join(log.directory, name))
+
+
+class Unfinished(NamedTuple):
+    """A marked swap of a process that is gone, whose view's part the next writable open
+    does (`finish_swaps`): the positions of its segment, and which of them the file in
+    place still holds. Until then the view keeps the tombstones (with their ids and the
+    pins of their eviction records) of the incarnations in the range the file no longer
+    holds, and the lifecycle feed entries of the positions it no longer holds; `verify`
+    compares the view as that part will leave it."""
+
+    first_position: int
+    last_position: int
+    held: Callable[[int], bool]
+
+
+def unfinished_swaps(
+    log: SegmentLog, alive: Callable[[int], bool]
+) -> tuple[set[int], list[Unfinished]]:
+    """The bases of the segments of the swaps that processes which are gone left marked
+    (a plain file may still be beside the copy, and the new sidecar still unwritten: a
+    writer's catch-up finishes those), and the swaps among them whose view's part is
+    left (their copy alone in place; damage is `verify`'s to report, and passed over)."""
+    bases: set[int] = set()
+    left: list[Unfinished] = []
+    every: list[int] | None = None
+    for _, base in _marked(log, alive):
+        every = log.bases() if every is None else every
+        bases.add(base)
+        try:
+            found = _left_to_finish(log, base, every)
+        except (FileNotFoundError, JournalCorrupt):
+            continue
+        if found is not None:
+            summary, _, next_base = found
+            last = summary.last_position if next_base is None else next_base - 1
+            left.append(Unfinished(base, last, _held_by(summary)))
+    return bases, left
 
 
 def sealed_bytes(log: SegmentLog) -> int:

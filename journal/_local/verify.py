@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Final, TypeVar
@@ -20,6 +20,7 @@ import lmdb
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
+from .compaction import Unfinished, unfinished_swaps
 from .events_index import LOST_SEGMENT_WAY
 from .frames import (
     SEGMENT_HEADER_SIZE,
@@ -27,7 +28,7 @@ from .frames import (
     segment_name,
     sidecar_name,
 )
-from .log import SegmentLog
+from .log import SegmentLog, process_alive
 from .projector import project_log
 from .reader_views import while_files_change
 from .retention import SummaryCache, dead_segments
@@ -51,11 +52,16 @@ _K = TypeVar("_K")
 
 
 def check_log(
-    log: SegmentLog, head: Head | None, progress: Progress | None = None
+    log: SegmentLog,
+    head: Head | None,
+    progress: Progress | None = None,
+    swapped: Collection[int] = (),
 ) -> tuple[list[VerifyProblem], int, int, list[int]]:
     """Verify every frame of every segment and every sidecar.
 
     Returns (problems, frames, records, bases whose sidecar is missing or wrong).
+    `swapped`: the segments of swaps that processes which are gone left marked, whose
+    missing sidecar (deleted before the rename) a writer's catch-up writes.
     """
     problems: list[VerifyProblem] = []
     frames = records = 0
@@ -102,7 +108,9 @@ def check_log(
             continue  # (its sidecar cannot be checked against a rescan that fails)
         if not active:
             written = read_summary(log.directory, base)
-            if written is None:
+            if written is None and base in swapped and not _exists(log, sidecar_name(base)):
+                pass  # (not damage: what the next writable open finishes, SPEC 8)
+            elif written is None:
                 problems.append(VerifyProblem(sidecar_name(base), 0, "sidecar missing or bad"))
                 bad_sidecars.append(base)
             else:
@@ -278,12 +286,14 @@ def compare_views(
     rebuilt: View,
     rebuilt_txn: lmdb.Transaction,
     dead: Callable[[], list[tuple[int, int]]] = list,
+    unfinished: Sequence[Unfinished] = (),
 ) -> list[VerifyProblem]:
     """What the live view says differently from a view rebuilt from the log: rows, the
     events index, the state index, the other derived tables and the head (what a rebuild
     of a retention-trimmed log cannot know, like byte counters, is not compared). `dead`:
     the position ranges of the sealed segments the live view holds nothing live in (their
-    files may not be deleted yet)."""
+    files may not be deleted yet); `unfinished`: swaps whose view's part is left to the
+    next writable open, the live view compared as that part will leave it."""
     problems: list[VerifyProblem] = []
 
     def rows(v: View, t: lmdb.Transaction) -> dict[str, tuple[object, ...]]:
@@ -322,7 +332,7 @@ def compare_views(
             )
         )
     kept = {row.incarnation for row in rebuilt.rows(rebuilt_txn, staged=True)}
-    problems += _compare_tables(view, txn, rebuilt, rebuilt_txn, kept, dead)
+    problems += _compare_tables(view, txn, rebuilt, rebuilt_txn, kept, dead, unfinished)
     live_head, fresh_head = view.head(txn), rebuilt.head(rebuilt_txn)
     if (
         live_head is None
@@ -347,13 +357,18 @@ def _compare_tables(
     rebuilt_txn: lmdb.Transaction,
     kept: set[int],
     dead: Callable[[], list[tuple[int, int]]],
+    unfinished: Sequence[Unfinished],
 ) -> list[VerifyProblem]:
     """What the live view's other derived tables say differently from the rebuilt view's
     (`kept`: the incarnations of the rebuilt view's sessions; `dead`: the position
-    ranges of the sealed segments that hold nothing live for the live view)."""
+    ranges of the sealed segments that hold nothing live for the live view;
+    `unfinished`: as for `compare_views`)."""
     problems: list[VerifyProblem] = []
     tables = {name: rebuilt.stored(rebuilt_txn, name) for name in _EXACT_TABLES}
-    live_tombstones = view.stored(txn, b"tombstones")
+    lives = {name: view.stored(txn, name) for name in _EXACT_TABLES}
+    feed = view.stored(txn, b"feed")
+    floor = max(view.feed_floor(txn), _as_finished(view, txn, lives, feed, unfinished))
+    live_tombstones = lives[b"tombstones"]
     forgotten = tables[b"tombstones"].keys() - live_tombstones.keys()
     if forgotten:
         # A retention pass forgets the tombstones (with their ids and eviction pins) of
@@ -368,8 +383,7 @@ def _compare_tables(
                 tables[b"incarnations"].pop(key, None)
                 tables[b"pins"].pop(position, None)
     for name in _EXACT_TABLES:
-        live = live_tombstones if name == b"tombstones" else view.stored(txn, name)
-        fresh = tables[name]
+        live, fresh = lives[name], tables[name]
         if live != fresh:
             missing, extra = _missing_and_stale(live, fresh)
             problems.append(
@@ -388,8 +402,8 @@ def _compare_tables(
     # only while its creation (or import) record is still in the log: one without a
     # session row in the rebuilt view may have entries only the live view has.
     # (Entries stored alike are alike; only the others are decoded.)
-    floor = view.feed_floor(txn)
-    live_feed, fresh_feed = _feed_after(view, txn, floor), _feed_after(rebuilt, rebuilt_txn, floor)
+    live_feed = {k: v for k, v in feed.items() if U64.unpack(k)[0] > floor}
+    fresh_feed = _feed_after(rebuilt, rebuilt_txn, floor)
     missing = len(fresh_feed.keys() - live_feed.keys())
     extra = 0
     for key, raw in live_feed.items():
@@ -410,6 +424,37 @@ def _compare_tables(
             )
         )
     return problems
+
+
+def _as_finished(
+    view: View,
+    txn: lmdb.Transaction,
+    tables: dict[bytes, dict[bytes, bytes]],
+    feed: dict[bytes, bytes],
+    unfinished: Sequence[Unfinished],
+) -> int:
+    """Take out of the live view's `tables` what the view's part of the `unfinished`
+    swaps forgets (`finish_swaps`: the tombstones, with their ids and the pins of their
+    eviction records, of the incarnations in each range its file no longer holds), and
+    return the feed floor that part raises (the highest position in a range whose feed
+    entry goes: the file no longer holds it; 0: none), as it prunes the `feed`."""
+    floor = 0
+    for swap in unfinished:
+        first, last = swap.first_position, swap.last_position
+        for incarnation, position in view.tombstones_between(txn, first, last):
+            if not swap.held(incarnation):
+                tables[b"tombstones"].pop(U64.pack(incarnation), None)
+                tables[b"incarnations"].pop(U64.pack(incarnation), None)
+                tables[b"pins"].pop(U64.pack(position), None)
+        for key in feed:
+            position = U64.unpack(key)[0]
+            if first <= position <= last and not swap.held(position):
+                floor = max(floor, position)
+    return floor
+
+
+def _exists(log: SegmentLog, name: str) -> bool:
+    return os.path.lexists(os.path.join(log.directory, name))
 
 
 def _feed_after(view: View, txn: lmdb.Transaction, floor: int) -> dict[bytes, bytes]:
@@ -480,15 +525,18 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
         try:
             with view.begin() as txn:
                 head = view.head(txn)
-                problems, frames, records, _ = check_log(log, head, progress)
+                # (Swaps a killed compaction left to the next writable open: a sound store.)
+                swapped, unfinished = unfinished_swaps(log, process_alive)
+                problems, frames, records, _ = check_log(log, head, progress, swapped)
                 problems += missing_segments(log, view, txn)
                 if not any(p.segment != "index" for p in problems):
                     missing: list[MissingEvents] = []
                     rebuilt, directory = rebuild_into_temporary(log, head, missing)
                     try:
                         with rebuilt.begin() as rebuilt_txn:
+                            dead = partial(_dead, log, view, txn)
                             problems += compare_views(
-                                view, txn, rebuilt, rebuilt_txn, partial(_dead, log, view, txn)
+                                view, txn, rebuilt, rebuilt_txn, dead, unfinished
                             )
                     finally:
                         rebuilt.close()
