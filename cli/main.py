@@ -19,6 +19,7 @@ import click
 import journal
 from journal.arguments import file_mode_problem
 
+from . import early_signals
 from .archives import export, import_
 from .demo import demo
 from .json_data import exact_json
@@ -71,6 +72,8 @@ class JournalGroup(click.Group):
         prog_name = extra.pop("prog_name", None) or "journal"
         _representable_output()
         try:
+            if _command_context(self, prog_name, argv).command.name != "watch":
+                early_signals.release()  # (a watch takes them over: cli/watching.py)
             if valueless is not None:
                 # (left to the command, click would say it has no such option)
                 raise click.BadOptionUsage(valueless, f"Option '{valueless}' requires an argument.")
@@ -110,11 +113,13 @@ class JournalGroup(click.Group):
             sys.exit(output.error(failure, exit_code=EXIT_USAGE))
         except click.exceptions.Exit as done:
             sys.exit(done.exit_code)
-        except click.Abort:
+        except (click.Abort, KeyboardInterrupt):
             sys.exit(EXIT_INTERRUPTED)
         except click.ClickException as error:
             error.show()
             sys.exit(error.exit_code)
+        finally:
+            early_signals.release()  # (a watch that did not begin: a usage error)
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

@@ -18,6 +18,7 @@ from types import FrameType
 
 import click
 
+from . import early_signals
 from .interrupts import Signalled
 from .output import (
     EXIT_INTERRUPTED,
@@ -59,11 +60,18 @@ def _ending_on_signals(output: Output, halt: threading.Event) -> Iterator[list[B
             output.broken = True  # (the line stays cut: nothing more goes after it)
         raise error
 
+    # (The handlers that noted a signal while the command was imported: `early_signals`.)
+    replaced = early_signals.take_over()
     signals = [signal.SIGTERM, signal.SIGHUP]
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # (not ignored)
+    interrupt = replaced.get(signal.SIGINT, signal.getsignal(signal.SIGINT))
+    if interrupt is signal.default_int_handler:  # (not ignored)
         signals.append(signal.SIGINT)
     previous = {s: signal.signal(s, stop) for s in signals}
+    previous.update((s, replaced[s]) for s in signals if s in replaced)
     try:
+        early = early_signals.first_noted()
+        if early is not None:
+            stop(early, None)  # (it came before the watch began: it ends before it begins)
         yield caught
     finally:
         output.held = None

@@ -20,16 +20,17 @@ from journal import EventIn, Journal
 from journal._local.leases import lock_path
 
 # The command runs in this process; a thread runs the SIGINT handler the command has in
-# place (the first handler other than Python's default one, or the default one after
-# 5 s) and swallows its KeyboardInterrupt: what happens when the handler runs while
-# the main thread runs a finalizer ("Exception ignored in"). Then it says so on stderr.
+# place (the first handler other than Python's default one and the one that notes a
+# Ctrl+C during the imports, or the default one after 5 s) and swallows its
+# KeyboardInterrupt: what happens when the handler runs while the main thread runs a
+# finalizer ("Exception ignored in"). Then it says so on stderr.
 _LOST_RAISE = """
 import signal, sys, threading, time
-from cli import run
+from cli import early_signals, run
 
 def lose() -> None:
     began = time.monotonic()
-    while signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    while signal.getsignal(signal.SIGINT) in (signal.default_int_handler, early_signals.note):
         if time.monotonic() - began > 5:
             break
         time.sleep(0.001)
