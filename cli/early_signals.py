@@ -7,7 +7,7 @@ cursor it was given, null without one) and exit 130, 143 or 129, as a watch stop
 later does. Any other command gets it as if it came then (`release`): Ctrl+C raises
 KeyboardInterrupt (exit 130), SIGTERM and SIGHUP have their default action.
 
-Until the twenty-fifth session (2026-12-06) SIGTERM and SIGHUP had their default action
+Until 2026-12-06 SIGTERM and SIGHUP had their default action
 until the watch installed its handlers (at about 0.4 s on a 2-core machine): a
 supervisor stopping a watch that had just started saw it killed with no end object, as
 a watch killed while printing a line is.

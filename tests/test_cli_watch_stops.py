@@ -206,8 +206,8 @@ def test_a_watch_signalled_as_it_starts_ends_cleanly_unless_python_was_starting(
     killed by the signal, with nothing printed, only before the command could handle it
     (Python starting: it had not loaded the library yet, and had no handler for SIGTERM
     or SIGHUP); else it ends with its end object after the lines it printed whole. One
-    that had loaded the library with no SIGTERM or SIGHUP handler fails: until the
-    twenty-fifth session the handlers came after every import (about 0.4 s)."""
+    that had loaded the library with no SIGTERM or SIGHUP handler fails: until
+    2026-12-06 the handlers came after every import (about 0.4 s)."""
     signum = getattr(signal, name)
     command = ["-m", "cli", "--store", str(store), "--format", "json", "watch", "-s", "s"]
     proc = subprocess.Popen(

@@ -345,9 +345,9 @@ def test_a_crash_after_a_swaps_rename_is_finished_by_the_next_writable_open(
     """Killed after the rename (its new sidecar not yet written, or written), before the
     view's transaction: until 2026-12-06 only the next compaction did the view's part,
     and `verify()` reported the stale tables after every open until then (DATA_LOSS,
-    exit 7, from `journal verify`: a crash trial killing `journal compact`). Until the
-    twenty-fifth session (2026-12-06) a read-only `verify()` still reported them (or the
-    missing sidecar) until a writable open: it compares the view as that open leaves it."""
+    exit 7, from `journal verify`: a crash trial killing `journal compact`). Until
+    2026-12-06 a read-only `verify()` still reported them (or the missing sidecar)
+    until a writable open: it compares the view as that open leaves it."""
     store = tmp_path / "store"
     with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
         _evict_three_beside_a_kept_session(j)
@@ -380,7 +380,7 @@ def test_a_read_only_journal_reads_and_verifies_a_store_a_killed_swap_dropped_fe
     open prunes their lifecycle feed entries, a read-only journal reading the store's
     view still delivers those changes (they happened) to a cursor before them, which is
     expired after that open; its `verify()` reported "lifecycle feed differs from the
-    log (0 missing, 5 extra or stale)" until the twenty-fifth session (2026-12-06)."""
+    log (0 missing, 5 extra or stale)" until 2026-12-06."""
     store = tmp_path / "store"
     with Journal.open(store, durability="os", segment_bytes=4096, retention=_AN_HOUR) as j:
         j.create_session("a")
