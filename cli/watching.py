@@ -62,9 +62,14 @@ def _ending_on_signals(output: Output, halt: threading.Event) -> Iterator[list[B
 
     # (The handlers that noted a signal while the command was imported: `early_signals`.)
     replaced = early_signals.take_over()
-    signals = [signal.SIGTERM, signal.SIGHUP]
-    interrupt = replaced.get(signal.SIGINT, signal.getsignal(signal.SIGINT))
-    if interrupt is signal.default_int_handler:  # (not ignored)
+
+    def inherited(signum: int) -> object:
+        return replaced.get(signum, signal.getsignal(signum))
+
+    # Not one the command inherited ignored (SIGHUP under `nohup`: until 2026-12-06 a
+    # hangup stopped a watch started so), nor a caller's own SIGINT handler.
+    signals = [s for s in (signal.SIGTERM, signal.SIGHUP) if inherited(s) is not signal.SIG_IGN]
+    if inherited(signal.SIGINT) is signal.default_int_handler:
         signals.append(signal.SIGINT)
     previous = {s: signal.signal(s, stop) for s in signals}
     previous.update((s, replaced[s]) for s in signals if s in replaced)

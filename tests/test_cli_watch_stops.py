@@ -236,3 +236,35 @@ def test_a_watch_signalled_as_it_starts_ends_cleanly_unless_python_was_starting(
     assert proc.returncode == 128 + signum, (out, err)
     *lines, end = [json.loads(line) for line in out.splitlines()]
     assert end == {"end": "stopped", "cursor": lines[-1]["cursor"] if lines else None}
+
+
+@pytest.mark.parametrize("args", [["watch", "-s", "s"], ["sessions", "watch"]])
+def test_a_watch_started_with_hangups_ignored_follows_on_after_one(
+    store: Path, args: list[str]
+) -> None:
+    """Under `nohup` (SIGHUP ignored, inherited) a hangup must not stop the watch: the
+    watch put its own SIGHUP handler in place whatever it inherited, and ended."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "--format", "json", *args],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())  # (the watch has begun)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err
+    *_, end = [first, *(json.loads(line) for line in out.splitlines())]
+    assert end["end"] == "stopped"
