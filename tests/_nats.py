@@ -264,7 +264,17 @@ def restore_stream(url: str, stream: str, backup: Path) -> None:
             target = answer["deliver_subject"]
             step = 128 * 1024
             for start in range(0, len(data), step):
-                await nc.request(target, data[start : start + step], timeout=10)
+                for attempt in range(50):
+                    try:
+                        await nc.request(target, data[start : start + step], timeout=10)
+                        break
+                    except nats.errors.NoRespondersError:
+                        # (On a cluster the restore's subscription may be on another
+                        # server, its interest not yet known to this client's: seen once
+                        # on a loaded machine, the first chunk had no responders.)
+                        if attempt == 49:
+                            raise
+                        await asyncio.sleep(0.1)
             done = json.loads((await nc.request(target, b"", timeout=60)).data)
             if "error" in done:
                 raise RuntimeError(f"restore of {stream} failed: {done['error']}")
