@@ -567,8 +567,12 @@ sys.stdin.readline()
 
 @pytest.mark.parametrize(
     "first",
-    # (each waits out a real lease, 11 s: one order in the default run)
-    [pytest.param("commit", marks=pytest.mark.slow), "rollback"],
+    # (each waits out a real lease, 11 s: both under -m slow, as the other-host
+    # importer test above; test_jetstream_clocks judges lapsed beats in the default run)
+    [
+        pytest.param("commit", marks=pytest.mark.slow),
+        pytest.param("rollback", marks=pytest.mark.slow),
+    ],
 )
 def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
     url: str, tmp_path: Path, first: str
