@@ -383,6 +383,13 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
             "--new, --rotate and --retire change the key file in different ways: give one of them"
         )
     if is_nats(settings.store):
+        if new or rotate or retire is not None:
+            raise journal.Unsupported(
+                "changing the cursor keys is not supported on a nats:// store: its one key "
+                "lives in the stream, and every journal that opens it signs and verifies "
+                "with it (a deployment that passes its own key sets JOURNAL_CURSOR_KEY "
+                "everywhere, and changes it everywhere at once)"
+            )
         raise journal.Unsupported(
             "a nats:// store keeps its cursor key in the stream: every journal that opens "
             "it signs and verifies with it, so there is nothing to hand over (a deployment "

@@ -1290,6 +1290,11 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
     assert code == 0 and imported[0]["session_id"] == "copy", imported
     code, refused = run("cursor-key")
     assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+    assert "nothing to hand over" in refused[0]["error"]["message"]
+    for option in ("--rotate", "--new", "--retire=1"):  # (said "nothing to hand over")
+        code, refused = run("cursor-key", option)
+        assert code == 7 and refused[0]["error"]["code"] == "UNSUPPORTED"
+        assert "not supported on a nats:// store" in refused[0]["error"]["message"], refused
     code, refused = run("init", "--file-mode", "640")
     assert code == 2 and refused[0]["error"]["code"] == "USAGE"  # (every USAGE exits 2)
 
