@@ -104,7 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _folds_only(args)
     selected = plan(args.only)
     if not selected.reported:
-        print(f"no row matches {args.only}", file=sys.stderr)
+        print(
+            f"no row matches {args.only}: --only picks among these rows: "
+            + "; ".join(row.name for row in ROWS)
+            + ". `--only archive` and `--only fold` run those rows alone; the other rows "
+            "(16 threads, resume, follow latency, compaction, idle watchers, listing, "
+            "writer RSS) run only in a run without --only",
+            file=sys.stderr,
+        )
         return 2
     data = make_dataset(args.events, args.batch)
     runs: list[targets.Run] = []
