@@ -259,3 +259,27 @@ def test_a_step_of_the_writers_clock_is_measured_again_and_rides_out_an_unanswer
         assert t.state is SessionState.OPEN and t.last_ordinal == 2
         stamps = [t.created_at_ms, *(e.timestamp_ms for e in j.read("t").events)]
         assert all(before - 1000 <= s <= after + 1000 for s in stamps), stamps
+
+
+def test_an_import_by_a_writer_whose_clock_is_behind_expires_what_is_past_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """An imported session whose deadline has passed on the servers' clock expires before
+    the import returns (SPEC 12.3), also where the importer's clock is behind."""
+    source = tmp_path / "source"
+    with Journal.open(source) as j:
+        j.create_session("ttl", ttl_ms=500)
+        j.create_session("plain")
+    archive = tmp_path / "sessions.archive"
+    with Journal.open(source, readonly=True) as j:  # (a reader: nothing expires)
+        j.export_sessions(None, str(archive))
+        due = [m.expires_at_ms for m in j.list_sessions() if m.expires_at_ms is not None]
+    time.sleep(max(0.0, (max(due) - time.time() * 1000) / 1000) + 0.05)
+    url, name = shared_server().url, _store(tmp_path)
+    with Journal.open(url, store=name):
+        pass
+    # (It closes as soon as the import returns, as `journal import` does.)
+    _skewed_writer(url, name, -2 * _HOUR, f"j.import_sessions({str(archive)!r})\n")
+    with Journal.open(url, store=name, readonly=True) as j:  # (no writer: none expires)
+        states = {m.session_id: m.state for m in j.list_sessions()}
+    assert states == {"plain": SessionState.OPEN, "ttl": SessionState.EXPIRED}
