@@ -1033,3 +1033,36 @@ def test_an_interrupted_import_committed_and_evicted_before_its_rollback_keeps_i
             assert stream_messages(url, name, "in.>") == 1
     finally:
         proxy.close()
+
+
+def test_a_ctrl_c_while_close_waits_for_the_heartbeats_purge_still_closes(
+    url: str, tmp_path: Path
+) -> None:
+    """`close()` right after an import waits (up to 2 s) for its importer's heartbeat to
+    be purged; a Ctrl+C in that wait left the connection, its thread and the waiter open
+    for good (a second `close()` did nothing)."""
+    _history_a, archive = _one_session_archive(tmp_path, "a", 3, 10)
+    name = store_name(tmp_path)
+    proxy = HoldingProxy(shared_server().port)
+    before = {t for t in threading.enumerate() if t.name == "journal-nats"}
+    try:
+        j = Journal.over(JetStreamEngine.open(JetStreamOptions(servers=[proxy.url], store=name)))
+        j.import_sessions(io.BytesIO(archive))
+        proxy.hold(lambda message: b"STREAM.PURGE" in message and b".hb" in message)
+        main = threading.get_ident()
+        timer = threading.Timer(0.3, lambda: signal.pthread_kill(main, signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            j.close()
+            time.sleep(5)  # (not reached when close took the Ctrl+C)
+        timer.join()
+        assert proxy.held.is_set()  # (the Ctrl+C came during the purge's wait)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            left = {t for t in threading.enumerate() if t.name == "journal-nats"} - before
+            if not left:
+                break
+            time.sleep(0.05)
+        assert not left, "the connection's thread still runs"
+    finally:
+        proxy.close()

@@ -761,13 +761,16 @@ class JetStreamEngine:
             return
         self.leases.release_all()
         self._closed = True
-        self.writer.imports.close()
-        # The requests in flight end now (a head read of the waiter thread, which the
-        # waiter's close waits for, would wait up to 5 s while the servers do not answer).
-        self.conn.cut()
-        self.waiter.close()
-        if self._expiry is not None:
-            task = self._expiry
-            with contextlib.suppress(Exception):
-                self.conn.loop.call_soon_threadsafe(task.cancel)
-        self.conn.close()
+        try:
+            self.writer.imports.close()  # (up to 2 s: its heartbeat's purge)
+        finally:
+            # The requests in flight end now (a head read of the waiter thread, which the
+            # waiter's close waits for, would wait up to 5 s while the servers do not
+            # answer), also after a Ctrl+C in the purge wait.
+            self.conn.cut()
+            self.waiter.close()
+            if self._expiry is not None:
+                task = self._expiry
+                with contextlib.suppress(Exception):
+                    self.conn.loop.call_soon_threadsafe(task.cancel)
+            self.conn.close()

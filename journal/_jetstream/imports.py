@@ -663,7 +663,7 @@ class Imports:
         # more meanwhile.
         rolled = await self._roll_back_row(token, message, row)
         beat = message.headers.get(IMPORTER_HEADER, "")
-        if beat:  # (its last beat, else kept for good; a late one beats again)
+        if rolled and beat:  # (its last beat, else kept for good; a late one beats again)
             subject = self._subjects.heartbeat(Subjects.token(_beat_session(beat)))
             await self._reader.purge_or_leave(subject, 1 << 62)
         return rolled
