@@ -10,7 +10,8 @@ writable journal on a host 2 hours ahead expired at once a session with a 1-hour
 created by a host with the right time, and a host 2 hours behind created sessions whose
 deadlines every other host judged 2 hours early.
 
-The offset costs no request a write: it is measured again once it is `MEASURE_S` old, or
+Writes make no request for the time, but the one that finds a measurement due waits for
+it (one round trip): the offset is measured again once it is `MEASURE_S` old, or
 at once when the local clock moved more than `_STEP_MS` from the monotonic one since (a
 step of the local clock, or the host slept). Only the first measurement must answer (its
 failure is the caller's, asked again as a read is); a later one that fails (an outage)
