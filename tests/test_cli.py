@@ -599,7 +599,11 @@ def _stopped_demo(send: Callable[[subprocess.Popen[str]], None]) -> tuple[int, s
     return process.returncode, stderr, left
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "signum",
+    # (SIGHUP ends it as SIGTERM does: under -m slow, 3 s)
+    [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGKILL],
+)
 def test_a_demo_killed_midway_leaves_no_runtime_running(signum: int) -> None:
     """`journal demo` ended by SIGTERM or SIGHUP (`timeout`, a closed terminal) stops its
     runtimes and removes its temporary store, saying so (exit 143, 129); killed outright,

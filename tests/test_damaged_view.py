@@ -76,7 +76,12 @@ def _trials(pristine: Path, tmp_path: Path, mode: str, readonly: bool, count: in
     _check(trials, fixed_correct=True)
 
 
-@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "readonly"])
+@pytest.mark.parametrize(
+    "readonly",
+    # (the read-only trials, 3-4 s each, run under -m slow, as the sweep of both does)
+    [False, pytest.param(True, marks=pytest.mark.slow)],
+    ids=["writable", "readonly"],
+)
 @pytest.mark.parametrize("mode", ["zero", "garbage", "flip", "truncate"])
 def test_a_damaged_view_is_journal_corrupt_or_rebuilt_never_a_crash(
     pristine: Path, tmp_path: Path, mode: str, readonly: bool

@@ -238,8 +238,8 @@ def _shown_masked(address: str, store: str, secret: str, wrong: str, masked: str
 
 
 def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: Path) -> None:
-    """`Journal.path`, its repr, `journal init`'s output and the demo's showed the URL's
-    password in clear (until 2026-12-05)."""
+    """`Journal.path`, its repr and `journal init`'s output showed the URL's password in
+    clear (until 2026-12-05; the demo's output: the next test)."""
     from click.testing import CliRunner
 
     from cli.main import main
@@ -256,8 +256,13 @@ def test_wrong_credentials_are_named_as_such_and_no_password_is_shown(tmp_path: 
             assert "s3cret" not in result.output and "alice:***@" in result.stdout
         # (its advice names JOURNAL_STORE, which keeps the password out of command lines)
         assert "JOURNAL_STORE" in result.stderr, result.stderr
-        # The demo's runtimes get the URL in $JOURNAL_STORE, not on their command lines
-        # (which `ps` shows); what the demo prints masks it.
+
+
+@pytest.mark.slow  # (a demo run on a server of its own: 5 s)
+def test_the_demo_on_a_store_with_a_password_shows_it_masked(tmp_path: Path) -> None:
+    """The demo's runtimes get the URL in $JOURNAL_STORE, not on their command lines
+    (which `ps` shows); what the demo prints masks it (until 2026-12-05 in clear)."""
+    with _server_with(tmp_path, "auth", "user: alice, password: s3cret") as address:
         demo = subprocess.run(
             [sys.executable, "-m", "cli", "demo", "--store", f"nats://alice:s3cret@{address}/d"],
             capture_output=True,

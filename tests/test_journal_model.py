@@ -772,11 +772,11 @@ class JournalModel(RuleBasedStateMachine):
 
 
 # (Over JetStream, whose steps are server round trips, the default run takes fewer
-# examples, 40 took 38 s of CI's 15 minutes, and `-m slow` runs more; the deep profile
-# runs 400 on each engine.)
+# examples, 40 took 38 s of CI's 15 minutes and 15 about 10 s, and `-m slow` runs
+# more; the deep profile runs 400 on each engine.)
 _EXAMPLES: dict[tuple[str, bool], int] = {
     ("local", False): 40,
-    ("jetstream", False): 15,
+    ("jetstream", False): 8,
     ("jetstream", True): 60,
     ("jetstream-r3", False): 40,  # (`-m cluster`)
 }
