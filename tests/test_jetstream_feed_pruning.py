@@ -551,7 +551,7 @@ def test_an_eviction_written_by_a_clock_two_days_behind_is_kept_a_day(
 
 
 def test_the_servers_times_are_read_to_the_millisecond() -> None:
-    from journal._jetstream.feed_pruning import parse_server_time_ms
+    from journal._jetstream.server_clock import parse_server_time_ms
 
     assert parse_server_time_ms("2026-12-05T04:25:52.457856779Z", "t") == 1_796_444_752_457
     assert parse_server_time_ms("2026-12-05T04:25:52Z", "t") == 1_796_444_752_000

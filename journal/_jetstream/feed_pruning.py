@@ -29,12 +29,12 @@ import msgspec
 
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
-from .client import ApiError, Found
+from .client import ApiError
 from .layout import ENCODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed, decode_meta
-from .server_clock import ServerClock, parse_server_time_ms
+from .server_clock import ServerClock, stored_ms
 
-__all__ = ["FEED_KEEP_MS", "FeedPruner", "parse_server_time_ms", "stored_ms"]
+__all__ = ["FEED_KEEP_MS", "FeedPruner"]
 
 # How long an evicted session's feed entries stay (SPEC 16.2): a day, whatever the
 # retention policy, so that a watcher away for less than that resumes from its cursor.
@@ -181,10 +181,3 @@ class FeedPruner:
             if e.err_code in _ANOTHER_CAME_FIRST:
                 return None
             raise
-
-
-def stored_ms(message: Found) -> int:
-    """When the server stored `message` (a direct get's `Nats-Time-Stamp`), in ms."""
-    return parse_server_time_ms(
-        message.headers.get("Nats-Time-Stamp", ""), f"the stored time of {message.subject}"
-    )

@@ -664,8 +664,7 @@ class Imports:
         rolled = await self._roll_back_row(token, message, row)
         beat = message.headers.get(IMPORTER_HEADER, "")
         if rolled and beat:  # (its last beat, else kept for good; a late one beats again)
-            subject = self._subjects.heartbeat(Subjects.token(_beat_session(beat)))
-            await self._reader.purge_or_leave(subject, 1 << 62)
+            await self._reader.purge_or_leave(self._beat_subject(beat), 1 << 62)
         return rolled
 
     async def _roll_back_row(self, token: str, message: Found, row: SessionRow) -> bool:
@@ -743,13 +742,17 @@ class Imports:
 
     # -- the importer's heartbeat ----------------------------------------------------------
 
+    def _beat_subject(self, beat_id: str) -> str:
+        """The subject an importer beats on (`beat_id`: its `IMPORTER_HEADER`)."""
+        return self._subjects.heartbeat(Subjects.token(_beat_session(beat_id)))
+
     def _beat(self) -> None:
         """Beat (on the loop) while this engine has sessions staged."""
         if self._beating is None or self._beating.done():
             self._beating = asyncio.get_running_loop().create_task(self._beats())
 
     async def _beats(self) -> None:
-        subject = self._subjects.heartbeat(Subjects.token(_beat_session(self._beat_id)))
+        subject = self._beat_subject(self._beat_id)
         while self._staged or self._in_flight:
             while self._staged or self._in_flight:
                 beat = Heartbeat(0, 0, self._pid, self._host, _now_ms())
@@ -784,5 +787,5 @@ class Imports:
     async def _stop_beating(self, task: asyncio.Task[None]) -> None:
         task.cancel()
         await asyncio.wait({task})  # (no beat is published after the purge)
-        subject = self._subjects.heartbeat(Subjects.token(_beat_session(self._beat_id)))
+        subject = self._beat_subject(self._beat_id)
         await self._reader.purge_or_leave(subject, 1 << 62)

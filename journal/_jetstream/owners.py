@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
@@ -25,7 +24,7 @@ from ..sessions import SessionRow
 from .client import Connection, Found
 from .layout import HEARTBEAT_DECODER, Subjects
 from .reads import StoreReader
-from .server_clock import ServerClock
+from .server_clock import ServerClock, stored_ms
 
 if TYPE_CHECKING:
     from .leases import JetStreamLease
@@ -36,10 +35,6 @@ __all__ = ["HEARTBEAT_S", "LEASE_S", "PROCESS_LEASES", "OwnerJudge", "ProcessLea
 # across machines); the holder beats every HEARTBEAT_S.
 LEASE_S: Final = 10.0
 HEARTBEAT_S: Final = 1.0
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ProcessLeases:
@@ -127,18 +122,14 @@ class OwnerJudge:
         return None  # (its start time is not known: no /proc)
 
     @staticmethod
-    def _by_beat(row: SessionRow, message: Found | None, now: int, servers_now: int) -> bool:
-        """Alive while the lease's last heartbeat (else its taking) is recent: the beat
-        by when the server stored it, on the servers' clock (by its own time, from its
-        writer's clock, only when the server gives none); the taking by the time its
-        commit recorded, on the servers' clock too."""
+    def _by_beat(row: SessionRow, message: Found | None, servers_now: int) -> bool:
+        """Alive while the lease's last heartbeat (else its taking) is recent on the
+        servers' clock: the beat by when the server stored it, the taking by the time
+        its commit recorded (on the servers' clock too)."""
         if message is not None:
             beat = HEARTBEAT_DECODER.decode(message.data)
             if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
-                stored = ServerClock.stored_ms(message)
-                if stored is None:
-                    return now - beat.at_ms < LEASE_S * 1000
-                return servers_now - stored < LEASE_S * 1000
+                return servers_now - stored_ms(message) < LEASE_S * 1000
         return servers_now - row.owner_since_ms < LEASE_S * 1000
 
     async def alive(self, row: SessionRow, taking: int = 0) -> bool:
@@ -148,7 +139,7 @@ class OwnerJudge:
             return judged
         subject = self._subjects.heartbeat(Subjects.token(row.session_id))
         message = await self._conn.msg_get({"last_by_subj": subject})
-        return self._by_beat(row, message, _now_ms(), await self._clock.now_ms())
+        return self._by_beat(row, message, await self._clock.now_ms())
 
     async def all_alive(self, rows: list[SessionRow]) -> list[bool | None]:
         """A round's checks, in order: the heartbeats of the rows this machine cannot
@@ -163,9 +154,9 @@ class OwnerJudge:
         if not beats:
             return judged
         found = await self._reader.last_messages(sorted(beats))
-        now, servers_now = _now_ms(), await self._clock.now_ms()
+        servers_now = await self._clock.now_ms()
         for i, row in enumerate(rows):
             if judged[i] is None:
                 subject = self._subjects.heartbeat(Subjects.token(row.session_id))
-                judged[i] = self._by_beat(row, found.get(subject), now, servers_now)
+                judged[i] = self._by_beat(row, found.get(subject), servers_now)
         return judged

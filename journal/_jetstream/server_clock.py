@@ -31,7 +31,7 @@ from typing import Final
 from ..errors import JournalError, StoreUnavailable
 from .client import REQUEST_S, ApiError, Connection, Found, Unavailable
 
-__all__ = ["ServerClock", "parse_server_time_ms"]
+__all__ = ["ServerClock", "parse_server_time_ms", "stored_ms"]
 
 # The offset is measured again once it is this old (s), and after a failed measurement
 # this much later.
@@ -49,8 +49,7 @@ def _local_ms() -> int:
 
 
 class ServerClock:
-    """`now_ms()`: the servers' time now, from the local clock and the measured offset;
-    `stored_ms(message)`: when the server stored a message (None: no time given)."""
+    """`now_ms()`: the servers' time now, from the local clock and the measured offset."""
 
     def __init__(self, conn: Connection, point: Callable[[str, object], None]) -> None:
         self._conn = conn
@@ -101,15 +100,6 @@ class ServerClock:
         self._offset_ms = at - (local - round((mono - sent) * 500))
         self._local_at, self._mono_at, self._due = local, mono, mono + MEASURE_S
 
-    @staticmethod
-    def stored_ms(message: Found) -> int | None:
-        text = message.headers.get("Nats-Time-Stamp")
-        return (
-            None
-            if not text
-            else parse_server_time_ms(text, f"the stored time of {message.subject}")
-        )
-
 
 # RFC 3339 with up to nanoseconds, as the server writes its times.
 _SERVER_TIME: Final = re.compile(
@@ -129,3 +119,11 @@ def parse_server_time_ms(text: str, what: str) -> int:
     seconds, fraction, zone = matched.groups()
     at = datetime.fromisoformat(seconds + ("+00:00" if zone == "Z" else zone))
     return int(at.timestamp()) * 1000 + int((fraction or "0").ljust(9, "0")[:3])
+
+
+def stored_ms(message: Found) -> int:
+    """When the server stored `message` (its `Nats-Time-Stamp`: a direct get's, or a
+    leader get's stored time), in ms; `StoreUnavailable` if it gives none."""
+    return parse_server_time_ms(
+        message.headers.get("Nats-Time-Stamp", ""), f"the stored time of {message.subject}"
+    )
