@@ -94,12 +94,13 @@ class Writer(Committer):
                 return await self.imports.submit(operation)
             case CommitImport():
                 rows: list[SessionRow] = await self.imports.submit(operation)
-                # Those past their deadline on the servers' clock expire before the import
-                # returns (SPEC 12.3): the caller's own check follows the host's clock, and
-                # one behind left them open. A failure leaves them to the expiry timer.
+                # Those due on the servers' clock expire now, returned expired (SPEC 12.3:
+                # the caller's check, on the host's clock, would scan every row again). A
+                # failure leaves them to the expiry timer.
                 if any(row.deadline() is not None for row in rows):
                     with contextlib.suppress(JournalError, ApiError, *Unavailable):
-                        await self.expire(None, rows)
+                        done = {r.incarnation: r for r in await self.expire(None, rows)}
+                        rows = [done.get(row.incarnation, row) for row in rows]
                 return rows
             case VerifyFix():
                 raise AssertionError("the engine answers VerifyFix itself")
