@@ -87,7 +87,7 @@ def export(
     """
     # (Until 2026-12-05 a failure's JSON error record went into the archive stream, and
     # `import` then took the file for the NDJSON form: found by a CLI scripting trial;
-    # set before the checks, whose usage errors went there until review h19g.)
+    # set before the checks, whose usage errors went there until 2026-12-05.)
     settings.output.stdout_is_data = dest == "-" or dest in _STDOUT_NAMES
     if session_ids and export_all:
         raise click.UsageError("pass -s ID (repeatable) or --all, not both")

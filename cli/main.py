@@ -93,7 +93,7 @@ class JournalGroup(click.Group):
         except click.UsageError as error:
             output = Output("json" if _wants_json(argv) else "text")
             settings = None if error.ctx is None else error.ctx.find_object(Settings)
-            # (`export -o -` found it: stdout is the archive's, review h19g)
+            # (`export -o -` found it: stdout is the archive's, a review)
             output.stdout_is_data = settings is not None and settings.output.stdout_is_data
             if not output.json:
                 # (click's parser raises an option missing its value without the context
@@ -592,7 +592,7 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
         )
     except CommandFailed as failed:
         # (Said: a script that takes the failure for "not appended" and retries would
-        # append the events twice; until 2026-12-05 only stdout's failure was, review h19g.)
+        # append the events twice; until 2026-12-05 only stdout's failure was, a review.)
         raise CommandFailed(
             f"{failed.message}; the events were appended all the same ({span} of "
             f"{shown(result.session_id)}): do not append them again",

@@ -192,7 +192,7 @@ def list_(
             # stdout held the listing between pages) the token is stale: until
             # 2026-12-05 the command then failed with INVALID_PAGE_TOKEN, "start again
             # without a token", to a user who had given none, and the sessions after
-            # that page were never listed (supervisor trial h22c).
+            # that page were never listed (a supervisor trial).
             size = page_size or 100
             pages = _pages(store.list_sessions(state=state_filter, page_size=size), size)
             for sessions_page in pages:

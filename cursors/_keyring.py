@@ -718,7 +718,7 @@ def _advice(error: OSError) -> str:
 
 # OS errors that say the process or the system is short of descriptors or memory: nothing
 # is wrong with the file, its path or its permissions (EMFILE said "check that it is a file
-# and that its owner and permissions allow reading"; helper trial h24e).
+# and that its owner and permissions allow reading"; a trial).
 _SHORT_OF: Final = {
     errno.EMFILE: "this process has too many files open: close what it does not need, or "
     "raise its limit (`ulimit -n`), then try again",

@@ -28,7 +28,7 @@ _log: Final = logging.getLogger("journal")
 _CLOSING: Final[set[threading.Thread]] = set()
 # (Reentrant: a closing thread starts under it, and a cycle collection during that start
 # may finalize another dropped journal in the same thread, whose closing takes it too:
-# with a plain lock that thread waited for itself for good; review h24f.)
+# with a plain lock that thread waited for itself for good; a review.)
 _CLOSING_LOCK: Final = threading.RLock()
 
 
@@ -72,7 +72,7 @@ def _dropped(close: Callable[[], object], warning: str, held: Callable[[], bool]
     try:
         # (Started under the lock: `wait_for_dropped` in another thread joined one it
         # listed before its start, and raised RuntimeError "cannot join thread before it
-        # is started" out of `Journal.open`; helper trial h24e.)
+        # is started" out of `Journal.open`; a trial.)
         with _CLOSING_LOCK:
             _CLOSING.add(thread)
             try:

@@ -86,9 +86,9 @@ class Flag:
     leave held: `threading.Event.set` enters a `Condition` in Python code, and a Ctrl+C
     whose handler raised right after that acquired its lock left the lock held for good,
     and the next `set` or `wait` of any thread hung on it (the shared waiter's flags: a
-    journal's `close()` hung, `journal watch` still running long after its SIGINT, review
-    h19e; a `ReadScope` cancelled by `Stream.close()` or `Subscription.close()` in the
-    main thread, until 2026-12-05: the read's next wait hung, review h21b). Here `set` is
+    journal's `close()` hung, `journal watch` still running long after its SIGINT, a
+    review; a `ReadScope` cancelled by `Stream.close()` or `Subscription.close()` in the
+    main thread, until 2026-12-05: the read's next wait hung, a review). Here `set` is
     one release of a raw lock held while the flag is not set. `clear` and `wait` are for
     the one thread that waits on it (the shared waiter's thread, a scope's reader)."""
 
@@ -125,7 +125,7 @@ class Flag:
 def start_thread(thread: threading.Thread) -> None:
     """`thread.start()`, a Ctrl+C landing inside it raised as what it is: `start` waits on
     a `threading.Event`, and one whose handler raised inside that `Condition.wait` before
-    the `try` there came out as RuntimeError("release unlocked lock") (review h19e). The
+    the `try` there came out as RuntimeError("release unlocked lock") (a review). The
     caller forgets the thread when this raises: it may not have begun, or begun without
     `start` being told (the shared waiter's and the owner checks' threads take their place
     themselves then, if still free)."""

@@ -173,8 +173,8 @@ class LifecyclePager:
             # Its pages read the feed as they go (their cursors' anchor, the last one's
             # cursor), in a generator that a cut read would end, and the rest of the
             # snapshot with it: the next step went on after the snapshot's point, its
-            # sessions lost (an `awatch_sessions` step cancelled by a timeout: review
-            # h23e). Those reads are not cut: a cancelled step's page is kept for the
+            # sessions lost (an `awatch_sessions` step cancelled by a timeout: a
+            # review). Those reads are not cut: a cancelled step's page is kept for the
             # next step (`PendingRead`), or a follow cancelled for good drops it.
             token = READ_SCOPE.set(None)
             try:
@@ -207,7 +207,7 @@ class Stream(Generic[ItemT]):
         wake: Callable[[], None],
     ) -> None:
         # (Not a `threading.Event`: its `set` takes a lock in Python code, which a Ctrl+C
-        # in `close` left held, and the next `close` hung: review h21b.)
+        # in `close` left held, and the next `close` hung: a review.)
         self._halted = Flag()
         # Held while a thread runs the page generator (reads a page, or waits).
         self._inside = threading.Lock()
@@ -471,7 +471,7 @@ class AsyncFollow(Generic[ItemT]):
     same follower or pager, after the last item delivered. (Until 2026-12-05 `awatch`
     was that async generator: the next step raised `StopAsyncIteration`, as at the
     session's end, and a server sending keep-alives while a session was quiet ended its
-    stream at the first one: helper trial h23a.) A cancelled task just stops stepping,
+    stream at the first one: a trial.) A cancelled task just stops stepping,
     and its follow ends. `__anext__` is not a coroutine of its own (one more frame an
     item made a catch-up 25-35% slower)."""
 

@@ -106,7 +106,7 @@ class OwnerWatch:
         `Condition.__enter__`, Python code, and one landing right after its acquire
         left the lock held by the main thread for good: this journal's owner checks
         stopped, so its followers waited for good on a dead owner's turn, and a close
-        from another thread hung; until 2026-12-05, review h21b), and the count and its
+        from another thread hung; until 2026-12-05, a review), and the count and its
         mark on the registration go together (no call between them)."""
         key = _key(row)
         watching = Watching(key, self._released)

@@ -1,7 +1,7 @@
 """What helps when an OS error says this process or the system ran out of descriptors or
 memory (EMFILE, ENFILE, ENOMEM): nothing is wrong with the store, its files, the URL or
 the credentials, and the same call succeeds once the cause is gone. Both engines say it
-(helper trial h24e: an open out of descriptors said to restore `store.json` from a
+(a trial: an open out of descriptors said to restore `store.json` from a
 backup, and on JetStream to check the URL and the credentials)."""
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ class Subscription(Generic[ItemT]):
             # The thread releases what it holds now, not at the next commit. (Until the
             # wake-up returned: a close that a Ctrl+C cut short before it is woken by the
             # next close; until 2026-12-05 only the first close woke it, and the
-            # subscription stayed until the journal's next commit: review h21b.)
+            # subscription stayed until the journal's next commit: a review.)
             self._wake()
             self._woken = True
 
@@ -338,7 +338,7 @@ class Deliveries:
                 # Read before the list is taken: a subscription added or closed from now
                 # on makes the wait below return at once. (Read after it until
                 # 2026-12-05: one added in between was in neither, and its replay began
-                # only at the journal's next commit; review h21b.)
+                # only at the journal's next commit; a review.)
                 epoch = self._waiter.epoch
                 with self._lock:
                     if self._closing:

@@ -373,7 +373,7 @@ class TurnWriter:
     def _left_to(self, error: Exception) -> str:
         """Who settles a turn whose result could not be recorded: the next owner, unless
         the session ended (no owner comes: the turn stays unsettled for good; until
-        2026-12-05 the warning said the next owner records it either way: soak h22a)."""
+        2026-12-05 the warning said the next owner records it either way: a soak)."""
         if isinstance(error, SessionNotFound):  # (evicted, or deleted and made again)
             return "the session is gone, and the turn with it"
         if isinstance(error, SessionNotWritable):
@@ -408,7 +408,7 @@ class TurnWriters:
         write waits out its deadlines (a JetStream store whose servers stopped: 30 s for
         the row read, and the release after it 30 s more), so a close with N such owners
         took N minutes (the next owners record the rest as WATCH_OUTCOME_UNKNOWN, as
-        they did before 2026-12-05; review h21e)."""
+        they did before 2026-12-05; a review)."""
         with self._lock:
             writers = list(self._writers)
         for writer in writers:

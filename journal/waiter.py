@@ -49,16 +49,16 @@ DEFER_S: Final = 0.001
 # transaction's id in the lock file's shared memory, after the `pwrite` of the meta page
 # that inotify reports, and no event follows that store (until 2026-12-05 a read in
 # between left 10-14% of another process's commits to the next commit, or to the 1 s
-# safety look: helper trial h20e).
+# safety look: a trial).
 # A change within RECHECK_OWN_S of a commit of this process is most likely that commit
 # (published, its followers woken): one look again only, RECHECK_MAX_S later, in case
 # another process committed right after it (reads doubled with 50 commits a second of
 # this process otherwise; with no look again, such a commit of another process, 1-4 ms
 # after one of this process, reached its followers only at the next commit or the 1 s
-# look: 2-3 of 150 with 0.5-ms look, 26 of 150 with none; review h20h).
+# look: 2-3 of 150 with 0.5-ms look, 26 of 150 with none; a review).
 # Only for an engine whose head reads may lag its change source (`lagging_reads`: the
 # local engine): JetStream's change source looks again itself (`_RowChanges`), and its
-# head reads are requests to the server (these looks again doubled them: review h20h).
+# head reads are requests to the server (these looks again doubled them: a review).
 RECHECK_FIRST_S: Final = 0.001
 RECHECK_MAX_S: Final = 0.032
 RECHECK_OWN_S: Final = 0.005
@@ -120,7 +120,7 @@ class Notifier:
         # Entered as `with self._lock`, the C lock's own `__enter__`: `with self._cv` runs
         # `Condition.__enter__`, Python code, and a Ctrl+C whose handler raised right after
         # it acquired the lock left the lock held by the main thread for good (the waiter
-        # thread then stopped, and `close()` waited 5 s for it: review h19e).
+        # thread then stopped, and `close()` waited 5 s for it: a review).
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
         self._head = 0  # the highest committed next position known
@@ -455,7 +455,7 @@ class Notifier:
                 # wait starts one; one that began takes the place itself, if still free
                 # (`_run`). Until 2026-12-05 the thread never started stayed recorded as
                 # running, and no wait started one again: the journal's followers never
-                # saw another process's commit (review h21b).
+                # saw another process's commit (a review).
                 self._thread = None
                 raise
 
@@ -607,7 +607,7 @@ class Notifier:
             event = source.wait(timeout)
             # (Not due when an `interrupt` ended the wait early, a new follower's stop:
             # until 2026-12-05 it was, and a few of them used up the looks again within
-            # a millisecond; review h21b. Half a look early is due: `poll` counts in ms.)
+            # a millisecond; a review. Half a look early is due: `poll` counts in ms.)
             self._recheck_due = (
                 not event
                 and self._recheck > 0
@@ -719,7 +719,7 @@ class _Registered:
     2026-12-05 one landing between the registration and the `try` whose `finally`
     undid it, or inside that undoing, left a follower counted as waiting for good: the
     waiter thread never went idle, and a stop event kept, once set, woke every follower
-    of the journal every 50 ms; review h21b.)"""
+    of the journal every 50 ms; a review.)"""
 
     __slots__ = ("followers", "key", "stop")
 
@@ -734,7 +734,7 @@ def _sleep(cv: threading.Condition, lock: Any, timeout: float | None) -> None:
     ends. `Condition.wait` releases it in Python code before its `try`, and a signal
     handler that raised between the two (a Ctrl+C in a watch) left it released: the
     caller's `with` then raised RuntimeError("cannot release un-acquired lock") in place
-    of the KeyboardInterrupt (review h19e)."""
+    of the KeyboardInterrupt (a review)."""
     try:
         cv.wait(timeout)
     except BaseException:

@@ -1381,7 +1381,7 @@ class JournalContract:
     ) -> None:
         # (Until 2026-12-05 a falsy one, 0, False, b"" or [], said only "page_token must
         # be a str", where a truthy one named its type and what to pass: supervisor
-        # trial h22c.)
+        # a trial.)
         j.create_session("s1")
         with raises(InvalidPageToken) as refused:
             j.list_sessions_page(page_token=token)  # type: ignore[arg-type]
@@ -1397,7 +1397,7 @@ class JournalContract:
 
     def test_list_sessions_of_a_closed_journal_raises_when_called(self, j: Journal) -> None:
         # (As `watch_sessions` and `list_sessions_page` do; until 2026-12-05 it gave back
-        # an iterator that raised at its first item: supervisor trial h22c.)
+        # an iterator that raised at its first item: a supervisor trial.)
         j.create_session("s1")
         j.close()
         with pytest.raises(journal.JournalClosed):

@@ -1,6 +1,6 @@
 """An `awatch` catching up on a backlog yields to its event loop between pages (SPEC 7.6).
 
-Found by an asyncio-server trial (helper h20e): with the local engine every page is read
+Found by an asyncio-server trial: with the local engine every page is read
 on the loop, and a follower whose consumer did not suspend (socket writes the kernel took
 at once) held the loop from its first event to the head: the server's other streams got
 nothing meanwhile, and a cancellation or `asyncio.timeout` took effect only at the head

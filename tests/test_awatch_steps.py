@@ -1,7 +1,7 @@
 """A step of `awatch` / `awatch_sessions` cancelled from outside leaves the follow usable
 (SPEC 7.6): the next step goes on after the last item delivered.
 
-Found by an asyncio-service trial (helper h23a): a server that sends keep-alives while a
+Found by an asyncio-service trial: a server that sends keep-alives while a
 session is quiet waits for each event with a timeout, `asyncio.wait_for(anext(it), 15)`.
 The first timeout cancelled the async generator's step, which ends an async generator,
 and the next step raised `StopAsyncIteration`: the stream ended as if the session had
@@ -211,7 +211,7 @@ def _segment_files(store: Path) -> list[str]:
 
 def test_aclose_closes_the_follower_itself(j: Journal) -> None:
     # `aclose()` mid-page ends the generator that reads the pages at once, not when the
-    # loop's finalizer gets to it (until review h23e it read the follower after the step's
+    # loop's finalizer gets to it (until 2026-12-06 it read the follower after the step's
     # end had dropped it, and left it to the finalizer, holding its pager meanwhile).
     j.create_session("s")
     j.append("s", [EventIn(type="m", data=b"x") for _ in range(5)])

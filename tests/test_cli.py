@@ -785,7 +785,7 @@ def test_a_failed_export_to_stdout_says_so_on_stderr_only(store: Path) -> None:
 
 def test_a_usage_error_of_an_export_to_stdout_is_said_on_stderr_only(store: Path) -> None:
     """`--format json export -o -` without -s or --all: its usage error's JSON record was
-    all stdout held, the archive stream (review h19g); one of another command still goes
+    all stdout held, the archive stream (a review); one of another command still goes
     to stdout."""
     for dest in ("-", "/dev/stdout"):
         args = ["--store", str(store), "--format", "json", "export", "-o", dest]

@@ -163,7 +163,7 @@ def test_every_page_is_listed_when_a_pages_last_session_is_evicted_while_the_rea
     # away, the last one of the page being printed among them. Until 2026-12-05 the
     # command went on by page token, which names that session: INVALID_PAGE_TOKEN
     # ("start again without a token", though none was given), exit 4, and the sessions
-    # left alone after it were never listed (supervisor trial h22c).
+    # left alone after it were never listed (a supervisor trial).
     from journal import RetentionPolicy
 
     store = tmp_path / "store"

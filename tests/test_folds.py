@@ -262,7 +262,7 @@ def test_a_checkpoint_of_a_state_holding_a_tuple_is_refused_unless_its_codec_rea
 def test_refusing_tuples_left_a_list_subclass_taken_as_a_dict_subclass_is() -> None:
     """The tuple check required the list read back to be of the given list's type too,
     and refused a list subclass (with the tuple's message) that the codec took before,
-    as it takes a dict subclass (a helper's review)."""
+    as it takes a dict subclass (a review)."""
 
     class Tasks(list[int]):
         pass
@@ -732,7 +732,7 @@ def test_a_following_fold_whose_history_is_compacted_between_restore_and_subscri
     """The restart after a compaction refolds from the snapshot, then subscribes from
     where it got; another compaction between the two (here the reducer makes it, as it
     applies the restart's last event) made that subscribe raise `CursorExpired`, and the
-    fold stopped following for good (found by a restart trial, h22b: 3 processes
+    fold stopped following for good (found by a restart trial: 3 processes
     updating and compacting, a slow follower stopped 1 run in 2). It restores again."""
     j.create_session("s")
     gate = threading.Event()
@@ -802,7 +802,7 @@ def test_a_state_too_large_to_store_and_a_checkpoint_that_does_not_decode_say_wh
 ) -> None:
     """`snapshot()` of a state over 64 MiB said "a snapshot is limited to 67108864 bytes"
     (though it stores a checkpoint), with neither the state's size nor what to do; a
-    checkpoint that does not decode was called "the snapshot" (a restart trial, h22b)."""
+    checkpoint that does not decode was called "the snapshot" (a restart trial)."""
     j.create_session("s")
     j.append("s", value_events([1]))
     big = j.fold("s", None, {"blob": "x" * (64 << 20)})
@@ -915,7 +915,7 @@ def test_a_fold_or_replay_cut_short_by_close_raises_journal_closed(
 ) -> None:
     # Closing the journal (from another thread, at shutdown) while a fold restored ended
     # its replay silently: fold() returned the state of part of the session (1,048 of
-    # 10,000 events in a helper trial), as if it were all of it.
+    # 10,000 events in a trial), as if it were all of it.
     j = engine.open(store, durability="os")
     j.create_session("s")
     j.append("s", [EventIn("v", b"%d" % i + b" " * (600 << 10)) for i in range(1, 7)])
@@ -977,8 +977,8 @@ def test_a_fold_overtaken_by_a_newer_snapshot_stores_its_own_from_there(
 )
 def test_a_state_json_would_change_is_refused_naming_where(state: Any, where: str) -> None:
     """The default codec's refusal said what JSON cannot hold but not where in the state
-    it was: a runtime with a large state had to search it (found by a folds trial,
-    h22b). It names the first such value's path, the value and its type."""
+    it was: a runtime with a large state had to search it (found by a folds
+    trial). It names the first such value's path, the value and its type."""
     with pytest.raises(ValueError, match="JSON stores as something else") as raised:
         JsonCodec().encode(state)
     assert where in str(raised.value)
@@ -987,7 +987,7 @@ def test_a_state_json_would_change_is_refused_naming_where(state: Any, where: st
 def test_a_state_its_typed_codec_would_not_read_back_is_refused_naming_where() -> None:
     """With a typed codec (`JsonCodec(ThatStruct)`, as the refusal of a Struct advises)
     a NaN comes back a null the type does not take: the refusal named nowhere, where the
-    untyped codec's names the path (review h22e)."""
+    untyped codec's names the path (a review)."""
 
     class Scores(msgspec.Struct):
         tasks: list[int]

@@ -786,7 +786,7 @@ def test_the_view_allocates_its_lock_file_at_the_size_lmdb_uses(tmp_path: Path) 
 @pytest.mark.parametrize("operation", ["fsync", "replace"])
 def test_a_failed_compressed_copy_leaves_no_temporary_file(tmp_path: Path, operation: str) -> None:
     # `<base>.seg.zst.<pid>.tmp` stayed when sealing with compression or compacting failed
-    # (adversarial trial's helper, left open then).
+    # (found by an adversarial trial).
     from journal._local.compression import compress_segment
 
     with Journal.open(tmp_path, durability="os", segment_bytes=16 << 10) as j:

@@ -84,7 +84,7 @@ def test_the_store_can_be_named_in_the_url(url: str, tmp_path: Path) -> None:
 def test_a_missing_store_with_create_false_raises_store_not_found(url: str, tmp_path: Path) -> None:
     with pytest.raises(StoreNotFound, match="create=True"):
         Journal.open(url, store=store_name(tmp_path), create=False)
-    # A read-only open (create=True by default) was told to pass create=True (h24e).
+    # A read-only open (create=True by default) was told to pass create=True (until 2026-12-06).
     with pytest.raises(StoreNotFound) as raised:
         Journal.open(url, store=store_name(tmp_path), readonly=True)
     assert "create=True" not in raised.value.message, raised.value.message
@@ -277,8 +277,8 @@ def test_the_demo_on_a_store_with_a_password_shows_it_masked(tmp_path: Path) -> 
 def test_a_token_in_the_url_is_masked_as_a_password_is(tmp_path: Path) -> None:
     """`nats://TOKEN@host` (nats-py sends a user without a password as the server's
     auth_token) showed the token in clear in `Journal.path`, its repr, the open's
-    messages and `journal init`'s output, where a password was masked (a helper's
-    review)."""
+    messages and `journal init`'s output, where a password was masked (until
+    2026-12-05)."""
     from click.testing import CliRunner
 
     from cli.main import main
@@ -367,7 +367,7 @@ def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
 ) -> None:
     """The policy's read came after the open's error handling: a stream electing its
     leader (JetStream error 10008) raised the client's internal `ApiError` out of
-    `Journal.open` (a helper's chaos trial). The refusal is raised at `open.policy`."""
+    `Journal.open` (a chaos trial). The refusal is raised at `open.policy`."""
     from journal._jetstream.client import ApiError
 
     def point(where: str, detail: object) -> None:
@@ -842,7 +842,7 @@ def test_a_retention_pass_right_after_the_stream_leader_is_killed_rides_it_out(
     """`apply_retention()` (`journal compact`) tried its reads once: right after the
     stream leader's kill it raised `StoreUnavailable` "the NATS servers did not answer
     (TimeoutError)" after 5 s, 3 times of 3, where every other read rode the election out
-    (until 2026-12-05: crash trial h23b). It asks again as a read does."""
+    (until 2026-12-05: a crash trial). It asks again as a read does."""
     cluster = shared_cluster()
     store = store_name(tmp_path)
     policy = RetentionPolicy(session_retention_ms=1)
@@ -869,7 +869,7 @@ def test_maintenance_right_after_the_stream_leader_is_killed_rides_it_out(
 ) -> None:
     """`verify()` (also with `fix=True`) and `expire_due()` asked their reads once: right
     after the stream leader's kill they raised `StoreUnavailable` "the NATS servers did
-    not answer (TimeoutError)" after 5 s (until 2026-12-05: crash trial h23b), where
+    not answer (TimeoutError)" after 5 s (until 2026-12-05: a crash trial), where
     every other read rode the election out."""
     cluster = shared_cluster()
     store = store_name(tmp_path)
@@ -951,8 +951,8 @@ def test_a_write_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) ->
     """A write whose read of the session's row was refused for want of a leader for its
     30 s said "no answer from JetStream for 30 s reading session 's' to write to it
     (JetStream system temporarily unavailable)": the servers had answered, and nothing
-    said what the refusal meant, where a read says so (until 2026-12-06: crash trial
-    h24b, writers appending through a quorum loss of 40 s)."""
+    said what the refusal meant, where a read says so (until 2026-12-06: a
+    crash trial, writers appending through a quorum loss of 40 s)."""
     with (
         _a_follower_left_alone(tmp_path) as (left, store, kill_the_others),
         Journal.open(left.url, store=store) as j,  # (no copy of the row: it is read)
@@ -976,7 +976,7 @@ def test_an_open_refused_for_want_of_a_leader_says_what_to_do(tmp_path: Path) ->
     electing its leader; else see the account's JetStream limits)": after 30 s of the
     same refusal, nothing of a majority being down, and limits that 10008 is not about,
     where a read of a journal already open says what the refusal means (until
-    2026-12-05: a crash trial, h23b, a writer restarted during a quorum loss)."""
+    2026-12-05: a crash trial, a writer restarted during a quorum loss)."""
     with _a_follower_left_alone(tmp_path) as (left, store, kill_the_others):
         kill_the_others()
         started = time.monotonic()
@@ -2092,7 +2092,7 @@ def test_a_session_created_during_the_startup_snapshot_is_delivered_once(
     # The snapshot reads the feed's last position, then the rows: a session created in
     # between was in both the rows and the feed after the point, and its CREATED came
     # twice (12 of 15 subscribe_sessions() followed by a create_session(), found by a
-    # helper trial; the local engine delivers it once).
+    # trial; the local engine delivers it once).
     seen = _snapshot_with_a_change_at_its_point(url, tmp_path, lambda o: o.create_session("b"))
     assert [session for _, session, _ in seen] == ["a", "b", "c"]
 
@@ -2177,7 +2177,7 @@ def test_a_lifecycle_step_cancelled_during_a_snapshot_read_loses_no_session(
     the last one's cursor): a step of `awatch_sessions` cancelled from outside while
     such a read ran in its worker thread cut the read, which ended the snapshot's
     generator, and the next step went on after the snapshot's point: every session of
-    the snapshot was lost, silently (review h23e). The read is held at the fault point
+    the snapshot was lost, silently (a review). The read is held at the fault point
     `reads.feed` (the first after the registry's `sessions.snapshot_point`) until the
     step was cancelled."""
     import asyncio
@@ -2888,7 +2888,7 @@ def test_a_listing_never_takes_rows_from_a_replica_behind_its_subjects(
     those, so a replica behind it could answer: "b", created by another process before
     the listing began, was left out of the page (its subject listed, its row not found:
     taken for a row gone), where SPEC 7.7 lists once every session that exists
-    throughout (until 2026-12-06: crash trial h24b, found reading the listing it ran). A
+    throughout (until 2026-12-06: a crash trial, found reading the listing it ran). A
     lagging replica is played by an answer read before the creation."""
     from journal._jetstream.layout import Subjects
 
@@ -3041,7 +3041,7 @@ def test_only_a_refusal_for_want_of_a_leader_is_said_to_be_one() -> None:
     """A request refused with 10008 says the stream has no leader and what to do; other
     refusals asked again (a 503 such as 10023, insufficient resources, or 10077, a store
     failure) say only what the server said: all of them were said to be for want of a
-    leader (review h20h)."""
+    leader (a review)."""
     from journal._jetstream.client import ApiError, failure
 
     assert "no leader" in failure(ApiError(503, 10008, "JetStream system temporarily unavailable"))

@@ -378,7 +378,7 @@ def test_a_store_is_marked_before_its_first_purge_so_that_older_releases_refuse_
 ) -> None:
     """A release from before the pruning reads format 1 and knows no floor: opening a
     pruned store, it resumed a lifecycle cursor from before the pruned changes right past
-    them (found by a helper's review, with a worktree of that release). The first purge
+    them (found by a review, with a worktree of that release). The first purge
     marks the store format 2, which such a release refuses; until then it stays 1."""
     live_and_ended(j, "s", 3)
     assert len(evict(j)) == 3

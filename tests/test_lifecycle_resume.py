@@ -155,8 +155,8 @@ def test_cursors_of_earlier_releases_resume_with_a_fresh_snapshot_others_are_ref
                 j.watch_sessions(forged(j, position, claims.ordinal, None))
         # A mid-snapshot cursor naming incarnation 0 (no session has it: incarnations
         # start at 1): the JetStream engine asked the server for the message at sequence
-        # 0 and raised `StoreUnavailable` "bad request (JetStream error 10003)" (review
-        # h23e); it is a cursor of another history, as on the local engine.
+        # 0 and raised `StoreUnavailable` "bad request (JetStream error 10003)" (a
+        # review); it is a cursor of another history, as on the local engine.
         with pytest.raises(CursorForeign):
             j.watch_sessions(forged(j, claims.position, 2, 0))
         j.create_session("zz")

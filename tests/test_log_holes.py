@@ -207,7 +207,7 @@ def test_a_hole_seen_while_few_followers_waited_does_not_hide_later_commits(
     head back below that point; once more followers waited, a commit that took those
     positions again, read at the first look after its event, was read as touching
     nothing (a head not past the last read), and its followers were not woken: until
-    2026-12-05 (review h21b) the follower of s here got its event only with a later
+    2026-12-05 (a review) the follower of s here got its event only with a later
     commit of s (in most rounds: in the others a look that read the lower head first, a
     read too early for the commit, set the point right)."""
     import threading

@@ -303,7 +303,7 @@ def test_a_fix_that_accepts_a_hole_leaves_the_missing_events_to_the_next_fix(
 # may rotate, record a snapshot in the new active segment, and compact an older sealed
 # segment in place (the same file name, `.seg.zst`, now without the frames that became
 # dead). A build that read the new file and not the record looked at a lost segment and
-# logged a false alarm on a healthy store (review h19a; fixed by f5fbdfb: the build is
+# logged a false alarm on a healthy store (a review; fixed by f5fbdfb: the build is
 # tried again while the files change, and only a settled build's findings are logged).
 
 

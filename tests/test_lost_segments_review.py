@@ -1,4 +1,4 @@
-"""Review h19d of "Events the log lacks" (SPEC 9): what a view with a recorded loss does
+"""A review of "Events the log lacks" (SPEC 9): what a view with a recorded loss does
 afterwards (checkpoints, windows, snapshots, readers in other processes, evictions)."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_a_reader_serves_the_events_of_a_file_restored_before_its_first_read(
     tmp_path: Path,
 ) -> None:
     """The reader's first refresh came after the restore: the file was in the listing it
-    took for the one before (review h19g), and the reader refused the events until it
+    took for the one before (a review), and the reader refused the events until it
     reopened."""
     store, *_ = _store_missing_a_middle_segment(tmp_path)
     lost = next(p for p in (tmp_path / "kept").iterdir())
@@ -143,7 +143,7 @@ def test_a_reader_that_saw_a_restored_file_half_copied_serves_the_events_once_it
     tmp_path: Path,
 ) -> None:
     """A refresh during the copy rebuilt from a file cut short, which failed: the file was
-    then taken as seen, and the reader refused the events until it reopened (review h19g).
+    then taken as seen, and the reader refused the events until it reopened (a review).
     The view is kept meanwhile (the lost events refused as before, the rest served)."""
     store, *_ = _store_missing_a_middle_segment(tmp_path)
     lost = next(p for p in (tmp_path / "kept").iterdir())

@@ -1,5 +1,5 @@
 """Opening and closing journals over and over in one process, as a service that opens a
-journal per request or per tenant does (helper trial h24e, 2026-12-06).
+journal per request or per tenant does (a trial, 2026-12-06).
 
 A journal dropped without close() after a call of it failed was held by the error's
 traceback until the cycle collector ran: the next open of its store raised "open
@@ -9,7 +9,7 @@ open that cannot get a descriptor raises `StoreUnavailable` with errno EMFILE an
 says what helps (`ulimit -n`), wherever in the open it ran out: it was blamed on a damaged
 `store.json` ("restore it from a backup") when the first file it opened was the one
 refused, and on a store "never opened for writing" when a read-only open ran out at the
-view (helper trial h24e, 2026-12-06).
+view (a trial, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def test_a_collection_while_a_dropped_journals_closing_starts_does_not_hang(
     """The closing thread of a dropped journal was started under the (non-reentrant)
     lock of the closing threads' list, and a collection there that finalized another
     dropped journal waited for that lock in the same thread: the process hung for good
-    (review h24f of the h24e change)."""
+    (a review of the change that closes dropped journals)."""
     done = subprocess.run(
         [sys.executable, "-c", _A_COLLECTION_INSIDE_A_CLOSINGS_START, str(tmp_path)],
         capture_output=True,

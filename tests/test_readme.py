@@ -44,7 +44,7 @@ def _options(
 
 
 def test_the_readme_names_every_option_of_every_command() -> None:
-    # A new user (trial h11e) read `journal append -s ID [--create] [--type T]
+    # A new user (a trial) read `journal append -s ID [--create] [--type T]
     # [--expected-last N] [--idempotency-key K] [DATA...]` and never learnt of
     # --request-id; `sessions list --state/--page-size` and `sessions create
     # --context-id` were named nowhere either. An option counts when one of its

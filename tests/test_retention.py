@@ -754,7 +754,7 @@ def test_local_age_window_reads_imported_frames_only_and_a_sealed_one_once(
 def test_local_age_window_forgets_a_kept_imported_frame_once_it_leaves(tmp_path: Path) -> None:
     """The writer keeps an imported frame of a sealed segment that straddles the horizon
     for later passes, and forgets it once it leaves: an import's segments live on while
-    its sessions do (their `SessionStaged` records are pinned), and until review h21f the
+    its sessions do (their `SessionStaged` records are pinned), and until 2026-12-05 the
     frames stayed in the cache with them, where no pass needed them again, and took its
     budget from the segments' entries (20,000 imported sessions straddling the horizon
     once: the 4 MiB full for good, 10 sidecars read by every pass, 150-180 ms a pass
@@ -815,7 +815,7 @@ def test_local_age_window_judges_a_damaged_imported_frame_by_its_recorded_time(
     serve its events, and `verify --fix` cannot repair it) is judged by the time its
     index entry records (its session's first event's), as every frame was before
     2026-12-05: it leaves once that is older than the window, and the window goes on with
-    the session's later frames. Until review h21f it stayed, and with it all of the
+    the session's later frames. Until 2026-12-05 it stayed, and with it all of the
     session's later history, at every pass (a warning each), for good: the session's
     age window no longer trimmed anything."""
     now = int(time.time() * 1000)
@@ -856,7 +856,7 @@ def test_local_age_window_reads_a_compacted_append_frame_of_an_imported_session_
     exported, it is an append's and not read; stamped before (the source's clock a day
     ahead), a pass reads it to learn that an append wrote it (its recorded time is then
     its events'), once when its segment is sealed (kept, as an imported frame that stays
-    is), at each pass in the active segment. Until review h21f every pass read it, sealed
+    is), at each pass in the active segment. Until 2026-12-05 every pass read it, sealed
     or not (SPEC 8 said an append's frame is never read): 2,000 imported sessions, half of
     them so, in a sealed segment: 1,000 frames read and 33-40 ms by each pass that trims
     nothing, 10-11 ms now."""

@@ -245,7 +245,7 @@ def test_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
 
 def test_a_store_path_below_a_dangling_symbolic_link_is_named_as_such(tmp_path: Path) -> None:
     """`link/store`, where `link` points to nothing, said "File exists" (exit 7) as the
-    link itself did (a helper's review)."""
+    link itself did (a review)."""
     link = tmp_path / "link"
     link.symlink_to(tmp_path / "missing")
     with pytest.raises(InvalidArgument, match=r"link.*on the way to .*store.* does not exist"):

@@ -533,7 +533,7 @@ def test_closing_the_journal_from_a_listener_stops_at_that_event(
     engine: EngineFactory, store: Path
 ) -> None:
     # As `sub.close()` from inside the listener: no further item of the page is
-    # delivered once the listener closed the journal (found by a helper trial: the rest
+    # delivered once the listener closed the journal (found by a trial: the rest
     # of the page went on to the listener of a closed journal).
     j = engine.open(store, durability="os")
     j.create_session("s")
@@ -590,7 +590,7 @@ def test_wait_from_a_listener_is_refused_not_a_wait_for_itself(j: Journal) -> No
 def test_a_listener_raising_a_base_exception_ends_only_its_own_subscription(
     j: Journal, raised: type[BaseException]
 ) -> None:
-    # sys.exit() in a listener killed the delivery thread (found by a helper trial): its
+    # sys.exit() in a listener killed the delivery thread (found by a trial): its
     # subscription never ended (`wait` timed out, no error), and every subscription of
     # the journal, later ones included, was never served again.
     j.create_session("s")
@@ -648,7 +648,7 @@ def test_a_subscription_added_while_the_thread_starts_a_round_is_delivered(
     epoch, which `subscribe` bumps after adding to that list. A subscription added
     between the two was in neither: the thread waited with the epoch that already
     counted it, and the subscription's replay began only at the journal's next commit
-    (until 2026-12-05, review h21b; here the thread is held at that epoch read by a trace
+    (until 2026-12-05, a review; here the thread is held at that epoch read by a trace
     function, no code of the journal patched, while a subscription is added)."""
     from types import FrameType
 

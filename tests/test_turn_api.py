@@ -664,8 +664,8 @@ def test_a_turn_cut_by_the_end_of_its_session_is_not_said_to_be_settled_by_a_nex
 ) -> None:
     """A session ended mid-turn (README: its turn stays unsettled for good): the owner's
     release could not record the result, and its warning said that the next owner
-    records it as WATCH_OUTCOME_UNKNOWN, where an ended session has no next owner (soak
-    h22a: logged by a long-lived runtime whenever a supervisor ended a session mid-turn)."""
+    records it as WATCH_OUTCOME_UNKNOWN, where an ended session has no next owner (a
+    soak: logged by a long-lived runtime whenever a supervisor ended a session mid-turn)."""
     with Journal.open(tmp_path, durability="os") as j:
         j.create_session("s")
         with j.own("s") as owner, pytest.raises(SessionNotWritable), owner.turn("r1") as turn:
@@ -682,8 +682,8 @@ def test_a_turn_whose_session_was_evicted_is_not_said_to_be_settled_by_a_next_ow
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """As above for a session ended mid-turn and then evicted by retention: the release's
-    warning said the next owner records the turn, where the session is gone (review
-    h22e)."""
+    warning said the next owner records the turn, where the session is gone (a
+    review)."""
     policy = RetentionPolicy(session_retention_ms=1)
     with Journal.open(tmp_path, durability="os", retention=policy) as j:
         j.create_session("s")

@@ -407,7 +407,7 @@ def test_a_read_only_journal_reads_and_verifies_a_store_a_killed_swap_dropped_fe
 
 def test_a_writable_open_removes_only_the_swap_marks_it_names(tmp_path: Path) -> None:
     """A file of `segments/` that merely ends like a mark (`.swap.<pid>` of a process
-    that is gone) is not the store's: the open leaves it (review h24f: any such name was
+    that is gone) is not the store's: the open leaves it (a review: any such name was
     removed)."""
     store = tmp_path / "store"
     with Journal.open(store, durability="os", retention=_AN_HOUR) as j:

@@ -1,7 +1,7 @@
 """`verify()` compares every derived table of the view with a view rebuilt from the log,
 not only the rows, the events index, the state index and the head (SPEC 9): until
 2026-12-04 a view left with 60 eviction tombstones and 61 pins where a rebuilt view had
-12 and 13 (review h10c, a retention pass acknowledged after LMDB's commit failed) was
+12 and 13 (a review, a retention pass acknowledged after LMDB's commit failed) was
 reported healthy. Each table is changed here behind the journal's back, through the
 view's own methods in a transaction of their own; `verify()` names it and
 `verify(fix=True)` rebuilds it."""

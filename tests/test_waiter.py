@@ -589,7 +589,7 @@ def test_a_change_the_head_shows_late_right_after_a_commit_of_this_process_wakes
     """A change the head read did not show, reported within RECHECK_OWN_S of a commit of
     this process, is taken for that commit, but may be another process's commit right
     after it (both processes appending): the thread still looks again once. Until
-    2026-12-05 (review h20h) it did not, and such a commit reached its followers only at
+    2026-12-05 (a review) it did not, and such a commit reached its followers only at
     the next commit or the safety look 1 s later (2 of 150 commits of another process
     0-4 ms after one of this process; here: after the follower's 0.5 s)."""
     source = ChangesOnDemand()
@@ -617,7 +617,7 @@ def test_a_change_the_head_shows_late_right_after_a_commit_of_this_process_wakes
 def test_interrupts_do_not_use_up_the_looks_again_after_a_change_the_head_did_not_show() -> None:
     """Followers that start waiting with a stop interrupt the change source's wait (their
     stop is checked from then on), which reports no change: the looks again after a
-    change the head did not show keep their times. Until 2026-12-05 (review h21b) each
+    change the head did not show keep their times. Until 2026-12-05 (a review) each
     interrupt counted as the look again being due: a few stop waits right after such a
     change used up the 1-32 ms looks again within a millisecond, and a commit visible a
     few ms after its event reached its followers only at the safety look 1 s later
@@ -647,7 +647,7 @@ def test_interrupts_do_not_use_up_the_looks_again_after_a_change_the_head_did_no
 def test_a_change_source_that_looks_again_itself_gets_no_looks_again() -> None:
     """Without `lagging_reads` (JetStream: its change source looks again itself, and its
     head reads are requests to the server) a change the head did not show is one look,
-    not 1 + 6 (review h20h: they raised the head reads of a JetStream journal with
+    not 1 + 6 (a review: they raised the head reads of a JetStream journal with
     another process committing 20 times a second from 350 to 556 a second)."""
     source = ChangesOnDemand()
     notifier = Notifier(lambda: 10, lambda: source)
@@ -665,7 +665,7 @@ def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
     """The inotify change source's `wait` ends at an `interrupt` (a follower's new stop to
     check, the journal closing) but reports no change, so the thread reads no head for
     it, nor looks again 1-32 ms later as after a change the head did not show. Until
-    2026-12-05 (review h20h) it reported one: a sync watch with a stop read the head
+    2026-12-05 (a review) it reported one: a sync watch with a stop read the head
     6 times per commit of another process appending 50 a second (2.4 since)."""
     from journal._local.inotify import DirectoryChanges
 
@@ -690,7 +690,7 @@ def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
 def test_new_followers_stops_cost_no_head_reads(name: str, tmp_path: Path) -> None:
     """A follower that starts waiting with a stop interrupts the change source's wait (so
     its stop is checked from then on); that is no change, on either engine, and costs no
-    head read. Until 2026-12-05 (review h21b) JetStream's change source reported it as a
+    head read. Until 2026-12-05 (a review) JetStream's change source reported it as a
     row message: a head read, and looks again every 2 ms for 50 ms after it, each a
     request to the server (here: 10 such waits read the head about 250 times)."""
     engine, _ = open_engine(name, tmp_path / "store")

@@ -8,7 +8,7 @@ Python code around a lock's acquire, so a handler can raise right after the acqu
 leave the lock held; `Condition.wait` releases its lock before its `try`. Until
 2026-12-05 a Ctrl+C right after `Event.set` acquired the waiter's "wanted" lock left it
 held, and `close()` then hung for good on that same lock (`journal watch` still running
-10 s after its SIGINT, once in a full test run: review h19e); one inside `with
+10 s after its SIGINT, once in a full test run: a review); one inside `with
 self._cv` stopped the waiter thread (`close()` waited 5 s for it); one inside
 `Condition.wait` came out as RuntimeError("cannot release un-acquired lock").
 
@@ -244,8 +244,8 @@ print("END", flush=True)
 def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_path: Path) -> None:
     """The same check points, the journal kept open after each (a REPL, a loop that
     catches KeyboardInterrupt): the interrupted wait leaves nothing registered with the
-    waiter, and a new watch sees another process's next commit. Until 2026-12-05 (review
-    h21b) a Ctrl+C between the wait's registration and the `try` that undid it, or inside
+    waiter, and a new watch sees another process's next commit. Until 2026-12-05 (a
+    review) a Ctrl+C between the wait's registration and the `try` that undid it, or inside
     the undoing, left it counted as waiting for good (the waiter thread never went idle;
     its stop event, once set, woke every follower of the journal every 50 ms), and one in
     the waiter thread's `Thread.start` before the thread began left it recorded as
@@ -317,7 +317,7 @@ def test_ctrl_c_at_any_point_of_a_wait_on_a_turn_leaves_the_owner_checks_working
     """A watch that waits for another process's open turn registers with the journal's
     owner checks (`journal/owner_watch.py`, SPEC 7.8): a Ctrl+C at any check point of that
     wait leaves their lock free and nothing counted once the watch is closed. Until
-    2026-12-05 (review h21b) one right after `with condition:` acquired their lock left it
+    2026-12-05 (a review) one right after `with condition:` acquired their lock left it
     held by the main thread for good (the `journal-owners` thread stopped: a follower of a
     turn whose owner then died waited for good; a close from another thread hung), and one
     between the count and the registration object left the owner checked every 100 ms
@@ -396,7 +396,7 @@ def test_ctrl_c_at_any_point_of_a_close_of_a_stream_or_subscription(tmp_path: Pa
     """`Stream.close()` and `Subscription.close()` in the main thread, the stream waited on
     by another thread (the subscription by the delivery thread), with a SIGINT at each
     check point of the close in turn: the close asked again returns, and the follow ends.
-    Until 2026-12-05 (review h21b) one right after `threading.Event.set` acquired its
+    Until 2026-12-05 (a review) one right after `threading.Event.set` acquired its
     lock (the stream's halted flag, its read scope's) left that lock held: the next close
     hung for good, and the other thread went on waiting; a subscription's close asked
     again did not wake the delivery thread when the first was cut before it did (the

@@ -161,7 +161,7 @@ async def asked_again(read: Callable[[], Awaitable[T]]) -> T:
     """A read of a maintenance pass, asked again for up to PASS_RETRY_S while the servers
     do not answer or refuse for want of a leader (a failover), as every read is (SPEC
     16.4); until 2026-12-05 `expire_due()` asked once and raised `StoreUnavailable` after
-    5 s right after a stream leader's kill (crash trial h23b)."""
+    5 s right after a stream leader's kill (a crash trial)."""
     deadline = time.monotonic() + PASS_RETRY_S
     while True:
         try:
@@ -179,7 +179,7 @@ class Connection:
         self.stream = stream
         try:
             self.loop = asyncio.new_event_loop()
-        except OSError as e:  # (its selector and self-pipe: raised bare from open; h24e)
+        except OSError as e:  # (its selector and self-pipe: raised bare from open)
             raise StoreUnavailable(
                 f"cannot connect to NATS at {', '.join(map(without_password, servers))} "
                 f"({e.strerror or e}); {short_of(e) or 'the OS refused an event loop'}",
@@ -244,7 +244,7 @@ class Connection:
             cause = last[0] if last and isinstance(e, asyncio.TimeoutError) else e
             detail = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
             shown = ", ".join(without_password(server) for server in servers)
-            # (Out of descriptors, it said to check the URL and the credentials; h24e.)
+            # (Out of descriptors, it said to check the URL and the credentials.)
             advice = short_of(cause) or (
                 "check the URL, the credentials and that the servers run with JetStream enabled"
             )
@@ -360,7 +360,7 @@ class Connection:
         """Whether the stream's information, asked twice more half a second apart, is
         "not found" each time: a replica restarted in a cluster answers it so while it
         loads the stream, and a stream that is there must not be taken for a deleted one
-        (a review, h18f: it is asked again as any refusal then). A journal being opened
+        (a review: it is asked again as any refusal then). A journal being opened
         takes one answer (`opened`): `bootstrap` creates the stream or says it is missing."""
         for _ in range(2):
             await asyncio.sleep(0.5)

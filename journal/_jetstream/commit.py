@@ -69,7 +69,7 @@ def _unread(session_id: str, error: BaseException) -> str:
     """Why a write whose read of the session's row failed for WRITE_S was not committed,
     and what to do. (A refusal for want of a leader is an answer, and says what it means
     as a read's does: until 2026-12-06 every such write said "no answer from JetStream
-    ... (JetStream system temporarily unavailable)", crash trial h24b.)"""
+    ... (JetStream system temporarily unavailable)", a crash trial.)"""
     detail = failure(error)
     if not (isinstance(error, ApiError) and error.no_leader):
         detail += ": check the servers and retry"

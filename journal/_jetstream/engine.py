@@ -127,7 +127,7 @@ class _RowChanges:
     stored it, so for a short while after one the waiter is told to look again. An
     `interrupt` (a follower's new stop to check) ends a wait as no change: until
     2026-12-05 it was taken for a message, and each such wait cost a head read and the
-    looks again after it, about 20 requests to the server (review h21b)."""
+    looks again after it, about 20 requests to the server (a review)."""
 
     _RECHECK_S: Final = 0.05
 

@@ -89,7 +89,7 @@ async def bootstrap(
     except StoreNotFound:  # (no stream: `Connection.stream_gone`, said for an open here)
         if not options.create or options.readonly:
             # (A read-only open was told to pass create=True, which it had: the default;
-            # the local engine's message names a writable open. Helper trial h24e.)
+            # the local engine's message names a writable open. A trial.)
             how = (
                 "a writable Journal.open(url, store=...); a read-only journal does not create one"
                 if options.readonly
@@ -145,7 +145,7 @@ async def identity_and_policy(
     """`bootstrap`, `key_ring_of`, then `recorded_policy`: what opening a store reads, so
     that one handler says what a failure of the reads means (until 2026-12-05 the
     policy's read was outside it, and a stream electing its leader raised the client's
-    own `ApiError` 10008 out of `Journal.open`: found by a helper's chaos trial). The key
+    own `ApiError` 10008 out of `Journal.open`: found by a chaos trial). The key
     ring comes before the policy, which the open may record: an open refused for its
     key writes nothing."""
     meta = await bootstrap(conn, subjects, reader, options)

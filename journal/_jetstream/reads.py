@@ -174,7 +174,7 @@ class StoreReader:
             # The rows of these subjects are read next from any replica that has what
             # this engine knows committed: the leader's answer counts (until 2026-12-06
             # it did not, and a replica behind it could answer without a session created
-            # before the listing began, which was left out: crash trial h24b).
+            # before the listing began, which was left out: a crash trial).
             self.saw(int(info["state"]["last_seq"]))
             subjects = list(info["state"].get("subjects") or {})
             if offset > 0 and (not subjects or min(subjects) > greatest):
@@ -244,7 +244,7 @@ class StoreReader:
     async def session_id_of(self, incarnation: int) -> str | None:
         if incarnation < 1:
             # (No message has sequence 0, which the server refuses as a bad request:
-            # a forged cursor's, raised as `StoreUnavailable` until review h23e.)
+            # a forged cursor's, raised as `StoreUnavailable` until 2026-12-06.)
             return None
         message = await self.conn.msg_get({"seq": incarnation})
         if message is None:

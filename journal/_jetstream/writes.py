@@ -399,7 +399,7 @@ class Writer(Committer):
         follows its append's events in their batch, and a window never splits an
         append, so a marker below `keep_from` is a trimmed append's. (Until 2026-12-05
         only the events were purged: a long-lived session's markers stayed in the stream
-        until its eviction, one a keyed append, whatever its windows: soak h22d.)"""
+        until its eviction, one a keyed append, whatever its windows: a soak.)"""
         await self.reader.purge_or_leave(self.subjects.events(token), keep_from)
         await self.reader.purge_or_leave(self.subjects.markers(token), keep_from)
 
@@ -564,12 +564,12 @@ class Writer(Committer):
         did is kept for the report. (Until 2026-12-05 the pass tried once:
         `apply_retention` and `journal compact` right after a stream leader's kill
         raised `StoreUnavailable` after 5 s, 3 times of 3, where every read rode the
-        election out: crash trial h23b.) The writes' own failures are `StoreUnavailable`
+        election out: a crash trial.) The writes' own failures are `StoreUnavailable`
         already, and end the pass."""
         now = await asked_again(self.clock.now_ms) if now_ms is None else now_ms
         # (Dicts, in the order done: a try after a failed one may trim a session again.
         # Lists searched for each session cost 56 s of the connection's loop for a pass
-        # of 100,000 trims: review h23e.)
+        # of 100,000 trims: a review.)
         trimmed: dict[str, None] = {}
         evicted: dict[str, None] = {}
         deadline = time.monotonic() + PASS_RETRY_S

@@ -62,7 +62,7 @@ class CommitsSeen:
             # again by new commits: which is not known. (Until 2026-12-05 "none": a hole
             # seen by the thread's plain head reads, while few followers waited, left
             # this point ahead, and the commits that took the positions again woke
-            # nobody once more followers waited; review h21b.)
+            # nobody once more followers waited; a review.)
             return None
         if (
             head.segment != last.segment

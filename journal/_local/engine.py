@@ -165,10 +165,10 @@ class LocalEngine:
             # `abandoned`): once that is done, the store is free. One that only a reference
             # cycle still holds (an exception's traceback that holds the frame that held
             # it) is collected first: it held the store until the cycle collector ran, so
-            # an open right after failed (helper trial h24e). The open is tried again
+            # an open right after failed (a trial). The open is tried again
             # even when no close was in flight by then: one that ended after the first
             # try failed was not waited for, and that open raised "open already" with
-            # the store free (1 in 10 opens right after a dropped journal; h24e).
+            # the store free (1 in 10 opens right after a dropped journal).
             if not INHERITED.close_all():
                 gc.collect()
                 wait_for_dropped(5.0)
@@ -417,7 +417,7 @@ class LocalEngine:
                 # Its traceback holds the frames it passed (the commit's, and through
                 # them the caller's journal): none may hold it back, or a journal dropped
                 # after a failed call (SessionExists) stayed open, its store "open
-                # already", until the cycle collector ran (helper trial h24e).
+                # already", until the cycle collector ran (a trial).
                 del error, request
         result: ResultT = request.result
         return result

@@ -141,7 +141,7 @@ class DirectoryChanges:
         # follower's stop to check. Taken for one, it cost a head read, and from
         # 2026-12-05 the looks again after a change the head did not show: a sync watch
         # with a stop read the head 6 times per commit of another process, not 2-3;
-        # review h20h.)
+        # a review.)
         return changed or not watched
 
     def interrupt(self) -> None:

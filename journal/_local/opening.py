@@ -226,7 +226,7 @@ def key_ring_for(
             ) from e
         if os.access(keys, os.R_OK):
             # (Readable: damaged, or no descriptor was left to read it with; "give it read
-            # access" misled there: helper trial h24e.)
+            # access" misled there: a trial.)
             raise
         raise KeyRingError(
             f"{e.message}; a read-only reader needs the store's cursor key: give "
@@ -324,7 +324,7 @@ def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, Ver
     except lmdb.Error as e:
         # (An LMDB error here is no access, or no view yet: not damage. But not a process
         # out of descriptors: it failed the private view too, blamed on a store "never
-        # opened for writing"; helper trial h24e.)
+        # opened for writing"; a trial.)
         refused = os_error_of(e)
         if refused is not None and refused.errno in OUT_OF_RESOURCES:
             raise refused from e

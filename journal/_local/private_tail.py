@@ -70,7 +70,7 @@ class PrivateTail:
         adds them above, compaction replaces them under their names): a view that found
         events missing is rebuilt, to serve them again. (Without, a long-lived reader
         refused them after the restore and the writer's fix, which writes no frame:
-        review h19d.) One listing per refresh while something is missing, none else."""
+        a review.) One listing per refresh while something is missing, none else."""
         with view.begin() as txn:
             head = view.head(txn)
             lacking = view.any_missing(txn)
@@ -96,7 +96,7 @@ class PrivateTail:
         except JournalCorrupt as e:
             # A file caught while it is being copied back (cut short): the view is kept
             # (it refuses the lost events as before) and the rebuild is tried again once
-            # the file changes. (Review h19g: the file was then taken as seen, and the
+            # the file changes. (A review: the file was then taken as seen, and the
             # reader refused the events until it reopened.)
             _log.warning("%s: the view is kept, rebuilt again once the file changes", e)
             self._listed, self._tried = seen, marks

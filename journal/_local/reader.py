@@ -262,7 +262,7 @@ def _missing_file(session_id: str, filename: str | None, head: Head | None) -> J
     still place the session's frames there, so it is no race with retention or compaction.
     A segment at or below the view's head is a file the log lost (deleted by hand, left
     out of a restore: SPEC 9), named as `verify` names it, with the same ways out; until
-    review h24d the read said "corrupt journal view", named the `.seg.zst` it tried last,
+    2026-12-06 the read said "corrupt journal view", named the `.seg.zst` it tried last,
     and sent the user to `verify --fix`, which keeps such a view (rebuilt, it would take
     the events for trimmed ones) and said so. Past the head no segment ever was: the
     entry is damage of the view."""

@@ -93,7 +93,7 @@ def window_start(
         # is within the window (until 2026-12-05 it left whole by its first event, events
         # minutes old with it). An archive's events were committed before it was
         # exported: a frame holding compacted events whose first event is stamped later
-        # is an append's, not read (until review h21f each pass read such a frame of the
+        # is an append's, not read (until 2026-12-05 each pass read such a frame of the
         # active segment again); one an import staged from a source whose clock stepped
         # back is then judged by that time, and keeps more.
         staged_before = row.name_position
@@ -113,7 +113,7 @@ def window_start(
                     newest_ms = staged
                 if newest_ms >= horizon:
                     # (An append's frame too: one holding events a snapshot compacted was
-                    # read again by every pass, until review h21f.)
+                    # read again by every pass, until 2026-12-05.)
                     times.stays(frame)
                 else:
                     times.leaves(frame)
@@ -218,7 +218,7 @@ class FrameTimes:
 
     def leaves(self, frame: Location) -> None:
         """`frame`, looked at by this pass, leaves the session: no longer kept, unless it
-        stays for another session (until review h21f a kept frame stayed in the cache
+        stays for another session (until 2026-12-05 a kept frame stayed in the cache
         until its segment died, and an import's segments live while its sessions do,
         its `SessionStaged` records pinned: the cache, full of frames no pass needed
         again, no longer kept the segments' entries, read from their sidecars by every
@@ -262,7 +262,7 @@ def _read_staged(
     except JournalCorrupt as e:
         # No reader can serve its events and `verify --fix` cannot repair it: judged by
         # the time its index entry records, as every frame was before 2026-12-05 (until
-        # review h21f it stayed, and the session's later history with it, for good).
+        # 2026-12-05 it stayed, and the session's later history with it, for good).
         _log.warning(
             "retention: the frame at offset %d of segment %s cannot be read (%s): an age "
             "window judges it by its session's first event's time (verify reports it)",

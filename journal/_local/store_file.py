@@ -267,7 +267,7 @@ def load_store(store_file: str) -> StoreFile:
     except OSError as e:
         if e.errno in OUT_OF_RESOURCES:
             # Not damage either: no descriptor was left to read it with (this process's
-            # limit), which said "restore it from a backup" (helper trial h24e).
+            # limit), which said "restore it from a backup" (a trial).
             raise
         raise damaged(e) from None
     except (ValueError, KeyError, TypeError) as e:
