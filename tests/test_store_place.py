@@ -253,3 +253,38 @@ def test_a_store_path_below_a_dangling_symbolic_link_is_named_as_such(tmp_path: 
     result = run_cli(link / "store", "--format", "json", "init")
     assert result.returncode == 4 and "symbolic link" in json_error(result)["message"]
     assert sorted(os.listdir(tmp_path)) == ["link"]
+
+
+class _Syncs(FileOps):
+    """Records the path of every file and directory synced through the seam, in order."""
+
+    def __init__(self) -> None:
+        self.synced: list[str] = []
+
+    def fsync(self, fd: int) -> None:
+        self.synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        super().fsync(fd)
+
+
+def test_a_new_store_s_directory_entry_and_its_parents_are_synced_before_the_open_returns(
+    tmp_path: Path,
+) -> None:
+    """A power cut after the open returned (and appends were acknowledged) must not lose
+    the store's own directory: its entry lives in the directory above, and so does each
+    parent the open made for it. Those directories are synced, and `store.json`'s
+    temporary file before its link, through the store's `FileOps` (until 2026-12-06 the
+    open synced the store's directory only, and `store.json` with `os.fsync`)."""
+    top = os.path.realpath(tmp_path)
+    path = os.path.join(top, "a", "b", "s")
+    syncs = _Syncs()
+    Journal.open(path, file_ops=syncs).close()
+    temporary = next(p for p in syncs.synced if os.path.basename(p).startswith("store.json."))
+    assert os.path.dirname(temporary) == path
+    directories = [p for p in syncs.synced if os.path.isdir(p)]
+    for directory in (path, os.path.dirname(path), os.path.join(top, "a"), top):
+        assert directory in directories, (directory, syncs.synced)
+    assert syncs.synced.index(temporary) < syncs.synced.index(os.path.dirname(path))
+    # A store made in an existing directory syncs the entry above it too.
+    syncs = _Syncs()
+    Journal.open(os.path.join(top, "t"), file_ops=syncs).close()
+    assert top in syncs.synced, syncs.synced

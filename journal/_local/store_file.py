@@ -199,7 +199,13 @@ def create_store(
     """Create the store's directories and publish a new `store.json` (with `link()`, so
     two processes creating the store race safely: the first one's file wins). Fault point
     `store.create` after each step (detail: the directory made, or the temporary file
-    written): a creation killed there is finished by the next open."""
+    written): a creation killed there is finished by the next open.
+
+    Everything is synced through `ops` before the open returns: `store.json`'s temporary
+    file before its link, the store's directory (its entries), and the directory above it
+    and above each parent made for it (the store's own entry: without that sync a power
+    cut may take the whole store away, with every append acknowledged since)."""
+    made = _missing_directories(path)
     permissions.make_dirs(path)
     ops.point("store.create", "")
     for name in ("segments", "index", "locks"):
@@ -212,7 +218,7 @@ def create_store(
         with os.fdopen(fd, "wb") as f:
             f.write(_document(os.urandom(16), permissions.file, retention))
             f.flush()
-            os.fsync(f.fileno())
+            ops.fsync(f.fileno())
         ops.point("store.create", os.path.basename(temporary))
         # link() fails if another process created the store first: theirs wins.
         os.link(temporary, final)
@@ -220,7 +226,23 @@ def create_store(
         pass
     finally:
         os.unlink(temporary)
-    fsync_dir(path)
+    fsync_dir(path, ops)
+    # (Also when the directory was there: a creation killed part way made it, unsynced.)
+    for directory in made or [os.path.realpath(path)]:
+        fsync_dir(os.path.dirname(directory), ops)
+
+
+def _missing_directories(path: str) -> list[str]:
+    """`path` (resolved) and its parents that do not exist yet, deepest first."""
+    missing = []
+    directory = os.path.realpath(path)
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return missing
 
 
 def remove_stray_temporaries(path: str, alive: Callable[[int], bool]) -> None:
