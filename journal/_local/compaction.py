@@ -226,12 +226,21 @@ def swap_segment(txn: lmdb.Transaction, view: View, log: SegmentLog, swap: SwapS
             log.sync_committed()  # (the records that made the dropped frames dead first)
             # The old sidecar goes first: if the new one cannot be written after the swap,
             # the sidecar is missing (readers scan, the next catch-up writes it), never stale.
-            with contextlib.suppress(FileNotFoundError):
+            # Its deletion is synced before the rename, and the rename before the plain
+            # file's deletion: POSIX keeps no order between a directory's unsynced changes,
+            # and a power cut that kept the later one alone would leave a stale sidecar
+            # beside the copy, or no segment at all (the copy still a temporary file).
+            try:
                 log.ops.unlink(os.path.join(directory, sidecar_name(base)))
+            except FileNotFoundError:
+                pass
+            else:
+                fsync_dir(directory, log.ops)
             log.ops.replace(swap.temporary, os.path.join(directory, final_name))
             log.ops.point("compaction.replaced", base)
         if swap.temporary:  # (none: only the view's part is left, `_finish_swap`)
             if swap.source[0] == segment_name(base):
+                fsync_dir(directory, log.ops)
                 with contextlib.suppress(FileNotFoundError):
                     log.ops.unlink(os.path.join(directory, segment_name(base)))
             fsync_dir(directory, log.ops)
