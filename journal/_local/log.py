@@ -33,6 +33,7 @@ from .frames import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
+    SIDECAR_SUFFIX,
     FrameInfo,
     segment_name,
     sidecar_name,
@@ -255,6 +256,7 @@ class SegmentLog:
                 plain = os.path.join(self.directory, segment_name(s.base_position))
                 if s.compressed and os.path.exists(plain):
                     self.ops.unlink(plain)
+            self._delete_orphan_sidecars({s.base_position for s in segments})
             for s in segments[:-1]:
                 self.ops.point("open.sidecar_check", s.base_position)
                 # The checksum only, but for a rebuild: decoding every sidecar and checking
@@ -279,6 +281,23 @@ class SegmentLog:
                         self.permissions,
                     )
             fsync_dir(self.directory, self.ops)
+
+    def _delete_orphan_sidecars(self, bases: set[int]) -> None:
+        """Delete the sidecars whose segment is gone (caller holds the write lock and the
+        segment-files lock): a retention pass deletes a dead segment's files one after
+        another, and one stopped between them (killed, a power cut, an I/O error it logs)
+        left the sidecar, which nothing reads, for good (until 2026-12-06; the store's
+        size counted it). No other step makes a sidecar before its segment exists."""
+        for name in os.listdir(self.directory):
+            if (
+                name.endswith(SIDECAR_SUFFIX)
+                and len(name) == 24
+                and name[:20].isdigit()
+                and int(name[:20]) not in bases
+            ):
+                _log.info("deleting the sidecar %s: its segment is gone", name)
+                with contextlib.suppress(FileNotFoundError):
+                    self.ops.unlink(os.path.join(self.directory, name))
 
     def moved_past(self, segment: int, end_offset: int, next_position: int, fd: int = -1) -> bool:
         """Whether frames or segments exist past `end_offset` of `segment` (a 24-byte probe
