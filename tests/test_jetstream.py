@@ -1022,6 +1022,48 @@ def test_a_writer_whose_server_hangs_goes_on_through_another(tmp_path: Path) -> 
 
 
 @pytest.mark.cluster
+def test_reads_go_on_while_the_stream_leader_hangs(tmp_path: Path) -> None:
+    """Direct gets are answered by a replica the servers pick for each request: after the
+    stream's leader hung, one in two went to it even once another was elected (the others
+    take it for gone only after minutes of route pings), and waited its 5 s for nothing:
+    pages of a journal on a live node came one every several seconds, and watchers
+    there fell 4,320 events behind in the 25 s a node hung (until 2026-12-06: an operator
+    trial with SIGSTOP). A get whose answer has not begun is sent again."""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+        j.append("s", [EventIn("message", f"{i:02d}".encode()) for i in range(24)])
+        hung = cluster.server_named(_stream_leader(j, store))
+    live = next(s for s in cluster.servers if s is not hung)
+    pages: list[list[int]] = []
+    with Journal.open(live.url, store=store) as j:  # (on a live node, never the hung one)
+        os.kill(hung.pid, signal.SIGSTOP)
+        try:
+            j.append("s", events(1))  # (once another leader is elected)
+
+            def read_pages() -> None:
+                cursor = None
+                for _ in range(12):  # (2 events a page: at least 12 direct gets)
+                    page = j.read("s", cursor, max_bytes=4)
+                    pages.append([e.ordinal for e in page.events])
+                    cursor = page.next_cursor
+
+            reader = threading.Thread(target=read_pages, daemon=True)
+            started = time.monotonic()
+            reader.start()
+            reader.join(15)  # (before: about 30 s, one get in two waiting 5 s)
+            took = time.monotonic() - started
+            read = list(pages)
+        finally:
+            os.kill(hung.pid, signal.SIGCONT)
+            reader.join(60)
+            cluster.wait_ready()
+    print(f"\n{len(read)} pages in {took:.1f} s while {hung.name} hung")
+    assert read == [[i, i + 1] for i in range(1, 25, 2)], (read, took)
+
+
+@pytest.mark.cluster
 def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) -> None:
     cluster = shared_cluster()
     store = store_name(tmp_path)

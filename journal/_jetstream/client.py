@@ -49,6 +49,10 @@ T = TypeVar("T")
 # How long one request waits for its reply. A leader election in an R3 cluster was
 # measured at about 6 s (SPEC 16): writers retry across it (see `writes.py`).
 REQUEST_S: Final = 5.0
+# How long a direct get waits for its answer to begin before it is sent again (to whichever
+# replica the servers pick then: one may hang), the wait doubling each time, within
+# REQUEST_S (`Connection.direct`). A live replica begins within milliseconds.
+DIRECT_FIRST_S: Final = 0.5
 # How long a batch waits for its ack before the writer settles what became of it (short:
 # an ack lost in a failover is found out sooner; a late ack is settled just the same).
 ACK_S: Final = 2.0
@@ -96,6 +100,42 @@ async def _cancel_tasks() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _DirectTry:
+    """One request of a batched direct get (`Connection.direct`): its inbox's
+    subscription, the messages it brought, `begun` once anything came, `done` with the
+    end-of-batch marker's headers (only its `Status` when it is not 204)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.found: list[Found] = []
+        self.begun: asyncio.Future[None] = loop.create_future()
+        self.done: asyncio.Future[dict[str, str]] = loop.create_future()
+        self.sub: Any = None
+
+    @classmethod
+    async def send(cls, nc: Client, stream: str, payload: bytes) -> _DirectTry:
+        attempt = cls(asyncio.get_running_loop())
+        inbox = nc.new_inbox()
+        attempt.sub = await nc.subscribe(inbox, cb=attempt.collect)
+        try:
+            await nc.publish(f"$JS.API.DIRECT.GET.{stream}", payload, reply=inbox)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await attempt.sub.unsubscribe()
+            raise
+        return attempt
+
+    async def collect(self, msg: Msg) -> None:
+        if not self.begun.done():
+            self.begun.set_result(None)
+        headers = dict(msg.headers or {})
+        status = headers.get("Status")
+        if status is not None:
+            if status in _END_STATUSES and not self.done.done():
+                self.done.set_result(headers if status == "204" else {"Status": status})
+            return
+        self.found.append(_found(msg, headers))
 
 
 class Closed(Exception):
@@ -399,29 +439,44 @@ class Connection:
     async def direct(self, body: dict[str, Any]) -> tuple[list[Found], dict[str, str]]:
         """A batched direct get (`batch` or `multi_last` in `body`): the messages and the
         headers of the end-of-batch marker (only its `Status` when it is not 204: 404
-        when nothing matched)."""
-        inbox = self.nc.new_inbox()
-        found: list[Found] = []
-        done: asyncio.Future[dict[str, str]] = self.loop.create_future()
+        when nothing matched).
 
-        async def collect(msg: Msg) -> None:
-            headers = dict(msg.headers or {})
-            status = headers.get("Status")
-            if status is not None:
-                if status in _END_STATUSES and not done.done():
-                    done.set_result(headers if status == "204" else {"Status": status})
-                return
-            found.append(_found(msg, headers))
-
-        sub = await self.nc.subscribe(inbox, cb=collect)
+        Any replica of the stream may answer, and the servers pick one for each request
+        at random, a replica that hangs too (a stopped process, a partition that leaves
+        its routes open: the others take it for gone only after minutes of unanswered
+        route pings). A request whose answer has not begun within `DIRECT_FIRST_S` is
+        therefore sent again, the wait doubling each time, and the first to begin
+        answering is taken, within `REQUEST_S` in all. Until 2026-12-06 one request
+        waited its 5 s: with one node of three hung, about half the direct gets went
+        unanswered, a page of several gets seldom completed, and watchers on the two
+        live nodes fell behind for as long as the node hung (an operator trial pausing a
+        node with SIGSTOP: 4,320 events behind after 25 s)."""
+        payload = json.dumps(body).encode()
+        deadline = self.loop.time() + REQUEST_S
+        tries: list[_DirectTry] = []
         try:
-            await self.nc.publish(
-                f"$JS.API.DIRECT.GET.{self.stream}", json.dumps(body).encode(), reply=inbox
-            )
-            end = await asyncio.wait_for(done, REQUEST_S)
+            wait = DIRECT_FIRST_S
+            while True:
+                tries.append(await _DirectTry.send(self.nc, self.stream, payload))
+                left = deadline - self.loop.time()
+                begun, _ = await asyncio.wait(
+                    [t.begun for t in tries],
+                    timeout=max(min(wait, left), 0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if begun or left <= wait:
+                    break
+                wait *= 2
+            answering = next((t for t in tries if t.begun.done()), None)
+            if answering is None:
+                raise TimeoutError
+            left = max(deadline - self.loop.time(), DIRECT_FIRST_S)
+            end = await asyncio.wait_for(answering.done, left)
+            found = answering.found
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            for attempt in tries:
+                with contextlib.suppress(Exception):
+                    await attempt.sub.unsubscribe()
         if end.get("Status") == "503":
             # No server serves the stream's direct gets: the stream is gone (`api` raises
             # `stream_gone`), or none of its servers answers now (the servers' silence,
