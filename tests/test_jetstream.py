@@ -1064,6 +1064,56 @@ def test_reads_go_on_while_the_stream_leader_hangs(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
+def test_an_owner_elsewhere_outlives_a_quorum_loss(tmp_path: Path) -> None:
+    """No heartbeat is stored while the stream has no leader, or no majority: an owner
+    on another host whose beats could not be stored for 15 s (the stream's leader and
+    another node hung) was taken over 0.4 s after they came back, its watchers told
+    `OutcomeUnknown` and its turn refused with `OwnerBusy`; so was one whose stream's
+    leader alone hung, 11 s into the hang, once another was elected (until 2026-12-06:
+    an operator trial with SIGSTOP). The lease's 10 s count from the leader's election
+    too. (Two followers hung, the leader may keep its term: SPEC 16.5.)"""
+    cluster = shared_cluster()
+    store = store_name(tmp_path)
+    with Journal.open(cluster.url, store=store, replicas=3) as j:
+        j.create_session("s")
+        leader = cluster.server_named(_stream_leader(j, store))
+    left = next(s for s in cluster.servers if s is not leader)
+    paused = [s for s in cluster.servers if s is not left]
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OWNER_ELSEWHERE, cluster.url, store],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+        with Journal.open(left.url, store=store) as j:
+            for server in paused:
+                os.kill(server.pid, signal.SIGSTOP)
+            try:
+                time.sleep(12)  # (beyond the lease: no beat is stored meanwhile)
+            finally:
+                for server in paused:
+                    os.kill(server.pid, signal.SIGCONT)
+            taken = []
+            for _ in range(10):  # (while the owner's next beat comes)
+                try:
+                    with j.own("s"):
+                        taken.append(time.monotonic())
+                except OwnerBusy as busy:
+                    assert busy.pid == child.pid
+                time.sleep(0.2)
+            assert taken == [], "a live owner was taken over"
+            owner = j.get_session("s").owner
+            assert owner is not None and owner.pid == child.pid
+    finally:
+        child.kill()
+        child.wait(10)
+        cluster.wait_ready()
+
+
+@pytest.mark.cluster
 def test_killing_the_stream_leader_loses_nothing_acknowledged(tmp_path: Path) -> None:
     cluster = shared_cluster()
     store = store_name(tmp_path)

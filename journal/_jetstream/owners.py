@@ -24,7 +24,7 @@ from ..sessions import SessionRow
 from .client import Connection, Found
 from .layout import HEARTBEAT_DECODER, Subjects
 from .reads import StoreReader
-from .server_clock import ServerClock, stored_ms
+from .server_clock import ServerClock, parse_server_time_ms, stored_ms
 
 if TYPE_CHECKING:
     from .leases import JetStreamLease
@@ -122,15 +122,37 @@ class OwnerJudge:
         return None  # (its start time is not known: no /proc)
 
     @staticmethod
-    def _by_beat(row: SessionRow, message: Found | None, servers_now: int) -> bool:
-        """Alive while the lease's last heartbeat (else its taking) is recent on the
-        servers' clock: the beat by when the server stored it, the taking by the time
-        its commit recorded (on the servers' clock too)."""
+    def _last_sign(row: SessionRow, message: Found | None) -> int:
+        """When the lease last showed its holder alive, on the servers' clock: its last
+        heartbeat by when the server stored it, else its taking by the time its commit
+        recorded."""
         if message is not None:
             beat = HEARTBEAT_DECODER.decode(message.data)
             if beat.incarnation == row.incarnation and beat.generation == row.owner_generation:
-                return servers_now - stored_ms(message) < LEASE_S * 1000
-        return servers_now - row.owner_since_ms < LEASE_S * 1000
+                return stored_ms(message)
+        return row.owner_since_ms
+
+    async def _recent(self, signs: list[int]) -> list[bool]:
+        """Whether each last sign is recent: less than `LEASE_S` old, not counting the
+        time before the stream's leader was elected. A stream without a leader stores no
+        heartbeat, and the election after its leader hung or died takes several seconds
+        (a node stopped with SIGSTOP: about 10 s without one): a beat older than the lease
+        is judged against the leader's election too, asked of the servers then. Until
+        2026-12-06 it was not, and a live owner on another host whose stream's leader
+        hung for 15 s was taken over 11 s into the hang, its watchers told
+        `OutcomeUnknown` and its next turn refused with `OwnerBusy` (an operator trial)."""
+        lease_ms = LEASE_S * 1000
+        servers_now = await self._clock.now_ms()
+        if all(servers_now - sign < lease_ms for sign in signs):
+            return [True] * len(signs)
+        info = await self._conn.api(f"$JS.API.STREAM.INFO.{self._conn.stream}")
+        leader_since = str((info.get("cluster") or {}).get("leader_since") or "")
+        elected = (
+            parse_server_time_ms(leader_since, "the stream leader's election")
+            if leader_since
+            else 0
+        )
+        return [servers_now - max(sign, elected) < lease_ms for sign in signs]
 
     async def alive(self, row: SessionRow, taking: int = 0) -> bool:
         """One owner's check; its heartbeat is read through the stream's leader."""
@@ -139,7 +161,7 @@ class OwnerJudge:
             return judged
         subject = self._subjects.heartbeat(Subjects.token(row.session_id))
         message = await self._conn.msg_get({"last_by_subj": subject})
-        return self._by_beat(row, message, await self._clock.now_ms())
+        return (await self._recent([self._last_sign(row, message)]))[0]
 
     async def all_alive(self, rows: list[SessionRow]) -> list[bool | None]:
         """A round's checks, in order: the heartbeats of the rows this machine cannot
@@ -154,9 +176,14 @@ class OwnerJudge:
         if not beats:
             return judged
         found = await self._reader.last_messages(sorted(beats))
-        servers_now = await self._clock.now_ms()
-        for i, row in enumerate(rows):
-            if judged[i] is None:
-                subject = self._subjects.heartbeat(Subjects.token(row.session_id))
-                judged[i] = self._by_beat(row, found.get(subject), servers_now)
+        unknown = [i for i, known in enumerate(judged) if known is None]
+        signs = [
+            self._last_sign(
+                rows[i],
+                found.get(self._subjects.heartbeat(Subjects.token(rows[i].session_id))),
+            )
+            for i in unknown
+        ]
+        for i, recent in zip(unknown, await self._recent(signs), strict=True):
+            judged[i] = recent
         return judged
