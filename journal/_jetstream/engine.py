@@ -590,6 +590,16 @@ class JetStreamEngine:
                 events, more, _ = await self.reader.events(
                     row, state.token, start, after, max_bytes, context, leader
                 )
+            except Unavailable:
+                # No replica began to answer the direct gets (`Connection.direct`): while
+                # a node hangs, the servers may send every one of a few seconds to it
+                # (a follower stopped with SIGSTOP: watchers on the leader's own node
+                # stalled 3-5 s at a time, until 2026-12-06). The page is read again
+                # through the leader, who answers; its silence is the caller's to ride out.
+                if leader:
+                    raise
+                attempt = 2
+                continue
             except Moved as moved:
                 # Trimmed meanwhile (the next row says so), or a replica not there yet. An
                 # ordinal missing in the leader's events twice under the same row is
