@@ -50,16 +50,19 @@ from nats.errors import MaxPayloadError
 
 from ..archive import ArchiveEvent
 from ..engine import AbortImport, CommitImport, StagedSession, StageEvents, StageSessions
-from ..errors import (
-    InvalidArgument,
-    JournalError,
-    SessionExists,
-    SessionNotFound,
-    StoreUnavailable,
-)
+from ..errors import InvalidArgument, JournalError, SessionExists, SessionNotFound, StoreUnavailable
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
-from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable
+from .client import (
+    PASS_RETRY_S,
+    WRITE_TOKEN,
+    ApiError,
+    BatchMessage,
+    Found,
+    Unavailable,
+    asked_again,
+    failure,
+)
 from .layout import (
     ENCODER,
     Heartbeat,
@@ -203,9 +206,17 @@ class Imports:
         meta = item.session
         session_id = item.target or meta.session_id
         entry = _Staged(session_id, 0)
-        entry.seq = await self._free(entry)
+        try:  # (asked again as a write's reads are, SPEC 16.3: a request waits 5 s)
+            entry.seq = await asked_again(lambda: self._free(entry))
+            now = await asked_again(self._clock.now_ms)  # (its first measurement asks)
+        except (ApiError, *Unavailable) as e:
+            if isinstance(e, ApiError) and not e.transient:
+                raise
+            raise StoreUnavailable(
+                f"session {session_id!r} could not be read to import it for "
+                f"{PASS_RETRY_S:g} s: {failure(e)}: nothing was imported; check the servers"
+            ) from None
         begun.append(entry)
-        now = await self._clock.now_ms()
         row = SessionRow(
             session_id=session_id,
             incarnation=0,
