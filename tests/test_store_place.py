@@ -288,3 +288,46 @@ def test_a_new_store_s_directory_entry_and_its_parents_are_synced_before_the_ope
     syncs = _Syncs()
     Journal.open(os.path.join(top, "t"), file_ops=syncs).close()
     assert top in syncs.synced, syncs.synced
+
+
+# As uid 65534: create the store at argv[1] and a session in it; print the outcome.
+_CREATE_AS_NOBODY = """
+import os, sys, tempfile
+from journal import Journal
+# A scratch store first, as root: py-lmdb imports a module when it opens an environment.
+with tempfile.TemporaryDirectory() as scratch, Journal.open(scratch, durability="os") as j:
+    j.create_session("s")
+os.setgroups([65534])
+os.setgid(65534)
+os.setuid(65534)
+try:
+    with Journal.open(sys.argv[1], create=True) as j:
+        j.create_session("s")
+    print("created")
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_store_is_created_in_a_directory_its_user_may_write_but_not_list(
+    public_dir: Path,
+) -> None:
+    """A drop-box directory (mode 1733: anyone creates entries, only its owner lists them)
+    cannot be opened to be synced by the others: the creation of a store there failed,
+    `StoreUnavailable` "Permission denied" naming the directory, with `store.json`
+    published already (until 2026-12-06, since the open syncs the directory above the
+    store). That sync is made where the directory can be opened."""
+    assert os.geteuid() == 0, "this test runs a child as uid 65534: run it as root"
+    drop = public_dir / "drop"
+    drop.mkdir()
+    drop.chmod(0o1733)
+    result = subprocess.run(
+        [sys.executable, "-c", _CREATE_AS_NOBODY, str(drop / "store")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.stdout.strip() == "created", result.stdout + result.stderr
+    with Journal.open(drop / "store", readonly=True) as j:
+        assert [m.session_id for m in j.list_sessions()] == ["s"]

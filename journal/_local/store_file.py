@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -56,6 +57,8 @@ __all__ = [
     "remove_stray_temporaries",
     "store_at_open",
 ]
+
+_log: Final = logging.getLogger("journal")
 
 STORE_FORMAT: Final = 1
 _OCTAL: Final = re.compile(r"[0-7]{3,4}")
@@ -229,7 +232,17 @@ def create_store(
     fsync_dir(path, ops)
     # (Also when the directory was there: a creation killed part way made it, unsynced.)
     for directory in made or [os.path.realpath(path)]:
-        fsync_dir(os.path.dirname(directory), ops)
+        above = os.path.dirname(directory)
+        try:
+            fsync_dir(above, ops)
+        except PermissionError:
+            # A directory this user may write but not list (a drop box, mode 1733) cannot
+            # be opened to be synced: the entry is as durable as the file system makes it
+            # (until 2026-12-06 the creation failed there, `store.json` published already).
+            _log.info(
+                "could not sync %s (no read permission): the store's entry in it is not synced",
+                above,
+            )
 
 
 def _missing_directories(path: str) -> list[str]:
