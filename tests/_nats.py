@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -69,6 +70,9 @@ class NatsServer:
         self.root = root
         self.name = name
         self.port = port or free_port()
+        # (A port chosen here may be taken before the server binds it, by another test
+        # worker's server say: `start` then chooses again, before the first run only.)
+        self._may_move = port is None
         self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
         self.config = root / f"{name}.conf"
@@ -104,6 +108,29 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Start the server and wait until it listens: its own log says so, so that a
+        server of another test worker on the same port is never taken for this one."""
+        for _ in range(5):
+            if self._start_once():
+                return
+            # (Taken meanwhile: see `__init__`. Only the listen line changes: a test may
+            # have added to the configuration.)
+            self.port = free_port()
+            self.config.write_text(
+                re.sub(
+                    r"^listen: .*$",
+                    f"listen: 127.0.0.1:{self.port}",
+                    self.config.read_text(),
+                    count=1,
+                    flags=re.M,
+                )
+            )
+        raise RuntimeError(f"nats-server {self.name} found no free port in 5 tries")
+
+    def _start_once(self) -> bool:
+        """Start; False when the chosen client port was taken (the server exited)."""
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        listening = f"Listening for client connections on 127.0.0.1:{self.port}"
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [server_binary(), "-c", str(self.config)],
@@ -114,13 +141,18 @@ class NatsServer:
             )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"nats-server {self.name} exited: {self.log.read_text()}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                return
+            exited = self.process.poll() is not None
+            with open(self.log, "rb") as log:
+                log.seek(offset)
+                said = log.read().decode(errors="replace")
+            if listening in said and not exited:
+                self._may_move = False
+                return True
+            if exited:
+                self.process = None
+                if self._may_move and f"127.0.0.1:{self.port}" in said and "in use" in said:
+                    return False
+                raise RuntimeError(f"nats-server {self.name} exited: {said}")
             time.sleep(0.02)
         raise RuntimeError(f"nats-server {self.name} did not listen within 15 s")
 
