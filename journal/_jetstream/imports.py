@@ -50,19 +50,16 @@ from nats.errors import MaxPayloadError
 
 from ..archive import ArchiveEvent
 from ..engine import AbortImport, CommitImport, StagedSession, StageEvents, StageSessions
-from ..errors import InvalidArgument, JournalError, SessionExists, SessionNotFound, StoreUnavailable
+from ..errors import (
+    InvalidArgument,
+    JournalError,
+    SessionExists,
+    SessionNotFound,
+    StoreUnavailable,
+)
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
-from .client import (
-    PASS_RETRY_S,
-    WRITE_TOKEN,
-    ApiError,
-    BatchMessage,
-    Found,
-    Unavailable,
-    asked_again,
-    failure,
-)
+from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable, asked_again
 from .layout import (
     ENCODER,
     Heartbeat,
@@ -206,17 +203,10 @@ class Imports:
         meta = item.session
         session_id = item.target or meta.session_id
         entry = _Staged(session_id, 0)
-        try:  # (asked again as a write's reads are, SPEC 16.3: a request waits 5 s)
-            entry.seq = await asked_again(lambda: self._free(entry))
-            now = await asked_again(self._clock.now_ms)  # (its first measurement asks)
-        except (ApiError, *Unavailable) as e:
-            if isinstance(e, ApiError) and not e.transient:
-                raise
-            raise StoreUnavailable(
-                f"session {session_id!r} could not be read to import it for "
-                f"{PASS_RETRY_S:g} s: {failure(e)}: nothing was imported; check the servers"
-            ) from None
+        # (Asked again as a write's reads are, SPEC 16.3: one request waits only 5 s.)
+        entry.seq = await asked_again(lambda: self._free(entry))
         begun.append(entry)
+        now = await asked_again(self._clock.now_ms)  # (its first measurement asks)
         row = SessionRow(
             session_id=session_id,
             incarnation=0,

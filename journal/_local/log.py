@@ -118,13 +118,7 @@ class SegmentLog:
 
     def segments(self) -> list[_Segment]:
         """Every segment in base order (a base present in both forms counts once)."""
-        found: dict[int, bool] = {}
-        for name in os.listdir(self.directory):
-            if name.endswith(COMPRESSED_SUFFIX) and name[:20].isdigit() and len(name) == 28:
-                found[int(name[:20])] = True
-            elif name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit() and len(name) == 24:
-                found.setdefault(int(name[:20]), False)
-        return [_Segment(base, found[base]) for base in sorted(found)]
+        return _segments_of(os.listdir(self.directory))
 
     def files(self) -> tuple[int, int]:
         """(segment files, bytes of every file in the directory: sidecars included)."""
@@ -251,12 +245,13 @@ class SegmentLog:
         # deleted between the listing and its sidecar check was read here (the open
         # failed with StoreUnavailable, No such file or directory).
         with self.files_lock():
-            segments = self.segments()
+            names = os.listdir(self.directory)
+            segments = _segments_of(names)
             for s in segments:
                 plain = os.path.join(self.directory, segment_name(s.base_position))
                 if s.compressed and os.path.exists(plain):
                     self.ops.unlink(plain)
-            self._delete_orphan_sidecars({s.base_position for s in segments})
+            self._delete_orphan_sidecars(names, {s.base_position for s in segments})
             for s in segments[:-1]:
                 self.ops.point("open.sidecar_check", s.base_position)
                 # The checksum only, but for a rebuild: decoding every sidecar and checking
@@ -282,13 +277,14 @@ class SegmentLog:
                     )
             fsync_dir(self.directory, self.ops)
 
-    def _delete_orphan_sidecars(self, bases: set[int]) -> None:
+    def _delete_orphan_sidecars(self, names: list[str], bases: set[int]) -> None:
         """Delete the sidecars whose segment is gone (caller holds the write lock and the
         segment-files lock): a retention pass deletes a dead segment's files one after
         another, and one stopped between them (killed, a power cut, an I/O error it logs)
         left the sidecar, which nothing reads, for good (until 2026-12-06; the store's
-        size counted it). No other step makes a sidecar before its segment exists."""
-        for name in os.listdir(self.directory):
+        size counted it). No other step makes a sidecar before its segment exists.
+        `names`: the directory's listing, under that lock."""
+        for name in names:
             if (
                 name.endswith(SIDECAR_SUFFIX)
                 and len(name) == 24
@@ -677,3 +673,14 @@ class SegmentLog:
                 for info, body in reader.frames(offset, tail=active):
                     if info.last_position >= from_position:
                         yield info, body
+
+
+def _segments_of(names: list[str]) -> list[_Segment]:
+    """The segments a listing of the segments directory names, in base order."""
+    found: dict[int, bool] = {}
+    for name in names:
+        if name.endswith(COMPRESSED_SUFFIX) and name[:20].isdigit() and len(name) == 28:
+            found[int(name[:20])] = True
+        elif name.endswith(SEGMENT_SUFFIX) and name[:20].isdigit() and len(name) == 24:
+            found.setdefault(int(name[:20]), False)
+    return [_Segment(base, found[base]) for base in sorted(found)]
