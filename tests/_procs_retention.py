@@ -89,16 +89,19 @@ START_S = 60.0  # generous: interpreter start and imports on a loaded 2-core box
 
 
 class Child:
-    """A command of this file in a subprocess; stdout lines are collected by a thread."""
+    """A command of this file (or of the helper file `script`) in a subprocess; stdout
+    lines are collected by a thread."""
 
-    def __init__(self, *args: str, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, *args: str, env: Mapping[str, str] | None = None, script: str = __file__
+    ) -> None:
         environment = dict(os.environ if env is None else env)
         environment["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(ROOT), environment.get("PYTHONPATH")])
         )
         environment["PYTHONDONTWRITEBYTECODE"] = "1"
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, *args],
+            [sys.executable, script, *args],
             cwd="/",
             env=environment,
             stdin=subprocess.PIPE,
