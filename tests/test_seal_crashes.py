@@ -5,7 +5,7 @@ first frame of the next segment and its commit.
 After each: every acknowledged event reads back once and in order (read-only and after a
 writable open), a read-only `verify()` and `journal verify` report nothing (each state is
 one a crash leaves and the next writer finishes, not damage), the writable open finishes
-the seal (sidecar written, no temporary file, no plain file beside its copy), and
+the seal (sidecar written, no temporary file, compressed with `compress_sealed`), and
 watchers (one live across the crash and the writer's return, one resumed from a cursor
 issued before the crash) deliver every event once. The helper is `tests/_procs_seals.py`;
 its steps are the file operations the seal makes through `FileOps` and the commit's
@@ -13,6 +13,7 @@ fault points."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from pathlib import Path
@@ -22,6 +23,7 @@ from _cli_runs import run_cli
 from _procs_retention import START_S, Child
 
 from journal import EventIn, Journal
+from journal._local.files import FileOps
 
 HELPER = str(Path(__file__).resolve().parent / "_procs_seals.py")
 SEGMENT_BYTES = 4096  # (as the helper's)
@@ -122,5 +124,49 @@ def test_a_writer_killed_inside_a_seal_loses_nothing_and_verify_says_so(
     assert not [name for name in names if name.endswith(".tmp")], names
     segments = sorted(name[:20] for name in names if ".seg" in name)
     assert all(f"{base}.idx" in names for base in segments[:-1]), names
+    if compress == "1":  # (the killed seal was finished as it began: compressed)
+        assert all(f"{base}.seg" not in names for base in segments[:-1]), names
     done = run_cli(store, "verify")
     assert done.returncode == 0 and "0 problems" in done.stdout, (done.stdout, done.stderr)
+
+
+class _NoRoomForACopy(FileOps):
+    """A disk with no room for a compressed copy: its sync fails (ENOSPC)."""
+
+    def fsync(self, fd: int) -> None:
+        if ".seg.zst." in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().fsync(fd)
+
+
+def test_a_killed_seal_whose_copy_finds_no_room_is_finished_plain_and_commits_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writable open compresses a segment whose seal was killed before its compressed
+    copy was in place; on a full disk it writes the sidecar of the plain file instead (a
+    warning), so the store takes commits (before the open compressed, it never failed)."""
+    store = tmp_path / "store"
+    writer = Child("writer", str(store), "1", "publish-zst", "1", script=HELPER)
+    try:
+        assert writer.next_line() == "ready", writer.err()
+        writer.send("go")
+        assert writer.wait(START_S) == -signal.SIGKILL, (writer.seen, writer.err())
+    finally:
+        writer.kill()
+    acked = max(int(line.split()[1]) for line in writer.seen if line.startswith("ack"))
+    segments = store / "segments"
+    plain = sorted(name for name in os.listdir(segments) if name.endswith(".seg"))[0]
+    with (
+        caplog.at_level("WARNING", logger="journal"),
+        Journal.open(
+            store, segment_bytes=SEGMENT_BYTES, compress_sealed=True, file_ops=_NoRoomForACopy()
+        ) as j,
+    ):
+        assert [e.data for e in j.replay("s")] == [payload(o) for o in range(1, acked + 1)]
+        j.append("s", [EventIn("m", b"small")])
+        assert j.verify().problems == []
+    assert f"could not compress the sealed segment {plain}" in caplog.text
+    names = set(os.listdir(segments))
+    assert {plain, plain.replace(".seg", ".idx")} <= names
+    assert f"{plain}.zst" not in names
+    assert not [name for name in names if name.endswith(".tmp")], names

@@ -269,6 +269,18 @@ class SegmentLog:
                         _log.warning(
                             "the sidecar %s is damaged: rewriting it from its segment", name
                         )
+                    elif not s.compressed and self.compress_sealed:
+                        # A seal killed before its compressed copy was in place: finished
+                        # as it began, or the segment stayed plain for good (SPEC 3.4).
+                        try:
+                            self.seal(s.base_position)
+                            continue
+                        except OSError as e:  # (a full disk: commits go on, plain)
+                            _log.warning(
+                                "could not compress the sealed segment %s (%s): it stays plain",
+                                segment_name(s.base_position),
+                                e,
+                            )
                     write_summary(
                         self.directory,
                         summarize_segment(self.directory, s.base_position, self.ops),
