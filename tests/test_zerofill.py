@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cli_runs import run_cli
 from _disk import SimulatedDisk
 
 from journal import EventIn, Journal, StoreUnavailable
@@ -485,6 +486,77 @@ def test_sigkill_while_the_filler_holds_the_extension_lock_loses_nothing(
         for n in range(200):
             j.append("s", batch("t", n, size=100))
         assert len(list(j.replay("s"))) == len(events) + 20_000
+        assert j.verify().problems == []
+
+
+# Killed from the filler's own thread: after its N-th step was written and synced
+# (`zerofill.filled`), or halfway through writing it (`mid`: half the zeros written).
+_KILLED_BY_THE_FILLER = """
+import os, signal, sys
+from journal import EventIn, Journal
+from journal._local.files import FileOps
+
+where, occurrence = sys.argv[2], int(sys.argv[3])
+
+class Killed(FileOps):
+    seen = 0
+    def point(self, name, detail=None):
+        if name == where:
+            self.at()
+    def fill_zeros(self, fd, offset, length, *, sync):
+        if where == "mid":
+            os.pwrite(fd, bytes(length // 2), offset)
+            self.at()
+        super().fill_zeros(fd, offset, length, sync=sync)
+    def at(self):
+        self.seen += 1
+        if self.seen == occurrence:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+with Journal.open(sys.argv[1], segment_bytes=%d, file_ops=Killed()) as j:
+    j.create_session("s")
+    for n in range(10 ** 6):
+        r = j.append("s", [EventIn("m", b"%%d:" %% n + b"k" * 20000)])
+        print("ack", n, flush=True)
+"""
+
+
+@pytest.mark.parametrize(("where", "occurrence"), [("zerofill.filled", 1), ("mid", 3)])
+def test_sigkill_inside_a_fill_step_leaves_a_store_every_reader_and_verify_take_as_sound(
+    tmp_path: Path, where: str, occurrence: int
+) -> None:
+    """The file ends in zeros of a step done, or half done: the end of the data (SPEC
+    3.2), which a read-only journal, `verify()`, `journal verify` and the next writer
+    take as such."""
+    store = tmp_path / "store"
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _KILLED_BY_THE_FILLER % BIG_SEGMENT,
+            str(store),
+            where,
+            str(occurrence),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr  # (killed by the filler only)
+    acked = len(child.stdout.splitlines())
+    with Journal.open(store, readonly=True) as reader:
+        found = [e.data for e in reader.replay("s")]
+        assert reader.verify().problems == []
+    assert len(found) in (acked, acked + 1)  # (the batch in flight, if its frame was synced)
+    assert found == [b"%d:" % n + b"k" * 20000 for n in range(len(found))]
+    done = run_cli(store, "verify")
+    assert done.returncode == 0 and "0 problems" in done.stdout, (done.stdout, done.stderr)
+    with Journal.open(store, segment_bytes=BIG_SEGMENT) as j:
+        assert [e.data for e in j.replay("s")] == found
+        for n in range(400):  # (past the zeros the dead filler left, and a seal)
+            j.append("s", [EventIn("m", b"after %d" % n + b"a" * 40000)])
+        assert len(list(j.replay("s"))) == len(found) + 400
         assert j.verify().problems == []
 
 
