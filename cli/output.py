@@ -667,10 +667,13 @@ def listing_parts(
 ) -> list[str]:
     """The first columns of a session's listing line (a store's, or an archive's): the
     id padded to `id_width` columns (a longer id is printed whole, so nothing is hidden),
-    the state, and how many events with their ordinals."""
+    the state, and how many events with their ordinals (none left of a session that had
+    some, all compacted into a snapshot or trimmed: after which ordinal)."""
     events = f"{count} events" if count != 1 else "1 event"
     if count:
         events += f" (#{first}..#{last})"
+    elif last:
+        events += f" (after #{last})"
     session_id = shown(session_id)
     padding = " " * max(0, id_width - display_width(session_id))
     return [session_id + padding, f"{state.value:<9}", events]

@@ -282,3 +282,26 @@ def test_the_listings_help_says_how_a_dead_workers_turn_shows_and_what_settles_i
     text = " ".join(done.stdout.split())
     assert '"open_turn" R and "owner" null' in text
     assert "journal sessions own ID" in text
+
+
+def test_a_session_whose_events_were_all_compacted_lists_where_they_ended(
+    store: Path, tmp_path: Path
+) -> None:
+    """A session whose every event went into a snapshot (a fold's `snapshot(compact=True)`,
+    `compact_session`) was listed as `0 events`, as a session never written: its
+    events and its next ordinal showed nowhere in `sessions list` (runtime-author trial).
+    """
+    with Journal.open(store) as j:
+        j.create_session("folded")
+        j.append("folded", [EventIn("step", b"%d" % n) for n in range(3)])
+        j.compact_session("folded", through_ordinal=3, snapshot=b"state")
+        j.create_session("fresh")
+    listed = _cli(store, "sessions", "list").stdout.splitlines()
+    folded = next(line for line in listed if line.startswith("folded "))
+    fresh = next(line for line in listed if line.startswith("fresh "))
+    assert folded.split("  open ")[1].strip().startswith("0 events (after #3)"), folded
+    assert fresh.rstrip().endswith("open       0 events"), fresh
+    archive = tmp_path / "folded.sja"
+    assert _cli(store, "export", "-s", "folded", "-o", str(archive)).returncode == 0
+    contents = _cli(store, "import", "--list", str(archive)).stdout.splitlines()
+    assert "0 events (after #3)  snapshot=#3" in contents[1], contents
