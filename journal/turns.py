@@ -142,8 +142,10 @@ def check_unsettled(
         return row  # gone at a first look (or something moved since): look again soon
     raise OutcomeUnknown(
         f"the owner of session {row.session_id!r} ended without settling turn "
-        f"{request_id!r}: the prompt may have executed; a new owner records it as "
-        "failed, resume from this error's cursor to see that result",
+        f"{request_id!r}: the prompt may have executed; the session's next owner records "
+        "it as failed (`own()`, `journal sessions own ID`): resume from this error's "
+        "cursor once it has, to see that result (a watch resumed before raises this again "
+        "at once)",
         request_id=request_id,
         cursor=cursor,
     )
