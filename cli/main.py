@@ -739,12 +739,21 @@ def read(settings: Settings, session_id: str, cursor: str | None, max_bytes: int
     event was read yet: leave --cursor out then).
     """
     output = settings.output
+    kept_none_after = 0
     with settings.open(write=False) as store:
         page = store.read(session_id, cursor=cursor, max_bytes=max_bytes)
         for event in page.events:
             output.event(event)
+        if page.next_cursor is None:  # (a session never written, or one that keeps none)
+            with contextlib.suppress(journal.SessionNotFound):  # (evicted meanwhile)
+                kept_none_after = store.get_session(session_id).last_ordinal
     if page.next_cursor is None:
         trailer = "-- no events"
+        if kept_none_after:
+            trailer += (
+                f": the session keeps none after #{kept_none_after} (compacted into a "
+                "snapshot or trimmed)"
+            )
     else:
         more = " (more events follow: pass it as --cursor)" if page.has_more else ""
         trailer = f"-- next cursor: {page.next_cursor}{more}"

@@ -289,7 +289,8 @@ def test_a_session_whose_events_were_all_compacted_lists_where_they_ended(
 ) -> None:
     """A session whose every event went into a snapshot (a fold's `snapshot(compact=True)`,
     `compact_session`) was listed as `0 events`, as a session never written: its
-    events and its next ordinal showed nowhere in `sessions list` (runtime-author trial).
+    events and its next ordinal showed nowhere in `sessions list`, and `read` said
+    `-- no events` (runtime-author trial).
     """
     with Journal.open(store) as j:
         j.create_session("folded")
@@ -305,3 +306,13 @@ def test_a_session_whose_events_were_all_compacted_lists_where_they_ended(
     assert _cli(store, "export", "-s", "folded", "-o", str(archive)).returncode == 0
     contents = _cli(store, "import", "--list", str(archive)).stdout.splitlines()
     assert "0 events (after #3)  snapshot=#3" in contents[1], contents
+    # `read` said "-- no events" for both too.
+    read = _cli(store, "read", "-s", "folded")
+    assert read.stdout == (
+        "-- no events: the session keeps none after #3 (compacted into a snapshot or trimmed)\n"
+    ), read.stdout
+    assert _cli(store, "read", "-s", "fresh").stdout == "-- no events\n"
+    assert json.loads(_cli(store, "--format", "json", "read", "-s", "folded").stdout) == {
+        "next_cursor": None,
+        "has_more": False,
+    }
