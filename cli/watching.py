@@ -18,6 +18,8 @@ from types import FrameType
 
 import click
 
+import journal
+
 from . import early_signals
 from .interrupts import Signalled
 from .output import (
@@ -134,10 +136,21 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
     reader_gone = threading.Event()
     stop = threading.Event()  # (set when the reader leaves, or by a signal)
     stop_when_reader_leaves(reader_gone, stop)
+    printed = False
     with _watching(output, cursor, stop) as last, settings.open(write=False) as store:
-        for event in store.watch(session_id, cursor=cursor, stop=stop):
-            output.event(event, partial(last.note, event.cursor))
-            output.raise_held()
+        try:
+            for event in store.watch(session_id, cursor=cursor, stop=stop):
+                printed = True
+                output.event(event, partial(last.note, event.cursor))
+                output.raise_held()
+        except journal.SessionNotFound as e:
+            if printed or cursor is not None:
+                raise  # (evicted while watched, or a cursor's session gone)
+            # An observer started before its runtime: say how to wait for the session.
+            raise journal.SessionNotFound(
+                f"{e.message}; to wait for a session not created yet, follow `journal "
+                "sessions watch` until its `created` line, then watch it"
+            ) from None
         last.raise_caught()
         if reader_gone.is_set():
             raise BrokenPipeError  # ends quietly with status 0, like a failed write

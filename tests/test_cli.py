@@ -323,6 +323,23 @@ def test_watch_of_a_resolved_session_ends_by_itself(store: Path) -> None:
     ]
 
 
+def test_watch_of_a_session_not_created_yet_says_how_to_wait_for_it(store: Path) -> None:
+    """An observer started before its runtime: the error names the way to wait (a
+    runtime-author trial had to find `sessions watch` by itself); a watch that started
+    from a cursor, or printed events, keeps the plain error."""
+    early = invoke(store, "watch", "-s", "later")
+    assert_one_line_error(early, 3, "SESSION_NOT_FOUND")
+    assert "`journal sessions watch` until its `created` line" in early.stderr
+    (appended,) = records(invoke(store, "append", "-s", "gone", "--create", "a"))
+    invoke(store, "sessions", "cancel", "gone")
+    policy = journal.RetentionPolicy(session_retention_ms=1)
+    with journal.Journal.open(store, retention=policy) as j:
+        time.sleep(0.01)
+        assert j.apply_retention().evicted_sessions == ["gone"]
+    resumed = invoke(store, "watch", "-s", "gone", "--cursor", appended["cursor"])
+    assert resumed.exit_code == 3 and "sessions watch" not in resumed.stderr
+
+
 def _into_head(
     store: Path, args: str, lines: int, *options: str
 ) -> subprocess.CompletedProcess[str]:
