@@ -15,6 +15,7 @@ import click
 import journal
 
 from .interrupts import said_if_interrupted
+from .json_data import embedded
 from .output import (
     BELOW_2_62,
     NumberOption,
@@ -24,6 +25,7 @@ from .output import (
     given_page_token,
     id_column,
     pass_settings,
+    preview,
     session_record,
     session_text,
     shown,
@@ -217,6 +219,39 @@ def list_(
     if one_page:
         text = f"-- next page: --page-token {token}" if token else "-- last page"
         output.emit({"next_page_token": token}, text)
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@pass_settings
+def snapshot(settings: Settings, session_id: str) -> None:
+    """Print the snapshot a session's history was compacted into, if any.
+
+    A compacted session's events start after its snapshot (`read` then starts past #1):
+    this prints the ordinal it stands for, the cursor that resumes after it, and its data.
+    With --format json, one object {"session_id", "ordinal", "cursor", "data"} (data as
+    event data is printed: its JSON, or {"base64": ...}), each null but the id when
+    the session has no snapshot; --format quiet prints the data only, as text.
+    """
+    with settings.open(write=False) as store:
+        kept = store.snapshot(session_id)
+        first = store.get_session(session_id).first_ordinal if kept is None else 0
+    if kept is None:
+        record: dict[str, object] = dict.fromkeys(("ordinal", "cursor", "data"))
+        text = f"-- no snapshot: session {shown(session_id)} keeps its history from #{first}"
+        settings.output.emit({"session_id": session_id, **record}, text)
+        return
+    settings.output.emit(
+        {
+            "session_id": session_id,
+            "ordinal": kept.ordinal,
+            "cursor": kept.cursor,
+            "data": embedded(kept.data),
+        },
+        f"snapshot of {shown(session_id)} through #{kept.ordinal}: {preview(kept.data)}\n"
+        f"-- resume after it with --cursor {kept.cursor}",
+        kept.data.decode("utf-8", "replace"),
+    )
 
 
 def _pages(

@@ -316,3 +316,29 @@ def test_a_session_whose_events_were_all_compacted_lists_where_they_ended(
         "next_cursor": None,
         "has_more": False,
     }
+
+
+def test_a_compacted_session_s_snapshot_is_printed_by_sessions_snapshot(store: Path) -> None:
+    """A compacted session's `read` starts past #1, and nothing in the command line showed
+    the snapshot or said why (runtime-author trial): `sessions snapshot ID` prints it,
+    with the cursor that resumes after it."""
+    with Journal.open(store) as j:
+        j.create_session("c")
+        j.append("c", [EventIn("step", b'{"n": %d}' % n) for n in range(1, 6)])
+        j.compact_session("c", through_ordinal=3, snapshot=b'{"total": 6}')
+    text = _cli(store, "sessions", "snapshot", "c").stdout.splitlines()
+    assert text[0] == 'snapshot of c through #3: {"total": 6}', text
+    cursor = text[1].removeprefix("-- resume after it with --cursor ")
+    record = json.loads(_cli(store, "--format", "json", "sessions", "snapshot", "c").stdout)
+    assert record == {"session_id": "c", "ordinal": 3, "cursor": cursor, "data": {"total": 6}}
+    assert _cli(store, "--format", "quiet", "sessions", "snapshot", "c").stdout == (
+        '{"total": 6}\n'
+    )
+    after = _cli(store, "--format", "json", "read", "-s", "c", "--cursor", cursor).stdout
+    assert [json.loads(line).get("ordinal") for line in after.splitlines()] == [4, 5, None]
+    # A session never compacted: said in text, nulls in JSON.
+    assert _cli(store, "sessions", "snapshot", "s").stdout == (
+        "-- no snapshot: session s keeps its history from #1\n"
+    )
+    none = json.loads(_cli(store, "--format", "json", "sessions", "snapshot", "s").stdout)
+    assert none == {"session_id": "s", "ordinal": None, "cursor": None, "data": None}
