@@ -60,9 +60,9 @@ from ..errors import (
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable, asked_again
+from .import_beats import ImporterBeat, beat_session
 from .layout import (
     ENCODER,
-    Heartbeat,
     StoredEvent,
     StoredFeed,
     StoredSnapshot,
@@ -105,20 +105,6 @@ Alive = Callable[[SessionRow, int], Awaitable[bool | None]]
 Committed = Callable[[int, SessionRow | None, int], None]
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-# How long a closing journal waits for the purge of its importer's heartbeat.
-_CLOSE_PURGE_S: Final = 2.0
-
-
-def _beat_session(beat_id: str) -> str:
-    """The id whose heartbeat subject an importer beats on (no session can take it: ids
-    hold no NUL)."""
-    return f"\x00import\x00{beat_id}"
-
-
 class _Staged:
     """One session this engine staged: its row (None until its first batch landed) and
     that row message's sequence (the next batch's compare-and-set)."""
@@ -156,12 +142,11 @@ class Imports:
         self._pid, self._start_time, self._host, self._boot = importer
         self._owner_alive = owner_alive
         self._committed = committed
-        self._heartbeat_s = heartbeat_s
         self._point = point  # the engine's fault points (SPEC 1.3)
         self._staged: dict[int, _Staged] = {}
         self._in_flight = 0
-        self._beat_id = uuid.uuid4().hex
-        self._beating: asyncio.Task[None] | None = None
+        busy = lambda: bool(self._staged or self._in_flight)  # noqa: E731
+        self._beats = ImporterBeat(reader, self._pid, self._host, heartbeat_s, busy)
 
     async def submit(self, operation: Any) -> Any:
         match operation:
@@ -190,11 +175,12 @@ class Imports:
             for item in op.sessions:
                 rows.append(await self._begin(item, op.source_store, op.exported_at_ms, begun))
             return rows
-        except BaseException:
-            # (The caller knows none of these incarnations: they are rolled back here.)
-            for entry in begun:
-                with contextlib.suppress(Exception):
-                    await self._roll_back(entry)
+        except BaseException as error:
+            # (The caller knows none of these incarnations: they are rolled back here;
+            # asked once after an outage the staging waited out already.)
+            window = 0.0 if isinstance(error, StoreUnavailable) else _WRITE_S
+            with contextlib.suppress(Exception):
+                await self._roll_back_all(begun, window)
             raise
 
     async def _begin(
@@ -267,7 +253,7 @@ class Imports:
         with _LOCK:
             _IN_FLIGHT[self._store_id] = _IN_FLIGHT.get(self._store_id, 0) + change
         if change > 0:
-            self._beat()
+            self._beats.start()
 
     async def _free(self, entry: _Staged) -> int:
         """The compare-and-set value of the id's row subject when no session has it
@@ -402,7 +388,7 @@ class Imports:
             {
                 **headers,
                 STAGE_HEADER: entry.stamp,
-                IMPORTER_HEADER: self._beat_id,
+                IMPORTER_HEADER: self._beats.beat_id,
                 WRITE_TOKEN: batch,
                 "Nats-Expected-Last-Subject-Sequence": str(entry.seq),
                 "Nats-Rollup": "sub",
@@ -571,11 +557,29 @@ class Imports:
         return rows
 
     async def _abort(self, incarnations: list[int]) -> int:
+        entries = [self._staged.get(incarnation) for incarnation in incarnations]
+        return await self._roll_back_all([e for e in entries if e is not None], _WRITE_S)
+
+    async def _roll_back_all(self, entries: list[_Staged], window: float) -> int:
+        """Roll back `entries`; how many were (not a session whose commit landed first:
+        0 says it committed). Asked again while the servers do not answer or have no
+        leader, for up to `window` in all, as the import's writes are (until 2026-12-06
+        asked once: an import failing while the stream's leader hung left its staged
+        messages, and another process of the host could not import the ids while it
+        lived). A rollback done again finds what its first try did."""
+        deadline = time.monotonic() + window
         count = 0
-        for incarnation in incarnations:
-            entry = self._staged.get(incarnation)
-            if entry is not None and await self._roll_back(entry):
-                count += 1  # (not a session whose commit landed first: 0 says it committed)
+        for entry in entries:
+            while True:
+                try:
+                    count += await self._roll_back(entry)
+                    break
+                except (ApiError, *Unavailable) as e:
+                    if (isinstance(e, ApiError) and not e.transient) or (
+                        time.monotonic() > deadline
+                    ):
+                        raise
+                    await asyncio.sleep(0.1)
         return count
 
     def _forget(self, entry: _Staged) -> None:
@@ -600,7 +604,7 @@ class Imports:
                 # The tombstone's compare-and-set decides, as for a dead importer; when
                 # the row moved first (a commit, or a later staging batch), look again.
                 self._point("import.abort", entry.session_id)
-                if await self._roll_back_row(entry.token, message, row):
+                if await self._roll_back_row(entry.token, message, row, leave=False):
                     return True
                 continue
             if entry.row is None:
@@ -618,17 +622,33 @@ class Imports:
             if message is None or message.seq > entry.seq:
                 # Taken (or rolled back) since: what this import staged lies at or below
                 # its last staged row; a session created since lies above it.
-                await self._purge(entry.token, entry.seq, entry.row.incarnation, entry.stamp)
+                await self._purge(
+                    entry.token, entry.seq, entry.row.incarnation, entry.stamp, leave=False
+                )
                 return True
             return False
         return False  # (a tombstone's answer lost each time: left to a retention pass)
 
-    async def _purge(self, token: str, row_seq: int, claim: int, stamp: str) -> None:
+    async def _purge(
+        self, token: str, row_seq: int, claim: int, stamp: str, leave: bool = True
+    ) -> None:
         """Purge a staged session: its claim, then its subjects up to its staged row (a
         process killed between the two leaves the tombstone, whose claim header names
-        the claim: `finish_roll_back`)."""
+        the claim: `finish_roll_back`). Not `leave`: a purge unanswered is raised (the
+        import's own rollback asks it again)."""
         await self._drop_claim(token, claim, stamp)
-        await self._reader.purge_or_leave(self._subjects.session_all(token), row_seq + 1)
+        subjects = self._subjects.session_all(token)
+        if leave:
+            await self._reader.purge_or_leave(subjects, row_seq + 1)
+            return
+        try:  # (a refusal no retry mends is left unsaid, as `purge_or_leave` leaves it)
+            await self._conn.api(
+                f"$JS.API.STREAM.PURGE.{self._conn.stream}",
+                {"filter": subjects, "seq": row_seq + 1},
+            )
+        except ApiError as e:
+            if e.transient:
+                raise
 
     async def finish_roll_back(self, token: str, message: Found) -> None:
         """Finish the rollback whose tombstone is `message` (the id's last row message),
@@ -665,10 +685,12 @@ class Imports:
         rolled = await self._roll_back_row(token, message, row)
         beat = message.headers.get(IMPORTER_HEADER, "")
         if rolled and beat:  # (its last beat, else kept for good; a late one beats again)
-            await self._reader.purge_or_leave(self._beat_subject(beat), 1 << 62)
+            await self._reader.purge_or_leave(self._beats.subject(beat), 1 << 62)
         return rolled
 
-    async def _roll_back_row(self, token: str, message: Found, row: SessionRow) -> bool:
+    async def _roll_back_row(
+        self, token: str, message: Found, row: SessionRow, leave: bool = True
+    ) -> bool:
         """Roll back the staged session whose row `message` holds: a tombstone with the
         compare-and-set on that row first (purged with the rest), so a commit (or staging
         batch) that won keeps its events; whether it rolled back."""
@@ -684,7 +706,7 @@ class Imports:
             if await self._committed_since(token, message.seq, row.incarnation):
                 return False  # (committed, then evicted: its claim is kept for good)
             upto = message.seq  # (taken by a creator since: its messages lie above)
-        await self._purge(token, upto, row.incarnation, stamp)
+        await self._purge(token, upto, row.incarnation, stamp, leave)
         return True
 
     async def _committed_since(self, token: str, staged_seq: int, incarnation: int) -> bool:
@@ -734,59 +756,18 @@ class Imports:
         beat = message.headers.get(IMPORTER_HEADER, "")
         judged = msgspec.structs.replace(
             row,
-            session_id=_beat_session(beat),
+            session_id=beat_session(beat),
             incarnation=0,
             owner_generation=0,
             staged=False,
         )
         return await self._owner_alive(judged, 0) is not False
 
-    # -- the importer's heartbeat ----------------------------------------------------------
-
-    def _beat_subject(self, beat_id: str) -> str:
-        """The subject an importer beats on (`beat_id`: its `IMPORTER_HEADER`)."""
-        return self._subjects.heartbeat(Subjects.token(_beat_session(beat_id)))
-
-    def _beat(self) -> None:
-        """Beat (on the loop) while this engine has sessions staged."""
-        if self._beating is None or self._beating.done():
-            self._beating = asyncio.get_running_loop().create_task(self._beats())
-
-    async def _beats(self) -> None:
-        subject = self._beat_subject(self._beat_id)
-        while self._staged or self._in_flight:
-            while self._staged or self._in_flight:
-                beat = Heartbeat(0, 0, self._pid, self._host, _now_ms())
-                with contextlib.suppress(ApiError, *Unavailable):
-                    await self._conn.publish(subject, ENCODER.encode(beat), {"Nats-Rollup": "sub"})
-                await asyncio.sleep(self._heartbeat_s)
-            with contextlib.suppress(*Unavailable):
-                await self._reader.purge_or_leave(subject, 1 << 62)
-            # (An import begun during the purge found this task running and started none:
-            # it beats on here, or its sessions would be judged dead 10 s after staging.)
-
     def close(self) -> None:
         """The journal closes: its staged sessions are no longer alive (a retention pass
-        rolls them back), and it beats no more. A heartbeat task still running (an import
-        ended less than a beat ago: every `journal import`) is stopped and its subject
-        purged here, waiting up to `_CLOSE_PURGE_S` (until 2026-12-06 the task was
-        cancelled before its own purge, and each such journal left one message for good)."""
+        rolls them back), and it beats no more (`ImporterBeat.close`)."""
         with _LOCK:
             for incarnation in self._staged:
                 _STAGING.discard((self._store_id, incarnation))
         self._staged.clear()
-        task = self._beating
-        if task is None or task.done():
-            return
-        if not self._conn.on_loop():
-            with contextlib.suppress(Exception):
-                self._conn.call(self._stop_beating(task), _CLOSE_PURGE_S)
-                return
-        with contextlib.suppress(RuntimeError):
-            self._conn.loop.call_soon_threadsafe(task.cancel)
-
-    async def _stop_beating(self, task: asyncio.Task[None]) -> None:
-        task.cancel()
-        await asyncio.wait({task})  # (no beat is published after the purge)
-        subject = self._beat_subject(self._beat_id)
-        await self._reader.purge_or_leave(subject, 1 << 62)
+        self._beats.close()
