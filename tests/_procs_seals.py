@@ -1,12 +1,13 @@
 """Helper processes for tests/test_seal_crashes.py (run as `python tests/_procs_seals.py ...`).
 
-    writer STORE COMPRESS STEP OCCURRENCE
+    writer STORE COMPRESS STEP OCCURRENCE [SEAL]
         Open the store (4 KiB segments, `compress_sealed` when COMPRESS is 1), create
         session `s`, print `ready`, wait for a line on stdin, then append one ~900-byte
-        event per batch, printing `ack ORDINAL` after each. From the second seal of a
-        segment on (its cut of the preallocated zeros), every file operation and commit
-        fault point is named as a step (`STEPS`); the OCCURRENCE-th step named STEP (1
-        for the first) SIGKILLs the process before it is made.
+        event per batch, printing `ack ORDINAL` after each. From the SEAL-th seal of a
+        segment on (its cut of the preallocated zeros; 2 unless given: the second), every
+        file operation and commit fault point is named as a step (`STEPS`); the
+        OCCURRENCE-th step named STEP (1 for the first) SIGKILLs the process before it is
+        made.
     watcher STORE CURSOR
         Open the store read-only, print `ready`, then watch session `s` after CURSOR (`-`:
         from the start), printing `ev ORDINAL CURSOR` per event (after checking its
@@ -65,17 +66,19 @@ def _kind(fd: int) -> str:
 
 
 class KilledAtStep(FileOps):
-    """SIGKILLs the process before the `occurrence`-th step named `step` of the second
-    seal and after (the first seal makes the store's first sidecar)."""
+    """SIGKILLs the process before the `occurrence`-th step named `step` of the `seal`-th
+    seal and after (the first seal makes the store's first sidecar; the second, one
+    beside an earlier segment's)."""
 
-    def __init__(self, step: str, occurrence: int) -> None:
+    def __init__(self, step: str, occurrence: int, seal: int = 2) -> None:
         self.step = step
         self.occurrence = occurrence
+        self.seal = seal
         self.cuts = 0
         self.seen = 0
 
     def _at(self, step: str) -> None:
-        if self.cuts >= 2 and (step == self.step or step.split()[0] == self.step):
+        if self.cuts >= self.seal and (step == self.step or step.split()[0] == self.step):
             self.seen += 1
             if self.seen == self.occurrence:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -84,7 +87,7 @@ class KilledAtStep(FileOps):
         self._at(name)
 
     def ftruncate(self, fd: int, length: int) -> None:
-        if self.cuts < 2 and _kind(fd) == "sealed":
+        if self.cuts < self.seal and _kind(fd) == "sealed":
             self.cuts += 1
         self._at("cut")
         super().ftruncate(fd, length)
@@ -110,8 +113,8 @@ class KilledAtStep(FileOps):
         return super().pwrite_synced(fd, data, offset)
 
 
-def writer(store: str, compress: str, step: str, occurrence: str) -> None:
-    ops = KilledAtStep(step, int(occurrence))
+def writer(store: str, compress: str, step: str, occurrence: str, seal: str = "2") -> None:
+    ops = KilledAtStep(step, int(occurrence), int(seal))
     with Journal.open(
         store, segment_bytes=SEGMENT_BYTES, compress_sealed=compress == "1", file_ops=ops
     ) as j:
