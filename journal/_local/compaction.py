@@ -54,6 +54,7 @@ __all__ = [
     "finish_swaps",
     "live_frames",
     "seal_active",
+    "swap_marks",
     "swap_segment",
     "unfinished_swaps",
     "unpin_segments",
@@ -322,6 +323,13 @@ def _marked(log: SegmentLog, alive: Callable[[int], bool]) -> Iterator[tuple[str
             continue
         if not alive(int(pid)):
             yield name, base
+
+
+def swap_marks(log: SegmentLog) -> set[int]:
+    """The bases of the segments that swap marks name, live processes' too: a swap in
+    progress, or one whose batch failed after its rename (an OS error writing the new
+    sidecar: the mark stays), whose missing sidecar the next commit's catch-up writes."""
+    return {base for _, base in _marked(log, lambda _pid: False)}
 
 
 def _left_to_finish(

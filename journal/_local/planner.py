@@ -60,6 +60,7 @@ from ..records import (
 from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SealActive, SwapSegment, seal_active, swap_segment
+from .failures import store_wide
 from .frames import segment_name
 from .import_steps import abort_import, commit_import, stage_events, stage_sessions
 from .log import SegmentLog
@@ -258,6 +259,13 @@ class Planner:
             self.log.ops.point("plan.operation", request.operation)
             self._dispatch(request, request.operation)
         except Exception as e:
+            if isinstance(request.operation, SealActive) and store_wide(e):
+                # The rotation's file changes are not undone here: a seal that failed
+                # after the next segment's birth (its sidecar unwritten) fails its batch,
+                # as one inside an append does, so no frame of the batch lands after the
+                # sealed segment while it lacks its sidecar (SPEC 8, "Sealing the active
+                # segment"). The next commit's catch-up finishes the seal.
+                raise
             records, next_position, run_count, finishers, others, undo, loose = mark
             del self.loose_events[loose:]
             while len(self._undo) > undo:

@@ -20,7 +20,7 @@ import lmdb
 from ..errors import JournalCorrupt
 from ..models import VerifyProblem, VerifyReport
 from ..records import EventAppended, decode_frame_body
-from .compaction import Unfinished, unfinished_swaps
+from .compaction import Unfinished, swap_marks, unfinished_swaps
 from .events_index import LOST_SEGMENT_WAY
 from .frames import (
     SEGMENT_HEADER_SIZE,
@@ -60,8 +60,8 @@ def check_log(
     """Verify every frame of every segment and every sidecar.
 
     Returns (problems, frames, records, bases whose sidecar is missing or wrong).
-    `swapped`: the segments of swaps that processes which are gone left marked, whose
-    missing sidecar (deleted before the rename) a writer's catch-up writes.
+    `swapped`: the segments that swap marks name (SPEC 8, "Compaction"), whose missing
+    sidecar (deleted before the rename) a writer's catch-up writes.
     """
     problems: list[VerifyProblem] = []
     frames = records = 0
@@ -538,7 +538,10 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
             with view.begin() as txn:
                 head = view.head(txn)
                 # (Swaps a killed compaction left to the next writable open: a sound store.)
-                swapped, unfinished = unfinished_swaps(log, process_alive)
+                _, unfinished = unfinished_swaps(log, process_alive)
+                # (Marks of live processes too: a swap in progress, or one that failed
+                # after its rename, whose sidecar the next commit writes: SPEC 14.4.)
+                swapped = swap_marks(log)
                 problems, frames, records, _ = check_log(log, head, progress, swapped)
                 problems += missing_segments(log, view, txn)
                 if not any(p.segment != "index" for p in problems):
