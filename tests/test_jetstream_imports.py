@@ -1066,3 +1066,51 @@ def test_a_ctrl_c_while_close_waits_for_the_heartbeats_purge_still_closes(
         assert not left, "the connection's thread still runs"
     finally:
         proxy.close()
+
+
+def test_a_rollback_refused_for_one_staged_session_still_rolls_back_the_others(
+    url: str, tmp_path: Path
+) -> None:
+    """A group's staging that fails (its last id being imported by another live importer)
+    rolls back the sessions it began; one whose rollback is refused (a refusal no retry
+    mends, at the `import.abort` point) does not keep the others staged: each is rolled
+    back, and the refused one is left as a dead importer's, for the journal's own next
+    retention pass (a rollback that stopped at its first refusal left the sessions after
+    it staged and judged alive, their importer's heartbeat beating, while the journal
+    lived)."""
+    from journal._jetstream.client import ApiError
+
+    name = store_name(tmp_path)
+    with Journal.open(tmp_path / "local") as local:
+        for session_id in ("a", "b", "c"):
+            local.create_session(session_id)
+            local.append(session_id, [EventIn("m", session_id.encode())])
+        archive = _export(local)
+        only_c = io.BytesIO()
+        local.export_sessions(["c"], only_c)
+
+    def refuse(where: str, detail: object) -> None:
+        if where == "import.abort" and detail == "a":
+            raise ApiError(400, 10999, "refused (a fault point)")
+
+    pause = _Pause()
+    holding = JetStreamOptions(servers=[url], store=name, point=pause.point)
+    refusing = JetStreamOptions(servers=[url], store=name, point=refuse)
+    with (
+        Journal.over(JetStreamEngine.open(holding)) as holder,
+        Journal.over(JetStreamEngine.open(refusing)) as j,
+    ):
+        thread, result = _import_in_thread(holder, only_c.getvalue())
+        try:
+            assert pause.reached.wait(60), result  # ("c" staged by a live importer)
+            with pytest.raises(SessionExists, match="being imported"):
+                j.import_sessions(io.BytesIO(archive))
+            assert stream_messages(url, name, f"s.{b'b'.hex()}.>") == 0
+            assert stream_messages(url, name, f"s.{b'a'.hex()}.>") > 0  # (refused: left)
+            j.apply_retention()  # (its own staging, no longer alive, is rolled back)
+            assert stream_messages(url, name, f"s.{b'a'.hex()}.>") == 0
+        finally:
+            pause.go.set()
+            thread.join(60)
+        assert [m.session_id for m in j.list_sessions()] == ["c"], result
+        assert j.verify().problems == []

@@ -566,21 +566,35 @@ class Imports:
         leader, for up to `window` in all, as the import's writes are (until 2026-12-06
         asked once: an import failing while the stream's leader hung left its staged
         messages, and another process of the host could not import the ids while it
-        lived). A rollback done again finds what its first try did."""
+        lived). A rollback done again finds what its first try did. A failed one is
+        raised after the others were tried, each entry forgotten: one left is a dead
+        importer's (until 2026-12-07 those after a failure stayed staged, alive)."""
         deadline = time.monotonic() + window
         count = 0
-        for entry in entries:
-            while True:
+        failed: Exception | None = None
+        try:
+            for entry in entries:
                 try:
-                    count += await self._roll_back(entry)
-                    break
-                except (ApiError, *Unavailable) as e:
-                    if (isinstance(e, ApiError) and not e.transient) or (
-                        time.monotonic() > deadline
-                    ):
-                        raise
-                    await asyncio.sleep(0.1)
+                    count += await self._roll_back_again(entry, deadline)
+                except Exception as e:
+                    failed = failed or e
+        finally:
+            for entry in entries:
+                self._forget(entry)
+        if failed is not None:
+            raise failed
         return count
+
+    async def _roll_back_again(self, entry: _Staged, deadline: float) -> bool:
+        """`_roll_back`, asked again until `deadline` while the servers do not answer or
+        have no leader."""
+        while True:
+            try:
+                return await self._roll_back(entry)
+            except (ApiError, *Unavailable) as e:
+                if (isinstance(e, ApiError) and not e.transient) or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
 
     def _forget(self, entry: _Staged) -> None:
         if entry.row is not None and self._staged.get(entry.row.incarnation) is entry:
