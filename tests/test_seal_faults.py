@@ -254,7 +254,7 @@ def test_a_swap_whose_sidecar_fails_is_not_reported_as_damage_while_its_writer_l
 ) -> None:
     """A compaction swap renames its copy into place, then writes the new sidecar: on a
     full disk `compact()` raises and the segment stays without a sidecar until the next
-    commit's catch-up writes it (SPEC 14.4). Until 2026-12-07 a `verify()` or `journal
+    commit's catch-up writes it (SPEC 14.4). Until 2026-12-06 a `verify()` or `journal
     verify` meanwhile (while the process that failed lived: its swap mark was taken for
     one in progress) reported "sidecar missing or bad", exit 7, "restore damaged segments
     from a backup", on a store that lost nothing and needed only a commit."""
@@ -328,7 +328,7 @@ def test_compact_s_failed_seal_batched_with_appends_leaves_no_sealed_segment_wit
     tmp_path: Path, step: str
 ) -> None:
     """`compact()` seals the active segment as an operation of a batch, which appends of
-    other threads may share. Until 2026-12-07 a seal that failed after the next
+    other threads may share. Until 2026-12-06 a seal that failed after the next
     segment's birth (its sidecar not written) failed alone, and the batch's appends
     committed into the new segment: the sealed segment then lacked its sidecar with the
     view's head past the new segment's start, which `verify()` (and `journal verify`,

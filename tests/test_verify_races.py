@@ -97,7 +97,7 @@ def test_a_verify_between_a_swaps_rename_and_its_sidecar_reports_nothing(
         (report,) = ops.reports
         assert report.ok, report.problems
         # (It may finish inside the swap: the swap's mark excuses the missing sidecar
-        # since 2026-12-07, SPEC 9; a run that finds a problem there waits for the lock.)
+        # since 2026-12-06, SPEC 9; a run that finds a problem there waits for the lock.)
         assert ops.finished_in_the_swap is not None
 
 

@@ -568,7 +568,7 @@ class Imports:
         messages, and another process of the host could not import the ids while it
         lived). A rollback done again finds what its first try did. A failed one is
         raised after the others were tried, each entry forgotten: one left is a dead
-        importer's (until 2026-12-07 those after a failure stayed staged, alive)."""
+        importer's (until 2026-12-06 those after a failure stayed staged, alive)."""
         deadline = time.monotonic() + window
         count = 0
         failed: Exception | None = None
