@@ -29,6 +29,7 @@ from ..engine import READ_SCOPE
 from ..errors import StoreNotFound, StoreUnavailable
 from ..remote import without_password
 from ..short_of import short_of
+from .cut_off import CutOff
 
 __all__ = [
     "PASS_RETRY_S",
@@ -237,6 +238,9 @@ class Connection:
         # error callback only; the request it refused waits for its timeout): no retry
         # mends it, so an open that asks again stops at it (`denied`).
         self.denied: str | None = None
+        # What the requests met: the connection moves off a server cut off from its
+        # cluster (`cut_off.py`).
+        self.cut_off = CutOff()
         self._thread = threading.Thread(target=self._run, name="journal-nats", daemon=True)
         self._thread.start()
         self.nc: Client
@@ -375,11 +379,10 @@ class Connection:
     ) -> dict[str, Any]:
         """A JetStream API request; its JSON reply (ApiError when it is an error)."""
         payload = b"" if body is None else json.dumps(body).encode()
-        reply = await self.nc.request(subject, payload, timeout=timeout)
-        if reply.headers and reply.headers.get("Status") == "503":
-            raise NoRespondersError
+        reply, sent = await self._answer(self.nc.request(subject, payload, timeout=timeout), False)
         result: dict[str, Any] = json.loads(reply.data) if reply.data else {}
         error = result.get("error")
+        self._heard(error, False, sent)
         if error:
             refusal = ApiError(
                 int(error.get("code", 0)),
@@ -395,6 +398,27 @@ class Connection:
                 raise self.stream_gone() from None
             raise refusal
         return result
+
+    async def _answer(self, request: Awaitable[Msg], write: bool) -> tuple[Msg, float]:
+        """The reply to `request` (a 503 status, nobody serving it, raised as no answer),
+        noted as unanswered (`cut_off`) when it does not come, and when it was asked."""
+        sent = time.monotonic()
+        try:
+            reply = await request
+            if reply.headers and reply.headers.get("Status") == "503":
+                raise NoRespondersError
+        except Unavailable:
+            self.cut_off.unanswered(self.nc, write, sent)
+            raise
+        return reply, sent
+
+    def _heard(self, error: dict[str, Any] | None, write: bool, sent: float) -> None:
+        """Note an answer (`cut_off`): a refusal for want of a leader counts as none, and
+        a write's other refusals as neither (a leader cut off may refuse one)."""
+        if error and int(error.get("err_code", 0)) == _NO_LEADER:
+            self.cut_off.unanswered(self.nc, write, sent)
+        elif not (error and write):
+            self.cut_off.answered(write)
 
     async def _still_not_found(self) -> bool:
         """Whether the stream's information, asked twice more half a second apart, is
@@ -522,14 +546,13 @@ class Connection:
                 await self.nc.publish(
                     subject, payload, reply=inbox if index == last else "", headers=batch_headers
                 )
-            reply = await sub.next_msg(timeout=ACK_S)
+            reply, sent = await self._answer(sub.next_msg(timeout=ACK_S), True)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-        if reply.headers and reply.headers.get("Status") == "503":
-            raise NoRespondersError
         ack: dict[str, Any] = json.loads(reply.data)
         error = ack.get("error")
+        self._heard(error, True, sent)
         if error:
             raise ApiError(
                 int(error.get("code", 0)),
@@ -540,11 +563,12 @@ class Connection:
 
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
         """Publish one message to the stream and wait for its ack; its sequence."""
-        reply = await self.nc.request(subject, payload, timeout=REQUEST_S, headers=headers)
-        if reply.headers and reply.headers.get("Status") == "503":
-            raise NoRespondersError
+        reply, sent = await self._answer(
+            self.nc.request(subject, payload, timeout=REQUEST_S, headers=headers), True
+        )
         ack: dict[str, Any] = json.loads(reply.data)
         error = ack.get("error")
+        self._heard(error, True, sent)
         if error:
             raise ApiError(
                 int(error.get("code", 0)),

@@ -1,0 +1,87 @@
+"""Moving a journal's connection off a server cut off from its cluster.
+
+The client reconnects by itself when its server is gone or hangs (its pings go
+unanswered: `client.PING_S`), but a server that runs and answers pings while a network
+partition cuts it off from the rest of its cluster keeps the client: every write on the
+stream then goes unanswered or is refused for want of a leader, and so do the reads (the
+server's side of the partition has no majority; a stream leader cut off goes on
+answering reads from what it has for about 20 s, nats-server 2.15.1), though the other
+servers of the URL's list, which this host may well reach, serve the stream. So once no
+write on the connection has been acknowledged for `CUT_OFF_S` while writes were asked,
+or no read has had an answer for as long while reads were asked (direct gets are not
+counted: a server's own replica answers them from what it has), the connection moves
+to another server of the list, and again while that one is the server it left (the
+client picks one at random), at most `MOVE_TRIES` times a move. A move that finds no
+other server (a quorum loss: no server of the list reaches a majority) changes nothing,
+and the next waits twice as long, up to `MAX_WAIT_S`; the requests fail as they would
+have. (Until 2026-12-06 the client stayed: a writer whose server was cut off from the two
+others appended nothing for as long as the partition lasted, and an owner there was
+judged dead; a partition trial.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Final
+
+from nats.aio.client import Client
+
+__all__ = ["CUT_OFF_S", "MAX_WAIT_S", "MOVE_TRIES", "CutOff"]
+
+# How long writes (or reads) may go unanswered, from when the first of them was sent,
+# before the connection moves: within an owner's lease (10 s, `owners.LEASE_S`), so that
+# an owner whose server is cut off beats again through another before it is judged dead.
+# (A move during a leader election, which takes up to about 10 s here, costs a reconnect.)
+CUT_OFF_S: Final = 6.0
+MAX_WAIT_S: Final = 80.0
+# How many reconnects a move makes while the client lands on the server it left.
+MOVE_TRIES: Final = 3
+
+
+class CutOff:
+    """The connection's record of answers (see the module docstring); on its loop only."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # Since when writes, and reads, have gone unanswered (None: the last had an answer).
+        self._since: dict[bool, float | None] = {True: None, False: None}
+        self._wait = CUT_OFF_S
+        self._moved_at = -MAX_WAIT_S
+        self._moving: asyncio.Task[None] | None = None
+        self.moves = 0
+
+    def answered(self, write: bool) -> None:
+        self._since[write] = None
+
+    def unanswered(self, nc: Client, write: bool, sent: float) -> None:
+        """A request sent at `sent` (on `clock`) that the servers did not answer, or
+        refused for want of a leader."""
+        now = self._clock()
+        since = self._since[write]
+        if since is None:
+            since = self._since[write] = sent
+        if now - since < self._wait or now - self._moved_at < self._wait:
+            return
+        if self._moving is not None and not self._moving.done():
+            return
+        if not nc.is_connected or len(nc.servers) < 2 or nc.connected_url is None:
+            return  # (reconnecting already, or nowhere else to go)
+        self._moved_at = now
+        self._since = {True: None, False: None}
+        self.moves += 1
+        self._moving = asyncio.get_running_loop().create_task(self._move(nc))
+
+    async def _move(self, nc: Client) -> None:
+        left = nc.connected_url.netloc if nc.connected_url else ""
+        for _ in range(MOVE_TRIES):
+            await nc.force_reconnect()
+            deadline = time.monotonic() + CUT_OFF_S
+            while not nc.is_connected and not nc.is_closed and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            landed = nc.connected_url
+            if nc.is_connected and landed is not None and landed.netloc != left:
+                self._wait = CUT_OFF_S
+                return
+        self._wait = min(self._wait * 2, MAX_WAIT_S)

@@ -1,0 +1,179 @@
+"""The JetStream engine through real network partitions (`tests/_netns.py`): every
+server keeps running while some cannot reach the others, and a client may be cut off
+from some of them. The journals run in child processes in namespaces of their own; the
+test cuts and heals the links. Run with `-m cluster -n 0`; skipped where network
+namespaces cannot be made (not root, no iproute2)."""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _netns import SERVERS, NetnsCluster, missing
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+]
+
+# Creates the store (asking again while the new cluster elects its leaders) and prints
+# the stream's leader.
+_SET_UP = """
+import asyncio, json, sys, time
+import nats
+from journal import Journal, StoreUnavailable
+url = sys.argv[1]
+deadline = time.monotonic() + 60
+while True:
+    try:
+        j = Journal.open(url, store="p", replicas=3)
+        break
+    except StoreUnavailable:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+with j:
+    j.create_session("s")
+async def leader():
+    nc = await nats.connect(servers=url.removeprefix("nats://").split(","))
+    try:
+        reply = await nc.request("$JS.API.STREAM.INFO.JOURNAL_p", b"", timeout=5)
+        return json.loads(reply.data)["cluster"]["leader"]
+    finally:
+        await nc.close()
+print(asyncio.run(leader()), flush=True)
+"""
+
+
+def _line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The child's next line of output ("" after `timeout` seconds or at its end)."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    return process.stdout.readline().strip() if ready else ""
+
+
+@pytest.fixture
+def partitioned() -> Iterator[tuple[NetnsCluster, str]]:
+    """A cluster in namespaces with the store `p` and its session `s`; the stream's leader."""
+    with tempfile.TemporaryDirectory(prefix="journal-netns-") as root:
+        cluster = NetnsCluster(Path(root))
+        children: list[subprocess.Popen[str]] = []
+        try:
+            cluster.start()
+            set_up = cluster.run("c1", _SET_UP, cluster.url)
+            children.append(set_up)
+            leader = _line(set_up, 90)
+            assert leader in SERVERS, leader
+            yield cluster, leader
+        finally:
+            for child in children:
+                child.kill()
+                child.wait(10)
+            cluster.heal()
+            cluster.close()
+
+
+_WRITER = """
+import sys, time
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], store="p") as j:
+    j.append("s", [EventIn("e", b"1")])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started = time.monotonic()
+    try:
+        j.append("s", [EventIn("e", b"2")], idempotency_key="k2")
+        print(f"appended {time.monotonic() - started:.1f}", flush=True)
+    except Exception as e:
+        print(f"failed {time.monotonic() - started:.1f} {type(e).__name__}: {e}", flush=True)
+    print([e.data.decode() for e in j.replay("s")], flush=True)
+"""
+
+
+def test_a_writer_whose_server_is_cut_off_from_its_cluster_goes_on_through_another(
+    partitioned: tuple[NetnsCluster, str],
+) -> None:
+    """A server cut off from the rest of its cluster by a partition runs and answers its
+    clients' pings, so the client stayed on it: every request on the stream went
+    unanswered (or was refused for want of a leader) while the two other servers, which
+    the client reached, served the stream; an append raised `StoreUnavailable` "no reply
+    from JetStream for 30 s" (until 2026-12-06: a partition trial, 1 append in 25 s).
+    The connection now moves to another server of the list once no request has had an
+    answer for 10 s."""
+    cluster, _ = partitioned
+    writer = cluster.run("c1", _WRITER, cluster.url_of("n1"))  # (n1 first; n2, n3 discovered)
+    try:
+        assert _line(writer, 60) == "ready"
+        cluster.cut(["n1"], ["n2", "n3"])  # (the writer reaches all three)
+        assert writer.stdin is not None
+        writer.stdin.write("go\n")
+        writer.stdin.flush()
+        said = _line(writer, 60)
+        cluster.heal()
+        print(f"\n{said}")
+        assert said.startswith("appended"), said
+        assert float(said.split()[1]) < 25, said  # (measured about 11 s)
+        assert _line(writer, 60) == "['1', '2']"
+    finally:
+        writer.kill()
+        writer.wait(10)
+
+
+_OWNER = """
+import socket, sys, time
+socket.gethostname = lambda: "another-host"  # the owner runs on another machine
+from journal import EventIn, Journal
+j = Journal.open(sys.argv[1], store="p")
+turn = j.own("s").turn("r-remote").__enter__()
+turn.append([EventIn("message", b'{"working": true}')])
+print("mid-turn", flush=True)
+time.sleep(600)
+"""
+
+_WATCHER = """
+import sys, threading
+from journal import Journal, OutcomeUnknown
+stop = threading.Event()
+with Journal.open(sys.argv[1], store="p") as j:
+    try:
+        for event in j.watch("s", stop=stop):
+            if event.type == "message":
+                print("watching", flush=True)
+                threading.Timer(float(sys.argv[2]), stop.set).start()
+        print("no outcome told", flush=True)
+    except OutcomeUnknown as e:
+        print(f"OutcomeUnknown: {e}", flush=True)
+"""
+
+
+def test_an_owner_whose_server_is_cut_off_from_its_cluster_keeps_its_lease(
+    partitioned: tuple[NetnsCluster, str],
+) -> None:
+    """An owner on another host whose server (the stream's leader here) was cut off from
+    the two others stayed on it, its heartbeats unanswered: a watcher on the other side
+    judged it dead 10 s into the partition and was told `OutcomeUnknown` for a turn that
+    went on (until 2026-12-06: a partition trial). Its connection moves to another server
+    once its writes have gone unanswered for 6 s, within the lease."""
+    cluster, leader = partitioned
+    others = [s for s in SERVERS if s != leader]
+    owner = cluster.run("c2", _OWNER, cluster.url_of(leader))  # (others discovered)
+    watcher = None
+    try:
+        assert _line(owner, 60) == "mid-turn"
+        watcher = cluster.run("c1", _WATCHER, cluster.url_of(others[0]), "25")
+        assert _line(watcher, 60) == "watching"
+        cluster.cut([leader], others)  # (both clients reach all three)
+        said = _line(watcher, 60)
+        cluster.heal()
+        print(f"\n{said}")
+        assert said == "no outcome told", said
+        assert owner.poll() is None
+    finally:
+        for child in (owner, watcher):
+            if child is not None:
+                child.kill()
+                child.wait(10)
