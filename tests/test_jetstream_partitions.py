@@ -102,8 +102,8 @@ def test_a_writer_whose_server_is_cut_off_from_its_cluster_goes_on_through_anoth
     unanswered (or was refused for want of a leader) while the two other servers, which
     the client reached, served the stream; an append raised `StoreUnavailable` "no reply
     from JetStream for 30 s" (until 2026-12-06: a partition trial, 1 append in 25 s).
-    The connection now moves to another server of the list once no request has had an
-    answer for 10 s."""
+    The connection now moves to another server of the list once its writes have had no
+    acknowledgement for 6 s."""
     cluster, _ = partitioned
     writer = cluster.run("c1", _WRITER, cluster.url_of("n1"))  # (n1 first; n2, n3 discovered)
     try:

@@ -13,6 +13,7 @@ import base64
 import concurrent.futures
 import contextlib
 import json
+import random
 import threading
 import time
 import uuid
@@ -71,6 +72,9 @@ MAX_PINGS_OUT: Final = 2
 PASS_RETRY_S: Final = 30.0
 # JetStream's "temporarily unavailable": the stream (or the meta group) has no leader.
 _NO_LEADER: Final = 10008
+# A write's refusals of its compare-and-set (wrong last sequence; another write of the
+# subject in process): counted as no answer (`cut_off`).
+_NO_PROGRESS: Final = frozenset({10071, 10164})
 # JetStream's "stream not found" (`Connection.api`).
 _STREAM_NOT_FOUND: Final = 10059
 # JetStream's 503s that say the account has no JetStream (no account; not enabled for the
@@ -272,7 +276,11 @@ class Connection:
             # (nats-py retries a first connect as long as reconnects: bounded here.)
             return await asyncio.wait_for(
                 nats.connect(
-                    servers=servers,
+                    # (Taken in turn, from a random first: a reconnect goes to the next
+                    # server, never back to the one it leaves while others are left, as
+                    # nats-py's own pick at random may: `cut_off.py`.)
+                    servers=random.sample(servers, len(servers)),
+                    dont_randomize=True,
                     connect_timeout=min(connect_s, 2.0),
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.2,
@@ -412,12 +420,19 @@ class Connection:
             raise
         return reply, sent
 
+    def no_answer(self, asked: float) -> None:
+        """A read asked at `asked` (`time.monotonic()`) whose answer the engine takes for
+        none (`cut_off`); on the loop."""
+        self.cut_off.unanswered(self.nc, False, asked)
+
     def _heard(self, error: dict[str, Any] | None, write: bool, sent: float) -> None:
-        """Note an answer (`cut_off`): a refusal for want of a leader counts as none, and
-        a write's other refusals as neither (a leader cut off may refuse one)."""
-        if error and int(error.get("err_code", 0)) == _NO_LEADER:
+        """Note an answer (`cut_off`): a refusal for want of a leader counts as none, so
+        does a write's refusal of its compare-and-set, and its other refusals as
+        neither."""
+        code = int(error.get("err_code", 0)) if error else 0
+        if code == _NO_LEADER or (write and code in _NO_PROGRESS):
             self.cut_off.unanswered(self.nc, write, sent)
-        elif not (error and write):
+        elif not (error and write):  # (a write's other refusals tell nothing)
             self.cut_off.answered(write)
 
     async def _still_not_found(self) -> bool:

@@ -415,6 +415,7 @@ class Committer:
         yet (a new leader that has not applied everything)."""
         heartbeat = self.subjects.heartbeat(state.token)
         after = state.seq
+        asked = time.monotonic()
         try:
             self.point("commit.settle", session_id)
             while True:
@@ -427,6 +428,9 @@ class Committer:
         except (ApiError, *Unavailable):
             raise _CannotTell from None
         if first is None and taken:
+            # (no answer, as the servers' silence is: a leader cut off by a partition
+            # answers so from its stale copy, and the connection moves off it, `cut_off`)
+            self.conn.no_answer(asked)
             raise _CannotTell
         if first is None or first.headers.get(WRITE_TOKEN) != token:
             return None

@@ -2,21 +2,23 @@
 
 The client reconnects by itself when its server is gone or hangs (its pings go
 unanswered: `client.PING_S`), but a server that runs and answers pings while a network
-partition cuts it off from the rest of its cluster keeps the client: every write on the
-stream then goes unanswered or is refused for want of a leader, and so do the reads (the
-server's side of the partition has no majority; a stream leader cut off goes on
-answering reads from what it has for about 20 s, nats-server 2.15.1), though the other
-servers of the URL's list, which this host may well reach, serve the stream. So once no
-write on the connection has been acknowledged for `CUT_OFF_S` while writes were asked,
-or no read has had an answer for as long while reads were asked (direct gets are not
-counted: a server's own replica answers them from what it has), the connection moves
-to another server of the list, and again while that one is the server it left (the
-client picks one at random), at most `MOVE_TRIES` times a move. A move that finds no
-other server (a quorum loss: no server of the list reaches a majority) changes nothing,
-and the next waits twice as long, up to `MAX_WAIT_S`; the requests fail as they would
-have. (Until 2026-12-06 the client stayed: a writer whose server was cut off from the two
-others appended nothing for as long as the partition lasted, and an owner there was
-judged dead; a partition trial.)
+partition cuts it off from the rest of its cluster keeps the client, though the other
+servers of the URL's list, which this host may well reach, serve the stream: its writes
+go unanswered or are refused for want of a leader, and so are its reads, except that a
+stream leader cut off goes on answering as the leader from its stale copy for about 20 s
+(nats-server 2.15.1), refusing writes' compare-and-sets and showing nothing of what the
+others stored since. So once no write on the connection has been acknowledged for
+`CUT_OFF_S` while writes were asked (a refusal of the compare-and-set counts as no
+answer), or no read has had an answer for as long while reads were asked (the engine
+tells `Connection.no_answer` of a settling read's "nothing there yet"; direct gets are not
+counted, a server's own replica answers them), the connection moves to the next server
+of the list (the client takes them in turn, `client.Connection`), again while it lands on
+the server it left, at most `MOVE_TRIES` times a move. A move that finds no other server
+(a quorum loss: no server of the list reaches a majority) changes nothing, and the next
+waits twice as long, up to `MAX_WAIT_S`; the requests fail as they would have. (Until
+2026-12-06 the client stayed: a writer whose server was cut off from the two others
+appended nothing for as long as the partition lasted, and an owner there was judged
+dead; a partition trial, SPEC 16.)
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class CutOff:
         self._clock = clock
         # Since when writes, and reads, have gone unanswered (None: the last had an answer).
         self._since: dict[bool, float | None] = {True: None, False: None}
+        self._last = {True: 0.0, False: 0.0}  # (when the last failure was noted)
         self._wait = CUT_OFF_S
         self._moved_at = -MAX_WAIT_S
         self._moving: asyncio.Task[None] | None = None
@@ -56,12 +59,15 @@ class CutOff:
         self._since[write] = None
 
     def unanswered(self, nc: Client, write: bool, sent: float) -> None:
-        """A request sent at `sent` (on `clock`) that the servers did not answer, or
-        refused for want of a leader."""
+        """A request sent at `sent` (on `clock`) that the servers did not answer, refused
+        for want of a leader, or (a write) refused for its compare-and-set: a leader cut
+        off answers a writer so from its stale copy, and a writer refused so for the whole
+        window gains nothing where it is either."""
         now = self._clock()
-        since = self._since[write]
-        if since is None:
-            since = self._since[write] = sent
+        if self._since[write] is None or sent - self._last[write] > 2 * CUT_OFF_S:
+            self._since[write] = sent  # (a failure long after the last starts anew)
+        self._last[write] = now
+        since = min(t for t in self._since.values() if t is not None)
         if now - since < self._wait or now - self._moved_at < self._wait:
             return
         if self._moving is not None and not self._moving.done():
