@@ -360,6 +360,37 @@ def test_an_id_taken_meanwhile_is_session_exists_and_the_import_rolls_back(
         assert j.verify().problems == []
 
 
+def test_a_claim_delete_refused_for_want_of_a_leader_is_asked_again_by_the_rollback(
+    url: str, tmp_path: Path
+) -> None:
+    """The import's own rollback (Ctrl+C during the write pass) whose delete of a claim is
+    refused for want of a leader (10008, at the `import.drop_claim` point: an election)
+    asks it again: the refusal was left unsaid, and the claim `in.<id>` stayed for good
+    (a cluster run of the leader-hang import test left one)."""
+    from journal._jetstream.client import ApiError
+
+    archive, _held = _source(tmp_path / "local")
+    name = store_name(tmp_path)
+    refused: list[object] = []
+
+    def refuse(where: str, detail: object) -> None:
+        if where == "import.drop_claim" and not refused:
+            refused.append(detail)
+            raise ApiError(503, 10008, "no leader (a fault point)")
+
+    def progress(done: int, total: int) -> None:
+        if total and done > total // 2:
+            raise KeyboardInterrupt
+
+    options = JetStreamOptions(servers=[url], store=name, point=refuse)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        with pytest.raises(KeyboardInterrupt):
+            j.import_sessions(io.BytesIO(archive), progress=progress)
+        assert refused  # (the point was reached)
+        assert list(j.list_sessions()) == []
+        assert stream_messages(url, name, "in.>") == 0
+
+
 def test_an_import_interrupted_while_it_stages_is_rolled_back(url: str, tmp_path: Path) -> None:
     """Ctrl+C during the write pass: the staged sessions are rolled back at once (their
     messages and claims purged), nothing became visible, and the archive imports again."""

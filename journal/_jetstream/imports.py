@@ -650,7 +650,7 @@ class Imports:
         process killed between the two leaves the tombstone, whose claim header names
         the claim: `finish_roll_back`). Not `leave`: a purge unanswered is raised (the
         import's own rollback asks it again)."""
-        await self._drop_claim(token, claim, stamp)
+        await self._drop_claim(token, claim, stamp, leave)
         subjects = self._subjects.session_all(token)
         if leave:
             await self._reader.purge_or_leave(subjects, row_seq + 1)
@@ -675,17 +675,24 @@ class Imports:
             await self._drop_claim(token, int(claim), message.headers.get(STAGE_HEADER, ""))
             await self._reader.purge_or_leave(self._subjects.session_all(token), message.seq)
 
-    async def _drop_claim(self, token: str, claim: int, stamp: str) -> None:
+    async def _drop_claim(self, token: str, claim: int, stamp: str, leave: bool = True) -> None:
+        """Delete the claim; not `leave`: a refusal for want of a leader is raised (the
+        import's own rollback asks again; until 2026-12-06 it was left unsaid, and a
+        rollback during an election kept the claim for good)."""
         found = await self._conn.msg_get({"seq": claim})
         if (
             found is not None
             and found.subject == self._subjects.claim(token)
             and found.headers.get(STAGE_HEADER) == stamp
         ):
-            with contextlib.suppress(ApiError):
+            try:
+                self._point("import.drop_claim", claim)
                 await self._conn.api(
                     f"$JS.API.STREAM.MSG.DELETE.{self._conn.stream}", {"seq": claim}
                 )
+            except ApiError as e:
+                if e.transient and not leave:
+                    raise
 
     async def roll_back_if_dead(self, token: str, message: Found) -> bool:
         """Roll back the staged row `message` holds when its importer is dead (a retention
