@@ -44,3 +44,34 @@ def test_a_failure_long_after_the_other_kinds_last_does_not_move_at_once() -> No
             await nc.close()
 
     asyncio.run(run())
+
+
+def test_requests_with_no_answer_at_all_move_before_the_next_goes_out() -> None:
+    """A window was looked at only when a failure was noted, for a request with no answer
+    at all when it timed out (5 s): an owner's beats, a second apart, were noted 5 s and
+    11 s after the first went out, and the move came 11 s in, past the lease (a review,
+    2026-12-06). The next request now moves the connection before it goes out once the
+    first had no answer CUT_OFF_S before; refusals of a compare-and-set, ordinary under
+    contention, do not."""
+
+    servers = [s.url for s in shared_cluster().servers]
+
+    async def run() -> None:
+        nc = await nats.connect(servers=servers, dont_randomize=True, reconnect_time_wait=0.2)
+        try:
+            now = [1000.0]
+            cut_off = CutOff(clock=lambda: now[0])
+            refused = CutOff(clock=lambda: now[0])
+            now[0] += 5.0
+            cut_off.unanswered(nc, True, 1000.0, silent=True)  # (a beat timed out)
+            refused.unanswered(nc, True, 1000.0)  # (a write refused for its compare-and-set)
+            now[0] += 1.0
+            await refused.before(nc)
+            assert refused.moves == 0
+            await cut_off.before(nc)  # (the next beat)
+            assert cut_off.moves == 1
+            assert nc.is_connected  # (waited for: the beat goes out on the new connection)
+        finally:
+            await nc.close()
+
+    asyncio.run(run())

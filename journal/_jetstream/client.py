@@ -409,14 +409,17 @@ class Connection:
 
     async def _answer(self, request: Awaitable[Msg], write: bool) -> tuple[Msg, float]:
         """The reply to `request` (a 503 status, nobody serving it, raised as no answer),
-        noted as unanswered (`cut_off`) when it does not come, and when it was asked."""
+        noted as unanswered (`cut_off`) when it does not come, and when it was asked. (The
+        request goes out when awaited: after a move that requests with no answer at all
+        called for, `CutOff.before`.)"""
+        await self.cut_off.before(self.nc)
         sent = time.monotonic()
         try:
             reply = await request
             if reply.headers and reply.headers.get("Status") == "503":
                 raise NoRespondersError
         except Unavailable:
-            self.cut_off.unanswered(self.nc, write, sent)
+            self.cut_off.unanswered(self.nc, write, sent, silent=True)
             raise
         return reply, sent
 
@@ -431,7 +434,7 @@ class Connection:
         neither."""
         code = int(error.get("err_code", 0)) if error else 0
         if code == _NO_LEADER or (write and code in _NO_PROGRESS):
-            self.cut_off.unanswered(self.nc, write, sent)
+            self.cut_off.unanswered(self.nc, write, sent, silent=code == _NO_LEADER)
         elif not (error and write):  # (a write's other refusals tell nothing)
             self.cut_off.answered(write)
 
@@ -545,6 +548,7 @@ class Connection:
     async def publish_batch(self, messages: list[BatchMessage]) -> int:
         """Publish `messages` as one atomic batch; the stream sequence of the last one
         (ApiError when the server refused the batch, nothing of it stored)."""
+        await self.cut_off.before(self.nc)  # (the messages go out before the ack is awaited)
         batch_id = uuid.uuid4().hex
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox, max_msgs=1)

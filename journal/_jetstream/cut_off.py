@@ -13,7 +13,16 @@ answer), or no read has had an answer for as long while reads were asked (the en
 tells `Connection.no_answer` of a settling read's "nothing there yet"; direct gets are not
 counted, a server's own replica answers them), the connection moves to the next server
 of the list (the client takes them in turn, `client.Connection`), again while it lands on
-the server it left, at most `MOVE_TRIES` times a move. A move that finds no other server
+the server it left, at most `MOVE_TRIES` times a move. A window is looked at when a failure
+is noted, which for a request that had no answer at all is when it timed out
+(`client.REQUEST_S`, 5 s): an owner's heartbeats, one at a time a second apart, were noted
+5 s and 11 s after the first went out, so the move came 11 s in, past the lease (until
+2026-12-06: a review, an owner whose server, not the stream's leader, was cut off). So
+a window opened by requests that had no answer at all (timed out, nobody serving, or
+refused for want of a leader; not a compare-and-set refused, which is ordinary under
+contention) is also looked at before the next request goes out (`before`), and once it
+has been open `CUT_OFF_S` the move is made, and waited for (at most `MOVE_WAIT_S`), first:
+the request goes out on the new connection. A move that finds no other server
 (a quorum loss: no server of the list reaches a majority) changes nothing, and the next
 waits twice as long, up to `MAX_WAIT_S`; the requests fail as they would have. (Until
 2026-12-06 the client stayed: a writer whose server was cut off from the two others
@@ -30,16 +39,20 @@ from typing import Final
 
 from nats.aio.client import Client
 
-__all__ = ["CUT_OFF_S", "MAX_WAIT_S", "MOVE_TRIES", "CutOff"]
+__all__ = ["CUT_OFF_S", "MAX_WAIT_S", "MOVE_TRIES", "MOVE_WAIT_S", "CutOff"]
 
 # How long writes (or reads) may go unanswered, from when the first of them was sent,
 # before the connection moves: within an owner's lease (10 s, `owners.LEASE_S`), so that
-# an owner whose server is cut off beats again through another before it is judged dead.
+# an owner whose server is cut off beats again through another before it is judged dead
+# (its next beat, a second after one timed out, moves first: `CutOff.before`).
 # (A move during a leader election, which takes up to about 10 s here, costs a reconnect.)
 CUT_OFF_S: Final = 6.0
 MAX_WAIT_S: Final = 80.0
 # How many reconnects a move makes while the client lands on the server it left.
 MOVE_TRIES: Final = 3
+# How long a request waits for a move made before it goes out (`CutOff.before`): a
+# reconnect to a server that is there takes milliseconds.
+MOVE_WAIT_S: Final = 2.0
 
 
 class CutOff:
@@ -49,6 +62,9 @@ class CutOff:
         self._clock = clock
         # Since when writes, and reads, have gone unanswered (None: the last had an answer).
         self._since: dict[bool, float | None] = {True: None, False: None}
+        # Since when they have had no answer at all (None: the last had a reply, which
+        # may be a refusal of its compare-and-set).
+        self._silent: dict[bool, float | None] = {True: None, False: None}
         self._last = {True: 0.0, False: 0.0}  # (when the last failure was noted)
         self._wait = CUT_OFF_S
         self._moved_at = -MAX_WAIT_S
@@ -57,24 +73,51 @@ class CutOff:
 
     def answered(self, write: bool) -> None:
         self._since[write] = None
+        self._silent[write] = None
 
-    def unanswered(self, nc: Client, write: bool, sent: float) -> None:
+    def unanswered(self, nc: Client, write: bool, sent: float, silent: bool = False) -> None:
         """A request sent at `sent` (on `clock`) that the servers did not answer, refused
         for want of a leader, or (a write) refused for its compare-and-set: a leader cut
         off answers a writer so from its stale copy, and a writer refused so for the whole
-        window gains nothing where it is either."""
+        window gains nothing where it is either. `silent`: it had no answer at all (timed
+        out, nobody serving it, or refused for want of a leader)."""
         now = self._clock()
-        for kind in (True, False):
-            if sent - self._last[kind] > 2 * CUT_OFF_S:
-                # (A failure long after the last starts anew, for either kind: until
-                # 2026-12-06 only its own, and a window the other kind left open, a write
-                # refused once and never acknowledged after, moved at once: a review.)
-                self._since[kind] = None
+        self._forget_old(sent)
         if self._since[write] is None:
             self._since[write] = sent
+        if not silent:
+            self._silent[write] = None
+        elif self._silent[write] is None:
+            self._silent[write] = sent
         self._last[write] = now
         since = min(t for t in self._since.values() if t is not None)
-        if now - since < self._wait or now - self._moved_at < self._wait:
+        if now - since >= self._wait:
+            self._start_move(nc, now)
+
+    async def before(self, nc: Client) -> None:
+        """Before a request goes out: when requests have had no answer at all for
+        `CUT_OFF_S`, move the connection (or wait for a move underway), waiting at most
+        `MOVE_WAIT_S` for it, so that the request goes out on the new connection."""
+        now = self._clock()
+        self._forget_old(now)
+        silent = [t for t in self._silent.values() if t is not None]
+        if silent and now - min(silent) >= self._wait:
+            self._start_move(nc, now)
+        moving = self._moving
+        if moving is not None and not moving.done():
+            await asyncio.wait({moving}, timeout=MOVE_WAIT_S)
+
+    def _forget_old(self, now: float) -> None:
+        """A failure long after the last starts anew, for either kind: until 2026-12-06
+        only its own, and a window the other kind left open, a write refused once and
+        never acknowledged after, moved at once (a review)."""
+        for kind in (True, False):
+            if now - self._last[kind] > 2 * CUT_OFF_S:
+                self._since[kind] = None
+                self._silent[kind] = None
+
+    def _start_move(self, nc: Client, now: float) -> None:
+        if now - self._moved_at < self._wait:
             return
         if self._moving is not None and not self._moving.done():
             return
@@ -82,6 +125,7 @@ class CutOff:
             return  # (reconnecting already, or nowhere else to go)
         self._moved_at = now
         self._since = {True: None, False: None}
+        self._silent = {True: None, False: None}
         self.moves += 1
         self._moving = asyncio.get_running_loop().create_task(self._move(nc))
 
