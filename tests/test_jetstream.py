@@ -1834,6 +1834,34 @@ def test_a_direct_get_of_a_missing_stream_is_store_not_found_at_once(
         conn.close()
 
 
+def test_a_batch_looks_for_a_cut_off_move_once_before_its_messages_go_out(
+    url: str, tmp_path: Path
+) -> None:
+    """A batch looks at the record of unanswered requests (`CutOff.before`) before its
+    messages go out, and not again when it awaits their ack: a move made then would only
+    lose the ack, and a move underway was waited for twice (up to 2 s each)."""
+    from nats.errors import NoRespondersError
+
+    from journal._jetstream.client import Connection
+    from journal._jetstream.cut_off import CutOff
+
+    class Counted(CutOff):
+        looks = 0
+
+        async def before(self, nc: Any) -> None:
+            Counted.looks += 1
+            await super().before(nc)
+
+    conn = Connection([url], f"JOURNAL_{store_name(tmp_path)}")
+    try:
+        conn.cut_off = Counted()
+        with pytest.raises(NoRespondersError):  # (no stream takes the subject)
+            conn.call(conn.publish_batch([(f"nowhere.{store_name(tmp_path)}", b"x", {})]))
+        assert Counted.looks == 1
+    finally:
+        conn.close()
+
+
 def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
     url: str, tmp_path: Path
 ) -> None:

@@ -407,12 +407,16 @@ class Connection:
             raise refusal
         return result
 
-    async def _answer(self, request: Awaitable[Msg], write: bool) -> tuple[Msg, float]:
+    async def _answer(
+        self, request: Awaitable[Msg], write: bool, sent_already: bool = False
+    ) -> tuple[Msg, float]:
         """The reply to `request` (a 503 status, nobody serving it, raised as no answer),
         noted as unanswered (`cut_off`) when it does not come, and when it was asked. (The
         request goes out when awaited: after a move that requests with no answer at all
-        called for, `CutOff.before`.)"""
-        await self.cut_off.before(self.nc)
+        called for, `CutOff.before`; not `sent_already`, whose messages went out after
+        one, and a move now would only lose their answer.)"""
+        if not sent_already:
+            await self.cut_off.before(self.nc)
         sent = time.monotonic()
         try:
             reply = await request
@@ -565,7 +569,7 @@ class Connection:
                 await self.nc.publish(
                     subject, payload, reply=inbox if index == last else "", headers=batch_headers
                 )
-            reply, sent = await self._answer(sub.next_msg(timeout=ACK_S), True)
+            reply, sent = await self._answer(sub.next_msg(timeout=ACK_S), True, True)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
