@@ -1862,6 +1862,39 @@ def test_a_batch_looks_for_a_cut_off_move_once_before_its_messages_go_out(
         conn.close()
 
 
+def test_a_request_cancelled_while_it_waits_for_a_cut_off_move_is_never_made(
+    url: str, tmp_path: Path
+) -> None:
+    """A request whose call is cancelled (a timeout, Ctrl+C, the journal's close) while
+    it waits for a move underway (`CutOff.before`, up to 2 s) is not made: it was made
+    first and never awaited, and Python warned "coroutine 'Client.request' was never
+    awaited" on stderr."""
+    import asyncio
+    import concurrent.futures
+    import gc
+    import warnings
+
+    from journal._jetstream.client import Connection
+    from journal._jetstream.cut_off import CutOff
+
+    class Moving(CutOff):  # (a move underway, which the request waits for)
+        async def before(self, nc: Any) -> None:
+            await asyncio.Event().wait()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        conn = Connection([url], f"JOURNAL_{store_name(tmp_path)}")
+        try:
+            conn.cut_off = Moving()
+            with pytest.raises(concurrent.futures.TimeoutError):
+                conn.call(conn.api("$JS.API.INFO"), 0.2)
+            conn.call(asyncio.sleep(0.1))  # (the cancelled call ended on the loop)
+        finally:
+            conn.close()
+        gc.collect()
+    assert [str(w.message) for w in seen if "never awaited" in str(w.message)] == []
+
+
 def test_a_key_the_deployment_passes_is_never_written_to_the_stream(
     url: str, tmp_path: Path
 ) -> None:

@@ -387,7 +387,9 @@ class Connection:
     ) -> dict[str, Any]:
         """A JetStream API request; its JSON reply (ApiError when it is an error)."""
         payload = b"" if body is None else json.dumps(body).encode()
-        reply, sent = await self._answer(self.nc.request(subject, payload, timeout=timeout), False)
+        reply, sent = await self._answer(
+            lambda: self.nc.request(subject, payload, timeout=timeout), False
+        )
         result: dict[str, Any] = json.loads(reply.data) if reply.data else {}
         error = result.get("error")
         self._heard(error, False, sent)
@@ -408,18 +410,20 @@ class Connection:
         return result
 
     async def _answer(
-        self, request: Awaitable[Msg], write: bool, sent_already: bool = False
+        self, request: Callable[[], Awaitable[Msg]], write: bool, sent_already: bool = False
     ) -> tuple[Msg, float]:
-        """The reply to `request` (a 503 status, nobody serving it, raised as no answer),
-        noted as unanswered (`cut_off`) when it does not come, and when it was asked. (The
-        request goes out when awaited: after a move that requests with no answer at all
-        called for, `CutOff.before`; not `sent_already`, whose messages went out after
-        one, and a move now would only lose their answer.)"""
+        """The reply `request()` awaits (a 503 status, nobody serving it, raised as no
+        answer), noted as unanswered (`cut_off`) when it does not come, and when it was
+        asked. (The request goes out after a move that requests with no answer at all
+        called for, `CutOff.before`, and is made only then: one made first and cancelled
+        during the wait was never awaited, which Python warns of; not `sent_already`,
+        whose messages went out after that look, and a move now would only lose their
+        answer.)"""
         if not sent_already:
             await self.cut_off.before(self.nc)
         sent = time.monotonic()
         try:
-            reply = await request
+            reply = await request()
             if reply.headers and reply.headers.get("Status") == "503":
                 raise NoRespondersError
         except Unavailable:
@@ -569,7 +573,7 @@ class Connection:
                 await self.nc.publish(
                     subject, payload, reply=inbox if index == last else "", headers=batch_headers
                 )
-            reply, sent = await self._answer(sub.next_msg(timeout=ACK_S), True, True)
+            reply, sent = await self._answer(lambda: sub.next_msg(timeout=ACK_S), True, True)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -587,7 +591,7 @@ class Connection:
     async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
         """Publish one message to the stream and wait for its ack; its sequence."""
         reply, sent = await self._answer(
-            self.nc.request(subject, payload, timeout=REQUEST_S, headers=headers), True
+            lambda: self.nc.request(subject, payload, timeout=REQUEST_S, headers=headers), True
         )
         ack: dict[str, Any] = json.loads(reply.data)
         error = ack.get("error")
