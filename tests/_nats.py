@@ -341,6 +341,20 @@ class NatsCluster:
     def server_named(self, name: str) -> NatsServer:
         return next(s for s in self.servers if s.name == name)
 
+    def stream_leader(self, store: str) -> str:
+        """The name of the node that leads the store's stream now."""
+        import nats
+
+        async def ask() -> str:
+            nc = await nats.connect(servers=[s.url for s in self.servers])
+            try:
+                reply = await nc.request(f"$JS.API.STREAM.INFO.JOURNAL_{store}", b"", timeout=5)
+                return str(json.loads(reply.data)["cluster"]["leader"])
+            finally:
+                await nc.close()
+
+        return asyncio.run(ask())
+
     def stop(self) -> None:
         for server in self.servers:
             server.stop()

@@ -782,20 +782,7 @@ def test_a_lost_ack_is_settled_and_a_keyed_retry_returns_the_original_result(
 
 
 def _stream_leader(j: Journal, store: str, cluster: NatsCluster | None = None) -> str:
-    import asyncio
-    import json
-
-    import nats
-
-    async def ask() -> str:
-        nc = await nats.connect(servers=[s.url for s in (cluster or shared_cluster()).servers])
-        try:
-            reply = await nc.request(f"$JS.API.STREAM.INFO.JOURNAL_{store}", b"", timeout=5)
-            return str(json.loads(reply.data)["cluster"]["leader"])
-        finally:
-            await nc.close()
-
-    return asyncio.run(ask())
+    return (cluster or shared_cluster()).stream_leader(store)
 
 
 @pytest.mark.cluster

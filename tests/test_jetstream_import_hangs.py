@@ -4,17 +4,14 @@ staged behind it."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import io
-import json
 import os
 import signal
 from pathlib import Path
 
-import nats
 import pytest
-from _nats import NatsCluster, shared_cluster, stream_messages
+from _nats import shared_cluster, stream_messages
 
 from journal import ArchiveInvalid, EventIn, Journal
 
@@ -23,18 +20,6 @@ pytestmark = pytest.mark.cluster
 
 def store_name(path: Path) -> str:
     return "t" + hashlib.sha256(str(path).encode()).hexdigest()[:24]
-
-
-def _stream_leader(cluster: NatsCluster, store: str) -> str:
-    async def ask() -> str:
-        nc = await nats.connect(servers=[s.url for s in cluster.servers])
-        try:
-            reply = await nc.request(f"$JS.API.STREAM.INFO.JOURNAL_{store}", b"", timeout=5)
-            return str(json.loads(reply.data)["cluster"]["leader"])
-        finally:
-            await nc.close()
-
-    return asyncio.run(ask())
 
 
 class _DamagedOnSecondPass(io.BytesIO):
@@ -95,7 +80,7 @@ def test_an_import_failing_while_the_stream_leader_hangs_leaves_nothing_staged(
     store = store_name(tmp_path)
     archive = _archive(tmp_path / "local")
     with Journal.open(cluster.url, store=store, replicas=3):
-        hung = cluster.server_named(_stream_leader(cluster, store))
+        hung = cluster.server_named(cluster.stream_leader(store))
     live = next(s for s in cluster.servers if s is not hung)
     source = _DamagedOnSecondPass(archive, len(archive) * 9 // 10, hung.pid)
     with Journal.open(live.url, store=store) as j:  # (on a live node, never the hung one)

@@ -7,13 +7,11 @@ finishes it first, SPEC 3.4 and 9)."""
 from __future__ import annotations
 
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 from _cli_runs import run_cli
-from _procs_retention import START_S, Child
-from test_seal_crashes import HELPER, SEALS, SEGMENT_BYTES, WINDOWS, payload
+from test_seal_crashes import SEALS, SEGMENT_BYTES, WINDOWS, killed_writer, payload
 
 from journal import EventIn, Journal
 
@@ -24,14 +22,7 @@ def test_a_fix_of_a_store_killed_inside_a_seal_loses_nothing_and_says_so(
     tmp_path: Path, compress: str, step: str, occurrence: int, framed: bool, seal: int
 ) -> None:
     store = tmp_path / "store"
-    writer = Child("writer", str(store), compress, step, str(occurrence), str(seal), script=HELPER)
-    try:
-        assert writer.next_line() == "ready", writer.err()
-        writer.send("go")
-        assert writer.wait(START_S) == -signal.SIGKILL, (writer.seen, writer.err())
-    finally:
-        writer.kill()
-    acked = max(int(line.split()[1]) for line in writer.seen if line.startswith("ack"))
+    acked = killed_writer(store, compress, step, str(occurrence), str(seal))
     written = acked + 1 if framed else acked
     expected = [payload(o) for o in range(1, written + 1)]
     copy = tmp_path / "copy"

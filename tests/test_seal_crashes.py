@@ -60,6 +60,19 @@ WINDOWS = [
 SEALS = [pytest.param(2, id="second"), pytest.param(1, id="first", marks=pytest.mark.slow)]
 
 
+def killed_writer(store: Path, *args: str) -> int:
+    """Run the helper's writer on `store` (compress, step, occurrence[, seal]) until it is
+    SIGKILLed at its step; the last ordinal it acknowledged."""
+    writer = Child("writer", str(store), *args, script=HELPER)
+    try:
+        assert writer.next_line() == "ready", writer.err()
+        writer.send("go")
+        assert writer.wait(START_S) == -signal.SIGKILL, (writer.seen, writer.err())
+    finally:
+        writer.kill()
+    return max(int(line.split()[1]) for line in writer.seen if line.startswith("ack"))
+
+
 def _ordinals(child: Child) -> list[int]:
     assert not [line for line in child.seen if line.startswith("bad")], child.seen
     return [int(line.split()[1]) for line in child.seen if line.startswith("ev ")]
@@ -152,14 +165,7 @@ def test_a_killed_seal_whose_copy_finds_no_room_is_finished_plain_and_commits_go
     copy was in place; on a full disk it writes the sidecar of the plain file instead (a
     warning), so the store takes commits (before the open compressed, it never failed)."""
     store = tmp_path / "store"
-    writer = Child("writer", str(store), "1", "publish-zst", "1", script=HELPER)
-    try:
-        assert writer.next_line() == "ready", writer.err()
-        writer.send("go")
-        assert writer.wait(START_S) == -signal.SIGKILL, (writer.seen, writer.err())
-    finally:
-        writer.kill()
-    acked = max(int(line.split()[1]) for line in writer.seen if line.startswith("ack"))
+    acked = killed_writer(store, "1", "publish-zst", "1")
     segments = store / "segments"
     plain = sorted(name for name in os.listdir(segments) if name.endswith(".seg"))[0]
     with (
