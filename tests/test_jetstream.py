@@ -386,12 +386,15 @@ def test_a_refusal_while_the_open_reads_the_policy_is_store_unavailable(
     assert message.endswith("then retry") and "limits" not in message, message
 
 
-@pytest.mark.parametrize("where", ["open.stream", "open.identity", "open.policy"])
+@pytest.mark.parametrize(
+    "where", ["open.stream", "open.create_stream", "open.identity", "open.policy"]
+)
 def test_an_open_rides_out_a_failover(url: str, tmp_path: Path, where: str) -> None:
     """A stream electing its leader does not answer (or refuses, 10008) for seconds: the
     open said `StoreUnavailable` after one try of 5 s, where a journal already open rode
     it out (a JetStream trial: a watcher restarted during a failover crashed, until
-    2026-12-05). It asks again, as a read does, for up to 30 s."""
+    2026-12-05). It asks again, as a read does, for up to 30 s; so for the stream's
+    creation (said at once until 2026-12-06: an open just after a quorum loss)."""
     from nats.errors import NoRespondersError
 
     from journal._jetstream.client import ApiError

@@ -263,10 +263,17 @@ async def _create_stream(conn: Connection, subjects: Subjects, options: JetStrea
     replicas = options.replicas or 1
     config = stream_config(conn.stream, subjects.all, replicas, MAX_MSG_BYTES)
     try:
+        if options.point is not None:
+            options.point("open.create_stream", options.store)
         await conn.api(f"$JS.API.STREAM.CREATE.{conn.stream}", config)
     except ApiError as e:
         if e.err_code == 10058:  # created by another process meanwhile
             return
+        if e.transient:
+            # (no meta leader yet, or a server still joining: the open asks again, as
+            # for the stream's info; until 2026-12-06 said at once, "cannot create
+            # stream ... temporarily unavailable", by an open just after a quorum loss)
+            raise
         if e.err_code == 10065:  # another stream holds j.<store>.>
             raise StoreIncompatible(
                 f"cannot create stream {conn.stream}: another stream already takes "
