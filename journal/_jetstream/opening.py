@@ -269,11 +269,6 @@ async def _create_stream(conn: Connection, subjects: Subjects, options: JetStrea
     except ApiError as e:
         if e.err_code == 10058:  # created by another process meanwhile
             return
-        if e.transient:
-            # (no meta leader yet, or a server still joining: the open asks again, as
-            # for the stream's info; until 2026-12-06 said at once, "cannot create
-            # stream ... temporarily unavailable", by an open just after a quorum loss)
-            raise
         if e.err_code == 10065:  # another stream holds j.<store>.>
             raise StoreIncompatible(
                 f"cannot create stream {conn.stream}: another stream already takes "
@@ -286,6 +281,12 @@ async def _create_stream(conn: Connection, subjects: Subjects, options: JetStrea
                 f"{e.description}; a server that is not in a cluster keeps one copy: "
                 "use replicas=1, or a cluster of at least that many servers"
             ) from None
+        if e.no_leader:
+            # (no meta leader yet, 10008: the open asks again, as for the stream's info;
+            # until 2026-12-06 said at once, "cannot create stream ... temporarily
+            # unavailable", by an open just after a quorum loss. Not every 503: too few
+            # servers for the replicas, 10023, is one, and is said at once, below.)
+            raise
         raise StoreUnavailable(
             f"cannot create stream {conn.stream}: {e.description} (is JetStream "
             f"enabled, and are there {replicas} servers for replicas={replicas}?)"
