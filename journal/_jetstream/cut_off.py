@@ -22,9 +22,11 @@ a window opened by requests that had no answer at all (timed out, nobody serving
 refused for want of a leader; not a compare-and-set refused, which is ordinary under
 contention) is also looked at before the next request goes out (`before`), and once it
 has been open `CUT_OFF_S` the move is made, and waited for (at most `MOVE_WAIT_S`), first:
-the request goes out on the new connection. A move that finds no other server
-(a quorum loss: no server of the list reaches a majority) changes nothing, and the next
-waits twice as long, up to `MAX_WAIT_S`; the requests fail as they would have. (Until
+the request goes out on the new connection. A move that finds no other server (the
+others down or unreachable) changes nothing, and the next waits twice as long, up to
+`MAX_WAIT_S`; the requests fail as they would have. A quorum loss among servers the
+host still reaches is not that: each move lands, and the connection moves every 6 to
+12 s while it lasts (measured, and kept: SPEC 16). (Until
 2026-12-06 the client stayed: a writer whose server was cut off from the two others
 appended nothing for as long as the partition lasted, and an owner there was judged
 dead; a partition trial, SPEC 16.)
