@@ -164,5 +164,10 @@ class DirectoryChanges:
             if self.closed:
                 return
             self.closed = True
-        leave(self._member)  # (no event is delivered to the eventfd after this)
+        hub_thread = leave(self._member)  # (no event is delivered to the eventfd after this)
         os.close(self._wake)
+        if hub_thread is not None and hub_thread is not threading.current_thread():
+            # The last journal's close returns once the instance is closed (the thread
+            # takes no lock this thread holds; a thread never started ends at once).
+            with contextlib.suppress(RuntimeError):
+                hub_thread.join()
