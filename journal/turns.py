@@ -435,9 +435,10 @@ class _TurnSlot:
     when made, so neither reaches into the other."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())  # (notified when a turn ends)
         self._made: Turn | None = None
         self._started: Turn | None = None
+        self._thread: int | None = None  # (the thread whose block runs `_started`)
 
     def claim(self, turn: Turn) -> None:
         """Hold the slot for `turn`, just made; `InvalidArgument` while a turn is open."""
@@ -462,12 +463,23 @@ class _TurnSlot:
                 )
             self._made = None
             self._started = turn
+            self._thread = threading.get_ident()
 
     def free(self, turn: Turn) -> None:
         """`turn` has ended (or failed to start): the owner's next turn may be made."""
         with self._lock:
             if self._started is turn:
                 self._started = None
+                self._thread = None
+                self._lock.notify_all()
+
+    def wait_ended(self) -> None:
+        """Until no turn's block runs in another thread (a release from there waits for
+        it); at once when it runs in this one, which would wait for itself."""
+        with self._lock:
+            self._lock.wait_for(
+                lambda: self._started is None or self._thread == threading.get_ident()
+            )
 
 
 class Turn:
@@ -680,7 +692,15 @@ class Owner:
     def release(self) -> None:
         """Record the release and let the lease go; idempotent. The result of a turn whose
         start or result write raised (a Ctrl+C held until its commit was done), which the
-        owner's next turn would record first, is recorded before."""
+        owner's next turn would record first, is recorded before. From another thread
+        while a turn's block runs, it waits for the block to end and record its result
+        (`turn.cancel()` first to end it sooner). From inside the block it lets go at
+        once: the block's next append and its result are refused (`OwnerBusy`), and the
+        next owner records the turn as failed with WATCH_OUTCOME_UNKNOWN."""
+        # Until 2026-12-07 it let the lease go under the running block, whose next append
+        # and result were refused (`OwnerBusy`): the turn of a live process that shut
+        # down cleanly stayed unsettled, and its next owner recorded WATCH_OUTCOME_UNKNOWN.
+        self._turn_slot.wait_ended()
         self._abandoned.detach()
         try:
             self._writer.record_before_release()

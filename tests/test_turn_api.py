@@ -40,6 +40,7 @@ from journal.turns import OUTCOME_UNKNOWN_RESULT
 # a name users would come to rely on.
 OWNER_SURFACE = {"session_id", "generation", "info", "recovered_turn", "turn", "release"}
 ROOT = Path(__file__).resolve().parent.parent
+TURN_WAIT_S = 30.0  # a bound for liveness only
 TURN_SURFACE = {
     "owner",
     "request_id",
@@ -696,3 +697,42 @@ def test_a_turn_whose_session_was_evicted_is_not_said_to_be_settled_by_a_next_ow
     assert len(warnings) == 1
     assert "the session is gone, and the turn with it" in warnings[0]
     assert "next owner" not in warnings[0]
+
+
+def test_a_release_from_another_thread_waits_for_the_running_turn(tmp_path: Path) -> None:
+    """An asyncio runtime's shutdown releases its owners (`await finish(owner.release)`)
+    while a turn's block still runs in a worker thread. Until 2026-12-07 the release let
+    the lease go under the block: its next append raised `OwnerBusy`, no result was
+    recorded, and the next owner recorded WATCH_OUTCOME_UNKNOWN for a turn a live
+    process had run to its end (a runtime-author trial). The release now waits for the
+    block, whose result is recorded first."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        entered, go = threading.Event(), threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with owner.turn("r1") as turn:
+                    turn.append([EventIn("message", b'{"n": 1}')])
+                    entered.set()
+                    go.wait()
+                    turn.append([EventIn("message", b'{"n": 2}')])
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        release = threading.Thread(target=owner.release)
+        release.start()
+        release.join(0.5)  # (done at once, unless it waits for the block)
+        go.set()
+        block.join(TURN_WAIT_S)
+        release.join(TURN_WAIT_S)
+        assert not block.is_alive() and not release.is_alive()
+        assert raised == []
+        session = j.get_session("s")
+        assert (session.owner, session.open_turn) == (None, None)
+        assert _results(j) == {"r1": {"status": "completed"}}
