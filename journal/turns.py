@@ -694,13 +694,23 @@ class Owner:
         start or result write raised (a Ctrl+C held until its commit was done), which the
         owner's next turn would record first, is recorded before. From another thread
         while a turn's block runs, it waits for the block to end and record its result
-        (`turn.cancel()` first to end it sooner). From inside the block it lets go at
-        once: the block's next append and its result are refused (`OwnerBusy`), and the
-        next owner records the turn as failed with WATCH_OUTCOME_UNKNOWN."""
-        # Until 2026-12-07 it let the lease go under the running block, whose next append
+        (`turn.cancel()` first to end it sooner; a Ctrl+C that interrupts the wait lets
+        go at once, and is raised). From inside the block it lets go at once: the
+        block's next append and its result are refused (`OwnerBusy`), and the next
+        owner records the turn as failed with WATCH_OUTCOME_UNKNOWN."""
+        # Until 2026-12-06 it let the lease go under the running block, whose next append
         # and result were refused (`OwnerBusy`): the turn of a live process that shut
         # down cleanly stayed unsettled, and its next owner recorded WATCH_OUTCOME_UNKNOWN.
-        self._turn_slot.wait_ended()
+        try:
+            self._turn_slot.wait_ended()
+        except BaseException:
+            # (a Ctrl+C while it waits: it lets go at once, as it did before, and the
+            # interrupt goes on; the lease is not left to expire)
+            self._let_go()
+            raise
+        self._let_go()
+
+    def _let_go(self) -> None:
         self._abandoned.detach()
         try:
             self._writer.record_before_release()

@@ -383,7 +383,7 @@ def test_close_leaves_no_inotify_thread_or_descriptor(tmp_path: Path) -> None:
     joins the thread of the process's inotify instance too: right after it returns, no
     journal thread and no inotify descriptor is left, so a check of
     `threading.enumerate()` and `/proc/self/fd` after `with Journal.open(...)` finds
-    nothing. Until 2026-12-07 the close only told that thread to end: in 2 of 5 runs of an
+    nothing. Until 2026-12-06 the close only told that thread to end: in 2 of 5 runs of an
     asyncio service's shutdown (a trial) `journal-inotify` was still listed after the
     close, with its inotify instance and eventfd open."""
     for n in range(20):

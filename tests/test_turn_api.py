@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from unittest.mock import ANY
 
 import pytest
@@ -25,6 +26,7 @@ from journal import (
     InvalidArgument,
     Journal,
     Owner,
+    OwnerBusy,
     RetentionPolicy,
     SessionNotFound,
     SessionNotWritable,
@@ -701,7 +703,7 @@ def test_a_turn_whose_session_was_evicted_is_not_said_to_be_settled_by_a_next_ow
 
 def test_a_release_from_another_thread_waits_for_the_running_turn(tmp_path: Path) -> None:
     """An asyncio runtime's shutdown releases its owners (`await finish(owner.release)`)
-    while a turn's block still runs in a worker thread. Until 2026-12-07 the release let
+    while a turn's block still runs in a worker thread. Until 2026-12-06 the release let
     the lease go under the block: its next append raised `OwnerBusy`, no result was
     recorded, and the next owner recorded WATCH_OUTCOME_UNKNOWN for a turn a live
     process had run to its end (a runtime-author trial). The release now waits for the
@@ -736,3 +738,52 @@ def test_a_release_from_another_thread_waits_for_the_running_turn(tmp_path: Path
         session = j.get_session("s")
         assert (session.owner, session.open_turn) == (None, None)
         assert _results(j) == {"r1": {"status": "completed"}}
+
+
+def test_a_ctrl_c_while_a_release_waits_for_the_turn_lets_go_at_once(tmp_path: Path) -> None:
+    """The wait of a release from another thread for a running turn's block (above) is
+    cut by a Ctrl+C: the release lets go at once, as it did before it waited, and the
+    interrupt is raised; the lease is not left held until it expires, and the block's
+    next append is refused (`OwnerBusy`)."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        entered, go = threading.Event(), threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with owner.turn("r1") as turn:
+                    entered.set()
+                    go.wait()
+                    turn.append([EventIn("message", b'{"n": 1}')])
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        target = threading.Condition.wait_for.__code__  # (the release's wait for the block)
+        fired: list[bool] = []
+
+        def tracer(frame: FrameType, event: str, arg: object) -> None:
+            if event == "call" and frame.f_code is target and not fired:
+                fired.append(True)
+                signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
+
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            sys.setprofile(tracer)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    owner.release()
+            finally:
+                sys.setprofile(None)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert fired
+        assert j.get_session("s").owner is None
+        go.set()
+        block.join(TURN_WAIT_S)
+        assert not block.is_alive()
+        assert [type(e) for e in raised] == [OwnerBusy]

@@ -319,7 +319,7 @@ def leave(member: Member) -> threading.Thread | None:
         if hub.members:
             return None
         # (Retired now, not when its thread looks: nobody joins it, so that thread ends
-        # and the journal's close can wait for it. Until 2026-12-07 a journal joining
+        # and the journal's close can wait for it. Until 2026-12-06 a journal joining
         # before the thread looked kept it, and a close returned with the thread and its
         # two descriptors still there: a leak check after `Journal.close()` saw them.)
         _HUBS.forget(hub)
