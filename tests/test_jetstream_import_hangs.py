@@ -75,7 +75,10 @@ def test_an_import_failing_while_the_stream_leader_hangs_leaves_nothing_staged(
     wait for that import to end") while the failed importer lived, nor a retention pass
     of another process remove them; and the importer's heartbeat, whose purge went
     unanswered too, stayed in the stream for good (until 2026-12-06: an operator trial
-    with SIGSTOP)."""
+    with SIGSTOP). (Until 2026-12-06 the test counted the messages left once the hung
+    node had resumed, and in 2 of 3 full cluster runs counted one claim the rollback
+    had deleted: the resumed node, not yet caught up, answered the count from its copy
+    of before the hang.)"""
     cluster = shared_cluster()
     store = store_name(tmp_path)
     archive = _archive(tmp_path / "local")
@@ -83,17 +86,21 @@ def test_an_import_failing_while_the_stream_leader_hangs_leaves_nothing_staged(
         hung = cluster.server_named(cluster.stream_leader(store))
     live = next(s for s in cluster.servers if s is not hung)
     source = _DamagedOnSecondPass(archive, len(archive) * 9 // 10, hung.pid)
-    with Journal.open(live.url, store=store) as j:  # (on a live node, never the hung one)
-        try:
+    try:
+        with Journal.open(live.url, store=store) as j:  # (on a live node, never the hung one)
             with pytest.raises(ArchiveInvalid):
                 j.import_sessions(source)
-        finally:
-            os.kill(hung.pid, signal.SIGCONT)
-            cluster.wait_ready()
-        assert source.stopped
-        assert list(j.list_sessions()) == []
-    staged = stream_messages(cluster.url, store, "s.*.>")
-    assert (staged, stream_messages(cluster.url, store, "in.>")) == (0, 0)  # (nor a beat)
+            assert source.stopped
+            assert list(j.list_sessions()) == []
+        # Counted before the hung node resumes: for a moment after, it answers the
+        # stream's information from its copy of before the hang (the staged events,
+        # the claim), and a count then could mix its answer with the leader's.
+        staged = stream_messages(live.url, store, "s.*.>")
+        claims = stream_messages(live.url, store, "in.>")
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+        cluster.wait_ready()
+    assert (staged, claims) == (0, 0)  # (nor a beat)
     with Journal.open(cluster.url, store=store) as j:
         report = j.import_sessions(io.BytesIO(archive))
         assert [s.events for s in report.sessions] == [10_500, 4_000]
