@@ -233,6 +233,11 @@ def test_a_watch_signalled_as_it_starts_ends_cleanly_unless_python_was_starting(
         assert not imported and out == "", (out, err)
         assert signum == signal.SIGINT or signum not in caught
         return
+    if signum == signal.SIGINT and proc.returncode == 1 and "init_import_site" in err:
+        # (Python itself still starting, in its `site` import: its KeyboardInterrupt there
+        # is its own fatal error, exit 1; seen on a loaded machine, 2026-12-06)
+        assert not imported and out == "" and "KeyboardInterrupt" in err, (out, err)
+        return
     assert proc.returncode == 128 + signum, (out, err)
     *lines, end = [json.loads(line) for line in out.splitlines()]
     assert end == {"end": "stopped", "cursor": lines[-1]["cursor"] if lines else None}
