@@ -427,6 +427,15 @@ def _release_recording(writer: TurnWriter, lease: Lease) -> None:
         lease.release()
 
 
+def _runs_an_event_loop() -> bool:
+    """Whether this thread runs an asyncio event loop now (a call from a coroutine)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class _TurnSlot:
     """An owner's one turn at a time. A turn made by `Owner.turn()` and not started yet
     is replaced by the next one made (nothing was written for it; entering it then
@@ -476,10 +485,18 @@ class _TurnSlot:
     def wait_ended(self) -> None:
         """Until no turn's block runs in another thread (a release from there waits for
         it); at once when it runs in this one, which would wait for itself."""
-        with self._lock:
-            self._lock.wait_for(
-                lambda: self._started is None or self._thread == threading.get_ident()
-            )
+        try:
+            with self._lock:
+                self._lock.wait_for(
+                    lambda: self._started is None or self._thread == threading.get_ident()
+                )
+        except RuntimeError as error:
+            # (`Condition.wait` lets the lock go before its `try`: a Ctrl+C landing there
+            # left it let go, and the `with` said RuntimeError "release unlocked lock"
+            # in place of the interrupt; a review. The lock is free, as it should be.)
+            if isinstance(error.__context__, KeyboardInterrupt):
+                raise error.__context__ from None
+            raise
 
 
 class Turn:
@@ -693,14 +710,22 @@ class Owner:
         """Record the release and let the lease go; idempotent. The result of a turn whose
         start or result write raised (a Ctrl+C held until its commit was done), which the
         owner's next turn would record first, is recorded before. From another thread
-        while a turn's block runs, it waits for the block to end and record its result
-        (`turn.cancel()` first to end it sooner; a Ctrl+C that interrupts the wait lets
-        go at once, and is raised). From inside the block it lets go at once: the
-        block's next append and its result are refused (`OwnerBusy`), and the next
-        owner records the turn as failed with WATCH_OUTCOME_UNKNOWN."""
+        while a turn's block runs, it waits for the block to end and record its result,
+        with no limit: a block that never ends holds it, and the lease (`turn.cancel()`
+        first to end it sooner; a Ctrl+C that interrupts the wait lets go at once, and is
+        raised). From inside the block, or on a thread running an asyncio event loop (a
+        block in a worker thread may wait for that loop), it lets go at once: the block's
+        next append and its result are refused (`OwnerBusy`), and the next owner records
+        the turn as failed with WATCH_OUTCOME_UNKNOWN."""
         # Until 2026-12-06 it let the lease go under the running block, whose next append
         # and result were refused (`OwnerBusy`): the turn of a live process that shut
         # down cleanly stayed unsettled, and its next owner recorded WATCH_OUTCOME_UNKNOWN.
+        if _runs_an_event_loop():
+            # (A block in a worker thread that asks the loop for something, as a runtime
+            # streaming to its client does, would wait for a loop waiting for it: both for
+            # good. Found by a review, the day the wait came.)
+            self._let_go()
+            return
         try:
             self._turn_slot.wait_ended()
         except BaseException:

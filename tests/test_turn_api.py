@@ -787,3 +787,97 @@ def test_a_ctrl_c_while_a_release_waits_for_the_turn_lets_go_at_once(tmp_path: P
         block.join(TURN_WAIT_S)
         assert not block.is_alive()
         assert [type(e) for e in raised] == [OwnerBusy]
+
+
+def test_a_release_on_an_event_loop_does_not_wait_for_a_block_that_needs_the_loop(
+    tmp_path: Path,
+) -> None:
+    """A release called on the event loop's thread (`with j.own(...) as owner:` in a
+    coroutine, or `owner.release()` there: a blocking call the loop may make, README "From
+    asyncio") while the turn's block runs in a worker thread and asks the loop for
+    something (`run_coroutine_threadsafe(...).result()`, as a runtime streaming to its
+    client does) would wait for a block that waits for the loop: both for good. It lets
+    go at once there, as from inside the block: the block gets its answer, and its next
+    append is refused (`OwnerBusy`)."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        raised: list[BaseException] = []
+        answers: list[str] = []
+
+        async def answer() -> str:
+            return "sent"
+
+        def run(loop: asyncio.AbstractEventLoop, entered: threading.Event) -> None:
+            try:
+                with owner.turn("r1") as turn:
+                    entered.set()
+                    # (bounded for liveness only: a hung loop fails the test, not the run)
+                    sent = asyncio.run_coroutine_threadsafe(answer(), loop)
+                    answers.append(sent.result(TURN_WAIT_S))
+                    turn.append([EventIn("message", b'{"n": 1}')])
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        async def main() -> None:
+            entered = threading.Event()
+            loop = asyncio.get_running_loop()
+            block = loop.run_in_executor(None, run, loop, entered)  # (submitted now)
+            # (The loop runs nothing else until the release is done: the block's request
+            # waits for it, as a loop busy a moment longer would have it.)
+            assert entered.wait(TURN_WAIT_S)
+            owner.release()  # (on the loop's thread)
+            await block
+
+        asyncio.run(main())
+        assert answers == ["sent"]
+        assert [type(e) for e in raised] == [OwnerBusy]
+        assert j.get_session("s").owner is None
+
+
+def test_a_ctrl_c_as_the_release_begins_to_wait_is_raised_as_itself(tmp_path: Path) -> None:
+    """`Condition.wait` lets its lock go before its `try`: a Ctrl+C landing right there
+    left it let go, and the release's `with` raised RuntimeError("release unlocked lock")
+    in place of the KeyboardInterrupt (as a watch's wait did until 2026-12-05,
+    `waiter._sleep`). The interrupt is raised as itself, and the lease is let go."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        entered, go = threading.Event(), threading.Event()
+
+        def run() -> None:
+            with contextlib.suppress(OwnerBusy), owner.turn("r1"):
+                entered.set()
+                go.wait()
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        waiting: list[bool] = []
+        fired: list[bool] = []
+
+        def is_release(called: object) -> bool:
+            return getattr(called, "__name__", None) == "release"
+
+        def tracer(frame: FrameType, event: str, arg: object) -> None:
+            if event == "call" and frame.f_code is threading.Condition.wait_for.__code__:
+                waiting.append(True)
+            elif waiting and not fired and event == "c_return" and is_release(arg):
+                fired.append(True)  # (the wait has just let its lock go)
+                signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
+
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            sys.setprofile(tracer)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    owner.release()
+            finally:
+                sys.setprofile(None)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert fired
+        assert j.get_session("s").owner is None
+        go.set()
+        block.join(TURN_WAIT_S)
+        assert not block.is_alive()
