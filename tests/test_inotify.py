@@ -16,10 +16,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
 from journal import EventIn, Journal
+from journal._local import inotify_hub
 from journal._local.engine import LocalEngine, LocalOptions
 from journal._local.inotify import DirectoryChanges
 from journal.waiter import Notifier
@@ -398,3 +400,52 @@ def test_close_leaves_no_inotify_thread_or_descriptor(tmp_path: Path) -> None:
         waiter.join(WAIT_S)
         assert inotify_threads() == 0, f"run {n}: the inotify thread outlived close()"
         assert inotify_instances() == 0, f"run {n}: the inotify instance outlived close()"
+
+
+def test_a_child_forked_as_the_last_change_source_leaves_keeps_no_inotify_descriptor(
+    tmp_path: Path,
+) -> None:
+    """The last change source's close retires the instance at once (a later one opens
+    another) and its thread closes the instance's descriptors a moment later. A child
+    forked between the two inherited them: the fork's handler closed the copies of the
+    process's current instance only, and the retired one was no longer that, so the child
+    kept a copy of the parent's instance (an inotify instance of the user's 128, held
+    while the child lived). Here the child is forked right after the last `leave`,
+    before the instance's thread gets the interpreter (a long switch interval); in a run
+    of 50 such forks 27 children kept it. The child closes every instance not closed
+    yet."""
+    until(lambda: inotify_instances() == 0, "the other tests' instances to close")
+    kept = []
+    interval = sys.getswitchinterval()
+    children: list[tuple[int, int]] = []
+
+    def fork_after_leave(frame: FrameType, event: str, arg: object) -> None:
+        if event == "return" and frame.f_code is inotify_hub.leave.__code__ and not children:
+            report_r, report_w = os.pipe()
+            child = os.fork()
+            if child == 0:  # never returns into pytest
+                os.write(report_w, str(inotify_instances()).encode())
+                os._exit(0)
+            os.close(report_w)
+            children.append((child, report_r))
+
+    for _ in range(20):
+        changes = DirectoryChanges.open([str(tmp_path)])
+        assert changes is not None
+        children.clear()
+        sys.setswitchinterval(100)  # (this thread keeps the interpreter until it blocks)
+        sys.setprofile(fork_after_leave)
+        try:
+            changes.close()
+        finally:
+            sys.setprofile(None)
+            sys.setswitchinterval(interval)
+        [(child, report_r)] = children
+        try:
+            kept.append(int(os.read(report_r, 100)))
+        finally:
+            os.close(report_r)
+            _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    assert kept == [0] * 20
+    assert inotify_instances() == 0

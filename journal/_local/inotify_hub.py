@@ -25,8 +25,9 @@ alone closes the hub's descriptors, when the last member left: the hub is retire
 (a member joining later opens another), and the last member's close joins the thread, so
 a journal's close leaves no thread and no descriptor of it behind. `fork()` takes the
 lock first, so the child inherits no half-made change; the child closes its copies of
-the hub's descriptors and starts afresh (its copies are the parent's instance: a read
-there would take the parent's events, a watch removed there the parent's watch).
+the descriptors of every hub not closed yet (a retired one's too) and starts afresh
+(its copies are the parent's instances: a read there would take the parent's events, a
+watch removed there the parent's watch).
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ class _Hub:
         self.gone = False
 
     def close_descriptors(self) -> None:
-        """(Its thread, or whoever knows no thread uses them: idempotent.)"""
+        """(Its thread, or whoever knows no thread uses them: idempotent; under the lock.)"""
         self.gone = True
+        _HUBS.unclosed.discard(self)
         for fd in (self.fd, self.stop):
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -199,6 +201,9 @@ class _Hubs:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.current: _Hub | None = None
+        # Every hub whose descriptors are open: the current one, and those retired whose
+        # thread has not closed them yet (a child closes its copies of all of them).
+        self.unclosed: set[_Hub] = set()
         os.register_at_fork(
             before=self._before, after_in_parent=self._parent, after_in_child=self._child
         )
@@ -214,10 +219,12 @@ class _Hubs:
             self.current = None
 
     def _child(self) -> None:
-        # This thread took the lock before the fork; the hub's thread is not here. The
-        # child's copies of its descriptors are the parent's instance: closed, never used.
-        hub, self.current = self.current, None
-        if hub is not None:
+        # This thread took the lock before the fork; the hubs' threads are not here. The
+        # child's copies of their descriptors are the parent's instances: closed, never
+        # used. (Retired ones too: until 2026-12-06 only the current one, and a child
+        # forked as the last journal's close retired it kept a copy of that instance.)
+        self.current = None
+        for hub in list(self.unclosed):
             hub.close_descriptors()
         self.lock = threading.Lock()
 
@@ -262,6 +269,7 @@ def _open_hub(libc: ctypes.CDLL) -> _Hub | tuple[str, int]:
         os.close(fd)
         return "descriptor", error.errno or errno.EMFILE
     hub = _Hub(libc, fd, stop)
+    _HUBS.unclosed.add(hub)
     thread = threading.Thread(target=_dispatch, args=(hub,), name="journal-inotify", daemon=True)
     hub.thread = thread
     try:
