@@ -29,10 +29,11 @@ from journal import (
     LifecycleEventType,
     RetentionPolicy,
     SessionNotFound,
+    SessionState,
     StoreUnavailable,
 )
 from journal._jetstream.engine import READ_RETRY_S, JetStreamEngine, JetStreamOptions
-from journal._jetstream.layout import META_DECODER
+from journal._jetstream.layout import META_DECODER, Subjects
 
 HOUR_MS = 3_600_000
 # How long an evicted session's entries stay (SPEC 16.2: `feed_pruning.FEED_KEEP_MS`).
@@ -116,6 +117,44 @@ def test_the_stream_stays_bounded_over_rounds_of_session_lifetimes(
     # pruning; with it the anchor's session, its entry, the store's records and the floor.
     assert max(sizes) <= 8, sizes
     assert messages(url, name, "lc.*") == 1
+
+
+def _beats_of(url: str, name: str, session_id: str) -> int:
+    return messages(url, name, f"s.{Subjects.token(session_id)}.hb")
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_the_beats_of_an_owner_after_its_session_was_evicted_are_pruned(
+    j: Journal, url: str, name: str
+) -> None:
+    """An owner that holds its lease while its session is resolved and evicted beats on:
+    the eviction purged the session's subjects up to its tombstone, and the beats after
+    it stayed in the stream for good (one message a session, found by a soak). The pass
+    that prunes the session's feed entries purges them; the owner of an incarnation
+    created since keeps its own."""
+    for session in ("held", "again"):
+        j.create_session(session)
+    owner = j.own("held")
+    with j.own("again"):
+        pass  # (released before the eviction: nothing of it is left)
+    for session in ("held", "again"):
+        j.resolve_session(session)
+    assert sorted(evict(j)) == ["again", "held"]
+    _until(lambda: _beats_of(url, name, "held") == 1, "a beat after the eviction")
+    owner.release()
+    j.create_session("again")
+    with j.own("again"):
+        _until(lambda: _beats_of(url, name, "again") == 1, "the new owner's beat")
+        prune(j)
+        assert _beats_of(url, name, "held") == 0
+        assert _beats_of(url, name, "again") == 1
+    assert j.get_session("again").state == SessionState.OPEN
 
 
 def test_a_pass_keeps_the_entries_of_evictions_less_than_a_day_old(

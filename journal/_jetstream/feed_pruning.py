@@ -16,7 +16,10 @@ it first: a crash there only makes cursors expire early, never skips an entry.
 
 A session's entries are purged below its EVICTED entry, so an incarnation created (or
 an import staged: its claim) after that eviction is kept; an import in flight has no
-EVICTED entry after its claim, so its claim is never pruned.
+EVICTED entry after its claim, so its claim is never pruned. So is the heartbeat an owner
+wrote after the eviction (it held the lease meanwhile: the eviction's purge took the
+beats before its tombstone, a beat is written outside the compare-and-set), found by the
+incarnation it names: an owner of an incarnation created since keeps its own.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import msgspec
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
 from .client import ApiError
-from .layout import ENCODER, PRUNED_FORMAT, FeedFloor
+from .layout import ENCODER, HEARTBEAT_DECODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed, decode_meta
 from .server_clock import ServerClock, stored_ms
 
@@ -145,6 +148,22 @@ class FeedPruner:
             self._marked = True
         for token, evicted in sessions:
             await self._reader.purge(self._subjects.feed_and_claim(token), evicted + 1)
+        await self._purge_late_beats(sessions)
+
+    async def _purge_late_beats(self, sessions: list[tuple[str, int]]) -> None:
+        """Purge each session's heartbeat written by an owner of the evicted incarnation
+        (or an earlier one) after the eviction, up to that beat: a later one (an owner of
+        an incarnation created since) is kept. Until 2026-12-06 such beats stayed for
+        good, one message a session evicted while its owner held it (a soak)."""
+        evicted_at = {self._subjects.heartbeat(token): evicted for token, evicted in sessions}
+        found = await self._reader.last_messages(sorted(evicted_at))
+        for subject, message in found.items():
+            try:
+                beat = HEARTBEAT_DECODER.decode(message.data)
+            except msgspec.DecodeError:
+                continue  # (not an owner's beat: left as it is)
+            if beat.incarnation < evicted_at[subject]:
+                await self._reader.purge(subject, message.seq + 1)
 
     async def _mark_pruned(self) -> None:
         """Give the store's identity record `PRUNED_FORMAT` before anything is purged: a
