@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
 from ..engine import AcquireLease, Operation, ReleaseLease
 from ..errors import JournalClosed, JournalError, OwnerBusy, StoreUnavailable
@@ -19,8 +19,14 @@ from ..sessions import SessionRow
 from .client import ApiError, Connection, Unavailable
 from .layout import ENCODER, Heartbeat, Subjects
 from .owners import PROCESS_LEASES
+from .reads import stored_row
 
 __all__ = ["JetStreamLease", "Leases", "boot_id", "start_time"]
+
+
+# The heartbeat subject's last message is not the lease's last beat (10071), or a write of
+# it is in process at a clustered stream's leader (10164).
+_ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
 
 
 def boot_id() -> str:
@@ -51,6 +57,9 @@ class JetStreamLease:
         self.generation = generation
         self._leases = leases
         self._beat: asyncio.Task[None] | None = None
+        # The sequence of its last beat, which the next expects to be the heartbeat
+        # subject's last (0: not known, the next beat expects nothing).
+        self._beat_seq = 0
         self._released = False
         self._releasing = threading.Lock()
 
@@ -60,17 +69,30 @@ class JetStreamLease:
 
     async def start(self) -> asyncio.Task[None]:
         """The first beat, then the task that beats on (on the engine's loop)."""
-        await self._leases.beat(self)
+        self._beat_seq = await self._leases.beat(self, 0)
         return asyncio.get_running_loop().create_task(self._beating())
 
     def beating(self, task: asyncio.Task[None]) -> None:
         self._beat = task
 
     async def _beating(self) -> None:
+        """Each beat expects its own last beat to be the subject's last message. When
+        another came since (the owner of an incarnation created after an eviction, or
+        one that took the lease over), or the subject was purged (an eviction), the beats
+        stop once the row no longer records this lease: until 2026-12-06 they went on,
+        each rolling up the other owner's beat, and a live owner on another host was
+        judged dead about half the time (a soak), and the beats after an eviction stayed
+        in the stream for good."""
         while True:
             await asyncio.sleep(self._leases.heartbeat_s)
-            with contextlib.suppress(ApiError, *Unavailable):
-                await self._leases.beat(self)
+            try:
+                self._beat_seq = await self._leases.beat(self, self._beat_seq)
+            except ApiError as e:
+                self._beat_seq = 0  # (asked again without the expectation)
+                if e.err_code in _ANOTHER_CAME_FIRST and not await self._leases.recorded(self):
+                    return
+            except Unavailable:
+                self._beat_seq = 0  # (it may have landed: its sequence is not known)
 
     def release(self) -> None:
         with self._releasing:  # (once, whichever thread comes first)
@@ -161,11 +183,31 @@ class Leases:
             raise
         return lease
 
-    async def beat(self, lease: JetStreamLease) -> None:
+    async def beat(self, lease: JetStreamLease, after: int) -> int:
+        """Publish a beat of `lease` (expecting the subject's last sequence to be `after`,
+        unless 0); its sequence."""
         beat = Heartbeat(lease.incarnation, lease.generation, os.getpid(), self._host, _now_ms())
         token = Subjects.token(lease.session_id)
-        await self._conn.publish(
-            self._subjects.heartbeat(token), ENCODER.encode(beat), {"Nats-Rollup": "sub"}
+        headers = {"Nats-Rollup": "sub"}
+        if after:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(after)
+        return await self._conn.publish(
+            self._subjects.heartbeat(token), ENCODER.encode(beat), headers
+        )
+
+    async def recorded(self, lease: JetStreamLease) -> bool:
+        """Whether the session's row may still record `lease` (read through the stream's
+        leader; a read that fails or a row that does not decode says it may)."""
+        subject = self._subjects.row(Subjects.token(lease.session_id))
+        try:
+            found = await self._conn.msg_get({"last_by_subj": subject})
+            row = None if found is None else stored_row(found)
+        except (JournalError, ApiError, *Unavailable):
+            return True
+        return (
+            row is not None
+            and row.incarnation == lease.incarnation
+            and row.owner_generation == lease.generation
         )
 
     def release_later(self, operation: ReleaseLease) -> None:
