@@ -139,6 +139,29 @@ def test_a_stream_of_the_name_made_by_another_tool_is_refused_as_incompatible(
     assert "another store name" in str(caught.value)
 
 
+def test_a_stream_another_tool_makes_as_the_open_creates_its_own_is_refused_too(
+    url: str, tmp_path: Path
+) -> None:
+    """The open found no stream, and another tool made one of the name (the journal's
+    subjects, without atomic batches) just before the open's create: the create was
+    refused as a stream of the name with another configuration (10058), and the open went
+    on with that stream unchecked, writing the store's identity into it (a review)."""
+    store = store_name(tmp_path)
+
+    def point(where: str, detail: object) -> None:
+        if where == "open.create_stream":
+            other = threading.Thread(
+                target=_add_stream, args=(url, f"JOURNAL_{store}", [f"j.{store}.>"])
+            )
+            other.start()  # (a loop of its own: this runs on the engine's)
+            other.join()
+
+    options = JetStreamOptions(servers=[url], store=store, point=point)
+    with pytest.raises(StoreIncompatible, match=f"JOURNAL_{store} was not made by"):
+        JetStreamEngine.open(options)
+    assert stream_messages(url, store, ">") == 0
+
+
 @pytest.mark.parametrize(
     "limit",
     [

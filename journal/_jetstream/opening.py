@@ -267,7 +267,13 @@ async def _create_stream(conn: Connection, subjects: Subjects, options: JetStrea
             options.point("open.create_stream", options.store)
         await conn.api(f"$JS.API.STREAM.CREATE.{conn.stream}", config)
     except ApiError as e:
-        if e.err_code == 10058:  # created by another process meanwhile
+        if e.err_code == 10058:
+            # Made by another process meanwhile, with another configuration (the same
+            # one is no error): checked as a stream found is (until 2026-12-06 the open
+            # went on with it unchecked: another tool's stream of the name, made between
+            # the open's look and its create, took the store's identity; a review).
+            info = await conn.api(f"$JS.API.STREAM.INFO.{conn.stream}")
+            _check_stream(conn, subjects, options, info.get("config") or {})
             return
         if e.err_code == 10065:  # another stream holds j.<store>.>
             raise StoreIncompatible(
