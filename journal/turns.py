@@ -169,7 +169,8 @@ def check_lease(
     if row.incarnation != incarnation or planned != generation or not row.owner_pid:
         raise OwnerBusy(
             f"the owner lease (generation {generation}) of session {session_id!r} is no "
-            "longer held by this owner: take it again with own() and start a new turn",
+            "longer held by this owner (it was released, or it lapsed and another owner "
+            "took it): take it again with own() and start a new turn",
             pid=row.owner_pid,
         )
 
