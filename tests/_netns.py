@@ -142,6 +142,16 @@ class NetnsCluster:
                         "100",
                     )
 
+    def reset(self, node: str, others: list[str]) -> None:
+        """Close `node`'s TCP connections to `others` at once (as a reset does), so that
+        its clients reconnect now rather than when their pings go unanswered."""
+        for other in others:
+            subprocess.run(
+                ["ip", "netns", "exec", self.ns(node), "ss", "-K", "dst", address(other)],
+                check=True,
+                capture_output=True,
+            )
+
     def heal(self) -> None:
         while _ip("-n", self.router, "rule", "del", "priority", "100", check=False).returncode == 0:
             pass

@@ -9,6 +9,7 @@ from __future__ import annotations
 import select
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,3 +185,114 @@ def test_an_owner_whose_server_is_cut_off_from_its_cluster_keeps_its_lease(
             if child is not None:
                 child.kill()
                 child.wait(10)
+
+
+_LATE_OWNER = """
+import socket, sys, time
+socket.gethostname = lambda: "another-host"  # the owner runs on another machine
+from journal import Journal
+j = Journal.open(sys.argv[1], store="p")
+print("open", flush=True)
+sys.stdin.readline()
+owner = j.own("s")  # (asked again while the two servers left elect a leader)
+print("owned", flush=True)
+time.sleep(600)
+"""
+
+_STEP_DOWN = """
+import asyncio, json, sys
+import nats
+async def main():
+    nc = await nats.connect(servers=sys.argv[1].removeprefix("nats://").split(","))
+    try:
+        for _ in range(20):
+            reply = await nc.request("$JS.API.STREAM.INFO.JOURNAL_p", b"", timeout=5)
+            if json.loads(reply.data)["cluster"].get("leader") == sys.argv[2]:
+                print("moved", flush=True)
+                return
+            body = json.dumps({"placement": {"preferred": sys.argv[2]}}).encode()
+            await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.JOURNAL_p", body, timeout=5)
+            await asyncio.sleep(1)
+        print("not moved", flush=True)
+    finally:
+        await nc.close()
+asyncio.run(main())
+"""
+
+
+def _meta_leader(cluster: NetnsCluster) -> str:
+    """The node that last said it became the cluster's metadata leader (its log)."""
+    latest = ""
+    for node in SERVERS:
+        log = (cluster.root / f"{node}.log").read_text(errors="replace")
+        for line in log.splitlines():
+            if "Self is new JetStream cluster metadata leader" in line and line > latest:
+                latest, found = line, node
+    assert latest, "no metadata leader in the logs"
+    return found
+
+
+def _on_the_meta_leader(cluster: NetnsCluster, leader: str) -> str:
+    """Move the stream's leader onto the metadata leader (a cut-off node that leads both
+    answers leader gets from its stale copy until it steps down); that node."""
+    meta = _meta_leader(cluster)
+    if meta != leader:
+        mover = cluster.run("c1", _STEP_DOWN, cluster.url, meta)
+        try:
+            assert _line(mover, 60) == "moved"
+        finally:
+            mover.kill()
+            mover.wait(10)
+    return meta
+
+
+_TAKER = """
+import socket, sys, time
+socket.gethostname = lambda: "third-host"
+from journal import Journal, OwnerBusy
+with Journal.open(sys.argv[1], store="p") as j:
+    try:
+        j.own("s").release()
+        print("taken over", flush=True)
+    except OwnerBusy:
+        print("owner busy", flush=True)
+"""
+
+
+def test_an_owner_whose_connection_lands_on_a_stale_leader_keeps_beating(
+    partitioned: tuple[NetnsCluster, str],
+) -> None:
+    """A stream leader cut off from its cluster goes on answering as the leader from its
+    stale copy for a while: an owner that took its lease through the new leader and whose
+    connection then moved onto the old one had a beat refused there (the subject's last
+    message there is not its last beat) and read there a row older than its lease, which
+    does not record it; it stopped beating for good, and once the partition healed a
+    process on a third host took the live owner's lease over."""
+    cluster, leader = partitioned
+    leader = _on_the_meta_leader(cluster, leader)
+    others = [s for s in SERVERS if s != leader]
+    owner = cluster.run("c2", _LATE_OWNER, cluster.url_of(*others))  # (the leader discovered)
+    try:
+        assert _line(owner, 60) == "open"
+        cluster.cut([leader], others)  # (the owner reaches all three)
+        assert owner.stdin is not None
+        owner.stdin.write("own\n")
+        owner.stdin.flush()
+        assert _line(owner, 60) == "owned"
+        cluster.cut(["c2"], others)  # (its connection moves onto the old leader)
+        cluster.reset("c2", others)
+        time.sleep(15)
+        cluster.heal()
+        time.sleep(15)  # (more than a lease after the heal)
+        taker = cluster.run("c1", _TAKER, cluster.url_of(*others))
+        try:
+            said = _line(taker, 60)
+        finally:
+            taker.kill()
+            taker.wait(10)
+        print(f"\n{said}")
+        assert said == "owner busy", said
+        assert owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait(10)

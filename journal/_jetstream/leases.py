@@ -197,18 +197,27 @@ class Leases:
 
     async def recorded(self, lease: JetStreamLease) -> bool:
         """Whether the session's row may still record `lease` (read through the stream's
-        leader; a read that fails or a row that does not decode says it may)."""
+        leader; a read that fails or a row that does not decode says it may, and so does
+        a row older than the lease: a stream leader cut off from its cluster answers from
+        its stale copy for a while, and refuses the beat's expectation there too. Until
+        2026-12-06 such an answer stopped the beats of a live owner whose connection had
+        moved onto that node, and a third host took its lease over once the partition
+        healed: a review, `-m cluster`,
+        `test_an_owner_whose_connection_lands_on_a_stale_leader_keeps_beating`)."""
         subject = self._subjects.row(Subjects.token(lease.session_id))
         try:
             found = await self._conn.msg_get({"last_by_subj": subject})
             row = None if found is None else stored_row(found)
         except (JournalError, ApiError, *Unavailable):
             return True
-        return (
-            row is not None
-            and row.incarnation == lease.incarnation
-            and row.owner_generation == lease.generation
-        )
+        if found is None:
+            return True  # (no row at all: a copy older than the session's creation)
+        if row is None:
+            # A tombstone: of this incarnation (or a later one), or an earlier one's seen
+            # by a copy older than this incarnation's creation.
+            return found.seq < lease.incarnation
+        # (A session's incarnations, and an incarnation's generations, only grow.)
+        return (row.incarnation, row.owner_generation) <= (lease.incarnation, lease.generation)
 
     def release_later(self, operation: ReleaseLease) -> None:
         """A release that went unanswered (an outage) is asked again on the loop, every
