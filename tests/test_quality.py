@@ -51,7 +51,11 @@ def test_what_update_returns_is_typed_from_fn(tmp_path: Path) -> None:
     # update() was typed `-> Any`: a caller's result went unchecked.
     script = tmp_path / "update_types.py"
     script.write_text(_UPDATE_TYPES)
-    result = run("mypy", "--strict", "--no-incremental", str(script))
+    # (a cache of its own: the run above, on another xdist worker at the same moment,
+    # writes the project's `.mypy_cache`, and a fresh clone's CI once saw mypy stop with
+    # an INTERNAL ERROR there)
+    cache = tmp_path / "mypy-cache"
+    result = run("mypy", "--strict", "--no-incremental", "--cache-dir", str(cache), str(script))
     revealed = [
         line.split("Revealed type is ")[1]
         for line in result.stdout.splitlines()
