@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from unittest.mock import ANY
@@ -771,16 +771,7 @@ def test_a_ctrl_c_while_a_release_waits_for_the_turn_lets_go_at_once(tmp_path: P
                 fired.append(True)
                 signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
 
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            sys.setprofile(tracer)
-            try:
-                with pytest.raises(KeyboardInterrupt):
-                    owner.release()
-            finally:
-                sys.setprofile(None)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        _release_interrupted(owner, tracer)
         assert fired
         assert j.get_session("s").owner is None
         go.set()
@@ -866,18 +857,24 @@ def test_a_ctrl_c_as_the_release_begins_to_wait_is_raised_as_itself(tmp_path: Pa
                 fired.append(True)  # (the wait has just let its lock go)
                 signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
 
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            sys.setprofile(tracer)
-            try:
-                with pytest.raises(KeyboardInterrupt):
-                    owner.release()
-            finally:
-                sys.setprofile(None)
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        _release_interrupted(owner, tracer)
         assert fired
         assert j.get_session("s").owner is None
         go.set()
         block.join(TURN_WAIT_S)
         assert not block.is_alive()
+
+
+def _release_interrupted(owner: Owner, tracer: Callable[[FrameType, str, object], None]) -> None:
+    """`owner.release()` under the profile function `tracer`, which raises SIGINT, with
+    Python's own SIGINT handler: the release raises KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.setprofile(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                owner.release()
+        finally:
+            sys.setprofile(None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
