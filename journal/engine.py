@@ -72,6 +72,7 @@ __all__ = [
     "Transition",
     "TurnGuard",
     "VerifyFix",
+    "interrupt_as_itself",
     "start_thread",
 ]
 
@@ -122,19 +123,27 @@ class Flag:
         return self._flag
 
 
-def start_thread(thread: threading.Thread) -> None:
-    """`thread.start()`, a Ctrl+C landing inside it raised as what it is: `start` waits on
-    a `threading.Event`, and one whose handler raised inside that `Condition.wait` before
-    the `try` there came out as RuntimeError("release unlocked lock") (a review). The
-    caller forgets the thread when this raises: it may not have begun, or begun without
-    `start` being told (the shared waiter's and the owner checks' threads take their place
-    themselves then, if still free)."""
+@contextlib.contextmanager
+def interrupt_as_itself() -> Iterator[None]:
+    """A Ctrl+C raised as what it is from a `threading.Condition.wait` inside: one whose
+    handler raised before the `try` there (the lock let go) came out as
+    RuntimeError("release unlocked lock") (a review)."""
     try:
-        thread.start()
+        yield
     except RuntimeError as error:
         if isinstance(error.__context__, KeyboardInterrupt):
             raise error.__context__ from None
         raise
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """`thread.start()`, a Ctrl+C landing inside it raised as what it is (`start` waits on
+    a `threading.Event`: `interrupt_as_itself`). The caller forgets the thread when this
+    raises: it may not have begun, or begun without `start` being told (the shared
+    waiter's and the owner checks' threads take their place themselves then, if still
+    free)."""
+    with interrupt_as_itself():
+        thread.start()
 
 
 class ReadScope:

@@ -18,7 +18,16 @@ from types import TracebackType
 
 from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, check_seconds, not_a_batch
-from .engine import Append, Appended, AppendTurnEvent, Engine, Lease, Operation, TurnGuard
+from .engine import (
+    Append,
+    Appended,
+    AppendTurnEvent,
+    Engine,
+    Lease,
+    Operation,
+    TurnGuard,
+    interrupt_as_itself,
+)
 from .errors import (
     InvalidArgument,
     JournalClosed,
@@ -486,18 +495,10 @@ class _TurnSlot:
     def wait_ended(self) -> None:
         """Until no turn's block runs in another thread (a release from there waits for
         it); at once when it runs in this one, which would wait for itself."""
-        try:
-            with self._lock:
-                self._lock.wait_for(
-                    lambda: self._started is None or self._thread == threading.get_ident()
-                )
-        except RuntimeError as error:
-            # (`Condition.wait` lets the lock go before its `try`: a Ctrl+C landing there
-            # left it let go, and the `with` said RuntimeError "release unlocked lock"
-            # in place of the interrupt; a review. The lock is free, as it should be.)
-            if isinstance(error.__context__, KeyboardInterrupt):
-                raise error.__context__ from None
-            raise
+        with interrupt_as_itself(), self._lock:  # (a Ctrl+C as the wait lets go: a review)
+            self._lock.wait_for(
+                lambda: self._started is None or self._thread == threading.get_ident()
+            )
 
 
 class Turn:

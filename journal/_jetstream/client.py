@@ -33,6 +33,7 @@ from ..short_of import short_of
 from .cut_off import CutOff
 
 __all__ = [
+    "ANOTHER_CAME_FIRST",
     "PASS_RETRY_S",
     "REQUEST_S",
     "WRITE_TOKEN",
@@ -74,7 +75,9 @@ PASS_RETRY_S: Final = 30.0
 _NO_LEADER: Final = 10008
 # A write's refusals of its compare-and-set (wrong last sequence; another write of the
 # subject in process): counted as no answer (`cut_off`).
-_NO_PROGRESS: Final = frozenset({10071, 10164})
+# A write's compare-and-set refused: the subject's last sequence is not the one expected
+# (10071), or a write of it is in process at a clustered stream's leader (10164).
+ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
 # JetStream's "stream not found" (`Connection.api`).
 _STREAM_NOT_FOUND: Final = 10059
 # JetStream's 503s that say the account has no JetStream (no account; not enabled for the
@@ -441,7 +444,7 @@ class Connection:
         does a write's refusal of its compare-and-set, and its other refusals as
         neither."""
         code = int(error.get("err_code", 0)) if error else 0
-        if code == _NO_LEADER or (write and code in _NO_PROGRESS):
+        if code == _NO_LEADER or (write and code in ANOTHER_CAME_FIRST):
             self.cut_off.unanswered(self.nc, write, sent, silent=code == _NO_LEADER)
         elif not (error and write):  # (a write's other refusals tell nothing)
             self.cut_off.answered(write)

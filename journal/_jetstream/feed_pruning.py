@@ -32,7 +32,7 @@ import msgspec
 
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
-from .client import ApiError
+from .client import ANOTHER_CAME_FIRST, ApiError
 from .layout import ENCODER, HEARTBEAT_DECODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed, decode_meta
 from .server_clock import ServerClock, stored_ms
@@ -53,8 +53,6 @@ _READ: Final = 1_000
 # end it; theirs went on meanwhile.)
 _PASS_RECORDS: Final = 4 * _PASS_SESSIONS // _BATCH_SESSIONS + 16
 _READ_BYTES: Final = 4 << 20
-# Another record came first (10071), or one is in process at a clustered stream's leader.
-_ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
 _EVICTED: Final = LifecycleEventType.EVICTED.value
 _MARK_TRIES: Final = 100
 
@@ -197,6 +195,6 @@ class FeedPruner:
         try:
             return await self._conn.publish(subject, ENCODER.encode(record), headers)
         except ApiError as e:
-            if e.err_code in _ANOTHER_CAME_FIRST:
+            if e.err_code in ANOTHER_CAME_FIRST:
                 return None
             raise

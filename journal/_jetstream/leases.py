@@ -11,22 +11,17 @@ import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Final
+from typing import Any
 
 from ..engine import AcquireLease, Operation, ReleaseLease
 from ..errors import JournalClosed, JournalError, OwnerBusy, StoreUnavailable
 from ..sessions import SessionRow
-from .client import ApiError, Connection, Unavailable
+from .client import ANOTHER_CAME_FIRST, ApiError, Connection, Unavailable
 from .layout import ENCODER, Heartbeat, Subjects
 from .owners import PROCESS_LEASES
 from .reads import stored_row
 
 __all__ = ["JetStreamLease", "Leases", "boot_id", "start_time"]
-
-
-# The heartbeat subject's last message is not the lease's last beat (10071), or a write of
-# it is in process at a clustered stream's leader (10164).
-_ANOTHER_CAME_FIRST: Final = frozenset({10071, 10164})
 
 
 def boot_id() -> str:
@@ -89,7 +84,7 @@ class JetStreamLease:
                 self._beat_seq = await self._leases.beat(self, self._beat_seq)
             except ApiError as e:
                 self._beat_seq = 0  # (asked again without the expectation)
-                if e.err_code in _ANOTHER_CAME_FIRST and not await self._leases.recorded(self):
+                if e.err_code in ANOTHER_CAME_FIRST and not await self._leases.recorded(self):
                     return
             except Unavailable:
                 self._beat_seq = 0  # (it may have landed: its sequence is not known)

@@ -17,7 +17,7 @@ from cursors import KeyRing, KeyRingError
 from ..arguments import check_retention
 from ..errors import InvalidArgument, StoreIncompatible, StoreNotFound, StoreUnavailable
 from ..models import RetentionPolicy
-from .client import WRITE_TOKEN, ApiError, Connection, Unavailable
+from .client import ANOTHER_CAME_FIRST, WRITE_TOKEN, ApiError, Connection, Unavailable
 from .layout import (
     ENCODER,
     FORMAT,
@@ -49,7 +49,6 @@ _POLICY_DECODER: Final = msgspec.msgpack.Decoder(RetentionPolicy)
 # Another recording came first (10071), or one is in process at the leader of a
 # clustered stream (10164, "wrong last sequence" without a sequence).
 _IN_PROCESS: Final = 10164
-_ANOTHER_CAME_FIRST: Final = frozenset({10071, _IN_PROCESS})
 _CHANGE_S: Final = 30.0
 # The header of a policy recording that names the write tokens of the recordings before
 # it (newest last, at most `_RECENT_TOKENS`): a rollup keeps only the last message, and a
@@ -249,7 +248,7 @@ async def change_recorded_policy(
             point("policy.recorded", seq)
             return wanted, seq
         except ApiError as e:
-            if e.err_code not in _ANOTHER_CAME_FIRST or time.monotonic() > deadline:
+            if e.err_code not in ANOTHER_CAME_FIRST or time.monotonic() > deadline:
                 raise
             if e.err_code == _IN_PROCESS:
                 await asyncio.sleep(0.005)
