@@ -296,3 +296,36 @@ def test_an_owner_whose_connection_lands_on_a_stale_leader_keeps_beating(
     finally:
         owner.kill()
         owner.wait(10)
+
+
+def test_a_watcher_on_a_cut_off_stream_leader_does_not_judge_a_live_owner_dead(
+    partitioned: tuple[NetnsCluster, str],
+) -> None:
+    """A stream leader cut off from its cluster (and leading its metadata) answers as the
+    leader from its stale copy for about 20 s: a watcher whose connection was on it read
+    there the owner's last beat before the partition, judged the owner, which went on
+    beating through the two others, dead 10 s in, and was told `OutcomeUnknown` for a
+    live turn (until 2026-12-06: the cause of the owner-on-a-cut-off-server test's
+    occasional failure, whose watcher's connection had moved onto such a leader). A
+    beat is now judged as of when that leader last heard from a quorum of its stream's
+    replicas."""
+    cluster, leader = partitioned
+    leader = _on_the_meta_leader(cluster, leader)
+    others = [s for s in SERVERS if s != leader]
+    owner = cluster.run("c2", _OWNER, cluster.url_of(*others))
+    watcher = None
+    try:
+        assert _line(owner, 60) == "mid-turn"
+        watcher = cluster.run("c1", _WATCHER, cluster.url_of(leader), "30")
+        assert _line(watcher, 60) == "watching"
+        cluster.cut([leader], others)  # (both clients reach all three)
+        said = _line(watcher, 60)
+        cluster.heal()
+        print(f"\n{said}")
+        assert said == "no outcome told", said
+        assert owner.poll() is None
+    finally:
+        for child in (owner, watcher):
+            if child is not None:
+                child.kill()
+                child.wait(10)

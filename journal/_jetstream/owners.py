@@ -14,10 +14,11 @@ progress owned on another host took 190 ms a round, and a round comes every 100 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._local.leases import process_start_time
 from ..sessions import SessionRow
@@ -83,6 +84,30 @@ class ProcessLeases:
 PROCESS_LEASES: Final = ProcessLeases()
 
 
+def _view_lag_ms(cluster: dict[str, Any]) -> float | None:
+    """How far behind the servers' time the answering leader's copy of a replicated
+    stream may be (ms): the time since it last heard from a quorum of the stream's
+    replicas (each follower's `active`, ns), for no other leader can have stored anything
+    before then. 0 for a stream of one replica; None when it cannot tell: the stream has
+    no leader, or the leader has not heard from a quorum (measured: a leader cut off from
+    both others of an R3 stream shows them `current` for 10 s, their `active` growing
+    from the cut, until it steps down about 20 s in and its answers show no leader)."""
+    followers = cluster.get("replicas") or []
+    if not followers:
+        return 0.0
+    if not cluster.get("leader"):
+        return None
+    needed = (len(followers) + 1) // 2  # (with the leader, a majority of the replicas)
+    actives = sorted(
+        float(a) if isinstance(a := f.get("active"), int | float) and a >= 0 else math.inf
+        for f in followers
+        if isinstance(f, dict)
+    )
+    if len(actives) < needed or math.isinf(actives[needed - 1]):
+        return None
+    return actives[needed - 1] / 1e6
+
+
 class OwnerJudge:
     """The owner checks of one engine: `mine(row, taking)` says whether this process
     holds the lease a row of its own pid records (or may be about to: `taking`, as
@@ -134,25 +159,37 @@ class OwnerJudge:
 
     async def _recent(self, signs: list[int]) -> list[bool]:
         """Whether each last sign is recent: less than `LEASE_S` old, not counting the
-        time before the stream's leader was elected. A stream without a leader stores no
-        heartbeat, and the election after its leader hung or died takes several seconds
-        (a node stopped with SIGSTOP: about 10 s without one): a beat older than the lease
-        is judged against the leader's election too, asked of the servers then. Until
-        2026-12-06 it was not, and a live owner on another host whose stream's leader
-        hung for 15 s was taken over 11 s into the hang, its watchers told
-        `OutcomeUnknown` and its next turn refused with `OwnerBusy` (an operator trial)."""
+        time before the stream's leader was elected, as the leader that answers knows.
+        A stream without a leader stores no heartbeat, and the election after its leader
+        hung or died takes several seconds (a node stopped with SIGSTOP: about 10 s
+        without one): a beat older than the lease is judged against the leader's election
+        too, asked of the servers then. Until 2026-12-06 it was not, and a live owner on
+        another host whose stream's leader hung for 15 s was taken over 11 s into the
+        hang, its watchers told `OutcomeUnknown` and its next turn refused with
+        `OwnerBusy` (an operator trial). And a leader cut off from its cluster goes on
+        answering from its stale copy for about 20 s: a beat is judged as of when it last
+        heard from a quorum of the stream's replicas (`_view_lag_ms`), and while the
+        stream has no leader nothing is judged dead (until 2026-12-06 a watcher whose
+        connection was on such a leader judged a live owner dead 10 s into the partition:
+        `-m cluster`,
+        `test_a_watcher_on_a_cut_off_stream_leader_does_not_judge_a_live_owner_dead`)."""
         lease_ms = LEASE_S * 1000
         servers_now = await self._clock.now_ms()
         if all(servers_now - sign < lease_ms for sign in signs):
             return [True] * len(signs)
         info = await self._conn.api(f"$JS.API.STREAM.INFO.{self._conn.stream}")
-        leader_since = str((info.get("cluster") or {}).get("leader_since") or "")
+        cluster = info.get("cluster") or {}
+        lag_ms = _view_lag_ms(cluster)
+        if lag_ms is None:
+            return [True] * len(signs)  # (cannot tell: no leader, or none in touch)
+        leader_since = str(cluster.get("leader_since") or "")
         elected = (
             parse_server_time_ms(leader_since, "the stream leader's election")
             if leader_since
             else 0
         )
-        return [servers_now - max(sign, elected) < lease_ms for sign in signs]
+        seen_ms = servers_now - lag_ms
+        return [seen_ms - max(sign, elected) < lease_ms for sign in signs]
 
     async def alive(self, row: SessionRow, taking: int = 0) -> bool:
         """One owner's check; its heartbeat is read through the stream's leader."""
