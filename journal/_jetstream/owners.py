@@ -91,7 +91,12 @@ def _view_lag_ms(cluster: dict[str, Any]) -> float | None:
     before then. 0 for a stream of one replica; None when it cannot tell: the stream has
     no leader, or the leader has not heard from a quorum (measured: a leader cut off from
     both others of an R3 stream shows them `current` for 10 s, their `active` growing
-    from the cut, until it steps down about 20 s in and its answers show no leader)."""
+    from the cut, until it steps down about 20 s in and its answers show no leader). A
+    replica this leader never heard from shows `active` 0 (one that died before its
+    election, for as long as it stays away): not in touch (until 2026-12-06 it counted
+    as heard from just now, and a leader left with no other follower judged a live
+    owner dead 10 s into its last 10 to 20 s of term: `-m cluster`,
+    `test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touch`)."""
     followers = cluster.get("replicas") or []
     if not followers:
         return 0.0
@@ -99,7 +104,7 @@ def _view_lag_ms(cluster: dict[str, Any]) -> float | None:
         return None
     needed = (len(followers) + 1) // 2  # (with the leader, a majority of the replicas)
     actives = sorted(
-        float(a) if isinstance(a := f.get("active"), int | float) and a >= 0 else math.inf
+        float(a) if isinstance(a := f.get("active"), int | float) and a > 0 else math.inf
         for f in followers
         if isinstance(f, dict)
     )
