@@ -488,6 +488,14 @@ class Engine(Protocol):
 
     def session(self, session_id: str) -> SessionRow | None: ...
 
+    def confirm_current(self) -> None:
+        """Return once a read asked now holds every commit acknowledged before the call,
+        whoever made it (`StoreUnavailable` when that cannot be made sure of). The
+        facade asks it before a refusal a copy behind the store would cause (no such
+        session, a cursor past a session's or the feed's end) and reads again; a
+        JetStream stream's leader cut off from its cluster answers from a stale copy
+        for a while (SPEC 16.4). The local engine has one copy: it returns at once."""
+
     def session_id_of(self, incarnation: int) -> str | None:
         """The id a session incarnation had (kept after eviction, for page tokens, while
         the log holds its creation record)."""

@@ -59,6 +59,7 @@ from .engine import (
     VerifyFix,
 )
 from .errors import (
+    CursorFuture,
     JournalClosed,
     ReadOnlyStore,
     SessionNotFound,
@@ -509,6 +510,9 @@ class Journal:
         session_id = check_name("session_id", session_id)
         row = self._engine.session(session_id)
         if row is None:
+            self._engine.confirm_current()  # (a copy behind the store: SPEC 16.4)
+            row = self._engine.session(session_id)
+        if row is None:
             raise SessionNotFound(
                 f"no session {session_id!r} in this store: check the id with "
                 "`journal sessions list`"
@@ -542,7 +546,12 @@ class Journal:
         checked cursor's event is read through `readers` when given: the page read next
         with them then reuses the frame.)"""
         row = self._row(session_id)
-        return row, self._cursors.after_ordinal(row, cursor, readers)
+        try:
+            return row, self._cursors.after_ordinal(row, cursor, readers)
+        except CursorFuture:
+            self._engine.confirm_current()  # (a copy behind the store: SPEC 16.4)
+            row = self._row(session_id)
+            return row, self._cursors.after_ordinal(row, cursor, readers)
 
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES

@@ -112,10 +112,12 @@ class LifecycleFeed:
         position = claims.position
         # A checked cursor names a feed entry: read it (from the same snapshot).
         checked = claims.check is not None and position > 0
-        entries, head, floor = self._engine.feed(
-            position - 1 if checked else position, int(checked)
+        entries, _, floor = self._feed_reaching(
+            position,
+            "the lifecycle cursor points at",
+            position - 1 if checked else position,
+            int(checked),
         )
-        self._check_head(position, head, "the lifecycle cursor points at")
         self._check_retained(position, floor)
         if checked and position > floor:  # (at the floor, its entry may be pruned)
             found = entries[0] if entries else None
@@ -126,6 +128,20 @@ class LifecycleFeed:
                     "an older copy and written since): watch again without a cursor"
                 )
         return LifecyclePager(self._feed_after, position, None)
+
+    def _feed_reaching(
+        self, position: int, what: str, after: int, limit: int, newest_first: bool = False
+    ) -> tuple[list[tuple[int, FeedEntry]], int, int]:
+        """`engine.feed(after, limit, newest_first)`, whose head must be past `position`
+        (`_check_head`, `what` it is): read again once the engine's reads hold every
+        commit when it is not (a copy behind the store, a cut-off stream leader's, ends
+        before a cursor another process was given, SPEC 16.4)."""
+        found = self._engine.feed(after, limit, newest_first)
+        if position > found[1] - 1:
+            self._engine.confirm_current()
+            found = self._engine.feed(after, limit, newest_first)
+        self._check_head(position, found[1], what)
+        return found
 
     @staticmethod
     def _check_head(after: int, head: int, what: str) -> None:
@@ -209,8 +225,9 @@ class LifecycleFeed:
         (found in review). At the floor itself the anchor's entry may be pruned: the
         id's check is not made. None for a cursor without a check (a fresh snapshot)."""
         position, check = claims.position, claims.check
-        at, head, floor = self._engine.feed(position, 1, newest_first=True)
-        self._check_head(position, head, "the lifecycle cursor points at")
+        at, head, floor = self._feed_reaching(
+            position, "the lifecycle cursor points at", position, 1, newest_first=True
+        )
         self._check_snapshot_retained(position, floor)
         if check is None:
             return None
@@ -394,8 +411,9 @@ class LifecycleFeed:
 
     def _feed_after(self, after: int) -> tuple[list[LifecycleEvent], int, int]:
         """Feed entries after `after` (a bounded batch), the new `after`, the head."""
-        entries, head, floor = self._engine.feed(after, 256)
-        self._check_head(after, head, "this follower delivered up to")
+        entries, head, floor = self._feed_reaching(
+            after, "this follower delivered up to", after, 256
+        )
         self._check_retained(after, floor)
         events = [self._event(entry, position) for position, entry in entries]
         return events, entries[-1][0] if entries else after, head

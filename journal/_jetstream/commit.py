@@ -199,6 +199,7 @@ class Committer:
         lock = self.lock(session_id)
         async with lock:
             fresh = False
+            confirmed = False  # (a refusal on a stored row: `reader.in_touch` asked)
             deadline = time.monotonic() + WRITE_S
             while True:
                 cached = False
@@ -226,7 +227,14 @@ class Committer:
                     continue
                 except JournalError:
                     if not cached:
-                        raise
+                        if confirmed:
+                            raise
+                        # Refused on a stored row: judged again once the stream's leader
+                        # is known to hold every commit (one cut off from its cluster
+                        # answers from a stale copy: `SessionNotFound` for a session
+                        # created through the others, `OrdinalConflict` for the true end).
+                        await self.reader.in_touch()
+                        confirmed = True
                     # Refused on this engine's own copy of the row: another process may
                     # have changed the session since (appended, resumed, released its
                     # lease, evicted it). Judge it again on the stored row.

@@ -456,6 +456,9 @@ class JetStreamEngine:
         state = self._ask(lambda: self.reader.row(session_id))
         return state.row
 
+    def confirm_current(self) -> None:
+        self._run(self.reader.in_touch())
+
     def session_id_of(self, incarnation: int) -> str | None:
         self.point("sessions.id_of", incarnation)
         found: str | None = self._ask(lambda: self.reader.session_id_of(incarnation))

@@ -14,17 +14,16 @@ progress owned on another host took 190 ms a round, and a round comes every 100 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from .._local.leases import process_start_time
 from ..sessions import SessionRow
 from .client import Connection, Found
 from .layout import HEARTBEAT_DECODER, Subjects
-from .reads import StoreReader
+from .reads import StoreReader, view_lag_ms
 from .server_clock import ServerClock, parse_server_time_ms, stored_ms
 
 if TYPE_CHECKING:
@@ -82,35 +81,6 @@ class ProcessLeases:
 
 
 PROCESS_LEASES: Final = ProcessLeases()
-
-
-def _view_lag_ms(cluster: dict[str, Any]) -> float | None:
-    """How far behind the servers' time the answering leader's copy of a replicated
-    stream may be (ms): the time since it last heard from a quorum of the stream's
-    replicas (each follower's `active`, ns), for no other leader can have stored anything
-    before then. 0 for a stream of one replica; None when it cannot tell: the stream has
-    no leader, or the leader has not heard from a quorum (measured: a leader cut off from
-    both others of an R3 stream shows them `current` for 10 s, their `active` growing
-    from the cut, until it steps down about 20 s in and its answers show no leader). A
-    replica this leader never heard from shows `active` 0 (one that died before its
-    election, for as long as it stays away): not in touch (until 2026-12-06 it counted
-    as heard from just now, and a leader left with no other follower judged a live
-    owner dead 10 s into its last 10 to 20 s of term: `-m cluster`,
-    `test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touch`)."""
-    followers = cluster.get("replicas") or []
-    if not followers:
-        return 0.0
-    if not cluster.get("leader"):
-        return None
-    needed = (len(followers) + 1) // 2  # (with the leader, a majority of the replicas)
-    actives = sorted(
-        float(a) if isinstance(a := f.get("active"), int | float) and a > 0 else math.inf
-        for f in followers
-        if isinstance(f, dict)
-    )
-    if len(actives) < needed or math.isinf(actives[needed - 1]):
-        return None
-    return actives[needed - 1] / 1e6
 
 
 class OwnerJudge:
@@ -173,7 +143,7 @@ class OwnerJudge:
         hang, its watchers told `OutcomeUnknown` and its next turn refused with
         `OwnerBusy` (an operator trial). And a leader cut off from its cluster goes on
         answering from its stale copy for about 20 s: a beat is judged as of when it last
-        heard from a quorum of the stream's replicas (`_view_lag_ms`), and while the
+        heard from a quorum of the stream's replicas (`reads.view_lag_ms`), and while the
         stream has no leader nothing is judged dead (until 2026-12-06 a watcher whose
         connection was on such a leader judged a live owner dead 10 s into the partition:
         `-m cluster`,
@@ -184,7 +154,7 @@ class OwnerJudge:
             return [True] * len(signs)
         info = await self._conn.api(f"$JS.API.STREAM.INFO.{self._conn.stream}")
         cluster = info.get("cluster") or {}
-        lag_ms = _view_lag_ms(cluster)
+        lag_ms = view_lag_ms(cluster)
         if lag_ms is None:
             return [True] * len(signs)  # (cannot tell: no leader, or none in touch)
         leader_since = str(cluster.get("leader_since") or "")

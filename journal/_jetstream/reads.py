@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Final
@@ -39,12 +40,20 @@ from .layout import (
     resolve,
 )
 
-__all__ = ["FRESH_S", "Lasting", "Moved", "RowState", "StoreReader"]
+__all__ = ["FRESH_S", "Lasting", "Moved", "RowState", "StoreReader", "view_lag_ms"]
 
 # A batched direct get returns at most this many messages (and multi_last subjects).
 BATCH: Final = 1000
 # How long a read waits for a lagging replica before it gives up.
 FRESH_S: Final = 10.0
+# A stream leader that has heard from a quorum of its replicas within this long (ms) is
+# taken to hold every commit (`StoreReader.in_touch`): nats-server's raft elects another
+# only after its voters heard nothing from it for 4 s or more (the shortest election
+# timeout; the leader's heartbeat comes every 1 s, and an idle, healthy R3 stream's
+# leader had heard from a follower at most 1.3 s before, in 121 samples).
+CURRENT_MS: Final = 3000.0
+# How long `in_touch` waits for such a leader before it says `StoreUnavailable`.
+IN_TOUCH_S: Final = 30.0
 # Per-message overhead allowed for in a byte-bounded direct get (subject, headers).
 _OVERHEAD: Final = 512
 # The data bytes one direct get of `scan_events` asks for at most.
@@ -120,6 +129,53 @@ class StoreReader:
         self.saw(last)
         return last + 1
 
+    async def in_touch(self) -> None:
+        """Return once the stream's leader that answers this connection has heard from a
+        quorum of its replicas within `CURRENT_MS` (`view_lag_ms`), so that a row or
+        feed entry it does not have was not committed when this was asked. Asked before
+        a refusal a stale copy could cause (no such session, a cursor past an end, a
+        write refused on its row): a leader cut off from its cluster by a partition goes
+        on answering as the leader from its copy of before the cut for 15-20 s, and
+        until 2026-12-06 a reader whose connection was on it was told `CursorFuture`
+        ("was the store restored from an older copy") for a cursor another process had
+        been given through the others, `SessionNotFound` for a session created there,
+        `OrdinalConflict` for an append expecting the session's true end
+        (`test_answers_through_a_cut_off_stream_leader_are_not_refusals_from_its_stale_copy`,
+        `-m cluster`). Such an answer counts as none for the connection (`cut_off`),
+        which moves off the leader 6 s after the first; `StoreUnavailable` after
+        `IN_TOUCH_S`."""
+        stale_since: float | None = None
+        deadline = time.monotonic() + IN_TOUCH_S
+        while True:
+            lag: float | None = None
+            try:
+                info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
+                lag = view_lag_ms(info.get("cluster") or {})
+            except ApiError as e:
+                if not e.transient:
+                    raise
+            except Unavailable:
+                pass
+            if lag is not None and lag < CURRENT_MS:
+                return
+            now = time.monotonic()
+            if stale_since is None:
+                stale_since = now
+            self.conn.no_answer(stale_since)
+            if now > deadline:
+                last = (
+                    "no leader, or no answer"
+                    if lag is None
+                    else f"a leader that had heard from none for {lag / 1000:.0f} s"
+                )
+                raise StoreUnavailable(
+                    f"for {IN_TOUCH_S:g} s no stream leader in touch with a majority of its "
+                    f"replicas answered (the last answer: {last}), and a server cut off from "
+                    "its cluster answers from a stale copy: check that the servers run and "
+                    "reach each other, then retry"
+                )
+            await asyncio.sleep(0.25)
+
     # -- rows ------------------------------------------------------------------------------
 
     async def row(self, session_id: str) -> RowState:
@@ -171,6 +227,12 @@ class StoreReader:
                 f"$JS.API.STREAM.INFO.{self.conn.stream}",
                 {"subjects_filter": self.subjects.rows, "offset": offset},
             )
+            lag = view_lag_ms(info.get("cluster") or {})
+            if lag is None or lag >= CURRENT_MS:
+                # (A leader cut off from its cluster lists from its stale copy: a session
+                # created through the others since would be left out, `in_touch`.)
+                await self.in_touch()
+                continue
             # The rows of these subjects are read next from any replica that has what
             # this engine knows committed: the leader's answer counts (until 2026-12-06
             # it did not, and a replica behind it could answer without a session created
@@ -576,6 +638,35 @@ class Moved(Exception):
         super().__init__(f"ordinal {got} where {expected} was due")
         self.expected = expected
         self.gap = got > expected
+
+
+def view_lag_ms(cluster: dict[str, Any]) -> float | None:
+    """How far behind the servers' time the answering leader's copy of a replicated
+    stream may be (ms): the time since it last heard from a quorum of the stream's
+    replicas (each follower's `active`, ns), for no other leader can have stored anything
+    before then. 0 for a stream of one replica; None when it cannot tell: the stream has
+    no leader, or the leader has not heard from a quorum (measured: a leader cut off from
+    both others of an R3 stream shows them `current` for 10 s, their `active` growing
+    from the cut, until it steps down about 20 s in and its answers show no leader). A
+    replica this leader never heard from shows `active` 0 (one that died before its
+    election, for as long as it stays away): not in touch (until 2026-12-06 it counted
+    as heard from just now, and a leader left with no other follower judged a live
+    owner dead 10 s into its last 10 to 20 s of term: `-m cluster`,
+    `test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touch`)."""
+    followers = cluster.get("replicas") or []
+    if not followers:
+        return 0.0
+    if not cluster.get("leader"):
+        return None
+    needed = (len(followers) + 1) // 2  # (with the leader, a majority of the replicas)
+    actives = sorted(
+        float(a) if isinstance(a := f.get("active"), int | float) and a > 0 else math.inf
+        for f in followers
+        if isinstance(f, dict)
+    )
+    if len(actives) < needed or math.isinf(actives[needed - 1]):
+        return None
+    return actives[needed - 1] / 1e6
 
 
 def decode_row(message: Found) -> SessionRow | None:

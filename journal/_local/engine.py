@@ -582,6 +582,9 @@ class LocalEngine:
         with self.view.begin() as txn:
             return self.view.row(txn, session_id)
 
+    def confirm_current(self) -> None:
+        """One copy, every commit in it (`Engine.confirm_current`)."""
+
     def session_id_of(self, incarnation: int) -> str | None:
         with self.view.begin() as txn:
             return self.view.session_id_of(txn, incarnation)
