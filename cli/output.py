@@ -96,7 +96,8 @@ the command's usage and `Try 'journal COMMAND --help'` before it.
 
 \b
 Exit status:
-  0    success (also when the reader of the output went away, e.g. `| head`)
+  0    success (also when the reader of the output went away, e.g. `| head`; not for
+       `export -o -`, whose archive would be cut short: {EXIT_OTHER})
   {EXIT_USAGE}    usage error: unknown option, missing or malformed argument
   {EXIT_NOT_FOUND}    not found: no such session or store
   {EXIT_INVALID}    invalid argument: bad input data, malformed or foreign cursor or page token,

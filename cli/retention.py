@@ -67,7 +67,8 @@ def policy_text(policy: journal.RetentionPolicy) -> str:
     type=_LIMIT,
     default=None,
     help="Keep at most about N bytes of each session's newest events (sessions created "
-    "with their own window keep theirs); none: no byte window.",
+    "with their own window keep theirs); none: no byte window. Whole appends are dropped, "
+    "oldest first, and the newest append always stays.",
 )
 @click.option(
     "--max-history-age-ms",

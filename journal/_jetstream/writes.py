@@ -164,7 +164,7 @@ class Writer(Committer):
             raise InvalidArgument(
                 f"an append to a nats:// store takes at most {MAX_APPEND_EVENTS} events "
                 f"(JetStream's atomic batch holds 1,000 messages), got {count}: split it "
-                "into several appends (with expected_last_ordinal to keep them in order)"
+                "into several, kept in order with expected_last_ordinal (`--expected-last`)"
             )
 
         async def plan(state: RowState, now: int) -> Plan:
