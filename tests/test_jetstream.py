@@ -4,6 +4,7 @@ URL, its documented limits and differences, export into another engine, a lost a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -3263,3 +3264,33 @@ def test_only_a_refusal_for_want_of_a_leader_is_said_to_be_one() -> None:
     for refusal in (ApiError(503, 10023, "insufficient resources"), ApiError(500, 10077, "x")):
         assert refusal.transient
         assert failure(refusal) == f"JetStream refused a request: {refusal}"
+
+
+def test_a_write_whose_expiry_commit_got_no_reply_raises_it_without_a_second_try(
+    url: str, tmp_path: Path
+) -> None:
+    """A write first expires a session past its deadline; that commit's
+    `StoreUnavailable` ("no reply for 30 s") was planned and sent again on the stored row
+    (the first plan was on this engine's copy of it), then taken for a refusal a stale
+    copy could cause, confirmed and sent a third time: 90 s before the caller heard
+    (until 2026-12-06: a review). It is raised as it came. (The expiry timer's own
+    commits are refused too, and not counted.)"""
+    armed = threading.Event()
+    hits: list[str] = []
+
+    def point(where: str, detail: object) -> None:
+        if where != "commit.publish" or detail != "s" or not armed.is_set():
+            return
+        task = asyncio.current_task()
+        if task is None or task.get_coro().__name__ != "_expiring":  # type: ignore[union-attr]
+            hits.append(where)
+        raise StoreUnavailable("no reply from JetStream (a fault)")
+
+    options = JetStreamOptions(servers=[url], store=store_name(tmp_path), point=point)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("s", ttl_ms=300)
+        armed.set()
+        time.sleep(0.5)  # (past its deadline)
+        with pytest.raises(StoreUnavailable, match="a fault"):
+            j.append("s", events(1))
+    assert hits == ["commit.publish"]

@@ -24,6 +24,7 @@ from nats.errors import MaxPayloadError
 
 from ..errors import (
     InvalidArgument,
+    JournalClosed,
     JournalError,
     StoreIncompatible,
     StoreUnavailable,
@@ -225,7 +226,9 @@ class Committer:
                     await asyncio.sleep(0.1)
                     fresh = True
                     continue
-                except JournalError:
+                except JournalError as e:
+                    if isinstance(e, StoreUnavailable | JournalClosed):
+                        raise  # (no answer for 30 s, or closed: not a refusal of a copy)
                     if not cached:
                         if confirmed:
                             raise
