@@ -32,6 +32,7 @@ from _nats import (
     stream_messages,
     wait_for_jetstream,
 )
+from _remote_turns import OWNER_MID_TURN
 
 from journal import (
     Event,
@@ -1095,7 +1096,7 @@ def test_an_owner_elsewhere_outlives_a_quorum_loss(tmp_path: Path) -> None:
     paused = [s for s in cluster.servers if s is not left]
     root = Path(__file__).resolve().parent.parent
     child = subprocess.Popen(
-        [sys.executable, "-c", _OWNER_ELSEWHERE, cluster.url, store],
+        [sys.executable, "-c", OWNER_MID_TURN, cluster.url, store],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(root)},
@@ -1461,17 +1462,6 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
 
 # -- owners: a dead owner on another host is told by its lapsed heartbeat --------------------
 
-_OWNER_ELSEWHERE = """
-import socket, sys, time
-socket.gethostname = lambda: "another-host"  # the owner runs on another machine
-from journal import EventIn, Journal
-j = Journal.open(sys.argv[1], store=sys.argv[2])
-turn = j.own("s").turn("r-remote").__enter__()
-turn.append([EventIn("message", b'{"working": true}')])
-print("mid-turn", flush=True)
-time.sleep(600)
-"""
-
 
 @pytest.mark.slow  # (it waits out a real lease, 13 s; test_jetstream_clocks.py judges
 # owners of another host in the default run)
@@ -1492,7 +1482,7 @@ def test_an_owner_on_another_host_is_alive_while_it_beats_and_dead_after(
     root = Path(__file__).resolve().parent.parent
     env = {**os.environ, "PYTHONPATH": str(root)}
     child = subprocess.Popen(
-        [sys.executable, "-c", _OWNER_ELSEWHERE, url, name],
+        [sys.executable, "-c", OWNER_MID_TURN, url, name],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

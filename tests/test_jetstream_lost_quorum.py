@@ -17,36 +17,11 @@ from typing import Any
 
 import pytest
 from _nats import NatsCluster
+from _remote_turns import OWNER_MID_TURN, WATCHER_OF_THE_TURN
 
 from journal import Journal, StoreUnavailable
 
 pytestmark = pytest.mark.cluster
-
-_OWNER = """
-import socket, sys, time
-socket.gethostname = lambda: "another-host"  # the owner runs on another machine
-from journal import EventIn, Journal
-j = Journal.open(sys.argv[1], store=sys.argv[2])
-turn = j.own("s").turn("r-remote").__enter__()
-turn.append([EventIn("message", b'{"working": true}')])
-print("mid-turn", flush=True)
-time.sleep(600)
-"""
-
-_WATCHER = """
-import sys, threading
-from journal import Journal, OutcomeUnknown
-stop = threading.Event()
-with Journal.open(sys.argv[1], store=sys.argv[2]) as j:
-    try:
-        for event in j.watch("s", stop=stop):
-            if event.type == "message":
-                print("watching", flush=True)
-                threading.Timer(float(sys.argv[3]), stop.set).start()
-        print("no outcome told", flush=True)
-    except OutcomeUnknown as e:
-        print(f"OutcomeUnknown: {e}", flush=True)
-"""
 
 
 def _line(process: subprocess.Popen[str], timeout: float) -> str:
@@ -119,10 +94,10 @@ def test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touc
         print(f"\n{first} killed; {info['leader']} leads: {info['replicas']}")
         leader = cluster.server_named(str(info["leader"]))
         follower = cluster.server_named(next(iter(peers - {first, leader.name})))
-        owner = _child(_OWNER, cluster.url, name)
+        owner = _child(OWNER_MID_TURN, cluster.url, name)
         children.append(owner)
         assert _line(owner, 60) == "mid-turn"
-        watcher = _child(_WATCHER, leader.url, name, "30")
+        watcher = _child(WATCHER_OF_THE_TURN, leader.url, name, "30")
         children.append(watcher)
         assert _line(watcher, 60) == "watching"
         shown: list[tuple[float, bool]] = []

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from _netns import SERVERS, NetnsCluster, missing
+from _remote_turns import OWNER_MID_TURN, WATCHER_OF_THE_TURN
 
 pytestmark = [
     pytest.mark.cluster,
@@ -125,33 +126,6 @@ def test_a_writer_whose_server_is_cut_off_from_its_cluster_goes_on_through_anoth
         writer.wait(10)
 
 
-_OWNER = """
-import socket, sys, time
-socket.gethostname = lambda: "another-host"  # the owner runs on another machine
-from journal import EventIn, Journal
-j = Journal.open(sys.argv[1], store="p")
-turn = j.own("s").turn("r-remote").__enter__()
-turn.append([EventIn("message", b'{"working": true}')])
-print("mid-turn", flush=True)
-time.sleep(600)
-"""
-
-_WATCHER = """
-import sys, threading
-from journal import Journal, OutcomeUnknown
-stop = threading.Event()
-with Journal.open(sys.argv[1], store="p") as j:
-    try:
-        for event in j.watch("s", stop=stop):
-            if event.type == "message":
-                print("watching", flush=True)
-                threading.Timer(float(sys.argv[2]), stop.set).start()
-        print("no outcome told", flush=True)
-    except OutcomeUnknown as e:
-        print(f"OutcomeUnknown: {e}", flush=True)
-"""
-
-
 @pytest.mark.parametrize("owners_server", ["leader", "not-leader"])
 def test_an_owner_whose_server_is_cut_off_from_its_cluster_keeps_its_lease(
     partitioned: tuple[NetnsCluster, str], owners_server: str
@@ -181,11 +155,11 @@ def _watch_a_turn_through_a_cut(
     its URL; `cut` is cut off from the two other servers (both clients reach all three)
     while the watcher watches for `watch_s` seconds: it must not be told `OutcomeUnknown`,
     and the owner must live on."""
-    owner = cluster.run("c2", _OWNER, owners_url)
+    owner = cluster.run("c2", OWNER_MID_TURN, owners_url, "p")
     watcher = None
     try:
         assert _line(owner, 60) == "mid-turn"
-        watcher = cluster.run("c1", _WATCHER, watchers_url, str(watch_s))
+        watcher = cluster.run("c1", WATCHER_OF_THE_TURN, watchers_url, "p", str(watch_s))
         assert _line(watcher, 60) == "watching"
         cluster.cut([cut], [s for s in SERVERS if s != cut])
         said = _line(watcher, 60)
