@@ -157,7 +157,7 @@ class StoreReader:
                     raise
             except Unavailable:
                 pass
-            if lag is not None and lag < CURRENT_MS:
+            if _current(lag):
                 return
             now = time.monotonic()
             if stale_since is None:
@@ -223,16 +223,17 @@ class StoreReader:
         offset = 0
         back = _PAGE_OVERLAP
         greatest = ""  # the greatest row subject taken so far
+        confirmed = False  # (`in_touch` asked: once a listing)
         while True:
             info = await self.conn.api(
                 f"$JS.API.STREAM.INFO.{self.conn.stream}",
                 {"subjects_filter": self.subjects.rows, "offset": offset},
             )
-            lag = view_lag_ms(info.get("cluster") or {})
-            if lag is None or lag >= CURRENT_MS:
+            if not confirmed and not _current(view_lag_ms(info.get("cluster") or {})):
                 # (A leader cut off from its cluster lists from its stale copy: a session
                 # created through the others since would be left out, `in_touch`.)
                 await self.in_touch()
+                confirmed = True
                 continue
             # The rows of these subjects are read next from any replica that has what
             # this engine knows committed: the leader's answer counts (until 2026-12-06
@@ -668,6 +669,12 @@ def view_lag_ms(cluster: dict[str, Any]) -> float | None:
     if len(actives) < needed or math.isinf(actives[needed - 1]):
         return None
     return actives[needed - 1] / 1e6
+
+
+def _current(lag_ms: float | None) -> bool:
+    """Whether a leader whose copy may lag by `lag_ms` (`view_lag_ms`) holds every
+    commit (`CURRENT_MS`)."""
+    return lag_ms is not None and lag_ms < CURRENT_MS
 
 
 def decode_row(message: Found) -> SessionRow | None:
