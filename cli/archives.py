@@ -688,7 +688,7 @@ def _open_archive(path: str, stack: contextlib.ExitStack) -> IO[bytes]:
         raise click.UsageError(f"{path!r} is a directory: give the archive file") from None
     except OSError as e:
         raise CommandFailed(
-            f"cannot read the archive {path!r}: {e.strerror or e}", "OS_ERROR"
+            f"cannot read the archive {path!r}: {e.strerror or e}", "OS_ERROR", "UNAVAILABLE"
         ) from None
 
 

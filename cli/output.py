@@ -75,6 +75,7 @@ EXIT_PRECONDITION = 5
 EXIT_OUT_OF_RANGE = 6
 EXIT_OTHER = 7
 EXIT_OUTCOME_UNKNOWN = 8
+EXIT_UNAVAILABLE = 9
 EXIT_INTERRUPTED = 130
 
 # Exit statuses group the errors by how a script should react, the way `status` does.
@@ -86,6 +87,7 @@ _STATUS_EXIT = {
     "ALREADY_EXISTS": EXIT_PRECONDITION,
     "OUT_OF_RANGE": EXIT_OUT_OF_RANGE,
     "UNKNOWN": EXIT_OUTCOME_UNKNOWN,
+    "UNAVAILABLE": EXIT_UNAVAILABLE,
 }
 
 # `\b` keeps click from re-wrapping the table.
@@ -106,10 +108,17 @@ Exit status:
   {EXIT_PRECONDITION}    failed precondition: illegal transition, session exists, session
        not writable, ordinal conflict, expired cursor
   {EXIT_OUT_OF_RANGE}    out of range: the cursor is ahead of the store (restored from a copy?)
-  {EXIT_OTHER}    data loss, corruption or any other error
+  {EXIT_OTHER}    data loss, corruption or any other error (a stdout that cannot be written
+       too: the command may have done its work, and says so)
   {EXIT_OUTCOME_UNKNOWN}    outcome unknown: a watched turn's owner died before settling it (or
        the session ended mid-turn: no resume); resume from the error's cursor after
        recovery
+  {EXIT_UNAVAILABLE}    unavailable: the store cannot be opened, read or written now (permissions,
+       a full disk, an I/O error; a nats:// store's servers do not answer), or an
+       archive file cannot be read or written; what was committed is intact: mend the
+       cause or wait, then run the command again (a nats:// write left without a reply
+       may have committed: its message says how to check; --idempotency-key makes
+       a retried append safe)
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
   129, 143  a watch or the demo stopped by SIGHUP or SIGTERM (128 + its number)
 """

@@ -307,7 +307,9 @@ def test_errors_print_one_line_and_exit_by_family(store: Path, tmp_path: Path) -
     shutil.rmtree(broken / "locks")
     (broken / "locks").write_text("")  # a file where the store keeps its locks
     unusable = invoke(broken, "sessions", "create", "x")  # the OS refuses the lock file
-    assert_one_line_error(unusable, 7, "STORE_UNAVAILABLE")
+    # 9, not 7 (data loss): a supervisor retries it once the cause is mended (until
+    # 2026-12-06 both were 7 and a script had to read `.error.status`: a CLI trial).
+    assert_one_line_error(unusable, 9, "STORE_UNAVAILABLE")
     usage = invoke(store, "sessions", "create", "x", "--tag", "novalue")
     assert usage.exit_code == 2 and "KEY=VALUE" in usage.stderr
 
@@ -2138,7 +2140,10 @@ def test_a_stdout_that_fails_to_write_is_one_error_line_not_a_traceback(store: P
                     check=False,
                 )
             assert "Traceback" not in result.stderr, (fmt, command, result.stderr)
-            assert result.returncode == 7, (fmt, command, result.returncode, result.stderr)
+            # (An archive that cannot be written is 9: nothing changed, run it again; a
+            # stdout that fails is 7: another command may have done its work.)
+            expected = 9 if command[0] == "export" else 7
+            assert result.returncode == expected, (fmt, command, result.returncode, result.stderr)
             (line,) = result.stderr.splitlines()
             assert line.startswith("journal: error: ") and "No space left" in line
 

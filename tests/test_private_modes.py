@@ -408,9 +408,9 @@ def test_a_write_as_another_user_to_a_private_store_is_refused_not_made_unopenab
     result = CliRunner().invoke(
         main, ["--store", str(store), "retention", "--max-history-bytes", "1000"]
     )
-    assert result.exit_code == 7 and "private to user" in result.stderr, result.output
+    assert result.exit_code == 9 and "private to user" in result.stderr, result.output
     result = CliRunner().invoke(main, ["--store", str(store), "cursor-key", "--rotate"])
-    assert result.exit_code == 7 and "private to user 'nobody'" in result.stderr, result.output
+    assert result.exit_code == 9 and "private to user 'nobody'" in result.stderr, result.output
     assert {p: p.stat() for p in store.rglob("*")} == before  # (nothing made or changed)
     with Journal.open(store, readonly=True) as reader:
         assert [m.session_id for m in reader.list_sessions()] == ["s"]
