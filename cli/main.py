@@ -36,6 +36,7 @@ from .output import (
     WholeNumber,
     given_cursor,
     is_nats,
+    one_line,
     pass_settings,
     require_stream,
     shown,
@@ -424,7 +425,7 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
     if settings.output.format == "text":
         # (stderr: stdout stays the path alone, for STORE="$(journal init)")
         done = "created a new store" if created else "opened the existing store"
-        click.echo(f"journal: {done} {store_id} at {shown(path)}", err=True)
+        click.echo(f"journal: {done} {store_id} at {one_line(path)}", err=True)
         click.echo(f"journal: next: {_next_commands(path)}", err=True)
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "lifecycle_record",
     "lifecycle_text",
     "listing_parts",
+    "one_line",
     "pass_settings",
     "plural",
     "preview",
@@ -626,7 +627,7 @@ def event_text(event: journal.Event, limit: int = 100) -> str:
         error = result.get("error") if isinstance(result, dict) else None
         detail = f" {error.get('code')}: {error.get('message')}" if isinstance(error, dict) else ""
         line = f"{status}{detail}"
-        return f"#{event.ordinal} turn_result{request} {shown(line)} cursor={event.cursor}"
+        return f"#{event.ordinal} turn_result{request} {one_line(line)} cursor={event.cursor}"
     return f"#{event.ordinal} {event.type}{request} {preview(event.data, limit)}"
 
 
@@ -713,10 +714,28 @@ def session_text(meta: journal.SessionMetadata, id_width: int) -> str:
 
 
 def shown(text: str) -> str:
-    """Text of the store (a session id, a tag, a request id, a context id) as one line:
-    control characters (a newline would fake a listing row or a field) and format
-    characters (a right-to-left override would show one id as another) are escaped as
-    in Python string literals."""
+    """Text of the store (a session id, a tag, a request id, a context id) as one word of
+    one line: as it is when it is plain, else in double quotes, with `"` and `\\` escaped
+    and control and format characters as in Python string literals. (A newline would fake
+    a listing row, a right-to-left override show one id as another, and a space, `=` or
+    `,` split a field: `a b` was shown as two words and the tag `k=v w` as `k=v w`, and
+    the id `a\\nb` as the escaped newline of another id, until 2026-12-06.)"""
+    if _PLAIN.fullmatch(text) and text.isprintable():
+        return text
+    return '"' + "".join(_ESCAPES.get(c) or _escaped(c) for c in text) + '"'
+
+
+_PLAIN: Final = re.compile(r'[^\s"\\=,]+')
+_ESCAPES: Final = {'"': '\\"', "\\": "\\\\"}
+
+
+def _escaped(char: str) -> str:
+    return char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+
+
+def one_line(text: str) -> str:
+    """Prose of the store (a turn's error message, a field of `sessions show`) on one line:
+    control and format characters escaped as in Python string literals, nothing quoted."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 

@@ -24,6 +24,7 @@ from .output import (
     given_cursor,
     given_page_token,
     id_column,
+    one_line,
     pass_settings,
     preview,
     session_record,
@@ -309,14 +310,15 @@ def _utc(ms: int) -> str:
 
 def _text_value(value: object) -> str:
     """A field as one line (control characters escaped: a newline in a context id or a
-    tag would fake a field)."""
+    tag would fake a field; tags and list items quoted where a space, `=` or `,` would
+    split them)."""
     if value is None or value == "":
         return "-"
     if isinstance(value, dict):
         return ", ".join(f"{shown(str(k))}={shown(str(v))}" for k, v in value.items()) or "-"
     if isinstance(value, list):
         return ", ".join(shown(str(v)) for v in value) or "-"
-    return shown(str(value))
+    return one_line(str(value))
 
 
 @sessions.command("watch")

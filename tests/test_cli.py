@@ -1103,7 +1103,7 @@ def test_a_tag_with_a_newline_cannot_fake_a_listing_row(store: Path) -> None:
     result = invoke(store, "sessions", "list", fmt="text")
     assert result.exit_code == 0, result.output
     (row,) = [line for line in result.stdout.splitlines() if line.strip()]
-    assert row.startswith("a ") and "tags=k=v\\nfake-session" in row
+    assert row.startswith("a ") and 'tags=k="v\\nfake-session  open  9 events"' in row
 
 
 def test_ctrl_c_during_a_large_append_never_hides_a_commit(tmp_path: Path) -> None:
@@ -1289,11 +1289,11 @@ def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Pa
     assert [line for line in shown.splitlines() if line.startswith("state")] == [
         "state            open"
     ]
-    assert "c\\nstate" in shown and "a=b\\nc" in shown
+    assert "c\\nstate" in shown and 'a="b\\nc"' in shown
     invoke(store, "append", "-s", "s", "--request-id", "r1\n#999 message FAKE", "x")
     read = invoke(store, "read", "-s", "s", fmt="text").stdout
     assert not any(line.startswith("#999") for line in read.splitlines()), read
-    assert "[r1\\n#999 message FAKE]" in read
+    assert '["r1\\n#999 message FAKE"]' in read
 
 
 def test_text_output_escapes_format_characters_in_session_ids(store: Path) -> None:
@@ -2450,3 +2450,27 @@ def test_import_list_of_a_missing_file_and_with_renames(tmp_path: Path) -> None:
         assert usage.exit_code == 2, usage.output
         assert "--list imports nothing" in usage.stderr
     assert records(invoke(store, "sessions", "list")) == []
+
+
+def test_text_quotes_ids_and_tags_that_a_space_equals_sign_or_comma_would_split(
+    store: Path,
+) -> None:
+    """`sessions list` printed the id `a b` as two words and the tag `k=v w` as
+    `tags=k=v w` (a CLI supervisor trial), and showed the id `x\\ny` (a backslash) as the
+    escaped newline of another id. Such text is quoted now, `"` and `\\` escaped; plain ids
+    stay as they are, and JSON is unchanged. (An id with a newline is refused.)"""
+    for session_id, tags in (("a b", ["k=v w", "n=1,2"]), ("x\\ny", [])):
+        options = [opt for tag in tags for opt in ("--tag", tag)]
+        assert invoke(store, "sessions", "create", session_id, *options).exit_code == 0
+    invoke(store, "sessions", "create", "plain", "--tag", "k=v")
+    listing = invoke(store, "sessions", "list", fmt="text").stdout.splitlines()
+    assert [line.split("  ")[0].rstrip() for line in listing] == [
+        '"a b"',
+        "plain",
+        '"x\\\\ny"',
+    ], listing
+    assert 'tags=k="v w",n="1,2"' in listing[0] and listing[1].endswith("tags=k=v"), listing
+    appended = invoke(store, "append", "-s", "a b", "1", fmt="text").stdout
+    assert appended.startswith('appended "a b" #1 '), appended
+    rows = records(invoke(store, "sessions", "list"))
+    assert [row["session_id"] for row in rows] == ["a b", "plain", "x\\ny"]

@@ -415,7 +415,7 @@ def test_listing_aligns_ids_printed_escaped(store: Path) -> None:
     lines = _cli(store, "sessions", "list").stdout.splitlines()
     columns = {display_width(line[: line.index(" open ")]) for line in lines if " open " in line}
     assert len(columns) == 1, lines
-    assert any(line.startswith("\\u202edddddddd ") for line in lines), lines
+    assert any(line.startswith('"\\u202edddddddd" ') for line in lines), lines
 
 
 def test_export_to_dev_stdout_writes_stdout_and_a_directory_is_refused(
