@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,25 @@ from .output import (
 RUNTIME_TIMEOUT = 25.0  # seconds; the default run takes about 5
 _MODES = ("review", "chat", "plan")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def child_pythonpath(package_root: str, pythonpath: str | None, site_dirs: set[str]) -> str | None:
+    """The runtime child's PYTHONPATH (None: leave it as it is): the directory this `cli`
+    was imported from first, unless the child finds it by itself (a site directory: an
+    installed wheel). A site directory in PYTHONPATH would come before the standard
+    library, where a package named like a standard module (an `enum` or `typing`
+    backport) would shadow it (until 2026-12-06 it was put there for an installed wheel
+    too: a trial of the release)."""
+    if package_root in site_dirs:
+        return None
+    return package_root + (os.pathsep + pythonpath if pythonpath else "")
+
+
+def _site_directories() -> set[str]:
+    found = {*site.getsitepackages(), site.getusersitepackages()}
+    return {os.path.abspath(directory) for directory in found}
+
+
 _TERMINAL = frozenset(
     {
         journal.LifecycleEventType.RESOLVED,
@@ -445,12 +465,10 @@ class Demo:
             f"{self.delay:.4f}",
             *self.names,
         ]
-        pythonpath = os.environ.get("PYTHONPATH")
-        env = {
-            **os.environ,
-            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + pythonpath if pythonpath else ""),
-            "JOURNAL_STORE": self.path,
-        }
+        env = {**os.environ, "JOURNAL_STORE": self.path}
+        pythonpath = child_pythonpath(_PACKAGE_ROOT, env.get("PYTHONPATH"), _site_directories())
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         process = subprocess.Popen(
             command,
             stdin=subprocess.PIPE,  # (held open: it ends when this process does)

@@ -2474,3 +2474,19 @@ def test_text_quotes_ids_and_tags_that_a_space_equals_sign_or_comma_would_split(
     assert appended.startswith('appended "a b" #1 '), appended
     rows = records(invoke(store, "sessions", "list"))
     assert [row["session_id"] for row in rows] == ["a b", "plain", "x\\ny"]
+
+
+def test_the_demo_puts_no_site_directory_before_the_standard_library() -> None:
+    """An installed wheel's `cli` sits in site-packages, which the demo's runtime child
+    finds by itself; putting it in PYTHONPATH (as it was until 2026-12-06) placed every
+    installed package before the standard library in the child (a release trial). A
+    checkout's directory is still given, before any PYTHONPATH of the user's."""
+    from cli.demo import child_pythonpath
+
+    site_dir = "/venv/lib/python3.11/site-packages"
+    assert child_pythonpath(site_dir, None, {site_dir}) is None
+    assert child_pythonpath(site_dir, "/mine", {site_dir}) is None  # (left as it is)
+    assert child_pythonpath("/checkout", None, {site_dir}) == "/checkout"
+    assert child_pythonpath("/checkout", "/mine", {site_dir}) == os.pathsep.join(
+        ("/checkout", "/mine")
+    )
