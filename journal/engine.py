@@ -172,10 +172,14 @@ class ReadScope:
         """Also end (when asked again, not the request in flight) once `stop` is set."""
         self._stop = stop
 
+    def ended(self) -> bool:
+        """Whether cancelled (or stopped); any thread may ask."""
+        stop = self._stop
+        return self._cancelled.is_set() or (stop is not None and stop.is_set())
+
     def check(self) -> None:
         """Raise `concurrent.futures.CancelledError` once cancelled (or stopped)."""
-        stop = self._stop
-        if self._cancelled.is_set() or (stop is not None and stop.is_set()):
+        if self.ended():
             raise concurrent.futures.CancelledError
 
     def sleep(self, seconds: float) -> None:

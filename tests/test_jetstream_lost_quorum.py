@@ -1,16 +1,20 @@
-"""Owner judgment by a stream leader that has heard from no quorum (SPEC 16.5, "owner
-liveness"), on a cluster of the test's own (`-m cluster`): nodes are killed."""
+"""A stream leader that has heard from no quorum: owner judgment by it (SPEC 16.5, "owner
+liveness") and a confirmation waiting on it (SPEC 16.4), on a cluster of the test's own
+(`-m cluster`): nodes are killed or stopped."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ from _nats import NatsCluster
 from _remote_turns import OWNER_MID_TURN, WATCHER_OF_THE_TURN
 
 from journal import Journal, StoreUnavailable
+from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
+from journal.engine import READ_SCOPE, ReadScope
 
 pytestmark = pytest.mark.cluster
 
@@ -118,4 +124,58 @@ def test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touc
         for child in children:
             child.kill()
             child.wait(10)
+        cluster.stop()
+
+
+def test_a_stopped_follow_ends_a_confirmation_waiting_on_a_leader_out_of_touch(
+    tmp_path: Path,
+) -> None:
+    """Before a refusal a stale copy could cause, a follower's step has the engine confirm
+    that the stream's leader is in touch with a quorum (`confirm_current`, SPEC 16.4),
+    asked again for up to 30 s while it is not. A `watch`'s `stop` ends the step's other
+    reads asked again in an outage (its read scope, `ReadScope.stop_with`), but the
+    confirmation went on: a step stopped 1 s into it raised `StoreUnavailable` 29 s later
+    (a review, 2026-12-06). The confirmation now looks at the step's read scope before
+    each ask, and ends as a stopped read does (`CancelledError`, which ends the follow).
+    The leader's two followers are stopped (SIGSTOP): it hears from neither."""
+    cluster = NatsCluster(tmp_path)  # (its own: two of its nodes are stopped for a while)
+    cluster.start()
+    name = "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    said: list[str] = []
+    try:
+        with Journal.open(cluster.url, store=name, replicas=3) as j:
+            j.create_session("s")
+        leader = cluster.server_named(str(_stream(cluster, name)["leader"]))
+        engine = JetStreamEngine.open(JetStreamOptions(servers=[leader.url], store=name))
+        stop = threading.Event()
+        scope = ReadScope()
+        scope.stop_with(stop)  # (as `follow` does for a `watch(..., stop=stop)` step)
+
+        def step() -> None:
+            READ_SCOPE.set(scope)  # (this thread's own context)
+            started = time.monotonic()
+            try:
+                engine.confirm_current()
+                said.append("confirmed")
+            except (concurrent.futures.CancelledError, StoreUnavailable) as e:
+                said.append(type(e).__name__)
+            print(f"\n{said[-1]} {time.monotonic() - started:.1f} s after it was asked")
+
+        with Journal.over(engine):
+            paused = [s for s in cluster.servers if s is not leader]
+            for server in paused:
+                os.kill(server.pid, signal.SIGSTOP)
+            try:
+                # (Heard from neither since: past reads.CURRENT_MS, 3 s, from now on.)
+                time.sleep(4)
+                stepping = threading.Thread(target=step)
+                stepping.start()
+                time.sleep(1)  # (the confirmation asks again meanwhile)
+                stop.set()
+                stepping.join(60)
+            finally:
+                for server in paused:
+                    os.kill(server.pid, signal.SIGCONT)
+        assert said == ["CancelledError"], said
+    finally:
         cluster.stop()

@@ -457,7 +457,8 @@ class JetStreamEngine:
         return state.row
 
     def confirm_current(self) -> None:
-        self._run(self.reader.in_touch())
+        scope = READ_SCOPE.get()  # (a follower's step: it ends once stopped, as `_ask`)
+        self._run(self.reader.in_touch(None if scope is None else scope.ended))
 
     def session_id_of(self, incarnation: int) -> str | None:
         self.point("sessions.id_of", incarnation)

@@ -130,7 +130,7 @@ class StoreReader:
         self.saw(last)
         return last + 1
 
-    async def in_touch(self) -> None:
+    async def in_touch(self, ended: Callable[[], bool] | None = None) -> None:
         """Return once the stream's leader that answers this connection has heard from a
         quorum of its replicas within `CURRENT_MS` (`view_lag_ms`), so that a row or
         feed entry it does not have was not committed when this was asked. Asked before
@@ -144,10 +144,17 @@ class StoreReader:
         (`test_answers_through_a_cut_off_stream_leader_are_not_refusals_from_its_stale_copy`,
         `-m cluster`). Such an answer counts as none for the connection (`cut_off`),
         which moves off the leader 6 s after the first; `StoreUnavailable` after
-        `IN_TOUCH_S`."""
+        `IN_TOUCH_S`. Once `ended()` (a follower's read scope, `ReadScope.ended`: its
+        follow was stopped) it is not asked again: it ends cancelled, the caller's
+        `concurrent.futures.CancelledError`, as the step's other reads asked again do
+        (until 2026-12-06 it went on: a step stopped 1 s into it raised
+        `StoreUnavailable` 29 s later, `-m cluster`). A cancelled scope cuts the request
+        in flight too (`Connection.call`)."""
         stale_since: float | None = None
         deadline = time.monotonic() + IN_TOUCH_S
         while True:
+            if ended is not None and ended():  # (read from the loop: flags only)
+                raise asyncio.CancelledError
             lag: float | None = None
             try:
                 info = await self.conn.api(f"$JS.API.STREAM.INFO.{self.conn.stream}")
