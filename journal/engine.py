@@ -73,6 +73,7 @@ __all__ = [
     "TurnGuard",
     "VerifyFix",
     "interrupt_as_itself",
+    "read_ended",
     "start_thread",
 ]
 
@@ -213,6 +214,13 @@ class ReadScope:
 
 # The read scope of the running thread's read (None: a plain synchronous call).
 READ_SCOPE: ContextVar[ReadScope | None] = ContextVar("journal_read_scope", default=None)
+
+
+def read_ended() -> Callable[[], bool] | None:
+    """The running thread's read scope's `ended` (None: a plain synchronous call), for
+    an engine whose read asks again where the scope is not set (an event loop's thread)."""
+    scope = READ_SCOPE.get()
+    return None if scope is None else scope.ended
 
 
 class Operation(msgspec.Struct, Generic[ResultT], frozen=True):

@@ -16,11 +16,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _nats import NatsCluster
+from _nats import NatsCluster, NatsServer
 from _remote_turns import OWNER_MID_TURN, WATCHER_OF_THE_TURN
 
 from journal import Journal, StoreUnavailable
@@ -127,55 +128,103 @@ def test_a_leader_that_never_heard_from_a_dead_replica_does_not_count_it_in_touc
         cluster.stop()
 
 
+@contextlib.contextmanager
+def _store_on_a_cluster(tmp_path: Path) -> Iterator[tuple[str, NatsServer, list[NatsServer]]]:
+    """A cluster of the test's own (two of its nodes are stopped for a while) with an R3
+    store holding the session `s`: the store's name, its stream's leader, the others."""
+    cluster = NatsCluster(tmp_path)
+    cluster.start()
+    try:
+        name = "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+        with Journal.open(cluster.url, store=name, replicas=3) as j:
+            j.create_session("s")
+        leader = cluster.server_named(str(_stream(cluster, name)["leader"]))
+        yield name, leader, [s for s in cluster.servers if s is not leader]
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def _out_of_touch(followers: list[NatsServer]) -> Iterator[None]:
+    """The stream's followers stopped (SIGSTOP): its leader, heard from neither since,
+    is past reads.CURRENT_MS (3 s) out of touch from when this is entered."""
+    for server in followers:
+        os.kill(server.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4)
+        yield
+    finally:
+        for server in followers:
+            os.kill(server.pid, signal.SIGCONT)
+
+
+def _stopped_1_s_in(run: Callable[[threading.Event], str]) -> str:
+    """What `run(stop)` says, run in a thread whose `stop` is set 1 s in."""
+    stop = threading.Event()
+    said: list[str] = []
+    started = time.monotonic()
+
+    def running() -> None:
+        said.append(run(stop))
+        print(f"\n{said[-1]} {time.monotonic() - started:.1f} s after it began")
+
+    thread = threading.Thread(target=running)
+    thread.start()
+    time.sleep(1)
+    stop.set()
+    thread.join(60)
+    return said[0] if said else "still running"
+
+
+def test_a_stopped_watch_ends_while_its_leader_is_out_of_touch(tmp_path: Path) -> None:
+    """A lifecycle watch's snapshot lists the sessions, and a listing through a leader
+    that has heard from no quorum waits for one in touch, asking again for up to 30 s
+    (SPEC 16.4): a `watch_sessions` stopped 1 s into that wait went on, and raised
+    `StoreUnavailable` 30 s after it began (a review, 2026-12-06), where its other reads
+    asked again in an outage end once stopped. The wait now looks at the follower's
+    read scope before each ask: the watch ends, with no error."""
+    with (
+        _store_on_a_cluster(tmp_path) as (name, leader, followers),
+        Journal.open(leader.url, store=name) as j,
+    ):
+        # (The first snapshot records the feed's floor, a write; the next only reads.)
+        with j.watch_sessions() as first:
+            next(first)
+
+        def watch(stop: threading.Event) -> str:
+            try:
+                return str([e.session.session_id for e in j.watch_sessions(stop=stop)])
+            except StoreUnavailable as e:
+                return type(e).__name__
+
+        with _out_of_touch(followers):
+            said = _stopped_1_s_in(watch)
+    assert said == "[]", said
+
+
 def test_a_stopped_follow_ends_a_confirmation_waiting_on_a_leader_out_of_touch(
     tmp_path: Path,
 ) -> None:
     """Before a refusal a stale copy could cause, a follower's step has the engine confirm
     that the stream's leader is in touch with a quorum (`confirm_current`, SPEC 16.4),
-    asked again for up to 30 s while it is not. A `watch`'s `stop` ends the step's other
-    reads asked again in an outage (its read scope, `ReadScope.stop_with`), but the
-    confirmation went on: a step stopped 1 s into it raised `StoreUnavailable` 29 s later
-    (a review, 2026-12-06). The confirmation now looks at the step's read scope before
-    each ask, and ends as a stopped read does (`CancelledError`, which ends the follow).
-    The leader's two followers are stopped (SIGSTOP): it hears from neither."""
-    cluster = NatsCluster(tmp_path)  # (its own: two of its nodes are stopped for a while)
-    cluster.start()
-    name = "t" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
-    said: list[str] = []
-    try:
-        with Journal.open(cluster.url, store=name, replicas=3) as j:
-            j.create_session("s")
-        leader = cluster.server_named(str(_stream(cluster, name)["leader"]))
+    asked again for up to 30 s while it is not; a step stopped 1 s into it raised
+    `StoreUnavailable` 30 s after it began (a review, 2026-12-06). It now ends as a
+    stopped read does (`CancelledError`, which ends the follow). At the engine: the
+    public calls that reach it in a step with a `stop` need a leader cut off by a
+    partition, and the follower's connection moved onto it mid-watch."""
+    with _store_on_a_cluster(tmp_path) as (name, leader, followers):
         engine = JetStreamEngine.open(JetStreamOptions(servers=[leader.url], store=name))
-        stop = threading.Event()
-        scope = ReadScope()
-        scope.stop_with(stop)  # (as `follow` does for a `watch(..., stop=stop)` step)
 
-        def step() -> None:
+        def step(stop: threading.Event) -> str:
+            scope = ReadScope()
+            scope.stop_with(stop)  # (as `follow` does for a `watch(..., stop=stop)` step)
             READ_SCOPE.set(scope)  # (this thread's own context)
-            started = time.monotonic()
             try:
                 engine.confirm_current()
-                said.append("confirmed")
+                return "confirmed"
             except (concurrent.futures.CancelledError, StoreUnavailable) as e:
-                said.append(type(e).__name__)
-            print(f"\n{said[-1]} {time.monotonic() - started:.1f} s after it was asked")
+                return type(e).__name__
 
-        with Journal.over(engine):
-            paused = [s for s in cluster.servers if s is not leader]
-            for server in paused:
-                os.kill(server.pid, signal.SIGSTOP)
-            try:
-                # (Heard from neither since: past reads.CURRENT_MS, 3 s, from now on.)
-                time.sleep(4)
-                stepping = threading.Thread(target=step)
-                stepping.start()
-                time.sleep(1)  # (the confirmation asks again meanwhile)
-                stop.set()
-                stepping.join(60)
-            finally:
-                for server in paused:
-                    os.kill(server.pid, signal.SIGCONT)
-        assert said == ["CancelledError"], said
-    finally:
-        cluster.stop()
+        with Journal.over(engine), _out_of_touch(followers):
+            said = _stopped_1_s_in(step)
+    assert said == "CancelledError", said

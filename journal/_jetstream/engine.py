@@ -31,6 +31,7 @@ from ..engine import (
     PolicyChange,
     StoredSnapshot,
     VerifyFix,
+    read_ended,
 )
 from ..engine import Progress as ProgressCallback
 from ..errors import (
@@ -457,8 +458,7 @@ class JetStreamEngine:
         return state.row
 
     def confirm_current(self) -> None:
-        scope = READ_SCOPE.get()  # (a follower's step: it ends once stopped, as `_ask`)
-        self._run(self.reader.in_touch(None if scope is None else scope.ended))
+        self._run(self.reader.in_touch(read_ended()))  # (a follower's: ends once stopped)
 
     def session_id_of(self, incarnation: int) -> str | None:
         self.point("sessions.id_of", incarnation)
@@ -497,11 +497,14 @@ class JetStreamEngine:
         return rows, False
 
     def registry(self) -> tuple[int, list[SessionRow]]:
-        result: tuple[int, list[SessionRow]] = self._ask(self._registry)
+        ended = read_ended()  # (a follower's snapshot: its listing's wait ends once stopped)
+        result: tuple[int, list[SessionRow]] = self._ask(lambda: self._registry(ended))
         return result
 
-    async def _registry(self) -> tuple[int, list[SessionRow]]:
-        return await self.reader.registry(lambda at: self.point("sessions.snapshot_point", at))
+    async def _registry(self, ended: Callable[[], bool] | None) -> tuple[int, list[SessionRow]]:
+        return await self.reader.registry(
+            lambda at: self.point("sessions.snapshot_point", at), ended
+        )
 
     def feed(
         self, after_position: int, limit: int, newest_first: bool = False

@@ -147,9 +147,9 @@ class StoreReader:
         `IN_TOUCH_S`. Once `ended()` (a follower's read scope, `ReadScope.ended`: its
         follow was stopped) it is not asked again: it ends cancelled, the caller's
         `concurrent.futures.CancelledError`, as the step's other reads asked again do
-        (until 2026-12-06 it went on: a step stopped 1 s into it raised
-        `StoreUnavailable` 29 s later, `-m cluster`). A cancelled scope cuts the request
-        in flight too (`Connection.call`)."""
+        (until 2026-12-06 it went on: a `watch_sessions` stopped 3 s into its snapshot's
+        listing raised `StoreUnavailable` 27 s later, `-m cluster`). A cancelled scope
+        cuts the request in flight too (`Connection.call`)."""
         stale_since: float | None = None
         deadline = time.monotonic() + IN_TOUCH_S
         while True:
@@ -214,7 +214,7 @@ class StoreReader:
                 result[message.subject] = message
         return result
 
-    async def tokens(self) -> list[str]:
+    async def tokens(self, ended: Callable[[], bool] | None = None) -> list[str]:
         """Every session token with a row subject, sorted (= session-id order).
 
         The server gives the subjects in pages of up to 100,000, sorted, at an offset into
@@ -225,7 +225,8 @@ class StoreReader:
         (more than the overlap went meanwhile), it is asked for again from further back.
         So a session that exists throughout a listing is listed once (until 2026-12-06 one
         evicted below the offset between two pages left out as many sessions of the next
-        page, with more than 100,000 sessions: measured on nats-server 2.15)."""
+        page, with more than 100,000 sessions: measured on nats-server 2.15). `ended`: as
+        `in_touch`'s."""
         tokens: list[str] = []
         offset = 0
         back = _PAGE_OVERLAP
@@ -239,7 +240,7 @@ class StoreReader:
             if not confirmed and not _current(view_lag_ms(info.get("cluster") or {})):
                 # (A leader cut off from its cluster lists from its stale copy: a session
                 # created through the others since would be left out, `in_touch`.)
-                await self.in_touch()
+                await self.in_touch(ended)
                 confirmed = True
                 continue
             # The rows of these subjects are read next from any replica that has what
@@ -273,7 +274,9 @@ class StoreReader:
         rows = await self.rows_of(tokens)
         return [row for t in tokens if (row := rows.get(t, (None, 0))[0]) is not None]
 
-    async def registry(self, at_point: Callable[[int], None]) -> tuple[int, list[SessionRow]]:
+    async def registry(
+        self, at_point: Callable[[int], None], ended: Callable[[], bool] | None = None
+    ) -> tuple[int, list[SessionRow]]:
         """Every live row as of one lifecycle feed position, and that position (SPEC 7.7):
         the feed's last position first, then the rows (`at_point(position)` in between,
         a fault point). A lifecycle change committed while the rows were read is in the
@@ -285,11 +288,12 @@ class StoreReader:
         changes after the position, the rows are given as they are: a change then
         shows in a row and comes again from the feed. The position is at least the
         feed's floor, read after the last entry (the newest entries may be pruned: a
-        position below the floor would make the follow after it expire)."""
+        position below the floor would make the follow after it expire). `ended`: as
+        `in_touch`'s (a follower's snapshot)."""
         point = await self.last_feed_position()
         point = max(point, await self.feed_floor())
         at_point(point)
-        tokens = await self.tokens()
+        tokens = await self.tokens(ended)
         found = await self.rows_of(tokens)
         rows = {t: row for t in tokens if (row := found.get(t, (None, 0))[0]) is not None}
         for _ in range(_SETTLE_ROUNDS):
