@@ -113,13 +113,13 @@ Exit status:
        too: the command may have done its work, and says so)
   {EXIT_OUTCOME_UNKNOWN}    outcome unknown: a watched turn's owner died before settling it (or
        the session ended mid-turn: no resume); resume from the error's cursor after
-       recovery
+       recovery. Or a nats:// write left without a reply (WRITE_OUTCOME_UNKNOWN): it
+       may have committed; look before writing it again (--idempotency-key makes a
+       retried append safe)
   {EXIT_UNAVAILABLE}    unavailable: the store cannot be opened, read or written now (permissions,
        a full disk, an I/O error; a nats:// store's servers do not answer), or an
        archive file cannot be read or written; what was committed is intact: mend the
-       cause or wait, then run the command again (a nats:// write left without a reply
-       may have committed: its message says how to check; --idempotency-key makes
-       a retried append safe)
+       cause or wait, then run the command again
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
   129, 143  a watch or the demo stopped by SIGHUP or SIGTERM (128 + its number)
 """

@@ -41,6 +41,7 @@ from .errors import StoreUnavailable as StoreUnavailable
 from .errors import TokenError as TokenError
 from .errors import TurnSettled as TurnSettled
 from .errors import Unsupported as Unsupported
+from .errors import WriteOutcomeUnknown as WriteOutcomeUnknown
 from .facade import Journal as Journal
 from .fold_codecs import Codec as Codec
 from .fold_codecs import JsonCodec as JsonCodec
@@ -148,6 +149,7 @@ __all__ = [
     "Unsupported",
     "VerifyProblem",
     "VerifyReport",
+    "WriteOutcomeUnknown",
     "__version__",
     "read_archive_contents",
 ]

@@ -45,6 +45,7 @@ __all__ = [
     "TokenError",
     "TurnSettled",
     "Unsupported",
+    "WriteOutcomeUnknown",
 ]
 
 
@@ -165,7 +166,7 @@ class StoreUnavailable(JournalError):
     a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
     answer. `errno` is the OS error number when an OS call failed (None otherwise). A
     write that raises it was not committed, except on a `nats://` store whose replies
-    stopped mid-write (SPEC 16.3: retry it with an idempotency key)."""
+    stopped mid-write: that one raises the subclass `WriteOutcomeUnknown` (SPEC 16.3)."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"
@@ -173,6 +174,18 @@ class StoreUnavailable(JournalError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class WriteOutcomeUnknown(StoreUnavailable):
+    """A write to a `nats://` store whose replies stopped mid-write (SPEC 16.3): its batch
+    was sent, and may have been stored, or be stored later, so whether it committed is not
+    known. Look (get_session, read) before writing it again; an append retried with the
+    same idempotency key is safe. Its status is UNKNOWN, not UNAVAILABLE: "retry once the
+    store answers" would write it twice if it committed (the CLI exits 8, not 9; until
+    2026-12-06 it was a plain `StoreUnavailable`, exit 9 with the CLI, a review)."""
+
+    code = "WRITE_OUTCOME_UNKNOWN"
+    status = "UNKNOWN"
 
 
 class Unsupported(JournalError):

@@ -2568,6 +2568,59 @@ def test_an_append_cut_by_close_says_it_may_have_committed(tmp_path: Path) -> No
         server.stop()
 
 
+@pytest.mark.slow
+def test_a_cli_append_left_without_a_reply_exits_8_not_9(tmp_path: Path) -> None:
+    """`journal append` whose batch went out and whose reply never came (the server
+    stopped right after receiving it) said "not known to have committed" and exited 9,
+    the status a shell supervisor retries on once the store answers (until 2026-12-06, a
+    review): the server stored the batch on waking, and the retry would have appended it
+    twice. It is `WriteOutcomeUnknown` (status UNKNOWN): exit 8, look before writing
+    again. (About 35 s: the write's 30 s of asking, SPEC 16.3.)"""
+    server = NatsServer(tmp_path, "stopped")
+    server.start()
+    wait_for_jetstream([server.url])
+    proxy = CuttingProxy(server.port)
+    store = store_name(tmp_path)
+    try:
+        with Journal.open(server.url, store=store) as j:
+            j.create_session("s")
+        proxy.armed.set()  # (the CLI's first batch commit: the append's)
+        command = ["--store", f"{proxy.url}/{store}", "--format", "json", "append", "-s", "s"]
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "cli", *command, "once"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while proxy.armed.is_set():  # (cleared as the batch is forwarded)
+                assert cli.poll() is None and time.monotonic() < deadline, "no batch came"
+                time.sleep(0.001)
+            os.kill(server.pid, signal.SIGSTOP)  # (the batch is in its socket, unread)
+            out, err = cli.communicate(timeout=120)
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+            if cli.poll() is None:
+                cli.kill()
+                cli.wait()
+        assert cli.returncode == 8, (cli.returncode, out, err)
+        error = json.loads(out)["error"]
+        assert (error["code"], error["status"]) == ("WRITE_OUTCOME_UNKNOWN", "UNKNOWN"), error
+        assert "not known to have committed" in err, err
+        with Journal.open(server.url, store=store) as again:
+            # (What the status warns of: the stopped server stored it on waking.)
+            deadline = time.monotonic() + 10
+            while again.get_session("s").last_ordinal == 0:
+                assert time.monotonic() < deadline, "the stopped server never stored it"
+                time.sleep(0.05)
+            assert [e.data for e in again.replay("s")] == [b"once"]
+    finally:
+        proxy.close()
+        server.stop()
+
+
 def test_a_change_source_that_cannot_subscribe_leaves_the_waiter_polling(
     url: str, tmp_path: Path
 ) -> None:

@@ -28,6 +28,7 @@ from ..errors import (
     JournalError,
     StoreIncompatible,
     StoreUnavailable,
+    WriteOutcomeUnknown,
 )
 from ..models import LifecycleEventType, RetentionPolicy, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
@@ -351,7 +352,7 @@ class Committer:
                 f"leader for {WRITE_S:g} s; this write was not committed: check the "
                 "servers and retry"
             )
-        return StoreUnavailable(
+        return WriteOutcomeUnknown(
             f"no reply from JetStream for {WRITE_S:g} s writing to session "
             f"{session_id!r}; the write is not known to have committed (a batch "
             "still in flight may yet commit): check the servers, then look whether it "
