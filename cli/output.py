@@ -628,7 +628,9 @@ def event_text(event: journal.Event, limit: int = 100) -> str:
         detail = f" {error.get('code')}: {error.get('message')}" if isinstance(error, dict) else ""
         line = f"{status}{detail}"
         return f"#{event.ordinal} turn_result{request} {one_line(line)} cursor={event.cursor}"
-    return f"#{event.ordinal} {event.type}{request} {preview(event.data, limit)}"
+    # (The type is any text without control characters: shown as ids are, where it was
+    # printed raw until 2026-12-06, `t y` reading as the type `t`.)
+    return f"#{event.ordinal} {shown(event.type)}{request} {preview(event.data, limit)}"
 
 
 def event_quiet(event: journal.Event) -> str | None:

@@ -1311,6 +1311,20 @@ def test_text_output_escapes_format_characters_in_session_ids(store: Path) -> No
     assert [r["session_id"] for r in records(invoke(store, "sessions", "list"))] == [spoof]
 
 
+def test_text_output_quotes_event_types_as_it_quotes_ids(store: Path) -> None:
+    """An event's type, any text without control characters, was printed raw in `read`
+    and `watch` lines (until 2026-12-06, a review): the type `t y` read as the type `t`
+    with data `y ...`, and a right-to-left override in a type reversed the rest of the
+    line. It is printed as ids and modes are (`shown`); plain types as they are."""
+    for event_type in ("t y", "t\u202ey", "session/update"):
+        appended = invoke(store, "append", "-s", "s", "--create", "--type", event_type, "x")
+        assert appended.exit_code == 0, appended.output
+    read = invoke(store, "read", "-s", "s", fmt="text").stdout.splitlines()
+    assert read[:3] == ['#1 "t y" x', '#2 "t\\u202ey" x', "#3 session/update x"], read
+    types = [r["type"] for r in records(invoke(store, "read", "-s", "s"))[:3]]
+    assert types == ["t y", "t\u202ey", "session/update"]
+
+
 def test_sessions_expire_expires_what_is_past_its_deadline(store: Path) -> None:
     """Read commands never expire a session; `journal sessions expire` does (as any
     write command does), so a watch of it can end."""
