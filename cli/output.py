@@ -737,8 +737,10 @@ def _escaped(char: str) -> str:
 
 def one_line(text: str) -> str:
     """Prose of the store (a turn's error message, a field of `sessions show`) on one line:
-    control and format characters escaped as in Python string literals, nothing quoted."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+    control and format characters escaped as in Python string literals, nothing quoted,
+    the other characters as they are (until 2026-12-06 the whole text was escaped once
+    one character was: `Größe\n` read `Gr\xf6\xdfe\n`)."""
+    return text if text.isprintable() else "".join(map(_escaped, text))
 
 
 def lifecycle_record(event: journal.LifecycleEvent) -> dict[str, Any]:

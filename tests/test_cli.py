@@ -1296,6 +1296,21 @@ def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Pa
     assert '["r1\\n#999 message FAKE"]' in read
 
 
+def test_text_prose_with_a_newline_keeps_its_other_characters(store: Path) -> None:
+    """A turn's error message or a context id with a newline in it was escaped whole as
+    `unicode_escape` does (until 2026-12-06, a review): `Größe` became `Gr\\xf6\\xdfe`
+    (a message in Japanese, all `\\u` escapes) once the text held one newline. Only the
+    characters that cannot print are escaped, as the data preview does."""
+    with journal.Journal.open(store) as j:
+        j.create_session("s", context_id="Größe\nzwei")
+        with j.own("s") as owner, contextlib.suppress(RuntimeError), owner.turn("r1"):
+            raise RuntimeError("zu groß\n2. Zeile")
+    read = invoke(store, "read", "-s", "s", fmt="text").stdout.splitlines()
+    assert read[1].startswith("#2 turn_result [r1] failed RuntimeError: zu groß\\n2. Zeile ")
+    shown = invoke(store, "sessions", "show", "s", fmt="text").stdout.splitlines()
+    assert "context_id       Größe\\nzwei" in shown, shown
+
+
 def test_text_output_escapes_format_characters_in_session_ids(store: Path) -> None:
     """Session ids may hold Unicode format characters (not control characters): printed
     raw, a right-to-left override made `a\u202egnp.exe` show as another id (found by an
