@@ -182,7 +182,7 @@ class WriteOutcomeUnknown(StoreUnavailable):
     known. Look (get_session, read) before writing it again; an append retried with the
     same idempotency key is safe. Its status is UNKNOWN, not UNAVAILABLE: "retry once the
     store answers" would write it twice if it committed (the CLI exits 8, not 9; until
-    2026-12-06 it was a plain `StoreUnavailable`, exit 9 with the CLI, a review)."""
+    2026-12-06 it was a plain `StoreUnavailable`: exit 7 with the CLI, then 9; a review)."""
 
     code = "WRITE_OUTCOME_UNKNOWN"
     status = "UNKNOWN"
