@@ -6,7 +6,8 @@ Every commit of a session is one atomic batch ending with the session's row (sec
 16), rolled up: the row subject keeps only its newest message, so a session committed to
 since the previous look has its row message at or after that look's head (a later commit
 replaced it with a later one). An eviction's row is a tombstone, purged with the rest of
-the session soon after: its lifecycle feed entry (kept for good) names the incarnation.
+the session soon after: its lifecycle feed entry (kept until a day after the eviction,
+feed_pruning.py) names the incarnation.
 So the row messages and the feed entries from the previous head on name every session
 touched since (and perhaps a few touched after the head read: they look once, early).
 
