@@ -29,8 +29,9 @@ _EVENTS_PER_TURN_READ: Final = 16
 _CUT_READ_TRIES: Final = 5
 # What a journal keeps between owners: the reads of at most this many results in all
 # (about 300 bytes each), and of at most this many sessions (a read that found no result
-# counts too), holding at most KEPT_DATA_BYTES of result data (a failed turn's holds its
-# exception's message, of any length), the least recently read sessions' dropped first.
+# counts too), holding at most KEPT_DATA_BYTES of result data, request ids and cursors
+# (a failed turn's result holds its exception's message, of any length; a request id may
+# be 64 KiB), the least recently read sessions' dropped first.
 KEPT_RESULTS: Final = 16_384
 KEPT_DATA_BYTES: Final = 4 << 20
 
@@ -58,7 +59,8 @@ def _marker(row: SessionRow) -> tuple[int, int, int]:
 
 class KeptTurnResults:
     """A journal's last read of each session's results (bounded: `KEPT_RESULTS` results
-    and as many sessions, `KEPT_DATA_BYTES` of result data)."""
+    and as many sessions, `KEPT_DATA_BYTES` of result data, request ids and cursors, a
+    character counted as a byte)."""
 
     def __init__(self, limit: int = KEPT_RESULTS, limit_bytes: int = KEPT_DATA_BYTES) -> None:
         self._limit = limit
@@ -75,9 +77,10 @@ class KeptTurnResults:
 
     def put(self, session_id: str, read: KeptRead) -> None:
         size = 0
-        for data, _ in read.results.values():
+        for request_id, (data, cursor) in read.results.items():
             # (a result whose data the read dropped: it found more than limit_bytes)
             size += self._limit_bytes + 1 if data is None else len(data)
+            size += len(request_id) + len(cursor)
         with self._lock:
             old = self._reads.pop(session_id, None)
             if old is not None:

@@ -398,6 +398,33 @@ def test_the_results_kept_between_owners_are_bounded_in_bytes(tmp_path: Path) ->
     assert held < 6_000_000, held
 
 
+def test_the_results_kept_between_owners_count_their_request_ids(tmp_path: Path) -> None:
+    """A request id may be 64 KiB, and only the results' data counted against the 4 MiB
+    bound: a worker pool that took the lease for each prompt kept every long request id
+    of its sessions long after they were evicted (38 KB a session with 32 KiB ids in a
+    soak, up to 1 GiB at the bound of 16,384 results); 12.6 MB here. (Small segments: the
+    active segment's index holds its turn records, ids and all, until it is sealed.)"""
+    policy = RetentionPolicy(session_retention_ms=1)
+    with Journal.open(tmp_path, durability="os", segment_bytes=1 << 20, retention=policy) as j:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(192):
+                j.create_session(f"s{i}")
+                for request_id in (f"{i:03d}".ljust(64 << 10, "r"), "short"):  # (2nd reads 1st)
+                    with j.own(f"s{i}") as owner, owner.turn(request_id):
+                        pass
+                j.resolve_session(f"s{i}")
+            j.apply_retention(now_ms=2**62)
+            assert j.stats().sessions == {}
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert held < 6_000_000, held
+
+
 class _TrimWhileRead(FileOps):
     """Once armed, trims the session to a 1 MB byte window from another process when
     2 MB were read (its first page of 1 MB read, its next pages not)."""
