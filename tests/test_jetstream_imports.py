@@ -21,7 +21,14 @@ from typing import Any
 
 import msgspec
 import pytest
-from _nats import HoldingProxy, shared_server, stream_messages
+from _nats import (
+    CuttingProxy,
+    HoldingProxy,
+    NatsServer,
+    shared_server,
+    stream_messages,
+    wait_for_jetstream,
+)
 
 from journal import (
     CursorForeign,
@@ -32,6 +39,8 @@ from journal import (
     SessionExists,
     SessionNotFound,
     SessionState,
+    StoreUnavailable,
+    WriteOutcomeUnknown,
 )
 from journal._jetstream.engine import JetStreamEngine, JetStreamOptions
 from journal._jetstream.layout import ROW_DECODER
@@ -1145,3 +1154,68 @@ def test_a_rollback_refused_for_one_staged_session_still_rolls_back_the_others(
             thread.join(60)
         assert [m.session_id for m in j.list_sessions()] == ["c"], result
         assert j.verify().problems == []
+
+
+@pytest.mark.slow
+def test_an_import_commit_left_without_an_answer_is_write_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    """The import's commit batch went out and no answer came (the server stopped as it
+    arrived): the import said "not known to have committed" as a plain StoreUnavailable
+    (status UNAVAILABLE, the CLI's exit 9: retry once the store answers) until
+    2026-12-06, while the server stored the batch on waking. It is WriteOutcomeUnknown
+    (status UNKNOWN, exit 8: look before importing again), as an append's is. (About
+    65 s: the commit's 30 s of asking, then its rollback's, SPEC 16.3.)"""
+    held, archive = _one_session_archive(tmp_path, "a", 20, 100)
+    server = NatsServer(tmp_path, "stopped")
+    server.start()
+    wait_for_jetstream([server.url])
+    proxy = CuttingProxy(server.port)
+    committing = threading.Event()
+    name = store_name(tmp_path)
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":  # (the proxy cuts the commit's batch, not staging's)
+            proxy.armed.set()
+            committing.set()
+
+    raised: list[BaseException] = []
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+
+            def run() -> None:
+                try:
+                    j.import_sessions(io.BytesIO(archive))
+                except BaseException as e:
+                    raised.append(e)
+
+            importer = threading.Thread(target=run)
+            importer.start()
+            try:
+                assert committing.wait(20), "the import never committed"
+                deadline = time.monotonic() + 20
+                while proxy.armed.is_set():  # (cleared as the batch is forwarded)
+                    assert time.monotonic() < deadline, "no commit batch came"
+                    time.sleep(0.001)
+                os.kill(server.pid, signal.SIGSTOP)  # (the batch is in its socket, unread)
+                importer.join(150)
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
+            assert not importer.is_alive()
+        [error] = raised
+        assert isinstance(error, WriteOutcomeUnknown), repr(error)
+        assert isinstance(error, StoreUnavailable)  # (`except StoreUnavailable` catches it)
+        assert (error.code, error.status) == ("WRITE_OUTCOME_UNKNOWN", "UNKNOWN")
+        assert "not known to have committed" in str(error)
+        with Journal.open(server.url, store=name) as again:
+            # (What the status warns of: the stopped server stored the import on waking.)
+            deadline = time.monotonic() + 10
+            while [m.session_id for m in again.list_sessions()] != ["a"]:
+                assert time.monotonic() < deadline, "the stopped server never stored it"
+                time.sleep(0.05)
+            assert _history(again, "a") == held
+            assert again.verify().problems == []
+    finally:
+        proxy.close()
+        server.stop()

@@ -56,6 +56,7 @@ from ..errors import (
     SessionExists,
     SessionNotFound,
     StoreUnavailable,
+    WriteOutcomeUnknown,
 )
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
@@ -418,6 +419,7 @@ class Imports:
         another writer took the row."""
         deadline = time.monotonic() + _WRITE_S
         busy = 0
+        uncertain = False  # (a batch may have been stored without its answer)
         while True:
             settle = False
             try:
@@ -444,13 +446,14 @@ class Imports:
             except Unavailable:
                 settle = True
             if settle:
+                uncertain = True
                 with contextlib.suppress(ApiError, *Unavailable):
                     seq = await landed()
                     if seq is not None:
                         return seq
             if time.monotonic() > deadline:
-                if committing:  # (its batch may yet land: all of the import, or none)
-                    raise StoreUnavailable(
+                if committing and uncertain:  # (its batch may yet land: all, or none)
+                    raise WriteOutcomeUnknown(
                         f"no answer from JetStream for {_WRITE_S:g} s committing the import "
                         f"(of {session_id!r} and the others): it is not known to have "
                         "committed; check the servers, then look whether its sessions are "
