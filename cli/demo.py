@@ -62,9 +62,15 @@ def child_pythonpath(package_root: str, pythonpath: str | None, site_dirs: set[s
     return package_root + (os.pathsep + pythonpath if pythonpath else "")
 
 
-def _site_directories() -> set[str]:
-    found = {*site.getsitepackages(), site.getusersitepackages()}
-    return {os.path.abspath(directory) for directory in found}
+def found_by_a_child(path: list[str], pythonpath: str | None) -> set[str]:
+    """The directories a child of this interpreter finds by itself: the site directories
+    and what this process's `sys.path` (`path`) got from them (.pth files, a
+    `--system-site-packages` venv's system site-packages, which `getsitepackages()` does
+    not list: until 2026-12-06 a wheel installed there was put in PYTHONPATH, a review),
+    not its first entry (the script's directory or the working one) nor PYTHONPATH's."""
+    given = {os.path.abspath(p) for p in (pythonpath or "").split(os.pathsep) if p}
+    found = {*site.getsitepackages(), site.getusersitepackages(), *path[1:]}
+    return {os.path.abspath(directory) for directory in found if directory} - given
 
 
 _TERMINAL = frozenset(
@@ -466,7 +472,9 @@ class Demo:
             *self.names,
         ]
         env = {**os.environ, "JOURNAL_STORE": self.path}
-        pythonpath = child_pythonpath(_PACKAGE_ROOT, env.get("PYTHONPATH"), _site_directories())
+        pythonpath = child_pythonpath(
+            _PACKAGE_ROOT, env.get("PYTHONPATH"), found_by_a_child(sys.path, env.get("PYTHONPATH"))
+        )
         if pythonpath is not None:
             env["PYTHONPATH"] = pythonpath
         process = subprocess.Popen(

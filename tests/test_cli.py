@@ -2519,3 +2519,19 @@ def test_the_demo_puts_no_site_directory_before_the_standard_library() -> None:
     assert child_pythonpath("/checkout", "/mine", {site_dir}) == os.pathsep.join(
         ("/checkout", "/mine")
     )
+
+
+def test_the_demo_leaves_out_of_pythonpath_what_its_child_finds_by_itself() -> None:
+    """A wheel installed in the system site-packages that a `--system-site-packages`
+    venv sees is on `sys.path` but not in the venv's `site.getsitepackages()`: until
+    2026-12-06 the demo put it in its child's PYTHONPATH all the same (a review). What
+    came from PYTHONPATH or is the first entry (the working directory of `python -m`)
+    is not found by the child by itself."""
+    from cli.demo import found_by_a_child
+
+    system = "/usr/lib/python3/dist-packages"
+    path = ["/work/checkout", "/usr/lib/python311.zip", "/mine", system]
+    found = found_by_a_child(path, "/mine")
+    assert system in found
+    assert "/work/checkout" not in found
+    assert "/mine" not in found
