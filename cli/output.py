@@ -113,8 +113,9 @@ Exit status:
        too: the command may have done its work, and says so)
   {EXIT_OUTCOME_UNKNOWN}    outcome unknown: a watched turn's owner died before settling it (or
        the session ended mid-turn: no resume); resume from the error's cursor after
-       recovery. Or a nats:// write left without a reply (WRITE_OUTCOME_UNKNOWN): it
-       may have committed; look before writing it again (--idempotency-key makes a
+       recovery. Or a nats:// write left without a reply, or a write whose frame the
+       disk let neither commit nor be cut off again (WRITE_OUTCOME_UNKNOWN): it may
+       have committed; look before writing it again (--idempotency-key makes a
        retried append safe)
   {EXIT_UNAVAILABLE}    unavailable: the store cannot be opened, read or written now (permissions,
        a full disk, an I/O error; a nats:// store's servers do not answer), or an

@@ -165,8 +165,10 @@ class StoreUnavailable(JournalError):
     """The store's files cannot be opened, created, written, synced or read (permissions,
     a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
     answer. `errno` is the OS error number when an OS call failed (None otherwise). A
-    write that raises it was not committed, except on a `nats://` store whose replies
-    stopped mid-write: that one raises the subclass `WriteOutcomeUnknown` (SPEC 16.3)."""
+    write that raises it was not committed, except where that is not known: a `nats://`
+    store's write whose replies stopped mid-write (SPEC 16.3), or a local store's write
+    whose frame could not be cut off again (SPEC 14.4), raises the subclass
+    `WriteOutcomeUnknown`."""
 
     code = "STORE_UNAVAILABLE"
     status = "UNAVAILABLE"
@@ -182,7 +184,13 @@ class WriteOutcomeUnknown(StoreUnavailable):
     known. Look (get_session, read) before writing it again; an append retried with the
     same idempotency key is safe. Its status is UNKNOWN, not UNAVAILABLE: "retry once the
     store answers" would write it twice if it committed (the CLI exits 8, not 9; until
-    2026-12-06 it was a plain `StoreUnavailable`: exit 7 with the CLI, then 9; a review)."""
+    2026-12-06 it was a plain `StoreUnavailable`: exit 7 with the CLI, then 9; a review).
+
+    A local store raises it too when a commit failed after its frame was written and the
+    cut that takes the frame off again failed as well (SPEC 14.4): the frame stays in the
+    log until the journal's next commit cuts it, and a writer of a process that comes
+    first (this one having ended) indexes it, committed (until 2026-12-06 a plain
+    `StoreUnavailable` saying nothing was committed: a retry stored the event twice)."""
 
     code = "WRITE_OUTCOME_UNKNOWN"
     status = "UNKNOWN"

@@ -76,6 +76,7 @@ from .failures import (
     held_by_this_process,
     open_failure,
     os_error_of,
+    outcome_unknown,
     reads_disk,
     store_wide,
     unavailable,
@@ -543,11 +544,17 @@ class LocalEngine:
             self._ops.point("commit.refused")
             # (Another writer that took the lock first indexed the frame? It is committed.)
             frame = (info, planner.records) if info and known and isinstance(e, Exception) else None
-            with view.begin(write=True) as txn:
-                h = view.head(txn)
-                at = None if h is None else (h.segment, h.end_offset, h.next_position)
-                if not log.undo_append(at, frame):
-                    raise
+            try:
+                with view.begin(write=True) as txn:
+                    h = view.head(txn)
+                    at = None if h is None else (h.segment, h.end_offset, h.next_position)
+                    indexed = log.undo_append(at, frame)
+            except (OSError, lmdb.Error) as cut:
+                # The frame stays, its cut owed: not "nothing committed" (SPEC 14.4).
+                self._catch_up.interrupted()
+                raise outcome_unknown(e, cut, self.location) from cut
+            if not indexed:
+                raise
             _log.warning("a failed commit's frame was indexed by another writer: acknowledged")
         else:
             self._rows.remember(batch, planner, projection, transaction_id, view)

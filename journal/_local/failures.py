@@ -1,6 +1,7 @@
 """How the local engine reports failures of the store's files and its view: which
-errors belong to the store rather than to one request, and the `StoreUnavailable` a
-caller sees when the disk refused an operation (SPEC section 14.4)."""
+errors belong to the store rather than to one request, the `StoreUnavailable` a caller
+sees when the disk refused an operation, and the `WriteOutcomeUnknown` when it also
+refused the cut that takes the failed commit's frame off again (SPEC section 14.4)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any, Final, TypeVar, cast
 
 import lmdb
 
-from ..errors import StoreIncompatible, StoreUnavailable
+from ..errors import StoreIncompatible, StoreUnavailable, WriteOutcomeUnknown
 from ..short_of import SHORT_OF
 from .files import NotRegularFile
 
@@ -23,6 +24,7 @@ __all__ = [
     "open_advice",
     "open_failure",
     "os_error_of",
+    "outcome_unknown",
     "reads_disk",
     "store_wide",
     "unavailable",
@@ -115,7 +117,7 @@ _REMEDIES: Final = {
 
 def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     """The error a caller sees when the store's disk refused an operation."""
-    what = f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+    what = _what(error)
     not_a_file = isinstance(error, NotRegularFile) or error.errno == errno.EISDIR
     remedy = _NOT_A_FILE if not_a_file else _REMEDIES.get(error.errno or 0, _DISK)
     if error.errno == errno.ENOSPC and _out_of_inodes(error.filename):
@@ -127,6 +129,42 @@ def unavailable(error: OSError, during: str = "commit") -> StoreUnavailable:
     )
     refused.__cause__ = error
     return refused
+
+
+def outcome_unknown(
+    error: BaseException, cut: BaseException, store: str | None = None
+) -> WriteOutcomeUnknown:
+    """The error of a batch whose frame was written when its commit failed with `error`,
+    and whose cut (taking the frame off the log again) failed with `cut`: the frame stays,
+    its cut owed. Whoever writes next decides: this journal's next commit cuts it first,
+    but a process that ends before (or another process's writer that takes the lock
+    first) leaves it to a catch-up that indexes it, committed (SPEC 14.4)."""
+    first, then = _os_error(error, store), _os_error(cut, store)
+    reason = first if first is not None else then
+    remedy = _DISK if reason is None else _REMEDIES.get(reason.errno or 0, _DISK)
+    unknown = WriteOutcomeUnknown(
+        f"the store's files could not be written: {error if first is None else _what(first)}; "
+        f"cutting this call's frame off the log again failed too "
+        f"({cut if then is None else _what(then)}), so whether the call commits is not known: "
+        "this journal's next commit cuts the frame before anything else once the disk "
+        "works, but if this process ends first (or another process writes to the store "
+        "first), that writer indexes it and the call is committed. Fix the cause "
+        f"({remedy}), then look whether it committed (get_session, read) before writing "
+        "it again; an append retried with the same idempotency key is safe",
+        errno=None if reason is None else reason.errno,
+    )
+    unknown.__cause__ = cut
+    return unknown
+
+
+def _what(error: OSError) -> str:
+    return f"{error.strerror or error}" + (f" ({error.filename})" if error.filename else "")
+
+
+def _os_error(error: BaseException, store: str | None) -> OSError | None:
+    if isinstance(error, lmdb.Error):
+        return os_error_of(error, store)
+    return error if isinstance(error, OSError) else None
 
 
 def _out_of_inodes(filename: object) -> bool:

@@ -1,0 +1,149 @@
+"""A refused frame that cannot be cut off again (SPEC 7.1, 14.4).
+
+A batch's frame is written and synced, its view commit fails (EIO), and the cut that
+takes the frame off again fails too (a second EIO). The frame stays in the segment: if
+this journal makes the owed cut before anything else (its next commit, once the disk
+works) it was never committed; if the process ends first, the next writer's catch-up
+indexes it and it is. The caller is not told "nothing was committed, retry" (a retry
+would then store it twice) but `WriteOutcomeUnknown`: look before writing it again. The
+faults come through the engine's `FileOps` seam; the fresh open is a real process.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _cli_runs import ROOT, cli_env, run_cli
+
+from cli.output import EXIT_OUTCOME_UNKNOWN, EXIT_UNAVAILABLE, exit_status
+from journal import EventIn, Journal, StoreUnavailable, WriteOutcomeUnknown
+from journal._local.files import FileOps
+
+
+class ViewCommitThenCutFail(FileOps):
+    """EIO at the fault point `at` (after the frame is synced) once armed, then EIO on
+    the next `cuts` truncations (the undo's cut, and the owed cut's later tries)."""
+
+    def __init__(self, at: str = "commit.view_commit", cuts: int = 1) -> None:
+        self.at = at
+        self.cuts = cuts
+        self.armed = False
+        self.refusing = 0
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == self.at and self.armed:
+            self.armed = False
+            self.refusing = self.cuts
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        if self.refusing:
+            self.refusing -= 1
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        super().ftruncate(fd, length)
+
+
+def _data(j: Journal, session: str = "a") -> list[bytes]:
+    return [e.data for e in j.replay(session)]
+
+
+def _consistent(j: Journal, expected: list[bytes]) -> None:
+    """The session holds `expected`, ordinals 1.., cursors resume where they should, and
+    verify finds nothing wrong."""
+    events = list(j.replay("a"))
+    assert [e.data for e in events] == expected
+    assert [e.ordinal for e in events] == list(range(1, len(expected) + 1))
+    assert j.get_session("a").last_ordinal == len(expected)
+    for i, event in enumerate(events):
+        assert [e.data for e in j.replay("a", event.cursor)] == expected[i + 1 :]
+    assert j.verify().problems == []
+
+
+@pytest.mark.parametrize("at", ["commit.view_flush", "commit.view_commit"])
+def test_an_uncut_refused_frame_is_outcome_unknown_and_indexed_by_the_next_process(
+    tmp_path: Path, at: str
+) -> None:
+    """The process that met both EIOs ends (as `journal append` does) with the cut owed:
+    the next process's writer indexes the frame. So the append's outcome was not "nothing
+    committed" (StoreUnavailable, the CLI's exit 9 "retry": a retry appended it twice)
+    but unknown (WRITE_OUTCOME_UNKNOWN, exit 8: look first)."""
+    path = tmp_path / "s"
+    child = (
+        "import json, sys\n"
+        "from test_commit_undo_faults import ViewCommitThenCutFail\n"
+        "from cli.output import exit_status\n"
+        "from journal import EventIn, Journal, JournalError\n"
+        "ops = ViewCommitThenCutFail(sys.argv[2])\n"
+        "with Journal.open(sys.argv[1], create=True, file_ops=ops) as j:\n"
+        "    j.append('a', [EventIn('m', b'before')], create=True)\n"
+        "    ops.armed = True\n"
+        "    try:\n"
+        "        j.append('a', [EventIn('m', b'refused?')])\n"
+        "    except JournalError as e:\n"
+        "        seen = [x.data.decode() for x in j.replay('a')]\n"
+        "        print(json.dumps([type(e).__name__, e.status, getattr(e, 'errno', None),\n"
+        "                          exit_status(e), str(e), seen]))\n"
+        "    else:\n"
+        "        print(json.dumps(['acknowledged']))\n"
+    )
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "-c", child, str(path), at],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    name, status, number, exit_code, message, seen = json.loads(done.stdout)
+    # Not acknowledged; and the view of the failing process does not show it.
+    assert seen == ["before"]
+    assert (name, status, number) == ("WriteOutcomeUnknown", "UNKNOWN", errno.EIO), message
+    assert exit_code == EXIT_OUTCOME_UNKNOWN
+    assert "look" in message and "idempotency key" in message, message
+    # A fresh process (the CLI) finds the frame committed by its catch-up.
+    read = run_cli(path, "--format", "json", "read", "-s", "a")
+    assert read.returncode == 0, read.stderr
+    lines = [json.loads(line) for line in read.stdout.splitlines()]
+    events = [line["message"]["base64"] for line in lines if "message" in line]
+    assert [base64.b64decode(data) for data in events] == [b"before", b"refused?"]
+    assert run_cli(path, "append", "-s", "a", "after").returncode == 0
+    with Journal.open(path) as j:
+        _consistent(j, [b"before", b"refused?", b"after"])
+
+
+def test_the_owed_cut_is_made_by_the_same_journal_before_its_next_commit(
+    tmp_path: Path,
+) -> None:
+    """The same journal goes on: while the cut still fails, every commit fails with a
+    plain `StoreUnavailable` (nothing of those calls was written) and the frame stays
+    unindexed; once the disk works the cut is made first, the refused event is gone for
+    good (a reopen does not find it), and nothing is doubled or missing."""
+    path = tmp_path / "s"
+    ops = ViewCommitThenCutFail(cuts=3)
+    with Journal.open(path, create=True, file_ops=ops) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+        ops.armed = True
+        with pytest.raises(WriteOutcomeUnknown) as refused:
+            j.append("a", [EventIn("m", b"refused?")])
+        assert refused.value.errno == errno.EIO
+        for _ in range(2):  # the owed cut fails again: nothing else is written
+            with pytest.raises(StoreUnavailable) as later:
+                j.append("a", [EventIn("m", b"not written")])
+            assert type(later.value) is StoreUnavailable
+            assert exit_status(later.value) == EXIT_UNAVAILABLE
+            assert _data(j) == [b"before"]
+        assert ops.refusing == 0
+        assert j.append("a", [EventIn("m", b"after")]).first_ordinal == 2
+        _consistent(j, [b"before", b"after"])
+    with Journal.open(path) as j:
+        _consistent(j, [b"before", b"after"])
