@@ -15,12 +15,14 @@ import base64
 import errno
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _cli_runs import ROOT, cli_env, run_cli
+from _disk import SimulatedDisk
 
 from cli.output import EXIT_OUTCOME_UNKNOWN, EXIT_UNAVAILABLE, exit_status
 from journal import EventIn, Journal, StoreUnavailable, WriteOutcomeUnknown
@@ -147,3 +149,29 @@ def test_the_owed_cut_is_made_by_the_same_journal_before_its_next_commit(
         _consistent(j, [b"before", b"after"])
     with Journal.open(path) as j:
         _consistent(j, [b"before", b"after"])
+
+
+def test_a_frame_whose_sync_and_cut_failed_is_made_durable_by_the_writer_that_indexes_it(
+    tmp_path: Path,
+) -> None:
+    """The frame's sync fails (the simulated disk, as Linux, then never writes those
+    bytes: their pages are clean) and so does its cut; the process ends. The next writer
+    reads the frame (from the page cache) and indexes it, then acknowledges an append
+    after it, synced. A power cut used to leave zeros where the indexed frame was, before
+    the acknowledged append: the store was unreadable (JournalCorrupt, a zero frame).
+    The frames a catch-up indexes are now written again and synced first."""
+    path = tmp_path / "s"
+    disk = SimulatedDisk(str(path), random.Random(1))
+    with Journal.open(path, create=True, file_ops=disk) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+        disk.settle()
+        disk.fail("fdatasync", errno.EIO)
+        disk.fail("ftruncate", errno.EIO)
+        with pytest.raises(WriteOutcomeUnknown):
+            j.append("a", [EventIn("m", b"x" * 300)])
+    with Journal.open(path, file_ops=disk) as j:  # (the next process's writer)
+        assert _data(j) == [b"before", b"x" * 300]
+        j.append("a", [EventIn("m", b"after")])
+    disk.power_cut()
+    with Journal.open(path) as j:
+        _consistent(j, [b"before", b"x" * 300, b"after"])

@@ -95,13 +95,16 @@ class CatchUp:
         if not self._finished_interrupted:
             log.finish_interrupted()
             self._finished_interrupted = True
-        indexed_from = head.next_position
+        indexed_from, start = head.next_position, (head.segment, head.end_offset)
         projection = Projection(view, txn, head, self._ops)
         for base in project_segments(log, projection, known_zeros=self._known_zeros):
             if read_summary(log.directory, base) is None:
                 log.seal(base)
         projection.flush()
         head = projection.head
+        if head.next_position != indexed_from:
+            # (Frames no commit acknowledged: made durable before they are: SPEC 14.4.)
+            log.sync_indexed(start, (head.segment, head.end_offset))
         # Bytes past a head the view recorded never committed; past one read from the log
         # (a rebuild, frames indexed here) a cut keeps a copy first (SPEC 3.3).
         kept = rebuilt or head.next_position != indexed_from

@@ -4,6 +4,7 @@ recovery of interrupted work. Positions are store-wide and dense across segments
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -49,6 +50,8 @@ _log = logging.getLogger("journal")
 
 # A frame buffer up to this size is reused by the next append (the common batch fits).
 _REUSED_FRAME_BYTES = 4 << 20
+# The reads and writes in which `sync_indexed` writes frames again.
+_REWRITE_CHUNK = 1 << 20
 
 # `segments/feed-floor`: b"jff1", the floor (u64), a CRC32 of both (big-endian).
 FEED_FLOOR_FILE = "feed-floor"
@@ -500,6 +503,41 @@ class SegmentLog:
                 self.ops.fsync(fd)
         finally:
             os.close(fd)
+
+    def sync_indexed(self, start: tuple[int, int], end: tuple[int, int]) -> None:
+        """Make the frames a catch-up found past the head, from `start` to `end` ((segment,
+        offset) each), durable before they are indexed, when commits sync (durability
+        "fsync"). No commit acknowledged them, and their writer may have died before its
+        sync, or met a failed sync and then a failed cut (SPEC 14.4): after a failed
+        writeback Linux marks the pages clean without writing them, so a sync writes
+        nothing; the bytes are written again and synced. Else a power cut could leave a
+        hole of zeros before frames acknowledged after them (the store then unreadable)."""
+        if not self.sync:
+            return
+        for base in self.bases():
+            if not start[0] <= base <= end[0]:
+                continue
+            try:
+                fd = open_segment(os.path.join(self.directory, segment_name(base)), os.O_RDWR)
+            except FileNotFoundError:
+                continue  # compressed: its copy was synced before it replaced the plain file
+            try:
+                offset = start[1] if base == start[0] else SEGMENT_HEADER_SIZE
+                stop = end[1] if base == end[0] else os.fstat(fd).st_size
+                while offset < stop:
+                    data = self.ops.pread(fd, min(_REWRITE_CHUNK, stop - offset), offset)
+                    if not data:
+                        break
+                    written = 0
+                    while written < len(data):
+                        count = self.ops.pwrite(fd, data[written:], offset + written)
+                        if count <= 0:
+                            raise OSError(errno.EIO, "a write of a segment wrote nothing")
+                        written += count
+                    offset += len(data)
+                self.ops.fdatasync(fd)
+            finally:
+                os.close(fd)
 
     def _create_segment(self, base_position: int) -> SegmentWriter:
         return SegmentWriter.create(
