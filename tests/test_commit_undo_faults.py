@@ -6,7 +6,9 @@ this journal makes the owed cut before anything else (its next commit, once the 
 works) it was never committed; if the process ends first, the next writer's catch-up
 indexes it and it is. The caller is not told "nothing was committed, retry" (a retry
 would then store it twice) but `WriteOutcomeUnknown`: look before writing it again. The
-faults come through the engine's `FileOps` seam; the fresh open is a real process.
+faults come through the engine's `FileOps` seam; the fresh open is a real process. And a
+frame whose sync failed, indexed by the next writer, is made durable before it is (the
+simulated disk's power cut).
 """
 
 from __future__ import annotations
