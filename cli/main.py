@@ -10,7 +10,7 @@ import os
 import shlex
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import IO, Any, cast
 
@@ -191,7 +191,9 @@ class JournalGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:
     """Event-sourced session journal: append, replay, watch and discover agent sessions."""
-    ctx.obj = Settings(store=store, output=Output(output_format))
+    # (Keywords a caller in this process gives for the store's open: a test's fault points.)
+    given = dict(ctx.obj) if isinstance(ctx.obj, Mapping) else {}
+    ctx.obj = Settings(store=store, output=Output(output_format), open_options=given)
 
 
 # click 8.2 raises this for a bare group (older versions print the help and exit).

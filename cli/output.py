@@ -95,7 +95,10 @@ _STATUS_EXIT = {
 EXIT_CODES_HELP = f"""\b
 Errors print one line, `journal: error: MESSAGE`, on stderr (with --format json also
 {{"error": {{"code", "status", "message"}}}} on stdout); in text a usage error prints
-the command's usage and `Try 'journal COMMAND --help'` before it.
+the command's usage and `Try 'journal COMMAND --help'` before it. A command whose later
+step fails after an earlier one committed (`sessions own`'s release, `sessions expire`'s
+listing) prints what committed first, and its error says so ("committed": true); the
+exit status is the failed step's (9: what committed stays; run it again once mended).
 
 \b
 Exit status:
@@ -127,15 +130,21 @@ Exit status:
 
 
 class CommandFailed(Exception):
-    """A failure of the command itself (not of the library), reported like a JournalError."""
+    """A failure of the command itself (not of the library), reported like a JournalError;
+    `fields` go into its JSON error object (`error_fields`)."""
 
     def __init__(
-        self, message: str, code: str = "COMMAND_FAILED", status: str = "INTERNAL"
+        self,
+        message: str,
+        code: str = "COMMAND_FAILED",
+        status: str = "INTERNAL",
+        **fields: str | int | bool | None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.status = status
+        vars(self).update(fields)
 
 
 def exit_status(error: journal.JournalError | CommandFailed) -> int:
@@ -573,6 +582,9 @@ class Settings:
 
     store: str
     output: Output = field(repr=False)
+    # More keywords for `Journal.open` (a test's `file_ops`: the engine's fault points,
+    # SPEC 1.3), given as click's `obj` (`main.main(args, obj={"file_ops": ops})`).
+    open_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def open(self, write: bool = True) -> journal.Journal:
         """Open the existing store (`StoreNotFound` tells the user to run `journal init`).
@@ -580,7 +592,9 @@ class Settings:
         Commands that only read open it read-only, always: they change no file of the
         store (LMDB's reader table aside), create no key file, repair nothing, and never
         wait for a writer."""
-        return journal.Journal.open(self.store, create=False, readonly=not write)
+        return journal.Journal.open(
+            self.store, create=False, readonly=not write, **self.open_options
+        )
 
 
 pass_settings = click.make_pass_decorator(Settings)

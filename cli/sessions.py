@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +19,12 @@ from .interrupts import said_if_interrupted
 from .json_data import embedded
 from .output import (
     BELOW_2_62,
+    CommandFailed,
     NumberOption,
     Settings,
     WholeNumber,
+    cli_message,
+    error_fields,
     given_cursor,
     given_page_token,
     id_column,
@@ -399,6 +403,11 @@ def own(settings: Settings, session_id: str, wait_s: int) -> None:
     may or may not have run), prints which turn it recorded (none if there was none),
     then releases the lease. A live owner is left alone: exit 5 (OWNER_BUSY, with its
     pid); so is an ended session (5), and a missing one is 3.
+
+    If recording the release fails after the takeover committed, the takeover is printed
+    all the same ("released": false in JSON), then the error, with that failure's exit
+    status (9 for an unavailable store): the turn stays recorded; run the command again
+    once the store is mended to record a release.
     """
     owner: journal.Owner | None = None
 
@@ -407,13 +416,25 @@ def own(settings: Settings, session_id: str, wait_s: int) -> None:
 
     with said_if_interrupted(said), settings.open() as store:
         owner = store.own(session_id, wait_s=wait_s)
-        with owner:
-            generation, recovered = owner.generation, owner.recovered_turn
+        generation, recovered = owner.generation, owner.recovered_turn
+        try:
+            owner.release()
+        except journal.JournalError as error:
+            # The takeover (and the turn it recorded) committed: printed before the error,
+            # which until 2026-12-06 came alone (exit 9, the recorded turn never said).
+            _emit_owned(settings, session_id, generation, recovered, released=False)
+            raise _release_failed(error, session_id, recovered) from None
+    _emit_owned(settings, session_id, generation, recovered, released=True)
+
+
+def _emit_owned(
+    settings: Settings, session_id: str, generation: int, recovered: str | None, released: bool
+) -> None:
     record = {
         "session_id": session_id,
         "generation": generation,
         "recovered_turn": recovered,
-        "released": True,
+        "released": released,
     }
     if recovered is None:
         what = "no unsettled turn"
@@ -422,8 +443,30 @@ def own(settings: Settings, session_id: str, wait_s: int) -> None:
             f"turn {shown(recovered)} recorded as failed (WATCH_OUTCOME_UNKNOWN: its owner "
             "ended without settling it; it may have run)"
         )
-    settings.output.emit(
-        record, f"took over {shown(session_id)} (lease {generation}): {what}; released"
+    end = "released" if released else "its release failed (below)"
+    text = f"took over {shown(session_id)} (lease {generation}): {what}; {end}"
+    settings.output.emit(record, text)
+
+
+def _release_failed(
+    error: journal.JournalError, session_id: str, recovered: str | None
+) -> CommandFailed:
+    """The error of a release that failed after the takeover committed: its code and
+    status (so its exit status), saying what committed and what to run."""
+    if recovered is None:
+        done = "it found no unsettled turn"
+    else:
+        done = f"turn {shown(recovered)} was recorded as failed, WATCH_OUTCOME_UNKNOWN"
+    return CommandFailed(
+        f"the takeover committed ({done}), but recording the release of the lease then "
+        f"failed: {cli_message(error.message)}. The lease is let go as the command ends; "
+        f"once the store is mended, `journal sessions own {shlex.quote(session_id)}` "
+        "records a release (the turn is not recorded again)",
+        error.code,
+        error.status,
+        **error_fields(error),
+        failed_step="release",
+        committed=True,
     )
 
 
@@ -433,9 +476,12 @@ def _own_interrupted(session_id: str, owner: journal.Owner | None) -> str:
     none was taken (a Ctrl+C while waiting), or the one taken was let go at once, maybe
     after the turn was recorded (a Ctrl+C held until that commit was done)."""
     if owner is None:
+        # (Shell-quoted, to be run as it is: until 2026-12-06 the id was quoted as the
+        # CLI shows ids, `"a b$c"`, which a shell expands.)
         return (
             "interrupted: no lease is held (none was taken, or the one taken was let go); "
-            f"`journal sessions show {shown(session_id)}` shows whether a turn is still open"
+            f"`journal sessions show {shlex.quote(session_id)}` shows whether a turn is "
+            "still open"
         )
     if owner.recovered_turn is None:
         done = "there was no unsettled turn"
@@ -454,22 +500,57 @@ def expire(settings: Settings) -> None:
     until one of those runs). Prints one line per session expired while the command ran
     (by its own pass, or by the store's timer as it opened the store), or, in text, when
     it expired none, that no session is past its deadline.
+
+    If the listing read after the expiry fails, the sessions its own pass expired are
+    printed all the same, then the error, with that failure's exit status (9 for an
+    unavailable store): `journal sessions list --state expired` lists them all once the
+    store is mended.
     """
     start_ms = int(time.time() * 1000)
+    output = settings.output
     with settings.open() as store:
-        store.expire_due()
+        mine = store.expire_due()
         # (The timer of the journal just opened may have expired them first: what ended
         # since the command started is what it expired. Ended before it finished, too: an
         # end stamped later, by a clock that was ahead, or on another host and imported,
         # is no end of this run, and without that bound every run listed it again.)
-        listed = list(store.list_sessions(state=journal.SessionState.EXPIRED))
+        try:
+            listed = list(store.list_sessions(state=journal.SessionState.EXPIRED))
+        except journal.JournalError as error:
+            # The expiry committed: what it expired is printed before the error, which
+            # until 2026-12-06 came alone (exit 9, the expired sessions never said).
+            for meta in sorted(mine, key=lambda meta: meta.session_id):  # (id order)
+                output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
+            raise _listing_failed(error, len(mine), output.format != "quiet") from None
         end_ms = int(time.time() * 1000)
-        expired = [
-            meta
-            for meta in listed
-            if meta.ended_at_ms is not None and start_ms <= meta.ended_at_ms <= end_ms
-        ]
-    for meta in expired:
-        settings.output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
-    if not expired and settings.output.format == "text":
+    expired = {meta.session_id: meta for meta in mine}  # (whatever its clock stamped)
+    for meta in listed:
+        if meta.ended_at_ms is not None and start_ms <= meta.ended_at_ms <= end_ms:
+            expired[meta.session_id] = meta
+    for session_id in sorted(expired):  # (id order, as the listing's)
+        meta = expired[session_id]
+        output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
+    if not expired and output.format == "text":
         click.echo("no session is past its deadline now")
+
+
+def _listing_failed(error: journal.JournalError, expired: int, printed: bool) -> CommandFailed:
+    """The error of the listing read that failed after the expiry committed: its code
+    and status (so its exit status), saying what committed and where to look."""
+    if not expired:
+        done = "it expired no session itself"
+    else:
+        which = "one session" if expired == 1 else f"{expired} sessions"
+        done = f"it expired {which}" + (", printed above" if printed else "")
+    return CommandFailed(
+        f"the expiry committed ({done}), but listing the expired sessions then failed: "
+        f"{cli_message(error.message)}. Sessions the store's timer expired as the command "
+        "opened the store are not printed; once the store is mended, `journal sessions "
+        "list --state expired` lists every expired session (`journal sessions expire` "
+        "again lists only what it expires then)",
+        error.code,
+        error.status,
+        **error_fields(error),
+        failed_step="listing",
+        committed=True,
+    )

@@ -216,22 +216,29 @@ def test_ctrl_c_ends_a_store_command_with_130_and_no_traceback(store: Path) -> N
     ]
 
 
-def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(tmp_path: Path) -> None:
-    """`sessions own --wait` ended on Ctrl+C with exit 130 and nothing said."""
+@pytest.mark.parametrize(("session_id", "quoted"), [("s", "s"), ("w $x", "'w $x'")])
+def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(
+    tmp_path: Path, session_id: str, quoted: str
+) -> None:
+    """`sessions own --wait` ended on Ctrl+C with exit 130 and nothing said. The command
+    it names quotes the id for a shell (until 2026-12-06 as the CLI shows ids, `"w $x"`,
+    which a shell expands: a review)."""
     store = tmp_path / "store"
     with Journal.open(store, create=True) as j:
-        j.create_session("s")
-        with j.own("s"):
+        j.create_session(session_id)
+        with j.own(session_id):
             status, stdout, stderr = _interrupted(
                 store,
-                ["sessions", "own", "s", "--wait", "60"],
-                lambda process: _wait_until_it_opened(process.pid, lock_path(str(store), "s")),
+                ["sessions", "own", session_id, "--wait", "60"],
+                lambda process: _wait_until_it_opened(
+                    process.pid, lock_path(str(store), session_id)
+                ),
             )
     assert status == 130, stderr
     assert stdout == b""
     assert stderr.decode().splitlines() == [
         "journal: interrupted: no lease is held (none was taken, or the one taken was let "
-        "go); `journal sessions show s` shows whether a turn is still open"
+        f"go); `journal sessions show {quoted}` shows whether a turn is still open"
     ]
 
 

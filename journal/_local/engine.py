@@ -601,6 +601,7 @@ class LocalEngine:
     ) -> tuple[list[SessionRow], bool]:
         rows: list[SessionRow] = []
         view = self.view
+        self._ops.point("sessions.list", after_id)
         with view.begin() as txn:
             # A state filter reads its state's index, not every row (SPEC 7.7).
             found = (

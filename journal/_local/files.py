@@ -62,6 +62,8 @@ FAULT_POINTS: Final = {
     "zerofill.start": "the zero-filler's thread is about to start (none is recorded yet)",
     "zerofill.step": "the zero-filler holds a segment's extension lock; its step comes next",
     "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
+    "sessions.list": "a listing of sessions reads its next page of rows (detail: the id "
+    "it reads after, None for the first page)",
     "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",
     "store.create": "an open creating the store made a directory or store.json's temporary",
 }
