@@ -767,3 +767,95 @@ def test_a_never_pruned_store_that_refuses_writes_is_read_by_a_writable_journal(
         with j.watch_sessions(cursor=first.cursor, stop=threading.Event()) as feed:
             assert next_of(feed).session.session_id == "s0"
     assert messages(url, name, "ff") == 0
+
+
+def _suspend_and_resume(j: Journal, session_id: str, rounds: int) -> None:
+    for _ in range(rounds):
+        j.suspend_session(session_id)
+        j.resume_session(session_id)
+
+
+def test_a_live_sessions_superseded_entries_leave_a_day_after_what_superseded_them(
+    j: Journal, url: str, name: str
+) -> None:
+    """A session that never ends added a feed entry with each change, kept for good (500
+    suspensions and resumptions: 1,001 messages after a pass). A pass prunes the entries
+    of a live session followed by a later one of it that is a day old: its CREATED entry
+    (its incarnation, the id's look-up) and its newest entry a day old stay, as the local
+    engine keeps a live session's creation and latest transition. The floor rises past
+    them: a cursor from before them expires, one after them resumes with no gap."""
+    j.create_session("live")
+    j.create_session("other")
+    token = j.list_sessions_page(page_size=1).next_page_token  # (after live's incarnation)
+    before = anchor_cursor(j)
+    _suspend_and_resume(j, "live", 200)
+    assert messages(url, name, "lc.*") == 2 + 400
+    time.sleep(0.05)
+    cut = _now_ms()  # (the entries before it are a day old for the pass below)
+    time.sleep(0.05)
+    after = anchor_cursor(j)  # (at live's last entry before the cut)
+    _suspend_and_resume(j, "live", 5)
+    with j.watch_sessions(cursor=after, stop=threading.Event()) as feed:
+        young = [next_of(feed) for _ in range(10)]
+    assert _format(url, name) == 1
+    j.apply_retention(now_ms=cut + FEED_KEEP_MS)
+    # Both CREATED entries, live's newest before the cut, and the ten after it.
+    assert messages(url, name, "lc.*") == 2 + 1 + 10
+    assert _format(url, name) == 2  # (older releases, which know no floor, refuse it)
+    with pytest.raises(CursorExpired):
+        j.watch_sessions(cursor=before)
+    j.create_session("marker")
+    expected = [(e.event_type, e.session.session_id) for e in young] + [
+        (LifecycleEventType.CREATED, "marker")
+    ]
+    for start, cursor in [(0, after), *((i + 1, e.cursor) for i, e in enumerate(young))]:
+        with j.watch_sessions(cursor=cursor, stop=threading.Event()) as feed:
+            got = [next_of(feed) for _ in range(len(expected) - start)]
+        assert [(e.event_type, e.session.session_id) for e in got] == expected[start:]
+    # The incarnation still names its id (the CREATED entry stays).
+    assert [s.session_id for s in j.list_sessions_page(page_token=token).sessions] == [
+        "marker",
+        "other",
+    ]
+    # A day later every entry but each live session's CREATED and newest is gone.
+    prune(j)
+    assert messages(url, name, "lc.*") == 4
+    assert j.get_session("live").state == SessionState.OPEN
+
+
+def test_a_pass_that_fails_to_delete_superseded_entries_leaves_them_to_a_later_one(
+    url: str, name: str
+) -> None:
+    """The floor covering a live session's superseded entries is recorded before they are
+    deleted (not as pending: a pass stopped in between leaves them below the floor, never
+    read). A refused delete (a stream without a leader, at the engine's `store.delete`
+    point) fails the pass with `StoreUnavailable`; the pass that walks the session's next
+    entry looks below it and deletes what was left."""
+    from journal._jetstream.client import ApiError
+
+    refusing = threading.Event()
+
+    def point(where: str, detail: object) -> None:
+        if where == "store.delete" and refusing.is_set():
+            raise ApiError(503, 10008, "JetStream system temporarily unavailable")
+
+    options = JetStreamOptions(servers=[url], store=name, point=point, retention=EVICT_LATER)
+    with Journal.over(JetStreamEngine.open(options)) as j:
+        j.create_session("live")
+        before = anchor_cursor(j)
+        _suspend_and_resume(j, "live", 20)
+        refusing.set()
+        with pytest.raises(StoreUnavailable) as failed:
+            prune(j)
+        assert re.search(r"refused to delete .*error 10008.*again", str(failed.value))
+        assert messages(url, name, "lc.*") == 1 + 40  # (nothing deleted)
+        assert _format(url, name) == 2  # (marked before the first delete, as for a purge)
+        with pytest.raises(CursorExpired):
+            j.watch_sessions(cursor=before)
+        refusing.clear()
+        prune(j)  # (nothing walked since: what the failed pass left stays)
+        assert messages(url, name, "lc.*") == 1 + 40
+        j.suspend_session("live")
+        prune(j)
+        assert messages(url, name, "lc.*") == 2
+        assert j.get_session("live").state == SessionState.SUSPENDED

@@ -171,6 +171,40 @@ def test_the_feed_stays_bounded_over_many_session_lifetimes(
     assert max(sizes[2:]) <= max(sizes[:2]) + 40, sizes
 
 
+def test_the_feed_of_a_live_session_stays_bounded_over_many_suspensions(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A session that never ends adds a feed entry with each suspension and resumption:
+    the entries its later changes superseded go (with their records on the local engine,
+    a day after on JetStream), and a cursor from before them expires."""
+
+    def reopen() -> Journal:
+        options = {"durability": "os", "segment_bytes": SMALL_SEGMENTS}
+        return engine.open(store, retention=EVICT_LATER, **options)
+
+    sizes = []
+    j = reopen()
+    j.create_session("live")
+    before = anchor_cursor(j)
+    for _ in range(8):
+        for _ in range(40):
+            j.suspend_session("live")
+            j.resume_session("live")
+        # (A day and two hours ahead: JetStream prunes an entry a day after the change
+        # that superseded it.)
+        j.apply_retention(now_ms=time.time_ns() // 1_000_000 + 26 * 3_600_000)
+        j.close()
+        sizes.append(_feed_size(engine, store))
+        j = reopen()
+    with j:
+        # Each round adds 80 entries (640 in all); the local engine keeps those of its
+        # active segment (a sawtooth of 80 to 210), JetStream the CREATED entry and the
+        # newest.
+        assert max(sizes) <= 3 * 80, sizes
+        with pytest.raises(CursorExpired):
+            j.watch_sessions(cursor=before)
+
+
 def test_a_watcher_that_falls_behind_pruning_gets_cursor_expired(
     engine: EngineFactory, store: Path
 ) -> None:

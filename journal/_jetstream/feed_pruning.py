@@ -4,10 +4,11 @@ the stream, and the feed's floor, recorded on `j.<store>.ff`, rises to the highe
 sequence pruned, so a lifecycle cursor below it expires as on the local engine.
 
 A retention pass walks the feed in sequence order from where the passes before stopped
-(`FeedFloor.examined`), takes the EVICTED entries stored at least `FEED_KEEP_MS` before
-the servers' time now (the servers' clock on both sides: no host's clock judges), and
-stops at the first younger one: every entry after the floor is then kept, and an operator
-knows that a lifecycle cursor of a change less than `FEED_KEEP_MS` old always resumes.
+(`FeedFloor.examined`), through the entries stored at least `FEED_KEEP_MS` before the
+servers' time now (the servers' clock on both sides: no host's clock judges), takes the
+EVICTED ones, and stops at the first younger entry: every entry after the floor is then
+kept, and an operator knows that a lifecycle cursor of a change less than `FEED_KEEP_MS`
+old always resumes.
 Each batch is recorded first (the new floor, how far it looked, the sessions to purge:
 a compare-and-set on the floor subject, since two processes' passes may race; the loser
 reads the record again and goes on from it), then purged, then recorded done. A pass
@@ -20,6 +21,18 @@ EVICTED entry after its claim, so its claim is never pruned. So is the heartbeat
 wrote after the eviction (it held the lease meanwhile: the eviction's purge took the
 beats before its tombstone, a beat is written outside the compare-and-set), found by the
 incarnation it names: an owner of an incarnation created since keeps its own.
+
+A session that lives on (suspended and resumed between turns for months) would add an
+entry with each change for as long as it lives: a walked entry of a live session (any
+but its CREATED or EVICTED one) supersedes the session's entries before it, and those
+leave the stream (one delete each: the CREATED entry below them is the incarnation, which
+names the session's id, so no purge of the subject below them can be used), as the local
+engine drops a live session's transitions but its creation and latest one with their
+records. The newest walked entry stays until a later one is walked: a pass looks up what
+an earlier pass left of the session below the first entry it walks (its newest then, or
+the entries of a batch recorded and not yet deleted when that pass stopped). Only
+entries before the first one stored less than `FEED_KEEP_MS` ago are walked, so a change
+less than a day old is never pruned, nor is anything after it.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ import msgspec
 
 from ..errors import StoreUnavailable
 from ..models import LifecycleEventType
-from .client import ANOTHER_CAME_FIRST, ApiError
+from .client import ANOTHER_CAME_FIRST, ApiError, Found
 from .layout import ENCODER, HEARTBEAT_DECODER, PRUNED_FORMAT, FeedFloor
 from .reads import StoreReader, decode_feed, decode_meta
 from .server_clock import ServerClock, stored_ms
@@ -54,6 +67,14 @@ _READ: Final = 1_000
 _PASS_RECORDS: Final = 4 * _PASS_SESSIONS // _BATCH_SESSIONS + 16
 _READ_BYTES: Final = 4 << 20
 _EVICTED: Final = LifecycleEventType.EVICTED.value
+_CREATED: Final = LifecycleEventType.CREATED.value
+# A batch also ends once it holds this many superseded entries of live sessions to delete
+# and sessions to look up below its walk (one request each).
+_BATCH_CHANGES: Final = 1_024
+# JetStream's answer to a delete of a message not there (another pass's delete, or a
+# purge, came first): "no message found" (other failures of a delete share the code).
+_DELETE_FAILED: Final = 10057
+_DELETES_AT_ONCE: Final = 32
 _MARK_TRIES: Final = 100
 
 
@@ -85,65 +106,139 @@ class FeedPruner:
                 await self._purge(record.pending)
                 await self._record(msgspec.structs.replace(record, pending=[]), seq)
                 continue
-            batch, reach, count, young = await self._choose(
-                record.examined, now, _PASS_ENTRIES - examined
-            )
-            examined += count
-            if reach == record.examined:
+            walk = await self._choose(record.examined, now, _PASS_ENTRIES - examined)
+            examined += walk.count
+            if walk.reach == record.examined:
                 break
-            floor = max(record.floor, *(evicted for _, evicted in batch), 0)
-            written = await self._record(FeedFloor(floor, reach, batch), seq)
+            batch, superseded = walk.batch, walk.superseded
+            floor = max(record.floor, *(evicted for _, evicted in batch), *superseded, 0)
+            written = await self._record(FeedFloor(floor, walk.reach, batch), seq)
             if written is None:
                 continue  # (another pass recorded first: go on from its record)
-            if batch:
+            if batch or superseded:
                 self._point("feed.floor_recorded", floor)
+            if batch:
                 await self._purge(batch)
                 pruned += len(batch)
-                await self._record(FeedFloor(floor, reach, []), written)
-            if young:
+            # (Not recorded as pending: a pass stopped before these deletes leaves them
+            # below the floor, never read, until a later pass walks a later entry of the
+            # session and looks below it, or the session's eviction purges them.)
+            await self._delete(superseded)
+            if batch:
+                await self._record(FeedFloor(floor, walk.reach, []), written)
+            if walk.young:
                 break
         return pruned
 
-    async def _choose(
-        self, examined: int, now_ms: int, most: int
-    ) -> tuple[list[tuple[str, int]], int, int, bool]:
-        """The sessions to prune after `examined` (token, its EVICTED entry's sequence),
-        how far that decides (every EVICTED entry up to it is taken), how many entries
-        were read, and whether it stopped at an eviction younger than `FEED_KEEP_MS`."""
-        batch: list[tuple[str, int]] = []
-        reach, count = examined, 0
+    async def _choose(self, examined: int, now_ms: int, most: int) -> _Walk:
+        """A walk of at most `most` entries after `examined`, stopped at the first one
+        stored less than `FEED_KEEP_MS` before `now_ms`: the sessions to prune (token, its
+        EVICTED entry's sequence) and the live sessions' superseded entries (the module
+        docstring)."""
+        walk = _Walk(examined)
         horizon = now_ms - FEED_KEEP_MS
-        while count < most and len(batch) < _BATCH_SESSIONS:
+        changes = 0
+        while walk.count < most and len(walk.batch) < _BATCH_SESSIONS and changes < _BATCH_CHANGES:
             found, _ = await self._conn.direct(
                 {
-                    "seq": reach + 1,
+                    "seq": walk.reach + 1,
                     "next_by_subj": self._subjects.feed,
-                    "batch": min(_READ, most - count),
+                    "batch": min(_READ, most - walk.count),
                     "max_bytes": _READ_BYTES,
                 }
             )
             if not found:
                 break
             for message in found:
-                count += 1
-                entry = decode_feed(message)
-                if entry.event_type == _EVICTED:
-                    # (The time the server stored it, not the writer's clock in it: a
-                    # writer a day behind made fresh evictions look old.)
-                    if stored_ms(message) > horizon:
-                        return batch, reach, count, True
-                    token = message.subject.rsplit(".", 1)[1]
-                    batch.append((token, message.seq))
-                reach = message.seq
-                if len(batch) == _BATCH_SESSIONS or count == most:
+                # (The time the server stored it, not the writer's clock in it: a writer
+                # a day behind made fresh evictions look old.)
+                if stored_ms(message) > horizon:
+                    walk.young = True
                     break
-        return batch, reach, count, False
+                walk.count += 1
+                changes += walk.take(message)
+                walk.reach = message.seq
+                if len(walk.batch) == _BATCH_SESSIONS or walk.count == most:
+                    break
+                if changes >= _BATCH_CHANGES:
+                    break
+            if walk.young:
+                break
+        walk.superseded = walk.superseded_walked()
+        for (token, incarnation), below in walk.first.items():
+            walk.superseded += await self._left_below(token, incarnation, below)
+        walk.superseded.sort()
+        return walk
 
-    async def _purge(self, sessions: list[tuple[str, int]]) -> None:
-        """Purge each session's feed entries and claim up to its EVICTED entry."""
+    async def _left_below(self, token: str, incarnation: int, below: int) -> list[int]:
+        """The entries of the session's `incarnation` below sequence `below` but its
+        CREATED one: what an earlier pass kept (its newest entry then) or recorded and did
+        not delete (it stopped first)."""
+        left: list[int] = []
+        seq = incarnation + 1
+        while seq < below:
+            found, _ = await self._conn.direct(
+                {
+                    "seq": seq,
+                    "next_by_subj": self._subjects.lifecycle(token),
+                    "batch": 16,
+                    "max_bytes": _READ_BYTES,
+                }
+            )
+            for message in found:
+                if message.seq >= below:
+                    return left
+                entry = decode_feed(message)
+                if entry.event_type != _CREATED and entry.row.incarnation == incarnation:
+                    left.append(message.seq)
+                seq = message.seq + 1
+            if not found:
+                break
+        return left
+
+    async def _delete(self, sequences: list[int]) -> None:
+        """Delete each superseded entry, `_DELETES_AT_ONCE` requests at a time (one by
+        one, 1,000 took 1.5 s). The store is marked first, as for a purge."""
+        if sequences:
+            await self._ensure_marked()
+        for start in range(0, len(sequences), _DELETES_AT_ONCE):
+            chunk = sequences[start : start + _DELETES_AT_ONCE]
+            done = await asyncio.gather(*map(self._delete_one, chunk), return_exceptions=True)
+            for failed in done:
+                if isinstance(failed, BaseException):
+                    raise failed
+
+    async def _delete_one(self, seq: int) -> None:
+        """Delete one superseded entry (one not there any more was deleted first by
+        another pass, or purged with its session). A refusal fails the pass with
+        `StoreUnavailable` as a refused purge does."""
+        try:
+            self._point("store.delete", seq)
+            await self._conn.api(
+                f"$JS.API.STREAM.MSG.DELETE.{self._conn.stream}", {"seq": seq, "no_erase": True}
+            )
+        except ApiError as e:
+            if e.err_code == _DELETE_FAILED and "no message found" in e.description:
+                return
+            advice = (
+                "the stream has no leader now (a failover?): apply retention again shortly"
+                if e.transient
+                else f"check stream {self._conn.stream} (`nats stream info`) and the "
+                "account's JetStream permissions, then apply retention again"
+            )
+            raise StoreUnavailable(
+                "JetStream refused to delete the superseded lifecycle feed entry at "
+                f"sequence {seq} ({e.description}, error {e.err_code}): {advice}"
+            ) from None
+
+    async def _ensure_marked(self) -> None:
         if not self._marked:
             await self._mark_pruned()
             self._marked = True
+
+    async def _purge(self, sessions: list[tuple[str, int]]) -> None:
+        """Purge each session's feed entries and claim up to its EVICTED entry."""
+        await self._ensure_marked()
         for token, evicted in sessions:
             await self._reader.purge(self._subjects.feed_and_claim(token), evicted + 1)
         await self._purge_late_beats(sessions)
@@ -198,3 +293,53 @@ class FeedPruner:
             if e.err_code in ANOTHER_CAME_FIRST:
                 return None
             raise
+
+
+class _Walk:
+    """What one walk of the feed found (`FeedPruner._choose`): how far it decided
+    (`reach`), how many entries it read, whether it stopped at a young one; the sessions
+    to prune and the superseded entries of live ones to delete."""
+
+    def __init__(self, examined: int) -> None:
+        self.reach = examined
+        self.count = 0
+        self.young = False
+        self.batch: list[tuple[str, int]] = []
+        self.superseded: list[int] = []
+        # Per session (token, incarnation): its newest entry walked but its CREATED and
+        # EVICTED ones, and the entries walked before it; the first entry walked of a
+        # session whose CREATED entry was not (`_left_below` looks below it).
+        self._newest: dict[tuple[str, int], int] = {}
+        self._before: dict[tuple[str, int], list[int]] = {}
+        self._created: set[tuple[str, int]] = set()
+        self.first: dict[tuple[str, int], int] = {}
+
+    def take(self, message: Found) -> int:
+        """Walk one entry; how many deletes and look-ups it adds."""
+        entry = decode_feed(message)
+        token = message.subject.rsplit(".", 1)[1]
+        key = token, entry.row.incarnation
+        if entry.event_type == _EVICTED:
+            # (Its purge takes every entry of the session below it.)
+            self.batch.append((token, message.seq))
+            self._newest.pop(key, None)
+            looked = 0 if self.first.pop(key, None) is None else 1
+            return -len(self._before.pop(key, [])) - looked
+        if entry.event_type == _CREATED:
+            self._created.add(key)
+            return 0
+        previous = self._newest.get(key)
+        self._newest[key] = message.seq
+        if previous is not None:
+            self._before.setdefault(key, []).append(previous)
+            return 1
+        if key not in self._created:
+            self.first[key] = message.seq
+            return 1
+        return 0
+
+    def superseded_walked(self) -> list[int]:
+        """The walked entries of live sessions that a later walked entry of theirs
+        superseded (those of a session evicted in the walk left out: its purge takes
+        them)."""
+        return [seq for seqs in self._before.values() for seq in seqs]

@@ -6,7 +6,9 @@ encoded into one subject token (hex keeps byte order, so sorted subjects are sor
     j.<store>.meta               the store's identity (id, format, shared cursor key)
     j.<store>.policy             the store's retention policy (rolled up)
     j.<store>.lc.<id>            lifecycle feed entries of the session (pruned a day
-                                 after its eviction, `feed_pruning.py`)
+                                 after its eviction, and those a later change of it
+                                 superseded a day after that change, its CREATED one
+                                 kept: `feed_pruning.py`)
     j.<store>.in.<id>            an imported session's incarnation (pruned with them)
     j.<store>.ff                 the lifecycle feed's floor (rolled up)
     j.<store>.s.<id>.row         the session's registry row (rolled up: one message)
@@ -233,10 +235,12 @@ class StoredFeed(msgspec.Struct, array_like=True):
 
 class FeedFloor(msgspec.Struct, array_like=True):
     """The lifecycle feed's pruning record (`feed_pruning.py`): `floor`, the highest
-    sequence pruned (raised before the purges it covers, never lowered); every EVICTED
-    entry up to `examined` is decided, and `pending` lists the sessions (token, EVICTED
-    entry's sequence) whose purge may not be done (a pass that stopped between its
-    record and its purges)."""
+    sequence pruned (raised before the purges and deletes it covers, never lowered);
+    every entry up to `examined` is decided (an EVICTED one taken, a live session's
+    superseded ones deleted), and `pending` lists the sessions (token, EVICTED entry's
+    sequence) whose purge may not be done (a pass that stopped between its record and
+    its purges; a live session's deletes are not listed: a later pass finds what is left
+    of them below the session's next entry)."""
 
     floor: int
     examined: int
