@@ -397,6 +397,12 @@ _CLI_HINTS: Final = (
         "it again; an append retried with the same --idempotency-key is safe",
     ),
     (
+        "look whether it committed (get_session, read) before writing it again; an append "
+        "retried with the same idempotency key is safe",
+        "look whether it committed (`journal sessions show ID`, `journal read`) before "
+        "writing it again; an append retried with the same --idempotency-key is safe",
+    ),
+    (
         "(for example Journal.open('nats://host:4222', store='agents'))",
         "(for example --store nats://host:4222/agents)",
     ),

@@ -25,19 +25,25 @@ from pathlib import Path
 import pytest
 from _cli_runs import ROOT, cli_env, run_cli
 from _disk import SimulatedDisk
+from click.testing import CliRunner
 
+from cli.main import main
 from cli.output import EXIT_OUTCOME_UNKNOWN, EXIT_UNAVAILABLE, exit_status
 from journal import EventIn, Journal, StoreUnavailable, WriteOutcomeUnknown
 from journal._local.files import FileOps
+from journal.engine import Append
 
 
 class ViewCommitThenCutFail(FileOps):
     """EIO at the fault point `at` (after the frame is synced) once armed, then EIO on
     the next `cuts` truncations (the undo's cut, and the owed cut's later tries)."""
 
-    def __init__(self, at: str = "commit.view_commit", cuts: int = 1) -> None:
+    def __init__(
+        self, at: str = "commit.view_commit", cuts: int = 1, error: BaseException | None = None
+    ) -> None:
         self.at = at
         self.cuts = cuts
+        self.error = error  # (raised at `at` instead of the EIO)
         self.armed = False
         self.refusing = 0
 
@@ -45,7 +51,7 @@ class ViewCommitThenCutFail(FileOps):
         if name == self.at and self.armed:
             self.armed = False
             self.refusing = self.cuts
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
+            raise self.error or OSError(errno.EIO, os.strerror(errno.EIO))
 
     def ftruncate(self, fd: int, length: int) -> None:
         if self.refusing:
@@ -177,3 +183,53 @@ def test_a_frame_whose_sync_and_cut_failed_is_made_durable_by_the_writer_that_in
     disk.power_cut()
     with Journal.open(path) as j:
         _consistent(j, [b"before", b"x" * 300, b"after"])
+
+
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (KeyboardInterrupt(), "the commit was interrupted (KeyboardInterrupt)"),
+        (ValueError("no such value"), "the commit failed: no such value"),
+    ],
+)
+def test_an_uncut_frame_after_a_failure_not_of_the_disk_says_what_failed(
+    tmp_path: Path, error: BaseException, said: str
+) -> None:
+    """The commit failed after its frame was written with something other than the disk
+    refusing (a second Ctrl+C runs the held handler inside the commit, SPEC 7.1; a
+    failure of the code), and the cut failed (EIO). The error said "the store's files
+    could not be written: ;" (the interrupt's empty message), which they could; it says
+    what failed, and the cut's error and its remedy."""
+    ops = ViewCommitThenCutFail(error=error)
+    with Journal.open(tmp_path / "s", create=True, file_ops=ops) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+        ops.armed = True
+        with pytest.raises(WriteOutcomeUnknown) as unknown:
+            j.append("a", [EventIn("m", b"refused?")])
+        message = str(unknown.value)
+        assert message.startswith(said + "; cutting"), message
+        assert "failed too (Input/output error)" in message, message
+        assert "free space, replace the disk" in message, message
+        assert unknown.value.errno == errno.EIO
+
+
+def test_the_cli_names_its_commands_in_an_uncut_frames_error(tmp_path: Path) -> None:
+    """`journal append` meets both EIOs: exit 8, and the error says how to look with the
+    CLI's commands and option, not the library's calls (get_session, read), as the
+    JetStream engine's unknown outcome does."""
+    path = tmp_path / "s"
+    with Journal.open(path, create=True) as j:
+        j.append("a", [EventIn("m", b"before")], create=True)
+
+    class AtTheAppend(ViewCommitThenCutFail):
+        def point(self, name: str, detail: object = None) -> None:
+            self.armed = self.armed or (name == "plan.operation" and isinstance(detail, Append))
+            super().point(name, detail)
+
+    args = ["--store", str(path), "append", "-s", "a", "refused?"]
+    result = CliRunner().invoke(main, args, obj={"file_ops": AtTheAppend()})
+    assert result.exit_code == EXIT_OUTCOME_UNKNOWN, result.output
+    message = result.stderr
+    assert "get_session" not in message and "(get_session, read)" not in message, message
+    assert "`journal sessions show ID`, `journal read`" in message, message
+    assert "--idempotency-key" in message, message

@@ -142,9 +142,14 @@ def outcome_unknown(
     first, then = _os_error(error, store), _os_error(cut, store)
     reason = first if first is not None else then
     remedy = _DISK if reason is None else _REMEDIES.get(reason.errno or 0, _DISK)
+    if first is not None:
+        failed = f"the store's files could not be written: {_what(first)}"
+    elif isinstance(error, Exception):  # (a failure of the code: projecting the records)
+        failed = f"the commit failed: {str(error) or type(error).__name__}"
+    else:  # (a signal handler's exception, run inside the commit: SPEC 7.1)
+        failed = f"the commit was interrupted ({type(error).__name__})"
     unknown = WriteOutcomeUnknown(
-        f"the store's files could not be written: {error if first is None else _what(first)}; "
-        f"cutting this call's frame off the log again failed too "
+        f"{failed}; cutting this call's frame off the log again failed too "
         f"({cut if then is None else _what(then)}), so whether the call commits is not known: "
         "this journal's next commit cuts the frame before anything else once the disk "
         "works, but if this process ends first (or another process writes to the store "
