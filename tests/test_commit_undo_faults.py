@@ -7,8 +7,8 @@ works) it was never committed; if the process ends first, the next writer's catc
 indexes it and it is. The caller is not told "nothing was committed, retry" (a retry
 would then store it twice) but `WriteOutcomeUnknown`: look before writing it again. The
 faults come through the engine's `FileOps` seam; the fresh open is a real process. And a
-frame whose sync failed, indexed by the next writer, is made durable before it is (the
-simulated disk's power cut).
+frame whose sync failed, indexed by the next writer (or read by its rebuild of a deleted
+or damaged view), is made durable before it is (the simulated disk's power cut).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -159,15 +160,19 @@ def test_the_owed_cut_is_made_by_the_same_journal_before_its_next_commit(
         _consistent(j, [b"before", b"after"])
 
 
+@pytest.mark.parametrize("view", ["kept", "deleted", "damaged"])
 def test_a_frame_whose_sync_and_cut_failed_is_made_durable_by_the_writer_that_indexes_it(
-    tmp_path: Path,
+    tmp_path: Path, view: str
 ) -> None:
     """The frame's sync fails (the simulated disk, as Linux, then never writes those
     bytes: their pages are clean) and so does its cut; the process ends. The next writer
     reads the frame (from the page cache) and indexes it, then acknowledges an append
     after it, synced. A power cut used to leave zeros where the indexed frame was, before
     the acknowledged append: the store was unreadable (JournalCorrupt, a zero frame).
-    The frames a catch-up indexes are now written again and synced first."""
+    The frames a catch-up indexes are now written again and synced first; and so are
+    those of the active segment when the next writer rebuilds the view from the log
+    (`index/` deleted, or damaged: until 2026-12-06 that path did not, and the store read
+    as corrupt after the power cut)."""
     path = tmp_path / "s"
     disk = SimulatedDisk(str(path), random.Random(1))
     with Journal.open(path, create=True, file_ops=disk) as j:
@@ -177,6 +182,11 @@ def test_a_frame_whose_sync_and_cut_failed_is_made_durable_by_the_writer_that_in
         disk.fail("ftruncate", errno.EIO)
         with pytest.raises(WriteOutcomeUnknown):
             j.append("a", [EventIn("m", b"x" * 300)])
+    if view == "deleted":
+        shutil.rmtree(path / "index")
+    elif view == "damaged":
+        with open(path / "index" / "data.mdb", "r+b") as f:
+            f.write(b"\xff" * 4096)
     with Journal.open(path, file_ops=disk) as j:  # (the next process's writer)
         assert _data(j) == [b"before", b"x" * 300]
         j.append("a", [EventIn("m", b"after")])

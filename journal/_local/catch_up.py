@@ -29,6 +29,7 @@ class CatchUp:
     boot, and whether what an earlier failure interrupted was finished."""
 
     __slots__ = (
+        "_after_reboot",
         "_boot_recorded",
         "_finished_interrupted",
         "_known_zeros",
@@ -38,7 +39,15 @@ class CatchUp:
         "_view",
     )
 
-    def __init__(self, log: SegmentLog, view: View, store_id: bytes, ops: FileOps) -> None:
+    def __init__(
+        self,
+        log: SegmentLog,
+        view: View,
+        store_id: bytes,
+        ops: FileOps,
+        *,
+        after_reboot: bool = False,
+    ) -> None:
         self._log = log
         self._view = view
         self._store_id = store_id
@@ -48,6 +57,9 @@ class CatchUp:
         self._known_zeros = KnownZeros()
         self._finished_interrupted = False
         self._boot_recorded = False
+        # This journal's open discarded a view of another boot (`discard_view_after_reboot`):
+        # until a catch-up of it succeeds, a rebuild reads only what the disk holds.
+        self._after_reboot = after_reboot
 
     def interrupted(self) -> None:
         """A failure may have interrupted work (a seal, a rename): the next catch-up
@@ -78,7 +90,19 @@ class CatchUp:
                 log.discard_unborn_tail()
                 log.finish_interrupted(rebuilding=True)
                 self._finished_interrupted = True
+                # (Before the boot is recorded: a view nobody committed to since the reboot.)
+                from_disk = self._after_reboot and view.boot_id(txn) is None
                 head = project_log(log, view, txn, record_floor=True)
+                if not from_disk and head.segment == log.bases()[-1]:
+                    # The page cache may hold frames of the active segment that are not on
+                    # disk (a refused frame whose sync failed, an "os" writer's): written
+                    # again and synced before anything is acknowledged after them (SPEC
+                    # 14.4). After a reboot the page cache is gone: nothing to do.
+                    log.sync_indexed(
+                        (head.segment, SEGMENT_HEADER_SIZE), (head.segment, head.end_offset)
+                    )
+            # (A new store's first segment was born synced; a rebuilt log is on disk.)
+            log.synced_to((head.segment, head.end_offset, head.next_position))
         if not self._boot_recorded:
             if view.boot_id(txn) != BOOT_ID:
                 view.put_boot_id(txn, BOOT_ID)
@@ -90,11 +114,13 @@ class CatchUp:
             log.finish_interrupted()
             self._finished_interrupted = True
         if log.writer_at(head.segment, head.end_offset, head.next_position):
+            self._after_reboot = False
             return head
         log.discard_unborn_tail()
         if not self._finished_interrupted:
             log.finish_interrupted()
             self._finished_interrupted = True
+        recorded = (head.segment, head.end_offset, head.next_position)
         indexed_from, start = head.next_position, (head.segment, head.end_offset)
         projection = Projection(view, txn, head, self._ops)
         for base in project_segments(log, projection, known_zeros=self._known_zeros):
@@ -103,10 +129,18 @@ class CatchUp:
         projection.flush()
         head = projection.head
         if head.next_position != indexed_from:
-            # (Frames no commit acknowledged: made durable before they are: SPEC 14.4.)
+            # (Frames no commit acknowledged: made durable before they are: SPEC 14.4;
+            # with the frames before them in the head's segment.)
             log.sync_indexed(start, (head.segment, head.end_offset))
+            log.synced_to((head.segment, head.end_offset, head.next_position))
+        elif not rebuilt:
+            # The writer was not at the head: others committed since its last commit (or it
+            # has not committed yet), maybe with durability "os": their frames in the
+            # active segment are synced before this commit builds on them (SPEC 14.4).
+            log.sync_segment(recorded)
         # Bytes past a head the view recorded never committed; past one read from the log
         # (a rebuild, frames indexed here) a cut keeps a copy first (SPEC 3.3).
         kept = rebuilt or head.next_position != indexed_from
         log.attach_writer(head.segment, head.end_offset, head.next_position, kept)
+        self._after_reboot = False
         return head

@@ -235,9 +235,10 @@ class LocalEngine:
         # (`verify` reports it: the private view it uses instead is rebuilt from the log).
         self._shared_damage: VerifyProblem | None = None
         index = os.path.join(path, "index")
+        rebooted = False
         if not readonly:
             remove_stray_temporaries(path, process_alive)
-            discard_view_after_reboot(path, permissions, BOOT_ID)
+            rebooted = discard_view_after_reboot(path, permissions, BOOT_ID)
             self.view = open_checked_view(index, permissions)
         else:
             # (Before the build: a segment file restored after it is new to the first refresh.)
@@ -249,7 +250,9 @@ class LocalEngine:
         # This process's first pass after a seal reads every row (the policy may have
         # changed since the last open); once one succeeded, later ones are narrow.
         self._first_sweep: Request | None = None
-        self._catch_up = CatchUp(self.log, self.view, self.store_id, self._ops)
+        self._catch_up = CatchUp(
+            self.log, self.view, self.store_id, self._ops, after_reboot=rebooted
+        )
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))

@@ -116,6 +116,10 @@ class SegmentLog:
         # (`keeping_files_lock`: the thread keeping, and the descriptor kept, if any.)
         self._keeper: int | None = None
         self._kept: int | None = None
+        # With sync on: (segment, end offset, next position) up to which this process
+        # knows the log is on disk (its catch-up synced it, then its own synced appends
+        # followed): a catch-up at that head owes no sync (`sync_segment`).
+        self._durable: tuple[int, int, int] | None = None
 
     # -- discovery ---------------------------------------------------------------------
 
@@ -539,6 +543,32 @@ class SegmentLog:
             finally:
                 os.close(fd)
 
+    def sync_segment(self, head: tuple[int, int, int]) -> None:
+        """Sync the plain segment of the view's `head` (segment, end offset, next position)
+        with durability "fsync", unless this process knows the log is on disk up to it:
+        the frames other writers committed there, before this writer's commit builds on
+        them. A writer with durability "os" leaves its frames in the page cache, and a
+        synced write covers only its own frame's range: a power cut left zeros before the
+        acknowledged append. Sealed segments were synced at their seal. Nothing dirty: a
+        cheap call (but a flush of the disk's cache still)."""
+        if not self.sync or self._durable == head:
+            return
+        try:
+            fd = open_segment(os.path.join(self.directory, segment_name(head[0])), os.O_RDWR)
+        except FileNotFoundError:
+            fd = -1  # compressed: its copy was synced before it replaced the plain file
+        if fd >= 0:
+            try:
+                self.ops.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self._durable = head
+
+    def synced_to(self, head: tuple[int, int, int]) -> None:
+        """The log is on disk up to `head` (a catch-up wrote and synced what it indexed)."""
+        if self.sync:
+            self._durable = head
+
     def _create_segment(self, base_position: int) -> SegmentWriter:
         return SegmentWriter.create(
             self.directory,
@@ -620,7 +650,11 @@ class SegmentLog:
         if writer.frame_count and writer.end_offset + len(frame) > self.segment_bytes:
             self.rotate()
             writer = self.writer
-        return writer.append_frame(frame, writer.next_position, count, digest)
+        info = writer.append_frame(frame, writer.next_position, count, digest)
+        if self._durable is not None and self._durable[2] == info.first_position:
+            # (Synced, after what was on disk: the rotation's seal synced the segment.)
+            self._durable = (writer.base_position, writer.end_offset, writer.next_position)
+        return info
 
     def sync_committed(self) -> None:
         """Make the frames committed to the active segment durable, when commits do not

@@ -258,13 +258,17 @@ def _holds_records(path: str) -> bool:
         return True
 
 
-def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> None:
+def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> bool:
     """Drop the LMDB view if the machine restarted since a writer last used it.
 
     LMDB's own fsync is off (the view is derived), so after a power cut its file may be
     torn. A writer records the boot id in `view-boot`; a different boot id means the
     view is not trusted: it is moved aside and rebuilt from the segments, which were
     synced. Runs under `locks/open.lock` so concurrent openers do it once.
+
+    Returns whether it found the marker of another boot: no writer opened the store in
+    this boot before, so the page cache holds nothing of the log that is not on disk
+    (the rebuild need not write the active segment again: `CatchUp`).
     """
     marker = os.path.join(path, "view-boot")
     with open_lock(path, permissions):
@@ -276,7 +280,7 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
         except NotRegularFile:
             recorded = b""  # (not this boot's: the view is rebuilt, the marker replaced)
         if recorded == boot_id:
-            return
+            return False
         index = os.path.join(path, "index")
         if recorded is not None and os.path.isdir(index):
             stale = f"{index}.stale-{os.getpid()}-{time.time_ns()}"
@@ -284,6 +288,7 @@ def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: byte
             shutil.rmtree(stale, ignore_errors=True)
         permissions.make_dirs(index)
         write_atomic(marker, boot_id, permissions=permissions)
+        return recorded is not None
 
 
 def open_reader_view(index: str, log: SegmentLog) -> tuple[View, str | None, VerifyProblem | None]:
