@@ -681,7 +681,14 @@ def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
         assert changes.wait(5.0) is True
         changes.interrupt()
         (tmp_path / "f").write_bytes(b"y")
-        assert changes.wait(5.0) is True  # (a change and an interrupt: a change)
+        # (A change and an interrupt: a change. The process's inotify thread delivers the
+        # change a moment after the write: on a loaded machine the interrupt can be read
+        # alone first, no change, and the change by the next wait; a CI run beside other
+        # work met that. Either way no change is lost.)
+        seen = [changes.wait(5.0)]
+        if not seen[0]:
+            seen.append(changes.wait(5.0))
+        assert seen[-1] is True, seen
     finally:
         changes.close()
 
