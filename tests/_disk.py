@@ -7,7 +7,8 @@ OS error; a failed sync behaves as Linux does: the data written since the last s
 dropped from what can ever reach the disk (its pages are marked clean), so it is lost
 unless it is written again. `power_cut()` rewrites the store's files to what the disk
 holds: unsynced directory entries vanish, files go back to their synced content (plus,
-at random, part of what was written after it, as a disk may persist some pages), and the
+at random, of each write made after it: nothing, all of it or its start, a torn write,
+inside the synced size as past it: as a disk may persist some pages), and the
 view (`index/`) is dropped, as a reboot discards it.
 
 A synced write (`pwrite_synced`, RWF_DSYNC) is a `pwrite` then a sync of that range only
@@ -67,6 +68,15 @@ def _locked(method: _Method) -> _Method:
     return cast(_Method, locked)
 
 
+def _inode(path: str) -> int | None:
+    """The inode of the file `path` names (None: none, or a directory)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISDIR(st.st_mode) else st.st_ino
+
+
 def _path_of(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
@@ -86,8 +96,13 @@ class SimulatedDisk(FileOps):
         # its operation once the ones before it struck
         self.sequence: list[tuple[str, int]] = []
         self.refused: list[str] = []  # paths whose unlink failed
-        self._files: dict[int, _File] = {}
-        self._listings: dict[str, dict[str, int]] = {}
+        # Files are known by (inode, generation): an inode number is reused once its file
+        # is gone, and the new file must not inherit the old one's synced content or the
+        # ranges a failed sync lost (it did: a compressed copy written after a deleted
+        # segment's inode came back read as damaged).
+        self._files: dict[tuple[int, int], _File] = {}
+        self._generations: dict[int, int] = {}
+        self._listings: dict[str, dict[str, tuple[int, int]]] = {}
         self._lock = threading.RLock()
 
     # -- setup -----------------------------------------------------------------------------
@@ -99,12 +114,13 @@ class SimulatedDisk(FileOps):
         self._listings.clear()
         for directory, dirs, files in os.walk(self.root):
             self._listings[directory] = {
-                name: os.lstat(os.path.join(directory, name)).st_ino for name in dirs + files
+                name: self._key(os.lstat(os.path.join(directory, name)).st_ino)
+                for name in dirs + files
             }
             for name in files:
                 path = os.path.join(directory, name)
                 with open(path, "rb") as f:
-                    self._files[os.fstat(f.fileno()).st_ino] = _File(f.read())
+                    self._files[self._key(os.fstat(f.fileno()).st_ino)] = _File(f.read())
 
     def fail(self, operation: str, errno: int, times: int = 1) -> None:
         self.faults[operation] = (errno, times)
@@ -125,8 +141,11 @@ class SimulatedDisk(FileOps):
             self.faults[operation] = (fault[0], fault[1] - 1)
             raise OSError(fault[0], os.strerror(fault[0]))
 
+    def _key(self, inode: int) -> tuple[int, int]:
+        return inode, self._generations.get(inode, 0)
+
     def _file(self, fd: int) -> _File:
-        return self._files.setdefault(os.fstat(fd).st_ino, _File())
+        return self._files.setdefault(self._key(os.fstat(fd).st_ino), _File())
 
     @_locked
     def pread(self, fd: int, length: int, offset: int) -> bytes:
@@ -200,7 +219,7 @@ class SimulatedDisk(FileOps):
             self._enter(operation)
             directory = _path_of(fd)
             self._listings[directory] = {
-                name: os.lstat(os.path.join(directory, name)).st_ino
+                name: self._key(os.lstat(os.path.join(directory, name)).st_ino)
                 for name in os.listdir(directory)
             }
             return
@@ -227,12 +246,18 @@ class SimulatedDisk(FileOps):
     @_locked
     def replace(self, source: str, destination: str) -> None:
         self._enter("replace")
+        gone = _inode(destination)
         super().replace(source, destination)
+        if gone is not None and gone != _inode(destination):
+            self._generations[gone] = self._generations.get(gone, 0) + 1
 
     @_locked
     def rename(self, source: str, destination: str) -> None:
         self._enter("rename")
+        gone = _inode(destination)
         super().rename(source, destination)
+        if gone is not None and gone != _inode(destination):
+            self._generations[gone] = self._generations.get(gone, 0) + 1
 
     @_locked
     def unlink(self, path: str) -> None:
@@ -241,7 +266,10 @@ class SimulatedDisk(FileOps):
         except OSError:
             self.refused.append(path)
             raise
+        st = os.lstat(path)
         super().unlink(path)
+        if st.st_nlink <= 1:
+            self._generations[st.st_ino] = self._generations.get(st.st_ino, 0) + 1
 
     # -- the power cut ---------------------------------------------------------------------
 
@@ -268,18 +296,26 @@ class SimulatedDisk(FileOps):
                     continue  # a directory: handled as its own listing
                 self._restore(path, inode, tracked)
 
-    def _restore(self, path: str, inode: int, tracked: _File | None) -> None:
-        content = tracked.synced if tracked is not None else b""
+    def _restore(self, path: str, inode: tuple[int, int], tracked: _File | None) -> None:
+        content = bytearray(tracked.synced if tracked is not None else b"")
         try:
             current_stat = os.lstat(path)
         except FileNotFoundError:
             current_stat = None
-        if current_stat is not None and current_stat.st_ino == inode and tracked is not None:
+        found = None if current_stat is None else self._key(current_stat.st_ino)
+        if found == inode and tracked is not None:
             with open(path, "rb") as f:
                 current = f.read()
-            if not tracked.lost and current[: len(content)] == content:
-                # Some pages written after the last sync may have reached the disk.
-                extra = current[len(content) :]
-                content += extra[: self.rng.randrange(len(extra) + 1)] if extra else b""
+            # Some of what was written after the last sync may have reached the disk: of
+            # each write, nothing, all of it or its start (a torn write), inside the
+            # synced size as past it. (What a failed sync dropped is in no such range.)
+            for start, end in tracked.unsynced:
+                end = min(end, len(current))
+                if end <= start:
+                    continue
+                kept = self.rng.choice((0, end - start, self.rng.randrange(end - start + 1)))
+                if len(content) < start:
+                    content.extend(bytes(start - len(content)))
+                content[start : start + kept] = current[start : start + kept]
         with open(path, "wb") as f:
             f.write(content)
