@@ -360,3 +360,47 @@ def test_each_disk_call_of_a_maintenance_step_struck_loses_nothing_acknowledged_
     tmp_path: Path, what: str, compress: bool, how: str
 ) -> None:
     _strike_each(tmp_path, what, compress, how, stride=1)
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "compressed"])
+def test_a_seal_after_a_failed_sync_with_os_durability_writes_its_frames_again(
+    tmp_path: Path, compress: bool
+) -> None:
+    """Durability "os" writes frames without a sync; a rotation's sync of the segment it
+    seals fails (EIO): Linux marks the pages clean without writing them. The next append
+    seals the segment again and its sync "succeeds", writing nothing: a power cut then
+    left the sealed segment's frames zeros, read as `JournalCorrupt`, with later segments
+    intact. Sealed segments are taken as durable (their records may make other frames
+    dead), so the sync after a failed one writes the frames again first. (Compressed:
+    the copy, made from the page cache, is synced before it replaces the plain file.)"""
+    path = tmp_path / "s"
+    disk = SimulatedDisk(str(path), random.Random(7))
+    acked: list[bytes] = []
+    with Journal.open(
+        path,
+        segment_bytes=SEGMENT_BYTES,
+        durability="os",
+        compress_sealed=compress,
+        file_ops=disk,
+    ) as j:
+        j.create_session("a")
+        disk.settle()
+        for n in range(3):  # (the fourth frame does not fit: its append seals)
+            acked.append(b"%d:" % n + b"x" * 1000)
+            j.append("a", [EventIn("m", acked[-1])])
+        disk.fail("fsync", errno.EIO)
+        with pytest.raises(StoreUnavailable):
+            j.append("a", [EventIn("m", b"refused" + b"y" * 1000)])
+        assert disk.faults.pop("fsync")[1] == 0
+        for n in range(3, 6):
+            acked.append(b"%d:" % n + b"x" * 1000)
+            j.append("a", [EventIn("m", acked[-1])])
+        sealed = sorted(os.listdir(path / "segments"))
+    assert [name for name in sealed if name.endswith(".idx")], sealed
+    disk.power_cut()
+    with Journal.open(path) as j:
+        found = [e.data for e in j.replay("a")]
+        # What "os" acknowledged in the active segment may be lost; the sealed one's not.
+        assert found == acked[: len(found)]
+        assert len(found) >= 3
+        assert j.verify().problems == []

@@ -29,6 +29,7 @@ __all__ = [
     "discarded_on_failure",
     "fsync_dir",
     "open_regular",
+    "write_again",
     "write_atomic",
 ]
 
@@ -328,3 +329,24 @@ def discarded_on_failure(temporary: str, ops: FileOps = DEFAULT_FILE_OPS) -> Ite
         with contextlib.suppress(OSError):
             ops.unlink(temporary)
         raise
+
+
+# The reads and writes in which `write_again` writes a file's bytes again.
+_REWRITE_CHUNK: Final = 1 << 20
+
+
+def write_again(ops: FileOps, fd: int, offset: int, stop: int) -> None:
+    """Write the bytes of a file (a segment) from `offset` to `stop` again, as they read:
+    pages a failed writeback marked clean become dirty again, and the next sync writes
+    them (SPEC 14.4)."""
+    while offset < stop:
+        data = ops.pread(fd, min(_REWRITE_CHUNK, stop - offset), offset)
+        if not data:
+            break
+        written = 0
+        while written < len(data):
+            count = ops.pwrite(fd, data[written:], offset + written)
+            if count <= 0:
+                raise OSError(errno.EIO, "a write of a segment wrote nothing")
+            written += count
+        offset += len(data)

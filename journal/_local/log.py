@@ -4,14 +4,13 @@ recovery of interrupted work. Positions are store-wide and dense across segments
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..errors import JournalCorrupt, StoreIncompatible
@@ -26,6 +25,7 @@ from .files import (
     Permissions,
     fsync_dir,
     open_regular,
+    write_again,
     write_atomic,
 )
 from .frames import (
@@ -50,8 +50,6 @@ _log = logging.getLogger("journal")
 
 # A frame buffer up to this size is reused by the next append (the common batch fits).
 _REUSED_FRAME_BYTES = 4 << 20
-# The reads and writes in which `sync_indexed` writes frames again.
-_REWRITE_CHUNK = 1 << 20
 
 # `segments/feed-floor`: b"jff1", the floor (u64), a CRC32 of both (big-endian).
 FEED_FLOOR_FILE = "feed-floor"
@@ -113,6 +111,9 @@ class SegmentLog:
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
         self._cut_pending: tuple[int, int, int] | None = None
+        # Segments a sync of which failed while their frames were written unsynced
+        # (durability "os"): the next sync writes their frames again first (`_synced`).
+        self._sync_failed: set[int] = set()
         # (`keeping_files_lock`: the thread keeping, and the descriptor kept, if any.)
         self._keeper: int | None = None
         self._kept: int | None = None
@@ -471,6 +472,8 @@ class SegmentLog:
             self.close()  # the frames before this one were cut, and it with them
         except OSError:
             self._cut_pending = before
+            if not self.sync:  # (a failed sync there drops unsynced frames: `_synced`)
+                self._sync_failed.update({base} if writer is None else {base, writer.base_position})
             self.close()
             raise
         return False
@@ -505,6 +508,10 @@ class SegmentLog:
             if os.fstat(fd).st_size > end_offset:
                 self.ops.ftruncate(fd, end_offset)
                 self.ops.fsync(fd)
+        except OSError:
+            if not self.sync:  # (a failed sync drops unsynced frames: `_synced`)
+                self._sync_failed.add(base_position)
+            raise
         finally:
             os.close(fd)
 
@@ -528,17 +535,7 @@ class SegmentLog:
             try:
                 offset = start[1] if base == start[0] else SEGMENT_HEADER_SIZE
                 stop = end[1] if base == end[0] else os.fstat(fd).st_size
-                while offset < stop:
-                    data = self.ops.pread(fd, min(_REWRITE_CHUNK, stop - offset), offset)
-                    if not data:
-                        break
-                    written = 0
-                    while written < len(data):
-                        count = self.ops.pwrite(fd, data[written:], offset + written)
-                        if count <= 0:
-                            raise OSError(errno.EIO, "a write of a segment wrote nothing")
-                        written += count
-                    offset += len(data)
+                write_again(self.ops, fd, offset, stop)
                 self.ops.fdatasync(fd)
             finally:
                 os.close(fd)
@@ -568,6 +565,25 @@ class SegmentLog:
         """The log is on disk up to `head` (a catch-up wrote and synced what it indexed)."""
         if self.sync:
             self._durable = head
+
+    def _synced(self, writer: SegmentWriter, sync: Callable[[], None]) -> None:
+        """Run `sync` (a sync of the active segment, or its seal's `finish`). With
+        durability "os" the frames were written without a sync; after a failed one Linux
+        marks their pages clean without writing them, and the next sync writes nothing
+        (SPEC 14.4). So a failure is remembered, and the next sync of that segment writes
+        its frames again first: until 2026-12-06 a seal after a failed `sync_committed`
+        "succeeded", and a power cut left the sealed segment's frames zeros (JournalCorrupt
+        where retention and compaction took its records for durable)."""
+        base = writer.base_position
+        if base in self._sync_failed:
+            write_again(self.ops, writer.fileno(), SEGMENT_HEADER_SIZE, writer.end_offset)
+        try:
+            sync()
+        except OSError:
+            if not self.sync:
+                self._sync_failed.add(base)
+            raise
+        self._sync_failed.discard(base)
 
     def _create_segment(self, base_position: int) -> SegmentWriter:
         return SegmentWriter.create(
@@ -664,7 +680,7 @@ class SegmentLog:
         the record that removed them, which a rebuild reports as lost (SPEC 9, "Events
         the log lacks"). Sealed segments were synced at their seal."""
         if not self.sync and self._writer is not None:
-            self._writer.sync()
+            self._synced(self._writer, self._writer.sync)
 
     def rotate(self, *, compress: bool = True) -> int:
         """Seal the active segment and start a new one; returns the sealed segment's base.
@@ -678,7 +694,7 @@ class SegmentLog:
             # No filler may grow the segment again between the cut and the next segment's
             # birth (after it, fillers see that it is sealed).
             with writer.extension_locked():
-                writer.finish()
+                self._synced(writer, writer.finish)
                 self._writer = None  # (if the next segment cannot be created, none is
                 # open: the next commit's catch-up re-attaches to the segment the view names)
                 self._writer = self._create_segment(next_position)
