@@ -1410,7 +1410,10 @@ def test_open_advice_for_a_store_that_cannot_be_created_names_the_directory(
     advice = open_advice(denied, str(parent / "a" / "store"), readonly=False)
     assert repr(str(parent / "a")) in advice and repr(str(parent)) in advice, advice
     assert "private" not in advice
-    (parent / "store").mkdir()  # an existing store directory: the sharing advice stays
+    (parent / "store").mkdir()  # the user's own store: one of its files is not writable
+    assert "chmod -R u+rwX" in open_advice(denied, str(parent / "store"), readonly=False)
+    assert os.geteuid() == 0, "this test gives the store to another user: run it as root"
+    os.chown(parent / "store", 65534, 65534)  # another user's store: the sharing advice
     assert "private" in open_advice(denied, str(parent / "store"), readonly=False)
 
 

@@ -300,6 +300,32 @@ def test_a_store_shared_with_a_group_by_the_documented_recipe_is_readable_by_it(
     assert "readonly=True" in line and "chgrp" not in line, line
 
 
+def test_an_index_its_own_user_may_not_write_names_the_os_error_and_what_to_do(
+    public_dir: Path, monkeypatch: pytest.MonkeyPatch, umask: object
+) -> None:
+    """A store of the user whose `index/data.mdb` that user may not write (made read-only
+    by hand, or restored so): a writable open said "cannot open the index ...: Permission
+    denied" with `errno` None and no advice, where a read-only segment file gave errno 13
+    and said what to fix (until 2026-12-06: LMDB's text was not taken for the OS error it
+    reports; a new user's trial)."""
+    assert os.geteuid() == 0, "this test runs a child as uid 65534: run it as root"
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY", raising=False)
+    monkeypatch.delenv("JOURNAL_CURSOR_KEY_FILE", raising=False)
+    store = public_dir / "store"
+    with Journal.open(store) as j:
+        j.append("s", [EventIn(type="m", data=b"x")], create=True)
+    for directory, dirs, files in os.walk(store):
+        for name in [*dirs, *files, "."]:
+            os.chown(os.path.join(directory, name), NOBODY, NOBODY)
+    os.chmod(store / "index" / "data.mdb", 0o400)
+    writer = Child("rw_open", str(store), env=_without_external_key())
+    assert writer.wait(60) == 0, writer.err()
+    (line,) = writer.seen
+    assert line.startswith(f"error StoreUnavailable STORE_UNAVAILABLE {errno.EACCES} "), line
+    assert "Permission denied" in line and "index" in line, line
+    assert "chmod -R u+rwX" in line and "readonly=True" not in line, line  # (its own store)
+
+
 # -- the key ring file -------------------------------------------------------------------
 
 

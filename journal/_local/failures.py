@@ -5,9 +5,11 @@ refused the cut that takes the failed commit's frame off again (SPEC section 14.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
+import shlex
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, cast
 
@@ -200,6 +202,10 @@ def os_error_of(error: lmdb.Error, store: str | None = None) -> OSError | None:
         errno.EROFS,
         errno.EFBIG,
         *OUT_OF_RESOURCES,
+        # (A file of the view this user may not write: until 2026-12-06 its open said
+        # "Permission denied" with no errno and no advice, a new user's trial.)
+        errno.EACCES,
+        errno.EPERM,
     ):
         if os.strerror(number) in text:
             if number == errno.EIO and store is not None and _nearly_full(store):
@@ -267,6 +273,15 @@ def open_advice(error: OSError, path: str, readonly: bool) -> str:
             f"this user may not create {missing!r} in {parent!r}: create the store in a "
             "directory it may write, or let it write that one"
         )
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_uid == os.geteuid():
+            # (The user's own store, one of its files made read-only by hand or a restore:
+            # not a shared store, until 2026-12-06 advised as one.)
+            return (
+                "the store is this user's, but one of its files or directories is not "
+                "writable for it (see the error's path; a restore or a chmod?): give the "
+                f"user write permission on the store again (`chmod -R u+rwX {shlex.quote(path)}`)"
+            )
     if not readonly and os.access(os.path.join(path, "store.json"), os.R_OK):
         return (
             "this user may read the store but not write it (a group-shared store is "
