@@ -7,7 +7,6 @@ import codecs
 import contextlib
 import json
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,6 +21,7 @@ from journal.arguments import file_mode_problem
 from . import early_signals
 from .archives import export, import_
 from .demo import demo
+from .hints import journal_command
 from .json_data import exact_json
 from .maintenance import compact, cursor_key, stats, verify
 from .output import (
@@ -434,9 +434,8 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
 def _next_commands(path: str) -> str:
     """What to run after `init`, naming the store as the user did (`--store PATH` only
     when it was given as an option: $JOURNAL_STORE and ./.journal need none)."""
-    root = click.get_current_context().find_root()
-    given = root.get_parameter_source("store") is click.core.ParameterSource.COMMANDLINE
-    journal_ = f"journal --store {shlex.quote(path)}" if given else "journal"
+    journal_ = journal_command()
+    given = journal_ != "journal"
     said = (
         f"`{journal_} append -s ID --create DATA` appends an event to a new session, "
         f"`{journal_} sessions list` lists the sessions (`journal --help`: every command)"

@@ -15,6 +15,7 @@ import journal
 from cursors import KeyRing
 from journal.store_owner import refuse_another_users_private_store
 
+from .hints import journal_command
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .output import (
     CommandFailed,
@@ -413,7 +414,7 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         pass  # (missing, or not searchable: the check below, as before)
     if not os.path.exists(store_file):
         raise journal.StoreNotFound(
-            f"no journal store at {settings.store!r}: create it with `journal init`"
+            f"no journal store at {settings.store!r}: create it with `{journal_command()} init`"
         )
     if new:
         # The store's file mode: store.json is always written with it (a store made

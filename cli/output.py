@@ -29,6 +29,7 @@ import msgspec
 import journal
 from journal import TURN_RESULT, TURN_STARTED
 
+from .hints import journal_command
 from .json_data import embedded, json_line, json_value
 
 __all__ = [
@@ -468,7 +469,7 @@ def cli_message(message: str) -> str:
         message = pattern.sub(subject, message, count=1) if pattern.match(message) else message
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
-    return message
+    return message.replace("`journal init`", f"`{journal_command()} init`")
 
 
 # What a script passes back for a JSON null it printed as text (`jq -r` prints "null").

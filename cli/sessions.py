@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ import click
 
 import journal
 
+from .hints import argument, journal_command
 from .interrupts import said_if_interrupted
 from .json_data import embedded
 from .output import (
@@ -460,7 +460,7 @@ def _release_failed(
     return CommandFailed(
         f"the takeover committed ({done}), but recording the release of the lease then "
         f"failed: {cli_message(error.message)}. The lease is let go as the command ends; "
-        f"once the store is mended, `journal sessions own {shlex.quote(session_id)}` "
+        f"once the store is mended, `{journal_command()} sessions own {argument(session_id)}` "
         "records a release (the turn is not recorded again)",
         error.code,
         error.status,
@@ -480,7 +480,7 @@ def _own_interrupted(session_id: str, owner: journal.Owner | None) -> str:
         # CLI shows ids, `"a b$c"`, which a shell expands.)
         return (
             "interrupted: no lease is held (none was taken, or the one taken was let go); "
-            f"`journal sessions show {shlex.quote(session_id)}` shows whether a turn is "
+            f"`{journal_command()} sessions show {argument(session_id)}` shows whether a turn is "
             "still open"
         )
     if owner.recovered_turn is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -113,7 +114,8 @@ def test_sessions_own_prints_the_turn_it_recorded_when_the_release_fails(
     assert "No space left on device" in said, said
     assert said.endswith(
         ". The lease is let go as the command ends; once the store is mended, `journal "
-        "sessions own 'w $x'` records a release (the turn is not recorded again)"
+        f"--store {shlex.quote(str(store))} sessions own 'w $x'` records a release (the "
+        "turn is not recorded again)"
     ), said
     if fmt == "json":
         taken, failed = (json.loads(line) for line in done.stdout.splitlines())

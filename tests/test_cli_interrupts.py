@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -216,20 +217,25 @@ def test_ctrl_c_ends_a_store_command_with_130_and_no_traceback(store: Path) -> N
     ]
 
 
-@pytest.mark.parametrize(("session_id", "quoted"), [("s", "s"), ("w $x", "'w $x'")])
+@pytest.mark.parametrize(
+    ("session_id", "quoted"), [("s", "s"), ("w $x", "'w $x'"), ("-x", "-- -x")]
+)
 def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(
     tmp_path: Path, session_id: str, quoted: str
 ) -> None:
     """`sessions own --wait` ended on Ctrl+C with exit 130 and nothing said. The command
-    it names quotes the id for a shell (until 2026-12-06 as the CLI shows ids, `"w $x"`,
-    which a shell expands: a review)."""
+    it names runs as printed: it quotes the id for a shell (until 2026-12-06 as the CLI
+    shows ids, `"w $x"`, which a shell expands: a review), puts `--` before an id that
+    starts with `-`, and names the store given with `--store` (until 2026-12-06 it did
+    neither: `-x` was taken for an option, and the command looked in ./.journal; a new
+    user's trial)."""
     store = tmp_path / "store"
     with Journal.open(store, create=True) as j:
         j.create_session(session_id)
         with j.own(session_id):
             status, stdout, stderr = _interrupted(
                 store,
-                ["sessions", "own", session_id, "--wait", "60"],
+                ["sessions", "own", "--wait", "60", "--", session_id],
                 lambda process: _wait_until_it_opened(
                     process.pid, lock_path(str(store), session_id)
                 ),
@@ -238,7 +244,8 @@ def test_ctrl_c_while_own_waits_for_the_lease_says_none_is_held(
     assert stdout == b""
     assert stderr.decode().splitlines() == [
         "journal: interrupted: no lease is held (none was taken, or the one taken was let "
-        f"go); `journal sessions show {quoted}` shows whether a turn is still open"
+        f"go); `journal --store {shlex.quote(str(store))} sessions show {quoted}` shows "
+        "whether a turn is still open"
     ]
 
 
