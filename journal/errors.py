@@ -179,18 +179,19 @@ class StoreUnavailable(JournalError):
 
 
 class WriteOutcomeUnknown(StoreUnavailable):
-    """A write to a `nats://` store whose replies stopped mid-write (SPEC 16.3): its batch
-    was sent, and may have been stored, or be stored later, so whether it committed is not
-    known. Look (get_session, read) before writing it again; an append retried with the
-    same idempotency key is safe. Its status is UNKNOWN, not UNAVAILABLE: "retry once the
-    store answers" would write it twice if it committed (the CLI exits 8, not 9; until
-    2026-12-06 it was a plain `StoreUnavailable`: exit 7 with the CLI, then 9; a review).
+    """A write whose outcome is not known: it may have committed, or may commit later.
+    Look (get_session, read) before writing it again; an append retried with the same
+    idempotency key is safe. Catch it before `StoreUnavailable`, whose writes were not
+    committed: its status is UNKNOWN, not UNAVAILABLE, since "retry once the store
+    answers" would write it twice if it committed (the CLI exits 8, not 9).
 
-    A local store raises it too when a commit failed after its frame was written and the
-    cut that takes the frame off again failed as well (SPEC 14.4): the frame stays in the
-    log until the journal's next commit cuts it, and a writer of a process that comes
-    first (this one having ended) indexes it, committed (until 2026-12-06 a plain
-    `StoreUnavailable` saying nothing was committed: a retry stored the event twice)."""
+    Raised by a `nats://` store whose replies stopped mid-write, an import's commit
+    included (SPEC 16.3): the batch was sent and may be stored later. And by a local
+    store when a commit failed after its frame was written and the disk also refused to
+    cut the frame off again (SPEC 14.4): this journal's next commit cuts it (not
+    committed), but if this process ends first, or another process writes first, that
+    writer indexes it (committed). Both were a plain `StoreUnavailable` until
+    2026-12-06."""
 
     code = "WRITE_OUTCOME_UNKNOWN"
     status = "UNKNOWN"
