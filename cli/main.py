@@ -44,6 +44,7 @@ from .output import (
 )
 from .retention import retention
 from .sessions import sessions
+from .stderr_log import show_warnings
 from .watching import watch_events
 
 FORMATS = ("text", "json", "quiet")
@@ -191,6 +192,7 @@ class JournalGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context, store: str, output_format: str) -> None:
     """Event-sourced session journal: append, replay, watch and discover agent sessions."""
+    show_warnings()
     # (Keywords a caller in this process gives for the store's open: a test's fault points.)
     given = dict(ctx.obj) if isinstance(ctx.obj, Mapping) else {}
     ctx.obj = Settings(store=store, output=Output(output_format), open_options=given)

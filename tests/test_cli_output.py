@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -320,3 +321,39 @@ def test_every_number_option_gives_its_range_in_words() -> None:
             with click.Context(main) as ctx:
                 assert param.get_help_extra(ctx)["range"] == param.type.in_words()
     assert found >= 16
+
+
+def test_library_warnings_come_prefixed_on_stderr_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """The library's warnings (a nearly full disk, a repaired tail) came bare on the
+    CLI's stderr, through Python's last-resort handler, with nothing saying what they were
+    (until 2026-12-06, a new user's trial): `journal: warning: MESSAGE`, once however
+    often the CLI's group runs in a process."""
+    import logging
+
+    from cli.stderr_log import show_warnings
+
+    logger = logging.getLogger("journal")
+    before = list(logger.handlers)
+    try:
+        show_warnings()
+        show_warnings()
+        logger.warning("no zeros are written ahead of the writer of segment %d", 7)
+        logger.info("not shown")
+        assert capsys.readouterr().err == (
+            "journal: warning: no zeros are written ahead of the writer of segment 7\n"
+        )
+        # A stderr closed under it (an in-process runner's, gone) drops the line: the
+        # library's log call does not raise (it raised ValueError in the first version).
+        gone, later = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(gone):
+            logger.warning("to a stderr that is then closed")
+        gone.close()
+        with contextlib.redirect_stderr(later):
+            logger.warning("to the next one")
+        assert later.getvalue() == "journal: warning: to the next one\n"
+        closed = io.StringIO()
+        closed.close()
+        with contextlib.redirect_stderr(closed):
+            logger.warning("dropped")
+    finally:
+        logger.handlers[:] = before
