@@ -12,14 +12,18 @@ through the engine's `FileOps` seam, to show what the single-writer path pays (n
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from _disk import SimulatedDisk
 
-from journal import EventIn, Journal
+from journal import EventIn, Journal, StoreUnavailable, WriteOutcomeUnknown
 from journal._local.files import FileOps
 
 
@@ -123,3 +127,94 @@ def test_a_rebuild_after_a_reboot_writes_nothing_again_and_one_after_a_deletion_
     with Journal.open(path, file_ops=deleted) as j:
         assert len(list(j.replay("a"))) == 20
     assert deleted.writes > 0 and deleted.syncs > 0
+
+
+class RefusingOnce(CountingSyncs):
+    """`CountingSyncs` whose view commit fails once with EIO when armed (after the
+    frame's synced write: the batch is refused, its frame cut off again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.fdatasyncs = 0
+
+    def fdatasync(self, fd: int) -> None:
+        self.fdatasyncs += 1
+        super().fdatasync(fd)
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "commit.view_commit" and self.armed:
+            self.armed = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+_OS_WRITER = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    j.append("a", [EventIn("m", b"same")])
+"""
+
+
+def test_a_refused_frame_leaves_no_claim_that_the_log_is_on_disk_past_the_head(
+    tmp_path: Path,
+) -> None:
+    """A batch whose synced write succeeded and whose view commit failed is cut off
+    again. An "os" writer of another process then commits a frame of the same size in
+    its place (the same event): the log ends where the refused frame ended, with the
+    same next position, but the bytes there are the "os" writer's, not synced. The
+    "fsync" writer's next commit syncs them before building on them (until 2026-12-06
+    it took that end for the one its own synced write had reached, and made no sync: a
+    power cut could leave zeros before its acknowledged append)."""
+    path = tmp_path / "s"
+    ops = RefusingOnce()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    with Journal.open(path, create=True, file_ops=ops) as j:
+        j.append("a", [EventIn("m", b"first")], create=True)
+        ops.armed = True
+        with pytest.raises(StoreUnavailable):
+            j.append("a", [EventIn("m", b"same")])
+        subprocess.run([sys.executable, "-c", _OS_WRITER, str(path)], env=env, check=True)
+        before = (ops.synced_writes, ops.fdatasyncs)
+        j.append("a", [EventIn("m", b"after")])
+        # (One synced write, one sync of the segment: not counting the directory's.)
+        assert (ops.synced_writes - before[0], ops.fdatasyncs - before[1]) == (1, 1)
+        assert [e.data for e in j.replay("a")] == [b"first", b"same", b"after"]
+
+
+_OS_APPENDER = """
+import sys
+from journal import EventIn, Journal
+with Journal.open(sys.argv[1], durability="os") as j:
+    j.append("a", [EventIn("m", b"os after the refused frame")])
+"""
+
+
+def test_an_fsync_append_after_its_own_refused_frame_an_os_writer_indexed_survives(
+    tmp_path: Path,
+) -> None:
+    """An "fsync" writer's synced write fails (its pages clean, not on disk) and so does
+    the cut that would take the frame off (WriteOutcomeUnknown). An "os" writer of another
+    process indexes the frame (as committed) without writing it again, and appends after
+    it. The "fsync" writer knows its sync failed: its next commit, which builds on that
+    frame, must write it again before it is acknowledged, or a power cut leaves zeros
+    before the acknowledged append."""
+    path = tmp_path / "s"
+    disk = SimulatedDisk(str(path), random.Random(3))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+    with Journal.open(path, create=True, file_ops=disk) as j:
+        j.append("a", [EventIn("m", b"first")], create=True)
+        disk.settle()
+        disk.fail("fdatasync", errno.EIO)
+        disk.fail("ftruncate", errno.EIO)
+        with pytest.raises(WriteOutcomeUnknown):
+            j.append("a", [EventIn("m", b"refused")])
+        subprocess.run([sys.executable, "-c", _OS_APPENDER, str(path)], env=env, check=True)
+        j.append("a", [EventIn("m", b"acknowledged")])
+    disk.power_cut()
+    with Journal.open(path) as j:
+        found = [e.data for e in j.replay("a")]
+        assert found[0] == b"first" and found[-1] == b"acknowledged", found
+        assert j.verify().problems == []

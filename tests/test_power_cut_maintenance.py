@@ -29,6 +29,8 @@ import pytest
 from _disk import SimulatedDisk
 
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable, WriteOutcomeUnknown
+from journal._local.frames import FRAME_HEADER_SIZE, segment_name
+from journal._local.log import SegmentLog
 
 KEPT = ("k0", "k1")
 TRIMMED = "t"  # a session with its own history window (bytes)
@@ -401,6 +403,49 @@ def test_a_seal_after_a_failed_sync_with_os_durability_writes_its_frames_again(
     with Journal.open(path) as j:
         found = [e.data for e in j.replay("a")]
         # What "os" acknowledged in the active segment may be lost; the sealed one's not.
+        assert found == acked[: len(found)]
+        assert len(found) >= 3
+        assert j.verify().problems == []
+
+
+def test_a_failed_sync_of_a_torn_tails_cut_with_os_durability_is_remembered(
+    tmp_path: Path,
+) -> None:
+    """Durability "os": a catch-up finds a torn frame past the head (another process's
+    writer, killed mid-write: written here as such) and cuts it; the cut's sync fails
+    (EIO), and Linux marks the segment's pages clean without writing them, this writer's
+    acknowledged frames among them. The seal that follows must write them again, as
+    after any failed sync of the segment: else the sealed segment's frames are zeros
+    after a power cut."""
+    path = tmp_path / "s"
+    disk = SimulatedDisk(str(path), random.Random(7))
+    acked: list[bytes] = []
+    with Journal.open(path, segment_bytes=SEGMENT_BYTES, durability="os", file_ops=disk) as j:
+        j.create_session("a")
+        disk.settle()
+        for n in range(2):
+            acked.append(b"%d:" % n + b"x" * 1000)
+            j.append("a", [EventIn("m", acked[-1])])
+        log = SegmentLog(str(path / "segments"), b"", sync=False)
+        last = list(log.frames())[-1][0]
+        segment = path / "segments" / segment_name(last.segment)
+        with open(segment, "r+b") as f:  # (the start of a frame, its writer killed)
+            f.seek(last.offset)
+            head = f.read(FRAME_HEADER_SIZE + 100)
+            f.seek(last.end_offset)
+            f.write(head)
+        disk.fail("fsync", errno.EIO)
+        with pytest.raises(StoreUnavailable):
+            j.append("a", [EventIn("m", b"refused")])
+        assert disk.faults.pop("fsync")[1] == 0
+        for n in range(2, 6):  # (the third frame does not fit: its append seals)
+            acked.append(b"%d:" % n + b"x" * 1000)
+            j.append("a", [EventIn("m", acked[-1])])
+        sealed = sorted(os.listdir(path / "segments"))
+    assert [name for name in sealed if name.endswith(".idx")], sealed
+    disk.power_cut()
+    with Journal.open(path) as j:
+        found = [e.data for e in j.replay("a")]
         assert found == acked[: len(found)]
         assert len(found) >= 3
         assert j.verify().problems == []

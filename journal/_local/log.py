@@ -408,7 +408,12 @@ class SegmentLog:
                 self._writer = self._create_segment(next_position)
                 return
             self._writer = writer = self._open_segment(segment)
-        writer.attach(end_offset, next_position, keep_cut=keep_cut)
+        try:
+            writer.attach(end_offset, next_position, keep_cut=keep_cut)
+        except OSError:
+            if not self.sync:  # (a torn tail's cut: its failed sync drops unsynced frames)
+                self._sync_failed.add(segment)
+            raise
 
     def writer_end(self) -> tuple[int, int, int]:
         """(segment, end offset, next position) of the writer: where an append starts."""
@@ -420,6 +425,9 @@ class SegmentLog:
         position) by a batch that did not commit: `undo_append` makes it, else the next
         commit (`cut_pending_frames`)."""
         self._cut_pending = before
+        # (Its synced write moved `_durable` past `before`: another writer may commit a
+        # frame that ends just there, unsynced, in its place. A commit's catch-up syncs.)
+        self._durable = None
 
     def undo_append(
         self,
@@ -550,6 +558,10 @@ class SegmentLog:
         cheap call (but a flush of the disk's cache still)."""
         if not self.sync or self._durable == head:
             return
+        failed = [base for base in self._sync_failed if base <= head[0]]
+        if failed:  # (this writer's synced write failed there: written again, `_synced`)
+            self.sync_indexed((min(failed), SEGMENT_HEADER_SIZE), head[:2])
+            self._sync_failed.difference_update(failed)
         try:
             fd = open_segment(os.path.join(self.directory, segment_name(head[0])), os.O_RDWR)
         except FileNotFoundError:
@@ -666,7 +678,11 @@ class SegmentLog:
         if writer.frame_count and writer.end_offset + len(frame) > self.segment_bytes:
             self.rotate()
             writer = self.writer
-        info = writer.append_frame(frame, writer.next_position, count, digest)
+        try:
+            info = writer.append_frame(frame, writer.next_position, count, digest)
+        except OSError:  # (with sync on, a failed sync: its pages may never reach the disk)
+            self._sync_failed.add(writer.base_position)
+            raise
         if self._durable is not None and self._durable[2] == info.first_position:
             # (Synced, after what was on disk: the rotation's seal synced the segment.)
             self._durable = (writer.base_position, writer.end_offset, writer.next_position)
