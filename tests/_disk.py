@@ -93,7 +93,7 @@ class SimulatedDisk(FileOps):
         # operation name -> (errno, how many more calls fail)
         self.faults: dict[str, tuple[int, int]] = {}
         # (operation, errno) faults that strike in this order: each at the next call of
-        # its operation once the ones before it struck
+        # its operation once the ones before it struck (errno 0: that call goes through)
         self.sequence: list[tuple[str, int]] = []
         self.refused: list[str] = []  # paths whose unlink failed
         # Files are known by (inode, generation): an inode number is reused once its file
@@ -135,7 +135,8 @@ class SimulatedDisk(FileOps):
             raise OSError(errnos.EIO, "the power is off")
         if self.sequence and self.sequence[0][0] == operation:
             code = self.sequence.pop(0)[1]
-            raise OSError(code, os.strerror(code))
+            if code:  # (0: this one goes through, the sequence's next entry waits)
+                raise OSError(code, os.strerror(code))
         fault = self.faults.get(operation)
         if fault is not None and fault[1] > 0:
             self.faults[operation] = (fault[0], fault[1] - 1)

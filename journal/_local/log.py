@@ -111,8 +111,8 @@ class SegmentLog:
         # Where the log ended before an append whose frame could not be cut off again
         # (the undo's own write or sync failed): cut there before anything else happens.
         self._cut_pending: tuple[int, int, int] | None = None
-        # Segments a sync of which failed while their frames were written unsynced
-        # (durability "os"): the next sync writes their frames again first (`_synced`).
+        # Segments a sync of which failed (durability "os": frames written unsynced; any:
+        # a synced write): their next sync writes their frames again first (`_synced`).
         self._sync_failed: set[int] = set()
         # (`keeping_files_lock`: the thread keeping, and the descriptor kept, if any.)
         self._keeper: int | None = None
@@ -559,18 +559,16 @@ class SegmentLog:
         if not self.sync or self._durable == head:
             return
         failed = [base for base in self._sync_failed if base <= head[0]]
-        if failed:  # (this writer's synced write failed there: written again, `_synced`)
+        if failed:  # (this writer's own synced write failed there: written again, synced)
             self.sync_indexed((min(failed), SEGMENT_HEADER_SIZE), head[:2])
             self._sync_failed.difference_update(failed)
-        try:
-            fd = open_segment(os.path.join(self.directory, segment_name(head[0])), os.O_RDWR)
-        except FileNotFoundError:
-            fd = -1  # compressed: its copy was synced before it replaced the plain file
-        if fd >= 0:
-            try:
-                self.ops.fdatasync(fd)
-            finally:
-                os.close(fd)
+        else:  # (a compressed one's copy was synced before it replaced the plain file)
+            with contextlib.suppress(FileNotFoundError):
+                fd = open_segment(os.path.join(self.directory, segment_name(head[0])), os.O_RDWR)
+                try:
+                    self.ops.fdatasync(fd)
+                finally:
+                    os.close(fd)
         self._durable = head
 
     def synced_to(self, head: tuple[int, int, int]) -> None:
