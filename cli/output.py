@@ -409,6 +409,12 @@ _CLI_HINTS: Final = (
     ),
     ("`journal init` or Journal.open(path, create=True)", "`journal init`"),
     (
+        "`journal init` or a writable Journal.open(url, store=...); a read-only journal "
+        "does not create one",
+        "`journal init`",
+    ),
+    ("`journal init` or Journal.open(url, store=..., create=True)", "`journal init`"),
+    (
         ", and a read-only journal does not create one: create it with `journal init` or "
         "a writable Journal.open(path)",
         ": create it with `journal init`",

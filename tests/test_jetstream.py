@@ -1398,10 +1398,10 @@ def test_the_command_line_works_on_a_nats_store(url: str, tmp_path: Path) -> Non
 
     assert run("read", "-s", "s")[0] == 3  # no store yet: not found
     missing = CliRunner().invoke(main, ["--store", store, "read", "-s", "s"])
-    # It gave the library's advice ("open it with create=True"): a JetStream trial.
-    assert "`journal init`" in missing.stderr and "create=True" not in missing.stderr, (
-        missing.stderr
-    )
+    # It gave the library's advice ("open it with create=True"): a JetStream trial; and
+    # it names the store given with --store (a new user's trial, 2026-12-06).
+    assert f"`journal --store {store} init`" in missing.stderr, missing.stderr
+    assert "Journal.open" not in missing.stderr, missing.stderr
     code, (made,) = run("init")
     store_id = made.pop("store_id")
     assert (code, made) == (0, {"store": store, "created": True})
