@@ -121,7 +121,7 @@ class CatchUp:
             log.finish_interrupted()
             self._finished_interrupted = True
         recorded = (head.segment, head.end_offset, head.next_position)
-        indexed_from, start = head.next_position, (head.segment, head.end_offset)
+        indexed_from = head.next_position
         projection = Projection(view, txn, head, self._ops)
         for base in project_segments(log, projection, known_zeros=self._known_zeros):
             if read_summary(log.directory, base) is None:
@@ -131,7 +131,7 @@ class CatchUp:
         if head.next_position != indexed_from:
             # (Frames no commit acknowledged: made durable before they are: SPEC 14.4;
             # with the frames before them in the head's segment.)
-            log.sync_indexed(start, (head.segment, head.end_offset))
+            log.sync_indexed(recorded[:2], (head.segment, head.end_offset))
             log.synced_to((head.segment, head.end_offset, head.next_position))
         elif not rebuilt:
             # The writer was not at the head: others committed since its last commit (or it

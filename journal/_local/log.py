@@ -411,8 +411,7 @@ class SegmentLog:
         try:
             writer.attach(end_offset, next_position, keep_cut=keep_cut)
         except OSError:
-            if not self.sync:  # (a torn tail's cut: its failed sync drops unsynced frames)
-                self._sync_failed.add(segment)
+            self._unsynced_after_failure(segment)  # (a torn tail's cut's sync)
             raise
 
     def writer_end(self) -> tuple[int, int, int]:
@@ -480,8 +479,7 @@ class SegmentLog:
             self.close()  # the frames before this one were cut, and it with them
         except OSError:
             self._cut_pending = before
-            if not self.sync:  # (a failed sync there drops unsynced frames: `_synced`)
-                self._sync_failed.update({base} if writer is None else {base, writer.base_position})
+            self._unsynced_after_failure(base, *([] if writer is None else [writer.base_position]))
             self.close()
             raise
         return False
@@ -517,8 +515,7 @@ class SegmentLog:
                 self.ops.ftruncate(fd, end_offset)
                 self.ops.fsync(fd)
         except OSError:
-            if not self.sync:  # (a failed sync drops unsynced frames: `_synced`)
-                self._sync_failed.add(base_position)
+            self._unsynced_after_failure(base_position)
             raise
         finally:
             os.close(fd)
@@ -533,9 +530,8 @@ class SegmentLog:
         hole of zeros before frames acknowledged after them (the store then unreadable)."""
         if not self.sync:
             return
-        for base in self.bases():
-            if not start[0] <= base <= end[0]:
-                continue
+        one = start[0] == end[0]  # (the common case: no listing of the directory)
+        for base in [start[0]] if one else [b for b in self.bases() if start[0] <= b <= end[0]]:
             try:
                 fd = open_segment(os.path.join(self.directory, segment_name(base)), os.O_RDWR)
             except FileNotFoundError:
@@ -559,16 +555,9 @@ class SegmentLog:
         if not self.sync or self._durable == head:
             return
         failed = [base for base in self._sync_failed if base <= head[0]]
-        if failed:  # (this writer's own synced write failed there: written again, synced)
-            self.sync_indexed((min(failed), SEGMENT_HEADER_SIZE), head[:2])
-            self._sync_failed.difference_update(failed)
-        else:  # (a compressed one's copy was synced before it replaced the plain file)
-            with contextlib.suppress(FileNotFoundError):
-                fd = open_segment(os.path.join(self.directory, segment_name(head[0])), os.O_RDWR)
-                try:
-                    self.ops.fdatasync(fd)
-                finally:
-                    os.close(fd)
+        # (Where this writer's own synced write failed, the frames are written again first.)
+        self.sync_indexed((min(failed), SEGMENT_HEADER_SIZE) if failed else head[:2], head[:2])
+        self._sync_failed.difference_update(failed)
         self._durable = head
 
     def synced_to(self, head: tuple[int, int, int]) -> None:
@@ -590,10 +579,14 @@ class SegmentLog:
         try:
             sync()
         except OSError:
-            if not self.sync:
-                self._sync_failed.add(base)
+            self._unsynced_after_failure(base)
             raise
         self._sync_failed.discard(base)
+
+    def _unsynced_after_failure(self, *bases: int) -> None:
+        """A sync of `bases` failed: with durability "os", `_sync_failed` remembers them."""
+        if not self.sync:
+            self._sync_failed.update(bases)
 
     def _create_segment(self, base_position: int) -> SegmentWriter:
         return SegmentWriter.create(
