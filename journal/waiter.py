@@ -28,6 +28,7 @@ from typing import Any, Final, Protocol
 
 from .engine import Flag, start_thread
 from .forking import ForkPause
+from .stop_checks import STOP_CHECK_S, stop_checks
 
 __all__ = ["ChangeSource", "HeadUnknown", "Notifier"]
 
@@ -37,9 +38,9 @@ _log: Final = logging.getLogger("journal")
 IDLE_POLL_S: Final = 0.002
 FAST_POLL_S: Final = 0.0005
 FAST_WINDOW_S: Final = 0.05
-# With a change source: how often `stop` events are checked (while any follower waits
-# with one) and the head read regardless of events (a safety net for a missed event).
-STOP_CHECK_S: Final = 0.05
+# With a change source: how often the head is read regardless of events (a safety net
+# for a missed event). Followers' `stop` events are checked by the process's stop checks
+# (`stop_checks`), every STOP_CHECK_S while any follower waits with one.
 SAFETY_POLL_S: Final = 1.0
 # After a commit of this process, how long the thread waits before it reads the head.
 DEFER_S: Final = 0.001
@@ -432,8 +433,8 @@ class Notifier:
                 entry = self._stops[stop_id] = [stop, 0]
             entry[1] += 1
             registered.stop = stop_id
-            if entry[1] == 1 and self._source is not None:
-                self._source.interrupt()  # check stops from now on, not after a long wait
+            if entry[1] == 1:
+                stop_checks().want(self)  # (checked from now on, every STOP_CHECK_S)
         self._waiting += 1
         self._followers += followers
         registered.followers = followers
@@ -521,6 +522,7 @@ class Notifier:
             # (Not started: a signal interrupted `start`; it ends at its first step.)
             with contextlib.suppress(RuntimeError):
                 thread.join(5)
+        stop_checks().drop(self)  # (the last journal's close ends the checks' thread)
 
     def _run(self) -> None:
         with self._lock:
@@ -601,7 +603,7 @@ class Notifier:
         else:
             self._check(stops)  # a stop check: the head did not move (no event came)
         if source is not None:
-            timeout = STOP_CHECK_S if stops else SAFETY_POLL_S
+            timeout = SAFETY_POLL_S  # (stops: the process's stop checks look at them)
             if self._recheck:
                 timeout = min(timeout, max(0.0, self._recheck_at - time.monotonic()))
             event = source.wait(timeout)
@@ -639,6 +641,16 @@ class Notifier:
             # a little later, for another process's commit right after it.
             self._recheck = RECHECK_MAX_S
         self._recheck_at = time.monotonic() + self._recheck
+
+    def wake_stopped(self) -> bool:
+        """Wake the waiting followers if a stop of one of them is set (the process's
+        stop checks, every STOP_CHECK_S); False when none waits with a stop."""
+        with self._lock:
+            if self._closed or not self._stops:
+                return False
+            stops = [stop for stop, _ in self._stops.values()]
+        self._check(stops)
+        return True
 
     def _check(self, stops: list[Any]) -> None:
         if _any_set(stops):

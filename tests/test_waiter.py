@@ -695,11 +695,12 @@ def test_an_interrupt_alone_is_no_change(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", engine_params())
 def test_new_followers_stops_cost_no_head_reads(name: str, tmp_path: Path) -> None:
-    """A follower that starts waiting with a stop interrupts the change source's wait (so
-    its stop is checked from then on); that is no change, on either engine, and costs no
-    head read. Until 2026-12-05 (a review) JetStream's change source reported it as a
-    row message: a head read, and looks again every 2 ms for 50 ms after it, each a
-    request to the server (here: 10 such waits read the head about 250 times)."""
+    """A follower that starts waiting with a stop costs no head read, on either engine
+    (its stop is checked by the process's stop checks; until 2026-12-06 it interrupted
+    the change source's wait, which had to be no change). Until 2026-12-05 (a review)
+    JetStream's change source reported that interrupt as a row message: a head read,
+    and looks again every 2 ms for 50 ms after it, each a request to the server (here:
+    10 such waits read the head about 250 times)."""
     engine, _ = open_engine(name, tmp_path / "store")
     j = Journal.over(engine)
     waiter: Notifier = engine.waiter
