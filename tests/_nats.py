@@ -574,3 +574,83 @@ class HoldingProxy:
         for s in self._sockets:
             with contextlib.suppress(OSError):
                 s.close()
+
+
+class DelayingProxy:
+    """A TCP proxy in front of one server that delivers messages late: after
+    `hold(match)`, every protocol message of the client's that `match` accepts is kept
+    back, in order, until `release()` sends them on the connections they came on (the
+    client's other messages go on around them), on connections the proxy keeps open."""
+
+    def __init__(self, upstream_port: int) -> None:
+        import threading
+
+        self.upstream_port = upstream_port
+        self._listener, self.port = _listening()
+        self._lock = threading.Lock()
+        self._match: Any = None
+        self._held: list[tuple[socket.socket, bytes]] = []
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def hold(self, match: Any) -> None:
+        with self._lock:
+            self._match = match
+
+    def release(self, reply: str) -> list[bytes]:
+        """Stop holding and send what was held, each answer asked for sent to `reply`
+        instead (the client no longer listens where it asked); the messages sent."""
+        sent = []
+        with self._lock:
+            held, self._held, self._match = self._held, [], None
+            for sink, message in held:
+                line, rest = message.split(b"\r\n", 1)
+                words = line.split()
+                if len(words) == (5 if words[0].upper() == b"HPUB" else 4):
+                    words[2] = reply.encode()
+                sent.append(b" ".join(words) + b"\r\n" + rest)
+                with contextlib.suppress(OSError):
+                    sink.sendall(sent[-1])
+        return sent
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            self._sockets += [client, upstream]
+            threading.Thread(target=self._to_server, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._to_client, args=(upstream, client), daemon=True).start()
+
+    def _to_server(self, source: socket.socket, sink: socket.socket) -> None:
+        buffer = b""
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                messages, buffer = _protocol_messages(buffer + data)
+                for message in messages:
+                    with self._lock:
+                        if self._match is not None and self._match(message):
+                            self._held.append((sink, message))
+                        else:
+                            sink.sendall(message)
+
+    def _to_client(self, source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                with contextlib.suppress(OSError):  # (the client gone: the server's side kept)
+                    sink.sendall(data)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for s in self._sockets:
+            with contextlib.suppress(OSError):
+                s.close()

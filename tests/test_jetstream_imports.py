@@ -23,6 +23,7 @@ import msgspec
 import pytest
 from _nats import (
     CuttingProxy,
+    DelayingProxy,
     HoldingProxy,
     NatsServer,
     shared_server,
@@ -1219,3 +1220,103 @@ def test_an_import_commit_left_without_an_answer_is_write_outcome_unknown(
     finally:
         proxy.close()
         server.stop()
+
+
+def _late_answers(url: str, proxy: DelayingProxy, inbox: str) -> list[dict[str, Any]]:
+    """Release what `proxy` held, and the servers' answers to its batch commits (sent to
+    `inbox`)."""
+    import nats
+
+    async def release() -> list[dict[str, Any]]:
+        nc = await nats.connect(url)
+        try:
+            sub = await nc.subscribe(inbox)
+            await nc.flush()
+            sent = await asyncio.to_thread(proxy.release, inbox)
+            commits = [m for m in sent if b"Nats-Batch-Commit" in m]
+            return [json.loads((await sub.next_msg(10)).data) for _ in commits]
+        finally:
+            await nc.close()
+
+    return asyncio.run(release())
+
+
+@pytest.mark.slow
+def test_an_unanswered_import_commit_fenced_by_its_rollback_is_store_unavailable(
+    url: str, tmp_path: Path
+) -> None:
+    """The import's commit batch (every copy the commit sent again) was held back in
+    flight for its 30 s, the servers answering all else: it raised WriteOutcomeUnknown
+    (exit 8, "look before importing again") until 2026-12-06, though its rollback then
+    went through. The rollback's tombstone, with the compare-and-set on the staged row,
+    fences the batch for good (its own compare-and-set on that row can no longer pass):
+    nothing was imported, StoreUnavailable (exit 9, retry). Every held copy, delivered
+    after the tombstone, is refused. (About 35 s: the commit's 30 s of asking.)"""
+    _, archive = _one_session_archive(tmp_path, "a", 20, 100)
+    name = store_name(tmp_path)
+    proxy = DelayingProxy(shared_server().port)
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":  # (staging is done: every batch now is the commit's)
+            proxy.hold(lambda message: b"Nats-Batch-Id" in message)
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            with pytest.raises(StoreUnavailable) as caught:
+                j.import_sessions(io.BytesIO(archive))
+            error = caught.value
+            assert _staged_messages(url, name, "a") == 0  # (rolled back: no claim either)
+            # The batch delivered late, after the tombstone: each copy is refused.
+            answers = _late_answers(url, proxy, f"late.{name}")
+            assert answers and {a["error"]["err_code"] for a in answers} == {10071}, answers
+            assert list(j.list_sessions()) == []
+            assert stream_messages(url, name, "lc.>") == 0
+            assert j.verify().problems == []
+        assert not isinstance(error, WriteOutcomeUnknown), repr(error)
+        assert (error.code, error.status) == ("STORE_UNAVAILABLE", "UNAVAILABLE")
+        assert "nothing was imported" in str(error)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_during_the_rollback_of_an_unanswered_commit_leaves_it_to_abort_import(
+    url: str, tmp_path: Path
+) -> None:
+    """A Ctrl+C while an unanswered commit's own rollback runs (the test above): the
+    sessions it had not finished are rolled back by the import's `AbortImport`, which
+    counts them, so the interrupt does not say the import was committed (with the
+    sessions forgotten by the cancelled rollback, `AbortImport` counted none, the
+    import's sign that the commit went through)."""
+    _, archive = _one_session_archive(tmp_path, "a", 20, 100)
+    name = store_name(tmp_path)
+    proxy = DelayingProxy(shared_server().port)
+    interrupted = threading.Event()
+    reached: list[object] = []
+
+    def point(where: str, detail: object) -> None:
+        if where == "import.commit":
+            proxy.hold(lambda message: b"Nats-Batch-Id" in message)
+        elif where == "import.abort" and not reached:  # (the commit's own rollback)
+            reached.append(detail)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert interrupted.wait(10)  # (the rollback goes on once the caller has it)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    options = JetStreamOptions(servers=[proxy.url], store=name, point=point)
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with Journal.over(JetStreamEngine.open(options)) as j:
+            with pytest.raises(KeyboardInterrupt) as caught:
+                j.import_sessions(io.BytesIO(archive))
+            assert reached == ["a"]
+            assert getattr(caught.value, "__notes__", []) == []
+            assert list(j.list_sessions()) == []
+            assert _staged_messages(url, name, "a") == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        proxy.close()

@@ -23,7 +23,9 @@ entry when it is not open, and its visible row with the compare-and-set on its s
 row; so every session becomes visible at once, or none does. A batch holds 1,000
 messages: an import takes at most `MAX_IMPORT_SESSIONS` sessions (3 messages each), and
 the check pass refuses an archive of more before anything is written
-(`transfer.import_sessions`, the engine's `max_import_sessions`).
+(`transfer.import_sessions`, the engine's `max_import_sessions`). A commit left without
+an answer is rolled back at once: `StoreUnavailable` when that fenced it (nothing was
+imported), else `WriteOutcomeUnknown` (`_fenced`).
 
 Each staged row records its importer as an owner lease records its holder (pid, start
 time, host, boot id), and names the importer's heartbeat (`IMPORTER_HEADER`): an engine
@@ -46,7 +48,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
-from nats.errors import MaxPayloadError
 
 from ..archive import ArchiveEvent
 from ..engine import AbortImport, CommitImport, StagedSession, StageEvents, StageSessions
@@ -61,6 +62,9 @@ from ..errors import (
 from ..models import LifecycleEventType, SessionState
 from ..sessions import FeedEntry, SessionRow, lifecycle_event_of
 from .client import WRITE_TOKEN, ApiError, BatchMessage, Found, Unavailable, asked_again
+from .import_batches import WRITE_S as _WRITE_S
+from .import_batches import WRONG_LAST_SEQUENCE as _WRONG_LAST_SEQUENCE
+from .import_batches import send_batch
 from .import_beats import ImporterBeat, beat_session
 from .layout import (
     ENCODER,
@@ -89,10 +93,6 @@ IMPORTER_HEADER: Final = "Journal-Importer"
 # On a rollback's tombstone: the claim's sequence, deleted by whoever finds the tombstone
 # (its own rollback first, else the next retention pass or import of the id).
 CLAIM_HEADER: Final = "Journal-Claim"
-_WRITE_S: Final = 30.0
-_WRONG_LAST_SEQUENCE: Final = 10071
-_IN_PROCESS: Final = 10164
-_TOO_LARGE: Final = frozenset({10054, 10199})
 _ROLL_BACK_TRIES: Final = 5
 
 # This process's staged incarnations, per store id, across its journals, and how many
@@ -145,6 +145,7 @@ class Imports:
         self._committed = committed
         self._point = point  # the engine's fault points (SPEC 1.3)
         self._staged: dict[int, _Staged] = {}
+        self._fences: dict[int, asyncio.Future[int]] = {}  # (`_fenced`)
         self._in_flight = 0
         busy = lambda: bool(self._staged or self._in_flight)  # noqa: E731
         self._beats = ImporterBeat(reader, self._pid, self._host, heartbeat_s, busy)
@@ -404,69 +405,7 @@ class Imports:
                 return None  # (not stored: it may be sent again)
             raise self._moved(entry.session_id, found)
 
-        return await self._send(messages, landed, entry.session_id)
-
-    async def _send(
-        self,
-        messages: list[BatchMessage],
-        landed: Callable[[], Awaitable[int | None]],
-        session_id: str,
-        committing: bool = False,
-    ) -> int:
-        """Publish one atomic batch; the sequence of its last message. A refused
-        compare-and-set or a lost reply is settled by `landed()`: the sequence when the
-        batch is stored, None when it is not (it is sent again), `SessionExists` when
-        another writer took the row."""
-        deadline = time.monotonic() + _WRITE_S
-        busy = 0
-        uncertain = False  # (a batch may have been stored without its answer)
-        while True:
-            settle = False
-            try:
-                return await self._conn.publish_batch(messages)
-            except ApiError as e:
-                if e.err_code in _TOO_LARGE:
-                    raise InvalidArgument(
-                        f"JetStream refused the import's write of session {session_id!r}: "
-                        f"{e.description}: raise max_payload and the stream's max_msg_size, "
-                        "or import into a local store"
-                    ) from None
-                if e.err_code == _WRONG_LAST_SEQUENCE or e.transient:
-                    settle = True
-                elif e.err_code != _IN_PROCESS:
-                    raise StoreUnavailable(
-                        f"JetStream refused the import's write of session {session_id!r}: "
-                        f"{e.description} (error {e.err_code}); nothing was imported"
-                    ) from None
-            except MaxPayloadError:
-                raise InvalidArgument(
-                    f"a message of the import of session {session_id!r} is larger than the "
-                    "NATS server's max_payload: raise it (SPEC 16.1)"
-                ) from None
-            except Unavailable:
-                settle = True
-            if settle:
-                uncertain = True
-                with contextlib.suppress(ApiError, *Unavailable):
-                    seq = await landed()
-                    if seq is not None:
-                        return seq
-            if time.monotonic() > deadline:
-                if committing and uncertain:  # (its batch may yet land: all, or none)
-                    raise WriteOutcomeUnknown(
-                        f"no answer from JetStream for {_WRITE_S:g} s committing the import "
-                        f"(of {session_id!r} and the others): it is not known to have "
-                        "committed; check the servers, then look whether its sessions are "
-                        "there (get_session, `journal sessions list`) before importing again"
-                    )
-                raise StoreUnavailable(
-                    f"no answer from JetStream for {_WRITE_S:g} s importing session "
-                    f"{session_id!r}: nothing was imported (what was staged is rolled back, "
-                    "or by the next retention pass once this process is gone); check the "
-                    "servers and retry"
-                )
-            await asyncio.sleep(min(0.002 * 2**busy, 0.1))
-            busy += 1
+        return await send_batch(self._conn, messages, landed, entry.session_id)
 
     # -- commit and rollback ---------------------------------------------------------------
 
@@ -547,7 +486,11 @@ class Imports:
                     raise self._moved(entry.session_id, now_at)
             return None
 
-        last = await self._send(messages, landed, entries[0].session_id, committing=True)
+        try:
+            first_id = entries[0].session_id
+            last = await send_batch(self._conn, messages, landed, first_id, committing=True)
+        except WriteOutcomeUnknown as unknown:
+            raise await self._fenced(entries, unknown) from None
         self._reader.saw(last)
         start = last - len(messages) + 1
         for entry in entries:
@@ -559,9 +502,36 @@ class Imports:
             rows.append(row)
         return rows
 
+    async def _fenced(self, entries: list[_Staged], unknown: WriteOutcomeUnknown) -> JournalError:
+        """What a commit left without an answer raises, once rolled back: its batch may
+        land yet, unless a tombstone of the rollback comes first. One session rolled
+        back fences the whole batch for good (its compare-and-set on that staged row can
+        no longer pass, however late it comes), so nothing was imported: StoreUnavailable.
+        Else (the rollback failed, or rolled nothing back: committed, or not known):
+        `unknown`. The rollback goes on when a Ctrl+C cancels the commit, and the
+        caller's `AbortImport` waits for it and counts what it rolled back."""
+        fence = asyncio.ensure_future(self._roll_back_all(entries, _WRITE_S))
+        for entry in entries:
+            assert entry.row is not None
+            self._fences[entry.row.incarnation] = fence
+        try:
+            rolled = await asyncio.shield(fence)
+        except Exception:
+            return unknown
+        if not rolled:
+            return unknown
+        return StoreUnavailable(
+            f"no answer from JetStream for {_WRITE_S:g} s committing the import (of "
+            f"{entries[0].session_id!r} and the others); its rollback went through, and "
+            "the commit can no longer land: nothing was imported; check the servers and retry"
+        )
+
     async def _abort(self, incarnations: list[int]) -> int:
         entries = [self._staged.get(incarnation) for incarnation in incarnations]
-        return await self._roll_back_all([e for e in entries if e is not None], _WRITE_S)
+        count = await self._roll_back_all([e for e in entries if e is not None], _WRITE_S)
+        for fence in {self._fences.pop(i) for i in incarnations if i in self._fences}:
+            count += await fence  # (an unanswered commit's rollback: `_fenced`)
+        return count
 
     async def _roll_back_all(self, entries: list[_Staged], window: float) -> int:
         """Roll back `entries`; how many were (not a session whose commit landed first:
@@ -794,4 +764,5 @@ class Imports:
             for incarnation in self._staged:
                 _STAGING.discard((self._store_id, incarnation))
         self._staged.clear()
+        self._fences.clear()
         self._beats.close()
