@@ -508,6 +508,13 @@ class Engine(Protocol):
         JetStream stream's leader cut off from its cluster answers from a stale copy
         for a while (SPEC 16.4). The local engine has one copy: it returns at once."""
 
+    def withdrawals(self) -> int:
+        """How many times frames this journal had read were found cut off the log since it
+        opened (a read-only local journal's private view serves the frames after the
+        view's head, which a writer whose commit failed may cut off again: SPEC 14.4); 0
+        where reads serve only what is committed. A follower that delivered events checks
+        the last one again when this changes, and cursor errors then name the cut."""
+
     def session_id_of(self, incarnation: int) -> str | None:
         """The id a session incarnation had (kept after eviction, for page tokens, while
         the log holds its creation record)."""

@@ -68,6 +68,34 @@ class EventPages:
         """The session's pages after `after` (`live`: then its new events as they come),
         `page_bytes` the first's bound, then the others'; `cursor` is the one followed
         from (the unsettled-turn check of a live follower)."""
-        page = partial(self.page, row, self._cursors.context(row), readers)
+        withdrawals = [self._engine.withdrawals()]
+        page = partial(self._followed, row, self._cursors.context(row), readers, withdrawals)
         unsettled = partial(check_unsettled, self._engine, cursor)
         return EventPager(page, after, live, (unsettled, self._owners.watch), page_bytes)
+
+    def _followed(
+        self,
+        row: SessionRow,
+        context: ReadContext,
+        readers: PageReaders,
+        withdrawals: list[int],
+        after: int,
+        max_bytes: int,
+        last: Event | None,
+    ) -> tuple[list[Event], bool, bool, int, SessionRow]:
+        """A pager's page after `after`; `last` is the event it delivered last. When the
+        engine found frames this journal read cut off the log since the pager's previous
+        page (`withdrawals` holds the count it saw then), `last` is read again: another
+        event at its ordinal means it was cut off, and another event committed there
+        (SPEC 14.4). Until 2026-12-06 the follower went on after that ordinal, the event
+        now there never delivered, and the one it had delivered never committed."""
+        found = self.page(row, context, readers, after, max_bytes)
+        count = self._engine.withdrawals()  # (after the page: its read may have counted one)
+        if count != withdrawals[0]:
+            withdrawals[0] = count
+            if last is not None:
+                cursors = self._cursors
+                now = cursors.event_time(row.session_id, row.incarnation, last.ordinal, readers)
+                if now is not None and now != last.timestamp_ms:
+                    raise cursors.foreign(found[4], last.ordinal)
+        return found

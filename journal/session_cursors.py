@@ -2,7 +2,8 @@
 deciding where a read resumes from one: `CursorFuture` past the session's end,
 `CursorExpired` below what it retains, and `CursorForeign` when the event a cursor was
 issued for is no longer the one at its ordinal (a store restored from an older copy and
-written since: SPEC 5).
+written since: SPEC 5; or, when the engine found frames this journal read cut off the log
+since, that cut: SPEC 14.4).
 
 A cursor signed for an event carries a check, the low 32 bits of the event's timestamp;
 resuming from it reads that event once and compares. Cursors signed where no event's
@@ -32,6 +33,15 @@ _CHECK_MASK: Final = 0xFFFFFFFF
 # the bound is what a long-lived process keeps of sessions long gone (65,536 until
 # 2026-12-05: 15 MB). A miss costs one SHA-256 of a few dozen bytes.
 _SCOPES: Final = 4096
+
+# Why events a read-only journal read are gone since (`Engine.withdrawals`): the cut of a
+# refused frame its private view had projected (SPEC 14.4), or a hole `verify --fix`
+# accepted under it (SPEC 9).
+_CUT: Final = (
+    "cut off the log after this read-only journal read {them} (a write whose commit failed "
+    "after its frame was written, WRITE_OUTCOME_UNKNOWN, taken off again by its writer's "
+    "next commit; or a hole accepted by `verify --fix`)"
+)
 
 
 def event_check(time_ms: int) -> int:
@@ -127,7 +137,16 @@ class SessionCursors:
 
     def future(self, row: SessionRow, after: int, what: str) -> CursorFuture:
         """`what` ordinal `after` of a session that ends before it now (its end was cut:
-        an older copy of the store, or a hole `verify(fix=True)` accepted, SPEC 9)."""
+        an older copy of the store, or a hole `verify(fix=True)` accepted, SPEC 9; or
+        events this journal read were cut off since, SPEC 14.4)."""
+        if self._engine.withdrawals():
+            return CursorFuture(
+                f"{what} ordinal {after} but session {row.session_id!r} ends at "
+                f"{row.last_ordinal}: its events after that were {_CUT.format(them='them')}: "
+                "drop what was read from them, and resume from the cursor of an earlier "
+                "event, or from the start",
+                head_ordinal=row.last_ordinal,
+            )
         return CursorFuture(
             f"{what} ordinal {after} but session {row.session_id!r} ends at "
             f"{row.last_ordinal} (was the store restored from an older copy, or a hole in "
@@ -162,9 +181,20 @@ class SessionCursors:
         if time_ms is None:
             return  # trimmed meanwhile: the read that follows says so
         if event_check(time_ms) != check:
-            raise CursorForeign(
-                f"the cursor was issued for another event {ordinal} of session "
-                f"{row.session_id!r} than the one this store holds (the store was restored "
-                "from an older copy and written since): resume from a cursor this store "
-                "issued, or from the start"
+            raise self.foreign(row, ordinal)
+
+    def foreign(self, row: SessionRow, ordinal: int) -> CursorForeign:
+        """The event at `ordinal` is not the one a cursor (or a follower) had from it."""
+        if self._engine.withdrawals():
+            return CursorForeign(
+                f"event {ordinal} of session {row.session_id!r} as this journal read it is "
+                f"no longer in the session: it was {_CUT.format(them='it')}, and another "
+                f"event holds ordinal {ordinal} now: drop what was read from it on, and "
+                "resume from the cursor of an earlier event, or from the start"
             )
+        return CursorForeign(
+            f"the cursor was issued for another event {ordinal} of session "
+            f"{row.session_id!r} than the one this store holds (the store was restored "
+            "from an older copy and written since): resume from a cursor this store "
+            "issued, or from the start"
+        )

@@ -21,6 +21,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,14 @@ from click.testing import CliRunner
 
 from cli.main import main
 from cli.output import EXIT_OUTCOME_UNKNOWN, EXIT_UNAVAILABLE, exit_status
-from journal import EventIn, Journal, StoreUnavailable, WriteOutcomeUnknown
+from journal import (
+    CursorForeign,
+    CursorFuture,
+    EventIn,
+    Journal,
+    StoreUnavailable,
+    WriteOutcomeUnknown,
+)
 from journal._local.files import FileOps
 from journal.engine import Append
 
@@ -243,3 +251,126 @@ def test_the_cli_names_its_commands_in_an_uncut_frames_error(tmp_path: Path) -> 
     assert "get_session" not in message and "(get_session, read)" not in message, message
     assert "`journal sessions show ID`, `journal read`" in message, message
     assert "--idempotency-key" in message, message
+
+
+# A writer whose refused frame's cut is owed (the cut's `ftruncate` fails until told),
+# then, when told, makes the cut with its next commit: `append` (two events after the
+# cut, in one batch) or `create` (another session: the refused session ends before it).
+_OWED_CUT_WRITER = """
+import sys
+from test_commit_undo_faults import ViewCommitThenCutFail
+from journal import EventIn, Journal, WriteOutcomeUnknown
+ops = ViewCommitThenCutFail(cuts=1 << 30)
+with Journal.open(sys.argv[1], create=True, file_ops=ops) as j:
+    j.append("a", [EventIn("m", b"before")], create=True)
+    ops.armed = True
+    try:
+        j.append("a", [EventIn("m", b"refused?")])
+    except WriteOutcomeUnknown:
+        print("owed", flush=True)
+    then = sys.stdin.readline().strip()
+    ops.refusing = 0
+    if then == "append":
+        j.append("a", [EventIn("m", b"after"), EventIn("m", b"later")])
+    else:
+        j.create_session("b")
+    print("cut", flush=True)
+    sys.stdin.readline()
+"""
+
+_CUT_UNDER_READS = "cut off the log after this read-only journal read"
+
+
+def _owed_cut_writer(path: Path) -> subprocess.Popen[str]:
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _OWED_CUT_WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert writer.stdout is not None
+    assert writer.stdout.readline() == "owed\n"
+    return writer
+
+
+def _cut(writer: subprocess.Popen[str], then: str) -> None:
+    assert writer.stdin is not None and writer.stdout is not None
+    writer.stdin.write(then + "\n")
+    writer.stdin.flush()
+    assert writer.stdout.readline() == "cut\n"
+
+
+def _done(writer: subprocess.Popen[str]) -> None:
+    assert writer.stdin is not None
+    writer.stdin.write("done\n")
+    writer.stdin.close()
+    assert writer.wait(60) == 0
+
+
+@pytest.mark.parametrize("then", ["append", "create"])
+def test_a_cursor_of_an_event_a_reader_read_before_its_owed_cut_says_it_was_cut(
+    tmp_path: Path, then: str
+) -> None:
+    """A read-only journal opens while the writer (a live process) owes the cut of a
+    refused frame: the store's view is behind the log and nothing moves it, as after a
+    crash, so the reader projects the frame (the event whose outcome is unknown: a look
+    before a retry must find what the next writer would index). The writer then cuts it
+    and commits again. The cursor the reader issued for the cut event said the store
+    was "restored from an older copy" (`CursorForeign`; `CursorFuture`, "restored ... or
+    a hole accepted by `verify --fix`", when the session ends before it): it says that
+    the event was cut off after this journal read it, and where to resume."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path)
+    try:
+        with Journal.open(path, readonly=True) as reader:
+            read = list(reader.replay("a"))
+            assert [e.data for e in read] == [b"before", b"refused?"]
+            _cut(writer, then)
+            expected = [b"before", b"after", b"later"] if then == "append" else [b"before"]
+            assert _data(reader) == expected
+            assert [e.data for e in reader.replay("a", read[0].cursor)] == expected[1:]
+            error = CursorForeign if then == "append" else CursorFuture
+            with pytest.raises(error) as refused:
+                list(reader.replay("a", read[1].cursor))
+            message = str(refused.value)
+            assert _CUT_UNDER_READS in message, message
+            assert "WRITE_OUTCOME_UNKNOWN" in message, message
+            assert "restored from an older copy" not in message, message
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_follower_that_delivered_an_event_cut_off_since_is_told_not_given_the_next(
+    tmp_path: Path,
+) -> None:
+    """A read-only journal's follower delivered the refused event (ordinal 2); the writer
+    then cuts it and commits two events, ordinals 2 and 3, in one batch. The follower
+    went on after ordinal 2: it delivered "later" (3), and "after", the event now at 2,
+    never (a silent gap, and an event delivered that was never committed). It raises
+    `CursorForeign` saying that the event it delivered was cut off."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path)
+    try:
+        with Journal.open(path, readonly=True) as reader:
+            stop = threading.Event()
+            stream = reader.watch("a", stop=stop)
+            delivered = [next(stream).data, next(stream).data]
+            assert delivered == [b"before", b"refused?"]
+            _cut(writer, "append")
+            # (`CursorFuture` if the view was rebuilt between the cut and the commit.)
+            with pytest.raises((CursorForeign, CursorFuture)) as refused:
+                delivered.append(next(stream).data)
+            stop.set()
+            assert delivered == [b"before", b"refused?"]
+            message = str(refused.value)
+            assert _CUT_UNDER_READS in message and "ordinal 2" in message, message
+            stream.close()
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()

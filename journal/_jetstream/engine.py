@@ -460,6 +460,9 @@ class JetStreamEngine:
     def confirm_current(self) -> None:
         self._run(self.reader.in_touch(read_ended()))  # (a follower's: ends once stopped)
 
+    def withdrawals(self) -> int:
+        return 0  # (no private view that serves frames past a head: `Engine.withdrawals`)
+
     def session_id_of(self, incarnation: int) -> str | None:
         self.point("sessions.id_of", incarnation)
         found: str | None = self._ask(lambda: self.reader.session_id_of(incarnation))

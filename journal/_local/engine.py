@@ -595,6 +595,10 @@ class LocalEngine:
     def confirm_current(self) -> None:
         """One copy, every commit in it (`Engine.confirm_current`)."""
 
+    def withdrawals(self) -> int:
+        """Rebuilds of the private view after a cut under it (`Engine.withdrawals`)."""
+        return self._private_tail.cuts
+
     def session_id_of(self, incarnation: int) -> str | None:
         with self.view.begin() as txn:
             return self.view.session_id_of(txn, incarnation)

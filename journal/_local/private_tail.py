@@ -1,5 +1,6 @@
 """A read-only journal's private view across a hole that `verify(fix=True)` accepted (SPEC 9,
-"Accepting a hole"; SPEC 10).
+"Accepting a hole"; SPEC 10), or across the cut of a refused frame it had projected (SPEC
+14.4: a writer's commit failed after its frame was written, and its cut was owed).
 
 A private view projects only the frames after its head. When committed frames were cut
 off the active segment and the writer accepted the loss, later appends overwrite the
@@ -10,7 +11,8 @@ the last frame the view projected and compares it at every refresh (an fstat and
 frame ending at the head, mean the log was cut back under the view, which is then rebuilt
 from the log in one transaction (from the cut on, before the fix accepts it). Its head
 goes back, so the shared waiter (section 7.6) wakes the followers as in a writer's
-process.
+process; and `cuts` counts the rebuilds, so that a follower checks that the last event it
+delivered is still there (it may have been cut off, and another committed at its ordinal).
 """
 
 from __future__ import annotations
@@ -41,10 +43,13 @@ class _Cut(Exception):
 class PrivateTail:
     """The last frame a private view projected (None: not known, or none to compare)."""
 
-    __slots__ = ("_frame", "_listed", "_tried")
+    __slots__ = ("_frame", "_listed", "_tried", "cuts")
 
     def __init__(self) -> None:
         self._frame: _Frame | None = None
+        # How many times the view was rebuilt because the log was cut back under frames
+        # it had projected (`Engine.withdrawals`: followers then check what they delivered).
+        self.cuts = 0
         # While the view records events missing from the log (SPEC 9, "Events the log
         # lacks"): the segment files listed before the view was built (`listed_before`)
         # or at the first refresh since, else None.
@@ -120,13 +125,18 @@ class PrivateTail:
                 self._frame = _last_frame(log, ops, head, self._frame)
             except _Cut:
                 _log.warning(
-                    "%s: the log no longer holds the frames this read-only journal's view "
-                    "indexed (a hole accepted by verify --fix): rebuilding the view",
+                    "%s: the log no longer holds frames this read-only journal's view "
+                    "indexed (a refused write its writer cut off again, or a hole accepted "
+                    "by verify --fix): rebuilding the view",
                     log.directory,
                 )
+                # (Counted before the rebuild and after: a page read from the rebuilt view
+                # finds the count changed, whichever moment it read it.)
+                self.cuts += 1
                 self.listed_before(log)
                 build_private(log, view, once)
                 self._frame = None
+                self.cuts += 1
 
 
 def _marks(log: SegmentLog, bases: list[int]) -> dict[int, tuple[int, int]]:
