@@ -21,6 +21,7 @@ import click
 import journal
 
 from . import early_signals
+from .hints import argument, journal_command
 from .interrupts import Signalled
 from .output import (
     EXIT_INTERRUPTED,
@@ -143,6 +144,8 @@ def watch_events(settings: Settings, session_id: str, cursor: str | None) -> Non
                 printed = True
                 output.event(event, partial(last.note, event.cursor))
                 output.raise_held()
+        except journal.OutcomeUnknown as e:
+            raise _outcome_unknown(e, session_id) from None
         except journal.SessionNotFound as e:
             if printed or cursor is not None:
                 raise  # (evicted while watched, or a cursor's session gone)
@@ -171,3 +174,20 @@ def watch_lifecycle(settings: Settings, cursor: str | None) -> None:
         last.raise_caught()
     if reader_gone.is_set():
         raise BrokenPipeError  # ends quietly with status 0, like a failed write
+
+
+# The library's way to settle a dead owner's turn, as its OutcomeUnknown names it.
+_OWN_CALL = "(`own()`, `journal sessions own ID`)"
+
+
+def _outcome_unknown(error: journal.OutcomeUnknown, session_id: str) -> journal.OutcomeUnknown:
+    """The watch's WATCH_OUTCOME_UNKNOWN with the command that settles the turn, as it runs
+    here (the store as given, the session's id), in place of the library's `own()` call:
+    until 2026-12-06 the CLI printed "(`own()`, `journal sessions own ID`)"."""
+    own = f"`{journal_command()} sessions own {argument(session_id)}`"
+    return journal.OutcomeUnknown(
+        error.message.replace(_OWN_CALL, f"({own})"),
+        request_id=error.request_id,
+        cursor=error.cursor,
+        session_ended=error.session_ended,
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _cli_runs import ROOT, cli_env, json_error, run_cli
 
+from cli.output import EXIT_OUTCOME_UNKNOWN
 from journal import Journal
 
 # A worker: owns the session, starts a turn, says so, then waits to be killed.
@@ -208,3 +209,37 @@ def test_every_page_is_listed_when_a_pages_last_session_is_evicted_while_the_rea
     assert [i for i in ids if i < "s0100" or i >= "s0900"] == [
         f"s{n:04d}" for n in (*range(100), *range(900, 1000))
     ]
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_a_watch_of_a_killed_workers_turn_names_the_command_that_settles_it(
+    store: Path, output: str
+) -> None:
+    """`journal watch` of a session whose owner was killed mid-turn ends with
+    WATCH_OUTCOME_UNKNOWN (exit 8). Its message said the next owner records the turn as
+    failed "(`own()`, `journal sessions own ID`)": the library's call, and a command
+    without the store the watch was given or the session's id. It names the command as
+    it runs here, and keeps the error's fields (the cursor to resume from)."""
+    worker = _worker(store)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    watched = run_cli(store, "--format", output, "watch", "-s", "w")
+    assert watched.returncode == EXIT_OUTCOME_UNKNOWN, watched.stderr
+    command = f"`journal --store {store} sessions own w`"
+    if output == "json":
+        error = json_error(watched)
+        message = error["message"]
+        assert error["code"] == "WATCH_OUTCOME_UNKNOWN" and error["request_id"] == "r1"
+        cursor = error["cursor"]
+        assert cursor and error["session_ended"] is False
+    else:
+        message = watched.stderr
+        cursor = watched.stdout.split("cursor=")[-1].strip()
+        assert f"(resume with --cursor {cursor})" in message, message
+    assert "own()" not in message and command in message, message
+    owned = run_cli(store, "sessions", "own", "w")  # (the command as the message gives it)
+    assert owned.returncode == 0, owned.stderr
+    resumed = run_cli(store, "--format", "json", "read", "-s", "w", "--cursor", cursor)
+    assert resumed.returncode == 0, resumed.stderr
+    (result,) = [json.loads(line) for line in resumed.stdout.splitlines()[:1]]
+    assert result["result"]["error"]["code"] == "WATCH_OUTCOME_UNKNOWN", result
