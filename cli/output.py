@@ -424,6 +424,7 @@ _CLI_HINTS: Final = (
         "(rename=, or `journal import --as NEW_ID` / `--rename OLD=NEW`)",
         "(`journal import --rename OLD=NEW`, or `--as NEW_ID` for a one-session archive)",
     ),
+    ("`journal verify --fix` (Journal.verify(fix=True))", "`journal verify --fix`"),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
     (
@@ -475,7 +476,10 @@ def cli_message(message: str) -> str:
         message = pattern.sub(subject, message, count=1) if pattern.match(message) else message
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
-    return message.replace("`journal init`", f"`{journal_command()} init`")
+    command = journal_command()
+    for suggested in ("`journal init`", "`journal verify --fix`"):
+        message = message.replace(suggested, suggested.replace("journal", command, 1))
+    return message
 
 
 # What a script passes back for a JSON null it printed as text (`jq -r` prints "null").

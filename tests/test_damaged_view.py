@@ -151,6 +151,22 @@ def test_an_index_entry_naming_a_missing_segment_is_journal_corrupt(tmp_path: Pa
     assert "does not exist" in caught.value.detail
 
 
+def test_the_cli_names_its_own_command_for_a_damaged_view(tmp_path: Path) -> None:
+    """The view's damage through `journal read`: exit 7, and the way out as a command that
+    runs as printed (until 2026-12-06 the CLI's message also named the library's
+    `Journal.verify(fix=True)`, and `journal verify --fix` without the store given)."""
+    from _cli_runs import run_cli
+
+    store = tmp_path / "s"
+    _two_sessions(store)
+    payload = struct.pack(">QQQQQ", 1, 99999, 64, 0, 0)
+    replace_location(store, 1, 1, sealed_location(1, payload))
+    done = run_cli(store, "read", "-s", "a")
+    assert done.returncode == 7, (done.stdout, done.stderr)
+    assert "Journal.verify" not in done.stderr, done.stderr
+    assert f"`journal --store {store} verify --fix`" in done.stderr, done.stderr
+
+
 def test_an_index_entry_naming_another_sessions_frame_is_journal_corrupt(tmp_path: Path) -> None:
     """The entry of a's first event, pointed at b's frame (checksum intact): the reader
     must not answer with b's events or an empty page."""
