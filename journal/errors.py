@@ -189,9 +189,9 @@ class WriteOutcomeUnknown(StoreUnavailable):
     included (SPEC 16.3): the batch was sent and may be stored later. And by a local
     store when a commit failed after its frame was written and the disk also refused to
     cut the frame off again (SPEC 14.4): this journal's next commit cuts it (not
-    committed), but if this process ends first, or another process writes first, that
-    writer indexes it (committed). Both were a plain `StoreUnavailable` until
-    2026-12-06."""
+    committed), but if the journal is closed or this process ends first, or another
+    process writes first, that writer indexes it (committed). Both were a plain
+    `StoreUnavailable` until 2026-12-06."""
 
     code = "WRITE_OUTCOME_UNKNOWN"
     status = "UNKNOWN"

@@ -139,8 +139,8 @@ def outcome_unknown(
     """The error of a batch whose frame was written when its commit failed with `error`,
     and whose cut (taking the frame off the log again) failed with `cut`: the frame stays,
     its cut owed. Whoever writes next decides: this journal's next commit cuts it first,
-    but a process that ends before (or another process's writer that takes the lock
-    first) leaves it to a catch-up that indexes it, committed (SPEC 14.4)."""
+    but a close or a process that ends before (or another process's writer that takes
+    the lock first) leaves it to a catch-up that indexes it, committed (SPEC 14.4)."""
     first, then = _os_error(error, store), _os_error(cut, store)
     reason = first if first is not None else then
     remedy = _DISK if reason is None else _REMEDIES.get(reason.errno or 0, _DISK)
@@ -154,8 +154,9 @@ def outcome_unknown(
         f"{failed}; cutting this call's frame off the log again failed too "
         f"({cut if then is None else _what(then)}), so whether the call commits is not known: "
         "this journal's next commit cuts the frame before anything else once the disk "
-        "works, but if this process ends first (or another process writes to the store "
-        "first), that writer indexes it and the call is committed. Fix the cause "
+        "works, but if this journal is closed or this process ends first (or another "
+        "process writes to the store first), that writer indexes it and the call is "
+        "committed. Fix the cause "
         f"({remedy}), then look whether it committed (get_session, read) before writing "
         "it again; an append retried with the same idempotency key is safe",
         errno=None if reason is None else reason.errno,
