@@ -191,7 +191,9 @@ class WriteOutcomeUnknown(StoreUnavailable):
     cut the frame off again (SPEC 14.4): this journal's next commit cuts it (not
     committed), but if the journal is closed or this process ends first, or another
     process writes first, that writer indexes it (committed). Both were a plain
-    `StoreUnavailable` until 2026-12-06."""
+    `StoreUnavailable` until 2026-12-06. Also when the view was found damaged after the
+    frame was written (the cut needs its write transaction): the view's rebuild
+    (`verify(fix=True)`) indexes the frame, committed."""
 
     code = "WRITE_OUTCOME_UNKNOWN"
     status = "UNKNOWN"

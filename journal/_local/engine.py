@@ -547,13 +547,19 @@ class LocalEngine:
             self._ops.point("commit.refused")
             # (Another writer that took the lock first indexed the frame? It is committed.)
             frame = (info, planner.records) if info and known and isinstance(e, Exception) else None
+            cutting = False
             try:
                 with view.begin(write=True) as txn:
                     h = view.head(txn)
                     at = None if h is None else (h.segment, h.end_offset, h.next_position)
+                    cutting = True
                     indexed = log.undo_append(at, frame)
-            except (OSError, lmdb.Error) as cut:
-                # The frame stays, its cut owed: not "nothing committed" (SPEC 14.4).
+            except (OSError, lmdb.Error, JournalError) as cut:
+                if cutting and isinstance(cut, JournalError):
+                    raise  # (the cut was made; or it met committed frames cut: `LogHole`)
+                # The frame stays, its cut owed: not "nothing committed" (SPEC 14.4). Nor
+                # when the transaction the cut needs cannot begin (the view is damaged or
+                # gone): the rebuild of the view, or the next writer, indexes the frame.
                 self._catch_up.interrupted()
                 raise outcome_unknown(e, cut, self.location) from cut
             if not indexed:

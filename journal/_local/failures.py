@@ -15,7 +15,13 @@ from typing import Any, Final, TypeVar, cast
 
 import lmdb
 
-from ..errors import StoreIncompatible, StoreUnavailable, WriteOutcomeUnknown
+from ..errors import (
+    JournalCorrupt,
+    JournalError,
+    StoreIncompatible,
+    StoreUnavailable,
+    WriteOutcomeUnknown,
+)
 from ..short_of import SHORT_OF
 from .files import NotRegularFile
 
@@ -140,7 +146,10 @@ def outcome_unknown(
     and whose cut (taking the frame off the log again) failed with `cut`: the frame stays,
     its cut owed. Whoever writes next decides: this journal's next commit cuts it first,
     but a close or a process that ends before (or another process's writer that takes
-    the lock first) leaves it to a catch-up that indexes it, committed (SPEC 14.4)."""
+    the lock first) leaves it to a catch-up that indexes it, committed (SPEC 14.4). A
+    `cut` that is `JournalCorrupt` is a damaged view, whose write transaction the cut
+    needs: this journal commits nothing more before the view is rebuilt from the log,
+    which indexes the frame."""
     first, then = _os_error(error, store), _os_error(cut, store)
     reason = first if first is not None else then
     remedy = _DISK if reason is None else _REMEDIES.get(reason.errno or 0, _DISK)
@@ -150,17 +159,30 @@ def outcome_unknown(
         failed = f"the commit failed: {str(error) or type(error).__name__}"
     else:  # (a signal handler's exception, run inside the commit: SPEC 7.1)
         failed = f"the commit was interrupted ({type(error).__name__})"
-    unknown = WriteOutcomeUnknown(
-        f"{failed}; cutting this call's frame off the log again failed too "
-        f"({cut if then is None else _what(then)}), so whether the call commits is not known: "
-        "this journal's next commit cuts the frame before anything else once the disk "
-        "works, but if this journal is closed or this process ends first (or another "
-        "process writes to the store first), that writer indexes it and the call is "
-        "committed. Fix the cause "
-        f"({remedy}), then look whether it committed (get_session, read) before writing "
-        "it again; an append retried with the same idempotency key is safe",
-        errno=None if reason is None else reason.errno,
+    look = (
+        "look whether it committed (get_session, read) before writing it again; an append "
+        "retried with the same idempotency key is safe"
     )
+    if isinstance(cut, JournalCorrupt):
+        # (Its message names the way out: the view's rebuild from the log.)
+        damage = "the damaged view" if str(cut) == str(error) else f"the view, damaged ({cut})"
+        message = (
+            f"{failed}; this call's frame was written to the log already, and cutting it "
+            f"off again needs a write transaction on {damage}: the frame stays, and that "
+            f"rebuild indexes it, committing the call. After the fix, {look}"
+        )
+    else:
+        if reason is None and isinstance(cut, JournalError):
+            remedy = "see the cut's error"  # (the store moved away, ...)
+        message = (
+            f"{failed}; cutting this call's frame off the log again failed too "
+            f"({cut if then is None else _what(then)}), so whether the call commits is not "
+            "known: this journal's next commit cuts the frame before anything else once "
+            "the disk works, but if this journal is closed or this process ends first (or "
+            "another process writes to the store first), that writer indexes it and the "
+            f"call is committed. Fix the cause ({remedy}), then {look}"
+        )
+    unknown = WriteOutcomeUnknown(message, errno=None if reason is None else reason.errno)
     unknown.__cause__ = cut
     return unknown
 
