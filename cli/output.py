@@ -476,10 +476,15 @@ def cli_message(message: str) -> str:
         message = pattern.sub(subject, message, count=1) if pattern.match(message) else message
     for python, command in _CLI_HINTS:
         message = message.replace(python, command)
+    # Every command it suggests names the store as the user gave it (`hints.py`).
     command = journal_command()
-    for suggested in ("`journal init`", "`journal verify --fix`"):
-        message = message.replace(suggested, suggested.replace("journal", command, 1))
-    return message
+    if command == "journal":
+        return message
+    return _SUGGESTED.sub(lambda _: f"`{command} ", message)
+
+
+# A suggested command that does not name its store yet.
+_SUGGESTED: Final = re.compile(r"`journal (?!--store )")
 
 
 # What a script passes back for a JSON null it printed as text (`jq -r` prints "null").

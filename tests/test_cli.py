@@ -331,7 +331,8 @@ def test_watch_of_a_session_not_created_yet_says_how_to_wait_for_it(store: Path)
     from a cursor, or printed events, keeps the plain error."""
     early = invoke(store, "watch", "-s", "later")
     assert_one_line_error(early, 3, "SESSION_NOT_FOUND")
-    assert "`journal sessions watch` until its `created` line" in early.stderr
+    # (The command names the store as given: it runs as printed.)
+    assert f"`journal --store {store} sessions watch` until its `created` line" in early.stderr
     (appended,) = records(invoke(store, "append", "-s", "gone", "--create", "a"))
     invoke(store, "sessions", "cancel", "gone")
     policy = journal.RetentionPolicy(session_retention_ms=1)
@@ -1609,7 +1610,7 @@ def test_a_lost_key_file_is_not_replaced_by_a_write(store: Path) -> None:
     (store / "keys").unlink()
     refused = invoke(store, "append", "-s", "a", "two")
     assert_one_line_error(refused, 5, "KEYRING_INVALID")
-    assert "journal cursor-key --new" in refused.stderr
+    assert f"`journal --store {store} cursor-key --new`" in refused.stderr
     assert not (store / "keys").exists()
     with pytest.MonkeyPatch.context() as env:  # (the writers' key is the environment's)
         env.setenv("JOURNAL_CURSOR_KEY", "00" * 32)
@@ -2140,7 +2141,7 @@ def test_a_lost_key_file_is_explained_in_cli_terms_to_readers_and_cursor_key(
         result = invoke(store, *args, fmt="text")
         assert result.exit_code != 0
         assert "load_or_create" not in result.output
-        assert "journal cursor-key --new" in result.output, result.output
+        assert f"`journal --store {store} cursor-key --new`" in result.output, result.output
 
 
 def test_an_empty_cursor_key_variable_says_to_unset_it(
@@ -2250,7 +2251,7 @@ def test_cursor_key_rotate_refuses_an_external_key_and_a_missing_file(
     for args in (("--rotate",), ("--retire", "1")):
         missing = invoke(store, "cursor-key", *args)
         assert_one_line_error(missing, 5, "KEYRING_INVALID")
-        assert "journal cursor-key --new" in missing.stderr
+        assert f"`journal --store {store} cursor-key --new`" in missing.stderr
     assert not (store / "keys").exists()
 
 

@@ -179,9 +179,9 @@ def test_sessions_expire_prints_what_it_expired_when_the_listing_fails(
         f"journal: error: the expiry committed (it expired 2 sessions{shown}), but listing "
         "the expired sessions then failed: the view cannot be read: [Errno 5] "
         "Input/output error. Sessions the store's timer expired as the command opened the "
-        "store are not printed; once the store is mended, `journal sessions list --state "
-        "expired` lists every expired session (`journal sessions expire` again lists only "
-        "what it expires then)"
+        f"store are not printed; once the store is mended, `journal --store {store} sessions "
+        f"list --state expired` lists every expired session (`journal --store {store} "
+        "sessions expire` again lists only what it expires then)"
     ), said
     lines = done.stdout.splitlines()
     if fmt == "json":

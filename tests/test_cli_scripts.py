@@ -180,10 +180,10 @@ def test_a_store_path_that_is_a_file_is_an_invalid_argument(tmp_path: Path) -> N
 def test_messages_name_cli_commands(store: Path) -> None:
     done = _cli(store, "append", "-s", "missing", "data")
     assert done.returncode == 3
-    assert "journal sessions create" in done.stderr
+    assert f"`journal --store {store} sessions create ID`" in done.stderr
     assert "Journal." not in done.stderr
     again = _cli(store, "sessions", "create", "s")
-    assert again.returncode == 5 and "journal sessions show" in again.stderr
+    assert again.returncode == 5 and f"`journal --store {store} sessions show ID`" in again.stderr
 
 
 def test_expired_and_future_cursors_carry_their_fields(tmp_path: Path) -> None:

@@ -246,8 +246,9 @@ def test_journal_append_meeting_a_damaged_view_exits_8_and_names_the_commands(
     assert result.exit_code == EXIT_OUTCOME_UNKNOWN, (result.exit_code, result.output)
     assert result.exit_code != EXIT_OTHER
     message = result.stderr
-    assert "`journal verify --fix`" in message, message
-    assert "`journal sessions show ID`, `journal read`" in message, message
+    assert "verify --fix`" in message and "Journal.verify" not in message, message
+    command = f"journal --store {store}"  # (the store as given: runs as printed)
+    assert f"`{command} sessions show ID`, `{command} read`" in message, message
     assert "--idempotency-key" in message, message
     assert run_cli(store, "verify", "--fix").returncode == 0
     assert _events(store) == [b"before", b"refused?"]

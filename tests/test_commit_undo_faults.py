@@ -249,7 +249,8 @@ def test_the_cli_names_its_commands_in_an_uncut_frames_error(tmp_path: Path) -> 
     assert result.exit_code == EXIT_OUTCOME_UNKNOWN, result.output
     message = result.stderr
     assert "get_session" not in message and "(get_session, read)" not in message, message
-    assert "`journal sessions show ID`, `journal read`" in message, message
+    command = f"journal --store {path}"  # (the store as given: runs as printed)
+    assert f"`{command} sessions show ID`, `{command} read`" in message, message
     assert "--idempotency-key" in message, message
 
 
