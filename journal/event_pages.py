@@ -85,14 +85,19 @@ class EventPages:
     ) -> tuple[list[Event], bool, bool, int, SessionRow]:
         """A pager's page after `after`; `last` is the event it delivered last. When the
         engine found frames this journal read cut off the log since the pager's previous
-        page (`withdrawals` holds the count it saw then), `last` is read again: another
-        event at its ordinal means it was cut off, and another event committed there
-        (SPEC 14.4). Until 2026-12-06 the follower went on after that ordinal, the event
-        now there never delivered, and the one it had delivered never committed."""
+        page read began (`withdrawals` holds the count before that read), `last` is read
+        again: another event at its ordinal means it was cut off, and another event
+        committed there (SPEC 14.4). Until 2026-12-06 the follower went on after that
+        ordinal, the event now there never delivered, and the one it had delivered never
+        committed."""
+        # The count before the page is the one its events are checked against at the
+        # next page: a rebuild after this page's read and before the count after it was
+        # missed (its events came from the view before the rebuild; a review).
+        before = self._engine.withdrawals()
         found = self.page(row, context, readers, after, max_bytes)
         count = self._engine.withdrawals()  # (after the page: its read may have counted one)
         if count != withdrawals[0]:
-            withdrawals[0] = count
+            withdrawals[0] = before
             if last is not None:
                 cursors = self._cursors
                 now = cursors.event_time(row.session_id, row.incarnation, last.ordinal, readers)

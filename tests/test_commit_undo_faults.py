@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -364,6 +365,64 @@ def test_a_follower_that_delivered_an_event_cut_off_since_is_told_not_given_the_
             assert delivered == [b"before", b"refused?"]
             _cut(writer, "append")
             # (`CursorFuture` if the view was rebuilt between the cut and the commit.)
+            with pytest.raises((CursorForeign, CursorFuture)) as refused:
+                delivered.append(next(stream).data)
+            stop.set()
+            assert delivered == [b"before", b"refused?"]
+            message = str(refused.value)
+            assert _CUT_UNDER_READS in message and "ordinal 2" in message, message
+            stream.close()
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+class _CutAfterRead(FileOps):
+    """Once armed, the first read of the armed thread that returns `marker` has the writer
+    cut the refused frame and commit (`cut`), and another thread of the reader's process
+    rebuild the view (`rebuild`), before it returns: a follower's page read from the view
+    before the rebuild, the rebuild done before the page's caller goes on."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker = marker
+        self.thread: threading.Thread | None = None
+        self.cut: Callable[[], object] = lambda: None
+        self.rebuild: Callable[[], object] = lambda: None
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        data = super().pread(fd, length, offset)
+        if self.thread is threading.current_thread() and self.marker in data:
+            self.thread = None
+            self.cut()
+            other = threading.Thread(target=self.rebuild)
+            other.start()
+            other.join()
+        return data
+
+
+def test_a_follower_whose_page_was_read_before_a_rebuild_under_it_is_still_told(
+    tmp_path: Path,
+) -> None:
+    """The follower's page holds the refused event (ordinal 2) read from the view before
+    its rebuild; another thread's read rebuilds the view (the writer cut the frame and
+    committed "after" and "later") before the page is delivered. The follower must not
+    go on after ordinal 2 as if nothing happened: it delivered "later" (3), and "after",
+    the event now at 2, never, when it took the count of rebuilds after the page as the
+    one its delivered events were read under."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path)
+    ops = _CutAfterRead(b"refused?")
+    try:
+        with Journal.open(path, readonly=True, file_ops=ops) as reader:
+            ops.cut = lambda: _cut(writer, "append")
+            ops.rebuild = lambda: reader.get_session("a")
+            stop = threading.Event()
+            stream = reader.watch("a", stop=stop)
+            ops.thread = threading.current_thread()
+            delivered = [next(stream).data, next(stream).data]
+            assert ops.thread is None  # (the page read the frame, and the view was rebuilt)
+            assert delivered == [b"before", b"refused?"]
             with pytest.raises((CursorForeign, CursorFuture)) as refused:
                 delivered.append(next(stream).data)
             stop.set()
