@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from typing import Final, Protocol
 
@@ -75,7 +76,8 @@ class StopChecks:
 
     def drop(self, member: Stoppable) -> None:
         """`member` closes: no more checks of it; the thread ends with the last one
-        (waited for: a journal's close returns with no thread of its own left)."""
+        (waited for: a journal's close returns with no thread of its own left), unless
+        another journal wants checks before it ended (it goes on for that one)."""
         with self._lock:
             self._members.pop(id(member), None)
             if self._members:
@@ -83,9 +85,17 @@ class StopChecks:
             thread = self._thread
             self._wanted.set()
             self._emptied.set()
-        if thread is not None and thread is not threading.current_thread():
-            with contextlib.suppress(RuntimeError):  # (not started: it ends at once)
-                thread.join(5)
+        if thread is None or thread is threading.current_thread():
+            return
+        # (In slices: a `want` meanwhile keeps the thread, and a close waited for it to
+        # end all the same, 5 s; a review.)
+        deadline = time.monotonic() + 5
+        with contextlib.suppress(RuntimeError):  # (not started: it ends at once)
+            while thread.is_alive() and time.monotonic() < deadline:
+                thread.join(STOP_CHECK_S)
+                with self._lock:
+                    if self._members and self._thread is thread:
+                        return
 
     def _run(self) -> None:
         with self._lock:

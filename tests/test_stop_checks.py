@@ -9,6 +9,7 @@ asserts a duration."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from journal import EventIn, Journal
+from journal.stop_checks import StopChecks
 
 WAIT_S = 30.0  # a bound for liveness only
 JOURNALS = 20
@@ -189,3 +191,58 @@ def test_a_forked_child_checks_its_own_followers_stops(tmp_path: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
         followers.end()
         assert not followers.threads[0].is_alive()
+
+
+class _Member:
+    """A journal's waiter as the stop checks see it: a follower waits with a stop. The
+    first check once `hold` is set waits for `release` (the thread is in the middle of a
+    round)."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def wake_stopped(self) -> bool:
+        if self.hold:
+            self.hold = False
+            self.inside.set()
+            self.release.wait(WAIT_S)
+        return True
+
+
+def _joining(thread: threading.Thread) -> bool:
+    """Whether `thread` waits in a `Thread.join` now."""
+    frame = sys._current_frames().get(thread.ident or 0)  # noqa: SLF001 (its stack)
+    while frame is not None:
+        if frame.f_code.co_name == "join":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_close_does_not_wait_for_the_thread_another_journal_took_on_meanwhile() -> None:
+    """The last journal checked closes (`drop`) while the thread is in a round; another
+    journal's follower starts waiting with a stop before that round ends (`want`): the
+    thread goes on for it. The close waited for the thread to end all the same, 5 s (5 of
+    200 such races of two threads; a review), while the thread made a round every
+    50 ms: it returns once the thread is the other journal's."""
+    checks = StopChecks()
+    first, second = _Member(), _Member()
+    checks.want(first)
+    until(lambda: checks.checks > 0, "a round of checks")
+    first.hold = True
+    first.inside.wait(WAIT_S)
+    rounds: list[int] = []
+    closing = threading.Thread(target=lambda: (checks.drop(first), rounds.append(checks.checks)))
+    closing.start()
+    until(lambda: _joining(closing), "the close's wait for the thread")
+    checks.want(second)
+    at_release = checks.checks
+    first.release.set()
+    closing.join(WAIT_S)
+    assert not closing.is_alive()
+    # (A round every 50 ms since the release: about 100 in the 5 s the close waited.)
+    assert rounds[0] - at_release < 20, (at_release, rounds)
+    checks.drop(second)
+    assert stop_threads() == []  # (the last one's close: the thread ended, waited for)
