@@ -512,17 +512,21 @@ class Notifier:
             self._closed = True
             thread = self._thread
             source = self._source
-        self._wanted.set()
-        self._nap.set()
-        if source is not None:
-            source.interrupt()
-        with self.busy:
-            pass  # a head read in flight ends before the engine closes what it reads
-        if thread is not None and thread is not threading.current_thread():
-            # (Not started: a signal interrupted `start`; it ends at its first step.)
-            with contextlib.suppress(RuntimeError):
-                thread.join(5)
-        stop_checks().drop(self)  # (the last journal's close ends the checks' thread)
+        try:
+            self._wanted.set()
+            self._nap.set()
+            if source is not None:
+                source.interrupt()
+            with self.busy:
+                pass  # a head read in flight ends before the engine closes what it reads
+            if thread is not None and thread is not threading.current_thread():
+                # (Not started: a signal interrupted `start`; it ends at its first step.)
+                with contextlib.suppress(RuntimeError):
+                    thread.join(5)
+        finally:
+            # (The last journal's close ends the checks' thread; also after a Ctrl+C in
+            # the waits above, whose journal's close is then over.)
+            stop_checks().drop(self)
 
     def _run(self) -> None:
         with self._lock:
