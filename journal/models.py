@@ -329,7 +329,9 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     """A session's registry entry. The retained events are `[first_ordinal, last_ordinal]`
     (empty when `last_ordinal < first_ordinal`). `open_turn` is the request id of the
     session's unsettled turn (its `turn_started` has no `turn_result` yet), if any: with
-    `owner` None, a turn whose owner died, which the next owner records as failed."""
+    `owner` None, a turn whose owner died, which the next owner records as failed.
+    `max_suspend_ms` 0 means the default, 7 days (SPEC 7.3; `journal sessions show`
+    prints it so in text, and the 0 in JSON)."""
 
     session_id: str
     state: SessionState
