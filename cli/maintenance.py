@@ -179,7 +179,7 @@ def verify(settings: Settings, fix: bool) -> None:
 
     with said_if_interrupted(said), ctrl_c_noted() as ctrl_c:
         with (
-            settings.open(write=fix) as store,
+            settings.open(write=fix, repair=fix and not is_nats(settings.store)) as store,
             progress_bar("verifying", output.format == "text") as bar,
         ):
             report = store.verify(fix=fix, progress=ctrl_c.progress(bar))

@@ -425,6 +425,7 @@ _CLI_HINTS: Final = (
         "(`journal import --rename OLD=NEW`, or `--as NEW_ID` for a one-session archive)",
     ),
     ("`journal verify --fix` (Journal.verify(fix=True))", "`journal verify --fix`"),
+    (" (Journal.open(path, repair=True) opens the store for it)", ""),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
     (
@@ -608,15 +609,14 @@ class Settings:
     # SPEC 1.3), given as click's `obj` (`main.main(args, obj={"file_ops": ops})`).
     open_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
-    def open(self, write: bool = True) -> journal.Journal:
+    def open(self, write: bool = True, repair: bool = False) -> journal.Journal:
         """Open the existing store (`StoreNotFound` tells the user to run `journal init`).
 
         Commands that only read open it read-only, always: they change no file of the
         store (LMDB's reader table aside), create no key file, repair nothing, and never
-        wait for a writer."""
-        return journal.Journal.open(
-            self.store, create=False, readonly=not write, **self.open_options
-        )
+        wait for a writer. `repair`: `verify --fix`'s on disk (`Journal.open`)."""
+        options = {**self.open_options, "repair": True} if repair else self.open_options
+        return journal.Journal.open(self.store, create=False, readonly=not write, **options)
 
 
 pass_settings = click.make_pass_decorator(Settings)

@@ -48,6 +48,7 @@ __all__ = [
     "check_name",
     "check_now",
     "check_open_options",
+    "check_repair",
     "check_request_id",
     "check_retention",
     "check_seconds",
@@ -647,6 +648,16 @@ def check_dead_share(dead_share: object) -> float:
 def check_max_bytes(max_bytes: object) -> None:
     if type(max_bytes) is not int or max_bytes < 1:
         raise InvalidArgument(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+
+
+def check_repair(repair: object, readonly: object) -> None:
+    """`Journal.open`'s `repair`: a flag, for a journal that writes (the fix does)."""
+    check_flag("repair", repair)
+    if repair and readonly is True:
+        raise InvalidArgument(
+            "repair=True is for verify(fix=True), which writes: open the store without "
+            "readonly=True"
+        )
 
 
 def check_open_options(

@@ -40,6 +40,7 @@ from .arguments import (
     check_max_bytes,
     check_name,
     check_now,
+    check_repair,
     check_seconds,
     check_snapshot,
     check_stop,
@@ -60,6 +61,7 @@ from .engine import (
 )
 from .errors import (
     CursorFuture,
+    InvalidArgument,
     JournalClosed,
     ReadOnlyStore,
     SessionNotFound,
@@ -164,6 +166,7 @@ class Journal:
         file_mode: int | None = None,
         store: str | None = None,
         replicas: int | None = None,
+        repair: bool = False,
     ) -> "Journal":
         """Open (or create) the store at `path` on the embedded local engine (a `nats://`
         URL: the store `store` on NATS JetStream, created with `replicas` copies, 1 when
@@ -178,12 +181,22 @@ class Journal:
         policy, recorded by a writer for every later open without one (None: the recorded
         policy, the default `RetentionPolicy()` where none is). `file_ops` is the local
         engine's fault-point seam for tests (a `journal._local.files.FileOps`).
+        `repair=True` (local, writable) opens a store whose active segment is damaged
+        (`JournalCorrupt` says so: what a power cut does to a store written with
+        durability "os"), for `verify(fix=True)` only, which cuts the segment at the
+        damage keeping a copy (SPEC 9); until it has, every write raises the damage.
         """
         given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
+        check_repair(repair, readonly)
         if is_remote(path, store, replicas):  # a nats:// URL: SPEC 16
+            if repair:
+                raise InvalidArgument(
+                    "repair is for stores on disk (a damaged active segment) and means "
+                    "nothing for a nats:// store: leave it out"
+                )
             engine = open_remote(path, store, replicas, given, key_ring, file_ops, file_mode)
         else:
-            engine = open_local(path, given, key_ring, file_ops, file_mode)
+            engine = open_local(path, given, key_ring, file_ops, file_mode, repair)
         return cls.over(engine)
 
     @classmethod

@@ -427,6 +427,8 @@ TARGETS: dict[str, Target] = {
             # (A local path: store= and replicas= name stores on NATS, tests/test_jetstream.py.)
             "store": lambda env: st.none(),
             "replicas": lambda env: st.sampled_from([None, 1]),
+            # (repair=True with readonly=True is refused: tests/test_os_power_cut_fix.py.)
+            "repair": lambda env: st.just(False),
         },
     ),
     "Journal.over": Target(good={"engine": lambda env: st.just(_ENGINE)}),

@@ -31,6 +31,7 @@ def open_local(
     key_ring: Any,
     file_ops: Any,
     file_mode: Any,
+    repair: bool = False,
 ) -> LocalEngine:
     """Open the store at `path` on the local engine with the keywords of `Journal.open`
     (create, readonly, durability, segment_bytes, retention, compress_sealed in `given`),
@@ -52,5 +53,6 @@ def open_local(
         key_ring=key_ring,
         file_ops=file_ops,
         file_mode=mode,
+        repair=repair,
     )
     return LocalEngine.open(store_path, options)

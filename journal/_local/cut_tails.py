@@ -13,10 +13,18 @@ import os
 from typing import Final
 
 from ..errors import JournalCorrupt
+from ..models import VerifyProblem
 from .files import FileOps, Permissions, discarded_on_failure, fsync_dir, open_regular
-from .frames import MAX_BLOCK_BYTES
+from .frames import MAX_BLOCK_BYTES, segment_name
+from .segments import SegmentReader, open_segment
 
-__all__ = ["CUT_TAILS_DIRECTORY", "cut_tail_end", "cut_tails_beside", "keep_cut_tail"]
+__all__ = [
+    "CUT_TAILS_DIRECTORY",
+    "cut_at_damage",
+    "cut_tail_end",
+    "cut_tails_beside",
+    "keep_cut_tail",
+]
 
 # In the store's directory, beside `segments/` (SPEC 7, the store's layout).
 CUT_TAILS_DIRECTORY: Final = "cut-tails"
@@ -36,6 +44,21 @@ def cut_tail_end(fd: int, segment: str, start: int, size: int, ops: FileOps) -> 
     One frame is written at a time, so a torn write is at most one frame (`MAX_BLOCK_BYTES`)
     followed by zeros: non-zero bytes further on are no torn write, and `JournalCorrupt`
     (nothing is cut)."""
+    end = _data_end(fd, start, size, ops)
+    if end - start > MAX_BLOCK_BYTES:
+        raise JournalCorrupt(
+            segment,
+            start,
+            f"{end - start} bytes after the last whole frame are not zeros, more than any "
+            "one interrupted write leaves (a frame is at most "
+            f"{MAX_BLOCK_BYTES} bytes): damage, not a torn write; nothing was cut",
+        )
+    return end
+
+
+def _data_end(fd: int, start: int, size: int, ops: FileOps) -> int:
+    """Where the non-zero bytes of `fd` (`size` bytes long) after `start` end (`start`:
+    none)."""
     end = at = start
     while at < size:
         at = _next_data(fd, at, size)
@@ -48,15 +71,55 @@ def cut_tail_end(fd: int, segment: str, start: int, size: int, ops: FileOps) -> 
         if data:
             end = at + data
         at += len(chunk)
-    if end - start > MAX_BLOCK_BYTES:
-        raise JournalCorrupt(
-            segment,
-            start,
-            f"{end - start} bytes after the last whole frame are not zeros, more than any "
-            "one interrupted write leaves (a frame is at most "
-            f"{MAX_BLOCK_BYTES} bytes): damage, not a torn write; nothing was cut",
-        )
     return end
+
+
+def cut_at_damage(
+    directory: str, base: int, offset: int, ops: FileOps, permissions: Permissions
+) -> VerifyProblem:
+    """Cut the active segment `base` of the segments directory `directory` at the damage
+    at `offset` (`ActiveDamage`: no view says the frames there committed), keeping a copy
+    of every byte from there to the end of its data in `cut-tails/` first; what was done,
+    as `verify(fix=True)` reports it. The caller holds the write lock."""
+    name = segment_name(base)
+    fd = open_segment(os.path.join(directory, name), os.O_RDWR)
+    try:
+        end = _data_end(fd, offset, os.fstat(fd).st_size, ops)
+        frames = _whole_frames(directory, base, offset, ops)
+        kept = keep_cut_tail(fd, name, offset, end, cut_tails_beside(directory), ops, permissions)
+        ops.ftruncate(fd, offset)
+        ops.fsync(fd)
+    finally:
+        os.close(fd)
+    return VerifyProblem(
+        name,
+        offset,
+        f"damage at byte {offset} of the active segment, with whole frames after it: the "
+        f"segment was cut there, and bytes {offset} to {end} ({frames} whole frame(s) "
+        f"after the damage: their events are not in the log now) are kept in {kept}. "
+        'This is what a power cut does to a store written with durability "os" (nothing '
+        "synced: the disk kept later writes and lost an earlier one), or damage to the "
+        "disk. No view of this boot indexed those frames; a writer with durability "
+        '"os" may have acknowledged them, but acknowledges appends before they are '
+        "durable: it never promised them through a power cut. Inspect the copy, then "
+        "delete it",
+    )
+
+
+def _whole_frames(directory: str, base: int, offset: int, ops: FileOps) -> int:
+    """How many whole, valid frames segment `base` holds after the damage at `offset`."""
+    count = 0
+    with SegmentReader(directory, base, ops) as reader:
+        at = reader.next_frame_after(offset, base - 1)
+        while at is not None:
+            try:
+                for _ in reader.frames(at, tail=True):
+                    count += 1
+                return count
+            except JournalCorrupt as e:
+                restart = reader.next_frame_after(e.offset, base - 1)
+                at = restart if restart is not None and restart > at else None
+    return count
 
 
 def _next_data(fd: int, at: int, size: int) -> int:

@@ -70,6 +70,7 @@ from .catch_up import CatchUp
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
 from .compaction import Compactions, SealActive, SwapSegment, finish_swaps
+from .cut_tails import cut_at_damage
 from .expiry import ExpiryTimer
 from .failures import (
     disk_errors,
@@ -113,7 +114,7 @@ from .projector import Projection
 from .reader import ReaderCache, read_page
 from .recorded_policy import RecordedPolicy
 from .retention import SummaryCache, delete_segment_files
-from .segments import LogHole
+from .segments import ActiveDamage, LogHole
 from .store_file import (
     STORE_FORMAT,
     record_in_store,
@@ -255,6 +256,7 @@ class LocalEngine:
         )
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
+        self._cuts: list[VerifyProblem] = []  # (made for a fix: its report says so)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
         self.waiter = Notifier(self.head, self.changes, changes, rewinds=True, lagging_reads=True)
         self.expiry: ExpiryTimer | None = None
@@ -262,9 +264,11 @@ class LocalEngine:
         self._closing = False
         self._closed = False
         if not readonly:
-            with self._commits.leading(), contextlib.suppress(LogHole):
-                # (Opened anyway, so `verify(fix=True)` can accept the loss: until then
-                # every write fails with this error, and reads of the lost frames too.)
+            # (Opened anyway, so `verify(fix=True)` can accept the loss: until then every
+            # write fails with this error, and reads of the lost frames too. Damage in the
+            # active segment only with `repair`: without a view, reads would find nothing.)
+            anyway = (LogHole, ActiveDamage) if options.repair else (LogHole,)
+            with self._commits.leading(), contextlib.suppress(*anyway):
                 self._run_commit([])
             self._roll_back_abandoned_imports()
             finish_swaps(self.log, self.view, self.submit, process_alive)
@@ -449,6 +453,9 @@ class LocalEngine:
                     if attempt == 7:
                         raise
                     self.view.grow()
+                except _SegmentCut:
+                    if attempt == 7:
+                        raise
         except BaseException as e:
             if isinstance(e, Exception) and len(batch) > 1 and not store_wide(e):
                 # Something one request carried failed after planning (encoding its
@@ -498,6 +505,15 @@ class LocalEngine:
                         if r not in fixes:
                             r.error = e
                     batch = fixes
+                except ActiveDamage as e:
+                    if not any(isinstance(r.operation, VerifyFix) for r in batch):
+                        raise
+                    # A fix cuts the segment there (a copy kept first), and the batch is
+                    # committed again on the log as cut (`_run_commit`).
+                    base = int(e.segment.split(".")[0])
+                    cut = cut_at_damage(log.directory, base, e.offset, self._ops, self.permissions)
+                    self._cuts.append(cut)
+                    raise _SegmentCut from e
                 planner = Planner(
                     txn,
                     view,
@@ -508,7 +524,7 @@ class LocalEngine:
                     head.next_position,
                     _now_ms(),
                 )
-                planner.hole = hole
+                planner.hole, planner.cuts = hole, self._cuts
                 planner.known_rows = self._rows.valid(
                     txn.id(), head.next_position, id(self.view.env)
                 )
@@ -759,3 +775,8 @@ _MAINTENANCE: Final = (SwapSegment, SealActive, ApplyRetention, VerifyFix)
 
 def _during(operation: object) -> str:
     return "maintenance" if isinstance(operation, _MAINTENANCE) else "commit"
+
+
+class _SegmentCut(Exception):
+    """A fix cut the active segment at damage in the transaction it aborted: commit the
+    batch again."""

@@ -70,6 +70,9 @@ class LocalOptions:
     key_ring: KeyRing | None = None
     file_ops: FileOps | None = None
     file_mode: int | None = None  # None: the store's recorded mode (0o600 for a new one)
+    # Open a store whose active segment is damaged (`ActiveDamage`) for verify(fix=True),
+    # which cuts it there; until then every write fails with the damage.
+    repair: bool = False
 
 
 _log: Final = logging.getLogger("journal")

@@ -43,7 +43,7 @@ from ..errors import (
     SessionNotFound,
     SessionNotWritable,
 )
-from ..models import RetentionReport, SessionState
+from ..models import RetentionReport, SessionState, VerifyProblem
 from ..records import (
     CheckpointTaken,
     EventAppended,
@@ -159,6 +159,7 @@ class Planner:
         self.rebuilt = False
         # Frames cut off the active segment that a fix in this batch accepts the loss of.
         self.hole: LogHole | None = None
+        self.cuts: list[VerifyProblem] = []  # (active segments a fix cut: `cut_at_damage`)
         # Rows known to be what the view holds (the writer's last batch): not read again.
         self.known_rows: dict[str, SessionRow] = {}
         self.finishers: list[tuple[Request, Callable[[], object]]] = []
@@ -633,6 +634,9 @@ class Planner:
         report, rebuilt, missing = fix_store(
             self.log, self.view, self.txn, (self.store_id, self.boot_id), self.hole, op.progress
         )
+        if self.cuts:  # (reported once)
+            report = msgspec.structs.replace(report, problems=self.cuts + report.problems)
+            self.cuts.clear()  # (the engine's list)
         if rebuilt:
             self.summaries.clear()
             self.rebuilt = True

@@ -39,7 +39,13 @@ from ..turns import open_turn_after
 from .files import DEFAULT_FILE_OPS, FileOps
 from .frames import SEGMENT_HEADER_SIZE, FrameInfo, segment_name
 from .log import SegmentLog
-from .segments import KnownZeros, SegmentReader, frame_records, summarize_segment
+from .segments import (
+    KnownZeros,
+    SegmentReader,
+    active_frames,
+    frame_records,
+    summarize_segment,
+)
 from .sidecar import SUMMARY_FORMAT, EventRun, SegmentSummary, read_summary
 from .view import Head, IdemEntry, MissingEvents, View
 
@@ -616,7 +622,8 @@ def project_segments(
         zeros = known_zeros if last else None
         log.ops.point("projection.segment", base)
         with SegmentReader(log.directory, base, log.ops, zeros) as reader:
-            for info, body in reader.frames(start, tail=last):
+            frames = reader.frames(start, tail=last)
+            for info, body in active_frames(frames) if last else frames:
                 if until is not None and info.first_position >= until.next_position:
                     break
                 expected = head.next_position

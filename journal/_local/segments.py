@@ -66,9 +66,11 @@ from .frames import (
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder, digest_records
 
 __all__ = [
+    "ActiveDamage",
     "KnownZeros",
     "LogHole",
     "SegmentReader",
+    "active_frames",
     "frame_records",
     "open_segment",
     "summarize_segment",
@@ -99,6 +101,41 @@ class LogHole(JournalCorrupt):
             "log still holds and reports how many events are dropped)",
         )
         self.end_offset = end_offset
+
+
+class ActiveDamage(JournalCorrupt):
+    """Damage in the active segment that no view says was committed (its frames are past
+    the view's head, or there is no view), with a valid frame after it: no torn write,
+    which is always the last thing in the file, but what a power cut does to a store
+    written with durability "os" (nothing synced: the disk kept a later write and lost an
+    earlier one), or media damage. Every open refuses it; `verify(fix=True)` on a journal
+    opened with `repair=True` cuts the segment there, keeping a copy (SPEC 3.3)."""
+
+    def __init__(self, segment: str, offset: int, detail: str) -> None:
+        super().__init__(
+            segment,
+            offset,
+            f"{detail}, with whole frames after it in the active segment (what a power cut "
+            'does to a store written with durability "os", which syncs nothing; or damage '
+            "to the disk)",
+            way="`journal verify --fix` (Journal.verify(fix=True)) cuts the log at the "
+            "damage, keeping a copy of everything from there on in the store's cut-tails/ "
+            "directory (Journal.open(path, repair=True) opens the store for it); or "
+            "restore the segment from a backup",
+        )
+
+
+def active_frames(
+    frames: Iterator[tuple[FrameInfo, memoryview]],
+) -> Iterator[tuple[FrameInfo, memoryview]]:
+    """The frames of the active segment read past the view's head (`frames`), damage
+    found there raised as `ActiveDamage`."""
+    try:
+        yield from frames
+    except JournalCorrupt as e:
+        if type(e) is not JournalCorrupt or e.offset < SEGMENT_HEADER_SIZE:
+            raise
+        raise ActiveDamage(e.segment, e.offset, e.detail) from None
 
 
 def _bad_frame(
