@@ -221,7 +221,8 @@ def verify(settings: Settings, fix: bool) -> None:
         summary["cut_tails"] = tails
         text += (
             f"\nnote: {plural(tails, 'cut tail')} kept in {kept_in}: bytes a writer cut off "
-            "after a segment's last whole frame (a torn write, or a damaged last frame); "
+            "after a segment's last whole frame (a torn write, or a damaged last frame), or "
+            "from damage on (what verify --fix cut); "
             "inspect, then delete them"
         )
     output.emit(summary, text)

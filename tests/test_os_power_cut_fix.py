@@ -28,9 +28,10 @@ SEGMENT_BYTES = 16 << 10
 BODY = b"x" * 300
 
 
-def _damaged_store(tmp_path: Path) -> tuple[Path, int]:
+def _damaged_store(tmp_path: Path, past: int = 0) -> tuple[Path, int]:
     """A store whose active segment a power cut left with damage before whole frames
-    (the first seed that does: most do), and how many events were appended."""
+    past byte `past` (the first seed that does: most do), and how many events were
+    appended."""
     for seed in range(20):
         path = tmp_path / f"s{seed}"
         with Journal.open(path, segment_bytes=SEGMENT_BYTES) as journal:
@@ -47,8 +48,9 @@ def _damaged_store(tmp_path: Path) -> tuple[Path, int]:
         try:
             with Journal.open(path) as reopened:
                 list(reopened.replay("a"))
-        except JournalCorrupt:
-            return path, count
+        except JournalCorrupt as e:
+            if e.offset > past:
+                return path, count
     raise AssertionError("no seed left damage before whole frames")
 
 
@@ -84,7 +86,8 @@ def test_a_repair_open_takes_no_write_before_the_fix(tmp_path: Path) -> None:
 
 
 def test_verify_fix_cuts_at_the_damage_keeping_a_copy(tmp_path: Path) -> None:
-    path, count = _damaged_store(tmp_path)
+    # (Past the first event's frame, which ends at byte 110: events before the damage.)
+    path, count = _damaged_store(tmp_path, past=110)
     segment = path / "segments" / "00000000000000000001.seg"
     before = segment.read_bytes()
     with Journal.open(path, repair=True) as journal:
@@ -103,7 +106,7 @@ def test_verify_fix_cuts_at_the_damage_keeping_a_copy(tmp_path: Path) -> None:
     # Every event before the damage is there, in order; those after it are in the copy.
     events = _events(path)
     assert events == [BODY + str(i).encode() for i in range(len(events))]
-    assert len(events) < count
+    assert 0 < len(events) < count
     for i in range(len(events) + 1, count):
         if BODY + str(i).encode() in kept:
             break
@@ -130,3 +133,26 @@ def test_cli_verify_fix(tmp_path: Path) -> None:
     again = runner.invoke(main, ["--store", str(path), "verify"])
     assert again.exit_code == 0, again.output
     assert os.listdir(path / "cut-tails")
+
+
+def test_a_view_that_ends_before_the_damage(tmp_path: Path) -> None:
+    # The view of this boot ends where the damage begins (the writer's catch-up, not a
+    # rebuild, meets it): the same refusal, and the same cut.
+    path, _ = _damaged_store(tmp_path, past=110)
+    segment = path / "segments" / "00000000000000000001.seg"
+    full = segment.read_bytes()
+    with pytest.raises(JournalCorrupt) as raised:
+        Journal.open(path)
+    offset = raised.value.offset
+    segment.write_bytes(full[:offset])
+    before = _events(path)
+    assert before
+    segment.write_bytes(full)
+    with pytest.raises(JournalCorrupt, match="cut-tails"):
+        Journal.open(path)
+    with Journal.open(path, repair=True) as journal:
+        assert [event.data for event in journal.replay("a")] == before
+        report = journal.verify(fix=True)
+    assert report.fixed and report.problems[0].offset == offset
+    assert _events(path) == before
+    assert (path / "cut-tails" / f"00000000000000000001.seg-{offset}.tail").exists()
