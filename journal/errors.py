@@ -248,6 +248,28 @@ class JournalClosed(JournalError):
         )
 
     @classmethod
+    def closing(cls, request_id: str, session_id: str) -> "JournalClosed":
+        """The error of a turn started once its journal's close had begun."""
+        return cls(
+            f"turn {request_id!r} of session {session_id!r} did not start: this journal is "
+            "closing (its close() waits for the turns running and starts no new one); "
+            "open it again with Journal.open() to run it"
+        )
+
+    @classmethod
+    def during_turn(cls, request_id: str, session_id: str, what: str) -> "JournalClosed":
+        """The error of a write of a running turn (`what` it wrote) that the journal's
+        close refused or cut short."""
+        return cls(
+            f"this journal was closed while turn {request_id!r} of session {session_id!r} "
+            f"ran, so {what} could not be written: unless the turn's result was, the "
+            "session's next owner records the turn as failed (WATCH_OUTCOME_UNKNOWN). A "
+            "close() from another thread waits for a running turn's block to end; one "
+            "from inside the block, on a thread running an asyncio event loop, or cut "
+            "short by a Ctrl+C does not: close the journal once the turn has ended"
+        )
+
+    @classmethod
     def inherited(cls, why: str) -> "JournalClosed":
         """The error of a journal used in a forked child of the process that opened it
         (`why`: what does not survive fork)."""

@@ -233,16 +233,23 @@ class Journal:
 
     def close(self) -> None:
         """Close the journal; pending watches end (without an error: see `closed`).
-        Idempotent."""
+        Idempotent. The turn blocks of its owners running in other threads end first
+        and record their results, as for `Owner.release()`, with no limit (not one
+        running in this thread, nor on a thread running an asyncio event loop; a Ctrl+C
+        during that wait closes at once and is raised); no turn starts meanwhile."""
         if self._closed:
             return
-        self._dropped.detach()
         try:
-            # (the results its owners remember, as their release() would: SPEC 7.8)
-            self._turn_writers.record_before_close()
+            self._turn_writers.wait_before_close()  # (SPEC 7.8; until 2026-12-06 none)
         finally:
-            self._closed = True
-            self._close_parts()
+            if self._turn_writers.claim_close():  # (one of concurrent closes)
+                self._dropped.detach()
+                try:
+                    # (the results its owners remember, as their release() would)
+                    self._turn_writers.record_before_close()
+                finally:
+                    self._closed = True
+                    self._close_parts()
 
     def __enter__(self) -> "Journal":
         if self._closed:  # (as `with f:` of a closed file; it failed at the first call)
@@ -505,6 +512,7 @@ class Journal:
             partial(self._row, session_id),
             partial(self.replay, session_id),
             self._kept_turns,
+            self._turn_writers.closing,
         )
         self._turn_writers.add(writer)
         return take_over(self._engine, lease, writer)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +27,6 @@ from .engine import (
     Lease,
     Operation,
     TurnGuard,
-    interrupt_as_itself,
 )
 from .errors import (
     InvalidArgument,
@@ -42,6 +42,7 @@ from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
 from .sessions import SessionRow, recorded_owner
 from .turn_results import EndedTurns, KeptTurnResults
+from .turn_slots import TurnSlot, runs_an_event_loop
 
 __all__ = [
     "OUTCOME_UNKNOWN_RESULT",
@@ -240,7 +241,9 @@ class TurnWriter:
     `commit` commits an operation and returns the caller's result; `row` reads the
     session's row; `replay(cursor)` replays the session's retained events after `cursor`
     (to find the turns that ended before this owner, from where the journal's last read
-    of them, `kept`, ended)."""
+    of them, `kept`, ended); `closing()` says whether the journal's close has begun (no
+    turn starts then). The journal's close waits on the owner's one turn at a time, its
+    slot (`waits_on`, `TurnWriters`)."""
 
     def __init__(
         self,
@@ -250,7 +253,12 @@ class TurnWriter:
         row: Callable[[], SessionRow],
         replay: Callable[[str | None], Iterable[Event]],
         kept: KeptTurnResults,
+        closing: Callable[[], bool],
     ) -> None:
+        self._closing = closing
+        # (weakly: the finalizer of a dropped owner holds its writer, and a slot holds
+        # the running turn, which holds the owner: the owner was never collected)
+        self._slot: Callable[[], TurnSlot | None] = lambda: None
         self._lease = lease
         self._checked_append = checked_append
         self._commit = commit
@@ -320,8 +328,12 @@ class TurnWriter:
         that raised as failed between this check and the retry's start, and the block
         then ran after its failed result, the request id settled twice.) A start that
         raises is remembered as failed, never run: it may have committed (a Ctrl+C held
-        until the commit was done, a lost reply)."""
+        until the commit was done, a lost reply). Once the journal's close has begun it
+        raises `JournalClosed` at once: the close waits for the blocks running, and a
+        block started after would be cut short by it."""
         with self._recording:
+            if self._closing():
+                raise JournalClosed.closing(request_id, self._lease.session_id)
             self.check_new(request_id)
             self.record_unrecorded(request_id)
             try:
@@ -397,19 +409,82 @@ class TurnWriter:
     def append(self, request_id: str, events: Sequence[EventIn]) -> AppendResult:
         lease = self._lease
         guard = TurnGuard(lease.incarnation, lease.generation, request_id)
-        return self._commit(self._checked_append(lease.session_id, events, None, None, turn=guard))
+        operation = self._checked_append(lease.session_id, events, None, None, turn=guard)
+        try:
+            return self._commit(operation)
+        except JournalClosed as error:
+            raise self.closed_in_turn(request_id, "its events", error) from error
+
+    def result(self, request_id: str, data: bytes) -> AppendResult:
+        """The `turn_result` of a turn whose block has ended."""
+        try:
+            return self.turn_event(TURN_RESULT, request_id, data)
+        except JournalClosed as error:
+            raise self.closed_in_turn(request_id, "its result", error) from error
+
+    def waits_on(self, slot: TurnSlot) -> None:
+        """`slot` is the owner's one turn at a time (`wait_ended` waits on it)."""
+        self._slot = weakref.ref(slot)
+
+    def wait_ended(self) -> None:
+        """Until the owner's turn block running in another thread (if any) has ended,
+        while the owner holds its lease (one already let go records no result)."""
+        slot = self._slot()
+        if slot is not None and self._lease.held:
+            slot.wait_ended()
+
+    def closed_in_turn(self, request_id: str, what: str, error: JournalClosed) -> JournalClosed:
+        """The error of a write of a started turn (`what` it wrote) that the journal's
+        close refused or cut short: the close came while the turn ran, which its own
+        "open it again" does not say (until 2026-12-06, a new-user trial)."""
+        if not self._closing():  # (not closed: a forked child's use, say)
+            return error
+        return JournalClosed.during_turn(request_id, self._lease.session_id, what)
 
 
 class TurnWriters:
-    """The turn writers of one journal's owners, held weakly: `record_before_close`
-    records, as the journal closes and lets their leases go, each remembered result
-    that `release()` would have recorded (a runtime that closes its journal rather than
-    each owner; until 2026-12-05 the next owner recorded those turns as
+    """The turn writers of one journal's owners, held weakly: as the journal closes,
+    `wait_before_close` waits for their turns' blocks running in other threads, and
+    `record_before_close` records, as the journal lets their leases go, each remembered
+    result that `release()` would have recorded (a runtime that closes its journal rather
+    than each owner; until 2026-12-05 the next owner recorded those turns as
     WATCH_OUTCOME_UNKNOWN)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._writers: weakref.WeakSet[TurnWriter] = weakref.WeakSet()
+        self._closing = False
+        self._pid = os.getpid()  # (a forked child's copy has no block to wait for)
+        # (Taken once, never let go: which of two concurrent closes closes. A lock's
+        # non-blocking acquire, since a flag read and set is two steps.)
+        self._closer = threading.Lock()
+
+    def closing(self) -> bool:
+        """Whether the journal's close has begun."""
+        return self._closing
+
+    def wait_before_close(self) -> None:
+        """The journal's close begins: no turn of its owners starts from now on (their
+        start raises `JournalClosed`), and this waits until the blocks of the turns that
+        run in other threads have ended and recorded their results, as `release()` waits
+        for its owner's, with no limit (a Ctrl+C interrupts it: raised). It does not wait
+        for a block running in this thread (a close from inside it would wait for
+        itself), nor at all on a thread running an asyncio event loop (a block may wait
+        for that loop: `Owner.release`) or in a forked child (the blocks ran in the
+        parent, and their slots' copies stay taken for good)."""
+        self._closing = True
+        if os.getpid() != self._pid or runs_an_event_loop():
+            return
+        with self._lock:
+            writers = list(self._writers)
+        for writer in writers:
+            writer.wait_ended()
+
+    def claim_close(self) -> bool:
+        """True for the first call only: of concurrent closes, the one that closes (the
+        others return; one from a listener of the journal's subscriptions must, since the
+        closing one joins the delivery thread)."""
+        return self._closer.acquire(blocking=False)
 
     def add(self, writer: TurnWriter) -> None:
         with self._lock:
@@ -437,70 +512,6 @@ def _release_recording(writer: TurnWriter, lease: Lease) -> None:
         lease.release()
 
 
-def _runs_an_event_loop() -> bool:
-    """Whether this thread runs an asyncio event loop now (a call from a coroutine)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-class _TurnSlot:
-    """An owner's one turn at a time. A turn made by `Owner.turn()` and not started yet
-    is replaced by the next one made (nothing was written for it; entering it then
-    raises); a started turn holds the slot until its block ends, since it must get its
-    result before the owner's next turn_started. Each Turn is given its owner's slot
-    when made, so neither reaches into the other."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())  # (notified when a turn ends)
-        self._made: Turn | None = None
-        self._started: Turn | None = None
-        self._thread: int | None = None  # (the thread whose block runs `_started`)
-
-    def claim(self, turn: Turn) -> None:
-        """Hold the slot for `turn`, just made; `InvalidArgument` while a turn is open."""
-        with self._lock:
-            if self._started is not None:
-                raise InvalidArgument(
-                    f"turn {self._started.request_id!r} is still open: one turn at a time "
-                    "per owner; leave its `with` block first"
-                )
-            self._made = turn
-
-    def start(self, turn: Turn) -> None:
-        """`turn`'s block begins: the slot holds it until `free`; `InvalidArgument` when
-        another turn was made since (or one is open)."""
-        with self._lock:
-            if self._made is not turn:
-                now = self._started or self._made
-                raise InvalidArgument(
-                    f"turn {turn.request_id!r} was replaced before it started: the owner "
-                    f"made turn {now.request_id if now else None!r} after it (one turn at a "
-                    "time per owner; a turn made and not started is replaced by the next)"
-                )
-            self._made = None
-            self._started = turn
-            self._thread = threading.get_ident()
-
-    def free(self, turn: Turn) -> None:
-        """`turn` has ended (or failed to start): the owner's next turn may be made."""
-        with self._lock:
-            if self._started is turn:
-                self._started = None
-                self._thread = None
-                self._lock.notify_all()
-
-    def wait_ended(self) -> None:
-        """Until no turn's block runs in another thread (a release from there waits for
-        it); at once when it runs in this one, which would wait for itself."""
-        with interrupt_as_itself(), self._lock:  # (a Ctrl+C as the wait lets go: a review)
-            self._lock.wait_for(
-                lambda: self._started is None or self._thread == threading.get_ident()
-            )
-
-
 class Turn:
     """One turn of an owner: a context manager (see `Owner.turn`).
 
@@ -510,7 +521,7 @@ class Turn:
     (`{"status": ...}`) is that event's data, read as any event's; a retry of a settled
     request id raises `TurnSettled` with it in `.result`."""
 
-    def __init__(self, owner: Owner, request_id: str, writer: TurnWriter, slot: _TurnSlot) -> None:
+    def __init__(self, owner: Owner, request_id: str, writer: TurnWriter, slot: TurnSlot) -> None:
         self.owner = owner
         self.request_id = request_id
         self._writer = writer
@@ -630,7 +641,7 @@ class Turn:
                 outcome = {"status": "completed"}
             data = result_data(outcome)
             try:
-                self.result = self._writer.turn_event(TURN_RESULT, self.request_id, data)
+                self.result = self._writer.result(self.request_id, data)
             except BaseException:
                 self._writer.unrecorded(self.request_id, data, ran=True)
                 raise
@@ -680,7 +691,8 @@ class Owner:
             "and is released now: use `with journal.own(session_id) as owner:`",
             lambda: lease.held,
         )
-        self._turn_slot = _TurnSlot()
+        self._turn_slot = TurnSlot()
+        writer.waits_on(self._turn_slot)
         self.session_id = lease.session_id
         self.generation = lease.generation
         self.info = info
@@ -722,7 +734,7 @@ class Owner:
         # Until 2026-12-06 it let the lease go under the running block, whose next append
         # and result were refused (`OwnerBusy`): the turn of a live process that shut
         # down cleanly stayed unsettled, and its next owner recorded WATCH_OUTCOME_UNKNOWN.
-        if _runs_an_event_loop():
+        if runs_an_event_loop():
             # (A block in a worker thread that asks the loop for something, as a runtime
             # streaming to its client does, would wait for a loop waiting for it: both for
             # good. Found by a review, the day the wait came.)

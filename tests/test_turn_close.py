@@ -1,0 +1,286 @@
+"""A journal closed while a turn's block runs in another thread (SPEC.md section 7.8)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import pytest
+from engines import EngineFactory
+
+from journal import EventIn, Journal, JournalClosed, Owner
+
+TURN_WAIT_S = 30.0  # a bound for liveness only
+
+
+def _results(j: Journal, session_id: str = "s") -> list[object]:
+    return [json.loads(e.data) for e in j.replay(session_id) if e.type == "turn_result"]
+
+
+class _Block:
+    """A turn's block in a thread of its own: it appends, says it has begun (`entered`),
+    waits for `go`, then appends again; what it raised is kept in `raised`."""
+
+    def __init__(self, owner: Owner, request_id: str = "r1") -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+        self.raised: list[BaseException] = []
+        self._owner, self._request_id = owner, request_id
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert self.entered.wait(TURN_WAIT_S)
+
+    def _run(self) -> None:
+        try:
+            with self._owner.turn(self._request_id) as turn:
+                turn.append([EventIn("message", b'{"n": 1}')])
+                self.entered.set()
+                self.go.wait()
+                turn.append([EventIn("message", b'{"n": 2}')])
+        except BaseException as error:  # (kept for the assertions)
+            self.raised.append(error)
+
+    def finish(self) -> None:
+        self.go.set()
+        self.thread.join(TURN_WAIT_S)
+        assert not self.thread.is_alive()
+
+
+def test_a_close_from_another_thread_leaves_the_running_turn_settled(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A runtime that shuts down by leaving `with Journal.open(...)` while a worker
+    thread runs a turn's block: `close()` returned at once, the block's next append
+    raised `JournalClosed`, and the turn stayed unsettled, so the next start recorded
+    WATCH_OUTCOME_UNKNOWN for a turn a live process could have run to its end (as
+    `Owner.release()` from another thread did until 2026-12-06; a runtime-author trial).
+    The close waits for the block, whose result is recorded before the journal closes.
+    (Both engines: the close is the facade's.)"""
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        entered, go = threading.Event(), threading.Event()
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with owner.turn("r1") as turn:
+                    turn.append([EventIn("message", b'{"n": 1}')])
+                    entered.set()
+                    go.wait()
+                    turn.append([EventIn("message", b'{"n": 2}')])
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        close = threading.Thread(target=j.close)
+        close.start()
+        close.join(0.5)  # (done at once, unless it waits for the block)
+        go.set()
+        block.join(TURN_WAIT_S)
+        close.join(TURN_WAIT_S)
+        assert not block.is_alive() and not close.is_alive()
+    assert raised == []
+    with engine.open(store, durability="os") as j:
+        assert j.get_session("s").open_turn is None
+        assert _results(j) == [{"status": "completed"}]
+
+
+def test_a_close_from_inside_a_block_does_not_wait_for_it_and_the_block_is_told(
+    tmp_path: Path,
+) -> None:
+    """A close from inside a turn's block would wait for itself: it closes at once (it
+    still waits for another owner's block in another thread, whose result is recorded).
+    The block's next append raises `JournalClosed` saying the journal was closed while
+    the turn ran, not only "open it again" (until 2026-12-06: a new-user trial)."""
+    path = tmp_path / "store"
+    with Journal.open(path, durability="os") as j:
+        for session_id in ("s", "t"):
+            j.create_session(session_id)
+        other = _Block(j.own("t"))
+        closing = threading.Event()
+        raised: list[BaseException] = []
+
+        def close_when_waiting() -> None:
+            assert closing.wait(TURN_WAIT_S)
+            threading.Event().wait(0.5)  # (the close has begun: it waits for this block)
+            other.finish()
+
+        finisher = threading.Thread(target=close_when_waiting)
+        finisher.start()
+        with j.own("s") as owner:
+            try:
+                with owner.turn("r1") as turn:
+                    turn.append([EventIn("message", b'{"n": 1}')])
+                    closing.set()
+                    j.close()  # (here: it would wait for itself)
+                    assert j.closed
+                    turn.append([EventIn("message", b'{"n": 2}')])
+            except JournalClosed as error:
+                raised.append(error)
+        finisher.join(TURN_WAIT_S)
+    assert len(raised) == 1
+    message = str(raised[0])
+    assert "closed while turn 'r1' of session 's' ran" in message
+    assert "WATCH_OUTCOME_UNKNOWN" in message
+    assert other.raised == []
+    with Journal.open(path, durability="os") as j:
+        assert _results(j, "t") == [{"status": "completed"}]
+        assert j.get_session("s").open_turn == "r1"  # (its next owner settles it)
+
+
+def test_a_ctrl_c_while_a_close_waits_for_a_turn_closes_at_once(tmp_path: Path) -> None:
+    """The close's wait for a block in another thread is cut by a Ctrl+C, as a
+    release's is: the journal closes at once and the interrupt is raised; the block's
+    next append raises `JournalClosed` saying so."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        block = _Block(j.own("s"))
+        target = threading.Condition.wait_for.__code__  # (the close's wait for the block)
+        fired: list[bool] = []
+
+        def tracer(frame: FrameType, event: str, arg: object) -> None:
+            if event == "call" and frame.f_code is target and not fired:
+                fired.append(True)
+                signal.raise_signal(signal.SIGINT)  # (Python's handler: KeyboardInterrupt)
+
+        _interrupted(j.close, tracer)
+        assert fired
+        assert j.closed
+        block.finish()
+    assert [type(e) for e in block.raised] == [JournalClosed]
+    assert "closed while turn 'r1'" in str(block.raised[0])
+
+
+def test_a_close_on_an_event_loop_does_not_wait_for_a_block_that_needs_the_loop(
+    tmp_path: Path,
+) -> None:
+    """`with Journal.open(...)` left in a coroutine while a turn's block runs in a worker
+    thread and asks the loop for something: a close that waited would wait for a block
+    that waits for the loop, both for good. There it closes at once, as a release does."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        j.create_session("s")
+        owner = j.own("s")
+        raised: list[BaseException] = []
+        answers: list[str] = []
+
+        async def answer() -> str:
+            return "sent"
+
+        def run(loop: asyncio.AbstractEventLoop, entered: threading.Event) -> None:
+            try:
+                with owner.turn("r1") as turn:
+                    entered.set()
+                    # (bounded for liveness only: a hung loop fails the test, not the run)
+                    sent = asyncio.run_coroutine_threadsafe(answer(), loop)
+                    answers.append(sent.result(TURN_WAIT_S))
+                    turn.append([EventIn("message", b'{"n": 1}')])
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        async def main() -> None:
+            entered = threading.Event()
+            loop = asyncio.get_running_loop()
+            block = loop.run_in_executor(None, run, loop, entered)
+            assert entered.wait(TURN_WAIT_S)
+            j.close()  # (on the loop's thread)
+            await block
+
+        asyncio.run(main())
+        assert answers == ["sent"]
+        assert [type(e) for e in raised] == [JournalClosed]
+
+
+def test_no_turn_starts_once_a_close_has_begun(tmp_path: Path) -> None:
+    """While a close waits for a running block, another owner's turn does not start
+    (nothing is written: the close would cut it short) and says the journal is closing;
+    two closes at once both wait, and the journal is closed once."""
+    path = tmp_path / "store"
+    with Journal.open(path, durability="os") as j:
+        for session_id in ("s", "t"):
+            j.create_session(session_id)
+        block = _Block(j.own("s"))
+        late = j.own("t")
+        closes = [threading.Thread(target=j.close) for _ in range(2)]
+        for close in closes:
+            close.start()
+        started = 0  # (the turns that started before the close began: they end here)
+        while True:
+            try:
+                with late.turn(f"r{started}"):
+                    pass
+            except JournalClosed as error:
+                refused = error
+                break
+            started += 1
+            closes[0].join(0.01)
+        assert "did not start: this journal is closing" in str(refused)
+        assert not j.closed
+        block.finish()
+        for close in closes:
+            close.join(TURN_WAIT_S)
+            assert not close.is_alive()
+        assert j.closed
+    assert block.raised == []
+    with Journal.open(path, durability="os") as j:
+        assert _results(j) == [{"status": "completed"}]
+        assert _results(j, "t") == [{"status": "completed"}] * started
+        assert j.get_session("t").open_turn is None
+
+
+def test_a_forked_child_closes_its_copy_while_a_block_runs_in_the_parent(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A child forked while a turn's block runs in another thread of the parent closes
+    its copy of the journal at once: the block runs in the parent, and the child's copy
+    of its owner's slot stays taken for good (a close that waited for it hung; the
+    child's copy of a local lease is let go at the fork, a JetStream one is not)."""
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+        block = _Block(j.own("s"))
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                j.close()
+                code = 0
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + TURN_WAIT_S  # (a bound for liveness only)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        while not done and time.monotonic() < deadline:
+            block.thread.join(0.01)
+            done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        block.finish()
+        assert done and os.waitstatus_to_exitcode(status) == 0
+        assert block.raised == []
+        assert _results(j) == [{"status": "completed"}]
+
+
+def _interrupted(
+    call: Callable[[], None], tracer: Callable[[FrameType, str, object], None]
+) -> None:
+    """`call()` under the profile function `tracer`, which raises SIGINT, with Python's
+    own SIGINT handler: the call raises KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sys.setprofile(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                call()
+        finally:
+            sys.setprofile(None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
