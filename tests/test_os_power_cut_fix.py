@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,26 @@ def test_a_view_that_ends_before_the_damage(tmp_path: Path) -> None:
     assert report.fixed and report.problems[0].offset == offset
     assert _events(path) == before
     assert (path / "cut-tails" / f"00000000000000000001.seg-{offset}.tail").exists()
+
+
+def test_a_cut_of_an_fsync_store_says_its_frames_were_durable(tmp_path: Path) -> None:
+    # Media damage in the active segment of a store written with "fsync" alone, found after
+    # a reboot (the view discarded, as `SimulatedDisk.power_cut` drops it): the frames
+    # after the damage were acknowledged and durable. The fix may cut them (with a copy),
+    # but its report must not tell the operator they were never promised.
+    path = tmp_path / "s"
+    with Journal.open(path, segment_bytes=SEGMENT_BYTES) as journal:
+        journal.create_session("a")
+        for i in range(10):
+            journal.append("a", [EventIn("m", BODY + str(i).encode())])
+    segment = path / "segments" / "00000000000000000001.seg"
+    data = bytearray(segment.read_bytes())
+    middle = data.index(BODY + b"5")
+    data[middle] ^= 0xFF  # (one flipped bit pattern in the sixth event's frame)
+    segment.write_bytes(bytes(data))
+    shutil.rmtree(path / "index")
+    with Journal.open(path, repair=True) as journal:
+        report = journal.verify(fix=True)
+    cut = report.problems[0]
+    assert "whole frame" in cut.what
+    assert 'durability "fsync"' in cut.what and "acknowledged" in cut.what

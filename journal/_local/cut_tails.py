@@ -99,10 +99,12 @@ def cut_at_damage(
         f"after the damage: their events are not in the log now) are kept in {kept}. "
         'This is what a power cut does to a store written with durability "os" (nothing '
         "synced: the disk kept later writes and lost an earlier one), or damage to the "
-        "disk. No view of this boot indexed those frames; a writer with durability "
-        '"os" may have acknowledged them, but acknowledges appends before they are '
-        "durable: it never promised them through a power cut. Inspect the copy, then "
-        "delete it",
+        "disk. No view of this boot indexed those frames. If every writer of this store "
+        'used durability "fsync" (the default), they were acknowledged and durable, and '
+        "this is damage to the disk: restore the segment from a backup, or take their "
+        'events from the copy. A writer with durability "os" acknowledges appends before '
+        "they are durable: it never promised them through a power cut. Inspect the copy, "
+        "then delete it",
     )
 
 
