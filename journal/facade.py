@@ -228,19 +228,27 @@ class Journal:
     def closed(self) -> bool:
         """Whether the journal was closed (`close()`, or dropped): a watch ends without an
         error both when its session ends and when its journal is closed, and a loop
-        that must tell the two apart asks this."""
-        return self._closed
+        that must tell the two apart asks this. True from the moment a close begins
+        (while it waits for turn blocks, which still write: SPEC 7.8)."""
+        return self._is_closed()
 
     def close(self) -> None:
         """Close the journal; pending watches end (without an error: see `closed`).
         Idempotent. The turn blocks of its owners running in other threads end first
         and record their results, as for `Owner.release()`, with no limit (not one
-        running in this thread, nor on a thread running an asyncio event loop; a Ctrl+C
-        during that wait closes at once and is raised); no turn starts meanwhile."""
+        running in this thread, nor on a thread running an asyncio event loop or on the
+        delivery thread; a Ctrl+C during that wait closes at once and is raised); no
+        turn starts meanwhile, and live follows end before that wait (a block may wait
+        in one)."""
         if self._closed:
             return
         try:
-            self._turn_writers.wait_before_close()  # (SPEC 7.8; until 2026-12-06 none)
+            # (Live follows end first: a block may wait in one, and the close for it.
+            # A close on the delivery thread does not wait: a block may wait for a
+            # delivery, as for an event loop.)
+            self._turn_writers.begin_close()
+            self._engine.waiter.recheck()
+            self._turn_writers.wait_before_close(self._deliveries.on_thread())
         finally:
             if self._turn_writers.claim_close():  # (one of concurrent closes)
                 self._dropped.detach()
@@ -270,7 +278,8 @@ class Journal:
             raise ReadOnlyStore(f"{what} needs a writable journal")
 
     def _is_closed(self) -> bool:
-        return self._closed
+        """Whether live follows end: closed, or closing (SPEC 7.8)."""
+        return self._closed or self._turn_writers.closing()
 
     def _submit(self, operation: Operation[ResultT]) -> ResultT:
         if self.readonly:
@@ -643,7 +652,8 @@ class Journal:
         """A stream's pages; `page_bytes`: the first's bound, then the others'."""
         with self._engine.readers() as readers:
             pager = self._pages.pager(row, after, readers, live, page_bytes, cursor)
-            yield from follow(pager, self._engine.waiter, stop, self._closed_or(halted))
+            ended = self._closed_or(halted) if live else lambda: self._closed or halted()
+            yield from follow(pager, self._engine.waiter, stop, ended)
         if not live and not pager.finished and self._closed and not halted():
             raise JournalClosed(  # (not as if complete: a fold would hold part of it)
                 f"the journal was closed while session {row.session_id!r} was replayed: "
@@ -651,7 +661,7 @@ class Journal:
             )
 
     def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
-        return lambda: self._closed or halted()
+        return lambda: self._is_closed() or halted()
 
     def awatch(
         self,

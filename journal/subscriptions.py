@@ -303,6 +303,10 @@ class Deliveries:
         self._waiter.recheck()  # the thread may be waiting for the head: replay now
         return subscription
 
+    def on_thread(self) -> bool:
+        """Whether the caller is the delivery thread."""
+        return self._on_thread()
+
     def _on_thread(self) -> bool:
         """Whether the caller is the delivery thread."""
         thread = self._thread

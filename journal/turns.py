@@ -463,7 +463,12 @@ class TurnWriters:
         """Whether the journal's close has begun."""
         return self._closing
 
-    def wait_before_close(self) -> None:
+    def begin_close(self) -> None:
+        """The journal's close begins: no turn of its owners starts from now on (their
+        start raises `JournalClosed`)."""
+        self._closing = True
+
+    def wait_before_close(self, here_exempt: bool = False) -> None:
         """The journal's close begins: no turn of its owners starts from now on (their
         start raises `JournalClosed`), and this waits until the blocks of the turns that
         run in other threads have ended and recorded their results, as `release()` waits
@@ -471,9 +476,10 @@ class TurnWriters:
         for a block running in this thread (a close from inside it would wait for
         itself), nor at all on a thread running an asyncio event loop (a block may wait
         for that loop: `Owner.release`) or in a forked child (the blocks ran in the
-        parent, and their slots' copies stay taken for good)."""
+        parent, and their slots' copies stay taken for good), nor when `here_exempt`
+        (the journal's delivery thread, which a block may wait for as for a loop)."""
         self._closing = True
-        if os.getpid() != self._pid or runs_an_event_loop():
+        if here_exempt or os.getpid() != self._pid or runs_an_event_loop():
             return
         with self._lock:
             writers = list(self._writers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from types import FrameType
 import pytest
 from engines import EngineFactory
 
-from journal import EventIn, Journal, JournalClosed, Owner
+from journal import Event, EventIn, Journal, JournalClosed, Owner
 
 TURN_WAIT_S = 30.0  # a bound for liveness only
 
@@ -224,7 +225,8 @@ def test_no_turn_starts_once_a_close_has_begun(tmp_path: Path) -> None:
             started += 1
             closes[0].join(0.01)
         assert "did not start: this journal is closing" in str(refused)
-        assert not j.closed
+        assert j.closed  # (from its start: a watch it ended tells so)
+        assert all(close.is_alive() for close in closes)  # (they wait for the block)
         block.finish()
         for close in closes:
             close.join(TURN_WAIT_S)
@@ -284,3 +286,79 @@ def _interrupted(
             sys.setprofile(None)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_close_ends_the_watch_a_running_block_waits_in(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A turn's block in a worker thread that waits in `j.watch(...)` for an event (a
+    user's approval, a tool's answer): `close()` ends pending watches, so the block goes
+    on and ends; a close that waited for the block before ending the watches waited for
+    good (each for the other). (Both engines: the watch's end is the facade's.)"""
+    with engine.open(store, durability="os") as j:
+        for session_id in ("s", "t"):
+            j.create_session(session_id)
+        owner = j.own("s")
+        entered = threading.Event()
+        raised: list[BaseException] = []
+        told: list[bool] = []  # (whether the watch ended for the close: `closed` says)
+
+        def run() -> None:
+            try:
+                with owner.turn("r1"):
+                    entered.set()
+                    for event in j.watch("t"):
+                        if event.type == "approval":
+                            break
+                    else:
+                        told.append(j.closed)
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        close = threading.Thread(target=j.close)
+        close.start()
+        close.join(TURN_WAIT_S)  # (a bound for liveness only)
+        hung = close.is_alive()
+        if hung:  # (let both go, so the run goes on)
+            j.append("t", [EventIn("approval", b"{}")])
+            close.join(TURN_WAIT_S)
+        block.join(TURN_WAIT_S)
+        assert not hung
+    assert raised == []
+    assert told == [True]
+
+
+def test_a_close_from_a_listener_does_not_wait_for_a_block_that_waits_for_a_delivery(
+    tmp_path: Path,
+) -> None:
+    """A subscription's listener that closes the journal, while a turn's block in another
+    thread waits for what the listener does (on the journal's one delivery thread): a
+    close there that waited for the block waited for good (the block for the delivery
+    thread, that thread for the block), as one on an asyncio event loop would."""
+    with Journal.open(tmp_path / "store", durability="os") as j:
+        for session_id in ("s", "t"):
+            j.create_session(session_id)
+        owner = j.own("s")
+        closed = threading.Event()
+        waited: list[bool] = []
+
+        def listener(event: Event) -> None:
+            j.close()
+            closed.set()
+
+        j.subscribe("t", listener)
+
+        def run() -> None:
+            # (its result is refused: the journal closed under it)
+            with contextlib.suppress(JournalClosed), owner.turn("r1"):
+                j.append("t", [EventIn("shutdown", b"{}")])
+                waited.append(closed.wait(TURN_WAIT_S))  # (a bound for liveness only)
+
+        block = threading.Thread(target=run)
+        block.start()
+        block.join(TURN_WAIT_S * 2)
+        assert closed.wait(TURN_WAIT_S)
+    assert waited == [True]
