@@ -36,6 +36,7 @@ from journal import (
 )
 from journal._local.files import FileOps
 from journal.abandoned import wait_for_dropped
+from journal.engine import AppendTurnEvent
 from journal.turns import OUTCOME_UNKNOWN_RESULT
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
@@ -612,17 +613,21 @@ def test_a_result_whose_write_failed_is_recorded_when_its_owner_is_dropped(
 
 
 class _FailCommitsWhileOpen(FileOps):
-    """Fails every commit batch while `failing` and the journal is not closed yet (fault
-    point commit.batch_taken), counting them."""
+    """Fails every commit of a turn event (a result) while `failing`, counting them: the
+    batch's planning names its operations (fault point plan.operation), and its commit
+    fails after its frame was written (commit.view_commit: cut off again, the disk
+    refusing the view). Commits of other operations (the leases a close lets go) pass."""
 
     failing = False
     failed = 0
-    journal: Journal | None = None
+    turn_event = False
 
     def point(self, name: str, detail: object = None) -> None:
-        if name == "commit.batch_taken" and self.failing:
-            if self.journal is not None and self.journal.closed:
-                return
+        if name == "commit.batch_taken":
+            self.turn_event = False
+        elif name == "plan.operation" and isinstance(detail, AppendTurnEvent):
+            self.turn_event = True
+        elif name == "commit.view_commit" and self.failing and self.turn_event:
             self.failed += 1
             raise OSError(5, "Input/output error (injected)")
 
@@ -638,7 +643,6 @@ def test_a_close_stops_recording_remembered_results_once_the_store_fails(
     others are not tried: their next owners record WATCH_OUTCOME_UNKNOWN, as before."""
     ops = _FailCommitsWhileOpen()
     j = Journal.open(tmp_path, durability="os", file_ops=ops)
-    ops.journal = j
     owners = []
     for name in ("s1", "s2", "s3"):
         j.create_session(name)
