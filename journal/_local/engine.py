@@ -510,9 +510,9 @@ class LocalEngine:
                         raise
                     # A fix cuts the segment there (a copy kept first), and the batch is
                     # committed again on the log as cut (`_run_commit`).
-                    base = int(e.segment.split(".")[0])
-                    cut = cut_at_damage(log.directory, base, e.offset, self._ops, self.permissions)
-                    self._cuts.append(cut)
+                    self._cuts.append(
+                        cut_at_damage(log.directory, e.base, e.offset, self._ops, self.permissions)
+                    )
                     raise _SegmentCut from e
                 planner = Planner(
                     txn,

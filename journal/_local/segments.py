@@ -111,9 +111,10 @@ class ActiveDamage(JournalCorrupt):
     earlier one), or media damage. Every open refuses it; `verify(fix=True)` on a journal
     opened with `repair=True` cuts the segment there, keeping a copy (SPEC 3.3)."""
 
-    def __init__(self, segment: str, offset: int, detail: str) -> None:
+    def __init__(self, base: int, offset: int, detail: str) -> None:
+        self.base = base  # (the active segment's)
         super().__init__(
-            segment,
+            segment_name(base),
             offset,
             f"{detail}, with whole frames after it in the active segment (what a power cut "
             'does to a store written with durability "os", which syncs nothing; or damage '
@@ -126,16 +127,16 @@ class ActiveDamage(JournalCorrupt):
 
 
 def active_frames(
-    frames: Iterator[tuple[FrameInfo, memoryview]],
+    frames: Iterator[tuple[FrameInfo, memoryview]], base: int
 ) -> Iterator[tuple[FrameInfo, memoryview]]:
-    """The frames of the active segment read past the view's head (`frames`), damage
-    found there raised as `ActiveDamage`."""
+    """The frames of the active segment `base` read past the view's head (`frames`),
+    damage found there raised as `ActiveDamage`."""
     try:
         yield from frames
     except JournalCorrupt as e:
         if type(e) is not JournalCorrupt or e.offset < SEGMENT_HEADER_SIZE:
             raise
-        raise ActiveDamage(e.segment, e.offset, e.detail) from None
+        raise ActiveDamage(base, e.offset, e.detail) from None
 
 
 def _bad_frame(
