@@ -469,16 +469,14 @@ class TurnWriters:
         self._closing = True
 
     def wait_before_close(self, here_exempt: bool = False) -> None:
-        """The journal's close begins: no turn of its owners starts from now on (their
-        start raises `JournalClosed`), and this waits until the blocks of the turns that
-        run in other threads have ended and recorded their results, as `release()` waits
+        """After `begin_close`: until the blocks of the turns that run in other threads
+        have ended and recorded their results, as `release()` waits
         for its owner's, with no limit (a Ctrl+C interrupts it: raised). It does not wait
         for a block running in this thread (a close from inside it would wait for
         itself), nor at all on a thread running an asyncio event loop (a block may wait
         for that loop: `Owner.release`) or in a forked child (the blocks ran in the
         parent, and their slots' copies stay taken for good), nor when `here_exempt`
         (the journal's delivery thread, which a block may wait for as for a loop)."""
-        self._closing = True
         if here_exempt or os.getpid() != self._pid or runs_an_event_loop():
             return
         with self._lock:
