@@ -20,6 +20,7 @@ from unittest.mock import ANY
 
 import pytest
 from _commit_interrupts import SignalAtNextCommit, raising_on_sigusr1
+from _turn_blocks import TurnBlock
 
 from journal import (
     EventIn,
@@ -715,30 +716,14 @@ def test_a_release_from_another_thread_waits_for_the_running_turn(tmp_path: Path
     with Journal.open(tmp_path / "store", durability="os") as j:
         j.create_session("s")
         owner = j.own("s")
-        entered, go = threading.Event(), threading.Event()
-        raised: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                with owner.turn("r1") as turn:
-                    turn.append([EventIn("message", b'{"n": 1}')])
-                    entered.set()
-                    go.wait()
-                    turn.append([EventIn("message", b'{"n": 2}')])
-            except BaseException as error:  # (kept for the assertion below)
-                raised.append(error)
-
-        block = threading.Thread(target=run)
-        block.start()
-        assert entered.wait(TURN_WAIT_S)
+        block = TurnBlock(owner)
         release = threading.Thread(target=owner.release)
         release.start()
         release.join(0.5)  # (done at once, unless it waits for the block)
-        go.set()
-        block.join(TURN_WAIT_S)
+        block.finish()
         release.join(TURN_WAIT_S)
-        assert not block.is_alive() and not release.is_alive()
-        assert raised == []
+        assert not release.is_alive()
+        assert block.raised == []
         session = j.get_session("s")
         assert (session.owner, session.open_turn) == (None, None)
         assert _results(j) == {"r1": {"status": "completed"}}

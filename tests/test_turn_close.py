@@ -15,43 +15,14 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
+from _turn_blocks import TURN_WAIT_S, TurnBlock
 from engines import EngineFactory
 
-from journal import Event, EventIn, Journal, JournalClosed, Owner
-
-TURN_WAIT_S = 30.0  # a bound for liveness only
+from journal import Event, EventIn, Journal, JournalClosed
 
 
 def _results(j: Journal, session_id: str = "s") -> list[object]:
     return [json.loads(e.data) for e in j.replay(session_id) if e.type == "turn_result"]
-
-
-class _Block:
-    """A turn's block in a thread of its own: it appends, says it has begun (`entered`),
-    waits for `go`, then appends again; what it raised is kept in `raised`."""
-
-    def __init__(self, owner: Owner, request_id: str = "r1") -> None:
-        self.entered, self.go = threading.Event(), threading.Event()
-        self.raised: list[BaseException] = []
-        self._owner, self._request_id = owner, request_id
-        self.thread = threading.Thread(target=self._run)
-        self.thread.start()
-        assert self.entered.wait(TURN_WAIT_S)
-
-    def _run(self) -> None:
-        try:
-            with self._owner.turn(self._request_id) as turn:
-                turn.append([EventIn("message", b'{"n": 1}')])
-                self.entered.set()
-                self.go.wait()
-                turn.append([EventIn("message", b'{"n": 2}')])
-        except BaseException as error:  # (kept for the assertions)
-            self.raised.append(error)
-
-    def finish(self) -> None:
-        self.go.set()
-        self.thread.join(TURN_WAIT_S)
-        assert not self.thread.is_alive()
 
 
 def test_a_close_from_another_thread_leaves_the_running_turn_settled(
@@ -67,30 +38,14 @@ def test_a_close_from_another_thread_leaves_the_running_turn_settled(
     with engine.open(store, durability="os") as j:
         j.create_session("s")
         owner = j.own("s")
-        entered, go = threading.Event(), threading.Event()
-        raised: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                with owner.turn("r1") as turn:
-                    turn.append([EventIn("message", b'{"n": 1}')])
-                    entered.set()
-                    go.wait()
-                    turn.append([EventIn("message", b'{"n": 2}')])
-            except BaseException as error:  # (kept for the assertion below)
-                raised.append(error)
-
-        block = threading.Thread(target=run)
-        block.start()
-        assert entered.wait(TURN_WAIT_S)
+        block = TurnBlock(owner)
         close = threading.Thread(target=j.close)
         close.start()
         close.join(0.5)  # (done at once, unless it waits for the block)
-        go.set()
-        block.join(TURN_WAIT_S)
+        block.finish()
         close.join(TURN_WAIT_S)
-        assert not block.is_alive() and not close.is_alive()
-    assert raised == []
+        assert not close.is_alive()
+    assert block.raised == []
     with engine.open(store, durability="os") as j:
         assert j.get_session("s").open_turn is None
         assert _results(j) == [{"status": "completed"}]
@@ -107,7 +62,7 @@ def test_a_close_from_inside_a_block_does_not_wait_for_it_and_the_block_is_told(
     with Journal.open(path, durability="os") as j:
         for session_id in ("s", "t"):
             j.create_session(session_id)
-        other = _Block(j.own("t"))
+        other = TurnBlock(j.own("t"))
         closing = threading.Event()
         raised: list[BaseException] = []
 
@@ -145,7 +100,7 @@ def test_a_ctrl_c_while_a_close_waits_for_a_turn_closes_at_once(tmp_path: Path) 
     next append raises `JournalClosed` saying so."""
     with Journal.open(tmp_path / "store", durability="os") as j:
         j.create_session("s")
-        block = _Block(j.own("s"))
+        block = TurnBlock(j.own("s"))
         target = threading.Condition.wait_for.__code__  # (the close's wait for the block)
         fired: list[bool] = []
 
@@ -209,7 +164,7 @@ def test_no_turn_starts_once_a_close_has_begun(tmp_path: Path) -> None:
     with Journal.open(path, durability="os") as j:
         for session_id in ("s", "t"):
             j.create_session(session_id)
-        block = _Block(j.own("s"))
+        block = TurnBlock(j.own("s"))
         late = j.own("t")
         closes = [threading.Thread(target=j.close) for _ in range(2)]
         for close in closes:
@@ -248,7 +203,7 @@ def test_a_forked_child_closes_its_copy_while_a_block_runs_in_the_parent(
     child's copy of a local lease is let go at the fork, a JetStream one is not)."""
     with engine.open(store, durability="os") as j:
         j.create_session("s")
-        block = _Block(j.own("s"))
+        block = TurnBlock(j.own("s"))
         pid = os.fork()
         if pid == 0:
             code = 1
