@@ -164,13 +164,31 @@ def nothing_reclaimed(report: journal.CompactionReport) -> str | None:
 
 
 @click.command()
-@click.option("--fix", is_flag=True, help="Rewrite bad sidecars and rebuild the index.")
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Rewrite bad sidecars and rebuild the index; cut the active segment at damage "
+    'that a power cut of a store written with durability "os" left (a copy is kept in '
+    "cut-tails/).",
+)
+@click.option(
+    "--cut-durable",
+    is_flag=True,
+    help='With --fix: cut at such damage also where only durability "fsync" writers wrote '
+    "the segment (damage to the disk: the events after it were durable; a copy is kept). "
+    "Restore the segment from a backup instead when you have one.",
+)
 @pass_settings
-def verify(settings: Settings, fix: bool) -> None:
+def verify(settings: Settings, fix: bool, cut_durable: bool) -> None:
     """Check every frame checksum, every sidecar and the index against the log.
 
     Exits non-zero (7) when a problem remains; --fix repairs what can be repaired.
     """
+    if cut_durable and not fix:
+        raise click.UsageError("--cut-durable goes with --fix (it says what the fix may cut)")
+    if cut_durable and is_nats(settings.store):
+        raise click.UsageError("--cut-durable is for stores on disk: a nats:// store has none")
+    repair: bool | str = "cut-durable" if cut_durable else fix and not is_nats(settings.store)
     output = settings.output
     finished = False
 
@@ -179,7 +197,7 @@ def verify(settings: Settings, fix: bool) -> None:
 
     with said_if_interrupted(said), ctrl_c_noted() as ctrl_c:
         with (
-            settings.open(write=fix, repair=fix and not is_nats(settings.store)) as store,
+            settings.open(write=fix, repair=repair) as store,
             progress_bar("verifying", output.format == "text") as bar,
         ):
             report = store.verify(fix=fix, progress=ctrl_c.progress(bar))

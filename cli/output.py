@@ -424,8 +424,9 @@ _CLI_HINTS: Final = (
         "(rename=, or `journal import --as NEW_ID` / `--rename OLD=NEW`)",
         "(`journal import --rename OLD=NEW`, or `--as NEW_ID` for a one-session archive)",
     ),
-    ("`journal verify --fix` (Journal.verify(fix=True))", "`journal verify --fix`"),
+    (" (Journal.verify(fix=True))", ""),  # (after `journal verify --fix [--cut-durable]`)
     (" (Journal.open(path, repair=True) opens the store for it)", ""),
+    (' (Journal.open(path, repair="cut-durable") opens the store for it)', ""),
     ("limits=ArchiveLimits(max_content_bytes=...) or --max-bytes", "--max-bytes"),
     ("limits=ArchiveLimits(max_sessions=...) or --max-sessions", "--max-sessions"),
     (
@@ -609,13 +610,13 @@ class Settings:
     # SPEC 1.3), given as click's `obj` (`main.main(args, obj={"file_ops": ops})`).
     open_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
-    def open(self, write: bool = True, repair: bool = False) -> journal.Journal:
+    def open(self, write: bool = True, repair: bool | str = False) -> journal.Journal:
         """Open the existing store (`StoreNotFound` tells the user to run `journal init`).
 
         Commands that only read open it read-only, always: they change no file of the
         store (LMDB's reader table aside), create no key file, repair nothing, and never
         wait for a writer. `repair`: `verify --fix`'s on disk (`Journal.open`)."""
-        options = {**self.open_options, "repair": True} if repair else self.open_options
+        options = {**self.open_options, "repair": repair} if repair else self.open_options
         return journal.Journal.open(self.store, create=False, readonly=not write, **options)
 
 

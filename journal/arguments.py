@@ -651,8 +651,10 @@ def check_max_bytes(max_bytes: object) -> None:
 
 
 def check_repair(repair: object, readonly: object) -> None:
-    """`Journal.open`'s `repair`: a flag, for a journal that writes (the fix does)."""
-    check_flag("repair", repair)
+    """`Journal.open`'s `repair`: a flag or "cut-durable", for a journal that writes (the
+    fix does)."""
+    if repair != "cut-durable" and not isinstance(repair, bool):
+        raise InvalidArgument(f'repair must be True, False or "cut-durable", got {repair!r}')
     if repair and readonly is True:
         raise InvalidArgument(
             "repair=True is for verify(fix=True), which writes: open the store without "

@@ -24,6 +24,7 @@ from typing import IO, TypeVar
 from cursors import KeyRing, TokenCodec
 
 from ._local import DEFAULT_DEAD_SHARE, DEFAULT_SEGMENT_BYTES, Durability, FileOps, open_local
+from ._local.opening import Repair
 from .abandoned import Detachable
 from .archive import ArchiveLimits
 from .arguments import (
@@ -166,7 +167,7 @@ class Journal:
         file_mode: int | None = None,
         store: str | None = None,
         replicas: int | None = None,
-        repair: bool = False,
+        repair: Repair = False,
     ) -> "Journal":
         """Open (or create) the store at `path` on the embedded local engine (a `nats://`
         URL: the store `store` on NATS JetStream, created with `replicas` copies, 1 when
@@ -184,7 +185,8 @@ class Journal:
         `repair=True` (local, writable) opens a store whose active segment is damaged
         (`JournalCorrupt` says so: what a power cut does to a store written with
         durability "os"), for `verify(fix=True)` only, which cuts the segment at the
-        damage keeping a copy (SPEC 9); until it has, every write raises the damage.
+        damage keeping a copy (SPEC 9); until it has, every write raises the damage. A
+        segment no "os" writer wrote is media damage, cut only with "cut-durable".
         """
         given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
         check_repair(repair, readonly)

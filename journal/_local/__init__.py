@@ -12,7 +12,7 @@ from .compaction import DEFAULT_DEAD_SHARE
 from .engine import LocalEngine
 from .files import FileOps
 from .frames import DEFAULT_SEGMENT_BYTES
-from .opening import Durability, LocalOptions
+from .opening import Durability, LocalOptions, Repair
 
 __all__ = [
     "DEFAULT_DEAD_SHARE",
@@ -21,6 +21,7 @@ __all__ = [
     "FileOps",
     "LocalEngine",
     "LocalOptions",
+    "Repair",
     "open_local",
 ]
 
@@ -31,7 +32,7 @@ def open_local(
     key_ring: Any,
     file_ops: Any,
     file_mode: Any,
-    repair: bool = False,
+    repair: Repair = False,
 ) -> LocalEngine:
     """Open the store at `path` on the local engine with the keywords of `Journal.open`
     (create, readonly, durability, segment_bytes, retention, compress_sealed in `given`),

@@ -16,7 +16,8 @@ from ..errors import JournalCorrupt
 from ..models import VerifyProblem
 from .files import FileOps, Permissions, discarded_on_failure, fsync_dir, open_regular
 from .frames import MAX_BLOCK_BYTES, segment_name
-from .segments import SegmentReader, open_segment
+from .os_marks import mark_name, os_wrote
+from .segments import DURABLE_CUT, SegmentReader, open_segment
 
 __all__ = [
     "CUT_TAILS_DIRECTORY",
@@ -75,36 +76,70 @@ def _data_end(fd: int, start: int, size: int, ops: FileOps) -> int:
 
 
 def cut_at_damage(
-    directory: str, base: int, offset: int, ops: FileOps, permissions: Permissions
+    directory: str,
+    base: int,
+    offset: int,
+    ops: FileOps,
+    permissions: Permissions,
+    *,
+    cut_durable: bool = False,
 ) -> VerifyProblem:
     """Cut the active segment `base` of the segments directory `directory` at the damage
     at `offset` (`ActiveDamage`: no view says the frames there committed), keeping a copy
     of every byte from there to the end of its data in `cut-tails/` first; what was done,
-    as `verify(fix=True)` reports it. The caller holds the write lock."""
+    as `verify(fix=True)` reports it. The caller holds the write lock.
+
+    A segment that no writer with durability "os" wrote (no mark: `os_marks.py`) held
+    only synced frames: the ones after the damage were acknowledged and durable, and the
+    damage is the disk's. Those are cut only with `cut_durable` (`repair="cut-durable"`);
+    otherwise `JournalCorrupt` says so, and nothing is cut."""
     name = segment_name(base)
+    unsynced = os_wrote(directory, base)
+    frames = _whole_frames(directory, base, offset, ops)
+    if not unsynced and not cut_durable:
+        raise JournalCorrupt(
+            name,
+            offset,
+            f"damage with {frames} whole frame(s) after it in the active segment, which no "
+            f'writer with durability "os" wrote (there is no {mark_name(base)} beside it): '
+            "every frame of it was synced as it was committed, so those after the damage "
+            "were acknowledged and durable, and no power cut explains it; this is damage "
+            "to the disk (media damage, found after a reboot); nothing was cut",
+            way="restore the segment from a backup; if there is none, "
+            f"{DURABLE_CUT}, with a copy of them kept in cut-tails/ (a store written with "
+            'durability "os" by a version from before 2026-12-07, which left no such mark, '
+            "needs the same)",
+        )
     fd = open_segment(os.path.join(directory, name), os.O_RDWR)
     try:
         end = _data_end(fd, offset, os.fstat(fd).st_size, ops)
-        frames = _whole_frames(directory, base, offset, ops)
         kept = keep_cut_tail(fd, name, offset, end, cut_tails_beside(directory), ops, permissions)
         ops.ftruncate(fd, offset)
         ops.fsync(fd)
     finally:
         os.close(fd)
+    if unsynced:
+        why = (
+            'A writer with durability "os" wrote this segment: this is what a power cut '
+            "does to it (nothing synced: the disk kept later writes and lost an earlier "
+            "one), or damage to the disk. No view of this boot indexed those frames; an "
+            '"os" writer acknowledges appends before they are durable, and never promised '
+            'them through a power cut. If a writer with durability "fsync" appended after '
+            "the damage, its events are among them too: take them from the copy"
+        )
+    else:
+        why = (
+            'Only writers with durability "fsync" wrote this segment, so those frames were '
+            'acknowledged and durable: damage to the disk, cut as repair="cut-durable" '
+            "asked; restore the segment from a backup, or take their events from the copy"
+        )
     return VerifyProblem(
         name,
         offset,
         f"damage at byte {offset} of the active segment, with whole frames after it: the "
         f"segment was cut there, and bytes {offset} to {end} ({frames} whole frame(s) "
         f"after the damage: their events are not in the log now) are kept in {kept}. "
-        'This is what a power cut does to a store written with durability "os" (nothing '
-        "synced: the disk kept later writes and lost an earlier one), or damage to the "
-        "disk. No view of this boot indexed those frames. If every writer of this store "
-        'used durability "fsync" (the default), they were acknowledged and durable, and '
-        "this is damage to the disk: restore the segment from a backup, or take their "
-        'events from the copy. A writer with durability "os" acknowledges appends before '
-        "they are durable: it never promised them through a power cut. Inspect the copy, "
-        "then delete it",
+        f"{why}. Inspect the copy, then delete it",
     )
 
 

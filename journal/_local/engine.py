@@ -257,6 +257,7 @@ class LocalEngine:
         self._commits = CommitQueue(self._run_commit, self._follow_up, self._ops)
         self._rows = KnownRows()  # (rows the last batch of appends wrote: `known_rows`)
         self._cuts: list[VerifyProblem] = []  # (made for a fix: its report says so)
+        self._cut_durable = options.repair == "cut-durable"  # (`cut_tails.cut_at_damage`)
         changes = partial(self._head_changes, CommitsSeen(self.log.directory, self._ops))
         self.waiter = Notifier(self.head, self.changes, changes, rewinds=True, lagging_reads=True)
         self.expiry: ExpiryTimer | None = None
@@ -508,11 +509,18 @@ class LocalEngine:
                 except ActiveDamage as e:
                     if not any(isinstance(r.operation, VerifyFix) for r in batch):
                         raise
-                    # A fix cuts the segment there (a copy kept first), and the batch is
-                    # committed again on the log as cut (`_run_commit`).
-                    self._cuts.append(
-                        cut_at_damage(log.directory, e.base, e.offset, self._ops, self.permissions)
+                    # A fix cuts the segment there (a copy kept first; only with "cut-durable"
+                    # where no "os" writer wrote it), and the batch is committed again on the
+                    # log as cut (`_run_commit`).
+                    cut = cut_at_damage(
+                        log.directory,
+                        e.base,
+                        e.offset,
+                        self._ops,
+                        self.permissions,
+                        cut_durable=self._cut_durable,
                     )
+                    self._cuts.append(cut)
                     raise _SegmentCut from e
                 planner = Planner(
                     txn,

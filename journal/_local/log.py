@@ -39,6 +39,7 @@ from .frames import (
     segment_name,
     sidecar_name,
 )
+from .os_marks import mark_base
 from .segments import LogHole, SegmentReader, open_segment, summarize_segment
 from .sidecar import FrameDigest, SegmentSummary, read_summary, sidecar_intact, write_summary
 from .writer import SegmentWriter
@@ -302,16 +303,15 @@ class SegmentLog:
         segment-files lock): a retention pass deletes a dead segment's files one after
         another, and one stopped between them (killed, a power cut, an I/O error it logs)
         left the sidecar, which nothing reads, for good (until 2026-12-06; the store's
-        size counted it). No other step makes a sidecar before its segment exists.
-        `names`: the directory's listing, under that lock."""
+        size counted it). No other step makes a sidecar before its segment exists. So
+        for the marks of "os" writers (`os_marks.py`; a writer makes one only in a segment
+        it writes). `names`: the directory's listing, under that lock."""
         for name in names:
-            if (
-                name.endswith(SIDECAR_SUFFIX)
-                and len(name) == 24
-                and name[:20].isdigit()
-                and int(name[:20]) not in bases
-            ):
-                _log.info("deleting the sidecar %s: its segment is gone", name)
+            sidecar = name.endswith(SIDECAR_SUFFIX) and len(name) == 24 and name[:20].isdigit()
+            base = int(name[:20]) if sidecar else mark_base(name)
+            if base is not None and base not in bases:
+                kind = "sidecar" if sidecar else "mark"
+                _log.info("deleting the %s %s: its segment is gone", kind, name)
                 with contextlib.suppress(FileNotFoundError):
                     self.ops.unlink(os.path.join(self.directory, name))
 

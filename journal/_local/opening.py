@@ -55,6 +55,7 @@ __all__ = [
 ]
 
 Durability = Literal["fsync", "os"]
+Repair = bool | Literal["cut-durable"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +72,9 @@ class LocalOptions:
     file_ops: FileOps | None = None
     file_mode: int | None = None  # None: the store's recorded mode (0o600 for a new one)
     # Open a store whose active segment is damaged (`ActiveDamage`) for verify(fix=True),
-    # which cuts it there; until then every write fails with the damage.
-    repair: bool = False
+    # which cuts it there; until then every write fails with the damage. "cut-durable":
+    # also where only "fsync" writers wrote it (media damage, `cut_tails.cut_at_damage`).
+    repair: Repair = False
 
 
 _log: Final = logging.getLogger("journal")

@@ -623,7 +623,7 @@ def project_segments(
         log.ops.point("projection.segment", base)
         with SegmentReader(log.directory, base, log.ops, zeros) as reader:
             frames = reader.frames(start, tail=last)
-            for info, body in active_frames(frames, base) if last else frames:
+            for info, body in active_frames(frames, base, log.directory) if last else frames:
                 if until is not None and info.first_position >= until.next_position:
                     break
                 expected = head.next_position

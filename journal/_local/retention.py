@@ -31,6 +31,7 @@ from .events_index import Location
 from .files import fsync_dir
 from .frames import segment_name, sidecar_name
 from .log import SegmentLog
+from .os_marks import mark_name
 from .segments import SegmentReader, frame_records, summarize_segment
 from .sidecar import SegmentSummary, read_summary
 from .view import View
@@ -510,6 +511,7 @@ def delete_segment_files(log: SegmentLog, bases: list[int]) -> int:
                 segment_name(base),
                 segment_name(base, compressed=True),
                 sidecar_name(base),
+                mark_name(base),
             ):
                 path = os.path.join(log.directory, name)
                 try:

@@ -63,9 +63,11 @@ from .frames import (
     segment_name,
     valid_frame_after,
 )
+from .os_marks import os_wrote
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder, digest_records
 
 __all__ = [
+    "DURABLE_CUT",
     "ActiveDamage",
     "KnownZeros",
     "LogHole",
@@ -103,40 +105,64 @@ class LogHole(JournalCorrupt):
         self.end_offset = end_offset
 
 
+# What cuts the log at damage in an active segment that only "fsync" writers wrote.
+DURABLE_CUT: Final = (
+    "`journal verify --fix --cut-durable` (Journal.verify(fix=True)) cuts the log at the "
+    'damage all the same (Journal.open(path, repair="cut-durable") opens the store for '
+    "it): the events after it leave the log"
+)
+
+
 class ActiveDamage(JournalCorrupt):
     """Damage in the active segment that no view says was committed (its frames are past
     the view's head, or there is no view), with a valid frame after it: no torn write,
     which is always the last thing in the file, but what a power cut does to a store
     written with durability "os" (nothing synced: the disk kept a later write and lost an
     earlier one), or media damage. Every open refuses it; `verify(fix=True)` on a journal
-    opened with `repair=True` cuts the segment there, keeping a copy (SPEC 3.3)."""
+    opened with `repair=True` cuts the segment there, keeping a copy (SPEC 3.3), if a
+    writer with durability "os" wrote it (`unsynced`: its mark, `os_marks.py`); else only
+    with `repair="cut-durable"`."""
 
-    def __init__(self, base: int, offset: int, detail: str) -> None:
+    def __init__(self, base: int, offset: int, detail: str, *, unsynced: bool = True) -> None:
         self.base = base  # (the active segment's)
+        if unsynced:
+            why = (
+                'what a power cut does to a store written with durability "os", which syncs '
+                "nothing; or damage to the disk"
+            )
+            way = (
+                "`journal verify --fix` (Journal.verify(fix=True)) cuts the log at the "
+                "damage, keeping a copy of everything from there on in the store's "
+                "cut-tails/ directory (Journal.open(path, repair=True) opens the store for "
+                "it); or restore the segment from a backup"
+            )
+        else:
+            why = (
+                'which only writers with durability "fsync" wrote: its frames were synced '
+                "as they were committed, so this is damage to the disk, and the frames "
+                "after it were acknowledged and durable"
+            )
+            way = f"restore the segment from a backup; if there is none, {DURABLE_CUT}"
         super().__init__(
             segment_name(base),
             offset,
-            f"{detail}, with whole frames after it in the active segment (what a power cut "
-            'does to a store written with durability "os", which syncs nothing; or damage '
-            "to the disk)",
-            way="`journal verify --fix` (Journal.verify(fix=True)) cuts the log at the "
-            "damage, keeping a copy of everything from there on in the store's cut-tails/ "
-            "directory (Journal.open(path, repair=True) opens the store for it); or "
-            "restore the segment from a backup",
+            f"{detail}, with whole frames after it in the active segment ({why})",
+            way=way,
         )
 
 
 def active_frames(
-    frames: Iterator[tuple[FrameInfo, memoryview]], base: int
+    frames: Iterator[tuple[FrameInfo, memoryview]], base: int, directory: str
 ) -> Iterator[tuple[FrameInfo, memoryview]]:
-    """The frames of the active segment `base` read past the view's head (`frames`),
-    damage found there raised as `ActiveDamage`."""
+    """The frames of the active segment `base` (of the segments directory `directory`)
+    read past the view's head (`frames`), damage found there raised as `ActiveDamage`."""
     try:
         yield from frames
     except JournalCorrupt as e:
         if type(e) is not JournalCorrupt or e.offset < SEGMENT_HEADER_SIZE:
             raise
-        raise ActiveDamage(base, e.offset, e.detail) from None
+        unsynced = os_wrote(directory, base)
+        raise ActiveDamage(base, e.offset, e.detail, unsynced=unsynced) from None
 
 
 def _bad_frame(

@@ -36,6 +36,7 @@ from .frames import (
     seal_frame,
     segment_name,
 )
+from .os_marks import mark_os_writer
 from .segments import LogHole, SegmentReader, open_segment
 from .sidecar import FrameDigest, SegmentSummary, SummaryBuilder
 from .zerofill import (
@@ -83,6 +84,9 @@ class SegmentWriter:
         self._cut_tails = cut_tails_beside(directory) if cut_tails is None else cut_tails
         self.name = segment_name(base_position)
         self.sync_enabled = sync
+        # Whether this segment's mark is known durable, or needs none: a writer with
+        # durability "os" makes it before its first frame here (`os_marks.py`).
+        self._marked = sync
         self.segment_bytes = segment_bytes
         self._fd = open_segment(os.path.join(directory, self.name), os.O_RDWR)
         self.end_offset = SEGMENT_HEADER_SIZE
@@ -260,6 +264,9 @@ class SegmentWriter:
             raise ValueError(
                 f"frame starts at position {first_position}, expected {self.next_position}"
             )
+        if not self._marked:
+            mark_os_writer(self.directory, self.base_position, self._ops, self._permissions)
+            self._marked = True
         seal_frame(frame, first_position, count)
         offset = self.end_offset
         end = offset + len(frame)
