@@ -129,9 +129,12 @@ def cut_at_damage(
         )
     else:
         why = (
-            'Only writers with durability "fsync" wrote this segment, so those frames were '
-            'acknowledged and durable: damage to the disk, cut as repair="cut-durable" '
-            "asked; restore the segment from a backup, or take their events from the copy"
+            'No writer with durability "os" marked this segment: "fsync" writers alone '
+            "wrote it, so those frames were acknowledged and durable, and this is damage "
+            'to the disk (unless an "os" writer of a version from before 2026-12-07, which '
+            "left no mark, wrote it: then a power cut); cut as asked (--cut-durable, "
+            'repair="cut-durable"): restore the segment from a backup, or take their '
+            "events from the copy"
         )
     return VerifyProblem(
         name,
