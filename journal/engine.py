@@ -483,6 +483,12 @@ class Engine(Protocol):
     # followers then read in a worker thread, not on the caller's loop, and such an
     # engine ends a read whose `READ_SCOPE` is cancelled.
     reads_block: bool
+    # Whether a read-only journal of this engine may serve frames whose cut is owed,
+    # cut off again after it read them (SPEC 14.4): only such a journal's followers
+    # check their last event again (`withdrawals`), and another journal given a cursor
+    # of such an event cannot tell that from a store restored from an older copy, and
+    # says both.
+    reads_uncut: bool
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

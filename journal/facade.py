@@ -101,7 +101,7 @@ from .models import (
 )
 from .parts import assemble
 from .remote import is_remote, open_remote
-from .session_cursors import SessionCursors
+from .session_cursors import SessionCursors, Start
 from .session_views import SessionViews
 from .sessions import SessionRow, TransitionKind, metadata_page
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
@@ -573,17 +573,17 @@ class Journal:
 
     def _start(
         self, session_id: str, cursor: str | None, readers: PageReaders | None = None
-    ) -> tuple[SessionRow, int]:
-        """The session and the ordinal to read after; cursor errors are raised here. (A
-        checked cursor's event is read through `readers` when given: the page read next
-        with them then reuses the frame.)"""
+    ) -> tuple[SessionRow, Start]:
+        """The session and where to read after; cursor errors are raised here. (A
+        cursor's event is read through `readers` when given: the page read next with
+        them then reuses the frame.)"""
         row = self._row(session_id)
         try:
-            return row, self._cursors.after_ordinal(row, cursor, readers)
+            return row, self._cursors.start(row, cursor, readers)
         except CursorFuture:
             self._engine.confirm_current()  # (a copy behind the store: SPEC 16.4)
             row = self._row(session_id)
-            return row, self._cursors.after_ordinal(row, cursor, readers)
+            return row, self._cursors.start(row, cursor, readers)
 
     def read(
         self, session_id: str, cursor: str | None = None, max_bytes: int = DEFAULT_PAGE_BYTES
@@ -594,9 +594,9 @@ class Journal:
         check_max_bytes(max_bytes)
         self._check_open()
         with self._engine.readers() as readers:
-            row, after = self._start(session_id, cursor, readers)
+            row, start = self._start(session_id, cursor, readers)
             events, has_more, _, _, _ = self._pages.page(
-                row, self._cursors.context(row), readers, after, max_bytes
+                row, self._cursors.context(row), readers, start.after, max_bytes
             )
         next_cursor = events[-1].cursor if events else cursor
         return Page(events, next_cursor, has_more)
@@ -614,9 +614,9 @@ class Journal:
         else:
             check_max_bytes(max_bytes)
             page_bytes = (max_bytes, max_bytes)
-        row, after = self._start(session_id, cursor)
+        row, start = self._start(session_id, cursor)
         return Stream(
-            partial(self._follow, row, after, None, False, page_bytes, cursor),
+            partial(self._follow, row, start, None, False, page_bytes, cursor),
             self._engine.waiter.recheck,
         )
 
@@ -634,17 +634,17 @@ class Journal:
         """
         check_stop(stop)
         check_max_bytes(max_bytes)
-        row, after = self._start(session_id, cursor)
+        row, start = self._start(session_id, cursor)
         # The stream flattens pages with itertools.chain (in C): no frame per event.
         return Stream(
-            partial(self._follow, row, after, stop, True, (max_bytes, max_bytes), cursor),
+            partial(self._follow, row, start, stop, True, (max_bytes, max_bytes), cursor),
             self._engine.waiter.recheck,
         )
 
     def _follow(
         self,
         row: SessionRow,
-        after: int,
+        start: Start,
         stop: threading.Event | None,
         live: bool,
         page_bytes: tuple[int, int],
@@ -653,7 +653,7 @@ class Journal:
     ) -> Generator[list[Event], None, None]:
         """A stream's pages; `page_bytes`: the first's bound, then the others'."""
         with self._engine.readers() as readers:
-            pager = self._pages.pager(row, after, readers, live, page_bytes, cursor)
+            pager = self._pages.pager(row, start, readers, live, page_bytes, cursor)
             ended = self._closed_or(halted) if live else lambda: self._closed or halted()
             yield from follow(pager, self._engine.waiter, stop, ended)
         if not live and not pager.finished and self._closed and not halted():
@@ -683,13 +683,13 @@ class Journal:
         check_max_bytes(max_bytes)
         opened = not self._closed
         try:
-            row, after = await off_loop(self._read_threads, self._start, session_id, cursor)
+            row, start = await off_loop(self._read_threads, self._start, session_id, cursor)
         except JournalClosed:
             if opened and self._closed:  # (closed while its first read was in flight)
                 return None
             raise
         resume.readers = readers = self._engine.readers()
-        return self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
+        return self._pages.pager(row, start, readers, True, (max_bytes, max_bytes), cursor)
 
     # -- lifecycle feed --------------------------------------------------------------------
 
@@ -743,9 +743,9 @@ class Journal:
         check_listener(listener)
         check_callback("on_error", on_error)
         check_max_bytes(max_bytes)
-        row, after = self._start(session_id, cursor)
+        row, start = self._start(session_id, cursor)
         readers = self._engine.readers()
-        pager = self._pages.pager(row, after, readers, True, (max_bytes, max_bytes), cursor)
+        pager = self._pages.pager(row, start, readers, True, (max_bytes, max_bytes), cursor)
         return self._deliveries.add(
             row.session_id, pager, listener, on_error, cursor, readers.close, readers.release
         )

@@ -89,7 +89,7 @@ class EventPager:
 
     def __init__(
         self,
-        read_page: Callable[[int, int, Event | None], EventPage],
+        read_page: Callable[[int, int], EventPage],
         after: int,
         live: bool,
         unsettled: tuple[UnsettledCheck, WatchOwner] | None,
@@ -113,9 +113,7 @@ class EventPager:
 
     def step(self) -> tuple[list[Event], int | None, bool]:
         self._watching = None
-        events, has_more, terminal, seen, row = self._read_page(
-            self.after, self._page_bytes, self.last
-        )
+        events, has_more, terminal, seen, row = self._read_page(self.after, self._page_bytes)
         self._page_bytes = self._later_bytes
         self.wait_timeout = None
         self.wait_key = row.incarnation

@@ -9,23 +9,27 @@ A cursor signed for an event carries a check, the low 32 bits of the event's tim
 resuming from it reads that event once and compares. Cursors signed where no event's
 timestamp is at hand (a snapshot's, an expiry's resume cursor, a deduplicated append's
 whose events were trimmed between its commit and the read of their time) and cursors of
-earlier releases carry none and are not checked.
+earlier releases carry none and are not checked (a read-only local journal reads their
+event once all the same). The `EventMark` of the event read (what tells it apart from an
+event committed at its ordinal since) is in the `Start` a follower of a read-only local
+journal checks again after a cut under its reads (SPEC 14.4).
 """
 
 from __future__ import annotations
 
+import zlib
 from contextlib import nullcontext
 from functools import partial
-from typing import Final
+from typing import Final, NamedTuple
 
 from cursors import TokenCodec, TokenKind, scope_digest
 
 from .engine import Appended, Engine, PageReaders
 from .errors import CursorExpired, CursorForeign, CursorFuture
-from .models import AppendResult, ReadContext
+from .models import AppendResult, Event, ReadContext
 from .sessions import SessionRow
 
-__all__ = ["SessionCursors", "event_check"]
+__all__ = ["EventMark", "SessionCursors", "Start", "event_check", "event_mark"]
 
 _CHECK_MASK: Final = 0xFFFFFFFF
 # How many (session, incarnation) scopes are remembered (one SHA-256 each otherwise):
@@ -43,10 +47,59 @@ _CUT: Final = (
     "next commit; or a hole accepted by `verify --fix`)"
 )
 
+# The same, said by a journal that found no such cut itself (a cursor taken to another
+# process, or used after a reopen).
+_CUT_ELSEWHERE: Final = (
+    "cut off the log after a read-only journal read {them}: a write whose commit failed "
+    "after its frame was written, WRITE_OUTCOME_UNKNOWN, taken off again by its writer's "
+    "next commit"
+)
+
 
 def event_check(time_ms: int) -> int:
     """The check a cursor carries for an event stamped `time_ms`."""
     return time_ms & _CHECK_MASK
+
+
+class EventMark(NamedTuple):
+    """What tells an event read apart from another event at its ordinal since: the event
+    that replaces a cut one is stamped with its millisecond when the clock did not move
+    (or stepped back), and takes its position in the log when it comes first in the
+    next commit, so its type, request id, size and data's CRC-32 count too."""
+
+    ordinal: int
+    timestamp_ms: int
+    position: int
+    type: str
+    request_id: str | None
+    size: int
+    crc: int
+
+
+def event_mark(event: Event) -> EventMark:
+    """`event`'s mark: a CRC-32 of its data (a follower takes it of each page's last
+    event only)."""
+    data = event.data
+    return EventMark(
+        event.ordinal,
+        event.timestamp_ms,
+        event.position,
+        event.type,
+        event.request_id,
+        len(data),
+        zlib.crc32(data),
+    )
+
+
+class Start(NamedTuple):
+    """Where a read resumes: after ordinal `after`; `withdrawals`, the engine's count of
+    cuts under this journal's reads (`Engine.withdrawals`) before the event at `after`
+    was read, and `mark`, that event as read (None: not retained, or the read starts
+    with the session), which a follower checks again once the count changed."""
+
+    after: int
+    withdrawals: int
+    mark: EventMark | None
 
 
 class SessionCursors:
@@ -117,12 +170,24 @@ class SessionCursors:
     ) -> int | None:
         """The timestamp of the session's event at `ordinal` (None if it is not retained):
         one read of that event (through `readers` when given)."""
+        found = self.event_at(session_id, incarnation, ordinal, readers)
+        return None if found is None else found.timestamp_ms
+
+    def event_at(
+        self,
+        session_id: str,
+        incarnation: int,
+        ordinal: int,
+        readers: PageReaders | None = None,
+    ) -> Event | None:
+        """The session's event at `ordinal` (None if it is not retained): one read of
+        that event (through `readers` when given)."""
         engine = self._engine
         context = self._context(session_id, incarnation)
         with engine.readers() if readers is None else nullcontext(readers) as used:
             page = engine.read(session_id, incarnation, ordinal - 1, 1, context, used)
         found = page.events[0] if page.events else None
-        return found.timestamp_ms if found is not None and found.ordinal == ordinal else None
+        return found if found is not None and found.ordinal == ordinal else None
 
     def expired(self, row: SessionRow, after: int) -> CursorExpired:
         resume = self.cursor(row.session_id, row.incarnation, 0, row.first_ordinal - 1)
@@ -147,20 +212,25 @@ class SessionCursors:
                 "event, or from the start",
                 head_ordinal=row.last_ordinal,
             )
+        cut = self._or_cut(" Or were its events after that", "them")
         return CursorFuture(
             f"{what} ordinal {after} but session {row.session_id!r} ends at "
             f"{row.last_ordinal} (was the store restored from an older copy, or a hole in "
-            "its log accepted by `verify --fix`?): resume from a cursor this store issued, "
-            "or from the start",
+            f"its log accepted by `verify --fix`?{cut and cut + '?'}): resume from a cursor "
+            "this store issued, or from the start",
             head_ordinal=row.last_ordinal,
         )
 
-    def after_ordinal(
+    def start(
         self, row: SessionRow, cursor: str | None, readers: PageReaders | None = None
-    ) -> int:
-        """The ordinal a read resumes after; cursor errors are raised here."""
+    ) -> Start:
+        """Where a read resumes; cursor errors are raised here. The event a cursor names
+        is read once (its check compared, when it carries one; one without a check only
+        where a follower may check the mark again): the `Start`'s mark."""
+        engine = self._engine
+        withdrawals = engine.withdrawals()  # (before the read: `Start`)
         if cursor is None:
-            return row.first_ordinal - 1
+            return Start(row.first_ordinal - 1, withdrawals, None)
         claims = self._codec.decode(
             cursor, TokenKind.SESSION, self.scope(row.session_id, row.incarnation)
         )
@@ -169,19 +239,16 @@ class SessionCursors:
             raise self.future(row, after, "the cursor points at")
         if after < row.first_ordinal - 1:
             raise self.expired(row, after)
-        if claims.check is not None and after >= row.first_ordinal:
-            self._check_event(row, after, claims.check, readers)
-        return after
-
-    def _check_event(
-        self, row: SessionRow, ordinal: int, check: int, readers: PageReaders | None
-    ) -> None:
-        """The event at `ordinal` must be the one the cursor was issued for."""
-        time_ms = self.event_time(row.session_id, row.incarnation, ordinal, readers)
-        if time_ms is None:
-            return  # trimmed meanwhile: the read that follows says so
-        if event_check(time_ms) != check:
-            raise self.foreign(row, ordinal)
+        if after < row.first_ordinal or (
+            claims.check is None and not (engine.readonly and engine.reads_uncut)
+        ):
+            return Start(after, withdrawals, None)  # (no mark: nothing checks one)
+        found = self.event_at(row.session_id, row.incarnation, after, readers)
+        if found is None:
+            return Start(after, withdrawals, None)  # trimmed meanwhile: the read says so
+        if claims.check is not None and event_check(found.timestamp_ms) != claims.check:
+            raise self.foreign(row, after)  # (not the event the cursor was issued for)
+        return Start(after, withdrawals, event_mark(found))
 
     def foreign(self, row: SessionRow, ordinal: int) -> CursorForeign:
         """The event at `ordinal` is not the one a cursor (or a follower) had from it."""
@@ -195,6 +262,15 @@ class SessionCursors:
         return CursorForeign(
             f"the cursor was issued for another event {ordinal} of session "
             f"{row.session_id!r} than the one this store holds (the store was restored "
-            "from an older copy and written since): resume from a cursor this store "
-            "issued, or from the start"
+            f"from an older copy and written since{self._or_cut(', or the event was', 'it')}"
+            "): resume from a cursor this store issued, or from the start"
         )
+
+    def _or_cut(self, lead: str, them: str) -> str:
+        """Where a cursor's events may have been cut off after a read-only journal read
+        them (`Engine.reads_uncut`), the other cause a journal that found no such cut
+        itself names: nothing durable records a cut (the log is left as it was before
+        the frame), so it cannot tell one from a restored store (SPEC 14.4)."""
+        if not self._engine.reads_uncut:
+            return ""
+        return f"{lead} {_CUT_ELSEWHERE.format(them=them)}"

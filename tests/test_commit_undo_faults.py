@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _cli_runs import ROOT, cli_env, run_cli
+from _cli_runs import ROOT, cli_env, json_error, run_cli
 from _disk import SimulatedDisk
 from click.testing import CliRunner
 
@@ -258,8 +258,14 @@ def test_the_cli_names_its_commands_in_an_uncut_frames_error(tmp_path: Path) -> 
 # A writer whose refused frame's cut is owed (the cut's `ftruncate` fails until told),
 # then, when told, makes the cut with its next commit: `append` (two events after the
 # cut, in one batch) or `create` (another session: the refused session ends before it).
+# With a second argument, the writer's host clock stands still (a clock stepped back, or
+# one too coarse): every commit is stamped the same millisecond.
 _OWED_CUT_WRITER = """
 import sys
+import time
+if len(sys.argv) > 2:
+    still = time.time_ns()
+    time.time_ns = lambda: still
 from test_commit_undo_faults import ViewCommitThenCutFail
 from journal import EventIn, Journal, WriteOutcomeUnknown
 ops = ViewCommitThenCutFail(cuts=1 << 30)
@@ -283,11 +289,12 @@ with Journal.open(sys.argv[1], create=True, file_ops=ops) as j:
 _CUT_UNDER_READS = "cut off the log after this read-only journal read"
 
 
-def _owed_cut_writer(path: Path) -> subprocess.Popen[str]:
+def _owed_cut_writer(path: Path, clock_still: bool = False) -> subprocess.Popen[str]:
     env = cli_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), env["PYTHONPATH"]])
+    still = ["still"] if clock_still else []
     writer = subprocess.Popen(
-        [sys.executable, "-c", _OWED_CUT_WRITER, str(path)],
+        [sys.executable, "-c", _OWED_CUT_WRITER, str(path), *still],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -430,6 +437,105 @@ def test_a_follower_whose_page_was_read_before_a_rebuild_under_it_is_still_told(
             message = str(refused.value)
             assert _CUT_UNDER_READS in message and "ordinal 2" in message, message
             stream.close()
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_follower_is_told_of_a_cut_event_replaced_within_the_same_millisecond(
+    tmp_path: Path,
+) -> None:
+    """As above, with the writer's clock standing still: the event that replaces the cut
+    one at ordinal 2 ("after") has its timestamp, and its position in the log. The
+    follower's recheck compared the timestamp only, found it unchanged, and went on
+    after ordinal 2: it delivered "later" and never "after"."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path, clock_still=True)
+    try:
+        with Journal.open(path, readonly=True) as reader:
+            stop = threading.Event()
+            stream = reader.watch("a", stop=stop)
+            delivered = [next(stream), next(stream)]
+            assert [e.data for e in delivered] == [b"before", b"refused?"]
+            _cut(writer, "append")
+            with pytest.raises(CursorForeign) as refused:
+                delivered.append(next(stream))
+            stop.set()
+            assert [e.data for e in delivered] == [b"before", b"refused?"]
+            message = str(refused.value)
+            assert _CUT_UNDER_READS in message and "ordinal 2" in message, message
+            stream.close()
+            now = list(reader.replay("a"))
+            assert [e.data for e in now] == [b"before", b"after", b"later"]
+            # (The replacement is stamped as the cut event was, and takes its position.)
+            assert now[1].timestamp_ms == delivered[1].timestamp_ms
+            assert now[1].position == delivered[1].position
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.parametrize("rebuilt", ["at the first page", "before the first page"])
+def test_a_follower_started_from_the_cursor_of_an_event_cut_off_since_is_told(
+    tmp_path: Path, rebuilt: str
+) -> None:
+    """A follower started from the cursor of the refused event (ordinal 2) before the
+    writer cut it has delivered nothing yet; the writer then cuts it and commits
+    "after" and "later" (2 and 3). The follower went on after ordinal 2, as its cursor
+    said: it delivered "later" and never "after", since only a follower that had
+    delivered an event rechecked it. The view is rebuilt by the follower's first page,
+    or before it by another read of the journal (its count of rebuilds then changed
+    before the follower's pager was made)."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path)
+    try:
+        with Journal.open(path, readonly=True) as reader:
+            read = list(reader.replay("a"))
+            assert [e.data for e in read] == [b"before", b"refused?"]
+            stop = threading.Event()
+            stream = reader.watch("a", read[1].cursor, stop=stop)
+            resumed = reader.watch("a", read[0].cursor, stop=stop)  # (not cut: goes on)
+            _cut(writer, "append")
+            if rebuilt == "before the first page":
+                assert reader.get_session("a").last_ordinal == 3  # (rebuilt the view)
+            with pytest.raises((CursorForeign, CursorFuture)) as refused:
+                next(stream)
+            message = str(refused.value)
+            assert _CUT_UNDER_READS in message and "ordinal 2" in message, message
+            assert [next(resumed).data, next(resumed).data] == [b"after", b"later"]
+            stop.set()
+            stream.close()
+            resumed.close()
+        _done(writer)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+@pytest.mark.parametrize("then", ["append", "create"])
+def test_a_cursor_of_a_cut_event_taken_to_another_process_names_the_cut_too(
+    tmp_path: Path, then: str
+) -> None:
+    """The cursor a read-only journal issued for the refused event, used in another
+    process (`journal read --cursor`) after the writer cut the event: that process saw no
+    cut, and nothing durable records one (the log is as it was before the frame), so it
+    cannot tell the cut from a store restored from an older copy. Its error blamed the
+    restored store alone; it names both."""
+    path = tmp_path / "s"
+    writer = _owed_cut_writer(path)
+    try:
+        with Journal.open(path, readonly=True) as reader:
+            read = list(reader.replay("a"))
+        assert [e.data for e in read] == [b"before", b"refused?"]
+        _cut(writer, then)
+        done = run_cli(path, "--format", "json", "read", "-s", "a", "--cursor", read[1].cursor)
+        assert done.returncode != 0, done.stdout
+        message = json_error(done)["message"]
+        assert "restored from an older copy" in message, message
+        assert "cut off the log after a read-only journal read" in message, message
+        assert "WRITE_OUTCOME_UNKNOWN" in message, message
         _done(writer)
     finally:
         writer.kill()

@@ -146,6 +146,7 @@ class LocalEngine:
 
     max_import_sessions: int | None = None
     reads_block: bool = False
+    reads_uncut: bool = True
     store_id: bytes
     key_ring: KeyRing
     readonly: bool
