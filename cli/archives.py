@@ -18,7 +18,6 @@ import msgspec
 
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
-from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN, write_file
 
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .json_data import embedded
@@ -280,6 +279,8 @@ def _export_ndjson(
     store: journal.Journal, ids: list[str] | None, dest: str, output: Output, ctrl_c: CtrlC
 ) -> journal.ExportReport:
     """The readable form: the binary archive, read back as one JSON object per record."""
+    from journal.transfer import write_file  # (the archive modules: only where used)
+
     with tempfile.TemporaryFile(prefix="journal-export-") as binary:
         with progress_bar("exporting", output.format == "text" and dest != "-") as bar:
             report = store.export_sessions(ids, binary, progress=ctrl_c.progress(bar))
@@ -557,16 +558,20 @@ def import_(
 def _import_interrupted(interrupt: KeyboardInterrupt, imported: bool) -> str:
     """What an interrupted import did, by the notes the library put on the interrupt."""
     notes = getattr(interrupt, "__notes__", ())
-    if imported or IMPORT_COMMITTED in notes:
-        return (
-            "interrupted after the commit: the sessions were imported (`journal sessions "
-            "list` shows them)"
-        )
-    if IMPORT_UNKNOWN in notes:
-        return (
-            "interrupted as the sessions were committed, and the rollback failed: whether "
-            "they were imported is not known (`journal sessions list` shows them if they were)"
-        )
+    if imported or notes:  # (else the import never began: nothing noted, nothing to load)
+        from journal.transfer import IMPORT_COMMITTED, IMPORT_UNKNOWN
+
+        if imported or IMPORT_COMMITTED in notes:
+            return (
+                "interrupted after the commit: the sessions were imported (`journal sessions "
+                "list` shows them)"
+            )
+        if IMPORT_UNKNOWN in notes:
+            return (
+                "interrupted as the sessions were committed, and the rollback failed: whether "
+                "they were imported is not known (`journal sessions list` shows them if they "
+                "were)"
+            )
     return "interrupted: nothing was imported (`journal compact` reclaims what was staged)"
 
 

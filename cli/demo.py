@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import site
-import subprocess
 import sys
 import tempfile
 import threading
@@ -22,13 +21,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
 import journal
 
-from .demo_restart import Restart
 from .interrupts import Signalled, said_if_interrupted
 from .output import (
     CommandFailed,
@@ -44,6 +42,11 @@ from .output import (
     pass_settings,
     plural,
 )
+
+# (subprocess and the restart's module are imported by the demo as it runs: every command
+# of the `journal` process imports this module, for the demo's options and help.)
+if TYPE_CHECKING:
+    import subprocess
 
 RUNTIME_TIMEOUT = 25.0  # seconds; the default run takes about 5
 _MODES = ("review", "chat", "plan")
@@ -454,6 +457,10 @@ class Demo:
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        import subprocess
+
+        from .demo_restart import Restart
+
         started = time.monotonic()
         kind = "temporary, removed at the end" if self.temporary else "kept"
         shown = self.store.path  # (a nats:// URL's password masked)
@@ -605,6 +612,8 @@ class Demo:
         """A second runtime owns a session, starts a turn and is killed mid-turn: its
         watcher gets WATCH_OUTCOME_UNKNOWN, a new owner records the turn as failed, and
         resuming from the error's cursor shows exactly that result."""
+        import subprocess
+
         source = "crash"
         name = self.crash_name
         command = [sys.executable, "-m", "cli.demo_runtime", "-", "--hang", name]

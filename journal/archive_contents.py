@@ -12,7 +12,6 @@ from typing import IO
 from .archive import ArchiveLimits, ArchiveReader, SessionSection
 from .arguments import check_callback
 from .models import ArchiveContents, ArchivedSession, SessionState
-from .transfer import archive_limits, open_source, source_position, source_size
 
 __all__ = ["read_archive_contents"]
 
@@ -35,6 +34,9 @@ def read_archive_contents(
     `progress(done, total)` counts archive bytes read (`total` 0 while a stream's size
     is unknown).
     """
+    # (Imported here: `import journal` does not load the export and import machinery.)
+    from .transfer import archive_limits, open_source, source_position, source_size
+
     limits = archive_limits(limits)
     check_callback("progress", progress)
     with contextlib.ExitStack() as stack:

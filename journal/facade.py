@@ -105,7 +105,6 @@ from .session_cursors import SessionCursors, Start
 from .session_views import SessionViews
 from .sessions import SessionRow, TransitionKind, metadata_page
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
-from .transfer import export_sessions, import_sessions
 from .turn_results import KeptTurnResults
 from .turns import Owner, TurnWriter, TurnWriters, take_over
 
@@ -483,7 +482,9 @@ class Journal:
         SPEC.md ("Archives")."""
         check_callback("progress", progress)
         self._check_open()
-        return export_sessions(self._engine, session_ids, dest, progress)
+        from . import transfer  # (imported by the archive calls alone: not a start-up's)
+
+        return transfer.export_sessions(self._engine, session_ids, dest, progress)
 
     def import_sessions(
         self,
@@ -501,7 +502,9 @@ class Journal:
         archive bytes over two passes; `limits` raises the caps on what a reader accepts."""
         check_callback("progress", progress)
         self._check_open()
-        return import_sessions(self._engine, src, rename, progress, limits)
+        from . import transfer
+
+        return transfer.import_sessions(self._engine, src, rename, progress, limits)
 
     # -- owners ----------------------------------------------------------------------------
 

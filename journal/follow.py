@@ -9,7 +9,9 @@ the head to move or to stop) driven either synchronously (`follow`) or by asynci
 
 from __future__ import annotations
 
-import asyncio
+# (asyncio is imported by the coroutines below, which only run once it is: a process that
+# never follows from asyncio, such as the `journal` command, does not pay for its import,
+# about a tenth of the command's start-up with the ssl and subprocess modules it brings.)
 import concurrent.futures
 import threading
 from collections.abc import (
@@ -331,6 +333,7 @@ class ReadThreads:
         too (its `READ_SCOPE`): it is not asked again, and its request in flight is cut.
         The read may have finished before it was cut: with `pending`, it is kept there
         for the follower's next step (`PendingRead.settle`)."""
+        import asyncio
         import contextvars
 
         scope = ReadScope()
@@ -392,6 +395,8 @@ class PendingRead:
     async def settle(self) -> Any:
         """What the pending read returned (None: no read pending, or it was cut or never
         ran, and its pager did not move). Its error, if it failed otherwise."""
+        import asyncio
+
         pending = self.future
         if pending is None:
             return None
@@ -517,6 +522,8 @@ async def _steps(
 ) -> AsyncGenerator[ItemT, None]:
     """One generator of an `AsyncFollow`: the first starts the follow, the others go on
     with its follower (the rest of a page), or a new follower of its pager."""
+    import asyncio
+
     cancelled = False
     try:
         if not resume.following():
@@ -555,6 +562,8 @@ async def afollow(
     once) otherwise held the loop until it reached the head, so the loop's other tasks,
     a cancellation and `asyncio.timeout` waited that long (SPEC 7.6). With `pending`, a
     read of a step cancelled before (`AsyncFollow`) is settled first."""
+    import asyncio
+
     while not closed():
         epoch = waiter.epoch  # (before the step: a `recheck` during it is not lost)
         try:

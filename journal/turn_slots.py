@@ -5,7 +5,7 @@ its owners (SPEC.md section 7.8), each to record the turn's result before the le
 
 from __future__ import annotations
 
-import asyncio
+import sys
 import threading
 from typing import Protocol
 
@@ -26,6 +26,10 @@ def runs_an_event_loop() -> bool:
     """Whether this thread runs an asyncio event loop now (a call from a coroutine): a
     wait for a block there could wait for good, since the block (in a worker thread) may
     wait for the loop (`run_coroutine_threadsafe(...).result()`)."""
+    if "asyncio" not in sys.modules:  # (no loop runs before asyncio is imported)
+        return False
+    import asyncio
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -6,11 +6,11 @@ turn events (`AppendTurnEvent`); this layer is what callers hold.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -82,8 +82,23 @@ _ENDED_BY: dict[type[BaseException], str] = {
     KeyboardInterrupt: "interrupted",
     SystemExit: "the process exited",
     GeneratorExit: "the generator running the turn was closed",
-    asyncio.CancelledError: "the task running the turn was cancelled",
 }
+_CANCELLED = "the task running the turn was cancelled"  # (asyncio.CancelledError)
+
+
+def _ended_by(error: BaseException) -> str | None:
+    for kind, ended in _ENDED_BY.items():
+        if isinstance(error, kind):
+            return ended
+    # (asyncio's cancellation is looked for only where asyncio was imported, as it is
+    # wherever a task runs: not importing it saves the `journal` command a tenth of its
+    # start-up.)
+    if "asyncio" in sys.modules:
+        import asyncio
+
+        if isinstance(error, asyncio.CancelledError):
+            return _CANCELLED
+    return None
 
 
 def _failed_message(error: BaseException) -> str:
@@ -92,9 +107,9 @@ def _failed_message(error: BaseException) -> str:
     name)."""
     name = type(error).__name__
     said = str(error)
-    for kind, ended in _ENDED_BY.items():
-        if isinstance(error, kind):
-            return f"{ended} ({name}: {said})" if said else f"{ended} ({name})"
+    ended = _ended_by(error)
+    if ended is not None:
+        return f"{ended} ({name}: {said})" if said else f"{ended} ({name})"
     return said or name
 
 
