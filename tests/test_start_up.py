@@ -13,14 +13,12 @@ from pathlib import Path
 import pytest
 from _cli_runs import cli_env
 
-# (`subprocess`: the demo's child processes; nothing else of a command on disk starts one)
 NOT_AT_START_UP = (
     "asyncio",
     "nats",
     "journal._jetstream",
     "journal.transfer",
     "cli.demo_restart",
-    "subprocess",
 )
 
 
