@@ -47,6 +47,7 @@ FAULT_POINTS: Final = {
     "segments.read": "a scan of a sealed plain segment read its next chunk (before use)",
     "segments.tail_read": "a scan of the active segment read its next chunk (before use)",
     "segments.keep_tail": "a writer keeps a copy of the bytes it cuts after the last frame",
+    "segments.mark_os": 'an "os" writer makes (or syncs) its mark before its first frame',
     "open.sidecar_check": "a writable open checks a sealed segment's sidecar (detail: its base)",
     "open.view_behind": "a read-only open found the store's view behind the log (detail: its head)",
     "projection.segment": "a projection opens the next segment it listed (detail: its base)",
