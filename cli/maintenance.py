@@ -397,24 +397,19 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
     then --retire the old key once the cursors it signed are no longer needed: a process
     still signing with it makes cursors that the other processes refuse as
     CursorForeign.
+
+    For stores on disk: a nats:// store keeps its key in its stream, where every journal
+    reads it and it is never rotated (there this command is a usage error saying so).
     """
     if sum((new, rotate, retire is not None)) > 1:
         raise click.UsageError(
             "--new, --rotate and --retire change the key file in different ways: give one of them"
         )
     if is_nats(settings.store):
-        if new or rotate or retire is not None:
-            raise journal.Unsupported(
-                "changing the cursor keys is not supported on a nats:// store: its one key "
-                "lives in the stream, and every journal that opens it signs and verifies "
-                "with it (a deployment that passes its own key sets JOURNAL_CURSOR_KEY "
-                "everywhere, and changes it everywhere at once)"
-            )
-        raise journal.Unsupported(
-            "a nats:// store keeps its cursor key in the stream: every journal that opens "
-            "it signs and verifies with it, so there is nothing to hand over (a deployment "
-            "that passes its own key sets JOURNAL_CURSOR_KEY everywhere)"
-        )
+        # (USAGE, exit 2, as every option or command for stores on disk is on a nats://
+        # store: until 2026-12-07 UNSUPPORTED, exit 7, "data loss or other error", found
+        # by an operator trial)
+        raise click.UsageError(_NATS_KEYS)
     path = os.path.join(settings.store, "keys")
     if os.path.exists(settings.store) and not os.path.isdir(settings.store):
         raise journal.InvalidArgument(
@@ -482,6 +477,17 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         # (stderr: stdout stays the keys alone, for JOURNAL_CURSOR_KEY="$(journal ...)")
         for line in done.splitlines():
             click.echo(f"journal: {line}", err=True)
+
+
+# How cursor keys work on a nats:// store (SPEC 16.5), for `cursor-key` there.
+_NATS_KEYS = (
+    "cursor-key is for stores on disk, whose key file it prints and changes: a nats:// "
+    "store keeps its cursor key in its stream, where every journal that opens the store "
+    "reads it, so readers need nothing handed over, and it is never rotated. A deployment "
+    "that keeps the key from whoever can read the stream gives every journal of the store "
+    "the same JOURNAL_CURSOR_KEY instead, and changes it in all of them at once (cursors "
+    "signed with a key no longer given are refused as foreign)"
+)
 
 
 def _refuse_external_key(what: str) -> None:

@@ -273,7 +273,8 @@ def _pages(
 def show(settings: Settings, session_id: str) -> None:
     """Print a session's metadata, one field a line.
 
-    With --format json, one object: every field of the library's SessionMetadata.
+    With --format json, one object: every field of the library's SessionMetadata
+    ("max_suspend_ms": 0 means the default, 7 days, as there).
     """
     with settings.open(write=False) as store:
         meta = store.get_session(session_id)
@@ -363,7 +364,9 @@ def _transition_command(
         settings.output.emit(session_record(meta), f"{shown(meta.session_id)} {meta.state.value}")
 
     helps = {
-        "resolve": "Resolve a session (terminal): its watchers end after the last event.",
+        "resolve": "Resolve a session (terminal): its watchers end after the last event. "
+        "A resolved session is left as it is (a retried resolve succeeds); an expired or "
+        "cancelled one is refused.",
         "cancel": "Cancel a session (terminal); an ended session is left as it is.",
         "suspend": "Suspend an open session: appends are refused until it is resumed. "
         "It expires (ends) if it is still suspended when its suspension cap has passed "

@@ -185,10 +185,14 @@ class TokenCodec:
     after `retire()` tokens of the retired key are foreign. Safe to share between threads.
     """
 
-    __slots__ = ("_keyring", "_state")
+    __slots__ = ("_keyring", "_keys_in_stream", "_state")
 
-    def __init__(self, keyring: KeyRing) -> None:
+    def __init__(self, keyring: KeyRing, *, keys_in_stream: bool = False) -> None:
+        """`keys_in_stream`: the store keeps its own keys in its stream (a `nats://`
+        store), not in a key file, which a foreign token's message then says (there is
+        no key file to rotate, and `journal cursor-key` does not print them)."""
         self._keyring = keyring
+        self._keys_in_stream = keys_in_stream
         self._state = self._build_state()
 
     @property
@@ -309,7 +313,8 @@ class TokenCodec:
             state = self._current_state()
             mac_template = state.macs.get(key_id)
         if mac_template is None:
-            raise _foreign(expected, _unknown_key(noun, key_id, tuple(state.macs)))
+            known = tuple(state.macs)
+            raise _foreign(expected, _unknown_key(noun, key_id, known, self._keys_in_stream))
         mac = mac_template.copy()
         mac.update(raw[: _HEADER.size])
         if not hmac.compare_digest(mac.digest()[:_TAG_BYTES], raw[_HEADER.size :]):
@@ -374,10 +379,13 @@ def _foreign(kind: TokenKind, reason: str) -> TokenError:
     return InvalidPageToken(message) if kind is TokenKind.PAGE else CursorForeign(message)
 
 
-def _unknown_key(noun: str, key_id: int, known: tuple[int, ...]) -> str:
+def _unknown_key(noun: str, key_id: int, known: tuple[int, ...], in_stream: bool) -> str:
     """Why a token signed by a key id missing from this process's ring is foreign, naming
     both sides: the store may well have the key (a process with `JOURNAL_CURSOR_KEY` set
-    verifies with those keys only: a ring given as text lacks a key rotated in since)."""
+    verifies with those keys only: a ring given as text lacks a key rotated in since).
+    `in_stream`: the store keeps its own key in its stream (a `nats://` store), where it
+    never changes and `journal cursor-key` does not print it (until 2026-12-07 this
+    advised running it there too: an operator trial)."""
 
     def kind(ids: tuple[int, ...]) -> str:
         return "external" if ids and all(i & _EXTERNAL_ID_BIT for i in ids) else "local"
@@ -391,6 +399,13 @@ def _unknown_key(noun: str, key_id: int, known: tuple[int, ...]) -> str:
         return text + (
             "or it was signed with an external key (JOURNAL_CURSOR_KEY or "
             "JOURNAL_CURSOR_KEY_FILE) that this process does not have"
+        )
+    if in_stream:
+        return text + (
+            "or this process and the one that signed it use different keys: every "
+            "journal of a nats:// store signs and verifies with the key the store keeps "
+            "in its stream, unless JOURNAL_CURSOR_KEY (or JOURNAL_CURSOR_KEY_FILE) gives "
+            "one, and then every journal of the store must be given the same"
         )
     if kind(known) == "external" and not key_id & _EXTERNAL_ID_BIT:
         return text + (

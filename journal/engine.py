@@ -491,6 +491,9 @@ class Engine(Protocol):
     reads_uncut: bool
     store_id: bytes
     key_ring: KeyRing
+    # Whether the store keeps its own cursor keys in its stream (JetStream), not in a key
+    # file: a foreign cursor's message says how keys work there (SPEC 16.5).
+    keys_in_stream: bool
     readonly: bool
     location: str
     waiter: Notifier

@@ -350,7 +350,8 @@ class Journal:
         return self._transition("resume", session_id)
 
     def resolve_session(self, session_id: str) -> SessionMetadata:
-        """OPEN or SUSPENDED -> RESOLVED (terminal)."""
+        """OPEN or SUSPENDED -> RESOLVED (terminal); a resolved session is returned as is
+        (a retried resolve), an expired or cancelled one raises `IllegalTransition`."""
         return self._transition("resolve", session_id)
 
     def cancel_session(self, session_id: str) -> SessionMetadata:

@@ -47,7 +47,7 @@ class JournalParts(NamedTuple):
 
 def assemble(engine: Engine) -> JournalParts:
     """The parts of a journal over `engine` (which they close last but the read threads)."""
-    codec = TokenCodec(engine.key_ring)
+    codec = TokenCodec(engine.key_ring, keys_in_stream=engine.keys_in_stream)
     cursors = SessionCursors(engine, codec)
     sessions = SessionViews(engine, codec, engine.store_id, cursors)
     lifecycle = LifecycleFeed(engine, codec, sessions.metadata)

@@ -24,6 +24,7 @@ __all__ = [
     "SessionRow",
     "TransitionKind",
     "check_ordinals_left",
+    "ends_as_is",
     "lifecycle_event_of",
     "metadata",
     "metadata_page",
@@ -43,6 +44,17 @@ TRANSITIONS: Final[dict[TransitionKind, tuple[frozenset[SessionState], SessionSt
     "resolve": (frozenset({SessionState.OPEN, SessionState.SUSPENDED}), SessionState.RESOLVED),
     "cancel": (frozenset({SessionState.OPEN, SessionState.SUSPENDED}), SessionState.CANCELLED),
 }
+
+
+def ends_as_is(kind: TransitionKind, state: SessionState) -> bool:
+    """Whether `kind` on a session in `state` returns it unchanged, recording nothing:
+    a cancel of any terminal session, and a resolve of a resolved one (a caller retrying
+    its own resolve, whose first answer was lost, has what it asked for). Every other
+    transition from a state it is not allowed from raises `IllegalTransition`."""
+    if kind == "cancel":
+        return state.terminal
+    return kind == "resolve" and state is SessionState.RESOLVED
+
 
 _STATE_EVENTS: Final = {
     SessionState.OPEN: LifecycleEventType.RESUMED,

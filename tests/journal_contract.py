@@ -421,7 +421,6 @@ class JournalContract:
             (["suspend"], "suspend"),
             (["resolve"], "suspend"),
             (["resolve"], "resume"),
-            (["resolve"], "resolve"),
             (["cancel"], "suspend"),
             (["cancel"], "resume"),
             (["cancel"], "resolve"),
@@ -452,6 +451,34 @@ class JournalContract:
         ended = self.make_terminal(j, "s1", op)
         assert j.cancel_session("s1") == ended
         assert j.get_session("s1") == ended
+
+    @pytest.mark.parametrize(("setup", "again"), [("resolve", "resolve"), ("cancel", "cancel")])
+    def test_a_repeated_end_returns_the_session_as_is_and_records_no_change(
+        self, j: Journal, setup: str, again: str
+    ) -> None:
+        """A caller that retries its own resolve (its first try's answer lost: exit 8 or 9
+        in the CLI) gets the resolved session back, as a repeated cancel does, and the
+        lifecycle feed gets no second entry (until 2026-12-07 the resolve raised
+        `IllegalTransition`: an operator trial)."""
+        j.create_session("s0")
+        with guarded_stop() as stop:
+            feed = j.watch_sessions(stop=stop)
+            start = next_or_fail(feed).cursor
+            close_feed(feed)
+        j.create_session("s1")
+        ended = self.make_terminal(j, "s1", setup)
+        assert getattr(j, f"{again}_session")("s1") == ended
+        assert j.get_session("s1") == ended
+        j.create_session("s2")
+        with guarded_stop() as stop:
+            feed = j.watch_sessions(cursor=start, stop=stop)
+            changes = [next_or_fail(feed) for _ in range(3)]
+            close_feed(feed)
+        assert [(c.event_type, c.session.session_id) for c in changes] == [
+            (LifecycleEventType.CREATED, "s1"),
+            (LifecycleEventType[ended.state.name], "s1"),
+            (LifecycleEventType.CREATED, "s2"),
+        ]
 
     @pytest.mark.parametrize("op", ["suspend", "resume", "resolve", "cancel"])
     def test_transition_of_unknown_session_raises_session_not_found(

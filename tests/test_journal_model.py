@@ -99,13 +99,14 @@ def page_length(sizes: list[int], max_bytes: int) -> int:
 
 def transition(state: SessionState, op: str) -> SessionState | None:
     """The state after `op`, or None when the transition is illegal. Cancel of a terminal
-    session is not illegal: it leaves the session as it is."""
+    session, and resolve of a resolved one, are not illegal: they leave it as it is."""
     if op == "suspend":
         return SessionState.SUSPENDED if state is SessionState.OPEN else None
     if op == "resume":
         return SessionState.OPEN if state is SessionState.SUSPENDED else None
     if state.terminal:
-        return state if op == "cancel" else None
+        as_is = op == "cancel" or (op == "resolve" and state is SessionState.RESOLVED)
+        return state if as_is else None
     return SessionState.RESOLVED if op == "resolve" else SessionState.CANCELLED
 
 

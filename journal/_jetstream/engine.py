@@ -190,6 +190,7 @@ class JetStreamEngine:
     max_import_sessions: int | None = MAX_IMPORT_SESSIONS
     reads_block: bool = True
     reads_uncut: bool = False
+    keys_in_stream: bool = True
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

@@ -43,7 +43,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..models import LifecycleEventType, RetentionReport, SessionState
-from ..sessions import TRANSITIONS, SessionRow, stored_state_problem
+from ..sessions import TRANSITIONS, SessionRow, ends_as_is, stored_state_problem
 from ..turns import check_lease, check_turn, open_turn_after
 from .client import PASS_RETRY_S, ApiError, BatchMessage, Unavailable, asked_again, failure
 from .commit import Committer, Plan, done, rel, resolved
@@ -319,7 +319,7 @@ class Writer(Committer):
             allowed, target = TRANSITIONS[op.kind]
             current = row.session_state
             if current not in allowed:
-                if op.kind == "cancel" and current.terminal:
+                if ends_as_is(op.kind, current):
                     return done(row)
                 raise IllegalTransition(
                     f"cannot {op.kind} session {op.session_id!r}: it is {current.value} "

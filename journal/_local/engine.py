@@ -147,6 +147,7 @@ class LocalEngine:
     max_import_sessions: int | None = None
     reads_block: bool = False
     reads_uncut: bool = True
+    keys_in_stream: bool = False
     store_id: bytes
     key_ring: KeyRing
     readonly: bool

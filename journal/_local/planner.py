@@ -57,7 +57,13 @@ from ..records import (
     SnapshotTaken,
     StateChanged,
 )
-from ..sessions import TRANSITIONS, SessionRow, check_ordinals_left, stored_state_problem
+from ..sessions import (
+    TRANSITIONS,
+    SessionRow,
+    check_ordinals_left,
+    ends_as_is,
+    stored_state_problem,
+)
 from ..turns import check_lease, check_turn, open_turn_after
 from .compaction import SealActive, SwapSegment, seal_active, swap_segment
 from .failures import store_wide
@@ -440,7 +446,7 @@ class Planner:
         pending = self._existing(op.session_id)
         allowed, target = TRANSITIONS[op.kind]
         if pending.state not in allowed:
-            if op.kind == "cancel" and pending.state.terminal:
+            if ends_as_is(op.kind, pending.state):
                 session_id = op.session_id
                 self.finishers.append((request, lambda: self.current_row(session_id)))
                 return

