@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from _disk import SimulatedDisk
+from _small_disk import on_a_small_disk
 from _view_entries import entry_counts
 
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
@@ -535,45 +536,13 @@ with Journal.open(store, create=True, segment_bytes=65536) as j:
 """
 
 
-def _on_a_small_disk(tmp_path: Path, script: str, options: str = "size=2m") -> list[str]:
-    """Run `script` (its argv[1]: an empty 2 MiB tmpfs, or one mounted with `options`) in
-    a private user and mount namespace; its output lines. Skips where such a mount cannot
-    be made (no unshare(1), or user namespaces refused); as root, or as a user where user
-    namespaces are allowed (this project's machines), it runs."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    child = tmp_path / "child.py"
-    child.write_text(script)
-    root = Path(__file__).resolve().parent.parent
-    shell = (
-        f"mount -t tmpfs -o {options} tmpfs {disk} || exit 99; "
-        f"PYTHONPATH={root} {sys.executable} {child} {disk}"
-    )
-    try:
-        done = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", shell],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    except FileNotFoundError:
-        pytest.skip("no unshare(1)")
-    if done.returncode == 99 or "unshare:" in done.stderr:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-    assert done.returncode == 0, (
-        f"the child died (status {done.returncode}; 135 is SIGBUS): {done.stderr[-800:]}\n"
-        f"it printed: {done.stdout}"
-    )
-    return done.stdout.splitlines()
-
-
 def test_a_file_system_out_of_inodes_is_named_as_such_not_as_a_full_disk(
     tmp_path: Path,
 ) -> None:
     """ENOSPC from a file system with free blocks and no inode left said "free space,
     replace the disk": an operator's `df -h` showed 200 MB free (an operator trial, until
     2026-12-05). It names the inodes (`df -i`)."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         r"""
 import os, sys
@@ -601,7 +570,7 @@ def test_a_writable_open_on_a_full_disk_without_its_view_raises_instead_of_dying
     a full disk died with SIGBUS inside lmdb.open: LMDB sizes `lock.mdb` with ftruncate
     (a sparse file) and writes its reader table through a shared mapping, and a page the
     file system cannot back is SIGBUS, not ENOSPC. Once space is freed it opens."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         _FILL_THE_DISK
         + r"""
@@ -627,7 +596,7 @@ def test_a_store_on_a_small_disk_leaves_its_free_space_to_frames_and_the_view(
     segment was born with 4 MiB of zeros: ENOSPC), and while it stays open its zero-filler
     leaves the free space alone (it filled the disk, and the view's commits, a reopen's
     rebuild among them, failed with ENOSPC)."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         r"""
 import os, sys, time
@@ -662,7 +631,7 @@ def test_a_view_write_a_full_disk_cuts_short_is_enospc_not_eio(tmp_path: Path) -
     (new-user trial, `journal compact`). With its file system full, it is ENOSPC, saying
     why. (A 8 MiB disk filled to its last 8 KiB: one-event appends and session creations
     until they fail.)"""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         r"""
 import os, sys
@@ -697,7 +666,7 @@ def test_journal_export_to_a_full_disk_names_the_file_and_what_to_do(tmp_path: P
     """`journal export -o FILE` on a full disk printed `[Errno 28] No space left on
     device` alone (new-user trial): no file named, nothing to do. It now names the
     archive's path and says to free space or export to another disk; no file is left."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         _FILL_THE_DISK
         + r"""
@@ -724,7 +693,7 @@ print(os.listdir(disk), flush=True)
 def test_a_key_file_a_full_disk_refuses_says_to_free_space(tmp_path: Path) -> None:
     """`journal cursor-key --rotate` on a full disk said to check that the key file's
     directory exists and is writable (new-user trial): now, to free space."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         _FILL_THE_DISK
         + r"""
@@ -752,7 +721,7 @@ def test_a_sparse_lock_file_on_a_full_disk_is_enospc_for_a_writer_and_read_aroun
     A writer now gets ENOSPC when it allocates the file first; a read-only journal reads
     through a private view (SPEC 10) instead. A lock file the view allocated itself needs
     no space later: the store opens on the full disk."""
-    lines = _on_a_small_disk(
+    lines = on_a_small_disk(
         tmp_path,
         _FILL_THE_DISK
         + r"""
