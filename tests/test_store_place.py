@@ -212,6 +212,75 @@ def test_the_creation_passes_its_fault_points(tmp_path: Path) -> None:
     Journal.open(tmp_path / "s", file_ops=points).close()
     assert points.seen[:4] == ["", "segments", "index", "locks"], points.seen
     assert points.seen[4].startswith("store.json.") and points.seen[4].endswith(".tmp")
+    assert points.seen[5:] == ["store.json"], points.seen
+
+
+_KILLED_AFTER_PUBLISHING = """
+import os, signal, sys
+from journal import Journal
+from journal._local.files import FileOps
+
+class KillAt(FileOps):
+    def point(self, name, detail=None):
+        if name == sys.argv[2] and str(detail) == sys.argv[3]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+Journal.open(sys.argv[1], file_ops=KillAt())
+sys.exit(3)  # (not reached: the point was passed over)
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "detail"),
+    [("store.create", "store.json"), ("commit.view_commit", "None")],
+    ids=["store.json published", "first commit"],
+)
+def test_a_creation_killed_after_publishing_store_json_reads_as_no_store_until_finished(
+    tmp_path: Path, point: str, detail: str
+) -> None:
+    """A process killed (SIGKILL) after it published `store.json`, before its first commit
+    made the first segment and the view: read commands found the store and took it for
+    damaged or empty, and `journal init` said "opened the existing store". Until a
+    creating open finishes it, it is no store: `StoreNotFound` (CLI exit 3) for a
+    read-only open and one with create=False; `journal init` creates it."""
+    path = tmp_path / "s"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_PUBLISHING, str(path), point, detail],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert killed.returncode == -9, (killed.returncode, killed.stderr)
+    assert "store.json" in os.listdir(path), os.listdir(path)
+    for options in ({"readonly": True}, {"create": False}):
+        with pytest.raises(StoreNotFound, match="its creation did not finish"):
+            Journal.open(path, **options)  # type: ignore[arg-type]
+    for command in ("stats", "verify"):
+        result = run_cli(path, command)
+        assert result.returncode == 3, result.stderr
+        assert "creation did not finish" in result.stderr, result.stderr
+    init = run_cli(path, "init")
+    assert init.returncode == 0 and "created a new store" in init.stderr, init.stderr
+    assert "creating" not in os.listdir(path)
+    with Journal.open(path, create=False) as j:
+        j.create_session("s")
+    with Journal.open(path, readonly=True) as j:
+        assert j.get_session("s").session_id == "s"
+
+
+def test_a_creation_mark_beside_records_is_passed_over_and_removed(tmp_path: Path) -> None:
+    """The mark of a creation under way, left beside a store that holds records (by an
+    opener that lost the creation's race to another and was killed before its first
+    commit), does not hide the store: every open reads it, and a writable one removes the
+    mark."""
+    store = filled_store(tmp_path / "s")
+    (store / "creating").touch()
+    for options in ({"readonly": True}, {"create": False}):
+        with Journal.open(store, **options) as j:  # type: ignore[arg-type]
+            assert [e.data for e in j.replay("s")] == [b"one"]
+    assert not (store / "creating").exists()
 
 
 @pytest.mark.parametrize("options", [{}, {"create": False}, {"readonly": True}])

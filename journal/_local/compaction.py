@@ -22,6 +22,7 @@ worth it (SPEC 8, "Sealing the active segment").
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -528,6 +529,31 @@ def unpin_segments(
     return len(rewritten)
 
 
+def _no_room_for_copy(error: OSError, directory: str, base: int, live_bytes: int) -> OSError:
+    """`error` (ENOSPC, EDQUOT) from writing the compacted copy of segment `base`, saying
+    what compaction needs room for, and about how much: the copy is written beside the old
+    file, which is deleted only once the copy replaced it. (Until 2026-12-07 "free space,
+    replace the disk" alone: an operator trial, `journal compact` on a full disk.)"""
+    try:
+        found = os.statvfs(directory)
+        free = f"; {_megabytes(found.f_bavail * found.f_frsize)} are free there"
+    except OSError:
+        free = ""
+    return OSError(
+        error.errno,
+        f"{error.strerror}: compaction writes a copy of segment {segment_name(base)} "
+        f"without its dead frames beside it, and deletes the old file only after, so it "
+        f"needs room for that copy: up to {_megabytes(live_bytes)} (its live frames, before "
+        f"compression){free}; free that much outside the store (deleting a store file "
+        "loses events) and compact again",
+        error.filename,
+    )
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.1f} MB"
+
+
 def _passed_over(first: JournalCorrupt | None, found: JournalCorrupt, base: int) -> JournalCorrupt:
     """The damage to raise once the other segments are done: the first found. Damage of
     anything but segment `base` itself (the view's, which its swap met) is raised at
@@ -580,6 +606,10 @@ def _compact_segment(
         )
     except FileNotFoundError:
         return 0  # deleted meanwhile by another writer's retention pass
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise _no_room_for_copy(e, directory, base, live_bytes) from e
     log.ops.point("compaction.rewritten", base)
     if compressed and os.path.getsize(temporary) > source[2]:
         # Kept frames that were not contiguous compress in separate blocks; when that

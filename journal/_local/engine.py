@@ -117,6 +117,7 @@ from .retention import SummaryCache, delete_segment_files
 from .segments import ActiveDamage, LogHole
 from .store_file import (
     STORE_FORMAT,
+    finish_creation,
     record_in_store,
     remove_stray_temporaries,
     store_at_open,
@@ -273,6 +274,9 @@ class LocalEngine:
             anyway = (LogHole, ActiveDamage) if options.repair else (LogHole,)
             with self._commits.leading(), contextlib.suppress(*anyway):
                 self._run_commit([])
+            # (The first segment and the view are there: a store whose creation this or an
+            # earlier open began is finished, SPEC 7.)
+            finish_creation(path, ops)
             self._roll_back_abandoned_imports()
             finish_swaps(self.log, self.view, self.submit, process_alive)
             self.expiry = ExpiryTimer(self)

@@ -118,6 +118,11 @@ _NOT_A_FILE: Final = (
 _REMEDIES: Final = {
     **SHORT_OF,
     errno.EROFS: "the file system is read-only: remount it writable",
+    # (Until 2026-12-07 "free space, replace the disk", which helps nothing: an operator
+    # trial under `ulimit -f`. Its process's limit, as EMFILE's advice names `ulimit -n`.)
+    errno.EFBIG: "a file reached the file size limit of this process, `ulimit -f`, or the "
+    "largest file its file system allows: raise the limit for the processes that write the "
+    "store, with `ulimit -f unlimited` or systemd's LimitFSIZE=infinity",
     errno.EACCES: "permissions: see the error's file",
     errno.EPERM: "permissions: see the error's file",
 }

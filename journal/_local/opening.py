@@ -25,11 +25,7 @@ from ..models import RetentionPolicy, VerifyProblem
 from .failures import OUT_OF_RESOURCES, os_error_of
 from .files import FileOps, NotRegularFile, Permissions, open_regular, write_atomic
 from .frames import (
-    COMPRESSED_SUFFIX,
     DEFAULT_SEGMENT_BYTES,
-    FRAME_HEADER_SIZE,
-    SEGMENT_HEADER_SIZE,
-    SEGMENT_SUFFIX,
     segment_name,
 )
 from .leases import BOOT_ID
@@ -38,7 +34,7 @@ from .lmdbfile import file_identity
 from .log import SegmentLog
 from .reader_views import build_private
 from .segments import open_segment
-from .store_file import open_lock
+from .store_file import holds_records, open_lock
 from .verify import missing_segments, view_problem
 from .view import Head, View
 from .view_file import ViewDamaged, inspect_view, replace_view
@@ -200,7 +196,7 @@ def key_ring_for(
     keys = os.path.join(path, "keys")
     # (Records first: `keys` is made before any record, so a concurrent first open that
     # makes it between the two looks does not count as a lost file.)
-    if _holds_records(path) and not os.path.exists(keys):
+    if holds_records(path) and not os.path.exists(keys):
         # Cursors were issued with a key this store no longer has (the file was lost, or
         # the store was written with an external key): a new ring would make every one
         # of them foreign without a word, and a reader is told the same.
@@ -237,30 +233,6 @@ def key_ring_for(
             f"{e.message}; a read-only reader needs the store's cursor key: give "
             f"it read access to {keys}, or share the key via JOURNAL_CURSOR_KEY"
         ) from e
-
-
-def _holds_records(path: str) -> bool:
-    """Whether the store's log holds (or held) a record, so that cursors may have been
-    issued: a segment after the first (its base position is past 1), or a first segment
-    with a frame. A segment that cannot be read counts as holding one."""
-    directory = os.path.join(path, "segments")
-    try:
-        names = [
-            n for n in os.listdir(directory) if n.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX))
-        ]
-    except FileNotFoundError:
-        return False
-    if not names:
-        return False
-    if len(names) > 1 or not names[0].endswith(SEGMENT_SUFFIX) or int(names[0][:20]) > 1:
-        return True
-    try:
-        first = open_regular(os.path.join(directory, names[0]), os.O_RDONLY)
-        with os.fdopen(first, "rb") as segment:
-            segment.seek(SEGMENT_HEADER_SIZE)
-            return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
-    except OSError:
-        return True
 
 
 def discard_view_after_reboot(path: str, permissions: Permissions, boot_id: bytes) -> bool:

@@ -43,12 +43,15 @@ from .files import (
     open_regular,
     write_atomic,
 )
-from .frames import COMPRESSED_SUFFIX, SEGMENT_SUFFIX
+from .frames import COMPRESSED_SUFFIX, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
 
 __all__ = [
+    "CREATING",
     "STORE_FORMAT",
     "StoreFile",
     "create_store",
+    "finish_creation",
+    "holds_records",
     "load_store",
     "open_lock",
     "record_in_store",
@@ -73,8 +76,24 @@ _VIEW_ASIDE: Final = re.compile(r"index\.(?:stale|damaged)-([0-9]{1,10})-[0-9]+"
 # moved aside above: a directory without `store.json` that holds only these is a store
 # whose creation was cut short (killed), and its creation is finished there.
 _OWN_NAMES: Final = frozenset(
-    {"store.json", "keys", "keys.lock", "view-boot", "segments", "index", "locks", "cut-tails"}
+    {
+        "store.json",
+        "keys",
+        "keys.lock",
+        "view-boot",
+        "segments",
+        "index",
+        "locks",
+        "cut-tails",
+        "creating",
+    }
 )
+# The mark of a creation under way: made (and synced) before `store.json` is published,
+# removed (and that synced) once the store's first writable open has committed its first
+# segment and view (`finish_creation`). A store that holds it and no record is one whose
+# creation failed or was killed part way (or is still under way): a read-only open, or
+# one with create=False, finds no store there; a creating open finishes it.
+CREATING: Final = "creating"
 # Files a user or the system leaves in a directory made for the store: git's placeholders
 # for an empty directory and its ignore file, and macOS Finder's folder settings.
 _PLACEHOLDERS: Final = frozenset({".gitkeep", ".keep", ".gitignore", ".DS_Store"})
@@ -200,9 +219,11 @@ def create_store(
     path: str, permissions: Permissions, retention: RetentionPolicy, ops: FileOps
 ) -> None:
     """Create the store's directories and publish a new `store.json` (with `link()`, so
-    two processes creating the store race safely: the first one's file wins). Fault point
-    `store.create` after each step (detail: the directory made, or the temporary file
-    written): a creation killed there is finished by the next open.
+    two processes creating the store race safely: the first one's file wins), its mark
+    `CREATING` made before. Fault point `store.create` after each step (detail: the
+    directory made, the temporary file written, then `"store.json"` once it is published
+    and synced): a creation killed there is finished by the next creating open, and
+    until then a read-only open finds no store (`store_at_open`).
 
     Everything is synced through `ops` before the open returns: `store.json`'s temporary
     file before its link, the store's directory (its entries), and the directory above it
@@ -210,10 +231,12 @@ def create_store(
     cut may take the whole store away, with every append acknowledged since)."""
     made = _missing_directories(path)
     permissions.make_dirs(path)
+    os.close(permissions.create_file(os.path.join(path, CREATING), os.O_WRONLY))
     ops.point("store.create", "")
     for name in ("segments", "index", "locks"):
         permissions.make_dirs(os.path.join(path, name))
         ops.point("store.create", name)
+    fsync_dir(path, ops)  # (the mark is on disk before `store.json` is)
     final = os.path.join(path, "store.json")
     temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
@@ -243,6 +266,51 @@ def create_store(
                 "could not sync %s (no read permission): the store's entry in it is not synced",
                 above,
             )
+    ops.point("store.create", "store.json")
+
+
+def finish_creation(path: str, ops: FileOps) -> None:
+    """Remove the store's `CREATING` mark, if any (and sync that): a writable open calls
+    this once its first commit succeeded, which made the first segment and the view. A
+    mark left in place would make the store read as unfinished again (after a power cut
+    too), so the removal is on disk before the open returns."""
+    try:
+        os.unlink(os.path.join(path, CREATING))
+    except FileNotFoundError:
+        return
+    fsync_dir(path, ops)
+
+
+def holds_records(path: str) -> bool:
+    """Whether the log of the store at `path` holds (or held) a record, so that cursors
+    may have been issued: a segment after the first (its base position is past 1), or a
+    first segment with a frame. A segment that cannot be read counts as holding one."""
+    directory = os.path.join(path, "segments")
+    try:
+        names = [
+            n for n in os.listdir(directory) if n.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX))
+        ]
+    except FileNotFoundError:
+        return False
+    if not names:
+        return False
+    if len(names) > 1 or not names[0].endswith(SEGMENT_SUFFIX) or int(names[0][:20]) > 1:
+        return True
+    try:
+        first = open_regular(os.path.join(directory, names[0]), os.O_RDONLY)
+        with os.fdopen(first, "rb") as segment:
+            segment.seek(SEGMENT_HEADER_SIZE)
+            return bool(segment.read(FRAME_HEADER_SIZE).strip(b"\0"))
+    except OSError:
+        return True
+
+
+def _unfinished(path: str) -> bool:
+    """Whether the store at `path` (its `store.json` published) is a creation that did not
+    finish: its `CREATING` mark is there and its log holds no record (a mark beside
+    records is stale, left by an opener that lost the creation's race and was killed:
+    the store is read as it is)."""
+    return os.path.lexists(os.path.join(path, CREATING)) and not holds_records(path)
 
 
 def _missing_directories(path: str) -> list[str]:
@@ -418,6 +486,16 @@ def store_at_open(
         refuse_foreign_place(path)
         permissions = Permissions(file_mode or DEFAULT_FILE_MODE)
         create_store(path, permissions, retention or RetentionPolicy(), ops)
+    elif (readonly or not create) and _unfinished(path):
+        # (Until 2026-12-07 its readers said its active segment was missing, "restore the
+        # segment from a backup", exit 7, of a store that never held an event, and a
+        # writable open finished it without a word: an operator trial, `journal init` on
+        # a disk that refused it.)
+        raise StoreNotFound(
+            f"no journal store at {path!r}: its creation did not finish (the process "
+            "creating it failed or was killed, or is still at it); `journal init` or a "
+            "writable Journal.open(path) finishes it"
+        )
     store = load_store(store_file)
     if not readonly:
         refuse_another_users_private_store(path)

@@ -133,9 +133,19 @@ class SegmentWriter:
                 born = min(segment_bytes, INLINE_BYTES)
                 if not zeros_fit(ops, fd, born):
                     born = 0  # a disk near full: the frames grow the file
-                while os.fstat(fd).st_size < born:
-                    size = os.fstat(fd).st_size
-                    os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
+                try:
+                    while os.fstat(fd).st_size < born:
+                        size = os.fstat(fd).st_size
+                        os.pwrite(fd, _ZEROS[: min(len(_ZEROS), born - size)], size)
+                except OSError as e:
+                    # A file size limit (`ulimit -f`) below the zeros: none of them stay,
+                    # the frames grow the file as on a disk near full (and a frame past
+                    # the limit fails with EFBIG). Until 2026-12-07 every new segment,
+                    # the first one of `journal init` too, failed under a limit below
+                    # `INLINE_BYTES` (an operator trial).
+                    if e.errno != errno.EFBIG:
+                        raise
+                    ops.ftruncate(fd, SEGMENT_HEADER_SIZE)
                 ops.fsync(fd)
             finally:
                 os.close(fd)
@@ -349,7 +359,7 @@ class SegmentWriter:
             # grow the file, and fail if it does not fit.
             with contextlib.suppress(OSError):
                 self._ops.ftruncate(self._fd, start)
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # (EFBIG: `ulimit -f`)
                 raise
             return
         self._allocated = target

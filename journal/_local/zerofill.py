@@ -190,6 +190,18 @@ class ZeroFiller:
                 error.strerror,
             )
             return
+        if isinstance(error, OSError) and error.errno == errno.EFBIG:
+            # (The process's file size limit, `ulimit -f`: appends go on up to it, and a
+            # frame past it fails with its own advice. A warning at every append of the
+            # CLI alarmed for nothing.)
+            _log.log(
+                logging.DEBUG if repeated else logging.INFO,
+                "no zeros are written ahead of the writer of segment %s past this process's "
+                "file size limit (`ulimit -f`): %s",
+                segment_name(base_position),
+                error.strerror,
+            )
+            return
         _log.log(
             logging.DEBUG if repeated else logging.WARNING,
             "could not zero-fill segment %s ahead of the writer (%s); appends preallocate "
