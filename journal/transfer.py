@@ -20,6 +20,7 @@ import socket
 import stat
 import tempfile
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any, Final, TypeVar
 
@@ -60,6 +61,7 @@ from .errors import (
     SessionNotFound,
     StoreUnavailable,
 )
+from .import_windows import StagingWindows
 from .models import (
     ExportReport,
     ImportedSession,
@@ -440,7 +442,7 @@ def import_sessions(
             spool = stack.enter_context(tempfile.TemporaryFile(prefix="journal-import-"))
         size = source_size(source, start)
         checked = _check_archive(source, limits, spool, _Halves(progress, size, 0))
-        header, counts, sha256, archive_bytes = checked
+        header, counts, data_bytes, sha256, archive_bytes = checked
         sources = [session_id for session_id, _ in counts]
         most = engine.max_import_sessions
         if most is not None and len(sources) > most:
@@ -469,7 +471,8 @@ def import_sessions(
             source.seek(start)
             second = source
         halves = _Halves(progress, archive_bytes, 1)
-        rows = _stage_and_commit(engine, second, limits, header, targets, sha256, halves)
+        windows = StagingWindows(engine.retention_policy().max_history_bytes, data_bytes)
+        rows = _stage_and_commit(engine, second, limits, header, targets, sha256, halves, windows)
     imported = [
         ImportedSession(source_id, row.session_id, count)
         for (source_id, count), row in zip(counts, rows, strict=True)
@@ -577,13 +580,18 @@ class _Halves:
 
 def _check_archive(
     source: IO[bytes], limits: ArchiveLimits, spool: IO[bytes] | None, progress: _Halves
-) -> tuple[ArchiveHeader, list[tuple[str, int]], str, int]:
-    """The first pass: read everything, check everything, write nothing."""
+) -> tuple[ArchiveHeader, list[tuple[str, int]], array[int], str, int]:
+    """The first pass: read everything, check everything, write nothing; also the data
+    bytes of each session's events (`StagingWindows`)."""
     reader = ArchiveReader(source, limits, copy=spool)
+    data_bytes = array("q")  # (8 bytes a session)
     for section in reader.sections():
-        for _ in section.batches:
+        data = 0
+        for batch in section.batches:
+            data += sum(len(event.data) for event in batch)
             progress(reader.archive_bytes)
-    return reader.header, reader.counts, reader.sha256, reader.archive_bytes
+        data_bytes.append(data)
+    return reader.header, reader.counts, data_bytes, reader.sha256, reader.archive_bytes
 
 
 def _stage_and_commit(
@@ -594,6 +602,7 @@ def _stage_and_commit(
     targets: list[str],
     sha256: str,
     progress: _Halves,
+    windows: StagingWindows,
 ) -> list[SessionRow]:
     """The second pass: stage every session, then commit them all in one operation.
 
@@ -631,13 +640,19 @@ def _stage_and_commit(
             # trim whole batches, and one holding events on both sides of it would take
             # the events after it (and so the checkpoint) before the source's trims do.
             after = 0 if section.checkpoint is None else section.checkpoint.through_ordinal + 1
+            windows.begin(index, meta)
             for batch in section.batches:
                 for event in batch:
                     weight = event_bytes(event)  # (request ids too: up to 1 MiB each)
-                    if pending and (
-                        size + weight > _STAGE_BYTES
-                        or len(pending) == _STAGE_EVENTS
-                        or event.ordinal == after
+                    if windows.ends_before(
+                        event,
+                        bool(pending),
+                        bool(pending)
+                        and (
+                            size + weight > _STAGE_BYTES
+                            or len(pending) == _STAGE_EVENTS
+                            or event.ordinal == after
+                        ),
                     ):
                         if row is None:
                             stage_group()  # (first: the plan keeps the archive's order)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -41,6 +42,7 @@ from journal import (
     ImportReport,
     Journal,
     OutcomeUnknown,
+    RetentionPolicy,
     SessionExists,
     SessionState,
     read_archive_contents,
@@ -359,6 +361,75 @@ def test_small_sessions_are_staged_together_and_a_large_one_on_its_own(
     # The small sessions before and after the large one: a commit each group; the large
     # one: its row and its events in two steps; the commit of the import.
     assert commits <= 8, commits
+
+
+def test_an_imported_session_keeps_its_history_window_as_its_source_does(
+    factory: EngineFactory, tmp_path: Path
+) -> None:
+    """Under the same byte window, one more small append trims one old event in the
+    source store and in the store the session was imported into alike: the import stages
+    the history a window may cut in steps of at most 1/16 of the window. Until 2026-12-07
+    it was one batch to the window (one frame of up to 4 MiB on the local engine, one
+    staging step on JetStream), and the first append after the import trimmed every
+    imported event at once (found by an operator trial: the target kept #31 alone)."""
+    policy = RetentionPolicy(max_history_bytes=1_000_000)
+    with factory.open(tmp_path / "src", retention=policy) as source:
+        source.create_session("s")
+        for _ in range(30):
+            source.append("s", [EventIn("blob", os.urandom(50_000))])
+        source.apply_retention()
+        archive = _export(source)
+        source.append("s", [EventIn("x", b"y")])
+        source.apply_retention()
+        kept_in_source = source.get_session("s").first_ordinal
+    assert kept_in_source == 12
+    with factory.open(tmp_path / "dst", retention=policy) as target:
+        target.import_sessions(io.BytesIO(archive))
+        target.append("s", [EventIn("x", b"y")])
+        target.apply_retention()
+        kept_in_target = target.get_session("s").first_ordinal
+    assert kept_in_target == kept_in_source, (kept_in_source, kept_in_target)
+
+
+@given(
+    st.lists(st.integers(0, 400), max_size=80),
+    st.integers(1, 3000),
+    st.sampled_from(["own", "store"]),
+)
+def test_staging_steps_keep_a_byte_window_within_a_sixteenth_of_it(
+    sizes: list[int], window: int, whose: str
+) -> None:
+    """The steps `StagingWindows` ends (a window trims whole steps): the events before the
+    session's last window of data are not cut for it; the first event at or past its
+    start begins a step; from there each step holds at most 1/16 of the window's data,
+    or one event (by the session's own window, else the store's)."""
+    from array import array
+
+    from journal.import_windows import WINDOW_STEPS, StagingWindows
+
+    meta = ArchiveSession(
+        "s", "m", None, {}, {}, "open", 1, None, None, 1, len(sizes), None, 0,
+        window if whose == "own" else None, None, None,
+    )  # fmt: skip
+    windows = StagingWindows(window if whose == "store" else None, array("q", [0, sum(sizes)]))
+    windows.begin(1, meta)
+    steps: list[list[int]] = []
+    for ordinal, size in enumerate(sizes, 1):
+        event = ArchiveEvent(ordinal, "m", 0, None, b"x" * size)
+        if windows.ends_before(event, bool(steps), False) or not steps:
+            steps.append([])
+        steps[-1].append(size)
+    start = sum(sizes) - window  # the data before the first event the window may cut
+    before = 0
+    for step in steps:
+        if before < start:
+            assert before + sum(step[:-1]) < start, steps  # (only its last may be past)
+        elif len(step) > 1:
+            assert sum(step) <= window // WINDOW_STEPS, steps
+        before += sum(step)
+    firsts = list(itertools.accumulate([len(step) for step in steps], initial=0))[:-1]
+    fine = [i for i in range(len(sizes)) if sum(sizes[:i]) >= start]
+    assert not fine or fine[0] in firsts, (steps, start)
 
 
 def test_a_staging_group_counts_the_sessions_metadata(tmp_path: Path) -> None:
