@@ -1,4 +1,4 @@
-"""Defects an operator met adopting the store: `journal init` refused by a file size limit
+"""A file size limit and a full disk: `journal init` refused by a file size limit
 left a store its readers called corrupt, a file size limit was blamed on the disk (and
 made every new segment fail, for its zeros ahead), and `journal compact` on a full disk
 did not say what it needed room for."""
