@@ -239,16 +239,16 @@ class Journal:
         and record their results, as for `Owner.release()`, with no limit (not one
         running in this thread, nor on a thread running an asyncio event loop or on the
         delivery thread; a Ctrl+C during that wait closes at once and is raised); no
-        turn starts meanwhile, and live follows end before that wait (a block may wait
-        in one)."""
+        turn starts meanwhile, and live follows and subscriptions end before that wait
+        (a block may wait for one)."""
         if self._closed:
             return
         try:
-            # (Live follows end first: a block may wait in one, and the close for it.
-            # A close on the delivery thread does not wait: a block may wait for a
-            # delivery, as for an event loop.)
+            # (Live follows and subscriptions end first: a block may wait in one, and
+            # the close for it. A close on the delivery thread does not wait: a block
+            # may wait for a delivery, as for an event loop.)
             self._turn_writers.begin_close()
-            self._engine.waiter.recheck()
+            self._deliveries.begin_close()  # (wakes the live follows too)
             self._turn_writers.wait_before_close(self._deliveries.on_thread())
         finally:
             if self._turn_writers.claim_close():  # (one of concurrent closes)

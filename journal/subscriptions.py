@@ -317,17 +317,29 @@ class Deliveries:
         with self._lock:
             return len(self._subscriptions)
 
-    def close(self) -> None:
-        """End every subscription (no error is reported) and join the thread."""
+    def begin_close(self) -> None:
+        """The journal's close begins: every subscription ends (no error is reported;
+        the thread ends them, and each one's `wait()` returns), no new one starts, and
+        every waiter of the journal's shared waiter looks again (live follows end). It
+        does not join the thread: the close waits for turn blocks next, and a listener
+        may be waiting for one. (Until 2026-12-07 they ended only once the close was past
+        that wait: a block waiting in `sub.wait()` and the close waited for each other
+        for good; a review.)"""
         with self._lock:
             self._closing = True
-            thread = self._thread
             for subscription in self._subscriptions:
                 # No further item is delivered, also from the page a listener that
                 # closes the journal is in (as `sub.close()` there); a read in progress
-                # is cut (it may wait 30 s on the network: the join below waits for it).
+                # is cut (it may wait 30 s on the network: `close` joins the thread).
                 subscription._stop()
         self._waiter.recheck()
+
+    def close(self) -> None:
+        """End every subscription (`begin_close`, if it was not called) and join the
+        thread."""
+        self.begin_close()
+        with self._lock:
+            thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 

@@ -317,3 +317,47 @@ def test_a_close_from_a_listener_does_not_wait_for_a_block_that_waits_for_a_deli
         block.join(TURN_WAIT_S * 2)
         assert closed.wait(TURN_WAIT_S)
     assert waited == [True]
+
+
+def test_a_close_ends_the_subscription_a_running_block_waits_for(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A turn's block that waits for a subscription to end (`sub.wait()`: a listener
+    collects what the block waits for) while another thread closes the journal: the
+    subscription ended only once the close was past its wait for the block, which waited
+    for it for good (each for the other, as with a `watch` in a block). Subscriptions end
+    as the close begins, as live follows do. (Both engines: the delivery is the
+    facade's.)"""
+    with engine.open(store, durability="os") as j:
+        for session_id in ("s", "t"):
+            j.create_session(session_id)
+        owner = j.own("s")
+        entered = threading.Event()
+        raised: list[BaseException] = []
+        ended: list[tuple[bool, bool, BaseException | None]] = []
+        subscription = j.subscribe("t", lambda event: None)
+
+        def run() -> None:
+            try:
+                with owner.turn("r1"):
+                    entered.set()
+                    ended.append((subscription.wait(), j.closed, subscription.error))
+            except BaseException as error:  # (kept for the assertion below)
+                raised.append(error)
+
+        block = threading.Thread(target=run)
+        block.start()
+        assert entered.wait(TURN_WAIT_S)
+        close = threading.Thread(target=j.close)
+        close.start()
+        close.join(TURN_WAIT_S)  # (a bound for liveness only)
+        hung = close.is_alive()
+        if hung:  # (let both go, so the run goes on)
+            subscription.close()
+            close.join(TURN_WAIT_S)
+        block.join(TURN_WAIT_S)
+        assert not hung
+    assert raised == []
+    assert ended == [(True, True, None)]
+    with engine.open(store, durability="os") as j:
+        assert _results(j) == [{"status": "completed"}]
