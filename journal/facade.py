@@ -238,9 +238,9 @@ class Journal:
         Idempotent. The turn blocks of its owners running in other threads end first
         and record their results, as for `Owner.release()`, with no limit (not one
         running in this thread, nor on a thread running an asyncio event loop or on the
-        delivery thread; a Ctrl+C during that wait closes at once and is raised); no
-        turn starts meanwhile, and live follows and subscriptions end before that wait
-        (a block may wait for one)."""
+        delivery thread, nor at interpreter exit; a Ctrl+C during that wait closes at
+        once and is raised); no turn starts meanwhile, and live follows and
+        subscriptions end before that wait (a block may wait for one)."""
         if self._closed:
             return
         try:

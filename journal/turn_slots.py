@@ -12,7 +12,7 @@ from typing import Protocol
 from .engine import interrupt_as_itself
 from .errors import InvalidArgument
 
-__all__ = ["Slotted", "TurnSlot", "runs_an_event_loop"]
+__all__ = ["Slotted", "TurnSlot", "must_not_wait"]
 
 
 class Slotted(Protocol):
@@ -22,10 +22,20 @@ class Slotted(Protocol):
     def request_id(self) -> str: ...
 
 
-def runs_an_event_loop() -> bool:
-    """Whether this thread runs an asyncio event loop now (a call from a coroutine): a
-    wait for a block there could wait for good, since the block (in a worker thread) may
-    wait for the loop (`run_coroutine_threadsafe(...).result()`)."""
+def must_not_wait() -> bool:
+    """Whether a release or a close called here lets go at once rather than wait for a
+    turn's block running in another thread, since that wait could last for good:
+
+    - on a thread running an asyncio event loop (a call from a coroutine): the block (in
+      a worker thread) may wait for the loop (`run_coroutine_threadsafe(...).result()`);
+    - in the main thread once it has ended, at interpreter exit (an `atexit` function, a
+      finalizer run then): Python has joined every non-daemon thread by then, so the
+      blocks still running are in daemon threads, which Python does not wait for either
+      (one may wait for work from the ended main thread, for good). A close from another
+      thread meanwhile (a non-daemon thread Python is joining) waits as always."""
+    main = threading.main_thread()
+    if threading.get_ident() == main.ident and not main.is_alive():
+        return True
     if "asyncio" not in sys.modules:  # (no loop runs before asyncio is imported)
         return False
     import asyncio

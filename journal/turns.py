@@ -42,7 +42,7 @@ from .models import AppendResult, Event, EventIn, OwnerInfo
 from .records import TURN_RESULT, TURN_STARTED
 from .sessions import SessionRow, recorded_owner
 from .turn_results import EndedTurns, KeptTurnResults
-from .turn_slots import TurnSlot, runs_an_event_loop
+from .turn_slots import TurnSlot, must_not_wait
 
 __all__ = [
     "OUTCOME_UNKNOWN_RESULT",
@@ -488,11 +488,12 @@ class TurnWriters:
         have ended and recorded their results, as `release()` waits
         for its owner's, with no limit (a Ctrl+C interrupts it: raised). It does not wait
         for a block running in this thread (a close from inside it would wait for
-        itself), nor at all on a thread running an asyncio event loop (a block may wait
-        for that loop: `Owner.release`) or in a forked child (the blocks ran in the
-        parent, and their slots' copies stay taken for good), nor when `here_exempt`
-        (the journal's delivery thread, which a block may wait for as for a loop)."""
-        if here_exempt or os.getpid() != self._pid or runs_an_event_loop():
+        itself), nor at all on a thread running an asyncio event loop or in the main
+        thread at interpreter exit (`must_not_wait`, as `Owner.release`) or in a forked
+        child (the blocks ran in the parent, and their slots' copies stay taken for
+        good), nor when `here_exempt` (the journal's delivery thread, which a block may
+        wait for as for a loop)."""
+        if here_exempt or os.getpid() != self._pid or must_not_wait():
             return
         with self._lock:
             writers = list(self._writers)
@@ -746,17 +747,20 @@ class Owner:
         while a turn's block runs, it waits for the block to end and record its result,
         with no limit: a block that never ends holds it, and the lease (`turn.cancel()`
         first to end it sooner; a Ctrl+C that interrupts the wait lets go at once, and is
-        raised). From inside the block, or on a thread running an asyncio event loop (a
-        block in a worker thread may wait for that loop), it lets go at once: the block's
-        next append and its result are refused (`OwnerBusy`), and the next owner records
-        the turn as failed with WATCH_OUTCOME_UNKNOWN."""
+        raised). From inside the block, on a thread running an asyncio event loop (a
+        block in a worker thread may wait for that loop), or at interpreter exit (an
+        `atexit` function: the block runs in a daemon thread, which Python does not wait
+        for either) it lets go at once: the block's next append and its result are
+        refused (`OwnerBusy`), and the next owner records the turn as failed with
+        WATCH_OUTCOME_UNKNOWN."""
         # Until 2026-12-06 it let the lease go under the running block, whose next append
         # and result were refused (`OwnerBusy`): the turn of a live process that shut
         # down cleanly stayed unsettled, and its next owner recorded WATCH_OUTCOME_UNKNOWN.
-        if runs_an_event_loop():
+        if must_not_wait():
             # (A block in a worker thread that asks the loop for something, as a runtime
             # streaming to its client does, would wait for a loop waiting for it: both for
-            # good. Found by a review, the day the wait came.)
+            # good. Found by a review, the day the wait came. At interpreter exit, a
+            # block in a daemon thread waiting for the ended main thread: a review.)
             self._let_go()
             return
         try:

@@ -1,13 +1,22 @@
 """A turn's block run in a thread of its own, for the tests of what other threads do
-while it runs (a release, a close)."""
+while it runs (a release, a close); and another process's journal, for the tests of what
+a close does at interpreter exit or in a signal handler."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
+
+from engines import EngineFactory, JetStreamEngineFactory
 
 from journal import EventIn, Owner
 
 TURN_WAIT_S = 30.0  # a bound for liveness only
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class TurnBlock:
@@ -36,3 +45,33 @@ class TurnBlock:
         self.go.set()
         self.thread.join(TURN_WAIT_S)
         assert not self.thread.is_alive()
+
+
+def journal_arguments(engine: EngineFactory, store: Path) -> list[str]:
+    """What another process passes to `Journal.open` for the store `store` of `engine`:
+    its location, and its keywords as JSON."""
+    if isinstance(engine, JetStreamEngineFactory):
+        keywords = {"store": engine.store_name(store), "replicas": engine.replicas}
+        return [engine.url(), json.dumps(keywords)]
+    return [str(store), "{}"]
+
+
+def run_child(script: str, arguments: list[str]) -> tuple[bool, str]:
+    """Run `script` (`python -c`) with `arguments`: whether it exited 0 within
+    `TURN_WAIT_S` (a bound for liveness only: a hung one is killed), and its output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        output, _ = child.communicate(timeout=TURN_WAIT_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        output, _ = child.communicate()
+        return False, "hung; killed: " + output
+    return child.returncode == 0, output

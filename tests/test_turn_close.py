@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 import pytest
-from _turn_blocks import TURN_WAIT_S, TurnBlock
+from _turn_blocks import TURN_WAIT_S, TurnBlock, journal_arguments, run_child
 from engines import EngineFactory
 
 from journal import Event, EventIn, Journal, JournalClosed
@@ -361,3 +361,47 @@ def test_a_close_ends_the_subscription_a_running_block_waits_for(
     assert ended == [(True, True, None)]
     with engine.open(store, durability="os") as j:
         assert _results(j) == [{"status": "completed"}]
+
+
+# A process whose daemon thread runs a turn's block that never ends by itself (a worker
+# waiting for work), and whose main thread ends, so the interpreter exits: its `atexit`
+# function closes the journal (argv[3] "close") or releases the owner ("release").
+_EXITS_MID_TURN = """
+import atexit, json, sys, threading
+from journal import Journal
+j = Journal.open(sys.argv[1], durability="os", **json.loads(sys.argv[2]))
+owner = j.own("s")
+entered = threading.Event()
+
+def work():
+    with owner.turn("r1"):
+        entered.set()
+        threading.Event().wait()
+
+threading.Thread(target=work, daemon=True).start()
+entered.wait()
+atexit.register(j.close if sys.argv[3] == "close" else owner.release)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "release"])
+def test_at_interpreter_exit_a_close_does_not_wait_for_a_daemon_threads_block(
+    engine: EngineFactory, store: Path, how: str
+) -> None:
+    """`atexit.register(journal.close)` (or `owner.release`) in a process whose daemon
+    thread runs a turn's block: the interpreter had joined every non-daemon thread
+    already, and the close waited for that block with no limit, so the process never
+    exited (the block waited for work that the ended main thread would have given it).
+    From the main thread at exit nothing waits for a block (Python does not wait for its
+    daemon threads either): the lease goes at once, and the next owner records the turn
+    as WATCH_OUTCOME_UNKNOWN. A real process; both engines (the wait is the facade's)."""
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+    exited, output = run_child(_EXITS_MID_TURN, [*journal_arguments(engine, store), how])
+    assert exited, output
+    assert output.splitlines() == ["exiting"]
+    with engine.open(store, durability="os") as j:
+        assert j.get_session("s").open_turn == "r1"
+        with j.own("s") as owner:  # (released: not OwnerBusy)
+            assert owner.recovered_turn == "r1"
