@@ -55,7 +55,10 @@ class TurnSlot:
     when made, so neither reaches into the other."""
 
     def __init__(self) -> None:
-        self._lock = threading.Condition(threading.Lock())  # (notified when a turn ends)
+        # (Notified when a turn ends. Reentrant: a signal handler that closes the journal
+        # runs between any two steps of its thread, also in `start` or `free` here, and
+        # the close's `wait_ended` took the lock again: it waited for itself for good.)
+        self._lock = threading.Condition(threading.RLock())
         self._made: Slotted | None = None
         self._started: Slotted | None = None
         self._thread: int | None = None  # (the thread whose block runs `_started`)
@@ -81,15 +84,17 @@ class TurnSlot:
                     f"made turn {now.request_id if now else None!r} after it (one turn at a "
                     "time per owner; a turn made and not started is replaced by the next)"
                 )
+            # (The thread first: a signal handler's close between the two, in this
+            # thread, sees either no turn started or this thread's.)
+            self._thread = threading.get_ident()
             self._made = None
             self._started = turn
-            self._thread = threading.get_ident()
 
     def free(self, turn: Slotted) -> None:
         """`turn` has ended (or failed to start): the owner's next turn may be made."""
         with self._lock:
             if self._started is turn:
-                self._started = None
+                self._started = None  # (first: as in `start`)
                 self._thread = None
                 self._lock.notify_all()
 

@@ -466,7 +466,10 @@ class TurnWriters:
     WATCH_OUTCOME_UNKNOWN)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # (Reentrant: a signal handler that closes the journal runs between any two
+        # steps of its thread, also in `add` here, and the close took it again: it
+        # waited for itself for good; a review.)
+        self._lock = threading.RLock()
         self._writers: weakref.WeakSet[TurnWriter] = weakref.WeakSet()
         self._closing = False
         self._pid = os.getpid()  # (a forked child's copy has no block to wait for)

@@ -405,3 +405,63 @@ def test_at_interpreter_exit_a_close_does_not_wait_for_a_daemon_threads_block(
         assert j.get_session("s").open_turn == "r1"
         with j.own("s") as owner:  # (released: not OwnerBusy)
             assert owner.recovered_turn == "r1"
+
+
+# A process whose SIGTERM handler closes the journal, the signal raised (by a profile
+# function) while the main thread holds a lock of its turns: the slot of the owner's one
+# turn at a time (argv[3] "slot": as the turn's block ends) or the journal's set of turn
+# writers ("writers": as own() adds its owner's).
+_SIGNAL_CLOSES = """
+import json, signal, sys, threading, weakref
+from journal import Journal, JournalClosed
+from journal.turn_slots import TurnSlot
+from journal.turns import TurnWriters
+j = Journal.open(sys.argv[1], durability="os", **json.loads(sys.argv[2]))
+closed = []
+
+def on_sigterm(signum, frame):
+    j.close()
+    closed.append(j.closed)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+caller, callee = {
+    "slot": (TurnSlot.free.__code__, threading.Condition.notify_all.__code__),
+    "writers": (TurnWriters.add.__code__, weakref.WeakSet.add.__code__),
+}[sys.argv[3]]
+
+def profile(frame, event, arg):
+    if event == "call" and frame.f_code is callee and frame.f_back.f_code is caller:
+        if not closed:
+            signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+
+sys.setprofile(profile)
+try:
+    with j.own("s") as owner, owner.turn("r1"):
+        pass
+except JournalClosed as error:
+    print("refused:", type(error).__name__)
+sys.setprofile(None)
+print("closed:", closed, flush=True)
+"""
+
+
+@pytest.mark.parametrize("held", ["slot", "writers"])
+def test_a_signal_handler_closes_while_its_thread_holds_a_lock_of_the_turns(
+    engine: EngineFactory, store: Path, held: str
+) -> None:
+    """A SIGTERM handler that closes the journal runs in the main thread, between any
+    two of its steps, also while it holds a lock of its owners' turns (its turn's block
+    ending; `own()` adding the owner): the close took that lock again and waited for
+    itself for good. It closes (a block of this thread is not waited for), and what the
+    main thread was doing goes on: the turn that ended is recorded, an `own()` under way
+    is refused with `JournalClosed`. A real process and a real signal, raised where the
+    lock is held; both engines (the close is the facade's)."""
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+    exited, output = run_child(_SIGNAL_CLOSES, [*journal_arguments(engine, store), held])
+    assert exited, output
+    refused = ["refused: JournalClosed"] if held == "writers" else []
+    assert output.splitlines() == [*refused, "closed: [True]"]
+    with engine.open(store, durability="os") as j:
+        assert _results(j) == ([{"status": "completed"}] if held == "slot" else [])
+        assert j.get_session("s").open_turn is None
