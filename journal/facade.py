@@ -244,9 +244,8 @@ class Journal:
         if self._closed:
             return
         try:
-            # (Live follows and subscriptions end first: a block may wait in one, and
-            # the close for it. A close on the delivery thread does not wait: a block
-            # may wait for a delivery, as for an event loop.)
+            # (A close on the delivery thread does not wait: a block may wait for a
+            # delivery, as for an event loop.)
             self._turn_writers.begin_close()
             self._deliveries.begin_close()  # (wakes the live follows too)
             self._turn_writers.wait_before_close(self._deliveries.on_thread())
@@ -350,8 +349,7 @@ class Journal:
         return self._transition("resume", session_id)
 
     def resolve_session(self, session_id: str) -> SessionMetadata:
-        """OPEN or SUSPENDED -> RESOLVED (terminal); a resolved session is returned as is
-        (a retried resolve), an expired or cancelled one raises `IllegalTransition`."""
+        """OPEN or SUSPENDED -> RESOLVED (terminal); a resolved one is returned as is."""
         return self._transition("resolve", session_id)
 
     def cancel_session(self, session_id: str) -> SessionMetadata:
@@ -503,7 +501,7 @@ class Journal:
         archive bytes over two passes; `limits` raises the caps on what a reader accepts."""
         check_callback("progress", progress)
         self._check_open()
-        from . import transfer
+        from . import transfer  # (as in export_sessions)
 
         return transfer.import_sessions(self._engine, src, rename, progress, limits)
 
