@@ -22,10 +22,11 @@
     compact_paused_before_the_swap_commits STORE
         As `compact_paused`, pausing at the view's commit of the first swap's batch (its
         copy renamed into place, its sidecar written).
-    retention_paused STORE
+    retention_paused STORE [POINT]
         Print `ready`, wait for a line, then run `apply_retention()`, pausing (`listed`,
-        then wait for a line) when it first reads a sealed segment's sidecar; print
-        `deleted N` and exit 0.
+        then wait for a line) when it first reads a sealed segment's sidecar (at the first
+        hit of fault point POINT instead, printing `paused`, when given); print `deleted N`
+        and exit 0.
     retention STORE NOW_MS SESSION_RETENTION_MS
         Open the store with that session retention, run `apply_retention(now_ms=NOW_MS)`, print
         `evicted ID,ID deleted N` and exit 0.
@@ -331,8 +332,8 @@ def compact_paused_before_the_swap_commits(store: str) -> None:
     emit("rewrote " + ",".join(report.segments_rewritten))
 
 
-def retention_paused(store: str) -> None:
-    pauses = PauseAt({"retention.read_sidecar": "listed"})
+def retention_paused(store: str, *point: str) -> None:
+    pauses = PauseAt({point[0]: "paused"} if point else {"retention.read_sidecar": "listed"})
     with Journal.open(store, create=False, durability="os", file_ops=pauses) as j:
         emit("ready")
         sys.stdin.readline()

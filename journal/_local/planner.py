@@ -637,9 +637,14 @@ class Planner:
         self.finishers.append((request, lambda: self._reclaim(trimmed, evicted)))
 
     def _verify_fix(self, request: Request, op: VerifyFix) -> None:
-        report, rebuilt, missing = fix_store(
-            self.log, self.view, self.txn, (self.store_id, self.boot_id), self.hole, op.progress
-        )
+        # Under the segment-files lock (kept until the transaction is over, as a swap's):
+        # another process's retention pass deletes the files it made dead after its
+        # commit, outside the writer lock, and would delete them between the fix's
+        # listing of the segments and its reads (SPEC 9).
+        with self.log.files_lock(keep=True):
+            report, rebuilt, missing = fix_store(
+                self.log, self.view, self.txn, (self.store_id, self.boot_id), self.hole, op.progress
+            )
         if self.cuts:  # (reported once)
             report = msgspec.structs.replace(report, problems=self.cuts + report.problems)
             self.cuts.clear()  # (the engine's list)
