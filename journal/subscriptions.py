@@ -414,8 +414,11 @@ class Deliveries:
             with self._lock:
                 remaining: list[Subscription[_HasCursor]] = []
                 if self._closing:
+                    # (`_thread` stays: `close` joins it, also when the loop ended while
+                    # the close waited for turn blocks after `begin_close`; until
+                    # 2026-12-07 it was cleared here, and such a close went on to close
+                    # the engine while this thread still released the readers: a review.)
                     remaining, self._subscriptions = self._subscriptions, []
-                    self._thread = None
             for subscription in remaining:
                 subscription._finish()
 

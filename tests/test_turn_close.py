@@ -465,3 +465,86 @@ def test_a_signal_handler_closes_while_its_thread_holds_a_lock_of_the_turns(
     with engine.open(store, durability="os") as j:
         assert _results(j) == ([{"status": "completed"}] if held == "slot" else [])
         assert j.get_session("s").open_turn is None
+
+
+class _HeldReaders:
+    """A subscription's page readers whose `close` (called once, on the delivery thread,
+    as the subscription ends) says it began and waits for `gate` (a bound) first."""
+
+    def __init__(self, inner: object, entered: threading.Event, gate: threading.Event) -> None:
+        self.inner, self._entered, self._gate = inner, entered, gate
+        self.finished = threading.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def __enter__(self) -> _HeldReaders:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inner.close()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self._entered.set()
+        self._gate.wait(1.0)  # (a bound: the close below must wait this long for it)
+        self.inner.close()  # type: ignore[attr-defined]
+        self.finished.set()
+
+
+class _HeldReadersEngine:
+    """A local engine whose `readers()` for a subscription are `_HeldReaders`."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.entered, self.gate = threading.Event(), threading.Event()
+        self.held: list[_HeldReaders] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    def readers(self) -> object:
+        readers = _HeldReaders(self._inner.readers(), self.entered, self.gate)  # type: ignore[attr-defined]
+        self.held.append(readers)
+        return readers
+
+    def read(self, *args: object) -> object:
+        *rest, readers = args
+        inner = readers.inner if isinstance(readers, _HeldReaders) else readers
+        return self._inner.read(*rest, inner)  # type: ignore[attr-defined]
+
+
+def test_a_close_joins_the_delivery_thread_that_ended_while_it_waited_for_a_block(
+    tmp_path: Path,
+) -> None:
+    """The delivery thread ends the subscriptions as a close begins (before its wait for
+    turn blocks), and is joined in the close's last step, before the engine closes: one
+    that had ended its loop during the wait was no longer known there and not joined,
+    so the close returned (and closed the engine) while the thread still released the
+    subscriptions' readers, and `wait()` of one was not yet true after `close()`."""
+    from journal._local import open_local
+
+    store = str(tmp_path / "store")
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+        j.create_session("t")
+    engine = _HeldReadersEngine(
+        open_local(store, (False, False, "os", 1 << 26, None, False), None, None, None)
+    )
+    j = Journal.over(engine)  # type: ignore[arg-type]
+    subscription = j.subscribe("t", lambda event: None)
+    block = TurnBlock(j.own("s"))
+    after_close: list[bool] = []
+
+    def close() -> None:
+        j.close()
+        after_close.append(subscription.wait(0))
+
+    closing = threading.Thread(target=close)
+    closing.start()
+    assert engine.entered.wait(TURN_WAIT_S)  # (the delivery thread ends the subscription)
+    block.finish()  # (the close goes on past its wait for the block)
+    closing.join(TURN_WAIT_S)
+    engine.gate.set()
+    assert not closing.is_alive()
+    assert block.raised == []
+    assert after_close == [True]
