@@ -657,8 +657,8 @@ def check_repair(repair: object, readonly: object) -> None:
         raise InvalidArgument(f'repair must be True, False or "cut-durable", got {repair!r}')
     if repair and readonly is True:
         raise InvalidArgument(
-            "repair=True is for verify(fix=True), which writes: open the store without "
-            "readonly=True"
+            f"repair={repair!r} is for verify(fix=True), which writes: open the store "
+            "without readonly=True"
         )
 
 
