@@ -391,21 +391,12 @@ def test_an_imported_session_keeps_its_history_window_as_its_source_does(
     assert kept_in_target == kept_in_source, (kept_in_source, kept_in_target)
 
 
-@given(
-    st.lists(st.integers(0, 400), max_size=80),
-    st.integers(1, 3000),
-    st.sampled_from(["own", "store"]),
-)
-def test_staging_steps_keep_a_byte_window_within_a_sixteenth_of_it(
-    sizes: list[int], window: int, whose: str
-) -> None:
-    """The steps `StagingWindows` ends (a window trims whole steps): the events before the
-    session's last window of data are not cut for it; the first event at or past its
-    start begins a step; from there each step holds at most 1/16 of the window's data,
-    or one event (by the session's own window, else the store's)."""
+def _staging_steps(sizes: list[int], window: int, whose: str) -> list[list[int]]:
+    """The data of each step `StagingWindows` makes of one session's events of `sizes`
+    under a byte window of `window`, the session's own or the store's."""
     from array import array
 
-    from journal.import_windows import WINDOW_STEPS, StagingWindows
+    from journal.import_windows import StagingWindows
 
     meta = ArchiveSession(
         "s", "m", None, {}, {}, "open", 1, None, None, 1, len(sizes), None, 0,
@@ -419,17 +410,55 @@ def test_staging_steps_keep_a_byte_window_within_a_sixteenth_of_it(
         if windows.ends_before(event, bool(steps), False) or not steps:
             steps.append([])
         steps[-1].append(size)
+    return steps
+
+
+_STEP_SIZES = st.one_of(st.integers(0, 400), st.integers(0, 40_000))
+
+
+@given(
+    st.lists(_STEP_SIZES, max_size=80),
+    st.one_of(st.integers(1, 3000), st.integers(1, 3_000_000)),
+    st.sampled_from(["own", "store"]),
+)
+def test_staging_steps_keep_a_byte_window_within_a_sixteenth_of_it(
+    sizes: list[int], window: int, whose: str
+) -> None:
+    """The steps `StagingWindows` ends (a window trims whole steps): the events before the
+    session's last window of data are not cut for it; the first event at or past its
+    start begins a step; from there each step holds at most 1/16 of the window's data or
+    `MIN_STEP`, the larger, or one event (by the session's own window, else the store's);
+    and it ends only where the next event would take it past that."""
+    from journal.import_windows import MIN_STEP, WINDOW_STEPS
+
+    steps = _staging_steps(sizes, window, whose)
+    limit = max(window // WINDOW_STEPS, MIN_STEP)
     start = sum(sizes) - window  # the data before the first event the window may cut
     before = 0
-    for step in steps:
+    for step, after in itertools.zip_longest(steps, steps[1:]):
         if before < start:
             assert before + sum(step[:-1]) < start, steps  # (only its last may be past)
-        elif len(step) > 1:
-            assert sum(step) <= window // WINDOW_STEPS, steps
+        else:
+            if len(step) > 1:
+                assert sum(step) <= limit, steps
+            if after is not None:
+                assert sum(step) + after[0] > limit, steps
         before += sum(step)
     firsts = list(itertools.accumulate([len(step) for step in steps], initial=0))[:-1]
     fine = [i for i in range(len(sizes)) if sum(sizes[:i]) >= start]
     assert not fine or fine[0] in firsts, (steps, start)
+
+
+@given(st.lists(st.integers(0, 4096), max_size=16), st.integers(0, 1 << 20))
+def test_a_session_of_at_most_64_kib_is_one_staging_step_under_any_window(
+    sizes: list[int], more: int
+) -> None:
+    """A session of at most `MIN_STEP` (64 KiB) of event data, all of it within its byte
+    window, is one staging step, so it is staged in a group with other sessions (one
+    commit for many, SPEC 12.3): until 2026-12-07 a step was 1/16 of the window, and under
+    a window of 64 KiB 333 sessions of 16 KiB were each staged alone in 4 steps."""
+    assert sum(sizes) <= 64 << 10
+    assert len(_staging_steps(sizes, max(1, sum(sizes) + more), "own")) <= 1
 
 
 def test_a_staging_group_counts_the_sessions_metadata(tmp_path: Path) -> None:
