@@ -13,6 +13,7 @@ import click
 
 import journal
 from cursors import KeyRing
+from journal._local.store_file import refuse_unfinished
 from journal.store_owner import refuse_another_users_private_store
 
 from .hints import journal_command
@@ -430,6 +431,10 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         raise journal.StoreNotFound(
             f"no journal store at {settings.store!r}: create it with `{journal_command()} init`"
         )
+    # (Until 2026-12-07 a creation killed part way was told to restore its key file from a
+    # backup, exit 5, or had its keys printed or changed, where every other command said
+    # there is no store.)
+    refuse_unfinished(settings.store)
     if new:
         # The store's file mode: store.json is always written with it (a store made
         # before modes were recorded: its own mode, as the store reads it).

@@ -57,6 +57,7 @@ __all__ = [
     "record_in_store",
     "refuse_foreign_place",
     "refuse_lost_store_file",
+    "refuse_unfinished",
     "remove_stray_temporaries",
     "store_at_open",
 ]
@@ -313,6 +314,19 @@ def _unfinished(path: str) -> bool:
     return os.path.lexists(os.path.join(path, CREATING)) and not holds_records(path)
 
 
+def refuse_unfinished(path: str) -> None:
+    """`StoreNotFound` when the store at `path` (its `store.json` published) is a creation
+    that did not finish (`_unfinished`): what a read-only open, one with create=False and
+    `journal cursor-key` (which reads and changes the key file without opening the store)
+    find there."""
+    if _unfinished(path):
+        raise StoreNotFound(
+            f"no journal store at {path!r}: its creation did not finish (the process "
+            "creating it failed or was killed, or is still at it); `journal init` or a "
+            "writable Journal.open(path) finishes it"
+        )
+
+
 def _missing_directories(path: str) -> list[str]:
     """`path` (resolved) and its parents that do not exist yet, deepest first."""
     missing = []
@@ -486,16 +500,12 @@ def store_at_open(
         refuse_foreign_place(path)
         permissions = Permissions(file_mode or DEFAULT_FILE_MODE)
         create_store(path, permissions, retention or RetentionPolicy(), ops)
-    elif (readonly or not create) and _unfinished(path):
+    elif readonly or not create:
         # (Until 2026-12-07 its readers said its active segment was missing, "restore the
         # segment from a backup", exit 7, of a store that never held an event, and a
         # writable open finished it without a word: an operator trial, `journal init` on
         # a disk that refused it.)
-        raise StoreNotFound(
-            f"no journal store at {path!r}: its creation did not finish (the process "
-            "creating it failed or was killed, or is still at it); `journal init` or a "
-            "writable Journal.open(path) finishes it"
-        )
+        refuse_unfinished(path)
     store = load_store(store_file)
     if not readonly:
         refuse_another_users_private_store(path)
