@@ -18,7 +18,7 @@ from _cli_runs import ROOT
 from _procs import payload_ok
 from _shared_disk import SharedDisk
 
-from journal import EventIn, Journal, JournalCorrupt, StoreUnavailable
+from journal import EventIn, Journal, JournalCorrupt, RetentionPolicy, StoreUnavailable
 
 SEGMENT_BYTES = 16 << 10
 BODY = b"y" * 700
@@ -77,10 +77,43 @@ def test_a_writer_killed_at_its_mark_loses_nothing_acknowledged(
         events = [e.data for e in journal.replay("a")]
     expected = [BODY + str(i).encode() for i in acknowledged]
     assert events == [*expected, b"os", b"fsync"]
+    _check_marks(path)
+
+
+def _check_marks(path: Path) -> None:
+    """No mark without its segment; the active segment (the last) has one."""
     names = os.listdir(path / "segments")
-    for name in names:  # (a mark for each segment the "os" writers wrote, none orphaned)
-        if name.endswith(".os"):
-            assert name.replace(".os", ".seg") in names or name.replace(".os", ".zst") in names
+    bases = {name[:20] for name in names if name.endswith((".seg", ".seg.zst"))}
+    marks = {name[:20] for name in names if name.endswith(".os")}
+    assert marks <= bases, (sorted(marks), sorted(bases))
+    assert max(bases) in marks, (sorted(marks), sorted(bases))
+
+
+def test_compaction_and_retention_of_marked_segments(tmp_path: Path) -> None:
+    """Segments an "os" writer wrote, sealed, compressed, compacted and deleted by
+    retention: their marks go with them, the active segment keeps its own, and every
+    event the window keeps reads back."""
+    path = tmp_path / "s"
+    window = RetentionPolicy(max_history_bytes=40_000)
+    options = {"durability": "os", "segment_bytes": SEGMENT_BYTES, "retention": window}
+    appended = []
+    for round_ in range(3):
+        with Journal.open(path, compress_sealed=round_ == 1, **options) as journal:  # type: ignore[arg-type]
+            for i in range(60):
+                event = BODY + f"{round_}-{i}".encode()
+                journal.append("a", [EventIn("m", event)], create=True)
+                appended.append(event)
+            journal.apply_retention()
+            journal.compact(dead_share=0.01)
+            _check_marks(path)
+            journal.append("a", [EventIn("m", b"after")])
+            appended.append(b"after")
+            _check_marks(path)
+            assert journal.verify().ok
+            kept = [e.data for e in journal.replay("a")]
+        assert kept == appended[len(appended) - len(kept) :]
+        assert len(kept) < len(appended)  # (the window trimmed)
+        assert sum(len(e) for e in kept) >= window.max_history_bytes - len(BODY) * 2
 
 
 def _mixed_power_cut(tmp_path: Path, seed: int) -> tuple[Path, list[bytes], list[bytes]]:
