@@ -6,9 +6,13 @@ compaction take its space back)."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from _cli_runs import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,3 +80,73 @@ def test_an_import_keeps_what_the_source_keeps_many_windows(
     tmp_path_factory: pytest.TempPathFactory, sizes: list[int], window: int, own: bool, more: int
 ) -> None:
     _window_trial(tmp_path_factory.mktemp("w"), sizes, window, own, more)
+
+
+# argv: STORE ARCHIVE KILL_AT. Import ARCHIVE into STORE; SIGKILL itself as its KILL_AT-th
+# staging step (`StageSessions`, `StageEvents`) is planned (those before it committed).
+_KILLED_IMPORT = """
+import os, signal, sys
+from journal import Journal
+from journal._local.files import FileOps
+from journal.engine import StageEvents, StageSessions
+store, archive, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+class KillAt(FileOps):
+    steps = 0
+    def point(self, name, detail=None):
+        if name == "plan.operation" and isinstance(detail, (StageSessions, StageEvents)):
+            KillAt.steps += 1
+            if KillAt.steps == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+with Journal.open(store, file_ops=KillAt(), segment_bytes=1 << 16) as j:
+    j.import_sessions(archive)
+sys.exit(3)  # (not reached: fewer steps than KILL_AT)
+"""
+
+
+@pytest.mark.parametrize("kill_at", [2, 9, 20])
+def test_an_import_killed_midway_leaves_nothing_and_its_space_comes_back(
+    tmp_path: Path, kill_at: int
+) -> None:
+    window = RetentionPolicy(max_history_bytes=200_000)
+    archive = tmp_path / "archive"
+    with Journal.open(tmp_path / "src", retention=window, segment_bytes=1 << 16) as source:
+        for name in ("big", "small"):
+            source.create_session(name)
+        for i in range(40):
+            source.append("big", [EventIn("m", bytes([i]) * 9000)])
+            source.append("small", [EventIn("m", bytes([i]) * 10)])
+        source.export_sessions(None, str(archive))
+        expected = {s: [e.data for e in source.replay(s)] for s in ("big", "small")}
+    target = tmp_path / "dst"
+    with Journal.open(target, retention=window, segment_bytes=1 << 16) as journal:
+        journal.append("mine", [EventIn("m", b"mine")], create=True)
+        before = journal.stats().segments
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_IMPORT, str(target), str(archive), str(kill_at)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert killed.returncode == -9, (killed.returncode, killed.stderr)
+    with Journal.open(target, readonly=True) as journal:
+        assert [s.session_id for s in journal.list_sessions()] == ["mine"]
+        staged = journal.stats().segments
+    # (segments of 64 KiB: steps of one 9,000-byte event each filled some)
+    assert staged > before or kill_at < 9, (before, staged)
+    with Journal.open(target, retention=window, segment_bytes=1 << 16) as journal:
+        # (the open rolled the dead process's import back)
+        assert [s.session_id for s in journal.list_sessions()] == ["mine"]
+        journal.apply_retention()
+        journal.compact(dead_share=0.01)
+        journal.apply_retention()
+        after = journal.stats().segments
+        # (what the import staged is gone; the active segment may be a new one)
+        assert after <= before + 1, (before, staged, after)
+        assert after < staged or staged <= before + 1, (before, staged, after)
+        assert journal.verify().ok
+        journal.import_sessions(str(archive))  # (again, whole)
+        for name, events in expected.items():
+            assert [e.data for e in journal.replay(name)] == events
+        assert [e.data for e in journal.replay("mine")] == [b"mine"]
