@@ -13,8 +13,7 @@ import click
 
 import journal
 from cursors import KeyRing
-from journal._local.store_file import refuse_unfinished
-from journal.store_owner import refuse_another_users_private_store
+from journal.store_owner import refuse_another_users_private_store, refuse_unfinished
 
 from .hints import journal_command
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted

@@ -2,7 +2,8 @@
 file mode, which `store.json` is always written with) is written by that user alone, so
 that nothing in it becomes a file its user cannot open (SPEC 7.9). Shared by the local
 engine's writable open and the CLI's `cursor-key`, which edits the key file without
-opening the store."""
+opening the store; so is the check that the store's creation finished (`refuse_unfinished`,
+SPEC 7)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import stat
 
 from .errors import StoreUnavailable
 
-__all__ = ["refuse_another_users_private_store"]
+__all__ = ["refuse_another_users_private_store", "refuse_unfinished"]
 
 
 def refuse_another_users_private_store(path: str) -> None:
@@ -49,3 +50,11 @@ def _user(uid: int, *, bare: bool = False) -> str:
     except KeyError:
         return f"#{uid}" if bare else f"uid {uid}"
     return name if bare else f"user {name!r} (uid {uid})"
+
+
+def refuse_unfinished(path: str) -> None:
+    """`StoreNotFound` when the creation of the store at `path` did not finish, as every
+    open finds it (for `journal cursor-key`, which does not open the store)."""
+    from ._local.store_file import refuse_unfinished as check  # (it imports this module)
+
+    check(path)
