@@ -228,6 +228,7 @@ class SessionCursors:
         is read once (its check compared, when it carries one; one without a check only
         where a follower may check the mark again): the `Start`'s mark."""
         engine = self._engine
+        marks = engine.readonly and engine.reads_uncut  # (only their followers check one)
         withdrawals = engine.withdrawals()  # (before the read: `Start`)
         if cursor is None:
             return Start(row.first_ordinal - 1, withdrawals, None)
@@ -239,16 +240,14 @@ class SessionCursors:
             raise self.future(row, after, "the cursor points at")
         if after < row.first_ordinal - 1:
             raise self.expired(row, after)
-        if after < row.first_ordinal or (
-            claims.check is None and not (engine.readonly and engine.reads_uncut)
-        ):
+        if after < row.first_ordinal or (claims.check is None and not marks):
             return Start(after, withdrawals, None)  # (no mark: nothing checks one)
         found = self.event_at(row.session_id, row.incarnation, after, readers)
         if found is None:
             return Start(after, withdrawals, None)  # trimmed meanwhile: the read says so
         if claims.check is not None and event_check(found.timestamp_ms) != claims.check:
             raise self.foreign(row, after)  # (not the event the cursor was issued for)
-        return Start(after, withdrawals, event_mark(found))
+        return Start(after, withdrawals, event_mark(found) if marks else None)
 
     def foreign(self, row: SessionRow, ordinal: int) -> CursorForeign:
         """The event at `ordinal` is not the one a cursor (or a follower) had from it."""
