@@ -121,7 +121,7 @@ class Child:
         return "".join(self.stderr)[-4000:]
 
 
-def _parse(payload: bytes) -> tuple[str, int, int, int]:
+def parse_payload(payload: bytes) -> tuple[str, int, int, int]:
     """(tag, number, first, last) of a `_procs_writers` payload."""
     tag, number, numbers, _ = payload.split(b":", 3)
     first, last = numbers.split(b"-")
@@ -160,7 +160,7 @@ def _check_session(session_id: str, events: list[Event], ledger: Ledger) -> None
     payloads = [e.data for e in events]
     assert [e.ordinal for e in events] == list(range(1, len(events) + 1)), session_id
     assert all(payload_ok(p) for p in payloads), f"{session_id}: a damaged event"
-    parsed = [_parse(p) for p in payloads]
+    parsed = [parse_payload(p) for p in payloads]
     ids = [(tag, number) for tag, number, _, _ in parsed]
     assert len(set(ids)) == len(ids), f"{session_id}: an event stored twice"
     i = 0

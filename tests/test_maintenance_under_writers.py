@@ -40,8 +40,9 @@ from pathlib import Path
 
 import pytest
 from _procs import CHECK_BYTES, batch_digest, payload_ok
+from _procs_writers import MAINTENANCE
 from _shared_disk import SharedDisk
-from test_concurrent_writer_crashes import START_S, Child
+from test_concurrent_writer_crashes import START_S, Child, parse_payload
 
 from journal import CursorExpired, Event, EventIn, Journal, RetentionPolicy
 from journal.archive import ArchiveLimits, ArchiveReader
@@ -50,13 +51,6 @@ SHARED = "shared"
 WINDOWED = "own-0"
 WINDOW_BYTES = 40_000
 SEGMENT_BYTES = 16 << 10
-
-
-def _parse(payload: bytes) -> tuple[str, int, int, int]:
-    """(tag, number, first, last) of a `_procs_writers` payload."""
-    tag, number, numbers, _ = payload.split(b":", 3)
-    first, last = numbers.split(b"-")
-    return tag.decode(), int(number), int(first), int(last)
 
 
 @dataclass
@@ -97,7 +91,7 @@ def _check_range(session_id: str, events: list[Event], first: int) -> None:
     assert [e.ordinal for e in events] == list(range(first, first + len(events))), session_id
     payloads = [e.data for e in events]
     assert all(payload_ok(p) for p in payloads), f"{session_id}: a damaged event"
-    parsed = [_parse(p) for p in payloads]
+    parsed = [parse_payload(p) for p in payloads]
     ids = [(tag, number) for tag, number, _, _ in parsed]
     assert len(set(ids)) == len(ids), f"{session_id}: an event stored twice"
     i = 0
@@ -141,7 +135,7 @@ def _check_session(j: Journal, session_id: str, ledger: Ledger, rng: random.Rand
             got = [by_ordinal[o] for o in range(afirst, alast + 1)]
             assert batch_digest(got) == digest, f"{session_id}: {afirst}..{alast} changed"
         for o in range(max(afirst, first), alast + 1):  # (its retained part: its places)
-            _, number, bfirst, blast = _parse(by_ordinal[o])
+            _, number, bfirst, blast = parse_payload(by_ordinal[o])
             assert (blast - bfirst, number - bfirst) == (alast - afirst, o - afirst), (
                 f"{session_id}: acknowledged {afirst}..{alast} moved"
             )
@@ -349,19 +343,7 @@ def test_maintenance_beside_writers_loses_nothing_acknowledged_to_a_power_cut(
     assert sum(ledger.steps.values()) >= 1, ledger.steps
 
 
-MAINTENANCE_POINTS = [
-    "compaction.live_frames",
-    "compaction.rewritten",
-    "compaction.replaced",
-    "compaction.sealed",
-    "retention.read_sidecar",
-    "retention.rows",
-    "retention.delete",
-    "retention.deleted",
-    "commit.batch_taken",
-    "commit.view_flush",
-    "commit.view_commit",
-]
+MAINTENANCE_POINTS = list(MAINTENANCE)  # (the maintainer's fault points)
 FAST_POINTS = {"compaction.replaced"}
 
 
