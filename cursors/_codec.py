@@ -3,18 +3,21 @@
 A token is 44 bytes, big-endian, sent as 59 characters of unpadded base64url:
 
     offset  size  field
-    0       1     format version (1 or 2)
+    0       1     format version (1, 2 or 3)
     1       1     kind (TokenKind)
     2       2     key id of the signing key
     4       8     scope digest (store, session, incarnation, purpose; see scope_digest)
-    12      8     version 1: position (u64)     version 2: position (u48), ordinal (u48),
-    20      8     version 1: ordinal (u64)                 check (u32)
+    12      8     version 1: position (u64)     versions 2, 3: position (u48), ordinal (u48),
+    20      8     version 1: ordinal (u64)                    check (u32)
     28      16    tag: HMAC-SHA256(key, DOMAIN + bytes[0:28]), first 16 bytes
 
 Version 2 carries a `check`, a number the issuer derives from what the token points at
 (the journal: the event's timestamp), so the holder of the token can tell that what it
 finds there now is something else; a token with a check is written in version 2 when
-its position and ordinal fit 48 bits, else in version 1 without it.
+its position and ordinal fit 48 bits, else in version 1 without it. Version 3 is laid out
+as version 2; its check is a *mark*, derived from the whole of what the token points at
+(the journal: a CRC-32 of the event), where version 2's was derived from part of it
+(`Claims.marked` tells them apart).
 
 Only the canonical spelling is accepted: the last character carries two unused bits, and a
 token whose text differs from the re-encoding of its bytes was altered.
@@ -39,12 +42,14 @@ __all__ = ["DOMAIN", "TOKEN_LENGTH", "Claims", "TokenCodec", "TokenKind", "scope
 
 FORMAT_VERSION = 1
 CHECKED_VERSION = 2
+MARKED_VERSION = 3
 DOMAIN = b"session-journal/token/v1\x00"
 """Prefix of every signed message, so a tag can never be valid for another use of a key."""
 
 _SCOPE_DOMAIN = b"session-journal/scope/v1\x00"
 _HEADER = struct.Struct(">BBH8sQQ")
-# Version 2: the same prefix, then position and ordinal as u48 (u16 + u32 each), check.
+# Versions 2 and 3: the same prefix, then position and ordinal as u48 (u16 + u32 each),
+# check.
 _CHECKED = struct.Struct(">BBH8sHIHII")
 _U48_MAX = 2**48 - 1
 _U32_MAX = 2**32 - 1
@@ -133,7 +138,8 @@ def scope_digest(
 @dataclass(frozen=True, slots=True)
 class Claims:
     """What a verified token says: its kind, signing key, scope, position and ordinal,
-    and its check (None for a token without one)."""
+    its check (None for a token without one), and whether the check is a mark of the
+    whole target (version 3) rather than of part of it (version 2)."""
 
     kind: TokenKind
     key_id: int
@@ -141,6 +147,7 @@ class Claims:
     position: int
     ordinal: int
     check: int | None = None
+    marked: bool = False
 
 
 class _MacState(NamedTuple):
@@ -207,10 +214,13 @@ class TokenCodec:
         position: int,
         ordinal: int = 0,
         check: int | None = None,
+        *,
+        marked: bool = False,
     ) -> str:
         """A token of `kind` for `scope` carrying `position`, `ordinal` and, when given and
-        both fit 48 bits, `check` (a u32), signed by the ring's active key. ValueError if
-        scope is not 8 bytes or a value is out of range."""
+        both fit 48 bits, `check` (a u32; a mark of the whole target when `marked`: version
+        3, else version 2), signed by the ring's active key. ValueError if scope is not 8
+        bytes or a value is out of range."""
         if kind not in _KINDS_BY_BYTE:
             raise ValueError(f"kind must be a TokenKind, got {kind!r}")
         _check_scope(scope)
@@ -223,7 +233,7 @@ class TokenCodec:
             if not isinstance(check, int) or not 0 <= check <= _U32_MAX:
                 raise ValueError(f"check must be an int in 0..2**32-1, got {check!r}")
             body = _CHECKED.pack(
-                CHECKED_VERSION,
+                MARKED_VERSION if marked else CHECKED_VERSION,
                 kind,
                 state.active_key_id,
                 scope,
@@ -290,7 +300,7 @@ class TokenCodec:
 
         version, kind_byte, key_id, token_scope, position, ordinal = _HEADER.unpack_from(raw)
         check: int | None = None
-        if version == CHECKED_VERSION:
+        if version in (CHECKED_VERSION, MARKED_VERSION):
             _, _, _, _, high, low, ordinal_high, ordinal_low, check = _CHECKED.unpack_from(raw)
             position = high << 32 | low
             ordinal = ordinal_high << 32 | ordinal_low
@@ -325,7 +335,9 @@ class TokenCodec:
             )
         if token_scope != scope:
             raise _foreign(expected, f"the {noun} belongs to {_FOREIGN_SCOPES[expected]}")
-        return Claims(actual, key_id, token_scope, position, ordinal, check)
+        return Claims(
+            actual, key_id, token_scope, position, ordinal, check, version == MARKED_VERSION
+        )
 
     def _current_state(self) -> _MacState:
         state = self._state

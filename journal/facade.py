@@ -48,7 +48,8 @@ from .arguments import (
     checked_policy_change,
 )
 from .engine import (
-    Appended,
+    Append,
+    AppendTurnEvent,
     ApplyRetention,
     Checkpoint,
     CompactSession,
@@ -338,7 +339,7 @@ class Journal:
         operation = self._events.append(
             session_id, events, expected_last_ordinal, idempotency_key, creation
         )
-        return self._cursors.append_result(session_id, self._submit(operation))
+        return self._cursors.append_result(session_id, self._submit(operation), operation)
 
     def suspend_session(self, session_id: str) -> SessionMetadata:
         """OPEN -> SUSPENDED: no appends until resumed; expires after `max_suspend_ms`."""
@@ -530,8 +531,8 @@ class Journal:
         self._turn_writers.add(writer)
         return take_over(self._engine, lease, writer)
 
-    def _committed(self, session_id: str, operation: Operation[Appended]) -> AppendResult:
-        return self._cursors.append_result(session_id, self._submit(operation))
+    def _committed(self, session_id: str, operation: Append | AppendTurnEvent) -> AppendResult:
+        return self._cursors.append_result(session_id, self._submit(operation), operation)
 
     # -- sessions: reads -------------------------------------------------------------------
 

@@ -24,8 +24,6 @@ from collections.abc import (
 from itertools import chain
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-import msgspec
-
 from .engine import READ_SCOPE, Flag, ReadScope
 from .errors import JournalClosed
 from .models import Event, LifecycleEvent
@@ -71,7 +69,7 @@ EventPage = tuple[list[Event], bool, bool, int, SessionRow]
 # that found the owner gone or None) -> raises `OutcomeUnknown` when the outcome is
 # unknown; returns None when the turn's owner is alive (or may be), or the row to check
 # again after OWNER_RECHECK_S when it seems gone at a first look.
-UnsettledCheck = Callable[[SessionRow, bool, Event | None, SessionRow | None], SessionRow | None]
+UnsettledCheck = Callable[[SessionRow, bool, str | None, SessionRow | None], SessionRow | None]
 
 # Registers a live follower that waits for the unsettled turn of a (fresh) row with the
 # journal's shared owner checks (`owner_watch.OwnerWatch.watch`): they wake it when the
@@ -103,7 +101,8 @@ class EventPager:
         self.after = after
         self._live = live
         self._unsettled = unsettled
-        self.last: Event | None = None
+        # The cursor of the last event delivered, when an unsettled turn may be judged.
+        self.last_cursor: str | None = None
         self.wait_timeout: float | None = None
         self.wait_key: int | None = None
         # The row of the last owner check when it found the owner gone (SPEC 7.8).
@@ -122,9 +121,10 @@ class EventPager:
         if events:
             last = events[-1]
             self.after = last.ordinal
-            # Kept for its cursor (an `OutcomeUnknown`'s), without its data: a follower
-            # waiting after a 2 MB event held those 2 MB.
-            self.last = msgspec.structs.replace(last, data=b"") if last.data else last
+            if self._unsettled is not None:
+                # Its cursor (an `OutcomeUnknown`'s; it marks the event's data), not the
+                # event: a follower waiting after a 2 MB event held those 2 MB.
+                self.last_cursor = last.cursor
         if has_more:
             return events, None, False
         if not self._live:
@@ -136,7 +136,7 @@ class EventPager:
             return events, None, False
         if self._unsettled is not None and row.turn_request_id is not None:
             check, watch_owner = self._unsettled
-            self._suspect = check(row, terminal, self.last, self._suspect)
+            self._suspect = check(row, terminal, self.last_cursor, self._suspect)
             if self._suspect is None:
                 # Its owner is alive (or may be): wait for the head to move, or for the
                 # journal's owner checks to find the owner gone.

@@ -92,11 +92,11 @@ class ReadContext:
 
     Made by the facade (which owns cursor signing) and attached by an engine's reader to
     the events it decodes (`bind_events`): engines never see cursor strings. `signer` takes
-    an event's position, ordinal and timestamp."""
+    the event and returns its cursor."""
 
     __slots__ = ("session_id", "signer")
 
-    def __init__(self, session_id: str, signer: Callable[[int, int, int], str]) -> None:
+    def __init__(self, session_id: str, signer: Callable[["Event"], str]) -> None:
         self.session_id = session_id
         self.signer = signer
 
@@ -133,7 +133,7 @@ class Event(
         if self._cursor is None:
             if self._context is None:
                 raise ValueError("this event was not read from a journal and has no cursor")
-            self._cursor = self._context.signer(self.position, self.ordinal, self.timestamp_ms)
+            self._cursor = self._context.signer(self)
         return self._cursor
 
     def to_dict(self) -> dict[str, Any]:
@@ -202,7 +202,7 @@ class Event(
         )
 
 
-def _sent_cursor(cursor: str | None, position: int, ordinal: int, time_ms: int) -> str:
+def _sent_cursor(cursor: str | None, event: Event) -> str:
     if cursor is None:
         raise ValueError("this event was not read from a journal and has no cursor")
     return cursor

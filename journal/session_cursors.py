@@ -5,18 +5,22 @@ issued for is no longer the one at its ordinal (a store restored from an older c
 written since: SPEC 5; or, when the engine found frames this journal read cut off the log
 since, that cut: SPEC 14.4).
 
-A cursor signed for an event carries a check, the low 32 bits of the event's timestamp;
-resuming from it reads that event once and compares. Cursors signed where no event's
-timestamp is at hand (a snapshot's, an expiry's resume cursor, a deduplicated append's
-whose events were trimmed between its commit and the read of their time) and cursors of
-earlier releases carry none and are not checked (a read-only local journal reads their
-event once all the same). The `EventMark` of the event read (what tells it apart from an
-event committed at its ordinal since) is in the `Start` a follower of a read-only local
-journal checks again after a cut under its reads (SPEC 14.4).
+A cursor signed for an event carries its mark (`cursor_mark`: a CRC-32 of the event's
+timestamp, position, type, request id and data; token version 3); resuming from it reads
+that event once and compares. Cursors of earlier releases carry the low 32 bits of the
+event's timestamp instead (version 2, `event_check`), compared the same way. Cursors
+signed where no event is at hand (a snapshot's, an expiry's resume cursor, a
+deduplicated append's whose events were trimmed between its commit and the read of
+their time) and cursors of releases before checks carry none and are not checked (a
+read-only local journal reads their event once all the same). The `EventMark` of the
+event read (what tells it apart from an event committed at its ordinal since) is in the
+`Start` a follower of a read-only local journal checks again after a cut under its reads
+(SPEC 14.4).
 """
 
 from __future__ import annotations
 
+import struct
 import zlib
 from contextlib import nullcontext
 from functools import partial
@@ -24,14 +28,17 @@ from typing import Final, NamedTuple
 
 from cursors import TokenCodec, TokenKind, scope_digest
 
-from .engine import Appended, Engine, PageReaders
+from .engine import Append, Appended, AppendTurnEvent, Engine, PageReaders
 from .errors import CursorExpired, CursorForeign, CursorFuture
 from .models import AppendResult, Event, ReadContext
 from .sessions import SessionRow
 
-__all__ = ["EventMark", "SessionCursors", "Start", "event_check", "event_mark"]
+__all__ = ["EventMark", "SessionCursors", "Start", "cursor_mark", "event_check", "event_mark"]
 
 _CHECK_MASK: Final = 0xFFFFFFFF
+# What `cursor_mark` takes before the variable fields: timestamp, position, and the
+# lengths of the type, the data and the request id (-1: none).
+_MARK_HEAD: Final = struct.Struct(">qQIIi")
 # How many (session, incarnation) scopes are remembered (one SHA-256 each otherwise):
 # about 230 bytes each, kept past the session's eviction until the cache starts over, so
 # the bound is what a long-lived process keeps of sessions long gone (65,536 until
@@ -57,8 +64,23 @@ _CUT_ELSEWHERE: Final = (
 
 
 def event_check(time_ms: int) -> int:
-    """The check a cursor carries for an event stamped `time_ms`."""
+    """The check a cursor of an earlier release (token version 2) carries for an event
+    stamped `time_ms` (lifecycle cursors still carry it for their feed entry's time)."""
     return time_ms & _CHECK_MASK
+
+
+def cursor_mark(time_ms: int, position: int, type: str, request_id: str | None, data: bytes) -> int:
+    """The mark a session cursor carries for the event so stamped, placed and made: a
+    CRC-32 of all of it, so an event that replaced it at its ordinal since (stamped in the
+    same millisecond, even at the same position) is told apart unless it is the same."""
+    kind = type.encode()
+    request = b"" if request_id is None else request_id.encode()
+    crc = zlib.crc32(
+        _MARK_HEAD.pack(
+            time_ms, position, len(kind), len(data), -1 if request_id is None else len(request)
+        )
+    )
+    return zlib.crc32(data, zlib.crc32(request, zlib.crc32(kind, crc)))
 
 
 class EventMark(NamedTuple):
@@ -127,32 +149,51 @@ class SessionCursors:
         incarnation: int,
         position: int,
         ordinal: int,
-        time_ms: int | None = None,
+        mark: int | None = None,
     ) -> str:
         """The cursor that resumes after `ordinal` (stored at `position`), checked when
-        the event's `time_ms` is given."""
-        check = None if time_ms is None else event_check(time_ms)
+        the event's `mark` (`cursor_mark`) is given."""
         scope = self.scope(session_id, incarnation)
-        return self._codec.encode(TokenKind.SESSION, scope, position, ordinal, check)
+        return self._codec.encode(
+            TokenKind.SESSION, scope, position, ordinal, mark, marked=mark is not None
+        )
+
+    def event_cursor(self, session_id: str, incarnation: int, event: Event) -> str:
+        """The checked cursor of `event`, read from the session's `incarnation`."""
+        position = event.position
+        mark = cursor_mark(event.timestamp_ms, position, event.type, event.request_id, event.data)
+        return self.cursor(session_id, incarnation, position, event.ordinal, mark)
 
     def context(self, row: SessionRow) -> ReadContext:
         """What the events read from the session share (their cursors are checked)."""
         return self._context(row.session_id, row.incarnation)
 
     def _context(self, session_id: str, incarnation: int) -> ReadContext:
-        # (Each event's cursor: `cursor` with the event's position, ordinal and time.)
-        return ReadContext(session_id, partial(self.cursor, session_id, incarnation))
+        return ReadContext(session_id, partial(self.event_cursor, session_id, incarnation))
 
-    def append_result(self, session_id: str, appended: Appended) -> AppendResult:
-        """What an append returns: its ordinals and the cursor after its last event."""
+    def append_result(
+        self, session_id: str, appended: Appended, written: Append | AppendTurnEvent
+    ) -> AppendResult:
+        """What an append returns: its ordinals and the cursor after its last event (the
+        last of what `written` appended, as checked)."""
+        incarnation, position = appended.incarnation, appended.last_position
         time_ms = appended.time_ms
         if time_ms is None:
-            # Deduplicated: the original append's cursor, checked by its last event's time
-            # (an idempotency key is remembered only while its events are retained).
-            time_ms = self.event_time(session_id, appended.incarnation, appended.last_ordinal)
-        cursor = self.cursor(
-            session_id, appended.incarnation, appended.last_position, appended.last_ordinal, time_ms
-        )
+            # Deduplicated: the original append's cursor, checked by its last event (an
+            # idempotency key is remembered only while its events are retained).
+            found = self.event_at(session_id, incarnation, appended.last_ordinal)
+            if found is None:
+                cursor = self.cursor(session_id, incarnation, position, appended.last_ordinal)
+            else:
+                cursor = self.event_cursor(session_id, incarnation, found)
+        else:
+            if isinstance(written, Append):
+                last = written.events[-1]
+                kind, request_id, data = last.type, last.request_id, last.data
+            else:
+                kind, request_id, data = written.type, written.request_id, written.data
+            mark = cursor_mark(time_ms, position, kind, request_id, data)
+            cursor = self.cursor(session_id, incarnation, position, appended.last_ordinal, mark)
         return AppendResult(
             session_id,
             appended.first_ordinal,
@@ -160,18 +201,6 @@ class SessionCursors:
             cursor,
             deduplicated=appended.deduplicated,
         )
-
-    def event_time(
-        self,
-        session_id: str,
-        incarnation: int,
-        ordinal: int,
-        readers: PageReaders | None = None,
-    ) -> int | None:
-        """The timestamp of the session's event at `ordinal` (None if it is not retained):
-        one read of that event (through `readers` when given)."""
-        found = self.event_at(session_id, incarnation, ordinal, readers)
-        return None if found is None else found.timestamp_ms
 
     def event_at(
         self,
@@ -245,7 +274,14 @@ class SessionCursors:
         found = self.event_at(row.session_id, row.incarnation, after, readers)
         if found is None:
             return Start(after, withdrawals, None)  # trimmed meanwhile: the read says so
-        if claims.check is not None and event_check(found.timestamp_ms) != claims.check:
+        check = claims.check
+        if check is not None and check != (
+            cursor_mark(
+                found.timestamp_ms, found.position, found.type, found.request_id, found.data
+            )
+            if claims.marked
+            else event_check(found.timestamp_ms)
+        ):
             raise self.foreign(row, after)  # (not the event the cursor was issued for)
         return Start(after, withdrawals, event_mark(found) if marks else None)
 

@@ -63,6 +63,7 @@ from .errors import (
 )
 from .import_windows import StagingWindows
 from .models import (
+    Event,
     ExportReport,
     ImportedSession,
     ImportReport,
@@ -108,7 +109,7 @@ _STAGE_EVENTS = 10_000
 _STAGE_SESSIONS = 1_000
 
 
-def _no_cursor(position: int, ordinal: int, time_ms: int) -> str:
+def _no_cursor(event: Event) -> str:
     return ""  # export never asks an event for its cursor
 
 

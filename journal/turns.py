@@ -21,11 +21,9 @@ from .abandoned import close_when_dropped
 from .arguments import batch_refused, check_request_id, check_seconds, not_a_batch
 from .engine import (
     Append,
-    Appended,
     AppendTurnEvent,
     Engine,
     Lease,
-    Operation,
     TurnGuard,
 )
 from .errors import (
@@ -132,7 +130,7 @@ def check_unsettled(
     start_cursor: str | None,
     row: SessionRow,
     terminal: bool,
-    last: Event | None,
+    last_cursor: str | None,
     suspect: SessionRow | None,
 ) -> SessionRow | None:
     """A live follower delivered everything and the last turn is unsettled: raise
@@ -146,7 +144,7 @@ def check_unsettled(
     request_id = row.turn_request_id
     if request_id is None:
         return None
-    cursor = last.cursor if last is not None else start_cursor
+    cursor = last_cursor if last_cursor is not None else start_cursor
     if terminal:
         raise OutcomeUnknown(
             f"session {row.session_id!r} ended while turn {request_id!r} was unsettled: "
@@ -264,7 +262,7 @@ class TurnWriter:
         self,
         lease: Lease,
         checked_append: Callable[..., Append],
-        commit: Callable[[Operation[Appended]], AppendResult],
+        commit: Callable[[Append | AppendTurnEvent], AppendResult],
         row: Callable[[], SessionRow],
         replay: Callable[[str | None], Iterable[Event]],
         kept: KeptTurnResults,

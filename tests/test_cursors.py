@@ -97,15 +97,22 @@ def test_encode_decode_round_trips(
     position=u64s,
     ordinal=u64s,
     check=st.integers(min_value=0, max_value=2**32 - 1),
+    marked=st.booleans(),
 )
 def test_a_check_round_trips_when_position_and_ordinal_fit_48_bits(
-    kind: TokenKind, scope: bytes, position: int, ordinal: int, check: int
+    kind: TokenKind, scope: bytes, position: int, ordinal: int, check: int, marked: bool
 ) -> None:
-    token = CODEC.encode(kind, scope, position, ordinal, check)
+    token = CODEC.encode(kind, scope, position, ordinal, check, marked=marked)
     assert len(token) == TOKEN_LENGTH
     fits = position < 2**48 and ordinal < 2**48
     assert CODEC.decode(token, kind, scope) == Claims(
-        kind, RING.active_key_id, scope, position, ordinal, check if fits else None
+        kind,
+        RING.active_key_id,
+        scope,
+        position,
+        ordinal,
+        check if fits else None,
+        marked and fits,
     )
 
 
@@ -115,13 +122,16 @@ def test_encode_rejects_a_check_out_of_range(check: object) -> None:
         CODEC.encode(TokenKind.SESSION, b"\x00" * 8, 1, 1, check)  # type: ignore[arg-type]
 
 
-def test_checked_token_bytes_follow_the_documented_layout() -> None:
+@pytest.mark.parametrize("version", [2, 3])
+def test_checked_token_bytes_follow_the_documented_layout(version: int) -> None:
+    """Version 2 carries a check of part of what the token points at, version 3 a mark
+    of all of it (`marked`); the layout is the same."""
     secret = bytes(range(32))
     codec = TokenCodec(KeyRing({7: secret}, 7))
     scope = bytes.fromhex("0102030405060708")
     position, ordinal, check = 2**40 + 3, 2**33 + 99, 0xDEADBEEF
     body = (
-        struct.pack(">BBH8s", 2, TokenKind.SESSION, 7, scope)
+        struct.pack(">BBH8s", version, TokenKind.SESSION, 7, scope)
         + position.to_bytes(6, "big")
         + ordinal.to_bytes(6, "big")
         + check.to_bytes(4, "big")
@@ -129,9 +139,13 @@ def test_checked_token_bytes_follow_the_documented_layout() -> None:
     domain = b"session-journal/token/v1\x00"
     tag = hmac.new(secret, domain + body, hashlib.sha256).digest()[:16]
     expected = text_of(body + tag)
-    assert codec.encode(TokenKind.SESSION, scope, position, ordinal, check) == expected
+    marked = version == 3
+    assert codec.encode(TokenKind.SESSION, scope, position, ordinal, check, marked=marked) == (
+        expected
+    )
     claims = codec.decode(expected, TokenKind.SESSION, scope)
     assert (claims.position, claims.ordinal, claims.check) == (position, ordinal, check)
+    assert claims.marked is marked
     # A changed check is a changed signed message: foreign, never another check.
     altered = bytearray(body + tag)
     altered[27] ^= 1
@@ -276,8 +290,8 @@ def test_format_checks_come_before_the_signature_check() -> None:
     # An unknown version from an unknown key is malformed, not foreign: validation order is
     # part of the contract, so callers can tell garbage from tokens of another store.
     scope = b"\x00" * 8
-    body = struct.pack(">BBH8sQQ", 3, TokenKind.SESSION, 0x1234, scope, 0, 0)
-    with pytest.raises(CursorMalformed, match="format version 3"):
+    body = struct.pack(">BBH8sQQ", 4, TokenKind.SESSION, 0x1234, scope, 0, 0)
+    with pytest.raises(CursorMalformed, match="format version 4"):
         CODEC.decode(text_of(body + b"\x00" * 16), TokenKind.SESSION, scope)
     body = struct.pack(">BBH8sQQ", 1, 200, 0x1234, scope, 0, 0)
     with pytest.raises(CursorMalformed, match="unknown kind 200"):

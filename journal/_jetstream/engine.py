@@ -722,7 +722,7 @@ class JetStreamEngine:
         problems: list[VerifyProblem] = []
         events = 0
         total = sum(max(0, r.last_ordinal - r.first_ordinal + 1) for r in rows)
-        context = ReadContext("", lambda position, ordinal, time_ms: "")
+        context = ReadContext("", lambda event: "")
         for row in rows:
             token = Subjects.token(row.session_id)
             after = row.first_ordinal - 1
