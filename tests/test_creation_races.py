@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _cli_runs import ROOT, cli_env
+from _cli_runs import ROOT, cli_env, run_cli
 
 from journal import Journal
 
@@ -121,3 +121,81 @@ def test_creators_and_readers_race(tmp_path: Path) -> None:
 def test_creators_and_readers_race_many_times(tmp_path: Path) -> None:
     for trial in range(12):
         _race(tmp_path, trial, creators=4, readers=3, commands=4)
+
+
+# argv: STORE GO DETAIL. An opener that lost the creation's race: it found no store.json,
+# then (held here, after that check, until GO exists) went on creating the store, and was
+# killed (SIGKILL) at the fault point `store.create` with DETAIL, before its first commit.
+_LOSER = """
+import os, signal, sys, time
+from journal import Journal
+from journal._local import store_file
+from journal._local.files import FileOps
+
+class KillAt(FileOps):
+    def point(self, name, detail=None):
+        if name == "store.create" and str(detail) == sys.argv[3]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+store, go = sys.argv[1:3]
+checked = store_file.refuse_foreign_place  # (called once store.json was found missing)
+
+def held(path):
+    print("checked", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.0005)
+    checked(path)
+
+store_file.refuse_foreign_place = held
+Journal.open(store, file_ops=KillAt())
+sys.exit(3)  # (not reached: the point was passed over)
+"""
+
+
+def _reads_the_store(store: Path) -> None:
+    for options in ({"readonly": True}, {"create": False}):
+        with Journal.open(store, **options) as j:  # type: ignore[arg-type]
+            assert list(j.list_sessions()) == []
+    for command in (["stats"], ["verify"], ["cursor-key"]):
+        result = run_cli(store, *command)
+        assert result.returncode == 0, (command, result.stderr)
+
+
+@pytest.mark.parametrize("detail", ["", "locks", "store.json"])
+def test_a_loser_killed_after_the_winner_finished_leaves_no_mark(
+    tmp_path: Path, detail: str
+) -> None:
+    """The winner's `journal init` finished (its first commit made, its mark removed, no
+    event appended yet) while the loser, which had found no store.json, went on creating
+    the store and was killed: it left the mark `creating` beside the finished store, and
+    every read command said there was no store (exit 3, "its creation did not finish")
+    until a writable open came along. A loser that finds store.json there makes no mark."""
+    store = tmp_path / "s"
+    go = tmp_path / "go"
+    loser = _spawn(_LOSER, str(store), str(go), detail)
+    assert loser.stdout is not None and loser.stdout.readline() == "checked\n"
+    init = run_cli(store, "init")
+    assert init.returncode == 0 and "created a new store" in init.stderr, init.stderr
+    go.touch()
+    _, err = loser.communicate(timeout=60)
+    assert loser.returncode == -9, (loser.returncode, err)
+    assert "creating" not in os.listdir(store)
+    _reads_the_store(store)
+
+
+def test_a_mark_beside_a_finished_store_without_records_is_passed_over(tmp_path: Path) -> None:
+    """The same mark, made by a loser whose check for store.json came just before the
+    winner published it (the winner finished its first commit before the loser made the
+    mark): a store whose first segment is there and whose view holds a commit of this
+    store is finished, whatever the mark says; every read command finds it, and a
+    writable open removes the mark."""
+    store = tmp_path / "s"
+    init = run_cli(store, "init")
+    assert init.returncode == 0, init.stderr
+    (store / "creating").touch()
+    _reads_the_store(store)
+    assert not (store / "creating").exists()  # (the open with create=False removed it)
+    (store / "creating").touch()
+    with Journal.open(store) as j:
+        j.create_session("s")
+    assert not (store / "creating").exists()

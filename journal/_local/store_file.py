@@ -44,6 +44,7 @@ from .files import (
     write_atomic,
 )
 from .frames import COMPRESSED_SUFFIX, FRAME_HEADER_SIZE, SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX
+from .lmdbfile import check_data_file, trailing_crc
 
 __all__ = [
     "CREATING",
@@ -91,9 +92,10 @@ _OWN_NAMES: Final = frozenset(
 )
 # The mark of a creation under way: made (and synced) before `store.json` is published,
 # removed (and that synced) once the store's first writable open has committed its first
-# segment and view (`finish_creation`). A store that holds it and no record is one whose
-# creation failed or was killed part way (or is still under way): a read-only open, or
-# one with create=False, finds no store there; a creating open finishes it.
+# segment and view (`finish_creation`). A store that holds it, no record and no first
+# commit is one whose creation failed or was killed part way (or is still under way): a
+# read-only open, or one with create=False, finds no store there; a creating open
+# finishes it.
 CREATING: Final = "creating"
 # Files a user or the system leaves in a directory made for the store: git's placeholders
 # for an empty directory and its ignore file, and macOS Finder's folder settings.
@@ -221,9 +223,10 @@ def create_store(
 ) -> None:
     """Create the store's directories and publish a new `store.json` (with `link()`, so
     two processes creating the store race safely: the first one's file wins), its mark
-    `CREATING` made before. Fault point `store.create` after each step (detail: the
-    directory made, the temporary file written, then `"store.json"` once it is published
-    and synced): a creation killed there is finished by the next creating open, and
+    `CREATING` made before (by an opener that does not find `store.json` there yet).
+    Fault point `store.create` after each step (detail: the directory made, the
+    temporary file written, then `"store.json"` once it is published and synced): a
+    creation killed there is finished by the next creating open, and
     until then a read-only open finds no store (`store_at_open`).
 
     Everything is synced through `ops` before the open returns: `store.json`'s temporary
@@ -232,13 +235,17 @@ def create_store(
     cut may take the whole store away, with every append acknowledged since)."""
     made = _missing_directories(path)
     permissions.make_dirs(path)
-    os.close(permissions.create_file(os.path.join(path, CREATING), os.O_WRONLY))
+    final = os.path.join(path, "store.json")
+    if not os.path.lexists(final):
+        # (An opener that finds `store.json` published lost the race before it began: the
+        # winner made its mark before publishing and removes it after its first commit, so
+        # a mark made now could only outlive the winner's, beside a finished store.)
+        os.close(permissions.create_file(os.path.join(path, CREATING), os.O_WRONLY))
     ops.point("store.create", "")
     for name in ("segments", "index", "locks"):
         permissions.make_dirs(os.path.join(path, name))
         ops.point("store.create", name)
     fsync_dir(path, ops)  # (the mark is on disk before `store.json` is)
-    final = os.path.join(path, "store.json")
     temporary = f"{final}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = permissions.create_file(temporary, os.O_WRONLY | os.O_TRUNC)
     try:
@@ -308,10 +315,45 @@ def holds_records(path: str) -> bool:
 
 def _unfinished(path: str) -> bool:
     """Whether the store at `path` (its `store.json` published) is a creation that did not
-    finish: its `CREATING` mark is there and its log holds no record (a mark beside
-    records is stale, left by an opener that lost the creation's race and was killed:
+    finish: its `CREATING` mark is there, its log holds no record, and its first commit
+    is not made (a mark beside records or beside a first commit is stale, left by an
+    opener that lost the creation's race and was killed before its own first commit:
     the store is read as it is)."""
-    return os.path.lexists(os.path.join(path, CREATING)) and not holds_records(path)
+    return (
+        os.path.lexists(os.path.join(path, CREATING))
+        and not holds_records(path)
+        and not _first_commit_made(path)
+    )
+
+
+def _first_commit_made(path: str) -> bool:
+    """Whether the first commit of the store at `path` is made: a segment file is there
+    (born complete: header synced, then renamed and the directory synced) and the view
+    holds a head, sealed with its checksum, beside this store's id. The view's file is
+    read with `pread` (`lmdbfile`, never mapped); only a store without records is asked,
+    whose view is a few pages. The view is written after its segment was synced, so a
+    head on disk, after a power cut too, comes with its segment."""
+    try:
+        names = os.listdir(os.path.join(path, "segments"))
+    except OSError:
+        return False
+    if not any(name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)) for name in names):
+        return False
+    meta: dict[bytes, bytes] = {}
+    try:
+        store = load_store(os.path.join(path, "store.json"))
+        if check_data_file(os.path.join(path, "index", "data.mdb"), None, meta) is not None:
+            return False
+    except (OSError, StoreIncompatible):
+        return False  # (the open that goes on reports what is wrong)
+    head, view_store = meta.get(b"head"), meta.get(b"store")
+    return (
+        head is not None
+        and view_store is not None
+        and trailing_crc(b"meta", b"head", head) is None
+        and trailing_crc(b"meta", b"store", view_store) is None
+        and view_store[:-4] == store.store_id
+    )
 
 
 def refuse_unfinished(path: str) -> None:
