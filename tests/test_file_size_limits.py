@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests._cli_runs import cli_env, run_cli
 from tests._small_disk import on_a_small_disk
 
@@ -143,6 +145,91 @@ def test_compaction_on_a_full_disk_says_it_needs_room_for_its_copy(tmp_path: Pat
     assert "compaction writes a copy of segment 0000000000000000000" in message, message
     assert "needs room for that copy: up to 2." in message, message
     assert "MB are free there" in message, message
+
+
+# argv: DISK STEP. The store of the copy's test above, with room for the copy; another
+# process's file takes the disk's last free byte while compaction's STEP ("seal": the
+# seal of the active segment, once its zeros are cut; "swap": the swap, once the old
+# plain file is deleted) commits, so that commit's next write finds no room.
+_FULL_DURING_A_COMMIT = r"""
+import os, sys
+from journal import EventIn, Journal, JournalError, RetentionPolicy
+from journal._local.files import FileOps
+disk, step = sys.argv[1:3]
+
+def fill():
+    fd = os.open(os.path.join(disk, "ballast"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        for size in (1 << 16, 4096, 512, 1):
+            try:
+                while os.write(fd, bytes(size)):
+                    pass
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+class FillsTheDisk(FileOps):
+    armed = False
+    def ftruncate(self, fd, length):
+        super().ftruncate(fd, length)
+        if self.armed and step == "seal":
+            fill()
+    def unlink(self, path):
+        super().unlink(path)
+        if self.armed and step == "swap" and path.endswith(".seg"):
+            fill()
+
+ops = FillsTheDisk()
+with Journal.open(
+    os.path.join(disk, "store"), segment_bytes=16 << 20, file_ops=ops,
+    retention=RetentionPolicy(max_history_bytes=None),
+) as j:
+    j.create_session("a")
+    j.create_session("b")
+    for i in range(1500):
+        j.append("a", [EventIn("e", os.urandom(4000))])
+        j.append("b", [EventIn("e", os.urandom(4000))])
+    j.compact_session("a", through_ordinal=1500, snapshot=b"done")
+    ops.armed = True
+    try:
+        j.compact(dead_share=0.3)
+        print("compacted", flush=True)
+    except JournalError as e:
+        print("refused", type(e).__name__, getattr(e, "errno", None), e.message, flush=True)
+    ops.armed = False
+    os.unlink(os.path.join(disk, "ballast"))
+    j.compact(dead_share=0.3)
+    print("events", len(list(j.replay("b"))), flush=True)
+"""
+
+
+@pytest.mark.parametrize("step", ["seal", "swap"])
+def test_compaction_s_commit_on_a_full_disk_says_what_it_needs_room_for(
+    tmp_path: Path, step: str
+) -> None:
+    """The disk filled up while compaction's seal or swap committed: it said "could not be
+    read or written: No space left on device ... (free space, replace the disk)", as if
+    the disk were failing, where the copy's step says what it wrote, that nothing was
+    lost, and how much room to free. Nothing was lost: once room is freed, compaction
+    goes on, every event still there."""
+    lines = on_a_small_disk(
+        tmp_path,
+        _FULL_DURING_A_COMMIT.replace("sys.argv[1:3]", f"sys.argv[1], {step!r}"),
+        options="size=32m",
+    )
+    assert len(lines) == 2 and lines[0].startswith("refused StoreUnavailable 28 "), lines
+    message = lines[0]
+    what = {
+        "seal": "compaction seals the active segment 00000000000000000001.seg",
+        "swap": "compaction put its copy of segment 00000000000000000001.seg without its dead",
+    }[step]
+    assert what in message, message
+    assert "nothing was lost" in message, message
+    assert "MB are free there" in message, message
+    assert "free at least" in message and "outside the store" in message, message
+    assert "replace the disk" not in message, message
+    assert lines[1] == "events 1500", lines
 
 
 _APPEND_UNDER_A_LIMIT = """

@@ -32,9 +32,10 @@ from collections.abc import Callable, Iterator
 from typing import Final, NamedTuple, Protocol, TypeVar
 
 import lmdb
+import msgspec
 
 from ..engine import ApplyRetention, Operation, Progress
-from ..errors import JournalCorrupt
+from ..errors import JournalCorrupt, StoreUnavailable, WriteOutcomeUnknown
 from ..models import CompactionReport
 from .compression import compress_segment
 from .files import fsync_dir
@@ -158,7 +159,10 @@ def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: f
     dead = total - live_bytes
     if dead < enough or dead < dead_share * total:
         return None
-    return submit(SealActive(head.segment))
+    try:
+        return submit(SealActive(head.segment))
+    except StoreUnavailable as e:
+        raise _no_room_to_commit(e, log.directory, head.segment, summary, seal=True) from e
 
 
 def live_frames(
@@ -550,6 +554,54 @@ def _no_room_for_copy(error: OSError, directory: str, base: int, live_bytes: int
     )
 
 
+def _no_room_to_commit(
+    error: StoreUnavailable, directory: str, base: int, summary: SegmentSummary, *, seal: bool
+) -> StoreUnavailable:
+    """`error` as it is, unless the disk had no room (ENOSPC, EDQUOT; not for want of
+    inodes, which `error` names) for the commit that seals the active segment `base`
+    (`seal`) or swaps in its compacted copy: then saying what that commit writes, that
+    nothing was lost, and about how much to free, as `_no_room_for_copy` does for the
+    copy. (Until 2026-12-07 "could not be read or written ... (free space, replace the
+    disk)" alone.) `summary`: the segment's, or its copy's, whose sidecar the commit
+    writes; the view's pages take some room too (a margin of 1 MB)."""
+    if error.errno not in (errno.ENOSPC, errno.EDQUOT) or isinstance(error, WriteOutcomeUnknown):
+        return error
+    free = ""
+    with contextlib.suppress(OSError):
+        found = os.statvfs(directory)
+        if found.f_files > 0 and found.f_favail == 0 and found.f_bavail > 0:
+            return error  # (out of inodes: `error` says so)
+        free = f"; {_megabytes(found.f_bavail * found.f_frsize)} are free there"
+    index_bytes = len(msgspec.msgpack.encode(summary)) + 64
+    cause = error.__cause__
+    refused = os.strerror(error.errno) + (
+        f" ({cause.filename})" if isinstance(cause, OSError) and cause.filename else ""
+    )
+    if seal:
+        step = (
+            f"compaction seals the active segment {segment_name(base)} before it compacts "
+            "it: it cuts the segment's zeros ahead, writes its index file, starts a new "
+            "active segment and moves the view's head there, and the disk had no room "
+            "left for that; nothing was lost (a seal left half done is finished by the "
+            "next commit, as a full segment's is)"
+        )
+    else:
+        step = (
+            f"compaction put its copy of segment {segment_name(base)} without its dead "
+            "frames in place of the old file (writing the copy's index file and the "
+            "view's changes with it), and the disk had no room left for that; nothing was "
+            "lost (the copy holds every live frame; a swap left half done is finished by "
+            "the next compaction or writable open)"
+        )
+    return StoreUnavailable(
+        f"the store's files could not be written: {refused}: {step}. It needs room for "
+        f"the index file, about {_megabytes(index_bytes)}, and a few pages of the view"
+        f"{free}; free at least {_megabytes(index_bytes + (1 << 20))} outside the store "
+        "(deleting a store file loses events) and compact again",
+        errno=error.errno,
+    )
+
+
 def _megabytes(count: int) -> str:
     return f"{count / 1e6:.1f} MB"
 
@@ -624,10 +676,13 @@ def _compact_segment(
     try:
         mark = _mark_swap(log, base)
         swapped = submit(swap)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)  # (gone already when it was renamed into place)
-        raise  # (the mark stays: the view's part may be left to do, `finish_swaps`)
+        # (The mark stays: the view's part may be left to do, `finish_swaps`.)
+        if isinstance(e, StoreUnavailable):
+            raise _no_room_to_commit(e, directory, base, new_summary, seal=False) from e
+        raise
     with contextlib.suppress(FileNotFoundError):
         log.ops.unlink(mark)  # (committed, or abandoned before its rename)
     if swapped:
