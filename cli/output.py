@@ -124,8 +124,8 @@ Exit status:
   {EXIT_UNAVAILABLE}    unavailable: the store cannot be opened, read or written now (permissions,
        a full disk, an I/O error; a nats:// store's servers do not answer), or an
        archive file cannot be read or written (or `demo --engine jetstream` finds no
-       nats-server); what was committed is intact: mend the cause or wait, then run
-       the command again
+       nats-server, or a nats:// store no jetstream extra, nats-py); what was committed
+       is intact: mend the cause or wait, then run the command again
   {EXIT_INTERRUPTED}  interrupted (Ctrl+C)
   129, 143  a watch or the demo stopped by SIGHUP or SIGTERM (128 + its number)
 """

@@ -164,8 +164,9 @@ class ReadOnlyStore(JournalError):
 class StoreUnavailable(JournalError):
     """The store's files cannot be opened, created, written, synced or read (permissions,
     a file in the way, a full disk, an I/O error), or a `nats://` store's servers do not
-    answer. `errno` is the OS error number when an OS call failed (None otherwise). A
-    write that raises it was not committed, except where that is not known: a `nats://`
+    answer (or its client, nats-py of the `jetstream` extra, is not installed). `errno`
+    is the OS error number when an OS call failed (None otherwise). A write that raises
+    it was not committed, except where that is not known: a `nats://`
     store's write whose replies stopped mid-write (SPEC 16.3), or a local store's write
     whose frame could not be cut off again (SPEC 14.4), raises the subclass
     `WriteOutcomeUnknown`."""

