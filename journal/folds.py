@@ -579,7 +579,7 @@ class Fold(Generic[StateT]):
         def change(state: StateT) -> list[EventIn]:
             if not isinstance(state, dict):
                 raise InvalidArgument(
-                    f"set() needs a dict state; this fold's state is a {type(state).__name__}"
+                    f"set() needs a dict state; this fold's state is of type {type(state).__name__}"
                 )
             changed = {k: v for k, v in changes.items() if k not in state or state[k] != v}
             if not changed:
