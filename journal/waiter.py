@@ -58,7 +58,7 @@ DEFER_S: Final = 0.001
 # after one of this process, reached its followers only at the next commit or the 1 s
 # look: 2-3 of 150 with 0.5-ms look, 26 of 150 with none; a review).
 # Only for an engine whose head reads may lag its change source (`lagging_reads`: the
-# local engine): JetStream's change source looks again itself (`_RowChanges`), and its
+# local engine): JetStream's change source looks again itself (`row_changes.RowChanges`), and its
 # head reads are requests to the server (these looks again doubled them: a review).
 RECHECK_FIRST_S: Final = 0.001
 RECHECK_MAX_S: Final = 0.032

@@ -4,7 +4,8 @@ A synchronous facade over an asyncio client: the connection runs its own event-l
 thread (`client.Connection`), and every `Engine` method runs its coroutine there, so the
 journal's sync and async APIs both work. Reads are in `reads.py`, writes in `writes.py`,
 opening the store in `opening.py`, the owner leases and their heartbeats in `leases.py`;
-this module keeps the expiry timer and the change source that wakes the shared waiter.
+this module keeps the expiry timer; the change source that wakes the shared waiter is in
+`row_changes.py`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -60,6 +60,7 @@ from .leases import Leases, boot_id, start_time
 from .opening import identity_and_policy
 from .owners import HEARTBEAT_S, PROCESS_LEASES, OwnerJudge
 from .reads import FRESH_S, Lasting, Moved, StoreReader
+from .row_changes import RowChanges
 from .server_clock import ServerClock
 from .writes import Writer
 
@@ -120,57 +121,6 @@ class _Readers:
         return None  # (nothing held: `ends` are positions)
 
     close = release
-
-
-class _RowChanges:
-    """The waiter's change source: a core subscription to every session's row subject
-    (every commit writes a row). A message may arrive a moment before the stream has
-    stored it, so for a short while after one the waiter is told to look again. An
-    `interrupt` (a follower's new stop to check) ends a wait as no change: until
-    2026-12-05 it was taken for a message, and each such wait cost a head read and the
-    looks again after it, about 20 requests to the server (a review)."""
-
-    _RECHECK_S: Final = 0.05
-
-    def __init__(self, engine: JetStreamEngine) -> None:
-        self._event = threading.Event()
-        # Row messages: counted on the connection's loop, seen by the waiter's thread
-        # (each writes its own: none is lost between the two).
-        self._messages = self._seen = 0
-        self._recheck_until = 0.0
-        self._conn = engine.conn
-
-        async def on_row(_msg: Any) -> None:
-            self._messages += 1
-            self._event.set()
-
-        engine.point("changes.subscribe", None)  # (on the waiter's thread)
-        self._sub = self._conn.call(self._conn.nc.subscribe(engine.subjects.rows, cb=on_row))
-
-    def wait(self, timeout: float) -> bool:
-        now = time.monotonic()
-        if now < self._recheck_until:
-            self._event.wait(min(timeout, 0.002))
-            self._event.clear()
-            self._seen = self._messages
-            return True
-        self._event.wait(timeout)
-        self._event.clear()
-        # (After the clear: a message from now on sets the event again, and is seen by
-        # the next wait if not by this one.)
-        messages = self._messages
-        message = messages != self._seen
-        self._seen = messages
-        if message:
-            self._recheck_until = time.monotonic() + self._RECHECK_S
-        return message
-
-    def interrupt(self) -> None:
-        self._event.set()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn.call(self._sub.unsubscribe(), 5)
 
 
 def _jetstream_answers(conn: Connection) -> bool:
@@ -265,7 +215,9 @@ class JetStreamEngine:
         conn.opened = True  # (a "stream not found" from now on is asked again first)
         seen = CommitsSeen(self.reader, lambda: self._closed)  # (which sessions moved)
         self.waiter = Notifier(
-            self._waiter_head, lambda: _RowChanges(self), lambda: seen.read(self._look)
+            self._waiter_head,
+            lambda: RowChanges(self.conn, self.subjects, self.point),
+            lambda: seen.read(self._look),
         )
         self.writer = Writer(
             self.reader, policy, self._owner_alive, self._committed, self.point, self.clock
