@@ -393,10 +393,14 @@ class AppendTurnEvent(Operation[Appended], frozen=True):
 
 class StageEvents(Operation[int], frozen=True):
     """Append archived events (ordinals, times and request ids as given, continuing
-    the staged row densely) to staged incarnation `incarnation`; the new last ordinal."""
+    the staged row densely) to staged incarnation `incarnation`; the new last ordinal.
+    A history window trims them in `steps` (SPEC 8): each index in `events` (ascending,
+    past 0) begins a staging step, trimmed as an append of its own; none: one step. Only
+    an engine that `joins_staging_steps` is given more than one."""
 
     incarnation: int
     events: list[ArchiveEvent]
+    steps: tuple[int, ...] = ()
 
 
 class StagedSession(msgspec.Struct, frozen=True):
@@ -410,6 +414,8 @@ class StagedSession(msgspec.Struct, frozen=True):
     checkpoint: ArchiveCheckpoint | None = None
     # The id it will take at the commit ("": its own; an engine may stage under it).
     target: str = ""
+    # Where its events' staging steps after the first begin (`StageEvents.steps`).
+    steps: tuple[int, ...] = ()
 
 
 class StageSessions(Operation[list[SessionRow]], frozen=True):
@@ -479,6 +485,11 @@ class Engine(Protocol):
     # The most sessions one import may hold (None: no limit); an archive of more is
     # refused in the check pass, before anything is written.
     max_import_sessions: int | None
+    # Whether one staging operation may hold several of an import's staging steps
+    # (`StageEvents.steps`), a history window trimming each as its own: JetStream's
+    # events record where their step began; the local engine's window trims whole
+    # frames, one an operation, so there each step is an operation (SPEC 12.3).
+    joins_staging_steps: bool
     # Whether a read waits on the network (up to 30 s in an outage): the asyncio
     # followers then read in a worker thread, not on the caller's loop, and such an
     # engine ends a read whose `READ_SCOPE` is cancelled.

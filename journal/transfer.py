@@ -616,6 +616,8 @@ def _stage_and_commit(
     staged: list[int] = []
     plan: list[ImportTarget] = []
     group = _Group()
+    # Whether a staging operation holds several steps (else each is one: SPEC 12.3).
+    joins = engine.joins_staging_steps
     committing = False
 
     def stage_group() -> None:
@@ -636,6 +638,7 @@ def _stage_and_commit(
                 raise ArchiveInvalid("changed", "the archive changed while it was imported")
             row: SessionRow | None = None  # staged on its own (too large for a group)
             pending: list[ArchiveEvent] = []
+            steps: list[int] = []  # (where the pending events' steps after the first begin)
             size = 0
             # The events after a checkpoint begin a batch of their own: history windows
             # trim whole batches, and one holding events on both sides of it would take
@@ -645,28 +648,28 @@ def _stage_and_commit(
             for batch in section.batches:
                 for event in batch:
                     weight = event_bytes(event)  # (request ids too: up to 1 MiB each)
+                    full = bool(pending) and (
+                        size + weight > _STAGE_BYTES or len(pending) == _STAGE_EVENTS
+                    )
                     if windows.ends_before(
-                        event,
-                        bool(pending),
-                        bool(pending)
-                        and (
-                            size + weight > _STAGE_BYTES
-                            or len(pending) == _STAGE_EVENTS
-                            or event.ordinal == after
-                        ),
+                        event, bool(pending), full or (bool(pending) and event.ordinal == after)
                     ):
-                        if row is None:
-                            stage_group()  # (first: the plan keeps the archive's order)
-                            alone = StagedSession(
-                                meta, section.snapshot, [], section.checkpoint, targets[index]
-                            )
-                            (row,) = engine.submit(
-                                StageSessions([alone], header.store_id, header.exported_at_ms)
-                            )
-                            staged.append(row.incarnation)
-                        engine.submit(StageEvents(row.incarnation, pending))
-                        pending, size = [], 0
-                        progress(reader.archive_bytes)
+                        if joins and not full:
+                            # (A step of its own within the operation: SPEC 12.3.)
+                            steps.append(len(pending))
+                        else:
+                            if row is None:
+                                stage_group()  # (first: the plan keeps the archive's order)
+                                alone = StagedSession(
+                                    meta, section.snapshot, [], section.checkpoint, targets[index]
+                                )
+                                (row,) = engine.submit(
+                                    StageSessions([alone], header.store_id, header.exported_at_ms)
+                                )
+                                staged.append(row.incarnation)
+                            engine.submit(StageEvents(row.incarnation, pending, tuple(steps)))
+                            pending, steps, size = [], [], 0
+                            progress(reader.archive_bytes)
                     pending.append(event)
                     size += weight
             if row is None:
@@ -682,12 +685,17 @@ def _stage_and_commit(
                 if not group.fits(size, len(pending)):
                     stage_group()
                 staged_session = StagedSession(
-                    meta, section.snapshot, pending, section.checkpoint, targets[index]
+                    meta,
+                    section.snapshot,
+                    pending,
+                    section.checkpoint,
+                    targets[index],
+                    tuple(steps),
                 )
                 group.add(staged_session, index, size)
                 continue
             if pending:
-                engine.submit(StageEvents(row.incarnation, pending))
+                engine.submit(StageEvents(row.incarnation, pending, tuple(steps)))
                 progress(reader.archive_bytes)
             plan.append(ImportTarget(row.incarnation, targets[index], *_state_of(meta)))
         stage_group()

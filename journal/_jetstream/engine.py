@@ -138,6 +138,7 @@ class JetStreamEngine:
     """The engine (see the module docstring). Use `JetStreamEngine.open`."""
 
     max_import_sessions: int | None = MAX_IMPORT_SESSIONS
+    joins_staging_steps: bool = True
     reads_block: bool = True
     reads_uncut: bool = False
     keys_in_stream: bool = True

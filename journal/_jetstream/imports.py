@@ -160,7 +160,7 @@ class Imports:
                     raise SessionNotFound(
                         f"no import in progress at incarnation {operation.incarnation}"
                     )
-                row = await self._write(entry, entry.row, [], operation.events)
+                row = await self._write(entry, entry.row, [], operation.events, operation.steps)
                 return row.last_ordinal
             case CommitImport():
                 return await self._commit(operation)
@@ -244,7 +244,7 @@ class Imports:
             prefix.append(((subject, ENCODER.encode(stored), rollup), ("checkpoint_position",)))
         self._started(1)
         try:
-            row = await self._write(entry, row, prefix, item.events)
+            row = await self._write(entry, row, prefix, item.events, item.steps)
         finally:
             self._started(-1)
         return msgspec.structs.replace(row)
@@ -313,15 +313,22 @@ class Imports:
         row: SessionRow,
         prefix: list[tuple[BatchMessage, tuple[str, ...]]],
         events: list[ArchiveEvent],
+        steps: tuple[int, ...] = (),
     ) -> SessionRow:
         """Write `prefix` (messages, and the row fields naming their positions) and
-        `events` (one staged append) in batches, each ending with the staged row."""
+        `events` in batches, each ending with the staged row. Each of `steps` (an index
+        in `events`) begins a staging step: its events record it as where their append
+        began, so a history window trims each step as an append of its own (SPEC 8),
+        whichever batches hold it (several steps share a batch up to its limits)."""
         expected = row.last_ordinal + 1
         for offset, event in enumerate(events):
             if event.ordinal != expected + offset:
                 raise InvalidArgument(
                     f"imported event ordinal {event.ordinal} where {expected + offset} was due"
                 )
+        if list(steps) != sorted(set(steps)) or any(not 0 < at < len(events) for at in steps):
+            raise InvalidArgument(f"staging steps {steps!r} do not begin within the events")
+        bounds = set(steps)
         batch_first = expected
         batch_before = row.appended_bytes
         subject = self._subjects.events(entry.token)
@@ -339,6 +346,8 @@ class Imports:
                 weight = len(event.data) + len(event.request_id or "")
                 if size and size + weight > _BATCH_BYTES:
                     break
+                if taken in bounds:
+                    batch_first, batch_before = event.ordinal, running
                 stored = StoredEvent(
                     event.ordinal,
                     event.timestamp_ms,

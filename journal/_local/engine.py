@@ -146,6 +146,7 @@ class LocalEngine:
     """
 
     max_import_sessions: int | None = None
+    joins_staging_steps: bool = False
     reads_block: bool = False
     reads_uncut: bool = True
     keys_in_stream: bool = False

@@ -37,6 +37,7 @@ __all__ = ["abort_import", "commit_import", "stage_events", "stage_sessions"]
 def stage_sessions(planner: Planner, request: Request, op: StageSessions) -> None:
     ids = []
     for item in op.sessions:
+        _one_step(item.steps)
         staging_id = _stage_row(
             planner,
             item.session,
@@ -94,8 +95,16 @@ def _staged(planner: Planner, incarnation: int) -> tuple[str, Pending]:
 
 
 def stage_events(planner: Planner, request: Request, op: StageEvents) -> None:
+    _one_step(op.steps)
     _, pending = _staged(planner, op.incarnation)
     request.result = _stage_into(planner, pending, op.events)
+
+
+def _one_step(steps: tuple[int, ...]) -> None:
+    """An operation's events are one frame, which a history window trims whole: one
+    staging step (the engine does not `joins_staging_steps`)."""
+    if steps:
+        raise InvalidArgument("the local engine stages one staging step an operation")
 
 
 def _stage_into(planner: Planner, pending: Pending, events: list[ArchiveEvent]) -> int:
