@@ -8,6 +8,9 @@ for good like the lifecycle feed): the claim's sequence is the session's incarna
 its events lie above it as any session's lie above its creation, and `session_id_of`
 finds its id. The first batch also holds the snapshot, the checkpoint and the first
 events; later batches hold more events (at most 999 messages and 4 MiB of events each).
+Each event records where its staging step began (its first ordinal and the data before
+it: what a history window trims by), so one operation's steps share batches
+(`StageEvents.steps`, `StagedSession.steps`).
 Readers take a staged row for no row (`reads.decode_row`): listings, gets, reads,
 watches, expiry, retention and verify see nothing of it, and nothing is written to the
 lifecycle feed before the commit. A writer that creates the id meanwhile writes over the
