@@ -965,6 +965,98 @@ class JournalContract:
         assert [e.data for e in events] == payloads
         assert ordinals(self.read_all(j, "s1", cursor=events[29].cursor)) == list(range(31, 81))
 
+    def test_every_read_signs_an_append_s_cursor_for_its_last_event(
+        self, store_path: Path
+    ) -> None:
+        """A cursor marks its whole event (SPEC 5): the cursor an append returns is the one
+        every read signs for its last event, in this journal and after a reopen (replay,
+        pages, watch, awatch, subscribe; plain, creating, keyed and retried appends, a
+        turn's events, appends of two sessions committed together, empty, large and
+        non-ASCII fields), and each resumes right after its event."""
+        j = self.make_journal(store_path)
+        results: list[AppendResult] = [j.append("s", [EventIn("m", b"")], create=True)]
+        results.append(
+            j.append(
+                "s",
+                [EventIn("m", b"one"), EventIn("t\u00e9", bytes(range(256)) * 300, "r-\u00fc")],
+            )
+        )
+        keyed = [EventIn("m", b"k", request_id="q")]
+        results.append(j.append("s", keyed, idempotency_key="k1"))
+        results.append(j.append("s", keyed, idempotency_key="k1"))
+        assert results[-1].deduplicated
+        with j.own("s") as owner, owner.turn("t-1") as turn:
+            assert turn.started is not None
+            results.append(turn.started)
+            results.append(turn.append([EventIn("m", "tr\u00eas".encode())]))
+        assert turn.result is not None
+        results.append(turn.result)
+
+        def writer(session_id: str) -> None:
+            for i in range(20):
+                results.append(j.append(session_id, numbered(1 + i % 3, f"{session_id}{i}-")))
+
+        j.create_session("u")
+        threads = [threading.Thread(target=writer, args=(s,)) for s in ("s", "u", "s", "u")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        j.resolve_session("s")
+        j.resolve_session("u")
+
+        def check(j: Journal) -> None:
+            for session_id in ("s", "u"):
+                read = self.read_all(j, session_id)
+                cursors = [e.cursor for e in read]
+                for result in results:
+                    if result.session_id == session_id:
+                        assert cursors[result.last_ordinal - 1] == result.cursor, result
+                        after = self.read_all(j, session_id, result.cursor)
+                        assert after == read[result.last_ordinal :]
+                for at, event in enumerate(read):
+                    assert self.read_all(j, session_id, event.cursor) == read[at + 1 :]
+                paged: list[str] = []
+                page = j.read(session_id, max_bytes=1)
+                while page.events:
+                    assert page.next_cursor == page.events[-1].cursor
+                    paged += [e.cursor for e in page.events]
+                    page = j.read(session_id, cursor=page.next_cursor, max_bytes=3000)
+                assert paged == cursors
+                watcher = WatchThread(j, session_id)
+                watcher.start()
+                watcher.finish()
+                assert [e.cursor for e in watcher.events] == cursors
+                awatched: list[str] = []
+
+                async def main() -> None:
+                    async for event in j.awatch(session_id):  # noqa: B023
+                        awatched.append(event.cursor)  # noqa: B023
+
+                run_async(main)
+                assert awatched == cursors
+                delivered: list[str] = []
+                done = threading.Event()
+
+                def listener(event: Event) -> None:
+                    delivered.append(event.cursor)  # noqa: B023
+                    if len(delivered) == len(cursors):  # noqa: B023
+                        done.set()  # noqa: B023
+
+                sub = j.subscribe(session_id, listener)
+                try:
+                    assert done.wait(WAIT_S)
+                finally:
+                    sub()
+                assert delivered == cursors
+
+        try:
+            check(j)
+        finally:
+            j.close()
+        with self.make_journal(store_path) as reopened:
+            check(reopened)
+
     def test_cursors_of_one_session_are_independent_of_other_sessions(self, j: Journal) -> None:
         j.create_session("a")
         j.create_session("b")
