@@ -101,7 +101,9 @@ class EventPager:
         self.after = after
         self._live = live
         self._unsettled = unsettled
-        # The cursor of the last event delivered, when an unsettled turn may be judged.
+        # The last event delivered by a live pager, until it has delivered everything;
+        # then its cursor, when an unsettled turn may be judged (`_caught_up`).
+        self._last: Event | None = None
         self.last_cursor: str | None = None
         self.wait_timeout: float | None = None
         self.wait_key: int | None = None
@@ -121,10 +123,8 @@ class EventPager:
         if events:
             last = events[-1]
             self.after = last.ordinal
-            if self._unsettled is not None:
-                # Its cursor (an `OutcomeUnknown`'s; it marks the event's data), not the
-                # event: a follower waiting after a 2 MB event held those 2 MB.
-                self.last_cursor = last.cursor
+            if self._unsettled is not None and self._live:
+                self._last = last
         if has_more:
             return events, None, False
         if not self._live:
@@ -134,6 +134,12 @@ class EventPager:
             # One more page after the last events: a session ends (or a turn is judged)
             # only once drained.
             return events, None, False
+        if self._last is not None:
+            # Its cursor (an `OutcomeUnknown`'s), signed once the follower has delivered
+            # everything, before it waits: not the event (a follower waiting after a 2 MB
+            # event held those 2 MB), and not every page's (the cursor marks the event's
+            # data: a CRC-32 of 4 MB each page doubled a replay of such events).
+            self.last_cursor, self._last = self._last.cursor, None
         if self._unsettled is not None and row.turn_request_id is not None:
             check, watch_owner = self._unsettled
             self._suspect = check(row, terminal, self.last_cursor, self._suspect)

@@ -965,9 +965,7 @@ class JournalContract:
         assert [e.data for e in events] == payloads
         assert ordinals(self.read_all(j, "s1", cursor=events[29].cursor)) == list(range(31, 81))
 
-    def test_every_read_signs_an_append_s_cursor_for_its_last_event(
-        self, store_path: Path
-    ) -> None:
+    def test_every_read_signs_an_append_s_cursor_for_its_last_event(self, store_path: Path) -> None:
         """A cursor marks its whole event (SPEC 5): the cursor an append returns is the one
         every read signs for its last event, in this journal and after a reopen (replay,
         pages, watch, awatch, subscribe; plain, creating, keyed and retried appends, a
