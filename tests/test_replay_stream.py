@@ -474,9 +474,9 @@ def test_followers_that_caught_up_in_a_compressed_segment_keep_no_block(tmp_path
 
 
 def test_followers_waiting_after_a_large_event_do_not_hold_it(tmp_path: Path) -> None:
-    # A live follower keeps its last event for the cursor an `OutcomeUnknown` would carry:
-    # until 2026-12-03 with its data (50 `awatch` followers caught up at a 2 MB event held
-    # 100 MB), now without.
+    # A live follower keeps its last event's cursor for an `OutcomeUnknown` to carry:
+    # until 2026-12-03 the event with its data (50 `awatch` followers caught up at a 2 MB
+    # event held 100 MB), now its cursor alone once it waits.
 
     with Journal.open(tmp_path, retention=NO_WINDOWS) as j:
         j.create_session("s")
