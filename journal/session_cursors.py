@@ -28,6 +28,7 @@ from typing import Final, NamedTuple
 
 from cursors import TokenCodec, TokenKind, scope_digest
 
+from .checksums import fast_crc32
 from .engine import Append, Appended, AppendTurnEvent, Engine, PageReaders
 from .errors import CursorExpired, CursorForeign, CursorFuture
 from .models import AppendResult, Event, ReadContext
@@ -39,6 +40,9 @@ _CHECK_MASK: Final = 0xFFFFFFFF
 # What `cursor_mark` takes before the variable fields: timestamp, position, and the
 # lengths of the type, the data and the request id (-1: none).
 _MARK_HEAD: Final = struct.Struct(">qQIIi")
+# The data's part of a mark (zlib's polynomial; ISA-L's where installed: a 4 MiB event's
+# mark took about 2.2 ms with zlib's against 0.9 ms).
+_data_crc32: Final = fast_crc32()
 # How many (session, incarnation) scopes are remembered (one SHA-256 each otherwise):
 # about 230 bytes each, kept past the session's eviction until the cache starts over, so
 # the bound is what a long-lived process keeps of sessions long gone (65,536 until
@@ -80,7 +84,7 @@ def cursor_mark(time_ms: int, position: int, type: str, request_id: str | None, 
             time_ms, position, len(kind), len(data), -1 if request_id is None else len(request)
         )
     )
-    return zlib.crc32(data, zlib.crc32(request, zlib.crc32(kind, crc)))
+    return _data_crc32(data, zlib.crc32(request, zlib.crc32(kind, crc)))
 
 
 class EventMark(NamedTuple):

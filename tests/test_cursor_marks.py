@@ -7,7 +7,9 @@ timestamp) still resume, checked as they were (SPEC 5)."""
 from __future__ import annotations
 
 import base64
+import struct
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +151,29 @@ def test_a_replay_marks_no_event_whose_cursor_is_not_asked_and_a_watch_one_per_w
         seen = [e.ordinal for e in journal.watch("a", stop=stop)]
         assert seen == list(range(1, 10)), seen
         assert len(marked) <= 1, marked
+
+
+@pytest.mark.parametrize("request_id", [None, "", "r-1", "é"])
+@pytest.mark.parametrize("size", [0, 580, 1 << 20])
+def test_a_mark_is_the_documented_crc_of_the_event(request_id: str | None, size: int) -> None:
+    """SPEC 5: zlib's CRC-32 of timestamp (i64), position (u64), the UTF-8 lengths of the
+    type (u32), data (u32) and request id (i32, -1 for none), big-endian, then the type,
+    the request id and the data (the data's part from ISA-L where installed: the same)."""
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    rid = b"" if request_id is None else request_id.encode()
+    expected = zlib.crc32(
+        struct.pack(
+            ">qQIIi",
+            1_733_500_000_123,
+            98_765,
+            len(b"t\xc3\xa9"),
+            size,
+            -1 if request_id is None else len(rid),
+        )
+        + b"t\xc3\xa9"
+        + rid
+        + data
+    )
+    assert (
+        session_cursors.cursor_mark(1_733_500_000_123, 98_765, "té", request_id, data) == expected
+    )

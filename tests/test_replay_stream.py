@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from _view_entries import read_locations, replace_location, sealed_location
 
-from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy
+from journal import CursorExpired, EventIn, Journal, JournalCorrupt, RetentionPolicy, checksums
 from journal._local import frames, open_local
 from journal._local.files import FileOps
 
@@ -284,7 +284,7 @@ def test_a_follower_paging_inside_frames_survives_retention_and_compaction(
 
 def test_frame_crc32_falls_back_to_zlib_without_isal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "isal.isal_zlib", None)  # import raises ImportError
-    assert frames.fast_crc32() is zlib.crc32
+    assert checksums.fast_crc32() is zlib.crc32
 
 
 def test_frame_crc32_agrees_with_zlib(rng: random.Random) -> None:

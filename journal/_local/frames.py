@@ -7,31 +7,17 @@ Byte formats are in SPEC.md ("Segment files").
 from __future__ import annotations
 
 import bisect
-import importlib
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 import zstandard
 
+from ..checksums import fast_crc32
 from ..errors import JournalCorrupt, StoreIncompatible
-
-
-def fast_crc32() -> Callable[[bytes | memoryview, int], int]:
-    """CRC32 of the same (IEEE) polynomial as `zlib.crc32`, from ISA-L when the `isal`
-    package is installed (a dependency where it has wheels; SPEC.md 1 and 3: measured 15-60x
-    faster on frame bodies, about a tenth of a replay's time), else `zlib.crc32`. Same
-    values, so no format change."""
-    try:
-        module = importlib.import_module("isal.isal_zlib")
-    except ImportError:
-        return zlib.crc32
-    crc32: Callable[[bytes | memoryview, int], int] = module.crc32
-    return crc32 if crc32(b"SJFR", 1) == zlib.crc32(b"SJFR", 1) else zlib.crc32
-
 
 # Frame bodies, when written (`encode_frame`) and checked (`check_frame`), and sidecars
 # (one per sealed segment, checked at every writer's open); everything else (headers,
