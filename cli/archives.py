@@ -28,14 +28,11 @@ from .output import (
     Output,
     Settings,
     WholeNumber,
-    id_column,
-    listing_parts,
     pass_settings,
-    plural,
     require_stream,
-    shown,
     silence_stdout,
 )
+from .rendering import id_column, listing_parts, plural, shown
 
 # Names of this process's stdout, which `export -o` takes as `-` (until 2026-12-05 they
 # were refused: "No such file or directory (in '/proc/PID/fd')", or "exists").

@@ -34,14 +34,10 @@ from .output import (
     Output,
     Settings,
     WholeNumber,
-    event_record,
-    event_text,
     is_nats,
-    lifecycle_record,
-    lifecycle_text,
     pass_settings,
-    plural,
 )
+from .rendering import event_record, event_text, lifecycle_record, lifecycle_text, plural
 
 # (subprocess and the restart's module are imported by the demo as it runs: every command
 # of the `journal` process imports this module, for the demo's options and help.)

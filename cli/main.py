@@ -36,12 +36,11 @@ from .output import (
     WholeNumber,
     given_cursor,
     is_nats,
-    one_line,
     pass_settings,
     require_stream,
-    shown,
     silence_stdout,
 )
+from .rendering import one_line, shown
 from .retention import retention
 from .sessions import sessions
 from .stderr_log import show_warnings

@@ -25,8 +25,8 @@ from .output import (
     WholeNumber,
     is_nats,
     pass_settings,
-    plural,
 )
+from .rendering import plural
 
 
 @contextmanager

@@ -27,14 +27,9 @@ from .output import (
     error_fields,
     given_cursor,
     given_page_token,
-    id_column,
-    one_line,
     pass_settings,
-    preview,
-    session_record,
-    session_text,
-    shown,
 )
+from .rendering import id_column, one_line, preview, session_record, session_text, shown
 from .watching import watch_events, watch_lifecycle
 
 STATES = tuple(state.value for state in journal.SessionState)

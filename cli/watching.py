@@ -27,11 +27,9 @@ from .output import (
     EXIT_INTERRUPTED,
     Output,
     Settings,
-    lifecycle_record,
-    lifecycle_text,
-    shown,
     stop_when_reader_leaves,
 )
+from .rendering import lifecycle_record, lifecycle_text, shown
 
 __all__ = ["watch_events", "watch_lifecycle"]
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import journal
 from cli.main import main
-from cli.output import preview
+from cli.rendering import preview
 
 
 def test_help_and_version() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from _cli_runs import cli_env, json_error, run_cli
 
-from cli.output import display_width
+from cli.rendering import display_width
 from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
 
 _env, _cli, _error = cli_env, run_cli, json_error
