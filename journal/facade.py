@@ -107,7 +107,8 @@ from .session_views import SessionViews
 from .sessions import SessionRow, TransitionKind, metadata_page
 from .subscriptions import Deliveries, ErrorHandler, Subscription, check_listener
 from .turn_results import KeptTurnResults
-from .turns import Owner, TurnWriter, TurnWriters, take_over
+from .turn_writers import TurnWriter, TurnWriters
+from .turns import Owner, take_over
 
 __all__ = ["DEFAULT_DEAD_SHARE", "Journal"]
 

@@ -38,7 +38,7 @@ from journal import (
 from journal._local.files import FileOps
 from journal.abandoned import wait_for_dropped
 from journal.engine import AppendTurnEvent
-from journal.turns import OUTCOME_UNKNOWN_RESULT
+from journal.turn_writers import OUTCOME_UNKNOWN_RESULT
 
 # What SPEC 7.8 and the README document of an owner and a turn; anything else public is
 # a name users would come to rely on.

@@ -415,7 +415,7 @@ _SIGNAL_CLOSES = """
 import json, signal, sys, threading, weakref
 from journal import Journal, JournalClosed
 from journal.turn_slots import TurnSlot
-from journal.turns import TurnWriters
+from journal.turn_writers import TurnWriters
 j = Journal.open(sys.argv[1], durability="os", **json.loads(sys.argv[2]))
 closed = []
 

@@ -30,7 +30,7 @@ from journal._local.files import FileOps
 from journal.archive import ArchiveEvent
 from journal.session_cursors import SessionCursors
 from journal.turn_results import KeptRead, KeptTurnResults
-from journal.turns import TurnWriter
+from journal.turn_writers import TurnWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 UNKNOWN_CODE = "WATCH_OUTCOME_UNKNOWN"
@@ -549,11 +549,15 @@ def test_a_held_owner_holds_at_most_4_mib_of_result_data(tmp_path: Path) -> None
                     with pytest.raises(ValueError), owner.turn(f"r{i}"):
                         raise ValueError(str(i) * 1_000_000)
                 gc.collect()
-                # (the results' data the owner holds, made in turns.py: the local
-                # engine's active segment holds its own copy of each turn record)
-                made = tracemalloc.Filter(True, str(ROOT / "journal" / "turns.py"))
+                # (the results' data the owner holds, made in turns.py and
+                # turn_writers.py: the local engine's active segment holds its own copy
+                # of each turn record)
+                made = [
+                    tracemalloc.Filter(True, str(ROOT / "journal" / name))
+                    for name in ("turns.py", "turn_writers.py")
+                ]
                 held = sum(
-                    stat.size for stat in tracemalloc.take_snapshot().filter_traces([made]).traces
+                    stat.size for stat in tracemalloc.take_snapshot().filter_traces(made).traces
                 )
             finally:
                 tracemalloc.stop()
@@ -702,8 +706,8 @@ def test_an_imported_sessions_ended_turns_are_remembered(tmp_path: Path) -> None
 
 
 def _kept_by_turns(run: Callable[[int], None], count: int) -> int:
-    """How many blocks allocated under journal/turns.py are still alive after `run(count)`
-    turns (tracemalloc)."""
+    """How many blocks allocated under journal/turns.py or journal/turn_writers.py are
+    still alive after `run(count)` turns (tracemalloc)."""
     gc.collect()
     tracemalloc.start(8)
     try:
@@ -712,7 +716,12 @@ def _kept_by_turns(run: Callable[[int], None], count: int) -> int:
         snapshot = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
-    kept = snapshot.filter_traces([tracemalloc.Filter(True, "*journal/turns.py", all_frames=True)])
+    kept = snapshot.filter_traces(
+        [
+            tracemalloc.Filter(True, f"*journal/{name}", all_frames=True)
+            for name in ("turns.py", "turn_writers.py")
+        ]
+    )
     return sum(stat.count for stat in kept.statistics("filename"))
 
 
