@@ -2,9 +2,9 @@
 
 The facade checks arguments, signs and checks cursors and page tokens (scope digests,
 future and expired decisions), applies the page rule's results, turns engine rows into
-public models, and runs the follow loops. Engines (`journal._local` for a store on disk)
-deal only in positions, ordinals, incarnations and records (see `journal.engine`), so
-every engine gets this behaviour once and identically.
+public models, and starts the follows that `journal.followers` drives. Engines
+(`journal._local` for a store on disk) deal only in positions, ordinals, incarnations and
+records (see `journal.engine`), so every engine gets this behaviour once and identically.
 """
 
 import os
@@ -12,7 +12,6 @@ import threading
 from collections.abc import (
     AsyncIterator,
     Callable,
-    Generator,
     Iterable,
     Iterator,
     Mapping,
@@ -71,16 +70,8 @@ from .errors import (
 from .event_pages import EventPages
 from .fold_codecs import Codec
 from .folds import DEFAULT_TRIES, Fold
-from .follow import (
-    AsyncFollow,
-    EventPager,
-    LifecyclePager,
-    ReadThreads,
-    Resume,
-    Stream,
-    follow,
-    off_loop,
-)
+from .follow import Stream
+from .followers import Followers, JournalEnds
 from .lifecycle import LifecycleFeed
 from .models import (
     AppendResult,
@@ -136,7 +127,7 @@ class Journal:
     _events: EventChecker
     _kept_turns: KeptTurnResults
     _turn_writers: TurnWriters
-    _read_threads: ReadThreads | None
+    _followers: Followers
     _cursors: SessionCursors
     _pages: EventPages
     _dropped: Detachable
@@ -219,7 +210,7 @@ class Journal:
         self._lifecycle = parts.lifecycle
         self._pages = parts.pages
         self._deliveries = parts.deliveries
-        self._read_threads = parts.read_threads
+        self._followers = parts.followers
         self._events = EventChecker()
         self._kept_turns = KeptTurnResults()
         self._turn_writers = TurnWriters()
@@ -619,10 +610,7 @@ class Journal:
             check_max_bytes(max_bytes)
             page_bytes = (max_bytes, max_bytes)
         row, start = self._start(session_id, cursor)
-        return Stream(
-            partial(self._follow, row, start, None, False, page_bytes, cursor),
-            self._engine.waiter.recheck,
-        )
+        return self._followers.events(row, start, cursor, None, False, page_bytes, self._ends())
 
     def watch(
         self,
@@ -639,35 +627,12 @@ class Journal:
         check_stop(stop)
         check_max_bytes(max_bytes)
         row, start = self._start(session_id, cursor)
-        # The stream flattens pages with itertools.chain (in C): no frame per event.
-        return Stream(
-            partial(self._follow, row, start, stop, True, (max_bytes, max_bytes), cursor),
-            self._engine.waiter.recheck,
-        )
+        page_bytes = (max_bytes, max_bytes)
+        return self._followers.events(row, start, cursor, stop, True, page_bytes, self._ends())
 
-    def _follow(
-        self,
-        row: SessionRow,
-        start: Start,
-        stop: threading.Event | None,
-        live: bool,
-        page_bytes: tuple[int, int],
-        cursor: str | None,
-        halted: Callable[[], bool],
-    ) -> Generator[list[Event], None, None]:
-        """A stream's pages; `page_bytes`: the first's bound, then the others'."""
-        with self._engine.readers() as readers:
-            pager = self._pages.pager(row, start, readers, live, page_bytes, cursor)
-            ended = self._closed_or(halted) if live else lambda: self._closed or halted()
-            yield from follow(pager, self._engine.waiter, stop, ended)
-        if not live and not pager.finished and self._closed and not halted():
-            raise JournalClosed(  # (not as if complete: a fold would hold part of it)
-                f"the journal was closed while session {row.session_id!r} was replayed: "
-                f"events after ordinal {pager.after} were not read"
-            )
-
-    def _closed_or(self, halted: Callable[[], bool]) -> Callable[[], bool]:
-        return lambda: self._is_closed() or halted()
+    def _ends(self) -> JournalEnds:
+        """How its followers learn that it ended (each holds its own: not the journal)."""
+        return JournalEnds(lambda: self._closed, self._is_closed)
 
     def awatch(
         self,
@@ -678,22 +643,7 @@ class Journal:
         """The asyncio twin of `watch`; cancel the task (or break) to stop. A step
         cancelled from outside (`asyncio.wait_for(anext(it), t)`) does not end it: the
         next step goes on after the last event delivered (SPEC 7.6)."""
-        start = partial(self._awatch_start, session_id, cursor, max_bytes)
-        return AsyncFollow(start, self._engine.waiter, self._is_closed, self._read_threads)
-
-    async def _awatch_start(
-        self, session_id: str, cursor: str | None, max_bytes: int, resume: Resume
-    ) -> EventPager | None:
-        check_max_bytes(max_bytes)
-        opened = not self._closed
-        try:
-            row, start = await off_loop(self._read_threads, self._start, session_id, cursor)
-        except JournalClosed:
-            if opened and self._closed:  # (closed while its first read was in flight)
-                return None
-            raise
-        resume.readers = readers = self._engine.readers()
-        return self._pages.pager(row, start, readers, True, (max_bytes, max_bytes), cursor)
+        return self._followers.aevents(session_id, cursor, max_bytes, self._start, self._ends())
 
     # -- lifecycle feed --------------------------------------------------------------------
 
@@ -706,28 +656,12 @@ class Journal:
         delivered, the snapshot's sessions after it, then the changes; SPEC 7.7)."""
         check_stop(stop)
         self._check_open()
-        pager = self._lifecycle.pager(cursor)
-        waiter = self._engine.waiter
-        return Stream(
-            lambda halted: follow(pager, waiter, stop, self._closed_or(halted)), waiter.recheck
-        )
+        return self._followers.lifecycle(cursor, stop, self._ends())
 
     def awatch_sessions(self, cursor: str | None = None) -> AsyncIterator[LifecycleEvent]:
         """The asyncio twin of `watch_sessions` (a step cancelled from outside does not end
         it, as with `awatch`)."""
-        start = partial(self._awatch_sessions_start, cursor)
-        return AsyncFollow(start, self._engine.waiter, self._is_closed, self._read_threads)
-
-    async def _awatch_sessions_start(
-        self, cursor: str | None, resume: Resume
-    ) -> LifecyclePager | None:
-        self._check_open()
-        try:
-            return await off_loop(self._read_threads, self._lifecycle.pager, cursor)
-        except JournalClosed:
-            if self._closed:  # (closed while its first read was in flight: it ends)
-                return None
-            raise
+        return self._followers.alifecycle(cursor, self._check_open, self._ends())
 
     # -- subscriptions and folds -----------------------------------------------------------
 
@@ -748,11 +682,7 @@ class Journal:
         check_callback("on_error", on_error)
         check_max_bytes(max_bytes)
         row, start = self._start(session_id, cursor)
-        readers = self._engine.readers()
-        pager = self._pages.pager(row, start, readers, True, (max_bytes, max_bytes), cursor)
-        return self._deliveries.add(
-            row.session_id, pager, listener, on_error, cursor, readers.close, readers.release
-        )
+        return self._followers.subscribe(row, start, cursor, listener, on_error, max_bytes)
 
     def subscribe_sessions(
         self,
@@ -765,8 +695,7 @@ class Journal:
         check_listener(listener)
         check_callback("on_error", on_error)
         self._check_open()
-        pager = self._lifecycle.pager(cursor)
-        return self._deliveries.add(None, pager, listener, on_error, cursor, lambda: None)
+        return self._followers.subscribe_lifecycle(cursor, listener, on_error)
 
     def fold(
         self,

@@ -12,6 +12,7 @@ from .abandoned import Detachable, close_when_dropped
 from .engine import Engine
 from .event_pages import EventPages
 from .follow import ReadThreads
+from .followers import Followers
 from .lifecycle import LifecycleFeed
 from .session_cursors import SessionCursors
 from .session_views import SessionViews
@@ -31,6 +32,7 @@ class JournalParts(NamedTuple):
     deliveries: Deliveries
     # The asyncio followers' read threads, for an engine whose reads block (SPEC 7.6).
     read_threads: ReadThreads | None
+    followers: Followers
     close: Callable[[], None]
 
     def close_when_dropped(self, journal: object, location: str) -> Detachable:
@@ -54,6 +56,7 @@ def assemble(engine: Engine) -> JournalParts:
     pages = EventPages(engine, cursors)
     deliveries = Deliveries(engine.waiter)
     threads = ReadThreads() if engine.reads_block else None
+    followers = Followers(engine, pages, lifecycle, deliveries, threads)
 
     def close() -> None:
         deliveries.close()  # (joins the delivery thread before the engine closes)
@@ -62,4 +65,6 @@ def assemble(engine: Engine) -> JournalParts:
         if threads is not None:
             threads.close()
 
-    return JournalParts(codec, cursors, sessions, lifecycle, pages, deliveries, threads, close)
+    return JournalParts(
+        codec, cursors, sessions, lifecycle, pages, deliveries, threads, followers, close
+    )
