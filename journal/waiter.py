@@ -27,6 +27,7 @@ from collections.abc import Callable, Collection
 from typing import Any, Final, Protocol
 
 from .engine import Flag, start_thread
+from .follower_waits import Registered, Waits, any_set, wake, wake_loops
 from .forking import ForkPause
 from .stop_checks import STOP_CHECK_S, stop_checks
 
@@ -118,12 +119,13 @@ class Notifier:
         rewinds: bool = False,
         lagging_reads: bool = False,
     ) -> None:
-        # Entered as `with self._lock`, the C lock's own `__enter__`: `with self._cv` runs
-        # `Condition.__enter__`, Python code, and a Ctrl+C whose handler raised right after
-        # it acquired the lock left the lock held by the main thread for good (the waiter
-        # thread then stopped, and `close()` waited 5 s for it: a review).
+        # Entered as `with self._lock`, the C lock's own `__enter__`: `with` a condition
+        # over it runs `Condition.__enter__`, Python code, and a Ctrl+C whose handler
+        # raised right after it acquired the lock left the lock held by the main thread
+        # for good (the waiter thread then stopped, and `close()` waited 5 s for it: a
+        # review).
         self._lock = threading.RLock()
-        self._cv = threading.Condition(self._lock)  # (followers waiting with no key)
+        self._waits = Waits(self._lock)  # (who waits now, and how each is woken)
         self._head = 0  # the highest committed next position known
         # Keyed followers (`wait(key=...)`: a session's incarnation) are woken only by a
         # commit known to touch their key (`publish` with keys), or by one whose keys are
@@ -131,7 +133,6 @@ class Notifier:
         # the thread; a gap before a commit of this process).
         self._unknown = 0
         self._touched: dict[int, int] = {}  # key -> the head after its last known commit
-        self._keyed: dict[int, list[Any]] = {}  # key -> [its Condition, sync waiters]
         # Bumped when the thread could not read the head: every waiter looks again (its
         # own read then raises what is wrong).
         self._epoch = 0
@@ -140,11 +141,6 @@ class Notifier:
         # the commits since its previous call (None: not known).
         self._read_changes = read_changes
         self._changes = changes
-        # event loop -> its waiting futures -> (key, seen, what the wait registered)
-        self._async: dict[Any, dict[Any, tuple[int | None, int, _Registered]]] = {}
-        self._stops: dict[int, list[Any]] = {}  # id(stop) -> [stop, waiters using it]
-        self._waiting = 0  # followers waiting now (sync and asyncio)
-        self._followers = 0  # the same, a delivery thread counting its subscriptions
         self._polls = 0  # head reads by the waiter thread (`polls`)
         # The highest head a follower read before it waited: one the thread then finds
         # past the head (read twice) means the head went back (`rewind`).
@@ -176,7 +172,7 @@ class Notifier:
     @property
     def waiting(self) -> int:
         """How many followers wait now (sync and asyncio)."""
-        return self._waiting
+        return self._waits.waiting
 
     @property
     def polls(self) -> int:
@@ -187,7 +183,7 @@ class Notifier:
         """(stop events, event loops, keys) the waiter keeps for the followers waiting
         now: all 0 when none waits, as nothing is kept past a wait."""
         with self._lock:
-            return len(self._stops), len(self._async), len(self._keyed)
+            return self._waits.counts()
 
     # -- followers -------------------------------------------------------------------------
 
@@ -210,17 +206,17 @@ class Notifier:
             if next_position > self._head:
                 self._head = next_position
             self._last_move = self._last_publish = time.monotonic()
-            if not self._waiting:
+            if not self._waits.waiting:
                 # Every follower counts itself here, under this lock, before it sleeps
                 # (`_enter`): none waits, so there is nobody to wake (the usual commit).
                 return
             if unknown or keys is None:
-                self._notify_all()
-                loops = self._async_snapshot()
+                self._waits.notify_all()
+                loops = self._waits.futures_to_wake()
             else:
-                self._notify_keys(keys)
-                loops = self._async_snapshot(moved_only=True)
-        _wake_loops(loops)
+                self._waits.notify_keys(keys)
+                loops = self._waits.futures_to_wake(self.moved)
+        wake_loops(loops)
 
     def rewind(self, head: int) -> None:
         """The committed head went back to `head` (a hole in the log accepted by
@@ -232,9 +228,9 @@ class Notifier:
             self._head = self._unknown = self._seen_max = head
             self._touched.clear()
             self._epoch += 1
-            self._notify_all()
-            loops = self._async_snapshot()
-        _wake_loops(loops)
+            self._waits.notify_all()
+            loops = self._waits.futures_to_wake()
+        wake_loops(loops)
 
     def _touch(self, keys: Collection[int], head: int) -> bool:
         """Record that commits up to `head` touched `keys` (under the lock); True when the
@@ -252,14 +248,6 @@ class Notifier:
         self._unknown = max(self._unknown, cut)
         return True
 
-    def _notify_keys(self, keys: Collection[int]) -> None:
-        """Wake the sync waiters with no key and those of `keys` (under the lock)."""
-        self._cv.notify_all()
-        for key in keys:
-            entry = self._keyed.get(key)
-            if entry is not None:
-                entry[0].notify_all()
-
     def moved(self, key: int | None, seen: int) -> bool:
         """Whether a follower of `key` (None: of any change) that read the head `seen`
         has something new to look at (a commit after `seen` that may concern it)."""
@@ -273,21 +261,15 @@ class Notifier:
         with self._lock:
             return None if self.moved(key, seen) else max(self._head, seen)
 
-    def _notify_all(self) -> None:
-        """Wake every sync waiter, keyed or not (under the lock)."""
-        self._cv.notify_all()
-        for entry in self._keyed.values():
-            entry[0].notify_all()
-
     def recheck(self) -> None:
         """Wake every waiter to look again now (`wait` returns True): something besides
         the head changed for one of them (a subscription was added to the delivery thread,
         or the journal is closing it)."""
         with self._lock:
             self._epoch += 1
-            self._notify_all()
-            loops = self._async_snapshot()
-        _wake_loops(loops)
+            self._waits.notify_all()
+            loops = self._waits.futures_to_wake()
+        wake_loops(loops)
 
     @property
     def epoch(self) -> int:
@@ -316,7 +298,7 @@ class Notifier:
         # delivered to another thread of the process, which Linux does when the main
         # thread has a signal pending already, waited for the follower's next commit.)
         most = MAIN_SLICE_S if threading.current_thread() is threading.main_thread() else None
-        registered = _Registered()
+        registered = Registered()
         with self._lock:
             if self.moved(key, seen):
                 return True
@@ -343,9 +325,9 @@ class Notifier:
                     _sleep(cv, self._lock, remaining if most is None else min(remaining, most))
             finally:
                 try:
-                    self._leave(registered)
+                    self._waits.leave(registered)
                 except BaseException:  # (a Ctrl+C at its start: nothing was undone)
-                    self._leave(registered)
+                    self._waits.leave(registered)
                     raise
 
     async def await_change(
@@ -368,7 +350,7 @@ class Notifier:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             waiter = loop.create_future()
-            registered = _Registered()
+            registered = Registered()
             timer = None
             try:
                 with self._lock:
@@ -380,29 +362,21 @@ class Notifier:
                         epoch = self._epoch
                     elif epoch != self._epoch:
                         return  # (a `recheck` since the caller read `epoch`)
-                    futures = self._async.get(loop)
-                    if futures is None:
-                        futures = self._async[loop] = {}
-                    futures[waiter] = (key, seen, registered)
+                    self._waits.add_future(loop, waiter, key, seen, registered)
                     self._enter(registered, None)
                     self._start()
                 if deadline is not None:
-                    timer = loop.call_at(loop.time() + deadline - time.monotonic(), _wake, waiter)
+                    timer = loop.call_at(loop.time() + deadline - time.monotonic(), wake, waiter)
                 await waiter
             finally:
                 if timer is not None:
                     timer.cancel()
                 with self._lock:
-                    futures = self._async.get(loop)
-                    # (None: `_forget_closed_loops` counted it out already.)
-                    if futures is not None:
-                        futures.pop(waiter, None)
-                        if not futures:
-                            del self._async[loop]
+                    self._waits.drop_future(loop, waiter)
                     try:
-                        self._leave(registered)
+                        self._waits.leave(registered)
                     except BaseException:  # (a Ctrl+C at its start: nothing was undone)
-                        self._leave(registered)
+                        self._waits.leave(registered)
                         raise
             with self._lock:
                 if self.moved(key, seen) or self._epoch != epoch:
@@ -411,35 +385,16 @@ class Notifier:
                 return
 
     def _enter(
-        self, registered: _Registered, stop: Any, followers: int = 1, key: int | None = None
+        self, registered: Registered, stop: Any, followers: int = 1, key: int | None = None
     ) -> threading.Condition:
-        """A follower starts waiting (under the lock): counted, its `stop` checked, and
-        the condition it sleeps on (its key's, else the one of followers with no key).
-        What it registers is marked in `registered`, which `_leave` undoes (see
-        `_Registered`: no call between a change and its mark)."""
-        condition = self._cv
-        if key is not None:
-            entry = self._keyed.get(key)
-            if entry is None:
-                made = threading.Condition(self._lock)
-                entry = self._keyed[key] = [made, 0]
-            entry[1] += 1
-            registered.key = key
-            condition = entry[0]
-        if stop is not None:
-            stop_id = id(stop)
-            entry = self._stops.get(stop_id)
-            if entry is None:
-                entry = self._stops[stop_id] = [stop, 0]
-            entry[1] += 1
-            registered.stop = stop_id
-            if entry[1] == 1:
-                stop_checks().want(self)  # (checked from now on, every STOP_CHECK_S)
-        self._waiting += 1
-        self._followers += followers
-        registered.followers = followers
+        """A follower starts waiting (under the lock, `Waits.enter`): the condition it
+        sleeps on; the thread is wanted from now on."""
+        condition = self._waits.enter(registered, stop, followers, key, self._want_stops)
         self._wanted.set()
         return condition
+
+    def _want_stops(self) -> None:
+        stop_checks().want(self)  # (checked from now on, every STOP_CHECK_S)
 
     def _start(self) -> None:
         """Start the thread if none runs (under the condition; last, so a signal that
@@ -459,50 +414,6 @@ class Notifier:
                 # saw another process's commit (a review).
                 self._thread = None
                 raise
-
-    def _leave(self, registered: _Registered) -> None:
-        """Undo what `_enter` registered (under the lock; idempotent). It makes no call:
-        a Ctrl+C lands only at its start, before anything is undone, and its callers
-        call it again then."""
-        if registered.followers is not None:
-            self._waiting -= 1
-            self._followers -= registered.followers
-            registered.followers = None
-        stop_id = registered.stop
-        if stop_id is not None:
-            entry = self._stops[stop_id]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._stops[stop_id]
-            registered.stop = None
-        key = registered.key
-        if key is not None:
-            entry = self._keyed[key]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._keyed[key]
-            registered.key = None
-
-    def _forget_closed_loops(self) -> None:
-        """Count out the futures of event loops closed while their followers waited (a
-        loop closed with such tasks pending, without cancelling them: their `finally`
-        never runs). Kept, they counted as waiting for good (the thread never ended) and
-        held the loop, its tasks and what each follower holds (under the lock)."""
-        for loop in [loop for loop in self._async if loop.is_closed()]:
-            for _, _, registered in self._async.pop(loop).values():
-                self._leave(registered)
-
-    def _async_snapshot(self, moved_only: bool = False) -> list[tuple[Any, list[Any]]]:
-        """The waiting futures to wake, by loop (`moved_only`: those `moved` concerns)."""
-        if not moved_only:
-            return [(loop, list(futures)) for loop, futures in self._async.items()]
-        moved = self.moved
-        woken = []
-        for loop, futures in self._async.items():
-            due = [future for future, (key, seen, _) in futures.items() if moved(key, seen)]
-            if due:
-                woken.append((loop, due))
-        return woken
 
     # -- the waiter thread -----------------------------------------------------------------
 
@@ -576,19 +487,19 @@ class Notifier:
         with self._lock:
             if self._closed:
                 return False
-            if self._async:
-                self._forget_closed_loops()
-            if self._waiting == 0:
+            if self._waits.has_futures():
+                self._waits.forget_closed_loops()
+            if self._waits.waiting == 0:
                 self._wanted.clear()
                 idle = True
             else:
                 idle = False
-            stops = [stop for stop, _ in self._stops.values()]
+            stops = self._waits.stop_events()
         if idle:
             # Nobody waits: linger without reading anything, then end unless one came.
             self._wanted.wait(LINGER_S)
             with self._lock:
-                if self._closed or self._waiting == 0:
+                if self._closed or self._waits.waiting == 0:
                     self._thread = None
                     return False
             self._changed = True
@@ -650,20 +561,20 @@ class Notifier:
         """Wake the waiting followers if a stop of one of them is set (the process's
         stop checks, every STOP_CHECK_S); False when none waits with a stop."""
         with self._lock:
-            if self._closed or not self._stops:
+            stops = self._waits.stop_events()
+            if self._closed or not stops:
                 return False
-            stops = [stop for stop, _ in self._stops.values()]
         self._check(stops)
         return True
 
     def _check(self, stops: list[Any]) -> None:
-        if _any_set(stops):
+        if any_set(stops):
             with self._lock:
-                self._notify_all()
+                self._waits.notify_all()
 
     def _read(self) -> tuple[int, Collection[int] | None]:
         """The head, and the sessions the commits since the previous read touched."""
-        if self._read_changes is None or self._followers <= FEW_FOLLOWERS:
+        if self._read_changes is None or self._waits.followers <= FEW_FOLLOWERS:
             # (Waking so few costs less than finding whom: their next event comes
             # sooner. The engine's next read of changes covers these commits too.)
             return self._read_head(), None
@@ -700,7 +611,7 @@ class Notifier:
         if rewound:
             self.rewind(head)
             return True
-        stopped = _any_set(stops)
+        stopped = any_set(stops)
         with self._lock:
             moved = head > self._head
             if moved:
@@ -717,32 +628,13 @@ class Notifier:
             if not (moved or failed or stopped):
                 return False
             if keys is not None and moved and not (failed or stopped):
-                self._notify_keys(keys)
-                loops = self._async_snapshot(moved_only=True)
+                self._waits.notify_keys(keys)
+                loops = self._waits.futures_to_wake(self.moved)
             else:
-                self._notify_all()
-                loops = self._async_snapshot() if moved or failed else []
-        _wake_loops(loops)
+                self._waits.notify_all()
+                loops = self._waits.futures_to_wake() if moved or failed else []
+        wake_loops(loops)
         return moved or failed
-
-
-class _Registered:
-    """What one wait of a follower registered with the waiter (`Notifier._enter`), so
-    that `_leave` undoes exactly that, however the wait ends. Each change `_enter` makes
-    is marked here with no call in between, and `_leave` makes no call: Python runs a
-    signal handler only at a function's start, a call's return or a loop's jump back, so
-    a Ctrl+C lands between two changes, never between a change and its mark. (Until
-    2026-12-05 one landing between the registration and the `try` whose `finally`
-    undid it, or inside that undoing, left a follower counted as waiting for good: the
-    waiter thread never went idle, and a stop event kept, once set, woke every follower
-    of the journal every 50 ms; a review.)"""
-
-    __slots__ = ("followers", "key", "stop")
-
-    def __init__(self) -> None:
-        self.followers: int | None = None  # counted as waiting, for so many followers
-        self.stop: int | None = None  # the id of its stop event, counted
-        self.key: int | None = None  # its key, counted
 
 
 def _sleep(cv: threading.Condition, lock: Any, timeout: float | None) -> None:
@@ -757,33 +649,6 @@ def _sleep(cv: threading.Condition, lock: Any, timeout: float | None) -> None:
         if not lock._is_owned():
             lock.acquire()
         raise
-
-
-def _any_set(stops: list[Any]) -> bool:
-    for stop in stops:
-        try:
-            if stop.is_set():
-                return True
-        except Exception:  # its waiter calls it too, and gets the error
-            return True
-    return False
-
-
-def _wake(waiter: Any) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _wake_all(futures: list[Any]) -> None:
-    for waiter in futures:
-        _wake(waiter)
-
-
-def _wake_loops(loops: list[tuple[Any, list[Any]]]) -> None:
-    """One call into each event loop wakes all its futures (not one call per future)."""
-    for loop, futures in loops:
-        with contextlib.suppress(RuntimeError):  # that loop closed; its watchers are gone
-            loop.call_soon_threadsafe(_wake_all, futures)
 
 
 def _close_source_in_child(notifier: Notifier) -> None:
