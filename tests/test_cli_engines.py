@@ -135,9 +135,14 @@ class NoNatsPy(MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
-sys.meta_path.insert(0, NoNatsPy())
-for name in [n for n in sys.modules if n == "nats" or n.startswith("nats.")]:
-    del sys.modules[name]
+if sys.argv[1] == "--old":  # an older nats-py: a name the project imports is missing
+    del sys.argv[1]
+    import nats.errors
+    del nats.errors.MaxPayloadError
+else:
+    sys.meta_path.insert(0, NoNatsPy())
+    for name in [n for n in sys.modules if n == "nats" or n.startswith("nats.")]:
+        del sys.modules[name]
 if sys.argv[1] == "--library":
     from journal import Journal, StoreUnavailable
     try:
@@ -150,14 +155,20 @@ run(prog_name="journal")
 """
 
 
-def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", ["missing", "old"])
+def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(
+    tmp_path: Path, client: str
+) -> None:
     """Without nats-py, a `nats://` store cannot be opened until the extra is installed:
     a missing component, mended and run again, as a missing nats-server is for the demo
     (exit 9, UNAVAILABLE). It raised `InvalidArgument` (exit 4), as if the URL were
-    wrong. No server is asked (none listens at the URL)."""
+    wrong. No server is asked (none listens at the URL). A nats-py too old for a name
+    the project imports is named so, with `--upgrade` (it was called not installed)."""
     url = "nats://127.0.0.1:1/agents"
+    old = ["--old"] if client == "old" else []
+    install = "pip install --upgrade" if old else "pip install"
     done = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_NATS_PY, "--store", url, "--format", "json", "stats"],
+        [sys.executable, "-c", _WITHOUT_NATS_PY, *old, "--store", url, "--format", "json", "stats"],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -170,10 +181,11 @@ def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(tmp_path: Pat
     assert error["code"] == "STORE_UNAVAILABLE" and error["status"] == "UNAVAILABLE", error
     message = error["message"]
     assert "the jetstream extra" in message and "nats-py" in message, message
-    assert "pip install 'session-journal[jetstream]'" in message, message
+    assert f"{install} 'session-journal[jetstream]'" in message, message
+    assert ("too old" in message) == bool(old), message
     assert "Traceback" not in done.stderr, done.stderr
     library = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_NATS_PY, "--library", url],
+        [sys.executable, "-c", _WITHOUT_NATS_PY, *old, "--library", url],
         capture_output=True,
         text=True,
         env=cli_env(),
@@ -182,4 +194,4 @@ def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(tmp_path: Pat
     )
     assert library.returncode == 0, library.stderr
     assert library.stdout.startswith("StoreUnavailable STORE_UNAVAILABLE None "), library.stdout
-    assert "pip install 'session-journal[jetstream]'" in library.stdout, library.stdout
+    assert f"{install} 'session-journal[jetstream]'" in library.stdout, library.stdout

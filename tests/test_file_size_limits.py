@@ -5,9 +5,11 @@ did not say what it needed room for."""
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from journal import EventIn, Journal, RetentionPolicy, StoreUnavailable
+from journal._local.files import FileOps
 from tests._cli_runs import cli_env, run_cli
 from tests._small_disk import on_a_small_disk
 
@@ -265,3 +269,51 @@ def test_a_segment_preallocated_whole_skips_zeros_past_a_file_size_limit(tmp_pat
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["refused 27", "101 True"], done.stdout
+
+
+class _NoRoomForTheSwapMark(FileOps):
+    """The directory's sync after compaction makes its swap mark (the first after its
+    copy is written) finds no room (ENOSPC, as a file system with delayed allocation
+    may say at a sync)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.fired = False
+
+    def point(self, name: str, detail: object = None) -> None:
+        if name == "compaction.rewritten" and not self.fired:
+            self.armed = self.fired = True
+
+    def fsync(self, fd: int) -> None:
+        if self.armed and stat.S_ISDIR(os.fstat(fd).st_mode):
+            self.armed = False
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().fsync(fd)
+
+
+def test_compaction_s_swap_mark_refused_room_says_what_it_needs(tmp_path: Path) -> None:
+    """The swap's mark, made before its commit, escaped as a bare `OSError` when the disk
+    refused it: it is the swap's `StoreUnavailable` saying that nothing was lost and how
+    much room to free, and compaction goes on once it is given room."""
+    ops = _NoRoomForTheSwapMark()
+    with Journal.open(
+        tmp_path / "s",
+        segment_bytes=1 << 20,
+        file_ops=ops,
+        retention=RetentionPolicy(max_history_bytes=None),
+    ) as journal:
+        for session in ("a", "b"):
+            journal.create_session(session)
+        for _ in range(300):
+            journal.append("a", [EventIn("e", os.urandom(4000))])
+            journal.append("b", [EventIn("e", os.urandom(4000))])
+        journal.compact_session("a", through_ordinal=300, snapshot=b"done")
+        with pytest.raises(StoreUnavailable) as refused:
+            journal.compact(dead_share=0.3)
+        message = refused.value.message
+        assert refused.value.errno == errno.ENOSPC, message
+        assert "compaction put its copy of segment" in message, message
+        assert "nothing was lost" in message and "free at least" in message, message
+        assert journal.compact(dead_share=0.3).segments_rewritten
+        assert len(list(journal.replay("b"))) == 300
+        assert journal.verify().ok

@@ -38,6 +38,7 @@ from ..engine import ApplyRetention, Operation, Progress
 from ..errors import JournalCorrupt, StoreUnavailable, WriteOutcomeUnknown
 from ..models import CompactionReport
 from .compression import compress_segment
+from .failures import unavailable
 from .files import fsync_dir
 from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name, sidecar_name
 from .log import SegmentLog
@@ -674,7 +675,10 @@ def _compact_segment(
         base, temporary, new_summary, source, summary.last_position, (copy.st_ino, copy.st_size)
     )
     try:
-        mark = _mark_swap(log, base)
+        try:
+            mark = _mark_swap(log, base)
+        except OSError as e:  # (its mark refused: nothing was submitted)
+            raise unavailable(e) from e
         swapped = submit(swap)
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
