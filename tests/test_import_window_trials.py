@@ -10,13 +10,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _cli_runs import ROOT
+from _local_engine import open_local
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journal import EventIn, Journal, RetentionPolicy
+from journal import EventIn, InvalidArgument, Journal, RetentionPolicy
+from journal.archive import ArchiveEvent, ArchiveSession
+from journal.engine import AbortImport, StagedSession, StageEvents, StageSessions
 from journal.import_windows import WINDOW_STEPS
 
 
@@ -156,3 +160,32 @@ def test_an_import_killed_midway_leaves_nothing_and_its_space_comes_back(
         for name, events in expected.items():
             assert [e.data for e in journal.replay(name)] == events
         assert [e.data for e in journal.replay("mine")] == [b"mine"]
+
+
+def test_the_local_engine_refuses_several_staging_steps_in_one_operation(tmp_path: Path) -> None:
+    """The local engine's window trims a staging operation's frame whole, so it takes one
+    staging step an operation (it does not `joins_staging_steps`): an operation marking
+    several (`StagedSession.steps`, `StageEvents.steps`) is `InvalidArgument` and stages
+    nothing, and the same operation in one step is staged."""
+    journal, engine = open_local(tmp_path / "s")
+    with journal:
+        assert engine.joins_staging_steps is False
+        meta = ArchiveSession(
+            "s", "m", None, {}, {}, "open", 1, None, None, 1, 4, None, 0, None, None, None
+        )
+        events = [ArchiveEvent(o, "m", 1000 + o, None, b"x" * 10) for o in range(1, 5)]
+
+        def stage(steps: tuple[int, ...]) -> Any:
+            session = StagedSession(meta, None, events[:2], None, "", steps)
+            return engine.submit(StageSessions([session], "src", 1))
+
+        before = journal.stats()
+        with pytest.raises(InvalidArgument, match="one staging step an operation"):
+            stage((1,))
+        assert journal.stats() == before
+        (row,) = stage(())
+        with pytest.raises(InvalidArgument, match="one staging step an operation"):
+            engine.submit(StageEvents(row.incarnation, events[2:], (1,)))
+        assert engine.submit(StageEvents(row.incarnation, events[2:])) == 4
+        assert engine.submit(AbortImport([row.incarnation])) == 1
+        assert list(journal.list_sessions()) == []
