@@ -36,6 +36,7 @@ from .archive import (
     ArchiveReader,
     ArchiveSession,
     ArchiveSnapshot,
+    SessionSection,
 )
 from .archive_writer import ArchiveWriter, event_batches, event_bytes
 from .arguments import DEFAULT_PAGE_BYTES, check_name, metadata_bytes
@@ -631,6 +632,25 @@ def _stage_and_commit(
             group.clear()
             progress(reader.archive_bytes)
 
+    def stage_events(
+        row: SessionRow | None,
+        index: int,
+        section: SessionSection,
+        events: list[ArchiveEvent],
+        steps: list[int],
+    ) -> SessionRow:
+        """Stage `events` of session `index` (its row first when not staged yet)."""
+        if row is None:
+            stage_group()  # (first: the plan keeps the archive's order)
+            alone = StagedSession(
+                section.session, section.snapshot, [], section.checkpoint, targets[index]
+            )
+            (row,) = engine.submit(StageSessions([alone], header.store_id, header.exported_at_ms))
+            staged.append(row.incarnation)
+        engine.submit(StageEvents(row.incarnation, events, tuple(steps)))
+        progress(reader.archive_bytes)
+        return row
+
     try:
         for index, section in enumerate(reader.sections()):
             meta = section.session
@@ -639,7 +659,7 @@ def _stage_and_commit(
             row: SessionRow | None = None  # staged on its own (too large for a group)
             pending: list[ArchiveEvent] = []
             steps: list[int] = []  # (where the pending events' steps after the first begin)
-            size = 0
+            size = step_size = 0  # (`step_size`: the data of the step being built)
             # The events after a checkpoint begin a batch of their own: history windows
             # trim whole batches, and one holding events on both sides of it would take
             # the events after it (and so the checkpoint) before the source's trims do.
@@ -648,30 +668,32 @@ def _stage_and_commit(
             for batch in section.batches:
                 for event in batch:
                     weight = event_bytes(event)  # (request ids too: up to 1 MiB each)
-                    full = bool(pending) and (
+                    building = len(pending) - (steps[-1] if steps else 0)  # (its events)
+                    full = bool(building) and (
+                        step_size + weight > _STAGE_BYTES or building == _STAGE_EVENTS
+                    )
+                    fills = bool(pending) and (
                         size + weight > _STAGE_BYTES or len(pending) == _STAGE_EVENTS
                     )
                     if windows.ends_before(
                         event, bool(pending), full or (bool(pending) and event.ordinal == after)
                     ):
-                        if joins and not full:
+                        if joins and not fills:
                             # (A step of its own within the operation: SPEC 12.3.)
                             steps.append(len(pending))
                         else:
-                            if row is None:
-                                stage_group()  # (first: the plan keeps the archive's order)
-                                alone = StagedSession(
-                                    meta, section.snapshot, [], section.checkpoint, targets[index]
-                                )
-                                (row,) = engine.submit(
-                                    StageSessions([alone], header.store_id, header.exported_at_ms)
-                                )
-                                staged.append(row.incarnation)
-                            engine.submit(StageEvents(row.incarnation, pending, tuple(steps)))
+                            row = stage_events(row, index, section, pending, steps)
                             pending, steps, size = [], [], 0
-                            progress(reader.archive_bytes)
+                        step_size = 0
+                    elif fills:
+                        # (It ends where the step being built began, one not full after
+                        # another, which begins the next whole: not cut in two, SPEC 12.3.)
+                        at = steps[-1]
+                        row = stage_events(row, index, section, pending[:at], steps[:-1])
+                        pending, steps, size = pending[at:], [], step_size
                     pending.append(event)
                     size += weight
+                    step_size += weight
             if row is None:
                 # What else the group's frame holds: its snapshot, checkpoint and metadata
                 # (a thousand sessions must not make a frame of gigabytes).
@@ -695,8 +717,7 @@ def _stage_and_commit(
                 group.add(staged_session, index, size)
                 continue
             if pending:
-                engine.submit(StageEvents(row.incarnation, pending, tuple(steps)))
-                progress(reader.archive_bytes)
+                stage_events(row, index, section, pending, steps)
             plan.append(ImportTarget(row.incarnation, targets[index], *_state_of(meta)))
         stage_group()
         if reader.sha256 != sha256 or len(plan) != len(targets):
