@@ -276,7 +276,7 @@ def _export_ndjson(
     store: journal.Journal, ids: list[str] | None, dest: str, output: Output, ctrl_c: CtrlC
 ) -> journal.ExportReport:
     """The readable form: the binary archive, read back as one JSON object per record."""
-    from journal.transfer import write_file  # (the archive modules: only where used)
+    from journal.export_files import write_file  # (only where used)
 
     with tempfile.TemporaryFile(prefix="journal-export-") as binary:
         with progress_bar("exporting", output.format == "text" and dest != "-") as bar:
