@@ -71,6 +71,23 @@ class ForkGate:
         local.depth = max(getattr(local, "depth", 1) - 1, 0)
         if not local.depth:
             self._inside.discard(threading.get_ident())
+            deferred: list[Callable[[], None]] = getattr(local, "deferred", [])
+            while deferred:
+                deferred.pop(0)()
+
+    def defer(self, action: Callable[[], None]) -> bool:
+        """Run `action` as this thread leaves the section, if it is inside (True), else
+        not at all (False: the caller runs it now). A signal handler runs in the thread
+        it interrupts, between any two steps: one that closes a journal while that
+        thread is inside an LMDB transaction closes the environments once it leaves, so
+        the transaction goes on (and ends) on an environment still open."""
+        local = self._local
+        if not getattr(local, "depth", 0):
+            return False
+        if not hasattr(local, "deferred"):
+            local.deferred = []
+        local.deferred.append(action)
+        return True
 
     def _pause(self) -> None:
         self._forking = True
@@ -97,6 +114,7 @@ class ForkGate:
         self.held_at_fork = mine or self._timed_out
         self._inside = {me} if mine else set()
         self._forking = False
+        self._local.deferred = []  # (the parent's closes: not the child's to run)
 
 
 # A fork waits this long at most for another thread to leave, polling every step.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -55,12 +54,14 @@ class JetStreamLease:
         # The sequence of its last beat, which the next expects to be the heartbeat
         # subject's last (0: not known, the next beat expects nothing).
         self._beat_seq = 0
-        self._released = False
-        self._releasing = threading.Lock()
+        # (Emptied by the release's one `pop()`: once, by whichever comes first, and with
+        # no lock, which a signal handler's close in the thread that was releasing it
+        # would wait for, for good.)
+        self._unreleased = [True]
 
     @property
     def held(self) -> bool:
-        return not self._released
+        return bool(self._unreleased)
 
     async def start(self) -> asyncio.Task[None]:
         """The first beat, then the task that beats on (on the engine's loop)."""
@@ -90,10 +91,10 @@ class JetStreamLease:
                 self._beat_seq = 0  # (it may have landed: its sequence is not known)
 
     def release(self) -> None:
-        with self._releasing:  # (once, whichever thread comes first)
-            if self._released:
-                return
-            self._released = True
+        try:
+            self._unreleased.pop()  # (once, whichever thread comes first)
+        except IndexError:
+            return
         leases = self._leases
         beat = self._beat
         release = ReleaseLease(self.session_id, self.incarnation, self.generation)

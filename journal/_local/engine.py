@@ -213,7 +213,7 @@ class LocalEngine:
         self.readonly = readonly
         self._ops = ops
         self._pid = os.getpid()
-        self._private_lock, self._private_tail = threading.Lock(), PrivateTail()
+        self._private_lock, self._private_tail = threading.RLock(), PrivateTail()  # (`close`)
         store_file = os.path.join(path, "store.json")
         store = store_at_open(
             path, options.create, readonly, options.file_mode, options.retention, ops
@@ -356,10 +356,12 @@ class LocalEngine:
             self.waiter.close()  # its thread reads no head from now on
         finally:
             # Followers that are not being advanced still hold segment files: release
-            # them (a page in flight finishes first; see ReaderCache).
+            # them (a page in flight finishes first; see ReaderCache). A signal handler's
+            # close inside an LMDB transaction of its thread: as it ends (`ForkGate.defer`).
             for readers in list(self._readers):
                 readers.close()
-            self._release()
+            if not TRANSACTIONS.defer(self._release):
+                self._release()
 
     def _release(self, *, remove_private: bool = True) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""

@@ -485,14 +485,17 @@ class LocalLease:
         self.incarnation = incarnation
         self.generation = generation
         self._submit = submit
-        self._fd, self._path, self._ops = lock
+        fd, self._path, self._ops = lock
+        # (The lock's fd while held, taken out by one `pop()`: once, by whichever
+        # comes first, and with no lock, which a signal handler's close in the thread
+        # that was taking it would wait for, for good.)
+        self._fds = [fd]
         self._forget = forget
-        self._releasing = threading.Lock()
         _HELD.add(self)
 
     @property
     def held(self) -> bool:
-        return self._fd >= 0
+        return bool(self._fds)
 
     def holds(self, path: str) -> bool:
         """Whether this lease holds the lock file at `path` now."""
@@ -501,16 +504,17 @@ class LocalLease:
     def forget_inherited(self) -> None:
         """In a forked child: close this copy of the lock fd; the lease (and its file) is
         the parent's."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._fds:
+            os.close(self._fds.pop())
 
     def release(self) -> None:
         # Atomically (the journal's close, the owner and a dropped owner's release thread
-        # may race): the fd is closed once, never a number reused since by another file.
-        with self._releasing:
-            fd, self._fd = self._fd, -1
-        if fd < 0:
+        # may race, and a signal handler's close runs between any two steps of the
+        # thread it interrupts): the fd is closed once, never a number reused since by
+        # another file.
+        try:
+            fd = self._fds.pop()
+        except IndexError:
             return
         try:
             self._submit(ReleaseLease(self.session_id, self.incarnation, self.generation))

@@ -86,7 +86,10 @@ class ReaderCache:
 
     `lock` is held for a whole page: `close()` from another thread (the journal closing
     under a follower that is not being advanced) waits for a page in flight instead of
-    closing files under it."""
+    closing files under it. From the thread of that page (a signal handler run inside
+    it: the lock is reentrant) it closes nothing under the page: the page closes the
+    reader as it ends (it waited for the page's lock, held by the very thread that
+    waited, for good)."""
 
     # (A class default: a signal raised inside `__init__` leaves an object that `__del__`
     # still frees; it printed "Exception ignored in ... AttributeError" on stderr as the
@@ -95,8 +98,10 @@ class ReaderCache:
 
     def __init__(self, directory: str, ops: FileOps = DEFAULT_FILE_OPS) -> None:
         self.directory = directory
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._ops = ops
+        self._paging = False  # (a page is in flight: set and cleared under `lock`)
+        self._close_pending = False  # (closed while it was: the page's end closes it)
         self._reader: SegmentReader | None = None
         self._carried: Carried | None = None
         self._page_bytes = 1 << 20  # (the page being read: `begin_page`)
@@ -161,7 +166,8 @@ class ReaderCache:
         """Close the reader until the next page (`PageReaders.release`); the frame a page
         ended inside stays carried (its decoded records)."""
         with self.lock:
-            self._drop_reader()
+            if not self._paging:  # (a page of this thread in flight: not under it)
+                self._drop_reader()
 
     def rest(self) -> None:
         """A page ended at the session's last event, and its follower may wait at the
@@ -201,6 +207,20 @@ class ReaderCache:
 
     def close(self) -> None:
         with self.lock:
+            if self._paging:  # (a page of this very thread: see the class)
+                self._close_pending = True
+            else:
+                self.drop_all()
+
+    def page(self) -> None:
+        """A page begins (the caller holds `lock`)."""
+        self._paging = True
+
+    def page_ended(self) -> None:
+        """The page ended (the caller holds `lock`): a close meanwhile is done now."""
+        self._paging = False
+        if self._close_pending:
+            self._close_pending = False
             self.drop_all()
 
     def drop_all(self) -> None:
@@ -228,32 +248,52 @@ def read_page(
     "points at ..., which does not exist" where the history had expired; found by a
     long-running trial.)"""
     with readers.lock:
-        head: Head | None = None
-        for attempt in range(3):
-            if attempt and refresh is not None:
-                refresh()
-            try:
-                with view.begin() as txn:
-                    head = view.head(txn)
-                    readers.begin_page(0 if head is None else head.segment, max_bytes)
-                    page = _page_once(
-                        txn, view, head, session_id, incarnation, after, max_bytes, context, readers
-                    )
-            except FileNotFoundError as e:
-                readers.drop_all()
-                if attempt == 2:
-                    raise _missing_file(session_id, e.filename, head) from None
-                continue
-            except JournalCorrupt:
-                readers.drop_all()
-                if attempt == 2:
-                    raise
-                continue
-            if page.has_more:
-                readers.pause()
-            else:
-                readers.rest()
-            return page
+        readers.page()
+        try:
+            return _page_retried(
+                view, session_id, incarnation, after, max_bytes, context, readers, refresh
+            )
+        finally:
+            readers.page_ended()
+
+
+def _page_retried(
+    view: View,
+    session_id: str,
+    incarnation: int,
+    after: int,
+    max_bytes: int,
+    context: ReadContext,
+    readers: ReaderCache,
+    refresh: Callable[[], None] | None,
+) -> EventsPage:
+    """`read_page` under the page readers' lock."""
+    head: Head | None = None
+    for attempt in range(3):
+        if attempt and refresh is not None:
+            refresh()
+        try:
+            with view.begin() as txn:
+                head = view.head(txn)
+                readers.begin_page(0 if head is None else head.segment, max_bytes)
+                page = _page_once(
+                    txn, view, head, session_id, incarnation, after, max_bytes, context, readers
+                )
+        except FileNotFoundError as e:
+            readers.drop_all()
+            if attempt == 2:
+                raise _missing_file(session_id, e.filename, head) from None
+            continue
+        except JournalCorrupt:
+            readers.drop_all()
+            if attempt == 2:
+                raise
+            continue
+        if page.has_more:
+            readers.pause()
+        else:
+            readers.rest()
+        return page
     raise AssertionError("unreachable")
 
 

@@ -1,0 +1,228 @@
+"""A signal handler that closes the journal while the main thread is inside a read.
+
+Python runs a signal handler in the main thread between any two of its steps, so a
+SIGTERM handler that calls `Journal.close()` closes the journal in the middle of
+whatever that thread was doing: here, inside a page read (the local engine's page
+readers, held for the page; an LMDB read transaction). Real processes and real signals
+(`signal.raise_signal`, raised by a trace function at a chosen line), one process
+sweeping many points, each on a journal of its own opened for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from journal import Journal
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# argv: store; the workload ("reads": a `read`, a `replay` and a few pages of a `watch`;
+# "turn": `own()`, a turn with an append, a plain append and the release first;
+# "readonly": the reads on a read-only journal whose private view has commits to catch
+# up); the modules of `journal/_local` whose lines are counted (comma-separated; "*":
+# all journal code); the first point, the step between points, the last point, and the
+# bound of one point (s). Point n raises SIGTERM at the n-th line counted. Prints one
+# JSON line per point, then the number of lines counted; a point that hangs past its
+# bound has every thread's stack dumped and the process exits 1 (faulthandler).
+_SWEEP = r"""
+import faulthandler, json, os, signal, sys, threading
+import journal
+from journal import EventIn, Journal, JournalClosed
+
+store, what, files = sys.argv[1], sys.argv[2], sys.argv[3]
+first, step, last, bound = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
+PKG = os.path.dirname(journal.__file__) + os.sep
+READER = os.path.join(PKG, "_local", "reader.py")
+FILES = None if files == "*" else {os.path.join(PKG, "_local", f) for f in files.split(",")}
+point = {"n": 0, "at": 0, "where": None, "in_page": False, "j": None}
+
+def on_sigterm(signum, frame):
+    point["j"].close()
+
+signal.signal(signal.SIGTERM, on_sigterm)
+
+def in_page(frame):
+    while frame is not None:
+        if frame.f_code.co_name == "read_page" and frame.f_code.co_filename == READER:
+            return True
+        frame = frame.f_back
+    return False
+
+def local(frame, event, arg):
+    if event == "line" and (FILES is None or frame.f_code.co_filename in FILES):
+        point["n"] += 1
+        if point["n"] == point["at"]:
+            point["where"] = f"{os.path.relpath(frame.f_code.co_filename, PKG)}:{frame.f_lineno}"
+            point["in_page"] = in_page(frame)
+            signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    return local
+
+def call(frame, event, arg):
+    return local if frame.f_code.co_filename.startswith(PKG) else None
+
+def workload(j, sid):
+    if what == "readonly":
+        j.get_session(sid)
+    if what == "turn":
+        with j.own(sid) as owner:
+            with owner.turn("r1") as turn:
+                turn.append([EventIn("message", b'{"n": 1}')])
+        j.append(sid, [EventIn("message", b'{"n": 2}')])
+    j.read(sid, max_bytes=64)
+    for _ in j.replay(sid, max_bytes=64):
+        pass
+    stop = threading.Event()
+    for seen, _ in enumerate(j.watch(sid, stop=stop, max_bytes=64)):
+        if seen == 3:
+            stop.set()
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+with Journal.open(store, durability="os") as j:
+    j.append("warm", [EventIn("message", b"{}")], create=True)
+writer = None
+at = first
+while at <= last:
+    sid = f"s{at}"
+    events = [EventIn("message", b'{"n": %d}' % n) for n in range(6)]
+    if what != "readonly":
+        with Journal.open(store, durability="os") as j:
+            j.append(sid, events, create=True)
+        before = fds()
+        j = Journal.open(store, durability="os")
+    else:
+        # (A writer holds the view, so the reader's is a private one, which catches up
+        # at each read. A store of its own: a private view projects the whole log.)
+        if writer is not None:
+            writer.close()
+        writer = Journal.open(f"{store}-{at}", durability="os")
+        writer.append(sid, events[:3], create=True)
+        before = fds()
+        j = Journal.open(f"{store}-{at}", readonly=True)
+        writer.append(sid, events[3:])  # (the reader's first read projects them)
+    point.update(n=0, at=at, where=None, in_page=False, j=j)
+    faulthandler.dump_traceback_later(bound, exit=True)
+    sys.settrace(call)
+    try:
+        workload(j, sid)
+        outcome = "completed"
+    except JournalClosed:
+        outcome = "JournalClosed"
+    except BaseException as error:
+        outcome = f"{type(error).__name__}: {error}"
+    finally:
+        sys.settrace(None)
+        faulthandler.cancel_dump_traceback_later()
+    closed = j.closed
+    j.close()
+    del j
+    point["j"] = None
+    left = fds() - before
+    if point["where"] is None:
+        break
+    print(json.dumps({"at": at, "where": point["where"], "in_page": point["in_page"],
+                      "outcome": outcome, "closed": closed, "fds_left": left}), flush=True)
+    at += step
+if writer is not None:
+    writer.close()
+print(json.dumps({"lines": point["n"]}), flush=True)
+"""
+
+
+def _sweep(
+    store: Path, what: str, files: str, step: int, budget_s: float
+) -> list[dict[str, object]]:
+    """The points of one sweeping process (see `_SWEEP`: every `step`-th line from the
+    first, each bounded by 10 s); the test fails when one hung."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = [str(store), what, files, "1", str(step), str(10**6), "10"]
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SWEEP, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        output, _ = child.communicate(timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        output, _ = child.communicate()
+        pytest.fail("the sweep did not end in time:\n" + output[-4000:])
+    assert child.returncode == 0, "a point hung (stacks dumped):\n" + output[-4000:]
+    points = [json.loads(line) for line in output.splitlines()]
+    assert points and "lines" in points[-1], output[-4000:]
+    return points[:-1]
+
+
+def _check(points: list[dict[str, object]]) -> None:
+    """Each point's read completed or raised `JournalClosed`, the journal is closed, and
+    the close let go of every descriptor the journal opened (a close deferred to the end
+    of the page read it interrupted is done once that read ends)."""
+    for point in points:
+        assert point["outcome"] in ("completed", "JournalClosed"), point
+        assert point["closed"] is True, point
+        assert point["fds_left"] == 0, point
+
+
+def _verified(store: Path) -> None:
+    with Journal.open(store) as j:
+        report = j.verify()
+    assert report.ok, report
+
+
+def test_a_signal_handler_closes_inside_a_page_read(tmp_path: Path) -> None:
+    """A SIGTERM handler that closes the journal, run at every fourth line of the page
+    reader (the local engine's `read_page` and its page readers) during a `read`, a
+    `replay` and a `watch`: the close waited for the page readers' lock, held by the very
+    read it interrupted, for good. The read now ends with `JournalClosed` or completes,
+    its page readers closed as the page ends and the environments as its transaction
+    ends; no descriptor is left open, and the store verifies clean."""
+    points = _sweep(tmp_path / "store", "reads", "reader.py", 4, 240.0)
+    _check(points)
+    assert sum(bool(point["in_page"]) for point in points) >= 50, points
+    _verified(tmp_path / "store")
+
+
+def test_a_signal_handler_closes_as_its_thread_releases_a_lease(tmp_path: Path) -> None:
+    """The same at every line of the local engine's leases during `own()`, a turn, its
+    release and reads: a close while the release held its lease's lock (taking the lock
+    file's descriptor) took that lock again, for good."""
+    points = _sweep(tmp_path / "store", "turn", "leases.py", 1, 240.0)
+    _check(points)
+    assert any(point["where"].startswith("_local/leases.py") for point in points)
+    _verified(tmp_path / "store")
+
+
+def test_a_signal_handler_closes_a_read_only_journal_catching_up(tmp_path: Path) -> None:
+    """The same at every line of the local engine's module during reads of a read-only
+    journal whose private view has commits to project: a close while the catch-up held
+    the private view's lock took it again, for good."""
+    points = _sweep(tmp_path / "store", "readonly", "engine.py", 1, 240.0)
+    _check(points)
+    assert len(points) > 50, points
+
+
+@pytest.mark.slow
+def test_a_signal_handler_closes_at_every_line_of_reads_and_turns(tmp_path: Path) -> None:
+    """The same at every line of the page reader during reads, at every line of the
+    read-only journal's catch-up and page reads, and at every third line of all journal
+    code that `own()`, a turn with an append, a plain append, the release and the reads
+    run (SPEC 7.8 gives the counts of a sweep of every second line)."""
+    points = _sweep(tmp_path / "a", "reads", "reader.py", 1, 1200.0)
+    _check(points)
+    points = _sweep(tmp_path / "b", "readonly", "engine.py,private_tail.py,reader.py", 1, 3600.0)
+    _check(points)
+    points = _sweep(tmp_path / "c", "turn", "*", 3, 3600.0)
+    _check(points)
+    assert len(points) > 2000 and sum(bool(point["in_page"]) for point in points) > 400
+    for store in ("a", "b", "c"):
+        _verified(tmp_path / store)
