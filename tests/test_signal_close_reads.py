@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from _turn_blocks import journal_arguments, run_child
+from engines import EngineFactory
 
 from journal import Journal
 
@@ -226,3 +228,58 @@ def test_a_signal_handler_closes_at_every_line_of_reads_and_turns(tmp_path: Path
     assert len(points) > 2000 and sum(bool(point["in_page"]) for point in points) > 400
     for store in ("a", "b", "c"):
         _verified(tmp_path / store)
+
+
+# A process whose SIGTERM handler closes the journal, the signal raised at the second
+# line its owner's lease runs as it is released (as the turn's owner lets go): the
+# line where the release held its lease's lock, which the close's release of the same
+# lease took again.
+_LEASE_RELEASED = """
+import json, signal, sys
+from journal import Journal, JournalClosed
+from journal._jetstream.leases import JetStreamLease
+from journal._local.leases import LocalLease
+j = Journal.open(sys.argv[1], durability="os", **json.loads(sys.argv[2]))
+closed = []
+
+def on_sigterm(signum, frame):
+    j.close()
+    closed.append(j.closed)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+releases = {LocalLease.release.__code__, JetStreamLease.release.__code__}
+lines = [0]
+
+def local(frame, event, arg):
+    if event == "line":
+        lines[0] += 1
+        if lines[0] == 2 and not closed:
+            signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    return local
+
+def call(frame, event, arg):
+    return local if frame.f_code in releases else None
+
+with j.own("s") as owner:
+    with owner.turn("r1"):
+        pass
+    sys.settrace(call)
+sys.settrace(None)
+print("closed:", closed, flush=True)
+"""
+
+
+def test_a_signal_handler_closes_as_its_thread_releases_the_lease(
+    engine: EngineFactory, store: Path
+) -> None:
+    """A SIGTERM handler that closes the journal while the main thread releases its
+    owner's lease (inside the release's once-only step): the close released the same
+    lease, took that step's lock again and waited for itself for good. It closes, the
+    lease is released once, and the next owner takes it at once. Both engines."""
+    with engine.open(store, durability="os") as j:
+        j.create_session("s")
+    exited, output = run_child(_LEASE_RELEASED, journal_arguments(engine, store))
+    assert exited, output
+    assert output.splitlines() == ["closed: [True]"]
+    with engine.open(store, durability="os") as j, j.own("s") as owner:
+        assert owner.recovered_turn is None
