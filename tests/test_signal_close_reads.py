@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from _turn_blocks import journal_arguments, run_child
-from engines import EngineFactory
+from engines import EngineFactory, JetStreamEngineFactory
 
 from journal import Journal
 
@@ -39,6 +39,7 @@ from journal import EventIn, Journal, JournalClosed
 
 store, what, files = sys.argv[1], sys.argv[2], sys.argv[3]
 first, step, last, bound = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
+URL = os.environ.get("SWEEP_NATS_URL")  # (set: the JetStream engine, `store` its name)
 PKG = os.path.dirname(journal.__file__) + os.sep
 READER = os.path.join(PKG, "_local", "reader.py")
 FILES = None if files == "*" else {os.path.join(PKG, "_local", f) for f in files.split(",")}
@@ -84,10 +85,15 @@ def workload(j, sid):
         if seen == 3:
             stop.set()
 
+def opened(where, **keywords):
+    if URL is None:
+        return Journal.open(where, **keywords)
+    return Journal.open(URL, store=where, **keywords)
+
 def fds():
     return len(os.listdir("/proc/self/fd"))
 
-with Journal.open(store, durability="os") as j:
+with opened(store, durability="os") as j:
     j.append("warm", [EventIn("message", b"{}")], create=True)
 writer = None
 at = first
@@ -95,10 +101,10 @@ while at <= last:
     sid = f"s{at}"
     events = [EventIn("message", b'{"n": %d}' % n) for n in range(6)]
     if what != "readonly":
-        with Journal.open(store, durability="os") as j:
+        with opened(store, durability="os") as j:
             j.append(sid, events, create=True)
         before = fds()
-        j = Journal.open(store, durability="os")
+        j = opened(store, durability="os")
     else:
         # (A writer holds the view, so the reader's is a private one, which catches up
         # at each read. A store of its own: a private view projects the whole log.)
@@ -139,12 +145,14 @@ print(json.dumps({"lines": point["n"]}), flush=True)
 
 
 def _sweep(
-    store: Path, what: str, files: str, step: int, budget_s: float
+    store: Path | str, what: str, files: str, step: int, budget_s: float, url: str = ""
 ) -> list[dict[str, object]]:
     """The points of one sweeping process (see `_SWEEP`: every `step`-th line from the
     first, each bounded by 10 s); the test fails when one hung."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if url:
+        env["SWEEP_NATS_URL"] = url
     args = [str(store), what, files, "1", str(step), str(10**6), "10"]
     child = subprocess.Popen(
         [sys.executable, "-c", _SWEEP, *args],
@@ -283,3 +291,16 @@ def test_a_signal_handler_closes_as_its_thread_releases_the_lease(
     assert output.splitlines() == ["closed: [True]"]
     with engine.open(store, durability="os") as j, j.own("s") as owner:
         assert owner.recovered_turn is None
+
+
+def test_a_signal_handler_closes_inside_a_read_of_jetstream(
+    engine: EngineFactory, store: Path
+) -> None:
+    """The same with the JetStream engine, at every fifth line of all journal code that a
+    `read`, a `replay` and a `watch` run: a close while the read registered its request
+    (under the connection's lock of calls) took that lock again and waited for good."""
+    if not isinstance(engine, JetStreamEngineFactory):
+        pytest.skip("the local engine's reads: the tests above")
+    points = _sweep(engine.store_name(store), "reads", "*", 5, 600.0, engine.url())
+    _check(points)
+    assert len(points) > 100, points

@@ -236,7 +236,7 @@ class Connection:
         # The calls waiting for an answer: `cut` (the journal closing) cancels them and
         # refuses new ones (their callers get `Closed`), so no thread waits on a stopped
         # loop, nor, in an outage, for a request nobody needs any more.
-        self._calls_lock = threading.Lock()
+        self._calls_lock = threading.RLock()  # (`call`)
         self._calls: set[concurrent.futures.Future[Any]] = set()
         self._stopped = False
         # Set by the engine once the store is open (`_still_not_found`).
@@ -326,8 +326,19 @@ class Connection:
             if self._stopped:
                 coro.close()
                 raise Closed("the journal's NATS connection is closed")
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            try:
+                future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            except RuntimeError:
+                coro.close()
+                if self._stopped:  # (its loop closed since the check: see below)
+                    raise Closed("the journal's NATS connection is closed") from None
+                raise
             self._calls.add(future)
+        if self._stopped:
+            # (A reentrant lock, and these checks: a signal handler's close in this thread
+            # while it held the lock took it again and waited for itself for good; run
+            # before the future was added, it did not cancel it.)
+            future.cancel()
         scope = READ_SCOPE.get()
         try:
             if scope is None:
