@@ -157,7 +157,8 @@ class ReadScope:
     `concurrent.futures.CancelledError`, which the follower takes as its end."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # (Reentrant: a signal handler's close in the thread that holds it sends requests.)
+        self._lock = threading.RLock()
         self._cancelled = Flag()
         self._hooks: list[Callable[[], object]] = []
         self._stop: threading.Event | None = None
