@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from _turn_blocks import journal_arguments, run_child
-from engines import EngineFactory, JetStreamEngineFactory
+from engines import ENGINES, EngineFactory, JetStreamEngineFactory, engine_params
 
 from journal import Journal
 
@@ -299,8 +299,17 @@ def test_a_signal_handler_closes_as_its_thread_releases_the_lease(
         assert owner.recovered_turn is None
 
 
+# The JetStream engines of `engine_params` (one server; the cluster's under its mark).
+_JETSTREAM = [
+    pytest.param(ENGINES[param.values[0]], marks=param.marks, id=param.id)
+    for param in engine_params()
+    if isinstance(ENGINES[param.values[0]], JetStreamEngineFactory)
+]
+
+
+@pytest.mark.parametrize("engine", _JETSTREAM)
 def test_a_signal_handler_closes_inside_a_read_of_jetstream(
-    engine: EngineFactory, store: Path
+    engine: JetStreamEngineFactory, store: Path
 ) -> None:
     """The same with the JetStream engine, at every fourth line of its connection's calls and of
     the read scopes, during `own()`, a turn, its release and the reads: a close while a
@@ -308,8 +317,6 @@ def test_a_signal_handler_closes_inside_a_read_of_jetstream(
     follower's read registered its cancel hook (under its scope's lock; the close's
     release of the lease sends a request in that scope), took that lock again and waited
     for good."""
-    if not isinstance(engine, JetStreamEngineFactory):
-        pytest.skip("the local engine's reads: the tests above")
     files = "_jetstream/client.py,engine.py"
     points = _sweep(engine.store_name(store), "turn", files, 4, 600.0, engine.url())
     _check(points)
