@@ -285,6 +285,23 @@ class TokenCodec:
                 reason = (
                     f"starts with {label + '='!r}: pass only the {TOKEN_LENGTH} characters after it"
                 )
+            elif (
+                pasted
+                and len(stripped) == TOKEN_LENGTH + 2
+                and stripped[0] == stripped[-1]
+                and stripped[0] in "'\""
+            ):
+                # (copied with the quotes of a shell command or a JSON string)
+                reason = (
+                    f"has quotes around it ({stripped[0]}): pass only the {TOKEN_LENGTH} "
+                    "characters inside them"
+                )
+            elif pasted and len(words := stripped.split()) == 2 and len(words[1]) == TOKEN_LENGTH:
+                # (copied with the option that took it, `--cursor ...`)
+                reason = (
+                    f"starts with {words[0] + ' '!r}: pass only the {TOKEN_LENGTH} characters "
+                    "after it"
+                )
             else:
                 characters = "character" if len(token) == 1 else "characters"
                 reason = (

@@ -152,7 +152,8 @@ class KeyRing:
         if len(secret) < _MIN_SECRET_BYTES:
             source = f"${KEY_ENV}" if text is not None else f"the file named by ${KEY_FILE_ENV}"
             raise KeyRingError(
-                f"the cursor key in {source} is {len(secret)} bytes; it must be at least "
+                f"the cursor key in {source} is {len(secret)} bytes (its text read as hex, "
+                f"else as base64url); it must be at least "
                 f"{_MIN_SECRET_BYTES} bytes (32 random bytes recommended, e.g. "
                 f"`python -c 'import secrets; print(secrets.token_hex(32))'`)"
             )

@@ -842,6 +842,21 @@ def test_a_pasted_token_with_its_label_is_told_so() -> None:
         CODEC.decode(f"cursor_{token}", TokenKind.SESSION, scope)
 
 
+@pytest.mark.parametrize("quote", ['"', "'"])
+def test_a_token_pasted_with_its_quotes_or_option_is_told_so(quote: str) -> None:
+    """A token copied with a shell command's or a JSON string's quotes, or with the
+    option that took it (`--cursor TOKEN`), was "61 (or 68) characters long, not 59 (it
+    was truncated, extended or is not a session cursor)" (new-user trial)."""
+    scope = scope_digest(b"store", "s")
+    token = CODEC.encode(TokenKind.SESSION, scope, 1, 1)
+    with pytest.raises(CursorMalformed, match=r"has quotes around it .*: pass only the 59"):
+        CODEC.decode(f"{quote}{token}{quote}", TokenKind.SESSION, scope)
+    with pytest.raises(CursorMalformed, match=r"starts with '--cursor ': pass only the 59"):
+        CODEC.decode(f"--cursor {token}", TokenKind.SESSION, scope)
+    with pytest.raises(CursorMalformed, match="is 69 characters long"):
+        CODEC.decode(f"--cursor {token}x", TokenKind.SESSION, scope)
+
+
 def test_a_very_long_token_is_refused_without_copying_it() -> None:
     """The hints for a pasted token (white space, a label) stripped and split the text:
     a token of 64 MB of "=" or white space was copied twice before it was refused
