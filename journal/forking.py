@@ -75,6 +75,22 @@ class ForkGate:
             while deferred:
                 deferred.pop(0)()
 
+    def depth(self) -> int:
+        """How many times this thread is inside (nested)."""
+        return int(getattr(self._local, "depth", 0))
+
+    def leave_to(self, depth: int) -> None:
+        """Back to `depth` (this thread's `depth()` before an `enter` that an exception
+        cut short, wherever it stopped: before or after it counted this thread in). An
+        exception landing between `enter()` and the `try` that leaves on an error (a
+        KeyboardInterrupt, raised as `enter` returns) left the thread counted inside for
+        good: a close from it then deferred its release to a leave that never came."""
+        if self.depth() > depth:
+            self._local.depth = depth + 1
+            self.leave()
+        elif not depth:
+            self._inside.discard(threading.get_ident())
+
     def defer(self, action: Callable[[], None]) -> bool:
         """Run `action` as this thread leaves the section, if it is inside (True), else
         not at all (False: the caller runs it now). A signal handler runs in the thread

@@ -321,3 +321,51 @@ def test_a_signal_handler_closes_inside_a_read_of_jetstream(
     points = _sweep(engine.store_name(store), "turn", files, 4, 600.0, engine.url())
     _check(points)
     assert len(points) > 20, points
+
+
+# A process whose read is interrupted (SIGINT's KeyboardInterrupt) at the line right
+# after an LMDB transaction entered the transactions' gate, before it opened; then it
+# closes the journal and opens the store again.
+_INTERRUPTED_AT_THE_GATE = """
+import signal, sys
+from journal import Journal
+from journal._local.view import _Transaction
+j = Journal.open(sys.argv[1], durability="os")
+code = _Transaction.__enter__.__code__
+target = code.co_firstlineno + 2  # (the line after `TRANSACTIONS.enter()`)
+fired = []
+
+def local(frame, event, arg):
+    if event == "line" and frame.f_lineno == target and not fired:
+        fired.append(True)
+        signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised here)
+    return local
+
+def call(frame, event, arg):
+    return local if frame.f_code is code else None
+
+sys.settrace(call)
+try:
+    j.read("s")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+finally:
+    sys.settrace(None)
+j.close()
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_read_interrupted_as_it_enters_a_transaction_leaves_the_close_whole(
+    store: Path,
+) -> None:
+    """A KeyboardInterrupt landing right after a transaction entered the transactions'
+    gate (before the `try` that leaves it on an error) left this thread counted inside
+    for good: every later close of a journal in it put its release off to a leave that
+    never came, and opening the store again said it was open already."""
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    exited, output = run_child(_INTERRUPTED_AT_THE_GATE, [str(store)])
+    assert exited, output
+    assert output.splitlines() == ["interrupted", "reopened: 0"], output

@@ -197,11 +197,12 @@ class _Transaction:
         self._txn: lmdb.Transaction | None = None
 
     def __enter__(self) -> lmdb.Transaction:
-        TRANSACTIONS.enter()  # (fork() waits for transactions in flight: `forking`)
+        depth = TRANSACTIONS.depth()
         try:
+            TRANSACTIONS.enter()  # (fork() waits for transactions in flight: `forking`)
             self._txn = self._view.open_transaction(self._write)
         except BaseException:
-            TRANSACTIONS.leave()
+            TRANSACTIONS.leave_to(depth)  # (also when `enter` itself was cut short)
             raise
         return self._txn
 
@@ -392,11 +393,12 @@ class View:
 
     def grow(self) -> None:
         """Double the map size (after `lmdb.MapFullError`)."""
-        TRANSACTIONS.enter()
+        depth = TRANSACTIONS.depth()
         try:
+            TRANSACTIONS.enter()
             self.env.set_mapsize(self.env.info()["map_size"] * 2)
         finally:
-            TRANSACTIONS.leave()
+            TRANSACTIONS.leave_to(depth)
 
     def close(self) -> None:
         self.closed = True
