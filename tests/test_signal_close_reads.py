@@ -20,7 +20,7 @@ import pytest
 from _turn_blocks import journal_arguments, run_child
 from engines import ENGINES, EngineFactory, JetStreamEngineFactory, engine_params
 
-from journal import Journal
+from journal import EventIn, Journal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -369,3 +369,47 @@ def test_a_read_interrupted_as_it_enters_a_transaction_leaves_the_close_whole(
     exited, output = run_child(_INTERRUPTED_AT_THE_GATE, [str(store)])
     assert exited, output
     assert output.splitlines() == ["interrupted", "reopened: 0"], output
+
+
+# A SIGTERM handler that closes the journal, raised at the first line of the view's head
+# read inside a page's LMDB transaction; then the store is opened again.
+_CLOSED_INSIDE_A_TRANSACTION = """
+import signal, sys
+from journal import EventIn, Journal
+from journal._local.view import View
+j = Journal.open(sys.argv[1], durability="os")
+signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
+code = View.head.__code__
+fired = []
+
+def local(frame, event, arg):
+    if event == "line" and not fired:
+        fired.append(True)
+        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    return local
+
+def call(frame, event, arg):
+    return local if frame.f_code is code else None
+
+sys.settrace(call)
+try:
+    page = j.read("s")
+finally:
+    sys.settrace(None)
+print("read:", len(page.events), j.closed, flush=True)
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_close_inside_a_pages_transaction_lets_the_page_end(store: Path) -> None:
+    """A close from a signal handler inside a page's LMDB transaction closes the
+    environments as the transaction ends (`ForkGate.defer`), not under it: the page
+    is read whole, and the store opens again afterwards. (Closed at once, the
+    transaction failed and the read raised `JournalClosed`: the sweeps above accept
+    that outcome, and passed without the deferral.)"""
+    with Journal.open(store, durability="os") as j:
+        j.append("s", [EventIn("message", b"{}")], create=True)
+    exited, output = run_child(_CLOSED_INSIDE_A_TRANSACTION, [str(store)])
+    assert exited, output
+    assert output.splitlines() == ["read: 1 True", "reopened: 1"], output
