@@ -62,8 +62,8 @@ def compact(settings: Settings, dead_share: float) -> None:
     """Reclaim space: apply retention, delete dead segments, rewrite mostly dead ones.
 
     The active segment is sealed first (the next append starts a new one) when at least
-    1 MiB (half a segment, if less) and --dead-share of it are dead, so its space comes back
-    too.
+    1 MiB (half a segment, if less) and --dead-share of its frames' bytes are dead, so its
+    space comes back too.
 
     Positions, ordinals and cursors do not change; writers and watchers may keep running.
     On a nats:// store (no segments) it applies the retention policy only.
@@ -113,6 +113,8 @@ def compact(settings: Settings, dead_share: float) -> None:
         "bytes_after": report.bytes_after,
         "live_bytes_copied": report.live_bytes_copied,
         "seconds": round(report.seconds, 3),
+        "active_frame_bytes": report.active_frame_bytes,
+        "active_dead_bytes": report.active_dead_bytes,
     }
     text = (
         f"compacted: {_count(len(report.segments_rewritten), 'segment')} rewritten, "
@@ -126,7 +128,8 @@ def compact(settings: Settings, dead_share: float) -> None:
     why = None if retention is not None else nothing_reclaimed(report)
     record["nothing_reclaimed"] = why
     if why is not None:
-        text += f"\nnothing reclaimed: {NOTHING_RECLAIMED[why].format(dead_share=dead_share)}"
+        because = NOTHING_RECLAIMED[why].format(dead_share=dead_share, active=active_frames(report))
+        text += f"\nnothing reclaimed: {because}"
     output.emit(record, text)
 
 
@@ -134,9 +137,12 @@ def compact(settings: Settings, dead_share: float) -> None:
 # summary's `nothing_reclaimed`, SPEC 13), and what the text says of it.
 NOTHING_RECLAIMED = {
     "only_active_segment": (
-        "there is no sealed segment, only the active one; compact seals it (and compacts "
-        "it) once at least 1 MiB (half a segment, if less) and --dead-share {dead_share} of it are "
-        "dead, and a writer seals it when it is full"
+        "there is no sealed segment, only the active one{active}; compact seals it (and "
+        "compacts it) once at least 1 MiB (half a segment, if less) and --dead-share "
+        "{dead_share} of its frames' bytes are dead, and a writer seals it when it is full. "
+        "The events of one append share a frame, which stays while any record in it lives: "
+        "the append that created a session also holds the session's creation record, "
+        "which lives as long as the session"
     ),
     "reclaimed_meanwhile": (
         "this run rewrote and deleted no segment; the sealed bytes went down meanwhile, "
@@ -150,6 +156,17 @@ NOTHING_RECLAIMED = {
         "append leave the disk together, once all of them are dead"
     ),
 }
+
+
+def active_frames(report: journal.CompactionReport) -> str:
+    """What the seal's decision found in the active segment, as "only the active one"
+    goes on in `NOTHING_RECLAIMED` (its frames' bytes, without the zeros ahead of them)."""
+    frames, dead = report.active_frame_bytes, report.active_dead_bytes
+    if not frames:
+        return ""
+    if dead is None:
+        return f", whose frames hold {frames:,} bytes"
+    return f", whose frames hold {frames:,} bytes, {dead:,} of them dead ({dead / frames:.2f})"
 
 
 def nothing_reclaimed(report: journal.CompactionReport) -> str | None:

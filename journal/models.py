@@ -410,7 +410,10 @@ class CompactionReport(msgspec.Struct, frozen=True):
     """What `compact()` did: segments rewritten and deleted, bytes on disk before and after,
     live bytes copied (uncompressed) and the seconds it took; and the sessions its
     retention passes trimmed and evicted (local engine; none on JetStream, whose
-    `compact()` applies no retention: `apply_retention()` does)."""
+    `compact()` applies no retention: `apply_retention()` does); and the bytes of the
+    active segment's committed frames as the seal's decision found them, and how many of
+    them were dead (None when too few to be worth a look: under 1 MiB, or half a segment;
+    local engine: 0 and None on JetStream)."""
 
     segments_rewritten: list[str]
     segments_deleted: list[str]
@@ -420,6 +423,8 @@ class CompactionReport(msgspec.Struct, frozen=True):
     seconds: float
     trimmed_sessions: list[str] = msgspec.field(default_factory=list)
     evicted_sessions: list[str] = msgspec.field(default_factory=list)
+    active_frame_bytes: int = 0
+    active_dead_bytes: int | None = None
 
 
 class VerifyProblem(msgspec.Struct, frozen=True):

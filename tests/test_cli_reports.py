@@ -45,7 +45,7 @@ def test_compact_says_why_it_reclaimed_nothing(store: Path, tmp_path: Path) -> N
         (
             young,
             "only_active_segment",
-            "there is no sealed segment, only the active one; compact seals",
+            "there is no sealed segment, only the active one, whose frames hold 1,",
         ),
         (store, "below_dead_share", "no sealed segment is all dead, or at least --dead-share 0.5"),
     ]:

@@ -509,3 +509,98 @@ def test_a_session_trimmed_then_evicted_by_one_compaction_is_reported_evicted_on
         report = j.compact()
         assert (report.trimmed_sessions, report.evicted_sessions) == ([], ["ended"]), report
         assert [s.session_id for s in j.list_sessions()] == ["kept"]
+
+
+def append_batches(j: Journal, session_id: str, batches: int, create: bool) -> list[int]:
+    """`batches` appends of 150 incompressible 8 KB events (1.2 MB each), the first one
+    creating the session when `create`; returns each batch's frame bytes, as written."""
+    sizes = []
+    for batch in range(batches):
+        first = batch * 150 + 1
+        events = [EventIn("m", payload(session_id, o, 8000)) for o in range(first, first + 150)]
+        j.append(session_id, events, create=create and batch == 0)
+        sizes.append(150 * 8000)
+    return sizes
+
+
+def test_compact_seals_an_active_segment_whose_frames_are_half_dead_whatever_its_zeros(
+    tmp_path: Path,
+) -> None:
+    """The new-user trial's store (3 appends of 150 events of 8 KB, a 100 KB window): the
+    dead share is of the committed frames' bytes (3.6 MB), not of the file with its
+    preallocated zeros (7.8 MB), so 2.4 MB dead is 2/3 and the segment is sealed."""
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS) as j:
+        j.create_session("big")  # (its creation record in a frame of its own)
+        append_batches(j, "big", 3, create=False)
+        size = os.path.getsize(store / "segments" / "00000000000000000001.seg")
+        lower_window(j, 100_000)
+        report = j.compact()
+        assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
+        assert 3_600_000 < report.active_frame_bytes < 3_700_000 < size, (report, size)
+        assert report.active_dead_bytes is not None
+        assert report.active_dead_bytes >= 2 * 150 * 8000
+        assert report.active_dead_bytes >= 0.5 * report.active_frame_bytes
+        assert report.bytes_after < 1_300_000, report  # (the last batch, and its sidecar)
+        assert check_retained(j, "big", 450) == 301
+        assert j.verify().ok
+
+
+def test_compact_reports_the_active_segment_s_dead_bytes_a_creating_append_keeps_live(
+    tmp_path: Path,
+) -> None:
+    """The trial as it ran: the first append created the session, so its frame holds the
+    session's creation record (pinned while the session lives) beside its 150 trimmed
+    events, and stays live: 1.2 MB dead of 3.6 MB, under 0.5, nothing sealed. The report
+    says so (until 2026-12-07 `journal compact` said only that it seals once 1 MiB and
+    0.5 of the segment are dead, and the trial took its 300 trimmed events for dead)."""
+    store = tmp_path / "store"
+    with open_store(store, retention=NO_WINDOWS) as j:
+        sizes = append_batches(j, "big", 3, create=True)
+        lower_window(j, 100_000)
+        report = j.compact()
+        assert report.segments_rewritten == [] and report.bytes_before == 0, report
+        assert sum(sizes) < report.active_frame_bytes < sum(sizes) + 15_000, report  # (+ headers)
+        assert report.active_dead_bytes is not None
+        assert sizes[1] < report.active_dead_bytes < sizes[1] + 5000, report
+        assert j.get_session("big").first_ordinal == 301
+        report = j.compact(dead_share=0.3)  # (1/3 dead: sealed)
+        assert report.segments_rewritten == ["00000000000000000001.seg.zst"], report
+        assert report.bytes_after > sizes[0], report  # (the creating append's frame stays)
+        assert check_retained(j, "big", 450) == 301
+    with Journal.open(tmp_path / "small", create=True, durability="os") as j:
+        j.append("s", [EventIn("m", b"x" * 1000)], create=True)
+        report = j.compact()
+        assert report.active_dead_bytes is None  # (too few frames to look at)
+        assert 1000 < report.active_frame_bytes < 1200, report
+
+
+def test_journal_compact_says_how_much_of_the_active_segment_s_frames_is_dead(
+    tmp_path: Path,
+) -> None:
+    """The trial's commands: three `journal append -s big --create` of 150 events of 8 KB
+    base64, `journal retention --max-history-bytes 100000`, `journal compact`."""
+    store = tmp_path / "store"
+    runner = CliRunner()
+    args = ["--store", str(store)]
+    assert runner.invoke(journal_cli, [*args, "init"]).exit_code == 0
+    for batch in range(3):
+        lines = "".join(
+            json.dumps({"data": payload("big", batch * 150 + i, 6000).hex()[:8000]}) + "\n"
+            for i in range(1, 151)
+        )
+        result = runner.invoke(journal_cli, [*args, "append", "-s", "big", "--create"], lines)
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(journal_cli, [*args, "retention", "--max-history-bytes", "100000"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(journal_cli, [*args, "compact"])
+    assert result.exit_code == 0, result.output
+    reason = result.output.splitlines()[-1]
+    assert reason.startswith("nothing reclaimed: there is no sealed segment, only the active one,")
+    assert "of them dead (0.33); compact seals it" in reason, reason
+    assert "creation record" in reason, reason
+    result = runner.invoke(journal_cli, [*args, "--format", "json", "compact"])
+    record = json.loads(result.output.splitlines()[-1])
+    assert record["active_dead_bytes"] / record["active_frame_bytes"] == pytest.approx(1 / 3, 0.01)
+    result = runner.invoke(journal_cli, [*args, "compact", "--dead-share", "0.33"])
+    assert "compacted: 1 segment rewritten" in result.output, result.output

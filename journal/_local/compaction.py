@@ -138,30 +138,46 @@ def seal_active(txn: lmdb.Transaction, view: View, log: SegmentLog, seal: SealAc
     return size
 
 
-def _seal_if_worth_it(log: SegmentLog, view: View, submit: Submit, dead_share: float) -> int | None:
+class _ActiveSegment(NamedTuple):
+    """The active segment as the seal's decision found it: the bytes of its committed
+    frames (its zeros ahead not counted), how many of them were dead (None: too few
+    frames to look), and the bytes its file took if it was sealed (else None)."""
+
+    frame_bytes: int = 0
+    dead_bytes: int | None = None
+    sealed: int | None = None
+
+
+def _seal_if_worth_it(
+    log: SegmentLog, view: View, submit: Submit, dead_share: float
+) -> _ActiveSegment:
     """Seal the active segment when compacting it would give enough back (module doc),
     decided without the lock by a scan of its frames up to the view's head, made only
-    when they could hold enough dead (liveness read after it: dead frames stay dead)."""
+    when they could hold enough dead (liveness read after it: dead frames stay dead).
+    The dead share is of the frames' bytes, as a sealed segment's is (frame granularity:
+    a frame is dead once every record in it is)."""
     enough = min(SEAL_DEAD_BYTES, log.segment_bytes // 2)
     with view.begin() as txn:
         head = view.head(txn)
     del txn  # (no read transaction object outlives its transaction: SPEC 7)
-    if head is None or head.end_offset - SEGMENT_HEADER_SIZE < enough:
-        return None
+    if head is None:
+        return _ActiveSegment()
+    if head.end_offset - SEGMENT_HEADER_SIZE < enough:
+        return _ActiveSegment(head.end_offset - SEGMENT_HEADER_SIZE)
     try:
         summary = summarize_segment(
             log.directory, head.segment, log.ops, committed_end=head.end_offset
         )
     except FileNotFoundError:
-        return None  # sealed and compressed meanwhile by another writer
+        return _ActiveSegment()  # sealed and compressed meanwhile by another writer
     with view.begin() as txn:
         _, live_bytes, total = live_frames(txn, view, summary)
     del txn
     dead = total - live_bytes
     if dead < enough or dead < dead_share * total:
-        return None
+        return _ActiveSegment(total, dead)
     try:
-        return submit(SealActive(head.segment))
+        return _ActiveSegment(total, dead, submit(SealActive(head.segment)))
     except StoreUnavailable as e:
         raise _no_room_to_commit(e, log.directory, head.segment, summary, seal=True) from e
 
@@ -436,11 +452,15 @@ def compact_store(
     trimmed, evicted = list(retention.trimmed_sessions), list(retention.evicted_sessions)
     damage: JournalCorrupt | None = None
     try:
-        sealed = _seal_if_worth_it(log, view, submit, dead_share)
+        active = _seal_if_worth_it(log, view, submit, dead_share)
     except JournalCorrupt as found:
         if not found.segment.endswith(SEGMENT_SUFFIX):
             raise  # (the view's damage: every swap would meet it)
-        damage, sealed = found, None  # the active segment's: the sealed ones are still done
+        damage, active = (
+            found,
+            _ActiveSegment(),
+        )  # the active segment's: the sealed ones are still done
+    sealed = active.sealed
     if sealed is not None:
         # Counted from here on as the sealed segments are; a pass deletes it if all dead.
         bytes_before += sealed
@@ -467,7 +487,16 @@ def compact_store(
         raise damage
     seconds = time.perf_counter() - started
     return CompactionReport(
-        rewritten, deleted, bytes_before, sealed_bytes(log), copied, seconds, trimmed, evicted
+        rewritten,
+        deleted,
+        bytes_before,
+        sealed_bytes(log),
+        copied,
+        seconds,
+        trimmed,
+        evicted,
+        active.frame_bytes,
+        active.dead_bytes,
     )
 
 
