@@ -142,7 +142,8 @@ NOTHING_RECLAIMED = {
         "{dead_share} of its frames' bytes are dead, and a writer seals it when it is full. "
         "The events of one append share a frame, which stays while any record in it lives: "
         "the append that created a session also holds the session's creation record, "
-        "which lives as long as the session"
+        "which lives as long as the session (`journal sessions create ID` creates one in a "
+        "frame of its own)"
     ),
     "reclaimed_meanwhile": (
         "this run rewrote and deleted no segment; the sealed bytes went down meanwhile, "
