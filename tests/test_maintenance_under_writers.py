@@ -326,7 +326,10 @@ def test_maintenance_beside_writers_loses_nothing_acknowledged_to_a_power_cut(
             )
             for i in range(rng.randint(2, 4))
         ]
-        crash = rng.choice(["0", "0.02"])
+        # (A maintainer that crashes now and then only over several rounds: one round's
+        # may kill itself at its first fault point, and the check below that maintenance
+        # ran at all would fail for the test's own draw, as it did for TEST_SEED=2688846044.)
+        crash = rng.choice(["0", "0.02"]) if rounds > 1 else "0"
         seed = str(rng.randrange(1 << 30))
         children.append(Child("maintain", str(path), seed, crash, str(archive), state))
         for child in children:
