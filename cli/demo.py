@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 
 import journal
+from journal.arguments import check_store_path
 
 from .interrupts import Signalled, said_if_interrupted
 from .output import (
@@ -161,7 +162,7 @@ def demo(
     temporary = store_path is None
     path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
     if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
-        path = os.path.abspath(path)
+        path = os.path.abspath(check_store_path(path))  # (as given: see `init`)
 
     def kept() -> str:
         """What became of the store (said after the clean-up: the runtimes stopped, the

@@ -16,7 +16,7 @@ from typing import IO, Any, cast
 import click
 
 import journal
-from journal.arguments import file_mode_problem
+from journal.arguments import check_store_path, file_mode_problem
 
 from . import early_signals
 from .archives import export, import_
@@ -412,7 +412,8 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
             )
         # (abspath("") is the current directory: an empty path goes to the library, which
         # refuses it, as every other command does.)
-        path = os.path.abspath(settings.store) if settings.store else ""
+        # (The library's check of the path as given: abspath hid a misspelt nats:// URL.)
+        path = os.path.abspath(check_store_path(settings.store)) if settings.store else ""
         options = {"file_mode": mode}
         created_with = options
     created = False

@@ -583,6 +583,14 @@ def check_store_path(path: object) -> str:
             "nats://HOST:PORT/STORE (the scheme in lower case); a directory of that name "
             f"is ./{given}"
         )
+    if given[:5].lower() == "nats:" or given[:6].lower() == "nats//":
+        # (Taken as a local path, "nats:/h/x" was a store not found, whose advice to
+        # create it made the directories "nats:/h/x" here: a new-user trial.)
+        raise InvalidArgument(
+            f"path {given!r} is a misspelt nats:// URL: a store on NATS JetStream is "
+            "nats://HOST:PORT/STORE (two slashes after 'nats:', such as "
+            "nats://127.0.0.1:4222/agents); a directory of that name is ./" + given
+        )
     try:
         given.encode()
     except UnicodeEncodeError:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from _cli_runs import json_error, run_cli
+from _cli_runs import cli_env, json_error, run_cli
 
-from journal import EventIn, Journal
+from journal import EventIn, InvalidArgument, Journal
 
 _cli, _error = run_cli, json_error
 
@@ -342,3 +344,47 @@ def test_a_compacted_session_s_snapshot_is_printed_by_sessions_snapshot(store: P
     )
     none = json.loads(_cli(store, "--format", "json", "sessions", "snapshot", "s").stdout)
     assert none == {"session_id": "s", "ordinal": None, "cursor": None, "data": None}
+
+
+# -- paths that are no store ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url", ["nats:/127.0.0.1/agents", "nats//host:4222/agents", "nats:host:4222/agents"]
+)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--store", "URL", "sessions", "list"),
+        ("--store", "URL", "init"),
+        ("demo", "--store", "URL"),
+    ],
+)
+def test_a_misspelt_nats_url_is_refused_not_taken_for_a_directory(
+    tmp_path: Path, url: str, args: tuple[str, ...]
+) -> None:
+    """Until 2026-12-07 `nats:/host/x` and `nats//host/x` were local paths: a listing
+    exited 3 advising `init`, and `init` made the directories `./nats:/...` (a trial)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "--format",
+            "json",
+            *(url if a == "URL" else a for a in args),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 4, (done.returncode, done.stderr)
+    error = _error(done)
+    assert error["code"] == "INVALID_ARGUMENT", error
+    assert "nats://HOST:PORT/STORE" in error["message"], error
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    with pytest.raises(InvalidArgument, match="nats://HOST:PORT/STORE"):
+        Journal.open(url, create=True)
