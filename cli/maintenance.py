@@ -13,9 +13,12 @@ import click
 
 import journal
 from cursors import KeyRing
-from journal.store_owner import refuse_another_users_private_store, refuse_unfinished
+from journal.store_owner import (
+    no_store_at,
+    refuse_another_users_private_store,
+    refuse_unfinished,
+)
 
-from .hints import journal_command
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .output import (
     CommandFailed,
@@ -445,9 +448,7 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
     except OSError:
         pass  # (missing, or not searchable: the check below, as before)
     if not os.path.exists(store_file):
-        raise journal.StoreNotFound(
-            f"no journal store at {settings.store!r}: create it with `{journal_command()} init`"
-        )
+        raise no_store_at(settings.store)
     # (Until 2026-12-07 a creation killed part way was told to restore its key file from a
     # backup, exit 5, or had its keys printed or changed, where every other command said
     # there is no store.)

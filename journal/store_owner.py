@@ -12,9 +12,9 @@ import os
 import pwd
 import stat
 
-from .errors import StoreUnavailable
+from .errors import StoreNotFound, StoreUnavailable
 
-__all__ = ["refuse_another_users_private_store", "refuse_unfinished"]
+__all__ = ["no_store_at", "refuse_another_users_private_store", "refuse_unfinished"]
 
 
 def refuse_another_users_private_store(path: str) -> None:
@@ -58,3 +58,12 @@ def refuse_unfinished(path: str) -> None:
     from ._local.store_file import refuse_unfinished as check  # (it imports this module)
 
     check(path)
+
+
+def no_store_at(path: str) -> StoreNotFound:
+    """What a writable open without `create` of `path`, which holds no `store.json`,
+    raises: the advice fits the place (a directory inside a store, or of other files, is
+    not told to create a store there), for `journal cursor-key`."""
+    from ._local.store_file import no_store_at as found  # (it imports this module)
+
+    return found(path, readonly=False)

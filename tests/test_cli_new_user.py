@@ -349,6 +349,33 @@ def test_a_compacted_session_s_snapshot_is_printed_by_sessions_snapshot(store: P
 # -- paths that are no store ---------------------------------------------------------------
 
 
+@pytest.mark.parametrize("args", [("sessions", "list"), ("cursor-key",)])
+def test_a_directory_that_is_no_store_is_not_advised_to_be_initialised(
+    store: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Until 2026-12-07 a non-empty directory that is no store, and a directory inside
+    a store, were told "create it with `journal --store DIR init`", which then refused
+    (not empty; inside a store): a new-user trial."""
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "readme.txt").write_text("x")
+    done = _cli(other, *args, "--format", "json")
+    assert done.returncode == 3, done.stderr
+    error = _error(done)
+    assert error["code"] == "STORE_NOT_FOUND", error
+    message = error["message"]
+    assert "init" not in message, message
+    assert "not empty" in message and "'readme.txt'" in message, message
+    assert "an empty or new" in message, message
+    inside = store / "segments"
+    done = _cli(inside, *args, "--format", "json")
+    assert done.returncode == 3, done.stderr
+    message = _error(done)["message"]
+    assert "init" not in message, message
+    assert f"inside the journal store {str(store)!r}" in message, message
+    assert f"use {str(store)!r}" in message, message
+
+
 @pytest.mark.parametrize(
     "url", ["nats:/127.0.0.1/agents", "nats//host:4222/agents", "nats:host:4222/agents"]
 )

@@ -162,19 +162,57 @@ def refuse_foreign_place(path: str) -> None:
             f"{where} is a symbolic link to {os.readlink(link)!r}, which does not exist: "
             "create that directory first, or give another path; nothing was created"
         )
-    try:
-        names = os.listdir(path)
-    except (FileNotFoundError, NotADirectoryError):
-        names = []  # (created: a file in the way is reported by the creation)
-    foreign = sorted(name for name in names if not _own_name(name))
-    if foreign:
-        shown = ", ".join(repr(name) for name in foreign[:3])
-        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    shown = _foreign_names(path)
+    if shown:
         raise InvalidArgument(
-            f"{path!r} is not empty ({shown}{more}) and holds no journal store: a store is "
+            f"{path!r} is not empty ({shown}) and holds no journal store: a store is "
             "created in an empty or new directory, and nothing else goes in it; give the "
             "path of a new directory (such as one inside this one); nothing was created"
         )
+
+
+def _foreign_names(path: str) -> str:
+    """The first names in the directory `path` that are not a store's own, quoted ("" for
+    none, or when it is missing: a file in the way is reported by the creation)."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return ""
+    foreign = sorted(name for name in names if not _own_name(name))
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    return ", ".join(repr(name) for name in foreign[:3]) + more
+
+
+def no_store_at(path: str, readonly: bool) -> StoreNotFound:
+    """The `StoreNotFound` of an open without `create` (or read-only) of `path`, which
+    holds no `store.json`: advice to create it there, unless a creation there would be
+    refused (`refuse_foreign_place`): a path inside a store (its `segments/`) is told to
+    open that store, a directory of other files to give another path. (Until 2026-12-07
+    both were told to create a store there, which `journal init` then refused: a new-user
+    trial.)"""
+    outer = _enclosing_store(path)
+    if outer is not None:
+        return StoreNotFound(
+            f"no journal store at {path!r}: it is inside the journal store {outer!r}, "
+            f"which owns every file in its directory; open that store: use {outer!r}"
+        )
+    with contextlib.suppress(OSError):
+        shown = _foreign_names(path)
+        if shown:
+            return StoreNotFound(
+                f"no journal store at {path!r}: it is not a store and not empty ({shown}), "
+                "so no store can be created there either; give the path of a store, or "
+                "create one at an empty or new path"
+            )
+    if readonly:
+        return StoreNotFound(
+            f"no journal store at {path!r}, and a read-only journal does not create "
+            "one: create it with `journal init` or a writable Journal.open(path)"
+        )
+    return StoreNotFound(
+        f"no journal store at {path!r}: create it with `journal init` or "
+        "Journal.open(path, create=True)"
+    )
 
 
 def _dangling_link(path: str) -> str | None:
@@ -529,16 +567,8 @@ def store_at_open(
         ) from None
     if not exists:
         refuse_lost_store_file(path)
-        if readonly:
-            raise StoreNotFound(
-                f"no journal store at {path!r}, and a read-only journal does not create "
-                "one: create it with `journal init` or a writable Journal.open(path)"
-            )
-        if not create:
-            raise StoreNotFound(
-                f"no journal store at {path!r}: create it with `journal init` or "
-                "Journal.open(path, create=True)"
-            )
+        if readonly or not create:
+            raise no_store_at(path, readonly)
         refuse_foreign_place(path)
         permissions = Permissions(file_mode or DEFAULT_FILE_MODE)
         create_store(path, permissions, retention or RetentionPolicy(), ops)
