@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -22,6 +23,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
+from _cli_runs import cli_env
 from _waiting import blocked_on_flock
 from click.testing import CliRunner, Result
 from hypothesis import given, settings
@@ -1411,11 +1413,45 @@ def test_open_advice_for_a_store_that_cannot_be_created_names_the_directory(
     advice = open_advice(denied, str(parent / "a" / "store"), readonly=False)
     assert repr(str(parent / "a")) in advice and repr(str(parent)) in advice, advice
     assert "private" not in advice
+    (parent / "empty").mkdir()  # no store in it: its files may not be created there
+    advice = open_advice(denied, str(parent / "empty"), readonly=False)
+    assert f"may not create the store's files in {str(parent / 'empty')!r}" in advice, advice
     (parent / "store").mkdir()  # the user's own store: one of its files is not writable
+    (parent / "store" / "store.json").write_text("{}")
     assert "chmod -R u+rwX" in open_advice(denied, str(parent / "store"), readonly=False)
     assert os.geteuid() == 0, "this test gives the store to another user: run it as root"
-    os.chown(parent / "store", 65534, 65534)  # another user's store: the sharing advice
-    assert "private" in open_advice(denied, str(parent / "store"), readonly=False)
+    # Another user's store: the sharing advice, given to uid 1 (root may read every file),
+    # in a directory it may search (pytest's are private to root).
+    shared = Path(tempfile.mkdtemp(prefix="journal-test-"))
+    try:
+        shared.chmod(0o755)
+        shutil.copytree(parent / "store", shared / "store")
+        (shared / "store").chmod(0o700)
+        for place in (shared / "store", shared / "store" / "store.json"):
+            os.chown(place, 65534, 65534)
+        child = _advice_as_uid_1(shared / "store")
+    finally:
+        shutil.rmtree(shared)
+    assert "private" in child.stdout, (child.stdout, child.stderr)
+
+
+def _advice_as_uid_1(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys\n"
+            "from journal._local.failures import open_advice\n"
+            "os.setgid(1); os.setuid(1)\n"
+            "print(open_advice(PermissionError(13, 'Permission denied'), sys.argv[1], False))",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
 
 
 def test_sessions_create_sets_the_session_history_window(store: Path) -> None:

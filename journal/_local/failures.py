@@ -301,6 +301,17 @@ def open_advice(error: OSError, path: str, readonly: bool) -> str:
             f"this user may not create {missing!r} in {parent!r}: create the store in a "
             "directory it may write, or let it write that one"
         )
+    try:
+        os.stat(os.path.join(path, "store.json"))
+    except FileNotFoundError:
+        # The directory is there and no store in it: creating the store's files was
+        # refused (until 2026-12-07 advised as a store's file made read-only: a trial).
+        return (
+            f"this user may not create the store's files in {path!r}: create the store in "
+            "an empty or new directory it may write, or let it write that one"
+        )
+    except OSError:
+        pass  # (not searchable: another user's private store, said below)
     with contextlib.suppress(OSError):
         if os.stat(path).st_uid == os.geteuid():
             # (The user's own store, one of its files made read-only by hand or a restore:
