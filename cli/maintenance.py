@@ -170,7 +170,11 @@ def active_frames(report: journal.CompactionReport) -> str:
         return ""
     if dead is None:
         return f", whose frames hold {frames:,} bytes"
-    return f", whose frames hold {frames:,} bytes, {dead:,} of them dead ({dead / frames:.2f})"
+    # (The share rounded down: passed as --dead-share, it seals the segment, where the
+    # nearest, 0.34 for 336 of 1,000, sealed nothing.)
+    hundredths = dead * 100 // frames
+    share = f"{hundredths // 100}.{hundredths % 100:02d}"
+    return f", whose frames hold {frames:,} bytes, {dead:,} of them dead ({share})"
 
 
 def nothing_reclaimed(report: journal.CompactionReport) -> str | None:

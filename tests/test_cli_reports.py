@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import msgspec
 import pytest
 from _cli_runs import cli_env, run_cli
 
-from cli.maintenance import NOTHING_RECLAIMED, nothing_reclaimed
+from cli.maintenance import NOTHING_RECLAIMED, active_frames, nothing_reclaimed
 from journal import CompactionReport, EventIn, Journal
 
 
@@ -32,6 +33,17 @@ def store(tmp_path: Path) -> Path:
 
 
 # -- compact that reclaims nothing -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dead", [336, 339, 995, 999, 500, 1])
+def test_the_active_segment_s_dead_share_printed_seals_it_as_dead_share(dead: int) -> None:
+    """The share `journal compact` prints of the active segment's dead frame bytes, passed
+    as --dead-share, seals it (the seal's test: dead >= dead_share * frames): rounded to
+    the nearest, 336 dead of 1,000 printed 0.34, and --dead-share 0.34 sealed nothing."""
+    report = CompactionReport([], [], 0, 0, 0, 0.0, [], [], 1000, dead)
+    shown = re.search(r"of them dead \((\d\.\d\d)\)", active_frames(report))
+    assert shown is not None, active_frames(report)
+    assert dead >= float(shown.group(1)) * 1000, (dead, shown.group(1))
 
 
 def test_compact_says_why_it_reclaimed_nothing(store: Path, tmp_path: Path) -> None:
