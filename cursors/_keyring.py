@@ -141,6 +141,7 @@ class KeyRing:
             )
         if text is not None and _SHARED_TEXT.fullmatch(text.strip()):
             return cls.from_shared(text)
+        read = "its text read as hex, else as base64url"
         if text is not None:
             secret = _parse_secret_text(text, source=f"${KEY_ENV}")
         else:
@@ -148,12 +149,14 @@ class KeyRing:
             shared = _shared_text_in(file_name)
             if shared is not None:
                 return cls.from_shared(shared)
-            secret = _read_secret_file(file_name)
+            secret, as_text = _read_secret_file(file_name)
+            if not as_text:
+                read = "raw bytes: the file is not printable ASCII text"
         if len(secret) < _MIN_SECRET_BYTES:
             source = f"${KEY_ENV}" if text is not None else f"the file named by ${KEY_FILE_ENV}"
             raise KeyRingError(
-                f"the cursor key in {source} is {len(secret)} bytes (its text read as hex, "
-                f"else as base64url); it must be at least "
+                f"the cursor key in {source} is {len(secret)} bytes ({read}); it must be "
+                f"at least "
                 f"{_MIN_SECRET_BYTES} bytes (32 random bytes recommended, e.g. "
                 f"`python -c 'import secrets; print(secrets.token_hex(32))'`)"
             )
@@ -625,7 +628,8 @@ def _shared_text_in(file_name: str) -> str | None:
     return text if _SHARED_TEXT.fullmatch(text) else None
 
 
-def _read_secret_file(file_name: str) -> bytes:
+def _read_secret_file(file_name: str) -> tuple[bytes, bool]:
+    """The secret in the file, and whether it was read as text (else raw bytes)."""
     try:
         data = Path(file_name).read_bytes()
     except OSError as exc:
@@ -636,8 +640,8 @@ def _read_secret_file(file_name: str) -> bytes:
     # Printable text must parse, so a mistyped hex or base64url key is reported rather than
     # silently used as raw bytes (which would disagree with replicas given the text form).
     if data and all(0x20 <= byte < 0x7F or byte in b"\t\n\r" for byte in data):
-        return _parse_secret_text(data.decode("ascii"), source=f"the file {file_name!r}")
-    return data
+        return _parse_secret_text(data.decode("ascii"), source=f"the file {file_name!r}"), True
+    return data, False
 
 
 def _stamp_of(path: Path) -> _Stamp:

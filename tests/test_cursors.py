@@ -461,6 +461,23 @@ def test_external_keys_agree_across_replicas() -> None:
         KeyRing.from_secret(b"x" * 15)
 
 
+def test_a_short_cursor_key_says_how_its_text_or_bytes_were_read(tmp_path: Path) -> None:
+    """A key too short says it was read as hex, else base64url text; a key file that is
+    no printable text is used as raw bytes, and says so (it was told "its text read as
+    hex, else as base64url" of bytes that are no text)."""
+    with pytest.raises(KeyRingError, match=r"is 5 bytes \(its text read as hex"):
+        KeyRing.from_environment({"JOURNAL_CURSOR_KEY": "0a0b0c0d0e"})
+    raw = tmp_path / "raw.key"
+    raw.write_bytes(bytes([0x80, 1, 2, 3, 4, 5, 6, 0xFF]))
+    with pytest.raises(KeyRingError, match=r"is 8 bytes") as info:
+        KeyRing.from_environment({"JOURNAL_CURSOR_KEY_FILE": str(raw)})
+    assert "its text" not in str(info.value) and "raw bytes" in str(info.value), info.value
+    text = tmp_path / "text.key"
+    text.write_text("0a0b0c0d0e\n")
+    with pytest.raises(KeyRingError, match=r"is 5 bytes \(its text read as hex"):
+        KeyRing.from_environment({"JOURNAL_CURSOR_KEY_FILE": str(text)})
+
+
 # -- key ring file ------------------------------------------------------------------------------
 
 
