@@ -3,10 +3,11 @@ optional `jetstream` extra); anything else is a path for the local engine."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, TypeGuard
 
-from .arguments import check_open_options
+from .arguments import check_open_options, check_store_path
 from .engine import Engine
 from .errors import InvalidArgument, StoreUnavailable
 
@@ -29,6 +30,10 @@ def is_remote(path: object, store: object = None, replicas: object = None) -> Ty
     if isinstance(path, str) and path.startswith("nats://"):
         return True
     if store is not None or (replicas is not None and (type(replicas) is not int or replicas != 1)):
+        # (A misspelt URL, `nats:/h:4222` or `NATS://...`, is said so first: the options
+        # show a nats:// store was meant.)
+        if isinstance(path, (str, os.PathLike)):
+            check_store_path(path)
         raise InvalidArgument(
             f"store= and replicas= are for nats:// stores (got store={store!r}, "
             f"replicas={replicas!r}): a local store is named by its path alone"

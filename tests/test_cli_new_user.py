@@ -418,6 +418,16 @@ def test_a_misspelt_nats_url_is_refused_not_taken_for_a_directory(
         Journal.open(url, create=True)
 
 
+@pytest.mark.parametrize("url", ["nats:/127.0.0.1:4222", "nats//h:4222", "NATS://h:4222"])
+def test_a_misspelt_nats_url_with_a_stream_s_options_is_told_it_is_misspelt(url: str) -> None:
+    """`Journal.open(URL, store="agents", replicas=3)` with the URL misspelt was told that
+    store= and replicas= are for nats:// stores and a local store is named by its path
+    alone, as if the user had meant a local store."""
+    for options in ({"store": "agents"}, {"store": "agents", "replicas": 3}):
+        with pytest.raises(InvalidArgument, match="nats://HOST:PORT/STORE"):
+            Journal.open(url, **options)
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None,
     reason="drops root's capabilities with setpriv(1): run as root",
