@@ -405,6 +405,8 @@ def init(settings: Settings, file_mode: str | None, replicas: int | None) -> Non
         options: dict[str, Any] = {"replicas": replicas}
         created_with = options
     else:
+        if settings.store:  # (a misspelt nats:// URL is said so before --replicas is)
+            check_store_path(settings.store)
         if replicas is not None:
             raise click.UsageError(
                 "--replicas is for nats:// stores (--store nats://HOST:PORT/NAME): a store "

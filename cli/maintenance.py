@@ -13,6 +13,7 @@ import click
 
 import journal
 from cursors import KeyRing
+from journal.arguments import check_store_path
 from journal.store_owner import (
     no_store_at,
     refuse_another_users_private_store,
@@ -435,6 +436,9 @@ def cursor_key(settings: Settings, new: bool, rotate: bool, retire: int | None) 
         # store: until 2026-12-07 UNSUPPORTED, exit 7, "data loss or other error", found
         # by an operator trial)
         raise click.UsageError(_NATS_KEYS)
+    # (As every command's open checks it: a misspelt nats:// URL was a store not found,
+    # told to run `init`, which refused it.)
+    check_store_path(settings.store)
     path = os.path.join(settings.store, "keys")
     if os.path.exists(settings.store) and not os.path.isdir(settings.store):
         raise journal.InvalidArgument(

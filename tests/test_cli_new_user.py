@@ -385,6 +385,8 @@ def test_a_directory_that_is_no_store_is_not_advised_to_be_initialised(
     [
         ("--store", "URL", "sessions", "list"),
         ("--store", "URL", "init"),
+        ("--store", "URL", "init", "--replicas", "3"),
+        ("--store", "URL", "cursor-key"),
         ("demo", "--store", "URL"),
     ],
 )
