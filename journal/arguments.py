@@ -586,9 +586,15 @@ def check_store_path(path: object) -> str:
     if given[:5].lower() == "nats:" or given[:6].lower() == "nats//":
         # (Taken as a local path, "nats:/h/x" was a store not found, whose advice to
         # create it made the directories "nats:/h/x" here: a new-user trial.)
+        # (A pathlib.Path of a right URL is one too: it keeps one of the two slashes.)
+        collapsed = (
+            ""
+            if isinstance(path, str)
+            else f" (a {type(path).__name__} keeps one of two slashes: pass the URL as a str)"
+        )
         raise InvalidArgument(
-            f"path {given!r} is a misspelt nats:// URL: a store on NATS JetStream is "
-            "nats://HOST:PORT/STORE (two slashes after 'nats:', such as "
+            f"path {given!r} is a misspelt nats:// URL{collapsed}: a store on NATS JetStream "
+            "is nats://HOST:PORT/STORE (two slashes after 'nats:', such as "
             "nats://127.0.0.1:4222/agents); a directory of that name is ./" + given
         )
     try:

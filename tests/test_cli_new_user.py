@@ -420,6 +420,14 @@ def test_a_misspelt_nats_url_is_refused_not_taken_for_a_directory(
         Journal.open(url, create=True)
 
 
+def test_a_nats_url_given_as_a_pathlib_path_is_told_to_be_a_str() -> None:
+    """`Path("nats://h:4222/x")` is `nats:/h:4222/x` (pathlib collapses the slashes): it
+    was told it is misspelt, two slashes after 'nats:', which its author did type."""
+    with pytest.raises(InvalidArgument, match="pass the URL as a str") as refused:
+        Journal.open(Path("nats://127.0.0.1:4222/agents"))
+    assert "nats://HOST:PORT/STORE" in str(refused.value), refused.value
+
+
 @pytest.mark.parametrize("url", ["nats:/127.0.0.1:4222", "nats//h:4222", "NATS://h:4222"])
 def test_a_misspelt_nats_url_with_a_stream_s_options_is_told_it_is_misspelt(url: str) -> None:
     """`Journal.open(URL, store="agents", replicas=3)` with the URL misspelt was told that
