@@ -88,33 +88,17 @@ def cursor_mark(time_ms: int, position: int, type: str, request_id: str | None, 
 
 
 class EventMark(NamedTuple):
-    """What tells an event read apart from another event at its ordinal since: the event
-    that replaces a cut one is stamped with its millisecond when the clock did not move
-    (or stepped back), and takes its position in the log when it comes first in the
-    next commit, so its type, request id, size and data's CRC-32 count too."""
+    """What tells an event read apart from another event at its ordinal since: its
+    ordinal and its cursor's mark (`cursor_mark`), as a cursor tells it."""
 
     ordinal: int
-    timestamp_ms: int
-    position: int
-    type: str
-    request_id: str | None
-    size: int
-    crc: int
+    mark: int
 
 
 def event_mark(event: Event) -> EventMark:
-    """`event`'s mark: a CRC-32 of its data (a follower takes it of each page's last
-    event only)."""
-    data = event.data
-    return EventMark(
-        event.ordinal,
-        event.timestamp_ms,
-        event.position,
-        event.type,
-        event.request_id,
-        len(data),
-        zlib.crc32(data),
-    )
+    """`event`'s mark (a follower takes it of each page's last event only)."""
+    mark = cursor_mark(event.timestamp_ms, event.position, event.type, event.request_id, event.data)
+    return EventMark(event.ordinal, mark)
 
 
 class Start(NamedTuple):
@@ -278,16 +262,13 @@ class SessionCursors:
         found = self.event_at(row.session_id, row.incarnation, after, readers)
         if found is None:
             return Start(after, withdrawals, None)  # trimmed meanwhile: the read says so
+        mark = event_mark(found) if claims.marked or marks else None
         check = claims.check
         if check is not None and check != (
-            cursor_mark(
-                found.timestamp_ms, found.position, found.type, found.request_id, found.data
-            )
-            if claims.marked
-            else event_check(found.timestamp_ms)
+            mark.mark if mark is not None and claims.marked else event_check(found.timestamp_ms)
         ):
             raise self.foreign(row, after)  # (not the event the cursor was issued for)
-        return Start(after, withdrawals, event_mark(found) if marks else None)
+        return Start(after, withdrawals, mark if marks else None)
 
     def foreign(self, row: SessionRow, ordinal: int) -> CursorForeign:
         """The event at `ordinal` is not the one a cursor (or a follower) had from it."""
