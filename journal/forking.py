@@ -67,33 +67,42 @@ class ForkGate:
         local.depth = depth + 1
 
     def leave(self) -> None:
-        local = self._local
-        local.depth = max(getattr(local, "depth", 1) - 1, 0)
-        if not local.depth:
-            self._inside.discard(threading.get_ident())
-            deferred: list[Callable[[], None]] = getattr(local, "deferred", [])
-            while deferred:
-                deferred.pop(0)()
+        self.leave_to(max(self.depth() - 1, 0))
 
     def depth(self) -> int:
         """How many times this thread is inside (nested)."""
         return int(getattr(self._local, "depth", 0))
 
     def leave_to(self, depth: int) -> None:
-        """Back to `depth` (this thread's `depth()` before an `enter` that an exception
-        cut short, wherever it stopped: before or after it counted this thread in). An
-        exception landing between `enter()` and the `try` that leaves on an error (a
-        KeyboardInterrupt, raised as `enter` returns) left the thread counted inside for
-        good: a close from it then deferred its release to a leave that never came."""
-        if self.depth() > depth:
-            self._local.depth = depth + 1
-            self.leave()
-        elif not depth:
-            self._inside.discard(threading.get_ident())
+        """Back to `depth`: this thread's `depth()` before the `enter` whose section ends
+        (normally or by an exception that cut `enter` short, before or after it counted
+        this thread in); at 0 the thread is out and its deferred actions run.
+
+        Asking again after an exception, with the same `depth`, finishes what an
+        interrupted call left: a KeyboardInterrupt can land at any check point in here
+        (before the depth is stored, inside a deferred action), and a thread left counted
+        inside deferred every later close of its journal to a leave that never came. So
+        each caller asks again on any exception (`_local/view.py`); an action an interrupt
+        cut short runs again (deferred actions are idempotent), one that raised an error
+        does not."""
+        local = self._local
+        if getattr(local, "depth", 0) > depth:
+            local.depth = depth
+        if depth:
+            return
+        self._inside.discard(threading.get_ident())
+        deferred: list[Callable[[], None]] = getattr(local, "deferred", [])
+        while deferred:
+            try:
+                deferred[0]()
+            except Exception:
+                deferred.pop(0)
+                raise
+            deferred.pop(0)
 
     def defer(self, action: Callable[[], None]) -> bool:
-        """Run `action` as this thread leaves the section, if it is inside (True), else
-        not at all (False: the caller runs it now). A signal handler runs in the thread
+        """Run `action` (idempotent) as this thread leaves the section, if it is inside
+        (True), else not at all (False: the caller runs it now). A signal handler runs in the thread
         it interrupts, between any two steps: one that closes a journal while that
         thread is inside an LMDB transaction closes the environments once it leaves, so
         the transaction goes on (and ends) on an environment still open."""

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Raises SIGINT at the main thread's `state["at"]`-th check point once traced.
 _TRACER = r"""
-import dis, signal, sys
+import dis, os, signal, sys
 
 points = {}
 
@@ -79,14 +79,15 @@ def traced_next(stream, at):
         sys.settrace(None)
 
 def each_point(watch, say):
-    # watch(at) at every check point a run without SIGINT counted: "AT at fired say(...)".
+    # watch(at) at every check point a run without SIGINT counted: "AT at fired say(...)
+    # fds=N" (N: the descriptors the process has open after it).
     points_seen, *_ = watch(10**9)
     print(f"POINTS {points_seen}", flush=True)
     for at in range(1, points_seen + 1):
         _, fired, *rest = watch(at)
         if fired is None:
             break
-        print(f"AT {at} {fired} {say(*rest)}", flush=True)
+        print(f"AT {at} {fired} {say(*rest)} fds={len(os.listdir('/proc/self/fd'))}", flush=True)
 """
 
 _SCRIPT = (
@@ -160,6 +161,21 @@ def _cases(script: str, tmp_path: Path, timeout: float) -> tuple[list[str], list
         run.stderr[-3000:],
     )
     return lines, [line.split() for line in lines if line.startswith("AT ")]
+
+
+def _descriptors_kept(cases: list[list[str]]) -> list[str]:
+    """The points after which the process had more descriptors open than after every
+    earlier one ("fds=N" last on each line). A KeyboardInterrupt right after a call that
+    returns a new descriptor (`os.open`) and before Python stores it loses that one, in any
+    Python code: a few such points are expected; one that leaves the journal unable to
+    close its files loses some at every later point."""
+    most, grew = 0, []
+    for case in cases:
+        fds = int(case[-1].removeprefix("fds="))
+        if most and fds > most:
+            grew.append(" ".join(case))
+        most = max(most, fds)
+    return grew
 
 
 def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Path) -> None:
@@ -253,8 +269,10 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_pat
     process's commit."""
     lines, cases = _cases(_KEPT_OPEN, tmp_path, 240)
     assert len(cases) > 50, lines[:3]
-    wrong = [" ".join(case) for case in cases if case[3:] != ["kept=0,0,0,0", "seen=True"]]
+    wrong = [" ".join(case) for case in cases if case[3:5] != ["kept=0,0,0,0", "seen=True"]]
     assert not wrong, "\n".join(wrong)
+    grew = _descriptors_kept(cases)
+    assert len(grew) < 5, "\n".join(grew)
 
 
 _OWNER_ALIVE = (
@@ -327,6 +345,11 @@ def test_ctrl_c_at_any_point_of_a_wait_on_a_turn_leaves_the_owner_checks_working
     assert any("watch:" in case[2] for case in cases), lines[:3]  # (the registration's)
     wrong = [" ".join(case) for case in cases if case[3] != "counted=0"]
     assert not wrong, "\n".join(wrong)
+    # Until 2026-12-07 an interrupt inside the transactions' gate's leave (`forking.py`)
+    # left the thread counted inside: every later close deferred its release for good,
+    # 4 descriptors more after each point (a CI run ran out of them at `ulimit -n 1024`).
+    grew = _descriptors_kept(cases)
+    assert len(grew) < 5, "\n".join(grew)
 
 
 _CLOSES = (

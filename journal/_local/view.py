@@ -189,20 +189,25 @@ def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None) -
 class _Transaction:
     """`View.begin()`: an LMDB transaction whose damage errors become `JournalCorrupt`."""
 
-    __slots__ = ("_txn", "_view", "_write")
+    __slots__ = ("_depth", "_txn", "_view", "_write")
 
     def __init__(self, view: View, write: bool) -> None:
         self._view = view
         self._write = write
         self._txn: lmdb.Transaction | None = None
+        self._depth = 0
 
     def __enter__(self) -> lmdb.Transaction:
-        depth = TRANSACTIONS.depth()
+        self._depth = depth = TRANSACTIONS.depth()
         try:
             TRANSACTIONS.enter()  # (fork() waits for transactions in flight: `forking`)
             self._txn = self._view.open_transaction(self._write)
         except BaseException:
-            TRANSACTIONS.leave_to(depth)  # (also when `enter` itself was cut short)
+            try:
+                TRANSACTIONS.leave_to(depth)  # (also when `enter` itself was cut short)
+            except BaseException:
+                TRANSACTIONS.leave_to(depth)  # (an interrupt cut it short: `leave_to`)
+                raise
             raise
         return self._txn
 
@@ -222,7 +227,11 @@ class _Transaction:
                 raise self._view.damaged(f"LMDB reports {e}") from e
             raise
         finally:
-            TRANSACTIONS.leave()
+            try:
+                TRANSACTIONS.leave_to(self._depth)
+            except BaseException:
+                TRANSACTIONS.leave_to(self._depth)  # (an interrupt cut it short: `leave_to`)
+                raise
         if isinstance(exc, lmdb.Error) and self._view.closed:
             raise JournalClosed.meanwhile() from exc
         if isinstance(exc, _DAMAGE_ERRORS):
@@ -398,7 +407,11 @@ class View:
             TRANSACTIONS.enter()
             self.env.set_mapsize(self.env.info()["map_size"] * 2)
         finally:
-            TRANSACTIONS.leave_to(depth)
+            try:
+                TRANSACTIONS.leave_to(depth)
+            except BaseException:
+                TRANSACTIONS.leave_to(depth)  # (an interrupt cut it short: `leave_to`)
+                raise
 
     def close(self) -> None:
         self.closed = True
