@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import errno
 import hashlib
+import itertools
 import os
 import stat
 import sys
@@ -19,6 +20,7 @@ import msgspec
 import journal
 from journal.archive import ArchiveLimits, ArchiveReader
 
+from .destinations import check_writable
 from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
 from .json_data import embedded
 from .maintenance import progress_bar
@@ -112,6 +114,8 @@ def export(
         raise CommandFailed(
             f"{dest!r} exists: pass --force to replace it", "FILE_EXISTS", "ALREADY_EXISTS"
         )
+    if dest != "-":
+        check_writable(dest)  # (exit 9: a place this user may not write, or read-only)
     before = _file_identity(dest)
     written = False  # (the whole archive was: a Ctrl+C then came after)
 
@@ -743,9 +747,16 @@ def _split_renames(items: list[str], ids: set[str], rename: dict[str, str]) -> d
 
 def _only_session(source: IO[bytes], limits: ArchiveLimits) -> str:
     reader = ArchiveReader(source, limits)
-    if reader.header.session_count != 1:
+    count = reader.header.session_count
+    if count == 0:
+        raise click.UsageError("--as NEW_ID: this archive holds no session, nothing to import")
+    if count != 1:  # (the first ids, read as the import would read them)
+        ids = [shown(s.session.session_id) for s in itertools.islice(reader.sections(), 3)]
         raise click.UsageError(
-            f"--as needs a one-session archive; this one holds {reader.header.session_count}"
+            f"--as NEW_ID imports the session of a one-session archive, and this one holds "
+            f"{count} sessions ({', '.join(ids)}{', ...' if count > 3 else ''}): import them "
+            "all (leave --as out; --rename OLD=NEW gives one of them another id), or "
+            "export the one session alone (`journal export -s ID`) and import that"
         )
     for section in reader.sections():
         return section.session.session_id

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _cli_runs import cli_env, json_error, run_cli
+from _small_disk import on_a_small_disk
 
 from journal import EventIn, InvalidArgument, Journal
 
@@ -475,3 +476,120 @@ def test_init_in_an_empty_directory_it_may_not_write_says_so(tmp_path: Path) -> 
     assert f"this user may not create the store's files in {str(empty)!r}" in message, error
     assert "restore" not in message and "is this user's" not in message, error
     assert os.listdir(empty) == []
+
+
+# -- export destinations, import --as, stats ---------------------------------------------------
+
+
+def _as_a_user(*args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run by root without CAP_DAC_OVERRIDE: a user whom permissions stop."""
+    return subprocess.run(
+        [
+            "setpriv",
+            "--inh-caps=-all",
+            "--bounding-set=-dac_override,-dac_read_search",
+            sys.executable,
+            "-m",
+            "cli",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="drops root's capabilities with setpriv(1): run as root",
+)
+@pytest.mark.parametrize("archive_format", ["archive", "ndjson"])
+def test_an_export_to_a_directory_this_user_may_not_write_is_unavailable(
+    store: Path, tmp_path: Path, archive_format: str
+) -> None:
+    """Until 2026-12-07 it was INVALID_ARGUMENT (exit 4, "bad input"), where `--help`
+    gives exit 9 to an archive file that cannot be written, and a full disk met while
+    writing it was exit 9 already: a new-user trial. The path is right; the place is not
+    writable, which is mended outside the command (or another place chosen)."""
+    shut = tmp_path / "shut"
+    shut.mkdir()
+    shut.chmod(0o555)
+    dest = shut / "out.sja"
+    done = _as_a_user(
+        "--store", str(store), "--format", "json",
+        "export", "-s", "s", "-o", str(dest), "--format", archive_format,
+    )  # fmt: skip
+    assert done.returncode == 9, (done.returncode, done.stderr)
+    error = _error(done)
+    assert (error["code"], error["status"]) == ("OS_ERROR", "UNAVAILABLE"), error
+    message = error["message"]
+    assert f"this user may not write files in {str(shut)!r}" in message, message
+    assert "export to a directory it may write" in message and "-o -" in message, message
+    assert os.listdir(shut) == []
+
+
+def test_an_export_to_a_read_only_file_system_is_unavailable(store: Path, tmp_path: Path) -> None:
+    """As root too (permissions do not stop root, a read-only mount does): exit 9, as
+    above, where it was exit 4 until 2026-12-07."""
+    script = f"""
+import json, subprocess, sys
+done = subprocess.run(
+    [sys.executable, "-m", "cli", "--store", {str(store)!r}, "--format", "json",
+     "export", "-s", "s", "-o", sys.argv[1] + "/out.sja"],
+    capture_output=True, text=True, timeout=60,
+)
+print(done.returncode)
+print(done.stdout.splitlines()[-1] if done.stdout else "")
+"""
+    status, line = on_a_small_disk(tmp_path, script, options="ro,size=1m")
+    error = json.loads(line)["error"]
+    assert (status, error["code"]) == ("9", "OS_ERROR"), (status, error)
+    assert "is on a read-only file system" in error["message"], error
+    assert "-o -" in error["message"], error
+
+
+@pytest.mark.parametrize("where", ["below_a_file", "missing_directory"])
+def test_an_export_to_a_path_that_names_no_directory_stays_a_bad_argument(
+    store: Path, tmp_path: Path, where: str
+) -> None:
+    """A path through a file, or into a directory that does not exist, is the path given
+    wrong (exit 4, INVALID_ARGUMENT), not a place that cannot be written now."""
+    (tmp_path / "file").write_text("x")
+    parent = tmp_path / ("file" if where == "below_a_file" else "missing")
+    done = _cli(store, "--format", "json", "export", "-s", "s", "-o", str(parent / "out.sja"))
+    assert done.returncode == 4, done.stderr
+    assert _error(done)["code"] == "INVALID_ARGUMENT", done.stdout
+
+
+def test_import_as_of_an_archive_of_several_sessions_says_what_to_do(
+    store: Path, tmp_path: Path
+) -> None:
+    """It said only "--as needs a one-session archive; this one holds 2" (a new-user
+    trial): not which sessions, nor the ways to import them."""
+    with Journal.open(store) as j:
+        j.create_session("t")
+    archive = tmp_path / "both.sja"
+    assert _cli(store, "export", "--all", "-o", str(archive)).returncode == 0
+    target = tmp_path / "target"
+    for source in (str(archive), "-"):  # (stdin is copied aside to be read twice)
+        done = subprocess.run(
+            [sys.executable, "-m", "cli", "--store", str(target), "--format", "json",
+             "import", "--as", "new", source],
+            stdin=archive.open("rb"),
+            capture_output=True,
+            env=cli_env(),
+            timeout=60,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        error = json.loads(done.stdout.decode().splitlines()[-1])["error"]
+        assert error["code"] == "USAGE", error
+        message = error["message"]
+        assert "--as NEW_ID imports the session of a one-session archive" in message, message
+        assert "this one holds 2 sessions (s, t)" in message, message
+        assert "leave --as out" in message and "--rename OLD=NEW" in message, message
+        assert "journal export -s ID" in message, message
+    assert not target.exists()  # (nothing was opened, nor created)
+
