@@ -362,14 +362,21 @@ def stats(settings: Settings) -> None:
         "sessions": counts,
         "segments": found.segments,
         "segment_bytes": found.segment_bytes,
+        "preallocated_bytes": found.preallocated_bytes,
     }
     if found.replicas is not None:
         record["replicas"] = found.replicas
     states = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+    # (A new store's 4 MiB on disk are zeros written ahead: said, or its size would not
+    # move with appends until they are used up; a new-user trial.)
+    used, ahead = found.segment_bytes - found.preallocated_bytes, found.preallocated_bytes
     where = (
         # (a stream has no segment files: "segments: 0" said nothing there)
         f"stream: {found.segment_bytes:,} bytes, {plural(found.replicas or 1, 'replica')}"
         if is_nats(settings.store)
+        else f"segments: {found.segments} ({used:,} bytes used; {found.segment_bytes:,} on "
+        f"disk with {ahead:,} zeros written ahead for appends)"
+        if ahead
         else f"segments: {found.segments} ({found.segment_bytes:,} bytes on disk)"
     )
     output.emit(record, f"sessions: {states}; {where}")

@@ -453,14 +453,17 @@ class VerifyReport(msgspec.Struct, frozen=True):
 class StoreStats(msgspec.Struct, frozen=True):
     """Sizes of a store (`Journal.stats()`): sessions by state (state value -> count), the
     number of segments, the bytes of the log's files (segments and their indexes), and
-    the next store position (how many records were ever committed, plus one); and, for a
-    `nats://` store, how many servers keep its stream (None for a store on disk)."""
+    the next store position (how many records were ever committed, plus one); for a
+    `nats://` store, how many servers keep its stream (None for a store on disk); and, of
+    `segment_bytes`, those of the active segment past its last committed frame: the zeros
+    written ahead so that appends do not grow the file (0 on a `nats://` store)."""
 
     sessions: dict[str, int]
     segments: int
     segment_bytes: int
     next_position: int
     replicas: int | None = None
+    preallocated_bytes: int = 0
 
 
 class ExportReport(msgspec.Struct, frozen=True):

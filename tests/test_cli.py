@@ -771,6 +771,7 @@ def test_compact_verify_and_stats(tmp_path: Path) -> None:
             "sessions": {"open": 1},
             "segments": records(result)[0]["segments"],
             "segment_bytes": records(result)[0]["segment_bytes"],
+            "preallocated_bytes": records(result)[0]["preallocated_bytes"],
         }
     ]
     # damage: one flipped bit in the active segment's first frame

@@ -593,3 +593,23 @@ def test_import_as_of_an_archive_of_several_sessions_says_what_to_do(
         assert "journal export -s ID" in message, message
     assert not target.exists()  # (nothing was opened, nor created)
 
+
+def test_stats_tells_the_zeros_written_ahead_from_the_bytes_used(store: Path) -> None:
+    """A new store's active segment is written ahead with 4 MiB of zeros: stats said
+    "4,194,320 bytes on disk" for it empty, and the same after 900 KB of appends (a
+    new-user trial: "counts zeros ahead"). It now says how many of them are zeros."""
+    first = json.loads(_cli(store, "--format", "json", "stats").stdout)
+    with Journal.open(store) as j:
+        j.append("t", [EventIn("m", b"x" * 100_000)], create=True)
+    after = json.loads(_cli(store, "--format", "json", "stats").stdout)
+    assert first["segment_bytes"] == after["segment_bytes"]  # (the zeros took the data)
+    used = [s["segment_bytes"] - s["preallocated_bytes"] for s in (first, after)]
+    assert 100_000 < used[1] - used[0] < 101_000, (first, after)
+    assert after["preallocated_bytes"] > 3_000_000, after
+    text = _cli(store, "stats").stdout.strip()
+    assert text == (
+        f"sessions: open 1, resolved 1; segments: 1 ({used[1]:,} bytes used; "
+        f"{after['segment_bytes']:,} on disk with {after['preallocated_bytes']:,} "
+        "zeros written ahead for appends)"
+    ), text
+

@@ -101,6 +101,25 @@ def test_stats_counts_sessions_segments_and_bytes(tmp_path: Path) -> None:
     assert stats.next_position == 1 + 3 + 6 + 1
 
 
+def test_stats_tells_the_zeros_written_ahead_of_the_active_segment(tmp_path: Path) -> None:
+    """The active segment is written ahead with zeros (up to 4 MiB): they are in
+    `segment_bytes`, and `preallocated_bytes` says how many (an append takes its frame
+    from them; sealing cuts them). Until 2026-12-07 nothing told them from the data."""
+    with Journal.open(tmp_path, durability="os") as j:
+        empty = j.stats()
+        j.create_session("a")
+        j.append("a", [EventIn("m", b"x" * 100_000)])
+        after = j.stats()
+        (active,) = (tmp_path / "segments").glob("*.seg")
+        assert after.preallocated_bytes < active.stat().st_size <= 4 << 20
+        j.compact(dead_share=0.0)  # (nothing dead: nothing sealed, the zeros stay)
+        assert j.stats().preallocated_bytes == after.preallocated_bytes
+    assert empty.segment_bytes == after.segment_bytes  # (the file did not grow)
+    used = after.segment_bytes - after.preallocated_bytes
+    assert 100_000 < used - (empty.segment_bytes - empty.preallocated_bytes) < 101_000
+    assert empty.preallocated_bytes > (4 << 20) - 200, empty
+
+
 def test_every_fault_point_is_declared_and_reached_from_the_code() -> None:
     used: set[str] = set()
     for path in (ROOT / "journal" / "_local").glob("*.py"):

@@ -778,10 +778,10 @@ class LocalEngine:
         with self.view.begin() as txn:
             counts = self.view.states.counts(txn)  # (the index's keys, not the rows)
             head = self.view.head(txn)
-        segments, size = self.log.files()
-        return StoreStats(
-            dict(sorted(counts.items())), segments, size, 1 if head is None else head.next_position
-        )
+        end = None if head is None else (head.segment, head.end_offset)
+        segments, size, ahead = self.log.files(end)  # (ahead: the zeros past `end`)
+        next_position = 1 if head is None else head.next_position
+        return StoreStats(dict(sorted(counts.items())), segments, size, next_position, None, ahead)
 
 
 # Requests that may have finished part of their work before a failure (a swap's rename,

@@ -129,15 +129,18 @@ class SegmentLog:
         """Every segment in base order (a base present in both forms counts once)."""
         return _segments_of(os.listdir(self.directory))
 
-    def files(self) -> tuple[int, int]:
-        """(segment files, bytes of every file in the directory: sidecars included)."""
-        segments = size = 0
+    def files(self, end: tuple[int, int] | None) -> tuple[int, int, int]:
+        """(segment files, bytes of every file in the directory: sidecars included, and the
+        active segment's bytes past `end`, (base, offset) where its frames end: zeros)."""
+        segments = size = ahead = 0
         for name in os.listdir(self.directory):
             if name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)):
                 segments += 1
             with contextlib.suppress(FileNotFoundError):
-                size += os.path.getsize(os.path.join(self.directory, name))
-        return segments, size
+                size += (found := os.path.getsize(os.path.join(self.directory, name)))
+                if end is not None and name == segment_name(end[0]):
+                    ahead = max(0, found - end[1])
+        return segments, size, ahead
 
     def bases(self) -> list[int]:
         return [s.base_position for s in self.segments()]
