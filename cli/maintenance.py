@@ -71,6 +71,10 @@ def compact(settings: Settings, dead_share: float) -> None:
 
     Positions, ordinals and cursors do not change; writers and watchers may keep running.
     On a nats:// store (no segments) it applies the retention policy only.
+
+    It does not compact a session into a snapshot: the snapshot is the application's
+    state, made where its events are folded (in Python, a fold's snapshot(compact=True)
+    or Journal.compact_session); `journal sessions snapshot ID` prints one.
     """
     output = settings.output
     finished = False

@@ -613,3 +613,10 @@ def test_stats_tells_the_zeros_written_ahead_from_the_bytes_used(store: Path) ->
         "zeros written ahead for appends)"
     ), text
 
+
+def test_compact_s_help_says_where_a_session_is_compacted_into_a_snapshot(store: Path) -> None:
+    """A new-user trial looked for the CLI form of `compact_session`: there is none (the
+    snapshot is the application's state, SPEC 13), and `journal compact --help` says so."""
+    shown = " ".join(_cli(store, "compact", "--help").stdout.split())
+    assert "does not compact a session into a snapshot" in shown, shown
+    assert "snapshot(compact=True)" in shown and "Journal.compact_session" in shown, shown
