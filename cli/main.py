@@ -3,9 +3,7 @@ commands (`init`, `append`, `read`, `watch`)."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -22,8 +20,8 @@ from . import early_signals
 from .archives import export, import_
 from .demo import demo
 from .hints import journal_command
-from .json_data import exact_json
 from .maintenance import compact, cursor_key, stats, verify
+from .ndjson_events import events_from_ndjson
 from .output import (
     BELOW_2_62,
     EXIT_CODES_HELP,
@@ -605,123 +603,6 @@ def _emit_appended(settings: Settings, result: journal.AppendResult) -> None:
             failed.code,
             failed.status,
         ) from None
-
-
-_ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
-# No line of one event is longer: its data is at most MAX_EVENT_BYTES, each byte of which
-# JSON writes in at most 6 (`\u0001`), and 1 MiB covers the keys, the type and the
-# request id (at most 64 KiB, escaped too).
-MAX_LINE_BYTES = 6 * journal.MAX_EVENT_BYTES + (1 << 20)
-
-
-def _not_a_json_number(constant: str) -> object:
-    raise ValueError(f"{constant} is not a JSON number")
-
-
-def events_from_ndjson(
-    stream: IO[bytes], default_type: str, default_request_id: str | None
-) -> list[journal.EventIn]:
-    """Events from NDJSON lines (see `journal append --help`); blank lines are skipped.
-
-    The stream is read a line at a time and refused (`InvalidArgument`, nothing read
-    further) as soon as it holds more events or bytes than one append takes, or a line
-    longer than any event's can be: memory stays bounded by the limits whatever the
-    input."""
-    events: list[journal.EventIn] = []
-    total = 0
-    number = 0
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise journal.InvalidArgument(
-                f"stdin line {number + 1} is over {MAX_LINE_BYTES} bytes, longer than the "
-                f"line of any event (its data is at most {journal.MAX_EVENT_BYTES} bytes): "
-                "store large payloads elsewhere and append a reference"
-            )
-        for line in raw.splitlines():
-            number += 1
-            line = line.strip()
-            if not line:
-                continue
-            if len(events) == journal.MAX_BATCH_EVENTS:
-                raise journal.InvalidArgument(
-                    f"over {journal.MAX_BATCH_EVENTS} events in one append (stdin line "
-                    f"{number} is event {journal.MAX_BATCH_EVENTS + 1}); the limit is "
-                    f"{journal.MAX_BATCH_EVENTS}: split it"
-                )
-            event = _event_of_line(line, number, default_type, default_request_id)
-            if len(event.data) > journal.MAX_EVENT_BYTES:
-                raise journal.InvalidArgument(
-                    f"stdin line {number}: the event's data is {len(event.data)} bytes; the "
-                    f"limit is {journal.MAX_EVENT_BYTES} bytes per event: store large "
-                    "payloads elsewhere and append a reference"
-                )
-            total += len(event.data)
-            if total > journal.MAX_BATCH_BYTES:
-                raise journal.InvalidArgument(
-                    f"over {journal.MAX_BATCH_BYTES} bytes of event data in one append "
-                    f"(reached at stdin line {number}); the limit is "
-                    f"{journal.MAX_BATCH_BYTES}: split it"
-                )
-            events.append(event)
-    return events
-
-
-def _event_of_line(
-    line: bytes, number: int, default_type: str, default_request_id: str | None
-) -> journal.EventIn:
-    """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
-    # One parse in the usual case: exact (no number a float cannot hold, no key given
-    # twice), which an envelope's non-string data must be, since it is written back.
-    # (Decoded here: from bytes, json.loads guesses UTF-16 or -32 from the first bytes,
-    # and a UTF-16 line of JSON was stored, one of bytes that are not text refused as
-    # not JSON. A UTF-8 BOM it takes, as before.)
-    try:
-        text = line.decode("utf-8-sig")
-    except UnicodeDecodeError as bad:
-        # (Its place is in what the decoder read: after the BOM it skipped, if any.)
-        at = len(line) - len(bad.object) + bad.start
-        raise journal.InvalidArgument(
-            f"stdin line {number} is not UTF-8 text (byte {line[at]:#04x} at byte "
-            f"{at + 1}): NDJSON is read as UTF-8; convert it (iconv) first"
-        ) from None
-    inexact: ValueError | None = None
-    try:
-        value = exact_json(text)
-    except ValueError as e:
-        inexact = e
-        try:
-            value = json.loads(text, parse_constant=_not_a_json_number)
-        except ValueError as e:
-            raise journal.InvalidArgument(
-                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
-            ) from None
-    if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
-        payload = value["data"]
-        if not isinstance(payload, str):
-            if inexact is not None:  # (it would be stored saying something else)
-                raise journal.InvalidArgument(
-                    f"stdin line {number}: data cannot be written back as it is ({inexact}): "
-                    "pass the data as a JSON string, or the line without the envelope "
-                    "(stored as it is)"
-                )
-            payload = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-        try:
-            body = payload.encode("utf-8")
-        except UnicodeEncodeError:
-            raise journal.InvalidArgument(
-                f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
-            ) from None
-        event_type = value.get("type", default_type)
-        request = value.get("request_id", default_request_id)
-        if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
-            raise journal.InvalidArgument(
-                f'stdin line {number}: "type" and "request_id" must be strings'
-            )
-        return journal.EventIn(event_type, body, request)
-    # (Stored as it is, but for a UTF-8 BOM, which is not part of the data: until
-    # 2026-12-05 it was stored, and the data was no longer JSON.)
-    data = line[len(codecs.BOM_UTF8) :] if line.startswith(codecs.BOM_UTF8) else line
-    return journal.EventIn(default_type, data, default_request_id)
 
 
 @main.command()
