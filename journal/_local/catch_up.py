@@ -16,6 +16,7 @@ from .frames import SEGMENT_HEADER_SIZE
 from .leases import BOOT_ID
 from .log import SegmentLog
 from .projector import Projection, project_log, project_segments
+from .recovery import discard_unborn_tail, finish_interrupted
 from .segments import KnownZeros
 from .sidecar import read_summary
 from .view import Head, View
@@ -87,8 +88,8 @@ class CatchUp:
             else:
                 # No view yet (new, deleted, or discarded after a reboot): rebuild it from
                 # the sidecars of sealed segments and a scan of the rest.
-                log.discard_unborn_tail()
-                log.finish_interrupted(rebuilding=True)
+                discard_unborn_tail(log)
+                finish_interrupted(log, rebuilding=True)
                 self._finished_interrupted = True
                 # (Before the boot is recorded: a view nobody committed to since the reboot.)
                 from_disk = self._after_reboot and view.boot_id(txn) is None
@@ -111,14 +112,14 @@ class CatchUp:
             head.segment, head.end_offset, head.next_position
         ):
             # (After a failure: what it interrupted is finished even at the same place.)
-            log.finish_interrupted()
+            finish_interrupted(log)
             self._finished_interrupted = True
         if log.writer_at(head.segment, head.end_offset, head.next_position):
             self._after_reboot = False
             return head
-        log.discard_unborn_tail()
+        discard_unborn_tail(log)
         if not self._finished_interrupted:
-            log.finish_interrupted()
+            finish_interrupted(log)
             self._finished_interrupted = True
         recorded = (head.segment, head.end_offset, head.next_position)
         indexed_from = head.next_position

@@ -99,7 +99,7 @@ from .leases import (
     remove_evicted_locks,
     take_lock,
 )
-from .log import SegmentLog, process_alive
+from .log import SegmentLog
 from .opening import (
     LocalOptions,
     discard_view_after_reboot,
@@ -113,6 +113,7 @@ from .private_tail import PrivateTail
 from .projector import Projection
 from .reader import ReaderCache, read_page
 from .recorded_policy import RecordedPolicy
+from .recovery import process_alive
 from .retention import SummaryCache, delete_segment_files
 from .segments import ActiveDamage, LogHole
 from .store_file import (

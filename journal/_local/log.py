@@ -1,5 +1,6 @@
-"""The segments directory: ordered segments, the active writer, rotation, sealing and
-recovery of interrupted work. Positions are store-wide and dense across segments."""
+"""The segments directory: ordered segments, the active writer, rotation and sealing
+(what a crashed writer left unfinished is finished by `recovery.py`). Positions are
+store-wide and dense across segments."""
 
 from __future__ import annotations
 
@@ -34,18 +35,15 @@ from .frames import (
     FRAME_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     SEGMENT_SUFFIX,
-    SIDECAR_SUFFIX,
     FrameInfo,
     segment_name,
-    sidecar_name,
 )
-from .os_marks import mark_base
 from .segments import LogHole, SegmentReader, open_segment, summarize_segment
-from .sidecar import FrameDigest, SegmentSummary, read_summary, sidecar_intact, write_summary
+from .sidecar import FrameDigest, SegmentSummary, read_summary, write_summary
 from .writer import SegmentWriter
 from .zerofill import ZeroFiller
 
-__all__ = ["FEED_FLOOR_FILE", "SegmentLog"]
+__all__ = ["FEED_FLOOR_FILE", "SegmentLog", "segments_of"]
 
 _log = logging.getLogger("journal")
 
@@ -56,16 +54,6 @@ _REUSED_FRAME_BYTES = 4 << 20
 FEED_FLOOR_FILE = "feed-floor"
 _FEED_FLOOR = struct.Struct(">4sQI")
 _FEED_FLOOR_MAGIC = b"jff1"
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # (a number no process can have)
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -127,7 +115,7 @@ class SegmentLog:
 
     def segments(self) -> list[_Segment]:
         """Every segment in base order (a base present in both forms counts once)."""
-        return _segments_of(os.listdir(self.directory))
+        return segments_of(os.listdir(self.directory))
 
     def files(self, end: tuple[int, int] | None) -> tuple[int, int, int]:
         """(segment files, bytes of every file in the directory: sidecars included, and the
@@ -236,88 +224,6 @@ class SegmentLog:
             if kept is not None:
                 os.close(kept)
 
-    def finish_interrupted(self, *, rebuilding: bool = False) -> None:
-        """Clean up after a writer that crashed mid-seal or mid-write (caller holds the
-        write lock): delete temporary files of processes that are gone, a plain segment
-        beside its complete `.zst` (a `.zst` is only renamed into place once complete),
-        and write the sidecars of sealed segments that are missing or fail their checksum
-        (`rebuilding`, before a view is rebuilt from the sidecars: that fail any of
-        `read_summary`'s checks)."""
-        for name in os.listdir(self.directory):
-            if not name.endswith(".tmp"):
-                continue
-            parts = name.split(".")
-            pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
-            if pid is not None and process_alive(pid):
-                continue  # a live writer (e.g. a compaction) is still producing it
-            with contextlib.suppress(FileNotFoundError):
-                self.ops.unlink(os.path.join(self.directory, name))
-        # Under the segment-files lock: another writer's committed retention pass deletes
-        # dead segments' files after its commit, outside the writer lock, and a segment
-        # deleted between the listing and its sidecar check was read here (the open
-        # failed with StoreUnavailable, No such file or directory).
-        with self.files_lock():
-            names = os.listdir(self.directory)
-            segments = _segments_of(names)
-            for s in segments:
-                plain = os.path.join(self.directory, segment_name(s.base_position))
-                if s.compressed and os.path.exists(plain):
-                    self.ops.unlink(plain)
-            self._delete_orphan_sidecars(names, {s.base_position for s in segments})
-            for s in segments[:-1]:
-                self.ops.point("open.sidecar_check", s.base_position)
-                # The checksum only, but for a rebuild: decoding every sidecar and checking
-                # it is consistent cost about a microsecond a frame of the store at every
-                # open (175 ms for 200,000 single-event frames); `read_summary` does that
-                # where one is used, and takes one that fails as absent.
-                if rebuilding:
-                    intact = read_summary(self.directory, s.base_position) is not None
-                else:
-                    intact = sidecar_intact(self.directory, s.base_position)
-                if not intact:
-                    name = sidecar_name(s.base_position)
-                    if os.path.lexists(os.path.join(self.directory, name)):
-                        # (A missing one is an interrupted seal's; a damaged one is news.)
-                        _log.warning(
-                            "the sidecar %s is damaged: rewriting it from its segment", name
-                        )
-                    elif not s.compressed and self.compress_sealed:
-                        # A seal killed before its compressed copy was in place: finished
-                        # as it began, or the segment stayed plain for good (SPEC 3.4).
-                        try:
-                            self.seal(s.base_position)
-                            continue
-                        except OSError as e:  # (a full disk: commits go on, plain)
-                            _log.warning(
-                                "could not compress the sealed segment %s (%s): it stays plain",
-                                segment_name(s.base_position),
-                                e,
-                            )
-                    write_summary(
-                        self.directory,
-                        summarize_segment(self.directory, s.base_position, self.ops),
-                        self.ops,
-                        self.permissions,
-                    )
-            fsync_dir(self.directory, self.ops)
-
-    def _delete_orphan_sidecars(self, names: list[str], bases: set[int]) -> None:
-        """Delete the sidecars whose segment is gone (caller holds the write lock and the
-        segment-files lock): a retention pass deletes a dead segment's files one after
-        another, and one stopped between them (killed, a power cut, an I/O error it logs)
-        left the sidecar, which nothing reads, for good (until 2026-12-06; the store's
-        size counted it). No other step makes a sidecar before its segment exists. So
-        for the marks of "os" writers (`os_marks.py`; a writer makes one only in a segment
-        it writes). `names`: the directory's listing, under that lock."""
-        for name in names:
-            sidecar = name.endswith(SIDECAR_SUFFIX) and len(name) == 24 and name[:20].isdigit()
-            base = int(name[:20]) if sidecar else mark_base(name)
-            if base is not None and base not in bases:
-                kind = "sidecar" if sidecar else "mark"
-                _log.info("deleting the %s %s: its segment is gone", kind, name)
-                with contextlib.suppress(FileNotFoundError):
-                    self.ops.unlink(os.path.join(self.directory, name))
-
     def moved_past(self, segment: int, end_offset: int, next_position: int, fd: int = -1) -> bool:
         """Whether frames or segments exist past `end_offset` of `segment` (a 24-byte probe
         of that segment, through `fd` when the caller has it open)."""
@@ -353,23 +259,6 @@ class SegmentLog:
         # at `next_position` was looked for: a read-only reader whose head was at the end
         # of a sealed segment then saw no change at any refresh, ever again.)
         return any(base > segment for base in self.bases())
-
-    def discard_unborn_tail(self) -> None:
-        """Delete a newest plain segment shorter than its header: a creation interrupted
-        by a crash (stores written before segments were born by rename). Caller holds the
-        write lock."""
-        segments = self.segments()
-        if not segments or segments[-1].compressed:
-            return
-        path = os.path.join(self.directory, segment_name(segments[-1].base_position))
-        fd = open_segment(path, os.O_RDONLY)  # (a FIFO is damage, not an unborn segment)
-        try:
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        if size < SEGMENT_HEADER_SIZE:
-            self.ops.unlink(path)
-            fsync_dir(self.directory, self.ops)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -785,7 +674,7 @@ class SegmentLog:
                         yield info, body
 
 
-def _segments_of(names: list[str]) -> list[_Segment]:
+def segments_of(names: list[str]) -> list[_Segment]:
     """The segments a listing of the segments directory names, in base order."""
     found: dict[int, bool] = {}
     for name in names:

@@ -28,9 +28,10 @@ from .frames import (
     segment_name,
     sidecar_name,
 )
-from .log import SegmentLog, process_alive
+from .log import SegmentLog
 from .projector import project_log
 from .reader_views import while_files_change
+from .recovery import process_alive
 from .retention import SummaryCache, dead_segments
 from .segments import LogHole, SegmentReader, frame_records, summarize_segment
 from .sidecar import read_summary, write_summary
