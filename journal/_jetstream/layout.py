@@ -214,7 +214,7 @@ def stamps_recorded(row: SessionRow, first: int, stamps: Iterable[int]) -> tuple
     """The row's `last_event_ms` and `stamped_in_order_from` once events stamped `stamps`
     follow, from ordinal `first` on, those of `row` (which end before `first`). Events
     whose order the row does not record (no `last_event_ms`) count as out of order: the
-    age window reads them in order (`Writer._age_window_start`)."""
+    age window reads them in order (`HistoryWindows._age_window_start`)."""
     newest, in_order_from = row.last_event_ms, row.stamped_in_order_from
     if not newest:
         in_order_from = first
