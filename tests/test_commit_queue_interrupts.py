@@ -89,7 +89,7 @@ QUEUE = {"_submit", "_lead", "_gather", "_wake", "_abandon", "_pick_successor",
          "_release_closers", "_hand_over", "_uncommitted"}
 # Frames a handler's exception must never come from: the queue's and the commit's own.
 INSIDE = {"_submit", "_lead", "_gather", "_wake", "_abandon", "_run_commit", "_commit"}
-QUEUE_FILES = ("commit_queue.py", os.path.join("_local", "engine.py"))
+QUEUE_FILES = ("commit_queue.py", os.path.join("_local", "commit.py"))
 
 
 def in_queue(frame):
@@ -492,7 +492,7 @@ def _in_the_queue() -> bool:
     while frame is not None:
         module = frame.f_globals.get("__name__", "")
         if (module.endswith("commit_queue") and frame.f_code.co_name in _QUEUE) or (
-            module.endswith("_local.engine") and frame.f_code.co_name in _COMMIT
+            module.endswith("_local.commit") and frame.f_code.co_name in _COMMIT
         ):
             return True
         frame = frame.f_back
@@ -506,7 +506,7 @@ _COMMIT = {"_run_commit", "_commit"}
 def _inside(frame: traceback.FrameSummary) -> bool:
     """Whether a traceback's frame is one of the queue's or the commit's own."""
     return (frame.filename.endswith("commit_queue.py") and frame.name in _QUEUE) or (
-        frame.filename.endswith(os.path.join("_local", "engine.py")) and frame.name in _COMMIT
+        frame.filename.endswith(os.path.join("_local", "commit.py")) and frame.name in _COMMIT
     )
 
 

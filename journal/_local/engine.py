@@ -2,28 +2,20 @@
 
 Bootstrap (creating or opening a store, its id, the cursor key ring, discarding a view
 that a reboot may have torn, a private view for read-only readers that cannot lock the
-store), the commit protocol, reads and maintenance.
-
-Commit protocol (SPEC 7.1): one thread at a time leads a group commit. In the LMDB write
-transaction (the writers' lock across processes) it indexes committed frames the view
-has not seen and cuts off a torn tail (`catch_up`), plans every queued operation, writes
-their records as ONE frame, syncs it once, projects it, commits, and only then
-acknowledges the callers.
+store), reads and maintenance; the commit protocol is in `commit.py` (`CommitPath`, the
+base class of `LocalEngine`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import os
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Sequence
 from functools import partial
-from typing import Final, TypeVar
 
 import lmdb
 import msgspec
@@ -33,17 +25,13 @@ from cursors import KeyRing
 from ..abandoned import wait_for_dropped
 from ..engine import (
     AbortImport,
-    Append,
-    ApplyRetention,
     EventsPage,
     Expire,
     Lease,
-    Operation,
     PageReaders,
     PolicyChange,
     Progress,
     StoredSnapshot,
-    VerifyFix,
 )
 from ..errors import (
     JournalClosed,
@@ -57,7 +45,6 @@ from ..models import (
     CompactionReport,
     ReadContext,
     RetentionPolicy,
-    RetentionReport,
     SessionState,
     StoreStats,
     VerifyProblem,
@@ -67,23 +54,19 @@ from ..records import CheckpointTaken, SnapshotTaken
 from ..sessions import FeedEntry, SessionRow
 from ..waiter import Notifier
 from .catch_up import CatchUp
+from .commit import CommitPath
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
-from .compaction import Compactions, SealActive, SwapSegment, finish_swaps
-from .cut_tails import cut_at_damage
+from .compaction import Compactions, finish_swaps
 from .expiry import ExpiryTimer
 from .failures import (
     disk_errors,
     held_by_this_process,
     open_failure,
-    os_error_of,
-    outcome_unknown,
     reads_disk,
-    store_wide,
     unavailable,
 )
 from .files import DEFAULT_FILE_OPS, Permissions
-from .frames import FrameInfo
 from .inotify import DirectoryChanges
 from .known_rows import KnownRows
 from .leases import (
@@ -96,7 +79,6 @@ from .leases import (
     drop_lock,
     lock_path,
     owner_alive,
-    remove_evicted_locks,
     take_lock,
 )
 from .log import SegmentLog
@@ -108,13 +90,12 @@ from .opening import (
     open_reader_view,
     remove_private_view,
 )
-from .planner import Planner, Request, SealRetention
+from .planner import Request, SealRetention
 from .private_tail import PrivateTail
-from .projector import Projection
 from .reader import ReaderCache, read_page
 from .recorded_policy import RecordedPolicy
 from .recovery import process_alive
-from .retention import SummaryCache, delete_segment_files
+from .retention import SummaryCache
 from .segments import ActiveDamage, LogHole
 from .store_file import (
     STORE_FORMAT,
@@ -129,15 +110,8 @@ from .view_codec import ListedRows
 
 __all__ = ["STORE_FORMAT", "LocalEngine", "LocalOptions"]
 
-_log: Final = logging.getLogger("journal")
-ResultT = TypeVar("ResultT")
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class LocalEngine:
+class LocalEngine(CommitPath):
     """The segment-and-LMDB engine of one open store (see the module docstring).
 
     Thread-safe; several processes may open the same store. Use `LocalEngine.open`.
@@ -412,220 +386,6 @@ class LocalEngine:
             if not self._closed:
                 self._private_tail.refresh(self.log, self.view, self._ops)
 
-    # -- the commit path -------------------------------------------------------------------
-
-    def submit(self, operation: Operation[ResultT]) -> ResultT:
-        """Commit `operation` with whatever else is queued (group commit); its result."""
-        self.check_usable()
-        if isinstance(operation, VerifyFix) and self.view.inspect() is not None:
-            self.view.repair()  # the commit replaces the damaged view (SPEC section 9)
-        request = Request(operation)
-        # (A fix runs the caller's progress callback inside its commit: left interruptible.)
-        self._commits.submit(request, here=isinstance(operation, VerifyFix))
-        error = request.error
-        if isinstance(error, OSError):
-            # Failed alone while it was planned (a compaction swap, a fix writing a
-            # sidecar): what it interrupted is finished by the next catch-up.
-            self._catch_up.interrupted()
-            raise unavailable(error, _during(operation)) from error
-        if error is not None:
-            request.error = None
-            try:
-                raise error
-            finally:
-                # Its traceback holds the frames it passed (the commit's, and through
-                # them the caller's journal): none may hold it back, or a journal dropped
-                # after a failed call (SessionExists) stayed open, its store "open
-                # already", until the cycle collector ran (a trial).
-                del error, request
-        result: ResultT = request.result
-        return result
-
-    def _follow_up(self) -> Request | None:
-        """After a batch: the retention pass a seal made due (SPEC 8, "What a pass reads")."""
-        if not self._retention_due:
-            return None
-        self._retention_due = False
-        sweep = self._first_sweep
-        if sweep is not None and sweep.error is None and sweep.result is not None:
-            return Request(SealRetention(None))
-        self._first_sweep = Request(ApplyRetention(None))
-        return self._first_sweep
-
-    def _run_commit(self, batch: list[Request], taken: bool = False) -> None:
-        try:
-            if taken:
-                self._ops.point("commit.batch_taken", len(batch))
-            for attempt in range(8):
-                try:
-                    self._commit(batch)
-                    return
-                except lmdb.MapFullError:
-                    if attempt == 7:
-                        raise
-                    self.view.grow()
-                except _SegmentCut:
-                    if attempt == 7:
-                        raise
-        except BaseException as e:
-            if isinstance(e, Exception) and len(batch) > 1 and not store_wide(e):
-                # Something one request carried failed after planning (encoding its
-                # records, projecting them): nothing was committed, so commit each
-                # request alone and let the failure stay with the one that causes it.
-                for r in batch:
-                    self._run_commit([r])
-                return
-            # Nothing of this batch was committed: no caller may see a result.
-            error: BaseException = e
-            os_error = os_error_of(e, self.location) if isinstance(e, lmdb.Error) else e
-            if isinstance(os_error, OSError):
-                error = unavailable(os_error)
-                # Work the failure interrupted (a seal, a rename) is finished by the next
-                # catch-up, as after a crash.
-                self._catch_up.interrupted()
-            for r in batch:
-                r.result = None
-                r.error = error
-                if isinstance(os_error, OSError) and _during(r.operation) == "maintenance":
-                    r.error = unavailable(os_error, "maintenance")
-            if not batch:
-                if error is e:
-                    raise
-                raise error from e
-
-    def _commit(self, batch: list[Request]) -> None:
-        view = self.view
-        log = self.log
-        before: tuple[int, int, int] | None = None
-        info: FrameInfo | None = None  # (where the frame was written)
-        try:
-            # (A compaction swap keeps the segment-files lock until the transaction is
-            # over, and no longer: the undo below takes the writer lock again.)
-            with log.keeping_files_lock(), view.begin(write=True) as txn:
-                try:
-                    head = self._catch_up.run(txn)
-                    hole = None
-                except LogHole as e:
-                    # Only a verify(fix=True) goes on: it accepts the loss.
-                    viewed, hole = view.head(txn), e
-                    fixes = [r for r in batch if isinstance(r.operation, VerifyFix)]
-                    if viewed is None or not fixes:
-                        raise
-                    head = viewed
-                    for r in batch:
-                        if r not in fixes:
-                            r.error = e
-                    batch = fixes
-                except ActiveDamage as e:
-                    if not any(isinstance(r.operation, VerifyFix) for r in batch):
-                        raise
-                    # A fix cuts the segment there (a copy kept first; only with "cut-durable"
-                    # where no "os" writer wrote it), and the batch is committed again on the
-                    # log as cut (`_run_commit`).
-                    cut = cut_at_damage(
-                        log.directory,
-                        e.base,
-                        e.offset,
-                        self._ops,
-                        self.permissions,
-                        cut_durable=self._cut_durable,
-                    )
-                    self._cuts.append(cut)
-                    raise _SegmentCut from e
-                planner = Planner(
-                    txn,
-                    view,
-                    log,
-                    self.summaries,
-                    self.policy,
-                    (self.store_id, BOOT_ID),
-                    head.next_position,
-                    _now_ms(),
-                )
-                planner.hole, planner.cuts = hole, self._cuts
-                planner.known_rows = self._rows.valid(
-                    txn.id(), head.next_position, id(self.view.env)
-                )
-                explicit = any(isinstance(r.operation, Expire) for r in batch)
-                if hole is None and batch and not explicit:
-                    # (An explicit expiry in the batch does it, and reports what it did.)
-                    planner.expire_due()
-                for request in batch:
-                    planner.plan(request)
-                # A refused frame another writer indexed is acknowledged for plain appends
-                # only: all they change in the view comes from the frame's records.
-                known = all(type(r.operation) is Append for r in batch)
-                projection = Projection(view, txn, head, self._ops)
-                # Rows the planner read in this transaction are the ones the projection
-                # would read again: hand them over.
-                for row in planner.rows_read():
-                    projection.adopt(row)
-                if planner.records:
-                    before = log.writer_end()
-                    info = log.append_records(planner.records, planner.digest())
-                    if info.segment != before[0]:
-                        # A segment was sealed: the moment to let retention reclaim space.
-                        self._retention_due = True
-                    projection.apply(info, planner.records, planner.event_runs)
-                    self._ops.point("commit.view_flush")
-                    projection.flush()
-                planner.finish()
-                self._ops.point("commit.view_commit")
-                transaction_id = txn.id()
-            # The transaction committed: from here on the frame is acknowledged.
-        except BaseException as e:
-            self._rows.forget()
-            if before is None:
-                raise
-            log.owe_cut(before)  # (cut under the write lock again: `undo_append`)
-            self._ops.point("commit.refused")
-            # (Another writer that took the lock first indexed the frame? It is committed.)
-            frame = (info, planner.records) if info and known and isinstance(e, Exception) else None
-            cutting = False
-            try:
-                with view.begin(write=True) as txn:
-                    h = view.head(txn)
-                    at = None if h is None else (h.segment, h.end_offset, h.next_position)
-                    cutting = True
-                    indexed = log.undo_append(at, frame)
-            except (OSError, lmdb.Error, JournalError) as cut:
-                if cutting and isinstance(cut, JournalError):
-                    raise  # (the cut was made; or it met committed frames cut: `LogHole`)
-                # The frame stays, its cut owed: not "nothing committed" (SPEC 14.4). Nor
-                # when the transaction the cut needs cannot begin (the view is damaged or
-                # gone): the rebuild of the view, or the next writer, indexes the frame.
-                self._catch_up.interrupted()
-                raise outcome_unknown(e, cut, self.location) from cut
-            if not indexed:
-                raise
-            _log.warning("a failed commit's frame was indexed by another writer: acknowledged")
-        else:
-            self._rows.remember(batch, planner, projection, transaction_id, view)
-        if planner.doomed:
-            try:
-                freed = delete_segment_files(log, planner.doomed)
-            except OSError as e:
-                # The batch committed: its callers must not see a failure (a retry would
-                # duplicate). The next retention pass finds the files dead and deletes them.
-                _log.warning("could not delete dead segments %s: %s", planner.doomed, e)
-                freed = 0
-            for request in batch:
-                if isinstance(request.result, RetentionReport):
-                    request.result = msgspec.structs.replace(request.result, reclaimed_bytes=freed)
-        if planner.unpin:
-            self.compactions.ask(planner.unpin)
-            if self.expiry is not None:
-                self.expiry.poke()
-        if planner.evicted:
-            remove_evicted_locks(self.location, planner.evicted, self._ops)
-        if info is not None:  # (waking the followers of the sessions it touched only)
-            # (The frame's end: a refused frame another writer indexed was maybe not
-            # projected here.)
-            self.waiter.publish(info.last_position + 1, projection.touched(), info.first_position)
-            due = projection.nearest_new_deadline
-            if due is not None and self.expiry is not None:
-                self.expiry.nearer(due)
-
     # -- reads -----------------------------------------------------------------------------
 
     def session(self, session_id: str) -> SessionRow | None:
@@ -783,18 +543,3 @@ class LocalEngine:
         segments, size, ahead = self.log.files(end)  # (ahead: the zeros past `end`)
         next_position = 1 if head is None else head.next_position
         return StoreStats(dict(sorted(counts.items())), segments, size, next_position, None, ahead)
-
-
-# Requests that may have finished part of their work before a failure (a swap's rename,
-# a seal's rotation, a retention pass's deleted files, a fix's repairs): their error
-# says what was done stays done, not that nothing was committed.
-_MAINTENANCE: Final = (SwapSegment, SealActive, ApplyRetention, VerifyFix)
-
-
-def _during(operation: object) -> str:
-    return "maintenance" if isinstance(operation, _MAINTENANCE) else "commit"
-
-
-class _SegmentCut(Exception):
-    """A fix cut the active segment at damage in the transaction it aborted: commit the
-    batch again."""
