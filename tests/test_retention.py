@@ -1352,7 +1352,9 @@ def test_watchers_keep_correct_while_other_threads_append_trim_and_compact(
 ) -> None:
     # In one process: appenders, a thread trimming (snapshots, windows) and compacting, and
     # watchers that restart from resume_cursor on CursorExpired. Every event a watcher
-    # gets is the right one, in dense order between restarts.
+    # gets is the right one, in dense order between restarts. The slow watcher is held
+    # after its first event until half the appends and a retention pass are done, so it
+    # surely falls behind the trims (its 2 ms per event alone kept up on a loaded machine).
     policy = RetentionPolicy(max_history_bytes=20_000)
     with open_store(store, policy, segment_bytes=SMALL_SEGMENTS) as j:
         j.create_session("s")
@@ -1360,6 +1362,7 @@ def test_watchers_keep_correct_while_other_threads_append_trim_and_compact(
         done = threading.Event()
         errors: list[BaseException] = []
         logs: list[list[tuple[str, int]]] = [[], []]
+        behind = threading.Event()
 
         def watcher(log: list[tuple[str, int]], budget: int, pause: float) -> None:
             cursor = None
@@ -1370,7 +1373,9 @@ def test_watchers_keep_correct_while_other_threads_append_trim_and_compact(
                             check_event(event, "s")
                             log.append(("ev", event.ordinal))
                             cursor = event.cursor
-                            time.sleep(pause)  # a slow observer falls behind the trims
+                            if pause:  # a slow observer falls behind the trims
+                                behind.wait(WAIT_S)
+                                time.sleep(pause)
                         return
                     except CursorExpired as e:
                         log.append(("expired", e.earliest_ordinal))
@@ -1406,10 +1411,14 @@ def test_watchers_keep_correct_while_other_threads_append_trim_and_compact(
         for thread in threads:
             thread.start()
         try:
-            for _ in range(300):
+            for n in range(300):
                 append_batch(j, "s", [rng.choice([50, 400, 1500])] * rng.randint(1, 4))
                 append_batch(j, "noise", [300])
+                if n == 150:
+                    j.apply_retention()  # (150 rounds of "s": far more than 20,000 bytes)
+                    behind.set()
         finally:
+            behind.set()
             done.set()
             threads[2].join(WAIT_S)
             append_batch(j, "s", [10])  # the end of the session is retained
