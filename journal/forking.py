@@ -52,10 +52,14 @@ class ForkGate:
             before=self._pause, after_in_parent=self._resume, after_in_child=self._child
         )
 
-    def enter(self) -> None:
-        local = self._local
-        depth: int = getattr(local, "depth", 0)
-        if not depth:
+    def enter(self, holder: object) -> None:
+        """Count this thread inside for `holder` (weakly referenced: a `_Transaction`),
+        until `leave(holder)`, or until `holder` is garbage: a KeyboardInterrupt at the
+        start of the `__exit__` that leaves (a check point the `with` statement calls
+        outside the block it protects) skips that leave, and the holder, dropped with the
+        interrupt's traceback, no longer counts."""
+        held = self._held()
+        if not held:
             me = threading.get_ident()
             while True:
                 self._inside.add(me)
@@ -64,34 +68,34 @@ class ForkGate:
                 self._inside.discard(me)
                 while self._forking:
                     time.sleep(_STEP_S)
-        local.depth = depth + 1
+        held.append(weakref.ref(holder))
 
-    def leave(self) -> None:
-        self.leave_to(max(self.depth() - 1, 0))
-
-    def depth(self) -> int:
-        """How many times this thread is inside (nested)."""
-        return int(getattr(self._local, "depth", 0))
-
-    def leave_to(self, depth: int) -> None:
-        """Back to `depth`: this thread's `depth()` before the `enter` whose section ends
-        (normally or by an exception that cut `enter` short, before or after it counted
-        this thread in); at 0 the thread is out and its deferred actions run.
-
-        Asking again after an exception, with the same `depth`, finishes what an
-        interrupted call left: a KeyboardInterrupt can land at any check point in here
-        (before the depth is stored, inside a deferred action), and a thread left counted
-        inside deferred every later close of its journal to a leave that never came. So
-        each caller asks again on any exception (`_local/view.py`); an action an interrupt
-        cut short runs again (deferred actions are idempotent), one that raised an error
-        does not."""
+    def _held(self) -> list[weakref.ref[object]]:
+        """This thread's holders inside (those that are garbage dropped)."""
         local = self._local
-        if getattr(local, "depth", 0) > depth:
-            local.depth = depth
-        if depth:
+        held: list[weakref.ref[object]] | None = getattr(local, "held", None)
+        if held is None:
+            held = local.held = []
+        held[:] = [ref for ref in held if ref() is not None]
+        return held
+
+    def leave(self, holder: object) -> None:
+        """`holder`'s section ends (also when an exception cut its `enter` short, before
+        or after it counted this thread in); once no holder of this thread is inside, the
+        thread is out and its deferred actions run.
+
+        Asking again after an exception finishes what an interrupted call left: a
+        KeyboardInterrupt can land at any check point in here (before the holder is
+        dropped, inside a deferred action), and a thread left counted inside deferred
+        every later close of its journal to a leave that never came. So each caller asks
+        again on any exception (`_local/view.py`); an action an interrupt cut short runs
+        again (deferred actions are idempotent), one that raised an error does not."""
+        held = self._held()
+        held[:] = [ref for ref in held if ref() is not holder]
+        if held:
             return
         self._inside.discard(threading.get_ident())
-        deferred: list[Callable[[], None]] = getattr(local, "deferred", [])
+        deferred: list[Callable[[], None]] = getattr(self._local, "deferred", [])
         while deferred:
             try:
                 deferred[0]()
@@ -106,9 +110,9 @@ class ForkGate:
         it interrupts, between any two steps: one that closes a journal while that
         thread is inside an LMDB transaction closes the environments once it leaves, so
         the transaction goes on (and ends) on an environment still open."""
-        local = self._local
-        if not getattr(local, "depth", 0):
+        if not self._held():
             return False
+        local = self._local
         if not hasattr(local, "deferred"):
             local.deferred = []
         local.deferred.append(action)
@@ -135,7 +139,7 @@ class ForkGate:
     def _child(self) -> None:
         # The other threads are gone: only this one can be inside.
         me = threading.get_ident()
-        mine = bool(getattr(self._local, "depth", 0))
+        mine = bool(self._held())
         self.held_at_fork = mine or self._timed_out
         self._inside = {me} if mine else set()
         self._forking = False

@@ -332,7 +332,7 @@ from journal import Journal
 from journal._local.view import _Transaction
 j = Journal.open(sys.argv[1], durability="os")
 code = _Transaction.__enter__.__code__
-target = code.co_firstlineno + 2  # (the line after `TRANSACTIONS.enter()`)
+target = code.co_firstlineno + 3  # (the line after `TRANSACTIONS.enter(self)`)
 fired = []
 
 def local(frame, event, arg):
@@ -369,6 +369,51 @@ def test_a_read_interrupted_as_it_enters_a_transaction_leaves_the_close_whole(
     exited, output = run_child(_INTERRUPTED_AT_THE_GATE, [str(store)])
     assert exited, output
     assert output.splitlines() == ["interrupted", "reopened: 0"], output
+
+
+# The same, interrupted at the start of the transaction's `__exit__` (a function's start
+# is a check point: the trace function's "call" event); the read is then asked again.
+_INTERRUPTED_AS_IT_LEAVES = """
+import signal, sys
+from journal import Journal
+from journal._local.view import _Transaction
+j = Journal.open(sys.argv[1], durability="os")
+code = _Transaction.__exit__.__code__
+fired = []
+
+def call(frame, event, arg):
+    if frame.f_code is code and not fired:
+        fired.append(True)
+        signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised as it starts)
+    return None
+
+sys.settrace(call)
+try:
+    j.read("s")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+finally:
+    sys.settrace(None)
+print("read again:", len(j.read("s").events), flush=True)
+j.close()
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_read_interrupted_as_its_transaction_ends_leaves_the_close_whole(
+    store: Path,
+) -> None:
+    """A KeyboardInterrupt at the start of the transaction's `__exit__` (before any of its
+    code ran: the `with` statement calls it outside the block it protects) skipped its
+    leave: the thread stayed counted inside the transactions' gate for good, and every
+    later close in it put its release off (opening the store again said it was open
+    already; a read-only journal kept its descriptors)."""
+    with Journal.open(store, durability="os") as j:
+        j.create_session("s")
+    exited, output = run_child(_INTERRUPTED_AS_IT_LEAVES, [str(store)])
+    assert exited, output
+    assert output.splitlines() == ["interrupted", "read again: 0", "reopened: 0"], output
 
 
 # A SIGTERM handler that closes the journal, raised at the first line of the view's head

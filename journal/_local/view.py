@@ -189,24 +189,22 @@ def _open_db(env: lmdb.Environment, name: bytes, txn: lmdb.Transaction | None) -
 class _Transaction:
     """`View.begin()`: an LMDB transaction whose damage errors become `JournalCorrupt`."""
 
-    __slots__ = ("_depth", "_txn", "_view", "_write")
+    __slots__ = ("__weakref__", "_txn", "_view", "_write")
 
     def __init__(self, view: View, write: bool) -> None:
         self._view = view
         self._write = write
         self._txn: lmdb.Transaction | None = None
-        self._depth = 0
 
     def __enter__(self) -> lmdb.Transaction:
-        self._depth = depth = TRANSACTIONS.depth()
         try:
-            TRANSACTIONS.enter()  # (fork() waits for transactions in flight: `forking`)
+            TRANSACTIONS.enter(self)  # (fork() waits for transactions in flight: `forking`)
             self._txn = self._view.open_transaction(self._write)
         except BaseException:
             try:
-                TRANSACTIONS.leave_to(depth)  # (also when `enter` itself was cut short)
+                TRANSACTIONS.leave(self)  # (also when `enter` itself was cut short)
             except BaseException:
-                TRANSACTIONS.leave_to(depth)  # (an interrupt cut it short: `leave_to`)
+                TRANSACTIONS.leave(self)  # (an interrupt cut it short: `leave`)
                 raise
             raise
         return self._txn
@@ -217,6 +215,8 @@ class _Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # (An interrupt as this starts skips it all: the gate forgets this transaction
+        # once it is garbage, and the LMDB transaction is aborted then: `ForkGate.enter`.)
         assert self._txn is not None
         try:
             self._txn.__exit__(exc_type, exc, tb)
@@ -228,9 +228,9 @@ class _Transaction:
             raise
         finally:
             try:
-                TRANSACTIONS.leave_to(self._depth)
+                TRANSACTIONS.leave(self)
             except BaseException:
-                TRANSACTIONS.leave_to(self._depth)  # (an interrupt cut it short: `leave_to`)
+                TRANSACTIONS.leave(self)  # (an interrupt cut it short: `leave`)
                 raise
         if isinstance(exc, lmdb.Error) and self._view.closed:
             raise JournalClosed.meanwhile() from exc
@@ -402,15 +402,14 @@ class View:
 
     def grow(self) -> None:
         """Double the map size (after `lmdb.MapFullError`)."""
-        depth = TRANSACTIONS.depth()
         try:
-            TRANSACTIONS.enter()
+            TRANSACTIONS.enter(self)
             self.env.set_mapsize(self.env.info()["map_size"] * 2)
         finally:
             try:
-                TRANSACTIONS.leave_to(depth)
+                TRANSACTIONS.leave(self)
             except BaseException:
-                TRANSACTIONS.leave_to(depth)  # (an interrupt cut it short: `leave_to`)
+                TRANSACTIONS.leave(self)  # (an interrupt cut it short: `leave`)
                 raise
 
     def close(self) -> None:
