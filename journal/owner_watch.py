@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -57,26 +57,13 @@ def _key(row: SessionRow) -> _Key:
 
 class Watching:
     """A follower's registration (`OwnerWatch.watch`): it lasts until the object is
-    dropped (the follower steps again, or ends). Made before it is counted (`counted`),
-    so a Ctrl+C between the two releases nothing it did not count."""
+    dropped (the follower steps again, or ends). Held weakly by the owner checks, which
+    count out the registrations that are gone at their next look: dropping one runs no
+    Python code, which a Ctrl+C could cut short. (Until 2026-12-07 its `__del__` counted it
+    out: a SIGINT at that function's start, which Python then drops with whatever a
+    finalizer raises, left the owner counted, and checked every 100 ms, for good.)"""
 
-    __slots__ = ("_key", "_released", "counted")
-
-    def __init__(self, key: _Key, released: deque[_Key]) -> None:
-        self._key = key
-        self._released = released
-        self.counted = False
-
-    def __del__(self) -> None:
-        # No lock here (a garbage collection may run this anywhere, also inside the
-        # watch's own lock): the thread counts it out at its next look. (An object whose
-        # `__init__` a signal cut short was never counted: nothing to count out.)
-        try:
-            counted, key, released = self.counted, self._key, self._released
-        except AttributeError:
-            return
-        if counted:
-            released.append(key)
+    __slots__ = ("__weakref__",)
 
 
 class OwnerWatch:
@@ -92,8 +79,8 @@ class OwnerWatch:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._rows: dict[_Key, SessionRow] = {}
-        self._counts: dict[_Key, int] = {}
-        self._released: deque[_Key] = deque()
+        # The registrations of each owner's rows, weakly (`Watching`).
+        self._watchers: dict[_Key, list[weakref.ref[Watching]]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self.checks = 0  # owner checks made so far (for tests and benchmarks)
@@ -106,21 +93,21 @@ class OwnerWatch:
         `Condition.__enter__`, Python code, and one landing right after its acquire
         left the lock held by the main thread for good: this journal's owner checks
         stopped, so its followers waited for good on a dead owner's turn, and a close
-        from another thread hung; until 2026-12-05, a review), and the count and its
-        mark on the registration go together (no call between them)."""
+        from another thread hung; until 2026-12-05, a review), and the registration is
+        held weakly: one a Ctrl+C cut short, or whose object is gone, is counted out at
+        the next look."""
         key = _key(row)
-        watching = Watching(key, self._released)
+        watching = Watching()
         with self._lock:
             self._count_out()
             if self._thread is None and not self._closed:
                 self._start()
             if not self._rows:
                 self._cv.notify()  # (ends the lingering of a thread with nothing to check)
-            count = self._counts.get(key, 0) + 1
+            watchers = self._watchers.setdefault(key, [])
             if key not in self._rows:
                 self._rows[key] = row
-            self._counts[key] = count
-            watching.counted = True
+            watchers.append(weakref.ref(watching))
         return watching
 
     def _start(self) -> None:
@@ -141,7 +128,7 @@ class OwnerWatch:
         """How many followers' registrations are counted now (for tests)."""
         with self._lock:
             self._count_out()
-            return sum(self._counts.values())
+            return sum(map(len, self._watchers.values()))
 
     def close(self) -> None:
         """End the thread (the journal is closing); idempotent. A check in progress
@@ -151,16 +138,15 @@ class OwnerWatch:
             self._cv.notify()
 
     def _count_out(self) -> None:
-        """Count out the registrations dropped since the last look (under the lock)."""
-        released = self._released
-        while released:
-            key = released.popleft()
-            count = self._counts.get(key, 0) - 1
-            if count > 0:
-                self._counts[key] = count
-            else:
-                self._counts.pop(key, None)
+        """Count out the registrations dropped since the last look (under the lock); an
+        owner whose rows nobody waits on is no longer checked."""
+        for key, watchers in list(self._watchers.items()):
+            watchers[:] = [ref for ref in watchers if ref() is not None]
+            if not watchers:
+                del self._watchers[key]
                 self._rows.pop(key, None)
+        for key in [key for key in self._rows if key not in self._watchers]:
+            del self._rows[key]  # (a registration a Ctrl+C cut short)
 
     def _run(self) -> None:
         with self._lock:

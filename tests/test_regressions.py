@@ -1525,7 +1525,7 @@ def test_a_copy_whose_index_is_newer_than_its_segments_says_to_delete_the_copys_
         assert [e.data for e in j.replay("s")] == [b"before the copy"]
 
 
-_FINALIZED = [("journal._local.reader", "ReaderCache"), ("journal.owner_watch", "Watching")]
+_FINALIZED = [("journal._local.reader", "ReaderCache")]
 
 
 def test_every_class_with_a_finalizer_is_checked_half_built() -> None:

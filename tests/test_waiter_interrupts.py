@@ -25,38 +25,69 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Raises SIGINT at the main thread's `state["at"]`-th check point once traced.
+# Raises SIGINT at the main thread's `state["at"]`-th check point once traced: where
+# CPython 3.11-3.13 runs a signal handler in a function's code, at its start (or a
+# generator's resumption after a plain `yield`), after a call returned, and after a jump
+# back was taken. An "opcode" event comes before each instruction but none for the
+# RESUME at a function's start: the first one after a frame's "call" event stands for
+# it. (Until 2026-12-07 function starts were never reached, and an instruction that
+# follows a jump back in the code counted, when only a loop's exit reaches it, not the
+# jump: the loop's head, where the jump lands, did not; nor, on 3.11, the conditional
+# jumps back.)
 _TRACER = r"""
 import dis, os, signal, sys
 
-points = {}
+CALLS = {"CALL", "CALL_FUNCTION_EX"}
+BACK = {"JUMP_BACKWARD", "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE"}
+codes = {}  # code: (its instructions' names by offset, the next one's offsets, starts)
+last = {}  # id(frame): the offset of the instruction traced last in it
 
-def eligible(code, offset):
-    table = points.get(code)
-    if table is None:
-        table, before = set(), None
+def shape(code):
+    known = codes.get(code)
+    if known is None:
+        names, following, starts = {}, {}, set()
+        before = None
         for ins in dis.get_instructions(code):
-            if ins.opname == "RESUME" or before in ("CALL", "JUMP_BACKWARD"):
-                table.add(ins.offset)
-            before = ins.opname
-        points[code] = table
-    return offset in table
+            names[ins.offset] = ins.opname
+            if before is not None:
+                following[before.offset] = ins.offset
+                if before.opname == "RESUME" and before.arg < 2:
+                    starts.add(ins.offset)
+            before = ins
+        known = codes[code] = (names, following, starts)
+    return known
+
+def checked(frame):
+    names, following, starts = shape(frame.f_code)
+    here = frame.f_lasti
+    before = last.get(id(frame))
+    last[id(frame)] = here
+    if before is None:
+        return here in starts
+    name = names.get(before)
+    if name in CALLS:
+        return following.get(before) == here
+    return name in BACK and here < before
 
 state = {"n": 0, "at": 0, "fired": None}
 
 def local(frame, event, arg):
     if state["fired"] is not None:
         return None
-    if event == "opcode" and eligible(frame.f_code, frame.f_lasti):
+    if event == "opcode" and checked(frame):
         state["n"] += 1
         if state["n"] == state["at"]:
             state["fired"] = f"{frame.f_code.co_name}:{frame.f_lineno}"
             signal.raise_signal(signal.SIGINT)
+    elif event == "return":
+        last.pop(id(frame), None)
     return local
 
 def tracer(frame, event, arg):
     if state["fired"] is not None:
         return None
+    last.pop(id(frame), None)  # (a "call" event: the frame starts or resumes)
     # (f_trace before f_trace_opcodes: Python 3.13 sends no opcode events to a frame of
     # code traced the first time otherwise.)
     frame.f_trace = local
@@ -428,4 +459,81 @@ def test_ctrl_c_at_any_point_of_a_close_of_a_stream_or_subscription(tmp_path: Pa
     assert sum(case[1] == "stream" for case in cases) > 10, lines[:3]
     assert sum(case[1] == "subscription" for case in cases) > 10, lines[:3]
     wrong = [" ".join(case) for case in cases if case[4:] != ["True", "True"]]
+    assert not wrong, "\n".join(wrong)
+
+
+_DROPPED = (
+    _TRACER
+    + r"""
+import gc, subprocess, threading
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("t", [EventIn("message", b"first")], create=True)
+OWNER = '''
+import sys
+from journal import Journal
+j = Journal.open(sys.argv[1])
+turn = j.own("t").turn("r1").__enter__()
+print("ready", flush=True)
+sys.stdin.read()
+'''
+owner = subprocess.Popen(
+    [sys.executable, "-c", OWNER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+)
+assert owner.stdout.readline() == "ready\n"
+
+def drop(at):
+    # A watch waits on the open turn until a Ctrl+C; its frames, in the traceback, hold
+    # its registration until the handler ends: then it is dropped, with a SIGINT at check
+    # point `at` of the drop.
+    j = Journal.open(path, readonly=True)
+    owners = j._pages._owners
+    last = list(j.replay("t"))[-1].cursor
+    stream = j.watch("t", cursor=last, stop=threading.Event())
+    held = None
+    timer = threading.Timer(0.12, signal.raise_signal, (signal.SIGINT,))
+    timer.start()
+    try:
+        next(stream, None)
+    except KeyboardInterrupt:
+        held = owners.registered()
+        state.update(n=0, at=at, fired=None)
+        sys.settrace(tracer)
+    sys.settrace(None)
+    timer.cancel()
+    stream.close()
+    del stream
+    gc.collect()
+    counted = owners.registered()
+    j.close()
+    return state["n"], state["fired"], held, counted
+
+points_seen, _, held, counted = drop(10**9)
+print(f"POINTS {points_seen} held={held} counted={counted}", flush=True)
+for at in range(1, points_seen + 1):
+    _, fired, held, counted = drop(at)
+    if fired is None:
+        break
+    print(f"AT {at} {fired} held={held} counted={counted}", flush=True)
+owner.stdin.close()
+owner.wait()
+print("END", flush=True)
+"""
+)
+
+
+def test_ctrl_c_at_any_point_of_a_drop_of_a_watch_on_a_turn_counts_it_out(
+    tmp_path: Path,
+) -> None:
+    """A watch waiting on another process's open turn, dropped (its stream freed) with a
+    SIGINT at each check point of the drop in turn: its registration with the owner
+    checks is counted out. Until 2026-12-07 its `__del__` counted it out, and a SIGINT at
+    that function's start (Python drops what a finalizer raises, the KeyboardInterrupt
+    with it) left the owner counted, and checked every 100 ms, for as long as the journal
+    was open."""
+    lines, cases = _cases(_DROPPED, tmp_path, 240)
+    assert lines[0].split()[2:] == ["held=1", "counted=0"], lines[:3]
+    wrong = [" ".join(case) for case in cases if case[3:] != ["held=1", "counted=0"]]
     assert not wrong, "\n".join(wrong)
