@@ -458,3 +458,73 @@ def test_a_close_inside_a_pages_transaction_lets_the_page_end(store: Path) -> No
     exited, output = run_child(_CLOSED_INSIDE_A_TRANSACTION, [str(store)])
     assert exited, output
     assert output.splitlines() == ["read: 1 True", "reopened: 1"], output
+
+
+# The same close (a SIGTERM handler, inside a page's transaction), with a SIGINT as the
+# release the transaction's end runs has just closed the active segment's descriptor
+# (the line after `os.close` in the writer's `close`); then the store is opened again.
+_RELEASE_INTERRUPTED = """
+import dis, os, signal, sys
+from journal import EventIn, Journal
+from journal._local.view import View
+from journal._local.writer import SegmentWriter
+j = Journal.open(sys.argv[1], durability="os")
+j.append("s", [EventIn("message", b"{}")])
+signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
+head, close = View.head.__code__, SegmentWriter.close.__code__
+# (Its one call is `os.close`: the instruction after it is where its return is checked.)
+calls = [i.offset for i in dis.get_instructions(close) if i.opname == "CALL"]
+assert len(calls) == 1, calls
+after = min(i.offset for i in dis.get_instructions(close) if i.offset > calls[0])
+fired = []
+
+def local(frame, event, arg):
+    if frame.f_code is head and event == "line" and not fired:
+        fired.append("close")
+        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    elif frame.f_code is close and event == "opcode" and frame.f_lasti == after:
+        if fired == ["close"]:
+            fired.append("interrupt")
+            signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised here)
+    return local
+
+def call(frame, event, arg):
+    if frame.f_code is close:
+        frame.f_trace = local
+        frame.f_trace_opcodes = True
+    return local if frame.f_code in (head, close) else None
+
+sys._getframe().f_trace_opcodes = True  # (Python 3.12: CPython gh-114480)
+sys.settrace(call)
+try:
+    j.read("s")
+    print("read", flush=True)
+except BaseException as e:
+    print(type(e).__name__, flush=True)
+finally:
+    sys.settrace(None)
+print(fired, j.closed, flush=True)
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_release_interrupted_as_it_ends_a_transaction_closes_each_descriptor_once(
+    store: Path,
+) -> None:
+    """A close deferred to a transaction's end (a signal handler's, inside it) whose
+    release a Ctrl+C cut short is run again whole as the transaction leaves the gate:
+    each part must then close what it had not closed yet, and nothing twice. Until
+    2026-12-07 the segment writer's `close` cleared its descriptor only after closing it:
+    run again, it closed the same number a second time (another file's, had it been
+    reused meanwhile; here EBADF), and the rest of the release never ran (the store
+    stayed open in the process: "open already")."""
+    with Journal.open(store, durability="os") as j:
+        j.append("s", [EventIn("message", b"{}")], create=True)
+    exited, output = run_child(_RELEASE_INTERRUPTED, [str(store)])
+    assert exited, output
+    assert output.splitlines() == [
+        "KeyboardInterrupt",
+        "['close', 'interrupt'] True",
+        "reopened: 2",
+    ], output

@@ -267,9 +267,11 @@ class SegmentReader:
         self._read_ahead = _READ_CHUNK
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        # (Taken before it is closed: a close cut short by an interrupt after `os.close`
+        # and asked again, as the transactions' gate does, closes no number twice.)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def set_pages(self, page_bytes: int) -> None:
         """Read ahead for pages of `page_bytes`: twice that (at least 64 KiB, at most

@@ -389,9 +389,11 @@ class SegmentWriter:
         self._allocated = self.end_offset
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        # (Taken before it is closed: a close cut short by an interrupt after `os.close`
+        # and asked again, as the transactions' gate does, closes no number twice.)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def data_end(
