@@ -68,16 +68,14 @@ class ForkGate:
                 self._inside.discard(me)
                 while self._forking:
                     time.sleep(_STEP_S)
-        held.append(weakref.ref(holder))
+        self._local.held = [*held, weakref.ref(holder)]
 
     def _held(self) -> list[weakref.ref[object]]:
-        """This thread's holders inside (those that are garbage dropped)."""
-        local = self._local
-        held: list[weakref.ref[object]] | None = getattr(local, "held", None)
-        if held is None:
-            held = local.held = []
-        held[:] = [ref for ref in held if ref() is not None]
-        return held
+        """This thread's holders inside (those that are garbage left out). Each change
+        stores a new list, never changes one: a signal handler of this thread (a close
+        that defers, a read) may run in the middle of another change."""
+        held: list[weakref.ref[object]] = getattr(self._local, "held", [])
+        return [ref for ref in held if ref() is not None]
 
     def leave(self, holder: object) -> None:
         """`holder`'s section ends (also when an exception cut its `enter` short, before
@@ -90,8 +88,7 @@ class ForkGate:
         every later close of its journal to a leave that never came. So each caller asks
         again on any exception (`_local/view.py`); an action an interrupt cut short runs
         again (deferred actions are idempotent), one that raised an error does not."""
-        held = self._held()
-        held[:] = [ref for ref in held if ref() is not holder]
+        held = self._local.held = [ref for ref in self._held() if ref() is not holder]
         if held:
             return
         self._inside.discard(threading.get_ident())
