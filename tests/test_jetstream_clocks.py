@@ -54,20 +54,22 @@ def owner_elsewhere(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
     with Journal.open(url, store=name) as j:
         j.create_session("s")
     root = Path(__file__).resolve().parent.parent
-    child = subprocess.Popen(
+    # (`with`: its pipes are closed once it ended; the test item keeps `child` to the
+    # end of the run, and the pipes with it otherwise: two descriptors a test)
+    with subprocess.Popen(
         [sys.executable, "-c", _SKEWED_OWNER, url, name, str(request.param)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(root)},
-    )
-    request.node.owner = child
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
-        yield url, name
-    finally:
-        child.kill()
-        child.wait(10)
+    ) as child:
+        request.node.owner = child
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "mid-turn"
+            yield url, name
+        finally:
+            child.kill()
+            child.wait(10)
 
 
 @pytest.mark.parametrize("owner_elsewhere", [-20_000, -3_600_000], indirect=True)
