@@ -559,6 +559,20 @@ def test_update_refuses_bad_results_and_nested_updates(j: Journal) -> None:
         fold.update(lambda state: ("nope", 1))
 
 
+def _until_waiting(thread: threading.Thread) -> None:
+    """Until `thread` waits on a `threading.Condition` (an update's turn, behind a held
+    one: it has its place in the queue then)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        frame = sys._current_frames().get(thread.ident or 0)  # noqa: SLF001 (its stack)
+        while frame is not None:
+            if frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading.__file__:
+                return
+            frame = frame.f_back
+        assert time.monotonic() < deadline, "the update never waited for its turn"
+        time.sleep(0.001)
+
+
 def test_updates_of_one_process_are_applied_in_the_order_they_were_called(j: Journal) -> None:
     j.create_session("s")
     fold = j.fold("s", chain, [0, 0])
@@ -577,7 +591,9 @@ def test_updates_of_one_process_are_applied_in_the_order_they_were_called(j: Jou
         thread = threading.Thread(target=fold.update, args=(lambda state, n=n: value_events([n]),))
         thread.start()
         threads.append(thread)
-        time.sleep(0.1)  # queued behind the previous one
+        # (queued behind the previous one before the next is called: a fixed sleep here
+        # let a thread that started late under load take its turn after the next one)
+        _until_waiting(thread)
     release.set()
     for thread in threads:
         thread.join(WAIT_S)
