@@ -192,22 +192,25 @@ def test_two_checkpoints_of_one_ordinal_in_one_commit_read_back_the_later(
     Found by a review. The commit of an append is held at `commit.batch_taken` while the
     two queue behind it, so the next batch takes both."""
     import threading
-    import time
 
     from journal._local.files import FileOps
     from journal.engine import Checkpoint
 
-    armed, release = threading.Event(), threading.Event()
+    armed, held, release = threading.Event(), threading.Event(), threading.Event()
     planned: list[tuple[int, bytes]] = []  # (the batch, the checkpoint's data)
     batches = [0]  # batches taken since armed
+    queued: dict[str, threading.Event] = {}  # (a thread's name: its request is queued)
 
     class Hold(FileOps):
         def point(self, name: str, detail: object = None) -> None:
             if name == "plan.operation" and isinstance(detail, Checkpoint):
                 planned.append((batches[0], detail.data))
+            if name == "commit.queued" and threading.current_thread().name in queued:
+                queued[threading.current_thread().name].set()
             if name == "commit.batch_taken" and armed.is_set():
                 batches[0] += 1
                 if batches[0] == 1:
+                    held.set()
                     release.wait(10)
 
     with Journal.open(tmp_path / "s", durability="os", file_ops=Hold()) as j:
@@ -219,9 +222,12 @@ def test_two_checkpoints_of_one_ordinal_in_one_commit_read_back_the_later(
             threading.Thread(target=j.checkpoint_session, args=("s", 2, data))
             for data in (b"first", b"second")
         ]
-        for thread in threads:
+        threads[0].start()
+        assert held.wait(10)  # (the append's batch is taken, and held)
+        for thread in threads[1:]:  # (queued in this order behind the held commit)
+            queued[thread.name] = threading.Event()
             thread.start()
-            time.sleep(0.05)  # (queued in this order behind the held commit)
+            assert queued[thread.name].wait(10)
         release.set()
         for thread in threads:
             thread.join(10)
