@@ -1717,6 +1717,12 @@ def _stream_exists(url: str, name: str) -> bool:
     return asyncio.run(look())
 
 
+# A bound on "at once" for a deleted stream: by design about 1 s (the "not found" is asked
+# twice more, half a second apart), 2 s for a write meeting it after its batch's ack wait,
+# 2.5 s for a waiting follower (the waiter's head read, then the follower's own read);
+# measured up to 2.54 s, and the 3 s bound this replaces left too little for a loaded
+# machine. What it catches took 30 s (the "not found" asked again as the servers' silence).
+_GONE_AT_ONCE_S = 10.0
 _GONE_CALLS: dict[str, Callable[[Journal], object]] = {
     "append": lambda j: j.append("s", events(1)),  # (its row cached: no read first)
     "create_session": lambda j: j.create_session("new"),
@@ -1756,7 +1762,7 @@ def test_a_store_whose_stream_is_deleted_while_open_is_store_not_found_at_once(
         message = str(raised.value)
         assert f"JOURNAL_{name}" in message and "deleted" in message
         assert "journal init" in message and "restore" in message and "import" in message
-        assert took < 3.0, f"{call} took {took:.2f} s"
+        assert took < _GONE_AT_ONCE_S, f"{call} took {took:.2f} s"
         if call == "own":  # (the lease's beats do not depend on the call: once is enough)
             time.sleep(1.2)  # (past a heartbeat of the owner's lease)
         assert not _stream_exists(url, name)  # (nothing recreated the stream)
@@ -1814,7 +1820,7 @@ def test_followers_of_a_store_whose_stream_is_deleted_end_with_store_not_found(
         assert sorted(ended) == ["sessions", "subscription", "watch"]
         for what, (error, at) in ended.items():
             assert isinstance(error, StoreNotFound), (what, error)
-            assert at - deleted < 3.0, f"{what} ended {at - deleted:.2f} s after"
+            assert at - deleted < _GONE_AT_ONCE_S, f"{what} ended {at - deleted:.2f} s after"
         assert not _stream_exists(url, name)
 
 
