@@ -3197,9 +3197,10 @@ def test_a_lifecycle_follower_is_woken_for_a_change_committed_while_it_read(
 
 
 def _late_lifecycle_changes(url: str, store: str, seed: int) -> list[str]:
-    """The sessions of a new store a lifecycle follower did not deliver within 2 s of
+    """The sessions of a new store a lifecycle follower did not deliver within 10 s of
     their creation (one at a time, while other threads read rows: each read raises what
-    the process knows committed)."""
+    the process knows committed). A bound for liveness: a missed change waits for the
+    next commit, which here comes only after it is delivered (measured: 17 ms at most)."""
     stop = threading.Event()
     seen: list[str] = []
     arrived = threading.Condition()
@@ -3229,7 +3230,7 @@ def _late_lifecycle_changes(url: str, store: str, seed: int) -> list[str]:
                 time.sleep(rng.random() * 0.002)  # (the follower reads after the last)
                 j.create_session(last := f"b{burst}")
                 with arrived:
-                    if not arrived.wait_for(lambda last=last: last in seen, timeout=2.0):
+                    if not arrived.wait_for(lambda last=last: last in seen, timeout=10.0):
                         late.append(last)
                         break
         finally:
