@@ -343,8 +343,10 @@ def test_retention_after_a_sealing_batch_runs_after_its_callers_are_woken(
         def point(self, name: str, detail: object = None) -> None:
             super().point(name, detail)
             if name == "plan.operation" and isinstance(detail, ApplyRetention):
-                # Give a woken batch-mate a moment to return (it was woken, or it was not).
-                deadline = time.monotonic() + 2
+                # Give a woken batch-mate time to return (it was woken, or it was not: then
+                # it is woken only after this pass, and the wait runs out; a bound for
+                # liveness, 30 s, where it returns within milliseconds).
+                deadline = time.monotonic() + 30
                 while "b" not in answered and time.monotonic() < deadline:
                     time.sleep(0.001)
                 seen_when_retention_started.append(list(answered))
