@@ -119,12 +119,13 @@ def test_lifecycle_watches_started_while_snapshots_shared(tmp_path: Path, name: 
             j.create_session(f"a{i:04d}")
         done = threading.Event()
         problems: list[str] = []
-        views: list[dict[str, str]] = []
+        views: list[dict[str, str]] = [{} for _ in range(16)]  # (each watcher's, as it goes)
+        ended: list[int] = []
         lock = threading.Lock()
         stop = threading.Event()
 
         def watcher(k: int) -> None:
-            view: dict[str, str] = {}
+            view = views[k]
             created: set[str] = set()
             for ev in j.watch_sessions(stop=stop):
                 sid = ev.session.session_id
@@ -135,9 +136,9 @@ def test_lifecycle_watches_started_while_snapshots_shared(tmp_path: Path, name: 
                     created.add(sid)
                 elif sid not in view:
                     problems.append(f"w{k}: {kind} of unknown {sid}")
-                view[sid] = ev.session.state.value
-            with lock:
-                views.append(view)
+                with lock:
+                    view[sid] = ev.session.state.value
+            ended.append(k)
 
         def writer() -> None:
             rng = random.Random(7)
@@ -163,11 +164,19 @@ def test_lifecycle_watches_started_while_snapshots_shared(tmp_path: Path, name: 
         done.set()
         w.join(30)
         final = {m.session_id: m.state.value for m in j.list_sessions()}
-        time.sleep(1.0)  # (the watchers catch up; a missed change shows as a difference)
+        # The watchers catch up (a bound for liveness: a missed change never comes, and
+        # shows as a difference below; a fixed second here left no room for a loaded
+        # machine).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with lock:
+                if all(v == final for v in views):
+                    break
+            time.sleep(0.01)
         stop.set()
         for t in ts:
             t.join(20)
         assert not problems, problems[:5]
-        assert len(views) == 16
+        assert sorted(ended) == list(range(16))
         for v in views:
             assert v == final, (len(v), len(final), [s for s in final if v.get(s) != final[s]][:5])
