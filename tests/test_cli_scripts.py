@@ -96,10 +96,14 @@ def test_verify_reports_a_missing_sidecar_and_only_fix_rebuilds_it(store: Path) 
 
 _WRITER = """
 import sys, time
-from journal import Journal
+from journal import Journal, SessionState
 with Journal.open(sys.argv[1]) as j:
     j.create_session("short", ttl_ms=400)
-    time.sleep(1.5)  # nobody calls expire_due
+    # Nobody calls expire_due: open until the journal expires it by itself (a bound for
+    # liveness, 30 s; a fixed 1.5 s left a loaded machine's timer thread 1.1 s).
+    deadline = time.monotonic() + 30
+    while j.get_session("short").state is SessionState.OPEN and time.monotonic() < deadline:
+        time.sleep(0.05)
 """
 
 
