@@ -296,7 +296,7 @@ def test_waiting_for_dropped_journals_while_another_thread_drops_one(tmp_path: P
 _NO_INOTIFY = (
     _DESCRIPTORS
     + r"""
-import json, logging, os, resource, sys, threading
+import json, logging, os, resource, sys, threading, time
 from journal import EventIn, Journal
 records = []
 logging.getLogger("journal").addHandler(logging.Handler())
@@ -311,7 +311,11 @@ def watch():
         got.set()
         return
 threading.Thread(target=watch, daemon=True).start()
-threading.Event().wait(0.5)  # (the waiter thread starts, without inotify)
+# (the waiter thread starts, without inotify: until it says so, 30 s for liveness; a
+# fixed half second let a thread started late get its instance, and say nothing)
+deadline = time.monotonic() + 30
+while not any("inotify" in r for r in records) and time.monotonic() < deadline:
+    threading.Event().wait(0.01)
 give_back(fillers)
 j.append("s", [EventIn("m", b"x")])
 print(json.dumps([got.wait(10), records]))
