@@ -738,7 +738,18 @@ def test_followers_of_a_turn_in_progress_share_one_owner_check(tmp_path: Path) -
             while len(delivered) < 20 * 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert len(delivered) == 20 * 2  # turn_started and the message, each
-            time.sleep(0.3)  # (every follower waits at the head now)
+            # Every follower waits at the head now: the 10 watch threads and the delivery
+            # thread wait, and no page was read for 0.3 s (30 s for liveness; a fixed 0.3 s
+            # after the subscriptions' deliveries left a watch thread run late reading its
+            # first pages in the second below).
+            deadline = time.monotonic() + 30
+            while engine.waiter.waiting < len(streams) + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            reads, quiet_since = engine.reads, time.monotonic()
+            while time.monotonic() - quiet_since < 0.3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+                if engine.reads != reads:
+                    reads, quiet_since = engine.reads, time.monotonic()
             reads, checks = engine.reads, engine.owner_checks
             time.sleep(1.0)
             # 30 followers for a second: 300 page reads and 300 owner checks before;
