@@ -710,7 +710,15 @@ def test_new_followers_stops_cost_no_head_reads(name: str, tmp_path: Path) -> No
         watching = threading.Thread(target=lambda: list(j.watch("s", stop=idle)))
         watching.start()
         until(lambda: waiter.waiting == 1, "the watch to wait")
-        time.sleep(0.3)  # (the looks of its start, of the commit's message, are over)
+        # (the looks of its start, of the commit's message, are over: no head read for
+        # 0.3 s, where a fixed 0.3 s could end before a late-run thread's looks again)
+        polls, quiet_since = waiter.polls, time.monotonic()
+        deadline = quiet_since + WAIT_S
+        while time.monotonic() - quiet_since < 0.3:
+            assert time.monotonic() < deadline, "the head reads never stopped"
+            time.sleep(0.01)
+            if waiter.polls != polls:
+                polls, quiet_since = waiter.polls, time.monotonic()
         polls = waiter.polls
         for _ in range(10):
             time.sleep(0.06)
