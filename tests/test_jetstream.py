@@ -2517,6 +2517,20 @@ def test_close_racing_owners_writers_and_watchers_ends_each_with_journal_closed(
     assert result.stderr == "", result.stderr[-3000:]
 
 
+def _unread_by_server(port: int) -> int:
+    """The bytes the server listening on `port` received on its client connections and
+    has not read (the receive queues of /proc/net/tcp)."""
+    unread = 0
+    with open("/proc/net/tcp") as table:
+        next(table)  # (the header)
+        for line in table:
+            fields = line.split()  # (sl, local address, remote address, state, tx:rx, ...)
+            local, state, queues = fields[1], fields[3], fields[4]
+            if state == "01" and int(local.rpartition(":")[2], 16) == port:  # (established)
+                unread += int(queues.partition(":")[2], 16)
+    return unread
+
+
 def test_an_append_cut_by_close_says_it_may_have_committed(tmp_path: Path) -> None:
     """An append in flight (sent, its reply not yet back) when another thread closes the
     journal raised `JournalClosed` saying only that the journal was closed: the server
@@ -2548,7 +2562,12 @@ def test_an_append_cut_by_close_says_it_may_have_committed(tmp_path: Path) -> No
             writer = threading.Thread(target=append)
             writer.start()
             assert paused.wait(10)
-            time.sleep(0.3)  # (the batch is written to the socket by then)
+            # (the batch is written to the socket, waiting in the paused server's: a
+            # fixed 0.3 s let a close on a loaded machine come before it went out)
+            deadline = time.monotonic() + 10
+            while not _unread_by_server(server.port):
+                assert time.monotonic() < deadline, "the batch never reached the server"
+                time.sleep(0.01)
             j.close()
             writer.join(10)
         finally:
