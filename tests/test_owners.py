@@ -266,7 +266,7 @@ def test_closing_the_journal_ends_an_own_waiting_for_another_processs_lease(
         waiter.join(15)
         ((error, waited),) = ended
         assert isinstance(error, JournalClosed), error
-        assert waited < 2, waited
+        assert waited < 5, waited  # (0.3 s measured; its wait_s of 10 without the close's)
         with Journal.open(store, durability="os") as again:
             assert again.get_session("s").owner is not None  # (the holder's, untouched)
     finally:
