@@ -36,8 +36,9 @@ class ForkGate:
     leave one held: a thread puts its id in a set (one atomic operation under the GIL)
     and then looks whether a fork is under way (if so it steps out and waits); the forking
     side first marks the fork, then waits for the set to hold no other live thread. An
-    entry an interrupt left behind is dropped by that thread's next leave, or when the
-    thread is gone; a fork waits for it `_WAIT_S` at most."""
+    entry an interrupt left behind is dropped by that thread's next leave, as the thread
+    drops the holder it did not leave (`_dropped`), or when the thread is gone; a fork
+    waits for it `_WAIT_S` at most."""
 
     def __init__(self) -> None:
         self._inside: set[int] = set()
@@ -57,9 +58,14 @@ class ForkGate:
         until `leave(holder)`, or until `holder` is garbage: a KeyboardInterrupt at the
         start of the `__exit__` that leaves (a check point the `with` statement calls
         outside the block it protects) skips that leave, and the holder, dropped with the
-        interrupt's traceback, no longer counts."""
-        held = self._held()
-        if not held:
+        interrupt's traceback, no longer counts; dropped in this thread, it leaves then
+        (`_dropped`: the actions deferred to its end run).
+
+        The holder is stored before the thread is counted in: a signal handler or a
+        holder's drop running in between then sees this thread inside, and does not
+        count it out under this entry."""
+        held = self._local.held = [*self._held(), weakref.ref(holder, self._dropped)]
+        if len(held) == 1:
             me = threading.get_ident()
             while True:
                 self._inside.add(me)
@@ -68,7 +74,13 @@ class ForkGate:
                 self._inside.discard(me)
                 while self._forking:
                     time.sleep(_STEP_S)
-        self._local.held = [*held, weakref.ref(holder)]
+
+    def _dropped(self, ref: weakref.ref[object]) -> None:
+        # (A weakref callback: runs in the thread that dropped the holder, wherever it
+        # was. A holder left as it should be is no longer stored; another thread's is not
+        # in this thread's list, and waits for that thread's next leave.)
+        if any(mine is ref for mine in getattr(self._local, "held", ())):
+            self.leave(None)
 
     def _held(self) -> list[weakref.ref[object]]:
         """This thread's holders inside (those that are garbage left out). Each change
@@ -92,14 +104,18 @@ class ForkGate:
         if held:
             return
         self._inside.discard(threading.get_ident())
-        deferred: list[Callable[[], None]] = getattr(self._local, "deferred", [])
-        while deferred:
+        # (Each change stores a new list, as for `held`: a leave nested in an action, a
+        # signal handler's or a holder's drop, may run the same actions meanwhile.)
+        local = self._local
+        while deferred := getattr(local, "deferred", []):
             try:
                 deferred[0]()
             except Exception:
-                deferred.pop(0)
+                if local.deferred is deferred:
+                    local.deferred = deferred[1:]
                 raise
-            deferred.pop(0)
+            if local.deferred is deferred:
+                local.deferred = deferred[1:]
 
     def defer(self, action: Callable[[], None]) -> bool:
         """Run `action` (idempotent) as this thread leaves the section, if it is inside
@@ -110,9 +126,7 @@ class ForkGate:
         if not self._held():
             return False
         local = self._local
-        if not hasattr(local, "deferred"):
-            local.deferred = []
-        local.deferred.append(action)
+        local.deferred = [*getattr(local, "deferred", []), action]
         return True
 
     def _pause(self) -> None:

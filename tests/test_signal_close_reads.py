@@ -528,3 +528,125 @@ def test_a_release_interrupted_as_it_ends_a_transaction_closes_each_descriptor_o
         "['close', 'interrupt'] True",
         "reopened: 2",
     ], output
+
+
+# The same close (a SIGTERM handler, inside a page's transaction), then a SIGINT at the
+# start of that transaction's `__exit__` (which it then skips); then the store is opened
+# again.
+_CLOSED_THEN_INTERRUPTED_AS_IT_LEAVES = """
+import signal, sys
+from journal import EventIn, Journal
+from journal._local.view import View, _Transaction
+j = Journal.open(sys.argv[1], durability="os")
+j.append("s", [EventIn("message", b"{}")])
+signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
+head, leave = View.head.__code__, _Transaction.__exit__.__code__
+fired = []
+
+def local(frame, event, arg):
+    if event == "line" and not fired:
+        fired.append("close")
+        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    return local
+
+def call(frame, event, arg):
+    if frame.f_code is leave and fired == ["close"]:
+        fired.append("interrupt")
+        signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised as it starts)
+        return None
+    return local if frame.f_code is head else None
+
+sys.settrace(call)
+try:
+    j.read("s")
+    print("read", flush=True)
+except BaseException as e:
+    print(type(e).__name__, flush=True)
+finally:
+    sys.settrace(None)
+print(fired, j.closed, flush=True)
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_close_deferred_by_a_transaction_whose_end_is_interrupted_still_releases(
+    store: Path,
+) -> None:
+    """A close deferred to a transaction's end (a signal handler's, inside it), then a
+    Ctrl+C at the start of that transaction's `__exit__`: the leave never runs, and the
+    transaction (the gate's holder) is dropped with the interrupt's traceback. The
+    deferred release must still run: the store opens again in the process."""
+    with Journal.open(store, durability="os") as j:
+        j.append("s", [EventIn("message", b"{}")], create=True)
+    exited, output = run_child(_CLOSED_THEN_INTERRUPTED_AS_IT_LEAVES, [str(store)])
+    assert exited, output
+    assert output.splitlines() == [
+        "KeyboardInterrupt",
+        "['close', 'interrupt'] True",
+        "reopened: 2",
+    ], output
+
+
+# The same close (a SIGTERM handler, inside a page's transaction), and, as the release the
+# transaction's end runs starts closing the active segment, a SIGUSR1 handler that reads
+# another store (a transaction of its own, whose end finds the same release deferred).
+_READ_DURING_THE_RELEASE = """
+import signal, sys
+from journal import EventIn, Journal
+from journal._local.view import View
+from journal._local.writer import SegmentWriter
+j = Journal.open(sys.argv[1], durability="os")
+j.append("s", [EventIn("message", b"{}")])
+other = Journal.open(sys.argv[2], durability="os")
+other.append("o", [EventIn("message", b"{}")], create=True)
+signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
+signal.signal(signal.SIGUSR1, lambda signum, frame: print("other:", len(other.read("o").events)))
+head, close = View.head.__code__, SegmentWriter.close.__code__
+fired = []
+
+def local(frame, event, arg):
+    if event == "line" and not fired:
+        fired.append("close")
+        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
+    return local
+
+def call(frame, event, arg):
+    if frame.f_code is close and fired == ["close"]:
+        fired.append("read")
+        signal.raise_signal(signal.SIGUSR1)
+        return None
+    return local if frame.f_code is head else None
+
+sys.settrace(call)
+try:
+    print("read:", len(j.read("s").events), flush=True)
+except BaseException as e:
+    print(type(e).__name__, e, flush=True)
+finally:
+    sys.settrace(None)
+print(fired, j.closed, flush=True)
+other.close()
+with Journal.open(sys.argv[1], durability="os") as j:
+    print("reopened:", len(j.read("s").events), flush=True)
+"""
+
+
+def test_a_read_in_a_signal_handler_during_a_deferred_release_lets_both_end(
+    store: Path,
+) -> None:
+    """A deferred release (a close from a signal handler inside a transaction), run as
+    the transaction ends, interrupted by a handler whose read ends a transaction of its
+    own: that leave runs the same release (the thread is out), and the outer run, once
+    resumed, must neither fail nor skip an action (it popped the list another run had
+    emptied: IndexError)."""
+    with Journal.open(store, durability="os") as j:
+        j.append("s", [EventIn("message", b"{}")], create=True)
+    exited, output = run_child(_READ_DURING_THE_RELEASE, [str(store), str(store) + "-other"])
+    assert exited, output
+    assert output.splitlines() == [
+        "other: 1",
+        "read: 2",
+        "['close', 'read'] True",
+        "reopened: 2",
+    ], output
