@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Final
 
@@ -57,11 +58,12 @@ def _key(row: SessionRow) -> _Key:
 
 class Watching:
     """A follower's registration (`OwnerWatch.watch`): it lasts until the object is
-    dropped (the follower steps again, or ends). Held weakly by the owner checks, which
-    count out the registrations that are gone at their next look: dropping one runs no
-    Python code, which a Ctrl+C could cut short. (Until 2026-12-07 its `__del__` counted it
-    out: a SIGINT at that function's start, which Python then drops with whatever a
-    finalizer raises, left the owner counted, and checked every 100 ms, for good.)"""
+    dropped (the follower steps again, or ends). Held weakly by the owner checks, whose
+    reference's callback is a deque's C `append`: dropping one runs no Python code, which
+    a Ctrl+C could cut short, and the next look counts out only the registrations so
+    dropped. (Until 2026-12-07 its `__del__` counted it out: a SIGINT at that function's
+    start, which Python then drops with whatever a finalizer raises, left the owner
+    counted, and checked every 100 ms, for good.)"""
 
     __slots__ = ("__weakref__",)
 
@@ -79,8 +81,10 @@ class OwnerWatch:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._rows: dict[_Key, SessionRow] = {}
-        # The registrations of each owner's rows, weakly (`Watching`).
-        self._watchers: dict[_Key, list[weakref.ref[Watching]]] = {}
+        # The registrations (`Watching`, weakly) and the owner each waits on; those
+        # dropped since, put in `_dropped` by their references' callback.
+        self._watchers: dict[weakref.ref[Watching], _Key] = {}
+        self._dropped: deque[weakref.ref[Watching]] = deque()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.checks = 0  # owner checks made so far (for tests and benchmarks)
@@ -104,10 +108,9 @@ class OwnerWatch:
                 self._start()
             if not self._rows:
                 self._cv.notify()  # (ends the lingering of a thread with nothing to check)
-            watchers = self._watchers.setdefault(key, [])
             if key not in self._rows:
                 self._rows[key] = row
-            watchers.append(weakref.ref(watching))
+            self._watchers[weakref.ref(watching, self._dropped.append)] = key
         return watching
 
     def _start(self) -> None:
@@ -128,7 +131,7 @@ class OwnerWatch:
         """How many followers' registrations are counted now (for tests)."""
         with self._lock:
             self._count_out()
-            return sum(map(len, self._watchers.values()))
+            return len(self._watchers)
 
     def close(self) -> None:
         """End the thread (the journal is closing); idempotent. A check in progress
@@ -138,15 +141,26 @@ class OwnerWatch:
             self._cv.notify()
 
     def _count_out(self) -> None:
-        """Count out the registrations dropped since the last look (under the lock); an
-        owner whose rows nobody waits on is no longer checked."""
-        for key, watchers in list(self._watchers.items()):
-            watchers[:] = [ref for ref in watchers if ref() is not None]
-            if not watchers:
-                del self._watchers[key]
-                self._rows.pop(key, None)
-        for key in [key for key in self._rows if key not in self._watchers]:
-            del self._rows[key]  # (a registration a Ctrl+C cut short)
+        """Count out the registrations dropped since the last look (under the lock): as
+        many steps as were dropped, not one per registration (each follower registers
+        again at each step)."""
+        dropped, watchers = self._dropped, self._watchers
+        while dropped:
+            ref = dropped[0]  # (removed once counted out: a Ctrl+C between loses none)
+            try:  # noqa: SIM105 (no Python-level `__exit__` for a Ctrl+C to land in)
+                del watchers[ref]
+            except (KeyError, TypeError):  # (never stored: a Ctrl+C cut its `watch` short)
+                pass
+            dropped.popleft()
+
+    def _checked(self) -> list[tuple[_Key, SessionRow]]:
+        """The owners to check (under the lock): those of a registration still held (an
+        owner nobody waits on, or whose registration a Ctrl+C cut short, no longer)."""
+        self._count_out()
+        waited = set(self._watchers.values())
+        for key in [key for key in self._rows if key not in waited]:
+            del self._rows[key]
+        return list(self._rows.items())
 
     def _run(self) -> None:
         with self._lock:
@@ -167,15 +181,14 @@ class OwnerWatch:
         with self._lock:
             if not self._closed:
                 self._cv.wait(OWNER_CHECK_S)
-            self._count_out()
-            if not self._rows and not self._closed:
+            rows = self._checked()
+            if not rows and not self._closed:
                 self._cv.wait(LINGER_S)
-                self._count_out()
-            if self._closed or not self._rows:
+                rows = self._checked()
+            if self._closed or not rows:
                 if self._thread is threading.current_thread():
                     self._thread = None
                 return False
-            rows = list(self._rows.items())
         self.checks += len(rows)
         try:
             alive = self._owners_alive([row for _, row in rows])

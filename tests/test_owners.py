@@ -553,3 +553,35 @@ def test_a_listing_checks_a_pages_owners_in_one_round(tmp_path: Path) -> None:
         assert (engine.rounds, engine.one_by_one) == (3, 0)
         for owner in owners:
             owner.release()
+
+
+def test_a_followers_registration_costs_the_same_however_many_wait() -> None:
+    """Each follower waiting on another process's turn registers again at each step
+    (`OwnerWatch.watch`), every one of them when a commit wakes them: a registration that
+    looked at every other one made a wake of N followers cost N² (5,000 followers: about
+    a second under the checks' lock, against 9 ms)."""
+    from journal.owner_watch import OwnerWatch
+    from journal.sessions import SessionRow
+
+    rows = [
+        SessionRow("s", 1, 0, "m", None, {}, {}, 0, None, 1, 0, None, 0, None, 1, owner_pid=n)
+        for n in range(50)
+    ]
+
+    def per_watch(waiting: int) -> float:
+        watch = OwnerWatch(lambda rows: [True] * len(rows), lambda: None)
+        try:
+            held = [watch.watch(rows[n % 50]) for n in range(waiting)]
+            best = float("inf")
+            for _ in range(5):
+                started = time.perf_counter()
+                for n in range(200):
+                    held[n] = watch.watch(rows[n % 50])
+                best = min(best, time.perf_counter() - started)
+            assert watch.registered() == waiting
+            return best / 200
+        finally:
+            watch.close()
+
+    few, many = per_watch(200), per_watch(5_000)
+    assert many < 4 * few, (few, many)
