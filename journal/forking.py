@@ -63,17 +63,20 @@ class ForkGate:
 
         The holder is stored before the thread is counted in: a signal handler or a
         holder's drop running in between then sees this thread inside, and does not
-        count it out under this entry."""
-        held = self._local.held = [*self._held(), weakref.ref(holder, self._dropped)]
-        if len(held) == 1:
-            me = threading.get_ident()
-            while True:
-                self._inside.add(me)
-                if not self._forking:
-                    break
-                self._inside.discard(me)
-                while self._forking:
-                    time.sleep(_STEP_S)
+        count it out under this entry; whether to wait for a fork is told by the thread
+        being counted in already, not by its holders."""
+        self._local.held = [*self._held(), weakref.ref(holder, self._dropped)]
+        me = threading.get_ident()
+        # (Counted in already: inside a transaction, which a fork waits for. Not counted
+        # yet, also when another holder of this thread waits here for a fork to end: a
+        # signal handler's transaction, which waits for the fork too.)
+        while me not in self._inside:
+            self._inside.add(me)
+            if not self._forking:
+                break
+            self._inside.discard(me)
+            while self._forking:
+                time.sleep(_STEP_S)
 
     def _dropped(self, ref: weakref.ref[object]) -> None:
         # (A weakref callback: runs in the thread that dropped the holder, wherever it

@@ -282,3 +282,69 @@ def test_a_child_opens_the_store_after_a_chdir_of_a_relatively_opened_parent(
                 os._exit(code)
         assert _wait_child(pid) == 0
         assert [e.type for e in j.replay("s")] == ["child"]
+
+
+_HANDLER_DURING_A_FORKS_WAIT = """
+import os, signal, threading, time
+from journal.forking import TRANSACTIONS as gate
+
+class Holder:
+    __slots__ = ("__weakref__",)
+
+inside, release = threading.Event(), threading.Event()
+
+def holds():  # (inside the gate until `release`: the fork waits for it)
+    held = Holder()
+    gate.enter(held)
+    inside.set()
+    release.wait()
+    gate.leave(held)
+
+def forks():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+entered = []
+
+def on_usr1(signum, frame):  # (a read of the handler's own: a transaction)
+    held = Holder()
+    gate.enter(held)
+    entered.append(("handler", release.is_set()))
+    gate.leave(held)
+
+signal.signal(signal.SIGUSR1, on_usr1)
+holder = threading.Thread(target=holds)
+holder.start()
+inside.wait()
+forker = threading.Thread(target=forks)
+forker.start()
+time.sleep(0.2)  # (the fork waits for the holder now)
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+threading.Timer(0.6, release.set).start()
+held = Holder()
+gate.enter(held)  # (waits for the fork: the handler runs in that wait)
+entered.append(("main", release.is_set()))
+gate.leave(held)
+forker.join()
+holder.join()
+print(entered)
+"""
+
+
+def test_a_signal_handlers_transaction_during_a_wait_for_a_fork_waits_too(
+    tmp_path: Path,
+) -> None:
+    """A thread waiting at the transactions' gate for a fork (another thread is still
+    inside) runs a signal handler whose read enters a transaction of its own: that one
+    waits for the fork too (it is not nested in a transaction in flight: the waiting
+    one has not begun), or the child would inherit it in flight."""
+    out = subprocess.run(
+        [sys.executable, "-c", _HANDLER_DURING_A_FORKS_WAIT],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_S,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert out.stdout.splitlines() == ["[('handler', True), ('main', True)]"], out
