@@ -439,48 +439,6 @@ def test_a_misspelt_nats_url_with_a_stream_s_options_is_told_it_is_misspelt(url:
             Journal.open(url, **options)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None,
-    reason="drops root's capabilities with setpriv(1): run as root",
-)
-def test_init_in_an_empty_directory_it_may_not_write_says_so(tmp_path: Path) -> None:
-    """No store is there: until 2026-12-07 the advice said the store was this user's and
-    one of its files was not writable ("a restore or a chmod?"), a new-user trial. Root
-    without CAP_DAC_OVERRIDE is a user who owns the directory but may not write it."""
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    empty.chmod(0o555)
-    done = subprocess.run(
-        [
-            "setpriv",
-            "--inh-caps=-all",
-            "--bounding-set=-dac_override,-dac_read_search",
-            sys.executable,
-            "-m",
-            "cli",
-            "--store",
-            str(empty),
-            "--format",
-            "json",
-            "init",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 9, (done.returncode, done.stderr)
-    error = _error(done)
-    message = error["message"]
-    assert f"this user may not create the store's files in {str(empty)!r}" in message, error
-    assert "restore" not in message and "is this user's" not in message, error
-    assert os.listdir(empty) == []
-
-
-# -- export destinations, import --as, stats ---------------------------------------------------
-
-
 def _as_a_user(*args: str) -> subprocess.CompletedProcess[str]:
     """The CLI run by root without CAP_DAC_OVERRIDE: a user whom permissions stop."""
     return subprocess.run(
@@ -499,6 +457,29 @@ def _as_a_user(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="drops root's capabilities with setpriv(1): run as root",
+)
+def test_init_in_an_empty_directory_it_may_not_write_says_so(tmp_path: Path) -> None:
+    """No store is there: until 2026-12-07 the advice said the store was this user's and
+    one of its files was not writable ("a restore or a chmod?"), a new-user trial. Root
+    without CAP_DAC_OVERRIDE is a user who owns the directory but may not write it."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    empty.chmod(0o555)
+    done = _as_a_user("--store", str(empty), "--format", "json", "init")
+    assert done.returncode == 9, (done.returncode, done.stderr)
+    error = _error(done)
+    message = error["message"]
+    assert f"this user may not create the store's files in {str(empty)!r}" in message, error
+    assert "restore" not in message and "is this user's" not in message, error
+    assert os.listdir(empty) == []
+
+
+# -- export destinations, import --as, stats ---------------------------------------------------
 
 
 @pytest.mark.skipif(

@@ -460,45 +460,30 @@ def test_a_close_inside_a_pages_transaction_lets_the_page_end(store: Path) -> No
     assert output.splitlines() == ["read: 1 True", "reopened: 1"], output
 
 
-# The same close (a SIGTERM handler, inside a page's transaction), with a SIGINT as the
-# release the transaction's end runs has just closed the active segment's descriptor
-# (the line after `os.close` in the writer's `close`); then the store is opened again.
-_RELEASE_INTERRUPTED = """
-import dis, os, signal, sys
+# The same close (a SIGTERM handler, inside a page's transaction: `close_at_first_line`
+# traces the view's head read), cut short its own way by each script's `call` below; then
+# the read's outcome, what was fired, and the store opened again.
+_CLOSED_IN_A_TRANSACTION_THEN = """
+import dis, signal, sys
 from journal import EventIn, Journal
-from journal._local.view import View
+from journal._local.view import View, _Transaction
 from journal._local.writer import SegmentWriter
 j = Journal.open(sys.argv[1], durability="os")
 j.append("s", [EventIn("message", b"{}")])
 signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
-head, close = View.head.__code__, SegmentWriter.close.__code__
-# (Its one call is `os.close`: the instruction after it is where its return is checked.)
-calls = [i.offset for i in dis.get_instructions(close) if i.opname == "CALL"]
-assert len(calls) == 1, calls
-after = min(i.offset for i in dis.get_instructions(close) if i.offset > calls[0])
+head = View.head.__code__
 fired = []
 
-def local(frame, event, arg):
+def close_at_first_line(frame, event, arg):
     if frame.f_code is head and event == "line" and not fired:
         fired.append("close")
         signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
-    elif frame.f_code is close and event == "opcode" and frame.f_lasti == after:
-        if fired == ["close"]:
-            fired.append("interrupt")
-            signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised here)
-    return local
-
-def call(frame, event, arg):
-    if frame.f_code is close:
-        frame.f_trace = local
-        frame.f_trace_opcodes = True
-    return local if frame.f_code in (head, close) else None
-
-sys._getframe().f_trace_opcodes = True  # (Python 3.12: CPython gh-114480)
+    return close_at_first_line
+"""
+_READ_AND_REOPEN = """
 sys.settrace(call)
 try:
-    j.read("s")
-    print("read", flush=True)
+    print("read:", len(j.read("s").events), flush=True)
 except BaseException as e:
     print(type(e).__name__, flush=True)
 finally:
@@ -507,6 +492,35 @@ print(fired, j.closed, flush=True)
 with Journal.open(sys.argv[1], durability="os") as j:
     print("reopened:", len(j.read("s").events), flush=True)
 """
+
+# A SIGINT as the release the transaction's end runs has just closed the active segment's
+# descriptor (the line after `os.close` in the writer's `close`).
+_RELEASE_INTERRUPTED = (
+    _CLOSED_IN_A_TRANSACTION_THEN
+    + """
+close = SegmentWriter.close.__code__
+# (Its one call is `os.close`: the instruction after it is where its return is checked.)
+calls = [i.offset for i in dis.get_instructions(close) if i.opname == "CALL"]
+assert len(calls) == 1, calls
+after = min(i.offset for i in dis.get_instructions(close) if i.offset > calls[0])
+
+def local(frame, event, arg):
+    if frame.f_code is close and event == "opcode" and frame.f_lasti == after:
+        if fired == ["close"]:
+            fired.append("interrupt")
+            signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised here)
+    return close_at_first_line(frame, event, arg) and local
+
+def call(frame, event, arg):
+    if frame.f_code is close:
+        frame.f_trace = local
+        frame.f_trace_opcodes = True
+    return local if frame.f_code in (head, close) else None
+
+sys._getframe().f_trace_opcodes = True  # (Python 3.12: CPython gh-114480)
+"""
+    + _READ_AND_REOPEN
+)
 
 
 def test_a_release_interrupted_as_it_ends_a_transaction_closes_each_descriptor_once(
@@ -530,44 +544,21 @@ def test_a_release_interrupted_as_it_ends_a_transaction_closes_each_descriptor_o
     ], output
 
 
-# The same close (a SIGTERM handler, inside a page's transaction), then a SIGINT at the
-# start of that transaction's `__exit__` (which it then skips); then the store is opened
-# again.
-_CLOSED_THEN_INTERRUPTED_AS_IT_LEAVES = """
-import signal, sys
-from journal import EventIn, Journal
-from journal._local.view import View, _Transaction
-j = Journal.open(sys.argv[1], durability="os")
-j.append("s", [EventIn("message", b"{}")])
-signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
-head, leave = View.head.__code__, _Transaction.__exit__.__code__
-fired = []
-
-def local(frame, event, arg):
-    if event == "line" and not fired:
-        fired.append("close")
-        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
-    return local
+# A SIGINT at the start of that transaction's `__exit__` (which it then skips).
+_CLOSED_THEN_INTERRUPTED_AS_IT_LEAVES = (
+    _CLOSED_IN_A_TRANSACTION_THEN
+    + """
+leave = _Transaction.__exit__.__code__
 
 def call(frame, event, arg):
     if frame.f_code is leave and fired == ["close"]:
         fired.append("interrupt")
         signal.raise_signal(signal.SIGINT)  # (KeyboardInterrupt, raised as it starts)
         return None
-    return local if frame.f_code is head else None
-
-sys.settrace(call)
-try:
-    j.read("s")
-    print("read", flush=True)
-except BaseException as e:
-    print(type(e).__name__, flush=True)
-finally:
-    sys.settrace(None)
-print(fired, j.closed, flush=True)
-with Journal.open(sys.argv[1], durability="os") as j:
-    print("reopened:", len(j.read("s").events), flush=True)
+    return close_at_first_line if frame.f_code is head else None
 """
+    + _READ_AND_REOPEN
+)
 
 
 def test_a_close_deferred_by_a_transaction_whose_end_is_interrupted_still_releases(
@@ -588,48 +579,26 @@ def test_a_close_deferred_by_a_transaction_whose_end_is_interrupted_still_releas
     ], output
 
 
-# The same close (a SIGTERM handler, inside a page's transaction), and, as the release the
-# transaction's end runs starts closing the active segment, a SIGUSR1 handler that reads
-# another store (a transaction of its own, whose end finds the same release deferred).
-_READ_DURING_THE_RELEASE = """
-import signal, sys
-from journal import EventIn, Journal
-from journal._local.view import View
-from journal._local.writer import SegmentWriter
-j = Journal.open(sys.argv[1], durability="os")
-j.append("s", [EventIn("message", b"{}")])
+# As the release the transaction's end runs starts closing the active segment, a SIGUSR1
+# handler that reads another store (a transaction of its own, whose end finds the same
+# release deferred).
+_READ_DURING_THE_RELEASE = (
+    _CLOSED_IN_A_TRANSACTION_THEN
+    + """
 other = Journal.open(sys.argv[2], durability="os")
 other.append("o", [EventIn("message", b"{}")], create=True)
-signal.signal(signal.SIGTERM, lambda signum, frame: j.close())
 signal.signal(signal.SIGUSR1, lambda signum, frame: print("other:", len(other.read("o").events)))
-head, close = View.head.__code__, SegmentWriter.close.__code__
-fired = []
-
-def local(frame, event, arg):
-    if event == "line" and not fired:
-        fired.append("close")
-        signal.raise_signal(signal.SIGTERM)  # (its handler runs here, at once)
-    return local
+close = SegmentWriter.close.__code__
 
 def call(frame, event, arg):
     if frame.f_code is close and fired == ["close"]:
         fired.append("read")
         signal.raise_signal(signal.SIGUSR1)
         return None
-    return local if frame.f_code is head else None
-
-sys.settrace(call)
-try:
-    print("read:", len(j.read("s").events), flush=True)
-except BaseException as e:
-    print(type(e).__name__, e, flush=True)
-finally:
-    sys.settrace(None)
-print(fired, j.closed, flush=True)
-other.close()
-with Journal.open(sys.argv[1], durability="os") as j:
-    print("reopened:", len(j.read("s").events), flush=True)
+    return close_at_first_line if frame.f_code is head else None
 """
+    + _READ_AND_REOPEN
+)
 
 
 def test_a_read_in_a_signal_handler_during_a_deferred_release_lets_both_end(

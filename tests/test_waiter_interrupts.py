@@ -306,17 +306,16 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_the_open_journal_following(tmp_pat
     assert len(grew) < 5, "\n".join(grew)
 
 
-_OWNER_ALIVE = (
-    _TRACER
-    + r"""
+# Session "t" of the store at `sys.argv[1]`, owned by another process (`owner`) that
+# keeps its turn open: a watch that delivered everything waits for that turn, registered
+# with the journal's owner checks.
+_OWNER_OF_AN_OPEN_TURN = r"""
 import gc, subprocess, threading, time
 from journal import EventIn, Journal
 
 path = sys.argv[1]
 with Journal.open(path) as j:
     j.append("t", [EventIn("message", b"first")], create=True)
-# Another process owns the session and keeps its turn open: a watch that delivered
-# everything waits for that turn, registered with the journal's owner checks.
 OWNER = '''
 import sys
 from journal import Journal
@@ -329,6 +328,12 @@ owner = subprocess.Popen(
     [sys.executable, "-c", OWNER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
 )
 assert owner.stdout.readline() == "ready\n"
+"""
+
+_OWNER_ALIVE = (
+    _TRACER
+    + _OWNER_OF_AN_OPEN_TURN
+    + r"""
 
 def watch(at):
     # Wait on the open turn with a SIGINT at check point `at`; then, the journal still
@@ -464,25 +469,8 @@ def test_ctrl_c_at_any_point_of_a_close_of_a_stream_or_subscription(tmp_path: Pa
 
 _DROPPED = (
     _TRACER
+    + _OWNER_OF_AN_OPEN_TURN
     + r"""
-import gc, subprocess, threading
-from journal import EventIn, Journal
-
-path = sys.argv[1]
-with Journal.open(path) as j:
-    j.append("t", [EventIn("message", b"first")], create=True)
-OWNER = '''
-import sys
-from journal import Journal
-j = Journal.open(sys.argv[1])
-turn = j.own("t").turn("r1").__enter__()
-print("ready", flush=True)
-sys.stdin.read()
-'''
-owner = subprocess.Popen(
-    [sys.executable, "-c", OWNER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-)
-assert owner.stdout.readline() == "ready\n"
 
 def drop(at):
     # A watch waits on the open turn until a Ctrl+C; its frames, in the traceback, hold
