@@ -16,7 +16,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from _pipes import line, send
+from _pipes import close_pipes, line, reap, send
 from engines import EngineFactory
 
 from journal import (
@@ -124,8 +124,7 @@ def test_two_processes_racing_for_own_exactly_one_wins(tmp_path: Path) -> None:
         assert line(winner) == "released"
     finally:
         for proc in (first, second):
-            proc.kill()
-            proc.wait(10)
+            reap(proc)
     with Journal.open(store, durability="os") as j:
         assert j.get_session("s").owner is None
         with j.own("s") as owner:
@@ -152,8 +151,7 @@ def test_a_killed_owner_frees_the_lease_and_is_no_longer_reported(tmp_path: Path
             with j.own("s") as successor:
                 assert successor.generation == 2
     finally:
-        owner.kill()
-        owner.wait(10)
+        reap(owner)
 
 
 def test_a_reused_pid_is_not_the_owner(tmp_path: Path) -> None:
@@ -270,8 +268,7 @@ def test_closing_the_journal_ends_an_own_waiting_for_another_processs_lease(
         with Journal.open(store, durability="os") as again:
             assert again.get_session("s").owner is not None  # (the holder's, untouched)
     finally:
-        holder.kill()
-        holder.wait(10)
+        reap(holder)
 
 
 def _points_into(fd: str, directory: Path) -> bool:
@@ -321,6 +318,7 @@ def test_another_process_gets_the_lease_of_a_dropped_owner(tmp_path: Path) -> No
             send(child)
             assert line(child) == f"busy {os.getpid()}"
             child.wait(10)
+            close_pipes(child)
             child = _child(tmp_path)
             with pytest.warns(ResourceWarning):
                 del owner
@@ -334,8 +332,7 @@ def test_another_process_gets_the_lease_of_a_dropped_owner(tmp_path: Path) -> No
             send(child)
             assert line(child) == "released"
         finally:
-            child.kill()
-            child.wait(10)
+            reap(child)
 
 
 def test_a_dropped_owner_is_released_even_where_warnings_are_errors(j: Journal) -> None:
@@ -538,8 +535,7 @@ def test_a_listing_checks_a_pages_owners_in_one_round(tmp_path: Path) -> None:
         send(dead)
         assert line(dead) == "won 1"
     finally:
-        dead.send_signal(signal.SIGKILL)
-        dead.wait(10)
+        reap(dead)
     engine = _CountingChecks(LocalEngine.open(str(store), LocalOptions(durability="os")))
     with Journal.over(engine) as j:  # type: ignore[arg-type]
         owners = [j.own(f"t{i}") for i in range(0, 5, 2)]

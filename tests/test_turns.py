@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pipes import reap
 
 from journal import (
     EventIn,
@@ -218,8 +219,7 @@ def test_an_owner_killed_mid_turn_is_reported_and_settled_by_the_next_owner(
             assert j.get_session("s").last_ordinal == before
             assert j.verify().ok
     finally:
-        child.kill()
-        child.wait(10)
+        reap(child)
 
 
 def test_a_restarted_runtime_folds_its_session_after_own_to_hold_the_recovered_turn(
@@ -325,8 +325,7 @@ def test_an_owner_that_is_a_zombie_or_called_exec_is_gone(tmp_path: Path, end: s
             with j.own("s"):
                 pass
     finally:
-        child.kill()
-        child.wait(10)
+        reap(child)
 
 
 _DIES_MID_TURN = """
@@ -512,8 +511,7 @@ sys.stdin.readline()
             last = list(j.replay("s"))[-1]
             assert (last.type, json.loads(last.data)) == ("turn_result", UNKNOWN)
     finally:
-        owner.kill()
-        owner.wait(10)
+        reap(owner)
         os.kill(grandchild, signal.SIGKILL)
 
 
@@ -860,9 +858,7 @@ def _child_mid_turn(script: str, *args: str) -> Iterator[subprocess.Popen[bytes]
         assert child.stdout is not None and child.stdout.readline() == b"mid-turn\n"
         yield child
     finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
+        reap(child)
 
 
 class _Followers:
