@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -418,12 +419,9 @@ class CuttingProxy:
     through it; later connections are forwarded whole."""
 
     def __init__(self, upstream_port: int) -> None:
-        import threading
-
         self.upstream_port = upstream_port
         self._listener, self.port = _listening()
         self.armed = threading.Event()
-        self.cut = threading.Event()
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -434,8 +432,6 @@ class CuttingProxy:
         return f"nats://127.0.0.1:{self.port}"
 
     def _accept(self) -> None:
-        import threading
-
         while not self._closed:
             try:
                 client, _ = self._listener.accept()
@@ -443,22 +439,30 @@ class CuttingProxy:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             self._sockets += [client, upstream]
+            # (Set when this connection's batch was cut: only this connection's answers are
+            # lost. Shared by all connections, a reconnect within the cut's 0.2 s was cut
+            # as well.)
+            cut = threading.Event()
             pair = (client, upstream)
-            threading.Thread(target=self._pump, args=(*pair, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(*pair, True, cut), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(upstream, client, False, cut), daemon=True
+            ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, to_server: bool, cut: threading.Event
+    ) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                if not to_server and self.cut.is_set():
+                if not to_server and cut.is_set():
                     break  # what the server answers the cut batch never arrives
                 commit = to_server and self.armed.is_set() and b"Nats-Batch-Commit" in data
                 if commit:
                     self.armed.clear()
-                    self.cut.set()
+                    cut.set()
                 sink.sendall(data)
                 if commit:
                     time.sleep(0.2)  # the server stores the batch and answers into nothing
@@ -471,8 +475,6 @@ class CuttingProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 with contextlib.suppress(OSError):
                     s.close()
-            if to_server and self.cut.is_set():
-                self.cut.clear()  # the next connection is whole
 
     def close(self) -> None:
         self._closed = True
@@ -504,8 +506,6 @@ class HoldingProxy:
     later message `until` accepts arrives, which is sent after it and `settle()`."""
 
     def __init__(self, upstream_port: int) -> None:
-        import threading
-
         self.upstream_port = upstream_port
         self._listener, self.port = _listening()
         self.held = threading.Event()
@@ -532,8 +532,6 @@ class HoldingProxy:
                 held[0].sendall(held[1])
 
     def _accept(self) -> None:
-        import threading
-
         while True:
             try:
                 client, _ = self._listener.accept()
@@ -583,8 +581,6 @@ class DelayingProxy:
     client's other messages go on around them), on connections the proxy keeps open."""
 
     def __init__(self, upstream_port: int) -> None:
-        import threading
-
         self.upstream_port = upstream_port
         self._listener, self.port = _listening()
         self._lock = threading.Lock()
@@ -618,8 +614,6 @@ class DelayingProxy:
         return sent
 
     def _accept(self) -> None:
-        import threading
-
         while True:
             try:
                 client, _ = self._listener.accept()
