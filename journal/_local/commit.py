@@ -9,6 +9,7 @@ acknowledges the callers.
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from typing import Final, TypeVar
@@ -48,10 +49,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class CommitPath:
+class CommitPath(abc.ABC):
     """Group commit (see the module docstring): `submit`, and the batches the commit
-    queue's leader commits. `LocalEngine` extends it; its open sets the parts declared
-    here."""
+    queue's leader commits. `LocalEngine` extends it: its open sets the parts declared
+    here, and it says when the engine may be used (`check_usable`)."""
 
     store_id: bytes
     location: str
@@ -72,9 +73,9 @@ class CommitPath:
     _retention_due: bool
     _first_sweep: Request | None
 
+    @abc.abstractmethod
     def check_usable(self) -> None:
         """Raises when the engine may not be used (`LocalEngine.check_usable`)."""
-        raise NotImplementedError
 
     def submit(self, operation: Operation[ResultT]) -> ResultT:
         """Commit `operation` with whatever else is queued (group commit); its result."""
