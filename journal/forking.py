@@ -103,7 +103,11 @@ class ForkGate:
         every later close of its journal to a leave that never came. So each caller asks
         again on any exception (`_local/view.py`); an action an interrupt cut short runs
         again (deferred actions are idempotent), one that raised an error does not."""
-        held = self._local.held = [ref for ref in self._held() if ref() is not holder]
+        held = self._local.held = [
+            ref
+            for ref in getattr(self._local, "held", ())
+            if (alive := ref()) is not None and alive is not holder
+        ]  # (one pass: `_held` and the holder's removal, once per transaction)
         if held:
             return
         self._inside.discard(threading.get_ident())
