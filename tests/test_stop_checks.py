@@ -110,8 +110,8 @@ def test_idle_journals_with_stopped_followers_waiting_do_not_wake(
     time.sleep(1.0)
     woke = sum(wake_ups(t) - b for t, b in zip(waiters, before, strict=True))
     # A safety look each (one or two in a second; 67 in all once on a machine at load
-    # 6), against 20 each before (615 in all).
-    assert woke <= 6 * JOURNALS, woke
+    # 6: waits for the GIL count too), against 20 each before (615 in all).
+    assert woke <= 10 * JOURNALS, woke
     # And the stops still work: each follower ends when its stop is set, the others go on.
     followers.stops[0].set()
     followers.threads[0].join(WAIT_S)
