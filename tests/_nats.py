@@ -412,6 +412,17 @@ def _listening() -> tuple[socket.socket, int]:
     return listener, int(listener.getsockname()[1])
 
 
+def _shut(sockets: list[socket.socket]) -> None:
+    """Close a proxy's sockets, shut down first: a close alone does not wake a thread of
+    the proxy's waiting in accept() or recv() on one (Linux), and the socket lived on
+    with it, still listening, or still connected to the server."""
+    for s in sockets:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            s.close()
+
+
 class CuttingProxy:
     """A TCP proxy in front of one server that can lose a reply: once armed, it forwards
     the client's next atomic batch commit to the server, then drops the connection before
@@ -478,11 +489,7 @@ class CuttingProxy:
 
     def close(self) -> None:
         self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.close()
+        _shut([self._listener, *self._sockets])
 
 
 def _protocol_messages(buffer: bytes) -> tuple[list[bytes], bytes]:
@@ -567,11 +574,7 @@ class HoldingProxy:
                 sink.sendall(data)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.close()
+        _shut([self._listener, *self._sockets])
 
 
 class DelayingProxy:
@@ -643,8 +646,4 @@ class DelayingProxy:
                     sink.sendall(data)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        for s in self._sockets:
-            with contextlib.suppress(OSError):
-                s.close()
+        _shut([self._listener, *self._sockets])

@@ -11,10 +11,13 @@ taken before the first start.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from _nats import NatsServer
+import pytest
+from _nats import CuttingProxy, DelayingProxy, HoldingProxy, NatsServer, shared_server
 
 
 def test_a_server_whose_chosen_port_was_taken_starts_on_another(tmp_path: Path) -> None:
@@ -52,3 +55,24 @@ def test_a_server_given_its_port_does_not_move(tmp_path: Path) -> None:
             assert server.port == port
         finally:
             server.stop()
+
+
+@pytest.mark.parametrize("kind", [CuttingProxy, HoldingProxy, DelayingProxy])
+def test_a_closed_proxy_takes_no_more_connections(kind: Any) -> None:
+    """A proxy's close closed its listening socket while its thread waited in accept(),
+    which a close from another thread does not wake on Linux: the socket went on
+    listening, and a connection made after the close was still forwarded to the
+    server. Its close now shuts its sockets down, which wakes their threads."""
+    server = shared_server()
+    proxy = kind(server.port)
+    before = {t for t in threading.enumerate() if t.name.endswith("(_accept)")}
+    with socket.create_connection(("127.0.0.1", proxy.port), 2) as client:
+        assert client.recv(4).startswith(b"INFO")  # (forwarded: the proxy accepts)
+    time.sleep(0.2)  # (its thread back in accept())
+    proxy.close()
+    deadline = time.monotonic() + 5
+    while {t for t in threading.enumerate() if t.name.endswith("(_accept)")} >= before:
+        assert time.monotonic() < deadline, "the proxy's thread still waits in accept()"
+        time.sleep(0.05)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", proxy.port), 2).close()
