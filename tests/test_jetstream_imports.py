@@ -485,6 +485,13 @@ def _importer(
     )
 
 
+def _ended(child: subprocess.Popen[bytes]) -> None:
+    """Kill `child` (when it still runs), reap it and close its pipes (left to the
+    collector, each was a ResourceWarning, "unclosed file")."""
+    with child:
+        child.kill()
+
+
 def _killed_once_staged(url: str, name: str, archive: Path) -> None:
     """An importer of `archive` into store `name`, SIGKILLed once it staged its first
     session (a dead importer's staging left behind)."""
@@ -493,8 +500,7 @@ def _killed_once_staged(url: str, name: str, archive: Path) -> None:
         assert child.stdout is not None
         assert child.stdout.readline() == b"staged\n"
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        _ended(child)
 
 
 @pytest.mark.parametrize("cleaner", ["retention", "import"])
@@ -579,8 +585,7 @@ def test_an_importer_on_another_host_is_alive_while_it_beats_and_dead_after(
             assert _staged_messages(url, name, "a") == 0
             assert list(j.list_sessions()) == []
     finally:
-        child.kill()
-        child.wait()
+        _ended(child)
 
 
 _IMPORTER_STALLED = """
@@ -660,8 +665,7 @@ def test_a_rollback_that_judged_a_late_importer_dead_spares_what_it_committed(
             assert j.verify().problems == []
             assert stream_messages(url, name, "in.>") == 1
     finally:
-        child.kill()
-        child.wait()
+        _ended(child)
 
 
 def _off_loop(wait: Any) -> None:
@@ -963,8 +967,7 @@ def test_an_importer_killed_during_its_rollback_leaves_no_claim(
     try:
         assert proxy.held.wait(60)  # (the rollback deletes the claim: it dies now)
     finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+        _ended(child)
         proxy.close()
     assert stream_messages(url, name, "in.>") == 1
     with Journal.open(url, store=name) as j:
