@@ -98,7 +98,7 @@ class FileOps:
             return len(data)
         return os.preadv(fd, (buffer,), offset)
 
-    def pwrite(self, fd: int, data: bytes | bytearray, offset: int) -> int:
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)
 
     def pwrite_synced(self, fd: int, data: bytes | bytearray, offset: int) -> int:

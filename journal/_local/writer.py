@@ -52,7 +52,10 @@ _log: Final = logging.getLogger("journal")
 
 __all__ = ["SegmentWriter", "data_end"]
 
-_ZEROS: Final = bytes(1 << 20)
+# Written from a piece at a time through a memoryview: a slice of the bytes is a copy, a
+# transient buffer of up to 1 MiB in whichever thread made the segment (section 8,
+# "Writer memory").
+_ZEROS: Final = memoryview(bytes(1 << 20))
 
 
 class SegmentWriter:
