@@ -5,7 +5,7 @@ time, never from a copy of a piece.
 A copy of up to 1 MiB, made by whichever appending thread created a segment or
 preallocated one, was freed at once, but it raised glibc's mmap threshold (a freed mmap'd
 block of 1 MiB moves it there), so every later copy came from that thread's malloc arena,
-which kept about 1.2 MiB free for good: with 16 appending threads, 16 MiB of RssAnon
+which kept about 1.2 MiB free for good: with 16 appending threads, 12 to 15 MiB of RssAnon
 (`benchmarks/memory.py`). Measured here with tracemalloc, which sees the copy.
 """
 
