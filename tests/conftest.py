@@ -100,8 +100,63 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+# What each test left in the tests' temporary directory (an entry's name -> the test's id).
+_MADE_BY: dict[str, str] = {}
+_TEMPORARY: list[Path] = []
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _nats_servers() -> Iterator[None]:
+def _temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The temporary directory of the tests and of every process they start (TMPDIR and
+    `tempfile.gettempdir()`): one of this test process's own (each xdist worker has its
+    own), removed at the end, where it must be empty: a test, or the library, that left
+    a file or a directory there (a child script's `tempfile.mkdtemp()`, a rebuild the
+    library did not remove) fails the run, naming the test after which it appeared.
+    Tests keep their files under `tmp_path`; what their children make goes there too,
+    and a test that kills a child removes what the child made. Before, each run left
+    hundreds of stores in /tmp. It is like /tmp (mode 1777): tests run children as
+    other users, which pytest's directories (mode 0700) would shut out."""
+    tmp_path_factory.getbasetemp()  # (pytest's own stays where TMPDIR said)
+    directory = Path(tempfile.mkdtemp(prefix="journal-tests-"))
+    directory.chmod(0o1777)
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(directory)
+    _TEMPORARY.append(directory)
+    try:
+        yield directory
+    finally:
+        _TEMPORARY.clear()
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+        tempfile.tempdir = saved[1]
+        left = sorted(os.listdir(directory))
+        shutil.rmtree(directory, ignore_errors=True)
+    assert not left, "left in the tests' temporary directory (and removed): " + ", ".join(
+        f"{name} (after {_MADE_BY.get(name, 'a session fixture')})" for name in left
+    )
+
+
+def _note_made_by(nodeid: str) -> None:
+    """Note which test made each new entry in the tests' temporary directory (a listing
+    of a directory that is empty but while a test runs: microseconds)."""
+    if _TEMPORARY:
+        for name in os.listdir(_TEMPORARY[0]):
+            _MADE_BY.setdefault(name, nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _note_made_by(item.nodeid)  # (before the fixtures' teardown: the last test's too)
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    _note_made_by(nodeid)  # (what the test's fixtures left)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nats_servers(_temporary_directory: Path) -> Iterator[None]:
     """The NATS servers the JetStream engine's tests started (lazily) stop at the end."""
     yield
     from _nats import stop_shared

@@ -39,12 +39,13 @@ from journal._local.files import FileOps
 ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = """
-import inspect, os, random, signal, sys, tempfile, threading, time
+import inspect, os, random, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from journal import EventIn, Journal
 from journal._local import commit_queue
 
 mode, kind, seed, duration = sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+scratch = sys.argv[6]  # (the test's tmp_path: the store goes there, removed with it)
 rng = random.Random(seed)
 
 
@@ -172,7 +173,7 @@ def finish(verdict):
     os._exit(0)
 
 
-j = Journal.open(tempfile.mkdtemp() + "/s", durability="os")
+j = Journal.open(scratch + "/s", durability="os")
 for i in range(WORKERS + 1):
     j.create_session(f"s{i}")
 results = {}  # payload -> AppendResult
@@ -305,9 +306,19 @@ finish(f"{verdict} appends={n} interrupted={len(interrupted)}")
 _MIN_FIRES = 20
 
 
-def _run(mode: str, kind: str, seed: int, seconds: float = 2.5) -> str:
+def _run(scratch: Path, mode: str, kind: str, seed: int, seconds: float = 2.5) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(ROOT), mode, kind, str(seed), str(seconds)],
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(ROOT),
+            mode,
+            kind,
+            str(seed),
+            str(seconds),
+            str(scratch),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -330,55 +341,58 @@ _MORE_SEEDS: Final = [pytest.param(seed, marks=pytest.mark.slow) for seed in (2,
 
 
 @pytest.mark.parametrize("seed", [1, *_MORE_SEEDS])
-def test_ctrl_c_while_the_main_thread_waits_loses_nothing(seed: int) -> None:
+def test_ctrl_c_while_the_main_thread_waits_loses_nothing(tmp_path: Path, seed: int) -> None:
     # Ctrl-C while it waits for a leader (whether its request was taken meanwhile, or it
     # was just handed leadership): held until its request is done.
-    _check(_run("waiting", "int", seed))
+    _check(_run(tmp_path, "waiting", "int", seed))
 
 
 @pytest.mark.parametrize("seed", [1, *_MORE_SEEDS])
-def test_ctrl_c_anywhere_in_the_commit_queue_loses_nothing(seed: int) -> None:
+def test_ctrl_c_anywhere_in_the_commit_queue_loses_nothing(tmp_path: Path, seed: int) -> None:
     # Anywhere the main thread runs the queue's code: taking leadership, gathering,
     # waking the batch, handing leadership on (this hung every writer before SIGINT was
     # held).
-    _check(_run("queue", "int", seed))
+    _check(_run(tmp_path, "queue", "int", seed))
 
 
 @pytest.mark.parametrize("seed", [1, *_MORE_SEEDS[:1]])
-def test_ctrl_c_inside_a_commit_fails_no_other_caller(seed: int) -> None:
+def test_ctrl_c_inside_a_commit_fails_no_other_caller(tmp_path: Path, seed: int) -> None:
     # Inside the commit the main thread leads (once reported to every caller of the
     # batch, or undoing a frame the view already held): the KeyboardInterrupt comes
     # after the commit, from no frame of the queue or the commit.
-    _check(_run("commit", "int", seed))
+    _check(_run(tmp_path, "commit", "int", seed))
 
 
 @pytest.mark.parametrize(
     ("kind", "mode"), [("term", "queue"), ("usr1", "queue"), ("term", "waiting")]
 )
 def test_a_raising_handler_of_another_signal_in_the_queue_loses_nothing(
-    kind: str, mode: str
+    tmp_path: Path, kind: str, mode: str
 ) -> None:
     # A SIGTERM handler calling sys.exit (SystemExit), a SIGUSR1 handler raising its own
     # exception: held like Ctrl-C (before, such an exception in a leader's queue code left
     # every writer waiting, and a waiter's gave up a request the caller never learnt the
     # fate of).
-    _check(_run(mode, kind, 1))
+    _check(_run(tmp_path, mode, kind, 1))
 
 
 @pytest.mark.parametrize("kind", ["term", "usr1"])
-def test_a_raising_handler_of_another_signal_in_a_commit_loses_nothing(kind: str) -> None:
+def test_a_raising_handler_of_another_signal_in_a_commit_loses_nothing(
+    tmp_path: Path, kind: str
+) -> None:
     # Inside the commit (before, the exception went to every caller of the batch, and
     # right after the view's LMDB commit it undid a frame the view held: JournalCorrupt).
-    _check(_run("commit", kind, 1))
+    _check(_run(tmp_path, "commit", kind, 1))
 
 
 _CLOSE = """
-import os, random, signal, sys, tempfile, threading, time
+import os, random, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from journal import EventIn, Journal, JournalClosed
 from journal._local.files import FileOps
 
 rng = random.Random(int(sys.argv[2]))
+scratch = sys.argv[3]  # (the test's tmp_path)
 fired = []
 armed = [False]
 main = threading.main_thread()
@@ -411,7 +425,7 @@ def handler(sig, frame):
 
 
 signal.signal(signal.SIGALRM, handler)
-j = Journal.open(tempfile.mkdtemp() + "/s", durability="os", file_ops=Slow())
+j = Journal.open(scratch + "/s", durability="os", file_ops=Slow())
 j.create_session("s")
 ended = []
 
@@ -454,13 +468,13 @@ os._exit(0)
 
 
 @pytest.mark.parametrize("seed", range(1, 5))
-def test_ctrl_c_while_close_waits_leaves_a_journal_that_closes(seed: int) -> None:
+def test_ctrl_c_while_close_waits_leaves_a_journal_that_closes(tmp_path: Path, seed: int) -> None:
     # close() waited on a Condition over the queue's raw mutex: interrupted between the
     # wait's release and re-acquire, the `with` released the mutex again (RuntimeError,
     # or the mutex taken from whichever thread held it then). Now it waits on a raw lock
     # of its own: interrupted, it is a KeyboardInterrupt, and closing again works.
     out = subprocess.run(
-        [sys.executable, "-c", _CLOSE, str(ROOT), str(seed)],
+        [sys.executable, "-c", _CLOSE, str(ROOT), str(seed), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -637,7 +651,7 @@ def test_handlers_that_are_not_python_code_are_left_alone(tmp_path: Path) -> Non
 
 
 _NOT_FROM_PYTHON = """
-import _signal, signal, sys, tempfile
+import _signal, signal, sys
 sys.path.insert(0, sys.argv[1])
 from journal import EventIn, Journal
 from journal._local.files import FileOps
@@ -650,19 +664,19 @@ class Look(FileOps):
             seen.append(_signal.getsignal(signal.SIGSEGV))
 
 before = signal.getsignal(signal.SIGSEGV)
-with Journal.open(tempfile.mkdtemp(), durability="os", file_ops=Look()) as j:
+with Journal.open(sys.argv[2] + "/s", durability="os", file_ops=Look()) as j:
     j.create_session("s")
     j.append("s", [EventIn("t", b"x")])
 print(repr(before), repr(seen[-1]), repr(signal.getsignal(signal.SIGSEGV)))
 """
 
 
-def test_a_handler_not_set_from_python_is_left_alone() -> None:
+def test_a_handler_not_set_from_python_is_left_alone(tmp_path: Path) -> None:
     # A handler that C code installed before Python's signal module started (here
     # faulthandler's SIGSEGV handler, with -X faulthandler) reads as None in Python:
     # putting anything back would replace the C handler, so it is never swapped.
     out = subprocess.run(
-        [sys.executable, "-X", "faulthandler", "-c", _NOT_FROM_PYTHON, str(ROOT)],
+        [sys.executable, "-X", "faulthandler", "-c", _NOT_FROM_PYTHON, str(ROOT), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -139,7 +139,7 @@ def test_gathered_batches_give_each_caller_its_own_dense_result(tmp_path: Path) 
 
 
 _INTERRUPTED_FOLLOWER = """
-import os, signal, sys, tempfile, threading
+import os, signal, sys, threading
 sys.path.insert(0, sys.argv[1])
 from journal import EventIn, Journal
 from journal._local.files import FileOps
@@ -160,7 +160,7 @@ class Pause(FileOps):
             interrupted.wait(10)
 
 
-j = Journal.open(tempfile.mkdtemp() + "/s", durability="os", file_ops=Pause())
+j = Journal.open(sys.argv[2] + "/s", durability="os", file_ops=Pause())  # (in tmp_path)
 j.create_session("s")
 go.set()
 leader = threading.Thread(target=lambda: j.append("s", [EventIn("t", b"leader")]))
@@ -182,12 +182,12 @@ os._exit(0)
 """
 
 
-def test_ctrl_c_in_the_caller_next_in_line_leaves_the_queue_working() -> None:
+def test_ctrl_c_in_the_caller_next_in_line_leaves_the_queue_working(tmp_path: Path) -> None:
     # The finishing leader hands leadership to the oldest waiting request; when its
     # caller was interrupted meanwhile, nobody led again and every writer hung. (Only
     # `verify(fix=True)` puts the main thread itself in the queue.)
     out = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED_FOLLOWER, str(ROOT)],
+        [sys.executable, "-c", _INTERRUPTED_FOLLOWER, str(ROOT), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -197,12 +197,12 @@ def test_ctrl_c_in_the_caller_next_in_line_leaves_the_queue_working() -> None:
 
 
 _INTERRUPTED = """
-import os, signal, sys, tempfile, threading, time
+import os, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from journal import EventIn, Journal
 from journal._local.files import FileOps
 
-where = sys.argv[2]
+where, scratch = sys.argv[2], sys.argv[3]  # (scratch: the test's tmp_path)
 fired = threading.Event()
 
 
@@ -243,7 +243,7 @@ class NextInLine(FileOps):
 
 armed = threading.Event()
 signal.signal(signal.SIGALRM, handler)
-j = Journal.open(tempfile.mkdtemp() + "/s", durability="os", file_ops=NextInLine())
+j = Journal.open(scratch + "/s", durability="os", file_ops=NextInLine())
 for i in range(13):
     j.create_session(f"s{i}")
 progress = [0] * 12
@@ -278,12 +278,12 @@ os._exit(0)
 """
 
 
-def test_ctrl_c_while_the_leader_gathers_leaves_the_queue_working() -> None:
+def test_ctrl_c_while_the_leader_gathers_leaves_the_queue_working(tmp_path: Path) -> None:
     # A KeyboardInterrupt in the leader while it gathers stragglers once left the queue
     # with nobody leading: every writer hung. (The main thread leads only a
     # `verify(fix=True)` of its own.)
     out = subprocess.run(
-        [sys.executable, "-c", _INTERRUPTED, str(ROOT), "gather"],
+        [sys.executable, "-c", _INTERRUPTED, str(ROOT), "gather", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
