@@ -60,7 +60,7 @@ class Cluster:
         if client is not None:
             raise client_unavailable(*client)
         self._binary = binary
-        self.root = tempfile.mkdtemp(prefix="journal-demo-nats-")
+        self.root = ""  # (its temporary directory: made as the `with` enters, not here)
         self.ports = [_free_port() for _ in range(size)]
         self._routes = [_free_port() for _ in range(size)]
         self.names = [f"n{i + 1}" for i in range(size)]
@@ -72,6 +72,10 @@ class Cluster:
 
     def __enter__(self) -> Cluster:
         try:
+            # (Made here, where its removal is sure: made as the cluster was constructed,
+            # a failure before the `with` entered (no descriptor for a port, a Ctrl+C)
+            # left it behind.)
+            self.root = tempfile.mkdtemp(prefix="journal-demo-nats-")
             for index, name in enumerate(self.names):
                 self._start(index, name)
             self._wait_ready()
@@ -159,4 +163,5 @@ class Cluster:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait(10)
         self.processes.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.root:
+            shutil.rmtree(self.root, ignore_errors=True)

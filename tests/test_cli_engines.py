@@ -255,3 +255,48 @@ def _jetstream_demo(bin_dir: Path, *client: str) -> subprocess.CompletedProcess[
         timeout=30,
         check=False,
     )
+
+
+# Cluster() with every file descriptor taken (EMFILE: no socket for a free port); then
+# what it left in the temporary directory.
+_NO_DESCRIPTORS = """
+import os, resource, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+from cli.demo_cluster import Cluster
+from journal.remote import client_problem
+
+client_problem()  # (its imports, and the temporary directory's first check (a file),
+tempfile.gettempdir()  # done now: nothing can open a file below)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    with Cluster():
+        print("started")
+except OSError as e:
+    print("failed", e.errno)
+for fd in held:
+    os.close(fd)
+print(sorted(os.listdir(sys.argv[2])))
+"""
+
+
+def test_the_jetstream_demo_cluster_failing_to_start_leaves_no_directory(tmp_path: Path) -> None:
+    """The demo's cluster made its temporary directory (journal-demo-nats-) as it was
+    constructed, before it took its ports: a failure there (no descriptor left, a Ctrl+C)
+    left the directory for good, since its clean-up runs only once the `with` entered."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTORS, str(ROOT), str(scratch)],
+        env={**os.environ, "TMPDIR": str(scratch)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.splitlines() == ["failed 24", "[]"], (out.stdout, out.stderr)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from cli.main import main
@@ -14,7 +16,9 @@ from cli.main import main
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_python_examples_in_readme_run() -> None:
+def test_python_examples_in_readme_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (The examples' `tempfile.mkdtemp()` stores go under tmp_path, removed with it.)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert blocks, "the README has no python example"
     for block in blocks:
