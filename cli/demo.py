@@ -8,11 +8,9 @@ stream ends; the main thread supervises the child and raises what any thread hit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import site
 import sys
 import tempfile
@@ -20,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 import click
@@ -28,7 +25,7 @@ import click
 import journal
 from journal.arguments import check_store_path
 
-from .interrupts import Signalled, said_if_interrupted
+from .interrupts import said_if_stopped
 from .output import (
     CommandFailed,
     NumberOption,
@@ -184,59 +181,12 @@ def demo(
 
 @contextmanager
 def _stopping(left: Callable[[], str]) -> Iterator[None]:
-    """Ctrl+C, SIGTERM and SIGHUP end the block's demo with its clean-up, then say on
-    stderr what it `left` (asked after the clean-up) and exit 130, 143 or 129."""
-    try:
-        with (
-            _stopped_by_term_and_hup(),
-            said_if_interrupted(lambda _: f"demo interrupted: {left()}"),
-        ):
-            yield
-    except Signalled as stopped:
-        name = signal.Signals(stopped.signum).name
-        with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
-            click.echo(f"journal: demo stopped by {name}: {left()}", err=True)
-        raise click.exceptions.Exit(128 + stopped.signum) from None
-
-
-@contextmanager
-def _stopped_by_term_and_hup() -> Iterator[None]:
-    """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `Signalled` in the
-    block, so the demo stops its runtimes and removes its temporary store as on Ctrl+C:
-    their default action ended it at once, and its supervisor runtime ran on for good. A
-    signal ignored (`nohup`) stays ignored; off the main thread nothing changes. Only the
-    first one raises: those after it (a supervisor signalling until the demo exits, SIGHUP
-    then SIGTERM from a closing terminal) are ignored until the process exits, since one
-    raised in the clean-up cut it short (the temporary store left behind) or, once the
-    handlers were restored, ended the process with -15 (SIGKILL still ends it, and its
-    runtimes end with it; a runtime started after it would inherit SIG_IGN, but none
-    starts in the clean-up). Should Python drop the first one's raise (a handler that
-    lands in a finalizer, cli/interrupts.py), the demo runs on to its end, bounded by
-    its timeouts, and cleans up as usual."""
-    if threading.current_thread() is not threading.main_thread():
+    """Ctrl+C, SIGTERM and SIGHUP end the block's demo with its clean-up (its runtimes
+    stopped, its temporary store removed: their default action ended it at once, and its
+    supervisor runtime ran on for good), then say on stderr what it `left` (asked after
+    the clean-up) and exit 130, 143 or 129."""
+    with said_if_stopped(lambda how: f"demo {how}: {left()}"):
         yield
-        return
-    came: list[int] = []
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        # (SIG_IGN, not a handler that does nothing: Python's exit puts its handlers
-        # back to SIG_DFL while it ends the threads)
-        for other in previous:
-            signal.signal(other, signal.SIG_IGN)
-        came.append(signum)
-        raise Signalled(signum)
-
-    previous = {}
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            previous[signum] = signal.signal(signum, stop)
-    try:
-        yield
-    finally:
-        if not came:  # (else the process is ending: the later ones stay ignored)
-            for signum, handler in previous.items():
-                if handler is not None:
-                    signal.signal(signum, handler)
 
 
 class Demo:

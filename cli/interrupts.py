@@ -22,7 +22,14 @@ from types import FrameType
 
 import click
 
-__all__ = ["CtrlC", "Signalled", "ctrl_c_noted", "said_if_interrupted"]
+__all__ = [
+    "CtrlC",
+    "Signalled",
+    "ctrl_c_noted",
+    "said_if_interrupted",
+    "said_if_stopped",
+    "stopped_by_term_and_hup",
+]
 
 Progress = Callable[[int, int], None]
 
@@ -105,3 +112,59 @@ def said_if_interrupted(say: Callable[[KeyboardInterrupt], str]) -> Iterator[Non
         with contextlib.suppress(OSError):  # (stderr full or closed: nothing to tell)
             click.echo(f"journal: {say(interrupt)}", err=True)
         raise
+
+
+@contextmanager
+def said_if_stopped(say: Callable[[str], str]) -> Iterator[None]:
+    """`said_if_interrupted` for a command that SIGTERM and SIGHUP stop as Ctrl+C does
+    (`journal demo`, `journal verify`): in the block they raise `Signalled`, so the
+    command cleans up (its temporary directories removed) as on Ctrl+C. Then it prints
+    `journal: ` and `say(how)` on stderr, `how` being "interrupted" (Ctrl+C, exit 130)
+    or "stopped by SIGTERM" ("SIGHUP": exit 143, 129)."""
+    try:
+        with stopped_by_term_and_hup(), said_if_interrupted(lambda _: say("interrupted")):
+            yield
+    except Signalled as stopped:
+        name = signal.Signals(stopped.signum).name
+        with contextlib.suppress(OSError):  # (stderr closed: nothing to tell)
+            click.echo(f"journal: {say(f'stopped by {name}')}", err=True)
+        raise click.exceptions.Exit(128 + stopped.signum) from None
+
+
+@contextmanager
+def stopped_by_term_and_hup() -> Iterator[None]:
+    """SIGTERM and SIGHUP (`timeout`, `kill`, a closed terminal) raise `Signalled` in the
+    block, where their default action ended the process at once, its clean-up undone. A
+    signal ignored (`nohup`) stays ignored; off the main thread nothing changes. Only the
+    first one raises: those after it (a supervisor signalling until the command exits,
+    SIGHUP then SIGTERM from a closing terminal) are ignored until the process exits,
+    since one raised in the clean-up cut it short (a temporary directory left behind)
+    or, once the handlers were restored, ended the process with -15 (SIGKILL still ends
+    it; a child started after it would inherit SIG_IGN, but none starts in a clean-up).
+    Should Python drop the first one's raise (a handler that lands in a finalizer, see
+    the module's docstring), the command runs on to its end, bounded, and cleans up as
+    usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # (SIG_IGN, not a handler that does nothing: Python's exit puts its handlers
+        # back to SIG_DFL while it ends the threads)
+        for other in previous:
+            signal.signal(other, signal.SIG_IGN)
+        came.append(signum)
+        raise Signalled(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        if not came:  # (else the process is ending: the later ones stay ignored)
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)

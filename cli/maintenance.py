@@ -20,7 +20,7 @@ from journal.store_owner import (
     refuse_unfinished,
 )
 
-from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted
+from .interrupts import CtrlC, ctrl_c_noted, said_if_interrupted, said_if_stopped
 from .output import (
     CommandFailed,
     NumberOption,
@@ -222,10 +222,12 @@ def verify(settings: Settings, fix: bool, cut_durable: bool) -> None:
     output = settings.output
     finished = False
 
-    def said(_: KeyboardInterrupt) -> str:
-        return _verify_interrupted(fix, ctrl_c, finished)
+    def said(how: str) -> str:
+        return _verify_interrupted(fix, ctrl_c, finished, how)
 
-    with said_if_interrupted(said), ctrl_c_noted() as ctrl_c:
+    # (SIGTERM and SIGHUP too: their default action left the view it rebuilds in the
+    # temporary directory, SPEC section 9)
+    with said_if_stopped(said), ctrl_c_noted() as ctrl_c:
         with (
             settings.open(write=fix, repair=repair) as store,
             progress_bar("verifying", output.format == "text") as bar,
@@ -313,15 +315,16 @@ def _compact_interrupted(nats: bool, reported: tuple[int, int] | None, finished:
     )
 
 
-def _verify_interrupted(fix: bool, ctrl_c: CtrlC, finished: bool) -> str:
-    """What an interrupted verify did. The check only reads; --fix rewrites bad sidecars
-    (each replaced whole) and rebuilds the index in one commit, both after the last
-    progress report (`ctrl_c.reported`: bytes of the log checked, of all), so a Ctrl+C
-    raised at a report, or before the last, changed nothing."""
+def _verify_interrupted(fix: bool, ctrl_c: CtrlC, finished: bool, how: str) -> str:
+    """What an interrupted verify did (`how`: "interrupted", "stopped by SIGTERM"). The
+    check only reads; --fix rewrites bad sidecars (each replaced whole) and rebuilds the
+    index in one commit, both after the last progress report (`ctrl_c.reported`: bytes
+    of the log checked, of all), so a Ctrl+C raised at a report, or before the last,
+    changed nothing."""
     if finished:
         what = "the check and its repairs" if fix else "the check"
         return (
-            f"interrupted after {what} finished (the report was not printed): run "
+            f"{how} after {what} finished (the report was not printed): run "
             "`journal verify` to see it"
         )
     done, total = ctrl_c.reported or (0, 0)
@@ -332,11 +335,11 @@ def _verify_interrupted(fix: bool, ctrl_c: CtrlC, finished: bool) -> str:
             else "before any segment was checked"
         )
         return (
-            f"interrupted: the check stopped {checked}; nothing in the store was changed; "
+            f"{how}: the check stopped {checked}; nothing in the store was changed; "
             f"run `journal verify{' --fix' if fix else ''}` again for a full check"
         )
     return (
-        "interrupted as the repairs were made: bad sidecars rewritten so far stay (each "
+        f"{how} as the repairs were made: bad sidecars rewritten so far stay (each "
         "was replaced whole), and the index was rebuilt in one commit or not at all; run "
         "`journal verify --fix` again: it repairs what is left"
     )

@@ -347,3 +347,39 @@ def test_ctrl_c_while_import_as_copies_stdin_says_nothing_was_imported(tmp_path:
     ]
     with Journal.open(store, readonly=True) as j:
         assert list(j.list_sessions()) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_verify_stopped_while_it_rebuilds_leaves_no_temporary_directory(
+    store: Path, tmp_path: Path, signum: int
+) -> None:
+    """`journal verify` rebuilds a view from the log in a temporary directory (SPEC
+    section 9). Until 2026-12-07 SIGTERM and SIGHUP (`timeout`, `kill`, a closed
+    terminal) had their default action there: the process ended at once and left the
+    directory, a copy of the store's index, in /tmp for good. They now stop it as Ctrl+C
+    does (its clean-up, then what it left said on stderr), with exit 143 or 129."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli", "--store", str(store), "verify"],
+        cwd=ROOT,
+        env={**cli_env(), "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith("journal-verify-") for p in scratch.iterdir()):
+            assert process.poll() is None, "verify ended before its rebuild was seen"
+            assert time.monotonic() < deadline, "verify never rebuilt"
+            time.sleep(0.001)
+        process.send_signal(signum)
+    finally:
+        status, stderr = _ended(process)
+    assert list(scratch.iterdir()) == [], stderr
+    assert status == 128 + signum, stderr
+    name = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    assert stderr.splitlines() == [
+        f"journal: {name}: the check stopped with 100% of the log checked; nothing in the "
+        "store was changed; run `journal verify` again for a full check"
+    ], stderr

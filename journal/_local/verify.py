@@ -8,10 +8,11 @@ store); `verify(fix=True)` rewrites bad sidecars and rebuilds the view in place.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Final, TypeVar
 
@@ -43,7 +44,7 @@ __all__ = [
     "compare_views",
     "fix_store",
     "missing_segments",
-    "rebuild_into_temporary",
+    "rebuilt_view",
     "verify_store",
     "view_problem",
 ]
@@ -482,24 +483,46 @@ def _change(view: View, txn: lmdb.Transaction, key: bytes) -> tuple[object, ...]
     return entry.event_type, entry.at_ms, entry.row.incarnation, entry.row.session_id
 
 
-def rebuild_into_temporary(
+@contextmanager
+def rebuilt_view(
     log: SegmentLog, until: Head | None = None, missing: list[MissingEvents] | None = None
-) -> tuple[View, str]:
-    """A view rebuilt from the log in a temporary directory (caller closes and removes);
-    with `until`, of the log as it was at that head (writers may have gone on). Events
-    the log lacks unaccounted for go in `missing` (`project_log`)."""
-    directory = tempfile.mkdtemp(prefix="journal-verify-")
-    view: View | None = None
-    try:
+) -> Iterator[View]:
+    """A view rebuilt from the log in a temporary directory, closed and removed at the
+    end of the block; with `until`, of the log as it was at that head (writers may have
+    gone on). Events the log lacks unaccounted for go in `missing` (`project_log`)."""
+    with _temporary_directory("journal-verify-") as directory:
         view = View(directory)
-        with view.begin(write=True) as txn:
-            project_log(log, view, txn, use_sidecars=False, until=until, missing=missing)
-    except BaseException:
-        if view is not None:
+        try:
+            with view.begin(write=True) as txn:
+                project_log(log, view, txn, use_sidecars=False, until=until, missing=missing)
+            yield view
+        finally:
             view.close()
+
+
+@contextmanager
+def _temporary_directory(prefix: str) -> Iterator[str]:
+    """A new directory (0700) in the temporary directory, removed with its contents at
+    the end of the block. Named before it is made: `tempfile.mkdtemp` made it and then
+    returned its name, and the exception of a signal's handler (Ctrl+C, the CLI's
+    SIGTERM) raised in between, as the mkdir returned, left it behind for good."""
+    parent = tempfile.gettempdir()
+    while True:
+        directory = os.path.join(parent, prefix + secrets.token_hex(6))
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        except OSError:
+            raise  # (not made)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)  # (raised once it was made)
+            raise
+        break
+    try:
+        yield directory
+    finally:
         shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return view, directory
 
 
 def verify_store(
@@ -547,16 +570,12 @@ def _verify_once(log: SegmentLog, view: View, progress: Progress | None) -> Veri
                 problems += missing_segments(log, view, txn)
                 if not any(p.segment != "index" for p in problems):
                     missing: list[MissingEvents] = []
-                    rebuilt, directory = rebuild_into_temporary(log, head, missing)
-                    try:
-                        with rebuilt.begin() as rebuilt_txn:
-                            dead = partial(_dead, log, view, txn)
-                            problems += compare_views(
-                                view, txn, rebuilt, rebuilt_txn, dead, unfinished
-                            )
-                    finally:
-                        rebuilt.close()
-                        shutil.rmtree(directory, ignore_errors=True)
+                    with (
+                        rebuilt_view(log, head, missing) as rebuilt,
+                        rebuilt.begin() as rebuilt_txn,
+                    ):
+                        dead = partial(_dead, log, view, txn)
+                        problems += compare_views(view, txn, rebuilt, rebuilt_txn, dead, unfinished)
                     problems += [_missing_problem(log, m, accepted=False) for m in missing]
             return VerifyReport(len(log.bases()), frames, records, problems)
         except JournalCorrupt as e:
