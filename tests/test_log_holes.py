@@ -49,7 +49,10 @@ _OBSERVER = textwrap.dedent(
 
 
 def _observer(store: Path, session: str, readonly: bool) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # (Killed at the end: a private view it made stays in its TMPDIR, the test's.)
+    scratch = store.parent / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(scratch))
     return subprocess.Popen(
         [sys.executable, "-c", _OBSERVER, str(store), session, "1" if readonly else "0"],
         stdout=subprocess.PIPE,
