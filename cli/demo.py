@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import site
 import sys
@@ -157,25 +158,37 @@ def demo(
                 runner.run()
         return
     temporary = store_path is None
-    path = tempfile.mkdtemp(prefix="journal-demo-") if store_path is None else store_path
-    if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
-        path = os.path.abspath(check_store_path(path))  # (as given: see `init`)
+    path = ""  # (a temporary one: made below, where its removal is sure)
+    if store_path is not None:
+        path = store_path
+        if not is_nats(path):  # (a URL is no path: it named a directory `nats:` here)
+            path = os.path.abspath(check_store_path(path))  # (as given: see `init`)
 
     def kept() -> str:
         """What became of the store (said after the clean-up: the runtimes stopped, the
         store removed, or not when its removal failed)."""
         if not temporary:
             return f"the store {path} is kept"
-        if os.path.exists(path):
+        if path and os.path.exists(path):
             return f"its temporary store {path} was left behind"
         return "its temporary store was removed"
 
     with _stopping(lambda: f"its runtimes are stopped and {kept()}"):
         try:
+            if temporary:
+                # (Named before it is made: `tempfile.mkdtemp`, before the clean-up was in
+                # place, made it and then returned its name, and a Ctrl+C in between left
+                # it in the temporary directory.)
+                path = os.path.join(tempfile.gettempdir(), f"journal-demo-{secrets.token_hex(6)}")
+                try:
+                    os.mkdir(path, 0o700)
+                except FileExistsError:
+                    path = ""  # (not this demo's)
+                    raise
             with journal.Journal.open(path, create=True) as store:
                 Demo(store, path, settings.output, session_count, event_count, temporary).run()
         finally:
-            if temporary:
+            if temporary and path:
                 shutil.rmtree(path, ignore_errors=True)
 
 
