@@ -10,6 +10,7 @@ import errno
 import fcntl
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -107,8 +108,25 @@ def _make_private_dir() -> str:
     """A new private view directory in the temporary directory, held by this process
     (its holder file is locked before it gets its name: a sweep never sees it unheld);
     those other processes of this user left behind are removed first."""
-    private = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
-    _PRIVATE_VIEWS[private] = os.getpid()
+    # (Named and noted before it is made: `tempfile.mkdtemp` made it and returned its
+    # name, then it was noted, and a Ctrl+C in between left it for good, without the
+    # holder file the sweep needs, `test_a_ctrl_c_while_a_private_view_directory_...`.)
+    parent = tempfile.gettempdir()
+    while True:
+        private = os.path.join(parent, PRIVATE_PREFIX + secrets.token_hex(6))
+        _PRIVATE_VIEWS[private] = os.getpid()
+        try:
+            os.mkdir(private, 0o700)
+        except FileExistsError:
+            del _PRIVATE_VIEWS[private]  # (another's)
+            continue
+        except OSError:
+            del _PRIVATE_VIEWS[private]  # (not made)
+            raise
+        except BaseException:
+            remove_private_view(private)  # (a signal's raise once it was made)
+            raise
+        break
     try:
         staging = os.path.join(private, HOLDER + ".new")
         fd = os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
