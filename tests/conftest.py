@@ -113,9 +113,11 @@ def _temporary_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
     a file or a directory there (a child script's `tempfile.mkdtemp()`, a rebuild the
     library did not remove) fails the run, naming the test after which it appeared.
     Tests keep their files under `tmp_path`; what their children make goes there too,
-    and a test that kills a child removes what the child made. Before, each run left
-    hundreds of stores in /tmp. It is like /tmp (mode 1777): tests run children as
-    other users, which pytest's directories (mode 0700) would shut out."""
+    and a test that kills a child removes what the child made (before, each default
+    run left about 25 stores in /tmp, and the slow ones more). It is like /tmp (mode
+    1777) and not under pytest's base directory: tests run children as other users,
+    which pytest's directories (mode 0700) would shut out. A run killed outright leaves
+    it (one `journal-tests-*` directory per test process)."""
     tmp_path_factory.getbasetemp()  # (pytest's own stays where TMPDIR said)
     directory = Path(tempfile.mkdtemp(prefix="journal-tests-"))
     directory.chmod(0o1777)
