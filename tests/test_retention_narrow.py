@@ -135,7 +135,9 @@ def test_a_narrow_pass_applies_a_sessions_own_age_window_without_new_events(
 ) -> None:
     probe = Probe()
     with _open(tmp_path / "store", probe, window=1 << 30) as j:
-        j.create_session("aged", max_history_age_ms=300)
+        # (A window of 2 s: with 300 ms a loaded machine took longer than that from the
+        # appends to the second seal, which then applied it already.)
+        j.create_session("aged", max_history_age_ms=2000)
         for n in range(200):
             j.create_session(f"idle{n:03d}")
         for _ in range(3):
@@ -143,7 +145,7 @@ def test_a_narrow_pass_applies_a_sessions_own_age_window_without_new_events(
         _seal(j)  # the first sweep: nothing is old yet
         _seal(j)
         assert j.get_session("aged").first_ordinal == 1
-        time.sleep(0.4)
+        time.sleep(2.1)
         probe.passes.clear()
         _seal(j)  # "aged" has no events in the segment sealed now
         assert probe.passes and max(probe.passes) <= 2
