@@ -1153,6 +1153,7 @@ from journal import Journal
 with Journal.open(sys.argv[1], durability="fsync") as j:
     def progress(done, total):
         print("progress", done, total, flush=True)
+        sys.stdin.readline()  # (the test's go-ahead: its kill lands here, or not at all)
     j.import_sessions(sys.argv[2], progress=progress)
     print("done", flush=True)
 """
@@ -1166,13 +1167,17 @@ def _child_env() -> dict[str, str]:
 
 def _kill_import_after(store: Path, archive: Path, writes: int) -> None:
     """Run an importer and SIGKILL it after `writes` progress reports of its write pass
-    (-1: at once; past the last one: after its commit, or while it ends)."""
+    (-1: at once; past the last one: after its commit, or while it ends). The importer
+    waits in each report until told to go on: the kill lands there, before the next step,
+    however late this process runs. (Before, it went on at once, and on a loaded machine
+    the kill after a staging commit's report could land after the import's commit.)"""
     child = subprocess.Popen(
         [sys.executable, "-c", _IMPORTER, str(store), str(archive)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=_child_env(),
     )
-    assert child.stdout is not None
+    assert child.stdin is not None and child.stdout is not None
     try:
         seen = -1
         while seen < writes:
@@ -1181,9 +1186,13 @@ def _kill_import_after(store: Path, archive: Path, writes: int) -> None:
                 break
             if int(line[1]) > int(line[2]) // 2:  # the write pass (see `import_sessions`)
                 seen += 1
+            if seen < writes:
+                child.stdin.write(b"go\n")
+                child.stdin.flush()
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+        child.stdin.close()
         child.stdout.close()
 
 
