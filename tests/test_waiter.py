@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _pipes import close_pipes
 from engines import ENGINES, JetStreamEngineFactory, engine_params
 
 from journal import EventIn, Journal, JournalClosed
@@ -829,6 +830,7 @@ def test_a_commit_of_another_process_wakes_only_its_sessions_followers(
     finally:
         child.stdin.close()
         child.wait(WAIT_S)
+        close_pipes(child)
 
 
 def test_a_signal_another_thread_received_reaches_a_watching_main_thread(tmp_path: Path) -> None:
