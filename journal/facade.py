@@ -120,6 +120,8 @@ class Journal:
     store_id: bytes
     _engine: Engine
     _closed: bool
+    _released: bool
+    _releasing: dict[str, int]
     _codec: TokenCodec
     _sessions: SessionViews
     _lifecycle: LifecycleFeed
@@ -202,7 +204,8 @@ class Journal:
         self.path = engine.location
         self.readonly = engine.readonly
         self.store_id = engine.store_id
-        self._closed = False
+        self._closed = self._released = False
+        self._releasing = {}  # (which thread releases, `_release`)
         parts = assemble(engine)
         self._codec = parts.codec
         self._cursors = parts.cursors
@@ -233,8 +236,9 @@ class Journal:
         running in this thread, nor on a thread running an asyncio event loop or on the
         delivery thread, nor at interpreter exit; a Ctrl+C during that wait closes at
         once and is raised); no turn starts meanwhile, and live follows and
-        subscriptions end before that wait (a block may wait for one)."""
-        if self._closed:
+        subscriptions end before that wait (a block may wait for one). A close cut
+        short (a Ctrl+C, any error) is finished by the next one."""
+        if self._released:
             return
         try:
             # (A close on the delivery thread does not wait: a block may wait for a
@@ -243,14 +247,34 @@ class Journal:
             self._deliveries.begin_close()  # (wakes the live follows too)
             self._turn_writers.wait_before_close(self._deliveries.on_thread())
         finally:
-            if self._turn_writers.claim_close():  # (one of concurrent closes)
-                self._dropped.detach()
-                try:
+            self._release()
+
+    def _release(self) -> None:
+        """Let go of the engine and the parts, once (SPEC 7): each step done again or found
+        done by a close after one cut short, marked done only once all of them were. Of
+        concurrent closes one releases, the others return (one from a listener of the
+        journal's subscriptions must: the releasing one joins the delivery thread); so
+        does a close from a signal handler run inside this thread's release, which goes
+        on once the handler returns."""
+        me = threading.get_ident()
+        # (`setdefault` is one step: two threads cannot both claim. Cut short, the claim
+        # is let go below; by an interrupt right after this step, it stays with this
+        # thread, whose next close goes on.)
+        if self._releasing.setdefault("by", me) != me or self._releasing.get("in") == me:
+            return
+        self._releasing["in"] = me
+        try:
+            try:
+                if not self._closed:
                     # (the results its owners remember, as their release() would)
                     self._turn_writers.record_before_close()
-                finally:
-                    self._closed = True
-                    self._close_parts()
+            finally:
+                self._closed = True
+                self._close_parts()  # (each part's close is idempotent)
+            self._dropped.detach()  # (until then, one dropped is closed as it is collected)
+            self._released = True
+        finally:
+            self._releasing.clear()
 
     def __enter__(self) -> "Journal":
         if self._closed:  # (as `with f:` of a closed file; it failed at the first call)

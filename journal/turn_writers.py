@@ -337,9 +337,6 @@ class TurnWriters:
         self._writers: weakref.WeakSet[TurnWriter] = weakref.WeakSet()
         self._closing = False
         self._pid = os.getpid()  # (a forked child's copy has no block to wait for)
-        # (Taken once, never let go: which of two concurrent closes closes. A lock's
-        # non-blocking acquire, since a flag read and set is two steps.)
-        self._closer = threading.Lock()
 
     def closing(self) -> bool:
         """Whether the journal's close has begun."""
@@ -366,12 +363,6 @@ class TurnWriters:
             writers = list(self._writers)
         for writer in writers:
             writer.wait_ended()
-
-    def claim_close(self) -> bool:
-        """True for the first call only: of concurrent closes, the one that closes (the
-        others return; one from a listener of the journal's subscriptions must, since the
-        closing one joins the delivery thread)."""
-        return self._closer.acquire(blocking=False)
 
     def add(self, writer: TurnWriter) -> None:
         with self._lock:

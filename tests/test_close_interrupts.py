@@ -13,12 +13,18 @@ process can take the owner lease of the session whose turn was open and append t
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from _tracer import TRACER
+from engines import ENGINES, JetStreamEngineFactory
+
+from journal import EventIn, Journal
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,9 +35,15 @@ import subprocess, threading, time
 from journal import EventIn, Journal
 
 base, kind, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
+URL = os.environ.get("SWEEP_NATS_URL")  # (set: the JetStream engine, stores named)
+
+def opened(where, **keywords):
+    if URL is None:
+        return Journal.open(where, **keywords)
+    return Journal.open(URL, store=where, **keywords)
 
 def created(where):
-    with Journal.open(where) as j:
+    with opened(where) as j:
         j.append("s", [EventIn("message", b"first")], create=True)
         j.append("t", [EventIn("message", b"first")], create=True)
     return where
@@ -41,11 +53,14 @@ path = created(base)
 # Another process that, for each store path it reads, opens the store as a writer, takes the
 # owner lease of "t" (not waiting) and appends to it: "ok", or the error's name.
 PROBE = '''
-import sys
+import os, sys
 from journal import EventIn, Journal
+URL = os.environ.get("SWEEP_NATS_URL")
 for line in sys.stdin:
+    where = line.strip()
     try:
-        with Journal.open(line.strip()) as j, j.own("t"):
+        with (Journal.open(where) if URL is None else Journal.open(URL, store=where)) as j, \
+                j.own("t"):
             j.append("t", [EventIn("message", b"probe")])
         print("ok", flush=True)
     except Exception as e:
@@ -55,7 +70,9 @@ probe = subprocess.Popen(
     [sys.executable, "-c", PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
 )
 
-def store_fds():
+def store_fds(before):
+    if URL is not None:  # (no files: what the process holds more than before the open)
+        return len(os.listdir("/proc/self/fd")) - before
     held = 0
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -75,11 +92,8 @@ def journal_threads(wait_s):
 def close_at(at):
     # Open, follow, own, subscribe; close with a SIGINT at check point `at`; close again.
     global path
-    try:
-        j = Journal.open(path, readonly=(kind == "readonly"))
-    except Exception:  # (held by the journal of an earlier point: a store of its own)
-        path = created(f"{base}-{at}")
-        j = Journal.open(path, readonly=(kind == "readonly"))
+    before = len(os.listdir("/proc/self/fd"))
+    j = opened(path, readonly=(kind == "readonly"))
     turn = None
     if kind == "writable":
         owner = j.own("t")
@@ -104,11 +118,13 @@ def close_at(at):
     j.close()  # (the close asked again)
     follower.join(5)
     del j, turn, sub, stream
-    fds = store_fds()
+    fds = store_fds(before)
     threads = journal_threads(2.0)
     probe.stdin.write(path + "\n")
     probe.stdin.flush()
     taken = probe.stdout.readline().strip()
+    if fds or threads or taken != "ok":  # (what was left holds the store: a new one)
+        path = created(f"{base}x{at}")
     return state["n"], state["fired"], outcome, fds, threads, taken
 
 points_seen, *_ = close_at(10**9)  # (no SIGINT: how many check points the close has)
@@ -126,10 +142,16 @@ print("END", flush=True)
 )
 
 
-def _sweep(tmp_path: Path, kind: str, step: int, timeout: float) -> list[list[str]]:
+def _sweep(
+    store: Path | str, kind: str, step: int, timeout: float, url: str = ""
+) -> list[list[str]]:
+    env = dict(os.environ)
+    if url:
+        env["SWEEP_NATS_URL"] = url
     run = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "store"), kind, str(step)],
+        [sys.executable, "-c", _SCRIPT, str(store), kind, str(step)],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -168,7 +190,7 @@ def test_ctrl_c_at_points_of_a_close_is_finished_by_the_next_close(
     """Until the fix a close cut short after the journal marked itself closed returned at
     once when asked again: the engine's environments, segment files, lock files and
     threads stayed for the life of the process (a review)."""
-    wrong = _left(_sweep(tmp_path, kind, _STEP, 240))
+    wrong = _left(_sweep(tmp_path / "store", kind, _STEP, 240))
     assert not wrong, "\n".join(wrong)
 
 
@@ -177,5 +199,68 @@ def test_ctrl_c_at_points_of_a_close_is_finished_by_the_next_close(
 def test_ctrl_c_at_every_point_of_a_close_is_finished_by_the_next_close(
     tmp_path: Path, kind: str
 ) -> None:
-    wrong = _left(_sweep(tmp_path, kind, 1, 3600))
+    wrong = _left(_sweep(tmp_path / "store", kind, 1, 3600))
+    assert not wrong, "\n".join(wrong)
+
+
+def _store_fds(store: Path) -> list[str]:
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(store)):
+                held.append(target)
+    return held
+
+
+def test_concurrent_closes_release_once_and_a_closed_journal_stays_closed(tmp_path: Path) -> None:
+    """Closes from several threads at once (an owner and a subscription open): each
+    returns, the journal is released once, and a close after that is a no-op; the store
+    opens again in this process (nothing of it is still held)."""
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.append("s", [EventIn("message", b"first")], create=True)
+    for _ in range(5):
+        j = Journal.open(store)
+        owner = j.own("s")  # (no turn: the closes would wait for its block, SPEC 7.8)
+        sub = j.subscribe("s", lambda event: None)
+        start = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def close(
+            j: Journal = j,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            start.wait()
+            try:
+                j.close()
+            except BaseException as e:  # (reported below)
+                errors.append(e)
+
+        closers = [threading.Thread(target=close) for _ in range(6)]
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join(10)
+        assert not any(t.is_alive() for t in closers) and not errors, errors
+        j.close()  # (a no-op)
+        assert j.closed and sub.wait(5)
+        del j, owner, sub
+        assert _store_fds(store) == []
+        with Journal.open(store) as again, again.own("s"):
+            pass
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("kind", ["writable", "readonly"])
+def test_ctrl_c_at_points_of_a_close_of_jetstream_is_finished_by_the_next_close(
+    store: Path, kind: str
+) -> None:
+    """The same on the JetStream engine (one server): its close marked itself closed
+    first, and a close cut short was not done again (the connection's loop stopped but
+    not closed kept its descriptors)."""
+    engine = ENGINES["jetstream"]
+    assert isinstance(engine, JetStreamEngineFactory)
+    wrong = _left(_sweep(engine.store_name(store) + kind[0], kind, _STEP, 600, engine.url()))
     assert not wrong, "\n".join(wrong)

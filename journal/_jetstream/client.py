@@ -406,7 +406,12 @@ class Connection:
             future.cancel()
 
     def close(self) -> None:
+        """Idempotent: a close cut short (a Ctrl+C) is finished by the next one (the loop
+        stopped but not closed: its thread is joined and the loop closed)."""
+        if self.loop.is_closed():
+            return
         if not self.loop.is_running():
+            self._stop_loop()
             return
         # A call in flight (a read of another thread, say) would otherwise wait for good
         # on a loop that no longer runs: it is cancelled, and raises `Closed`. (Its thread
@@ -420,13 +425,14 @@ class Connection:
 
     def _stop_loop(self) -> None:
         self.cut()  # (no call is scheduled from now on; none waits on the stopped loop)
-        if not self.on_loop():
+        if self.loop.is_running() and not self.on_loop():
             # Every task still on the loop: calls waiting for an answer (their callers get
             # `Closed`) and tasks a call started as close() began (an owner's heartbeat),
             # which the stopped loop would destroy pending.
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(_cancel_tasks(self.loop), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        with contextlib.suppress(RuntimeError):  # (closed: by a close cut short after)
+            self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.on_loop():
             self._thread.join(5)
         if not self.loop.is_running():

@@ -171,7 +171,7 @@ class JetStreamEngine:
         self._pid = os.getpid()
         self._host = socket.gethostname()
         self._boot = boot_id()
-        self._closed = False
+        self._closed = self._released = False
         self.reader = StoreReader(conn, self.subjects, writable=not self.readonly, point=self.point)
         self.clock = ServerClock(conn, self.point)  # (every time the engine records or judges)
         self._owners = OwnerJudge(
@@ -729,7 +729,10 @@ class JetStreamEngine:
         )
 
     def close(self) -> None:
-        if self._closed:
+        """Idempotent: a close cut short (a Ctrl+C, any error) is finished by the next
+        one, which does each step again or finds it done; once the connection is closed,
+        a close does nothing."""
+        if self._released:
             return
         if os.getpid() != self._pid:
             self._closed = True
@@ -749,3 +752,4 @@ class JetStreamEngine:
                 with contextlib.suppress(Exception):
                     self.conn.loop.call_soon_threadsafe(task.cancel)
             self.conn.close()
+        self._released = True

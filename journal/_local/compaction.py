@@ -38,6 +38,7 @@ from ..engine import ApplyRetention, Operation, Progress
 from ..errors import JournalCorrupt, StoreUnavailable, WriteOutcomeUnknown
 from ..models import CompactionReport
 from .compression import compress_segment
+from .expiry import wait_while_held
 from .failures import unavailable
 from .files import fsync_dir
 from .frames import SEGMENT_HEADER_SIZE, SEGMENT_SUFFIX, FrameInfo, segment_name, sidecar_name
@@ -534,8 +535,7 @@ class Compactions:
 
     def wait(self, timeout_s: float) -> None:
         """Let a compaction in flight finish (at most `timeout_s`)."""
-        if self._running.acquire(timeout=timeout_s):
-            self._running.release()
+        wait_while_held(self._running, timeout_s)
 
 
 def unpin_segments(

@@ -58,7 +58,7 @@ from .commit import CommitPath
 from .commit_queue import CommitQueue
 from .commits_seen import CommitsSeen
 from .compaction import Compactions, finish_swaps
-from .expiry import ExpiryTimer
+from .expiry import ExpiryTimer, wait_while_held
 from .failures import (
     disk_errors,
     held_by_this_process,
@@ -132,6 +132,7 @@ class LocalEngine(CommitPath):
     waiter: Notifier
     _readers: weakref.WeakSet[ReaderCache]
     _leases: set[LocalLease]
+    _released: bool  # (the close went through: `close`)
 
     @classmethod
     def open(cls, path: str, options: LocalOptions) -> LocalEngine:
@@ -159,6 +160,7 @@ class LocalEngine(CommitPath):
     def _open(cls, path: str, options: LocalOptions) -> LocalEngine:
         self = object.__new__(cls)
         self._closed = True  # until _init has opened everything
+        self._released = False
         self._readers = weakref.WeakSet()
         self._leases = set()
         try:
@@ -297,7 +299,11 @@ class LocalEngine(CommitPath):
 
     def close(self) -> None:
         """Close the engine; pending waits end; leases still held are released (and the
-        release recorded, when the store can still be written). Idempotent."""
+        release recorded, when the store can still be written). Idempotent: a close cut
+        short (a Ctrl+C, any error) is finished by the next one, which does each step
+        again or finds it done; once the files are released, a close does nothing."""
+        if self._released:
+            return
         for lease in list(self._leases):
             with contextlib.suppress(JournalError, OSError, lmdb.Error):
                 lease.release()
@@ -320,11 +326,9 @@ class LocalEngine(CommitPath):
             expiry.stop()
             # A pass in flight finishes before the environment goes (it would meet a
             # closed one); bounded, in case close() runs where that pass waits.
-            if expiry.busy.acquire(timeout=5):
-                expiry.busy.release()
+            wait_while_held(expiry.busy, 5)
         self.compactions.wait(5)  # (the same for a compaction)
-        if not self._commits.close():
-            return
+        self._commits.close()  # (False: closed by a close that was cut short after it)
         self._closed = True
         self.waiter.publish(1 << 63)
         try:
@@ -337,6 +341,7 @@ class LocalEngine(CommitPath):
                 readers.close()
             if not TRANSACTIONS.defer(self._release):
                 self._release()
+        self._released = True  # (all of it: a close cut short before here does it again)
 
     def _release(self, *, remove_private: bool = True) -> None:
         """Close the files and environments opened so far (close, or a failed open)."""

@@ -20,10 +20,20 @@ from typing import Final, Protocol
 from ..errors import JournalClosed
 from ..forking import ForkPause
 
-__all__ = ["ExpiryTimer"]
+__all__ = ["ExpiryTimer", "wait_while_held"]
 
 _log = logging.getLogger("journal")
 _POLL_S: Final = 30.0
+_HELD_STEP_S: Final = 0.005
+
+
+def wait_while_held(lock: threading.Lock, timeout_s: float) -> None:
+    """Until `lock` is free (at most `timeout_s`), without taking it: a close waits so for
+    a pass in flight. (`acquire` then `release` left it held for good when a Ctrl+C
+    landed between the two: the thread, and a fork, waited for it forever; a review.)"""
+    deadline = time.monotonic() + timeout_s
+    while lock.locked() and time.monotonic() < deadline:
+        time.sleep(_HELD_STEP_S)
 
 
 class _Expiring(Protocol):
@@ -46,7 +56,11 @@ class ExpiryTimer:
         self.busy = threading.Lock()
         _TIMERS.add(self)
         self._poll_s = poll_s
-        self._cv = threading.Condition()
+        # (Entered as `with self._lock`, the C lock's own `__enter__`: a Ctrl+C in
+        # `Condition.__enter__`, Python code, right after it acquired the lock left it held
+        # by the closing thread, and this thread waiting for it for good; a review.)
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._stopped = False
         self._changed = False
         self._work = False  # maintenance asked for (`poke`)
@@ -56,27 +70,27 @@ class ExpiryTimer:
 
     def nearer(self, due_ms: int) -> None:
         """A deadline at `due_ms` was just committed: wake up earlier if it is sooner."""
-        with self._cv:
+        with self._lock:
             if self._target is None or due_ms < self._target:
                 self._changed = True
                 self._cv.notify()
 
     def poke(self) -> None:
         """Maintenance is due: run the engine's `maintain` soon."""
-        with self._cv:
+        with self._lock:
             self._work = self._changed = True
             self._cv.notify()
 
     def stop(self) -> None:
         """End the thread (without waiting for it: a pass in flight ends on its own)."""
-        with self._cv:
+        with self._lock:
             self._stopped = True
             self._cv.notify()
 
     def _run(self) -> None:
         stuck: int | None = None  # a deadline an expiry pass did not remove
         while True:
-            with self._cv:
+            with self._lock:
                 if self._stopped:
                     return
                 self._changed = False
@@ -113,7 +127,7 @@ class ExpiryTimer:
             if due is not None and due <= now:
                 due = None  # stuck (nothing to expire there): poll instead of spinning
             timeout = self._poll_s if due is None else min(self._poll_s, (due - now) / 1000)
-            with self._cv:
+            with self._lock:
                 self._target = due
                 if not self._stopped and not self._changed:
                     self._cv.wait(timeout)

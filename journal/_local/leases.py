@@ -512,10 +512,13 @@ class LocalLease:
         # may race, and a signal handler's close runs between any two steps of the
         # thread it interrupts): the fd is closed once, never a number reused since by
         # another file.
-        try:
-            fd = self._fds.pop()
-        except IndexError:
+        # (Taken with no call, so no check point where a Ctrl+C can land, as `pop()`'s
+        # return is one: a close cut short there lost the fd, the lock held for the life
+        # of the process; a review.)
+        fds, self._fds = self._fds, []
+        if not fds:
             return
+        fd = fds[0]
         try:
             self._submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
         except JournalClosed:

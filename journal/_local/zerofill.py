@@ -104,7 +104,9 @@ class ZeroFiller:
         self._ops = ops
         self._sync = sync
         self._pid = os.getpid()
-        self._cv = threading.Condition()
+        # (Entered as `with self._lock`, as `ExpiryTimer`'s: a Ctrl+C in a close's `stop`.)
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._request: tuple[str, int, int] | None = None  # directory, base, end offset
         self._thread: threading.Thread | None = None
         self._resting_until = 0.0
@@ -124,7 +126,7 @@ class ZeroFiller:
         """Ask for zeros in segment `base_position` up to `end_offset` (not waiting)."""
         if not self.working:
             return  # (in a forked child the thread is not there: touch none of its locks)
-        with self._cv:
+        with self._lock:
             self._request = (directory, base_position, end_offset)
             if self._thread is None:
                 thread = threading.Thread(target=self._run, name="journal-zerofill", daemon=True)
@@ -142,7 +144,7 @@ class ZeroFiller:
         """End the thread, waiting (bounded) for a step in flight."""
         if os.getpid() != self._pid:
             return
-        with self._cv:
+        with self._lock:
             thread, self._thread = self._thread, None
             self._request = None
             self._cv.notify_all()
@@ -152,7 +154,7 @@ class ZeroFiller:
     def _run(self) -> None:
         me = threading.current_thread()
         while True:
-            with self._cv:
+            with self._lock:
                 while self._thread is me and self._request is None:
                     if not self._cv.wait(_IDLE_S) and self._request is None:
                         self._thread = None  # idle: the next request starts a thread
@@ -171,7 +173,7 @@ class ZeroFiller:
                     # (Only a step that wrote zeros: one with nothing to do proves nothing.)
                     self._failure = None
                     _log.info("zero-filling segments ahead of the writer works again")
-            with self._cv:
+            with self._lock:
                 if not more and self._request is request:
                     self._request = None
 
