@@ -297,7 +297,13 @@ class Connection:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            # (Closed here, once stopped, not by the closing thread: a Ctrl+C inside
+            # `loop.close()` in the main thread left the loop half closed, and the next
+            # close raised AttributeError from asyncio; no signal handler runs here.)
+            self.loop.close()
 
     async def _connect(self, servers: list[str], connect_s: float) -> Client:
         # nats-py retries a refused (or unauthorised) first connect until the timeout
@@ -403,11 +409,21 @@ class Connection:
             self._stopped = True
             calls = list(self._calls)
         for future in calls:
-            future.cancel()
+            # On the loop's thread, where no signal handler runs: `Future.cancel` takes
+            # the future's condition, and a Ctrl+C of the closing thread right after
+            # `Condition.__enter__` acquired it left it held, and the thread that waits
+            # for the result (the waiter's) waiting on it for good; a review.
+            try:
+                if self.on_loop():
+                    future.cancel()
+                else:
+                    self.loop.call_soon_threadsafe(future.cancel)
+            except RuntimeError:  # (the loop closed: nothing runs there any more)
+                future.cancel()
 
     def close(self) -> None:
         """Idempotent: a close cut short (a Ctrl+C) is finished by the next one (the loop
-        stopped but not closed: its thread is joined and the loop closed)."""
+        stopped but not closed yet: its thread, which closes it, is joined)."""
         if self.loop.is_closed():
             return
         if not self.loop.is_running():
@@ -434,9 +450,7 @@ class Connection:
         with contextlib.suppress(RuntimeError):  # (closed: by a close cut short after)
             self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.on_loop():
-            self._thread.join(5)
-        if not self.loop.is_running():
-            self.loop.close()
+            self._thread.join(5)  # (the loop's thread closes it as it ends: `_run`)
 
     # -- requests (on the loop) ------------------------------------------------------------
 

@@ -91,13 +91,16 @@ class JetStreamLease:
                 self._beat_seq = 0  # (it may have landed: its sequence is not known)
 
     def release(self) -> None:
-        try:
-            self._unreleased.pop()  # (once, whichever thread comes first)
-        except IndexError:
-            return
         leases = self._leases
         beat = self._beat
         release = ReleaseLease(self.session_id, self.incarnation, self.generation)
+        # (Once, whichever thread comes first: taken with no call between it and the
+        # `try`, as `LocalLease.release` takes its fd, so no Ctrl+C lands in between; one
+        # that cuts the release short puts it back for the next one, the journal's close
+        # say: the lease was otherwise held until it lapsed; a review.)
+        unreleased, self._unreleased = self._unreleased, []
+        if not unreleased:
+            return
         try:
             if beat is not None and not leases.loop.is_closed():
                 leases.loop.call_soon_threadsafe(beat.cancel)
@@ -111,8 +114,14 @@ class JetStreamLease:
                 f"{self.session_id!r}: the release is asked again every second until it is "
                 "recorded (or this journal closes), so there is nothing to retry"
             ) from None
+        except JournalError:
+            raise  # (the store's answer: not asked again)
+        except BaseException:
+            self._unreleased = unreleased
+            raise
         finally:
-            leases.forget(self)
+            if not self._unreleased:
+                leases.forget(self)
 
 
 class Leases:

@@ -409,13 +409,19 @@ def drop_lock(fd: int, path: str, ops: FileOps) -> None:
     removal is only logged: the lock goes with the fd anyway, and the file is removed
     by its next holder or when its session is evicted."""
     try:
+        _unlink_lock(fd, path, ops)
+    finally:
+        os.close(fd)
+
+
+def _unlink_lock(fd: int, path: str, ops: FileOps) -> None:
+    """Remove the lock file at `path` if it is still the one open as `fd` (`drop_lock`)."""
+    try:
         if _names(path, os.fstat(fd)):
             ops.unlink(path)
             ops.point("lease.unlinked", path)
     except OSError as e:
         _log.warning("could not remove the lock file %s: %s", path, e)
-    finally:
-        os.close(fd)
 
 
 def remove_lock(path: str, ops: FileOps) -> bool:
@@ -486,10 +492,12 @@ class LocalLease:
         self.generation = generation
         self._submit = submit
         fd, self._path, self._ops = lock
-        # (The lock's fd while held, taken out by one `pop()`: once, by whichever
-        # comes first, and with no lock, which a signal handler's close in the thread
-        # that was taking it would wait for, for good.)
+        # (The lock's fd while held, taken out in one step: once, by whichever comes
+        # first, and with no lock, which a signal handler's close in the thread that was
+        # taking it would wait for, for good.)
         self._fds = [fd]
+        # (Its fd once the release is recorded, until the lock is dropped: `_drop`.)
+        self._undropped: list[int] = []
         self._forget = forget
         _HELD.add(self)
 
@@ -512,21 +520,35 @@ class LocalLease:
         # may race, and a signal handler's close runs between any two steps of the
         # thread it interrupts): the fd is closed once, never a number reused since by
         # another file.
-        # (Taken with no call, so no check point where a Ctrl+C can land, as `pop()`'s
-        # return is one: a close cut short there lost the fd, the lock held for the life
-        # of the process; a review.)
+        # Taken with no call between, so no check point where a Ctrl+C can land (the
+        # return of a call is one: a close cut short right after `pop()` returned lost
+        # the fd, and with it the lock, for the life of the process; a review); a
+        # release cut short before the lock was dropped is finished by the next one.
         fds, self._fds = self._fds, []
         if not fds:
+            self._drop()
             return
-        fd = fds[0]
         try:
             self._submit(ReleaseLease(self.session_id, self.incarnation, self.generation))
         except JournalClosed:
             pass  # the journal closed first: the lock goes with the fd, no record
         finally:
-            drop_lock(fd, self._path, self._ops)
+            self._undropped = fds
+            self._drop()
             _HELD.discard(self)
             self._forget(self)
+
+    def _drop(self) -> None:
+        """Drop the lock, if a release left it to drop (once: taken as `release` takes it,
+        and closed in the frame that took it, so no Ctrl+C loses it)."""
+        undropped, self._undropped = self._undropped, []
+        if not undropped:
+            return
+        fd = undropped[0]
+        try:
+            _unlink_lock(fd, self._path, self._ops)
+        finally:
+            os.close(fd)
 
 
 def identity(pid: int | None = None) -> tuple[int, int, str]:
