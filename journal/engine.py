@@ -604,4 +604,6 @@ class Engine(Protocol):
         """Record `change(the recorded policy)` as the store's policy, atomically against
         other recordings (`change` may be called more than once); the policy recorded."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release everything; pending waits end. Idempotent, and a close cut short (an
+        interrupt, any error) is finished by the next one (SPEC 1.2)."""

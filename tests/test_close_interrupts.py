@@ -180,7 +180,7 @@ def _left(cases: list[list[str]]) -> list[str]:
 
 # Every `step`-th check point in the default run (a few hundred points in each close);
 # every one of them in the slow one.
-_STEP = 23
+_STEP = 13
 
 
 @pytest.mark.parametrize("kind", ["writable", "readonly"])
