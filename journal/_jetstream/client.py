@@ -436,8 +436,15 @@ class Connection:
         # cancelled once the client closed (`_stop_loop`).
         self.cut()  # (again in `_stop_loop`: idempotent)
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(5)
+            asyncio.run_coroutine_threadsafe(self._close_client(), self.loop).result(5)
         self._stop_loop()
+
+    async def _close_client(self) -> None:
+        # (Two loop steps first: the calls `cut` cancels on the loop end as cancelled,
+        # before the client's close would end them with its error, which nobody reads.)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await self.nc.close()
 
     def _stop_loop(self) -> None:
         self.cut()  # (no call is scheduled from now on; none waits on the stopped loop)
