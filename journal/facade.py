@@ -121,7 +121,7 @@ class Journal:
     _engine: Engine
     _closed: bool
     _released: bool
-    _releasing: dict[str, int]
+    _releasing: list[object]
     _codec: TokenCodec
     _sessions: SessionViews
     _lifecycle: LifecycleFeed
@@ -205,7 +205,7 @@ class Journal:
         self.readonly = engine.readonly
         self.store_id = engine.store_id
         self._closed = self._released = False
-        self._releasing = {}  # (which thread releases, `_release`)
+        self._releasing = []  # (the claims of the closes under way, `_release`)
         parts = assemble(engine)
         self._codec = parts.codec
         self._cursors = parts.cursors
@@ -256,14 +256,17 @@ class Journal:
         journal's subscriptions must: the releasing one joins the delivery thread); so
         does a close from a signal handler run inside this thread's release, which goes
         on once the handler returns."""
-        me = threading.get_ident()
-        # (`setdefault` is one step: two threads cannot both claim. Cut short, the claim
-        # is let go below; by an interrupt right after this step, it stays with this
-        # thread, whose next close goes on.)
-        if self._releasing.setdefault("by", me) != me or self._releasing.get("in") == me:
-            return
-        self._releasing["in"] = me
+        claim = object()
         try:
+            # Each close lines up its own claim and takes it out again in one step each
+            # (`append`, `remove`), both inside the `try`: however it is cut short, no
+            # claim outlives its close. The first in line releases. (A claim taken in one
+            # step before the `try` and let go in its `finally` stayed with the thread
+            # when an interrupt landed in between: a close of any other thread then
+            # returned at once, and nothing was released; a review.)
+            self._releasing.append(claim)
+            if self._releasing[0] is not claim:
+                return  # (another thread's close, or this thread's that a handler cut into)
             try:
                 if not self._closed:
                     # (the results its owners remember, as their release() would)
@@ -274,7 +277,10 @@ class Journal:
             self._dropped.detach()  # (until then, one dropped is closed as it is collected)
             self._released = True
         finally:
-            self._releasing.clear()
+            # (No call before the removal, where an interrupt could land and leave it;
+            # not lined up only when cut short before the `append`.)
+            if claim in self._releasing:
+                self._releasing.remove(claim)
 
     def __enter__(self) -> "Journal":
         if self._closed:  # (as `with f:` of a closed file; it failed at the first call)

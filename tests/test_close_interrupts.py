@@ -264,3 +264,80 @@ def test_ctrl_c_at_points_of_a_close_of_jetstream_is_finished_by_the_next_close(
     assert isinstance(engine, JetStreamEngineFactory)
     wrong = _left(_sweep(engine.store_name(store) + kind[0], kind, _STEP, 600, engine.url()))
     assert not wrong, "\n".join(wrong)
+
+
+_OTHER_THREAD_SCRIPT = (
+    TRACER
+    + r"""
+import threading
+from journal import EventIn, Journal
+
+path = sys.argv[1]
+with Journal.open(path) as j:
+    j.append("s", [EventIn("message", b"first")], create=True)
+
+def counted_in_release(frame, event, arg):
+    # (the tracer's, but only in the facade's `_release`: its claim)
+    if frame.f_code.co_name == "_release" and frame.f_code.co_filename.endswith("facade.py"):
+        return tracer(frame, event, arg)
+    return None
+
+def store_fds():
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
+        except OSError:
+            pass
+    return held
+
+def close_at(at):
+    j = Journal.open(path)
+    owner = j.own("s")
+    state.update(n=0, at=at, fired=None)
+    sys.settrace(counted_in_release)
+    try:
+        j.close()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    other = threading.Thread(target=j.close)  # (the close asked again, by another thread)
+    other.start()
+    other.join(10)
+    del j, owner
+    return state["n"], state["fired"], store_fds()
+
+points_seen, *_ = close_at(10**9)
+print(f"POINTS {points_seen}", flush=True)
+for at in range(1, points_seen + 1):
+    _, fired, fds = close_at(at)
+    if fired is None:
+        break
+    print(f"AT {at} {fired} fds={fds}", flush=True)
+print("END", flush=True)
+"""
+)
+
+
+def test_a_close_cut_short_at_its_claim_is_finished_by_another_threads_close(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl+C at each check point of the facade's release (where concurrent closes
+    claim it), then a close from another thread: that close releases the store (SPEC
+    1.2: the next close of any thread finishes it). Until the fix an interrupt right
+    after the claim was taken left it with the interrupted thread: a close from any
+    other thread returned at once, the store's files and the lease held."""
+    run = subprocess.run(
+        [sys.executable, "-c", _OTHER_THREAD_SCRIPT, str(tmp_path / "store")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (run.stdout, run.stderr)
+    cases = [line for line in lines if line.startswith("AT ")]
+    assert len(cases) >= 3, lines
+    left = [case for case in cases if not case.endswith(" fds=0")]
+    assert not left, "\n".join(left)
