@@ -124,7 +124,9 @@ def test_ctrl_c_at_any_point_of_a_wait_leaves_a_journal_that_closes(tmp_path: Pa
         # ("ended": raised in a finalizer, whose exceptions Python drops, SPEC 7: the CLI
         # notes the Ctrl+C itself, cli/watching.py)
         if case[3] not in ("KeyboardInterrupt", "ended")
-        or float(case[4].split("=")[1]) > 1.0
+        # (A close kept waiting: its waits give up after 5 s. A second here is what a
+        # loaded machine took at one point: 1.006 s beside another pytest run.)
+        or float(case[4].split("=")[1]) > 3.0
         or case[5] != "alive=0"
     ]
     assert not wrong, "\n".join(wrong)
