@@ -68,6 +68,8 @@ FAULT_POINTS: Final = {
     "it reads after, None for the first page)",
     "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",
     "store.create": "an open creating the store made a directory or store.json's temporary",
+    "store.missing": "an open found no store.json (detail: the store's path); it looks for "
+    "segment files there next",
 }
 
 # What `fill_zeros` writes from (read-only, shared), a piece at a time.

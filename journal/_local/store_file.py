@@ -133,6 +133,11 @@ def refuse_lost_store_file(path: str) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return
     if any(name.endswith((SEGMENT_SUFFIX, COMPRESSED_SUFFIX)) for name in names):
+        if os.path.lexists(os.path.join(path, "store.json")):
+            # Published after the caller looked: a creation publishes `store.json` before
+            # its first segment is made, so the segment found here is that store's. (Until
+            # 2026-12-07 a reader racing a creation said store.json was lost.)
+            return
         raise StoreIncompatible(
             f"{path!r} holds a journal's segment files but no store.json (deleted, or not "
             "restored with them): restore store.json from a backup of this store; nothing "
@@ -566,7 +571,12 @@ def store_at_open(
             "the path of a store's directory, or of a new one"
         ) from None
     if not exists:
+        ops.point("store.missing", path)
         refuse_lost_store_file(path)
+        # (Published meanwhile: another process's creation, then its first commit's
+        # segment, which `refuse_lost_store_file` found beside it.)
+        exists = os.path.lexists(store_file)
+    if not exists:
         if readonly or not create:
             raise no_store_at(path, readonly)
         refuse_foreign_place(path)
