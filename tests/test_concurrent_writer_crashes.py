@@ -67,6 +67,12 @@ class Child:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         env.pop("JOURNAL_STORE", None)
+        # (What a child killed by the test leaves in its temporary directory, a `verify`'s
+        # rebuilt view say, stays beside its store, under the test's tmp_path: ARGS name
+        # the store first, after the command or `--store`.)
+        scratch = Path(args[1]).parent / "child-tmp"
+        scratch.mkdir(exist_ok=True)
+        env["TMPDIR"] = str(scratch)
         program = ["-m", "cli"] if command else [str(WRITERS)]
         self.proc = subprocess.Popen(
             [sys.executable, *program, *args],
