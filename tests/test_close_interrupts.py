@@ -28,8 +28,21 @@ from journal import EventIn, Journal
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# What both scripts count: the process's descriptors of files under a store's directory.
+_FILES_UNDER = r"""
+def files_under(path):
+    held = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
+        except OSError:
+            pass
+    return held
+"""
+
 _SCRIPT = (
     TRACER
+    + _FILES_UNDER
     + r"""
 import subprocess, threading, time
 from journal import EventIn, Journal
@@ -73,13 +86,7 @@ probe = subprocess.Popen(
 def store_fds(before):
     if URL is not None:  # (no files: what the process holds more than before the open)
         return len(os.listdir("/proc/self/fd")) - before
-    held = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            held += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
-        except OSError:
-            pass
-    return held
+    return files_under(path)
 
 def journal_threads(wait_s):
     deadline = time.monotonic() + wait_s
@@ -268,6 +275,7 @@ def test_ctrl_c_at_points_of_a_close_of_jetstream_is_finished_by_the_next_close(
 
 _OTHER_THREAD_SCRIPT = (
     TRACER
+    + _FILES_UNDER
     + r"""
 import threading
 from journal import EventIn, Journal
@@ -283,13 +291,7 @@ def counted_in_release(frame, event, arg):
     return None
 
 def store_fds():
-    held = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            held += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
-        except OSError:
-            pass
-    return held
+    return files_under(path)
 
 def close_at(at):
     j = Journal.open(path)
