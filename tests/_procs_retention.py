@@ -101,6 +101,14 @@ class Child:
             filter(None, [str(ROOT), environment.get("PYTHONPATH")])
         )
         environment["PYTHONDONTWRITEBYTECODE"] = "1"
+        # (What a child killed by the test leaves in its temporary directory, a read-only
+        # reader's private view say, stays beside its store, under the test's tmp_path, not
+        # in the tests' shared one; open to all, as the shared one is, for the children
+        # that run as NOBODY. ARGS name the store after the command.)
+        scratch = Path(args[1]).parent / "child-tmp"
+        scratch.mkdir(exist_ok=True)
+        scratch.chmod(0o1777)
+        environment["TMPDIR"] = str(scratch)
         self.proc = subprocess.Popen(
             [sys.executable, script, *args],
             cwd="/",
