@@ -66,6 +66,7 @@ FAULT_POINTS: Final = {
     "zerofill.filled": "the zero-filler wrote (and synced) a step of zeros, lock released",
     "sessions.list": "a listing of sessions reads its next page of rows (detail: the id "
     "it reads after, None for the first page)",
+    "lease.released": "a lease's release is recorded (or failed); its lock is dropped next",
     "lease.unlinked": "a lease's holder removed its lock file; it still holds the lock",
     "store.create": "an open creating the store made a directory or store.json's temporary",
     "store.missing": "an open found no store.json (detail: the store's path); it looks for "

@@ -534,6 +534,7 @@ class LocalLease:
             pass  # the journal closed first: the lock goes with the fd, no record
         finally:
             self._undropped = fds
+            self._ops.point("lease.released", self._path)
             self._drop()
             _HELD.discard(self)
             self._forget(self)
