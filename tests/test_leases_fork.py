@@ -16,6 +16,7 @@ after the commit removed the parent's lock file when it closed its journal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -75,26 +76,14 @@ class PauseRelease(FileOps):
             self.go.wait(CHILD_S)
 
 
-def _lock_fds(path: str) -> int:
-    """How many of this process's descriptors name the lock file at `path` (removed
+def _lock_fds(path: str, pid: int | str = "self") -> int:
+    """How many of process `pid`'s descriptors name the lock file at `path` (removed
     or not)."""
     held = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            held += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
-        except OSError:
-            pass
-    return held
-
-
-def _opened_by(pid: int, path: str) -> bool:
     for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(path):
-                return True
-        except OSError:
-            pass
-    return False
+        with contextlib.suppress(OSError):
+            held += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(path)
+    return held
 
 
 @pytest.mark.parametrize(
@@ -105,9 +94,7 @@ def _opened_by(pid: int, path: str) -> bool:
         "lease.unlinked",  # the lock file is removed; its descriptor is closed next
     ],
 )
-def test_a_child_forked_during_a_release_holds_nothing_of_the_lock(
-    tmp_path: Path, at: str
-) -> None:
+def test_a_child_forked_during_a_release_holds_nothing_of_the_lock(tmp_path: Path, at: str) -> None:
     store = tmp_path / "store"
     lock = lock_path(str(store), "s")
     ops = PauseRelease(at)
@@ -126,7 +113,7 @@ def test_a_child_forked_during_a_release_holds_nothing_of_the_lock(
         assert line(waiter) == "opened"
         send(waiter)
         deadline = time.monotonic() + CHILD_S
-        while not _opened_by(waiter.pid, lock):  # (it polls the parent's lock now)
+        while not _lock_fds(lock, waiter.pid):  # (it polls the parent's lock now)
             assert time.monotonic() < deadline
             time.sleep(0.01)
         ops.armed = True
@@ -174,3 +161,64 @@ def test_a_child_forked_during_a_release_holds_nothing_of_the_lock(
             os.waitpid(child, 0)
         reap(waiter)
         j.close()
+
+
+# Own "s", release it in a thread paused once the release's record is queued for commit,
+# fork a child that sleeps, print the child's pid, then sleep (until killed).
+_FORKS_IN_RELEASE = """
+import os, sys, threading, time
+from journal import Journal
+from journal._local.files import FileOps
+
+class Pause(FileOps):
+    armed = False
+    def point(self, name, detail=None):
+        if self.armed and name == "commit.queued" and threading.current_thread().name == "r":
+            self.armed = False
+            queued.set()
+            time.sleep(3600)
+
+queued = threading.Event()
+ops = Pause()
+j = Journal.open(sys.argv[1], durability="os", file_ops=ops)
+j.create_session("s")
+owner = j.own("s")
+ops.armed = True
+threading.Thread(target=owner.release, name="r", daemon=True).start()
+queued.wait()
+child = os.fork()
+if child == 0:
+    time.sleep(3600)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_an_owner_killed_in_its_release_is_gone_while_its_child_lives(tmp_path: Path) -> None:
+    """The owner is SIGKILLed while its release's record is on its way to commit, after
+    it forked: the record names it still, but it is gone (its lock with it), and the
+    next `own()` takes the lease at once. Until 2026-12-07 its child held the lock for
+    its whole life: the dead owner was listed as alive and `own()` raised `OwnerBusy`
+    naming the dead pid."""
+    store = tmp_path / "store"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _FORKS_IN_RELEASE, str(store)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    child = 0
+    try:
+        child = int(line(owner))
+        owner.kill()
+        owner.wait(CHILD_S)
+        with Journal.open(store, durability="os") as j:
+            assert j.get_session("s").owner is None
+            with j.own("s") as taken:
+                assert taken.generation == 2
+        assert os.path.exists(f"/proc/{child}")  # (it lived all along)
+    finally:
+        if child:
+            os.kill(child, 9)  # (the owner's child: reaped by init once its parent died)
+        reap(owner)

@@ -444,9 +444,10 @@ def remove_lock(path: str, ops: FileOps) -> bool:
     return True
 
 
-# Every lease this process holds (a deliberate module-level registry): a forked child
-# closes its copies of their lock fds at once, so the lock dies with the owner process
-# and not with the last of its children (flock belongs to the shared open file).
+# Every lease this process holds (a deliberate module-level registry), from its taking
+# until its release has closed the lock's fd (a release in flight included): a forked
+# child closes its copies of their lock fds at once, so the lock dies with the owner
+# process and not with the last of its children (flock belongs to the shared open file).
 _HELD: Final[weakref.WeakSet[LocalLease]] = weakref.WeakSet()
 
 
@@ -492,6 +493,11 @@ class LocalLease:
         self.generation = generation
         self._submit = submit
         fd, self._path, self._ops = lock
+        # (The lock's fd and its file, for a forked child to find its copy whatever the
+        # parent's release had done at the fork: `forget_inherited`.)
+        self._fd = fd
+        held = os.fstat(fd)
+        self._file = (held.st_dev, held.st_ino)
         # (The lock's fd while held, taken out in one step: once, by whichever comes
         # first, and with no lock, which a signal handler's close in the thread that was
         # taking it would wait for, for good.)
@@ -511,9 +517,22 @@ class LocalLease:
 
     def forget_inherited(self) -> None:
         """In a forked child: close this copy of the lock fd; the lease (and its file) is
-        the parent's."""
-        if self._fds:
-            os.close(self._fds.pop())
+        the parent's. Also when the fork came in the middle of the parent's release (its
+        record on its way to commit, its lock being dropped), where the release had
+        taken the fd out of `_fds` already: the copy is found by its number, and closed
+        if it still is the lock's file (the parent may have closed it before the fork,
+        and opened another file under that number; in the moment between that close and
+        the end of the release, the lease is still listed in `_HELD`). Nothing is left for
+        this copy of the lease to release or drop: a release here (the child's close of
+        its journal) neither records the parent's release nor removes its lock file."""
+        self._fds = []
+        self._undropped = []
+        try:
+            copy = os.fstat(self._fd)
+            if (copy.st_dev, copy.st_ino) == self._file:
+                os.close(self._fd)
+        except OSError:
+            pass  # (closed in the parent before the fork)
 
     def release(self) -> None:
         # Atomically (the journal's close, the owner and a dropped owner's release thread
@@ -524,6 +543,11 @@ class LocalLease:
         # return of a call is one: a close cut short right after `pop()` returned lost
         # the fd, and with it the lock, for the life of the process; a review); a
         # release cut short before the lock was dropped is finished by the next one.
+        # The lock is dropped only once the release's record committed (until then the
+        # row names this process as the owner, and a free lock would tell every other
+        # process that it is gone: `owner_alive`); the lease stays in `_HELD` until the
+        # lock's fd is closed, so a child forked meanwhile closes its copy too
+        # (`forget_inherited`; until 2026-12-07 it kept it for its whole life).
         fds, self._fds = self._fds, []
         if not fds:
             self._drop()
