@@ -12,6 +12,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import functools
 import json
 import random
 import threading
@@ -31,6 +32,7 @@ from ..errors import StoreNotFound, StoreUnavailable
 from ..remote import without_password
 from ..short_of import short_of
 from .cut_off import CutOff
+from .loop_calls import LoopCall
 
 __all__ = [
     "ANOTHER_CAME_FIRST",
@@ -275,8 +277,11 @@ class Connection:
         # refuses new ones (their callers get `Closed`), so no thread waits on a stopped
         # loop, nor, in an outage, for a request nobody needs any more.
         self._calls_lock = threading.RLock()  # (`call`)
-        self._calls: set[concurrent.futures.Future[Any]] = set()
+        self._calls: set[LoopCall[Any]] = set()
         self._stopped = False
+        # Every call waited for (the close's own too): the loop's thread releases those
+        # left as it ends (`_run`), and nobody waits for a loop that will not run them.
+        self._waits: set[LoopCall[Any]] = set()
         # Set by the engine once the store is open (`_still_not_found`).
         self.opened = False
         # The last "Permissions Violation" the servers reported (nats-py tells it to the
@@ -303,7 +308,13 @@ class Connection:
             # (Closed here, once stopped, not by the closing thread: a Ctrl+C inside
             # `loop.close()` in the main thread left the loop half closed, and the next
             # close raised AttributeError from asyncio; no signal handler runs here.)
-            self.loop.close()
+            try:
+                self.loop.close()
+            finally:
+                # (A close cut short after it asked the loop to stop: the next one's
+                # request would wait its 5 s for a loop that ran it no more.)
+                for running in list(self._waits):
+                    running.end()
 
     async def _connect(self, servers: list[str], connect_s: float) -> Client:
         # nats-py retries a refused (or unauthorised) first connect until the timeout
@@ -362,7 +373,8 @@ class Connection:
         return threading.current_thread() is self._thread
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run `coro` on the connection's loop and wait for its result."""
+        """Run `coro` on the connection's loop and wait for its result (`TimeoutError`
+        after `timeout` seconds; `Closed` when the connection closed first)."""
         if self.on_loop():
             coro.close()
             raise RuntimeError("a synchronous journal call from the journal's own loop")
@@ -371,35 +383,66 @@ class Connection:
                 coro.close()
                 raise Closed("the journal's NATS connection is closed")
             try:
-                future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+                running = self._start(coro)
             except RuntimeError:
-                coro.close()
                 if self._stopped:  # (its loop closed since the check: see below)
                     raise Closed("the journal's NATS connection is closed") from None
                 raise
-            self._calls.add(future)
-        if self._stopped:
-            # (A reentrant lock, and these checks: a signal handler's close in this thread
-            # while it held the lock took it again and waited for itself for good; run
-            # before the future was added, it did not cancel it.)
-            future.cancel()
+            self._calls.add(running)
         scope = READ_SCOPE.get()
         try:
+            if self._stopped:
+                # (A reentrant lock, and this check: a signal handler's close in this
+                # thread while it held the lock took it again and waited for itself for
+                # good; run before the call was added, it did not cancel it.)
+                raise concurrent.futures.CancelledError
             if scope is None:
-                return future.result(timeout)
+                return self._wait(running, timeout)
             # (an asyncio follower's read: cancelling its task cancels the request)
-            with scope.on_cancel(future.cancel):
-                return future.result(timeout)
+            with scope.on_cancel(functools.partial(self._cancel, running)):
+                return self._wait(running, timeout)
         except concurrent.futures.CancelledError:
             if self._stopped:
+                self._cancel(running)
                 raise Closed("the journal's NATS connection was closed during the call") from None
             raise
         except BaseException:
-            future.cancel()
+            self._cancel(running)
             raise
         finally:
             with self._calls_lock:
-                self._calls.discard(future)
+                self._calls.discard(running)
+
+    def _start(self, coro: Coroutine[Any, Any, T]) -> LoopCall[T]:
+        """`coro` started on the loop (RuntimeError, `coro` closed: the loop is closed).
+        Waited for on a lock of its own, not on a `concurrent.futures.Future`, whose
+        condition a Ctrl+C in the waiting thread could leave held, the loop's thread
+        blocked on it for good (`loop_calls.py`)."""
+        running = LoopCall(coro)
+        self._waits.add(running)
+        try:
+            self.loop.call_soon_threadsafe(running.start)
+        except RuntimeError:
+            self._waits.discard(running)
+            running.end()
+            raise
+        return running
+
+    def _wait(self, running: LoopCall[T], timeout: float | None) -> T:
+        try:
+            return running.wait(timeout)
+        finally:
+            self._waits.discard(running)
+
+    def _cancel(self, running: LoopCall[Any]) -> None:
+        """Cancel a call, on the loop's thread (where no signal handler runs)."""
+        try:
+            if self.on_loop():
+                running.cancel()
+            else:
+                self.loop.call_soon_threadsafe(running.cancel)
+        except RuntimeError:  # (the loop closed: nothing runs there any more)
+            running.end()
 
     def cut(self) -> None:
         """Refuse new calls and cancel those in flight (their callers get `Closed`): the
@@ -408,18 +451,8 @@ class Connection:
         with self._calls_lock:
             self._stopped = True
             calls = list(self._calls)
-        for future in calls:
-            # On the loop's thread, where no signal handler runs: `Future.cancel` takes
-            # the future's condition, and a Ctrl+C of the closing thread right after
-            # `Condition.__enter__` acquired it left it held, and the thread that waits
-            # for the result (the waiter's) waiting on it for good; a review.
-            try:
-                if self.on_loop():
-                    future.cancel()
-                else:
-                    self.loop.call_soon_threadsafe(future.cancel)
-            except RuntimeError:  # (the loop closed: nothing runs there any more)
-                future.cancel()
+        for running in calls:
+            self._cancel(running)
 
     def close(self) -> None:
         """Idempotent: a close cut short (a Ctrl+C) is finished by the next one (the loop
@@ -436,7 +469,7 @@ class Connection:
         # cancelled once the client closed (`_stop_loop`).
         self.cut()  # (again in `_stop_loop`: idempotent)
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._close_client(), self.loop).result(5)
+            self._wait(self._start(self._close_client()), 5)
         self._stop_loop()
 
     async def _close_client(self) -> None:
@@ -453,7 +486,7 @@ class Connection:
             # `Closed`) and tasks a call started as close() began (an owner's heartbeat),
             # which the stopped loop would destroy pending.
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(_cancel_tasks(self.loop), self.loop).result(5)
+                self._wait(self._start(_cancel_tasks(self.loop)), 5)
         with contextlib.suppress(RuntimeError):  # (closed: by a close cut short after)
             self.loop.call_soon_threadsafe(self.loop.stop)
         if not self.on_loop():
