@@ -140,10 +140,13 @@ def test_ctrl_c_at_each_point_of_a_connection_wait_leaves_a_close_that_ends_its_
 ) -> None:
     """Until the fix the connection waited with `concurrent.futures.Future.result`, whose
     condition (an RLock) is taken and given back by Python code of threading.py in the
-    waiting thread: a KeyboardInterrupt right after `Condition.__enter__` took it (or
-    at the start of `Condition.__exit__`) left it held by the main thread for good, and
-    the loop's thread, which takes it to hand over the answer, blocked: each close
-    waited 15 s for the loop and left the thread (`journal-nats`) alive."""
+    waiting thread: a KeyboardInterrupt right after `Condition.__enter__` took it left
+    it held by the main thread for good, and the loop's thread, which takes it to hand
+    over the answer, blocked: the close waited 15 s for the loop and left the thread
+    (`journal-nats`) alive (2 of a read's 114 points); one between the condition's
+    release and its `try` raised RuntimeError in place of the KeyboardInterrupt (2
+    more); and a close after one cut short once it asked the loop to stop waited 5 s
+    for the client's close, which the stopping loop never ran (4 of the close's)."""
     engine = ENGINES["jetstream"]
     assert isinstance(engine, JetStreamEngineFactory)
     wrong = _left(_sweep(engine.store_name(store) + what[0], what, 1, 900, engine.url()))
