@@ -14,6 +14,7 @@ from __future__ import annotations
 # about a tenth of the command's start-up with the ssl and subprocess modules it brings.)
 import concurrent.futures
 import threading
+import time
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -21,7 +22,7 @@ from collections.abc import (
     Generator,
     Iterator,
 )
-from itertools import chain
+from itertools import chain, islice
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 from .engine import READ_SCOPE, Flag, ReadScope
@@ -203,16 +204,21 @@ class Stream(Generic[ItemT]):
     `itertools.chain`).
 
     `pages(halted)` makes the page generator, which ends once `halted()` is True;
-    `wake()` ends a wait of it in progress (`close` from another thread). (Nothing the
-    generator holds refers back to the stream: a stream dropped without `close()` is
-    freed, and its files closed, at once, not by the cyclic garbage collector.)"""
+    `wake()` ends a wait of it in progress (`close` from another thread); `stopped()`,
+    once True, ends the stream in the middle of a page (a watch's `stop` set, its journal
+    closing: the page generator ends there too). A page is delivered in slices sized to
+    take about `SLICE_S` of the consumer's time each (`_one_at_a_time`): the stream looks
+    at `halted()` and `stopped()` between them. (Nothing the generator holds refers back to
+    the stream: a stream dropped without `close()` is freed, and its files closed, at
+    once, not by the cyclic garbage collector.)"""
 
-    __slots__ = ("_halted", "_inside", "_items", "_pages", "_reading", "_wake")
+    __slots__ = ("_delivering", "_halted", "_inside", "_items", "_pages", "_reading", "_wake")
 
     def __init__(
         self,
         pages: Callable[[Callable[[], bool]], Generator[list[ItemT], None, None]],
         wake: Callable[[], None],
+        stopped: Callable[[], bool] | None = None,
     ) -> None:
         # (Not a `threading.Event`: its `set` takes a lock in Python code, which a Ctrl+C
         # in `close` left held, and the next `close` hung: a review.)
@@ -221,9 +227,15 @@ class Stream(Generic[ItemT]):
         self._inside = threading.Lock()
         # The read scope of the step in progress ([None]: none): `close` cuts its read.
         self._reading: list[ReadScope | None] = [None]
+        # The page being delivered ([] between pages): `close` empties it.
+        self._delivering: list[list[ItemT]] = []
         self._wake = wake
         self._pages = pages(self._halted.is_set)
-        self._items = chain.from_iterable(_one_at_a_time(self._pages, self._inside, self._reading))
+        halted = self._halted.is_set
+        ended = halted if stopped is None else lambda: halted() or stopped()
+        self._items = chain.from_iterable(
+            _one_at_a_time(self._pages, self._inside, self._reading, self._delivering, ended)
+        )
 
     def __iter__(self) -> Iterator[ItemT]:
         return self._items
@@ -234,9 +246,13 @@ class Stream(Generic[ItemT]):
     def close(self) -> None:
         """Stop: the next `next()` raises StopIteration; files and waits are released.
         Called while another thread iterates the stream (blocked in a watch, say), it
-        returns at once and that thread's loop ends after the page it is delivering; a
+        returns at once and that thread's loop ends after the item it is handling; a
         wait ends at once, and that thread releases what the stream holds."""
         self._halted.set()
+        for page in list(self._delivering):
+            # (The rest of the page in delivery: the iterator of its slice in the `for`
+            # loop that iterates the stream, in C, ends at its next step.)
+            page.clear()
         if self._inside.acquire(blocking=False):
             try:
                 self._pages.close()  # (nobody runs it: its cleanup runs here, now)
@@ -257,13 +273,30 @@ class Stream(Generic[ItemT]):
         self.close()
 
 
+# A page is delivered in slices that take about this much of the consumer's time each
+# (between SLICE_S / 2 and 2 x SLICE_S, or a single item): a stream ends at most about
+# that long after its stop is set, not a whole page later (a default page holds about
+# 10,000 small events: 2 s for a consumer taking 0.2 ms an event, until 2026-12-07).
+SLICE_S: Final = 0.005
+# The first slice's items; then doubled while the consumer keeps up, or cut to its pace.
+_FIRST_SLICE: Final = 16
+_MOST_SLICE: Final = 1 << 20
+
+
 def _one_at_a_time(
     pages: Generator[list[ItemT], None, None],
     inside: threading.Lock,
     reading: list[ReadScope | None],
-) -> Iterator[list[ItemT]]:
+    delivering: list[list[ItemT]],
+    ended: Callable[[], bool],
+) -> Iterator[Iterator[ItemT]]:
     """`pages`, run under `inside` (`Stream.close` closes it only when nobody runs it),
-    each step in a read scope kept in `reading` (`Stream.close` cancels it)."""
+    each step in a read scope kept in `reading` (`Stream.close` cancels it), each page
+    kept in `delivering` while delivered in slices (`Stream.close` empties it), up to
+    the first slice after which `ended()` (the page generator is then closed: it ends as
+    it would have at its next step)."""
+    clock = time.monotonic
+    size = _FIRST_SLICE
     while True:
         with inside:
             scope = reading[0] = ReadScope()
@@ -275,8 +308,28 @@ def _one_at_a_time(
                 reading[0] = None
         if page is None:
             return
-        yield page
-        del page  # (freed before the next page is read: see `follow`)
+        # (Slices of one iterator of the page, not copies of its parts: a copy took
+        # a pass over every event more, out of the cache.)
+        items, at, count = iter(page), 0, len(page)
+        delivering.append(page)
+        while at < count:
+            if at and ended():
+                delivering.clear()
+                del page, items
+                with inside:
+                    pages.close()
+                return
+            at += size
+            began = clock()
+            yield islice(items, size)
+            spent = clock() - began
+            if spent < SLICE_S / 2:
+                if at <= count:  # (a whole slice: not the short end of a page)
+                    size = min(2 * size, _MOST_SLICE)
+            elif spent > 2 * SLICE_S:
+                size = max(1, int(size * SLICE_S / spent))
+        delivering.clear()
+        del page, items  # (freed before the next page is read: see `follow`)
 
 
 def follow(

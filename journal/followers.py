@@ -83,10 +83,13 @@ class Followers:
     ) -> Stream[Event]:
         """The events of `row`'s session after `start`: those committed now (a replay),
         or then live ones too (`live`: a watch)."""
-        # The stream flattens pages with itertools.chain (in C): no frame per event.
+        # The stream flattens pages with itertools.chain (in C): no frame per event. A
+        # watch ends in the middle of a page once its stop is set or its journal closing
+        # (a replay cut by a close raises `JournalClosed` at its next page: `_follow`).
         return Stream(
             partial(self._follow, row, start, stop, live, page_bytes, cursor, ends),
             self._engine.waiter.recheck,
+            _stopped(stop, ends) if live else None,
         )
 
     def _follow(
@@ -169,7 +172,9 @@ class Followers:
         pager = self._lifecycle.pager(cursor)
         waiter = self._engine.waiter
         return Stream(
-            lambda halted: follow(pager, waiter, stop, _closing_or(ends, halted)), waiter.recheck
+            lambda halted: follow(pager, waiter, stop, _closing_or(ends, halted)),
+            waiter.recheck,
+            _stopped(stop, ends),
         )
 
     def alifecycle(
@@ -209,3 +214,12 @@ class Followers:
 
 def _closing_or(ends: JournalEnds, halted: Callable[[], bool]) -> Callable[[], bool]:
     return lambda: ends.closing() or halted()
+
+
+def _stopped(stop: threading.Event | None, ends: JournalEnds) -> Callable[[], bool]:
+    """Whether a live follow is over for a reason of its own (what `follow` looks at
+    before each step, but its stream's `halted`)."""
+    if stop is None:
+        return ends.closing
+    is_set = stop.is_set
+    return lambda: is_set() or ends.closing()
