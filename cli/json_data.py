@@ -1,6 +1,4 @@
-"""Event data in the command's JSON: printed as the bytes stored (`embedded`, `json_line`),
-and JSON read from stdin taken only when it would be written back meaning the same
-(`exact_json`).
+"""Event data in the command's JSON: printed as the bytes stored (`embedded`, `json_line`).
 
 Data that is JSON goes out as the stored bytes themselves (`msgspec.Raw`), not decoded
 and encoded again: a round trip through Python values changed what a user stored
@@ -15,16 +13,14 @@ encoding shows it, and it stays UTF-8 JSON).
 from __future__ import annotations
 
 import base64
-import decimal
 import itertools
 import json
-import math
 import re
 from typing import Any, Final
 
 import msgspec
 
-__all__ = ["embedded", "exact_json", "json_line", "json_value"]
+__all__ = ["embedded", "json_line", "json_value"]
 
 _ENCODER: Final = msgspec.json.Encoder()
 _OBJECT: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -98,39 +94,3 @@ def json_value(data: bytes) -> Any:
         return msgspec.json.decode(data)
     except (msgspec.DecodeError, RecursionError):
         return None
-
-
-def exact_json(text: str | bytes) -> Any:
-    """The value of strict JSON text that `json.dumps` writes back meaning the same:
-    ValueError for NaN and Infinity, for a number a float cannot hold exactly (1e999,
-    12345678901234567.5, 1e-400) and for an object with a key given twice (the dict
-    keeps one value)."""
-    return json.loads(
-        text, parse_constant=_not_json, parse_float=_exact_float, object_pairs_hook=_unique_keys
-    )
-
-
-def _not_json(constant: str) -> Any:
-    raise ValueError(f"{constant} is not JSON")
-
-
-def _exact_float(text: str) -> float:
-    """A JSON number as a float, when the float printed back means the same number: one
-    too large for a float (1e999) would be printed as Infinity, which is not JSON, and one
-    a float cannot hold (12345678901234567.5, 1e-400) as another number; such data is
-    refused."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is a number beyond a float's range")
-    shown = repr(value)
-    if shown != text and decimal.Decimal(text) != decimal.Decimal(shown):
-        raise ValueError(f"{text} is not exactly a float")
-    return value
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object as a dict, unless a key comes twice (the dict would keep one value)."""
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        raise ValueError("a key comes twice in an object")
-    return value

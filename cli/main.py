@@ -492,12 +492,12 @@ def append(
     Each DATA argument is one event (its UTF-8 bytes). Without DATA, stdin is read as
     NDJSON: a line that is an object with a "data" key and no keys besides "type", "data"
     and "request_id" is an envelope (a string "data" is stored as its UTF-8 bytes, any
-    other JSON value compactly re-serialized, refused if that would change a number or
-    drop a repeated key); any other JSON line is stored as it is,
-    with type --type; blank lines are skipped. One append takes at most 10,000 events and
-    64 MiB of data: stdin is refused (nothing appended) as soon as it holds more. Prints
-    what was committed ({"session_id", "first_ordinal", "last_ordinal", "cursor",
-    "deduplicated"} with --format json; the cursor is the last event's).
+    other JSON value as the line writes it, byte for byte; each key at most once); any
+    other JSON line is stored as it is, with type --type; blank lines are skipped. One
+    append takes at most 10,000 events and 64 MiB of data: stdin is refused (nothing
+    appended) as soon as it holds more. Prints what was committed ({"session_id",
+    "first_ordinal", "last_ordinal", "cursor", "deduplicated"} with --format json; the
+    cursor is the last event's).
     """
     if data:
         events = [

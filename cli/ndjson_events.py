@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import codecs
 import json
-from typing import IO
+from typing import IO, Any, Final
+
+import msgspec
 
 import journal
-
-from .json_data import exact_json
 
 __all__ = ["MAX_LINE_BYTES", "events_from_ndjson"]
 
 _ENVELOPE_KEYS = frozenset({"type", "data", "request_id"})
+_ENVELOPE: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 # No line of one event is longer: its data is at most MAX_EVENT_BYTES, each byte of which
 # JSON writes in at most 6 (`\u0001`), and 1 MiB covers the keys, the type and the
 # request id (at most 64 KiB, escaped too).
@@ -77,8 +78,6 @@ def _event_of_line(
     line: bytes, number: int, default_type: str, default_request_id: str | None
 ) -> journal.EventIn:
     """The event of one non-blank NDJSON line (an envelope, or data stored as it is)."""
-    # One parse in the usual case: exact (no number a float cannot hold, no key given
-    # twice), which an envelope's non-string data must be, since it is written back.
     # (Decoded here: from bytes, json.loads guesses UTF-16 or -32 from the first bytes,
     # and a UTF-16 line of JSON was stored, one of bytes that are not text refused as
     # not JSON. A UTF-8 BOM it takes, as before.)
@@ -91,41 +90,80 @@ def _event_of_line(
             f"stdin line {number} is not UTF-8 text (byte {line[at]:#04x} at byte "
             f"{at + 1}): NDJSON is read as UTF-8; convert it (iconv) first"
         ) from None
-    inexact: ValueError | None = None
+    # (Stored as it is, but for a UTF-8 BOM, which is not part of the data: until
+    # 2026-12-05 it was stored, and the data was no longer JSON.)
+    data = line[len(codecs.BOM_UTF8) :] if line.startswith(codecs.BOM_UTF8) else line
+    keys = _Keys()
     try:
-        value = exact_json(text)
+        value = json.loads(text, parse_constant=_not_a_json_number, object_pairs_hook=keys)
     except ValueError as e:
-        inexact = e
-        try:
-            value = json.loads(text, parse_constant=_not_a_json_number)
-        except ValueError as e:
-            raise journal.InvalidArgument(
-                f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
-            ) from None
-    if isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS:
-        payload = value["data"]
-        if not isinstance(payload, str):
-            if inexact is not None:  # (it would be stored saying something else)
-                raise journal.InvalidArgument(
-                    f"stdin line {number}: data cannot be written back as it is ({inexact}): "
-                    "pass the data as a JSON string, or the line without the envelope "
-                    "(stored as it is)"
-                )
-            payload = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+        raise journal.InvalidArgument(
+            f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
+        ) from None
+    if not (isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS):
+        return journal.EventIn(default_type, data, default_request_id)
+    if twice := keys.repeated():
+        raise journal.InvalidArgument(
+            f'stdin line {number}: the envelope gives "{twice}" twice: give each of "type", '
+            '"data" and "request_id" at most once'
+        )
+    payload = value["data"]
+    if isinstance(payload, str):
         try:
             body = payload.encode("utf-8")
         except UnicodeEncodeError:
             raise journal.InvalidArgument(
                 f"stdin line {number}: data holds a lone surrogate escape, not UTF-8 text"
             ) from None
-        event_type = value.get("type", default_type)
-        request = value.get("request_id", default_request_id)
-        if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
-            raise journal.InvalidArgument(
-                f'stdin line {number}: "type" and "request_id" must be strings'
-            )
-        return journal.EventIn(event_type, body, request)
-    # (Stored as it is, but for a UTF-8 BOM, which is not part of the data: until
-    # 2026-12-05 it was stored, and the data was no longer JSON.)
-    data = line[len(codecs.BOM_UTF8) :] if line.startswith(codecs.BOM_UTF8) else line
-    return journal.EventIn(default_type, data, default_request_id)
+    else:
+        body = _data_as_written(data, number)
+    event_type = value.get("type", default_type)
+    request = value.get("request_id", default_request_id)
+    if not isinstance(event_type, str) or not (request is None or isinstance(request, str)):
+        raise journal.InvalidArgument(
+            f'stdin line {number}: "type" and "request_id" must be strings'
+        )
+    return journal.EventIn(event_type, body, request)
+
+
+class _Keys:
+    """An `object_pairs_hook` that keeps the keys of the last object parsed: the outermost
+    one, which is parsed after the objects it holds."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: list[str] = []
+
+    def __call__(self, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        self.last = [key for key, _ in pairs]
+        return dict(pairs)
+
+    def repeated(self) -> str | None:
+        """The first key the outermost object gives twice, if any."""
+        seen: set[str] = set()
+        for key in self.last:
+            if key in seen:
+                return key
+            seen.add(key)
+        return None
+
+
+def _data_as_written(line: bytes, number: int) -> bytes:
+    """The JSON text of an envelope's "data", as the line writes it (the line is JSON,
+    its keys given once): until 2026-12-07 it went through Python's parser and back,
+    `-0` stored as `0`, `1E5` as `100000.0`, `1.00` as `1.0`."""
+    try:
+        return bytes(_ENVELOPE.decode(line)["data"])
+    except RecursionError:
+        raise journal.InvalidArgument(
+            f"stdin line {number}: the envelope is nested too deep to read: pass the data "
+            "as a line without the envelope (stored as it is)"
+        ) from None
+    except msgspec.DecodeError as e:
+        # (What Python's parser takes and msgspec's does not: a \u escape of half a
+        # surrogate pair, which is not a character.)
+        raise journal.InvalidArgument(
+            f"stdin line {number}: the envelope holds a lone surrogate escape (\\ud800 to "
+            f"\\udfff, not one of a pair), which is not a character ({e})"
+        ) from None
