@@ -100,6 +100,8 @@ def _event_of_line(
         raise journal.InvalidArgument(
             f"stdin line {number} is not JSON ({e}): pass one JSON value per line"
         ) from None
+    except RecursionError:  # (until 2026-12-07 a traceback, exit 1)
+        raise _too_deep(number) from None
     if not (isinstance(value, dict) and "data" in value and value.keys() <= _ENVELOPE_KEYS):
         return journal.EventIn(default_type, data, default_request_id)
     if twice := keys.repeated():
@@ -156,10 +158,7 @@ def _data_as_written(line: bytes, number: int) -> bytes:
     try:
         return bytes(_ENVELOPE.decode(line)["data"])
     except RecursionError:
-        raise journal.InvalidArgument(
-            f"stdin line {number}: the envelope is nested too deep to read: pass the data "
-            "as a line without the envelope (stored as it is)"
-        ) from None
+        raise _too_deep(number) from None
     except msgspec.DecodeError as e:
         # (What Python's parser takes and msgspec's does not: a \u escape of half a
         # surrogate pair, which is not a character.)
@@ -167,3 +166,10 @@ def _data_as_written(line: bytes, number: int) -> bytes:
             f"stdin line {number}: the envelope holds a lone surrogate escape (\\ud800 to "
             f"\\udfff, not one of a pair), which is not a character ({e})"
         ) from None
+
+
+def _too_deep(number: int) -> journal.InvalidArgument:
+    return journal.InvalidArgument(
+        f"stdin line {number} is nested too deep to read (JSON arrays and objects about "
+        "1,000 levels deep): pass such data as a DATA argument (stored as it is)"
+    )

@@ -1563,6 +1563,20 @@ def test_an_envelope_giving_a_key_twice_is_refused(store: Path) -> None:
     assert invoke(store, "sessions", "show", "t").exit_code == 3  # (nothing appended)
 
 
+def test_a_stdin_line_nested_too_deep_to_read_is_refused_without_a_traceback(
+    store: Path,
+) -> None:
+    """A line of JSON nested deeper than Python's parser goes (about 1,000 levels) made
+    `append` fail with a RecursionError traceback (exit 1), envelope or not: refused now,
+    saying so and what to do (exit 4, nothing appended); a DATA argument is stored as is."""
+    deep = b"[" * 5000 + b"]" * 5000
+    for line in (deep, b'{"data": ' + deep + b"}"):
+        result = invoke(store, "append", "-s", "t", "--create", stdin=b'"ok"\n' + line + b"\n")
+        assert result.exit_code == 4, result.output
+        assert "stdin line 2 is nested too deep to read" in result.stderr, result.stderr
+    assert invoke(store, "sessions", "show", "t").exit_code == 3  # (nothing appended)
+
+
 def test_an_envelope_with_a_lone_surrogate_escape_is_refused(store: Path) -> None:
     """A `\\u` escape of half a surrogate pair is not a character: an envelope holding one
     (in its data, string or not) is refused saying so, with nothing appended."""
