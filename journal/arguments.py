@@ -686,7 +686,8 @@ def check_open_options(
     key_ring: object,
     file_mode: object,
 ) -> int | None:
-    """The keywords of `Journal.open` (the path is `check_store_path`'s); the file mode."""
+    """The keywords of `Journal.open` (the path is `check_store_path`'s); the file mode.
+    With `readonly`, those only a writer uses must keep their defaults (SPEC 10)."""
     for name, flag in (
         ("create", create),
         ("readonly", readonly),
@@ -703,9 +704,31 @@ def check_open_options(
     if key_ring is not None and not isinstance(key_ring, KeyRing):
         raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
     mode = check_file_mode(file_mode)
-    if mode is not None and readonly:
-        raise InvalidArgument(
-            "file_mode is for journals that write (a read-only journal creates nothing "
-            "in the store): open it without readonly=True to set the store's file mode"
-        )
+    if readonly:
+        from ._local.frames import DEFAULT_SEGMENT_BYTES  # (the local engine imports this)
+
+        for name, value, default in (
+            ("durability", durability, "fsync"),
+            ("segment_bytes", segment_bytes, DEFAULT_SEGMENT_BYTES),
+            ("retention", retention, None),
+            ("compress_sealed", compress_sealed, False),
+            ("file_mode", mode, None),
+        ):
+            if value != default:
+                raise InvalidArgument(
+                    f"{name} is for journals that write ({_WRITER_ONLY[name]}): open the "
+                    "store without readonly=True to use it, or leave it out"
+                )
     return mode
+
+
+# What each keyword of `Journal.open` that a read-only journal refuses is for (SPEC 10).
+_WRITER_ONLY: Final = {
+    "durability": "whether a writer's commits are synced; a read-only journal syncs nothing",
+    "segment_bytes": "the size at which a writer starts a new segment",
+    "retention": "the policy a writer records in the store and applies; a read-only "
+    "journal reads the recorded one, retention_policy()",
+    "compress_sealed": "whether a writer compresses the segments it seals",
+    "file_mode": "the mode of the files a writer creates; a read-only journal creates "
+    "nothing in the store",
+}

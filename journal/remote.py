@@ -65,7 +65,7 @@ def open_remote(
     on disk must keep its default."""
     create, readonly, durability, segment_bytes, retention, compress_sealed = options
     check_open_options(
-        create, readonly, durability, segment_bytes, retention, False, key_ring, None
+        create, readonly, durability, segment_bytes, retention, compress_sealed, key_ring, file_mode
     )
     for name, value, default in (
         ("file_ops", file_ops, None),

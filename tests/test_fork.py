@@ -233,7 +233,7 @@ def test_a_child_iterating_an_inherited_watch_gets_journal_closed_and_harms_noth
         stream.close()
     j.append("s", [EventIn("m", b"1")])
     assert [e.data for e in j.read("s").events] == [b"0", b"1"]
-    with Journal.open(store, readonly=True, durability="os") as other:  # (a second open)
+    with Journal.open(store, readonly=True) as other:  # (a second open)
         assert other.get_session("s").last_ordinal == 2
     j.close()
 

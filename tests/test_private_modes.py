@@ -161,6 +161,45 @@ def test_file_mode_is_validated_before_anything_is_created(tmp_path: Path) -> No
         Journal.open(store, readonly=True, file_mode=0o600)
 
 
+# Every keyword of `Journal.open` that only a writer uses, with a value other than its
+# default (a read-only journal syncs, rotates, compresses, records and creates nothing).
+_WRITER_ONLY = [
+    ("durability", "os"),
+    ("segment_bytes", 4096),
+    ("retention", RetentionPolicy(max_history_bytes=10)),
+    ("compress_sealed", True),
+    ("file_mode", 0o640),
+]
+
+
+@pytest.mark.parametrize(("keyword", "value"), _WRITER_ONLY, ids=[k for k, _ in _WRITER_ONLY])
+def test_a_read_only_open_refuses_every_keyword_only_a_writer_uses(
+    tmp_path: Path, keyword: str, value: object
+) -> None:
+    """Until 2026-12-07 only `file_mode` and `repair` were refused: `retention`,
+    `durability`, `segment_bytes` and `compress_sealed` were accepted and ignored (a
+    reader given a policy recorded nothing, silently: a new-user trial)."""
+    store = tmp_path / "store"
+    with Journal.open(store, retention=RetentionPolicy(max_history_bytes=None)):
+        pass
+    before = modes(store), (store / "store.json").read_bytes()
+    missing = tmp_path / "missing"
+    # (A nats:// store is refused before any server is asked: nothing listens on port 1.)
+    for path in (store, missing, "nats://127.0.0.1:1/agents"):
+        with pytest.raises(InvalidArgument) as refused:
+            Journal.open(path, readonly=True, **{keyword: value})  # type: ignore[arg-type]
+        message = str(refused.value)
+        assert message.startswith(f"{keyword} is for journals that write"), message
+        assert "without readonly=True" in message, message
+    assert (modes(store), (store / "store.json").read_bytes()) == before
+    assert not missing.exists()
+    # Its default, or given to a writer: accepted.
+    default = {"durability": "fsync", "segment_bytes": 64 << 20, "compress_sealed": False}
+    if keyword in default:
+        Journal.open(store, readonly=True, **{keyword: default[keyword]}).close()  # type: ignore[arg-type]
+    Journal.open(store, **{keyword: value}).close()  # type: ignore[arg-type]
+
+
 def test_a_store_from_before_recorded_modes_keeps_its_mode_until_one_is_given(
     tmp_path: Path, umask: object
 ) -> None:

@@ -2159,11 +2159,11 @@ def test_a_journal_opened_without_a_policy_uses_the_one_the_store_records(store:
         for _ in range(40):
             append_batch(j, "s", [300])
         assert j.get_session("s").first_ordinal > 1
-    # Another policy given to a writer is recorded; a read-only journal records nothing.
+    # Another policy given to a writer is recorded; a read-only journal refuses one.
     with open_store(store, NO_WINDOWS, segment_bytes=4096):
         pass
-    with Journal.open(store, readonly=True, retention=window):
-        pass
+    with pytest.raises(InvalidArgument, match="retention is for journals that write"):
+        Journal.open(store, readonly=True, retention=window)
     assert json.loads((store / "store.json").read_text())["retention"]["max_history_bytes"] is None
 
 
