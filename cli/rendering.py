@@ -140,7 +140,8 @@ def listing_parts(
 
 
 def session_text(meta: journal.SessionMetadata, id_width: int) -> str:
-    """One listing line (`listing_parts`, then mode, tags, owner and open turn)."""
+    """One listing line (`listing_parts`, then mode, tags, the session's own history
+    windows, owner and open turn)."""
     count = max(0, meta.last_ordinal - meta.first_ordinal + 1)
     parts = listing_parts(
         meta.session_id, meta.state, count, meta.first_ordinal, meta.last_ordinal, id_width
@@ -150,6 +151,10 @@ def session_text(meta: journal.SessionMetadata, id_width: int) -> str:
     if meta.tags:
         pairs = (f"{shown(k)}={shown(v)}" for k, v in sorted(meta.tags.items()))
         parts.append("tags=" + ",".join(pairs))
+    if meta.max_history_bytes is not None:  # (the session's own windows: SPEC 8)
+        parts.append(f"max-history-bytes={meta.max_history_bytes}")
+    if meta.max_history_age_ms is not None:
+        parts.append(f"max-history-age-ms={meta.max_history_age_ms}")
     if meta.owner is not None:
         parts.append(f"owner=pid {meta.owner.pid}@{shown(meta.owner.host)}")
     if meta.open_turn is not None:

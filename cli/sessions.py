@@ -269,7 +269,8 @@ def show(settings: Settings, session_id: str) -> None:
     """Print a session's metadata, one field a line.
 
     With --format json, one object: every field of the library's SessionMetadata
-    ("max_suspend_ms": 0 means the default, 7 days, as there).
+    ("max_suspend_ms": 0 means the default, 7 days, as there; "max_history_bytes" and
+    "max_history_age_ms" null: the store's retention policy's window applies).
     """
     with settings.open(write=False) as store:
         meta = store.get_session(session_id)
@@ -286,6 +287,9 @@ def show(settings: Settings, session_id: str) -> None:
         )
     if not meta.max_suspend_ms:
         shown_record["max_suspend_ms"] = "0 (the default: 7 days)"
+    for window in ("max_history_bytes", "max_history_age_ms"):
+        if record[window] is None:
+            shown_record[window] = "- (the store's policy)"
     width = max(len(key) for key in shown_record)
     text = "\n".join(f"{key:<{width}}  {_text_value(value)}" for key, value in shown_record.items())
     settings.output.emit(record, text)

@@ -331,7 +331,9 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     session's unsettled turn (its `turn_started` has no `turn_result` yet), if any: with
     `owner` None, a turn whose owner died, which the next owner records as failed.
     `max_suspend_ms` 0 means the default, 7 days (SPEC 7.3; `journal sessions show`
-    prints it so in text, and the 0 in JSON)."""
+    prints it so in text, and the 0 in JSON). `max_history_bytes` and
+    `max_history_age_ms` are the session's own history windows, as `create_session`
+    set them (None: the store's policy applies, SPEC 8)."""
 
     session_id: str
     state: SessionState
@@ -348,6 +350,8 @@ class SessionMetadata(msgspec.Struct, frozen=True):
     incarnation: int = 0
     ttl_ms: int | None = None
     max_suspend_ms: int = 0
+    max_history_bytes: int | None = None
+    max_history_age_ms: int | None = None
     suspended_at_ms: int | None = None
     expires_at_ms: int | None = None
     imported_from: ImportedFrom | None = None

@@ -363,6 +363,27 @@ class JournalContract:
         assert tuple(meta.extension_keys) == ()
         assert meta.ttl_ms is None
 
+    def test_a_session_s_own_history_windows_are_reported(self, store_path: Path) -> None:
+        """`create_session(max_history_bytes=, max_history_age_ms=)` is read back from the
+        metadata (None: the store's policy applies). Until 2026-12-07 no read said it, and
+        only an export showed it (a new-user trial)."""
+        with self.make_journal(store_path) as j:
+            meta = j.create_session("w", max_history_bytes=5000, max_history_age_ms=60_000)
+            j.create_session("plain")
+            for got in (meta, j.get_session("w"), *j.list_sessions(), *j.expire_due(0)):
+                if got.session_id == "w":
+                    assert (got.max_history_bytes, got.max_history_age_ms) == (5000, 60_000)
+            [page_w] = [m for m in j.list_sessions_page().sessions if m.session_id == "w"]
+            assert page_w == j.get_session("w")
+            plain = j.get_session("plain")
+            assert (plain.max_history_bytes, plain.max_history_age_ms) == (None, None)
+            j.append("w", [EventIn("e", b"x")])
+            assert j.resolve_session("w").max_history_bytes == 5000
+        self.engine.discard_derived_state(store_path)
+        with self.make_journal(store_path) as j:  # (rebuilt from the log where it derives)
+            got = j.get_session("w")
+            assert (got.max_history_bytes, got.max_history_age_ms) == (5000, 60_000)
+
     def test_get_session_returns_what_create_returned(self, j: Journal) -> None:
         created = j.create_session("s1", mode="m", tags={"a": "b"})
         assert j.get_session("s1") == created

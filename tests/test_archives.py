@@ -116,6 +116,8 @@ _COMPARED = (
     "last_ordinal",
     "ttl_ms",
     "max_suspend_ms",
+    "max_history_bytes",
+    "max_history_age_ms",
     "suspended_at_ms",
     "expires_at_ms",
 )

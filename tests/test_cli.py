@@ -1465,6 +1465,30 @@ def test_sessions_create_sets_the_session_history_window(store: Path) -> None:
     assert invoke(store, "sessions", "create", "v", "--max-history-age-ms", "0").exit_code == 2
 
 
+def test_sessions_show_and_list_say_the_session_s_own_history_windows(store: Path) -> None:
+    """Set by `sessions create --max-history-bytes/--max-history-age-ms`; until 2026-12-07
+    neither `show` nor `list` said them (only `export --format ndjson` did: a new-user
+    trial)."""
+    invoke(store, "sessions", "create", "w", "--max-history-bytes", "5000")
+    invoke(store, "sessions", "create", "x", "--max-history-age-ms", "60000")
+    invoke(store, "sessions", "create", "y")
+    windows = {"w": (5000, None), "x": (None, 60_000), "y": (None, None)}
+    for record in records(invoke(store, "sessions", "list")):
+        got = (record["max_history_bytes"], record["max_history_age_ms"])
+        assert got == windows[record["session_id"]], record
+    for session_id, window in windows.items():
+        (record,) = records(invoke(store, "sessions", "show", session_id))
+        assert (record["max_history_bytes"], record["max_history_age_ms"]) == window
+    text = invoke(store, "sessions", "show", "w", fmt="text").stdout.splitlines()
+    assert any(line.split() == ["max_history_bytes", "5000"] for line in text), text
+    policy = ["-", "(the", "store's", "policy)"]
+    assert any(line.split() == ["max_history_age_ms", *policy] for line in text), text
+    listed = invoke(store, "sessions", "list", fmt="text").stdout.splitlines()
+    assert "max-history-bytes=5000" in listed[0].split(), listed
+    assert "max-history-age-ms=60000" in listed[1].split(), listed
+    assert "max-history" not in listed[2], listed
+
+
 def test_sessions_create_sets_the_suspension_cap_and_suspend_says_it_expires(
     store: Path,
 ) -> None:
@@ -1483,7 +1507,7 @@ def test_sessions_create_sets_the_suspension_cap_and_suspend_says_it_expires(
     # 0 is the default cap, which `show` spells out in text (an operator read "0" as "none").
     invoke(store, "sessions", "create", "d")
     shown_lines = invoke(store, "sessions", "show", "d", fmt="text").stdout.splitlines()
-    assert "max_suspend_ms   0 (the default: 7 days)" in shown_lines
+    assert "max_suspend_ms      0 (the default: 7 days)" in shown_lines
     (record,) = records(invoke(store, "sessions", "show", "d"))
     assert record["max_suspend_ms"] == 0
 
