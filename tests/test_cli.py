@@ -1291,7 +1291,7 @@ def test_text_output_escapes_control_characters_that_would_fake_a_line(store: Pa
     invoke(store, "sessions", "create", "s", "--context-id", fake, "--tag", "a=b\nc")
     shown = invoke(store, "sessions", "show", "s", fmt="text").stdout
     assert [line for line in shown.splitlines() if line.startswith("state")] == [
-        "state            open"
+        "state               open"
     ]
     assert "c\\nstate" in shown and 'a="b\\nc"' in shown
     invoke(store, "append", "-s", "s", "--request-id", "r1\n#999 message FAKE", "x")
@@ -1312,7 +1312,7 @@ def test_text_prose_with_a_newline_keeps_its_other_characters(store: Path) -> No
     read = invoke(store, "read", "-s", "s", fmt="text").stdout.splitlines()
     assert read[1].startswith("#2 turn_result [r1] failed RuntimeError: zu groß\\n2. Zeile ")
     shown = invoke(store, "sessions", "show", "s", fmt="text").stdout.splitlines()
-    assert "context_id       Größe\\nzwei" in shown, shown
+    assert "context_id          Größe\\nzwei" in shown, shown
 
 
 def test_text_output_escapes_format_characters_in_session_ids(store: Path) -> None:

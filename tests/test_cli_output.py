@@ -55,7 +55,7 @@ def test_sessions_show_leaves_the_incarnation_out_of_its_text(store: Path) -> No
     assert _run(store, "sessions", "create", "a").exit_code == 0
     text = _run(store, "sessions", "show", "a").stdout
     assert "incarnation" not in text, text
-    assert text.splitlines()[0] == "session_id       a", text
+    assert text.splitlines()[0] == "session_id          a", text
     (record,) = _records(_run(store, "sessions", "show", "a", fmt="json"))
     assert record["incarnation"] >= 1 and record["session_id"] == "a"
 
@@ -82,7 +82,7 @@ def test_sessions_show_gives_its_times_in_utc_beside_the_ms(store: Path) -> None
         j.suspend_session("a")
     when = datetime.datetime.fromtimestamp(meta.created_at_ms / 1000, datetime.UTC)
     lines = _run(store, "sessions", "show", "a").stdout.splitlines()
-    created = f"created_at_ms    {meta.created_at_ms} ({when:%Y-%m-%d %H:%M:%S} UTC)"
+    created = f"created_at_ms       {meta.created_at_ms} ({when:%Y-%m-%d %H:%M:%S} UTC)"
     assert created in lines, lines
     (suspended,) = [line for line in lines if line.startswith("suspended_at_ms")]
     assert suspended.endswith(" UTC)"), suspended
