@@ -676,6 +676,18 @@ def check_repair(repair: object, readonly: object) -> None:
         )
 
 
+# What each keyword of `Journal.open` that a read-only journal refuses is for (SPEC 10).
+_WRITER_ONLY: Final = {
+    "durability": "whether a writer's commits are synced; a read-only journal syncs nothing",
+    "segment_bytes": "the size at which a writer starts a new segment",
+    "retention": "the policy a writer records in the store and applies; a read-only "
+    "journal reads the recorded one, retention_policy()",
+    "compress_sealed": "whether a writer compresses the segments it seals",
+    "file_mode": "the mode of the files a writer creates; a read-only journal creates "
+    "nothing in the store",
+}
+
+
 def check_open_options(
     create: object,
     readonly: object,
@@ -720,15 +732,3 @@ def check_open_options(
                     "store without readonly=True to use it, or leave it out"
                 )
     return mode
-
-
-# What each keyword of `Journal.open` that a read-only journal refuses is for (SPEC 10).
-_WRITER_ONLY: Final = {
-    "durability": "whether a writer's commits are synced; a read-only journal syncs nothing",
-    "segment_bytes": "the size at which a writer starts a new segment",
-    "retention": "the policy a writer records in the store and applies; a read-only "
-    "journal reads the recorded one, retention_policy()",
-    "compress_sealed": "whether a writer compresses the segments it seals",
-    "file_mode": "the mode of the files a writer creates; a read-only journal creates "
-    "nothing in the store",
-}
