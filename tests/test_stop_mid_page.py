@@ -183,3 +183,40 @@ def test_a_stop_is_seen_within_a_backlog_after_a_long_live_follow(tmp_path: Path
         consumer.join(30)
         assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
         assert seen == list(range(1, len(seen) + 1))
+
+
+def test_a_stop_is_seen_soon_by_a_consumer_that_slows_after_a_fast_catch_up(
+    tmp_path: Path,
+) -> None:
+    """A consumer that handled whole pages quickly (its slices grew to a page) and then
+    slows down (work that comes once it is caught up) still sees its stop within about a
+    slice of its new pace: the slices are bounded. Until they were (a slice grew to 2**20
+    items), the first slice of the next page was as long as a page: 20,000 events at
+    0.5 ms each went on for 10 s after the stop."""
+    per_page = 20_000
+    pages = 4
+    path = _store(tmp_path, per_page * pages)
+    with Journal.open(path, readonly=True) as j:
+        stop = threading.Event()
+        slow = threading.Event()
+        seen: list[int] = []
+        ended: list[float] = []
+
+        def consume() -> None:
+            # (Pages of `per_page` events: 20 bytes of data each.)
+            for event in j.watch("s", stop=stop, max_bytes=per_page * 20):
+                seen.append(event.ordinal)
+                if event.ordinal > per_page * (pages - 1):  # (the last page's first event)
+                    slow.set()
+                    time.sleep(0.0005)
+            ended.append(time.monotonic())
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        assert slow.wait(30)
+        time.sleep(0.02)
+        stop.set()
+        stopped_at = time.monotonic()
+        consumer.join(60)
+        assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
+        assert seen == list(range(1, len(seen) + 1))
