@@ -298,7 +298,7 @@ def _one_at_a_time(
     """`pages`, run under `inside` (`Stream.close` closes it only when nobody runs it),
     each step in a read scope kept in `reading` (`Stream.close` cancels it), each page
     kept in `delivering` while delivered in slices (`Stream.close` empties it), up to
-    the first slice after which `ended()` (the page generator is then closed: it ends as
+    the first slice before which `ended()` (the page generator is then closed: it ends as
     it would have at its next step)."""
     clock = time.monotonic
     size = _FIRST_SLICE
@@ -318,7 +318,9 @@ def _one_at_a_time(
         items, at, count = iter(page), 0, len(page)
         delivering.append(page)
         while at < count:
-            if at and ended():
+            # (Before the first slice too: a close from another thread while this one
+            # read the page found no page in delivery to empty.)
+            if ended():
                 delivering.clear()
                 del page, items
                 with inside:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from journal import EventIn, Journal, LifecycleEventType
+from journal._local.files import FileOps
 
 EVENTS = 12_000
 CONSUMER_S = 0.0002  # a consumer's time per event
@@ -220,3 +221,49 @@ def test_a_stop_is_seen_soon_by_a_consumer_that_slows_after_a_fast_catch_up(
         consumer.join(60)
         assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
         assert seen == list(range(1, len(seen) + 1))
+
+
+class _PauseReads(FileOps):
+    """Pauses the next segment read of the thread `armed` names until `go` is set."""
+
+    def __init__(self) -> None:
+        self.armed: threading.Thread | None = None
+        self.paused = threading.Event()
+        self.go = threading.Event()
+
+    def _pause(self) -> None:
+        if self.armed is threading.current_thread():
+            self.armed = None
+            self.paused.set()
+            self.go.wait(30)
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        self._pause()
+        return super().pread(fd, length, offset)
+
+    def pread_into(self, fd: int, buffer: bytearray | memoryview, offset: int) -> int:
+        self._pause()
+        return super().pread_into(fd, buffer, offset)
+
+
+def test_a_stream_closed_while_its_page_is_read_delivers_none_of_it(tmp_path: Path) -> None:
+    """A close from another thread while the iterating thread reads a page: that thread's
+    `next()` raises StopIteration, as the page it reads is the rest of the stream (until
+    then the page's first slice was delivered: the close found no page in delivery)."""
+    path = _store(tmp_path, 3000)
+    ops = _PauseReads()
+    with Journal.open(path, readonly=True, file_ops=ops) as j:
+        stream = j.replay("s")
+        got: list[object] = []
+
+        def first() -> None:
+            ops.armed = threading.current_thread()
+            got.append(next(stream, None))
+
+        reader = threading.Thread(target=first)
+        reader.start()
+        assert ops.paused.wait(30), "the page's read did not pause"
+        stream.close()
+        ops.go.set()
+        reader.join(30)
+        assert got == [None]
