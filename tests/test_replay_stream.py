@@ -192,7 +192,7 @@ def test_a_default_replay_reads_a_small_first_page_then_larger_ones(tmp_path: Pa
             j.append("s", [EventIn("t", payload(first + i, 1024)) for i in range(1024)])
         j.resolve_session("s")
     engine = _PageBounds(
-        open_local(tmp_path, (False, True, "os", 1 << 26, None, False), None, None, None)
+        open_local(tmp_path, (False, True, "fsync", 1 << 26, None, False), None, None, None)
     )
     with Journal.over(engine) as j:
         assert [e.ordinal for e in j.replay("s")] == list(range(1, 12 * 1024 + 1))
