@@ -676,13 +676,13 @@ def check_repair(repair: object, readonly: object) -> None:
         )
 
 
-# What each keyword of `Journal.open` that a read-only journal refuses is for (SPEC 10).
+# What each keyword of `Journal.open` that a read-only journal refuses is for (SPEC 10):
+# those that would change the store. (`durability`, `segment_bytes` and `compress_sealed`,
+# how a writer writes, are taken and do nothing there: one set of options serves a
+# store's writers and readers.)
 _WRITER_ONLY: Final = {
-    "durability": "whether a writer's commits are synced; a read-only journal syncs nothing",
-    "segment_bytes": "the size at which a writer starts a new segment",
     "retention": "the policy a writer records in the store and applies; a read-only "
     "journal reads the recorded one, retention_policy()",
-    "compress_sealed": "whether a writer compresses the segments it seals",
     "file_mode": "the mode of the files a writer creates; a read-only journal creates "
     "nothing in the store",
 }
@@ -699,7 +699,7 @@ def check_open_options(
     file_mode: object,
 ) -> int | None:
     """The keywords of `Journal.open` (the path is `check_store_path`'s); the file mode.
-    With `readonly`, those only a writer uses must keep their defaults (SPEC 10)."""
+    With `readonly`, those that would change the store must be left out (SPEC 10)."""
     for name, flag in (
         ("create", create),
         ("readonly", readonly),
@@ -717,16 +717,8 @@ def check_open_options(
         raise InvalidArgument("key_ring must be a cursors.KeyRing or None")
     mode = check_file_mode(file_mode)
     if readonly:
-        from ._local.frames import DEFAULT_SEGMENT_BYTES  # (the local engine imports this)
-
-        for name, value, default in (
-            ("durability", durability, "fsync"),
-            ("segment_bytes", segment_bytes, DEFAULT_SEGMENT_BYTES),
-            ("retention", retention, None),
-            ("compress_sealed", compress_sealed, False),
-            ("file_mode", mode, None),
-        ):
-            if value != default:
+        for name, value in (("retention", retention), ("file_mode", mode)):
+            if value is not None:
                 raise InvalidArgument(
                     f"{name} is for journals that write ({_WRITER_ONLY[name]}): open the "
                     "store without readonly=True to use it, or leave it out"

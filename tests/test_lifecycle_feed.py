@@ -39,7 +39,8 @@ EVICT_LATER = RetentionPolicy(max_history_bytes=None, session_retention_ms=3_600
 
 
 def open_store(path: Path, **options: Any) -> Journal:
-    options.setdefault("retention", EVICT_LATER)
+    if not options.get("readonly"):  # (a reader takes the policy the store records)
+        options.setdefault("retention", EVICT_LATER)
     return Journal.open(path, durability="os", segment_bytes=SMALL_SEGMENTS, **options)
 
 

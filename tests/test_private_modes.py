@@ -161,24 +161,21 @@ def test_file_mode_is_validated_before_anything_is_created(tmp_path: Path) -> No
         Journal.open(store, readonly=True, file_mode=0o600)
 
 
-# Every keyword of `Journal.open` that only a writer uses, with a value other than its
-# default (a read-only journal syncs, rotates, compresses, records and creates nothing).
+# The keywords of `Journal.open` that would change the store, with a value (a read-only
+# journal records and creates nothing).
 _WRITER_ONLY = [
-    ("durability", "os"),
-    ("segment_bytes", 4096),
     ("retention", RetentionPolicy(max_history_bytes=10)),
-    ("compress_sealed", True),
     ("file_mode", 0o640),
 ]
 
 
 @pytest.mark.parametrize(("keyword", "value"), _WRITER_ONLY, ids=[k for k, _ in _WRITER_ONLY])
-def test_a_read_only_open_refuses_every_keyword_only_a_writer_uses(
+def test_a_read_only_open_refuses_the_keywords_that_would_change_the_store(
     tmp_path: Path, keyword: str, value: object
 ) -> None:
-    """Until 2026-12-07 only `file_mode` and `repair` were refused: `retention`,
-    `durability`, `segment_bytes` and `compress_sealed` were accepted and ignored (a
-    reader given a policy recorded nothing, silently: a new-user trial)."""
+    """Until 2026-12-07 only `file_mode` and `repair` were refused: `retention` was
+    accepted and ignored (a reader given a policy recorded nothing, silently: a new-user
+    trial)."""
     store = tmp_path / "store"
     with Journal.open(store, retention=RetentionPolicy(max_history_bytes=None)):
         pass
@@ -193,11 +190,25 @@ def test_a_read_only_open_refuses_every_keyword_only_a_writer_uses(
         assert "without readonly=True" in message, message
     assert (modes(store), (store / "store.json").read_bytes()) == before
     assert not missing.exists()
-    # Its default, or given to a writer: accepted.
-    default = {"durability": "fsync", "segment_bytes": 64 << 20, "compress_sealed": False}
-    if keyword in default:
-        Journal.open(store, readonly=True, **{keyword: default[keyword]}).close()  # type: ignore[arg-type]
     Journal.open(store, **{keyword: value}).close()  # type: ignore[arg-type]
+
+
+def test_a_read_only_open_takes_how_a_writer_writes_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """`durability`, `segment_bytes` and `compress_sealed` say how a writer writes: a
+    reader takes them (one set of options for a store's writers and readers) and writes
+    nothing."""
+    store = tmp_path / "store"
+    with Journal.open(store) as j:
+        j.create_session("s")
+        _append(j, "s", 3)
+    before = modes(store), (store / "store.json").read_bytes()
+    with Journal.open(
+        store, readonly=True, durability="os", segment_bytes=4096, compress_sealed=True
+    ) as j:
+        assert [e.ordinal for e in j.replay("s")] == [1, 2, 3]
+    assert (modes(store), (store / "store.json").read_bytes()) == before
 
 
 def test_a_store_from_before_recorded_modes_keeps_its_mode_until_one_is_given(
