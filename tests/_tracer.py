@@ -1,5 +1,37 @@
 """The interrupt tracer of the Ctrl+C sweeps (`TRACER`: Python source a sweeping script
-starts with)."""
+starts with), and how a sweep's script is run (`run_sweep`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_sweep(
+    script: str, args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[list[str], list[list[str]]]:
+    """Run `script` with `args` in a process of its own (with `env` added to the
+    environment): its output lines, and the check points it reports ("AT ..." lines,
+    split), once it ran to its "END"."""
+    run = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines and lines[-1] == "END", (
+        run.stdout[-3000:],
+        run.stderr[-3000:],
+    )
+    return lines, [line.split() for line in lines if line.startswith("AT ")]
+
 
 # Raises SIGINT at the main thread's `state["at"]`-th check point once traced: where
 # CPython 3.11-3.13 runs a signal handler in a function's code, at its start (or a

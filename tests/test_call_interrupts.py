@@ -12,13 +12,10 @@ close), and reports how long that took and which of the journal's threads it lef
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from _tracer import TRACER
+from _tracer import TRACER, run_sweep
 from engines import ENGINES, JetStreamEngineFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,20 +100,7 @@ print("END", flush=True)
 
 
 def _sweep(name: str, what: str, step: int, timeout: float, url: str) -> list[list[str]]:
-    run = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, name, what, str(step)],
-        cwd=ROOT,
-        env={**os.environ, "SWEEP_NATS_URL": url},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    lines, cases = run_sweep(_SCRIPT, [name, what, str(step)], timeout, {"SWEEP_NATS_URL": url})
     assert len(cases) > 10, lines[:3]
     return cases
 

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from _tracer import TRACER
+from _tracer import TRACER, run_sweep
 from engines import ENGINES, JetStreamEngineFactory
 
 from journal import EventIn, Journal
@@ -152,23 +152,8 @@ print("END", flush=True)
 def _sweep(
     store: Path | str, kind: str, step: int, timeout: float, url: str = ""
 ) -> list[list[str]]:
-    env = dict(os.environ)
-    if url:
-        env["SWEEP_NATS_URL"] = url
-    run = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(store), kind, str(step)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    cases = [line.split() for line in lines if line.startswith("AT ")]
+    env = {"SWEEP_NATS_URL": url} if url else None
+    lines, cases = run_sweep(_SCRIPT, [str(store), kind, str(step)], timeout, env)
     assert len(cases) > 5, lines[:3]
     return cases
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from journal import EventIn, Journal, LifecycleEventType
@@ -43,20 +45,25 @@ def _late(stopped_at: float, ended: list[float]) -> float:
     return ended[0] - stopped_at
 
 
+def _late_after(consume: Callable[[], None], ended: list[float], stop: Callable[[], None]) -> float:
+    """Run `consume` in a thread, `stop()` it `STOP_AFTER_S` in: how late it ended."""
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(STOP_AFTER_S)
+    stop()
+    stopped_at = time.monotonic()
+    consumer.join(30)
+    return _late(stopped_at, ended)
+
+
 def test_a_stop_set_while_a_watch_catches_up_is_seen_within_the_page(tmp_path: Path) -> None:
     path = _store(tmp_path)
     with Journal.open(path, readonly=True) as j:
         stop = threading.Event()
         seen: list[int] = []
         ended: list[float] = []
-        stream = j.watch("s", stop=stop)
-        consumer = threading.Thread(target=_consume, args=(stream, ended, seen))
-        consumer.start()
-        time.sleep(STOP_AFTER_S)
-        stop.set()
-        stopped_at = time.monotonic()
-        consumer.join(30)
-        assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
+        consume = partial(_consume, j.watch("s", stop=stop), ended, seen)
+        assert _late_after(consume, ended, stop.set) < LATE_S, f"{len(seen)} events delivered"
         assert 0 < len(seen) < EVENTS
         assert seen == list(range(1, len(seen) + 1))
         # Resumed from the last event delivered: the next one, and every one after.
@@ -79,13 +86,8 @@ def test_a_stream_closed_from_another_thread_ends_within_the_page(tmp_path: Path
         seen: list[int] = []
         ended: list[float] = []
         stream = j.watch("s")
-        consumer = threading.Thread(target=_consume, args=(stream, ended, seen))
-        consumer.start()
-        time.sleep(STOP_AFTER_S)
-        stream.close()
-        stopped_at = time.monotonic()
-        consumer.join(30)
-        assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
+        consume = partial(_consume, stream, ended, seen)
+        assert _late_after(consume, ended, stream.close) < LATE_S, f"{len(seen)} delivered"
         assert seen == list(range(1, len(seen) + 1))
 
 
@@ -96,13 +98,8 @@ def test_a_journal_closed_while_a_watch_catches_up_ends_it_within_the_page(
     j = Journal.open(path, readonly=True)
     seen: list[int] = []
     ended: list[float] = []
-    consumer = threading.Thread(target=_consume, args=(j.watch("s"), ended, seen))
-    consumer.start()
-    time.sleep(STOP_AFTER_S)
-    j.close()
-    stopped_at = time.monotonic()
-    consumer.join(30)
-    assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} events delivered"
+    consume = partial(_consume, j.watch("s"), ended, seen)
+    assert _late_after(consume, ended, j.close) < LATE_S, f"{len(seen)} events delivered"
 
 
 def test_a_stream_closed_by_its_own_consumer_delivers_nothing_more(tmp_path: Path) -> None:
@@ -133,13 +130,7 @@ def test_a_stop_set_in_a_lifecycle_snapshot_is_seen_within_the_page(tmp_path: Pa
                 time.sleep(0.01)  # (a page of changes then took 0.6 s)
             ended.append(time.monotonic())
 
-        consumer = threading.Thread(target=consume)
-        consumer.start()
-        time.sleep(STOP_AFTER_S)
-        stop.set()
-        stopped_at = time.monotonic()
-        consumer.join(30)
-        assert _late(stopped_at, ended) < LATE_S, f"{len(seen)} changes delivered"
+        assert _late_after(consume, ended, stop.set) < LATE_S, f"{len(seen)} changes delivered"
         assert 0 < len(seen) < sessions
 
 

@@ -19,11 +19,10 @@ each."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from _tracer import TRACER as _TRACER
+from _tracer import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,19 +84,7 @@ print("END", flush=True)
 def _cases(script: str, tmp_path: Path, timeout: float) -> tuple[list[str], list[list[str]]]:
     """Run `script` on a store in `tmp_path` in a process of its own: its output lines, and
     the check points it reports ("AT ..." lines, split), once it ran to its "END"."""
-    run = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "store")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = run.stdout.splitlines()
-    assert run.returncode == 0 and lines and lines[-1] == "END", (
-        run.stdout[-3000:],
-        run.stderr[-3000:],
-    )
-    return lines, [line.split() for line in lines if line.startswith("AT ")]
+    return run_sweep(script, [str(tmp_path / "store")], timeout)
 
 
 def _descriptors_kept(cases: list[list[str]]) -> list[str]:
