@@ -181,8 +181,8 @@ class Journal:
         durability "os"), for `verify(fix=True)` only, which cuts the segment at the
         damage keeping a copy (SPEC 9); until it has, every write raises the damage. A
         segment no "os" writer wrote is media damage, cut only with "cut-durable".
-        `readonly=True` refuses the keywords only a writer uses (durability, segment_bytes,
-        retention, compress_sealed, file_mode, repair) unless left at their defaults.
+        `readonly=True` refuses the keywords that would change the store (retention,
+        file_mode, repair); durability, segment_bytes and compress_sealed do nothing there.
         """
         given = (create, readonly, durability, segment_bytes, retention, compress_sealed)
         check_repair(repair, readonly)
